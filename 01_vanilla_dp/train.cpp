@@ -1,0 +1,75 @@
+// Chapter 01: vanilla data parallelism: all-reduce the gradients after backward.
+//
+// The idea. Every rank holds a full copy of the model and of the optimizer. Each step, the global
+// batch of B sequences is split evenly: rank r of N trains on samples [r*B/N, (r+1)*B/N). After
+// backward, every rank holds the gradient of ITS samples only; one all-reduce that averages every
+// gradient over the ranks gives each rank the gradient of the whole batch. Every rank then takes
+// the same AdamW step from the same weights, so the copies never drift apart, and the losses are
+// those of one rank training on the whole batch (the tests check it to 1e-5).
+//
+// What changed: this is the first chapter; everything it does not teach lives in common/ (the
+// model, ops, flat buffers, AdamW, data, checkpoints, the MPI communicator, metrics).
+// What to notice: communication starts only once backward has finished, so every millisecond of it
+// is exposed: "exposed comm" in the step line equals the all-reduce's whole time.
+// With --grad-accum K, each rank runs K micro-batches and accumulates before the single all-reduce.
+//
+// Run:
+//   make 01_vanilla_dp
+//   mpiexec -n 2 ./01_vanilla_dp/train                    # tiny preset, 20 steps, 2 CPU ranks
+//   mpiexec -n 4 ./01_vanilla_dp/train --grad-accum 2 --json run.jsonl --trace trace.json
+// Output: a run header, one line per step, then measured memory and bytes next to theory:
+//   step    5 | loss 4.1027 | 38.2 ms | 13.4k tok/s | exposed comm 0.6 ms | mem 4.2 MB
+// Loss falls from about 5.5 (= ln 256, uniform over bytes) as the model learns the text.
+#include <cmath>
+
+#include "comm.h"
+#include "flags.h"
+#include "memory.h"
+#include "model.h"
+#include "ops.h"
+#include "optimizer.h"
+#include "training_run.h"
+
+int main(int argc, char** argv) {
+  auto comm = init_mpi_communicator(&argc, &argv);
+  TrainConfig cfg;
+  FlagParser flags;
+  if (!parse_train_flags(argc, argv, "01_vanilla_dp", "Chapter 01: data parallelism, one all-reduce after backward.",
+                         flags, &cfg)) {
+    shutdown_mpi(std::move(comm));
+    return 0;
+  }
+  TrainingRun run(*comm, cfg, Strategy::DP);
+  const ParamLayout& layout = run.layout();
+
+  // Every rank holds all parameters, all gradients and the whole optimizer state.
+  Buffer params(layout.padded_size, MemCategory::Params);
+  Buffer grads(layout.padded_size, MemCategory::Grads);
+  AdamW optimizer(layout, 0, layout.padded_size, cfg.weight_decay);
+  GPT2 model(run.model_config(), layout, run.micro_batch_size());
+  model.bind_all(params.f32(), grads.f32());
+  const int start = run.init_or_resume(params.f32(), optimizer.m(), optimizer.v());
+
+  for (int step = start; step < cfg.steps; step++) {
+    run.begin_step(step);
+    fill_zero(grads.view());
+    float loss = 0;
+    for (int micro = 0; micro < cfg.grad_accum; micro++) {
+      MicroBatch batch = run.micro_batch(step, micro);
+      loss += model.forward(batch.inputs, batch.targets, batch.B) / cfg.grad_accum;
+      model.backward(1.0f / cfg.grad_accum);
+    }
+
+    // The lesson: one blocking all-reduce averages every gradient over the ranks, after backward.
+    comm->all_reduce(grads.view(), ReduceOp::Avg);
+
+    // Every rank now holds the same full gradient, so its norm is already global.
+    const double norm = std::sqrt(sum_of_squares(grads.view()));
+    optimizer.update(params.f32(), grads.f32(), step + 1, run.lr(step), clip_factor(norm, cfg.grad_clip));
+    run.end_step(step, loss, norm);
+    if (run.checkpoint_due(step)) run.save_checkpoint(step + 1, params.f32(), optimizer.m(), optimizer.v());
+  }
+  run.finish();
+  shutdown_mpi(std::move(comm));
+  return 0;
+}

@@ -1,0 +1,93 @@
+# Top-level Makefile: builds every chapter that exists, the tests and the benchmarks.
+#   make                  every chapter (NN_name/train)
+#   make 01_vanilla_dp    one chapter
+#   make test             installs what is missing, builds and runs every test: "N passed, M failed"
+#   make compare          installs what is missing, trains every chapter, prints a table, writes plots
+#   make bench            one-rank tokens/s and CPU matmul GFLOP/s next to OpenBLAS
+#   make deps             only installs missing packages (MPICH, GoogleTest, matplotlib)
+# Flags: ARCH=-march=x86-64-v2 for binaries that must run on older CPUs of a cluster (default: native).
+
+MPICXX   ?= $(shell command -v mpicxx 2>/dev/null)
+NVCC     ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
+PYTHON   ?= python3
+ARCH     ?= -march=native
+CXXFLAGS ?= -O3 $(ARCH) -fno-math-errno -std=c++17 -Wall -Wextra -MMD -MP
+CPPFLAGS += -Icommon -Itests
+BUILD    := build
+
+CHAPTERS    := $(sort $(patsubst %/train.cpp,%,$(wildcard [0-9][0-9]_*/train.cpp)))
+COMMON_SRC  := $(wildcard common/*.cpp)
+COMMON_OBJ  := $(COMMON_SRC:%.cpp=$(BUILD)/%.o)
+LIBCOMMON   := $(BUILD)/libcommon.a
+
+# Tests: tests/mpi_*.cpp helpers are shared; a test listed in MPI_TESTS uses the MPI-aware gtest main
+# and is run under mpiexec by tests/run_tests.sh (see tests/manifest.txt for the rank counts).
+TEST_SRC    := $(wildcard tests/test_*.cpp)
+TEST_BIN    := $(TEST_SRC:tests/%.cpp=$(BUILD)/tests/%)
+TEST_SUPPORT := $(patsubst %.cpp,$(BUILD)/%.o,$(filter-out tests/test_%.cpp tests/mpi_gtest_main.cpp,$(wildcard tests/*.cpp)))
+MPI_TESTS   := $(shell sed -n 's/^\([a-z_0-9]*\) .*mpi_main.*/\1/p' tests/manifest.txt 2>/dev/null)
+GTEST_LIBS  := -lgtest -pthread
+
+HAVE_GTEST      := $(shell test -f /usr/include/gtest/gtest.h && echo yes)
+HAVE_NCCL       := $(shell test -f /usr/local/cuda/include/nccl.h -o -f /usr/include/nccl.h && echo yes)
+HAVE_MATPLOTLIB := $(shell $(PYTHON) -c 'import matplotlib' 2>/dev/null && echo yes)
+
+ifeq ($(MAKELEVEL),0)
+$(info found: mpicxx=$(or $(MPICXX),MISSING) nvcc=$(or $(NVCC),none) NCCL=$(or $(HAVE_NCCL),no) \
+GoogleTest=$(or $(HAVE_GTEST),MISSING) matplotlib=$(or $(HAVE_MATPLOTLIB),MISSING))
+$(info building chapters: $(CHAPTERS))
+endif
+
+.PHONY: all deps test tests compare bench diffs clean $(CHAPTERS)
+all: $(CHAPTERS)
+
+$(CHAPTERS): %: %/train
+
+define need_mpicxx
+	@test -n "$(MPICXX)" || { echo "mpicxx not found: run 'make deps' (installs MPICH) or apt-get install mpich libmpich-dev"; exit 1; }
+endef
+
+$(BUILD)/%.o: %.cpp
+	$(need_mpicxx)
+	@mkdir -p $(dir $@)
+	$(MPICXX) $(CPPFLAGS) $(CXXFLAGS) -c $< -o $@
+
+$(LIBCOMMON): $(COMMON_OBJ)
+	@rm -f $@
+	ar rcs $@ $^
+
+%/train: $(BUILD)/%/train.o $(LIBCOMMON)
+	$(MPICXX) $(CXXFLAGS) $^ -o $@ -pthread
+
+# Tests link the real objects of libcommon.a, never a copy of the code under test.
+$(BUILD)/tests/%: $(BUILD)/tests/%.o $(LIBCOMMON) $(BUILD)/tests/mpi_gtest_main.o $(TEST_SUPPORT)
+	$(MPICXX) $(CXXFLAGS) $< $(TEST_SUPPORT) $(if $(filter $*,$(MPI_TESTS)),$(BUILD)/tests/mpi_gtest_main.o,-lgtest_main) \
+	  $(LIBCOMMON) $(GTEST_LIBS) -o $@
+
+tests: $(TEST_BIN) $(addsuffix /train,$(CHAPTERS))
+
+deps:
+	@scripts/ensure_deps.sh
+
+test:
+	@scripts/ensure_deps.sh
+	@$(MAKE) --no-print-directory tests
+	@tests/run_tests.sh
+
+compare:
+	@scripts/ensure_deps.sh
+	@$(MAKE) --no-print-directory all
+	@scripts/compare.sh
+
+$(BUILD)/matmul_bench: scripts/matmul_bench.cpp $(LIBCOMMON)
+	$(MPICXX) $(CPPFLAGS) $(CXXFLAGS) $^ -lopenblas -o $@
+
+bench:
+	@scripts/ensure_deps.sh --bench
+	@$(MAKE) --no-print-directory all $(BUILD)/matmul_bench
+	@scripts/bench.sh
+
+clean:
+	rm -rf $(BUILD) $(addsuffix /train,$(CHAPTERS))
+
+-include $(shell find $(BUILD) -name '*.d' 2>/dev/null)

@@ -1,0 +1,33 @@
+// buckets.cpp: see buckets.h.
+#include "buckets.h"
+
+#include "check.h"
+
+GradientBuckets::GradientBuckets(const ParamLayout& layout, double bucket_bytes) {
+  const int n = int(layout.params.size());
+  bucket_of_.assign(n, -1);
+  int64_t end = layout.padded_size;
+  double filled = 0;
+  for (int p = n - 1; p >= 0; p--) {  // backward order: last parameter first
+    bucket_of_[p] = count();
+    filled += 4.0 * double(layout.params[p].size);
+    if (filled >= bucket_bytes || p == 0) {
+      const int64_t begin = p == 0 ? 0 : layout.params[p].offset;
+      begin_.push_back(begin);
+      end_.push_back(end);
+      end = begin;
+      filled = 0;
+    }
+  }
+  params_in_.assign(count(), 0);
+  for (int b : bucket_of_) params_in_[b]++;
+  reset();
+}
+
+int GradientBuckets::mark_ready(int param) {
+  const int b = bucket_of_[param];
+  ENSURE(pending_[b] > 0, "a gradient was marked ready twice in one backward");
+  return --pending_[b] == 0 ? b : -1;
+}
+
+void GradientBuckets::reset() { pending_ = params_in_; }

@@ -1,0 +1,34 @@
+// buckets.h: gradient buckets for data parallelism (chapters 03-05). Defines GradientBuckets.
+// A bucket is a contiguous offset range of the flat gradient buffer, so communicating it copies
+// nothing. Buckets are cut in the order backward produces gradients: from the end of the buffer
+// toward its start (parameters are stored in forward order). Together they cover [0, padded_size)
+// exactly, padding included. A parameter never straddles two buckets, so a bucket may exceed the
+// target size when one tensor alone does.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "param_layout.h"
+
+class GradientBuckets {
+ public:
+  GradientBuckets(const ParamLayout& layout, double bucket_bytes);
+
+  int count() const { return int(begin_.size()); }
+  int64_t begin(int b) const { return begin_[b]; }  // bucket 0 is the first backward fills
+  int64_t end(int b) const { return end_[b]; }
+  int64_t size(int b) const { return end_[b] - begin_[b]; }
+  int bucket_of(int param) const { return bucket_of_[param]; }
+
+  // Marks params[param]'s gradient as final. Returns the bucket's index when that completes it
+  // (every parameter in it is final), else -1.
+  int mark_ready(int param);
+  // Forgets every mark, for the next backward.
+  void reset();
+
+ private:
+  std::vector<int64_t> begin_, end_;
+  std::vector<int> bucket_of_;
+  std::vector<int> params_in_;  // per bucket
+  std::vector<int> pending_;    // per bucket: parameters not yet final
+};

@@ -1,0 +1,90 @@
+// check.cpp: the error paths of check.h. Every one of them ends the whole job, never one rank alone:
+// a rank that exits by itself leaves its peers blocked forever inside the next collective, and the
+// job hangs instead of failing. MPI_Abort tells the process manager (mpiexec) to kill every rank.
+#include "check.h"
+
+#include <mpi.h>
+#include <unistd.h>  // gethostname
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <thread>
+
+namespace {
+
+// Written once by set_error_context, before the communication thread starts; read by any thread
+// that fails. Atomic so that a failure racing with start-up is still well defined.
+std::atomic<int> g_rank{-1};
+char g_host[256] = "";  // filled in before g_rank is published (release/acquire below)
+
+bool mpi_running() {
+  int initialized = 0, finalized = 0;
+  MPI_Initialized(&initialized);
+  MPI_Finalized(&finalized);
+  return initialized && !finalized;
+}
+
+// "[rank 3@node7]", or "[rank ?@node7]" before the communicator knows its rank.
+std::string where() {
+  int rank = g_rank.load(std::memory_order_acquire);
+  char host[256] = "";
+  if (rank >= 0) {
+    std::snprintf(host, sizeof host, "%s", g_host);
+  } else if (gethostname(host, sizeof host - 1) != 0) {
+    std::snprintf(host, sizeof host, "?");
+  }
+  return "[rank " + (rank >= 0 ? std::to_string(rank) : std::string("?")) + "@" + host + "]";
+}
+
+// One fprintf per message, so that lines of different threads or ranks do not interleave mid-line.
+void print_error(const std::string& text) {
+  std::fflush(stdout);  // whatever the rank printed before the error comes first
+  std::fprintf(stderr, "%s\n", text.c_str());
+  std::fflush(stderr);
+}
+
+[[noreturn]] void abort_job() {
+  if (mpi_running()) MPI_Abort(MPI_COMM_WORLD, 1);
+  // Without MPI there are no peers to take down. MPI_Abort does not return either, but it is not
+  // declared [[noreturn]], so the fall-through must end the process too.
+  std::exit(1);
+}
+
+}  // namespace
+
+void set_error_context(int rank, int /*world_size*/) {
+  if (gethostname(g_host, sizeof g_host - 1) != 0) std::snprintf(g_host, sizeof g_host, "?");
+  g_rank.store(rank, std::memory_order_release);
+}
+
+void fatal(const std::string& msg) {
+  print_error(where() + " error: " + msg);
+  abort_job();
+}
+
+void config_error(const std::string& msg) {
+  const int rank = g_rank.load(std::memory_order_acquire);
+  if (rank <= 0) {  // rank 0, or no MPI yet: then this process is the only one to tell
+    print_error("error: " + msg);
+    abort_job();
+  }
+  // Every rank found the same error; one message is enough. The others give rank 0 time to print
+  // before they abort, because the first MPI_Abort kills every rank, rank 0 possibly mid-message.
+  std::this_thread::sleep_for(std::chrono::seconds(2));
+  abort_job();
+}
+
+void library_error(const char* library, const std::string& what, const char* call, const char* file, int line) {
+  print_error(where() + " error: " + library + " error at " + file + ":" + std::to_string(line) + ": " + what +
+              "\n    in: " + call);
+  abort_job();
+}
+
+std::string mpi_error_string(int code) {
+  char text[MPI_MAX_ERROR_STRING];
+  int length = 0;
+  if (MPI_Error_string(code, text, &length) != MPI_SUCCESS) return "unknown MPI error code " + std::to_string(code);
+  return std::string(text, length);
+}

@@ -1,0 +1,35 @@
+// check.h: errors are loud, early and collective.
+// Defines MPI_CHECK (every MPI call goes through it), fatal() for errors found by one rank, and
+// config_error() for errors every rank finds identically (bad flags, sizes that do not divide).
+// Both end the whole job with MPI_Abort, because one rank exiting alone leaves its peers hung inside a
+// collective. CUDA_CHECK, CUBLAS_CHECK and NCCL_CHECK live in cuda_check.h, next to the CUDA code.
+#pragma once
+#include <string>
+
+// Called once by the communicator after MPI_Init, so messages can name the rank and host.
+void set_error_context(int rank, int world_size);
+
+// Prints "[rank r@host] error: <msg>" and aborts every rank. Use for errors one rank discovers alone.
+[[noreturn]] void fatal(const std::string& msg);
+
+// For errors that every rank discovers identically: only rank 0 prints, then the job aborts.
+[[noreturn]] void config_error(const std::string& msg);
+
+// Aborts the job with the library's message, the rank, host and the call site.
+[[noreturn]] void library_error(const char* library, const std::string& what, const char* call,
+                                const char* file, int line);
+
+#define MPI_CHECK(call)                                                          \
+  do {                                                                           \
+    int mpi_status_ = (call);                                                    \
+    if (mpi_status_ != 0) library_error("MPI", mpi_error_string(mpi_status_),    \
+                                        #call, __FILE__, __LINE__);              \
+  } while (0)
+
+std::string mpi_error_string(int code);
+
+// Checks an invariant of our own code (not user input); aborts the job with the call site if false.
+#define ENSURE(cond, msg)                                                        \
+  do {                                                                           \
+    if (!(cond)) library_error("internal", (msg), #cond, __FILE__, __LINE__);    \
+  } while (0)

@@ -1,0 +1,55 @@
+// checkpoint.h: saving and resuming training, bit-exactly. Defines CheckpointData, save_checkpoint()
+// and load_checkpoint(). The format (little-endian) is documented in docs/checkpoint.md:
+//   header: magic "GPT2CKPT", u32 version, u32 L, C, NH, T, V, u64 step (the next step to run),
+//           u64 global batch, u64 data position (global samples consumed = step x batch),
+//           u64 seed, u32 tensor count
+//   table:  per tensor: u32 name length, name bytes, u32 ndim, u64 dims[ndim]
+//   data:   parameters (fp32, table order), then AdamW m, then AdamW v (same order and sizes)
+//   trailer: u64 FNV-1a hash of every byte before it
+// A checkpoint holds full tensors in table order, never a rank-dependent layout, so one saved on N
+// ranks resumes on M ranks and in any chapter.
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include "comm.h"
+#include "param_layout.h"
+
+struct CheckpointData {
+  int64_t step = 0;          // next step to run
+  int64_t global_batch = 0;
+  uint64_t seed = 0;
+  // Full padded flat arrays (layout.padded_size elements): parameters and AdamW moments.
+  const float* params = nullptr;
+  const float* adam_m = nullptr;
+  const float* adam_v = nullptr;
+};
+
+// The whole file for `data` (header, table, arrays, trailer), built from the padded flat arrays
+// tensor by tensor. save_checkpoint() writes exactly these bytes; tests use them directly.
+std::string serialize_checkpoint(const GPT2Config& cfg, const ParamLayout& layout,
+                                 const CheckpointData& data);
+
+// Checks a whole checkpoint file (`bytes`, read from `path`) against this run: magic, version,
+// length, hash, model config, tensor names and shapes, batch. Returns "" when it can be loaded,
+// else the message to print, naming the file, what is wrong and, where possible, what to pass.
+// Pure (no MPI, no files), so every error message can be tested; sizes written in the file are
+// only believed after they matched this run's layout.
+std::string validate_checkpoint_bytes(const std::string& path, const std::string& bytes,
+                                      const GPT2Config& cfg, const ParamLayout& layout,
+                                      int64_t expected_batch);
+
+// Called on every rank; rank 0 writes `path` atomically (temporary file, then rename); the others
+// may pass null arrays. A collective: everyone returns once the file is complete.
+void save_checkpoint(Communicator& comm, const std::string& path, const GPT2Config& cfg,
+                     const ParamLayout& layout, const CheckpointData& data);
+
+// Called on every rank. Rank 0 reads and validates every field and size (magic, version, model
+// config, tensor names and shapes, file length, hash, batch) and broadcasts the arrays; each rank
+// receives full padded flat arrays into params, adam_m, adam_v (layout.padded_size elements each,
+// padding zeroed) and the step. On any problem every rank exits with a message naming the file and
+// what is wrong. `expected_batch` is the run's --batch: resuming with another batch would break the
+// data order, so it is refused.
+int64_t load_checkpoint(Communicator& comm, const std::string& path, const GPT2Config& cfg,
+                        const ParamLayout& layout, int64_t expected_batch, float* params, float* adam_m,
+                        float* adam_v);

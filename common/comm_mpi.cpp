@@ -1,0 +1,540 @@
+// comm_mpi.cpp: the MPI implementation of comm.h, built around one communication thread per rank.
+// Defines init_mpi_communicator / shutdown_mpi, CommHandle::wait, modelled_ms, collective_name and
+// the CommStats totals.
+//
+// How a collective travels:
+//   caller thread:  all_reduce_async(buf) -> checks the tensor, computes the byte counts and the
+//                   modelled link time, queues an op and returns a CommHandle at once.
+//   comm thread:    takes ops off the queue in FIFO order and starts each one as a non-blocking MPI
+//                   call (MPI_Iallreduce, ...). FIFO is what makes this correct: every rank queues
+//                   its collectives in program order, so every rank starts them in the same order,
+//                   which MPI requires of collectives on one communicator. Started ops then progress
+//                   together and the thread retires them in order when MPI reports them complete.
+//   caller thread:  handle.wait() sleeps on a condition variable until the op is retired. The time
+//                   it sleeps is the "exposed" communication: the part that compute did not hide.
+//
+// Several ops may be in flight at once. This is what lets a rank post a send and a receive and wait
+// for both (a ring, a pipeline stage): if the thread ran one op to completion before starting the
+// next, every rank of a ring would sit in its send, waiting for a receive nobody has posted yet.
+//
+// Emulated link (LinkModel, off when gbps == 0). An alpha-beta model of a ring over N ranks,
+// with S the payload in bytes, alpha the per-message latency and beta = gbps * 1e9 / 8 bytes/s:
+//   all_reduce                   2(N-1) * (alpha + S / (N beta))   reduce-scatter, then all-gather
+//   reduce_scatter, all_gather    (N-1) * (alpha + S / (N beta))   S = the full (N-chunk) size
+//   broadcast, send, recv                  alpha + S / beta         pipelined: the payload once
+//   barrier                       2(N-1) * alpha                     an all-reduce of nothing
+//   scalar                        as all_reduce with S = 8 bytes
+// and 0 when N == 1 or the link is off. An op retires no earlier than its modelled end; the thread
+// sleeps out the difference. The link carries one op at a time, so ops queued together finish one
+// modelled time after another, as buckets do on a real link. Receives get a lane of their own: a
+// link is full duplex, so what a rank receives does not queue behind what it sends.
+//
+// Statistics. The comm thread measures each op (busy time) into the op's handle; wait(), on the
+// caller's thread, adds the op to stats_. So stats_ is written only by the thread that issues and
+// waits, which is the thread that reads it: no lock, no race, and a copy of stats() taken between
+// steps is always consistent. The price: an op is counted when it is waited, so wait every handle
+// (MPI asks the same of every request; the blocking forms do it for you).
+#include "comm.h"
+
+#include <mpi.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <climits>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "trace.h"
+
+using Clock = std::chrono::steady_clock;
+
+// ---------------------------------------------------------------------------------------------
+// Names, totals and the link model
+
+const char* collective_name(CollectiveKind k) {
+  switch (k) {
+    case CollectiveKind::AllReduce: return "all_reduce";
+    case CollectiveKind::ReduceScatter: return "reduce_scatter";
+    case CollectiveKind::AllGather: return "all_gather";
+    case CollectiveKind::Broadcast: return "broadcast";
+    case CollectiveKind::SendRecv: return "send_recv";
+    case CollectiveKind::Barrier: return "barrier";
+    case CollectiveKind::Scalar: return "scalar";
+    case CollectiveKind::Count: break;
+  }
+  return "?";
+}
+
+int64_t CommStats::total_calls() const {
+  int64_t n = 0;
+  for (const CollectiveCounters& c : kind) n += c.calls;
+  return n;
+}
+
+int64_t CommStats::total_wire_bytes() const {
+  int64_t n = 0;
+  for (const CollectiveCounters& c : kind) n += c.wire_bytes;
+  return n;
+}
+
+double CommStats::total_busy_ms() const {
+  double ms = 0;
+  for (const CollectiveCounters& c : kind) ms += c.busy_ms;
+  return ms;
+}
+
+double modelled_ms(const LinkModel& link, CollectiveKind kind, int64_t payload_bytes, int ranks) {
+  if (ranks <= 1 || link.gbps <= 0) return 0;
+  const double n = ranks;
+  const double alpha = link.latency_us * 1e-6;  // seconds
+  const double beta = link.gbps * 1e9 / 8;      // bytes per second
+  const double S = double(payload_bytes);
+  double seconds = 0;
+  switch (kind) {
+    case CollectiveKind::AllReduce: seconds = 2 * (n - 1) * (alpha + S / (n * beta)); break;
+    case CollectiveKind::ReduceScatter:
+    case CollectiveKind::AllGather: seconds = (n - 1) * (alpha + S / (n * beta)); break;
+    case CollectiveKind::Broadcast:
+    case CollectiveKind::SendRecv: seconds = alpha + S / beta; break;
+    case CollectiveKind::Barrier: seconds = 2 * (n - 1) * alpha; break;
+    case CollectiveKind::Scalar: seconds = 2 * (n - 1) * (alpha + 8 / (n * beta)); break;
+    case CollectiveKind::Count: break;
+  }
+  return seconds * 1e3;
+}
+
+namespace {
+
+// Bytes this rank sends over a ring (comm.h). Rounded down when N does not divide the payload. A
+// scalar is an all-reduce of 8 bytes; a receive sends nothing (the caller passes 0 for it); with one
+// rank nothing leaves the process.
+int64_t wire_bytes_for(CollectiveKind kind, int64_t payload, int n) {
+  if (n <= 1) return 0;
+  switch (kind) {
+    case CollectiveKind::AllReduce:
+    case CollectiveKind::Scalar: return 2 * (n - 1) * payload / n;
+    case CollectiveKind::ReduceScatter:
+    case CollectiveKind::AllGather: return (n - 1) * payload / n;
+    default: return payload;
+  }
+}
+
+MPI_Op mpi_op(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::Sum:
+    case ReduceOp::Avg: return MPI_SUM;  // Avg = sum, then a scale on the comm thread (MPI has no average)
+    case ReduceOp::Max: return MPI_MAX;
+    case ReduceOp::Min: return MPI_MIN;
+  }
+  return MPI_SUM;
+}
+
+// MPI counts are int. 2^31 - 1 floats is 8 GiB in one call, beyond any buffer this course builds.
+int mpi_count(int64_t n) {
+  ENSURE(n >= 0 && n <= INT_MAX, "more than INT_MAX elements in one MPI call");
+  return int(n);
+}
+
+void ensure_cpu_f32(const Tensor& t) {
+  ENSURE(t.device == Device::CPU && t.dtype == DType::F32,
+         "the MPI communicator moves CPU fp32 tensors; CUDA and bf16 tensors need the NCCL communicator");
+  ENSURE(t.data != nullptr || t.numel() == 0, "tensor without memory");
+}
+
+void scale(float* x, int64_t n, float factor) {
+  for (int64_t i = 0; i < n; i++) x[i] *= factor;
+}
+
+// Polling: MPICH makes progress only inside MPI calls (no background thread by default), so the
+// comm thread must keep calling MPI_Test for an op to advance. Calling it in a tight loop would
+// occupy a whole core, the core the compute thread needs; with 4 ranks on 2 cores it would halve
+// the compute of the whole job. So the thread sleeps between polls: briefly at first, because a
+// small collective finishes within a few polls and its latency is what the caller waits for, then
+// 10 us longer after each poll that changed nothing, up to 200 us for a long transfer. (Linux adds
+// up to 50 us of timer slack to each sleep, so the shortest sleeps are really ~60 us.)
+constexpr std::chrono::microseconds kPollMin{10};
+constexpr std::chrono::microseconds kPollStep{10};
+constexpr std::chrono::microseconds kPollMax{200};
+
+// Receives travel on their own lane of the emulated link; everything else shares the first.
+enum Lane { kSendLane = 0, kRecvLane = 1, kLanes = 2 };
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// CommHandle: what the caller holds while an op is in flight
+
+struct CommHandle::State {
+  // Set by the issuing thread before the op is queued; read-only afterwards.
+  CollectiveKind kind = CollectiveKind::AllReduce;
+  int64_t payload_bytes = 0;
+  int64_t wire_bytes = 0;
+  CommStats* stats = nullptr;  // the issuing communicator's; wait() counts the op there
+
+  // The comm thread sets busy_ms, then done; the waiter reads them. Guarded by mutex.
+  std::mutex mutex;
+  std::condition_variable retired;
+  bool done = false;
+  double busy_ms = 0;
+  bool counted = false;  // set by the first wait(), so that waiting twice counts once
+};
+
+void CommHandle::wait() {
+  ENSURE(state_ != nullptr, "wait() on an empty CommHandle");
+  State& s = *state_;
+  double blocked_from = 0, blocked_to = 0;
+  bool first_wait;
+  {
+    std::unique_lock<std::mutex> lock(s.mutex);
+    if (!s.done) {
+      blocked_from = now_ms();
+      s.retired.wait(lock, [&] { return s.done; });  // sleeps; no CPU while the op runs
+      blocked_to = now_ms();
+    }
+    first_wait = !s.counted;
+    s.counted = true;
+  }
+  // From here on only this (the issuing) thread touches s.stats; see the file comment.
+  const double blocked = blocked_to - blocked_from;
+  s.stats->exposed_ms += blocked;
+  if (blocked > 0)
+    trace_span(Track::Wait, std::string("wait ") + collective_name(s.kind), blocked_from, blocked_to);
+  if (first_wait) {
+    CollectiveCounters& c = s.stats->kind[int(s.kind)];
+    c.calls += 1;
+    c.payload_bytes += s.payload_bytes;
+    c.wire_bytes += s.wire_bytes;
+    c.busy_ms += s.busy_ms;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The MPI communicator
+
+namespace {
+
+// One queued or in-flight op. The caller fills in everything above the line; the comm thread owns
+// the op once it is queued.
+struct MpiOp {
+  std::shared_ptr<CommHandle::State> handle;
+  const char* name = "";                        // for the trace: "all_reduce", "send", ...
+  std::function<void(MPI_Request*)> start;      // posts the non-blocking MPI call
+  std::function<void()> finish;                 // after MPI completes (the Avg scaling); may be empty
+  double modelled_ms = 0;                       // fixed at enqueue, with the link model of that moment
+  Lane lane = kSendLane;
+  // ---- comm thread only
+  MPI_Request request = MPI_REQUEST_NULL;
+  bool mpi_done = false;
+  double start_ms = 0;
+  Clock::time_point link_done;  // the op retires no earlier than this (its modelled end)
+};
+
+class MpiCommunicator final : public Communicator {
+ public:
+  MpiCommunicator() {
+    MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &rank_));
+    MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &size_));
+    // A private copy of MPI_COMM_WORLD: our collectives and messages cannot be confused with MPI
+    // calls made elsewhere in the process (the test harness, a library) on MPI_COMM_WORLD.
+    MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &comm_));
+    MPI_CHECK(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
+    thread_ = std::thread([this] { progress_loop(); });
+  }
+
+  // Finishes what is queued (every rank queued the same ops, so peers are finishing them too), then
+  // stops the thread.
+  ~MpiCommunicator() override {
+    {
+      std::lock_guard<std::mutex> lock(queue_mutex_);
+      stopping_ = true;
+    }
+    queue_cv_.notify_one();
+    thread_.join();
+    MPI_CHECK(MPI_Comm_free(&comm_));
+  }
+
+  CommHandle all_reduce_async(Tensor buf, ReduceOp op) override {
+    ensure_cpu_f32(buf);
+    float* data = buf.f32();
+    const int n = mpi_count(buf.numel());
+    const float inv_size = 1.0f / float(size_);
+    return enqueue(
+        CollectiveKind::AllReduce, "all_reduce", int64_t(buf.bytes()), kSendLane,
+        [=](MPI_Request* r) { MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, data, n, MPI_FLOAT, mpi_op(op), comm_, r)); },
+        [=] { if (op == ReduceOp::Avg) scale(data, n, inv_size); });
+  }
+
+  CommHandle reduce_scatter_async(Tensor send, Tensor recv, ReduceOp op) override {
+    ensure_cpu_f32(send);
+    ensure_cpu_f32(recv);
+    ENSURE(send.numel() == int64_t(size_) * recv.numel(), "reduce_scatter: send must hold size() x recv elements");
+    const float* in = send.f32();
+    float* out = recv.f32();
+    const int n = mpi_count(recv.numel());
+    const float inv_size = 1.0f / float(size_);
+    return enqueue(
+        CollectiveKind::ReduceScatter, "reduce_scatter", int64_t(send.bytes()), kSendLane,
+        [=](MPI_Request* r) { MPI_CHECK(MPI_Ireduce_scatter_block(in, out, n, MPI_FLOAT, mpi_op(op), comm_, r)); },
+        [=] { if (op == ReduceOp::Avg) scale(out, n, inv_size); });
+  }
+
+  CommHandle all_gather_async(Tensor send, Tensor recv) override {
+    ensure_cpu_f32(send);
+    ensure_cpu_f32(recv);
+    ENSURE(recv.numel() == int64_t(size_) * send.numel(), "all_gather: recv must hold size() x send elements");
+    const float* in = send.f32();
+    float* out = recv.f32();
+    const int n = mpi_count(send.numel());
+    return enqueue(CollectiveKind::AllGather, "all_gather", int64_t(recv.bytes()), kSendLane, [=](MPI_Request* r) {
+      MPI_CHECK(MPI_Iallgather(in, n, MPI_FLOAT, out, n, MPI_FLOAT, comm_, r));
+    });
+  }
+
+  CommHandle broadcast_async(Tensor buf, int root) override {
+    ensure_cpu_f32(buf);
+    ENSURE(root >= 0 && root < size_, "broadcast: root out of range");
+    float* data = buf.f32();
+    const int n = mpi_count(buf.numel());
+    return enqueue(CollectiveKind::Broadcast, "broadcast", int64_t(buf.bytes()), kSendLane,
+                   [=](MPI_Request* r) { MPI_CHECK(MPI_Ibcast(data, n, MPI_FLOAT, root, comm_, r)); });
+  }
+
+  CommHandle send_async(Tensor buf, int peer) override {
+    ensure_cpu_f32(buf);
+    ENSURE(peer >= 0 && peer < size_, "send: peer out of range");
+    const float* data = buf.f32();
+    const int n = mpi_count(buf.numel());
+    // One tag for everything: MPI keeps messages between two ranks in order, and both sides issue
+    // them in program order, so the k-th send to a peer matches that peer's k-th receive.
+    return enqueue(CollectiveKind::SendRecv, "send", int64_t(buf.bytes()), kSendLane,
+                   [=](MPI_Request* r) { MPI_CHECK(MPI_Isend(data, n, MPI_FLOAT, peer, 0, comm_, r)); });
+  }
+
+  CommHandle recv_async(Tensor buf, int peer) override {
+    ensure_cpu_f32(buf);
+    ENSURE(peer >= 0 && peer < size_, "recv: peer out of range");
+    float* data = buf.f32();
+    const int n = mpi_count(buf.numel());
+    return enqueue(
+        CollectiveKind::SendRecv, "recv", int64_t(buf.bytes()), kRecvLane,
+        [=](MPI_Request* r) { MPI_CHECK(MPI_Irecv(data, n, MPI_FLOAT, peer, 0, comm_, r)); }, {},
+        /*sends_nothing=*/true);
+  }
+
+  CommHandle barrier_async() override {
+    return enqueue(CollectiveKind::Barrier, "barrier", 0, kSendLane,
+                   [=](MPI_Request* r) { MPI_CHECK(MPI_Ibarrier(comm_, r)); });
+  }
+
+  // Through the comm thread like everything else: a second thread calling MPI_Allreduce directly
+  // could start it before or after a queued collective, and the ranks would disagree on the order.
+  double all_reduce_scalar(double value, ReduceOp op) override {
+    auto v = std::make_shared<double>(value);  // lives in the op's lambdas until they are destroyed
+    const int size = size_;
+    enqueue(
+        CollectiveKind::Scalar, "all_reduce_scalar", sizeof(double), kSendLane,
+        [=](MPI_Request* r) { MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, v.get(), 1, MPI_DOUBLE, mpi_op(op), comm_, r)); },
+        [=] { if (op == ReduceOp::Avg) *v /= size; })
+        .wait();
+    return *v;  // written by the comm thread before it retired the op, which wait() synchronised with
+  }
+
+  void broadcast_bytes(void* data, size_t bytes, int root) override {
+    ENSURE(root >= 0 && root < size_, "broadcast_bytes: root out of range");
+    ENSURE(data != nullptr || bytes == 0, "broadcast_bytes: null data");
+    // MPI counts are int, so payloads past 2 GiB (a large checkpoint) go in chunks of 1 GiB; each
+    // chunk counts as one broadcast call.
+    constexpr size_t kChunk = size_t(1) << 30;
+    std::vector<CommHandle> chunks;
+    size_t offset = 0;
+    do {
+      char* p = static_cast<char*>(data) + offset;
+      const int n = int(std::min(kChunk, bytes - offset));
+      chunks.push_back(enqueue(CollectiveKind::Broadcast, "broadcast_bytes", n, kSendLane, [=](MPI_Request* r) {
+        MPI_CHECK(MPI_Ibcast(p, n, MPI_BYTE, root, comm_, r));
+      }));
+      offset += size_t(n);
+    } while (offset < bytes);
+    for (CommHandle& h : chunks) h.wait();
+  }
+
+  void agree_or_die(bool ok, const std::string& msg) override {
+    // Every rank contributes its own rank if it failed and size() if it did not; the minimum is the
+    // lowest failing rank, or size() when all succeeded.
+    const int first_failed = int(all_reduce_scalar(ok ? size_ : rank_, ReduceOp::Min));
+    if (first_failed == size_) return;
+    if (first_failed == rank_) fatal(msg);
+    // Give the failing rank time to print before this rank's abort takes the whole job down.
+    std::this_thread::sleep_for(std::chrono::seconds(2));
+    MPI_Abort(MPI_COMM_WORLD, 1);
+  }
+
+ private:
+  CommHandle enqueue(CollectiveKind kind, const char* name, int64_t payload_bytes, Lane lane,
+                     std::function<void(MPI_Request*)> start, std::function<void()> finish = {},
+                     bool sends_nothing = false) {
+    auto handle = std::make_shared<CommHandle::State>();
+    handle->kind = kind;
+    handle->payload_bytes = payload_bytes;
+    handle->wire_bytes = sends_nothing ? 0 : wire_bytes_for(kind, payload_bytes, size_);
+    handle->stats = &stats_;
+
+    auto op = std::make_unique<MpiOp>();
+    op->handle = handle;
+    op->name = name;
+    op->start = std::move(start);
+    op->finish = std::move(finish);
+    // Computed here, not on the comm thread: link_ belongs to the caller's thread (set_link_model).
+    op->modelled_ms = modelled_ms(link_, kind, payload_bytes, size_);
+    op->lane = lane;
+    {
+      std::lock_guard<std::mutex> lock(queue_mutex_);
+      queue_.push_back(std::move(op));
+    }
+    queue_cv_.notify_one();
+    return CommHandle(std::move(handle));
+  }
+
+  // The comm thread's whole life: start queued ops, poll the running ones, retire the finished ones,
+  // sleep. It sleeps on queue_cv_ so that a newly queued op wakes it at once.
+  void progress_loop() {
+    std::deque<std::unique_ptr<MpiOp>> in_flight[kLanes];  // per lane, in start order
+    Clock::time_point link_free[kLanes];                   // when each emulated lane is free again
+    double lane_last_retired_ms[kLanes] = {0, 0};
+    auto poll_interval = kPollMin;
+
+    std::unique_lock<std::mutex> lock(queue_mutex_);
+    for (;;) {
+      bool changed = false;
+      // 1. Start everything queued, in queue order (= program order, the same on every rank).
+      while (!queue_.empty()) {
+        std::unique_ptr<MpiOp> op = std::move(queue_.front());
+        queue_.pop_front();
+        lock.unlock();  // the caller may queue more while MPI starts this one
+        start(*op, &link_free[op->lane]);
+        in_flight[op->lane].push_back(std::move(op));
+        changed = true;
+        lock.lock();
+      }
+      if (in_flight[kSendLane].empty() && in_flight[kRecvLane].empty()) {
+        if (stopping_) return;  // the queue is drained and nothing is in flight
+        queue_cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+        continue;
+      }
+      lock.unlock();
+
+      // 2. Drive MPI: every call to MPI_Test advances the library's progress engine.
+      bool mpi_pending = false;
+      for (auto& lane : in_flight)
+        for (auto& op : lane) {
+          if (op->mpi_done) continue;
+          int complete = 0;
+          MPI_CHECK(MPI_Test(&op->request, &complete, MPI_STATUS_IGNORE));
+          if (complete) {
+            if (op->finish) op->finish();
+            op->mpi_done = true;
+            changed = true;
+          } else {
+            mpi_pending = true;
+          }
+        }
+
+      // 3. Retire, in order within each lane, what MPI finished and the emulated link delivered.
+      const Clock::time_point now = Clock::now();
+      Clock::time_point next_link_done = Clock::time_point::max();
+      for (int l = 0; l < kLanes; l++) {
+        auto& lane = in_flight[l];
+        while (!lane.empty() && lane.front()->mpi_done) {
+          if (lane.front()->link_done > now) {
+            next_link_done = std::min(next_link_done, lane.front()->link_done);
+            break;
+          }
+          retire(*lane.front(), &lane_last_retired_ms[l]);
+          lane.pop_front();
+          changed = true;
+        }
+      }
+
+      // 4. Sleep until the next poll is due or the emulated link delivers; a new op wakes us early.
+      // (With nothing left in flight, the top of the loop sleeps until an op is queued.)
+      lock.lock();
+      if (in_flight[kSendLane].empty() && in_flight[kRecvLane].empty()) continue;
+      poll_interval = changed ? kPollMin : std::min(poll_interval + kPollStep, kPollMax);
+      // When no MPI call is pending, every op left waits for its link time: next_link_done is set.
+      const Clock::time_point wake = mpi_pending ? std::min(now + poll_interval, next_link_done) : next_link_done;
+      queue_cv_.wait_until(lock, wake, [&] { return !queue_.empty(); });
+    }
+  }
+
+  void start(MpiOp& op, Clock::time_point* lane_free) {
+    op.start_ms = now_ms();  // read first, so that busy time >= modelled time holds exactly
+    // The emulated lane carries one op at a time: this one gets the link when the lane is free.
+    const auto modelled =
+        std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double, std::milli>(op.modelled_ms));
+    *lane_free = std::max(Clock::now(), *lane_free) + modelled;
+    op.link_done = *lane_free;
+    op.start(&op.request);
+  }
+
+  void retire(MpiOp& op, double* lane_last_retired_ms) {
+    const double end = now_ms();
+    // An op queued behind another is charged from the moment the previous one retired, so the busy
+    // times of a lane add up to the time the lane was busy, never more.
+    const double begin = std::max(op.start_ms, *lane_last_retired_ms);
+    *lane_last_retired_ms = end;
+    CommHandle::State& h = *op.handle;
+    trace_span(Track::Comm, op.name, begin, end, std::to_string(h.payload_bytes) + " B");
+    {
+      std::lock_guard<std::mutex> lock(h.mutex);
+      h.busy_ms = end - begin;
+      h.done = true;
+    }
+    h.retired.notify_all();  // op.handle keeps the state alive even if the waiter drops its handle
+  }
+
+  MPI_Comm comm_ = MPI_COMM_NULL;
+  std::thread thread_;
+  std::mutex queue_mutex_;  // guards queue_ and stopping_
+  std::condition_variable queue_cv_;
+  std::deque<std::unique_ptr<MpiOp>> queue_;
+  bool stopping_ = false;
+};
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Start-up and shut-down
+
+std::unique_ptr<Communicator> init_mpi_communicator(int* argc, char*** argv) {
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  if (initialized) fatal("init_mpi_communicator() called twice");
+  int provided = 0;
+  MPI_CHECK(MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided));
+  // From here on MPI returns error codes instead of aborting on its own, so MPI_CHECK can report
+  // the rank, the call and the file:line along with MPI's message.
+  MPI_CHECK(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN));
+  int rank = 0, size = 1;
+  MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &rank));
+  MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &size));
+  set_error_context(rank, size);
+  // The comm thread calls MPI while the main thread may call it too (MPI_Abort, the test harness).
+  if (provided < MPI_THREAD_MULTIPLE)
+    config_error("this MPI library does not support MPI_THREAD_MULTIPLE (provided level " +
+                 std::to_string(provided) + "); the communication thread needs it. Use an MPI built with "
+                 "thread support (MPICH: --enable-threads=multiple, the default of distribution packages)");
+  std::unique_ptr<Communicator> comm = std::make_unique<MpiCommunicator>();
+  sync_clock_epoch(*comm);
+  return comm;
+}
+
+void shutdown_mpi(std::unique_ptr<Communicator> comm) {
+  comm.reset();  // drains the queue and joins the comm thread
+  MPI_CHECK(MPI_Finalize());
+}

@@ -1,0 +1,240 @@
+// flags.cpp: the command-line parser of flags.h and the flags every chapter shares.
+// A flag is a name, a pointer to where its value goes, a help line and a default taken from the
+// value before parsing, so usage() never disagrees with the code.
+#include "flags.h"
+
+#include <mpi.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <limits>
+#include <sstream>
+
+#include "check.h"         // config_error, ENSURE
+#include "model_config.h"  // preset_names, for the help of --preset
+
+namespace {
+
+// strtoll and strtod skip leading spaces and stop at the first character they do not understand;
+// a flag value must be a number and nothing else, so "12x", " 12" and "" are refused.
+bool parse_whole_int(const std::string& text, long long* out) {
+  if (text.empty() || std::isspace(static_cast<unsigned char>(text[0]))) return false;
+  errno = 0;
+  char* end = nullptr;
+  *out = std::strtoll(text.c_str(), &end, 10);
+  return errno == 0 && *end == '\0';
+}
+
+bool parse_whole_double(const std::string& text, double* out) {
+  if (text.empty() || std::isspace(static_cast<unsigned char>(text[0]))) return false;
+  errno = 0;
+  char* end = nullptr;
+  *out = std::strtod(text.c_str(), &end);
+  return errno == 0 && *end == '\0' && std::isfinite(*out);
+}
+
+template <typename Int>
+std::string set_integer(const std::string& text, Int* value) {
+  long long parsed = 0;
+  if (!parse_whole_int(text, &parsed)) return "is not an integer";
+  if (parsed < static_cast<long long>(std::numeric_limits<Int>::min()) ||
+      parsed > static_cast<long long>(std::numeric_limits<Int>::max()))
+    return "is out of range";
+  *value = Int(parsed);
+  return "";
+}
+
+std::string number_text(double x) {
+  std::ostringstream s;
+  s << x;  // six significant digits without trailing zeros: 0.1, 0.0003, 1e-06
+  return s.str();
+}
+
+// Only rank 0 prints --help, so that "mpiexec -n 4 ... --help" prints the list once. Flags may be
+// parsed before MPI starts; then every process is "rank 0".
+bool is_rank_zero() {
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  if (!initialized) return true;
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  return rank == 0;
+}
+
+bool starts_with(const std::string& s, const char* prefix) { return s.rfind(prefix, 0) == 0; }
+
+}  // namespace
+
+void FlagParser::add_flag(Flag flag) {
+  ENSURE(starts_with(flag.name, "--"), "flag names start with --: " + flag.name);
+  ENSURE(find(flag.name) == nullptr && flag.name != "--help", "flag registered twice: " + flag.name);
+  flags_.push_back(std::move(flag));
+}
+
+const FlagParser::Flag* FlagParser::find(const std::string& name) const {
+  for (const Flag& f : flags_)
+    if (f.name == name) return &f;
+  return nullptr;
+}
+
+void FlagParser::add(const std::string& name, int* value, const std::string& help) {
+  add_flag({name, help, std::to_string(*value), "N", false,
+            [value](const std::string& text) { return set_integer(text, value); }});
+}
+
+void FlagParser::add(const std::string& name, int64_t* value, const std::string& help) {
+  add_flag({name, help, std::to_string(*value), "N", false,
+            [value](const std::string& text) { return set_integer(text, value); }});
+}
+
+void FlagParser::add(const std::string& name, uint64_t* value, const std::string& help) {
+  add_flag({name, help, std::to_string(*value), "N", false, [value](const std::string& text) {
+              // strtoull would quietly turn "-1" into 18446744073709551615.
+              if (text.empty() || !std::isdigit(static_cast<unsigned char>(text[0])))
+                return std::string("is not a non-negative integer");
+              errno = 0;
+              char* end = nullptr;
+              unsigned long long parsed = std::strtoull(text.c_str(), &end, 10);
+              if (*end != '\0') return std::string("is not a non-negative integer");
+              if (errno == ERANGE) return std::string("is out of range");
+              *value = uint64_t(parsed);
+              return std::string();
+            }});
+}
+
+void FlagParser::add(const std::string& name, float* value, const std::string& help) {
+  add_flag({name, help, number_text(*value), "X", false, [value](const std::string& text) {
+              double parsed = 0;
+              if (!parse_whole_double(text, &parsed)) return std::string("is not a number");
+              if (std::fabs(parsed) > std::numeric_limits<float>::max()) return std::string("is out of range");
+              *value = float(parsed);
+              return std::string();
+            }});
+}
+
+void FlagParser::add(const std::string& name, double* value, const std::string& help) {
+  add_flag({name, help, number_text(*value), "X", false, [value](const std::string& text) {
+              if (!parse_whole_double(text, value)) return std::string("is not a number");
+              return std::string();
+            }});
+}
+
+void FlagParser::add(const std::string& name, std::string* value, const std::string& help,
+                     const std::string& value_name) {
+  add_flag({name, help, *value, value_name, false, [value](const std::string& text) {
+              *value = text;
+              return std::string();
+            }});
+}
+
+void FlagParser::add_switch(const std::string& name, bool* value, const std::string& help) {
+  add_flag({name, help, "", "", true, [value](const std::string&) {
+              *value = true;
+              return std::string();
+            }});
+}
+
+bool FlagParser::parse(int argc, char** argv, const std::string& usage_header) {
+  // --help wins over everything else on the line, so it works even next to a mistake.
+  for (int i = 1; i < argc; i++) {
+    std::string arg = argv[i];
+    if (arg == "--help" || arg == "-h") {
+      if (is_rank_zero()) std::printf("%s%s", usage_header.c_str(), usage().c_str());
+      return false;
+    }
+  }
+  for (int i = 1; i < argc; i++) {
+    std::string arg = argv[i];
+    if (!starts_with(arg, "--"))
+      config_error("unexpected argument '" + arg + "': flags look like --name value (see --help)");
+    std::string name = arg, value;
+    const size_t equals = arg.find('=');
+    const bool inline_value = equals != std::string::npos;
+    if (inline_value) {
+      name = arg.substr(0, equals);
+      value = arg.substr(equals + 1);
+    }
+    const Flag* flag = find(name);
+    if (!flag) config_error("unknown flag '" + name + "' (see --help)");
+    if (flag->is_switch) {
+      if (inline_value) config_error(name + " takes no value");
+      flag->set("");
+      continue;
+    }
+    if (!inline_value) {
+      // "--data --steps 5" forgot the path; taking "--steps" as the path would hide that.
+      if (i + 1 >= argc || starts_with(argv[i + 1], "--")) config_error(name + " needs a value");
+      value = argv[++i];
+    }
+    const std::string problem = flag->set(value);
+    if (!problem.empty()) config_error(name + ": '" + value + "' " + problem);
+  }
+  return true;
+}
+
+std::string FlagParser::usage() const {
+  auto signature = [](const Flag& f) { return f.is_switch ? f.name : f.name + " " + f.value_name; };
+  const std::string help_name = "--help";
+  size_t width = help_name.size();
+  for (const Flag& f : flags_) width = std::max(width, signature(f).size());
+
+  std::string text;
+  auto line = [&](const std::string& left, const std::string& right) {
+    text += "  " + left + std::string(width + 2 - left.size(), ' ') + right + "\n";
+  };
+  for (const Flag& f : flags_) {
+    const bool show_default = !f.is_switch && !f.default_text.empty();
+    line(signature(f), f.help + (show_default ? " (default " + f.default_text + ")" : ""));
+  }
+  line(help_name, "print this list and exit");
+  return text;
+}
+
+bool parse_train_flags(int argc, char** argv, const std::string& chapter, const std::string& about,
+                       FlagParser& parser, TrainConfig* cfg) {
+  cfg->chapter = chapter;
+  parser.add("--preset", &cfg->preset, std::string("model shape: ") + preset_names(), "NAME");
+  parser.add("--steps", &cfg->steps, "steps to run; step 0 is warm-up, left out of averages");
+  parser.add("--batch", &cfg->batch, "global batch in sequences, over all ranks; 0 = the preset's");
+  parser.add("--grad-accum", &cfg->grad_accum, "micro-batches per step on each rank");
+  parser.add("--lr", &cfg->lr, "peak learning rate; 0 = the preset's");
+  parser.add("--warmup", &cfg->warmup, "learning-rate warm-up steps; -1 = steps/10");
+  parser.add("--weight-decay", &cfg->weight_decay, "AdamW weight decay of the matrices");
+  parser.add("--grad-clip", &cfg->grad_clip, "clip gradients to this global norm");
+  parser.add("--seed", &cfg->seed, "random seed of the parameter initialisation");
+  parser.add("--data", &cfg->data, "text file to train on, each byte a token (default: built-in corpus)",
+             "PATH");
+  parser.add("--save", &cfg->save, "write a checkpoint here at the end; {step} in PATH keeps one per save",
+             "PATH");
+  parser.add("--save-every", &cfg->save_every, "also checkpoint every N steps; 0 = only at the end");
+  parser.add("--resume", &cfg->resume, "resume from this checkpoint", "PATH");
+  parser.add("--trace", &cfg->trace, "write a Chrome trace (open in ui.perfetto.dev)", "PATH");
+  parser.add("--json", &cfg->json, "write one JSON line per step", "PATH");
+  parser.add("--link-gbps", &cfg->link_gbps, "emulate an interconnect of this many Gbit/s; 0 = off");
+  parser.add("--link-latency-us", &cfg->link_latency_us, "latency of the emulated link per message, in microseconds");
+  parser.add_switch("--quiet", &cfg->quiet, "no step lines");
+
+  const std::string program = argc > 0 ? argv[0] : chapter;
+  const std::string header = chapter + ": " + about + "\n\nusage: mpiexec -n RANKS " + program +
+                             " [flags]   (flags take --name value or --name=value)\n\nflags:\n";
+  if (!parser.parse(argc, argv, header)) return false;
+
+  // What can be checked without knowing the model or the rank count; the chapter checks the rest
+  // (the batch must divide by ranks x grad-accum, for one) once it knows them.
+  if (cfg->steps < 1) config_error("--steps must be >= 1");
+  if (cfg->batch < 0) config_error("--batch must be >= 1 (or 0 for the preset's default)");
+  if (cfg->grad_accum < 1) config_error("--grad-accum must be >= 1");
+  if (cfg->lr < 0) config_error("--lr must be > 0 (or 0 for the preset's default)");
+  if (cfg->warmup < -1) config_error("--warmup must be >= 0 (or -1 for steps/10)");
+  if (cfg->weight_decay < 0) config_error("--weight-decay must be >= 0");
+  if (cfg->grad_clip <= 0) config_error("--grad-clip must be > 0");
+  if (cfg->save_every < 0) config_error("--save-every must be >= 0");
+  if (cfg->save_every > 0 && cfg->save.empty()) config_error("--save-every needs --save PATH");
+  if (cfg->link_gbps < 0) config_error("--link-gbps must be >= 0 (0 = no emulated link)");
+  if (cfg->link_latency_us < 0) config_error("--link-latency-us must be >= 0");
+  return true;
+}

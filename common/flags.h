@@ -1,0 +1,68 @@
+// flags.h: the flags every chapter shares, parsed by one piece of code. Defines TrainConfig,
+// FlagParser and parse_train_flags().
+// An unknown flag or a bad value is an error that names the flag; --help prints every flag.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+struct TrainConfig {
+  std::string chapter;       // e.g. "01_vanilla_dp"
+  std::string preset = "tiny";
+  int steps = 20;            // steps 0..steps-1; step 0 is warm-up (left out of averages)
+  int batch = 0;             // global batch in sequences; 0 = the preset's default
+  int grad_accum = 1;        // micro-batches per step on each rank
+  float lr = 0;              // peak learning rate; 0 = the preset's default
+  int warmup = -1;           // warm-up steps of the learning rate; -1 = steps/10
+  float weight_decay = 0.1f;
+  float grad_clip = 1.0f;    // clip gradients to this global norm
+  uint64_t seed = 1337;
+  std::string data;          // text file; empty = built-in corpus
+  std::string save;          // checkpoint path written at the end (and every save_every steps)
+  int save_every = 0;
+  std::string resume;        // checkpoint to resume from
+  std::string trace;         // Chrome trace output path
+  std::string json;          // JSON-lines output path
+  double link_gbps = 0;      // emulated interconnect (0 = off)
+  double link_latency_us = 0;
+  bool quiet = false;        // no step lines (tests)
+};
+
+class FlagParser {
+ public:
+  void add(const std::string& name, int* value, const std::string& help);
+  void add(const std::string& name, int64_t* value, const std::string& help);
+  void add(const std::string& name, uint64_t* value, const std::string& help);
+  void add(const std::string& name, float* value, const std::string& help);
+  void add(const std::string& name, double* value, const std::string& help);
+  // value_name is what usage shows after the flag: "--data PATH".
+  void add(const std::string& name, std::string* value, const std::string& help,
+           const std::string& value_name = "TEXT");
+  void add_switch(const std::string& name, bool* value, const std::string& help);  // no value
+  // Accepts "--name value" and "--name=value". Returns false after printing usage_header and
+  // usage() (to stdout, on rank 0 only) when --help or -h is given; calls config_error() on an
+  // unknown flag, a missing value or a value that does not parse in full ("12x" is refused).
+  bool parse(int argc, char** argv, const std::string& usage_header);
+  // One line per flag: name, value, help and default; --help last.
+  std::string usage() const;
+
+ private:
+  struct Flag {
+    std::string name, help, default_text;
+    std::string value_name;  // "N", "X", "PATH", ...; empty for a switch
+    bool is_switch = false;
+    // Stores the value parsed from the text; returns "" or what is wrong ("is not an integer").
+    std::function<std::string(const std::string&)> set;
+  };
+  void add_flag(Flag flag);
+  const Flag* find(const std::string& name) const;
+  std::vector<Flag> flags_;
+};
+
+// Registers the shared flags on `parser`, parses argv and validates what needs no model (positive
+// steps, grad_accum >= 1, ...). Chapters add their own flags to `parser` before calling this. The
+// values already in *cfg are the defaults (a chapter may change one before the call); sets
+// cfg->chapter. Returns false when --help was given (the caller exits 0).
+bool parse_train_flags(int argc, char** argv, const std::string& chapter, const std::string& about,
+                       FlagParser& parser, TrainConfig* cfg);

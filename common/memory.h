@@ -1,0 +1,48 @@
+// memory.h: the framework's own allocator, which counts every byte by category.
+// A chapter's reported memory is therefore measured, not estimated. Defines MemCategory,
+// device_alloc/device_free and the per-process MemoryStats (current and peak bytes per category).
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include "tensor.h"
+
+enum class MemCategory { Params, Grads, OptState, Activations, CommBuffers, Other, Count };
+constexpr int kMemCategories = static_cast<int>(MemCategory::Count);
+const char* mem_category_name(MemCategory c);  // "params", "grads", "optim", "activations", "comm", "other"
+
+struct MemoryStats {
+  int64_t current[kMemCategories] = {};
+  int64_t peak[kMemCategories] = {};
+  int64_t current_total = 0;
+  int64_t peak_total = 0;
+};
+
+// Allocates `bytes` (zero-filled, 64-byte aligned on the CPU) on `device` and counts them under `cat`.
+void* device_alloc(size_t bytes, MemCategory cat, Device device = Device::CPU);
+void device_free(void* ptr);
+const MemoryStats& memory_stats();
+// Starts a new peak window: peaks become the current values (a step's peak, for example).
+void reset_memory_peaks();
+
+// An owning buffer for a Tensor: allocates on construction, frees on destruction, not copyable.
+class Buffer {
+ public:
+  Buffer() = default;
+  Buffer(int64_t count, MemCategory cat, DType dtype = DType::F32, Device device = Device::CPU);
+  ~Buffer();
+  Buffer(Buffer&& other) noexcept;
+  Buffer& operator=(Buffer&& other) noexcept;
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+
+  Tensor view() const;  // 1-D view of the whole buffer
+  float* f32() const { return view().f32(); }
+  int64_t count() const { return count_; }
+  void* data() const { return data_; }
+
+ private:
+  void* data_ = nullptr;
+  int64_t count_ = 0;
+  DType dtype_ = DType::F32;
+  Device device_ = Device::CPU;
+};

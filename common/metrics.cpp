@@ -1,0 +1,97 @@
+// metrics.cpp: see metrics.h.
+#include "metrics.h"
+
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+
+#include "check.h"
+
+void JsonObject::key(const std::string& k) {
+  if (!body_.empty()) body_ += ",";
+  body_ += "\"" + k + "\":";
+}
+
+JsonObject& JsonObject::add(const std::string& k, const std::string& value) {
+  key(k);
+  body_ += "\"";
+  for (char c : value) {
+    if (c == '"' || c == '\\') body_ += '\\';
+    body_ += (c == '\n') ? ' ' : c;
+  }
+  body_ += "\"";
+  return *this;
+}
+
+JsonObject& JsonObject::add(const std::string& k, double value) {
+  key(k);
+  char buf[64];
+  if (std::isfinite(value)) std::snprintf(buf, sizeof buf, "%.9g", value);
+  else std::snprintf(buf, sizeof buf, "null");  // JSON has no NaN or inf
+  body_ += buf;
+  return *this;
+}
+
+JsonObject& JsonObject::add(const std::string& k, int64_t value) {
+  key(k);
+  body_ += std::to_string(value);
+  return *this;
+}
+
+JsonObject& JsonObject::add(const std::string& k, bool value) {
+  key(k);
+  body_ += value ? "true" : "false";
+  return *this;
+}
+
+JsonLinesWriter::~JsonLinesWriter() { close(); }
+
+void JsonLinesWriter::open(const std::string& path) {
+  path_ = path;
+  std::string partial = path + ".partial";
+  file_ = std::fopen(partial.c_str(), "w");
+  if (!file_) fatal("cannot write '" + partial + "': " + std::strerror(errno) + " (does the folder exist?)");
+}
+
+void JsonLinesWriter::write(const JsonObject& object) {
+  if (!file_) return;
+  std::fprintf(file_, "%s\n", object.str().c_str());
+  std::fflush(file_);
+}
+
+void JsonLinesWriter::close() {
+  if (!file_) return;
+  std::fclose(file_);
+  file_ = nullptr;
+  std::string partial = path_ + ".partial";
+  if (std::rename(partial.c_str(), path_.c_str()) != 0)
+    fatal("cannot rename '" + partial + "' to '" + path_ + "': " + std::strerror(errno));
+}
+
+std::string format_bytes(double bytes) {
+  const char* units[] = {"B", "KB", "MB", "GB", "TB"};
+  int u = 0;
+  while (std::fabs(bytes) >= 1000 && u < 4) {
+    bytes /= 1000;
+    u++;
+  }
+  char buf[32];
+  std::snprintf(buf, sizeof buf, u == 0 ? "%.0f %s" : "%.1f %s", bytes, units[u]);
+  return buf;
+}
+
+std::string format_count(double value) {
+  char buf[32];
+  if (value >= 1e6) std::snprintf(buf, sizeof buf, "%.2fM", value / 1e6);
+  else if (value >= 1e3) std::snprintf(buf, sizeof buf, "%.1fk", value / 1e3);
+  else std::snprintf(buf, sizeof buf, "%.0f", value);
+  return buf;
+}
+
+std::string step_line(int step, float loss, double step_ms, double tokens_per_s, double exposed_comm_ms,
+                      double mem_bytes) {
+  char buf[160];
+  std::snprintf(buf, sizeof buf, "step %4d | loss %.4f | %.1f ms | %s tok/s | exposed comm %.1f ms | mem %s", step,
+                loss, step_ms, format_count(tokens_per_s).c_str(), exposed_comm_ms, format_bytes(mem_bytes).c_str());
+  return buf;
+}

@@ -1,0 +1,23 @@
+// model_config.cpp: the presets of model_config.h.
+#include "model_config.h"
+
+bool find_preset(const std::string& name, GPT2Config* cfg) {
+  GPT2Config c;
+  c.preset = name;
+  if (name == "tiny") {
+    c.L = 2; c.C = 64; c.NH = 4; c.T = 64; c.V = 256;
+    c.default_batch = 8; c.default_lr = 3e-3f;
+  } else if (name == "small") {
+    c.L = 4; c.C = 128; c.NH = 4; c.T = 128; c.V = 256;
+    c.default_batch = 8; c.default_lr = 2e-3f;
+  } else if (name == "gpt2") {
+    c.L = 12; c.C = 768; c.NH = 12; c.T = 1024; c.V = 50304;
+    c.default_batch = 8; c.default_lr = 6e-4f;
+  } else {
+    return false;
+  }
+  *cfg = c;
+  return true;
+}
+
+const char* preset_names() { return "tiny, small, gpt2"; }

@@ -1,0 +1,19 @@
+// model_config.h: the shape of a GPT-2 model and the named presets every chapter accepts.
+// Defines GPT2Config and find_preset(). Dimensions keep the project's short names:
+// L layers, C channels, NH heads, T sequence length (context), V vocabulary.
+#pragma once
+#include <string>
+
+struct GPT2Config {
+  std::string preset;  // "tiny", "small", "gpt2" or "custom"
+  int L = 0, C = 0, NH = 0, T = 0, V = 0;
+  int default_batch = 0;     // global batch in sequences when --batch is not given
+  float default_lr = 0;      // peak learning rate when --lr is not given
+};
+
+// Fills *cfg and returns true for a known preset name:
+//   tiny:  L=2,  C=64,  NH=4,  T=64,   V=256    (the CPU default: a step takes tens of ms on one core)
+//   small: L=4,  C=128, NH=4,  T=128,  V=256
+//   gpt2:  L=12, C=768, NH=12, T=1024, V=50304  (GPT-2 124M's shape; V padded to a multiple of 128)
+bool find_preset(const std::string& name, GPT2Config* cfg);
+const char* preset_names();  // "tiny, small, gpt2", for error messages

@@ -1,0 +1,65 @@
+// ops.h: every op of GPT-2, forward and backward, behind one call per op.
+// Each call looks at its tensors' device and runs the CPU implementation (ops_cpu.cpp) or, when
+// built with CUDA, the CUDA one. The model (model.cpp) is written only against these calls.
+//
+// Shapes use the project's short names: B batch, T sequence, C channels, NH heads, V vocabulary,
+// OC output channels. N = B*T when a tensor is seen as rows.
+// Convention (as in llm.c): every backward ACCUMULATES (+=) into the gradients it writes, both
+// parameter gradients and input gradients. Callers zero what must start at zero.
+#pragma once
+#include "tensor.h"
+
+// out(B,T,C) = wte[tokens[b,t]] + wpe[t].  tokens: int32 (B,T) viewed as F32-sized ints.
+void encoder_forward(Tensor out, const int* tokens, Tensor wte, Tensor wpe, int B, int T);
+// dwte(V,C) += scatter of dout over tokens; dwpe(maxT,C) += sum over batch of dout.
+void encoder_backward(Tensor dwte, Tensor dwpe, Tensor dout, const int* tokens, int B, int T);
+
+// out(N,C) = (inp - mean) * rstd * weight + bias, eps = 1e-5; saves mean(N), rstd(N) for backward.
+void layernorm_forward(Tensor out, Tensor mean, Tensor rstd, Tensor inp, Tensor weight, Tensor bias);
+// dinp(N,C), dweight(C), dbias(C) += gradients, given dout(N,C) and the forward's inp, mean, rstd.
+void layernorm_backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, Tensor inp,
+                        Tensor weight, Tensor mean, Tensor rstd);
+
+// out(N,OC) = inp(N,C) @ weight(OC,C)^T + bias(OC). bias may be an empty Tensor (no bias).
+void matmul_forward(Tensor out, Tensor inp, Tensor weight, Tensor bias);
+// dinp(N,C) += dout @ weight; dweight(OC,C) += dout^T @ inp; dbias(OC) += column sums of dout
+// (skipped when dbias is empty).
+void matmul_backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, Tensor inp, Tensor weight);
+
+// Causal multi-head self-attention. qkv(B,T,3C) holds q, k, v side by side; each head has C/NH
+// channels. preatt and att are (B,NH,T,T) (scores before and after the causal softmax, scaled by
+// 1/sqrt(C/NH)). out(B,T,C) = att @ v, heads concatenated.
+void attention_forward(Tensor out, Tensor preatt, Tensor att, Tensor qkv, int NH);
+// dqkv(B,T,3C) += gradient. dpreatt and datt (B,NH,T,T) are scratch: accumulated into, so callers
+// zero them before each call.
+void attention_backward(Tensor dqkv, Tensor dpreatt, Tensor datt, Tensor dout, Tensor qkv, Tensor att,
+                        int NH);
+
+// GELU, tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
+void gelu_forward(Tensor out, Tensor inp);
+void gelu_backward(Tensor dinp, Tensor inp, Tensor dout);  // dinp += gelu'(inp) * dout
+
+void residual_forward(Tensor out, Tensor a, Tensor b);     // out = a + b
+void residual_backward(Tensor da, Tensor db, Tensor dout); // da += dout; db += dout
+
+// Fused softmax + cross-entropy over the last dimension. logits, probs: (B,T,V); losses: (B,T);
+// targets: int32 (B,T). losses[b,t] = -log probs[b,t,targets[b,t]].
+void softmax_crossentropy_forward(Tensor losses, Tensor probs, Tensor logits, const int* targets);
+// dlogits(B,T,V) += (probs - onehot(targets)) * dloss, where every position's loss has the same
+// weight dloss (1/(B*T) for a mean, divided further by gradient-accumulation steps).
+void softmax_crossentropy_backward(Tensor dlogits, Tensor probs, const int* targets, float dloss);
+
+// Small helpers the trainers need on any device.
+void fill_zero(Tensor t);
+void copy_tensor(Tensor dst, Tensor src);      // same numel
+void add_inplace(Tensor dst, Tensor src);      // dst += src
+void scale_inplace(Tensor t, float factor);    // t *= factor
+double sum_of_squares(Tensor t);               // accumulated in double
+double mean_of(Tensor t);                      // accumulated in double
+
+// One AdamW update of `n` elements (decoupled weight decay, bias-corrected moments):
+//   g = grad * grad_scale; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2
+//   param -= lr * (m_hat / (sqrt(v_hat) + eps) + weight_decay * param)
+// `step` counts from 1. The optimizer (optimizer.cpp) calls this once per parameter segment.
+void adamw_update(Tensor param, Tensor grad, Tensor m, Tensor v, int step, float lr, float beta1,
+                  float beta2, float eps, float weight_decay, float grad_scale);

@@ -1,0 +1,392 @@
+// ops_cpu.cpp: the CPU implementation of every op in ops.h (declared in ops_cpu.h).
+// Plain loops in the manner of llm.c's train_gpt2.c: single-threaded and deterministic, so every rank
+// computes bit-identical results from identical inputs. Matrix products go through sgemm_cpu.
+// Elementwise inner loops are written without branches or calls GCC cannot inline, so -O3 vectorizes
+// them; reductions keep their sequential order (no -ffast-math), summing in double where that is cheap.
+// Every backward ACCUMULATES (+=) into the gradients it writes, as ops.h says.
+#include "ops_cpu.h"
+
+#include <cmath>
+#include <string>
+
+#include "check.h"       // ENSURE
+#include "matmul_cpu.h"  // sgemm_cpu
+
+namespace cpu {
+
+namespace {
+constexpr float kLayernormEps = 1e-5f;
+constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2 / pi)
+constexpr float kGeluCubic = 0.044715f;
+
+// Token ids come from files and command lines; an id outside the table would silently read other memory.
+void check_token(int token, int V, const char* what) {
+  ENSURE(0 <= token && token < V,
+         std::string(what) + " id " + std::to_string(token) + " is outside the vocabulary [0, " +
+             std::to_string(V) + ")");
+}
+}  // namespace
+
+// ----------------------------------------------------------------------------------------------------------
+// encoder: token embedding + position embedding
+
+void encoder_forward(float* out, const int* tokens, const float* wte, const float* wpe, int B, int T, int C,
+                     int V) {
+  for (int b = 0; b < B; b++) {
+    for (int t = 0; t < T; t++) {
+      int token = tokens[b * T + t];
+      check_token(token, V, "token");
+      float* out_bt = out + (size_t(b) * T + t) * C;
+      const float* wte_row = wte + size_t(token) * C;
+      const float* wpe_row = wpe + size_t(t) * C;
+      for (int c = 0; c < C; c++) out_bt[c] = wte_row[c] + wpe_row[c];
+    }
+  }
+}
+
+void encoder_backward(float* dwte, float* dwpe, const float* dout, const int* tokens, int B, int T, int C,
+                      int V) {
+  for (int b = 0; b < B; b++) {
+    for (int t = 0; t < T; t++) {
+      int token = tokens[b * T + t];
+      check_token(token, V, "token");
+      const float* dout_bt = dout + (size_t(b) * T + t) * C;
+      // A token that occurs several times in the batch receives the sum of its positions' gradients.
+      float* dwte_row = dwte + size_t(token) * C;
+      float* dwpe_row = dwpe + size_t(t) * C;
+      for (int c = 0; c < C; c++) {
+        dwte_row[c] += dout_bt[c];
+        dwpe_row[c] += dout_bt[c];
+      }
+    }
+  }
+}
+
+// ----------------------------------------------------------------------------------------------------------
+// layernorm
+
+void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
+                       const float* bias, int N, int C) {
+  for (int i = 0; i < N; i++) {
+    const float* x = inp + size_t(i) * C;
+    // Two passes (mean, then the squared deviations) in double: the one-pass E[x^2] - E[x]^2 cancels
+    // badly when the mean is large compared with the spread.
+    double sum = 0.0;
+    for (int c = 0; c < C; c++) sum += x[c];
+    double m = sum / C;
+    double squared_deviations = 0.0;
+    for (int c = 0; c < C; c++) {
+      double d = x[c] - m;
+      squared_deviations += d * d;
+    }
+    float s = float(1.0 / std::sqrt(squared_deviations / C + kLayernormEps));
+    float mf = float(m);
+    float* out_row = out + size_t(i) * C;
+    for (int c = 0; c < C; c++) out_row[c] = (x[c] - mf) * s * weight[c] + bias[c];
+    mean[i] = mf;
+    rstd[i] = s;
+  }
+}
+
+void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                        const float* weight, const float* mean, const float* rstd, int N, int C) {
+  for (int i = 0; i < N; i++) {
+    const float* x = inp + size_t(i) * C;
+    const float* dout_row = dout + size_t(i) * C;
+    float* dinp_row = dinp + size_t(i) * C;
+    const float m = mean[i];
+    const float s = rstd[i];
+
+    // norm = (x - mean) * rstd depends on every x of the row through mean and rstd. Its input gradient
+    // is dnorm with its mean removed and its component along norm removed, hence these two averages.
+    double dnorm_sum = 0.0, dnorm_dot_norm = 0.0;
+    for (int c = 0; c < C; c++) {
+      float norm = (x[c] - m) * s;
+      float dnorm = weight[c] * dout_row[c];
+      dnorm_sum += dnorm;
+      dnorm_dot_norm += double(dnorm) * norm;
+    }
+    const float dnorm_mean = float(dnorm_sum / C);
+    const float dnorm_norm_mean = float(dnorm_dot_norm / C);
+
+    // Two loops rather than one: with three outputs that might overlap the inputs, GCC would need more
+    // run-time overlap checks than it is willing to emit, and would leave a single loop unvectorized.
+    for (int c = 0; c < C; c++) {
+      float norm = (x[c] - m) * s;
+      dbias[c] += dout_row[c];
+      dweight[c] += norm * dout_row[c];
+    }
+    for (int c = 0; c < C; c++) {
+      float norm = (x[c] - m) * s;
+      float dnorm = weight[c] * dout_row[c];
+      dinp_row[c] += (dnorm - dnorm_mean - norm * dnorm_norm_mean) * s;
+    }
+  }
+}
+
+// ----------------------------------------------------------------------------------------------------------
+// matmul (a linear layer: the weight is stored (OC, C), one output channel per row, as in PyTorch)
+
+void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int N, int C,
+                    int OC) {
+  // Start every row from the bias and let sgemm add the product on top (beta = 1); without a bias,
+  // beta = 0 tells sgemm to ignore whatever `out` held before.
+  float beta = 0.0f;
+  if (bias) {
+    for (int i = 0; i < N; i++) {
+      float* out_row = out + size_t(i) * OC;
+      for (int o = 0; o < OC; o++) out_row[o] = bias[o];
+    }
+    beta = 1.0f;
+  }
+  // out(N,OC) = inp(N,C) @ weight(OC,C)^T
+  sgemm_cpu(false, true, N, OC, C, 1.0f, inp, C, weight, C, beta, out, OC);
+}
+
+void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                     const float* weight, int N, int C, int OC) {
+  // beta = 1 in both products: backward accumulates.
+  // dinp(N,C) += dout(N,OC) @ weight(OC,C)
+  sgemm_cpu(false, false, N, C, OC, 1.0f, dout, OC, weight, C, 1.0f, dinp, C);
+  // dweight(OC,C) += dout(N,OC)^T @ inp(N,C)
+  sgemm_cpu(true, false, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f, dweight, C);
+  if (dbias) {
+    // Row by row, so the inner loop runs along contiguous memory and vectorizes.
+    for (int i = 0; i < N; i++) {
+      const float* dout_row = dout + size_t(i) * OC;
+      for (int o = 0; o < OC; o++) dbias[o] += dout_row[o];
+    }
+  }
+}
+
+// ----------------------------------------------------------------------------------------------------------
+// attention: for every (b, t, head), the row of scores of query t against keys 0..t, then the weighted
+// sum of values. Entries t2 > t are masked: preatt holds -inf there and att holds 0, which is what the
+// softmax of -inf gives; only the causal part t2 <= t is meaningful (a CUDA version may compute the rest).
+
+void attention_forward(float* out, float* preatt, float* att, const float* qkv, int B, int T, int C, int NH) {
+  const int C3 = 3 * C;
+  const int hs = C / NH;  // head size
+  const float scale = 1.0f / std::sqrt(float(hs));
+
+  for (int b = 0; b < B; b++) {
+    for (int t = 0; t < T; t++) {
+      for (int h = 0; h < NH; h++) {
+        const float* query = qkv + (size_t(b) * T + t) * C3 + h * hs;
+        float* preatt_row = preatt + ((size_t(b) * NH + h) * T + t) * T;
+        float* att_row = att + ((size_t(b) * NH + h) * T + t) * T;
+
+        // scores, and their maximum so that exp() below never overflows
+        float maxval = -INFINITY;
+        for (int t2 = 0; t2 <= t; t2++) {
+          const float* key = qkv + (size_t(b) * T + t2) * C3 + C + h * hs;
+          float dot = 0.0f;
+          for (int i = 0; i < hs; i++) dot += query[i] * key[i];
+          float score = dot * scale;
+          preatt_row[t2] = score;
+          if (score > maxval) maxval = score;
+        }
+        for (int t2 = t + 1; t2 < T; t2++) preatt_row[t2] = -INFINITY;
+
+        // softmax over the causal part
+        double expsum = 0.0;
+        for (int t2 = 0; t2 <= t; t2++) {
+          float e = std::exp(preatt_row[t2] - maxval);
+          att_row[t2] = e;
+          expsum += e;
+        }
+        const float inv_expsum = float(1.0 / expsum);
+        for (int t2 = 0; t2 <= t; t2++) att_row[t2] *= inv_expsum;
+        for (int t2 = t + 1; t2 < T; t2++) att_row[t2] = 0.0f;
+
+        // out = att @ v
+        float* out_bth = out + (size_t(b) * T + t) * C + h * hs;
+        for (int i = 0; i < hs; i++) out_bth[i] = 0.0f;
+        for (int t2 = 0; t2 <= t; t2++) {
+          const float* value = qkv + (size_t(b) * T + t2) * C3 + 2 * C + h * hs;
+          const float a = att_row[t2];
+          for (int i = 0; i < hs; i++) out_bth[i] += a * value[i];
+        }
+      }
+    }
+  }
+}
+
+void attention_backward(float* dqkv, float* dpreatt, float* datt, const float* dout, const float* qkv,
+                        const float* att, int B, int T, int C, int NH) {
+  const int C3 = 3 * C;
+  const int hs = C / NH;
+  const float scale = 1.0f / std::sqrt(float(hs));
+
+  for (int b = 0; b < B; b++) {
+    for (int t = 0; t < T; t++) {
+      for (int h = 0; h < NH; h++) {
+        const float* query = qkv + (size_t(b) * T + t) * C3 + h * hs;
+        float* dquery = dqkv + (size_t(b) * T + t) * C3 + h * hs;
+        const float* att_row = att + ((size_t(b) * NH + h) * T + t) * T;
+        float* datt_row = datt + ((size_t(b) * NH + h) * T + t) * T;
+        float* dpreatt_row = dpreatt + ((size_t(b) * NH + h) * T + t) * T;
+        const float* dout_bth = dout + (size_t(b) * T + t) * C + h * hs;
+
+        // out = sum_t2 att[t2] * value[t2]: gradients into att and into the values
+        for (int t2 = 0; t2 <= t; t2++) {
+          const float* value = qkv + (size_t(b) * T + t2) * C3 + 2 * C + h * hs;
+          float* dvalue = dqkv + (size_t(b) * T + t2) * C3 + 2 * C + h * hs;
+          float dot = 0.0f;
+          for (int i = 0; i < hs; i++) dot += value[i] * dout_bth[i];
+          datt_row[t2] += dot;
+          const float a = att_row[t2];
+          for (int i = 0; i < hs; i++) dvalue[i] += a * dout_bth[i];
+        }
+
+        // softmax: the Jacobian is diag(att) - att att^T, so its product with datt is
+        // att * (datt - <att, datt>): O(T) per row instead of building the T x T Jacobian.
+        double att_dot_datt = 0.0;
+        for (int t2 = 0; t2 <= t; t2++) att_dot_datt += double(att_row[t2]) * datt_row[t2];
+        const float weighted_datt = float(att_dot_datt);
+        for (int t2 = 0; t2 <= t; t2++) dpreatt_row[t2] += att_row[t2] * (datt_row[t2] - weighted_datt);
+
+        // preatt = scale * <query, key[t2]>: gradients into the query and the keys
+        for (int t2 = 0; t2 <= t; t2++) {
+          const float* key = qkv + (size_t(b) * T + t2) * C3 + C + h * hs;
+          float* dkey = dqkv + (size_t(b) * T + t2) * C3 + C + h * hs;
+          const float g = dpreatt_row[t2] * scale;
+          for (int i = 0; i < hs; i++) {
+            dquery[i] += g * key[i];
+            dkey[i] += g * query[i];
+          }
+        }
+      }
+    }
+  }
+}
+
+// ----------------------------------------------------------------------------------------------------------
+// GELU (tanh approximation) and the residual connection
+
+void gelu_forward(float* out, const float* inp, size_t n) {
+  for (size_t i = 0; i < n; i++) {
+    float x = inp[i];
+    out[i] = 0.5f * x * (1.0f + std::tanh(kGeluScale * (x + kGeluCubic * x * x * x)));
+  }
+}
+
+void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n) {
+  for (size_t i = 0; i < n; i++) {
+    float x = inp[i];
+    float tanh_out = std::tanh(kGeluScale * (x + kGeluCubic * x * x * x));
+    // d tanh(u)/du = 1 - tanh(u)^2 (= sech^2), reusing the tanh already computed
+    float sech2 = 1.0f - tanh_out * tanh_out;
+    float local_grad =
+        0.5f * (1.0f + tanh_out) + 0.5f * x * sech2 * kGeluScale * (1.0f + 3.0f * kGeluCubic * x * x);
+    dinp[i] += local_grad * dout[i];
+  }
+}
+
+void residual_forward(float* out, const float* a, const float* b, size_t n) {
+  for (size_t i = 0; i < n; i++) out[i] = a[i] + b[i];
+}
+
+void residual_backward(float* da, float* db, const float* dout, size_t n) {
+  for (size_t i = 0; i < n; i++) {
+    da[i] += dout[i];
+    db[i] += dout[i];
+  }
+}
+
+// ----------------------------------------------------------------------------------------------------------
+// softmax + cross-entropy, fused: the gradient of the pair is simply probs - onehot(target)
+
+void softmax_crossentropy_forward(float* losses, float* probs, const float* logits, const int* targets, int N,
+                                  int V) {
+  for (int i = 0; i < N; i++) {
+    const float* logits_row = logits + size_t(i) * V;
+    float* probs_row = probs + size_t(i) * V;
+    const int target = targets[i];
+    check_token(target, V, "target");
+
+    float maxval = -INFINITY;
+    for (int v = 0; v < V; v++) {
+      if (logits_row[v] > maxval) maxval = logits_row[v];
+    }
+    double expsum = 0.0;
+    for (int v = 0; v < V; v++) {
+      float e = std::exp(logits_row[v] - maxval);
+      probs_row[v] = e;
+      expsum += e;
+    }
+    const float inv_expsum = float(1.0 / expsum);
+    for (int v = 0; v < V; v++) probs_row[v] *= inv_expsum;
+    // -log(probs[target]) written as log(expsum) - (logit - max): finite even when probs[target]
+    // underflows to 0.
+    losses[i] = float(std::log(expsum) - (double(logits_row[target]) - maxval));
+  }
+}
+
+void softmax_crossentropy_backward(float* dlogits, const float* probs, const int* targets, float dloss, int N,
+                                   int V) {
+  for (int i = 0; i < N; i++) {
+    const float* probs_row = probs + size_t(i) * V;
+    float* dlogits_row = dlogits + size_t(i) * V;
+    const int target = targets[i];
+    check_token(target, V, "target");
+    for (int v = 0; v < V; v++) dlogits_row[v] += probs_row[v] * dloss;
+    dlogits_row[target] -= dloss;
+  }
+}
+
+// ----------------------------------------------------------------------------------------------------------
+// helpers for the trainers
+
+void fill_zero(float* x, size_t n) {
+  for (size_t i = 0; i < n; i++) x[i] = 0.0f;
+}
+
+void copy_tensor(float* dst, const float* src, size_t n) {
+  for (size_t i = 0; i < n; i++) dst[i] = src[i];
+}
+
+void add_inplace(float* dst, const float* src, size_t n) {
+  for (size_t i = 0; i < n; i++) dst[i] += src[i];
+}
+
+void scale_inplace(float* x, float factor, size_t n) {
+  for (size_t i = 0; i < n; i++) x[i] *= factor;
+}
+
+double sum_of_squares(const float* x, size_t n) {
+  double sum = 0.0;
+  for (size_t i = 0; i < n; i++) sum += double(x[i]) * x[i];
+  return sum;
+}
+
+double mean_of(const float* x, size_t n) {
+  ENSURE(n > 0, "mean of an empty tensor");
+  double sum = 0.0;
+  for (size_t i = 0; i < n; i++) sum += x[i];
+  return sum / double(n);
+}
+
+// ----------------------------------------------------------------------------------------------------------
+// AdamW
+
+void adamw_update(float* param, const float* grad, float* m, float* v, size_t n, int step, float lr,
+                  float beta1, float beta2, float eps, float weight_decay, float grad_scale) {
+  ENSURE(step >= 1, "adamw step counts from 1");
+  // The moments start at zero, so early on they underestimate; dividing by 1 - beta^step undoes that.
+  const float bias_correction1 = 1.0f - std::pow(beta1, float(step));
+  const float bias_correction2 = 1.0f - std::pow(beta2, float(step));
+  for (size_t i = 0; i < n; i++) {
+    float g = grad[i] * grad_scale;
+    float m_i = beta1 * m[i] + (1.0f - beta1) * g;
+    float v_i = beta2 * v[i] + (1.0f - beta2) * g * g;
+    m[i] = m_i;
+    v[i] = v_i;
+    float m_hat = m_i / bias_correction1;
+    float v_hat = v_i / bias_correction2;
+    // decoupled weight decay: it acts on the parameter directly, not through the adaptive moments
+    param[i] -= lr * (m_hat / (std::sqrt(v_hat) + eps) + weight_decay * param[i]);
+  }
+}
+
+}  // namespace cpu

@@ -1,0 +1,41 @@
+// optimizer.cpp: see optimizer.h.
+#include "optimizer.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "ops.h"
+
+namespace {
+constexpr float kBeta1 = 0.9f, kBeta2 = 0.95f, kEps = 1e-8f;  // GPT-2/3 practice
+}
+
+AdamW::AdamW(const ParamLayout& layout, int64_t begin, int64_t end, float weight_decay)
+    : layout_(layout), begin_(begin), end_(end), weight_decay_(weight_decay),
+      m_(end - begin, MemCategory::OptState), v_(end - begin, MemCategory::OptState) {}
+
+void AdamW::update(float* params, const float* grads, int step, float lr, float grad_scale) {
+  // Walk the parameters that overlap [begin, end): a shard may start or end inside a tensor.
+  for (const ParamInfo& p : layout_.params) {
+    int64_t lo = std::max(p.offset, begin_), hi = std::min(p.offset + p.size, end_);
+    if (lo >= hi) continue;
+    int64_t at = lo - begin_, n = hi - lo;
+    adamw_update(make_view(params + at, {n}), make_view(const_cast<float*>(grads) + at, {n}),
+                 make_view(m_.f32() + at, {n}), make_view(v_.f32() + at, {n}), step, lr, kBeta1, kBeta2, kEps,
+                 p.weight_decay ? weight_decay_ : 0.0f, grad_scale);
+  }
+}
+
+float learning_rate(const TrainConfig& cfg, float max_lr, int step) {
+  int warmup = cfg.warmup >= 0 ? cfg.warmup : cfg.steps / 10;
+  float min_lr = max_lr * 0.1f;
+  if (step < warmup) return max_lr * float(step + 1) / float(warmup);
+  if (cfg.steps - 1 <= warmup) return max_lr;
+  double progress = double(step - warmup) / double(cfg.steps - 1 - warmup);
+  return min_lr + 0.5f * (max_lr - min_lr) * float(1.0 + std::cos(M_PI * progress));
+}
+
+float clip_factor(double grad_norm, float max_norm) {
+  if (max_norm <= 0 || grad_norm <= max_norm) return 1.0f;
+  return float(max_norm / (grad_norm + 1e-6));
+}

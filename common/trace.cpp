@@ -1,0 +1,115 @@
+// trace.cpp: the process clock and the Chrome-trace recorder of trace.h.
+// Spans are kept in memory (a mutex, since the communication thread records too) and written once
+// at the end: every rank sends its JSON text to rank 0, which writes one file with one "process"
+// per rank and one "thread" per track, the layout Perfetto and chrome://tracing understand.
+#include "trace.h"
+
+#include <chrono>
+#include <cstdio>
+#include <mutex>
+#include <vector>
+
+#include "comm.h"
+#include "fileio.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+Clock::time_point g_epoch = Clock::now();
+
+struct Span {
+  Track track;
+  std::string name, detail;
+  double start_ms, end_ms;
+};
+
+bool g_enabled = false;
+std::mutex g_mutex;
+std::vector<Span> g_spans;
+
+const char* track_name(Track t) {
+  switch (t) {
+    case Track::Compute: return "compute";
+    case Track::Comm: return "communication";
+    case Track::Wait: return "waiting on communication";
+  }
+  return "?";
+}
+
+std::string json_escape(const std::string& s) {
+  std::string out;
+  for (char c : s) {
+    if (c == '"' || c == '\\') out += '\\';
+    out += c;
+  }
+  return out;
+}
+
+// This rank's events as comma-separated JSON objects (no brackets), timestamps in microseconds.
+std::string rank_events_json(int rank) {
+  std::string out;
+  char buf[512];
+  auto add = [&](const std::string& event) {
+    if (!out.empty()) out += ",\n";
+    out += event;
+  };
+  std::snprintf(buf, sizeof buf, R"({"ph":"M","pid":%d,"name":"process_name","args":{"name":"rank %d"}})",
+                rank, rank);
+  add(buf);
+  for (Track t : {Track::Compute, Track::Comm, Track::Wait}) {
+    std::snprintf(buf, sizeof buf, R"({"ph":"M","pid":%d,"tid":%d,"name":"thread_name","args":{"name":"%s"}})",
+                  rank, int(t), track_name(t));
+    add(buf);
+  }
+  std::lock_guard<std::mutex> lock(g_mutex);
+  for (const Span& s : g_spans) {
+    std::snprintf(buf, sizeof buf, R"({"ph":"X","pid":%d,"tid":%d,"ts":%.3f,"dur":%.3f,"name":"%s")", rank,
+                  int(s.track), s.start_ms * 1e3, (s.end_ms - s.start_ms) * 1e3, json_escape(s.name).c_str());
+    std::string event = buf;
+    if (!s.detail.empty()) event += R"(,"args":{"detail":")" + json_escape(s.detail) + "\"}";
+    add(event + "}");
+  }
+  return out;
+}
+
+}  // namespace
+
+double now_ms() { return std::chrono::duration<double, std::milli>(Clock::now() - g_epoch).count(); }
+
+void sync_clock_epoch(Communicator& comm) {
+  comm.barrier();
+  g_epoch = Clock::now();
+}
+
+void enable_tracing(bool on) { g_enabled = on; }
+bool tracing_enabled() { return g_enabled; }
+
+void trace_span(Track track, const std::string& name, double start_ms, double end_ms, const std::string& detail) {
+  if (!g_enabled) return;
+  std::lock_guard<std::mutex> lock(g_mutex);
+  g_spans.push_back({track, name, detail, start_ms, end_ms});
+}
+
+TraceScope::TraceScope(std::string name, Track track)
+    : name_(std::move(name)), track_(track), start_(g_enabled ? now_ms() : 0) {}
+
+TraceScope::~TraceScope() {
+  if (g_enabled) trace_span(track_, name_, start_, now_ms());
+}
+
+void write_merged_trace(Communicator& comm, const std::string& path) {
+  std::string mine = rank_events_json(comm.rank());
+  // Gather variable-length texts with what the communicator has: first every length, then each
+  // rank's text broadcast in turn. Simple and collective; a trace is written once per run.
+  std::string merged = "{\"traceEvents\":[\n";
+  for (int r = 0; r < comm.size(); r++) {
+    uint64_t length = (r == comm.rank()) ? mine.size() : 0;
+    comm.broadcast_bytes(&length, sizeof length, r);
+    std::string text = (r == comm.rank()) ? mine : std::string(length, '\0');
+    if (length) comm.broadcast_bytes(&text[0], length, r);
+    if (r > 0) merged += ",\n";
+    merged += text;
+  }
+  merged += "\n],\"displayTimeUnit\":\"ms\"}\n";
+  if (comm.rank() == 0) write_file_atomically(path, merged.data(), merged.size());
+}

@@ -1,0 +1,39 @@
+// trace.h: one clock for the whole process, and the Chrome-trace timeline (opens in Perfetto).
+// Defines now_ms(), Track, trace_span() (thread-safe, a no-op unless tracing is on) and
+// write_merged_trace(), which gathers every rank's spans into one file: one process per rank,
+// compute and communication on separate tracks.
+#pragma once
+#include <string>
+
+class Communicator;
+
+// Milliseconds since this rank's epoch. The epoch is set right after a barrier at start-up
+// (sync_clock_epoch), so timelines of different ranks line up to within the barrier's skew.
+double now_ms();
+void sync_clock_epoch(Communicator& comm);
+
+enum class Track { Compute = 0, Comm = 1, Wait = 2 };  // Wait: the caller blocked on communication
+
+void enable_tracing(bool on);
+bool tracing_enabled();
+// Records one span [start_ms, end_ms] on `track`. `name` is copied. `detail` (optional) shows in
+// the span's args, e.g. the byte count of a collective.
+void trace_span(Track track, const std::string& name, double start_ms, double end_ms,
+                const std::string& detail = "");
+
+// RAII span on the compute track: TraceScope s("forward L3");
+class TraceScope {
+ public:
+  explicit TraceScope(std::string name, Track track = Track::Compute);
+  ~TraceScope();
+  TraceScope(const TraceScope&) = delete;
+  TraceScope& operator=(const TraceScope&) = delete;
+
+ private:
+  std::string name_;
+  Track track_;
+  double start_;
+};
+
+// Collective over all ranks: rank 0 writes `path` (atomically: temporary file, then rename).
+void write_merged_trace(Communicator& comm, const std::string& path);

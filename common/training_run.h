@@ -1,0 +1,83 @@
+// training_run.h: the mechanics every chapter shares, so a chapter's own file holds only its idea.
+// Defines TrainingRun: flag validation against the model and rank count, the model configuration
+// and flat layout, this rank's micro-batches, the learning rate, initial weights or a resumed
+// checkpoint, per-step metrics (step line, JSON lines, memory and communication next to theory),
+// periodic checkpoints and the trace.
+#pragma once
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "comm.h"
+#include "data.h"
+#include "flags.h"
+#include "memory.h"
+#include "metrics.h"
+#include "model_config.h"
+#include "param_layout.h"
+#include "theory.h"
+
+struct MicroBatch {
+  const int* inputs;   // (B,T)
+  const int* targets;  // (B,T)
+  int B;
+};
+
+class TrainingRun {
+ public:
+  // Validates cfg for this rank count (collectively: every rank exits with one clear message),
+  // loads the data, opens the JSON output and prints the run header on rank 0.
+  TrainingRun(Communicator& comm, const TrainConfig& cfg, Strategy strategy);
+  ~TrainingRun();
+
+  const TrainConfig& cfg() const { return cfg_; }
+  const GPT2Config& model_config() const { return model_; }
+  const ParamLayout& layout() const { return layout_; }
+  int global_batch() const { return batch_; }
+  int micro_batch_size() const { return micro_B_; }  // B / (ranks x grad_accum)
+
+  // This rank's micro-batch `micro` (0..grad_accum-1) of global step `step` (data.h's order).
+  MicroBatch micro_batch(int step, int micro);
+  float lr(int step) const;
+
+  // Either GPT-2 initial weights (returns step 0) or the --resume checkpoint (returns its step).
+  // All three are full padded flat buffers; a fresh start leaves m and v as they are (zero).
+  int init_or_resume(float* params, float* adam_m, float* adam_v);
+  // True when a checkpoint is due after step `step` (--save-every, or the last step with --save).
+  bool checkpoint_due(int step) const;
+  // Collective. Full padded flat arrays on rank 0 (others may pass null); next_step = step + 1.
+  // "{step}" in --save is replaced by next_step, to keep one file per checkpoint.
+  void save_checkpoint(int next_step, const float* params, const float* adam_m, const float* adam_v);
+
+  void begin_step(int step);
+  // Ends the step: averages the loss over ranks, records time, exposed and total communication,
+  // bytes and memory; prints the step line on rank 0 and writes the JSON record. After the first
+  // measured step, also prints memory and communication next to `prediction`.
+  void end_step(int step, float local_loss, double grad_norm);
+  // Prints the averages over the measured steps (step 0 is warm-up), writes the trace, closes JSON.
+  void finish();
+
+  bool is_root() const { return comm_.rank() == 0; }
+
+ private:
+  void report_vs_theory(const CommStats& step_comm);
+
+  Communicator& comm_;
+  TrainConfig cfg_;
+  Strategy strategy_;
+  GPT2Config model_;
+  ParamLayout layout_;
+  TokenData data_;
+  int batch_ = 0, micro_B_ = 0;
+  std::vector<int> inputs_, targets_;  // one micro-batch
+  JsonLinesWriter json_;
+  double step_start_ms_ = 0;
+  CommStats comm_at_step_start_;
+  struct Totals {
+    int steps = 0;
+    double step_ms = 0, exposed_ms = 0, comm_ms = 0, tokens_per_s = 0;
+    double collectives = 0, comm_bytes = 0;
+    float last_loss = 0;
+  } totals_;
+  bool reported_theory_ = false;
+};

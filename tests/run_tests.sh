@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# run_tests.sh: runs every test binary listed in tests/manifest.txt (multi-rank ones under mpiexec),
+# adds up GoogleTest's own counts and ends with one line: "N passed, M failed".
+# A binary that crashes or exits non-zero without a GoogleTest failure counts as one failed test,
+# so nothing fails silently.
+set -u
+cd "$(dirname "$0")/.."
+passed=0
+failed=0
+failures=()
+
+run_one() {  # label, command...
+  local label=$1; shift
+  local log; log=$(mktemp)
+  echo "=== $label"
+  local start=$SECONDS
+  "$@" </dev/null >"$log" 2>&1
+  local rc=$?
+  local p f
+  p=$(sed -n 's/^\[  PASSED  \] \([0-9]*\) test.*/\1/p' "$log" | tail -n 1)
+  f=$(sed -n 's/^\[  FAILED  \] \([0-9]*\) test.*/\1/p' "$log" | tail -n 1)
+  p=${p:-0}; f=${f:-0}
+  if [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then f=1; fi
+  passed=$((passed + p)); failed=$((failed + f))
+  if [ "$f" -ne 0 ]; then
+    failures+=("$label")
+    cat "$log"
+  else
+    grep -E '^\[ *(OK|SKIPPED) *\]' "$log" | sed 's/^/  /' | head -n 200
+  fi
+  echo "--- $label: $p passed, $f failed ($((SECONDS - start)) s)"
+  rm -f "$log"
+}
+
+while read -r name mode ranks; do
+  case "$name" in ''|'#'*) continue ;; esac
+  bin=build/tests/$name
+  if [ ! -x "$bin" ]; then
+    echo "=== $name: missing binary $bin (did 'make tests' fail?)"
+    failed=$((failed + 1)); failures+=("$name (not built)")
+    continue
+  fi
+  if [ "$mode" = "plain" ]; then
+    run_one "$name" "$bin"
+  else
+    for n in $ranks; do
+      run_one "$name (mpiexec -n $n)" timeout 300 mpiexec -n "$n" "$bin"
+    done
+  fi
+done < tests/manifest.txt
+
+if [ ${#failures[@]} -gt 0 ]; then
+  echo "failed: ${failures[*]}"
+fi
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]

@@ -1,0 +1,212 @@
+// test_flags.cpp: the shared command line of flags.h: values, both spellings, defaults, --help, and
+// that every mistake stops the program with a message naming the flag.
+// config_error() ends the process (exit code 1 here, where MPI is not initialised), so error paths
+// are death tests: each runs in a child process and the test checks its exit code and stderr.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <initializer_list>
+#include <string>
+#include <vector>
+
+#include "flags.h"
+
+namespace {
+
+// argv as main() gets it, from string literals: {"prog", "--steps", "5"}.
+class Argv {
+ public:
+  Argv(std::initializer_list<const char*> args) : strings_(args.begin(), args.end()) {
+    strings_.insert(strings_.begin(), "train");
+    for (std::string& s : strings_) pointers_.push_back(&s[0]);
+    pointers_.push_back(nullptr);
+  }
+  Argv(const Argv&) = delete;  // pointers_ points into strings_
+  Argv& operator=(const Argv&) = delete;
+  int argc() const { return int(strings_.size()); }
+  char** argv() { return pointers_.data(); }
+
+ private:
+  std::vector<std::string> strings_;
+  std::vector<char*> pointers_;
+};
+
+// parse_train_flags on a fresh parser and config; aborts the process on a bad flag.
+TrainConfig parse_train(std::initializer_list<const char*> arguments) {
+  Argv args(arguments);
+  FlagParser parser;
+  TrainConfig cfg;
+  EXPECT_TRUE(parse_train_flags(args.argc(), args.argv(), "00_test", "a test", parser, &cfg));
+  return cfg;
+}
+
+TEST(TrainFlags, DefaultsWhenNothingIsGiven) {
+  const TrainConfig cfg = parse_train({});
+  const TrainConfig defaults;
+  EXPECT_EQ(cfg.chapter, "00_test");
+  EXPECT_EQ(cfg.preset, defaults.preset);
+  EXPECT_EQ(cfg.steps, defaults.steps);
+  EXPECT_EQ(cfg.batch, defaults.batch);
+  EXPECT_EQ(cfg.grad_accum, defaults.grad_accum);
+  EXPECT_EQ(cfg.lr, defaults.lr);
+  EXPECT_EQ(cfg.warmup, defaults.warmup);
+  EXPECT_EQ(cfg.seed, defaults.seed);
+  EXPECT_EQ(cfg.data, "");
+  EXPECT_FALSE(cfg.quiet);
+}
+
+TEST(TrainFlags, ParsesEveryFlag) {
+  const TrainConfig cfg = parse_train(
+      {"--preset", "small", "--steps", "50", "--batch", "16", "--grad-accum", "2", "--lr", "1e-3",
+       "--warmup", "5", "--weight-decay", "0", "--grad-clip", "0.5", "--seed", "18446744073709551615",
+       "--data", "corpus.txt", "--save", "a.ckpt", "--save-every", "10", "--resume", "b.ckpt",
+       "--trace", "t.json", "--json", "log.jsonl", "--link-gbps", "12.5", "--link-latency-us", "3",
+       "--quiet"});
+  EXPECT_EQ(cfg.preset, "small");
+  EXPECT_EQ(cfg.steps, 50);
+  EXPECT_EQ(cfg.batch, 16);
+  EXPECT_EQ(cfg.grad_accum, 2);
+  EXPECT_FLOAT_EQ(cfg.lr, 1e-3f);
+  EXPECT_EQ(cfg.warmup, 5);
+  EXPECT_EQ(cfg.weight_decay, 0.0f);
+  EXPECT_FLOAT_EQ(cfg.grad_clip, 0.5f);
+  EXPECT_EQ(cfg.seed, UINT64_MAX);
+  EXPECT_EQ(cfg.data, "corpus.txt");
+  EXPECT_EQ(cfg.save, "a.ckpt");
+  EXPECT_EQ(cfg.save_every, 10);
+  EXPECT_EQ(cfg.resume, "b.ckpt");
+  EXPECT_EQ(cfg.trace, "t.json");
+  EXPECT_EQ(cfg.json, "log.jsonl");
+  EXPECT_DOUBLE_EQ(cfg.link_gbps, 12.5);
+  EXPECT_DOUBLE_EQ(cfg.link_latency_us, 3.0);
+  EXPECT_TRUE(cfg.quiet);
+}
+
+TEST(TrainFlags, AcceptsNameEqualsValue) {
+  const TrainConfig cfg = parse_train({"--steps=7", "--lr=0.25", "--data=x=y.txt", "--warmup=-1"});
+  EXPECT_EQ(cfg.steps, 7);
+  EXPECT_FLOAT_EQ(cfg.lr, 0.25f);
+  EXPECT_EQ(cfg.data, "x=y.txt");  // only the first '=' separates
+  EXPECT_EQ(cfg.warmup, -1);
+}
+
+TEST(TrainFlags, TheLastOccurrenceWins) {
+  EXPECT_EQ(parse_train({"--steps", "3", "--steps=4"}).steps, 4);
+}
+
+TEST(TrainFlags, ChapterFlagsAndChapterDefaults) {
+  FlagParser parser;
+  TrainConfig cfg;
+  cfg.steps = 40;  // a chapter may change a default before parsing; usage shows it
+  int bucket_mb = 25;
+  parser.add("--bucket-mb", &bucket_mb, "gradient bucket size in MB");
+  Argv args{"--bucket-mb", "4"};
+  ASSERT_TRUE(parse_train_flags(args.argc(), args.argv(), "03_buckets", "buckets", parser, &cfg));
+  EXPECT_EQ(bucket_mb, 4);
+  EXPECT_EQ(cfg.steps, 40);
+  EXPECT_NE(parser.usage().find("(default 40)"), std::string::npos) << parser.usage();
+}
+
+TEST(FlagParser, EveryValueType) {
+  FlagParser parser;
+  int i = 0;
+  int64_t i64 = 0;
+  uint64_t u64 = 0;
+  float f = 0;
+  double d = 0;
+  std::string s;
+  bool on = false;
+  parser.add("--i", &i, "int");
+  parser.add("--i64", &i64, "int64");
+  parser.add("--u64", &u64, "uint64");
+  parser.add("--f", &f, "float");
+  parser.add("--d", &d, "double");
+  parser.add("--s", &s, "string");
+  parser.add_switch("--on", &on, "switch");
+  Argv args{"--i", "-12", "--i64", "-9000000000", "--u64", "9000000000", "--f", "2.5e-4",
+            "--d", "-0.125", "--s", "", "--on"};
+  ASSERT_TRUE(parser.parse(args.argc(), args.argv(), "header\n"));
+  EXPECT_EQ(i, -12);
+  EXPECT_EQ(i64, -9000000000LL);
+  EXPECT_EQ(u64, 9000000000ULL);
+  EXPECT_FLOAT_EQ(f, 2.5e-4f);
+  EXPECT_EQ(d, -0.125);
+  EXPECT_EQ(s, "");
+  EXPECT_TRUE(on);
+}
+
+TEST(FlagParser, UsageListsEveryFlagWithHelpAndDefault) {
+  FlagParser parser;
+  TrainConfig cfg;
+  Argv args{};
+  ASSERT_TRUE(parse_train_flags(args.argc(), args.argv(), "00_test", "a test", parser, &cfg));
+  const std::string usage = parser.usage();
+  for (const char* flag : {"--preset NAME", "--steps N", "--batch N", "--grad-accum N", "--lr X", "--warmup N",
+                           "--weight-decay X", "--grad-clip X", "--seed N", "--data PATH", "--save PATH",
+                           "--save-every N", "--resume PATH", "--trace PATH", "--json PATH", "--link-gbps X",
+                           "--link-latency-us X", "--quiet", "--help"}) {
+    EXPECT_NE(usage.find(std::string("  ") + flag + " "), std::string::npos) << flag << " missing in\n" << usage;
+  }
+  EXPECT_NE(usage.find("(default 20)"), std::string::npos) << usage;     // --steps
+  EXPECT_NE(usage.find("(default 0.1)"), std::string::npos) << usage;    // --weight-decay
+  EXPECT_NE(usage.find("(default 1337)"), std::string::npos) << usage;   // --seed
+  EXPECT_NE(usage.find("(default tiny)"), std::string::npos) << usage;   // --preset
+  EXPECT_NE(usage.find("tiny, small, gpt2"), std::string::npos) << usage;
+}
+
+TEST(FlagParser, HelpPrintsUsageAndReturnsFalse) {
+  FlagParser parser;
+  TrainConfig cfg;
+  // --help wins even next to a flag that would be an error.
+  Argv args{"--no-such-flag", "--help"};
+  ::testing::internal::CaptureStdout();
+  const bool go_on = parse_train_flags(args.argc(), args.argv(), "00_test", "what it teaches", parser, &cfg);
+  const std::string printed = ::testing::internal::GetCapturedStdout();
+  EXPECT_FALSE(go_on);
+  EXPECT_NE(printed.find("00_test: what it teaches"), std::string::npos) << printed;
+  EXPECT_NE(printed.find("--grad-accum N"), std::string::npos) << printed;
+}
+
+// ---- Mistakes: each ends the process with exit code 1 and a message naming the flag. ----
+
+void expect_config_error(std::initializer_list<const char*> args, const std::string& message_regex) {
+  EXPECT_EXIT(parse_train(args), ::testing::ExitedWithCode(1), message_regex);
+}
+
+TEST(FlagErrorsDeathTest, UnknownFlag) {
+  expect_config_error({"--foo", "1"}, "unknown flag '--foo' \\(see --help\\)");
+  expect_config_error({"--foo=1"}, "unknown flag '--foo'");
+  expect_config_error({"-steps", "1"}, "unexpected argument '-steps'");
+  expect_config_error({"extra"}, "unexpected argument 'extra'");
+}
+
+TEST(FlagErrorsDeathTest, MissingValue) {
+  expect_config_error({"--steps"}, "--steps needs a value");
+  expect_config_error({"--data", "--steps", "5"}, "--data needs a value");
+}
+
+TEST(FlagErrorsDeathTest, ValuesMustParseInFull) {
+  expect_config_error({"--steps", "abc"}, "--steps: 'abc' is not an integer");
+  expect_config_error({"--steps", "12x"}, "--steps: '12x' is not an integer");
+  expect_config_error({"--steps", "1.5"}, "--steps: '1.5' is not an integer");
+  expect_config_error({"--steps="}, "--steps: '' is not an integer");
+  expect_config_error({"--steps", "99999999999"}, "--steps: '99999999999' is out of range");
+  expect_config_error({"--lr", "fast"}, "--lr: 'fast' is not a number");
+  expect_config_error({"--lr", "1e-3x"}, "--lr: '1e-3x' is not a number");
+  expect_config_error({"--link-gbps", "nan"}, "--link-gbps: 'nan' is not a number");
+  expect_config_error({"--seed", "-1"}, "--seed: '-1' is not a non-negative integer");
+  expect_config_error({"--quiet=yes"}, "--quiet takes no value");
+}
+
+TEST(FlagErrorsDeathTest, ValuesOutsideTheirRange) {
+  expect_config_error({"--grad-accum", "0"}, "--grad-accum must be >= 1");
+  expect_config_error({"--steps", "0"}, "--steps must be >= 1");
+  expect_config_error({"--batch", "-8"}, "--batch must be >= 1");
+  expect_config_error({"--lr", "-1"}, "--lr must be > 0");
+  expect_config_error({"--warmup", "-2"}, "--warmup must be >= 0");
+  expect_config_error({"--grad-clip", "0"}, "--grad-clip must be > 0");
+  expect_config_error({"--save-every", "5"}, "--save-every needs --save PATH");
+  expect_config_error({"--link-latency-us", "-3"}, "--link-latency-us must be >= 0");
+}
+
+}  // namespace

@@ -1,0 +1,556 @@
+// test_ops.cpp: every op of ops.h, called through ops.h on CPU tensors, against independent references.
+// Forward passes are compared with straightforward float64 versions written here. Backward passes are
+// compared with central finite differences of those float64 versions, for inputs and parameters alike,
+// and each backward is called twice on the same gradient buffers to check that it accumulates (the
+// second call must leave twice the gradient). Sizes are small and partly odd (T = 5, V = 11, C = 7 in
+// layernorm and matmul) so that no loop hides behind a multiple of a vector width.
+//
+// Tolerances, fp32 ops against float64 references:
+//   forward:   atol 1e-5, rtol 1e-4 (a few fp32 roundings of values of order 1)
+//   gradients: atol 1e-5, rtol 1e-3 against finite differences with step h = 1e-3 in float64, whose own
+//              error is O(h^2) ~ 1e-6 for these smooth functions of inputs of order 1.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <vector>
+
+#include "ops.h"
+#include "test_util.h"
+
+namespace {
+
+constexpr int B = 2, T = 5, C = 8, NH = 2, V = 11;
+
+constexpr double kForwardAtol = 1e-5, kForwardRtol = 1e-4;
+constexpr double kGradAtol = 1e-5, kGradRtol = 1e-3;
+constexpr double kFiniteDifferenceStep = 1e-3;
+
+using Vec = std::vector<double>;
+using Function = std::function<Vec(const Vec&)>;
+
+// A CPU fp32 view of a test's vector.
+Tensor view(std::vector<float>& values, std::initializer_list<int64_t> shape) {
+  Tensor t = make_view(values.data(), shape);
+  EXPECT_EQ(size_t(t.numel()), values.size()) << "test bug: shape does not match the vector";
+  return t;
+}
+
+std::vector<float> zeros(size_t n) { return std::vector<float>(n, 0.0f); }
+
+Vec scaled(const Vec& x, double factor) {
+  Vec y(x);
+  for (double& v : y) v *= factor;
+  return y;
+}
+
+// d/dx of the scalar sum_i weights[i] * f(x)[i], by central differences (L(x+h) - L(x-h)) / 2h per
+// element. Choosing random weights (the role of dout) makes this one scalar test every output.
+Vec numerical_gradient(const Function& f, Vec x, const Vec& weights) {
+  auto weighted_sum = [&](const Vec& y) {
+    EXPECT_EQ(y.size(), weights.size());
+    double s = 0.0;
+    for (size_t i = 0; i < y.size(); i++) s += weights[i] * y[i];
+    return s;
+  };
+  const double h = kFiniteDifferenceStep;
+  Vec grad(x.size());
+  for (size_t i = 0; i < x.size(); i++) {
+    const double saved = x[i];
+    x[i] = saved + h;
+    const double plus = weighted_sum(f(x));
+    x[i] = saved - h;
+    const double minus = weighted_sum(f(x));
+    x[i] = saved;
+    grad[i] = (plus - minus) / (2 * h);
+  }
+  return grad;
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// float64 references, written for clarity, not speed
+
+Vec encoder_reference(const std::vector<int>& tokens, const Vec& wte, const Vec& wpe) {
+  Vec out(size_t(B) * T * C);
+  for (int b = 0; b < B; b++)
+    for (int t = 0; t < T; t++)
+      for (int c = 0; c < C; c++)
+        out[(b * T + t) * C + c] = wte[tokens[b * T + t] * C + c] + wpe[t * C + c];
+  return out;
+}
+
+Vec layernorm_reference(const Vec& inp, const Vec& weight, const Vec& bias, int N, int C_, Vec* mean = nullptr,
+                        Vec* rstd = nullptr) {
+  Vec out(inp.size());
+  for (int i = 0; i < N; i++) {
+    double m = 0.0;
+    for (int c = 0; c < C_; c++) m += inp[i * C_ + c];
+    m /= C_;
+    double var = 0.0;
+    for (int c = 0; c < C_; c++) var += (inp[i * C_ + c] - m) * (inp[i * C_ + c] - m);
+    var /= C_;
+    const double s = 1.0 / std::sqrt(var + 1e-5);
+    for (int c = 0; c < C_; c++) out[i * C_ + c] = (inp[i * C_ + c] - m) * s * weight[c] + bias[c];
+    if (mean) (*mean)[i] = m;
+    if (rstd) (*rstd)[i] = s;
+  }
+  return out;
+}
+
+// bias may be empty
+Vec matmul_reference(const Vec& inp, const Vec& weight, const Vec& bias, int N, int C_, int OC) {
+  Vec out(size_t(N) * OC);
+  for (int i = 0; i < N; i++)
+    for (int o = 0; o < OC; o++) {
+      double sum = bias.empty() ? 0.0 : bias[o];
+      for (int c = 0; c < C_; c++) sum += inp[i * C_ + c] * weight[o * C_ + c];
+      out[i * OC + o] = sum;
+    }
+  return out;
+}
+
+// qkv(B,T,3C) -> out(B,T,C); optionally the causal part of preatt and all of att, (B,NH,T,T).
+Vec attention_reference(const Vec& qkv, Vec* preatt = nullptr, Vec* att = nullptr) {
+  const int hs = C / NH;
+  const double scale = 1.0 / std::sqrt(double(hs));
+  auto q = [&](int b, int t, int h, int i) { return qkv[(b * T + t) * 3 * C + h * hs + i]; };
+  auto k = [&](int b, int t, int h, int i) { return qkv[(b * T + t) * 3 * C + C + h * hs + i]; };
+  auto v = [&](int b, int t, int h, int i) { return qkv[(b * T + t) * 3 * C + 2 * C + h * hs + i]; };
+  Vec out(size_t(B) * T * C, 0.0);
+  for (int b = 0; b < B; b++)
+    for (int h = 0; h < NH; h++)
+      for (int t = 0; t < T; t++) {
+        Vec scores(t + 1);
+        for (int t2 = 0; t2 <= t; t2++) {
+          double dot = 0.0;
+          for (int i = 0; i < hs; i++) dot += q(b, t, h, i) * k(b, t2, h, i);
+          scores[t2] = dot * scale;
+        }
+        const double maxval = *std::max_element(scores.begin(), scores.end());
+        double sum = 0.0;
+        for (double s : scores) sum += std::exp(s - maxval);
+        for (int t2 = 0; t2 < T; t2++) {
+          const size_t at = ((size_t(b) * NH + h) * T + t) * T + t2;
+          const double weight = t2 <= t ? std::exp(scores[t2] - maxval) / sum : 0.0;
+          if (preatt && t2 <= t) (*preatt)[at] = scores[t2];
+          if (att) (*att)[at] = weight;
+          if (t2 <= t)
+            for (int i = 0; i < hs; i++) out[(b * T + t) * C + h * hs + i] += weight * v(b, t2, h, i);
+        }
+      }
+  return out;
+}
+
+// The entries t2 <= t of every (B,NH) block of T x T scores, the only ones the contract defines.
+template <typename Number>
+std::vector<Number> causal_part(const std::vector<Number>& scores) {
+  std::vector<Number> kept;
+  for (int bh = 0; bh < B * NH; bh++)
+    for (int t = 0; t < T; t++)
+      for (int t2 = 0; t2 <= t; t2++) kept.push_back(scores[(size_t(bh) * T + t) * T + t2]);
+  return kept;
+}
+
+Vec gelu_reference(const Vec& x) {
+  Vec y(x.size());
+  const double pi = std::acos(-1.0);
+  for (size_t i = 0; i < x.size(); i++)
+    y[i] = 0.5 * x[i] * (1.0 + std::tanh(std::sqrt(2.0 / pi) * (x[i] + 0.044715 * x[i] * x[i] * x[i])));
+  return y;
+}
+
+// -log softmax(logits row)[target], without the max-subtraction trick: float64 has the range for it.
+Vec crossentropy_reference(const Vec& logits, const std::vector<int>& targets, int N, int V_,
+                           Vec* probs = nullptr) {
+  Vec losses(N);
+  for (int i = 0; i < N; i++) {
+    double sum = 0.0;
+    for (int v = 0; v < V_; v++) sum += std::exp(logits[i * V_ + v]);
+    for (int v = 0; v < V_; v++)
+      if (probs) (*probs)[i * V_ + v] = std::exp(logits[i * V_ + v]) / sum;
+    losses[i] = -std::log(std::exp(logits[i * V_ + targets[i]]) / sum);
+  }
+  return losses;
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// encoder
+
+TEST(Encoder, ForwardMatchesReference) {
+  const int maxT = T + 2;  // the position table is longer than the sequence, as in training
+  auto tokens = random_ints(B * T, V, 1);
+  auto wte = random_vector(V * C, 2), wpe = random_vector(maxT * C, 3);
+  auto out = zeros(B * T * C);
+  encoder_forward(view(out, {B, T, C}), tokens.data(), view(wte, {V, C}), view(wpe, {maxT, C}), B, T);
+  EXPECT_TRUE(allclose(out, encoder_reference(tokens, to_double(wte), to_double(wpe)), kForwardAtol,
+                       kForwardRtol));
+}
+
+TEST(Encoder, BackwardMatchesFiniteDifferencesAndAccumulates) {
+  const int maxT = T + 2;
+  // ids below 4 only, so tokens repeat (their gradients must add up) and most rows of wte stay unused
+  auto tokens = random_ints(B * T, 4, 4);
+  auto wte = random_vector(V * C, 5), wpe = random_vector(maxT * C, 6), dout = random_vector(B * T * C, 7);
+  auto dwte = zeros(V * C), dwpe = zeros(maxT * C);
+
+  const Vec wte_d = to_double(wte), wpe_d = to_double(wpe), dout_d = to_double(dout);
+  Vec dwte_ref = numerical_gradient([&](const Vec& x) { return encoder_reference(tokens, x, wpe_d); }, wte_d,
+                                    dout_d);
+  Vec dwpe_ref = numerical_gradient([&](const Vec& x) { return encoder_reference(tokens, wte_d, x); }, wpe_d,
+                                    dout_d);
+
+  for (int call = 1; call <= 2; call++) {
+    encoder_backward(view(dwte, {V, C}), view(dwpe, {maxT, C}), view(dout, {B, T, C}), tokens.data(), B, T);
+    SCOPED_TRACE("after backward call " + std::to_string(call));
+    EXPECT_TRUE(allclose(dwte, scaled(dwte_ref, call), kGradAtol, kGradRtol));
+    EXPECT_TRUE(allclose(dwpe, scaled(dwpe_ref, call), kGradAtol, kGradRtol));
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// layernorm: (B,T,LC) with an odd LC, inputs offset from zero so that subtracting the mean matters
+
+constexpr int LC = 7;
+
+TEST(Layernorm, ForwardMatchesReference) {
+  const int N = B * T;
+  auto inp = random_vector(N * LC, 10, 2.0f, 4.0f);
+  auto weight = random_vector(LC, 11, 0.5f, 1.5f), bias = random_vector(LC, 12);
+  auto out = zeros(N * LC), mean = zeros(N), rstd = zeros(N);
+  layernorm_forward(view(out, {B, T, LC}), view(mean, {B, T}), view(rstd, {B, T}), view(inp, {B, T, LC}),
+                    view(weight, {LC}), view(bias, {LC}));
+
+  Vec mean_ref(N), rstd_ref(N);
+  Vec out_ref = layernorm_reference(to_double(inp), to_double(weight), to_double(bias), N, LC, &mean_ref,
+                                    &rstd_ref);
+  EXPECT_TRUE(allclose(out, out_ref, kForwardAtol, kForwardRtol));
+  EXPECT_TRUE(allclose(mean, mean_ref, kForwardAtol, kForwardRtol));
+  EXPECT_TRUE(allclose(rstd, rstd_ref, kForwardAtol, kForwardRtol));
+}
+
+TEST(Layernorm, BackwardMatchesFiniteDifferencesAndAccumulates) {
+  const int N = B * T;
+  auto inp = random_vector(N * LC, 13, 2.0f, 4.0f);
+  auto weight = random_vector(LC, 14, 0.5f, 1.5f), bias = random_vector(LC, 15);
+  auto dout = random_vector(N * LC, 16);
+  auto out = zeros(N * LC), mean = zeros(N), rstd = zeros(N);
+  layernorm_forward(view(out, {B, T, LC}), view(mean, {B, T}), view(rstd, {B, T}), view(inp, {B, T, LC}),
+                    view(weight, {LC}), view(bias, {LC}));
+
+  const Vec inp_d = to_double(inp), weight_d = to_double(weight), bias_d = to_double(bias);
+  const Vec dout_d = to_double(dout);
+  Vec dinp_ref = numerical_gradient(
+      [&](const Vec& x) { return layernorm_reference(x, weight_d, bias_d, N, LC); }, inp_d, dout_d);
+  Vec dweight_ref = numerical_gradient(
+      [&](const Vec& x) { return layernorm_reference(inp_d, x, bias_d, N, LC); }, weight_d, dout_d);
+  Vec dbias_ref = numerical_gradient(
+      [&](const Vec& x) { return layernorm_reference(inp_d, weight_d, x, N, LC); }, bias_d, dout_d);
+
+  auto dinp = zeros(N * LC), dweight = zeros(LC), dbias = zeros(LC);
+  for (int call = 1; call <= 2; call++) {
+    layernorm_backward(view(dinp, {B, T, LC}), view(dweight, {LC}), view(dbias, {LC}), view(dout, {B, T, LC}),
+                       view(inp, {B, T, LC}), view(weight, {LC}), view(mean, {B, T}), view(rstd, {B, T}));
+    SCOPED_TRACE("after backward call " + std::to_string(call));
+    EXPECT_TRUE(allclose(dinp, scaled(dinp_ref, call), kGradAtol, kGradRtol));
+    EXPECT_TRUE(allclose(dweight, scaled(dweight_ref, call), kGradAtol, kGradRtol));
+    EXPECT_TRUE(allclose(dbias, scaled(dbias_ref, call), kGradAtol, kGradRtol));
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// matmul: inp (B,T,LC) -> out (B,T,OC), odd LC and OC
+
+constexpr int OC = 5;
+
+TEST(Matmul, ForwardMatchesReferenceWithAndWithoutBias) {
+  const int N = B * T;
+  auto inp = random_vector(N * LC, 20), weight = random_vector(OC * LC, 21), bias = random_vector(OC, 22);
+  const Vec inp_d = to_double(inp), weight_d = to_double(weight);
+
+  auto out = zeros(N * OC);
+  matmul_forward(view(out, {B, T, OC}), view(inp, {B, T, LC}), view(weight, {OC, LC}), view(bias, {OC}));
+  EXPECT_TRUE(allclose(out, matmul_reference(inp_d, weight_d, to_double(bias), N, LC, OC), kForwardAtol,
+                       kForwardRtol));
+
+  // Without a bias the old contents of out must not leak into the result, even NaN.
+  std::fill(out.begin(), out.end(), NAN);
+  matmul_forward(view(out, {B, T, OC}), view(inp, {B, T, LC}), view(weight, {OC, LC}), Tensor{});
+  EXPECT_TRUE(allclose(out, matmul_reference(inp_d, weight_d, Vec{}, N, LC, OC), kForwardAtol, kForwardRtol));
+}
+
+// Shapes beyond one register block and one cache block of sgemm, so its edge handling is exercised too.
+TEST(Matmul, ForwardMatchesReferenceAtLargerOddShapes) {
+  const int N = 37, C_ = 300, OC_ = 45;
+  auto inp = random_vector(N * C_, 23), weight = random_vector(OC_ * C_, 24), bias = random_vector(OC_, 25);
+  auto out = zeros(N * OC_);
+  matmul_forward(view(out, {N, OC_}), view(inp, {N, C_}), view(weight, {OC_, C_}), view(bias, {OC_}));
+  // sums of 300 products: the fp32 rounding grows with the length, hence a looser atol
+  EXPECT_TRUE(allclose(out, matmul_reference(to_double(inp), to_double(weight), to_double(bias), N, C_, OC_),
+                       1e-4, kForwardRtol));
+}
+
+TEST(Matmul, BackwardMatchesFiniteDifferencesAndAccumulates) {
+  const int N = B * T;
+  auto inp = random_vector(N * LC, 26), weight = random_vector(OC * LC, 27), bias = random_vector(OC, 28);
+  auto dout = random_vector(N * OC, 29);
+  const Vec inp_d = to_double(inp), weight_d = to_double(weight), bias_d = to_double(bias);
+  const Vec dout_d = to_double(dout);
+  Vec dinp_ref = numerical_gradient(
+      [&](const Vec& x) { return matmul_reference(x, weight_d, bias_d, N, LC, OC); }, inp_d, dout_d);
+  Vec dweight_ref = numerical_gradient(
+      [&](const Vec& x) { return matmul_reference(inp_d, x, bias_d, N, LC, OC); }, weight_d, dout_d);
+  Vec dbias_ref = numerical_gradient(
+      [&](const Vec& x) { return matmul_reference(inp_d, weight_d, x, N, LC, OC); }, bias_d, dout_d);
+
+  auto dinp = zeros(N * LC), dweight = zeros(OC * LC), dbias = zeros(OC);
+  for (int call = 1; call <= 2; call++) {
+    matmul_backward(view(dinp, {B, T, LC}), view(dweight, {OC, LC}), view(dbias, {OC}), view(dout, {B, T, OC}),
+                    view(inp, {B, T, LC}), view(weight, {OC, LC}));
+    SCOPED_TRACE("after backward call " + std::to_string(call));
+    EXPECT_TRUE(allclose(dinp, scaled(dinp_ref, call), kGradAtol, kGradRtol));
+    EXPECT_TRUE(allclose(dweight, scaled(dweight_ref, call), kGradAtol, kGradRtol));
+    EXPECT_TRUE(allclose(dbias, scaled(dbias_ref, call), kGradAtol, kGradRtol));
+  }
+
+  // Without dbias, the other two gradients are the same.
+  std::fill(dinp.begin(), dinp.end(), 0.0f);
+  std::fill(dweight.begin(), dweight.end(), 0.0f);
+  matmul_backward(view(dinp, {B, T, LC}), view(dweight, {OC, LC}), Tensor{}, view(dout, {B, T, OC}),
+                  view(inp, {B, T, LC}), view(weight, {OC, LC}));
+  EXPECT_TRUE(allclose(dinp, dinp_ref, kGradAtol, kGradRtol));
+  EXPECT_TRUE(allclose(dweight, dweight_ref, kGradAtol, kGradRtol));
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// attention: qkv (B,T,3C) with NH = 2 heads of C/NH = 4 channels
+
+TEST(Attention, ForwardMatchesReference) {
+  // inputs in [-2, 2]: scores large enough that the softmax is far from uniform
+  auto qkv = random_vector(B * T * 3 * C, 30, -2.0f, 2.0f);
+  auto out = zeros(B * T * C), preatt = zeros(B * NH * T * T), att = zeros(B * NH * T * T);
+  attention_forward(view(out, {B, T, C}), view(preatt, {B, NH, T, T}), view(att, {B, NH, T, T}),
+                    view(qkv, {B, T, 3 * C}), NH);
+
+  Vec preatt_ref(preatt.size()), att_ref(att.size());
+  Vec out_ref = attention_reference(to_double(qkv), &preatt_ref, &att_ref);
+  EXPECT_TRUE(allclose(out, out_ref, kForwardAtol, kForwardRtol));
+  // att is defined everywhere (0 above the diagonal); preatt only on and below it
+  EXPECT_TRUE(allclose(att, att_ref, kForwardAtol, kForwardRtol));
+  EXPECT_TRUE(allclose(causal_part(preatt), causal_part(preatt_ref), kForwardAtol, kForwardRtol));
+}
+
+TEST(Attention, IsCausal) {
+  auto qkv = random_vector(B * T * 3 * C, 31);
+  auto out_before = zeros(B * T * C), out_after = zeros(B * T * C);
+  auto preatt = zeros(B * NH * T * T), att = zeros(B * NH * T * T);
+  attention_forward(view(out_before, {B, T, C}), view(preatt, {B, NH, T, T}), view(att, {B, NH, T, T}),
+                    view(qkv, {B, T, 3 * C}), NH);
+
+  // change the query, key and value of the last position of every sequence
+  for (int b = 0; b < B; b++)
+    for (int i = 0; i < 3 * C; i++) qkv[(b * T + T - 1) * 3 * C + i] += 0.5f;
+  attention_forward(view(out_after, {B, T, C}), view(preatt, {B, NH, T, T}), view(att, {B, NH, T, T}),
+                    view(qkv, {B, T, 3 * C}), NH);
+
+  for (int b = 0; b < B; b++) {
+    const size_t first = size_t(b) * T * C, earlier = size_t(T - 1) * C;
+    SCOPED_TRACE("sequence " + std::to_string(b));
+    // earlier positions cannot see the future: bit-identical
+    EXPECT_TRUE(allclose(&out_after[first], &out_before[first], earlier, 0.0, 0.0));
+    // ...while the last position did see the change (otherwise this test would prove nothing)
+    EXPECT_FALSE(allclose(&out_after[first + earlier], &out_before[first + earlier], C, 1e-3, 0.0));
+  }
+}
+
+TEST(Attention, BackwardMatchesFiniteDifferencesAndAccumulates) {
+  auto qkv = random_vector(B * T * 3 * C, 32, -2.0f, 2.0f), dout = random_vector(B * T * C, 33);
+  auto out = zeros(B * T * C), preatt = zeros(B * NH * T * T), att = zeros(B * NH * T * T);
+  attention_forward(view(out, {B, T, C}), view(preatt, {B, NH, T, T}), view(att, {B, NH, T, T}),
+                    view(qkv, {B, T, 3 * C}), NH);
+
+  Vec dqkv_ref = numerical_gradient([](const Vec& x) { return attention_reference(x); }, to_double(qkv),
+                                    to_double(dout));
+
+  auto dqkv = zeros(B * T * 3 * C);
+  for (int call = 1; call <= 2; call++) {
+    // dpreatt and datt are scratch that the caller zeros before every call (see ops.h)
+    auto dpreatt = zeros(B * NH * T * T), datt = zeros(B * NH * T * T);
+    attention_backward(view(dqkv, {B, T, 3 * C}), view(dpreatt, {B, NH, T, T}), view(datt, {B, NH, T, T}),
+                       view(dout, {B, T, C}), view(qkv, {B, T, 3 * C}), view(att, {B, NH, T, T}), NH);
+    SCOPED_TRACE("after backward call " + std::to_string(call));
+    EXPECT_TRUE(allclose(dqkv, scaled(dqkv_ref, call), kGradAtol, kGradRtol));
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// GELU and residual
+
+TEST(Gelu, ForwardMatchesReference) {
+  auto inp = random_vector(B * T * 4 * C, 40, -4.0f, 4.0f);  // both tails and the curved middle
+  auto out = zeros(inp.size());
+  gelu_forward(view(out, {B, T, 4 * C}), view(inp, {B, T, 4 * C}));
+  EXPECT_TRUE(allclose(out, gelu_reference(to_double(inp)), kForwardAtol, kForwardRtol));
+}
+
+TEST(Gelu, BackwardMatchesFiniteDifferencesAndAccumulates) {
+  auto inp = random_vector(B * T * 4 * C, 41, -4.0f, 4.0f), dout = random_vector(inp.size(), 42);
+  Vec dinp_ref = numerical_gradient(gelu_reference, to_double(inp), to_double(dout));
+  auto dinp = zeros(inp.size());
+  for (int call = 1; call <= 2; call++) {
+    gelu_backward(view(dinp, {B, T, 4 * C}), view(inp, {B, T, 4 * C}), view(dout, {B, T, 4 * C}));
+    SCOPED_TRACE("after backward call " + std::to_string(call));
+    EXPECT_TRUE(allclose(dinp, scaled(dinp_ref, call), kGradAtol, kGradRtol));
+  }
+}
+
+TEST(Residual, ForwardAddsAndBackwardAccumulates) {
+  auto a = random_vector(B * T * C, 43), b = random_vector(B * T * C, 44), dout = random_vector(B * T * C, 45);
+  auto out = zeros(B * T * C);
+  residual_forward(view(out, {B, T, C}), view(a, {B, T, C}), view(b, {B, T, C}));
+  Vec sum(out.size());
+  for (size_t i = 0; i < sum.size(); i++) sum[i] = double(a[i]) + double(b[i]);
+  EXPECT_TRUE(allclose(out, sum, kForwardAtol, kForwardRtol));
+
+  // d(a + b)/da = d(a + b)/db = 1: both gradients are dout, then twice dout
+  auto da = zeros(B * T * C), db = zeros(B * T * C);
+  for (int call = 1; call <= 2; call++) {
+    residual_backward(view(da, {B, T, C}), view(db, {B, T, C}), view(dout, {B, T, C}));
+    SCOPED_TRACE("after backward call " + std::to_string(call));
+    EXPECT_TRUE(allclose(da, scaled(to_double(dout), call), 0.0, 0.0));
+    EXPECT_TRUE(allclose(db, scaled(to_double(dout), call), 0.0, 0.0));
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// softmax + cross-entropy: logits (B,T,V), V = 11
+
+TEST(SoftmaxCrossentropy, ForwardMatchesReference) {
+  auto logits = random_vector(B * T * V, 50, -3.0f, 3.0f);
+  // One position with logits around 100: exp(100) overflows fp32, so this checks the max subtraction.
+  for (int v = 0; v < V; v++) logits[3 * V + v] += 100.0f;
+  auto targets = random_ints(B * T, V, 51);
+  auto losses = zeros(B * T), probs = zeros(B * T * V);
+  softmax_crossentropy_forward(view(losses, {B, T}), view(probs, {B, T, V}), view(logits, {B, T, V}),
+                               targets.data());
+
+  Vec probs_ref(probs.size());
+  Vec losses_ref = crossentropy_reference(to_double(logits), targets, B * T, V, &probs_ref);
+  EXPECT_TRUE(allclose(losses, losses_ref, kForwardAtol, kForwardRtol));
+  EXPECT_TRUE(allclose(probs, probs_ref, kForwardAtol, kForwardRtol));
+}
+
+TEST(SoftmaxCrossentropy, BackwardIsGradientOfMeanLossAndAccumulates) {
+  auto logits = random_vector(B * T * V, 52, -3.0f, 3.0f);
+  auto targets = random_ints(B * T, V, 53);
+  auto losses = zeros(B * T), probs = zeros(B * T * V);
+  softmax_crossentropy_forward(view(losses, {B, T}), view(probs, {B, T, V}), view(logits, {B, T, V}),
+                               targets.data());
+
+  // the scalar being differentiated: the mean loss over all B*T positions
+  auto mean_loss = [&](const Vec& x) {
+    Vec l = crossentropy_reference(x, targets, B * T, V);
+    double sum = 0.0;
+    for (double v : l) sum += v;
+    return Vec{sum / (B * T)};
+  };
+  Vec dlogits_ref = numerical_gradient(mean_loss, to_double(logits), Vec{1.0});
+
+  auto dlogits = zeros(B * T * V);
+  for (int call = 1; call <= 2; call++) {
+    softmax_crossentropy_backward(view(dlogits, {B, T, V}), view(probs, {B, T, V}), targets.data(),
+                                  1.0f / (B * T));
+    SCOPED_TRACE("after backward call " + std::to_string(call));
+    // These gradients are of order 1/(B*T) = 0.1, so atol 1e-5 is already a relative check.
+    EXPECT_TRUE(allclose(dlogits, scaled(dlogits_ref, call), kGradAtol, kGradRtol));
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// AdamW: three steps against the formula of ops.h in float64
+
+TEST(AdamW, ThreeStepsMatchReference) {
+  const int n = 13;
+  const float lr = 1e-2f, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, weight_decay = 0.1f, grad_scale = 0.5f;
+  auto param = random_vector(n, 60), m = zeros(n), v = zeros(n);
+  Vec param_ref = to_double(param), m_ref(n, 0.0), v_ref(n, 0.0);
+
+  for (int step = 1; step <= 3; step++) {
+    auto grad = random_vector(n, 60 + step);
+    adamw_update(view(param, {n}), view(grad, {n}), view(m, {n}), view(v, {n}), step, lr, beta1, beta2, eps,
+                 weight_decay, grad_scale);
+
+    for (int i = 0; i < n; i++) {
+      const double g = double(grad[i]) * grad_scale;
+      m_ref[i] = beta1 * m_ref[i] + (1.0 - beta1) * g;
+      v_ref[i] = beta2 * v_ref[i] + (1.0 - beta2) * g * g;
+      const double m_hat = m_ref[i] / (1.0 - std::pow(double(beta1), step));
+      const double v_hat = v_ref[i] / (1.0 - std::pow(double(beta2), step));
+      param_ref[i] -= lr * (m_hat / (std::sqrt(v_hat) + eps) + weight_decay * param_ref[i]);
+    }
+    SCOPED_TRACE("after step " + std::to_string(step));
+    // each step moves a parameter by about lr = 1e-2; fp32 represents values near 1 to 6e-8
+    EXPECT_TRUE(allclose(param, param_ref, 1e-6, 1e-5));
+    EXPECT_TRUE(allclose(m, m_ref, 1e-7, 1e-5));
+    EXPECT_TRUE(allclose(v, v_ref, 1e-8, 1e-5));
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// reductions and elementwise helpers
+
+TEST(Reductions, SumOfSquaresAndMeanMatchFloat64) {
+  auto x = random_vector(1001, 70);
+  double sum_sq = 0.0, sum = 0.0;
+  for (float v : x) {
+    sum_sq += double(v) * v;
+    sum += v;
+  }
+  const Tensor t = view(x, {7, 11, 13});
+  EXPECT_NEAR(sum_of_squares(t), sum_sq, 1e-12 * sum_sq);
+  EXPECT_NEAR(mean_of(t), sum / 1001, 1e-12);
+}
+
+TEST(Reductions, AccumulateInDouble) {
+  // 1e4^2 + 1000 * 1^2: in fp32, 1e8 + 1 rounds back to 1e8 (fp32 spacing there is 8), so a float
+  // accumulator would return 1e8. In double every partial sum is exact.
+  std::vector<float> x(1001, 1.0f);
+  x[0] = 1e4f;
+  EXPECT_EQ(sum_of_squares(view(x, {1001})), 100001000.0);
+
+  x[0] = 1e8f;
+  EXPECT_EQ(mean_of(view(x, {1001})), 100001000.0 / 1001);
+}
+
+TEST(Helpers, FillZeroCopyAddScale) {
+  const int n = 37;
+  auto a = random_vector(n, 80), b = random_vector(n, 81);
+  const Vec a_d = to_double(a), b_d = to_double(b);
+
+  auto dst = random_vector(n, 82);
+  copy_tensor(view(dst, {n}), view(a, {n}));
+  EXPECT_TRUE(allclose(dst, a, 0.0, 0.0));
+
+  add_inplace(view(dst, {n}), view(b, {n}));
+  Vec sum(n);
+  for (int i = 0; i < n; i++) sum[i] = a_d[i] + b_d[i];
+  EXPECT_TRUE(allclose(dst, sum, kForwardAtol, kForwardRtol));
+
+  scale_inplace(view(dst, {n}), -0.25f);
+  EXPECT_TRUE(allclose(dst, scaled(sum, -0.25), kForwardAtol, kForwardRtol));
+
+  fill_zero(view(dst, {n}));
+  EXPECT_TRUE(allclose(dst, zeros(n), 0.0, 0.0));
+}
+
+TEST(Helpers, CopyBetweenViewsOfDifferentShape) {
+  // copy and add only need equal element counts: a (3,4) block into a flat (12) buffer
+  auto src = random_vector(12, 83);
+  auto dst = zeros(12);
+  copy_tensor(view(dst, {12}), view(src, {3, 4}));
+  EXPECT_TRUE(allclose(dst, src, 0.0, 0.0));
+  add_inplace(view(dst, {2, 6}), view(src, {12}));
+  EXPECT_TRUE(allclose(dst, scaled(to_double(src), 2.0), 0.0, 0.0));
+}
+
+}  // namespace

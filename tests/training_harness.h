@@ -1,0 +1,35 @@
+// training_harness.h: runs the real trainer binaries under mpiexec, as a user would, and reads what
+// they wrote: JSON-lines records and checkpoints. The checkpoint reader here is independent of
+// common/checkpoint.cpp and follows the format as documented (docs/checkpoint.md), so it also
+// checks the documentation.
+#pragma once
+#include <string>
+#include <vector>
+
+struct RunResult {
+  int exit_code = -1;
+  double seconds = 0;
+  std::string output;  // stdout and stderr together
+};
+
+// Runs `mpiexec -n ranks ./<chapter>/train <args>` from the repository root with a time limit.
+RunResult run_trainer(const std::string& chapter, int ranks, const std::string& args, int timeout_s = 120);
+
+// A fresh temporary folder for one test's files.
+std::string temp_dir();
+
+// The "loss" of every "step" record, in order, and the records' steps.
+struct LossCurve {
+  std::vector<int> steps;
+  std::vector<double> losses;
+};
+LossCurve read_losses(const std::string& jsonl_path);
+// The first record of the given "type" as raw text ("" if none); number_field() reads one number.
+std::string read_record(const std::string& jsonl_path, const std::string& type);
+double number_field(const std::string& record, const std::string& key);
+
+// Parameters stored in a checkpoint, in table order (unpadded).
+std::vector<float> checkpoint_params(const std::string& path);
+
+// The largest |a-b| / max(|b|, 1e-12) over two curves of the same steps; fails the test on mismatch.
+double max_relative_difference(const LossCurve& a, const LossCurve& b);
