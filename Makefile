@@ -4,6 +4,8 @@
 #   make test             installs what is missing, builds and runs every test: "N passed, M failed"
 #   make compare          installs what is missing, trains every chapter, prints a table, writes plots
 #   make bench            one-rank tokens/s and CPU matmul GFLOP/s next to OpenBLAS
+#   make bench-comm       collective benchmark, nccl-tests style: RANKS=2, LINK="--link-gbps 1 --link-latency-us 50"
+#   make diffs            writes docs/diffs/: each chapter's train.cpp against the previous one
 #   make deps             only installs missing packages (MPICH, GoogleTest, matplotlib)
 # Flags: ARCH=-march=x86-64-v2 for binaries that must run on older CPUs of a cluster (default: native).
 
@@ -38,7 +40,7 @@ GoogleTest=$(or $(HAVE_GTEST),MISSING) matplotlib=$(or $(HAVE_MATPLOTLIB),MISSIN
 $(info building chapters: $(CHAPTERS))
 endif
 
-.PHONY: all deps test tests compare bench diffs clean $(CHAPTERS)
+.PHONY: all deps test tests compare bench bench-comm diffs clean $(CHAPTERS)
 all: $(CHAPTERS)
 
 $(CHAPTERS): %: %/train
@@ -86,6 +88,20 @@ bench:
 	@scripts/ensure_deps.sh --bench
 	@$(MAKE) --no-print-directory all $(BUILD)/matmul_bench
 	@scripts/bench.sh
+
+# The collective benchmark links libcommon.a like a chapter; LINK passes emulated-link flags through.
+RANKS ?= 2
+LINK  ?=
+$(BUILD)/comm_bench: $(BUILD)/scripts/comm_bench.o $(LIBCOMMON)
+	$(MPICXX) $(CXXFLAGS) $^ -o $@ -pthread
+
+bench-comm:
+	@scripts/ensure_deps.sh
+	@$(MAKE) --no-print-directory $(BUILD)/comm_bench
+	mpiexec -n $(RANKS) $(BUILD)/comm_bench $(LINK)
+
+diffs:
+	@scripts/diffs.sh
 
 clean:
 	rm -rf $(BUILD) $(addsuffix /train,$(CHAPTERS))

@@ -55,7 +55,7 @@ int main(int argc, char** argv) {
   AdamW optimizer(layout, 0, layout.padded_size, cfg.weight_decay);
   GPT2 model(run.model_config(), layout, run.micro_batch_size());
   model.bind_all(params.f32(), grads.f32());
-  const int start = run.init_or_resume(params.f32(), optimizer.m(), optimizer.v());
+  const int start = run.init_or_resume(params, optimizer);
 
   GradientBuckets buckets(layout, bucket_mb * 1e6);
   if (run.is_root()) {
@@ -94,7 +94,7 @@ int main(int argc, char** argv) {
     const double norm = std::sqrt(sum_of_squares(grads.view()));
     optimizer.update(params.f32(), grads.f32(), step + 1, run.lr(step), clip_factor(norm, cfg.grad_clip));
     run.end_step(step, loss, norm);
-    if (run.checkpoint_due(step)) run.save_checkpoint(step + 1, params.f32(), optimizer.m(), optimizer.v());
+    if (run.checkpoint_due(step)) run.save_checkpoint(step + 1, params, optimizer);
   }
   run.finish();
   shutdown_mpi(std::move(comm));

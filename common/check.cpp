@@ -19,6 +19,7 @@ namespace {
 std::atomic<int> g_rank{-1};
 char g_host[256] = "";  // filled in before g_rank is published (release/acquire below)
 
+// Not through MPI_CHECK: this is the error path itself, and must not recurse into it.
 bool mpi_running() {
   int initialized = 0, finalized = 0;
   MPI_Initialized(&initialized);
@@ -46,7 +47,12 @@ void print_error(const std::string& text) {
 }
 
 [[noreturn]] void abort_job() {
-  if (mpi_running()) MPI_Abort(MPI_COMM_WORLD, 1);
+  if (mpi_running()) {
+    // mpiexec forwards our stderr through a pipe; an abort right after the write sometimes tears
+    // the job down before the message is forwarded. A moment's pause lets it out.
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    MPI_Abort(MPI_COMM_WORLD, 1);
+  }
   // Without MPI there are no peers to take down. MPI_Abort does not return either, but it is not
   // declared [[noreturn]], so the fall-through must end the process too.
   std::exit(1);

@@ -8,8 +8,10 @@
 // collectives is "communication time". Both, and the bytes, are counted per collective kind.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 #include "tensor.h"
 
 enum class ReduceOp { Sum, Avg, Max, Min };
@@ -19,7 +21,9 @@ constexpr int kCollectiveKinds = static_cast<int>(CollectiveKind::Count);
 const char* collective_name(CollectiveKind k);  // "all_reduce", "reduce_scatter", ...
 
 struct CollectiveCounters {
-  int64_t calls = 0;
+  int64_t calls = 0;          // ops completed and waited: counted by wait(), like everything below
+  int64_t launched = 0;       // ops issued: counted at issue, before anything ran, so that a test can
+                              // tell whether a collective was started during some stretch of code
   int64_t payload_bytes = 0;  // bytes handed to the collective (the full buffer; for reduce_scatter
                               // the full input, for all_gather the full output)
   int64_t wire_bytes = 0;     // bytes this rank sends over a ring: 2(N-1)/N x payload for all_reduce,
@@ -29,8 +33,12 @@ struct CollectiveCounters {
 
 struct CommStats {
   CollectiveCounters kind[kCollectiveKinds];
-  double exposed_ms = 0;  // time callers spent blocked waiting for communication
+  double exposed_ms = 0;    // time callers spent blocked waiting for communication
+  double in_flight_ms = 0;  // time during which at least one op was in flight: the union of their
+                            // intervals. The busy times of ops that overlap (a send and a receive,
+                            // each on its lane of the link) add up to more; this never does.
   int64_t total_calls() const;
+  int64_t total_launched() const;  // every kind, Scalar included: callers subtract what they need
   int64_t total_wire_bytes() const;
   double total_busy_ms() const;
 };
@@ -48,12 +56,18 @@ class CommHandle {
   struct State;
   CommHandle() = default;
   explicit CommHandle(std::shared_ptr<State> s) : state_(std::move(s)) {}
+  // The handle of a device communicator (NCCL, comm_nccl.cpp), whose collectives finish on a GPU
+  // stream rather than on the comm thread: wait() calls `device_wait`, which makes the GPU's compute
+  // stream wait for the collective (the host does not block) and counts the op.
+  explicit CommHandle(std::function<void()> device_wait)
+      : device_wait_(std::make_shared<std::function<void()>>(std::move(device_wait))) {}
   // Blocks until the collective finished; the blocked time counts as exposed communication.
   void wait();
-  bool valid() const { return state_ != nullptr; }
+  bool valid() const { return state_ != nullptr || device_wait_ != nullptr; }
 
  private:
   std::shared_ptr<State> state_;
+  std::shared_ptr<std::function<void()>> device_wait_;  // shared by copies, like state_
 };
 
 class Communicator {
@@ -62,12 +76,36 @@ class Communicator {
   int rank() const { return rank_; }
   int size() const { return size_; }
 
+  // MPI forbids a send buffer that overlaps the receive buffer of the same call, and does not check:
+  // it would reduce or copy from input it has half overwritten. So the collectives below with both
+  // a send and a recv check that the two do not share a byte (ENSURE), with one exception, the
+  // all-gathers in place.
+
   // In place over `buf`.
   virtual CommHandle all_reduce_async(Tensor buf, ReduceOp op) = 0;
   // send holds size()*n elements; rank r receives the reduction of chunk r (n elements) into recv.
   virtual CommHandle reduce_scatter_async(Tensor send, Tensor recv, ReduceOp op) = 0;
   // send holds n elements; recv receives size()*n: rank r's contribution at offset r*n.
+  // In place when send IS this rank's chunk of recv (send.data == the address of element rank*n of
+  // recv): MPI then takes this rank's contribution from recv itself (MPI_IN_PLACE). That is how
+  // ZeRO gathers the updated parameters: every rank updated its own slice of the full buffer.
   virtual CommHandle all_gather_async(Tensor send, Tensor recv) = 0;
+
+  // Variable counts, for a range [begin, end) of a flat buffer whose pieces different ranks own:
+  // under ZeRO rank r owns [r*S, (r+1)*S), so a bucket or a layer splits by owner unevenly, and
+  // ranks that own none of it get 0. counts has size() entries, the same on every rank; segment r
+  // begins at counts[0] + ... + counts[r-1]. Counted as ReduceScatter and AllGather, with the full
+  // size sum(counts) as the payload, exactly as the uniform forms. counts is copied: it may die as
+  // soon as the call returns.
+  //
+  // send holds sum(counts) elements; this rank receives the reduction of its segment into recv,
+  // counts[rank()] elements (recv may be an empty Tensor when that is 0).
+  virtual CommHandle reduce_scatter_v_async(Tensor send, Tensor recv, const std::vector<int64_t>& counts,
+                                            ReduceOp op) = 0;
+  // send holds counts[rank()] elements; recv receives sum(counts): every rank's segment, in rank
+  // order. In place when send IS this rank's segment of recv, as for all_gather_async.
+  virtual CommHandle all_gather_v_async(Tensor send, Tensor recv, const std::vector<int64_t>& counts) = 0;
+
   virtual CommHandle broadcast_async(Tensor buf, int root) = 0;
   virtual CommHandle send_async(Tensor buf, int peer) = 0;
   virtual CommHandle recv_async(Tensor buf, int peer) = 0;
@@ -76,6 +114,12 @@ class Communicator {
   void all_reduce(Tensor buf, ReduceOp op) { all_reduce_async(buf, op).wait(); }
   void reduce_scatter(Tensor send, Tensor recv, ReduceOp op) { reduce_scatter_async(send, recv, op).wait(); }
   void all_gather(Tensor send, Tensor recv) { all_gather_async(send, recv).wait(); }
+  void reduce_scatter_v(Tensor send, Tensor recv, const std::vector<int64_t>& counts, ReduceOp op) {
+    reduce_scatter_v_async(send, recv, counts, op).wait();
+  }
+  void all_gather_v(Tensor send, Tensor recv, const std::vector<int64_t>& counts) {
+    all_gather_v_async(send, recv, counts).wait();
+  }
   void broadcast(Tensor buf, int root) { broadcast_async(buf, root).wait(); }
   void send(Tensor buf, int peer) { send_async(buf, peer).wait(); }
   void recv(Tensor buf, int peer) { recv_async(buf, peer).wait(); }

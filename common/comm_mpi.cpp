@@ -29,11 +29,19 @@
 // modelled time after another, as buckets do on a real link. Receives get a lane of their own: a
 // link is full duplex, so what a rank receives does not queue behind what it sends.
 //
-// Statistics. The comm thread measures each op (busy time) into the op's handle; wait(), on the
-// caller's thread, adds the op to stats_. So stats_ is written only by the thread that issues and
-// waits, which is the thread that reads it: no lock, no race, and a copy of stats() taken between
-// steps is always consistent. The price: an op is counted when it is waited, so wait every handle
-// (MPI asks the same of every request; the blocking forms do it for you).
+// Statistics. The comm thread measures each op (busy time, share of the in-flight time) into the
+// op's handle; wait(), on the caller's thread, adds the op to stats_. So stats_ is written only by
+// the thread that issues and waits, which is the thread that reads it: no lock, no race, and a copy
+// of stats() taken between steps is always consistent. The price: an op is counted when it is
+// waited, so wait every handle (MPI asks the same of every request; the blocking forms do it for
+// you). The one exception is `launched`, counted by enqueue() at issue, on that same thread: it
+// answers "was anything started before this point?", which a count at wait() cannot.
+//
+// Busy time and in-flight time. Each lane charges an op from its start or from the retirement of
+// the lane's previous op, whichever is later, so the busy times of one lane add up to the time that
+// lane was busy. The two lanes still overlap (a pipeline's send and receive), and their busy times
+// then add up to more than the time anything was in flight. CommStats::in_flight_ms is that time,
+// the union of all in-flight intervals; InFlightSweep below splits it among the ops.
 #include "comm.h"
 
 #include <mpi.h>
@@ -77,6 +85,12 @@ int64_t CommStats::total_calls() const {
   return n;
 }
 
+int64_t CommStats::total_launched() const {
+  int64_t n = 0;
+  for (const CollectiveCounters& c : kind) n += c.launched;
+  return n;
+}
+
 int64_t CommStats::total_wire_bytes() const {
   int64_t n = 0;
   for (const CollectiveCounters& c : kind) n += c.wire_bytes;
@@ -111,9 +125,9 @@ double modelled_ms(const LinkModel& link, CollectiveKind kind, int64_t payload_b
 
 namespace {
 
-// Bytes this rank sends over a ring (comm.h). Rounded down when N does not divide the payload. A
-// scalar is an all-reduce of 8 bytes; a receive sends nothing (the caller passes 0 for it); with one
-// rank nothing leaves the process.
+// Bytes this rank sends over a ring (comm.h), rounded down when N does not divide the payload. A
+// scalar is an all-reduce of 8 bytes; with one rank nothing leaves the process. (A receive sends
+// nothing at all: recv_async says so to enqueue.)
 int64_t wire_bytes_for(CollectiveKind kind, int64_t payload, int n) {
   if (n <= 1) return 0;
   switch (kind) {
@@ -128,7 +142,7 @@ int64_t wire_bytes_for(CollectiveKind kind, int64_t payload, int n) {
 MPI_Op mpi_op(ReduceOp op) {
   switch (op) {
     case ReduceOp::Sum:
-    case ReduceOp::Avg: return MPI_SUM;  // Avg = sum, then a scale on the comm thread (MPI has no average)
+    case ReduceOp::Avg: return MPI_SUM;  // then scaled by 1/N on the comm thread: MPI has no average
     case ReduceOp::Max: return MPI_MAX;
     case ReduceOp::Min: return MPI_MIN;
   }
@@ -147,8 +161,60 @@ void ensure_cpu_f32(const Tensor& t) {
   ENSURE(t.data != nullptr || t.numel() == 0, "tensor without memory");
 }
 
-void scale(float* x, int64_t n, float factor) {
-  for (int64_t i = 0; i < n; i++) x[i] *= factor;
+// Whether two tensors share a byte. An empty tensor shares none, wherever its pointer points.
+bool overlap(const Tensor& a, const Tensor& b) {
+  if (a.numel() == 0 || b.numel() == 0) return false;
+  const uintptr_t a0 = reinterpret_cast<uintptr_t>(a.data), b0 = reinterpret_cast<uintptr_t>(b.data);
+  return a0 < b0 + b.bytes() && b0 < a0 + a.bytes();
+}
+
+// The buffer handed to MPI: null for an empty tensor. MPI touches no byte of it either way, but
+// MPICH checks that a send and a receive buffer do not start at the same address, and an empty view
+// may well start where the other buffer does (the last piece of a range, a rank that owns none of it).
+template <typename T>
+T* mpi_buffer(const Tensor& t) {
+  return t.numel() == 0 ? nullptr : static_cast<T*>(t.data);
+}
+
+// Whether an all-gather runs in place: `send` IS this rank's segment of `recv`, which starts
+// `own_offset` elements in (comm.h). Then MPI takes this rank's contribution from recv (MPI_IN_PLACE).
+// Any other overlap would have MPI read a segment while another rank's data overwrites it: ENSURE.
+bool gather_in_place(const Tensor& send, const Tensor& recv, int64_t own_offset, const char* what) {
+  if (send.data == recv.slice1d(own_offset, 0).data) return true;
+  ENSURE(!overlap(send, recv), std::string(what) + ": send overlaps recv without being this rank's own "
+                               "segment of it; MPI forbids that (in place, send must be exactly that segment)");
+  return false;
+}
+
+// The counts of a variable-count collective as MPI wants them, int, with the displacement of each
+// segment. Checked, and copied: the caller's vector may die before the comm thread starts the op,
+// and MPI reads these arrays until the op completes, so the op's lambda owns them.
+struct VarCounts {
+  std::vector<int> counts, displs;
+  int64_t total = 0;
+};
+
+VarCounts var_counts(const std::vector<int64_t>& counts, int ranks, const char* what) {
+  ENSURE(int(counts.size()) == ranks, std::string(what) + ": counts must have one entry per rank");
+  VarCounts v;
+  for (int64_t c : counts) {
+    ENSURE(c >= 0, std::string(what) + ": negative count");
+    v.displs.push_back(mpi_count(v.total));
+    v.counts.push_back(mpi_count(c));
+    v.total += c;
+  }
+  mpi_count(v.total);  // every displacement fits an int only if the total does
+  return v;
+}
+
+// What the comm thread runs after the MPI call for `op`: nothing, or for Avg the scaling of the sum
+// by 1/N (one multiply per element, cheaper than a divide; tests expect exactly sum * (1.0f / N)).
+std::function<void()> average_if(ReduceOp op, float* data, int n, int ranks) {
+  if (op != ReduceOp::Avg) return {};
+  const float inv_ranks = 1.0f / float(ranks);
+  return [=] {
+    for (int i = 0; i < n; i++) data[i] *= inv_ranks;
+  };
 }
 
 // Polling: MPICH makes progress only inside MPI calls (no background thread by default), so the
@@ -164,6 +230,36 @@ constexpr std::chrono::microseconds kPollMax{200};
 
 // Receives travel on their own lane of the emulated link; everything else shares the first.
 enum Lane { kSendLane = 0, kRecvLane = 1, kLanes = 2 };
+
+// Splits the union of the ops' in-flight intervals (CommStats::in_flight_ms) among the ops, so that
+// each op's share is known when it retires and wait() can add it up like the other counters.
+// The comm thread sees every start and every retirement, in time order; between two such moments
+// the set of ops in flight does not change. So it sweeps along: a retiring op is charged the time
+// since the previous retirement, or since the current stretch of activity began (an op started
+// while nothing was in flight), whichever is later. Every moment when something was in flight is
+// then charged to exactly one op, the next one to retire.
+//
+// Why not charge each op from its own start, max(start, previous end), as a lane's busy time does?
+// Because retirements come in start order only within a lane. A receive started at 0 that retires at
+// 100, with a send-lane op from 30 to 80 retiring first, would be charged 100 - 80: the stretch
+// 0..30, when only the receive was in flight, would be lost.
+class InFlightSweep {
+ public:
+  void op_started(Clock::time_point t) {
+    if (in_flight_++ == 0) charged_until_ = t;
+  }
+  // The retiring op's share, in ms.
+  double op_retired(Clock::time_point t) {
+    in_flight_--;
+    const double ms = std::chrono::duration<double, std::milli>(t - charged_until_).count();
+    charged_until_ = t;
+    return ms;
+  }
+
+ private:
+  int in_flight_ = 0;                // ops started and not yet retired, on both lanes
+  Clock::time_point charged_until_;  // the time up to which in-flight time has been charged
+};
 
 }  // namespace
 
@@ -182,10 +278,12 @@ struct CommHandle::State {
   std::condition_variable retired;
   bool done = false;
   double busy_ms = 0;
+  double in_flight_ms = 0;  // this op's share of the union of in-flight intervals (InFlightSweep)
   bool counted = false;  // set by the first wait(), so that waiting twice counts once
 };
 
 void CommHandle::wait() {
+  if (device_wait_) return (*device_wait_)();  // a device communicator's handle (comm.h)
   ENSURE(state_ != nullptr, "wait() on an empty CommHandle");
   State& s = *state_;
   double blocked_from = 0, blocked_to = 0;
@@ -200,7 +298,7 @@ void CommHandle::wait() {
     first_wait = !s.counted;
     s.counted = true;
   }
-  // From here on only this (the issuing) thread touches s.stats; see the file comment.
+  // stats_ belongs to the thread that issues and waits (see the file comment): no lock needed.
   const double blocked = blocked_to - blocked_from;
   s.stats->exposed_ms += blocked;
   if (blocked > 0)
@@ -211,6 +309,7 @@ void CommHandle::wait() {
     c.payload_bytes += s.payload_bytes;
     c.wire_bytes += s.wire_bytes;
     c.busy_ms += s.busy_ms;
+    s.stats->in_flight_ms += s.in_flight_ms;
   }
 }
 
@@ -219,8 +318,8 @@ void CommHandle::wait() {
 
 namespace {
 
-// One queued or in-flight op. The caller fills in everything above the line; the comm thread owns
-// the op once it is queued.
+// One queued or in-flight op. The issuing thread fills in the first part; from the moment the op is
+// queued, the comm thread owns it.
 struct MpiOp {
   std::shared_ptr<CommHandle::State> handle;
   const char* name = "";                        // for the trace: "all_reduce", "send", ...
@@ -231,7 +330,7 @@ struct MpiOp {
   // ---- comm thread only
   MPI_Request request = MPI_REQUEST_NULL;
   bool mpi_done = false;
-  double start_ms = 0;
+  Clock::time_point started;
   Clock::time_point link_done;  // the op retires no earlier than this (its modelled end)
 };
 
@@ -263,37 +362,73 @@ class MpiCommunicator final : public Communicator {
     ensure_cpu_f32(buf);
     float* data = buf.f32();
     const int n = mpi_count(buf.numel());
-    const float inv_size = 1.0f / float(size_);
     return enqueue(
         CollectiveKind::AllReduce, "all_reduce", int64_t(buf.bytes()), kSendLane,
         [=](MPI_Request* r) { MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, data, n, MPI_FLOAT, mpi_op(op), comm_, r)); },
-        [=] { if (op == ReduceOp::Avg) scale(data, n, inv_size); });
+        average_if(op, data, n, size_));
   }
 
   CommHandle reduce_scatter_async(Tensor send, Tensor recv, ReduceOp op) override {
     ensure_cpu_f32(send);
     ensure_cpu_f32(recv);
     ENSURE(send.numel() == int64_t(size_) * recv.numel(), "reduce_scatter: send must hold size() x recv elements");
-    const float* in = send.f32();
-    float* out = recv.f32();
+    ENSURE(!overlap(send, recv), "reduce_scatter: send and recv overlap; MPI forbids it, use a separate recv");
+    const float* in = mpi_buffer<const float>(send);
+    float* out = mpi_buffer<float>(recv);
     const int n = mpi_count(recv.numel());
-    const float inv_size = 1.0f / float(size_);
     return enqueue(
         CollectiveKind::ReduceScatter, "reduce_scatter", int64_t(send.bytes()), kSendLane,
         [=](MPI_Request* r) { MPI_CHECK(MPI_Ireduce_scatter_block(in, out, n, MPI_FLOAT, mpi_op(op), comm_, r)); },
-        [=] { if (op == ReduceOp::Avg) scale(out, n, inv_size); });
+        average_if(op, out, n, size_));
   }
 
   CommHandle all_gather_async(Tensor send, Tensor recv) override {
     ensure_cpu_f32(send);
     ensure_cpu_f32(recv);
     ENSURE(recv.numel() == int64_t(size_) * send.numel(), "all_gather: recv must hold size() x send elements");
-    const float* in = send.f32();
-    float* out = recv.f32();
+    const bool in_place = gather_in_place(send, recv, int64_t(rank_) * send.numel(), "all_gather");
+    const void* in = in_place ? MPI_IN_PLACE : mpi_buffer<const float>(send);
+    float* out = mpi_buffer<float>(recv);
     const int n = mpi_count(send.numel());
     return enqueue(CollectiveKind::AllGather, "all_gather", int64_t(recv.bytes()), kSendLane, [=](MPI_Request* r) {
       MPI_CHECK(MPI_Iallgather(in, n, MPI_FLOAT, out, n, MPI_FLOAT, comm_, r));
     });
+  }
+
+  CommHandle reduce_scatter_v_async(Tensor send, Tensor recv, const std::vector<int64_t>& counts,
+                                    ReduceOp op) override {
+    ensure_cpu_f32(send);
+    ensure_cpu_f32(recv);
+    VarCounts v = var_counts(counts, size_, "reduce_scatter_v");
+    ENSURE(send.numel() == v.total, "reduce_scatter_v: send must hold sum(counts) elements");
+    ENSURE(recv.numel() == counts[rank_], "reduce_scatter_v: recv must hold counts[rank()] elements");
+    ENSURE(!overlap(send, recv), "reduce_scatter_v: send and recv overlap; MPI forbids it, use a separate recv");
+    const float* in = mpi_buffer<const float>(send);
+    float* out = mpi_buffer<float>(recv);
+    const int n = v.counts[rank_];
+    // The lambda owns the counts (VarCounts above): moved in, they live until the op is destroyed.
+    return enqueue(
+        CollectiveKind::ReduceScatter, "reduce_scatter_v", int64_t(send.bytes()), kSendLane,
+        [=, c = std::move(v.counts)](MPI_Request* r) {
+          MPI_CHECK(MPI_Ireduce_scatter(in, out, c.data(), MPI_FLOAT, mpi_op(op), comm_, r));
+        },
+        average_if(op, out, n, size_));
+  }
+
+  CommHandle all_gather_v_async(Tensor send, Tensor recv, const std::vector<int64_t>& counts) override {
+    ensure_cpu_f32(send);
+    ensure_cpu_f32(recv);
+    VarCounts v = var_counts(counts, size_, "all_gather_v");
+    ENSURE(send.numel() == counts[rank_], "all_gather_v: send must hold counts[rank()] elements");
+    ENSURE(recv.numel() == v.total, "all_gather_v: recv must hold sum(counts) elements");
+    const bool in_place = gather_in_place(send, recv, v.displs[rank_], "all_gather_v");
+    const void* in = in_place ? MPI_IN_PLACE : mpi_buffer<const float>(send);
+    float* out = mpi_buffer<float>(recv);
+    const int n = v.counts[rank_];
+    return enqueue(CollectiveKind::AllGather, "all_gather_v", int64_t(recv.bytes()), kSendLane,
+                   [=, c = std::move(v.counts), d = std::move(v.displs)](MPI_Request* r) {
+                     MPI_CHECK(MPI_Iallgatherv(in, n, MPI_FLOAT, out, c.data(), d.data(), MPI_FLOAT, comm_, r));
+                   });
   }
 
   CommHandle broadcast_async(Tensor buf, int root) override {
@@ -335,12 +470,15 @@ class MpiCommunicator final : public Communicator {
   // Through the comm thread like everything else: a second thread calling MPI_Allreduce directly
   // could start it before or after a queued collective, and the ranks would disagree on the order.
   double all_reduce_scalar(double value, ReduceOp op) override {
-    auto v = std::make_shared<double>(value);  // lives in the op's lambdas until they are destroyed
-    const int size = size_;
+    // Shared with the op's lambdas, which the comm thread destroys after this function returned.
+    auto v = std::make_shared<double>(value);
+    const int ranks = size_;
     enqueue(
         CollectiveKind::Scalar, "all_reduce_scalar", sizeof(double), kSendLane,
         [=](MPI_Request* r) { MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, v.get(), 1, MPI_DOUBLE, mpi_op(op), comm_, r)); },
-        [=] { if (op == ReduceOp::Avg) *v /= size; })
+        [=] {
+          if (op == ReduceOp::Avg) *v /= ranks;
+        })
         .wait();
     return *v;  // written by the comm thread before it retired the op, which wait() synchronised with
   }
@@ -372,7 +510,7 @@ class MpiCommunicator final : public Communicator {
     if (first_failed == rank_) fatal(msg);
     // Give the failing rank time to print before this rank's abort takes the whole job down.
     std::this_thread::sleep_for(std::chrono::seconds(2));
-    MPI_Abort(MPI_COMM_WORLD, 1);
+    MPI_CHECK(MPI_Abort(MPI_COMM_WORLD, 1));
   }
 
  private:
@@ -384,6 +522,8 @@ class MpiCommunicator final : public Communicator {
     handle->payload_bytes = payload_bytes;
     handle->wire_bytes = sends_nothing ? 0 : wire_bytes_for(kind, payload_bytes, size_);
     handle->stats = &stats_;
+    // The only counter written at issue (see the file comment); this thread owns stats_.
+    stats_.kind[int(kind)].launched += 1;
 
     auto op = std::make_unique<MpiOp>();
     op->handle = handle;
@@ -406,7 +546,8 @@ class MpiCommunicator final : public Communicator {
   void progress_loop() {
     std::deque<std::unique_ptr<MpiOp>> in_flight[kLanes];  // per lane, in start order
     Clock::time_point link_free[kLanes];                   // when each emulated lane is free again
-    double lane_last_retired_ms[kLanes] = {0, 0};
+    Clock::time_point last_retired[kLanes];                // for the busy time, see retire()
+    InFlightSweep sweep;                                   // for the in-flight time
     auto poll_interval = kPollMin;
 
     std::unique_lock<std::mutex> lock(queue_mutex_);
@@ -418,6 +559,7 @@ class MpiCommunicator final : public Communicator {
         queue_.pop_front();
         lock.unlock();  // the caller may queue more while MPI starts this one
         start(*op, &link_free[op->lane]);
+        sweep.op_started(op->started);
         in_flight[op->lane].push_back(std::move(op));
         changed = true;
         lock.lock();
@@ -455,14 +597,15 @@ class MpiCommunicator final : public Communicator {
             next_link_done = std::min(next_link_done, lane.front()->link_done);
             break;
           }
-          retire(*lane.front(), &lane_last_retired_ms[l]);
+          retire(*lane.front(), &last_retired[l], &sweep);
           lane.pop_front();
           changed = true;
         }
       }
 
-      // 4. Sleep until the next poll is due or the emulated link delivers; a new op wakes us early.
-      // (With nothing left in flight, the top of the loop sleeps until an op is queued.)
+      // 4. Sleep until the next poll is due or the emulated link delivers. A timed wait on the queue's
+      // condition variable rather than sleep_until: an op queued meanwhile wakes us and starts at
+      // once. (With nothing left in flight, the top of the loop sleeps until an op is queued.)
       lock.lock();
       if (in_flight[kSendLane].empty() && in_flight[kRecvLane].empty()) continue;
       poll_interval = changed ? kPollMin : std::min(poll_interval + kPollStep, kPollMax);
@@ -473,26 +616,32 @@ class MpiCommunicator final : public Communicator {
   }
 
   void start(MpiOp& op, Clock::time_point* lane_free) {
-    op.start_ms = now_ms();  // read first, so that busy time >= modelled time holds exactly
+    op.started = Clock::now();
     // The emulated lane carries one op at a time: this one gets the link when the lane is free.
     const auto modelled =
         std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double, std::milli>(op.modelled_ms));
-    *lane_free = std::max(Clock::now(), *lane_free) + modelled;
+    *lane_free = std::max(op.started, *lane_free) + modelled;
     op.link_done = *lane_free;
     op.start(&op.request);
   }
 
-  void retire(MpiOp& op, double* lane_last_retired_ms) {
-    const double end = now_ms();
+  // Times here come from steady_clock, not from now_ms(): the trace's epoch moves once at start-up
+  // (sync_clock_epoch), while a busy time must not.
+  void retire(MpiOp& op, Clock::time_point* lane_last_retired, InFlightSweep* sweep) {
+    const Clock::time_point end = Clock::now();
+    const double end_ms = now_ms();
     // An op queued behind another is charged from the moment the previous one retired, so the busy
     // times of a lane add up to the time the lane was busy, never more.
-    const double begin = std::max(op.start_ms, *lane_last_retired_ms);
-    *lane_last_retired_ms = end;
+    const Clock::time_point begin = std::max(op.started, *lane_last_retired);
+    *lane_last_retired = end;
+    const double busy_ms = std::chrono::duration<double, std::milli>(end - begin).count();
+    const double in_flight_ms = sweep->op_retired(end);
     CommHandle::State& h = *op.handle;
-    trace_span(Track::Comm, op.name, begin, end, std::to_string(h.payload_bytes) + " B");
+    trace_span(Track::Comm, op.name, end_ms - busy_ms, end_ms, std::to_string(h.payload_bytes) + " B");
     {
       std::lock_guard<std::mutex> lock(h.mutex);
-      h.busy_ms = end - begin;
+      h.busy_ms = busy_ms;
+      h.in_flight_ms = in_flight_ms;
       h.done = true;
     }
     h.retired.notify_all();  // op.handle keeps the state alive even if the waiter drops its handle
@@ -513,7 +662,7 @@ class MpiCommunicator final : public Communicator {
 
 std::unique_ptr<Communicator> init_mpi_communicator(int* argc, char*** argv) {
   int initialized = 0;
-  MPI_Initialized(&initialized);
+  MPI_CHECK(MPI_Initialized(&initialized));
   if (initialized) fatal("init_mpi_communicator() called twice");
   int provided = 0;
   MPI_CHECK(MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided));

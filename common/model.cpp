@@ -85,7 +85,7 @@ void carve(GPT2::Activations& a, Carver& c, const GPT2Config& cfg, int B) {
 
 GPT2::GPT2(const GPT2Config& cfg, const ParamLayout& layout, int max_B, Device device)
     : cfg_(cfg), layout_(layout), max_B_(max_B), device_(device),
-      unit_params_(layout.num_units(), nullptr), unit_grads_(layout.num_units(), nullptr),
+      param_ptr_(layout.params.size(), nullptr), grad_ptr_(layout.params.size(), nullptr),
       acts_(new Activations) {
   Carver counter(nullptr);
   carve(*acts_, counter, cfg, max_B);
@@ -96,34 +96,42 @@ GPT2::GPT2(const GPT2Config& cfg, const ParamLayout& layout, int max_B, Device d
 
 GPT2::~GPT2() = default;
 
-void GPT2::bind_unit_params(int u, float* base) { unit_params_[u] = base; }
-void GPT2::bind_unit_grads(int u, float* base) { unit_grads_[u] = base; }
+namespace {
+void bind_range(const ParamLayout& layout, int64_t begin, int64_t end, float* base, std::vector<float*>& where) {
+  for (size_t p = 0; p < layout.params.size(); p++) {
+    const ParamInfo& info = layout.params[p];
+    const bool inside = info.offset >= begin && info.offset + info.size <= end;
+    const bool outside = info.offset + info.size <= begin || info.offset >= end;
+    ENSURE(inside || outside, "a bound range must not cut through " + info.name);
+    if (inside) where[p] = base ? base + (info.offset - begin) : nullptr;
+  }
+}
+}  // namespace
+
+void GPT2::bind_params(int64_t begin, int64_t end, float* base) { bind_range(layout_, begin, end, base, param_ptr_); }
+void GPT2::bind_grads(int64_t begin, int64_t end, float* base) { bind_range(layout_, begin, end, base, grad_ptr_); }
+
+void GPT2::bind_unit_params(int u, float* base) {
+  bind_params(layout_.unit_begin[u], layout_.unit_begin[u + 1], base);
+}
+
+void GPT2::bind_unit_grads(int u, float* base) { bind_grads(layout_.unit_begin[u], layout_.unit_begin[u + 1], base); }
 
 void GPT2::bind_all(float* params, float* grads) {
-  for (int u = 0; u < layout_.num_units(); u++) {
-    bind_unit_params(u, params ? params + layout_.unit_begin[u] : nullptr);
-    bind_unit_grads(u, grads ? grads + layout_.unit_begin[u] : nullptr);
-  }
+  bind_params(0, layout_.padded_size, params);
+  bind_grads(0, layout_.padded_size, grads);
 }
 
 namespace {
-Tensor shaped_view(float* base, const ParamInfo& p, int64_t unit_begin, Device device) {
-  ENSURE(base != nullptr, "unit " + std::to_string(p.unit) + " is not bound (" + p.name + ")");
-  float* data = base + (p.offset - unit_begin);
+Tensor shaped_view(float* data, const ParamInfo& p, Device device) {
+  ENSURE(data != nullptr, p.name + " is not bound to memory (released, or never gathered?)");
   return p.ndim == 2 ? make_view(data, {p.shape[0], p.shape[1]}, DType::F32, device)
                      : make_view(data, {p.shape[0]}, DType::F32, device);
 }
 }  // namespace
 
-Tensor GPT2::param(int p) const {
-  const ParamInfo& info = layout_.params[p];
-  return shaped_view(unit_params_[info.unit], info, layout_.unit_begin[info.unit], device_);
-}
-
-Tensor GPT2::grad(int p) const {
-  const ParamInfo& info = layout_.params[p];
-  return shaped_view(unit_grads_[info.unit], info, layout_.unit_begin[info.unit], device_);
-}
+Tensor GPT2::param(int p) const { return shaped_view(param_ptr_[p], layout_.params[p], device_); }
+Tensor GPT2::grad(int p) const { return shaped_view(grad_ptr_[p], layout_.params[p], device_); }
 
 namespace {
 // Index of the first parameter of each unit, and of a block's parameters in the order added by

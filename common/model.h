@@ -31,11 +31,16 @@ class GPT2 {
   GPT2(const GPT2Config& cfg, const ParamLayout& layout, int max_B, Device device = Device::CPU);
   ~GPT2();
 
-  // Points unit u's parameters (or gradients) at `base`, which holds the unit's range of the flat
-  // layout: param p of the unit is at base + (p.offset - unit_begin[u]).
+  // Points the parameters (or gradients) of the flat range [begin, end) at `base`, which holds
+  // that range: a parameter at flat offset o is then read at base + (o - begin). A chapter points
+  // a layer at a freshly gathered buffer (ZeRO-3) or a bucket's gradients at a transient buffer
+  // (ZeRO-2). Every parameter must lie wholly inside or wholly outside the range.
+  void bind_params(int64_t begin, int64_t end, float* base);
+  void bind_grads(int64_t begin, int64_t end, float* base);
+  // The same for unit u's range [unit_begin[u], unit_begin[u+1]).
   void bind_unit_params(int u, float* base);
   void bind_unit_grads(int u, float* base);
-  // Binds every unit to full flat buffers (offset 0 = the layout's offset 0).
+  // Binds everything to full flat buffers (base = flat offset 0).
   void bind_all(float* params, float* grads);
 
   // Mean cross-entropy over the B x T positions of one micro-batch. inputs, targets: (B,T) tokens.
@@ -60,13 +65,12 @@ class GPT2 {
  private:
   Tensor param(int p) const;  // view of params[p] at its bound location
   Tensor grad(int p) const;
-  void fire_grad_ready_for_unit(int u);
 
   GPT2Config cfg_;
   const ParamLayout& layout_;
   int max_B_;
   Device device_;
-  std::vector<float*> unit_params_, unit_grads_;
+  std::vector<float*> param_ptr_, grad_ptr_;  // per parameter, where it lives now
   std::unique_ptr<Activations> acts_;
   int B_ = 0;  // batch of the last forward
   const int* inputs_ = nullptr;

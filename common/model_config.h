@@ -15,5 +15,6 @@ struct GPT2Config {
 //   tiny:  L=2,  C=64,  NH=4,  T=64,   V=256    (the CPU default: a step takes tens of ms on one core)
 //   small: L=4,  C=128, NH=4,  T=128,  V=256
 //   gpt2:  L=12, C=768, NH=12, T=1024, V=50304  (GPT-2 124M's shape; V padded to a multiple of 128)
+//   odd:   L=2,  C=15,  NH=3,  T=17,   V=256    (for tests: 9915 parameters, divisible by no N > 1)
 bool find_preset(const std::string& name, GPT2Config* cfg);
 const char* preset_names();  // "tiny, small, gpt2", for error messages

@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "ops.h"
+#include "trace.h"
 
 namespace {
 constexpr float kBeta1 = 0.9f, kBeta2 = 0.95f, kEps = 1e-8f;  // GPT-2/3 practice
@@ -15,6 +16,7 @@ AdamW::AdamW(const ParamLayout& layout, int64_t begin, int64_t end, float weight
       m_(end - begin, MemCategory::OptState), v_(end - begin, MemCategory::OptState) {}
 
 void AdamW::update(float* params, const float* grads, int step, float lr, float grad_scale) {
+  TraceScope span("optimizer");
   // Walk the parameters that overlap [begin, end): a shard may start or end inside a tensor.
   for (const ParamInfo& p : layout_.params) {
     int64_t lo = std::max(p.offset, begin_), hi = std::min(p.offset + p.size, end_);

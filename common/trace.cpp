@@ -4,6 +4,7 @@
 // per rank and one "thread" per track, the layout Perfetto and chrome://tracing understand.
 #include "trace.h"
 
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <mutex>
@@ -23,7 +24,8 @@ struct Span {
   double start_ms, end_ms;
 };
 
-bool g_enabled = false;
+// Atomic: the communication thread reads it (trace_span) while the main thread may switch it.
+std::atomic<bool> g_enabled{false};
 std::mutex g_mutex;
 std::vector<Span> g_spans;
 

@@ -6,6 +6,7 @@
 
 #include "checkpoint.h"
 #include "model.h"
+#include "ops.h"
 #include "optimizer.h"
 #include "trace.h"
 
@@ -15,11 +16,13 @@ CommStats difference(const CommStats& now, const CommStats& before) {
   CommStats d;
   for (int k = 0; k < kCollectiveKinds; k++) {
     d.kind[k].calls = now.kind[k].calls - before.kind[k].calls;
+    d.kind[k].launched = now.kind[k].launched - before.kind[k].launched;
     d.kind[k].payload_bytes = now.kind[k].payload_bytes - before.kind[k].payload_bytes;
     d.kind[k].wire_bytes = now.kind[k].wire_bytes - before.kind[k].wire_bytes;
     d.kind[k].busy_ms = now.kind[k].busy_ms - before.kind[k].busy_ms;
   }
   d.exposed_ms = now.exposed_ms - before.exposed_ms;
+  d.in_flight_ms = now.in_flight_ms - before.in_flight_ms;
   return d;
 }
 
@@ -95,6 +98,9 @@ TrainingRun::TrainingRun(Communicator& comm, const TrainConfig& cfg, Strategy st
 TrainingRun::~TrainingRun() = default;
 
 MicroBatch TrainingRun::micro_batch(int step, int micro) {
+  // no_sync (02, 03) promises no communication before the last micro-batch: measure it.
+  if (micro == cfg_.grad_accum - 1)
+    launched_before_last_micro_ = comm_.stats().total_launched() - comm_at_step_start_.total_launched();
   const int per_rank = batch_ / comm_.size();
   const int first = comm_.rank() * per_rank + micro * micro_B_;
   data_.fill(step, batch_, first, micro_B_, model_.T, inputs_.data(), targets_.data());
@@ -103,16 +109,41 @@ MicroBatch TrainingRun::micro_batch(int step, int micro) {
 
 float TrainingRun::lr(int step) const { return learning_rate(cfg_, cfg_.lr, step); }
 
-int TrainingRun::init_or_resume(float* params, float* adam_m, float* adam_v) {
-  if (cfg_.resume.empty()) {
-    GPT2::init_weights(layout_, cfg_.seed, params);
-    return 0;
+namespace {
+
+// A full padded copy of [begin, begin + count) from every rank's piece: a no-op copy when the
+// piece already is everything, an all-gather when it is a shard. Transient, counted as "other".
+Buffer gather_full(Communicator& comm, const ParamLayout& layout, const float* piece, int64_t begin, int64_t count) {
+  Buffer full(layout.padded_size, MemCategory::Other);
+  if (count == layout.padded_size) {
+    copy_tensor(full.view(), make_view(const_cast<float*>(piece), {count}));
+  } else {
+    ENSURE(count == layout.shard_size() && begin == layout.shard_begin(comm.rank()), "a piece must be all or a shard");
+    copy_tensor(full.view().slice1d(begin, count), make_view(const_cast<float*>(piece), {count}));
+    comm.all_gather(full.view().slice1d(begin, count), full.view());
   }
-  int64_t step = load_checkpoint(comm_, cfg_.resume, model_, layout_, batch_, params, adam_m, adam_v);
-  if (is_root()) std::printf("resumed from %s at step %lld\n", cfg_.resume.c_str(), (long long)step);
-  if (step > cfg_.steps)
-    config_error("checkpoint '" + cfg_.resume + "' is at step " + std::to_string(step) + ", past --steps " +
-                 std::to_string(cfg_.steps));
+  return full;
+}
+
+}  // namespace
+
+int TrainingRun::init_or_resume(float* params, int64_t params_begin, int64_t params_count, AdamW& optimizer) {
+  Buffer full_params(layout_.padded_size, MemCategory::Other);
+  int64_t step = 0;
+  if (cfg_.resume.empty()) {
+    GPT2::init_weights(layout_, cfg_.seed, full_params.f32());
+  } else {
+    Buffer full_m(layout_.padded_size, MemCategory::Other), full_v(layout_.padded_size, MemCategory::Other);
+    step = load_checkpoint(comm_, cfg_.resume, model_, layout_, batch_, full_params.f32(), full_m.f32(), full_v.f32());
+    const int64_t n = optimizer.end() - optimizer.begin();
+    copy_tensor(make_view(optimizer.m(), {n}), full_m.view().slice1d(optimizer.begin(), n));
+    copy_tensor(make_view(optimizer.v(), {n}), full_v.view().slice1d(optimizer.begin(), n));
+    if (is_root()) std::printf("resumed from %s at step %lld\n", cfg_.resume.c_str(), (long long)step);
+    if (step > cfg_.steps)
+      config_error("checkpoint '" + cfg_.resume + "' is at step " + std::to_string(step) + ", past --steps " +
+                   std::to_string(cfg_.steps));
+  }
+  copy_tensor(make_view(params, {params_count}), full_params.view().slice1d(params_begin, params_count));
   return int(step);
 }
 
@@ -121,14 +152,19 @@ bool TrainingRun::checkpoint_due(int step) const {
   return step == cfg_.steps - 1 || (cfg_.save_every > 0 && (step + 1) % cfg_.save_every == 0);
 }
 
-void TrainingRun::save_checkpoint(int next_step, const float* params, const float* adam_m, const float* adam_v) {
+void TrainingRun::save_checkpoint(int next_step, const float* params, int64_t params_begin, int64_t params_count,
+                                  AdamW& optimizer) {
+  const int64_t n = optimizer.end() - optimizer.begin();
+  Buffer full_params = gather_full(comm_, layout_, params, params_begin, params_count);
+  Buffer full_m = gather_full(comm_, layout_, optimizer.m(), optimizer.begin(), n);
+  Buffer full_v = gather_full(comm_, layout_, optimizer.v(), optimizer.begin(), n);
   CheckpointData data;
   data.step = next_step;
   data.global_batch = batch_;
   data.seed = cfg_.seed;
-  data.params = params;
-  data.adam_m = adam_m;
-  data.adam_v = adam_v;
+  data.params = full_params.f32();
+  data.adam_m = full_m.f32();
+  data.adam_v = full_v.f32();
   std::string path = cfg_.save;  // "{step}" in --save keeps one file per checkpoint
   size_t at = path.find("{step}");
   if (at != std::string::npos) path.replace(at, 6, std::to_string(next_step));
@@ -143,7 +179,8 @@ void TrainingRun::begin_step(int /*step*/) {
 
 void TrainingRun::end_step(int step, float local_loss, double grad_norm) {
   // Everything the step measures is read before the loss is averaged: that scalar is bookkeeping.
-  const double step_ms = now_ms() - step_start_ms_;
+  const double step_end_ms = now_ms(), step_ms = step_end_ms - step_start_ms_;
+  trace_span(Track::Compute, "step " + std::to_string(step), step_start_ms_, step_end_ms);
   const CommStats step_comm = difference(comm_.stats(), comm_at_step_start_);
   const MemoryStats& mem = memory_stats();
   const float loss = float(comm_.all_reduce_scalar(local_loss, ReduceOp::Avg));
@@ -153,7 +190,7 @@ void TrainingRun::end_step(int step, float local_loss, double grad_norm) {
     totals_.steps++;
     totals_.step_ms += step_ms;
     totals_.exposed_ms += step_comm.exposed_ms;
-    totals_.comm_ms += step_comm.total_busy_ms();
+    totals_.comm_ms += step_comm.in_flight_ms;
     totals_.tokens_per_s += tokens_per_s;
     totals_.collectives += double(training_calls(step_comm));
     totals_.comm_bytes += double(training_wire_bytes(step_comm));
@@ -174,9 +211,10 @@ void TrainingRun::end_step(int step, float local_loss, double grad_norm) {
       .add("step_ms", step_ms)
       .add("tokens_per_s", tokens_per_s)
       .add("exposed_comm_ms", step_comm.exposed_ms)
-      .add("comm_ms", step_comm.total_busy_ms())
+      .add("comm_ms", step_comm.in_flight_ms)
       .add("comm_bytes", training_wire_bytes(step_comm))
-      .add("collectives", training_calls(step_comm));
+      .add("collectives", training_calls(step_comm))
+      .add("launched_before_last_micro", launched_before_last_micro_);
   for (int k = 0; k < kCollectiveKinds; k++)
     if (step_comm.kind[k].calls) record.add(std::string("calls_") + collective_name(CollectiveKind(k)), step_comm.kind[k].calls);
   for (int c = 0; c < kMemCategories; c++) record.add(std::string("mem_") + mem_category_name(MemCategory(c)), mem.peak[c]);

@@ -14,6 +14,7 @@
 #include "memory.h"
 #include "metrics.h"
 #include "model_config.h"
+#include "optimizer.h"
 #include "param_layout.h"
 #include "theory.h"
 
@@ -41,13 +42,21 @@ class TrainingRun {
   float lr(int step) const;
 
   // Either GPT-2 initial weights (returns step 0) or the --resume checkpoint (returns its step).
-  // All three are full padded flat buffers; a fresh start leaves m and v as they are (zero).
-  int init_or_resume(float* params, float* adam_m, float* adam_v);
+  // `params` holds flat elements [params_begin, params_begin + params_count): all of them, or this
+  // rank's shard (ZeRO-3). The optimizer's m and v are filled from the checkpoint for its range.
+  int init_or_resume(float* params, int64_t params_begin, int64_t params_count, AdamW& optimizer);
+  int init_or_resume(Buffer& full_params, AdamW& optimizer) {
+    return init_or_resume(full_params.f32(), 0, full_params.count(), optimizer);
+  }
   // True when a checkpoint is due after step `step` (--save-every, or the last step with --save).
   bool checkpoint_due(int step) const;
-  // Collective. Full padded flat arrays on rank 0 (others may pass null); next_step = step + 1.
-  // "{step}" in --save is replaced by next_step, to keep one file per checkpoint.
-  void save_checkpoint(int next_step, const float* params, const float* adam_m, const float* adam_v);
+  // Collective: writes full tensors whatever is sharded (shards are gathered first), so the file
+  // never depends on the rank count. "{step}" in --save is replaced by next_step.
+  void save_checkpoint(int next_step, const float* params, int64_t params_begin, int64_t params_count,
+                       AdamW& optimizer);
+  void save_checkpoint(int next_step, Buffer& full_params, AdamW& optimizer) {
+    save_checkpoint(next_step, full_params.f32(), 0, full_params.count(), optimizer);
+  }
 
   void begin_step(int step);
   // Ends the step: averages the loss over ranks, records time, exposed and total communication,
@@ -73,6 +82,7 @@ class TrainingRun {
   JsonLinesWriter json_;
   double step_start_ms_ = 0;
   CommStats comm_at_step_start_;
+  int64_t launched_before_last_micro_ = 0;  // collectives issued before the last micro-batch began
   struct Totals {
     int steps = 0;
     double step_ms = 0, exposed_ms = 0, comm_ms = 0, tokens_per_s = 0;

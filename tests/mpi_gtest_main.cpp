@@ -47,9 +47,12 @@ class MpiResultPrinter : public testing::EmptyTestEventListener {
  public:
   MpiResultPrinter(int rank, int size) : rank_(rank), size_(size) {}
 
-  bool any_failed() const { return !failed_.empty(); }
+  bool any_failed() const { return any_failed_; }
 
   void OnTestIterationStart(const testing::UnitTest& u, int /*iteration*/) override {
+    passed_ = 0;  // counts per iteration, as gtest's with --gtest_repeat
+    skipped_.clear();
+    failed_.clear();
     const std::string filter = GTEST_FLAG_GET(filter);
     if (filter != "*") print("Note: Google Test filter = %s\n", filter.c_str());
     print("[==========] Running %s from %s.\n", count_of(u.test_to_run_count(), "test").c_str(),
@@ -95,6 +98,7 @@ class MpiResultPrinter : public testing::EmptyTestEventListener {
     const long long ms = (long long)t.result()->elapsed_time();
     if (!ranks.empty()) {
       failed_.push_back(test_name(t));
+      any_failed_ = true;
       print("failed on rank %s of %d%s\n", ranks.c_str(), size_,
             ranks == "0" ? "" : " (messages of ranks other than 0 are on stderr)");
       print("[  FAILED  ] %s (%lld ms)\n", test_name(t).c_str(), ms);
@@ -152,6 +156,7 @@ class MpiResultPrinter : public testing::EmptyTestEventListener {
   int rank_, size_;
   int passed_ = 0;
   std::vector<std::string> skipped_, failed_;
+  bool any_failed_ = false;  // in any iteration
 };
 
 }  // namespace

@@ -3,16 +3,18 @@
 // Data tests use exactly predictable values (rank r contributes r+1, or (r+1)(i+1) for element i):
 // small integers, which fp32 sums exactly in any order, so no difference at all is allowed. Timing
 // tests check what the communication thread promises: an async collective progresses while the
-// caller computes, the emulated link takes at least its modelled time, and waiting burns no CPU.
-// They leave wide margins, because 4 ranks share 2 cores here.
+// caller computes, the emulated link takes at least its modelled time, waiting burns no CPU, and the
+// in-flight time counts overlapping ops once. They leave wide margins, because 4 ranks share 2 cores
+// here. The variable-count collectives get the uneven splits ZeRO makes, empty segments included.
 #include <gtest/gtest.h>
 #include <time.h>
 
+#include <algorithm>
 #include <chrono>
-#include <cstring>
 #include <functional>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "comm.h"
@@ -51,10 +53,49 @@ CollectiveCounters delta(const CommStats& after, const CommStats& before, Collec
   const CollectiveCounters &a = after.kind[int(k)], &b = before.kind[int(k)];
   CollectiveCounters d;
   d.calls = a.calls - b.calls;
+  d.launched = a.launched - b.launched;
   d.payload_bytes = a.payload_bytes - b.payload_bytes;
   d.wire_bytes = a.wire_bytes - b.wire_bytes;
   d.busy_ms = a.busy_ms - b.busy_ms;
   return d;
+}
+
+// Counts for the variable-count collectives that no uniform split gives: a repeating pattern with an
+// empty segment, times `scale`. N=2: {5, 0}; N=3: {5, 0, 3}; N=4: {5, 0, 3, 1} (x scale).
+std::vector<int64_t> uneven_counts(int N, int64_t scale) {
+  const int64_t pattern[] = {5, 0, 3, 1};
+  std::vector<int64_t> counts(N);
+  for (int r = 0; r < N; r++) counts[r] = pattern[r % 4] * scale;
+  return counts;
+}
+
+// Where segment r begins: counts[0] + ... + counts[r-1].
+int64_t offset_of(const std::vector<int64_t>& counts, int r) {
+  int64_t offset = 0;
+  for (int q = 0; q < r; q++) offset += counts[q];
+  return offset;
+}
+
+int64_t total_of(const std::vector<int64_t>& counts) { return offset_of(counts, int(counts.size())); }
+
+// The rank whose segment holds element j.
+int owner_of(const std::vector<int64_t>& counts, int64_t j) {
+  int r = 0;
+  while (j >= offset_of(counts, r + 1)) r++;
+  return r;
+}
+
+// ZeRO's case: rank r owns the flat slice [r*S, (r+1)*S), and a range [begin, end) of the flat buffer
+// (a bucket, a layer) splits by owner. Rank r's piece is [piece_begin, piece_end), empty for a rank
+// that owns none of the range.
+int64_t piece_begin(int64_t begin, int64_t end, int64_t S, int r) { return std::min(end, std::max(begin, r * S)); }
+int64_t piece_end(int64_t begin, int64_t end, int64_t S, int r) {
+  return std::max(piece_begin(begin, end, S, r), std::min(end, (r + 1) * S));
+}
+std::vector<int64_t> shard_counts(int64_t begin, int64_t end, int64_t S, int N) {
+  std::vector<int64_t> counts(N);
+  for (int r = 0; r < N; r++) counts[r] = piece_end(begin, end, S, r) - piece_begin(begin, end, S, r);
+  return counts;
 }
 
 class CommTest : public testing::Test {
@@ -147,6 +188,106 @@ TEST_F(CommTest, AllGatherIsExact) {
   }
 }
 
+// In place, as ZeRO gathers parameters: send is this rank's own chunk of recv.
+TEST_F(CommTest, AllGatherInPlaceIsExact) {
+  const int m = 301;
+  for (bool async : {false, true}) {
+    SCOPED_TRACE(async ? "async" : "blocking");
+    std::vector<float> x(size_t(N) * m, -1.0f);
+    for (int i = 0; i < m; i++) x[size_t(rank) * m + i] = float((rank + 1) * 1000 + i);
+    const Tensor own = view(x).slice1d(int64_t(rank) * m, m);
+    if (async) comm.all_gather_async(own, view(x)).wait();
+    else comm.all_gather(own, view(x));
+    EXPECT_TRUE(exactly(x, [&](int64_t j) { return float((j / m + 1) * 1000 + j % m); }));
+  }
+}
+
+TEST_F(CommTest, ReduceScatterVSumAvgIsExact) {
+  for (int64_t scale : {1, 300})
+    for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Avg})
+      for (bool async : {false, true}) {
+        SCOPED_TRACE("counts x" + std::to_string(scale) + (op == ReduceOp::Sum ? " sum " : " avg ") +
+                     (async ? "async" : "blocking"));
+        const std::vector<int64_t> counts = uneven_counts(N, scale);
+        const int64_t mine = counts[rank], offset = offset_of(counts, rank);
+        std::vector<float> in(total_of(counts)), out(mine, -1.0f);
+        for (size_t j = 0; j < in.size(); j++) in[j] = float((rank + 1) * int64_t(j + 1));
+        // A rank that receives nothing may pass an empty Tensor.
+        const Tensor recv = mine > 0 ? view(out) : Tensor();
+        // The async form gets a temporary vector, gone before the comm thread starts the op: the
+        // communicator must have copied the counts.
+        if (async) comm.reduce_scatter_v_async(view(in), recv, uneven_counts(N, scale), op).wait();
+        else comm.reduce_scatter_v(view(in), recv, counts, op);
+        EXPECT_TRUE(exactly(out, [&](int64_t i) {
+          const float sum = S1 * float(offset + i + 1);  // segment `rank` of the summed input
+          return op == ReduceOp::Sum ? sum : sum * (1.0f / float(N));
+        }));
+      }
+}
+
+TEST_F(CommTest, AllGatherVIsExact) {
+  for (int64_t scale : {1, 300})
+    for (bool in_place : {false, true})
+      for (bool async : {false, true}) {
+        SCOPED_TRACE("counts x" + std::to_string(scale) + (in_place ? " in place " : " ") +
+                     (async ? "async" : "blocking"));
+        const std::vector<int64_t> counts = uneven_counts(N, scale);
+        const int64_t mine = counts[rank], offset = offset_of(counts, rank);
+        auto value = [&](int64_t j) {  // element j of the gathered result, as its owner wrote it
+          const int r = owner_of(counts, j);
+          return float((r + 1) * 10000 + (j - offset_of(counts, r)));
+        };
+        std::vector<float> in(mine), out(total_of(counts), -1.0f);
+        for (int64_t i = 0; i < mine; i++) (in_place ? out[offset + i] : in[i]) = value(offset + i);
+        const Tensor send = in_place ? view(out).slice1d(offset, mine) : view(in);
+        if (async) comm.all_gather_v_async(send, view(out), uneven_counts(N, scale)).wait();
+        else comm.all_gather_v(send, view(out), counts);
+        EXPECT_TRUE(exactly(out, value));
+      }
+}
+
+// The ranges a ZeRO chapter hands to the variable-count collectives: rank r owns [r*S, (r+1)*S) of a
+// flat buffer of N*S elements; a range [begin, end) may lie inside one shard, straddle several, cover
+// everything or nothing. Each rank holds its pieces at their place in its shard (reduce-scatter) or in
+// the full buffer (all-gather in place, ZeRO-1 and -2), or gathers into a buffer of its own (ZeRO-3).
+TEST_F(CommTest, VariableCountsOfShardedRangesAreExact) {
+  const int64_t S = 7, flat = N * S;
+  const std::pair<int64_t, int64_t> ranges[] = {
+      {0, flat}, {2, 5}, {S - 1, S + 1}, {3, flat - 2}, {flat - 1, flat}, {S, 2 * S}, {S, S}};
+  for (const auto& range : ranges) {
+    const int64_t begin = std::min(range.first, flat), end = std::min(range.second, flat);  // N = 1: S-1..S+1
+    SCOPED_TRACE("range [" + std::to_string(begin) + ", " + std::to_string(end) + ")");
+    const std::vector<int64_t> counts = shard_counts(begin, end, S, N);
+    const int64_t lo = piece_begin(begin, end, S, rank), hi = piece_end(begin, end, S, rank);
+    const int64_t shard0 = rank * S;  // where this rank's shard begins
+    // Where this rank's piece begins in its shard; for an empty piece, any place inside the shard.
+    const int64_t in_shard = std::min(std::max(lo - shard0, int64_t(0)), S);
+    auto owned = [&](int64_t g) { return g >= shard0 && g < shard0 + S; };
+    auto in_range = [&](int64_t g) { return g >= begin && g < end; };
+
+    // Reduce-scatter of gradients into this rank's shard; the rest of the shard stays untouched.
+    std::vector<float> grads(flat), grad_shard(S, -1.0f);
+    for (int64_t g = 0; g < flat; g++) grads[g] = float((rank + 1) * (g + 1));
+    comm.reduce_scatter_v(view(grads).slice1d(begin, end - begin), view(grad_shard).slice1d(in_shard, hi - lo),
+                          counts, ReduceOp::Sum);
+    EXPECT_TRUE(exactly(grad_shard, [&](int64_t k) {
+      return in_range(shard0 + k) ? S1 * float(shard0 + k + 1) : -1.0f;
+    }));
+
+    // All-gather in place: each rank wrote its own shard of the full buffer.
+    std::vector<float> params(flat, -1.0f);
+    for (int64_t g = shard0; g < shard0 + S; g++) params[g] = float(g + 1);
+    comm.all_gather_v(view(params).slice1d(lo, hi - lo), view(params).slice1d(begin, end - begin), counts);
+    EXPECT_TRUE(exactly(params, [&](int64_t g) { return in_range(g) || owned(g) ? float(g + 1) : -1.0f; }));
+
+    // All-gather from a shard into a separate buffer that holds only the range.
+    std::vector<float> shard(S), gathered(end - begin, -1.0f);
+    for (int64_t k = 0; k < S; k++) shard[k] = float(shard0 + k + 1);
+    comm.all_gather_v(view(shard).slice1d(in_shard, hi - lo), view(gathered), counts);
+    EXPECT_TRUE(exactly(gathered, [&](int64_t j) { return float(begin + j + 1); }));
+  }
+}
+
 TEST_F(CommTest, BroadcastFromEveryRoot) {
   for (int root = 0; root < N; root++)
     for (bool async : {false, true}) {
@@ -215,6 +356,12 @@ TEST_F(CommTest, AllReduceScalarIsExact) {
   EXPECT_EQ(comm.all_reduce_scalar(rank + 1, ReduceOp::Max), double(N));
   EXPECT_EQ(comm.all_reduce_scalar(rank + 1, ReduceOp::Min), 1.0);
   EXPECT_EQ(comm.all_reduce_scalar(-0.5 * (rank + 1), ReduceOp::Sum), -0.5 * S1);
+}
+
+// The failing path ends the job, so only the agreeing path can be tested in-process.
+TEST_F(CommTest, AgreeOrDieReturnsWhenEveryRankSucceeded) {
+  comm.agree_or_die(true, "not printed");
+  SUCCEED();
 }
 
 TEST_F(CommTest, BroadcastBytesFromEveryRoot) {
@@ -328,6 +475,7 @@ TEST_F(CommTest, CountersMatchFormulas) {
   std::vector<float> a(size_t(N) * m, 1.0f), b(m, 1.0f), c(m, 1.0f);
   char bytes[1000] = {};
   const CommStats before = comm.stats();
+  const double t0 = now_ms();
 
   comm.all_reduce(view(a), ReduceOp::Sum);                      // payload N*m floats
   comm.reduce_scatter(view(a), view(b), ReduceOp::Sum);         // input N*m floats
@@ -341,6 +489,7 @@ TEST_F(CommTest, CountersMatchFormulas) {
   r.wait();  // a second wait returns at once and counts nothing
   comm.barrier();
   comm.all_reduce_scalar(1.0, ReduceOp::Sum);
+  const double wall = now_ms() - t0;
   const CommStats after = comm.stats();
 
   // wire = bytes this rank sends: 2(N-1)/N of the payload for all-reduce, (N-1)/N for reduce-scatter
@@ -364,12 +513,71 @@ TEST_F(CommTest, CountersMatchFormulas) {
     SCOPED_TRACE(collective_name(e.kind));
     const CollectiveCounters d = delta(after, before, e.kind);
     EXPECT_EQ(d.calls, e.calls);
+    EXPECT_EQ(d.launched, e.calls);  // everything issued was waited
     EXPECT_EQ(d.payload_bytes, e.payload);
     EXPECT_EQ(d.wire_bytes, e.wire);
     EXPECT_GT(d.busy_ms, 0.0);
   }
   EXPECT_EQ(after.total_calls() - before.total_calls(), 9);
+  EXPECT_EQ(after.total_launched() - before.total_launched(), 9);
   EXPECT_GE(after.exposed_ms, before.exposed_ms);
+  // One op after another (the send and receive overlap, but travel on separate lanes): the busy
+  // times fit in the wall time.
+  EXPECT_LE(after.total_busy_ms() - before.total_busy_ms(), wall);
+  // The union of the in-flight intervals fits in the wall time and never exceeds the busy times' sum.
+  const double in_flight = after.in_flight_ms - before.in_flight_ms;
+  EXPECT_GT(in_flight, 0.0);
+  EXPECT_LE(in_flight, wall);
+  EXPECT_LE(in_flight, after.total_busy_ms() - before.total_busy_ms() + 1e-6);
+}
+
+// The variable-count forms count as their uniform kinds: the payload is the full size sum(counts),
+// the wire bytes follow the same formula.
+TEST_F(CommTest, VariableCountCollectivesCountAsTheirUniformKinds) {
+  const std::vector<int64_t> counts = uneven_counts(N, 100);
+  const int64_t total = total_of(counts), full = 4 * total;  // elements, bytes
+  std::vector<float> in(total, 1.0f), part(counts[rank]), out(total);
+  const CommStats before = comm.stats();
+  comm.reduce_scatter_v(view(in), view(part), counts, ReduceOp::Sum);
+  comm.all_gather_v(view(part), view(out), counts);
+  const CommStats after = comm.stats();
+  for (CollectiveKind kind : {CollectiveKind::ReduceScatter, CollectiveKind::AllGather}) {
+    SCOPED_TRACE(collective_name(kind));
+    const CollectiveCounters d = delta(after, before, kind);
+    EXPECT_EQ(d.calls, 1);
+    EXPECT_EQ(d.launched, 1);
+    EXPECT_EQ(d.payload_bytes, full);
+    EXPECT_EQ(d.wire_bytes, (N - 1) * full / N);
+  }
+  EXPECT_EQ(after.total_calls() - before.total_calls(), 2);
+}
+
+// `launched` counts an op when it is issued, `calls` when it is waited: a test can then tell that
+// nothing was even started during a stretch of code (no_sync's micro-batches), which calls cannot.
+TEST_F(CommTest, LaunchedCountsAtIssueCallsAtWait) {
+  std::vector<float> x(64, 1.0f);
+  const CommStats before = comm.stats();
+  CommHandle h = comm.all_reduce_async(view(x), ReduceOp::Sum);
+  const CommStats issued = comm.stats();
+  EXPECT_EQ(delta(issued, before, CollectiveKind::AllReduce).launched, 1);
+  EXPECT_EQ(delta(issued, before, CollectiveKind::AllReduce).calls, 0);  // finished or not: not waited
+  EXPECT_EQ(issued.total_launched() - before.total_launched(), 1);
+  EXPECT_EQ(issued.total_calls() - before.total_calls(), 0);
+
+  h.wait();
+  h.wait();  // a second wait counts nothing
+  const CommStats waited = comm.stats();
+  EXPECT_EQ(delta(waited, before, CollectiveKind::AllReduce).launched, 1);
+  EXPECT_EQ(delta(waited, before, CollectiveKind::AllReduce).calls, 1);
+
+  // The blocking forms and the scalar count under their own kinds; total_launched() counts every kind.
+  comm.barrier();
+  comm.all_reduce_scalar(1.0, ReduceOp::Sum);
+  const CommStats after = comm.stats();
+  EXPECT_EQ(delta(after, waited, CollectiveKind::Barrier).launched, 1);
+  EXPECT_EQ(delta(after, waited, CollectiveKind::Scalar).launched, 1);
+  EXPECT_EQ(after.total_launched() - waited.total_launched(), 2);
+  EXPECT_EQ(after.total_launched() - before.total_launched(), after.total_calls() - before.total_calls());
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -377,10 +585,15 @@ TEST_F(CommTest, CountersMatchFormulas) {
 
 TEST_F(CommTest, EmulatedLinkTakesAtLeastModelledTime) {
   if (N == 1) GTEST_SKIP() << "one rank has no link to emulate";
-  const LinkModel link{0.2, 500.0};  // 25 MB/s, 0.5 ms per message: tens of ms for 1 MB
+  const LinkModel link{0.2, 500.0};  // 25 MB/s, 0.5 ms per message: tens of ms for these sizes
   comm.set_link_model(link);
-  std::vector<float> x(1 << 18), part(x.size() / N);  // 1 MB (divides by 2 and 4)
+  std::vector<float> x(size_t(N) << 16), part(1 << 16);  // 256 KB per rank
   const int64_t bytes = int64_t(x.size() * 4);
+  // The same full size split unevenly: rank 0 twice the share, rank 1 nothing, the others one share.
+  std::vector<int64_t> counts(N, int64_t(1) << 16);
+  counts[0] = int64_t(N == 1 ? 1 : 2) << 16;
+  if (N > 1) counts[1] = 0;
+  std::vector<float> piece(counts[rank]);
 
   struct Case {
     CollectiveKind kind;
@@ -390,6 +603,9 @@ TEST_F(CommTest, EmulatedLinkTakesAtLeastModelledTime) {
       {CollectiveKind::AllReduce, [&] { comm.all_reduce(view(x), ReduceOp::Sum); }},
       {CollectiveKind::ReduceScatter, [&] { comm.reduce_scatter(view(x), view(part), ReduceOp::Sum); }},
       {CollectiveKind::Broadcast, [&] { comm.broadcast(view(x), 0); }},
+      // The variable-count forms take the time of the uniform ones for the same full size.
+      {CollectiveKind::ReduceScatter, [&] { comm.reduce_scatter_v(view(x), view(piece), counts, ReduceOp::Sum); }},
+      {CollectiveKind::AllGather, [&] { comm.all_gather_v(view(piece), view(x), counts); }},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(collective_name(c.kind));
@@ -430,6 +646,103 @@ TEST_F(CommTest, EmulatedLinkWaitsWithoutBurningCpu) {
   const double cpu = process_cpu_ms() - cpu0, wall = now_ms() - t0;
   EXPECT_GE(wall, 300.0);
   EXPECT_LT(cpu, 0.3 * wall) << "cpu " << cpu << " ms over " << wall << " ms";
+}
+
+// ---------------------------------------------------------------------------------------------
+// In-flight time: the union of the intervals during which ops were in flight
+
+// The link model on which a small op of `kind` takes `ms`: all latency (1 Pbit/s moves 4 KB in 33
+// ps). With a latency of 1000 us, the op takes 1 ms per message it sends; scale that to `ms`.
+LinkModel link_for(CollectiveKind kind, double ms, int N) {
+  const double ms_per_ms_of_latency = modelled_ms({1e6, 1000.0}, kind, 0, N);
+  return {1e6, 1000.0 * ms / ms_per_ms_of_latency};
+}
+
+// One op alone: its in-flight time is its busy time, both measured from the same two moments.
+TEST_F(CommTest, InFlightTimeOfOneOpIsItsBusyTime) {
+  if (N == 1) GTEST_SKIP() << "one rank has no link to emulate";
+  std::vector<float> x(1024, 1.0f);
+  comm.set_link_model(link_for(CollectiveKind::AllReduce, 50.0, N));
+  const CommStats before = comm.stats();
+  comm.all_reduce(view(x), ReduceOp::Sum);
+  const CommStats after = comm.stats();
+  const double busy = after.total_busy_ms() - before.total_busy_ms();
+  EXPECT_GE(busy, 50.0 - 1e-3);
+  EXPECT_NEAR(after.in_flight_ms - before.in_flight_ms, busy, 1e-3);
+}
+
+// Two all-reduces queued together on the link take 50 ms each, one after the other. A lane's busy
+// times never overlap (the second op is charged from the first one's retirement), so here the busy
+// times and the in-flight time agree: about 100 ms.
+TEST_F(CommTest, InFlightTimeOfQueuedOpsIsTheirBusyTime) {
+  if (N == 1) GTEST_SKIP() << "one rank has no link to emulate";
+  std::vector<float> x(1024, 1.0f), y(1024, 1.0f);
+  comm.set_link_model(link_for(CollectiveKind::AllReduce, 50.0, N));
+  const CommStats before = comm.stats();
+  CommHandle a = comm.all_reduce_async(view(x), ReduceOp::Sum);
+  CommHandle b = comm.all_reduce_async(view(y), ReduceOp::Sum);
+  a.wait();
+  b.wait();
+  const CommStats after = comm.stats();
+  const double busy = after.total_busy_ms() - before.total_busy_ms();
+  EXPECT_GE(busy, 100.0 - 1e-3);
+  EXPECT_NEAR(after.in_flight_ms - before.in_flight_ms, busy, 1e-3);
+}
+
+// A send and a receive around a ring, 50 ms each, travel at the same time on their own lanes: their
+// busy times add up to 100 ms, but communication was in flight for only about 50.
+TEST_F(CommTest, InFlightTimeCountsOverlappingLanesOnce) {
+  if (N == 1) GTEST_SKIP() << "one rank has no link to emulate";
+  std::vector<float> out(1024, float(rank)), in(1024, -1.0f);
+  comm.set_link_model(link_for(CollectiveKind::SendRecv, 50.0, N));
+  double busy = 0, in_flight = 0, wall = 0;
+  const bool once = on_every_rank_within_tries(3, [&] {
+    const CommStats before = comm.stats();
+    const double t0 = now_ms();
+    CommHandle s = comm.send_async(view(out), (rank + 1) % N);
+    CommHandle r = comm.recv_async(view(in), (rank + N - 1) % N);
+    s.wait();
+    r.wait();
+    wall = now_ms() - t0;
+    const CommStats after = comm.stats();
+    busy = after.total_busy_ms() - before.total_busy_ms();
+    in_flight = after.in_flight_ms - before.in_flight_ms;
+    EXPECT_GE(busy, 100.0 - 1e-3);  // each lane takes its modelled time, stall or not
+    EXPECT_GE(in_flight, 50.0 - 1e-3);
+    EXPECT_LE(in_flight, wall);
+    return in_flight < 0.75 * busy;  // about 50 of 100, unless a stall stretched one op
+  });
+  EXPECT_TRUE(once) << "last try: in flight " << in_flight << " ms, busy " << busy << " ms, wall " << wall << " ms";
+}
+
+// Ops retire in start order only within a lane. Rank 1 receives from rank 0 for 100 ms; 30 ms later
+// every rank starts a 50 ms all-reduce, which on rank 1 retires first, at 80 ms, while the receive is
+// still in flight. Rank 1 had communication in flight from 0 to 100 ms: charging each op from its own
+// start or the previous retirement, whichever is later, would lose 0..30 ms and give 70.
+TEST_F(CommTest, InFlightTimeWhenALaterOpRetiresFirst) {
+  if (N == 1) GTEST_SKIP() << "one rank has no link to emulate";
+  std::vector<float> msg(1024, 1.0f), x(1024, 1.0f);
+  const CommStats before = comm.stats();
+  const double t0 = now_ms();
+  comm.set_link_model(link_for(CollectiveKind::SendRecv, 100.0, N));
+  CommHandle p2p;
+  if (rank == 0) p2p = comm.send_async(view(msg), 1);
+  if (rank == 1) p2p = comm.recv_async(view(msg), 0);
+  std::this_thread::sleep_for(std::chrono::milliseconds(30));
+  comm.set_link_model(link_for(CollectiveKind::AllReduce, 50.0, N));
+  CommHandle all = comm.all_reduce_async(view(x), ReduceOp::Sum);
+  all.wait();
+  if (p2p.valid()) p2p.wait();
+  const double wall = now_ms() - t0;
+  const CommStats after = comm.stats();
+  const double in_flight = after.in_flight_ms - before.in_flight_ms;
+  EXPECT_LE(in_flight, wall);
+  if (rank == 1) {
+    EXPECT_GE(in_flight, 100.0 - 1e-3) << "the receive alone was in flight for its 100 modelled ms";
+  }
+  if (rank == 0) {  // the send and then the all-reduce, one lane: 100 + 50 ms
+    EXPECT_GE(in_flight, 150.0 - 1e-3);
+  }
 }
 
 // The formula of comm_mpi.cpp against numbers worked out by hand.

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <fstream>
 #include <map>
+#include <string>
 
 #include "test_util.h"
 #include "training_harness.h"
@@ -17,63 +18,107 @@ namespace {
 constexpr int kSteps = 20;
 constexpr double kLossTolerance = 1e-5;  // fp32, relative, per step
 
-// The one-rank run of 01 every other run is compared with, made once per test binary.
+// The one-rank run of 01 every other run is compared with, made once per preset and test binary.
 struct Baseline {
   LossCurve losses;
   std::vector<float> params;
 };
 
-const Baseline& baseline() {
-  static Baseline b = [] {
-    std::string dir = temp_dir();
-    RunResult r = run_trainer("01_vanilla_dp", 1,
-                              "--steps " + std::to_string(kSteps) + " --json " + dir + "/base.jsonl --save " + dir + "/base.ckpt");
-    EXPECT_EQ(r.exit_code, 0) << r.output;
-    return Baseline{read_losses(dir + "/base.jsonl"), checkpoint_params(dir + "/base.ckpt")};
-  }();
-  return b;
+const Baseline& baseline(const std::string& preset) {
+  static std::map<std::string, Baseline> cache;
+  auto found = cache.find(preset);
+  if (found != cache.end()) return found->second;
+  std::string dir = temp_dir();
+  RunResult r = run_trainer("01_vanilla_dp", 1,
+                            "--preset " + preset + " --steps " + std::to_string(kSteps) + " --json " + dir +
+                                "/base.jsonl --save " + dir + "/base.ckpt");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  return cache[preset] = Baseline{read_losses(dir + "/base.jsonl"), checkpoint_params(dir + "/base.ckpt")};
 }
+
+const std::vector<std::string> kChapters = {"01_vanilla_dp", "02_overlap_dp", "03_bucket_dp",
+                                            "04_zero1",      "05_zero2",      "06_zero3"};
 
 struct Case {
   std::string chapter;
   int ranks;
   int grad_accum;
+  std::string preset = "tiny";
+  std::string extra = "";  // chapter-specific flags
+  std::string name = "";
 };
 
 std::string case_name(const testing::TestParamInfo<Case>& info) {
-  return info.param.chapter.substr(0, 2) + "_n" + std::to_string(info.param.ranks) + "_k" +
-         std::to_string(info.param.grad_accum);
+  const Case& c = info.param;
+  return c.chapter.substr(0, 2) + "_n" + std::to_string(c.ranks) + "_k" + std::to_string(c.grad_accum) + "_" +
+         c.preset + c.name;
 }
 
 class RankEquivalence : public testing::TestWithParam<Case> {};
 
-TEST_P(RankEquivalence, SameLossesAndParametersAsOneRank) {
+TEST_P(RankEquivalence, SameLossesAndParametersAsOneRankOf01) {
   const Case c = GetParam();
+  const Baseline& base = baseline(c.preset);
   std::string dir = temp_dir();
   RunResult r = run_trainer(c.chapter, c.ranks,
-                            "--steps " + std::to_string(kSteps) + " --grad-accum " + std::to_string(c.grad_accum) +
-                                " --json " + dir + "/run.jsonl --save " + dir + "/run.ckpt");
+                            "--preset " + c.preset + " --steps " + std::to_string(kSteps) + " --grad-accum " +
+                                std::to_string(c.grad_accum) + " --json " + dir + "/run.jsonl --save " + dir +
+                                "/run.ckpt " + c.extra);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   LossCurve curve = read_losses(dir + "/run.jsonl");
   ASSERT_EQ(int(curve.losses.size()), kSteps);
-  EXPECT_LE(max_relative_difference(curve, baseline().losses), kLossTolerance);
+  EXPECT_LE(max_relative_difference(curve, base.losses), kLossTolerance);
   std::vector<float> params = checkpoint_params(dir + "/run.ckpt");
-  ASSERT_EQ(params.size(), baseline().params.size());
-  EXPECT_TRUE(allclose(params.data(), baseline().params.data(), params.size(), 1e-5, 1e-4));
+  ASSERT_EQ(params.size(), base.params.size());
+  EXPECT_TRUE(allclose(params.data(), base.params.data(), params.size(), 1e-5, 1e-4));
   // The loss must actually fall, or equality would prove little.
   EXPECT_LT(curve.losses.back(), curve.losses.front() - 0.5);
 }
 
 std::vector<Case> equivalence_cases() {
   std::vector<Case> cases;
-  for (const char* chapter : {"01_vanilla_dp"})
+  for (const std::string& chapter : kChapters)
     for (int ranks : {2, 4})
       for (int k : {1, 2}) cases.push_back({chapter, ranks, k});
   cases.push_back({"01_vanilla_dp", 1, 4});
+  // Shards that cut through tensors: 9915 parameters divide by no rank count.
+  for (const char* chapter : {"04_zero1", "05_zero2", "06_zero3"})
+    for (int ranks : {2, 4}) cases.push_back({chapter, ranks, 1, "odd"});
+  // Buckets of many sizes give the same result, one smaller than the largest tensor (wte, 64 KB).
+  for (const char* mb : {"0.01", "0.05", "1"}) {
+    std::string name = std::string("_bucket") + (mb[1] == '.' ? mb + 2 : mb);
+    cases.push_back({"03_bucket_dp", 2, 1, "tiny", std::string("--bucket-mb ") + mb, name});
+    cases.push_back({"04_zero1", 4, 1, "tiny", std::string("--bucket-mb ") + mb, name});
+  }
+  cases.push_back({"06_zero3", 2, 2, "tiny", "--no-prefetch", "_noprefetch"});
   return cases;
 }
 
 INSTANTIATE_TEST_SUITE_P(Chapters, RankEquivalence, testing::ValuesIn(equivalence_cases()), case_name);
+
+// no_sync: with --grad-accum K, 02 and 03 launch no collective before the last micro-batch.
+TEST(NoSync, OverlapChaptersLaunchNothingBeforeTheLastMicroBatch) {
+  for (const char* chapter : {"02_overlap_dp", "03_bucket_dp", "05_zero2"}) {
+    for (int k : {2, 4}) {
+      std::string dir = temp_dir();
+      RunResult r = run_trainer(chapter, 2, "--steps 3 --grad-accum " + std::to_string(k) + " --json " + dir + "/r.jsonl");
+      ASSERT_EQ(r.exit_code, 0) << r.output;
+      std::ifstream in(dir + "/r.jsonl");
+      std::string line;
+      int steps = 0;
+      while (std::getline(in, line)) {
+        if (line.find("\"type\":\"step\"") == std::string::npos) continue;
+        steps++;
+        const double early = number_field(line, "launched_before_last_micro");
+        if (std::string(chapter) == "05_zero2")
+          EXPECT_GT(early, 0) << "ZeRO-2 must reduce-scatter every micro-batch; the counter saw nothing";
+        else
+          EXPECT_EQ(early, 0) << chapter << " launched collectives before the last micro-batch (k=" << k << ")";
+      }
+      EXPECT_EQ(steps, 3);
+    }
+  }
+}
 
 TEST(Checkpoint, ResumeContinuesBitExactly) {
   std::string dir = temp_dir();
@@ -96,26 +141,53 @@ TEST(Checkpoint, ResumeContinuesBitExactly) {
   EXPECT_EQ(checkpoint_params(dir + "/end.bin"), checkpoint_params(dir + "/ck_20.bin"));
 }
 
-TEST(Theory, MeasuredMemoryAndBytesMatchTheDPFormulas) {
-  for (int ranks : {1, 2, 4}) {
+// A checkpoint holds full tensors, never a rank-dependent layout: one saved by a ZeRO chapter on 4
+// ranks resumes on 2 ranks, and in 01 on 1 rank, continuing the same losses.
+TEST(Checkpoint, ShardedSaveResumesOnOtherRankCountsAndChapters) {
+  for (const char* chapter : {"04_zero1", "05_zero2", "06_zero3"}) {
+    SCOPED_TRACE(chapter);
     std::string dir = temp_dir();
-    RunResult r = run_trainer("01_vanilla_dp", ranks, "--steps 3 --json " + dir + "/run.jsonl");
-    ASSERT_EQ(r.exit_code, 0) << r.output;
-    std::string t = read_record(dir + "/run.jsonl", "theory");
-    ASSERT_FALSE(t.empty()) << "no theory record";
-    const double psi = number_field(t, "params"), padded = number_field(t, "padded_params");
-    const double padding_bytes = 4 * (padded - psi);
-    // Measured equals the formula up to padding: parameters, gradients (4 bytes each), m and v (8).
-    for (auto [what, copies] : std::map<std::string, double>{{"params", 1}, {"grads", 1}, {"optim", 2}}) {
-      const double measured = number_field(t, "measured_" + what + "_bytes");
-      const double theory = number_field(t, "theory_" + what + "_bytes");
-      EXPECT_GE(measured, theory) << what;
-      EXPECT_LE(measured - theory, copies * padding_bytes) << what;
+    std::string common = "--steps " + std::to_string(kSteps);
+    RunResult full = run_trainer(chapter, 4, common + " --json " + dir + "/full.jsonl --save " + dir +
+                                                 "/ck_{step}.bin --save-every 10");
+    ASSERT_EQ(full.exit_code, 0) << full.output;
+    LossCurve reference = read_losses(dir + "/full.jsonl");
+    ASSERT_EQ(int(reference.losses.size()), kSteps);
+    reference.steps.erase(reference.steps.begin(), reference.steps.begin() + 10);
+    reference.losses.erase(reference.losses.begin(), reference.losses.begin() + 10);
+    for (auto [into, ranks] : std::vector<std::pair<std::string, int>>{{chapter, 2}, {"01_vanilla_dp", 1}}) {
+      RunResult resumed = run_trainer(into, ranks, common + " --resume " + dir + "/ck_10.bin --json " + dir + "/r.jsonl");
+      ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+      EXPECT_LE(max_relative_difference(read_losses(dir + "/r.jsonl"), reference), kLossTolerance)
+          << "resumed in " << into << " on " << ranks << " ranks";
     }
-    // Bytes on the wire: one all-reduce of the padded gradient, 2(N-1)/N x 4 bytes per element.
-    const double measured_comm = number_field(t, "measured_comm_bytes");
-    EXPECT_EQ(measured_comm, 2.0 * (ranks - 1) / ranks * 4 * padded);
-    EXPECT_NEAR(measured_comm, number_field(t, "theory_comm_bytes"), 2.0 * padding_bytes + 1);
+  }
+}
+
+// Measured parameter, gradient and optimizer bytes equal THEORY.md's formula up to padding, and the
+// communicator's byte counters equal the theory for the chapter, at 1, 2 and 4 ranks.
+TEST(Theory, MeasuredMemoryAndBytesMatchTheFormulas) {
+  for (const std::string& chapter : kChapters) {
+    for (int ranks : {1, 2, 4}) {
+      SCOPED_TRACE(chapter + " on " + std::to_string(ranks) + " ranks");
+      std::string dir = temp_dir();
+      RunResult r = run_trainer(chapter, ranks, "--steps 3 --json " + dir + "/run.jsonl");
+      ASSERT_EQ(r.exit_code, 0) << r.output;
+      std::string t = read_record(dir + "/run.jsonl", "theory");
+      ASSERT_FALSE(t.empty()) << "no theory record";
+      const double psi = number_field(t, "params"), padded = number_field(t, "padded_params");
+      const double padding_bytes = 4 * (padded - psi);
+      for (auto [what, copies] : std::map<std::string, double>{{"params", 1}, {"grads", 1}, {"optim", 2}}) {
+        const double measured = number_field(t, "measured_" + what + "_bytes");
+        const double theory = number_field(t, "theory_" + what + "_bytes");
+        EXPECT_GE(measured, theory) << what;
+        EXPECT_LE(measured - theory, copies * padding_bytes) << what;
+      }
+      // Bytes on the wire: the theory's formula applied to the padded length (the counters round
+      // each collective's share down to whole bytes, hence the small slack).
+      const double measured_comm = number_field(t, "measured_comm_bytes");
+      EXPECT_NEAR(measured_comm, number_field(t, "theory_comm_bytes") * padded / psi, 64.0);
+    }
   }
 }
 

@@ -1,0 +1,92 @@
+// Chapter 05: ZeRO-2: shard the gradients too.
+//
+// The idea. After ZeRO-1, every rank still holds a full gradient buffer (4 bytes per parameter),
+// although after the reduce-scatter it needs only its own slice. ZeRO-2 never builds the full
+// buffer: each layer's gradients go into a transient buffer that exists only while that layer's
+// backward runs and its reduce-scatter travels. The moment a layer's gradients are final, they are
+// reduce-scattered to their owners (during backward, overlapping it, as 03 did with all-reduces),
+// each rank adds the piece it receives into its gradient shard, and the buffer is freed. The only
+// persistent gradient memory is the shard: 4Ψ/N.
+//
+// What changed since 04: the full gradient buffer is gone; gradients are bound per layer to
+// transient buffers (model.bind_unit_grads), and the reduce-scatter moved from after backward into
+// the after_backward hook (common/layer_grads.h). At most two layers' reduce-scatters are in
+// flight: that bounds the transient memory. The tied embedding: the LM head writes wte's gradient first and the embedding
+// writes it last, so unit 0's buffer opens with the head's backward and closes after the embedding.
+// Gradient accumulation: a micro-batch's gradients cannot wait in a full buffer for the next one
+// (there is none), so EVERY micro-batch reduce-scatters and the pieces accumulate into the shard:
+// K reduce-scatters per step instead of one. This is why pipeline-parallel frameworks, which run
+// many micro-batches per step, stop at ZeRO-1.
+//
+// Run:
+//   make 05_zero2
+//   mpiexec -n 4 ./05_zero2/train --grad-accum 2     # gradients and optimizer state: 1/4 per rank
+// Output: as 04; the theory table shows gradients at 4Ψ/N, and the layer buffers as transient.
+#include <cmath>
+
+#include "comm.h"
+#include "flags.h"
+#include "layer_grads.h"
+#include "memory.h"
+#include "model.h"
+#include "ops.h"
+#include "optimizer.h"
+#include "shards.h"
+#include "training_run.h"
+
+int main(int argc, char** argv) {
+  auto comm = init_mpi_communicator(&argc, &argv);
+  TrainConfig cfg;
+  FlagParser flags;
+  if (!parse_train_flags(argc, argv, "05_zero2", "Chapter 05: ZeRO-2, optimizer state and gradients sharded.", flags,
+                         &cfg)) {
+    shutdown_mpi(std::move(comm));
+    return 0;
+  }
+  TrainingRun run(*comm, cfg, Strategy::ZeRO2);
+  const ParamLayout& layout = run.layout();
+  const ShardPlan shard(layout, comm->rank());
+  const int head = layout.num_units() - 1;  // final layernorm + tied LM head
+
+  // Every rank holds all parameters, but gradients and optimizer state for its shard only.
+  Buffer params(layout.padded_size, MemCategory::Params);
+  Buffer grad_shard(shard.size(), MemCategory::Grads);
+  AdamW optimizer(layout, shard.begin(), shard.end(), cfg.weight_decay);
+  GPT2 model(run.model_config(), layout, run.micro_batch_size());
+  model.bind_params(0, layout.padded_size, params.f32());  // gradients are bound layer by layer below
+  const int start = run.init_or_resume(params, optimizer);
+
+  // The lesson: a layer's gradients get a transient buffer when its backward starts, and are
+  // reduce-scattered to their owners the moment its backward ends (LayerGradReducer in common/
+  // holds the buffers, the in-flight limit, and adds each received piece into grad_shard).
+  LayerGradReducer reducer(*comm, model, shard, grad_shard.f32());
+  model.hooks.before_backward = [&](int u) {
+    reducer.open(u);
+    if (u == head) reducer.open(0);  // the tied head writes wte's gradient, final only after unit 0
+  };
+  model.hooks.after_backward = [&](int u) { reducer.reduce_scatter(u); };
+
+  for (int step = start; step < cfg.steps; step++) {
+    run.begin_step(step);
+    fill_zero(grad_shard.view());
+    float loss = 0;
+    for (int micro = 0; micro < cfg.grad_accum; micro++) {
+      MicroBatch batch = run.micro_batch(step, micro);
+      loss += model.forward(batch.inputs, batch.targets, batch.B) / cfg.grad_accum;
+      model.backward(1.0f / cfg.grad_accum);
+      reducer.finish();  // this micro-batch's pieces are now in the shard
+    }
+
+    // As in 04: the global norm from the shards, AdamW on this rank's slice, then gather in place.
+    const double norm = std::sqrt(comm->all_reduce_scalar(sum_of_squares(grad_shard.view()), ReduceOp::Sum));
+    optimizer.update(params.f32() + shard.begin(), grad_shard.f32(), step + 1, run.lr(step),
+                     clip_factor(norm, cfg.grad_clip));
+    comm->all_gather(params.view().slice1d(shard.begin(), shard.size()), params.view());
+
+    run.end_step(step, loss, norm);
+    if (run.checkpoint_due(step)) run.save_checkpoint(step + 1, params, optimizer);
+  }
+  run.finish();
+  shutdown_mpi(std::move(comm));
+  return 0;
+}

@@ -1,0 +1,157 @@
+// Chapter 06: ZeRO-3: shard the parameters too, and gather each layer just in time.
+//
+// The idea. After ZeRO-2 every rank still holds all parameters, yet at any moment the model
+// computes with one layer only. ZeRO-3 (FSDP in PyTorch) keeps just this rank's slice of the
+// parameters, gradients and optimizer state: (4Ψ + 4Ψ + 8Ψ)/N in all. Before a layer's forward,
+// its owners all-gather it into a layer-sized buffer; after the forward, the buffer is released.
+// Backward gathers each layer again, then reduce-scatters its gradients as 05 did. To hide the
+// gathers, the NEXT layer's gather is launched (prefetched) before the current layer computes, in
+// forward and in backward. Peak parameter memory: one shard plus about two layers.
+//
+// What changed since 05: parameters are sharded (param_shard); hooks gather, bind, prefetch and
+// release layers; the optimizer updates the shard and no all-gather follows it: the next forward
+// gathers on demand. The tied embedding: wte serves unit 0 (embedding) and the LM head (last
+// unit), so unit 0 stays gathered from the embedding's forward to the head's, and from the head's
+// backward to the embedding's. Each layer is then gathered exactly once in forward and once in
+// backward: with the reduce-scatter, 1.5x the bytes of data parallelism (K times with --grad-accum).
+// What to notice: parameters in the theory table at 4Ψ/N; the gathered layers appear as transient
+// communication buffers; with --no-prefetch, exposed communication grows (compare with --trace).
+//
+// Run:
+//   make 06_zero3
+//   mpiexec -n 4 ./06_zero3/train
+//   mpiexec -n 2 ./06_zero3/train --link-gbps 0.5 --no-prefetch    # see the gathers exposed
+// Output: as 05, plus the peak of parameter memory: the shard and the gathered layers.
+#include <cmath>
+#include <cstdio>
+#include <map>
+
+#include "comm.h"
+#include "flags.h"
+#include "layer_grads.h"
+#include "memory.h"
+#include "metrics.h"
+#include "model.h"
+#include "ops.h"
+#include "optimizer.h"
+#include "shards.h"
+#include "training_run.h"
+
+int main(int argc, char** argv) {
+  auto comm = init_mpi_communicator(&argc, &argv);
+  TrainConfig cfg;
+  FlagParser flags;
+  bool no_prefetch = false;
+  flags.add_switch("--no-prefetch", &no_prefetch, "gather each layer only when it is needed (no overlap)");
+  if (!parse_train_flags(argc, argv, "06_zero3", "Chapter 06: ZeRO-3, parameters, gradients and optimizer state sharded.",
+                         flags, &cfg)) {
+    shutdown_mpi(std::move(comm));
+    return 0;
+  }
+  TrainingRun run(*comm, cfg, Strategy::ZeRO3);
+  const ParamLayout& layout = run.layout();
+  const ShardPlan shard(layout, comm->rank());
+  const int head = layout.num_units() - 1;  // final layernorm + tied LM head
+
+  // Every rank holds only its shard of parameters, gradients and optimizer state.
+  Buffer param_shard(shard.size(), MemCategory::Params);
+  Buffer grad_shard(shard.size(), MemCategory::Grads);
+  AdamW optimizer(layout, shard.begin(), shard.end(), cfg.weight_decay);
+  GPT2 model(run.model_config(), layout, run.micro_batch_size());  // nothing bound: layers come and go
+  const int start = run.init_or_resume(param_shard.f32(), shard.begin(), shard.size(), optimizer);
+
+  // The lesson, 1: gather a layer's parameters from their owners into a layer-sized buffer.
+  struct Gathered {
+    Buffer params;
+    CommHandle handle;
+    bool bound = false;
+  };
+  std::map<int, Gathered> gathered;
+  int64_t gathered_now = 0, gathered_peak = 0;  // elements, for the report at the end
+  auto gather = [&](int u) {  // launches the all-gather; returns at once
+    if (u < 0 || u > head || gathered.count(u)) return;
+    const int64_t begin = layout.unit_begin[u], end = layout.unit_begin[u + 1];
+    const int64_t lo = shard.piece_begin(begin, end), hi = shard.piece_end(begin, end);
+    Gathered& g = gathered[u];
+    g.params = Buffer(end - begin, MemCategory::CommBuffers);
+    g.handle = comm->all_gather_v_async(param_shard.view().slice1d(lo - shard.begin(), hi - lo), g.params.view(),
+                                        shard.counts(begin, end));
+    gathered_now += end - begin;
+    gathered_peak = std::max(gathered_peak, gathered_now);
+  };
+  auto use = [&](int u) {  // the layer is about to compute: its gather must be complete
+    gather(u);
+    Gathered& g = gathered[u];
+    if (!g.bound) {
+      g.handle.wait();
+      model.bind_unit_params(u, g.params.f32());
+      g.bound = true;
+    }
+  };
+  auto release = [&](int u) {
+    model.bind_unit_params(u, nullptr);
+    gathered_now -= layout.unit_size(u);
+    gathered.erase(u);  // frees the buffer
+  };
+  auto prefetch = [&](int u) {
+    if (!no_prefetch) gather(u);
+  };
+
+  // The lesson, 2: forward gathers layer u, prefetches u+1, and releases u after its forward.
+  model.hooks.before_forward = [&](int u) {
+    use(u);
+    prefetch(u + 1);
+  };
+  model.hooks.after_forward = [&](int u) {
+    if (u == 0) return;  // wte is needed again by the tied head
+    release(u);
+    if (u == head) release(0);
+  };
+
+  // The lesson, 3: backward gathers again, walking down, and reduce-scatters each layer's gradients
+  // to their owners as 05 does.
+  LayerGradReducer reducer(*comm, model, shard, grad_shard.f32());
+  model.hooks.before_backward = [&](int u) {
+    use(u);
+    reducer.open(u);
+    if (u == head) {  // the tied head reads wte and writes its gradient
+      use(0);
+      reducer.open(0);
+    }
+    prefetch(u - 1);  // unit 0 is already there when u - 1 == 0
+  };
+  model.hooks.after_backward = [&](int u) {
+    reducer.reduce_scatter(u);
+    release(u);  // unit 0 (wte) goes only after its own backward, the last
+  };
+
+  for (int step = start; step < cfg.steps; step++) {
+    run.begin_step(step);
+    fill_zero(grad_shard.view());
+    float loss = 0;
+    for (int micro = 0; micro < cfg.grad_accum; micro++) {
+      MicroBatch batch = run.micro_batch(step, micro);
+      loss += model.forward(batch.inputs, batch.targets, batch.B) / cfg.grad_accum;
+      model.backward(1.0f / cfg.grad_accum);
+      reducer.finish();
+    }
+
+    // The global norm from the shards, then AdamW on the shard. No all-gather: the next forward
+    // gathers each layer when it needs it.
+    const double norm = std::sqrt(comm->all_reduce_scalar(sum_of_squares(grad_shard.view()), ReduceOp::Sum));
+    optimizer.update(param_shard.f32(), grad_shard.f32(), step + 1, run.lr(step), clip_factor(norm, cfg.grad_clip));
+
+    run.end_step(step, loss, norm);
+    if (run.checkpoint_due(step)) run.save_checkpoint(step + 1, param_shard.f32(), shard.begin(), shard.size(), optimizer);
+  }
+  if (run.is_root()) {
+    int64_t largest = 0;
+    for (int u = 0; u <= head; u++) largest = std::max(largest, layout.unit_size(u));
+    std::printf("peak parameter memory: shard %s + gathered layers %s (two largest layers: %s)\n",
+                format_bytes(4.0 * shard.size()).c_str(), format_bytes(4.0 * gathered_peak).c_str(),
+                format_bytes(8.0 * largest).c_str());
+  }
+  run.finish();
+  shutdown_mpi(std::move(comm));
+  return 0;
+}

@@ -1,0 +1,649 @@
+// comm_nccl.cpp: the communicators for CUDA tensors, and create_cuda_communicator (comm_factory.h).
+// Compiled only in the CUDA build (GPT_WITH_CUDA); in the CPU build this file is empty.
+//
+// NcclCommunicator, the normal case: one GPU per rank, collectives by NCCL.
+//   Streams. Ops run on the compute stream (cuda::stream(), ops_cuda.h); NCCL runs on a stream of its
+//   own, so a collective can proceed while the compute stream goes on with other kernels. That is
+//   the GPU form of the MPI communicator's thread. The two streams are ordered with CUDA events,
+//   never by blocking the host:
+//     issue:  record `ready` on the compute stream, then cudaStreamWaitEvent(nccl stream, ready):
+//             the collective starts only once the ops queued before it have produced its input.
+//     wait(): cudaStreamWaitEvent(compute stream, end), `end` recorded on the NCCL stream right after
+//             the collective: kernels queued after wait() run only once the result is there. wait()
+//             itself returns at once; the host never blocks.
+//   Ranks. Every rank issues the same collectives in the same order (as with MPI), which NCCL needs.
+//   Send/recv pairs run on the one NCCL stream in issue order, and NCCL's send waits for the
+//   matching receive: two ranks that both send first, then receive, would deadlock, so a pipeline
+//   must order its sends and receives (or a later version must group them with ncclGroupStart/End).
+//   Statistics. calls and bytes are counted by wait(), as in comm_mpi.cpp. Times come from events:
+//     busy    = end - start, the two events recorded around the collective on the NCCL stream;
+//     exposed = end - waited (when positive), `waited` recorded on the compute stream by wait():
+//               how long the compute stream stalls for the collective, the GPU form of the time a
+//               CPU caller blocks in wait().
+//   The host cannot read an event's time before the GPU has passed it, and must not block for it,
+//   so times are collected later, by any call on the communicator that finds both events complete.
+//   A step that ends by reading its loss and all-reducing it (a scalar) therefore sees its own times.
+//   The trace (trace.h) gets no spans for NCCL collectives: they run on the GPU's clock.
+//   CPU tensors, scalars, agree_or_die and broadcast_bytes of host memory go over MPI, through the
+//   MPI communicator this one keeps; its statistics are added to ours after each of its ops. The
+//   emulated link (LinkModel) applies to none of them: set_link_model does not reach that communicator.
+//
+// HostStagedCommunicator, the fallback when ranks share a GPU (NCCL refuses two ranks on one GPU):
+//   every collective of a CUDA tensor waits for the compute stream, copies the tensor to host memory,
+//   runs the MPI collective, and wait() copies the result back. Correct, slow, no overlap; the host
+//   time spent copying counts as exposed communication.
+#ifdef GPT_WITH_CUDA
+
+#include <cuda_runtime_api.h>
+#include <mpi.h>
+#ifdef GPT_WITH_NCCL
+#include <nccl.h>
+#endif
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <list>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "comm_factory.h"
+#include "cuda_check.h"  // CUDA_CHECK, NCCL_CHECK
+#include "device.h"      // cuda_device_count
+#include "memory.h"      // Buffer, device_alloc: staging and scratch memory is counted
+#include "ops_cuda.h"    // cuda::stream(), the compute stream
+
+namespace {
+
+bool is_device_memory(const void* ptr) {
+  cudaPointerAttributes attributes;
+  CUDA_CHECK(cudaPointerGetAttributes(&attributes, ptr));
+  return attributes.type == cudaMemoryTypeDevice || attributes.type == cudaMemoryTypeManaged;
+}
+
+double elapsed_ms(std::chrono::steady_clock::time_point since) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - since).count();
+}
+
+// What both CUDA communicators share: the MPI communicator they keep for host data, and the
+// bookkeeping that adds its statistics to ours.
+class CudaCommunicatorBase : public Communicator {
+ public:
+  double all_reduce_scalar(double value, ReduceOp op) override {
+    const double result = mpi_->all_reduce_scalar(value, op);
+    absorb_mpi_stats();
+    return result;
+  }
+
+  void agree_or_die(bool ok, const std::string& msg) override {
+    mpi_->agree_or_die(ok, msg);
+    absorb_mpi_stats();
+  }
+
+ protected:
+  explicit CudaCommunicatorBase(std::unique_ptr<Communicator> mpi) : mpi_(std::move(mpi)) {
+    rank_ = mpi_->rank();
+    size_ = mpi_->size();
+  }
+
+  // Adds what the MPI communicator counted since the last call to our own statistics. Both are
+  // written only by the thread that issues and waits, so a difference of snapshots is exact.
+  void absorb_mpi_stats() {
+    const CommStats& now = mpi_->stats();
+    for (int k = 0; k < kCollectiveKinds; k++) {
+      CollectiveCounters& ours = stats_.kind[k];
+      ours.calls += now.kind[k].calls - mpi_seen_.kind[k].calls;
+      ours.launched += now.kind[k].launched - mpi_seen_.kind[k].launched;
+      ours.payload_bytes += now.kind[k].payload_bytes - mpi_seen_.kind[k].payload_bytes;
+      ours.wire_bytes += now.kind[k].wire_bytes - mpi_seen_.kind[k].wire_bytes;
+      ours.busy_ms += now.kind[k].busy_ms - mpi_seen_.kind[k].busy_ms;
+    }
+    stats_.exposed_ms += now.exposed_ms - mpi_seen_.exposed_ms;
+    stats_.in_flight_ms += now.in_flight_ms - mpi_seen_.in_flight_ms;
+    mpi_seen_ = now;
+  }
+
+  // A handle for an op just issued on the MPI communicator: its `launched` count comes over now,
+  // the rest when it is waited.
+  CommHandle over_mpi(CommHandle inner) {
+    absorb_mpi_stats();
+    return CommHandle([this, inner]() mutable {
+      inner.wait();
+      absorb_mpi_stats();
+    });
+  }
+
+  std::unique_ptr<Communicator> mpi_;
+  CommStats mpi_seen_;  // the MPI communicator's statistics when we last absorbed them
+};
+
+// The device of a collective with a send and a recv tensor. Either may be an empty Tensor (a rank
+// that owns no segment of a variable-count collective), which says nothing about the device.
+Device device_of(const Tensor& send, const Tensor& recv, const char* what) {
+  ENSURE(send.empty() || recv.empty() || (send.device == recv.device && send.dtype == recv.dtype),
+         std::string(what) + ": send and recv must have the same device and dtype");
+  return send.empty() ? recv.device : send.device;
+}
+
+bool overlap(const Tensor& a, const Tensor& b) {
+  if (a.numel() == 0 || b.numel() == 0) return false;
+  const uintptr_t a0 = reinterpret_cast<uintptr_t>(a.data), b0 = reinterpret_cast<uintptr_t>(b.data);
+  return a0 < b0 + b.bytes() && b0 < a0 + a.bytes();
+}
+
+// The same rules as the MPI communicator (comm.h), so that a program runs on either: send and recv
+// share no byte, except an all-gather in place, whose send is exactly this rank's segment of recv.
+void ensure_disjoint(const Tensor& send, const Tensor& recv, const char* what) {
+  ENSURE(!overlap(send, recv), std::string(what) + ": send and recv overlap; use a separate recv (comm.h)");
+}
+void ensure_gather_buffers(const Tensor& send, const Tensor& recv, int64_t own_offset, const char* what) {
+  if (send.numel() == 0 || send.data == recv.slice1d(own_offset, 0).data) return;  // in place
+  ENSURE(!overlap(send, recv), std::string(what) + ": send overlaps recv without being this rank's own segment "
+                               "of it (in place, send must be exactly that segment)");
+}
+
+// Checks the counts of a variable-count collective and returns where each segment begins.
+std::vector<int64_t> displacements(const std::vector<int64_t>& counts, int ranks, const char* what) {
+  ENSURE(int(counts.size()) == ranks, std::string(what) + ": counts must have one entry per rank");
+  std::vector<int64_t> displs;
+  int64_t total = 0;
+  for (int64_t c : counts) {
+    ENSURE(c >= 0, std::string(what) + ": negative count");
+    displs.push_back(total);
+    total += c;
+  }
+  return displs;
+}
+
+// ---------------------------------------------------------------------------------------------
+// NCCL (where the build found it: GPT_WITH_NCCL, set by cuda.mk)
+
+#ifdef GPT_WITH_NCCL
+
+// Bytes this rank sends over a ring, as comm_mpi.cpp counts them (comm.h): 2(N-1)/N x payload for an
+// all-reduce, (N-1)/N x payload for reduce-scatter and all-gather, the payload otherwise.
+int64_t ring_wire_bytes(CollectiveKind kind, int64_t payload, int n) {
+  if (n <= 1) return 0;
+  switch (kind) {
+    case CollectiveKind::AllReduce:
+    case CollectiveKind::Scalar: return 2 * (n - 1) * payload / n;
+    case CollectiveKind::ReduceScatter:
+    case CollectiveKind::AllGather: return (n - 1) * payload / n;
+    default: return payload;
+  }
+}
+
+ncclDataType_t nccl_type(DType dtype) { return dtype == DType::F32 ? ncclFloat : ncclBfloat16; }
+
+ncclRedOp_t nccl_op(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::Sum: return ncclSum;
+    case ReduceOp::Avg: return ncclAvg;  // NCCL divides by the rank count itself (NCCL >= 2.10)
+    case ReduceOp::Max: return ncclMax;
+    case ReduceOp::Min: return ncclMin;
+  }
+  return ncclSum;
+}
+
+// One collective issued on the NCCL stream, until its times have been collected.
+struct NcclOp {
+  CollectiveKind kind = CollectiveKind::AllReduce;
+  int64_t payload_bytes = 0;
+  int64_t wire_bytes = 0;
+  cudaEvent_t start = nullptr;   // NCCL stream, just before the collective
+  cudaEvent_t end = nullptr;     // NCCL stream, just after it
+  cudaEvent_t waited = nullptr;  // compute stream, where wait() made it wait for `end`
+  bool counted = false;          // wait() was called (the op is counted once, at the first wait)
+  bool collected = false;        // its times are in stats_ and its events destroyed
+};
+
+class NcclCommunicator final : public CudaCommunicatorBase {
+ public:
+  explicit NcclCommunicator(std::unique_ptr<Communicator> mpi) : CudaCommunicatorBase(std::move(mpi)) {
+    // Rank 0 makes the id that names this NCCL communicator; MPI carries it to everyone.
+    ncclUniqueId id;
+    if (rank_ == 0) NCCL_CHECK(ncclGetUniqueId(&id));
+    MPI_CHECK(MPI_Bcast(&id, int(sizeof id), MPI_BYTE, 0, MPI_COMM_WORLD));
+    // Non-blocking: this stream never synchronises implicitly with the legacy default stream; its
+    // ordering with the compute stream is exactly the events described at the top of the file.
+    CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    NCCL_CHECK(ncclCommInitRank(&comm_, size_, id, rank_));
+    // NCCL has no barrier; barrier_async all-reduces this one float instead.
+    barrier_value_ = static_cast<float*>(device_alloc(sizeof(float), MemCategory::CommBuffers, Device::CUDA));
+  }
+
+  // Lets every issued collective finish (peers are finishing the same ones), then tears down.
+  ~NcclCommunicator() override {
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+    for (auto& op : in_flight_) destroy_events(*op);
+    in_flight_.clear();
+    NCCL_CHECK(ncclCommFinalize(comm_));
+    NCCL_CHECK(ncclCommDestroy(comm_));
+    CUDA_CHECK(cudaStreamDestroy(stream_));
+    device_free(barrier_value_);
+  }
+
+  CommHandle all_reduce_async(Tensor buf, ReduceOp op) override {
+    if (buf.device == Device::CPU) return over_mpi(mpi_->all_reduce_async(buf, op));
+    void* data = buf.data;
+    const size_t n = size_t(buf.numel());
+    const ncclDataType_t type = nccl_type(buf.dtype);
+    return issue(CollectiveKind::AllReduce, int64_t(buf.bytes()), false, [=](cudaStream_t s) {
+      NCCL_CHECK(ncclAllReduce(data, data, n, type, nccl_op(op), comm_, s));
+    });
+  }
+
+  CommHandle reduce_scatter_async(Tensor send, Tensor recv, ReduceOp op) override {
+    if (device_of(send, recv, "reduce_scatter") == Device::CPU)
+      return over_mpi(mpi_->reduce_scatter_async(send, recv, op));
+    ENSURE(send.numel() == int64_t(size_) * recv.numel(), "reduce_scatter: send must hold size() x recv elements");
+    ensure_disjoint(send, recv, "reduce_scatter");
+    const void* in = send.data;
+    void* out = recv.data;
+    const size_t n = size_t(recv.numel());
+    const ncclDataType_t type = nccl_type(send.dtype);
+    return issue(CollectiveKind::ReduceScatter, int64_t(send.bytes()), false, [=](cudaStream_t s) {
+      NCCL_CHECK(ncclReduceScatter(in, out, n, type, nccl_op(op), comm_, s));
+    });
+  }
+
+  CommHandle all_gather_async(Tensor send, Tensor recv) override {
+    if (device_of(send, recv, "all_gather") == Device::CPU) return over_mpi(mpi_->all_gather_async(send, recv));
+    ENSURE(recv.numel() == int64_t(size_) * send.numel(), "all_gather: recv must hold size() x send elements");
+    ensure_gather_buffers(send, recv, int64_t(rank_) * send.numel(), "all_gather");  // NCCL handles in place too
+    const void* in = send.data;
+    void* out = recv.data;
+    const size_t n = size_t(send.numel());
+    const ncclDataType_t type = nccl_type(send.dtype);
+    return issue(CollectiveKind::AllGather, int64_t(recv.bytes()), false,
+                 [=](cudaStream_t s) { NCCL_CHECK(ncclAllGather(in, out, n, type, comm_, s)); });
+  }
+
+  // NCCL has no variable-count reduce-scatter: one ncclReduce per segment, to the rank that owns it,
+  // inside one group (ncclGroupStart/End), so that NCCL runs them as a single operation. Ranks with
+  // an empty segment are skipped; counts are the same on every rank, so every rank skips alike.
+  CommHandle reduce_scatter_v_async(Tensor send, Tensor recv, const std::vector<int64_t>& counts,
+                                    ReduceOp op) override {
+    if (device_of(send, recv, "reduce_scatter_v") == Device::CPU)
+      return over_mpi(mpi_->reduce_scatter_v_async(send, recv, counts, op));
+    const std::vector<int64_t> displs = displacements(counts, size_, "reduce_scatter_v");
+    ENSURE(send.numel() == displs.back() + counts.back(), "reduce_scatter_v: send must hold sum(counts) elements");
+    ENSURE(recv.numel() == counts[rank_], "reduce_scatter_v: recv must hold counts[rank()] elements");
+    ensure_disjoint(send, recv, "reduce_scatter_v");
+    const char* in = static_cast<const char*>(send.data);
+    const size_t element = dtype_size(send.dtype);
+    const ncclDataType_t type = nccl_type(send.dtype);
+    return issue(CollectiveKind::ReduceScatter, int64_t(send.bytes()), false, [&](cudaStream_t s) {
+      NCCL_CHECK(ncclGroupStart());
+      for (int r = 0; r < size_; r++) {
+        if (counts[r] == 0) continue;
+        const void* segment = in + size_t(displs[r]) * element;
+        // recvbuff is used on the root only; elsewhere any valid address will do.
+        void* result = r == rank_ ? recv.data : const_cast<void*>(segment);
+        NCCL_CHECK(ncclReduce(segment, result, size_t(counts[r]), type, nccl_op(op), r, comm_, s));
+      }
+      NCCL_CHECK(ncclGroupEnd());
+    });
+  }
+
+  // Likewise: one ncclBroadcast per segment, from the rank that owns it, in one group. The owner's
+  // broadcast runs in place when send already is its segment of recv.
+  CommHandle all_gather_v_async(Tensor send, Tensor recv, const std::vector<int64_t>& counts) override {
+    if (device_of(send, recv, "all_gather_v") == Device::CPU)
+      return over_mpi(mpi_->all_gather_v_async(send, recv, counts));
+    const std::vector<int64_t> displs = displacements(counts, size_, "all_gather_v");
+    ENSURE(send.numel() == counts[rank_], "all_gather_v: send must hold counts[rank()] elements");
+    ENSURE(recv.numel() == displs.back() + counts.back(), "all_gather_v: recv must hold sum(counts) elements");
+    ensure_gather_buffers(send, recv, displs[rank_], "all_gather_v");
+    char* out = static_cast<char*>(recv.data);
+    const size_t element = dtype_size(recv.dtype);
+    const ncclDataType_t type = nccl_type(recv.dtype);
+    return issue(CollectiveKind::AllGather, int64_t(recv.bytes()), false, [&](cudaStream_t s) {
+      NCCL_CHECK(ncclGroupStart());
+      for (int r = 0; r < size_; r++) {
+        if (counts[r] == 0) continue;
+        void* segment = out + size_t(displs[r]) * element;
+        const void* source = r == rank_ ? send.data : segment;  // sendbuff is read on the root only
+        NCCL_CHECK(ncclBroadcast(source, segment, size_t(counts[r]), type, r, comm_, s));
+      }
+      NCCL_CHECK(ncclGroupEnd());
+    });
+  }
+
+  CommHandle broadcast_async(Tensor buf, int root) override {
+    ENSURE(root >= 0 && root < size_, "broadcast: root out of range");
+    if (buf.device == Device::CPU) return over_mpi(mpi_->broadcast_async(buf, root));
+    void* data = buf.data;
+    const size_t n = size_t(buf.numel());
+    const ncclDataType_t type = nccl_type(buf.dtype);
+    return issue(CollectiveKind::Broadcast, int64_t(buf.bytes()), false,
+                 [=](cudaStream_t s) { NCCL_CHECK(ncclBroadcast(data, data, n, type, root, comm_, s)); });
+  }
+
+  CommHandle send_async(Tensor buf, int peer) override {
+    ENSURE(peer >= 0 && peer < size_, "send: peer out of range");
+    if (buf.device == Device::CPU) return over_mpi(mpi_->send_async(buf, peer));
+    const void* data = buf.data;
+    const size_t n = size_t(buf.numel());
+    const ncclDataType_t type = nccl_type(buf.dtype);
+    return issue(CollectiveKind::SendRecv, int64_t(buf.bytes()), false,
+                 [=](cudaStream_t s) { NCCL_CHECK(ncclSend(data, n, type, peer, comm_, s)); });
+  }
+
+  CommHandle recv_async(Tensor buf, int peer) override {
+    ENSURE(peer >= 0 && peer < size_, "recv: peer out of range");
+    if (buf.device == Device::CPU) return over_mpi(mpi_->recv_async(buf, peer));
+    void* data = buf.data;
+    const size_t n = size_t(buf.numel());
+    const ncclDataType_t type = nccl_type(buf.dtype);
+    return issue(CollectiveKind::SendRecv, int64_t(buf.bytes()), /*sends_nothing=*/true,
+                 [=](cudaStream_t s) { NCCL_CHECK(ncclRecv(data, n, type, peer, comm_, s)); });
+  }
+
+  CommHandle barrier_async() override {
+    float* value = barrier_value_;
+    return issue(CollectiveKind::Barrier, 0, false, [=](cudaStream_t s) {
+      NCCL_CHECK(ncclAllReduce(value, value, 1, ncclFloat, ncclSum, comm_, s));
+    });
+  }
+
+  double all_reduce_scalar(double value, ReduceOp op) override {
+    collect_times();
+    return CudaCommunicatorBase::all_reduce_scalar(value, op);
+  }
+
+  // Host memory over MPI; device memory over NCCL, ordered like any collective (the compute stream
+  // waits for it), so ops queued after the call see the bytes.
+  void broadcast_bytes(void* data, size_t bytes, int root) override {
+    ENSURE(root >= 0 && root < size_, "broadcast_bytes: root out of range");
+    if (bytes == 0 || !is_device_memory(data)) {
+      mpi_->broadcast_bytes(data, bytes, root);
+      absorb_mpi_stats();
+      return;
+    }
+    issue(CollectiveKind::Broadcast, int64_t(bytes), false, [=](cudaStream_t s) {
+      NCCL_CHECK(ncclBroadcast(data, data, bytes, ncclUint8, root, comm_, s));
+    }).wait();
+  }
+
+ private:
+  // Queues `collective` on the NCCL stream after the compute stream's work so far, between the two
+  // timing events, and returns its handle.
+  CommHandle issue(CollectiveKind kind, int64_t payload_bytes, bool sends_nothing,
+                   const std::function<void(cudaStream_t)>& collective) {
+    collect_times();
+    auto op = std::make_shared<NcclOp>();
+    op->kind = kind;
+    op->payload_bytes = payload_bytes;
+    op->wire_bytes = sends_nothing ? 0 : ring_wire_bytes(kind, payload_bytes, size_);
+    stats_.kind[int(kind)].launched += 1;
+
+    // The input is produced by ops queued on the compute stream: the NCCL stream waits for them.
+    cudaEvent_t ready;
+    CUDA_CHECK(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming));
+    CUDA_CHECK(cudaEventRecord(ready, cuda::stream()));
+    CUDA_CHECK(cudaStreamWaitEvent(stream_, ready, 0));
+    CUDA_CHECK(cudaEventDestroy(ready));  // allowed before it completes: released once the GPU passes it
+
+    CUDA_CHECK(cudaEventCreate(&op->start));
+    CUDA_CHECK(cudaEventCreate(&op->end));
+    CUDA_CHECK(cudaEventRecord(op->start, stream_));
+    collective(stream_);
+    CUDA_CHECK(cudaEventRecord(op->end, stream_));
+    in_flight_.push_back(op);
+    return CommHandle([this, op] { wait_for(*op); });
+  }
+
+  // The body of handle.wait(): the compute stream waits for the collective; the host does not.
+  void wait_for(NcclOp& op) {
+    if (op.collected) return;  // finished and collected: nothing left to wait for
+    if (!op.counted) {
+      op.counted = true;
+      CollectiveCounters& c = stats_.kind[int(op.kind)];
+      c.calls += 1;
+      c.payload_bytes += op.payload_bytes;
+      c.wire_bytes += op.wire_bytes;
+      // Recorded before the wait is queued: the stall of the compute stream is end - waited.
+      CUDA_CHECK(cudaEventCreate(&op.waited));
+      CUDA_CHECK(cudaEventRecord(op.waited, cuda::stream()));
+    }
+    CUDA_CHECK(cudaStreamWaitEvent(cuda::stream(), op.end, 0));
+    collect_times();
+  }
+
+  // True once the GPU has passed `event`; never blocks.
+  static bool completed(cudaEvent_t event) {
+    const cudaError_t status = cudaEventQuery(event);
+    if (status == cudaErrorNotReady) return false;
+    CUDA_CHECK(status);
+    return true;
+  }
+
+  // Adds busy and exposed times of the waited ops whose events the GPU has passed, then forgets them.
+  void collect_times() {
+    for (auto it = in_flight_.begin(); it != in_flight_.end();) {
+      NcclOp& op = **it;
+      if (!op.counted || !completed(op.end) || !completed(op.waited)) {
+        ++it;
+        continue;
+      }
+      float busy = 0, stall = 0;
+      CUDA_CHECK(cudaEventElapsedTime(&busy, op.start, op.end));
+      CUDA_CHECK(cudaEventElapsedTime(&stall, op.waited, op.end));
+      stats_.kind[int(op.kind)].busy_ms += busy;
+      // The collectives run one after another on the one NCCL stream, so their intervals never
+      // overlap and the time anything was in flight is the sum of their busy times. (Ops of CPU
+      // tensors, over MPI, are added as MPI counts them; an overlap between the two is not removed.)
+      stats_.in_flight_ms += busy;
+      stats_.exposed_ms += std::max(0.0f, stall);  // negative: the result was there before it was needed
+      destroy_events(op);
+      op.collected = true;
+      it = in_flight_.erase(it);
+    }
+  }
+
+  static void destroy_events(NcclOp& op) {
+    for (cudaEvent_t* e : {&op.start, &op.end, &op.waited}) {
+      if (*e) CUDA_CHECK(cudaEventDestroy(*e));
+      *e = nullptr;
+    }
+  }
+
+  ncclComm_t comm_ = nullptr;
+  cudaStream_t stream_ = nullptr;
+  float* barrier_value_ = nullptr;
+  std::list<std::shared_ptr<NcclOp>> in_flight_;  // issued, times not yet collected
+};
+
+#endif  // GPT_WITH_NCCL
+
+// ---------------------------------------------------------------------------------------------
+// Host staging over MPI (ranks share a GPU)
+
+class HostStagedCommunicator final : public CudaCommunicatorBase {
+ public:
+  explicit HostStagedCommunicator(std::unique_ptr<Communicator> mpi) : CudaCommunicatorBase(std::move(mpi)) {}
+
+  CommHandle all_reduce_async(Tensor buf, ReduceOp op) override {
+    if (buf.device == Device::CPU) return over_mpi(mpi_->all_reduce_async(buf, op));
+    auto host = to_host(buf);
+    return staged(mpi_->all_reduce_async(host->view(), op), nullptr, host, buf);
+  }
+
+  CommHandle reduce_scatter_async(Tensor send, Tensor recv, ReduceOp op) override {
+    if (device_of(send, recv, "reduce_scatter") == Device::CPU)
+      return over_mpi(mpi_->reduce_scatter_async(send, recv, op));
+    ensure_disjoint(send, recv, "reduce_scatter");
+    auto host_send = to_host(send);
+    auto host_recv = host_buffer(recv);
+    return staged(mpi_->reduce_scatter_async(host_send->view(), host_recv->view(), op), host_send, host_recv, recv);
+  }
+
+  // (In place on the device becomes two separate host buffers: MPI then simply gathers all segments.)
+  CommHandle all_gather_async(Tensor send, Tensor recv) override {
+    if (device_of(send, recv, "all_gather") == Device::CPU) return over_mpi(mpi_->all_gather_async(send, recv));
+    ensure_gather_buffers(send, recv, int64_t(rank_) * send.numel(), "all_gather");
+    auto host_send = to_host(send);
+    auto host_recv = host_buffer(recv);
+    return staged(mpi_->all_gather_async(host_send->view(), host_recv->view()), host_send, host_recv, recv);
+  }
+
+  CommHandle reduce_scatter_v_async(Tensor send, Tensor recv, const std::vector<int64_t>& counts,
+                                    ReduceOp op) override {
+    if (device_of(send, recv, "reduce_scatter_v") == Device::CPU)
+      return over_mpi(mpi_->reduce_scatter_v_async(send, recv, counts, op));
+    ensure_disjoint(send, recv, "reduce_scatter_v");
+    auto host_send = to_host(send);
+    auto host_recv = host_buffer(recv);
+    return staged(mpi_->reduce_scatter_v_async(host_send->view(), host_recv->view(), counts, op), host_send,
+                  host_recv, recv);
+  }
+
+  CommHandle all_gather_v_async(Tensor send, Tensor recv, const std::vector<int64_t>& counts) override {
+    if (device_of(send, recv, "all_gather_v") == Device::CPU)
+      return over_mpi(mpi_->all_gather_v_async(send, recv, counts));
+    const std::vector<int64_t> displs = displacements(counts, size_, "all_gather_v");
+    ensure_gather_buffers(send, recv, displs[rank_], "all_gather_v");
+    auto host_send = to_host(send);
+    auto host_recv = host_buffer(recv);
+    return staged(mpi_->all_gather_v_async(host_send->view(), host_recv->view(), counts), host_send, host_recv,
+                  recv);
+  }
+
+  CommHandle broadcast_async(Tensor buf, int root) override {
+    if (buf.device == Device::CPU) return over_mpi(mpi_->broadcast_async(buf, root));
+    auto host = to_host(buf);
+    return staged(mpi_->broadcast_async(host->view(), root), nullptr, host, buf);
+  }
+
+  CommHandle send_async(Tensor buf, int peer) override {
+    if (buf.device == Device::CPU) return over_mpi(mpi_->send_async(buf, peer));
+    auto host = to_host(buf);
+    return staged(mpi_->send_async(host->view(), peer), host, nullptr, Tensor{});
+  }
+
+  CommHandle recv_async(Tensor buf, int peer) override {
+    if (buf.device == Device::CPU) return over_mpi(mpi_->recv_async(buf, peer));
+    auto host = host_buffer(buf);
+    return staged(mpi_->recv_async(host->view(), peer), nullptr, host, buf);
+  }
+
+  CommHandle barrier_async() override { return over_mpi(mpi_->barrier_async()); }
+
+  void broadcast_bytes(void* data, size_t bytes, int root) override {
+    if (bytes == 0 || !is_device_memory(data)) {
+      mpi_->broadcast_bytes(data, bytes, root);
+    } else {
+      cuda::synchronize();  // the compute stream has written the bytes
+      std::vector<char> host(bytes);
+      CUDA_CHECK(cudaMemcpy(host.data(), data, bytes, cudaMemcpyDeviceToHost));
+      mpi_->broadcast_bytes(host.data(), bytes, root);
+      CUDA_CHECK(cudaMemcpy(data, host.data(), bytes, cudaMemcpyHostToDevice));
+    }
+    absorb_mpi_stats();
+  }
+
+ private:
+  using HostBuffer = std::shared_ptr<Buffer>;
+
+  static HostBuffer host_buffer(const Tensor& t) {
+    ENSURE(t.dtype == DType::F32, "host staging over MPI moves fp32 tensors only (bf16 needs NCCL)");
+    return std::make_shared<Buffer>(t.numel(), MemCategory::CommBuffers);
+  }
+
+  // A host copy of t, taken once the compute stream has finished writing it. The host blocks for
+  // both, and that time counts as exposed communication.
+  HostBuffer to_host(const Tensor& t) {
+    const auto start = std::chrono::steady_clock::now();
+    HostBuffer host = host_buffer(t);
+    cuda::synchronize();
+    if (t.bytes() > 0) CUDA_CHECK(cudaMemcpy(host->data(), t.data, t.bytes(), cudaMemcpyDeviceToHost));
+    stats_.exposed_ms += elapsed_ms(start);
+    return host;
+  }
+
+  // The handle of a staged collective: wait() waits for MPI, then copies `result` (if any) back into
+  // `device`. The copy runs on the legacy default stream, with which the compute stream is ordered
+  // (ops_cuda.h), so ops queued after wait() see the result. The handle keeps the host buffers alive
+  // until then; `input` is the one MPI reads from, when it is not `result` itself.
+  CommHandle staged(CommHandle inner, HostBuffer input, HostBuffer result, Tensor device) {
+    absorb_mpi_stats();  // the op's `launched` count
+    return CommHandle([this, inner, input, result, device, done = false]() mutable {
+      if (done) return;
+      done = true;
+      inner.wait();
+      absorb_mpi_stats();
+      if (result && device.bytes() > 0) {
+        const auto start = std::chrono::steady_clock::now();
+        CUDA_CHECK(cudaMemcpy(device.data, result->data(), device.bytes(), cudaMemcpyHostToDevice));
+        stats_.exposed_ms += elapsed_ms(start);
+      }
+      input.reset();
+      result.reset();
+    });
+  }
+};
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// The factory
+
+std::unique_ptr<Communicator> create_cuda_communicator(std::unique_ptr<Communicator> mpi) {
+  const int rank = mpi->rank();
+  std::string why;
+  const int devices = cuda_device_count(&why);
+  if (devices == 0) fatal("a CUDA run, but this rank can use no GPU: " + why);
+
+  // The node-local rank: MPI_COMM_TYPE_SHARED groups the ranks that can share memory, i.e. a node.
+  MPI_Comm node;
+  MPI_CHECK(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node));
+  int local_rank = 0, local_size = 1;
+  MPI_CHECK(MPI_Comm_rank(node, &local_rank));
+  MPI_CHECK(MPI_Comm_size(node, &local_size));
+  const int device = local_rank % devices;
+  CUDA_CHECK(cudaSetDevice(device));  // before the first op creates the compute stream on it
+
+  // Do two ranks of this node hold one GPU? Compared by the GPUs' UUIDs, not by device numbers: a
+  // launcher that gives each rank its own CUDA_VISIBLE_DEVICES makes every rank's GPU "device 0".
+  cudaDeviceProp prop;
+  CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+  std::vector<cudaUUID_t> uuids(static_cast<size_t>(local_size));
+  MPI_CHECK(MPI_Allgather(&prop.uuid, int(sizeof(cudaUUID_t)), MPI_BYTE, uuids.data(), int(sizeof(cudaUUID_t)),
+                          MPI_BYTE, node));
+  MPI_CHECK(MPI_Comm_free(&node));
+  int ranks_per_gpu = 0;  // the most ranks of this node on one GPU
+  for (const cudaUUID_t& a : uuids) {
+    const auto same = std::count_if(uuids.begin(), uuids.end(), [&](const cudaUUID_t& b) {
+      return std::memcmp(a.bytes, b.bytes, sizeof a.bytes) == 0;
+    });
+    ranks_per_gpu = std::max(ranks_per_gpu, int(same));
+  }
+  // Every rank must choose alike: a rank that enters ncclCommInitRank while another does not would
+  // wait there forever.
+  MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &ranks_per_gpu, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD));
+#ifndef GPT_WITH_NCCL
+  if (rank == 0) {
+    std::printf("note: built without NCCL (nccl.h was not found), so CUDA tensors travel through host memory over "
+                "MPI (device->host copy, MPI, host->device copy): correct, but slow and without overlap.\n");
+    std::fflush(stdout);
+  }
+  return std::make_unique<HostStagedCommunicator>(std::move(mpi));
+#else
+  if (ranks_per_gpu > 1) {
+    if (rank == 0) {
+      std::printf("note: %d ranks share one GPU (rank 0's node runs %d ranks on %d GPU%s). NCCL needs one GPU per "
+                  "rank, so CUDA tensors travel through host memory over MPI instead (device->host copy, MPI, "
+                  "host->device copy): correct, but slow and without overlap.\n",
+                  ranks_per_gpu, local_size, devices, devices == 1 ? "" : "s");
+      std::fflush(stdout);
+    }
+    return std::make_unique<HostStagedCommunicator>(std::move(mpi));
+  }
+  return std::make_unique<NcclCommunicator>(std::move(mpi));
+#endif
+}
+
+#endif  // GPT_WITH_CUDA

@@ -1,0 +1,67 @@
+# cuda.mk: the CUDA part of the build. The top-level Makefile includes it where nvcc exists, at its
+# end (after its own rules and variables: this file adds to them). It
+#   - defines GPT_WITH_CUDA (and GPT_WITH_NCCL where nccl.h exists) for every host object, so ops.cpp
+#     dispatches CUDA tensors to ops_cuda.cu and memory.cpp allocates them with cudaMalloc;
+#   - compiles common/*.cu with nvcc into libcommon.a, next to the common/*.cpp objects;
+#   - links the CUDA libraries into every program that links libcommon.a (CUDA_LINKED below);
+#   - builds the kernel lessons (lessons/matmul/matmul_lesson); test_cuda_ops comes with the other
+#     tests (tests/test_*.cpp) and skips its tests where no GPU is present.
+# Nothing here needs a GPU: the build runs anywhere nvcc does.
+
+CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
+CUDA_ARCH ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90
+NVCCFLAGS ?= -O3 -std=c++17 $(CUDA_ARCH) -Xcompiler -Wall,-Wextra
+
+CPPFLAGS += -DGPT_WITH_CUDA -I$(CUDA_HOME)/include
+ifeq ($(HAVE_NCCL),yes)
+CPPFLAGS   += -DGPT_WITH_NCCL
+CUDA_NCCL  := -lnccl
+endif
+
+# Link flags. They reach the link lines through CXXFLAGS, which those lines place before the objects,
+# so --no-as-needed keeps the libraries even where the linker defaults to --as-needed (Ubuntu's gcc),
+# which would otherwise drop a library named before the objects that use it. The rpath lets the
+# programs find the libraries at run time without LD_LIBRARY_PATH.
+CUDA_LDFLAGS := -Wl,--no-as-needed -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart -lcublas $(CUDA_NCCL)
+
+CUDA_SRC := $(wildcard common/*.cu)
+CUDA_OBJ := $(CUDA_SRC:%.cu=$(BUILD)/%.o)
+
+ifeq ($(MAKELEVEL),0)
+$(info CUDA build: nvcc=$(NVCC) ($(CUDA_ARCH)), NCCL=$(or $(HAVE_NCCL),no: CUDA collectives go through host memory over MPI))
+endif
+
+$(BUILD)/%.o: %.cu
+	@mkdir -p $(dir $@)
+	$(NVCC) $(CPPFLAGS) $(NVCCFLAGS) -MMD -MP -MF $(@:.o=.d) -c $< -o $@
+
+$(LIBCOMMON): $(CUDA_OBJ)
+
+# Objects compiled before this file was first included lack -DGPT_WITH_CUDA, and a change of flags
+# alone makes make rebuild nothing. So a stamp marks the build directory as a CUDA build; every host
+# object depends on it, and the stamp's creation (the first CUDA build) recompiles them all.
+CUDA_STAMP := $(BUILD)/.cuda-build
+$(CUDA_STAMP):
+	@mkdir -p $(dir $@) && touch $@
+$(COMMON_OBJ) $(TEST_BIN:%=%.o) $(TEST_SUPPORT) $(BUILD)/tests/mpi_gtest_main.o \
+  $(CHAPTERS:%=$(BUILD)/%/train.o) $(BUILD)/scripts/comm_bench.o: $(CUDA_STAMP)
+
+# Every program that links libcommon.a: ops.o and memory.o now call CUDA. `private` keeps the flags
+# on the link step (a target-specific variable would otherwise also reach the compiles of the
+# target's prerequisites, where -l flags only draw warnings). A new program that links libcommon.a
+# belongs in this list.
+CUDA_LINKED := $(addsuffix /train,$(CHAPTERS)) $(TEST_BIN) $(BUILD)/matmul_bench $(BUILD)/comm_bench
+$(CUDA_LINKED): private CXXFLAGS += $(CUDA_LDFLAGS)
+
+# Kernel lessons: standalone programs (no libcommon, no MPI), built with the chapters.
+CUDA_LESSONS := lessons/matmul/matmul_lesson
+
+lessons/matmul/matmul_lesson: lessons/matmul/matmul_lesson.cu
+	$(NVCC) $(NVCCFLAGS) $< -o $@ -L$(CUDA_HOME)/lib64 -Xlinker -rpath -Xlinker $(CUDA_HOME)/lib64 -lcublas
+
+all tests: $(CUDA_LESSONS)
+
+.PHONY: clean-cuda
+clean: clean-cuda
+clean-cuda:
+	rm -f $(CUDA_LESSONS)
