@@ -107,3 +107,8 @@ clean:
 	rm -rf $(BUILD) $(addsuffix /train,$(CHAPTERS))
 
 -include $(shell find $(BUILD) -name '*.d' 2>/dev/null)
+
+# CUDA: where nvcc exists, cuda.mk adds the CUDA objects, flags, libraries and lessons (see cuda.mk).
+ifneq ($(NVCC),)
+include cuda.mk
+endif

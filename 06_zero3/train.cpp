@@ -145,11 +145,15 @@ int main(int argc, char** argv) {
     if (run.checkpoint_due(step)) run.save_checkpoint(step + 1, param_shard.f32(), shard.begin(), shard.size(), optimizer);
   }
   if (run.is_root()) {
-    int64_t largest = 0;
-    for (int u = 0; u <= head; u++) largest = std::max(largest, layout.unit_size(u));
-    std::printf("peak parameter memory: shard %s + gathered layers %s (two largest layers: %s)\n",
+    int64_t largest = 0, second = 0;
+    for (int u = 1; u < head; u++) {  // the blocks; the embedding is counted apart
+      second = std::max(second, std::min(largest, layout.unit_size(u)));
+      largest = std::max(largest, layout.unit_size(u));
+    }
+    std::printf("peak parameter memory: shard %s + gathered layers %s (theory: shard + two largest blocks %s + "
+                "the tied embedding, held for the head, %s)\n",
                 format_bytes(4.0 * shard.size()).c_str(), format_bytes(4.0 * gathered_peak).c_str(),
-                format_bytes(8.0 * largest).c_str());
+                format_bytes(4.0 * (largest + second)).c_str(), format_bytes(4.0 * layout.unit_size(0)).c_str());
   }
   run.finish();
   shutdown_mpi(std::move(comm));

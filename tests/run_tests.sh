@@ -7,6 +7,7 @@ set -u
 cd "$(dirname "$0")/.."
 passed=0
 failed=0
+skipped=0
 failures=()
 
 run_one() {  # label, command...
@@ -19,7 +20,10 @@ run_one() {  # label, command...
   local p f
   p=$(sed -n 's/^\[  PASSED  \] \([0-9]*\) test.*/\1/p' "$log" | tail -n 1)
   f=$(sed -n 's/^\[  FAILED  \] \([0-9]*\) test.*/\1/p' "$log" | tail -n 1)
-  p=${p:-0}; f=${f:-0}
+  local k
+  k=$(sed -n 's/^\[  SKIPPED \] \([0-9]*\) test.*/\1/p' "$log" | tail -n 1)
+  p=${p:-0}; f=${f:-0}; k=${k:-0}
+  skipped=$((skipped + k))
   if [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then f=1; fi
   passed=$((passed + p)); failed=$((failed + f))
   if [ "$f" -ne 0 ]; then
@@ -27,8 +31,10 @@ run_one() {  # label, command...
     cat "$log"
   else
     grep -E '^\[ *(OK|SKIPPED) *\]' "$log" | sed 's/^/  /' | head -n 200
+    # A skip must say why (no GPU, ...): show the reasons.
+    awk 'skip { print "  skipped because: " $0; skip = 0 } /: Skipped$/ { skip = 1 }' "$log" | sort -u | head -n 3
   fi
-  echo "--- $label: $p passed, $f failed ($((SECONDS - start)) s)"
+  echo "--- $label: $p passed, $f failed, $k skipped ($((SECONDS - start)) s)"
   rm -f "$log"
 }
 
@@ -58,5 +64,5 @@ done < tests/manifest.txt
 if [ ${#failures[@]} -gt 0 ]; then
   echo "failed: ${failures[*]}"
 fi
-echo "$passed passed, $failed failed"
+echo "$passed passed, $failed failed, $skipped skipped"
 [ "$failed" -eq 0 ]
