@@ -9,7 +9,7 @@ ranks=${RANKS:-"1 2"}
 steps=${STEPS:-30}
 extra=${EXTRA:-}
 mkdir -p results
-rm -f results/*.jsonl
+rm -f results/*.jsonl results/*.trace.json
 for chapter in $(ls -d [0-9][0-9]_*/ | tr -d /); do
   [ -x "$chapter/train" ] || continue
   for n in $ranks; do
@@ -23,3 +23,9 @@ for chapter in $(ls -d [0-9][0-9]_*/ | tr -d /); do
   done
 done
 python3 scripts/compare.py results | tee results/compare.txt
+# One step of every chapter's 2-rank run, one above the other: where communication sits in time.
+traces=$(ls results/*_n2.trace.json 2>/dev/null | sort || true)
+if [ -n "$traces" ]; then
+  # shellcheck disable=SC2086
+  python3 scripts/plot_timeline.py --out results/timeline.png $traces
+fi

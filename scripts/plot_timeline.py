@@ -33,11 +33,11 @@ LANES = [(COMPUTE, "compute"), (COMM, "communication"), (WAIT, "waiting")]
 PHASE_COLORS = {"forward": "#4C78A8", "backward": "#F58518", "optimizer": "#54A24B"}
 COLLECTIVE_COLORS = {  # collectives by kind, so that later chapters' reduce-scatters stand out
     "all_reduce": "#B279A2",
-    "reduce_scatter": "#E45756",
+    "reduce_scatter": "#E7BA52",
     "all_gather": "#72B7B2",
-    "broadcast": "#9D755D",
-    "send": "#EECA3B",
-    "recv": "#EECA3B",
+    "broadcast": "#BCBD22",
+    "send": "#9D755D",
+    "recv": "#9D755D",
     "barrier": "#BAB0AC",
     "all_reduce_scalar": "#BAB0AC",
     "broadcast_bytes": "#BAB0AC",
@@ -86,11 +86,16 @@ def chapter_name(path):
     return re.sub(r"_n\d+$", "", name)
 
 
+def collective_kind(name):
+    """reduce_scatter_v and all_gather_v (ZeRO's uneven splits) are drawn as their kind."""
+    return name[:-2] if name.endswith("_v") else name
+
+
 def color_of(span):
     if span["tid"] == WAIT:
         return WAIT_COLOR
     if span["tid"] == COMM:
-        return COLLECTIVE_COLORS.get(span["name"], OTHER_COLOR)
+        return COLLECTIVE_COLORS.get(collective_kind(span["name"]), OTHER_COLOR)
     return PHASE_COLORS.get(span["name"].split(" ")[0], OTHER_COLOR)
 
 
@@ -195,7 +200,7 @@ def main():
 
     used = set()
     for _, spans, _ in panels:
-        used.update(s["name"] for s in spans if s["tid"] == COMM)
+        used.update(collective_kind(s["name"]) for s in spans if s["tid"] == COMM)
     legend = [Patch(color=c, label=p) for p, c in PHASE_COLORS.items()]
     legend += [Patch(color=c, label=n) for n, c in COLLECTIVE_COLORS.items()
                if n in used and n not in ("recv", "all_reduce_scalar", "broadcast_bytes")]
