@@ -152,5 +152,9 @@ class Communicator {
 std::unique_ptr<Communicator> init_mpi_communicator(int* argc, char*** argv);
 void shutdown_mpi(std::unique_ptr<Communicator> comm);
 
+// Bytes one rank sends over a ring for a collective of `payload_bytes` (CollectiveCounters'
+// wire_bytes), rounded down when N does not divide the payload; 0 with one rank.
+int64_t wire_bytes_for(CollectiveKind kind, int64_t payload_bytes, int ranks);
+
 // Modelled time in ms of one collective on the emulated link (0 when the link is off).
 double modelled_ms(const LinkModel& link, CollectiveKind kind, int64_t payload_bytes, int ranks);

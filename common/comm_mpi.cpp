@@ -103,6 +103,19 @@ double CommStats::total_busy_ms() const {
   return ms;
 }
 
+// A scalar is an all-reduce of 8 bytes. (A receive sends nothing at all: recv_async says so to
+// enqueue.)
+int64_t wire_bytes_for(CollectiveKind kind, int64_t payload, int n) {
+  if (n <= 1) return 0;
+  switch (kind) {
+    case CollectiveKind::AllReduce:
+    case CollectiveKind::Scalar: return 2 * (n - 1) * payload / n;
+    case CollectiveKind::ReduceScatter:
+    case CollectiveKind::AllGather: return (n - 1) * payload / n;
+    default: return payload;
+  }
+}
+
 double modelled_ms(const LinkModel& link, CollectiveKind kind, int64_t payload_bytes, int ranks) {
   if (ranks <= 1 || link.gbps <= 0) return 0;
   const double n = ranks;
@@ -125,19 +138,6 @@ double modelled_ms(const LinkModel& link, CollectiveKind kind, int64_t payload_b
 
 namespace {
 
-// Bytes this rank sends over a ring (comm.h), rounded down when N does not divide the payload. A
-// scalar is an all-reduce of 8 bytes; with one rank nothing leaves the process. (A receive sends
-// nothing at all: recv_async says so to enqueue.)
-int64_t wire_bytes_for(CollectiveKind kind, int64_t payload, int n) {
-  if (n <= 1) return 0;
-  switch (kind) {
-    case CollectiveKind::AllReduce:
-    case CollectiveKind::Scalar: return 2 * (n - 1) * payload / n;
-    case CollectiveKind::ReduceScatter:
-    case CollectiveKind::AllGather: return (n - 1) * payload / n;
-    default: return payload;
-  }
-}
 
 MPI_Op mpi_op(ReduceOp op) {
   switch (op) {

@@ -162,18 +162,6 @@ std::vector<int64_t> displacements(const std::vector<int64_t>& counts, int ranks
 
 #ifdef GPT_WITH_NCCL
 
-// Bytes this rank sends over a ring, as comm_mpi.cpp counts them (comm.h): 2(N-1)/N x payload for an
-// all-reduce, (N-1)/N x payload for reduce-scatter and all-gather, the payload otherwise.
-int64_t ring_wire_bytes(CollectiveKind kind, int64_t payload, int n) {
-  if (n <= 1) return 0;
-  switch (kind) {
-    case CollectiveKind::AllReduce:
-    case CollectiveKind::Scalar: return 2 * (n - 1) * payload / n;
-    case CollectiveKind::ReduceScatter:
-    case CollectiveKind::AllGather: return (n - 1) * payload / n;
-    default: return payload;
-  }
-}
 
 ncclDataType_t nccl_type(DType dtype) { return dtype == DType::F32 ? ncclFloat : ncclBfloat16; }
 
@@ -377,7 +365,7 @@ class NcclCommunicator final : public CudaCommunicatorBase {
     auto op = std::make_shared<NcclOp>();
     op->kind = kind;
     op->payload_bytes = payload_bytes;
-    op->wire_bytes = sends_nothing ? 0 : ring_wire_bytes(kind, payload_bytes, size_);
+    op->wire_bytes = sends_nothing ? 0 : wire_bytes_for(kind, payload_bytes, size_);
     stats_.kind[int(kind)].launched += 1;
 
     // The input is produced by ops queued on the compute stream: the NCCL stream waits for them.
