@@ -58,10 +58,10 @@ std::string number_text(double x) {
 // parsed before MPI starts; then every process is "rank 0".
 bool is_rank_zero() {
   int initialized = 0;
-  MPI_Initialized(&initialized);
+  MPI_CHECK(MPI_Initialized(&initialized));
   if (!initialized) return true;
   int rank = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &rank));
   return rank == 0;
 }
 
