@@ -70,7 +70,12 @@ TEST_P(RankEquivalence, SameLossesAndParametersAsOneRankOf01) {
   EXPECT_LE(max_relative_difference(curve, base.losses), kLossTolerance);
   std::vector<float> params = checkpoint_params(dir + "/run.ckpt");
   ASSERT_EQ(params.size(), base.params.size());
-  EXPECT_TRUE(allclose(params.data(), base.params.data(), params.size(), 1e-5, 1e-4));
+  // The parameters as a whole agree to fp32 summation noise. Elementwise, AdamW divides each
+  // gradient by its own running RMS, so a parameter whose gradient is ~0 (a rounding-noise-sized
+  // value) moves by up to ~lr per step in a direction set by that noise: such elements may differ by
+  // a small fraction of one step (lr = 3e-3), hence the absolute tolerance.
+  EXPECT_LE(relative_l2_difference(params, base.params), kLossTolerance);
+  EXPECT_TRUE(allclose(params.data(), base.params.data(), params.size(), 1e-4, 1e-4));
   // The loss must actually fall, or equality would prove little.
   EXPECT_LT(curve.losses.back(), curve.losses.front() - 0.5);
 }

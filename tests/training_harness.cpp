@@ -70,6 +70,16 @@ double max_relative_difference(const LossCurve& a, const LossCurve& b) {
   return a.losses.empty() ? INFINITY : worst;
 }
 
+double relative_l2_difference(const std::vector<float>& a, const std::vector<float>& b) {
+  EXPECT_EQ(a.size(), b.size());
+  double diff = 0, norm = 0;
+  for (size_t i = 0; i < a.size() && i < b.size(); i++) {
+    diff += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
+    norm += double(b[i]) * b[i];
+  }
+  return norm > 0 ? std::sqrt(diff / norm) : INFINITY;
+}
+
 namespace {
 template <typename T>
 bool take(std::istream& in, T* value) {

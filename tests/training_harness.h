@@ -31,5 +31,8 @@ double number_field(const std::string& record, const std::string& key);
 // Parameters stored in a checkpoint, in table order (unpadded).
 std::vector<float> checkpoint_params(const std::string& path);
 
+// ||a - b|| / ||b|| over whole vectors (L2 norms), accumulated in double.
+double relative_l2_difference(const std::vector<float>& a, const std::vector<float>& b);
+
 // The largest |a-b| / max(|b|, 1e-12) over two curves of the same steps; fails the test on mismatch.
 double max_relative_difference(const LossCurve& a, const LossCurve& b);
