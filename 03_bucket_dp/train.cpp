@@ -19,7 +19,7 @@
 // Run:
 //   make 03_bucket_dp
 //   mpiexec -n 2 ./03_bucket_dp/train --link-gbps 0.25
-//   mpiexec -n 2 ./03_bucket_dp/train --bucket-mb 0.01 --trace trace.json   # one tensor per bucket
+//   mpiexec -n 2 ./03_bucket_dp/train --bucket-mb 0.01 --trace trace.json   # ~a matrix per bucket: 10
 // Output: as 01, plus the bucket plan; the summary counts collectives per step (4 here, 28 in 02).
 #include <cmath>
 #include <cstdio>

@@ -17,6 +17,8 @@
 // the global norm, but each rank now sees only its shard: one scalar all-reduce of the sums of
 // squares gives it. What stayed: full parameters and full gradients on every rank (05 shards those).
 // What to notice: "optimizer state" in the theory table drops to 8Ψ/N; bytes per step equal 01's.
+// The reduce-scatters start only after backward, so 03's overlap is gone: exposed comm is again the
+// whole of it (bucketing here only pipelines the messages). 05 moves them back into backward.
 //
 // Run:
 //   make 04_zero1

@@ -10,13 +10,17 @@
 //
 // What changed since 04: the full gradient buffer is gone; gradients are bound per layer to
 // transient buffers (model.bind_unit_grads), and the reduce-scatter moved from after backward into
-// the after_backward hook (common/layer_grads.h). At most two layers' reduce-scatters are in
-// flight: that bounds the transient memory. The tied embedding: the LM head writes wte's gradient first and the embedding
-// writes it last, so unit 0's buffer opens with the head's backward and closes after the embedding.
+// the after_backward hook (common/layer_grads.h), so it overlaps backward again. At most two
+// layers' reduce-scatters are in flight: that bounds the transient memory. The tied embedding: the
+// LM head writes wte's gradient first and the embedding writes it last, so unit 0's buffer opens
+// with the head's backward and closes after the embedding's.
 // Gradient accumulation: a micro-batch's gradients cannot wait in a full buffer for the next one
 // (there is none), so EVERY micro-batch reduce-scatters and the pieces accumulate into the shard:
 // K reduce-scatters per step instead of one. This is why pipeline-parallel frameworks, which run
 // many micro-batches per step, stop at ZeRO-1.
+// What stayed: the optimizer on a shard, the global norm from one scalar all-reduce, the in-place
+// all-gather of parameters. What to notice: gradients at 4Ψ/N in the theory table; bytes per step
+// still equal DP's (with K = 1); exposed comm falls back below 04's, as in 03.
 //
 // Run:
 //   make 05_zero2

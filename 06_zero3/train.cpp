@@ -6,7 +6,8 @@
 // its owners all-gather it into a layer-sized buffer; after the forward, the buffer is released.
 // Backward gathers each layer again, then reduce-scatters its gradients as 05 did. To hide the
 // gathers, the NEXT layer's gather is launched (prefetched) before the current layer computes, in
-// forward and in backward. Peak parameter memory: one shard plus about two layers.
+// forward and in backward. Peak parameter memory: one shard plus about two blocks, plus the
+// embedding, which the tied head needs at the end of forward and the start of backward.
 //
 // What changed since 05: parameters are sharded (param_shard); hooks gather, bind, prefetch and
 // release layers; the optimizer updates the shard and no all-gather follows it: the next forward
@@ -14,6 +15,8 @@
 // unit), so unit 0 stays gathered from the embedding's forward to the head's, and from the head's
 // backward to the embedding's. Each layer is then gathered exactly once in forward and once in
 // backward: with the reduce-scatter, 1.5x the bytes of data parallelism (K times with --grad-accum).
+// The price of that exactness: the head and the embedding are released at the end of forward and
+// gathered again, unprefetched, at the start of backward (FSDP keeps the last unit instead).
 // What to notice: parameters in the theory table at 4Ψ/N; the gathered layers appear as transient
 // communication buffers; with --no-prefetch, exposed communication grows (compare with --trace).
 //

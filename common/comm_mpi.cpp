@@ -180,7 +180,7 @@ T* mpi_buffer(const Tensor& t) {
 // `own_offset` elements in (comm.h). Then MPI takes this rank's contribution from recv (MPI_IN_PLACE).
 // Any other overlap would have MPI read a segment while another rank's data overwrites it: ENSURE.
 bool gather_in_place(const Tensor& send, const Tensor& recv, int64_t own_offset, const char* what) {
-  if (send.data == recv.slice1d(own_offset, 0).data) return true;
+  if (send.numel() > 0 && send.data == recv.slice1d(own_offset, send.numel()).data) return true;
   ENSURE(!overlap(send, recv), std::string(what) + ": send overlaps recv without being this rank's own "
                                "segment of it; MPI forbids that (in place, send must be exactly that segment)");
   return false;

@@ -139,7 +139,7 @@ void ensure_disjoint(const Tensor& send, const Tensor& recv, const char* what) {
   ENSURE(!overlap(send, recv), std::string(what) + ": send and recv overlap; use a separate recv (comm.h)");
 }
 void ensure_gather_buffers(const Tensor& send, const Tensor& recv, int64_t own_offset, const char* what) {
-  if (send.numel() == 0 || send.data == recv.slice1d(own_offset, 0).data) return;  // in place
+  if (send.numel() == 0 || send.data == recv.slice1d(own_offset, send.numel()).data) return;  // in place
   ENSURE(!overlap(send, recv), std::string(what) + ": send overlaps recv without being this rank's own segment "
                                "of it (in place, send must be exactly that segment)");
 }

@@ -13,7 +13,8 @@ void TokenData::fill(int64_t step, int B, int first, int count, int T, int* inpu
                      int* targets) const {
   ENSURE(first >= 0 && count >= 0 && first + count <= B, "samples outside the global batch");
   ENSURE(length() >= int64_t(T) + 2, "token data shorter than T+2 (load_token_data checks this)");
-  // Every window of T+1 bytes must fit, so offsets wrap around modulo len - T - 1. The offset
+  // Offsets wrap around modulo len - T - 1 (the documented order; one fewer than the len - T
+  // windows of T+1 bytes that would fit, so the file's last byte is never a target). The offset
   // depends only on (step, global sample), never on the rank count: that is what lets a run on
   // N ranks see exactly the batches of a run on one rank.
   const int64_t num_offsets = length() - T - 1;

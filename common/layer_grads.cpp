@@ -25,8 +25,10 @@ void LayerGradReducer::reduce_scatter(int u) {
 void LayerGradReducer::retire_oldest() {
   InFlight& done = in_flight_.front();
   done.handle.wait();
-  Tensor target = make_view(grad_shard_ + (done.piece_begin - shard_.begin()), {done.piece.count()});
-  add_inplace(target, done.piece.view());
+  if (done.piece.count() > 0) {  // a rank may own none of this layer
+    Tensor target = make_view(grad_shard_ + (done.piece_begin - shard_.begin()), {done.piece.count()});
+    add_inplace(target, done.piece.view());
+  }
   in_flight_.pop_front();  // frees the layer's gradients and the piece
 }
 

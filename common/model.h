@@ -21,8 +21,9 @@ struct ModelHooks {
   std::function<void(int unit)> before_backward;  // before unit's backward (ZeRO-3: gather again)
   std::function<void(int unit)> after_backward;   // unit's backward done: its gradients are final,
                                                   // except wte's, final only after unit 0
-  std::function<void(int param)> grad_ready;      // params[param]'s gradient is final (all micro-
-                                                  // batch contributions of this backward are in)
+  std::function<void(int param)> grad_ready;      // params[param]'s gradient will not change again
+                                                  // in this backward (fires on every backward: a
+                                                  // chapter decides which micro-batch communicates)
 };
 
 class GPT2 {

@@ -30,10 +30,12 @@ struct Tensor {
     ENSURE(dtype == DType::F32, "tensor is not fp32");
     return static_cast<float*>(data);
   }
-  // The same memory seen as `count` elements starting `offset` elements in, as a 1-D view.
+  // The same memory seen as `count` elements starting `offset` elements in, as a 1-D view. An empty
+  // slice has no memory (data == nullptr): a rank owning none of a range may then ask for its
+  // "piece" at an offset outside the buffer without forming an out-of-bounds pointer.
   Tensor slice1d(int64_t offset, int64_t count) const {
     Tensor t = *this;
-    t.data = static_cast<char*>(data) + offset * int64_t(dtype_size(dtype));
+    t.data = count == 0 ? nullptr : static_cast<char*>(data) + offset * int64_t(dtype_size(dtype));
     t.ndim = 1;
     t.shape[0] = count;
     t.shape[1] = t.shape[2] = t.shape[3] = 0;
