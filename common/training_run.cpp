@@ -113,6 +113,9 @@ namespace {
 
 // A full padded copy of [begin, begin + count) from every rank's piece: a no-op copy when the
 // piece already is everything, an all-gather when it is a shard. Transient, counted as "other".
+// Simple rather than lean: while saving, every rank briefly holds full parameters, m and v (12Ψ
+// bytes, outside the step's peak). A model that does not fit once per rank would gather to rank 0
+// tensor by tensor instead.
 Buffer gather_full(Communicator& comm, const ParamLayout& layout, const float* piece, int64_t begin, int64_t count) {
   Buffer full(layout.padded_size, MemCategory::Other);
   if (count == layout.padded_size) {
