@@ -17,7 +17,8 @@
 //           Without emulation the ranks share one machine's memory, so large sizes measure copies and
 //           additions, and small ones the communication thread's polling interval (comm_mpi.cpp).
 //
-// Table 2 all-reduces the gradient of the tiny and small presets three ways, with the same bytes:
+// Table 2 all-reduces the gradient of the tiny and small presets three ways, with the same bytes
+// (the per-tensor plan skips the padding between units, where the rank count makes any):
 //   raw MPI       one MPI_Allreduce of the whole flat buffer, called directly (only here; the
 //                 framework always goes through the Communicator). With --link-gbps the caller then
 //                 sleeps out the same modelled link time the Communicator would.
