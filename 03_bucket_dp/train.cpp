@@ -27,6 +27,8 @@
 
 #include "buckets.h"
 #include "comm.h"
+#include "comm_factory.h"
+#include "device.h"
 #include "flags.h"
 #include "memory.h"
 #include "model.h"
@@ -46,14 +48,16 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (!(bucket_mb > 0)) config_error("--bucket-mb must be > 0");
+  comm = communicator_for(pick_device(cfg.device), std::move(comm));  // NCCL on GPUs (comm_factory.h)
   TrainingRun run(*comm, cfg, Strategy::DP);
+  const Device device = run.device();
   const ParamLayout& layout = run.layout();
 
   // Every rank holds all parameters, all gradients and the whole optimizer state.
-  Buffer params(layout.padded_size, MemCategory::Params);
-  Buffer grads(layout.padded_size, MemCategory::Grads);
-  AdamW optimizer(layout, 0, layout.padded_size, cfg.weight_decay);
-  GPT2 model(run.model_config(), layout, run.micro_batch_size());
+  Buffer params(layout.padded_size, MemCategory::Params, device);
+  Buffer grads(layout.padded_size, MemCategory::Grads, device);
+  AdamW optimizer(layout, 0, layout.padded_size, cfg.weight_decay, device);
+  GPT2 model(run.model_config(), layout, run.micro_batch_size(), device);
   model.bind_all(params.f32(), grads.f32());
   const int start = run.init_or_resume(params, optimizer);
 
@@ -92,7 +96,7 @@ int main(int argc, char** argv) {
 
     // Every rank now holds the same full gradient, so its norm is already global.
     const double norm = std::sqrt(sum_of_squares(grads.view()));
-    optimizer.update(params.f32(), grads.f32(), step + 1, run.lr(step), clip_factor(norm, cfg.grad_clip));
+    optimizer.update(params.view(), grads.view(), step + 1, run.lr(step), clip_factor(norm, cfg.grad_clip));
     run.end_step(step, loss, norm);
     if (run.checkpoint_due(step)) run.save_checkpoint(step + 1, params, optimizer);
   }

@@ -31,6 +31,8 @@
 
 #include "buckets.h"
 #include "comm.h"
+#include "comm_factory.h"
+#include "device.h"
 #include "flags.h"
 #include "memory.h"
 #include "model.h"
@@ -51,15 +53,17 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (!(bucket_mb > 0)) config_error("--bucket-mb must be > 0");
+  comm = communicator_for(pick_device(cfg.device), std::move(comm));  // NCCL on GPUs (comm_factory.h)
   TrainingRun run(*comm, cfg, Strategy::ZeRO1);
+  const Device device = run.device();
   const ParamLayout& layout = run.layout();
   const ShardPlan shard(layout, comm->rank());
 
   // Every rank holds all parameters and all gradients, but optimizer state for its shard only.
-  Buffer params(layout.padded_size, MemCategory::Params);
-  Buffer grads(layout.padded_size, MemCategory::Grads);
-  AdamW optimizer(layout, shard.begin(), shard.end(), cfg.weight_decay);
-  GPT2 model(run.model_config(), layout, run.micro_batch_size());
+  Buffer params(layout.padded_size, MemCategory::Params, device);
+  Buffer grads(layout.padded_size, MemCategory::Grads, device);
+  AdamW optimizer(layout, shard.begin(), shard.end(), cfg.weight_decay, device);
+  GPT2 model(run.model_config(), layout, run.micro_batch_size(), device);
   model.bind_all(params.f32(), grads.f32());
   const int start = run.init_or_resume(params, optimizer);
   const GradientBuckets buckets(layout, bucket_mb * 1e6);
@@ -77,7 +81,7 @@ int main(int argc, char** argv) {
     // The lesson, 1: reduce-scatter each bucket; this rank receives the average of its piece. The
     // pieces of all buckets tile this rank's shard, so they land side by side in one shard-sized
     // buffer (a separate one: MPI may not receive into the buffer it sends from).
-    Buffer grad_shard(shard.size(), MemCategory::CommBuffers);
+    Buffer grad_shard(shard.size(), MemCategory::CommBuffers, device);
     std::vector<CommHandle> in_flight;
     for (int b = 0; b < buckets.count(); b++) {
       const int64_t lo = shard.piece_begin(buckets.begin(b), buckets.end(b));
@@ -91,7 +95,7 @@ int main(int argc, char** argv) {
     // The lesson, 2: the global gradient norm from every shard's sum of squares, then AdamW on
     // this rank's slice only.
     const double norm = std::sqrt(comm->all_reduce_scalar(sum_of_squares(grad_shard.view()), ReduceOp::Sum));
-    optimizer.update(params.f32() + shard.begin(), grad_shard.f32(), step + 1, run.lr(step),
+    optimizer.update(params.view().slice1d(shard.begin(), shard.size()), grad_shard.view(), step + 1, run.lr(step),
                      clip_factor(norm, cfg.grad_clip));
 
     // The lesson, 3: every rank gathers everyone's updated slice, in place.

@@ -29,6 +29,8 @@
 #include <cmath>
 
 #include "comm.h"
+#include "comm_factory.h"
+#include "device.h"
 #include "flags.h"
 #include "layer_grads.h"
 #include "memory.h"
@@ -47,23 +49,25 @@ int main(int argc, char** argv) {
     shutdown_mpi(std::move(comm));
     return 0;
   }
+  comm = communicator_for(pick_device(cfg.device), std::move(comm));  // NCCL on GPUs (comm_factory.h)
   TrainingRun run(*comm, cfg, Strategy::ZeRO2);
+  const Device device = run.device();
   const ParamLayout& layout = run.layout();
   const ShardPlan shard(layout, comm->rank());
   const int head = layout.num_units() - 1;  // final layernorm + tied LM head
 
   // Every rank holds all parameters, but gradients and optimizer state for its shard only.
-  Buffer params(layout.padded_size, MemCategory::Params);
-  Buffer grad_shard(shard.size(), MemCategory::Grads);
-  AdamW optimizer(layout, shard.begin(), shard.end(), cfg.weight_decay);
-  GPT2 model(run.model_config(), layout, run.micro_batch_size());
+  Buffer params(layout.padded_size, MemCategory::Params, device);
+  Buffer grad_shard(shard.size(), MemCategory::Grads, device);
+  AdamW optimizer(layout, shard.begin(), shard.end(), cfg.weight_decay, device);
+  GPT2 model(run.model_config(), layout, run.micro_batch_size(), device);
   model.bind_params(0, layout.padded_size, params.f32());  // gradients are bound layer by layer below
   const int start = run.init_or_resume(params, optimizer);
 
   // The lesson: a layer's gradients get a transient buffer when its backward starts, and are
   // reduce-scattered to their owners the moment its backward ends (LayerGradReducer in common/
   // holds the buffers, the in-flight limit, and adds each received piece into grad_shard).
-  LayerGradReducer reducer(*comm, model, shard, grad_shard.f32());
+  LayerGradReducer reducer(*comm, model, shard, grad_shard.view());
   model.hooks.before_backward = [&](int u) {
     reducer.open(u);
     if (u == head) reducer.open(0);  // the tied head writes wte's gradient, final only after unit 0
@@ -83,7 +87,7 @@ int main(int argc, char** argv) {
 
     // As in 04: the global norm from the shards, AdamW on this rank's slice, then gather in place.
     const double norm = std::sqrt(comm->all_reduce_scalar(sum_of_squares(grad_shard.view()), ReduceOp::Sum));
-    optimizer.update(params.f32() + shard.begin(), grad_shard.f32(), step + 1, run.lr(step),
+    optimizer.update(params.view().slice1d(shard.begin(), shard.size()), grad_shard.view(), step + 1, run.lr(step),
                      clip_factor(norm, cfg.grad_clip));
     comm->all_gather(params.view().slice1d(shard.begin(), shard.size()), params.view());
 

@@ -30,6 +30,8 @@
 #include <map>
 
 #include "comm.h"
+#include "comm_factory.h"
+#include "device.h"
 #include "flags.h"
 #include "layer_grads.h"
 #include "memory.h"
@@ -51,17 +53,19 @@ int main(int argc, char** argv) {
     shutdown_mpi(std::move(comm));
     return 0;
   }
+  comm = communicator_for(pick_device(cfg.device), std::move(comm));  // NCCL on GPUs (comm_factory.h)
   TrainingRun run(*comm, cfg, Strategy::ZeRO3);
+  const Device device = run.device();
   const ParamLayout& layout = run.layout();
   const ShardPlan shard(layout, comm->rank());
   const int head = layout.num_units() - 1;  // final layernorm + tied LM head
 
   // Every rank holds only its shard of parameters, gradients and optimizer state.
-  Buffer param_shard(shard.size(), MemCategory::Params);
-  Buffer grad_shard(shard.size(), MemCategory::Grads);
-  AdamW optimizer(layout, shard.begin(), shard.end(), cfg.weight_decay);
-  GPT2 model(run.model_config(), layout, run.micro_batch_size());  // nothing bound: layers come and go
-  const int start = run.init_or_resume(param_shard.f32(), shard.begin(), shard.size(), optimizer);
+  Buffer param_shard(shard.size(), MemCategory::Params, device);
+  Buffer grad_shard(shard.size(), MemCategory::Grads, device);
+  AdamW optimizer(layout, shard.begin(), shard.end(), cfg.weight_decay, device);
+  GPT2 model(run.model_config(), layout, run.micro_batch_size(), device);  // nothing bound: layers come and go
+  const int start = run.init_or_resume(param_shard.view(), shard.begin(), optimizer);
 
   // The lesson, 1: gather a layer's parameters from their owners into a layer-sized buffer.
   struct Gathered {
@@ -76,7 +80,7 @@ int main(int argc, char** argv) {
     const int64_t begin = layout.unit_begin[u], end = layout.unit_begin[u + 1];
     const int64_t lo = shard.piece_begin(begin, end), hi = shard.piece_end(begin, end);
     Gathered& g = gathered[u];
-    g.params = Buffer(end - begin, MemCategory::CommBuffers);
+    g.params = Buffer(end - begin, MemCategory::CommBuffers, device);
     g.handle = comm->all_gather_v_async(param_shard.view().slice1d(lo - shard.begin(), hi - lo), g.params.view(),
                                         shard.counts(begin, end));
     gathered_now += end - begin;
@@ -113,7 +117,7 @@ int main(int argc, char** argv) {
 
   // The lesson, 3: backward gathers again, walking down, and reduce-scatters each layer's gradients
   // to their owners as 05 does.
-  LayerGradReducer reducer(*comm, model, shard, grad_shard.f32());
+  LayerGradReducer reducer(*comm, model, shard, grad_shard.view());
   model.hooks.before_backward = [&](int u) {
     use(u);
     reducer.open(u);
@@ -142,10 +146,10 @@ int main(int argc, char** argv) {
     // The global norm from the shards, then AdamW on the shard. No all-gather: the next forward
     // gathers each layer when it needs it.
     const double norm = std::sqrt(comm->all_reduce_scalar(sum_of_squares(grad_shard.view()), ReduceOp::Sum));
-    optimizer.update(param_shard.f32(), grad_shard.f32(), step + 1, run.lr(step), clip_factor(norm, cfg.grad_clip));
+    optimizer.update(param_shard.view(), grad_shard.view(), step + 1, run.lr(step), clip_factor(norm, cfg.grad_clip));
 
     run.end_step(step, loss, norm);
-    if (run.checkpoint_due(step)) run.save_checkpoint(step + 1, param_shard.f32(), shard.begin(), shard.size(), optimizer);
+    if (run.checkpoint_due(step)) run.save_checkpoint(step + 1, param_shard.view(), shard.begin(), optimizer);
   }
   if (run.is_root()) {
     int64_t largest = 0, second = 0;

@@ -75,6 +75,9 @@ class Communicator {
   virtual ~Communicator() = default;
   int rank() const { return rank_; }
   int size() const { return size_; }
+  // Where the tensors of its collectives live: CPU for MPI, CUDA for the NCCL and host-staged ones.
+  Device device() const { return device_; }
+  const std::string& name() const { return name_; }  // "mpi", "nccl", "mpi (host-staged)"
 
   // MPI forbids a send buffer that overlaps the receive buffer of the same call, and does not check:
   // it would reduce or copy from input it has half overwritten. So the collectives below with both
@@ -143,6 +146,8 @@ class Communicator {
  protected:
   int rank_ = 0;
   int size_ = 1;
+  Device device_ = Device::CPU;
+  std::string name_ = "mpi";
   CommStats stats_;
   LinkModel link_;
 };

@@ -1,4 +1,4 @@
-// comm_factory.cpp: create_communicator of comm_factory.h. Built with and without CUDA; the CUDA
+// comm_factory.cpp: communicator_for of comm_factory.h. Built with and without CUDA; the CUDA
 // communicators themselves live in comm_nccl.cpp, compiled only in the CUDA build.
 #include "comm_factory.h"
 
@@ -6,8 +6,7 @@
 
 #include "check.h"  // config_error
 
-std::unique_ptr<Communicator> create_communicator(int* argc, char*** argv, Device device) {
-  std::unique_ptr<Communicator> mpi = init_mpi_communicator(argc, argv);
+std::unique_ptr<Communicator> communicator_for(Device device, std::unique_ptr<Communicator> mpi) {
   if (device == Device::CPU) return mpi;
 #ifdef GPT_WITH_CUDA
   return create_cuda_communicator(std::move(mpi));

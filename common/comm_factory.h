@@ -1,13 +1,13 @@
-// comm_factory.h: the communicator for the device a run computes on. Defines create_communicator,
-// which a chapter calls instead of init_mpi_communicator (comm.h) when it may run on GPUs.
+// comm_factory.h: the communicator for the device a run computes on. Defines communicator_for,
+// which a chapter calls right after parsing its flags, on the MPI communicator it started with.
 #pragma once
 #include <memory>
 
-#include "comm.h"    // Communicator, init_mpi_communicator, shutdown_mpi
+#include "comm.h"    // Communicator
 #include "tensor.h"  // Device
 
-// Initialises MPI (init_mpi_communicator), then returns
-//   for Device::CPU:  the MPI communicator, exactly what init_mpi_communicator returns;
+// Returns
+//   for Device::CPU:  `mpi` itself, the MPI communicator of init_mpi_communicator (comm.h);
 //   for Device::CUDA: after selecting this rank's GPU (node-local rank modulo the GPUs it sees), the
 //                     NCCL communicator (comm_nccl.cpp). Collectives of CUDA tensors run on NCCL's
 //                     own stream, ordered after the compute stream with CUDA events; CPU tensors,
@@ -15,12 +15,12 @@
 //                     GPU, NCCL cannot work (it needs one GPU per rank): rank 0 says so once and
 //                     every rank falls back to MPI with host staging (device -> host, MPI, host ->
 //                     device): correct, but slow and without overlap.
-// Device::CUDA needs the CUDA build; without it, a config_error says so. Call it first thing in
-// main; end with shutdown_mpi(std::move(comm)).
-std::unique_ptr<Communicator> create_communicator(int* argc, char*** argv, Device device);
+// Device::CUDA needs the CUDA build; without it, a config_error says so. The chapter still ends with
+// shutdown_mpi(std::move(comm)).
+std::unique_ptr<Communicator> communicator_for(Device device, std::unique_ptr<Communicator> mpi);
 
 #ifdef GPT_WITH_CUDA
-// The Device::CUDA half of create_communicator, in comm_nccl.cpp. `mpi` is the MPI communicator
+// The Device::CUDA half of communicator_for, in comm_nccl.cpp. `mpi` is the MPI communicator
 // (MPI is initialised); the CUDA communicator keeps it for what travels over MPI.
 std::unique_ptr<Communicator> create_cuda_communicator(std::unique_ptr<Communicator> mpi);
 #endif

@@ -1,4 +1,4 @@
-// comm_nccl.cpp: the communicators for CUDA tensors, and create_cuda_communicator (comm_factory.h).
+// comm_nccl.cpp: the communicators for CUDA tensors, and create_cuda_communicator, the CUDA half of communicator_for (comm_factory.h).
 // Compiled only in the CUDA build (GPT_WITH_CUDA); in the CPU build this file is empty.
 //
 // NcclCommunicator, the normal case: one GPU per rank, collectives by NCCL.
@@ -83,9 +83,11 @@ class CudaCommunicatorBase : public Communicator {
   }
 
  protected:
-  explicit CudaCommunicatorBase(std::unique_ptr<Communicator> mpi) : mpi_(std::move(mpi)) {
+  CudaCommunicatorBase(std::unique_ptr<Communicator> mpi, const char* name) : mpi_(std::move(mpi)) {
     rank_ = mpi_->rank();
     size_ = mpi_->size();
+    device_ = Device::CUDA;
+    name_ = name;
   }
 
   // Adds what the MPI communicator counted since the last call to our own statistics. Both are
@@ -189,7 +191,7 @@ struct NcclOp {
 
 class NcclCommunicator final : public CudaCommunicatorBase {
  public:
-  explicit NcclCommunicator(std::unique_ptr<Communicator> mpi) : CudaCommunicatorBase(std::move(mpi)) {
+  explicit NcclCommunicator(std::unique_ptr<Communicator> mpi) : CudaCommunicatorBase(std::move(mpi), "nccl") {
     // Rank 0 makes the id that names this NCCL communicator; MPI carries it to everyone.
     ncclUniqueId id;
     if (rank_ == 0) NCCL_CHECK(ncclGetUniqueId(&id));
@@ -452,7 +454,8 @@ class NcclCommunicator final : public CudaCommunicatorBase {
 
 class HostStagedCommunicator final : public CudaCommunicatorBase {
  public:
-  explicit HostStagedCommunicator(std::unique_ptr<Communicator> mpi) : CudaCommunicatorBase(std::move(mpi)) {}
+  explicit HostStagedCommunicator(std::unique_ptr<Communicator> mpi)
+      : CudaCommunicatorBase(std::move(mpi), "mpi (host-staged)") {}
 
   CommHandle all_reduce_async(Tensor buf, ReduceOp op) override {
     if (buf.device == Device::CPU) return over_mpi(mpi_->all_reduce_async(buf, op));

@@ -1,12 +1,16 @@
-// device.cpp: cuda_device_count and pick_device of device.h. The CUDA runtime is asked only in the
+// device.cpp: see device.h. The CUDA runtime is asked only in the
 // CUDA build (GPT_WITH_CUDA); there a missing driver or GPU is an answer (0 devices), not an error.
 #include "device.h"
 
 #ifdef GPT_WITH_CUDA
 #include <cuda_runtime_api.h>
+
+#include "cuda_check.h"  // CUDA_CHECK
 #endif
 
-#include "check.h"  // config_error
+#include <cstring>
+
+#include "check.h"  // config_error, fatal, ENSURE
 
 int cuda_device_count(std::string* why) {
 #ifdef GPT_WITH_CUDA
@@ -48,3 +52,66 @@ Device pick_device(const std::string& flag) {
 }
 
 const char* device_name(Device device) { return device == Device::CUDA ? "cuda" : "cpu"; }
+
+void transfer(Tensor dst, Tensor src) {
+  ENSURE(dst.dtype == src.dtype && dst.numel() == src.numel(), "transfer: dst and src differ in dtype or size");
+  if (src.bytes() == 0) return;
+  if (dst.device == Device::CPU && src.device == Device::CPU) {
+    std::memcpy(dst.data, src.data, src.bytes());
+    return;
+  }
+#ifdef GPT_WITH_CUDA
+  // cudaMemcpy runs on the legacy default stream, which the compute stream (ops_cuda.h) is ordered
+  // with: the copy sees every op queued before it, and ops queued after it see the copy.
+  CUDA_CHECK(cudaMemcpy(dst.data, src.data, src.bytes(), cudaMemcpyDefault));
+#else
+  fatal("transfer: a CUDA tensor, but this program was built without CUDA");
+#endif
+}
+
+void synchronize(Device device) {
+#ifdef GPT_WITH_CUDA
+  if (device == Device::CUDA) CUDA_CHECK(cudaDeviceSynchronize());
+#else
+  (void)device;
+#endif
+}
+
+namespace {
+// Peak dense FLOP/s from NVIDIA's data sheets (the README's MFU section quotes them).
+// A name matches when it contains `model`. fp32 is the non-tensor-core rate: the CUDA fp32 ops
+// use cuBLAS in its default math mode, without TF32.
+struct Peak {
+  const char* model;
+  double bf16, fp32;
+  const char* label;
+};
+constexpr Peak kPeaks[] = {
+    {"H200", 989e12, 67e12, "H200"},
+    {"H100", 989e12, 67e12, "H100 SXM"},
+    {"A100", 312e12, 19.5e12, "A100"},
+};
+}  // namespace
+
+DeviceInfo describe_device(Device device, DType dtype) {
+  DeviceInfo info;
+  info.name = device_name(device);
+#ifdef GPT_WITH_CUDA
+  if (device == Device::CUDA) {
+    int index = 0;
+    cudaDeviceProp prop;
+    CUDA_CHECK(cudaGetDevice(&index));
+    CUDA_CHECK(cudaGetDeviceProperties(&prop, index));
+    info.name += std::string(": ") + prop.name;
+    for (const Peak& peak : kPeaks) {
+      if (std::strstr(prop.name, peak.model) == nullptr) continue;
+      info.peak_flops = dtype == DType::BF16 ? peak.bf16 : peak.fp32;
+      info.peak_source = std::string(peak.label) + " dense " + dtype_name(dtype);
+      break;
+    }
+  }
+#else
+  (void)dtype;
+#endif
+  return info;
+}

@@ -1,6 +1,7 @@
-// device.h: which device a run computes on. Defines cuda_device_count(), cuda_available() and
-// pick_device(), the meaning of a --device flag (auto | cpu | cuda). Host code only: it builds with
-// and without CUDA (without it, no CUDA device is ever available).
+// device.h: which device a run computes on, and moving data between devices. Defines
+// cuda_device_count(), cuda_available(), pick_device() (the meaning of a --device flag: auto | cpu |
+// cuda), transfer(), synchronize() and describe_device() with the peak FLOP/s that MFU divides by.
+// Host code only: it builds with and without CUDA (without it, no CUDA device is ever available).
 #pragma once
 #include <string>
 
@@ -13,7 +14,25 @@ inline bool cuda_available() { return cuda_device_count() > 0; }
 
 // "auto": CUDA when available, else the CPU. "cpu": the CPU. "cuda": CUDA, or a config_error that
 // says why it is unavailable. Anything else: a config_error naming the three choices.
-// Which GPU a rank uses is chosen later, by create_communicator (comm_factory.h).
+// Which GPU a rank uses is chosen later, by communicator_for (comm_factory.h).
 Device pick_device(const std::string& flag);
 
 const char* device_name(Device device);  // "cpu" or "cuda"
+
+// Copies src into dst, which may live on different devices (host <-> GPU), byte for byte: same dtype
+// and numel. Returns once dst holds the data, so host memory can be reused right after.
+void transfer(Tensor dst, Tensor src);
+
+// Blocks until every op queued on `device` has finished: a no-op on the CPU, where ops are
+// synchronous. A step's time is read after this, or it would measure only the queueing of kernels.
+void synchronize(Device device);
+
+// What a run computes on, for the run header ("cpu", "cuda: NVIDIA H100 80GB HBM3"), and the peak
+// dense FLOP/s of that device for `dtype`, which MFU divides by (0 where unknown: the CPU, or a GPU
+// not in the table of device.cpp). peak_source names the peak ("H100 SXM dense bf16").
+struct DeviceInfo {
+  std::string name;
+  double peak_flops = 0;
+  std::string peak_source;
+};
+DeviceInfo describe_device(Device device, DType dtype);

@@ -217,6 +217,7 @@ bool parse_train_flags(int argc, char** argv, const std::string& chapter, const 
   parser.add("--link-gbps", &cfg->link_gbps, "emulate an interconnect of this many Gbit/s; 0 = off");
   parser.add("--link-latency-us", &cfg->link_latency_us, "latency of the emulated link per message, in microseconds");
   parser.add_switch("--quiet", &cfg->quiet, "no step lines");
+  parser.add("--device", &cfg->device, "auto | cpu | cuda; auto = cuda when a GPU is visible", "NAME");
 
   const std::string program = argc > 0 ? argv[0] : chapter;
   const std::string header = chapter + ": " + about + "\n\nusage: mpiexec -n RANKS " + program +

@@ -27,6 +27,7 @@ struct TrainConfig {
   double link_gbps = 0;      // emulated interconnect (0 = off)
   double link_latency_us = 0;
   bool quiet = false;        // no step lines (tests)
+  std::string device = "auto";  // auto | cpu | cuda (device.h, pick_device)
 };
 
 class FlagParser {

@@ -6,7 +6,8 @@
 void LayerGradReducer::open(int u) {
   while (in_flight_.size() >= max_in_flight_) retire_oldest();
   if (open_.count(u)) return;
-  Buffer buffer(layout_.unit_size(u), MemCategory::CommBuffers);  // zeroed: backward accumulates
+  // Zeroed: backward accumulates.
+  Buffer buffer(layout_.unit_size(u), MemCategory::CommBuffers, grad_shard_.device);
   model_.bind_unit_grads(u, buffer.f32());
   open_[u] = std::move(buffer);
 }
@@ -14,7 +15,8 @@ void LayerGradReducer::open(int u) {
 void LayerGradReducer::reduce_scatter(int u) {
   const int64_t begin = layout_.unit_begin[u], end = layout_.unit_begin[u + 1];
   const int64_t lo = shard_.piece_begin(begin, end), hi = shard_.piece_end(begin, end);
-  InFlight sending{std::move(open_.at(u)), Buffer(hi - lo, MemCategory::CommBuffers), lo, CommHandle()};
+  InFlight sending{std::move(open_.at(u)), Buffer(hi - lo, MemCategory::CommBuffers, grad_shard_.device), lo,
+                   CommHandle()};
   open_.erase(u);
   model_.bind_unit_grads(u, nullptr);
   sending.handle = comm_.reduce_scatter_v_async(sending.layer_grads.view(), sending.piece.view(),
@@ -26,8 +28,7 @@ void LayerGradReducer::retire_oldest() {
   InFlight& done = in_flight_.front();
   done.handle.wait();
   if (done.piece.count() > 0) {  // a rank may own none of this layer
-    Tensor target = make_view(grad_shard_ + (done.piece_begin - shard_.begin()), {done.piece.count()});
-    add_inplace(target, done.piece.view());
+    add_inplace(grad_shard_.slice1d(done.piece_begin - shard_.begin(), done.piece.count()), done.piece.view());
   }
   in_flight_.pop_front();  // frees the layer's gradients and the piece
 }

@@ -14,7 +14,9 @@
 
 class LayerGradReducer {
  public:
-  LayerGradReducer(Communicator& comm, GPT2& model, const ShardPlan& shard, float* grad_shard, size_t max_in_flight = 2)
+  // grad_shard: this rank's gradient shard (shard.size() elements), on the device the layer buffers
+  // are allocated on.
+  LayerGradReducer(Communicator& comm, GPT2& model, const ShardPlan& shard, Tensor grad_shard, size_t max_in_flight = 2)
       : comm_(comm), model_(model), layout_(model.layout()), shard_(shard), grad_shard_(grad_shard),
         max_in_flight_(max_in_flight) {}
 
@@ -39,7 +41,7 @@ class LayerGradReducer {
   GPT2& model_;
   const ParamLayout& layout_;
   const ShardPlan& shard_;
-  float* grad_shard_;
+  Tensor grad_shard_;
   size_t max_in_flight_;
   std::map<int, Buffer> open_;  // unit -> its gradient buffer, being written by backward
   std::deque<InFlight> in_flight_;

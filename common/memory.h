@@ -29,6 +29,7 @@ class Buffer {
  public:
   Buffer() = default;
   Buffer(int64_t count, MemCategory cat, DType dtype = DType::F32, Device device = Device::CPU);
+  Buffer(int64_t count, MemCategory cat, Device device) : Buffer(count, cat, DType::F32, device) {}
   ~Buffer();
   Buffer(Buffer&& other) noexcept;
   Buffer& operator=(Buffer&& other) noexcept;

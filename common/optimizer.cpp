@@ -11,20 +11,22 @@ namespace {
 constexpr float kBeta1 = 0.9f, kBeta2 = 0.95f, kEps = 1e-8f;  // GPT-2/3 practice
 }
 
-AdamW::AdamW(const ParamLayout& layout, int64_t begin, int64_t end, float weight_decay)
+AdamW::AdamW(const ParamLayout& layout, int64_t begin, int64_t end, float weight_decay, Device device)
     : layout_(layout), begin_(begin), end_(end), weight_decay_(weight_decay),
-      m_(end - begin, MemCategory::OptState), v_(end - begin, MemCategory::OptState) {}
+      m_(end - begin, MemCategory::OptState, device),
+      v_(end - begin, MemCategory::OptState, device) {}
 
-void AdamW::update(float* params, const float* grads, int step, float lr, float grad_scale) {
+void AdamW::update(Tensor params, Tensor grads, int step, float lr, float grad_scale) {
   TraceScope span("optimizer");
+  ENSURE(params.numel() == end_ - begin_ && grads.numel() == end_ - begin_,
+         "AdamW::update: params and grads must hold the optimizer's range");
   // Walk the parameters that overlap [begin, end): a shard may start or end inside a tensor.
   for (const ParamInfo& p : layout_.params) {
     int64_t lo = std::max(p.offset, begin_), hi = std::min(p.offset + p.size, end_);
     if (lo >= hi) continue;
     int64_t at = lo - begin_, n = hi - lo;
-    adamw_update(make_view(params + at, {n}), make_view(const_cast<float*>(grads) + at, {n}),
-                 make_view(m_.f32() + at, {n}), make_view(v_.f32() + at, {n}), step, lr, kBeta1, kBeta2, kEps,
-                 p.weight_decay ? weight_decay_ : 0.0f, grad_scale);
+    adamw_update(params.slice1d(at, n), grads.slice1d(at, n), m_.view().slice1d(at, n), v_.view().slice1d(at, n),
+                 step, lr, kBeta1, kBeta2, kEps, p.weight_decay ? weight_decay_ : 0.0f, grad_scale);
   }
 }
 

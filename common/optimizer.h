@@ -11,16 +11,16 @@
 
 class AdamW {
  public:
-  // Owns m and v for flat elements [begin, end) (counted as optimizer state).
-  AdamW(const ParamLayout& layout, int64_t begin, int64_t end, float weight_decay);
+  // Owns m and v for flat elements [begin, end) on `device` (counted as optimizer state).
+  AdamW(const ParamLayout& layout, int64_t begin, int64_t end, float weight_decay, Device device = Device::CPU);
 
-  // One update of the range. params and grads point at flat element `begin` of the range (a full
-  // buffer + begin, or a shard buffer). Decay applies only to matrices; padding is left untouched.
-  // `step` counts from 1. grad_scale multiplies every gradient first (clipping).
-  void update(float* params, const float* grads, int step, float lr, float grad_scale);
+  // One update of the range. params and grads are range-sized views (a full buffer's slice from
+  // `begin`, or a shard buffer) on the optimizer's device. Decay applies only to matrices; padding
+  // is left untouched. `step` counts from 1. grad_scale multiplies every gradient first (clipping).
+  void update(Tensor params, Tensor grads, int step, float lr, float grad_scale);
 
-  float* m() { return m_.f32(); }  // range-sized, for checkpoints
-  float* v() { return v_.f32(); }
+  Tensor m() const { return m_.view(); }  // range-sized, for checkpoints
+  Tensor v() const { return v_.view(); }
   int64_t begin() const { return begin_; }
   int64_t end() const { return end_; }
 

@@ -7,10 +7,10 @@
 #include "check.h"
 
 enum class Device { CPU, CUDA };
-enum class DType { F32, BF16 };
+enum class DType { F32, BF16, I32 };  // I32: token ids
 
-inline size_t dtype_size(DType t) { return t == DType::F32 ? 4 : 2; }
-inline const char* dtype_name(DType t) { return t == DType::F32 ? "fp32" : "bf16"; }
+inline size_t dtype_size(DType t) { return t == DType::BF16 ? 2 : 4; }
+inline const char* dtype_name(DType t) { return t == DType::F32 ? "fp32" : t == DType::BF16 ? "bf16" : "int32"; }
 
 struct Tensor {
   void* data = nullptr;
@@ -29,6 +29,10 @@ struct Tensor {
   float* f32() const {
     ENSURE(dtype == DType::F32, "tensor is not fp32");
     return static_cast<float*>(data);
+  }
+  int* i32() const {
+    ENSURE(dtype == DType::I32, "tensor is not int32");
+    return static_cast<int*>(data);
   }
   // The same memory seen as `count` elements starting `offset` elements in, as a 1-D view. An empty
   // slice has no memory (data == nullptr): a rank owning none of a range may then ask for its

@@ -5,6 +5,7 @@
 #include <cstdio>
 
 #include "checkpoint.h"
+#include "device.h"
 #include "model.h"
 #include "ops.h"
 #include "optimizer.h"
@@ -37,7 +38,7 @@ int64_t training_wire_bytes(const CommStats& s) {
 }  // namespace
 
 TrainingRun::TrainingRun(Communicator& comm, const TrainConfig& cfg, Strategy strategy)
-    : comm_(comm), cfg_(cfg), strategy_(strategy) {
+    : comm_(comm), cfg_(cfg), strategy_(strategy), device_(comm.device()) {
   const int N = comm.size();
   // Every check below sees the same flags on every rank, so config_error() is collective-safe.
   if (!find_preset(cfg.preset, &model_))
@@ -60,6 +61,7 @@ TrainingRun::TrainingRun(Communicator& comm, const TrainConfig& cfg, Strategy st
   comm.agree_or_die(ok, error);
   inputs_.resize(size_t(micro_B_) * model_.T);
   targets_.resize(size_t(micro_B_) * model_.T);
+  if (device_ != Device::CPU) device_tokens_ = Buffer(2 * int64_t(micro_B_) * model_.T, MemCategory::Activations, DType::I32, device_);
 
   comm.set_link_model({cfg.link_gbps, cfg.link_latency_us});
   enable_tracing(!cfg.trace.empty());
@@ -71,6 +73,7 @@ TrainingRun::TrainingRun(Communicator& comm, const TrainConfig& cfg, Strategy st
                 (long long)layout_.num_params);
     std::printf("global batch %d x %d tokens | %d per rank in %d micro-batch%s of %d | data: %s\n", batch_, model_.T,
                 batch_ / N, cfg.grad_accum, cfg.grad_accum > 1 ? "es" : "", micro_B_, data_.description().c_str());
+    std::printf("device %s | communicator %s\n", describe_device(device_, DType::F32).name.c_str(), comm.name().c_str());
     if (cfg.link_gbps > 0)
       std::printf("emulated link: %.3g Gbit/s, %.3g us latency (alpha-beta ring model, see README)\n", cfg.link_gbps,
                   cfg.link_latency_us);
@@ -90,6 +93,8 @@ TrainingRun::TrainingRun(Communicator& comm, const TrainConfig& cfg, Strategy st
                     .add("lr", double(cfg_.lr))
                     .add("seed", int64_t(cfg.seed))
                     .add("data", data_.description())
+                    .add("device", describe_device(device_, DType::F32).name)
+                    .add("communicator", comm.name())
                     .add("link_gbps", cfg.link_gbps)
                     .add("link_latency_us", cfg.link_latency_us));
   }
@@ -104,33 +109,41 @@ MicroBatch TrainingRun::micro_batch(int step, int micro) {
   const int per_rank = batch_ / comm_.size();
   const int first = comm_.rank() * per_rank + micro * micro_B_;
   data_.fill(step, batch_, first, micro_B_, model_.T, inputs_.data(), targets_.data());
-  return {inputs_.data(), targets_.data(), micro_B_};
+  if (device_ == Device::CPU) return {inputs_.data(), targets_.data(), micro_B_};
+  // Uploaded once per micro-batch, so the ops read device memory (ops_cuda.h).
+  const int64_t n = int64_t(micro_B_) * model_.T;
+  Tensor on_device = device_tokens_.view();
+  transfer(on_device.slice1d(0, n), make_view(inputs_.data(), {n}, DType::I32));
+  transfer(on_device.slice1d(n, n), make_view(targets_.data(), {n}, DType::I32));
+  return {on_device.i32(), on_device.i32() + n, micro_B_};
 }
 
 float TrainingRun::lr(int step) const { return learning_rate(cfg_, cfg_.lr, step); }
 
 namespace {
 
-// A full padded copy of [begin, begin + count) from every rank's piece: a no-op copy when the
-// piece already is everything, an all-gather when it is a shard. Transient, counted as "other".
-// Simple rather than lean: while saving, every rank briefly holds full parameters, m and v (12Ψ
-// bytes, outside the step's peak). A model that does not fit once per rank would gather to rank 0
-// tensor by tensor instead.
-Buffer gather_full(Communicator& comm, const ParamLayout& layout, const float* piece, int64_t begin, int64_t count) {
+// A full padded copy, in host memory, of [begin, begin + piece.numel()) from every rank's piece: a
+// plain copy when the piece already is everything, an all-gather (on the piece's device) when it is
+// a shard. Transient, counted as "other". Simple rather than lean: while saving, every rank briefly
+// holds full parameters, m and v (12Ψ bytes, outside the step's peak). A model that does not fit
+// once per rank would gather to rank 0 tensor by tensor instead.
+Buffer gather_full(Communicator& comm, const ParamLayout& layout, Tensor piece, int64_t begin) {
   Buffer full(layout.padded_size, MemCategory::Other);
-  if (count == layout.padded_size) {
-    copy_tensor(full.view(), make_view(const_cast<float*>(piece), {count}));
-  } else {
-    ENSURE(count == layout.shard_size() && begin == layout.shard_begin(comm.rank()), "a piece must be all or a shard");
-    copy_tensor(full.view().slice1d(begin, count), make_view(const_cast<float*>(piece), {count}));
-    comm.all_gather(full.view().slice1d(begin, count), full.view());
+  if (piece.numel() == layout.padded_size) {
+    transfer(full.view(), piece);
+    return full;
   }
+  ENSURE(piece.numel() == layout.shard_size() && begin == layout.shard_begin(comm.rank()), "a piece must be all or a shard");
+  Buffer gathered(layout.padded_size, MemCategory::Other, piece.device);
+  copy_tensor(gathered.view().slice1d(begin, piece.numel()), piece);
+  comm.all_gather(gathered.view().slice1d(begin, piece.numel()), gathered.view());
+  transfer(full.view(), gathered.view());
   return full;
 }
 
 }  // namespace
 
-int TrainingRun::init_or_resume(float* params, int64_t params_begin, int64_t params_count, AdamW& optimizer) {
+int TrainingRun::init_or_resume(Tensor params, int64_t params_begin, AdamW& optimizer) {
   Buffer full_params(layout_.padded_size, MemCategory::Other);
   int64_t step = 0;
   if (cfg_.resume.empty()) {
@@ -139,14 +152,14 @@ int TrainingRun::init_or_resume(float* params, int64_t params_begin, int64_t par
     Buffer full_m(layout_.padded_size, MemCategory::Other), full_v(layout_.padded_size, MemCategory::Other);
     step = load_checkpoint(comm_, cfg_.resume, model_, layout_, batch_, full_params.f32(), full_m.f32(), full_v.f32());
     const int64_t n = optimizer.end() - optimizer.begin();
-    copy_tensor(make_view(optimizer.m(), {n}), full_m.view().slice1d(optimizer.begin(), n));
-    copy_tensor(make_view(optimizer.v(), {n}), full_v.view().slice1d(optimizer.begin(), n));
+    transfer(optimizer.m(), full_m.view().slice1d(optimizer.begin(), n));
+    transfer(optimizer.v(), full_v.view().slice1d(optimizer.begin(), n));
     if (is_root()) std::printf("resumed from %s at step %lld\n", cfg_.resume.c_str(), (long long)step);
     if (step > cfg_.steps)
       config_error("checkpoint '" + cfg_.resume + "' is at step " + std::to_string(step) + ", past --steps " +
                    std::to_string(cfg_.steps));
   }
-  copy_tensor(make_view(params, {params_count}), full_params.view().slice1d(params_begin, params_count));
+  transfer(params, full_params.view().slice1d(params_begin, params.numel()));
   return int(step);
 }
 
@@ -155,12 +168,10 @@ bool TrainingRun::checkpoint_due(int step) const {
   return step == cfg_.steps - 1 || (cfg_.save_every > 0 && (step + 1) % cfg_.save_every == 0);
 }
 
-void TrainingRun::save_checkpoint(int next_step, const float* params, int64_t params_begin, int64_t params_count,
-                                  AdamW& optimizer) {
-  const int64_t n = optimizer.end() - optimizer.begin();
-  Buffer full_params = gather_full(comm_, layout_, params, params_begin, params_count);
-  Buffer full_m = gather_full(comm_, layout_, optimizer.m(), optimizer.begin(), n);
-  Buffer full_v = gather_full(comm_, layout_, optimizer.v(), optimizer.begin(), n);
+void TrainingRun::save_checkpoint(int next_step, Tensor params, int64_t params_begin, AdamW& optimizer) {
+  Buffer full_params = gather_full(comm_, layout_, params, params_begin);
+  Buffer full_m = gather_full(comm_, layout_, optimizer.m(), optimizer.begin());
+  Buffer full_v = gather_full(comm_, layout_, optimizer.v(), optimizer.begin());
   CheckpointData data;
   data.step = next_step;
   data.global_batch = batch_;
@@ -182,6 +193,9 @@ void TrainingRun::begin_step(int /*step*/) {
 
 void TrainingRun::end_step(int step, float local_loss, double grad_norm) {
   // Everything the step measures is read before the loss is averaged: that scalar is bookkeeping.
+  // On a GPU the host is ahead of the device (ops only queue kernels): the step ends when the
+  // device has run them.
+  synchronize(device_);
   const double step_end_ms = now_ms(), step_ms = step_end_ms - step_start_ms_;
   trace_span(Track::Compute, "step " + std::to_string(step), step_start_ms_, step_end_ms);
   const CommStats step_comm = difference(comm_.stats(), comm_at_step_start_);
@@ -270,23 +284,45 @@ void TrainingRun::finish() {
   if (is_root()) {
     const double step_ms = totals_.step_ms / n, tokens_per_s = totals_.tokens_per_s / n;
     const double exposed = totals_.exposed_ms / n, comm_ms = totals_.comm_ms / n;
+    // FLOPs per token, as the PaLM paper counts them (appendix B): 6 per parameter (forward 2,
+    // backward 4) without the position embedding, plus 12 L C T for attention's score and value
+    // products. MFU divides the achieved FLOP/s by the device's peak (device.h).
+    const double flops_per_token = 6.0 * double(flops_params(layout_)) + 12.0 * model_.L * model_.C * model_.T;
+    const double achieved_flops = tokens_per_s * flops_per_token;
+    const DeviceInfo device = describe_device(device_, DType::F32);
     std::printf("average over %d measured steps: %.1f ms/step | %s tok/s | exposed comm %.2f ms | comm %.2f ms | "
                 "%.0f collectives/step | %s/step | peak mem %s | final loss %.4f\n",
                 totals_.steps, step_ms, format_count(tokens_per_s).c_str(), exposed, comm_ms, totals_.collectives / n,
                 format_bytes(totals_.comm_bytes / n).c_str(), format_bytes(double(memory_stats().peak_total)).c_str(),
                 totals_.last_loss);
+    const double flops_per_rank = achieved_flops / comm_.size();
+    std::printf("model FLOPs: 6N + 12LCT = %.3g per token x %s tok/s = %.3g %s per rank", flops_per_token,
+                format_count(tokens_per_s / comm_.size()).c_str(), flops_per_rank >= 1e12 ? flops_per_rank / 1e12 : flops_per_rank / 1e9,
+                flops_per_rank >= 1e12 ? "TFLOP/s" : "GFLOP/s");
+    if (device.peak_flops > 0) {
+      std::printf(" | MFU %.1f%% of %s (%.0f TFLOP/s)", 100.0 * flops_per_rank / device.peak_flops,
+                  device.peak_source.c_str(), device.peak_flops / 1e12);
+    }
+    std::printf("\n");
     std::fflush(stdout);
-    json_.write(JsonObject()
-                    .add("type", "summary")
-                    .add("measured_steps", totals_.steps)
-                    .add("step_ms", step_ms)
-                    .add("tokens_per_s", tokens_per_s)
-                    .add("exposed_comm_ms", exposed)
-                    .add("comm_ms", comm_ms)
-                    .add("collectives_per_step", totals_.collectives / n)
-                    .add("comm_bytes_per_step", totals_.comm_bytes / n)
-                    .add("peak_mem_bytes", memory_stats().peak_total)
-                    .add("final_loss", double(totals_.last_loss)));
+    JsonObject summary;
+    summary.add("type", "summary")
+        .add("measured_steps", totals_.steps)
+        .add("step_ms", step_ms)
+        .add("tokens_per_s", tokens_per_s)
+        .add("exposed_comm_ms", exposed)
+        .add("comm_ms", comm_ms)
+        .add("collectives_per_step", totals_.collectives / n)
+        .add("comm_bytes_per_step", totals_.comm_bytes / n)
+        .add("peak_mem_bytes", memory_stats().peak_total)
+        .add("final_loss", double(totals_.last_loss))
+        .add("flops_per_token", flops_per_token);
+    if (device.peak_flops > 0) {
+      summary.add("mfu", flops_per_rank / device.peak_flops)
+          .add("peak_flops", device.peak_flops)
+          .add("peak_source", device.peak_source);
+    }
+    json_.write(summary);
     json_.close();
   }
   if (!cfg_.trace.empty()) write_merged_trace(comm_, cfg_.trace);

@@ -243,6 +243,7 @@ std::vector<BadInput> bad_inputs() {
       {"CorruptedCheckpoint", "--resume " + bad_checkpoint("corrupted"), "corrupted"},
       {"CheckpointOfAnotherConfig", "--resume " + bad_checkpoint("small"), "L=4 C=128"},
       {"MissingCheckpoint", "--resume /nonexistent.ckpt", "cannot open '/nonexistent.ckpt'"},
+      {"UnknownDevice", "--device tpu", "--device tpu: unknown device; choose auto, cpu or cuda"},
   };
 }
 

@@ -14,8 +14,9 @@
 #include <sstream>
 
 RunResult run_trainer(const std::string& chapter, int ranks, const std::string& args, int timeout_s) {
+  const std::string device = args.find("--device") == std::string::npos ? "--device cpu " : "";
   std::string cmd = "timeout " + std::to_string(timeout_s) + " mpiexec -n " + std::to_string(ranks) + " ./" +
-                    chapter + "/train --quiet " + args + " </dev/null 2>&1";
+                    chapter + "/train --quiet " + device + args + " </dev/null 2>&1";
   RunResult r;
   auto start = std::chrono::steady_clock::now();
   FILE* pipe = popen(cmd.c_str(), "r");

@@ -12,7 +12,9 @@ struct RunResult {
   std::string output;  // stdout and stderr together
 };
 
-// Runs `mpiexec -n ranks ./<chapter>/train <args>` from the repository root with a time limit.
+// Runs `mpiexec -n ranks ./<chapter>/train --quiet <args>` from the repository root with a time
+// limit. Unless args name a --device, the run is on the CPU (--device cpu), so that the CPU tests
+// test the CPU on a machine with a GPU too; the GPU tests ask for --device cuda.
 RunResult run_trainer(const std::string& chapter, int ranks, const std::string& args, int timeout_s = 120);
 
 // A fresh temporary folder for one test's files.

@@ -1,0 +1,130 @@
+// test_devices.cpp: the chapters on the device --device picks, end to end through the real trainer
+// binaries. Without a GPU: --device cuda ends every rank quickly with the reason, and auto picks
+// the CPU. With a GPU: the CUDA fp32 model's losses match the CPU's, NCCL works at one rank, every
+// chapter at 2 ranks on one GPU (the host-staged fallback) matches one rank, and the memory counters
+// agree with what the driver reports. Each test that needs the other situation skips and says why.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "device.h"
+#include "memory.h"
+#include "training_harness.h"
+#ifdef GPT_WITH_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
+namespace {
+
+// cuBLAS and the CUDA reductions sum in other orders than the CPU code: each op differs from the
+// CPU by fp32 rounding (about 1e-6 relative), and 10 AdamW steps carry that into the weights. The
+// losses then agree to about 1e-5; 1e-4 leaves room without hiding a wrong kernel, whose error is
+// of the order of the loss itself.
+constexpr double kGpuVsCpuTolerance = 1e-4;
+// Ranks against one rank on the same device: the project's truth, as on the CPU.
+constexpr double kRankTolerance = 1e-5;
+constexpr int kSteps = 10;
+
+bool gpu_visible(std::string* why) { return cuda_device_count(why) > 0; }
+
+#define SKIP_WITHOUT_GPU()                                                     \
+  do {                                                                         \
+    std::string why_;                                                          \
+    if (!gpu_visible(&why_)) GTEST_SKIP() << "no CUDA device: " << why_;       \
+  } while (0)
+
+#define SKIP_WITH_GPU()                                                                             \
+  do {                                                                                              \
+    if (gpu_visible(nullptr)) GTEST_SKIP() << "a GPU is visible; this test checks the run without one"; \
+  } while (0)
+
+LossCurve train(const std::string& chapter, int ranks, const std::string& args, std::string* output = nullptr) {
+  const std::string dir = temp_dir();
+  RunResult r = run_trainer(chapter, ranks, "--steps " + std::to_string(kSteps) + " --json " + dir + "/run.jsonl " + args);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  if (output) *output = r.output;
+  return read_losses(dir + "/run.jsonl");
+}
+
+TEST(DeviceChoice, CudaWithoutGpuEndsEveryRankWithTheReason) {
+  SKIP_WITH_GPU();
+  RunResult r = run_trainer("01_vanilla_dp", 2, "--device cuda", 60);
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.exit_code, 124) << "timed out: a rank hung";
+  EXPECT_NE(r.output.find("--device cuda: no CUDA device is available ("), std::string::npos) << r.output;
+  EXPECT_LT(r.seconds, 15.0);
+}
+
+TEST(DeviceChoice, AutoPicksCudaExactlyWhenAGpuIsVisible) {
+  RunResult r = run_trainer("01_vanilla_dp", 1, "--device auto --steps 2");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::string& output = r.output;
+  const bool on_gpu = output.find("device cuda") != std::string::npos;
+  const bool on_cpu = output.find("device cpu | communicator mpi") != std::string::npos;
+  EXPECT_EQ(on_gpu, gpu_visible(nullptr)) << output;
+  EXPECT_NE(on_gpu, on_cpu) << output;
+}
+
+TEST(OnGpu, Fp32LossesMatchTheCpu) {
+  SKIP_WITHOUT_GPU();
+  const LossCurve cpu = train("01_vanilla_dp", 1, "--device cpu");
+  const LossCurve gpu = train("01_vanilla_dp", 1, "--device cuda");
+  EXPECT_EQ(gpu.losses.size(), size_t(kSteps));
+  EXPECT_LE(max_relative_difference(gpu, cpu), kGpuVsCpuTolerance);
+}
+
+TEST(OnGpu, NcclAtOneRankTrainsEndToEnd) {
+  SKIP_WITHOUT_GPU();
+  std::string output;
+  // 02 issues one asynchronous all-reduce per gradient: NCCL's stream and events, at one rank.
+  const LossCurve gpu = train("02_overlap_dp", 1, "--device cuda", &output);
+  EXPECT_NE(output.find("communicator nccl"), std::string::npos) << output;
+  const LossCurve cpu = train("01_vanilla_dp", 1, "--device cpu");
+  EXPECT_LE(max_relative_difference(gpu, cpu), kGpuVsCpuTolerance);
+  ASSERT_FALSE(gpu.losses.empty());
+  EXPECT_LT(gpu.losses.back(), gpu.losses.front());
+}
+
+class TwoRanksOnOneGpu : public testing::TestWithParam<std::string> {};
+
+TEST_P(TwoRanksOnOneGpu, MatchOneRank) {
+  SKIP_WITHOUT_GPU();
+  static const LossCurve one_rank = train("01_vanilla_dp", 1, "--device cuda");
+  std::string output;
+  const LossCurve two_ranks = train(GetParam(), 2, "--device cuda", &output);
+  // Both ranks see the one GPU, which NCCL refuses: the framework falls back to MPI through the host.
+  EXPECT_NE(output.find("host-staged"), std::string::npos) << output;
+  EXPECT_LE(max_relative_difference(two_ranks, one_rank), kRankTolerance);
+}
+
+INSTANTIATE_TEST_SUITE_P(Chapters, TwoRanksOnOneGpu,
+                         testing::Values("01_vanilla_dp", "02_overlap_dp", "03_bucket_dp", "04_zero1", "05_zero2",
+                                         "06_zero3"),
+                         [](const testing::TestParamInfo<std::string>& info) { return info.param.substr(0, 2); });
+
+TEST(OnGpu, MemoryCountersMatchTheDriver) {
+  SKIP_WITHOUT_GPU();
+#ifdef GPT_WITH_CUDA
+  ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+  ASSERT_EQ(cudaFree(nullptr), cudaSuccess);  // creates the context first: its memory is not ours
+  size_t free_before = 0, free_after = 0, total = 0;
+  ASSERT_EQ(cudaMemGetInfo(&free_before, &total), cudaSuccess);
+  const int64_t counted_before = memory_stats().current[int(MemCategory::Params)];
+  const int64_t count = int64_t(64) << 20;  // 256 MiB of fp32
+  {
+    Buffer buffer(count, MemCategory::Params, Device::CUDA);
+    ASSERT_EQ(cudaMemGetInfo(&free_after, &total), cudaSuccess);
+    const int64_t counted = memory_stats().current[int(MemCategory::Params)] - counted_before;
+    const int64_t driver = int64_t(free_before) - int64_t(free_after);
+    EXPECT_EQ(counted, count * 4);
+    // The driver hands out memory in pages (2 MiB): it may report a little more, never less.
+    EXPECT_GE(driver, counted);
+    EXPECT_LE(driver, counted + (int64_t(4) << 20));
+  }
+  EXPECT_EQ(memory_stats().current[int(MemCategory::Params)], counted_before);
+#else
+  GTEST_SKIP() << "built without CUDA";
+#endif
+}
+
+}  // namespace
