@@ -34,7 +34,9 @@
 //   Emulated link (LinkModel, comm.h). Each collective lasts at least modelled_ms() on the NCCL
 //   stream: a kernel stamps the GPU clock before it and another holds the stream after it until the
 //   modelled time has passed (link_delay.h). Busy time includes the hold, as the MPI communicator's
-//   includes its sleep. With the link off (gbps 0, or one rank) nothing extra is launched.
+//   includes its sleep. With the link off (gbps 0, or one rank) nothing extra is launched. One
+//   difference: the MPI model gives receives a lane of their own (a full-duplex link), while here a
+//   receive's hold, on the one NCCL stream, also holds the sends queued after it.
 //   Barrier. barrier() holds the host until every rank has reached it, as MPI's does (a checkpoint
 //   relies on it): an all-reduce of one float on the NCCL stream, then the host waits for it.
 //   CPU tensors, scalars, agree_or_die and broadcast_bytes of host memory go over MPI, through the
