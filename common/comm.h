@@ -45,7 +45,8 @@ struct CommStats {
 
 // Emulated interconnect (off when gbps == 0): each collective takes at least the time an alpha-beta
 // model of a ring over such a link gives (comm_mpi.cpp, modelled_ms()). The communication thread
-// sleeps out the remainder, so no CPU is burnt.
+// sleeps out the remainder, so no CPU is burnt. Over NCCL (comm_nccl.cpp) a one-thread kernel holds
+// the collective's stream instead (link_delay.h).
 struct LinkModel {
   double gbps = 0;        // link bandwidth in gigabits per second; 0 = no emulation
   double latency_us = 0;  // per-message latency alpha

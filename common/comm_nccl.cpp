@@ -23,15 +23,31 @@
 //   The host cannot read an event's time before the GPU has passed it, and must not block for it,
 //   so times are collected later, by any call on the communicator that finds both events complete.
 //   A step that ends by reading its loss and all-reducing it (a scalar) therefore sees its own times.
-//   The trace (trace.h) gets no spans for NCCL collectives: they run on the GPU's clock.
+//   Trace. When an op's times are collected, it becomes a span on the communication track (trace.h),
+//   and a stall of the compute stream for it a span on the waiting track. Events tell the GPU's
+//   clock, the trace the host's (now_ms()). An anchor event converts: recorded on an idle stream and
+//   waited for, its host time is known to within a few microseconds, and then
+//       host ms of an event = host ms of the anchor + cudaEventElapsedTime(anchor, event).
+//   The anchor is renewed every few seconds, so that neither the drift between the two clocks nor
+//   the float precision of cudaEventElapsedTime grows with the run. These spans show when the GPU
+//   ran the collective; the compute track shows when the host queued its work, usually earlier.
+//   Emulated link (LinkModel, comm.h). Each collective lasts at least modelled_ms() on the NCCL
+//   stream: a kernel stamps the GPU clock before it and another holds the stream after it until the
+//   modelled time has passed (link_delay.h). Busy time includes the hold, as the MPI communicator's
+//   includes its sleep. With the link off (gbps 0, or one rank) nothing extra is launched. One
+//   difference: the MPI model gives receives a lane of their own (a full-duplex link), while here a
+//   receive's hold, on the one NCCL stream, also holds the sends queued after it.
+//   Barrier. barrier() holds the host until every rank has reached it, as MPI's does (a checkpoint
+//   relies on it): an all-reduce of one float on the NCCL stream, then the host waits for it.
 //   CPU tensors, scalars, agree_or_die and broadcast_bytes of host memory go over MPI, through the
-//   MPI communicator this one keeps; its statistics are added to ours after each of its ops. The
-//   emulated link (LinkModel) applies to none of them: set_link_model does not reach that communicator.
+//   MPI communicator this one keeps; its statistics are added to ours after each of its ops, and our
+//   link model is passed on to it, so those ops are delayed as they would be in a CPU run.
 //
 // HostStagedCommunicator, the fallback when ranks share a GPU (NCCL refuses two ranks on one GPU):
 //   every collective of a CUDA tensor waits for the compute stream, copies the tensor to host memory,
 //   runs the MPI collective, and wait() copies the result back. Correct, slow, no overlap; the host
-//   time spent copying counts as exposed communication.
+//   time spent copying counts as exposed communication. The MPI collectives carry the link model and
+//   the trace spans, as in a CPU run.
 #ifdef GPT_WITH_CUDA
 
 #include <cuda_runtime_api.h>
@@ -52,8 +68,10 @@
 #include "comm_factory.h"
 #include "cuda_check.h"  // CUDA_CHECK, NCCL_CHECK
 #include "device.h"      // cuda_device_count
+#include "link_delay.h"  // LinkDelay: the emulated link on the NCCL stream
 #include "memory.h"      // Buffer, device_alloc: staging and scratch memory is counted
 #include "ops_cuda.h"    // cuda::stream(), the compute stream
+#include "trace.h"       // now_ms, trace_span
 
 namespace {
 
@@ -72,13 +90,13 @@ double elapsed_ms(std::chrono::steady_clock::time_point since) {
 class CudaCommunicatorBase : public Communicator {
  public:
   double all_reduce_scalar(double value, ReduceOp op) override {
-    const double result = mpi_->all_reduce_scalar(value, op);
+    const double result = mpi().all_reduce_scalar(value, op);
     absorb_mpi_stats();
     return result;
   }
 
   void agree_or_die(bool ok, const std::string& msg) override {
-    mpi_->agree_or_die(ok, msg);
+    mpi().agree_or_die(ok, msg);
     absorb_mpi_stats();
   }
 
@@ -88,6 +106,13 @@ class CudaCommunicatorBase : public Communicator {
     size_ = mpi_->size();
     device_ = Device::CUDA;
     name_ = name;
+  }
+
+  // The MPI communicator we keep, with our link model. set_link_model (comm.h) sets ours only, so it
+  // is passed on here, before every op that goes over MPI.
+  Communicator& mpi() {
+    mpi_->set_link_model(link_);
+    return *mpi_;
   }
 
   // Adds what the MPI communicator counted since the last call to our own statistics. Both are
@@ -180,10 +205,11 @@ ncclRedOp_t nccl_op(ReduceOp op) {
 // One collective issued on the NCCL stream, until its times have been collected.
 struct NcclOp {
   CollectiveKind kind = CollectiveKind::AllReduce;
+  const char* name = "";         // for the trace, as in comm_mpi.cpp: "all_reduce", "send", ...
   int64_t payload_bytes = 0;
   int64_t wire_bytes = 0;
-  cudaEvent_t start = nullptr;   // NCCL stream, just before the collective
-  cudaEvent_t end = nullptr;     // NCCL stream, just after it
+  cudaEvent_t start = nullptr;   // NCCL stream, just before the collective (and its link delay)
+  cudaEvent_t end = nullptr;     // NCCL stream, just after them
   cudaEvent_t waited = nullptr;  // compute stream, where wait() made it wait for `end`
   bool counted = false;          // wait() was called (the op is counted once, at the first wait)
   bool collected = false;        // its times are in stats_ and its events destroyed
@@ -202,6 +228,11 @@ class NcclCommunicator final : public CudaCommunicatorBase {
     NCCL_CHECK(ncclCommInitRank(&comm_, size_, id, rank_));
     // NCCL has no barrier; barrier_async all-reduces this one float instead.
     barrier_value_ = static_cast<float*>(device_alloc(sizeof(float), MemCategory::CommBuffers, Device::CUDA));
+    // The trace's clock conversion (top of the file): a stream that never gets work, so that an event
+    // recorded on it completes at once, and the anchor event.
+    CUDA_CHECK(cudaStreamCreateWithFlags(&clock_stream_, cudaStreamNonBlocking));
+    CUDA_CHECK(cudaEventCreate(&anchor_));
+    anchor_clock();
   }
 
   // Lets every issued collective finish (peers are finishing the same ones), then tears down.
@@ -212,42 +243,43 @@ class NcclCommunicator final : public CudaCommunicatorBase {
     NCCL_CHECK(ncclCommFinalize(comm_));
     NCCL_CHECK(ncclCommDestroy(comm_));
     CUDA_CHECK(cudaStreamDestroy(stream_));
+    CUDA_CHECK(cudaEventDestroy(anchor_));
+    CUDA_CHECK(cudaStreamDestroy(clock_stream_));
     device_free(barrier_value_);
   }
 
   CommHandle all_reduce_async(Tensor buf, ReduceOp op) override {
-    if (buf.device == Device::CPU) return over_mpi(mpi_->all_reduce_async(buf, op));
+    if (buf.device == Device::CPU) return over_mpi(mpi().all_reduce_async(buf, op));
     void* data = buf.data;
     const size_t n = size_t(buf.numel());
     const ncclDataType_t type = nccl_type(buf.dtype);
-    return issue(CollectiveKind::AllReduce, int64_t(buf.bytes()), false, [=](cudaStream_t s) {
+    return issue(CollectiveKind::AllReduce, "all_reduce", int64_t(buf.bytes()), false, [=](cudaStream_t s) {
       NCCL_CHECK(ncclAllReduce(data, data, n, type, nccl_op(op), comm_, s));
     });
   }
 
   CommHandle reduce_scatter_async(Tensor send, Tensor recv, ReduceOp op) override {
     if (device_of(send, recv, "reduce_scatter") == Device::CPU)
-      return over_mpi(mpi_->reduce_scatter_async(send, recv, op));
+      return over_mpi(mpi().reduce_scatter_async(send, recv, op));
     ENSURE(send.numel() == int64_t(size_) * recv.numel(), "reduce_scatter: send must hold size() x recv elements");
     ensure_disjoint(send, recv, "reduce_scatter");
     const void* in = send.data;
     void* out = recv.data;
     const size_t n = size_t(recv.numel());
     const ncclDataType_t type = nccl_type(send.dtype);
-    return issue(CollectiveKind::ReduceScatter, int64_t(send.bytes()), false, [=](cudaStream_t s) {
-      NCCL_CHECK(ncclReduceScatter(in, out, n, type, nccl_op(op), comm_, s));
-    });
+    return issue(CollectiveKind::ReduceScatter, "reduce_scatter", int64_t(send.bytes()), false,
+                 [=](cudaStream_t s) { NCCL_CHECK(ncclReduceScatter(in, out, n, type, nccl_op(op), comm_, s)); });
   }
 
   CommHandle all_gather_async(Tensor send, Tensor recv) override {
-    if (device_of(send, recv, "all_gather") == Device::CPU) return over_mpi(mpi_->all_gather_async(send, recv));
+    if (device_of(send, recv, "all_gather") == Device::CPU) return over_mpi(mpi().all_gather_async(send, recv));
     ENSURE(recv.numel() == int64_t(size_) * send.numel(), "all_gather: recv must hold size() x send elements");
     ensure_gather_buffers(send, recv, int64_t(rank_) * send.numel(), "all_gather");  // NCCL handles in place too
     const void* in = send.data;
     void* out = recv.data;
     const size_t n = size_t(send.numel());
     const ncclDataType_t type = nccl_type(send.dtype);
-    return issue(CollectiveKind::AllGather, int64_t(recv.bytes()), false,
+    return issue(CollectiveKind::AllGather, "all_gather", int64_t(recv.bytes()), false,
                  [=](cudaStream_t s) { NCCL_CHECK(ncclAllGather(in, out, n, type, comm_, s)); });
   }
 
@@ -257,7 +289,7 @@ class NcclCommunicator final : public CudaCommunicatorBase {
   CommHandle reduce_scatter_v_async(Tensor send, Tensor recv, const std::vector<int64_t>& counts,
                                     ReduceOp op) override {
     if (device_of(send, recv, "reduce_scatter_v") == Device::CPU)
-      return over_mpi(mpi_->reduce_scatter_v_async(send, recv, counts, op));
+      return over_mpi(mpi().reduce_scatter_v_async(send, recv, counts, op));
     const std::vector<int64_t> displs = displacements(counts, size_, "reduce_scatter_v");
     ENSURE(send.numel() == displs.back() + counts.back(), "reduce_scatter_v: send must hold sum(counts) elements");
     ENSURE(recv.numel() == counts[rank_], "reduce_scatter_v: recv must hold counts[rank()] elements");
@@ -265,7 +297,8 @@ class NcclCommunicator final : public CudaCommunicatorBase {
     const char* in = static_cast<const char*>(send.data);
     const size_t element = dtype_size(send.dtype);
     const ncclDataType_t type = nccl_type(send.dtype);
-    return issue(CollectiveKind::ReduceScatter, int64_t(send.bytes()), false, [&](cudaStream_t s) {
+    const int64_t payload = int64_t(send.bytes());
+    return issue(CollectiveKind::ReduceScatter, "reduce_scatter_v", payload, false, [&](cudaStream_t s) {
       NCCL_CHECK(ncclGroupStart());
       for (int r = 0; r < size_; r++) {
         if (counts[r] == 0) continue;
@@ -282,7 +315,7 @@ class NcclCommunicator final : public CudaCommunicatorBase {
   // broadcast runs in place when send already is its segment of recv.
   CommHandle all_gather_v_async(Tensor send, Tensor recv, const std::vector<int64_t>& counts) override {
     if (device_of(send, recv, "all_gather_v") == Device::CPU)
-      return over_mpi(mpi_->all_gather_v_async(send, recv, counts));
+      return over_mpi(mpi().all_gather_v_async(send, recv, counts));
     const std::vector<int64_t> displs = displacements(counts, size_, "all_gather_v");
     ENSURE(send.numel() == counts[rank_], "all_gather_v: send must hold counts[rank()] elements");
     ENSURE(recv.numel() == displs.back() + counts.back(), "all_gather_v: recv must hold sum(counts) elements");
@@ -290,7 +323,7 @@ class NcclCommunicator final : public CudaCommunicatorBase {
     char* out = static_cast<char*>(recv.data);
     const size_t element = dtype_size(recv.dtype);
     const ncclDataType_t type = nccl_type(recv.dtype);
-    return issue(CollectiveKind::AllGather, int64_t(recv.bytes()), false, [&](cudaStream_t s) {
+    return issue(CollectiveKind::AllGather, "all_gather_v", int64_t(recv.bytes()), false, [&](cudaStream_t s) {
       NCCL_CHECK(ncclGroupStart());
       for (int r = 0; r < size_; r++) {
         if (counts[r] == 0) continue;
@@ -304,38 +337,47 @@ class NcclCommunicator final : public CudaCommunicatorBase {
 
   CommHandle broadcast_async(Tensor buf, int root) override {
     ENSURE(root >= 0 && root < size_, "broadcast: root out of range");
-    if (buf.device == Device::CPU) return over_mpi(mpi_->broadcast_async(buf, root));
+    if (buf.device == Device::CPU) return over_mpi(mpi().broadcast_async(buf, root));
     void* data = buf.data;
     const size_t n = size_t(buf.numel());
     const ncclDataType_t type = nccl_type(buf.dtype);
-    return issue(CollectiveKind::Broadcast, int64_t(buf.bytes()), false,
+    return issue(CollectiveKind::Broadcast, "broadcast", int64_t(buf.bytes()), false,
                  [=](cudaStream_t s) { NCCL_CHECK(ncclBroadcast(data, data, n, type, root, comm_, s)); });
   }
 
   CommHandle send_async(Tensor buf, int peer) override {
     ENSURE(peer >= 0 && peer < size_, "send: peer out of range");
-    if (buf.device == Device::CPU) return over_mpi(mpi_->send_async(buf, peer));
+    if (buf.device == Device::CPU) return over_mpi(mpi().send_async(buf, peer));
     const void* data = buf.data;
     const size_t n = size_t(buf.numel());
     const ncclDataType_t type = nccl_type(buf.dtype);
-    return issue(CollectiveKind::SendRecv, int64_t(buf.bytes()), false,
+    return issue(CollectiveKind::SendRecv, "send", int64_t(buf.bytes()), false,
                  [=](cudaStream_t s) { NCCL_CHECK(ncclSend(data, n, type, peer, comm_, s)); });
   }
 
   CommHandle recv_async(Tensor buf, int peer) override {
     ENSURE(peer >= 0 && peer < size_, "recv: peer out of range");
-    if (buf.device == Device::CPU) return over_mpi(mpi_->recv_async(buf, peer));
+    if (buf.device == Device::CPU) return over_mpi(mpi().recv_async(buf, peer));
     void* data = buf.data;
     const size_t n = size_t(buf.numel());
     const ncclDataType_t type = nccl_type(buf.dtype);
-    return issue(CollectiveKind::SendRecv, int64_t(buf.bytes()), /*sends_nothing=*/true,
+    return issue(CollectiveKind::SendRecv, "recv", int64_t(buf.bytes()), /*sends_nothing=*/true,
                  [=](cudaStream_t s) { NCCL_CHECK(ncclRecv(data, n, type, peer, comm_, s)); });
   }
 
+  // A barrier holds the host, as MPI's does: save_checkpoint relies on it (no rank goes on before
+  // rank 0 has written the file). The all-reduce finishes only once every rank has issued it, and
+  // wait() blocks the host until it has (the compute stream waits for it, the host for that stream).
+  // Its blocked time is the compute stream's stall, counted as exposed like any other op's.
   CommHandle barrier_async() override {
     float* value = barrier_value_;
-    return issue(CollectiveKind::Barrier, 0, false, [=](cudaStream_t s) {
+    CommHandle device = issue(CollectiveKind::Barrier, "barrier", 0, false, [=](cudaStream_t s) {
       NCCL_CHECK(ncclAllReduce(value, value, 1, ncclFloat, ncclSum, comm_, s));
+    });
+    return CommHandle([this, device]() mutable {
+      device.wait();
+      cuda::synchronize();
+      collect_times();
     });
   }
 
@@ -349,23 +391,25 @@ class NcclCommunicator final : public CudaCommunicatorBase {
   void broadcast_bytes(void* data, size_t bytes, int root) override {
     ENSURE(root >= 0 && root < size_, "broadcast_bytes: root out of range");
     if (bytes == 0 || !is_device_memory(data)) {
-      mpi_->broadcast_bytes(data, bytes, root);
+      mpi().broadcast_bytes(data, bytes, root);
       absorb_mpi_stats();
       return;
     }
-    issue(CollectiveKind::Broadcast, int64_t(bytes), false, [=](cudaStream_t s) {
+    issue(CollectiveKind::Broadcast, "broadcast_bytes", int64_t(bytes), false, [=](cudaStream_t s) {
       NCCL_CHECK(ncclBroadcast(data, data, bytes, ncclUint8, root, comm_, s));
     }).wait();
   }
 
  private:
   // Queues `collective` on the NCCL stream after the compute stream's work so far, between the two
-  // timing events, and returns its handle.
-  CommHandle issue(CollectiveKind kind, int64_t payload_bytes, bool sends_nothing,
+  // timing events (and, while the link model is on, between the two kernels of the link delay), and
+  // returns its handle.
+  CommHandle issue(CollectiveKind kind, const char* name, int64_t payload_bytes, bool sends_nothing,
                    const std::function<void(cudaStream_t)>& collective) {
     collect_times();
     auto op = std::make_shared<NcclOp>();
     op->kind = kind;
+    op->name = name;
     op->payload_bytes = payload_bytes;
     op->wire_bytes = sends_nothing ? 0 : wire_bytes_for(kind, payload_bytes, size_);
     stats_.kind[int(kind)].launched += 1;
@@ -379,8 +423,12 @@ class NcclCommunicator final : public CudaCommunicatorBase {
 
     CUDA_CHECK(cudaEventCreate(&op->start));
     CUDA_CHECK(cudaEventCreate(&op->end));
+    // The link model of this moment (set_link_model belongs to this thread, as in comm_mpi.cpp).
+    const double link_ms = modelled_ms(link_, kind, payload_bytes, size_);
     CUDA_CHECK(cudaEventRecord(op->start, stream_));
+    if (link_ms > 0) link_delay_.begin(stream_);
     collective(stream_);
+    if (link_ms > 0) link_delay_.end(stream_, link_ms);
     CUDA_CHECK(cudaEventRecord(op->end, stream_));
     in_flight_.push_back(op);
     return CommHandle([this, op] { wait_for(*op); });
@@ -411,7 +459,8 @@ class NcclCommunicator final : public CudaCommunicatorBase {
     return true;
   }
 
-  // Adds busy and exposed times of the waited ops whose events the GPU has passed, then forgets them.
+  // Adds busy and exposed times of the waited ops whose events the GPU has passed, records their
+  // trace spans, then forgets them.
   void collect_times() {
     for (auto it = in_flight_.begin(); it != in_flight_.end();) {
       NcclOp& op = **it;
@@ -422,6 +471,13 @@ class NcclCommunicator final : public CudaCommunicatorBase {
       float busy = 0, stall = 0;
       CUDA_CHECK(cudaEventElapsedTime(&busy, op.start, op.end));
       CUDA_CHECK(cudaEventElapsedTime(&stall, op.waited, op.end));
+      if (tracing_enabled()) {
+        if (now_ms() - anchor_host_ms_ > kAnchorRenewMs) anchor_clock();
+        const double end_ms = host_ms(op.end);
+        trace_span(Track::Comm, op.name, end_ms - busy, end_ms, std::to_string(op.payload_bytes) + " B, NCCL");
+        if (stall > 0)
+          trace_span(Track::Wait, std::string("wait ") + collective_name(op.kind), end_ms - stall, end_ms);
+      }
       stats_.kind[int(op.kind)].busy_ms += busy;
       // The collectives run one after another on the one NCCL stream, so their intervals never
       // overlap and the time anything was in flight is the sum of their busy times. (Ops of CPU
@@ -432,6 +488,21 @@ class NcclCommunicator final : public CudaCommunicatorBase {
       op.collected = true;
       it = in_flight_.erase(it);
     }
+  }
+
+  // Takes the anchor's host time as the middle of the interval in which the GPU stamped it.
+  void anchor_clock() {
+    const double before_ms = now_ms();
+    CUDA_CHECK(cudaEventRecord(anchor_, clock_stream_));
+    CUDA_CHECK(cudaEventSynchronize(anchor_));
+    anchor_host_ms_ = 0.5 * (before_ms + now_ms());
+  }
+
+  // The host time (now_ms()) at which the GPU passed `event`, a completed event.
+  double host_ms(cudaEvent_t event) const {
+    float since_anchor = 0;
+    CUDA_CHECK(cudaEventElapsedTime(&since_anchor, anchor_, event));
+    return anchor_host_ms_ + since_anchor;
   }
 
   static void destroy_events(NcclOp& op) {
@@ -445,6 +516,13 @@ class NcclCommunicator final : public CudaCommunicatorBase {
   cudaStream_t stream_ = nullptr;
   float* barrier_value_ = nullptr;
   std::list<std::shared_ptr<NcclOp>> in_flight_;  // issued, times not yet collected
+  LinkDelay link_delay_;                          // used only while the link model is on
+
+  // The trace's clock conversion. Renewed after 10 s: by then a float of milliseconds resolves 1 us.
+  static constexpr double kAnchorRenewMs = 10e3;
+  cudaStream_t clock_stream_ = nullptr;  // never given work
+  cudaEvent_t anchor_ = nullptr;
+  double anchor_host_ms_ = 0;            // now_ms() when the GPU passed anchor_
 };
 
 #endif  // GPT_WITH_NCCL
@@ -458,79 +536,79 @@ class HostStagedCommunicator final : public CudaCommunicatorBase {
       : CudaCommunicatorBase(std::move(mpi), "mpi (host-staged)") {}
 
   CommHandle all_reduce_async(Tensor buf, ReduceOp op) override {
-    if (buf.device == Device::CPU) return over_mpi(mpi_->all_reduce_async(buf, op));
+    if (buf.device == Device::CPU) return over_mpi(mpi().all_reduce_async(buf, op));
     auto host = to_host(buf);
-    return staged(mpi_->all_reduce_async(host->view(), op), nullptr, host, buf);
+    return staged(mpi().all_reduce_async(host->view(), op), nullptr, host, buf);
   }
 
   CommHandle reduce_scatter_async(Tensor send, Tensor recv, ReduceOp op) override {
     if (device_of(send, recv, "reduce_scatter") == Device::CPU)
-      return over_mpi(mpi_->reduce_scatter_async(send, recv, op));
+      return over_mpi(mpi().reduce_scatter_async(send, recv, op));
     ensure_disjoint(send, recv, "reduce_scatter");
     auto host_send = to_host(send);
     auto host_recv = host_buffer(recv);
-    return staged(mpi_->reduce_scatter_async(host_send->view(), host_recv->view(), op), host_send, host_recv, recv);
+    return staged(mpi().reduce_scatter_async(host_send->view(), host_recv->view(), op), host_send, host_recv, recv);
   }
 
   // (In place on the device becomes two separate host buffers: MPI then simply gathers all segments.)
   CommHandle all_gather_async(Tensor send, Tensor recv) override {
-    if (device_of(send, recv, "all_gather") == Device::CPU) return over_mpi(mpi_->all_gather_async(send, recv));
+    if (device_of(send, recv, "all_gather") == Device::CPU) return over_mpi(mpi().all_gather_async(send, recv));
     ensure_gather_buffers(send, recv, int64_t(rank_) * send.numel(), "all_gather");
     auto host_send = to_host(send);
     auto host_recv = host_buffer(recv);
-    return staged(mpi_->all_gather_async(host_send->view(), host_recv->view()), host_send, host_recv, recv);
+    return staged(mpi().all_gather_async(host_send->view(), host_recv->view()), host_send, host_recv, recv);
   }
 
   CommHandle reduce_scatter_v_async(Tensor send, Tensor recv, const std::vector<int64_t>& counts,
                                     ReduceOp op) override {
     if (device_of(send, recv, "reduce_scatter_v") == Device::CPU)
-      return over_mpi(mpi_->reduce_scatter_v_async(send, recv, counts, op));
+      return over_mpi(mpi().reduce_scatter_v_async(send, recv, counts, op));
     ensure_disjoint(send, recv, "reduce_scatter_v");
     auto host_send = to_host(send);
     auto host_recv = host_buffer(recv);
-    return staged(mpi_->reduce_scatter_v_async(host_send->view(), host_recv->view(), counts, op), host_send,
+    return staged(mpi().reduce_scatter_v_async(host_send->view(), host_recv->view(), counts, op), host_send,
                   host_recv, recv);
   }
 
   CommHandle all_gather_v_async(Tensor send, Tensor recv, const std::vector<int64_t>& counts) override {
     if (device_of(send, recv, "all_gather_v") == Device::CPU)
-      return over_mpi(mpi_->all_gather_v_async(send, recv, counts));
+      return over_mpi(mpi().all_gather_v_async(send, recv, counts));
     const std::vector<int64_t> displs = displacements(counts, size_, "all_gather_v");
     ensure_gather_buffers(send, recv, displs[rank_], "all_gather_v");
     auto host_send = to_host(send);
     auto host_recv = host_buffer(recv);
-    return staged(mpi_->all_gather_v_async(host_send->view(), host_recv->view(), counts), host_send, host_recv,
+    return staged(mpi().all_gather_v_async(host_send->view(), host_recv->view(), counts), host_send, host_recv,
                   recv);
   }
 
   CommHandle broadcast_async(Tensor buf, int root) override {
-    if (buf.device == Device::CPU) return over_mpi(mpi_->broadcast_async(buf, root));
+    if (buf.device == Device::CPU) return over_mpi(mpi().broadcast_async(buf, root));
     auto host = to_host(buf);
-    return staged(mpi_->broadcast_async(host->view(), root), nullptr, host, buf);
+    return staged(mpi().broadcast_async(host->view(), root), nullptr, host, buf);
   }
 
   CommHandle send_async(Tensor buf, int peer) override {
-    if (buf.device == Device::CPU) return over_mpi(mpi_->send_async(buf, peer));
+    if (buf.device == Device::CPU) return over_mpi(mpi().send_async(buf, peer));
     auto host = to_host(buf);
-    return staged(mpi_->send_async(host->view(), peer), host, nullptr, Tensor{});
+    return staged(mpi().send_async(host->view(), peer), host, nullptr, Tensor{});
   }
 
   CommHandle recv_async(Tensor buf, int peer) override {
-    if (buf.device == Device::CPU) return over_mpi(mpi_->recv_async(buf, peer));
+    if (buf.device == Device::CPU) return over_mpi(mpi().recv_async(buf, peer));
     auto host = host_buffer(buf);
-    return staged(mpi_->recv_async(host->view(), peer), nullptr, host, buf);
+    return staged(mpi().recv_async(host->view(), peer), nullptr, host, buf);
   }
 
-  CommHandle barrier_async() override { return over_mpi(mpi_->barrier_async()); }
+  CommHandle barrier_async() override { return over_mpi(mpi().barrier_async()); }
 
   void broadcast_bytes(void* data, size_t bytes, int root) override {
     if (bytes == 0 || !is_device_memory(data)) {
-      mpi_->broadcast_bytes(data, bytes, root);
+      mpi().broadcast_bytes(data, bytes, root);
     } else {
       cuda::synchronize();  // the compute stream has written the bytes
       std::vector<char> host(bytes);
       CUDA_CHECK(cudaMemcpy(host.data(), data, bytes, cudaMemcpyDeviceToHost));
-      mpi_->broadcast_bytes(host.data(), bytes, root);
+      mpi().broadcast_bytes(host.data(), bytes, root);
       CUDA_CHECK(cudaMemcpy(data, host.data(), bytes, cudaMemcpyHostToDevice));
     }
     absorb_mpi_stats();

@@ -106,7 +106,9 @@ void check_id(int id, int V, const char* what) {
 // checked copy in g_ids. The copy is queued on the stream, so it lands after the kernels queued
 // before it (which may still be reading the previous ids in g_ids) and before those queued after.
 // cudaMemcpyAsync from pageable memory returns once it has taken the data, so the caller may
-// overwrite its host buffer right away.
+// overwrite its host buffer right away. From page-locked memory (cudaMallocHost, cudaHostRegister)
+// the copy is a true DMA that runs when the stream gets to it, so there we wait for it: otherwise a
+// caller refilling its buffer for the next micro-batch could change ids the copy has not read yet.
 const int* device_ids(const int* ids, size_t n, int V, const char* what) {
   cudaPointerAttributes attributes;
   CUDA_CHECK(cudaPointerGetAttributes(&attributes, ids));
@@ -114,6 +116,7 @@ const int* device_ids(const int* ids, size_t n, int V, const char* what) {
   for (size_t i = 0; i < n; i++) check_id(ids[i], V, what);
   int* staged = static_cast<int*>(g_ids.get(n * sizeof(int)));
   CUDA_CHECK(cudaMemcpyAsync(staged, ids, n * sizeof(int), cudaMemcpyHostToDevice, stream()));
+  if (attributes.type == cudaMemoryTypeHost) CUDA_CHECK(cudaStreamSynchronize(stream()));
   return staged;
 }
 

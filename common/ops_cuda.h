@@ -5,7 +5,8 @@
 //
 // Pointers are device memory, with one convenience: `tokens` and `targets` may be host or device
 // memory. Host ids are checked against V on the host (as the CPU ops do) and copied to the GPU first;
-// that copy from pageable memory may wait for the stream, so a fast trainer uploads its ids once per
+// that copy from pageable memory may wait for the stream (from page-locked memory it always does, so
+// that the caller may reuse its buffer on return), so a fast trainer uploads its ids once per
 // micro-batch and passes device pointers (checked on the device with assert()).
 //
 // Every op is asynchronous: it queues its kernels and cuBLAS calls on stream() and returns. Only

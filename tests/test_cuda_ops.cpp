@@ -4,7 +4,9 @@
 // ops are themselves checked against float64 references (test_ops.cpp), so agreement here means the
 // CUDA ops are right. Backward tests start from nonzero gradients: the ops must accumulate.
 // Sizes are odd and cross the kernels' boundaries: T = 37 rows of scores (more than a warp's 32
-// lanes), C = 130 channels, V = 1000 logits (more than the 512 threads of a softmax block).
+// lanes), C = 130 channels, V = 1000 logits (more than the 512 threads of a softmax block). Then the
+// same ops at GPT-2 small's shapes (T = 1024, C = 768, NH = 12, V = 50304), where every loop goes
+// around many times, and the link delay of the NCCL communicator (link_delay.h).
 //
 // Without a GPU, or in a build without CUDA, every test is skipped: "no CUDA device: <why>".
 //
@@ -34,7 +36,8 @@
 #include <cuda_runtime_api.h>
 
 #include "cuda_check.h"
-#include "ops_cuda.h"  // cuda::synchronize
+#include "link_delay.h"  // LinkDelay
+#include "ops_cuda.h"    // cuda::synchronize, cuda::stream
 #endif
 
 namespace {
@@ -141,9 +144,8 @@ TEST_F(CudaOps, EncoderBackwardAccumulatesExactlyAsCpu) {
 // ---------------------------------------------------------------------------------------------------------
 // layernorm: rows of 7 channels (fewer than a warp's lanes) and of 130 (each lane takes several)
 
-void check_layernorm(int LC) {
-  SCOPED_TRACE("C = " + std::to_string(LC));
-  const int N = B * T;
+void check_layernorm(int LC, int N = B * T) {
+  SCOPED_TRACE("C = " + std::to_string(LC) + ", N = " + std::to_string(N));
   auto inp = random_vector(size_t(N) * LC, 10, 2.0f, 4.0f);  // offset from 0: the mean matters
   auto weight = random_vector(LC, 11, 0.5f, 1.5f), bias = random_vector(LC, 12);
   auto dout = random_vector(size_t(N) * LC, 13);
@@ -223,11 +225,11 @@ TEST_F(CudaOps, MatmulBackwardAccumulatesAsCpu) {
 // attention: NH = 4 heads of 12 channels, T = 37
 
 // The entries t2 <= t of every (B,NH) block of T x T scores, the only ones the contract defines.
-std::vector<float> causal_part(const std::vector<float>& scores) {
+std::vector<float> causal_part(const std::vector<float>& scores, int blocks = B * NH, int rows = T) {
   std::vector<float> kept;
-  for (int bh = 0; bh < B * NH; bh++)
-    for (int t = 0; t < T; t++)
-      for (int t2 = 0; t2 <= t; t2++) kept.push_back(scores[(size_t(bh) * T + t) * T + t2]);
+  for (int bh = 0; bh < blocks; bh++)
+    for (int t = 0; t < rows; t++)
+      for (int t2 = 0; t2 <= t; t2++) kept.push_back(scores[(size_t(bh) * rows + t) * rows + t2]);
   return kept;
 }
 
@@ -378,6 +380,95 @@ TEST_F(CudaOps, AdamWThreeStepsMatchCpu) {
     EXPECT_TRUE(close(d_m.download(), m, kElementwise));
     EXPECT_TRUE(close(d_v.download(), v, kElementwise));
   }
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// GPT-2 small's shapes (model_config.h): warps that loop 32 times over a row of 1024 scores or 24 times
+// over 768 channels, softmax blocks that loop 98 times over 50304 logits, 12 heads of 64 channels
+// in the strided-batched GEMMs. One sequence (B = 1) keeps the CPU side to a few seconds. The long
+// sums here (over up to 1024 keys, 1024 rows, 50304 logits) are weighted by attention probabilities,
+// or are of exponentials at most 1, or are the parameter-gradient sums kLongSum is for: the
+// tolerances above still apply.
+
+constexpr int kGptT = 1024, kGptC = 768, kGptNH = 12, kGptV = 50304;
+
+TEST_F(CudaOps, AttentionAtGpt2ShapesMatchesCpu) {
+  const int GB = 1;
+  const size_t scores = size_t(GB) * kGptNH * kGptT * kGptT;
+  auto qkv = random_vector(size_t(GB) * kGptT * 3 * kGptC, 90), dout = random_vector(size_t(GB) * kGptT * kGptC, 91);
+  auto out = zeros(size_t(GB) * kGptT * kGptC), preatt = zeros(scores), att = zeros(scores);
+  DeviceFloats d_qkv(qkv), d_dout(dout), d_out(out), d_preatt(preatt), d_att(att);
+  const auto qkv_shape = {int64_t(GB), int64_t(kGptT), int64_t(3 * kGptC)};
+  const auto out_shape = {int64_t(GB), int64_t(kGptT), int64_t(kGptC)};
+  const auto scores_shape = {int64_t(GB), int64_t(kGptNH), int64_t(kGptT), int64_t(kGptT)};
+
+  attention_forward(cpu_view(out, out_shape), cpu_view(preatt, scores_shape), cpu_view(att, scores_shape),
+                    cpu_view(qkv, qkv_shape), kGptNH);
+  attention_forward(d_out.view(out_shape), d_preatt.view(scores_shape), d_att.view(scores_shape),
+                    d_qkv.view(qkv_shape), kGptNH);
+  EXPECT_TRUE(close(d_out.download(), out, kReduction));
+  EXPECT_TRUE(close(d_att.download(), att, kReduction));
+
+  auto dqkv = random_vector(qkv.size(), 92), dpreatt = zeros(scores), datt = zeros(scores);
+  DeviceFloats d_dqkv(dqkv), d_dpreatt(dpreatt), d_datt(datt);
+  attention_backward(cpu_view(dqkv, qkv_shape), cpu_view(dpreatt, scores_shape), cpu_view(datt, scores_shape),
+                     cpu_view(dout, out_shape), cpu_view(qkv, qkv_shape), cpu_view(att, scores_shape), kGptNH);
+  attention_backward(d_dqkv.view(qkv_shape), d_dpreatt.view(scores_shape), d_datt.view(scores_shape),
+                     d_dout.view(out_shape), d_qkv.view(qkv_shape), d_att.view(scores_shape), kGptNH);
+  EXPECT_TRUE(close(d_dqkv.download(), dqkv, kReduction));
+  EXPECT_TRUE(close(causal_part(d_dpreatt.download(), GB * kGptNH, kGptT), causal_part(dpreatt, GB * kGptNH, kGptT),
+                    kReduction));
+}
+
+TEST_F(CudaOps, LayernormAtGpt2ShapesMatchesCpu) { check_layernorm(kGptC, kGptT); }
+
+TEST_F(CudaOps, SoftmaxCrossentropyAtGpt2VocabularyMatchesCpu) {
+  const int N = 64;
+  auto logits = random_vector(size_t(N) * kGptV, 93, -3.0f, 3.0f);
+  auto targets = random_ints(N, kGptV, 94);
+  auto losses = zeros(N), probs = zeros(size_t(N) * kGptV), dlogits = random_vector(size_t(N) * kGptV, 95);
+  DeviceFloats d_logits(logits), d_losses(losses), d_probs(probs), d_dlogits(dlogits);
+  DeviceInts d_targets(targets);
+  const float dloss = 1.0f / float(N);
+  softmax_crossentropy_forward(cpu_view(losses, {N}), cpu_view(probs, {N, kGptV}), cpu_view(logits, {N, kGptV}),
+                               targets.data());
+  softmax_crossentropy_forward(d_losses.view({N}), d_probs.view({N, kGptV}), d_logits.view({N, kGptV}),
+                               d_targets.data());
+  EXPECT_TRUE(close(d_losses.download(), losses, kReduction));
+  EXPECT_TRUE(close(d_probs.download(), probs, kReduction));
+  softmax_crossentropy_backward(cpu_view(dlogits, {N, kGptV}), cpu_view(probs, {N, kGptV}), targets.data(), dloss);
+  softmax_crossentropy_backward(d_dlogits.view({N, kGptV}), d_probs.view({N, kGptV}), d_targets.data(), dloss);
+  EXPECT_TRUE(close(d_dlogits.download(), dlogits, kElementwise));
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// the emulated link of the NCCL communicator: begin() and end() around nothing hold the stream for
+// the modelled time, timed with events around them (the bounds allow for launches, not more)
+
+TEST_F(CudaOps, LinkDelayHoldsTheStreamForTheModelledTime) {
+#ifdef GPT_WITH_CUDA
+  LinkDelay delay;
+  cudaStream_t s = cuda::stream();
+  delay.begin(s);  // warm-up: the first launch of a kernel loads it, which the host does in between
+  delay.end(s, 0.0);
+  cudaEvent_t start, end;
+  CUDA_CHECK(cudaEventCreate(&start));
+  CUDA_CHECK(cudaEventCreate(&end));
+  for (double modelled_ms : {5.0, 0.5}) {
+    SCOPED_TRACE("modelled " + std::to_string(modelled_ms) + " ms");
+    CUDA_CHECK(cudaEventRecord(start, s));
+    delay.begin(s);
+    delay.end(s, modelled_ms);
+    CUDA_CHECK(cudaEventRecord(end, s));
+    CUDA_CHECK(cudaEventSynchronize(end));
+    float held_ms = 0;
+    CUDA_CHECK(cudaEventElapsedTime(&held_ms, start, end));
+    EXPECT_GE(held_ms, modelled_ms * 0.999);  // event resolution is about 0.5 us
+    EXPECT_LE(held_ms, modelled_ms + 1.0);
+  }
+  CUDA_CHECK(cudaEventDestroy(start));
+  CUDA_CHECK(cudaEventDestroy(end));
+#endif
 }
 
 // ---------------------------------------------------------------------------------------------------------
