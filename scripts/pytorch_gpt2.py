@@ -16,6 +16,8 @@ of plain fp32 matrix products (no TF32), as our CUDA backend does.
   python3 scripts/pytorch_gpt2.py --preset tiny --steps 20 --device cpu --threads 1
   python3 scripts/pytorch_gpt2.py --preset gpt2 --device cuda --dtype bf16 --json torch.jsonl
   scripts/compare_pytorch.sh --preset tiny      # ours and this, in one run, with the ratio
+  python3 scripts/pytorch_crosscheck.py         # proof of the same math: loads our checkpoint,
+                                                # replays our steps, losses agree to about 1e-7
 
 Needs PyTorch (pip install torch); nothing else.
 """
@@ -155,6 +157,35 @@ if torch is not None:
             return F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1))
 
 
+def make_adamw(model, lr, weight_decay, foreach):
+    """AdamW as common/optimizer.cpp: betas 0.9/0.95, eps 1e-8, weight decay on the 2-D tensors only
+    (every matrix, wte and wpe included), none on biases and LayerNorm gains. foreach=True on CUDA and
+    False on the CPU is PyTorch's own default, spelled out: the multi-tensor kernels on CUDA, the
+    per-tensor loop on the CPU; not the fused kernel, which eager code gets only when it asks."""
+    matrices = [p for p in model.parameters() if p.dim() == 2]
+    vectors = [p for p in model.parameters() if p.dim() < 2]
+    return torch.optim.AdamW([{"params": matrices, "weight_decay": weight_decay},
+                              {"params": vectors, "weight_decay": 0.0}],
+                             lr=lr, betas=BETAS, eps=ADAM_EPS, foreach=foreach, fused=False)
+
+
+def set_lr(optimizer, lr):
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+
+
+def train_step(model, optimizer, inputs, targets, grad_clip, bf16):
+    """One step as ours: forward (under autocast for bf16), backward, clip to the global norm, AdamW,
+    gradients zeroed. Returns the loss and the norm before clipping, as tensors (no sync here)."""
+    with torch.autocast(device_type=inputs.device.type, dtype=torch.bfloat16, enabled=bf16):
+        loss = model(inputs, targets)
+    loss.backward()
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return loss, norm
+
+
 def learning_rate(step, steps, warmup, max_lr):
     """common/optimizer.cpp learning_rate(): linear warm-up, then cosine down to 10% of the peak."""
     warmup = warmup if warmup >= 0 else steps // 10
@@ -251,16 +282,8 @@ def main():
     if args.compile:
         model = torch.compile(model)
 
-    # AdamW as common/optimizer.cpp: betas 0.9/0.95, eps 1e-8, weight decay on the 2-D tensors only
-    # (every matrix, wte and wpe included), no decay on biases and LayerNorm gains. The implementation
-    # is PyTorch's default, spelled out: the foreach (multi-tensor) kernels on CUDA, the per-tensor
-    # loop on the CPU; not the fused one, which eager code does not get unless it asks.
-    matrices = [p for p in model.parameters() if p.dim() == 2]
-    vectors = [p for p in model.parameters() if p.dim() < 2]
     foreach = cuda
-    optimizer = torch.optim.AdamW([{"params": matrices, "weight_decay": args.weight_decay},
-                                   {"params": vectors, "weight_decay": 0.0}],
-                                  lr=max_lr, betas=BETAS, eps=ADAM_EPS, foreach=foreach, fused=False)
+    optimizer = make_adamw(model, max_lr, args.weight_decay, foreach)
 
     # Random tokens (speed only), every step's batch made before the clock starts: (steps, B, T+1).
     g = torch.Generator().manual_seed(args.seed)
@@ -289,18 +312,12 @@ def main():
     for step in range(args.steps):
         inputs, targets = tokens[step, :, :-1], tokens[step, :, 1:]
         lr = learning_rate(step, args.steps, args.warmup, max_lr)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
+        set_lr(optimizer, lr)
         if cuda:
             torch.cuda.reset_peak_memory_stats(device)
             torch.cuda.synchronize(device)
         start = time.perf_counter()
-        with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=bf16):
-            loss = model(inputs, targets)
-        loss.backward()
-        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        loss, norm = train_step(model, optimizer, inputs, targets, args.grad_clip, bf16)
         if cuda:
             torch.cuda.synchronize(device)
         step_ms = (time.perf_counter() - start) * 1e3
