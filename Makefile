@@ -5,6 +5,7 @@
 #   make compare          installs what is missing, trains every chapter, prints a table, writes plots
 #   make bench            one-rank tokens/s and CPU matmul GFLOP/s next to OpenBLAS
 #   make bench-comm       collective benchmark, nccl-tests style: RANKS=2, LINK="--link-gbps 1 --link-latency-us 50"
+#   make bench-torch      chapter 01 next to PyTorch eager, same model, batch and device (needs torch): ARGS="--preset small"
 #   make diffs            writes docs/diffs/: each chapter's train.cpp against the previous one
 #   make deps             only installs missing packages (MPICH, GoogleTest, matplotlib)
 # Flags: ARCH=-march=x86-64-v2 for binaries that must run on older CPUs of a cluster (default: native).
@@ -40,7 +41,7 @@ GoogleTest=$(or $(HAVE_GTEST),MISSING) matplotlib=$(or $(HAVE_MATPLOTLIB),MISSIN
 $(info building chapters: $(CHAPTERS))
 endif
 
-.PHONY: all deps test tests compare bench bench-comm diffs clean $(CHAPTERS)
+.PHONY: all deps test tests compare bench bench-comm bench-torch diffs clean $(CHAPTERS)
 all: $(CHAPTERS)
 
 $(CHAPTERS): %: %/train
@@ -99,6 +100,15 @@ bench-comm:
 	@scripts/ensure_deps.sh
 	@$(MAKE) --no-print-directory $(BUILD)/comm_bench
 	mpiexec -n $(RANKS) $(BUILD)/comm_bench $(LINK)
+
+# PyTorch eager next to chapter 01. TORCH_PYTHON: an interpreter that has torch (a venv, say), kept
+# apart from PYTHON, which the build uses to look for matplotlib.
+TORCH_PYTHON ?= $(PYTHON)
+ARGS ?=
+bench-torch:
+	@scripts/ensure_deps.sh
+	@$(MAKE) --no-print-directory 01_vanilla_dp
+	@PYTHON=$(TORCH_PYTHON) scripts/compare_pytorch.sh $(ARGS)
 
 diffs:
 	@scripts/diffs.sh

@@ -190,7 +190,14 @@ std::vector<int64_t> displacements(const std::vector<int64_t>& counts, int ranks
 #ifdef GPT_WITH_NCCL
 
 
-ncclDataType_t nccl_type(DType dtype) { return dtype == DType::F32 ? ncclFloat : ncclBfloat16; }
+ncclDataType_t nccl_type(DType dtype) {
+  switch (dtype) {
+    case DType::F32: return ncclFloat;
+    case DType::BF16: return ncclBfloat16;
+    case DType::I32: return ncclInt32;
+  }
+  fatal("nccl_type: unknown dtype");
+}
 
 ncclRedOp_t nccl_op(ReduceOp op) {
   switch (op) {

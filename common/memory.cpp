@@ -9,6 +9,7 @@
 #include <unordered_map>
 
 #include "cuda_check.h"  // CUDA_CHECK, cudaMalloc
+#include "ops_cuda.h"    // cuda::stream(), where new memory is zeroed
 #endif
 
 namespace {
@@ -41,19 +42,49 @@ struct CudaAllocation {
 };
 std::unordered_map<void*, CudaAllocation> g_cuda_allocations;
 
+// A cache of freed GPU blocks by exact size, as PyTorch's caching allocator keeps them, for two
+// reasons. cudaFree waits for the whole device, NCCL's stream included: a chapter that frees a
+// layer's buffer while the next layer's collective runs (05, 06) would lose its overlap to that
+// wait. And cudaMalloc is slow. Training allocates the same sizes every step, so exact sizes hit.
+// Reuse is safe without waiting: a buffer is freed only after its last collective was waited (the
+// compute stream then waits for it), and the next user's zeroing is queued on the compute stream,
+// behind every kernel that used the block before.
+std::unordered_multimap<size_t, void*> g_cuda_cache;
+int64_t g_cuda_cached_bytes = 0;
+
+void release_cuda_cache() {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  for (auto& [bytes, ptr] : g_cuda_cache) CUDA_CHECK(cudaFree(ptr));
+  g_cuda_cache.clear();
+  g_cuda_cached_bytes = 0;
+}
+
 void* cuda_alloc(size_t bytes, MemCategory cat) {
+  const size_t size = bytes ? bytes : 1;  // an empty buffer still has an address (as on the CPU)
   void* ptr = nullptr;
-  // At least one byte, so that an empty buffer still has an address (as on the CPU).
-  if (cudaMalloc(&ptr, bytes ? bytes : 1) != cudaSuccess) {
-    size_t free_bytes = 0, total_bytes = 0;
-    cudaMemGetInfo(&free_bytes, &total_bytes);
-    fatal("out of GPU memory allocating " + std::to_string(bytes) + " bytes for " + mem_category_name(cat) + " (" +
-          std::to_string(free_bytes >> 20) + " of " + std::to_string(total_bytes >> 20) + " MiB free)");
+  {
+    std::lock_guard<std::mutex> lock(g_mutex);
+    auto cached = g_cuda_cache.find(size);
+    if (cached != g_cuda_cache.end()) {
+      ptr = cached->second;
+      g_cuda_cache.erase(cached);
+      g_cuda_cached_bytes -= int64_t(size);
+    }
   }
-  // Zero-filled like CPU memory. The memset runs on the legacy default stream; waiting for it here
-  // means no stream, blocking or not, can see the memory before it is zero.
-  CUDA_CHECK(cudaMemset(ptr, 0, bytes));
-  CUDA_CHECK(cudaDeviceSynchronize());
+  if (!ptr && cudaMalloc(&ptr, size) != cudaSuccess) {
+    cudaGetLastError();  // clear the error, free what the cache holds, and try once more
+    release_cuda_cache();
+    if (cudaMalloc(&ptr, size) != cudaSuccess) {
+      size_t free_bytes = 0, total_bytes = 0;
+      cudaMemGetInfo(&free_bytes, &total_bytes);
+      fatal("out of GPU memory allocating " + std::to_string(bytes) + " bytes for " + mem_category_name(cat) + " (" +
+            std::to_string(free_bytes >> 20) + " of " + std::to_string(total_bytes >> 20) + " MiB free)");
+    }
+  }
+  // Zero-filled like CPU memory, on the compute stream: every op sees the zeros (it runs there), so
+  // does a collective (its stream waits for an event recorded there), and so does a cudaMemcpy (the
+  // legacy default stream waits for the compute stream, created blocking).
+  CUDA_CHECK(cudaMemsetAsync(ptr, 0, bytes, cuda::stream()));
   {
     std::lock_guard<std::mutex> lock(g_mutex);
     g_cuda_allocations[ptr] = {bytes, cat};
@@ -62,7 +93,7 @@ void* cuda_alloc(size_t bytes, MemCategory cat) {
   return ptr;
 }
 
-// Frees `ptr` and returns true if it is a CUDA allocation; returns false for any other pointer.
+// Returns `ptr` to the cache and true if it is a CUDA allocation; returns false for any other pointer.
 bool cuda_free(void* ptr) {
   CudaAllocation allocation;
   {
@@ -71,8 +102,10 @@ bool cuda_free(void* ptr) {
     if (it == g_cuda_allocations.end()) return false;
     allocation = it->second;
     g_cuda_allocations.erase(it);
+    const size_t size = allocation.bytes ? allocation.bytes : 1;
+    g_cuda_cache.emplace(size, ptr);
+    g_cuda_cached_bytes += int64_t(size);
   }
-  CUDA_CHECK(cudaFree(ptr));  // waits for the device: no queued kernel can still use the memory
   count(allocation.category, -int64_t(allocation.bytes));
   return true;
 }
@@ -113,6 +146,15 @@ void device_free(void* ptr) {
 }
 
 const MemoryStats& memory_stats() { return g_stats; }
+
+int64_t cuda_cached_bytes() {
+#ifdef GPT_WITH_CUDA
+  std::lock_guard<std::mutex> lock(g_mutex);
+  return g_cuda_cached_bytes;
+#else
+  return 0;
+#endif
+}
 
 void reset_memory_peaks() {
   std::lock_guard<std::mutex> lock(g_mutex);

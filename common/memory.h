@@ -21,6 +21,9 @@ struct MemoryStats {
 void* device_alloc(size_t bytes, MemCategory cat, Device device = Device::CPU);
 void device_free(void* ptr);
 const MemoryStats& memory_stats();
+// GPU bytes freed by the framework but kept for reuse (memory.cpp says why): held from the driver,
+// counted in no category, since no tensor lives there. 0 without CUDA.
+int64_t cuda_cached_bytes();
 // Starts a new peak window: peaks become the current values (a step's peak, for example).
 void reset_memory_peaks();
 

@@ -11,7 +11,7 @@
 //
 // Every op is asynchronous: it queues its kernels and cuBLAS calls on stream() and returns. Only
 // sum_of_squares and mean_of wait, because they return a number to the host.
-// Select the GPU (cudaSetDevice, done by create_communicator in comm_factory.h) before the first op:
+// Select the GPU (cudaSetDevice, done by communicator_for in comm_factory.h) before the first op:
 // the stream and the cuBLAS handle are created on first use, on the current device.
 #pragma once
 #include <cuda_runtime_api.h>  // cudaStream_t

@@ -3,7 +3,8 @@
 # same preset, batch, steps, device and dtype, in one invocation; prints a table (framework, tokens/s,
 # step ms) and the ratio ours/PyTorch. Both average tokens/s over steps 1.. (step 0 is warm-up).
 # Usage: scripts/compare_pytorch.sh [--preset P] [--batch B] [--steps S] [--device cpu|cuda]
-#                                   [--dtype fp32|bf16] [any other flag of ours, passed through]
+#                                   [--dtype fp32] [any other flag of ours, passed through]
+# (--dtype bf16 is refused until our chapters have mixed precision.)
 # Environment: PYTHON=python3 (an interpreter that has torch), TORCH_EXTRA="--attention manual" (flags
 # for the PyTorch script only), TORCH_THREADS=1 (PyTorch's CPU threads: one rank of ours uses one core;
 # 0 = PyTorch's default). Results land in results/pytorch/: both JSON-lines files, logs, table.txt.
@@ -36,19 +37,13 @@ if ! "$python" -c 'import torch' >/dev/null 2>&1; then
 fi
 ours=./01_vanilla_dp/train
 [ -x "$ours" ] || { echo "compare_pytorch.sh: $ours not found: build it with 'make 01_vanilla_dp'"; exit 1; }
-# Same device and dtype on both sides: ours is told them whenever it takes the flags; a build whose
-# chapters do not take them yet runs fp32 on the CPU only.
-ours_help=$(mpiexec -n 1 "$ours" --help </dev/null 2>&1 || true)
-for flag in device dtype; do
-  value=${!flag}
-  if grep -q -- "--$flag" <<<"$ours_help"; then
-    ours_extra+=("--$flag" "$value")
-  elif [ "$value" != cpu ] && [ "$value" != fp32 ]; then
-    echo "compare_pytorch.sh: this build of 01_vanilla_dp does not take --$flag yet (it runs fp32 on the CPU):"
-    echo "  compare with --device cpu --dtype fp32, or rebuild a version that takes --$flag"
-    exit 1
-  fi
-done
+# Same device and dtype on both sides. Ours computes in fp32 only so far (bf16 mixed precision is
+# still to come, see README), so a bf16 comparison would compare two different things.
+if [ "$dtype" = bf16 ]; then
+  echo "compare_pytorch.sh: our chapters run fp32 only so far (no bf16 mixed precision yet): use --dtype fp32"
+  exit 1
+fi
+ours_extra+=(--device "$device")
 common=(--preset "$preset" --steps "$steps")
 [ -n "$batch" ] && common+=(--batch "$batch")
 torch_flags=(--device "$device" --dtype "$dtype")
@@ -60,7 +55,7 @@ rm -f "$out"/*.jsonl
 echo "ours: mpiexec -n 1 $ours ${common[*]} ${ours_extra[*]}"
 mpiexec -n 1 "$ours" "${common[@]}" "${ours_extra[@]}" --json "$out/ours.jsonl" </dev/null >"$out/ours.log" 2>&1 \
   || { echo "  failed: see $out/ours.log"; tail -n 5 "$out/ours.log"; exit 1; }
-tail -n 1 "$out/ours.log" | sed 's/^/  /'
+tail -n 2 "$out/ours.log" | sed 's/^/  /'
 
 echo "pytorch: $python scripts/pytorch_gpt2.py ${common[*]} ${torch_flags[*]} $torch_extra"
 status=0

@@ -2,10 +2,12 @@
 // binaries. Without a GPU: --device cuda ends every rank quickly with the reason, and auto picks
 // the CPU. With a GPU: the CUDA fp32 model's losses match the CPU's, NCCL works at one rank, every
 // chapter at 2 ranks on one GPU (the host-staged fallback) matches one rank, and the memory counters
-// agree with what the driver reports. Each test that needs the other situation skips and says why.
+// agree with what the driver reports; freed GPU memory is reused, zeroed. Each test that needs the
+// other situation skips and says why.
 #include <gtest/gtest.h>
 
 #include <string>
+#include <vector>
 
 #include "device.h"
 #include "memory.h"
@@ -125,6 +127,27 @@ TEST(OnGpu, MemoryCountersMatchTheDriver) {
 #else
   GTEST_SKIP() << "built without CUDA";
 #endif
+}
+
+TEST(OnGpu, FreedMemoryIsReusedAndComesBackZeroed) {
+  SKIP_WITHOUT_GPU();
+  const int64_t count = 3 << 20;  // an odd size, so no earlier test left a block of it in the cache
+  std::vector<float> host(count, 1.0f);
+  void* first_address = nullptr;
+  {
+    Buffer buffer(count, MemCategory::Other, Device::CUDA);
+    transfer(buffer.view(), make_view(host.data(), {count}));  // dirty it
+    first_address = buffer.data();
+  }
+  const int64_t cached = cuda_cached_bytes();
+  EXPECT_GE(cached, count * 4);
+  Buffer again(count, MemCategory::Other, Device::CUDA);
+  EXPECT_EQ(again.data(), first_address);  // the cache handed the block back, without cudaMalloc
+  EXPECT_EQ(cuda_cached_bytes(), cached - count * 4);
+  transfer(make_view(host.data(), {count}), again.view());
+  int64_t nonzero = 0;
+  for (float x : host) nonzero += x != 0.0f;
+  EXPECT_EQ(nonzero, 0) << "a reused block must be zeroed like a new one";
 }
 
 }  // namespace
