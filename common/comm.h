@@ -141,6 +141,10 @@ class Communicator {
   virtual void agree_or_die(bool ok, const std::string& msg) = 0;
 
   const CommStats& stats() const { return stats_; }
+  // Brings stats() up to date. A device communicator learns the times of its collectives from GPU
+  // events, which it reads only once the GPU has passed them (comm_nccl.cpp): call this after
+  // synchronizing the device, before reading a step's statistics. MPI's are always up to date.
+  virtual void collect_stats() {}
   void set_link_model(LinkModel link) { link_ = link; }
   const LinkModel& link_model() const { return link_; }
 

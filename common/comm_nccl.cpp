@@ -21,8 +21,9 @@
 //               how long the compute stream stalls for the collective, the GPU form of the time a
 //               CPU caller blocks in wait().
 //   The host cannot read an event's time before the GPU has passed it, and must not block for it,
-//   so times are collected later, by any call on the communicator that finds both events complete.
-//   A step that ends by reading its loss and all-reducing it (a scalar) therefore sees its own times.
+//   so times are collected later, by any call on the communicator that finds both events complete,
+//   and by collect_stats(), which a step calls at its end, after synchronizing the device: every op
+//   the step waited for is then complete, and the step sees its own times.
 //   Trace. When an op's times are collected, it becomes a span on the communication track (trace.h),
 //   and a stall of the compute stream for it a span on the waiting track. Events tell the GPU's
 //   clock, the trace the host's (now_ms()). An anchor event converts: recorded on an idle stream and
@@ -466,6 +467,8 @@ class NcclCommunicator final : public CudaCommunicatorBase {
     return true;
   }
 
+  void collect_stats() override { collect_times(); }
+
   // Adds busy and exposed times of the waited ops whose events the GPU has passed, records their
   // trace spans, then forgets them.
   void collect_times() {
@@ -630,11 +633,11 @@ class HostStagedCommunicator final : public CudaCommunicatorBase {
   }
 
   // A host copy of t, taken once the compute stream has finished writing it. The host blocks for
-  // both, and that time counts as exposed communication.
+  // both; only the copy counts as exposed communication (the wait before it is compute time).
   HostBuffer to_host(const Tensor& t) {
+    cuda::synchronize();
     const auto start = std::chrono::steady_clock::now();
     HostBuffer host = host_buffer(t);
-    cuda::synchronize();
     if (t.bytes() > 0) CUDA_CHECK(cudaMemcpy(host->data(), t.data, t.bytes(), cudaMemcpyDeviceToHost));
     stats_.exposed_ms += elapsed_ms(start);
     return host;
@@ -652,6 +655,8 @@ class HostStagedCommunicator final : public CudaCommunicatorBase {
       inner.wait();
       absorb_mpi_stats();
       if (result && device.bytes() > 0) {
+        // A copy from pageable memory waits for the queued compute first: that wait is not communication.
+        cuda::synchronize();
         const auto start = std::chrono::steady_clock::now();
         CUDA_CHECK(cudaMemcpy(device.data, result->data(), device.bytes(), cudaMemcpyHostToDevice));
         stats_.exposed_ms += elapsed_ms(start);

@@ -86,8 +86,12 @@ struct Peak {
   double bf16, fp32;
   const char* label;
 };
+// The first entry whose model the name contains wins: the PCIe and NVL parts come before the SXM ones.
 constexpr Peak kPeaks[] = {
-    {"H200", 989e12, 67e12, "H200"},
+    {"H100 PCIe", 756e12, 51e12, "H100 PCIe"},
+    {"H100 NVL", 835e12, 60e12, "H100 NVL"},
+    {"H200 NVL", 835e12, 60e12, "H200 NVL"},
+    {"H200", 989e12, 67e12, "H200 SXM"},
     {"H100", 989e12, 67e12, "H100 SXM"},
     {"A100", 312e12, 19.5e12, "A100"},
 };

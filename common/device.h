@@ -20,7 +20,8 @@ Device pick_device(const std::string& flag);
 const char* device_name(Device device);  // "cpu" or "cuda"
 
 // Copies src into dst, which may live on different devices (host <-> GPU), byte for byte: same dtype
-// and numel. Returns once dst holds the data, so host memory can be reused right after.
+// and numel. On return, host memory on either side may be reused or read; a copy to the GPU may
+// still be in flight, but every op queued afterwards sees its result.
 void transfer(Tensor dst, Tensor src);
 
 // Blocks until every op queued on `device` has finished: a no-op on the CPU, where ops are

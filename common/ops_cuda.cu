@@ -75,8 +75,9 @@ cublasHandle_t cublas() {
 }
 
 // A device buffer that grows on demand. Allocated through device_alloc, so its bytes appear in the
-// memory report under "other". Growing frees the old buffer with cudaFree, which waits for the
-// device, so no queued kernel still reads it. Never freed (see cublas() on teardown at exit).
+// memory report under "other". Growing returns the old buffer to the allocator's cache (memory.cpp)
+// without waiting: whoever takes it next zeroes it on the compute stream, behind every kernel queued
+// before that still reads it. Never freed (see cublas() on teardown at exit).
 class Scratch {
  public:
   void* get(size_t bytes) {

@@ -196,6 +196,7 @@ void TrainingRun::end_step(int step, float local_loss, double grad_norm) {
   // On a GPU the host is ahead of the device (ops only queue kernels): the step ends when the
   // device has run them.
   synchronize(device_);
+  comm_.collect_stats();
   const double step_end_ms = now_ms(), step_ms = step_end_ms - step_start_ms_;
   trace_span(Track::Compute, "step " + std::to_string(step), step_start_ms_, step_end_ms);
   const CommStats step_comm = difference(comm_.stats(), comm_at_step_start_);

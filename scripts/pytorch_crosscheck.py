@@ -87,7 +87,7 @@ def main():
     ours_json = os.path.join(work, "ours.jsonl")
     command = ["mpiexec", "-n", "1", "./01_vanilla_dp/train", "--preset", args.preset, "--steps", str(args.steps),
                "--data", args.data, "--save", os.path.join(work, "ckpt_{step}.bin"), "--save-every", "1",
-               "--json", ours_json, "--quiet"]
+               "--json", ours_json, "--quiet", "--device", "cpu"]  # the replay below runs on the CPU
     print("ours:", " ".join(command))
     if subprocess.run(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL).returncode != 0:
         sys.exit("our run failed (is 01_vanilla_dp built? make 01_vanilla_dp)")
