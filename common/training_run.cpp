@@ -61,7 +61,9 @@ TrainingRun::TrainingRun(Communicator& comm, const TrainConfig& cfg, Strategy st
   comm.agree_or_die(ok, error);
   inputs_.resize(size_t(micro_B_) * model_.T);
   targets_.resize(size_t(micro_B_) * model_.T);
-  if (device_ != Device::CPU) device_tokens_ = Buffer(2 * int64_t(micro_B_) * model_.T, MemCategory::Activations, DType::I32, device_);
+  if (device_ != Device::CPU)
+    device_tokens_ = Buffer(2 * int64_t(micro_B_) * model_.T, MemCategory::Activations, DType::I32, device_);
+  device_info_ = describe_device(device_, DType::F32);
 
   comm.set_link_model({cfg.link_gbps, cfg.link_latency_us});
   enable_tracing(!cfg.trace.empty());
@@ -73,7 +75,7 @@ TrainingRun::TrainingRun(Communicator& comm, const TrainConfig& cfg, Strategy st
                 (long long)layout_.num_params);
     std::printf("global batch %d x %d tokens | %d per rank in %d micro-batch%s of %d | data: %s\n", batch_, model_.T,
                 batch_ / N, cfg.grad_accum, cfg.grad_accum > 1 ? "es" : "", micro_B_, data_.description().c_str());
-    std::printf("device %s | communicator %s\n", describe_device(device_, DType::F32).name.c_str(), comm.name().c_str());
+    std::printf("device %s | communicator %s\n", device_info_.name.c_str(), comm.name().c_str());
     if (cfg.link_gbps > 0)
       std::printf("emulated link: %.3g Gbit/s, %.3g us latency (alpha-beta ring model, see README)\n", cfg.link_gbps,
                   cfg.link_latency_us);
@@ -93,7 +95,7 @@ TrainingRun::TrainingRun(Communicator& comm, const TrainConfig& cfg, Strategy st
                     .add("lr", double(cfg_.lr))
                     .add("seed", int64_t(cfg.seed))
                     .add("data", data_.description())
-                    .add("device", describe_device(device_, DType::F32).name)
+                    .add("device", device_info_.name)
                     .add("communicator", comm.name())
                     .add("link_gbps", cfg.link_gbps)
                     .add("link_latency_us", cfg.link_latency_us));
@@ -290,7 +292,6 @@ void TrainingRun::finish() {
     // products. MFU divides the achieved FLOP/s by the device's peak (device.h).
     const double flops_per_token = 6.0 * double(flops_params(layout_)) + 12.0 * model_.L * model_.C * model_.T;
     const double achieved_flops = tokens_per_s * flops_per_token;
-    const DeviceInfo device = describe_device(device_, DType::F32);
     std::printf("average over %d measured steps: %.1f ms/step | %s tok/s | exposed comm %.2f ms | comm %.2f ms | "
                 "%.0f collectives/step | %s/step | peak mem %s | final loss %.4f\n",
                 totals_.steps, step_ms, format_count(tokens_per_s).c_str(), exposed, comm_ms, totals_.collectives / n,
@@ -300,9 +301,9 @@ void TrainingRun::finish() {
     std::printf("model FLOPs: 6N + 12LCT = %.3g per token x %s tok/s = %.3g %s per rank", flops_per_token,
                 format_count(tokens_per_s / comm_.size()).c_str(), flops_per_rank >= 1e12 ? flops_per_rank / 1e12 : flops_per_rank / 1e9,
                 flops_per_rank >= 1e12 ? "TFLOP/s" : "GFLOP/s");
-    if (device.peak_flops > 0) {
-      std::printf(" | MFU %.1f%% of %s (%.0f TFLOP/s)", 100.0 * flops_per_rank / device.peak_flops,
-                  device.peak_source.c_str(), device.peak_flops / 1e12);
+    if (device_info_.peak_flops > 0) {
+      std::printf(" | MFU %.1f%% of %s (%.0f TFLOP/s)", 100.0 * flops_per_rank / device_info_.peak_flops,
+                  device_info_.peak_source.c_str(), device_info_.peak_flops / 1e12);
     }
     std::printf("\n");
     std::fflush(stdout);
@@ -318,10 +319,10 @@ void TrainingRun::finish() {
         .add("peak_mem_bytes", memory_stats().peak_total)
         .add("final_loss", double(totals_.last_loss))
         .add("flops_per_token", flops_per_token);
-    if (device.peak_flops > 0) {
-      summary.add("mfu", flops_per_rank / device.peak_flops)
-          .add("peak_flops", device.peak_flops)
-          .add("peak_source", device.peak_source);
+    if (device_info_.peak_flops > 0) {
+      summary.add("mfu", flops_per_rank / device_info_.peak_flops)
+          .add("peak_flops", device_info_.peak_flops)
+          .add("peak_source", device_info_.peak_source);
     }
     json_.write(summary);
     json_.close();

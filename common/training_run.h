@@ -10,6 +10,7 @@
 
 #include "comm.h"
 #include "data.h"
+#include "device.h"
 #include "flags.h"
 #include "memory.h"
 #include "metrics.h"
@@ -78,6 +79,7 @@ class TrainingRun {
   TrainConfig cfg_;
   Strategy strategy_;
   Device device_;
+  DeviceInfo device_info_;  // its name and peak FLOP/s (fp32), for the header and MFU
   GPT2Config model_;
   ParamLayout layout_;
   TokenData data_;
