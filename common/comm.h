@@ -145,7 +145,7 @@ class Communicator {
   // events, which it reads only once the GPU has passed them (comm_nccl.cpp): call this after
   // synchronizing the device, before reading a step's statistics. MPI's are always up to date.
   virtual void collect_stats() {}
-  void set_link_model(LinkModel link) { link_ = link; }
+  virtual void set_link_model(LinkModel link) { link_ = link; }
   const LinkModel& link_model() const { return link_; }
 
  protected:

@@ -1,4 +1,5 @@
-// comm_nccl.cpp: the communicators for CUDA tensors, and create_cuda_communicator, the CUDA half of communicator_for (comm_factory.h).
+// comm_nccl.cpp: the communicators for CUDA tensors, and create_cuda_communicator, the CUDA half of
+// communicator_for (comm_factory.h).
 // Compiled only in the CUDA build (GPT_WITH_CUDA); in the CPU build this file is empty.
 //
 // NcclCommunicator, the normal case: one GPU per rank, collectives by NCCL.
@@ -91,13 +92,13 @@ double elapsed_ms(std::chrono::steady_clock::time_point since) {
 class CudaCommunicatorBase : public Communicator {
  public:
   double all_reduce_scalar(double value, ReduceOp op) override {
-    const double result = mpi().all_reduce_scalar(value, op);
+    const double result = mpi_->all_reduce_scalar(value, op);
     absorb_mpi_stats();
     return result;
   }
 
   void agree_or_die(bool ok, const std::string& msg) override {
-    mpi().agree_or_die(ok, msg);
+    mpi_->agree_or_die(ok, msg);
     absorb_mpi_stats();
   }
 
@@ -109,11 +110,10 @@ class CudaCommunicatorBase : public Communicator {
     name_ = name;
   }
 
-  // The MPI communicator we keep, with our link model. set_link_model (comm.h) sets ours only, so it
-  // is passed on here, before every op that goes over MPI.
-  Communicator& mpi() {
-    mpi_->set_link_model(link_);
-    return *mpi_;
+  // Ours, and the MPI communicator's: what travels over MPI is delayed as in a CPU run.
+  void set_link_model(LinkModel link) override {
+    Communicator::set_link_model(link);
+    mpi_->set_link_model(link);
   }
 
   // Adds what the MPI communicator counted since the last call to our own statistics. Both are
@@ -257,7 +257,7 @@ class NcclCommunicator final : public CudaCommunicatorBase {
   }
 
   CommHandle all_reduce_async(Tensor buf, ReduceOp op) override {
-    if (buf.device == Device::CPU) return over_mpi(mpi().all_reduce_async(buf, op));
+    if (buf.device == Device::CPU) return over_mpi(mpi_->all_reduce_async(buf, op));
     void* data = buf.data;
     const size_t n = size_t(buf.numel());
     const ncclDataType_t type = nccl_type(buf.dtype);
@@ -268,7 +268,7 @@ class NcclCommunicator final : public CudaCommunicatorBase {
 
   CommHandle reduce_scatter_async(Tensor send, Tensor recv, ReduceOp op) override {
     if (device_of(send, recv, "reduce_scatter") == Device::CPU)
-      return over_mpi(mpi().reduce_scatter_async(send, recv, op));
+      return over_mpi(mpi_->reduce_scatter_async(send, recv, op));
     ENSURE(send.numel() == int64_t(size_) * recv.numel(), "reduce_scatter: send must hold size() x recv elements");
     ensure_disjoint(send, recv, "reduce_scatter");
     const void* in = send.data;
@@ -280,7 +280,7 @@ class NcclCommunicator final : public CudaCommunicatorBase {
   }
 
   CommHandle all_gather_async(Tensor send, Tensor recv) override {
-    if (device_of(send, recv, "all_gather") == Device::CPU) return over_mpi(mpi().all_gather_async(send, recv));
+    if (device_of(send, recv, "all_gather") == Device::CPU) return over_mpi(mpi_->all_gather_async(send, recv));
     ENSURE(recv.numel() == int64_t(size_) * send.numel(), "all_gather: recv must hold size() x send elements");
     ensure_gather_buffers(send, recv, int64_t(rank_) * send.numel(), "all_gather");  // NCCL handles in place too
     const void* in = send.data;
@@ -297,7 +297,7 @@ class NcclCommunicator final : public CudaCommunicatorBase {
   CommHandle reduce_scatter_v_async(Tensor send, Tensor recv, const std::vector<int64_t>& counts,
                                     ReduceOp op) override {
     if (device_of(send, recv, "reduce_scatter_v") == Device::CPU)
-      return over_mpi(mpi().reduce_scatter_v_async(send, recv, counts, op));
+      return over_mpi(mpi_->reduce_scatter_v_async(send, recv, counts, op));
     const std::vector<int64_t> displs = displacements(counts, size_, "reduce_scatter_v");
     ENSURE(send.numel() == displs.back() + counts.back(), "reduce_scatter_v: send must hold sum(counts) elements");
     ENSURE(recv.numel() == counts[rank_], "reduce_scatter_v: recv must hold counts[rank()] elements");
@@ -323,7 +323,7 @@ class NcclCommunicator final : public CudaCommunicatorBase {
   // broadcast runs in place when send already is its segment of recv.
   CommHandle all_gather_v_async(Tensor send, Tensor recv, const std::vector<int64_t>& counts) override {
     if (device_of(send, recv, "all_gather_v") == Device::CPU)
-      return over_mpi(mpi().all_gather_v_async(send, recv, counts));
+      return over_mpi(mpi_->all_gather_v_async(send, recv, counts));
     const std::vector<int64_t> displs = displacements(counts, size_, "all_gather_v");
     ENSURE(send.numel() == counts[rank_], "all_gather_v: send must hold counts[rank()] elements");
     ENSURE(recv.numel() == displs.back() + counts.back(), "all_gather_v: recv must hold sum(counts) elements");
@@ -345,7 +345,7 @@ class NcclCommunicator final : public CudaCommunicatorBase {
 
   CommHandle broadcast_async(Tensor buf, int root) override {
     ENSURE(root >= 0 && root < size_, "broadcast: root out of range");
-    if (buf.device == Device::CPU) return over_mpi(mpi().broadcast_async(buf, root));
+    if (buf.device == Device::CPU) return over_mpi(mpi_->broadcast_async(buf, root));
     void* data = buf.data;
     const size_t n = size_t(buf.numel());
     const ncclDataType_t type = nccl_type(buf.dtype);
@@ -355,7 +355,7 @@ class NcclCommunicator final : public CudaCommunicatorBase {
 
   CommHandle send_async(Tensor buf, int peer) override {
     ENSURE(peer >= 0 && peer < size_, "send: peer out of range");
-    if (buf.device == Device::CPU) return over_mpi(mpi().send_async(buf, peer));
+    if (buf.device == Device::CPU) return over_mpi(mpi_->send_async(buf, peer));
     const void* data = buf.data;
     const size_t n = size_t(buf.numel());
     const ncclDataType_t type = nccl_type(buf.dtype);
@@ -365,7 +365,7 @@ class NcclCommunicator final : public CudaCommunicatorBase {
 
   CommHandle recv_async(Tensor buf, int peer) override {
     ENSURE(peer >= 0 && peer < size_, "recv: peer out of range");
-    if (buf.device == Device::CPU) return over_mpi(mpi().recv_async(buf, peer));
+    if (buf.device == Device::CPU) return over_mpi(mpi_->recv_async(buf, peer));
     void* data = buf.data;
     const size_t n = size_t(buf.numel());
     const ncclDataType_t type = nccl_type(buf.dtype);
@@ -399,7 +399,7 @@ class NcclCommunicator final : public CudaCommunicatorBase {
   void broadcast_bytes(void* data, size_t bytes, int root) override {
     ENSURE(root >= 0 && root < size_, "broadcast_bytes: root out of range");
     if (bytes == 0 || !is_device_memory(data)) {
-      mpi().broadcast_bytes(data, bytes, root);
+      mpi_->broadcast_bytes(data, bytes, root);
       absorb_mpi_stats();
       return;
     }
@@ -546,79 +546,79 @@ class HostStagedCommunicator final : public CudaCommunicatorBase {
       : CudaCommunicatorBase(std::move(mpi), "mpi (host-staged)") {}
 
   CommHandle all_reduce_async(Tensor buf, ReduceOp op) override {
-    if (buf.device == Device::CPU) return over_mpi(mpi().all_reduce_async(buf, op));
+    if (buf.device == Device::CPU) return over_mpi(mpi_->all_reduce_async(buf, op));
     auto host = to_host(buf);
-    return staged(mpi().all_reduce_async(host->view(), op), nullptr, host, buf);
+    return staged(mpi_->all_reduce_async(host->view(), op), nullptr, host, buf);
   }
 
   CommHandle reduce_scatter_async(Tensor send, Tensor recv, ReduceOp op) override {
     if (device_of(send, recv, "reduce_scatter") == Device::CPU)
-      return over_mpi(mpi().reduce_scatter_async(send, recv, op));
+      return over_mpi(mpi_->reduce_scatter_async(send, recv, op));
     ensure_disjoint(send, recv, "reduce_scatter");
     auto host_send = to_host(send);
     auto host_recv = host_buffer(recv);
-    return staged(mpi().reduce_scatter_async(host_send->view(), host_recv->view(), op), host_send, host_recv, recv);
+    return staged(mpi_->reduce_scatter_async(host_send->view(), host_recv->view(), op), host_send, host_recv, recv);
   }
 
   // (In place on the device becomes two separate host buffers: MPI then simply gathers all segments.)
   CommHandle all_gather_async(Tensor send, Tensor recv) override {
-    if (device_of(send, recv, "all_gather") == Device::CPU) return over_mpi(mpi().all_gather_async(send, recv));
+    if (device_of(send, recv, "all_gather") == Device::CPU) return over_mpi(mpi_->all_gather_async(send, recv));
     ensure_gather_buffers(send, recv, int64_t(rank_) * send.numel(), "all_gather");
     auto host_send = to_host(send);
     auto host_recv = host_buffer(recv);
-    return staged(mpi().all_gather_async(host_send->view(), host_recv->view()), host_send, host_recv, recv);
+    return staged(mpi_->all_gather_async(host_send->view(), host_recv->view()), host_send, host_recv, recv);
   }
 
   CommHandle reduce_scatter_v_async(Tensor send, Tensor recv, const std::vector<int64_t>& counts,
                                     ReduceOp op) override {
     if (device_of(send, recv, "reduce_scatter_v") == Device::CPU)
-      return over_mpi(mpi().reduce_scatter_v_async(send, recv, counts, op));
+      return over_mpi(mpi_->reduce_scatter_v_async(send, recv, counts, op));
     ensure_disjoint(send, recv, "reduce_scatter_v");
     auto host_send = to_host(send);
     auto host_recv = host_buffer(recv);
-    return staged(mpi().reduce_scatter_v_async(host_send->view(), host_recv->view(), counts, op), host_send,
+    return staged(mpi_->reduce_scatter_v_async(host_send->view(), host_recv->view(), counts, op), host_send,
                   host_recv, recv);
   }
 
   CommHandle all_gather_v_async(Tensor send, Tensor recv, const std::vector<int64_t>& counts) override {
     if (device_of(send, recv, "all_gather_v") == Device::CPU)
-      return over_mpi(mpi().all_gather_v_async(send, recv, counts));
+      return over_mpi(mpi_->all_gather_v_async(send, recv, counts));
     const std::vector<int64_t> displs = displacements(counts, size_, "all_gather_v");
     ensure_gather_buffers(send, recv, displs[rank_], "all_gather_v");
     auto host_send = to_host(send);
     auto host_recv = host_buffer(recv);
-    return staged(mpi().all_gather_v_async(host_send->view(), host_recv->view(), counts), host_send, host_recv,
+    return staged(mpi_->all_gather_v_async(host_send->view(), host_recv->view(), counts), host_send, host_recv,
                   recv);
   }
 
   CommHandle broadcast_async(Tensor buf, int root) override {
-    if (buf.device == Device::CPU) return over_mpi(mpi().broadcast_async(buf, root));
+    if (buf.device == Device::CPU) return over_mpi(mpi_->broadcast_async(buf, root));
     auto host = to_host(buf);
-    return staged(mpi().broadcast_async(host->view(), root), nullptr, host, buf);
+    return staged(mpi_->broadcast_async(host->view(), root), nullptr, host, buf);
   }
 
   CommHandle send_async(Tensor buf, int peer) override {
-    if (buf.device == Device::CPU) return over_mpi(mpi().send_async(buf, peer));
+    if (buf.device == Device::CPU) return over_mpi(mpi_->send_async(buf, peer));
     auto host = to_host(buf);
-    return staged(mpi().send_async(host->view(), peer), host, nullptr, Tensor{});
+    return staged(mpi_->send_async(host->view(), peer), host, nullptr, Tensor{});
   }
 
   CommHandle recv_async(Tensor buf, int peer) override {
-    if (buf.device == Device::CPU) return over_mpi(mpi().recv_async(buf, peer));
+    if (buf.device == Device::CPU) return over_mpi(mpi_->recv_async(buf, peer));
     auto host = host_buffer(buf);
-    return staged(mpi().recv_async(host->view(), peer), nullptr, host, buf);
+    return staged(mpi_->recv_async(host->view(), peer), nullptr, host, buf);
   }
 
-  CommHandle barrier_async() override { return over_mpi(mpi().barrier_async()); }
+  CommHandle barrier_async() override { return over_mpi(mpi_->barrier_async()); }
 
   void broadcast_bytes(void* data, size_t bytes, int root) override {
     if (bytes == 0 || !is_device_memory(data)) {
-      mpi().broadcast_bytes(data, bytes, root);
+      mpi_->broadcast_bytes(data, bytes, root);
     } else {
       cuda::synchronize();  // the compute stream has written the bytes
       std::vector<char> host(bytes);
       CUDA_CHECK(cudaMemcpy(host.data(), data, bytes, cudaMemcpyDeviceToHost));
-      mpi().broadcast_bytes(host.data(), bytes, root);
+      mpi_->broadcast_bytes(host.data(), bytes, root);
       CUDA_CHECK(cudaMemcpy(data, host.data(), bytes, cudaMemcpyHostToDevice));
     }
     absorb_mpi_stats();
