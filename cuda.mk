@@ -22,7 +22,7 @@ endif
 # so --no-as-needed keeps the libraries even where the linker defaults to --as-needed (Ubuntu's gcc),
 # which would otherwise drop a library named before the objects that use it. The rpath lets the
 # programs find the libraries at run time without LD_LIBRARY_PATH.
-CUDA_LDFLAGS := -Wl,--no-as-needed -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart -lcublas $(CUDA_NCCL)
+CUDA_LDFLAGS := -Wl,--no-as-needed -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart -lcublas -lcublasLt $(CUDA_NCCL)
 
 CUDA_SRC := $(wildcard common/*.cu)
 CUDA_OBJ := $(CUDA_SRC:%.cu=$(BUILD)/%.o)

@@ -9,7 +9,9 @@
 //
 // What changed: this is the first chapter; everything it does not teach lives in common/ (the
 // model, ops, flat buffers, AdamW, data, checkpoints, the MPI and NCCL communicators, metrics).
-// --device (auto by default) picks the CPU or a GPU; the lesson is the same on both.
+// --device (auto by default) picks the CPU or a GPU; the lesson is the same on both. On a GPU the
+// default --dtype is bf16 mixed precision: the buffers below then hold bf16, and AdamW keeps fp32
+// master weights (optimizer.h), so the all-reduce moves half the bytes.
 // What to notice: communication starts only once backward has finished, so every millisecond of it
 // is exposed: "exposed comm" in the step line equals the all-reduce's whole time.
 // With --grad-accum K, each rank runs K micro-batches and accumulates before the single all-reduce.
@@ -46,14 +48,15 @@ int main(int argc, char** argv) {
   comm = communicator_for(pick_device(cfg.device), std::move(comm));  // NCCL on GPUs (comm_factory.h)
   TrainingRun run(*comm, cfg, Strategy::DP);
   const Device device = run.device();
+  const DType dtype = run.dtype();  // fp32, or bf16 mixed precision on GPUs
   const ParamLayout& layout = run.layout();
 
   // Every rank holds all parameters, all gradients and the whole optimizer state.
-  Buffer params(layout.padded_size, MemCategory::Params, device);
-  Buffer grads(layout.padded_size, MemCategory::Grads, device);
-  AdamW optimizer(layout, 0, layout.padded_size, cfg.weight_decay, device);
-  GPT2 model(run.model_config(), layout, run.micro_batch_size(), device);
-  model.bind_all(params.f32(), grads.f32());
+  Buffer params(layout.padded_size, MemCategory::Params, dtype, device);
+  Buffer grads(layout.padded_size, MemCategory::Grads, dtype, device);
+  AdamW optimizer(layout, 0, layout.padded_size, cfg.weight_decay, device, dtype);
+  GPT2 model(run.model_config(), layout, run.micro_batch_size(), device, dtype);
+  model.bind_all(params.data(), grads.data());
   const int start = run.init_or_resume(params, optimizer);
 
   for (int step = start; step < cfg.steps; step++) {

@@ -49,14 +49,15 @@ int main(int argc, char** argv) {
   comm = communicator_for(pick_device(cfg.device), std::move(comm));  // NCCL on GPUs (comm_factory.h)
   TrainingRun run(*comm, cfg, Strategy::DP);
   const Device device = run.device();
+  const DType dtype = run.dtype();  // fp32, or bf16 mixed precision on GPUs
   const ParamLayout& layout = run.layout();
 
   // Every rank holds all parameters, all gradients and the whole optimizer state.
-  Buffer params(layout.padded_size, MemCategory::Params, device);
-  Buffer grads(layout.padded_size, MemCategory::Grads, device);
-  AdamW optimizer(layout, 0, layout.padded_size, cfg.weight_decay, device);
-  GPT2 model(run.model_config(), layout, run.micro_batch_size(), device);
-  model.bind_all(params.f32(), grads.f32());
+  Buffer params(layout.padded_size, MemCategory::Params, dtype, device);
+  Buffer grads(layout.padded_size, MemCategory::Grads, dtype, device);
+  AdamW optimizer(layout, 0, layout.padded_size, cfg.weight_decay, device, dtype);
+  GPT2 model(run.model_config(), layout, run.micro_batch_size(), device, dtype);
+  model.bind_all(params.data(), grads.data());
   const int start = run.init_or_resume(params, optimizer);
 
   // The lesson: as soon as a parameter's gradient is final, start averaging it, without waiting.

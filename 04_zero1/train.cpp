@@ -56,15 +56,16 @@ int main(int argc, char** argv) {
   comm = communicator_for(pick_device(cfg.device), std::move(comm));  // NCCL on GPUs (comm_factory.h)
   TrainingRun run(*comm, cfg, Strategy::ZeRO1);
   const Device device = run.device();
+  const DType dtype = run.dtype();  // fp32, or bf16 mixed precision on GPUs
   const ParamLayout& layout = run.layout();
   const ShardPlan shard(layout, comm->rank());
 
   // Every rank holds all parameters and all gradients, but optimizer state for its shard only.
-  Buffer params(layout.padded_size, MemCategory::Params, device);
-  Buffer grads(layout.padded_size, MemCategory::Grads, device);
-  AdamW optimizer(layout, shard.begin(), shard.end(), cfg.weight_decay, device);
-  GPT2 model(run.model_config(), layout, run.micro_batch_size(), device);
-  model.bind_all(params.f32(), grads.f32());
+  Buffer params(layout.padded_size, MemCategory::Params, dtype, device);
+  Buffer grads(layout.padded_size, MemCategory::Grads, dtype, device);
+  AdamW optimizer(layout, shard.begin(), shard.end(), cfg.weight_decay, device, dtype);
+  GPT2 model(run.model_config(), layout, run.micro_batch_size(), device, dtype);
+  model.bind_all(params.data(), grads.data());
   const int start = run.init_or_resume(params, optimizer);
   const GradientBuckets buckets(layout, bucket_mb * 1e6);
 
@@ -81,7 +82,7 @@ int main(int argc, char** argv) {
     // The lesson, 1: reduce-scatter each bucket; this rank receives the average of its piece. The
     // pieces of all buckets tile this rank's shard, so they land side by side in one shard-sized
     // buffer (a separate one: MPI may not receive into the buffer it sends from).
-    Buffer grad_shard(shard.size(), MemCategory::CommBuffers, device);
+    Buffer grad_shard(shard.size(), MemCategory::CommBuffers, dtype, device);
     std::vector<CommHandle> in_flight;
     for (int b = 0; b < buckets.count(); b++) {
       const int64_t lo = shard.piece_begin(buckets.begin(b), buckets.end(b));

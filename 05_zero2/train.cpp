@@ -52,16 +52,17 @@ int main(int argc, char** argv) {
   comm = communicator_for(pick_device(cfg.device), std::move(comm));  // NCCL on GPUs (comm_factory.h)
   TrainingRun run(*comm, cfg, Strategy::ZeRO2);
   const Device device = run.device();
+  const DType dtype = run.dtype();  // fp32, or bf16 mixed precision on GPUs
   const ParamLayout& layout = run.layout();
   const ShardPlan shard(layout, comm->rank());
   const int head = layout.num_units() - 1;  // final layernorm + tied LM head
 
   // Every rank holds all parameters, but gradients and optimizer state for its shard only.
-  Buffer params(layout.padded_size, MemCategory::Params, device);
-  Buffer grad_shard(shard.size(), MemCategory::Grads, device);
-  AdamW optimizer(layout, shard.begin(), shard.end(), cfg.weight_decay, device);
-  GPT2 model(run.model_config(), layout, run.micro_batch_size(), device);
-  model.bind_params(0, layout.padded_size, params.f32());  // gradients are bound layer by layer below
+  Buffer params(layout.padded_size, MemCategory::Params, dtype, device);
+  Buffer grad_shard(shard.size(), MemCategory::Grads, dtype, device);
+  AdamW optimizer(layout, shard.begin(), shard.end(), cfg.weight_decay, device, dtype);
+  GPT2 model(run.model_config(), layout, run.micro_batch_size(), device, dtype);
+  model.bind_params(0, layout.padded_size, params.data());  // gradients are bound layer by layer below
   const int start = run.init_or_resume(params, optimizer);
 
   // The lesson: a layer's gradients get a transient buffer when its backward starts, and are

@@ -56,15 +56,16 @@ int main(int argc, char** argv) {
   comm = communicator_for(pick_device(cfg.device), std::move(comm));  // NCCL on GPUs (comm_factory.h)
   TrainingRun run(*comm, cfg, Strategy::ZeRO3);
   const Device device = run.device();
+  const DType dtype = run.dtype();  // fp32, or bf16 mixed precision on GPUs
   const ParamLayout& layout = run.layout();
   const ShardPlan shard(layout, comm->rank());
   const int head = layout.num_units() - 1;  // final layernorm + tied LM head
 
   // Every rank holds only its shard of parameters, gradients and optimizer state.
-  Buffer param_shard(shard.size(), MemCategory::Params, device);
-  Buffer grad_shard(shard.size(), MemCategory::Grads, device);
-  AdamW optimizer(layout, shard.begin(), shard.end(), cfg.weight_decay, device);
-  GPT2 model(run.model_config(), layout, run.micro_batch_size(), device);  // nothing bound: layers come and go
+  Buffer param_shard(shard.size(), MemCategory::Params, dtype, device);
+  Buffer grad_shard(shard.size(), MemCategory::Grads, dtype, device);
+  AdamW optimizer(layout, shard.begin(), shard.end(), cfg.weight_decay, device, dtype);
+  GPT2 model(run.model_config(), layout, run.micro_batch_size(), device, dtype);  // nothing bound: layers come and go
   const int start = run.init_or_resume(param_shard.view(), shard.begin(), optimizer);
 
   // The lesson, 1: gather a layer's parameters from their owners into a layer-sized buffer.
@@ -80,7 +81,7 @@ int main(int argc, char** argv) {
     const int64_t begin = layout.unit_begin[u], end = layout.unit_begin[u + 1];
     const int64_t lo = shard.piece_begin(begin, end), hi = shard.piece_end(begin, end);
     Gathered& g = gathered[u];
-    g.params = Buffer(end - begin, MemCategory::CommBuffers, device);
+    g.params = Buffer(end - begin, MemCategory::CommBuffers, dtype, device);
     g.handle = comm->all_gather_v_async(param_shard.view().slice1d(lo - shard.begin(), hi - lo), g.params.view(),
                                         shard.counts(begin, end));
     gathered_now += end - begin;
@@ -91,7 +92,7 @@ int main(int argc, char** argv) {
     Gathered& g = gathered[u];
     if (!g.bound) {
       g.handle.wait();
-      model.bind_unit_params(u, g.params.f32());
+      model.bind_unit_params(u, g.params.data());
       g.bound = true;
     }
   };
@@ -157,10 +158,11 @@ int main(int argc, char** argv) {
       second = std::max(second, std::min(largest, layout.unit_size(u)));
       largest = std::max(largest, layout.unit_size(u));
     }
+    const double w = double(dtype_size(dtype));  // bytes per parameter
     std::printf("peak parameter memory: shard %s + gathered layers %s (theory: shard + two largest blocks %s + "
                 "the tied embedding, held for the head, %s)\n",
-                format_bytes(4.0 * shard.size()).c_str(), format_bytes(4.0 * gathered_peak).c_str(),
-                format_bytes(4.0 * (largest + second)).c_str(), format_bytes(4.0 * layout.unit_size(0)).c_str());
+                format_bytes(w * shard.size()).c_str(), format_bytes(w * gathered_peak).c_str(),
+                format_bytes(w * (largest + second)).c_str(), format_bytes(w * layout.unit_size(0)).c_str());
   }
   run.finish();
   shutdown_mpi(std::move(comm));

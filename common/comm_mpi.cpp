@@ -58,6 +58,7 @@
 #include <thread>
 #include <vector>
 
+#include "bf16.h"
 #include "trace.h"
 
 using Clock = std::chrono::steady_clock;
@@ -139,12 +140,37 @@ double modelled_ms(const LinkModel& link, CollectiveKind kind, int64_t payload_b
 namespace {
 
 
-MPI_Op mpi_op(ReduceOp op) {
+// bf16 tensors (the host-staged copies of mixed-precision GPU tensors, comm_nccl.cpp) travel as
+// 16-bit words, MPI_UINT16_T, so every byte on the wire is what theory counts. MPI cannot add those
+// words itself: reductions on them use user-defined ops that widen each pair to fp32, combine, and
+// round back (bf16.h), as NCCL does on the GPU. Created once, after MPI_Init (MpiCommunicator).
+template <typename Combine>
+void bf16_reduce(void* in, void* inout, int* len, MPI_Datatype*) {
+  const bf16_bits* a = static_cast<const bf16_bits*>(in);
+  bf16_bits* b = static_cast<bf16_bits*>(inout);
+  for (int i = 0; i < *len; i++) b[i] = float_to_bf16(Combine()(bf16_to_float(a[i]), bf16_to_float(b[i])));
+}
+struct Add { float operator()(float a, float b) const { return a + b; } };
+struct Larger { float operator()(float a, float b) const { return std::max(a, b); } };
+struct Smaller { float operator()(float a, float b) const { return std::min(a, b); } };
+MPI_Op g_bf16_sum = MPI_OP_NULL, g_bf16_max = MPI_OP_NULL, g_bf16_min = MPI_OP_NULL;
+
+void create_bf16_ops() {
+  if (g_bf16_sum != MPI_OP_NULL) return;
+  MPI_CHECK(MPI_Op_create(&bf16_reduce<Add>, /*commute=*/1, &g_bf16_sum));
+  MPI_CHECK(MPI_Op_create(&bf16_reduce<Larger>, 1, &g_bf16_max));
+  MPI_CHECK(MPI_Op_create(&bf16_reduce<Smaller>, 1, &g_bf16_min));
+}
+
+MPI_Datatype mpi_type(DType dtype) { return dtype == DType::BF16 ? MPI_UINT16_T : MPI_FLOAT; }
+
+MPI_Op mpi_op(ReduceOp op, DType dtype) {
+  const bool bf16 = dtype == DType::BF16;
   switch (op) {
     case ReduceOp::Sum:
-    case ReduceOp::Avg: return MPI_SUM;  // then scaled by 1/N on the comm thread: MPI has no average
-    case ReduceOp::Max: return MPI_MAX;
-    case ReduceOp::Min: return MPI_MIN;
+    case ReduceOp::Avg: return bf16 ? g_bf16_sum : MPI_SUM;  // then scaled by 1/N: MPI has no average
+    case ReduceOp::Max: return bf16 ? g_bf16_max : MPI_MAX;
+    case ReduceOp::Min: return bf16 ? g_bf16_min : MPI_MIN;
   }
   return MPI_SUM;
 }
@@ -155,10 +181,16 @@ int mpi_count(int64_t n) {
   return int(n);
 }
 
-void ensure_cpu_f32(const Tensor& t) {
-  ENSURE(t.device == Device::CPU && t.dtype == DType::F32,
-         "the MPI communicator moves CPU fp32 tensors; CUDA and bf16 tensors need the NCCL communicator");
+void ensure_cpu(const Tensor& t) {
+  ENSURE(t.device == Device::CPU && (t.dtype == DType::F32 || t.dtype == DType::BF16),
+         "the MPI communicator moves CPU fp32 and bf16 tensors; CUDA tensors need the NCCL or host-staged one");
   ENSURE(t.data != nullptr || t.numel() == 0, "tensor without memory");
+}
+
+// An empty side (a rank that owns none of a range passes Tensor()) has no dtype to compare.
+void ensure_same_dtype(const Tensor& send, const Tensor& recv, const char* what) {
+  if (send.numel() == 0 || recv.numel() == 0) return;
+  ENSURE(send.dtype == recv.dtype, std::string(what) + ": send and recv differ in dtype");
 }
 
 // Whether two tensors share a byte. An empty tensor shares none, wherever its pointer points.
@@ -171,10 +203,7 @@ bool overlap(const Tensor& a, const Tensor& b) {
 // The buffer handed to MPI: null for an empty tensor. MPI touches no byte of it either way, but
 // MPICH checks that a send and a receive buffer do not start at the same address, and an empty view
 // may well start where the other buffer does (the last piece of a range, a rank that owns none of it).
-template <typename T>
-T* mpi_buffer(const Tensor& t) {
-  return t.numel() == 0 ? nullptr : static_cast<T*>(t.data);
-}
+void* mpi_buffer(const Tensor& t) { return t.numel() == 0 ? nullptr : t.data; }
 
 // Whether an all-gather runs in place: `send` IS this rank's segment of `recv`, which starts
 // `own_offset` elements in (comm.h). Then MPI takes this rank's contribution from recv (MPI_IN_PLACE).
@@ -208,12 +237,21 @@ VarCounts var_counts(const std::vector<int64_t>& counts, int ranks, const char* 
 }
 
 // What the comm thread runs after the MPI call for `op`: nothing, or for Avg the scaling of the sum
-// by 1/N (one multiply per element, cheaper than a divide; tests expect exactly sum * (1.0f / N)).
-std::function<void()> average_if(ReduceOp op, float* data, int n, int ranks) {
-  if (op != ReduceOp::Avg) return {};
+// by 1/N (one multiply per element, cheaper than a divide; tests expect exactly sum * (1.0f / N)),
+// in fp32 and rounded once for bf16.
+std::function<void()> average_if(ReduceOp op, const Tensor& t, int ranks) {
+  if (op != ReduceOp::Avg || t.numel() == 0) return {};
   const float inv_ranks = 1.0f / float(ranks);
+  const int64_t n = t.numel();
+  if (t.dtype == DType::BF16) {
+    bf16_bits* data = static_cast<bf16_bits*>(t.data);
+    return [=] {
+      for (int64_t i = 0; i < n; i++) data[i] = float_to_bf16(bf16_to_float(data[i]) * inv_ranks);
+    };
+  }
+  float* data = t.f32();
   return [=] {
-    for (int i = 0; i < n; i++) data[i] *= inv_ranks;
+    for (int64_t i = 0; i < n; i++) data[i] *= inv_ranks;
   };
 }
 
@@ -343,6 +381,7 @@ class MpiCommunicator final : public Communicator {
     // calls made elsewhere in the process (the test harness, a library) on MPI_COMM_WORLD.
     MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &comm_));
     MPI_CHECK(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
+    create_bf16_ops();
     thread_ = std::thread([this] { progress_loop(); });
   }
 
@@ -359,106 +398,120 @@ class MpiCommunicator final : public Communicator {
   }
 
   CommHandle all_reduce_async(Tensor buf, ReduceOp op) override {
-    ensure_cpu_f32(buf);
-    float* data = buf.f32();
+    ensure_cpu(buf);
+    void* data = buf.data;
     const int n = mpi_count(buf.numel());
+    const MPI_Datatype type = mpi_type(buf.dtype);
+    const MPI_Op reduce = mpi_op(op, buf.dtype);
     return enqueue(
         CollectiveKind::AllReduce, "all_reduce", int64_t(buf.bytes()), kSendLane,
-        [=](MPI_Request* r) { MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, data, n, MPI_FLOAT, mpi_op(op), comm_, r)); },
-        average_if(op, data, n, size_));
+        [=](MPI_Request* r) { MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, data, n, type, reduce, comm_, r)); },
+        average_if(op, buf, size_));
   }
 
   CommHandle reduce_scatter_async(Tensor send, Tensor recv, ReduceOp op) override {
-    ensure_cpu_f32(send);
-    ensure_cpu_f32(recv);
+    ensure_cpu(send);
+    ensure_cpu(recv);
+    ensure_same_dtype(send, recv, "reduce_scatter");
     ENSURE(send.numel() == int64_t(size_) * recv.numel(), "reduce_scatter: send must hold size() x recv elements");
     ENSURE(!overlap(send, recv), "reduce_scatter: send and recv overlap; MPI forbids it, use a separate recv");
-    const float* in = mpi_buffer<const float>(send);
-    float* out = mpi_buffer<float>(recv);
+    const void* in = mpi_buffer(send);
+    void* out = mpi_buffer(recv);
     const int n = mpi_count(recv.numel());
+    const MPI_Datatype type = mpi_type(send.dtype);
+    const MPI_Op reduce = mpi_op(op, send.dtype);
     return enqueue(
         CollectiveKind::ReduceScatter, "reduce_scatter", int64_t(send.bytes()), kSendLane,
-        [=](MPI_Request* r) { MPI_CHECK(MPI_Ireduce_scatter_block(in, out, n, MPI_FLOAT, mpi_op(op), comm_, r)); },
-        average_if(op, out, n, size_));
+        [=](MPI_Request* r) { MPI_CHECK(MPI_Ireduce_scatter_block(in, out, n, type, reduce, comm_, r)); },
+        average_if(op, recv, size_));
   }
 
   CommHandle all_gather_async(Tensor send, Tensor recv) override {
-    ensure_cpu_f32(send);
-    ensure_cpu_f32(recv);
+    ensure_cpu(send);
+    ensure_cpu(recv);
+    ensure_same_dtype(send, recv, "all_gather");
     ENSURE(recv.numel() == int64_t(size_) * send.numel(), "all_gather: recv must hold size() x send elements");
     const bool in_place = gather_in_place(send, recv, int64_t(rank_) * send.numel(), "all_gather");
-    const void* in = in_place ? MPI_IN_PLACE : mpi_buffer<const float>(send);
-    float* out = mpi_buffer<float>(recv);
+    const void* in = in_place ? MPI_IN_PLACE : mpi_buffer(send);
+    void* out = mpi_buffer(recv);
     const int n = mpi_count(send.numel());
+    const MPI_Datatype type = mpi_type(recv.dtype);
     return enqueue(CollectiveKind::AllGather, "all_gather", int64_t(recv.bytes()), kSendLane, [=](MPI_Request* r) {
-      MPI_CHECK(MPI_Iallgather(in, n, MPI_FLOAT, out, n, MPI_FLOAT, comm_, r));
+      MPI_CHECK(MPI_Iallgather(in, n, type, out, n, type, comm_, r));
     });
   }
 
   CommHandle reduce_scatter_v_async(Tensor send, Tensor recv, const std::vector<int64_t>& counts,
                                     ReduceOp op) override {
-    ensure_cpu_f32(send);
-    ensure_cpu_f32(recv);
+    ensure_cpu(send);
+    ensure_cpu(recv);
+    ensure_same_dtype(send, recv, "reduce_scatter_v");
     VarCounts v = var_counts(counts, size_, "reduce_scatter_v");
     ENSURE(send.numel() == v.total, "reduce_scatter_v: send must hold sum(counts) elements");
     ENSURE(recv.numel() == counts[rank_], "reduce_scatter_v: recv must hold counts[rank()] elements");
     ENSURE(!overlap(send, recv), "reduce_scatter_v: send and recv overlap; MPI forbids it, use a separate recv");
-    const float* in = mpi_buffer<const float>(send);
-    float* out = mpi_buffer<float>(recv);
-    const int n = v.counts[rank_];
+    const void* in = mpi_buffer(send);
+    void* out = mpi_buffer(recv);
+    const MPI_Datatype type = mpi_type(send.dtype);
+    const MPI_Op reduce = mpi_op(op, send.dtype);
     // The lambda owns the counts (VarCounts above): moved in, they live until the op is destroyed.
     return enqueue(
         CollectiveKind::ReduceScatter, "reduce_scatter_v", int64_t(send.bytes()), kSendLane,
         [=, c = std::move(v.counts)](MPI_Request* r) {
-          MPI_CHECK(MPI_Ireduce_scatter(in, out, c.data(), MPI_FLOAT, mpi_op(op), comm_, r));
+          MPI_CHECK(MPI_Ireduce_scatter(in, out, c.data(), type, reduce, comm_, r));
         },
-        average_if(op, out, n, size_));
+        average_if(op, recv, size_));
   }
 
   CommHandle all_gather_v_async(Tensor send, Tensor recv, const std::vector<int64_t>& counts) override {
-    ensure_cpu_f32(send);
-    ensure_cpu_f32(recv);
+    ensure_cpu(send);
+    ensure_cpu(recv);
+    ensure_same_dtype(send, recv, "all_gather_v");
     VarCounts v = var_counts(counts, size_, "all_gather_v");
     ENSURE(send.numel() == counts[rank_], "all_gather_v: send must hold counts[rank()] elements");
     ENSURE(recv.numel() == v.total, "all_gather_v: recv must hold sum(counts) elements");
     const bool in_place = gather_in_place(send, recv, v.displs[rank_], "all_gather_v");
-    const void* in = in_place ? MPI_IN_PLACE : mpi_buffer<const float>(send);
-    float* out = mpi_buffer<float>(recv);
+    const void* in = in_place ? MPI_IN_PLACE : mpi_buffer(send);
+    void* out = mpi_buffer(recv);
     const int n = v.counts[rank_];
+    const MPI_Datatype type = mpi_type(recv.dtype);
     return enqueue(CollectiveKind::AllGather, "all_gather_v", int64_t(recv.bytes()), kSendLane,
                    [=, c = std::move(v.counts), d = std::move(v.displs)](MPI_Request* r) {
-                     MPI_CHECK(MPI_Iallgatherv(in, n, MPI_FLOAT, out, c.data(), d.data(), MPI_FLOAT, comm_, r));
+                     MPI_CHECK(MPI_Iallgatherv(in, n, type, out, c.data(), d.data(), type, comm_, r));
                    });
   }
 
   CommHandle broadcast_async(Tensor buf, int root) override {
-    ensure_cpu_f32(buf);
+    ensure_cpu(buf);
     ENSURE(root >= 0 && root < size_, "broadcast: root out of range");
-    float* data = buf.f32();
+    void* data = buf.data;
     const int n = mpi_count(buf.numel());
+    const MPI_Datatype type = mpi_type(buf.dtype);
     return enqueue(CollectiveKind::Broadcast, "broadcast", int64_t(buf.bytes()), kSendLane,
-                   [=](MPI_Request* r) { MPI_CHECK(MPI_Ibcast(data, n, MPI_FLOAT, root, comm_, r)); });
+                   [=](MPI_Request* r) { MPI_CHECK(MPI_Ibcast(data, n, type, root, comm_, r)); });
   }
 
   CommHandle send_async(Tensor buf, int peer) override {
-    ensure_cpu_f32(buf);
+    ensure_cpu(buf);
     ENSURE(peer >= 0 && peer < size_, "send: peer out of range");
-    const float* data = buf.f32();
+    const void* data = buf.data;
     const int n = mpi_count(buf.numel());
+    const MPI_Datatype type = mpi_type(buf.dtype);
     // One tag for everything: MPI keeps messages between two ranks in order, and both sides issue
     // them in program order, so the k-th send to a peer matches that peer's k-th receive.
     return enqueue(CollectiveKind::SendRecv, "send", int64_t(buf.bytes()), kSendLane,
-                   [=](MPI_Request* r) { MPI_CHECK(MPI_Isend(data, n, MPI_FLOAT, peer, 0, comm_, r)); });
+                   [=](MPI_Request* r) { MPI_CHECK(MPI_Isend(data, n, type, peer, 0, comm_, r)); });
   }
 
   CommHandle recv_async(Tensor buf, int peer) override {
-    ensure_cpu_f32(buf);
+    ensure_cpu(buf);
     ENSURE(peer >= 0 && peer < size_, "recv: peer out of range");
-    float* data = buf.f32();
+    void* data = buf.data;
     const int n = mpi_count(buf.numel());
+    const MPI_Datatype type = mpi_type(buf.dtype);
     return enqueue(
         CollectiveKind::SendRecv, "recv", int64_t(buf.bytes()), kRecvLane,
-        [=](MPI_Request* r) { MPI_CHECK(MPI_Irecv(data, n, MPI_FLOAT, peer, 0, comm_, r)); }, {},
+        [=](MPI_Request* r) { MPI_CHECK(MPI_Irecv(data, n, type, peer, 0, comm_, r)); }, {},
         /*sends_nothing=*/true);
   }
 
@@ -475,7 +528,7 @@ class MpiCommunicator final : public Communicator {
     const int ranks = size_;
     enqueue(
         CollectiveKind::Scalar, "all_reduce_scalar", sizeof(double), kSendLane,
-        [=](MPI_Request* r) { MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, v.get(), 1, MPI_DOUBLE, mpi_op(op), comm_, r)); },
+        [=](MPI_Request* r) { MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, v.get(), 1, MPI_DOUBLE, mpi_op(op, DType::F32), comm_, r)); },
         [=] {
           if (op == ReduceOp::Avg) *v /= ranks;
         })

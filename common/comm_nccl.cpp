@@ -627,9 +627,9 @@ class HostStagedCommunicator final : public CudaCommunicatorBase {
  private:
   using HostBuffer = std::shared_ptr<Buffer>;
 
+  // In the tensor's own dtype: bf16 travels as bf16 (the MPI communicator reduces it in fp32).
   static HostBuffer host_buffer(const Tensor& t) {
-    ENSURE(t.dtype == DType::F32, "host staging over MPI moves fp32 tensors only (bf16 needs NCCL)");
-    return std::make_shared<Buffer>(t.numel(), MemCategory::CommBuffers);
+    return std::make_shared<Buffer>(t.numel(), MemCategory::CommBuffers, t.dtype, Device::CPU);
   }
 
   // A host copy of t, taken once the compute stream has finished writing it. The host blocks for

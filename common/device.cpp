@@ -53,6 +53,16 @@ Device pick_device(const std::string& flag) {
 
 const char* device_name(Device device) { return device == Device::CUDA ? "cuda" : "cpu"; }
 
+DType pick_dtype(const std::string& flag, Device device) {
+  if (flag == "fp32") return DType::F32;
+  if (flag == "auto") return device == Device::CUDA ? DType::BF16 : DType::F32;
+  if (flag == "bf16") {
+    if (device == Device::CUDA) return DType::BF16;
+    config_error("--dtype bf16 needs a GPU (--device cuda): the CPU ops compute in fp32; use --dtype fp32");
+  }
+  config_error("--dtype " + flag + ": unknown dtype; choose auto, fp32 or bf16");
+}
+
 void transfer(Tensor dst, Tensor src) {
   ENSURE(dst.dtype == src.dtype && dst.numel() == src.numel(), "transfer: dst and src differ in dtype or size");
   if (src.bytes() == 0) return;

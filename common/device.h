@@ -1,6 +1,7 @@
-// device.h: which device a run computes on, and moving data between devices. Defines
-// cuda_device_count(), cuda_available(), pick_device() (the meaning of a --device flag: auto | cpu |
-// cuda), transfer(), synchronize() and describe_device() with the peak FLOP/s that MFU divides by.
+// device.h: which device a run computes on, in which dtype, and moving data between devices.
+// Defines cuda_device_count(), cuda_available(), pick_device() (the meaning of a --device flag:
+// auto | cpu | cuda), pick_dtype() (--dtype), transfer(), synchronize() and describe_device() with
+// the peak FLOP/s that MFU divides by.
 // Host code only: it builds with and without CUDA (without it, no CUDA device is ever available).
 #pragma once
 #include <string>
@@ -18,6 +19,11 @@ inline bool cuda_available() { return cuda_device_count() > 0; }
 Device pick_device(const std::string& flag);
 
 const char* device_name(Device device);  // "cpu" or "cuda"
+
+// The meaning of a --dtype flag on `device`: "fp32"; "bf16" (mixed precision, CUDA only: the CPU ops
+// compute in fp32, so bf16 there is a config_error that says so); "auto" = bf16 on CUDA, fp32 on
+// the CPU. Anything else: a config_error naming the three choices.
+DType pick_dtype(const std::string& flag, Device device);
 
 // Copies src into dst, which may live on different devices (host <-> GPU), byte for byte: same dtype
 // and numel. On return, host memory on either side may be reused or read; a copy to the GPU may

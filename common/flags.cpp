@@ -218,6 +218,15 @@ bool parse_train_flags(int argc, char** argv, const std::string& chapter, const 
   parser.add("--link-latency-us", &cfg->link_latency_us, "latency of the emulated link per message, in microseconds");
   parser.add_switch("--quiet", &cfg->quiet, "no step lines");
   parser.add("--device", &cfg->device, "auto | cpu | cuda; auto = cuda when a GPU is visible", "NAME");
+  parser.add("--dtype", &cfg->dtype,
+             "auto | fp32 | bf16; bf16 = mixed precision (bf16 parameters, gradients and activations, fp32 "
+             "master weights and AdamW state), GPU only; auto = bf16 on a GPU, fp32 on the CPU",
+             "NAME");
+
+  parser.add("--attention", &cfg->attention,
+             "materialized | flash; materialized = the (B,NH,T,T) score matrices; flash = FlashAttention where "
+             "it applies (bf16 on a GPU, head size 16, 32, 64 or 128): far less memory, slower for now (README)",
+             "NAME");
 
   const std::string program = argc > 0 ? argv[0] : chapter;
   const std::string header = chapter + ": " + about + "\n\nusage: mpiexec -n RANKS " + program +
@@ -237,5 +246,9 @@ bool parse_train_flags(int argc, char** argv, const std::string& chapter, const 
   if (cfg->save_every > 0 && cfg->save.empty()) config_error("--save-every needs --save PATH");
   if (cfg->link_gbps < 0) config_error("--link-gbps must be >= 0 (0 = no emulated link)");
   if (cfg->link_latency_us < 0) config_error("--link-latency-us must be >= 0");
+  if (cfg->attention != "flash" && cfg->attention != "materialized")
+    config_error("--attention " + cfg->attention + ": choose materialized or flash");
+  if (cfg->dtype != "auto" && cfg->dtype != "fp32" && cfg->dtype != "bf16")
+    config_error("--dtype " + cfg->dtype + ": unknown dtype; choose auto, fp32 or bf16");
   return true;
 }

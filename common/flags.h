@@ -28,6 +28,8 @@ struct TrainConfig {
   double link_latency_us = 0;
   bool quiet = false;        // no step lines (tests)
   std::string device = "auto";  // auto | cpu | cuda (device.h, pick_device)
+  std::string dtype = "auto";   // auto | fp32 | bf16 (device.h, pick_dtype)
+  std::string attention = "materialized";  // materialized | flash (GPT2Config::flash_attention)
 };
 
 class FlagParser {

@@ -7,15 +7,15 @@ void LayerGradReducer::open(int u) {
   while (in_flight_.size() >= max_in_flight_) retire_oldest();
   if (open_.count(u)) return;
   // Zeroed: backward accumulates.
-  Buffer buffer(layout_.unit_size(u), MemCategory::CommBuffers, grad_shard_.device);
-  model_.bind_unit_grads(u, buffer.f32());
+  Buffer buffer(layout_.unit_size(u), MemCategory::CommBuffers, grad_shard_.dtype, grad_shard_.device);
+  model_.bind_unit_grads(u, buffer.data());
   open_[u] = std::move(buffer);
 }
 
 void LayerGradReducer::reduce_scatter(int u) {
   const int64_t begin = layout_.unit_begin[u], end = layout_.unit_begin[u + 1];
   const int64_t lo = shard_.piece_begin(begin, end), hi = shard_.piece_end(begin, end);
-  InFlight sending{std::move(open_.at(u)), Buffer(hi - lo, MemCategory::CommBuffers, grad_shard_.device), lo,
+  InFlight sending{std::move(open_.at(u)), Buffer(hi - lo, MemCategory::CommBuffers, grad_shard_.dtype, grad_shard_.device), lo,
                    CommHandle()};
   open_.erase(u);
   model_.bind_unit_grads(u, nullptr);

@@ -12,69 +12,77 @@
 // comments use the largest micro-batch B; a smaller batch uses a prefix of each buffer.
 struct GPT2::Activations {
   Buffer arena;
-  float* encoded;   // (B,T,C) embeddings; the residual stream entering block 0
+  // void*: the model's dtype (fp32, or bf16 in mixed precision). float*: fp32 always (statistics
+  // that feed a division, and the losses).
+  void* encoded;    // (B,T,C) embeddings; the residual stream entering block 0
   struct Layer {
-    float *ln1, *ln1_mean, *ln1_rstd;   // (B,T,C), (B,T), (B,T)
-    float* qkv;                         // (B,T,3C)
-    float* atty;                        // (B,T,C)  attention output, heads concatenated
-    float *preatt, *att;                // (B,NH,T,T)
-    float* attproj;                     // (B,T,C)
-    float* residual2;                   // (B,T,C)  stream after attention
-    float *ln2, *ln2_mean, *ln2_rstd;   // (B,T,C), (B,T), (B,T)
-    float *fch, *fch_gelu;              // (B,T,4C)
-    float* fcproj;                      // (B,T,C)
-    float* residual3;                   // (B,T,C)  stream after the MLP
+    void* ln1; float *ln1_mean, *ln1_rstd;   // (B,T,C), (B,T), (B,T)
+    void* qkv;                               // (B,T,3C)
+    void* atty;                              // (B,T,C)  attention output, heads concatenated
+    void *preatt, *att;                      // (B,NH,T,T); not allocated with FlashAttention
+    float* lse;                              // (B,NH,T); FlashAttention only
+    void* attproj;                           // (B,T,C)
+    void* residual2;                         // (B,T,C)  stream after attention
+    void* ln2; float *ln2_mean, *ln2_rstd;   // (B,T,C), (B,T), (B,T)
+    void *fch, *fch_gelu;                    // (B,T,4C)
+    void* fcproj;                            // (B,T,C)
+    void* residual3;                         // (B,T,C)  stream after the MLP
   };
   std::vector<Layer> layers;
-  float *lnf, *lnf_mean, *lnf_rstd;     // (B,T,C), (B,T), (B,T)
-  float *logits, *probs;                // (B,T,V)
-  float* losses;                        // (B,T)
+  void* lnf; float *lnf_mean, *lnf_rstd;     // (B,T,C), (B,T), (B,T)
+  void *logits, *probs;                      // (B,T,V)
+  float* losses;                             // (B,T)
   // Backward scratch, reused by every layer.
-  float *dresidual, *dln, *datty;       // (B,T,C)
-  float* dqkv;                          // (B,T,3C)
-  float *dpreatt, *datt;                // (B,NH,T,T)
-  float *dfch, *dfch_gelu;              // (B,T,4C)
-  float* dlogits;                       // (B,T,V)
+  void *dresidual, *dln, *datty;             // (B,T,C)
+  void* dqkv;                                // (B,T,3C)
+  void *dpreatt, *datt;                      // (B,NH,T,T); not allocated with FlashAttention
+  void *dfch, *dfch_gelu;                    // (B,T,4C)
+  void* dlogits;                             // (B,T,V)
 };
 
 namespace {
 
 // Hands out consecutive pieces of one allocation; first counts (arena == nullptr), then carves.
+// take() gives pieces of the model's dtype, take_f32() fp32 pieces.
 class Carver {
  public:
-  explicit Carver(float* arena) : next_(arena) {}
-  float* take(int64_t count) {
-    float* p = next_ ? next_ + used_ : nullptr;
-    used_ += (count + 15) / 16 * 16;  // keep every piece 64-byte aligned
-    return p;
-  }
-  int64_t used() const { return used_; }
+  Carver(char* arena, DType dtype) : next_(arena), dtype_(dtype) {}
+  void* take(int64_t count) { return take_bytes(count * int64_t(dtype_size(dtype_))); }
+  float* take_f32(int64_t count) { return static_cast<float*>(take_bytes(count * int64_t(sizeof(float)))); }
+  int64_t used_bytes() const { return used_; }
 
  private:
-  float* next_;
+  void* take_bytes(int64_t bytes) {
+    void* p = next_ ? next_ + used_ : nullptr;
+    used_ += (bytes + 63) / 64 * 64;  // keep every piece 64-byte aligned
+    return p;
+  }
+  char* next_;
+  DType dtype_;
   int64_t used_ = 0;
 };
 
 // Called twice: once to count the arena's size, once to hand out its pieces.
-void carve(GPT2::Activations& a, Carver& c, const GPT2Config& cfg, int B) {
-  const int64_t T = cfg.T, C = cfg.C, BT = B * T, att = int64_t(B) * cfg.NH * T * T;
+void carve(GPT2::Activations& a, Carver& c, const GPT2Config& cfg, int B, bool flash) {
+  const int64_t T = cfg.T, C = cfg.C, BT = B * T;
+  const int64_t att = flash ? 0 : int64_t(B) * cfg.NH * T * T, lse = flash ? int64_t(B) * cfg.NH * T : 0;
   a.encoded = c.take(BT * C);
   a.layers.resize(cfg.L);
   for (auto& l : a.layers) {
-    l.ln1 = c.take(BT * C); l.ln1_mean = c.take(BT); l.ln1_rstd = c.take(BT);
+    l.ln1 = c.take(BT * C); l.ln1_mean = c.take_f32(BT); l.ln1_rstd = c.take_f32(BT);
     l.qkv = c.take(BT * 3 * C);
     l.atty = c.take(BT * C);
-    l.preatt = c.take(att); l.att = c.take(att);
+    l.preatt = c.take(att); l.att = c.take(att); l.lse = c.take_f32(lse);
     l.attproj = c.take(BT * C);
     l.residual2 = c.take(BT * C);
-    l.ln2 = c.take(BT * C); l.ln2_mean = c.take(BT); l.ln2_rstd = c.take(BT);
+    l.ln2 = c.take(BT * C); l.ln2_mean = c.take_f32(BT); l.ln2_rstd = c.take_f32(BT);
     l.fch = c.take(BT * 4 * C); l.fch_gelu = c.take(BT * 4 * C);
     l.fcproj = c.take(BT * C);
     l.residual3 = c.take(BT * C);
   }
-  a.lnf = c.take(BT * C); a.lnf_mean = c.take(BT); a.lnf_rstd = c.take(BT);
+  a.lnf = c.take(BT * C); a.lnf_mean = c.take_f32(BT); a.lnf_rstd = c.take_f32(BT);
   a.logits = c.take(BT * cfg.V); a.probs = c.take(BT * cfg.V);
-  a.losses = c.take(BT);
+  a.losses = c.take_f32(BT);
   a.dresidual = c.take(BT * C); a.dln = c.take(BT * C); a.datty = c.take(BT * C);
   a.dqkv = c.take(BT * 3 * C);
   a.dpreatt = c.take(att); a.datt = c.take(att);
@@ -83,55 +91,62 @@ void carve(GPT2::Activations& a, Carver& c, const GPT2Config& cfg, int B) {
 }
 }  // namespace
 
-GPT2::GPT2(const GPT2Config& cfg, const ParamLayout& layout, int max_B, Device device)
-    : cfg_(cfg), layout_(layout), max_B_(max_B), device_(device),
+GPT2::GPT2(const GPT2Config& cfg, const ParamLayout& layout, int max_B, Device device, DType dtype)
+    : cfg_(cfg), layout_(layout), max_B_(max_B), device_(device), dtype_(dtype),
+      flash_(cfg.flash_attention && flash_attention_available(dtype, device, cfg.C, cfg.NH)),
       param_ptr_(layout.params.size(), nullptr), grad_ptr_(layout.params.size(), nullptr),
       acts_(new Activations) {
-  Carver counter(nullptr);
-  carve(*acts_, counter, cfg, max_B);
-  acts_->arena = Buffer(counter.used(), MemCategory::Activations, DType::F32, device);
-  Carver carver(acts_->arena.f32());
-  carve(*acts_, carver, cfg, max_B);
+  ENSURE(dtype == DType::F32 || dtype == DType::BF16, "the model computes in fp32 or bf16");
+  Carver counter(nullptr, dtype);
+  carve(*acts_, counter, cfg, max_B, flash_);
+  acts_->arena = Buffer(counter.used_bytes() / 4, MemCategory::Activations, DType::F32, device);  // raw bytes
+  Carver carver(static_cast<char*>(acts_->arena.data()), dtype);
+  carve(*acts_, carver, cfg, max_B, flash_);
 }
 
 GPT2::~GPT2() = default;
 
 namespace {
-void bind_range(const ParamLayout& layout, int64_t begin, int64_t end, float* base, std::vector<float*>& where) {
+void bind_range(const ParamLayout& layout, int64_t begin, int64_t end, void* base, size_t element_bytes,
+                std::vector<char*>& where) {
   for (size_t p = 0; p < layout.params.size(); p++) {
     const ParamInfo& info = layout.params[p];
     const bool inside = info.offset >= begin && info.offset + info.size <= end;
     const bool outside = info.offset + info.size <= begin || info.offset >= end;
     ENSURE(inside || outside, "a bound range must not cut through " + info.name);
-    if (inside) where[p] = base ? base + (info.offset - begin) : nullptr;
+    if (inside) where[p] = base ? static_cast<char*>(base) + (info.offset - begin) * int64_t(element_bytes) : nullptr;
   }
 }
 }  // namespace
 
-void GPT2::bind_params(int64_t begin, int64_t end, float* base) { bind_range(layout_, begin, end, base, param_ptr_); }
-void GPT2::bind_grads(int64_t begin, int64_t end, float* base) { bind_range(layout_, begin, end, base, grad_ptr_); }
+void GPT2::bind_params(int64_t begin, int64_t end, void* base) {
+  bind_range(layout_, begin, end, base, dtype_size(dtype_), param_ptr_);
+}
+void GPT2::bind_grads(int64_t begin, int64_t end, void* base) {
+  bind_range(layout_, begin, end, base, dtype_size(dtype_), grad_ptr_);
+}
 
-void GPT2::bind_unit_params(int u, float* base) {
+void GPT2::bind_unit_params(int u, void* base) {
   bind_params(layout_.unit_begin[u], layout_.unit_begin[u + 1], base);
 }
 
-void GPT2::bind_unit_grads(int u, float* base) { bind_grads(layout_.unit_begin[u], layout_.unit_begin[u + 1], base); }
+void GPT2::bind_unit_grads(int u, void* base) { bind_grads(layout_.unit_begin[u], layout_.unit_begin[u + 1], base); }
 
-void GPT2::bind_all(float* params, float* grads) {
+void GPT2::bind_all(void* params, void* grads) {
   bind_params(0, layout_.padded_size, params);
   bind_grads(0, layout_.padded_size, grads);
 }
 
 namespace {
-Tensor shaped_view(float* data, const ParamInfo& p, Device device) {
+Tensor shaped_view(char* data, const ParamInfo& p, DType dtype, Device device) {
   ENSURE(data != nullptr, p.name + " is not bound to memory (released, or never gathered?)");
-  return p.ndim == 2 ? make_view(data, {p.shape[0], p.shape[1]}, DType::F32, device)
-                     : make_view(data, {p.shape[0]}, DType::F32, device);
+  return p.ndim == 2 ? make_view(data, {p.shape[0], p.shape[1]}, dtype, device)
+                     : make_view(data, {p.shape[0]}, dtype, device);
 }
 }  // namespace
 
-Tensor GPT2::param(int p) const { return shaped_view(param_ptr_[p], layout_.params[p], device_); }
-Tensor GPT2::grad(int p) const { return shaped_view(grad_ptr_[p], layout_.params[p], device_); }
+Tensor GPT2::param(int p) const { return shaped_view(param_ptr_[p], layout_.params[p], dtype_, device_); }
+Tensor GPT2::grad(int p) const { return shaped_view(grad_ptr_[p], layout_.params[p], dtype_, device_); }
 
 namespace {
 // Index of the first parameter of each unit, and of a block's parameters in the order added by
@@ -154,9 +169,9 @@ float GPT2::forward(const int* inputs, const int* targets, int B) {
   targets_ = targets;
   const int64_t T = cfg_.T, C = cfg_.C, NH = cfg_.NH, V = cfg_.V;
   Activations& a = *acts_;
-  auto btc = [&](float* p, int64_t c) { return make_view(p, {B, T, c}, DType::F32, device_); };
-  auto bt = [&](float* p) { return make_view(p, {B, T}, DType::F32, device_); };
-  auto bhtt = [&](float* p) { return make_view(p, {B, NH, T, T}, DType::F32, device_); };
+  auto btc = [&](void* p, int64_t c) { return make_view(p, {B, T, c}, dtype_, device_); };
+  auto bt = [&](float* p) { return make_view(p, {B, T}, DType::F32, device_); };  // statistics, losses: fp32
+  auto bhtt = [&](void* p) { return make_view(p, {B, NH, T, T}, dtype_, device_); };
 
   call(hooks.before_forward, 0);
   {
@@ -169,11 +184,16 @@ float GPT2::forward(const int* inputs, const int* targets, int B) {
     call(hooks.before_forward, l + 1);
     TraceScope span("forward L" + std::to_string(l));
     Activations::Layer& x = a.layers[l];
-    float* residual = l == 0 ? a.encoded : a.layers[l - 1].residual3;
+    void* residual = l == 0 ? a.encoded : a.layers[l - 1].residual3;
     auto P = [&](BlockParam w) { return param(block_param(l, w)); };
     layernorm_forward(btc(x.ln1, C), bt(x.ln1_mean), bt(x.ln1_rstd), btc(residual, C), P(LN1_W), P(LN1_B));
     matmul_forward(btc(x.qkv, 3 * C), btc(x.ln1, C), P(QKV_W), P(QKV_B));
-    attention_forward(btc(x.atty, C), bhtt(x.preatt), bhtt(x.att), btc(x.qkv, 3 * C), int(NH));
+    if (flash_) {
+      attention_forward_flash(btc(x.atty, C), make_view(x.lse, {B, NH, T}, DType::F32, device_), btc(x.qkv, 3 * C),
+                              int(NH));
+    } else {
+      attention_forward(btc(x.atty, C), bhtt(x.preatt), bhtt(x.att), btc(x.qkv, 3 * C), int(NH));
+    }
     matmul_forward(btc(x.attproj, C), btc(x.atty, C), P(PROJ_W), P(PROJ_B));
     residual_forward(btc(x.residual2, C), btc(residual, C), btc(x.attproj, C));
     layernorm_forward(btc(x.ln2, C), bt(x.ln2_mean), bt(x.ln2_rstd), btc(x.residual2, C), P(LN2_W), P(LN2_B));
@@ -189,7 +209,7 @@ float GPT2::forward(const int* inputs, const int* targets, int B) {
   float loss;
   {
     TraceScope span("forward head");
-    float* residual = cfg_.L ? a.layers[cfg_.L - 1].residual3 : a.encoded;
+    void* residual = cfg_.L ? a.layers[cfg_.L - 1].residual3 : a.encoded;
     layernorm_forward(btc(a.lnf, C), bt(a.lnf_mean), bt(a.lnf_rstd), btc(residual, C), param(lnf_param(cfg_, 0)),
                       param(lnf_param(cfg_, 1)));
     matmul_forward(btc(a.logits, V), btc(a.lnf, C), param(kWte), Tensor());  // tied LM head
@@ -205,9 +225,9 @@ void GPT2::backward(float loss_weight) {
   const int B = B_;
   const int64_t T = cfg_.T, C = cfg_.C, NH = cfg_.NH, V = cfg_.V;
   Activations& a = *acts_;
-  auto btc = [&](float* p, int64_t c) { return make_view(p, {B, T, c}, DType::F32, device_); };
-  auto bt = [&](float* p) { return make_view(p, {B, T}, DType::F32, device_); };
-  auto bhtt = [&](float* p) { return make_view(p, {B, NH, T, T}, DType::F32, device_); };
+  auto btc = [&](void* p, int64_t c) { return make_view(p, {B, T, c}, dtype_, device_); };
+  auto bt = [&](float* p) { return make_view(p, {B, T}, DType::F32, device_); };  // statistics, losses: fp32
+  auto bhtt = [&](void* p) { return make_view(p, {B, NH, T, T}, dtype_, device_); };
   auto ready = [&](int p) { call(hooks.grad_ready, p); };
 
   // Head: cross-entropy, tied LM head (wte's gradient is not final until the embedding's backward),
@@ -216,12 +236,11 @@ void GPT2::backward(float loss_weight) {
   call(hooks.before_backward, head);
   {
     TraceScope span("backward head");
-    fill_zero(btc(a.dlogits, V));
     softmax_crossentropy_backward(btc(a.dlogits, V), btc(a.probs, V), targets_, loss_weight / float(B * T));
     fill_zero(btc(a.dln, C));
     matmul_backward(btc(a.dln, C), grad(kWte), Tensor(), btc(a.dlogits, V), btc(a.lnf, C), param(kWte));
     fill_zero(btc(a.dresidual, C));
-    float* residual = cfg_.L ? a.layers[cfg_.L - 1].residual3 : a.encoded;
+    void* residual = cfg_.L ? a.layers[cfg_.L - 1].residual3 : a.encoded;
     int lnf_w = lnf_param(cfg_, 0), lnf_b = lnf_param(cfg_, 1);
     layernorm_backward(btc(a.dresidual, C), grad(lnf_w), grad(lnf_b), btc(a.dln, C), btc(residual, C),
                        param(lnf_w), bt(a.lnf_mean), bt(a.lnf_rstd));
@@ -234,7 +253,7 @@ void GPT2::backward(float loss_weight) {
     call(hooks.before_backward, l + 1);
     TraceScope span("backward L" + std::to_string(l));
     Activations::Layer& x = a.layers[l];
-    float* residual = l == 0 ? a.encoded : a.layers[l - 1].residual3;
+    void* residual = l == 0 ? a.encoded : a.layers[l - 1].residual3;
     auto P = [&](BlockParam w) { return param(block_param(l, w)); };
     auto G = [&](BlockParam w) { return grad(block_param(l, w)); };
     auto both_ready = [&](BlockParam weight, BlockParam bias) {
@@ -260,10 +279,13 @@ void GPT2::backward(float loss_weight) {
     matmul_backward(btc(a.datty, C), G(PROJ_W), G(PROJ_B), btc(a.dresidual, C), btc(x.atty, C), P(PROJ_W));
     both_ready(PROJ_W, PROJ_B);
     fill_zero(btc(a.dqkv, 3 * C));
-    fill_zero(bhtt(a.dpreatt));
-    fill_zero(bhtt(a.datt));
-    attention_backward(btc(a.dqkv, 3 * C), bhtt(a.dpreatt), bhtt(a.datt), btc(a.datty, C), btc(x.qkv, 3 * C),
-                       bhtt(x.att), int(NH));
+    if (flash_) {
+      attention_backward_flash(btc(a.dqkv, 3 * C), btc(a.datty, C), btc(x.qkv, 3 * C), btc(x.atty, C),
+                               make_view(x.lse, {B, NH, T}, DType::F32, device_), int(NH));
+    } else {  // (dpreatt and datt are scratch the op overwrites)
+      attention_backward(btc(a.dqkv, 3 * C), bhtt(a.dpreatt), bhtt(a.datt), btc(a.datty, C), btc(x.qkv, 3 * C),
+                         bhtt(x.att), int(NH));
+    }
     fill_zero(btc(a.dln, C));
     matmul_backward(btc(a.dln, C), G(QKV_W), G(QKV_B), btc(a.dqkv, 3 * C), btc(x.ln1, C), P(QKV_W));
     both_ready(QKV_W, QKV_B);

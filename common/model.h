@@ -28,21 +28,25 @@ struct ModelHooks {
 
 class GPT2 {
  public:
-  // Allocates activations for micro-batches of up to max_B sequences of cfg.T tokens.
-  GPT2(const GPT2Config& cfg, const ParamLayout& layout, int max_B, Device device = Device::CPU);
+  // Allocates activations for micro-batches of up to max_B sequences of cfg.T tokens. `dtype` is
+  // what parameters, gradients and activations are kept in: fp32, or bf16 for mixed precision on a
+  // GPU (the statistics of layernorm and the losses stay fp32; ops.h).
+  GPT2(const GPT2Config& cfg, const ParamLayout& layout, int max_B, Device device = Device::CPU,
+       DType dtype = DType::F32);
   ~GPT2();
 
   // Points the parameters (or gradients) of the flat range [begin, end) at `base`, which holds
   // that range: a parameter at flat offset o is then read at base + (o - begin). A chapter points
   // a layer at a freshly gathered buffer (ZeRO-3) or a bucket's gradients at a transient buffer
-  // (ZeRO-2). Every parameter must lie wholly inside or wholly outside the range.
-  void bind_params(int64_t begin, int64_t end, float* base);
-  void bind_grads(int64_t begin, int64_t end, float* base);
+  // (ZeRO-2). Every parameter must lie wholly inside or wholly outside the range. The memory holds
+  // elements of the model's dtype; nullptr releases the range.
+  void bind_params(int64_t begin, int64_t end, void* base);
+  void bind_grads(int64_t begin, int64_t end, void* base);
   // The same for unit u's range [unit_begin[u], unit_begin[u+1]).
-  void bind_unit_params(int u, float* base);
-  void bind_unit_grads(int u, float* base);
+  void bind_unit_params(int u, void* base);
+  void bind_unit_grads(int u, void* base);
   // Binds everything to full flat buffers (base = flat offset 0).
-  void bind_all(float* params, float* grads);
+  void bind_all(void* params, void* grads);
 
   // Mean cross-entropy over the B x T positions of one micro-batch. inputs, targets: (B,T) tokens.
   float forward(const int* inputs, const int* targets, int B);
@@ -54,6 +58,8 @@ class GPT2 {
   ModelHooks hooks;
   const GPT2Config& config() const { return cfg_; }
   const ParamLayout& layout() const { return layout_; }
+  DType dtype() const { return dtype_; }
+  bool flash_attention() const { return flash_; }  // see GPT2Config::flash_attention
 
   // GPT-2 initialisation into a full flat parameter buffer: N(0, 0.02) for matrices and embeddings,
   // residual projections scaled by 1/sqrt(2L), zero biases, unit layernorm gains. Each parameter
@@ -71,7 +77,9 @@ class GPT2 {
   const ParamLayout& layout_;
   int max_B_;
   Device device_;
-  std::vector<float*> param_ptr_, grad_ptr_;  // per parameter, where it lives now
+  DType dtype_;
+  bool flash_;
+  std::vector<char*> param_ptr_, grad_ptr_;  // per parameter, where it lives now
   std::unique_ptr<Activations> acts_;
   int B_ = 0;  // batch of the last forward
   const int* inputs_ = nullptr;

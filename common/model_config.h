@@ -9,6 +9,9 @@ struct GPT2Config {
   int L = 0, C = 0, NH = 0, T = 0, V = 0;
   int default_batch = 0;     // global batch in sequences when --batch is not given
   float default_lr = 0;      // peak learning rate when --lr is not given
+  // How attention is computed where a choice exists (bf16 on a GPU, head size 16/32/64/128): true =
+  // FlashAttention (attention_flash.cu), false = the (B,NH,T,T) matrices, as everywhere else.
+  bool flash_attention = false;
 };
 
 // Fills *cfg and returns true for a known preset name:

@@ -5,7 +5,13 @@
 // Shapes use the project's short names: B batch, T sequence, C channels, NH heads, V vocabulary,
 // OC output channels. N = B*T when a tensor is seen as rows.
 // Convention (as in llm.c): every backward ACCUMULATES (+=) into the gradients it writes, both
-// parameter gradients and input gradients. Callers zero what must start at zero.
+// parameter gradients and input gradients. Callers zero what must start at zero. Two exceptions,
+// named where they are declared, overwrite pure scratch, so the model need not zero hundreds of MB
+// per step: attention's dpreatt and datt, and the cross-entropy's dlogits.
+//
+// dtypes: on the CPU every tensor is fp32. On CUDA the model's tensors (activations, parameters,
+// gradients) are fp32 or bf16, one dtype per call (bf16 mixed precision: see ops_cuda.h); layernorm's
+// mean and rstd, the losses and AdamW's m, v and master weights are fp32 always.
 #pragma once
 #include "tensor.h"
 
@@ -30,10 +36,19 @@ void matmul_backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, Ten
 // channels. preatt and att are (B,NH,T,T) (scores before and after the causal softmax, scaled by
 // 1/sqrt(C/NH)). out(B,T,C) = att @ v, heads concatenated.
 void attention_forward(Tensor out, Tensor preatt, Tensor att, Tensor qkv, int NH);
-// dqkv(B,T,3C) += gradient. dpreatt and datt (B,NH,T,T) are scratch: accumulated into, so callers
-// zero them before each call.
+// dqkv(B,T,3C) += gradient. dpreatt and datt (B,NH,T,T) are scratch, overwritten: their contents on
+// entry do not matter.
 void attention_backward(Tensor dqkv, Tensor dpreatt, Tensor datt, Tensor dout, Tensor qkv, Tensor att,
                         int NH);
+
+// FlashAttention (GPU, bf16; attention_flash.cu): what attention_forward computes, without the
+// (B,NH,T,T) matrices. lse(B,NH,T), fp32, is saved for the backward: the log of each row's softmax
+// denominator, from which the backward recomputes the probabilities. Available only where
+// flash_attention_available() says so (bf16 on CUDA, head size C/NH of 16, 32, 64 or 128).
+bool flash_attention_available(DType dtype, Device device, int C, int NH);
+void attention_forward_flash(Tensor out, Tensor lse, Tensor qkv, int NH);
+// dqkv(B,T,3C) += gradient, from dout(B,T,C) and the forward's qkv, out and lse.
+void attention_backward_flash(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor lse, int NH);
 
 // GELU, tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
 void gelu_forward(Tensor out, Tensor inp);
@@ -45,8 +60,9 @@ void residual_backward(Tensor da, Tensor db, Tensor dout); // da += dout; db += 
 // Fused softmax + cross-entropy over the last dimension. logits, probs: (B,T,V); losses: (B,T);
 // targets: int32 (B,T). losses[b,t] = -log probs[b,t,targets[b,t]].
 void softmax_crossentropy_forward(Tensor losses, Tensor probs, Tensor logits, const int* targets);
-// dlogits(B,T,V) += (probs - onehot(targets)) * dloss, where every position's loss has the same
-// weight dloss (1/(B*T) for a mean, divided further by gradient-accumulation steps).
+// dlogits(B,T,V) = (probs - onehot(targets)) * dloss, where every position's loss has the same
+// weight dloss (1/(B*T) for a mean, divided further by gradient-accumulation steps). Overwritten, not
+// accumulated: dlogits is scratch that only the LM head's backward reads.
 void softmax_crossentropy_backward(Tensor dlogits, Tensor probs, const int* targets, float dloss);
 
 // Small helpers the trainers need on any device.
@@ -54,12 +70,15 @@ void fill_zero(Tensor t);
 void copy_tensor(Tensor dst, Tensor src);      // same numel
 void add_inplace(Tensor dst, Tensor src);      // dst += src
 void scale_inplace(Tensor t, float factor);    // t *= factor
+void convert_tensor(Tensor dst, Tensor src);   // dst = src in dst's dtype (fp32 <-> bf16), same device
 double sum_of_squares(Tensor t);               // accumulated in double
 double mean_of(Tensor t);                      // accumulated in double
 
 // One AdamW update of `n` elements (decoupled weight decay, bias-corrected moments):
 //   g = grad * grad_scale; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2
-//   param -= lr * (m_hat / (sqrt(v_hat) + eps) + weight_decay * param)
-// `step` counts from 1. The optimizer (optimizer.cpp) calls this once per parameter segment.
-void adamw_update(Tensor param, Tensor grad, Tensor m, Tensor v, int step, float lr, float beta1,
+//   w -= lr * (m_hat / (sqrt(v_hat) + eps) + weight_decay * w)
+// where w is `param` itself in fp32 (master empty), or, in mixed precision, the fp32 `master` copy,
+// after which param (bf16) = w rounded. `step` counts from 1. The optimizer (optimizer.cpp) calls
+// this once per parameter segment.
+void adamw_update(Tensor param, Tensor master, Tensor grad, Tensor m, Tensor v, int step, float lr, float beta1,
                   float beta2, float eps, float weight_decay, float grad_scale);

@@ -234,7 +234,7 @@ void attention_backward(float* dqkv, float* dpreatt, float* datt, const float* d
           float* dvalue = dqkv + (size_t(b) * T + t2) * C3 + 2 * C + h * hs;
           float dot = 0.0f;
           for (int i = 0; i < hs; i++) dot += value[i] * dout_bth[i];
-          datt_row[t2] += dot;
+          datt_row[t2] = dot;  // scratch: overwritten (ops.h)
           const float a = att_row[t2];
           for (int i = 0; i < hs; i++) dvalue[i] += a * dout_bth[i];
         }
@@ -244,7 +244,7 @@ void attention_backward(float* dqkv, float* dpreatt, float* datt, const float* d
         double att_dot_datt = 0.0;
         for (int t2 = 0; t2 <= t; t2++) att_dot_datt += double(att_row[t2]) * datt_row[t2];
         const float weighted_datt = float(att_dot_datt);
-        for (int t2 = 0; t2 <= t; t2++) dpreatt_row[t2] += att_row[t2] * (datt_row[t2] - weighted_datt);
+        for (int t2 = 0; t2 <= t; t2++) dpreatt_row[t2] = att_row[t2] * (datt_row[t2] - weighted_datt);
 
         // preatt = scale * <query, key[t2]>: gradients into the query and the keys
         for (int t2 = 0; t2 <= t; t2++) {
@@ -351,7 +351,7 @@ void softmax_crossentropy_backward(float* dlogits, const float* probs, const int
     float* dlogits_row = dlogits + size_t(i) * V;
     const int target = targets[i];
     check_token(target, V, "target");
-    for (int v = 0; v < V; v++) dlogits_row[v] += probs_row[v] * dloss;
+    for (int v = 0; v < V; v++) dlogits_row[v] = probs_row[v] * dloss;  // overwritten (ops.h)
     dlogits_row[target] -= dloss;
   }
 }

@@ -1,7 +1,15 @@
-// ops_cuda.cu: the CUDA implementation of every op in ops.h (declared in ops_cuda.h), in fp32.
-// Written to be read next to ops_cpu.cpp: the same ops, the same order of arguments, the same
-// accumulate-into-gradients convention. Correctness and clarity first; where a faster kernel exists
-// (llm.c's, FlashAttention), the comment says so.
+// ops_cuda.cu: the CUDA implementation of every op in ops.h (declared in ops_cuda.h), in fp32 and in
+// bf16 mixed precision. Written to be read next to ops_cpu.cpp: the same ops, the same order of
+// arguments, the same accumulate-into-gradients convention. Correctness and clarity first; where a
+// faster kernel exists (llm.c's, FlashAttention), the comment says so.
+//
+// dtypes. Every kernel is a template on its element type Elem, float or bf16 (__nv_bfloat16), and
+// touches that memory only through two helpers: to_float() where it loads, from_float<Elem>() where it
+// stores. In between everything is fp32: sums, maxima, exponentials, layernorm statistics, AdamW
+// moments. A bf16 result is therefore the fp32 computation on the bf16 inputs, rounded once (to
+// nearest, ties to even) when it is stored, and an accumulating backward (+=) loads the bf16 value,
+// adds in fp32 and rounds once. with_type() turns a call's run-time DType into the template argument.
+// In fp32 the two helpers do nothing, so the fp32 kernels compute exactly what they did before bf16.
 //
 // How the work is spread over the GPU, op by op:
 //   elementwise ops (encoder forward, GELU, residual, AdamW, ...): one thread per element, in a
@@ -9,10 +17,14 @@
 //   row ops (layernorm, the causal softmax): one warp (32 threads) per row; the warp reduces with
 //       __shfl_xor_sync, no shared memory. The cross-entropy softmax runs over rows of V = 50257
 //       logits, too long for a warp: one block per row, reduced through shared memory.
-//   matrix products (matmul, attention's Q K^T and att V): cuBLAS (cublasSgemm and its strided-
-//       batched form). The row-major to column-major translation is explained above matmul_forward.
+//   matrix products (matmul, attention's Q K^T and att V): cuBLAS on fp32 or bf16 operands, always
+//       accumulating in fp32 (CUBLAS_COMPUTE_32F): cublasGemmEx and its strided-batched form, and for
+//       matmul_forward cuBLASLt, which adds the bias in the GEMM's epilogue. The row-major to
+//       column-major translation is explained above matmul_forward.
 //   column sums (bias and layernorm parameter gradients): in two stages, partial sums over chunks
 //       of rows into a scratch buffer, then one thread per column adds the chunks in order.
+//   the token-embedding gradient: each position is linked to the next position of the same token,
+//       then one thread per (token, channel) walks its token's positions in order (encoder_backward).
 //
 // Determinism: every kernel here sums in a fixed order (no atomicAdd), so the same inputs give
 // bit-identical outputs run after run, as on the CPU. cuBLAS is deterministic too, for one toolkit
@@ -22,12 +34,17 @@
 // Everything runs on one stream (stream()); an op returns as soon as its work is queued.
 #include "ops_cuda.h"
 
+#include <cublasLt.h>
 #include <cublas_v2.h>
+#include <cuda_bf16.h>
 
 #include <algorithm>
 #include <cassert>
 #include <cmath>
+#include <cstdint>
+#include <map>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "cuda_check.h"  // CUDA_CHECK, CUBLAS_CHECK
@@ -36,6 +53,8 @@
 namespace cuda {
 
 namespace {
+
+using bf16 = __nv_bfloat16;
 
 constexpr int kWarp = 32;
 constexpr int kBlock = 256;                      // threads per block of most kernels
@@ -58,6 +77,50 @@ unsigned grid_for_rows(int rows) { return unsigned(ceil_div(size_t(rows), kWarps
 // kernel (an assert, a bad address) show up at the next synchronizing call.
 void check_launch() { CUDA_CHECK(cudaGetLastError()); }
 
+// ------------------------------------------------------------------------------------------------
+// Element types: loads become fp32, stores round from fp32
+
+__device__ __forceinline__ float to_float(float x) { return x; }
+__device__ __forceinline__ float to_float(bf16 x) { return __bfloat162float(x); }
+
+template <typename Elem>
+__device__ __forceinline__ Elem from_float(float x);
+template <>
+__device__ __forceinline__ float from_float<float>(float x) {
+  return x;
+}
+template <>
+__device__ __forceinline__ bf16 from_float<bf16>(float x) {
+  return __float2bfloat16_rn(x);  // to nearest, ties to even: the rounding of bf16.h's float_to_bf16
+}
+
+template <typename Elem>
+struct TypeTag {
+  using type = Elem;
+};
+
+// Calls body(TypeTag<Elem>{}) with Elem the element type of dt, so that an op's launch code is written
+// once, as a generic lambda that begins with `using Elem = typename decltype(tag)::type;`.
+template <typename Body>
+void with_type(DType dt, Body&& body) {
+  if (dt == DType::F32) {
+    body(TypeTag<float>{});
+  } else if (dt == DType::BF16) {
+    body(TypeTag<bf16>{});
+  } else {
+    fatal(std::string("CUDA ops take fp32 or bf16 tensors, not ") + dtype_name(dt));
+  }
+}
+
+// The element type as cuBLAS names it.
+cudaDataType_t blas_type(DType dt) {
+  ENSURE(dt == DType::F32 || dt == DType::BF16, std::string("cuBLAS: no GEMM on ") + dtype_name(dt));
+  return dt == DType::F32 ? CUDA_R_32F : CUDA_R_16BF;
+}
+
+// ------------------------------------------------------------------------------------------------
+// cuBLAS and cuBLASLt, and the scratch buffers
+
 cublasHandle_t cublas() {
   // Created once, on first use, on the device current at that moment, and never destroyed: the
   // process ends with it (destroying it from a static destructor would race the CUDA runtime's own
@@ -66,12 +129,33 @@ cublasHandle_t cublas() {
     cublasHandle_t h;
     CUBLAS_CHECK(cublasCreate(&h));
     CUBLAS_CHECK(cublasSetStream(h, stream()));
-    // Plain fp32 products. (CUBLAS_TF32_TENSOR_OP_MATH would round the inputs to 10 mantissa bits
-    // for several times the speed: a mixed-precision choice this fp32 port does not make silently.)
+    // Plain fp32 products in fp32. (CUBLAS_TF32_TENSOR_OP_MATH would round fp32 inputs to 10 mantissa
+    // bits for several times the speed: a precision choice this code does not make silently. bf16
+    // operands use the tensor cores whatever the mode, accumulating in fp32 as CUBLAS_COMPUTE_32F asks.)
     CUBLAS_CHECK(cublasSetMathMode(h, CUBLAS_DEFAULT_MATH));
     return h;
   }();
   return handle;
+}
+
+// cuBLASLt, the lower-level interface behind cuBLAS, used by matmul_forward for its bias epilogue.
+// Created and kept like the cuBLAS handle; the stream is given to each call.
+cublasLtHandle_t cublaslt() {
+  static cublasLtHandle_t handle = [] {
+    cublasLtHandle_t h;
+    CUBLAS_CHECK(cublasLtCreate(&h));
+    return h;
+  }();
+  return handle;
+}
+
+// The workspace cuBLASLt may use (for split-k partial products, say). Allocated once, at a fixed
+// size: the algorithm the heuristic picks for a shape, and with it the rounding, then never changes.
+// 32 MiB is what NVIDIA recommends for Hopper.
+constexpr size_t kLtWorkspaceBytes = size_t(32) << 20;
+void* lt_workspace() {
+  static void* workspace = device_alloc(kLtWorkspaceBytes, MemCategory::Other, Device::CUDA);
+  return workspace;
 }
 
 // A device buffer that grows on demand. Allocated through device_alloc, so its bytes appear in the
@@ -95,7 +179,8 @@ class Scratch {
 };
 
 Scratch g_ids;       // token ids or targets copied from the host
-Scratch g_partials;  // partial sums of the two-stage reductions
+Scratch g_partials;  // partial sums of the two-stage reductions (fp32 whatever the dtype)
+Scratch g_links;     // encoder_backward's links between the positions of one token
 
 // Same message as the CPU ops (ops_cpu.cpp): an id outside the table would read other memory.
 void check_id(int id, int V, const char* what) {
@@ -161,113 +246,218 @@ __device__ float block_reduce(float value, Op op, float identity) {
 // Kernels, in the order of ops.h
 
 // One thread per output element (b, t, c).
-__global__ void encoder_forward_kernel(float* out, const int* tokens, const float* wte, const float* wpe, int B,
-                                       int T, int C, int V) {
+template <typename Elem>
+__global__ void encoder_forward_kernel(Elem* out, const int* tokens, const Elem* wte, const Elem* wpe, int B, int T,
+                                       int C, int V) {
   const size_t n = size_t(B) * T * C;
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
     const size_t bt = i / C;  // the position b * T + t
     const int c = int(i % C), t = int(bt % T);
     const int token = tokens[bt];
     assert(0 <= token && token < V);
-    out[i] = wte[size_t(token) * C + c] + wpe[size_t(t) * C + c];
+    out[i] = from_float<Elem>(to_float(wte[size_t(token) * C + c]) + to_float(wpe[size_t(t) * C + c]));
   }
 }
 
-// dwte: one thread per channel c walks every position in order and adds into the row of its token.
-// No two threads touch the same address (each owns a column), so no atomics are needed and the sum
-// runs in exactly the CPU's order: bit-identical to ops_cpu.cpp. The price is parallelism: only C
-// threads, each with B*T dependent read-modify-writes (about a millisecond at GPT-2 small sizes).
-// (llm.c's faster deterministic version groups the positions by token on the host first; the
-// simplest fast one, an atomicAdd per element, gives run-to-run different roundings.)
-__global__ void encoder_backward_wte_kernel(float* dwte, const float* dout, const int* tokens, int BT, int C,
-                                            int V) {
-  const int c = blockIdx.x * blockDim.x + threadIdx.x;
-  if (c >= C) return;
-  for (int i = 0; i < BT; i++) {
-    const int token = tokens[i];
-    assert(0 <= token && token < V);
-    dwte[size_t(token) * C + c] += dout[size_t(i) * C + c];
+// The token-embedding gradient dwte[token] += dout[i] over every position i holding that token,
+// deterministically and in the CPU's order (increasing i), so that fp32 is bit-identical to
+// ops_cpu.cpp. Two steps, both parallel:
+//   1. links: for each position i, next[i] = the next position holding the same token (or -1), and
+//      first[i] = whether i is the token's first position in the batch;
+//   2. sums: one thread per (first position i, channel c) starts from dwte[token, c], walks the chain
+//      i, next[i], next[next[i]], ... adding dout[j, c] in fp32, and stores once.
+// No two threads write the same address (a token has one first position), so no atomics are needed.
+// (The simplest fast version, an atomicAdd per element, rounds differently from run to run; the
+// version before this one, one thread per channel walking all B*T positions, had only C threads.)
+
+// Step 1, one warp per position i: the warp compares 32 positions at a time with tokens[i] and gets
+// the 32 answers as one bit mask (__ballot_sync); its lowest set bit is the nearest match. B*T is at
+// most a few ten thousand, so scanning the ids (a few ten kB, from cache) is cheap.
+__global__ void encoder_backward_links_kernel(int* next, int* first, const int* tokens, int BT, int V) {
+  const int i = blockIdx.x * kWarpsPerBlock + threadIdx.x / kWarp;
+  const int lane = threadIdx.x % kWarp;
+  if (i >= BT) return;  // the whole warp leaves together, so the votes below see all 32 lanes
+  const int token = tokens[i];
+  assert(0 <= token && token < V);
+  bool is_first = true;
+  for (int base = 0; base < i && is_first; base += kWarp) {
+    const int j = base + lane;
+    is_first = !__any_sync(0xffffffffu, j < i && tokens[j] == token);
   }
+  int next_position = -1;
+  for (int base = i + 1; base < BT && next_position < 0; base += kWarp) {
+    const int j = base + lane;
+    const unsigned matches = __ballot_sync(0xffffffffu, j < BT && tokens[j] == token);
+    if (matches) next_position = base + __ffs(int(matches)) - 1;
+  }
+  if (lane == 0) {
+    next[i] = next_position;
+    first[i] = is_first;
+  }
+}
+
+// Step 2: block (i, y) covers channels y * blockDim.x + threadIdx.x of position i; the blocks of
+// positions that are not their token's first return at once.
+template <typename Elem>
+__global__ void encoder_backward_wte_kernel(Elem* dwte, const Elem* dout, const int* tokens, const int* next,
+                                            const int* first, int BT, int C, bool stage_links) {
+  // The walk along a token's positions is a chain of dependent loads, and the chain of a frequent
+  // token is long (the space of byte-level text: about one position in six). So the block copies
+  // next[] into shared memory (when it fits), thread 0 walks it there, writing up to kChunk positions
+  // into `chain`, and then every thread adds those rows of dout with independent loads.
+  constexpr int kChunk = 1024;
+  extern __shared__ int staged_next[];
+  __shared__ int chain[kChunk];
+  __shared__ int chain_length, resume_at;
+  const int i = blockIdx.x;
+  if (!first[i]) return;  // the whole block: only a token's first position sums its chain
+  const int c = blockIdx.y * blockDim.x + threadIdx.x;
+  const int* links = next;
+  if (stage_links) {
+    for (int k = threadIdx.x; k < BT; k += blockDim.x) staged_next[k] = next[k];
+    links = staged_next;
+  }
+  const size_t w = size_t(tokens[i]) * C + c;
+  float sum = c < C ? to_float(dwte[w]) : 0.0f;
+  int j = i;
+  __syncthreads();
+  while (true) {
+    if (threadIdx.x == 0) {
+      int k = 0;
+      for (; k < kChunk && j != -1; k++) {
+        chain[k] = j;
+        j = links[j];
+      }
+      chain_length = k;
+      resume_at = j;
+    }
+    __syncthreads();
+    const int n = chain_length, resume = resume_at;
+    if (c < C) {
+      // In chain order, as the CPU adds: bit-identical in fp32.
+      for (int k = 0; k < n; k++) sum += to_float(dout[size_t(chain[k]) * C + c]);
+    }
+    __syncthreads();  // chain is read before thread 0 refills it
+    if (resume == -1) break;
+    j = resume;
+  }
+  if (c < C) dwte[w] = from_float<Elem>(sum);
 }
 
 // dwpe: one thread per (t, c) adds the gradient of every sequence b, in the CPU's order.
-__global__ void encoder_backward_wpe_kernel(float* dwpe, const float* dout, int B, int T, int C) {
+template <typename Elem>
+__global__ void encoder_backward_wpe_kernel(Elem* dwpe, const Elem* dout, int B, int T, int C) {
   const size_t n = size_t(T) * C;
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
-    float sum = dwpe[i];  // i = t * C + c
-    for (int b = 0; b < B; b++) sum += dout[size_t(b) * T * C + i];
-    dwpe[i] = sum;
+    float sum = to_float(dwpe[i]);  // i = t * C + c
+    for (int b = 0; b < B; b++) sum += to_float(dout[size_t(b) * T * C + i]);
+    dwpe[i] = from_float<Elem>(sum);
   }
 }
 
 // One warp per row: two passes over the row (mean, then squared deviations), as the CPU does, in
 // fp32 (the CPU sums in double).
-__global__ void layernorm_forward_kernel(float* out, float* mean, float* rstd, const float* inp,
-                                         const float* weight, const float* bias, int N, int C) {
+template <typename Elem>
+__global__ void layernorm_forward_kernel(Elem* out, float* mean, float* rstd, const Elem* inp, const Elem* weight,
+                                         const Elem* bias, int N, int C) {
   const int row = blockIdx.x * kWarpsPerBlock + threadIdx.x / kWarp;
   const int lane = threadIdx.x % kWarp;
   if (row >= N) return;  // the whole warp leaves together, so the shuffles below see all 32 lanes
-  const float* x = inp + size_t(row) * C;
+  const Elem* x = inp + size_t(row) * C;
 
   float sum = 0.0f;
-  for (int c = lane; c < C; c += kWarp) sum += x[c];
+  for (int c = lane; c < C; c += kWarp) sum += to_float(x[c]);
   const float m = warp_reduce(sum, Sum()) / C;
   float squared_deviations = 0.0f;
   for (int c = lane; c < C; c += kWarp) {
-    const float d = x[c] - m;
+    const float d = to_float(x[c]) - m;
     squared_deviations += d * d;
   }
   const float s = 1.0f / sqrtf(warp_reduce(squared_deviations, Sum()) / C + kLayernormEps);
 
-  float* out_row = out + size_t(row) * C;
-  for (int c = lane; c < C; c += kWarp) out_row[c] = (x[c] - m) * s * weight[c] + bias[c];
+  Elem* out_row = out + size_t(row) * C;
+  for (int c = lane; c < C; c += kWarp)
+    out_row[c] = from_float<Elem>((to_float(x[c]) - m) * s * to_float(weight[c]) + to_float(bias[c]));
   if (lane == 0) {
     mean[row] = m;
     rstd[row] = s;
   }
 }
 
-// The input gradient, one warp per row (the formula and its reason: ops_cpu.cpp).
-__global__ void layernorm_backward_input_kernel(float* dinp, const float* dout, const float* inp,
-                                                const float* weight, const float* mean, const float* rstd, int N,
+// The input gradient, one warp per row (the formula and its reason: ops_cpu.cpp). Each lane keeps
+// its channels' normalised input and weighted gradient in registers between the two reductions and
+// the update, so memory is read once and dinp is read and written once. Rows of more than
+// 32 x kRegs channels (GPT-2 has 768) take the loop without registers, which reads the row twice.
+// __restrict__: dinp is never dout or inp, so the compiler may issue all loads before any store.
+template <typename Elem>
+__global__ void layernorm_backward_input_kernel(Elem* __restrict__ dinp, const Elem* __restrict__ dout,
+                                                const Elem* __restrict__ inp, const Elem* __restrict__ weight,
+                                                const float* __restrict__ mean, const float* __restrict__ rstd, int N,
                                                 int C) {
+  constexpr int kRegs = 32;  // channels per lane held in registers: rows up to 1024 channels
   const int row = blockIdx.x * kWarpsPerBlock + threadIdx.x / kWarp;
   const int lane = threadIdx.x % kWarp;
   if (row >= N) return;
-  const float* x = inp + size_t(row) * C;
-  const float* dout_row = dout + size_t(row) * C;
-  float* dinp_row = dinp + size_t(row) * C;
+  const Elem* x = inp + size_t(row) * C;
+  const Elem* dout_row = dout + size_t(row) * C;
+  Elem* dinp_row = dinp + size_t(row) * C;
   const float m = mean[row], s = rstd[row];
+
+  if (C <= kRegs * kWarp) {
+    float norm[kRegs], dnorm[kRegs];
+    float dnorm_sum = 0.0f, dnorm_dot_norm = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kRegs; i++) {
+      const int c = lane + i * kWarp;
+      norm[i] = dnorm[i] = 0.0f;
+      if (c < C) {
+        norm[i] = (to_float(x[c]) - m) * s;
+        dnorm[i] = to_float(weight[c]) * to_float(dout_row[c]);
+      }
+      dnorm_sum += dnorm[i];
+      dnorm_dot_norm += dnorm[i] * norm[i];
+    }
+    const float dnorm_mean = warp_reduce(dnorm_sum, Sum()) / C;
+    const float dnorm_norm_mean = warp_reduce(dnorm_dot_norm, Sum()) / C;
+#pragma unroll
+    for (int i = 0; i < kRegs; i++) {
+      const int c = lane + i * kWarp;
+      if (c < C)
+        dinp_row[c] = from_float<Elem>(to_float(dinp_row[c]) + (dnorm[i] - dnorm_mean - norm[i] * dnorm_norm_mean) * s);
+    }
+    return;
+  }
 
   float dnorm_sum = 0.0f, dnorm_dot_norm = 0.0f;
   for (int c = lane; c < C; c += kWarp) {
-    const float norm = (x[c] - m) * s;
-    const float dnorm = weight[c] * dout_row[c];
+    const float norm = (to_float(x[c]) - m) * s;
+    const float dnorm = to_float(weight[c]) * to_float(dout_row[c]);
     dnorm_sum += dnorm;
     dnorm_dot_norm += dnorm * norm;
   }
   const float dnorm_mean = warp_reduce(dnorm_sum, Sum()) / C;
   const float dnorm_norm_mean = warp_reduce(dnorm_dot_norm, Sum()) / C;
   for (int c = lane; c < C; c += kWarp) {
-    const float norm = (x[c] - m) * s;
-    const float dnorm = weight[c] * dout_row[c];
-    dinp_row[c] += (dnorm - dnorm_mean - norm * dnorm_norm_mean) * s;
+    const float norm = (to_float(x[c]) - m) * s;
+    const float dnorm = to_float(weight[c]) * to_float(dout_row[c]);
+    dinp_row[c] = from_float<Elem>(to_float(dinp_row[c]) + (dnorm - dnorm_mean - norm * dnorm_norm_mean) * s);
   }
 }
 
 // Stage 1 of the parameter gradients of layernorm: thread c of block column blockIdx.x sums rows
 // [chunk * rows_per_chunk, ...) of its column, chunk = blockIdx.y. Neighbouring threads read
-// neighbouring channels, so the loads of a warp are coalesced.
-__global__ void layernorm_param_partials_kernel(float* dweight_partials, float* dbias_partials, const float* dout,
-                                                const float* inp, const float* mean, const float* rstd, int N,
-                                                int C, int rows_per_chunk) {
+// neighbouring channels, so the loads of a warp are coalesced. The partial sums stay fp32.
+template <typename Elem>
+__global__ void layernorm_param_partials_kernel(float* dweight_partials, float* dbias_partials, const Elem* dout,
+                                                const Elem* inp, const float* mean, const float* rstd, int N, int C,
+                                                int rows_per_chunk) {
   const int c = blockIdx.x * blockDim.x + threadIdx.x;
   if (c >= C) return;
   const int begin = blockIdx.y * rows_per_chunk, end = min(N, begin + rows_per_chunk);
   float dweight = 0.0f, dbias = 0.0f;
   for (int i = begin; i < end; i++) {
-    const float d = dout[size_t(i) * C + c];
-    const float norm = (inp[size_t(i) * C + c] - mean[i]) * rstd[i];
+    const float d = to_float(dout[size_t(i) * C + c]);
+    const float norm = (to_float(inp[size_t(i) * C + c]) - mean[i]) * rstd[i];
     dweight += norm * d;
     dbias += d;
   }
@@ -276,26 +466,34 @@ __global__ void layernorm_param_partials_kernel(float* dweight_partials, float* 
 }
 
 // Stage 1 of a column sum of mat(N,C) (the bias gradient): as above, for plain sums.
-__global__ void column_sum_partials_kernel(float* partials, const float* mat, int N, int C, int rows_per_chunk) {
+template <typename Elem>
+__global__ void column_sum_partials_kernel(float* partials, const Elem* mat, int N, int C, int rows_per_chunk) {
   const int c = blockIdx.x * blockDim.x + threadIdx.x;
   if (c >= C) return;
   const int begin = blockIdx.y * rows_per_chunk, end = min(N, begin + rows_per_chunk);
   float sum = 0.0f;
-  for (int i = begin; i < end; i++) sum += mat[size_t(i) * C + c];
+  for (int i = begin; i < end; i++) sum += to_float(mat[size_t(i) * C + c]);
   partials[size_t(blockIdx.y) * C + c] = sum;
 }
 
-// Stage 2: out[c] += the chunks' partial sums of column c, added in chunk order (deterministic).
-__global__ void add_column_partials_kernel(float* out, const float* partials, int chunks, int C) {
-  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+// Stage 2: out[c] += the chunks' partial sums of column c, in a fixed order (deterministic).
+template <typename Elem>
+__global__ void add_column_partials_kernel(Elem* out, const float* partials, int chunks, int C) {
+  // One warp per column: lane j adds chunks j, j + 32, ... in order, then the warp's fixed butterfly
+  // adds the 32 lane sums. Deterministic, and 32 loads in flight per column instead of one.
+  const int c = blockIdx.x * kWarpsPerBlock + threadIdx.x / kWarp;
+  const int lane = threadIdx.x % kWarp;
   if (c >= C) return;
   float sum = 0.0f;
-  for (int k = 0; k < chunks; k++) sum += partials[size_t(k) * C + c];
-  out[c] += sum;
+  for (int k = lane; k < chunks; k += kWarp) sum += partials[size_t(k) * C + c];
+  sum = warp_reduce(sum, Sum());
+  if (lane == 0) out[c] = from_float<Elem>(to_float(out[c]) + sum);
 }
 
-// out(N,OC) = the bias in every row; the GEMM then adds inp @ weight^T on top (beta = 1).
-__global__ void broadcast_bias_kernel(float* out, const float* bias, int N, int OC) {
+// out(N,OC) = the bias in every row; the GEMM then adds inp @ weight^T on top (beta = 1). Only for
+// a bias the GEMM's own epilogue cannot read (see matmul_forward).
+template <typename Elem>
+__global__ void broadcast_bias_kernel(Elem* out, const Elem* bias, int N, int OC) {
   const size_t n = size_t(N) * OC;
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
     out[i] = bias[i % OC];
@@ -305,156 +503,246 @@ __global__ void broadcast_bias_kernel(float* out, const float* bias, int N, int 
 // 0..T-1. Softmax over the causal part t2 <= t; above it att = 0 and preatt = -inf, as on the CPU.
 // (The GEMM before this computed the masked scores too: half the work is wasted, the price of
 // using a plain GEMM. FlashAttention fuses GEMM, mask and softmax and never stores the T x T rows.)
-__global__ void causal_softmax_kernel(float* preatt, float* att, int rows, int T) {
+template <typename Elem>
+__global__ void causal_softmax_kernel(Elem* preatt, Elem* att, int rows, int T) {
   const int row = blockIdx.x * kWarpsPerBlock + threadIdx.x / kWarp;
   const int lane = threadIdx.x % kWarp;
   if (row >= rows) return;
   const int t = row % T;
-  float* p = preatt + size_t(row) * T;
-  float* a = att + size_t(row) * T;
+  Elem* p = preatt + size_t(row) * T;
+  Elem* a = att + size_t(row) * T;
 
   float maxval = -INFINITY;  // t >= 0, so lane 0 sees at least p[0] and the maximum is finite
-  for (int t2 = lane; t2 <= t; t2 += kWarp) maxval = fmaxf(maxval, p[t2]);
+  for (int t2 = lane; t2 <= t; t2 += kWarp) maxval = fmaxf(maxval, to_float(p[t2]));
   maxval = warp_reduce(maxval, Max());
   float expsum = 0.0f;
-  for (int t2 = lane; t2 <= t; t2 += kWarp) expsum += expf(p[t2] - maxval);
+  for (int t2 = lane; t2 <= t; t2 += kWarp) expsum += expf(to_float(p[t2]) - maxval);
   const float inv_expsum = 1.0f / warp_reduce(expsum, Sum());
   for (int t2 = lane; t2 < T; t2 += kWarp) {
     if (t2 <= t) {
-      a[t2] = expf(p[t2] - maxval) * inv_expsum;
+      a[t2] = from_float<Elem>(expf(to_float(p[t2]) - maxval) * inv_expsum);
     } else {
-      a[t2] = 0.0f;
-      p[t2] = -INFINITY;
+      a[t2] = from_float<Elem>(0.0f);
+      p[t2] = from_float<Elem>(-INFINITY);
     }
   }
 }
 
-// One warp per row: dpreatt += att * (datt - <att, datt>) on the causal part (ops_cpu.cpp explains
-// the formula). Above the diagonal dpreatt is set to 0, not accumulated: the GEMMs that follow read
-// the whole T x T block, so it must hold zeros there even if a caller forgot to zero it. (datt may
-// hold nonzero values there: the GEMM that produced it computed the masked entries too.)
-__global__ void causal_softmax_backward_kernel(float* dpreatt, const float* datt, const float* att, int rows,
-                                               int T) {
+// One warp per row: dpreatt = att * (datt - <att, datt>) on the causal part (ops_cpu.cpp explains
+// the formula), overwriting dpreatt (ops.h). Above the diagonal dpreatt is set to 0: the GEMMs that
+// follow read the whole T x T block. (datt holds nonzero values there: the GEMM that produced it
+// computed the masked entries too; they are never read.)
+template <typename Elem>
+__global__ void causal_softmax_backward_kernel(Elem* dpreatt, const Elem* datt, const Elem* att, int rows, int T) {
   const int row = blockIdx.x * kWarpsPerBlock + threadIdx.x / kWarp;
   const int lane = threadIdx.x % kWarp;
   if (row >= rows) return;
   const int t = row % T;
-  const float* a = att + size_t(row) * T;
-  const float* da = datt + size_t(row) * T;
-  float* dp = dpreatt + size_t(row) * T;
+  const Elem* a = att + size_t(row) * T;
+  const Elem* da = datt + size_t(row) * T;
+  Elem* dp = dpreatt + size_t(row) * T;
 
   float att_dot_datt = 0.0f;
-  for (int t2 = lane; t2 <= t; t2 += kWarp) att_dot_datt += a[t2] * da[t2];
+  for (int t2 = lane; t2 <= t; t2 += kWarp) att_dot_datt += to_float(a[t2]) * to_float(da[t2]);
   att_dot_datt = warp_reduce(att_dot_datt, Sum());
   for (int t2 = lane; t2 < T; t2 += kWarp) {
-    if (t2 <= t) {
-      dp[t2] += a[t2] * (da[t2] - att_dot_datt);
-    } else {
-      dp[t2] = 0.0f;
-    }
+    const float d = t2 <= t ? to_float(a[t2]) * (to_float(da[t2]) - att_dot_datt) : 0.0f;
+    dp[t2] = from_float<Elem>(d);
   }
 }
 
-__global__ void gelu_forward_kernel(float* out, const float* inp, size_t n) {
+__device__ __forceinline__ float gelu(float x) {
+  return 0.5f * x * (1.0f + tanhf(kGeluScale * (x + kGeluCubic * x * x * x)));
+}
+__device__ __forceinline__ float gelu_derivative(float x) {
+  const float tanh_out = tanhf(kGeluScale * (x + kGeluCubic * x * x * x));
+  const float sech2 = 1.0f - tanh_out * tanh_out;
+  return 0.5f * (1.0f + tanh_out) + 0.5f * x * sech2 * kGeluScale * (1.0f + 3.0f * kGeluCubic * x * x);
+}
+
+// bf16 in 16-byte vectors: the memory-bound elementwise ops then move 8 elements per load or store
+// instruction instead of one 2-byte access (the scalar kernels reach about half of the memory
+// bandwidth). Same arithmetic per element as the scalar kernels, so the same results. Used where
+// every pointer is 16-byte aligned and n divides by 8 (vectorizable()), as the model's buffers are.
+union Bf16x8 {
+  uint4 bits;
+  bf16 e[8];
+};
+
+__global__ void gelu_forward_bf16x8_kernel(uint4* out, const uint4* inp, size_t vectors) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < vectors; i += size_t(gridDim.x) * blockDim.x) {
+    Bf16x8 x, y;
+    x.bits = inp[i];
+#pragma unroll
+    for (int k = 0; k < 8; k++) y.e[k] = __float2bfloat16(gelu(__bfloat162float(x.e[k])));
+    out[i] = y.bits;
+  }
+}
+
+__global__ void gelu_backward_bf16x8_kernel(uint4* dinp, const uint4* inp, const uint4* dout, size_t vectors) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < vectors; i += size_t(gridDim.x) * blockDim.x) {
+    Bf16x8 x, d, g;
+    x.bits = inp[i];
+    d.bits = dout[i];
+    g.bits = dinp[i];
+#pragma unroll
+    for (int k = 0; k < 8; k++)
+      g.e[k] = __float2bfloat16(__bfloat162float(g.e[k]) +
+                                gelu_derivative(__bfloat162float(x.e[k])) * __bfloat162float(d.e[k]));
+    dinp[i] = g.bits;
+  }
+}
+
+__global__ void residual_forward_bf16x8_kernel(uint4* out, const uint4* a, const uint4* b, size_t vectors) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < vectors; i += size_t(gridDim.x) * blockDim.x) {
+    Bf16x8 x, y, z;
+    x.bits = a[i];
+    y.bits = b[i];
+#pragma unroll
+    for (int k = 0; k < 8; k++) z.e[k] = __float2bfloat16(__bfloat162float(x.e[k]) + __bfloat162float(y.e[k]));
+    out[i] = z.bits;
+  }
+}
+
+bool vectorizable(DType dt, size_t n, std::initializer_list<const void*> pointers) {
+  if (dt != DType::BF16 || n % 8 != 0) return false;
+  for (const void* p : pointers)
+    if (reinterpret_cast<uintptr_t>(p) % 16 != 0) return false;
+  return true;
+}
+
+template <typename Elem>
+__global__ void gelu_forward_kernel(Elem* out, const Elem* inp, size_t n) {
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
-    const float x = inp[i];
-    out[i] = 0.5f * x * (1.0f + tanhf(kGeluScale * (x + kGeluCubic * x * x * x)));
+    out[i] = from_float<Elem>(gelu(to_float(inp[i])));
   }
 }
 
-__global__ void gelu_backward_kernel(float* dinp, const float* inp, const float* dout, size_t n) {
+template <typename Elem>
+__global__ void gelu_backward_kernel(Elem* dinp, const Elem* inp, const Elem* dout, size_t n) {
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
-    const float x = inp[i];
-    const float tanh_out = tanhf(kGeluScale * (x + kGeluCubic * x * x * x));
-    const float sech2 = 1.0f - tanh_out * tanh_out;
-    const float local_grad =
-        0.5f * (1.0f + tanh_out) + 0.5f * x * sech2 * kGeluScale * (1.0f + 3.0f * kGeluCubic * x * x);
-    dinp[i] += local_grad * dout[i];
+    dinp[i] = from_float<Elem>(to_float(dinp[i]) + gelu_derivative(to_float(inp[i])) * to_float(dout[i]));
   }
 }
 
-__global__ void residual_forward_kernel(float* out, const float* a, const float* b, size_t n) {
+template <typename Elem>
+__global__ void residual_forward_kernel(Elem* out, const Elem* a, const Elem* b, size_t n) {
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
-    out[i] = a[i] + b[i];
+    out[i] = from_float<Elem>(to_float(a[i]) + to_float(b[i]));
 }
 
-__global__ void residual_backward_kernel(float* da, float* db, const float* dout, size_t n) {
+template <typename Elem>
+__global__ void residual_backward_kernel(Elem* da, Elem* db, const Elem* dout, size_t n) {
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
-    da[i] += dout[i];
-    db[i] += dout[i];
+    const float d = to_float(dout[i]);
+    da[i] = from_float<Elem>(to_float(da[i]) + d);
+    db[i] = from_float<Elem>(to_float(db[i]) + d);
   }
 }
 
 // One block of kSoftmaxBlock threads per row of V logits: the threads stride over the row, then
 // reduce through shared memory (block_reduce). Three passes: maximum, sum of exponentials, probs.
-__global__ void softmax_crossentropy_forward_kernel(float* losses, float* probs, const float* logits,
+template <typename Elem>
+__global__ void softmax_crossentropy_forward_kernel(float* losses, Elem* probs, const Elem* logits,
                                                     const int* targets, int V) {
   const int row = blockIdx.x;
-  const float* x = logits + size_t(row) * V;
-  float* p = probs + size_t(row) * V;
+  const Elem* x = logits + size_t(row) * V;
+  Elem* p = probs + size_t(row) * V;
 
-  float maxval = -INFINITY;
-  for (int v = threadIdx.x; v < V; v += blockDim.x) maxval = fmaxf(maxval, x[v]);
-  maxval = block_reduce(maxval, Max(), -INFINITY);
-  float expsum = 0.0f;
-  for (int v = threadIdx.x; v < V; v += blockDim.x) expsum += expf(x[v] - maxval);
-  expsum = block_reduce(expsum, Sum(), 0.0f);
+  // One pass for the maximum and the sum of exponentials together ("online softmax"): each thread
+  // keeps the largest logit it has seen and its sum relative to that, rescaling the sum when the
+  // maximum grows. The logits of a row (100 KB in bf16 at GPT-2's vocabulary) are then read twice,
+  // not three times.
+  float thread_max = -INFINITY, thread_sum = 0.0f;
+  for (int v = threadIdx.x; v < V; v += blockDim.x) {
+    const float value = to_float(x[v]);
+    if (value > thread_max) {
+      thread_sum = thread_sum * expf(thread_max - value) + 1.0f;  // expf(-inf) = 0 the first time
+      thread_max = value;
+    } else {
+      thread_sum += expf(value - thread_max);
+    }
+  }
+  const float maxval = block_reduce(thread_max, Max(), -INFINITY);
+  const float rescaled = thread_max == -INFINITY ? 0.0f : thread_sum * expf(thread_max - maxval);
+  const float expsum = block_reduce(rescaled, Sum(), 0.0f);
   const float inv_expsum = 1.0f / expsum;
-  for (int v = threadIdx.x; v < V; v += blockDim.x) p[v] = expf(x[v] - maxval) * inv_expsum;
+  for (int v = threadIdx.x; v < V; v += blockDim.x) p[v] = from_float<Elem>(expf(to_float(x[v]) - maxval) * inv_expsum);
   if (threadIdx.x == 0) {
     const int target = targets[row];
     assert(0 <= target && target < V);
-    // -log(probs[target]) as log(expsum) - (logit - max): finite even if probs[target] underflows
-    losses[row] = logf(expsum) - (x[target] - maxval);
+    // -log(probs[target]) as log(expsum) - (logit - max): finite even if probs[target] underflows,
+    // and in bf16 computed in fp32, not from the rounded probability
+    losses[row] = logf(expsum) - (to_float(x[target]) - maxval);
   }
 }
 
-// One thread per logit: dlogits += probs * dloss, minus dloss at the target (the CPU's two steps).
-__global__ void softmax_crossentropy_backward_kernel(float* dlogits, const float* probs, const int* targets,
-                                                     float dloss, int N, int V) {
-  const size_t n = size_t(N) * V;
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
-    const size_t row = i / V;
-    const int v = int(i % V);
-    float d = dlogits[i] + probs[i] * dloss;
-    if (v == targets[row]) d -= dloss;
-    dlogits[i] = d;
+// One thread per logit: dlogits = probs * dloss, minus dloss at the target (the CPU's two steps),
+// overwriting dlogits (ops.h): the old values are never read.
+template <typename Elem>
+__global__ void softmax_crossentropy_backward_kernel(Elem* dlogits, const Elem* probs, const int* targets,
+                                                     float dloss, int V) {
+  // One block per row: the row and its target come from the block index, with no division per
+  // element (a 64-bit i / V costs more than the rest of this kernel's arithmetic).
+  const size_t row = blockIdx.x;
+  const int target = targets[row];
+  const Elem* p = probs + row * V;
+  Elem* d = dlogits + row * V;
+  for (int v = threadIdx.x; v < V; v += blockDim.x) {
+    float value = to_float(p[v]) * dloss;
+    if (v == target) value -= dloss;
+    d[v] = from_float<Elem>(value);
   }
 }
 
-__global__ void add_inplace_kernel(float* dst, const float* src, size_t n) {
+template <typename Elem>
+__global__ void add_inplace_kernel(Elem* dst, const Elem* src, size_t n) {
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
-    dst[i] += src[i];
+    dst[i] = from_float<Elem>(to_float(dst[i]) + to_float(src[i]));
 }
 
-__global__ void scale_inplace_kernel(float* x, float factor, size_t n) {
+template <typename Elem>
+__global__ void scale_inplace_kernel(Elem* x, float factor, size_t n) {
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
-    x[i] *= factor;
+    x[i] = from_float<Elem>(to_float(x[i]) * factor);
+}
+
+template <typename Dst, typename Src>
+__global__ void convert_kernel(Dst* dst, const Src* src, size_t n) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
+    dst[i] = from_float<Dst>(to_float(src[i]));
 }
 
 // partials[block] = the block's sum of x (or of x^2): fp32 per thread, then a block reduction.
-template <bool kSquares>
-__global__ void partial_sums_kernel(float* partials, const float* x, size_t n) {
+template <typename Elem, bool kSquares>
+__global__ void partial_sums_kernel(float* partials, const Elem* x, size_t n) {
   float sum = 0.0f;
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
-    sum += kSquares ? x[i] * x[i] : x[i];
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    const float value = to_float(x[i]);
+    sum += kSquares ? value * value : value;
+  }
   sum = block_reduce(sum, Sum(), 0.0f);
   if (threadIdx.x == 0) partials[blockIdx.x] = sum;
 }
 
-// The bias corrections 1 - beta^step are computed once on the host, as on the CPU.
-__global__ void adamw_kernel(float* param, const float* grad, float* m, float* v, size_t n, float lr, float beta1,
-                             float beta2, float bias_correction1, float bias_correction2, float eps,
+// The bias corrections 1 - beta^step are computed once on the host, as on the CPU. The weight w is
+// the fp32 master copy where there is one (param then receives w rounded), else param itself.
+template <typename Elem>
+__global__ void adamw_kernel(Elem* param, float* master, const Elem* grad, float* m, float* v, size_t n, float lr,
+                             float beta1, float beta2, float bias_correction1, float bias_correction2, float eps,
                              float weight_decay, float grad_scale) {
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
-    const float g = grad[i] * grad_scale;
+    const float g = to_float(grad[i]) * grad_scale;
     const float m_i = beta1 * m[i] + (1.0f - beta1) * g;
     const float v_i = beta2 * v[i] + (1.0f - beta2) * g * g;
     m[i] = m_i;
     v[i] = v_i;
     const float m_hat = m_i / bias_correction1;
     const float v_hat = v_i / bias_correction2;
-    param[i] -= lr * (m_hat / (sqrtf(v_hat) + eps) + weight_decay * param[i]);
+    const float w = master ? master[i] : to_float(param[i]);
+    const float updated = w - lr * (m_hat / (sqrtf(v_hat) + eps) + weight_decay * w);
+    if (master) master[i] = updated;
+    param[i] = from_float<Elem>(updated);
   }
 }
 
@@ -473,15 +761,19 @@ RowChunks plan_row_chunks(int N) {
 
 // Sum of x (or of its squares) with fp32 partial sums: each thread adds a strided subset, each block
 // reduces its threads, and the host adds the (at most 1024) block sums in double.
-double sum_on_device(const float* x, size_t n, bool squares) {
+double sum_on_device(DType dt, const void* x, size_t n, bool squares) {
   if (n == 0) return 0.0;
   const unsigned blocks = unsigned(std::min<size_t>(ceil_div(n, kBlock), 1024));
   float* partials = static_cast<float*>(g_partials.get(blocks * sizeof(float)));
-  if (squares) {
-    partial_sums_kernel<true><<<blocks, kBlock, 0, stream()>>>(partials, x, n);
-  } else {
-    partial_sums_kernel<false><<<blocks, kBlock, 0, stream()>>>(partials, x, n);
-  }
+  with_type(dt, [&](auto tag) {
+    using Elem = typename decltype(tag)::type;
+    const Elem* values = static_cast<const Elem*>(x);
+    if (squares) {
+      partial_sums_kernel<Elem, true><<<blocks, kBlock, 0, stream()>>>(partials, values, n);
+    } else {
+      partial_sums_kernel<Elem, false><<<blocks, kBlock, 0, stream()>>>(partials, values, n);
+    }
+  });
   check_launch();
   std::vector<float> host(blocks);
   CUDA_CHECK(cudaMemcpyAsync(host.data(), partials, blocks * sizeof(float), cudaMemcpyDeviceToHost, stream()));
@@ -489,6 +781,102 @@ double sum_on_device(const float* x, size_t n, bool squares) {
   double total = 0.0;
   for (float p : host) total += p;
   return total;
+}
+
+// ------------------------------------------------------------------------------------------------
+// GEMM calls, in column-major terms (see "matmul through cuBLAS" below): C = alpha op(A) op(B) +
+// beta C, every matrix of dtype dt, the products accumulated in fp32 (CUBLAS_COMPUTE_32F) and C
+// rounded once at the end. The batched form runs `batch` such products, each operand moving by its
+// stride (in elements) from one to the next.
+
+void gemm(DType dt, cublasOperation_t transa, cublasOperation_t transb, int m, int n, int k, float alpha,
+          const void* A, int lda, const void* B, int ldb, float beta, void* C, int ldc) {
+  const cudaDataType_t type = blas_type(dt);
+  CUBLAS_CHECK(cublasGemmEx(cublas(), transa, transb, m, n, k, &alpha, A, type, lda, B, type, ldb, &beta, C, type,
+                            ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+
+void gemm_batched(DType dt, cublasOperation_t transa, cublasOperation_t transb, int m, int n, int k, float alpha,
+                  const void* A, int lda, long long stride_a, const void* B, int ldb, long long stride_b, float beta,
+                  void* C, int ldc, long long stride_c, int batch) {
+  const cudaDataType_t type = blas_type(dt);
+  CUBLAS_CHECK(cublasGemmStridedBatchedEx(cublas(), transa, transb, m, n, k, &alpha, A, type, lda, stride_a, B, type,
+                                          ldb, stride_b, &beta, C, type, ldc, stride_c, batch, CUBLAS_COMPUTE_32F,
+                                          CUBLAS_GEMM_DEFAULT));
+}
+
+// The largest power of two, at most 256, that divides the address. cuBLASLt's heuristic assumes
+// 256-byte aligned operands unless told otherwise, and could pick a kernel that cannot read a view
+// starting in the middle of a buffer.
+uint32_t alignment_of(const void* p) {
+  const uintptr_t address = reinterpret_cast<uintptr_t>(p);
+  uint32_t alignment = 256;
+  while (alignment > 1 && address % alignment != 0) alignment /= 2;
+  return alignment;
+}
+
+// D(m x n) = A^T B + beta D (+ bias(m) added to every column when bias is not null), column-major,
+// A (k x m) with leading dimension k, B (k x n) with leading dimension k, D with leading dimension m,
+// all of dtype dt, accumulated in fp32: the one GEMM of matmul_forward, through cuBLASLt.
+void lt_matmul_tn(DType dt, int m, int n, int k, const void* A, const void* B, const void* bias, float beta, void* D) {
+  const cudaDataType_t type = blas_type(dt);
+  cublasLtMatmulDesc_t desc;
+  CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));  // alpha, beta: fp32
+  const cublasOperation_t transpose = CUBLAS_OP_T, as_stored = CUBLAS_OP_N;
+  CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &transpose, sizeof transpose));
+  CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &as_stored, sizeof as_stored));
+  // The bias epilogue adds bias[row] to every column of D (a row of out in row-major terms), in fp32,
+  // before the one rounding to dt; the bias has D's dtype.
+  const cublasLtEpilogue_t epilogue = bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
+  CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof epilogue));
+  if (bias) CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
+
+  cublasLtMatrixLayout_t a_layout, b_layout, d_layout;
+  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&a_layout, type, k, m, k));
+  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&b_layout, type, k, n, k));
+  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d_layout, type, m, n, m));
+
+  cublasLtMatmulPreference_t preference;
+  CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&preference));
+  const size_t workspace_bytes = kLtWorkspaceBytes;
+  CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                    &workspace_bytes, sizeof workspace_bytes));
+  const uint32_t a_alignment = alignment_of(A), b_alignment = alignment_of(B), d_alignment = alignment_of(D);
+  CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
+                                                    &a_alignment, sizeof a_alignment));
+  CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                                                    &b_alignment, sizeof b_alignment));
+  CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
+                                                    &d_alignment, sizeof d_alignment));
+  CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
+                                                    &d_alignment, sizeof d_alignment));
+
+  // The heuristic's first choice. It depends only on the shapes, dtypes, epilogue, alignments and
+  // workspace size, so a given matmul of a run always gets the same algorithm, and the same
+  // roundings. Asking costs tens of microseconds of host time, about what the GEMM itself takes on
+  // the GPU, so the answer is kept per key (a model has a handful of distinct matmuls).
+  using Key = std::tuple<int, int, int, int, bool, uint32_t, uint32_t, uint32_t>;
+  static std::map<Key, cublasLtMatmulAlgo_t> chosen;
+  const Key key{int(dt), m, n, k, bias != nullptr, a_alignment, b_alignment, d_alignment};
+  auto at = chosen.find(key);
+  if (at == chosen.end()) {
+    cublasLtMatmulHeuristicResult_t choice;
+    int found = 0;
+    CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(cublaslt(), desc, a_layout, b_layout, d_layout, d_layout, preference,
+                                                1, &choice, &found));
+    ENSURE(found > 0, "matmul_forward: cuBLASLt has no algorithm for " + std::string(dtype_name(dt)) + " (" +
+                          std::to_string(m) + " x " + std::to_string(n) + " x " + std::to_string(k) + ")");
+    at = chosen.emplace(key, choice.algo).first;
+  }
+  const float alpha = 1.0f;
+  CUBLAS_CHECK(cublasLtMatmul(cublaslt(), desc, &alpha, A, a_layout, B, b_layout, &beta, D, d_layout, D, d_layout,
+                              &at->second, lt_workspace(), kLtWorkspaceBytes, stream()));
+
+  CUBLAS_CHECK(cublasLtMatmulPreferenceDestroy(preference));
+  CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(d_layout));
+  CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(b_layout));
+  CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(a_layout));
+  CUBLAS_CHECK(cublasLtMatmulDescDestroy(desc));
 }
 
 }  // namespace
@@ -511,57 +899,89 @@ void synchronize() { CUDA_CHECK(cudaStreamSynchronize(stream())); }
 // ------------------------------------------------------------------------------------------------
 // encoder
 
-void encoder_forward(float* out, const int* tokens, const float* wte, const float* wpe, int B, int T, int C,
+void encoder_forward(DType dt, void* out, const int* tokens, const void* wte, const void* wpe, int B, int T, int C,
                      int V) {
   const size_t n = size_t(B) * T * C;
   if (n == 0) return;
   const int* ids = device_ids(tokens, size_t(B) * T, V, "token");
-  encoder_forward_kernel<<<grid_for(n), kBlock, 0, stream()>>>(out, ids, wte, wpe, B, T, C, V);
+  with_type(dt, [&](auto tag) {
+    using Elem = typename decltype(tag)::type;
+    encoder_forward_kernel<Elem><<<grid_for(n), kBlock, 0, stream()>>>(
+        static_cast<Elem*>(out), ids, static_cast<const Elem*>(wte), static_cast<const Elem*>(wpe), B, T, C, V);
+  });
   check_launch();
 }
 
-void encoder_backward(float* dwte, float* dwpe, const float* dout, const int* tokens, int B, int T, int C,
+void encoder_backward(DType dt, void* dwte, void* dwpe, const void* dout, const int* tokens, int B, int T, int C,
                       int V) {
-  if (size_t(B) * T * C == 0) return;
-  const int* ids = device_ids(tokens, size_t(B) * T, V, "token");
-  constexpr int kThreads = 64;  // few threads in all (C), so small blocks spread them over more SMs
-  encoder_backward_wte_kernel<<<unsigned(ceil_div(C, kThreads)), kThreads, 0, stream()>>>(dwte, dout, ids, B * T,
-                                                                                         C, V);
+  const int BT = B * T;
+  if (size_t(BT) * C == 0) return;
+  const int* ids = device_ids(tokens, size_t(BT), V, "token");
+  int* next = static_cast<int*>(g_links.get(2 * size_t(BT) * sizeof(int)));
+  int* first = next + BT;
+  encoder_backward_links_kernel<<<grid_for_rows(BT), kBlock, 0, stream()>>>(next, first, ids, BT, V);
   check_launch();
-  encoder_backward_wpe_kernel<<<grid_for(size_t(T) * C), kBlock, 0, stream()>>>(dwpe, dout, B, T, C);
-  check_launch();
+  with_type(dt, [&](auto tag) {
+    using Elem = typename decltype(tag)::type;
+    const dim3 grid(unsigned(BT), unsigned(ceil_div(C, kBlock)));
+    // next[] staged in shared memory up to 128 KB (32k positions); beyond, the walk reads it in place.
+    const size_t links_bytes = size_t(BT) * sizeof(int);
+    const bool stage_links = links_bytes <= 128 * 1024;
+    const size_t shared = stage_links ? links_bytes : 0;
+    CUDA_CHECK(cudaFuncSetAttribute(encoder_backward_wte_kernel<Elem>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    int(shared)));
+    encoder_backward_wte_kernel<Elem><<<grid, kBlock, shared, stream()>>>(
+        static_cast<Elem*>(dwte), static_cast<const Elem*>(dout), ids, next, first, int(BT), C, stage_links);
+    check_launch();
+    encoder_backward_wpe_kernel<Elem><<<grid_for(size_t(T) * C), kBlock, 0, stream()>>>(
+        static_cast<Elem*>(dwpe), static_cast<const Elem*>(dout), B, T, C);
+    check_launch();
+  });
 }
 
 // ------------------------------------------------------------------------------------------------
 // layernorm
 
-void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
-                       const float* bias, int N, int C) {
+void layernorm_forward(DType dt, void* out, float* mean, float* rstd, const void* inp, const void* weight,
+                       const void* bias, int N, int C) {
   if (N == 0) return;
-  layernorm_forward_kernel<<<grid_for_rows(N), kBlock, 0, stream()>>>(out, mean, rstd, inp, weight, bias, N, C);
+  with_type(dt, [&](auto tag) {
+    using Elem = typename decltype(tag)::type;
+    layernorm_forward_kernel<Elem><<<grid_for_rows(N), kBlock, 0, stream()>>>(
+        static_cast<Elem*>(out), mean, rstd, static_cast<const Elem*>(inp), static_cast<const Elem*>(weight),
+        static_cast<const Elem*>(bias), N, C);
+  });
   check_launch();
 }
 
-void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                        const float* weight, const float* mean, const float* rstd, int N, int C) {
+void layernorm_backward(DType dt, void* dinp, void* dweight, void* dbias, const void* dout, const void* inp,
+                        const void* weight, const float* mean, const float* rstd, int N, int C) {
   if (N == 0) return;
-  layernorm_backward_input_kernel<<<grid_for_rows(N), kBlock, 0, stream()>>>(dinp, dout, inp, weight, mean, rstd,
-                                                                              N, C);
-  check_launch();
   // dweight and dbias: sums over the N rows, in two deterministic stages (see the kernels).
   const RowChunks plan = plan_row_chunks(N);
   float* partials = static_cast<float*>(g_partials.get(2 * size_t(plan.chunks) * C * sizeof(float)));
   float* dweight_partials = partials;
   float* dbias_partials = partials + size_t(plan.chunks) * C;
-  const dim3 grid(unsigned(ceil_div(C, kBlock)), unsigned(plan.chunks));
-  layernorm_param_partials_kernel<<<grid, kBlock, 0, stream()>>>(dweight_partials, dbias_partials, dout, inp, mean,
-                                                                 rstd, N, C, plan.rows_per_chunk);
-  check_launch();
-  const unsigned columns = unsigned(ceil_div(C, kBlock));
-  add_column_partials_kernel<<<columns, kBlock, 0, stream()>>>(dweight, dweight_partials, plan.chunks, C);
-  check_launch();
-  add_column_partials_kernel<<<columns, kBlock, 0, stream()>>>(dbias, dbias_partials, plan.chunks, C);
-  check_launch();
+  with_type(dt, [&](auto tag) {
+    using Elem = typename decltype(tag)::type;
+    const Elem* dout_ = static_cast<const Elem*>(dout);
+    const Elem* inp_ = static_cast<const Elem*>(inp);
+    layernorm_backward_input_kernel<Elem><<<grid_for_rows(N), kBlock, 0, stream()>>>(
+        static_cast<Elem*>(dinp), dout_, inp_, static_cast<const Elem*>(weight), mean, rstd, N, C);
+    check_launch();
+    const dim3 grid(unsigned(ceil_div(C, kBlock)), unsigned(plan.chunks));
+    layernorm_param_partials_kernel<Elem><<<grid, kBlock, 0, stream()>>>(dweight_partials, dbias_partials, dout_,
+                                                                         inp_, mean, rstd, N, C,
+                                                                         plan.rows_per_chunk);
+    check_launch();
+    const unsigned columns = grid_for_rows(C);  // a warp per column
+    add_column_partials_kernel<Elem><<<columns, kBlock, 0, stream()>>>(static_cast<Elem*>(dweight),
+                                                                       dweight_partials, plan.chunks, C);
+    check_launch();
+    add_column_partials_kernel<Elem><<<columns, kBlock, 0, stream()>>>(static_cast<Elem*>(dbias), dbias_partials,
+                                                                       plan.chunks, C);
+    check_launch();
+  });
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -574,43 +994,58 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
 // calls below as "this operand is used as stored (N) or transposed (T) in that column-major view".
 //
 //   forward   out(N,OC) = inp(N,C) @ weight(OC,C)^T   ->  out^T(OC,N) = weight @ inp^T
-//             = cublasSgemm(T, N, m=OC, n=N, k=C, weight (ld C), inp (ld C), out (ld OC))
+//             = gemm(T, N, m=OC, n=N, k=C, weight (ld C), inp (ld C), out (ld OC))
 //   backward  dinp(N,C) += dout(N,OC) @ weight(OC,C)  ->  dinp^T(C,N) = weight^T @ dout^T
-//             = cublasSgemm(N, N, m=C, n=N, k=OC, weight (ld C), dout (ld OC), dinp (ld C)), beta 1
+//             = gemm(N, N, m=C, n=N, k=OC, weight (ld C), dout (ld OC), dinp (ld C)), beta 1
 //             dweight(OC,C) += dout^T @ inp(N,C)      ->  dweight^T(C,OC) = inp^T @ dout
-//             = cublasSgemm(N, T, m=C, n=OC, k=N, inp (ld C), dout (ld OC), dweight (ld C)), beta 1
+//             = gemm(N, T, m=C, n=OC, k=N, inp (ld C), dout (ld OC), dweight (ld C)), beta 1
 // (In each, "weight" in column-major terms is the (C x OC) matrix weight^T, and so on.)
+//
+// The forward goes through cuBLASLt, whose epilogue adds the bias while the product is still in
+// fp32 registers: the bias costs no pass over out, and in bf16 out is rounded once, after the bias.
+// In out^T's column-major view the bias belongs to each row m (an output channel) of every column
+// n (a position), which is what CUBLASLT_EPILOGUE_BIAS broadcasts. The epilogue reads the bias with
+// vector loads, so a bias that is not 16-byte aligned (a view at an odd offset) takes the older way:
+// out starts as the bias in every row and the GEMM adds the product on top (beta = 1).
 
-void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int N, int C,
+void matmul_forward(DType dt, void* out, const void* inp, const void* weight, const void* bias, int N, int C,
                     int OC) {
   if (N == 0 || OC == 0) return;
-  const float one = 1.0f;
-  // As on the CPU: start from the bias and let the GEMM add the product (beta = 1). Without a bias,
-  // beta = 0 tells cuBLAS not to read `out` at all, so stale contents (even NaN) cannot leak in.
+  const bool bias_in_epilogue = bias != nullptr && alignment_of(bias) >= 16;
+  // Without a bias in out, beta = 0 tells cuBLAS not to read `out` at all, so stale contents (even
+  // NaN) cannot leak in.
   float beta = 0.0f;
-  if (bias) {
-    broadcast_bias_kernel<<<grid_for(size_t(N) * OC), kBlock, 0, stream()>>>(out, bias, N, OC);
+  if (bias != nullptr && !bias_in_epilogue) {
+    with_type(dt, [&](auto tag) {
+      using Elem = typename decltype(tag)::type;
+      broadcast_bias_kernel<Elem><<<grid_for(size_t(N) * OC), kBlock, 0, stream()>>>(
+          static_cast<Elem*>(out), static_cast<const Elem*>(bias), N, OC);
+    });
     check_launch();
     beta = 1.0f;
   }
-  CUBLAS_CHECK(cublasSgemm(cublas(), CUBLAS_OP_T, CUBLAS_OP_N, OC, N, C, &one, weight, C, inp, C, &beta, out, OC));
+  lt_matmul_tn(dt, OC, N, C, weight, inp, bias_in_epilogue ? bias : nullptr, beta, out);
 }
 
-void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                     const float* weight, int N, int C, int OC) {
+void matmul_backward(DType dt, void* dinp, void* dweight, void* dbias, const void* dout, const void* inp,
+                     const void* weight, int N, int C, int OC) {
   if (N == 0 || C == 0 || OC == 0) return;
-  const float one = 1.0f;  // alpha, and beta = 1 because backward accumulates
-  CUBLAS_CHECK(cublasSgemm(cublas(), CUBLAS_OP_N, CUBLAS_OP_N, C, N, OC, &one, weight, C, dout, OC, &one, dinp, C));
-  CUBLAS_CHECK(cublasSgemm(cublas(), CUBLAS_OP_N, CUBLAS_OP_T, C, OC, N, &one, inp, C, dout, OC, &one, dweight, C));
+  // alpha = 1, and beta = 1 because backward accumulates
+  gemm(dt, CUBLAS_OP_N, CUBLAS_OP_N, C, N, OC, 1.0f, weight, C, dout, OC, 1.0f, dinp, C);
+  gemm(dt, CUBLAS_OP_N, CUBLAS_OP_T, C, OC, N, 1.0f, inp, C, dout, OC, 1.0f, dweight, C);
   if (dbias) {
     const RowChunks plan = plan_row_chunks(N);
     float* partials = static_cast<float*>(g_partials.get(size_t(plan.chunks) * OC * sizeof(float)));
-    const dim3 grid(unsigned(ceil_div(OC, kBlock)), unsigned(plan.chunks));
-    column_sum_partials_kernel<<<grid, kBlock, 0, stream()>>>(partials, dout, N, OC, plan.rows_per_chunk);
-    check_launch();
-    add_column_partials_kernel<<<unsigned(ceil_div(OC, kBlock)), kBlock, 0, stream()>>>(dbias, partials,
-                                                                                        plan.chunks, OC);
-    check_launch();
+    with_type(dt, [&](auto tag) {
+      using Elem = typename decltype(tag)::type;
+      const dim3 grid(unsigned(ceil_div(OC, kBlock)), unsigned(plan.chunks));
+      column_sum_partials_kernel<Elem><<<grid, kBlock, 0, stream()>>>(partials, static_cast<const Elem*>(dout), N,
+                                                                      OC, plan.rows_per_chunk);
+      check_launch();
+      add_column_partials_kernel<Elem><<<grid_for_rows(OC), kBlock, 0, stream()>>>(
+          static_cast<Elem*>(dbias), partials, plan.chunks, OC);
+      check_launch();
+    });
   }
 }
 
@@ -623,165 +1058,243 @@ void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dou
 //   scores (T x T):   preatt/att + (b*NH + h)*T*T, row stride T
 //   out (T x hs):     out + b*T*C + h*hs, row stride C
 // Within one b, moving to the next head moves every operand by a fixed stride (hs for Q, K, V and
-// out; T*T for the scores), which is what cublasSgemmStridedBatched wants: one call covers the NH
+// out; T*T for the scores), which is what the strided-batched GEMM wants: one call covers the NH
 // heads of one sequence, a loop covers the B sequences. (llm.c instead first permutes qkv into
 // (B,NH,T,hs) so that one call covers everything; this avoids that copy and its buffer.)
 // The row-major/column-major translation is the one explained above matmul_forward:
 //   preatt = scale * Q @ K^T   has the form of matmul_forward's   out = inp @ weight^T
 //   out    = att @ V           ->  out^T(hs,T) = V^T @ att^T   (both operands as stored)
+// In bf16 the scores are stored in bf16 between the steps (each rounded once), as activations are.
 
-void attention_forward(float* out, float* preatt, float* att, const float* qkv, int B, int T, int C, int NH) {
+void attention_forward(DType dt, void* out, void* preatt, void* att, const void* qkv, int B, int T, int C, int NH) {
   if (B == 0 || T == 0) return;
   const int C3 = 3 * C, hs = C / NH;
   const long long TT = (long long)T * T;
-  const float scale = 1.0f / sqrtf(float(hs)), zero = 0.0f, one = 1.0f;
-  for (int b = 0; b < B; b++) {
-    const float* q = qkv + size_t(b) * T * C3;
-    const float* k = q + C;
-    CUBLAS_CHECK(cublasSgemmStridedBatched(cublas(), CUBLAS_OP_T, CUBLAS_OP_N, T, T, hs, &scale, k, C3, hs, q, C3,
-                                           hs, &zero, preatt + size_t(b) * NH * TT, T, TT, NH));
-  }
-  const int rows = B * NH * T;
-  causal_softmax_kernel<<<grid_for_rows(rows), kBlock, 0, stream()>>>(preatt, att, rows, T);
-  check_launch();
-  for (int b = 0; b < B; b++) {
-    const float* v = qkv + size_t(b) * T * C3 + 2 * C;
-    CUBLAS_CHECK(cublasSgemmStridedBatched(cublas(), CUBLAS_OP_N, CUBLAS_OP_N, hs, T, T, &one, v, C3, hs,
-                                           att + size_t(b) * NH * TT, T, TT, &zero, out + size_t(b) * T * C, C, hs,
-                                           NH));
-  }
+  const float scale = 1.0f / sqrtf(float(hs));
+  with_type(dt, [&](auto tag) {
+    using Elem = typename decltype(tag)::type;
+    const Elem* qkv_ = static_cast<const Elem*>(qkv);
+    Elem* preatt_ = static_cast<Elem*>(preatt);
+    Elem* att_ = static_cast<Elem*>(att);
+    for (int b = 0; b < B; b++) {
+      const Elem* q = qkv_ + size_t(b) * T * C3;
+      const Elem* k = q + C;
+      gemm_batched(dt, CUBLAS_OP_T, CUBLAS_OP_N, T, T, hs, scale, k, C3, hs, q, C3, hs, 0.0f,
+                   preatt_ + size_t(b) * NH * TT, T, TT, NH);
+    }
+    const int rows = B * NH * T;
+    causal_softmax_kernel<Elem><<<grid_for_rows(rows), kBlock, 0, stream()>>>(preatt_, att_, rows, T);
+    check_launch();
+    for (int b = 0; b < B; b++) {
+      const Elem* v = qkv_ + size_t(b) * T * C3 + 2 * C;
+      gemm_batched(dt, CUBLAS_OP_N, CUBLAS_OP_N, hs, T, T, 1.0f, v, C3, hs, att_ + size_t(b) * NH * TT, T, TT, 0.0f,
+                   static_cast<Elem*>(out) + size_t(b) * T * C, C, hs, NH);
+    }
+  });
 }
 
-// Backward, per (b, h), in row-major terms (every product accumulates, beta = 1):
-//   datt    += dout @ V^T                (T x T)   form of matmul_forward
+// Backward, per (b, h), in row-major terms:
+//   datt     = dout @ V^T                (T x T)   form of matmul_forward; beta 0: overwritten
 //   dV      += att^T @ dout              (T x hs)  ->  dV^T = dout^T @ att, att used transposed
-//   dpreatt += softmax backward of datt  (kernel, causal part only)
+//   dpreatt  = softmax backward of datt  (kernel, causal part; zeros above the diagonal)
 //   dQ      += scale * dpreatt @ K       (T x hs)  ->  dQ^T = K^T @ dpreatt^T, as stored
 //   dK      += scale * dpreatt^T @ Q     (T x hs)  ->  dK^T = Q^T @ dpreatt, dpreatt transposed
 // The entries of att and dpreatt above the diagonal are 0, so the full T x T products add exactly
-// the causal sums of the CPU loops.
-void attention_backward(float* dqkv, float* dpreatt, float* datt, const float* dout, const float* qkv,
-                        const float* att, int B, int T, int C, int NH) {
+// the causal sums of the CPU loops. datt and dpreatt are written before they are read, so their
+// contents on entry do not matter (ops.h): the model need not zero them.
+void attention_backward(DType dt, void* dqkv, void* dpreatt, void* datt, const void* dout, const void* qkv,
+                        const void* att, int B, int T, int C, int NH) {
   if (B == 0 || T == 0) return;
   const int C3 = 3 * C, hs = C / NH;
   const long long TT = (long long)T * T;
-  const float scale = 1.0f / sqrtf(float(hs)), one = 1.0f;
-  for (int b = 0; b < B; b++) {
-    const float* v = qkv + size_t(b) * T * C3 + 2 * C;
-    float* dv = dqkv + size_t(b) * T * C3 + 2 * C;
-    const float* dout_b = dout + size_t(b) * T * C;
-    const float* att_b = att + size_t(b) * NH * TT;
-    CUBLAS_CHECK(cublasSgemmStridedBatched(cublas(), CUBLAS_OP_T, CUBLAS_OP_N, T, T, hs, &one, v, C3, hs, dout_b, C,
-                                           hs, &one, datt + size_t(b) * NH * TT, T, TT, NH));
-    CUBLAS_CHECK(cublasSgemmStridedBatched(cublas(), CUBLAS_OP_N, CUBLAS_OP_T, hs, T, T, &one, dout_b, C, hs, att_b,
-                                           T, TT, &one, dv, C3, hs, NH));
-  }
-  const int rows = B * NH * T;
-  causal_softmax_backward_kernel<<<grid_for_rows(rows), kBlock, 0, stream()>>>(dpreatt, datt, att, rows, T);
-  check_launch();
-  for (int b = 0; b < B; b++) {
-    const float* q = qkv + size_t(b) * T * C3;
-    const float* k = q + C;
-    float* dq = dqkv + size_t(b) * T * C3;
-    float* dk = dq + C;
-    const float* dpreatt_b = dpreatt + size_t(b) * NH * TT;
-    CUBLAS_CHECK(cublasSgemmStridedBatched(cublas(), CUBLAS_OP_N, CUBLAS_OP_N, hs, T, T, &scale, k, C3, hs,
-                                           dpreatt_b, T, TT, &one, dq, C3, hs, NH));
-    CUBLAS_CHECK(cublasSgemmStridedBatched(cublas(), CUBLAS_OP_N, CUBLAS_OP_T, hs, T, T, &scale, q, C3, hs,
-                                           dpreatt_b, T, TT, &one, dk, C3, hs, NH));
-  }
+  const float scale = 1.0f / sqrtf(float(hs));
+  with_type(dt, [&](auto tag) {
+    using Elem = typename decltype(tag)::type;
+    const Elem* qkv_ = static_cast<const Elem*>(qkv);
+    Elem* dqkv_ = static_cast<Elem*>(dqkv);
+    Elem* datt_ = static_cast<Elem*>(datt);
+    Elem* dpreatt_ = static_cast<Elem*>(dpreatt);
+    const Elem* att_ = static_cast<const Elem*>(att);
+    for (int b = 0; b < B; b++) {
+      const Elem* v = qkv_ + size_t(b) * T * C3 + 2 * C;
+      Elem* dv = dqkv_ + size_t(b) * T * C3 + 2 * C;
+      const Elem* dout_b = static_cast<const Elem*>(dout) + size_t(b) * T * C;
+      const Elem* att_b = att_ + size_t(b) * NH * TT;
+      gemm_batched(dt, CUBLAS_OP_T, CUBLAS_OP_N, T, T, hs, 1.0f, v, C3, hs, dout_b, C, hs, 0.0f,
+                   datt_ + size_t(b) * NH * TT, T, TT, NH);
+      gemm_batched(dt, CUBLAS_OP_N, CUBLAS_OP_T, hs, T, T, 1.0f, dout_b, C, hs, att_b, T, TT, 1.0f, dv, C3, hs, NH);
+    }
+    const int rows = B * NH * T;
+    causal_softmax_backward_kernel<Elem><<<grid_for_rows(rows), kBlock, 0, stream()>>>(dpreatt_, datt_, att_, rows,
+                                                                                       T);
+    check_launch();
+    for (int b = 0; b < B; b++) {
+      const Elem* q = qkv_ + size_t(b) * T * C3;
+      const Elem* k = q + C;
+      Elem* dq = dqkv_ + size_t(b) * T * C3;
+      Elem* dk = dq + C;
+      const Elem* dpreatt_b = dpreatt_ + size_t(b) * NH * TT;
+      gemm_batched(dt, CUBLAS_OP_N, CUBLAS_OP_N, hs, T, T, scale, k, C3, hs, dpreatt_b, T, TT, 1.0f, dq, C3, hs, NH);
+      gemm_batched(dt, CUBLAS_OP_N, CUBLAS_OP_T, hs, T, T, scale, q, C3, hs, dpreatt_b, T, TT, 1.0f, dk, C3, hs, NH);
+    }
+  });
 }
 
 // ------------------------------------------------------------------------------------------------
 // GELU and the residual connection
 
-void gelu_forward(float* out, const float* inp, size_t n) {
+void gelu_forward(DType dt, void* out, const void* inp, size_t n) {
   if (n == 0) return;
-  gelu_forward_kernel<<<grid_for(n), kBlock, 0, stream()>>>(out, inp, n);
+  if (vectorizable(dt, n, {out, inp})) {
+    gelu_forward_bf16x8_kernel<<<grid_for(n / 8), kBlock, 0, stream()>>>(static_cast<uint4*>(out),
+                                                                        static_cast<const uint4*>(inp), n / 8);
+    return check_launch();
+  }
+  with_type(dt, [&](auto tag) {
+    using Elem = typename decltype(tag)::type;
+    gelu_forward_kernel<Elem><<<grid_for(n), kBlock, 0, stream()>>>(static_cast<Elem*>(out),
+                                                                    static_cast<const Elem*>(inp), n);
+  });
   check_launch();
 }
 
-void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n) {
+void gelu_backward(DType dt, void* dinp, const void* inp, const void* dout, size_t n) {
   if (n == 0) return;
-  gelu_backward_kernel<<<grid_for(n), kBlock, 0, stream()>>>(dinp, inp, dout, n);
+  if (vectorizable(dt, n, {dinp, inp, dout})) {
+    gelu_backward_bf16x8_kernel<<<grid_for(n / 8), kBlock, 0, stream()>>>(
+        static_cast<uint4*>(dinp), static_cast<const uint4*>(inp), static_cast<const uint4*>(dout), n / 8);
+    return check_launch();
+  }
+  with_type(dt, [&](auto tag) {
+    using Elem = typename decltype(tag)::type;
+    gelu_backward_kernel<Elem><<<grid_for(n), kBlock, 0, stream()>>>(
+        static_cast<Elem*>(dinp), static_cast<const Elem*>(inp), static_cast<const Elem*>(dout), n);
+  });
   check_launch();
 }
 
-void residual_forward(float* out, const float* a, const float* b, size_t n) {
+void residual_forward(DType dt, void* out, const void* a, const void* b, size_t n) {
   if (n == 0) return;
-  residual_forward_kernel<<<grid_for(n), kBlock, 0, stream()>>>(out, a, b, n);
+  if (vectorizable(dt, n, {out, a, b})) {
+    residual_forward_bf16x8_kernel<<<grid_for(n / 8), kBlock, 0, stream()>>>(
+        static_cast<uint4*>(out), static_cast<const uint4*>(a), static_cast<const uint4*>(b), n / 8);
+    return check_launch();
+  }
+  with_type(dt, [&](auto tag) {
+    using Elem = typename decltype(tag)::type;
+    residual_forward_kernel<Elem><<<grid_for(n), kBlock, 0, stream()>>>(
+        static_cast<Elem*>(out), static_cast<const Elem*>(a), static_cast<const Elem*>(b), n);
+  });
   check_launch();
 }
 
-void residual_backward(float* da, float* db, const float* dout, size_t n) {
+void residual_backward(DType dt, void* da, void* db, const void* dout, size_t n) {
   if (n == 0) return;
-  residual_backward_kernel<<<grid_for(n), kBlock, 0, stream()>>>(da, db, dout, n);
+  with_type(dt, [&](auto tag) {
+    using Elem = typename decltype(tag)::type;
+    residual_backward_kernel<Elem><<<grid_for(n), kBlock, 0, stream()>>>(
+        static_cast<Elem*>(da), static_cast<Elem*>(db), static_cast<const Elem*>(dout), n);
+  });
   check_launch();
 }
 
 // ------------------------------------------------------------------------------------------------
 // softmax + cross-entropy
 
-void softmax_crossentropy_forward(float* losses, float* probs, const float* logits, const int* targets, int N,
-                                  int V) {
+void softmax_crossentropy_forward(DType dt, float* losses, void* probs, const void* logits, const int* targets,
+                                  int N, int V) {
   if (N == 0) return;
   const int* ids = device_ids(targets, size_t(N), V, "target");
-  softmax_crossentropy_forward_kernel<<<unsigned(N), kSoftmaxBlock, 0, stream()>>>(losses, probs, logits, ids, V);
+  with_type(dt, [&](auto tag) {
+    using Elem = typename decltype(tag)::type;
+    softmax_crossentropy_forward_kernel<Elem><<<unsigned(N), kSoftmaxBlock, 0, stream()>>>(
+        losses, static_cast<Elem*>(probs), static_cast<const Elem*>(logits), ids, V);
+  });
   check_launch();
 }
 
-void softmax_crossentropy_backward(float* dlogits, const float* probs, const int* targets, float dloss, int N,
-                                   int V) {
+void softmax_crossentropy_backward(DType dt, void* dlogits, const void* probs, const int* targets, float dloss,
+                                   int N, int V) {
   if (size_t(N) * V == 0) return;
   const int* ids = device_ids(targets, size_t(N), V, "target");
-  softmax_crossentropy_backward_kernel<<<grid_for(size_t(N) * V), kBlock, 0, stream()>>>(dlogits, probs, ids, dloss,
-                                                                                         N, V);
+  with_type(dt, [&](auto tag) {
+    using Elem = typename decltype(tag)::type;
+    softmax_crossentropy_backward_kernel<Elem><<<unsigned(N), kBlock, 0, stream()>>>(
+        static_cast<Elem*>(dlogits), static_cast<const Elem*>(probs), ids, dloss, V);
+  });
   check_launch();
 }
 
 // ------------------------------------------------------------------------------------------------
 // helpers for the trainers
 
-void fill_zero(float* x, size_t n) {
+void fill_zero(DType dt, void* x, size_t n) {
   if (n == 0) return;
-  CUDA_CHECK(cudaMemsetAsync(x, 0, n * sizeof(float), stream()));  // all-zero bytes are 0.0f
+  // all-zero bytes are 0.0 in fp32 and in bf16 alike
+  CUDA_CHECK(cudaMemsetAsync(x, 0, n * dtype_size(dt), stream()));
 }
 
-void copy_tensor(float* dst, const float* src, size_t n) {
+void copy_tensor(DType dt, void* dst, const void* src, size_t n) {
   if (n == 0 || dst == src) return;
-  CUDA_CHECK(cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyDeviceToDevice, stream()));
+  CUDA_CHECK(cudaMemcpyAsync(dst, src, n * dtype_size(dt), cudaMemcpyDeviceToDevice, stream()));
 }
 
-void add_inplace(float* dst, const float* src, size_t n) {
+void add_inplace(DType dt, void* dst, const void* src, size_t n) {
   if (n == 0) return;
-  add_inplace_kernel<<<grid_for(n), kBlock, 0, stream()>>>(dst, src, n);
+  with_type(dt, [&](auto tag) {
+    using Elem = typename decltype(tag)::type;
+    add_inplace_kernel<Elem><<<grid_for(n), kBlock, 0, stream()>>>(static_cast<Elem*>(dst),
+                                                                   static_cast<const Elem*>(src), n);
+  });
   check_launch();
 }
 
-void scale_inplace(float* x, float factor, size_t n) {
+void scale_inplace(DType dt, void* x, float factor, size_t n) {
   if (n == 0) return;
-  scale_inplace_kernel<<<grid_for(n), kBlock, 0, stream()>>>(x, factor, n);
+  with_type(dt, [&](auto tag) {
+    using Elem = typename decltype(tag)::type;
+    scale_inplace_kernel<Elem><<<grid_for(n), kBlock, 0, stream()>>>(static_cast<Elem*>(x), factor, n);
+  });
   check_launch();
 }
 
-double sum_of_squares(const float* x, size_t n) { return sum_on_device(x, n, /*squares=*/true); }
+void convert(DType dst_dt, void* dst, DType src_dt, const void* src, size_t n) {
+  if (n == 0) return;
+  if (dst_dt == src_dt) return copy_tensor(dst_dt, dst, src, n);
+  with_type(dst_dt, [&](auto dst_tag) {
+    with_type(src_dt, [&](auto src_tag) {
+      using Dst = typename decltype(dst_tag)::type;
+      using Src = typename decltype(src_tag)::type;
+      convert_kernel<Dst, Src><<<grid_for(n), kBlock, 0, stream()>>>(static_cast<Dst*>(dst),
+                                                                     static_cast<const Src*>(src), n);
+    });
+  });
+  check_launch();
+}
 
-double mean_of(const float* x, size_t n) {
+double sum_of_squares(DType dt, const void* x, size_t n) { return sum_on_device(dt, x, n, /*squares=*/true); }
+
+double mean_of(DType dt, const void* x, size_t n) {
   ENSURE(n > 0, "mean of an empty tensor");
-  return sum_on_device(x, n, /*squares=*/false) / double(n);
+  return sum_on_device(dt, x, n, /*squares=*/false) / double(n);
 }
 
 // ------------------------------------------------------------------------------------------------
 // AdamW
 
-void adamw_update(float* param, const float* grad, float* m, float* v, size_t n, int step, float lr,
-                  float beta1, float beta2, float eps, float weight_decay, float grad_scale) {
+void adamw_update(DType dt, void* param, float* master, const void* grad, float* m, float* v, size_t n, int step,
+                  float lr, float beta1, float beta2, float eps, float weight_decay, float grad_scale) {
   ENSURE(step >= 1, "adamw step counts from 1");
   if (n == 0) return;
   const float bias_correction1 = 1.0f - std::pow(beta1, float(step));
   const float bias_correction2 = 1.0f - std::pow(beta2, float(step));
-  adamw_kernel<<<grid_for(n), kBlock, 0, stream()>>>(param, grad, m, v, n, lr, beta1, beta2, bias_correction1,
-                                                     bias_correction2, eps, weight_decay, grad_scale);
+  with_type(dt, [&](auto tag) {
+    using Elem = typename decltype(tag)::type;
+    adamw_kernel<Elem><<<grid_for(n), kBlock, 0, stream()>>>(static_cast<Elem*>(param), master,
+                                                             static_cast<const Elem*>(grad), m, v, n, lr, beta1, beta2,
+                                                             bias_correction1, bias_correction2, eps, weight_decay,
+                                                             grad_scale);
+  });
   check_launch();
 }
 

@@ -1,7 +1,13 @@
-// ops_cuda.h: the CUDA implementation of every op in ops.h (fp32), defined in ops_cuda.cu.
-// Defines namespace cuda with one function per op, taking exactly the raw-pointer arguments of the
-// cpu:: functions in ops_cpu.h (ops.cpp calls one or the other by the tensors' device), plus the
-// compute stream every op runs on. Shapes and the accumulate-into-gradients convention: see ops.h.
+// ops_cuda.h: the CUDA implementation of every op in ops.h, defined in ops_cuda.cu, in fp32 and in
+// bf16 mixed precision. Defines namespace cuda with one function per op, plus the compute stream
+// every op runs on. Shapes and the accumulate-into-gradients convention: see ops.h.
+//
+// dtype. Every function takes the dtype `dt` (DType::F32 or DType::BF16) of its "model" tensors:
+// activations, parameters and their gradients, passed as void*. A few tensors are always fp32,
+// whatever dt is, and are typed float*: layernorm's mean and rstd, the losses, and AdamW's m, v and
+// master weights. In bf16, every kernel reads bf16, computes and accumulates in fp32 (sums, softmax,
+// layernorm statistics, GEMMs through cuBLAS with CUBLAS_COMPUTE_32F) and rounds once when it
+// stores. An accumulating backward (+=) reads the bf16 value, adds in fp32 and rounds.
 //
 // Pointers are device memory, with one convenience: `tokens` and `targets` may be host or device
 // memory. Host ids are checked against V on the host (as the CPU ops do) and copied to the GPU first;
@@ -18,6 +24,8 @@
 
 #include <cstddef>
 
+#include "tensor.h"  // DType
+
 namespace cuda {
 
 // The compute stream. Created with default flags, so it also orders itself with the legacy default
@@ -27,49 +35,65 @@ cudaStream_t stream();
 void synchronize();
 
 // out(B,T,C) = wte(V,C)[tokens[b,t]] + wpe(maxT,C)[t]
-void encoder_forward(float* out, const int* tokens, const float* wte, const float* wpe, int B, int T, int C,
+void encoder_forward(DType dt, void* out, const int* tokens, const void* wte, const void* wpe, int B, int T, int C,
                      int V);
-void encoder_backward(float* dwte, float* dwpe, const float* dout, const int* tokens, int B, int T, int C,
+void encoder_backward(DType dt, void* dwte, void* dwpe, const void* dout, const int* tokens, int B, int T, int C,
                       int V);
 
-// N rows of C channels; mean(N) and rstd(N) are saved by the forward for the backward.
-void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
-                       const float* bias, int N, int C);
-void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                        const float* weight, const float* mean, const float* rstd, int N, int C);
+// N rows of C channels; mean(N) and rstd(N) (fp32) are saved by the forward for the backward.
+void layernorm_forward(DType dt, void* out, float* mean, float* rstd, const void* inp, const void* weight,
+                       const void* bias, int N, int C);
+void layernorm_backward(DType dt, void* dinp, void* dweight, void* dbias, const void* dout, const void* inp,
+                        const void* weight, const float* mean, const float* rstd, int N, int C);
 
 // out(N,OC) = inp(N,C) @ weight(OC,C)^T + bias(OC); bias and dbias may be nullptr.
-void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int N, int C,
+void matmul_forward(DType dt, void* out, const void* inp, const void* weight, const void* bias, int N, int C,
                     int OC);
-void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                     const float* weight, int N, int C, int OC);
+void matmul_backward(DType dt, void* dinp, void* dweight, void* dbias, const void* dout, const void* inp,
+                     const void* weight, int N, int C, int OC);
 
-// qkv(B,T,3C), out(B,T,C), preatt/att and their gradients (B,NH,T,T).
-void attention_forward(float* out, float* preatt, float* att, const float* qkv, int B, int T, int C, int NH);
-void attention_backward(float* dqkv, float* dpreatt, float* datt, const float* dout, const float* qkv,
-                        const float* att, int B, int T, int C, int NH);
+// qkv(B,T,3C), out(B,T,C), preatt/att and the scratch dpreatt/datt (B,NH,T,T).
+void attention_forward(DType dt, void* out, void* preatt, void* att, const void* qkv, int B, int T, int C, int NH);
+// dqkv += gradient; dpreatt and datt are scratch, overwritten (their contents on entry do not matter).
+void attention_backward(DType dt, void* dqkv, void* dpreatt, void* datt, const void* dout, const void* qkv,
+                        const void* att, int B, int T, int C, int NH);
 
-void gelu_forward(float* out, const float* inp, size_t n);
-void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n);
+// FlashAttention (attention_flash.cu): the same attention without the (B,NH,T,T) matrices, for bf16
+// with head size C/NH in {16, 32, 64, 128} (flash_attention_supported). The forward saves
+// lse(B,NH,T) (fp32: the log of each row's softmax denominator, plus its maximum); the backward
+// recomputes the probabilities from it and from q and k, and adds into dqkv.
+bool flash_attention_supported(DType dt, int C, int NH);
+void attention_forward_flash(void* out, float* lse, const void* qkv, int B, int T, int C, int NH);
+void attention_backward_flash(void* dqkv, const void* dout, const void* qkv, const void* out, const float* lse, int B,
+                              int T, int C, int NH);
 
-void residual_forward(float* out, const float* a, const float* b, size_t n);
-void residual_backward(float* da, float* db, const float* dout, size_t n);
+void gelu_forward(DType dt, void* out, const void* inp, size_t n);
+void gelu_backward(DType dt, void* dinp, const void* inp, const void* dout, size_t n);
 
-// N rows of V logits, one target per row.
-void softmax_crossentropy_forward(float* losses, float* probs, const float* logits, const int* targets, int N,
-                                  int V);
-void softmax_crossentropy_backward(float* dlogits, const float* probs, const int* targets, float dloss, int N,
-                                   int V);
+void residual_forward(DType dt, void* out, const void* a, const void* b, size_t n);
+void residual_backward(DType dt, void* da, void* db, const void* dout, size_t n);
 
-void fill_zero(float* x, size_t n);
-void copy_tensor(float* dst, const float* src, size_t n);
-void add_inplace(float* dst, const float* src, size_t n);
-void scale_inplace(float* x, float factor, size_t n);
+// N rows of V logits, one target per row; losses(N) are fp32.
+void softmax_crossentropy_forward(DType dt, float* losses, void* probs, const void* logits, const int* targets,
+                                  int N, int V);
+// dlogits = (probs - onehot) * dloss: overwritten, not accumulated (see ops.h).
+void softmax_crossentropy_backward(DType dt, void* dlogits, const void* probs, const int* targets, float dloss,
+                                   int N, int V);
+
+void fill_zero(DType dt, void* x, size_t n);
+void copy_tensor(DType dt, void* dst, const void* src, size_t n);
+void add_inplace(DType dt, void* dst, const void* src, size_t n);
+void scale_inplace(DType dt, void* x, float factor, size_t n);
+// dst(dst_dt) = src(src_dt), element by element, rounding to nearest-even into bf16.
+void convert(DType dst_dt, void* dst, DType src_dt, const void* src, size_t n);
 // fp32 partial sums on the GPU (one per thread, then per block), added up in double on the host.
-double sum_of_squares(const float* x, size_t n);
-double mean_of(const float* x, size_t n);
+double sum_of_squares(DType dt, const void* x, size_t n);
+double mean_of(DType dt, const void* x, size_t n);
 
-void adamw_update(float* param, const float* grad, float* m, float* v, size_t n, int step, float lr,
-                  float beta1, float beta2, float eps, float weight_decay, float grad_scale);
+// AdamW on n elements. fp32 (master == nullptr): param is fp32 and is the weight updated. Mixed
+// precision (master != nullptr): the fp32 master weights are updated and param (bf16) receives them
+// rounded. grad has dtype dt, like param; m, v (and master) are fp32.
+void adamw_update(DType dt, void* param, float* master, const void* grad, float* m, float* v, size_t n, int step,
+                  float lr, float beta1, float beta2, float eps, float weight_decay, float grad_scale);
 
 }  // namespace cuda

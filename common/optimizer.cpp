@@ -11,10 +11,14 @@ namespace {
 constexpr float kBeta1 = 0.9f, kBeta2 = 0.95f, kEps = 1e-8f;  // GPT-2/3 practice
 }
 
-AdamW::AdamW(const ParamLayout& layout, int64_t begin, int64_t end, float weight_decay, Device device)
+AdamW::AdamW(const ParamLayout& layout, int64_t begin, int64_t end, float weight_decay, Device device,
+             DType param_dtype)
     : layout_(layout), begin_(begin), end_(end), weight_decay_(weight_decay),
+      mixed_precision_(param_dtype != DType::F32),
       m_(end - begin, MemCategory::OptState, device),
-      v_(end - begin, MemCategory::OptState, device) {}
+      v_(end - begin, MemCategory::OptState, device) {
+  if (mixed_precision_) master_ = Buffer(end - begin, MemCategory::OptState, device);
+}
 
 void AdamW::update(Tensor params, Tensor grads, int step, float lr, float grad_scale) {
   TraceScope span("optimizer");
@@ -25,8 +29,10 @@ void AdamW::update(Tensor params, Tensor grads, int step, float lr, float grad_s
     int64_t lo = std::max(p.offset, begin_), hi = std::min(p.offset + p.size, end_);
     if (lo >= hi) continue;
     int64_t at = lo - begin_, n = hi - lo;
-    adamw_update(params.slice1d(at, n), grads.slice1d(at, n), m_.view().slice1d(at, n), v_.view().slice1d(at, n),
-                 step, lr, kBeta1, kBeta2, kEps, p.weight_decay ? weight_decay_ : 0.0f, grad_scale);
+    const Tensor master = mixed_precision_ ? master_.view().slice1d(at, n) : Tensor();
+    adamw_update(params.slice1d(at, n), master, grads.slice1d(at, n), m_.view().slice1d(at, n),
+                 v_.view().slice1d(at, n), step, lr, kBeta1, kBeta2, kEps, p.weight_decay ? weight_decay_ : 0.0f,
+                 grad_scale);
   }
 }
 

@@ -38,7 +38,7 @@ int64_t training_wire_bytes(const CommStats& s) {
 }  // namespace
 
 TrainingRun::TrainingRun(Communicator& comm, const TrainConfig& cfg, Strategy strategy)
-    : comm_(comm), cfg_(cfg), strategy_(strategy), device_(comm.device()) {
+    : comm_(comm), cfg_(cfg), strategy_(strategy), device_(comm.device()), dtype_(pick_dtype(cfg.dtype, device_)) {
   const int N = comm.size();
   // Every check below sees the same flags on every rank, so config_error() is collective-safe.
   if (!find_preset(cfg.preset, &model_))
@@ -53,6 +53,8 @@ TrainingRun::TrainingRun(Communicator& comm, const TrainConfig& cfg, Strategy st
                  "; try --batch " + std::to_string(suggestion));
   }
   if (model_.C % model_.NH != 0) config_error("the model's C must divide by NH");
+  model_.flash_attention = cfg.attention == "flash";
+  const bool flash = model_.flash_attention && flash_attention_available(dtype_, device_, model_.C, model_.NH);
   micro_B_ = batch_ / per_step;
   layout_ = build_gpt2_layout(model_, N);
 
@@ -63,7 +65,7 @@ TrainingRun::TrainingRun(Communicator& comm, const TrainConfig& cfg, Strategy st
   targets_.resize(size_t(micro_B_) * model_.T);
   if (device_ != Device::CPU)
     device_tokens_ = Buffer(2 * int64_t(micro_B_) * model_.T, MemCategory::Activations, DType::I32, device_);
-  device_info_ = describe_device(device_, DType::F32);
+  device_info_ = describe_device(device_, dtype_);
 
   comm.set_link_model({cfg.link_gbps, cfg.link_latency_us});
   enable_tracing(!cfg.trace.empty());
@@ -75,7 +77,9 @@ TrainingRun::TrainingRun(Communicator& comm, const TrainConfig& cfg, Strategy st
                 (long long)layout_.num_params);
     std::printf("global batch %d x %d tokens | %d per rank in %d micro-batch%s of %d | data: %s\n", batch_, model_.T,
                 batch_ / N, cfg.grad_accum, cfg.grad_accum > 1 ? "es" : "", micro_B_, data_.description().c_str());
-    std::printf("device %s | communicator %s\n", device_info_.name.c_str(), comm.name().c_str());
+    std::printf("device %s | communicator %s | %s | attention %s\n", device_info_.name.c_str(), comm.name().c_str(),
+                dtype_ == DType::BF16 ? "bf16 mixed precision (fp32 master weights and AdamW state)" : "fp32",
+                flash ? "flash" : "materialized (B,NH,T,T)");
     if (cfg.link_gbps > 0)
       std::printf("emulated link: %.3g Gbit/s, %.3g us latency (alpha-beta ring model, see README)\n", cfg.link_gbps,
                   cfg.link_latency_us);
@@ -96,6 +100,8 @@ TrainingRun::TrainingRun(Communicator& comm, const TrainConfig& cfg, Strategy st
                     .add("seed", int64_t(cfg.seed))
                     .add("data", data_.description())
                     .add("device", device_info_.name)
+                    .add("dtype", dtype_name(dtype_))
+                    .add("attention", flash ? "flash" : "materialized")
                     .add("communicator", comm.name())
                     .add("link_gbps", cfg.link_gbps)
                     .add("link_latency_us", cfg.link_latency_us));
@@ -143,6 +149,14 @@ Buffer gather_full(Communicator& comm, const ParamLayout& layout, Tensor piece, 
   return full;
 }
 
+// dst (on any device, fp32 or bf16) = host_f32, rounded to dst's dtype on the host first.
+void upload_converted(Tensor dst, Tensor host_f32) {
+  if (dst.dtype == host_f32.dtype) return transfer(dst, host_f32);
+  Buffer converted(host_f32.numel(), MemCategory::Other, dst.dtype, Device::CPU);
+  convert_tensor(converted.view(), host_f32);
+  transfer(dst, converted.view());
+}
+
 }  // namespace
 
 int TrainingRun::init_or_resume(Tensor params, int64_t params_begin, AdamW& optimizer) {
@@ -161,7 +175,11 @@ int TrainingRun::init_or_resume(Tensor params, int64_t params_begin, AdamW& opti
       config_error("checkpoint '" + cfg_.resume + "' is at step " + std::to_string(step) + ", past --steps " +
                    std::to_string(cfg_.steps));
   }
-  transfer(params, full_params.view().slice1d(params_begin, params.numel()));
+  if (optimizer.mixed_precision()) {
+    const int64_t n = optimizer.end() - optimizer.begin();
+    transfer(optimizer.master(), full_params.view().slice1d(optimizer.begin(), n));
+  }
+  upload_converted(params, full_params.view().slice1d(params_begin, params.numel()));
   return int(step);
 }
 
@@ -171,7 +189,9 @@ bool TrainingRun::checkpoint_due(int step) const {
 }
 
 void TrainingRun::save_checkpoint(int next_step, Tensor params, int64_t params_begin, AdamW& optimizer) {
-  Buffer full_params = gather_full(comm_, layout_, params, params_begin);
+  // Under mixed precision the weights are the fp32 master copy, which covers the optimizer's range.
+  Buffer full_params = optimizer.mixed_precision() ? gather_full(comm_, layout_, optimizer.master(), optimizer.begin())
+                                                   : gather_full(comm_, layout_, params, params_begin);
   Buffer full_m = gather_full(comm_, layout_, optimizer.m(), optimizer.begin());
   Buffer full_v = gather_full(comm_, layout_, optimizer.v(), optimizer.begin());
   CheckpointData data;
@@ -245,9 +265,9 @@ void TrainingRun::end_step(int step, float local_loss, double grad_norm) {
 
 void TrainingRun::report_vs_theory(const CommStats& step_comm) {
   reported_theory_ = true;
-  const Prediction p = predict(strategy_, layout_, cfg_.grad_accum);
+  const Prediction p = predict(strategy_, layout_, cfg_.grad_accum, dtype_);
   const MemoryStats& mem = memory_stats();
-  const double padding = 4.0 * double(layout_.padded_size - layout_.num_params);
+  const double padding = double(dtype_size(dtype_)) * double(layout_.padded_size - layout_.num_params);
   auto row = [](const char* what, double measured, double theory) {
     std::printf("  %-22s %12s %12s\n", what, format_bytes(measured).c_str(), format_bytes(theory).c_str());
   };

@@ -1,5 +1,6 @@
 // training_run.h: the mechanics every chapter shares, so a chapter's own file holds only its idea.
-// Defines TrainingRun: flag validation against the model and rank count, the model configuration
+// Defines TrainingRun: flag validation against the model and rank count, the dtype (--dtype: fp32,
+// or bf16 mixed precision on a GPU), the model configuration
 // and flat layout, this rank's micro-batches (on the run's device), the learning rate, initial
 // weights or a resumed checkpoint, per-step metrics (step line, JSON lines, memory and
 // communication next to theory, MFU on GPUs), periodic checkpoints and the trace.
@@ -39,6 +40,9 @@ class TrainingRun {
   int global_batch() const { return batch_; }
   int micro_batch_size() const { return micro_B_; }  // B / (ranks x grad_accum)
   Device device() const { return device_; }
+  // What parameters, gradients and activations are kept in: fp32, or bf16 (mixed precision: the
+  // optimizer then keeps fp32 master weights, see optimizer.h).
+  DType dtype() const { return dtype_; }
 
   // This rank's micro-batch `micro` (0..grad_accum-1) of global step `step` (data.h's order).
   MicroBatch micro_batch(int step, int micro);
@@ -46,8 +50,9 @@ class TrainingRun {
 
   // Either GPT-2 initial weights (returns step 0) or the --resume checkpoint (returns its step).
   // `params` holds flat elements [params_begin, params_begin + params.numel()): all of them, or this
-  // rank's shard (ZeRO-3). The optimizer's m and v are filled from the checkpoint for its range.
-  // Weights are made (or read) on the host, then transferred to the device.
+  // rank's shard (ZeRO-3). The optimizer's m and v (and master weights) are filled for its range.
+  // Weights are made (or read) in fp32 on the host, then transferred to the device (bf16 parameters
+  // receive them rounded; the master weights keep them exact).
   int init_or_resume(Tensor params, int64_t params_begin, AdamW& optimizer);
   int init_or_resume(const Buffer& full_params, AdamW& optimizer) {
     return init_or_resume(full_params.view(), 0, optimizer);
@@ -55,7 +60,8 @@ class TrainingRun {
   // True when a checkpoint is due after step `step` (--save-every, or the last step with --save).
   bool checkpoint_due(int step) const;
   // Collective: writes full tensors whatever is sharded (shards are gathered first), so the file
-  // never depends on the rank count. "{step}" in --save is replaced by next_step.
+  // never depends on the rank count, and fp32 weights (the master weights under mixed precision),
+  // so it never depends on the dtype either. "{step}" in --save is replaced by next_step.
   void save_checkpoint(int next_step, Tensor params, int64_t params_begin, AdamW& optimizer);
   void save_checkpoint(int next_step, const Buffer& full_params, AdamW& optimizer) {
     save_checkpoint(next_step, full_params.view(), 0, optimizer);
@@ -79,7 +85,8 @@ class TrainingRun {
   TrainConfig cfg_;
   Strategy strategy_;
   Device device_;
-  DeviceInfo device_info_;  // its name and peak FLOP/s (fp32), for the header and MFU
+  DType dtype_;
+  DeviceInfo device_info_;  // its name and peak FLOP/s for dtype_, for the header and MFU
   GPT2Config model_;
   ParamLayout layout_;
   TokenData data_;

@@ -17,6 +17,7 @@
 #include <utility>
 #include <vector>
 
+#include "bf16.h"
 #include "comm.h"
 #include "mpi_test_env.h"
 #include "trace.h"
@@ -174,6 +175,49 @@ TEST_F(CommTest, ReduceScatterSumAvgIsExact) {
         return op == ReduceOp::Sum ? sum : sum * (1.0f / float(N));
       }));
     }
+}
+
+// bf16 (mixed precision's host-staged gradients and parameters): 16-bit words on the wire, reduced
+// in fp32 and rounded by the communicator's own MPI ops. Small integers are exact in bf16 (8
+// significant bits hold every integer up to 256), so exact comparison still applies.
+std::vector<bf16_bits> bf16_vector(size_t n, const std::function<float(int64_t)>& value) {
+  std::vector<bf16_bits> v(n);
+  for (size_t i = 0; i < n; i++) v[i] = float_to_bf16(value(int64_t(i)));
+  return v;
+}
+Tensor bf16_view(std::vector<bf16_bits>& v) { return make_view(v.data(), {int64_t(v.size())}, DType::BF16); }
+testing::AssertionResult bf16_exactly(const std::vector<bf16_bits>& got, const std::function<float(int64_t)>& expected) {
+  std::vector<float> widened(got.size());
+  for (size_t i = 0; i < got.size(); i++) widened[i] = bf16_to_float(got[i]);
+  return exactly(widened, [&](int64_t i) { return round_to_bf16(expected(i)); });
+}
+
+TEST_F(CommTest, Bf16AllReduceIsExactAndMovesTwoBytesPerElement) {
+  const int n = 1000;
+  auto value = [&](int64_t i) { return float((rank + 1) * (i % 16 + 1)); };
+  for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max}) {
+    std::vector<bf16_bits> x = bf16_vector(n, value);
+    const CommStats before = comm.stats();
+    comm.all_reduce(bf16_view(x), op);
+    EXPECT_EQ(delta(comm.stats(), before, CollectiveKind::AllReduce).payload_bytes, 2 * n);
+    EXPECT_TRUE(bf16_exactly(x, [&](int64_t i) {
+      const float unit = float(i % 16 + 1);
+      if (op == ReduceOp::Max) return float(N) * unit;
+      return op == ReduceOp::Sum ? S1 * unit : S1 * unit * (1.0f / float(N));
+    }));
+  }
+}
+
+TEST_F(CommTest, Bf16ReduceScatterVAndAllGatherVAreExact) {
+  const std::vector<int64_t> counts = uneven_counts(N, 7);
+  const int64_t mine = counts[rank], offset = offset_of(counts, rank), total = total_of(counts);
+  std::vector<bf16_bits> in = bf16_vector(total, [&](int64_t j) { return float((rank + 1) * (j % 16 + 1)); });
+  std::vector<bf16_bits> piece(mine);
+  comm.reduce_scatter_v(bf16_view(in), mine > 0 ? bf16_view(piece) : Tensor(), counts, ReduceOp::Avg);
+  EXPECT_TRUE(bf16_exactly(piece, [&](int64_t i) { return S1 * float((offset + i) % 16 + 1) * (1.0f / float(N)); }));
+  std::vector<bf16_bits> gathered(total);
+  comm.all_gather_v(mine > 0 ? bf16_view(piece) : Tensor(), bf16_view(gathered), counts);
+  EXPECT_TRUE(bf16_exactly(gathered, [&](int64_t j) { return S1 * float(j % 16 + 1) * (1.0f / float(N)); }));
 }
 
 TEST_F(CommTest, AllGatherIsExact) {

@@ -1,18 +1,26 @@
-// test_cuda_ops.cpp: every CUDA op against the CPU op, through the public calls of ops.h. The same
-// inputs go into CPU tensors and into CUDA tensors (allocated by device_alloc, so the counting
-// allocator's CUDA path is tested too); both ops run; the results are compared with allclose. The CPU
-// ops are themselves checked against float64 references (test_ops.cpp), so agreement here means the
-// CUDA ops are right. Backward tests start from nonzero gradients: the ops must accumulate.
+// test_cuda_ops.cpp: every CUDA op against the CPU op, through the public calls of ops.h, in fp32 and
+// in bf16. The same inputs go into CPU tensors and into CUDA tensors (allocated by device_alloc, so
+// the counting allocator's CUDA path is tested too); both ops run; the results are compared with
+// allclose. The CPU ops are themselves checked against float64 references (test_ops.cpp), so
+// agreement here means the CUDA ops are right. Backward tests start from nonzero gradients: the ops
+// must accumulate. Outputs an op overwrites (attention's dpreatt and datt, the cross-entropy's dlogits,
+// a matmul without bias) start as NaN: a value read before it is written shows up as NaN.
 // Sizes are odd and cross the kernels' boundaries: T = 37 rows of scores (more than a warp's 32
 // lanes), C = 130 channels, V = 1000 logits (more than the 512 threads of a softmax block). Then the
 // same ops at GPT-2 small's shapes (T = 1024, C = 768, NH = 12, V = 50304), where every loop goes
 // around many times, and the link delay of the NCCL communicator (link_delay.h).
 //
-// Without a GPU, or in a build without CUDA, every test is skipped: "no CUDA device: <why>".
+// bf16: the inputs are rounded to bf16 on the host (bf16.h) and uploaded as BF16 tensors; the CPU op
+// runs in fp32 on exactly those rounded values. So the two sides differ only by what the CUDA op
+// rounds to bf16 on its way (its outputs, and in attention its intermediate scores).
 //
-// Tolerances (|cuda - cpu| <= atol + rtol * |cpu|). Both sides compute in fp32; they differ only in
-// rounding: other summation orders, fused multiply-adds (nvcc contracts a*b + c, g++ -std=c++17 does
-// not), and the GPU's expf/tanhf against glibc's.
+// Without a GPU, or in a build without CUDA, every test is skipped: "no CUDA device: <why>" (except
+// convert_tensor's CPU path, which runs everywhere).
+//
+// Tolerances: |cuda - cpu| <= atol + atol_of_max * max|cpu| + rtol * |cpu|.
+// fp32: both sides compute in fp32; they differ only in rounding: other summation orders, fused
+// multiply-adds (nvcc contracts a*b + c, g++ -std=c++17 does not), and the GPU's expf/tanhf against
+// glibc's.
 //   exact (0, 0):        one rounding per element in the same order on both sides: encoder forward and
 //                        backward (the backward adds in the CPU's order), residual, copy, add, scale
 //   kElementwise:        a few roundings and a library function per element (GELU, AdamW, softmax
@@ -21,13 +29,25 @@
 //                        atol 1e-5, rtol 1e-4
 //   kLongSum:            sums over all rows (parameter gradients) or 2^20 elements: atol 1e-4, rtol 1e-4
 //                        (sum_of_squares and mean_of: relative 1e-5, fp32 partial sums vs double)
+// bf16 keeps 8 significant bits: one rounding to nearest moves a value by at most 2^-8 = 3.9e-3 of it.
+//   exact after rounding: where the fp32 arithmetic is the same on both sides (the exact ops above),
+//                        the CUDA result is the CPU's fp32 result rounded once to bf16, bit for bit
+//   kBf16Once:           computed in fp32 from bf16 inputs and rounded once when stored (layernorm,
+//                        matmul, GELU, softmax, every backward that accumulates into bf16): rtol 1e-2,
+//                        atol 1e-3 * max|cpu| for the fp32 differences of values that cancel
+//   kBf16Chained:        attention, whose scores and probabilities are stored in bf16 between its
+//                        steps: rtol 1e-2, atol 1e-2 * max|cpu| (a numpy emulation of the same
+//                        roundings at these shapes needed 2.3e-3 * max|cpu|)
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <limits>
 #include <string>
 #include <vector>
 
+#include "bf16.h"    // float_to_bf16, round_to_bf16: bf16 inputs and expected values on the host
 #include "device.h"  // cuda_device_count
 #include "memory.h"  // Buffer, memory_stats
 #include "ops.h"
@@ -44,14 +64,31 @@ namespace {
 
 struct Tolerance {
   double atol, rtol;
+  double atol_of_max = 0.0;  // added to atol, times the largest |expected|: bf16 errors scale with the data
 };
 constexpr Tolerance kExact{0.0, 0.0};
 constexpr Tolerance kElementwise{1e-6, 1e-5};
 constexpr Tolerance kReduction{1e-5, 1e-4};
 constexpr Tolerance kLongSum{1e-4, 1e-4};
+constexpr Tolerance kBf16Once{0.0, 1e-2, 1e-3};
+constexpr Tolerance kBf16Chained{0.0, 1e-2, 1e-2};
+
+// The tolerance for the dtype under test.
+Tolerance pick(DType dt, Tolerance fp32, Tolerance bf16) { return dt == DType::BF16 ? bf16 : fp32; }
 
 ::testing::AssertionResult close(const std::vector<float>& cuda, const std::vector<float>& cpu, Tolerance tol) {
-  return allclose(cuda, cpu, tol.atol, tol.rtol);
+  double largest = 0.0;
+  for (float x : cpu) largest = std::max(largest, double(std::fabs(x)));
+  return allclose(cuda, cpu, tol.atol + tol.atol_of_max * largest, tol.rtol);
+}
+
+// Values as the dtype under test holds them: rounded to the nearest bf16 for bf16, unchanged for
+// fp32. Inputs go through it before both sides see them; an expected result goes through it when the
+// CUDA op's only extra rounding is the final one.
+std::vector<float> as_dtype(std::vector<float> values, DType dt) {
+  if (dt == DType::BF16)
+    for (float& x : values) x = round_to_bf16(x);
+  return values;
 }
 
 // Every test skips, saying why, where no GPU can run it.
@@ -63,7 +100,8 @@ class CudaOps : public ::testing::Test {
   }
 };
 
-// A CUDA copy of host values (float or int), freed when it goes out of scope.
+// A CUDA copy of host values (float or int), freed when it goes out of scope: the tensors that are
+// fp32 whatever the dtype (mean, rstd, losses, AdamW's state) and the token ids.
 template <typename Value>
 class DeviceArray {
  public:
@@ -97,6 +135,60 @@ class DeviceArray {
 using DeviceFloats = DeviceArray<float>;
 using DeviceInts = DeviceArray<int>;
 
+// A CUDA tensor of the dtype under test (fp32 or bf16) holding host values, freed when it goes out of
+// scope: the model's tensors. bf16 values are rounded to nearest even on the way up (pass them through
+// as_dtype first, so that the CPU sees the same numbers); download() widens them back, exactly.
+class DeviceValues {
+ public:
+  DeviceValues(const std::vector<float>& host, DType dt)
+      : buffer_(int64_t(host.size()), MemCategory::Other, dt, Device::CUDA), count_(host.size()), dt_(dt) {
+    EXPECT_TRUE(dt == DType::F32 || dt == DType::BF16) << "test bug: model tensors are fp32 or bf16";
+#ifdef GPT_WITH_CUDA
+    if (dt == DType::F32) {
+      CUDA_CHECK(cudaMemcpy(buffer_.data(), host.data(), count_ * sizeof(float), cudaMemcpyHostToDevice));
+    } else {
+      std::vector<bf16_bits> bits(count_);
+      for (size_t i = 0; i < count_; i++) bits[i] = float_to_bf16(host[i]);
+      CUDA_CHECK(cudaMemcpy(buffer_.data(), bits.data(), count_ * sizeof(bf16_bits), cudaMemcpyHostToDevice));
+    }
+#endif
+  }
+  Tensor view(std::initializer_list<int64_t> shape) const {
+    Tensor t = make_view(buffer_.data(), shape, dt_, Device::CUDA);
+    EXPECT_EQ(size_t(t.numel()), count_) << "test bug: shape does not match the array";
+    return t;
+  }
+  // The raw bf16 bits. Waits for every queued op, then copies back.
+  std::vector<bf16_bits> download_bits() const {
+    EXPECT_EQ(dt_, DType::BF16) << "test bug: bits of a bf16 tensor only";
+    std::vector<bf16_bits> bits(count_);
+#ifdef GPT_WITH_CUDA
+    cuda::synchronize();
+    CUDA_CHECK(cudaMemcpy(bits.data(), buffer_.data(), count_ * sizeof(bf16_bits), cudaMemcpyDeviceToHost));
+#endif
+    return bits;
+  }
+  // The values as fp32 (bf16 widened exactly). Waits for every queued op, then copies back.
+  std::vector<float> download() const {
+    std::vector<float> host(count_);
+    if (dt_ == DType::BF16) {
+      const std::vector<bf16_bits> bits = download_bits();
+      for (size_t i = 0; i < count_; i++) host[i] = bf16_to_float(bits[i]);
+      return host;
+    }
+#ifdef GPT_WITH_CUDA
+    cuda::synchronize();
+    CUDA_CHECK(cudaMemcpy(host.data(), buffer_.data(), count_ * sizeof(float), cudaMemcpyDeviceToHost));
+#endif
+    return host;
+  }
+
+ private:
+  Buffer buffer_;
+  size_t count_;
+  DType dt_;
+};
+
 Tensor cpu_view(std::vector<float>& values, std::initializer_list<int64_t> shape) {
   Tensor t = make_view(values.data(), shape);
   EXPECT_EQ(size_t(t.numel()), values.size()) << "test bug: shape does not match the vector";
@@ -104,61 +196,100 @@ Tensor cpu_view(std::vector<float>& values, std::initializer_list<int64_t> shape
 }
 
 std::vector<float> zeros(size_t n) { return std::vector<float>(n, 0.0f); }
+std::vector<float> nans(size_t n) { return std::vector<float>(n, NAN); }
+
+// n values uniform in [lo, hi) as the dtype under test holds them.
+std::vector<float> random_in(DType dt, size_t n, uint64_t seed, float lo = -1.0f, float hi = 1.0f) {
+  return as_dtype(random_vector(n, seed, lo, hi), dt);
+}
 
 constexpr int B = 2, T = 37, C = 48, NH = 4, V = 1000;
 
 // ---------------------------------------------------------------------------------------------------------
-// encoder
+// encoder: exact in both dtypes (bf16: the CPU's fp32 result rounded once)
 
-TEST_F(CudaOps, EncoderForwardMatchesCpuWithHostAndDeviceTokens) {
+void check_encoder_forward(DType dt) {
+  SCOPED_TRACE(dtype_name(dt));
   const int maxT = T + 3;
   auto tokens = random_ints(B * T, V, 1);
-  auto wte = random_vector(size_t(V) * C, 2), wpe = random_vector(size_t(maxT) * C, 3);
+  auto wte = random_in(dt, size_t(V) * C, 2), wpe = random_in(dt, size_t(maxT) * C, 3);
   auto out = zeros(size_t(B) * T * C);
   encoder_forward(cpu_view(out, {B, T, C}), tokens.data(), cpu_view(wte, {V, C}), cpu_view(wpe, {maxT, C}), B, T);
+  const auto expected = as_dtype(out, dt);
 
-  DeviceFloats d_wte(wte), d_wpe(wpe), d_out(zeros(out.size()));
+  DeviceValues d_wte(wte, dt), d_wpe(wpe, dt), d_out(nans(out.size()), dt);
   encoder_forward(d_out.view({B, T, C}), tokens.data(), d_wte.view({V, C}), d_wpe.view({maxT, C}), B, T);
-  EXPECT_TRUE(close(d_out.download(), out, kExact)) << "host tokens";
+  EXPECT_TRUE(close(d_out.download(), expected, kExact)) << "host tokens";
 
   DeviceInts d_tokens(tokens);
-  DeviceFloats d_out2(zeros(out.size()));
+  DeviceValues d_out2(nans(out.size()), dt);
   encoder_forward(d_out2.view({B, T, C}), d_tokens.data(), d_wte.view({V, C}), d_wpe.view({maxT, C}), B, T);
-  EXPECT_TRUE(close(d_out2.download(), out, kExact)) << "device tokens";
+  EXPECT_TRUE(close(d_out2.download(), expected, kExact)) << "device tokens";
 }
 
+// dwte and dwpe start nonzero (the op accumulates); `tokens` decides how often each row of dwte is hit.
+void check_encoder_backward(DType dt, int EB, int ET, int EC, int EV, const std::vector<int>& tokens) {
+  SCOPED_TRACE(std::string(dtype_name(dt)) + ", B*T = " + std::to_string(EB * ET) + ", C = " + std::to_string(EC));
+  const int maxT = ET + 3;
+  auto dout = random_in(dt, size_t(EB) * ET * EC, 5);
+  auto dwte = random_in(dt, size_t(EV) * EC, 6), dwpe = random_in(dt, size_t(maxT) * EC, 7);
+  DeviceValues d_dwte(dwte, dt), d_dwpe(dwpe, dt), d_dout(dout, dt);
+  encoder_backward(cpu_view(dwte, {EV, EC}), cpu_view(dwpe, {maxT, EC}), cpu_view(dout, {EB, ET, EC}), tokens.data(),
+                   EB, ET);
+  encoder_backward(d_dwte.view({EV, EC}), d_dwpe.view({maxT, EC}), d_dout.view({EB, ET, EC}), tokens.data(), EB, ET);
+  // Exact: the kernels add each position's gradient in the CPU's order, in fp32, with no atomics.
+  EXPECT_TRUE(close(d_dwte.download(), as_dtype(dwte, dt), kExact)) << "dwte";
+  EXPECT_TRUE(close(d_dwpe.download(), as_dtype(dwpe, dt), kExact)) << "dwpe";
+}
+
+TEST_F(CudaOps, EncoderForwardMatchesCpuWithHostAndDeviceTokens) { check_encoder_forward(DType::F32); }
+
 TEST_F(CudaOps, EncoderBackwardAccumulatesExactlyAsCpu) {
-  const int maxT = T + 3;
-  auto tokens = random_ints(B * T, 5, 4);  // ids below 5: every token repeats, its gradients add up
-  auto dout = random_vector(size_t(B) * T * C, 5);
-  auto dwte = random_vector(size_t(V) * C, 6), dwpe = random_vector(size_t(maxT) * C, 7);  // nonzero: +=
-  DeviceFloats d_dwte(dwte), d_dwpe(dwpe), d_dout(dout);
-  encoder_backward(cpu_view(dwte, {V, C}), cpu_view(dwpe, {maxT, C}), cpu_view(dout, {B, T, C}), tokens.data(), B,
-                   T);
-  encoder_backward(d_dwte.view({V, C}), d_dwpe.view({maxT, C}), d_dout.view({B, T, C}), tokens.data(), B, T);
-  // Exact: the kernel adds each position's gradient in the CPU's order, with no atomics.
-  EXPECT_TRUE(close(d_dwte.download(), dwte, kExact));
-  EXPECT_TRUE(close(d_dwpe.download(), dwpe, kExact));
+  // ids below 5: every token repeats, its gradients add up
+  check_encoder_backward(DType::F32, B, T, C, V, random_ints(B * T, 5, 4));
+}
+
+// GPT-2 small's B*T = 8 x 1024 positions and C = 768 channels. Every third position holds one of 8
+// tokens (chains of about 340 positions each), the others a token of 1000 (most repeat a few times,
+// some occur once): long chains, short ones, and first positions anywhere in the batch.
+std::vector<int> repeated_tokens(int n, int vocabulary, uint64_t seed) {
+  Rng rng(seed);
+  std::vector<int> tokens(n);
+  for (int i = 0; i < n; i++) tokens[i] = i % 3 == 0 ? rng.below(8) : rng.below(vocabulary);
+  return tokens;
+}
+
+TEST_F(CudaOps, EncoderBackwardIsBitIdenticalToCpuWithRepeatedTokensAtScale) {
+  const int EB = 8, ET = 1024, EC = 768, EV = 1000;
+  check_encoder_backward(DType::F32, EB, ET, EC, EV, repeated_tokens(EB * ET, EV, 8));
+}
+
+TEST_F(CudaOps, EncoderBf16IsCpuRoundedOnce) {
+  check_encoder_forward(DType::BF16);
+  check_encoder_backward(DType::BF16, B, T, C, V, random_ints(B * T, 5, 4));
+  check_encoder_backward(DType::BF16, 4, 256, 130, V, repeated_tokens(4 * 256, V, 9));
 }
 
 // ---------------------------------------------------------------------------------------------------------
 // layernorm: rows of 7 channels (fewer than a warp's lanes) and of 130 (each lane takes several)
 
-void check_layernorm(int LC, int N = B * T) {
-  SCOPED_TRACE("C = " + std::to_string(LC) + ", N = " + std::to_string(N));
-  auto inp = random_vector(size_t(N) * LC, 10, 2.0f, 4.0f);  // offset from 0: the mean matters
-  auto weight = random_vector(LC, 11, 0.5f, 1.5f), bias = random_vector(LC, 12);
-  auto dout = random_vector(size_t(N) * LC, 13);
+void check_layernorm(DType dt, int LC, int N = B * T) {
+  SCOPED_TRACE(std::string(dtype_name(dt)) + ", C = " + std::to_string(LC) + ", N = " + std::to_string(N));
+  auto inp = random_in(dt, size_t(N) * LC, 10, 2.0f, 4.0f);  // offset from 0: the mean matters
+  auto weight = random_in(dt, LC, 11, 0.5f, 1.5f), bias = random_in(dt, LC, 12);
+  auto dout = random_in(dt, size_t(N) * LC, 13);
   auto out = zeros(size_t(N) * LC), mean = zeros(N), rstd = zeros(N);
-  auto dinp = random_vector(size_t(N) * LC, 14), dweight = random_vector(LC, 15), dbias = random_vector(LC, 16);
-  DeviceFloats d_inp(inp), d_weight(weight), d_bias(bias), d_dout(dout), d_out(out), d_mean(mean), d_rstd(rstd);
-  DeviceFloats d_dinp(dinp), d_dweight(dweight), d_dbias(dbias);
+  auto dinp = random_in(dt, size_t(N) * LC, 14), dweight = random_in(dt, LC, 15), dbias = random_in(dt, LC, 16);
+  DeviceValues d_inp(inp, dt), d_weight(weight, dt), d_bias(bias, dt), d_dout(dout, dt), d_out(nans(out.size()), dt);
+  DeviceValues d_dinp(dinp, dt), d_dweight(dweight, dt), d_dbias(dbias, dt);
+  DeviceFloats d_mean(nans(N)), d_rstd(nans(N));
 
   layernorm_forward(cpu_view(out, {N, LC}), cpu_view(mean, {N}), cpu_view(rstd, {N}), cpu_view(inp, {N, LC}),
                     cpu_view(weight, {LC}), cpu_view(bias, {LC}));
   layernorm_forward(d_out.view({N, LC}), d_mean.view({N}), d_rstd.view({N}), d_inp.view({N, LC}),
                     d_weight.view({LC}), d_bias.view({LC}));
-  EXPECT_TRUE(close(d_out.download(), out, kReduction));
+  EXPECT_TRUE(close(d_out.download(), out, pick(dt, kReduction, kBf16Once)));
+  // mean and rstd are fp32 in both dtypes, computed from the same (rounded) inputs
   EXPECT_TRUE(close(d_mean.download(), mean, kReduction));
   EXPECT_TRUE(close(d_rstd.download(), rstd, kReduction));
 
@@ -167,14 +298,20 @@ void check_layernorm(int LC, int N = B * T) {
                      cpu_view(inp, {N, LC}), cpu_view(weight, {LC}), cpu_view(mean, {N}), cpu_view(rstd, {N}));
   layernorm_backward(d_dinp.view({N, LC}), d_dweight.view({LC}), d_dbias.view({LC}), d_dout.view({N, LC}),
                      d_inp.view({N, LC}), d_weight.view({LC}), d_mean.view({N}), d_rstd.view({N}));
-  EXPECT_TRUE(close(d_dinp.download(), dinp, kReduction));
-  EXPECT_TRUE(close(d_dweight.download(), dweight, kLongSum));
-  EXPECT_TRUE(close(d_dbias.download(), dbias, kLongSum));
+  EXPECT_TRUE(close(d_dinp.download(), dinp, pick(dt, kReduction, kBf16Once)));
+  EXPECT_TRUE(close(d_dweight.download(), dweight, pick(dt, kLongSum, kBf16Once)));
+  EXPECT_TRUE(close(d_dbias.download(), dbias, pick(dt, kLongSum, kBf16Once)));
 }
 
 TEST_F(CudaOps, LayernormForwardAndBackwardMatchCpu) {
-  check_layernorm(7);
-  check_layernorm(130);
+  check_layernorm(DType::F32, 7);
+  check_layernorm(DType::F32, 130);
+}
+
+TEST_F(CudaOps, LayernormBf16MatchesCpu) {
+  check_layernorm(DType::BF16, 7);
+  check_layernorm(DType::BF16, 130);
+  check_layernorm(DType::BF16, 768, 256);
 }
 
 // ---------------------------------------------------------------------------------------------------------
@@ -182,44 +319,61 @@ TEST_F(CudaOps, LayernormForwardAndBackwardMatchCpu) {
 
 constexpr int MN = 67, MC = 129, MOC = 97;
 
-TEST_F(CudaOps, MatmulForwardMatchesCpuWithAndWithoutBias) {
-  auto inp = random_vector(size_t(MN) * MC, 20), weight = random_vector(size_t(MOC) * MC, 21);
-  auto bias = random_vector(MOC, 22);
-  DeviceFloats d_inp(inp), d_weight(weight), d_bias(bias);
+void check_matmul_forward(DType dt) {
+  SCOPED_TRACE(dtype_name(dt));
+  const Tolerance tol = pick(dt, kReduction, kBf16Once);
+  auto inp = random_in(dt, size_t(MN) * MC, 20), weight = random_in(dt, size_t(MOC) * MC, 21);
+  auto bias = random_in(dt, MOC, 22);
+  DeviceValues d_inp(inp, dt), d_weight(weight, dt), d_bias(bias, dt);
 
   auto out = zeros(size_t(MN) * MOC);
   matmul_forward(cpu_view(out, {MN, MOC}), cpu_view(inp, {MN, MC}), cpu_view(weight, {MOC, MC}),
                  cpu_view(bias, {MOC}));
-  DeviceFloats d_out(zeros(out.size()));
+  DeviceValues d_out(nans(out.size()), dt);
   matmul_forward(d_out.view({MN, MOC}), d_inp.view({MN, MC}), d_weight.view({MOC, MC}), d_bias.view({MOC}));
-  EXPECT_TRUE(close(d_out.download(), out, kReduction)) << "with bias";
+  EXPECT_TRUE(close(d_out.download(), out, tol)) << "with bias";
+
+  // A bias that starts one element into its buffer is not 16-byte aligned: cuBLASLt's bias epilogue
+  // cannot take it, and the op adds it another way (ops_cuda.cu).
+  std::vector<float> shifted(MOC + 1, NAN);
+  std::copy(bias.begin(), bias.end(), shifted.begin() + 1);
+  DeviceValues d_shifted(shifted, dt), d_out_shifted(nans(out.size()), dt);
+  matmul_forward(d_out_shifted.view({MN, MOC}), d_inp.view({MN, MC}), d_weight.view({MOC, MC}),
+                 d_shifted.view({MOC + 1}).slice1d(1, MOC));
+  EXPECT_TRUE(close(d_out_shifted.download(), out, tol)) << "with a bias that is not 16-byte aligned";
 
   // Without a bias, stale contents of out (even NaN) must not leak into the result.
   matmul_forward(cpu_view(out, {MN, MOC}), cpu_view(inp, {MN, MC}), cpu_view(weight, {MOC, MC}), Tensor{});
-  DeviceFloats d_stale(std::vector<float>(out.size(), NAN));
+  DeviceValues d_stale(nans(out.size()), dt);
   matmul_forward(d_stale.view({MN, MOC}), d_inp.view({MN, MC}), d_weight.view({MOC, MC}), Tensor{});
-  EXPECT_TRUE(close(d_stale.download(), out, kReduction)) << "without bias";
+  EXPECT_TRUE(close(d_stale.download(), out, tol)) << "without bias";
 }
 
-TEST_F(CudaOps, MatmulBackwardAccumulatesAsCpu) {
-  auto inp = random_vector(size_t(MN) * MC, 23), weight = random_vector(size_t(MOC) * MC, 24);
-  auto dout = random_vector(size_t(MN) * MOC, 25);
-  DeviceFloats d_inp(inp), d_weight(weight), d_dout(dout);
+void check_matmul_backward(DType dt) {
+  SCOPED_TRACE(dtype_name(dt));
+  auto inp = random_in(dt, size_t(MN) * MC, 23), weight = random_in(dt, size_t(MOC) * MC, 24);
+  auto dout = random_in(dt, size_t(MN) * MOC, 25);
+  DeviceValues d_inp(inp, dt), d_weight(weight, dt), d_dout(dout, dt);
   for (bool with_bias : {true, false}) {
     SCOPED_TRACE(with_bias ? "with dbias" : "without dbias");
-    auto dinp = random_vector(size_t(MN) * MC, 26), dweight = random_vector(size_t(MOC) * MC, 27);
-    auto dbias = random_vector(MOC, 28);
-    DeviceFloats d_dinp(dinp), d_dweight(dweight), d_dbias(dbias);
+    auto dinp = random_in(dt, size_t(MN) * MC, 26), dweight = random_in(dt, size_t(MOC) * MC, 27);
+    auto dbias = random_in(dt, MOC, 28);
+    DeviceValues d_dinp(dinp, dt), d_dweight(dweight, dt), d_dbias(dbias, dt);
     matmul_backward(cpu_view(dinp, {MN, MC}), cpu_view(dweight, {MOC, MC}),
                     with_bias ? cpu_view(dbias, {MOC}) : Tensor{}, cpu_view(dout, {MN, MOC}), cpu_view(inp, {MN, MC}),
                     cpu_view(weight, {MOC, MC}));
     matmul_backward(d_dinp.view({MN, MC}), d_dweight.view({MOC, MC}), with_bias ? d_dbias.view({MOC}) : Tensor{},
                     d_dout.view({MN, MOC}), d_inp.view({MN, MC}), d_weight.view({MOC, MC}));
-    EXPECT_TRUE(close(d_dinp.download(), dinp, kReduction));
-    EXPECT_TRUE(close(d_dweight.download(), dweight, kReduction));
-    EXPECT_TRUE(close(d_dbias.download(), dbias, kLongSum));  // unchanged when without
+    EXPECT_TRUE(close(d_dinp.download(), dinp, pick(dt, kReduction, kBf16Once)));
+    EXPECT_TRUE(close(d_dweight.download(), dweight, pick(dt, kReduction, kBf16Once)));
+    EXPECT_TRUE(close(d_dbias.download(), dbias, pick(dt, kLongSum, kBf16Once)));  // unchanged when without
   }
 }
+
+TEST_F(CudaOps, MatmulForwardMatchesCpuWithAndWithoutBias) { check_matmul_forward(DType::F32); }
+TEST_F(CudaOps, MatmulBackwardAccumulatesAsCpu) { check_matmul_backward(DType::F32); }
+TEST_F(CudaOps, MatmulForwardBf16MatchesCpuWithAndWithoutBias) { check_matmul_forward(DType::BF16); }
+TEST_F(CudaOps, MatmulBackwardBf16AccumulatesAsCpu) { check_matmul_backward(DType::BF16); }
 
 // ---------------------------------------------------------------------------------------------------------
 // attention: NH = 4 heads of 12 channels, T = 37
@@ -233,29 +387,47 @@ std::vector<float> causal_part(const std::vector<float>& scores, int blocks = B 
   return kept;
 }
 
-TEST_F(CudaOps, AttentionForwardAndBackwardMatchCpu) {
-  const size_t scores = size_t(B) * NH * T * T;
-  auto qkv = random_vector(size_t(B) * T * 3 * C, 30, -2.0f, 2.0f), dout = random_vector(size_t(B) * T * C, 31);
-  auto out = zeros(size_t(B) * T * C), preatt = zeros(scores), att = zeros(scores);
-  DeviceFloats d_qkv(qkv), d_dout(dout), d_out(out), d_preatt(preatt), d_att(att);
+// Forward, then backward, at (AB, AT, AC, ANH). The backward runs on the same inputs on both sides:
+// the CUDA forward's att (in bf16, the rounded probabilities) goes into the CPU backward too. dpreatt
+// and datt start as NaN on both sides: they are overwritten scratch (ops.h).
+void check_attention(DType dt, int AB, int AT, int AC, int ANH, uint64_t seed, float qkv_range) {
+  SCOPED_TRACE(std::string(dtype_name(dt)) + ", T = " + std::to_string(AT) + ", C = " + std::to_string(AC));
+  const Tolerance tol = pick(dt, kReduction, kBf16Chained);
+  const size_t scores = size_t(AB) * ANH * AT * AT;
+  const auto qkv_shape = {int64_t(AB), int64_t(AT), int64_t(3 * AC)};
+  const auto out_shape = {int64_t(AB), int64_t(AT), int64_t(AC)};
+  const auto scores_shape = {int64_t(AB), int64_t(ANH), int64_t(AT), int64_t(AT)};
+  auto qkv = random_in(dt, size_t(AB) * AT * 3 * AC, seed, -qkv_range, qkv_range);
+  auto dout = random_in(dt, size_t(AB) * AT * AC, seed + 1);
+  auto out = zeros(size_t(AB) * AT * AC), preatt = zeros(scores), att = zeros(scores);
+  DeviceValues d_qkv(qkv, dt), d_dout(dout, dt), d_out(nans(out.size()), dt), d_preatt(nans(scores), dt),
+      d_att(nans(scores), dt);
 
-  attention_forward(cpu_view(out, {B, T, C}), cpu_view(preatt, {B, NH, T, T}), cpu_view(att, {B, NH, T, T}),
-                    cpu_view(qkv, {B, T, 3 * C}), NH);
-  attention_forward(d_out.view({B, T, C}), d_preatt.view({B, NH, T, T}), d_att.view({B, NH, T, T}),
-                    d_qkv.view({B, T, 3 * C}), NH);
-  EXPECT_TRUE(close(d_out.download(), out, kReduction));
-  EXPECT_TRUE(close(d_att.download(), att, kReduction));  // including the zeros above the diagonal
-  EXPECT_TRUE(close(causal_part(d_preatt.download()), causal_part(preatt), kReduction));
+  attention_forward(cpu_view(out, out_shape), cpu_view(preatt, scores_shape), cpu_view(att, scores_shape),
+                    cpu_view(qkv, qkv_shape), ANH);
+  attention_forward(d_out.view(out_shape), d_preatt.view(scores_shape), d_att.view(scores_shape),
+                    d_qkv.view(qkv_shape), ANH);
+  EXPECT_TRUE(close(d_out.download(), out, tol)) << "out";
+  auto cuda_att = d_att.download();
+  EXPECT_TRUE(close(cuda_att, att, tol)) << "att, including the zeros above the diagonal";
+  EXPECT_TRUE(close(causal_part(d_preatt.download(), AB * ANH, AT), causal_part(preatt, AB * ANH, AT), tol))
+      << "preatt";
 
-  auto dqkv = random_vector(qkv.size(), 32), dpreatt = zeros(scores), datt = zeros(scores);
-  DeviceFloats d_dqkv(dqkv), d_dpreatt(dpreatt), d_datt(datt);
-  attention_backward(cpu_view(dqkv, {B, T, 3 * C}), cpu_view(dpreatt, {B, NH, T, T}), cpu_view(datt, {B, NH, T, T}),
-                     cpu_view(dout, {B, T, C}), cpu_view(qkv, {B, T, 3 * C}), cpu_view(att, {B, NH, T, T}), NH);
-  attention_backward(d_dqkv.view({B, T, 3 * C}), d_dpreatt.view({B, NH, T, T}), d_datt.view({B, NH, T, T}),
-                     d_dout.view({B, T, C}), d_qkv.view({B, T, 3 * C}), d_att.view({B, NH, T, T}), NH);
-  EXPECT_TRUE(close(d_dqkv.download(), dqkv, kReduction));
-  EXPECT_TRUE(close(causal_part(d_dpreatt.download()), causal_part(dpreatt), kReduction));
+  auto dqkv = random_in(dt, qkv.size(), seed + 2), dpreatt = nans(scores), datt = nans(scores);
+  DeviceValues d_dqkv(dqkv, dt), d_dpreatt(nans(scores), dt), d_datt(nans(scores), dt);
+  attention_backward(cpu_view(dqkv, qkv_shape), cpu_view(dpreatt, scores_shape), cpu_view(datt, scores_shape),
+                     cpu_view(dout, out_shape), cpu_view(qkv, qkv_shape), cpu_view(cuda_att, scores_shape), ANH);
+  attention_backward(d_dqkv.view(qkv_shape), d_dpreatt.view(scores_shape), d_datt.view(scores_shape),
+                     d_dout.view(out_shape), d_qkv.view(qkv_shape), d_att.view(scores_shape), ANH);
+  EXPECT_TRUE(close(d_dqkv.download(), dqkv, tol)) << "dqkv";
+  EXPECT_TRUE(
+      close(causal_part(d_dpreatt.download(), AB * ANH, AT), causal_part(dpreatt, AB * ANH, AT), tol))
+      << "dpreatt";
 }
+
+TEST_F(CudaOps, AttentionForwardAndBackwardMatchCpu) { check_attention(DType::F32, B, T, C, NH, 30, 2.0f); }
+
+TEST_F(CudaOps, AttentionBf16MatchesCpu) { check_attention(DType::BF16, B, T, C, NH, 30, 2.0f); }
 
 TEST_F(CudaOps, AttentionIsDeterministic) {
   const size_t scores = size_t(B) * NH * T * T;
@@ -266,7 +438,7 @@ TEST_F(CudaOps, AttentionIsDeterministic) {
                     d_qkv.view({B, T, 3 * C}), NH);
   std::vector<std::vector<float>> runs;
   for (int run = 0; run < 2; run++) {
-    DeviceFloats d_dqkv(zeros(qkv.size())), d_dpreatt(zeros(scores)), d_datt(zeros(scores));
+    DeviceFloats d_dqkv(zeros(qkv.size())), d_dpreatt(nans(scores)), d_datt(nans(scores));
     attention_backward(d_dqkv.view({B, T, 3 * C}), d_dpreatt.view({B, NH, T, T}), d_datt.view({B, NH, T, T}),
                        d_dout.view({B, T, C}), d_qkv.view({B, T, 3 * C}), d_att.view({B, NH, T, T}), NH);
     runs.push_back(d_dqkv.download());
@@ -277,109 +449,259 @@ TEST_F(CudaOps, AttentionIsDeterministic) {
 // ---------------------------------------------------------------------------------------------------------
 // GELU and residual
 
-TEST_F(CudaOps, GeluForwardAndBackwardMatchCpu) {
-  const size_t n = size_t(B) * T * 4 * C;
-  auto inp = random_vector(n, 40, -4.0f, 4.0f), dout = random_vector(n, 41), out = zeros(n);
-  auto dinp = random_vector(n, 42);
-  DeviceFloats d_inp(inp), d_dout(dout), d_out(out), d_dinp(dinp);
-  gelu_forward(cpu_view(out, {int64_t(n)}), cpu_view(inp, {int64_t(n)}));
-  gelu_forward(d_out.view({int64_t(n)}), d_inp.view({int64_t(n)}));
-  EXPECT_TRUE(close(d_out.download(), out, kElementwise));
-  gelu_backward(cpu_view(dinp, {int64_t(n)}), cpu_view(inp, {int64_t(n)}), cpu_view(dout, {int64_t(n)}));
-  gelu_backward(d_dinp.view({int64_t(n)}), d_inp.view({int64_t(n)}), d_dout.view({int64_t(n)}));
-  EXPECT_TRUE(close(d_dinp.download(), dinp, kElementwise));
+void check_gelu(DType dt) {
+  SCOPED_TRACE(dtype_name(dt));
+  const Tolerance tol = pick(dt, kElementwise, kBf16Once);
+  const int64_t n = int64_t(B) * T * 4 * C;
+  auto inp = random_in(dt, n, 40, -4.0f, 4.0f), dout = random_in(dt, n, 41), out = zeros(n);
+  auto dinp = random_in(dt, n, 42);
+  DeviceValues d_inp(inp, dt), d_dout(dout, dt), d_out(nans(n), dt), d_dinp(dinp, dt);
+  gelu_forward(cpu_view(out, {n}), cpu_view(inp, {n}));
+  gelu_forward(d_out.view({n}), d_inp.view({n}));
+  EXPECT_TRUE(close(d_out.download(), out, tol));
+  gelu_backward(cpu_view(dinp, {n}), cpu_view(inp, {n}), cpu_view(dout, {n}));
+  gelu_backward(d_dinp.view({n}), d_inp.view({n}), d_dout.view({n}));
+  EXPECT_TRUE(close(d_dinp.download(), dinp, tol));
 }
 
-TEST_F(CudaOps, ResidualForwardAndBackwardAreExact) {
+// Exact in both dtypes: one addition per element on both sides (bf16: then rounded once).
+void check_residual(DType dt) {
+  SCOPED_TRACE(dtype_name(dt));
   const int64_t n = int64_t(B) * T * C;
-  auto a = random_vector(n, 43), b = random_vector(n, 44), dout = random_vector(n, 45), out = zeros(n);
-  auto da = random_vector(n, 46), db = random_vector(n, 47);
-  DeviceFloats d_a(a), d_b(b), d_dout(dout), d_out(out), d_da(da), d_db(db);
+  auto a = random_in(dt, n, 43), b = random_in(dt, n, 44), dout = random_in(dt, n, 45), out = zeros(n);
+  auto da = random_in(dt, n, 46), db = random_in(dt, n, 47);
+  DeviceValues d_a(a, dt), d_b(b, dt), d_dout(dout, dt), d_out(nans(n), dt), d_da(da, dt), d_db(db, dt);
   residual_forward(cpu_view(out, {n}), cpu_view(a, {n}), cpu_view(b, {n}));
   residual_forward(d_out.view({n}), d_a.view({n}), d_b.view({n}));
-  EXPECT_TRUE(close(d_out.download(), out, kExact));
+  EXPECT_TRUE(close(d_out.download(), as_dtype(out, dt), kExact));
   residual_backward(cpu_view(da, {n}), cpu_view(db, {n}), cpu_view(dout, {n}));
   residual_backward(d_da.view({n}), d_db.view({n}), d_dout.view({n}));
-  EXPECT_TRUE(close(d_da.download(), da, kExact));
-  EXPECT_TRUE(close(d_db.download(), db, kExact));
+  EXPECT_TRUE(close(d_da.download(), as_dtype(da, dt), kExact));
+  EXPECT_TRUE(close(d_db.download(), as_dtype(db, dt), kExact));
 }
+
+TEST_F(CudaOps, GeluForwardAndBackwardMatchCpu) { check_gelu(DType::F32); }
+TEST_F(CudaOps, ResidualForwardAndBackwardAreExact) { check_residual(DType::F32); }
+TEST_F(CudaOps, GeluBf16MatchesCpu) { check_gelu(DType::BF16); }
+TEST_F(CudaOps, ResidualBf16IsCpuRoundedOnce) { check_residual(DType::BF16); }
 
 // ---------------------------------------------------------------------------------------------------------
 // softmax + cross-entropy: V = 1000 logits per row
 
-TEST_F(CudaOps, SoftmaxCrossentropyMatchesCpuWithHostAndDeviceTargets) {
-  const int N = B * T;
-  auto logits = random_vector(size_t(N) * V, 50, -3.0f, 3.0f);
-  for (int v = 0; v < V; v++) logits[size_t(3) * V + v] += 100.0f;  // exp(100) overflows fp32: max subtraction
-  auto targets = random_ints(N, V, 51);
-  auto losses = zeros(N), probs = zeros(size_t(N) * V), dlogits = random_vector(size_t(N) * V, 52);
-  DeviceFloats d_logits(logits), d_losses(losses), d_probs(probs), d_dlogits(dlogits);
+// Forward with host targets and with device targets; the backward then runs on the CUDA forward's
+// probs on both sides, into dlogits that start as NaN (overwritten, ops.h).
+void check_softmax_crossentropy(DType dt, int N, int SV, std::vector<float> logits, uint64_t seed) {
+  SCOPED_TRACE(std::string(dtype_name(dt)) + ", V = " + std::to_string(SV));
+  logits = as_dtype(logits, dt);
+  auto targets = random_ints(N, SV, seed);
+  auto losses = zeros(N), probs = zeros(size_t(N) * SV), dlogits = nans(size_t(N) * SV);
+  DeviceValues d_logits(logits, dt), d_probs(nans(probs.size()), dt), d_dlogits(nans(dlogits.size()), dt);
+  DeviceFloats d_losses(nans(N));
   DeviceInts d_targets(targets);
   const float dloss = 1.0f / float(N);
 
-  softmax_crossentropy_forward(cpu_view(losses, {B, T}), cpu_view(probs, {B, T, V}), cpu_view(logits, {B, T, V}),
+  softmax_crossentropy_forward(cpu_view(losses, {N}), cpu_view(probs, {N, SV}), cpu_view(logits, {N, SV}),
                                targets.data());
-  softmax_crossentropy_forward(d_losses.view({B, T}), d_probs.view({B, T, V}), d_logits.view({B, T, V}),
-                               targets.data());
+  softmax_crossentropy_forward(d_losses.view({N}), d_probs.view({N, SV}), d_logits.view({N, SV}), targets.data());
+  // the losses are fp32 in both dtypes, computed in fp32 from the same (rounded) logits
   EXPECT_TRUE(close(d_losses.download(), losses, kReduction)) << "host targets";
-  EXPECT_TRUE(close(d_probs.download(), probs, kReduction)) << "host targets";
-  DeviceFloats d_losses2(zeros(N));
-  softmax_crossentropy_forward(d_losses2.view({B, T}), d_probs.view({B, T, V}), d_logits.view({B, T, V}),
-                               d_targets.data());
+  EXPECT_TRUE(close(d_probs.download(), probs, pick(dt, kReduction, kBf16Once))) << "host targets";
+  DeviceFloats d_losses2(nans(N));
+  softmax_crossentropy_forward(d_losses2.view({N}), d_probs.view({N, SV}), d_logits.view({N, SV}), d_targets.data());
   EXPECT_TRUE(close(d_losses2.download(), losses, kReduction)) << "device targets";
 
-  softmax_crossentropy_backward(cpu_view(dlogits, {B, T, V}), cpu_view(probs, {B, T, V}), targets.data(), dloss);
-  softmax_crossentropy_backward(d_dlogits.view({B, T, V}), d_probs.view({B, T, V}), d_targets.data(), dloss);
-  EXPECT_TRUE(close(d_dlogits.download(), dlogits, kElementwise));
+  auto cuda_probs = d_probs.download();
+  softmax_crossentropy_backward(cpu_view(dlogits, {N, SV}), cpu_view(cuda_probs, {N, SV}), targets.data(), dloss);
+  softmax_crossentropy_backward(d_dlogits.view({N, SV}), d_probs.view({N, SV}), d_targets.data(), dloss);
+  EXPECT_TRUE(close(d_dlogits.download(), dlogits, pick(dt, kElementwise, kBf16Once)));
+}
+
+std::vector<float> logits_with_a_huge_row(int N, int SV, uint64_t seed) {
+  auto logits = random_vector(size_t(N) * SV, seed, -3.0f, 3.0f);
+  for (int v = 0; v < SV; v++) logits[size_t(3) * SV + v] += 100.0f;  // exp(100) overflows fp32: max subtraction
+  return logits;
+}
+
+TEST_F(CudaOps, SoftmaxCrossentropyMatchesCpuWithHostAndDeviceTargets) {
+  check_softmax_crossentropy(DType::F32, B * T, V, logits_with_a_huge_row(B * T, V, 50), 51);
+}
+
+TEST_F(CudaOps, SoftmaxCrossentropyBf16MatchesCpu) {
+  check_softmax_crossentropy(DType::BF16, B * T, V, logits_with_a_huge_row(B * T, V, 50), 51);
 }
 
 // ---------------------------------------------------------------------------------------------------------
 // helpers, reductions, AdamW
 
-TEST_F(CudaOps, FillCopyAddScaleAreExact) {
+// Exact in both dtypes. In bf16 the CPU reference is rounded after every step, as the bf16 tensor is.
+void check_fill_copy_add_scale(DType dt) {
+  SCOPED_TRACE(dtype_name(dt));
   const int n = 1001;
-  auto a = random_vector(n, 60), b = random_vector(n, 61), dst = random_vector(n, 62);
-  DeviceFloats d_a(a), d_b(b), d_dst(dst);
+  auto a = random_in(dt, n, 60), b = random_in(dt, n, 61), dst = random_in(dt, n, 62);
+  DeviceValues d_a(a, dt), d_b(b, dt), d_dst(dst, dt);
   copy_tensor(cpu_view(dst, {n}), cpu_view(a, {7, 11, 13}));
   copy_tensor(d_dst.view({n}), d_a.view({7, 11, 13}));
   EXPECT_TRUE(close(d_dst.download(), dst, kExact)) << "copy";
   add_inplace(cpu_view(dst, {n}), cpu_view(b, {n}));
   add_inplace(d_dst.view({n}), d_b.view({n}));
+  dst = as_dtype(dst, dt);
   EXPECT_TRUE(close(d_dst.download(), dst, kExact)) << "add";
   scale_inplace(cpu_view(dst, {n}), -0.3f);
   scale_inplace(d_dst.view({n}), -0.3f);
+  dst = as_dtype(dst, dt);
   EXPECT_TRUE(close(d_dst.download(), dst, kExact)) << "scale";
   fill_zero(d_dst.view({n}));
   EXPECT_TRUE(close(d_dst.download(), zeros(n), kExact)) << "fill";
 }
 
-TEST_F(CudaOps, SumOfSquaresAndMeanMatchCpu) {
+TEST_F(CudaOps, FillCopyAddScaleAreExact) { check_fill_copy_add_scale(DType::F32); }
+TEST_F(CudaOps, FillCopyAddScaleBf16AreCpuRoundedOnce) { check_fill_copy_add_scale(DType::BF16); }
+
+void check_sums(DType dt) {
+  SCOPED_TRACE(dtype_name(dt));
   const int64_t n = (int64_t(1) << 20) + 3;  // more elements than the reduction has threads
-  auto x = random_vector(size_t(n), 70);
-  DeviceFloats d_x(x);
+  auto x = random_in(dt, size_t(n), 70);
+  DeviceValues d_x(x, dt);
   const double cpu_sum_sq = sum_of_squares(cpu_view(x, {n})), cpu_mean = mean_of(cpu_view(x, {n}));
+  // fp32 partial sums in both dtypes: bf16 only changes the inputs, which the CPU shares
   EXPECT_NEAR(sum_of_squares(d_x.view({n})), cpu_sum_sq, 1e-5 * cpu_sum_sq);
   // The mean of values uniform in [-1, 1) is near 0: compare on the scale of the values' magnitude.
   EXPECT_NEAR(mean_of(d_x.view({n})), cpu_mean, 1e-5);
 }
 
+TEST_F(CudaOps, SumOfSquaresAndMeanMatchCpu) { check_sums(DType::F32); }
+TEST_F(CudaOps, SumOfSquaresAndMeanBf16MatchCpu) { check_sums(DType::BF16); }
+
+constexpr float kLr = 1e-2f, kBeta1 = 0.9f, kBeta2 = 0.95f, kEps = 1e-8f, kWeightDecay = 0.1f, kGradScale = 0.5f;
+
 TEST_F(CudaOps, AdamWThreeStepsMatchCpu) {
   const int n = 1003;
-  const float lr = 1e-2f, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, weight_decay = 0.1f, grad_scale = 0.5f;
   auto param = random_vector(n, 80), m = zeros(n), v = zeros(n);
   DeviceFloats d_param(param), d_m(m), d_v(v);
   for (int step = 1; step <= 3; step++) {
     auto grad = random_vector(n, 80 + step);
     DeviceFloats d_grad(grad);
-    adamw_update(cpu_view(param, {n}), cpu_view(grad, {n}), cpu_view(m, {n}), cpu_view(v, {n}), step, lr, beta1,
-                 beta2, eps, weight_decay, grad_scale);
-    adamw_update(d_param.view({n}), d_grad.view({n}), d_m.view({n}), d_v.view({n}), step, lr, beta1, beta2, eps,
-                 weight_decay, grad_scale);
+    adamw_update(cpu_view(param, {n}), Tensor{}, cpu_view(grad, {n}), cpu_view(m, {n}), cpu_view(v, {n}), step, kLr,
+                 kBeta1, kBeta2, kEps, kWeightDecay, kGradScale);
+    adamw_update(d_param.view({n}), Tensor{}, d_grad.view({n}), d_m.view({n}), d_v.view({n}), step, kLr, kBeta1,
+                 kBeta2, kEps, kWeightDecay, kGradScale);
     SCOPED_TRACE("after step " + std::to_string(step));
     EXPECT_TRUE(close(d_param.download(), param, kElementwise));
     EXPECT_TRUE(close(d_m.download(), m, kElementwise));
     EXPECT_TRUE(close(d_v.download(), v, kElementwise));
   }
+}
+
+// Mixed precision: the fp32 master weights follow the CPU's fp32 AdamW (given the same bf16
+// gradients), and the bf16 parameters are the master weights rounded, bit for bit.
+TEST_F(CudaOps, AdamWBf16WithMasterWeightsMatchesCpu) {
+  const int n = 1003;
+  auto master = random_vector(n, 85), m = zeros(n), v = zeros(n);  // fp32: not rounded
+  DeviceValues d_param(as_dtype(master, DType::BF16), DType::BF16);
+  DeviceFloats d_master(master), d_m(m), d_v(v);
+  for (int step = 1; step <= 3; step++) {
+    auto grad = random_in(DType::BF16, n, 85 + step);
+    DeviceValues d_grad(grad, DType::BF16);
+    adamw_update(cpu_view(master, {n}), Tensor{}, cpu_view(grad, {n}), cpu_view(m, {n}), cpu_view(v, {n}), step,
+                 kLr, kBeta1, kBeta2, kEps, kWeightDecay, kGradScale);
+    adamw_update(d_param.view({n}), d_master.view({n}), d_grad.view({n}), d_m.view({n}), d_v.view({n}), step, kLr,
+                 kBeta1, kBeta2, kEps, kWeightDecay, kGradScale);
+    SCOPED_TRACE("after step " + std::to_string(step));
+    const auto cuda_master = d_master.download();
+    EXPECT_TRUE(close(cuda_master, master, kElementwise)) << "master";
+    EXPECT_TRUE(close(d_m.download(), m, kElementwise)) << "m";
+    EXPECT_TRUE(close(d_v.download(), v, kElementwise)) << "v";
+    const auto bits = d_param.download_bits();
+    int differing = 0;
+    for (int i = 0; i < n; i++) differing += bits[i] != float_to_bf16(cuda_master[i]);
+    EXPECT_EQ(differing, 0) << "bf16 parameters that are not their master weight rounded";
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// convert_tensor: rounds exactly as bf16.h does, on the GPU and on the CPU
+
+// Values that probe the rounding: ties (to even, either way), the largest finite fp32 (rounds up to
+// infinity), infinities, signed zeros, subnormals of fp32 and of bf16, then random values.
+std::vector<float> rounding_probes() {
+  auto from_bits = [](uint32_t bits) {
+    float f;
+    std::memcpy(&f, &bits, sizeof f);
+    return f;
+  };
+  std::vector<float> probes = {0.0f,
+                               -0.0f,
+                               1.0f,
+                               -1.0f,
+                               from_bits(0x3F808000u),  // 1 + 2^-8: a tie, rounds down to the even 1
+                               from_bits(0x3F818000u),  // 1 + 3 * 2^-8: a tie, rounds up to the even 1 + 2^-6
+                               from_bits(0x3F808001u),  // just above a tie: rounds up
+                               std::numeric_limits<float>::max(),
+                               std::numeric_limits<float>::infinity(),
+                               -std::numeric_limits<float>::infinity(),
+                               std::numeric_limits<float>::min(),
+                               std::numeric_limits<float>::denorm_min(),
+                               from_bits(0x00018000u),  // a subnormal tie
+                               1e-40f,
+                               -3.0e38f,
+                               65504.0f};
+  for (float x : random_vector(4093, 100, -1e3f, 1e3f)) probes.push_back(x);
+  return probes;
+}
+
+std::vector<bf16_bits> bf16_h_bits(const std::vector<float>& values) {
+  std::vector<bf16_bits> bits(values.size());
+  for (size_t i = 0; i < values.size(); i++) bits[i] = float_to_bf16(values[i]);
+  return bits;
+}
+
+// The values of bf16 bits, as floats: exact. (Compared with ==, which the probes allow: no NaN.)
+std::vector<float> widened(const std::vector<bf16_bits>& bits) {
+  std::vector<float> values(bits.size());
+  for (size_t i = 0; i < bits.size(); i++) values[i] = bf16_to_float(bits[i]);
+  return values;
+}
+
+TEST_F(CudaOps, ConvertRoundTripMatchesBf16H) {
+  auto probes = rounding_probes();
+  const int64_t n = int64_t(probes.size());
+  DeviceFloats d_f32(probes), d_back(nans(n));
+  DeviceValues d_bf16(nans(n), DType::BF16), d_copy(nans(n), DType::BF16);
+  convert_tensor(d_bf16.view({n}), d_f32.view({n}));
+  const auto bits = d_bf16.download_bits();
+  const auto expected = bf16_h_bits(probes);
+  for (int64_t i = 0; i < n; i++) {
+    if (bits[i] == expected[i]) continue;
+    ADD_FAILURE() << "fp32 -> bf16 of " << probes[i] << " (element " << i << "): bits " << bits[i]
+                  << ", bf16.h's float_to_bf16 gives " << expected[i];
+    break;  // the first difference says enough
+  }
+
+  convert_tensor(d_back.view({n}), d_bf16.view({n}));  // widening is exact
+  EXPECT_TRUE(d_back.download() == widened(bits)) << "bf16 -> fp32";
+
+  convert_tensor(d_copy.view({n}), d_bf16.view({n}));  // same dtype: a copy
+  EXPECT_TRUE(d_copy.download_bits() == bits) << "bf16 -> bf16";
+
+  // NaN stays NaN (the GPU's canonical NaN and bf16.h's quiet NaN differ in their payload bits)
+  DeviceFloats d_nan(nans(3));
+  DeviceValues d_nan_bf16(zeros(3), DType::BF16);
+  convert_tensor(d_nan_bf16.view({3}), d_nan.view({3}));
+  for (float x : d_nan_bf16.download()) EXPECT_TRUE(std::isnan(x));
+}
+
+// The CPU side of convert_tensor, which needs no GPU: the same rounding as bf16.h, and back.
+TEST(ConvertTensorOnCpu, RoundTripMatchesBf16H) {
+  auto probes = rounding_probes();
+  const int64_t n = int64_t(probes.size());
+  std::vector<bf16_bits> bits(n, 0xFFFFu), copied(n, 0xFFFFu);
+  std::vector<float> back(n, NAN);
+  convert_tensor(make_view(bits.data(), {n}, DType::BF16), make_view(probes.data(), {n}));
+  EXPECT_TRUE(bits == bf16_h_bits(probes)) << "fp32 -> bf16";
+  convert_tensor(make_view(back.data(), {n}), make_view(bits.data(), {n}, DType::BF16));
+  EXPECT_TRUE(back == widened(bits)) << "bf16 -> fp32";
+  convert_tensor(make_view(copied.data(), {n}, DType::BF16), make_view(bits.data(), {n}, DType::BF16));
+  EXPECT_TRUE(copied == bits) << "bf16 -> bf16";
 }
 
 // ---------------------------------------------------------------------------------------------------------
@@ -392,53 +714,20 @@ TEST_F(CudaOps, AdamWThreeStepsMatchCpu) {
 
 constexpr int kGptT = 1024, kGptC = 768, kGptNH = 12, kGptV = 50304;
 
-TEST_F(CudaOps, AttentionAtGpt2ShapesMatchesCpu) {
-  const int GB = 1;
-  const size_t scores = size_t(GB) * kGptNH * kGptT * kGptT;
-  auto qkv = random_vector(size_t(GB) * kGptT * 3 * kGptC, 90), dout = random_vector(size_t(GB) * kGptT * kGptC, 91);
-  auto out = zeros(size_t(GB) * kGptT * kGptC), preatt = zeros(scores), att = zeros(scores);
-  DeviceFloats d_qkv(qkv), d_dout(dout), d_out(out), d_preatt(preatt), d_att(att);
-  const auto qkv_shape = {int64_t(GB), int64_t(kGptT), int64_t(3 * kGptC)};
-  const auto out_shape = {int64_t(GB), int64_t(kGptT), int64_t(kGptC)};
-  const auto scores_shape = {int64_t(GB), int64_t(kGptNH), int64_t(kGptT), int64_t(kGptT)};
+TEST_F(CudaOps, AttentionAtGpt2ShapesMatchesCpu) { check_attention(DType::F32, 1, kGptT, kGptC, kGptNH, 90, 1.0f); }
 
-  attention_forward(cpu_view(out, out_shape), cpu_view(preatt, scores_shape), cpu_view(att, scores_shape),
-                    cpu_view(qkv, qkv_shape), kGptNH);
-  attention_forward(d_out.view(out_shape), d_preatt.view(scores_shape), d_att.view(scores_shape),
-                    d_qkv.view(qkv_shape), kGptNH);
-  EXPECT_TRUE(close(d_out.download(), out, kReduction));
-  EXPECT_TRUE(close(d_att.download(), att, kReduction));
-
-  auto dqkv = random_vector(qkv.size(), 92), dpreatt = zeros(scores), datt = zeros(scores);
-  DeviceFloats d_dqkv(dqkv), d_dpreatt(dpreatt), d_datt(datt);
-  attention_backward(cpu_view(dqkv, qkv_shape), cpu_view(dpreatt, scores_shape), cpu_view(datt, scores_shape),
-                     cpu_view(dout, out_shape), cpu_view(qkv, qkv_shape), cpu_view(att, scores_shape), kGptNH);
-  attention_backward(d_dqkv.view(qkv_shape), d_dpreatt.view(scores_shape), d_datt.view(scores_shape),
-                     d_dout.view(out_shape), d_qkv.view(qkv_shape), d_att.view(scores_shape), kGptNH);
-  EXPECT_TRUE(close(d_dqkv.download(), dqkv, kReduction));
-  EXPECT_TRUE(close(causal_part(d_dpreatt.download(), GB * kGptNH, kGptT), causal_part(dpreatt, GB * kGptNH, kGptT),
-                    kReduction));
+TEST_F(CudaOps, AttentionBf16AtGpt2ShapesMatchesCpu) {
+  check_attention(DType::BF16, 1, kGptT, kGptC, kGptNH, 90, 1.0f);
 }
 
-TEST_F(CudaOps, LayernormAtGpt2ShapesMatchesCpu) { check_layernorm(kGptC, kGptT); }
+TEST_F(CudaOps, LayernormAtGpt2ShapesMatchesCpu) { check_layernorm(DType::F32, kGptC, kGptT); }
 
 TEST_F(CudaOps, SoftmaxCrossentropyAtGpt2VocabularyMatchesCpu) {
-  const int N = 64;
-  auto logits = random_vector(size_t(N) * kGptV, 93, -3.0f, 3.0f);
-  auto targets = random_ints(N, kGptV, 94);
-  auto losses = zeros(N), probs = zeros(size_t(N) * kGptV), dlogits = random_vector(size_t(N) * kGptV, 95);
-  DeviceFloats d_logits(logits), d_losses(losses), d_probs(probs), d_dlogits(dlogits);
-  DeviceInts d_targets(targets);
-  const float dloss = 1.0f / float(N);
-  softmax_crossentropy_forward(cpu_view(losses, {N}), cpu_view(probs, {N, kGptV}), cpu_view(logits, {N, kGptV}),
-                               targets.data());
-  softmax_crossentropy_forward(d_losses.view({N}), d_probs.view({N, kGptV}), d_logits.view({N, kGptV}),
-                               d_targets.data());
-  EXPECT_TRUE(close(d_losses.download(), losses, kReduction));
-  EXPECT_TRUE(close(d_probs.download(), probs, kReduction));
-  softmax_crossentropy_backward(cpu_view(dlogits, {N, kGptV}), cpu_view(probs, {N, kGptV}), targets.data(), dloss);
-  softmax_crossentropy_backward(d_dlogits.view({N, kGptV}), d_probs.view({N, kGptV}), d_targets.data(), dloss);
-  EXPECT_TRUE(close(d_dlogits.download(), dlogits, kElementwise));
+  check_softmax_crossentropy(DType::F32, 64, kGptV, random_vector(size_t(64) * kGptV, 93, -3.0f, 3.0f), 94);
+}
+
+TEST_F(CudaOps, SoftmaxCrossentropyBf16AtGpt2VocabularyMatchesCpu) {
+  check_softmax_crossentropy(DType::BF16, 64, kGptV, random_vector(size_t(64) * kGptV, 93, -3.0f, 3.0f), 94);
 }
 
 // ---------------------------------------------------------------------------------------------------------

@@ -178,20 +178,7 @@ TEST(Theory, MeasuredMemoryAndBytesMatchTheFormulas) {
       std::string dir = temp_dir();
       RunResult r = run_trainer(chapter, ranks, "--steps 3 --json " + dir + "/run.jsonl");
       ASSERT_EQ(r.exit_code, 0) << r.output;
-      std::string t = read_record(dir + "/run.jsonl", "theory");
-      ASSERT_FALSE(t.empty()) << "no theory record";
-      const double psi = number_field(t, "params"), padded = number_field(t, "padded_params");
-      const double padding_bytes = 4 * (padded - psi);
-      for (auto [what, copies] : std::map<std::string, double>{{"params", 1}, {"grads", 1}, {"optim", 2}}) {
-        const double measured = number_field(t, "measured_" + what + "_bytes");
-        const double theory = number_field(t, "theory_" + what + "_bytes");
-        EXPECT_GE(measured, theory) << what;
-        EXPECT_LE(measured - theory, copies * padding_bytes) << what;
-      }
-      // Bytes on the wire: the theory's formula applied to the padded length (the counters round
-      // each collective's share down to whole bytes, hence the small slack).
-      const double measured_comm = number_field(t, "measured_comm_bytes");
-      EXPECT_NEAR(measured_comm, number_field(t, "theory_comm_bytes") * padded / psi, 64.0);
+      expect_theory_matches(dir + "/run.jsonl", /*param_bytes=*/4);
     }
   }
 }
@@ -244,6 +231,8 @@ std::vector<BadInput> bad_inputs() {
       {"CheckpointOfAnotherConfig", "--resume " + bad_checkpoint("small"), "L=4 C=128"},
       {"MissingCheckpoint", "--resume /nonexistent.ckpt", "cannot open '/nonexistent.ckpt'"},
       {"UnknownDevice", "--device tpu", "--device tpu: unknown device; choose auto, cpu or cuda"},
+      {"UnknownDtype", "--dtype fp8", "--dtype fp8: unknown dtype; choose auto, fp32 or bf16"},
+      {"Bf16OnTheCpu", "--device cpu --dtype bf16", "--dtype bf16 needs a GPU (--device cuda)"},
   };
 }
 

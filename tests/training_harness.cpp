@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <map>
 #include <sstream>
 
 RunResult run_trainer(const std::string& chapter, int ranks, const std::string& args, int timeout_s) {
@@ -111,4 +112,24 @@ std::vector<float> checkpoint_params(const std::string& path) {
   std::vector<float> params(total);
   if (!in.read(reinterpret_cast<char*>(params.data()), std::streamsize(total * sizeof(float)))) return {};
   return params;
+}
+
+void expect_theory_matches(const std::string& jsonl_path, double param_bytes) {
+  const std::string t = read_record(jsonl_path, "theory");
+  ASSERT_FALSE(t.empty()) << "no theory record in " << jsonl_path;
+  const double psi = number_field(t, "params"), padded = number_field(t, "padded_params");
+  const double padding = padded - psi;
+  // Padding elements per category: one copy of parameters and gradients; the optimizer state holds
+  // m and v (fp32, 4 bytes each), and in mixed precision also the fp32 master weights.
+  const double optim_padding_bytes = param_bytes == 4 ? 8 * padding : 12 * padding;
+  for (auto [what, slack] : std::map<std::string, double>{
+           {"params", param_bytes * padding}, {"grads", param_bytes * padding}, {"optim", optim_padding_bytes}}) {
+    const double measured = number_field(t, "measured_" + what + "_bytes");
+    const double theory = number_field(t, "theory_" + what + "_bytes");
+    EXPECT_GE(measured, theory) << what;
+    EXPECT_LE(measured - theory, slack) << what;
+  }
+  // The counters round each collective's share down to whole bytes, hence the small slack.
+  const double measured_comm = number_field(t, "measured_comm_bytes");
+  EXPECT_NEAR(measured_comm, number_field(t, "theory_comm_bytes") * padded / psi, 64.0);
 }

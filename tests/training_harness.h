@@ -33,6 +33,11 @@ double number_field(const std::string& record, const std::string& key);
 // Parameters stored in a checkpoint, in table order (unpadded).
 std::vector<float> checkpoint_params(const std::string& path);
 
+// Checks a run's "theory" record (training_run.cpp): measured parameter, gradient and optimizer bytes
+// equal THEORY.md's formula up to padding, and the communicator's wire bytes equal the formula applied
+// to the padded length. `param_bytes` is the size of one parameter: 4 in fp32, 2 in bf16.
+void expect_theory_matches(const std::string& jsonl_path, double param_bytes);
+
 // ||a - b|| / ||b|| over whole vectors (L2 norms), accumulated in double.
 double relative_l2_difference(const std::vector<float>& a, const std::vector<float>& b);
 
