@@ -62,7 +62,7 @@ int main(int argc, char** argv) {
   model.bind_all(params.data(), grads.data());
   const int start = run.init_or_resume(params, optimizer);
 
-  GradientBuckets buckets(layout, bucket_mb * 1e6);
+  GradientBuckets buckets(layout, bucket_mb * 1e6, dtype_size(dtype));
   if (run.is_root()) {
     std::printf("%d buckets of about %.3g MB, in the order backward fills them:", buckets.count(), bucket_mb);
     for (int b = 0; b < buckets.count(); b++) std::printf(" [%lld, %lld)", (long long)buckets.begin(b), (long long)buckets.end(b));

@@ -67,7 +67,7 @@ int main(int argc, char** argv) {
   GPT2 model(run.model_config(), layout, run.micro_batch_size(), device, dtype);
   model.bind_all(params.data(), grads.data());
   const int start = run.init_or_resume(params, optimizer);
-  const GradientBuckets buckets(layout, bucket_mb * 1e6);
+  const GradientBuckets buckets(layout, bucket_mb * 1e6, dtype_size(dtype));
 
   for (int step = start; step < cfg.steps; step++) {
     run.begin_step(step);

@@ -406,12 +406,38 @@ void backward_for(void* dqkv, const void* dout, const void* qkv, const float* ls
                                  scale);
 }
 
+// The largest shared memory a block of the current GPU may ask for (227 KB on an H100, 163 KB on an
+// A100, 99 KB on sm_86/sm_89 parts), or 0 when no GPU answers.
+size_t shared_memory_limit() {
+  int device = 0, bytes = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess) {
+    cudaGetLastError();  // clear the error: not having a GPU is an answer here, not a failure
+    return 0;
+  }
+  return size_t(bytes);
+}
+
+template <int D>
+bool fits(size_t limit) {
+  return limit == 0 || (sizeof(ForwardSmem<D>) <= limit && sizeof(KeySideSmem<D>) <= limit &&
+                        sizeof(QuerySideSmem<D>) <= limit);
+}
+
 }  // namespace
 
 bool flash_attention_supported(DType dt, int C, int NH) {
   if (dt != DType::BF16 || NH <= 0 || C % NH != 0) return false;
-  const int D = C / NH;
-  return D == 16 || D == 32 || D == 64 || D == 128;
+  // The tiles of a head size must fit the GPU's shared memory (without a GPU, only the head size
+  // decides: nothing will run).
+  const size_t limit = shared_memory_limit();
+  switch (C / NH) {
+    case 16: return fits<16>(limit);
+    case 32: return fits<32>(limit);
+    case 64: return fits<64>(limit);
+    case 128: return fits<128>(limit);
+  }
+  return false;
 }
 
 void attention_forward_flash(void* out, float* lse, const void* qkv, int B, int T, int C, int NH) {

@@ -3,14 +3,14 @@
 
 #include "check.h"
 
-GradientBuckets::GradientBuckets(const ParamLayout& layout, double bucket_bytes) {
+GradientBuckets::GradientBuckets(const ParamLayout& layout, double bucket_bytes, size_t element_bytes) {
   const int n = int(layout.params.size());
   bucket_of_.assign(n, -1);
   int64_t end = layout.padded_size;
   double filled = 0;
   for (int p = n - 1; p >= 0; p--) {  // backward order: last parameter first
     bucket_of_[p] = count();
-    filled += 4.0 * double(layout.params[p].size);
+    filled += double(element_bytes) * double(layout.params[p].size);
     if (filled >= bucket_bytes || p == 0) {
       const int64_t begin = p == 0 ? 0 : layout.params[p].offset;
       begin_.push_back(begin);

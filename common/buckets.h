@@ -5,6 +5,7 @@
 // exactly, padding included. A parameter never straddles two buckets, so a bucket may exceed the
 // target size when one tensor alone does.
 #pragma once
+#include <cstddef>
 #include <cstdint>
 #include <vector>
 
@@ -12,7 +13,9 @@
 
 class GradientBuckets {
  public:
-  GradientBuckets(const ParamLayout& layout, double bucket_bytes);
+  // element_bytes: the size of one gradient element (4 in fp32, 2 in bf16), so that a bucket holds
+  // about bucket_bytes whatever the dtype.
+  GradientBuckets(const ParamLayout& layout, double bucket_bytes, size_t element_bytes = 4);
 
   int count() const { return int(begin_.size()); }
   int64_t begin(int b) const { return begin_[b]; }  // bucket 0 is the first backward fills

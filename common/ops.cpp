@@ -225,6 +225,10 @@ void check_flash(const char* op, const Operands& ops, const Tensor& qkv, const T
          std::string(op) + ": FlashAttention runs in bf16 on CUDA with a head size C/NH of 16, 32, 64 or 128; got " +
              dtype_name(ops.dtype) + ", head size " + std::to_string(C / NH) +
              " (ask flash_attention_available first)");
+  // The kernels read a head's row in 16-byte vectors: every row of q, k, v (and of the output and
+  // its gradient) must start 16 bytes aligned, as the model's 64-byte aligned buffers do.
+  ENSURE(reinterpret_cast<uintptr_t>(qkv.data) % 16 == 0,
+         std::string(op) + ": qkv must start 16-byte aligned");
 }
 
 }  // namespace
@@ -243,6 +247,7 @@ void attention_backward_flash(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, 
   const Operands ops = operands(__func__, dqkv, dout, qkv, out);
   int B = 0, T = 0, C = 0;
   check_flash(__func__, ops, qkv, lse, NH, B, T, C);
+  ENSURE(reinterpret_cast<uintptr_t>(dout.data) % 16 == 0, "attention_backward_flash: dout must start 16-byte aligned");
   ENSURE(dqkv.numel() == qkv.numel(), "attention_backward_flash: dqkv and qkv differ in size");
   ENSURE(dout.numel() == int64_t(B) * T * C && out.numel() == dout.numel(),
          "attention_backward_flash: dout and out must be (B,T,C)");

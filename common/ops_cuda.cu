@@ -924,9 +924,17 @@ void encoder_backward(DType dt, void* dwte, void* dwpe, const void* dout, const 
   with_type(dt, [&](auto tag) {
     using Elem = typename decltype(tag)::type;
     const dim3 grid(unsigned(BT), unsigned(ceil_div(C, kBlock)));
-    // next[] staged in shared memory up to 128 KB (32k positions); beyond, the walk reads it in place.
+    // next[] staged in shared memory where it fits next to the kernel's own (chain, 4 KB) under the
+    // GPU's per-block limit (99 KB on sm_86/89, 227 KB on an H100: 24k or 56k positions); beyond,
+    // the walk reads it in place.
+    static const size_t shared_limit = [] {
+      int device = 0, bytes = 0;
+      CUDA_CHECK(cudaGetDevice(&device));
+      CUDA_CHECK(cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+      return size_t(bytes);
+    }();
     const size_t links_bytes = size_t(BT) * sizeof(int);
-    const bool stage_links = links_bytes <= 128 * 1024;
+    const bool stage_links = links_bytes + 8 * 1024 <= shared_limit;
     const size_t shared = stage_links ? links_bytes : 0;
     CUDA_CHECK(cudaFuncSetAttribute(encoder_backward_wte_kernel<Elem>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     int(shared)));
