@@ -5,7 +5,8 @@
 #   make compare          installs what is missing, trains every chapter, prints a table, writes plots
 #   make bench            one-rank tokens/s and CPU matmul GFLOP/s next to OpenBLAS
 #   make bench-comm       collective benchmark, nccl-tests style: RANKS=2, LINK="--link-gbps 1 --link-latency-us 50"
-#   make bench-torch      chapter 01 next to PyTorch eager, same model, batch and device (needs torch): ARGS="--preset small"
+#   make bench-torch      chapter 01 next to PyTorch eager, same model, batch, device and dtype (needs torch):
+#                         ARGS="--preset gpt2 --device cuda --dtype bf16 --steps 30"
 #   make diffs            writes docs/diffs/: each chapter's train.cpp against the previous one
 #   make deps             only installs missing packages (MPICH, GoogleTest, matplotlib)
 # Flags: ARCH=-march=x86-64-v2 for binaries that must run on older CPUs of a cluster (default: native).
