@@ -385,8 +385,7 @@ void launch_tiled(Kernel kernel, int B, int T, int NH, Args... args) {
   CUDA_CHECK(cudaGetLastError());
 }
 
-float* g_delta = nullptr;  // Dv scratch, grown on demand, never freed (see ops_cuda.cu's Scratch)
-size_t g_delta_bytes = 0;
+Scratch g_delta(Device::CUDA);  // Dv of the backward (memory.h)
 
 template <int D>
 void forward_for(void* out, float* lse, const void* qkv, int B, int T, int C, int NH) {
@@ -406,18 +405,6 @@ void backward_for(void* dqkv, const void* dout, const void* qkv, const float* ls
                                  scale);
 }
 
-// The largest shared memory a block of the current GPU may ask for (227 KB on an H100, 163 KB on an
-// A100, 99 KB on sm_86/sm_89 parts), or 0 when no GPU answers.
-size_t shared_memory_limit() {
-  int device = 0, bytes = 0;
-  if (cudaGetDevice(&device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess) {
-    cudaGetLastError();  // clear the error: not having a GPU is an answer here, not a failure
-    return 0;
-  }
-  return size_t(bytes);
-}
-
 template <int D>
 bool fits(size_t limit) {
   return limit == 0 || (sizeof(ForwardSmem<D>) <= limit && sizeof(KeySideSmem<D>) <= limit &&
@@ -430,7 +417,7 @@ bool flash_attention_supported(DType dt, int C, int NH) {
   if (dt != DType::BF16 || NH <= 0 || C % NH != 0) return false;
   // The tiles of a head size must fit the GPU's shared memory (without a GPU, only the head size
   // decides: nothing will run).
-  const size_t limit = shared_memory_limit();
+  const size_t limit = shared_memory_per_block();
   switch (C / NH) {
     case 16: return fits<16>(limit);
     case 32: return fits<32>(limit);
@@ -455,19 +442,15 @@ void attention_backward_flash(void* dqkv, const void* dout, const void* qkv, con
                               int T, int C, int NH) {
   if (B == 0 || T == 0) return;
   const size_t rows = size_t(B) * T * NH;
-  if (rows * sizeof(float) > g_delta_bytes) {
-    device_free(g_delta);
-    g_delta = static_cast<float*>(device_alloc(rows * sizeof(float), MemCategory::Other, Device::CUDA));
-    g_delta_bytes = rows * sizeof(float);
-  }
+  float* delta = static_cast<float*>(g_delta.get(rows * sizeof(float)));
   flash_delta_kernel<<<unsigned((rows * 32 + 255) / 256), 256, 0, stream()>>>(
-      g_delta, static_cast<const bf16*>(dout), static_cast<const bf16*>(out), B, T, C, NH);
+      delta, static_cast<const bf16*>(dout), static_cast<const bf16*>(out), B, T, C, NH);
   CUDA_CHECK(cudaGetLastError());
   switch (C / NH) {
-    case 16: return backward_for<16>(dqkv, dout, qkv, lse, g_delta, B, T, C, NH);
-    case 32: return backward_for<32>(dqkv, dout, qkv, lse, g_delta, B, T, C, NH);
-    case 64: return backward_for<64>(dqkv, dout, qkv, lse, g_delta, B, T, C, NH);
-    case 128: return backward_for<128>(dqkv, dout, qkv, lse, g_delta, B, T, C, NH);
+    case 16: return backward_for<16>(dqkv, dout, qkv, lse, delta, B, T, C, NH);
+    case 32: return backward_for<32>(dqkv, dout, qkv, lse, delta, B, T, C, NH);
+    case 64: return backward_for<64>(dqkv, dout, qkv, lse, delta, B, T, C, NH);
+    case 128: return backward_for<128>(dqkv, dout, qkv, lse, delta, B, T, C, NH);
   }
   fatal("attention_backward_flash: head size " + std::to_string(C / NH) + " is not 16, 32, 64 or 128");
 }

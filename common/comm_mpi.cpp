@@ -528,7 +528,9 @@ class MpiCommunicator final : public Communicator {
     const int ranks = size_;
     enqueue(
         CollectiveKind::Scalar, "all_reduce_scalar", sizeof(double), kSendLane,
-        [=](MPI_Request* r) { MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, v.get(), 1, MPI_DOUBLE, mpi_op(op, DType::F32), comm_, r)); },
+        [=](MPI_Request* r) {
+          MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, v.get(), 1, MPI_DOUBLE, mpi_op(op, DType::F32), comm_, r));
+        },
         [=] {
           if (op == ReduceOp::Avg) *v /= ranks;
         })

@@ -15,8 +15,8 @@ void LayerGradReducer::open(int u) {
 void LayerGradReducer::reduce_scatter(int u) {
   const int64_t begin = layout_.unit_begin[u], end = layout_.unit_begin[u + 1];
   const int64_t lo = shard_.piece_begin(begin, end), hi = shard_.piece_end(begin, end);
-  InFlight sending{std::move(open_.at(u)), Buffer(hi - lo, MemCategory::CommBuffers, grad_shard_.dtype, grad_shard_.device), lo,
-                   CommHandle()};
+  Buffer piece(hi - lo, MemCategory::CommBuffers, grad_shard_.dtype, grad_shard_.device);
+  InFlight sending{std::move(open_.at(u)), std::move(piece), lo, CommHandle()};
   open_.erase(u);
   model_.bind_unit_grads(u, nullptr);
   sending.handle = comm_.reduce_scatter_v_async(sending.layer_grads.view(), sending.piece.view(),

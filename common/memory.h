@@ -1,6 +1,7 @@
 // memory.h: the framework's own allocator, which counts every byte by category.
 // A chapter's reported memory is therefore measured, not estimated. Defines MemCategory,
-// device_alloc/device_free and the per-process MemoryStats (current and peak bytes per category).
+// device_alloc/device_free, the per-process MemoryStats (current and peak bytes per category), Buffer
+// and Scratch.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -49,4 +50,28 @@ class Buffer {
   int64_t count_ = 0;
   DType dtype_ = DType::F32;
   Device device_ = Device::CPU;
+};
+
+// A scratch buffer that grows on demand and is never shrunk: the kernels' temporaries (partial sums,
+// staged ids). Allocated through device_alloc, so its bytes appear in the memory report under
+// "other". Growing returns the old block to the allocator's cache (memory.cpp) without waiting:
+// whoever takes it next zeroes it on the compute stream, behind every kernel queued before that
+// still reads it. Kept in globals and never freed: the process ends with them (freeing from a
+// static destructor would race the CUDA runtime's own teardown at exit).
+class Scratch {
+ public:
+  explicit Scratch(Device device) : device_(device) {}
+  void* get(size_t bytes) {
+    if (bytes > bytes_) {
+      device_free(data_);
+      data_ = device_alloc(bytes, MemCategory::Other, device_);
+      bytes_ = bytes;
+    }
+    return data_;
+  }
+
+ private:
+  Device device_;
+  void* data_ = nullptr;
+  size_t bytes_ = 0;
 };

@@ -158,29 +158,10 @@ void* lt_workspace() {
   return workspace;
 }
 
-// A device buffer that grows on demand. Allocated through device_alloc, so its bytes appear in the
-// memory report under "other". Growing returns the old buffer to the allocator's cache (memory.cpp)
-// without waiting: whoever takes it next zeroes it on the compute stream, behind every kernel queued
-// before that still reads it. Never freed (see cublas() on teardown at exit).
-class Scratch {
- public:
-  void* get(size_t bytes) {
-    if (bytes > bytes_) {
-      device_free(data_);
-      data_ = device_alloc(bytes, MemCategory::Other, Device::CUDA);
-      bytes_ = bytes;
-    }
-    return data_;
-  }
-
- private:
-  void* data_ = nullptr;
-  size_t bytes_ = 0;
-};
-
-Scratch g_ids;       // token ids or targets copied from the host
-Scratch g_partials;  // partial sums of the two-stage reductions (fp32 whatever the dtype)
-Scratch g_links;     // encoder_backward's links between the positions of one token
+// Scratch buffers (memory.h) of the ops below.
+Scratch g_ids(Device::CUDA);       // token ids or targets copied from the host
+Scratch g_partials(Device::CUDA);  // partial sums of the two-stage reductions (fp32 whatever the dtype)
+Scratch g_links(Device::CUDA);     // encoder_backward's links between the positions of one token
 
 // Same message as the CPU ops (ops_cpu.cpp): an id outside the table would read other memory.
 void check_id(int id, int V, const char* what) {
@@ -896,6 +877,16 @@ cudaStream_t stream() {
 
 void synchronize() { CUDA_CHECK(cudaStreamSynchronize(stream())); }
 
+size_t shared_memory_per_block() {
+  int device = 0, bytes = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess) {
+    cudaGetLastError();  // clear the error: having no GPU is an answer here, not a failure
+    return 0;
+  }
+  return size_t(bytes);
+}
+
 // ------------------------------------------------------------------------------------------------
 // encoder
 
@@ -927,14 +918,8 @@ void encoder_backward(DType dt, void* dwte, void* dwpe, const void* dout, const 
     // next[] staged in shared memory where it fits next to the kernel's own (chain, 4 KB) under the
     // GPU's per-block limit (99 KB on sm_86/89, 227 KB on an H100: 24k or 56k positions); beyond,
     // the walk reads it in place.
-    static const size_t shared_limit = [] {
-      int device = 0, bytes = 0;
-      CUDA_CHECK(cudaGetDevice(&device));
-      CUDA_CHECK(cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-      return size_t(bytes);
-    }();
     const size_t links_bytes = size_t(BT) * sizeof(int);
-    const bool stage_links = links_bytes + 8 * 1024 <= shared_limit;
+    const bool stage_links = links_bytes + 8 * 1024 <= shared_memory_per_block();
     const size_t shared = stage_links ? links_bytes : 0;
     CUDA_CHECK(cudaFuncSetAttribute(encoder_backward_wte_kernel<Elem>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     int(shared)));

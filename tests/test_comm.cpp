@@ -186,7 +186,8 @@ std::vector<bf16_bits> bf16_vector(size_t n, const std::function<float(int64_t)>
   return v;
 }
 Tensor bf16_view(std::vector<bf16_bits>& v) { return make_view(v.data(), {int64_t(v.size())}, DType::BF16); }
-testing::AssertionResult bf16_exactly(const std::vector<bf16_bits>& got, const std::function<float(int64_t)>& expected) {
+testing::AssertionResult bf16_exactly(const std::vector<bf16_bits>& got,
+                                      const std::function<float(int64_t)>& expected) {
   std::vector<float> widened(got.size());
   for (size_t i = 0; i < got.size(); i++) widened[i] = bf16_to_float(got[i]);
   return exactly(widened, [&](int64_t i) { return round_to_bf16(expected(i)); });
