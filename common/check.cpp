@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <mutex>
 #include <thread>
 
 namespace {
@@ -18,6 +19,8 @@ namespace {
 // that fails. Atomic so that a failure racing with start-up is still well defined.
 std::atomic<int> g_rank{-1};
 char g_host[256] = "";  // filled in before g_rank is published (release/acquire below)
+std::mutex g_phase_mutex;  // the phase is set by the training thread, read by the comm thread
+std::string g_phase;
 
 // Not through MPI_CHECK: this is the error path itself, and must not recurse into it.
 bool mpi_running() {
@@ -63,6 +66,16 @@ void print_error(const std::string& text) {
 void set_error_context(int rank, int /*world_size*/) {
   if (gethostname(g_host, sizeof g_host - 1) != 0) std::snprintf(g_host, sizeof g_host, "?");
   g_rank.store(rank, std::memory_order_release);
+}
+
+void set_error_phase(const std::string& phase) {
+  std::lock_guard<std::mutex> lock(g_phase_mutex);
+  g_phase = phase;
+}
+
+std::string error_phase() {
+  std::lock_guard<std::mutex> lock(g_phase_mutex);
+  return g_phase;
 }
 
 void fatal(const std::string& msg) {

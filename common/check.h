@@ -8,6 +8,10 @@
 
 // Called once by the communicator after MPI_Init, so messages can name the rank and host.
 void set_error_context(int rank, int world_size);
+// What the rank is doing ("step 12"), for messages that need it (the communicator's watchdog).
+// Thread-safe; error_phase() returns "" until it is set.
+void set_error_phase(const std::string& phase);
+std::string error_phase();
 
 // Prints "[rank r@host] error: <msg>" and aborts every rank. Use for errors one rank discovers alone.
 [[noreturn]] void fatal(const std::string& msg);

@@ -1,17 +1,23 @@
-// comm.h: the communicator every chapter talks to. Defines ReduceOp, CommHandle, CommStats,
-// LinkModel and Communicator.
+// comm.h: the communicator every chapter talks to. Defines ReduceOp, CollectiveKind, CommHandle,
+// CollectiveCounters, CommStats, LinkModel and Communicator.
 //
 // Every collective has a blocking form and an async form that returns a CommHandle. The MPI
-// implementation (comm_mpi.cpp) runs collectives on one dedicated communication thread, as mature
-// frameworks do, so an async collective really progresses while the caller computes. The caller's
-// time blocked in wait() is "exposed communication"; the time the thread spends running
-// collectives is "communication time". Both, and the bytes, are counted per collective kind.
+// implementation (comm_mpi.cpp) starts each op as a non-blocking MPI call and keeps it moving with a
+// progress engine shared by every communicator of the process: a background thread polls while the
+// caller computes, and a caller that waits drives progress itself. The caller's time blocked in
+// wait() is "exposed communication"; the time during which any op was in flight is "communication
+// time". Both, and the bytes this rank sent and received, are counted per collective kind.
+//
+// A communicator spans a group of ranks: the world, or a group split from it (split(), used by the
+// process grid of tensor and pipeline parallelism). Every group has its own counters, so a step can
+// report what travelled over the data-parallel group apart from the tensor-parallel one.
 #pragma once
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
 #include <vector>
+
 #include "tensor.h"
 
 enum class ReduceOp { Sum, Avg, Max, Min };
@@ -21,35 +27,48 @@ constexpr int kCollectiveKinds = static_cast<int>(CollectiveKind::Count);
 const char* collective_name(CollectiveKind k);  // "all_reduce", "reduce_scatter", ...
 
 struct CollectiveCounters {
-  int64_t calls = 0;          // ops completed and waited: counted by wait(), like everything below
-  int64_t launched = 0;       // ops issued: counted at issue, before anything ran, so that a test can
-                              // tell whether a collective was started during some stretch of code
-  int64_t payload_bytes = 0;  // bytes handed to the collective (the full buffer; for reduce_scatter
-                              // the full input, for all_gather the full output)
-  int64_t wire_bytes = 0;     // bytes this rank sends over a ring: 2(N-1)/N x payload for all_reduce,
-                              // (N-1)/N x payload for reduce_scatter and all_gather, payload otherwise
-  double busy_ms = 0;         // time the communication thread spent running these collectives
+  int64_t calls = 0;           // ops completed and waited: counted by wait(), like everything below
+  int64_t launched = 0;        // ops issued: counted at issue, before anything ran, so that a test can
+                               // tell whether a collective was started during some stretch of code
+  int64_t payload_bytes = 0;   // bytes handed to the collective (the full buffer; for reduce_scatter
+                               // the full input, for all_gather the full output)
+  // What this rank itself sent and received. For an even split (every uniform collective) each rank
+  // sends and receives (N-1)/N of the payload in a reduce-scatter or an all-gather, 2(N-1)/N in an
+  // all-reduce. For the variable-count forms they follow the counts: a rank that owns a larger
+  // segment receives more contributions to reduce, or sends its segment to more bytes' worth of peers.
+  int64_t sent_bytes = 0;
+  int64_t received_bytes = 0;
+  // The largest share of one call's payload that this rank sent, and received: (N-1)/N for a
+  // balanced reduce-scatter or all-gather, up to N-1 for a rank that owns the whole range of one.
+  double max_sent_share = 0;
+  double max_received_share = 0;
+  double busy_ms = 0;          // time ops of this kind were in flight on their lane (see comm_mpi.cpp)
 };
 
 struct CommStats {
   CollectiveCounters kind[kCollectiveKinds];
   double exposed_ms = 0;    // time callers spent blocked waiting for communication
-  double in_flight_ms = 0;  // time during which at least one op was in flight: the union of their
-                            // intervals. The busy times of ops that overlap (a send and a receive,
-                            // each on its lane of the link) add up to more; this never does.
+  double in_flight_ms = 0;  // time during which at least one op was in flight, from its issue to its
+                            // completion: the union of their intervals. Busy times of ops that
+                            // overlap add up to more; this never does. exposed_ms <= in_flight_ms,
+                            // since a caller only waits while its op is in flight.
   int64_t total_calls() const;
   int64_t total_launched() const;  // every kind, Scalar included: callers subtract what they need
-  int64_t total_wire_bytes() const;
+  int64_t total_sent_bytes() const;
+  int64_t total_received_bytes() const;
   double total_busy_ms() const;
+  // The counts of what happened between `before` (an earlier copy of these statistics) and now. The
+  // per-call maxima are not differences: they keep the larger of the two.
+  CommStats since(const CommStats& before) const;
 };
 
-// Emulated interconnect (off when gbps == 0): each collective takes at least the time an alpha-beta
-// model of a ring over such a link gives (comm_mpi.cpp, modelled_ms()). The communication thread
-// sleeps out the remainder, so no CPU is burnt. Over NCCL (comm_nccl.cpp) a one-thread kernel holds
-// the collective's stream instead (link_delay.h).
+// Emulated interconnect: each op takes at least the time an alpha-beta model of a ring over such a
+// link gives (modelled_ms() below). Off when both numbers are 0. Latency alone (gbps 0) models an
+// infinitely wide link whose every message costs latency_us.
 struct LinkModel {
-  double gbps = 0;        // link bandwidth in gigabits per second; 0 = no emulation
+  double gbps = 0;        // link bandwidth in gigabits per second; 0 = unlimited
   double latency_us = 0;  // per-message latency alpha
+  bool on() const { return gbps > 0 || latency_us > 0; }
 };
 
 class CommHandle {
@@ -58,11 +77,11 @@ class CommHandle {
   CommHandle() = default;
   explicit CommHandle(std::shared_ptr<State> s) : state_(std::move(s)) {}
   // The handle of a device communicator (NCCL, comm_nccl.cpp), whose collectives finish on a GPU
-  // stream rather than on the comm thread: wait() calls `device_wait`, which makes the GPU's compute
-  // stream wait for the collective (the host does not block) and counts the op.
+  // stream: wait() calls `device_wait`, which makes the GPU's compute stream wait for the collective
+  // (the host does not block) and counts the op.
   explicit CommHandle(std::function<void()> device_wait)
       : device_wait_(std::make_shared<std::function<void()>>(std::move(device_wait))) {}
-  // Blocks until the collective finished; the blocked time counts as exposed communication.
+  // Blocks until the op has finished; the blocked time counts as exposed communication.
   void wait();
   bool valid() const { return state_ != nullptr || device_wait_ != nullptr; }
 
@@ -74,11 +93,17 @@ class CommHandle {
 class Communicator {
  public:
   virtual ~Communicator() = default;
-  int rank() const { return rank_; }
+  int rank() const { return rank_; }   // within this communicator's group
   int size() const { return size_; }
   // Where the tensors of its collectives live: CPU for MPI, CUDA for the NCCL and host-staged ones.
   Device device() const { return device_; }
-  const std::string& name() const { return name_; }  // "mpi", "nccl", "mpi (host-staged)"
+  const std::string& name() const { return name_; }    // "mpi", "nccl", "mpi (host-staged)"
+  const std::string& group() const { return group_; }  // "world", "dp", "tp", "pp", ...
+
+  // A new communicator over the ranks of this one that pass the same `color`, ranked by `key`
+  // (ties by their rank here), named `group`. Collective: every rank of this communicator calls it.
+  // Of the same kind as this one (MPI, NCCL or host-staged); groups share the one progress engine.
+  virtual std::unique_ptr<Communicator> split(int color, int key, const std::string& group) = 0;
 
   // MPI forbids a send buffer that overlaps the receive buffer of the same call, and does not check:
   // it would reduce or copy from input it has half overwritten. So the collectives below with both
@@ -92,15 +117,14 @@ class Communicator {
   // send holds n elements; recv receives size()*n: rank r's contribution at offset r*n.
   // In place when send IS this rank's chunk of recv (send.data == the address of element rank*n of
   // recv): MPI then takes this rank's contribution from recv itself (MPI_IN_PLACE). That is how
-  // ZeRO gathers the updated parameters: every rank updated its own slice of the full buffer.
+  // ZeRO gathers the updated parameters: every rank updated its own piece of each range.
   virtual CommHandle all_gather_async(Tensor send, Tensor recv) = 0;
 
-  // Variable counts, for a range [begin, end) of a flat buffer whose pieces different ranks own:
-  // under ZeRO rank r owns [r*S, (r+1)*S), so a bucket or a layer splits by owner unevenly, and
-  // ranks that own none of it get 0. counts has size() entries, the same on every rank; segment r
-  // begins at counts[0] + ... + counts[r-1]. Counted as ReduceScatter and AllGather, with the full
-  // size sum(counts) as the payload, exactly as the uniform forms. counts is copied: it may die as
-  // soon as the call returns.
+  // Variable counts: segment r (counts[r] elements, possibly 0) belongs to rank r. counts has size()
+  // entries, the same on every rank; segment r begins at counts[0] + ... + counts[r-1]. Counted as
+  // ReduceScatter and AllGather, with the full size sum(counts) as the payload; the bytes sent and
+  // received follow the counts (CollectiveCounters). counts is copied: it may die as soon as the call
+  // returns.
   //
   // send holds sum(counts) elements; this rank receives the reduction of its segment into recv,
   // counts[rank()] elements (recv may be an empty Tensor when that is 0).
@@ -111,23 +135,42 @@ class Communicator {
   virtual CommHandle all_gather_v_async(Tensor send, Tensor recv, const std::vector<int64_t>& counts) = 0;
 
   virtual CommHandle broadcast_async(Tensor buf, int root) = 0;
-  virtual CommHandle send_async(Tensor buf, int peer) = 0;
-  virtual CommHandle recv_async(Tensor buf, int peer) = 0;
+  // Point to point. A receive matches the send from `peer` with the same tag; messages with equal
+  // (peer, tag) arrive in the order they were sent. NCCL has no tags and matches by issue order
+  // (comm_nccl.cpp): a program that must run on it issues sends and receives in a matching order.
+  virtual CommHandle send_async(Tensor buf, int peer, int tag = 0) = 0;
+  virtual CommHandle recv_async(Tensor buf, int peer, int tag = 0) = 0;
   virtual CommHandle barrier_async() = 0;
 
-  void all_reduce(Tensor buf, ReduceOp op) { all_reduce_async(buf, op).wait(); }
-  void reduce_scatter(Tensor send, Tensor recv, ReduceOp op) { reduce_scatter_async(send, recv, op).wait(); }
-  void all_gather(Tensor send, Tensor recv) { all_gather_async(send, recv).wait(); }
+  // The blocking forms: the async form, waited at once (issuing_blocking_ lets a communicator know,
+  // so that it need not arrange for progress in the background).
+  void all_reduce(Tensor buf, ReduceOp op) {
+    blocking([&] { return all_reduce_async(buf, op); });
+  }
+  void reduce_scatter(Tensor send, Tensor recv, ReduceOp op) {
+    blocking([&] { return reduce_scatter_async(send, recv, op); });
+  }
+  void all_gather(Tensor send, Tensor recv) {
+    blocking([&] { return all_gather_async(send, recv); });
+  }
   void reduce_scatter_v(Tensor send, Tensor recv, const std::vector<int64_t>& counts, ReduceOp op) {
-    reduce_scatter_v_async(send, recv, counts, op).wait();
+    blocking([&] { return reduce_scatter_v_async(send, recv, counts, op); });
   }
   void all_gather_v(Tensor send, Tensor recv, const std::vector<int64_t>& counts) {
-    all_gather_v_async(send, recv, counts).wait();
+    blocking([&] { return all_gather_v_async(send, recv, counts); });
   }
-  void broadcast(Tensor buf, int root) { broadcast_async(buf, root).wait(); }
-  void send(Tensor buf, int peer) { send_async(buf, peer).wait(); }
-  void recv(Tensor buf, int peer) { recv_async(buf, peer).wait(); }
-  void barrier() { barrier_async().wait(); }
+  void broadcast(Tensor buf, int root) {
+    blocking([&] { return broadcast_async(buf, root); });
+  }
+  void send(Tensor buf, int peer, int tag = 0) {
+    blocking([&] { return send_async(buf, peer, tag); });
+  }
+  void recv(Tensor buf, int peer, int tag = 0) {
+    blocking([&] { return recv_async(buf, peer, tag); });
+  }
+  void barrier() {
+    blocking([&] { return barrier_async(); });
+  }
 
   // One double reduced across ranks, blocking; counted as CollectiveKind::Scalar so that metric and
   // norm scalars never blur the gradient traffic that theory predicts.
@@ -149,22 +192,44 @@ class Communicator {
   const LinkModel& link_model() const { return link_; }
 
  protected:
+  template <typename Issue>
+  void blocking(Issue issue) {
+    issuing_blocking_ = true;
+    CommHandle handle = issue();
+    issuing_blocking_ = false;
+    handle.wait();
+  }
+
+  bool issuing_blocking_ = false;  // true while a blocking form issues its op
   int rank_ = 0;
   int size_ = 1;
   Device device_ = Device::CPU;
   std::string name_ = "mpi";
+  std::string group_ = "world";
   CommStats stats_;
   LinkModel link_;
 };
 
 // MPI_Init_thread (MPI_THREAD_MULTIPLE) and the communicator over MPI_COMM_WORLD. Call once, first
-// thing in main; shutdown_mpi() at the end. Also sets the error context of check.h.
+// thing in main; shutdown_mpi() at the end, after every communicator split from it is gone. Also sets
+// the error context of check.h.
 std::unique_ptr<Communicator> init_mpi_communicator(int* argc, char*** argv);
 void shutdown_mpi(std::unique_ptr<Communicator> comm);
 
-// Bytes one rank sends over a ring for a collective of `payload_bytes` (CollectiveCounters'
-// wire_bytes), rounded down when N does not divide the payload; 0 with one rank.
+// The watchdog: an op that has been in flight (posted to MPI) for longer than `seconds` ends the job
+// with a message naming the rank, the op, its group and the step (check.h's phase). It catches a peer
+// that is stopped, dead or stuck before a collective. 0 switches it off. Process-wide.
+void set_comm_timeout(double seconds);
+
+// Bytes one rank sends for a collective of `payload_bytes` split evenly over `ranks` (the sent_bytes
+// of CollectiveCounters), rounded down when N does not divide the payload; 0 with one rank.
 int64_t wire_bytes_for(CollectiveKind kind, int64_t payload_bytes, int ranks);
 
-// Modelled time in ms of one collective on the emulated link (0 when the link is off).
+// Modelled time in ms of one op on the emulated link (0 when the link is off or ranks == 1):
+//   all_reduce                   2(N-1) (alpha + S / (N beta))   reduce-scatter, then all-gather
+//   reduce_scatter, all_gather    (N-1) (alpha + S / (N beta))   S = the full (N-chunk) size
+//   broadcast, send               alpha + S / beta               pipelined: the payload once
+//   barrier                       2(N-1) alpha                    an all-reduce of nothing
+//   scalar                        as all_reduce with S = 8 bytes
+// with alpha = latency_us and beta = gbps / 8 bytes per second (infinite when gbps is 0).
 double modelled_ms(const LinkModel& link, CollectiveKind kind, int64_t payload_bytes, int ranks);

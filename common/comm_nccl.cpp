@@ -33,12 +33,16 @@
 //   The anchor is renewed every few seconds, so that neither the drift between the two clocks nor
 //   the float precision of cudaEventElapsedTime grows with the run. These spans show when the GPU
 //   ran the collective; the compute track shows when the host queued its work, usually earlier.
-//   Emulated link (LinkModel, comm.h). Each collective lasts at least modelled_ms() on the NCCL
-//   stream: a kernel stamps the GPU clock before it and another holds the stream after it until the
-//   modelled time has passed (link_delay.h). Busy time includes the hold, as the MPI communicator's
-//   includes its sleep. With the link off (gbps 0, or one rank) nothing extra is launched. One
-//   difference: the MPI model gives receives a lane of their own (a full-duplex link), while here a
-//   receive's hold, on the one NCCL stream, also holds the sends queued after it.
+//   Emulated link (LinkModel, comm.h). As over MPI, the link holds each message for its modelled time
+//   before it enters the network: a one-thread kernel holds the NCCL stream for modelled_ms() right
+//   before the collective (link_delay.h), so that a collective completes no earlier than the last
+//   rank's entry plus the modelled time, and a message no earlier than its modelled time after it was
+//   sent. Busy time includes the hold. With the link off (or one rank) nothing extra is launched.
+//   Receives are not held (the sender's hold covers the message); but, NCCL having one stream here,
+//   a send's hold also delays the receives queued after it, where MPI gives them a lane of their own.
+//   Groups (split): each group is an NCCL communicator of its own, named by a unique id that the
+//   group's rank 0 makes and broadcasts over the group's MPI communicator. Tags: NCCL has none, so
+//   sends and receives between two ranks match in issue order whatever their tags.
 //   Barrier. barrier() holds the host until every rank has reached it, as MPI's does (a checkpoint
 //   relies on it): an all-reduce of one float on the NCCL stream, then the host waits for it.
 //   CPU tensors, scalars, agree_or_die and broadcast_bytes of host memory go over MPI, through the
@@ -70,7 +74,7 @@
 #include "comm_factory.h"
 #include "cuda_check.h"  // CUDA_CHECK, NCCL_CHECK
 #include "device.h"      // cuda_device_count
-#include "link_delay.h"  // LinkDelay: the emulated link on the NCCL stream
+#include "link_delay.h"  // hold_stream: the emulated link on the NCCL stream
 #include "memory.h"      // Buffer, device_alloc: staging and scratch memory is counted
 #include "ops_cuda.h"    // cuda::stream(), the compute stream
 #include "trace.h"       // now_ms, trace_span
@@ -108,6 +112,8 @@ class CudaCommunicatorBase : public Communicator {
     size_ = mpi_->size();
     device_ = Device::CUDA;
     name_ = name;
+    group_ = mpi_->group();
+    link_ = mpi_->link_model();
   }
 
   // Ours, and the MPI communicator's: what travels over MPI is delayed as in a CPU run.
@@ -125,7 +131,10 @@ class CudaCommunicatorBase : public Communicator {
       ours.calls += now.kind[k].calls - mpi_seen_.kind[k].calls;
       ours.launched += now.kind[k].launched - mpi_seen_.kind[k].launched;
       ours.payload_bytes += now.kind[k].payload_bytes - mpi_seen_.kind[k].payload_bytes;
-      ours.wire_bytes += now.kind[k].wire_bytes - mpi_seen_.kind[k].wire_bytes;
+      ours.sent_bytes += now.kind[k].sent_bytes - mpi_seen_.kind[k].sent_bytes;
+      ours.received_bytes += now.kind[k].received_bytes - mpi_seen_.kind[k].received_bytes;
+      ours.max_sent_share = std::max(ours.max_sent_share, now.kind[k].max_sent_share);
+      ours.max_received_share = std::max(ours.max_received_share, now.kind[k].max_received_share);
       ours.busy_ms += now.kind[k].busy_ms - mpi_seen_.kind[k].busy_ms;
     }
     stats_.exposed_ms += now.exposed_ms - mpi_seen_.exposed_ms;
@@ -215,7 +224,7 @@ struct NcclOp {
   CollectiveKind kind = CollectiveKind::AllReduce;
   const char* name = "";         // for the trace, as in comm_mpi.cpp: "all_reduce", "send", ...
   int64_t payload_bytes = 0;
-  int64_t wire_bytes = 0;
+  int64_t sent_bytes = 0, received_bytes = 0;
   cudaEvent_t start = nullptr;   // NCCL stream, just before the collective (and its link delay)
   cudaEvent_t end = nullptr;     // NCCL stream, just after them
   cudaEvent_t waited = nullptr;  // compute stream, where wait() made it wait for `end`
@@ -227,9 +236,12 @@ class NcclCommunicator final : public CudaCommunicatorBase {
  public:
   explicit NcclCommunicator(std::unique_ptr<Communicator> mpi) : CudaCommunicatorBase(std::move(mpi), "nccl") {
     // Rank 0 makes the id that names this NCCL communicator; MPI carries it to everyone.
+    // The group's rank 0 makes the id that names this NCCL communicator; the group's MPI communicator
+    // carries it to the others.
     ncclUniqueId id;
     if (rank_ == 0) NCCL_CHECK(ncclGetUniqueId(&id));
-    MPI_CHECK(MPI_Bcast(&id, int(sizeof id), MPI_BYTE, 0, MPI_COMM_WORLD));
+    mpi_->broadcast_bytes(&id, sizeof id, 0);
+    absorb_mpi_stats();
     // Non-blocking: this stream never synchronises implicitly with the legacy default stream; its
     // ordering with the compute stream is exactly the events described at the top of the file.
     CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
@@ -256,12 +268,16 @@ class NcclCommunicator final : public CudaCommunicatorBase {
     device_free(barrier_value_);
   }
 
+  std::unique_ptr<Communicator> split(int color, int key, const std::string& group) override {
+    return std::make_unique<NcclCommunicator>(mpi_->split(color, key, group));
+  }
+
   CommHandle all_reduce_async(Tensor buf, ReduceOp op) override {
     if (buf.device == Device::CPU) return over_mpi(mpi_->all_reduce_async(buf, op));
     void* data = buf.data;
     const size_t n = size_t(buf.numel());
     const ncclDataType_t type = nccl_type(buf.dtype);
-    return issue(CollectiveKind::AllReduce, "all_reduce", int64_t(buf.bytes()), false, [=](cudaStream_t s) {
+    return issue(CollectiveKind::AllReduce, "all_reduce", int64_t(buf.bytes()), even(CollectiveKind::AllReduce, buf.bytes()), [=](cudaStream_t s) {
       NCCL_CHECK(ncclAllReduce(data, data, n, type, nccl_op(op), comm_, s));
     });
   }
@@ -275,7 +291,8 @@ class NcclCommunicator final : public CudaCommunicatorBase {
     void* out = recv.data;
     const size_t n = size_t(recv.numel());
     const ncclDataType_t type = nccl_type(send.dtype);
-    return issue(CollectiveKind::ReduceScatter, "reduce_scatter", int64_t(send.bytes()), false,
+    return issue(CollectiveKind::ReduceScatter, "reduce_scatter", int64_t(send.bytes()),
+                 even(CollectiveKind::ReduceScatter, send.bytes()),
                  [=](cudaStream_t s) { NCCL_CHECK(ncclReduceScatter(in, out, n, type, nccl_op(op), comm_, s)); });
   }
 
@@ -287,7 +304,7 @@ class NcclCommunicator final : public CudaCommunicatorBase {
     void* out = recv.data;
     const size_t n = size_t(send.numel());
     const ncclDataType_t type = nccl_type(send.dtype);
-    return issue(CollectiveKind::AllGather, "all_gather", int64_t(recv.bytes()), false,
+    return issue(CollectiveKind::AllGather, "all_gather", int64_t(recv.bytes()), even(CollectiveKind::AllGather, recv.bytes()),
                  [=](cudaStream_t s) { NCCL_CHECK(ncclAllGather(in, out, n, type, comm_, s)); });
   }
 
@@ -306,7 +323,8 @@ class NcclCommunicator final : public CudaCommunicatorBase {
     const size_t element = dtype_size(send.dtype);
     const ncclDataType_t type = nccl_type(send.dtype);
     const int64_t payload = int64_t(send.bytes());
-    return issue(CollectiveKind::ReduceScatter, "reduce_scatter_v", payload, false, [&](cudaStream_t s) {
+    return issue(CollectiveKind::ReduceScatter, "reduce_scatter_v", payload,
+                 by_counts(CollectiveKind::ReduceScatter, counts, element), [&](cudaStream_t s) {
       NCCL_CHECK(ncclGroupStart());
       for (int r = 0; r < size_; r++) {
         if (counts[r] == 0) continue;
@@ -331,7 +349,8 @@ class NcclCommunicator final : public CudaCommunicatorBase {
     char* out = static_cast<char*>(recv.data);
     const size_t element = dtype_size(recv.dtype);
     const ncclDataType_t type = nccl_type(recv.dtype);
-    return issue(CollectiveKind::AllGather, "all_gather_v", int64_t(recv.bytes()), false, [&](cudaStream_t s) {
+    return issue(CollectiveKind::AllGather, "all_gather_v", int64_t(recv.bytes()),
+                 by_counts(CollectiveKind::AllGather, counts, element), [&](cudaStream_t s) {
       NCCL_CHECK(ncclGroupStart());
       for (int r = 0; r < size_; r++) {
         if (counts[r] == 0) continue;
@@ -349,27 +368,29 @@ class NcclCommunicator final : public CudaCommunicatorBase {
     void* data = buf.data;
     const size_t n = size_t(buf.numel());
     const ncclDataType_t type = nccl_type(buf.dtype);
-    return issue(CollectiveKind::Broadcast, "broadcast", int64_t(buf.bytes()), false,
+    const int64_t bytes = int64_t(buf.bytes());
+    return issue(CollectiveKind::Broadcast, "broadcast", bytes, {bytes, rank_ == root ? 0 : bytes},
                  [=](cudaStream_t s) { NCCL_CHECK(ncclBroadcast(data, data, n, type, root, comm_, s)); });
   }
 
-  CommHandle send_async(Tensor buf, int peer) override {
+  // NCCL has no tags: `tag` orders nothing here (comm.h).
+  CommHandle send_async(Tensor buf, int peer, int tag) override {
     ENSURE(peer >= 0 && peer < size_, "send: peer out of range");
-    if (buf.device == Device::CPU) return over_mpi(mpi_->send_async(buf, peer));
+    if (buf.device == Device::CPU) return over_mpi(mpi_->send_async(buf, peer, tag));
     const void* data = buf.data;
     const size_t n = size_t(buf.numel());
     const ncclDataType_t type = nccl_type(buf.dtype);
-    return issue(CollectiveKind::SendRecv, "send", int64_t(buf.bytes()), false,
+    return issue(CollectiveKind::SendRecv, "send", int64_t(buf.bytes()), {int64_t(buf.bytes()), 0},
                  [=](cudaStream_t s) { NCCL_CHECK(ncclSend(data, n, type, peer, comm_, s)); });
   }
 
-  CommHandle recv_async(Tensor buf, int peer) override {
+  CommHandle recv_async(Tensor buf, int peer, int tag) override {
     ENSURE(peer >= 0 && peer < size_, "recv: peer out of range");
-    if (buf.device == Device::CPU) return over_mpi(mpi_->recv_async(buf, peer));
+    if (buf.device == Device::CPU) return over_mpi(mpi_->recv_async(buf, peer, tag));
     void* data = buf.data;
     const size_t n = size_t(buf.numel());
     const ncclDataType_t type = nccl_type(buf.dtype);
-    return issue(CollectiveKind::SendRecv, "recv", int64_t(buf.bytes()), /*sends_nothing=*/true,
+    return issue(CollectiveKind::SendRecv, "recv", int64_t(buf.bytes()), {0, int64_t(buf.bytes())},
                  [=](cudaStream_t s) { NCCL_CHECK(ncclRecv(data, n, type, peer, comm_, s)); });
   }
 
@@ -379,7 +400,7 @@ class NcclCommunicator final : public CudaCommunicatorBase {
   // Its blocked time is the compute stream's stall, counted as exposed like any other op's.
   CommHandle barrier_async() override {
     float* value = barrier_value_;
-    CommHandle device = issue(CollectiveKind::Barrier, "barrier", 0, false, [=](cudaStream_t s) {
+    CommHandle device = issue(CollectiveKind::Barrier, "barrier", 0, {0, 0}, [=](cudaStream_t s) {
       NCCL_CHECK(ncclAllReduce(value, value, 1, ncclFloat, ncclSum, comm_, s));
     });
     return CommHandle([this, device]() mutable {
@@ -403,7 +424,8 @@ class NcclCommunicator final : public CudaCommunicatorBase {
       absorb_mpi_stats();
       return;
     }
-    issue(CollectiveKind::Broadcast, "broadcast_bytes", int64_t(bytes), false, [=](cudaStream_t s) {
+    const int64_t n = int64_t(bytes);
+    issue(CollectiveKind::Broadcast, "broadcast_bytes", n, {n, rank_ == root ? 0 : n}, [=](cudaStream_t s) {
       NCCL_CHECK(ncclBroadcast(data, data, bytes, ncclUint8, root, comm_, s));
     }).wait();
   }
@@ -412,14 +434,34 @@ class NcclCommunicator final : public CudaCommunicatorBase {
   // Queues `collective` on the NCCL stream after the compute stream's work so far, between the two
   // timing events (and, while the link model is on, between the two kernels of the link delay), and
   // returns its handle.
-  CommHandle issue(CollectiveKind kind, const char* name, int64_t payload_bytes, bool sends_nothing,
+  // What one rank sends and receives, as comm_mpi.cpp counts it: an even split, or by counts.
+  struct Traffic {
+    int64_t sent = 0, received = 0;
+  };
+  Traffic even(CollectiveKind kind, size_t payload) const {
+    const int64_t wire = wire_bytes_for(kind, int64_t(payload), size_);
+    return {wire, wire};
+  }
+  Traffic by_counts(CollectiveKind kind, const std::vector<int64_t>& counts, size_t element) const {
+    int64_t total = 0;
+    for (int64_t c : counts) total += c;
+    const int64_t others = (total - counts[rank_]) * int64_t(element);
+    const int64_t own_from_peers = (size_ - 1) * counts[rank_] * int64_t(element);
+    if (kind == CollectiveKind::ReduceScatter) return {others, own_from_peers};
+    return {own_from_peers, others};
+  }
+
+  CommHandle issue(CollectiveKind kind, const char* name, int64_t payload_bytes, Traffic traffic,
                    const std::function<void(cudaStream_t)>& collective) {
     collect_times();
     auto op = std::make_shared<NcclOp>();
     op->kind = kind;
     op->name = name;
     op->payload_bytes = payload_bytes;
-    op->wire_bytes = sends_nothing ? 0 : wire_bytes_for(kind, payload_bytes, size_);
+    if (size_ > 1) {
+      op->sent_bytes = traffic.sent;
+      op->received_bytes = traffic.received;
+    }
     stats_.kind[int(kind)].launched += 1;
 
     // The input is produced by ops queued on the compute stream: the NCCL stream waits for them.
@@ -432,11 +474,12 @@ class NcclCommunicator final : public CudaCommunicatorBase {
     CUDA_CHECK(cudaEventCreate(&op->start));
     CUDA_CHECK(cudaEventCreate(&op->end));
     // The link model of this moment (set_link_model belongs to this thread, as in comm_mpi.cpp).
-    const double link_ms = modelled_ms(link_, kind, payload_bytes, size_);
+    // A receive (sends nothing) is not held: the sender's hold covers its message.
+    const bool receive = kind == CollectiveKind::SendRecv && traffic.sent == 0;
+    const double link_ms = receive ? 0.0 : modelled_ms(link_, kind, payload_bytes, size_);
     CUDA_CHECK(cudaEventRecord(op->start, stream_));
-    if (link_ms > 0) link_delay_.begin(stream_);
+    if (link_ms > 0) hold_stream(stream_, link_ms);  // the link holds the message before it enters
     collective(stream_);
-    if (link_ms > 0) link_delay_.end(stream_, link_ms);
     CUDA_CHECK(cudaEventRecord(op->end, stream_));
     in_flight_.push_back(op);
     return CommHandle([this, op] { wait_for(*op); });
@@ -450,7 +493,12 @@ class NcclCommunicator final : public CudaCommunicatorBase {
       CollectiveCounters& c = stats_.kind[int(op.kind)];
       c.calls += 1;
       c.payload_bytes += op.payload_bytes;
-      c.wire_bytes += op.wire_bytes;
+      c.sent_bytes += op.sent_bytes;
+      c.received_bytes += op.received_bytes;
+      if (op.payload_bytes > 0) {
+        c.max_sent_share = std::max(c.max_sent_share, double(op.sent_bytes) / double(op.payload_bytes));
+        c.max_received_share = std::max(c.max_received_share, double(op.received_bytes) / double(op.payload_bytes));
+      }
       // Recorded before the wait is queued: the stall of the compute stream is end - waited.
       CUDA_CHECK(cudaEventCreate(&op.waited));
       CUDA_CHECK(cudaEventRecord(op.waited, cuda::stream()));
@@ -526,7 +574,6 @@ class NcclCommunicator final : public CudaCommunicatorBase {
   cudaStream_t stream_ = nullptr;
   float* barrier_value_ = nullptr;
   std::list<std::shared_ptr<NcclOp>> in_flight_;  // issued, times not yet collected
-  LinkDelay link_delay_;                          // used only while the link model is on
 
   // The trace's clock conversion. Renewed after 10 s: by then a float of milliseconds resolves 1 us.
   static constexpr double kAnchorRenewMs = 10e3;
@@ -544,6 +591,10 @@ class HostStagedCommunicator final : public CudaCommunicatorBase {
  public:
   explicit HostStagedCommunicator(std::unique_ptr<Communicator> mpi)
       : CudaCommunicatorBase(std::move(mpi), "mpi (host-staged)") {}
+
+  std::unique_ptr<Communicator> split(int color, int key, const std::string& group) override {
+    return std::make_unique<HostStagedCommunicator>(mpi_->split(color, key, group));
+  }
 
   CommHandle all_reduce_async(Tensor buf, ReduceOp op) override {
     if (buf.device == Device::CPU) return over_mpi(mpi_->all_reduce_async(buf, op));
@@ -597,16 +648,16 @@ class HostStagedCommunicator final : public CudaCommunicatorBase {
     return staged(mpi_->broadcast_async(host->view(), root), nullptr, host, buf);
   }
 
-  CommHandle send_async(Tensor buf, int peer) override {
-    if (buf.device == Device::CPU) return over_mpi(mpi_->send_async(buf, peer));
+  CommHandle send_async(Tensor buf, int peer, int tag) override {
+    if (buf.device == Device::CPU) return over_mpi(mpi_->send_async(buf, peer, tag));
     auto host = to_host(buf);
-    return staged(mpi_->send_async(host->view(), peer), host, nullptr, Tensor{});
+    return staged(mpi_->send_async(host->view(), peer, tag), host, nullptr, Tensor{});
   }
 
-  CommHandle recv_async(Tensor buf, int peer) override {
-    if (buf.device == Device::CPU) return over_mpi(mpi_->recv_async(buf, peer));
+  CommHandle recv_async(Tensor buf, int peer, int tag) override {
+    if (buf.device == Device::CPU) return over_mpi(mpi_->recv_async(buf, peer, tag));
     auto host = host_buffer(buf);
-    return staged(mpi_->recv_async(host->view(), peer), nullptr, host, buf);
+    return staged(mpi_->recv_async(host->view(), peer, tag), nullptr, host, buf);
   }
 
   CommHandle barrier_async() override { return over_mpi(mpi_->barrier_async()); }
@@ -627,6 +678,13 @@ class HostStagedCommunicator final : public CudaCommunicatorBase {
  private:
   using HostBuffer = std::shared_ptr<Buffer>;
 
+  // A staging copy is communication the caller waits for: exposed, and in flight (so that exposed
+  // time never exceeds the time communication was in flight).
+  void count_copy(double ms) {
+    stats_.exposed_ms += ms;
+    stats_.in_flight_ms += ms;
+  }
+
   // In the tensor's own dtype: bf16 travels as bf16 (the MPI communicator reduces it in fp32).
   static HostBuffer host_buffer(const Tensor& t) {
     return std::make_shared<Buffer>(t.numel(), MemCategory::CommBuffers, t.dtype, Device::CPU);
@@ -639,7 +697,7 @@ class HostStagedCommunicator final : public CudaCommunicatorBase {
     const auto start = std::chrono::steady_clock::now();
     HostBuffer host = host_buffer(t);
     if (t.bytes() > 0) CUDA_CHECK(cudaMemcpy(host->data(), t.data, t.bytes(), cudaMemcpyDeviceToHost));
-    stats_.exposed_ms += elapsed_ms(start);
+    count_copy(elapsed_ms(start));
     return host;
   }
 
@@ -659,7 +717,7 @@ class HostStagedCommunicator final : public CudaCommunicatorBase {
         cuda::synchronize();
         const auto start = std::chrono::steady_clock::now();
         CUDA_CHECK(cudaMemcpy(device.data, result->data(), device.bytes(), cudaMemcpyHostToDevice));
-        stats_.exposed_ms += elapsed_ms(start);
+        count_copy(elapsed_ms(start));
       }
       input.reset();
       result.reset();

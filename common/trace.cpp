@@ -76,7 +76,9 @@ std::string rank_events_json(int rank) {
 
 }  // namespace
 
-double now_ms() { return std::chrono::duration<double, std::milli>(Clock::now() - g_epoch).count(); }
+double now_ms() { return trace_ms(Clock::now()); }
+
+double trace_ms(Clock::time_point t) { return std::chrono::duration<double, std::milli>(t - g_epoch).count(); }
 
 void sync_clock_epoch(Communicator& comm) {
   comm.barrier();

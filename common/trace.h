@@ -3,6 +3,7 @@
 // write_merged_trace(), which gathers every rank's spans into one file: one process per rank,
 // compute and communication on separate tracks.
 #pragma once
+#include <chrono>
 #include <string>
 
 class Communicator;
@@ -11,6 +12,8 @@ class Communicator;
 // (sync_clock_epoch), so timelines of different ranks line up to within the barrier's skew.
 double now_ms();
 void sync_clock_epoch(Communicator& comm);
+// The same clock at an earlier moment `t` of std::chrono::steady_clock (what now_ms() read then).
+double trace_ms(std::chrono::steady_clock::time_point t);
 
 enum class Track { Compute = 0, Comm = 1, Wait = 2 };  // Wait: the caller blocked on communication
 

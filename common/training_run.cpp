@@ -13,26 +13,12 @@
 
 namespace {
 
-CommStats difference(const CommStats& now, const CommStats& before) {
-  CommStats d;
-  for (int k = 0; k < kCollectiveKinds; k++) {
-    d.kind[k].calls = now.kind[k].calls - before.kind[k].calls;
-    d.kind[k].launched = now.kind[k].launched - before.kind[k].launched;
-    d.kind[k].payload_bytes = now.kind[k].payload_bytes - before.kind[k].payload_bytes;
-    d.kind[k].wire_bytes = now.kind[k].wire_bytes - before.kind[k].wire_bytes;
-    d.kind[k].busy_ms = now.kind[k].busy_ms - before.kind[k].busy_ms;
-  }
-  d.exposed_ms = now.exposed_ms - before.exposed_ms;
-  d.in_flight_ms = now.in_flight_ms - before.in_flight_ms;
-  return d;
-}
-
 // Training traffic only: the loss and norm scalars are metrics, not what theory counts.
 int64_t training_calls(const CommStats& s) {
   return s.total_calls() - s.kind[int(CollectiveKind::Scalar)].calls;
 }
 int64_t training_wire_bytes(const CommStats& s) {
-  return s.total_wire_bytes() - s.kind[int(CollectiveKind::Scalar)].wire_bytes;
+  return s.total_sent_bytes() - s.kind[int(CollectiveKind::Scalar)].sent_bytes;
 }
 
 }  // namespace
@@ -221,7 +207,7 @@ void TrainingRun::end_step(int step, float local_loss, double grad_norm) {
   comm_.collect_stats();
   const double step_end_ms = now_ms(), step_ms = step_end_ms - step_start_ms_;
   trace_span(Track::Compute, "step " + std::to_string(step), step_start_ms_, step_end_ms);
-  const CommStats step_comm = difference(comm_.stats(), comm_at_step_start_);
+  const CommStats step_comm = comm_.stats().since(comm_at_step_start_);
   const MemoryStats& mem = memory_stats();
   const float loss = float(comm_.all_reduce_scalar(local_loss, ReduceOp::Avg));
   const double tokens_per_s = double(batch_) * model_.T / (step_ms / 1e3);

@@ -1,10 +1,15 @@
-// comm_bench.cpp: the collective benchmark, in the manner of NVIDIA/nccl-tests, over our Communicator.
+// comm_bench.cpp: the collective benchmark, in the manner of NVIDIA/nccl-tests, over our Communicator,
+// next to raw MPI.
 //
-// Table 1 times all_reduce, reduce_scatter and all_gather (the blocking forms of common/comm.h) for
-// sizes 4 KB to 64 MB, x4 apart. Each size runs warm-up iterations, then enough timed iterations to
-// fill about 0.4 s (at least 3, at most 1000), so that 64 MB stays affordable on a slow emulated link.
+// Table 1 times all_reduce, reduce_scatter and all_gather for sizes 4 KB to 64 MB, x4 apart, twice:
+// "raw" calls MPI directly (MPI_Allreduce, MPI_Reduce_scatter_block, MPI_Allgather on a copy of
+// MPI_COMM_WORLD), "ours" the blocking forms of common/comm.h, and "x" is ours / raw: what our
+// communicator (its progress engine, counters and checks) costs over MPI itself. Each size runs
+// warm-up iterations, then enough timed iterations to fill about 0.2 s (at least 3, at most 1000).
 // The time is the mean per call, averaged over ranks. One extra call per size, in which rank r
-// contributes r+1, is checked exactly: "#wrong" counts wrong elements over all ranks (0 expected).
+// contributes r+1, checks ours exactly: "#wrong" counts wrong elements over all ranks (0 expected).
+// With an emulated link (--link-gbps, --link-latency-us) the raw calls sleep out the same modelled
+// time after MPI returns, so that "x" still compares the mechanics.
 //
 // How to read the columns (as nccl-tests defines them; bytes = the full size, for reduce_scatter
 // the whole input, for all_gather the whole output):
@@ -15,7 +20,7 @@
 //           own speed. On an emulated link (--link-gbps G) busbw climbs toward G/8 GB/s as sizes grow
 //           and the latency term 2(N-1) alpha fades; small sizes are latency-bound (busbw near 0).
 //           Without emulation the ranks share one machine's memory, so large sizes measure copies and
-//           additions, and small ones the communication thread's polling interval (comm_mpi.cpp).
+//           additions, and small ones the latency of MPI's shared-memory path.
 //
 // Table 2 all-reduces the gradient of the tiny and small presets three ways, with the same bytes
 // (the per-tensor plan skips the padding between units, where the rank count makes any):
@@ -25,22 +30,21 @@
 //   buckets       chapter 03: GradientBuckets of 0.125 MB, one async all_reduce each, then wait all.
 //   per tensor    chapter 02: one async all_reduce per parameter tensor, then wait all.
 // No compute runs beside them, so nothing is hidden: this is the bare cost of each plan. Every
-// collective pays a fixed latency (on a link of latency alpha, 2(N-1) alpha per all-reduce, plus the
-// hand-off to the comm thread), while the bytes cost the same however they are cut. So
+// collective pays a fixed latency (on a link of latency alpha, 2(N-1) alpha per all-reduce), while
+// the bytes cost the same however they are cut. So
 //   time ~ collectives x 2(N-1) alpha + 2(N-1)/N x bytes / bandwidth,
 // and the table prints what each collective beyond the first cost. The per-tensor plan pays the
 // latency 28 (tiny) or 52 (small) times, buckets 4 or 13 times: nearly the single call's time, yet
-// chapter 03 can still start sending before backward ends. The faster the link, the larger the
-// latency's share. Without --link-gbps the gap may vanish or even invert: MPI progresses collectives
-// posted together concurrently through shared memory, where a real (or emulated) link carries one
-// at a time. Run it with --link-gbps 0.5 --link-latency-us 50 to see the lesson.
-// All three use ReduceOp::Sum; the chapters use Avg, which adds a scaling pass on the comm thread.
+// chapter 03 can still start sending before backward ends. Without --link-gbps the gap may vanish:
+// MPI progresses collectives posted together concurrently through shared memory, where a real (or
+// emulated) link carries one at a time. Run it with --link-gbps 0.5 --link-latency-us 50 to see it.
+// All three use ReduceOp::Sum; the chapters use Avg, which adds a scaling pass.
 //
 // Build and run (RANKS defaults to 2; LINK is passed through):
 //   make bench-comm
 //   make bench-comm RANKS=4 LINK="--link-gbps 1 --link-latency-us 50"
 //   mpiexec -n 2 build/comm_bench --link-gbps 0.5 --json results/comm_bench.jsonl
-#include <mpi.h>  // MPI_Allreduce for table 2's raw baseline only
+#include <mpi.h>  // the raw baselines of tables 1 and 2 only
 
 #include <algorithm>
 #include <chrono>
@@ -63,7 +67,7 @@
 namespace {
 
 constexpr int kWarmupIters = 2;     // the first touches the pages and sets up MPI's connections
-constexpr double kTargetMs = 400;   // timed duration to aim for per collective and size
+constexpr double kTargetMs = 200;   // timed duration to aim for per collective, size and side
 constexpr int kMinIters = 3;
 constexpr int kMaxIters = 1000;
 constexpr double kBucketBytes = 0.125e6;  // chapter 03's default --bucket-mb
@@ -110,6 +114,31 @@ void run_collective(Communicator& comm, CollectiveKind kind, const Tensor& send,
   }
 }
 
+// The same collective straight through MPI on `raw` (a copy of MPI_COMM_WORLD), then a sleep for the
+// emulated link's modelled time, as the Communicator would hold it.
+void run_raw(MPI_Comm raw, const LinkModel& link, CollectiveKind kind, const Tensor& send, const Tensor& recv,
+             int64_t count, int n) {
+  using Clock = std::chrono::steady_clock;
+  const Clock::time_point start = Clock::now();
+  const int chunk = int(count / n);
+  switch (kind) {
+    case CollectiveKind::AllReduce:
+      MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, send.f32(), int(count), MPI_FLOAT, MPI_SUM, raw));
+      break;
+    case CollectiveKind::ReduceScatter:
+      MPI_CHECK(MPI_Reduce_scatter_block(send.f32(), recv.f32(), chunk, MPI_FLOAT, MPI_SUM, raw));
+      break;
+    case CollectiveKind::AllGather:
+      MPI_CHECK(MPI_Allgather(send.f32(), chunk, MPI_FLOAT, recv.f32(), chunk, MPI_FLOAT, raw));
+      break;
+    default: ENSURE(false, "comm_bench times all_reduce, reduce_scatter and all_gather only");
+  }
+  const double link_ms = modelled_ms(link, kind, count * 4, n);
+  if (link_ms > 0)
+    std::this_thread::sleep_until(start + std::chrono::duration_cast<Clock::duration>(
+                                              std::chrono::duration<double, std::milli>(link_ms)));
+}
+
 // One checked call: rank r contributes r+1, so a correct sum is N(N+1)/2 in every element and
 // gathered chunk j holds j+1. Small integers are exact in fp32: any difference is an error.
 // Returns the wrong elements over all ranks.
@@ -154,15 +183,18 @@ int64_t collective_table(Communicator& comm, const Options& opt, JsonLinesWriter
   Buffer send(opt.max_bytes / 4, MemCategory::CommBuffers);
   Buffer recv(opt.max_bytes / 4, MemCategory::CommBuffers);
   const bool root = comm.rank() == 0;
+  MPI_Comm raw = MPI_COMM_NULL;
+  MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &raw));
 
   if (root) {
-    std::printf("#\n# Table 1: collectives through our Communicator (blocking calls, ReduceOp::Sum), %d ranks\n", n);
-    std::printf("# %25s", "");
-    for (CollectiveKind k : kinds) std::printf("  %s", centered(collective_name(k), 33).c_str());
-    std::printf("\n# %12s %12s", "size", "count");
-    for (int i = 0; i < 3; i++) std::printf("  %10s %7s %7s %6s", "time", "algbw", "busbw", "#wrong");
-    std::printf("\n# %12s %12s", "(B)", "(floats)");
-    for (int i = 0; i < 3; i++) std::printf("  %10s %7s %7s %6s", "(us)", "(GB/s)", "(GB/s)", "");
+    std::printf("#\n# Table 1: collectives through raw MPI and through our Communicator (blocking calls, "
+                "ReduceOp::Sum), %d ranks\n", n);
+    std::printf("# %23s", "");
+    for (CollectiveKind k : kinds) std::printf("  %s", centered(collective_name(k), 38).c_str());
+    std::printf("\n# %10s %12s", "size", "count");
+    for (int i = 0; i < 3; i++) std::printf("  %8s %8s %5s %7s %6s", "raw", "ours", "x", "busbw", "#wrong");
+    std::printf("\n# %10s %12s", "(B)", "(floats)");
+    for (int i = 0; i < 3; i++) std::printf("  %8s %8s %5s %7s %6s", "(us)", "(us)", "", "(GB/s)", "");
     std::printf("\n");
   }
 
@@ -174,10 +206,12 @@ int64_t collective_table(Communicator& comm, const Options& opt, JsonLinesWriter
     // 341 each), and the table prints the bytes actually moved.
     const int64_t count = size / 4 / n * n;
     const int64_t bytes = count * 4;
-    if (root) std::printf("  %12lld %12lld", (long long)bytes, (long long)count);
+    if (root) std::printf("  %10lld %12lld", (long long)bytes, (long long)count);
     for (CollectiveKind kind : kinds) {
       const Tensor s = send.view(), r = recv.view();
       const int64_t wrong = count_wrong(comm, kind, s, r, count);
+      const LinkModel link = comm.link_model();
+      const double raw_ms = time_iterations(comm, [&] { run_raw(raw, link, kind, s, r, count, n); });
       const double ms = time_iterations(comm, [&] { run_collective(comm, kind, s, r, count); });
       const double algbw = bytes / (ms * 1e-3) / 1e9;
       const double busbw = algbw * bus_factor(kind, n);
@@ -187,7 +221,7 @@ int64_t collective_table(Communicator& comm, const Options& opt, JsonLinesWriter
         busbw_count++;
       }
       if (root) {
-        std::printf("  %10.1f %7.3f %7.3f %6lld", ms * 1e3, algbw, busbw, (long long)wrong);
+        std::printf("  %8.1f %8.1f %5.2f %7.3f %6lld", raw_ms * 1e3, ms * 1e3, ms / raw_ms, busbw, (long long)wrong);
         std::fflush(stdout);  // one column group at a time: a slow link shows progress
         json.write(JsonObject()
                        .add("type", "collective")
@@ -195,7 +229,9 @@ int64_t collective_table(Communicator& comm, const Options& opt, JsonLinesWriter
                        .add("ranks", n)
                        .add("bytes", bytes)
                        .add("count", count)
+                       .add("raw_time_us", raw_ms * 1e3)
                        .add("time_us", ms * 1e3)
+                       .add("ours_over_raw", ms / raw_ms)
                        .add("algbw_gbps", algbw)
                        .add("busbw_gbps", busbw)
                        .add("wrong", wrong));
@@ -203,9 +239,10 @@ int64_t collective_table(Communicator& comm, const Options& opt, JsonLinesWriter
     }
     if (root) std::printf("\n");
   }
+  MPI_CHECK(MPI_Comm_free(&raw));
   if (root) {
     std::printf("# wrong elements: %lld %s\n", (long long)total_wrong, total_wrong == 0 ? "OK" : "FAILED");
-    std::printf("# average all_reduce busbw: %.3f GB/s\n", busbw_count ? busbw_sum / busbw_count : 0.0);
+    std::printf("# average all_reduce busbw (ours): %.3f GB/s\n", busbw_count ? busbw_sum / busbw_count : 0.0);
   }
   return total_wrong;
 }
@@ -293,7 +330,7 @@ void gradient_table(Communicator& comm, JsonLinesWriter& json) {
   }
   if (!root) return;
   const LinkModel link = comm.link_model();
-  if (link.gbps > 0)
+  if (link.on())
     std::printf("# the emulated link charges each all-reduce 2(N-1) alpha = %.0f us of latency\n",
                 2 * (n - 1) * link.latency_us);
   else
@@ -333,8 +370,8 @@ int main(int argc, char** argv) {
     MPI_CHECK(MPI_Get_library_version(version, &length));
     std::string library(version, length);
     library = library.substr(0, library.find('\n'));
-    std::printf("# comm_bench: %d ranks, our Communicator (comm thread) over %s\n", comm->size(), library.c_str());
-    if (opt.link_gbps > 0)
+    std::printf("# comm_bench: %d ranks, our Communicator (progress engine) over %s\n", comm->size(), library.c_str());
+    if (opt.link_gbps > 0 || opt.link_latency_us > 0)
       std::printf("# emulated link: %.3g Gbit/s = %.4g GB/s, %.3g us latency: busbw approaches %.4g GB/s\n",
                   opt.link_gbps, opt.link_gbps / 8, opt.link_latency_us, opt.link_gbps / 8);
     else

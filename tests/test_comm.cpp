@@ -56,7 +56,8 @@ CollectiveCounters delta(const CommStats& after, const CommStats& before, Collec
   d.calls = a.calls - b.calls;
   d.launched = a.launched - b.launched;
   d.payload_bytes = a.payload_bytes - b.payload_bytes;
-  d.wire_bytes = a.wire_bytes - b.wire_bytes;
+  d.sent_bytes = a.sent_bytes - b.sent_bytes;
+  d.received_bytes = a.received_bytes - b.received_bytes;
   d.busy_ms = a.busy_ms - b.busy_ms;
   return d;
 }
@@ -471,6 +472,7 @@ bool on_every_rank_within_tries(int tries, const std::function<bool()>& attempt)
 // while 4 ranks compute on 2 cores; far larger buffers cannot finish there while every core is busy
 // computing, because the communication thread then gets only a share of a core.)
 TEST_F(CommTest, AsyncAllReduceOverlapsCompute) {
+  if (N == 1) GTEST_SKIP() << "one rank has nothing to exchange: its collectives complete at issue";
   std::vector<float> x(1 << 18);  // 1 MB
   double exposed = 0, busy = 0;
   const bool overlapped = on_every_rank_within_tries(3, [&] {
@@ -560,25 +562,75 @@ TEST_F(CommTest, CountersMatchFormulas) {
     EXPECT_EQ(d.calls, e.calls);
     EXPECT_EQ(d.launched, e.calls);  // everything issued was waited
     EXPECT_EQ(d.payload_bytes, e.payload);
-    EXPECT_EQ(d.wire_bytes, e.wire);
-    EXPECT_GT(d.busy_ms, 0.0);
+    EXPECT_EQ(d.sent_bytes, e.wire);
+    // One rank exchanges nothing: its collectives complete at issue (messages to itself still travel).
+    if (many || e.kind == CollectiveKind::SendRecv) EXPECT_GT(d.busy_ms, 0.0);
+    else EXPECT_EQ(d.busy_ms, 0.0);
   }
   EXPECT_EQ(after.total_calls() - before.total_calls(), 9);
   EXPECT_EQ(after.total_launched() - before.total_launched(), 9);
   EXPECT_GE(after.exposed_ms, before.exposed_ms);
-  // One op after another (the send and receive overlap, but travel on separate lanes): the busy
-  // times fit in the wall time.
-  EXPECT_LE(after.total_busy_ms() - before.total_busy_ms(), wall);
+  // One op after another, but for the send and the receive, which overlap on their two lanes: the
+  // busy times of the rest fit in the wall time.
+  const double send_recv_busy = delta(after, before, CollectiveKind::SendRecv).busy_ms;
+  EXPECT_LE(after.total_busy_ms() - before.total_busy_ms() - send_recv_busy, wall);
   // The union of the in-flight intervals fits in the wall time and never exceeds the busy times' sum.
   const double in_flight = after.in_flight_ms - before.in_flight_ms;
   EXPECT_GT(in_flight, 0.0);
   EXPECT_LE(in_flight, wall);
   EXPECT_LE(in_flight, after.total_busy_ms() - before.total_busy_ms() + 1e-6);
+  EXPECT_LE(after.exposed_ms - before.exposed_ms, in_flight + 1e-9);
 }
 
-// The variable-count forms count as their uniform kinds: the payload is the full size sum(counts),
-// the wire bytes follow the same formula.
-TEST_F(CommTest, VariableCountCollectivesCountAsTheirUniformKinds) {
+// Exposed communication is the part of the in-flight time that the caller spent waiting: it can never
+// exceed it, whatever mix of ops overlaps (async ops waited late, early, in any order, on a link).
+TEST_F(CommTest, ExposedNeverExceedsInFlight) {
+  comm.set_link_model({2.0, 200.0});
+  std::vector<float> a(1 << 16, 1.0f), b(1 << 16, 1.0f), c(1 << 14), d(1 << 14);
+  const CommStats before = comm.stats();
+  for (int round = 0; round < 3; round++) {
+    CommHandle x = comm.all_reduce_async(view(a), ReduceOp::Sum);
+    compute_for(2.0 * round);
+    CommHandle y = comm.all_reduce_async(view(b), ReduceOp::Max);
+    CommHandle s = comm.send_async(view(c), (rank + 1) % N);
+    CommHandle r = comm.recv_async(view(d), (rank + N - 1) % N);
+    y.wait();
+    compute_for(1.0);
+    r.wait();
+    x.wait();
+    s.wait();
+    comm.all_reduce_scalar(1.0, ReduceOp::Sum);
+  }
+  const CommStats step = comm.stats().since(before);
+  EXPECT_GT(step.in_flight_ms, 0.0);
+  EXPECT_LE(step.exposed_ms, step.in_flight_ms + 1e-9);
+}
+
+// One rank has no peer: collectives complete at issue, with nothing sent, no time in flight and
+// nothing exposed, link or no link (chapter runs at 1 rank report 0 ms of communication).
+TEST_F(CommTest, AtOneRankCollectivesCostNothing) {
+  if (N > 1) GTEST_SKIP() << "a one-rank property (run under mpiexec -n 1)";
+  comm.set_link_model({0.01, 1000.0});
+  std::vector<float> x(4096, 2.0f), piece(4096), all(4096);
+  const CommStats before = comm.stats();
+  comm.all_reduce(view(x), ReduceOp::Avg);
+  comm.reduce_scatter(view(x), view(piece), ReduceOp::Avg);
+  comm.all_gather(view(piece), view(all));
+  comm.broadcast(view(x), 0);
+  comm.barrier();
+  comm.all_reduce_scalar(3.0, ReduceOp::Sum);
+  const CommStats step = comm.stats().since(before);
+  EXPECT_EQ(step.total_calls(), 6);
+  EXPECT_EQ(step.total_sent_bytes(), 0);
+  EXPECT_EQ(step.in_flight_ms, 0.0);
+  EXPECT_EQ(step.exposed_ms, 0.0);
+  EXPECT_TRUE(exactly(all, [](int64_t) { return 2.0f; }));  // the copies a one-rank collective makes
+}
+
+// The variable-count forms count as their uniform kinds, with the full size sum(counts) as the
+// payload; what a rank sends and receives follows the counts: in a reduce-scatter it sends every
+// other rank's segment and receives N-1 contributions to its own, in an all-gather the reverse.
+TEST_F(CommTest, VariableCountCollectivesCountTheirTrafficByCounts) {
   const std::vector<int64_t> counts = uneven_counts(N, 100);
   const int64_t total = total_of(counts), full = 4 * total;  // elements, bytes
   std::vector<float> in(total, 1.0f), part(counts[rank]), out(total);
@@ -586,13 +638,16 @@ TEST_F(CommTest, VariableCountCollectivesCountAsTheirUniformKinds) {
   comm.reduce_scatter_v(view(in), view(part), counts, ReduceOp::Sum);
   comm.all_gather_v(view(part), view(out), counts);
   const CommStats after = comm.stats();
+  const int64_t others = 4 * (total - counts[rank]), own_from_peers = 4 * (N - 1) * counts[rank];
   for (CollectiveKind kind : {CollectiveKind::ReduceScatter, CollectiveKind::AllGather}) {
     SCOPED_TRACE(collective_name(kind));
     const CollectiveCounters d = delta(after, before, kind);
     EXPECT_EQ(d.calls, 1);
     EXPECT_EQ(d.launched, 1);
     EXPECT_EQ(d.payload_bytes, full);
-    EXPECT_EQ(d.wire_bytes, (N - 1) * full / N);
+    const bool rs = kind == CollectiveKind::ReduceScatter;
+    EXPECT_EQ(d.sent_bytes, N == 1 ? 0 : rs ? others : own_from_peers);
+    EXPECT_EQ(d.received_bytes, N == 1 ? 0 : rs ? own_from_peers : others);
   }
   EXPECT_EQ(after.total_calls() - before.total_calls(), 2);
 }
@@ -735,7 +790,9 @@ TEST_F(CommTest, InFlightTimeOfQueuedOpsIsTheirBusyTime) {
 }
 
 // A send and a receive around a ring, 50 ms each, travel at the same time on their own lanes: their
-// busy times add up to 100 ms, but communication was in flight for only about 50.
+// busy times add up to about 100 ms, but communication was in flight for only about 50. (The receive
+// ends when the left neighbour's message arrives, 50 ms after that neighbour sent it: a little more
+// or less than 50 ms after this rank posted it.)
 TEST_F(CommTest, InFlightTimeCountsOverlappingLanesOnce) {
   if (N == 1) GTEST_SKIP() << "one rank has no link to emulate";
   std::vector<float> out(1024, float(rank)), in(1024, -1.0f);
@@ -752,7 +809,7 @@ TEST_F(CommTest, InFlightTimeCountsOverlappingLanesOnce) {
     const CommStats after = comm.stats();
     busy = after.total_busy_ms() - before.total_busy_ms();
     in_flight = after.in_flight_ms - before.in_flight_ms;
-    EXPECT_GE(busy, 100.0 - 1e-3);  // each lane takes its modelled time, stall or not
+    EXPECT_GE(busy, 50.0 - 1e-3);  // the send takes its modelled time, stall or not
     EXPECT_GE(in_flight, 50.0 - 1e-3);
     EXPECT_LE(in_flight, wall);
     return in_flight < 0.75 * busy;  // about 50 of 100, unless a stall stretched one op
@@ -790,6 +847,107 @@ TEST_F(CommTest, InFlightTimeWhenALaterOpRetiresFirst) {
   }
 }
 
+// A message arrives no earlier than its modelled time after it was SENT, however early its receive
+// was posted: rank 1 posts its receive at once, rank 0 sends 200 ms later a message modelled at
+// 320 ms (4 MB at 0.1 Gbit/s). The receive must not complete before 520 ms.
+TEST_F(CommTest, EarlyReceiveStillTakesTheSendersModelledTime) {
+  if (N == 1) GTEST_SKIP() << "one rank has no link to emulate";
+  const LinkModel link{0.1, 0.0};
+  std::vector<float> msg(1 << 20, float(rank));  // 4 MB
+  const double modelled = modelled_ms(link, CollectiveKind::SendRecv, int64_t(msg.size() * 4), N);
+  ASSERT_NEAR(modelled, 335.5, 0.1);
+  comm.set_link_model(link);
+  comm.barrier();
+  const double t0 = now_ms();
+  if (rank == 1) {
+    comm.recv(view(msg), 0, 7);
+    EXPECT_GE(now_ms() - t0, 200.0 + modelled) << "the message overtook its modelled time";
+    EXPECT_TRUE(exactly(msg, [](int64_t) { return 0.0f; }));
+  }
+  if (rank == 0) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    comm.send(view(msg), 1, 7);
+  }
+  comm.set_link_model({});
+  comm.barrier();
+}
+
+// The same for collectives: a rank that enters an all-reduce 150 ms late delays everyone's result to
+// at least its entry plus the modelled time, not just the early ranks' entry plus the modelled time.
+TEST_F(CommTest, CollectiveEndsNoEarlierThanTheLastEntryPlusModelledTime) {
+  if (N == 1) GTEST_SKIP() << "one rank has no link to emulate";
+  const LinkModel link{0.5, 0.0};
+  std::vector<float> x(1 << 18, 1.0f);  // 1 MB
+  const double modelled = modelled_ms(link, CollectiveKind::AllReduce, int64_t(x.size() * 4), N);
+  comm.set_link_model(link);
+  comm.barrier();
+  const double t0 = now_ms();
+  if (rank == N - 1) std::this_thread::sleep_for(std::chrono::milliseconds(150));
+  comm.all_reduce(view(x), ReduceOp::Sum);
+  EXPECT_GE(now_ms() - t0, 150.0 + modelled);
+  comm.set_link_model({});
+}
+
+// --link-latency-us without --link-gbps models latency alone: a small all-reduce then costs its
+// 2(N-1) latencies, a send one.
+TEST_F(CommTest, LatencyAloneIsModelled) {
+  if (N == 1) GTEST_SKIP() << "one rank has no link to emulate";
+  const LinkModel link{0.0, 20000.0};  // 20 ms a message, unlimited bandwidth
+  EXPECT_TRUE(link.on());
+  EXPECT_NEAR(modelled_ms(link, CollectiveKind::AllReduce, 1 << 20, N), 2 * (N - 1) * 20.0, 1e-9);
+  EXPECT_NEAR(modelled_ms(link, CollectiveKind::SendRecv, 1 << 20, N), 20.0, 1e-9);
+  comm.set_link_model(link);
+  std::vector<float> x(256, 1.0f);
+  double t0 = now_ms();
+  comm.all_reduce(view(x), ReduceOp::Sum);
+  EXPECT_GE(now_ms() - t0, 2 * (N - 1) * 20.0);
+  comm.barrier();
+  t0 = now_ms();
+  CommHandle s = comm.send_async(view(x), (rank + 1) % N);
+  std::vector<float> in(256);
+  comm.recv(view(in), (rank + N - 1) % N);
+  s.wait();
+  EXPECT_GE(now_ms() - t0, 20.0);
+  comm.set_link_model({});
+}
+
+// Groups split from the world: each is a communicator of its own, with its own ranks and counters.
+// Here ranks of equal parity form a group (ranks 0, 2, .. and 1, 3, ..), ordered by world rank.
+TEST_F(CommTest, SplitGroupsReduceWithinThemselves) {
+  std::unique_ptr<Communicator> group = comm.split(rank % 2, rank, "parity");
+  const int members = (N - rank % 2 + 1) / 2;
+  EXPECT_EQ(group->size(), members);
+  EXPECT_EQ(group->rank(), rank / 2);
+  EXPECT_EQ(group->group(), "parity");
+  std::vector<float> x(1000, float(rank + 1));
+  group->all_reduce(view(x), ReduceOp::Sum);
+  float expected = 0;  // the sum of r+1 over the ranks of this parity
+  for (int r = rank % 2; r < N; r += 2) expected += float(r + 1);
+  EXPECT_TRUE(exactly(x, [&](int64_t) { return expected; }));
+  EXPECT_EQ(group->stats().kind[int(CollectiveKind::AllReduce)].calls, 1);
+  // The world's ops go on beside the group's, counted apart.
+  const CommStats before = comm.stats();
+  CommHandle world_op = comm.all_reduce_async(view(x), ReduceOp::Max);
+  const double sum = group->all_reduce_scalar(1.0, ReduceOp::Sum);
+  world_op.wait();
+  EXPECT_EQ(sum, double(members));
+  EXPECT_EQ(comm.stats().since(before).kind[int(CollectiveKind::AllReduce)].calls, 1);
+  EXPECT_EQ(comm.stats().since(before).kind[int(CollectiveKind::Scalar)].calls, 0);
+  // Tagged messages within the group: the tag, not the order, decides which receive gets which.
+  if (group->size() > 1) {
+    const int next = (group->rank() + 1) % group->size(), prev = (group->rank() + group->size() - 1) % group->size();
+    std::vector<float> a(16, 1.0f), b(16, 2.0f), got_a(16), got_b(16);
+    CommHandle rb = group->recv_async(view(got_b), prev, 2);
+    CommHandle ra = group->recv_async(view(got_a), prev, 1);
+    group->send(view(a), next, 1);
+    group->send(view(b), next, 2);
+    ra.wait();
+    rb.wait();
+    EXPECT_TRUE(exactly(got_a, [](int64_t) { return 1.0f; }));
+    EXPECT_TRUE(exactly(got_b, [](int64_t) { return 2.0f; }));
+  }
+}
+
 // The formula of comm_mpi.cpp against numbers worked out by hand.
 TEST_F(CommTest, ModelledMsMatchesHandComputedValues) {
   // 8 Gbit/s = 1e9 bytes/s, alpha = 10 us, 4 ranks, 4 MB.
@@ -815,6 +973,7 @@ TEST_F(CommTest, ModelledMsMatchesHandComputedValues) {
   EXPECT_NEAR(modelled_ms(slow, CollectiveKind::SendRecv, 1000000, 2), 8.0, 1e-9);
 
   // No link, or nobody to talk to: no time.
+  EXPECT_FALSE(LinkModel{}.on());
   EXPECT_EQ(modelled_ms(LinkModel{}, CollectiveKind::AllReduce, S, 4), 0.0);
   EXPECT_EQ(modelled_ms(fast, CollectiveKind::AllReduce, S, 1), 0.0);
 }

@@ -56,7 +56,7 @@
 #include <cuda_runtime_api.h>
 
 #include "cuda_check.h"
-#include "link_delay.h"  // LinkDelay
+#include "link_delay.h"  // hold_stream
 #include "ops_cuda.h"    // cuda::synchronize, cuda::stream
 #endif
 
@@ -731,23 +731,20 @@ TEST_F(CudaOps, SoftmaxCrossentropyBf16AtGpt2VocabularyMatchesCpu) {
 }
 
 // ---------------------------------------------------------------------------------------------------------
-// the emulated link of the NCCL communicator: begin() and end() around nothing hold the stream for
-// the modelled time, timed with events around them (the bounds allow for launches, not more)
+// the emulated link of the NCCL communicator: hold_stream holds the stream for the modelled time,
+// timed with events around it (the bounds allow for a launch, not more)
 
 TEST_F(CudaOps, LinkDelayHoldsTheStreamForTheModelledTime) {
 #ifdef GPT_WITH_CUDA
-  LinkDelay delay;
   cudaStream_t s = cuda::stream();
-  delay.begin(s);  // warm-up: the first launch of a kernel loads it, which the host does in between
-  delay.end(s, 0.0);
+  hold_stream(s, 0.0);  // warm-up: the first launch of a kernel loads it
   cudaEvent_t start, end;
   CUDA_CHECK(cudaEventCreate(&start));
   CUDA_CHECK(cudaEventCreate(&end));
   for (double modelled_ms : {5.0, 0.5}) {
     SCOPED_TRACE("modelled " + std::to_string(modelled_ms) + " ms");
     CUDA_CHECK(cudaEventRecord(start, s));
-    delay.begin(s);
-    delay.end(s, modelled_ms);
+    hold_stream(s, modelled_ms);
     CUDA_CHECK(cudaEventRecord(end, s));
     CUDA_CHECK(cudaEventSynchronize(end));
     float held_ms = 0;
