@@ -55,7 +55,7 @@ int main(int argc, char** argv) {
   // Every rank holds all parameters, all gradients and the whole optimizer state.
   Buffer params(layout.padded_size, MemCategory::Params, dtype, device);
   Buffer grads(layout.padded_size, MemCategory::Grads, dtype, device);
-  AdamW optimizer(layout, 0, layout.padded_size, cfg.weight_decay, device, dtype);
+  AdamW optimizer(layout, ShardPlan::unsharded(layout), cfg.weight_decay, device, dtype);
   GPT2 model(run.model_config(), layout, run.micro_batch_size(), device, dtype);
   model.bind_all(params.data(), grads.data());
   const int start = run.init_or_resume(params, optimizer);
@@ -89,8 +89,9 @@ int main(int argc, char** argv) {
     optimizer.update(params.view(), grads.view(), step + 1, run.lr(step), clip_factor(norm, cfg.grad_clip));
     run.end_step(step, loss, norm);
     if (run.checkpoint_due(step)) run.save_checkpoint(step + 1, params, optimizer);
+    if (run.stopping()) break;  // Ctrl-C or a diverging loss: every rank agreed to stop here
   }
-  run.finish();
+  const int status = run.finish();
   shutdown_mpi(std::move(comm));
-  return 0;
+  return status;
 }

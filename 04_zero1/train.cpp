@@ -2,23 +2,27 @@
 //
 // The idea. In chapters 01-03 every rank keeps the whole AdamW state (m and v: 8 bytes per
 // parameter, twice the parameters themselves) and every rank computes the same update. That is N
-// copies of the same work and of the largest memory category. ZeRO-1 splits it: rank r owns the
-// flat slice [r*S, (r+1)*S), S = padded parameters / N, and keeps m and v for that slice only.
-// Each step, after backward:
-//   1. reduce-scatter the gradients, bucket by bucket: each bucket's owners receive their piece of
-//      it, averaged over ranks (ShardPlan splits a bucket by owner);
-//   2. AdamW updates only this rank's slice of the parameters;
-//   3. all-gather the updated slices, so every rank again holds all parameters.
+// copies of the same work and of the largest memory category. ZeRO-1 splits it: each bucket of
+// gradients is cut into N equal pieces and rank r owns piece r of every bucket (ShardPlan, common/
+// shards.h), keeping m and v for its pieces only. Each step:
+//   1. when a bucket's gradients are final, reduce-scatter it (during backward, as 03 all-reduced
+//      it): rank r receives piece r, averaged over ranks, into its gradient shard;
+//   2. AdamW updates only this rank's pieces of the parameters;
+//   3. all-gather every bucket's updated pieces, so every rank again holds all parameters.
 // A reduce-scatter plus an all-gather moves exactly what one all-reduce moves (an all-reduce IS a
-// reduce-scatter followed by an all-gather), so the memory is saved for free in bytes.
+// reduce-scatter followed by an all-gather), so the memory is saved for free in bytes. Every rank
+// owns a piece of every bucket, so each collective is balanced: every rank sends and receives
+// (N-1)/N of the bucket, as Megatron-LM's distributed optimizer does. (Owning one contiguous slice
+// of the whole buffer would turn a bucket's reduce-scatter into a reduce to its one or two owners.)
+// Buckets are cut between layers, where the layout pads to a multiple of N: each splits evenly.
 //
-// What changed since 03: the bucketed all-reduce became a bucketed reduce-scatter after backward,
-// the optimizer runs on a shard, and an all-gather of parameters follows it. Gradient clipping needs
-// the global norm, but each rank now sees only its shard: one scalar all-reduce of the sums of
+// What changed since 03: the bucket's all-reduce became a reduce-scatter into a shard-sized buffer,
+// the optimizer runs on the shard, and an all-gather of parameters follows it. Gradient clipping
+// needs the global norm, but each rank now sees only its shard: one scalar all-reduce of the sums of
 // squares gives it. What stayed: full parameters and full gradients on every rank (05 shards those).
-// What to notice: "optimizer state" in the theory table drops to 8Ψ/N; bytes per step equal 01's.
-// The reduce-scatters start only after backward, so 03's overlap is gone: exposed comm is again the
-// whole of it (bucketing here only pipelines the messages). 05 moves them back into backward.
+// What to notice: "optimizer state" in the theory table drops to 8Ψ/N; bytes per step equal 01's;
+// the reduce-scatters still hide under backward, but the all-gather after the optimizer is exposed:
+// the price of the memory, paid in time on a slow link.
 //
 // Run:
 //   make 04_zero1
@@ -27,6 +31,7 @@
 // Output: as 01; in the theory table optimizer state is 8Ψ/N and comm bytes equal the DP row:
 //   optimizer state            241.2 KB     241.2 KB      (4 ranks, tiny)
 #include <cmath>
+#include <cstdio>
 #include <vector>
 
 #include "buckets.h"
@@ -58,54 +63,68 @@ int main(int argc, char** argv) {
   const Device device = run.device();
   const DType dtype = run.dtype();  // fp32, or bf16 mixed precision on GPUs
   const ParamLayout& layout = run.layout();
-  const ShardPlan shard(layout, comm->rank());
+  // Buckets of whole layers; rank r owns piece r of each.
+  GradientBuckets buckets(layout, bucket_mb * 1e6, dtype_size(dtype), BucketCut::AtLayers);
+  const ShardPlan shard(buckets.ranges_in_flat_order(), comm->size(), comm->rank());
 
   // Every rank holds all parameters and all gradients, but optimizer state for its shard only.
   Buffer params(layout.padded_size, MemCategory::Params, dtype, device);
   Buffer grads(layout.padded_size, MemCategory::Grads, dtype, device);
-  AdamW optimizer(layout, shard.begin(), shard.end(), cfg.weight_decay, device, dtype);
+  AdamW optimizer(layout, shard, cfg.weight_decay, device, dtype);
   GPT2 model(run.model_config(), layout, run.micro_batch_size(), device, dtype);
   model.bind_all(params.data(), grads.data());
   const int start = run.init_or_resume(params, optimizer);
-  const GradientBuckets buckets(layout, bucket_mb * 1e6, dtype_size(dtype));
+  if (run.is_root()) std::printf("%d buckets of whole layers, each cut into %d pieces\n", buckets.count(), comm->size());
+
+  // This rank's averaged pieces of every bucket, side by side (a separate buffer: MPI may not
+  // receive into the buffer it sends from).
+  Buffer grad_shard(shard.size(), MemCategory::CommBuffers, dtype, device);
+
+  // The lesson, 1: when a bucket's last gradient is final, reduce-scatter it; piece r to rank r.
+  std::vector<CommHandle> in_flight;
+  bool last_micro_batch = false;
+  model.hooks.grad_ready = [&](int p) {
+    if (!last_micro_batch) return;  // no_sync, as in 03
+    const int b = buckets.mark_ready(p);
+    if (b < 0) return;
+    const int i = shard.range_index(buckets.begin(b));
+    in_flight.push_back(comm->reduce_scatter_async(grads.view().slice1d(buckets.begin(b), buckets.size(b)),
+                                                   shard.piece_of_shard(grad_shard.view(), i), ReduceOp::Avg));
+  };
 
   for (int step = start; step < cfg.steps; step++) {
     run.begin_step(step);
     fill_zero(grads.view());
     float loss = 0;
     for (int micro = 0; micro < cfg.grad_accum; micro++) {
+      last_micro_batch = micro == cfg.grad_accum - 1;
       MicroBatch batch = run.micro_batch(step, micro);
       loss += model.forward(batch.inputs, batch.targets, batch.B) / cfg.grad_accum;
       model.backward(1.0f / cfg.grad_accum);
     }
-
-    // The lesson, 1: reduce-scatter each bucket; this rank receives the average of its piece. The
-    // pieces of all buckets tile this rank's shard, so they land side by side in one shard-sized
-    // buffer (a separate one: MPI may not receive into the buffer it sends from).
-    Buffer grad_shard(shard.size(), MemCategory::CommBuffers, dtype, device);
-    std::vector<CommHandle> in_flight;
-    for (int b = 0; b < buckets.count(); b++) {
-      const int64_t lo = shard.piece_begin(buckets.begin(b), buckets.end(b));
-      const int64_t hi = shard.piece_end(buckets.begin(b), buckets.end(b));
-      in_flight.push_back(comm->reduce_scatter_v_async(grads.view().slice1d(buckets.begin(b), buckets.size(b)),
-                                                       grad_shard.view().slice1d(lo - shard.begin(), hi - lo),
-                                                       shard.counts(buckets.begin(b), buckets.end(b)), ReduceOp::Avg));
-    }
     for (CommHandle& handle : in_flight) handle.wait();
+    in_flight.clear();
+    buckets.reset();
 
     // The lesson, 2: the global gradient norm from every shard's sum of squares, then AdamW on
-    // this rank's slice only.
+    // this rank's pieces only.
     const double norm = std::sqrt(comm->all_reduce_scalar(sum_of_squares(grad_shard.view()), ReduceOp::Sum));
-    optimizer.update(params.view().slice1d(shard.begin(), shard.size()), grad_shard.view(), step + 1, run.lr(step),
-                     clip_factor(norm, cfg.grad_clip));
+    optimizer.update(params.view(), grad_shard.view(), step + 1, run.lr(step), clip_factor(norm, cfg.grad_clip));
 
-    // The lesson, 3: every rank gathers everyone's updated slice, in place.
-    comm->all_gather(params.view().slice1d(shard.begin(), shard.size()), params.view());
+    // The lesson, 3: every rank gathers everyone's updated pieces, bucket by bucket, in place.
+    for (int i = 0; i < shard.count(); i++) {
+      const FlatRange bucket = shard.range(i);
+      in_flight.push_back(comm->all_gather_async(shard.piece_of_full(params.view(), i),
+                                                 params.view().slice1d(bucket.begin, bucket.size())));
+    }
+    for (CommHandle& handle : in_flight) handle.wait();
+    in_flight.clear();
 
     run.end_step(step, loss, norm);
     if (run.checkpoint_due(step)) run.save_checkpoint(step + 1, params, optimizer);
+    if (run.stopping()) break;  // Ctrl-C or a diverging loss: every rank agreed to stop here
   }
-  run.finish();
+  const int status = run.finish();
   shutdown_mpi(std::move(comm));
-  return 0;
+  return status;
 }

@@ -4,14 +4,15 @@
 // although after the reduce-scatter it needs only its own slice. ZeRO-2 never builds the full
 // buffer: each layer's gradients go into a transient buffer that exists only while that layer's
 // backward runs and its reduce-scatter travels. The moment a layer's gradients are final, they are
-// reduce-scattered to their owners (during backward, overlapping it, as 03 did with all-reduces),
-// each rank adds the piece it receives into its gradient shard, and the buffer is freed. The only
-// persistent gradient memory is the shard: 4Ψ/N.
+// reduce-scattered (during backward, overlapping it): rank r owns piece r of every layer, as in 04
+// it owned piece r of every bucket, adds the piece it receives into its gradient shard, and the
+// buffer is freed. The only persistent gradient memory is the shard: 4Ψ/N.
 //
 // What changed since 04: the full gradient buffer is gone; gradients are bound per layer to
-// transient buffers (model.bind_unit_grads), and the reduce-scatter moved from after backward into
-// the after_backward hook (common/layer_grads.h), so it overlaps backward again. At most two
-// layers' reduce-scatters are in flight: that bounds the transient memory. The tied embedding: the
+// transient buffers (model.bind_unit_grads), and the reduce-scatter moved from the bucket's
+// gradient-ready hook to the layer's after_backward hook (common/layer_grads.h), so the shard is cut
+// by layers, not buckets. At most two layers' reduce-scatters are in flight: that bounds the
+// transient memory. The tied embedding: the
 // LM head writes wte's gradient first and the embedding writes it last, so unit 0's buffer opens
 // with the head's backward and closes after the embedding's.
 // Gradient accumulation: a micro-batch's gradients cannot wait in a full buffer for the next one
@@ -20,13 +21,14 @@
 // many micro-batches per step, stop at ZeRO-1.
 // What stayed: the optimizer on a shard, the global norm from one scalar all-reduce, the in-place
 // all-gather of parameters. What to notice: gradients at 4Ψ/N in the theory table; bytes per step
-// still equal DP's (with K = 1); exposed comm falls back below 04's, as in 03.
+// still equal DP's (with K = 1); time and exposed communication about 04's.
 //
 // Run:
 //   make 05_zero2
 //   mpiexec -n 4 ./05_zero2/train --grad-accum 2     # gradients and optimizer state: 1/4 per rank
 // Output: as 04; the theory table shows gradients at 4Ψ/N, and the layer buffers as transient.
 #include <cmath>
+#include <vector>
 
 #include "comm.h"
 #include "comm_factory.h"
@@ -54,13 +56,13 @@ int main(int argc, char** argv) {
   const Device device = run.device();
   const DType dtype = run.dtype();  // fp32, or bf16 mixed precision on GPUs
   const ParamLayout& layout = run.layout();
-  const ShardPlan shard(layout, comm->rank());
+  const ShardPlan shard = ShardPlan::per_unit(layout, comm->size(), comm->rank());  // piece r of every layer
   const int head = layout.num_units() - 1;  // final layernorm + tied LM head
 
   // Every rank holds all parameters, but gradients and optimizer state for its shard only.
   Buffer params(layout.padded_size, MemCategory::Params, dtype, device);
   Buffer grad_shard(shard.size(), MemCategory::Grads, dtype, device);
-  AdamW optimizer(layout, shard.begin(), shard.end(), cfg.weight_decay, device, dtype);
+  AdamW optimizer(layout, shard, cfg.weight_decay, device, dtype);
   GPT2 model(run.model_config(), layout, run.micro_batch_size(), device, dtype);
   model.bind_params(0, layout.padded_size, params.data());  // gradients are bound layer by layer below
   const int start = run.init_or_resume(params, optimizer);
@@ -86,16 +88,23 @@ int main(int argc, char** argv) {
       reducer.finish();  // this micro-batch's pieces are now in the shard
     }
 
-    // As in 04: the global norm from the shards, AdamW on this rank's slice, then gather in place.
+    // As in 04: the global norm from the shards, AdamW on this rank's pieces, then gather in place,
+    // layer by layer.
     const double norm = std::sqrt(comm->all_reduce_scalar(sum_of_squares(grad_shard.view()), ReduceOp::Sum));
-    optimizer.update(params.view().slice1d(shard.begin(), shard.size()), grad_shard.view(), step + 1, run.lr(step),
-                     clip_factor(norm, cfg.grad_clip));
-    comm->all_gather(params.view().slice1d(shard.begin(), shard.size()), params.view());
+    optimizer.update(params.view(), grad_shard.view(), step + 1, run.lr(step), clip_factor(norm, cfg.grad_clip));
+    std::vector<CommHandle> gathers;
+    for (int i = 0; i < shard.count(); i++) {
+      const FlatRange layer = shard.range(i);
+      gathers.push_back(comm->all_gather_async(shard.piece_of_full(params.view(), i),
+                                               params.view().slice1d(layer.begin, layer.size())));
+    }
+    for (CommHandle& handle : gathers) handle.wait();
 
     run.end_step(step, loss, norm);
     if (run.checkpoint_due(step)) run.save_checkpoint(step + 1, params, optimizer);
+    if (run.stopping()) break;  // Ctrl-C or a diverging loss: every rank agreed to stop here
   }
-  run.finish();
+  const int status = run.finish();
   shutdown_mpi(std::move(comm));
-  return 0;
+  return status;
 }

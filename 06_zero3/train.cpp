@@ -2,8 +2,9 @@
 //
 // The idea. After ZeRO-2 every rank still holds all parameters, yet at any moment the model
 // computes with one layer only. ZeRO-3 (FSDP in PyTorch) keeps just this rank's slice of the
-// parameters, gradients and optimizer state: (4Ψ + 4Ψ + 8Ψ)/N in all. Before a layer's forward,
-// its owners all-gather it into a layer-sized buffer; after the forward, the buffer is released.
+// parameters, gradients and optimizer state: (4Ψ + 4Ψ + 8Ψ)/N in all: rank r owns piece r of every
+// layer, as FSDP shards each flat parameter. Before a layer's forward, the ranks all-gather it into a
+// layer-sized buffer, each contributing its piece; after the forward, the buffer is released.
 // Backward gathers each layer again, then reduce-scatters its gradients as 05 did. To hide the
 // gathers, the NEXT layer's gather is launched (prefetched) before the current layer computes, in
 // forward and in backward. Peak parameter memory: one shard plus about two blocks, plus the
@@ -58,17 +59,17 @@ int main(int argc, char** argv) {
   const Device device = run.device();
   const DType dtype = run.dtype();  // fp32, or bf16 mixed precision on GPUs
   const ParamLayout& layout = run.layout();
-  const ShardPlan shard(layout, comm->rank());
+  const ShardPlan shard = ShardPlan::per_unit(layout, comm->size(), comm->rank());  // piece r of every layer
   const int head = layout.num_units() - 1;  // final layernorm + tied LM head
 
   // Every rank holds only its shard of parameters, gradients and optimizer state.
   Buffer param_shard(shard.size(), MemCategory::Params, dtype, device);
   Buffer grad_shard(shard.size(), MemCategory::Grads, dtype, device);
-  AdamW optimizer(layout, shard.begin(), shard.end(), cfg.weight_decay, device, dtype);
+  AdamW optimizer(layout, shard, cfg.weight_decay, device, dtype);
   GPT2 model(run.model_config(), layout, run.micro_batch_size(), device, dtype);  // nothing bound: layers come and go
-  const int start = run.init_or_resume(param_shard.view(), shard.begin(), optimizer);
+  const int start = run.init_or_resume(param_shard, optimizer);
 
-  // The lesson, 1: gather a layer's parameters from their owners into a layer-sized buffer.
+  // The lesson, 1: gather a layer's parameters into a layer-sized buffer, every rank giving its piece.
   struct Gathered {
     Buffer params;
     CommHandle handle;
@@ -78,13 +79,10 @@ int main(int argc, char** argv) {
   int64_t gathered_now = 0, gathered_peak = 0;  // elements, for the report at the end
   auto gather = [&](int u) {  // launches the all-gather; returns at once
     if (u < 0 || u > head || gathered.count(u)) return;
-    const int64_t begin = layout.unit_begin[u], end = layout.unit_begin[u + 1];
-    const int64_t lo = shard.piece_begin(begin, end), hi = shard.piece_end(begin, end);
     Gathered& g = gathered[u];
-    g.params = Buffer(end - begin, MemCategory::CommBuffers, dtype, device);
-    g.handle = comm->all_gather_v_async(param_shard.view().slice1d(lo - shard.begin(), hi - lo), g.params.view(),
-                                        shard.counts(begin, end));
-    gathered_now += end - begin;
+    g.params = Buffer(layout.unit_size(u), MemCategory::CommBuffers, dtype, device);
+    g.handle = comm->all_gather_async(shard.piece_of_shard(param_shard.view(), u), g.params.view());
+    gathered_now += layout.unit_size(u);
     gathered_peak = std::max(gathered_peak, gathered_now);
   };
   auto use = [&](int u) {  // the layer is about to compute: its gather must be complete
@@ -150,7 +148,8 @@ int main(int argc, char** argv) {
     optimizer.update(param_shard.view(), grad_shard.view(), step + 1, run.lr(step), clip_factor(norm, cfg.grad_clip));
 
     run.end_step(step, loss, norm);
-    if (run.checkpoint_due(step)) run.save_checkpoint(step + 1, param_shard.view(), shard.begin(), optimizer);
+    if (run.checkpoint_due(step)) run.save_checkpoint(step + 1, param_shard, optimizer);
+    if (run.stopping()) break;  // Ctrl-C or a diverging loss: every rank agreed to stop here
   }
   if (run.is_root()) {
     int64_t largest = 0, second = 0;
@@ -164,7 +163,7 @@ int main(int argc, char** argv) {
                 format_bytes(w * shard.size()).c_str(), format_bytes(w * gathered_peak).c_str(),
                 format_bytes(w * (largest + second)).c_str(), format_bytes(w * layout.unit_size(0)).c_str());
   }
-  run.finish();
+  const int status = run.finish();
   shutdown_mpi(std::move(comm));
-  return 0;
+  return status;
 }

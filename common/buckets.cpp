@@ -3,15 +3,19 @@
 
 #include "check.h"
 
-GradientBuckets::GradientBuckets(const ParamLayout& layout, double bucket_bytes, size_t element_bytes) {
+GradientBuckets::GradientBuckets(const ParamLayout& layout, double bucket_bytes, size_t element_bytes,
+                                 BucketCut cut) {
   const int n = int(layout.params.size());
   bucket_of_.assign(n, -1);
   int64_t end = layout.padded_size;
   double filled = 0;
   for (int p = n - 1; p >= 0; p--) {  // backward order: last parameter first
     bucket_of_[p] = count();
-    filled += double(element_bytes) * double(layout.params[p].size);
-    if (filled >= bucket_bytes || p == 0) {
+    const ParamInfo& info = layout.params[p];
+    filled += double(element_bytes) * double(info.size);
+    // A unit's first parameter starts where the unit does (param_layout.h).
+    const bool may_cut = cut == BucketCut::AtTensors || info.offset == layout.unit_begin[info.unit];
+    if ((filled >= bucket_bytes && may_cut) || p == 0) {
       const int64_t begin = p == 0 ? 0 : layout.params[p].offset;
       begin_.push_back(begin);
       end_.push_back(end);
@@ -31,3 +35,9 @@ int GradientBuckets::mark_ready(int param) {
 }
 
 void GradientBuckets::reset() { pending_ = params_in_; }
+
+std::vector<FlatRange> GradientBuckets::ranges_in_flat_order() const {
+  std::vector<FlatRange> ranges;
+  for (int b = count() - 1; b >= 0; b--) ranges.push_back(range(b));
+  return ranges;
+}

@@ -1,27 +1,36 @@
-// buckets.h: gradient buckets for data parallelism (chapters 03-05). Defines GradientBuckets.
+// buckets.h: gradient buckets for data parallelism (chapters 03, 04). Defines BucketCut and
+// GradientBuckets.
 // A bucket is a contiguous offset range of the flat gradient buffer, so communicating it copies
 // nothing. Buckets are cut in the order backward produces gradients: from the end of the buffer
 // toward its start (parameters are stored in forward order). Together they cover [0, padded_size)
 // exactly, padding included. A parameter never straddles two buckets, so a bucket may exceed the
-// target size when one tensor alone does.
+// target size when one tensor alone does. ZeRO (04) cuts only between layers, where the layout pads
+// to a multiple of the rank count, so that every bucket splits evenly over the ranks (shards.h).
 #pragma once
 #include <cstddef>
 #include <cstdint>
 #include <vector>
 
 #include "param_layout.h"
+#include "shards.h"  // FlatRange
+
+enum class BucketCut { AtTensors, AtLayers };
 
 class GradientBuckets {
  public:
   // element_bytes: the size of one gradient element (4 in fp32, 2 in bf16), so that a bucket holds
-  // about bucket_bytes whatever the dtype.
-  GradientBuckets(const ParamLayout& layout, double bucket_bytes, size_t element_bytes = 4);
+  // about bucket_bytes whatever the dtype. AtLayers: buckets hold whole units (layers).
+  GradientBuckets(const ParamLayout& layout, double bucket_bytes, size_t element_bytes = 4,
+                  BucketCut cut = BucketCut::AtTensors);
 
   int count() const { return int(begin_.size()); }
   int64_t begin(int b) const { return begin_[b]; }  // bucket 0 is the first backward fills
   int64_t end(int b) const { return end_[b]; }
   int64_t size(int b) const { return end_[b] - begin_[b]; }
   int bucket_of(int param) const { return bucket_of_[param]; }
+  FlatRange range(int b) const { return {begin_[b], end_[b]}; }
+  // Every bucket's range in flat order (the reverse of the bucket order), for a ShardPlan.
+  std::vector<FlatRange> ranges_in_flat_order() const;
 
   // Marks params[param]'s gradient as final. Returns the bucket's index when that completes it
   // (every parameter in it is final), else -1.

@@ -19,20 +19,13 @@ static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "checkpoint.cpp assumes
 namespace {
 
 constexpr char kMagic[8] = {'G', 'P', 'T', '2', 'C', 'K', 'P', 'T'};
-constexpr uint32_t kVersion = 1;
-// magic, version, L C NH T V, step, batch, data position, seed, tensor count
-constexpr size_t kHeaderBytes = sizeof(kMagic) + 4 + 5 * 4 + 4 * 8 + 4;
-constexpr size_t kTrailerBytes = 8;  // the hash
-
-// FNV-1a, 64-bit: a few lines, no library, and any flipped or missing byte changes it.
-uint64_t fnv1a(const char* data, size_t n) {
-  uint64_t hash = 14695981039346656037ULL;
-  for (size_t i = 0; i < n; i++) {
-    hash ^= uint8_t(data[i]);
-    hash *= 1099511628211ULL;
-  }
-  return hash;
+constexpr uint32_t kVersion = 2;  // what this build writes; it reads 1 and 2
+// magic, version, L C NH T V, step, batch, data position, seed, [v2: 7 settings], tensor count
+constexpr size_t kSettingsBytes = 7 * 8;
+size_t header_bytes(uint32_t version) {
+  return sizeof(kMagic) + 4 + 5 * 4 + 4 * 8 + (version >= 2 ? kSettingsBytes : 0) + 4;
 }
+constexpr size_t kTrailerBytes = 8;  // the hash
 
 // Integers are written byte by byte, least significant first: the file is little-endian whatever
 // the machine, and the code shows the format.
@@ -44,6 +37,11 @@ class ByteWriter {
   }
   void u64(uint64_t x) {
     for (int i = 0; i < 8; i++) bytes_.push_back(char(x >> (8 * i)));
+  }
+  void f64(double x) {
+    uint64_t bits;
+    std::memcpy(&bits, &x, 8);
+    u64(bits);
   }
   void raw(const void* data, size_t n) { bytes_.append(static_cast<const char*>(data), n); }
   void floats(const float* data, int64_t count) { raw(data, size_t(count) * sizeof(float)); }
@@ -65,6 +63,12 @@ class ByteReader {
   void skip(size_t n) { take(n); }
   uint32_t u32() { return uint32_t(little_endian(4)); }
   uint64_t u64() { return little_endian(8); }
+  double f64() {
+    const uint64_t bits = u64();
+    double x;
+    std::memcpy(&x, &bits, 8);
+    return x;
+  }
   std::string text(size_t n) {
     if (!take(n)) return std::string();
     return bytes_.substr(pos_ - n, n);
@@ -97,10 +101,39 @@ class ByteReader {
 };
 
 // The length of a checkpoint of this layout's model: what an intact file must measure.
-size_t checkpoint_size(const ParamLayout& layout) {
+size_t checkpoint_size(const ParamLayout& layout, uint32_t version) {
   size_t table = 0;
   for (const ParamInfo& p : layout.params) table += 4 + p.name.size() + 4 + 8 * size_t(p.ndim);
-  return kHeaderBytes + table + 3 * size_t(layout.num_params) * sizeof(float) + kTrailerBytes;
+  return header_bytes(version) + table + 3 * size_t(layout.num_params) * sizeof(float) + kTrailerBytes;
+}
+
+// The settings of a version-2 header, in file order.
+void write_settings(ByteWriter& out, const TrainingSettings& s) {
+  out.u64(uint64_t(s.steps));
+  out.u64(uint64_t(s.warmup));
+  out.f64(s.lr);
+  out.f64(s.weight_decay);
+  out.f64(s.grad_clip);
+  out.u64(s.data_length);
+  out.u64(s.data_hash);
+}
+TrainingSettings read_settings(ByteReader& in) {
+  TrainingSettings s;
+  s.steps = int64_t(in.u64());
+  s.warmup = int64_t(in.u64());
+  s.lr = in.f64();
+  s.weight_decay = in.f64();
+  s.grad_clip = in.f64();
+  s.data_length = in.u64();
+  s.data_hash = in.u64();
+  return s;
+}
+
+// "has format version 7, but this build reads versions 1 and 2", or "" for a version it reads.
+std::string version_problem(const std::string& file, uint32_t version) {
+  if (version >= 1 && version <= kVersion) return "";
+  return file + " has format version " + std::to_string(version) + ", but this build reads versions 1 to " +
+         std::to_string(kVersion);
 }
 
 std::string model_text(uint64_t L, uint64_t C, uint64_t NH, uint64_t T, uint64_t V) {
@@ -142,7 +175,7 @@ struct CheckedHeader {
 std::string check_checkpoint(const std::string& path, const std::string& bytes, const GPT2Config& cfg,
                              const ParamLayout& layout, int64_t expected_batch, CheckedHeader* out) {
   const std::string file = "checkpoint '" + path + "'";
-  const size_t expected_size = checkpoint_size(layout);
+  size_t expected_size = checkpoint_size(layout, kVersion);
   auto truncated = [&]() {
     return file + " is truncated: expected " + std::to_string(expected_size) + " bytes, found " +
            std::to_string(bytes.size()) + " (an incomplete copy? saves themselves are atomic)";
@@ -151,14 +184,15 @@ std::string check_checkpoint(const std::string& path, const std::string& bytes, 
   const size_t magic_bytes = std::min(bytes.size(), sizeof(kMagic));
   if (bytes.compare(0, magic_bytes, kMagic, magic_bytes) != 0)
     return file + " is not a checkpoint (bad magic: it does not start with \"GPT2CKPT\")";
-  if (bytes.size() < kHeaderBytes + kTrailerBytes) return truncated();
+  if (bytes.size() < header_bytes(1) + kTrailerBytes) return truncated();
 
   ByteReader in(bytes, bytes.size() - kTrailerBytes);
   in.skip(sizeof(kMagic));
   const uint32_t version = in.u32();
-  if (version != kVersion)
-    return file + " has format version " + std::to_string(version) + ", but this build reads version " +
-           std::to_string(kVersion);
+  const std::string unreadable = version_problem(file, version);
+  if (!unreadable.empty()) return unreadable;
+  expected_size = checkpoint_size(layout, version);
+  if (bytes.size() < header_bytes(version) + kTrailerBytes) return truncated();
 
   ByteReader trailer(bytes, bytes.size());
   trailer.skip(bytes.size() - kTrailerBytes);
@@ -171,6 +205,7 @@ std::string check_checkpoint(const std::string& path, const std::string& bytes, 
   const uint64_t L = in.u32(), C = in.u32(), NH = in.u32(), T = in.u32(), V = in.u32();
   const uint64_t step = in.u64(), batch = in.u64(), data_position = in.u64();
   in.u64();  // the seed: informative only, a resumed run may change it
+  if (version >= 2) in.skip(kSettingsBytes);  // checked against the run by read_checkpoint_header's caller
   const uint64_t tensor_count = in.u32();
   if (L != uint64_t(cfg.L) || C != uint64_t(cfg.C) || NH != uint64_t(cfg.NH) || T != uint64_t(cfg.T) ||
       V != uint64_t(cfg.V)) {
@@ -233,7 +268,7 @@ std::string serialize_checkpoint(const GPT2Config& cfg, const ParamLayout& layou
                                  const CheckpointData& data) {
   ENSURE(data.params && data.adam_m && data.adam_v, "serialize_checkpoint needs all three arrays");
   ENSURE(data.step >= 0 && data.global_batch >= 1, "checkpoint step or batch out of range");
-  ByteWriter out(checkpoint_size(layout));
+  ByteWriter out(checkpoint_size(layout, kVersion));
   out.raw(kMagic, sizeof(kMagic));
   out.u32(kVersion);
   for (int dim : {cfg.L, cfg.C, cfg.NH, cfg.T, cfg.V}) out.u32(uint32_t(dim));
@@ -241,6 +276,7 @@ std::string serialize_checkpoint(const GPT2Config& cfg, const ParamLayout& layou
   out.u64(uint64_t(data.global_batch));
   out.u64(uint64_t(data.step) * uint64_t(data.global_batch));  // global samples consumed
   out.u64(data.seed);
+  write_settings(out, data.settings);
   out.u32(uint32_t(layout.params.size()));
   for (const ParamInfo& p : layout.params) {
     out.u32(uint32_t(p.name.size()));
@@ -252,7 +288,7 @@ std::string serialize_checkpoint(const GPT2Config& cfg, const ParamLayout& layou
   for (const float* flat : {data.params, data.adam_m, data.adam_v})
     for (const ParamInfo& p : layout.params) out.floats(flat + p.offset, p.size);
   out.u64(fnv1a(out.bytes().data(), out.bytes().size()));
-  ENSURE(out.bytes().size() == checkpoint_size(layout), "checkpoint size differs from its layout");
+  ENSURE(out.bytes().size() == checkpoint_size(layout, kVersion), "checkpoint size differs from its layout");
   return std::move(out.bytes());
 }
 
@@ -261,6 +297,40 @@ std::string validate_checkpoint_bytes(const std::string& path, const std::string
                                       int64_t expected_batch) {
   CheckedHeader header;
   return check_checkpoint(path, bytes, cfg, layout, expected_batch, &header);
+}
+
+CheckpointHeader read_checkpoint_header(Communicator& comm, const std::string& path) {
+  CheckpointHeader header;
+  std::string error;
+  if (comm.rank() == 0) {
+    const std::string file = "checkpoint '" + path + "'";
+    std::string bytes;
+    if (!read_file_prefix(path, header_bytes(kVersion), &bytes, &error)) {
+      error += "; pass --resume PATH with a file written by --save";
+    } else if (bytes.compare(0, std::min(bytes.size(), sizeof(kMagic)), kMagic, std::min(bytes.size(), sizeof(kMagic))) != 0) {
+      error = file + " is not a checkpoint (bad magic: it does not start with \"GPT2CKPT\")";
+    } else if (bytes.size() < header_bytes(1)) {
+      error = file + " is truncated: it ends inside its header";
+    } else {
+      ByteReader in(bytes, bytes.size());
+      in.skip(sizeof(kMagic));
+      header.version = in.u32();
+      error = version_problem(file, header.version);
+      if (error.empty() && bytes.size() < header_bytes(header.version)) error = file + " is truncated: it ends inside its header";
+      if (error.empty()) {
+        header.L = in.u32(), header.C = in.u32(), header.NH = in.u32(), header.T = in.u32(), header.V = in.u32();
+        header.step = int64_t(in.u64());
+        header.global_batch = int64_t(in.u64());
+        in.u64();  // data position: checked with the whole file when it is loaded
+        in.u64();  // seed
+        header.has_settings = header.version >= 2;
+        if (header.has_settings) header.settings = read_settings(in);
+      }
+    }
+  }
+  comm.agree_or_die(error.empty(), error);
+  comm.broadcast_bytes(&header, sizeof header, 0);  // plain numbers: the same layout on every rank
+  return header;
 }
 
 void save_checkpoint(Communicator& comm, const std::string& path, const GPT2Config& cfg,

@@ -1,13 +1,15 @@
-// checkpoint.h: saving and resuming training, bit-exactly. Defines CheckpointData, save_checkpoint()
-// and load_checkpoint(). The format (little-endian) is documented in docs/checkpoint.md:
+// checkpoint.h: saving and resuming training, bit-exactly. Defines TrainingSettings, CheckpointData,
+// CheckpointHeader, save_checkpoint(), read_checkpoint_header() and load_checkpoint(). The format
+// (little-endian) is documented in docs/checkpoint.md:
 //   header: magic "GPT2CKPT", u32 version, u32 L, C, NH, T, V, u64 step (the next step to run),
 //           u64 global batch, u64 data position (global samples consumed = step x batch),
-//           u64 seed, u32 tensor count
+//           u64 seed, [version 2: the training settings: u64 steps, u64 warmup, f64 lr, f64 weight
+//           decay, f64 grad clip, u64 data length, u64 data hash], u32 tensor count
 //   table:  per tensor: u32 name length, name bytes, u32 ndim, u64 dims[ndim]
 //   data:   parameters (fp32, table order), then AdamW m, then AdamW v (same order and sizes)
 //   trailer: u64 FNV-1a hash of every byte before it
 // A checkpoint holds full tensors in table order, never a rank-dependent layout, so one saved on N
-// ranks resumes on M ranks and in any chapter.
+// ranks resumes on M ranks and in any chapter. Version 1 files (without settings) still load.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -15,10 +17,18 @@
 #include "comm.h"
 #include "param_layout.h"
 
+// What decides a run's trajectory besides the weights: a resumed run must continue with the same.
+struct TrainingSettings {
+  int64_t steps = 0, warmup = 0;
+  double lr = 0, weight_decay = 0, grad_clip = 0;
+  uint64_t data_length = 0, data_hash = 0;  // the training data: its size and FNV-1a hash (data.h)
+};
+
 struct CheckpointData {
   int64_t step = 0;          // next step to run
   int64_t global_batch = 0;
   uint64_t seed = 0;
+  TrainingSettings settings;
   // Full padded flat arrays (layout.padded_size elements): parameters and AdamW moments.
   const float* params = nullptr;
   const float* adam_m = nullptr;
@@ -38,6 +48,19 @@ std::string serialize_checkpoint(const GPT2Config& cfg, const ParamLayout& layou
 std::string validate_checkpoint_bytes(const std::string& path, const std::string& bytes,
                                       const GPT2Config& cfg, const ParamLayout& layout,
                                       int64_t expected_batch);
+
+// The header of a checkpoint, which a resumed run reads first: its settings replace the defaults of
+// absent flags, and a batch that cannot be split is refused before anything is allocated.
+struct CheckpointHeader {
+  uint32_t version = 0;
+  int64_t L = 0, C = 0, NH = 0, T = 0, V = 0;
+  int64_t step = 0, global_batch = 0;
+  bool has_settings = false;  // version 2 and later
+  TrainingSettings settings;
+};
+// Collective: rank 0 reads the first bytes of `path` and every rank returns the header. A file that
+// cannot be read or is no checkpoint of a version this build reads stops every rank with the reason.
+CheckpointHeader read_checkpoint_header(Communicator& comm, const std::string& path);
 
 // Called on every rank; rank 0 writes `path` atomically (temporary file, then rename); the others
 // may pass null arrays. A collective: everyone returns once the file is complete.

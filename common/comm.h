@@ -216,6 +216,9 @@ class Communicator {
 std::unique_ptr<Communicator> init_mpi_communicator(int* argc, char*** argv);
 void shutdown_mpi(std::unique_ptr<Communicator> comm);
 
+// How many ranks of the job run on this rank's node (machine): they share its memory.
+int ranks_on_this_node();
+
 // The watchdog: an op that has been in flight (posted to MPI) for longer than `seconds` ends the job
 // with a message naming the rank, the op, its group and the step (check.h's phase). It catches a peer
 // that is stopped, dead or stuck before a collective. 0 switches it off. Process-wide.

@@ -586,10 +586,13 @@ class ProgressEngine {
 };
 
 std::weak_ptr<ProgressEngine> g_engine;  // the process's engine, while some communicator holds it
+int g_ranks_on_node = 1;
 
 }  // namespace
 
 void set_comm_timeout(double seconds) { g_timeout_s = seconds; }
+
+int ranks_on_this_node() { return g_ranks_on_node; }
 
 void CommHandle::wait() {
   if (device_wait_) return (*device_wait_)();  // a device communicator's handle (comm.h)
@@ -937,6 +940,11 @@ std::unique_ptr<Communicator> init_mpi_communicator(int* argc, char*** argv) {
                  std::to_string(provided) + "); the communication thread needs it. Use an MPI built with "
                  "thread support (MPICH: --enable-threads=multiple, the default of distribution packages)");
   create_bf16_ops();
+  // MPI_COMM_TYPE_SHARED groups the ranks that can share memory: those of one node.
+  MPI_Comm node = MPI_COMM_NULL;
+  MPI_CHECK(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node));
+  MPI_CHECK(MPI_Comm_size(node, &g_ranks_on_node));
+  MPI_CHECK(MPI_Comm_free(&node));
   auto engine = std::make_shared<ProgressEngine>();
   g_engine = engine;
   // A private copy of MPI_COMM_WORLD: our collectives and messages cannot be confused with MPI calls

@@ -73,7 +73,7 @@
 
 #include "comm_factory.h"
 #include "cuda_check.h"  // CUDA_CHECK, NCCL_CHECK
-#include "device.h"      // cuda_device_count
+#include "device.h"      // cuda_device_count, set_ranks_per_gpu
 #include "link_delay.h"  // hold_stream: the emulated link on the NCCL stream
 #include "memory.h"      // Buffer, device_alloc: staging and scratch memory is counted
 #include "ops_cuda.h"    // cuda::stream(), the compute stream
@@ -763,6 +763,7 @@ std::unique_ptr<Communicator> create_cuda_communicator(std::unique_ptr<Communica
   // Every rank must choose alike: a rank that enters ncclCommInitRank while another does not would
   // wait there forever.
   MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &ranks_per_gpu, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD));
+  set_ranks_per_gpu(ranks_per_gpu);  // for the memory check: they share the GPU's memory
 #ifndef GPT_WITH_NCCL
   if (rank == 0) {
     std::printf("note: built without NCCL (nccl.h was not found), so CUDA tensors travel through host memory over "

@@ -30,6 +30,9 @@ void TokenData::fill(int64_t step, int B, int first, int count, int T, int* inpu
   }
 }
 
+TokenData::TokenData(std::string bytes, std::string description)
+    : bytes_(std::move(bytes)), description_(std::move(description)), hash_(fnv1a(bytes_.data(), bytes_.size())) {}
+
 bool load_token_data(const std::string& path, int T, TokenData* data, std::string* error) {
   std::string bytes;
   std::string description;

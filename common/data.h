@@ -13,10 +13,10 @@
 class TokenData {
  public:
   TokenData() = default;
-  explicit TokenData(std::string bytes, std::string description)
-      : bytes_(std::move(bytes)), description_(std::move(description)) {}
+  explicit TokenData(std::string bytes, std::string description);
 
   int64_t length() const { return int64_t(bytes_.size()); }
+  uint64_t hash() const { return hash_; }  // FNV-1a of the bytes: a checkpoint records which data it saw
   const std::string& description() const { return description_; }  // "path (N bytes)" or "built-in ..."
 
   // Fills inputs and targets, each count x T, with global samples [first, first+count) of global
@@ -26,6 +26,7 @@ class TokenData {
  private:
   std::string bytes_;
   std::string description_;
+  uint64_t hash_ = 0;
 };
 
 // Reads `path` (any file; each byte is a token), or builds the default corpus when path is empty.

@@ -8,7 +8,11 @@
 #include "cuda_check.h"  // CUDA_CHECK
 #endif
 
+#include <unistd.h>  // sysconf
+
+#include <algorithm>
 #include <cstring>
+#include <fstream>
 
 #include "check.h"  // config_error, fatal, ENSURE
 
@@ -128,4 +132,45 @@ DeviceInfo describe_device(Device device, DType dtype) {
   (void)dtype;
 #endif
   return info;
+}
+
+namespace {
+int g_ranks_per_gpu = 1;
+
+// A container's memory limit (cgroup v2, then v1), or 0 when there is none.
+double container_limit() {
+  for (const char* path : {"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"}) {
+    std::ifstream in(path);
+    std::string text;
+    if (!(in >> text) || text == "max") continue;
+    const double bytes = std::strtod(text.c_str(), nullptr);
+    if (bytes > 0 && bytes < 1e18) return bytes;  // v1 reports "no limit" as a huge number
+  }
+  return 0;
+}
+}  // namespace
+
+void set_ranks_per_gpu(int ranks) { g_ranks_per_gpu = std::max(1, ranks); }
+
+double memory_per_rank(Device device, int ranks_on_node, std::string* how) {
+#ifdef GPT_WITH_CUDA
+  if (device == Device::CUDA) {
+    size_t free_bytes = 0, total_bytes = 0;
+    CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+    if (how)
+      *how = "GPU memory " + std::to_string(total_bytes >> 20) + " MiB / " + std::to_string(g_ranks_per_gpu) +
+             " rank(s) on it";
+    return double(total_bytes) / g_ranks_per_gpu;
+  }
+#endif
+  (void)device;
+  double physical = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGE_SIZE));
+  const double limit = container_limit();
+  const bool limited = limit > 0 && limit < physical;
+  if (limited) physical = limit;
+  const int ranks = std::max(1, ranks_on_node);
+  if (how)
+    *how = std::string(limited ? "container limit " : "physical memory ") + std::to_string(int64_t(physical) >> 20) +
+           " MiB / " + std::to_string(ranks) + " rank(s) on this node";
+  return physical / ranks;
 }

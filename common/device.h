@@ -43,3 +43,10 @@ struct DeviceInfo {
   std::string peak_source;
 };
 DeviceInfo describe_device(Device device, DType dtype);
+
+// The memory one rank may use on `device`, in bytes, for the run's memory check (training_run.h):
+// on the CPU the machine's physical memory (or the container's limit, if lower) shared by the
+// `ranks_on_node` ranks of this node; on a GPU its memory, shared by the ranks that use that GPU
+// (set_ranks_per_gpu, called by the communicator factory). `how` (if given) says where it came from.
+double memory_per_rank(Device device, int ranks_on_node, std::string* how = nullptr);
+void set_ranks_per_gpu(int ranks);

@@ -1,11 +1,23 @@
 // fileio.h: file helpers that check and explain. Nothing is ever half-written: writes go to a
-// temporary file next to the target, are flushed to disk, then renamed over it (rename is atomic
-// on POSIX file systems), so a crash leaves either the old file or the new one.
+// temporary file next to the target (PATH.tmp.<pid>), are flushed to disk, then renamed over it
+// (rename is atomic on POSIX file systems), so a crash leaves either the old file or the new one,
+// and at worst a temporary file, which the next write of PATH removes.
 #pragma once
 #include <cstddef>
+#include <cstdint>
 #include <string>
 
 // Returns false and fills *error (naming the path and the reason) instead of throwing, so callers
 // can agree collectively on failure before anyone aborts.
 bool read_whole_file(const std::string& path, std::string* contents, std::string* error);
+// The first `max_bytes` of a file (fewer if it is shorter), with the same errors as read_whole_file.
+bool read_file_prefix(const std::string& path, size_t max_bytes, std::string* contents, std::string* error);
 void write_file_atomically(const std::string& path, const void* data, size_t bytes);
+// Whether `path` can be written, found out by creating (and removing) a file beside it, so that a
+// run refuses a missing or read-only folder before its work rather than after. "" when it can,
+// else the reason, naming `flag` ("--save") and the folder.
+std::string writable_problem(const std::string& flag, const std::string& path);
+
+// FNV-1a, 64-bit: a few lines, no library, and any flipped or missing byte changes it. The hash of
+// checkpoint files and of the training data (a resumed run checks that the data is the same).
+uint64_t fnv1a(const char* data, size_t n);

@@ -111,6 +111,9 @@ void FlagParser::add(const std::string& name, float* value, const std::string& h
               double parsed = 0;
               if (!parse_whole_double(text, &parsed)) return std::string("is not a number");
               if (std::fabs(parsed) > std::numeric_limits<float>::max()) return std::string("is out of range");
+              // 1e-50 would silently become 0: refuse what fp32 cannot hold.
+              if (parsed != 0 && std::fabs(parsed) < std::numeric_limits<float>::denorm_min())
+                return std::string("is too small for fp32 (it would round to 0)");
               *value = float(parsed);
               return std::string();
             }});
@@ -160,6 +163,7 @@ bool FlagParser::parse(int argc, char** argv, const std::string& usage_header) {
     }
     const Flag* flag = find(name);
     if (!flag) config_error("unknown flag '" + name + "' (see --help)");
+    given_.insert(name);
     if (flag->is_switch) {
       if (inline_value) config_error(name + " takes no value");
       flag->set("");
@@ -198,11 +202,13 @@ bool parse_train_flags(int argc, char** argv, const std::string& chapter, const 
                        FlagParser& parser, TrainConfig* cfg) {
   cfg->chapter = chapter;
   parser.add("--preset", &cfg->preset, std::string("model shape: ") + preset_names(), "NAME");
-  parser.add("--steps", &cfg->steps, "steps to run; step 0 is warm-up, left out of averages");
-  parser.add("--batch", &cfg->batch, "global batch in sequences, over all ranks; 0 = the preset's");
+  parser.add("--steps", &cfg->steps, "steps to run; step 0 is warm-up, left out of averages (resuming: the "
+                                     "checkpoint's)");
+  parser.add("--batch", &cfg->batch, "global batch in sequences, over all ranks (default: the preset's; resuming: "
+                                     "the checkpoint's)");
   parser.add("--grad-accum", &cfg->grad_accum, "micro-batches per step on each rank");
-  parser.add("--lr", &cfg->lr, "peak learning rate; 0 = the preset's");
-  parser.add("--warmup", &cfg->warmup, "learning-rate warm-up steps; -1 = steps/10");
+  parser.add("--lr", &cfg->lr, "peak learning rate (default: the preset's; resuming: the checkpoint's)");
+  parser.add("--warmup", &cfg->warmup, "learning-rate warm-up steps (default: steps/10; resuming: the checkpoint's)");
   parser.add("--weight-decay", &cfg->weight_decay, "AdamW weight decay of the matrices");
   parser.add("--grad-clip", &cfg->grad_clip, "clip gradients to this global norm");
   parser.add("--seed", &cfg->seed, "random seed of the parameter initialisation");
@@ -216,6 +222,8 @@ bool parse_train_flags(int argc, char** argv, const std::string& chapter, const 
   parser.add("--json", &cfg->json, "write one JSON line per step", "PATH");
   parser.add("--link-gbps", &cfg->link_gbps, "emulate an interconnect of this many Gbit/s; 0 = off");
   parser.add("--link-latency-us", &cfg->link_latency_us, "latency of the emulated link per message, in microseconds");
+  parser.add("--timeout", &cfg->timeout_s, "end the job when a collective or receive waits longer than this many "
+                                          "seconds (a stuck or dead peer); 0 = never");
   parser.add_switch("--quiet", &cfg->quiet, "no step lines");
   parser.add("--device", &cfg->device, "auto | cpu | cuda; auto = cuda when a GPU is visible", "NAME");
   parser.add("--dtype", &cfg->dtype,
@@ -233,15 +241,18 @@ bool parse_train_flags(int argc, char** argv, const std::string& chapter, const 
                              " [flags]   (flags take --name value or --name=value)\n\nflags:\n";
   if (!parser.parse(argc, argv, header)) return false;
 
+  cfg->given = parser.given();
   // What can be checked without knowing the model or the rank count; the chapter checks the rest
-  // (the batch must divide by ranks x grad-accum, for one) once it knows them.
+  // (the batch must divide by ranks x grad-accum, for one) once it knows them. A value that is given
+  // must be meaningful: 0 never stands for "the default" (leave the flag out for that).
   if (cfg->steps < 1) config_error("--steps must be >= 1");
-  if (cfg->batch < 0) config_error("--batch must be >= 1 (or 0 for the preset's default)");
+  if (cfg->was_given("--batch") && cfg->batch < 1) config_error("--batch must be >= 1 (leave it out for the preset's)");
   if (cfg->grad_accum < 1) config_error("--grad-accum must be >= 1");
-  if (cfg->lr < 0) config_error("--lr must be > 0 (or 0 for the preset's default)");
-  if (cfg->warmup < -1) config_error("--warmup must be >= 0 (or -1 for steps/10)");
+  if (cfg->was_given("--lr") && !(cfg->lr > 0)) config_error("--lr must be > 0 (leave it out for the preset's)");
+  if (cfg->was_given("--warmup") && cfg->warmup < 0) config_error("--warmup must be >= 0 (leave it out for steps/10)");
   if (cfg->weight_decay < 0) config_error("--weight-decay must be >= 0");
   if (cfg->grad_clip <= 0) config_error("--grad-clip must be > 0");
+  if (cfg->timeout_s < 0) config_error("--timeout must be >= 0 (0 = no watchdog)");
   if (cfg->save_every < 0) config_error("--save-every must be >= 0");
   if (cfg->save_every > 0 && cfg->save.empty()) config_error("--save-every needs --save PATH");
   if (cfg->link_gbps < 0) config_error("--link-gbps must be >= 0 (0 = no emulated link)");

@@ -4,17 +4,22 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <set>
 #include <string>
 #include <vector>
 
+// The run's settings. Where a flag was not given, the value here is a default that TrainingRun
+// replaces (training_run.h): by the checkpoint's value when resuming, else by the preset's (batch,
+// lr) or by one derived from the others (warmup = steps/10). Only an absent flag means that: a
+// given value is always the value.
 struct TrainConfig {
   std::string chapter;       // e.g. "01_vanilla_dp"
   std::string preset = "tiny";
   int steps = 20;            // steps 0..steps-1; step 0 is warm-up (left out of averages)
-  int batch = 0;             // global batch in sequences; 0 = the preset's default
+  int batch = 0;             // global batch in sequences
   int grad_accum = 1;        // micro-batches per step on each rank
-  float lr = 0;              // peak learning rate; 0 = the preset's default
-  int warmup = -1;           // warm-up steps of the learning rate; -1 = steps/10
+  float lr = 0;              // peak learning rate
+  int warmup = 0;            // warm-up steps of the learning rate
   float weight_decay = 0.1f;
   float grad_clip = 1.0f;    // clip gradients to this global norm
   uint64_t seed = 1337;
@@ -30,6 +35,9 @@ struct TrainConfig {
   std::string device = "auto";  // auto | cpu | cuda (device.h, pick_device)
   std::string dtype = "auto";   // auto | fp32 | bf16 (device.h, pick_dtype)
   std::string attention = "materialized";  // materialized | flash (GPT2Config::flash_attention)
+  double timeout_s = 300;    // the communicator's watchdog (comm.h, set_comm_timeout); 0 = off
+  std::set<std::string> given;  // the flags on the command line ("--lr", ...)
+  bool was_given(const std::string& flag) const { return given.count(flag) > 0; }
 };
 
 class FlagParser {
@@ -49,6 +57,8 @@ class FlagParser {
   bool parse(int argc, char** argv, const std::string& usage_header);
   // One line per flag: name, value, help and default; --help last.
   std::string usage() const;
+  // The flags parse() found on the command line.
+  const std::set<std::string>& given() const { return given_; }
 
  private:
   struct Flag {
@@ -61,6 +71,7 @@ class FlagParser {
   void add_flag(Flag flag);
   const Flag* find(const std::string& name) const;
   std::vector<Flag> flags_;
+  std::set<std::string> given_;
 };
 
 // Registers the shared flags on `parser`, parses argv and validates what needs no model (positive

@@ -1,8 +1,9 @@
 // layer_grads.h: ZeRO-2/3's gradient path (chapters 05, 06). Defines LayerGradReducer.
 // No full gradient buffer exists: each layer's gradients go into a transient buffer that lives from
-// the start of the layer's backward until its reduce-scatter has delivered this rank's piece, which
-// is then added into the rank's gradient shard. At most max_in_flight reduce-scatters travel at
-// once, which bounds the transient memory (counted as communication buffers).
+// the start of the layer's backward until its reduce-scatter has delivered this rank's piece of the
+// layer (rank r owns piece r of every layer: ShardPlan::per_unit, shards.h), which is then added
+// into the rank's gradient shard. At most max_in_flight reduce-scatters travel at once, which bounds
+// the transient memory (counted as communication buffers).
 #pragma once
 #include <deque>
 #include <map>
@@ -34,7 +35,7 @@ class LayerGradReducer {
 
   struct InFlight {
     Buffer layer_grads, piece;  // what is sent, and this rank's averaged piece
-    int64_t piece_begin;        // flat offset of the piece
+    int range;                  // the layer's range in the plan
     CommHandle handle;
   };
   Communicator& comm_;

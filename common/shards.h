@@ -1,37 +1,67 @@
-// shards.h: who owns what under ZeRO (chapters 04-06). Defines ShardPlan.
-// Rank r of N owns the flat elements [r*S, (r+1)*S), S = padded_size / N, of the parameters, the
-// gradients and the optimizer state: one contiguous slice each, the same offsets in all three.
-// A collective over some flat range [begin, end) (a bucket, a layer) then splits it by owner:
-// rank r's piece is the range's intersection with its shard, possibly empty. Those per-rank counts
-// are what reduce_scatter_v and all_gather_v take.
+// shards.h: who owns what under ZeRO (chapters 04-06). Defines FlatRange and ShardPlan.
+//
+// A plan cuts the flat buffer (parameters, gradients, optimizer state: the same offsets in all three)
+// into consecutive ranges whose lengths divide by the N ranks of the group, and rank r owns piece r
+// of EVERY range: [begin + r*len/N, begin + (r+1)*len/N). Its shard is the concatenation of its
+// pieces, in range order. So every collective over one range is balanced: in a reduce-scatter or an
+// all-gather of a range, each rank sends and receives (N-1)/N of it, as FSDP shards each flat
+// parameter and Megatron's distributed optimizer each bucket. (Owning one contiguous slice of the
+// whole buffer instead would make a layer's gather a broadcast from the one or two ranks that hold
+// it, with their links carrying N-1 times the layer while the others idle.)
+//
+// The ranges are layers (per_unit: ZeRO-2 and 3 reduce-scatter and gather layer by layer) or buckets
+// of whole layers (ZeRO-1): the layout pads every layer to a multiple of N x 16 elements, so both
+// divide evenly, into 64-byte-aligned pieces.
 #pragma once
-#include <algorithm>
 #include <cstdint>
 #include <vector>
 
 #include "param_layout.h"
+#include "tensor.h"
+
+struct FlatRange {
+  int64_t begin = 0, end = 0;  // [begin, end) in elements of the flat buffer
+  int64_t size() const { return end - begin; }
+};
 
 class ShardPlan {
  public:
-  ShardPlan(const ParamLayout& layout, int rank)
-      : size_(layout.shard_size()), begin_(layout.shard_begin(rank)), ranks_(layout.ranks) {}
+  // `ranges` are consecutive and cover [0, flat size); each length divides by `ranks`.
+  ShardPlan(std::vector<FlatRange> ranges, int ranks, int rank);
+  // Everything on one rank: what 01-03 run the optimizer on.
+  static ShardPlan unsharded(const ParamLayout& layout);
+  // One range per unit (layer), over `ranks`: ZeRO-2 and ZeRO-3.
+  static ShardPlan per_unit(const ParamLayout& layout, int ranks, int rank);
 
-  int64_t size() const { return size_; }    // S: elements this rank owns
-  int64_t begin() const { return begin_; }  // first flat element this rank owns
-  int64_t end() const { return begin_ + size_; }
+  int ranks() const { return ranks_; }
+  int rank() const { return rank_; }
+  int64_t size() const { return size_; }            // S: elements this rank owns (the same on every rank)
+  int64_t flat_size() const { return ranges_.empty() ? 0 : ranges_.back().end; }
+  int count() const { return int(ranges_.size()); }  // ranges
+  const FlatRange& range(int i) const { return ranges_[i]; }
+  int64_t piece_size(int i) const { return ranges_[i].size() / ranks_; }
+  // Rank q's piece of range i, as flat offsets.
+  FlatRange piece(int i, int q) const;
+  FlatRange piece(int i) const { return piece(i, rank_); }
+  // Where range i's piece starts within a shard (the same offset on every rank).
+  int64_t shard_offset(int i) const { return shard_offset_[i]; }
+  // The index of the range that begins at flat offset `begin` (a bucket's, a unit's).
+  int range_index(int64_t begin) const;
 
-  // How many elements of [begin, end) each rank owns, in rank order (they add up to end - begin).
-  std::vector<int64_t> counts(int64_t begin, int64_t end) const {
-    std::vector<int64_t> counts(ranks_);
-    for (int r = 0; r < ranks_; r++)
-      counts[r] = std::max<int64_t>(0, std::min(end, (r + 1) * size_) - std::max(begin, r * size_));
-    return counts;
-  }
-  // This rank's piece of [begin, end): [piece_begin, piece_end), empty when it owns none of it.
-  int64_t piece_begin(int64_t begin, int64_t end) const { return std::min(std::max(begin, begin_), end); }
-  int64_t piece_end(int64_t begin, int64_t end) const { return std::max(std::min(end, this->end()), begin); }
+  // This rank's piece of range i as a view: of a full flat buffer (flat_size() elements) or of a
+  // shard (size() elements). A plan on one rank has size() == flat_size(): both views coincide.
+  Tensor piece_of_full(const Tensor& full, int i) const;
+  Tensor piece_of_shard(const Tensor& shard, int i) const;
+
+  // shard = this rank's pieces of `full`, which may live on another device (transfer(), device.h).
+  void copy_to_shard(const Tensor& full, const Tensor& shard) const;
+  // full = every rank's pieces, from `all_shards`, the N shards one after another (an all-gather of
+  // the shards), both on the host.
+  void assemble_full(const Tensor& all_shards, const Tensor& full) const;
 
  private:
-  int64_t size_, begin_;
-  int ranks_;
+  std::vector<FlatRange> ranges_;
+  std::vector<int64_t> shard_offset_;
+  int ranks_ = 1, rank_ = 0;
+  int64_t size_ = 0;
 };

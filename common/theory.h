@@ -1,5 +1,6 @@
-// theory.h: what ../shared/THEORY.md predicts for a chapter, so every measured number can be printed
-// next to its prediction. Defines Prediction and predict().
+// theory.h: what docs/theory.md predicts for a chapter, so that every measured number can be printed
+// next to its prediction, and a run that cannot fit is refused before it allocates. Defines Strategy,
+// Prediction, predict(), activation_bytes() and MemoryForecast / forecast_memory().
 // Ψ = parameters (unpadded), N = data-parallel ranks. fp32 training: 4 bytes per parameter and per
 // gradient, 8 bytes of AdamW state (m and v). bf16 mixed precision: 2 bytes per parameter and per
 // gradient, 12 bytes of optimizer state (fp32 master weights, m and v); the collectives then move
@@ -7,8 +8,9 @@
 #pragma once
 #include <string>
 
+#include "model_config.h"
 #include "param_layout.h"
-#include "tensor.h"  // DType
+#include "tensor.h"  // DType, Device
 
 enum class Strategy { DP, ZeRO1, ZeRO2, ZeRO3 };
 
@@ -17,9 +19,27 @@ struct Prediction {
   std::string memory_formula;  // e.g. "4Ψ + 4Ψ + 8Ψ"
   double params_bytes = 0, grads_bytes = 0, optim_bytes = 0;
   std::string comm_formula;    // e.g. "2(N-1)/N x 4Ψ"
-  double comm_bytes = 0;       // wire bytes per rank per step (see comm.h)
+  double comm_bytes = 0;       // bytes this rank sends per step (see comm.h)
 };
 
 // `grad_accum` matters where a strategy communicates once per micro-batch (ZeRO-2, ZeRO-3). `dtype`
 // is the parameters' (F32, or BF16 for mixed precision).
 Prediction predict(Strategy strategy, const ParamLayout& layout, int grad_accum, DType dtype = DType::F32);
+
+// The bytes of the model's activation arena (model.cpp) for micro-batches of B sequences: every
+// tensor the backward reads, per block and at the ends, plus the backward's scratch (docs/theory.md,
+// "Activation memory"). `flash`: FlashAttention's log-sum-exp instead of the (B,NH,T,T) matrices.
+// Each tensor is rounded up to the allocator's 64 bytes, as the arena carves it.
+double activation_bytes(const GPT2Config& cfg, int B, DType dtype, bool flash);
+
+// The peak memory of one rank, predicted before anything is allocated.
+struct MemoryForecast {
+  double model_state = 0;   // parameters + gradients + optimizer state (Prediction, with padding)
+  double activations = 0;   // activation_bytes(), plus the token ids on a GPU
+  double transient = 0;     // at most this in communication buffers during a step (docs/theory.md)
+  double checkpoint = 0;    // host copies while initialising, resuming or saving (full fp32 tensors)
+  double data = 0;          // the training text, which every rank keeps
+  double peak() const;      // model state + activations + data + the larger of transient and checkpoint
+};
+MemoryForecast forecast_memory(Strategy strategy, const ParamLayout& layout, const GPT2Config& cfg, int micro_B,
+                               DType dtype, Device device, bool flash, bool saves_or_resumes, double data_bytes);

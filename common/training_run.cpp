@@ -1,11 +1,15 @@
 // training_run.cpp: see training_run.h.
 #include "training_run.h"
 
+#include <atomic>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
+#include <sstream>
 
 #include "checkpoint.h"
 #include "device.h"
+#include "fileio.h"  // writable_problem
 #include "model.h"
 #include "ops.h"
 #include "optimizer.h"
@@ -17,92 +21,239 @@ namespace {
 int64_t training_calls(const CommStats& s) {
   return s.total_calls() - s.kind[int(CollectiveKind::Scalar)].calls;
 }
-int64_t training_wire_bytes(const CommStats& s) {
+int64_t training_sent_bytes(const CommStats& s) {
   return s.total_sent_bytes() - s.kind[int(CollectiveKind::Scalar)].sent_bytes;
+}
+
+// Ctrl-C (SIGINT; mpiexec passes it on to every rank) and SIGTERM only raise a flag: the ranks agree
+// at the end of the step to stop together, write what they measured and exit non-zero. A second
+// Ctrl-C makes mpiexec kill the job outright.
+std::atomic<int> g_signal{0};
+void on_signal(int signal) { g_signal = signal; }
+void catch_interrupts() {
+  struct sigaction action = {};
+  action.sa_handler = on_signal;
+  sigemptyset(&action.sa_mask);
+  action.sa_flags = SA_RESTART;
+  sigaction(SIGINT, &action, nullptr);
+  sigaction(SIGTERM, &action, nullptr);
+}
+
+std::string number(double x) {
+  std::ostringstream s;
+  s << x;
+  return s.str();
+}
+
+// "1, 2, 4 or 8": the rank counts that split `batch` evenly (with one micro-batch each).
+std::string divisors_text(int batch) {
+  std::vector<int> d;
+  for (int n = 1; n <= batch && d.size() < 12; n++)
+    if (batch % n == 0) d.push_back(n);
+  std::string text;
+  for (size_t i = 0; i < d.size(); i++) text += (i == 0 ? "" : i + 1 == d.size() ? " or " : ", ") + std::to_string(d[i]);
+  return text;
 }
 
 }  // namespace
 
-TrainingRun::TrainingRun(Communicator& comm, const TrainConfig& cfg, Strategy strategy)
-    : comm_(comm), cfg_(cfg), strategy_(strategy), device_(comm.device()), dtype_(pick_dtype(cfg.dtype, device_)) {
-  const int N = comm.size();
-  // Every check below sees the same flags on every rank, so config_error() is collective-safe.
+TrainingRun::TrainingRun(Communicator& comm, TrainConfig& cfg, Strategy strategy)
+    : comm_(comm), strategy_(strategy), device_(comm.device()), dtype_(pick_dtype(cfg.dtype, device_)) {
   if (!find_preset(cfg.preset, &model_))
     config_error("--preset: unknown preset '" + cfg.preset + "' (choose from " + preset_names() + ")");
-  batch_ = cfg.batch > 0 ? cfg.batch : model_.default_batch;
-  if (cfg.lr <= 0) cfg_.lr = model_.default_lr;
-  const int per_step = N * cfg.grad_accum;
-  if (batch_ % per_step != 0) {
-    int suggestion = (batch_ / per_step + 1) * per_step;
-    config_error("--batch " + std::to_string(batch_) + " is not divisible by ranks x grad-accum = " +
-                 std::to_string(N) + " x " + std::to_string(cfg.grad_accum) + " = " + std::to_string(per_step) +
-                 "; try --batch " + std::to_string(suggestion));
-  }
   if (model_.C % model_.NH != 0) config_error("the model's C must divide by NH");
-  model_.flash_attention = cfg.attention == "flash";
-  const bool flash = model_.flash_attention && flash_attention_available(dtype_, device_, model_.C, model_.NH);
-  micro_B_ = batch_ / per_step;
-  layout_ = build_gpt2_layout(model_, N);
+  cfg_ = cfg;
+  // A resumed run reads the checkpoint's header first: its settings stand in for absent flags, and
+  // its batch decides whether this rank count can take it at all.
+  CheckpointHeader header;
+  if (!cfg_.resume.empty()) header = read_checkpoint_header(comm, cfg_.resume);
+  resolve_settings(cfg_.resume.empty() ? nullptr : &header);
+  cfg = cfg_;  // the caller sees what the run uses
+
+  model_.flash_attention = cfg_.attention == "flash";
+  flash_ = model_.flash_attention && flash_attention_available(dtype_, device_, model_.C, model_.NH);
+  micro_B_ = cfg_.batch / (comm.size() * cfg_.grad_accum);
+  layout_ = build_gpt2_layout(model_, comm.size());
+  check_outputs();
 
   std::string error;
-  bool ok = load_token_data(cfg.data, model_.T, &data_, &error);
+  const bool ok = load_token_data(cfg_.data, model_.T, &data_, &error);
   comm.agree_or_die(ok, error);
+  if (header.has_settings && (header.settings.data_length != uint64_t(data_.length()) ||
+                              header.settings.data_hash != data_.hash())) {
+    config_error("checkpoint '" + cfg_.resume + "' was trained on other data: " +
+                 std::to_string(header.settings.data_length) + " bytes with hash " +
+                 std::to_string(header.settings.data_hash) + ", but " + data_.description() + " has hash " +
+                 std::to_string(data_.hash()) + "; pass the --data it was trained on");
+  }
+  check_memory();  // before the chapter allocates anything
+
   inputs_.resize(size_t(micro_B_) * model_.T);
   targets_.resize(size_t(micro_B_) * model_.T);
   if (device_ != Device::CPU)
     device_tokens_ = Buffer(2 * int64_t(micro_B_) * model_.T, MemCategory::Activations, DType::I32, device_);
   device_info_ = describe_device(device_, dtype_);
 
-  comm.set_link_model({cfg.link_gbps, cfg.link_latency_us});
-  enable_tracing(!cfg.trace.empty());
+  comm.set_link_model({cfg_.link_gbps, cfg_.link_latency_us});
+  set_comm_timeout(cfg_.timeout_s);
+  enable_tracing(!cfg_.trace.empty());
+  catch_interrupts();
 
+  const int N = comm.size();
   if (is_root()) {
-    if (!cfg.json.empty()) json_.open(cfg.json);
-    std::printf("%s | %d rank%s | preset %s (L=%d C=%d NH=%d T=%d V=%d) | %lld parameters\n", cfg.chapter.c_str(), N,
+    if (!cfg_.json.empty()) json_.open(cfg_.json);
+    std::printf("%s | %d rank%s | preset %s (L=%d C=%d NH=%d T=%d V=%d) | %lld parameters\n", cfg_.chapter.c_str(), N,
                 N > 1 ? "s" : "", model_.preset.c_str(), model_.L, model_.C, model_.NH, model_.T, model_.V,
                 (long long)layout_.num_params);
-    std::printf("global batch %d x %d tokens | %d per rank in %d micro-batch%s of %d | data: %s\n", batch_, model_.T,
-                batch_ / N, cfg.grad_accum, cfg.grad_accum > 1 ? "es" : "", micro_B_, data_.description().c_str());
+    std::printf("global batch %d x %d tokens | %d per rank in %d micro-batch%s of %d | data: %s\n", cfg_.batch,
+                model_.T, cfg_.batch / N, cfg_.grad_accum, cfg_.grad_accum > 1 ? "es" : "", micro_B_,
+                data_.description().c_str());
+    std::printf("%d steps | lr %s, warm-up %d steps, cosine to lr/10 | weight decay %s | clip %s\n", cfg_.steps,
+                number(cfg_.lr).c_str(), cfg_.warmup, number(cfg_.weight_decay).c_str(), number(cfg_.grad_clip).c_str());
     std::printf("device %s | communicator %s | %s | attention %s\n", device_info_.name.c_str(), comm.name().c_str(),
                 dtype_ == DType::BF16 ? "bf16 mixed precision (fp32 master weights and AdamW state)" : "fp32",
-                flash ? "flash" : "materialized (B,NH,T,T)");
-    if (cfg.link_gbps > 0)
-      std::printf("emulated link: %.3g Gbit/s, %.3g us latency (alpha-beta ring model, see README)\n", cfg.link_gbps,
-                  cfg.link_latency_us);
+                flash_ ? "flash" : "materialized (B,NH,T,T)");
+    if (comm.link_model().on())
+      std::printf("emulated link: %.3g Gbit/s, %.3g us latency (alpha-beta ring model, see README)\n", cfg_.link_gbps,
+                  cfg_.link_latency_us);
     std::fflush(stdout);
     json_.write(JsonObject()
                     .add("type", "run")
-                    .add("chapter", cfg.chapter)
+                    .add("chapter", cfg_.chapter)
                     .add("ranks", N)
                     .add("preset", model_.preset)
                     .add("L", model_.L).add("C", model_.C).add("NH", model_.NH).add("T", model_.T).add("V", model_.V)
                     .add("params", int64_t(layout_.num_params))
                     .add("padded_params", int64_t(layout_.padded_size))
-                    .add("batch", batch_)
-                    .add("grad_accum", cfg.grad_accum)
+                    .add("batch", cfg_.batch)
+                    .add("grad_accum", cfg_.grad_accum)
                     .add("micro_batch", micro_B_)
-                    .add("steps", cfg.steps)
+                    .add("steps", cfg_.steps)
                     .add("lr", double(cfg_.lr))
-                    .add("seed", int64_t(cfg.seed))
+                    .add("warmup", cfg_.warmup)
+                    .add("seed", int64_t(cfg_.seed))
                     .add("data", data_.description())
                     .add("device", device_info_.name)
                     .add("dtype", dtype_name(dtype_))
-                    .add("attention", flash ? "flash" : "materialized")
+                    .add("attention", flash_ ? "flash" : "materialized")
                     .add("communicator", comm.name())
-                    .add("link_gbps", cfg.link_gbps)
-                    .add("link_latency_us", cfg.link_latency_us));
+                    .add("link_gbps", cfg_.link_gbps)
+                    .add("link_latency_us", cfg_.link_latency_us)
+                    .add("forecast_peak_bytes", forecast_.peak())
+                    .add("forecast_activations_bytes", forecast_.activations)
+                    .add("forecast_transient_bytes", forecast_.transient));
   }
 }
 
 TrainingRun::~TrainingRun() = default;
 
+// Each setting: the flag where given; else, resuming, the checkpoint's; else the preset's (batch,
+// lr) or a default. A flag that contradicts the checkpoint is refused, naming both values: the run
+// would continue another trajectory than the one the checkpoint belongs to.
+void TrainingRun::resolve_settings(const CheckpointHeader* resumed) {
+  const bool settings = resumed && resumed->has_settings;
+  const std::string file = resumed ? "checkpoint '" + cfg_.resume + "'" : "";
+  auto conflict = [&](const std::string& flag, const std::string& given, const std::string& saved) {
+    config_error(flag + " " + given + " differs from the " + saved + " that " + file +
+                 " was trained with (the resumed run would follow another schedule); leave " + flag +
+                 " out to continue with the checkpoint's, or start a new run without --resume");
+  };
+  auto take_int = [&](const std::string& flag, int* value, int64_t saved, bool known) {
+    if (!known) return;
+    if (cfg_.was_given(flag) && *value != saved) conflict(flag, std::to_string(*value), std::to_string(saved));
+    *value = int(saved);
+  };
+  auto take_float = [&](const std::string& flag, float* value, double saved) {
+    if (!settings) return;
+    if (cfg_.was_given(flag) && double(*value) != saved) conflict(flag, number(*value), number(saved));
+    *value = float(saved);
+  };
+  if (resumed) {
+    take_int("--batch", &cfg_.batch, resumed->global_batch, true);
+    take_int("--steps", &cfg_.steps, resumed->settings.steps, settings);
+    take_int("--warmup", &cfg_.warmup, resumed->settings.warmup, settings);
+    take_float("--lr", &cfg_.lr, resumed->settings.lr);
+    take_float("--weight-decay", &cfg_.weight_decay, resumed->settings.weight_decay);
+    take_float("--grad-clip", &cfg_.grad_clip, resumed->settings.grad_clip);
+    if (resumed->L != model_.L || resumed->C != model_.C || resumed->NH != model_.NH || resumed->T != model_.T ||
+        resumed->V != model_.V) {
+      // The full check, with the preset to pass, comes when the file is loaded; fail early here.
+      config_error(file + " was saved with model L=" + std::to_string(resumed->L) + " C=" +
+                   std::to_string(resumed->C) + " NH=" + std::to_string(resumed->NH) + " T=" +
+                   std::to_string(resumed->T) + " V=" + std::to_string(resumed->V) + " but this run is --preset " +
+                   model_.preset + " (L=" + std::to_string(model_.L) + " C=" + std::to_string(model_.C) + ")");
+    }
+    if (resumed->step > cfg_.steps)
+      config_error(file + " is at step " + std::to_string(resumed->step) + ", past --steps " + std::to_string(cfg_.steps));
+  }
+  if (!cfg_.was_given("--batch") && !resumed) cfg_.batch = model_.default_batch;
+  if (!cfg_.was_given("--lr") && !settings) cfg_.lr = model_.default_lr;
+  if (!cfg_.was_given("--warmup") && !settings) cfg_.warmup = cfg_.steps / 10;
+
+  const int N = comm_.size(), per_step = N * cfg_.grad_accum;
+  if (cfg_.batch % per_step == 0) return;
+  if (resumed && !cfg_.was_given("--batch")) {
+    config_error(file + " was trained with a global batch of " + std::to_string(cfg_.batch) +
+                 " sequences, which cannot be split over " + std::to_string(N) + " ranks x " +
+                 std::to_string(cfg_.grad_accum) + " micro-batches = " + std::to_string(per_step) +
+                 " (the data order needs the same batch): resume it on a rank count that divides the batch (" +
+                 divisors_text(cfg_.batch) + " ranks, with a --grad-accum that divides what each gets)");
+  }
+  const int suggestion = (cfg_.batch / per_step + 1) * per_step;
+  config_error("--batch " + std::to_string(cfg_.batch) + " is not divisible by ranks x grad-accum = " +
+               std::to_string(N) + " x " + std::to_string(cfg_.grad_accum) + " = " + std::to_string(per_step) +
+               "; try --batch " + std::to_string(suggestion));
+}
+
+// Every file the run will write, checked now, so that a typo in a folder does not cost the run.
+void TrainingRun::check_outputs() {
+  std::string problem;
+  if (is_root()) {
+    std::string save = cfg_.save;
+    const size_t at = save.find("{step}");
+    if (at != std::string::npos) save.replace(at, 6, "0");
+    const std::pair<const char*, std::string> outputs[] = {{"--save", save}, {"--trace", cfg_.trace}, {"--json", cfg_.json}};
+    for (const auto& [flag, path] : outputs)
+      if (problem.empty() && !path.empty()) problem = writable_problem(flag, path);
+  }
+  comm_.agree_or_die(problem.empty(), problem);
+}
+
+// The forecast of docs/theory.md against what this rank may use. Every rank forecasts its own
+// (they are alike) and checks its own memory; the first that cannot fit says why, and all stop.
+void TrainingRun::check_memory() {
+  forecast_ = forecast_memory(strategy_, layout_, model_, micro_B_, dtype_, device_, flash_,
+                              !cfg_.save.empty() || !cfg_.resume.empty(), double(data_.length()));
+  std::string how;
+  const double available = memory_per_rank(device_, ranks_on_this_node(), &how);
+  const double peak = forecast_.peak();
+  if (is_root()) {
+    std::printf("memory forecast per rank: %s peak = model state %s + activations %s + transient %s (%s)%s | "
+                "available %s (%s)\n",
+                format_bytes(peak).c_str(), format_bytes(forecast_.model_state).c_str(),
+                format_bytes(forecast_.activations).c_str(),
+                format_bytes(std::max(forecast_.transient, forecast_.checkpoint)).c_str(),
+                forecast_.checkpoint > forecast_.transient ? "checkpoint copies" : "communication buffers",
+                forecast_.data > 0 ? (" + data " + format_bytes(forecast_.data)).c_str() : "",
+                format_bytes(available).c_str(), how.c_str());
+    std::fflush(stdout);
+  }
+  const bool fits = peak <= available;
+  comm_.agree_or_die(fits, "this run would need about " + format_bytes(peak) + " per rank (model state " +
+                               format_bytes(forecast_.model_state) + ", activations " +
+                               format_bytes(forecast_.activations) + " for micro-batches of " +
+                               std::to_string(micro_B_) + " sequences of " + std::to_string(model_.T) +
+                               " tokens), but a rank has " + format_bytes(available) + " (" + how +
+                               "). Use a smaller --batch, more --grad-accum, more ranks, or a smaller --preset");
+}
+
 MicroBatch TrainingRun::micro_batch(int step, int micro) {
   // no_sync (02, 03) promises no communication before the last micro-batch: measure it.
   if (micro == cfg_.grad_accum - 1)
     launched_before_last_micro_ = comm_.stats().total_launched() - comm_at_step_start_.total_launched();
-  const int per_rank = batch_ / comm_.size();
+  const int per_rank = cfg_.batch / comm_.size();
   const int first = comm_.rank() * per_rank + micro * micro_B_;
-  data_.fill(step, batch_, first, micro_B_, model_.T, inputs_.data(), targets_.data());
+  data_.fill(step, cfg_.batch, first, micro_B_, model_.T, inputs_.data(), targets_.data());
   if (device_ == Device::CPU) return {inputs_.data(), targets_.data(), micro_B_};
   // Uploaded once per micro-batch, so the ops read device memory (ops_cuda.h).
   const int64_t n = int64_t(micro_B_) * model_.T;
@@ -114,76 +265,94 @@ MicroBatch TrainingRun::micro_batch(int step, int micro) {
 
 float TrainingRun::lr(int step) const { return learning_rate(cfg_, cfg_.lr, step); }
 
+TrainingSettings TrainingRun::settings() const {
+  TrainingSettings s;
+  s.steps = cfg_.steps;
+  s.warmup = cfg_.warmup;
+  s.lr = cfg_.lr;
+  s.weight_decay = cfg_.weight_decay;
+  s.grad_clip = cfg_.grad_clip;
+  s.data_length = uint64_t(data_.length());
+  s.data_hash = data_.hash();
+  return s;
+}
+
 namespace {
 
-// A full padded copy, in host memory, of [begin, begin + piece.numel()) from every rank's piece: a
-// plain copy when the piece already is everything, an all-gather (on the piece's device) when it is
-// a shard. Transient, counted as "other". Simple rather than lean: while saving, every rank briefly
-// holds full parameters, m and v (12Ψ bytes, outside the step's peak). A model that does not fit
-// once per rank would gather to rank 0 tensor by tensor instead.
-Buffer gather_full(Communicator& comm, const ParamLayout& layout, Tensor piece, int64_t begin) {
-  Buffer full(layout.padded_size, MemCategory::Other);
-  if (piece.numel() == layout.padded_size) {
-    transfer(full.view(), piece);
+// A full padded fp32 copy, in host memory, of `values`: a full flat buffer (a plain copy) or this
+// rank's shard of `plan` (every rank's shard gathered, then put in place). Transient, counted as
+// "other". Simple rather than lean: while saving, every rank briefly holds full parameters, m and v
+// (12Ψ bytes, in the memory forecast). A model that does not fit once per rank would gather to rank
+// 0 tensor by tensor instead.
+Buffer gather_full(Communicator& comm, const ShardPlan& plan, Tensor values) {
+  ENSURE(values.dtype == DType::F32, "checkpoints hold fp32 values");
+  Buffer full(plan.flat_size(), MemCategory::Other);
+  if (values.numel() == plan.flat_size()) {
+    transfer(full.view(), values);
     return full;
   }
-  ENSURE(piece.numel() == layout.shard_size() && begin == layout.shard_begin(comm.rank()), "a piece must be all or a shard");
-  Buffer gathered(layout.padded_size, MemCategory::Other, piece.device);
-  copy_tensor(gathered.view().slice1d(begin, piece.numel()), piece);
-  comm.all_gather(gathered.view().slice1d(begin, piece.numel()), gathered.view());
-  transfer(full.view(), gathered.view());
+  ENSURE(values.numel() == plan.size(), "gather_full: neither a full buffer nor this rank's shard");
+  Buffer gathered(plan.size() * plan.ranks(), MemCategory::Other, values.device);
+  Tensor mine = gathered.view().slice1d(plan.size() * plan.rank(), plan.size());
+  copy_tensor(mine, values);
+  comm.all_gather(mine, gathered.view());
+  Buffer host(plan.size() * plan.ranks(), MemCategory::Other);
+  transfer(host.view(), gathered.view());
+  plan.assemble_full(host.view(), full.view());
   return full;
 }
 
-// dst (on any device, fp32 or bf16) = host_f32, rounded to dst's dtype on the host first.
-void upload_converted(Tensor dst, Tensor host_f32) {
-  if (dst.dtype == host_f32.dtype) return transfer(dst, host_f32);
-  Buffer converted(host_f32.numel(), MemCategory::Other, dst.dtype, Device::CPU);
-  convert_tensor(converted.view(), host_f32);
-  transfer(dst, converted.view());
+// dst (a full buffer, or this rank's shard of `plan`; on any device, fp32 or bf16) = host_f32 (full),
+// rounded to dst's dtype on the host first.
+void upload(Tensor dst, Tensor host_f32, const ShardPlan& plan) {
+  Buffer converted;
+  if (dst.dtype != host_f32.dtype) {
+    converted = Buffer(host_f32.numel(), MemCategory::Other, dst.dtype, Device::CPU);
+    convert_tensor(converted.view(), host_f32);
+    host_f32 = converted.view();
+  }
+  if (dst.numel() == host_f32.numel()) return transfer(dst, host_f32);
+  plan.copy_to_shard(host_f32, dst);
 }
 
 }  // namespace
 
-int TrainingRun::init_or_resume(Tensor params, int64_t params_begin, AdamW& optimizer) {
+int TrainingRun::init_or_resume(Tensor params, AdamW& optimizer) {
+  const ShardPlan& plan = optimizer.plan();
   Buffer full_params(layout_.padded_size, MemCategory::Other);
   int64_t step = 0;
   if (cfg_.resume.empty()) {
     GPT2::init_weights(layout_, cfg_.seed, full_params.f32());
   } else {
     Buffer full_m(layout_.padded_size, MemCategory::Other), full_v(layout_.padded_size, MemCategory::Other);
-    step = load_checkpoint(comm_, cfg_.resume, model_, layout_, batch_, full_params.f32(), full_m.f32(), full_v.f32());
-    const int64_t n = optimizer.end() - optimizer.begin();
-    transfer(optimizer.m(), full_m.view().slice1d(optimizer.begin(), n));
-    transfer(optimizer.v(), full_v.view().slice1d(optimizer.begin(), n));
+    step = load_checkpoint(comm_, cfg_.resume, model_, layout_, cfg_.batch, full_params.f32(), full_m.f32(),
+                           full_v.f32());
+    plan.copy_to_shard(full_m.view(), optimizer.m());
+    plan.copy_to_shard(full_v.view(), optimizer.v());
     if (is_root()) std::printf("resumed from %s at step %lld\n", cfg_.resume.c_str(), (long long)step);
-    if (step > cfg_.steps)
-      config_error("checkpoint '" + cfg_.resume + "' is at step " + std::to_string(step) + ", past --steps " +
-                   std::to_string(cfg_.steps));
   }
-  if (optimizer.mixed_precision()) {
-    const int64_t n = optimizer.end() - optimizer.begin();
-    transfer(optimizer.master(), full_params.view().slice1d(optimizer.begin(), n));
-  }
-  upload_converted(params, full_params.view().slice1d(params_begin, params.numel()));
+  if (optimizer.mixed_precision()) plan.copy_to_shard(full_params.view(), optimizer.master());
+  upload(params, full_params.view(), plan);
   return int(step);
 }
 
 bool TrainingRun::checkpoint_due(int step) const {
-  if (cfg_.save.empty()) return false;
-  return step == cfg_.steps - 1 || (cfg_.save_every > 0 && (step + 1) % cfg_.save_every == 0);
+  if (cfg_.save.empty() || stop_ == Stop::Diverged) return false;
+  return step == cfg_.steps - 1 || stop_ == Stop::Interrupted ||
+         (cfg_.save_every > 0 && (step + 1) % cfg_.save_every == 0);
 }
 
-void TrainingRun::save_checkpoint(int next_step, Tensor params, int64_t params_begin, AdamW& optimizer) {
-  // Under mixed precision the weights are the fp32 master copy, which covers the optimizer's range.
-  Buffer full_params = optimizer.mixed_precision() ? gather_full(comm_, layout_, optimizer.master(), optimizer.begin())
-                                                   : gather_full(comm_, layout_, params, params_begin);
-  Buffer full_m = gather_full(comm_, layout_, optimizer.m(), optimizer.begin());
-  Buffer full_v = gather_full(comm_, layout_, optimizer.v(), optimizer.begin());
+void TrainingRun::save_checkpoint(int next_step, Tensor params, AdamW& optimizer) {
+  const ShardPlan& plan = optimizer.plan();
+  // Under mixed precision the weights are the fp32 master copy, which covers the optimizer's shard.
+  Buffer full_params = gather_full(comm_, plan, optimizer.mixed_precision() ? optimizer.master() : params);
+  Buffer full_m = gather_full(comm_, plan, optimizer.m());
+  Buffer full_v = gather_full(comm_, plan, optimizer.v());
   CheckpointData data;
   data.step = next_step;
-  data.global_batch = batch_;
+  data.global_batch = cfg_.batch;
   data.seed = cfg_.seed;
+  data.settings = settings();
   data.params = full_params.f32();
   data.adam_m = full_m.f32();
   data.adam_v = full_v.f32();
@@ -191,9 +360,14 @@ void TrainingRun::save_checkpoint(int next_step, Tensor params, int64_t params_b
   size_t at = path.find("{step}");
   if (at != std::string::npos) path.replace(at, 6, std::to_string(next_step));
   ::save_checkpoint(comm_, path, model_, layout_, data);
+  if (is_root() && stop_ == Stop::Interrupted) {
+    std::printf("saved the %d completed steps to %s\n", next_step, path.c_str());
+    std::fflush(stdout);
+  }
 }
 
-void TrainingRun::begin_step(int /*step*/) {
+void TrainingRun::begin_step(int step) {
+  set_error_phase("step " + std::to_string(step));
   reset_memory_peaks();
   comm_at_step_start_ = comm_.stats();
   step_start_ms_ = now_ms();
@@ -210,7 +384,12 @@ void TrainingRun::end_step(int step, float local_loss, double grad_norm) {
   const CommStats step_comm = comm_.stats().since(comm_at_step_start_);
   const MemoryStats& mem = memory_stats();
   const float loss = float(comm_.all_reduce_scalar(local_loss, ReduceOp::Avg));
-  const double tokens_per_s = double(batch_) * model_.T / (step_ms / 1e3);
+  // Whether to go on, agreed by all: the largest reason any rank has to stop.
+  const bool finite = std::isfinite(loss) && std::isfinite(grad_norm);
+  const int reason = !finite ? int(Stop::Diverged) : g_signal != 0 ? int(Stop::Interrupted) : int(Stop::No);
+  stop_ = Stop(int(comm_.all_reduce_scalar(reason, ReduceOp::Max)));
+  last_step_ = step;
+  const double tokens_per_s = double(cfg_.batch) * model_.T / (step_ms / 1e3);
 
   if (step > 0) {  // step 0 is warm-up
     totals_.steps++;
@@ -219,7 +398,7 @@ void TrainingRun::end_step(int step, float local_loss, double grad_norm) {
     totals_.comm_ms += step_comm.in_flight_ms;
     totals_.tokens_per_s += tokens_per_s;
     totals_.collectives += double(training_calls(step_comm));
-    totals_.comm_bytes += double(training_wire_bytes(step_comm));
+    totals_.comm_bytes += double(training_sent_bytes(step_comm));
   }
   totals_.last_loss = loss;
   if (!is_root()) return;
@@ -238,15 +417,31 @@ void TrainingRun::end_step(int step, float local_loss, double grad_norm) {
       .add("tokens_per_s", tokens_per_s)
       .add("exposed_comm_ms", step_comm.exposed_ms)
       .add("comm_ms", step_comm.in_flight_ms)
-      .add("comm_bytes", training_wire_bytes(step_comm))
+      .add("comm_bytes", training_sent_bytes(step_comm))
+      .add("comm_received_bytes", step_comm.total_received_bytes() - step_comm.kind[int(CollectiveKind::Scalar)].received_bytes)
       .add("collectives", training_calls(step_comm))
       .add("launched_before_last_micro", launched_before_last_micro_);
-  for (int k = 0; k < kCollectiveKinds; k++)
-    if (step_comm.kind[k].calls) record.add(std::string("calls_") + collective_name(CollectiveKind(k)), step_comm.kind[k].calls);
+  for (int k = 0; k < kCollectiveKinds; k++) {
+    const CollectiveCounters& c = step_comm.kind[k];
+    if (!c.calls) continue;
+    const std::string name = collective_name(CollectiveKind(k));
+    record.add("calls_" + name, c.calls)
+        .add("max_sent_share_" + name, c.max_sent_share)
+        .add("max_received_share_" + name, c.max_received_share);
+  }
   for (int c = 0; c < kMemCategories; c++) record.add(std::string("mem_") + mem_category_name(MemCategory(c)), mem.peak[c]);
   record.add("mem_total", mem.peak_total);
   json_.write(record);
   if (step >= 1 && !reported_theory_) report_vs_theory(step_comm);
+  if (stop_ == Stop::Diverged) {
+    std::fprintf(stderr, "error: the loss or the gradient norm is not finite at step %d (loss %g, gradient norm %g): "
+                 "training diverged; lower --lr (now %g) or raise --warmup. Every rank stops here.\n",
+                 step, double(loss), grad_norm, double(cfg_.lr));
+    std::fflush(stderr);
+  } else if (stop_ == Stop::Interrupted) {
+    std::printf("interrupted after step %d: every rank stops here; what was measured is written\n", step);
+    std::fflush(stdout);
+  }
 }
 
 void TrainingRun::report_vs_theory(const CommStats& step_comm) {
@@ -257,17 +452,20 @@ void TrainingRun::report_vs_theory(const CommStats& step_comm) {
   auto row = [](const char* what, double measured, double theory) {
     std::printf("  %-22s %12s %12s\n", what, format_bytes(measured).c_str(), format_bytes(theory).c_str());
   };
-  std::printf("per rank, measured vs theory (%s: %s; Ψ = %lld, padded to %lld)\n", p.strategy.c_str(),
+  const double model_state = double(mem.current[int(MemCategory::Params)] + mem.current[int(MemCategory::Grads)] +
+                                    mem.current[int(MemCategory::OptState)]);
+  std::printf("per rank, measured vs theory (docs/theory.md; %s: %s; Ψ = %lld, padded to %lld)\n", p.strategy.c_str(),
               p.memory_formula.c_str(), (long long)layout_.num_params, (long long)layout_.padded_size);
   std::printf("  %-22s %12s %12s\n", "", "measured", "theory");
   row("parameters", double(mem.current[int(MemCategory::Params)]), p.params_bytes);
   row("gradients", double(mem.current[int(MemCategory::Grads)]), p.grads_bytes);
   row("optimizer state", double(mem.current[int(MemCategory::OptState)]), p.optim_bytes);
-  std::printf("  %-22s %12s   (transient, outside the formula)\n", "activations",
-              format_bytes(double(mem.peak[int(MemCategory::Activations)])).c_str());
-  std::printf("  %-22s %12s   (transient, outside the formula)\n", "communication buffers",
-              format_bytes(double(mem.peak[int(MemCategory::CommBuffers)])).c_str());
-  row("comm bytes per step", double(training_wire_bytes(step_comm)), p.comm_bytes);
+  row("  model state", model_state, p.params_bytes + p.grads_bytes + p.optim_bytes);
+  row("activations", double(mem.peak[int(MemCategory::Activations)]), forecast_.activations);
+  std::printf("  %-22s %12s %12s   (transient; theory: at most)\n", "communication buffers",
+              format_bytes(double(mem.peak[int(MemCategory::CommBuffers)])).c_str(),
+              format_bytes(forecast_.transient).c_str());
+  row("comm bytes per step", double(training_sent_bytes(step_comm)), p.comm_bytes);
   std::printf("  (comm theory: %s; padding adds up to %s per full copy)\n", p.comm_formula.c_str(),
               format_bytes(padding).c_str());
   std::fflush(stdout);
@@ -284,54 +482,69 @@ void TrainingRun::report_vs_theory(const CommStats& step_comm) {
                   .add("theory_grads_bytes", p.grads_bytes)
                   .add("measured_optim_bytes", mem.current[int(MemCategory::OptState)])
                   .add("theory_optim_bytes", p.optim_bytes)
-                  .add("measured_comm_bytes", training_wire_bytes(step_comm))
+                  .add("measured_model_state_bytes", model_state)
+                  .add("measured_activations_bytes", mem.peak[int(MemCategory::Activations)])
+                  .add("theory_activations_bytes", forecast_.activations)
+                  .add("measured_transient_bytes", mem.peak[int(MemCategory::CommBuffers)])
+                  .add("theory_transient_bytes_at_most", forecast_.transient)
+                  .add("measured_comm_bytes", training_sent_bytes(step_comm))
                   .add("theory_comm_bytes", p.comm_bytes));
 }
 
-void TrainingRun::finish() {
-  const int n = totals_.steps > 0 ? totals_.steps : 1;
+int TrainingRun::finish() {
+  const int status = stop_ == Stop::Diverged ? 1 : stop_ == Stop::Interrupted ? 130 : 0;
+  const char* ended = stop_ == Stop::Diverged ? "diverged" : stop_ == Stop::Interrupted ? "interrupted" : "completed";
   if (is_root()) {
-    const double step_ms = totals_.step_ms / n, tokens_per_s = totals_.tokens_per_s / n;
-    const double exposed = totals_.exposed_ms / n, comm_ms = totals_.comm_ms / n;
-    // FLOPs per token, as the PaLM paper counts them (appendix B): 6 per parameter (forward 2,
-    // backward 4) without the position embedding, plus 12 L C T for attention's score and value
-    // products. MFU divides the achieved FLOP/s by the device's peak (device.h).
-    const double flops_per_token = 6.0 * double(flops_params(layout_)) + 12.0 * model_.L * model_.C * model_.T;
-    const double achieved_flops = tokens_per_s * flops_per_token;
-    std::printf("average over %d measured steps: %.1f ms/step | %s tok/s | exposed comm %.2f ms | comm %.2f ms | "
-                "%.0f collectives/step | %s/step | peak mem %s | final loss %.4f\n",
-                totals_.steps, step_ms, format_count(tokens_per_s).c_str(), exposed, comm_ms, totals_.collectives / n,
-                format_bytes(totals_.comm_bytes / n).c_str(), format_bytes(double(memory_stats().peak_total)).c_str(),
-                totals_.last_loss);
-    const double flops_per_rank = achieved_flops / comm_.size();
-    std::printf("model FLOPs: 6N + 12LCT = %.3g per token x %s tok/s = %.3g %s per rank", flops_per_token,
-                format_count(tokens_per_s / comm_.size()).c_str(), flops_per_rank >= 1e12 ? flops_per_rank / 1e12 : flops_per_rank / 1e9,
-                flops_per_rank >= 1e12 ? "TFLOP/s" : "GFLOP/s");
-    if (device_info_.peak_flops > 0) {
-      std::printf(" | MFU %.1f%% of %s (%.0f TFLOP/s)", 100.0 * flops_per_rank / device_info_.peak_flops,
-                  device_info_.peak_source.c_str(), device_info_.peak_flops / 1e12);
-    }
-    std::printf("\n");
-    std::fflush(stdout);
     JsonObject summary;
     summary.add("type", "summary")
+        .add("ended", ended)
+        .add("last_step", last_step_)
         .add("measured_steps", totals_.steps)
-        .add("step_ms", step_ms)
-        .add("tokens_per_s", tokens_per_s)
-        .add("exposed_comm_ms", exposed)
-        .add("comm_ms", comm_ms)
-        .add("collectives_per_step", totals_.collectives / n)
-        .add("comm_bytes_per_step", totals_.comm_bytes / n)
-        .add("peak_mem_bytes", memory_stats().peak_total)
         .add("final_loss", double(totals_.last_loss))
-        .add("flops_per_token", flops_per_token);
-    if (device_info_.peak_flops > 0) {
-      summary.add("mfu", flops_per_rank / device_info_.peak_flops)
-          .add("peak_flops", device_info_.peak_flops)
-          .add("peak_source", device_info_.peak_source);
+        .add("peak_mem_bytes", memory_stats().peak_total);
+    if (totals_.steps == 0) {
+      std::printf("no measured steps: step 0 is warm-up and is left out of the averages; run --steps 2 or more to "
+                  "measure time, throughput and communication | final loss %.4f\n", totals_.last_loss);
+    } else {
+      const int n = totals_.steps;
+      const double step_ms = totals_.step_ms / n, tokens_per_s = totals_.tokens_per_s / n;
+      const double exposed = totals_.exposed_ms / n, comm_ms = totals_.comm_ms / n;
+      // FLOPs per token, as the PaLM paper counts them (appendix B): 6 per parameter (forward 2,
+      // backward 4) without the position embedding, plus 12 L C T for attention's score and value
+      // products. MFU divides the achieved FLOP/s by the device's peak (device.h).
+      const double flops_per_token = 6.0 * double(flops_params(layout_)) + 12.0 * model_.L * model_.C * model_.T;
+      const double flops_per_rank = tokens_per_s * flops_per_token / comm_.size();
+      std::printf("average over %d measured steps: %.1f ms/step | %s tok/s | exposed comm %.2f ms of %.2f ms | "
+                  "%.0f collectives/step | %s/step | peak mem %s | final loss %.4f\n",
+                  n, step_ms, format_count(tokens_per_s).c_str(), exposed, comm_ms, totals_.collectives / n,
+                  format_bytes(totals_.comm_bytes / n).c_str(), format_bytes(double(memory_stats().peak_total)).c_str(),
+                  totals_.last_loss);
+      std::printf("model FLOPs: 6N + 12LCT = %.3g per token x %s tok/s = %.3g %s per rank", flops_per_token,
+                  format_count(tokens_per_s / comm_.size()).c_str(),
+                  flops_per_rank >= 1e12 ? flops_per_rank / 1e12 : flops_per_rank / 1e9,
+                  flops_per_rank >= 1e12 ? "TFLOP/s" : "GFLOP/s");
+      if (device_info_.peak_flops > 0) {
+        std::printf(" | MFU %.1f%% of %s (%.0f TFLOP/s)", 100.0 * flops_per_rank / device_info_.peak_flops,
+                    device_info_.peak_source.c_str(), device_info_.peak_flops / 1e12);
+      }
+      std::printf("\n");
+      summary.add("step_ms", step_ms)
+          .add("tokens_per_s", tokens_per_s)
+          .add("exposed_comm_ms", exposed)
+          .add("comm_ms", comm_ms)
+          .add("collectives_per_step", totals_.collectives / n)
+          .add("comm_bytes_per_step", totals_.comm_bytes / n)
+          .add("flops_per_token", flops_per_token);
+      if (device_info_.peak_flops > 0) {
+        summary.add("mfu", flops_per_rank / device_info_.peak_flops)
+            .add("peak_flops", device_info_.peak_flops)
+            .add("peak_source", device_info_.peak_source);
+      }
     }
+    std::fflush(stdout);
     json_.write(summary);
     json_.close();
   }
   if (!cfg_.trace.empty()) write_merged_trace(comm_, cfg_.trace);
+  return status;
 }

@@ -1,14 +1,17 @@
 // training_run.h: the mechanics every chapter shares, so a chapter's own file holds only its idea.
-// Defines TrainingRun: flag validation against the model and rank count, the dtype (--dtype: fp32,
-// or bf16 mixed precision on a GPU), the model configuration
-// and flat layout, this rank's micro-batches (on the run's device), the learning rate, initial
-// weights or a resumed checkpoint, per-step metrics (step line, JSON lines, memory and
-// communication next to theory, MFU on GPUs), periodic checkpoints and the trace.
+// Defines MicroBatch and TrainingRun: the run's settings (from the flags, else the checkpoint being
+// resumed, else the preset), every check that can fail before the work (sizes that must divide,
+// output paths that must be writable, a memory forecast that must fit), the dtype (--dtype: fp32, or
+// bf16 mixed precision on a GPU), the model configuration and flat layout, this rank's micro-batches
+// (on the run's device), the learning rate, initial weights or a resumed checkpoint, per-step metrics
+// (step line, JSON lines, memory and communication next to theory, MFU on GPUs), periodic
+// checkpoints, the trace, and an orderly stop of every rank on Ctrl-C or a diverging loss.
 #pragma once
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "checkpoint.h"
 #include "comm.h"
 #include "data.h"
 #include "device.h"
@@ -28,16 +31,19 @@ struct MicroBatch {
 
 class TrainingRun {
  public:
-  // Validates cfg for this rank count (collectively: every rank exits with one clear message),
-  // loads the data, opens the JSON output and prints the run header on rank 0. The run computes on
-  // the communicator's device (comm.device(): CPU for MPI, CUDA for NCCL, see comm_factory.h).
-  TrainingRun(Communicator& comm, const TrainConfig& cfg, Strategy strategy);
+  // Resolves `cfg` in place: where a flag was absent, the checkpoint's value when resuming, else the
+  // preset's (or steps/10 for the warm-up). Then validates it for this rank count, checks that every
+  // output path can be written, forecasts this rank's peak memory and refuses a run that would not
+  // fit, loads the data, opens the JSON output and prints the run header on rank 0. Every check is
+  // collective: every rank exits with one clear message. The run computes on the communicator's
+  // device (comm.device(): CPU for MPI, CUDA for NCCL, see comm_factory.h).
+  TrainingRun(Communicator& comm, TrainConfig& cfg, Strategy strategy);
   ~TrainingRun();
 
   const TrainConfig& cfg() const { return cfg_; }
   const GPT2Config& model_config() const { return model_; }
   const ParamLayout& layout() const { return layout_; }
-  int global_batch() const { return batch_; }
+  int global_batch() const { return cfg_.batch; }
   int micro_batch_size() const { return micro_B_; }  // B / (ranks x grad_accum)
   Device device() const { return device_; }
   // What parameters, gradients and activations are kept in: fp32, or bf16 (mixed precision: the
@@ -49,37 +55,47 @@ class TrainingRun {
   float lr(int step) const;
 
   // Either GPT-2 initial weights (returns step 0) or the --resume checkpoint (returns its step).
-  // `params` holds flat elements [params_begin, params_begin + params.numel()): all of them, or this
-  // rank's shard (ZeRO-3). The optimizer's m and v (and master weights) are filled for its range.
-  // Weights are made (or read) in fp32 on the host, then transferred to the device (bf16 parameters
-  // receive them rounded; the master weights keep them exact).
-  int init_or_resume(Tensor params, int64_t params_begin, AdamW& optimizer);
-  int init_or_resume(const Buffer& full_params, AdamW& optimizer) {
-    return init_or_resume(full_params.view(), 0, optimizer);
-  }
-  // True when a checkpoint is due after step `step` (--save-every, or the last step with --save).
+  // `params` is a full flat buffer, or this rank's shard of the optimizer's plan (ZeRO-3); the
+  // optimizer's m and v (and master weights) are filled for its shard. Weights are made (or read) in
+  // fp32 on the host, then transferred to the device (bf16 parameters receive them rounded; the
+  // master weights keep them exact).
+  int init_or_resume(Tensor params, AdamW& optimizer);
+  int init_or_resume(const Buffer& params, AdamW& optimizer) { return init_or_resume(params.view(), optimizer); }
+  // True when a checkpoint is due after step `step`: --save-every, the last step with --save, or a
+  // stop after Ctrl-C with --save (the completed steps are kept). Never after a diverging step.
   bool checkpoint_due(int step) const;
   // Collective: writes full tensors whatever is sharded (shards are gathered first), so the file
   // never depends on the rank count, and fp32 weights (the master weights under mixed precision),
-  // so it never depends on the dtype either. "{step}" in --save is replaced by next_step.
-  void save_checkpoint(int next_step, Tensor params, int64_t params_begin, AdamW& optimizer);
-  void save_checkpoint(int next_step, const Buffer& full_params, AdamW& optimizer) {
-    save_checkpoint(next_step, full_params.view(), 0, optimizer);
+  // so it never depends on the dtype either. "{step}" in --save is replaced by next_step. `params`
+  // as for init_or_resume.
+  void save_checkpoint(int next_step, Tensor params, AdamW& optimizer);
+  void save_checkpoint(int next_step, const Buffer& params, AdamW& optimizer) {
+    save_checkpoint(next_step, params.view(), optimizer);
   }
 
   void begin_step(int step);
-  // Ends the step: waits for the device to finish its queued work (synchronize, device.h), averages the loss over ranks, records time, exposed and total communication,
-  // bytes and memory; prints the step line on rank 0 and writes the JSON record. After the first
-  // measured step, also prints memory and communication next to `prediction`.
+  // Ends the step: waits for the device to finish its queued work (synchronize, device.h), averages
+  // the loss over ranks, records time, exposed and total communication, bytes and memory; prints the
+  // step line on rank 0 and writes the JSON record. After the first measured step, also prints
+  // memory and communication next to theory. Then every rank agrees whether to stop (stopping()).
   void end_step(int step, float local_loss, double grad_norm);
+  // True once every rank agreed to stop after the last step: Ctrl-C (SIGINT or SIGTERM) reached a
+  // rank, or the loss or the gradient norm stopped being finite. The chapter's loop then breaks.
+  bool stopping() const { return stop_ != Stop::No; }
   // Prints the averages over the measured steps (step 0 is warm-up) with, on a GPU whose peak is
-  // known, the MFU; writes the trace, closes JSON.
-  void finish();
+  // known, the MFU; writes the trace, closes JSON. Returns the process's exit status: 0, 1 for a
+  // diverged run, 130 for an interrupted one (each with its summary and trace written).
+  int finish();
 
   bool is_root() const { return comm_.rank() == 0; }
 
  private:
+  enum class Stop { No, Interrupted, Diverged };
+  void resolve_settings(const CheckpointHeader* resumed);
+  void check_outputs();
+  void check_memory();
   void report_vs_theory(const CommStats& step_comm);
+  TrainingSettings settings() const;
 
   Communicator& comm_;
   TrainConfig cfg_;
@@ -88,11 +104,13 @@ class TrainingRun {
   DType dtype_;
   DeviceInfo device_info_;  // its name and peak FLOP/s for dtype_, for the header and MFU
   GPT2Config model_;
+  bool flash_ = false;
   ParamLayout layout_;
   TokenData data_;
-  int batch_ = 0, micro_B_ = 0;
+  int micro_B_ = 0;
   std::vector<int> inputs_, targets_;  // one micro-batch, on the host
   Buffer device_tokens_;               // the same inputs then targets on a GPU (unused on the CPU)
+  MemoryForecast forecast_;
   JsonLinesWriter json_;
   double step_start_ms_ = 0;
   CommStats comm_at_step_start_;
@@ -104,4 +122,6 @@ class TrainingRun {
     float last_loss = 0;
   } totals_;
   bool reported_theory_ = false;
+  Stop stop_ = Stop::No;
+  int last_step_ = -1;
 };

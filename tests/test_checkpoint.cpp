@@ -53,6 +53,13 @@ struct TrainingState {
     d.step = step;
     d.global_batch = kBatch;
     d.seed = 1337;
+    d.settings.steps = 50;
+    d.settings.warmup = 5;
+    d.settings.lr = 3e-3;
+    d.settings.weight_decay = 0.1f;
+    d.settings.grad_clip = 1.0;
+    d.settings.data_length = 123456;
+    d.settings.data_hash = 0xFEEDFACECAFEBEEFull;
     d.params = params.data();
     d.adam_m = adam_m.data();
     d.adam_v = adam_v.data();
@@ -143,6 +150,12 @@ uint64_t read_u64(const std::string& bytes, size_t at) { return read_le(bytes, a
 void write_u32(std::string* bytes, size_t at, uint32_t x) {
   for (int i = 0; i < 4; i++) (*bytes)[at + i] = char(x >> (8 * i));
 }
+double read_f64(const std::string& bytes, size_t at) {
+  const uint64_t bits = read_u64(bytes, at);
+  double x;
+  std::memcpy(&x, &bits, 8);
+  return x;
+}
 
 // FNV-1a, 64-bit, written here again from its definition, not taken from checkpoint.cpp.
 uint64_t fnv1a(const std::string& bytes, size_t n) {
@@ -163,7 +176,7 @@ TEST(CheckpointFormat, HeaderTableDataAndTrailerAsDocumented) {
   const std::string bytes = serialize_checkpoint(cfg, layout, state.data(5));
 
   EXPECT_EQ(bytes.substr(0, 8), "GPT2CKPT");
-  EXPECT_EQ(read_u32(bytes, 8), 1u);  // version
+  EXPECT_EQ(read_u32(bytes, 8), 2u);  // version
   EXPECT_EQ(read_u32(bytes, 12), uint32_t(cfg.L));
   EXPECT_EQ(read_u32(bytes, 16), uint32_t(cfg.C));
   EXPECT_EQ(read_u32(bytes, 20), uint32_t(cfg.NH));
@@ -173,9 +186,17 @@ TEST(CheckpointFormat, HeaderTableDataAndTrailerAsDocumented) {
   EXPECT_EQ(read_u64(bytes, 40), 8u);           // global batch
   EXPECT_EQ(read_u64(bytes, 48), 5u * 8u);      // data position
   EXPECT_EQ(read_u64(bytes, 56), 1337u);        // seed
-  EXPECT_EQ(read_u32(bytes, 64), uint32_t(layout.params.size()));
+  // The training settings (version 2).
+  EXPECT_EQ(read_u64(bytes, 64), 50u);          // steps
+  EXPECT_EQ(read_u64(bytes, 72), 5u);           // warmup
+  EXPECT_EQ(read_f64(bytes, 80), 3e-3);         // lr
+  EXPECT_EQ(read_f64(bytes, 88), double(0.1f)); // weight decay
+  EXPECT_EQ(read_f64(bytes, 96), 1.0);          // grad clip
+  EXPECT_EQ(read_u64(bytes, 104), 123456u);     // data length
+  EXPECT_EQ(read_u64(bytes, 112), 0xFEEDFACECAFEBEEFull);  // data hash
+  EXPECT_EQ(read_u32(bytes, 120), uint32_t(layout.params.size()));
 
-  size_t at = 68;
+  size_t at = 124;
   for (const ParamInfo& p : layout.params) {
     ASSERT_EQ(read_u32(bytes, at), p.name.size());
     EXPECT_EQ(bytes.substr(at + 4, p.name.size()), p.name);
@@ -253,9 +274,73 @@ TEST_F(CheckpointValidation, NotACheckpoint) {
 
 TEST_F(CheckpointValidation, AnotherFormatVersion) {
   std::string future = bytes;
-  write_u32(&future, 8, 2);
+  write_u32(&future, 8, 3);
   rehash(&future);
-  EXPECT_CONTAINS(validate(future), "has format version 2, but this build reads version 1");
+  EXPECT_CONTAINS(validate(future), "has format version 3, but this build reads versions 1 to 2");
+}
+
+// Version 1 had no settings: the same file without bytes 64..120, which still loads.
+std::string as_version_1(const std::string& v2) {
+  std::string v1 = v2.substr(0, 64) + v2.substr(120);
+  write_u32(&v1, 8, 1);
+  rehash(&v1);
+  return v1;
+}
+
+TEST_F(CheckpointValidation, VersionOneStillLoads) {
+  const std::string v1 = as_version_1(bytes);
+  EXPECT_EQ(validate(v1), "");
+  EXPECT_CONTAINS(validate(v1.substr(0, v1.size() - 100)), "is truncated: expected " + std::to_string(v1.size()));
+}
+
+TEST(Checkpoint, VersionOneLoadsTheSameTensors) {
+  Communicator& comm = test_comm();
+  const GPT2Config cfg = preset("tiny");
+  const ParamLayout layout = build_gpt2_layout(cfg, comm.size());
+  const TrainingState saved(layout, 5);
+  const std::string path = shared_path("v1.bin");
+  if (comm.rank() == 0) {
+    const std::string v1 = as_version_1(serialize_checkpoint(cfg, layout, saved.data(4)));
+    FILE* f = std::fopen(path.c_str(), "wb");
+    std::fwrite(v1.data(), 1, v1.size(), f);
+    std::fclose(f);
+  }
+  comm.barrier();
+  const CheckpointHeader header = read_checkpoint_header(comm, path);
+  EXPECT_EQ(header.version, 1u);
+  EXPECT_FALSE(header.has_settings);
+  EXPECT_EQ(header.step, 4);
+  TrainingState loaded(layout);
+  EXPECT_EQ(load_checkpoint(comm, path, cfg, layout, kBatch, loaded.params.data(), loaded.adam_m.data(),
+                            loaded.adam_v.data()),
+            4);
+  EXPECT_TRUE(same_bytes(loaded.params, saved.params));
+  comm.barrier();
+  if (comm.rank() == 0) std::remove(path.c_str());
+}
+
+// The header a resumed run reads first carries the settings it must continue with.
+TEST(Checkpoint, HeaderCarriesTheTrainingSettings) {
+  Communicator& comm = test_comm();
+  const GPT2Config cfg = preset("tiny");
+  const ParamLayout layout = build_gpt2_layout(cfg, comm.size());
+  const TrainingState saved(layout, 6);
+  const std::string path = shared_path("settings.bin");
+  save_checkpoint(comm, path, cfg, layout, saved.data(9));
+  const CheckpointHeader header = read_checkpoint_header(comm, path);
+  EXPECT_EQ(header.version, 2u);
+  EXPECT_TRUE(header.has_settings);
+  EXPECT_EQ(header.step, 9);
+  EXPECT_EQ(header.global_batch, kBatch);
+  EXPECT_EQ(header.L, cfg.L);
+  EXPECT_EQ(header.settings.steps, 50);
+  EXPECT_EQ(header.settings.warmup, 5);
+  EXPECT_EQ(header.settings.lr, 3e-3);
+  EXPECT_EQ(header.settings.weight_decay, double(0.1f));
+  EXPECT_EQ(header.settings.data_length, 123456u);
+  EXPECT_EQ(header.settings.data_hash, 0xFEEDFACECAFEBEEFull);
+  comm.barrier();
+  if (comm.rank() == 0) std::remove(path.c_str());
 }
 
 TEST_F(CheckpointValidation, AnotherModel) {
@@ -302,12 +387,12 @@ TEST_F(CheckpointValidation, AnotherTensorShape) {
 TEST_F(CheckpointValidation, AHugeSizeInTheTableIsNotBelieved) {
   // A name length of 4 GB with a valid hash: the check must refuse it without allocating it.
   std::string forged = bytes;
-  write_u32(&forged, 68, 0xFFFFFFFFu);
+  write_u32(&forged, 124, 0xFFFFFFFFu);
   rehash(&forged);
   EXPECT_CONTAINS(validate(forged), "checkpoint 'run.ckpt' is malformed: its tensor table does not fit");
 
   std::string many_tensors = bytes;
-  write_u32(&many_tensors, 64, 0xFFFFFFFFu);
+  write_u32(&many_tensors, 120, 0xFFFFFFFFu);
   rehash(&many_tensors);
   EXPECT_CONTAINS(validate(many_tensors), "has 4294967295 tensors but this model has");
 }

@@ -83,11 +83,11 @@ TEST(TrainFlags, ParsesEveryFlag) {
 }
 
 TEST(TrainFlags, AcceptsNameEqualsValue) {
-  const TrainConfig cfg = parse_train({"--steps=7", "--lr=0.25", "--data=x=y.txt", "--warmup=-1"});
+  const TrainConfig cfg = parse_train({"--steps=7", "--lr=0.25", "--data=x=y.txt", "--warmup=3"});
   EXPECT_EQ(cfg.steps, 7);
   EXPECT_FLOAT_EQ(cfg.lr, 0.25f);
   EXPECT_EQ(cfg.data, "x=y.txt");  // only the first '=' separates
-  EXPECT_EQ(cfg.warmup, -1);
+  EXPECT_EQ(cfg.warmup, 3);
 }
 
 TEST(TrainFlags, TheLastOccurrenceWins) {
@@ -207,6 +207,26 @@ TEST(FlagErrorsDeathTest, ValuesOutsideTheirRange) {
   expect_config_error({"--grad-clip", "0"}, "--grad-clip must be > 0");
   expect_config_error({"--save-every", "5"}, "--save-every needs --save PATH");
   expect_config_error({"--link-latency-us", "-3"}, "--link-latency-us must be >= 0");
+  expect_config_error({"--timeout", "-1"}, "--timeout must be >= 0");
+}
+
+// Only an absent flag means "the preset's" (or the checkpoint's): a given value that is 0, or that
+// fp32 would round to 0, is an error, never a silent switch to the default.
+TEST(FlagErrorsDeathTest, ZeroNeverMeansTheDefault) {
+  // (expect_config_error takes a regular expression: no parentheses)
+  expect_config_error({"--lr", "0"}, "--lr must be > 0 .leave it out for the preset's");
+  expect_config_error({"--lr", "1e-50"}, "--lr: '1e-50' is too small for fp32 .it would round to 0");
+  expect_config_error({"--batch", "0"}, "--batch must be >= 1 .leave it out for the preset's");
+}
+
+TEST(TrainFlags, RecordsWhichFlagsWereGiven) {
+  const TrainConfig cfg = parse_train({"--lr", "1e-3", "--steps=4", "--quiet"});
+  EXPECT_TRUE(cfg.was_given("--lr"));
+  EXPECT_TRUE(cfg.was_given("--steps"));
+  EXPECT_TRUE(cfg.was_given("--quiet"));
+  EXPECT_FALSE(cfg.was_given("--batch"));
+  EXPECT_FALSE(cfg.was_given("--warmup"));
+  EXPECT_FLOAT_EQ(parse_train({"--lr", "1e-30"}).lr, 1e-30f);  // small, but a float
 }
 
 }  // namespace
