@@ -21,6 +21,12 @@ std::atomic<int> g_rank{-1};
 char g_host[256] = "";  // filled in before g_rank is published (release/acquire below)
 std::mutex g_phase_mutex;  // the phase is set by the training thread, read by the comm thread
 std::string g_phase;
+std::function<void(const std::string&)> g_fatal_hook;
+std::atomic<bool> g_fatal_hook_ran{false};
+
+void run_fatal_hook(const std::string& msg) {
+  if (g_fatal_hook && !g_fatal_hook_ran.exchange(true)) g_fatal_hook(msg);
+}
 
 // Not through MPI_CHECK: this is the error path itself, and must not recurse into it.
 bool mpi_running() {
@@ -78,8 +84,11 @@ std::string error_phase() {
   return g_phase;
 }
 
+void set_fatal_hook(std::function<void(const std::string&)> hook) { g_fatal_hook = std::move(hook); }
+
 void fatal(const std::string& msg) {
   print_error(where() + " error: " + msg);
+  run_fatal_hook(msg);
   abort_job();
 }
 
@@ -98,6 +107,7 @@ void config_error(const std::string& msg) {
 void library_error(const char* library, const std::string& what, const char* call, const char* file, int line) {
   print_error(where() + " error: " + library + " error at " + file + ":" + std::to_string(line) + ": " + what +
               "\n    in: " + call);
+  run_fatal_hook(std::string(library) + " error: " + what);
   abort_job();
 }
 

@@ -4,6 +4,7 @@
 // Both end the whole job with MPI_Abort, because one rank exiting alone leaves its peers hung inside a
 // collective. CUDA_CHECK, CUBLAS_CHECK and NCCL_CHECK live in cuda_check.h, next to the CUDA code.
 #pragma once
+#include <functional>
 #include <string>
 
 // Called once by the communicator after MPI_Init, so messages can name the rank and host.
@@ -12,6 +13,11 @@ void set_error_context(int rank, int world_size);
 // Thread-safe; error_phase() returns "" until it is set.
 void set_error_phase(const std::string& phase);
 std::string error_phase();
+
+// Run once, with the message, when this rank ends the job through fatal() or library_error(): rank 0
+// closes its JSON output there, marked aborted, so that what the run measured is not left behind as
+// a .partial file. May be called from any thread; set it before the work starts.
+void set_fatal_hook(std::function<void(const std::string& msg)> hook);
 
 // Prints "[rank r@host] error: <msg>" and aborts every rank. Use for errors one rank discovers alone.
 [[noreturn]] void fatal(const std::string& msg);

@@ -207,14 +207,10 @@ std::string check_checkpoint(const std::string& path, const std::string& bytes, 
   in.u64();  // the seed: informative only, a resumed run may change it
   if (version >= 2) in.skip(kSettingsBytes);  // checked against the run by read_checkpoint_header's caller
   const uint64_t tensor_count = in.u32();
-  if (L != uint64_t(cfg.L) || C != uint64_t(cfg.C) || NH != uint64_t(cfg.NH) || T != uint64_t(cfg.T) ||
-      V != uint64_t(cfg.V)) {
-    const std::string preset = preset_with_shape(L, C, NH, T, V);
-    return file + " was saved with model " + model_text(L, C, NH, T, V) + " but this run is " +
-           model_text(cfg.L, cfg.C, cfg.NH, cfg.T, cfg.V) +
-           (preset.empty() ? " (no preset has the checkpoint's shape)"
-                           : " (pass --preset " + preset + " to resume it)");
-  }
+  CheckpointHeader shape;
+  shape.L = int64_t(L), shape.C = int64_t(C), shape.NH = int64_t(NH), shape.T = int64_t(T), shape.V = int64_t(V);
+  const std::string other_model = checkpoint_model_problem(path, shape, cfg);
+  if (!other_model.empty()) return other_model;
   if (tensor_count != layout.params.size())
     return file + " has " + std::to_string(tensor_count) + " tensors but this model has " +
            std::to_string(layout.params.size()) + " (saved by another version of the code?)";
@@ -297,6 +293,15 @@ std::string validate_checkpoint_bytes(const std::string& path, const std::string
                                       int64_t expected_batch) {
   CheckedHeader header;
   return check_checkpoint(path, bytes, cfg, layout, expected_batch, &header);
+}
+
+std::string checkpoint_model_problem(const std::string& path, const CheckpointHeader& h, const GPT2Config& cfg) {
+  if (h.L == cfg.L && h.C == cfg.C && h.NH == cfg.NH && h.T == cfg.T && h.V == cfg.V) return "";
+  const uint64_t L = uint64_t(h.L), C = uint64_t(h.C), NH = uint64_t(h.NH), T = uint64_t(h.T), V = uint64_t(h.V);
+  const std::string preset = preset_with_shape(L, C, NH, T, V);
+  return "checkpoint '" + path + "' was saved with model " + model_text(L, C, NH, T, V) + " but this run is " +
+         model_text(cfg.L, cfg.C, cfg.NH, cfg.T, cfg.V) +
+         (preset.empty() ? " (no preset has the checkpoint's shape)" : " (pass --preset " + preset + " to resume it)");
 }
 
 CheckpointHeader read_checkpoint_header(Communicator& comm, const std::string& path) {

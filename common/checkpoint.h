@@ -61,6 +61,8 @@ struct CheckpointHeader {
 // Collective: rank 0 reads the first bytes of `path` and every rank returns the header. A file that
 // cannot be read or is no checkpoint of a version this build reads stops every rank with the reason.
 CheckpointHeader read_checkpoint_header(Communicator& comm, const std::string& path);
+// "" when the header's model is this run's, else the message (naming the preset to pass, if any).
+std::string checkpoint_model_problem(const std::string& path, const CheckpointHeader& header, const GPT2Config& cfg);
 
 // Called on every rank; rank 0 writes `path` atomically (temporary file, then rename); the others
 // may pass null arrays. A collective: everyone returns once the file is complete.

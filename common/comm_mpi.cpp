@@ -546,7 +546,7 @@ class ProgressEngine {
     const std::string phase = error_phase();
     fatal(std::string("watchdog: ") + op.name + " of " + format_bytes(double(op.handle->payload_bytes)) +
           " over the " + *op.group + " group" + (phase.empty() ? "" : " in " + phase) +
-          ", has not completed after " + seconds + " s (--timeout): a peer rank is stopped, dead or stuck before "
+          " has not completed after " + seconds + " s (--timeout): a peer rank is stopped, dead or stuck before "
           "this collective. Ending the job.");
   }
 

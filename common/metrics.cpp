@@ -53,19 +53,34 @@ void JsonLinesWriter::open(const std::string& path) {
   if (!file_) fatal("cannot write '" + partial + "': " + std::strerror(errno) + " (does the folder exist?)");
 }
 
+bool JsonLinesWriter::is_open() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return file_ != nullptr;
+}
+
 void JsonLinesWriter::write(const JsonObject& object) {
+  std::lock_guard<std::mutex> lock(mutex_);
   if (!file_) return;
   std::fprintf(file_, "%s\n", object.str().c_str());
   std::fflush(file_);
 }
 
+void JsonLinesWriter::abort(const std::string& error) {
+  write(JsonObject().add("type", "summary").add("ended", "aborted").add("error", error));
+  close();
+}
+
 void JsonLinesWriter::close() {
-  if (!file_) return;
-  std::fclose(file_);
-  file_ = nullptr;
-  std::string partial = path_ + ".partial";
-  if (std::rename(partial.c_str(), path_.c_str()) != 0)
-    fatal("cannot rename '" + partial + "' to '" + path_ + "': " + std::strerror(errno));
+  const std::string partial = path_ + ".partial";
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!file_) return;
+    std::fclose(file_);
+    file_ = nullptr;
+    if (std::rename(partial.c_str(), path_.c_str()) == 0) return;
+  }
+  // Outside the lock: fatal() runs the fatal hook, which may come back here.
+  fatal("cannot rename '" + partial + "' to '" + path_ + "': " + std::strerror(errno));
 }
 
 std::string format_bytes(double bytes) {

@@ -5,6 +5,7 @@
 #pragma once
 #include <cstdint>
 #include <cstdio>
+#include <mutex>
 #include <string>
 
 class JsonObject {
@@ -27,11 +28,15 @@ class JsonLinesWriter {
   JsonLinesWriter() = default;
   ~JsonLinesWriter();
   void open(const std::string& path);  // writes to path + ".partial" until close()
-  bool is_open() const { return file_ != nullptr; }
-  void write(const JsonObject& object);
+  bool is_open() const;
+  void write(const JsonObject& object);  // one whole line, flushed
   void close();  // flushes and renames into place
+  // From any thread, when the job is being ended by an error (check.h's fatal hook): a last record
+  // {"type":"summary","ended":"aborted","error":...}, then close().
+  void abort(const std::string& error);
 
  private:
+  mutable std::mutex mutex_;  // the main thread writes; abort() may come from the communication thread
   std::string path_;
   FILE* file_ = nullptr;
 };

@@ -101,7 +101,10 @@ TrainingRun::TrainingRun(Communicator& comm, TrainConfig& cfg, Strategy strategy
 
   const int N = comm.size();
   if (is_root()) {
-    if (!cfg_.json.empty()) json_.open(cfg_.json);
+    if (!cfg_.json.empty()) {
+      json_.open(cfg_.json);
+      set_fatal_hook([this](const std::string& error) { json_.abort(error); });
+    }
     std::printf("%s | %d rank%s | preset %s (L=%d C=%d NH=%d T=%d V=%d) | %lld parameters\n", cfg_.chapter.c_str(), N,
                 N > 1 ? "s" : "", model_.preset.c_str(), model_.L, model_.C, model_.NH, model_.T, model_.V,
                 (long long)layout_.num_params);
@@ -169,20 +172,14 @@ void TrainingRun::resolve_settings(const CheckpointHeader* resumed) {
     *value = float(saved);
   };
   if (resumed) {
+    const std::string other_model = checkpoint_model_problem(cfg_.resume, *resumed, model_);
+    if (!other_model.empty()) config_error(other_model);
     take_int("--batch", &cfg_.batch, resumed->global_batch, true);
     take_int("--steps", &cfg_.steps, resumed->settings.steps, settings);
     take_int("--warmup", &cfg_.warmup, resumed->settings.warmup, settings);
     take_float("--lr", &cfg_.lr, resumed->settings.lr);
     take_float("--weight-decay", &cfg_.weight_decay, resumed->settings.weight_decay);
     take_float("--grad-clip", &cfg_.grad_clip, resumed->settings.grad_clip);
-    if (resumed->L != model_.L || resumed->C != model_.C || resumed->NH != model_.NH || resumed->T != model_.T ||
-        resumed->V != model_.V) {
-      // The full check, with the preset to pass, comes when the file is loaded; fail early here.
-      config_error(file + " was saved with model L=" + std::to_string(resumed->L) + " C=" +
-                   std::to_string(resumed->C) + " NH=" + std::to_string(resumed->NH) + " T=" +
-                   std::to_string(resumed->T) + " V=" + std::to_string(resumed->V) + " but this run is --preset " +
-                   model_.preset + " (L=" + std::to_string(model_.L) + " C=" + std::to_string(model_.C) + ")");
-    }
     if (resumed->step > cfg_.steps)
       config_error(file + " is at step " + std::to_string(resumed->step) + ", past --steps " + std::to_string(cfg_.steps));
   }
@@ -389,6 +386,15 @@ void TrainingRun::end_step(int step, float local_loss, double grad_norm) {
   const int reason = !finite ? int(Stop::Diverged) : g_signal != 0 ? int(Stop::Interrupted) : int(Stop::No);
   stop_ = Stop(int(comm_.all_reduce_scalar(reason, ReduceOp::Max)));
   last_step_ = step;
+  // The largest share of one call that any rank sent or received, per kind of collective: (N-1)/N
+  // when every reduce-scatter and all-gather is balanced (comm.h). Every rank made the same calls.
+  double max_share[kCollectiveKinds][2] = {};
+  for (CollectiveKind k : {CollectiveKind::AllReduce, CollectiveKind::ReduceScatter, CollectiveKind::AllGather}) {
+    const CollectiveCounters& c = step_comm.kind[int(k)];
+    if (c.calls == 0) continue;
+    max_share[int(k)][0] = comm_.all_reduce_scalar(c.max_sent_share, ReduceOp::Max);
+    max_share[int(k)][1] = comm_.all_reduce_scalar(c.max_received_share, ReduceOp::Max);
+  }
   const double tokens_per_s = double(cfg_.batch) * model_.T / (step_ms / 1e3);
 
   if (step > 0) {  // step 0 is warm-up
@@ -425,9 +431,9 @@ void TrainingRun::end_step(int step, float local_loss, double grad_norm) {
     const CollectiveCounters& c = step_comm.kind[k];
     if (!c.calls) continue;
     const std::string name = collective_name(CollectiveKind(k));
-    record.add("calls_" + name, c.calls)
-        .add("max_sent_share_" + name, c.max_sent_share)
-        .add("max_received_share_" + name, c.max_received_share);
+    record.add("calls_" + name, c.calls);
+    if (max_share[k][0] > 0 || max_share[k][1] > 0)
+      record.add("max_sent_share_" + name, max_share[k][0]).add("max_received_share_" + name, max_share[k][1]);
   }
   for (int c = 0; c < kMemCategories; c++) record.add(std::string("mem_") + mem_category_name(MemCategory(c)), mem.peak[c]);
   record.add("mem_total", mem.peak_total);

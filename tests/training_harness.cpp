@@ -1,8 +1,15 @@
 // training_harness.cpp: see training_harness.h.
 #include "training_harness.h"
 
+#include <dirent.h>
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
+#include <unistd.h>
+
+#include <thread>
 
 #include <array>
 #include <chrono>
@@ -29,6 +36,79 @@ RunResult run_trainer(const std::string& chapter, int ranks, const std::string& 
   r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return r;
+}
+
+BackgroundRun start_trainer(const std::string& chapter, int ranks, const std::string& args) {
+  const std::string device = args.find("--device") == std::string::npos ? "--device cpu " : "";
+  BackgroundRun run;
+  run.output_path = temp_dir() + "/output.txt";
+  const std::string cmd = "exec mpiexec -n " + std::to_string(ranks) + " ./" + chapter + "/train --quiet " + device + args;
+  const pid_t pid = fork();
+  if (pid == 0) {
+    const int out = open(run.output_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    const int in = open("/dev/null", O_RDONLY);
+    dup2(in, 0);
+    dup2(out, 1);
+    dup2(out, 2);
+    execl("/bin/sh", "sh", "-c", cmd.c_str(), (char*)nullptr);
+    _exit(127);
+  }
+  run.pid = pid;
+  return run;
+}
+
+RunResult wait_for(BackgroundRun& run, int timeout_s) {
+  RunResult r;
+  const auto start = std::chrono::steady_clock::now();
+  auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(); };
+  int status = 0;
+  while (waitpid(run.pid, &status, WNOHANG) == 0) {
+    if (elapsed() > timeout_s) {
+      kill(run.pid, SIGTERM);  // mpiexec passes it on to the ranks
+      std::this_thread::sleep_for(std::chrono::seconds(2));
+      kill(run.pid, SIGKILL);
+      waitpid(run.pid, &status, 0);
+      status = 124 << 8;
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  r.seconds = elapsed();
+  std::ifstream in(run.output_path);
+  r.output.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  return r;
+}
+
+std::vector<int> rank_pids(const std::string& marker) {
+  std::vector<int> pids;
+  DIR* proc = opendir("/proc");
+  while (dirent* entry = proc ? readdir(proc) : nullptr) {
+    const int pid = std::atoi(entry->d_name);
+    if (pid <= 0) continue;
+    std::ifstream in("/proc/" + std::string(entry->d_name) + "/cmdline");
+    std::string cmdline((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const std::string program = cmdline.substr(0, cmdline.find('\0'));  // argv[0]
+    if (program.size() >= 6 && program.compare(program.size() - 6, 6, "/train") == 0 &&
+        cmdline.find(marker) != std::string::npos)
+      pids.push_back(pid);
+  }
+  if (proc) closedir(proc);
+  return pids;
+}
+
+bool file_exists(const std::string& path) {
+  struct stat info;
+  return stat(path.c_str(), &info) == 0;
+}
+
+std::vector<std::string> read_records(const std::string& path, const std::string& type) {
+  std::vector<std::string> records;
+  std::ifstream in(path);
+  std::string line;
+  while (std::getline(in, line))
+    if (line.find("\"type\":\"" + type + "\"") != std::string::npos) records.push_back(line);
+  return records;
 }
 
 std::string temp_dir() {
@@ -133,4 +213,8 @@ void expect_theory_matches(const std::string& jsonl_path, double param_bytes) {
   // The counters round each collective's share down to whole bytes, hence the small slack.
   const double measured_comm = number_field(t, "measured_comm_bytes");
   EXPECT_NEAR(measured_comm, number_field(t, "theory_comm_bytes") * padded / psi, 64.0);
+  // The activation arena is the formula, term by term (docs/theory.md); transient buffers stay
+  // within their bound.
+  EXPECT_EQ(number_field(t, "measured_activations_bytes"), number_field(t, "theory_activations_bytes"));
+  EXPECT_LE(number_field(t, "measured_transient_bytes"), number_field(t, "theory_transient_bytes_at_most"));
 }

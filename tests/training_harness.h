@@ -17,6 +17,20 @@ struct RunResult {
 // test the CPU on a machine with a GPU too; the GPU tests ask for --device cuda.
 RunResult run_trainer(const std::string& chapter, int ranks, const std::string& args, int timeout_s = 120);
 
+// A trainer started in the background, for tests that signal it while it runs (Ctrl-C, a stopped
+// rank). `marker` is a string of its command line that no other process has (a path in a fresh
+// temporary folder), by which rank_pids() finds its ranks.
+struct BackgroundRun {
+  int pid = -1;  // mpiexec's
+  std::string output_path;
+};
+BackgroundRun start_trainer(const std::string& chapter, int ranks, const std::string& args);
+// Waits up to timeout_s for it to end (then terminates it: exit code 124).
+RunResult wait_for(BackgroundRun& run, int timeout_s);
+// The rank processes (./<chapter>/train) whose command line contains `marker`.
+std::vector<int> rank_pids(const std::string& marker);
+bool file_exists(const std::string& path);
+
 // A fresh temporary folder for one test's files.
 std::string temp_dir();
 
@@ -34,9 +48,13 @@ double number_field(const std::string& record, const std::string& key);
 std::vector<float> checkpoint_params(const std::string& path);
 
 // Checks a run's "theory" record (training_run.cpp): measured parameter, gradient and optimizer bytes
-// equal THEORY.md's formula up to padding, and the communicator's wire bytes equal the formula applied
-// to the padded length. `param_bytes` is the size of one parameter: 4 in fp32, 2 in bf16.
+// equal docs/theory.md's formula up to padding, the activations equal their formula, the transient
+// buffers stay within their bound, and the communicator's sent bytes equal the formula applied to
+// the padded length. `param_bytes` is the size of one parameter: 4 in fp32, 2 in bf16.
 void expect_theory_matches(const std::string& jsonl_path, double param_bytes);
+
+// Every "step" record of a run, as raw text.
+std::vector<std::string> read_records(const std::string& jsonl_path, const std::string& type);
 
 // ||a - b|| / ||b|| over whole vectors (L2 norms), accumulated in double.
 double relative_l2_difference(const std::vector<float>& a, const std::vector<float>& b);

@@ -1,0 +1,255 @@
+// test_run_guards.cpp: what a run does when something is wrong, through the real trainer binaries:
+// bad input is refused before the work, on every rank, within seconds, with a clear message (flags,
+// sizes, files, output paths, a run that will not fit in memory, a resumed run that would follow
+// another trajectory); a diverging loss, Ctrl-C and a stopped rank end every rank with a non-zero
+// exit and keep what was measured; a save removes what an interrupted save left behind.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "training_harness.h"
+
+namespace {
+
+// ---------------------------------------------------------------------------------------------
+// Bad input: a clear message and a non-zero exit on every rank within seconds, no rank hanging.
+
+struct BadInput {
+  std::string name, args, message;
+};
+
+class BadInputTest : public testing::TestWithParam<BadInput> {};
+
+// Every case runs 100000 steps if nothing stops it: a check made after the work instead of before
+// it would time out.
+TEST_P(BadInputTest, FailsBeforeTheWorkWithAClearMessage) {
+  const BadInput c = GetParam();
+  RunResult r = run_trainer("01_vanilla_dp", 2, "--steps 100000 " + c.args, 60);
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.exit_code, 124) << "timed out: a rank hung, or the check came after the work";
+  EXPECT_NE(r.output.find(c.message), std::string::npos) << "expected '" << c.message << "' in:\n" << r.output;
+  EXPECT_LT(r.seconds, 15.0);
+}
+
+std::string bad_checkpoint(const std::string& kind) {
+  // A good checkpoint of the tiny preset, then damaged.
+  static std::string dir = temp_dir();
+  static bool made = [] {
+    RunResult r = run_trainer("01_vanilla_dp", 1, "--steps 2 --save " + dir + "/good.ckpt");
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    RunResult s = run_trainer("01_vanilla_dp", 1, "--steps 2 --preset small --save " + dir + "/small.ckpt");
+    EXPECT_EQ(s.exit_code, 0) << s.output;
+    return true;
+  }();
+  (void)made;
+  std::ifstream in(dir + "/good.ckpt", std::ios::binary);
+  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::string path = dir + "/" + kind + ".ckpt";
+  if (kind == "truncated") bytes.resize(bytes.size() / 2);
+  if (kind == "corrupted") bytes[bytes.size() / 2] ^= 0x40;
+  if (kind == "small") return dir + "/small.ckpt";
+  std::ofstream(path, std::ios::binary) << bytes;
+  return path;
+}
+
+std::vector<BadInput> bad_inputs() {
+  return {
+      {"MissingDataFile", "--data /nonexistent/corpus.txt", "cannot open '/nonexistent/corpus.txt'"},
+      {"BatchNotDivisible", "--batch 6 --grad-accum 2", "not divisible by ranks x grad-accum"},
+      {"UnknownFlag", "--bogus 3", "unknown flag '--bogus'"},
+      {"BadValue", "--steps ten", "--steps"},
+      {"ZeroLearningRate", "--lr 0", "--lr must be > 0"},
+      {"LearningRateBelowFp32", "--lr 1e-50", "--lr: '1e-50' is too small for fp32"},
+      {"TruncatedCheckpoint", "--resume " + bad_checkpoint("truncated"), "truncated"},
+      {"CorruptedCheckpoint", "--resume " + bad_checkpoint("corrupted"), "corrupted"},
+      {"CheckpointOfAnotherConfig", "--resume " + bad_checkpoint("small"), "L=4 C=128"},
+      {"MissingCheckpoint", "--resume /nonexistent.ckpt", "cannot open '/nonexistent.ckpt'"},
+      {"UnknownDevice", "--device tpu", "--device tpu: unknown device; choose auto, cpu or cuda"},
+      {"UnknownDtype", "--dtype fp8", "--dtype fp8: unknown dtype; choose auto, fp32 or bf16"},
+      {"Bf16OnTheCpu", "--device cpu --dtype bf16", "--dtype bf16 needs a GPU (--device cuda)"},
+      {"SaveIntoAMissingFolder", "--save /nonexistent/ck.bin", "--save /nonexistent/ck.bin: the folder '/nonexistent' does not exist"},
+      {"TraceIntoAReadOnlyFolder", "--trace /proc/trace.json", "--trace /proc/trace.json: cannot write in '/proc'"},
+      {"JsonIntoAMissingFolder", "--json /nonexistent/run.jsonl", "--json /nonexistent/run.jsonl: the folder"},
+      {"WillNotFitInMemory", "--batch 100000000", "this run would need about"},
+  };
+}
+
+INSTANTIATE_TEST_SUITE_P(Trainer, BadInputTest, testing::ValuesIn(bad_inputs()),
+                         [](const testing::TestParamInfo<BadInput>& info) { return info.param.name; });
+
+// The forecast is printed before the work, in every run.
+TEST(MemoryForecast, IsPrintedBeforeTheFirstStep) {
+  RunResult r = run_trainer("06_zero3", 2, "--steps 2");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const size_t forecast = r.output.find("memory forecast per rank:");
+  ASSERT_NE(forecast, std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("available"), std::string::npos);
+}
+
+// ---------------------------------------------------------------------------------------------
+// A resumed run continues the trajectory its checkpoint belongs to, or is refused.
+
+struct Resumable {
+  std::string dir, checkpoint;
+};
+
+const Resumable& resumable() {
+  static Resumable r = [] {
+    Resumable made{temp_dir(), ""};
+    made.checkpoint = made.dir + "/ck_10.bin";
+    RunResult run = run_trainer("01_vanilla_dp", 2, "--steps 20 --lr 2e-3 --warmup 4 --json " + made.dir +
+                                                        "/full.jsonl --save " + made.dir + "/ck_{step}.bin --save-every 10");
+    EXPECT_EQ(run.exit_code, 0) << run.output;
+    return made;
+  }();
+  return r;
+}
+
+TEST(Resume, AbsentFlagsTakeTheCheckpointsSettings) {
+  const Resumable& r = resumable();
+  // No --steps, --lr or --warmup: the checkpoint's 20, 2e-3 and 4, so the losses continue exactly.
+  RunResult run = run_trainer("01_vanilla_dp", 2, "--resume " + r.checkpoint + " --json " + r.dir + "/resumed.jsonl");
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  const LossCurve full = read_losses(r.dir + "/full.jsonl"), resumed = read_losses(r.dir + "/resumed.jsonl");
+  ASSERT_EQ(resumed.losses.size(), 10u);
+  for (size_t i = 0; i < resumed.losses.size(); i++) EXPECT_EQ(resumed.losses[i], full.losses[10 + i]) << i;
+}
+
+TEST(Resume, AContradictingFlagIsRefusedNamingBothValues) {
+  const Resumable& r = resumable();
+  const std::pair<std::string, std::string> cases[] = {
+      {"--lr 1e-3", "--lr 0.001 differs from the 0.002 that checkpoint"},
+      {"--steps 30", "--steps 30 differs from the 20 that checkpoint"},
+      {"--warmup 2", "--warmup 2 differs from the 4 that checkpoint"},
+  };
+  for (const auto& [flag, message] : cases) {
+    RunResult run = run_trainer("01_vanilla_dp", 2, "--resume " + r.checkpoint + " " + flag, 60);
+    EXPECT_NE(run.exit_code, 0) << run.output;
+    EXPECT_NE(run.output.find(message), std::string::npos) << "expected '" << message << "' in:\n" << run.output;
+    EXPECT_LT(run.seconds, 15.0);
+  }
+  // The same values, given explicitly, are fine.
+  RunResult same = run_trainer("01_vanilla_dp", 2, "--resume " + r.checkpoint + " --lr 2e-3 --steps 20 --warmup 4");
+  EXPECT_EQ(same.exit_code, 0) << same.output;
+}
+
+TEST(Resume, OtherDataIsRefused) {
+  const Resumable& r = resumable();
+  const std::string other = r.dir + "/other.txt";
+  std::ofstream(other) << std::string(5000, 'x');
+  RunResult run = run_trainer("01_vanilla_dp", 2, "--resume " + r.checkpoint + " --data " + other, 60);
+  EXPECT_NE(run.exit_code, 0) << run.output;
+  EXPECT_NE(run.output.find("was trained on other data"), std::string::npos) << run.output;
+}
+
+// A batch of 8 cannot be split over 3 ranks: say so, and which rank counts can take it, instead of
+// suggesting another batch that the checkpoint would then refuse.
+TEST(Resume, ABatchThatCannotBeSplitSaysWhichRankCountsCan) {
+  const Resumable& r = resumable();
+  RunResult run = run_trainer("01_vanilla_dp", 3, "--resume " + r.checkpoint, 60);
+  EXPECT_NE(run.exit_code, 0) << run.output;
+  EXPECT_NE(run.output.find("was trained with a global batch of 8 sequences, which cannot be split over 3 ranks"),
+            std::string::npos) << run.output;
+  EXPECT_NE(run.output.find("1, 2, 4 or 8 ranks"), std::string::npos) << run.output;
+  EXPECT_EQ(run.output.find("try --batch"), std::string::npos) << run.output;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Stops: every rank ends, non-zero, keeping what was measured.
+
+TEST(Stops, ADivergingLossStopsEveryRankNamingTheStep) {
+  const std::string dir = temp_dir();
+  RunResult r = run_trainer("03_bucket_dp", 2, "--steps 100000 --lr 1e30 --json " + dir + "/run.jsonl", 60);
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("is not finite at step"), std::string::npos) << r.output;
+  EXPECT_LT(r.seconds, 15.0);
+  const std::string summary = read_record(dir + "/run.jsonl", "summary");
+  EXPECT_NE(summary.find("\"ended\":\"diverged\""), std::string::npos) << summary;
+}
+
+// Ctrl-C: mpiexec passes SIGINT to every rank; they finish the step, agree to stop, write the JSON
+// (complete, marked interrupted), the trace and a checkpoint of the completed steps, and exit 130.
+TEST(Stops, CtrlCWritesWhatWasMeasuredAndExitsNonZero) {
+  const std::string dir = temp_dir();
+  BackgroundRun run = start_trainer("02_overlap_dp", 2, "--steps 100000 --json " + dir + "/run.jsonl --trace " + dir +
+                                                            "/trace.json --save " + dir + "/ck.bin");
+  // Wait until it trains (the JSON has step records), then press Ctrl-C.
+  for (int i = 0; i < 300 && read_records(dir + "/run.jsonl.partial", "step").size() < 3; i++)
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  kill(run.pid, SIGINT);
+  RunResult r = wait_for(run, 30);
+  EXPECT_EQ(r.exit_code, 130) << r.output;
+  EXPECT_TRUE(file_exists(dir + "/run.jsonl")) << "the JSON was not closed";
+  EXPECT_FALSE(file_exists(dir + "/run.jsonl.partial"));
+  EXPECT_NE(read_record(dir + "/run.jsonl", "summary").find("\"ended\":\"interrupted\""), std::string::npos);
+  EXPECT_TRUE(file_exists(dir + "/trace.json")) << r.output;
+  EXPECT_TRUE(file_exists(dir + "/ck.bin")) << r.output;
+}
+
+// The MPI rank of a process, from the environment mpiexec (hydra) gives it.
+int mpi_rank_of(int pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/environ");
+  std::string environ((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const size_t at = environ.find(std::string("PMI_RANK=", 9));
+  return at == std::string::npos ? -1 : std::atoi(environ.c_str() + at + 9);
+}
+
+// A rank stopped with SIGSTOP: the others would wait forever in the next collective. The watchdog
+// (--timeout) ends the job, naming the rank, the collective and the step, and rank 0 closes its JSON.
+TEST(Stops, TheWatchdogEndsAJobWithAStoppedRank) {
+  const std::string dir = temp_dir();
+  BackgroundRun run = start_trainer("01_vanilla_dp", 2, "--steps 100000 --timeout 3 --json " + dir + "/run.jsonl");
+  std::vector<int> ranks;
+  for (int i = 0; i < 300 && (ranks.size() < 2 || read_records(dir + "/run.jsonl.partial", "step").size() < 3); i++) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    ranks = rank_pids(dir);
+  }
+  ASSERT_EQ(ranks.size(), 2u);
+  // Stop rank 1: rank 0 writes the JSON.
+  const int victim = mpi_rank_of(ranks[0]) == 1 ? ranks[0] : ranks[1];
+  ASSERT_EQ(mpi_rank_of(victim), 1);
+  kill(victim, SIGSTOP);
+  const auto stopped = std::chrono::steady_clock::now();
+  RunResult r = wait_for(run, 60);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - stopped).count();
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.exit_code, 124) << "the job hung";
+  EXPECT_LT(seconds, 3 + 10.0) << "the watchdog should end it a little after its 3 s";
+  EXPECT_NE(r.output.find("watchdog: all_reduce"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("in step"), std::string::npos) << r.output;
+  EXPECT_TRUE(rank_pids(dir).empty()) << "a rank was left behind";
+  EXPECT_NE(read_record(dir + "/run.jsonl", "summary").find("\"ended\":\"aborted\""), std::string::npos);
+}
+
+// A save killed half-way leaves PATH.tmp.<pid>; the next save of PATH removes it (its process is
+// gone), but never the file of a writer that is still alive.
+TEST(Stops, ASaveRemovesWhatAKilledSaveLeftBehind) {
+  const std::string dir = temp_dir();
+  const std::string stale = dir + "/ck.bin.tmp.999999999", live = dir + "/ck.bin.tmp." + std::to_string(getpid());
+  std::ofstream(stale) << "half a checkpoint";
+  std::ofstream(live) << "another run saving right now";
+  RunResult r = run_trainer("01_vanilla_dp", 2, "--steps 2 --save " + dir + "/ck.bin");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_FALSE(file_exists(stale));
+  EXPECT_TRUE(file_exists(live));
+  EXPECT_TRUE(file_exists(dir + "/ck.bin"));
+}
+
+// One step is all warm-up: say that nothing was measured, rather than print averages of nothing.
+TEST(Stops, OneStepSaysThatNothingWasMeasured) {
+  const std::string dir = temp_dir();
+  RunResult r = run_trainer("01_vanilla_dp", 2, "--steps 1 --json " + dir + "/run.jsonl");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("no measured steps"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("average over 0"), std::string::npos) << r.output;
+  const std::string summary = read_record(dir + "/run.jsonl", "summary");
+  EXPECT_EQ(number_field(summary, "measured_steps"), 0.0) << summary;
+}
+
+}  // namespace
