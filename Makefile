@@ -10,6 +10,7 @@
 #   make diffs            writes docs/diffs/: each chapter's train.cpp against the previous one
 #   make deps             only installs missing packages (MPICH, GoogleTest, matplotlib)
 # Flags: ARCH=-march=x86-64-v2 for binaries that must run on older CPUs of a cluster (default: native).
+# A change of flags (ARCH, CXXFLAGS, CUDA_ARCH, ...) rebuilds what they compile (see FLAGS_STAMP).
 
 MPICXX   ?= $(shell command -v mpicxx 2>/dev/null)
 NVCC     ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
@@ -17,7 +18,7 @@ PYTHON   ?= python3
 ARCH     ?= -march=native
 CXXFLAGS ?= -O3 $(ARCH) -fno-math-errno -std=c++17 -Wall -Wextra -MMD -MP
 CPPFLAGS += -Icommon -Itests
-BUILD    := build
+BUILD    ?= build
 
 CHAPTERS    := $(sort $(patsubst %/train.cpp,%,$(wildcard [0-9][0-9]_*/train.cpp)))
 COMMON_SRC  := $(wildcard common/*.cpp)
@@ -51,7 +52,11 @@ define need_mpicxx
 	@test -n "$(MPICXX)" || { echo "mpicxx not found: run 'make deps' (installs MPICH) or apt-get install mpich libmpich-dev"; exit 1; }
 endef
 
-$(BUILD)/%.o: %.cpp
+# Every object depends on a file that holds the compile flags and changes only when they do
+# (written at the end of this file, once cuda.mk has added its flags): a new ARCH rebuilds everything.
+FLAGS_STAMP := $(BUILD)/.flags
+
+$(BUILD)/%.o: %.cpp $(FLAGS_STAMP)
 	$(need_mpicxx)
 	@mkdir -p $(dir $@)
 	$(MPICXX) $(CPPFLAGS) $(CXXFLAGS) -c $< -o $@
@@ -83,8 +88,12 @@ compare:
 	@$(MAKE) --no-print-directory all
 	@scripts/compare.sh
 
+# OpenBLAS's own cblas.h and library (pkg-config knows where Debian puts them), not whichever
+# cblas.h the system has: the reference BLAS ships one too, without OpenBLAS's library.
+OPENBLAS_CFLAGS = $(shell pkg-config --cflags openblas 2>/dev/null)
+OPENBLAS_LIBS   = $(or $(shell pkg-config --libs openblas 2>/dev/null),-lopenblas)
 $(BUILD)/matmul_bench: scripts/matmul_bench.cpp $(LIBCOMMON)
-	$(MPICXX) $(CPPFLAGS) $(CXXFLAGS) $^ -lopenblas -o $@
+	$(MPICXX) $(CPPFLAGS) $(OPENBLAS_CFLAGS) $(CXXFLAGS) $^ $(OPENBLAS_LIBS) -o $@
 
 bench:
 	@scripts/ensure_deps.sh --bench
@@ -123,3 +132,8 @@ clean:
 ifneq ($(NVCC),)
 include cuda.mk
 endif
+
+# The flags stamp (FLAGS_STAMP above): rewritten only when the flags differ from what it holds, so
+# that its time tells when they last changed.
+FLAGS_NOW := $(MPICXX) $(CPPFLAGS) $(CXXFLAGS) | $(NVCC) $(NVCCFLAGS)
+$(shell mkdir -p $(BUILD) && (echo '$(FLAGS_NOW)' | cmp -s - $(FLAGS_STAMP) || echo '$(FLAGS_NOW)' > $(FLAGS_STAMP)))

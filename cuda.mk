@@ -31,20 +31,13 @@ ifeq ($(MAKELEVEL),0)
 $(info CUDA build: nvcc=$(NVCC) ($(CUDA_ARCH)), NCCL=$(or $(HAVE_NCCL),no: CUDA collectives go through host memory over MPI))
 endif
 
-$(BUILD)/%.o: %.cu
+# Like the host objects, they depend on the flags stamp (Makefile): new flags, or the first CUDA
+# build after a CPU one (-DGPT_WITH_CUDA), rebuild them.
+$(BUILD)/%.o: %.cu $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
 	$(NVCC) $(CPPFLAGS) $(NVCCFLAGS) -MMD -MP -MF $(@:.o=.d) -c $< -o $@
 
 $(LIBCOMMON): $(CUDA_OBJ)
-
-# Objects compiled before this file was first included lack -DGPT_WITH_CUDA, and a change of flags
-# alone makes make rebuild nothing. So a stamp marks the build directory as a CUDA build; every host
-# object depends on it, and the stamp's creation (the first CUDA build) recompiles them all.
-CUDA_STAMP := $(BUILD)/.cuda-build
-$(CUDA_STAMP):
-	@mkdir -p $(dir $@) && touch $@
-$(COMMON_OBJ) $(TEST_BIN:%=%.o) $(TEST_SUPPORT) $(BUILD)/tests/mpi_gtest_main.o \
-  $(CHAPTERS:%=$(BUILD)/%/train.o) $(BUILD)/scripts/comm_bench.o: $(CUDA_STAMP)
 
 # Every program that links libcommon.a: ops.o and memory.o now call CUDA. `private` keeps the flags
 # on the link step (a target-specific variable would otherwise also reach the compiles of the

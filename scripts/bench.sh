@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 echo "== one-rank training throughput (tiny preset, 30 steps, step 0 excluded)"
-mpiexec -n 1 ./01_vanilla_dp/train --steps 30 </dev/null | tail -n 1
+mpiexec -n 1 ./01_vanilla_dp/train --steps 30 </dev/null | grep "^average over"
 echo
 echo "== CPU matmul vs OpenBLAS (single thread)"
 OPENBLAS_NUM_THREADS=1 ./build/matmul_bench
