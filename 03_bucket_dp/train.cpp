@@ -11,16 +11,16 @@
 //
 // What changed since 02: the grad_ready hook marks the parameter's bucket and launches the
 // bucket's all-reduce when the bucket is complete. no_sync under --grad-accum is unchanged.
-// Why the default --bucket-mb 0.125: the tiny model's gradient is 0.48 MB, so this cuts it into ~4
-// buckets: enough for the first to travel while backward still runs, few enough to save latency.
-// Real frameworks use ~25 MB (PyTorch DDP) for models of hundreds of MB; scale it with the model.
+// The default bucket is an eighth of the gradient (buckets.h): enough buckets for the first to
+// travel while backward still runs, few enough to pay the latency only a few times. Real frameworks
+// use ~25 MB (PyTorch DDP) for models of hundreds of MB; the size scales with the model.
 // What stayed: the losses equal 01's for any bucket size (the tests try several).
 //
 // Run:
 //   make 03_bucket_dp
-//   mpiexec -n 2 ./03_bucket_dp/train --link-gbps 0.25
+//   mpiexec -n 2 ./03_bucket_dp/train --preset deep --link-gbps 2 --link-latency-us 50
 //   mpiexec -n 2 ./03_bucket_dp/train --bucket-mb 0.01 --trace trace.json   # ~a matrix per bucket: 10
-// Output: as 01, plus the bucket plan; the summary counts collectives per step (4 here, 28 in 02).
+// Output: as 01, plus the bucket plan; the summary counts collectives per step (8 here, 28 in 02 on tiny).
 #include <cmath>
 #include <cstdio>
 #include <vector>
@@ -40,14 +40,15 @@ int main(int argc, char** argv) {
   auto comm = init_mpi_communicator(&argc, &argv);
   TrainConfig cfg;
   FlagParser flags;
-  double bucket_mb = 0.125;
-  flags.add("--bucket-mb", &bucket_mb, "target bucket size in MB (a bucket holds whole tensors)");
+  double bucket_mb = 0;
+  flags.add("--bucket-mb", &bucket_mb, "target bucket size in MB, a bucket holding whole tensors (default: an "
+                                      "eighth of the gradient)");
   if (!parse_train_flags(argc, argv, "03_bucket_dp",
                          "Chapter 03: data parallelism with bucketed all-reduces overlapping backward.", flags, &cfg)) {
     shutdown_mpi(std::move(comm));
     return 0;
   }
-  if (!(bucket_mb > 0)) config_error("--bucket-mb must be > 0");
+  if (cfg.was_given("--bucket-mb") && !(bucket_mb > 0)) config_error("--bucket-mb must be > 0");
   comm = communicator_for(pick_device(cfg.device), std::move(comm));  // NCCL on GPUs (comm_factory.h)
   TrainingRun run(*comm, cfg, Strategy::DP);
   const Device device = run.device();
@@ -62,9 +63,10 @@ int main(int argc, char** argv) {
   model.bind_all(params.data(), grads.data());
   const int start = run.init_or_resume(params, optimizer);
 
-  GradientBuckets buckets(layout, bucket_mb * 1e6, dtype_size(dtype));
+  const double bucket_bytes = cfg.was_given("--bucket-mb") ? bucket_mb * 1e6 : default_bucket_bytes(layout, dtype_size(dtype));
+  GradientBuckets buckets(layout, bucket_bytes, dtype_size(dtype));
   if (run.is_root()) {
-    std::printf("%d buckets of about %.3g MB, in the order backward fills them:", buckets.count(), bucket_mb);
+    std::printf("%d buckets of about %.3g MB, in the order backward fills them:", buckets.count(), bucket_bytes / 1e6);
     for (int b = 0; b < buckets.count(); b++) std::printf(" [%lld, %lld)", (long long)buckets.begin(b), (long long)buckets.end(b));
     std::printf("\n");
   }

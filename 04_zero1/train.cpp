@@ -50,21 +50,23 @@ int main(int argc, char** argv) {
   auto comm = init_mpi_communicator(&argc, &argv);
   TrainConfig cfg;
   FlagParser flags;
-  double bucket_mb = 0.125;
-  flags.add("--bucket-mb", &bucket_mb, "target bucket size in MB for the gradient reduce-scatter");
+  double bucket_mb = 0;
+  flags.add("--bucket-mb", &bucket_mb, "target bucket size in MB, a bucket holding whole layers (default: an "
+                                      "eighth of the gradient)");
   if (!parse_train_flags(argc, argv, "04_zero1", "Chapter 04: ZeRO-1, optimizer state sharded over ranks.", flags,
                          &cfg)) {
     shutdown_mpi(std::move(comm));
     return 0;
   }
-  if (!(bucket_mb > 0)) config_error("--bucket-mb must be > 0");
+  if (cfg.was_given("--bucket-mb") && !(bucket_mb > 0)) config_error("--bucket-mb must be > 0");
   comm = communicator_for(pick_device(cfg.device), std::move(comm));  // NCCL on GPUs (comm_factory.h)
   TrainingRun run(*comm, cfg, Strategy::ZeRO1);
   const Device device = run.device();
   const DType dtype = run.dtype();  // fp32, or bf16 mixed precision on GPUs
   const ParamLayout& layout = run.layout();
   // Buckets of whole layers; rank r owns piece r of each.
-  GradientBuckets buckets(layout, bucket_mb * 1e6, dtype_size(dtype), BucketCut::AtLayers);
+  const double bucket_bytes = cfg.was_given("--bucket-mb") ? bucket_mb * 1e6 : default_bucket_bytes(layout, dtype_size(dtype));
+  GradientBuckets buckets(layout, bucket_bytes, dtype_size(dtype), BucketCut::AtLayers);
   const ShardPlan shard(buckets.ranges_in_flat_order(), comm->size(), comm->rank());
 
   // Every rank holds all parameters and all gradients, but optimizer state for its shard only.
@@ -74,7 +76,11 @@ int main(int argc, char** argv) {
   GPT2 model(run.model_config(), layout, run.micro_batch_size(), device, dtype);
   model.bind_all(params.data(), grads.data());
   const int start = run.init_or_resume(params, optimizer);
-  if (run.is_root()) std::printf("%d buckets of whole layers, each cut into %d pieces\n", buckets.count(), comm->size());
+  if (run.is_root()) {
+    std::printf("%d buckets of about %.3g MB, in the order backward fills them:", buckets.count(), bucket_bytes / 1e6);
+    for (int b = 0; b < buckets.count(); b++) std::printf(" [%lld, %lld)", (long long)buckets.begin(b), (long long)buckets.end(b));
+    std::printf("; each cut into %d pieces\n", comm->size());
+  }
 
   // This rank's averaged pieces of every bucket, side by side (a separate buffer: MPI may not
   // receive into the buffer it sends from).
@@ -84,9 +90,9 @@ int main(int argc, char** argv) {
   std::vector<CommHandle> in_flight;
   bool last_micro_batch = false;
   model.hooks.grad_ready = [&](int p) {
-    if (!last_micro_batch) return;  // no_sync, as in 03
+    if (!last_micro_batch) return;  // no_sync: gradients are not final until the last micro-batch
     const int b = buckets.mark_ready(p);
-    if (b < 0) return;
+    if (b < 0) return;  // the bucket still waits for other gradients
     const int i = shard.range_index(buckets.begin(b));
     in_flight.push_back(comm->reduce_scatter_async(grads.view().slice1d(buckets.begin(b), buckets.size(b)),
                                                    shard.piece_of_shard(grad_shard.view(), i), ReduceOp::Avg));
@@ -102,6 +108,8 @@ int main(int argc, char** argv) {
       loss += model.forward(batch.inputs, batch.targets, batch.B) / cfg.grad_accum;
       model.backward(1.0f / cfg.grad_accum);
     }
+
+    // Most buckets finished while backward ran; wait for the rest.
     for (CommHandle& handle : in_flight) handle.wait();
     in_flight.clear();
     buckets.reset();

@@ -41,3 +41,7 @@ std::vector<FlatRange> GradientBuckets::ranges_in_flat_order() const {
   for (int b = count() - 1; b >= 0; b--) ranges.push_back(range(b));
   return ranges;
 }
+
+double default_bucket_bytes(const ParamLayout& layout, size_t element_bytes) {
+  return double(layout.padded_size) * double(element_bytes) / 8;
+}

@@ -16,6 +16,12 @@
 
 enum class BucketCut { AtTensors, AtLayers };
 
+// The default bucket size when --bucket-mb is not given: an eighth of the gradient, so that about
+// eight buckets travel whatever the model's size: enough for the first to leave while backward
+// still runs, few enough that the link's latency is paid a few times only. (PyTorch DDP's fixed 25 MB
+// suits models of hundreds of MB; this course's models are 0.5 to 500 MB.)
+double default_bucket_bytes(const ParamLayout& layout, size_t element_bytes);
+
 class GradientBuckets {
  public:
   // element_bytes: the size of one gradient element (4 in fp32, 2 in bf16), so that a bucket holds

@@ -104,6 +104,13 @@ void config_error(const std::string& msg) {
   abort_job();
 }
 
+void end_job(int code) {
+  std::fflush(stdout);
+  std::fflush(stderr);
+  if (mpi_running()) MPI_Abort(MPI_COMM_WORLD, code);
+  std::exit(code);
+}
+
 void library_error(const char* library, const std::string& what, const char* call, const char* file, int line) {
   print_error(where() + " error: " + library + " error at " + file + ":" + std::to_string(line) + ": " + what +
               "\n    in: " + call);

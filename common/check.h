@@ -25,6 +25,10 @@ void set_fatal_hook(std::function<void(const std::string& msg)> hook);
 // For errors that every rank discovers identically: only rank 0 prints, then the job aborts.
 [[noreturn]] void config_error(const std::string& msg);
 
+// Ends every rank of the job with exit code `code`, after the work is done and written: the
+// interrupted run's ending (training_run.cpp says why it cannot simply return the code).
+[[noreturn]] void end_job(int code);
+
 // Aborts the job with the library's message, the rank, host and the call site.
 [[noreturn]] void library_error(const char* library, const std::string& what, const char* call,
                                 const char* file, int line);

@@ -191,7 +191,8 @@ std::string FlagParser::usage() const {
     text += "  " + left + std::string(width + 2 - left.size(), ' ') + right + "\n";
   };
   for (const Flag& f : flags_) {
-    const bool show_default = !f.is_switch && !f.default_text.empty();
+    // A help text that says what the default is ("default: the preset's") gets no number appended.
+    const bool show_default = !f.is_switch && !f.default_text.empty() && f.help.find("default") == std::string::npos;
     line(signature(f), f.help + (show_default ? " (default " + f.default_text + ")" : ""));
   }
   line(help_name, "print this list and exit");

@@ -55,7 +55,7 @@ class FlagParser {
   // usage() (to stdout, on rank 0 only) when --help or -h is given; calls config_error() on an
   // unknown flag, a missing value or a value that does not parse in full ("12x" is refused).
   bool parse(int argc, char** argv, const std::string& usage_header);
-  // One line per flag: name, value, help and default; --help last.
+  // One line per flag: name, value, help and default (unless the help states its own); --help last.
   std::string usage() const;
   // The flags parse() found on the command line.
   const std::set<std::string>& given() const { return given_; }

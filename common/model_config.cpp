@@ -1,4 +1,6 @@
-// model_config.cpp: the presets of model_config.h.
+// model_config.cpp: the presets of model_config.h. The default learning rates are the largest that
+// train every preset without a loss spike over 20, 30 and 100 steps at batch 8 (checked by hand:
+// tiny at 3e-3 and small at 2e-3 doubled their loss for a step).
 #include "model_config.h"
 
 bool find_preset(const std::string& name, GPT2Config* cfg) {
@@ -6,10 +8,14 @@ bool find_preset(const std::string& name, GPT2Config* cfg) {
   c.preset = name;
   if (name == "tiny") {
     c.L = 2; c.C = 64; c.NH = 4; c.T = 64; c.V = 256;
-    c.default_batch = 8; c.default_lr = 3e-3f;
+    c.default_batch = 8; c.default_lr = 2e-3f;
   } else if (name == "small") {
     c.L = 4; c.C = 128; c.NH = 4; c.T = 128; c.V = 256;
-    c.default_batch = 8; c.default_lr = 2e-3f;
+    c.default_batch = 8; c.default_lr = 1e-3f;
+  } else if (name == "deep") {
+    // make compare's default: 12 blocks, so that ZeRO-3 holds only a few of them gathered at a time.
+    c.L = 12; c.C = 128; c.NH = 4; c.T = 64; c.V = 256;
+    c.default_batch = 8; c.default_lr = 1e-3f;
   } else if (name == "odd") {
     // For tests: every tensor size is odd and the count (9915) divides by no rank count, so
     // shards cut through tensors and padding is exercised.
@@ -25,4 +31,4 @@ bool find_preset(const std::string& name, GPT2Config* cfg) {
   return true;
 }
 
-const char* preset_names() { return "tiny, small, gpt2, odd"; }
+const char* preset_names() { return "tiny, small, deep, gpt2, odd"; }

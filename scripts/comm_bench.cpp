@@ -163,7 +163,7 @@ int64_t count_wrong(Communicator& comm, CollectiveKind kind, const Tensor& send,
   return int64_t(comm.all_reduce_scalar(double(wrong), ReduceOp::Sum));
 }
 
-// The ring's traffic factor of THEORY.md: what turns algbw into busbw.
+// The ring's traffic factor (docs/theory.md, section 5): what turns algbw into busbw.
 double bus_factor(CollectiveKind kind, int n) {
   return kind == CollectiveKind::AllReduce ? 2.0 * (n - 1) / n : double(n - 1) / n;
 }

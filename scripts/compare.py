@@ -1,10 +1,13 @@
 #!/usr/bin/env python3
-"""compare.py: reads the JSON-lines records of `make compare` (results/*.jsonl) and prints every run
-side by side, then writes the plots:
-  throughput.png  tokens/s per run (bar chart)
-  loss.png        loss curves, overlaid
-  memory.png      memory per rank by category, every chapter at the largest rank count (stacked bars)
-  comm_volume.png bytes each rank sends per step, every chapter at the largest rank count
+"""compare.py: reads the JSON-lines records of `make compare` (results/*.jsonl), prints every run side by
+side with what each chapter changed, and writes the plots:
+  throughput.png     tokens/s per chapter and rank count, with the speed-up against 01
+  communication.png  per chapter at the largest rank count: time communication was in flight per step,
+                     and the part of it the trainer waited for (exposed), next to the step time
+  memory.png         per rank at the largest rank count: model state (parameters, gradients, optimizer
+                     state), and apart from it the transient communication buffers and the activations
+  comm_volume.png    bytes each rank sends per step, at the largest rank count
+  loss.png           loss curves, overlaid (the same global batch: the curves coincide)
 Usage: python3 scripts/compare.py RESULTS_DIR
 """
 import glob
@@ -17,9 +20,8 @@ import matplotlib
 matplotlib.use("Agg")  # no display needed
 import matplotlib.pyplot as plt  # noqa: E402
 
-# Activations are the same in every chapter (each rank runs the same micro-batch), and in the tiny
-# model they dwarf the rest: the plot shows what the chapters change.
-MEMORY_CATEGORIES = ["params", "grads", "optim", "comm"]
+MODEL_STATE = [("params", "parameters", "#4C78A8"), ("grads", "gradients", "#F58518"),
+               ("optim", "optimizer state", "#54A24B")]
 
 
 def load_runs(folder):
@@ -34,38 +36,139 @@ def load_runs(folder):
                     run["steps"].append(record)
                 elif kind in ("run", "summary", "theory"):
                     run[kind] = record
-        if "summary" in run:
+        if "summary" in run and "run" in run:
             runs.append(run)
     runs.sort(key=lambda r: (r["run"]["chapter"], r["run"]["ranks"]))
     return runs
+
+
+def measured(run):
+    return run["summary"].get("measured_steps", 0) > 0
 
 
 def label(run):
     return "%s x%d" % (run["run"]["chapter"], run["run"]["ranks"])
 
 
+def short(run):
+    return run["run"]["chapter"][:2]
+
+
 def mb(x):
     return x / 1e6
 
 
+def model_state(run):
+    """Parameters + gradients + optimizer state per rank, measured after the first measured step."""
+    t = run.get("theory")
+    return t["measured_model_state_bytes"] if t else float("nan")
+
+
+def peak_over_steps(run, key):
+    return max((s.get(key, 0) for s in run["steps"]), default=0)
+
+
+def baseline(runs, run):
+    """01 at the same rank count, the run every chapter is compared with."""
+    for r in runs:
+        if r["run"]["chapter"].startswith("01") and r["run"]["ranks"] == run["run"]["ranks"] and measured(r):
+            return r
+    return None
+
+
 def print_table(runs):
-    header = "%-20s %9s %8s %11s %8s %10s %12s %14s %10s" % (
-        "run", "tok/s", "step ms", "exposed ms", "comm ms", "coll/step", "MB/step", "peak mem/rank", "final loss")
+    header = "%-18s %8s %6s %8s %17s %5s %9s %11s %10s %11s %7s" % (
+        "run", "tok/s", "vs 01", "step ms", "exposed/total ms", "coll", "MB sent", "model state", "transient",
+        "activations", "loss")
     print(header)
+    print("%-18s %8s %6s %8s %17s %5s %9s %11s %10s %11s %7s" % (
+        "", "", "", "", "comm per step", "/step", "/step", "per rank", "peak/rank", "per rank", "final"))
     print("-" * len(header))
     for run in runs:
         s = run["summary"]
-        print("%-20s %9.0f %8.1f %11.2f %8.2f %10.0f %12.3f %11.2f MB %10.4f" % (
-            label(run), s["tokens_per_s"], s["step_ms"], s["exposed_comm_ms"], s["comm_ms"],
-            s["collectives_per_step"], mb(s["comm_bytes_per_step"]), mb(s["peak_mem_bytes"]), s["final_loss"]))
+        if not measured(run):
+            print("%-18s (no measured steps: run more than one step)" % label(run))
+            continue
+        base = baseline(runs, run)
+        speedup = "%5.2fx" % (s["tokens_per_s"] / base["summary"]["tokens_per_s"]) if base else "   -  "
+        print("%-18s %8.0f %6s %8.1f %8.1f / %6.1f %5.0f %9.2f %8.1f MB %7.1f MB %8.1f MB %7.3f" % (
+            label(run), s["tokens_per_s"], speedup, s["step_ms"], s["exposed_comm_ms"], s["comm_ms"],
+            s["collectives_per_step"], mb(s["comm_bytes_per_step"]), mb(model_state(run)),
+            mb(peak_over_steps(run, "mem_comm")), mb(peak_over_steps(run, "mem_activations")), s["final_loss"]))
+
+
+def describe(runs):
+    """What each chapter changed, read from the numbers at the largest rank count."""
+    n = max(r["run"]["ranks"] for r in runs)
+    at = {r["run"]["chapter"][:2]: r for r in runs if r["run"]["ranks"] == n and measured(r)}
+    if n < 2 or "01" not in at:
+        return
+    print("\nWhat changed, at %d ranks (speed-up: tokens/s against 01's; comm: exposed of total ms per step):" % n)
+
+    def s(c):
+        return at[c]["summary"]
+
+    def faster(c, than="01"):
+        x = s(c)["tokens_per_s"] / s(than)["tokens_per_s"]
+        return "%.2fx %s %s" % (x if x >= 1 else 1 / x, "faster than" if x >= 1 else "slower than", than)
+
+    def comm(c):
+        return "%.1f of %.1f ms" % (s(c)["exposed_comm_ms"], s(c)["comm_ms"])
+
+    lines = []
+    if "01" in at:
+        lines.append("01  one all-reduce after backward: all of it exposed (%s)." % comm("01"))
+    if "02" in at:
+        lines.append("02  an all-reduce per tensor from backward's hooks: exposed %s, %.0f collectives, %s."
+                     % (comm("02"), s("02")["collectives_per_step"], faster("02")))
+    if "03" in at and "02" in at:
+        lines.append("03  buckets: %.0f collectives instead of %.0f, communication %.1f ms in all instead of %.1f, "
+                     "exposed %.1f; %s, %s." % (s("03")["collectives_per_step"], s("02")["collectives_per_step"],
+                                               s("03")["comm_ms"], s("02")["comm_ms"], s("03")["exposed_comm_ms"],
+                                               faster("03"), faster("03", "02")))
+    for c, what in (("04", "optimizer state sharded"), ("05", "gradients sharded too"),
+                    ("06", "parameters sharded too")):
+        if c not in at or "03" not in at:
+            continue
+        line = "%s  %s: model state %.1f MB per rank instead of %.1f (03); exposed %s; %s" % (
+            c, what, mb(model_state(at[c])), mb(model_state(at["03"])), comm(c), faster(c, "03"))
+        if c == "04":
+            line += " (the all-gather after the optimizer waits, exposed)"
+        if c == "06":
+            line += "; %.2fx the bytes of 03, its gathers prefetched under compute" % (
+                s("06")["comm_bytes_per_step"] / s("03")["comm_bytes_per_step"])
+        lines.append(line + ".")
+    for line in lines:
+        print("  " + line)
 
 
 def plot_throughput(runs, folder):
-    fig, ax = plt.subplots(figsize=(max(6, 1.1 * len(runs)), 4))
-    ax.bar([label(r) for r in runs], [r["summary"]["tokens_per_s"] for r in runs], color="tab:blue")
+    chapters = sorted({r["run"]["chapter"] for r in runs})
+    rank_counts = sorted({r["run"]["ranks"] for r in runs})
+    width = 0.8 / len(rank_counts)
+    fig, ax = plt.subplots(figsize=(max(7, 1.3 * len(chapters)), 4.2))
+    for i, n in enumerate(rank_counts):
+        xs, ys, runs_n = [], [], []
+        for j, c in enumerate(chapters):
+            r = next((r for r in runs if r["run"]["chapter"] == c and r["run"]["ranks"] == n and measured(r)), None)
+            if r:
+                xs.append(j + (i - (len(rank_counts) - 1) / 2) * width)
+                ys.append(r["summary"]["tokens_per_s"])
+                runs_n.append(r)
+        bars = ax.bar(xs, ys, width, label="%d rank%s" % (n, "s" if n > 1 else ""))
+        for bar, r in zip(bars, runs_n):
+            base = baseline(runs, r)
+            if base and n > 1:
+                ax.annotate("%.2fx" % (r["summary"]["tokens_per_s"] / base["summary"]["tokens_per_s"]),
+                            (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center", va="bottom",
+                            fontsize=8)
+    ax.set_xticks(range(len(chapters)))
+    ax.set_xticklabels(chapters, rotation=20, fontsize=8)
     ax.set_ylabel("tokens / s")
-    ax.set_title("Throughput (mean over measured steps)")
-    ax.tick_params(axis="x", rotation=30)
+    ax.set_title("Throughput (mean over measured steps); labels: speed-up against 01 at the same rank count",
+                 fontsize=9)
+    ax.margins(y=0.12)
+    ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(os.path.join(folder, "throughput.png"), dpi=120)
     plt.close(fig)
@@ -79,32 +182,75 @@ def plot_loss(runs, folder):
     ax.set_xlabel("step")
     ax.set_ylabel("loss")
     ax.set_title("Training loss (same global batch: curves coincide)")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=7, ncol=2)
     fig.tight_layout()
     fig.savefig(os.path.join(folder, "loss.png"), dpi=120)
     plt.close(fig)
 
 
 def at_largest_rank_count(runs):
-    """The runs with the most ranks: memory and bytes per rank only compare at the same N."""
+    """The measured runs with the most ranks: memory and bytes per rank only compare at the same N."""
     n = max(r["run"]["ranks"] for r in runs)
-    return [r for r in runs if r["run"]["ranks"] == n], n
+    return [r for r in runs if r["run"]["ranks"] == n and measured(r)], n
+
+
+def plot_communication(runs, folder):
+    runs, n = at_largest_rank_count(runs)
+    if n < 2 or not runs:
+        return
+    names = [short(r) for r in runs]
+    total = [r["summary"]["comm_ms"] for r in runs]
+    exposed = [r["summary"]["exposed_comm_ms"] for r in runs]
+    step = [r["summary"]["step_ms"] for r in runs]
+    fig, ax = plt.subplots(figsize=(max(6, 1.1 * len(runs)), 4.2))
+    x = range(len(runs))
+    ax.bar(x, total, 0.6, color="#B7D4EA", label="communication in flight (total)")
+    ax.bar(x, exposed, 0.6, color="#D62728", label="exposed: the trainer waited")
+    ax.plot(x, step, "k_", markersize=30, markeredgewidth=2, label="step time")
+    for i in x:
+        ax.annotate("%.0f%%" % (100 * exposed[i] / total[i] if total[i] else 0), (i, exposed[i]), ha="center",
+                    va="bottom", fontsize=8)
+    ax.set_xticks(list(x))
+    ax.set_xticklabels([r["run"]["chapter"] for r in runs], rotation=20, fontsize=8)
+    ax.set_ylabel("ms per step")
+    ax.set_title("Communication per step at %d ranks: total, and the exposed part (%% of total)" % n, fontsize=9)
+    ax.legend(fontsize=8)
+    ax.margins(y=0.1)
+    fig.tight_layout()
+    fig.savefig(os.path.join(folder, "communication.png"), dpi=120)
+    plt.close(fig)
 
 
 def plot_memory(runs, folder):
     runs, n = at_largest_rank_count(runs)
-    fig, ax = plt.subplots(figsize=(max(7, 1.3 * len(runs)), 4))
-    names = [label(r) for r in runs]
+    if not runs:
+        return
+    names = [r["run"]["chapter"] for r in runs]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(max(10, 2.2 * len(runs)), 4.4),
+                                      gridspec_kw={"width_ratios": [1.2, 1]})
     bottom = [0.0] * len(runs)
-    for category in MEMORY_CATEGORIES:
-        values = [mb(r["steps"][-1].get("mem_" + category, 0)) for r in runs]
-        ax.bar(names, values, bottom=bottom, label="comm (transient)" if category == "comm" else category)
+    for key, name, color in MODEL_STATE:
+        values = [mb(r["theory"]["measured_%s_bytes" % key]) if r.get("theory") else 0 for r in runs]
+        left.bar(names, values, bottom=bottom, label=name, color=color)
         bottom = [b + v for b, v in zip(bottom, values)]
-    ax.set_ylabel("MB per rank")
-    ax.margins(y=0.08)
-    ax.set_title("Model state per rank, N = %d (activations, the same everywhere, left out)" % n, fontsize=10)
-    ax.tick_params(axis="x", rotation=30)
-    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    for i, total in enumerate(bottom):
+        left.annotate("%.1f" % total, (i, total), ha="center", va="bottom", fontsize=8)
+    left.set_ylabel("MB per rank")
+    left.set_title("Model state per rank, N = %d: ZeRO's 1/N steps" % n, fontsize=9)
+    left.tick_params(axis="x", rotation=25, labelsize=8)
+    left.legend(fontsize=8)
+    left.margins(y=0.1)
+
+    x = range(len(runs))
+    transient = [mb(peak_over_steps(r, "mem_comm")) for r in runs]
+    activations = [mb(peak_over_steps(r, "mem_activations")) for r in runs]
+    right.bar([i - 0.2 for i in x], transient, 0.4, label="communication buffers (peak)", color="#72B7B2")
+    right.bar([i + 0.2 for i in x], activations, 0.4, label="activations (peak)", color="#BAB0AC")
+    right.set_xticks(list(x))
+    right.set_xticklabels(names, rotation=25, fontsize=8)
+    right.set_ylabel("MB per rank")
+    right.set_title("Transient memory, apart: the same activations everywhere", fontsize=9)
+    right.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(os.path.join(folder, "memory.png"), dpi=120)
     plt.close(fig)
@@ -112,11 +258,14 @@ def plot_memory(runs, folder):
 
 def plot_comm_volume(runs, folder):
     runs, n = at_largest_rank_count(runs)
+    if not runs:
+        return
     fig, ax = plt.subplots(figsize=(max(6, 1.1 * len(runs)), 4))
-    ax.bar([label(r) for r in runs], [mb(r["summary"]["comm_bytes_per_step"]) for r in runs], color="tab:orange")
+    ax.bar([r["run"]["chapter"] for r in runs], [mb(r["summary"]["comm_bytes_per_step"]) for r in runs],
+           color="tab:orange")
     ax.set_ylabel("MB sent per rank per step")
     ax.set_title("Communication volume, N = %d (ZeRO-3 moves 1.5x DP)" % n)
-    ax.tick_params(axis="x", rotation=30)
+    ax.tick_params(axis="x", rotation=25, labelsize=8)
     fig.tight_layout()
     fig.savefig(os.path.join(folder, "comm_volume.png"), dpi=120)
     plt.close(fig)
@@ -128,11 +277,14 @@ def main():
     if not runs:
         sys.exit("no finished runs in %s (expected *.jsonl from make compare)" % folder)
     print_table(runs)
+    describe(runs)
     plot_throughput(runs, folder)
-    plot_loss(runs, folder)
+    plot_communication(runs, folder)
     plot_memory(runs, folder)
     plot_comm_volume(runs, folder)
-    plots = ("throughput.png", "loss.png", "memory.png", "comm_volume.png")
+    plot_loss(runs, folder)
+    plots = [p for p in ("throughput.png", "communication.png", "memory.png", "comm_volume.png", "loss.png")
+             if os.path.exists(os.path.join(folder, p))]
     print("plots: %s" % ", ".join(os.path.join(folder, p) for p in plots))
 
 

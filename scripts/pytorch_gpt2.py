@@ -37,7 +37,7 @@ PRESETS = {
     "odd": dict(L=2, C=15, NH=3, T=17, V=256, batch=8, lr=3e-3),
 }
 
-# Dense bf16 peak FLOP/s from ../shared/THEORY.md, by device name. MFU is printed only against a
+# Dense bf16 peak FLOP/s from the data sheets (docs/theory.md, section 8), by device name. MFU is printed only against a
 # known peak: bf16 on these devices, or any run given --peak-tflops.
 BF16_PEAKS = [("H200", 989e12, "H200 dense bf16"), ("H100 80GB HBM3", 989e12, "H100 SXM dense bf16")]
 
@@ -67,7 +67,7 @@ def parse_args():
     p.add_argument("--grad-clip", type=float, default=1.0, help="clip gradients to this global norm")
     p.add_argument("--seed", type=int, default=1337, help="seed of the initialisation and the random tokens")
     p.add_argument("--peak-tflops", type=float, default=0,
-                   help="device peak for MFU, in TFLOP/s; 0 = THEORY.md's dense bf16 peak where known")
+                   help="device peak for MFU, in TFLOP/s; 0 = the data sheet's dense bf16 peak where known")
     p.add_argument("--json", default="", metavar="PATH", help="write JSON lines: run, one per step, summary")
     p.add_argument("--quiet", action="store_true", help="no step lines")
     args = p.parse_args()
@@ -247,11 +247,11 @@ def device_peak(args, device, dtype):
     if device.type != "cuda":
         return None, "MFU only on CUDA"
     if dtype != "bf16":
-        return None, "no MFU for fp32: THEORY.md gives the dense bf16 peak only (or pass --peak-tflops)"
+        return None, "no MFU for fp32: only the dense bf16 peaks are known here (or pass --peak-tflops)"
     name = torch.cuda.get_device_name(device)
     for key, peak, what in BF16_PEAKS:
         if key in name:
-            return peak, f"{peak / 1e12:.0f} TFLOP/s ({what}, THEORY.md)"
+            return peak, f"{peak / 1e12:.0f} TFLOP/s ({what}, data sheet)"
     return None, f"no known bf16 peak for '{name}' (pass --peak-tflops)"
 
 
@@ -277,7 +277,7 @@ def main():
 
     model = GPT2(cfg, args.attention).to(device)
     num_params = sum(p.numel() for p in model.parameters())
-    flops_params = num_params - model.wpe.numel()  # N of THEORY.md: without position embeddings
+    flops_params = num_params - model.wpe.numel()  # N of docs/theory.md: without position embeddings
     flops_per_token = 6 * flops_params + 12 * L * C * T
     if args.compile:
         model = torch.compile(model)

@@ -2,7 +2,7 @@
 // binaries. Without a GPU: --device cuda ends every rank quickly with the reason, and auto picks
 // the CPU. With a GPU: the CUDA fp32 model's losses match the CPU's, bf16 mixed precision tracks
 // fp32, NCCL works at one rank, every chapter at 2 ranks on one GPU (the host-staged fallback)
-// matches one rank in fp32 and in bf16, bf16 memory and bytes match THEORY.md's mixed-precision
+// matches one rank in fp32 and in bf16, bf16 memory and bytes match docs/theory.md's mixed-precision
 // column, a bf16 checkpoint resumes exactly, and the memory counters agree with what the driver
 // reports; freed GPU memory is reused, zeroed. Each test that needs the other situation skips and
 // says why.
@@ -154,7 +154,7 @@ TEST_P(TwoRanksOnOneGpu, MatchOneRank) {
   EXPECT_LE(max_relative_difference(two_ranks, one_rank), kRankTolerance);
 }
 
-// bf16 mixed precision: the same, within bf16's tolerance, and the memory and bytes of THEORY.md's
+// bf16 mixed precision: the same, within bf16's tolerance, and the memory and bytes of docs/theory.md's
 // mixed-precision column (2Ψ parameters, 2Ψ gradients, 12Ψ optimizer state, bf16 on the wire).
 TEST_P(TwoRanksOnOneGpu, MatchOneRankInBf16WithTheoryMemory) {
   SKIP_WITHOUT_GPU();

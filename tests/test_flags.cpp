@@ -144,14 +144,21 @@ TEST(FlagParser, UsageListsEveryFlagWithHelpAndDefault) {
   for (const char* flag : {"--preset NAME", "--steps N", "--batch N", "--grad-accum N", "--lr X", "--warmup N",
                            "--weight-decay X", "--grad-clip X", "--seed N", "--data PATH", "--save PATH",
                            "--save-every N", "--resume PATH", "--trace PATH", "--json PATH", "--link-gbps X",
-                           "--link-latency-us X", "--quiet", "--help"}) {
+                           "--link-latency-us X", "--timeout X", "--quiet", "--help"}) {
     EXPECT_NE(usage.find(std::string("  ") + flag + " "), std::string::npos) << flag << " missing in\n" << usage;
   }
   EXPECT_NE(usage.find("(default 20)"), std::string::npos) << usage;     // --steps
+  // A default that the run resolves later (the preset's) is stated in words, never as a number.
+  for (const char* flag : {"  --batch N", "  --lr X", "  --warmup N"}) {
+    const size_t line = usage.find(flag);
+    const std::string text = usage.substr(line, usage.find('\n', line) - line);
+    EXPECT_EQ(text.find("(default 0)"), std::string::npos) << text;
+    EXPECT_NE(text.find("default: "), std::string::npos) << text;
+  }
   EXPECT_NE(usage.find("(default 0.1)"), std::string::npos) << usage;    // --weight-decay
   EXPECT_NE(usage.find("(default 1337)"), std::string::npos) << usage;   // --seed
   EXPECT_NE(usage.find("(default tiny)"), std::string::npos) << usage;   // --preset
-  EXPECT_NE(usage.find("tiny, small, gpt2"), std::string::npos) << usage;
+  EXPECT_NE(usage.find("tiny, small, deep, gpt2, odd"), std::string::npos) << usage;
 }
 
 TEST(FlagParser, HelpPrintsUsageAndReturnsFalse) {

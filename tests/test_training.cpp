@@ -170,7 +170,7 @@ TEST(Checkpoint, ShardedSaveResumesOnOtherRankCountsAndChapters) {
   }
 }
 
-// Measured parameter, gradient and optimizer bytes equal THEORY.md's formula up to padding, and the
+// Measured parameter, gradient and optimizer bytes equal docs/theory.md's formula up to padding, and the
 // communicator's byte counters equal the theory for the chapter, at 1, 2 and 4 ranks.
 TEST(Theory, MeasuredMemoryAndBytesMatchTheFormulas) {
   for (const std::string& chapter : kChapters) {
