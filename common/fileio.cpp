@@ -14,17 +14,28 @@
 
 #include "check.h"
 
-bool read_whole_file(const std::string& path, std::string* contents, std::string* error) {
+namespace {
+
+// Opens `path` for reading, or fills *error (naming the path and the reason) and returns false.
+bool open_regular_file(const std::string& path, std::ifstream* in, std::string* error) {
   struct stat info;
   if (stat(path.c_str(), &info) == 0 && !S_ISREG(info.st_mode)) {
     *error = "cannot open '" + path + "': not a regular file";
     return false;
   }
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
+  in->open(path, std::ios::binary);
+  if (!*in) {
     *error = "cannot open '" + path + "': " + std::strerror(errno) + " (does the file exist?)";
     return false;
   }
+  return true;
+}
+
+}  // namespace
+
+bool read_whole_file(const std::string& path, std::string* contents, std::string* error) {
+  std::ifstream in;
+  if (!open_regular_file(path, &in, error)) return false;
   in.seekg(0, std::ios::end);
   std::streamoff size = in.tellg();
   in.seekg(0, std::ios::beg);
@@ -37,16 +48,8 @@ bool read_whole_file(const std::string& path, std::string* contents, std::string
 }
 
 bool read_file_prefix(const std::string& path, size_t max_bytes, std::string* contents, std::string* error) {
-  struct stat info;
-  if (stat(path.c_str(), &info) == 0 && !S_ISREG(info.st_mode)) {
-    *error = "cannot open '" + path + "': not a regular file";
-    return false;
-  }
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    *error = "cannot open '" + path + "': " + std::strerror(errno) + " (does the file exist?)";
-    return false;
-  }
+  std::ifstream in;
+  if (!open_regular_file(path, &in, error)) return false;
   contents->resize(max_bytes);
   in.read(&(*contents)[0], std::streamsize(max_bytes));
   contents->resize(size_t(in.gcount()));
