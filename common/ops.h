@@ -20,6 +20,20 @@ void encoder_forward(Tensor out, const int* tokens, Tensor wte, Tensor wpe, int 
 // dwte(V,C) += scatter of dout over tokens; dwpe(maxT,C) += sum over batch of dout.
 void encoder_backward(Tensor dwte, Tensor dwpe, Tensor dout, const int* tokens, int B, int T);
 
+// The same split over ranks that hold a slice of the vocabulary (tensor parallelism, chapter 07):
+// wte holds rows [vocab_begin, vocab_begin + Vl) of the full (vocab_size, C) table.
+// out(N,C) = wte[token - vocab_begin] for a token in that range, else 0: a partial lookup, whose sum
+// over the ranks is the lookup. Tokens must lie in [0, vocab_size).
+void embedding_forward(Tensor out, const int* tokens, Tensor wte, int vocab_begin, int vocab_size);
+// dwte(Vl,C) += dout's rows for the tokens in range, each row of dwte summing its positions in
+// increasing order (deterministic; equal to encoder_backward's order).
+void embedding_backward(Tensor dwte, Tensor dout, const int* tokens, int vocab_begin, int vocab_size);
+// Position embeddings of rows that are a contiguous run of the flattened (B,T) positions starting at
+// `first_row` (a rank's slice of the sequence under sequence parallelism):
+// out(N,C) += wpe[(first_row + n) % T] for row n; dwpe[(first_row + n) % T] += dout(n), in row order.
+void position_forward(Tensor out, Tensor wpe, int64_t first_row, int T);
+void position_backward(Tensor dwpe, Tensor dout, int64_t first_row, int T);
+
 // out(N,C) = (inp - mean) * rstd * weight + bias, eps = 1e-5; saves mean(N), rstd(N) for backward.
 void layernorm_forward(Tensor out, Tensor mean, Tensor rstd, Tensor inp, Tensor weight, Tensor bias);
 // dinp(N,C), dweight(C), dbias(C) += gradients, given dout(N,C) and the forward's inp, mean, rstd.
@@ -31,6 +45,15 @@ void matmul_forward(Tensor out, Tensor inp, Tensor weight, Tensor bias);
 // dinp(N,C) += dout @ weight; dweight(OC,C) += dout^T @ inp; dbias(OC) += column sums of dout
 // (skipped when dbias is empty).
 void matmul_backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, Tensor inp, Tensor weight);
+// Its two halves, for a backward that computes the input's gradient first and the weight's later (so
+// that a collective of the first can travel while the second computes: tensor parallelism's overlap;
+// a zero-bubble pipeline's B and W). Calling both gives matmul_backward's result bit for bit.
+void matmul_backward_input(Tensor dinp, Tensor dout, Tensor weight);                 // dinp += dout @ weight
+void matmul_backward_weight(Tensor dweight, Tensor dbias, Tensor dout, Tensor inp);  // dweight, dbias
+// out(N,C) += bias(C) in every row; dbias(C) += column sums of dout(N,C). For a row-parallel layer,
+// whose bias is added once, after its partial outputs are summed over the ranks.
+void add_bias(Tensor out, Tensor bias);
+void bias_backward(Tensor dbias, Tensor dout);
 
 // Causal multi-head self-attention. qkv(B,T,3C) holds q, k, v side by side; each head has C/NH
 // channels. preatt and att are (B,NH,T,T) (scores before and after the causal softmax, scaled by
@@ -62,8 +85,26 @@ void residual_backward(Tensor da, Tensor db, Tensor dout); // da += dout; db += 
 void softmax_crossentropy_forward(Tensor losses, Tensor probs, Tensor logits, const int* targets);
 // dlogits(B,T,V) = (probs - onehot(targets)) * dloss, where every position's loss has the same
 // weight dloss (1/(B*T) for a mean, divided further by gradient-accumulation steps). Overwritten, not
-// accumulated: dlogits is scratch that only the LM head's backward reads.
-void softmax_crossentropy_backward(Tensor dlogits, Tensor probs, const int* targets, float dloss);
+// accumulated: dlogits is scratch that only the LM head's backward reads. With a vocabulary slice
+// (vocab_begin > 0 or fewer columns than the vocabulary: tensor parallelism), the one-hot is
+// subtracted only where the target falls in [vocab_begin, vocab_begin + V).
+void softmax_crossentropy_backward(Tensor dlogits, Tensor probs, const int* targets, float dloss,
+                                   int vocab_begin = 0);
+
+// Vocabulary-parallel cross-entropy (Megatron-LM): every rank holds logits(N,Vl) for its slice
+// [vocab_begin, vocab_begin + Vl) of the vocabulary, and the full (N,V) logits never exist. Three
+// stages; between them the caller all-reduces (N) values over the ranks of the slices. Every value
+// below named row_* or target_logit is fp32, (N).
+// 1. row_max = each row's largest logit in this slice; target_logit = the logit of the row's target
+//    where the target falls in this slice, else 0. (Then: all-reduce Max of row_max, Sum of
+//    target_logit.)
+void crossentropy_shard_max(Tensor row_max, Tensor target_logit, Tensor logits, const int* targets, int vocab_begin);
+// 2. probs(N,Vl) = exp(logits - row_max), unnormalised; row_sum = their sum over this slice. (Then:
+//    all-reduce Sum of row_sum.)
+void crossentropy_shard_exp(Tensor probs, Tensor row_sum, Tensor logits, Tensor row_max);
+// 3. losses = log(row_sum) + row_max - target_logit; probs /= row_sum. The backward is
+//    softmax_crossentropy_backward with the slice's vocab_begin.
+void crossentropy_shard_finish(Tensor losses, Tensor probs, Tensor row_max, Tensor row_sum, Tensor target_logit);
 
 // Small helpers the trainers need on any device.
 void fill_zero(Tensor t);
