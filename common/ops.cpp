@@ -2,7 +2,10 @@
 // tensors; fp32 for layernorm's statistics, the losses and the optimizer state; shapes that fit
 // together), reads the sizes (B, T, C, ...) from the shapes, and runs the CPU version (namespace cpu,
 // ops_cpu.h, fp32 only) or, for CUDA tensors, the CUDA version (namespace cuda, ops_cuda.h), which
-// takes the dtype and untyped pointers, since it runs in fp32 and in bf16.
+// takes the dtype and untyped pointers, since it runs in fp32 and in bf16. Three ops are built from
+// others and dispatch through them: the encoder (the token lookup, then the positions) and
+// matmul_backward (its input half, then its weight half), so that the tensor-parallel pieces compute
+// exactly what the whole ops do.
 // The checks are cheap (a few integer comparisons per call) and catch a wrong view at the call that
 // made it, instead of as garbage numbers many layers later.
 #include "ops.h"
@@ -101,24 +104,84 @@ float* optional_f32(const Tensor& t) { return t.empty() ? nullptr : t.f32(); }
 
 // ----------------------------------------------------------------------------------------------------------
 
+// The encoder is the token lookup over the whole table followed by the position embeddings: the
+// same additions, in the same order, as the vocabulary- and sequence-parallel ops make.
 void encoder_forward(Tensor out, const int* tokens, Tensor wte, Tensor wpe, int B, int T) {
-  const Operands ops = operands(__func__, out, wte, wpe);
-  const int C = cols(out), V = rows(wte);
+  operands(__func__, out, wte, wpe);
+  const int C = cols(out);
   ENSURE(out.numel() == int64_t(B) * T * C, "encoder_forward: out must be (B,T,C)");
   ENSURE(cols(wte) == C && cols(wpe) == C, "encoder_forward: wte, wpe and out differ in C");
   ENSURE(T <= rows(wpe), "encoder_forward: T exceeds the rows of the position table wpe");
-  ON_CUDA(ops, encoder_forward(ops.dtype, out.data, tokens, wte.data, wpe.data, B, T, C, V));
-  cpu::encoder_forward(out.f32(), tokens, wte.f32(), wpe.f32(), B, T, C, V);
+  const int V = rows(wte);
+  embedding_forward(out, tokens, wte, 0, V);
+  position_forward(out, wpe, 0, T);
 }
 
 void encoder_backward(Tensor dwte, Tensor dwpe, Tensor dout, const int* tokens, int B, int T) {
-  const Operands ops = operands(__func__, dwte, dwpe, dout);
-  const int C = cols(dout), V = rows(dwte);
+  operands(__func__, dwte, dwpe, dout);
+  const int C = cols(dout);
   ENSURE(dout.numel() == int64_t(B) * T * C, "encoder_backward: dout must be (B,T,C)");
   ENSURE(cols(dwte) == C && cols(dwpe) == C, "encoder_backward: dwte, dwpe and dout differ in C");
   ENSURE(T <= rows(dwpe), "encoder_backward: T exceeds the rows of dwpe");
-  ON_CUDA(ops, encoder_backward(ops.dtype, dwte.data, dwpe.data, dout.data, tokens, B, T, C, V));
-  cpu::encoder_backward(dwte.f32(), dwpe.f32(), dout.f32(), tokens, B, T, C, V);
+  const int V = rows(dwte);
+  embedding_backward(dwte, dout, tokens, 0, V);
+  position_backward(dwpe, dout, 0, T);
+}
+
+namespace {
+
+// The checks of both embedding calls: the table's rows are a slice [vocab_begin, vocab_begin + Vl) of
+// the vocabulary and it has the rows' C columns. Returns Vl.
+int check_embedding(const char* op, const Tensor& rows_nc, const Tensor& table, int vocab_begin, int vocab_size) {
+  const int Vl = rows(table);
+  ENSURE(cols(table) == cols(rows_nc), std::string(op) + ": the table and the rows differ in C");
+  ENSURE(vocab_begin >= 0 && int64_t(vocab_begin) + Vl <= vocab_size,
+         std::string(op) + ": the table's rows [" + std::to_string(vocab_begin) + ", " +
+             std::to_string(int64_t(vocab_begin) + Vl) + ") are not a slice of the vocabulary [0, " +
+             std::to_string(vocab_size) + ")");
+  return Vl;
+}
+
+// The checks of both position calls: the rows start at a position >= 0 of sequences of T <= the
+// table's rows, and have its C columns.
+void check_position(const char* op, const Tensor& rows_nc, const Tensor& wpe, int64_t first_row, int T) {
+  ENSURE(cols(wpe) == cols(rows_nc), std::string(op) + ": wpe and the rows differ in C");
+  ENSURE(T > 0 && T <= rows(wpe), std::string(op) + ": T must be in [1, the rows of the position table wpe]");
+  ENSURE(first_row >= 0, std::string(op) + ": first_row must be >= 0");
+}
+
+}  // namespace
+
+void embedding_forward(Tensor out, const int* tokens, Tensor wte, int vocab_begin, int vocab_size) {
+  const Operands ops = operands(__func__, out, wte);
+  const int N = rows(out), C = cols(out);
+  const int Vl = check_embedding(__func__, out, wte, vocab_begin, vocab_size);
+  ON_CUDA(ops, embedding_forward(ops.dtype, out.data, tokens, wte.data, N, C, vocab_begin, Vl, vocab_size));
+  cpu::embedding_forward(out.f32(), tokens, wte.f32(), N, C, vocab_begin, Vl, vocab_size);
+}
+
+void embedding_backward(Tensor dwte, Tensor dout, const int* tokens, int vocab_begin, int vocab_size) {
+  const Operands ops = operands(__func__, dwte, dout);
+  const int N = rows(dout), C = cols(dout);
+  const int Vl = check_embedding(__func__, dout, dwte, vocab_begin, vocab_size);
+  ON_CUDA(ops, embedding_backward(ops.dtype, dwte.data, dout.data, tokens, N, C, vocab_begin, Vl, vocab_size));
+  cpu::embedding_backward(dwte.f32(), dout.f32(), tokens, N, C, vocab_begin, Vl, vocab_size);
+}
+
+void position_forward(Tensor out, Tensor wpe, int64_t first_row, int T) {
+  const Operands ops = operands(__func__, out, wpe);
+  const int N = rows(out), C = cols(out);
+  check_position(__func__, out, wpe, first_row, T);
+  ON_CUDA(ops, position_forward(ops.dtype, out.data, wpe.data, N, C, first_row, T));
+  cpu::position_forward(out.f32(), wpe.f32(), N, C, first_row, T);
+}
+
+void position_backward(Tensor dwpe, Tensor dout, int64_t first_row, int T) {
+  const Operands ops = operands(__func__, dwpe, dout);
+  const int N = rows(dout), C = cols(dout);
+  check_position(__func__, dout, dwpe, first_row, T);
+  ON_CUDA(ops, position_backward(ops.dtype, dwpe.data, dout.data, N, C, first_row, T));
+  cpu::position_backward(dwpe.f32(), dout.f32(), N, C, first_row, T);
 }
 
 void layernorm_forward(Tensor out, Tensor mean, Tensor rstd, Tensor inp, Tensor weight, Tensor bias) {
@@ -159,18 +222,52 @@ void matmul_forward(Tensor out, Tensor inp, Tensor weight, Tensor bias) {
   cpu::matmul_forward(out.f32(), inp.f32(), weight.f32(), optional_f32(bias), N, C, OC);
 }
 
+// The two halves below, input first: bit for bit what they compute when called apart.
 void matmul_backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, Tensor inp, Tensor weight) {
-  const Operands ops = operands(__func__, dinp, dweight, dbias, dout, inp, weight);
+  operands(__func__, dinp, dweight, dbias, dout, inp, weight);
   const int N = rows(inp), C = cols(inp), OC = rows(weight);
   ENSURE(cols(weight) == C, "matmul_backward: inner dimensions differ (inp is (N,C), weight must be (OC,C))");
   ENSURE(rows(dout) == N && cols(dout) == OC, "matmul_backward: dout must be (N,OC)");
   ENSURE(dinp.numel() == inp.numel(), "matmul_backward: dinp and inp differ in size");
   ENSURE(dweight.numel() == weight.numel(), "matmul_backward: dweight and weight differ in size");
   ENSURE(dbias.empty() || dbias.numel() == OC, "matmul_backward: dbias must be (OC)");
-  ON_CUDA(ops, matmul_backward(ops.dtype, dinp.data, dweight.data, dbias.data, dout.data, inp.data, weight.data, N,
-                               C, OC));
-  cpu::matmul_backward(dinp.f32(), dweight.f32(), optional_f32(dbias), dout.f32(), inp.f32(), weight.f32(), N, C,
-                       OC);
+  matmul_backward_input(dinp, dout, weight);
+  matmul_backward_weight(dweight, dbias, dout, inp);
+}
+
+void matmul_backward_input(Tensor dinp, Tensor dout, Tensor weight) {
+  const Operands ops = operands(__func__, dinp, dout, weight);
+  const int N = rows(dout), OC = cols(dout), C = cols(weight);
+  ENSURE(rows(weight) == OC, "matmul_backward_input: dout is (N,OC), weight must be (OC,C)");
+  ENSURE(dinp.numel() == int64_t(N) * C, "matmul_backward_input: dinp must be (N,C)");
+  ON_CUDA(ops, matmul_backward_input(ops.dtype, dinp.data, dout.data, weight.data, N, C, OC));
+  cpu::matmul_backward_input(dinp.f32(), dout.f32(), weight.f32(), N, C, OC);
+}
+
+void matmul_backward_weight(Tensor dweight, Tensor dbias, Tensor dout, Tensor inp) {
+  const Operands ops = operands(__func__, dweight, dbias, dout, inp);
+  const int N = rows(inp), C = cols(inp), OC = cols(dout);
+  ENSURE(rows(dout) == N, "matmul_backward_weight: dout and inp differ in rows (N)");
+  ENSURE(dweight.numel() == int64_t(OC) * C, "matmul_backward_weight: dweight must be (OC,C)");
+  ENSURE(dbias.empty() || dbias.numel() == OC, "matmul_backward_weight: dbias must be (OC)");
+  ON_CUDA(ops, matmul_backward_weight(ops.dtype, dweight.data, dbias.data, dout.data, inp.data, N, C, OC));
+  cpu::matmul_backward_weight(dweight.f32(), optional_f32(dbias), dout.f32(), inp.f32(), N, C, OC);
+}
+
+void add_bias(Tensor out, Tensor bias) {
+  const Operands ops = operands(__func__, out, bias);
+  const int N = rows(out), C = cols(out);
+  ENSURE(bias.numel() == C, "add_bias: bias must be (C), out (N,C)");
+  ON_CUDA(ops, add_bias(ops.dtype, out.data, bias.data, N, C));
+  cpu::add_bias(out.f32(), bias.f32(), N, C);
+}
+
+void bias_backward(Tensor dbias, Tensor dout) {
+  const Operands ops = operands(__func__, dbias, dout);
+  const int N = rows(dout), C = cols(dout);
+  ENSURE(dbias.numel() == C, "bias_backward: dbias must be (C), dout (N,C)");
+  ON_CUDA(ops, bias_backward(ops.dtype, dbias.data, dout.data, N, C));
+  cpu::bias_backward(dbias.f32(), dout.f32(), N, C);
 }
 
 void attention_forward(Tensor out, Tensor preatt, Tensor att, Tensor qkv, int NH) {
@@ -294,12 +391,49 @@ void softmax_crossentropy_forward(Tensor losses, Tensor probs, Tensor logits, co
   cpu::softmax_crossentropy_forward(losses.f32(), probs.f32(), logits.f32(), targets, N, V);
 }
 
-void softmax_crossentropy_backward(Tensor dlogits, Tensor probs, const int* targets, float dloss) {
+void softmax_crossentropy_backward(Tensor dlogits, Tensor probs, const int* targets, float dloss, int vocab_begin) {
   const Operands ops = operands(__func__, dlogits, probs);
   const int N = rows(probs), V = cols(probs);
   ENSURE(dlogits.numel() == probs.numel(), "softmax_crossentropy_backward: dlogits and probs differ in size");
-  ON_CUDA(ops, softmax_crossentropy_backward(ops.dtype, dlogits.data, probs.data, targets, dloss, N, V));
-  cpu::softmax_crossentropy_backward(dlogits.f32(), probs.f32(), targets, dloss, N, V);
+  ENSURE(vocab_begin >= 0, "softmax_crossentropy_backward: vocab_begin must be >= 0");
+  ON_CUDA(ops, softmax_crossentropy_backward(ops.dtype, dlogits.data, probs.data, targets, dloss, N, V, vocab_begin));
+  cpu::softmax_crossentropy_backward(dlogits.f32(), probs.f32(), targets, dloss, N, V, vocab_begin);
+}
+
+void crossentropy_shard_max(Tensor row_max, Tensor target_logit, Tensor logits, const int* targets,
+                            int vocab_begin) {
+  const Operands ops = operands(__func__, logits);
+  fp32_operands(__func__, ops.device, row_max, target_logit);
+  const int N = rows(logits), Vl = cols(logits);
+  ENSURE(row_max.numel() == N && target_logit.numel() == N,
+         "crossentropy_shard_max: row_max and target_logit must hold one value per row of logits");
+  ENSURE(vocab_begin >= 0, "crossentropy_shard_max: vocab_begin must be >= 0");
+  ON_CUDA(ops, crossentropy_shard_max(ops.dtype, row_max.f32(), target_logit.f32(), logits.data, targets, N, Vl,
+                                      vocab_begin));
+  cpu::crossentropy_shard_max(row_max.f32(), target_logit.f32(), logits.f32(), targets, N, Vl, vocab_begin);
+}
+
+void crossentropy_shard_exp(Tensor probs, Tensor row_sum, Tensor logits, Tensor row_max) {
+  const Operands ops = operands(__func__, probs, logits);
+  fp32_operands(__func__, ops.device, row_sum, row_max);
+  const int N = rows(logits), Vl = cols(logits);
+  ENSURE(probs.numel() == logits.numel(), "crossentropy_shard_exp: probs and logits differ in size");
+  ENSURE(row_sum.numel() == N && row_max.numel() == N,
+         "crossentropy_shard_exp: row_sum and row_max must hold one value per row of logits");
+  ON_CUDA(ops, crossentropy_shard_exp(ops.dtype, probs.data, row_sum.f32(), logits.data, row_max.f32(), N, Vl));
+  cpu::crossentropy_shard_exp(probs.f32(), row_sum.f32(), logits.f32(), row_max.f32(), N, Vl);
+}
+
+void crossentropy_shard_finish(Tensor losses, Tensor probs, Tensor row_max, Tensor row_sum, Tensor target_logit) {
+  const Operands ops = operands(__func__, probs);
+  fp32_operands(__func__, ops.device, losses, row_max, row_sum, target_logit);
+  const int N = rows(probs), Vl = cols(probs);
+  ENSURE(losses.numel() == N && row_max.numel() == N && row_sum.numel() == N && target_logit.numel() == N,
+         "crossentropy_shard_finish: losses, row_max, row_sum and target_logit must hold one value per row of probs");
+  ON_CUDA(ops, crossentropy_shard_finish(ops.dtype, losses.f32(), probs.data, row_max.f32(), row_sum.f32(),
+                                         target_logit.f32(), N, Vl));
+  cpu::crossentropy_shard_finish(losses.f32(), probs.f32(), row_max.f32(), row_sum.f32(), target_logit.f32(), N,
+                                 Vl);
 }
 
 void fill_zero(Tensor t) {

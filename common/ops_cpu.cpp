@@ -7,6 +7,7 @@
 #include "ops_cpu.h"
 
 #include <cmath>
+#include <limits>
 #include <string>
 
 #include "check.h"       // ENSURE
@@ -25,40 +26,72 @@ void check_token(int token, int V, const char* what) {
          std::string(what) + " id " + std::to_string(token) + " is outside the vocabulary [0, " +
              std::to_string(V) + ")");
 }
+
+// The V to check targets against where an op sees only a slice of the vocabulary and is not told its
+// size (the sliced cross-entropy): a target beyond the slice is legitimate, so only a negative one
+// can be caught. (The unsplit forward, softmax_crossentropy_forward, checks against the vocabulary.)
+constexpr int kVocabularyUnknown = std::numeric_limits<int>::max();
+
+// The row of a slice [vocab_begin, vocab_begin + Vl) that holds `id`, or -1 when the id lies outside.
+int row_in_slice(int id, int vocab_begin, int Vl) {
+  const int row = id - vocab_begin;  // no overflow: both are in [0, INT_MAX]
+  return 0 <= row && row < Vl ? row : -1;
+}
 }  // namespace
 
 // ----------------------------------------------------------------------------------------------------------
-// encoder: token embedding + position embedding
+// token and position embeddings (encoder_forward/backward in ops.cpp are these with the whole table)
 
-void encoder_forward(float* out, const int* tokens, const float* wte, const float* wpe, int B, int T, int C,
-                     int V) {
-  for (int b = 0; b < B; b++) {
-    for (int t = 0; t < T; t++) {
-      int token = tokens[b * T + t];
-      check_token(token, V, "token");
-      float* out_bt = out + (size_t(b) * T + t) * C;
-      const float* wte_row = wte + size_t(token) * C;
-      const float* wpe_row = wpe + size_t(t) * C;
-      for (int c = 0; c < C; c++) out_bt[c] = wte_row[c] + wpe_row[c];
+void embedding_forward(float* out, const int* tokens, const float* wte, int N, int C, int vocab_begin, int Vl,
+                       int vocab_size) {
+  for (int n = 0; n < N; n++) {
+    check_token(tokens[n], vocab_size, "token");
+    const int row = row_in_slice(tokens[n], vocab_begin, Vl);
+    float* out_row = out + size_t(n) * C;
+    if (row < 0) {
+      // Another rank's token: a zero row, so that the sum over the ranks is the lookup.
+      for (int c = 0; c < C; c++) out_row[c] = 0.0f;
+      continue;
     }
+    const float* wte_row = wte + size_t(row) * C;
+    for (int c = 0; c < C; c++) out_row[c] = wte_row[c];
   }
 }
 
-void encoder_backward(float* dwte, float* dwpe, const float* dout, const int* tokens, int B, int T, int C,
-                      int V) {
-  for (int b = 0; b < B; b++) {
-    for (int t = 0; t < T; t++) {
-      int token = tokens[b * T + t];
-      check_token(token, V, "token");
-      const float* dout_bt = dout + (size_t(b) * T + t) * C;
-      // A token that occurs several times in the batch receives the sum of its positions' gradients.
-      float* dwte_row = dwte + size_t(token) * C;
-      float* dwpe_row = dwpe + size_t(t) * C;
-      for (int c = 0; c < C; c++) {
-        dwte_row[c] += dout_bt[c];
-        dwpe_row[c] += dout_bt[c];
-      }
-    }
+void embedding_backward(float* dwte, const float* dout, const int* tokens, int N, int C, int vocab_begin, int Vl,
+                        int vocab_size) {
+  // In increasing position order: a token that occurs several times in the batch receives the sum of
+  // its positions' gradients, added in the same order on every slicing of the vocabulary (and by the
+  // CUDA version), so the slices' rows equal the unsplit table's bit for bit.
+  for (int n = 0; n < N; n++) {
+    check_token(tokens[n], vocab_size, "token");
+    const int row = row_in_slice(tokens[n], vocab_begin, Vl);
+    if (row < 0) continue;
+    const float* dout_row = dout + size_t(n) * C;
+    float* dwte_row = dwte + size_t(row) * C;
+    for (int c = 0; c < C; c++) dwte_row[c] += dout_row[c];
+  }
+}
+
+void position_forward(float* out, const float* wpe, int N, int C, int64_t first_row, int T) {
+  int t = int(first_row % T);  // the position of row 0; then one more per row, wrapping at T
+  for (int n = 0; n < N; n++) {
+    float* out_row = out + size_t(n) * C;
+    const float* wpe_row = wpe + size_t(t) * C;
+    for (int c = 0; c < C; c++) out_row[c] += wpe_row[c];
+    if (++t == T) t = 0;
+  }
+}
+
+void position_backward(float* dwpe, const float* dout, int N, int C, int64_t first_row, int T) {
+  // In row order: a position that several rows share (every sequence of the batch) sums them in
+  // increasing row order, as the CUDA version does.
+  int t = int(first_row % T);
+  for (int n = 0; n < N; n++) {
+    const float* dout_row = dout + size_t(n) * C;
+    float* dwpe_row = dwpe + size_t(t) * C;
+    for (int c = 0; c < C; c++) dwpe_row[c] += dout_row[c];
+    if (++t == T) t = 0;
   }
 }
 
@@ -143,19 +176,31 @@ void matmul_forward(float* out, const float* inp, const float* weight, const flo
   sgemm_cpu(false, true, N, OC, C, 1.0f, inp, C, weight, C, beta, out, OC);
 }
 
-void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                     const float* weight, int N, int C, int OC) {
-  // beta = 1 in both products: backward accumulates.
-  // dinp(N,C) += dout(N,OC) @ weight(OC,C)
+// matmul_backward (ops.cpp) is these two, in this order: the same products as one call would make.
+void matmul_backward_input(float* dinp, const float* dout, const float* weight, int N, int C, int OC) {
+  // dinp(N,C) += dout(N,OC) @ weight(OC,C); beta = 1: backward accumulates
   sgemm_cpu(false, false, N, C, OC, 1.0f, dout, OC, weight, C, 1.0f, dinp, C);
-  // dweight(OC,C) += dout(N,OC)^T @ inp(N,C)
+}
+
+void matmul_backward_weight(float* dweight, float* dbias, const float* dout, const float* inp, int N, int C,
+                            int OC) {
+  // dweight(OC,C) += dout(N,OC)^T @ inp(N,C); beta = 1: backward accumulates
   sgemm_cpu(true, false, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f, dweight, C);
-  if (dbias) {
-    // Row by row, so the inner loop runs along contiguous memory and vectorizes.
-    for (int i = 0; i < N; i++) {
-      const float* dout_row = dout + size_t(i) * OC;
-      for (int o = 0; o < OC; o++) dbias[o] += dout_row[o];
-    }
+  if (dbias) bias_backward(dbias, dout, N, OC);
+}
+
+void add_bias(float* out, const float* bias, int N, int C) {
+  for (int i = 0; i < N; i++) {
+    float* out_row = out + size_t(i) * C;
+    for (int c = 0; c < C; c++) out_row[c] += bias[c];
+  }
+}
+
+void bias_backward(float* dbias, const float* dout, int N, int C) {
+  // Row by row, so the inner loop runs along contiguous memory and vectorizes.
+  for (int i = 0; i < N; i++) {
+    const float* dout_row = dout + size_t(i) * C;
+    for (int c = 0; c < C; c++) dbias[c] += dout_row[c];
   }
 }
 
@@ -345,14 +390,67 @@ void softmax_crossentropy_forward(float* losses, float* probs, const float* logi
 }
 
 void softmax_crossentropy_backward(float* dlogits, const float* probs, const int* targets, float dloss, int N,
-                                   int V) {
+                                   int V, int vocab_begin) {
   for (int i = 0; i < N; i++) {
     const float* probs_row = probs + size_t(i) * V;
     float* dlogits_row = dlogits + size_t(i) * V;
-    const int target = targets[i];
-    check_token(target, V, "target");
+    // With a slice of the vocabulary, a target beyond it is another rank's: only negative ids are
+    // errors here (the forward checked the targets against the vocabulary).
+    check_token(targets[i], kVocabularyUnknown, "target");
     for (int v = 0; v < V; v++) dlogits_row[v] = probs_row[v] * dloss;  // overwritten (ops.h)
-    dlogits_row[target] -= dloss;
+    const int column = row_in_slice(targets[i], vocab_begin, V);
+    if (column >= 0) dlogits_row[column] -= dloss;
+  }
+}
+
+// The vocabulary-parallel cross-entropy: softmax_crossentropy_forward's arithmetic cut where the
+// ranks must combine their rows (max, then sum). Every value that crosses a stage is fp32, as the
+// all-reduces carry it, so the losses differ from the unsplit op's by a few fp32 roundings of the
+// sum (relative 1e-7), not more.
+
+void crossentropy_shard_max(float* row_max, float* target_logit, const float* logits, const int* targets, int N,
+                            int Vl, int vocab_begin) {
+  for (int i = 0; i < N; i++) {
+    const float* logits_row = logits + size_t(i) * Vl;
+    check_token(targets[i], kVocabularyUnknown, "target");
+    float maxval = -INFINITY;
+    for (int v = 0; v < Vl; v++) {
+      if (logits_row[v] > maxval) maxval = logits_row[v];
+    }
+    row_max[i] = maxval;
+    // Exactly one slice holds the target: the others contribute 0 to the all-reduced sum, which is
+    // then the target's logit exactly.
+    const int column = row_in_slice(targets[i], vocab_begin, Vl);
+    target_logit[i] = column >= 0 ? logits_row[column] : 0.0f;
+  }
+}
+
+void crossentropy_shard_exp(float* probs, float* row_sum, const float* logits, const float* row_max, int N,
+                            int Vl) {
+  for (int i = 0; i < N; i++) {
+    const float* logits_row = logits + size_t(i) * Vl;
+    float* probs_row = probs + size_t(i) * Vl;
+    const float maxval = row_max[i];
+    double expsum = 0.0;
+    for (int v = 0; v < Vl; v++) {
+      float e = std::exp(logits_row[v] - maxval);
+      probs_row[v] = e;
+      expsum += e;
+    }
+    row_sum[i] = float(expsum);
+  }
+}
+
+void crossentropy_shard_finish(float* losses, float* probs, const float* row_max, const float* row_sum,
+                               const float* target_logit, int N, int Vl) {
+  for (int i = 0; i < N; i++) {
+    float* probs_row = probs + size_t(i) * Vl;
+    const double expsum = row_sum[i];
+    const float inv_expsum = float(1.0 / expsum);
+    for (int v = 0; v < Vl; v++) probs_row[v] *= inv_expsum;
+    // As in softmax_crossentropy_forward: log(expsum) - (logit - max), finite even when the target's
+    // probability underflows.
+    losses[i] = float(std::log(expsum) - (double(target_logit[i]) - row_max[i]));
   }
 }
 

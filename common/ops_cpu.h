@@ -5,14 +5,20 @@
 // Element counts are size_t (activations such as (B,T,V) logits outgrow int); dimensions are int.
 #pragma once
 #include <cstddef>
+#include <cstdint>
 
 namespace cpu {
 
-// out(B,T,C) = wte(V,C)[tokens[b,t]] + wpe(maxT,C)[t]
-void encoder_forward(float* out, const int* tokens, const float* wte, const float* wpe, int B, int T, int C,
-                     int V);
-void encoder_backward(float* dwte, float* dwpe, const float* dout, const int* tokens, int B, int T, int C,
-                      int V);
+// N rows of C channels. wte(Vl,C) holds rows [vocab_begin, vocab_begin + Vl) of the (vocab_size, C)
+// table: tokens outside them give zero rows forward and no gradient backward. (ops.cpp builds
+// encoder_forward and encoder_backward from these four, with the whole table and first_row = 0.)
+void embedding_forward(float* out, const int* tokens, const float* wte, int N, int C, int vocab_begin, int Vl,
+                       int vocab_size);
+void embedding_backward(float* dwte, const float* dout, const int* tokens, int N, int C, int vocab_begin, int Vl,
+                        int vocab_size);
+// Row n is position (first_row + n) % T of the table wpe(maxT,C), maxT >= T.
+void position_forward(float* out, const float* wpe, int N, int C, int64_t first_row, int T);
+void position_backward(float* dwpe, const float* dout, int N, int C, int64_t first_row, int T);
 
 // N rows of C channels; mean(N) and rstd(N) are saved by the forward for the backward.
 void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
@@ -23,8 +29,13 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
 // out(N,OC) = inp(N,C) @ weight(OC,C)^T + bias(OC); bias and dbias may be nullptr.
 void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int N, int C,
                     int OC);
-void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                     const float* weight, int N, int C, int OC);
+// The backward in its two halves (ops.cpp's matmul_backward calls both, input first).
+void matmul_backward_input(float* dinp, const float* dout, const float* weight, int N, int C, int OC);
+void matmul_backward_weight(float* dweight, float* dbias, const float* dout, const float* inp, int N, int C,
+                            int OC);
+// out(N,C) += bias(C) in every row; dbias(C) += column sums of dout(N,C), row by row.
+void add_bias(float* out, const float* bias, int N, int C);
+void bias_backward(float* dbias, const float* dout, int N, int C);
 
 // qkv(B,T,3C), out(B,T,C), preatt/att and their gradients (B,NH,T,T).
 void attention_forward(float* out, float* preatt, float* att, const float* qkv, int B, int T, int C, int NH);
@@ -40,8 +51,16 @@ void residual_backward(float* da, float* db, const float* dout, size_t n);
 // N rows of V logits, one target per row.
 void softmax_crossentropy_forward(float* losses, float* probs, const float* logits, const int* targets, int N,
                                   int V);
+// V is the columns of probs: the whole vocabulary, or the slice starting at vocab_begin.
 void softmax_crossentropy_backward(float* dlogits, const float* probs, const int* targets, float dloss, int N,
-                                   int V);
+                                   int V, int vocab_begin);
+// The vocabulary-parallel cross-entropy's three stages on N rows of a slice of Vl logits starting at
+// vocab_begin; row_max, target_logit, row_sum and losses hold one value per row.
+void crossentropy_shard_max(float* row_max, float* target_logit, const float* logits, const int* targets, int N,
+                            int Vl, int vocab_begin);
+void crossentropy_shard_exp(float* probs, float* row_sum, const float* logits, const float* row_max, int N, int Vl);
+void crossentropy_shard_finish(float* losses, float* probs, const float* row_max, const float* row_sum,
+                               const float* target_logit, int N, int Vl);
 
 void fill_zero(float* x, size_t n);
 void copy_tensor(float* dst, const float* src, size_t n);

@@ -12,19 +12,23 @@
 // In fp32 the two helpers do nothing, so the fp32 kernels compute exactly what they did before bf16.
 //
 // How the work is spread over the GPU, op by op:
-//   elementwise ops (encoder forward, GELU, residual, AdamW, ...): one thread per element, in a
-//       grid-stride loop (a thread handles i, i + gridSize, ...), so any n fits any grid.
+//   elementwise ops (embedding and position lookups, bias, GELU, residual, AdamW, ...): one thread
+//       per element, in a grid-stride loop (a thread handles i, i + gridSize, ...), so any n fits any
+//       grid.
 //   row ops (layernorm, the causal softmax): one warp (32 threads) per row; the warp reduces with
 //       __shfl_xor_sync, no shared memory. The cross-entropy softmax runs over rows of V = 50257
-//       logits, too long for a warp: one block per row, reduced through shared memory.
+//       logits, too long for a warp: one block per row, reduced through shared memory; so do the
+//       three stages of the vocabulary-parallel cross-entropy.
 //   matrix products (matmul, attention's Q K^T and att V): cuBLAS on fp32 or bf16 operands, always
 //       accumulating in fp32 (CUBLAS_COMPUTE_32F): cublasGemmEx and its strided-batched form, and for
 //       matmul_forward cuBLASLt, which adds the bias in the GEMM's epilogue. The row-major to
 //       column-major translation is explained above matmul_forward.
 //   column sums (bias and layernorm parameter gradients): in two stages, partial sums over chunks
-//       of rows into a scratch buffer, then one thread per column adds the chunks in order.
+//       of rows into a scratch buffer, then one warp per column adds the chunks in order.
 //   the token-embedding gradient: each position is linked to the next position of the same token,
-//       then one thread per (token, channel) walks its token's positions in order (encoder_backward).
+//       then one thread per (token, channel) walks its token's positions in order
+//       (embedding_backward); the position-embedding gradient: one thread per (position, channel)
+//       adds its rows in order (position_backward).
 //
 // Determinism: every kernel here sums in a fixed order (no atomicAdd), so the same inputs give
 // bit-identical outputs run after run, as on the CPU. cuBLAS is deterministic too, for one toolkit
@@ -42,6 +46,7 @@
 #include <cassert>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <map>
 #include <string>
 #include <tuple>
@@ -161,13 +166,17 @@ void* lt_workspace() {
 // Scratch buffers (memory.h) of the ops below.
 Scratch g_ids(Device::CUDA);       // token ids or targets copied from the host
 Scratch g_partials(Device::CUDA);  // partial sums of the two-stage reductions (fp32 whatever the dtype)
-Scratch g_links(Device::CUDA);     // encoder_backward's links between the positions of one token
+Scratch g_links(Device::CUDA);     // embedding_backward's links between the positions of one token
 
 // Same message as the CPU ops (ops_cpu.cpp): an id outside the table would read other memory.
 void check_id(int id, int V, const char* what) {
   ENSURE(0 <= id && id < V, std::string(what) + " id " + std::to_string(id) + " is outside the vocabulary [0, " +
                                 std::to_string(V) + ")");
 }
+
+// The V to check targets against where an op sees only a slice of the vocabulary and is not told its
+// size (the sliced cross-entropy): only a negative target can be caught there (ops_cpu.cpp alike).
+constexpr int kVocabularyUnknown = std::numeric_limits<int>::max();
 
 // The n ids at `ids` as device memory: `ids` itself if it is device (or managed) memory, else a
 // checked copy in g_ids. The copy is queued on the stream, so it lands after the kernels queued
@@ -226,27 +235,43 @@ __device__ float block_reduce(float value, Op op, float identity) {
 // ------------------------------------------------------------------------------------------------
 // Kernels, in the order of ops.h
 
-// One thread per output element (b, t, c).
+// One thread per output element (n, c): the token's row of the slice wte, or 0 for a token of
+// another slice. A plain copy of the element, so bf16 stays bit-exact.
 template <typename Elem>
-__global__ void encoder_forward_kernel(Elem* out, const int* tokens, const Elem* wte, const Elem* wpe, int B, int T,
-                                       int C, int V) {
-  const size_t n = size_t(B) * T * C;
+__global__ void embedding_forward_kernel(Elem* out, const int* tokens, const Elem* wte, int N, int C, int vocab_begin,
+                                         int Vl, int vocab_size) {
+  const size_t n = size_t(N) * C;
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
-    const size_t bt = i / C;  // the position b * T + t
-    const int c = int(i % C), t = int(bt % T);
-    const int token = tokens[bt];
-    assert(0 <= token && token < V);
-    out[i] = from_float<Elem>(to_float(wte[size_t(token) * C + c]) + to_float(wpe[size_t(t) * C + c]));
+    const size_t row = i / C;
+    const int c = int(i % C);
+    const int token = tokens[row];
+    assert(0 <= token && token < vocab_size);
+    const int slice_row = token - vocab_begin;
+    out[i] = 0 <= slice_row && slice_row < Vl ? wte[size_t(slice_row) * C + c] : from_float<Elem>(0.0f);
   }
 }
 
-// The token-embedding gradient dwte[token] += dout[i] over every position i holding that token,
-// deterministically and in the CPU's order (increasing i), so that fp32 is bit-identical to
-// ops_cpu.cpp. Two steps, both parallel:
+// One thread per element (n, c): out += wpe[(first_position + n) % T], first_position = first_row % T.
+// After embedding_forward this is what the fused encoder computed: in bf16 the copied token row is
+// exact, so the one rounding is that of the sum, as before.
+template <typename Elem>
+__global__ void position_forward_kernel(Elem* out, const Elem* wpe, int N, int C, int first_position, int T) {
+  const size_t n = size_t(N) * C;
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    const size_t row = i / C;
+    const int c = int(i % C), t = int((first_position + row) % T);
+    out[i] = from_float<Elem>(to_float(out[i]) + to_float(wpe[size_t(t) * C + c]));
+  }
+}
+
+// The token-embedding gradient dwte[token - vocab_begin] += dout[i] over every position i holding a
+// token of the slice, deterministically and in the CPU's order (increasing i), so that fp32 is
+// bit-identical to ops_cpu.cpp, whatever the slicing of the vocabulary. Two steps, both parallel:
 //   1. links: for each position i, next[i] = the next position holding the same token (or -1), and
-//      first[i] = whether i is the token's first position in the batch;
-//   2. sums: one thread per (first position i, channel c) starts from dwte[token, c], walks the chain
-//      i, next[i], next[next[i]], ... adding dout[j, c] in fp32, and stores once.
+//      first[i] = whether i is the token's first position in the batch; a token outside the slice
+//      is in no chain (first[i] = false);
+//   2. sums: one thread per (first position i, channel c) starts from dwte[token - vocab_begin, c],
+//      walks the chain i, next[i], next[next[i]], ... adding dout[j, c] in fp32, and stores once.
 // No two threads write the same address (a token has one first position), so no atomics are needed.
 // (The simplest fast version, an atomicAdd per element, rounds differently from run to run; the
 // version before this one, one thread per channel walking all B*T positions, had only C threads.)
@@ -254,21 +279,29 @@ __global__ void encoder_forward_kernel(Elem* out, const int* tokens, const Elem*
 // Step 1, one warp per position i: the warp compares 32 positions at a time with tokens[i] and gets
 // the 32 answers as one bit mask (__ballot_sync); its lowest set bit is the nearest match. B*T is at
 // most a few ten thousand, so scanning the ids (a few ten kB, from cache) is cheap.
-__global__ void encoder_backward_links_kernel(int* next, int* first, const int* tokens, int BT, int V) {
+__global__ void embedding_backward_links_kernel(int* next, int* first, const int* tokens, int N, int vocab_begin,
+                                                int Vl, int vocab_size) {
   const int i = blockIdx.x * kWarpsPerBlock + threadIdx.x / kWarp;
   const int lane = threadIdx.x % kWarp;
-  if (i >= BT) return;  // the whole warp leaves together, so the votes below see all 32 lanes
+  if (i >= N) return;  // the whole warp leaves together, so the votes below see all 32 lanes
   const int token = tokens[i];
-  assert(0 <= token && token < V);
+  assert(0 <= token && token < vocab_size);
+  if (token < vocab_begin || token - vocab_begin >= Vl) {  // another slice's token: in no chain
+    if (lane == 0) {
+      next[i] = -1;
+      first[i] = false;
+    }
+    return;  // the whole warp: i is the same for its 32 lanes
+  }
   bool is_first = true;
   for (int base = 0; base < i && is_first; base += kWarp) {
     const int j = base + lane;
     is_first = !__any_sync(0xffffffffu, j < i && tokens[j] == token);
   }
   int next_position = -1;
-  for (int base = i + 1; base < BT && next_position < 0; base += kWarp) {
+  for (int base = i + 1; base < N && next_position < 0; base += kWarp) {
     const int j = base + lane;
-    const unsigned matches = __ballot_sync(0xffffffffu, j < BT && tokens[j] == token);
+    const unsigned matches = __ballot_sync(0xffffffffu, j < N && tokens[j] == token);
     if (matches) next_position = base + __ffs(int(matches)) - 1;
   }
   if (lane == 0) {
@@ -278,10 +311,10 @@ __global__ void encoder_backward_links_kernel(int* next, int* first, const int* 
 }
 
 // Step 2: block (i, y) covers channels y * blockDim.x + threadIdx.x of position i; the blocks of
-// positions that are not their token's first return at once.
+// positions that are not their token's first (or whose token is another slice's) return at once.
 template <typename Elem>
-__global__ void encoder_backward_wte_kernel(Elem* dwte, const Elem* dout, const int* tokens, const int* next,
-                                            const int* first, int BT, int C, bool stage_links) {
+__global__ void embedding_backward_kernel(Elem* dwte, const Elem* dout, const int* tokens, const int* next,
+                                          const int* first, int N, int C, int vocab_begin, bool stage_links) {
   // The walk along a token's positions is a chain of dependent loads, and the chain of a frequent
   // token is long (the space of byte-level text: about one position in six). So the block copies
   // next[] into shared memory (when it fits), thread 0 walks it there, writing up to kChunk positions
@@ -295,10 +328,10 @@ __global__ void encoder_backward_wte_kernel(Elem* dwte, const Elem* dout, const 
   const int c = blockIdx.y * blockDim.x + threadIdx.x;
   const int* links = next;
   if (stage_links) {
-    for (int k = threadIdx.x; k < BT; k += blockDim.x) staged_next[k] = next[k];
+    for (int k = threadIdx.x; k < N; k += blockDim.x) staged_next[k] = next[k];
     links = staged_next;
   }
-  const size_t w = size_t(tokens[i]) * C + c;
+  const size_t w = size_t(tokens[i] - vocab_begin) * C + c;  // the token's row of the slice
   float sum = c < C ? to_float(dwte[w]) : 0.0f;
   int j = i;
   __syncthreads();
@@ -325,13 +358,18 @@ __global__ void encoder_backward_wte_kernel(Elem* dwte, const Elem* dout, const 
   if (c < C) dwte[w] = from_float<Elem>(sum);
 }
 
-// dwpe: one thread per (t, c) adds the gradient of every sequence b, in the CPU's order.
+// dwpe: one thread per (t, c) of the table adds the rows at position t in increasing row order, the
+// CPU's: n = (t - first_position) mod T, then every T rows after (for the whole batch, first_row = 0:
+// the sequences b = 0, 1, ...). A position no row holds (fewer than T rows) is left as it is.
 template <typename Elem>
-__global__ void encoder_backward_wpe_kernel(Elem* dwpe, const Elem* dout, int B, int T, int C) {
+__global__ void position_backward_kernel(Elem* dwpe, const Elem* dout, int N, int C, int first_position, int T) {
   const size_t n = size_t(T) * C;
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
-    float sum = to_float(dwpe[i]);  // i = t * C + c
-    for (int b = 0; b < B; b++) sum += to_float(dout[size_t(b) * T * C + i]);
+    const int t = int(i / C), c = int(i % C);
+    const int first_at_t = (t - first_position + T) % T;
+    if (first_at_t >= N) continue;
+    float sum = to_float(dwpe[i]);
+    for (size_t row = first_at_t; row < size_t(N); row += T) sum += to_float(dout[row * C + c]);
     dwpe[i] = from_float<Elem>(sum);
   }
 }
@@ -469,6 +507,15 @@ __global__ void add_column_partials_kernel(Elem* out, const float* partials, int
   for (int k = lane; k < chunks; k += kWarp) sum += partials[size_t(k) * C + c];
   sum = warp_reduce(sum, Sum());
   if (lane == 0) out[c] = from_float<Elem>(to_float(out[c]) + sum);
+}
+
+// One thread per element: out(N,C) += bias(C), for the bias a row-parallel layer adds once, after its
+// partial outputs are summed (matmul_forward adds its own bias in the GEMM's epilogue).
+template <typename Elem>
+__global__ void add_bias_kernel(Elem* out, const Elem* bias, int N, int C) {
+  const size_t n = size_t(N) * C;
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
+    out[i] = from_float<Elem>(to_float(out[i]) + to_float(bias[i % C]));
 }
 
 // out(N,OC) = the bias in every row; the GEMM then adds inp @ weight^T on top (beta = 1). Only for
@@ -659,21 +706,79 @@ __global__ void softmax_crossentropy_forward_kernel(float* losses, Elem* probs, 
 }
 
 // One thread per logit: dlogits = probs * dloss, minus dloss at the target (the CPU's two steps),
-// overwriting dlogits (ops.h): the old values are never read.
+// overwriting dlogits (ops.h): the old values are never read. With a slice of the vocabulary the
+// target's column is target - vocab_begin, which no v matches where another slice holds the target.
 template <typename Elem>
 __global__ void softmax_crossentropy_backward_kernel(Elem* dlogits, const Elem* probs, const int* targets,
-                                                     float dloss, int V) {
+                                                     float dloss, int V, int vocab_begin) {
   // One block per row: the row and its target come from the block index, with no division per
   // element (a 64-bit i / V costs more than the rest of this kernel's arithmetic).
   const size_t row = blockIdx.x;
-  const int target = targets[row];
+  const int target_column = targets[row] - vocab_begin;  // targets >= 0 and vocab_begin >= 0: no overflow
   const Elem* p = probs + row * V;
   Elem* d = dlogits + row * V;
   for (int v = threadIdx.x; v < V; v += blockDim.x) {
     float value = to_float(p[v]) * dloss;
-    if (v == target) value -= dloss;
+    if (v == target_column) value -= dloss;
     d[v] = from_float<Elem>(value);
   }
+}
+
+// The vocabulary-parallel cross-entropy (ops.h), softmax_crossentropy_forward_kernel cut where the
+// ranks combine their rows: one block per row of the slice, reduced with block_reduce. Without the
+// all-reduced maximum the exponentials cannot start, so the maximum has its own pass (no online
+// softmax). In bf16 the unnormalised exponentials are stored in bf16 between stages 2 and 3, so the
+// probabilities are rounded twice, not once (each rounding moves a value by at most 2^-8 of it).
+
+// Stage 1, kSoftmaxBlock threads per row: the row's largest logit; the target's logit where the slice
+// holds the target, else 0, so that the sum over the slices is the target's logit.
+template <typename Elem>
+__global__ void crossentropy_shard_max_kernel(float* row_max, float* target_logit, const Elem* logits,
+                                              const int* targets, int Vl, int vocab_begin) {
+  const int row = blockIdx.x;
+  const Elem* x = logits + size_t(row) * Vl;
+  float thread_max = -INFINITY;
+  for (int v = threadIdx.x; v < Vl; v += blockDim.x) thread_max = fmaxf(thread_max, to_float(x[v]));
+  const float maxval = block_reduce(thread_max, Max(), -INFINITY);
+  if (threadIdx.x == 0) {
+    const int target = targets[row];
+    assert(target >= 0);
+    const int column = target - vocab_begin;
+    row_max[row] = maxval;
+    target_logit[row] = 0 <= column && column < Vl ? to_float(x[column]) : 0.0f;
+  }
+}
+
+// Stage 2, kSoftmaxBlock threads per row: probs = exp(logits - row_max), unnormalised, and their sum
+// over the slice, of the fp32 exponentials (not of their bf16 roundings), as the unsplit kernel sums.
+template <typename Elem>
+__global__ void crossentropy_shard_exp_kernel(Elem* probs, float* row_sum, const Elem* logits, const float* row_max,
+                                              int Vl) {
+  const int row = blockIdx.x;
+  const Elem* x = logits + size_t(row) * Vl;
+  Elem* p = probs + size_t(row) * Vl;
+  const float maxval = row_max[row];
+  float thread_sum = 0.0f;
+  for (int v = threadIdx.x; v < Vl; v += blockDim.x) {
+    const float e = expf(to_float(x[v]) - maxval);
+    p[v] = from_float<Elem>(e);
+    thread_sum += e;
+  }
+  const float expsum = block_reduce(thread_sum, Sum(), 0.0f);
+  if (threadIdx.x == 0) row_sum[row] = expsum;
+}
+
+// Stage 3, one block per row (no reduction: kBlock threads): probs /= row_sum, and the loss as the
+// unsplit kernel computes it, log(expsum) - (target logit - max).
+template <typename Elem>
+__global__ void crossentropy_shard_finish_kernel(float* losses, Elem* probs, const float* row_max,
+                                                 const float* row_sum, const float* target_logit, int Vl) {
+  const int row = blockIdx.x;
+  Elem* p = probs + size_t(row) * Vl;
+  const float expsum = row_sum[row];
+  const float inv_expsum = 1.0f / expsum;
+  for (int v = threadIdx.x; v < Vl; v += blockDim.x) p[v] = from_float<Elem>(to_float(p[v]) * inv_expsum);
+  if (threadIdx.x == 0) losses[row] = logf(expsum) - (target_logit[row] - row_max[row]);
 }
 
 template <typename Elem>
@@ -888,48 +993,66 @@ size_t shared_memory_per_block() {
 }
 
 // ------------------------------------------------------------------------------------------------
-// encoder
+// token and position embeddings (ops.cpp's encoder is these with the whole table and first_row 0)
 
-void encoder_forward(DType dt, void* out, const int* tokens, const void* wte, const void* wpe, int B, int T, int C,
-                     int V) {
-  const size_t n = size_t(B) * T * C;
+void embedding_forward(DType dt, void* out, const int* tokens, const void* wte, int N, int C, int vocab_begin, int Vl,
+                       int vocab_size) {
+  const size_t n = size_t(N) * C;
   if (n == 0) return;
-  const int* ids = device_ids(tokens, size_t(B) * T, V, "token");
+  const int* ids = device_ids(tokens, size_t(N), vocab_size, "token");
   with_type(dt, [&](auto tag) {
     using Elem = typename decltype(tag)::type;
-    encoder_forward_kernel<Elem><<<grid_for(n), kBlock, 0, stream()>>>(
-        static_cast<Elem*>(out), ids, static_cast<const Elem*>(wte), static_cast<const Elem*>(wpe), B, T, C, V);
+    embedding_forward_kernel<Elem><<<grid_for(n), kBlock, 0, stream()>>>(
+        static_cast<Elem*>(out), ids, static_cast<const Elem*>(wte), N, C, vocab_begin, Vl, vocab_size);
   });
   check_launch();
 }
 
-void encoder_backward(DType dt, void* dwte, void* dwpe, const void* dout, const int* tokens, int B, int T, int C,
-                      int V) {
-  const int BT = B * T;
-  if (size_t(BT) * C == 0) return;
-  const int* ids = device_ids(tokens, size_t(BT), V, "token");
-  int* next = static_cast<int*>(g_links.get(2 * size_t(BT) * sizeof(int)));
-  int* first = next + BT;
-  encoder_backward_links_kernel<<<grid_for_rows(BT), kBlock, 0, stream()>>>(next, first, ids, BT, V);
+void embedding_backward(DType dt, void* dwte, const void* dout, const int* tokens, int N, int C, int vocab_begin,
+                        int Vl, int vocab_size) {
+  if (size_t(N) * C == 0) return;
+  const int* ids = device_ids(tokens, size_t(N), vocab_size, "token");
+  int* next = static_cast<int*>(g_links.get(2 * size_t(N) * sizeof(int)));
+  int* first = next + N;
+  embedding_backward_links_kernel<<<grid_for_rows(N), kBlock, 0, stream()>>>(next, first, ids, N, vocab_begin, Vl,
+                                                                             vocab_size);
   check_launch();
   with_type(dt, [&](auto tag) {
     using Elem = typename decltype(tag)::type;
-    const dim3 grid(unsigned(BT), unsigned(ceil_div(C, kBlock)));
+    const dim3 grid(unsigned(N), unsigned(ceil_div(C, kBlock)));
     // next[] staged in shared memory where it fits next to the kernel's own (chain, 4 KB) under the
     // GPU's per-block limit (99 KB on sm_86/89, 227 KB on an H100: 24k or 56k positions); beyond,
     // the walk reads it in place.
-    const size_t links_bytes = size_t(BT) * sizeof(int);
+    const size_t links_bytes = size_t(N) * sizeof(int);
     const bool stage_links = links_bytes + 8 * 1024 <= shared_memory_per_block();
     const size_t shared = stage_links ? links_bytes : 0;
-    CUDA_CHECK(cudaFuncSetAttribute(encoder_backward_wte_kernel<Elem>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    CUDA_CHECK(cudaFuncSetAttribute(embedding_backward_kernel<Elem>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     int(shared)));
-    encoder_backward_wte_kernel<Elem><<<grid, kBlock, shared, stream()>>>(
-        static_cast<Elem*>(dwte), static_cast<const Elem*>(dout), ids, next, first, int(BT), C, stage_links);
-    check_launch();
-    encoder_backward_wpe_kernel<Elem><<<grid_for(size_t(T) * C), kBlock, 0, stream()>>>(
-        static_cast<Elem*>(dwpe), static_cast<const Elem*>(dout), B, T, C);
+    embedding_backward_kernel<Elem><<<grid, kBlock, shared, stream()>>>(
+        static_cast<Elem*>(dwte), static_cast<const Elem*>(dout), ids, next, first, N, C, vocab_begin, stage_links);
     check_launch();
   });
+}
+
+void position_forward(DType dt, void* out, const void* wpe, int N, int C, int64_t first_row, int T) {
+  const size_t n = size_t(N) * C;
+  if (n == 0) return;
+  with_type(dt, [&](auto tag) {
+    using Elem = typename decltype(tag)::type;
+    position_forward_kernel<Elem><<<grid_for(n), kBlock, 0, stream()>>>(
+        static_cast<Elem*>(out), static_cast<const Elem*>(wpe), N, C, int(first_row % T), T);
+  });
+  check_launch();
+}
+
+void position_backward(DType dt, void* dwpe, const void* dout, int N, int C, int64_t first_row, int T) {
+  if (size_t(N) * C == 0) return;
+  with_type(dt, [&](auto tag) {
+    using Elem = typename decltype(tag)::type;
+    position_backward_kernel<Elem><<<grid_for(size_t(T) * C), kBlock, 0, stream()>>>(
+        static_cast<Elem*>(dwpe), static_cast<const Elem*>(dout), N, C, int(first_row % T), T);
+  });
+  check_launch();
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -1020,26 +1143,46 @@ void matmul_forward(DType dt, void* out, const void* inp, const void* weight, co
   lt_matmul_tn(dt, OC, N, C, weight, inp, bias_in_epilogue ? bias : nullptr, beta, out);
 }
 
-void matmul_backward(DType dt, void* dinp, void* dweight, void* dbias, const void* dout, const void* inp,
-                     const void* weight, int N, int C, int OC) {
+// matmul_backward (ops.cpp) is these two, in this order: the same GEMMs as one call would make.
+void matmul_backward_input(DType dt, void* dinp, const void* dout, const void* weight, int N, int C, int OC) {
   if (N == 0 || C == 0 || OC == 0) return;
   // alpha = 1, and beta = 1 because backward accumulates
   gemm(dt, CUBLAS_OP_N, CUBLAS_OP_N, C, N, OC, 1.0f, weight, C, dout, OC, 1.0f, dinp, C);
+}
+
+void matmul_backward_weight(DType dt, void* dweight, void* dbias, const void* dout, const void* inp, int N, int C,
+                            int OC) {
+  if (N == 0 || C == 0 || OC == 0) return;
   gemm(dt, CUBLAS_OP_N, CUBLAS_OP_T, C, OC, N, 1.0f, inp, C, dout, OC, 1.0f, dweight, C);
-  if (dbias) {
-    const RowChunks plan = plan_row_chunks(N);
-    float* partials = static_cast<float*>(g_partials.get(size_t(plan.chunks) * OC * sizeof(float)));
-    with_type(dt, [&](auto tag) {
-      using Elem = typename decltype(tag)::type;
-      const dim3 grid(unsigned(ceil_div(OC, kBlock)), unsigned(plan.chunks));
-      column_sum_partials_kernel<Elem><<<grid, kBlock, 0, stream()>>>(partials, static_cast<const Elem*>(dout), N,
-                                                                      OC, plan.rows_per_chunk);
-      check_launch();
-      add_column_partials_kernel<Elem><<<grid_for_rows(OC), kBlock, 0, stream()>>>(
-          static_cast<Elem*>(dbias), partials, plan.chunks, OC);
-      check_launch();
-    });
-  }
+  if (dbias) bias_backward(dt, dbias, dout, N, OC);
+}
+
+void add_bias(DType dt, void* out, const void* bias, int N, int C) {
+  const size_t n = size_t(N) * C;
+  if (n == 0) return;
+  with_type(dt, [&](auto tag) {
+    using Elem = typename decltype(tag)::type;
+    add_bias_kernel<Elem><<<grid_for(n), kBlock, 0, stream()>>>(static_cast<Elem*>(out),
+                                                                static_cast<const Elem*>(bias), N, C);
+  });
+  check_launch();
+}
+
+void bias_backward(DType dt, void* dbias, const void* dout, int N, int C) {
+  if (size_t(N) * C == 0) return;
+  // A sum over the N rows, in two deterministic stages (see the kernels).
+  const RowChunks plan = plan_row_chunks(N);
+  float* partials = static_cast<float*>(g_partials.get(size_t(plan.chunks) * C * sizeof(float)));
+  with_type(dt, [&](auto tag) {
+    using Elem = typename decltype(tag)::type;
+    const dim3 grid(unsigned(ceil_div(C, kBlock)), unsigned(plan.chunks));
+    column_sum_partials_kernel<Elem><<<grid, kBlock, 0, stream()>>>(partials, static_cast<const Elem*>(dout), N, C,
+                                                                    plan.rows_per_chunk);
+    check_launch();
+    add_column_partials_kernel<Elem><<<grid_for_rows(C), kBlock, 0, stream()>>>(static_cast<Elem*>(dbias), partials,
+                                                                                plan.chunks, C);
+    check_launch();
+  });
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -1207,13 +1350,51 @@ void softmax_crossentropy_forward(DType dt, float* losses, void* probs, const vo
 }
 
 void softmax_crossentropy_backward(DType dt, void* dlogits, const void* probs, const int* targets, float dloss,
-                                   int N, int V) {
+                                   int N, int V, int vocab_begin) {
   if (size_t(N) * V == 0) return;
-  const int* ids = device_ids(targets, size_t(N), V, "target");
+  // A slice does not know the vocabulary's size: host targets are checked to be >= 0 only.
+  const int* ids = device_ids(targets, size_t(N), kVocabularyUnknown, "target");
   with_type(dt, [&](auto tag) {
     using Elem = typename decltype(tag)::type;
     softmax_crossentropy_backward_kernel<Elem><<<unsigned(N), kBlock, 0, stream()>>>(
-        static_cast<Elem*>(dlogits), static_cast<const Elem*>(probs), ids, dloss, V);
+        static_cast<Elem*>(dlogits), static_cast<const Elem*>(probs), ids, dloss, V, vocab_begin);
+  });
+  check_launch();
+}
+
+// The vocabulary-parallel cross-entropy: the caller all-reduces row_max, target_logit and row_sum
+// between the stages.
+
+void crossentropy_shard_max(DType dt, float* row_max, float* target_logit, const void* logits, const int* targets,
+                            int N, int Vl, int vocab_begin) {
+  if (N == 0) return;
+  const int* ids = device_ids(targets, size_t(N), kVocabularyUnknown, "target");
+  with_type(dt, [&](auto tag) {
+    using Elem = typename decltype(tag)::type;
+    crossentropy_shard_max_kernel<Elem><<<unsigned(N), kSoftmaxBlock, 0, stream()>>>(
+        row_max, target_logit, static_cast<const Elem*>(logits), ids, Vl, vocab_begin);
+  });
+  check_launch();
+}
+
+void crossentropy_shard_exp(DType dt, void* probs, float* row_sum, const void* logits, const float* row_max, int N,
+                            int Vl) {
+  if (N == 0) return;
+  with_type(dt, [&](auto tag) {
+    using Elem = typename decltype(tag)::type;
+    crossentropy_shard_exp_kernel<Elem><<<unsigned(N), kSoftmaxBlock, 0, stream()>>>(
+        static_cast<Elem*>(probs), row_sum, static_cast<const Elem*>(logits), row_max, Vl);
+  });
+  check_launch();
+}
+
+void crossentropy_shard_finish(DType dt, float* losses, void* probs, const float* row_max, const float* row_sum,
+                               const float* target_logit, int N, int Vl) {
+  if (N == 0) return;
+  with_type(dt, [&](auto tag) {
+    using Elem = typename decltype(tag)::type;
+    crossentropy_shard_finish_kernel<Elem><<<unsigned(N), kBlock, 0, stream()>>>(
+        losses, static_cast<Elem*>(probs), row_max, row_sum, target_logit, Vl);
   });
   check_launch();
 }

@@ -23,6 +23,7 @@
 #include <cuda_runtime_api.h>  // cudaStream_t
 
 #include <cstddef>
+#include <cstdint>
 
 #include "tensor.h"  // DType
 
@@ -37,11 +38,15 @@ void synchronize();
 // A100, 99 KB on sm_86/sm_89 parts), or 0 where no GPU answers.
 size_t shared_memory_per_block();
 
-// out(B,T,C) = wte(V,C)[tokens[b,t]] + wpe(maxT,C)[t]
-void encoder_forward(DType dt, void* out, const int* tokens, const void* wte, const void* wpe, int B, int T, int C,
-                     int V);
-void encoder_backward(DType dt, void* dwte, void* dwpe, const void* dout, const int* tokens, int B, int T, int C,
-                      int V);
+// N rows of C channels; wte(Vl,C) holds rows [vocab_begin, vocab_begin + Vl) of the (vocab_size, C)
+// table, and wpe's row for row n is (first_row + n) % T. (ops.cpp builds encoder_forward and
+// encoder_backward from these four.)
+void embedding_forward(DType dt, void* out, const int* tokens, const void* wte, int N, int C, int vocab_begin, int Vl,
+                       int vocab_size);
+void embedding_backward(DType dt, void* dwte, const void* dout, const int* tokens, int N, int C, int vocab_begin,
+                        int Vl, int vocab_size);
+void position_forward(DType dt, void* out, const void* wpe, int N, int C, int64_t first_row, int T);
+void position_backward(DType dt, void* dwpe, const void* dout, int N, int C, int64_t first_row, int T);
 
 // N rows of C channels; mean(N) and rstd(N) (fp32) are saved by the forward for the backward.
 void layernorm_forward(DType dt, void* out, float* mean, float* rstd, const void* inp, const void* weight,
@@ -52,8 +57,13 @@ void layernorm_backward(DType dt, void* dinp, void* dweight, void* dbias, const 
 // out(N,OC) = inp(N,C) @ weight(OC,C)^T + bias(OC); bias and dbias may be nullptr.
 void matmul_forward(DType dt, void* out, const void* inp, const void* weight, const void* bias, int N, int C,
                     int OC);
-void matmul_backward(DType dt, void* dinp, void* dweight, void* dbias, const void* dout, const void* inp,
-                     const void* weight, int N, int C, int OC);
+// The backward in its two halves (ops.cpp's matmul_backward calls both, input first).
+void matmul_backward_input(DType dt, void* dinp, const void* dout, const void* weight, int N, int C, int OC);
+void matmul_backward_weight(DType dt, void* dweight, void* dbias, const void* dout, const void* inp, int N, int C,
+                            int OC);
+// out(N,C) += bias(C) in every row; dbias(C) += column sums of dout(N,C).
+void add_bias(DType dt, void* out, const void* bias, int N, int C);
+void bias_backward(DType dt, void* dbias, const void* dout, int N, int C);
 
 // qkv(B,T,3C), out(B,T,C), preatt/att and the scratch dpreatt/datt (B,NH,T,T).
 void attention_forward(DType dt, void* out, void* preatt, void* att, const void* qkv, int B, int T, int C, int NH);
@@ -79,9 +89,18 @@ void residual_backward(DType dt, void* da, void* db, const void* dout, size_t n)
 // N rows of V logits, one target per row; losses(N) are fp32.
 void softmax_crossentropy_forward(DType dt, float* losses, void* probs, const void* logits, const int* targets,
                                   int N, int V);
-// dlogits = (probs - onehot) * dloss: overwritten, not accumulated (see ops.h).
+// dlogits = (probs - onehot) * dloss: overwritten, not accumulated (see ops.h). V is the columns of
+// probs: the vocabulary, or its slice starting at vocab_begin (targets beyond it are not checked).
 void softmax_crossentropy_backward(DType dt, void* dlogits, const void* probs, const int* targets, float dloss,
-                                   int N, int V);
+                                   int N, int V, int vocab_begin);
+// The vocabulary-parallel cross-entropy's three stages (ops.h) on N rows of a slice of Vl logits;
+// row_max, target_logit, row_sum and losses are fp32, one value per row.
+void crossentropy_shard_max(DType dt, float* row_max, float* target_logit, const void* logits, const int* targets,
+                            int N, int Vl, int vocab_begin);
+void crossentropy_shard_exp(DType dt, void* probs, float* row_sum, const void* logits, const float* row_max, int N,
+                            int Vl);
+void crossentropy_shard_finish(DType dt, float* losses, void* probs, const float* row_max, const float* row_sum,
+                               const float* target_logit, int N, int Vl);
 
 void fill_zero(DType dt, void* x, size_t n);
 void copy_tensor(DType dt, void* dst, const void* src, size_t n);

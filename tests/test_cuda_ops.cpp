@@ -8,7 +8,9 @@
 // Sizes are odd and cross the kernels' boundaries: T = 37 rows of scores (more than a warp's 32
 // lanes), C = 130 channels, V = 1000 logits (more than the 512 threads of a softmax block). Then the
 // same ops at GPT-2 small's shapes (T = 1024, C = 768, NH = 12, V = 50304), where every loop goes
-// around many times, and the link delay of the NCCL communicator (link_delay.h).
+// around many times, and the link delay of the NCCL communicator (link_delay.h). The ops of tensor
+// parallelism (vocabulary slices, runs of positions, the matmul backward's halves, the bias ops, the
+// sliced cross-entropy) are checked the same way, stage by stage.
 //
 // bf16: the inputs are rounded to bf16 on the host (bf16.h) and uploaded as BF16 tensors; the CPU op
 // runs in fp32 on exactly those rounded values. So the two sides differ only by what the CUDA op
@@ -21,8 +23,9 @@
 // fp32: both sides compute in fp32; they differ only in rounding: other summation orders, fused
 // multiply-adds (nvcc contracts a*b + c, g++ -std=c++17 does not), and the GPU's expf/tanhf against
 // glibc's.
-//   exact (0, 0):        one rounding per element in the same order on both sides: encoder forward and
-//                        backward (the backward adds in the CPU's order), residual, copy, add, scale
+//   exact (0, 0):        one rounding per element in the same order on both sides: encoder, embedding and
+//                        position forward and backward (the backwards add in the CPU's order), add_bias,
+//                        residual, copy, add, scale, the cross-entropy slice's maximum and target logit
 //   kElementwise:        a few roundings and a library function per element (GELU, AdamW, softmax
 //                        backward): atol 1e-6, rtol 1e-5
 //   kReduction:          sums of up to ~130 terms of order 1 (layernorm, matmul, attention, softmax):
@@ -34,7 +37,8 @@
 //                        the CUDA result is the CPU's fp32 result rounded once to bf16, bit for bit
 //   kBf16Once:           computed in fp32 from bf16 inputs and rounded once when stored (layernorm,
 //                        matmul, GELU, softmax, every backward that accumulates into bf16): rtol 1e-2,
-//                        atol 1e-3 * max|cpu| for the fp32 differences of values that cancel
+//                        atol 1e-3 * max|cpu| for the fp32 differences of values that cancel. Also the
+//                        sliced cross-entropy's probabilities, rounded twice (2 x 2^-8 < 1e-2)
 //   kBf16Chained:        attention, whose scores and probabilities are stored in bf16 between its
 //                        steps: rtol 1e-2, atol 1e-2 * max|cpu| (a numpy emulation of the same
 //                        roundings at these shapes needed 2.3e-3 * max|cpu|)
@@ -44,6 +48,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -531,6 +536,238 @@ TEST_F(CudaOps, SoftmaxCrossentropyBf16MatchesCpu) {
 }
 
 // ---------------------------------------------------------------------------------------------------------
+// the ops of tensor parallelism
+
+// A slice [begin, begin + rows) of the V = 1000 (or `vocabulary`) token table, forward with host and
+// device tokens, backward from a nonzero gradient. Exact in both dtypes: the forward copies rows, the
+// backward adds each position's gradient in the CPU's order (bf16: the CPU's fp32 result rounded once).
+void check_embedding_slice(DType dt, int N, int EC, int begin, int rows, int vocabulary,
+                           const std::vector<int>& tokens) {
+  SCOPED_TRACE(std::string(dtype_name(dt)) + ", N = " + std::to_string(N) + ", C = " + std::to_string(EC) +
+               ", slice [" + std::to_string(begin) + ", " + std::to_string(begin + rows) + ")");
+  auto wte = random_in(dt, size_t(rows) * EC, 120);
+  auto out = nans(size_t(N) * EC);
+  embedding_forward(cpu_view(out, {N, EC}), tokens.data(), cpu_view(wte, {rows, EC}), begin, vocabulary);
+  DeviceValues d_wte(wte, dt), d_out(nans(out.size()), dt), d_out2(nans(out.size()), dt);
+  DeviceInts d_tokens(tokens);
+  embedding_forward(d_out.view({N, EC}), tokens.data(), d_wte.view({rows, EC}), begin, vocabulary);
+  EXPECT_TRUE(close(d_out.download(), out, kExact)) << "forward, host tokens";
+  embedding_forward(d_out2.view({N, EC}), d_tokens.data(), d_wte.view({rows, EC}), begin, vocabulary);
+  EXPECT_TRUE(close(d_out2.download(), out, kExact)) << "forward, device tokens";
+
+  auto dout = random_in(dt, size_t(N) * EC, 121), dwte = random_in(dt, size_t(rows) * EC, 122);
+  DeviceValues d_dout(dout, dt), d_dwte(dwte, dt);
+  embedding_backward(cpu_view(dwte, {rows, EC}), cpu_view(dout, {N, EC}), tokens.data(), begin, vocabulary);
+  embedding_backward(d_dwte.view({rows, EC}), d_dout.view({N, EC}), d_tokens.data(), begin, vocabulary);
+  EXPECT_TRUE(close(d_dwte.download(), as_dtype(dwte, dt), kExact)) << "backward";
+}
+
+TEST_F(CudaOps, EmbeddingSlicesAreExactlyCpu) {
+  const auto tokens = random_ints(B * T, 5, 4);  // ids below 5: repeats, in the first slice only
+  const auto spread = random_ints(B * T, V, 123);
+  for (DType dt : {DType::F32, DType::BF16}) {
+    check_embedding_slice(dt, B * T, C, 0, 3, V, tokens);         // ids 3 and 4 belong to another slice
+    check_embedding_slice(dt, B * T, C, 300, 250, V, spread);      // a slice in the middle
+    check_embedding_slice(dt, B * T, C, V - 250, 250, V, spread);  // the last slice
+  }
+}
+
+// GPT-2 small's B*T and C; frequent tokens (ids below 8: long chains) in the first of two slices.
+TEST_F(CudaOps, EmbeddingSlicesAtScaleAreExactlyCpu) {
+  const int EB = 8, ET = 1024, EC = 768, EV = 1000;
+  const auto tokens = repeated_tokens(EB * ET, EV, 124);
+  check_embedding_slice(DType::F32, EB * ET, EC, 0, EV / 2, EV, tokens);
+  check_embedding_slice(DType::F32, EB * ET, EC, EV / 2, EV / 2, EV, tokens);
+  check_embedding_slice(DType::BF16, 4 * 256, 130, 0, EV / 2, EV, repeated_tokens(4 * 256, EV, 125));
+}
+
+// N rows from first_row on, position (first_row + n) % PT of a table of PT + 3 rows: forward adds one
+// value per element, backward adds each row in the CPU's row order: exact in both dtypes.
+void check_positions(DType dt, int N, int PC, int PT, int64_t first_row) {
+  SCOPED_TRACE(std::string(dtype_name(dt)) + ", N = " + std::to_string(N) + ", T = " + std::to_string(PT) +
+               ", first_row = " + std::to_string(first_row));
+  const int maxT = PT + 3;
+  auto wpe = random_in(dt, size_t(maxT) * PC, 130), out = random_in(dt, size_t(N) * PC, 131);
+  auto dout = random_in(dt, size_t(N) * PC, 132), dwpe = random_in(dt, size_t(maxT) * PC, 133);
+  DeviceValues d_wpe(wpe, dt), d_out(out, dt), d_dout(dout, dt), d_dwpe(dwpe, dt);
+  position_forward(cpu_view(out, {N, PC}), cpu_view(wpe, {maxT, PC}), first_row, PT);
+  position_forward(d_out.view({N, PC}), d_wpe.view({maxT, PC}), first_row, PT);
+  EXPECT_TRUE(close(d_out.download(), as_dtype(out, dt), kExact)) << "forward";
+  position_backward(cpu_view(dwpe, {maxT, PC}), cpu_view(dout, {N, PC}), first_row, PT);
+  position_backward(d_dwpe.view({maxT, PC}), d_dout.view({N, PC}), first_row, PT);
+  EXPECT_TRUE(close(d_dwpe.download(), as_dtype(dwpe, dt), kExact)) << "backward";
+}
+
+TEST_F(CudaOps, PositionOpsFromAnyFirstRowAreExactlyCpu) {
+  for (DType dt : {DType::F32, DType::BF16}) {
+    for (int64_t first_row : {int64_t(0), int64_t(20), int64_t(3 * T + 5), (int64_t(1) << 33) + 7}) {
+      check_positions(dt, 2 * T - 9, C, T, first_row);  // rows that start and end inside a sequence
+      check_positions(dt, 10, C, T, first_row);         // fewer rows than positions: some rows of dwpe untouched
+    }
+  }
+  check_positions(DType::F32, 4 * 1024, 768, 1024, 1000);  // GPT-2 small's T and C, four sequences' worth
+}
+
+// The halves of the matmul backward: against the CPU's halves, and bit for bit against the CUDA
+// matmul_backward (the same GEMMs; cuBLAS is deterministic on one GPU), from nonzero gradients.
+void check_matmul_halves(DType dt) {
+  SCOPED_TRACE(dtype_name(dt));
+  auto inp = random_in(dt, size_t(MN) * MC, 140), weight = random_in(dt, size_t(MOC) * MC, 141);
+  auto dout = random_in(dt, size_t(MN) * MOC, 142);
+  DeviceValues d_inp(inp, dt), d_weight(weight, dt), d_dout(dout, dt);
+  for (bool with_bias : {true, false}) {
+    SCOPED_TRACE(with_bias ? "with dbias" : "without dbias");
+    auto dinp = random_in(dt, size_t(MN) * MC, 143), dweight = random_in(dt, size_t(MOC) * MC, 144);
+    auto dbias = random_in(dt, MOC, 145);
+    DeviceValues d_dinp(dinp, dt), d_dweight(dweight, dt), d_dbias(dbias, dt);
+    DeviceValues whole_dinp(dinp, dt), whole_dweight(dweight, dt), whole_dbias(dbias, dt);
+    matmul_backward_input(cpu_view(dinp, {MN, MC}), cpu_view(dout, {MN, MOC}), cpu_view(weight, {MOC, MC}));
+    matmul_backward_weight(cpu_view(dweight, {MOC, MC}), with_bias ? cpu_view(dbias, {MOC}) : Tensor{},
+                           cpu_view(dout, {MN, MOC}), cpu_view(inp, {MN, MC}));
+    matmul_backward_input(d_dinp.view({MN, MC}), d_dout.view({MN, MOC}), d_weight.view({MOC, MC}));
+    matmul_backward_weight(d_dweight.view({MOC, MC}), with_bias ? d_dbias.view({MOC}) : Tensor{},
+                           d_dout.view({MN, MOC}), d_inp.view({MN, MC}));
+    matmul_backward(whole_dinp.view({MN, MC}), whole_dweight.view({MOC, MC}),
+                    with_bias ? whole_dbias.view({MOC}) : Tensor{}, d_dout.view({MN, MOC}), d_inp.view({MN, MC}),
+                    d_weight.view({MOC, MC}));
+    const auto cuda_dinp = d_dinp.download(), cuda_dweight = d_dweight.download(), cuda_dbias = d_dbias.download();
+    EXPECT_TRUE(close(cuda_dinp, dinp, pick(dt, kReduction, kBf16Once))) << "dinp";
+    EXPECT_TRUE(close(cuda_dweight, dweight, pick(dt, kReduction, kBf16Once))) << "dweight";
+    EXPECT_TRUE(close(cuda_dbias, dbias, pick(dt, kLongSum, kBf16Once))) << "dbias (unchanged when without)";
+    EXPECT_TRUE(close(cuda_dinp, whole_dinp.download(), kExact)) << "dinp of matmul_backward";
+    EXPECT_TRUE(close(cuda_dweight, whole_dweight.download(), kExact)) << "dweight of matmul_backward";
+    EXPECT_TRUE(close(cuda_dbias, whole_dbias.download(), kExact)) << "dbias of matmul_backward";
+  }
+}
+
+TEST_F(CudaOps, MatmulBackwardHalvesMatchCpuAndTheWholeBackward) {
+  check_matmul_halves(DType::F32);
+  check_matmul_halves(DType::BF16);
+}
+
+// add_bias: one addition per element, exact (bf16: rounded once). bias_backward: a column sum over N
+// rows, in one chunk of rows and in many.
+void check_bias(DType dt, int N) {
+  SCOPED_TRACE(std::string(dtype_name(dt)) + ", N = " + std::to_string(N));
+  auto out = random_in(dt, size_t(N) * MOC, 150), bias = random_in(dt, MOC, 151);
+  auto dout = random_in(dt, size_t(N) * MOC, 152), dbias = random_in(dt, MOC, 153);
+  DeviceValues d_out(out, dt), d_bias(bias, dt), d_dout(dout, dt), d_dbias(dbias, dt);
+  add_bias(cpu_view(out, {N, MOC}), cpu_view(bias, {MOC}));
+  add_bias(d_out.view({N, MOC}), d_bias.view({MOC}));
+  EXPECT_TRUE(close(d_out.download(), as_dtype(out, dt), kExact)) << "add_bias";
+  bias_backward(cpu_view(dbias, {MOC}), cpu_view(dout, {N, MOC}));
+  bias_backward(d_dbias.view({MOC}), d_dout.view({N, MOC}));
+  EXPECT_TRUE(close(d_dbias.download(), dbias, pick(dt, kLongSum, kBf16Once))) << "bias_backward";
+}
+
+TEST_F(CudaOps, AddBiasAndBiasBackwardMatchCpu) {
+  for (DType dt : {DType::F32, DType::BF16}) {
+    check_bias(dt, 20);    // fewer rows than one chunk of the column sum
+    check_bias(dt, MN);    // a few chunks, the last one short
+    check_bias(dt, 3000);  // many chunks
+  }
+}
+
+// The sliced cross-entropy, `slices` slices of SV logits per row, targets all over the vocabulary.
+// Each stage runs on both sides on the same inputs (the CPU stage takes the CUDA previous stage's
+// outputs, as the backward test above takes the CUDA probabilities), and the all-reduces between the
+// stages are loops on the host. Then the CUDA losses and probabilities against the unsplit CPU op,
+// and the sliced backward of the CUDA probabilities.
+void check_crossentropy_slices(DType dt, int N, int SV, int slices, std::vector<float> logits, uint64_t seed) {
+  SCOPED_TRACE(std::string(dtype_name(dt)) + ", V = " + std::to_string(SV) + ", " + std::to_string(slices) +
+               " slices");
+  logits = as_dtype(logits, dt);
+  const auto targets = random_ints(N, SV, seed);
+  DeviceInts d_targets(targets);
+  auto losses = zeros(N), probs = zeros(size_t(N) * SV);
+  softmax_crossentropy_forward(cpu_view(losses, {N}), cpu_view(probs, {N, SV}), cpu_view(logits, {N, SV}),
+                               targets.data());
+
+  const auto ranges = vocabulary_slices(SV, slices);
+  std::vector<std::vector<float>> slice_logits;
+  std::vector<std::unique_ptr<DeviceValues>> d_logits, d_probs;
+  for (auto [begin, end] : ranges) {
+    slice_logits.push_back(columns_of(logits, SV, begin, end));
+    d_logits.push_back(std::make_unique<DeviceValues>(slice_logits.back(), dt));
+    d_probs.push_back(std::make_unique<DeviceValues>(nans(size_t(N) * (end - begin)), dt));
+  }
+  auto columns = [&](size_t k) { return int64_t(ranges[k].second - ranges[k].first); };
+
+  // 1. maxima and target logits: exact (a maximum and a copy of the same values)
+  std::vector<float> row_max(N, -INFINITY), target_logit = zeros(N);
+  for (size_t k = 0; k < ranges.size(); k++) {
+    SCOPED_TRACE("stage 1, slice " + std::to_string(k));
+    auto slice_max = nans(N), slice_target = nans(N);
+    DeviceFloats d_max(nans(N)), d_target(nans(N)), d_max2(nans(N)), d_target2(nans(N));
+    crossentropy_shard_max(cpu_view(slice_max, {N}), cpu_view(slice_target, {N}),
+                           cpu_view(slice_logits[k], {N, columns(k)}), targets.data(), ranges[k].first);
+    crossentropy_shard_max(d_max.view({N}), d_target.view({N}), d_logits[k]->view({N, columns(k)}), targets.data(),
+                           ranges[k].first);
+    crossentropy_shard_max(d_max2.view({N}), d_target2.view({N}), d_logits[k]->view({N, columns(k)}),
+                           d_targets.data(), ranges[k].first);
+    EXPECT_TRUE(close(d_max.download(), slice_max, kExact)) << "row_max, host targets";
+    EXPECT_TRUE(close(d_target.download(), slice_target, kExact)) << "target_logit, host targets";
+    EXPECT_TRUE(close(d_max2.download(), slice_max, kExact)) << "row_max, device targets";
+    EXPECT_TRUE(close(d_target2.download(), slice_target, kExact)) << "target_logit, device targets";
+    for (int i = 0; i < N; i++) {
+      row_max[i] = std::max(row_max[i], slice_max[i]);
+      target_logit[i] += slice_target[i];
+    }
+  }
+  DeviceFloats d_row_max(row_max), d_target_logit(target_logit);
+
+  // 2. exponentials and their sums
+  std::vector<float> row_sum = zeros(N);
+  for (size_t k = 0; k < ranges.size(); k++) {
+    SCOPED_TRACE("stage 2, slice " + std::to_string(k));
+    auto slice_probs = nans(size_t(N) * columns(k)), slice_sum = nans(N);
+    DeviceFloats d_sum(nans(N));
+    crossentropy_shard_exp(cpu_view(slice_probs, {N, columns(k)}), cpu_view(slice_sum, {N}),
+                           cpu_view(slice_logits[k], {N, columns(k)}), cpu_view(row_max, {N}));
+    crossentropy_shard_exp(d_probs[k]->view({N, columns(k)}), d_sum.view({N}), d_logits[k]->view({N, columns(k)}),
+                           d_row_max.view({N}));
+    EXPECT_TRUE(close(d_probs[k]->download(), slice_probs, pick(dt, kElementwise, kBf16Once))) << "exponentials";
+    const auto cuda_sum = d_sum.download();
+    EXPECT_TRUE(close(cuda_sum, slice_sum, kReduction)) << "row_sum";
+    for (int i = 0; i < N; i++) row_sum[i] += cuda_sum[i];
+  }
+  DeviceFloats d_row_sum(row_sum);
+
+  // 3. losses and probabilities; then the backward of each slice
+  const float dloss = 1.0f / float(N);
+  for (size_t k = 0; k < ranges.size(); k++) {
+    SCOPED_TRACE("stage 3, slice " + std::to_string(k));
+    auto slice_probs = d_probs[k]->download(), slice_losses = nans(N);
+    DeviceFloats d_losses(nans(N));
+    crossentropy_shard_finish(cpu_view(slice_losses, {N}), cpu_view(slice_probs, {N, columns(k)}),
+                              cpu_view(row_max, {N}), cpu_view(row_sum, {N}), cpu_view(target_logit, {N}));
+    crossentropy_shard_finish(d_losses.view({N}), d_probs[k]->view({N, columns(k)}), d_row_max.view({N}),
+                              d_row_sum.view({N}), d_target_logit.view({N}));
+    const auto cuda_losses = d_losses.download(), cuda_probs = d_probs[k]->download();
+    EXPECT_TRUE(close(cuda_losses, slice_losses, kReduction)) << "losses";
+    EXPECT_TRUE(close(cuda_probs, slice_probs, pick(dt, kElementwise, kBf16Once))) << "probs";
+    EXPECT_TRUE(close(cuda_losses, losses, kReduction)) << "losses against the unsplit op";
+    EXPECT_TRUE(close(cuda_probs, columns_of(probs, SV, ranges[k].first, ranges[k].second),
+                      pick(dt, kReduction, kBf16Once)))
+        << "probs against the unsplit op";
+
+    auto dlogits = nans(cuda_probs.size()), host_probs = cuda_probs;
+    DeviceValues d_dlogits(nans(cuda_probs.size()), dt);
+    softmax_crossentropy_backward(cpu_view(dlogits, {N, columns(k)}), cpu_view(host_probs, {N, columns(k)}),
+                                  targets.data(), dloss, ranges[k].first);
+    softmax_crossentropy_backward(d_dlogits.view({N, columns(k)}), d_probs[k]->view({N, columns(k)}),
+                                  d_targets.data(), dloss, ranges[k].first);
+    EXPECT_TRUE(close(d_dlogits.download(), dlogits, pick(dt, kElementwise, kBf16Once))) << "backward";
+  }
+}
+
+TEST_F(CudaOps, CrossentropySlicesMatchCpu) {
+  for (DType dt : {DType::F32, DType::BF16})
+    for (int slices : {2, 3, 4})
+      check_crossentropy_slices(dt, B * T, V, slices, logits_with_a_huge_row(B * T, V, 160), 161);
+}
+
+// ---------------------------------------------------------------------------------------------------------
 // helpers, reductions, AdamW
 
 // Exact in both dtypes. In bf16 the CPU reference is rounded after every step, as the bf16 tensor is.
@@ -728,6 +965,12 @@ TEST_F(CudaOps, SoftmaxCrossentropyAtGpt2VocabularyMatchesCpu) {
 
 TEST_F(CudaOps, SoftmaxCrossentropyBf16AtGpt2VocabularyMatchesCpu) {
   check_softmax_crossentropy(DType::BF16, 64, kGptV, random_vector(size_t(64) * kGptV, 93, -3.0f, 3.0f), 94);
+}
+
+// A quarter of GPT-2's vocabulary per slice: rows of 12576 logits, 25 per thread of a block.
+TEST_F(CudaOps, CrossentropySlicesAtGpt2VocabularyMatchCpu) {
+  for (DType dt : {DType::F32, DType::BF16})
+    check_crossentropy_slices(dt, 64, kGptV, 4, random_vector(size_t(64) * kGptV, 95, -3.0f, 3.0f), 96);
 }
 
 // ---------------------------------------------------------------------------------------------------------

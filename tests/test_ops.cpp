@@ -5,6 +5,11 @@
 // second call must leave twice the gradient). Sizes are small and partly odd (T = 5, V = 11, C = 7 in
 // layernorm and matmul) so that no loop hides behind a multiple of a vector width.
 //
+// The ops of tensor parallelism (vocabulary slices of the embedding and the cross-entropy, runs of
+// positions, the two halves of the matmul backward, the bias ops) are compared with the unsplit ops
+// they replace, bit for bit where they add the same numbers in the same order, and the sliced
+// cross-entropy to a relative 1e-6 (its partial sums cross the stages in fp32).
+//
 // Tolerances, fp32 ops against float64 references:
 //   forward:   atol 1e-5, rtol 1e-4 (a few fp32 roundings of values of order 1)
 //   gradients: atol 1e-5, rtol 1e-3 against finite differences with step h = 1e-3 in float64, whose own
@@ -209,6 +214,110 @@ TEST(Encoder, BackwardMatchesFiniteDifferencesAndAccumulates) {
 }
 
 // ---------------------------------------------------------------------------------------------------------
+// the encoder split as tensor parallelism splits it: the vocabulary into slices (embedding_*), the
+// positions into runs of rows (position_*). Exact: the same additions in the same order.
+
+// Each slice of the vocabulary holds some of the tokens: otherwise a test below would prove less.
+void expect_every_slice_hit(const std::vector<int>& ids, int slices) {
+  for (auto [begin, end] : vocabulary_slices(V, slices))
+    EXPECT_TRUE(std::any_of(ids.begin(), ids.end(), [&](int id) { return begin <= id && id < end; }))
+        << "test bug: no id in [" << begin << ", " << end << ")";
+}
+
+constexpr int SB = 8;  // sequences of the vocabulary-slice tests: 40 positions, so that tokens repeat
+
+TEST(EmbeddingSlices, SlicesSumToTheEncodersLookup) {
+  const int N = SB * T, maxT = T + 2;
+  auto tokens = random_ints(N, V, 90);
+  auto wte = random_vector(V * C, 91), wpe = random_vector(maxT * C, 92);
+  auto encoded = zeros(N * C);
+  encoder_forward(view(encoded, {SB, T, C}), tokens.data(), view(wte, {V, C}), view(wpe, {maxT, C}), SB, T);
+
+  for (int slices = 1; slices <= 4; slices++) {
+    SCOPED_TRACE(std::to_string(slices) + " slices");
+    expect_every_slice_hit(tokens, slices);
+    // Each rank's partial lookup, summed over the ranks (the all-reduce), then the positions.
+    auto sum = zeros(N * C);
+    for (auto [begin, end] : vocabulary_slices(V, slices)) {
+      auto wte_slice = rows_of(wte, C, begin, end);
+      std::vector<float> out(N * C, NAN);  // overwritten: zero rows for the other slices' tokens
+      embedding_forward(view(out, {N, C}), tokens.data(), view(wte_slice, {end - begin, C}), begin, V);
+      for (int i = 0; i < N * C; i++) sum[i] += out[i];
+    }
+    position_forward(view(sum, {N, C}), view(wpe, {maxT, C}), 0, T);
+    EXPECT_TRUE(allclose(sum, encoded, 0.0, 0.0));
+  }
+}
+
+TEST(EmbeddingSlices, SliceGradientsAreTheEncodersRowsExactly) {
+  const int N = SB * T, maxT = T + 2;
+  auto tokens = random_ints(N, V, 93);
+  auto dout = random_vector(N * C, 94);
+  // Nonzero starting gradients: every op accumulates.
+  const auto dwte_start = random_vector(V * C, 95), dwpe_start = random_vector(maxT * C, 96);
+  auto dwte = dwte_start, dwpe = dwpe_start;
+  encoder_backward(view(dwte, {V, C}), view(dwpe, {maxT, C}), view(dout, {SB, T, C}), tokens.data(), SB, T);
+
+  for (int slices = 1; slices <= 4; slices++) {
+    SCOPED_TRACE(std::to_string(slices) + " slices");
+    expect_every_slice_hit(tokens, slices);
+    for (auto [begin, end] : vocabulary_slices(V, slices)) {
+      SCOPED_TRACE("slice [" + std::to_string(begin) + ", " + std::to_string(end) + ")");
+      auto dwte_slice = rows_of(dwte_start, C, begin, end);
+      embedding_backward(view(dwte_slice, {end - begin, C}), view(dout, {N, C}), tokens.data(), begin, V);
+      EXPECT_TRUE(allclose(dwte_slice, rows_of(dwte, C, begin, end), 0.0, 0.0));
+    }
+  }
+  auto dwpe_alone = dwpe_start;
+  position_backward(view(dwpe_alone, {maxT, C}), view(dout, {N, C}), 0, T);
+  EXPECT_TRUE(allclose(dwpe_alone, dwpe, 0.0, 0.0)) << "the encoder's dwpe";
+}
+
+// Rows that are a run of the flattened positions starting anywhere: position (first_row + n) % T.
+TEST(PositionSlices, RowsFromAnyFirstRowFollowTheirPositions) {
+  const int N = 13, maxT = T + 2;  // 13 rows: runs that start and end in the middle of a sequence
+  auto wpe = random_vector(maxT * C, 97), dout = random_vector(N * C, 98);
+  for (int64_t first_row : {int64_t(0), int64_t(3), int64_t(7), int64_t(2 * T + 4), (int64_t(1) << 33) + 1}) {
+    SCOPED_TRACE("first_row " + std::to_string(first_row));
+    auto out = random_vector(N * C, 99), dwpe = random_vector(maxT * C, 100);  // both accumulate
+    auto expected_out = out, expected_dwpe = dwpe;
+    for (int n = 0; n < N; n++) {
+      const int t = int((first_row + n) % T);
+      for (int c = 0; c < C; c++) {
+        expected_out[n * C + c] += wpe[t * C + c];
+        expected_dwpe[t * C + c] += dout[n * C + c];  // in row order, as the op adds
+      }
+    }
+    position_forward(view(out, {N, C}), view(wpe, {maxT, C}), first_row, T);
+    position_backward(view(dwpe, {maxT, C}), view(dout, {N, C}), first_row, T);
+    EXPECT_TRUE(allclose(out, expected_out, 0.0, 0.0));
+    EXPECT_TRUE(allclose(dwpe, expected_dwpe, 0.0, 0.0)) << "the rows T.. of the table stay untouched too";
+  }
+}
+
+// The batch's rows cut into runs (sequence parallelism: one run per rank), each run's position ops
+// called with its first row: the forward gives the whole batch's rows, and the backward, accumulating
+// the runs in order into one table, the whole batch's gradient, bit for bit.
+TEST(PositionSlices, RunsOfTheBatchAddUpToTheWholeBatch) {
+  const int N = SB * T, maxT = T + 2;
+  auto wpe = random_vector(maxT * C, 101), dout = random_vector(N * C, 102);
+  auto whole = random_vector(N * C, 103), whole_dwpe = random_vector(maxT * C, 104);
+  auto runs = whole, runs_dwpe = whole_dwpe;
+  position_forward(view(whole, {N, C}), view(wpe, {maxT, C}), 0, T);
+  position_backward(view(whole_dwpe, {maxT, C}), view(dout, {N, C}), 0, T);
+  const std::vector<int> cuts = {0, 3, 11, 12, 26, N};  // runs of 3, 8, 1, 14 and 14 rows
+  for (size_t r = 0; r + 1 < cuts.size(); r++) {
+    const int first = cuts[r], count = cuts[r + 1] - cuts[r];
+    const Tensor run = make_view(runs.data() + size_t(first) * C, {count, C});
+    const Tensor run_dout = make_view(dout.data() + size_t(first) * C, {count, C});
+    position_forward(run, view(wpe, {maxT, C}), first, T);
+    position_backward(view(runs_dwpe, {maxT, C}), run_dout, first, T);
+  }
+  EXPECT_TRUE(allclose(runs, whole, 0.0, 0.0));
+  EXPECT_TRUE(allclose(runs_dwpe, whole_dwpe, 0.0, 0.0));
+}
+
+// ---------------------------------------------------------------------------------------------------------
 // layernorm: (B,T,LC) with an odd LC, inputs offset from zero so that subtracting the mean matters
 
 constexpr int LC = 7;
@@ -320,6 +429,67 @@ TEST(Matmul, BackwardMatchesFiniteDifferencesAndAccumulates) {
                   view(inp, {B, T, LC}), view(weight, {OC, LC}));
   EXPECT_TRUE(allclose(dinp, dinp_ref, kGradAtol, kGradRtol));
   EXPECT_TRUE(allclose(dweight, dweight_ref, kGradAtol, kGradRtol));
+}
+
+// The two halves of the backward, input first (as matmul_backward calls them) and weight first (as a
+// backward that defers the weight's gradient may): matmul_backward's results bit for bit, at shapes
+// beyond sgemm's blocks, from nonzero starting gradients, with and without dbias.
+TEST(Matmul, BackwardHalvesAreTheWholeBackwardBitForBit) {
+  const int N = 37, C_ = 300, OC_ = 45;
+  auto inp = random_vector(N * C_, 110), weight = random_vector(OC_ * C_, 111), dout = random_vector(N * OC_, 112);
+  const auto dinp_start = random_vector(N * C_, 113), dweight_start = random_vector(OC_ * C_, 114);
+  const auto dbias_start = random_vector(OC_, 115);
+  for (bool with_bias : {true, false}) {
+    SCOPED_TRACE(with_bias ? "with dbias" : "without dbias");
+    auto dinp = dinp_start, dweight = dweight_start, dbias = dbias_start;
+    matmul_backward(view(dinp, {N, C_}), view(dweight, {OC_, C_}), with_bias ? view(dbias, {OC_}) : Tensor{},
+                    view(dout, {N, OC_}), view(inp, {N, C_}), view(weight, {OC_, C_}));
+    for (bool input_first : {true, false}) {
+      SCOPED_TRACE(input_first ? "input half first" : "weight half first");
+      auto half_dinp = dinp_start, half_dweight = dweight_start, half_dbias = dbias_start;
+      auto input_half = [&] {
+        matmul_backward_input(view(half_dinp, {N, C_}), view(dout, {N, OC_}), view(weight, {OC_, C_}));
+      };
+      auto weight_half = [&] {
+        matmul_backward_weight(view(half_dweight, {OC_, C_}), with_bias ? view(half_dbias, {OC_}) : Tensor{},
+                               view(dout, {N, OC_}), view(inp, {N, C_}));
+      };
+      if (input_first) {
+        input_half();
+        weight_half();
+      } else {
+        weight_half();
+        input_half();
+      }
+      EXPECT_TRUE(allclose(half_dinp, dinp, 0.0, 0.0)) << "dinp";
+      EXPECT_TRUE(allclose(half_dweight, dweight, 0.0, 0.0)) << "dweight";
+      EXPECT_TRUE(allclose(half_dbias, dbias, 0.0, 0.0)) << "dbias (unchanged without)";
+    }
+  }
+}
+
+// add_bias: one addition per element, exact; bias_backward: column sums against float64, accumulating.
+TEST(Bias, AddBiasAndItsBackwardMatchLoops) {
+  const int N = B * T;
+  auto out = random_vector(N * LC, 116), bias = random_vector(LC, 117), dout = random_vector(N * LC, 118);
+  auto expected = out;
+  for (int i = 0; i < N; i++)
+    for (int c = 0; c < LC; c++) expected[i * LC + c] += bias[c];
+  add_bias(view(out, {B, T, LC}), view(bias, {LC}));
+  EXPECT_TRUE(allclose(out, expected, 0.0, 0.0));
+
+  const auto dbias_start = random_vector(LC, 119);
+  Vec column_sums(LC, 0.0);
+  for (int i = 0; i < N; i++)
+    for (int c = 0; c < LC; c++) column_sums[c] += dout[i * LC + c];
+  auto dbias = dbias_start;
+  for (int call = 1; call <= 2; call++) {
+    bias_backward(view(dbias, {LC}), view(dout, {B, T, LC}));
+    Vec reference(LC);
+    for (int c = 0; c < LC; c++) reference[c] = dbias_start[c] + call * column_sums[c];
+    SCOPED_TRACE("after backward call " + std::to_string(call));
+    EXPECT_TRUE(allclose(dbias, reference, kForwardAtol, kForwardRtol));
+  }
 }
 
 // ---------------------------------------------------------------------------------------------------------
@@ -465,6 +635,89 @@ TEST(SoftmaxCrossentropy, BackwardIsGradientOfMeanLossAndOverwrites) {
     SCOPED_TRACE("after backward call " + std::to_string(call));
     // These gradients are of order 1/(B*T) = 0.1, so atol 1e-5 is already a relative check.
     EXPECT_TRUE(allclose(dlogits, dlogits_ref, kGradAtol, kGradRtol));
+  }
+}
+
+// The vocabulary-parallel cross-entropy on 2, 3 and 4 slices of V = 11 columns, with the all-reduces
+// between its stages done by loops here (Max of row_max, Sum of target_logit and of row_sum, in slice
+// order, in fp32 as a collective sums). Against softmax_crossentropy_forward: relative 1e-6 (the
+// unsplit op keeps the sum of exponentials in double throughout; here each slice's sum is rounded to
+// fp32 and the partial sums added in fp32, a few roundings of 6e-8 each). Targets: every id of the
+// vocabulary, so every slice holds some; one row of logits around 100 checks the max subtraction.
+TEST(CrossentropySlices, ThreeStagesMatchTheUnsplitForward) {
+  const int N = 3 * V;
+  auto logits = random_vector(N * V, 120, -3.0f, 3.0f);
+  for (int v = 0; v < V; v++) logits[5 * V + v] += 100.0f;
+  std::vector<int> targets(N);
+  for (int i = 0; i < N; i++) targets[i] = (7 * i + 2) % V;
+  auto losses = zeros(N), probs = zeros(N * V);
+  softmax_crossentropy_forward(view(losses, {N}), view(probs, {N, V}), view(logits, {N, V}), targets.data());
+  EXPECT_TRUE(allclose(losses, crossentropy_reference(to_double(logits), targets, N, V), kForwardAtol, kForwardRtol))
+      << "test bug: the unsplit forward differs from float64";
+
+  for (int slices = 2; slices <= 4; slices++) {
+    SCOPED_TRACE(std::to_string(slices) + " slices");
+    expect_every_slice_hit(targets, slices);
+    const auto ranges = vocabulary_slices(V, slices);
+    std::vector<std::vector<float>> slice_logits, slice_probs;
+    for (auto [begin, end] : ranges) {
+      slice_logits.push_back(columns_of(logits, V, begin, end));
+      slice_probs.push_back(std::vector<float>(size_t(N) * (end - begin), NAN));  // overwritten
+    }
+    auto logits_of = [&](size_t k) { return view(slice_logits[k], {N, ranges[k].second - ranges[k].first}); };
+    auto probs_of = [&](size_t k) { return view(slice_probs[k], {N, ranges[k].second - ranges[k].first}); };
+
+    std::vector<float> row_max(N, -INFINITY), target_logit = zeros(N), row_sum = zeros(N);
+    for (size_t k = 0; k < ranges.size(); k++) {
+      std::vector<float> slice_max(N, NAN), slice_target(N, NAN);
+      crossentropy_shard_max(view(slice_max, {N}), view(slice_target, {N}), logits_of(k), targets.data(),
+                             ranges[k].first);
+      for (int i = 0; i < N; i++) {
+        row_max[i] = std::max(row_max[i], slice_max[i]);
+        target_logit[i] += slice_target[i];
+      }
+    }
+    for (size_t k = 0; k < ranges.size(); k++) {
+      std::vector<float> slice_sum(N, NAN);
+      crossentropy_shard_exp(probs_of(k), view(slice_sum, {N}), logits_of(k), view(row_max, {N}));
+      for (int i = 0; i < N; i++) row_sum[i] += slice_sum[i];
+    }
+    for (size_t k = 0; k < ranges.size(); k++) {
+      SCOPED_TRACE("slice " + std::to_string(k));
+      std::vector<float> slice_losses(N, NAN);
+      crossentropy_shard_finish(view(slice_losses, {N}), probs_of(k), view(row_max, {N}), view(row_sum, {N}),
+                                view(target_logit, {N}));
+      EXPECT_TRUE(allclose(slice_losses, losses, 0.0, 1e-6)) << "losses";
+      EXPECT_TRUE(allclose(slice_probs[k], columns_of(probs, V, ranges[k].first, ranges[k].second), 0.0, 1e-6))
+          << "probs";
+    }
+  }
+}
+
+// The backward of a slice, given the slice's columns of the probabilities, is the slice's columns of
+// the unsplit backward, bit for bit: the one-hot lands only in the slice that holds the target (the
+// first slice, vocab_begin 0, included, whose targets beyond its columns are other slices').
+TEST(CrossentropySlices, SliceBackwardIsTheSliceOfTheFullBackward) {
+  const int N = 3 * V;
+  auto logits = random_vector(N * V, 121, -3.0f, 3.0f);
+  std::vector<int> targets(N);
+  for (int i = 0; i < N; i++) targets[i] = (5 * i + 1) % V;
+  auto losses = zeros(N), probs = zeros(N * V);
+  softmax_crossentropy_forward(view(losses, {N}), view(probs, {N, V}), view(logits, {N, V}), targets.data());
+  const float dloss = 1.0f / N;
+  std::vector<float> dlogits(N * V, NAN);
+  softmax_crossentropy_backward(view(dlogits, {N, V}), view(probs, {N, V}), targets.data(), dloss);
+
+  for (int slices = 1; slices <= 4; slices++) {
+    SCOPED_TRACE(std::to_string(slices) + " slices");
+    for (auto [begin, end] : vocabulary_slices(V, slices)) {
+      SCOPED_TRACE("slice [" + std::to_string(begin) + ", " + std::to_string(end) + ")");
+      auto slice_probs = columns_of(probs, V, begin, end);
+      std::vector<float> slice_dlogits(size_t(N) * (end - begin), NAN);
+      softmax_crossentropy_backward(view(slice_dlogits, {N, end - begin}), view(slice_probs, {N, end - begin}),
+                                    targets.data(), dloss, begin);
+      EXPECT_TRUE(allclose(slice_dlogits, columns_of(dlogits, V, begin, end), 0.0, 0.0));
+    }
   }
 }
 

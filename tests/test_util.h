@@ -1,7 +1,9 @@
 // test_util.h: what every test of the project shares.
 // Defines allclose(), THE comparison of computed values with a reference (|a - b| <= atol + rtol*|ref|,
 // used as EXPECT_TRUE(allclose(...)) so a failure prints the first mismatches and the largest
-// difference), and Rng / random_vector(), deterministic pseudo-random inputs from a seed.
+// difference), Rng / random_vector(), deterministic pseudo-random inputs from a seed, and
+// vocabulary_slices() / rows_of() / columns_of(), the pieces of a vocabulary that tensor parallelism
+// gives each rank.
 //
 // Tolerances are chosen per test and stated there. As a guide, fp32 results against a float64
 // reference of small sizes: atol 1e-5, rtol 1e-4; fp32 gradients against float64 finite differences:
@@ -13,6 +15,7 @@
 #include <cstdint>
 #include <iomanip>
 #include <sstream>
+#include <utility>
 #include <vector>
 
 namespace test_util_detail {
@@ -119,4 +122,25 @@ inline std::vector<int> random_ints(size_t n, int upper, uint64_t seed) {
 // The float values as doubles, for float64 references computed on exactly the inputs the op saw.
 inline std::vector<double> to_double(const std::vector<float>& values) {
   return std::vector<double>(values.begin(), values.end());
+}
+
+// [begin, end) of `slices` contiguous slices of `vocabulary` ids, as tensor parallelism cuts the
+// vocabulary over ranks; uneven where it does not divide (11 ids in 4 slices: 2, 3, 3 and 3).
+inline std::vector<std::pair<int, int>> vocabulary_slices(int vocabulary, int slices) {
+  std::vector<std::pair<int, int>> ranges;
+  for (int s = 0; s < slices; s++) ranges.push_back({vocabulary * s / slices, vocabulary * (s + 1) / slices});
+  return ranges;
+}
+
+// Rows [begin, end) of a row-major matrix of `columns` columns: a slice's rows of an embedding table.
+inline std::vector<float> rows_of(const std::vector<float>& matrix, int columns, int begin, int end) {
+  return std::vector<float>(matrix.begin() + size_t(begin) * columns, matrix.begin() + size_t(end) * columns);
+}
+
+// Columns [begin, end) of every row of a row-major matrix of `columns` columns: a slice's logits.
+inline std::vector<float> columns_of(const std::vector<float>& matrix, int columns, int begin, int end) {
+  std::vector<float> part;
+  for (size_t row = 0; row < matrix.size() / columns; row++)
+    part.insert(part.end(), matrix.begin() + row * columns + begin, matrix.begin() + row * columns + end);
+  return part;
 }
