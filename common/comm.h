@@ -38,8 +38,9 @@ struct CollectiveCounters {
   // segment receives more contributions to reduce, or sends its segment to more bytes' worth of peers.
   int64_t sent_bytes = 0;
   int64_t received_bytes = 0;
-  // The largest share of one call's payload that this rank sent, and received: (N-1)/N for a
-  // balanced reduce-scatter or all-gather, up to N-1 for a rank that owns the whole range of one.
+  // The largest share of one call's payload that this rank sent, and received, so far in the run
+  // (not differenced by since()): (N-1)/N for a balanced reduce-scatter or all-gather, up to N-1 for
+  // a rank that owns the whole range of a variable-count one.
   double max_sent_share = 0;
   double max_received_share = 0;
   double busy_ms = 0;          // time ops of this kind were in flight on their lane (see comm_mpi.cpp)
@@ -60,6 +61,10 @@ struct CommStats {
   // The counts of what happened between `before` (an earlier copy of these statistics) and now. The
   // per-call maxima are not differences: they keep the larger of the two.
   CommStats since(const CommStats& before) const;
+  // Adds another communicator's statistics (a run's groups together). Each communicator's in-flight
+  // time is the union of its own ops' intervals: where two groups communicate at the same moment,
+  // the sum counts that moment twice. Exposed time stays within it.
+  CommStats& operator+=(const CommStats& other);
 };
 
 // Emulated interconnect: each op takes at least the time an alpha-beta model of a ring over such a
@@ -101,8 +106,10 @@ class Communicator {
   const std::string& group() const { return group_; }  // "world", "dp", "tp", "pp", ...
 
   // A new communicator over the ranks of this one that pass the same `color`, ranked by `key`
-  // (ties by their rank here), named `group`. Collective: every rank of this communicator calls it.
-  // Of the same kind as this one (MPI, NCCL or host-staged); groups share the one progress engine.
+  // (ties by their rank here), named `group`. Collective: every rank of this communicator calls it,
+  // after the same ops (async ones may still be in flight). Of the same kind as this one (MPI, NCCL or
+  // host-staged); groups share the one progress engine. Wait every handle of a communicator before
+  // destroying it.
   virtual std::unique_ptr<Communicator> split(int color, int key, const std::string& group) = 0;
 
   // MPI forbids a send buffer that overlaps the receive buffer of the same call, and does not check:

@@ -36,7 +36,8 @@
 // issue on that same thread.
 //   busy:      a lane charges an op from its issue or from the lane's previous completion, whichever is
 //              later, to its completion: the busy times of one lane add up to the time it was busy.
-//   in flight: the union, over both lanes, of the intervals from issue to completion (InFlightSweep).
+//   in flight: the union, over both lanes of a communicator, of the intervals from issue to
+//              completion (InFlightSweep, one per communicator).
 //   exposed:   the time the caller sat in wait(); it lies inside the in-flight time by construction.
 // With one rank in the group there is nothing to exchange: collectives complete at issue (a local
 // copy where the output is another buffer) and cost no time at all.
@@ -130,6 +131,24 @@ CommStats CommStats::since(const CommStats& before) const {
   d.exposed_ms = exposed_ms - before.exposed_ms;
   d.in_flight_ms = in_flight_ms - before.in_flight_ms;
   return d;
+}
+
+CommStats& CommStats::operator+=(const CommStats& other) {
+  for (int k = 0; k < kCollectiveKinds; k++) {
+    CollectiveCounters& c = kind[k];
+    const CollectiveCounters& o = other.kind[k];
+    c.calls += o.calls;
+    c.launched += o.launched;
+    c.payload_bytes += o.payload_bytes;
+    c.sent_bytes += o.sent_bytes;
+    c.received_bytes += o.received_bytes;
+    c.max_sent_share = std::max(c.max_sent_share, o.max_sent_share);
+    c.max_received_share = std::max(c.max_received_share, o.max_received_share);
+    c.busy_ms += o.busy_ms;
+  }
+  exposed_ms += other.exposed_ms;
+  in_flight_ms += other.in_flight_ms;
+  return *this;
 }
 
 // A scalar is an all-reduce of 8 bytes.
@@ -354,9 +373,11 @@ struct CommHandle::State {
   CollectiveKind kind = CollectiveKind::AllReduce;
   int64_t payload_bytes = 0, sent_bytes = 0, received_bytes = 0;
   CommStats* stats = nullptr;         // the issuing communicator's; wait() counts the op there
-  ProgressEngine* engine = nullptr;   // drives the op while the caller waits
+  std::shared_ptr<ProgressEngine> engine;  // drives the op while the caller waits
   Clock::time_point issued;  // when it was handed to the engine
   // Written by the engine under its mutex, read by wait() after the engine said the op is done.
+  bool posted = false;        // handed to MPI (no longer held by the emulated link)
+  Clock::time_point posted_at;
   bool done = false;
   Clock::time_point completed;
   double busy_ms = 0;
@@ -392,11 +413,14 @@ class ProgressEngine {
     thread_.join();
   }
 
-  // A lane of the emulated link (comm_mpi.cpp's file comment); communicators take two each.
-  int add_lane() {
+  // A communicator's two lanes of the emulated link (the file comment), sends then receives, and its
+  // in-flight sweep: returns the send lane (the receive lane is the next).
+  int add_communicator() {
     std::lock_guard<std::mutex> lock(mutex_);
     lanes_.push_back(Lane{});
-    return int(lanes_.size()) - 1;
+    lanes_.push_back(Lane{});
+    sweeps_.push_back(InFlightSweep{});
+    return int(lanes_.size()) - 2;
   }
 
   // Takes `op`, held for `modelled_ms` on its lane; posts it now when it is due now.
@@ -409,7 +433,7 @@ class ProgressEngine {
       op->handle->issued = now;
       op->post_at = std::max(now, lane.free_at) + as_duration(modelled_ms);
       lane.free_at = op->post_at;
-      sweep_.op_issued(now);
+      sweeps_[op->lane / 2].op_issued(now);
       held_.push_back(std::move(op));
       post_due(now);
     }
@@ -424,14 +448,14 @@ class ProgressEngine {
     std::unique_lock<std::mutex> lock(mutex_);
     if (s.done) return;
     waiters_++;
-    const Clock::time_point began = Clock::now();
     const double spin_ms = std::max(kSpinMinMs, double(s.payload_bytes) / kSpinBytesPerMs);
     auto poll = kPollMin;
     for (int spins = 0; !s.done; spins++) {
       const Clock::time_point now = Clock::now();
       Progress p = progress(now);
       if (s.done) break;
-      if (p.mpi_pending && now - began < as_duration(spin_ms)) {
+      // Spin only while this op itself is moving data: held by the link, it sleeps until posted.
+      if (s.posted && p.mpi_pending && now - s.posted_at < as_duration(spin_ms)) {
         // Polling like MPI's own blocking calls, which yield the core now and then (a yield is a
         // system call: yielding at every poll would double a small collective's latency).
         lock.unlock();
@@ -452,17 +476,27 @@ class ProgressEngine {
     auto mine = [&](const std::unique_ptr<MpiOp>& op) { return op->lane == lane_a || op->lane == lane_b; };
     std::unique_lock<std::mutex> lock(mutex_);
     waiters_++;
-    while (std::any_of(held_.begin(), held_.end(), mine) || std::any_of(posted_.begin(), posted_.end(), mine)) {
+    for (;;) {  // (the condition is tested after progress: it may have completed the last of them)
       const Clock::time_point now = Clock::now();
       const Progress p = progress(now);
+      if (!std::any_of(held_.begin(), held_.end(), mine) && !std::any_of(posted_.begin(), posted_.end(), mine)) break;
       waiter_cv_.wait_until(lock, p.mpi_pending ? now + kPollMax : p.next_post);
     }
     if (--waiters_ == 0) thread_cv_.notify_one();
   }
 
-  bool holds_ops_of(int lane) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    return std::any_of(held_.begin(), held_.end(), [&](const std::unique_ptr<MpiOp>& op) { return op->lane == lane; });
+  // Posts, once their link time has come, every op of `lane` that the emulated link still holds, so
+  // that a blocking MPI call on the communicator (split) comes after them on every rank.
+  void post_held(int lane) {
+    auto mine = [&](const std::unique_ptr<MpiOp>& op) { return op->lane == lane; };
+    std::unique_lock<std::mutex> lock(mutex_);
+    waiters_++;
+    for (;;) {  // (the condition is tested after progress: it may have posted the last of them)
+      const Progress p = progress(Clock::now());
+      if (!std::any_of(held_.begin(), held_.end(), mine)) break;
+      waiter_cv_.wait_until(lock, p.next_post);
+    }
+    if (--waiters_ == 0) thread_cv_.notify_one();
   }
 
  private:
@@ -486,6 +520,8 @@ class ProgressEngine {
       }
       MpiOp& op = **it;
       op.posted = now;
+      op.handle->posted = true;
+      op.handle->posted_at = now;
       op.start(&op.request);
       posted_.push_back(std::move(*it));
       it = held_.erase(it);
@@ -528,12 +564,12 @@ class ProgressEngine {
     lane.last_completed = end;
     CommHandle::State& h = *op.handle;
     h.busy_ms = std::chrono::duration<double, std::milli>(end - begin).count();
-    h.in_flight_ms = sweep_.op_completed(end);
+    h.in_flight_ms = sweeps_[op.lane / 2].op_completed(end);
     h.completed = end;
     h.done = true;
     if (tracing_enabled()) {
       const double end_ms = trace_ms(end);
-      trace_span(Track::Comm, op.name, end_ms - h.busy_ms, end_ms,
+      trace_span(*op.group == "tp" ? Track::TensorParallel : Track::Comm, op.name, end_ms - h.busy_ms, end_ms,
                  std::to_string(h.payload_bytes) + " B" + (*op.group == "world" ? "" : ", " + *op.group));
     }
     waiter_cv_.notify_all();
@@ -579,7 +615,7 @@ class ProgressEngine {
   std::vector<Lane> lanes_;
   std::list<std::unique_ptr<MpiOp>> held_;    // submitted, not yet posted (the emulated link)
   std::list<std::unique_ptr<MpiOp>> posted_;  // posted to MPI, not yet complete
-  InFlightSweep sweep_;
+  std::vector<InFlightSweep> sweeps_;  // one per communicator: its ops' union of in-flight intervals
   int waiters_ = 0;
   bool stopping_ = false;
   std::thread thread_;  // last: starts once everything above exists
@@ -598,6 +634,7 @@ void CommHandle::wait() {
   if (device_wait_) return (*device_wait_)();  // a device communicator's handle (comm.h)
   ENSURE(state_ != nullptr, "wait() on an empty CommHandle");
   State& s = *state_;
+  if (s.counted) return;  // waited before: done, and counted
   const Clock::time_point blocked_from = Clock::now();
   s.engine->wait(s);
   // stats belong to the thread that issues and waits (see the file comment): no lock needed.
@@ -639,21 +676,24 @@ class MpiCommunicator final : public Communicator {
     MPI_CHECK(MPI_Comm_size(comm_, &size_));
     MPI_CHECK(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
     group_ = group;
-    send_lane_ = engine_->add_lane();
-    recv_lane_ = engine_->add_lane();
+    send_lane_ = engine_->add_communicator();
+    recv_lane_ = send_lane_ + 1;
   }
 
   // Finishes what this communicator issued (every rank issued the same ops, so peers are finishing
   // them too), then frees the MPI communicator.
   ~MpiCommunicator() override {
     engine_->drain(send_lane_, recv_lane_);
+    // A handle waited after its communicator is gone would count the op into freed statistics.
+    ENSURE(stats_.total_launched() == stats_.total_calls(),
+           "a communicator destroyed with ops never waited: wait every CommHandle before its communicator goes");
     MPI_CHECK(MPI_Comm_free(&comm_));
   }
 
   std::unique_ptr<Communicator> split(int color, int key, const std::string& group) override {
     // MPI_Comm_split is a blocking collective on comm_: it must come after every op issued here
-    // before it, on every rank alike, so nothing may still be held by the emulated link.
-    ENSURE(!engine_->holds_ops_of(send_lane_), "split() while ops of this communicator are still held by the link");
+    // before it, on every rank alike, so what the emulated link still holds is posted first.
+    engine_->post_held(send_lane_);
     MPI_Comm sub = MPI_COMM_NULL;
     MPI_CHECK(MPI_Comm_split(comm_, color, key, &sub));
     auto result = std::make_unique<MpiCommunicator>(sub, engine_, group);
@@ -869,7 +909,7 @@ class MpiCommunicator final : public Communicator {
     state->sent_bytes = traffic.sent;
     state->received_bytes = traffic.received;
     state->stats = &stats_;
-    state->engine = engine_.get();
+    state->engine = engine_;
     // The only counter written at issue (see the file comment); this thread owns stats_.
     stats_.kind[int(kind)].launched += 1;
     return state;

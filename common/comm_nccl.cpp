@@ -76,6 +76,7 @@
 #include "device.h"      // cuda_device_count, set_ranks_per_gpu
 #include "link_delay.h"  // hold_stream: the emulated link on the NCCL stream
 #include "memory.h"      // Buffer, device_alloc: staging and scratch memory is counted
+#include "ops.h"         // copy_tensor: a one-rank collective's copy
 #include "ops_cuda.h"    // cuda::stream(), the compute stream
 #include "trace.h"       // now_ms, trace_span
 
@@ -274,6 +275,7 @@ class NcclCommunicator final : public CudaCommunicatorBase {
 
   CommHandle all_reduce_async(Tensor buf, ReduceOp op) override {
     if (buf.device == Device::CPU) return over_mpi(mpi_->all_reduce_async(buf, op));
+    if (size_ == 1) return alone(CollectiveKind::AllReduce, int64_t(buf.bytes()));
     void* data = buf.data;
     const size_t n = size_t(buf.numel());
     const ncclDataType_t type = nccl_type(buf.dtype);
@@ -287,6 +289,7 @@ class NcclCommunicator final : public CudaCommunicatorBase {
       return over_mpi(mpi_->reduce_scatter_async(send, recv, op));
     ENSURE(send.numel() == int64_t(size_) * recv.numel(), "reduce_scatter: send must hold size() x recv elements");
     ensure_disjoint(send, recv, "reduce_scatter");
+    if (size_ == 1) return alone(CollectiveKind::ReduceScatter, int64_t(send.bytes()), recv, send);
     const void* in = send.data;
     void* out = recv.data;
     const size_t n = size_t(recv.numel());
@@ -300,6 +303,7 @@ class NcclCommunicator final : public CudaCommunicatorBase {
     if (device_of(send, recv, "all_gather") == Device::CPU) return over_mpi(mpi_->all_gather_async(send, recv));
     ENSURE(recv.numel() == int64_t(size_) * send.numel(), "all_gather: recv must hold size() x send elements");
     ensure_gather_buffers(send, recv, int64_t(rank_) * send.numel(), "all_gather");  // NCCL handles in place too
+    if (size_ == 1) return alone(CollectiveKind::AllGather, int64_t(recv.bytes()), recv, send);
     const void* in = send.data;
     void* out = recv.data;
     const size_t n = size_t(send.numel());
@@ -319,6 +323,7 @@ class NcclCommunicator final : public CudaCommunicatorBase {
     ENSURE(send.numel() == displs.back() + counts.back(), "reduce_scatter_v: send must hold sum(counts) elements");
     ENSURE(recv.numel() == counts[rank_], "reduce_scatter_v: recv must hold counts[rank()] elements");
     ensure_disjoint(send, recv, "reduce_scatter_v");
+    if (size_ == 1) return alone(CollectiveKind::ReduceScatter, int64_t(send.bytes()), recv, send);
     const char* in = static_cast<const char*>(send.data);
     const size_t element = dtype_size(send.dtype);
     const ncclDataType_t type = nccl_type(send.dtype);
@@ -346,6 +351,7 @@ class NcclCommunicator final : public CudaCommunicatorBase {
     ENSURE(send.numel() == counts[rank_], "all_gather_v: send must hold counts[rank()] elements");
     ENSURE(recv.numel() == displs.back() + counts.back(), "all_gather_v: recv must hold sum(counts) elements");
     ensure_gather_buffers(send, recv, displs[rank_], "all_gather_v");
+    if (size_ == 1) return alone(CollectiveKind::AllGather, int64_t(recv.bytes()), recv, send);
     char* out = static_cast<char*>(recv.data);
     const size_t element = dtype_size(recv.dtype);
     const ncclDataType_t type = nccl_type(recv.dtype);
@@ -365,6 +371,7 @@ class NcclCommunicator final : public CudaCommunicatorBase {
   CommHandle broadcast_async(Tensor buf, int root) override {
     ENSURE(root >= 0 && root < size_, "broadcast: root out of range");
     if (buf.device == Device::CPU) return over_mpi(mpi_->broadcast_async(buf, root));
+    if (size_ == 1) return alone(CollectiveKind::Broadcast, int64_t(buf.bytes()));
     void* data = buf.data;
     const size_t n = size_t(buf.numel());
     const ncclDataType_t type = nccl_type(buf.dtype);
@@ -399,6 +406,7 @@ class NcclCommunicator final : public CudaCommunicatorBase {
   // wait() blocks the host until it has (the compute stream waits for it, the host for that stream).
   // Its blocked time is the compute stream's stall, counted as exposed like any other op's.
   CommHandle barrier_async() override {
+    if (size_ == 1) return alone(CollectiveKind::Barrier, 0);
     float* value = barrier_value_;
     CommHandle device = issue(CollectiveKind::Barrier, "barrier", 0, {0, 0}, [=](cudaStream_t s) {
       NCCL_CHECK(ncclAllReduce(value, value, 1, ncclFloat, ncclSum, comm_, s));
@@ -434,6 +442,19 @@ class NcclCommunicator final : public CudaCommunicatorBase {
   // Queues `collective` on the NCCL stream after the compute stream's work so far, between the two
   // timing events (and, while the link model is on, between the two kernels of the link delay), and
   // returns its handle.
+  // A collective of one rank: nothing to exchange, no time (as in comm_mpi.cpp), only the copy where
+  // the result goes to another buffer, queued on the compute stream.
+  CommHandle alone(CollectiveKind kind, int64_t payload_bytes, Tensor to = Tensor(), Tensor from = Tensor()) {
+    stats_.kind[int(kind)].launched += 1;
+    if (from.numel() > 0 && from.data != to.data) copy_tensor(to, from);
+    return CommHandle([this, kind, payload_bytes, counted = false]() mutable {
+      if (counted) return;
+      counted = true;
+      stats_.kind[int(kind)].calls += 1;
+      stats_.kind[int(kind)].payload_bytes += payload_bytes;
+    });
+  }
+
   // What one rank sends and receives, as comm_mpi.cpp counts it: an even split, or by counts.
   struct Traffic {
     int64_t sent = 0, received = 0;
@@ -532,7 +553,8 @@ class NcclCommunicator final : public CudaCommunicatorBase {
       if (tracing_enabled()) {
         if (now_ms() - anchor_host_ms_ > kAnchorRenewMs) anchor_clock();
         const double end_ms = host_ms(op.end);
-        trace_span(Track::Comm, op.name, end_ms - busy, end_ms, std::to_string(op.payload_bytes) + " B, NCCL");
+        trace_span(group_ == "tp" ? Track::TensorParallel : Track::Comm, op.name, end_ms - busy, end_ms,
+                   std::to_string(op.payload_bytes) + " B, NCCL");
         if (stall > 0)
           trace_span(Track::Wait, std::string("wait ") + collective_name(op.kind), end_ms - stall, end_ms);
       }

@@ -64,11 +64,26 @@ std::string folder_of(const std::string& path) {
   return slash == 0 ? "/" : path.substr(0, slash);
 }
 
-// Removes PATH.tmp.<pid> files left by writers that died (a kill during a save): their process no
-// longer exists. A live writer's file (another run saving to the same path) is left alone.
+// This process's temporary for `path`: PATH.tmp.<host>.<pid>. The host is in the name because a
+// folder may be shared by the nodes of a cluster, where only the writer's own node can tell whether
+// that process still lives.
+std::string this_host() {
+  char host[256] = "";
+  if (gethostname(host, sizeof host - 1) != 0) return "unknown";
+  return host;
+}
+
+std::string temporary_for(const std::string& path) {
+  return path + ".tmp." + this_host() + "." + std::to_string(getpid());
+}
+
+// Removes the PATH.tmp.<host>.<pid> files that writers on this host left when they died (a kill during
+// a save): their process no longer exists. A live writer's file (another run saving to the same path)
+// and other hosts' files are left alone.
 void remove_stale_temporaries(const std::string& path) {
   const std::string folder = folder_of(path);
-  const std::string prefix = path.substr(path.rfind('/') == std::string::npos ? 0 : path.rfind('/') + 1) + ".tmp.";
+  const std::string prefix =
+      path.substr(path.rfind('/') == std::string::npos ? 0 : path.rfind('/') + 1) + ".tmp." + this_host() + ".";
   DIR* dir = opendir(folder.c_str());
   if (!dir) return;
   while (dirent* entry = readdir(dir)) {
@@ -92,7 +107,7 @@ std::string writable_problem(const std::string& flag, const std::string& path) {
     return flag + " " + path + ": the folder '" + folder + "' does not exist (create it first)";
   if (!S_ISDIR(info.st_mode)) return flag + " " + path + ": '" + folder + "' is not a folder";
   if (stat(path.c_str(), &info) == 0 && S_ISDIR(info.st_mode)) return flag + " " + path + ": that is a folder, not a file";
-  const std::string probe = path + ".tmp." + std::to_string(getpid());
+  const std::string probe = temporary_for(path);
   FILE* f = std::fopen(probe.c_str(), "wb");
   if (!f) return flag + " " + path + ": cannot write in '" + folder + "': " + std::strerror(errno);
   std::fclose(f);
@@ -102,7 +117,7 @@ std::string writable_problem(const std::string& flag, const std::string& path) {
 
 void write_file_atomically(const std::string& path, const void* data, size_t bytes) {
   remove_stale_temporaries(path);
-  std::string tmp = path + ".tmp." + std::to_string(getpid());
+  const std::string tmp = temporary_for(path);
   FILE* f = std::fopen(tmp.c_str(), "wb");
   if (!f) fatal("cannot write '" + tmp + "': " + std::strerror(errno) + " (does the folder exist?)");
   bool ok = std::fwrite(data, 1, bytes, f) == bytes;

@@ -1,5 +1,5 @@
 // fileio.h: file helpers that check and explain. Nothing is ever half-written: writes go to a
-// temporary file next to the target (PATH.tmp.<pid>), are flushed to disk, then renamed over it
+// temporary file next to the target (PATH.tmp.<host>.<pid>), are flushed to disk, then renamed over it
 // (rename is atomic on POSIX file systems), so a crash leaves either the old file or the new one,
 // and at worst a temporary file, which the next write of PATH removes.
 #pragma once

@@ -34,6 +34,7 @@ const char* track_name(Track t) {
     case Track::Compute: return "compute";
     case Track::Comm: return "communication";
     case Track::Wait: return "waiting on communication";
+    case Track::TensorParallel: return "tensor-parallel communication";
   }
   return "?";
 }
@@ -58,7 +59,7 @@ std::string rank_events_json(int rank) {
   std::snprintf(buf, sizeof buf, R"({"ph":"M","pid":%d,"name":"process_name","args":{"name":"rank %d"}})",
                 rank, rank);
   add(buf);
-  for (Track t : {Track::Compute, Track::Comm, Track::Wait}) {
+  for (Track t : {Track::Compute, Track::Comm, Track::Wait, Track::TensorParallel}) {
     std::snprintf(buf, sizeof buf, R"({"ph":"M","pid":%d,"tid":%d,"name":"thread_name","args":{"name":"%s"}})",
                   rank, int(t), track_name(t));
     add(buf);

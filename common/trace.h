@@ -15,7 +15,9 @@ void sync_clock_epoch(Communicator& comm);
 // The same clock at an earlier moment `t` of std::chrono::steady_clock (what now_ms() read then).
 double trace_ms(std::chrono::steady_clock::time_point t);
 
-enum class Track { Compute = 0, Comm = 1, Wait = 2 };  // Wait: the caller blocked on communication
+// Wait: the caller blocked on communication. TensorParallel: the collectives of a tensor-parallel
+// group (chapter 07), which sit inside forward and backward, apart from the data-parallel ones.
+enum class Track { Compute = 0, Comm = 1, Wait = 2, TensorParallel = 3 };
 
 void enable_tracing(bool on);
 bool tracing_enabled();

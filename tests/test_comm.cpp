@@ -849,7 +849,7 @@ TEST_F(CommTest, InFlightTimeWhenALaterOpRetiresFirst) {
 
 // A message arrives no earlier than its modelled time after it was SENT, however early its receive
 // was posted: rank 1 posts its receive at once, rank 0 sends 200 ms later a message modelled at
-// 320 ms (4 MB at 0.1 Gbit/s). The receive must not complete before 520 ms.
+// 335.5 ms (4 MiB at 0.1 Gbit/s). The receive must not complete before 535.5 ms.
 TEST_F(CommTest, EarlyReceiveStillTakesTheSendersModelledTime) {
   if (N == 1) GTEST_SKIP() << "one rank has no link to emulate";
   const LinkModel link{0.1, 0.0};
@@ -946,6 +946,40 @@ TEST_F(CommTest, SplitGroupsReduceWithinThemselves) {
     EXPECT_TRUE(exactly(got_a, [](int64_t) { return 1.0f; }));
     EXPECT_TRUE(exactly(got_b, [](int64_t) { return 2.0f; }));
   }
+}
+
+// Two groups over the same ranks, their ops overlapping on the link: each communicator's exposed time
+// stays within its own in-flight time (an op of the other group completing first must not take this
+// group's interval).
+TEST_F(CommTest, ExposedWithinInFlightAcrossGroups) {
+  if (N == 1) GTEST_SKIP() << "one rank has no link to emulate";
+  std::unique_ptr<Communicator> group = comm.split(0, rank, "everyone");
+  const LinkModel link{0.5, 0.0};
+  comm.set_link_model(link);
+  group->set_link_model(link);
+  std::vector<float> small(1 << 16, 1.0f), large(1 << 18, 1.0f);  // 256 KB, 1 MB
+  const CommStats world_before = comm.stats(), group_before = group->stats();
+  CommHandle w = comm.all_reduce_async(view(small), ReduceOp::Sum);
+  CommHandle g = group->all_reduce_async(view(large), ReduceOp::Sum);
+  g.wait();
+  w.wait();
+  const CommStats world_step = comm.stats().since(world_before), group_step = group->stats().since(group_before);
+  EXPECT_GT(group_step.exposed_ms, 0.0);
+  EXPECT_LE(group_step.exposed_ms, group_step.in_flight_ms + 1e-9);
+  EXPECT_LE(world_step.exposed_ms, world_step.in_flight_ms + 1e-9);
+  group->set_link_model({});
+}
+
+// split() is a blocking collective on its communicator: it comes after the ops issued before it on
+// every rank alike, even those the emulated link still holds.
+TEST_F(CommTest, SplitAfterAnOpTheLinkStillHolds) {
+  comm.set_link_model({1.0, 0.0});
+  std::vector<float> x(1 << 18, float(rank + 1));  // 1 MB: several ms on the link
+  CommHandle pending = comm.all_reduce_async(view(x), ReduceOp::Sum);
+  std::unique_ptr<Communicator> group = comm.split(rank % 2, rank, "parity");
+  pending.wait();
+  EXPECT_TRUE(exactly(x, [&](int64_t) { return S1; }));
+  EXPECT_EQ(group->size(), (N - rank % 2 + 1) / 2);
 }
 
 // The formula of comm_mpi.cpp against numbers worked out by hand.
