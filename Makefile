@@ -5,6 +5,8 @@
 #   make compare          installs what is missing, trains every chapter, prints a table, writes plots
 #   make bench            one-rank tokens/s and CPU matmul GFLOP/s next to OpenBLAS
 #   make bench-comm       collective benchmark, nccl-tests style: RANKS=2, LINK="--link-gbps 1 --link-latency-us 50"
+#   make bench-tp         07 (tensor parallelism, with and without sequence parallelism, overlap, a fast link)
+#                         next to 03 on one table: RANKS=2 PRESET=deep
 #   make bench-torch      chapter 01 next to PyTorch eager, same model, batch, device and dtype (needs torch):
 #                         ARGS="--preset gpt2 --device cuda --dtype bf16 --steps 30"
 #   make diffs            writes docs/diffs/: each chapter's train.cpp against the previous one
@@ -43,7 +45,7 @@ GoogleTest=$(or $(HAVE_GTEST),MISSING) matplotlib=$(or $(HAVE_MATPLOTLIB),MISSIN
 $(info building chapters: $(CHAPTERS))
 endif
 
-.PHONY: all deps test tests compare bench bench-comm bench-torch diffs clean $(CHAPTERS)
+.PHONY: all deps test tests compare bench bench-comm bench-tp bench-torch diffs clean $(CHAPTERS)
 all: $(CHAPTERS)
 
 $(CHAPTERS): %: %/train
@@ -99,6 +101,9 @@ bench:
 	@scripts/ensure_deps.sh --bench
 	@$(MAKE) --no-print-directory all $(BUILD)/matmul_bench
 	@scripts/bench.sh
+
+bench-tp: all
+	@scripts/bench_tp.sh
 
 # The collective benchmark links libcommon.a like a chapter; LINK passes emulated-link flags through.
 RANKS ?= 2

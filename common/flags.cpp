@@ -258,6 +258,9 @@ bool parse_train_flags(int argc, char** argv, const std::string& chapter, const 
   if (cfg->save_every > 0 && cfg->save.empty()) config_error("--save-every needs --save PATH");
   if (cfg->link_gbps < 0) config_error("--link-gbps must be >= 0 (0 = no emulated link)");
   if (cfg->link_latency_us < 0) config_error("--link-latency-us must be >= 0");
+  if (cfg->was_given("--tp-link-gbps") && cfg->tp_link_gbps < 0) config_error("--tp-link-gbps must be >= 0");
+  if (cfg->was_given("--tp-link-latency-us") && cfg->tp_link_latency_us < 0)
+    config_error("--tp-link-latency-us must be >= 0");
   if (cfg->attention != "flash" && cfg->attention != "materialized")
     config_error("--attention " + cfg->attention + ": choose materialized or flash");
   if (cfg->dtype != "auto" && cfg->dtype != "fp32" && cfg->dtype != "bf16")

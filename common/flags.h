@@ -31,6 +31,9 @@ struct TrainConfig {
   std::string json;          // JSON-lines output path
   double link_gbps = 0;      // emulated interconnect (0 = off)
   double link_latency_us = 0;
+  // The tensor-parallel group's own link (07's --tp-link-gbps, --tp-link-latency-us: TP runs inside a
+  // node, on faster links than the data-parallel groups'); below 0: the same as --link-*.
+  double tp_link_gbps = -1, tp_link_latency_us = -1;
   bool quiet = false;        // no step lines (tests)
   std::string device = "auto";  // auto | cpu | cuda (device.h, pick_device)
   std::string dtype = "auto";   // auto | fp32 | bf16 (device.h, pick_dtype)

@@ -1,15 +1,22 @@
 // model.h: GPT-2, exactly: token + learned position embeddings, L pre-LayerNorm blocks (causal
 // multi-head self-attention, 4x MLP with tanh GELU, residual connections), a final LayerNorm and the
-// LM head tied to the token embedding, then cross-entropy. Defines ModelHooks and GPT2.
+// LM head tied to the token embedding, then cross-entropy. Defines ModelHooks, TensorParallelHooks
+// and GPT2.
 //
 // The model owns only its activations. Parameters and gradients live in flat buffers the chapter
 // owns; the model is told where each unit's parameters and gradients are (bind_unit), so a chapter
 // can point a unit at a freshly gathered buffer (ZeRO-3) or at a transient bucket, and release it.
+//
+// Tensor parallelism (chapter 07): the model can run as one rank's part of a tensor-parallel group
+// of t ranks, with this rank's slices of the parameters (param_layout.h): its NH/t heads, 4C/t MLP
+// channels and V/t vocabulary rows. It then does no communication itself: at each point where
+// Megatron-LM places a collective, it calls the chapter's TensorParallelHooks.
 #pragma once
 #include <functional>
 #include <memory>
 #include <vector>
 
+#include "comm.h"  // CommHandle, ReduceOp: what the tensor-parallel hooks return and take
 #include "memory.h"
 #include "param_layout.h"
 #include "tensor.h"
@@ -26,13 +33,36 @@ struct ModelHooks {
                                                   // chapter decides which micro-batch communicates)
 };
 
+// The collectives of tensor parallelism, which the chapter supplies. "Local" tensors have the rows a
+// rank holds between the parallel layers (all B*T, or its B*T/t under sequence parallelism), "full"
+// ones all B*T rows. Each returns the handle of what it started, or an empty CommHandle; the model
+// waits on it (CommHandle::valid) before it reads the result, as late as it can.
+struct TensorParallelHooks {
+  // "f", the input of a column-parallel layer (qkv, mlp.fc, the LM head):
+  //   forward:  local -> full: nothing (the same tensor), or an all-gather of the rows;
+  //   backward: full -> local: the input's gradient summed over the ranks (each computed its part
+  //             from its own slice of the weight): an all-reduce, or a reduce-scatter of the rows.
+  std::function<CommHandle(Tensor local, Tensor full)> f_forward;
+  std::function<CommHandle(Tensor full, Tensor local)> f_backward;
+  // "g", the output of a row-parallel layer (attn.proj, mlp.proj) or of the vocabulary-parallel
+  // embedding, each rank holding a partial sum:
+  //   forward:  full partial -> local: an all-reduce (in place), or a reduce-scatter of the rows;
+  //   backward: local -> full: nothing (the same tensor), or an all-gather of the rows.
+  std::function<CommHandle(Tensor partial, Tensor local)> g_forward;
+  std::function<CommHandle(Tensor local, Tensor full)> g_backward;
+  // The vocabulary-parallel cross-entropy's reductions, in place over (B,T) fp32 values: the rows'
+  // maxima (Max), their sums of exponentials and target logits (Sum).
+  std::function<void(Tensor values, ReduceOp op)> vocab_all_reduce;
+};
+
 class GPT2 {
  public:
   // Allocates activations for micro-batches of up to max_B sequences of cfg.T tokens. `dtype` is
   // what parameters, gradients and activations are kept in: fp32, or bf16 for mixed precision on a
-  // GPU (the statistics of layernorm and the losses stay fp32; ops.h).
+  // GPU (the statistics of layernorm and the losses stay fp32; ops.h). `tp`: this rank's part of a
+  // tensor-parallel group (the layout must be this rank's: build_gpt2_layout with the same split).
   GPT2(const GPT2Config& cfg, const ParamLayout& layout, int max_B, Device device = Device::CPU,
-       DType dtype = DType::F32);
+       DType dtype = DType::F32, TensorParallelism tp = {});
   ~GPT2();
 
   // Points the parameters (or gradients) of the flat range [begin, end) at `base`, which holds
@@ -56,15 +86,19 @@ class GPT2 {
   void backward(float loss_weight);
 
   ModelHooks hooks;
+  TensorParallelHooks tp_hooks;  // needed when tp.size > 1
   const GPT2Config& config() const { return cfg_; }
   const ParamLayout& layout() const { return layout_; }
   DType dtype() const { return dtype_; }
   bool flash_attention() const { return flash_; }  // see GPT2Config::flash_attention
+  const TensorParallelism& tensor_parallelism() const { return tp_; }
 
-  // GPT-2 initialisation into a full flat parameter buffer: N(0, 0.02) for matrices and embeddings,
-  // residual projections scaled by 1/sqrt(2L), zero biases, unit layernorm gains. Each parameter
-  // draws from its own stream seeded by (seed, parameter index), so the result is the same for any
-  // rank count and layout padding.
+  // GPT-2 initialisation into a full flat parameter buffer of the whole model (a layout without
+  // tensor parallelism): N(0, 0.02) for matrices and embeddings, residual projections scaled by
+  // 1/sqrt(2L), zero biases, unit layernorm gains. Each parameter draws from its own stream seeded by
+  // (seed, parameter index), so the result is the same for any rank count and layout padding; a
+  // tensor-parallel rank takes its slices of it (slice_from_global), so that every split starts from
+  // the very same model.
   static void init_weights(const ParamLayout& layout, uint64_t seed, float* params);
 
   struct Activations;  // defined in model.cpp
@@ -72,6 +106,17 @@ class GPT2 {
  private:
   Tensor param(int p) const;  // view of params[p] at its bound location
   Tensor grad(int p) const;
+  void embed_forward();
+  void block_forward(int l);
+  float head_forward();
+  void head_backward(float loss_weight);
+  void block_backward(int l);
+  void embed_backward();
+  // A column-parallel layer's backward: the input's gradient (summed over the group by f), then the
+  // weight's while that travels; `inp_local` is the layer's input as this rank keeps it (re-gathered
+  // under sequence parallelism). Accumulates into dinp_local.
+  void column_parallel_backward(Tensor dinp_local, Tensor dweight, Tensor dbias, Tensor dout, Tensor inp_local,
+                                Tensor weight);
 
   GPT2Config cfg_;
   const ParamLayout& layout_;
@@ -79,6 +124,7 @@ class GPT2 {
   Device device_;
   DType dtype_;
   bool flash_;
+  TensorParallelism tp_;
   std::vector<char*> param_ptr_, grad_ptr_;  // per parameter, where it lives now
   std::unique_ptr<Activations> acts_;
   int B_ = 0;  // batch of the last forward

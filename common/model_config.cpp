@@ -17,10 +17,14 @@ bool find_preset(const std::string& name, GPT2Config* cfg) {
     c.L = 12; c.C = 128; c.NH = 4; c.T = 64; c.V = 256;
     c.default_batch = 8; c.default_lr = 1e-3f;
   } else if (name == "odd") {
-    // For tests: every tensor size is odd and the count (9915) divides by no rank count, so
-    // shards cut through tensors and padding is exercised.
-    c.L = 2; c.C = 15; c.NH = 3; c.T = 17; c.V = 256;
+    // For tests: odd tensor sizes, and a count (9945) that divides by neither 2 nor 4, so shards
+    // cut through tensors and padding is exercised; NH, 4C and V (258) split over 3 TP ranks.
+    c.L = 2; c.C = 15; c.NH = 3; c.T = 17; c.V = 258;
     c.default_batch = 8; c.default_lr = 3e-3f;
+  } else if (name == "wide") {
+    // For tests: an embedding (V x C) that outweighs the blocks, as GPT-2's does, on a small model.
+    c.L = 2; c.C = 32; c.NH = 4; c.T = 16; c.V = 8192;
+    c.default_batch = 8; c.default_lr = 2e-3f;
   } else if (name == "gpt2") {
     c.L = 12; c.C = 768; c.NH = 12; c.T = 1024; c.V = 50304;
     c.default_batch = 8; c.default_lr = 6e-4f;
@@ -31,4 +35,4 @@ bool find_preset(const std::string& name, GPT2Config* cfg) {
   return true;
 }
 
-const char* preset_names() { return "tiny, small, deep, gpt2, odd"; }
+const char* preset_names() { return "tiny, small, deep, gpt2, odd, wide"; }

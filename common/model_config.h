@@ -20,5 +20,6 @@ struct GPT2Config {
 //   deep:  L=12, C=128, NH=4,  T=64,   V=256    (make compare: ZeRO-3 gathers a few of its 12 blocks)
 //   gpt2:  L=12, C=768, NH=12, T=1024, V=50304  (GPT-2 124M's shape; V padded to a multiple of 128)
 //   odd:   L=2,  C=15,  NH=3,  T=17,   V=256    (for tests: 9915 parameters, divisible by no N > 1)
+//   wide:  L=2,  C=32,  NH=4,  T=16,   V=8192   (for tests: the embedding outweighs the blocks)
 bool find_preset(const std::string& name, GPT2Config* cfg);
-const char* preset_names();  // "tiny, small, deep, gpt2, odd", for error messages
+const char* preset_names();  // "tiny, small, deep, gpt2, odd, wide", for error messages

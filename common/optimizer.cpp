@@ -45,6 +45,22 @@ void AdamW::update(Tensor params, Tensor grads, int step, float lr, float grad_s
   }
 }
 
+double gradient_squares(const ParamLayout& layout, const ShardPlan& plan, Tensor grads, bool count_whole) {
+  if (count_whole || layout.tp.size == 1) return sum_of_squares(grads);
+  double squares = 0;
+  const bool full = grads.numel() == layout.padded_size;
+  for (int i = 0; i < plan.count(); i++) {
+    const FlatRange piece = plan.piece(i);
+    const int64_t at = full ? piece.begin : plan.shard_offset(i);
+    for (const ParamInfo& p : layout.params) {
+      if (p.shard.whole()) continue;
+      const int64_t lo = std::max(p.offset, piece.begin), hi = std::min(p.offset + p.size, piece.end);
+      if (lo < hi) squares += sum_of_squares(grads.slice1d(at + lo - piece.begin, hi - lo));
+    }
+  }
+  return squares;
+}
+
 float learning_rate(const TrainConfig& cfg, float max_lr, int step) {
   const int warmup = cfg.warmup;  // resolved by TrainingRun: the flag, the checkpoint's, or steps/10
   float min_lr = max_lr * 0.1f;

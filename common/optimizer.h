@@ -44,6 +44,13 @@ class AdamW {
   Buffer m_, v_, master_;
 };
 
+// The sum of squares of the gradients this rank holds of `plan`'s pieces (`grads`: a full flat
+// buffer or a shard, as AdamW::update takes them), for the global norm: summed over the ranks that
+// hold different pieces, it is the norm squared. With `count_whole` false, the parameters whole on
+// every rank of a tensor-parallel group (TensorShard::whole) are left out: one rank of the group
+// counts them, or they would count t times.
+double gradient_squares(const ParamLayout& layout, const ShardPlan& plan, Tensor grads, bool count_whole = true);
+
 // Linear warm-up over cfg.warmup steps to `max_lr`, then cosine decay to max_lr/10 at the last step.
 float learning_rate(const TrainConfig& cfg, float max_lr, int step);
 

@@ -1,6 +1,10 @@
 // param_layout.cpp: the GPT-2 parameter table of param_layout.h.
 #include "param_layout.h"
 
+#include <cstring>
+
+#include "check.h"
+
 namespace {
 
 constexpr int64_t kAlignElements = 16;  // 64 bytes of fp32: every per-rank piece starts aligned
@@ -9,18 +13,33 @@ int64_t round_up(int64_t x, int64_t multiple) { return (x + multiple - 1) / mult
 
 class LayoutBuilder {
  public:
-  explicit LayoutBuilder(int ranks) { layout_.ranks = ranks; }
+  LayoutBuilder(int ranks, TensorParallelism tp) {
+    layout_.ranks = ranks;
+    layout_.tp = tp;
+  }
 
   void begin_unit() { layout_.unit_begin.push_back(next_offset_); unit_++; }
   void end_unit() { next_offset_ = round_up(next_offset_, kAlignElements * layout_.ranks); }
 
-  void add(const std::string& name, int64_t rows, int64_t cols = 0) {
+  // A tensor of global shape (rows, cols) (cols 0: a vector), cut by `cut` (dim, blocks) into the
+  // layout's tensor-parallel parts, of which this rank holds its own.
+  void add(const std::string& name, int64_t rows, int64_t cols = 0, TensorShard cut = {}) {
     ParamInfo p;
     p.name = name;
     p.ndim = cols ? 2 : 1;
+    p.global_shape[0] = rows;
+    p.global_shape[1] = cols;
     p.shape[0] = rows;
     p.shape[1] = cols;
-    p.size = cols ? rows * cols : rows;
+    if (cut.dim >= 0 && layout_.tp.size > 1) {
+      p.shard = cut;
+      p.shard.parts = layout_.tp.size;
+      p.shard.index = layout_.tp.rank;
+      ENSURE(p.global_shape[cut.dim] % (int64_t(cut.blocks) * p.shard.parts) == 0,
+             name + ": dimension " + std::to_string(cut.dim) + " does not split into the tensor-parallel parts");
+      p.shape[cut.dim] /= p.shard.parts;
+    }
+    p.size = cols ? p.shape[0] * p.shape[1] : p.shape[0];
     p.offset = next_offset_;
     p.unit = unit_;
     p.weight_decay = p.ndim == 2;
@@ -49,11 +68,14 @@ int ParamLayout::find(const std::string& name) const {
   return -1;
 }
 
-ParamLayout build_gpt2_layout(const GPT2Config& cfg, int ranks) {
+ParamLayout build_gpt2_layout(const GPT2Config& cfg, int ranks, TensorParallelism tp) {
   const int64_t C = cfg.C;
-  LayoutBuilder b(ranks);
+  // Megatron-LM's cuts (param_layout.h): rows of the output (column-parallel), columns of the input
+  // (row-parallel); qkv's rows are three blocks (q, k, v), each cut by heads.
+  const TensorShard column{0, 1, 0, 1}, row{1, 1, 0, 1}, qkv{0, 1, 0, 3};
+  LayoutBuilder b(ranks, tp);
   b.begin_unit();  // unit 0: embeddings
-  b.add("wte", cfg.V, C);
+  b.add("wte", cfg.V, C, column);  // by vocabulary
   b.add("wpe", cfg.T, C);
   b.end_unit();
   for (int l = 0; l < cfg.L; l++) {  // units 1..L: blocks, parameters in forward order
@@ -61,15 +83,15 @@ ParamLayout build_gpt2_layout(const GPT2Config& cfg, int ranks) {
     b.begin_unit();
     b.add(h + "ln1.weight", C);
     b.add(h + "ln1.bias", C);
-    b.add(h + "attn.qkv.weight", 3 * C, C);
-    b.add(h + "attn.qkv.bias", 3 * C);
-    b.add(h + "attn.proj.weight", C, C);
+    b.add(h + "attn.qkv.weight", 3 * C, C, qkv);
+    b.add(h + "attn.qkv.bias", 3 * C, 0, qkv);
+    b.add(h + "attn.proj.weight", C, C, row);
     b.add(h + "attn.proj.bias", C);
     b.add(h + "ln2.weight", C);
     b.add(h + "ln2.bias", C);
-    b.add(h + "mlp.fc.weight", 4 * C, C);
-    b.add(h + "mlp.fc.bias", 4 * C);
-    b.add(h + "mlp.proj.weight", C, 4 * C);
+    b.add(h + "mlp.fc.weight", 4 * C, C, column);
+    b.add(h + "mlp.fc.bias", 4 * C, 0, column);
+    b.add(h + "mlp.proj.weight", C, 4 * C, row);
     b.add(h + "mlp.proj.bias", C);
     b.end_unit();
   }
@@ -83,4 +105,57 @@ ParamLayout build_gpt2_layout(const GPT2Config& cfg, int ranks) {
 int64_t flops_params(const ParamLayout& layout) {
   int wpe = layout.find("wpe");
   return layout.num_params - (wpe >= 0 ? layout.params[wpe].size : 0);
+}
+
+namespace {
+
+// Visits the runs of contiguous elements that a rank's slice of `p` shares with the global tensor:
+// visit(local offset, global offset, count), offsets within the tensors.
+template <typename Visit>
+void for_each_run(const ParamInfo& p, Visit visit) {
+  const int64_t rows = p.shape[0], cols = p.ndim == 2 ? p.shape[1] : 1;
+  const int64_t global_cols = p.ndim == 2 ? p.global_shape[1] : 1;
+  if (p.shard.whole()) return visit(0, 0, p.size);
+  if (p.shard.dim == 1) {  // each row: this rank's columns
+    for (int64_t r = 0; r < rows; r++) visit(r * cols, r * global_cols + p.shard.index * cols, cols);
+    return;
+  }
+  // dim 0: in each of the blocks, this rank's rows
+  const int64_t block_rows = p.global_shape[0] / p.shard.blocks, local_block_rows = rows / p.shard.blocks;
+  for (int k = 0; k < p.shard.blocks; k++) {
+    const int64_t global_row = k * block_rows + p.shard.index * local_block_rows;
+    visit(k * local_block_rows * cols, global_row * global_cols, local_block_rows * cols);
+  }
+}
+
+void check_same_model(const ParamLayout& a, const ParamLayout& b) {
+  ENSURE(a.params.size() == b.params.size(), "layouts of different models");
+  for (size_t i = 0; i < a.params.size(); i++)
+    ENSURE(a.params[i].name == b.params[i].name, "layouts list their parameters differently");
+}
+
+}  // namespace
+
+void slice_from_global(const ParamLayout& global, const float* global_flat, const ParamLayout& local, float* local_flat) {
+  check_same_model(global, local);
+  for (size_t i = 0; i < local.params.size(); i++) {
+    const ParamInfo& p = local.params[i];
+    const float* from = global_flat + global.params[i].offset;
+    float* to = local_flat + p.offset;
+    for_each_run(p, [&](int64_t at_local, int64_t at_global, int64_t n) {
+      std::memcpy(to + at_local, from + at_global, size_t(n) * sizeof(float));
+    });
+  }
+}
+
+void place_into_global(const ParamLayout& local, const float* local_flat, const ParamLayout& global, float* global_flat) {
+  check_same_model(global, local);
+  for (size_t i = 0; i < local.params.size(); i++) {
+    const ParamInfo& p = local.params[i];
+    const float* from = local_flat + p.offset;
+    float* to = global_flat + global.params[i].offset;
+    for_each_run(p, [&](int64_t at_local, int64_t at_global, int64_t n) {
+      std::memcpy(to + at_global, from + at_local, size_t(n) * sizeof(float));
+    });
+  }
 }

@@ -6,9 +6,18 @@
 // A "unit" is what the hooks and later chapters call a layer: unit 0 holds the embeddings (wte, wpe),
 // units 1..L the transformer blocks, unit L+1 the final layernorm (the LM head reuses wte: tied).
 // Parameters are stored in forward order, so backward produces gradients from high offsets to low.
-// Each unit is padded to a multiple of ranks x 16 elements: the whole length then divides by the
-// rank count, and every unit splits into equal, 64-byte-aligned per-rank pieces (ZeRO-3 gathers per
-// unit). Padding elements are zero and stay zero.
+// Each unit is padded to a multiple of ranks x 16 elements (ranks: of the data-parallel group): the
+// whole length then divides by the rank count, and every unit splits into equal, 64-byte-aligned
+// per-rank pieces (ZeRO-3 gathers per unit). Padding elements are zero and stay zero.
+//
+// Under tensor parallelism (chapter 07) a rank holds a slice of some tensors: the layout is then this
+// rank's, and each entry says which slice of which global tensor it is (TensorShard), so that
+// initialisation, checkpoints and tests can go between the global tensors and the ranks' slices. As
+// Megatron-LM splits GPT-2 over t ranks:
+//   column-parallel (split the output rows, dim 0): attn.qkv (by heads: rank r's q, k and v rows,
+//     three blocks cut alike), mlp.fc, wte (by vocabulary: the tied LM head is column-parallel too);
+//   row-parallel (split the input columns, dim 1): attn.proj, mlp.proj (their biases stay whole);
+//   whole on every rank: wpe, the layernorms, the row-parallel biases.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -16,22 +25,45 @@
 
 #include "model_config.h"
 
+// How a rank's tensor is cut from its global tensor: dimension `dim` split into `parts` equal pieces,
+// of which this rank holds piece `index`. With `blocks` > 1, the global dimension is that many equal
+// blocks, each cut alike (qkv's q, k and v), and the piece is the same slice of every block.
+struct TensorShard {
+  int dim = -1;  // -1: whole, the same tensor on every rank of the tensor-parallel group
+  int parts = 1, index = 0, blocks = 1;
+  bool whole() const { return dim < 0 || parts == 1; }
+};
+
 struct ParamInfo {
-  std::string name;        // e.g. "h1.attn.qkv.weight"
+  std::string name;        // the global name, e.g. "h1.attn.qkv.weight"
   int ndim = 0;
-  int64_t shape[2] = {0, 0};
+  int64_t shape[2] = {0, 0};         // this rank's
+  int64_t global_shape[2] = {0, 0};  // the whole tensor's
+  TensorShard shard;
   int64_t offset = 0;      // in elements, into the flat buffers
   int64_t size = 0;        // elements
   int unit = 0;
   bool weight_decay = false;  // AdamW decays matrices (ndim 2), not biases or layernorm gains
 };
 
+// How the model is split over a tensor-parallel group: `size` ranks, of which this is `rank`. The
+// default: not at all.
+struct TensorParallelism {
+  int size = 1, rank = 0;
+  // Sequence parallelism (Korthikanti et al. 2022): between the tensor-parallel layers, activations
+  // are split along the B*T positions too: rank r holds rows [r*BT/t, (r+1)*BT/t) of the flattened
+  // (B,T,C) stream (the layernorms, residual adds and biases are per row, so any split of rows works).
+  // It changes no parameter's shape, only the model's activations and collectives.
+  bool sequence_parallel = false;
+};
+
 struct ParamLayout {
   std::vector<ParamInfo> params;
   std::vector<int64_t> unit_begin;  // unit u spans [unit_begin[u], unit_begin[u+1]); size num_units+1
-  int64_t num_params = 0;           // Ψ: real parameters, no padding
+  int64_t num_params = 0;           // Ψ: real parameters, no padding (this rank's, under TP)
   int64_t padded_size = 0;          // the flat length, a multiple of ranks x 16
-  int ranks = 1;
+  int ranks = 1;                    // of the data-parallel group
+  TensorParallelism tp;
 
   int num_units() const { return int(unit_begin.size()) - 1; }
   int64_t unit_size(int u) const { return unit_begin[u + 1] - unit_begin[u]; }
@@ -40,7 +72,20 @@ struct ParamLayout {
   int find(const std::string& name) const;  // index into params, or -1
 };
 
-ParamLayout build_gpt2_layout(const GPT2Config& cfg, int ranks);
+// GPT-2's parameters, for a data-parallel group of `ranks` ranks and this rank's part of a tensor-
+// parallel group (`tp`; the default is the whole model). The sizes must divide (NH, V and 4C by
+// tp.size: TrainingRun checks that with a message first).
+ParamLayout build_gpt2_layout(const GPT2Config& cfg, int ranks, TensorParallelism tp = {});
+
+// Between the global tensors and a rank's slices. `global` is the layout of the whole model
+// (build_gpt2_layout(cfg, any ranks)); `local` a rank's under tensor parallelism; the flat arrays are
+// fp32 and padded as their layouts say. Parameters are matched by their index (both layouts list the
+// same parameters in the same order).
+// local_flat = this rank's slice of every tensor of global_flat (padding left as it was: zero).
+void slice_from_global(const ParamLayout& global, const float* global_flat, const ParamLayout& local, float* local_flat);
+// The inverse: writes `local`'s slices into their places in global_flat (tensors whole on every rank
+// are copied too); with every rank's slices written, global_flat is complete.
+void place_into_global(const ParamLayout& local, const float* local_flat, const ParamLayout& global, float* global_flat);
 
 // Parameters of the whole model excluding position embeddings: the N of FLOPs/token = 6N + 12LCT.
 int64_t flops_params(const ParamLayout& layout);

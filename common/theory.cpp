@@ -42,42 +42,84 @@ double carved(double elements, double element_bytes) {
 }
 }  // namespace
 
-double activation_bytes(const GPT2Config& cfg, int B, DType dtype, bool flash) {
+double activation_bytes(const GPT2Config& cfg, int B, DType dtype, bool flash, TensorParallelism tp) {
   const double w = double(dtype_size(dtype)), f32 = 4;  // statistics and losses stay fp32
-  const double T = cfg.T, C = cfg.C, NH = cfg.NH, V = cfg.V, BT = double(B) * T;
-  const double att = flash ? 0 : double(B) * NH * T * T, lse = flash ? double(B) * NH * T : 0;
-  // Per block, what its backward reads: ln1 (BTC) and its mean and rstd (BT each), qkv (3BTC), the
-  // attention output (BTC), the scores before and after softmax (B NH T T each, not with Flash-
-  // Attention, which keeps B NH T log-sum-exps instead), attproj (BTC), the stream after attention
-  // (BTC), ln2 (BTC, 2 BT), fc before and after GELU (4BTC each), the MLP projection (BTC) and the
-  // stream after the block (BTC): 18 BTC + 2 B NH T^2 + 4 BT.
-  const double block = carved(BT * C, w) + 2 * carved(BT, f32) + carved(3 * BT * C, w) + carved(BT * C, w) +
-                       2 * carved(att, w) + carved(lse, f32) + carved(BT * C, w) + carved(BT * C, w) +
-                       carved(BT * C, w) + 2 * carved(BT, f32) + 2 * carved(4 * BT * C, w) + carved(BT * C, w) +
-                       carved(BT * C, w);
-  // Around the blocks: the embeddings (BTC), the final layernorm (BTC, 2 BT), logits and probabilities
-  // (BTV each) and the losses (BT).
-  const double ends = carved(BT * C, w) + carved(BT * C, w) + 2 * carved(BT, f32) + 2 * carved(BT * V, w) +
-                      carved(BT, f32);
-  // The backward's scratch, reused by every block: gradients of the stream, of a layernorm's output
-  // and of the attention output (BTC each), of qkv (3BTC), of the scores (2 B NH T^2), of fc before
-  // and after GELU (4BTC each) and of the logits (BTV).
-  const double scratch = 3 * carved(BT * C, w) + carved(3 * BT * C, w) + 2 * carved(att, w) +
-                         2 * carved(4 * BT * C, w) + carved(BT * V, w);
+  const double t = tp.size, T = cfg.T, C = cfg.C;
+  // R positions; r of them kept between the parallel layers (a 1/t slice under sequence parallelism);
+  // a rank's share of the heads' channels C', MLP channels F', vocabulary V' and heads NH'.
+  const double R = double(B) * T, r = tp.size > 1 && tp.sequence_parallel ? R / t : R;
+  const double Cl = C / t, Fl = 4 * C / t, Vl = cfg.V / t, NHl = cfg.NH / t;
+  const double att = flash ? 0 : double(B) * NHl * T * T, lse = flash ? double(B) * NHl * T : 0;
+  // Per block, what its backward reads: ln1 (rC) and its mean and 1/std (r each), qkv (3RC'), the
+  // attention output (RC'), the scores before and after softmax (B NH' T T each, not with Flash-
+  // Attention, which keeps B NH' T log-sum-exps instead), attproj (rC), the stream after attention
+  // (rC), ln2 (rC, 2r), fc before and after GELU (RF' each), the MLP projection (rC) and the stream
+  // after the block (rC). Without tensor parallelism: 18 BTC + 2 B NH T^2 + 4 BT.
+  const double block = carved(r * C, w) + 2 * carved(r, f32) + carved(3 * R * Cl, w) + carved(R * Cl, w) +
+                       2 * carved(att, w) + carved(lse, f32) + carved(r * C, w) + carved(r * C, w) +
+                       carved(r * C, w) + 2 * carved(r, f32) + 2 * carved(R * Fl, w) + carved(r * C, w) +
+                       carved(r * C, w);
+  // Around the blocks: the embeddings (rC), the final layernorm (rC, 2r), logits and probabilities
+  // (RV' each), the losses (R), and under tensor parallelism the cross-entropy's row maxima, sums and
+  // target logits (R each).
+  const double cross_entropy = tp.size > 1 ? 3 * carved(R, f32) : 0;
+  const double ends = carved(r * C, w) + carved(r * C, w) + 2 * carved(r, f32) + 2 * carved(R * Vl, w) +
+                      carved(R, f32) + cross_entropy;
+  // The backward's scratch, reused by every block: gradients of the stream and of a layernorm's
+  // output (rC each), of the attention output (RC'), of qkv (3RC'), of the scores (2 B NH' T^2), of fc
+  // before and after GELU (RF' each) and of the logits (RV'). Under sequence parallelism, three
+  // full-rows buffers (RC each): a gathered input, a row-parallel partial output, a full gradient.
+  const double full_rows = tp.size > 1 && tp.sequence_parallel ? 3 * carved(R * C, w) : 0;
+  const double scratch = 2 * carved(r * C, w) + carved(R * Cl, w) + carved(3 * R * Cl, w) + 2 * carved(att, w) +
+                         2 * carved(R * Fl, w) + carved(R * Vl, w) + full_rows;
   return cfg.L * block + ends + scratch;
+}
+
+TensorParallelPrediction predict_tensor_parallel(const GPT2Config& cfg, int micro_B, TensorParallelism tp,
+                                                 DType dtype) {
+  TensorParallelPrediction p;
+  if (tp.size <= 1) return p;
+  const double t = tp.size, L = cfg.L, w = double(dtype_size(dtype));
+  const double activations = double(micro_B) * cfg.T * cfg.C * w;  // one B*T*C tensor
+  const double rows = double(micro_B) * cfg.T * 4;                  // one fp32 value per position
+  p.loss_all_reduces = 3;
+  const double loss_bytes = 3 * 2 * (t - 1) / t * rows;
+  if (!tp.sequence_parallel) {
+    // Per block 2 all-reduces in forward (after the two row-parallel layers), 2 in backward (the inputs
+    // of the two column-parallel layers); the embedding's in forward, the head's input in backward.
+    p.all_reduces = int(4 * L + 2);
+    p.bytes_per_micro_batch = p.all_reduces * 2 * (t - 1) / t * activations + loss_bytes;
+    p.formula = "(4L + 2) all-reduces x 2(t-1)/t x BTC + 3 x 2(t-1)/t x BT x 4 B";
+    return p;
+  }
+  // Each all-reduce becomes an all-gather and a reduce-scatter: forward, per block 2 all-gathers
+  // (column inputs) and 2 reduce-scatters (row outputs); backward, 2 all-gathers (row outputs'
+  // gradients), 2 reduce-scatters (column inputs' gradients), and 2 all-gathers of the column inputs
+  // again, for the weights' gradients. The embedding: a reduce-scatter, then an all-gather; the head:
+  // an all-gather, a reduce-scatter, and its input gathered again.
+  p.regathers = int(2 * L + 1);
+  p.all_gathers = int(4 * L + 2) + p.regathers;
+  p.reduce_scatters = int(4 * L + 2);
+  p.bytes_per_micro_batch = (p.all_gathers + p.reduce_scatters) * (t - 1) / t * activations + loss_bytes;
+  const double whole_params = L * 6 * cfg.C + 2 * cfg.C + double(cfg.T) * cfg.C;
+  p.partial_grad_all_reduces = int(6 * L + 3);
+  p.partial_grad_bytes = 2 * (t - 1) / t * whole_params * w;
+  p.formula = "(10L + 5) gathers/scatters x (t-1)/t x BTC + 3 x 2(t-1)/t x BT x 4 B; per step (6L + 3) all-reduces, 2(t-1)/t x (6LC + 2C + TC)";
+  return p;
 }
 
 double MemoryForecast::peak() const { return model_state + activations + data + std::max(transient, checkpoint); }
 
 MemoryForecast forecast_memory(Strategy strategy, const ParamLayout& layout, const GPT2Config& cfg, int micro_B,
-                               DType dtype, Device device, bool flash, bool saves_or_resumes, double data_bytes) {
+                               DType dtype, Device device, bool flash, bool saves_or_resumes, double data_bytes,
+                               TensorParallelism tp) {
   const Prediction p = predict(strategy, layout, 1, dtype);
   const double w = double(dtype_size(dtype)), N = layout.ranks;
   // The buffers are padded (param_layout.h): the formula's Ψ is the padded length here.
   const double padding = double(layout.padded_size) / double(layout.num_params);
   MemoryForecast m;
   m.model_state = (p.params_bytes + p.grads_bytes + p.optim_bytes) * padding;
-  m.activations = activation_bytes(cfg, micro_B, dtype, flash);
+  m.activations = activation_bytes(cfg, micro_B, dtype, flash, tp);
   if (device == Device::CUDA) m.activations += 2.0 * micro_B * cfg.T * 4;  // token ids, inputs and targets
 
   // Communication buffers, at most (docs/theory.md, "Transient buffers"): the largest block U, the
@@ -86,18 +128,22 @@ MemoryForecast forecast_memory(Strategy strategy, const ParamLayout& layout, con
   double U = 0;
   for (int u = 1; u + 1 < layout.num_units(); u++) U = std::max(U, double(layout.unit_size(u)));
   const double E = double(layout.unit_size(0)), head = double(layout.unit_size(layout.num_units() - 1));
-  const double layer_grads = E + 2 * U * (1 + 1 / N);  // ZeRO-2/3: two reduce-scatters in flight, E open
+  // ZeRO-2/3's layer gradients: two reduce-scatters in flight, each with the piece it receives, one of
+  // which may be the embedding's (reduce-scattered last, it is open from the head's backward on).
+  const double layer_grads = (E + 2 * U) * (1 + 1 / N);
   switch (strategy) {
     case Strategy::DP: m.transient = 0; break;
     case Strategy::ZeRO1: m.transient = w * double(layout.padded_size) / N; break;  // the gradient shard
     case Strategy::ZeRO2: m.transient = w * layer_grads; break;
     case Strategy::ZeRO3: m.transient = w * (layer_grads + E + 2 * U + head); break;  // + gathered layers
   }
-  // Full fp32 host copies: one to initialise; saving or resuming holds parameters, m and v, plus the
-  // shards gathered from every rank. On a GPU these live on the host, except the gathered shards.
-  const double full = 4.0 * double(layout.padded_size);
+  // Full fp32 host copies: one to initialise; saving or resuming holds parameters, m and v, and rank 0
+  // the file's bytes besides (as many again): 6 copies. On a GPU these live on the host, except the
+  // shards gathered from every rank. Under tensor parallelism the whole model's copies are t times a
+  // rank's.
+  const double full = 4.0 * double(layout.padded_size) * tp.size;
   if (device == Device::CPU) {
-    m.checkpoint = saves_or_resumes ? 4 * full : full;
+    m.checkpoint = saves_or_resumes ? 6 * full : full;
     m.data = data_bytes;
   } else {
     m.checkpoint = saves_or_resumes ? full : 0;

@@ -28,9 +28,26 @@ Prediction predict(Strategy strategy, const ParamLayout& layout, int grad_accum,
 
 // The bytes of the model's activation arena (model.cpp) for micro-batches of B sequences: every
 // tensor the backward reads, per block and at the ends, plus the backward's scratch (docs/theory.md,
-// "Activation memory"). `flash`: FlashAttention's log-sum-exp instead of the (B,NH,T,T) matrices.
-// Each tensor is rounded up to the allocator's 64 bytes, as the arena carves it.
-double activation_bytes(const GPT2Config& cfg, int B, DType dtype, bool flash);
+// "Activation memory"), on one rank of a tensor-parallel group `tp` (with or without sequence
+// parallelism). `flash`: FlashAttention's log-sum-exp instead of the (B,NH,T,T) matrices. Each
+// tensor is rounded up to the allocator's 64 bytes, as the arena carves it.
+double activation_bytes(const GPT2Config& cfg, int B, DType dtype, bool flash, TensorParallelism tp = {});
+
+// Tensor parallelism's traffic over the tensor-parallel group (docs/theory.md, section 9), per rank.
+struct TensorParallelPrediction {
+  // Per micro-batch: collectives of B*T*C activations (all-reduces without sequence parallelism; with
+  // it, all-gathers and reduce-scatters, of which `regathers` are the inputs gathered again for the
+  // weights' gradients), and the cross-entropy's 3 all-reduces of B*T fp32 values.
+  int all_reduces = 0, all_gathers = 0, reduce_scatters = 0, regathers = 0, loss_all_reduces = 0;
+  double bytes_per_micro_batch = 0;  // sent by this rank
+  // Per step, under sequence parallelism: the all-reduces of the gradients of the parameters every
+  // rank holds whole (6 a block: layernorms and row-parallel biases; wpe and the final layernorm's
+  // 2), which each rank computed from its rows only.
+  int partial_grad_all_reduces = 0;
+  double partial_grad_bytes = 0;
+  std::string formula;
+};
+TensorParallelPrediction predict_tensor_parallel(const GPT2Config& cfg, int micro_B, TensorParallelism tp, DType dtype);
 
 // The peak memory of one rank, predicted before anything is allocated.
 struct MemoryForecast {
@@ -42,4 +59,5 @@ struct MemoryForecast {
   double peak() const;      // model state + activations + data + the larger of transient and checkpoint
 };
 MemoryForecast forecast_memory(Strategy strategy, const ParamLayout& layout, const GPT2Config& cfg, int micro_B,
-                               DType dtype, Device device, bool flash, bool saves_or_resumes, double data_bytes);
+                               DType dtype, Device device, bool flash, bool saves_or_resumes, double data_bytes,
+                               TensorParallelism tp = {});

@@ -59,7 +59,17 @@ std::string divisors_text(int batch) {
 }  // namespace
 
 TrainingRun::TrainingRun(Communicator& comm, TrainConfig& cfg, Strategy strategy)
-    : comm_(comm), strategy_(strategy), device_(comm.device()), dtype_(pick_dtype(cfg.dtype, device_)) {
+    : TrainingRun(comm, comm, nullptr, cfg, strategy, TensorParallelism{}) {}
+
+TrainingRun::TrainingRun(ProcessGrid& grid, TrainConfig& cfg, Strategy strategy, TensorParallelism tp)
+    : TrainingRun(grid.world(), grid.dp(), &grid.tp(), cfg, strategy, tp) {
+  ENSURE(tp.size == grid.shape().tp && tp.rank == grid.coords().tp, "TrainingRun: the split is not the grid's");
+}
+
+TrainingRun::TrainingRun(Communicator& world, Communicator& dp, Communicator* tp_comm, TrainConfig& cfg,
+                         Strategy strategy, TensorParallelism tp)
+    : world_(world), dp_(dp), tp_comm_(tp_comm), tp_(tp), strategy_(strategy), device_(world.device()),
+      dtype_(pick_dtype(cfg.dtype, device_)) {
   if (!find_preset(cfg.preset, &model_))
     config_error("--preset: unknown preset '" + cfg.preset + "' (choose from " + preset_names() + ")");
   if (model_.C % model_.NH != 0) config_error("the model's C must divide by NH");
@@ -67,19 +77,22 @@ TrainingRun::TrainingRun(Communicator& comm, TrainConfig& cfg, Strategy strategy
   // A resumed run reads the checkpoint's header first: its settings stand in for absent flags, and
   // its batch decides whether this rank count can take it at all.
   CheckpointHeader header;
-  if (!cfg_.resume.empty()) header = read_checkpoint_header(comm, cfg_.resume);
+  if (!cfg_.resume.empty()) header = read_checkpoint_header(world_, cfg_.resume);
   resolve_settings(cfg_.resume.empty() ? nullptr : &header);
   cfg = cfg_;  // the caller sees what the run uses
 
   model_.flash_attention = cfg_.attention == "flash";
-  flash_ = model_.flash_attention && flash_attention_available(dtype_, device_, model_.C, model_.NH);
-  micro_B_ = cfg_.batch / (comm.size() * cfg_.grad_accum);
-  layout_ = build_gpt2_layout(model_, comm.size());
+  flash_ = model_.flash_attention &&
+           flash_attention_available(dtype_, device_, model_.C / tp_.size, model_.NH / tp_.size);
+  micro_B_ = cfg_.batch / (dp_.size() * cfg_.grad_accum);
+  check_tensor_parallel();
+  layout_ = build_gpt2_layout(model_, dp_.size(), tp_);
+  global_layout_ = tp_.size > 1 ? build_gpt2_layout(model_, 1) : layout_;
   check_outputs();
 
   std::string error;
   const bool ok = load_token_data(cfg_.data, model_.T, &data_, &error);
-  comm.agree_or_die(ok, error);
+  world_.agree_or_die(ok, error);
   if (header.has_settings && (header.settings.data_length != uint64_t(data_.length()) ||
                               header.settings.data_hash != data_.hash())) {
     config_error("checkpoint '" + cfg_.resume + "' was trained on other data: " +
@@ -95,12 +108,16 @@ TrainingRun::TrainingRun(Communicator& comm, TrainConfig& cfg, Strategy strategy
     device_tokens_ = Buffer(2 * int64_t(micro_B_) * model_.T, MemCategory::Activations, DType::I32, device_);
   device_info_ = describe_device(device_, dtype_);
 
-  comm.set_link_model({cfg_.link_gbps, cfg_.link_latency_us});
+  groups_.push_back({"world", &world_, {}});
+  if (&dp_ != &world_) groups_.push_back({"dp", &dp_, {}});
+  if (tp_comm_) groups_.push_back({"tp", tp_comm_, {}});
+  for (Group& g : groups_) g.comm->set_link_model({cfg_.link_gbps, cfg_.link_latency_us});
+  if (tp_comm_) tp_comm_->set_link_model(tensor_parallel_link());
   set_comm_timeout(cfg_.timeout_s);
   enable_tracing(!cfg_.trace.empty());
   catch_interrupts();
 
-  const int N = comm.size();
+  const int N = world_.size();
   if (is_root()) {
     if (!cfg_.json.empty()) {
       json_.open(cfg_.json);
@@ -108,26 +125,37 @@ TrainingRun::TrainingRun(Communicator& comm, TrainConfig& cfg, Strategy strategy
     }
     std::printf("%s | %d rank%s | preset %s (L=%d C=%d NH=%d T=%d V=%d) | %lld parameters\n", cfg_.chapter.c_str(), N,
                 N > 1 ? "s" : "", model_.preset.c_str(), model_.L, model_.C, model_.NH, model_.T, model_.V,
-                (long long)layout_.num_params);
-    std::printf("global batch %d x %d tokens | %d per rank in %d micro-batch%s of %d | data: %s\n", cfg_.batch,
-                model_.T, cfg_.batch / N, cfg_.grad_accum, cfg_.grad_accum > 1 ? "es" : "", micro_B_,
-                data_.description().c_str());
+                (long long)global_layout_.num_params);
+    if (tp_comm_)
+      std::printf("grid: %d data-parallel x %d tensor-parallel%s | %lld parameters a rank\n", dp_.size(), tp_.size,
+                  tp_.sequence_parallel ? " (sequence parallel)" : "", (long long)layout_.num_params);
+    std::printf("global batch %d x %d tokens | %d per data-parallel rank in %d micro-batch%s of %d | data: %s\n",
+                cfg_.batch, model_.T, cfg_.batch / dp_.size(), cfg_.grad_accum, cfg_.grad_accum > 1 ? "es" : "",
+                micro_B_, data_.description().c_str());
     std::printf("%d steps | lr %s, warm-up %d steps, cosine to lr/10 | weight decay %s | clip %s\n", cfg_.steps,
                 number(cfg_.lr).c_str(), cfg_.warmup, number(cfg_.weight_decay).c_str(), number(cfg_.grad_clip).c_str());
-    std::printf("device %s | communicator %s | %s | attention %s\n", device_info_.name.c_str(), comm.name().c_str(),
+    std::printf("device %s | communicator %s | %s | attention %s\n", device_info_.name.c_str(), world_.name().c_str(),
                 dtype_ == DType::BF16 ? "bf16 mixed precision (fp32 master weights and AdamW state)" : "fp32",
                 flash_ ? "flash" : "materialized (B,NH,T,T)");
-    if (comm.link_model().on())
+    if (world_.link_model().on())
       std::printf("emulated link: %.3g Gbit/s, %.3g us latency (alpha-beta ring model, see README)\n", cfg_.link_gbps,
                   cfg_.link_latency_us);
+    const LinkModel tp_link = tensor_parallel_link();
+    if (tp_comm_ && tp_.size > 1 && (tp_link.gbps != cfg_.link_gbps || tp_link.latency_us != cfg_.link_latency_us))
+      std::printf("tensor-parallel group's emulated link: %.3g Gbit/s, %.3g us latency (a node's faster links)\n",
+                  tp_link.gbps, tp_link.latency_us);
     std::fflush(stdout);
     json_.write(JsonObject()
                     .add("type", "run")
                     .add("chapter", cfg_.chapter)
                     .add("ranks", N)
+                    .add("dp", dp_.size())
+                    .add("tp", tp_.size)
+                    .add("sequence_parallel", tp_.sequence_parallel)
                     .add("preset", model_.preset)
                     .add("L", model_.L).add("C", model_.C).add("NH", model_.NH).add("T", model_.T).add("V", model_.V)
-                    .add("params", int64_t(layout_.num_params))
+                    .add("params", int64_t(global_layout_.num_params))
+                    .add("rank_params", int64_t(layout_.num_params))
                     .add("padded_params", int64_t(layout_.padded_size))
                     .add("batch", cfg_.batch)
                     .add("grad_accum", cfg_.grad_accum)
@@ -140,16 +168,23 @@ TrainingRun::TrainingRun(Communicator& comm, TrainConfig& cfg, Strategy strategy
                     .add("device", device_info_.name)
                     .add("dtype", dtype_name(dtype_))
                     .add("attention", flash_ ? "flash" : "materialized")
-                    .add("communicator", comm.name())
+                    .add("communicator", world_.name())
                     .add("link_gbps", cfg_.link_gbps)
                     .add("link_latency_us", cfg_.link_latency_us)
+                    .add("tp_link_gbps", tensor_parallel_link().gbps)
+                    .add("tp_link_latency_us", tensor_parallel_link().latency_us)
                     .add("forecast_peak_bytes", forecast_.peak())
                     .add("forecast_activations_bytes", forecast_.activations)
                     .add("forecast_transient_bytes", forecast_.transient));
   }
 }
 
-TrainingRun::~TrainingRun() = default;
+LinkModel TrainingRun::tensor_parallel_link() const {
+  return {cfg_.tp_link_gbps >= 0 ? cfg_.tp_link_gbps : cfg_.link_gbps,
+          cfg_.tp_link_latency_us >= 0 ? cfg_.tp_link_latency_us : cfg_.link_latency_us};
+}
+
+TrainingRun::~TrainingRun() { set_fatal_hook(nullptr); }  // the hook writes into this run's JSON
 
 // Each setting: the flag where given; else, resuming, the checkpoint's; else the preset's (batch,
 // lr) or a default. A flag that contradicts the checkpoint is refused, naming both values: the run
@@ -188,7 +223,7 @@ void TrainingRun::resolve_settings(const CheckpointHeader* resumed) {
   if (!cfg_.was_given("--lr") && !settings) cfg_.lr = model_.default_lr;
   if (!cfg_.was_given("--warmup") && !settings) cfg_.warmup = cfg_.steps / 10;
 
-  const int N = comm_.size(), per_step = N * cfg_.grad_accum;
+  const int N = dp_.size(), per_step = N * cfg_.grad_accum;
   if (cfg_.batch % per_step == 0) return;
   if (resumed && !cfg_.was_given("--batch")) {
     config_error(file + " was trained with a global batch of " + std::to_string(cfg_.batch) +
@@ -214,14 +249,33 @@ void TrainingRun::check_outputs() {
     for (const auto& [flag, path] : outputs)
       if (problem.empty() && !path.empty()) problem = writable_problem(flag, path);
   }
-  comm_.agree_or_die(problem.empty(), problem);
+  world_.agree_or_die(problem.empty(), problem);
+}
+
+// Tensor parallelism splits the heads, the MLP's 4C channels and the vocabulary over --tp ranks, and
+// under sequence parallelism the B*T positions too: each must divide.
+void TrainingRun::check_tensor_parallel() {
+  if (tp_.size == 1) return;
+  const int t = tp_.size;
+  auto refuse = [&](const std::string& what, int64_t value) {
+    config_error("--tp " + std::to_string(t) + " must divide " + what + " " + std::to_string(value) + " of --preset " +
+                 model_.preset + " (every tensor-parallel rank takes an equal part of it)");
+  };
+  if (model_.NH % t) refuse("the number of heads NH =", model_.NH);
+  if (model_.V % t) refuse("the vocabulary V =", model_.V);
+  if ((4 * model_.C) % t) refuse("the MLP's width 4C =", 4 * model_.C);
+  if (tp_.sequence_parallel && (int64_t(micro_B_) * model_.T) % t)
+    config_error("--sequence-parallel splits the B*T = " + std::to_string(micro_B_) + " x " +
+                 std::to_string(model_.T) + " positions of a micro-batch over --tp " + std::to_string(t) +
+                 " ranks, which does not divide; choose a --batch (or --grad-accum) that makes B*T a multiple of " +
+                 std::to_string(t));
 }
 
 // The forecast of docs/theory.md against what this rank may use. Every rank forecasts its own
 // (they are alike) and checks its own memory; the first that cannot fit says why, and all stop.
 void TrainingRun::check_memory() {
   forecast_ = forecast_memory(strategy_, layout_, model_, micro_B_, dtype_, device_, flash_,
-                              !cfg_.save.empty() || !cfg_.resume.empty(), double(data_.length()));
+                              !cfg_.save.empty() || !cfg_.resume.empty(), double(data_.length()), tp_);
   std::string how;
   const double available = memory_per_rank(device_, ranks_on_this_node(), &how);
   const double peak = forecast_.peak();
@@ -237,7 +291,7 @@ void TrainingRun::check_memory() {
     std::fflush(stdout);
   }
   const bool fits = peak <= available;
-  comm_.agree_or_die(fits, "this run would need about " + format_bytes(peak) + " per rank (model state " +
+  world_.agree_or_die(fits, "this run would need about " + format_bytes(peak) + " per rank (model state " +
                                format_bytes(forecast_.model_state) + ", activations " +
                                format_bytes(forecast_.activations) + " for micro-batches of " +
                                std::to_string(micro_B_) + " sequences of " + std::to_string(model_.T) +
@@ -248,9 +302,10 @@ void TrainingRun::check_memory() {
 MicroBatch TrainingRun::micro_batch(int step, int micro) {
   // no_sync (02, 03) promises no communication before the last micro-batch: measure it.
   if (micro == cfg_.grad_accum - 1)
-    launched_before_last_micro_ = comm_.stats().total_launched() - comm_at_step_start_.total_launched();
-  const int per_rank = cfg_.batch / comm_.size();
-  const int first = comm_.rank() * per_rank + micro * micro_B_;
+    launched_before_last_micro_ = all_stats().total_launched() - comm_at_step_start_.total_launched();
+  // By data-parallel rank: the ranks of a tensor-parallel group train on the same sequences.
+  const int per_rank = cfg_.batch / dp_.size();
+  const int first = dp_.rank() * per_rank + micro * micro_B_;
   data_.fill(step, cfg_.batch, first, micro_B_, model_.T, inputs_.data(), targets_.data());
   if (device_ == Device::CPU) return {inputs_.data(), targets_.data(), micro_B_};
   // Uploaded once per micro-batch, so the ops read device memory (ops_cuda.h).
@@ -279,9 +334,9 @@ namespace {
 
 // A full padded fp32 copy, in host memory, of `values`: a full flat buffer (a plain copy) or this
 // rank's shard of `plan` (every rank's shard gathered, then put in place). Transient, counted as
-// "other". Simple rather than lean: while saving, every rank briefly holds full parameters, m and v
-// (12Ψ bytes, in the memory forecast). A model that does not fit once per rank would gather to rank
-// 0 tensor by tensor instead.
+// "other". Simple rather than lean: while saving, every rank briefly holds full parameters, m and v,
+// and rank 0 the file's bytes too (the memory forecast counts 6 full copies). A model that does not
+// fit that would gather to rank 0 tensor by tensor instead.
 Buffer gather_full(Communicator& comm, const ShardPlan& plan, Tensor values) {
   ENSURE(values.dtype == DType::F32, "checkpoints hold fp32 values");
   Buffer full(plan.flat_size(), MemCategory::Other);
@@ -294,6 +349,10 @@ Buffer gather_full(Communicator& comm, const ShardPlan& plan, Tensor values) {
   Tensor mine = gathered.view().slice1d(plan.size() * plan.rank(), plan.size());
   copy_tensor(mine, values);
   comm.all_gather(mine, gathered.view());
+  if (values.device == Device::CPU) {
+    plan.assemble_full(gathered.view(), full.view());
+    return full;
+  }
   Buffer host(plan.size() * plan.ranks(), MemCategory::Other);
   transfer(host.view(), gathered.view());
   plan.assemble_full(host.view(), full.view());
@@ -315,20 +374,47 @@ void upload(Tensor dst, Tensor host_f32, const ShardPlan& plan) {
 
 }  // namespace
 
+// With tensor parallelism, checkpoints and the initial weights are the whole model's tensors, and a
+// rank's part is its slices of them: every split starts from the same model and saves the same file.
+Buffer TrainingRun::to_local(Buffer global) const {
+  if (tp_.size == 1) return global;
+  Buffer local(layout_.padded_size, MemCategory::Other);
+  slice_from_global(global_layout_, global.f32(), layout_, local.f32());
+  return local;
+}
+
+Buffer TrainingRun::to_global(Buffer local) const {
+  if (tp_.size == 1) return local;
+  // Every rank's slices (their layouts have the same length), placed by each rank's layout.
+  Buffer all(layout_.padded_size * tp_.size, MemCategory::Other);
+  Tensor mine = all.view().slice1d(layout_.padded_size * tp_.rank, layout_.padded_size);
+  transfer(mine, local.view());
+  tp_comm_->all_gather(mine, all.view());
+  Buffer global(global_layout_.padded_size, MemCategory::Other);
+  for (int q = 0; q < tp_.size; q++) {
+    TensorParallelism rank_q = tp_;
+    rank_q.rank = q;
+    const ParamLayout layout_q = build_gpt2_layout(model_, dp_.size(), rank_q);
+    place_into_global(layout_q, all.f32() + layout_.padded_size * q, global_layout_, global.f32());
+  }
+  return global;
+}
+
 int TrainingRun::init_or_resume(Tensor params, AdamW& optimizer) {
   const ShardPlan& plan = optimizer.plan();
-  Buffer full_params(layout_.padded_size, MemCategory::Other);
+  Buffer global_params(global_layout_.padded_size, MemCategory::Other);
   int64_t step = 0;
   if (cfg_.resume.empty()) {
-    GPT2::init_weights(layout_, cfg_.seed, full_params.f32());
+    GPT2::init_weights(global_layout_, cfg_.seed, global_params.f32());
   } else {
-    Buffer full_m(layout_.padded_size, MemCategory::Other), full_v(layout_.padded_size, MemCategory::Other);
-    step = load_checkpoint(comm_, cfg_.resume, model_, layout_, cfg_.batch, full_params.f32(), full_m.f32(),
-                           full_v.f32());
-    plan.copy_to_shard(full_m.view(), optimizer.m());
-    plan.copy_to_shard(full_v.view(), optimizer.v());
+    Buffer global_m(global_layout_.padded_size, MemCategory::Other), global_v(global_layout_.padded_size, MemCategory::Other);
+    step = load_checkpoint(world_, cfg_.resume, model_, global_layout_, cfg_.batch, global_params.f32(),
+                           global_m.f32(), global_v.f32());
+    plan.copy_to_shard(to_local(std::move(global_m)).view(), optimizer.m());
+    plan.copy_to_shard(to_local(std::move(global_v)).view(), optimizer.v());
     if (is_root()) std::printf("resumed from %s at step %lld\n", cfg_.resume.c_str(), (long long)step);
   }
+  const Buffer full_params = to_local(std::move(global_params));
   if (optimizer.mixed_precision()) plan.copy_to_shard(full_params.view(), optimizer.master());
   upload(params, full_params.view(), plan);
   return int(step);
@@ -343,9 +429,9 @@ bool TrainingRun::checkpoint_due(int step) const {
 void TrainingRun::save_checkpoint(int next_step, Tensor params, AdamW& optimizer) {
   const ShardPlan& plan = optimizer.plan();
   // Under mixed precision the weights are the fp32 master copy, which covers the optimizer's shard.
-  Buffer full_params = gather_full(comm_, plan, optimizer.mixed_precision() ? optimizer.master() : params);
-  Buffer full_m = gather_full(comm_, plan, optimizer.m());
-  Buffer full_v = gather_full(comm_, plan, optimizer.v());
+  Buffer full_params = to_global(gather_full(dp_, plan, optimizer.mixed_precision() ? optimizer.master() : params));
+  Buffer full_m = to_global(gather_full(dp_, plan, optimizer.m()));
+  Buffer full_v = to_global(gather_full(dp_, plan, optimizer.v()));
   CheckpointData data;
   data.step = next_step;
   data.global_batch = cfg_.batch;
@@ -357,17 +443,24 @@ void TrainingRun::save_checkpoint(int next_step, Tensor params, AdamW& optimizer
   std::string path = cfg_.save;  // "{step}" in --save keeps one file per checkpoint
   size_t at = path.find("{step}");
   if (at != std::string::npos) path.replace(at, 6, std::to_string(next_step));
-  ::save_checkpoint(comm_, path, model_, layout_, data);
+  ::save_checkpoint(world_, path, model_, global_layout_, data);
   if (is_root() && stop_ == Stop::Interrupted) {
     std::printf("saved the %d completed steps to %s\n", next_step, path.c_str());
     std::fflush(stdout);
   }
 }
 
+CommStats TrainingRun::all_stats() const {
+  CommStats sum;
+  for (const Group& g : groups_) sum += g.comm->stats();
+  return sum;
+}
+
 void TrainingRun::begin_step(int step) {
   set_error_phase("step " + std::to_string(step));
   reset_memory_peaks();
-  comm_at_step_start_ = comm_.stats();
+  for (Group& g : groups_) g.at_step_start = g.comm->stats();
+  comm_at_step_start_ = all_stats();
   step_start_ms_ = now_ms();
 }
 
@@ -376,25 +469,35 @@ void TrainingRun::end_step(int step, float local_loss, double grad_norm) {
   // On a GPU the host is ahead of the device (ops only queue kernels): the step ends when the
   // device has run them.
   synchronize(device_);
-  comm_.collect_stats();
+  for (Group& g : groups_) g.comm->collect_stats();
   const double step_end_ms = now_ms(), step_ms = step_end_ms - step_start_ms_;
   trace_span(Track::Compute, "step " + std::to_string(step), step_start_ms_, step_end_ms);
-  const CommStats step_comm = comm_.stats().since(comm_at_step_start_);
+  CommStats step_comm, dp_step, tp_step;
+  for (const Group& g : groups_) {
+    const CommStats d = g.comm->stats().since(g.at_step_start);
+    step_comm += d;
+    if (g.name == "dp") dp_step = d;
+    if (g.name == "tp") tp_step = d;
+  }
+  if (groups_.size() == 1) dp_step = step_comm;  // the world is the data-parallel group
   const MemoryStats& mem = memory_stats();
-  const float loss = float(comm_.all_reduce_scalar(local_loss, ReduceOp::Avg));
+  // Every rank of a tensor-parallel group has the same loss: the average over the world is the
+  // average over the data-parallel ranks.
+  const float loss = float(world_.all_reduce_scalar(local_loss, ReduceOp::Avg));
   // Whether to go on, agreed by all: the largest reason any rank has to stop.
   const bool finite = std::isfinite(loss) && std::isfinite(grad_norm);
   const int reason = !finite ? int(Stop::Diverged) : g_signal != 0 ? int(Stop::Interrupted) : int(Stop::No);
-  stop_ = Stop(int(comm_.all_reduce_scalar(reason, ReduceOp::Max)));
+  stop_ = Stop(int(world_.all_reduce_scalar(reason, ReduceOp::Max)));
   last_step_ = step;
   // The largest share of one call that any rank sent or received, per kind of collective: (N-1)/N
   // when every reduce-scatter and all-gather is balanced (comm.h). Every rank made the same calls.
+  // (The same six reductions on every rank, whatever each counted: a count that differed between ranks
+  // would make them issue different collectives.) The shares are the largest so far in the run.
   double max_share[kCollectiveKinds][2] = {};
   for (CollectiveKind k : {CollectiveKind::AllReduce, CollectiveKind::ReduceScatter, CollectiveKind::AllGather}) {
     const CollectiveCounters& c = step_comm.kind[int(k)];
-    if (c.calls == 0) continue;
-    max_share[int(k)][0] = comm_.all_reduce_scalar(c.max_sent_share, ReduceOp::Max);
-    max_share[int(k)][1] = comm_.all_reduce_scalar(c.max_received_share, ReduceOp::Max);
+    max_share[int(k)][0] = world_.all_reduce_scalar(c.max_sent_share, ReduceOp::Max);
+    max_share[int(k)][1] = world_.all_reduce_scalar(c.max_received_share, ReduceOp::Max);
   }
   const double tokens_per_s = double(cfg_.batch) * model_.T / (step_ms / 1e3);
 
@@ -433,13 +536,25 @@ void TrainingRun::end_step(int step, float local_loss, double grad_norm) {
     if (!c.calls) continue;
     const std::string name = collective_name(CollectiveKind(k));
     record.add("calls_" + name, c.calls);
-    if (max_share[k][0] > 0 || max_share[k][1] > 0)
+    if (max_share[k][0] > 0 || max_share[k][1] > 0)  // the largest so far in the run
       record.add("max_sent_share_" + name, max_share[k][0]).add("max_received_share_" + name, max_share[k][1]);
   }
   for (int c = 0; c < kMemCategories; c++) record.add(std::string("mem_") + mem_category_name(MemCategory(c)), mem.peak[c]);
   record.add("mem_total", mem.peak_total);
+  if (tp_comm_) {  // each group apart: what tensor parallelism costs, next to data parallelism
+    for (const auto& [name, d] : {std::make_pair("dp", &dp_step), std::make_pair("tp", &tp_step)}) {
+      const std::string n = name;
+      record.add(n + "_comm_bytes", training_sent_bytes(*d))
+          .add(n + "_exposed_comm_ms", d->exposed_ms)
+          .add(n + "_comm_ms", d->in_flight_ms)
+          .add(n + "_collectives", training_calls(*d));
+      for (CollectiveKind k : {CollectiveKind::AllReduce, CollectiveKind::ReduceScatter, CollectiveKind::AllGather})
+        if (d->kind[int(k)].calls)
+          record.add(n + "_bytes_" + collective_name(k), d->kind[int(k)].sent_bytes);
+    }
+  }
   json_.write(record);
-  if (step >= 1 && !reported_theory_) report_vs_theory(step_comm);
+  if (step >= 1 && !reported_theory_) report_vs_theory(step_comm, &dp_step, tp_comm_ ? &tp_step : nullptr);
   if (stop_ == Stop::Diverged) {
     std::fprintf(stderr, "error: the loss or the gradient norm is not finite at step %d (loss %g, gradient norm %g): "
                  "training diverged; lower --lr (now %g) or raise --warmup. Every rank stops here.\n",
@@ -451,7 +566,7 @@ void TrainingRun::end_step(int step, float local_loss, double grad_norm) {
   }
 }
 
-void TrainingRun::report_vs_theory(const CommStats& step_comm) {
+void TrainingRun::report_vs_theory(const CommStats& step_comm, const CommStats* dp_step, const CommStats* tp_step) {
   reported_theory_ = true;
   const Prediction p = predict(strategy_, layout_, cfg_.grad_accum, dtype_);
   const MemoryStats& mem = memory_stats();
@@ -461,8 +576,10 @@ void TrainingRun::report_vs_theory(const CommStats& step_comm) {
   };
   const double model_state = double(mem.current[int(MemCategory::Params)] + mem.current[int(MemCategory::Grads)] +
                                     mem.current[int(MemCategory::OptState)]);
-  std::printf("per rank, measured vs theory (docs/theory.md; %s: %s; Ψ = %lld, padded to %lld)\n", p.strategy.c_str(),
-              p.memory_formula.c_str(), (long long)layout_.num_params, (long long)layout_.padded_size);
+  std::printf("per rank, measured vs theory (docs/theory.md; %s: %s; Ψ = %lld%s, padded to %lld)\n", p.strategy.c_str(),
+              p.memory_formula.c_str(), (long long)layout_.num_params,
+              tp_.size > 1 ? " on this tensor-parallel rank: its slices plus the tensors every rank holds whole" : "",
+              (long long)layout_.padded_size);
   std::printf("  %-22s %12s %12s\n", "", "measured", "theory");
   row("parameters", double(mem.current[int(MemCategory::Params)]), p.params_bytes);
   row("gradients", double(mem.current[int(MemCategory::Grads)]), p.grads_bytes);
@@ -472,30 +589,62 @@ void TrainingRun::report_vs_theory(const CommStats& step_comm) {
   std::printf("  %-22s %12s %12s   (transient; theory: at most)\n", "communication buffers",
               format_bytes(double(mem.peak[int(MemCategory::CommBuffers)])).c_str(),
               format_bytes(forecast_.transient).c_str());
-  row("comm bytes per step", double(training_sent_bytes(step_comm)), p.comm_bytes);
-  std::printf("  (comm theory: %s; padding adds up to %s per full copy)\n", p.comm_formula.c_str(),
-              format_bytes(padding).c_str());
+  const int64_t dp_bytes = training_sent_bytes(*dp_step);
+  row(tp_step ? "DP bytes per step" : "comm bytes per step", double(dp_bytes), p.comm_bytes);
+  std::printf("  (%scomm theory: %s; padding adds up to %s per full copy)\n", tp_step ? "DP " : "",
+              p.comm_formula.c_str(), format_bytes(padding).c_str());
+  TensorParallelPrediction tp = predict_tensor_parallel(model_, micro_B_, tp_, dtype_);
+  const double tp_theory = cfg_.grad_accum * tp.bytes_per_micro_batch + tp.partial_grad_bytes;
+  int64_t tp_bytes = 0;
+  if (tp_step) {
+    tp_bytes = training_sent_bytes(*tp_step);
+    row("TP bytes per step", double(tp_bytes), tp_theory);
+    std::printf("  (TP theory, per micro-batch: %s)\n", tp.formula.c_str());
+    for (CollectiveKind k : {CollectiveKind::AllReduce, CollectiveKind::AllGather, CollectiveKind::ReduceScatter}) {
+      const int per_micro_batch = k == CollectiveKind::AllReduce ? tp.all_reduces + tp.loss_all_reduces
+                                  : k == CollectiveKind::AllGather ? tp.all_gathers : tp.reduce_scatters;
+      const int per_step = k == CollectiveKind::AllReduce ? tp.partial_grad_all_reduces : 0;
+      const int64_t calls = tp_step->kind[int(k)].calls;
+      if (calls || per_micro_batch || per_step)
+        std::printf("  TP %-19s %12lld %12d   (%d a micro-batch x %d%s)\n",
+                    (std::string(collective_name(k)) + "s").c_str(), (long long)calls,
+                    per_micro_batch * cfg_.grad_accum + per_step, per_micro_batch, cfg_.grad_accum,
+                    per_step ? (" + " + std::to_string(per_step) + " for the gradients held whole").c_str() : "");
+    }
+  }
   std::fflush(stdout);
-  json_.write(JsonObject()
-                  .add("type", "theory")
-                  .add("strategy", p.strategy)
-                  .add("memory_formula", p.memory_formula)
-                  .add("comm_formula", p.comm_formula)
-                  .add("params", int64_t(layout_.num_params))
-                  .add("padded_params", int64_t(layout_.padded_size))
-                  .add("measured_params_bytes", mem.current[int(MemCategory::Params)])
-                  .add("theory_params_bytes", p.params_bytes)
-                  .add("measured_grads_bytes", mem.current[int(MemCategory::Grads)])
-                  .add("theory_grads_bytes", p.grads_bytes)
-                  .add("measured_optim_bytes", mem.current[int(MemCategory::OptState)])
-                  .add("theory_optim_bytes", p.optim_bytes)
-                  .add("measured_model_state_bytes", model_state)
-                  .add("measured_activations_bytes", mem.peak[int(MemCategory::Activations)])
-                  .add("theory_activations_bytes", forecast_.activations)
-                  .add("measured_transient_bytes", mem.peak[int(MemCategory::CommBuffers)])
-                  .add("theory_transient_bytes_at_most", forecast_.transient)
-                  .add("measured_comm_bytes", training_sent_bytes(step_comm))
-                  .add("theory_comm_bytes", p.comm_bytes));
+  JsonObject record;
+  record.add("type", "theory")
+      .add("strategy", p.strategy)
+      .add("memory_formula", p.memory_formula)
+      .add("comm_formula", p.comm_formula)
+      .add("params", int64_t(layout_.num_params))
+      .add("padded_params", int64_t(layout_.padded_size))
+      .add("measured_params_bytes", mem.current[int(MemCategory::Params)])
+      .add("theory_params_bytes", p.params_bytes)
+      .add("measured_grads_bytes", mem.current[int(MemCategory::Grads)])
+      .add("theory_grads_bytes", p.grads_bytes)
+      .add("measured_optim_bytes", mem.current[int(MemCategory::OptState)])
+      .add("theory_optim_bytes", p.optim_bytes)
+      .add("measured_model_state_bytes", model_state)
+      .add("measured_activations_bytes", mem.peak[int(MemCategory::Activations)])
+      .add("theory_activations_bytes", forecast_.activations)
+      .add("measured_transient_bytes", mem.peak[int(MemCategory::CommBuffers)])
+      .add("theory_transient_bytes_at_most", forecast_.transient)
+      .add("measured_comm_bytes", dp_bytes)
+      .add("theory_comm_bytes", p.comm_bytes);
+  if (tp_step) {
+    record.add("measured_tp_comm_bytes", tp_bytes)
+        .add("theory_tp_comm_bytes", tp_theory)
+        .add("theory_tp_all_reduces", (tp.all_reduces + tp.loss_all_reduces) * cfg_.grad_accum + tp.partial_grad_all_reduces)
+        .add("theory_tp_all_gathers", tp.all_gathers * cfg_.grad_accum)
+        .add("theory_tp_reduce_scatters", tp.reduce_scatters * cfg_.grad_accum)
+        .add("measured_tp_all_reduces", tp_step->kind[int(CollectiveKind::AllReduce)].calls)
+        .add("measured_tp_all_gathers", tp_step->kind[int(CollectiveKind::AllGather)].calls)
+        .add("measured_tp_reduce_scatters", tp_step->kind[int(CollectiveKind::ReduceScatter)].calls);
+  }
+  json_.write(record);
+  (void)step_comm;
 }
 
 int TrainingRun::finish() {
@@ -519,15 +668,16 @@ int TrainingRun::finish() {
       // FLOPs per token, as the PaLM paper counts them (appendix B): 6 per parameter (forward 2,
       // backward 4) without the position embedding, plus 12 L C T for attention's score and value
       // products. MFU divides the achieved FLOP/s by the device's peak (device.h).
-      const double flops_per_token = 6.0 * double(flops_params(layout_)) + 12.0 * model_.L * model_.C * model_.T;
-      const double flops_per_rank = tokens_per_s * flops_per_token / comm_.size();
+      const double flops_per_token =
+          6.0 * double(flops_params(global_layout_)) + 12.0 * model_.L * model_.C * model_.T;
+      const double flops_per_rank = tokens_per_s * flops_per_token / world_.size();
       std::printf("average over %d measured steps: %.1f ms/step | %s tok/s | exposed comm %.2f ms of %.2f ms | "
                   "%.0f collectives/step | %s/step | peak mem %s | final loss %.4f\n",
                   n, step_ms, format_count(tokens_per_s).c_str(), exposed, comm_ms, totals_.collectives / n,
                   format_bytes(totals_.comm_bytes / n).c_str(), format_bytes(double(memory_stats().peak_total)).c_str(),
                   totals_.last_loss);
       std::printf("model FLOPs: 6N + 12LCT = %.3g per token x %s tok/s = %.3g %s per rank", flops_per_token,
-                  format_count(tokens_per_s / comm_.size()).c_str(),
+                  format_count(tokens_per_s / world_.size()).c_str(),
                   flops_per_rank >= 1e12 ? flops_per_rank / 1e12 : flops_per_rank / 1e9,
                   flops_per_rank >= 1e12 ? "TFLOP/s" : "GFLOP/s");
       if (device_info_.peak_flops > 0) {
@@ -552,13 +702,13 @@ int TrainingRun::finish() {
     json_.write(summary);
     json_.close();
   }
-  if (!cfg_.trace.empty()) write_merged_trace(comm_, cfg_.trace);
+  if (!cfg_.trace.empty()) write_merged_trace(world_, cfg_.trace);
   if (stop_ == Stop::Interrupted) {
     // Everything is written. MPICH's mpiexec (hydra) forwards Ctrl-C to the ranks, and then loses
     // some of their exit statuses: a job whose every rank returned 130 was reported as 0 in about
     // half of the runs measured. An MPI_Abort with the code is reported faithfully, so rank 0 ends the
     // job that way once every rank got here; the others wait for it.
-    comm_.barrier();
+    world_.barrier();
     if (is_root()) end_job(status);
     for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
   }

@@ -20,7 +20,9 @@
 #include "metrics.h"
 #include "model_config.h"
 #include "optimizer.h"
+#include "model.h"  // TensorParallelism
 #include "param_layout.h"
+#include "process_grid.h"
 #include "theory.h"
 
 struct MicroBatch {
@@ -38,13 +40,19 @@ class TrainingRun {
   // collective: every rank exits with one clear message. The run computes on the communicator's
   // device (comm.device(): CPU for MPI, CUDA for NCCL, see comm_factory.h).
   TrainingRun(Communicator& comm, TrainConfig& cfg, Strategy strategy);
+  // On a process grid (07, 08): the data is split, and `strategy` (DP or ZeRO-1) runs, over the grid's
+  // data-parallel group; the layout is this rank's part of the tensor-parallel group `tp` (its size
+  // is the grid's TP size), whose sizes are checked first (heads, vocabulary, 4C; B*T under sequence
+  // parallelism), each refusal naming the flag.
+  TrainingRun(ProcessGrid& grid, TrainConfig& cfg, Strategy strategy, TensorParallelism tp);
   ~TrainingRun();
 
   const TrainConfig& cfg() const { return cfg_; }
   const GPT2Config& model_config() const { return model_; }
-  const ParamLayout& layout() const { return layout_; }
+  const ParamLayout& layout() const { return layout_; }  // this rank's (its tensor-parallel slices)
   int global_batch() const { return cfg_.batch; }
-  int micro_batch_size() const { return micro_B_; }  // B / (ranks x grad_accum)
+  int micro_batch_size() const { return micro_B_; }  // B / (data-parallel ranks x grad_accum)
+  const TensorParallelism& tensor_parallelism() const { return tp_; }
   Device device() const { return device_; }
   // What parameters, gradients and activations are kept in: fp32, or bf16 (mixed precision: the
   // optimizer then keeps fp32 master weights, see optimizer.h).
@@ -87,17 +95,28 @@ class TrainingRun {
   // diverged run, 130 for an interrupted one (each with its summary and trace written).
   int finish();
 
-  bool is_root() const { return comm_.rank() == 0; }
+  bool is_root() const { return world_.rank() == 0; }
 
  private:
   enum class Stop { No, Interrupted, Diverged };
+  TrainingRun(Communicator& world, Communicator& dp, Communicator* tp_comm, TrainConfig& cfg, Strategy strategy,
+              TensorParallelism tp);
+  CommStats all_stats() const;  // summed over the run's communicators
+  LinkModel tensor_parallel_link() const;  // --tp-link-*, else --link-*
+  void check_tensor_parallel();
+  // Between the whole model's fp32 flat arrays (global_layout_) and this rank's (layout_).
+  Buffer to_local(Buffer global) const;
+  Buffer to_global(Buffer local) const;
   void resolve_settings(const CheckpointHeader* resumed);
   void check_outputs();
   void check_memory();
-  void report_vs_theory(const CommStats& step_comm);
+  void report_vs_theory(const CommStats& step_comm, const CommStats* dp_step, const CommStats* tp_step);
   TrainingSettings settings() const;
 
-  Communicator& comm_;
+  Communicator& world_;     // every rank: the loss, the stop, metrics and checkpoints
+  Communicator& dp_;        // the data-parallel group: the data split, DP and ZeRO
+  Communicator* tp_comm_;   // the tensor-parallel group (07), or null
+  TensorParallelism tp_;
   TrainConfig cfg_;
   Strategy strategy_;
   Device device_;
@@ -106,6 +125,7 @@ class TrainingRun {
   GPT2Config model_;
   bool flash_ = false;
   ParamLayout layout_;
+  ParamLayout global_layout_;  // the whole model's, for initialisation, checkpoints and FLOPs
   TokenData data_;
   int micro_B_ = 0;
   std::vector<int> inputs_, targets_;  // one micro-batch, on the host
@@ -113,7 +133,15 @@ class TrainingRun {
   MemoryForecast forecast_;
   JsonLinesWriter json_;
   double step_start_ms_ = 0;
-  CommStats comm_at_step_start_;
+  // The run's distinct communicators ("world", and "dp", "tp" where they are other groups), with
+  // their statistics when the step began.
+  struct Group {
+    std::string name;
+    Communicator* comm;
+    CommStats at_step_start;
+  };
+  std::vector<Group> groups_;
+  CommStats comm_at_step_start_;  // summed over groups_
   int64_t launched_before_last_micro_ = 0;  // collectives issued before the last micro-batch began
   struct Totals {
     int steps = 0;

@@ -6,6 +6,8 @@ side with what each chapter changed, and writes the plots:
                      and the part of it the trainer waited for (exposed), next to the step time
   memory.png         per rank at the largest rank count: model state (parameters, gradients, optimizer
                      state), and apart from it the transient communication buffers and the activations
+                     (which tensor parallelism raises, keeping every row of the stream, and sequence
+                     parallelism, 07+SP, brings back down)
   comm_volume.png    bytes each rank sends per step, at the largest rank count
   loss.png           loss curves, overlaid (the same global batch: the curves coincide)
 Usage: python3 scripts/compare.py RESULTS_DIR
@@ -38,8 +40,13 @@ def load_runs(folder):
                     run[kind] = record
         if "summary" in run and "run" in run:
             runs.append(run)
-    runs.sort(key=lambda r: (r["run"]["chapter"], r["run"]["ranks"]))
+    runs.sort(key=lambda r: (name(r), r["run"]["ranks"]))
     return runs
+
+
+def name(run):
+    """The chapter, and +SP for 07's run with sequence parallelism."""
+    return run["run"]["chapter"] + ("+SP" if run["run"].get("sequence_parallel") else "")
 
 
 def measured(run):
@@ -47,11 +54,12 @@ def measured(run):
 
 
 def label(run):
-    return "%s x%d" % (run["run"]["chapter"], run["run"]["ranks"])
+    return "%s x%d" % (name(run), run["run"]["ranks"])
 
 
 def short(run):
-    return run["run"]["chapter"][:2]
+    """'03', or '07+SP'."""
+    return run["run"]["chapter"][:2] + ("+SP" if run["run"].get("sequence_parallel") else "")
 
 
 def mb(x):
@@ -77,21 +85,21 @@ def baseline(runs, run):
 
 
 def print_table(runs):
-    header = "%-18s %8s %6s %8s %17s %5s %9s %11s %10s %11s %7s" % (
+    header = "%-24s %8s %6s %8s %17s %5s %9s %11s %10s %11s %7s" % (
         "run", "tok/s", "vs 01", "step ms", "exposed/total ms", "coll", "MB sent", "model state", "transient",
         "activations", "loss")
     print(header)
-    print("%-18s %8s %6s %8s %17s %5s %9s %11s %10s %11s %7s" % (
+    print("%-24s %8s %6s %8s %17s %5s %9s %11s %10s %11s %7s" % (
         "", "", "", "", "comm per step", "/step", "/step", "per rank", "peak/rank", "per rank", "final"))
     print("-" * len(header))
     for run in runs:
         s = run["summary"]
         if not measured(run):
-            print("%-18s (no measured steps: run more than one step)" % label(run))
+            print("%-24s (no measured steps: run more than one step)" % label(run))
             continue
         base = baseline(runs, run)
         speedup = "%5.2fx" % (s["tokens_per_s"] / base["summary"]["tokens_per_s"]) if base else "   -  "
-        print("%-18s %8.0f %6s %8.1f %8.1f / %6.1f %5.0f %9.2f %8.1f MB %7.1f MB %8.1f MB %7.3f" % (
+        print("%-24s %8.0f %6s %8.1f %8.1f / %6.1f %5.0f %9.2f %8.1f MB %7.1f MB %8.1f MB %7.3f" % (
             label(run), s["tokens_per_s"], speedup, s["step_ms"], s["exposed_comm_ms"], s["comm_ms"],
             s["collectives_per_step"], mb(s["comm_bytes_per_step"]), mb(model_state(run)),
             mb(peak_over_steps(run, "mem_comm")), mb(peak_over_steps(run, "mem_activations")), s["final_loss"]))
@@ -100,7 +108,7 @@ def print_table(runs):
 def describe(runs):
     """What each chapter changed, read from the numbers at the largest rank count."""
     n = max(r["run"]["ranks"] for r in runs)
-    at = {r["run"]["chapter"][:2]: r for r in runs if r["run"]["ranks"] == n and measured(r)}
+    at = {short(r): r for r in runs if r["run"]["ranks"] == n and measured(r)}
     if n < 2 or "01" not in at:
         return
     print("\nWhat changed, at %d ranks (speed-up: tokens/s against 01's; comm: exposed of total ms per step):" % n)
@@ -110,6 +118,8 @@ def describe(runs):
 
     def faster(c, than="01"):
         x = s(c)["tokens_per_s"] / s(than)["tokens_per_s"]
+        if abs(x - 1) < 0.02:
+            return "as fast as %s (%.2fx)" % (than, x)
         return "%.2fx %s %s" % (x if x >= 1 else 1 / x, "faster than" if x >= 1 else "slower than", than)
 
     def comm(c):
@@ -138,19 +148,39 @@ def describe(runs):
             line += "; %.2fx the bytes of 03, its gathers prefetched under compute" % (
                 s("06")["comm_bytes_per_step"] / s("03")["comm_bytes_per_step"])
         lines.append(line + ".")
+    if "07" in at and "03" in at:
+        run = at["07"]["run"]
+        link = ""
+        if (run.get("tp_link_gbps"), run.get("tp_link_latency_us")) != (run["link_gbps"], run["link_latency_us"]):
+            link = " (its group on a node's faster link: %g Gbit/s, %g us)" % (run["tp_link_gbps"],
+                                                                             run["tp_link_latency_us"])
+        line = ("07  tensor parallelism over %d ranks%s: model state %.1f MB per rank instead of %.1f (03), "
+                "without gathering parameters; %.0f collectives move %.1f MB of activations inside the layers, "
+                "on the critical path: exposed %s; %s" % (
+                    run["tp"], link, mb(model_state(at["07"])), mb(model_state(at["03"])),
+                    s("07")["collectives_per_step"], mb(s("07")["comm_bytes_per_step"]), comm("07"),
+                    faster("07", "03")))
+        lines.append(line + ".")
+    if "07+SP" in at and "07" in at and "03" in at:
+        act = {c: mb(peak_over_steps(at[c], "mem_activations")) for c in ("03", "07", "07+SP")}
+        lines.append("07+SP  sequence parallelism: activations %.1f MB per rank instead of %.1f (07; 03: %.1f, "
+                     "half the batch each); %.2fx 07's bytes (the inputs re-gathered for the weights' gradients), "
+                     "exposed %s; %s." % (act["07+SP"], act["07"], act["03"],
+                                           s("07+SP")["comm_bytes_per_step"] / s("07")["comm_bytes_per_step"],
+                                           comm("07+SP"), faster("07+SP", "07")))
     for line in lines:
         print("  " + line)
 
 
 def plot_throughput(runs, folder):
-    chapters = sorted({r["run"]["chapter"] for r in runs})
+    chapters = sorted({name(r) for r in runs})
     rank_counts = sorted({r["run"]["ranks"] for r in runs})
     width = 0.8 / len(rank_counts)
     fig, ax = plt.subplots(figsize=(max(7, 1.3 * len(chapters)), 4.2))
     for i, n in enumerate(rank_counts):
         xs, ys, runs_n = [], [], []
         for j, c in enumerate(chapters):
-            r = next((r for r in runs if r["run"]["chapter"] == c and r["run"]["ranks"] == n and measured(r)), None)
+            r = next((r for r in runs if name(r) == c and r["run"]["ranks"] == n and measured(r)), None)
             if r:
                 xs.append(j + (i - (len(rank_counts) - 1) / 2) * width)
                 ys.append(r["summary"]["tokens_per_s"])
@@ -211,7 +241,7 @@ def plot_communication(runs, folder):
         ax.annotate("%.0f%%" % (100 * exposed[i] / total[i] if total[i] else 0), (i, exposed[i]), ha="center",
                     va="bottom", fontsize=8)
     ax.set_xticks(list(x))
-    ax.set_xticklabels([r["run"]["chapter"] for r in runs], rotation=20, fontsize=8)
+    ax.set_xticklabels([name(r) for r in runs], rotation=20, fontsize=8)
     ax.set_ylabel("ms per step")
     ax.set_title("Communication per step at %d ranks: total, and the exposed part (%% of total)" % n, fontsize=9)
     ax.legend(fontsize=8)
@@ -225,18 +255,18 @@ def plot_memory(runs, folder):
     runs, n = at_largest_rank_count(runs)
     if not runs:
         return
-    names = [r["run"]["chapter"] for r in runs]
+    names = [name(r) for r in runs]
     fig, (left, right) = plt.subplots(1, 2, figsize=(max(10, 2.2 * len(runs)), 4.4),
                                       gridspec_kw={"width_ratios": [1.2, 1]})
     bottom = [0.0] * len(runs)
-    for key, name, color in MODEL_STATE:
+    for key, what, color in MODEL_STATE:
         values = [mb(r["theory"]["measured_%s_bytes" % key]) if r.get("theory") else 0 for r in runs]
-        left.bar(names, values, bottom=bottom, label=name, color=color)
+        left.bar(names, values, bottom=bottom, label=what, color=color)
         bottom = [b + v for b, v in zip(bottom, values)]
     for i, total in enumerate(bottom):
         left.annotate("%.1f" % total, (i, total), ha="center", va="bottom", fontsize=8)
     left.set_ylabel("MB per rank")
-    left.set_title("Model state per rank, N = %d: ZeRO's 1/N steps" % n, fontsize=9)
+    left.set_title("Model state per rank, N = %d: ZeRO's 1/N steps, tensor parallelism's 1/t" % n, fontsize=9)
     left.tick_params(axis="x", rotation=25, labelsize=8)
     left.legend(fontsize=8)
     left.margins(y=0.1)
@@ -249,7 +279,8 @@ def plot_memory(runs, folder):
     right.set_xticks(list(x))
     right.set_xticklabels(names, rotation=25, fontsize=8)
     right.set_ylabel("MB per rank")
-    right.set_title("Transient memory, apart: the same activations everywhere", fontsize=9)
+    right.set_title("Transient memory, apart. Activations: TP keeps every row of the stream, SP splits them",
+                    fontsize=9)
     right.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(os.path.join(folder, "memory.png"), dpi=120)
@@ -261,10 +292,10 @@ def plot_comm_volume(runs, folder):
     if not runs:
         return
     fig, ax = plt.subplots(figsize=(max(6, 1.1 * len(runs)), 4))
-    ax.bar([r["run"]["chapter"] for r in runs], [mb(r["summary"]["comm_bytes_per_step"]) for r in runs],
+    ax.bar([name(r) for r in runs], [mb(r["summary"]["comm_bytes_per_step"]) for r in runs],
            color="tab:orange")
     ax.set_ylabel("MB sent per rank per step")
-    ax.set_title("Communication volume, N = %d (ZeRO-3 moves 1.5x DP)" % n)
+    ax.set_title("Communication volume, N = %d (ZeRO-3 moves 1.5x DP; TP moves activations)" % n)
     ax.tick_params(axis="x", rotation=25, labelsize=8)
     fig.tight_layout()
     fig.savefig(os.path.join(folder, "comm_volume.png"), dpi=120)

@@ -9,7 +9,13 @@
 #   LINK="--link-gbps 2 --link-latency-us 100"   an emulated link on which the gradient's all-reduce
 #                 takes about as long as backward (and each collective pays a latency), so that
 #                 overlap, buckets and prefetch change the step time. LINK=none switches it off.
+#   TP_LINK="--tp-link-gbps 20 --tp-link-latency-us 10"   07's tensor-parallel group gets a node's
+#                 faster link (ten times the bandwidth of LINK's): tensor parallelism exchanges
+#                 activations inside every layer, so it runs where the links are fastest. TP_LINK=none:
+#                 07 uses LINK too.
 #   RANKS="1 2"   two ranks, one per core of a small machine; STEPS=30; EXTRA="..." adds flags to every run.
+# 07 runs twice at each rank count above one: tensor parallelism over every rank, then with sequence
+# parallelism (results/07_tensor_parallel_sp_nN.*).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ranks=${RANKS:-"1 2"}
@@ -17,22 +23,32 @@ steps=${STEPS:-30}
 preset=${PRESET:-deep}
 link=${LINK:-"--link-gbps 2 --link-latency-us 100"}
 [ "$link" = none ] && link=""
+tp_link=${TP_LINK:-"--tp-link-gbps 20 --tp-link-latency-us 10"}
+{ [ "$tp_link" = none ] || [ -z "$link" ]; } && tp_link=""
 extra=${EXTRA:-}
 settings="--preset $preset --steps $steps $link $extra"
 echo "make compare: every chapter on ${ranks// / and } rank(s) with: $settings"
-echo "  (PRESET=, STEPS=, RANKS=, LINK=none or LINK=\"--link-gbps G --link-latency-us L\", EXTRA= change it)"
+[ -n "$tp_link" ] && echo "  and for 07's tensor-parallel group: $tp_link"
+echo "  (PRESET=, STEPS=, RANKS=, LINK=none or LINK=\"--link-gbps G --link-latency-us L\", TP_LINK=, EXTRA= change it)"
 mkdir -p results
 rm -f results/*.jsonl results/*.trace.json results/*.log
 for chapter in $(ls -d [0-9][0-9]_*/ | tr -d /); do
   [ -x "$chapter/train" ] || continue
   for n in $ranks; do
-    run="${chapter}_n${n}"
-    echo "training $chapter on $n rank(s)"
-    # shellcheck disable=SC2086
-    mpiexec -n "$n" "./$chapter/train" $settings --json "results/$run.jsonl" \
-      --trace "results/$run.trace.json" </dev/null >"results/$run.log" 2>&1 \
-      || { echo "  failed: see results/$run.log"; tail -n 5 "results/$run.log"; exit 1; }
-    grep -E "^(average over|no measured steps)" "results/$run.log" | sed 's/^/  /'
+    variants="plain"
+    [ "$chapter" = 07_tensor_parallel ] && [ "$n" -gt 1 ] && variants="plain sp"
+    for variant in $variants; do
+      flags=""
+      run="${chapter}_n${n}"
+      [ "$chapter" = 07_tensor_parallel ] && flags="$tp_link"
+      if [ "$variant" = sp ]; then flags="$flags --sequence-parallel"; run="${chapter}_sp_n${n}"; fi
+      echo "training $chapter on $n rank(s) $flags"
+      # shellcheck disable=SC2086
+      mpiexec -n "$n" "./$chapter/train" $settings $flags --json "results/$run.jsonl" \
+        --trace "results/$run.trace.json" </dev/null >"results/$run.log" 2>&1 \
+        || { echo "  failed: see results/$run.log"; tail -n 5 "results/$run.log"; exit 1; }
+      grep -E "^(average over|no measured steps)" "results/$run.log" | sed 's/^/  /'
+    done
   done
 done
 python3 scripts/compare.py results | tee results/compare.txt

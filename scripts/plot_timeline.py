@@ -3,10 +3,11 @@
 files that `--trace` writes (common/trace.cpp). Shows at a glance where communication runs: after backward
 in 01, under backward in 02 and 03.
 
-Each panel is one step of one rank, with three lanes, as the trace's tracks:
-  compute        forward / backward spans per layer, then the optimizer
-  communication  the collectives the communication thread ran (from its point of view, link time included)
-  waiting        the time the training thread sat blocked in wait(): the exposed communication
+Each panel is one step of one rank, with a lane per track of the trace:
+  compute          forward / backward spans per layer, then the optimizer
+  tensor-parallel  the tensor-parallel group's collectives (07; the lane appears when a trace has them)
+  communication    the other collectives (data parallelism, ZeRO), link time included
+  waiting          the time the training thread sat blocked in wait(): the exposed communication
 All panels share one time axis, in ms from the start of their step; a dotted line marks the end of backward.
 
 Usage:
@@ -27,8 +28,9 @@ matplotlib.use("Agg")  # no display needed
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 
-COMPUTE, COMM, WAIT = 0, 1, 2  # the trace's tids (Track in common/trace.h)
-LANES = [(COMPUTE, "compute"), (COMM, "communication"), (WAIT, "waiting")]
+COMPUTE, COMM, WAIT, TENSOR = 0, 1, 2, 3  # the trace's tids (Track in common/trace.h)
+LANES = [(COMPUTE, "compute"), (TENSOR, "tensor-parallel"), (COMM, "communication"), (WAIT, "waiting")]
+COLLECTIVE_TRACKS = (COMM, TENSOR)
 
 PHASE_COLORS = {"forward": "#4C78A8", "backward": "#F58518", "optimizer": "#54A24B"}
 COLLECTIVE_COLORS = {  # collectives by kind, so that later chapters' reduce-scatters stand out
@@ -94,7 +96,7 @@ def collective_kind(name):
 def color_of(span):
     if span["tid"] == WAIT:
         return WAIT_COLOR
-    if span["tid"] == COMM:
+    if span["tid"] in COLLECTIVE_TRACKS:
         return COLLECTIVE_COLORS.get(collective_kind(span["name"]), OTHER_COLOR)
     return PHASE_COLORS.get(span["name"].split(" ")[0], OTHER_COLOR)
 
@@ -114,7 +116,7 @@ def human_bytes(detail):
 def labels_for(span):
     """Candidate labels, longest first; the plot uses the first that fits in the box."""
     name = span["name"]
-    if span["tid"] == COMM:
+    if span["tid"] in COLLECTIVE_TRACKS:
         size = human_bytes(span["detail"])
         return [name + " " + size, size] if size else [name]
     if span["tid"] == WAIT:
@@ -123,9 +125,9 @@ def labels_for(span):
     return [name, short]
 
 
-def draw_panel(ax, spans, step, title, px_per_ms):
+def draw_panel(ax, spans, step, title, px_per_ms, lanes):
     t0, t1 = step["start"], step["end"]
-    lane_y = {tid: len(LANES) - 1 - i for i, (tid, _) in enumerate(LANES)}  # compute on top
+    lane_y = {tid: len(lanes) - 1 - i for i, (tid, _) in enumerate(lanes)}  # compute on top
     height = 0.7
     for s in spans:
         if s["name"] == step["name"] or s["end"] <= t0 or s["start"] >= t1:
@@ -147,18 +149,19 @@ def draw_panel(ax, spans, step, title, px_per_ms):
     if backward_ends:
         x = max(backward_ends) - t0
         ax.axvline(x, color="black", linestyle=":", linewidth=1)
-        ax.text(x, len(LANES) - 0.5, " backward done", fontsize=7.5, va="bottom", ha="left")
+        ax.text(x, len(lanes) - 0.5, " backward done", fontsize=7.5, va="bottom", ha="left")
 
     def busy(tid):
         return sum(min(s["end"], t1) - max(s["start"], t0) for s in spans
                    if s["tid"] == tid and s["end"] > t0 and s["start"] < t1)
 
-    ax.set_title("%s   step %s: %.1f ms   |   communication %.1f ms, of which waited for %.1f ms"
-                 % (title, step["name"].split()[1], t1 - t0, busy(COMM), busy(WAIT)),
+    tensor = "tensor-parallel %.1f ms, " % busy(TENSOR) if any(s["tid"] == TENSOR for s in spans) else ""
+    ax.set_title("%s   step %s: %.1f ms   |   %scommunication %.1f ms, waited for %.1f ms"
+                 % (title, step["name"].split()[1], t1 - t0, tensor, busy(COMM), busy(WAIT)),
                  loc="left", fontsize=10)
-    ax.set_yticks([lane_y[tid] for tid, _ in LANES])
-    ax.set_yticklabels([name for _, name in LANES])
-    ax.set_ylim(-0.6, len(LANES) - 0.1)
+    ax.set_yticks([lane_y[tid] for tid, _ in lanes])
+    ax.set_yticklabels([name for _, name in lanes])
+    ax.set_ylim(-0.6, len(lanes) - 0.1)
     ax.tick_params(axis="y", length=0)
     for side in ("top", "right", "left"):
         ax.spines[side].set_visible(False)
@@ -188,19 +191,22 @@ def main():
             number = 5 if 5 in steps else sorted(steps)[len(steps) // 2]
         panels.append((chapter_name(path), spans, steps[number]))
 
+    # The tensor-parallel lane only where some panel has tensor-parallel collectives.
+    has_tensor = any(s["tid"] == TENSOR for _, spans, _ in panels for s in spans)
+    lanes = [lane for lane in LANES if lane[0] != TENSOR or has_tensor]
     longest = max(step["end"] - step["start"] for _, _, step in panels)
     width_in, left, right = 13.0, 0.09, 0.98
     px_per_ms = width_in * DPI * (right - left) / longest  # decides which boxes get a label
-    fig, axes = plt.subplots(len(panels), 1, sharex=True, figsize=(width_in, 0.5 + 1.9 * len(panels)),
+    fig, axes = plt.subplots(len(panels), 1, sharex=True, figsize=(width_in, 0.5 + (0.45 * len(lanes) + 0.55) * len(panels)),
                              squeeze=False)
     for ax, (title, spans, step) in zip(axes[:, 0], panels):
-        draw_panel(ax, spans, step, "%s (rank %d)" % (title, args.rank), px_per_ms)
+        draw_panel(ax, spans, step, "%s (rank %d)" % (title, args.rank), px_per_ms, lanes)
     axes[-1, 0].set_xlim(0, longest)
     axes[-1, 0].set_xlabel("ms since the start of the step")
 
     used = set()
     for _, spans, _ in panels:
-        used.update(collective_kind(s["name"]) for s in spans if s["tid"] == COMM)
+        used.update(collective_kind(s["name"]) for s in spans if s["tid"] in COLLECTIVE_TRACKS)
     legend = [Patch(color=c, label=p) for p, c in PHASE_COLORS.items()]
     legend += [Patch(color=c, label=n) for n, c in COLLECTIVE_COLORS.items()
                if n in used and n not in ("recv", "all_reduce_scalar", "broadcast_bytes")]

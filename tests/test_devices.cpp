@@ -171,8 +171,17 @@ TEST_P(TwoRanksOnOneGpu, MatchOneRankInBf16WithTheoryMemory) {
 
 INSTANTIATE_TEST_SUITE_P(Chapters, TwoRanksOnOneGpu,
                          testing::Values("01_vanilla_dp", "02_overlap_dp", "03_bucket_dp", "04_zero1", "05_zero2",
-                                         "06_zero3"),
+                                         "06_zero3", "07_tensor_parallel"),
                          [](const testing::TestParamInfo<std::string>& info) { return info.param.substr(0, 2); });
+
+// Tensor parallelism's own CUDA kernels (vocabulary-sliced embedding and cross-entropy, position
+// runs, the split matrix-product backward, bias ops) under sequence parallelism, on two ranks.
+TEST(OnGpu, SequenceParallelMatchesOneRank) {
+  SKIP_WITHOUT_GPU();
+  const LossCurve one_rank = train("01_vanilla_dp", 1, "--device cuda --dtype fp32");
+  const LossCurve split = train("07_tensor_parallel", 2, "--device cuda --dtype fp32 --sequence-parallel");
+  EXPECT_LE(max_relative_difference(split, one_rank), kRankTolerance);
+}
 
 TEST(OnGpu, MemoryCountersMatchTheDriver) {
   SKIP_WITHOUT_GPU();

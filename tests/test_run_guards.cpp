@@ -22,6 +22,8 @@ namespace {
 
 struct BadInput {
   std::string name, args, message;
+  std::string chapter = "01_vanilla_dp";
+  int ranks = 2;
 };
 
 class BadInputTest : public testing::TestWithParam<BadInput> {};
@@ -30,7 +32,7 @@ class BadInputTest : public testing::TestWithParam<BadInput> {};
 // it would time out.
 TEST_P(BadInputTest, FailsBeforeTheWorkWithAClearMessage) {
   const BadInput c = GetParam();
-  RunResult r = run_trainer("01_vanilla_dp", 2, "--steps 100000 " + c.args, 60);
+  RunResult r = run_trainer(c.chapter, c.ranks, "--steps 100000 " + c.args, 60);
   EXPECT_NE(r.exit_code, 0) << r.output;
   EXPECT_NE(r.exit_code, 124) << "timed out: a rank hung, or the check came after the work";
   EXPECT_NE(r.output.find(c.message), std::string::npos) << "expected '" << c.message << "' in:\n" << r.output;
@@ -77,6 +79,13 @@ std::vector<BadInput> bad_inputs() {
       {"TraceIntoAReadOnlyFolder", "--trace /proc/trace.json", "--trace /proc/trace.json: cannot write in '/proc'"},
       {"JsonIntoAMissingFolder", "--json /nonexistent/run.jsonl", "--json /nonexistent/run.jsonl: the folder"},
       {"WillNotFitInMemory", "--batch 100000000", "this run would need about"},
+      // Tensor parallelism: a grid that does not divide the ranks, a model that does not divide.
+      {"TensorParallelGroupsDoNotDivideTheRanks", "--tp 3", "the 2 ranks do not divide into tensor-parallel groups of --tp 3",
+       "07_tensor_parallel"},
+      {"HeadsDoNotSplit", "--preset odd", "--tp 2 must divide the number of heads NH = 3", "07_tensor_parallel"},
+      {"PositionsDoNotSplit", "--preset odd --batch 1 --sequence-parallel", "--sequence-parallel splits the B*T = 1 x 17",
+       "07_tensor_parallel", 3},
+      {"TensorParallelOnOneRankTooMany", "--tp 0", "--tp must be >= 1", "07_tensor_parallel"},
   };
 }
 
@@ -227,17 +236,22 @@ TEST(Stops, TheWatchdogEndsAJobWithAStoppedRank) {
   EXPECT_NE(read_record(dir + "/run.jsonl", "summary").find("\"ended\":\"aborted\""), std::string::npos);
 }
 
-// A save killed half-way leaves PATH.tmp.<pid>; the next save of PATH removes it (its process is
-// gone), but never the file of a writer that is still alive.
+// A save killed half-way leaves PATH.tmp.<host>.<pid>; the next save of PATH removes it (its process
+// is gone), but never the file of a writer that is still alive, nor another host's (a folder shared
+// by the nodes of a cluster: only that node can tell).
 TEST(Stops, ASaveRemovesWhatAKilledSaveLeftBehind) {
   const std::string dir = temp_dir();
-  const std::string stale = dir + "/ck.bin.tmp.999999999", live = dir + "/ck.bin.tmp." + std::to_string(getpid());
-  std::ofstream(stale) << "half a checkpoint";
-  std::ofstream(live) << "another run saving right now";
+  char host[256] = "";
+  gethostname(host, sizeof host - 1);
+  const std::string mine = dir + "/ck.bin.tmp." + host + ".";
+  const std::string stale = mine + "999999999", live = mine + std::to_string(getpid());
+  const std::string other_host = dir + "/ck.bin.tmp.another-node.999999999";
+  for (const std::string& path : {stale, live, other_host}) std::ofstream(path) << "part of a checkpoint";
   RunResult r = run_trainer("01_vanilla_dp", 2, "--steps 2 --save " + dir + "/ck.bin");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_FALSE(file_exists(stale));
   EXPECT_TRUE(file_exists(live));
+  EXPECT_TRUE(file_exists(other_host));
   EXPECT_TRUE(file_exists(dir + "/ck.bin"));
 }
 

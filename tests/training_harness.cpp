@@ -217,4 +217,14 @@ void expect_theory_matches(const std::string& jsonl_path, double param_bytes) {
   // within their bound.
   EXPECT_EQ(number_field(t, "measured_activations_bytes"), number_field(t, "theory_activations_bytes"));
   EXPECT_LE(number_field(t, "measured_transient_bytes"), number_field(t, "theory_transient_bytes_at_most"));
+  // Tensor parallelism: every collective the theory counts, and no other; its bytes, each call's
+  // share rounded down to whole bytes.
+  if (t.find("\"measured_tp_comm_bytes\"") == std::string::npos) return;
+  double calls = 0;
+  for (const char* kind : {"all_reduces", "all_gathers", "reduce_scatters"}) {
+    EXPECT_EQ(number_field(t, std::string("measured_tp_") + kind), number_field(t, std::string("theory_tp_") + kind))
+        << kind;
+    calls += number_field(t, std::string("measured_tp_") + kind);
+  }
+  EXPECT_NEAR(number_field(t, "measured_tp_comm_bytes"), number_field(t, "theory_tp_comm_bytes"), 2 * calls);
 }

@@ -1,0 +1,202 @@
+// Chapter 07: tensor parallelism (Megatron-LM), with sequence parallelism.
+//
+// The idea. Chapters 01-06 split the batch; every rank still runs every matrix product of the whole
+// model. Tensor parallelism (TP) splits the products themselves over a group of t ranks. In each
+// block two matrix products are paired so that only one collective separates them:
+//   column-parallel first (attn.qkv by heads, mlp.fc by channels): rank r holds rows of the weight,
+//     computes its slice of the output from the whole input; attention and GELU act on slices alone;
+//   row-parallel second (attn.proj, mlp.proj): rank r holds the matching columns, so its product is
+//     a partial sum of the full output, and "g" sums the partials over the group.
+// The embedding and the tied LM head split the vocabulary: V/t rows a rank, and the cross-entropy
+// combines the rows' maxima and sums over the group, never the logits (B*T*V would not fit). Each
+// rank keeps 1/t of the matrices, their gradients and AdamW state, and does 1/t of the FLOPs.
+// The price: per block, two all-reduces of a (B,T,C) activation in forward and two in backward, on
+// the critical path. TP therefore lives inside a node, on the fastest links (process_grid.h).
+//
+// Sequence parallelism (--sequence-parallel, Korthikanti et al. 2022): between the parallel
+// products, the layernorms, dropout-free residual adds and biases repeat the same work on every rank
+// of the group, on full (B,T,C) activations. Split those rows over the group too: rank r keeps B*T/t
+// rows. Each all-reduce becomes a reduce-scatter (into this rank's rows) and an all-gather (back to
+// all rows before a column-parallel product): the same bytes, but the activations between the
+// products shrink t-fold. The parameters every rank holds whole (layernorms, row-parallel biases,
+// wpe) then receive gradients from this rank's rows only: they are summed over the group once per
+// step.
+//
+// What the model does and what this file does: the model (common/model.cpp) runs its slices and
+// calls the four collectives f and g below where Megatron places them; this file says what each one
+// is. With --tp smaller than the rank count, the remaining factor is data parallelism over the
+// grid's DP groups, as chapter 03 (buckets overlapping backward) or, with --zero1, chapter 04 teach
+// it (common/data_parallel.h).
+// What to notice: the theory table's parameters per rank drop to about 1/t; "TP bytes per step"
+// equals (4L+2) all-reduces of B*T*C (the same with sequence parallelism, as gathers and scatters),
+// and "activations" drops with --sequence-parallel. The losses equal 01's on one rank, for any grid.
+//
+// Base chapter: 03_bucket_dp (docs/diffs/07_tensor_parallel.diff: what this chapter adds to it).
+//
+// Run:
+//   make 07_tensor_parallel
+//   mpiexec -n 2 ./07_tensor_parallel/train                          # TP over both ranks
+//   mpiexec -n 4 ./07_tensor_parallel/train --tp 2 --sequence-parallel   # DP 2 x TP 2
+//   mpiexec -n 2 ./07_tensor_parallel/train --preset small --no-tp-overlap --trace tp.json
+#include <cmath>
+#include <cstdio>
+#include <utility>
+#include <vector>
+
+#include "buckets.h"
+#include "comm.h"
+#include "comm_factory.h"
+#include "data_parallel.h"
+#include "device.h"
+#include "flags.h"
+#include "memory.h"
+#include "model.h"
+#include "ops.h"
+#include "optimizer.h"
+#include "process_grid.h"
+#include "shards.h"
+#include "training_run.h"
+
+struct Options {
+  int tp = 0;  // 0: every rank
+  bool sequence_parallel = false, no_overlap = false, zero1 = false;
+  double bucket_mb = 0;
+};
+
+// The whole run, in a function: the grid's groups must end before MPI does.
+int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
+  // The grid: consecutive ranks form a TP group; ranks with the same TP rank form a DP group.
+  ProcessGrid grid(world, grid_shape(world.size(), opt.tp ? opt.tp : world.size(), 1));
+  const TensorParallelism tp{grid.shape().tp, grid.coords().tp, opt.sequence_parallel};
+  TrainingRun run(grid, cfg, opt.zero1 ? Strategy::ZeRO1 : Strategy::DP, tp);
+  const Device device = run.device();
+  const DType dtype = run.dtype();
+  const ParamLayout& layout = run.layout();  // this rank's slices, plus the tensors held whole
+  Communicator& tp_group = grid.tp();
+  Communicator& dp_group = grid.dp();
+
+  Buffer params(layout.padded_size, MemCategory::Params, dtype, device);
+  Buffer grads(layout.padded_size, MemCategory::Grads, dtype, device);
+  const double bucket_bytes =
+      cfg.was_given("--bucket-mb") ? opt.bucket_mb * 1e6 : default_bucket_bytes(layout, dtype_size(dtype));
+  GradientBuckets buckets(layout, bucket_bytes, dtype_size(dtype), opt.zero1 ? BucketCut::AtLayers : BucketCut::AtTensors);
+  const ShardPlan plan = opt.zero1 ? GradientSync::zero1_plan(buckets, dp_group) : ShardPlan::unsharded(layout);
+  Buffer grad_shard(opt.zero1 ? plan.size() : 0, MemCategory::CommBuffers, dtype, device);
+  GradientSync data_parallel(dp_group, buckets, grads.view(), opt.zero1 ? &plan : nullptr, grad_shard.view());
+  AdamW optimizer(layout, plan, cfg.weight_decay, device, dtype);
+  GPT2 model(run.model_config(), layout, run.micro_batch_size(), device, dtype, tp);
+  model.bind_all(params.data(), grads.data());
+  const int start = run.init_or_resume(params, optimizer);
+
+  // The lesson: the four collectives of tensor parallelism. "f" precedes a column-parallel product,
+  // "g" follows a row-parallel one; each is the other's mirror in backward.
+  auto started = [&](CommHandle handle) {  // --no-tp-overlap: nothing runs behind the computation
+    if (opt.no_overlap) {
+      handle.wait();
+      return CommHandle();
+    }
+    return handle;
+  };
+  if (!opt.sequence_parallel) {
+    // Without sequence parallelism every rank holds all rows: local and full are the same tensor.
+    model.tp_hooks.f_forward = [](Tensor, Tensor) { return CommHandle(); };  // identity
+    model.tp_hooks.f_backward = [&](Tensor full, Tensor) {                   // sum the input's gradient
+      return started(tp_group.all_reduce_async(full, ReduceOp::Sum));
+    };
+    model.tp_hooks.g_forward = [&](Tensor partial, Tensor) {  // sum the partial outputs
+      return tp_group.all_reduce_async(partial, ReduceOp::Sum);
+    };
+    model.tp_hooks.g_backward = [](Tensor, Tensor) { return CommHandle(); };  // identity
+  } else {
+    // With it, each all-reduce is split in its two halves, on either side of the row-wise work.
+    model.tp_hooks.f_forward = [&](Tensor local, Tensor full) {  // gather all rows
+      return started(tp_group.all_gather_async(local, full));
+    };
+    model.tp_hooks.f_backward = [&](Tensor full, Tensor local) {  // sum, keep this rank's rows
+      return started(tp_group.reduce_scatter_async(full, local, ReduceOp::Sum));
+    };
+    model.tp_hooks.g_forward = [&](Tensor partial, Tensor local) {
+      return tp_group.reduce_scatter_async(partial, local, ReduceOp::Sum);
+    };
+    model.tp_hooks.g_backward = [&](Tensor local, Tensor full) { return tp_group.all_gather_async(local, full); };
+  }
+  model.tp_hooks.vocab_all_reduce = [&](Tensor values, ReduceOp op) { tp_group.all_reduce(values, op); };
+
+  // Data parallelism over the DP group, on the last micro-batch (03/04). Under sequence parallelism a
+  // parameter held whole has only this rank's rows' share of its gradient: the shares are summed
+  // over the TP group first, and its bucket is told once the sum has arrived (at the end of the
+  // parameter's layer, so that the sum travels while the layer's backward goes on).
+  bool last_micro_batch = false;
+  std::vector<std::pair<int, CommHandle>> summing;
+  model.hooks.grad_ready = [&](int p) {
+    if (!last_micro_batch) return;  // no_sync
+    const ParamInfo& info = layout.params[p];
+    if (opt.sequence_parallel && info.shard.whole()) {
+      summing.emplace_back(p, tp_group.all_reduce_async(grads.view().slice1d(info.offset, info.size), ReduceOp::Sum));
+      return;
+    }
+    data_parallel.gradient_ready(p);
+  };
+  model.hooks.after_backward = [&](int) {
+    for (auto& [p, handle] : summing) {
+      handle.wait();
+      data_parallel.gradient_ready(p);
+    }
+    summing.clear();
+  };
+
+  for (int step = start; step < cfg.steps; step++) {
+    run.begin_step(step);
+    fill_zero(grads.view());
+    float loss = 0;
+    for (int micro = 0; micro < cfg.grad_accum; micro++) {
+      last_micro_batch = micro == cfg.grad_accum - 1;
+      MicroBatch batch = run.micro_batch(step, micro);
+      loss += model.forward(batch.inputs, batch.targets, batch.B) / cfg.grad_accum;
+      model.backward(1.0f / cfg.grad_accum);
+    }
+    data_parallel.finish();
+
+    // The global norm: each TP rank's slices, plus the tensors held whole counted by one rank of the
+    // group; summed over TP (and over DP, whose ranks hold different pieces under ZeRO-1).
+    const Tensor my_grads = opt.zero1 ? grad_shard.view() : grads.view();
+    const double squares = gradient_squares(layout, plan, my_grads, tp.rank == 0);
+    Communicator& holders = opt.zero1 ? grid.world() : tp_group;
+    const double norm = std::sqrt(holders.all_reduce_scalar(squares, ReduceOp::Sum));
+    optimizer.update(params.view(), my_grads, step + 1, run.lr(step), clip_factor(norm, cfg.grad_clip));
+    if (opt.zero1) data_parallel.gather_parameters(params.view());
+
+    run.end_step(step, loss, norm);
+    if (run.checkpoint_due(step)) run.save_checkpoint(step + 1, params, optimizer);
+    if (run.stopping()) break;
+  }
+  return run.finish();
+}
+
+int main(int argc, char** argv) {
+  auto comm = init_mpi_communicator(&argc, &argv);
+  TrainConfig cfg;
+  FlagParser flags;
+  Options opt;
+  flags.add("--tp", &opt.tp, "ranks in a tensor-parallel group (default: every rank); the rest is data-parallel");
+  flags.add_switch("--sequence-parallel", &opt.sequence_parallel,
+                   "split the rows between the parallel products too (gathers and scatters for all-reduces)");
+  flags.add_switch("--no-tp-overlap", &opt.no_overlap,
+                   "wait for each backward collective at once, instead of computing the weight's gradient meanwhile");
+  flags.add_switch("--zero1", &opt.zero1, "shard the optimizer state over the data-parallel group (chapter 04)");
+  flags.add("--bucket-mb", &opt.bucket_mb, "data-parallel bucket size in MB (default: an eighth of the gradient)");
+  flags.add("--tp-link-gbps", &cfg.tp_link_gbps, "the tensor-parallel group's emulated link (default: --link-gbps's)");
+  flags.add("--tp-link-latency-us", &cfg.tp_link_latency_us, "its latency (default: --link-latency-us's)");
+  if (!parse_train_flags(argc, argv, "07_tensor_parallel",
+                         "Chapter 07: Megatron tensor parallelism and sequence parallelism, on a DP x TP grid.", flags,
+                         &cfg)) {
+    shutdown_mpi(std::move(comm));
+    return 0;
+  }
+  if (cfg.was_given("--bucket-mb") && !(opt.bucket_mb > 0)) config_error("--bucket-mb must be > 0");
+  if (cfg.was_given("--tp") && opt.tp < 1) config_error("--tp must be >= 1");
+  comm = communicator_for(pick_device(cfg.device), std::move(comm));  // NCCL on GPUs (comm_factory.h)
+  const int status = train(*comm, cfg, opt);
+  shutdown_mpi(std::move(comm));
+  return status;
+}

@@ -1,0 +1,48 @@
+// data_parallel.h: data parallelism over one group, as chapters 03 and 04 teach it, for the chapters
+// that combine it with another parallelism (07 tensor, 08 pipeline), whose own files then hold only
+// their lesson. Defines GradientSync.
+//
+// Gradients are averaged over the data-parallel group bucket by bucket, each bucket's collective
+// starting the moment backward has finished its last gradient (03), on the last micro-batch only
+// (no_sync). Without a shard plan, a bucket is all-reduced in place (03); with one (ZeRO-1, 04), it
+// is reduce-scattered into this rank's gradient shard, and gather_parameters() all-gathers the
+// updated pieces after the optimizer. Buckets then hold whole layers (BucketCut::AtLayers), whose
+// ranges are the plan's.
+#pragma once
+#include <vector>
+
+#include "buckets.h"
+#include "comm.h"
+#include "shards.h"
+
+class GradientSync {
+ public:
+  // grads: the full flat gradient buffer the model writes. zero1: null for an all-reduce, else the
+  // plan over the group whose ranges are the buckets' (GradientSync::zero1_plan builds it), with
+  // grad_shard its shard-sized receive buffer.
+  GradientSync(Communicator& group, const GradientBuckets& buckets, Tensor grads, const ShardPlan* zero1 = nullptr,
+               Tensor grad_shard = Tensor());
+
+  // The plan of ZeRO-1 over `group` for these buckets: rank r owns piece r of every bucket.
+  static ShardPlan zero1_plan(const GradientBuckets& buckets, const Communicator& group);
+
+  // The model's grad_ready, on the step's last micro-batch (no_sync is the caller's: 03): params[p]'s
+  // gradient is final; the bucket it completes, if any, starts its collective.
+  void gradient_ready(int param);
+  // Waits for every bucket (after the last backward); the gradients are then averaged (or, under
+  // ZeRO-1, this rank's pieces are, in grad_shard).
+  void finish();
+  // ZeRO-1: every rank gathers everyone's updated pieces of `params` (the full flat buffer), bucket
+  // by bucket, in place.
+  void gather_parameters(Tensor params);
+
+ private:
+  void bucket_ready(int b);
+
+  Communicator& group_;
+  GradientBuckets buckets_;
+  Tensor grads_;
+  const ShardPlan* zero1_;
+  Tensor grad_shard_;
+  std::vector<CommHandle> in_flight_;
+};

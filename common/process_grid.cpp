@@ -1,0 +1,45 @@
+// process_grid.cpp: see process_grid.h.
+#include "process_grid.h"
+
+#include "check.h"
+
+GridCoords grid_coords(const GridShape& shape, int rank) {
+  GridCoords c;
+  c.tp = rank % shape.tp;
+  c.dp = (rank / shape.tp) % shape.dp;
+  c.pp = rank / (shape.tp * shape.dp);
+  return c;
+}
+
+int grid_rank(const GridShape& shape, const GridCoords& c) { return (c.pp * shape.dp + c.dp) * shape.tp + c.tp; }
+
+GridShape grid_shape(int world, int tp, int pp) {
+  if (tp < 1) config_error("--tp must be >= 1");
+  if (pp < 1) config_error("--pp must be >= 1");
+  if (world % (tp * pp) != 0)
+    config_error("the " + std::to_string(world) + " ranks do not divide into tensor-parallel groups of --tp " +
+                 std::to_string(tp) + (pp > 1 ? " times pipeline stages --pp " + std::to_string(pp) : "") +
+                 ": run on a multiple of " + std::to_string(tp * pp) + " ranks, or change the flag");
+  GridShape shape;
+  shape.tp = tp;
+  shape.pp = pp;
+  shape.dp = world / (tp * pp);
+  return shape;
+}
+
+ProcessGrid::ProcessGrid(Communicator& world, const GridShape& shape) : world_(world), shape_(shape) {
+  ENSURE(shape.world() == world.size(), "ProcessGrid: the shape does not cover the world");
+  coords_ = grid_coords(shape, world.rank());
+  // Each split is keyed by the coordinate that ranks the group's members, so that a group's rank is
+  // that coordinate: the TP group of a rank is ranked by tp, and so on.
+  const GridShape& s = shape;
+  tp_ = world.split(coords_.pp * s.dp + coords_.dp, coords_.tp, "tp");
+  dp_ = world.split(coords_.pp * s.tp + coords_.tp, coords_.dp, "dp");
+  pp_ = world.split(coords_.dp * s.tp + coords_.tp, coords_.pp, "pp");
+  ENSURE(tp_->rank() == coords_.tp && dp_->rank() == coords_.dp && pp_->rank() == coords_.pp,
+         "ProcessGrid: a group's rank is not the rank's coordinate");
+}
+
+std::string ProcessGrid::describe() const {
+  return "DP " + std::to_string(shape_.dp) + " x TP " + std::to_string(shape_.tp) + " x PP " + std::to_string(shape_.pp);
+}

@@ -1,0 +1,56 @@
+// process_grid.h: the ranks of a job laid out as a DP x TP x PP grid, and a communicator per group.
+// Defines GridShape, GridCoords, grid_coords(), grid_rank() and ProcessGrid.
+//
+// Tensor parallelism (TP) exchanges activations inside every layer, so its groups must be the ranks
+// with the fastest links: consecutive ranks, which launchers place on one node. Pipeline parallelism
+// (PP) exchanges one activation per micro-batch between stages, so it can span nodes. Hence TP
+// innermost, PP outermost:
+//     world rank = (pp_rank x DP + dp_rank) x TP + tp_rank
+// Ranks r and r+1 share a TP group; a DP group holds the ranks with the same TP and PP coordinates;
+// a PP group those with the same TP and DP coordinates. The layout is a plain function, so that a
+// test checks it without MPI.
+#pragma once
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "comm.h"
+
+struct GridShape {
+  int dp = 1, tp = 1, pp = 1;
+  int world() const { return dp * tp * pp; }
+};
+
+struct GridCoords {
+  int dp = 0, tp = 0, pp = 0;
+};
+
+// The coordinates of world rank `rank`, and the rank of coordinates, in the layout above.
+GridCoords grid_coords(const GridShape& shape, int rank);
+int grid_rank(const GridShape& shape, const GridCoords& coords);
+
+// The shape for `world` ranks with `tp` and `pp` given: dp = world / (tp x pp). A world that does not
+// divide stops every rank with a message naming the flags (config_error).
+GridShape grid_shape(int world, int tp, int pp);
+
+class ProcessGrid {
+ public:
+  // Collective over `world`: splits it into the DP, TP and PP groups (comm.h, split), each a
+  // communicator of the same kind as `world`.
+  ProcessGrid(Communicator& world, const GridShape& shape);
+
+  const GridShape& shape() const { return shape_; }
+  const GridCoords& coords() const { return coords_; }
+  Communicator& world() const { return world_; }
+  Communicator& dp() const { return *dp_; }
+  Communicator& tp() const { return *tp_; }
+  Communicator& pp() const { return *pp_; }
+  // "DP 2 x TP 2 x PP 1"
+  std::string describe() const;
+
+ private:
+  Communicator& world_;
+  GridShape shape_;
+  GridCoords coords_;
+  std::unique_ptr<Communicator> dp_, tp_, pp_;
+};

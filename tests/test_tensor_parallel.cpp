@@ -1,0 +1,212 @@
+// test_tensor_parallel.cpp: the pieces chapter 07 (and 08) stand on, below the trainer:
+//   - the process grid: coordinates and ranks are inverse, TP innermost, and every group split from
+//     the world holds exactly the ranks the layout says, ranked by their coordinate;
+//   - the tensor-parallel layout: each rank's slices are Megatron's (qkv cut by heads within each of
+//     q, k and v; fc by rows; proj by columns; wte by vocabulary), and the slices of every rank
+//     together give back the whole model;
+//   - the tensor-parallel model: t ranks, each running its slices with f and g as collectives, give
+//     the whole model's loss and, gathered, its gradients, with and without sequence parallelism.
+// Runs under mpiexec at 1, 2 and 4 ranks (tests/manifest.txt); the model test splits over every rank.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "comm.h"
+#include "memory.h"
+#include "model.h"
+#include "mpi_test_env.h"
+#include "ops.h"
+#include "param_layout.h"
+#include "process_grid.h"
+#include "test_util.h"
+
+namespace {
+
+// Every shape whose dp x tp x pp is `world`.
+std::vector<GridShape> shapes_of(int world) {
+  std::vector<GridShape> shapes;
+  for (int tp = 1; tp <= world; tp++)
+    for (int pp = 1; pp <= world; pp++)
+      if (world % (tp * pp) == 0) shapes.push_back({world / (tp * pp), tp, pp});
+  return shapes;
+}
+
+TEST(GridLayout, CoordinatesAndRanksAreInverseWithTensorParallelInnermost) {
+  for (int world : {1, 2, 4, 6, 8, 12}) {
+    for (const GridShape& s : shapes_of(world)) {
+      std::vector<int> seen(world, 0);
+      for (int r = 0; r < world; r++) {
+        const GridCoords c = grid_coords(s, r);
+        ASSERT_LT(c.dp, s.dp);
+        ASSERT_LT(c.tp, s.tp);
+        ASSERT_LT(c.pp, s.pp);
+        EXPECT_EQ(grid_rank(s, c), r);
+        seen[r]++;
+        // Consecutive ranks share a TP group; the pipeline stage changes slowest.
+        EXPECT_EQ(c.tp, r % s.tp);
+        EXPECT_EQ(c.pp, r / (s.tp * s.dp));
+      }
+      for (int r = 0; r < world; r++) EXPECT_EQ(seen[r], 1);
+    }
+  }
+}
+
+// Each group, all-gathering its members' world ranks, finds the ranks whose other coordinates are
+// its own, in the order of its coordinate.
+TEST(ProcessGrid, EachGroupHoldsTheRanksOfTheLayout) {
+  Communicator& world = test_comm();
+  for (const GridShape& s : shapes_of(world.size())) {
+    SCOPED_TRACE("DP " + std::to_string(s.dp) + " x TP " + std::to_string(s.tp) + " x PP " + std::to_string(s.pp));
+    ProcessGrid grid(world, s);
+    const GridCoords me = grid.coords();
+    auto members = [&](Communicator& group) {
+      std::vector<float> mine{float(world.rank())}, all(group.size());
+      group.all_gather(make_view(mine.data(), {1}), make_view(all.data(), {int64_t(all.size())}));
+      return all;
+    };
+    const std::vector<float> tp = members(grid.tp()), dp = members(grid.dp()), pp = members(grid.pp());
+    ASSERT_EQ(int(tp.size()), s.tp);
+    ASSERT_EQ(int(dp.size()), s.dp);
+    ASSERT_EQ(int(pp.size()), s.pp);
+    for (int i = 0; i < s.tp; i++) EXPECT_EQ(tp[i], grid_rank(s, {me.dp, i, me.pp}));
+    for (int i = 0; i < s.dp; i++) EXPECT_EQ(dp[i], grid_rank(s, {i, me.tp, me.pp}));
+    for (int i = 0; i < s.pp; i++) EXPECT_EQ(pp[i], grid_rank(s, {me.dp, me.tp, i}));
+  }
+}
+
+// A model every tested split divides: NH, 4C and V by 2, 3 and 4; B*T by 2 and 4 (sequence parallel).
+GPT2Config small_config() {
+  GPT2Config cfg;
+  cfg.preset = "custom";
+  cfg.L = 2; cfg.C = 24; cfg.NH = 12; cfg.T = 6; cfg.V = 36;
+  return cfg;
+}
+
+std::vector<float> random_model(const ParamLayout& global, uint64_t seed) {
+  std::vector<float> params(global.padded_size, 0.0f);
+  GPT2::init_weights(global, seed, params.data());
+  const std::vector<float> noise = random_vector(params.size(), seed + 1, -0.05f, 0.05f);
+  for (const ParamInfo& p : global.params)  // (padding stays zero)
+    for (int64_t i = p.offset; i < p.offset + p.size; i++) params[i] += noise[i];
+  return params;
+}
+
+TEST(TensorParallelLayout, SlicesAreMegatronsAndTogetherGiveTheWholeModel) {
+  const GPT2Config cfg = small_config();
+  const ParamLayout global = build_gpt2_layout(cfg, 1);
+  const std::vector<float> whole = random_model(global, 5);
+  const int64_t C = cfg.C;
+  for (int t : {1, 2, 3, 4}) {
+    SCOPED_TRACE("t = " + std::to_string(t));
+    std::vector<float> rebuilt(global.padded_size, 0.0f);
+    int64_t sliced_params = 0;
+    for (int r = 0; r < t; r++) {
+      const ParamLayout local = build_gpt2_layout(cfg, 2, {t, r, false});
+      std::vector<float> mine(local.padded_size);
+      slice_from_global(global, whole.data(), local, mine.data());
+      auto at = [&](const std::string& name, int64_t row, int64_t col) {  // this rank's element
+        const ParamInfo& p = local.params[local.find(name)];
+        return mine[p.offset + row * p.shape[1] + col];
+      };
+      auto global_at = [&](const std::string& name, int64_t row, int64_t col) {
+        const ParamInfo& p = global.params[global.find(name)];
+        return whole[p.offset + row * p.shape[1] + col];
+      };
+      // qkv: rank r's rows of q, then of k, then of v: its heads in each.
+      const int64_t c = C / t;
+      for (int block = 0; block < 3; block++)
+        for (int64_t i : {int64_t(0), c - 1})
+          EXPECT_EQ(at("h0.attn.qkv.weight", block * c + i, 3), global_at("h0.attn.qkv.weight", block * C + r * c + i, 3));
+      EXPECT_EQ(at("h1.mlp.fc.weight", 1, 2), global_at("h1.mlp.fc.weight", r * 4 * C / t + 1, 2));
+      EXPECT_EQ(at("h1.mlp.proj.weight", 2, 1), global_at("h1.mlp.proj.weight", 2, r * 4 * C / t + 1));
+      EXPECT_EQ(at("h0.attn.proj.weight", 0, c - 1), global_at("h0.attn.proj.weight", 0, r * c + c - 1));
+      EXPECT_EQ(at("wte", 1, 0), global_at("wte", r * cfg.V / t + 1, 0));
+      const ParamInfo& ln = local.params[local.find("h0.ln1.weight")];
+      EXPECT_TRUE(ln.shard.whole());
+      EXPECT_EQ(ln.size, C);
+      for (const ParamInfo& p : local.params)
+        if (!p.shard.whole()) sliced_params += p.size;
+      place_into_global(local, mine.data(), global, rebuilt.data());
+    }
+    EXPECT_EQ(rebuilt, whole);
+    // Every sliced tensor is cut into t disjoint parts that cover it.
+    int64_t split_globally = 0;
+    for (const ParamInfo& p : build_gpt2_layout(cfg, 1, {t, 0, false}).params)
+      if (!p.shard.whole()) split_globally += p.global_shape[0] * std::max<int64_t>(1, p.global_shape[1]);
+    EXPECT_EQ(sliced_params, split_globally);
+  }
+}
+
+// The chapter's collectives (07_tensor_parallel/train.cpp), written out again here as the test's own.
+void set_tensor_parallel_hooks(GPT2& model, Communicator& group, bool sequence_parallel) {
+  if (!sequence_parallel) {
+    model.tp_hooks.f_forward = [](Tensor, Tensor) { return CommHandle(); };
+    model.tp_hooks.f_backward = [&](Tensor full, Tensor) { return group.all_reduce_async(full, ReduceOp::Sum); };
+    model.tp_hooks.g_forward = [&](Tensor partial, Tensor) { return group.all_reduce_async(partial, ReduceOp::Sum); };
+    model.tp_hooks.g_backward = [](Tensor, Tensor) { return CommHandle(); };
+  } else {
+    model.tp_hooks.f_forward = [&](Tensor local, Tensor full) { return group.all_gather_async(local, full); };
+    model.tp_hooks.f_backward = [&](Tensor full, Tensor local) {
+      return group.reduce_scatter_async(full, local, ReduceOp::Sum);
+    };
+    model.tp_hooks.g_forward = [&](Tensor partial, Tensor local) {
+      return group.reduce_scatter_async(partial, local, ReduceOp::Sum);
+    };
+    model.tp_hooks.g_backward = [&](Tensor local, Tensor full) { return group.all_gather_async(local, full); };
+  }
+  model.tp_hooks.vocab_all_reduce = [&](Tensor values, ReduceOp op) { group.all_reduce(values, op); };
+}
+
+// Two micro-batches of gradient accumulation, so that the split model's accumulation is checked too.
+TEST(TensorParallelModel, LossesAndGatheredGradientsEqualTheWholeModels) {
+  Communicator& world = test_comm();
+  const int t = world.size();
+  if (t == 1) GTEST_SKIP() << "needs 2 or more ranks to split the model";
+  const GPT2Config cfg = small_config();
+  const int B = 2;
+  const ParamLayout global = build_gpt2_layout(cfg, 1);
+  std::vector<float> whole = random_model(global, 11);
+  const std::vector<int> inputs = random_ints(2 * B * cfg.T, cfg.V, 3), targets = random_ints(2 * B * cfg.T, cfg.V, 4);
+
+  // The whole model on one rank: the reference.
+  std::vector<float> whole_grads(global.padded_size, 0.0f);
+  GPT2 reference(cfg, global, B);
+  reference.bind_all(whole.data(), whole_grads.data());
+  std::vector<float> reference_losses;
+  for (int micro = 0; micro < 2; micro++) {
+    reference_losses.push_back(reference.forward(&inputs[micro * B * cfg.T], &targets[micro * B * cfg.T], B));
+    reference.backward(0.5f);
+  }
+
+  for (bool sequence_parallel : {false, true}) {
+    SCOPED_TRACE(sequence_parallel ? "sequence parallel" : "tensor parallel");
+    const TensorParallelism tp{t, world.rank(), sequence_parallel};
+    const ParamLayout local = build_gpt2_layout(cfg, 1, tp);
+    std::vector<float> params(local.padded_size), grads(local.padded_size, 0.0f);
+    slice_from_global(global, whole.data(), local, params.data());
+    GPT2 model(cfg, local, B, Device::CPU, DType::F32, tp);
+    model.bind_all(params.data(), grads.data());
+    set_tensor_parallel_hooks(model, world, sequence_parallel);
+    for (int micro = 0; micro < 2; micro++) {
+      const float loss = model.forward(&inputs[micro * B * cfg.T], &targets[micro * B * cfg.T], B);
+      EXPECT_NEAR(loss, reference_losses[micro], 1e-5 * reference_losses[micro]) << "micro-batch " << micro;
+      model.backward(0.5f);
+    }
+    // Under sequence parallelism a tensor held whole has each rank's rows' share of its gradient.
+    if (sequence_parallel)
+      for (const ParamInfo& p : local.params)
+        if (p.shard.whole()) world.all_reduce(make_view(&grads[p.offset], {p.size}), ReduceOp::Sum);
+    // Gather every rank's slices of the gradient into the whole model's places.
+    std::vector<float> all(local.padded_size * t), gathered(global.padded_size, 0.0f);
+    world.all_gather(make_view(grads.data(), {local.padded_size}), make_view(all.data(), {int64_t(all.size())}));
+    for (int q = 0; q < t; q++)
+      place_into_global(build_gpt2_layout(cfg, 1, {t, q, sequence_parallel}), &all[local.padded_size * q], global,
+                        gathered.data());
+    for (const ParamInfo& p : global.params)
+      EXPECT_TRUE(allclose(&gathered[p.offset], &whole_grads[p.offset], p.size, 1e-6, 1e-4)) << p.name;
+  }
+}
+
+}  // namespace
