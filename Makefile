@@ -5,8 +5,8 @@
 #   make compare          installs what is missing, trains every chapter, prints a table, writes plots
 #   make bench            one-rank tokens/s and CPU matmul GFLOP/s next to OpenBLAS
 #   make bench-comm       collective benchmark, nccl-tests style: RANKS=2, LINK="--link-gbps 1 --link-latency-us 50"
-#   make bench-tp         07 (tensor parallelism, with and without sequence parallelism, overlap, a fast link)
-#                         next to 03 on one table: RANKS=2 PRESET=deep
+#   make bench-tp         07 (TP 2, + sequence parallelism, + overlap) next to 03 on three links, one table:
+#                         RANKS=2 PRESET=small STEPS=20
 #   make bench-torch      chapter 01 next to PyTorch eager, same model, batch, device and dtype (needs torch):
 #                         ARGS="--preset gpt2 --device cuda --dtype bf16 --steps 30"
 #   make diffs            writes docs/diffs/: each chapter's train.cpp against the previous one

@@ -3,41 +3,43 @@
 // The idea. Chapters 01-06 split the batch; every rank still runs every matrix product of the whole
 // model. Tensor parallelism (TP) splits the products themselves over a group of t ranks. In each
 // block two matrix products are paired so that only one collective separates them:
-//   column-parallel first (attn.qkv by heads, mlp.fc by channels): rank r holds rows of the weight,
-//     computes its slice of the output from the whole input; attention and GELU act on slices alone;
+//   column-parallel first (attn.qkv by heads: rank r holds the q, k and v rows of its NH/t heads;
+//     mlp.fc by channels): each rank computes its slice of the output from the whole input, and
+//     attention and GELU act on slices alone;
 //   row-parallel second (attn.proj, mlp.proj): rank r holds the matching columns, so its product is
-//     a partial sum of the full output, and "g" sums the partials over the group.
-// The embedding and the tied LM head split the vocabulary: V/t rows a rank, and the cross-entropy
-// combines the rows' maxima and sums over the group, never the logits (B*T*V would not fit). Each
-// rank keeps 1/t of the matrices, their gradients and AdamW state, and does 1/t of the FLOPs.
-// The price: per block, two all-reduces of a (B,T,C) activation in forward and two in backward, on
-// the critical path. TP therefore lives inside a node, on the fastest links (process_grid.h).
+//     a partial sum of the whole output; "g" sums the partials, then the bias is added, once.
+// "f", before each column-parallel product, is its mirror: nothing in forward, the sum of the
+// input's gradient in backward. The embedding and the tied LM head split the vocabulary: V/t rows a
+// rank, and the cross-entropy combines each row's maximum, sum of exponentials and target logit over
+// the group, never the (B,T,V) logits. Each rank keeps 1/t of the matrices, their gradients and
+// AdamW state, and does 1/t of their FLOPs. The price: per block two all-reduces of a (B,T,C)
+// activation in forward and two in backward, on the critical path: TP lives inside a node.
+// wpe, the layernorms and the row-parallel biases stay whole on every rank. Their gradients agree
+// across the group with no communication: they act on the stream between the products, which every
+// rank holds whole and alike (g's sum made it so), and the stream's gradient is alike too (f's sum).
 //
-// Sequence parallelism (--sequence-parallel, Korthikanti et al. 2022): between the parallel
-// products, the layernorms, dropout-free residual adds and biases repeat the same work on every rank
-// of the group, on full (B,T,C) activations. Split those rows over the group too: rank r keeps B*T/t
-// rows. Each all-reduce becomes a reduce-scatter (into this rank's rows) and an all-gather (back to
-// all rows before a column-parallel product): the same bytes, but the activations between the
-// products shrink t-fold. The parameters every rank holds whole (layernorms, row-parallel biases,
-// wpe) then receive gradients from this rank's rows only: they are summed over the group once per
-// step.
+// Sequence parallelism (--sequence-parallel, Korthikanti et al. 2022) stops repeating that work t
+// times: rank r keeps rows [r BT/t, (r+1) BT/t) of the stream, flattened to (B*T, C) rows. Any split
+// of rows is as good as a split along T, with no transpose, because everything between the products
+// (layernorms, residual adds, biases) is computed row by row. g becomes a reduce-scatter of rows, f
+// an all-gather: the same bytes, and the activations between the products shrink t-fold. The
+// tensors held whole now get, on each rank, its rows' share of their gradient: summed over the
+// group before the optimizer, the final layernorm's and wpe's included (wpe is added after the
+// split, to this rank's rows, so its gradient is summed like the others).
 //
-// What the model does and what this file does: the model (common/model.cpp) runs its slices and
-// calls the four collectives f and g below where Megatron places them; this file says what each one
-// is. With --tp smaller than the rank count, the remaining factor is data parallelism over the
-// grid's DP groups, as chapter 03 (buckets overlapping backward) or, with --zero1, chapter 04 teach
-// it (common/data_parallel.h).
-// What to notice: the theory table's parameters per rank drop to about 1/t; "TP bytes per step"
-// equals (4L+2) all-reduces of B*T*C (the same with sequence parallelism, as gathers and scatters),
-// and "activations" drops with --sequence-parallel. The losses equal 01's on one rank, for any grid.
+// --tp-overlap: in backward, the input's gradient is summed while the weight's gradient is computed
+// (Megatron's asynchronous all-reduce): the "02" of tensor parallelism. With --tp below the rank
+// count, the rest is data parallelism over the grid's DP groups, as 03 (or, --zero1, 04) teaches it.
+// What to notice: parameters per rank about 1/t; "TP bytes per step" is (4L+2) all-reduces of
+// B*T*C (with SP, as gathers and scatters); "activations" fall t-fold with SP; the losses are 01's.
 //
 // Base chapter: 03_bucket_dp (docs/diffs/07_tensor_parallel.diff: what this chapter adds to it).
 //
 // Run:
 //   make 07_tensor_parallel
-//   mpiexec -n 2 ./07_tensor_parallel/train                          # TP over both ranks
-//   mpiexec -n 4 ./07_tensor_parallel/train --tp 2 --sequence-parallel   # DP 2 x TP 2
-//   mpiexec -n 2 ./07_tensor_parallel/train --preset small --no-tp-overlap --trace tp.json
+//   mpiexec -n 2 ./07_tensor_parallel/train                                  # TP 2
+//   mpiexec -n 4 ./07_tensor_parallel/train --sequence-parallel --tp-overlap # DP 2 x TP 2
+//   mpiexec -n 4 ./07_tensor_parallel/train --tp 4 --preset small --trace tp.json
 #include <cmath>
 #include <cstdio>
 #include <utility>
@@ -58,15 +60,16 @@
 #include "training_run.h"
 
 struct Options {
-  int tp = 0;  // 0: every rank
-  bool sequence_parallel = false, no_overlap = false, zero1 = false;
+  int tp = 0;  // 0: 2 where the rank count is even, else 1
+  bool sequence_parallel = false, overlap = false, zero1 = false;
   double bucket_mb = 0;
 };
 
 // The whole run, in a function: the grid's groups must end before MPI does.
 int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
   // The grid: consecutive ranks form a TP group; ranks with the same TP rank form a DP group.
-  ProcessGrid grid(world, grid_shape(world.size(), opt.tp ? opt.tp : world.size(), 1));
+  const int tp_size = opt.tp ? opt.tp : world.size() % 2 == 0 ? 2 : 1;
+  ProcessGrid grid(world, grid_shape(world.size(), tp_size, 1));
   const TensorParallelism tp{grid.shape().tp, grid.coords().tp, opt.sequence_parallel};
   TrainingRun run(grid, cfg, opt.zero1 ? Strategy::ZeRO1 : Strategy::DP, tp);
   const Device device = run.device();
@@ -90,8 +93,8 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
 
   // The lesson: the four collectives of tensor parallelism. "f" precedes a column-parallel product,
   // "g" follows a row-parallel one; each is the other's mirror in backward.
-  auto started = [&](CommHandle handle) {  // --no-tp-overlap: nothing runs behind the computation
-    if (opt.no_overlap) {
+  auto started = [&](CommHandle handle) {  // without --tp-overlap, nothing runs behind the computation
+    if (!opt.overlap) {
       handle.wait();
       return CommHandle();
     }
@@ -178,11 +181,12 @@ int main(int argc, char** argv) {
   TrainConfig cfg;
   FlagParser flags;
   Options opt;
-  flags.add("--tp", &opt.tp, "ranks in a tensor-parallel group (default: every rank); the rest is data-parallel");
+  flags.add("--tp", &opt.tp, "ranks in a tensor-parallel group (default: 2 on an even rank count); the rest is "
+                            "data-parallel");
   flags.add_switch("--sequence-parallel", &opt.sequence_parallel,
                    "split the rows between the parallel products too (gathers and scatters for all-reduces)");
-  flags.add_switch("--no-tp-overlap", &opt.no_overlap,
-                   "wait for each backward collective at once, instead of computing the weight's gradient meanwhile");
+  flags.add_switch("--tp-overlap", &opt.overlap,
+                   "in backward, sum the input's gradient while the weight's gradient is computed");
   flags.add_switch("--zero1", &opt.zero1, "shard the optimizer state over the data-parallel group (chapter 04)");
   flags.add("--bucket-mb", &opt.bucket_mb, "data-parallel bucket size in MB (default: an eighth of the gradient)");
   flags.add("--tp-link-gbps", &cfg.tp_link_gbps, "the tensor-parallel group's emulated link (default: --link-gbps's)");

@@ -576,10 +576,16 @@ void TrainingRun::report_vs_theory(const CommStats& step_comm, const CommStats* 
   };
   const double model_state = double(mem.current[int(MemCategory::Params)] + mem.current[int(MemCategory::Grads)] +
                                     mem.current[int(MemCategory::OptState)]);
+  std::string split;  // under tensor parallelism, Ψ = its slices of the split tensors + the tensors held whole
+  if (tp_.size > 1) {
+    int64_t sliced = 0, whole = 0;
+    for (size_t i = 0; i < layout_.params.size(); i++)
+      (layout_.params[i].shard.whole() ? whole : sliced) += global_layout_.params[i].size;
+    split = " on this tensor-parallel rank = " + std::to_string(sliced) + " split / " + std::to_string(tp_.size) +
+            " + " + std::to_string(whole) + " held whole";
+  }
   std::printf("per rank, measured vs theory (docs/theory.md; %s: %s; Ψ = %lld%s, padded to %lld)\n", p.strategy.c_str(),
-              p.memory_formula.c_str(), (long long)layout_.num_params,
-              tp_.size > 1 ? " on this tensor-parallel rank: its slices plus the tensors every rank holds whole" : "",
-              (long long)layout_.padded_size);
+              p.memory_formula.c_str(), (long long)layout_.num_params, split.c_str(), (long long)layout_.padded_size);
   std::printf("  %-22s %12s %12s\n", "", "measured", "theory");
   row("parameters", double(mem.current[int(MemCategory::Params)]), p.params_bytes);
   row("gradients", double(mem.current[int(MemCategory::Grads)]), p.grads_bytes);

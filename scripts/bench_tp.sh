@@ -1,54 +1,63 @@
 #!/usr/bin/env bash
-# bench_tp.sh: `make bench-tp`. Tensor parallelism (07) next to data parallelism (03) on the same
-# global batch and rank count, one run after the other, and prints one table: where tensor
-# parallelism's time goes, what its link costs, what sequence parallelism and overlap change.
-# Settings: RANKS=2, PRESET=deep, STEPS=30, LINK (the data-parallel link, as make compare's) and
-# TP_LINK (a node's faster link for the tensor-parallel group).
+# bench_tp.sh: `make bench-tp`. Tensor parallelism (07) next to data parallelism (03) at the same
+# rank count and global batch, on three links, one run after the other; prints one table. It shows
+# where tensor parallelism's time goes (its collectives sit inside forward and backward), what a
+# slow link does to it, and what sequence parallelism and --tp-overlap change.
+#   links: none (shared memory), "in a node" (--link-gbps 5 --link-latency-us 5) and "across
+#          nodes" (--link-gbps 0.5 --link-latency-us 50), each for every group;
+#   runs:  03 (DP), 07 at TP 2, TP 2 + SP, TP 2 + SP + --tp-overlap (with more ranks than 2, the rest
+#          of 07's ranks are data-parallel).
+# Settings: RANKS=2, PRESET=small, STEPS=20. Columns: step time; the exposed communication of the
+# tensor-parallel group and of the data-parallel one (03's is all data-parallel); activations and
+# peak memory per rank, measured. Averages leave out step 0.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ranks=${RANKS:-2}
-preset=${PRESET:-deep}
-steps=${STEPS:-30}
-link=${LINK:-"--link-gbps 2 --link-latency-us 100"}
-tp_link=${TP_LINK:-"--tp-link-gbps 20 --tp-link-latency-us 10"}
+preset=${PRESET:-small}
+steps=${STEPS:-20}
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
-common="--preset $preset --steps $steps --quiet"
-echo "bench-tp: $ranks ranks, $common, link: $link; fast tensor-parallel link: $tp_link"
-runs=(
-  "03 data parallel|03_bucket_dp|$link"
-  "07 TP, DP's link|07_tensor_parallel|$link"
-  "07 TP|07_tensor_parallel|$link $tp_link"
-  "07 TP, no overlap|07_tensor_parallel|$link $tp_link --no-tp-overlap"
-  "07 TP + SP|07_tensor_parallel|$link $tp_link --sequence-parallel"
-)
+echo "bench-tp: $ranks ranks, --preset $preset --steps $steps (RANKS=, PRESET=, STEPS= change it)"
+links=("no link|" "in a node|--link-gbps 5 --link-latency-us 5" "across nodes|--link-gbps 0.5 --link-latency-us 50")
+runs=("03 DP|03_bucket_dp|" "07 TP 2|07_tensor_parallel|--tp 2" "07 TP 2 + SP|07_tensor_parallel|--tp 2 --sequence-parallel"
+      "07 TP 2 + SP + overlap|07_tensor_parallel|--tp 2 --sequence-parallel --tp-overlap")
 i=0
-for run in "${runs[@]}"; do
-  IFS='|' read -r label chapter flags <<<"$run"
-  # shellcheck disable=SC2086
-  mpiexec -n "$ranks" "./$chapter/train" $common $flags --json "$out/$i.jsonl" </dev/null >"$out/$i.log" 2>&1 \
-    || { echo "failed: $label"; tail -n 5 "$out/$i.log"; exit 1; }
-  echo "$label" >"$out/$i.label"
-  i=$((i + 1))
+for link in "${links[@]}"; do
+  IFS='|' read -r link_name link_flags <<<"$link"
+  for run in "${runs[@]}"; do
+    IFS='|' read -r label chapter flags <<<"$run"
+    # shellcheck disable=SC2086
+    mpiexec -n "$ranks" "./$chapter/train" --preset "$preset" --steps "$steps" --quiet $link_flags $flags \
+      --json "$out/$i.jsonl" </dev/null >"$out/$i.log" 2>&1 \
+      || { echo "failed: $label, $link_name"; tail -n 5 "$out/$i.log"; exit 1; }
+    printf '%s\t%s\n' "$link_name" "$label" >"$out/$i.label"
+    i=$((i + 1))
+  done
 done
 python3 - "$out" "$i" <<'PY'
 import json, sys
 folder, count = sys.argv[1], int(sys.argv[2])
-rows = []
+print("%-13s %-23s %8s %7s %12s %12s %12s %10s" % ("link", "run", "step ms", "vs DP", "exposed TP", "exposed DP",
+                                                    "activations", "peak mem"))
+base = None
 for i in range(count):
-    records = {}
+    link, label = open("%s/%d.label" % (folder, i)).read().rstrip("\n").split("\t")
+    steps, theory = [], {}
     with open("%s/%d.jsonl" % (folder, i)) as f:
         for line in f:
             r = json.loads(line)
-            records.setdefault(r["type"], r)
-    label = open("%s/%d.label" % (folder, i)).read().strip()
-    rows.append((label, records["summary"], records["theory"], records["run"]))
-base = rows[0][1]["step_ms"]
-print("%-20s %8s %8s %17s %9s %11s %11s" % ("run", "step ms", "vs 03", "exposed/total ms", "MB sent", "model state",
-                                            "activations"))
-for label, s, t, run in rows:
-    print("%-20s %8.1f %7.2fx %8.1f / %6.1f %9.2f %8.1f MB %8.1f MB" % (
-        label, s["step_ms"], s["step_ms"] / base, s["exposed_comm_ms"], s["comm_ms"], s["comm_bytes_per_step"] / 1e6,
-        t["measured_model_state_bytes"] / 1e6, t["measured_activations_bytes"] / 1e6))
-print("(vs 03: step time as a multiple of 03's; MB sent: per rank and step, every group)")
+            if r["type"] == "step" and r["step"] >= 1:
+                steps.append(r)
+            elif r["type"] == "theory":
+                theory = r
+    mean = lambda key: sum(s.get(key, 0.0) for s in steps) / len(steps)
+    step_ms = mean("step_ms")
+    if label.startswith("03"):
+        base, tp, dp = step_ms, 0.0, mean("exposed_comm_ms")
+    else:
+        tp, dp = mean("tp_exposed_comm_ms"), mean("dp_exposed_comm_ms")
+    print("%-13s %-23s %8.1f %6.2fx %9.1f ms %9.1f ms %9.1f MB %7.1f MB" % (
+        link, label, step_ms, step_ms / base, tp, dp, theory["measured_activations_bytes"] / 1e6,
+        max(s["mem_total"] for s in steps) / 1e6))
+print("(vs DP: step time as a multiple of 03's on the same link; memory per rank)")
 PY

@@ -14,8 +14,8 @@
 #                 activations inside every layer, so it runs where the links are fastest. TP_LINK=none:
 #                 07 uses LINK too.
 #   RANKS="1 2"   two ranks, one per core of a small machine; STEPS=30; EXTRA="..." adds flags to every run.
-# 07 runs twice at each rank count above one: tensor parallelism over every rank, then with sequence
-# parallelism (results/07_tensor_parallel_sp_nN.*).
+# 07 runs with --tp-overlap, twice at each rank count above one: tensor parallelism (TP 2, the rest
+# data-parallel), then with sequence parallelism too (results/07_tensor_parallel_sp_nN.*).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ranks=${RANKS:-"1 2"}
@@ -40,7 +40,7 @@ for chapter in $(ls -d [0-9][0-9]_*/ | tr -d /); do
     for variant in $variants; do
       flags=""
       run="${chapter}_n${n}"
-      [ "$chapter" = 07_tensor_parallel ] && flags="$tp_link"
+      [ "$chapter" = 07_tensor_parallel ] && flags="--tp-overlap $tp_link"
       if [ "$variant" = sp ]; then flags="$flags --sequence-parallel"; run="${chapter}_sp_n${n}"; fi
       echo "training $chapter on $n rank(s) $flags"
       # shellcheck disable=SC2086

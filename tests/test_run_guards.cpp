@@ -83,9 +83,9 @@ std::vector<BadInput> bad_inputs() {
       {"TensorParallelGroupsDoNotDivideTheRanks", "--tp 3", "the 2 ranks do not divide into tensor-parallel groups of --tp 3",
        "07_tensor_parallel"},
       {"HeadsDoNotSplit", "--preset odd", "--tp 2 must divide the number of heads NH = 3", "07_tensor_parallel"},
-      {"PositionsDoNotSplit", "--preset odd --batch 1 --sequence-parallel", "--sequence-parallel splits the B*T = 1 x 17",
+      {"PositionsDoNotSplit", "--preset odd --batch 1 --tp 3 --sequence-parallel", "--sequence-parallel splits the B*T = 1 x 17",
        "07_tensor_parallel", 3},
-      {"TensorParallelOnOneRankTooMany", "--tp 0", "--tp must be >= 1", "07_tensor_parallel"},
+      {"TensorParallelSizeBelowOne", "--tp 0", "--tp must be >= 1", "07_tensor_parallel"},
   };
 }
 

@@ -194,10 +194,19 @@ TEST(TensorParallelModel, LossesAndGatheredGradientsEqualTheWholeModels) {
       EXPECT_NEAR(loss, reference_losses[micro], 1e-5 * reference_losses[micro]) << "micro-batch " << micro;
       model.backward(0.5f);
     }
-    // Under sequence parallelism a tensor held whole has each rank's rows' share of its gradient.
-    if (sequence_parallel)
+    // Under sequence parallelism a tensor held whole has each rank's rows' share of its gradient: on
+    // its own, not the gradient (the classic silent bug, the final layernorm's included), until it
+    // is summed over the group.
+    if (sequence_parallel) {
+      for (const char* name : {"h0.ln1.weight", "h1.attn.proj.bias", "lnf.weight", "lnf.bias", "wpe"}) {
+        const ParamInfo& p = local.params[local.find(name)];
+        const ParamInfo& g = global.params[global.find(name)];
+        EXPECT_FALSE(allclose(&grads[p.offset], &whole_grads[g.offset], p.size, 1e-6, 1e-4))
+            << name << ": one rank's share already equals the whole gradient, so the test proves nothing";
+      }
       for (const ParamInfo& p : local.params)
         if (p.shard.whole()) world.all_reduce(make_view(&grads[p.offset], {p.size}), ReduceOp::Sum);
+    }
     // Gather every rank's slices of the gradient into the whole model's places.
     std::vector<float> all(local.padded_size * t), gathered(global.padded_size, 0.0f);
     world.all_gather(make_view(grads.data(), {local.padded_size}), make_view(all.data(), {int64_t(all.size())}));

@@ -23,18 +23,29 @@ constexpr double kLossTolerance = 1e-5;  // fp32, relative, per step
 struct Baseline {
   LossCurve losses;
   std::vector<float> params;
+  std::vector<double> grad_norms;
 };
 
-const Baseline& baseline(const std::string& preset) {
+// The global gradient norm of every step (clipping uses it: with the default --grad-clip 1 it clips
+// every step of these runs, so a norm that counted a tensor twice would change the update).
+std::vector<double> grad_norms(const std::string& jsonl) {
+  std::vector<double> norms;
+  for (const std::string& step : read_records(jsonl, "step")) norms.push_back(number_field(step, "grad_norm"));
+  return norms;
+}
+
+const Baseline& baseline(const std::string& preset, const std::string& batch = "") {
   static std::map<std::string, Baseline> cache;
-  auto found = cache.find(preset);
+  const std::string key = preset + "/" + batch;
+  auto found = cache.find(key);
   if (found != cache.end()) return found->second;
   std::string dir = temp_dir();
   RunResult r = run_trainer("01_vanilla_dp", 1,
-                            "--preset " + preset + " --steps " + std::to_string(kSteps) + " --json " + dir +
-                                "/base.jsonl --save " + dir + "/base.ckpt");
+                            "--preset " + preset + (batch.empty() ? "" : " --batch " + batch) + " --steps " +
+                                std::to_string(kSteps) + " --json " + dir + "/base.jsonl --save " + dir + "/base.ckpt");
   EXPECT_EQ(r.exit_code, 0) << r.output;
-  return cache[preset] = Baseline{read_losses(dir + "/base.jsonl"), checkpoint_params(dir + "/base.ckpt")};
+  return cache[key] = Baseline{read_losses(dir + "/base.jsonl"), checkpoint_params(dir + "/base.ckpt"),
+                               grad_norms(dir + "/base.jsonl")};
 }
 
 const std::vector<std::string> kChapters = {"01_vanilla_dp", "02_overlap_dp", "03_bucket_dp",
@@ -47,6 +58,7 @@ struct Case {
   std::string preset = "tiny";
   std::string extra = "";  // chapter-specific flags
   std::string name = "";
+  std::string batch = "";  // a global batch other than the preset's (the baseline then uses it too)
 };
 
 std::string case_name(const testing::TestParamInfo<Case>& info) {
@@ -59,16 +71,20 @@ class RankEquivalence : public testing::TestWithParam<Case> {};
 
 TEST_P(RankEquivalence, SameLossesAndParametersAsOneRankOf01) {
   const Case c = GetParam();
-  const Baseline& base = baseline(c.preset);
+  const Baseline& base = baseline(c.preset, c.batch);
   std::string dir = temp_dir();
   RunResult r = run_trainer(c.chapter, c.ranks,
-                            "--preset " + c.preset + " --steps " + std::to_string(kSteps) + " --grad-accum " +
-                                std::to_string(c.grad_accum) + " --json " + dir + "/run.jsonl --save " + dir +
-                                "/run.ckpt " + c.extra);
+                            "--preset " + c.preset + (c.batch.empty() ? "" : " --batch " + c.batch) + " --steps " +
+                                std::to_string(kSteps) + " --grad-accum " + std::to_string(c.grad_accum) + " --json " +
+                                dir + "/run.jsonl --save " + dir + "/run.ckpt " + c.extra);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   LossCurve curve = read_losses(dir + "/run.jsonl");
   ASSERT_EQ(int(curve.losses.size()), kSteps);
   EXPECT_LE(max_relative_difference(curve, base.losses), kLossTolerance);
+  const std::vector<double> norms = grad_norms(dir + "/run.jsonl");
+  ASSERT_EQ(norms.size(), base.grad_norms.size());
+  for (size_t i = 0; i < norms.size(); i++)
+    EXPECT_NEAR(norms[i], base.grad_norms[i], kLossTolerance * base.grad_norms[i]) << "gradient norm, step " << i;
   std::vector<float> params = checkpoint_params(dir + "/run.ckpt");
   ASSERT_EQ(params.size(), base.params.size());
   // The parameters as a whole agree to fp32 summation noise. Elementwise, AdamW divides each
@@ -97,16 +113,19 @@ std::vector<Case> equivalence_cases() {
     cases.push_back({"04_zero1", 4, 1, "tiny", std::string("--bucket-mb ") + mb, name});
   }
   cases.push_back({"06_zero3", 2, 2, "tiny", "--no-prefetch", "_noprefetch"});
-  // Tensor parallelism on every grid: the group's ranks hold slices, yet compute 01's model.
+  // Tensor parallelism on every grid, with and without sequence parallelism: the group's ranks hold
+  // slices, yet compute 01's model. TP 3 with sequence parallelism takes a batch of 9, whose 9 x 17
+  // positions split over 3 ranks.
   const std::string tp = "07_tensor_parallel";
-  cases.push_back({tp, 2, 1, "tiny", "", "_tp2"});
-  cases.push_back({tp, 2, 2, "tiny", "--sequence-parallel", "_tp2_sp"});
-  cases.push_back({tp, 2, 1, "tiny", "--no-tp-overlap", "_tp2_nooverlap"});
-  cases.push_back({tp, 4, 1, "tiny", "--sequence-parallel", "_tp4_sp"});
-  cases.push_back({tp, 4, 2, "tiny", "--tp 2", "_dp2_tp2"});
-  cases.push_back({tp, 4, 1, "tiny", "--tp 2 --sequence-parallel --zero1", "_dp2_tp2_sp_zero1"});
-  cases.push_back({tp, 3, 1, "odd", "", "_tp3"});
-  cases.push_back({tp, 4, 1, "tiny", "--tp 2 --zero1 --bucket-mb 0.01", "_dp2_tp2_zero1_bucket01"});
+  for (const char* sp : {"", " --sequence-parallel"}) {
+    const std::string name = *sp ? "_sp" : "";
+    cases.push_back({tp, 2, *sp ? 2 : 1, "tiny", std::string("--tp 2") + sp, "_tp2" + name});
+    cases.push_back({tp, 4, 1, "tiny", std::string("--tp 4") + sp, "_tp4" + name});
+    cases.push_back({tp, 4, 1, "tiny", std::string("--tp 2 --tp-overlap") + sp, "_dp2_tp2_overlap" + name});
+    cases.push_back({tp, 3, 1, "odd", std::string("--tp 3") + sp, "_tp3" + name, *sp ? "9" : ""});
+    cases.push_back({tp, 4, 1, "tiny", std::string("--tp 2 --zero1 --bucket-mb 0.01") + sp, "_dp2_tp2_zero1" + name});
+  }
+  cases.push_back({tp, 2, 2, "tiny", "--tp 2 --tp-overlap", "_tp2_overlap"});
   return cases;
 }
 
@@ -182,7 +201,7 @@ TEST(Checkpoint, ShardedSaveResumesOnOtherRankCountsAndChapters) {
 
 // Tensor parallelism saves the whole model's tensors too: a DP 2 x TP 2 checkpoint resumes in 01 on
 // one rank, in ZeRO-3 on two, and on another grid (TP 4 with sequence parallelism); and 01's resumes
-// under tensor parallelism.
+// under tensor parallelism (TP 2).
 TEST(Checkpoint, TensorParallelSaveResumesOnAnyGridAndChapter) {
   const std::string dir = temp_dir();
   const std::string common = "--steps " + std::to_string(kSteps);
@@ -200,7 +219,7 @@ TEST(Checkpoint, TensorParallelSaveResumesOnAnyGridAndChapter) {
   };
   for (const Into& into : std::vector<Into>{{"01_vanilla_dp", 1, ""},
                                             {"06_zero3", 2, ""},
-                                            {"07_tensor_parallel", 4, "--sequence-parallel"}}) {
+                                            {"07_tensor_parallel", 4, "--tp 4 --sequence-parallel"}}) {
     RunResult resumed = run_trainer(into.chapter, into.ranks,
                                     common + " --resume " + dir + "/ck_10.bin --json " + dir + "/r.jsonl " + into.flags);
     ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
@@ -232,9 +251,17 @@ TEST(Theory, MeasuredMemoryAndBytesMatchTheFormulas) {
   for (const char* chapter : {"05_zero2", "06_zero3"})
     for (int ranks : {2, 4}) runs.push_back({chapter, "wide", ranks});
   // Tensor parallelism: parameters, activations and the TP group's bytes and calls per collective.
-  for (const char* flags : {"", " --sequence-parallel", " --tp 2 --zero1", " --tp 2 --sequence-parallel --grad-accum 2"})
-    for (int ranks : {2, 4}) runs.push_back({"07_tensor_parallel", "tiny", ranks, flags});
-  runs.push_back({"07_tensor_parallel", "tiny", 1, ""});
+  // At TP 1, 2 and 4, with and without sequence parallelism, and on DP x TP grids.
+  const std::vector<std::pair<int, std::string>> grids = {
+      {1, ""},
+      {2, " --tp 1"},
+      {2, " --tp 2"},
+      {2, " --tp 2 --sequence-parallel --tp-overlap"},
+      {4, " --tp 4"},
+      {4, " --tp 4 --sequence-parallel"},
+      {4, " --tp 2 --zero1"},
+      {4, " --tp 2 --sequence-parallel --grad-accum 2"}};
+  for (const auto& [ranks, flags] : grids) runs.push_back({"07_tensor_parallel", "tiny", ranks, flags});
   for (const Run& run : runs) {
     SCOPED_TRACE(run.chapter + " on " + std::to_string(run.ranks) + " ranks, preset " + run.preset + run.flags);
     std::string dir = temp_dir();
