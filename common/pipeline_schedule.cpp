@@ -1,0 +1,565 @@
+// pipeline_schedule.cpp: see pipeline_schedule.h. The four builders, each written like its diagram
+// (warm-up, steady state, cool-down), then the checker, the simulator and the theory.
+#include "pipeline_schedule.h"
+
+#include <algorithm>
+
+#include "check.h"  // ENSURE
+
+namespace {
+
+struct ScheduleName {
+  Schedule schedule;
+  const char* name;
+};
+const ScheduleName kScheduleNames[] = {
+    {Schedule::AFAB, "afab"},
+    {Schedule::OneFOneB, "1f1b"},
+    {Schedule::Interleaved, "interleaved"},
+    {Schedule::ZBH1, "zb-h1"},
+};
+
+}  // namespace
+
+bool parse_schedule(const std::string& name, Schedule* out) {
+  for (const ScheduleName& entry : kScheduleNames) {
+    if (name == entry.name) {
+      *out = entry.schedule;
+      return true;
+    }
+  }
+  return false;
+}
+
+const char* schedule_name(Schedule schedule) {
+  for (const ScheduleName& entry : kScheduleNames)
+    if (entry.schedule == schedule) return entry.name;
+  return "?";
+}
+
+std::string schedule_names() {
+  std::string names;
+  for (const ScheduleName& entry : kScheduleNames) names += std::string(names.empty() ? "" : ", ") + entry.name;
+  return names;
+}
+
+std::string schedule_shape_error(Schedule schedule, const PipelineShape& shape) {
+  const int p = shape.stages, m = shape.micro_batches, v = shape.chunks;
+  if (p < 1) return "the pipeline needs at least 1 stage, not " + std::to_string(p);
+  if (m < 1) return "a step needs at least 1 micro-batch, not " + std::to_string(m);
+  if (schedule != Schedule::Interleaved) {
+    if (v != 1)
+      return std::string(schedule_name(schedule)) + " runs one chunk per rank, not " + std::to_string(v) +
+             ": use the interleaved schedule for more";
+    return "";
+  }
+  if (v < 2)
+    return "interleaved needs at least 2 chunks per rank, not " + std::to_string(v) +
+           " (with one chunk, use 1f1b)";
+  if (m % p != 0) {
+    // Its order takes the micro-batches p at a time through each chunk.
+    int below = m / p * p, above = below + p;
+    return "interleaved needs the micro-batches (" + std::to_string(m) + ") to be a multiple of the stages (" +
+           std::to_string(p) + "): use " + (below > 0 ? std::to_string(below) + " or " : std::string()) +
+           std::to_string(above);
+  }
+  return "";
+}
+
+int virtual_stage(const PipelineShape& shape, int rank, int chunk) { return chunk * shape.stages + rank; }
+
+namespace {
+
+// One rank's list as a builder writes it: forward() and backward() append the pass and then the
+// send of what it produced; finish() puts the receive of every pass that needs one at the start of
+// the list, in the order the passes consume them.
+class RankList {
+ public:
+  RankList(const PipelineShape& shape, int rank) : shape_(shape), rank_(rank) {}
+
+  void forward(int micro, int chunk) {
+    passes_.push_back({Op::F, micro, chunk});
+    if (!is_last_stage(chunk)) passes_.push_back({Op::SendActivation, micro, chunk});
+  }
+  // Under zb-h1 the input gradient only: the next rank down waits for it, not for the weights'.
+  void backward(int micro, int chunk) {
+    passes_.push_back({Op::B, micro, chunk});
+    if (!is_first_stage(chunk)) passes_.push_back({Op::SendGradient, micro, chunk});
+  }
+  void weight(int micro, int chunk) { passes_.push_back({Op::W, micro, chunk}); }
+
+  std::vector<Action> finish() const {
+    std::vector<Action> list;
+    for (const Action& pass : passes_) {
+      if (pass.op == Op::F && !is_first_stage(pass.chunk))
+        list.push_back({Op::RecvActivation, pass.micro, pass.chunk});
+      if (pass.op == Op::B && !is_last_stage(pass.chunk))
+        list.push_back({Op::RecvGradient, pass.micro, pass.chunk});
+    }
+    list.insert(list.end(), passes_.begin(), passes_.end());
+    return list;
+  }
+
+ private:
+  bool is_first_stage(int chunk) const { return virtual_stage(shape_, rank_, chunk) == 0; }
+  bool is_last_stage(int chunk) const {
+    return virtual_stage(shape_, rank_, chunk) == shape_.virtual_stages() - 1;
+  }
+
+  PipelineShape shape_;
+  int rank_;
+  std::vector<Action> passes_;
+};
+
+// GPipe (Huang et al. 2019): every micro-batch's forward, then every backward, in the order 0..m-1
+// as GPipe and Megatron-LM run them. Simple, and the rank holds all m micro-batches' activations.
+std::vector<Action> build_afab(const PipelineShape& shape, int rank) {
+  RankList list(shape, rank);
+  const int m = shape.micro_batches;
+  for (int micro = 0; micro < m; micro++) list.forward(micro, 0);
+  for (int micro = 0; micro < m; micro++) list.backward(micro, 0);
+  return list.finish();
+}
+
+// PipeDream-Flush (Narayanan et al. 2021), Megatron-LM's forward_backward_pipelining_without_
+// interleaving. Rank r's first backward needs micro-batch 0 to pass the p-1-r ranks after it and its
+// gradient to come back: the warm-up fills that wait with p-1-r forwards. Then each backward frees
+// the activations the forward before it took, so the rank never holds more than p-r micro-batches,
+// where afab holds m: same bubble, memory bounded by the pipeline's depth instead of the batch.
+std::vector<Action> build_1f1b(const PipelineShape& shape, int rank) {
+  RankList list(shape, rank);
+  const int p = shape.stages, m = shape.micro_batches;
+  const int warmup = std::min(p - 1 - rank, m);
+  int next_forward = 0, next_backward = 0;
+  for (int i = 0; i < warmup; i++) list.forward(next_forward++, 0);
+  while (next_forward < m) {  // steady state: one forward, one backward
+    list.forward(next_forward++, 0);
+    list.backward(next_backward++, 0);
+  }
+  while (next_backward < m) list.backward(next_backward++, 0);  // cool-down
+  return list.finish();
+}
+
+// Interleaved: the rank's forwards, numbered k = 0 .. m v - 1 ("virtual micro-batches"), take the
+// micro-batches p at a time through each chunk in turn. Backwards run the same order with the chunks
+// reversed, since the gradient comes out of the last chunk first.
+Action interleaved_forward(const PipelineShape& shape, int k) {
+  const int p = shape.stages, v = shape.chunks;
+  return {Op::F, k / (p * v) * p + k % p, k / p % v};
+}
+Action interleaved_backward(const PipelineShape& shape, int k) {
+  Action forward = interleaved_forward(shape, k);
+  return {Op::B, forward.micro, shape.chunks - 1 - forward.chunk};
+}
+
+// Megatron-LM's warm-up count for rank r: (v-1)p forwards, the chunks before the last for the first p
+// micro-batches, so that the last chunk's first micro-batch is under way; then 2 per rank after this
+// one, where 1f1b has 1: a forward for each hop of micro-batch 0's last chunk down to rank p-1 and
+// one for each hop of its gradient back. The simulator shows why it is worth the memory: with 1 per
+// rank the step is as short while messages take no time, and longer as soon as they do (the extra
+// forwards hide the p2p time of the round trip). Megatron-LM also runs every forward first when
+// m == p (all_warmup_microbatches); with every receive posted up front nothing here needs that,
+// and the simulator shows the same step time with fewer activations held on the last ranks.
+int interleaved_warmup(const PipelineShape& shape, int rank) {
+  const int p = shape.stages, v = shape.chunks;
+  return std::min(2 * (p - 1 - rank) + (v - 1) * p, shape.micro_batches * v);
+}
+
+// Megatron-LM's interleaved 1F1B (Narayanan et al. 2021, "Efficient Large-Scale Language Model
+// Training on GPU Clusters Using Megatron-LM"; forward_backward_pipelining_with_interleaving). Each
+// rank holds v chunks of layers, so a micro-batch crosses the pipeline v times, each time in 1/v of
+// the time: the fill and drain shrink by v, and the bubble with them, for v times the messages.
+std::vector<Action> build_interleaved(const PipelineShape& shape, int rank) {
+  RankList list(shape, rank);
+  const int total = shape.micro_batches * shape.chunks;
+  const int warmup = interleaved_warmup(shape, rank);
+  auto forward = [&](int k) {
+    Action f = interleaved_forward(shape, k);
+    list.forward(f.micro, f.chunk);
+  };
+  auto backward = [&](int k) {
+    Action b = interleaved_backward(shape, k);
+    list.backward(b.micro, b.chunk);
+  };
+  for (int k = 0; k < warmup; k++) forward(k);
+  for (int k = warmup; k < total; k++) {  // steady state: one forward, one backward
+    forward(k);
+    backward(k - warmup);
+  }
+  for (int k = total - warmup; k < total; k++) backward(k);  // cool-down
+  return list.finish();
+}
+
+// Zero Bubble's handcrafted ZB-H1 (Qi et al., "Zero Bubble Pipeline Parallelism", ICLR 2024, figure
+// 3; the order of sail-sg/zero-bubble-pipeline-parallelism's ZeroBubbleH1Pipeline with exact
+// semantics). The backward splits into B, the input gradient that the rank before waits for, and W,
+// the weight gradient that nobody waits for. 1f1b's warm-up; then rank r runs its first r steady
+// rounds without their W, so that its gradients reach the rank before it sooner; the r W's it owes
+// run later, in time that 1f1b leaves idle (the cool-down's waits, the end of the step). Bubble per rank
+// (p-1)(F+B-W) instead of 1f1b's (p-1)(F+B+W). A micro-batch's activations are freed by its W, so
+// rank r holds up to p micro-batches, r of them awaiting only their W (the p-r others whole, as
+// 1f1b): ZB-H1's peak memory is at most 1f1b's peak, rank 0's.
+std::vector<Action> build_zb_h1(const PipelineShape& shape, int rank) {
+  RankList list(shape, rank);
+  const int p = shape.stages, m = shape.micro_batches;
+  const int warmup = std::min(p - 1 - rank, m);
+  int next_forward = 0, next_backward = 0, next_weight = 0;
+  for (int i = 0; i < warmup; i++) list.forward(next_forward++, 0);
+  for (int i = 0; i < rank && next_forward < m; i++) {  // steady, W held back
+    list.forward(next_forward++, 0);
+    list.backward(next_backward++, 0);
+  }
+  while (next_forward < m) {  // steady: one forward, one backward, one (the oldest) weight gradient
+    list.forward(next_forward++, 0);
+    list.backward(next_backward++, 0);
+    list.weight(next_weight++, 0);
+  }
+  while (next_backward < m) {  // cool-down: the held-back W's fill the waits for gradients
+    list.backward(next_backward++, 0);
+    list.weight(next_weight++, 0);
+  }
+  while (next_weight < m) list.weight(next_weight++, 0);
+  return list.finish();
+}
+
+}  // namespace
+
+std::vector<Action> build_schedule(Schedule schedule, const PipelineShape& shape, int rank) {
+  ENSURE(schedule_shape_error(schedule, shape).empty(), schedule_shape_error(schedule, shape));
+  ENSURE(rank >= 0 && rank < shape.stages, "build_schedule: rank outside the pipeline");
+  switch (schedule) {
+    case Schedule::AFAB: return build_afab(shape, rank);
+    case Schedule::OneFOneB: return build_1f1b(shape, rank);
+    case Schedule::Interleaved: return build_interleaved(shape, rank);
+    case Schedule::ZBH1: return build_zb_h1(shape, rank);
+  }
+  return {};
+}
+
+std::string describe(const Action& action) {
+  const char* name = "?";
+  switch (action.op) {
+    case Op::F: name = "F"; break;
+    case Op::B: name = "B"; break;
+    case Op::W: name = "W"; break;
+    case Op::SendActivation: name = "sendA"; break;
+    case Op::RecvActivation: name = "recvA"; break;
+    case Op::SendGradient: name = "sendG"; break;
+    case Op::RecvGradient: name = "recvG"; break;
+  }
+  return name + std::to_string(action.micro) + ".c" + std::to_string(action.chunk);
+}
+
+std::string describe(const std::vector<Action>& actions) {
+  std::string text;
+  for (const Action& action : actions) text += (text.empty() ? "" : " ") + describe(action);
+  return text;
+}
+
+namespace {
+
+constexpr int kOps = 7;  // the members of Op
+
+// Where things are: rank and chunk of virtual stage s.
+int rank_of_stage(const PipelineShape& shape, int stage) { return stage % shape.stages; }
+int chunk_of_stage(const PipelineShape& shape, int stage) { return stage / shape.stages; }
+
+// How many times a rank's list must hold `op` for one micro-batch of the chunk at virtual stage
+// `stage`, and why, for check_pipeline's messages.
+int expected_count(Schedule schedule, const PipelineShape& shape, Op op, int stage, std::string* why) {
+  const int last = shape.virtual_stages() - 1;
+  auto on = [&](int s) {
+    return "virtual stage " + std::to_string(s) + " on rank " + std::to_string(rank_of_stage(shape, s));
+  };
+  switch (op) {
+    case Op::F:
+    case Op::B: *why = "one per micro-batch and chunk"; return 1;
+    case Op::W:
+      if (schedule == Schedule::ZBH1) {
+        *why = "zb-h1 splits every backward into B and W";
+        return 1;
+      }
+      *why = "only zb-h1 splits the backward";
+      return 0;
+    case Op::SendActivation:
+      *why = stage < last ? on(stage + 1) + " needs it" : "no virtual stage after the last needs it";
+      return stage < last ? 1 : 0;
+    case Op::RecvActivation:
+      *why = stage > 0 ? on(stage - 1) + " sends it" : "virtual stage 0 reads tokens, from no neighbour";
+      return stage > 0 ? 1 : 0;
+    case Op::SendGradient:
+      *why = stage > 0 ? on(stage - 1) + " needs it" : "no virtual stage before the first needs it";
+      return stage > 0 ? 1 : 0;
+    case Op::RecvGradient:
+      *why = stage < last ? on(stage + 1) + " sends it" : "the last virtual stage starts from its own loss";
+      return stage < last ? 1 : 0;
+  }
+  return 0;
+}
+
+}  // namespace
+
+std::string check_pipeline(Schedule schedule, const PipelineShape& shape,
+                           const std::vector<std::vector<Action>>& per_rank) {
+  std::string shape_error = schedule_shape_error(schedule, shape);
+  if (!shape_error.empty()) return shape_error;
+  const int p = shape.stages, m = shape.micro_batches, v = shape.chunks;
+  if (int(per_rank.size()) != p)
+    return "there are " + std::to_string(per_rank.size()) + " lists for " + std::to_string(p) + " ranks";
+
+  for (int rank = 0; rank < p; rank++) {
+    const std::vector<Action>& list = per_rank[rank];
+    const std::string on_rank = "rank " + std::to_string(rank) + " ";
+    // positions[(op, chunk, micro)]: where the list holds that action
+    std::vector<std::vector<int>> positions(size_t(kOps) * v * m);
+    auto slot = [&](Op op, int chunk, int micro) -> std::vector<int>& {
+      return positions[(size_t(op) * v + chunk) * m + micro];
+    };
+    for (int i = 0; i < int(list.size()); i++) {
+      const Action& a = list[i];
+      if (a.micro < 0 || a.micro >= m || a.chunk < 0 || a.chunk >= v)
+        return on_rank + "has " + describe(a) + ", outside the " + std::to_string(m) + " micro-batches and " +
+               std::to_string(v) + " chunks";
+      slot(a.op, a.chunk, a.micro).push_back(i);
+    }
+    for (int chunk = 0; chunk < v; chunk++) {
+      const int stage = virtual_stage(shape, rank, chunk);
+      for (int micro = 0; micro < m; micro++) {
+        for (int op = 0; op < kOps; op++) {
+          std::string why;
+          int expected = expected_count(schedule, shape, Op(op), stage, &why);
+          int count = int(slot(Op(op), chunk, micro).size());
+          if (count != expected)
+            return on_rank + "has " + std::to_string(count) + " x " + describe({Op(op), micro, chunk}) + ", not " +
+                   std::to_string(expected) + ": " + why;
+        }
+        // Each action now appears as often as it must; each comes in the right order or not at all.
+        auto at = [&](Op op) { return slot(op, chunk, micro).empty() ? -1 : slot(op, chunk, micro)[0]; };
+        auto name = [&](Op op) { return describe({op, micro, chunk}); };
+        if (at(Op::B) < at(Op::F)) return on_rank + "runs " + name(Op::B) + " before " + name(Op::F);
+        if (at(Op::W) >= 0 && at(Op::W) < at(Op::B))
+          return on_rank + "runs " + name(Op::W) + " before " + name(Op::B);
+        if (at(Op::SendActivation) >= 0 && at(Op::SendActivation) < at(Op::F))
+          return on_rank + "sends " + name(Op::SendActivation) + " before " + name(Op::F) + " computes it";
+        if (at(Op::SendGradient) >= 0 && at(Op::SendGradient) < at(Op::B))
+          return on_rank + "sends " + name(Op::SendGradient) + " before " + name(Op::B) + " computes it";
+        if (at(Op::RecvActivation) > at(Op::F))
+          return on_rank + "posts " + name(Op::RecvActivation) + " after " + name(Op::F) + ", which waits for it";
+        if (at(Op::RecvGradient) > at(Op::B))
+          return on_rank + "posts " + name(Op::RecvGradient) + " after " + name(Op::B) + ", which waits for it";
+      }
+    }
+  }
+  // Every list is sound on its own and every send meets its receive; what is left is a cycle of
+  // ranks each waiting for the next, which only running them together shows.
+  Simulation run = simulate(shape, uniform_costs(shape, 1, 1, schedule == Schedule::ZBH1 ? 1 : 0), per_rank);
+  if (!run.deadlock.empty()) return "deadlock: " + run.deadlock;
+  return "";
+}
+
+namespace {
+
+// The peak count of micro-batches of `chunk` whose F is done and whose freeing pass is not.
+int peak_between(const std::vector<Action>& actions, int chunk, Op freed_by) {
+  int held = 0, peak = 0;
+  for (const Action& a : actions) {
+    if (a.chunk != chunk) continue;
+    if (a.op == Op::F) peak = std::max(peak, ++held);
+    if (a.op == freed_by) held--;
+  }
+  return peak;
+}
+
+}  // namespace
+
+int max_in_flight(const std::vector<Action>& actions, int chunk) {
+  bool has_weight_passes = std::any_of(actions.begin(), actions.end(), [](const Action& a) { return a.op == Op::W; });
+  return peak_between(actions, chunk, has_weight_passes ? Op::W : Op::B);
+}
+
+int max_awaiting_backward(const std::vector<Action>& actions, int chunk) { return peak_between(actions, chunk, Op::B); }
+
+ActionCosts uniform_costs(const PipelineShape& shape, double forward, double backward, double weight, double p2p) {
+  ActionCosts costs;
+  costs.forward.assign(shape.chunks, forward);
+  costs.backward.assign(shape.chunks, backward);
+  costs.weight.assign(shape.chunks, weight);
+  costs.p2p = p2p;
+  return costs;
+}
+
+double Simulation::bubble() const {
+  if (idle.empty() || makespan <= 0) return 0;
+  double sum = 0;
+  for (double t : idle) sum += t;
+  return sum / double(idle.size()) / makespan;
+}
+
+Simulation simulate(Schedule schedule, const PipelineShape& shape, const ActionCosts& costs) {
+  ENSURE(schedule_shape_error(schedule, shape).empty(), schedule_shape_error(schedule, shape));
+  std::vector<std::vector<Action>> per_rank;
+  for (int rank = 0; rank < shape.stages; rank++) per_rank.push_back(build_schedule(schedule, shape, rank));
+  return simulate(shape, costs, per_rank);
+}
+
+Simulation simulate(const PipelineShape& shape, const ActionCosts& costs,
+                    const std::vector<std::vector<Action>>& per_rank) {
+  const int p = shape.stages, m = shape.micro_batches, v = shape.chunks, stages = shape.virtual_stages();
+  ENSURE(int(per_rank.size()) == p, "simulate: one list per rank");
+  ENSURE(int(costs.forward.size()) == v && int(costs.backward.size()) == v, "simulate: a cost per chunk");
+  ENSURE(costs.weight.empty() || int(costs.weight.size()) == v, "simulate: a weight cost per chunk, or none");
+  for (const std::vector<Action>& list : per_rank)
+    for (const Action& a : list)
+      ENSURE(a.micro >= 0 && a.micro < m && a.chunk >= 0 && a.chunk < v, "simulate: an action outside the shape");
+
+  // done_at[(op, virtual stage, micro)]: when that action ended, -1 until it has run. What the
+  // other actions wait for.
+  std::vector<double> done_at(size_t(kOps) * stages * m, -1.0);
+  auto done = [&](Op op, int stage, int micro) -> double& {
+    return done_at[(size_t(op) * stages + stage) * m + micro];
+  };
+
+  // When `a` on `rank` may start, or -1 while what it needs has not happened yet.
+  auto ready_at = [&](int rank, const Action& a) -> double {
+    const int s = virtual_stage(shape, rank, a.chunk);
+    auto arrival = [&](Op posted, Op sent, int from) -> double {
+      if (done(posted, s, a.micro) < 0) return -1;
+      double sent_at = done(sent, from, a.micro);
+      return sent_at < 0 ? -1 : sent_at + costs.p2p;
+    };
+    switch (a.op) {
+      case Op::F: return s == 0 ? 0 : arrival(Op::RecvActivation, Op::SendActivation, s - 1);
+      case Op::B: return s == stages - 1 ? done(Op::F, s, a.micro) : arrival(Op::RecvGradient, Op::SendGradient, s + 1);
+      case Op::W: return done(Op::B, s, a.micro);
+      case Op::SendActivation: return done(Op::F, s, a.micro);
+      case Op::SendGradient: return done(Op::B, s, a.micro);
+      case Op::RecvActivation:
+      case Op::RecvGradient: return 0;
+    }
+    return -1;
+  };
+  auto cost_of = [&](const Action& a) -> double {
+    if (a.op == Op::F) return costs.forward[a.chunk];
+    if (a.op == Op::B) return costs.backward[a.chunk];
+    if (a.op == Op::W) return costs.weight.empty() ? 0 : costs.weight[a.chunk];
+    return 0;
+  };
+
+  std::vector<size_t> next(p, 0);
+  std::vector<double> clock(p, 0), computed(p, 0);
+  std::vector<std::vector<SimulatedAction>> ran(p);
+  // A rank's next action's times depend only on its own clock and on actions already run, so
+  // running whichever rank can go on, until none can, gives the same times in any order.
+  for (bool progressed = true; progressed;) {
+    progressed = false;
+    for (int rank = 0; rank < p; rank++) {
+      const std::vector<Action>& list = per_rank[rank];
+      while (next[rank] < list.size()) {
+        const Action& a = list[next[rank]];
+        double ready = ready_at(rank, a);
+        if (ready < 0) break;
+        double start = std::max(clock[rank], ready), cost = cost_of(a);
+        if (a.op != Op::F && a.op != Op::B && a.op != Op::W) start = clock[rank];  // no time, no wait
+        clock[rank] = start + cost;
+        computed[rank] += cost;
+        done(a.op, virtual_stage(shape, rank, a.chunk), a.micro) = clock[rank];
+        ran[rank].push_back({rank, a, start, clock[rank]});
+        next[rank]++;
+        progressed = true;
+      }
+    }
+  }
+
+  Simulation sim;
+  for (int rank = 0; rank < p; rank++) {
+    sim.actions.insert(sim.actions.end(), ran[rank].begin(), ran[rank].end());
+    sim.makespan = std::max(sim.makespan, clock[rank]);
+  }
+  for (int rank = 0; rank < p; rank++) sim.idle.push_back(sim.makespan - computed[rank]);
+
+  for (int rank = 0; rank < p; rank++) {
+    if (next[rank] == per_rank[rank].size()) continue;
+    const Action& a = per_rank[rank][next[rank]];
+    const int s = virtual_stage(shape, rank, a.chunk);
+    std::string reason = "rank " + std::to_string(rank) + " waits at " + describe(a) + " for ";
+    auto from_neighbour = [&](Op posted, Op sent, int from) {
+      if (done(posted, s, a.micro) < 0) return describe({posted, a.micro, a.chunk}) + ", which it has not posted";
+      return describe({sent, a.micro, chunk_of_stage(shape, from)}) + " of rank " +
+             std::to_string(rank_of_stage(shape, from));
+    };
+    auto own = [&](Op op) { return "its own " + describe({op, a.micro, a.chunk}) + ", which has not run"; };
+    switch (a.op) {
+      case Op::F: reason += from_neighbour(Op::RecvActivation, Op::SendActivation, s - 1); break;
+      case Op::B:
+        reason += s == stages - 1 ? own(Op::F) : from_neighbour(Op::RecvGradient, Op::SendGradient, s + 1);
+        break;
+      case Op::W:
+      case Op::SendGradient: reason += own(Op::B); break;
+      case Op::SendActivation: reason += own(Op::F); break;
+      case Op::RecvActivation:
+      case Op::RecvGradient: break;  // never wait
+    }
+    sim.deadlock += (sim.deadlock.empty() ? "" : "; ") + reason;
+  }
+  return sim;
+}
+
+double theory_bubble(Schedule schedule, const PipelineShape& shape, double forward, double backward,
+                     double weight) {
+  const double p = shape.stages, m = shape.micro_batches, v = shape.chunks;
+  switch (schedule) {
+    case Schedule::AFAB:
+    case Schedule::OneFOneB: return (p - 1) / (m + p - 1);
+    case Schedule::Interleaved: return (p - 1) / (v * m + p - 1);
+    case Schedule::ZBH1: {
+      double idle = (p - 1) * (forward + backward) - std::min(m - 1, p - 1) * weight;
+      return idle / (m * (forward + backward + weight) + idle);
+    }
+  }
+  return 0;
+}
+
+std::string theory_bubble_formula(Schedule schedule) {
+  switch (schedule) {
+    case Schedule::AFAB:
+    case Schedule::OneFOneB: return "(p-1)/(m+p-1)";
+    case Schedule::Interleaved: return "(p-1)/(v*m+p-1)";
+    case Schedule::ZBH1: return "(p-1)(F+B-W)/(m(F+B+W)+(p-1)(F+B-W))";
+  }
+  return "";
+}
+
+// Interleaved's activation slots, from its order. Forward number n of the rank is micro-batch
+// (n / (p v)) p + n % p of chunk (n / p) % v, and backward number n the same micro-batch of chunk
+// v-1 - (n / p) % v. So micro-batch j of chunk c is
+//   forward number  (j / p) p v + c p + j % p,   backward number  (j / p) p v + (v-1-c) p + j % p:
+// its backward number is its forward number + (v-1-2c) p, for every j. Past the warm-up of w
+// forwards the rank runs forward number n, then backward number n - w; so micro-batch j is held
+// from its forward until forward number (its backward number) + w has run: a window of
+//   L = (v-1-2c) p + w + 1   consecutive forwards, the same for every micro-batch of the chunk
+// (with Megatron-LM's w = 2(p-1-r) + (v-1) p: L = 2(v-1-c) p + 2(p-r) - 1). The most the chunk
+// holds at once is the most of its forwards that fit in L consecutive ones. They come in runs of p
+// every p v, so a window starting at a run holds q p + min(p, L - q p v) of them, q = L / (p v);
+// never more than the m there are. When the warm-up is every forward (w = m v), all m are held.
+// Summed over its chunks, rank 0 holds at most w + 1 = (v+1) p - 1 chunks' activations, each chunk
+// 1/v of the rank's layers: (1 + (p-1)/(p v)) times 1f1b's p micro-batches, the price of the smaller
+// bubble (Narayanan et al. 2021). The chunks' peaks do not all come at once, so the slots above add
+// up to a little more.
+int theory_in_flight(Schedule schedule, const PipelineShape& shape, int rank, int chunk) {
+  ENSURE(schedule_shape_error(schedule, shape).empty(), schedule_shape_error(schedule, shape));
+  const int p = shape.stages, m = shape.micro_batches, v = shape.chunks;
+  ENSURE(rank >= 0 && rank < p && chunk >= 0 && chunk < v, "theory_in_flight: rank or chunk outside the shape");
+  switch (schedule) {
+    case Schedule::AFAB: return m;
+    case Schedule::OneFOneB: return std::min(p - rank, m);
+    case Schedule::ZBH1: return std::min(p, m);
+    case Schedule::Interleaved: {
+      const int warmup = interleaved_warmup(shape, rank);
+      if (warmup == m * v) return m;
+      const int window = (v - 1 - 2 * chunk) * p + warmup + 1;
+      const int runs = window / (p * v);
+      return std::min(m, runs * p + std::min(p, window - runs * p * v));
+    }
+  }
+  return 0;
+}

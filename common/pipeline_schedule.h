@@ -1,0 +1,154 @@
+// pipeline_schedule.h: chapter 08's pipeline schedules as data, a simulator that times them, and the
+// theory the simulation is checked against. Defines Schedule (afab, 1f1b, interleaved, zb-h1), Op and
+// Action (one entry of a rank's list), PipelineShape (p, m, v), build_schedule() (the list of one
+// rank), check_pipeline() (are all ranks' lists sound together), max_in_flight() and
+// max_awaiting_backward() (activation slots), simulate() with ActionCosts, theory_bubble() and
+// theory_in_flight().
+//
+// p pipeline ranks (stages), m micro-batches per step, v model chunks per rank (v > 1 only for the
+// interleaved schedule). Chunk c of rank r is virtual stage c*p + r (Megatron-LM's round-robin
+// assignment): virtual stage 0 (rank 0, chunk 0) holds the embedding, virtual stage v*p-1 (rank p-1,
+// chunk v-1) the head and the loss. Activations flow from virtual stage s to s+1, which is the next
+// rank, wrapping from rank p-1 chunk c to rank 0 chunk c+1 (to rank 0 itself when p = 1); gradients
+// flow from s+1 back to s.
+//
+// A schedule is, for every rank, a list of actions in execution order. The executor runs the list
+// as it is: Recv* posts a non-blocking receive; F and B wait for their posted receive, then compute;
+// Send* starts a non-blocking send. Every receive of the step is posted at the start of the list, in
+// the order the data is consumed (the executor keeps a receive buffer per micro-batch and chunk),
+// so that no send ever waits for a receive its neighbour has yet to post; each send comes right
+// after the F or B that produced its data. Nothing here runs the model or talks to another rank: a
+// test checks the lists, and the simulator times them, before any executor exists.
+#pragma once
+#include <string>
+#include <vector>
+
+enum class Schedule {
+  AFAB,         // "afab": all forwards, then all backwards (GPipe)
+  OneFOneB,     // "1f1b": PipeDream-Flush, Megatron-LM's default
+  Interleaved,  // "interleaved": Megatron-LM's interleaved 1F1B over v chunks per rank
+  ZBH1,         // "zb-h1": zero-bubble's handcrafted ZB-H1, backward split into B and W
+};
+
+// "afab", "1f1b", "interleaved", "zb-h1". parse_schedule returns false on any other name and leaves
+// *out as it was.
+bool parse_schedule(const std::string& name, Schedule* out);
+const char* schedule_name(Schedule schedule);
+// "afab, 1f1b, interleaved, zb-h1", for a flag's help and its error message.
+std::string schedule_names();
+
+enum class Op {
+  F,               // forward of one micro-batch through one chunk
+  B,               // backward; under zb-h1 only the input gradient, the part on the critical path
+  W,               // zb-h1 only: the weight gradient, which nothing downstream waits for
+  SendActivation,  // after F of a chunk that is not the last virtual stage: its output to the next
+  RecvActivation,  // the receive of a chunk's input, for F of a chunk that is not virtual stage 0
+  SendGradient,    // after B of a chunk that is not virtual stage 0: its input's gradient to the previous
+  RecvGradient,    // the receive of a chunk's output gradient, for B of a chunk that is not the last
+};
+
+struct Action {
+  Op op;
+  int micro;  // micro-batch, 0 .. m-1
+  int chunk;  // this rank's chunk, 0 .. v-1
+  bool operator==(const Action& other) const {
+    return op == other.op && micro == other.micro && chunk == other.chunk;
+  }
+};
+
+struct PipelineShape {
+  int stages = 1;         // p, the pipeline ranks
+  int micro_batches = 1;  // m, per step
+  int chunks = 1;         // v, model chunks per rank (virtual stages per rank)
+  int virtual_stages() const { return stages * chunks; }
+};
+
+// "" when `schedule` can run on `shape`, else what is wrong and what would be right, for the caller
+// to report before the first collective: interleaved needs v >= 2 and m a multiple of p; the others
+// v = 1. build_schedule and simulate ENSURE it is "".
+std::string schedule_shape_error(Schedule schedule, const PipelineShape& shape);
+
+// Chunk `chunk` of `rank` is virtual stage chunk * p + rank.
+int virtual_stage(const PipelineShape& shape, int rank, int chunk);
+
+// The list of actions `rank` runs in one step.
+std::vector<Action> build_schedule(Schedule schedule, const PipelineShape& shape, int rank);
+
+// "F3.c1", "B3.c1", "W3.c1", "sendA3.c1", "recvA3.c1", "sendG3.c1", "recvG3.c0". F, B and W names are
+// the executor's trace span names.
+std::string describe(const Action& action);
+// The actions separated by spaces: printing the plan is free.
+std::string describe(const std::vector<Action>& actions);
+
+// Checks all ranks' lists together (per_rank[r] is rank r's): every micro-batch gets exactly one F and
+// one B per chunk on its rank (and one W under zb-h1, none otherwise); each B after its F, each W
+// after its B; each send after the pass that produces its data, each receive before the pass that
+// consumes it; every send has exactly one matching receive on the neighbouring virtual stage and
+// every receive one send; and a simulation with unit costs completes (no deadlock). Returns "" when
+// sound, else the first problem in words.
+std::string check_pipeline(Schedule schedule, const PipelineShape& shape,
+                           const std::vector<std::vector<Action>>& per_rank);
+
+// The most micro-batches that `chunk` of a rank holds activations for at once: its F is done and the
+// pass that frees them not yet, which is W where the list has one (zb-h1: W still reads each
+// linear's saved input) and B otherwise. The executor sizes its activation slots with it.
+int max_in_flight(const std::vector<Action>& actions, int chunk);
+// The same counted until B, not W: the micro-batches that hold their whole activations (under zb-h1
+// a micro-batch between B and W holds only what W reads). Equals max_in_flight without W.
+int max_awaiting_backward(const std::vector<Action>& actions, int chunk);
+
+// The costs of the compute actions, per chunk (each vector has v entries): backward is the B action's
+// cost (the whole backward for afab, 1f1b and interleaved, the input-gradient half for zb-h1), weight
+// W's (zb-h1; may be left empty otherwise). p2p: the time from a send to its data's arrival.
+struct ActionCosts {
+  std::vector<double> forward, backward, weight;
+  double p2p = 0;
+};
+// Every chunk with the same costs.
+ActionCosts uniform_costs(const PipelineShape& shape, double forward, double backward, double weight = 0,
+                          double p2p = 0);
+
+struct SimulatedAction {
+  int rank;
+  Action action;
+  double start, end;  // end == start for sends and receive posts
+};
+
+struct Simulation {
+  std::vector<SimulatedAction> actions;  // rank 0's in its list order, then rank 1's, ...
+  std::vector<double> idle;              // per rank: makespan minus the time it computed
+  double makespan = 0;                   // when the last rank ends: the step's time
+  std::string deadlock;                  // "" or which ranks wait for what (then the rest is partial)
+  // The mean over ranks of idle / makespan.
+  double bubble() const;
+};
+
+// Runs every rank's list in order. A compute action takes its cost once it may start: F when its
+// input activation has arrived (the previous virtual stage's SendActivation time + p2p) and its
+// receive is posted, B when its output gradient has arrived likewise (the last virtual stage's B
+// when its own F is done), W when its B is done. Sends and receive posts take no time. A rank's idle
+// time is the step's makespan minus the time it computes: waiting for its first input, waiting
+// between passes, and waiting at the end for the others to finish the step.
+Simulation simulate(Schedule schedule, const PipelineShape& shape, const ActionCosts& costs);  // builds the lists
+Simulation simulate(const PipelineShape& shape, const ActionCosts& costs,
+                    const std::vector<std::vector<Action>>& per_rank);
+
+// The bubble fraction (idle / step time) by the theory, with equal stages and no p2p time:
+//   afab, 1f1b:  (p-1) / (m+p-1)
+//   interleaved: (p-1) / (v m + p-1)
+//   zb-h1:       (p-1)(F+B-W) / (m(F+B+W) + (p-1)(F+B-W))   (Qi et al. 2024, for m >= p)
+// with F, B, W one micro-batch's forward, input-gradient and weight-gradient times on one stage
+// (afab, 1f1b and interleaved ignore them: their fraction depends on p, m and v only). For zb-h1 the
+// idle time per rank is taken as (p-1)(F+B) - min(m-1, p-1) W, the paper's (p-1)(F+B-W) once m >= p:
+// with fewer micro-batches than stages, fewer W's are left to fill the bubble. It holds while
+// W <= F and W <= B (the paper's setting, F, B and W about equal); beyond, the handcrafted order no
+// longer hides every W, and the simulator gives the real value.
+double theory_bubble(Schedule schedule, const PipelineShape& shape, double forward, double backward,
+                     double weight);
+// The formula above as a short string for printing: "(p-1)/(m+p-1)" ...
+std::string theory_bubble_formula(Schedule schedule);
+
+// The activation slots (max_in_flight) of `chunk` on `rank` by the theory: afab m; 1f1b min(p-r, m);
+// zb-h1 min(p, m) on every rank (it keeps 1f1b's min(p-r, m) whole activations, max_awaiting_backward,
+// and up to r more awaiting only their W); interleaved as derived in pipeline_schedule.cpp.
+int theory_in_flight(Schedule schedule, const PipelineShape& shape, int rank, int chunk);

@@ -1,0 +1,373 @@
+// test_pipeline_schedule.cpp: chapter 08's schedules as data, without a model or MPI. Every schedule
+// on 1, 2 and 4 stages with several micro-batch counts: each micro-batch gets one F and one B (and
+// one W under zb-h1) per chunk, in order; sends meet receives; the simulation completes and its
+// bubble is the theory's; the activation slots are the theory's. Then hand-checked orders and
+// timings, and broken lists that check_pipeline must catch.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <map>
+#include <set>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "pipeline_schedule.h"
+
+namespace {
+
+struct Case {
+  Schedule schedule;
+  PipelineShape shape;
+};
+
+std::string name_of(const Case& c) {
+  return std::string(schedule_name(c.schedule)) + " p=" + std::to_string(c.shape.stages) +
+         " m=" + std::to_string(c.shape.micro_batches) + " v=" + std::to_string(c.shape.chunks);
+}
+
+// Every schedule at p = 1, 2, 4; m = p, 2p, 4p, and 1..3 where the schedule allows; interleaved
+// with v = 2 and 3 (it needs m a multiple of p).
+std::vector<Case> all_cases() {
+  std::vector<Case> cases;
+  for (int p : {1, 2, 4}) {
+    std::set<int> counts = {1, 2, 3, p, 2 * p, 4 * p};
+    for (Schedule s : {Schedule::AFAB, Schedule::OneFOneB, Schedule::ZBH1})
+      for (int m : counts) cases.push_back({s, {p, m, 1}});
+    for (int v : {2, 3})
+      for (int m : {p, 2 * p, 4 * p}) cases.push_back({Schedule::Interleaved, {p, m, v}});
+  }
+  return cases;
+}
+
+std::vector<std::vector<Action>> build_all(const Case& c) {
+  std::vector<std::vector<Action>> per_rank;
+  for (int rank = 0; rank < c.shape.stages; rank++) per_rank.push_back(build_schedule(c.schedule, c.shape, rank));
+  return per_rank;
+}
+
+// F, B and W only: what a diagram of the schedule shows.
+std::string passes(const std::vector<Action>& actions) {
+  std::vector<Action> compute;
+  for (const Action& a : actions)
+    if (a.op == Op::F || a.op == Op::B || a.op == Op::W) compute.push_back(a);
+  return describe(compute);
+}
+
+int index_of(const std::vector<Action>& actions, const Action& wanted) {
+  auto it = std::find(actions.begin(), actions.end(), wanted);
+  return it == actions.end() ? -1 : int(it - actions.begin());
+}
+
+TEST(PipelineSchedule, NamesRoundTrip) {
+  for (Schedule s : {Schedule::AFAB, Schedule::OneFOneB, Schedule::Interleaved, Schedule::ZBH1}) {
+    Schedule parsed = Schedule::AFAB;
+    EXPECT_TRUE(parse_schedule(schedule_name(s), &parsed)) << schedule_name(s);
+    EXPECT_EQ(parsed, s);
+  }
+  Schedule unchanged = Schedule::ZBH1;
+  EXPECT_FALSE(parse_schedule("gpipe", &unchanged));
+  EXPECT_FALSE(parse_schedule("", &unchanged));
+  EXPECT_EQ(unchanged, Schedule::ZBH1);
+  EXPECT_EQ(schedule_names(), "afab, 1f1b, interleaved, zb-h1");
+}
+
+TEST(PipelineSchedule, ShapeErrorsSayWhatWouldBeRight) {
+  EXPECT_EQ(schedule_shape_error(Schedule::OneFOneB, {4, 3, 1}), "");
+  EXPECT_EQ(schedule_shape_error(Schedule::Interleaved, {4, 8, 2}), "");
+  std::string not_multiple = schedule_shape_error(Schedule::Interleaved, {4, 6, 2});
+  EXPECT_NE(not_multiple.find("use 4 or 8"), std::string::npos) << not_multiple;
+  EXPECT_NE(schedule_shape_error(Schedule::Interleaved, {4, 8, 1}), "");
+  EXPECT_NE(schedule_shape_error(Schedule::AFAB, {4, 8, 2}), "");
+  EXPECT_NE(schedule_shape_error(Schedule::ZBH1, {4, 0, 1}), "");
+}
+
+TEST(PipelineSchedule, DescribeNamesEachAction) {
+  EXPECT_EQ(describe(Action{Op::F, 3, 1}), "F3.c1");
+  EXPECT_EQ(describe(Action{Op::B, 3, 1}), "B3.c1");
+  EXPECT_EQ(describe(Action{Op::W, 3, 1}), "W3.c1");
+  EXPECT_EQ(describe(Action{Op::SendActivation, 3, 1}), "sendA3.c1");
+  EXPECT_EQ(describe(Action{Op::RecvActivation, 3, 1}), "recvA3.c1");
+  EXPECT_EQ(describe(Action{Op::SendGradient, 3, 1}), "sendG3.c1");
+  EXPECT_EQ(describe(Action{Op::RecvGradient, 3, 0}), "recvG3.c0");
+  EXPECT_EQ(describe(std::vector<Action>{{Op::F, 0, 0}, {Op::B, 0, 0}}), "F0.c0 B0.c0");
+}
+
+// The orders, written by hand from the papers' figures, in the order they were drawn.
+TEST(PipelineSchedule, OrdersReadLikeTheirDiagrams) {
+  // 1f1b (Narayanan et al. 2021, figure 4 top): rank 1 of 4 warms up with 2 forwards.
+  EXPECT_EQ(passes(build_schedule(Schedule::OneFOneB, {4, 6, 1}, 1)),
+            "F0.c0 F1.c0 F2.c0 B0.c0 F3.c0 B1.c0 F4.c0 B2.c0 F5.c0 B3.c0 B4.c0 B5.c0");
+  // afab: all forwards, then the backwards from micro-batch 0.
+  EXPECT_EQ(passes(build_schedule(Schedule::AFAB, {2, 3, 1}, 0)), "F0.c0 F1.c0 F2.c0 B0.c0 B1.c0 B2.c0");
+  // zb-h1 (Qi et al. 2024, figure 3): the last rank holds back 3 W's and runs them at the end; the
+  // first rank runs each W right after its B.
+  EXPECT_EQ(passes(build_schedule(Schedule::ZBH1, {4, 6, 1}, 3)),
+            "F0.c0 B0.c0 F1.c0 B1.c0 F2.c0 B2.c0 F3.c0 B3.c0 W0.c0 F4.c0 B4.c0 W1.c0 F5.c0 B5.c0 W2.c0 "
+            "W3.c0 W4.c0 W5.c0");
+  EXPECT_EQ(passes(build_schedule(Schedule::ZBH1, {4, 6, 1}, 0)),
+            "F0.c0 F1.c0 F2.c0 F3.c0 B0.c0 W0.c0 F4.c0 B1.c0 W1.c0 F5.c0 B2.c0 W2.c0 B3.c0 W3.c0 B4.c0 W4.c0 "
+            "B5.c0 W5.c0");
+  // interleaved (Megatron-LM's order), p = 2, v = 2, m = 4, rank 0: micro-batches two at a time
+  // through chunk 0 then chunk 1; backwards from chunk 1; warm-up 2(p-1-r) + (v-1)p = 4.
+  EXPECT_EQ(passes(build_schedule(Schedule::Interleaved, {2, 4, 2}, 0)),
+            "F0.c0 F1.c0 F0.c1 F1.c1 F2.c0 B0.c1 F3.c0 B1.c1 F2.c1 B0.c0 F3.c1 B1.c0 B2.c1 B3.c1 B2.c0 B3.c0");
+}
+
+TEST(PipelineSchedule, ReceivesComeFirstAndSendsRightAfterTheirPass) {
+  std::vector<Action> list = build_schedule(Schedule::OneFOneB, {3, 4, 1}, 1);
+  // Rank 1 of 3 receives 4 activations and 4 gradients, all posted before its first pass.
+  for (int i = 0; i < 8; i++)
+    EXPECT_TRUE(list[i].op == Op::RecvActivation || list[i].op == Op::RecvGradient) << describe(list);
+  EXPECT_EQ(describe(std::vector<Action>(list.begin(), list.begin() + 3)), "recvA0.c0 recvA1.c0 recvG0.c0");
+  for (int micro = 0; micro < 4; micro++) {
+    EXPECT_EQ(index_of(list, {Op::SendActivation, micro, 0}), index_of(list, {Op::F, micro, 0}) + 1);
+    EXPECT_EQ(index_of(list, {Op::SendGradient, micro, 0}), index_of(list, {Op::B, micro, 0}) + 1);
+  }
+  // The first rank receives no activation and the last no gradient.
+  for (const Action& a : build_schedule(Schedule::OneFOneB, {3, 4, 1}, 0)) EXPECT_NE(a.op, Op::RecvActivation);
+  for (const Action& a : build_schedule(Schedule::OneFOneB, {3, 4, 1}, 2)) EXPECT_NE(a.op, Op::RecvGradient);
+}
+
+TEST(PipelineSchedule, EveryMicroBatchGetsOneOfEachPassInOrder) {
+  for (const Case& c : all_cases()) {
+    SCOPED_TRACE(name_of(c));
+    std::vector<std::vector<Action>> per_rank = build_all(c);
+    const bool split = c.schedule == Schedule::ZBH1;
+    for (int rank = 0; rank < c.shape.stages; rank++) {
+      const std::vector<Action>& list = per_rank[rank];
+      std::map<std::tuple<int, int, int>, int> count;  // (op, micro, chunk) -> times
+      for (const Action& a : list) count[{int(a.op), a.micro, a.chunk}]++;
+      for (int chunk = 0; chunk < c.shape.chunks; chunk++) {
+        for (int micro = 0; micro < c.shape.micro_batches; micro++) {
+          EXPECT_EQ((count[{int(Op::F), micro, chunk}]), 1) << "rank " << rank << ": " << describe(list);
+          EXPECT_EQ((count[{int(Op::B), micro, chunk}]), 1) << "rank " << rank << ": " << describe(list);
+          EXPECT_EQ((count[{int(Op::W), micro, chunk}]), split ? 1 : 0) << "rank " << rank;
+          int f = index_of(list, {Op::F, micro, chunk}), b = index_of(list, {Op::B, micro, chunk});
+          EXPECT_LT(f, b) << "rank " << rank << ": " << describe(list);
+          if (split) {
+            EXPECT_LT(b, index_of(list, {Op::W, micro, chunk})) << "rank " << rank;
+          }
+        }
+      }
+    }
+  }
+}
+
+// Each send is received once by the neighbouring virtual stage, and each receive is sent.
+TEST(PipelineSchedule, SendsMatchReceivesBetweenNeighbours) {
+  for (const Case& c : all_cases()) {
+    SCOPED_TRACE(name_of(c));
+    std::vector<std::vector<Action>> per_rank = build_all(c);
+    // (is gradient, from virtual stage, to virtual stage, micro)
+    std::multiset<std::tuple<bool, int, int, int>> sent, received;
+    for (int rank = 0; rank < c.shape.stages; rank++) {
+      for (const Action& a : per_rank[rank]) {
+        int s = virtual_stage(c.shape, rank, a.chunk);
+        if (a.op == Op::SendActivation) sent.insert({false, s, s + 1, a.micro});
+        if (a.op == Op::RecvActivation) received.insert({false, s - 1, s, a.micro});
+        if (a.op == Op::SendGradient) sent.insert({true, s, s - 1, a.micro});
+        if (a.op == Op::RecvGradient) received.insert({true, s + 1, s, a.micro});
+      }
+    }
+    EXPECT_EQ(sent, received);
+    int boundaries = c.shape.virtual_stages() - 1;
+    EXPECT_EQ(int(sent.size()), 2 * boundaries * c.shape.micro_batches);  // one each way per boundary
+    for (const auto& message : sent) {
+      EXPECT_GE(std::min(std::get<1>(message), std::get<2>(message)), 0);
+      EXPECT_LT(std::max(std::get<1>(message), std::get<2>(message)), c.shape.virtual_stages());
+    }
+  }
+}
+
+TEST(PipelineSchedule, CheckPipelineAcceptsEveryBuiltSchedule) {
+  for (const Case& c : all_cases()) EXPECT_EQ(check_pipeline(c.schedule, c.shape, build_all(c)), "") << name_of(c);
+}
+
+TEST(PipelineSchedule, SimulatedBubbleIsTheTheory) {
+  for (const Case& c : all_cases()) {
+    if (c.schedule == Schedule::ZBH1) continue;  // below, with its own costs
+    SCOPED_TRACE(name_of(c));
+    // Unit costs, then a backward twice the forward as in a real model: the fraction is the same.
+    for (double backward : {1.0, 2.0}) {
+      Simulation sim = simulate(c.schedule, c.shape, uniform_costs(c.shape, 1, backward));
+      ASSERT_EQ(sim.deadlock, "");
+      EXPECT_NEAR(sim.bubble(), theory_bubble(c.schedule, c.shape, 1, backward, 0), 1e-9);
+      // Equal stages: every rank idles as long as every other.
+      for (double idle : sim.idle) EXPECT_NEAR(idle, sim.idle[0], 1e-9);
+    }
+  }
+}
+
+// With F = B = W = 1 zb-h1 idles (p-1)(F+B-W) per rank once m >= p, where 1f1b, whose backward is
+// B + W in one action, idles (p-1)(F+B+W).
+TEST(PipelineSchedule, ZeroBubbleH1IdlesLessThan1F1B) {
+  const double F = 1, B = 1, W = 1;
+  for (const Case& c : all_cases()) {
+    if (c.schedule != Schedule::ZBH1) continue;
+    SCOPED_TRACE(name_of(c));
+    const int p = c.shape.stages, m = c.shape.micro_batches;
+    Simulation zb = simulate(Schedule::ZBH1, c.shape, uniform_costs(c.shape, F, B, W));
+    Simulation one_f_one_b = simulate(Schedule::OneFOneB, c.shape, uniform_costs(c.shape, F, B + W));
+    ASSERT_EQ(zb.deadlock, "");
+    ASSERT_EQ(one_f_one_b.deadlock, "");
+    EXPECT_NEAR(zb.bubble(), theory_bubble(Schedule::ZBH1, c.shape, F, B, W), 1e-9);
+    for (int rank = 0; rank < p; rank++) {
+      EXPECT_NEAR(zb.idle[rank], (p - 1) * (F + B) - std::min(m - 1, p - 1) * W, 1e-9) << "rank " << rank;
+      if (m >= p) {
+        EXPECT_NEAR(zb.idle[rank], (p - 1) * (F + B - W), 1e-9) << "rank " << rank;
+      }
+      EXPECT_NEAR(one_f_one_b.idle[rank], (p - 1) * (F + B + W), 1e-9) << "rank " << rank;
+      if (p > 1) {
+        EXPECT_LT(zb.idle[rank], one_f_one_b.idle[rank]) << "rank " << rank;
+      }
+    }
+  }
+  // Unequal costs in the paper's setting (W no longer than F or B) follow the same formula.
+  for (PipelineShape shape : {PipelineShape{4, 8, 1}, PipelineShape{4, 2, 1}}) {
+    Simulation zb = simulate(Schedule::ZBH1, shape, uniform_costs(shape, 1.5, 2, 1));
+    EXPECT_NEAR(zb.bubble(), theory_bubble(Schedule::ZBH1, shape, 1.5, 2, 1), 1e-9);
+  }
+}
+
+// The same work cut into v chunks per rank fills and drains the pipeline v times faster.
+TEST(PipelineSchedule, InterleavingShortensTheStep) {
+  PipelineShape plain{4, 8, 1}, interleaved{4, 8, 2};
+  Simulation one_chunk = simulate(Schedule::OneFOneB, plain, uniform_costs(plain, 2, 4));
+  Simulation two_chunks = simulate(Schedule::Interleaved, interleaved, uniform_costs(interleaved, 1, 2));
+  EXPECT_NEAR(one_chunk.makespan, (8 + 3) * 6.0, 1e-9);           // (m + p-1)(F+B)
+  EXPECT_NEAR(two_chunks.makespan, 8 * 6.0 + 3 * 6.0 / 2, 1e-9);  // m(F+B) + (p-1)(F+B)/v
+}
+
+// A timing worked out by hand: 1f1b on 2 ranks, 2 micro-batches, F = B = 1, messages take 0.5.
+TEST(PipelineSchedule, SimulationMatchesAHandTiming) {
+  PipelineShape shape{2, 2, 1};
+  Simulation sim = simulate(Schedule::OneFOneB, shape, uniform_costs(shape, 1, 1, 0, 0.5));
+  ASSERT_EQ(sim.deadlock, "");
+  std::map<std::pair<int, std::string>, std::pair<double, double>> times;
+  for (const SimulatedAction& a : sim.actions) times[{a.rank, describe(a.action)}] = {a.start, a.end};
+  auto when = [&](int rank, const std::string& action) { return times[{rank, action}]; };
+  // rank 0: F0 [0,1], F1 [1,2]; rank 1: F0 after sendA0 at 1 + 0.5, B0 right after it, ...
+  EXPECT_EQ(when(0, "F1.c0"), std::make_pair(1.0, 2.0));
+  EXPECT_EQ(when(1, "F0.c0"), std::make_pair(1.5, 2.5));
+  EXPECT_EQ(when(1, "B0.c0"), std::make_pair(2.5, 3.5));
+  EXPECT_EQ(when(1, "F1.c0"), std::make_pair(3.5, 4.5));  // its input arrived at 2.5: it was busy
+  EXPECT_EQ(when(0, "B0.c0"), std::make_pair(4.0, 5.0));  // sendG0 at 3.5 + 0.5
+  EXPECT_EQ(when(1, "B1.c0"), std::make_pair(4.5, 5.5));
+  EXPECT_EQ(when(0, "B1.c0"), std::make_pair(6.0, 7.0));
+  EXPECT_DOUBLE_EQ(sim.makespan, 7.0);
+  EXPECT_DOUBLE_EQ(sim.idle[0], 3.0);
+  EXPECT_DOUBLE_EQ(sim.idle[1], 3.0);
+}
+
+TEST(PipelineSchedule, ActivationSlotsAreTheTheorys) {
+  for (const Case& c : all_cases()) {
+    SCOPED_TRACE(name_of(c));
+    const int p = c.shape.stages, m = c.shape.micro_batches;
+    std::vector<std::vector<Action>> per_rank = build_all(c);
+    for (int rank = 0; rank < p; rank++) {
+      for (int chunk = 0; chunk < c.shape.chunks; chunk++) {
+        int slots = max_in_flight(per_rank[rank], chunk);
+        EXPECT_EQ(slots, theory_in_flight(c.schedule, c.shape, rank, chunk)) << "rank " << rank << " chunk " << chunk;
+        const int whole = max_awaiting_backward(per_rank[rank], chunk);
+        switch (c.schedule) {
+          case Schedule::AFAB: EXPECT_EQ(slots, m); break;
+          case Schedule::OneFOneB: EXPECT_EQ(slots, std::min(p - rank, m)); break;
+          case Schedule::Interleaved: break;
+          case Schedule::ZBH1:
+            // Up to p held until their W, but only 1f1b's min(p - r, m) whole: the rest await only W.
+            EXPECT_EQ(slots, std::min(p, m));
+            EXPECT_EQ(whole, std::min(p - rank, m)) << "rank " << rank;
+            break;
+        }
+        if (c.schedule != Schedule::ZBH1) {
+          EXPECT_EQ(whole, slots) << "without W, B frees the activations";
+        }
+      }
+    }
+  }
+}
+
+// Megatron-LM's count: rank 0 holds (v+1)p - 1 chunks' activations at the peak, where 1f1b holds
+// p micro-batches of v chunks each.
+TEST(PipelineSchedule, InterleavedRankZeroHoldsAFewMoreThan1F1B) {
+  PipelineShape shape{4, 16, 2};
+  std::vector<Action> list = build_schedule(Schedule::Interleaved, shape, 0);
+  int held = 0, peak = 0;
+  for (const Action& a : list) {
+    if (a.op == Op::F) peak = std::max(peak, ++held);
+    if (a.op == Op::B) held--;
+  }
+  EXPECT_EQ(peak, (2 + 1) * 4 - 1);
+}
+
+// Broken lists, each with the mistake check_pipeline must name.
+TEST(PipelineSchedule, CheckPipelineCatchesBrokenLists) {
+  const PipelineShape shape{2, 2, 1};
+  const Case c{Schedule::OneFOneB, shape};
+  auto expect_caught = [&](const std::vector<std::vector<Action>>& per_rank, Schedule schedule,
+                           const std::string& words) {
+    std::string problem = check_pipeline(schedule, shape, per_rank);
+    EXPECT_NE(problem.find(words), std::string::npos)
+        << "expected a message with \"" << words << "\", got \"" << problem << "\"";
+  };
+
+  std::vector<std::vector<Action>> dropped_receive = build_all(c);
+  dropped_receive[1].erase(dropped_receive[1].begin() + index_of(dropped_receive[1], {Op::RecvActivation, 1, 0}));
+  expect_caught(dropped_receive, c.schedule, "rank 1 has 0 x recvA1.c0, not 1: virtual stage 0 on rank 0 sends it");
+
+  std::vector<std::vector<Action>> backward_first = build_all(c);
+  std::swap(backward_first[1][index_of(backward_first[1], {Op::F, 0, 0})],
+            backward_first[1][index_of(backward_first[1], {Op::B, 0, 0})]);
+  expect_caught(backward_first, c.schedule, "rank 1 runs B0.c0 before F0.c0");
+
+  std::vector<std::vector<Action>> late_receive = build_all(c);
+  late_receive[0].erase(late_receive[0].begin() + index_of(late_receive[0], {Op::RecvGradient, 0, 0}));
+  late_receive[0].push_back({Op::RecvGradient, 0, 0});
+  expect_caught(late_receive, c.schedule, "rank 0 posts recvG0.c0 after B0.c0");
+
+  std::vector<std::vector<Action>> early_send = build_all(c);
+  std::swap(early_send[0][index_of(early_send[0], {Op::F, 0, 0})],
+            early_send[0][index_of(early_send[0], {Op::SendActivation, 0, 0})]);
+  expect_caught(early_send, c.schedule, "rank 0 sends sendA0.c0 before F0.c0 computes it");
+
+  std::vector<std::vector<Action>> send_from_last = build_all(c);
+  send_from_last[1].push_back({Op::SendActivation, 0, 0});
+  expect_caught(send_from_last, c.schedule, "no virtual stage after the last needs it");
+
+  // A W in a schedule that does not split the backward, and none where zb-h1 needs it.
+  std::vector<std::vector<Action>> stray_weight = build_all(c);
+  stray_weight[0].push_back({Op::W, 1, 0});
+  expect_caught(stray_weight, c.schedule, "only zb-h1 splits the backward");
+  std::vector<std::vector<Action>> missing_weight = build_all({Schedule::ZBH1, shape});
+  missing_weight[0].erase(missing_weight[0].begin() + index_of(missing_weight[0], {Op::W, 1, 0}));
+  expect_caught(missing_weight, Schedule::ZBH1, "rank 0 has 0 x W1.c0, not 1");
+
+  // Every list sound on its own, yet together they wait for each other: rank 0 wants micro-batch
+  // 0's gradient before it sends micro-batch 1's activation; rank 1 wants that activation first.
+  std::vector<std::vector<Action>> cycle = build_all({Schedule::AFAB, shape});
+  std::vector<Action>& rank0 = cycle[0];
+  rank0.erase(rank0.begin() + index_of(rank0, {Op::F, 1, 0}), rank0.begin() + index_of(rank0, {Op::F, 1, 0}) + 2);
+  int b0 = index_of(rank0, {Op::B, 0, 0});
+  rank0.insert(rank0.begin() + b0 + 1, {{Op::F, 1, 0}, {Op::SendActivation, 1, 0}});
+  EXPECT_EQ(passes(rank0), "F0.c0 B0.c0 F1.c0 B1.c0");
+  expect_caught(cycle, Schedule::AFAB,
+                "deadlock: rank 0 waits at B0.c0 for sendG0.c0 of rank 1; "
+                "rank 1 waits at F1.c0 for sendA1.c0 of rank 0");
+  Simulation stuck = simulate(shape, uniform_costs(shape, 1, 1), cycle);
+  EXPECT_NE(stuck.deadlock, "");
+
+  EXPECT_NE(check_pipeline(c.schedule, shape, {build_schedule(c.schedule, shape, 0)}), "");  // a rank's list missing
+}
+
+TEST(PipelineSchedule, TheoryFormulasForPrinting) {
+  EXPECT_EQ(theory_bubble_formula(Schedule::AFAB), "(p-1)/(m+p-1)");
+  EXPECT_EQ(theory_bubble_formula(Schedule::OneFOneB), "(p-1)/(m+p-1)");
+  EXPECT_EQ(theory_bubble_formula(Schedule::Interleaved), "(p-1)/(v*m+p-1)");
+  EXPECT_EQ(theory_bubble_formula(Schedule::ZBH1), "(p-1)(F+B-W)/(m(F+B+W)+(p-1)(F+B-W))");
+  EXPECT_NEAR(theory_bubble(Schedule::OneFOneB, {4, 8, 1}, 1, 2, 0), 3.0 / 11, 1e-12);
+  EXPECT_NEAR(theory_bubble(Schedule::Interleaved, {4, 8, 2}, 1, 2, 0), 3.0 / 19, 1e-12);
+  EXPECT_NEAR(theory_bubble(Schedule::ZBH1, {4, 8, 1}, 1, 1, 1), 3.0 / 27, 1e-12);
+}
+
+}  // namespace
