@@ -7,16 +7,19 @@ GradientBuckets::GradientBuckets(const ParamLayout& layout, double bucket_bytes,
                                  BucketCut cut) {
   const int n = int(layout.params.size());
   bucket_of_.assign(n, -1);
+  int first_held = 0;  // parameters of other pipeline stages (size 0) belong to no bucket
+  while (first_held < n && !layout.params[first_held].held()) first_held++;
   int64_t end = layout.padded_size;
   double filled = 0;
-  for (int p = n - 1; p >= 0; p--) {  // backward order: last parameter first
-    bucket_of_[p] = count();
+  for (int p = n - 1; p >= first_held; p--) {  // backward order: last parameter first
     const ParamInfo& info = layout.params[p];
+    if (!info.held()) continue;
+    bucket_of_[p] = count();
     filled += double(element_bytes) * double(info.size);
     // A unit's first parameter starts where the unit does (param_layout.h).
     const bool may_cut = cut == BucketCut::AtTensors || info.offset == layout.unit_begin[info.unit];
-    if ((filled >= bucket_bytes && may_cut) || p == 0) {
-      const int64_t begin = p == 0 ? 0 : layout.params[p].offset;
+    if ((filled >= bucket_bytes && may_cut) || p == first_held) {
+      const int64_t begin = p == first_held ? 0 : layout.params[p].offset;
       begin_.push_back(begin);
       end_.push_back(end);
       end = begin;
@@ -24,12 +27,14 @@ GradientBuckets::GradientBuckets(const ParamLayout& layout, double bucket_bytes,
     }
   }
   params_in_.assign(count(), 0);
-  for (int b : bucket_of_) params_in_[b]++;
+  for (int b : bucket_of_)
+    if (b >= 0) params_in_[b]++;
   reset();
 }
 
 int GradientBuckets::mark_ready(int param) {
   const int b = bucket_of_[param];
+  ENSURE(b >= 0, "mark_ready: a parameter this pipeline stage does not hold");
   ENSURE(pending_[b] > 0, "a gradient was marked ready twice in one backward");
   return --pending_[b] == 0 ? b : -1;
 }

@@ -44,6 +44,8 @@ struct CollectiveCounters {
   double max_sent_share = 0;
   double max_received_share = 0;
   double busy_ms = 0;          // time ops of this kind were in flight on their lane (see comm_mpi.cpp)
+  double exposed_ms = 0;       // the callers' blocked time (CommStats::exposed_ms) spent on this kind: a
+                               // pipeline's waits for a receive are its bubble, not communication
 };
 
 struct CommStats {

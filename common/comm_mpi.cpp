@@ -127,6 +127,7 @@ CommStats CommStats::since(const CommStats& before) const {
     c.max_sent_share = a.max_sent_share;
     c.max_received_share = a.max_received_share;
     c.busy_ms = a.busy_ms - b.busy_ms;
+    c.exposed_ms = a.exposed_ms - b.exposed_ms;
   }
   d.exposed_ms = exposed_ms - before.exposed_ms;
   d.in_flight_ms = in_flight_ms - before.in_flight_ms;
@@ -145,6 +146,7 @@ CommStats& CommStats::operator+=(const CommStats& other) {
     c.max_sent_share = std::max(c.max_sent_share, o.max_sent_share);
     c.max_received_share = std::max(c.max_received_share, o.max_received_share);
     c.busy_ms += o.busy_ms;
+    c.exposed_ms += o.exposed_ms;
   }
   exposed_ms += other.exposed_ms;
   in_flight_ms += other.in_flight_ms;
@@ -643,7 +645,9 @@ void CommHandle::wait() {
   // so exposed time never exceeds the in-flight time.
   const Clock::time_point from = std::max(blocked_from, s.issued);
   if (s.completed > from) {
-    stats.exposed_ms += std::chrono::duration<double, std::milli>(s.completed - from).count();
+    const double blocked = std::chrono::duration<double, std::milli>(s.completed - from).count();
+    stats.exposed_ms += blocked;
+    stats.kind[int(s.kind)].exposed_ms += blocked;
     trace_span(Track::Wait, std::string("wait ") + collective_name(s.kind), trace_ms(from), trace_ms(s.completed));
   }
   if (!s.counted) {

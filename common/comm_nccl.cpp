@@ -137,6 +137,7 @@ class CudaCommunicatorBase : public Communicator {
       ours.max_sent_share = std::max(ours.max_sent_share, now.kind[k].max_sent_share);
       ours.max_received_share = std::max(ours.max_received_share, now.kind[k].max_received_share);
       ours.busy_ms += now.kind[k].busy_ms - mpi_seen_.kind[k].busy_ms;
+      ours.exposed_ms += now.kind[k].exposed_ms - mpi_seen_.kind[k].exposed_ms;
     }
     stats_.exposed_ms += now.exposed_ms - mpi_seen_.exposed_ms;
     stats_.in_flight_ms += now.in_flight_ms - mpi_seen_.in_flight_ms;
@@ -564,6 +565,7 @@ class NcclCommunicator final : public CudaCommunicatorBase {
       // tensors, over MPI, are added as MPI counts them; an overlap between the two is not removed.)
       stats_.in_flight_ms += busy;
       stats_.exposed_ms += std::max(0.0f, stall);  // negative: the result was there before it was needed
+      stats_.kind[int(op.kind)].exposed_ms += std::max(0.0f, stall);
       destroy_events(op);
       op.collected = true;
       it = in_flight_.erase(it);

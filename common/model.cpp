@@ -11,38 +11,59 @@
 #include "ops.h"
 #include "trace.h"
 
-// Every activation the backward pass reads, plus the scratch gradients it writes. Shapes in comments:
-// R = B*T positions; r = R/t rows under sequence parallelism, else R; C' = C/t, NH' = NH/t, F' = 4C/t,
-// V' = V/t on a tensor-parallel rank (t = 1: the whole model). A smaller batch uses a prefix of each.
-struct GPT2::Activations {
-  Buffer arena;
-  // void*: the model's dtype (fp32, or bf16 in mixed precision). float*: fp32 always (statistics
-  // that feed a division, and the losses).
-  void* encoded;    // (r,C) embeddings; the residual stream entering block 0
-  struct Layer {
-    void* ln1; float *ln1_mean, *ln1_rstd;   // (r,C), (r), (r)
-    void* qkv;                               // (R,3C')  this rank's heads' q, k, v
-    void* atty;                              // (R,C')   attention output, this rank's heads
-    void *preatt, *att;                      // (B,NH',T,T); not allocated with FlashAttention
-    float* lse;                              // (B,NH',T); FlashAttention only
-    void* attproj;                           // (r,C)
-    void* residual2;                         // (r,C)    stream after attention
-    void* ln2; float *ln2_mean, *ln2_rstd;   // (r,C), (r), (r)
-    void *fch, *fch_gelu;                    // (R,F')
-    void* fcproj;                            // (r,C)
-    void* residual3;                         // (r,C)    stream after the MLP
-  };
-  std::vector<Layer> layers;
-  void* lnf; float *lnf_mean, *lnf_rstd;     // (r,C), (r), (r)
+// The activations, per slot. Shapes in comments: R = B*T positions; r = R/t rows under sequence
+// parallelism, else R; C' = C/t, NH' = NH/t, F' = 4C/t, V' = V/t on a tensor-parallel rank (t = 1:
+// the whole model). A smaller batch uses a prefix of each. A slot holds one micro-batch's
+// activations for the units the model runs (its ModelPart): the whole model in chapters 01-07, a
+// pipeline stage's units in 08, one slot per micro-batch in flight. void*: the model's dtype (fp32,
+// or bf16 in mixed precision); float*: fp32 always (statistics that feed a division, the losses).
+struct GPT2::Layer {
+  void* ln1; float *ln1_mean, *ln1_rstd;   // (r,C), (r), (r)
+  void* qkv;                               // (R,3C')  this rank's heads' q, k, v
+  void* atty;                              // (R,C')   attention output, this rank's heads
+  void *preatt, *att;                      // (B,NH',T,T); not allocated with FlashAttention
+  float* lse;                              // (B,NH',T); FlashAttention only
+  void* attproj;                           // (r,C)
+  void* residual2;                         // (r,C)    stream after attention
+  void* ln2; float *ln2_mean, *ln2_rstd;   // (r,C), (r), (r)
+  void *fch, *fch_gelu;                    // (R,F')
+  void* fcproj;                            // (r,C)
+  void* residual3;                         // (r,C)    stream after the MLP
+  // split_backward only: the gradients of the four products' outputs, kept from backward() for
+  // backward_weights(): qkv's and fc's (written there directly), the projections' (copied).
+  void *dqkv, *dattproj, *dfch, *dfcproj;  // (R,3C'), (r,C), (R,F'), (r,C)
+};
+
+struct GPT2::Slot {
+  void* encoded;    // (r,C) the stream entering the part's first block: embeddings, or received
+  std::vector<Layer> layers;                 // the part's blocks
+  void* lnf; float *lnf_mean, *lnf_rstd;     // (r,C), (r), (r)       the head's part only
   void *logits, *probs;                      // (R,V')
   float* losses;                             // (R)
   float *row_max, *row_sum, *target_logit;   // (R); the vocabulary-parallel cross-entropy (t > 1)
-  // Backward scratch, reused by every layer.
+  void* dlogits;                             // (R,V') split_backward only (else the scratch's)
+  // The micro-batch in this slot (forward), and what its backward left for backward_weights().
+  const int* inputs = nullptr;
+  const int* targets = nullptr;
+  int B = 0;
+  struct WeightGradient {  // dweight (, dbias) of one product: from its output's gradient and input
+    int weight, bias;      // parameter indices; bias -1: none
+    Tensor dout, inp;
+  };
+  std::vector<WeightGradient> weight_gradients;
+};
+
+// Every activation the backward pass reads, in one arena: a slot per micro-batch in flight, plus
+// the scratch gradients the backward writes.
+struct GPT2::Activations {
+  Buffer arena;
+  std::vector<Slot> slots;
+  // Backward scratch, reused by every layer and slot.
   void *dresidual, *dln;                     // (r,C)
   void* datty;                               // (R,C')
-  void* dqkv;                                // (R,3C')
+  void* dqkv;                                // (R,3C')  (split_backward: the layer's, kept)
   void *dpreatt, *datt;                      // (B,NH',T,T); not allocated with FlashAttention
-  void *dfch, *dfch_gelu;                    // (R,F')
+  void *dfch, *dfch_gelu;                    // (R,F')   (split_backward: dfch is the layer's)
   void* dlogits;                             // (R,V')
   // Sequence parallelism only (else these are the local tensors themselves): a full-rows input of a
   // column-parallel layer (gathered, in forward and again in backward), a row-parallel layer's full
@@ -86,39 +107,57 @@ Dims dims_for(const GPT2Config& cfg, int B, const TensorParallelism& tp) {
   return d;
 }
 
+// The blocks [begin, end) a part runs: unit u > 0 is block u - 1.
+struct BlockRange {
+  int begin, end;
+};
+BlockRange blocks_of(const GPT2Config& cfg, const ModelPart& part) {
+  return {std::max(part.first_unit, 1) - 1, std::min(part.last(cfg), cfg.L)};
+}
+
 // Called twice: once to count the arena's size, once to hand out its pieces. theory.cpp's
 // activation_bytes() is this listing as a formula.
-void carve(GPT2::Activations& a, Carver& c, const GPT2Config& cfg, int B, bool flash, const TensorParallelism& tp) {
+void carve(GPT2::Activations& a, Carver& c, const GPT2Config& cfg, int B, bool flash, const TensorParallelism& tp,
+           const ModelPart& part) {
   const Dims d = dims_for(cfg, B, tp);
   const int64_t C = d.C, R = d.R, r = d.r;
   const int64_t att = flash ? 0 : d.B * d.NHl * d.T * d.T, lse = flash ? d.B * d.NHl * d.T : 0;
-  a.encoded = c.take(r * C);
-  a.layers.resize(cfg.L);
-  for (auto& l : a.layers) {
-    l.ln1 = c.take(r * C); l.ln1_mean = c.take_f32(r); l.ln1_rstd = c.take_f32(r);
-    l.qkv = c.take(R * 3 * d.Cl);
-    l.atty = c.take(R * d.Cl);
-    l.preatt = c.take(att); l.att = c.take(att); l.lse = c.take_f32(lse);
-    l.attproj = c.take(r * C);
-    l.residual2 = c.take(r * C);
-    l.ln2 = c.take(r * C); l.ln2_mean = c.take_f32(r); l.ln2_rstd = c.take_f32(r);
-    l.fch = c.take(R * d.Fl); l.fch_gelu = c.take(R * d.Fl);
-    l.fcproj = c.take(r * C);
-    l.residual3 = c.take(r * C);
+  const BlockRange blocks = blocks_of(cfg, part);
+  const bool head = part.holds(cfg, cfg.L + 1), split = part.split_backward;
+  const int64_t kept = split ? 1 : 0;  // the kept gradients exist under split_backward only
+  a.slots.resize(part.slots);
+  for (auto& s : a.slots) {
+    s.encoded = c.take(r * C);
+    s.layers.resize(blocks.end - blocks.begin);
+    for (auto& l : s.layers) {
+      l.ln1 = c.take(r * C); l.ln1_mean = c.take_f32(r); l.ln1_rstd = c.take_f32(r);
+      l.qkv = c.take(R * 3 * d.Cl);
+      l.atty = c.take(R * d.Cl);
+      l.preatt = c.take(att); l.att = c.take(att); l.lse = c.take_f32(lse);
+      l.attproj = c.take(r * C);
+      l.residual2 = c.take(r * C);
+      l.ln2 = c.take(r * C); l.ln2_mean = c.take_f32(r); l.ln2_rstd = c.take_f32(r);
+      l.fch = c.take(R * d.Fl); l.fch_gelu = c.take(R * d.Fl);
+      l.fcproj = c.take(r * C);
+      l.residual3 = c.take(r * C);
+      l.dqkv = c.take(kept * R * 3 * d.Cl); l.dattproj = c.take(kept * r * C);
+      l.dfch = c.take(kept * R * d.Fl); l.dfcproj = c.take(kept * r * C);
+    }
+    const int64_t h = head ? 1 : 0, vocab_parallel = head && tp.size > 1 ? 1 : 0;
+    s.lnf = c.take(h * r * C); s.lnf_mean = c.take_f32(h * r); s.lnf_rstd = c.take_f32(h * r);
+    s.logits = c.take(h * R * d.Vl); s.probs = c.take(h * R * d.Vl);
+    s.losses = c.take_f32(h * R);
+    s.row_max = c.take_f32(vocab_parallel * R);
+    s.row_sum = c.take_f32(vocab_parallel * R);
+    s.target_logit = c.take_f32(vocab_parallel * R);
+    s.dlogits = c.take(kept * h * R * d.Vl);
   }
-  a.lnf = c.take(r * C); a.lnf_mean = c.take_f32(r); a.lnf_rstd = c.take_f32(r);
-  a.logits = c.take(R * d.Vl); a.probs = c.take(R * d.Vl);
-  a.losses = c.take_f32(R);
-  const bool vocab_parallel = tp.size > 1;
-  a.row_max = c.take_f32(vocab_parallel ? R : 0);
-  a.row_sum = c.take_f32(vocab_parallel ? R : 0);
-  a.target_logit = c.take_f32(vocab_parallel ? R : 0);
   a.dresidual = c.take(r * C); a.dln = c.take(r * C);
   a.datty = c.take(R * d.Cl);
-  a.dqkv = c.take(R * 3 * d.Cl);
+  a.dqkv = c.take((1 - kept) * R * 3 * d.Cl);
   a.dpreatt = c.take(att); a.datt = c.take(att);
-  a.dfch = c.take(R * d.Fl); a.dfch_gelu = c.take(R * d.Fl);
-  a.dlogits = c.take(R * d.Vl);
+  a.dfch = c.take((1 - kept) * R * d.Fl); a.dfch_gelu = c.take(R * d.Fl);
+  a.dlogits = c.take((head ? 1 - kept : 0) * R * d.Vl);
   a.gathered = c.take(d.sp ? R * C : 0);
   a.partial = c.take(d.sp ? R * C : 0);
   a.dfull = c.take(d.sp ? R * C : 0);
@@ -126,10 +165,10 @@ void carve(GPT2::Activations& a, Carver& c, const GPT2Config& cfg, int B, bool f
 }  // namespace
 
 GPT2::GPT2(const GPT2Config& cfg, const ParamLayout& layout, int max_B, Device device, DType dtype,
-           TensorParallelism tp)
+           TensorParallelism tp, ModelPart part)
     : cfg_(cfg), layout_(layout), max_B_(max_B), device_(device), dtype_(dtype),
       flash_(cfg.flash_attention && flash_attention_available(dtype, device, cfg.C / tp.size, cfg.NH / tp.size)),
-      tp_(tp), param_ptr_(layout.params.size(), nullptr), grad_ptr_(layout.params.size(), nullptr),
+      tp_(tp), part_(part), param_ptr_(layout.params.size(), nullptr), grad_ptr_(layout.params.size(), nullptr),
       acts_(new Activations) {
   ENSURE(dtype == DType::F32 || dtype == DType::BF16, "the model computes in fp32 or bf16");
   ENSURE(tp.size >= 1 && tp.rank >= 0 && tp.rank < tp.size, "GPT2: tensor-parallel rank out of range");
@@ -138,11 +177,19 @@ GPT2::GPT2(const GPT2Config& cfg, const ParamLayout& layout, int max_B, Device d
          "GPT2: NH, V and 4C must divide by the tensor-parallel size");
   ENSURE(!(tp.size > 1 && tp.sequence_parallel) || (int64_t(max_B) * cfg.T) % tp.size == 0,
          "GPT2: sequence parallelism needs B*T divisible by the tensor-parallel size");
+  part_.last_unit = part.last(cfg);
+  ENSURE(part_.first_unit >= 0 && part_.first_unit <= part_.last_unit && part_.last_unit <= cfg.L + 1 &&
+             part_.slots >= 1,
+         "GPT2: a part must be a non-empty run of the units 0..L+1, with at least one slot");
+  ENSURE(!part_.split_backward || tp.size == 1, "GPT2: split_backward is not implemented under tensor parallelism");
+  for (int u = part_.first_unit; u <= part_.last_unit; u++)
+    for (const ParamInfo& p : layout.params)
+      ENSURE(p.unit != u || p.held(), "GPT2: the layout does not hold unit " + std::to_string(u) + " (" + p.name + ")");
   Carver counter(nullptr, dtype);
-  carve(*acts_, counter, cfg, max_B, flash_, tp);
+  carve(*acts_, counter, cfg, max_B, flash_, tp, part_);
   acts_->arena = Buffer(counter.used_bytes() / 4, MemCategory::Activations, DType::F32, device);  // raw bytes
   Carver carver(static_cast<char*>(acts_->arena.data()), dtype);
-  carve(*acts_, carver, cfg, max_B, flash_, tp);
+  carve(*acts_, carver, cfg, max_B, flash_, tp, part_);
 }
 
 GPT2::~GPT2() = default;
@@ -230,54 +277,90 @@ struct Views {
 // ---------------------------------------------------------------------------------------------
 // Forward
 
-float GPT2::forward(const int* inputs, const int* targets, int B) {
+float GPT2::forward(const int* inputs, const int* targets, int B) { return forward(0, inputs, targets, B); }
+
+float GPT2::forward(int slot, const int* inputs, const int* targets, int B) {
   ENSURE(B >= 1 && B <= max_B_, "micro-batch larger than the activations were sized for");
+  ENSURE(slot >= 0 && slot < part_.slots, "GPT2::forward: no such activation slot");
   ENSURE(tp_.size == 1 || (tp_hooks.f_forward && tp_hooks.f_backward && tp_hooks.g_forward && tp_hooks.g_backward &&
                            tp_hooks.vocab_all_reduce),
          "a tensor-parallel model needs all of its TensorParallelHooks");
-  B_ = B;
-  inputs_ = inputs;
-  targets_ = targets;
-  call(hooks.before_forward, 0);
-  embed_forward();
-  call(hooks.after_forward, 0);
-  for (int l = 0; l < cfg_.L; l++) {
+  Slot& s = acts_->slots[slot];
+  ENSURE(s.weight_gradients.empty(), "GPT2::forward: the slot's weight gradients were never computed");
+  s.inputs = inputs;
+  s.targets = targets;
+  s.B = B;
+  const BlockRange blocks = blocks_of(cfg_, part_);
+  if (has_embedding()) {
+    call(hooks.before_forward, 0);
+    embed_forward(s);
+    call(hooks.after_forward, 0);
+  }
+  for (int l = blocks.begin; l < blocks.end; l++) {
     call(hooks.before_forward, l + 1);
-    block_forward(l);
+    block_forward(s, l);
     call(hooks.after_forward, l + 1);
   }
+  if (!has_head()) return 0;
   const int head = cfg_.L + 1;
   call(hooks.before_forward, head);
-  const float loss = head_forward();
+  const float loss = head_forward(s);
   call(hooks.after_forward, head);
   return loss;
 }
 
-void GPT2::embed_forward() {
+Tensor GPT2::input(int slot, int B) {
+  ENSURE(!has_embedding(), "GPT2::input: the embedding's part makes its own input");
+  ENSURE(B >= 1 && B <= max_B_, "GPT2::input: micro-batch larger than the activations were sized for");
+  const Views v{dims_for(cfg_, B, tp_), dtype_, device_};
+  return v.local(acts_->slots[slot].encoded);
+}
+
+Tensor GPT2::output(int slot) {
+  ENSURE(!has_head(), "GPT2::output: the head's part ends in the loss");
+  const Slot& s = acts_->slots[slot];
+  const Views v{dims_for(cfg_, s.B, tp_), dtype_, device_};
+  return v.local(s.layers.back().residual3);
+}
+
+Tensor GPT2::input_grad() {
+  ENSURE(!has_embedding(), "GPT2::input_grad: the embedding's part has no input to send a gradient to");
+  const Views v{dims_for(cfg_, last_backward_B_, tp_), dtype_, device_};
+  return v.local(acts_->dresidual);
+}
+
+void GPT2::embed_forward(Slot& s) {
   TraceScope span("forward embed");
-  Activations& a = *acts_;
-  const Views v{dims_for(cfg_, B_, tp_), dtype_, device_};
+  const Views v{dims_for(cfg_, s.B, tp_), dtype_, device_};
   if (tp_.size == 1) {
-    encoder_forward(v.btc(a.encoded, v.d.C), inputs_, param(kWte), param(kWpe), B_, cfg_.T);
+    encoder_forward(v.btc(s.encoded, v.d.C), s.inputs, param(kWte), param(kWpe), s.B, cfg_.T);
     return;
   }
   // Vocabulary-parallel: each rank looks up the tokens its slice of wte holds (zeros for the others);
   // "g" sums the partial lookups over the group. The position embeddings are added after, on the
   // rows this rank keeps: whole on every rank, wpe is not split.
-  const Tensor partial = v.full_of(a.encoded, a.partial), encoded = v.local(a.encoded);
-  embedding_forward(partial, inputs_, param(kWte), tp_.rank * int(v.d.Vl), cfg_.V);
+  const Tensor partial = v.full_of(s.encoded, acts_->partial), encoded = v.local(s.encoded);
+  embedding_forward(partial, s.inputs, param(kWte), tp_.rank * int(v.d.Vl), cfg_.V);
   CommHandle summed = tp_hooks.g_forward(partial, encoded);
   wait(summed);
   position_forward(encoded, param(kWpe), tp_.rank * v.d.r * int64_t(v.d.sp), cfg_.T);
 }
 
-void GPT2::block_forward(int l) {
+void* GPT2::stream_into(Slot& s, int l) {
+  return l == blocks_of(cfg_, part_).begin ? s.encoded : layer(s, l - 1).residual3;
+}
+
+GPT2::Layer& GPT2::layer(Slot& s, int l) {
+  return s.layers[size_t(l - blocks_of(cfg_, part_).begin)];
+}
+
+void GPT2::block_forward(Slot& s, int l) {
   TraceScope span("forward L" + std::to_string(l));
   Activations& a = *acts_;
-  const Views v{dims_for(cfg_, B_, tp_), dtype_, device_};
+  const Views v{dims_for(cfg_, s.B, tp_), dtype_, device_};
   const bool tensor_parallel = tp_.size > 1;
-  Activations::Layer& x = a.layers[l];
-  void* residual = l == 0 ? a.encoded : a.layers[l - 1].residual3;
+  Layer& x = layer(s, l);
+  void* residual = stream_into(s, l);
   auto P = [&](BlockParam w) { return param(block_param(l, w)); };
   auto f = [&](void* local, void* spare) {  // the input of a column-parallel layer, all rows
     const Tensor full = v.full_of(local, spare);
@@ -320,29 +403,28 @@ void GPT2::block_forward(int l) {
   residual_forward(v.local(x.residual3), v.local(x.residual2), v.local(x.fcproj));
 }
 
-float GPT2::head_forward() {
+float GPT2::head_forward(Slot& s) {
   TraceScope span("forward head");
-  Activations& a = *acts_;
-  const Views v{dims_for(cfg_, B_, tp_), dtype_, device_};
-  void* residual = cfg_.L ? a.layers[cfg_.L - 1].residual3 : a.encoded;
-  layernorm_forward(v.local(a.lnf), v.stat(a.lnf_mean, v.d.r), v.stat(a.lnf_rstd, v.d.r), v.local(residual),
+  const Views v{dims_for(cfg_, s.B, tp_), dtype_, device_};
+  void* residual = s.layers.empty() ? s.encoded : s.layers.back().residual3;
+  layernorm_forward(v.local(s.lnf), v.stat(s.lnf_mean, v.d.r), v.stat(s.lnf_rstd, v.d.r), v.local(residual),
                     param(lnf_param(cfg_, 0)), param(lnf_param(cfg_, 1)));
-  const Tensor logits = v.btc(a.logits, v.d.Vl), probs = v.btc(a.probs, v.d.Vl);
-  const Tensor losses = make_view(a.losses, {v.d.B, v.d.T}, DType::F32, device_);
+  const Tensor logits = v.btc(s.logits, v.d.Vl), probs = v.btc(s.probs, v.d.Vl);
+  const Tensor losses = make_view(s.losses, {v.d.B, v.d.T}, DType::F32, device_);
   if (tp_.size == 1) {
-    matmul_forward(logits, v.btc(a.lnf, v.d.C), param(kWte), Tensor());  // tied LM head
-    softmax_crossentropy_forward(losses, probs, logits, targets_);
+    matmul_forward(logits, v.btc(s.lnf, v.d.C), param(kWte), Tensor());  // tied LM head
+    softmax_crossentropy_forward(losses, probs, logits, s.targets);
     return float(mean_of(losses));
   }
   // The head is column-parallel over the vocabulary: V/t logits a rank. Its cross-entropy combines
   // the rows' maxima, sums of exponentials and target logits over the group, never the logits.
-  const Tensor lnf_full = v.full_of(a.lnf, a.gathered);
-  CommHandle gathered = tp_hooks.f_forward(v.local(a.lnf), lnf_full);
+  const Tensor lnf_full = v.full_of(s.lnf, acts_->gathered);
+  CommHandle gathered = tp_hooks.f_forward(v.local(s.lnf), lnf_full);
   wait(gathered);
   matmul_forward(logits, lnf_full, param(kWte), Tensor());
-  const Tensor row_max = v.stat(a.row_max, v.d.R), row_sum = v.stat(a.row_sum, v.d.R);
-  const Tensor target_logit = v.stat(a.target_logit, v.d.R);
-  crossentropy_shard_max(row_max, target_logit, logits, targets_, tp_.rank * int(v.d.Vl));
+  const Tensor row_max = v.stat(s.row_max, v.d.R), row_sum = v.stat(s.row_sum, v.d.R);
+  const Tensor target_logit = v.stat(s.target_logit, v.d.R);
+  crossentropy_shard_max(row_max, target_logit, logits, s.targets, tp_.rank * int(v.d.Vl));
   tp_hooks.vocab_all_reduce(row_max, ReduceOp::Max);
   tp_hooks.vocab_all_reduce(target_logit, ReduceOp::Sum);
   crossentropy_shard_exp(probs, row_sum, logits, row_max);
@@ -354,27 +436,74 @@ float GPT2::head_forward() {
 // ---------------------------------------------------------------------------------------------
 // Backward
 
-void GPT2::backward(float loss_weight) {
-  ENSURE(B_ > 0, "backward() needs a forward() first");
+void GPT2::backward(float loss_weight) { backward(0, loss_weight); }
+
+void GPT2::backward(int slot, float loss_weight, Tensor output_grad) {
+  ENSURE(slot >= 0 && slot < part_.slots, "GPT2::backward: no such activation slot");
+  Slot& s = acts_->slots[slot];
+  ENSURE(s.B > 0, "backward() needs a forward() first");
+  last_backward_B_ = s.B;
+  const BlockRange blocks = blocks_of(cfg_, part_);
   const int head = cfg_.L + 1;
-  call(hooks.before_backward, head);
-  head_backward(loss_weight);
-  call(hooks.after_backward, head);
-  for (int l = cfg_.L - 1; l >= 0; l--) {
+  if (has_head()) {
+    call(hooks.before_backward, head);
+    head_backward(s, loss_weight);
+    call(hooks.after_backward, head);
+  } else {  // a pipeline stage before the head: the gradient of its output came from the next stage
+    const Views v{dims_for(cfg_, s.B, tp_), dtype_, device_};
+    ENSURE(output_grad.numel() == v.local(acts_->dresidual).numel(), "GPT2::backward: output_grad is not (B,T,C)");
+    copy_tensor(v.local(acts_->dresidual), output_grad);
+  }
+  for (int l = blocks.end - 1; l >= blocks.begin; l--) {
     call(hooks.before_backward, l + 1);
-    block_backward(l);
+    block_backward(s, l);
     call(hooks.after_backward, l + 1);
   }
-  call(hooks.before_backward, 0);
-  embed_backward();
-  call(hooks.after_backward, 0);
+  if (has_embedding()) {
+    call(hooks.before_backward, 0);
+    embed_backward(s);
+    call(hooks.after_backward, 0);
+  }
 }
 
-void GPT2::column_parallel_backward(Tensor dinp_local, Tensor dweight, Tensor dbias, Tensor dout, Tensor inp_local,
-                                    Tensor weight) {
-  const Views v{dims_for(cfg_, B_, tp_), dtype_, device_};
+void GPT2::weight_gradient(Slot& s, int weight, int bias, Tensor dout, Tensor inp, void* kept) {
+  if (!part_.split_backward) {
+    matmul_backward_weight(grad(weight), bias >= 0 ? grad(bias) : Tensor(), dout, inp);
+    if (bias >= 0) call(hooks.grad_ready, bias);
+    if (weight != kWte) call(hooks.grad_ready, weight);  // (wte: see wte_ready)
+    return;
+  }
+  // Zero-bubble: keep the output's gradient (unless backward wrote it where it is kept already);
+  // backward_weights() computes the product's gradients later, where the schedule has room.
+  Tensor stored = dout;
+  if (kept != dout.data) {
+    stored.data = kept;
+    copy_tensor(stored, dout);
+  }
+  s.weight_gradients.push_back({weight, bias, stored, inp});
+}
+
+void GPT2::backward_weights(int slot) {
+  ENSURE(part_.split_backward, "GPT2::backward_weights: the model was built without split_backward");
+  Slot& s = acts_->slots[slot];
+  TraceScope span("weights");
+  for (const Slot::WeightGradient& w : s.weight_gradients) {
+    matmul_backward_weight(grad(w.weight), w.bias >= 0 ? grad(w.bias) : Tensor(), w.dout, w.inp);
+    if (w.bias >= 0) call(hooks.grad_ready, w.bias);
+    if (w.weight != kWte) call(hooks.grad_ready, w.weight);
+  }
+  s.weight_gradients.clear();
+  if (has_head()) call(hooks.grad_ready, kWte);  // the head's product was wte's last use
+}
+
+void GPT2::column_parallel_backward(Slot& s, Tensor dinp_local, int weight, int bias, Tensor dout,
+                                    Tensor inp_local, void* kept) {
+  const Views v{dims_for(cfg_, s.B, tp_), dtype_, device_};
   Activations& a = *acts_;
-  if (tp_.size == 1) return matmul_backward(dinp_local, dweight, dbias, dout, inp_local, weight);
+  if (tp_.size == 1) {
+    matmul_backward_input(dinp_local, dout, param(weight));
+    return weight_gradient(s, weight, bias, dout, inp_local, kept);
+  }
   // The input's gradient first: each rank's part comes from its own slice of the weight, so "f"
   // sums them over the group. Its collective is started here, and the weight's gradient computed
   // while it travels (the chapter decides whether it really runs in the background: --tp-overlap).
@@ -385,41 +514,44 @@ void GPT2::column_parallel_backward(Tensor dinp_local, Tensor dweight, Tensor db
   CommHandle regathered = tp_hooks.f_forward(inp_local, inp_full);
   if (v.d.sp) fill_zero(dinp_full);  // (dinp_local itself is zero on entry: f overwrites it)
   const Tensor dinp_partial = v.d.sp ? dinp_full : dinp_local;
-  matmul_backward_input(dinp_partial, dout, weight);
+  matmul_backward_input(dinp_partial, dout, param(weight));
   CommHandle summed = tp_hooks.f_backward(dinp_partial, dinp_local);
   wait(regathered);
-  matmul_backward_weight(dweight, dbias, dout, inp_full);
+  weight_gradient(s, weight, bias, dout, inp_full, kept);
   wait(summed);
 }
 
-void GPT2::head_backward(float loss_weight) {
+void GPT2::head_backward(Slot& s, float loss_weight) {
   TraceScope span("backward head");
   Activations& a = *acts_;
-  const Views v{dims_for(cfg_, B_, tp_), dtype_, device_};
-  const int B = B_;
+  const Views v{dims_for(cfg_, s.B, tp_), dtype_, device_};
   // Cross-entropy, the tied LM head (wte's gradient is not final until the embedding's backward),
   // the final layernorm. dresidual then carries the gradient of the residual stream down the blocks.
-  softmax_crossentropy_backward(v.btc(a.dlogits, v.d.Vl), v.btc(a.probs, v.d.Vl), targets_,
-                                loss_weight / float(B * cfg_.T), tp_.rank * int(v.d.Vl));
+  void* dlogits = part_.split_backward ? s.dlogits : a.dlogits;
+  softmax_crossentropy_backward(v.btc(dlogits, v.d.Vl), v.btc(s.probs, v.d.Vl), s.targets,
+                                loss_weight / float(s.B * cfg_.T), tp_.rank * int(v.d.Vl));
   fill_zero(v.local(a.dln));
-  column_parallel_backward(v.local(a.dln), grad(kWte), Tensor(), v.full(a.dlogits, v.d.Vl), v.local(a.lnf),
-                           param(kWte));
+  column_parallel_backward(s, v.local(a.dln), kWte, -1, v.full(dlogits, v.d.Vl), v.local(s.lnf), dlogits);
+  // wte (tied) is used twice, by the lookup and by this product: its gradient is final after the
+  // later of the two in backward, the lookup, unless this part has none or the product waits for
+  // backward_weights().
+  if (!has_embedding() && !part_.split_backward) call(hooks.grad_ready, kWte);
   fill_zero(v.local(a.dresidual));
-  void* residual = cfg_.L ? a.layers[cfg_.L - 1].residual3 : a.encoded;
+  void* residual = s.layers.empty() ? s.encoded : s.layers.back().residual3;
   const int lnf_w = lnf_param(cfg_, 0), lnf_b = lnf_param(cfg_, 1);
   layernorm_backward(v.local(a.dresidual), grad(lnf_w), grad(lnf_b), v.local(a.dln), v.local(residual), param(lnf_w),
-                     v.stat(a.lnf_mean, v.d.r), v.stat(a.lnf_rstd, v.d.r));
+                     v.stat(s.lnf_mean, v.d.r), v.stat(s.lnf_rstd, v.d.r));
   call(hooks.grad_ready, lnf_b);
   call(hooks.grad_ready, lnf_w);
 }
 
-void GPT2::block_backward(int l) {
+void GPT2::block_backward(Slot& s, int l) {
   TraceScope span("backward L" + std::to_string(l));
   Activations& a = *acts_;
-  const Views v{dims_for(cfg_, B_, tp_), dtype_, device_};
-  const bool tensor_parallel = tp_.size > 1;
-  Activations::Layer& x = a.layers[l];
-  void* residual = l == 0 ? a.encoded : a.layers[l - 1].residual3;
+  const Views v{dims_for(cfg_, s.B, tp_), dtype_, device_};
+  const bool tensor_parallel = tp_.size > 1, split = part_.split_backward;
+  Layer& x = layer(s, l);
+  void* residual = stream_into(s, l);
   auto P = [&](BlockParam w) { return param(block_param(l, w)); };
   auto G = [&](BlockParam w) { return grad(block_param(l, w)); };
   auto both_ready = [&](BlockParam weight, BlockParam bias) {
@@ -428,66 +560,70 @@ void GPT2::block_backward(int l) {
   };
   // A row-parallel layer: its bias's gradient from this rank's rows (added after the reduction in
   // forward), then "g"'s backward brings the output's gradient to all rows, then the product's.
-  auto row_parallel_backward = [&](Tensor dinp_full, BlockParam w, BlockParam b, Tensor inp_full) {
+  auto row_parallel_backward = [&](Tensor dinp_full, BlockParam w, BlockParam b, Tensor inp_full, void* kept) {
     const Tensor dout_local = v.local(a.dresidual);
     Tensor dout_full = dout_local;
     if (tensor_parallel) {
       bias_backward(G(b), dout_local);
+      call(hooks.grad_ready, block_param(l, b));
       dout_full = v.full_of(a.dresidual, a.dfull);
       CommHandle gathered = tp_hooks.g_backward(dout_local, dout_full);
       wait(gathered);
     }
-    matmul_backward(dinp_full, G(w), tensor_parallel ? Tensor() : G(b), dout_full, inp_full, P(w));
-    both_ready(w, b);
+    matmul_backward_input(dinp_full, dout_full, P(w));
+    weight_gradient(s, block_param(l, w), tensor_parallel ? -1 : block_param(l, b), dout_full, inp_full, kept);
   };
+  // Under split_backward the products' output gradients are written where they are kept.
+  void* dfch = split ? x.dfch : a.dfch;
+  void* dqkv = split ? x.dqkv : a.dqkv;
 
   // residual3 = residual2 + fcproj: dresidual is the gradient of both terms.
   fill_zero(v.full(a.dfch_gelu, v.d.Fl));
-  row_parallel_backward(v.full(a.dfch_gelu, v.d.Fl), FCPROJ_W, FCPROJ_B, v.full(x.fch_gelu, v.d.Fl));
-  fill_zero(v.full(a.dfch, v.d.Fl));
-  gelu_backward(v.full(a.dfch, v.d.Fl), v.full(x.fch, v.d.Fl), v.full(a.dfch_gelu, v.d.Fl));
+  row_parallel_backward(v.full(a.dfch_gelu, v.d.Fl), FCPROJ_W, FCPROJ_B, v.full(x.fch_gelu, v.d.Fl), x.dfcproj);
+  fill_zero(v.full(dfch, v.d.Fl));
+  gelu_backward(v.full(dfch, v.d.Fl), v.full(x.fch, v.d.Fl), v.full(a.dfch_gelu, v.d.Fl));
   fill_zero(v.local(a.dln));
-  column_parallel_backward(v.local(a.dln), G(FC_W), G(FC_B), v.full(a.dfch, v.d.Fl), v.local(x.ln2), P(FC_W));
-  both_ready(FC_W, FC_B);
+  column_parallel_backward(s, v.local(a.dln), block_param(l, FC_W), block_param(l, FC_B), v.full(dfch, v.d.Fl),
+                           v.local(x.ln2), dfch);
   // Adds the MLP branch's gradient: dresidual becomes the gradient of residual2.
   layernorm_backward(v.local(a.dresidual), G(LN2_W), G(LN2_B), v.local(a.dln), v.local(x.residual2), P(LN2_W),
                      v.stat(x.ln2_mean, v.d.r), v.stat(x.ln2_rstd, v.d.r));
   both_ready(LN2_W, LN2_B);
   // residual2 = residual + attproj.
   fill_zero(v.full(a.datty, v.d.Cl));
-  row_parallel_backward(v.full(a.datty, v.d.Cl), PROJ_W, PROJ_B, v.full(x.atty, v.d.Cl));
-  fill_zero(v.full(a.dqkv, 3 * v.d.Cl));
+  row_parallel_backward(v.full(a.datty, v.d.Cl), PROJ_W, PROJ_B, v.full(x.atty, v.d.Cl), x.dattproj);
+  fill_zero(v.full(dqkv, 3 * v.d.Cl));
   if (flash_) {
-    attention_backward_flash(v.btc(a.dqkv, 3 * v.d.Cl), v.btc(a.datty, v.d.Cl), v.btc(x.qkv, 3 * v.d.Cl),
+    attention_backward_flash(v.btc(dqkv, 3 * v.d.Cl), v.btc(a.datty, v.d.Cl), v.btc(x.qkv, 3 * v.d.Cl),
                              v.btc(x.atty, v.d.Cl), v.lse(x.lse), int(v.d.NHl));
   } else {  // (dpreatt and datt are scratch the op overwrites)
-    attention_backward(v.btc(a.dqkv, 3 * v.d.Cl), v.bhtt(a.dpreatt), v.bhtt(a.datt), v.btc(a.datty, v.d.Cl),
+    attention_backward(v.btc(dqkv, 3 * v.d.Cl), v.bhtt(a.dpreatt), v.bhtt(a.datt), v.btc(a.datty, v.d.Cl),
                        v.btc(x.qkv, 3 * v.d.Cl), v.bhtt(x.att), int(v.d.NHl));
   }
   fill_zero(v.local(a.dln));
-  column_parallel_backward(v.local(a.dln), G(QKV_W), G(QKV_B), v.full(a.dqkv, 3 * v.d.Cl), v.local(x.ln1), P(QKV_W));
-  both_ready(QKV_W, QKV_B);
+  column_parallel_backward(s, v.local(a.dln), block_param(l, QKV_W), block_param(l, QKV_B), v.full(dqkv, 3 * v.d.Cl),
+                           v.local(x.ln1), dqkv);
   // Adds the attention branch's gradient: dresidual becomes the gradient of the block's input.
   layernorm_backward(v.local(a.dresidual), G(LN1_W), G(LN1_B), v.local(a.dln), v.local(residual), P(LN1_W),
                      v.stat(x.ln1_mean, v.d.r), v.stat(x.ln1_rstd, v.d.r));
   both_ready(LN1_W, LN1_B);
 }
 
-void GPT2::embed_backward() {
+void GPT2::embed_backward(Slot& s) {
   TraceScope span("backward embed");
   Activations& a = *acts_;
-  const Views v{dims_for(cfg_, B_, tp_), dtype_, device_};
+  const Views v{dims_for(cfg_, s.B, tp_), dtype_, device_};
   if (tp_.size == 1) {
-    encoder_backward(grad(kWte), grad(kWpe), v.btc(a.dresidual, v.d.C), inputs_, B_, cfg_.T);
+    encoder_backward(grad(kWte), grad(kWpe), v.btc(a.dresidual, v.d.C), s.inputs, s.B, cfg_.T);
   } else {
     const Tensor dencoded = v.local(a.dresidual), dfull = v.full_of(a.dresidual, a.dfull);
     position_backward(grad(kWpe), dencoded, tp_.rank * v.d.r * int64_t(v.d.sp), cfg_.T);
     CommHandle gathered = tp_hooks.g_backward(dencoded, dfull);
     wait(gathered);
-    embedding_backward(grad(kWte), dfull, inputs_, tp_.rank * int(v.d.Vl), cfg_.V);
+    embedding_backward(grad(kWte), dfull, s.inputs, tp_.rank * int(v.d.Vl), cfg_.V);
   }
   call(hooks.grad_ready, kWpe);
-  call(hooks.grad_ready, kWte);
+  if (!(part_.split_backward && has_head())) call(hooks.grad_ready, kWte);  // (see head_backward)
 }
 
 namespace {

@@ -11,6 +11,14 @@
 // of t ranks, with this rank's slices of the parameters (param_layout.h): its NH/t heads, 4C/t MLP
 // channels and V/t vocabulary rows. It then does no communication itself: at each point where
 // Megatron-LM places a collective, it calls the chapter's TensorParallelHooks.
+//
+// Pipeline parallelism (chapter 08): a GPT2 object can run a part of the model only (ModelPart,
+// param_layout.h: a run of units), for several micro-batches in flight, each in its own activation
+// slot. A part that does not start with the embedding takes its input stream from the previous
+// stage (input()), one that does not end with the loss hands its output stream to the next
+// (output()) and, in backward, takes that output's gradient and leaves its input's (input_grad()).
+// With split_backward, backward() computes only the inputs' gradients (the critical path) and
+// backward_weights() the weights' later (zero-bubble schedules).
 #pragma once
 #include <functional>
 #include <memory>
@@ -62,7 +70,7 @@ class GPT2 {
   // GPU (the statistics of layernorm and the losses stay fp32; ops.h). `tp`: this rank's part of a
   // tensor-parallel group (the layout must be this rank's: build_gpt2_layout with the same split).
   GPT2(const GPT2Config& cfg, const ParamLayout& layout, int max_B, Device device = Device::CPU,
-       DType dtype = DType::F32, TensorParallelism tp = {});
+       DType dtype = DType::F32, TensorParallelism tp = {}, ModelPart part = {});
   ~GPT2();
 
   // Points the parameters (or gradients) of the flat range [begin, end) at `base`, which holds
@@ -85,6 +93,21 @@ class GPT2 {
   // loss_weight = 1/K makes the sum of K backwards the gradient of the mean.
   void backward(float loss_weight);
 
+  // A part's forward and backward for the micro-batch in activation slot `slot` (0..part.slots-1),
+  // which keeps its activations until its backward (and backward_weights) is done. `inputs` are
+  // read by the embedding's part, `targets` by the loss's; both must stay valid until the slot's
+  // backward. forward returns the micro-batch's mean loss on the loss's part, else 0.
+  float forward(int slot, const int* inputs, const int* targets, int B);
+  // `output_grad`: the gradient of output(slot), from the next stage (not for the loss's part).
+  void backward(int slot, float loss_weight, Tensor output_grad = Tensor());
+  void backward_weights(int slot);  // split_backward only: the weights' gradients of slot's backward
+  Tensor input(int slot, int B);    // (B*T, C): where a later stage's input goes before forward
+  Tensor output(int slot);          // (B*T, C): after forward, what goes to the next stage
+  Tensor input_grad();              // (B*T, C): after backward, the input's gradient (until the next)
+  const ModelPart& part() const { return part_; }
+  bool has_embedding() const { return part_.first_unit == 0; }
+  bool has_head() const { return part_.last_unit == cfg_.L + 1; }
+
   ModelHooks hooks;
   TensorParallelHooks tp_hooks;  // needed when tp.size > 1
   const GPT2Config& config() const { return cfg_; }
@@ -101,22 +124,29 @@ class GPT2 {
   // the very same model.
   static void init_weights(const ParamLayout& layout, uint64_t seed, float* params);
 
-  struct Activations;  // defined in model.cpp
+  struct Layer;        // defined in model.cpp: one block's activations
+  struct Slot;         // one micro-batch's activations for the part
+  struct Activations;  // the arena: the slots and the backward's scratch
 
  private:
   Tensor param(int p) const;  // view of params[p] at its bound location
   Tensor grad(int p) const;
-  void embed_forward();
-  void block_forward(int l);
-  float head_forward();
-  void head_backward(float loss_weight);
-  void block_backward(int l);
-  void embed_backward();
+  Layer& layer(Slot& s, int l);     // block l's activations in slot s
+  void* stream_into(Slot& s, int l);  // the residual stream entering block l
+  void embed_forward(Slot& s);
+  void block_forward(Slot& s, int l);
+  float head_forward(Slot& s);
+  void head_backward(Slot& s, float loss_weight);
+  void block_backward(Slot& s, int l);
+  void embed_backward(Slot& s);
   // A column-parallel layer's backward: the input's gradient (summed over the group by f), then the
   // weight's while that travels; `inp_local` is the layer's input as this rank keeps it (re-gathered
   // under sequence parallelism). Accumulates into dinp_local.
-  void column_parallel_backward(Tensor dinp_local, Tensor dweight, Tensor dbias, Tensor dout, Tensor inp_local,
-                                Tensor weight);
+  void column_parallel_backward(Slot& s, Tensor dinp_local, int weight, int bias, Tensor dout, Tensor inp_local,
+                                void* kept);
+  // A product's weight (and bias) gradient from its output's gradient and its input: now, or under
+  // split_backward kept for backward_weights() (`kept`: where the output's gradient is kept).
+  void weight_gradient(Slot& s, int weight, int bias, Tensor dout, Tensor inp, void* kept);
 
   GPT2Config cfg_;
   const ParamLayout& layout_;
@@ -125,9 +155,8 @@ class GPT2 {
   DType dtype_;
   bool flash_;
   TensorParallelism tp_;
+  ModelPart part_;
   std::vector<char*> param_ptr_, grad_ptr_;  // per parameter, where it lives now
   std::unique_ptr<Activations> acts_;
-  int B_ = 0;  // batch of the last forward
-  const int* inputs_ = nullptr;
-  const int* targets_ = nullptr;
+  int last_backward_B_ = 0;  // the micro-batch of the last backward (input_grad's shape)
 };

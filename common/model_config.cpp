@@ -25,6 +25,10 @@ bool find_preset(const std::string& name, GPT2Config* cfg) {
     // For tests: an embedding (V x C) that outweighs the blocks, as GPT-2's does, on a small model.
     c.L = 2; c.C = 32; c.NH = 4; c.T = 16; c.V = 8192;
     c.default_batch = 8; c.default_lr = 2e-3f;
+  } else if (name == "tall") {
+    // For tests: 8 blocks on a small model, so that 4 pipeline stages of 2 chunks each get a block.
+    c.L = 8; c.C = 32; c.NH = 4; c.T = 32; c.V = 256;
+    c.default_batch = 8; c.default_lr = 2e-3f;
   } else if (name == "gpt2") {
     c.L = 12; c.C = 768; c.NH = 12; c.T = 1024; c.V = 50304;
     c.default_batch = 8; c.default_lr = 6e-4f;
@@ -35,4 +39,4 @@ bool find_preset(const std::string& name, GPT2Config* cfg) {
   return true;
 }
 
-const char* preset_names() { return "tiny, small, deep, gpt2, odd, wide"; }
+const char* preset_names() { return "tiny, small, deep, gpt2, odd, wide, tall"; }

@@ -45,15 +45,16 @@ void AdamW::update(Tensor params, Tensor grads, int step, float lr, float grad_s
   }
 }
 
-double gradient_squares(const ParamLayout& layout, const ShardPlan& plan, Tensor grads, bool count_whole) {
-  if (count_whole || layout.tp.size == 1) return sum_of_squares(grads);
+double gradient_squares(const ParamLayout& layout, const ShardPlan& plan, Tensor grads,
+                        const std::function<bool(const ParamInfo&)>& counted) {
+  if (!counted) return sum_of_squares(grads);  // (padding is zero)
   double squares = 0;
   const bool full = grads.numel() == layout.padded_size;
   for (int i = 0; i < plan.count(); i++) {
     const FlatRange piece = plan.piece(i);
     const int64_t at = full ? piece.begin : plan.shard_offset(i);
     for (const ParamInfo& p : layout.params) {
-      if (p.shard.whole()) continue;
+      if (!counted(p)) continue;
       const int64_t lo = std::max(p.offset, piece.begin), hi = std::min(p.offset + p.size, piece.end);
       if (lo < hi) squares += sum_of_squares(grads.slice1d(at + lo - piece.begin, hi - lo));
     }

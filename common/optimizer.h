@@ -8,6 +8,7 @@
 // m, v and master make the 12 bytes per parameter of optimizer state (docs/theory.md).
 #pragma once
 #include <cstdint>
+#include <functional>
 
 #include "flags.h"
 #include "memory.h"
@@ -46,10 +47,11 @@ class AdamW {
 
 // The sum of squares of the gradients this rank holds of `plan`'s pieces (`grads`: a full flat
 // buffer or a shard, as AdamW::update takes them), for the global norm: summed over the ranks that
-// hold different pieces, it is the norm squared. With `count_whole` false, the parameters whole on
-// every rank of a tensor-parallel group (TensorShard::whole) are left out: one rank of the group
-// counts them, or they would count t times.
-double gradient_squares(const ParamLayout& layout, const ShardPlan& plan, Tensor grads, bool count_whole = true);
+// hold different pieces, it is the norm squared. A tensor several ranks hold alike must count once:
+// `counted`, where given, says which parameters this rank counts (07: the tensors every rank of a
+// tensor-parallel group holds whole count on one rank of it; 08: the tied wte on the first stage).
+double gradient_squares(const ParamLayout& layout, const ShardPlan& plan, Tensor grads,
+                        const std::function<bool(const ParamInfo&)>& counted = nullptr);
 
 // Linear warm-up over cfg.warmup steps to `max_lr`, then cosine decay to max_lr/10 at the last step.
 float learning_rate(const TrainConfig& cfg, float max_lr, int step);

@@ -18,6 +18,9 @@ class LayoutBuilder {
     layout_.tp = tp;
   }
 
+  // The next parameters added are on another pipeline stage (false) or on this one (true).
+  void set_held(bool held) { held_ = held; }
+
   void begin_unit() { layout_.unit_begin.push_back(next_offset_); unit_++; }
   void end_unit() { next_offset_ = round_up(next_offset_, kAlignElements * layout_.ranks); }
 
@@ -39,6 +42,7 @@ class LayoutBuilder {
              name + ": dimension " + std::to_string(cut.dim) + " does not split into the tensor-parallel parts");
       p.shape[cut.dim] /= p.shard.parts;
     }
+    if (!held_) p.shape[0] = p.shape[1] = 0;
     p.size = cols ? p.shape[0] * p.shape[1] : p.shape[0];
     p.offset = next_offset_;
     p.unit = unit_;
@@ -58,6 +62,7 @@ class LayoutBuilder {
   ParamLayout layout_;
   int64_t next_offset_ = 0;
   int unit_ = -1;
+  bool held_ = true;
 };
 
 }  // namespace
@@ -68,18 +73,28 @@ int ParamLayout::find(const std::string& name) const {
   return -1;
 }
 
-ParamLayout build_gpt2_layout(const GPT2Config& cfg, int ranks, TensorParallelism tp) {
+ParamLayout build_gpt2_layout(const GPT2Config& cfg, int ranks, TensorParallelism tp,
+                              const std::vector<ModelPart>& parts) {
   const int64_t C = cfg.C;
+  auto holds = [&](int unit) {
+    if (parts.empty()) return true;
+    for (const ModelPart& part : parts)
+      if (part.holds(cfg, unit)) return true;
+    return false;
+  };
   // Megatron-LM's cuts (param_layout.h): rows of the output (column-parallel), columns of the input
   // (row-parallel); qkv's rows are three blocks (q, k, v), each cut by heads.
   const TensorShard column{0, 1, 0, 1}, row{1, 1, 0, 1}, qkv{0, 1, 0, 3};
   LayoutBuilder b(ranks, tp);
   b.begin_unit();  // unit 0: embeddings
-  b.add("wte", cfg.V, C, column);  // by vocabulary
+  b.set_held(holds(0) || holds(cfg.L + 1));  // wte: the embedding's, and the tied LM head's
+  b.add("wte", cfg.V, C, column);            // by vocabulary
+  b.set_held(holds(0));
   b.add("wpe", cfg.T, C);
   b.end_unit();
   for (int l = 0; l < cfg.L; l++) {  // units 1..L: blocks, parameters in forward order
     std::string h = "h" + std::to_string(l) + ".";
+    b.set_held(holds(l + 1));
     b.begin_unit();
     b.add(h + "ln1.weight", C);
     b.add(h + "ln1.bias", C);
@@ -95,6 +110,7 @@ ParamLayout build_gpt2_layout(const GPT2Config& cfg, int ranks, TensorParallelis
     b.add(h + "mlp.proj.bias", C);
     b.end_unit();
   }
+  b.set_held(holds(cfg.L + 1));
   b.begin_unit();  // unit L+1: final layernorm; the LM head is wte (tied)
   b.add("lnf.weight", C);
   b.add("lnf.bias", C);

@@ -44,6 +44,7 @@ struct ParamInfo {
   int64_t size = 0;        // elements
   int unit = 0;
   bool weight_decay = false;  // AdamW decays matrices (ndim 2), not biases or layernorm gains
+  bool held() const { return size > 0; }  // false: on another pipeline stage (shape and size 0)
 };
 
 // How the model is split over a tensor-parallel group: `size` ranks, of which this is `rank`. The
@@ -55,6 +56,26 @@ struct TensorParallelism {
   // (B,T,C) stream (the layernorms, residual adds and biases are per row, so any split of rows works).
   // It changes no parameter's shape, only the model's activations and collectives.
   bool sequence_parallel = false;
+};
+
+// A contiguous run of units that one GPT2 object runs (model.h), for up to `slots` micro-batches in
+// flight at once, each with its own activations (chapter 08). Units: 0 the embedding, 1..L the
+// blocks, L+1 the final layernorm, LM head and loss. The default is the whole model, one at a time.
+struct ModelPart {
+  int first_unit = 0, last_unit = -1;  // inclusive; -1: the last unit, L+1
+  int slots = 1;
+  // Zero-bubble schedules: backward computes the inputs' gradients only, and keeps what the weights'
+  // gradients need (the outputs' gradients of the matrix products) for backward_weights() later.
+  bool split_backward = false;
+  int last(const GPT2Config& cfg) const { return last_unit < 0 ? cfg.L + 1 : last_unit; }
+  bool holds(const GPT2Config& cfg, int unit) const { return unit >= first_unit && unit <= last(cfg); }
+};
+
+// How the model is split over a pipeline group (chapter 08): `size` stages, of which this rank is
+// `rank`, running `parts` (one, or v chunks under an interleaved schedule). The default: not at all.
+struct PipelineParallelism {
+  int size = 1, rank = 0;
+  std::vector<ModelPart> parts;
 };
 
 struct ParamLayout {
@@ -75,7 +96,11 @@ struct ParamLayout {
 // GPT-2's parameters, for a data-parallel group of `ranks` ranks and this rank's part of a tensor-
 // parallel group (`tp`; the default is the whole model). The sizes must divide (NH, V and 4C by
 // tp.size: TrainingRun checks that with a message first).
-ParamLayout build_gpt2_layout(const GPT2Config& cfg, int ranks, TensorParallelism tp = {});
+// A pipeline stage (chapter 08) holds the units of its `parts` only: the layout still lists every
+// parameter, in the same order, but those of the other stages' units have size 0 (ParamInfo::held).
+// The tied wte is held by the stage of the embedding and by the stage of the LM head, a copy each.
+ParamLayout build_gpt2_layout(const GPT2Config& cfg, int ranks, TensorParallelism tp = {},
+                              const std::vector<ModelPart>& parts = {});
 
 // Between the global tensors and a rank's slices. `global` is the layout of the whole model
 // (build_gpt2_layout(cfg, any ranks)); `local` a rank's under tensor parallelism; the flat arrays are

@@ -406,8 +406,11 @@ Simulation simulate(const PipelineShape& shape, const ActionCosts& costs,
                     const std::vector<std::vector<Action>>& per_rank) {
   const int p = shape.stages, m = shape.micro_batches, v = shape.chunks, stages = shape.virtual_stages();
   ENSURE(int(per_rank.size()) == p, "simulate: one list per rank");
-  ENSURE(int(costs.forward.size()) == v && int(costs.backward.size()) == v, "simulate: a cost per chunk");
-  ENSURE(costs.weight.empty() || int(costs.weight.size()) == v, "simulate: a weight cost per chunk, or none");
+  // A cost per chunk (every rank alike), or per virtual stage (each stage its own, as measured).
+  const int per = int(costs.forward.size());
+  ENSURE((per == v || per == stages) && int(costs.backward.size()) == per,
+         "simulate: a cost per chunk or per virtual stage");
+  ENSURE(costs.weight.empty() || int(costs.weight.size()) == per, "simulate: a weight cost for each, or none");
   for (const std::vector<Action>& list : per_rank)
     for (const Action& a : list)
       ENSURE(a.micro >= 0 && a.micro < m && a.chunk >= 0 && a.chunk < v, "simulate: an action outside the shape");
@@ -438,10 +441,11 @@ Simulation simulate(const PipelineShape& shape, const ActionCosts& costs,
     }
     return -1;
   };
-  auto cost_of = [&](const Action& a) -> double {
-    if (a.op == Op::F) return costs.forward[a.chunk];
-    if (a.op == Op::B) return costs.backward[a.chunk];
-    if (a.op == Op::W) return costs.weight.empty() ? 0 : costs.weight[a.chunk];
+  auto cost_of = [&](int rank, const Action& a) -> double {
+    const int i = per == v ? a.chunk : virtual_stage(shape, rank, a.chunk);
+    if (a.op == Op::F) return costs.forward[i];
+    if (a.op == Op::B) return costs.backward[i];
+    if (a.op == Op::W) return costs.weight.empty() ? 0 : costs.weight[i];
     return 0;
   };
 
@@ -458,7 +462,7 @@ Simulation simulate(const PipelineShape& shape, const ActionCosts& costs,
         const Action& a = list[next[rank]];
         double ready = ready_at(rank, a);
         if (ready < 0) break;
-        double start = std::max(clock[rank], ready), cost = cost_of(a);
+        double start = std::max(clock[rank], ready), cost = cost_of(rank, a);
         if (a.op != Op::F && a.op != Op::B && a.op != Op::W) start = clock[rank];  // no time, no wait
         clock[rank] = start + cost;
         computed[rank] += cost;

@@ -97,7 +97,8 @@ int max_in_flight(const std::vector<Action>& actions, int chunk);
 // a micro-batch between B and W holds only what W reads). Equals max_in_flight without W.
 int max_awaiting_backward(const std::vector<Action>& actions, int chunk);
 
-// The costs of the compute actions, per chunk (each vector has v entries): backward is the B action's
+// The costs of the compute actions, per chunk (each vector has v entries, every rank alike) or per
+// virtual stage (p x v entries, each stage its own, as chapter 08 measures them): backward is the B action's
 // cost (the whole backward for afab, 1f1b and interleaved, the input-gradient half for zb-h1), weight
 // W's (zb-h1; may be left empty otherwise). p2p: the time from a send to its data's arrival.
 struct ActionCosts {

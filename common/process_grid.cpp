@@ -38,6 +38,11 @@ ProcessGrid::ProcessGrid(Communicator& world, const GridShape& shape) : world_(w
   pp_ = world.split(coords_.dp * s.tp + coords_.tp, coords_.pp, "pp");
   ENSURE(tp_->rank() == coords_.tp && dp_->rank() == coords_.dp && pp_->rank() == coords_.pp,
          "ProcessGrid: a group's rank is not the rank's coordinate");
+  if (s.pp > 1) {  // collective over the pipeline: the ends form one group, the middle another
+    const bool end = coords_.pp == 0 || coords_.pp == s.pp - 1;
+    embedding_ = pp_->split(end ? 0 : 1, coords_.pp, "embedding");
+    if (!end) embedding_.reset();
+  }
 }
 
 std::string ProcessGrid::describe() const {

@@ -45,6 +45,10 @@ class ProcessGrid {
   Communicator& dp() const { return *dp_; }
   Communicator& tp() const { return *tp_; }
   Communicator& pp() const { return *pp_; }
+  // Under pipeline parallelism, the first and last stages of this rank's pipeline both hold the tied
+  // wte (the embedding, the LM head) and sum its gradient in this group of two (Megatron-LM's
+  // embedding group). Null with one stage, and on the stages between, which hold no wte.
+  Communicator* embedding() const { return embedding_.get(); }
   // "DP 2 x TP 2 x PP 1"
   std::string describe() const;
 
@@ -52,5 +56,5 @@ class ProcessGrid {
   Communicator& world_;
   GridShape shape_;
   GridCoords coords_;
-  std::unique_ptr<Communicator> dp_, tp_, pp_;
+  std::unique_ptr<Communicator> dp_, tp_, pp_, embedding_;
 };

@@ -42,7 +42,8 @@ double carved(double elements, double element_bytes) {
 }
 }  // namespace
 
-double activation_bytes(const GPT2Config& cfg, int B, DType dtype, bool flash, TensorParallelism tp) {
+double activation_bytes(const GPT2Config& cfg, int B, DType dtype, bool flash, TensorParallelism tp,
+                        const ModelPart& part) {
   const double w = double(dtype_size(dtype)), f32 = 4;  // statistics and losses stay fp32
   const double t = tp.size, T = cfg.T, C = cfg.C;
   // R positions; r of them kept between the parallel layers (a 1/t slice under sequence parallelism);
@@ -50,29 +51,38 @@ double activation_bytes(const GPT2Config& cfg, int B, DType dtype, bool flash, T
   const double R = double(B) * T, r = tp.size > 1 && tp.sequence_parallel ? R / t : R;
   const double Cl = C / t, Fl = 4 * C / t, Vl = cfg.V / t, NHl = cfg.NH / t;
   const double att = flash ? 0 : double(B) * NHl * T * T, lse = flash ? double(B) * NHl * T : 0;
+  // The part's blocks and ends (the whole model unless a pipeline stage), and whether the products'
+  // output gradients are kept per micro-batch for a later weight pass (split_backward): 1 or 0.
+  const int blocks = std::min(part.last(cfg), cfg.L) - (std::max(part.first_unit, 1) - 1);
+  const double head = part.holds(cfg, cfg.L + 1) ? 1 : 0, kept = part.split_backward ? 1 : 0;
   // Per block, what its backward reads: ln1 (rC) and its mean and 1/std (r each), qkv (3RC'), the
   // attention output (RC'), the scores before and after softmax (B NH' T T each, not with Flash-
   // Attention, which keeps B NH' T log-sum-exps instead), attproj (rC), the stream after attention
   // (rC), ln2 (rC, 2r), fc before and after GELU (RF' each), the MLP projection (rC) and the stream
-  // after the block (rC). Without tensor parallelism: 18 BTC + 2 B NH T^2 + 4 BT.
+  // after the block (rC). Without tensor parallelism: 18 BTC + 2 B NH T^2 + 4 BT. Kept for the
+  // weight pass: the output gradients of qkv (3RC'), the projections (rC each) and fc (RF').
   const double block = carved(r * C, w) + 2 * carved(r, f32) + carved(3 * R * Cl, w) + carved(R * Cl, w) +
                        2 * carved(att, w) + carved(lse, f32) + carved(r * C, w) + carved(r * C, w) +
                        carved(r * C, w) + 2 * carved(r, f32) + 2 * carved(R * Fl, w) + carved(r * C, w) +
-                       carved(r * C, w);
-  // Around the blocks: the embeddings (rC), the final layernorm (rC, 2r), logits and probabilities
-  // (RV' each), the losses (R), and under tensor parallelism the cross-entropy's row maxima, sums and
-  // target logits (R each).
+                       carved(r * C, w) +
+                       kept * (carved(3 * R * Cl, w) + 2 * carved(r * C, w) + carved(R * Fl, w));
+  // Around the blocks: the stream entering the part (the embeddings, or the previous stage's
+  // output: rC); on the loss's part, the final layernorm (rC, 2r), logits and probabilities (RV'
+  // each), the losses (R), under tensor parallelism the cross-entropy's row maxima, sums and target
+  // logits (R each), and the kept gradient of the logits (RV').
   const double cross_entropy = tp.size > 1 ? 3 * carved(R, f32) : 0;
-  const double ends = carved(r * C, w) + carved(r * C, w) + 2 * carved(r, f32) + 2 * carved(R * Vl, w) +
-                      carved(R, f32) + cross_entropy;
-  // The backward's scratch, reused by every block: gradients of the stream and of a layernorm's
-  // output (rC each), of the attention output (RC'), of qkv (3RC'), of the scores (2 B NH' T^2), of fc
-  // before and after GELU (RF' each) and of the logits (RV'). Under sequence parallelism, three
-  // full-rows buffers (RC each): a gathered input, a row-parallel partial output, a full gradient.
+  const double ends = carved(r * C, w) + head * (carved(r * C, w) + 2 * carved(r, f32) + 2 * carved(R * Vl, w) +
+                                                 carved(R, f32) + cross_entropy + kept * carved(R * Vl, w));
+  // The backward's scratch, reused by every block and micro-batch: gradients of the stream and of a
+  // layernorm's output (rC each), of the attention output (RC'), of qkv (3RC', unless kept), of the
+  // scores (2 B NH' T^2), of fc before and after GELU (RF' each; before, unless kept) and of the
+  // logits (RV', the loss's part, unless kept). Under sequence parallelism, three full-rows buffers
+  // (RC each): a gathered input, a row-parallel partial output, a full gradient.
   const double full_rows = tp.size > 1 && tp.sequence_parallel ? 3 * carved(R * C, w) : 0;
-  const double scratch = 2 * carved(r * C, w) + carved(R * Cl, w) + carved(3 * R * Cl, w) + 2 * carved(att, w) +
-                         2 * carved(R * Fl, w) + carved(R * Vl, w) + full_rows;
-  return cfg.L * block + ends + scratch;
+  const double scratch = 2 * carved(r * C, w) + carved(R * Cl, w) + (1 - kept) * carved(3 * R * Cl, w) +
+                         2 * carved(att, w) + (2 - kept) * carved(R * Fl, w) + head * (1 - kept) * carved(R * Vl, w) +
+                         full_rows;
+  return part.slots * (blocks * block + ends) + scratch;
 }
 
 TensorParallelPrediction predict_tensor_parallel(const GPT2Config& cfg, int micro_B, TensorParallelism tp,
@@ -111,16 +121,18 @@ TensorParallelPrediction predict_tensor_parallel(const GPT2Config& cfg, int micr
 double MemoryForecast::peak() const { return model_state + activations + data + std::max(transient, checkpoint); }
 
 MemoryForecast forecast_memory(Strategy strategy, const ParamLayout& layout, const GPT2Config& cfg, int micro_B,
-                               DType dtype, Device device, bool flash, bool saves_or_resumes, double data_bytes,
-                               TensorParallelism tp) {
+                               int micro_batches, DType dtype, Device device, bool flash, bool saves_or_resumes,
+                               double data_bytes, TensorParallelism tp, const std::vector<ModelPart>& parts) {
   const Prediction p = predict(strategy, layout, 1, dtype);
   const double w = double(dtype_size(dtype)), N = layout.ranks;
   // The buffers are padded (param_layout.h): the formula's Ψ is the padded length here.
   const double padding = double(layout.padded_size) / double(layout.num_params);
   MemoryForecast m;
   m.model_state = (p.params_bytes + p.grads_bytes + p.optim_bytes) * padding;
-  m.activations = activation_bytes(cfg, micro_B, dtype, flash, tp);
-  if (device == Device::CUDA) m.activations += 2.0 * micro_B * cfg.T * 4;  // token ids, inputs and targets
+  m.activations = 0;
+  for (const ModelPart& part : parts.empty() ? std::vector<ModelPart>{ModelPart{}} : parts)
+    m.activations += activation_bytes(cfg, micro_B, dtype, flash, tp, part);
+  if (device == Device::CUDA) m.activations += 2.0 * micro_batches * micro_B * cfg.T * 4;  // token ids, in and out
 
   // Communication buffers, at most (docs/theory.md, "Transient buffers"): the largest block U, the
   // embedding unit E (which the tied head keeps gathered, and whose gradient stays open from the
@@ -136,6 +148,14 @@ MemoryForecast forecast_memory(Strategy strategy, const ParamLayout& layout, con
     case Strategy::ZeRO1: m.transient = w * double(layout.padded_size) / N; break;  // the gradient shard
     case Strategy::ZeRO2: m.transient = w * layer_grads; break;
     case Strategy::ZeRO3: m.transient = w * (layer_grads + E + 2 * U + head); break;  // + gathered layers
+  }
+  // A pipeline stage (08) keeps, per chunk and micro-batch of the step, a (B,T,C) buffer for each
+  // message it receives or sends a copy of: the input received, the input's gradient sent (unless
+  // the chunk starts with the embedding), the output's gradient received (unless it ends with the
+  // loss). Its output is sent from its activations, without a copy.
+  for (const ModelPart& part : parts) {
+    const int buffers = (part.first_unit > 0 ? 2 : 0) + (part.holds(cfg, cfg.L + 1) ? 0 : 1);
+    m.transient += buffers * double(micro_batches) * double(micro_B) * cfg.T * cfg.C * w;
   }
   // Full fp32 host copies: one to initialise; saving or resuming holds parameters, m and v, and rank 0
   // the file's bytes besides (as many again): 6 copies. On a GPU these live on the host, except the

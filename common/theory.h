@@ -7,6 +7,7 @@
 // bf16 gradients and parameters, 2 bytes per element.
 #pragma once
 #include <string>
+#include <vector>
 
 #include "model_config.h"
 #include "param_layout.h"
@@ -29,9 +30,11 @@ Prediction predict(Strategy strategy, const ParamLayout& layout, int grad_accum,
 // The bytes of the model's activation arena (model.cpp) for micro-batches of B sequences: every
 // tensor the backward reads, per block and at the ends, plus the backward's scratch (docs/theory.md,
 // "Activation memory"), on one rank of a tensor-parallel group `tp` (with or without sequence
-// parallelism). `flash`: FlashAttention's log-sum-exp instead of the (B,NH,T,T) matrices. Each
-// tensor is rounded up to the allocator's 64 bytes, as the arena carves it.
-double activation_bytes(const GPT2Config& cfg, int B, DType dtype, bool flash, TensorParallelism tp = {});
+// parallelism), for the units of `part` and its slots (a pipeline stage, chapter 08; the default:
+// the whole model, one micro-batch). `flash`: FlashAttention's log-sum-exp instead of the
+// (B,NH,T,T) matrices. Each tensor is rounded up to the allocator's 64 bytes, as the arena carves it.
+double activation_bytes(const GPT2Config& cfg, int B, DType dtype, bool flash, TensorParallelism tp = {},
+                        const ModelPart& part = {});
 
 // Tensor parallelism's traffic over the tensor-parallel group (docs/theory.md, section 9), per rank.
 struct TensorParallelPrediction {
@@ -58,6 +61,8 @@ struct MemoryForecast {
   double data = 0;          // the training text, which every rank keeps
   double peak() const;      // model state + activations + data + the larger of transient and checkpoint
 };
+// micro_batches: those of a step (their token ids are kept); parts: a pipeline stage's model parts
+// (chapter 08), each with its own activation arena; none: the whole model.
 MemoryForecast forecast_memory(Strategy strategy, const ParamLayout& layout, const GPT2Config& cfg, int micro_B,
-                               DType dtype, Device device, bool flash, bool saves_or_resumes, double data_bytes,
-                               TensorParallelism tp = {});
+                               int micro_batches, DType dtype, Device device, bool flash, bool saves_or_resumes,
+                               double data_bytes, TensorParallelism tp = {}, const std::vector<ModelPart>& parts = {});

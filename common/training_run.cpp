@@ -59,17 +59,21 @@ std::string divisors_text(int batch) {
 }  // namespace
 
 TrainingRun::TrainingRun(Communicator& comm, TrainConfig& cfg, Strategy strategy)
-    : TrainingRun(comm, comm, nullptr, cfg, strategy, TensorParallelism{}) {}
+    : TrainingRun(comm, comm, nullptr, cfg, strategy, TensorParallelism{}, PipelineParallelism{}) {}
 
-TrainingRun::TrainingRun(ProcessGrid& grid, TrainConfig& cfg, Strategy strategy, TensorParallelism tp)
-    : TrainingRun(grid.world(), grid.dp(), &grid.tp(), cfg, strategy, tp) {
-  ENSURE(tp.size == grid.shape().tp && tp.rank == grid.coords().tp, "TrainingRun: the split is not the grid's");
-}
+TrainingRun::TrainingRun(ProcessGrid& grid, TrainConfig& cfg, Strategy strategy, TensorParallelism tp,
+                         PipelineParallelism pp)
+    : TrainingRun(grid.world(), grid.dp(), &grid, cfg, strategy, tp, pp) {}
 
-TrainingRun::TrainingRun(Communicator& world, Communicator& dp, Communicator* tp_comm, TrainConfig& cfg,
-                         Strategy strategy, TensorParallelism tp)
-    : world_(world), dp_(dp), tp_comm_(tp_comm), tp_(tp), strategy_(strategy), device_(world.device()),
-      dtype_(pick_dtype(cfg.dtype, device_)) {
+TrainingRun::TrainingRun(Communicator& world, Communicator& dp, const ProcessGrid* grid, TrainConfig& cfg,
+                         Strategy strategy, TensorParallelism tp, PipelineParallelism pp)
+    : world_(world), dp_(dp), tp_comm_(grid ? &grid->tp() : nullptr),
+      pp_comm_(grid && pp.size > 1 ? &grid->pp() : nullptr), embedding_comm_(grid ? grid->embedding() : nullptr),
+      tp_(tp), pp_(pp), strategy_(strategy), device_(world.device()), dtype_(pick_dtype(cfg.dtype, device_)) {
+  ENSURE(!grid || (tp.size == grid->shape().tp && tp.rank == grid->coords().tp && pp.size == grid->shape().pp &&
+                   pp.rank == grid->coords().pp),
+         "TrainingRun: the split is not the grid's");
+  ENSURE(pp.size == 1 || !pp.parts.empty(), "TrainingRun: a pipeline stage needs its model parts");
   if (!find_preset(cfg.preset, &model_))
     config_error("--preset: unknown preset '" + cfg.preset + "' (choose from " + preset_names() + ")");
   if (model_.C % model_.NH != 0) config_error("the model's C must divide by NH");
@@ -86,8 +90,8 @@ TrainingRun::TrainingRun(Communicator& world, Communicator& dp, Communicator* tp
            flash_attention_available(dtype_, device_, model_.C / tp_.size, model_.NH / tp_.size);
   micro_B_ = cfg_.batch / (dp_.size() * cfg_.grad_accum);
   check_tensor_parallel();
-  layout_ = build_gpt2_layout(model_, dp_.size(), tp_);
-  global_layout_ = tp_.size > 1 ? build_gpt2_layout(model_, 1) : layout_;
+  layout_ = build_gpt2_layout(model_, dp_.size(), tp_, pp_.parts);
+  global_layout_ = tp_.size > 1 || pp_.size > 1 ? build_gpt2_layout(model_, 1) : layout_;
   check_outputs();
 
   std::string error;
@@ -102,15 +106,19 @@ TrainingRun::TrainingRun(Communicator& world, Communicator& dp, Communicator* tp
   }
   check_memory();  // before the chapter allocates anything
 
-  inputs_.resize(size_t(micro_B_) * model_.T);
-  targets_.resize(size_t(micro_B_) * model_.T);
+  // Every micro-batch of a step keeps its own tokens: a pipeline (08) has several in flight, and
+  // reads a micro-batch's targets and inputs again in its backward, after others' forwards.
+  inputs_.resize(size_t(cfg_.grad_accum) * micro_B_ * model_.T);
+  targets_.resize(inputs_.size());
   if (device_ != Device::CPU)
-    device_tokens_ = Buffer(2 * int64_t(micro_B_) * model_.T, MemCategory::Activations, DType::I32, device_);
+    device_tokens_ = Buffer(2 * int64_t(inputs_.size()), MemCategory::Activations, DType::I32, device_);
   device_info_ = describe_device(device_, dtype_);
 
   groups_.push_back({"world", &world_, {}});
   if (&dp_ != &world_) groups_.push_back({"dp", &dp_, {}});
   if (tp_comm_) groups_.push_back({"tp", tp_comm_, {}});
+  if (pp_comm_) groups_.push_back({"pp", pp_comm_, {}});
+  if (embedding_comm_) groups_.push_back({"embedding", embedding_comm_, {}});
   for (Group& g : groups_) g.comm->set_link_model({cfg_.link_gbps, cfg_.link_latency_us});
   if (tp_comm_) tp_comm_->set_link_model(tensor_parallel_link());
   set_comm_timeout(cfg_.timeout_s);
@@ -126,7 +134,10 @@ TrainingRun::TrainingRun(Communicator& world, Communicator& dp, Communicator* tp
     std::printf("%s | %d rank%s | preset %s (L=%d C=%d NH=%d T=%d V=%d) | %lld parameters\n", cfg_.chapter.c_str(), N,
                 N > 1 ? "s" : "", model_.preset.c_str(), model_.L, model_.C, model_.NH, model_.T, model_.V,
                 (long long)global_layout_.num_params);
-    if (tp_comm_)
+    if (grid && pp_.size > 1)
+      std::printf("grid: %d data-parallel x %d tensor-parallel x %d pipeline stages | %lld parameters on rank 0\n",
+                  dp_.size(), tp_.size, pp_.size, (long long)layout_.num_params);
+    else if (tp_comm_)
       std::printf("grid: %d data-parallel x %d tensor-parallel%s | %lld parameters a rank\n", dp_.size(), tp_.size,
                   tp_.sequence_parallel ? " (sequence parallel)" : "", (long long)layout_.num_params);
     std::printf("global batch %d x %d tokens | %d per data-parallel rank in %d micro-batch%s of %d | data: %s\n",
@@ -152,6 +163,7 @@ TrainingRun::TrainingRun(Communicator& world, Communicator& dp, Communicator* tp
                     .add("dp", dp_.size())
                     .add("tp", tp_.size)
                     .add("sequence_parallel", tp_.sequence_parallel)
+                    .add("pp", pp_.size)
                     .add("preset", model_.preset)
                     .add("L", model_.L).add("C", model_.C).add("NH", model_.NH).add("T", model_.T).add("V", model_.V)
                     .add("params", int64_t(global_layout_.num_params))
@@ -274,8 +286,8 @@ void TrainingRun::check_tensor_parallel() {
 // The forecast of docs/theory.md against what this rank may use. Every rank forecasts its own
 // (they are alike) and checks its own memory; the first that cannot fit says why, and all stop.
 void TrainingRun::check_memory() {
-  forecast_ = forecast_memory(strategy_, layout_, model_, micro_B_, dtype_, device_, flash_,
-                              !cfg_.save.empty() || !cfg_.resume.empty(), double(data_.length()), tp_);
+  forecast_ = forecast_memory(strategy_, layout_, model_, micro_B_, cfg_.grad_accum, dtype_, device_, flash_,
+                              !cfg_.save.empty() || !cfg_.resume.empty(), double(data_.length()), tp_, pp_.parts);
   std::string how;
   const double available = memory_per_rank(device_, ranks_on_this_node(), &how);
   const double peak = forecast_.peak();
@@ -306,13 +318,15 @@ MicroBatch TrainingRun::micro_batch(int step, int micro) {
   // By data-parallel rank: the ranks of a tensor-parallel group train on the same sequences.
   const int per_rank = cfg_.batch / dp_.size();
   const int first = dp_.rank() * per_rank + micro * micro_B_;
-  data_.fill(step, cfg_.batch, first, micro_B_, model_.T, inputs_.data(), targets_.data());
-  if (device_ == Device::CPU) return {inputs_.data(), targets_.data(), micro_B_};
-  // Uploaded once per micro-batch, so the ops read device memory (ops_cuda.h).
   const int64_t n = int64_t(micro_B_) * model_.T;
-  Tensor on_device = device_tokens_.view();
-  transfer(on_device.slice1d(0, n), make_view(inputs_.data(), {n}, DType::I32));
-  transfer(on_device.slice1d(n, n), make_view(targets_.data(), {n}, DType::I32));
+  int* inputs = inputs_.data() + micro * n;
+  int* targets = targets_.data() + micro * n;
+  data_.fill(step, cfg_.batch, first, micro_B_, model_.T, inputs, targets);
+  if (device_ == Device::CPU) return {inputs, targets, micro_B_};
+  // Uploaded once per micro-batch, so the ops read device memory (ops_cuda.h).
+  Tensor on_device = device_tokens_.view().slice1d(2 * micro * n, 2 * n);
+  transfer(on_device.slice1d(0, n), make_view(inputs, {n}, DType::I32));
+  transfer(on_device.slice1d(n, n), make_view(targets, {n}, DType::I32));
   return {on_device.i32(), on_device.i32() + n, micro_B_};
 }
 
@@ -374,28 +388,42 @@ void upload(Tensor dst, Tensor host_f32, const ShardPlan& plan) {
 
 }  // namespace
 
-// With tensor parallelism, checkpoints and the initial weights are the whole model's tensors, and a
-// rank's part is its slices of them: every split starts from the same model and saves the same file.
+// With tensor or pipeline parallelism, checkpoints and the initial weights are the whole model's
+// tensors, and a rank's part is its slices of its stage's tensors: every grid starts from the same
+// model and saves the same file.
 Buffer TrainingRun::to_local(Buffer global) const {
-  if (tp_.size == 1) return global;
+  if (tp_.size == 1 && pp_.size == 1) return global;
   Buffer local(layout_.padded_size, MemCategory::Other);
   slice_from_global(global_layout_, global.f32(), layout_, local.f32());
   return local;
 }
 
 Buffer TrainingRun::to_global(Buffer local) const {
-  if (tp_.size == 1) return local;
-  // Every rank's slices (their layouts have the same length), placed by each rank's layout.
-  Buffer all(layout_.padded_size * tp_.size, MemCategory::Other);
-  Tensor mine = all.view().slice1d(layout_.padded_size * tp_.rank, layout_.padded_size);
-  transfer(mine, local.view());
-  tp_comm_->all_gather(mine, all.view());
-  Buffer global(global_layout_.padded_size, MemCategory::Other);
-  for (int q = 0; q < tp_.size; q++) {
-    TensorParallelism rank_q = tp_;
-    rank_q.rank = q;
-    const ParamLayout layout_q = build_gpt2_layout(model_, dp_.size(), rank_q);
-    place_into_global(layout_q, all.f32() + layout_.padded_size * q, global_layout_, global.f32());
+  if (tp_.size == 1 && pp_.size == 1) return local;
+  Buffer global(global_layout_.padded_size, MemCategory::Other);  // zeros
+  if (tp_.size == 1) {
+    place_into_global(layout_, local.f32(), global_layout_, global.f32());
+  } else {
+    // Every rank's slices (their layouts have the same length), placed by each rank's layout.
+    Buffer all(layout_.padded_size * tp_.size, MemCategory::Other);
+    Tensor mine = all.view().slice1d(layout_.padded_size * tp_.rank, layout_.padded_size);
+    transfer(mine, local.view());
+    tp_comm_->all_gather(mine, all.view());
+    for (int q = 0; q < tp_.size; q++) {
+      TensorParallelism rank_q = tp_;
+      rank_q.rank = q;
+      const ParamLayout layout_q = build_gpt2_layout(model_, dp_.size(), rank_q, pp_.parts);
+      place_into_global(layout_q, all.f32() + layout_.padded_size * q, global_layout_, global.f32());
+    }
+  }
+  if (pp_.size > 1) {
+    // Each stage filled its own tensors and left the others zero: a sum over the pipeline assembles
+    // the model exactly. wte, on the first and the last stage alike, counts once: the first's.
+    if (pp_.rank != 0) {
+      const ParamInfo& wte = global_layout_.params[global_layout_.find("wte")];
+      fill_zero(global.view().slice1d(wte.offset, wte.size));
+    }
+    pp_comm_->all_reduce(global.view(), ReduceOp::Sum);
   }
   return global;
 }
@@ -473,17 +501,25 @@ void TrainingRun::end_step(int step, float local_loss, double grad_norm) {
   const double step_end_ms = now_ms(), step_ms = step_end_ms - step_start_ms_;
   trace_span(Track::Compute, "step " + std::to_string(step), step_start_ms_, step_end_ms);
   CommStats step_comm, dp_step, tp_step;
+  std::vector<std::pair<std::string, CommStats>> by_group;
   for (const Group& g : groups_) {
     const CommStats d = g.comm->stats().since(g.at_step_start);
     step_comm += d;
+    by_group.emplace_back(g.name, d);
     if (g.name == "dp") dp_step = d;
     if (g.name == "tp") tp_step = d;
   }
   if (groups_.size() == 1) dp_step = step_comm;  // the world is the data-parallel group
+  // A pipeline stage waiting for a receive has nothing to compute: that is its bubble (08 measures
+  // and prints it), not communication the step could have hidden.
+  const double pipeline_waits = step_comm.kind[int(CollectiveKind::SendRecv)].exposed_ms;
+  const double exposed_ms = step_comm.exposed_ms - pipeline_waits;
   const MemoryStats& mem = memory_stats();
-  // Every rank of a tensor-parallel group has the same loss: the average over the world is the
-  // average over the data-parallel ranks.
-  const float loss = float(world_.all_reduce_scalar(local_loss, ReduceOp::Avg));
+  // Every rank of a tensor-parallel group has the same loss, and only a pipeline's last stage has one:
+  // the sum over the world, over the ranks that hold a loss, is the average over the data-parallel
+  // ranks.
+  const double loss_holders = double(world_.size()) / pp_.size;
+  const float loss = float(world_.all_reduce_scalar(holds_loss() ? local_loss : 0.0, ReduceOp::Sum) / loss_holders);
   // Whether to go on, agreed by all: the largest reason any rank has to stop.
   const bool finite = std::isfinite(loss) && std::isfinite(grad_norm);
   const int reason = !finite ? int(Stop::Diverged) : g_signal != 0 ? int(Stop::Interrupted) : int(Stop::No);
@@ -504,7 +540,7 @@ void TrainingRun::end_step(int step, float local_loss, double grad_norm) {
   if (step > 0) {  // step 0 is warm-up
     totals_.steps++;
     totals_.step_ms += step_ms;
-    totals_.exposed_ms += step_comm.exposed_ms;
+    totals_.exposed_ms += exposed_ms;
     totals_.comm_ms += step_comm.in_flight_ms;
     totals_.tokens_per_s += tokens_per_s;
     totals_.collectives += double(training_calls(step_comm));
@@ -514,7 +550,7 @@ void TrainingRun::end_step(int step, float local_loss, double grad_norm) {
   if (!is_root()) return;
 
   if (!cfg_.quiet) {
-    std::printf("%s\n", step_line(step, loss, step_ms, tokens_per_s, step_comm.exposed_ms, double(mem.peak_total)).c_str());
+    std::printf("%s\n", step_line(step, loss, step_ms, tokens_per_s, exposed_ms, double(mem.peak_total)).c_str());
     std::fflush(stdout);
   }
   JsonObject record;
@@ -525,7 +561,8 @@ void TrainingRun::end_step(int step, float local_loss, double grad_norm) {
       .add("grad_norm", grad_norm)
       .add("step_ms", step_ms)
       .add("tokens_per_s", tokens_per_s)
-      .add("exposed_comm_ms", step_comm.exposed_ms)
+      .add("exposed_comm_ms", exposed_ms)
+      .add("pipeline_waits_ms", pipeline_waits)
       .add("comm_ms", step_comm.in_flight_ms)
       .add("comm_bytes", training_sent_bytes(step_comm))
       .add("comm_received_bytes", step_comm.total_received_bytes() - step_comm.kind[int(CollectiveKind::Scalar)].received_bytes)
@@ -541,20 +578,20 @@ void TrainingRun::end_step(int step, float local_loss, double grad_norm) {
   }
   for (int c = 0; c < kMemCategories; c++) record.add(std::string("mem_") + mem_category_name(MemCategory(c)), mem.peak[c]);
   record.add("mem_total", mem.peak_total);
-  if (tp_comm_) {  // each group apart: what tensor parallelism costs, next to data parallelism
-    for (const auto& [name, d] : {std::make_pair("dp", &dp_step), std::make_pair("tp", &tp_step)}) {
-      const std::string n = name;
-      record.add(n + "_comm_bytes", training_sent_bytes(*d))
-          .add(n + "_exposed_comm_ms", d->exposed_ms)
-          .add(n + "_comm_ms", d->in_flight_ms)
-          .add(n + "_collectives", training_calls(*d));
-      for (CollectiveKind k : {CollectiveKind::AllReduce, CollectiveKind::ReduceScatter, CollectiveKind::AllGather})
-        if (d->kind[int(k)].calls)
-          record.add(n + "_bytes_" + collective_name(k), d->kind[int(k)].sent_bytes);
-    }
+  // Each group apart: what tensor or pipeline parallelism costs, next to data parallelism.
+  for (const auto& [name, d] : by_group) {
+    if (name == "world") continue;
+    record.add(name + "_comm_bytes", training_sent_bytes(d))
+        .add(name + "_exposed_comm_ms", d.exposed_ms)
+        .add(name + "_comm_ms", d.in_flight_ms)
+        .add(name + "_collectives", training_calls(d));
+    for (CollectiveKind k : {CollectiveKind::AllReduce, CollectiveKind::ReduceScatter, CollectiveKind::AllGather,
+                             CollectiveKind::SendRecv})
+      if (d.kind[int(k)].calls) record.add(name + "_bytes_" + collective_name(k), d.kind[int(k)].sent_bytes);
   }
   json_.write(record);
-  if (step >= 1 && !reported_theory_) report_vs_theory(step_comm, &dp_step, tp_comm_ ? &tp_step : nullptr);
+  if (step >= 1 && !reported_theory_)
+    report_vs_theory(step_comm, &dp_step, tp_comm_ && tp_.size > 1 ? &tp_step : nullptr);
   if (stop_ == Stop::Diverged) {
     std::fprintf(stderr, "error: the loss or the gradient norm is not finite at step %d (loss %g, gradient norm %g): "
                  "training diverged; lower --lr (now %g) or raise --warmup. Every rank stops here.\n",
@@ -596,8 +633,9 @@ void TrainingRun::report_vs_theory(const CommStats& step_comm, const CommStats* 
               format_bytes(double(mem.peak[int(MemCategory::CommBuffers)])).c_str(),
               format_bytes(forecast_.transient).c_str());
   const int64_t dp_bytes = training_sent_bytes(*dp_step);
-  row(tp_step ? "DP bytes per step" : "comm bytes per step", double(dp_bytes), p.comm_bytes);
-  std::printf("  (%scomm theory: %s; padding adds up to %s per full copy)\n", tp_step ? "DP " : "",
+  const bool groups = tp_step || pp_.size > 1;
+  row(groups ? "DP bytes per step" : "comm bytes per step", double(dp_bytes), p.comm_bytes);
+  std::printf("  (%scomm theory: %s; padding adds up to %s per full copy)\n", groups ? "DP " : "",
               p.comm_formula.c_str(), format_bytes(padding).c_str());
   TensorParallelPrediction tp = predict_tensor_parallel(model_, micro_B_, tp_, dtype_);
   const double tp_theory = cfg_.grad_accum * tp.bytes_per_micro_batch + tp.partial_grad_bytes;

@@ -43,14 +43,24 @@ class TrainingRun {
   // On a process grid (07, 08): the data is split, and `strategy` (DP or ZeRO-1) runs, over the grid's
   // data-parallel group; the layout is this rank's part of the tensor-parallel group `tp` (its size
   // is the grid's TP size), whose sizes are checked first (heads, vocabulary, 4C; B*T under sequence
-  // parallelism), each refusal naming the flag.
-  TrainingRun(ProcessGrid& grid, TrainConfig& cfg, Strategy strategy, TensorParallelism tp);
+  // parallelism), each refusal naming the flag; and of the pipeline `pp` (its size is the grid's PP
+  // size): the units of its parts, whose --grad-accum micro-batches are the pipeline's. Only the
+  // last stage has a loss: the step's loss is its, averaged over the data-parallel groups.
+  TrainingRun(ProcessGrid& grid, TrainConfig& cfg, Strategy strategy, TensorParallelism tp,
+              PipelineParallelism pp = {});
   ~TrainingRun();
 
   const TrainConfig& cfg() const { return cfg_; }
   const GPT2Config& model_config() const { return model_; }
   const ParamLayout& layout() const { return layout_; }  // this rank's (its tensor-parallel slices)
   int global_batch() const { return cfg_.batch; }
+  const PipelineParallelism& pipeline() const { return pp_; }
+  const MemoryForecast& forecast() const { return forecast_; }  // this rank's, as printed at the start
+  bool flash_attention() const { return flash_; }
+  // Only the last pipeline stage computes the loss (every rank without a pipeline).
+  bool holds_loss() const { return pp_.rank == pp_.size - 1; }
+  // Root only (else nothing): one more JSON record (a chapter's own measurements, 08's bubble).
+  void write_record(const JsonObject& record) { if (is_root()) json_.write(record); }
   int micro_batch_size() const { return micro_B_; }  // B / (data-parallel ranks x grad_accum)
   const TensorParallelism& tensor_parallelism() const { return tp_; }
   Device device() const { return device_; }
@@ -99,8 +109,8 @@ class TrainingRun {
 
  private:
   enum class Stop { No, Interrupted, Diverged };
-  TrainingRun(Communicator& world, Communicator& dp, Communicator* tp_comm, TrainConfig& cfg, Strategy strategy,
-              TensorParallelism tp);
+  TrainingRun(Communicator& world, Communicator& dp, const ProcessGrid* grid, TrainConfig& cfg, Strategy strategy,
+              TensorParallelism tp, PipelineParallelism pp);
   CommStats all_stats() const;  // summed over the run's communicators
   LinkModel tensor_parallel_link() const;  // --tp-link-*, else --link-*
   void check_tensor_parallel();
@@ -116,7 +126,10 @@ class TrainingRun {
   Communicator& world_;     // every rank: the loss, the stop, metrics and checkpoints
   Communicator& dp_;        // the data-parallel group: the data split, DP and ZeRO
   Communicator* tp_comm_;   // the tensor-parallel group (07), or null
+  Communicator* pp_comm_;   // the pipeline (08), or null
+  Communicator* embedding_comm_;  // the pipeline's first and last stage (08), or null
   TensorParallelism tp_;
+  PipelineParallelism pp_;
   TrainConfig cfg_;
   Strategy strategy_;
   Device device_;

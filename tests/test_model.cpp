@@ -1,8 +1,12 @@
 // test_model.cpp: the whole GPT-2 model on the CPU: its gradient against finite differences, the
-// hooks later chapters build on, gradient accumulation, unit binding, and the parameter layout.
+// hooks later chapters build on, gradient accumulation, unit binding, and the parameter layout; and
+// the model in parts, as pipeline stages run it (chapter 08): stages chained by hand give the whole
+// model's loss and gradients, micro-batches in several slots at once, and the backward split into
+// the inputs' gradients and, later, the weights'.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -10,6 +14,7 @@
 #include "model.h"
 #include "ops.h"
 #include "param_layout.h"
+#include "theory.h"
 #include "test_util.h"
 
 namespace {
@@ -150,6 +155,152 @@ TEST(Model, InitialWeightsDoNotDependOnRankCount) {
   double sq = 0;
   for (int64_t j = 0; j < wte.size; j++) sq += double(a[j]) * a[j];
   EXPECT_NEAR(std::sqrt(sq / wte.size), 0.02, 0.004);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Parts of the model, as pipeline stages (chapter 08)
+
+// A model of 4 blocks, split after unit `cut` (units 0 embedding, 1..4 blocks, 5 the head).
+GPT2Config deep_config() {
+  GPT2Config cfg = tiny_config();
+  cfg.L = 4;
+  return cfg;
+}
+
+std::vector<float> perturbed_weights(const ParamLayout& layout, uint64_t seed) {
+  std::vector<float> w(layout.padded_size, 0.0f);
+  GPT2::init_weights(layout, seed, w.data());
+  const std::vector<float> noise = random_vector(w.size(), seed + 1, -0.05f, 0.05f);
+  for (const ParamInfo& p : layout.params)
+    for (int64_t i = p.offset; i < p.offset + p.size; i++) w[i] += noise[i];
+  return w;
+}
+
+TEST(Layout, AStageHoldsItsUnitsAndTheTiedEmbeddingAtBothEnds) {
+  const GPT2Config cfg = deep_config();
+  const ParamLayout first = build_gpt2_layout(cfg, 2, {}, {ModelPart{0, 2}});
+  const ParamLayout middle = build_gpt2_layout(cfg, 2, {}, {ModelPart{3, 3}});
+  const ParamLayout last = build_gpt2_layout(cfg, 2, {}, {ModelPart{4, 5}});
+  const ParamLayout whole = build_gpt2_layout(cfg, 2);
+  for (const ParamLayout* l : {&first, &middle, &last}) ASSERT_EQ(l->params.size(), whole.params.size());
+  EXPECT_TRUE(first.params[first.find("wte")].held());
+  EXPECT_TRUE(last.params[last.find("wte")].held());
+  EXPECT_FALSE(middle.params[middle.find("wte")].held());
+  EXPECT_TRUE(first.params[first.find("wpe")].held());
+  EXPECT_FALSE(last.params[last.find("wpe")].held());
+  EXPECT_TRUE(middle.params[middle.find("h2.mlp.fc.weight")].held());
+  EXPECT_FALSE(middle.params[middle.find("h1.mlp.fc.weight")].held());
+  EXPECT_TRUE(last.params[last.find("lnf.bias")].held());
+  // Every parameter of the model is held by exactly one stage, wte by two.
+  for (size_t i = 0; i < whole.params.size(); i++) {
+    const int holders = first.params[i].held() + middle.params[i].held() + last.params[i].held();
+    EXPECT_EQ(holders, whole.params[i].name == "wte" ? 2 : 1) << whole.params[i].name;
+  }
+  EXPECT_EQ(first.padded_size % 32, 0);
+  EXPECT_LT(middle.padded_size, whole.padded_size / 3);
+}
+
+// The whole model, one backward per micro-batch: the reference for the stages.
+struct WholeModelRun {
+  std::vector<float> losses, grads;
+};
+WholeModelRun run_whole(const GPT2Config& cfg, const std::vector<float>& weights, const std::vector<int>& inputs,
+                        const std::vector<int>& targets, int B, int micro_batches) {
+  const ParamLayout layout = build_gpt2_layout(cfg, 1);
+  std::vector<float> params = weights;
+  WholeModelRun run;
+  run.grads.assign(layout.padded_size, 0.0f);
+  GPT2 model(cfg, layout, B);
+  model.bind_all(params.data(), run.grads.data());
+  for (int m = 0; m < micro_batches; m++) {
+    run.losses.push_back(model.forward(&inputs[m * B * cfg.T], &targets[m * B * cfg.T], B));
+    model.backward(1.0f / micro_batches);
+  }
+  return run;
+}
+
+// Two stages chained by hand on one process, all micro-batches forward first (each in its own
+// slot), then their backwards (in the same order: gradients accumulate in the reference's order);
+// with split_backward, the weights' gradients last.
+// Their losses and their gradients, placed back into the whole model's layout, are the whole
+// model's: exactly, except wte's two halves, summed here as the pipeline's embedding group sums
+// them (a different order of additions: close, not equal).
+TEST(ModelPart, TwoStagesWithSlotsEqualTheWholeModel) {
+  const GPT2Config cfg = deep_config();
+  const int B = 2, M = 3;
+  const ParamLayout whole = build_gpt2_layout(cfg, 1);
+  const std::vector<float> weights = perturbed_weights(whole, 17);
+  const std::vector<int> inputs = random_ints(M * B * cfg.T, cfg.V, 5), targets = random_ints(M * B * cfg.T, cfg.V, 6);
+  const WholeModelRun reference = run_whole(cfg, weights, inputs, targets, B, M);
+
+  for (bool split : {false, true}) {
+    SCOPED_TRACE(split ? "split backward" : "whole backward");
+    const ModelPart first_part{0, 2, M, split}, last_part{3, 5, M, split};
+    const ParamLayout first = build_gpt2_layout(cfg, 1, {}, {first_part});
+    const ParamLayout last = build_gpt2_layout(cfg, 1, {}, {last_part});
+    std::vector<float> p0(first.padded_size), p1(last.padded_size), g0(first.padded_size, 0.0f),
+        g1(last.padded_size, 0.0f);
+    slice_from_global(whole, weights.data(), first, p0.data());
+    slice_from_global(whole, weights.data(), last, p1.data());
+    GPT2 stage0(cfg, first, B, Device::CPU, DType::F32, {}, first_part);
+    GPT2 stage1(cfg, last, B, Device::CPU, DType::F32, {}, last_part);
+    stage0.bind_all(p0.data(), g0.data());
+    stage1.bind_all(p1.data(), g1.data());
+    // Every gradient a stage holds is announced once per backward, none that it does not hold.
+    std::vector<int> ready0(first.params.size(), 0), ready1(last.params.size(), 0);
+    stage0.hooks.grad_ready = [&](int p) { ready0[p]++; };
+    stage1.hooks.grad_ready = [&](int p) { ready1[p]++; };
+
+    for (int m = 0; m < M; m++) {
+      EXPECT_EQ(stage0.forward(m, &inputs[m * B * cfg.T], nullptr, B), 0.0f);
+      copy_tensor(stage1.input(m, B), stage0.output(m));
+      const float loss = stage1.forward(m, nullptr, &targets[m * B * cfg.T], B);
+      EXPECT_EQ(loss, reference.losses[m]) << "micro-batch " << m;
+    }
+    for (int m = 0; m < M; m++) {
+      stage1.backward(m, 1.0f / M);
+      std::vector<float> grad_in(size_t(B) * cfg.T * cfg.C);
+      copy_tensor(make_view(grad_in.data(), {int64_t(grad_in.size())}), stage1.input_grad());
+      stage0.backward(m, 1.0f / M, make_view(grad_in.data(), {B * cfg.T, cfg.C}));
+    }
+    if (split)
+      for (int m = 0; m < M; m++) {
+        stage1.backward_weights(m);
+        stage0.backward_weights(m);
+      }
+    for (size_t i = 0; i < first.params.size(); i++) {
+      EXPECT_EQ(ready0[i], first.params[i].held() ? M : 0) << first.params[i].name;
+      EXPECT_EQ(ready1[i], last.params[i].held() ? M : 0) << last.params[i].name;
+    }
+    std::vector<float> g(whole.padded_size, 0.0f);
+    place_into_global(first, g0.data(), whole, g.data());
+    place_into_global(last, g1.data(), whole, g.data());
+    const ParamInfo& wte = whole.params[whole.find("wte")];
+    const ParamInfo& wte0 = first.params[first.find("wte")];
+    const ParamInfo& wte1 = last.params[last.find("wte")];
+    for (int64_t j = 0; j < wte.size; j++) g[wte.offset + j] = g0[wte0.offset + j] + g1[wte1.offset + j];
+    for (const ParamInfo& p : whole.params) {
+      if (p.name == "wte")
+        EXPECT_TRUE(allclose(&g[p.offset], &reference.grads[p.offset], p.size, 1e-7, 1e-5));
+      else
+        EXPECT_EQ(0, std::memcmp(&g[p.offset], &reference.grads[p.offset], p.size * sizeof(float))) << p.name;
+    }
+  }
+}
+
+// The activation arena of a part equals theory.cpp's formula, slots and kept gradients included.
+TEST(ModelPart, ActivationArenaIsTheFormula) {
+  const GPT2Config cfg = deep_config();
+  for (const ModelPart part : {ModelPart{0, 2, 3, false}, ModelPart{3, 5, 2, true}, ModelPart{2, 3, 4, true},
+                               ModelPart{0, 5, 1, true}}) {
+    const ParamLayout layout = build_gpt2_layout(cfg, 1, {}, {part});
+    reset_memory_peaks();
+    const int64_t before = memory_stats().current[int(MemCategory::Activations)];
+    GPT2 model(cfg, layout, 2, Device::CPU, DType::F32, {}, part);
+    const int64_t arena = memory_stats().current[int(MemCategory::Activations)] - before;
+    EXPECT_EQ(double(arena), activation_bytes(cfg, 2, DType::F32, false, {}, part))
+        << "units " << part.first_unit << ".." << part.last_unit << ", " << part.slots << " slots";
+  }
 }
 
 }  // namespace

@@ -1,0 +1,234 @@
+// Chapter 08: pipeline parallelism: stages, micro-batches, and four schedules.
+//
+// The idea. Split the model by depth: p ranks hold consecutive runs of blocks (the first also the
+// embedding, the last the final layernorm, the LM head and the loss), and each step's batch is cut
+// into m micro-batches that flow through them: activations forward to the next stage, their
+// gradients back. Each rank keeps 1/p of the model and exchanges one (B,T,C) tensor per micro-batch
+// and boundary, point to point. The price is idle time, the bubble: stage r cannot start before
+// r micro-batches' forwards reached it, and the last backward takes as long to come back. The
+// schedule decides how long the bubble is and how many micro-batches' activations a stage holds:
+//   afab         all forwards, then all backwards (GPipe): bubble (p-1)/(m+p-1), m in flight;
+//   1f1b         after p-1-r warm-up forwards, one forward, one backward: the same bubble, at most
+//                p-r micro-batches in flight;
+//   interleaved  v chunks a rank, virtual stage c x p + r (Megatron-LM): bubble (p-1)/(v m+p-1), v
+//                times the messages;
+//   zb-h1        backward split into B (the inputs' gradients, on the critical path) and W (the
+//                weights', which can wait): W passes fill the cool-down's bubbles (Qi et al. 2024).
+// Each schedule is a plain list of actions per rank (common/pipeline_schedule.cpp: read it with the
+// diagram of `make schedules`); one executor runs any list (common/pipeline.h).
+//
+// The tied wte lives on the first stage (the embedding) and the last (the LM head), a copy each,
+// equal at the start: their gradients are summed over the two (Megatron's embedding group) before
+// the data-parallel reduction, so the copies stay equal, bit for bit. The loss exists on the last
+// stage only; each backward there starts from 1/m of it, once. With --pp below the rank count, the
+// rest is data parallelism over each stage's DP group, as 03 (or, --zero1, 04) teaches it.
+// What to notice: the bubble next to its theory and to a simulation of the schedule with the
+// measured times; activations per stage next to the schedule's count of micro-batches in flight.
+//
+// Base chapter: 03_bucket_dp (docs/diffs/08_pipeline.diff: what this chapter adds to it).
+//
+// Run:
+//   make 08_pipeline
+//   mpiexec -n 2 ./08_pipeline/train --preset deep                            # 1f1b, p 2, m 4
+//   mpiexec -n 4 ./08_pipeline/train --preset deep --schedule interleaved --micro-batches 8
+//   mpiexec -n 4 ./08_pipeline/train --preset deep --pp 2 --zero1              # DP 2 x PP 2
+#include <cmath>
+#include <cstdio>
+#include <memory>
+#include <sstream>
+#include <utility>
+#include <vector>
+
+#include "buckets.h"
+#include "comm.h"
+#include "comm_factory.h"
+#include "data_parallel.h"
+#include "device.h"
+#include "flags.h"
+#include "memory.h"
+#include "model.h"
+#include "ops.h"
+#include "optimizer.h"
+#include "pipeline.h"
+#include "pipeline_report.h"
+#include "pipeline_schedule.h"
+#include "process_grid.h"
+#include "shards.h"
+#include "training_run.h"
+
+struct Options {
+  int pp = 0;              // 0: every rank
+  int micro_batches = 0;   // 0: 2 p
+  std::string schedule = "1f1b";
+  int virtual_stages = 0;  // 0: 2 for interleaved, else 1
+  std::string partition;   // blocks per virtual stage, "3,3,3,3"; empty: balanced by FLOPs
+  bool zero1 = false;
+  double bucket_mb = 0;
+};
+
+std::vector<int> parse_partition(const std::string& text) {
+  std::vector<int> blocks;
+  std::stringstream in(text);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    char* end = nullptr;
+    const long n = std::strtol(item.c_str(), &end, 10);
+    if (item.empty() || *end != '\0' || n < 1) config_error("--partition " + text + ": a block count per virtual stage, each >= 1, e.g. 3,4,5");
+    blocks.push_back(int(n));
+  }
+  return blocks;
+}
+
+// The whole run, in a function: the grid's groups must end before MPI does.
+int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
+  Schedule schedule;
+  if (!parse_schedule(opt.schedule, &schedule))
+    config_error("--schedule " + opt.schedule + ": choose afab, 1f1b, interleaved or zb-h1");
+  const int p = opt.pp ? opt.pp : world.size();
+  const int v = opt.virtual_stages ? opt.virtual_stages : schedule == Schedule::Interleaved ? 2 : 1;
+  if (v > 1 && schedule != Schedule::Interleaved)
+    config_error("--virtual-stages " + std::to_string(v) + " needs --schedule interleaved");
+  ProcessGrid grid(world, grid_shape(world.size(), 1, p));
+  const int m = cfg.grad_accum;  // --micro-batches, set in main
+  GPT2Config model_cfg;
+  if (!find_preset(cfg.preset, &model_cfg)) config_error("--preset: unknown preset '" + cfg.preset + "'");
+  if (model_cfg.L < p * v)
+    config_error("--pp " + std::to_string(p) + " x --virtual-stages " + std::to_string(v) + " = " +
+                 std::to_string(p * v) + " virtual stages, but --preset " + cfg.preset + " has " +
+                 std::to_string(model_cfg.L) + " blocks: every stage needs one (try --preset deep or tall)");
+  if (schedule == Schedule::Interleaved && m % p)
+    config_error("--schedule interleaved sends micro-batches round the ranks in groups of --pp " + std::to_string(p) +
+                 ": --micro-batches " + std::to_string(m) + " must be a multiple of it");
+
+  // The partition: blocks per virtual stage, the head's cost weighed in.
+  const std::vector<int> blocks = opt.partition.empty() ? balanced_partition(model_cfg, p * v) : parse_partition(opt.partition);
+  int total = 0;
+  for (int b : blocks) total += b;
+  if (int(blocks.size()) != p * v || total != model_cfg.L)
+    config_error("--partition " + opt.partition + ": " + std::to_string(p * v) + " block counts that add up to L = " +
+                 std::to_string(model_cfg.L));
+
+  // The schedule: this rank's actions, and every rank's, checked before any work.
+  const PipelineShape shape{p, m, v};
+  const int rank = grid.coords().pp;
+  std::vector<std::vector<Action>> every_rank;
+  for (int r = 0; r < p; r++) every_rank.push_back(build_schedule(schedule, shape, r));
+  const std::string problem = check_pipeline(schedule, shape, every_rank);
+  if (!problem.empty()) config_error("the " + opt.schedule + " schedule is unsound: " + problem);
+  const std::vector<Action>& actions = every_rank[rank];
+  std::vector<ModelPart> parts = parts_of_rank(model_cfg, blocks, p, rank);
+  for (int c = 0; c < v; c++) {
+    parts[c].slots = max_in_flight(actions, c);  // the micro-batches whose activations it holds at once
+    parts[c].split_backward = schedule == Schedule::ZBH1;
+  }
+
+  TrainingRun run(grid, cfg, opt.zero1 ? Strategy::ZeRO1 : Strategy::DP, {}, PipelineParallelism{p, rank, parts});
+  const Device device = run.device();
+  const DType dtype = run.dtype();
+  const ParamLayout& layout = run.layout();  // this stage's units; the others' have size 0
+  Communicator& dp_group = grid.dp();
+  print_partition(run, model_cfg, blocks, p);
+
+  Buffer params(layout.padded_size, MemCategory::Params, dtype, device);
+  Buffer grads(layout.padded_size, MemCategory::Grads, dtype, device);
+  const double bucket_bytes =
+      cfg.was_given("--bucket-mb") ? opt.bucket_mb * 1e6 : default_bucket_bytes(layout, dtype_size(dtype));
+  GradientBuckets buckets(layout, bucket_bytes, dtype_size(dtype), opt.zero1 ? BucketCut::AtLayers : BucketCut::AtTensors);
+  const ShardPlan plan = opt.zero1 ? GradientSync::zero1_plan(buckets, dp_group) : ShardPlan::unsharded(layout);
+  Buffer grad_shard(opt.zero1 ? plan.size() : 0, MemCategory::CommBuffers, dtype, device);
+  GradientSync data_parallel(dp_group, buckets, grads.view(), opt.zero1 ? &plan : nullptr, grad_shard.view());
+  AdamW optimizer(layout, plan, cfg.weight_decay, device, dtype);
+  std::vector<std::unique_ptr<GPT2>> models;  // one per chunk, over the same flat buffers
+  std::vector<GPT2*> chunks;
+  for (const ModelPart& part : parts) {
+    models.push_back(std::make_unique<GPT2>(run.model_config(), layout, run.micro_batch_size(), device, dtype,
+                                            TensorParallelism{}, part));
+    models.back()->bind_all(params.data(), grads.data());
+    chunks.push_back(models.back().get());
+  }
+  const int start = run.init_or_resume(params, optimizer);
+  PipelineExecutor pipeline(grid.pp(), chunks, shape, actions, run.micro_batch_size(), model_cfg.T, model_cfg.C,
+                            device, dtype);
+  PipelineReport report(run, grid, shape, schedule, parts);
+
+  // Gradients, on the last micro-batch's backward (or weight pass, under zb-h1): data parallelism
+  // over this stage's DP group (03), except wte, whose two copies are summed over the embedding
+  // group first.
+  const int wte = layout.find("wte");
+  Communicator* embedding = grid.embedding();
+  bool last_micro_batch = false;
+  CommHandle wte_sum;
+  pipeline.before_compute = [&](const Action& a) { last_micro_batch = a.micro == m - 1; };
+  for (GPT2* chunk : chunks) {
+    chunk->hooks.grad_ready = [&](int param) {
+      if (!last_micro_batch) return;  // no_sync
+      if (param == wte && embedding) {
+        wte_sum = embedding->all_reduce_async(grads.view().slice1d(layout.params[wte].offset, layout.params[wte].size),
+                                              ReduceOp::Sum);
+        return;
+      }
+      data_parallel.gradient_ready(param);
+    };
+  }
+
+  for (int step = start; step < cfg.steps; step++) {
+    run.begin_step(step);
+    fill_zero(grads.view());
+    const float loss = pipeline.run([&](int micro) { return run.micro_batch(step, micro); });
+    if (wte_sum.valid()) {
+      wte_sum.wait();
+      wte_sum = CommHandle();
+      data_parallel.gradient_ready(wte);
+    }
+    data_parallel.finish();
+
+    // The global norm: every stage's own gradients, wte counted once (on the first stage); summed
+    // over the pipeline (and over DP, whose ranks hold different pieces under ZeRO-1).
+    const Tensor my_grads = opt.zero1 ? grad_shard.view() : grads.view();
+    const bool second_wte = rank != 0 && layout.params[wte].held();
+    const double squares = gradient_squares(layout, plan, my_grads, [&](const ParamInfo& info) {
+      return !(second_wte && info.name == "wte");
+    });
+    Communicator& holders = opt.zero1 ? grid.world() : grid.pp();
+    const double norm = std::sqrt(holders.all_reduce_scalar(squares, ReduceOp::Sum));
+    optimizer.update(params.view(), my_grads, step + 1, run.lr(step), clip_factor(norm, cfg.grad_clip));
+    if (opt.zero1) data_parallel.gather_parameters(params.view());
+
+    report.add_step(step, pipeline.times());
+    run.end_step(step, loss, norm);
+    if (run.checkpoint_due(step)) run.save_checkpoint(step + 1, params, optimizer);
+    if (run.stopping()) break;
+  }
+  report.finish();
+  return run.finish();
+}
+
+int main(int argc, char** argv) {
+  auto comm = init_mpi_communicator(&argc, &argv);
+  TrainConfig cfg;
+  FlagParser flags;
+  Options opt;
+  flags.add("--pp", &opt.pp, "pipeline stages (default: every rank); the rest is data-parallel");
+  flags.add("--micro-batches", &opt.micro_batches, "micro-batches per step in each pipeline (default: 2 x --pp)");
+  flags.add("--schedule", &opt.schedule, "afab, 1f1b (default), interleaved or zb-h1");
+  flags.add("--virtual-stages", &opt.virtual_stages, "model chunks per rank, interleaved only (default 2)");
+  flags.add("--partition", &opt.partition, "blocks per virtual stage, e.g. 3,3,3,3 (default: balanced by FLOPs)");
+  flags.add_switch("--zero1", &opt.zero1, "shard the optimizer state over each stage's data-parallel group (04)");
+  flags.add("--bucket-mb", &opt.bucket_mb, "data-parallel bucket size in MB (default: an eighth of the gradient)");
+  if (!parse_train_flags(argc, argv, "08_pipeline", "Chapter 08: pipeline parallelism, four schedules.", flags, &cfg)) {
+    shutdown_mpi(std::move(comm));
+    return 0;
+  }
+  if (cfg.was_given("--bucket-mb") && !(opt.bucket_mb > 0)) config_error("--bucket-mb must be > 0");
+  if (cfg.was_given("--pp") && opt.pp < 1) config_error("--pp must be >= 1");
+  if (cfg.was_given("--virtual-stages") && opt.virtual_stages < 1) config_error("--virtual-stages must be >= 1");
+  if (cfg.was_given("--grad-accum"))
+    config_error("--grad-accum: a pipeline's micro-batches are its accumulation; use --micro-batches");
+  if (cfg.was_given("--micro-batches") && opt.micro_batches < 1) config_error("--micro-batches must be >= 1");
+  const int p = opt.pp ? opt.pp : comm->size();
+  cfg.grad_accum = opt.micro_batches ? opt.micro_batches : 2 * p;
+  comm = communicator_for(pick_device(cfg.device), std::move(comm));  // NCCL on GPUs (comm_factory.h)
+  const int status = train(*comm, cfg, opt);
+  shutdown_mpi(std::move(comm));
+  return status;
+}

@@ -1,0 +1,83 @@
+// pipeline.h: chapter 08's mechanics: how the model's blocks are partitioned over the virtual
+// stages, and an executor that runs a pipeline schedule (pipeline_schedule.h: a list of actions per
+// rank) on this rank's model chunks. Defines unit_costs(), balanced_partition(), parts_of_rank() and
+// PipelineExecutor.
+//
+// What each action does here:
+//   RecvActivation / RecvGradient  post a non-blocking receive into this micro-batch's buffer (every
+//                                  schedule posts them all at the start of the step: none can wait on
+//                                  a receive that nobody posted);
+//   F   wait for the input (unless this is the embedding's chunk), run the chunk's forward in a free
+//       activation slot; on the loss's chunk, add the micro-batch's loss;
+//   SendActivation                 send the chunk's output to the next virtual stage;
+//   B   wait for the output's gradient (unless this is the loss's chunk), run the chunk's backward
+//       (zero-bubble: the inputs' gradients only), free the slot unless a W is to come;
+//   SendGradient                   send the input's gradient to the previous virtual stage;
+//   W   the weights' gradients (zero-bubble), then free the slot.
+// A wait for a receive, with nothing else to compute, is the bubble: measured per action, as are the
+// forward, backward and weight passes' own times, which a simulation of the schedule then uses.
+// Messages are matched by tag: (activation or gradient, the receiving virtual stage, micro-batch).
+#pragma once
+#include <functional>
+#include <vector>
+
+#include "comm.h"
+#include "memory.h"
+#include "model.h"
+#include "pipeline_schedule.h"
+#include "training_run.h"  // MicroBatch
+
+// Forward FLOPs per token of each unit (0 the embedding, 1..L the blocks, L+1 the head): a block
+// 24C^2 for its four products plus 4TC for attention's two; the head 2CV for the LM head over the
+// whole vocabulary, which on GPT-2 124M is 4.5 blocks' worth; the embedding, a lookup, none.
+std::vector<double> unit_costs(const GPT2Config& cfg);
+// Blocks per virtual stage (p x v of them, each at least 1), contiguous, with the embedding before
+// the first and the head after the last, that make the costliest stage as cheap as possible: equal
+// block counts would leave the head's stage the slowest, and every other stage waiting for it.
+std::vector<int> balanced_partition(const GPT2Config& cfg, int virtual_stages);
+// This rank's model parts (chunk c: virtual stage c x p + rank) for a partition of blocks.
+std::vector<ModelPart> parts_of_rank(const GPT2Config& cfg, const std::vector<int>& blocks, int stages, int rank);
+
+class PipelineExecutor {
+ public:
+  // chunks[c]: this rank's model chunk c (virtual stage c x p + rank), built for its ModelPart with
+  // at least max_in_flight(actions, c) slots. `pipeline`: the group of the p stages, ranked by stage.
+  PipelineExecutor(Communicator& pipeline, std::vector<GPT2*> chunks, const PipelineShape& shape,
+                   std::vector<Action> actions, int micro_B, int T, int C, Device device, DType dtype);
+
+  // One step: every action in order. micro_batch(m) gives micro-batch m's tokens (the same pointers
+  // for the whole step). Returns the mean loss of the m micro-batches on the loss's rank, else 0.
+  float run(const std::function<MicroBatch(int micro)>& micro_batch);
+
+  // Called before each F, B and W: the chapter learns which micro-batch (and chunk) runs, e.g. to
+  // communicate gradients only on the last one.
+  std::function<void(const Action&)> before_compute;
+
+  // The last step's times on this rank, in ms: each pass's mean per micro-batch and chunk, the time
+  // spent waiting for receives (the bubble), and the whole step.
+  struct Times {
+    std::vector<double> forward, backward, weight;  // per chunk
+    double waiting = 0, step = 0;
+  };
+  const Times& times() const { return times_; }
+  const std::vector<Action>& actions() const { return actions_; }
+
+ private:
+  Tensor stream(Buffer& b, int B) const;  // (B*T, C) view of a micro-batch buffer
+  int tag(bool gradient, int virtual_stage, int micro) const;
+
+  Communicator& pipeline_;
+  std::vector<GPT2*> chunks_;
+  PipelineShape shape_;
+  std::vector<Action> actions_;
+  int micro_B_, T_, C_, rank_;
+  Device device_;
+  DType dtype_;
+  // Per chunk and micro-batch: the receive buffers, the sent gradient's buffer; the slot in use.
+  std::vector<std::vector<Buffer>> activation_in_, gradient_in_, gradient_out_;
+  std::vector<std::vector<CommHandle>> activation_recv_, gradient_recv_;
+  std::vector<std::vector<int>> slot_of_;
+  std::vector<std::vector<int>> free_slots_;
+  std::vector<CommHandle> sends_;
+  Times times_;
+};

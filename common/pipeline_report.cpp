@@ -1,0 +1,181 @@
+// pipeline_report.cpp: see pipeline_report.h.
+#include "pipeline_report.h"
+
+#include <cstdio>
+#include <string>
+
+#include "check.h"
+#include "metrics.h"
+#include "theory.h"
+
+namespace {
+
+std::string units_text(const GPT2Config& cfg, const ModelPart& part) {
+  const int first_block = std::max(part.first_unit, 1) - 1, last_block = std::min(part.last(cfg), cfg.L) - 1;
+  std::string text = part.first_unit == 0 ? "embedding + " : "";
+  text += first_block == last_block ? "block " + std::to_string(first_block)
+                                    : "blocks " + std::to_string(first_block) + "-" + std::to_string(last_block);
+  if (part.holds(cfg, cfg.L + 1)) text += " + head";
+  return text;
+}
+
+const char* op_name(Op op) {
+  switch (op) {
+    case Op::F: return "F";
+    case Op::B: return "B";
+    case Op::W: return "W";
+    default: return "p2p";
+  }
+}
+
+}  // namespace
+
+void print_partition(const TrainingRun& run, const GPT2Config& cfg, const std::vector<int>& blocks, int stages) {
+  if (!run.is_root()) return;
+  const std::vector<double> cost = unit_costs(cfg);
+  double total = 0;
+  for (double c : cost) total += c;
+  std::printf("partition: %zu virtual stages, blocks %s (the LM head costs %.2f blocks' FLOPs, the embedding none; "
+              "--partition changes it)\n",
+              blocks.size(), [&] {
+                std::string text;
+                for (size_t i = 0; i < blocks.size(); i++) text += (i ? "," : "") + std::to_string(blocks[i]);
+                return text;
+              }().c_str(), cost.back() / cost[1]);
+  for (int r = 0; r < stages; r++) {
+    const std::vector<ModelPart> parts = parts_of_rank(cfg, blocks, stages, r);
+    for (size_t c = 0; c < parts.size(); c++) {
+      double share = 0;
+      for (int u = parts[c].first_unit; u <= parts[c].last(cfg); u++) share += cost[u];
+      const ParamLayout layout = build_gpt2_layout(cfg, 1, {}, {parts[c]});
+      std::printf("  stage %d%s: %-28s %9lld parameters  %5.1f%% of the FLOPs\n", r,
+                  parts.size() > 1 ? (" chunk " + std::to_string(c)).c_str() : "",
+                  units_text(cfg, parts[c]).c_str(), (long long)layout.num_params, 100 * share / total);
+    }
+  }
+  std::fflush(stdout);
+}
+
+PipelineReport::PipelineReport(TrainingRun& run, const ProcessGrid& grid, const PipelineShape& shape,
+                               Schedule schedule, std::vector<ModelPart> parts)
+    : run_(run), world_(grid.world()), pipeline_(grid.pp()), shape_(shape), schedule_(schedule),
+      parts_(std::move(parts)), forward_(shape.chunks, 0), backward_(shape.chunks, 0), weight_(shape.chunks, 0) {
+  pipeline_before_ = pipeline_.stats();
+}
+
+void PipelineReport::add_step(int step, const PipelineExecutor::Times& t) {
+  const CommStats now = pipeline_.stats();
+  const CommStats d = now.since(pipeline_before_);
+  pipeline_before_ = now;
+  if (step == 0) return;  // warm-up
+  steps_++;
+  for (int c = 0; c < shape_.chunks; c++) forward_[c] += t.forward[c], backward_[c] += t.backward[c], weight_[c] += t.weight[c];
+  waiting_ += t.waiting;
+  step_ += t.step;
+  p2p_bytes_ += double(d.kind[int(CollectiveKind::SendRecv)].sent_bytes);
+}
+
+void PipelineReport::finish() {
+  const int p = shape_.stages, v = shape_.chunks, m = shape_.micro_batches, rank = pipeline_.rank();
+  const GPT2Config& cfg = run_.model_config();
+  const int n = std::max(steps_, 1);
+  // This rank's averages: per chunk F, B, W ms; then the step, the waiting, the compute, p2p bytes,
+  // activations measured and by the formula, and p2p bytes by the formula.
+  const int fields = 3 * v + 7;
+  std::vector<float> mine(fields, 0.0f), all(size_t(fields) * world_.size());
+  double compute = 0;
+  for (int c = 0; c < v; c++) {
+    mine[c] = float(forward_[c] / n), mine[v + c] = float(backward_[c] / n), mine[2 * v + c] = float(weight_[c] / n);
+    compute += (forward_[c] + backward_[c] + weight_[c]) * m / n;
+  }
+  double act_theory = 0, p2p_theory = 0;
+  const double message = double(run_.micro_batch_size()) * cfg.T * cfg.C * dtype_size(run_.dtype());
+  for (int c = 0; c < v; c++) {
+    act_theory += activation_bytes(cfg, run_.micro_batch_size(), run_.dtype(), run_.flash_attention(), {}, parts_[c]);
+    const int s = virtual_stage(shape_, rank, c);
+    p2p_theory += m * message * ((s < p * v - 1 ? 1 : 0) + (s > 0 ? 1 : 0));  // its output forward, input gradient back
+  }
+  float* tail = &mine[3 * v];
+  tail[0] = float(step_ / n), tail[1] = float(waiting_ / n), tail[2] = float(compute);
+  tail[3] = float(p2p_bytes_ / n);
+  tail[4] = float(memory_stats().peak[int(MemCategory::Activations)]);
+  tail[5] = float(act_theory), tail[6] = float(p2p_theory);
+  world_.all_gather(make_view(mine.data(), {fields}), make_view(all.data(), {int64_t(all.size())}));
+  if (!run_.is_root() || steps_ == 0) return;
+
+  // The first pipeline's ranks (data-parallel rank 0): world ranks 0..p-1 when DP is 1; in general the
+  // grid's layout, PP outermost.
+  const int dp = world_.size() / p;
+  auto row = [&](int r) { return &all[size_t(fields) * size_t(r * dp)]; };
+  ActionCosts costs;
+  costs.forward.assign(p * v, 0), costs.backward.assign(p * v, 0), costs.weight.assign(p * v, 0);
+  double F = 0, Bk = 0, W = 0;
+  for (int r = 0; r < p; r++)
+    for (int c = 0; c < v; c++) {
+      const int s = virtual_stage(shape_, r, c);
+      costs.forward[s] = row(r)[c], costs.backward[s] = row(r)[v + c], costs.weight[s] = row(r)[2 * v + c];
+      F += costs.forward[s] / (p * v), Bk += costs.backward[s] / (p * v), W += costs.weight[s] / (p * v);
+    }
+  const Simulation sim = simulate(schedule_, shape_, costs);
+  const double theory = theory_bubble(schedule_, shape_, F, Bk, W);
+  std::printf("pipeline, %s schedule, p %d, m %d%s, averaged over %d measured steps (docs/theory.md, section 10):\n",
+              schedule_name(schedule_), p, m, v > 1 ? (", v " + std::to_string(v)).c_str() : "", steps_);
+  std::printf("  %-5s %9s %9s %9s %10s %10s %10s %12s %12s %11s %11s\n", "stage", "F ms", "B ms", "W ms", "bubble",
+              "simulated", "theory", "activations", "formula", "p2p bytes", "formula");
+  double measured_mean = 0, simulated_mean = 0;
+  for (int r = 0; r < p; r++) {
+    const float* x = row(r);
+    double f = 0, b = 0, w = 0;
+    for (int c = 0; c < v; c++) f += x[c], b += x[v + c], w += x[2 * v + c];
+    const float* t = x + 3 * v;
+    const double measured = t[0] > 0 ? 1.0 - t[2] / t[0] : 0;
+    const double simulated = sim.makespan > 0 ? sim.idle[r] / sim.makespan : 0;
+    measured_mean += measured / p, simulated_mean += simulated / p;
+    std::printf("  %-5d %9.2f %9.2f %9.2f %9.1f%% %9.1f%% %9.1f%% %12s %12s %11s %11s\n", r, f, b, w, 100 * measured,
+                100 * simulated, 100 * theory, format_bytes(t[4]).c_str(), format_bytes(t[5]).c_str(),
+                format_bytes(t[3]).c_str(), format_bytes(t[6]).c_str());
+    run_.write_record(JsonObject()
+                          .add("type", "pipeline_stage")
+                          .add("stage", r)
+                          .add("forward_ms", f)
+                          .add("backward_ms", b)
+                          .add("weight_ms", w)
+                          .add("step_ms", double(t[0]))
+                          .add("waiting_ms", double(t[1]))
+                          .add("measured_bubble", measured)
+                          .add("simulated_bubble", simulated)
+                          .add("theory_bubble", theory)
+                          .add("measured_activations_bytes", double(t[4]))
+                          .add("theory_activations_bytes", double(t[5]))
+                          .add("measured_p2p_bytes", double(t[3]))
+                          .add("theory_p2p_bytes", double(t[6])));
+  }
+  std::printf("  bubble = idle / step time, idle = the step minus this stage's F, B and W passes; the theory: %s;\n"
+              "  simulated: the schedule run with each stage's measured pass times (%s, mean over stages %.1f%% "
+              "against %.1f%% measured)\n",
+              theory_bubble_formula(schedule_).c_str(), sim.deadlock.empty() ? "no p2p time" : sim.deadlock.c_str(),
+              100 * simulated_mean, 100 * measured_mean);
+  std::fflush(stdout);
+  run_.write_record(JsonObject()
+                        .add("type", "pipeline")
+                        .add("schedule", schedule_name(schedule_))
+                        .add("p", p)
+                        .add("m", m)
+                        .add("v", v)
+                        .add("theory_formula", theory_bubble_formula(schedule_))
+                        .add("theory_bubble", theory)
+                        .add("simulated_bubble", simulated_mean)
+                        .add("measured_bubble", measured_mean)
+                        .add("simulated_step_ms", sim.makespan));
+  for (const SimulatedAction& a : sim.actions) {
+    if (a.end <= a.start) continue;  // sends and receive posts take no time
+    run_.write_record(JsonObject()
+                          .add("type", "simulated_action")
+                          .add("stage", a.rank)
+                          .add("op", op_name(a.action.op))
+                          .add("micro", a.action.micro)
+                          .add("chunk", a.action.chunk)
+                          .add("start_ms", a.start)
+                          .add("end_ms", a.end));
+  }
+}

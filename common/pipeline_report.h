@@ -1,0 +1,40 @@
+// pipeline_report.h: what chapter 08 prints next to theory: the partition of the blocks over the
+// stages, and, at the end of the run, per rank, the bubble (measured, simulated with the measured
+// times, and by the schedule's formula), the activations held against the schedule's count of
+// micro-batches in flight, and the point-to-point bytes against their formula. Defines
+// print_partition() and PipelineReport.
+#pragma once
+#include <vector>
+
+#include "pipeline.h"
+#include "pipeline_schedule.h"
+#include "process_grid.h"
+#include "training_run.h"
+
+// Root prints one line per virtual stage: its rank and chunk, its units, parameters and share of the
+// forward FLOPs (the embedding's lookup costs nothing, the LM head over V costs blocks' worth).
+void print_partition(const TrainingRun& run, const GPT2Config& cfg, const std::vector<int>& blocks, int stages);
+
+class PipelineReport {
+ public:
+  // parts: this rank's model parts, as its chunks run them (with their slots).
+  PipelineReport(TrainingRun& run, const ProcessGrid& grid, const PipelineShape& shape, Schedule schedule,
+                 std::vector<ModelPart> parts);
+  // After each step's pipeline: its times (step 0, the warm-up, is left out) and point-to-point bytes.
+  void add_step(int step, const PipelineExecutor::Times& times);
+  // Collective: every rank's averages to root, which prints the table and writes JSON records
+  // ("pipeline", and "pipeline_simulation" with the simulated step's actions, for the diagram).
+  void finish();
+
+ private:
+  TrainingRun& run_;
+  Communicator& world_;
+  Communicator& pipeline_;
+  PipelineShape shape_;
+  Schedule schedule_;
+  std::vector<ModelPart> parts_;
+  int steps_ = 0;
+  std::vector<double> forward_, backward_, weight_;  // per chunk, summed over the measured steps
+  double waiting_ = 0, step_ = 0, p2p_bytes_ = 0;
+  CommStats pipeline_before_;
+};
