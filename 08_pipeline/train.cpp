@@ -62,7 +62,7 @@ struct Options {
   std::string schedule = "1f1b";
   int virtual_stages = 0;  // 0: 2 for interleaved, else 1
   std::string partition;   // blocks per virtual stage, "3,3,3,3"; empty: balanced by FLOPs
-  bool zero1 = false;
+  bool zero1 = false, zero2 = false;
   double bucket_mb = 0;
 };
 
@@ -96,6 +96,10 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
     config_error("--pp " + std::to_string(p) + " x --virtual-stages " + std::to_string(v) + " = " +
                  std::to_string(p * v) + " virtual stages, but --preset " + cfg.preset + " has " +
                  std::to_string(model_cfg.L) + " blocks: every stage needs one (try --preset deep or tall)");
+  if (opt.zero1 && opt.zero2) config_error("--zero1 and --zero2: choose one");
+  if (opt.zero2 && (schedule == Schedule::Interleaved || schedule == Schedule::ZBH1))
+    config_error("--zero2 reduce-scatters each micro-batch's gradients as its backward ends: with --schedule " +
+                 opt.schedule + " a layer's gradients are not final there (use afab or 1f1b)");
   if (schedule == Schedule::Interleaved && m % p)
     config_error("--schedule interleaved sends micro-batches round the ranks in groups of --pp " + std::to_string(p) +
                  ": --micro-batches " + std::to_string(m) + " must be a multiple of it");
@@ -122,7 +126,10 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
     parts[c].split_backward = schedule == Schedule::ZBH1;
   }
 
-  TrainingRun run(grid, cfg, opt.zero1 ? Strategy::ZeRO1 : Strategy::DP, {}, PipelineParallelism{p, rank, parts});
+  // ZeRO-1's memory and plan under either flag: --zero2 keeps the full gradient buffer (it shows
+  // ZeRO-2's communication, not its memory).
+  const bool sharded = opt.zero1 || opt.zero2;
+  TrainingRun run(grid, cfg, sharded ? Strategy::ZeRO1 : Strategy::DP, {}, PipelineParallelism{p, rank, parts});
   const Device device = run.device();
   const DType dtype = run.dtype();
   const ParamLayout& layout = run.layout();  // this stage's units; the others' have size 0
@@ -133,10 +140,10 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
   Buffer grads(layout.padded_size, MemCategory::Grads, dtype, device);
   const double bucket_bytes =
       cfg.was_given("--bucket-mb") ? opt.bucket_mb * 1e6 : default_bucket_bytes(layout, dtype_size(dtype));
-  GradientBuckets buckets(layout, bucket_bytes, dtype_size(dtype), opt.zero1 ? BucketCut::AtLayers : BucketCut::AtTensors);
-  const ShardPlan plan = opt.zero1 ? GradientSync::zero1_plan(buckets, dp_group) : ShardPlan::unsharded(layout);
-  Buffer grad_shard(opt.zero1 ? plan.size() : 0, MemCategory::CommBuffers, dtype, device);
-  GradientSync data_parallel(dp_group, buckets, grads.view(), opt.zero1 ? &plan : nullptr, grad_shard.view());
+  GradientBuckets buckets(layout, bucket_bytes, dtype_size(dtype), sharded ? BucketCut::AtLayers : BucketCut::AtTensors);
+  const ShardPlan plan = sharded ? GradientSync::zero1_plan(buckets, dp_group) : ShardPlan::unsharded(layout);
+  Buffer grad_shard(sharded ? plan.size() : 0, MemCategory::CommBuffers, dtype, device);
+  GradientSync data_parallel(dp_group, buckets, grads.view(), sharded ? &plan : nullptr, grad_shard.view());
   AdamW optimizer(layout, plan, cfg.weight_decay, device, dtype);
   std::vector<std::unique_ptr<GPT2>> models;  // one per chunk, over the same flat buffers
   std::vector<GPT2*> chunks;
@@ -158,11 +165,27 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
   Communicator* embedding = grid.embedding();
   bool last_micro_batch = false;
   CommHandle wte_sum;
-  pipeline.before_compute = [&](const Action& a) { last_micro_batch = a.micro == m - 1; };
+  // --zero2: each micro-batch's gradients are reduce-scattered as they are made (05's rule), wte's
+  // bucket excepted (summed over the stages first, it goes once, at the end); a backward waits for
+  // the previous micro-batch's reduce-scatters before it writes into their buckets again.
+  if (opt.zero2) {
+    data_parallel.set_every_micro_batch(embedding && layout.params[wte].held() ? wte : -1);
+    const double ring = double(dp_group.size() - 1) / dp_group.size(), w = double(dtype_size(dtype));
+    const double all = double(layout.padded_size);
+    const double deferred = embedding && layout.params[wte].held()
+                                ? double(buckets.size(buckets.bucket_of(wte))) : 0;
+    run.set_dp_comm_theory(ring * w * (m * (all - deferred) + deferred + all),
+                           "m reduce-scatters (wte's bucket: 1) + all-gather: (N-1)/N x w(m(Ψ-E) + E + Ψ)");
+  }
+  pipeline.before_compute = [&](const Action& a) {
+    last_micro_batch = a.micro == m - 1;
+    if (opt.zero2 && a.op == Op::B) data_parallel.micro_batch_done();
+  };
   for (GPT2* chunk : chunks) {
     chunk->hooks.grad_ready = [&](int param) {
-      if (!last_micro_batch) return;  // no_sync
+      if (!last_micro_batch && !opt.zero2) return;  // no_sync (unless ZeRO-2's rule)
       if (param == wte && embedding) {
+        if (!last_micro_batch) return;
         wte_sum = embedding->all_reduce_async(grads.view().slice1d(layout.params[wte].offset, layout.params[wte].size),
                                               ReduceOp::Sum);
         return;
@@ -174,6 +197,7 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
   for (int step = start; step < cfg.steps; step++) {
     run.begin_step(step);
     fill_zero(grads.view());
+    if (opt.zero2) fill_zero(grad_shard.view());  // the micro-batches' pieces add up in it
     const float loss = pipeline.run([&](int micro) { return run.micro_batch(step, micro); });
     if (wte_sum.valid()) {
       wte_sum.wait();
@@ -184,22 +208,22 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
 
     // The global norm: every stage's own gradients, wte counted once (on the first stage); summed
     // over the pipeline (and over DP, whose ranks hold different pieces under ZeRO-1).
-    const Tensor my_grads = opt.zero1 ? grad_shard.view() : grads.view();
+    const Tensor my_grads = sharded ? grad_shard.view() : grads.view();
     const bool second_wte = rank != 0 && layout.params[wte].held();
     const double squares = gradient_squares(layout, plan, my_grads, [&](const ParamInfo& info) {
       return !(second_wte && info.name == "wte");
     });
-    Communicator& holders = opt.zero1 ? grid.world() : grid.pp();
+    Communicator& holders = sharded ? grid.world() : grid.pp();
     const double norm = std::sqrt(holders.all_reduce_scalar(squares, ReduceOp::Sum));
     optimizer.update(params.view(), my_grads, step + 1, run.lr(step), clip_factor(norm, cfg.grad_clip));
-    if (opt.zero1) data_parallel.gather_parameters(params.view());
+    if (sharded) data_parallel.gather_parameters(params.view());
 
     report.add_step(step, pipeline.times());
     run.end_step(step, loss, norm);
     if (run.checkpoint_due(step)) run.save_checkpoint(step + 1, params, optimizer);
     if (run.stopping()) break;
   }
-  report.finish();
+  report.finish(tied_copies_equal(embedding, params.view(), layout));
   return run.finish();
 }
 
@@ -214,6 +238,8 @@ int main(int argc, char** argv) {
   flags.add("--virtual-stages", &opt.virtual_stages, "model chunks per rank, interleaved only (default 2)");
   flags.add("--partition", &opt.partition, "blocks per virtual stage, e.g. 3,3,3,3 (default: balanced by FLOPs)");
   flags.add_switch("--zero1", &opt.zero1, "shard the optimizer state over each stage's data-parallel group (04)");
+  flags.add_switch("--zero2", &opt.zero2, "ZeRO-2's rule: reduce-scatter every micro-batch's gradients (05), to "
+                                          "measure what that costs a pipeline (afab, 1f1b)");
   flags.add("--bucket-mb", &opt.bucket_mb, "data-parallel bucket size in MB (default: an eighth of the gradient)");
   if (!parse_train_flags(argc, argv, "08_pipeline", "Chapter 08: pipeline parallelism, four schedules.", flags, &cfg)) {
     shutdown_mpi(std::move(comm));

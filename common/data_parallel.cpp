@@ -2,6 +2,7 @@
 #include "data_parallel.h"
 
 #include "check.h"
+#include "ops.h"
 
 GradientSync::GradientSync(Communicator& group, const GradientBuckets& buckets, Tensor grads, const ShardPlan* zero1,
                            Tensor grad_shard)
@@ -14,8 +15,15 @@ ShardPlan GradientSync::zero1_plan(const GradientBuckets& buckets, const Communi
 }
 
 void GradientSync::gradient_ready(int param) {
+  if (every_micro_batch_ && buckets_.bucket_of(param) == deferred_bucket_) return;  // see finish()
   const int b = buckets_.mark_ready(param);
   if (b >= 0) bucket_ready(b);
+}
+
+void GradientSync::set_every_micro_batch(int deferred_param) {
+  ENSURE(zero1_, "ZeRO-2's rule needs a shard plan");
+  every_micro_batch_ = true;
+  deferred_bucket_ = deferred_param >= 0 ? buckets_.bucket_of(deferred_param) : -1;
 }
 
 void GradientSync::bucket_ready(int b) {
@@ -25,12 +33,35 @@ void GradientSync::bucket_ready(int b) {
     return;
   }
   const int i = zero1_->range_index(buckets_.begin(b));
-  in_flight_.push_back(group_.reduce_scatter_async(bucket, zero1_->piece_of_shard(grad_shard_, i), ReduceOp::Avg));
+  Tensor piece = zero1_->piece_of_shard(grad_shard_, i);
+  if (every_micro_batch_) {  // received apart, added into the shard by absorb()
+    pieces_.push_back({b, Buffer(piece.numel(), MemCategory::CommBuffers, piece.dtype, piece.device)});
+    piece = pieces_.back().piece.view();
+  }
+  in_flight_.push_back(group_.reduce_scatter_async(bucket, piece, ReduceOp::Avg));
+}
+
+void GradientSync::absorb() {
+  for (CommHandle& handle : in_flight_) handle.wait();
+  in_flight_.clear();
+  for (Piece& p : pieces_) {
+    const int i = zero1_->range_index(buckets_.begin(p.bucket));
+    add_inplace(zero1_->piece_of_shard(grad_shard_, i), p.piece.view());
+  }
+}
+
+void GradientSync::micro_batch_done() {
+  ENSURE(every_micro_batch_ && zero1_, "micro_batch_done: only under ZeRO-2's rule");
+  absorb();
+  for (Piece& p : pieces_) fill_zero(grads_.slice1d(buckets_.begin(p.bucket), buckets_.size(p.bucket)));
+  pieces_.clear();
+  buckets_.reset();
 }
 
 void GradientSync::finish() {
-  for (CommHandle& handle : in_flight_) handle.wait();
-  in_flight_.clear();
+  if (every_micro_batch_ && deferred_bucket_ >= 0) bucket_ready(deferred_bucket_);
+  absorb();
+  pieces_.clear();
   buckets_.reset();
 }
 

@@ -8,11 +8,16 @@
 // is reduce-scattered into this rank's gradient shard, and gather_parameters() all-gathers the
 // updated pieces after the optimizer. Buckets then hold whole layers (BucketCut::AtLayers), whose
 // ranges are the plan's.
+// ZeRO-2's rule, every_micro_batch (08's --zero2 demonstration): a sharded gradient cannot wait for
+// the last micro-batch, so each micro-batch's buckets are reduce-scattered as they complete, each
+// piece added into the shard, and the bucket zeroed for the next micro-batch's backward.
 #pragma once
+#include <utility>
 #include <vector>
 
 #include "buckets.h"
 #include "comm.h"
+#include "memory.h"
 #include "shards.h"
 
 class GradientSync {
@@ -32,6 +37,15 @@ class GradientSync {
   // Waits for every bucket (after the last backward); the gradients are then averaged (or, under
   // ZeRO-1, this rank's pieces are, in grad_shard).
   void finish();
+
+  // ZeRO-2's rule (ZeRO-1's plan): gradient_ready is called on every micro-batch, and each bucket
+  // reduce-scattered then; the caller zeroes grad_shard at the start of each step, and calls
+  // micro_batch_done() before a micro-batch's backward writes into the buckets: it waits for the
+  // reduce-scatters in flight, adds their pieces into the shard, and zeroes those buckets. The
+  // bucket of `deferred_param` (a tied embedding, summed over stages first; -1: none) keeps
+  // accumulating over the micro-batches and is reduce-scattered once, by finish().
+  void set_every_micro_batch(int deferred_param = -1);
+  void micro_batch_done();
   // ZeRO-1: every rank gathers everyone's updated pieces of `params` (the full flat buffer), bucket
   // by bucket, in place.
   void gather_parameters(Tensor params);
@@ -45,4 +59,12 @@ class GradientSync {
   const ShardPlan* zero1_;
   Tensor grad_shard_;
   std::vector<CommHandle> in_flight_;
+  bool every_micro_batch_ = false;
+  int deferred_bucket_ = -1;
+  struct Piece {  // every_micro_batch: a bucket's piece being received, added into the shard later
+    int bucket;
+    Buffer piece;
+  };
+  std::vector<Piece> pieces_;
+  void absorb();  // waits for the pieces and adds them into the shard
 };

@@ -2,6 +2,7 @@
 #include "pipeline.h"
 
 #include <algorithm>
+#include <cstring>
 #include <limits>
 
 #include "check.h"
@@ -56,6 +57,17 @@ std::vector<ModelPart> parts_of_rank(const GPT2Config& cfg, const std::vector<in
     parts.push_back(part);
   }
   return parts;
+}
+
+bool tied_copies_equal(Communicator* embedding, Tensor params, const ParamLayout& layout) {
+  if (!embedding) return true;
+  const ParamInfo& wte = layout.params[layout.find("wte")];
+  Buffer both(2 * wte.size, MemCategory::Other, params.dtype, Device::CPU);
+  Tensor mine = both.view().slice1d(embedding->rank() * wte.size, wte.size);
+  transfer(mine, params.slice1d(wte.offset, wte.size));
+  embedding->all_gather(mine, both.view());
+  const size_t bytes = size_t(wte.size) * dtype_size(params.dtype);
+  return std::memcmp(both.data(), static_cast<char*>(both.data()) + bytes, bytes) == 0;
 }
 
 PipelineExecutor::PipelineExecutor(Communicator& pipeline, std::vector<GPT2*> chunks, const PipelineShape& shape,

@@ -38,6 +38,10 @@ std::vector<int> balanced_partition(const GPT2Config& cfg, int virtual_stages);
 // This rank's model parts (chunk c: virtual stage c x p + rank) for a partition of blocks.
 std::vector<ModelPart> parts_of_rank(const GPT2Config& cfg, const std::vector<int>& blocks, int stages, int rank);
 
+// Collective over `embedding` (the first and last stage, process_grid.h; null elsewhere): whether
+// the two copies of the tied wte in `params` are equal, bit for bit. True where there is no group.
+bool tied_copies_equal(Communicator* embedding, Tensor params, const ParamLayout& layout);
+
 class PipelineExecutor {
  public:
   // chunks[c]: this rank's model chunk c (virtual stage c x p + rank), built for its ModelPart with

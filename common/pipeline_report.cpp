@@ -75,7 +75,7 @@ void PipelineReport::add_step(int step, const PipelineExecutor::Times& t) {
   p2p_bytes_ += double(d.kind[int(CollectiveKind::SendRecv)].sent_bytes);
 }
 
-void PipelineReport::finish() {
+void PipelineReport::finish(bool wte_copies_equal) {
   const int p = shape_.stages, v = shape_.chunks, m = shape_.micro_batches, rank = pipeline_.rank();
   const GPT2Config& cfg = run_.model_config();
   const int n = std::max(steps_, 1);
@@ -166,7 +166,11 @@ void PipelineReport::finish() {
                         .add("theory_bubble", theory)
                         .add("simulated_bubble", simulated_mean)
                         .add("measured_bubble", measured_mean)
-                        .add("simulated_step_ms", sim.makespan));
+                        .add("simulated_step_ms", sim.makespan)
+                        .add("wte_copies_equal", wte_copies_equal));
+  if (p > 1)
+    std::printf("  the tied wte's two copies (first and last stage) after the run: %s\n",
+                wte_copies_equal ? "equal, bit for bit" : "DIFFERENT (their gradients were not summed alike)");
   for (const SimulatedAction& a : sim.actions) {
     if (a.end <= a.start) continue;  // sends and receive posts take no time
     run_.write_record(JsonObject()

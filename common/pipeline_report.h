@@ -23,8 +23,9 @@ class PipelineReport {
   // After each step's pipeline: its times (step 0, the warm-up, is left out) and point-to-point bytes.
   void add_step(int step, const PipelineExecutor::Times& times);
   // Collective: every rank's averages to root, which prints the table and writes JSON records
-  // ("pipeline", and "pipeline_simulation" with the simulated step's actions, for the diagram).
-  void finish();
+  // ("pipeline", "pipeline_stage" per stage, and "simulated_action" per action of the simulated
+  // step, for the diagram). `wte_copies_equal`: root's pipeline's two copies of wte, compared.
+  void finish(bool wte_copies_equal);
 
  private:
   TrainingRun& run_;

@@ -511,8 +511,12 @@ void TrainingRun::end_step(int step, float local_loss, double grad_norm) {
   }
   if (groups_.size() == 1) dp_step = step_comm;  // the world is the data-parallel group
   // A pipeline stage waiting for a receive has nothing to compute: that is its bubble (08 measures
-  // and prints it), not communication the step could have hidden.
-  const double pipeline_waits = step_comm.kind[int(CollectiveKind::SendRecv)].exposed_ms;
+  // and prints it), not communication the step could have hidden; and its receives, posted at the
+  // start of the step, are "in flight" until their data comes. The pipeline group's time is left
+  // out of exposed and total communication (its bytes stay in).
+  double pipeline_waits = 0, comm_ms = step_comm.in_flight_ms;
+  for (const auto& [name, d] : by_group)
+    if (name == "pp") pipeline_waits = d.exposed_ms, comm_ms -= d.in_flight_ms;
   const double exposed_ms = step_comm.exposed_ms - pipeline_waits;
   const MemoryStats& mem = memory_stats();
   // Every rank of a tensor-parallel group has the same loss, and only a pipeline's last stage has one:
@@ -541,7 +545,7 @@ void TrainingRun::end_step(int step, float local_loss, double grad_norm) {
     totals_.steps++;
     totals_.step_ms += step_ms;
     totals_.exposed_ms += exposed_ms;
-    totals_.comm_ms += step_comm.in_flight_ms;
+    totals_.comm_ms += comm_ms;
     totals_.tokens_per_s += tokens_per_s;
     totals_.collectives += double(training_calls(step_comm));
     totals_.comm_bytes += double(training_sent_bytes(step_comm));
@@ -563,7 +567,7 @@ void TrainingRun::end_step(int step, float local_loss, double grad_norm) {
       .add("tokens_per_s", tokens_per_s)
       .add("exposed_comm_ms", exposed_ms)
       .add("pipeline_waits_ms", pipeline_waits)
-      .add("comm_ms", step_comm.in_flight_ms)
+      .add("comm_ms", comm_ms)
       .add("comm_bytes", training_sent_bytes(step_comm))
       .add("comm_received_bytes", step_comm.total_received_bytes() - step_comm.kind[int(CollectiveKind::Scalar)].received_bytes)
       .add("collectives", training_calls(step_comm))
@@ -605,7 +609,8 @@ void TrainingRun::end_step(int step, float local_loss, double grad_norm) {
 
 void TrainingRun::report_vs_theory(const CommStats& step_comm, const CommStats* dp_step, const CommStats* tp_step) {
   reported_theory_ = true;
-  const Prediction p = predict(strategy_, layout_, cfg_.grad_accum, dtype_);
+  Prediction p = predict(strategy_, layout_, cfg_.grad_accum, dtype_);
+  if (dp_comm_theory_ >= 0) p.comm_bytes = dp_comm_theory_, p.comm_formula = dp_comm_formula_;
   const MemoryStats& mem = memory_stats();
   const double padding = double(dtype_size(dtype_)) * double(layout_.padded_size - layout_.num_params);
   auto row = [](const char* what, double measured, double theory) {

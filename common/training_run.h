@@ -61,6 +61,12 @@ class TrainingRun {
   bool holds_loss() const { return pp_.rank == pp_.size - 1; }
   // Root only (else nothing): one more JSON record (a chapter's own measurements, 08's bubble).
   void write_record(const JsonObject& record) { if (is_root()) json_.write(record); }
+  // Replaces the strategy's data-parallel bytes per step in the theory table, for a chapter that
+  // communicates otherwise (08's --zero2: ZeRO-1's memory, ZeRO-2's reduce-scatter every micro-batch).
+  void set_dp_comm_theory(double bytes, const std::string& formula) {
+    dp_comm_theory_ = bytes;
+    dp_comm_formula_ = formula;
+  }
   int micro_batch_size() const { return micro_B_; }  // B / (data-parallel ranks x grad_accum)
   const TensorParallelism& tensor_parallelism() const { return tp_; }
   Device device() const { return device_; }
@@ -163,6 +169,8 @@ class TrainingRun {
     float last_loss = 0;
   } totals_;
   bool reported_theory_ = false;
+  double dp_comm_theory_ = -1;  // set_dp_comm_theory, or -1: the strategy's
+  std::string dp_comm_formula_;
   Stop stop_ = Stop::No;
   int last_step_ = -1;
 };

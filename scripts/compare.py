@@ -36,7 +36,7 @@ def load_runs(folder):
                 kind = record.get("type")
                 if kind == "step":
                     run["steps"].append(record)
-                elif kind in ("run", "summary", "theory"):
+                elif kind in ("run", "summary", "theory", "pipeline"):
                     run[kind] = record
         if "summary" in run and "run" in run:
             runs.append(run)
@@ -168,6 +168,16 @@ def describe(runs):
                      "exposed %s; %s." % (act["07+SP"], act["07"], act["03"],
                                            s("07+SP")["comm_bytes_per_step"] / s("07")["comm_bytes_per_step"],
                                            comm("07+SP"), faster("07+SP", "07")))
+    if "08" in at and "03" in at and "pipeline" in at["08"]:
+        pipe = at["08"]["pipeline"]
+        lines.append("08  pipeline of %d stages (%s, %d micro-batches): model state %.1f MB and activations %.1f MB per "
+                     "rank instead of %.1f and %.1f (03); %.2f MB sent per step instead of %.2f, point to point; but "
+                     "each stage idles %.0f%% of the step (the bubble; theory %.0f%%, simulated %.0f%%): %s." % (
+                         pipe["p"], pipe["schedule"], pipe["m"], mb(model_state(at["08"])),
+                         mb(peak_over_steps(at["08"], "mem_activations")), mb(model_state(at["03"])),
+                         mb(peak_over_steps(at["03"], "mem_activations")), mb(s("08")["comm_bytes_per_step"]),
+                         mb(s("03")["comm_bytes_per_step"]), 100 * pipe["measured_bubble"],
+                         100 * pipe["theory_bubble"], 100 * pipe["simulated_bubble"], faster("08", "03")))
     for line in lines:
         print("  " + line)
 
