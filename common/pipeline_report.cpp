@@ -81,7 +81,7 @@ void PipelineReport::finish(bool wte_copies_equal) {
   const int n = std::max(steps_, 1);
   // This rank's averages: per chunk F, B, W ms; then the step, the waiting, the compute, p2p bytes,
   // activations measured and by the formula, and p2p bytes by the formula.
-  const int fields = 3 * v + 7;
+  const int fields = 3 * v + 8;
   std::vector<float> mine(fields, 0.0f), all(size_t(fields) * world_.size());
   double compute = 0;
   for (int c = 0; c < v; c++) {
@@ -90,8 +90,12 @@ void PipelineReport::finish(bool wte_copies_equal) {
   }
   double act_theory = 0, p2p_theory = 0;
   const double message = double(run_.micro_batch_size()) * cfg.T * cfg.C * dtype_size(run_.dtype());
+  int in_flight = 0;  // micro-batches held at once by the schedule's formula, summed over the chunks
   for (int c = 0; c < v; c++) {
-    act_theory += activation_bytes(cfg, run_.micro_batch_size(), run_.dtype(), run_.flash_attention(), {}, parts_[c]);
+    ModelPart by_theory = parts_[c];  // (its slots are the list's count: the formula's must agree)
+    by_theory.slots = theory_in_flight(schedule_, shape_, rank, c);
+    in_flight += by_theory.slots;
+    act_theory += activation_bytes(cfg, run_.micro_batch_size(), run_.dtype(), run_.flash_attention(), {}, by_theory);
     const int s = virtual_stage(shape_, rank, c);
     p2p_theory += m * message * ((s < p * v - 1 ? 1 : 0) + (s > 0 ? 1 : 0));  // its output forward, input gradient back
   }
@@ -99,7 +103,7 @@ void PipelineReport::finish(bool wte_copies_equal) {
   tail[0] = float(step_ / n), tail[1] = float(waiting_ / n), tail[2] = float(compute);
   tail[3] = float(p2p_bytes_ / n);
   tail[4] = float(memory_stats().peak[int(MemCategory::Activations)]);
-  tail[5] = float(act_theory), tail[6] = float(p2p_theory);
+  tail[5] = float(act_theory), tail[6] = float(p2p_theory), tail[7] = float(in_flight);
   world_.all_gather(make_view(mine.data(), {fields}), make_view(all.data(), {int64_t(all.size())}));
   if (!run_.is_root() || steps_ == 0) return;
 
@@ -120,8 +124,8 @@ void PipelineReport::finish(bool wte_copies_equal) {
   const double theory = theory_bubble(schedule_, shape_, F, Bk, W);
   std::printf("pipeline, %s schedule, p %d, m %d%s, averaged over %d measured steps (docs/theory.md, section 10):\n",
               schedule_name(schedule_), p, m, v > 1 ? (", v " + std::to_string(v)).c_str() : "", steps_);
-  std::printf("  %-5s %9s %9s %9s %10s %10s %10s %12s %12s %11s %11s\n", "stage", "F ms", "B ms", "W ms", "bubble",
-              "simulated", "theory", "activations", "formula", "p2p bytes", "formula");
+  std::printf("  %-5s %8s %8s %8s %9s %10s %9s %12s %16s %10s %10s\n", "stage", "F ms", "B ms", "W ms", "bubble",
+              "simulated", "theory", "activations", "formula (held)", "p2p bytes", "formula");
   double measured_mean = 0, simulated_mean = 0;
   for (int r = 0; r < p; r++) {
     const float* x = row(r);
@@ -131,9 +135,9 @@ void PipelineReport::finish(bool wte_copies_equal) {
     const double measured = t[0] > 0 ? 1.0 - t[2] / t[0] : 0;
     const double simulated = sim.makespan > 0 ? sim.idle[r] / sim.makespan : 0;
     measured_mean += measured / p, simulated_mean += simulated / p;
-    std::printf("  %-5d %9.2f %9.2f %9.2f %9.1f%% %9.1f%% %9.1f%% %12s %12s %11s %11s\n", r, f, b, w, 100 * measured,
-                100 * simulated, 100 * theory, format_bytes(t[4]).c_str(), format_bytes(t[5]).c_str(),
-                format_bytes(t[3]).c_str(), format_bytes(t[6]).c_str());
+    std::printf("  %-5d %8.2f %8.2f %8.2f %8.1f%% %9.1f%% %8.1f%% %12s %11s (%2.0f) %10s %10s\n", r, f, b, w,
+                100 * measured, 100 * simulated, 100 * theory, format_bytes(t[4]).c_str(), format_bytes(t[5]).c_str(),
+                double(t[7]), format_bytes(t[3]).c_str(), format_bytes(t[6]).c_str());
     run_.write_record(JsonObject()
                           .add("type", "pipeline_stage")
                           .add("stage", r)
@@ -147,6 +151,7 @@ void PipelineReport::finish(bool wte_copies_equal) {
                           .add("theory_bubble", theory)
                           .add("measured_activations_bytes", double(t[4]))
                           .add("theory_activations_bytes", double(t[5]))
+                          .add("theory_micro_batches_held", double(t[7]))
                           .add("measured_p2p_bytes", double(t[3]))
                           .add("theory_p2p_bytes", double(t[6])));
   }
