@@ -7,6 +7,8 @@
 #   make bench-comm       collective benchmark, nccl-tests style: RANKS=2, LINK="--link-gbps 1 --link-latency-us 50"
 #   make bench-tp         07 (TP 2, + sequence parallelism, + overlap) next to 03 on three links, one table:
 #                         RANKS=2 PRESET=small STEPS=20
+#   make schedules        08's four pipeline schedules, measured next to ideal: results/schedules.png
+#                         PP=4 M=8 PRESET=deep STEPS=10
 #   make bench-torch      chapter 01 next to PyTorch eager, same model, batch, device and dtype (needs torch):
 #                         ARGS="--preset gpt2 --device cuda --dtype bf16 --steps 30"
 #   make diffs            writes docs/diffs/: each chapter's train.cpp against the previous one
@@ -45,7 +47,7 @@ GoogleTest=$(or $(HAVE_GTEST),MISSING) matplotlib=$(or $(HAVE_MATPLOTLIB),MISSIN
 $(info building chapters: $(CHAPTERS))
 endif
 
-.PHONY: all deps test tests compare bench bench-comm bench-tp bench-torch diffs clean $(CHAPTERS)
+.PHONY: all deps test tests compare bench bench-comm bench-tp schedules bench-torch diffs clean $(CHAPTERS)
 all: $(CHAPTERS)
 
 $(CHAPTERS): %: %/train
@@ -104,6 +106,12 @@ bench:
 
 bench-tp: all
 	@scripts/bench_tp.sh
+
+# Chapter 08's pipeline diagram: afab, 1f1b, interleaved and zb-h1, each measured and simulated.
+schedules:
+	@scripts/ensure_deps.sh
+	@$(MAKE) --no-print-directory 08_pipeline
+	@scripts/schedules.sh
 
 # The collective benchmark links libcommon.a like a chapter; LINK passes emulated-link flags through.
 RANKS ?= 2
