@@ -9,6 +9,9 @@
 #                         RANKS=2 PRESET=small STEPS=20
 #   make bench-pp         08's four schedules at m = 2, 4, 8, 16: bubble measured, simulated, theory:
 #                         RANKS=2 PRESET=small
+
+#   make schedules        08's four pipeline schedules, measured next to ideal: results/schedules.png
+#                         PP=4 M=8 PRESET=deep STEPS=10
 #   make bench-torch      chapter 01 next to PyTorch eager, same model, batch, device and dtype (needs torch):
 #                         ARGS="--preset gpt2 --device cuda --dtype bf16 --steps 30"
 #   make diffs            writes docs/diffs/: each chapter's train.cpp against the previous one
@@ -47,7 +50,7 @@ GoogleTest=$(or $(HAVE_GTEST),MISSING) matplotlib=$(or $(HAVE_MATPLOTLIB),MISSIN
 $(info building chapters: $(CHAPTERS))
 endif
 
-.PHONY: all deps test tests compare bench bench-comm bench-tp bench-pp bench-torch diffs clean $(CHAPTERS)
+.PHONY: all deps test tests compare bench bench-comm bench-tp bench-pp schedules bench-torch diffs clean $(CHAPTERS)
 all: $(CHAPTERS)
 
 $(CHAPTERS): %: %/train
@@ -109,6 +112,12 @@ bench-tp: all
 
 bench-pp: all
 	@scripts/bench_pp.sh
+
+# Chapter 08's pipeline diagram: afab, 1f1b, interleaved and zb-h1, each measured and simulated.
+schedules:
+	@scripts/ensure_deps.sh
+	@$(MAKE) --no-print-directory 08_pipeline
+	@scripts/schedules.sh
 
 # The collective benchmark links libcommon.a like a chapter; LINK passes emulated-link flags through.
 RANKS ?= 2

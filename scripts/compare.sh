@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # compare.sh: the main job (make compare). Trains every chapter that exists on one rank and on two,
 # on settings where each chapter's effect is real, then prints one table side by side and writes
-# plots (scripts/compare.py) and a timeline of one step per chapter (scripts/plot_timeline.py).
+# plots (scripts/compare.py), a timeline of one step per chapter (scripts/plot_timeline.py) and, where
+# chapter 08 ran, its pipeline diagram, measured next to ideal (scripts/plot_pipeline.py).
 # Results land in results/: one JSON-lines file, log and trace per run, the table (compare.txt), PNGs.
 #
 # The defaults, and why:
@@ -59,4 +60,10 @@ traces=$(ls results/*_n"$largest".trace.json 2>/dev/null | sort || true)
 if [ -n "$traces" ] && [ "$largest" -gt 1 ]; then
   # shellcheck disable=SC2086
   python3 scripts/plot_timeline.py --out results/timeline.png $traces
+fi
+# Chapter 08's run at the largest rank count, as the classic pipeline diagram: measured and ideal.
+pipeline=results/08_pipeline_n"$largest"
+rm -f results/pipeline.png
+if [ "$largest" -gt 1 ] && [ -f "$pipeline.trace.json" ] && [ -f "$pipeline.jsonl" ]; then
+  python3 scripts/plot_pipeline.py --out results/pipeline.png "$pipeline"
 fi
