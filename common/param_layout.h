@@ -76,6 +76,9 @@ struct ModelPart {
 struct PipelineParallelism {
   int size = 1, rank = 0;
   std::vector<ModelPart> parts;
+  // 08's --zero2: ZeRO-1's memory, but every micro-batch's gradients reduce-scattered, their pieces
+  // received apart from the shard they are added into (one more shard's worth in flight).
+  bool reduce_every_micro_batch = false;
 };
 
 struct ParamLayout {

@@ -59,20 +59,29 @@ void print_partition(const TrainingRun& run, const GPT2Config& cfg, const std::v
 PipelineReport::PipelineReport(TrainingRun& run, const ProcessGrid& grid, const PipelineShape& shape,
                                Schedule schedule, std::vector<ModelPart> parts)
     : run_(run), world_(grid.world()), pipeline_(grid.pp()), shape_(shape), schedule_(schedule),
-      parts_(std::move(parts)), forward_(shape.chunks, 0), backward_(shape.chunks, 0), weight_(shape.chunks, 0) {
+      parts_(std::move(parts)), forward_(shape.chunks, 0), backward_(shape.chunks, 0), weight_(shape.chunks, 0),
+      embedding_(grid.embedding()) {
   pipeline_before_ = pipeline_.stats();
+  if (embedding_) embedding_before_ = embedding_->stats();
 }
 
 void PipelineReport::add_step(int step, const PipelineExecutor::Times& t) {
   const CommStats now = pipeline_.stats();
   const CommStats d = now.since(pipeline_before_);
   pipeline_before_ = now;
+  CommStats embedding;
+  if (embedding_) {
+    const CommStats e = embedding_->stats();
+    embedding = e.since(embedding_before_);
+    embedding_before_ = e;
+  }
   if (step == 0) return;  // warm-up
   steps_++;
   for (int c = 0; c < shape_.chunks; c++) forward_[c] += t.forward[c], backward_[c] += t.backward[c], weight_[c] += t.weight[c];
   waiting_ += t.waiting;
   step_ += t.step;
   p2p_bytes_ += double(d.kind[int(CollectiveKind::SendRecv)].sent_bytes);
+  embedding_bytes_ += double(embedding.kind[int(CollectiveKind::AllReduce)].sent_bytes);
 }
 
 void PipelineReport::finish(bool wte_copies_equal) {
@@ -161,21 +170,35 @@ void PipelineReport::finish(bool wte_copies_equal) {
               theory_bubble_formula(schedule_).c_str(), sim.deadlock.empty() ? "no p2p time" : sim.deadlock.c_str(),
               100 * simulated_mean, 100 * measured_mean);
   std::fflush(stdout);
-  run_.write_record(JsonObject()
-                        .add("type", "pipeline")
-                        .add("schedule", schedule_name(schedule_))
-                        .add("p", p)
-                        .add("m", m)
-                        .add("v", v)
-                        .add("theory_formula", theory_bubble_formula(schedule_))
-                        .add("theory_bubble", theory)
-                        .add("simulated_bubble", simulated_mean)
-                        .add("measured_bubble", measured_mean)
-                        .add("simulated_step_ms", sim.makespan)
-                        .add("wte_copies_equal", wte_copies_equal));
-  if (p > 1)
+  JsonObject pipeline;
+  pipeline.add("type", "pipeline")
+      .add("schedule", schedule_name(schedule_))
+      .add("p", p)
+      .add("m", m)
+      .add("v", v)
+      .add("theory_formula", theory_bubble_formula(schedule_))
+      .add("theory_bubble", theory)
+      .add("simulated_bubble", simulated_mean)
+      .add("measured_bubble", measured_mean)
+      .add("simulated_step_ms", sim.makespan)
+      .add("wte_copies_equal", wte_copies_equal);
+  // Root is the first stage: a member of the embedding group whenever there is one. Its all-reduce
+  // of wte's gradient over the two stages: 2(2-1)/2 = 1 copy of wte sent per step.
+  const ParamInfo& wte = run_.layout().params[run_.layout().find("wte")];
+  const double embedding_measured = embedding_bytes_ / n;
+  const double embedding_theory =
+      embedding_ ? double(wire_bytes_for(CollectiveKind::AllReduce, wte.size * int64_t(dtype_size(run_.dtype())), 2)) : 0;
+  pipeline.add("measured_embedding_bytes", embedding_measured).add("theory_embedding_bytes", embedding_theory);
+  run_.write_record(pipeline);
+  if (p > 1) {
+    std::printf("  embedding group (stage 0 and stage %d sum wte's gradient): %s per step, theory "
+                "2(2-1)/2 x V C x %d bytes = %s\n",
+                p - 1, format_bytes(embedding_measured).c_str(), int(dtype_size(run_.dtype())),
+                format_bytes(embedding_theory).c_str());
     std::printf("  the tied wte's two copies (first and last stage) after the run: %s\n",
                 wte_copies_equal ? "equal, bit for bit" : "DIFFERENT (their gradients were not summed alike)");
+  }
+  std::fflush(stdout);
   for (const SimulatedAction& a : sim.actions) {
     if (a.end <= a.start) continue;  // sends and receive posts take no time
     run_.write_record(JsonObject()

@@ -122,7 +122,8 @@ double MemoryForecast::peak() const { return model_state + activations + data + 
 
 MemoryForecast forecast_memory(Strategy strategy, const ParamLayout& layout, const GPT2Config& cfg, int micro_B,
                                int micro_batches, DType dtype, Device device, bool flash, bool saves_or_resumes,
-                               double data_bytes, TensorParallelism tp, const std::vector<ModelPart>& parts) {
+                               double data_bytes, TensorParallelism tp, const PipelineParallelism& pp) {
+  const std::vector<ModelPart>& parts = pp.parts;
   const Prediction p = predict(strategy, layout, 1, dtype);
   const double w = double(dtype_size(dtype)), N = layout.ranks;
   // The buffers are padded (param_layout.h): the formula's Ψ is the padded length here.
@@ -145,7 +146,9 @@ MemoryForecast forecast_memory(Strategy strategy, const ParamLayout& layout, con
   const double layer_grads = (E + 2 * U) * (1 + 1 / N);
   switch (strategy) {
     case Strategy::DP: m.transient = 0; break;
-    case Strategy::ZeRO1: m.transient = w * double(layout.padded_size) / N; break;  // the gradient shard
+    case Strategy::ZeRO1:  // the gradient shard; under ZeRO-2's rule also each micro-batch's pieces
+      m.transient = w * double(layout.padded_size) / N * (pp.reduce_every_micro_batch ? 2 : 1);
+      break;
     case Strategy::ZeRO2: m.transient = w * layer_grads; break;
     case Strategy::ZeRO3: m.transient = w * (layer_grads + E + 2 * U + head); break;  // + gathered layers
   }

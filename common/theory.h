@@ -61,8 +61,8 @@ struct MemoryForecast {
   double data = 0;          // the training text, which every rank keeps
   double peak() const;      // model state + activations + data + the larger of transient and checkpoint
 };
-// micro_batches: those of a step (their token ids are kept); parts: a pipeline stage's model parts
+// micro_batches: those of a step (their token ids are kept); pp: a pipeline stage's model parts
 // (chapter 08), each with its own activation arena; none: the whole model.
 MemoryForecast forecast_memory(Strategy strategy, const ParamLayout& layout, const GPT2Config& cfg, int micro_B,
                                int micro_batches, DType dtype, Device device, bool flash, bool saves_or_resumes,
-                               double data_bytes, TensorParallelism tp = {}, const std::vector<ModelPart>& parts = {});
+                               double data_bytes, TensorParallelism tp = {}, const PipelineParallelism& pp = {});

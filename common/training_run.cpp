@@ -245,7 +245,11 @@ void TrainingRun::resolve_settings(const CheckpointHeader* resumed) {
                  divisors_text(cfg_.batch) + " ranks, with a --grad-accum that divides what each gets)");
   }
   const int suggestion = (cfg_.batch / per_step + 1) * per_step;
-  config_error("--batch " + std::to_string(cfg_.batch) + " is not divisible by ranks x grad-accum = " +
+  // A pipeline's micro-batches are its accumulation (08 takes them as --micro-batches); with other
+  // groups in the grid, only the data-parallel ranks split the batch.
+  const std::string ranks = &dp_ == &world_ ? "ranks" : "data-parallel ranks";
+  const std::string accumulation = pp_.parts.empty() ? "grad-accum" : "micro-batches";
+  config_error("--batch " + std::to_string(cfg_.batch) + " is not divisible by " + ranks + " x " + accumulation + " = " +
                std::to_string(N) + " x " + std::to_string(cfg_.grad_accum) + " = " + std::to_string(per_step) +
                "; try --batch " + std::to_string(suggestion));
 }
@@ -287,7 +291,7 @@ void TrainingRun::check_tensor_parallel() {
 // (they are alike) and checks its own memory; the first that cannot fit says why, and all stop.
 void TrainingRun::check_memory() {
   forecast_ = forecast_memory(strategy_, layout_, model_, micro_B_, cfg_.grad_accum, dtype_, device_, flash_,
-                              !cfg_.save.empty() || !cfg_.resume.empty(), double(data_.length()), tp_, pp_.parts);
+                              !cfg_.save.empty() || !cfg_.resume.empty(), double(data_.length()), tp_, pp_);
   std::string how;
   const double available = memory_per_rank(device_, ranks_on_this_node(), &how);
   const double peak = forecast_.peak();

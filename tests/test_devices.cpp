@@ -171,7 +171,7 @@ TEST_P(TwoRanksOnOneGpu, MatchOneRankInBf16WithTheoryMemory) {
 
 INSTANTIATE_TEST_SUITE_P(Chapters, TwoRanksOnOneGpu,
                          testing::Values("01_vanilla_dp", "02_overlap_dp", "03_bucket_dp", "04_zero1", "05_zero2",
-                                         "06_zero3", "07_tensor_parallel"),
+                                         "06_zero3", "07_tensor_parallel", "08_pipeline"),
                          [](const testing::TestParamInfo<std::string>& info) { return info.param.substr(0, 2); });
 
 // Tensor parallelism's own CUDA kernels (vocabulary-sliced embedding and cross-entropy, position

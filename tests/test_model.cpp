@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <functional>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -14,6 +15,7 @@
 #include "model.h"
 #include "ops.h"
 #include "param_layout.h"
+#include "pipeline.h"
 #include "theory.h"
 #include "test_util.h"
 
@@ -301,6 +303,56 @@ TEST(ModelPart, ActivationArenaIsTheFormula) {
     EXPECT_EQ(double(arena), activation_bytes(cfg, 2, DType::F32, false, {}, part))
         << "units " << part.first_unit << ".." << part.last_unit << ", " << part.slots << " slots";
   }
+}
+
+// The partition by cost is the best contiguous cut: no other assignment of blocks to stages (each at
+// least one) has a cheaper costliest stage, found here by trying them all. On GPT-2 124M the LM
+// head weighs 4.5 blocks, so equal block counts would leave the last stage the slowest: the cut gives
+// it fewer blocks than the first.
+TEST(Partition, BalancedByCostIsTheBestContiguousCut) {
+  auto costliest = [](const GPT2Config& cfg, const std::vector<int>& blocks) {
+    const std::vector<double> cost = unit_costs(cfg);
+    double worst = 0;
+    int unit = 1;
+    for (size_t s = 0; s < blocks.size(); s++) {
+      double stage = (s == 0 ? cost.front() : 0) + (s + 1 == blocks.size() ? cost.back() : 0);
+      for (int b = 0; b < blocks[s]; b++) stage += cost[unit++];
+      worst = std::max(worst, stage);
+    }
+    return worst;
+  };
+  GPT2Config gpt2, deep;
+  ASSERT_TRUE(find_preset("gpt2", &gpt2));
+  ASSERT_TRUE(find_preset("deep", &deep));
+  for (const GPT2Config& cfg : {gpt2, deep}) {
+    for (int S : {1, 2, 3, 4, 6}) {
+      SCOPED_TRACE(cfg.preset + ", " + std::to_string(S) + " stages");
+      const std::vector<int> blocks = balanced_partition(cfg, S);
+      ASSERT_EQ(int(blocks.size()), S);
+      int total = 0;
+      for (int b : blocks) {
+        total += b;
+        EXPECT_GE(b, 1);
+      }
+      EXPECT_EQ(total, cfg.L);
+      // Every composition of L into S positive parts.
+      double best = INFINITY;
+      std::vector<int> trial(S, 1);
+      std::function<void(int, int)> place = [&](int s, int left) {
+        if (s == S - 1) {
+          trial[s] = left;
+          best = std::min(best, costliest(cfg, trial));
+          return;
+        }
+        for (int b = 1; b <= left - (S - 1 - s); b++) trial[s] = b, place(s + 1, left - b);
+      };
+      place(0, cfg.L);
+      EXPECT_DOUBLE_EQ(costliest(cfg, blocks), best);
+    }
+  }
+  const std::vector<int> four = balanced_partition(gpt2, 4);
+  EXPECT_LT(four.back(), four.front()) << "the head's stage should hold fewer blocks";
+  EXPECT_LT(costliest(gpt2, four), costliest(gpt2, {3, 3, 3, 3}));
 }
 
 }  // namespace

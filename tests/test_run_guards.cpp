@@ -86,6 +86,21 @@ std::vector<BadInput> bad_inputs() {
       {"PositionsDoNotSplit", "--preset odd --batch 1 --tp 3 --sequence-parallel", "--sequence-parallel splits the B*T = 1 x 17",
        "07_tensor_parallel", 3},
       {"TensorParallelSizeBelowOne", "--tp 0", "--tp must be >= 1", "07_tensor_parallel"},
+      // Pipelines: stages without a block, schedules whose shapes do not work, flags that contradict.
+      {"FewerBlocksThanStages", "--preset tiny --pp 4", "but --preset tiny has 2 blocks", "08_pipeline", 4},
+      {"FewerBlocksThanVirtualStages", "--preset tiny --schedule interleaved",
+       "--pp 2 x --virtual-stages 2 = 4 virtual stages, but --preset tiny has 2 blocks", "08_pipeline"},
+      {"InterleavedMicroBatchesNotAMultipleOfStages", "--preset tall --schedule interleaved --micro-batches 3",
+       "--micro-batches 3 must be a multiple of it", "08_pipeline"},
+      {"VirtualStagesWithoutInterleaving", "--preset tall --virtual-stages 2", "--virtual-stages 2 needs --schedule interleaved",
+       "08_pipeline"},
+      {"UnknownSchedule", "--schedule gpipe", "--schedule gpipe: choose afab, 1f1b, interleaved or zb-h1", "08_pipeline"},
+      {"PartitionThatDoesNotAddUp", "--preset tall --partition 3,4", "block counts that add up to L = 8", "08_pipeline"},
+      {"ZeroTwoWithZeroBubble", "--preset tall --pp 1 --zero2 --schedule zb-h1", "(use afab or 1f1b)", "08_pipeline"},
+      {"GradAccumInAPipeline", "--preset tall --grad-accum 2", "use --micro-batches", "08_pipeline"},
+      {"StagesDoNotDivideTheRanks", "--preset tall --pp 3", "--pp 3", "08_pipeline", 4},
+      {"MicroBatchesDoNotDivideTheBatch", "--preset tall --micro-batches 3",
+       "--batch 8 is not divisible by data-parallel ranks x micro-batches = 1 x 3", "08_pipeline"},
   };
 }
 
@@ -234,6 +249,33 @@ TEST(Stops, TheWatchdogEndsAJobWithAStoppedRank) {
   EXPECT_NE(r.output.find("in step"), std::string::npos) << r.output;
   EXPECT_TRUE(rank_pids(dir).empty()) << "a rank was left behind";
   EXPECT_NE(read_record(dir + "/run.jsonl", "summary").find("\"ended\":\"aborted\""), std::string::npos);
+}
+
+// A pipeline stage that dies mid-step (SIGKILL: no handler runs) or stops (SIGSTOP) while its
+// neighbours wait in a receive for its activations or gradients: the whole job ends within seconds,
+// with a non-zero exit, and no rank is left blocked.
+TEST(Stops, AStageThatDiesOrStopsEndsThePipeline) {
+  for (int signal : {SIGKILL, SIGSTOP}) {
+    SCOPED_TRACE(signal == SIGKILL ? "killed" : "stopped");
+    const std::string dir = temp_dir();
+    BackgroundRun run = start_trainer("08_pipeline", 2, "--preset tall --steps 100000 --timeout 3 --json " + dir + "/run.jsonl");
+    std::vector<int> ranks;
+    for (int i = 0; i < 300 && (ranks.size() < 2 || read_records(dir + "/run.jsonl.partial", "step").size() < 3); i++) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      ranks = rank_pids(dir);
+    }
+    ASSERT_EQ(ranks.size(), 2u);
+    const int victim = mpi_rank_of(ranks[0]) == 1 ? ranks[0] : ranks[1];  // the last stage
+    ASSERT_EQ(mpi_rank_of(victim), 1);
+    kill(victim, signal);
+    RunResult r = wait_for(run, 60);
+    EXPECT_NE(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.exit_code, 124) << "the job hung";
+    EXPECT_LT(r.seconds, 3 + 10.0) << r.output;
+    if (signal == SIGSTOP) EXPECT_NE(r.output.find("watchdog:"), std::string::npos) << r.output;
+    EXPECT_TRUE(rank_pids(dir).empty()) << "a rank was left behind";
+    for (int pid : rank_pids(dir)) kill(pid, SIGKILL);
+  }
 }
 
 // A save killed half-way leaves PATH.tmp.<host>.<pid>; the next save of PATH removes it (its process

@@ -19,35 +19,6 @@ namespace {
 constexpr int kSteps = 20;
 constexpr double kLossTolerance = 1e-5;  // fp32, relative, per step
 
-// The one-rank run of 01 every other run is compared with, made once per preset and test binary.
-struct Baseline {
-  LossCurve losses;
-  std::vector<float> params;
-  std::vector<double> grad_norms;
-};
-
-// The global gradient norm of every step (clipping uses it: with the default --grad-clip 1 it clips
-// every step of these runs, so a norm that counted a tensor twice would change the update).
-std::vector<double> grad_norms(const std::string& jsonl) {
-  std::vector<double> norms;
-  for (const std::string& step : read_records(jsonl, "step")) norms.push_back(number_field(step, "grad_norm"));
-  return norms;
-}
-
-const Baseline& baseline(const std::string& preset, const std::string& batch = "") {
-  static std::map<std::string, Baseline> cache;
-  const std::string key = preset + "/" + batch;
-  auto found = cache.find(key);
-  if (found != cache.end()) return found->second;
-  std::string dir = temp_dir();
-  RunResult r = run_trainer("01_vanilla_dp", 1,
-                            "--preset " + preset + (batch.empty() ? "" : " --batch " + batch) + " --steps " +
-                                std::to_string(kSteps) + " --json " + dir + "/base.jsonl --save " + dir + "/base.ckpt");
-  EXPECT_EQ(r.exit_code, 0) << r.output;
-  return cache[key] = Baseline{read_losses(dir + "/base.jsonl"), checkpoint_params(dir + "/base.ckpt"),
-                               grad_norms(dir + "/base.jsonl")};
-}
-
 const std::vector<std::string> kChapters = {"01_vanilla_dp", "02_overlap_dp", "03_bucket_dp",
                                             "04_zero1",      "05_zero2",      "06_zero3"};
 
@@ -71,30 +42,8 @@ class RankEquivalence : public testing::TestWithParam<Case> {};
 
 TEST_P(RankEquivalence, SameLossesAndParametersAsOneRankOf01) {
   const Case c = GetParam();
-  const Baseline& base = baseline(c.preset, c.batch);
-  std::string dir = temp_dir();
-  RunResult r = run_trainer(c.chapter, c.ranks,
-                            "--preset " + c.preset + (c.batch.empty() ? "" : " --batch " + c.batch) + " --steps " +
-                                std::to_string(kSteps) + " --grad-accum " + std::to_string(c.grad_accum) + " --json " +
-                                dir + "/run.jsonl --save " + dir + "/run.ckpt " + c.extra);
-  ASSERT_EQ(r.exit_code, 0) << r.output;
-  LossCurve curve = read_losses(dir + "/run.jsonl");
-  ASSERT_EQ(int(curve.losses.size()), kSteps);
-  EXPECT_LE(max_relative_difference(curve, base.losses), kLossTolerance);
-  const std::vector<double> norms = grad_norms(dir + "/run.jsonl");
-  ASSERT_EQ(norms.size(), base.grad_norms.size());
-  for (size_t i = 0; i < norms.size(); i++)
-    EXPECT_NEAR(norms[i], base.grad_norms[i], kLossTolerance * base.grad_norms[i]) << "gradient norm, step " << i;
-  std::vector<float> params = checkpoint_params(dir + "/run.ckpt");
-  ASSERT_EQ(params.size(), base.params.size());
-  // The parameters as a whole agree to fp32 summation noise. Elementwise, AdamW divides each
-  // gradient by its own running RMS, so a parameter whose gradient is ~0 (a rounding-noise-sized
-  // value) moves by up to ~lr per step in a direction set by that noise: such elements may differ by
-  // a small fraction of one step (lr = 3e-3), hence the absolute tolerance.
-  EXPECT_LE(relative_l2_difference(params, base.params), kLossTolerance);
-  EXPECT_TRUE(allclose(params.data(), base.params.data(), params.size(), 1e-4, 1e-4));
-  // The loss must actually fall, or equality would prove little.
-  EXPECT_LT(curve.losses.back(), curve.losses.front() - 0.5);
+  expect_trains_like_one_rank_of_01(c.chapter, c.ranks, "--grad-accum " + std::to_string(c.grad_accum) + " " + c.extra,
+                                    c.preset, c.batch, kSteps, kLossTolerance);
 }
 
 std::vector<Case> equivalence_cases() {

@@ -2,6 +2,7 @@
 #include "training_harness.h"
 
 #include <dirent.h>
+#include <ftw.h>
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -20,6 +21,8 @@
 #include <fstream>
 #include <map>
 #include <sstream>
+
+#include "test_util.h"
 
 RunResult run_trainer(const std::string& chapter, int ranks, const std::string& args, int timeout_s) {
   const std::string device = args.find("--device") == std::string::npos ? "--device cpu " : "";
@@ -111,10 +114,28 @@ std::vector<std::string> read_records(const std::string& path, const std::string
   return records;
 }
 
+namespace {
+std::vector<std::string>& temp_dirs() {
+  static std::vector<std::string> dirs;
+  return dirs;
+}
+
+int remove_entry(const char* path, const struct stat*, int, struct FTW*) { return std::remove(path); }
+
+void remove_temp_dirs() {
+  if (std::getenv("GPT_TEST_KEEP")) return;
+  for (const std::string& dir : temp_dirs()) nftw(dir.c_str(), remove_entry, 16, FTW_DEPTH | FTW_PHYS);
+}
+}  // namespace
+
 std::string temp_dir() {
   char tmpl[] = "/tmp/gpt_test_XXXXXX";
   const char* dir = mkdtemp(tmpl);
-  return dir ? dir : "/tmp";
+  if (!dir) return "/tmp";
+  // Only the test process removes them: a forked child leaves with _exit(), which skips atexit.
+  if (temp_dirs().empty()) std::atexit(remove_temp_dirs);
+  temp_dirs().push_back(dir);
+  return dir;
 }
 
 double number_field(const std::string& record, const std::string& key) {
@@ -227,4 +248,58 @@ void expect_theory_matches(const std::string& jsonl_path, double param_bytes) {
     calls += number_field(t, std::string("measured_tp_") + kind);
   }
   EXPECT_NEAR(number_field(t, "measured_tp_comm_bytes"), number_field(t, "theory_tp_comm_bytes"), 2 * calls);
+}
+
+const Baseline& one_rank_of_01(const std::string& preset, const std::string& batch, int steps) {
+  static std::map<std::string, Baseline> cache;
+  const std::string key = preset + "/" + batch + "/" + std::to_string(steps);
+  auto found = cache.find(key);
+  if (found != cache.end()) return found->second;
+  const std::string dir = temp_dir();
+  RunResult r = run_trainer("01_vanilla_dp", 1,
+                            "--preset " + preset + (batch.empty() ? "" : " --batch " + batch) + " --steps " +
+                                std::to_string(steps) + " --json " + dir + "/base.jsonl --save " + dir + "/base.ckpt");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  Baseline base{read_losses(dir + "/base.jsonl"), {}, checkpoint_params(dir + "/base.ckpt")};
+  for (const std::string& step : read_records(dir + "/base.jsonl", "step"))
+    base.grad_norms.push_back(number_field(step, "grad_norm"));
+  return cache[key] = base;
+}
+
+std::string expect_trains_like_one_rank_of_01(const std::string& chapter, int ranks, const std::string& args,
+                                              const std::string& preset, const std::string& batch, int steps,
+                                              double tolerance) {
+  const Baseline& base = one_rank_of_01(preset, batch, steps);
+  const std::string dir = temp_dir();
+  RunResult r = run_trainer(chapter, ranks,
+                            "--preset " + preset + (batch.empty() ? "" : " --batch " + batch) + " --steps " +
+                                std::to_string(steps) + " --json " + dir + "/run.jsonl --save " + dir + "/run.ckpt " +
+                                args);
+  const std::string jsonl = dir + "/run.jsonl";
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  if (r.exit_code != 0) return jsonl;
+  LossCurve curve = read_losses(jsonl);
+  EXPECT_EQ(int(curve.losses.size()), steps);
+  EXPECT_LE(max_relative_difference(curve, base.losses), tolerance);
+  // With the default --grad-clip 1 these runs clip every step, so a norm that counted a tensor twice
+  // (a replicated or tied one) would change the update: checked on its own, every step.
+  std::vector<double> norms;
+  for (const std::string& step : read_records(jsonl, "step")) norms.push_back(number_field(step, "grad_norm"));
+  EXPECT_EQ(norms.size(), base.grad_norms.size());
+  for (size_t i = 0; i < norms.size() && i < base.grad_norms.size(); i++)
+    EXPECT_NEAR(norms[i], base.grad_norms[i], tolerance * base.grad_norms[i]) << "gradient norm, step " << i;
+  const std::vector<float> params = checkpoint_params(dir + "/run.ckpt");
+  EXPECT_EQ(params.size(), base.params.size());
+  if (params.size() != base.params.size()) return jsonl;
+  // The parameters as a whole agree to fp32 summation noise. Elementwise, AdamW divides each
+  // gradient by its own running RMS, so a parameter whose gradient is ~0 (a rounding-noise-sized
+  // value) moves by up to ~lr per step in a direction set by that noise: such elements may differ by
+  // a small fraction of one step, hence the absolute tolerance.
+  EXPECT_LE(relative_l2_difference(params, base.params), tolerance);
+  EXPECT_TRUE(allclose(params.data(), base.params.data(), params.size(), 1e-4, 1e-4));
+  // The loss must actually fall, or equality would prove little.
+  if (!curve.losses.empty()) {
+    EXPECT_LT(curve.losses.back(), curve.losses.front() - 0.5);
+  }
+  return jsonl;
 }

@@ -31,7 +31,8 @@ RunResult wait_for(BackgroundRun& run, int timeout_s);
 std::vector<int> rank_pids(const std::string& marker);
 bool file_exists(const std::string& path);
 
-// A fresh temporary folder for one test's files.
+// A fresh temporary folder for one test's files, removed with everything in it when the test binary
+// exits (set GPT_TEST_KEEP=1 to keep them for a look after a failure).
 std::string temp_dir();
 
 // The "loss" of every "step" record, in order, and the records' steps.
@@ -61,3 +62,21 @@ double relative_l2_difference(const std::vector<float>& a, const std::vector<flo
 
 // The largest |a-b| / max(|b|, 1e-12) over two curves of the same steps; fails the test on mismatch.
 double max_relative_difference(const LossCurve& a, const LossCurve& b);
+
+// The reference every chapter is held to: one rank of 01 with the same preset and global batch (""
+// for the preset's), `steps` steps. Its losses, gradient norms and final parameters, made once per
+// preset, batch and step count in each test binary.
+struct Baseline {
+  LossCurve losses;
+  std::vector<double> grad_norms;  // every step's global norm, which clipping uses
+  std::vector<float> params;
+};
+const Baseline& one_rank_of_01(const std::string& preset, const std::string& batch, int steps);
+
+// The project's central truth for one run: `chapter` on `ranks` ranks with `args` (the preset,
+// batch and step count are added here) trains to the baseline's losses and gradient norms (relative
+// difference <= tolerance per step) and final parameters (relative L2 <= tolerance), and its loss
+// falls. Returns the run's JSON-lines path, for checks of its own.
+std::string expect_trains_like_one_rank_of_01(const std::string& chapter, int ranks, const std::string& args,
+                                              const std::string& preset, const std::string& batch, int steps,
+                                              double tolerance);

@@ -1,0 +1,169 @@
+// test_pipeline.cpp: chapter 08 end to end, through the real trainer binary: every schedule on 2 and
+// 4 stages, with as many micro-batches as stages and twice as many, on pipelines with data
+// parallelism over each stage (03's all-reduce, ZeRO-1, ZeRO-2's rule), trains to the same losses,
+// gradient norms and final parameters as one rank of 01 with the same global batch; the tied wte's
+// two copies stay equal, bit for bit; activations, point-to-point, embedding-group and data-parallel
+// bytes equal their formulas on every stage; checkpoints stay layout-free. The schedules themselves,
+// without the model: test_pipeline_schedule.cpp; the stages against the whole model: test_model.cpp;
+// bad input and a stage that dies: test_run_guards.cpp.
+//
+// The `tall` preset (8 blocks of the tiny width) is there for these tests: tiny's 2 blocks cannot
+// make 4 stages, let alone 4 stages of 2 chunks.
+#include <gtest/gtest.h>
+
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "training_harness.h"
+
+namespace {
+
+constexpr int kSteps = 20;
+constexpr double kTolerance = 1e-5;  // fp32, relative
+const std::string kPreset = "tall";
+
+struct PipelineCase {
+  int ranks;
+  std::string flags;
+  std::string name;
+};
+
+// What a failing case prints of its parameter.
+void PrintTo(const PipelineCase& c, std::ostream* out) { *out << c.ranks << " ranks, " << c.flags; }
+
+class PipelineEquivalence : public testing::TestWithParam<PipelineCase> {};
+
+// The pitfalls this catches, each silent: a loss scaled by 1/m more than once (or per stage); a
+// micro-batch that reads another's tokens in its backward (1f1b, interleaved and zb-h1 hold several
+// in flight); wte's two gradients not summed before the data-parallel reduction, or a stage's
+// reduction started before its last weight pass (zb-h1 with DP); messages matched to the wrong
+// micro-batch or chunk; a gradient norm that counts the tied wte twice.
+TEST_P(PipelineEquivalence, SameTrainingAsOneRankOf01) {
+  const PipelineCase c = GetParam();
+  const std::string jsonl =
+      expect_trains_like_one_rank_of_01("08_pipeline", c.ranks, c.flags, kPreset, "", kSteps, kTolerance);
+  const std::string pipeline = read_record(jsonl, "pipeline");
+  ASSERT_FALSE(pipeline.empty()) << "no pipeline record";
+  EXPECT_NE(pipeline.find("\"wte_copies_equal\":true"), std::string::npos)
+      << "the tied wte's copies on the first and last stage differ after " << kSteps << " steps: " << pipeline;
+}
+
+std::vector<PipelineCase> pipeline_cases() {
+  std::vector<PipelineCase> cases;
+  for (const char* schedule : {"afab", "1f1b", "interleaved", "zb-h1"})
+    for (int p : {2, 4})
+      for (int m : {p, 2 * p}) {
+        std::string name = schedule;
+        if (name == "zb-h1") name = "zbh1";
+        cases.push_back({p, std::string("--schedule ") + schedule + " --micro-batches " + std::to_string(m),
+                         name + "_p" + std::to_string(p) + "_m" + std::to_string(m)});
+      }
+  // Four chunks a rank, one block each.
+  cases.push_back({2, "--schedule interleaved --virtual-stages 4 --micro-batches 4", "interleaved_p2_v4"});
+  // A partition of the user's, uneven.
+  cases.push_back({2, "--partition 3,5", "partition_3_5"});
+  // Data parallelism over each stage: 03's all-reduce, ZeRO-1, ZeRO-2's rule; zb-h1's weight passes.
+  cases.push_back({4, "--pp 2", "dp2_pp2"});
+  cases.push_back({4, "--pp 2 --schedule zb-h1", "dp2_pp2_zbh1"});
+  cases.push_back({4, "--pp 2 --schedule interleaved --bucket-mb 0.01", "dp2_pp2_interleaved"});
+  cases.push_back({4, "--pp 2 --zero1 --bucket-mb 0.01", "dp2_pp2_zero1"});
+  cases.push_back({4, "--pp 2 --zero2 --schedule afab", "dp2_pp2_zero2"});
+  return cases;
+}
+
+INSTANTIATE_TEST_SUITE_P(Schedules, PipelineEquivalence, testing::ValuesIn(pipeline_cases()),
+                         [](const testing::TestParamInfo<PipelineCase>& info) { return info.param.name; });
+
+// On every stage: the activations held equal the formula for the schedule's count of micro-batches in
+// flight, and the point-to-point bytes theirs; the memory per category and the data-parallel bytes
+// equal the theory record's formulas; the embedding group sums wte once a step.
+TEST(PipelineTheory, ActivationsAndBytesOfEveryStageAreTheFormulas) {
+  struct Run {
+    int ranks;
+    std::string flags;
+  };
+  const std::vector<Run> runs = {{4, "--schedule afab"},
+                                 {4, "--schedule 1f1b"},
+                                 {4, "--schedule interleaved"},
+                                 {4, "--schedule zb-h1"},
+                                 {2, "--schedule 1f1b --micro-batches 8"},
+                                 {4, "--pp 2"},
+                                 {4, "--pp 2 --zero1"},
+                                 {4, "--pp 2 --zero2 --micro-batches 2"}};
+  for (const Run& run : runs) {
+    SCOPED_TRACE(std::to_string(run.ranks) + " ranks, " + run.flags);
+    const std::string dir = temp_dir();
+    RunResult r = run_trainer("08_pipeline", run.ranks,
+                              "--preset " + kPreset + " --steps 3 --json " + dir + "/run.jsonl " + run.flags);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find(": embedding + block"), std::string::npos) << r.output;
+    expect_theory_matches(dir + "/run.jsonl", /*param_bytes=*/4);
+    const std::vector<std::string> stages = read_records(dir + "/run.jsonl", "pipeline_stage");
+    ASSERT_FALSE(stages.empty());
+    for (const std::string& stage : stages) {
+      EXPECT_EQ(number_field(stage, "measured_activations_bytes"), number_field(stage, "theory_activations_bytes"))
+          << stage;
+      EXPECT_GT(number_field(stage, "measured_p2p_bytes"), 0) << stage;
+      EXPECT_EQ(number_field(stage, "measured_p2p_bytes"), number_field(stage, "theory_p2p_bytes")) << stage;
+    }
+    const std::string pipeline = read_record(dir + "/run.jsonl", "pipeline");
+    EXPECT_GT(number_field(pipeline, "measured_embedding_bytes"), 0) << pipeline;
+    EXPECT_EQ(number_field(pipeline, "measured_embedding_bytes"), number_field(pipeline, "theory_embedding_bytes"))
+        << pipeline;
+  }
+}
+
+// ZeRO-2's rule over a pipeline reduce-scatters every micro-batch's gradients: its data-parallel
+// bytes grow with m, while ZeRO-1's do not (the reason pipeline frameworks refuse ZeRO-2).
+TEST(PipelineTheory, ZeroTwoBytesGrowWithTheMicroBatchesAndZeroOnesDoNot) {
+  auto dp_bytes = [](const std::string& flags) {
+    const std::string dir = temp_dir();
+    RunResult r = run_trainer("08_pipeline", 4,
+                              "--preset " + kPreset + " --batch 16 --steps 2 --pp 2 --json " + dir + "/run.jsonl " + flags);
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    return number_field(read_record(dir + "/run.jsonl", "theory"), "measured_comm_bytes");
+  };
+  const double zero1_m2 = dp_bytes("--zero1 --micro-batches 2"), zero1_m8 = dp_bytes("--zero1 --micro-batches 8");
+  const double zero2_m2 = dp_bytes("--zero2 --micro-batches 2"), zero2_m8 = dp_bytes("--zero2 --micro-batches 8");
+  EXPECT_GT(zero1_m2, 0);
+  EXPECT_EQ(zero1_m2, zero1_m8);
+  EXPECT_GT(zero2_m2, zero1_m2);
+  EXPECT_GT(zero2_m8, 2.5 * zero2_m2);
+}
+
+// A checkpoint holds full tensors: one saved by a DP 2 x PP 2 pipeline resumes in 01 on one rank and
+// in 08 on four stages, continuing the same losses; and 01's resumes in a pipeline.
+TEST(PipelineCheckpoint, SavedOnAnyGridResumesInAnyChapter) {
+  const std::string dir = temp_dir();
+  const std::string common = "--preset " + kPreset + " --steps " + std::to_string(kSteps);
+  RunResult full = run_trainer("08_pipeline", 4, common + " --pp 2 --json " + dir + "/full.jsonl --save " + dir +
+                                                     "/ck_{step}.bin --save-every 10");
+  ASSERT_EQ(full.exit_code, 0) << full.output;
+  LossCurve reference = read_losses(dir + "/full.jsonl");
+  ASSERT_EQ(int(reference.losses.size()), kSteps);
+  reference.steps.erase(reference.steps.begin(), reference.steps.begin() + 10);
+  reference.losses.erase(reference.losses.begin(), reference.losses.begin() + 10);
+  struct Into {
+    std::string chapter;
+    int ranks;
+    std::string flags;
+  };
+  for (const Into& into : std::vector<Into>{{"01_vanilla_dp", 1, ""},
+                                            {"08_pipeline", 4, "--pp 4 --schedule interleaved"},
+                                            {"07_tensor_parallel", 2, "--tp 2"}}) {
+    RunResult resumed = run_trainer(into.chapter, into.ranks,
+                                    common + " --resume " + dir + "/ck_10.bin --json " + dir + "/r.jsonl " + into.flags);
+    ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+    EXPECT_LE(max_relative_difference(read_losses(dir + "/r.jsonl"), reference), kTolerance)
+        << "resumed in " << into.chapter << " on " << into.ranks << " ranks " << into.flags;
+  }
+  RunResult one = run_trainer("01_vanilla_dp", 1, common + " --save " + dir + "/one_{step}.bin --save-every 10");
+  ASSERT_EQ(one.exit_code, 0) << one.output;
+  RunResult staged = run_trainer("08_pipeline", 2, common + " --resume " + dir + "/one_10.bin --schedule zb-h1 --json " +
+                                                       dir + "/staged.jsonl");
+  ASSERT_EQ(staged.exit_code, 0) << staged.output;
+  EXPECT_LE(max_relative_difference(read_losses(dir + "/staged.jsonl"), reference), kTolerance);
+}
+
+}  // namespace
