@@ -60,6 +60,7 @@ struct Options {
   int pp = 0;              // 0: every rank
   int micro_batches = 0;   // 0: 2 p
   std::string schedule = "1f1b";
+  std::string matching = "auto";  // auto: by tag where the communicator has tags (MPI), else call order
   int virtual_stages = 0;  // 0: 2 for interleaved, else 1
   std::string partition;   // blocks per virtual stage, "3,3,3,3"; empty: balanced by FLOPs
   bool zero1 = false, zero2 = false;
@@ -112,12 +113,20 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
     config_error("--partition " + opt.partition + ": " + std::to_string(p * v) + " block counts that add up to L = " +
                  std::to_string(model_cfg.L));
 
+  // How a receive finds its message: MPI matches tags, so every receive can be posted at the start;
+  // NCCL has none and matches by call order, which the lists are then built for.
+  Matching matching = grid.pp().matches_by_tag() ? Matching::ByTag : Matching::ByCallOrder;
+  if (opt.matching != "auto" && !parse_matching(opt.matching, &matching))
+    config_error("--p2p-matching " + opt.matching + ": choose auto, tag or call-order");
+  if (matching == Matching::ByTag && !grid.pp().matches_by_tag())
+    config_error("--p2p-matching tag: the " + grid.pp().name() + " communicator has no tags (use call-order)");
+
   // The schedule: this rank's actions, and every rank's, checked before any work.
   const PipelineShape shape{p, m, v};
   const int rank = grid.coords().pp;
   std::vector<std::vector<Action>> every_rank;
-  for (int r = 0; r < p; r++) every_rank.push_back(build_schedule(schedule, shape, r));
-  const std::string problem = check_pipeline(schedule, shape, every_rank);
+  for (int r = 0; r < p; r++) every_rank.push_back(build_schedule(schedule, shape, r, matching));
+  const std::string problem = check_pipeline(schedule, shape, every_rank, matching);
   if (!problem.empty()) config_error("the " + opt.schedule + " schedule is unsound: " + problem);
   const std::vector<Action>& actions = every_rank[rank];
   std::vector<ModelPart> parts = parts_of_rank(model_cfg, blocks, p, rank);
@@ -154,9 +163,9 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
     chunks.push_back(models.back().get());
   }
   const int start = run.init_or_resume(params, optimizer);
-  PipelineExecutor pipeline(grid.pp(), chunks, shape, actions, run.micro_batch_size(), model_cfg.T, model_cfg.C,
-                            device, dtype);
-  PipelineReport report(run, grid, shape, schedule, parts);
+  PipelineExecutor pipeline(grid.pp(), chunks, shape, actions, matching, run.micro_batch_size(), model_cfg.T,
+                            model_cfg.C, device, dtype);
+  PipelineReport report(run, grid, shape, schedule, matching, parts);
 
   // Gradients, on the last micro-batch's backward (or weight pass, under zb-h1): data parallelism
   // over this stage's DP group (03), except wte, whose two copies are summed over the embedding
@@ -236,6 +245,8 @@ int main(int argc, char** argv) {
   flags.add("--micro-batches", &opt.micro_batches, "micro-batches per step in each pipeline (default: 2 x --pp)");
   flags.add("--schedule", &opt.schedule, "afab, 1f1b (default), interleaved or zb-h1");
   flags.add("--virtual-stages", &opt.virtual_stages, "model chunks per rank, interleaved only (default 2)");
+  flags.add("--p2p-matching", &opt.matching, "auto (default), tag (MPI: receives posted at the start) or "
+                                             "call-order (NCCL: each receive grouped with the sends before its pass)");
   flags.add("--partition", &opt.partition, "blocks per virtual stage, e.g. 3,3,3,3 (default: balanced by FLOPs)");
   flags.add_switch("--zero1", &opt.zero1, "shard the optimizer state over each stage's data-parallel group (04)");
   flags.add_switch("--zero2", &opt.zero2, "ZeRO-2's rule: reduce-scatter every micro-batch's gradients (05), to "

@@ -83,9 +83,10 @@ class CommHandle {
   struct State;
   CommHandle() = default;
   explicit CommHandle(std::shared_ptr<State> s) : state_(std::move(s)) {}
-  // The handle of a device communicator (NCCL, comm_nccl.cpp), whose collectives finish on a GPU
-  // stream: wait() calls `device_wait`, which makes the GPU's compute stream wait for the collective
-  // (the host does not block) and counts the op.
+  // A handle whose wait() calls `device_wait`: a device communicator's (NCCL, comm_nccl.cpp), whose
+  // collectives finish on a GPU stream (it makes the GPU's compute stream wait for the collective,
+  // the host does not block, and counts the op); or several handles waited together
+  // (send_recv_async).
   explicit CommHandle(std::function<void()> device_wait)
       : device_wait_(std::make_shared<std::function<void()>>(std::move(device_wait))) {}
   // Blocks until the op has finished; the blocked time counts as exposed communication.
@@ -149,6 +150,20 @@ class Communicator {
   // (comm_nccl.cpp): a program that must run on it issues sends and receives in a matching order.
   virtual CommHandle send_async(Tensor buf, int peer, int tag = 0) = 0;
   virtual CommHandle recv_async(Tensor buf, int peer, int tag = 0) = 0;
+  // Several sends and receives started together, one handle for them all. NCCL runs them as one
+  // group call (ncclGroupStart/End): a send finishes only while its receive runs, so a rank's send to
+  // a neighbour and its receive from it must progress at once, not one after the other on the
+  // stream. Elsewhere each is posted on its own (tags match them); the handle waits for all.
+  struct PointToPoint {
+    bool send;
+    Tensor buf;
+    int peer, tag;
+  };
+  virtual CommHandle send_recv_async(const std::vector<PointToPoint>& ops);
+  // Whether a receive finds its message by tag (MPI), or only by the order of the calls (NCCL): a
+  // pipeline then orders its messages so that the k-th send meets the k-th receive
+  // (pipeline_schedule.h, Matching).
+  virtual bool matches_by_tag() const { return true; }
   virtual CommHandle barrier_async() = 0;
 
   // The blocking forms: the async form, waited at once (issuing_blocking_ lets a communicator know,

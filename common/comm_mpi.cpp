@@ -632,6 +632,16 @@ void set_comm_timeout(double seconds) { g_timeout_s = seconds; }
 
 int ranks_on_this_node() { return g_ranks_on_node; }
 
+CommHandle Communicator::send_recv_async(const std::vector<PointToPoint>& ops) {
+  std::vector<CommHandle> handles;
+  for (const PointToPoint& op : ops)
+    handles.push_back(op.send ? send_async(op.buf, op.peer, op.tag) : recv_async(op.buf, op.peer, op.tag));
+  if (handles.size() == 1) return handles[0];
+  return CommHandle([handles]() mutable {
+    for (CommHandle& h : handles) h.wait();
+  });
+}
+
 void CommHandle::wait() {
   if (device_wait_) return (*device_wait_)();  // a device communicator's handle (comm.h)
   ENSURE(state_ != nullptr, "wait() on an empty CommHandle");

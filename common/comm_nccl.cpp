@@ -13,9 +13,10 @@
 //             the collective: kernels queued after wait() run only once the result is there. wait()
 //             itself returns at once; the host never blocks.
 //   Ranks. Every rank issues the same collectives in the same order (as with MPI), which NCCL needs.
-//   Send/recv pairs run on the one NCCL stream in issue order, and NCCL's send waits for the
-//   matching receive: two ranks that both send first, then receive, would deadlock, so a pipeline
-//   must order its sends and receives (or a later version must group them with ncclGroupStart/End).
+//   Sends and receives run on the one NCCL stream in issue order, match by that order (NCCL has no
+//   tags), and a send waits for its receive to run: two ranks that both send first, then receive,
+//   would deadlock. send_recv_async puts them in one group (ncclGroupStart/End), and a pipeline
+//   orders its groups so that none waits forever (pipeline_schedule.h, Matching::ByCallOrder).
 //   Statistics. calls and bytes are counted by wait(), as in comm_mpi.cpp. Times come from events:
 //     busy    = end - start, the two events recorded around the collective on the NCCL stream;
 //     exposed = end - waited (when positive), `waited` recorded on the compute stream by wait():
@@ -79,6 +80,7 @@
 #include "ops.h"         // copy_tensor: a one-rank collective's copy
 #include "ops_cuda.h"    // cuda::stream(), the compute stream
 #include "trace.h"       // now_ms, trace_span
+#include "watchdog.h"    // BlockedOnDevice
 
 namespace {
 
@@ -402,6 +404,38 @@ class NcclCommunicator final : public CudaCommunicatorBase {
                  [=](cudaStream_t s) { NCCL_CHECK(ncclRecv(data, n, type, peer, comm_, s)); });
   }
 
+  // One group call: every send and receive of `ops` progresses at once (comm.h). Counted as one
+  // point-to-point op with their bytes; the emulated link holds the group for its largest send, as
+  // messages to different peers, or in the two directions of a link, travel side by side.
+  CommHandle send_recv_async(const std::vector<PointToPoint>& ops) override {
+    if (ops.empty() || ops[0].buf.device == Device::CPU) return Communicator::send_recv_async(ops);
+    int64_t sent = 0, received = 0, largest_send = 0;
+    for (const PointToPoint& op : ops) {
+      ENSURE(op.peer >= 0 && op.peer < size_, "send_recv: peer out of range");
+      ENSURE(op.buf.device == Device::CUDA, "send_recv: every buffer of a group on the GPU");
+      const int64_t bytes = int64_t(op.buf.bytes());
+      (op.send ? sent : received) += bytes;
+      if (op.send) largest_send = std::max(largest_send, bytes);
+    }
+    const std::vector<PointToPoint> group = ops;
+    return issue(CollectiveKind::SendRecv, "send_recv", sent + received, {sent, received},
+                 [this, group](cudaStream_t s) {
+                   NCCL_CHECK(ncclGroupStart());
+                   for (const PointToPoint& op : group) {
+                     const size_t n = size_t(op.buf.numel());
+                     const ncclDataType_t type = nccl_type(op.buf.dtype);
+                     if (op.send)
+                       NCCL_CHECK(ncclSend(op.buf.data, n, type, op.peer, comm_, s));
+                     else
+                       NCCL_CHECK(ncclRecv(op.buf.data, n, type, op.peer, comm_, s));
+                   }
+                   NCCL_CHECK(ncclGroupEnd());
+                 },
+                 largest_send);
+  }
+
+  bool matches_by_tag() const override { return false; }
+
   // A barrier holds the host, as MPI's does: save_checkpoint relies on it (no rank goes on before
   // rank 0 has written the file). The all-reduce finishes only once every rank has issued it, and
   // wait() blocks the host until it has (the compute stream waits for it, the host for that stream).
@@ -414,7 +448,10 @@ class NcclCommunicator final : public CudaCommunicatorBase {
     });
     return CommHandle([this, device]() mutable {
       device.wait();
-      cuda::synchronize();
+      {
+        BlockedOnDevice blocked("waiting for a barrier on the GPU");
+        cuda::synchronize();
+      }
       collect_times();
     });
   }
@@ -473,8 +510,9 @@ class NcclCommunicator final : public CudaCommunicatorBase {
     return {own_from_peers, others};
   }
 
+  // link_bytes: what the emulated link holds the op for (-1: its payload).
   CommHandle issue(CollectiveKind kind, const char* name, int64_t payload_bytes, Traffic traffic,
-                   const std::function<void(cudaStream_t)>& collective) {
+                   const std::function<void(cudaStream_t)>& collective, int64_t link_bytes = -1) {
     collect_times();
     auto op = std::make_shared<NcclOp>();
     op->kind = kind;
@@ -498,7 +536,7 @@ class NcclCommunicator final : public CudaCommunicatorBase {
     // The link model of this moment (set_link_model belongs to this thread, as in comm_mpi.cpp).
     // A receive (sends nothing) is not held: the sender's hold covers its message.
     const bool receive = kind == CollectiveKind::SendRecv && traffic.sent == 0;
-    const double link_ms = receive ? 0.0 : modelled_ms(link_, kind, payload_bytes, size_);
+    const double link_ms = receive ? 0.0 : modelled_ms(link_, kind, link_bytes >= 0 ? link_bytes : payload_bytes, size_);
     CUDA_CHECK(cudaEventRecord(op->start, stream_));
     if (link_ms > 0) hold_stream(stream_, link_ms);  // the link holds the message before it enters
     collective(stream_);

@@ -6,6 +6,7 @@
 #include <cuda_runtime_api.h>
 
 #include "cuda_check.h"  // CUDA_CHECK
+#include "ops_cuda.h"    // cuda::synchronize, the compute stream
 #endif
 
 #include <unistd.h>  // sysconf
@@ -15,6 +16,7 @@
 #include <fstream>
 
 #include "check.h"  // config_error, fatal, ENSURE
+#include "watchdog.h"
 
 int cuda_device_count(std::string* why) {
 #ifdef GPT_WITH_CUDA
@@ -85,7 +87,21 @@ void transfer(Tensor dst, Tensor src) {
 
 void synchronize(Device device) {
 #ifdef GPT_WITH_CUDA
-  if (device == Device::CUDA) CUDA_CHECK(cudaDeviceSynchronize());
+  if (device == Device::CUDA) {
+    BlockedOnDevice blocked("waiting for the GPU to finish its work");
+    CUDA_CHECK(cudaDeviceSynchronize());
+  }
+#else
+  (void)device;
+#endif
+}
+
+void synchronize_compute(Device device) {
+#ifdef GPT_WITH_CUDA
+  if (device == Device::CUDA) {
+    BlockedOnDevice blocked("waiting for the GPU's compute stream");
+    cuda::synchronize();
+  }
 #else
   (void)device;
 #endif

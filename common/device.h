@@ -33,6 +33,11 @@ void transfer(Tensor dst, Tensor src);
 // Blocks until every op queued on `device` has finished: a no-op on the CPU, where ops are
 // synchronous. A step's time is read after this, or it would measure only the queueing of kernels.
 void synchronize(Device device);
+// Blocks until the compute stream has run what was queued on it: the passes so far, and the
+// collectives they were made to wait for; not communication still in flight on its own stream. A
+// pipeline (08) times each pass with it, without waiting for its neighbours' messages. On the CPU a
+// no-op. Both are watched (watchdog.h): a wait longer than --timeout ends the job.
+void synchronize_compute(Device device);
 
 // What a run computes on, for the run header ("cpu", "cuda: NVIDIA H100 80GB HBM3"), and the peak
 // dense FLOP/s of that device for `dtype`, which MFU divides by (0 where unknown: the CPU, or a GPU

@@ -71,9 +71,10 @@ bool tied_copies_equal(Communicator* embedding, Tensor params, const ParamLayout
 }
 
 PipelineExecutor::PipelineExecutor(Communicator& pipeline, std::vector<GPT2*> chunks, const PipelineShape& shape,
-                                   std::vector<Action> actions, int micro_B, int T, int C, Device device, DType dtype)
+                                   std::vector<Action> actions, Matching matching, int micro_B, int T, int C,
+                                   Device device, DType dtype)
     : pipeline_(pipeline), chunks_(std::move(chunks)), shape_(shape), actions_(std::move(actions)),
-      micro_B_(micro_B), T_(T), C_(C), rank_(pipeline.rank()), device_(device), dtype_(dtype) {
+      matching_(matching), micro_B_(micro_B), T_(T), C_(C), rank_(pipeline.rank()), device_(device), dtype_(dtype) {
   const int v = shape_.chunks, m = shape_.micro_batches, last = shape_.stages * v - 1;
   ENSURE(int(chunks_.size()) == v, "PipelineExecutor: one model per chunk");
   ENSURE(pipeline.size() == shape_.stages, "PipelineExecutor: the group is not the pipeline");
@@ -121,16 +122,20 @@ float PipelineExecutor::run(const std::function<MicroBatch(int micro)>& micro_ba
     return batches[micro];
   };
   // The time of a compute pass, without the waiting before it (the host times a GPU's work only once
-  // it is done).
+  // it is done: the compute stream's, not the messages' still in flight beside it).
   auto timed = [&](double* total, const std::function<void()>& pass) {
     const double start = now_ms();
     pass();
-    if (device_ != Device::CPU) synchronize(device_);
+    synchronize_compute(device_);
     *total += now_ms() - start;
   };
+  // On a GPU, wait() only makes the compute stream wait: the host waits for it too, so that the
+  // time counts as waiting, not as the pass after it.
   auto wait_for = [&](CommHandle& handle) {
+    if (!handle.valid()) return;  // one stage: the data was copied
     const double start = now_ms();
     handle.wait();
+    synchronize_compute(device_);
     times_.waiting += now_ms() - start;
   };
   std::vector<std::vector<CommHandle>> activation_sent(v, std::vector<CommHandle>(m));
@@ -139,6 +144,25 @@ float PipelineExecutor::run(const std::function<MicroBatch(int micro)>& micro_ba
     free_slots_[c].push_back(slot_of_[c][micro]);
     slot_of_[c][micro] = -1;
   };
+  // Sends and receives: posted at once by tag; under call order collected into the run between two
+  // passes and started as one group, whose handle then stands for each of them.
+  std::vector<Communicator::PointToPoint> group;
+  std::vector<CommHandle*> group_handles;
+  auto post = [&](const Communicator::PointToPoint& op, CommHandle* handle) {
+    if (matching_ == Matching::ByTag) {
+      *handle = op.send ? pipeline_.send_async(op.buf, op.peer, op.tag) : pipeline_.recv_async(op.buf, op.peer, op.tag);
+      return;
+    }
+    group.push_back(op);
+    group_handles.push_back(handle);
+  };
+  auto start_group = [&] {
+    if (group.empty()) return;
+    const CommHandle handle = pipeline_.send_recv_async(group);
+    for (CommHandle* h : group_handles) *h = handle;
+    group.clear();
+    group_handles.clear();
+  };
 
   const double step_start = now_ms();
   float loss = 0;
@@ -146,16 +170,20 @@ float PipelineExecutor::run(const std::function<MicroBatch(int micro)>& micro_ba
     const int c = a.chunk, micro = a.micro, s = virtual_stage(shape_, rank_, c);
     GPT2& model = *chunks_[c];
     if (a.op == Op::F || a.op == Op::B || a.op == Op::W) {
+      start_group();
       if (before_compute) before_compute(a);
     }
     switch (a.op) {
       case Op::RecvActivation:
-        activation_recv_[c][micro] = pipeline_.recv_async(stream(activation_in_[c][micro], micro_B_), previous,
-                                                          tag(false, s, micro));
+        activation_recv_[c][micro] = CommHandle();
+        if (p > 1)
+          post({false, stream(activation_in_[c][micro], micro_B_), previous, tag(false, s, micro)},
+               &activation_recv_[c][micro]);
         break;
       case Op::RecvGradient:
-        gradient_recv_[c][micro] = pipeline_.recv_async(stream(gradient_in_[c][micro], micro_B_), next,
-                                                        tag(true, s, micro));
+        gradient_recv_[c][micro] = CommHandle();
+        if (p > 1)
+          post({false, stream(gradient_in_[c][micro], micro_B_), next, tag(true, s, micro)}, &gradient_recv_[c][micro]);
         break;
       case Op::F: {
         ENSURE(!free_slots_[c].empty(), "PipelineExecutor: no free activation slot for " + describe(a));
@@ -173,8 +201,11 @@ float PipelineExecutor::run(const std::function<MicroBatch(int micro)>& micro_ba
         break;
       }
       case Op::SendActivation:
-        activation_sent[c][micro] =
-            pipeline_.send_async(model.output(slot_of_[c][micro]), next, tag(false, s + 1, micro));
+        if (p == 1) {  // to this rank's next chunk
+          copy_tensor(stream(activation_in_[c + 1][micro], micro_B_), model.output(slot_of_[c][micro]));
+          break;
+        }
+        post({true, model.output(slot_of_[c][micro]), next, tag(false, s + 1, micro)}, &activation_sent[c][micro]);
         break;
       case Op::B: {
         Tensor output_grad;
@@ -190,9 +221,14 @@ float PipelineExecutor::run(const std::function<MicroBatch(int micro)>& micro_ba
         break;
       }
       case Op::SendGradient: {
+        if (p == 1) {  // to this rank's previous chunk
+          copy_tensor(stream(gradient_in_[c - 1][micro], micro_B_), model.input_grad());
+          break;
+        }
         Tensor out = stream(gradient_out_[c][micro], micro_B_);
         copy_tensor(out, model.input_grad());  // (the model's scratch is overwritten by the next backward)
-        sends_.push_back(pipeline_.send_async(out, previous, tag(true, s - 1, micro)));
+        sends_.emplace_back();
+        post({true, out, previous, tag(true, s - 1, micro)}, &sends_.back());
         break;
       }
       case Op::W: {
@@ -203,6 +239,7 @@ float PipelineExecutor::run(const std::function<MicroBatch(int micro)>& micro_ba
       }
     }
   }
+  start_group();
   for (CommHandle& h : sends_) h.wait();
   sends_.clear();
   for (int c = 0; c < v; c++)

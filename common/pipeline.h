@@ -4,9 +4,11 @@
 // PipelineExecutor.
 //
 // What each action does here:
-//   RecvActivation / RecvGradient  post a non-blocking receive into this micro-batch's buffer (every
-//                                  schedule posts them all at the start of the step: none can wait on
-//                                  a receive that nobody posted);
+//   RecvActivation / RecvGradient  post a non-blocking receive into this micro-batch's buffer (by
+//                                  tag: every schedule posts them all at the start of the step, so
+//                                  none can wait on a receive that nobody posted; by call order:
+//                                  each right before its pass, in one group call with the sends
+//                                  before it, pipeline_schedule.h);
 //   F   wait for the input (unless this is the embedding's chunk), run the chunk's forward in a free
 //       activation slot; on the loss's chunk, add the micro-batch's loss;
 //   SendActivation                 send the chunk's output to the next virtual stage;
@@ -16,8 +18,11 @@
 //   W   the weights' gradients (zero-bubble), then free the slot.
 // A wait for a receive, with nothing else to compute, is the bubble: measured per action, as are the
 // forward, backward and weight passes' own times, which a simulation of the schedule then uses.
-// Messages are matched by tag: (activation or gradient, the receiving virtual stage, micro-batch).
+// Messages carry a tag, (activation or gradient, the receiving virtual stage, micro-batch), which MPI
+// matches them by; NCCL matches by call order, which the lists are built for. With one stage, the
+// messages between its chunks are copies.
 #pragma once
+#include <deque>
 #include <functional>
 #include <vector>
 
@@ -46,8 +51,11 @@ class PipelineExecutor {
  public:
   // chunks[c]: this rank's model chunk c (virtual stage c x p + rank), built for its ModelPart with
   // at least max_in_flight(actions, c) slots. `pipeline`: the group of the p stages, ranked by stage.
+  // `matching`: the one `actions` were built for (under call order, each run of sends and receives
+  // between two passes goes out as one group call).
   PipelineExecutor(Communicator& pipeline, std::vector<GPT2*> chunks, const PipelineShape& shape,
-                   std::vector<Action> actions, int micro_B, int T, int C, Device device, DType dtype);
+                   std::vector<Action> actions, Matching matching, int micro_B, int T, int C, Device device,
+                   DType dtype);
 
   // One step: every action in order. micro_batch(m) gives micro-batch m's tokens (the same pointers
   // for the whole step). Returns the mean loss of the m micro-batches on the loss's rank, else 0.
@@ -74,6 +82,7 @@ class PipelineExecutor {
   std::vector<GPT2*> chunks_;
   PipelineShape shape_;
   std::vector<Action> actions_;
+  Matching matching_;
   int micro_B_, T_, C_, rank_;
   Device device_;
   DType dtype_;
@@ -82,6 +91,6 @@ class PipelineExecutor {
   std::vector<std::vector<CommHandle>> activation_recv_, gradient_recv_;
   std::vector<std::vector<int>> slot_of_;
   std::vector<std::vector<int>> free_slots_;
-  std::vector<CommHandle> sends_;
+  std::deque<CommHandle> sends_;  // (a deque: a group's handle is stored through pointers into it)
   Times times_;
 };

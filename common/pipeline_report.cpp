@@ -57,8 +57,8 @@ void print_partition(const TrainingRun& run, const GPT2Config& cfg, const std::v
 }
 
 PipelineReport::PipelineReport(TrainingRun& run, const ProcessGrid& grid, const PipelineShape& shape,
-                               Schedule schedule, std::vector<ModelPart> parts)
-    : run_(run), world_(grid.world()), pipeline_(grid.pp()), shape_(shape), schedule_(schedule),
+                               Schedule schedule, Matching matching, std::vector<ModelPart> parts)
+    : run_(run), world_(grid.world()), pipeline_(grid.pp()), shape_(shape), schedule_(schedule), matching_(matching),
       parts_(std::move(parts)), forward_(shape.chunks, 0), backward_(shape.chunks, 0), weight_(shape.chunks, 0),
       embedding_(grid.embedding()) {
   pipeline_before_ = pipeline_.stats();
@@ -106,7 +106,8 @@ void PipelineReport::finish(bool wte_copies_equal) {
     in_flight += by_theory.slots;
     act_theory += activation_bytes(cfg, run_.micro_batch_size(), run_.dtype(), run_.flash_attention(), {}, by_theory);
     const int s = virtual_stage(shape_, rank, c);
-    p2p_theory += m * message * ((s < p * v - 1 ? 1 : 0) + (s > 0 ? 1 : 0));  // its output forward, input gradient back
+    // Its output forward, its input's gradient back; with one stage they are copies, not messages.
+    if (p > 1) p2p_theory += m * message * ((s < p * v - 1 ? 1 : 0) + (s > 0 ? 1 : 0));
   }
   float* tail = &mine[3 * v];
   tail[0] = float(step_ / n), tail[1] = float(waiting_ / n), tail[2] = float(compute);
@@ -129,10 +130,12 @@ void PipelineReport::finish(bool wte_copies_equal) {
       costs.forward[s] = row(r)[c], costs.backward[s] = row(r)[v + c], costs.weight[s] = row(r)[2 * v + c];
       F += costs.forward[s] / (p * v), Bk += costs.backward[s] / (p * v), W += costs.weight[s] / (p * v);
     }
-  const Simulation sim = simulate(schedule_, shape_, costs);
+  const Simulation sim = simulate(schedule_, shape_, costs, matching_);
   const double theory = theory_bubble(schedule_, shape_, F, Bk, W);
-  std::printf("pipeline, %s schedule, p %d, m %d%s, averaged over %d measured steps (docs/theory.md, section 10):\n",
-              schedule_name(schedule_), p, m, v > 1 ? (", v " + std::to_string(v)).c_str() : "", steps_);
+  std::printf("pipeline, %s schedule, p %d, m %d%s, messages matched by %s, averaged over %d measured steps "
+              "(docs/theory.md, section 10):\n",
+              schedule_name(schedule_), p, m, v > 1 ? (", v " + std::to_string(v)).c_str() : "", matching_name(matching_),
+              steps_);
   std::printf("  %-5s %8s %8s %8s %9s %10s %9s %12s %16s %10s %10s\n", "stage", "F ms", "B ms", "W ms", "bubble",
               "simulated", "theory", "activations", "formula (held)", "p2p bytes", "formula");
   double measured_mean = 0, simulated_mean = 0;
@@ -173,6 +176,7 @@ void PipelineReport::finish(bool wte_copies_equal) {
   JsonObject pipeline;
   pipeline.add("type", "pipeline")
       .add("schedule", schedule_name(schedule_))
+      .add("matching", matching_name(matching_))
       .add("p", p)
       .add("m", m)
       .add("v", v)

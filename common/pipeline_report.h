@@ -20,7 +20,7 @@ class PipelineReport {
  public:
   // parts: this rank's model parts, as its chunks run them (with their slots).
   PipelineReport(TrainingRun& run, const ProcessGrid& grid, const PipelineShape& shape, Schedule schedule,
-                 std::vector<ModelPart> parts);
+                 Matching matching, std::vector<ModelPart> parts);
   // After each step's pipeline: its times (step 0, the warm-up, is left out) and point-to-point bytes.
   void add_step(int step, const PipelineExecutor::Times& times);
   // Collective: every rank's averages to root, which prints the table and writes JSON records
@@ -34,6 +34,7 @@ class PipelineReport {
   Communicator& pipeline_;
   PipelineShape shape_;
   Schedule schedule_;
+  Matching matching_;  // the simulation runs the lists the executor ran
   std::vector<ModelPart> parts_;
   int steps_ = 0;
   std::vector<double> forward_, backward_, weight_;  // per chunk, summed over the measured steps

@@ -43,6 +43,18 @@ std::string schedule_names() {
   return names;
 }
 
+const char* matching_name(Matching matching) { return matching == Matching::ByTag ? "tag" : "call-order"; }
+
+bool parse_matching(const std::string& name, Matching* out) {
+  for (Matching m : {Matching::ByTag, Matching::ByCallOrder}) {
+    if (name == matching_name(m)) {
+      *out = m;
+      return true;
+    }
+  }
+  return false;
+}
+
 std::string schedule_shape_error(Schedule schedule, const PipelineShape& shape) {
   const int p = shape.stages, m = shape.micro_batches, v = shape.chunks;
   if (p < 1) return "the pipeline needs at least 1 stage, not " + std::to_string(p);
@@ -71,36 +83,58 @@ int virtual_stage(const PipelineShape& shape, int rank, int chunk) { return chun
 namespace {
 
 // One rank's list as a builder writes it: forward() and backward() append the pass and then the
-// send of what it produced; finish() puts the receive of every pass that needs one at the start of
-// the list, in the order the passes consume them.
+// send of what it produced; finish() places the receive of every pass that needs one: at the start
+// of the list, in the order the passes consume them (ByTag), or right before its pass (ByCallOrder).
 class RankList {
  public:
   RankList(const PipelineShape& shape, int rank) : shape_(shape), rank_(rank) {}
 
   void forward(int micro, int chunk) {
-    passes_.push_back({Op::F, micro, chunk});
-    if (!is_last_stage(chunk)) passes_.push_back({Op::SendActivation, micro, chunk});
+    pass({Op::F, micro, chunk});
+    if (!is_last_stage(chunk)) entries_.push_back({{Op::SendActivation, micro, chunk}});
   }
   // Under zb-h1 the input gradient only: the next rank down waits for it, not for the weights'.
   void backward(int micro, int chunk) {
-    passes_.push_back({Op::B, micro, chunk});
-    if (!is_first_stage(chunk)) passes_.push_back({Op::SendGradient, micro, chunk});
+    pass({Op::B, micro, chunk});
+    if (!is_first_stage(chunk)) entries_.push_back({{Op::SendGradient, micro, chunk}});
   }
-  void weight(int micro, int chunk) { passes_.push_back({Op::W, micro, chunk}); }
+  void weight(int micro, int chunk) { pass({Op::W, micro, chunk}); }
+  // A forward and a backward with their messages in one group after both (Megatron-LM's steady
+  // state under call order): both sends, and the receives of the next pair, which finish() then
+  // places before the next pair's forward.
+  void forward_backward(Action f, Action b) {
+    pass(f);
+    pass(b, /*receive_with_previous=*/true);
+    if (!is_last_stage(f.chunk)) entries_.push_back({{Op::SendActivation, f.micro, f.chunk}});
+    if (!is_first_stage(b.chunk)) entries_.push_back({{Op::SendGradient, b.micro, b.chunk}});
+  }
 
-  std::vector<Action> finish() const {
-    std::vector<Action> list;
-    for (const Action& pass : passes_) {
-      if (pass.op == Op::F && !is_first_stage(pass.chunk))
-        list.push_back({Op::RecvActivation, pass.micro, pass.chunk});
-      if (pass.op == Op::B && !is_last_stage(pass.chunk))
-        list.push_back({Op::RecvGradient, pass.micro, pass.chunk});
+  std::vector<Action> finish(Matching matching) const {
+    std::vector<Action> receives, list;
+    for (size_t i = 0; i < entries_.size(); i++) {
+      const Entry& e = entries_[i];
+      std::vector<Action>& into = matching == Matching::ByTag ? receives : list;
+      if (e.action.op == Op::F || e.action.op == Op::B) {
+        if (!e.receive_with_previous) add_receive(e.action, &into);
+        // The next pass's receive, if it goes with this one's.
+        if (i + 1 < entries_.size() && entries_[i + 1].receive_with_previous) add_receive(entries_[i + 1].action, &into);
+      }
+      list.push_back(e.action);
     }
-    list.insert(list.end(), passes_.begin(), passes_.end());
+    list.insert(list.begin(), receives.begin(), receives.end());
     return list;
   }
 
  private:
+  struct Entry {
+    Action action;
+    bool receive_with_previous = false;  // its receive goes before the pass before it
+  };
+  void pass(Action a, bool receive_with_previous = false) { entries_.push_back({a, receive_with_previous}); }
+  void add_receive(const Action& pass, std::vector<Action>* into) const {
+    if (pass.op == Op::F && !is_first_stage(pass.chunk)) into->push_back({Op::RecvActivation, pass.micro, pass.chunk});
+    if (pass.op == Op::B && !is_last_stage(pass.chunk)) into->push_back({Op::RecvGradient, pass.micro, pass.chunk});
+  }
   bool is_first_stage(int chunk) const { return virtual_stage(shape_, rank_, chunk) == 0; }
   bool is_last_stage(int chunk) const {
     return virtual_stage(shape_, rank_, chunk) == shape_.virtual_stages() - 1;
@@ -108,17 +142,17 @@ class RankList {
 
   PipelineShape shape_;
   int rank_;
-  std::vector<Action> passes_;
+  std::vector<Entry> entries_;
 };
 
 // GPipe (Huang et al. 2019): every micro-batch's forward, then every backward, in the order 0..m-1
 // as GPipe and Megatron-LM run them. Simple, and the rank holds all m micro-batches' activations.
-std::vector<Action> build_afab(const PipelineShape& shape, int rank) {
+std::vector<Action> build_afab(const PipelineShape& shape, int rank, Matching matching) {
   RankList list(shape, rank);
   const int m = shape.micro_batches;
   for (int micro = 0; micro < m; micro++) list.forward(micro, 0);
   for (int micro = 0; micro < m; micro++) list.backward(micro, 0);
-  return list.finish();
+  return list.finish(matching);
 }
 
 // PipeDream-Flush (Narayanan et al. 2021), Megatron-LM's forward_backward_pipelining_without_
@@ -126,7 +160,7 @@ std::vector<Action> build_afab(const PipelineShape& shape, int rank) {
 // gradient to come back: the warm-up fills that wait with p-1-r forwards. Then each backward frees
 // the activations the forward before it took, so the rank never holds more than p-r micro-batches,
 // where afab holds m: same bubble, memory bounded by the pipeline's depth instead of the batch.
-std::vector<Action> build_1f1b(const PipelineShape& shape, int rank) {
+std::vector<Action> build_1f1b(const PipelineShape& shape, int rank, Matching matching) {
   RankList list(shape, rank);
   const int p = shape.stages, m = shape.micro_batches;
   const int warmup = std::min(p - 1 - rank, m);
@@ -137,7 +171,7 @@ std::vector<Action> build_1f1b(const PipelineShape& shape, int rank) {
     list.backward(next_backward++, 0);
   }
   while (next_backward < m) list.backward(next_backward++, 0);  // cool-down
-  return list.finish();
+  return list.finish(matching);
 }
 
 // Interleaved: the rank's forwards, numbered k = 0 .. m v - 1 ("virtual micro-batches"), take the
@@ -169,7 +203,7 @@ int interleaved_warmup(const PipelineShape& shape, int rank) {
 // Training on GPU Clusters Using Megatron-LM"; forward_backward_pipelining_with_interleaving). Each
 // rank holds v chunks of layers, so a micro-batch crosses the pipeline v times, each time in 1/v of
 // the time: the fill and drain shrink by v, and the bubble with them, for v times the messages.
-std::vector<Action> build_interleaved(const PipelineShape& shape, int rank) {
+std::vector<Action> build_interleaved(const PipelineShape& shape, int rank, Matching matching) {
   RankList list(shape, rank);
   const int total = shape.micro_batches * shape.chunks;
   const int warmup = interleaved_warmup(shape, rank);
@@ -183,11 +217,18 @@ std::vector<Action> build_interleaved(const PipelineShape& shape, int rank) {
   };
   for (int k = 0; k < warmup; k++) forward(k);
   for (int k = warmup; k < total; k++) {  // steady state: one forward, one backward
+    if (matching == Matching::ByCallOrder) {
+      // Each pass's messages in their own group would leave every rank's gradient send waiting for
+      // a neighbour whose own send waits in turn, round the ring (check_pipeline finds the cycle):
+      // the pair's four messages go in one group, as Megatron-LM sends them.
+      list.forward_backward(interleaved_forward(shape, k), interleaved_backward(shape, k - warmup));
+      continue;
+    }
     forward(k);
     backward(k - warmup);
   }
   for (int k = total - warmup; k < total; k++) backward(k);  // cool-down
-  return list.finish();
+  return list.finish(matching);
 }
 
 // Zero Bubble's handcrafted ZB-H1 (Qi et al., "Zero Bubble Pipeline Parallelism", ICLR 2024, figure
@@ -199,7 +240,7 @@ std::vector<Action> build_interleaved(const PipelineShape& shape, int rank) {
 // (p-1)(F+B-W) instead of 1f1b's (p-1)(F+B+W). A micro-batch's activations are freed by its W, so
 // rank r holds up to p micro-batches, r of them awaiting only their W (the p-r others whole, as
 // 1f1b): ZB-H1's peak memory is at most 1f1b's peak, rank 0's.
-std::vector<Action> build_zb_h1(const PipelineShape& shape, int rank) {
+std::vector<Action> build_zb_h1(const PipelineShape& shape, int rank, Matching matching) {
   RankList list(shape, rank);
   const int p = shape.stages, m = shape.micro_batches;
   const int warmup = std::min(p - 1 - rank, m);
@@ -219,19 +260,19 @@ std::vector<Action> build_zb_h1(const PipelineShape& shape, int rank) {
     list.weight(next_weight++, 0);
   }
   while (next_weight < m) list.weight(next_weight++, 0);
-  return list.finish();
+  return list.finish(matching);
 }
 
 }  // namespace
 
-std::vector<Action> build_schedule(Schedule schedule, const PipelineShape& shape, int rank) {
+std::vector<Action> build_schedule(Schedule schedule, const PipelineShape& shape, int rank, Matching matching) {
   ENSURE(schedule_shape_error(schedule, shape).empty(), schedule_shape_error(schedule, shape));
   ENSURE(rank >= 0 && rank < shape.stages, "build_schedule: rank outside the pipeline");
   switch (schedule) {
-    case Schedule::AFAB: return build_afab(shape, rank);
-    case Schedule::OneFOneB: return build_1f1b(shape, rank);
-    case Schedule::Interleaved: return build_interleaved(shape, rank);
-    case Schedule::ZBH1: return build_zb_h1(shape, rank);
+    case Schedule::AFAB: return build_afab(shape, rank, matching);
+    case Schedule::OneFOneB: return build_1f1b(shape, rank, matching);
+    case Schedule::Interleaved: return build_interleaved(shape, rank, matching);
+    case Schedule::ZBH1: return build_zb_h1(shape, rank, matching);
   }
   return {};
 }
@@ -260,9 +301,30 @@ namespace {
 
 constexpr int kOps = 7;  // the members of Op
 
+bool is_pass(Op op) { return op == Op::F || op == Op::B || op == Op::W; }
+
 // Where things are: rank and chunk of virtual stage s.
 int rank_of_stage(const PipelineShape& shape, int stage) { return stage % shape.stages; }
 int chunk_of_stage(const PipelineShape& shape, int stage) { return stage / shape.stages; }
+
+// A send or receive of `rank`: the rank at the other end, and the message named by the action that
+// receives it (a send of virtual stage s's output is recvA on s+1; of its input's gradient, recvG on
+// s-1), so that both ends of one message have the same name.
+struct Message {
+  int peer;
+  Action as_received;
+};
+Message message_of(const PipelineShape& shape, int rank, const Action& a) {
+  const int s = virtual_stage(shape, rank, a.chunk);
+  auto at = [&](Op op, int stage) { return Message{rank_of_stage(shape, stage), {op, a.micro, chunk_of_stage(shape, stage)}}; };
+  switch (a.op) {
+    case Op::SendActivation: return at(Op::RecvActivation, s + 1);
+    case Op::SendGradient: return at(Op::RecvGradient, s - 1);
+    case Op::RecvActivation: return {rank_of_stage(shape, s - 1), a};
+    case Op::RecvGradient: return {rank_of_stage(shape, s + 1), a};
+    default: return {rank, a};
+  }
+}
 
 // How many times a rank's list must hold `op` for one micro-batch of the chunk at virtual stage
 // `stage`, and why, for check_pipeline's messages.
@@ -299,8 +361,49 @@ int expected_count(Schedule schedule, const PipelineShape& shape, Op op, int sta
 
 }  // namespace
 
+std::vector<std::pair<int, int>> message_groups(const std::vector<Action>& actions) {
+  std::vector<std::pair<int, int>> groups;
+  for (int i = 0; i < int(actions.size()); i++) {
+    if (is_pass(actions[i].op)) continue;
+    if (i > 0 && !is_pass(actions[i - 1].op))
+      groups.back().second = i;
+    else
+      groups.push_back({i, i});
+  }
+  return groups;
+}
+
+namespace {
+
+// Under call order: the k-th send from rank a to rank b and the k-th receive at b from a must be one
+// message, or the data lands in the wrong buffer and nothing says so. "" or the first mismatch.
+std::string call_order_problem(const PipelineShape& shape, const std::vector<std::vector<Action>>& per_rank) {
+  const int p = shape.stages;
+  // sent[a][b], received[b][a]: the messages in call order, each named by its receiving action.
+  std::vector<std::vector<std::vector<Action>>> sent(p, std::vector<std::vector<Action>>(p)), received = sent;
+  for (int rank = 0; rank < p; rank++)
+    for (const Action& a : per_rank[rank]) {
+      if (is_pass(a.op)) continue;
+      const Message message = message_of(shape, rank, a);
+      if (a.op == Op::SendActivation || a.op == Op::SendGradient)
+        sent[rank][message.peer].push_back(message.as_received);
+      else
+        received[rank][message.peer].push_back(a);
+    }
+  for (int from = 0; from < p; from++)
+    for (int to = 0; to < p; to++)
+      for (size_t k = 0; k < sent[from][to].size() && k < received[to][from].size(); k++)
+        if (!(sent[from][to][k] == received[to][from][k]))
+          return "in call order, rank " + std::to_string(from) + "'s send number " + std::to_string(k) + " to rank " +
+                 std::to_string(to) + " is for " + describe(sent[from][to][k]) + ", but rank " + std::to_string(to) +
+                 "'s receive number " + std::to_string(k) + " from it is " + describe(received[to][from][k]);
+  return "";
+}
+
+}  // namespace
+
 std::string check_pipeline(Schedule schedule, const PipelineShape& shape,
-                           const std::vector<std::vector<Action>>& per_rank) {
+                           const std::vector<std::vector<Action>>& per_rank, Matching matching) {
   std::string shape_error = schedule_shape_error(schedule, shape);
   if (!shape_error.empty()) return shape_error;
   const int p = shape.stages, m = shape.micro_batches, v = shape.chunks;
@@ -350,9 +453,14 @@ std::string check_pipeline(Schedule schedule, const PipelineShape& shape,
       }
     }
   }
+  if (matching == Matching::ByCallOrder && shape.stages > 1) {
+    const std::string pairing = call_order_problem(shape, per_rank);
+    if (!pairing.empty()) return pairing;
+  }
   // Every list is sound on its own and every send meets its receive; what is left is a cycle of
   // ranks each waiting for the next, which only running them together shows.
-  Simulation run = simulate(shape, uniform_costs(shape, 1, 1, schedule == Schedule::ZBH1 ? 1 : 0), per_rank);
+  Simulation run =
+      simulate(shape, uniform_costs(shape, 1, 1, schedule == Schedule::ZBH1 ? 1 : 0), per_rank, matching);
   if (!run.deadlock.empty()) return "deadlock: " + run.deadlock;
   return "";
 }
@@ -395,15 +503,23 @@ double Simulation::bubble() const {
   return sum / double(idle.size()) / makespan;
 }
 
-Simulation simulate(Schedule schedule, const PipelineShape& shape, const ActionCosts& costs) {
+Simulation simulate(Schedule schedule, const PipelineShape& shape, const ActionCosts& costs, Matching matching) {
   ENSURE(schedule_shape_error(schedule, shape).empty(), schedule_shape_error(schedule, shape));
   std::vector<std::vector<Action>> per_rank;
-  for (int rank = 0; rank < shape.stages; rank++) per_rank.push_back(build_schedule(schedule, shape, rank));
-  return simulate(shape, costs, per_rank);
+  for (int rank = 0; rank < shape.stages; rank++) per_rank.push_back(build_schedule(schedule, shape, rank, matching));
+  return simulate(shape, costs, per_rank, matching);
 }
 
+namespace {
+
+Simulation simulate_call_order(const PipelineShape& shape, const ActionCosts& costs,
+                               const std::vector<std::vector<Action>>& per_rank);
+
+}  // namespace
+
 Simulation simulate(const PipelineShape& shape, const ActionCosts& costs,
-                    const std::vector<std::vector<Action>>& per_rank) {
+                    const std::vector<std::vector<Action>>& per_rank, Matching matching) {
+  if (matching == Matching::ByCallOrder && shape.stages > 1) return simulate_call_order(shape, costs, per_rank);
   const int p = shape.stages, m = shape.micro_batches, v = shape.chunks, stages = shape.virtual_stages();
   ENSURE(int(per_rank.size()) == p, "simulate: one list per rank");
   // A cost per chunk (every rank alike), or per virtual stage (each stage its own, as measured).
@@ -507,6 +623,184 @@ Simulation simulate(const PipelineShape& shape, const ActionCosts& costs,
   }
   return sim;
 }
+
+namespace {
+
+// The call-order model (simulate()'s comment). Each rank has two lanes: its passes in list order,
+// and its message groups in list order. A message's partner is found by counting, as NCCL matches.
+Simulation simulate_call_order(const PipelineShape& shape, const ActionCosts& costs,
+                               const std::vector<std::vector<Action>>& per_rank) {
+  const int p = shape.stages, v = shape.chunks;
+  ENSURE(int(per_rank.size()) == p, "simulate: one list per rank");
+  const int per = int(costs.forward.size());
+  ENSURE((per == v || per == shape.virtual_stages()) && int(costs.backward.size()) == per,
+         "simulate: a cost per chunk or per virtual stage");
+  auto cost_of = [&](int rank, const Action& a) -> double {
+    const int i = per == v ? a.chunk : virtual_stage(shape, rank, a.chunk);
+    if (a.op == Op::F) return costs.forward[i];
+    if (a.op == Op::B) return costs.backward[i];
+    if (a.op == Op::W) return costs.weight.empty() ? 0 : costs.weight[i];
+    return 0;
+  };
+
+  // Per rank and action: its group (messages), the partner (rank, group) of each message, and the
+  // group holding each pass's receive.
+  struct Lane {
+    std::vector<std::pair<int, int>> groups;  // [first, last] in the list
+    std::vector<int> group_of;                // per action, -1 for passes
+    std::vector<double> group_start, group_end;
+    std::vector<double> pass_end;             // per action, -1 until run
+    size_t next_pass = 0;
+    size_t next_group = 0;
+    double compute_clock = 0, computed = 0;
+    std::vector<SimulatedAction> ran;
+  };
+  std::vector<Lane> lanes(p);
+  // sends[a][b] / receives[b][a]: positions, in call order.
+  std::vector<std::vector<std::vector<int>>> sends(p, std::vector<std::vector<int>>(p)), receives = sends;
+  for (int rank = 0; rank < p; rank++) {
+    Lane& lane = lanes[rank];
+    const std::vector<Action>& list = per_rank[rank];
+    lane.groups = message_groups(list);
+    lane.group_of.assign(list.size(), -1);
+    for (int g = 0; g < int(lane.groups.size()); g++)
+      for (int i = lane.groups[g].first; i <= lane.groups[g].second; i++) lane.group_of[i] = g;
+    lane.group_start.assign(lane.groups.size(), -1.0);
+    lane.group_end.assign(lane.groups.size(), -1.0);
+    lane.pass_end.assign(list.size(), -1.0);
+    for (int i = 0; i < int(list.size()); i++) {
+      const Action& a = list[i];
+      if (is_pass(a.op)) continue;
+      const int peer = message_of(shape, rank, a).peer;
+      (a.op == Op::SendActivation || a.op == Op::SendGradient ? sends[rank][peer] : receives[rank][peer]).push_back(i);
+    }
+  }
+  // partner[rank][i]: (peer, its group) of the message at position i; (-1, -1) if it has none.
+  std::vector<std::vector<std::pair<int, int>>> partner(p);
+  for (int rank = 0; rank < p; rank++) partner[rank].assign(per_rank[rank].size(), {-1, -1});
+  for (int rank = 0; rank < p; rank++) {
+    for (int peer = 0; peer < p; peer++) {
+      const std::vector<int>&out = sends[rank][peer], &in = receives[peer][rank];
+      for (size_t k = 0; k < out.size() && k < in.size(); k++) {
+        partner[rank][out[k]] = {peer, lanes[peer].group_of[in[k]]};
+        partner[peer][in[k]] = {rank, lanes[rank].group_of[out[k]]};
+      }
+    }
+  }
+  // The group of the receive a pass waits for, found by position: the latest receive of its data
+  // before it.
+  auto receive_group = [&](int rank, int i) -> int {
+    const Action& pass = per_rank[rank][i];
+    const Op wanted = pass.op == Op::F ? Op::RecvActivation : Op::RecvGradient;
+    for (int j = i - 1; j >= 0; j--) {
+      const Action& a = per_rank[rank][j];
+      if (a.op == wanted && a.micro == pass.micro && a.chunk == pass.chunk) return lanes[rank].group_of[j];
+    }
+    return -1;
+  };
+
+  for (bool progressed = true; progressed;) {
+    progressed = false;
+    for (int rank = 0; rank < p; rank++) {
+      Lane& lane = lanes[rank];
+      const std::vector<Action>& list = per_rank[rank];
+      // The message lane.
+      while (lane.next_group < lane.groups.size()) {
+        const size_t g = lane.next_group;
+        if (lane.group_start[g] < 0) {
+          double start = g > 0 ? lane.group_end[g - 1] : 0;
+          bool passes_done = true;
+          for (int i = lane.groups[g].first - 1; i >= 0 && passes_done; i--)
+            if (is_pass(list[i].op)) {  // the last pass before it ends after every earlier one
+              passes_done = lane.pass_end[i] >= 0;
+              start = std::max(start, lane.pass_end[i]);
+              break;
+            }
+          if (!passes_done) break;
+          lane.group_start[g] = start;
+          progressed = true;
+        }
+        double end = lane.group_start[g];
+        bool partners_started = true;
+        for (int i = lane.groups[g].first; i <= lane.groups[g].second; i++) {
+          const auto [peer, group] = partner[rank][i];
+          if (peer < 0 || lanes[peer].group_start[group] < 0) {
+            partners_started = false;
+            break;
+          }
+          end = std::max(end, lanes[peer].group_start[group]);
+        }
+        if (!partners_started) break;
+        lane.group_end[g] = end + costs.p2p;
+        for (int i = lane.groups[g].first; i <= lane.groups[g].second; i++)
+          lane.ran.push_back({rank, list[i], lane.group_start[g], lane.group_start[g]});
+        lane.next_group++;
+        progressed = true;
+      }
+      // The compute lane.
+      while (lane.next_pass < list.size()) {
+        const size_t i = lane.next_pass;
+        if (!is_pass(list[i].op)) {
+          lane.next_pass++;
+          continue;
+        }
+        const Action& a = list[i];
+        const int s = virtual_stage(shape, rank, a.chunk);
+        const bool receives_data = (a.op == Op::F && s > 0) || (a.op == Op::B && s < shape.virtual_stages() - 1);
+        double ready = 0;
+        if (receives_data) {
+          const int g = receive_group(rank, int(i));
+          if (g < 0 || lane.group_end[g] < 0) break;
+          ready = lane.group_end[g];
+        }
+        const double start = std::max(lane.compute_clock, ready), cost = cost_of(rank, a);
+        lane.compute_clock = start + cost;
+        lane.computed += cost;
+        lane.pass_end[i] = lane.compute_clock;
+        lane.ran.push_back({rank, a, start, lane.compute_clock});
+        lane.next_pass++;
+        progressed = true;
+      }
+    }
+  }
+
+  Simulation sim;
+  for (int rank = 0; rank < p; rank++) {
+    sim.actions.insert(sim.actions.end(), lanes[rank].ran.begin(), lanes[rank].ran.end());
+    sim.makespan = std::max(sim.makespan, lanes[rank].compute_clock);
+    if (!lanes[rank].group_end.empty()) sim.makespan = std::max(sim.makespan, lanes[rank].group_end.back());
+  }
+  for (int rank = 0; rank < p; rank++) sim.idle.push_back(sim.makespan - lanes[rank].computed);
+  for (int rank = 0; rank < p; rank++) {
+    const Lane& lane = lanes[rank];
+    if (lane.next_group >= lane.groups.size()) continue;
+    const auto [first, last] = lane.groups[lane.next_group];
+    std::vector<Action> group(per_rank[rank].begin() + first, per_rank[rank].begin() + last + 1);
+    std::string reason = "rank " + std::to_string(rank) + "'s group [" + describe(group) + "] ";
+    if (lane.group_start[lane.next_group] < 0) {
+      reason += "waits for its passes before it";
+    } else {
+      reason += "waits for";
+      for (int i = first; i <= last; i++) {
+        const auto [peer, g] = partner[rank][i];
+        if (peer < 0) {
+          reason += " a partner for " + describe(per_rank[rank][i]) + ", which no rank sends";
+          break;
+        }
+        if (lanes[peer].group_start[g] < 0) {
+          const auto [pf, pl] = lanes[peer].groups[g];
+          reason += " rank " + std::to_string(peer) + "'s group [" +
+                    describe(std::vector<Action>(per_rank[peer].begin() + pf, per_rank[peer].begin() + pl + 1)) + "]";
+          break;
+        }
+      }
+    }
+    sim.deadlock += (sim.deadlock.empty() ? "" : "; ") + reason;
+  }
+  return sim;
+}
+
+}  // namespace
 
 double theory_bubble(Schedule schedule, const PipelineShape& shape, double forward, double backward,
                      double weight) {

@@ -3,7 +3,7 @@
 // Action (one entry of a rank's list), PipelineShape (p, m, v), build_schedule() (the list of one
 // rank), check_pipeline() (are all ranks' lists sound together), max_in_flight() and
 // max_awaiting_backward() (activation slots), simulate() with ActionCosts, theory_bubble() and
-// theory_in_flight().
+// theory_in_flight(); Matching, how receives find their messages (MPI's tags, NCCL's call order).
 //
 // p pipeline ranks (stages), m micro-batches per step, v model chunks per rank (v > 1 only for the
 // interleaved schedule). Chunk c of rank r is virtual stage c*p + r (Megatron-LM's round-robin
@@ -14,13 +14,14 @@
 //
 // A schedule is, for every rank, a list of actions in execution order. The executor runs the list
 // as it is: Recv* posts a non-blocking receive; F and B wait for their posted receive, then compute;
-// Send* starts a non-blocking send. Every receive of the step is posted at the start of the list, in
-// the order the data is consumed (the executor keeps a receive buffer per micro-batch and chunk),
-// so that no send ever waits for a receive its neighbour has yet to post; each send comes right
-// after the F or B that produced its data. Nothing here runs the model or talks to another rank: a
+// Send* starts a non-blocking send. Each send comes right after the F or B that produced its data.
+// Where the receives go depends on how a receive finds its message (Matching, below): all at the
+// start of the list (MPI's tags), or each right before the pass that needs it, in one group with
+// the sends before it (NCCL's call order). Nothing here runs the model or talks to another rank: a
 // test checks the lists, and the simulator times them, before any executor exists.
 #pragma once
 #include <string>
+#include <utility>
 #include <vector>
 
 enum class Schedule {
@@ -56,6 +57,26 @@ struct Action {
   }
 };
 
+// How a receive finds its message, which decides where a list posts its receives.
+//   ByTag        MPI: every message carries (kind, virtual stage, micro-batch) in its tag, so every
+//                receive of the step is posted at the start of the list, in the order the data is
+//                consumed (the executor keeps a receive buffer per micro-batch and chunk): no send
+//                ever waits for a receive its neighbour has yet to post.
+//   ByCallOrder  NCCL: there are no tags. The k-th send from rank a to rank b meets the k-th receive
+//                that b posts from a, and a send finishes only while its receive runs. A rank's
+//                messages run one after the other on its communicator's stream, so receives posted at
+//                the start would hold every later send behind them, and the ranks would wait for each
+//                other forever. Instead each receive is posted right before the pass that needs it,
+//                and every run of sends and receives between two passes is one group call
+//                (ncclGroupStart/End; Megatron-LM's batch_isend_irecv): a rank's send and its
+//                receive from the same neighbour progress together. check_pipeline proves, per
+//                schedule, that the k-th send and the k-th receive are the same message and that no
+//                group waits forever.
+enum class Matching { ByTag, ByCallOrder };
+// "tag", "call-order"; parse_matching returns false on any other name and leaves *out as it was.
+const char* matching_name(Matching matching);
+bool parse_matching(const std::string& name, Matching* out);
+
 struct PipelineShape {
   int stages = 1;         // p, the pipeline ranks
   int micro_batches = 1;  // m, per step
@@ -71,8 +92,12 @@ std::string schedule_shape_error(Schedule schedule, const PipelineShape& shape);
 // Chunk `chunk` of `rank` is virtual stage chunk * p + rank.
 int virtual_stage(const PipelineShape& shape, int rank, int chunk);
 
-// The list of actions `rank` runs in one step.
-std::vector<Action> build_schedule(Schedule schedule, const PipelineShape& shape, int rank);
+// The list of actions `rank` runs in one step, its receives placed for `matching`.
+std::vector<Action> build_schedule(Schedule schedule, const PipelineShape& shape, int rank,
+                                   Matching matching = Matching::ByTag);
+// A list's sends and receives in groups: each run of them between two passes (F, B or W), as
+// [first, last] positions in the list. Under ByCallOrder each group is one group call.
+std::vector<std::pair<int, int>> message_groups(const std::vector<Action>& actions);
 
 // "F3.c1", "B3.c1", "W3.c1", "sendA3.c1", "recvA3.c1", "sendG3.c1", "recvG3.c0". F, B and W names are
 // the executor's trace span names.
@@ -84,10 +109,11 @@ std::string describe(const std::vector<Action>& actions);
 // one B per chunk on its rank (and one W under zb-h1, none otherwise); each B after its F, each W
 // after its B; each send after the pass that produces its data, each receive before the pass that
 // consumes it; every send has exactly one matching receive on the neighbouring virtual stage and
-// every receive one send; and a simulation with unit costs completes (no deadlock). Returns "" when
-// sound, else the first problem in words.
+// every receive one send; under ByCallOrder, the k-th send from a rank to another and the k-th
+// receive there from it are the same message; and a simulation with unit costs under `matching`
+// completes (no deadlock). Returns "" when sound, else the first problem in words.
 std::string check_pipeline(Schedule schedule, const PipelineShape& shape,
-                           const std::vector<std::vector<Action>>& per_rank);
+                           const std::vector<std::vector<Action>>& per_rank, Matching matching = Matching::ByTag);
 
 // The most micro-batches that `chunk` of a rank holds activations for at once: its F is done and the
 // pass that frees them not yet, which is W where the list has one (zb-h1: W still reads each
@@ -125,14 +151,21 @@ struct Simulation {
 };
 
 // Runs every rank's list in order. A compute action takes its cost once it may start: F when its
-// input activation has arrived (the previous virtual stage's SendActivation time + p2p) and its
-// receive is posted, B when its output gradient has arrived likewise (the last virtual stage's B
-// when its own F is done), W when its B is done. Sends and receive posts take no time. A rank's idle
+// input activation has arrived and its receive is posted, B when its output gradient has arrived
+// likewise (the last virtual stage's B when its own F is done), W when its B is done. A rank's idle
 // time is the step's makespan minus the time it computes: waiting for its first input, waiting
-// between passes, and waiting at the end for the others to finish the step.
-Simulation simulate(Schedule schedule, const PipelineShape& shape, const ActionCosts& costs);  // builds the lists
+// between passes, and waiting at the end for the others to finish the step. When a message arrives:
+//   ByTag        the SendActivation's (SendGradient's) time + p2p; sends and receive posts take no
+//                time, and nothing waits for a send.
+//   ByCallOrder  a rank's groups run one after the other on its message lane, beside its compute
+//                lane: a group starts once the group before it has ended and every pass before it in
+//                the list has ended (NCCL's stream waits for the compute stream at issue), and ends
+//                p2p after the last of its messages' partner groups has started. With one stage the
+//                messages are local copies, as under ByTag.
+Simulation simulate(Schedule schedule, const PipelineShape& shape, const ActionCosts& costs,
+                    Matching matching = Matching::ByTag);  // builds the lists
 Simulation simulate(const PipelineShape& shape, const ActionCosts& costs,
-                    const std::vector<std::vector<Action>>& per_rank);
+                    const std::vector<std::vector<Action>>& per_rank, Matching matching = Matching::ByTag);
 
 // The bubble fraction (idle / step time) by the theory, with equal stages and no p2p time:
 //   afab, 1f1b:  (p-1) / (m+p-1)

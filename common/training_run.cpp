@@ -15,6 +15,7 @@
 #include "ops.h"
 #include "optimizer.h"
 #include "trace.h"
+#include "watchdog.h"  // set_device_wait_timeout
 
 namespace {
 
@@ -122,6 +123,7 @@ TrainingRun::TrainingRun(Communicator& world, Communicator& dp, const ProcessGri
   for (Group& g : groups_) g.comm->set_link_model({cfg_.link_gbps, cfg_.link_latency_us});
   if (tp_comm_) tp_comm_->set_link_model(tensor_parallel_link());
   set_comm_timeout(cfg_.timeout_s);
+  set_device_wait_timeout(cfg_.timeout_s);
   enable_tracing(!cfg_.trace.empty());
   catch_interrupts();
 

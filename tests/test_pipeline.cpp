@@ -1,6 +1,7 @@
 // test_pipeline.cpp: chapter 08 end to end, through the real trainer binary: every schedule on 2 and
 // 4 stages, with as many micro-batches as stages and twice as many, on pipelines with data
-// parallelism over each stage (03's all-reduce, ZeRO-1, ZeRO-2's rule), trains to the same losses,
+// parallelism over each stage (03's all-reduce, ZeRO-1, ZeRO-2's rule), with messages matched by
+// tag (MPI) and by call order (the lists NCCL runs), trains to the same losses,
 // gradient norms and final parameters as one rank of 01 with the same global batch; the tied wte's
 // two copies stay equal, bit for bit; activations, point-to-point, embedding-group and data-parallel
 // bytes equal their formulas on every stage; checkpoints stay layout-free. The schedules themselves,
@@ -59,6 +60,16 @@ std::vector<PipelineCase> pipeline_cases() {
         cases.push_back({p, std::string("--schedule ") + schedule + " --micro-batches " + std::to_string(m),
                          name + "_p" + std::to_string(p) + "_m" + std::to_string(m)});
       }
+  // The lists NCCL runs (each receive grouped with the sends before its pass, matched by call
+  // order), here over MPI: the same training.
+  for (const char* schedule : {"afab", "1f1b", "interleaved", "zb-h1"})
+    for (int p : {2, 4}) {
+      std::string name = schedule;
+      if (name == "zb-h1") name = "zbh1";
+      cases.push_back({p, std::string("--p2p-matching call-order --schedule ") + schedule,
+                       name + "_p" + std::to_string(p) + "_call_order"});
+    }
+  cases.push_back({4, "--pp 2 --schedule zb-h1 --p2p-matching call-order", "dp2_pp2_zbh1_call_order"});
   // Four chunks a rank, one block each.
   cases.push_back({2, "--schedule interleaved --virtual-stages 4 --micro-batches 4", "interleaved_p2_v4"});
   // A partition of the user's, uneven.

@@ -2,7 +2,8 @@
 // on 1, 2 and 4 stages with several micro-batch counts: each micro-batch gets one F and one B (and
 // one W under zb-h1) per chunk, in order; sends meet receives; the simulation completes and its
 // bubble is the theory's; the activation slots are the theory's. Then hand-checked orders and
-// timings, and broken lists that check_pipeline must catch.
+// timings, and broken lists that check_pipeline must catch. The same lists built for NCCL's
+// matching by call order: every schedule sound, and the lists that would hang on it caught.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -40,9 +41,10 @@ std::vector<Case> all_cases() {
   return cases;
 }
 
-std::vector<std::vector<Action>> build_all(const Case& c) {
+std::vector<std::vector<Action>> build_all(const Case& c, Matching matching = Matching::ByTag) {
   std::vector<std::vector<Action>> per_rank;
-  for (int rank = 0; rank < c.shape.stages; rank++) per_rank.push_back(build_schedule(c.schedule, c.shape, rank));
+  for (int rank = 0; rank < c.shape.stages; rank++)
+    per_rank.push_back(build_schedule(c.schedule, c.shape, rank, matching));
   return per_rank;
 }
 
@@ -181,7 +183,112 @@ TEST(PipelineSchedule, SendsMatchReceivesBetweenNeighbours) {
 }
 
 TEST(PipelineSchedule, CheckPipelineAcceptsEveryBuiltSchedule) {
-  for (const Case& c : all_cases()) EXPECT_EQ(check_pipeline(c.schedule, c.shape, build_all(c)), "") << name_of(c);
+  for (const Case& c : all_cases()) {
+    EXPECT_EQ(check_pipeline(c.schedule, c.shape, build_all(c)), "") << name_of(c);
+    EXPECT_EQ(check_pipeline(c.schedule, c.shape, build_all(c, Matching::ByCallOrder), Matching::ByCallOrder), "")
+        << name_of(c) << ", call order";
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Matching by call order (NCCL).
+
+TEST(CallOrder, NamesRoundTrip) {
+  for (Matching m : {Matching::ByTag, Matching::ByCallOrder}) {
+    Matching parsed = Matching::ByTag;
+    EXPECT_TRUE(parse_matching(matching_name(m), &parsed));
+    EXPECT_EQ(parsed, m);
+  }
+  Matching unchanged = Matching::ByCallOrder;
+  EXPECT_FALSE(parse_matching("nccl", &unchanged));
+  EXPECT_EQ(unchanged, Matching::ByCallOrder);
+}
+
+// Each receive right before its pass, after the sends of the pass before: one group between passes.
+// Written by hand: 1f1b on 2 ranks, 3 micro-batches.
+TEST(CallOrder, ReceivesComeRightBeforeTheirPassInOneGroupWithTheSendsBefore) {
+  const PipelineShape shape{2, 3, 1};
+  const std::vector<Action> first = build_schedule(Schedule::OneFOneB, shape, 0, Matching::ByCallOrder);
+  const std::vector<Action> last = build_schedule(Schedule::OneFOneB, shape, 1, Matching::ByCallOrder);
+  EXPECT_EQ(describe(first),
+            "F0.c0 sendA0.c0 F1.c0 sendA1.c0 recvG0.c0 B0.c0 F2.c0 sendA2.c0 recvG1.c0 B1.c0 recvG2.c0 B2.c0");
+  EXPECT_EQ(describe(last),
+            "recvA0.c0 F0.c0 B0.c0 sendG0.c0 recvA1.c0 F1.c0 B1.c0 sendG1.c0 recvA2.c0 F2.c0 B2.c0 sendG2.c0");
+  // Rank 0's send of micro-batch 1 and its receive of micro-batch 0's gradient go out together.
+  const std::vector<std::pair<int, int>> groups = message_groups(first);
+  ASSERT_EQ(groups.size(), 4u);
+  EXPECT_EQ(groups[1], std::make_pair(3, 4));
+  EXPECT_EQ(message_groups(std::vector<Action>{{Op::F, 0, 0}}).size(), 0u);
+}
+
+// The lists MPI runs post every receive first. On one NCCL stream those receives would hold back the
+// rank's own sends, which its neighbour waits for: every schedule hangs.
+TEST(CallOrder, ReceivesPostedUpFrontWouldHang) {
+  for (const Case& c : all_cases()) {
+    if (c.shape.stages < 2) continue;
+    SCOPED_TRACE(name_of(c));
+    const std::string problem = check_pipeline(c.schedule, c.shape, build_all(c), Matching::ByCallOrder);
+    EXPECT_NE(problem.find("deadlock"), std::string::npos) << problem;
+  }
+}
+
+// Interleaved with a group per pass, as 1f1b has: every rank's gradient send waits for a neighbour
+// whose group waits in turn, round the ring. Megatron-LM's four messages of a steady pair in one
+// group (what build_schedule does) are what make it sound.
+TEST(CallOrder, InterleavedNeedsItsSteadyPairsMessagesInOneGroup) {
+  const PipelineShape shape{4, 8, 2};
+  std::vector<std::vector<Action>> per_pass;
+  for (int rank = 0; rank < shape.stages; rank++) {
+    // The same passes, each with its receive right before it and its send right after it.
+    std::vector<Action> list;
+    for (const Action& a : build_schedule(Schedule::Interleaved, shape, rank, Matching::ByCallOrder)) {
+      if (a.op != Op::F && a.op != Op::B) continue;
+      const int s = virtual_stage(shape, rank, a.chunk);
+      const bool first = s == 0, last = s == shape.virtual_stages() - 1;
+      if (a.op == Op::F && !first) list.push_back({Op::RecvActivation, a.micro, a.chunk});
+      if (a.op == Op::B && !last) list.push_back({Op::RecvGradient, a.micro, a.chunk});
+      list.push_back(a);
+      if (a.op == Op::F && !last) list.push_back({Op::SendActivation, a.micro, a.chunk});
+      if (a.op == Op::B && !first) list.push_back({Op::SendGradient, a.micro, a.chunk});
+    }
+    per_pass.push_back(list);
+  }
+  EXPECT_EQ(check_pipeline(Schedule::Interleaved, shape, per_pass), "") << "sound under tags";
+  const std::string problem = check_pipeline(Schedule::Interleaved, shape, per_pass, Matching::ByCallOrder);
+  EXPECT_NE(problem.find("deadlock: rank 0's group [sendG0.c1] waits for rank 3's group"), std::string::npos)
+      << problem;
+}
+
+// NCCL pairs the k-th send with the k-th receive whatever they carry: two sends swapped deliver
+// each micro-batch's activations into the other's buffer, silently. check_pipeline names it.
+TEST(CallOrder, MessagesOutOfOrderAreCaught) {
+  const Case c{Schedule::AFAB, {2, 2, 1}};
+  std::vector<std::vector<Action>> swapped = build_all(c, Matching::ByCallOrder);
+  std::swap(swapped[0][index_of(swapped[0], {Op::SendActivation, 0, 0})],
+            swapped[0][index_of(swapped[0], {Op::SendActivation, 1, 0})]);
+  std::swap(swapped[0][index_of(swapped[0], {Op::F, 0, 0})], swapped[0][index_of(swapped[0], {Op::F, 1, 0})]);
+  EXPECT_EQ(check_pipeline(c.schedule, c.shape, swapped), "") << "tags tell the two apart";
+  EXPECT_EQ(check_pipeline(c.schedule, c.shape, swapped, Matching::ByCallOrder),
+            "in call order, rank 0's send number 0 to rank 1 is for recvA1.c0, but rank 1's receive number 0 from it "
+            "is recvA0.c0");
+}
+
+// With messages that take no time, grouping costs nothing: the same bubble as by tag, the theory's.
+// With time, a group holds its stream until its last message has gone, and the step grows.
+TEST(CallOrder, SameBubbleAsByTagWhenMessagesAreFree) {
+  for (const Case& c : all_cases()) {
+    SCOPED_TRACE(name_of(c));
+    const ActionCosts costs = uniform_costs(c.shape, 1, 2, c.schedule == Schedule::ZBH1 ? 1 : 0);
+    const Simulation by_tag = simulate(c.schedule, c.shape, costs);
+    const Simulation by_order = simulate(c.schedule, c.shape, costs, Matching::ByCallOrder);
+    ASSERT_EQ(by_order.deadlock, "");
+    EXPECT_NEAR(by_order.makespan, by_tag.makespan, 1e-9);
+    EXPECT_NEAR(by_order.bubble(), by_tag.bubble(), 1e-9);
+  }
+  const PipelineShape shape{4, 8, 1};
+  const ActionCosts slow = uniform_costs(shape, 1, 2, 0, 0.5);
+  EXPECT_GE(simulate(Schedule::OneFOneB, shape, slow, Matching::ByCallOrder).makespan,
+            simulate(Schedule::OneFOneB, shape, slow).makespan);
 }
 
 TEST(PipelineSchedule, SimulatedBubbleIsTheTheory) {

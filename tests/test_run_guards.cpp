@@ -98,6 +98,8 @@ std::vector<BadInput> bad_inputs() {
       {"PartitionThatDoesNotAddUp", "--preset tall --partition 3,4", "block counts that add up to L = 8", "08_pipeline"},
       {"ZeroTwoWithZeroBubble", "--preset tall --pp 1 --zero2 --schedule zb-h1", "(use afab or 1f1b)", "08_pipeline"},
       {"GradAccumInAPipeline", "--preset tall --grad-accum 2", "use --micro-batches", "08_pipeline"},
+      {"UnknownMatching", "--preset tall --p2p-matching nccl", "--p2p-matching nccl: choose auto, tag or call-order",
+       "08_pipeline"},
       {"StagesDoNotDivideTheRanks", "--preset tall --pp 3", "--pp 3", "08_pipeline", 4},
       {"MicroBatchesDoNotDivideTheBatch", "--preset tall --micro-batches 3",
        "--batch 8 is not divisible by data-parallel ranks x micro-batches = 1 x 3", "08_pipeline"},
@@ -272,7 +274,9 @@ TEST(Stops, AStageThatDiesOrStopsEndsThePipeline) {
     EXPECT_NE(r.exit_code, 0) << r.output;
     EXPECT_NE(r.exit_code, 124) << "the job hung";
     EXPECT_LT(r.seconds, 3 + 10.0) << r.output;
-    if (signal == SIGSTOP) EXPECT_NE(r.output.find("watchdog:"), std::string::npos) << r.output;
+    if (signal == SIGSTOP) {
+      EXPECT_NE(r.output.find("watchdog:"), std::string::npos) << r.output;
+    }
     EXPECT_TRUE(rank_pids(dir).empty()) << "a rank was left behind";
     for (int pid : rank_pids(dir)) kill(pid, SIGKILL);
   }
