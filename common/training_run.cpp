@@ -640,6 +640,18 @@ void TrainingRun::report_vs_theory(const CommStats& step_comm, const CommStats* 
   row("optimizer state", double(mem.current[int(MemCategory::OptState)]), p.optim_bytes);
   row("  model state", model_state, p.params_bytes + p.grads_bytes + p.optim_bytes);
   row("activations", double(mem.peak[int(MemCategory::Activations)]), forecast_.activations);
+  if (tp_.size > 1) {
+    // The same formula for the three ways of running this model, so that the reader sees what tensor
+    // parallelism alone keeps (every position's stream between the products) and what sequence
+    // parallelism then splits.
+    auto predicted = [&](int t, bool sp) {
+      return format_bytes(activation_bytes(model_, micro_B_, dtype_, flash_, {t, 0, sp}));
+    };
+    std::printf("    (by the formula: no TP %s | TP %d %s | TP %d + SP %s; docs/theory.md, section 9, derives it and "
+                "sets it beside Korthikanti et al.'s)\n",
+                predicted(1, false).c_str(), tp_.size, predicted(tp_.size, false).c_str(), tp_.size,
+                predicted(tp_.size, true).c_str());
+  }
   std::printf("  %-22s %12s %12s   (transient; theory: at most)\n", "communication buffers",
               format_bytes(double(mem.peak[int(MemCategory::CommBuffers)])).c_str(),
               format_bytes(forecast_.transient).c_str());
