@@ -70,7 +70,13 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
   // The grid: consecutive ranks form a TP group; ranks with the same TP rank form a DP group.
   const int tp_size = opt.tp ? opt.tp : world.size() % 2 == 0 ? 2 : 1;
   ProcessGrid grid(world, grid_shape(world.size(), tp_size, 1));
-  const TensorParallelism tp{grid.shape().tp, grid.coords().tp, opt.sequence_parallel};
+  // At --tp 1 a group is one rank, which holds every row already: sequence parallelism has nothing to
+  // split. A note rather than an error, so that one command line runs on any --tp.
+  const bool sequence_parallel = opt.sequence_parallel && grid.shape().tp > 1;
+  if (opt.sequence_parallel && !sequence_parallel && world.rank() == 0)
+    std::printf("note: --sequence-parallel does nothing at --tp 1 (one rank per tensor-parallel group holds every "
+                "row); running without it\n");
+  const TensorParallelism tp{grid.shape().tp, grid.coords().tp, sequence_parallel};
   TrainingRun run(grid, cfg, opt.zero1 ? Strategy::ZeRO1 : Strategy::DP, tp);
   const Device device = run.device();
   const DType dtype = run.dtype();
@@ -100,7 +106,7 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
     }
     return handle;
   };
-  if (!opt.sequence_parallel) {
+  if (!sequence_parallel) {
     // Without sequence parallelism every rank holds all rows: local and full are the same tensor.
     model.tp_hooks.f_forward = [](Tensor, Tensor) { return CommHandle(); };  // identity
     model.tp_hooks.f_backward = [&](Tensor full, Tensor) {                   // sum the input's gradient
@@ -134,7 +140,7 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
   model.hooks.grad_ready = [&](int p) {
     if (!last_micro_batch) return;  // no_sync
     const ParamInfo& info = layout.params[p];
-    if (opt.sequence_parallel && info.shard.whole()) {
+    if (sequence_parallel && info.shard.whole()) {
       summing.emplace_back(p, tp_group.all_reduce_async(grads.view().slice1d(info.offset, info.size), ReduceOp::Sum));
       return;
     }

@@ -67,6 +67,24 @@ class LayoutBuilder {
 
 }  // namespace
 
+std::string tensor_parallel_size_problem(const GPT2Config& cfg, const TensorParallelism& tp, int micro_batch) {
+  if (tp.size == 1) return "";
+  const int t = tp.size;
+  auto refusal = [&](const std::string& what, int64_t value) {
+    return "--tp " + std::to_string(t) + " must divide " + what + " " + std::to_string(value) + " of --preset " +
+           cfg.preset + " (every tensor-parallel rank takes an equal part of it)";
+  };
+  if (cfg.NH % t) return refusal("the number of heads NH =", cfg.NH);
+  if (cfg.V % t) return refusal("the vocabulary V =", cfg.V);
+  if ((4 * int64_t(cfg.C)) % t) return refusal("the MLP's width 4C =", 4 * int64_t(cfg.C));
+  if (tp.sequence_parallel && (int64_t(micro_batch) * cfg.T) % t)
+    return "--sequence-parallel splits the B*T = " + std::to_string(micro_batch) + " x " + std::to_string(cfg.T) +
+           " positions of a micro-batch over --tp " + std::to_string(t) +
+           " ranks, which does not divide; choose a --batch (or --grad-accum) that makes B*T a multiple of " +
+           std::to_string(t);
+  return "";
+}
+
 int ParamLayout::find(const std::string& name) const {
   for (size_t i = 0; i < params.size(); i++)
     if (params[i].name == name) return int(i);

@@ -271,22 +271,10 @@ void TrainingRun::check_outputs() {
 }
 
 // Tensor parallelism splits the heads, the MLP's 4C channels and the vocabulary over --tp ranks, and
-// under sequence parallelism the B*T positions too: each must divide.
+// under sequence parallelism the B*T positions too: each must divide (param_layout.h).
 void TrainingRun::check_tensor_parallel() {
-  if (tp_.size == 1) return;
-  const int t = tp_.size;
-  auto refuse = [&](const std::string& what, int64_t value) {
-    config_error("--tp " + std::to_string(t) + " must divide " + what + " " + std::to_string(value) + " of --preset " +
-                 model_.preset + " (every tensor-parallel rank takes an equal part of it)");
-  };
-  if (model_.NH % t) refuse("the number of heads NH =", model_.NH);
-  if (model_.V % t) refuse("the vocabulary V =", model_.V);
-  if ((4 * model_.C) % t) refuse("the MLP's width 4C =", 4 * model_.C);
-  if (tp_.sequence_parallel && (int64_t(micro_B_) * model_.T) % t)
-    config_error("--sequence-parallel splits the B*T = " + std::to_string(micro_B_) + " x " +
-                 std::to_string(model_.T) + " positions of a micro-batch over --tp " + std::to_string(t) +
-                 " ranks, which does not divide; choose a --batch (or --grad-accum) that makes B*T a multiple of " +
-                 std::to_string(t));
+  const std::string problem = tensor_parallel_size_problem(model_, tp_, micro_B_);
+  if (!problem.empty()) config_error(problem);
 }
 
 // The forecast of docs/theory.md against what this rank may use. Every rank forecasts its own

@@ -109,6 +109,27 @@ std::vector<BadInput> bad_inputs() {
 INSTANTIATE_TEST_SUITE_P(Trainer, BadInputTest, testing::ValuesIn(bad_inputs()),
                          [](const testing::TestParamInfo<BadInput>& info) { return info.param.name; });
 
+// --sequence-parallel at --tp 1 has nothing to split: a note on rank 0, not an error, and then the
+// run is the run without it, to its losses and collectives (no sums over a group of one).
+TEST(TensorParallelNotes, SequenceParallelAtTpOneIsANoteAndChangesNothing) {
+  const std::string dir = temp_dir();
+  const std::string note = "note: --sequence-parallel does nothing at --tp 1";
+  RunResult with =
+      run_trainer("07_tensor_parallel", 2, "--steps 3 --tp 1 --sequence-parallel --json " + dir + "/with.jsonl");
+  ASSERT_EQ(with.exit_code, 0) << with.output;
+  EXPECT_NE(with.output.find(note), std::string::npos) << with.output;
+  EXPECT_EQ(with.output.find(note), with.output.rfind(note)) << "printed by more than rank 0:\n" << with.output;
+  RunResult without = run_trainer("07_tensor_parallel", 2, "--steps 3 --tp 1 --json " + dir + "/without.jsonl");
+  ASSERT_EQ(without.exit_code, 0) << without.output;
+  EXPECT_EQ(without.output.find(note), std::string::npos) << without.output;
+  EXPECT_EQ(read_losses(dir + "/with.jsonl").losses, read_losses(dir + "/without.jsonl").losses);
+  const std::vector<std::string> with_steps = read_records(dir + "/with.jsonl", "step");
+  const std::vector<std::string> without_steps = read_records(dir + "/without.jsonl", "step");
+  ASSERT_EQ(with_steps.size(), without_steps.size());
+  for (size_t i = 0; i < with_steps.size(); i++)
+    EXPECT_EQ(number_field(with_steps[i], "collectives"), number_field(without_steps[i], "collectives")) << "step " << i;
+}
+
 // The forecast is printed before the work, in every run.
 TEST(MemoryForecast, IsPrintedBeforeTheFirstStep) {
   RunResult r = run_trainer("06_zero3", 2, "--steps 2");

@@ -4,23 +4,35 @@
 //   - the tensor-parallel layout: each rank's slices are Megatron's (qkv cut by heads within each of
 //     q, k and v; fc by rows; proj by columns; wte by vocabulary), and the slices of every rank
 //     together give back the whole model;
+//   - the size checks of --tp: each size that does not divide (heads, vocabulary, 4C, positions under
+//     sequence parallelism) is refused with its message, on models no preset has;
+//   - initialisation: TrainingRun's real init path on a DP x TP grid gives, gathered, the TP = 1
+//     initialisation of the same seed bit for bit (the whole model is made, then sliced);
 //   - the tensor-parallel model: t ranks, each running its slices with f and g as collectives, give
 //     the whole model's loss and, gathered, its gradients, with and without sequence parallelism.
-// Runs under mpiexec at 1, 2 and 4 ranks (tests/manifest.txt); the model test splits over every rank.
+// Runs under mpiexec at 1, 2 and 4 ranks (tests/manifest.txt); the model and initialisation tests
+// split over every rank (and, on 4, TP 2 x DP 2 too; odd at TP 3 where the rank count is 3 or 6).
+// Each layer on its own, without MPI: test_tp_layers.cpp.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <string>
 #include <vector>
 
+#include <cstring>
+
 #include "comm.h"
+#include "flags.h"
 #include "memory.h"
 #include "model.h"
 #include "mpi_test_env.h"
 #include "ops.h"
+#include "optimizer.h"
 #include "param_layout.h"
 #include "process_grid.h"
+#include "shards.h"
 #include "test_util.h"
+#include "training_run.h"
 
 namespace {
 
@@ -136,6 +148,120 @@ TEST(TensorParallelLayout, SlicesAreMegatronsAndTogetherGiveTheWholeModel) {
     for (const ParamInfo& p : build_gpt2_layout(cfg, 1, {t, 0, false}).params)
       if (!p.shard.whole()) split_globally += p.global_shape[0] * std::max<int64_t>(1, p.global_shape[1]);
     EXPECT_EQ(sliced_params, split_globally);
+  }
+}
+
+// The size checks of --tp, on hand-made models. Through the trainer only the heads' refusal is
+// reachable: every preset that splits its heads also splits its vocabulary, and t | NH | C implies
+// t | 4C, so the 4C check stands guard for a model whose C its heads do not divide.
+TEST(TensorParallelSizes, EachSizeThatDoesNotDivideIsRefusedByName) {
+  const GPT2Config fits = small_config();  // NH 12, V 36, 4C 96: divide by 2, 3 and 4
+  auto problem = [](const GPT2Config& cfg, int t, bool sequence_parallel = false, int micro_batch = 2) {
+    return tensor_parallel_size_problem(cfg, {t, 0, sequence_parallel}, micro_batch);
+  };
+  auto names = [](const std::string& problem, const std::string& what) {
+    return problem.find(what) != std::string::npos ? testing::AssertionSuccess()
+                                                   : testing::AssertionFailure() << "'" << what << "' not in '"
+                                                                                 << problem << "'";
+  };
+  for (int t : {1, 2, 3, 4}) {
+    EXPECT_EQ(problem(fits, t), "") << "t = " << t;
+    EXPECT_EQ(problem(fits, t, true), "") << "t = " << t << ", sequence parallel";
+  }
+
+  GPT2Config vocabulary = fits;  // the heads split over 4, the vocabulary does not
+  vocabulary.V = fits.V + 2;
+  const std::string v = problem(vocabulary, 4);
+  EXPECT_TRUE(names(v, "--tp 4 must divide the vocabulary V = " + std::to_string(vocabulary.V) + " of --preset " +
+                           vocabulary.preset + " (every tensor-parallel rank takes an equal part of it)"));
+  EXPECT_EQ(problem(vocabulary, 2), "") << "V = " << vocabulary.V << " splits over 2";
+
+  GPT2Config width = fits;  // heads and vocabulary split over 8, 4C does not
+  width.NH = 8;
+  width.C = 9;
+  width.V = 40;
+  EXPECT_TRUE(names(problem(width, 8), "--tp 8 must divide the MLP's width 4C = " + std::to_string(4 * width.C)));
+
+  GPT2Config nothing = fits;  // nothing divides: the heads are named first, then the vocabulary
+  nothing.NH = 3;
+  nothing.V = 37;
+  EXPECT_TRUE(names(problem(nothing, 2), "the number of heads NH = 3"));
+  EXPECT_TRUE(names(problem(nothing, 3), "the vocabulary V = 37"));
+  EXPECT_EQ(problem(nothing, 1, true, 1), "") << "one rank splits nothing";
+
+  // Sequence parallelism: the B*T positions of a micro-batch must divide too, and only then.
+  const int t = 4, odd_micro_batch = 1;
+  ASSERT_NE(odd_micro_batch * fits.T % t, 0) << "test bug: the positions divide";
+  EXPECT_EQ(problem(fits, t, false, odd_micro_batch), "");
+  EXPECT_TRUE(names(problem(fits, t, true, odd_micro_batch),
+                    "--sequence-parallel splits the B*T = " + std::to_string(odd_micro_batch) + " x " +
+                        std::to_string(fits.T) + " positions of a micro-batch over --tp " + std::to_string(t)));
+}
+
+// TrainingRun as a chapter builds it: quiet, on the built-in corpus, with a batch every grid tested
+// here splits over its data-parallel ranks.
+TrainConfig init_config(const std::string& preset) {
+  TrainConfig cfg;
+  cfg.chapter = "test_tensor_parallel";
+  cfg.preset = preset;
+  cfg.batch = 12;
+  cfg.given.insert("--batch");
+  cfg.steps = 1;
+  cfg.quiet = true;
+  return cfg;
+}
+
+// This rank's parameters after TrainingRun::init_or_resume on a DP x `t` grid of every rank, and the
+// layout of each rank of its tensor-parallel group. The groups must end before the test does.
+struct Initialised {
+  std::vector<float> params;              // this rank's, in layouts[its TP rank]
+  std::vector<ParamLayout> layouts;       // every TP rank's, in TP order
+  std::vector<float> gathered;            // every TP rank's params, in TP order
+};
+Initialised initialise(Communicator& world, const std::string& preset, int t) {
+  ProcessGrid grid(world, {world.size() / t, t, 1});
+  TrainConfig cfg = init_config(preset);
+  const TensorParallelism tp{t, grid.coords().tp, false};
+  TrainingRun run(grid, cfg, Strategy::DP, tp);
+  const ParamLayout& layout = run.layout();
+  Buffer params(layout.padded_size, MemCategory::Params);
+  AdamW optimizer(layout, ShardPlan::unsharded(layout), cfg.weight_decay);
+  EXPECT_EQ(run.init_or_resume(params, optimizer), 0);
+  Initialised out;
+  out.params.assign(params.f32(), params.f32() + layout.padded_size);
+  for (int q = 0; q < t; q++)
+    out.layouts.push_back(build_gpt2_layout(run.model_config(), grid.dp().size(), {t, q, false}));
+  out.gathered.resize(size_t(layout.padded_size) * t);
+  grid.tp().all_gather(make_view(out.params.data(), {layout.padded_size}),
+                       make_view(out.gathered.data(), {int64_t(out.gathered.size())}));
+  return out;
+}
+
+// TrainingRun makes the whole model from the seed and then slices it, so the grid cannot change the
+// model: each rank's slices, gathered over its TP group and placed by the layout, are the TP = 1
+// model bit for bit, padding included. (A model initialised rank by rank from its own slices fails.)
+TEST(TensorParallelInit, GatheredSlicesAreTheOneRankInitialisationBitForBit) {
+  Communicator& world = test_comm();
+  std::vector<std::pair<std::string, int>> splits;  // preset, TP size
+  if (world.size() > 1) splits.push_back({"tiny", world.size()});
+  if (world.size() == 4) splits.push_back({"tiny", 2});  // DP 2 x TP 2
+  if (world.size() % 3 == 0) splits.push_back({"odd", 3});
+  if (splits.empty()) GTEST_SKIP() << "needs 2 or more ranks to split the model";
+  for (const auto& [preset, t] : splits) {
+    SCOPED_TRACE("preset " + preset + ", TP " + std::to_string(t) + " x DP " + std::to_string(world.size() / t));
+    const Initialised whole = initialise(world, preset, 1);
+    const ParamLayout& global = whole.layouts[0];
+    const Initialised split = initialise(world, preset, t);
+    ASSERT_EQ(int(split.layouts.size()), t);
+    const int64_t local_size = split.layouts[0].padded_size;
+    std::vector<float> placed(global.padded_size, 0.0f);
+    for (int q = 0; q < t; q++)
+      place_into_global(split.layouts[q], &split.gathered[size_t(local_size) * q], global, placed.data());
+    for (const ParamInfo& p : global.params)
+      EXPECT_EQ(std::memcmp(&placed[p.offset], &whole.params[p.offset], size_t(p.size) * sizeof(float)), 0) << p.name;
+    EXPECT_EQ(std::memcmp(placed.data(), whole.params.data(), placed.size() * sizeof(float)), 0);
+    // The split is real: a rank's buffer holds slices, not the whole model.
+    EXPECT_LT(local_size, global.padded_size);
   }
 }
 

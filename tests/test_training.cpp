@@ -70,6 +70,7 @@ std::vector<Case> equivalence_cases() {
     const std::string name = *sp ? "_sp" : "";
     cases.push_back({tp, 2, *sp ? 2 : 1, "tiny", std::string("--tp 2") + sp, "_tp2" + name});
     cases.push_back({tp, 4, 1, "tiny", std::string("--tp 4") + sp, "_tp4" + name});
+    cases.push_back({tp, 4, 1, "tiny", std::string("--tp 2") + sp, "_dp2_tp2" + name});
     cases.push_back({tp, 4, 1, "tiny", std::string("--tp 2 --tp-overlap") + sp, "_dp2_tp2_overlap" + name});
     cases.push_back({tp, 3, 1, "odd", std::string("--tp 3") + sp, "_tp3" + name, *sp ? "9" : ""});
     cases.push_back({tp, 4, 1, "tiny", std::string("--tp 2 --zero1 --bucket-mb 0.01") + sp, "_dp2_tp2_zero1" + name});
