@@ -303,6 +303,16 @@ constexpr int kOps = 7;  // the members of Op
 
 bool is_pass(Op op) { return op == Op::F || op == Op::B || op == Op::W; }
 
+// The time an action takes: its pass's cost for its chunk (every rank alike) or its virtual stage
+// (each its own, as measured); sends and receives none.
+double action_cost(const PipelineShape& shape, const ActionCosts& costs, int rank, const Action& a) {
+  const int i = int(costs.forward.size()) == shape.chunks ? a.chunk : virtual_stage(shape, rank, a.chunk);
+  if (a.op == Op::F) return costs.forward[i];
+  if (a.op == Op::B) return costs.backward[i];
+  if (a.op == Op::W) return costs.weight.empty() ? 0 : costs.weight[i];
+  return 0;
+}
+
 // Where things are: rank and chunk of virtual stage s.
 int rank_of_stage(const PipelineShape& shape, int stage) { return stage % shape.stages; }
 int chunk_of_stage(const PipelineShape& shape, int stage) { return stage / shape.stages; }
@@ -557,13 +567,7 @@ Simulation simulate(const PipelineShape& shape, const ActionCosts& costs,
     }
     return -1;
   };
-  auto cost_of = [&](int rank, const Action& a) -> double {
-    const int i = per == v ? a.chunk : virtual_stage(shape, rank, a.chunk);
-    if (a.op == Op::F) return costs.forward[i];
-    if (a.op == Op::B) return costs.backward[i];
-    if (a.op == Op::W) return costs.weight.empty() ? 0 : costs.weight[i];
-    return 0;
-  };
+  auto cost_of = [&](int rank, const Action& a) { return action_cost(shape, costs, rank, a); };
 
   std::vector<size_t> next(p, 0);
   std::vector<double> clock(p, 0), computed(p, 0);
@@ -635,13 +639,7 @@ Simulation simulate_call_order(const PipelineShape& shape, const ActionCosts& co
   const int per = int(costs.forward.size());
   ENSURE((per == v || per == shape.virtual_stages()) && int(costs.backward.size()) == per,
          "simulate: a cost per chunk or per virtual stage");
-  auto cost_of = [&](int rank, const Action& a) -> double {
-    const int i = per == v ? a.chunk : virtual_stage(shape, rank, a.chunk);
-    if (a.op == Op::F) return costs.forward[i];
-    if (a.op == Op::B) return costs.backward[i];
-    if (a.op == Op::W) return costs.weight.empty() ? 0 : costs.weight[i];
-    return 0;
-  };
+  auto cost_of = [&](int rank, const Action& a) { return action_cost(shape, costs, rank, a); };
 
   // Per rank and action: its group (messages), the partner (rank, group) of each message, and the
   // group holding each pass's receive.
