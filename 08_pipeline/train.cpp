@@ -190,8 +190,13 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
     last_micro_batch = a.micro == m - 1;
     if (opt.zero2 && a.op == Op::B) data_parallel.micro_batch_done();
   };
+  // With one stage and several chunks, the embedding's chunk and the head's share this rank's one
+  // wte: its gradient is final after the embedding's backward, the later of the two.
+  const bool rank_holds_embedding = chunks.front()->has_embedding();
   for (GPT2* chunk : chunks) {
-    chunk->hooks.grad_ready = [&](int param) {
+    const bool wte_not_final_here = rank_holds_embedding && !chunk->has_embedding();
+    chunk->hooks.grad_ready = [&, wte_not_final_here](int param) {
+      if (param == wte && wte_not_final_here) return;
       if (!last_micro_batch && !opt.zero2) return;  // no_sync (unless ZeRO-2's rule)
       if (param == wte && embedding) {
         if (!last_micro_batch) return;

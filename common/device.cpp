@@ -79,6 +79,7 @@ void transfer(Tensor dst, Tensor src) {
 #ifdef GPT_WITH_CUDA
   // cudaMemcpy runs on the legacy default stream, which the compute stream (ops_cuda.h) is ordered
   // with: the copy sees every op queued before it, and ops queued after it see the copy.
+  BlockedOnDevice blocked("waiting for the GPU to copy a tensor");
   CUDA_CHECK(cudaMemcpy(dst.data, src.data, src.bytes(), cudaMemcpyDefault));
 #else
   fatal("transfer: a CUDA tensor, but this program was built without CUDA");
@@ -98,10 +99,7 @@ void synchronize(Device device) {
 
 void synchronize_compute(Device device) {
 #ifdef GPT_WITH_CUDA
-  if (device == Device::CUDA) {
-    BlockedOnDevice blocked("waiting for the GPU's compute stream");
-    cuda::synchronize();
-  }
+  if (device == Device::CUDA) cuda::synchronize();  // watched there
 #else
   (void)device;
 #endif

@@ -54,6 +54,7 @@
 
 #include "cuda_check.h"  // CUDA_CHECK, CUBLAS_CHECK
 #include "memory.h"      // device_alloc: scratch buffers are counted like everything else
+#include "watchdog.h"    // BlockedOnDevice: the compute stream may wait for a peer's collective
 
 namespace cuda {
 
@@ -192,7 +193,10 @@ const int* device_ids(const int* ids, size_t n, int V, const char* what) {
   for (size_t i = 0; i < n; i++) check_id(ids[i], V, what);
   int* staged = static_cast<int*>(g_ids.get(n * sizeof(int)));
   CUDA_CHECK(cudaMemcpyAsync(staged, ids, n * sizeof(int), cudaMemcpyHostToDevice, stream()));
-  if (attributes.type == cudaMemoryTypeHost) CUDA_CHECK(cudaStreamSynchronize(stream()));
+  if (attributes.type == cudaMemoryTypeHost) {
+    BlockedOnDevice blocked("waiting for the GPU to take the token ids");
+    CUDA_CHECK(cudaStreamSynchronize(stream()));
+  }
   return staged;
 }
 
@@ -863,7 +867,10 @@ double sum_on_device(DType dt, const void* x, size_t n, bool squares) {
   check_launch();
   std::vector<float> host(blocks);
   CUDA_CHECK(cudaMemcpyAsync(host.data(), partials, blocks * sizeof(float), cudaMemcpyDeviceToHost, stream()));
-  CUDA_CHECK(cudaStreamSynchronize(stream()));
+  {
+    BlockedOnDevice blocked("waiting for the GPU to sum a tensor");
+    CUDA_CHECK(cudaStreamSynchronize(stream()));
+  }
   double total = 0.0;
   for (float p : host) total += p;
   return total;
@@ -980,7 +987,10 @@ cudaStream_t stream() {
   return compute_stream;
 }
 
-void synchronize() { CUDA_CHECK(cudaStreamSynchronize(stream())); }
+void synchronize() {
+  BlockedOnDevice blocked("waiting for the GPU's compute stream");
+  CUDA_CHECK(cudaStreamSynchronize(stream()));
+}
 
 size_t shared_memory_per_block() {
   int device = 0, bytes = 0;

@@ -75,7 +75,7 @@ PipelineExecutor::PipelineExecutor(Communicator& pipeline, std::vector<GPT2*> ch
                                    Device device, DType dtype)
     : pipeline_(pipeline), chunks_(std::move(chunks)), shape_(shape), actions_(std::move(actions)),
       matching_(matching), micro_B_(micro_B), T_(T), C_(C), rank_(pipeline.rank()), device_(device), dtype_(dtype) {
-  const int v = shape_.chunks, m = shape_.micro_batches, last = shape_.stages * v - 1;
+  const int v = shape_.chunks, m = shape_.micro_batches, p = shape_.stages, last = p * v - 1;
   ENSURE(int(chunks_.size()) == v, "PipelineExecutor: one model per chunk");
   ENSURE(pipeline.size() == shape_.stages, "PipelineExecutor: the group is not the pipeline");
   activation_in_.resize(v), gradient_in_.resize(v), gradient_out_.resize(v);
@@ -90,7 +90,7 @@ PipelineExecutor::PipelineExecutor(Communicator& pipeline, std::vector<GPT2*> ch
     const int s = virtual_stage(shape_, rank_, c);
     for (int micro = 0; micro < m; micro++) {
       if (s > 0) activation_in_[c].emplace_back(elements, MemCategory::CommBuffers, dtype, device);
-      if (s > 0) gradient_out_[c].emplace_back(elements, MemCategory::CommBuffers, dtype, device);
+      if (s > 0 && p > 1) gradient_out_[c].emplace_back(elements, MemCategory::CommBuffers, dtype, device);
       if (s < last) gradient_in_[c].emplace_back(elements, MemCategory::CommBuffers, dtype, device);
     }
   }
@@ -100,8 +100,11 @@ Tensor PipelineExecutor::stream(Buffer& b, int B) const {
   return make_view(b.data(), {int64_t(B) * T_, C_}, dtype_, device_);
 }
 
-// Unique over a step: which kind of message, into which virtual stage, for which micro-batch.
+// Unique over a step: which kind of message, into which virtual stage, for which micro-batch. Under
+// call order every message has tag 0: NCCL ignores tags, and MPI then matches messages between two
+// ranks in the order they were posted, NCCL's rule, so that a run over MPI tests the order itself.
 int PipelineExecutor::tag(bool gradient, int virtual_stage, int micro) const {
+  if (matching_ == Matching::ByCallOrder) return 0;
   const int stages = shape_.stages * shape_.chunks;
   return (int(gradient) * stages + virtual_stage) * shape_.micro_batches + micro;
 }
@@ -245,6 +248,7 @@ float PipelineExecutor::run(const std::function<MicroBatch(int micro)>& micro_ba
   for (int c = 0; c < v; c++)
     for (CommHandle& h : activation_sent[c])
       if (h.valid()) h.wait();
+  synchronize_compute(device_);  // on a GPU the waits above only queued: the step ends when they end
   times_.step = now_ms() - step_start;
   for (int c = 0; c < v; c++) {
     times_.forward[c] /= m, times_.backward[c] /= m, times_.weight[c] /= m;

@@ -155,9 +155,10 @@ MemoryForecast forecast_memory(Strategy strategy, const ParamLayout& layout, con
   // A pipeline stage (08) keeps, per chunk and micro-batch of the step, a (B,T,C) buffer for each
   // message it receives or sends a copy of: the input received, the input's gradient sent (unless
   // the chunk starts with the embedding), the output's gradient received (unless it ends with the
-  // loss). Its output is sent from its activations, without a copy.
+  // loss). Its output is sent from its activations, without a copy; with one stage the input's
+  // gradient is copied straight into the previous chunk's receive buffer.
   for (const ModelPart& part : parts) {
-    const int buffers = (part.first_unit > 0 ? 2 : 0) + (part.holds(cfg, cfg.L + 1) ? 0 : 1);
+    const int buffers = (part.first_unit > 0 ? (pp.size > 1 ? 2 : 1) : 0) + (part.holds(cfg, cfg.L + 1) ? 0 : 1);
     m.transient += buffers * double(micro_batches) * double(micro_B) * cfg.T * cfg.C * w;
   }
   // Full fp32 host copies: one to initialise; saving or resuming holds parameters, m and v, and rank 0

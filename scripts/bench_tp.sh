@@ -5,7 +5,7 @@
 # slow link does to it, and what sequence parallelism and --tp-overlap change.
 #   links: none (shared memory), "in a node" (--link-gbps 5 --link-latency-us 5) and "across
 #          nodes" (--link-gbps 0.5 --link-latency-us 50), each for every group;
-#   runs:  03 (DP), 07 at TP 2, TP 2 + SP, TP 2 + SP + --tp-overlap (with more ranks than 2, the rest
+#   runs:  03 (DP), 07 at TP 2, TP 2 + --tp-overlap, TP 2 + SP, TP 2 + SP + --tp-overlap (with more ranks than 2, the rest
 #          of 07's ranks are data-parallel).
 # Settings: RANKS=2, PRESET=small, STEPS=20. Columns: step time; the exposed communication of the
 # tensor-parallel group and of the data-parallel one (03's is all data-parallel); activations and
@@ -19,7 +19,8 @@ out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 echo "bench-tp: $ranks ranks, --preset $preset --steps $steps (RANKS=, PRESET=, STEPS= change it)"
 links=("no link|" "in a node|--link-gbps 5 --link-latency-us 5" "across nodes|--link-gbps 0.5 --link-latency-us 50")
-runs=("03 DP|03_bucket_dp|" "07 TP 2|07_tensor_parallel|--tp 2" "07 TP 2 + SP|07_tensor_parallel|--tp 2 --sequence-parallel"
+runs=("03 DP|03_bucket_dp|" "07 TP 2|07_tensor_parallel|--tp 2" "07 TP 2 + overlap|07_tensor_parallel|--tp 2 --tp-overlap"
+      "07 TP 2 + SP|07_tensor_parallel|--tp 2 --sequence-parallel"
       "07 TP 2 + SP + overlap|07_tensor_parallel|--tp 2 --sequence-parallel --tp-overlap")
 i=0
 for link in "${links[@]}"; do

@@ -240,9 +240,9 @@ TEST(DeviceWaitWatchdog, EndsTheJobWhenAWaitOutlastsTheTimeout) {
   // Waits within the timeout, and no timeout at all, pass.
   EXPECT_EXIT(
       {
-        set_device_wait_timeout(2);
+        set_device_wait_timeout(0.3);
         { BlockedOnDevice blocked("a short wait"); }
-        std::this_thread::sleep_for(std::chrono::milliseconds(500));
+        std::this_thread::sleep_for(std::chrono::milliseconds(800));  // past the timeout: the wait ended
         set_device_wait_timeout(0);
         BlockedOnDevice unwatched("an unwatched wait");
         std::this_thread::sleep_for(std::chrono::milliseconds(500));

@@ -70,6 +70,9 @@ std::vector<PipelineCase> pipeline_cases() {
                        name + "_p" + std::to_string(p) + "_call_order"});
     }
   cases.push_back({4, "--pp 2 --schedule zb-h1 --p2p-matching call-order", "dp2_pp2_zbh1_call_order"});
+  // One stage of two chunks: the embedding's chunk and the head's share the rank's one wte.
+  cases.push_back({1, "--schedule interleaved", "interleaved_p1"});
+  cases.push_back({2, "--pp 1 --schedule interleaved --micro-batches 2", "dp2_interleaved_p1"});
   // Four chunks a rank, one block each.
   cases.push_back({2, "--schedule interleaved --virtual-stages 4 --micro-batches 4", "interleaved_p2_v4"});
   // A partition of the user's, uneven.
