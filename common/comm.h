@@ -244,8 +244,9 @@ void shutdown_mpi(std::unique_ptr<Communicator> comm);
 int ranks_on_this_node();
 
 // The watchdog: an op that has been in flight (posted to MPI) for longer than `seconds` ends the job
-// with a message naming the rank, the op, its group and the step (check.h's phase). It catches a peer
-// that is stopped, dead or stuck before a collective. 0 switches it off. Process-wide.
+// with a message naming the rank, the op, its group with the group's world ranks, the peer of a send
+// or receive, and the step (check.h's phase). It catches a peer that is stopped, dead or stuck before
+// a collective or a message. 0 switches it off. Process-wide.
 void set_comm_timeout(double seconds);
 
 // Bytes one rank sends for a collective of `payload_bytes` split evenly over `ranks` (the sent_bytes

@@ -55,6 +55,7 @@
 #include <deque>
 #include <functional>
 #include <list>
+#include <map>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -390,11 +391,33 @@ struct CommHandle::State {
 
 namespace {
 
+// A communicator's group as the trace and the watchdog name it. The communicator owns it and outlives
+// its ops (its destructor drains them).
+struct GroupInfo {
+  std::string name;              // "world", "dp", "tp", "pp", "embedding"
+  std::vector<int> world_ranks;  // the members' MPI_COMM_WORLD ranks, by rank in the group
+};
+
+// "the pipeline group (world ranks 0, 1)": a stuck collective waits for one of these ranks, and
+// which one MPI cannot say, so the watchdog names them all (the first few of a large group).
+std::string describe_group(const GroupInfo& g) {
+  const std::map<std::string, std::string> words = {
+      {"dp", "data-parallel"}, {"tp", "tensor-parallel"}, {"pp", "pipeline"}};
+  const auto word = words.find(g.name);
+  std::string text = "the " + (word == words.end() ? g.name : word->second) + " group (world rank";
+  const size_t n = g.world_ranks.size(), shown = n > 8 ? 6 : n;
+  text += n > 1 ? "s " : " ";
+  for (size_t i = 0; i < shown; i++) text += (i ? ", " : "") + std::to_string(g.world_ranks[i]);
+  if (shown < n) text += ", ..., " + std::to_string(g.world_ranks.back()) + ": " + std::to_string(n) + " ranks";
+  return text + ")";
+}
+
 // One submitted op. The issuing thread fills it in; from submission on, the engine owns it.
 struct MpiOp {
   std::shared_ptr<CommHandle::State> handle;
   const char* name = "";                    // for the trace and the watchdog: "all_reduce", "send", ...
-  const std::string* group = nullptr;       // the communicator's group (it outlives its ops)
+  const GroupInfo* group = nullptr;         // the communicator's group (it outlives its ops)
+  int peer = -1;                            // send and recv: the other rank, in the group
   std::function<void(MPI_Request*)> start;  // posts the non-blocking MPI call
   std::function<void()> finish;             // after MPI completes (the Avg scaling); may be empty
   int lane = 0;
@@ -571,21 +594,28 @@ class ProgressEngine {
     h.done = true;
     if (tracing_enabled()) {
       const double end_ms = trace_ms(end);
-      trace_span(*op.group == "tp" ? Track::TensorParallel : Track::Comm, op.name, end_ms - h.busy_ms, end_ms,
-                 std::to_string(h.payload_bytes) + " B" + (*op.group == "world" ? "" : ", " + *op.group));
+      const std::string& group = op.group->name;
+      trace_span(group == "tp" ? Track::TensorParallel : Track::Comm, op.name, end_ms - h.busy_ms, end_ms,
+                 std::to_string(h.payload_bytes) + " B" + (group == "world" ? "" : ", " + group));
     }
     waiter_cv_.notify_all();
   }
 
-  // The phase is read now, not at issue: a stuck op holds its issuing thread in the same step.
+  // The phase is read now, not at issue: a stuck op holds its issuing thread in the same step. A
+  // send or receive waits for one known rank, named as such; a collective, for any of its group.
   [[noreturn]] void watchdog(const MpiOp& op, double timeout_s) {
     char seconds[32];
     std::snprintf(seconds, sizeof seconds, "%.3g", timeout_s);
     const std::string phase = error_phase();
+    const bool point_to_point = op.peer >= 0;
+    const std::string peer =
+        point_to_point ? "world rank " + std::to_string(op.group->world_ranks.at(size_t(op.peer))) : "";
     fatal(std::string("watchdog: ") + op.name + " of " + format_bytes(double(op.handle->payload_bytes)) +
-          " over the " + *op.group + " group" + (phase.empty() ? "" : " in " + phase) +
-          " has not completed after " + seconds + " s (--timeout): a peer rank is stopped, dead or stuck before "
-          "this collective. Ending the job.");
+          (point_to_point ? (std::string(op.name) == "send" ? " to " : " from ") + peer : "") + " over " +
+          describe_group(*op.group) + (phase.empty() ? "" : " in " + phase) + " has not completed after " +
+          seconds + " s (--timeout): " + (point_to_point ? peer : "a peer rank of that group") +
+          " is stopped, dead or stuck before this " + (point_to_point ? "message" : "collective") +
+          ". Ending the job.");
   }
 
   // The background thread: polls while nobody waits, sleeps while nothing is posted.
@@ -690,6 +720,7 @@ class MpiCommunicator final : public Communicator {
     MPI_CHECK(MPI_Comm_size(comm_, &size_));
     MPI_CHECK(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
     group_ = group;
+    info_ = GroupInfo{group, world_ranks(comm_, size_)};
     send_lane_ = engine_->add_communicator();
     recv_lane_ = send_lane_ + 1;
   }
@@ -835,8 +866,9 @@ class MpiCommunicator final : public Communicator {
     const int n = mpi_count(buf.numel());
     const MPI_Datatype type = mpi_type(buf.dtype);
     const int64_t bytes = int64_t(buf.bytes());
-    return submit(CollectiveKind::SendRecv, "send", bytes, {peer == rank_ ? 0 : bytes, 0}, send_lane_,
-                  [=](MPI_Request* r) { MPI_CHECK(MPI_Isend(data, n, type, peer, tag, comm_, r)); });
+    return submit(
+        CollectiveKind::SendRecv, "send", bytes, {peer == rank_ ? 0 : bytes, 0}, send_lane_,
+        [=](MPI_Request* r) { MPI_CHECK(MPI_Isend(data, n, type, peer, tag, comm_, r)); }, {}, peer);
   }
 
   CommHandle recv_async(Tensor buf, int peer, int tag) override {
@@ -848,8 +880,9 @@ class MpiCommunicator final : public Communicator {
     const MPI_Datatype type = mpi_type(buf.dtype);
     const int64_t bytes = int64_t(buf.bytes());
     // Not held: the sender's lane already held the message for its modelled time.
-    return submit(CollectiveKind::SendRecv, "recv", bytes, {0, peer == rank_ ? 0 : bytes}, recv_lane_,
-                  [=](MPI_Request* r) { MPI_CHECK(MPI_Irecv(data, n, type, peer, tag, comm_, r)); });
+    return submit(
+        CollectiveKind::SendRecv, "recv", bytes, {0, peer == rank_ ? 0 : bytes}, recv_lane_,
+        [=](MPI_Request* r) { MPI_CHECK(MPI_Irecv(data, n, type, peer, tag, comm_, r)); }, {}, peer);
   }
 
   CommHandle barrier_async() override {
@@ -929,12 +962,14 @@ class MpiCommunicator final : public Communicator {
     return state;
   }
 
+  // `peer`: a send's or receive's other rank in the group; -1 for a collective.
   CommHandle submit(CollectiveKind kind, const char* name, int64_t payload_bytes, Traffic traffic, int lane,
-                    std::function<void(MPI_Request*)> start, std::function<void()> finish = {}) {
+                    std::function<void(MPI_Request*)> start, std::function<void()> finish = {}, int peer = -1) {
     auto op = std::make_unique<MpiOp>();
     op->handle = new_state(kind, payload_bytes, traffic);
     op->name = name;
-    op->group = &group_;
+    op->group = &info_;
+    op->peer = peer;
     op->start = std::move(start);
     op->finish = std::move(finish);
     op->lane = lane;
@@ -958,8 +993,22 @@ class MpiCommunicator final : public Communicator {
     return done(kind, payload_bytes);
   }
 
+  // The MPI_COMM_WORLD rank of each member of `comm`, by its rank there (a local lookup, no message).
+  static std::vector<int> world_ranks(MPI_Comm comm, int size) {
+    MPI_Group group = MPI_GROUP_NULL, world = MPI_GROUP_NULL;
+    MPI_CHECK(MPI_Comm_group(comm, &group));
+    MPI_CHECK(MPI_Comm_group(MPI_COMM_WORLD, &world));
+    std::vector<int> ranks(size_t(size), 0), in_world(size_t(size), 0);
+    for (int i = 0; i < size; i++) ranks[size_t(i)] = i;
+    MPI_CHECK(MPI_Group_translate_ranks(group, size, ranks.data(), world, in_world.data()));
+    MPI_CHECK(MPI_Group_free(&group));
+    MPI_CHECK(MPI_Group_free(&world));
+    return in_world;
+  }
+
   MPI_Comm comm_ = MPI_COMM_NULL;
   std::shared_ptr<ProgressEngine> engine_;
+  GroupInfo info_;  // the ops' group (MpiOp::group)
   int send_lane_ = 0, recv_lane_ = 0;
 };
 

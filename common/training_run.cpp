@@ -47,6 +47,14 @@ std::string number(double x) {
   return s.str();
 }
 
+// "0.5 Gbit/s, 50 us latency", or "unlimited bandwidth, 2000 us latency" for a link that models latency
+// alone (0 Gbit/s would read as a link that carries nothing), or "none" when it models nothing.
+std::string link_text(const LinkModel& link) {
+  if (!link.on()) return "none";
+  return (link.gbps > 0 ? number(link.gbps) + " Gbit/s" : std::string("unlimited bandwidth")) + ", " +
+         number(link.latency_us) + " us latency";
+}
+
 // "1, 2, 4 or 8": the rank counts that split `batch` evenly (with one micro-batch each).
 std::string divisors_text(int batch) {
   std::vector<int> d;
@@ -151,12 +159,10 @@ TrainingRun::TrainingRun(Communicator& world, Communicator& dp, const ProcessGri
                 dtype_ == DType::BF16 ? "bf16 mixed precision (fp32 master weights and AdamW state)" : "fp32",
                 flash_ ? "flash" : "materialized (B,NH,T,T)");
     if (world_.link_model().on())
-      std::printf("emulated link: %.3g Gbit/s, %.3g us latency (alpha-beta ring model, see README)\n", cfg_.link_gbps,
-                  cfg_.link_latency_us);
+      std::printf("emulated link: %s (alpha-beta ring model, see README)\n", link_text(world_.link_model()).c_str());
     const LinkModel tp_link = tensor_parallel_link();
     if (tp_comm_ && tp_.size > 1 && (tp_link.gbps != cfg_.link_gbps || tp_link.latency_us != cfg_.link_latency_us))
-      std::printf("tensor-parallel group's emulated link: %.3g Gbit/s, %.3g us latency (a node's faster links)\n",
-                  tp_link.gbps, tp_link.latency_us);
+      std::printf("tensor-parallel group's emulated link: %s (a node's faster links)\n", link_text(tp_link).c_str());
     std::fflush(stdout);
     json_.write(JsonObject()
                     .add("type", "run")

@@ -5,6 +5,18 @@
 # so nothing fails silently.
 set -u
 cd "$(dirname "$0")/.."
+# One temporary folder for the whole run, removed however the run ends: every test's files go under
+# it (TMPDIR, which the harness's temp_dir() and mktemp honour), so a binary that crashes or is
+# killed by its time limit, and so never removes its own folders, leaves nothing behind either.
+# GPT_TEST_KEEP=1 keeps it, for a look after a failure.
+scratch=$(mktemp -d "${TMPDIR:-/tmp}/gpt_run_tests.XXXXXX") || { echo "cannot create a temporary folder"; exit 1; }
+if [ -n "${GPT_TEST_KEEP:-}" ]; then
+  trap 'echo "temporary files kept in $scratch"' EXIT
+else
+  trap 'rm -rf "$scratch"' EXIT
+fi
+trap 'exit 130' INT TERM  # (through the EXIT trap)
+export TMPDIR=$scratch
 passed=0
 failed=0
 skipped=0

@@ -1008,6 +1008,22 @@ TEST_F(CommTest, SplitAfterAnOpTheLinkStillHolds) {
   EXPECT_EQ(group->size(), (N - rank % 2 + 1) / 2);
 }
 
+// The watchdog's message names what a stuck receive waits for: the peer by its world rank, which is
+// not its rank in the group, and the group by its members' world ranks. DISABLED_, so not run with
+// the others: the watchdog ends the whole job. tests/test_run_guards.cpp
+// (Stops.TheWatchdogNamesThePeerOfAStuckReceiveAndItsGroup) runs it alone on 4 ranks and reads what
+// it printed. World rank 3 receives from rank 0 of the odd ranks' group, world rank 1, which never
+// sends.
+TEST_F(CommTest, DISABLED_WatchdogEndsAReceiveThatNoOneSends) {
+  if (N != 4) GTEST_SKIP() << "runs on 4 ranks";
+  std::unique_ptr<Communicator> group = comm.split(rank % 2, rank, "pp");
+  set_comm_timeout(1);
+  std::vector<float> msg(64);
+  if (rank == 3) group->recv(view(msg), 0);
+  // The other ranks go on to the test's end, where the harness's agreement (mpi_gtest_main.cpp)
+  // waits for rank 3 until the watchdog ends the job.
+}
+
 // The formula of comm_mpi.cpp against numbers worked out by hand.
 TEST_F(CommTest, ModelledMsMatchesHandComputedValues) {
   // 8 Gbit/s = 1e9 bytes/s, alpha = 10 us, 4 ranks, 4 MB.

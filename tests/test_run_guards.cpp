@@ -20,24 +20,14 @@ namespace {
 // ---------------------------------------------------------------------------------------------
 // Bad input: a clear message and a non-zero exit on every rank within seconds, no rank hanging.
 
+// In args, "{KIND.ckpt}" stands for a damaged checkpoint (bad_checkpoint(KIND)), made when the test
+// runs: the list is built when the binary starts, where making it would run trainers even for
+// --gtest_list_tests or a filter that leaves these cases out.
 struct BadInput {
   std::string name, args, message;
   std::string chapter = "01_vanilla_dp";
   int ranks = 2;
 };
-
-class BadInputTest : public testing::TestWithParam<BadInput> {};
-
-// Every case runs 100000 steps if nothing stops it: a check made after the work instead of before
-// it would time out.
-TEST_P(BadInputTest, FailsBeforeTheWorkWithAClearMessage) {
-  const BadInput c = GetParam();
-  RunResult r = run_trainer(c.chapter, c.ranks, "--steps 100000 " + c.args, 60);
-  EXPECT_NE(r.exit_code, 0) << r.output;
-  EXPECT_NE(r.exit_code, 124) << "timed out: a rank hung, or the check came after the work";
-  EXPECT_NE(r.output.find(c.message), std::string::npos) << "expected '" << c.message << "' in:\n" << r.output;
-  EXPECT_LT(r.seconds, 15.0);
-}
 
 std::string bad_checkpoint(const std::string& kind) {
   // A good checkpoint of the tiny preset, then damaged.
@@ -60,6 +50,35 @@ std::string bad_checkpoint(const std::string& kind) {
   return path;
 }
 
+// BadInput's args with each "{KIND.ckpt}" replaced by the path of bad_checkpoint(KIND).
+std::string resolve_checkpoints(std::string args) {
+  for (size_t open; (open = args.find('{')) != std::string::npos;) {
+    const size_t close = args.find(".ckpt}", open);
+    if (close == std::string::npos) break;
+    args.replace(open, close + 6 - open, bad_checkpoint(args.substr(open + 1, close - open - 1)));
+  }
+  return args;
+}
+
+// What GoogleTest prints for a case (else the struct's bytes).
+void PrintTo(const BadInput& c, std::ostream* os) { *os << c.chapter << " on " << c.ranks << " ranks: " << c.args; }
+
+class BadInputTest : public testing::TestWithParam<BadInput> {};
+
+// Every case runs 100000 steps if nothing stops it: a check made after the work instead of before
+// it would time out. A resumed run takes its checkpoint's step count instead (2: it would end at once,
+// exit 0 and fail here), because a --steps that contradicted the checkpoint would be refused before
+// the file's own damage is found, and a damaged file's message would go untested.
+TEST_P(BadInputTest, FailsBeforeTheWorkWithAClearMessage) {
+  const BadInput c = GetParam();
+  const std::string steps = c.args.find("--resume") == std::string::npos ? "--steps 100000 " : "";
+  RunResult r = run_trainer(c.chapter, c.ranks, steps + resolve_checkpoints(c.args), 60);
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.exit_code, 124) << "timed out: a rank hung, or the check came after the work";
+  EXPECT_NE(r.output.find(c.message), std::string::npos) << "expected '" << c.message << "' in:\n" << r.output;
+  EXPECT_LT(r.seconds, 15.0);
+}
+
 std::vector<BadInput> bad_inputs() {
   return {
       {"MissingDataFile", "--data /nonexistent/corpus.txt", "cannot open '/nonexistent/corpus.txt'"},
@@ -68,9 +87,9 @@ std::vector<BadInput> bad_inputs() {
       {"BadValue", "--steps ten", "--steps"},
       {"ZeroLearningRate", "--lr 0", "--lr must be > 0"},
       {"LearningRateBelowFp32", "--lr 1e-50", "--lr: '1e-50' is too small for fp32"},
-      {"TruncatedCheckpoint", "--resume " + bad_checkpoint("truncated"), "truncated"},
-      {"CorruptedCheckpoint", "--resume " + bad_checkpoint("corrupted"), "corrupted"},
-      {"CheckpointOfAnotherConfig", "--resume " + bad_checkpoint("small"), "L=4 C=128"},
+      {"TruncatedCheckpoint", "--resume {truncated.ckpt}", "truncated.ckpt' is truncated"},
+      {"CorruptedCheckpoint", "--resume {corrupted.ckpt}", "corrupted.ckpt' is corrupted"},
+      {"CheckpointOfAnotherConfig", "--resume {small.ckpt}", "L=4 C=128"},
       {"MissingCheckpoint", "--resume /nonexistent.ckpt", "cannot open '/nonexistent.ckpt'"},
       {"UnknownDevice", "--device tpu", "--device tpu: unknown device; choose auto, cpu or cuda"},
       {"UnknownDtype", "--dtype fp8", "--dtype fp8: unknown dtype; choose auto, fp32 or bf16"},
@@ -269,9 +288,26 @@ TEST(Stops, TheWatchdogEndsAJobWithAStoppedRank) {
   EXPECT_NE(r.exit_code, 124) << "the job hung";
   EXPECT_LT(seconds, 3 + 10.0) << "the watchdog should end it a little after its 3 s";
   EXPECT_NE(r.output.find("watchdog: all_reduce"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("over the world group (world ranks 0, 1)"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("in step"), std::string::npos) << r.output;
   EXPECT_TRUE(rank_pids(dir).empty()) << "a rank was left behind";
   EXPECT_NE(read_record(dir + "/run.jsonl", "summary").find("\"ended\":\"aborted\""), std::string::npos);
+}
+
+// A stuck receive names its peer by world rank, and its group by the members' world ranks, which
+// differ from their ranks in the group: test_comm's DISABLED_WatchdogEndsAReceiveThatNoOneSends, on
+// 4 ranks in a job of its own (the watchdog ends it), where world rank 3 waits for rank 0 of the odd
+// ranks' group.
+TEST(Stops, TheWatchdogNamesThePeerOfAStuckReceiveAndItsGroup) {
+  RunResult r = run_command("mpiexec -n 4 build/tests/test_comm --gtest_also_run_disabled_tests "
+                            "--gtest_filter=CommTest.DISABLED_WatchdogEndsAReceiveThatNoOneSends", 60);
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.exit_code, 124) << "the job hung";
+  EXPECT_NE(r.output.find("[rank 3@"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("watchdog: recv of "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find(" from world rank 1 over the pipeline group (world ranks 1, 3)"), std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("world rank 1 is stopped, dead or stuck"), std::string::npos) << r.output;
 }
 
 // A pipeline stage that dies mid-step (SIGKILL: no handler runs) or stops (SIGSTOP) while its
@@ -296,7 +332,12 @@ TEST(Stops, AStageThatDiesOrStopsEndsThePipeline) {
     EXPECT_NE(r.exit_code, 124) << "the job hung";
     EXPECT_LT(r.seconds, 3 + 10.0) << r.output;
     if (signal == SIGSTOP) {
+      // Rank 0 waits in a receive from the stopped stage, or in a collective of the step's end.
       EXPECT_NE(r.output.find("watchdog:"), std::string::npos) << r.output;
+      EXPECT_NE(r.output.find("group (world ranks 0, 1)"), std::string::npos) << r.output;
+      if (r.output.find("watchdog: recv") != std::string::npos) {
+        EXPECT_NE(r.output.find("from world rank 1 over the pipeline group"), std::string::npos) << r.output;
+      }
     }
     EXPECT_TRUE(rank_pids(dir).empty()) << "a rank was left behind";
     for (int pid : rank_pids(dir)) kill(pid, SIGKILL);

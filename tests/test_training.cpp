@@ -2,8 +2,10 @@
 // every chapter on 2 and 4 ranks trains to the same losses (relative difference <= 1e-5) and the
 // same final parameters as one rank of 01 with the same global batch, with and without gradient
 // accumulation. Also: resuming a checkpoint continues bit-exactly, measured memory and bytes agree
-// with theory, every ZeRO collective is balanced, and exposed communication stays within the time
-// communication was in flight (zero at one rank). Bad input and stops: test_run_guards.cpp.
+// with theory, every ZeRO collective is balanced, exposed communication stays within the time
+// communication was in flight (zero at one rank), the presets' default learning rates train without a
+// loss spike, and the banner says what the emulated link models. Bad input and stops:
+// test_run_guards.cpp.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -268,6 +270,61 @@ TEST(ExposedCommunication, NeverExceedsTheTotalAndIsZeroAtOneRank) {
       EXPECT_LE(number_field(step, "exposed_comm_ms"), number_field(step, "comm_ms")) << step;
     }
   }
+}
+
+// The default learning rates (model_config.cpp) are meant to be the largest that train without a
+// spike: a learner who runs a preset as it is must not see its loss jump. At 1 rank over the first
+// steps, no step's loss exceeds the previous one's by more than 10%, nor the first step's. (small at
+// twice its rate, 2e-3, jumps 1.9x in one step and fails here.)
+struct PresetRun {
+  std::string preset;
+  int steps;
+};
+
+void PrintTo(const PresetRun& p, std::ostream* os) { *os << p.preset << ", " << p.steps << " steps"; }
+
+class DefaultLearningRate : public testing::TestWithParam<PresetRun> {};
+
+TEST_P(DefaultLearningRate, TrainsWithoutALossSpike) {
+  const PresetRun p = GetParam();
+  // The same run as the equivalence tests' reference (shared with them for tiny's 20 steps).
+  const LossCurve& curve = one_rank_of_01(p.preset, "", p.steps).losses;
+  ASSERT_EQ(int(curve.losses.size()), p.steps);
+  for (size_t i = 1; i < curve.losses.size(); i++) {
+    EXPECT_LE(curve.losses[i], 1.10 * curve.losses[i - 1]) << "a spike at step " << curve.steps[i];
+    EXPECT_LE(curve.losses[i], curve.losses[0]) << "above the first step's loss at step " << curve.steps[i];
+  }
+}
+
+// deep is make compare's default; it takes about 5 s on one core.
+INSTANTIATE_TEST_SUITE_P(Presets, DefaultLearningRate,
+                         testing::Values(PresetRun{"tiny", kSteps}, PresetRun{"small", 30}, PresetRun{"deep", 30}),
+                         [](const testing::TestParamInfo<PresetRun>& info) { return info.param.preset; });
+
+// The banner names what the emulated link models: a link of latency alone has unlimited bandwidth
+// (not "0 Gbit/s", a link that would carry nothing), and numbers print as given (not "2e+03").
+TEST(EmulatedLink, TheBannerSaysWhatIsModelled) {
+  const struct {
+    std::string chapter, flags, line;
+  } cases[] = {
+      {"01_vanilla_dp", "--link-latency-us 2000", "emulated link: unlimited bandwidth, 2000 us latency"},
+      {"01_vanilla_dp", "--link-gbps 0.5 --link-latency-us 50", "emulated link: 0.5 Gbit/s, 50 us latency"},
+      {"01_vanilla_dp", "--link-gbps 2000", "emulated link: 2000 Gbit/s, 0 us latency"},
+      {"07_tensor_parallel", "--link-gbps 0.5 --tp-link-gbps 0 --tp-link-latency-us 10",
+       "tensor-parallel group's emulated link: unlimited bandwidth, 10 us latency"},
+      {"07_tensor_parallel", "--link-gbps 0.5 --tp-link-gbps 0 --tp-link-latency-us 0",
+       "tensor-parallel group's emulated link: none"},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.chapter + " " + c.flags);
+    RunResult r = run_trainer(c.chapter, 2, "--steps 2 " + c.flags);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find(c.line), std::string::npos) << "expected '" << c.line << "' in:\n" << r.output;
+  }
+  // No link, no banner.
+  RunResult none = run_trainer("01_vanilla_dp", 2, "--steps 2");
+  ASSERT_EQ(none.exit_code, 0) << none.output;
+  EXPECT_EQ(none.output.find("emulated link"), std::string::npos) << none.output;
 }
 
 }  // namespace

@@ -14,6 +14,7 @@
 
 #include <array>
 #include <chrono>
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -26,8 +27,12 @@
 
 RunResult run_trainer(const std::string& chapter, int ranks, const std::string& args, int timeout_s) {
   const std::string device = args.find("--device") == std::string::npos ? "--device cpu " : "";
-  std::string cmd = "timeout " + std::to_string(timeout_s) + " mpiexec -n " + std::to_string(ranks) + " ./" +
-                    chapter + "/train --quiet " + device + args + " </dev/null 2>&1";
+  return run_command("mpiexec -n " + std::to_string(ranks) + " ./" + chapter + "/train --quiet " + device + args,
+                     timeout_s);
+}
+
+RunResult run_command(const std::string& command, int timeout_s) {
+  const std::string cmd = "timeout " + std::to_string(timeout_s) + " " + command + " </dev/null 2>&1";
   RunResult r;
   auto start = std::chrono::steady_clock::now();
   FILE* pipe = popen(cmd.c_str(), "r");
@@ -129,9 +134,16 @@ void remove_temp_dirs() {
 }  // namespace
 
 std::string temp_dir() {
-  char tmpl[] = "/tmp/gpt_test_XXXXXX";
-  const char* dir = mkdtemp(tmpl);
-  if (!dir) return "/tmp";
+  // Under $TMPDIR when set: tests/run_tests.sh points it at a folder of its own, which it removes
+  // even when a binary crashes or times out and so never reaches the atexit handler below.
+  const char* base = std::getenv("TMPDIR");
+  const std::string root = base && *base ? base : "/tmp";
+  std::string tmpl = root + "/gpt_test_XXXXXX";
+  const char* dir = mkdtemp(tmpl.data());
+  if (!dir) {
+    ADD_FAILURE() << "cannot create a temporary folder in " << root << ": " << std::strerror(errno);
+    return root;
+  }
   // Only the test process removes them: a forked child leaves with _exit(), which skips atexit.
   if (temp_dirs().empty()) std::atexit(remove_temp_dirs);
   temp_dirs().push_back(dir);

@@ -12,6 +12,10 @@ struct RunResult {
   std::string output;  // stdout and stderr together
 };
 
+// Runs a shell command from the repository root with a time limit (`timeout`: exit code 124), stdin
+// from /dev/null, and collects its output.
+RunResult run_command(const std::string& command, int timeout_s);
+
 // Runs `mpiexec -n ranks ./<chapter>/train --quiet <args>` from the repository root with a time
 // limit. Unless args name a --device, the run is on the CPU (--device cpu), so that the CPU tests
 // test the CPU on a machine with a GPU too; the GPU tests ask for --device cuda.
@@ -31,8 +35,10 @@ RunResult wait_for(BackgroundRun& run, int timeout_s);
 std::vector<int> rank_pids(const std::string& marker);
 bool file_exists(const std::string& path);
 
-// A fresh temporary folder for one test's files, removed with everything in it when the test binary
-// exits (set GPT_TEST_KEEP=1 to keep them for a look after a failure).
+// A fresh temporary folder for one test's files, under $TMPDIR (else /tmp), removed with everything in
+// it when the test binary exits (set GPT_TEST_KEEP=1 to keep them for a look after a failure). A
+// binary that crashes or times out cannot remove them: tests/run_tests.sh sets TMPDIR to a folder of
+// its own and removes that.
 std::string temp_dir();
 
 // The "loss" of every "step" record, in order, and the records' steps.
