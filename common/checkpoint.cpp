@@ -331,6 +331,26 @@ CheckpointHeader read_checkpoint_header(Communicator& comm, const std::string& p
         header.has_settings = header.version >= 2;
         if (header.has_settings) header.settings = read_settings(in);
       }
+      // The settings are believed only once the hash has vouched for the whole file, as it will when
+      // the file is loaded: a damaged checkpoint is called damaged, not a run with other settings.
+      std::string whole;
+      if (error.empty() && !read_whole_file(path, &whole, &error)) error += "; pass --resume PATH with a file written by --save";
+      if (error.empty()) {
+        GPT2Config shape;
+        shape.L = int(header.L), shape.C = int(header.C), shape.NH = int(header.NH), shape.T = int(header.T);
+        shape.V = int(header.V);
+        CheckedHeader checked;
+        // (Dimensions read before the hash is checked: a layout is built from them only if they are
+        // a plausible model's, not from whatever a damaged header says.)
+        const bool plausible = shape.L > 0 && shape.L <= 4096 && shape.C > 0 && shape.C <= 65536 && shape.NH > 0 &&
+                               shape.C % shape.NH == 0 && shape.T > 0 && shape.T <= (1 << 20) && shape.V > 0 &&
+                               shape.V <= (1 << 24);
+        if (plausible)
+          error = check_checkpoint(path, whole, shape, build_gpt2_layout(shape, 1), header.global_batch, &checked);
+        else
+          error = file + " is corrupted: its header names no model (L=" + std::to_string(header.L) + " C=" +
+                  std::to_string(header.C) + " NH=" + std::to_string(header.NH) + ")";
+      }
     }
   }
   comm.agree_or_die(error.empty(), error);

@@ -5,7 +5,7 @@
 #include <string>
 
 struct GPT2Config {
-  std::string preset;  // "tiny", "small", "deep", "gpt2", "odd" or "custom"
+  std::string preset;  // a preset's name (find_preset), or "custom"
   int L = 0, C = 0, NH = 0, T = 0, V = 0;
   int default_batch = 0;     // global batch in sequences when --batch is not given
   float default_lr = 0;      // peak learning rate when --lr is not given
@@ -19,7 +19,8 @@ struct GPT2Config {
 //   small: L=4,  C=128, NH=4,  T=128,  V=256
 //   deep:  L=12, C=128, NH=4,  T=64,   V=256    (make compare: ZeRO-3 gathers a few of its 12 blocks)
 //   gpt2:  L=12, C=768, NH=12, T=1024, V=50304  (GPT-2 124M's shape; V padded to a multiple of 128)
-//   odd:   L=2,  C=15,  NH=3,  T=17,   V=256    (for tests: 9915 parameters, divisible by no N > 1)
+//   odd:   L=2,  C=15,  NH=3,  T=17,   V=258    (for tests: 9945 parameters, divisible by no N > 1)
 //   wide:  L=2,  C=32,  NH=4,  T=16,   V=8192   (for tests: the embedding outweighs the blocks)
+//   tall:  L=8,  C=32,  NH=4,  T=32,   V=256    (for tests: 4 pipeline stages of 2 chunks each)
 bool find_preset(const std::string& name, GPT2Config* cfg);
-const char* preset_names();  // "tiny, small, deep, gpt2, odd, wide", for error messages
+const char* preset_names();  // "tiny, small, deep, gpt2, odd, wide, tall", for error messages
