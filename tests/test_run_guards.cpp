@@ -191,6 +191,8 @@ TEST(Resume, AContradictingFlagIsRefusedNamingBothValues) {
       {"--lr 1e-3", "--lr 0.001 differs from the 0.002 that checkpoint"},
       {"--steps 30", "--steps 30 differs from the 20 that checkpoint"},
       {"--warmup 2", "--warmup 2 differs from the 4 that checkpoint"},
+      {"--weight-decay 0.2", "--weight-decay 0.2 differs from the 0.1 that checkpoint"},
+      {"--grad-clip 2", "--grad-clip 2 differs from the 1 that checkpoint"},
   };
   for (const auto& [flag, message] : cases) {
     RunResult run = run_trainer("01_vanilla_dp", 2, "--resume " + r.checkpoint + " " + flag, 60);
