@@ -149,35 +149,11 @@ TEST(PipelineTheory, ZeroTwoBytesGrowWithTheMicroBatchesAndZeroOnesDoNot) {
 // A checkpoint holds full tensors: one saved by a DP 2 x PP 2 pipeline resumes in 01 on one rank and
 // in 08 on four stages, continuing the same losses; and 01's resumes in a pipeline.
 TEST(PipelineCheckpoint, SavedOnAnyGridResumesInAnyChapter) {
-  const std::string dir = temp_dir();
-  const std::string common = "--preset " + kPreset + " --steps " + std::to_string(kSteps);
-  RunResult full = run_trainer("08_pipeline", 4, common + " --pp 2 --json " + dir + "/full.jsonl --save " + dir +
-                                                     "/ck_{step}.bin --save-every 10");
-  ASSERT_EQ(full.exit_code, 0) << full.output;
-  LossCurve reference = read_losses(dir + "/full.jsonl");
-  ASSERT_EQ(int(reference.losses.size()), kSteps);
-  reference.steps.erase(reference.steps.begin(), reference.steps.begin() + 10);
-  reference.losses.erase(reference.losses.begin(), reference.losses.begin() + 10);
-  struct Into {
-    std::string chapter;
-    int ranks;
-    std::string flags;
-  };
-  for (const Into& into : std::vector<Into>{{"01_vanilla_dp", 1, ""},
-                                            {"08_pipeline", 4, "--pp 4 --schedule interleaved"},
-                                            {"07_tensor_parallel", 2, "--tp 2"}}) {
-    RunResult resumed = run_trainer(into.chapter, into.ranks,
-                                    common + " --resume " + dir + "/ck_10.bin --json " + dir + "/r.jsonl " + into.flags);
-    ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
-    EXPECT_LE(max_relative_difference(read_losses(dir + "/r.jsonl"), reference), kTolerance)
-        << "resumed in " << into.chapter << " on " << into.ranks << " ranks " << into.flags;
-  }
-  RunResult one = run_trainer("01_vanilla_dp", 1, common + " --save " + dir + "/one_{step}.bin --save-every 10");
-  ASSERT_EQ(one.exit_code, 0) << one.output;
-  RunResult staged = run_trainer("08_pipeline", 2, common + " --resume " + dir + "/one_10.bin --schedule zb-h1 --json " +
-                                                       dir + "/staged.jsonl");
-  ASSERT_EQ(staged.exit_code, 0) << staged.output;
-  EXPECT_LE(max_relative_difference(read_losses(dir + "/staged.jsonl"), reference), kTolerance);
+  expect_checkpoints_cross_grids({"08_pipeline", 4, "--pp 2"},
+                                 {{"01_vanilla_dp", 1, ""},
+                                  {"08_pipeline", 4, "--pp 4 --schedule interleaved"},
+                                  {"07_tensor_parallel", 2, "--tp 2"}},
+                                 {"08_pipeline", 2, "--schedule zb-h1"}, "--preset " + kPreset, kSteps, kTolerance);
 }
 
 }  // namespace

@@ -266,20 +266,29 @@ int mpi_rank_of(int pid) {
   return at == std::string::npos ? -1 : std::atoi(environ.c_str() + at + 9);
 }
 
-// A rank stopped with SIGSTOP: the others would wait forever in the next collective. The watchdog
-// (--timeout) ends the job, naming the rank, the collective and the step, and rank 0 closes its JSON.
-TEST(Stops, TheWatchdogEndsAJobWithAStoppedRank) {
-  const std::string dir = temp_dir();
-  BackgroundRun run = start_trainer("01_vanilla_dp", 2, "--steps 100000 --timeout 3 --json " + dir + "/run.jsonl");
+// Starts `chapter` on 2 ranks in the background (100000 steps, --timeout 3, JSON into `dir`) and
+// returns the process id of its rank 1 once both ranks run and 3 steps are done; -1 if that never
+// happens (the test then fails).
+int rank_one_of_a_running_job(const std::string& chapter, const std::string& flags, const std::string& dir,
+                              BackgroundRun* run) {
+  *run = start_trainer(chapter, 2, "--steps 100000 --timeout 3 --json " + dir + "/run.jsonl " + flags);
   std::vector<int> ranks;
   for (int i = 0; i < 300 && (ranks.size() < 2 || read_records(dir + "/run.jsonl.partial", "step").size() < 3); i++) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
     ranks = rank_pids(dir);
   }
-  ASSERT_EQ(ranks.size(), 2u);
-  // Stop rank 1: rank 0 writes the JSON.
-  const int victim = mpi_rank_of(ranks[0]) == 1 ? ranks[0] : ranks[1];
-  ASSERT_EQ(mpi_rank_of(victim), 1);
+  if (ranks.size() != 2) return -1;
+  const int one = mpi_rank_of(ranks[0]) == 1 ? ranks[0] : ranks[1];
+  return mpi_rank_of(one) == 1 ? one : -1;
+}
+
+// A rank stopped with SIGSTOP: the others would wait forever in the next collective. The watchdog
+// (--timeout) ends the job, naming the rank, the collective and the step, and rank 0 closes its JSON.
+TEST(Stops, TheWatchdogEndsAJobWithAStoppedRank) {
+  const std::string dir = temp_dir();
+  BackgroundRun run;
+  const int victim = rank_one_of_a_running_job("01_vanilla_dp", "", dir, &run);  // rank 0 writes the JSON
+  ASSERT_GT(victim, 0);
   kill(victim, SIGSTOP);
   const auto stopped = std::chrono::steady_clock::now();
   RunResult r = wait_for(run, 60);
@@ -317,15 +326,9 @@ TEST(Stops, AStageThatDiesOrStopsEndsThePipeline) {
   for (int signal : {SIGKILL, SIGSTOP}) {
     SCOPED_TRACE(signal == SIGKILL ? "killed" : "stopped");
     const std::string dir = temp_dir();
-    BackgroundRun run = start_trainer("08_pipeline", 2, "--preset tall --steps 100000 --timeout 3 --json " + dir + "/run.jsonl");
-    std::vector<int> ranks;
-    for (int i = 0; i < 300 && (ranks.size() < 2 || read_records(dir + "/run.jsonl.partial", "step").size() < 3); i++) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-      ranks = rank_pids(dir);
-    }
-    ASSERT_EQ(ranks.size(), 2u);
-    const int victim = mpi_rank_of(ranks[0]) == 1 ? ranks[0] : ranks[1];  // the last stage
-    ASSERT_EQ(mpi_rank_of(victim), 1);
+    BackgroundRun run;
+    const int victim = rank_one_of_a_running_job("08_pipeline", "--preset tall", dir, &run);  // the last stage
+    ASSERT_GT(victim, 0);
     kill(victim, signal);
     RunResult r = wait_for(run, 60);
     EXPECT_NE(r.exit_code, 0) << r.output;

@@ -155,35 +155,11 @@ TEST(Checkpoint, ShardedSaveResumesOnOtherRankCountsAndChapters) {
 // one rank, in ZeRO-3 on two, and on another grid (TP 4 with sequence parallelism); and 01's resumes
 // under tensor parallelism (TP 2).
 TEST(Checkpoint, TensorParallelSaveResumesOnAnyGridAndChapter) {
-  const std::string dir = temp_dir();
-  const std::string common = "--steps " + std::to_string(kSteps);
-  RunResult full = run_trainer("07_tensor_parallel", 4, common + " --tp 2 --json " + dir + "/full.jsonl --save " +
-                                                            dir + "/ck_{step}.bin --save-every 10");
-  ASSERT_EQ(full.exit_code, 0) << full.output;
-  LossCurve reference = read_losses(dir + "/full.jsonl");
-  ASSERT_EQ(int(reference.losses.size()), kSteps);
-  reference.steps.erase(reference.steps.begin(), reference.steps.begin() + 10);
-  reference.losses.erase(reference.losses.begin(), reference.losses.begin() + 10);
-  struct Into {
-    std::string chapter;
-    int ranks;
-    std::string flags;
-  };
-  for (const Into& into : std::vector<Into>{{"01_vanilla_dp", 1, ""},
-                                            {"06_zero3", 2, ""},
-                                            {"07_tensor_parallel", 4, "--tp 4 --sequence-parallel"}}) {
-    RunResult resumed = run_trainer(into.chapter, into.ranks,
-                                    common + " --resume " + dir + "/ck_10.bin --json " + dir + "/r.jsonl " + into.flags);
-    ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
-    EXPECT_LE(max_relative_difference(read_losses(dir + "/r.jsonl"), reference), kLossTolerance)
-        << "resumed in " << into.chapter << " on " << into.ranks << " ranks " << into.flags;
-  }
-  RunResult one = run_trainer("01_vanilla_dp", 1, common + " --save " + dir + "/one_{step}.bin --save-every 10");
-  ASSERT_EQ(one.exit_code, 0) << one.output;
-  RunResult split = run_trainer("07_tensor_parallel", 2, common + " --resume " + dir + "/one_10.bin --json " + dir +
-                                                             "/split.jsonl");
-  ASSERT_EQ(split.exit_code, 0) << split.output;
-  EXPECT_LE(max_relative_difference(read_losses(dir + "/split.jsonl"), reference), kLossTolerance);
+  expect_checkpoints_cross_grids({"07_tensor_parallel", 4, "--tp 2"},
+                                 {{"01_vanilla_dp", 1, ""},
+                                  {"06_zero3", 2, ""},
+                                  {"07_tensor_parallel", 4, "--tp 4 --sequence-parallel"}},
+                                 {"07_tensor_parallel", 2, ""}, "", kSteps, kLossTolerance);
 }
 
 // Measured parameter, gradient and optimizer bytes equal docs/theory.md's formula up to padding, and the

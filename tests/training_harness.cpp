@@ -315,3 +315,27 @@ std::string expect_trains_like_one_rank_of_01(const std::string& chapter, int ra
   }
   return jsonl;
 }
+
+void expect_checkpoints_cross_grids(const Grid& from, const std::vector<Grid>& into, const Grid& takes_01s,
+                                    const std::string& common_flags, int steps, double tolerance) {
+  const std::string dir = temp_dir(), half = std::to_string(steps / 2);
+  const std::string common = common_flags + " --steps " + std::to_string(steps);
+  RunResult full = run_trainer(from.chapter, from.ranks, common + " " + from.flags + " --json " + dir +
+                                                             "/full.jsonl --save " + dir + "/ck_{step}.bin --save-every " + half);
+  ASSERT_EQ(full.exit_code, 0) << full.output;
+  LossCurve reference = read_losses(dir + "/full.jsonl");
+  ASSERT_EQ(int(reference.losses.size()), steps);
+  reference.steps.erase(reference.steps.begin(), reference.steps.begin() + steps / 2);
+  reference.losses.erase(reference.losses.begin(), reference.losses.begin() + steps / 2);
+  auto resume = [&](const Grid& grid, const std::string& checkpoint) {
+    RunResult resumed = run_trainer(grid.chapter, grid.ranks,
+                                    common + " --resume " + checkpoint + " --json " + dir + "/r.jsonl " + grid.flags);
+    ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+    EXPECT_LE(max_relative_difference(read_losses(dir + "/r.jsonl"), reference), tolerance)
+        << "resumed in " << grid.chapter << " on " << grid.ranks << " ranks " << grid.flags << " from " << checkpoint;
+  };
+  for (const Grid& grid : into) resume(grid, dir + "/ck_" + half + ".bin");
+  RunResult one = run_trainer("01_vanilla_dp", 1, common + " --save " + dir + "/one_{step}.bin --save-every " + half);
+  ASSERT_EQ(one.exit_code, 0) << one.output;
+  resume(takes_01s, dir + "/one_" + half + ".bin");
+}

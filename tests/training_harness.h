@@ -86,3 +86,14 @@ const Baseline& one_rank_of_01(const std::string& preset, const std::string& bat
 std::string expect_trains_like_one_rank_of_01(const std::string& chapter, int ranks, const std::string& args,
                                               const std::string& preset, const std::string& batch, int steps,
                                               double tolerance);
+
+// Checkpoints stay layout-free. `from` trains `steps` steps (`common` flags: preset, ...), saving
+// half-way; each grid of `into` resumes that checkpoint and continues the same losses (relative
+// difference <= tolerance); then one rank of 01 saves half-way and `takes_01s` resumes its file.
+struct Grid {
+  std::string chapter;
+  int ranks;
+  std::string flags;
+};
+void expect_checkpoints_cross_grids(const Grid& from, const std::vector<Grid>& into, const Grid& takes_01s,
+                                    const std::string& common, int steps, double tolerance);
