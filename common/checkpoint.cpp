@@ -6,7 +6,9 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <fstream>
 #include <sstream>
+#include <vector>
 
 #include "check.h"   // ENSURE
 #include "fileio.h"  // read_whole_file, write_file_atomically
@@ -172,14 +174,19 @@ struct CheckedHeader {
 // decides which message a damaged file gets: magic and version first (is this our format at all?),
 // then the hash over the whole file (is it intact?), and only then the header's meaning (does it
 // fit this run?). A header is not believed before the hash vouched for it.
+std::string truncated_message(const std::string& file, size_t expected, size_t found) {
+  return file + " is truncated: expected " + std::to_string(expected) + " bytes, found " + std::to_string(found) +
+         " (an incomplete copy? saves themselves are atomic)";
+}
+std::string corrupted_message(const std::string& file) {
+  return file + " is corrupted: hash mismatch (the file changed after it was written)";
+}
+
 std::string check_checkpoint(const std::string& path, const std::string& bytes, const GPT2Config& cfg,
                              const ParamLayout& layout, int64_t expected_batch, CheckedHeader* out) {
   const std::string file = "checkpoint '" + path + "'";
   size_t expected_size = checkpoint_size(layout, kVersion);
-  auto truncated = [&]() {
-    return file + " is truncated: expected " + std::to_string(expected_size) + " bytes, found " +
-           std::to_string(bytes.size()) + " (an incomplete copy? saves themselves are atomic)";
-  };
+  auto truncated = [&]() { return truncated_message(file, expected_size, bytes.size()); };
 
   const size_t magic_bytes = std::min(bytes.size(), sizeof(kMagic));
   if (bytes.compare(0, magic_bytes, kMagic, magic_bytes) != 0)
@@ -199,7 +206,7 @@ std::string check_checkpoint(const std::string& path, const std::string& bytes, 
   if (trailer.u64() != fnv1a(bytes.data(), bytes.size() - kTrailerBytes)) {
     // A shorter file than this model needs was most likely cut off; otherwise bytes changed.
     if (bytes.size() < expected_size) return truncated();
-    return file + " is corrupted: hash mismatch (the file changed after it was written)";
+    return corrupted_message(file);
   }
 
   const uint64_t L = in.u32(), C = in.u32(), NH = in.u32(), T = in.u32(), V = in.u32();
@@ -304,6 +311,43 @@ std::string checkpoint_model_problem(const std::string& path, const CheckpointHe
          (preset.empty() ? " (no preset has the checkpoint's shape)" : " (pass --preset " + preset + " to resume it)");
 }
 
+namespace {
+
+// Whether the file is as long as its header's model needs and its hash matches, read a few MB at a
+// time: this runs before the memory forecast, so the file is never held whole. Dimensions are read
+// before the hash vouched for them: a layout is built from them only if they are a plausible model's.
+std::string intactness_problem(const std::string& path, const std::string& file, const CheckpointHeader& header) {
+  GPT2Config shape;
+  shape.L = int(header.L), shape.C = int(header.C), shape.NH = int(header.NH), shape.T = int(header.T);
+  shape.V = int(header.V);
+  const bool plausible = shape.L > 0 && shape.L <= 4096 && shape.C > 0 && shape.C <= 65536 && shape.NH > 0 &&
+                         shape.C % shape.NH == 0 && shape.T > 0 && shape.T <= (1 << 20) && shape.V > 0 &&
+                         shape.V <= (1 << 24);
+  if (!plausible)
+    return file + " is corrupted: its header names no model (L=" + std::to_string(header.L) + " C=" +
+           std::to_string(header.C) + " NH=" + std::to_string(header.NH) + ")";
+  std::ifstream in(path, std::ios::binary | std::ios::ate);
+  if (!in) return "cannot open '" + path + "'; pass --resume PATH with a file written by --save";
+  const size_t size = size_t(in.tellg());
+  const size_t expected = checkpoint_size(build_gpt2_layout(shape, 1), header.version);
+  if (size < expected) return truncated_message(file, expected, size);
+  in.seekg(0);
+  std::vector<char> piece(size_t(4) << 20);
+  uint64_t hash = kFnv1aStart;
+  for (size_t left = size - kTrailerBytes; left > 0;) {
+    const size_t n = std::min(left, piece.size());
+    if (!in.read(piece.data(), std::streamsize(n))) return "cannot read '" + path + "'";
+    hash = fnv1a(piece.data(), n, hash);
+    left -= n;
+  }
+  std::string trailer(kTrailerBytes, '\0');
+  if (!in.read(&trailer[0], kTrailerBytes)) return "cannot read '" + path + "'";
+  ByteReader stored(trailer, trailer.size());
+  return stored.u64() == hash ? "" : corrupted_message(file);
+}
+
+}  // namespace
+
 CheckpointHeader read_checkpoint_header(Communicator& comm, const std::string& path) {
   CheckpointHeader header;
   std::string error;
@@ -333,24 +377,7 @@ CheckpointHeader read_checkpoint_header(Communicator& comm, const std::string& p
       }
       // The settings are believed only once the hash has vouched for the whole file, as it will when
       // the file is loaded: a damaged checkpoint is called damaged, not a run with other settings.
-      std::string whole;
-      if (error.empty() && !read_whole_file(path, &whole, &error)) error += "; pass --resume PATH with a file written by --save";
-      if (error.empty()) {
-        GPT2Config shape;
-        shape.L = int(header.L), shape.C = int(header.C), shape.NH = int(header.NH), shape.T = int(header.T);
-        shape.V = int(header.V);
-        CheckedHeader checked;
-        // (Dimensions read before the hash is checked: a layout is built from them only if they are
-        // a plausible model's, not from whatever a damaged header says.)
-        const bool plausible = shape.L > 0 && shape.L <= 4096 && shape.C > 0 && shape.C <= 65536 && shape.NH > 0 &&
-                               shape.C % shape.NH == 0 && shape.T > 0 && shape.T <= (1 << 20) && shape.V > 0 &&
-                               shape.V <= (1 << 24);
-        if (plausible)
-          error = check_checkpoint(path, whole, shape, build_gpt2_layout(shape, 1), header.global_batch, &checked);
-        else
-          error = file + " is corrupted: its header names no model (L=" + std::to_string(header.L) + " C=" +
-                  std::to_string(header.C) + " NH=" + std::to_string(header.NH) + ")";
-      }
+      if (error.empty()) error = intactness_problem(path, file, header);
     }
   }
   comm.agree_or_die(error.empty(), error);

@@ -134,8 +134,7 @@ void write_file_atomically(const std::string& path, const void* data, size_t byt
   }
 }
 
-uint64_t fnv1a(const char* data, size_t n) {
-  uint64_t hash = 14695981039346656037ULL;
+uint64_t fnv1a(const char* data, size_t n, uint64_t hash) {
   for (size_t i = 0; i < n; i++) {
     hash ^= uint8_t(data[i]);
     hash *= 1099511628211ULL;

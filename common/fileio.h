@@ -20,4 +20,6 @@ std::string writable_problem(const std::string& flag, const std::string& path);
 
 // FNV-1a, 64-bit: a few lines, no library, and any flipped or missing byte changes it. The hash of
 // checkpoint files and of the training data (a resumed run checks that the data is the same).
-uint64_t fnv1a(const char* data, size_t n);
+// `hash`: the hash of the bytes before these, to hash a file piece by piece.
+constexpr uint64_t kFnv1aStart = 14695981039346656037ULL;
+uint64_t fnv1a(const char* data, size_t n, uint64_t hash = kFnv1aStart);
