@@ -385,28 +385,43 @@ std::vector<std::pair<int, int>> message_groups(const std::vector<Action>& actio
 
 namespace {
 
+// The sends and receives of every pair of ranks in call order, as positions in the lists:
+// sends[a][b][k] is the k-th send from rank a to rank b, receives[b][a][k] the k-th receive at b from
+// a. NCCL pairs exactly these two.
+struct CallOrder {
+  std::vector<std::vector<std::vector<int>>> sends, receives;
+};
+CallOrder call_order(const PipelineShape& shape, const std::vector<std::vector<Action>>& per_rank) {
+  const int p = shape.stages;
+  CallOrder order;
+  order.sends.assign(p, std::vector<std::vector<int>>(p));
+  order.receives = order.sends;
+  for (int rank = 0; rank < p; rank++)
+    for (int i = 0; i < int(per_rank[rank].size()); i++) {
+      const Action& a = per_rank[rank][i];
+      if (is_pass(a.op)) continue;
+      const int peer = message_of(shape, rank, a).peer;
+      (a.op == Op::SendActivation || a.op == Op::SendGradient ? order.sends : order.receives)[rank][peer].push_back(i);
+    }
+  return order;
+}
+
 // Under call order: the k-th send from rank a to rank b and the k-th receive at b from a must be one
 // message, or the data lands in the wrong buffer and nothing says so. "" or the first mismatch.
 std::string call_order_problem(const PipelineShape& shape, const std::vector<std::vector<Action>>& per_rank) {
-  const int p = shape.stages;
-  // sent[a][b], received[b][a]: the messages in call order, each named by its receiving action.
-  std::vector<std::vector<std::vector<Action>>> sent(p, std::vector<std::vector<Action>>(p)), received = sent;
-  for (int rank = 0; rank < p; rank++)
-    for (const Action& a : per_rank[rank]) {
-      if (is_pass(a.op)) continue;
-      const Message message = message_of(shape, rank, a);
-      if (a.op == Op::SendActivation || a.op == Op::SendGradient)
-        sent[rank][message.peer].push_back(message.as_received);
-      else
-        received[rank][message.peer].push_back(a);
-    }
-  for (int from = 0; from < p; from++)
-    for (int to = 0; to < p; to++)
-      for (size_t k = 0; k < sent[from][to].size() && k < received[to][from].size(); k++)
-        if (!(sent[from][to][k] == received[to][from][k]))
+  const CallOrder order = call_order(shape, per_rank);
+  for (int from = 0; from < shape.stages; from++)
+    for (int to = 0; to < shape.stages; to++) {
+      const std::vector<int>&out = order.sends[from][to], &in = order.receives[to][from];
+      for (size_t k = 0; k < out.size() && k < in.size(); k++) {
+        const Action sent = message_of(shape, from, per_rank[from][out[k]]).as_received;
+        const Action& received = per_rank[to][in[k]];
+        if (!(sent == received))
           return "in call order, rank " + std::to_string(from) + "'s send number " + std::to_string(k) + " to rank " +
-                 std::to_string(to) + " is for " + describe(sent[from][to][k]) + ", but rank " + std::to_string(to) +
-                 "'s receive number " + std::to_string(k) + " from it is " + describe(received[to][from][k]);
+                 std::to_string(to) + " is for " + describe(sent) + ", but rank " + std::to_string(to) +
+                 "'s receive number " + std::to_string(k) + " from it is " + describe(received);
+      }
+    }
   return "";
 }
 
@@ -654,8 +669,6 @@ Simulation simulate_call_order(const PipelineShape& shape, const ActionCosts& co
     std::vector<SimulatedAction> ran;
   };
   std::vector<Lane> lanes(p);
-  // sends[a][b] / receives[b][a]: positions, in call order.
-  std::vector<std::vector<std::vector<int>>> sends(p, std::vector<std::vector<int>>(p)), receives = sends;
   for (int rank = 0; rank < p; rank++) {
     Lane& lane = lanes[rank];
     const std::vector<Action>& list = per_rank[rank];
@@ -666,19 +679,14 @@ Simulation simulate_call_order(const PipelineShape& shape, const ActionCosts& co
     lane.group_start.assign(lane.groups.size(), -1.0);
     lane.group_end.assign(lane.groups.size(), -1.0);
     lane.pass_end.assign(list.size(), -1.0);
-    for (int i = 0; i < int(list.size()); i++) {
-      const Action& a = list[i];
-      if (is_pass(a.op)) continue;
-      const int peer = message_of(shape, rank, a).peer;
-      (a.op == Op::SendActivation || a.op == Op::SendGradient ? sends[rank][peer] : receives[rank][peer]).push_back(i);
-    }
   }
+  const CallOrder order = call_order(shape, per_rank);
   // partner[rank][i]: (peer, its group) of the message at position i; (-1, -1) if it has none.
   std::vector<std::vector<std::pair<int, int>>> partner(p);
   for (int rank = 0; rank < p; rank++) partner[rank].assign(per_rank[rank].size(), {-1, -1});
   for (int rank = 0; rank < p; rank++) {
     for (int peer = 0; peer < p; peer++) {
-      const std::vector<int>&out = sends[rank][peer], &in = receives[peer][rank];
+      const std::vector<int>&out = order.sends[rank][peer], &in = order.receives[peer][rank];
       for (size_t k = 0; k < out.size() && k < in.size(); k++) {
         partner[rank][out[k]] = {peer, lanes[peer].group_of[in[k]]};
         partner[peer][in[k]] = {rank, lanes[rank].group_of[out[k]]};
