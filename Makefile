@@ -116,8 +116,12 @@ bench-pp: all
 # Chapter 08's pipeline diagram: afab, 1f1b, interleaved and zb-h1, each measured and simulated.
 schedules:
 	@scripts/ensure_deps.sh
-	@$(MAKE) --no-print-directory 08_pipeline
+	@$(MAKE) --no-print-directory 08_pipeline $(BUILD)/pipeline_ideal
 	@scripts/schedules.sh
+
+# make schedules' ideal panels: each schedule simulated with the same measured pass times.
+$(BUILD)/pipeline_ideal: $(BUILD)/scripts/pipeline_ideal.o $(LIBCOMMON)
+	$(MPICXX) $(CXXFLAGS) $^ -o $@ -pthread
 
 # The collective benchmark links libcommon.a like a chapter; LINK passes emulated-link flags through.
 RANKS ?= 2

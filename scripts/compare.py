@@ -5,11 +5,12 @@ side with what each chapter changed, and writes the plots:
   communication.png  per chapter at the largest rank count: time communication was in flight per step,
                      and the part of it the trainer waited for (exposed), next to the step time
   memory.png         per rank at the largest rank count: model state (parameters, gradients, optimizer
-                     state), and apart from it the transient communication buffers and the activations
-                     (which tensor parallelism raises, keeping every row of the stream, and sequence
-                     parallelism, 07+SP, brings back down)
-  comm_volume.png    bytes each rank sends per step, at the largest rank count
-  loss.png           loss curves, overlaid (the same global batch: the curves coincide)
+                     state), and below it the activations and the communication buffers (activations:
+                     tensor parallelism keeps every row of the stream, sequence parallelism, 07+SP,
+                     splits them)                                             (scripts/compare_plots.py)
+  comm_volume.png    bytes each rank sends per step, at the largest rank count (scripts/compare_plots.py)
+  loss.png           loss curves: one line where they coincide (the same global batch), and how far
+                     apart they are at most                                   (scripts/compare_plots.py)
 Usage: python3 scripts/compare.py RESULTS_DIR
 """
 import glob
@@ -22,9 +23,9 @@ import matplotlib
 matplotlib.use("Agg")  # no display needed
 import matplotlib.pyplot as plt  # noqa: E402
 
-MODEL_STATE = [("params", "parameters", "#4C78A8"), ("grads", "gradients", "#F58518"),
-               ("optim", "optimizer state", "#54A24B")]
-
+# loss.png, memory.png and comm_volume.png are drawn in a module of their own, next to this file.
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from compare_plots import plot_comm_volume, plot_loss, plot_memory  # noqa: E402
 
 def load_runs(folder):
     runs = []
@@ -214,20 +215,6 @@ def plot_throughput(runs, folder):
     plt.close(fig)
 
 
-def plot_loss(runs, folder):
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for run in runs:
-        steps = run["steps"]
-        ax.plot([s["step"] for s in steps], [s["loss"] for s in steps], label=label(run), linewidth=1.2)
-    ax.set_xlabel("step")
-    ax.set_ylabel("loss")
-    ax.set_title("Training loss (same global batch: curves coincide)")
-    ax.legend(fontsize=7, ncol=2)
-    fig.tight_layout()
-    fig.savefig(os.path.join(folder, "loss.png"), dpi=120)
-    plt.close(fig)
-
-
 def at_largest_rank_count(runs):
     """The measured runs with the most ranks: memory and bytes per rank only compare at the same N."""
     n = max(r["run"]["ranks"] for r in runs)
@@ -258,57 +245,6 @@ def plot_communication(runs, folder):
     ax.margins(y=0.1)
     fig.tight_layout()
     fig.savefig(os.path.join(folder, "communication.png"), dpi=120)
-    plt.close(fig)
-
-
-def plot_memory(runs, folder):
-    runs, n = at_largest_rank_count(runs)
-    if not runs:
-        return
-    names = [name(r) for r in runs]
-    fig, (left, right) = plt.subplots(1, 2, figsize=(max(10, 2.2 * len(runs)), 4.4),
-                                      gridspec_kw={"width_ratios": [1.2, 1]})
-    bottom = [0.0] * len(runs)
-    for key, what, color in MODEL_STATE:
-        values = [mb(r["theory"]["measured_%s_bytes" % key]) if r.get("theory") else 0 for r in runs]
-        left.bar(names, values, bottom=bottom, label=what, color=color)
-        bottom = [b + v for b, v in zip(bottom, values)]
-    for i, total in enumerate(bottom):
-        left.annotate("%.1f" % total, (i, total), ha="center", va="bottom", fontsize=8)
-    left.set_ylabel("MB per rank")
-    left.set_title("Model state per rank, N = %d: ZeRO's 1/N steps, tensor parallelism's 1/t" % n, fontsize=9)
-    left.tick_params(axis="x", rotation=25, labelsize=8)
-    left.legend(fontsize=8)
-    left.margins(y=0.1)
-
-    x = range(len(runs))
-    transient = [mb(peak_over_steps(r, "mem_comm")) for r in runs]
-    activations = [mb(peak_over_steps(r, "mem_activations")) for r in runs]
-    right.bar([i - 0.2 for i in x], transient, 0.4, label="communication buffers (peak)", color="#72B7B2")
-    right.bar([i + 0.2 for i in x], activations, 0.4, label="activations (peak)", color="#BAB0AC")
-    right.set_xticks(list(x))
-    right.set_xticklabels(names, rotation=25, fontsize=8)
-    right.set_ylabel("MB per rank")
-    right.set_title("Transient memory, apart. Activations: TP keeps every row of the stream, SP splits them",
-                    fontsize=9)
-    right.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(os.path.join(folder, "memory.png"), dpi=120)
-    plt.close(fig)
-
-
-def plot_comm_volume(runs, folder):
-    runs, n = at_largest_rank_count(runs)
-    if not runs:
-        return
-    fig, ax = plt.subplots(figsize=(max(6, 1.1 * len(runs)), 4))
-    ax.bar([name(r) for r in runs], [mb(r["summary"]["comm_bytes_per_step"]) for r in runs],
-           color="tab:orange")
-    ax.set_ylabel("MB sent per rank per step")
-    ax.set_title("Communication volume, N = %d (ZeRO-3 moves 1.5x DP; TP moves activations)" % n)
-    ax.tick_params(axis="x", rotation=25, labelsize=8)
-    fig.tight_layout()
-    fig.savefig(os.path.join(folder, "comm_volume.png"), dpi=120)
     plt.close(fig)
 
 

@@ -11,7 +11,11 @@
             (align_clocks; --raw-clocks draws the spans as recorded); moves of 0.5 ms or more are named
             in the panel's title.
   ideal     the same step as the chapter simulates it with each stage's measured mean pass times and no
-            noise or p2p time: the "simulated_action" records of the --json file.
+            noise or p2p time: the "simulated_action" records of the --json file. Where RUN.ideal.jsonl
+            exists (make schedules writes one per schedule with build/pipeline_ideal), the ideal is that
+            file's instead: every schedule simulated with the same pass times, measured once (by
+            zb-h1's run, the one that times B and W apart), so that the ideal rows differ by their
+            schedule only, not by the noise of their own runs.
 
 Boxes: F (forward) blue, B (backward; under zb-h1 only the inputs' gradients) orange, W (zb-h1: the
 weights' gradients) green; under interleaved, chunk 1 is a lighter shade of the same colour. Each box
@@ -21,7 +25,8 @@ bubble (idle / step time, mean over stages) measured, simulated and by the theor
 
 Every panel, measured and ideal, of every run, shares one time axis: a pass is as wide in the ideal
 panel as in the measured one, so what the measured step adds (noise, waits longer than the schedule's,
-the optimizer) shows as extra length, and the schedules compare by length down the figure.
+the optimizer) shows as extra length, and the schedules compare by length down the figure. Several runs:
+a row each, measured left and ideal right; one run: the measured step above the ideal one.
 
 Usage:
   python3 scripts/plot_pipeline.py --out results/schedules.png results/schedules/afab results/schedules/1f1b
@@ -51,8 +56,8 @@ KIND_NAMES = {"F": "F forward", "B": "B backward (zb-h1: the inputs' gradients)"
 OPTIMIZER_COLOR = "#BAB0AC"
 ACTION = re.compile(r"([FBW])(\d+)\.c(\d+)")  # "F3.c1": forward of micro-batch 3 through chunk 1
 
-DPI = 130
-LABEL_PT = 7
+DPI = 110
+LABEL_PT = 8
 CHAR_PX = 0.6 * LABEL_PT * DPI / 72  # average width of a character of the box labels, in pixels
 
 
@@ -203,6 +208,31 @@ def align_clocks(boxes):
     return shifts
 
 
+def load_ideal(prefix, run):
+    """RUN.ideal.jsonl's pipeline record and simulated actions (build/pipeline_ideal), or None."""
+    path = prefix + ".ideal.jsonl"
+    if not os.path.exists(path):
+        return None
+    ideal = {"simulated": []}
+    with open(path) as f:
+        for number, line in enumerate(f, 1):
+            try:
+                record = json.loads(line)
+            except ValueError as e:
+                sys.exit("%s, line %d: not JSON (%s)" % (path, number, e))
+            if record.get("type") == "pipeline":
+                ideal["pipeline"] = record
+            elif record.get("type") == "simulated_action":
+                ideal["simulated"].append(record)
+    mine, its = run["pipeline"], ideal.get("pipeline")
+    if not its or not ideal["simulated"]:
+        sys.exit("%s: no pipeline or simulated_action records (written by build/pipeline_ideal?)" % path)
+    if any(its[k] != mine[k] for k in ("schedule", "p", "m", "v")):
+        sys.exit("%s: simulates %s p %d m %d v %d, but its run is %s p %d m %d v %d" % (
+            path, its["schedule"], its["p"], its["m"], its["v"], mine["schedule"], mine["p"], mine["m"], mine["v"]))
+    return ideal
+
+
 def ideal_boxes(run):
     p = run["pipeline"]["p"]
     boxes = [[] for _ in range(p)]
@@ -239,11 +269,14 @@ def draw_boxes(ax, boxes, chunks, px_per_ms):
     ax.set_axisbelow(True)
 
 
-def row_title(run):
+def row_title(run, ideal):
+    """Schedule and shape, and the bubble measured, in the ideal step, and by the theory. The ideal's
+    bubble and the theory's come from the ideal panel's pass times (the common ones where given)."""
     pl = run["pipeline"]
-    return ("%s   p %d, m %d, v %d   |   bubble: measured %.1f%%, simulated %.1f%%, theory %.1f%% = %s"
-            % (pl["schedule"], pl["p"], pl["m"], pl["v"], 100 * pl["measured_bubble"], 100 * pl["simulated_bubble"],
-               100 * pl["theory_bubble"], pl["theory_formula"]))
+    model = ideal["pipeline"] if ideal else pl
+    return ("%s   p %d, m %d, v %d   |   bubble: measured %.1f%%, ideal %.1f%%, theory %.1f%% = %s"
+            % (pl["schedule"], pl["p"], pl["m"], pl["v"], 100 * pl["measured_bubble"], 100 * model["simulated_bubble"],
+               100 * model["theory_bubble"], model["theory_formula"]))
 
 
 def default_cores():
@@ -281,53 +314,76 @@ def main():
             measured = [s for s in steps if s >= 1] or steps  # step 0 is warm-up
             step = measured[len(measured) // 2]
         measured_rows, measured_ms, shifts = measured_boxes(trace_path, trace, run, step, not args.raw_clocks)
-        ideal_rows = ideal_boxes(run)
+        ideal = load_ideal(prefix, run)
+        ideal_rows = ideal_boxes(ideal or run)
         ranks = run["run"]["ranks"]
         over = run["run"].get("device", "cpu") == "cpu" and ranks > args.cores
         notes = ["oversubscribed: %d ranks on %d cores" % (ranks, args.cores)] if over else []
         moved = ", ".join("%d %+.1f" % (r, x) for r, x in enumerate(shifts) if abs(x) >= 0.5)
         if moved:
             notes.append("clocks moved: stage " + moved + " ms")
+        ideal_ms = (ideal or run)["pipeline"]["simulated_step_ms"]
         panels.append({"name": prefix, "run": run, "step": step, "measured": measured_rows, "measured_ms": measured_ms,
-                       "ideal": ideal_rows, "notes": "; ".join(notes), "oversubscribed": over})
+                       "ideal": ideal_rows, "ideal_ms": ideal_ms, "ideal_of": ideal, "notes": "; ".join(notes),
+                       "oversubscribed": over})
 
-    longest = max(max(p["measured_ms"], p["run"]["pipeline"]["simulated_step_ms"]) for p in panels)
-    width_in = 16.0
-    left, right, gap = 0.06, 0.99, 0.02
-    panel_px = width_in * DPI * (right - left - gap) / 2
+    # Sized to be read at a README's width (about 900 pixels): 12 inches at DPI, lanes of half an inch
+    # where there are few stages. Several runs: measured | ideal side by side, a row per run; one run:
+    # measured above ideal, each the figure's whole width.
+    longest = max(max(p["measured_ms"], p["ideal_ms"]) for p in panels)
+    stacked = len(panels) == 1
+    width_in = 12.0
+    left, right, gap = (0.11 if stacked else 0.09), 0.99, 0.02
+    panel_px = width_in * DPI * ((right - left) if stacked else (right - left - gap) / 2)
     px_per_ms = panel_px / longest  # decides which boxes get a label
-    heights = [0.3 * p["run"]["pipeline"]["p"] + 1.0 for p in panels]
-    legend_in = 0.6
+    lane_in = max(0.25, min(0.45, 1.6 / max(p["run"]["pipeline"]["p"] for p in panels)))
+    title_in, axis_in = 0.55, 0.5
+    heights = []
+    for p in panels:
+        lanes = lane_in * p["run"]["pipeline"]["p"]
+        heights.append(title_in + 2 * (lanes + axis_in + 0.3) if stacked else title_in + lanes + axis_in)
+    legend_in = 0.75
     fig = plt.figure(figsize=(width_in, sum(heights) + legend_in))
     rows = fig.subfigures(len(panels) + 1, 1, height_ratios=[legend_in] + heights, squeeze=False)[:, 0]
     chunks_any = max(p["run"]["pipeline"]["v"] for p in panels)
     for sub, panel, height in zip(rows[1:], panels, heights):
         run, pl = panel["run"], panel["run"]["pipeline"]
-        sub.suptitle(row_title(run), x=left, ha="left", fontsize=10, fontweight="bold")
-        measured_ax, ideal_ax = sub.subplots(1, 2, sharey=True)
-        sub.subplots_adjust(left=left, right=right, wspace=gap / ((right - left) / 2), top=1 - 0.55 / height,
-                            bottom=0.42 / height)
+        sub.suptitle(row_title(run, panel["ideal_of"]), x=0.01, ha="left", fontsize=10.5, fontweight="bold")
+        if stacked:
+            measured_ax, ideal_ax = sub.subplots(2, 1, sharex=True)
+            sub.subplots_adjust(left=left, right=right, hspace=(0.3 + axis_in) / (height - title_in - axis_in) * 2,
+                                top=1 - title_in / height - 0.25 / height, bottom=axis_in / height)
+        else:
+            measured_ax, ideal_ax = sub.subplots(1, 2, sharey=True)
+            sub.subplots_adjust(left=left, right=right, wspace=gap / ((right - left) / 2),
+                                top=1 - (title_in + 0.05) / height, bottom=axis_in / height)
         draw_boxes(measured_ax, panel["measured"], pl["v"], px_per_ms)
         draw_boxes(ideal_ax, panel["ideal"], pl["v"], px_per_ms)
         dp = max(run["run"]["ranks"] // pl["p"], 1)
-        measured_ax.set_yticklabels(["stage %d" % r if dp == 1 else "stage %d (rank %d)" % (r, r * dp)
-                                     for r in range(pl["p"])], fontsize=8)
+        stage_names = ["stage %d" % r if dp == 1 else "stage %d (rank %d)" % (r, r * dp) for r in range(pl["p"])]
+        for ax in (measured_ax, ideal_ax) if stacked else (measured_ax,):
+            ax.set_yticklabels(stage_names, fontsize=9)
         notes = "   (%s)" % panel["notes"] if panel["notes"] else ""
         title = "measured: step %d, %.1f ms%s" % (panel["step"], panel["measured_ms"], notes)
-        measured_ax.set_title(title, loc="left", fontsize=min(9, 9 * 100 / len(title)),  # smaller, not into the ideal's
+        limit = 140 if stacked else 75  # characters that fit above the panel at 9.5 points
+        measured_ax.set_title(title, loc="left", fontsize=min(9.5, 9.5 * limit / len(title)),
                               color="#B22222" if panel["oversubscribed"] else "black")
-        ideal_ax.set_title("ideal: simulated with the measured mean pass times, %.1f ms" % pl["simulated_step_ms"],
-                           loc="left", fontsize=9)
+        ideal = panel["ideal_of"]
+        source = ("%s's pass times, the same in every row" % ideal["pipeline"]["measured_by"] if ideal
+                  else "this run's mean pass times")
+        ideal_ax.set_title("ideal: simulated with %s: %.1f ms" % (source, panel["ideal_ms"]), loc="left", fontsize=9.5)
         for ax in (measured_ax, ideal_ax):
             ax.set_xlim(0, longest)
-            ax.tick_params(axis="x", labelsize=8)
-        measured_ax.set_xlabel("ms since the start of the step", fontsize=8)
-        ideal_ax.set_xlabel("ms since the start of the step", fontsize=8)
-        print("%s: %s, p %d, m %d, v %d: step %d measured %.1f ms, ideal %.1f ms; bubble measured %.1f%%, "
-              "simulated %.1f%%, theory %.1f%%%s" % (panel["name"], pl["schedule"], pl["p"], pl["m"], pl["v"],
-                                                  panel["step"], panel["measured_ms"], pl["simulated_step_ms"],
-                                                  100 * pl["measured_bubble"], 100 * pl["simulated_bubble"],
-                                                  100 * pl["theory_bubble"], notes))
+            ax.tick_params(axis="x", labelsize=9)
+        ideal_ax.set_xlabel("ms since the start of the step", fontsize=9)
+        if not stacked:
+            measured_ax.set_xlabel("ms since the start of the step", fontsize=9)
+        model = (ideal or run)["pipeline"]
+        print("%s: %s, p %d, m %d, v %d: step %d measured %.1f ms, ideal %.1f ms (%s); bubble measured %.1f%%, "
+              "ideal %.1f%%, theory %.1f%%%s" % (panel["name"], pl["schedule"], pl["p"], pl["m"], pl["v"],
+                                               panel["step"], panel["measured_ms"], panel["ideal_ms"], source,
+                                               100 * pl["measured_bubble"], 100 * model["simulated_bubble"],
+                                               100 * model["theory_bubble"], notes))
 
     used = {a["op"] for p in panels for a in p["run"]["simulated"]}
     legend = [Patch(color=c, label=KIND_NAMES[k] if "W" in used else KIND_NAMES[k].split(" (")[0])
@@ -335,8 +391,8 @@ def main():
     if chunks_any > 1:
         legend += [Patch(color=shade(k, 1, 2), label="%s chunk 1" % k) for k in ("F", "B")]
     legend += [Patch(color=OPTIMIZER_COLOR, label="optimizer (measured)")]
-    rows[0].legend(handles=legend, loc="center", ncol=len(legend), frameon=False, fontsize=8.5,
-                   title="box label: micro-batch;  blank: idle (the bubble)", title_fontsize=8.5)
+    rows[0].legend(handles=legend, loc="center", ncol=min(len(legend), 4), frameon=False, fontsize=9,
+                   title="box label: micro-batch;  blank: idle (the bubble)", title_fontsize=9)
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     fig.savefig(args.out, dpi=DPI)
     plt.close(fig)

@@ -4,11 +4,21 @@ files that `--trace` writes (common/trace.cpp). Shows at a glance where communic
 in 01, under backward in 02 and 03.
 
 Each panel is one step of one rank, with a lane per track of the trace:
-  compute          forward / backward spans per layer, then the optimizer
+  compute          forward / backward spans per layer, then the optimizer; in 08, the pipeline's passes
+                   (F, B and W of one micro-batch, "F3.c0"), coloured as forward, backward and the
+                   weights' gradients (the layers inside a pass are the thin strip along its foot)
   tensor-parallel  the tensor-parallel group's collectives (07; the lane appears when a trace has them)
   communication    the other collectives (data parallelism, ZeRO), link time included
   waiting          the time the training thread sat blocked in wait(): the exposed communication
 All panels share one time axis, in ms from the start of their step; a dotted line marks the end of backward.
+
+A panel's header counts communication as make compare's table does, from the run's --json records of the
+drawn step (the trace file's name with .jsonl for .trace.json): "communication" is the time some collective
+was in flight, "exposed" the part the training thread waited for. A pipeline's sends and receives (08) are
+left out of both, as in the table, and named apart: its receives are posted at the start of the step and
+stay in flight until their data comes, and its waits for them are the bubble, not communication that
+could have been hidden. Without the records (or for a rank other than 0, which writes them), the header
+sums the trace's spans, pipeline spans left out likewise, and says so.
 
 Usage:
   python3 scripts/plot_timeline.py --out results/timeline.png results/01_vanilla_dp_n2.trace.json \\
@@ -33,6 +43,9 @@ LANES = [(COMPUTE, "compute"), (TENSOR, "tensor-parallel"), (COMM, "communicatio
 COLLECTIVE_TRACKS = (COMM, TENSOR)
 
 PHASE_COLORS = {"forward": "#4C78A8", "backward": "#F58518", "optimizer": "#54A24B"}
+WEIGHT_COLOR = "#B5540B"  # zb-h1's W passes (the weights' gradients): a darker backward
+PASS = re.compile(r"([FBW])(\d+)\.c(\d+)")  # 08's passes: "F3.c1", forward of micro-batch 3 through chunk 1
+PASS_PHASES = {"F": "forward", "B": "backward"}
 COLLECTIVE_COLORS = {  # collectives by kind, so that later chapters' reduce-scatters stand out
     "all_reduce": "#B279A2",
     "reduce_scatter": "#E7BA52",
@@ -98,7 +111,15 @@ def color_of(span):
         return WAIT_COLOR
     if span["tid"] in COLLECTIVE_TRACKS:
         return COLLECTIVE_COLORS.get(collective_kind(span["name"]), OTHER_COLOR)
+    m = PASS.fullmatch(span["name"])
+    if m:
+        return WEIGHT_COLOR if m.group(1) == "W" else PHASE_COLORS[PASS_PHASES[m.group(1)]]
     return PHASE_COLORS.get(span["name"].split(" ")[0], OTHER_COLOR)
+
+
+def is_pipeline(span):
+    """A pipeline's send or receive (08): the trace's detail names the group, "..., pp"."""
+    return span["tid"] == COMM and span["detail"].endswith(", pp")
 
 
 def human_bytes(detail):
@@ -121,20 +142,84 @@ def labels_for(span):
         return [name + " " + size, size] if size else [name]
     if span["tid"] == WAIT:
         return ["wait"]
+    m = PASS.fullmatch(name)
+    if m:
+        return [name, m.group(1) + m.group(2)]  # "F3.c0", "F3"
     short = name.replace("forward ", "F ").replace("backward ", "B ").replace("optimizer", "opt")
     return [name, short]
 
 
-def draw_panel(ax, spans, step, title, px_per_ms, lanes):
+def nesting(spans, t0, t1):
+    """{id(span): how many compute spans of the step enclose it}: 08's layers sit inside its passes."""
+    compute = sorted((s for s in spans if s["tid"] == COMPUTE and s["end"] > t0 and s["start"] < t1
+                      and not re.fullmatch(r"step \d+", s["name"])), key=lambda s: (s["start"], -s["end"]))
+    depth, open_ = {}, []
+    for s in compute:
+        while open_ and open_[-1]["end"] <= s["start"]:
+            open_.pop()
+        depth[id(s)] = len(open_)
+        open_.append(s)
+    return depth
+
+
+def load_step_record(trace_path, number):
+    """The drawn step's record from the run's --json file next to the trace, or None."""
+    path = trace_path[: -len(".trace.json")] + ".jsonl" if trace_path.endswith(".trace.json") else None
+    if not path or not os.path.exists(path):
+        return None
+    with open(path) as f:
+        for line in f:
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            if record.get("type") == "step" and record.get("step") == number:
+                return record
+    return None
+
+
+def communication_header(spans, step, record):
+    """The header's communication figures: the step record's, as the table counts them, else the trace's."""
+    t0, t1 = step["start"], step["end"]
+
+    def busy(keep):
+        return sum(min(s["end"], t1) - max(s["start"], t0) for s in spans
+                   if keep(s) and s["end"] > t0 and s["start"] < t1)
+
+    if record is not None:
+        text = "communication %.1f ms, exposed %.1f ms" % (record["comm_ms"], record["exposed_comm_ms"])
+        if record.get("tp_comm_ms"):
+            text += " (tensor-parallel %.1f ms of it)" % record["tp_comm_ms"]
+        if "pp_comm_ms" in record:
+            text += ("   |   pipeline sends/receives apart: in flight %.1f ms, waited for %.1f ms (the bubble)"
+                     % (record["pp_comm_ms"], record.get("pipeline_waits_ms", record.get("pp_exposed_comm_ms", 0))))
+        return text
+    pipeline = any(is_pipeline(s) for s in spans)
+    text = "from the trace: communication busy %.1f ms" % busy(lambda s: s["tid"] in COLLECTIVE_TRACKS
+                                                               and not is_pipeline(s))
+    if any(s["tid"] == TENSOR for s in spans):
+        text += " (tensor-parallel %.1f ms of it)" % busy(lambda s: s["tid"] == TENSOR)
+    text += ", waited for %.1f ms" % busy(lambda s: s["tid"] == WAIT)
+    if pipeline:
+        text += " (pipeline's waits included); pipeline sends/receives %.1f ms" % busy(is_pipeline)
+    return text
+
+
+def draw_panel(ax, spans, step, title, px_per_ms, lanes, record):
     t0, t1 = step["start"], step["end"]
     lane_y = {tid: len(lanes) - 1 - i for i, (tid, _) in enumerate(lanes)}  # compute on top
     height = 0.7
+    depth = nesting(spans, t0, t1)
     for s in spans:
         if s["name"] == step["name"] or s["end"] <= t0 or s["start"] >= t1:
             continue
         start, end = max(s["start"], t0) - t0, min(s["end"], t1) - t0  # clipped to the step
         y = lane_y.get(s["tid"])
         if y is None:
+            continue
+        if depth.get(id(s), 0) > 0:  # a layer inside one of 08's passes: a thin strip along its foot
+            ax.barh(y + height / 2 - 0.06, end - start, left=start, height=0.12, color=color_of(s),
+                    edgecolor="white", linewidth=0.3, zorder=3)
             continue
         ax.barh(y, end - start, left=start, height=height, color=color_of(s), edgecolor="white", linewidth=0.6)
         width_px = (end - start) * px_per_ms
@@ -151,13 +236,8 @@ def draw_panel(ax, spans, step, title, px_per_ms, lanes):
         ax.axvline(x, color="black", linestyle=":", linewidth=1)
         ax.text(x, len(lanes) - 0.5, " backward done", fontsize=7.5, va="bottom", ha="left")
 
-    def busy(tid):
-        return sum(min(s["end"], t1) - max(s["start"], t0) for s in spans
-                   if s["tid"] == tid and s["end"] > t0 and s["start"] < t1)
-
-    tensor = "tensor-parallel %.1f ms, " % busy(TENSOR) if any(s["tid"] == TENSOR for s in spans) else ""
-    ax.set_title("%s   step %s: %.1f ms   |   %scommunication %.1f ms, waited for %.1f ms"
-                 % (title, step["name"].split()[1], t1 - t0, tensor, busy(COMM), busy(WAIT)),
+    ax.set_title("%s   step %s: %.1f ms   |   %s" % (title, step["name"].split()[1], t1 - t0,
+                                                        communication_header(spans, step, record)),
                  loc="left", fontsize=10)
     ax.set_yticks([lane_y[tid] for tid, _ in lanes])
     ax.set_yticklabels([name for _, name in lanes])
@@ -189,25 +269,28 @@ def main():
             number = args.step
         else:
             number = 5 if 5 in steps else sorted(steps)[len(steps) // 2]
-        panels.append((chapter_name(path), spans, steps[number]))
+        record = load_step_record(path, number) if args.rank == 0 else None  # rank 0 writes the records
+        panels.append((chapter_name(path), spans, steps[number], record))
 
     # The tensor-parallel lane only where some panel has tensor-parallel collectives.
-    has_tensor = any(s["tid"] == TENSOR for _, spans, _ in panels for s in spans)
+    has_tensor = any(s["tid"] == TENSOR for _, spans, _, _ in panels for s in spans)
     lanes = [lane for lane in LANES if lane[0] != TENSOR or has_tensor]
-    longest = max(step["end"] - step["start"] for _, _, step in panels)
+    longest = max(step["end"] - step["start"] for _, _, step, _ in panels)
     width_in, left, right = 13.0, 0.09, 0.98
     px_per_ms = width_in * DPI * (right - left) / longest  # decides which boxes get a label
     fig, axes = plt.subplots(len(panels), 1, sharex=True, figsize=(width_in, 0.5 + (0.45 * len(lanes) + 0.55) * len(panels)),
                              squeeze=False)
-    for ax, (title, spans, step) in zip(axes[:, 0], panels):
-        draw_panel(ax, spans, step, "%s (rank %d)" % (title, args.rank), px_per_ms, lanes)
+    for ax, (title, spans, step, record) in zip(axes[:, 0], panels):
+        draw_panel(ax, spans, step, "%s (rank %d)" % (title, args.rank), px_per_ms, lanes, record)
     axes[-1, 0].set_xlim(0, longest)
     axes[-1, 0].set_xlabel("ms since the start of the step")
 
     used = set()
-    for _, spans, _ in panels:
+    for _, spans, _, _ in panels:
         used.update(collective_kind(s["name"]) for s in spans if s["tid"] in COLLECTIVE_TRACKS)
     legend = [Patch(color=c, label=p) for p, c in PHASE_COLORS.items()]
+    if any(s["name"].startswith("W") and PASS.fullmatch(s["name"]) for _, spans, _, _ in panels for s in spans):
+        legend.insert(2, Patch(color=WEIGHT_COLOR, label="weights' gradients (W)"))
     legend += [Patch(color=c, label=n) for n, c in COLLECTIVE_COLORS.items()
                if n in used and n not in ("recv", "all_reduce_scalar", "broadcast_bytes")]
     legend += [Patch(color=OTHER_COLOR, label="scalars, other"), Patch(color=WAIT_COLOR, label="waiting")]
