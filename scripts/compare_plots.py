@@ -57,6 +57,12 @@ def value_labels(ax, bars, values, fmt, fontsize=8):
                     xytext=(0, 2), textcoords="offset points", ha="center", va="bottom", fontsize=fontsize)
 
 
+def slanted_names(ax):
+    """The runs' names under the bars, slanted and ending at their bar, so that long ones do not meet."""
+    ax.tick_params(axis="both", labelsize=9)
+    plt.setp(ax.get_xticklabels(), rotation=25, ha="right", rotation_mode="anchor")
+
+
 def loss_differences(runs, reference):
     """Per run: {step: relative difference of its loss from the reference run's at that step}."""
     ref = {s["step"]: s["loss"] for s in reference["steps"]}
@@ -150,8 +156,7 @@ def plot_memory(runs, folder):
     bottom.legend(fontsize=9)
     bottom.margins(y=0.15)
     for ax in (top, bottom):
-        ax.tick_params(axis="x", rotation=20, labelsize=9)
-        ax.tick_params(axis="y", labelsize=9)
+        slanted_names(ax)
     fig.tight_layout()
     fig.savefig(os.path.join(folder, "memory.png"), dpi=DPI)
     plt.close(fig)
@@ -167,8 +172,7 @@ def plot_comm_volume(runs, folder):
                  "%.2f" if max(values, default=0) < 10 else "%.1f", fontsize=9)
     ax.set_ylabel("MB sent per rank per step", fontsize=10)
     ax.set_title("Communication volume, N = %d (ZeRO-3 moves 1.5x DP; TP moves activations)" % n, fontsize=11)
-    ax.tick_params(axis="x", rotation=20, labelsize=9)
-    ax.tick_params(axis="y", labelsize=9)
+    slanted_names(ax)
     ax.margins(y=0.15)
     fig.tight_layout()
     fig.savefig(os.path.join(folder, "comm_volume.png"), dpi=DPI)

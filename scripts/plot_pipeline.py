@@ -337,7 +337,7 @@ def main():
     panel_px = width_in * DPI * ((right - left) if stacked else (right - left - gap) / 2)
     px_per_ms = panel_px / longest  # decides which boxes get a label
     lane_in = max(0.25, min(0.45, 1.6 / max(p["run"]["pipeline"]["p"] for p in panels)))
-    title_in, axis_in = 0.55, 0.5
+    title_in, axis_in = 0.7, 0.5
     heights = []
     for p in panels:
         lanes = lane_in * p["run"]["pipeline"]["p"]
@@ -364,10 +364,13 @@ def main():
         for ax in (measured_ax, ideal_ax) if stacked else (measured_ax,):
             ax.set_yticklabels(stage_names, fontsize=9)
         notes = "   (%s)" % panel["notes"] if panel["notes"] else ""
-        title = "measured: step %d, %.1f ms%s" % (panel["step"], panel["measured_ms"], notes)
-        limit = 140 if stacked else 75  # characters that fit above the panel at 9.5 points
-        measured_ax.set_title(title, loc="left", fontsize=min(9.5, 9.5 * limit / len(title)),
-                              color="#B22222" if panel["oversubscribed"] else "black")
+        color = "#B22222" if panel["oversubscribed"] else "black"
+        measured_ax.set_title("measured: step %d, %.1f ms" % (panel["step"], panel["measured_ms"]), loc="left",
+                              fontsize=9.5, color=color, pad=15 if notes else 6)
+        if notes:  # a line of its own, smaller where it is long, not into the ideal's title
+            limit = 150 if stacked else 90  # characters that fit across the panel at 8 points
+            measured_ax.text(0, 1.02, panel["notes"], transform=measured_ax.transAxes, ha="left", va="bottom",
+                             fontsize=min(8, 8 * limit / len(panel["notes"])), color=color)
         ideal = panel["ideal_of"]
         source = ("%s's pass times, the same in every row" % ideal["pipeline"]["measured_by"] if ideal
                   else "this run's mean pass times")

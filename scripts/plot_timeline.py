@@ -218,8 +218,8 @@ def draw_panel(ax, spans, step, title, px_per_ms, lanes, record):
         if y is None:
             continue
         if depth.get(id(s), 0) > 0:  # a layer inside one of 08's passes: a thin strip along its foot
-            ax.barh(y + height / 2 - 0.06, end - start, left=start, height=0.12, color=color_of(s),
-                    edgecolor="white", linewidth=0.3, zorder=3)
+            ax.barh(y - height / 2 + 0.06, end - start, left=start, height=0.12, color=color_of(s),
+                    edgecolor="white", linewidth=0.5, zorder=3)
             continue
         ax.barh(y, end - start, left=start, height=height, color=color_of(s), edgecolor="white", linewidth=0.6)
         width_px = (end - start) * px_per_ms
@@ -291,7 +291,10 @@ def main():
     legend = [Patch(color=c, label=p) for p, c in PHASE_COLORS.items()]
     if any(s["name"].startswith("W") and PASS.fullmatch(s["name"]) for _, spans, _, _ in panels for s in spans):
         legend.insert(2, Patch(color=WEIGHT_COLOR, label="weights' gradients (W)"))
-    legend += [Patch(color=c, label=n) for n, c in COLLECTIVE_COLORS.items()
+    if "recv" in used:
+        used.add("send")  # one colour, one entry
+    names = {"send": "send, recv (08's pipeline)"}
+    legend += [Patch(color=c, label=names.get(n, n)) for n, c in COLLECTIVE_COLORS.items()
                if n in used and n not in ("recv", "all_reduce_scalar", "broadcast_bytes")]
     legend += [Patch(color=OTHER_COLOR, label="scalars, other"), Patch(color=WAIT_COLOR, label="waiting")]
     fig.legend(handles=legend, loc="upper center", ncol=len(legend), frameon=False, fontsize=9)

@@ -2,17 +2,19 @@
 # schedules.sh: `make schedules`. Chapter 08's four pipeline schedules (afab, 1f1b, interleaved,
 # zb-h1), one run each on the same model and batch, drawn as the classic pipeline diagram
 # (scripts/plot_pipeline.py): per schedule, the measured step from the trace next to the ideal one,
-# simulated (build/pipeline_ideal) with one set of pass times for all four: those zb-h1's run measured,
-# the one run that times the inputs' gradients (B) and the weights' (W) apart; the others' backward is
-# B + W. Each run's own pass times differ by the noise of its run, which would order the ideal steps by
-# noise; the same times order them by schedule alone, as the theory does. Read it with the lists of
-# actions in common/pipeline_schedule.cpp.
+# simulated (build/pipeline_ideal) with one set of pass times for all four: zb-h1's run, the one that
+# times the inputs' gradients (B) and the weights' (W) apart, measures F, B and W summed over its
+# stages, and each schedule's stages get their share by FLOPs (common/pipeline_costs.h; the others'
+# backward is B + W). Each run's own pass times differ by the noise of its run (more so with ranks
+# taking turns on a core), which would order the ideal steps by noise; the same times order them by
+# schedule alone, as the theory does. Read it with the lists of actions in common/pipeline_schedule.cpp.
 #   results/schedules/<schedule>.{jsonl,trace.json,log}   one run each
 #   results/schedules/<schedule>.ideal.jsonl              its ideal step, simulated with zb-h1's pass times
 #   results/schedules.png                                  the diagram, one row per schedule
 # Settings: PP=4 stages (as many ranks), M=8 micro-batches (a multiple of PP for interleaved, which
 # runs with v = 2 chunks per rank), PRESET=deep (12 blocks: 4 stages x 2 chunks fit), STEPS=10.
-# With fewer cores than PP ranks the ranks take turns on a core and the measured panels stretch;
+# PLOT_ONLY=1 draws again from the runs already in results/schedules (the ideal steps included), without
+# training. With fewer cores than PP ranks the ranks take turns on a core and the measured panels stretch;
 # the ideal ones are the schedule without that noise (the plot's titles say when it happened).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -28,10 +30,11 @@ if [ "$cores" -lt "$pp" ]; then
   echo "  note: $pp ranks on $cores cores: ranks take turns, so the measured panels are stretched (oversubscribed)"
 fi
 mkdir -p "$out"
-rm -f "$out"/*.jsonl "$out"/*.trace.json "$out"/*.log results/schedules.png
 [ -x build/pipeline_ideal ] || { echo "build/pipeline_ideal is missing: run make schedules (it builds it)"; exit 1; }
+[ "${PLOT_ONLY:-}" = 1 ] || rm -f "$out"/*.jsonl "$out"/*.trace.json "$out"/*.log results/schedules.png
 # zb-h1 first: its pass times are every schedule's ideal's.
 for schedule in zb-h1 afab 1f1b interleaved; do
+  [ "${PLOT_ONLY:-}" = 1 ] && break
   flags="--schedule $schedule"
   [ "$schedule" = interleaved ] && flags="$flags --virtual-stages 2"
   echo "training 08_pipeline $flags"
@@ -41,17 +44,16 @@ for schedule in zb-h1 afab 1f1b interleaved; do
     || { echo "  failed: see $out/$schedule.log"; tail -n 5 "$out/$schedule.log"; exit 1; }
   grep -E "^(average over|no measured steps)" "$out/$schedule.log" | sed 's/^/  /'
 done
-# Per stage F/B/W ms of zb-h1's run (its "pipeline_stage" records, v = 1: one chunk per stage).
+# zb-h1's F/B/W ms of one micro-batch through the whole model: its "pipeline_stage" records summed.
 measured=$(python3 - "$out/zb-h1.jsonl" <<'EOF'
 import json, sys
-stages = sorted((r for r in map(json.loads, open(sys.argv[1])) if r.get("type") == "pipeline_stage"),
-                key=lambda r: r["stage"])
+stages = [r for r in map(json.loads, open(sys.argv[1])) if r.get("type") == "pipeline_stage"]
 if not stages:
     sys.exit("%s: no pipeline_stage records (did the run finish a measured step?)" % sys.argv[1])
-print(",".join("%.6g/%.6g/%.6g" % (r["forward_ms"], r["backward_ms"], r["weight_ms"]) for r in stages))
+print("/".join("%.6g" % sum(r[k] for r in stages) for k in ("forward_ms", "backward_ms", "weight_ms")))
 EOF
 )
-echo "ideal steps: every schedule simulated with zb-h1's pass times (F/B/W ms per stage: $measured)"
+echo "ideal steps: every schedule simulated with zb-h1's pass times (F/B/W ms through the whole model: $measured)"
 runs=()
 for schedule in afab 1f1b interleaved zb-h1; do
   flags="--schedule $schedule"
