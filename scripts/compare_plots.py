@@ -21,7 +21,8 @@ MODEL_STATE = [("params", "parameters", "#4C78A8"), ("grads", "gradients", "#F58
 # Runs "coincide" when every loss is within this relative difference of the reference run's: the
 # bound the tests hold every chapter to against one rank of 01 (fp32).
 COINCIDE = 1e-5
-WIDTH_IN, DPI = 9.0, 120  # 1080 pixels: shrunk to a README's width, text stays legible
+WIDTH_IN, DPI = 9.0, 120
+DIFFER_COLORS = ["#F58518", "#E45756", "#54A24B", "#B279A2", "#9D755D", "#72B7B2", "#EECA3B", "#FF9DA6"]  # 1080 pixels: shrunk to a README's width, text stays legible
 
 
 def name(run):
@@ -52,8 +53,9 @@ def at_largest_rank_count(runs):
 
 
 def value_labels(ax, bars, values, fmt, fontsize=8):
+    """Each bar's value above it; fmt a format, or a function of the value."""
     for bar, value in zip(bars, values):
-        ax.annotate(fmt % value, (bar.get_x() + bar.get_width() / 2, bar.get_y() + bar.get_height()),
+        ax.annotate(fmt(value) if callable(fmt) else fmt % value, (bar.get_x() + bar.get_width() / 2, bar.get_y() + bar.get_height()),
                     xytext=(0, 2), textcoords="offset points", ha="center", va="bottom", fontsize=fontsize)
 
 
@@ -86,17 +88,20 @@ def plot_loss(runs, folder):
     top.plot(steps, [s["loss"] for s in reference["steps"]], color="#4C78A8", linewidth=2,
              label="%s: %d of %d runs coincide (within %.0e of %s at every step)"
                    % ("all" if not differ else "these", len(same), len(runs), COINCIDE, label(reference)))
-    for r in differ:
-        top.plot([s["step"] for s in r["steps"]], [s["loss"] for s in r["steps"]], linewidth=1.3, label=label(r))
+    for r, color in zip(differ, DIFFER_COLORS * len(differ)):
+        top.plot([s["step"] for s in r["steps"]], [s["loss"] for s in r["steps"]], linewidth=1.3, color=color,
+                 label=label(r))
     # The largest difference over all runs and steps, marked where it is.
     worst_run, worst_step, worst = max(((run, step, d) for run, per in diffs.items() for step, d in per.items()),
                                        key=lambda x: x[2])
-    loss_at = {s["step"]: s["loss"] for s in reference["steps"]}
+    loss_at = {s["step"]: s["loss"] for s in next(r for r in runs if label(r) == worst_run)["steps"]}
     top.plot([worst_step], [loss_at[worst_step]], "o", markersize=9, markerfacecolor="none",
              markeredgecolor="#D62728", markeredgewidth=1.5)
-    top.annotate("largest difference: %s at step %d, %.1e relative" % (worst_run, worst_step, worst),
-                 (worst_step, loss_at[worst_step]), xytext=(0, 16), textcoords="offset points", fontsize=9,
-                 color="#D62728", ha="right" if worst_step > (steps[0] + steps[-1]) / 2 else "left")
+    top.annotate("largest difference: %s at step %d,\n%.1e relative to %s" % (worst_run, worst_step, worst,
+                                                                               label(reference)),
+                 (worst_step, loss_at[worst_step]), xytext=(0.45, 0.62), textcoords="axes fraction", fontsize=9,
+                 color="#D62728", ha="left", va="bottom",
+                 arrowprops={"arrowstyle": "->", "color": "#D62728", "linewidth": 1})
     top.set_ylabel("loss", fontsize=10)
     top.set_title("Training loss of every run (the same global batch, so the curves should coincide)", fontsize=11)
     top.legend(fontsize=9, loc="upper right")
@@ -109,13 +114,17 @@ def plot_loss(runs, folder):
             per_step[step] = max(per_step.get(step, 0), d)
     xs = sorted(per_step)
     floor = 1e-9  # a bit-for-bit equal step would sit at minus infinity on a log axis
-    bottom.semilogy(xs, [max(per_step[x], floor) for x in xs], color="#54A24B", marker=".", linewidth=1.2,
-                    label="largest relative difference from %s over the runs" % label(reference))
-    bottom.axhline(COINCIDE, color="#D62728", linestyle="--", linewidth=1, label="the tests' bound, %.0e" % COINCIDE)
+    equal = any(per_step[x] == 0 for x in xs)
+    bottom.semilogy(xs, [max(per_step[x], floor) for x in xs], color="#54A24B", marker=".", linewidth=1.2)
+    bottom.axhline(COINCIDE, color="#D62728", linestyle="--", linewidth=1)
+    bottom.set_title("Per step: the largest relative difference of any run from %s (dashed: the tests' bound)"
+                     % label(reference), fontsize=9.5)
+    if equal:
+        bottom.text(0.99, 0.04, "on the floor: equal, bit for bit", transform=bottom.transAxes, ha="right",
+                    va="bottom", fontsize=8, color="#54A24B")
     bottom.set_ylim(floor / 2, max(COINCIDE * 10, worst * 2))
     bottom.set_xlabel("step", fontsize=10)
     bottom.set_ylabel("relative\ndifference", fontsize=9)
-    bottom.legend(fontsize=8, loc="upper left", ncol=2)
     bottom.tick_params(labelsize=9)
     fig.tight_layout()
     fig.savefig(os.path.join(folder, "loss.png"), dpi=DPI)
@@ -169,7 +178,7 @@ def plot_comm_volume(runs, folder):
     values = [mb(r["summary"]["comm_bytes_per_step"]) for r in runs]
     fig, ax = plt.subplots(figsize=(WIDTH_IN, 4))
     value_labels(ax, ax.bar([name(r) for r in runs], values, color="tab:orange"), values,
-                 "%.2f" if max(values, default=0) < 10 else "%.1f", fontsize=9)
+                 lambda v: "%.2f" % v if v < 1 else "%.1f" % v, fontsize=9)
     ax.set_ylabel("MB sent per rank per step", fontsize=10)
     ax.set_title("Communication volume, N = %d (ZeRO-3 moves 1.5x DP; TP moves activations)" % n, fontsize=11)
     slanted_names(ax)

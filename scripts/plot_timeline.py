@@ -14,7 +14,8 @@ All panels share one time axis, in ms from the start of their step; a dotted lin
 
 A panel's header counts communication as make compare's table does, from the run's --json records of the
 drawn step (the trace file's name with .jsonl for .trace.json): "communication" is the time some collective
-was in flight, "exposed" the part the training thread waited for. A pipeline's sends and receives (08) are
+was in flight, "exposed" the part the training thread waited for; "run's mean" gives both averaged over the
+measured steps, the table's figures. A pipeline's sends and receives (08) are
 left out of both, as in the table, and named apart: its receives are posted at the start of the step and
 stay in flight until their data comes, and its waits for them are the bubble, not communication that
 could have been hidden. Without the records (or for a rank other than 0, which writes them), the header
@@ -163,10 +164,12 @@ def nesting(spans, t0, t1):
 
 
 def load_step_record(trace_path, number):
-    """The drawn step's record from the run's --json file next to the trace, or None."""
+    """The drawn step's record from the run's --json file next to the trace, with the run's summary
+    record under "summary" where there is one; None without the file or the step."""
     path = trace_path[: -len(".trace.json")] + ".jsonl" if trace_path.endswith(".trace.json") else None
     if not path or not os.path.exists(path):
         return None
+    step, summary = None, None
     with open(path) as f:
         for line in f:
             try:
@@ -174,8 +177,12 @@ def load_step_record(trace_path, number):
             except ValueError:
                 continue
             if record.get("type") == "step" and record.get("step") == number:
-                return record
-    return None
+                step = record
+            elif record.get("type") == "summary":
+                summary = record
+    if step is not None and summary is not None and summary.get("measured_steps", 0) > 0:
+        step = dict(step, summary=summary)
+    return step
 
 
 def communication_header(spans, step, record):
@@ -187,11 +194,14 @@ def communication_header(spans, step, record):
                    if keep(s) and s["end"] > t0 and s["start"] < t1)
 
     if record is not None:
-        text = "communication %.1f ms, exposed %.1f ms" % (record["comm_ms"], record["exposed_comm_ms"])
+        mean = record.get("summary")  # the table's figures: the same counts, averaged over the measured steps
+        text = "communication %.1f ms%s, exposed %.1f ms%s" % (
+            record["comm_ms"], " (run's mean %.1f)" % mean["comm_ms"] if mean else "",
+            record["exposed_comm_ms"], " (%.1f)" % mean["exposed_comm_ms"] if mean else "")
         if record.get("tp_comm_ms"):
-            text += " (tensor-parallel %.1f ms of it)" % record["tp_comm_ms"]
+            text += "; tensor-parallel: %.1f ms of the communication" % record["tp_comm_ms"]
         if "pp_comm_ms" in record:
-            text += ("   |   pipeline sends/receives apart: in flight %.1f ms, waited for %.1f ms (the bubble)"
+            text += ("   |   pipeline p2p apart: in flight %.1f ms, waited %.1f ms (the bubble)"
                      % (record["pp_comm_ms"], record.get("pipeline_waits_ms", record.get("pp_exposed_comm_ms", 0))))
         return text
     pipeline = any(is_pipeline(s) for s in spans)
@@ -205,7 +215,7 @@ def communication_header(spans, step, record):
     return text
 
 
-def draw_panel(ax, spans, step, title, px_per_ms, lanes, record):
+def draw_panel(ax, spans, step, title, px_per_ms, lanes, record, panel_px):
     t0, t1 = step["start"], step["end"]
     lane_y = {tid: len(lanes) - 1 - i for i, (tid, _) in enumerate(lanes)}  # compute on top
     height = 0.7
@@ -236,9 +246,11 @@ def draw_panel(ax, spans, step, title, px_per_ms, lanes, record):
         ax.axvline(x, color="black", linestyle=":", linewidth=1)
         ax.text(x, len(lanes) - 0.5, " backward done", fontsize=7.5, va="bottom", ha="left")
 
-    ax.set_title("%s   step %s: %.1f ms   |   %s" % (title, step["name"].split()[1], t1 - t0,
-                                                        communication_header(spans, step, record)),
-                 loc="left", fontsize=10)
+    header = "%s   step %s: %.1f ms   |   %s" % (title, step["name"].split()[1], t1 - t0,
+                                                 communication_header(spans, step, record))
+    fits = panel_px / (0.6 * DPI / 72)  # characters at 1 point: a long header (08's) gets smaller
+    ax.set_title(header, loc="left", fontsize=min(10, fits / len(header)))
+    print("  " + header)
     ax.set_yticks([lane_y[tid] for tid, _ in lanes])
     ax.set_yticklabels([name for _, name in lanes])
     ax.set_ylim(-0.6, len(lanes) - 0.1)
@@ -281,7 +293,8 @@ def main():
     fig, axes = plt.subplots(len(panels), 1, sharex=True, figsize=(width_in, 0.5 + (0.45 * len(lanes) + 0.55) * len(panels)),
                              squeeze=False)
     for ax, (title, spans, step, record) in zip(axes[:, 0], panels):
-        draw_panel(ax, spans, step, "%s (rank %d)" % (title, args.rank), px_per_ms, lanes, record)
+        draw_panel(ax, spans, step, "%s (rank %d)" % (title, args.rank), px_per_ms, lanes, record,
+                   width_in * DPI * (right - left))
     axes[-1, 0].set_xlim(0, longest)
     axes[-1, 0].set_xlabel("ms since the start of the step")
 
