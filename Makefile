@@ -80,7 +80,7 @@ $(BUILD)/tests/%: $(BUILD)/tests/%.o $(LIBCOMMON) $(BUILD)/tests/mpi_gtest_main.
 	$(MPICXX) $(CXXFLAGS) $< $(TEST_SUPPORT) $(if $(filter $*,$(MPI_TESTS)),$(BUILD)/tests/mpi_gtest_main.o,-lgtest_main) \
 	  $(LIBCOMMON) $(GTEST_LIBS) -o $@
 
-tests: $(TEST_BIN) $(addsuffix /train,$(CHAPTERS))
+tests: $(TEST_BIN) $(addsuffix /train,$(CHAPTERS)) $(BUILD)/pipeline_ideal
 
 deps:
 	@scripts/ensure_deps.sh

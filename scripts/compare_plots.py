@@ -74,9 +74,11 @@ def loss_differences(runs, reference):
 
 
 def plot_loss(runs, folder):
+    """Returns the labels of the runs that differ from the reference, and the largest difference as
+    (run's label, step, relative difference); None without steps."""
     runs = [r for r in runs if r["steps"]]
     if not runs:
-        return
+        return None
     # The reference: 01 on the fewest ranks, the run every chapter must reproduce.
     reference = min(runs, key=lambda r: (not r["run"]["chapter"].startswith("01"), r["run"]["ranks"]))
     diffs = loss_differences(runs, reference)
@@ -129,6 +131,7 @@ def plot_loss(runs, folder):
     fig.tight_layout()
     fig.savefig(os.path.join(folder, "loss.png"), dpi=DPI)
     plt.close(fig)
+    return [label(r) for r in differ], (worst_run, worst_step, worst)
 
 
 def plot_memory(runs, folder):
