@@ -12,6 +12,7 @@
 #               as the one that differs, with the largest difference.
 set -u
 cd "$(dirname "$0")/.."
+export PYTHONDONTWRITEBYTECODE=1  # the checks import the plotting scripts: no __pycache__ left in scripts/
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
 [ -x build/pipeline_ideal ] || { echo "FAILED: build/pipeline_ideal is missing (make tests builds it)"; exit 1; }

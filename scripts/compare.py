@@ -25,6 +25,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 # loss.png, memory.png and comm_volume.png are drawn in a module of their own, next to this file.
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.dont_write_bytecode = True  # no __pycache__ left in scripts/
 from compare_plots import plot_comm_volume, plot_loss, plot_memory  # noqa: E402
 
 def load_runs(folder):
