@@ -197,8 +197,9 @@ int main(int argc, char** argv) {
                    "in backward, sum the input's gradient while the weight's gradient is computed");
   flags.add_switch("--zero1", &opt.zero1, "shard the optimizer state over the data-parallel group (chapter 04)");
   flags.add("--bucket-mb", &opt.bucket_mb, "data-parallel bucket size in MB (default: an eighth of the gradient)");
-  flags.add("--tp-link-gbps", &cfg.tp_link_gbps, "the tensor-parallel group's emulated link (default: --link-gbps's)");
-  flags.add("--tp-link-latency-us", &cfg.tp_link_latency_us, "its latency (default: --link-latency-us's)");
+  flags.add("--tp-link-gbps", &cfg.tp_link_gbps, "the tensor-parallel group's emulated link, 0.001 to 100000 Gbit/s, 0 "
+                                                "= unlimited (default: --link-gbps's)");
+  flags.add("--tp-link-latency-us", &cfg.tp_link_latency_us, "its latency, 0 to 1000000 us (default: --link-latency-us's)");
   if (!parse_train_flags(argc, argv, "07_tensor_parallel",
                          "Chapter 07: Megatron tensor parallelism and sequence parallelism, on a DP x TP grid.", flags,
                          &cfg)) {

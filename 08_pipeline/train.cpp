@@ -50,6 +50,7 @@
 #include "ops.h"
 #include "optimizer.h"
 #include "pipeline.h"
+#include "pipeline_flags.h"
 #include "pipeline_report.h"
 #include "pipeline_schedule.h"
 #include "process_grid.h"
@@ -57,61 +58,28 @@
 #include "training_run.h"
 
 struct Options {
-  int pp = 0;              // 0: every rank
-  int micro_batches = 0;   // 0: 2 p
-  std::string schedule = "1f1b";
+  PipelineFlags pipeline;  // --pp, --micro-batches, --schedule, --virtual-stages, --partition, --zero1, --zero2
   std::string matching = "auto";  // auto: by tag where the communicator has tags (MPI), else call order
-  int virtual_stages = 0;  // 0: 2 for interleaved, else 1
-  std::string partition;   // blocks per virtual stage, "3,3,3,3"; empty: balanced by FLOPs
-  bool zero1 = false, zero2 = false;
   double bucket_mb = 0;
 };
 
-std::vector<int> parse_partition(const std::string& text) {
-  std::vector<int> blocks;
-  std::stringstream in(text);
-  std::string item;
-  while (std::getline(in, item, ',')) {
-    char* end = nullptr;
-    const long n = std::strtol(item.c_str(), &end, 10);
-    if (item.empty() || *end != '\0' || n < 1) config_error("--partition " + text + ": a block count per virtual stage, each >= 1, e.g. 3,4,5");
-    blocks.push_back(int(n));
-  }
-  return blocks;
-}
-
 // The whole run, in a function: the grid's groups must end before MPI does.
 int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
-  Schedule schedule;
-  if (!parse_schedule(opt.schedule, &schedule))
-    config_error("--schedule " + opt.schedule + ": choose afab, 1f1b, interleaved or zb-h1");
-  const int p = opt.pp ? opt.pp : world.size();
-  const int v = opt.virtual_stages ? opt.virtual_stages : schedule == Schedule::Interleaved ? 2 : 1;
-  if (v > 1 && schedule != Schedule::Interleaved)
-    config_error("--virtual-stages " + std::to_string(v) + " needs --schedule interleaved");
-  ProcessGrid grid(world, grid_shape(world.size(), 1, p));
-  const int m = cfg.grad_accum;  // --micro-batches, set in main
+  // Every flag checked against the others, the ranks, the model and the batch (a resumed run's is the
+  // checkpoint's, checked by the run), before any schedule, model or buffer exists.
   GPT2Config model_cfg;
   if (!find_preset(cfg.preset, &model_cfg)) config_error("--preset: unknown preset '" + cfg.preset + "'");
-  if (model_cfg.L < p * v)
-    config_error("--pp " + std::to_string(p) + " x --virtual-stages " + std::to_string(v) + " = " +
-                 std::to_string(p * v) + " virtual stages, but --preset " + cfg.preset + " has " +
-                 std::to_string(model_cfg.L) + " blocks: every stage needs one (try --preset deep or tall)");
-  if (opt.zero1 && opt.zero2) config_error("--zero1 and --zero2: choose one");
-  if (opt.zero2 && (schedule == Schedule::Interleaved || schedule == Schedule::ZBH1))
-    config_error("--zero2 reduce-scatters each micro-batch's gradients as its backward ends: with --schedule " +
-                 opt.schedule + " a layer's gradients are not final there (use afab or 1f1b)");
-  if (schedule == Schedule::Interleaved && m % p)
-    config_error("--schedule interleaved sends micro-batches round the ranks in groups of --pp " + std::to_string(p) +
-                 ": --micro-batches " + std::to_string(m) + " must be a multiple of it");
-
-  // The partition: blocks per virtual stage, the head's cost weighed in.
-  const std::vector<int> blocks = opt.partition.empty() ? balanced_partition(model_cfg, p * v) : parse_partition(opt.partition);
-  int total = 0;
-  for (int b : blocks) total += b;
-  if (int(blocks.size()) != p * v || total != model_cfg.L)
-    config_error("--partition " + opt.partition + ": " + std::to_string(p * v) + " block counts that add up to L = " +
-                 std::to_string(model_cfg.L));
+  const int batch = cfg.was_given("--batch") ? cfg.batch : cfg.resume.empty() ? model_cfg.default_batch : 0;
+  PipelinePlan pipe;
+  const std::string flags_problem = pipeline_flags_problem(opt.pipeline, world.size(), model_cfg, batch, &pipe);
+  if (!flags_problem.empty()) config_error(flags_problem);
+  const Schedule schedule = pipe.schedule;
+  const int p = pipe.shape.stages, m = pipe.shape.micro_batches, v = pipe.shape.chunks;
+  const std::vector<int>& blocks = pipe.blocks;  // per virtual stage, the head's cost weighed in
+  const std::string& schedule_flag = opt.pipeline.schedule;
+  const bool zero1 = opt.pipeline.zero1, zero2 = opt.pipeline.zero2;
+  cfg.grad_accum = m;
+  ProcessGrid grid(world, grid_shape(world.size(), 1, p));
 
   // How a receive finds its message: MPI matches tags, so every receive can be posted at the start;
   // NCCL has none and matches by call order, which the lists are then built for.
@@ -127,7 +95,7 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
   std::vector<std::vector<Action>> every_rank;
   for (int r = 0; r < p; r++) every_rank.push_back(build_schedule(schedule, shape, r, matching));
   const std::string problem = check_pipeline(schedule, shape, every_rank, matching);
-  if (!problem.empty()) config_error("the " + opt.schedule + " schedule is unsound: " + problem);
+  if (!problem.empty()) config_error("the " + schedule_flag + " schedule is unsound: " + problem);
   const std::vector<Action>& actions = every_rank[rank];
   std::vector<ModelPart> parts = parts_of_rank(model_cfg, blocks, p, rank);
   for (int c = 0; c < v; c++) {
@@ -137,8 +105,8 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
 
   // ZeRO-1's memory and plan under either flag: --zero2 keeps the full gradient buffer (it shows
   // ZeRO-2's communication, not its memory).
-  const bool sharded = opt.zero1 || opt.zero2;
-  TrainingRun run(grid, cfg, sharded ? Strategy::ZeRO1 : Strategy::DP, {}, PipelineParallelism{p, rank, parts, opt.zero2});
+  const bool sharded = zero1 || zero2;
+  TrainingRun run(grid, cfg, sharded ? Strategy::ZeRO1 : Strategy::DP, {}, PipelineParallelism{p, rank, parts, zero2});
   const Device device = run.device();
   const DType dtype = run.dtype();
   const ParamLayout& layout = run.layout();  // this stage's units; the others' have size 0
@@ -177,7 +145,7 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
   // --zero2: each micro-batch's gradients are reduce-scattered as they are made (05's rule), wte's
   // bucket excepted (summed over the stages first, it goes once, at the end); a backward waits for
   // the previous micro-batch's reduce-scatters before it writes into their buckets again.
-  if (opt.zero2) {
+  if (zero2) {
     data_parallel.set_every_micro_batch(embedding && layout.params[wte].held() ? wte : -1);
     const double ring = double(dp_group.size() - 1) / dp_group.size(), w = double(dtype_size(dtype));
     const double all = double(layout.padded_size);
@@ -188,7 +156,7 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
   }
   pipeline.before_compute = [&](const Action& a) {
     last_micro_batch = a.micro == m - 1;
-    if (opt.zero2 && a.op == Op::B) data_parallel.micro_batch_done();
+    if (zero2 && a.op == Op::B) data_parallel.micro_batch_done();
   };
   // With one stage and several chunks, the embedding's chunk and the head's share this rank's one
   // wte: its gradient is final after the embedding's backward, the later of the two.
@@ -197,7 +165,7 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
     const bool wte_not_final_here = rank_holds_embedding && !chunk->has_embedding();
     chunk->hooks.grad_ready = [&, wte_not_final_here](int param) {
       if (param == wte && wte_not_final_here) return;
-      if (!last_micro_batch && !opt.zero2) return;  // no_sync (unless ZeRO-2's rule)
+      if (!last_micro_batch && !zero2) return;  // no_sync (unless ZeRO-2's rule)
       if (param == wte && embedding) {
         if (!last_micro_batch) return;
         wte_sum = embedding->all_reduce_async(grads.view().slice1d(layout.params[wte].offset, layout.params[wte].size),
@@ -211,7 +179,7 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
   for (int step = start; step < cfg.steps; step++) {
     run.begin_step(step);
     fill_zero(grads.view());
-    if (opt.zero2) fill_zero(grad_shard.view());  // the micro-batches' pieces add up in it
+    if (zero2) fill_zero(grad_shard.view());  // the micro-batches' pieces add up in it
     const float loss = pipeline.run([&](int micro) { return run.micro_batch(step, micro); });
     if (wte_sum.valid()) {
       wte_sum.wait();
@@ -246,29 +214,27 @@ int main(int argc, char** argv) {
   TrainConfig cfg;
   FlagParser flags;
   Options opt;
-  flags.add("--pp", &opt.pp, "pipeline stages (default: every rank); the rest is data-parallel");
-  flags.add("--micro-batches", &opt.micro_batches, "micro-batches per step in each pipeline (default: 2 x --pp)");
-  flags.add("--schedule", &opt.schedule, "afab, 1f1b (default), interleaved or zb-h1");
-  flags.add("--virtual-stages", &opt.virtual_stages, "model chunks per rank, interleaved only (default 2)");
+  PipelineFlags& pipe = opt.pipeline;
+  flags.add("--pp", &pipe.pp, "pipeline stages (default: every rank); the rest is data-parallel");
+  flags.add("--micro-batches", &pipe.micro_batches, "micro-batches per step in each pipeline (default: 2 x --pp)");
+  flags.add("--schedule", &pipe.schedule, "afab, 1f1b (default), interleaved or zb-h1");
+  flags.add("--virtual-stages", &pipe.virtual_stages, "model chunks per rank, interleaved only (default 2)");
   flags.add("--p2p-matching", &opt.matching, "auto (default), tag (MPI: receives posted at the start) or "
                                              "call-order (NCCL: each receive grouped with the sends before its pass)");
-  flags.add("--partition", &opt.partition, "blocks per virtual stage, e.g. 3,3,3,3 (default: balanced by FLOPs)");
-  flags.add_switch("--zero1", &opt.zero1, "shard the optimizer state over each stage's data-parallel group (04)");
-  flags.add_switch("--zero2", &opt.zero2, "ZeRO-2's rule: reduce-scatter every micro-batch's gradients (05), to "
+  flags.add("--partition", &pipe.partition, "blocks per virtual stage, e.g. 3,3,3,3 (default: balanced by FLOPs)");
+  flags.add_switch("--zero1", &pipe.zero1, "shard the optimizer state over each stage's data-parallel group (04)");
+  flags.add_switch("--zero2", &pipe.zero2, "ZeRO-2's rule: reduce-scatter every micro-batch's gradients (05), to "
                                           "measure what that costs a pipeline (afab, 1f1b)");
   flags.add("--bucket-mb", &opt.bucket_mb, "data-parallel bucket size in MB (default: an eighth of the gradient)");
+  flags.add_refused("--grad-accum", "a pipeline's micro-batches are its accumulation; use --micro-batches");
   if (!parse_train_flags(argc, argv, "08_pipeline", "Chapter 08: pipeline parallelism, four schedules.", flags, &cfg)) {
     shutdown_mpi(std::move(comm));
     return 0;
   }
   if (cfg.was_given("--bucket-mb") && !(opt.bucket_mb > 0)) config_error("--bucket-mb must be > 0");
-  if (cfg.was_given("--pp") && opt.pp < 1) config_error("--pp must be >= 1");
-  if (cfg.was_given("--virtual-stages") && opt.virtual_stages < 1) config_error("--virtual-stages must be >= 1");
-  if (cfg.was_given("--grad-accum"))
-    config_error("--grad-accum: a pipeline's micro-batches are its accumulation; use --micro-batches");
-  if (cfg.was_given("--micro-batches") && opt.micro_batches < 1) config_error("--micro-batches must be >= 1");
-  const int p = opt.pp ? opt.pp : comm->size();
-  cfg.grad_accum = opt.micro_batches ? opt.micro_batches : 2 * p;
+  if (cfg.was_given("--pp") && pipe.pp < 1) config_error("--pp must be >= 1");
+  if (cfg.was_given("--virtual-stages") && pipe.virtual_stages < 1) config_error("--virtual-stages must be >= 1");
+  if (cfg.was_given("--micro-batches") && pipe.micro_batches < 1) config_error("--micro-batches must be >= 1");
   comm = communicator_for(pick_device(cfg.device), std::move(comm));  // NCCL on GPUs (comm_factory.h)
   const int status = train(*comm, cfg, opt);
   shutdown_mpi(std::move(comm));

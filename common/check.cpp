@@ -1,6 +1,8 @@
 // check.cpp: the error paths of check.h. Every one of them ends the whole job, never one rank alone:
 // a rank that exits by itself leaves its peers blocked forever inside the next collective, and the
-// job hangs instead of failing. MPI_Abort tells the process manager (mpiexec) to kill every rank.
+// job hangs instead of failing. MPI_Abort tells the process manager (mpiexec) to kill every rank;
+// where every rank is known to end at once (a refusal of the configuration), each finalizes MPI and
+// exits instead, which ends the job as cleanly as a successful run does.
 #include "check.h"
 
 #include <mpi.h>
@@ -67,6 +69,26 @@ void print_error(const std::string& text) {
   std::exit(1);
 }
 
+// Every rank of the job is ending here for the same reason: MPI_Finalize waits for all of them, then
+// each exits with `code`. If a rank came here alone (a bug: the error was not collective), its
+// peers never join; rather than hang, a timer ends the job the old way.
+[[noreturn]] void end_every_rank(int code) {
+  std::fflush(stdout);
+  std::fflush(stderr);
+  if (mpi_running()) {
+    std::thread([] {
+      std::this_thread::sleep_for(std::chrono::duration<double>(kCollectiveExitWaitS));
+      print_error(where() + " error: the other ranks did not end with this one; aborting the job");
+      MPI_Abort(MPI_COMM_WORLD, 1);
+    }).detach();
+    MPI_Finalize();
+  }
+  // _Exit: the communicators and their progress thread live on in main()'s frame; running the
+  // static destructors under them would race with that thread. What must reach a file is flushed.
+  std::fflush(nullptr);
+  std::_Exit(code);
+}
+
 }  // namespace
 
 void set_error_context(int rank, int /*world_size*/) {
@@ -93,15 +115,18 @@ void fatal(const std::string& msg) {
 }
 
 void config_error(const std::string& msg) {
-  const int rank = g_rank.load(std::memory_order_acquire);
-  if (rank <= 0) {  // rank 0, or no MPI yet: then this process is the only one to tell
-    print_error("error: " + msg);
-    abort_job();
+  // Every rank found the same error; one message is enough: rank 0's, or this process's before MPI
+  // knows its rank (then every process prints it, as before MPI every process is alone).
+  if (g_rank.load(std::memory_order_acquire) <= 0) print_error("error: " + msg);
+  end_every_rank(1);
+}
+
+void agreed_error(const std::string& msg, bool print_here) {
+  if (print_here) {
+    print_error(where() + " error: " + msg);
+    run_fatal_hook(msg);
   }
-  // Every rank found the same error; one message is enough. The others give rank 0 time to print
-  // before they abort, because the first MPI_Abort kills every rank, rank 0 possibly mid-message.
-  std::this_thread::sleep_for(std::chrono::seconds(2));
-  abort_job();
+  end_every_rank(1);
 }
 
 void end_job(int code) {

@@ -1,8 +1,11 @@
 // check.h: errors are loud, early and collective.
 // Defines MPI_CHECK (every MPI call goes through it), fatal() for errors found by one rank, and
-// config_error() for errors every rank finds identically (bad flags, sizes that do not divide).
-// Both end the whole job with MPI_Abort, because one rank exiting alone leaves its peers hung inside a
-// collective. CUDA_CHECK, CUBLAS_CHECK and NCCL_CHECK live in cuda_check.h, next to the CUDA code.
+// config_error() for errors every rank finds identically (bad flags, sizes that do not divide), and
+// agreed_error() for errors every rank has agreed on (Communicator::agree_or_die). fatal() ends the
+// whole job with MPI_Abort, because one rank exiting alone leaves its peers hung inside a collective.
+// The other two know that every rank is there: each rank finalizes MPI and exits non-zero, so the
+// message is the last thing printed, not buried under the process manager's abort report.
+// CUDA_CHECK, CUBLAS_CHECK and NCCL_CHECK live in cuda_check.h, next to the CUDA code.
 #pragma once
 #include <functional>
 #include <string>
@@ -22,8 +25,18 @@ void set_fatal_hook(std::function<void(const std::string& msg)> hook);
 // Prints "[rank r@host] error: <msg>" and aborts every rank. Use for errors one rank discovers alone.
 [[noreturn]] void fatal(const std::string& msg);
 
-// For errors that every rank discovers identically: only rank 0 prints, then the job aborts.
+// For errors that every rank discovers identically, before the work: only rank 0 prints "error: msg",
+// then every rank ends (MPI_Finalize, exit code 1). Call it on every rank or on none: a rank that
+// calls it alone waits in MPI_Finalize for the others, and after kCollectiveExitWaitS seconds aborts
+// the job, saying so.
 [[noreturn]] void config_error(const std::string& msg);
+
+// For an error that every rank has agreed on (a collective told them all): the rank whose message it
+// is prints it (print_here), and every rank ends as config_error() does.
+[[noreturn]] void agreed_error(const std::string& msg, bool print_here);
+
+// How long a rank ending through config_error() or agreed_error() waits for the others in MPI_Finalize.
+constexpr double kCollectiveExitWaitS = 10;
 
 // Ends every rank of the job with exit code `code`, after the work is done and written: the
 // interrupted run's ending (training_run.cpp says why it cannot simply return the code).

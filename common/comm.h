@@ -203,7 +203,8 @@ class Communicator {
   virtual void broadcast_bytes(void* data, size_t bytes, int root) = 0;
 
   // Every rank passes whether it succeeded; if any failed, the lowest failing rank prints its
-  // message and the whole job aborts. Use after work that can fail on some ranks only (opening a
+  // message and the whole job ends, non-zero: on the world's communicator every rank finalizes and
+  // exits (check.h, agreed_error), on a smaller group through MPI_Abort. Use after work that can fail on some ranks only (opening a
   // file), before the next collective, so no rank is left waiting for a failed peer.
   virtual void agree_or_die(bool ok, const std::string& msg) = 0;
 
@@ -248,6 +249,15 @@ int ranks_on_this_node();
 // or receive, and the step (check.h's phase). It catches a peer that is stopped, dead or stuck before
 // a collective or a message. 0 switches it off. Process-wide.
 void set_comm_timeout(double seconds);
+
+// Async-signal-safe. From the call on (until called with false), the emulated link holds nothing: a
+// held op is posted at the engine's next look (at most kHeldCheckMs later), a new one at once. The
+// run's SIGINT and SIGTERM handler calls it, so that a stop is never stuck behind a modelled wait:
+// the step ends at the real network's speed, and the ranks agree to stop there. The modelled waits
+// are watched by the watchdog too: an op that the link holds longer than the timeout by itself
+// ends the job, saying that the modelled link is that slow (no rank is dead).
+void interrupt_link_emulation(bool interrupted = true);
+constexpr double kHeldCheckMs = 50;
 
 // Bytes one rank sends for a collective of `payload_bytes` split evenly over `ranks` (the sent_bytes
 // of CollectiveCounters), rounded down when N does not divide the payload; 0 with one rank.

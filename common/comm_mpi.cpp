@@ -63,6 +63,7 @@
 
 #include "bf16.h"
 #include "check.h"
+#include "flags.h"    // chapter_has_flag, for the watchdog's message
 #include "metrics.h"  // format_bytes, for the watchdog's message
 #include "trace.h"
 
@@ -190,6 +191,12 @@ double modelled_ms(const LinkModel& link, CollectiveKind kind, int64_t payload_b
 namespace {
 
 std::atomic<double> g_timeout_s{300.0};
+std::atomic<bool> g_link_interrupted{false};  // interrupt_link_emulation, written by a signal handler
+static_assert(std::atomic<bool>::is_always_lock_free, "set from a signal handler");
+
+// A modelled time too long for the clock (an emulated link no flag allows, set by a test) is held
+// for about 30 years, where the watchdog or an interrupt ends it, instead of overflowing.
+constexpr double kLongestHoldMs = 1e12;
 
 // bf16 tensors (the host-staged copies of mixed-precision GPU tensors, comm_nccl.cpp) travel as
 // 16-bit words, MPI_UINT16_T, so every byte on the wire is what theory counts. MPI cannot add those
@@ -422,6 +429,7 @@ struct MpiOp {
   std::function<void()> finish;             // after MPI completes (the Avg scaling); may be empty
   int lane = 0;
   Clock::time_point issued, post_at, posted;
+  double modelled_ms = 0;  // its own hold; it begins at post_at - modelled_ms, after the lane's previous op
   MPI_Request request = MPI_REQUEST_NULL;
 };
 
@@ -456,6 +464,9 @@ class ProgressEngine {
       Lane& lane = lanes_[op->lane];
       op->issued = now;
       op->handle->issued = now;
+      if (!(modelled_ms <= kLongestHoldMs)) modelled_ms = kLongestHoldMs;  // NaN too
+      if (g_link_interrupted.load()) modelled_ms = 0;
+      op->modelled_ms = modelled_ms;
       op->post_at = std::max(now, lane.free_at) + as_duration(modelled_ms);
       lane.free_at = op->post_at;
       sweeps_[op->lane / 2].op_issued(now);
@@ -490,7 +501,7 @@ class ProgressEngine {
       }
       poll = p.changed ? kPollMin : std::min(poll + kPollStep, kPollMax);
       const Clock::time_point wake = p.mpi_pending ? std::min(now + poll, p.next_post) : p.next_post;
-      waiter_cv_.wait_until(lock, wake);
+      waiter_cv_.wait_until(lock, std::min(wake, held_check(now)));
     }
     // The background thread takes over what is still in flight; with nothing left it need not wake.
     if (--waiters_ == 0 && !(held_.empty() && posted_.empty())) thread_cv_.notify_one();
@@ -505,7 +516,7 @@ class ProgressEngine {
       const Clock::time_point now = Clock::now();
       const Progress p = progress(now);
       if (!std::any_of(held_.begin(), held_.end(), mine) && !std::any_of(posted_.begin(), posted_.end(), mine)) break;
-      waiter_cv_.wait_until(lock, p.mpi_pending ? now + kPollMax : p.next_post);
+      waiter_cv_.wait_until(lock, std::min(p.mpi_pending ? now + kPollMax : p.next_post, held_check(now)));
     }
     if (--waiters_ == 0) thread_cv_.notify_one();
   }
@@ -517,9 +528,10 @@ class ProgressEngine {
     std::unique_lock<std::mutex> lock(mutex_);
     waiters_++;
     for (;;) {  // (the condition is tested after progress: it may have posted the last of them)
-      const Progress p = progress(Clock::now());
+      const Clock::time_point now = Clock::now();
+      const Progress p = progress(now);
       if (!std::any_of(held_.begin(), held_.end(), mine)) break;
-      waiter_cv_.wait_until(lock, p.next_post);
+      waiter_cv_.wait_until(lock, std::min(p.next_post, held_check(now)));
     }
     if (--waiters_ == 0) thread_cv_.notify_one();
   }
@@ -535,11 +547,19 @@ class ProgressEngine {
     Clock::time_point next_post = Clock::time_point::max();  // when the next held op is due
   };
 
-  // Posts every held op that is due, in issue order (for a lane, due times grow in issue order).
+  // While the link holds an op, whoever waits looks again at least this often: for an interrupt
+  // (interrupt_link_emulation) and for the watchdog, however far the op's post time lies.
+  Clock::time_point held_check(Clock::time_point now) const {
+    return held_.empty() ? Clock::time_point::max() : now + as_duration(kHeldCheckMs);
+  }
+
+  // Posts every held op that is due, in issue order (for a lane, due times grow in issue order);
+  // after an interrupt, every held op.
   bool post_due(Clock::time_point now) {
     bool posted = false;
+    const bool interrupted = g_link_interrupted.load();
     for (auto it = held_.begin(); it != held_.end();) {
-      if ((*it)->post_at > now) {
+      if ((*it)->post_at > now && !interrupted) {
         ++it;
         continue;
       }
@@ -576,7 +596,11 @@ class ProgressEngine {
       it = posted_.erase(it);
       p.changed = true;
     }
-    for (const auto& op : held_) p.next_post = std::min(p.next_post, op->post_at);
+    for (const auto& op : held_) {
+      p.next_post = std::min(p.next_post, op->post_at);
+      const Clock::time_point hold_began = op->post_at - as_duration(op->modelled_ms);
+      if (timeout_s > 0 && now - hold_began > as_duration(timeout_s * 1e3)) held_watchdog(*op, timeout_s);
+    }
     return p;
   }
 
@@ -618,6 +642,19 @@ class ProgressEngine {
           ". Ending the job.");
   }
 
+  // A wait on the emulated link alone: no peer is involved yet, so none is blamed.
+  [[noreturn]] void held_watchdog(const MpiOp& op, double timeout_s) {
+    char text[160];
+    std::snprintf(text, sizeof text, "for %.4g s, longer than --timeout %.3g s", op.modelled_ms / 1e3, timeout_s);
+    const std::string phase = error_phase();
+    const bool tp_link = op.group->name == "tp" && chapter_has_flag("--tp-link-gbps");
+    const std::string flags = tp_link ? "--tp-link-gbps and --tp-link-latency-us" : "--link-gbps and --link-latency-us";
+    fatal(std::string("watchdog: the emulated link holds this ") + op.name + " of " +
+          format_bytes(double(op.handle->payload_bytes)) + " over " + describe_group(*op.group) +
+          (phase.empty() ? "" : " in " + phase) + " " + text + ": the modelled link (" + flags +
+          ") is that slow; no rank is dead. Raise the bandwidth, lower the latency, or raise --timeout.");
+  }
+
   // The background thread: polls while nobody waits, sleeps while nothing is posted.
   void thread_main() {
     std::unique_lock<std::mutex> lock(mutex_);
@@ -637,7 +674,7 @@ class ProgressEngine {
       }
       poll = p.changed ? kPollMin : std::min(poll + kPollStep, kPollMax);
       const Clock::time_point wake = p.mpi_pending ? std::min(now + poll, p.next_post) : p.next_post;
-      thread_cv_.wait_until(lock, wake);
+      thread_cv_.wait_until(lock, std::min(wake, held_check(now)));
     }
   }
 
@@ -656,9 +693,17 @@ class ProgressEngine {
 std::weak_ptr<ProgressEngine> g_engine;  // the process's engine, while some communicator holds it
 int g_ranks_on_node = 1;
 
+int world_size() {
+  int size = 0;
+  MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &size));
+  return size;
+}
+
 }  // namespace
 
 void set_comm_timeout(double seconds) { g_timeout_s = seconds; }
+
+void interrupt_link_emulation(bool interrupted) { g_link_interrupted = interrupted; }
 
 int ranks_on_this_node() { return g_ranks_on_node; }
 
@@ -942,6 +987,9 @@ class MpiCommunicator final : public Communicator {
     // lowest failing rank, or size() when all succeeded.
     const int first_failed = int(all_reduce_scalar(ok ? size_ : rank_, ReduceOp::Min));
     if (first_failed == size_) return;
+    // Every rank of this group knows now; one that is not in it would wait for it forever, and the
+    // job ends the old way (check.h, agreed_error).
+    if (size_ == world_size()) agreed_error(msg, first_failed == rank_);
     if (first_failed == rank_) fatal(msg);
     // Give the failing rank time to print before this rank's abort takes the whole job down.
     std::this_thread::sleep_for(std::chrono::seconds(2));

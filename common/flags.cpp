@@ -67,6 +67,38 @@ bool is_rank_zero() {
 
 bool starts_with(const std::string& s, const char* prefix) { return s.rfind(prefix, 0) == 0; }
 
+// The flags of the chapter running (FlagParser::parse, chapter_has_flag).
+std::set<std::string> g_chapter_flags;
+
+// The emulated link's bounds (flags.h), refused with the range and what 0 means.
+void link_bandwidth_check(const std::string& flag, double gbps) {
+  if (gbps == 0 || (gbps >= kMinLinkGbps && gbps <= kMaxLinkGbps)) return;
+  config_error(flag + " " + number_text(gbps) + ": an emulated link carries " + number_text(kMinLinkGbps) + " to " +
+               number_text(kMaxLinkGbps) + " Gbit/s (1 Mbit/s to 100 Tbit/s), or 0 for unlimited bandwidth");
+}
+
+void link_latency_check(const std::string& flag, double us) {
+  if (us >= 0 && us <= kMaxLinkLatencyUs) return;
+  config_error(flag + " " + number_text(us) + ": an emulated link's latency is 0 to " + number_text(kMaxLinkLatencyUs) +
+               " microseconds (1 s, longer than a geostationary satellite's round trip)");
+}
+
+// Levenshtein distance: insertions, deletions and substitutions.
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); j++) row[j] = j;
+  for (size_t i = 1; i <= a.size(); i++) {
+    size_t diagonal = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); j++) {
+      const size_t above = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diagonal = above;
+    }
+  }
+  return row[b.size()];
+}
+
 }  // namespace
 
 void FlagParser::add_flag(Flag flag) {
@@ -79,6 +111,29 @@ const FlagParser::Flag* FlagParser::find(const std::string& name) const {
   for (const Flag& f : flags_)
     if (f.name == name) return &f;
   return nullptr;
+}
+
+// A typo is a few edits away; a flag of another chapter usually is not, and no suggestion beats a
+// wrong one: at most 2 edits, or a third of the name for long names.
+std::string FlagParser::nearest(const std::string& name) const {
+  std::string best;
+  size_t best_distance = std::max<size_t>(2, name.size() / 3) + 1;
+  for (const Flag& f : flags_) {
+    const size_t d = edit_distance(name, f.name);
+    if (d < best_distance) best = f.name, best_distance = d;
+  }
+  return best;
+}
+
+bool FlagParser::knows(const std::string& name) const {
+  for (const auto& r : refused_)
+    if (r.first == name) return true;
+  return find(name) != nullptr;
+}
+
+void FlagParser::add_refused(const std::string& name, const std::string& why) {
+  ENSURE(starts_with(name, "--") && find(name) == nullptr, "add_refused: " + name);
+  refused_.emplace_back(name, why);
 }
 
 void FlagParser::add(const std::string& name, int* value, const std::string& help) {
@@ -150,6 +205,9 @@ bool FlagParser::parse(int argc, char** argv, const std::string& usage_header) {
       return false;
     }
   }
+  g_chapter_flags.clear();
+  for (const Flag& f : flags_) g_chapter_flags.insert(f.name);
+  g_chapter_flags.insert("--help");
   for (int i = 1; i < argc; i++) {
     std::string arg = argv[i];
     if (!starts_with(arg, "--"))
@@ -161,8 +219,16 @@ bool FlagParser::parse(int argc, char** argv, const std::string& usage_header) {
       name = arg.substr(0, equals);
       value = arg.substr(equals + 1);
     }
+    for (const auto& [refused, why] : refused_)
+      if (name == refused) config_error(name + ": " + why);
     const Flag* flag = find(name);
-    if (!flag) config_error("unknown flag '" + name + "' (see --help)");
+    if (!flag) {
+      const std::string guess = nearest(name);
+      config_error("unknown flag '" + name + "'" + (guess.empty() ? "" : "; did you mean " + guess + "?") +
+                   " (see --help)");
+    }
+    // The later value would win silently; which one the user meant, only the user knows.
+    if (given_.count(name)) config_error(name + " is given twice: give it once");
     given_.insert(name);
     if (flag->is_switch) {
       if (inline_value) config_error(name + " takes no value");
@@ -199,6 +265,18 @@ std::string FlagParser::usage() const {
   return text;
 }
 
+bool chapter_has_flag(const std::string& flag) { return g_chapter_flags.count(flag) > 0; }
+
+std::string checkpoint_path(const std::string& save_pattern, int next_step) {
+  const std::string key = "{step}", value = std::to_string(next_step);
+  std::string path = save_pattern;
+  for (size_t at = path.find(key); at != std::string::npos; at = path.find(key, at + value.size()))
+    path.replace(at, key.size(), value);
+  return path;
+}
+
+std::string accumulation_flag() { return chapter_has_flag("--micro-batches") ? "--micro-batches" : "--grad-accum"; }
+
 bool parse_train_flags(int argc, char** argv, const std::string& chapter, const std::string& about,
                        FlagParser& parser, TrainConfig* cfg) {
   cfg->chapter = chapter;
@@ -207,7 +285,8 @@ bool parse_train_flags(int argc, char** argv, const std::string& chapter, const 
                                      "checkpoint's)");
   parser.add("--batch", &cfg->batch, "global batch in sequences, over all ranks (default: the preset's; resuming: "
                                      "the checkpoint's)");
-  parser.add("--grad-accum", &cfg->grad_accum, "micro-batches per step on each rank");
+  if (!parser.knows("--grad-accum"))  // 08 refuses it: its --micro-batches are the accumulation
+    parser.add("--grad-accum", &cfg->grad_accum, "micro-batches per step on each rank");
   parser.add("--lr", &cfg->lr, "peak learning rate (default: the preset's; resuming: the checkpoint's)");
   parser.add("--warmup", &cfg->warmup, "learning-rate warm-up steps (default: steps/10; resuming: the checkpoint's)");
   parser.add("--weight-decay", &cfg->weight_decay, "AdamW weight decay of the matrices");
@@ -215,14 +294,17 @@ bool parse_train_flags(int argc, char** argv, const std::string& chapter, const 
   parser.add("--seed", &cfg->seed, "random seed of the parameter initialisation");
   parser.add("--data", &cfg->data, "text file to train on, each byte a token (default: built-in corpus)",
              "PATH");
-  parser.add("--save", &cfg->save, "write a checkpoint here at the end; {step} in PATH keeps one per save",
+  parser.add("--save", &cfg->save, "write a checkpoint here at the end; {step} in PATH (each one) keeps one per save",
              "PATH");
   parser.add("--save-every", &cfg->save_every, "also checkpoint every N steps; 0 = only at the end");
   parser.add("--resume", &cfg->resume, "resume from this checkpoint", "PATH");
   parser.add("--trace", &cfg->trace, "write a Chrome trace (open in ui.perfetto.dev)", "PATH");
   parser.add("--json", &cfg->json, "write one JSON line per step", "PATH");
-  parser.add("--link-gbps", &cfg->link_gbps, "emulate an interconnect of this many Gbit/s; 0 = off");
-  parser.add("--link-latency-us", &cfg->link_latency_us, "latency of the emulated link per message, in microseconds");
+  parser.add("--link-gbps", &cfg->link_gbps, "emulate an interconnect of this many Gbit/s, 0.001 to 100000; 0 = off "
+                                              "(default 0)");
+  parser.add("--link-latency-us", &cfg->link_latency_us, "latency of the emulated link per message, in microseconds, 0 "
+                                                        "to 1000000 (default 0); a collective whose modelled time "
+                                                        "exceeds --timeout is refused before step 0");
   parser.add("--timeout", &cfg->timeout_s, "end the job when a collective or receive waits longer than this many "
                                           "seconds (a stuck or dead peer); 0 = never");
   parser.add_switch("--quiet", &cfg->quiet, "no step lines");
@@ -256,11 +338,12 @@ bool parse_train_flags(int argc, char** argv, const std::string& chapter, const 
   if (cfg->timeout_s < 0) config_error("--timeout must be >= 0 (0 = no watchdog)");
   if (cfg->save_every < 0) config_error("--save-every must be >= 0");
   if (cfg->save_every > 0 && cfg->save.empty()) config_error("--save-every needs --save PATH");
-  if (cfg->link_gbps < 0) config_error("--link-gbps must be >= 0 (0 = no emulated link)");
-  if (cfg->link_latency_us < 0) config_error("--link-latency-us must be >= 0");
-  if (cfg->was_given("--tp-link-gbps") && cfg->tp_link_gbps < 0) config_error("--tp-link-gbps must be >= 0");
-  if (cfg->was_given("--tp-link-latency-us") && cfg->tp_link_latency_us < 0)
-    config_error("--tp-link-latency-us must be >= 0");
+  // The emulated links: physical ranges only (flags.h, kMinLinkGbps...), so that every modelled wait
+  // is one that a real link could make (1e-300 Gbit/s would overflow the clock and not be emulated).
+  link_bandwidth_check("--link-gbps", cfg->link_gbps);
+  link_latency_check("--link-latency-us", cfg->link_latency_us);
+  if (cfg->was_given("--tp-link-gbps")) link_bandwidth_check("--tp-link-gbps", cfg->tp_link_gbps);
+  if (cfg->was_given("--tp-link-latency-us")) link_latency_check("--tp-link-latency-us", cfg->tp_link_latency_us);
   if (cfg->attention != "flash" && cfg->attention != "materialized")
     config_error("--attention " + cfg->attention + ": choose materialized or flash");
   if (cfg->dtype != "auto" && cfg->dtype != "fp32" && cfg->dtype != "bf16")

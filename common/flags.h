@@ -1,6 +1,8 @@
 // flags.h: the flags every chapter shares, parsed by one piece of code. Defines TrainConfig,
 // FlagParser and parse_train_flags().
-// An unknown flag or a bad value is an error that names the flag; --help prints every flag.
+// An unknown flag (with the nearest known one), a flag given twice or a bad value is an error that
+// names the flag; --help prints every flag. The chapter's flags are known to the whole program
+// (chapter_has_flag), so that a message names only flags the chapter has.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -43,6 +45,11 @@ struct TrainConfig {
   bool was_given(const std::string& flag) const { return given.count(flag) > 0; }
 };
 
+// The emulated link's physical range (--link-gbps, --link-latency-us, and 07's --tp-link-*): from a
+// 1 Mbit/s line to 100 Tbit/s, beyond any GPU's links; a latency of at most 1 s. 0 Gbit/s: no
+// bandwidth term (unlimited).
+constexpr double kMinLinkGbps = 1e-3, kMaxLinkGbps = 1e5, kMaxLinkLatencyUs = 1e6;
+
 class FlagParser {
  public:
   void add(const std::string& name, int* value, const std::string& help);
@@ -54,12 +61,18 @@ class FlagParser {
   void add(const std::string& name, std::string* value, const std::string& help,
            const std::string& value_name = "TEXT");
   void add_switch(const std::string& name, bool* value, const std::string& help);  // no value
+  // A flag the chapter does not take although others do (08's --grad-accum): left out of usage();
+  // given, it is refused with `why`, which says what to use instead.
+  void add_refused(const std::string& name, const std::string& why);
   // Accepts "--name value" and "--name=value". Returns false after printing usage_header and
   // usage() (to stdout, on rank 0 only) when --help or -h is given; calls config_error() on an
-  // unknown flag, a missing value or a value that does not parse in full ("12x" is refused).
+  // unknown flag (naming the nearest known one), a flag given twice, a missing value or a value that
+  // does not parse in full ("12x" is refused). Makes its flags the chapter's (chapter_has_flag).
   bool parse(int argc, char** argv, const std::string& usage_header);
   // One line per flag: name, value, help and default (unless the help states its own); --help last.
   std::string usage() const;
+  // Whether `name` is registered, as a flag or as a refused one.
+  bool knows(const std::string& name) const;
   // The flags parse() found on the command line.
   const std::set<std::string>& given() const { return given_; }
 
@@ -73,9 +86,20 @@ class FlagParser {
   };
   void add_flag(Flag flag);
   const Flag* find(const std::string& name) const;
+  std::string nearest(const std::string& name) const;  // the known flag closest in spelling, or ""
   std::vector<Flag> flags_;
+  std::vector<std::pair<std::string, std::string>> refused_;  // add_refused: name, why
   std::set<std::string> given_;
 };
+
+// Whether the chapter running took `flag` (the flags of the last FlagParser::parse of this process).
+bool chapter_has_flag(const std::string& flag);
+// The chapter's flag for the micro-batches a rank runs per step: --micro-batches where the chapter
+// has it (08, a pipeline's), else --grad-accum.
+std::string accumulation_flag();
+
+// --save's PATH for the checkpoint before step `next_step`: every "{step}" replaced by it.
+std::string checkpoint_path(const std::string& save_pattern, int next_step);
 
 // Registers the shared flags on `parser`, parses argv and validates what needs no model (positive
 // steps, grad_accum >= 1, ...). Chapters add their own flags to `parser` before calling this. The

@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "check.h"
+#include "flags.h"  // accumulation_flag, for a message naming the chapter's flag
 
 namespace {
 
@@ -80,7 +81,7 @@ std::string tensor_parallel_size_problem(const GPT2Config& cfg, const TensorPara
   if (tp.sequence_parallel && (int64_t(micro_batch) * cfg.T) % t)
     return "--sequence-parallel splits the B*T = " + std::to_string(micro_batch) + " x " + std::to_string(cfg.T) +
            " positions of a micro-batch over --tp " + std::to_string(t) +
-           " ranks, which does not divide; choose a --batch (or --grad-accum) that makes B*T a multiple of " +
+           " ranks, which does not divide; choose a --batch (or " + accumulation_flag() + ") that makes B*T a multiple of " +
            std::to_string(t);
   return "";
 }

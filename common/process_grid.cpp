@@ -13,13 +13,23 @@ GridCoords grid_coords(const GridShape& shape, int rank) {
 
 int grid_rank(const GridShape& shape, const GridCoords& c) { return (c.pp * shape.dp + c.dp) * shape.tp + c.tp; }
 
+std::string grid_shape_problem(int world, int tp, int pp) {
+  if (tp < 1) return "--tp must be >= 1";
+  if (pp < 1) return "--pp must be >= 1";
+  if (world % (tp * pp) == 0) return "";
+  // Only the sizes above 1 are named: a chapter without --tp (08) passes 1 for it, as does one
+  // without --pp (07), so the message names the chapter's own flags.
+  std::string groups, flags;
+  if (tp > 1) groups = "tensor-parallel groups of --tp " + std::to_string(tp), flags = "--tp";
+  if (tp > 1 && pp > 1) groups += " times ", flags += " or ";
+  if (pp > 1) groups += "pipelines of --pp " + std::to_string(pp) + " stages", flags += "--pp";
+  return "the " + std::to_string(world) + " ranks do not divide into " + groups + ": run on a multiple of " +
+         std::to_string(tp * pp) + " ranks, or change " + flags;
+}
+
 GridShape grid_shape(int world, int tp, int pp) {
-  if (tp < 1) config_error("--tp must be >= 1");
-  if (pp < 1) config_error("--pp must be >= 1");
-  if (world % (tp * pp) != 0)
-    config_error("the " + std::to_string(world) + " ranks do not divide into tensor-parallel groups of --tp " +
-                 std::to_string(tp) + (pp > 1 ? " times pipeline stages --pp " + std::to_string(pp) : "") +
-                 ": run on a multiple of " + std::to_string(tp * pp) + " ranks, or change the flag");
+  const std::string problem = grid_shape_problem(world, tp, pp);
+  if (!problem.empty()) config_error(problem);
   GridShape shape;
   shape.tp = tp;
   shape.pp = pp;

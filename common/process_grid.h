@@ -30,8 +30,10 @@ GridCoords grid_coords(const GridShape& shape, int rank);
 int grid_rank(const GridShape& shape, const GridCoords& coords);
 
 // The shape for `world` ranks with `tp` and `pp` given: dp = world / (tp x pp). A world that does not
-// divide stops every rank with a message naming the flags (config_error).
+// divide stops every rank with a message naming the flags (config_error): grid_shape_problem's, ""
+// when the shape is sound.
 GridShape grid_shape(int world, int tp, int pp);
+std::string grid_shape_problem(int world, int tp, int pp);
 
 class ProcessGrid {
  public:

@@ -11,6 +11,7 @@
 #include "checkpoint.h"
 #include "device.h"
 #include "fileio.h"  // writable_problem
+#include "link_limits.h"  // link_timeout_problem, step_transfers
 #include "model.h"
 #include "ops.h"
 #include "optimizer.h"
@@ -31,7 +32,10 @@ int64_t training_sent_bytes(const CommStats& s) {
 // at the end of the step to stop together, write what they measured and exit non-zero. A second
 // Ctrl-C makes mpiexec kill the job outright.
 std::atomic<int> g_signal{0};
-void on_signal(int signal) { g_signal = signal; }
+void on_signal(int signal) {
+  g_signal = signal;
+  interrupt_link_emulation();  // a stop never waits out the modelled link (comm.h)
+}
 void catch_interrupts() {
   struct sigaction action = {};
   action.sa_handler = on_signal;
@@ -101,6 +105,11 @@ TrainingRun::TrainingRun(Communicator& world, Communicator& dp, const ProcessGri
   check_tensor_parallel();
   layout_ = build_gpt2_layout(model_, dp_.size(), tp_, pp_.parts);
   global_layout_ = tp_.size > 1 || pp_.size > 1 ? build_gpt2_layout(model_, 1) : layout_;
+  const std::string slow_link = link_timeout_problem(
+      step_transfers(layout_, model_, strategy_, int(dtype_size(dtype_)), micro_B_, world_.size(), dp_.size(), tp_,
+                     pp_.size, {cfg_.link_gbps, cfg_.link_latency_us}, tensor_parallel_link()),
+      cfg_.timeout_s);
+  if (!slow_link.empty()) config_error(slow_link);
   check_outputs();
 
   std::string error;
@@ -144,9 +153,9 @@ TrainingRun::TrainingRun(Communicator& world, Communicator& dp, const ProcessGri
     std::printf("%s | %d rank%s | preset %s (L=%d C=%d NH=%d T=%d V=%d) | %lld parameters\n", cfg_.chapter.c_str(), N,
                 N > 1 ? "s" : "", model_.preset.c_str(), model_.L, model_.C, model_.NH, model_.T, model_.V,
                 (long long)global_layout_.num_params);
-    if (grid && pp_.size > 1)
-      std::printf("grid: %d data-parallel x %d tensor-parallel x %d pipeline stages | %lld parameters on rank 0\n",
-                  dp_.size(), tp_.size, pp_.size, (long long)layout_.num_params);
+    if (grid && !pp_.parts.empty())  // a pipeline chapter: no tensor parallelism to speak of
+      std::printf("grid: %d data-parallel x %d pipeline stage%s | %lld parameters on rank 0\n", dp_.size(), pp_.size,
+                  pp_.size > 1 ? "s" : "", (long long)layout_.num_params);
     else if (tp_comm_)
       std::printf("grid: %d data-parallel x %d tensor-parallel%s | %lld parameters a rank\n", dp_.size(), tp_.size,
                   tp_.sequence_parallel ? " (sequence parallel)" : "", (long long)layout_.num_params);
@@ -242,6 +251,9 @@ void TrainingRun::resolve_settings(const CheckpointHeader* resumed) {
   if (!cfg_.was_given("--batch") && !resumed) cfg_.batch = model_.default_batch;
   if (!cfg_.was_given("--lr") && !settings) cfg_.lr = model_.default_lr;
   if (!cfg_.was_given("--warmup") && !settings) cfg_.warmup = cfg_.steps / 10;
+  if (cfg_.warmup > cfg_.steps)  // the learning rate would never reach --lr, and the cosine never start
+    config_error("--warmup " + std::to_string(cfg_.warmup) + " is longer than the run's " + std::to_string(cfg_.steps) +
+                 " steps: the learning rate would never reach --lr; give a --warmup of at most --steps");
 
   const int N = dp_.size(), per_step = N * cfg_.grad_accum;
   if (cfg_.batch % per_step == 0) return;
@@ -250,13 +262,13 @@ void TrainingRun::resolve_settings(const CheckpointHeader* resumed) {
                  " sequences, which cannot be split over " + std::to_string(N) + " ranks x " +
                  std::to_string(cfg_.grad_accum) + " micro-batches = " + std::to_string(per_step) +
                  " (the data order needs the same batch): resume it on a rank count that divides the batch (" +
-                 divisors_text(cfg_.batch) + " ranks, with a --grad-accum that divides what each gets)");
+                 divisors_text(cfg_.batch) + " ranks, with a " + accumulation_flag() + " that divides what each gets)");
   }
   const int suggestion = (cfg_.batch / per_step + 1) * per_step;
   // A pipeline's micro-batches are its accumulation (08 takes them as --micro-batches); with other
   // groups in the grid, only the data-parallel ranks split the batch.
   const std::string ranks = &dp_ == &world_ ? "ranks" : "data-parallel ranks";
-  const std::string accumulation = pp_.parts.empty() ? "grad-accum" : "micro-batches";
+  const std::string accumulation = accumulation_flag().substr(2);
   config_error("--batch " + std::to_string(cfg_.batch) + " is not divisible by " + ranks + " x " + accumulation + " = " +
                std::to_string(N) + " x " + std::to_string(cfg_.grad_accum) + " = " + std::to_string(per_step) +
                "; try --batch " + std::to_string(suggestion));
@@ -308,7 +320,8 @@ void TrainingRun::check_memory() {
                                format_bytes(forecast_.activations) + " for micro-batches of " +
                                std::to_string(micro_B_) + " sequences of " + std::to_string(model_.T) +
                                " tokens), but a rank has " + format_bytes(available) + " (" + how +
-                               "). Use a smaller --batch, more --grad-accum, more ranks, or a smaller --preset");
+                               "). Use a smaller --batch, more " + accumulation_flag() +
+                               ", more ranks, or a smaller --preset");
 }
 
 MicroBatch TrainingRun::micro_batch(int step, int micro) {
@@ -468,9 +481,7 @@ void TrainingRun::save_checkpoint(int next_step, Tensor params, AdamW& optimizer
   data.params = full_params.f32();
   data.adam_m = full_m.f32();
   data.adam_v = full_v.f32();
-  std::string path = cfg_.save;  // "{step}" in --save keeps one file per checkpoint
-  size_t at = path.find("{step}");
-  if (at != std::string::npos) path.replace(at, 6, std::to_string(next_step));
+  const std::string path = checkpoint_path(cfg_.save, next_step);  // "{step}" keeps one file per checkpoint
   ::save_checkpoint(world_, path, model_, global_layout_, data);
   if (is_root() && stop_ == Stop::Interrupted) {
     std::printf("saved the %d completed steps to %s\n", next_step, path.c_str());

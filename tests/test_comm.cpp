@@ -1024,6 +1024,42 @@ TEST_F(CommTest, DISABLED_WatchdogEndsAReceiveThatNoOneSends) {
   // waits for rank 3 until the watchdog ends the job.
 }
 
+// A modelled wait ends when the run is interrupted (SIGINT, SIGTERM: the run's handler calls
+// interrupt_link_emulation): the link stops holding, the op is posted at once, and its data arrives
+// exact. Here each rank's all-reduce is held for 2(N-1) x 1000 s, until a thread interrupts it
+// 100 ms in; before the hold was interruptible, this wait slept its full modelled time.
+TEST_F(CommTest, AnInterruptEndsAModelledWait) {
+  if (N < 2) GTEST_SKIP() << "one rank: nothing is held";
+  comm.set_link_model({0.0, 1e9});  // 1000 s a hop: no flag allows it, a test may
+  std::vector<float> x(1024, float(rank + 1));
+  const auto start = std::chrono::steady_clock::now();
+  CommHandle pending = comm.all_reduce_async(view(x), ReduceOp::Sum);
+  std::thread interrupter([] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    interrupt_link_emulation();
+  });
+  pending.wait();
+  interrupter.join();
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  // After the interrupt, new ops are not held either.
+  std::vector<float> y(16, float(rank + 1));
+  comm.all_reduce(view(y), ReduceOp::Sum);
+  interrupt_link_emulation(false);
+  EXPECT_TRUE(exactly(x, [&](int64_t) { return S1; }));
+  EXPECT_TRUE(exactly(y, [&](int64_t) { return S1; }));
+  EXPECT_LT(seconds, 10.0) << "the modelled wait outlived the interrupt";
+}
+
+// The watchdog watches a modelled wait too, and says that the link is slow, not that a rank is dead:
+// every rank holds its all-reduce 2(N-1) x 1000 s with a 1 s timeout. DISABLED_ (the watchdog ends
+// the job): tests/test_refusals.cpp runs it alone on 2 ranks and reads what it printed.
+TEST_F(CommTest, DISABLED_WatchdogEndsAModelledWaitLongerThanTheTimeout) {
+  set_comm_timeout(1);
+  comm.set_link_model({0.0, 1e9});
+  std::vector<float> x(1024, float(rank + 1));
+  comm.all_reduce(view(x), ReduceOp::Sum);
+}
+
 // The formula of comm_mpi.cpp against numbers worked out by hand.
 TEST_F(CommTest, ModelledMsMatchesHandComputedValues) {
   // 8 Gbit/s = 1e9 bytes/s, alpha = 10 us, 4 ranks, 4 MB.

@@ -90,10 +90,6 @@ TEST(TrainFlags, AcceptsNameEqualsValue) {
   EXPECT_EQ(cfg.warmup, 3);
 }
 
-TEST(TrainFlags, TheLastOccurrenceWins) {
-  EXPECT_EQ(parse_train({"--steps", "3", "--steps=4"}).steps, 4);
-}
-
 TEST(TrainFlags, ChapterFlagsAndChapterDefaults) {
   FlagParser parser;
   TrainConfig cfg;
@@ -213,7 +209,7 @@ TEST(FlagErrorsDeathTest, ValuesOutsideTheirRange) {
   expect_config_error({"--warmup", "-2"}, "--warmup must be >= 0");
   expect_config_error({"--grad-clip", "0"}, "--grad-clip must be > 0");
   expect_config_error({"--save-every", "5"}, "--save-every needs --save PATH");
-  expect_config_error({"--link-latency-us", "-3"}, "--link-latency-us must be >= 0");
+  expect_config_error({"--link-latency-us", "-3"}, "--link-latency-us -3: an emulated link's latency is 0 to 1e\\+06");
   expect_config_error({"--timeout", "-1"}, "--timeout must be >= 0");
 }
 
@@ -224,6 +220,77 @@ TEST(FlagErrorsDeathTest, ZeroNeverMeansTheDefault) {
   expect_config_error({"--lr", "0"}, "--lr must be > 0 .leave it out for the preset's");
   expect_config_error({"--lr", "1e-50"}, "--lr: '1e-50' is too small for fp32 .it would round to 0");
   expect_config_error({"--batch", "0"}, "--batch must be >= 1 .leave it out for the preset's");
+}
+
+// A typo gets the nearest flag; a word that is no typo of any gets no guess (a wrong guess misleads).
+TEST(FlagErrorsDeathTest, UnknownFlagNamesTheNearestKnownOne) {
+  expect_config_error({"--step", "5"}, "unknown flag '--step'; did you mean --steps\\?");
+  expect_config_error({"--graad-accum=2"}, "unknown flag '--graad-accum'; did you mean --grad-accum\\?");
+  expect_config_error({"--lnk-gbps", "1"}, "did you mean --link-gbps\\?");
+  expect_config_error({"--tensor-parallel", "2"}, "unknown flag '--tensor-parallel' .see --help");
+}
+
+// The later value would silently win; the user meant one of them, and only the user knows which.
+TEST(FlagErrorsDeathTest, AFlagGivenTwiceIsRefused) {
+  expect_config_error({"--steps", "2", "--steps", "1"}, "--steps is given twice: give it once");
+  expect_config_error({"--steps=2", "--lr", "1e-3", "--steps", "2"}, "--steps is given twice");
+  expect_config_error({"--quiet", "--quiet"}, "--quiet is given twice");
+  expect_config_error({"--steps", "3", "--steps=4"}, "--steps is given twice");  // once, the last one won
+}
+
+// The emulated link's physical range: 1e-300 Gbit/s overflowed the clock and was not emulated at all,
+// 1e12 us made a wait of 31 years; both are refused with the range, before MPI is touched.
+TEST(FlagErrorsDeathTest, TheEmulatedLinkIsBoundToPhysicalValues) {
+  expect_config_error({"--link-gbps", "1e-300"}, "--link-gbps 1e-300: an emulated link carries 0.001 to 100000 Gbit/s");
+  expect_config_error({"--link-gbps", "1e-9"}, "--link-gbps 1e-09: an emulated link carries");
+  expect_config_error({"--link-gbps", "1e9"}, "--link-gbps 1e\\+09: an emulated link carries");
+  expect_config_error({"--link-latency-us", "1e12"}, "--link-latency-us 1e\\+12: an emulated link's latency is 0 to");
+  const TrainConfig edges = parse_train({"--link-gbps", "0.001", "--link-latency-us", "1000000"});
+  EXPECT_EQ(edges.link_gbps, 0.001);
+  EXPECT_EQ(edges.link_latency_us, 1e6);
+  EXPECT_EQ(parse_train({"--link-gbps", "0"}).link_gbps, 0.0);  // off
+}
+
+TEST(FlagErrorsDeathTest, ARefusedFlagSaysWhatToUse) {
+  auto parse = [] {
+    Argv args({"--grad-accum", "2"});
+    FlagParser parser;
+    TrainConfig cfg;
+    int micro_batches = 0;
+    parser.add("--micro-batches", &micro_batches, "micro-batches");
+    parser.add_refused("--grad-accum", "use --micro-batches");
+    parse_train_flags(args.argc(), args.argv(), "00_test", "a test", parser, &cfg);
+  };
+  EXPECT_EXIT(parse(), ::testing::ExitedWithCode(1), "--grad-accum: use --micro-batches");
+}
+
+// The flags of the last parse are the chapter's: messages of shared code ask for them.
+TEST(TrainFlags, TheChaptersFlagsAreKnownAndNamedInItsHelp) {
+  {
+    Argv args({});
+    FlagParser parser;
+    TrainConfig cfg;
+    int micro_batches = 0;
+    parser.add("--micro-batches", &micro_batches, "micro-batches");
+    parser.add_refused("--grad-accum", "use --micro-batches");
+    ASSERT_TRUE(parse_train_flags(args.argc(), args.argv(), "00_test", "a test", parser, &cfg));
+    EXPECT_TRUE(chapter_has_flag("--micro-batches"));
+    EXPECT_FALSE(chapter_has_flag("--grad-accum"));
+    EXPECT_EQ(accumulation_flag(), "--micro-batches");
+    EXPECT_EQ(parser.usage().find("--grad-accum"), std::string::npos) << parser.usage();
+  }
+  parse_train({});
+  EXPECT_TRUE(chapter_has_flag("--grad-accum"));
+  EXPECT_FALSE(chapter_has_flag("--micro-batches"));
+  EXPECT_EQ(accumulation_flag(), "--grad-accum");
+}
+
+// Every {step} of --save is the step, not only the first.
+TEST(TrainFlags, EveryStepInTheSavePathIsFilled) {
+  EXPECT_EQ(checkpoint_path("a_{step}_{step}.ckpt", 12), "a_12_12.ckpt");
+  EXPECT_EQ(checkpoint_path("{step}/{step}{step}", 3), "3/33");
+  EXPECT_EQ(checkpoint_path("plain.ckpt", 3), "plain.ckpt");
+  EXPECT_EQ(checkpoint_path("{step", 3), "{step");
 }
 
 TEST(TrainFlags, RecordsWhichFlagsWereGiven) {

@@ -1,0 +1,86 @@
+// pipeline_flags.cpp: the checks of pipeline_flags.h, in the order a reader meets the flags:
+// schedule, stages, chunks, micro-batches, the model's depth, ZeRO, partition, batch.
+#include "pipeline_flags.h"
+
+#include <cstdlib>
+#include <sstream>
+
+#include "pipeline.h"  // balanced_partition
+#include "process_grid.h"  // grid_shape_problem
+
+namespace {
+
+std::string str(long long x) { return std::to_string(x); }
+
+// "3,4,5": a block count per virtual stage, each >= 1; false on anything else.
+bool parse_partition(const std::string& text, std::vector<int>* blocks) {
+  std::stringstream in(text);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    char* end = nullptr;
+    const long n = std::strtol(item.c_str(), &end, 10);
+    if (item.empty() || *end != '\0' || n < 1 || n > 1000000) return false;
+    blocks->push_back(int(n));
+  }
+  return !blocks->empty() && text.back() != ',';
+}
+
+}  // namespace
+
+std::string pipeline_flags_problem(const PipelineFlags& flags, int world, const GPT2Config& model, int batch,
+                                   PipelinePlan* plan) {
+  Schedule schedule;
+  if (!parse_schedule(flags.schedule, &schedule))
+    return "--schedule " + flags.schedule + ": choose afab, 1f1b, interleaved or zb-h1";
+  if (flags.pp < 0) return "--pp must be >= 1";
+  if (flags.micro_batches < 0) return "--micro-batches must be >= 1";
+  if (flags.virtual_stages < 0) return "--virtual-stages must be >= 1";
+  const bool interleaved = schedule == Schedule::Interleaved;
+  const int p = flags.pp ? flags.pp : world;
+  const std::string grid = grid_shape_problem(world, 1, p);
+  if (!grid.empty()) return grid;
+  const int v = flags.virtual_stages ? flags.virtual_stages : interleaved ? 2 : 1;
+  if (v > 1 && !interleaved) return "--virtual-stages " + str(v) + " needs --schedule interleaved";
+  if (interleaved && v < 2)
+    return "--schedule interleaved needs --virtual-stages 2 or more (with one chunk a rank, it is 1f1b: use "
+           "--schedule 1f1b)";
+  // In 64 bits: --micro-batches 2000000000 on many ranks must not wrap around.
+  const long long m = flags.micro_batches ? flags.micro_batches : 2LL * p;
+  if (m > 1000000000) return "--micro-batches " + str(m) + " is more than a step can take";
+  if (model.L < (long long)p * v)
+    return "--pp " + str(p) + " x --virtual-stages " + str(v) + " = " + str((long long)p * v) +
+           " virtual stages, but --preset " + model.preset + " has " + str(model.L) +
+           " blocks: every stage needs one (try --preset deep or tall)";
+  if (flags.zero1 && flags.zero2) return "--zero1 and --zero2: choose one";
+  if (flags.zero2 && (interleaved || schedule == Schedule::ZBH1))
+    return "--zero2 reduce-scatters each micro-batch's gradients as its backward ends: with --schedule " +
+           flags.schedule + " a layer's gradients are not final there (use afab or 1f1b)";
+  if (interleaved && m % p)
+    return "--schedule interleaved sends micro-batches round the ranks in groups of --pp " + str(p) +
+           ": --micro-batches " + str(m) + " must be a multiple of it";
+  const int dp = world / p;
+  if (batch > 0 && batch % (dp * m)) {
+    const long long per_step = dp * m, suggestion = (batch / per_step + 1) * per_step;
+    return "--batch " + str(batch) + " is not divisible by data-parallel ranks x micro-batches = " + str(dp) + " x " +
+           str(m) + " = " + str(per_step) + "; try --batch " + str(suggestion) +
+           (per_step > batch ? " or fewer --micro-batches" : "");
+  }
+
+  std::vector<int> blocks;
+  if (flags.partition.empty()) {
+    blocks = balanced_partition(model, p * v);
+  } else {
+    int total = 0;
+    const bool parsed = parse_partition(flags.partition, &blocks);
+    for (int b : blocks) total += b;
+    if (!parsed || int(blocks.size()) != p * v || total != model.L)
+      return "--partition " + flags.partition + ": " + str(p * v) + " block counts that add up to L = " + str(model.L) +
+             " (each >= 1, e.g. 3,4,5)";
+  }
+  const PipelineShape shape{p, int(m), v};
+  // Every case above is what makes a schedule's shape wrong; this one would be a missed case.
+  const std::string shape_problem = schedule_shape_error(schedule, shape);
+  if (!shape_problem.empty()) return "the " + flags.schedule + " schedule cannot run this shape: " + shape_problem;
+  *plan = {schedule, shape, blocks, dp};
+  return "";
+}
