@@ -422,6 +422,7 @@ struct MpiOp {
   std::function<void()> finish;             // after MPI completes (the Avg scaling); may be empty
   int lane = 0;
   Clock::time_point issued, post_at, posted;
+  double link_ms = 0;                       // how long the emulated link holds it (modelled_ms)
   MPI_Request request = MPI_REQUEST_NULL;
 };
 
@@ -457,6 +458,7 @@ class ProgressEngine {
       op->issued = now;
       op->handle->issued = now;
       op->post_at = std::max(now, lane.free_at) + as_duration(modelled_ms);
+      op->link_ms = modelled_ms;
       lane.free_at = op->post_at;
       sweeps_[op->lane / 2].op_issued(now);
       held_.push_back(std::move(op));
@@ -596,7 +598,8 @@ class ProgressEngine {
       const double end_ms = trace_ms(end);
       const std::string& group = op.group->name;
       trace_span(group == "tp" ? Track::TensorParallel : Track::Comm, op.name, end_ms - h.busy_ms, end_ms,
-                 std::to_string(h.payload_bytes) + " B" + (group == "world" ? "" : ", " + group));
+                 std::to_string(h.payload_bytes) + " B" + (group == "world" ? "" : ", " + group),
+                 trace_ms(op.issued), op.link_ms);
     }
     waiter_cv_.notify_all();
   }
@@ -688,7 +691,13 @@ void CommHandle::wait() {
     const double blocked = std::chrono::duration<double, std::milli>(s.completed - from).count();
     stats.exposed_ms += blocked;
     stats.kind[int(s.kind)].exposed_ms += blocked;
-    trace_span(Track::Wait, std::string("wait ") + collective_name(s.kind), trace_ms(from), trace_ms(s.completed));
+    trace_span(Track::Wait, std::string("wait ") + collective_name(s.kind), trace_ms(from), trace_ms(s.completed), "",
+               trace_ms(s.issued));
+  } else {
+    // Done before it was waited for: a span of no length still says where the caller would have
+    // waited, for the step-time model (trace.h).
+    trace_span(Track::Wait, std::string("wait ") + collective_name(s.kind), trace_ms(from), trace_ms(from), "",
+               trace_ms(s.issued));
   }
   if (!s.counted) {
     s.counted = true;
