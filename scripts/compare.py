@@ -150,17 +150,26 @@ def describe(runs):
     def comm(c):
         return "%.1f of %.1f ms" % (s(c)["exposed_comm_ms"], s(c)["comm_ms"])
 
+    def modelled_faster(c, than="01"):
+        """The same comparison on the modelled column (docs/theory.md, 11)."""
+        a, b = timing.modelled_ms(at[c]), timing.modelled_ms(at[than])
+        if a != a or b != b:
+            return ""
+        x = b / a
+        return " (modelled: %s)" % ("as fast" if abs(x - 1) < 0.02 else "%.2fx %s" % (
+            x if x >= 1 else 1 / x, "faster" if x >= 1 else "slower"))
+
     lines = []
     if "01" in at:
         lines.append("01  one all-reduce after backward: all of it exposed (%s)." % comm("01"))
     if "02" in at:
-        lines.append("02  an all-reduce per tensor from backward's hooks: exposed %s, %.0f collectives, %s."
-                     % (comm("02"), s("02")["collectives_per_step"], faster("02")))
+        lines.append("02  an all-reduce per tensor from backward's hooks: exposed %s, %.0f collectives, %s%s."
+                     % (comm("02"), s("02")["collectives_per_step"], faster("02"), modelled_faster("02")))
     if "03" in at and "02" in at:
         lines.append("03  buckets: %.0f collectives instead of %.0f, communication %.1f ms in all instead of %.1f, "
                      "exposed %.1f; %s, %s." % (s("03")["collectives_per_step"], s("02")["collectives_per_step"],
                                                s("03")["comm_ms"], s("02")["comm_ms"], s("03")["exposed_comm_ms"],
-                                               faster("03"), faster("03", "02")))
+                                               faster("03") + modelled_faster("03"), faster("03", "02")))
     for c, what in (("04", "optimizer state sharded"), ("05", "gradients sharded too"),
                     ("06", "parameters sharded too")):
         if c not in at or "03" not in at:
@@ -230,14 +239,18 @@ def print_model_reading(runs):
         if modelled != modelled or stats["low"] <= modelled <= stats["high"]:
             continue
         s = run["summary"]
+        beyond = run["timing"]["beyond_link_ms"]
         if modelled < stats["low"]:
-            why = ("slower than modelled: the model counts the link's hold only, not MPI's own copy and reduction "
-                   "after it, nor a rank descheduled by other work while its peer waits (exposed %.1f ms measured)"
-                   % s["exposed_comm_ms"])
+            why = ("slower than modelled: the model counts the link's hold only; the collectives were busy %.1f ms "
+                   "a step beyond it (MPI's own copy and reduction after the hold, a peer descheduled by other "
+                   "work), of which the trainer waited for some (exposed %.1f ms measured)" % (
+                       beyond, s["exposed_comm_ms"]))
         else:
-            why = "faster than modelled: steps shorter than their trace's host time (noise between rounds)"
+            why = ("faster than modelled: the modelled step waits for every collective's last rank; measured steps "
+                   "also vary with the load between rounds")
         if run["run"].get("pp", 1) > 1:
-            why += "; 08's model is its schedule simulated from its measured passes (the bubble)"
+            why = ("08's model is its schedule simulated from its measured passes alone (the bubble, docs/theory.md "
+                   "10): the optimizer, the embedding's all-reduce and the link's holds are left out")
         lines.append("%s: median %.1f ms (%s %.1f-%.1f), modelled %.1f: %s." % (
             label(run), stats["median"], stats["spread"], stats["low"], stats["high"], modelled, why))
     if lines:

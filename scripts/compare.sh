@@ -7,16 +7,18 @@
 #
 # The defaults, and why:
 #   PRESET=deep   12 blocks: ZeRO-3 holds only a few gathered at a time, so its memory saving is real.
-#   LINK="--link-gbps 2 --link-latency-us 100"   an emulated link on which the gradient's all-reduce
-#                 takes about as long as backward (and each collective pays a latency), so that
-#                 overlap, buckets and prefetch change the step time. LINK=none switches it off.
+#   LINK="--link-gbps 0.5 --link-latency-us 100"   an emulated link on which the gradient's all-reduce
+#                 (155 ms for deep's 9.7 MB) takes longer than backward on a quiet machine (and each
+#                 collective pays a latency), so that overlap, buckets and prefetch change the step time,
+#                 and still do when other work slows the computation down (the link is a wait, not work
+#                 for the cores). LINK=none switches it off.
 #   TP_LINK="--tp-link-gbps 20 --tp-link-latency-us 10"   07's tensor-parallel group gets a node's
-#                 faster link (ten times the bandwidth of LINK's): tensor parallelism exchanges
+#                 faster link (forty times the bandwidth of LINK's): tensor parallelism exchanges
 #                 activations inside every layer, so it runs where the links are fastest. TP_LINK=none:
 #                 07 uses LINK too.
 #   RANKS="1 2"   two ranks, one per core of a small machine; at one rank only 01 runs (ONE_RANK=all: every
 #                 chapter), the baseline of the speed-up: every chapter computes the same on one rank.
-#   ROUNDS=4 STEPS=12   each run is made ROUNDS times, STEPS steps each (step 0 of each is warm-up), the
+#   ROUNDS=4 STEPS=10   each run is made ROUNDS times, STEPS steps each (step 0 of each is warm-up), the
 #                 chapters alternating (01, 02, ..., 08, then 01 again), so that a load that comes and goes
 #                 falls on every chapter alike; the table reports each chapter's median step over all its
 #                 rounds, with the spread. EXTRA="..." adds flags to every run.
@@ -28,10 +30,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ranks=${RANKS:-"1 2"}
 rounds=${ROUNDS:-4}
-steps=${STEPS:-12}
+steps=${STEPS:-10}
 one_rank=${ONE_RANK:-01}
 preset=${PRESET:-deep}
-link=${LINK:-"--link-gbps 2 --link-latency-us 100"}
+link=${LINK:-"--link-gbps 0.5 --link-latency-us 100"}
 [ "$link" = none ] && link=""
 tp_link=${TP_LINK:-"--tp-link-gbps 20 --tp-link-latency-us 10"}
 { [ "$tp_link" = none ] || [ -z "$link" ]; } && tp_link=""

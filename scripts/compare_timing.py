@@ -146,6 +146,20 @@ def modelled_steps(trace_path, first_step=1):
     return out
 
 
+def beyond_the_link(trace_path, first_step=1):
+    """Per measured step on rank 0: how much longer its collectives were busy than the link held them
+    (MPI's own transfer and reduction after the hold, or a late peer): what the model leaves out."""
+    ranks = load_trace(trace_path)
+    spans = ranks.get(0, [])
+    out = []
+    for step, (start, end) in sorted(step_windows(spans).items()):
+        if step < first_step:
+            continue
+        out.append(sum(max(0.0, (s["end"] - s["start"]) - s["args"].get("link_ms", 0.0)) for s in spans
+                       if s["tid"] in (COMM, TENSOR) and start <= s["args"].get("issued_ms", -1) <= end))
+    return out
+
+
 # ---------------------------------------------------------------------------------------------------
 # Rounds, load, losses.
 
@@ -156,7 +170,7 @@ def attach_rounds(runs, folder):
     for run in runs:
         rounds = sorted(glob.glob(os.path.join(folder, "rounds", run["name"] + ".r*.jsonl")))
         paths = rounds or [os.path.join(folder, run["name"] + ".jsonl")]
-        measured, modelled = [], []
+        measured, modelled, beyond = [], [], []
         for path in paths:
             steps, pipeline_ms = {}, None
             with open(path) as f:
@@ -174,8 +188,10 @@ def attach_rounds(runs, folder):
                     modelled.append(pipeline_ms)
             elif os.path.exists(trace):
                 modelled += list(modelled_steps(trace).values())
+                beyond += beyond_the_link(trace)
         run["timing"] = {"measured": measured, "modelled": modelled, "rounds": len(paths),
-                         "measured_stats": step_stats(measured), "modelled_stats": step_stats(modelled)}
+                         "measured_stats": step_stats(measured), "modelled_stats": step_stats(modelled),
+                         "beyond_link_ms": percentile(beyond, 0.5) if beyond else float("nan")}
     return runs
 
 
