@@ -409,8 +409,9 @@ def main():
     load = timing.read_load(folder)
     busy = timing.busy_note(load, largest)
     if busy:
-        print("WARNING: %s. Timings are slower and noisier than on a quiet machine; the medians over "
-              "alternated rounds and the modelled column still compare the chapters.\n" % busy)
+        print("WARNING: %s. Timings are slower and noisier than on a quiet machine: read the medians with their "
+              "spread, and the modelled column. Every collective also waits for its ranks to get a core, so the "
+              "chapters with many (02's one per tensor, 06, 07) lose most.\n" % busy)
     print_table(runs)
     print_losses(runs)
     describe(runs)
