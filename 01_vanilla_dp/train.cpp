@@ -22,7 +22,8 @@
 //   mpiexec -n 4 ./01_vanilla_dp/train --grad-accum 2 --json run.jsonl --trace trace.json
 //   mpiexec -n 8 ./01_vanilla_dp/train --preset gpt2 --device cuda   # one GPU per rank, over NCCL
 // Output: a run header, one line per step, then measured memory and bytes next to theory:
-//   step    5 | loss 4.3105 | 12.3 ms | 41.7k tok/s | exposed comm 0.9 ms | mem 7.7 MB   (2 ranks)
+//   step 5/20 | loss 4.3105 | lr 2.7e-3 | grad norm 1.52 | 12.3 ms | 41.7k tok/s | exposed comm 0.9 ms | mem 7.7 MB
+//   (2 ranks; lr and grad norm: this step's learning rate and gradient norm, before clipping)
 // Loss falls from about 5.5 (= ln 256, uniform over bytes) as the model learns the text.
 #include <cmath>
 

@@ -620,7 +620,8 @@ class ProgressEngine {
       const double end_ms = trace_ms(end);
       const std::string& group = op.group->name;
       trace_span(group == "tp" ? Track::TensorParallel : Track::Comm, op.name, end_ms - h.busy_ms, end_ms,
-                 std::to_string(h.payload_bytes) + " B" + (group == "world" ? "" : ", " + group));
+                 std::to_string(h.payload_bytes) + " B" + (group == "world" ? "" : ", " + group),
+                 trace_ms(op.issued), op.modelled_ms);
     }
     waiter_cv_.notify_all();
   }
@@ -733,7 +734,13 @@ void CommHandle::wait() {
     const double blocked = std::chrono::duration<double, std::milli>(s.completed - from).count();
     stats.exposed_ms += blocked;
     stats.kind[int(s.kind)].exposed_ms += blocked;
-    trace_span(Track::Wait, std::string("wait ") + collective_name(s.kind), trace_ms(from), trace_ms(s.completed));
+    trace_span(Track::Wait, std::string("wait ") + collective_name(s.kind), trace_ms(from), trace_ms(s.completed), "",
+               trace_ms(s.issued));
+  } else {
+    // Done before it was waited for: a span of no length still says where the caller would have
+    // waited, for the step-time model (trace.h).
+    trace_span(Track::Wait, std::string("wait ") + collective_name(s.kind), trace_ms(from), trace_ms(from), "",
+               trace_ms(s.issued));
   }
   if (!s.counted) {
     s.counted = true;

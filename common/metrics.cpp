@@ -103,10 +103,28 @@ std::string format_count(double value) {
   return buf;
 }
 
-std::string step_line(int step, float loss, double step_ms, double tokens_per_s, double exposed_comm_ms,
-                      double mem_bytes) {
-  char buf[160];
-  std::snprintf(buf, sizeof buf, "step %4d | loss %.4f | %.1f ms | %s tok/s | exposed comm %.1f ms | mem %s", step,
-                loss, step_ms, format_count(tokens_per_s).c_str(), exposed_comm_ms, format_bytes(mem_bytes).c_str());
+std::string format_rate(double value) {
+  // 1.9e-3 rather than printf's 1.9e-03: the step line stays short.
+  if (value == 0) return "0";
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1e", value);
+  std::string s = buf;
+  const size_t e = s.find('e');
+  if (e == std::string::npos) return s;
+  std::string mantissa = s.substr(0, e), exponent = s.substr(e + 1);
+  const char sign = exponent[0] == '-' ? '-' : 0;
+  if (exponent[0] == '-' || exponent[0] == '+') exponent.erase(0, 1);
+  while (exponent.size() > 1 && exponent[0] == '0') exponent.erase(0, 1);
+  return mantissa + "e" + (sign ? std::string(1, sign) : std::string()) + exponent;
+}
+
+std::string step_line(const StepLine& s) {
+  char norm[32];
+  std::snprintf(norm, sizeof norm, std::fabs(s.grad_norm) < 100 ? "%.2f" : "%.0f", s.grad_norm);
+  char buf[256];
+  std::snprintf(buf, sizeof buf,
+                "step %d/%d | loss %.4f | lr %s | grad norm %s | %.1f ms | %s tok/s | exposed comm %.1f ms | mem %s",
+                s.step, s.steps, s.loss, format_rate(s.lr).c_str(), norm, s.step_ms, format_count(s.tokens_per_s).c_str(),
+                s.exposed_comm_ms, format_bytes(s.mem_bytes).c_str());
   return buf;
 }

@@ -1,7 +1,7 @@
 // metrics.h: what a run reports, for people and for plots. Defines JsonObject (a flat JSON object
 // builder), JsonLinesWriter (one object per line, renamed into place when the run ends, so the file
-// is never half-written), format_bytes() and the one step line every chapter prints:
-//   step   12 | loss 2.4817 | 41.3 ms | 12.4k tok/s | exposed comm 3.1 ms | mem 18.2 MB
+// is never half-written), format_bytes() and the one step line every chapter prints (StepLine):
+//   step 5/30 | loss 4.8356 | lr 1.9e-3 | grad norm 0.92 | 15.1 ms | 34.6k tok/s | exposed comm 0.4 ms | mem 3.8 MB
 #pragma once
 #include <cstdint>
 #include <cstdio>
@@ -44,5 +44,13 @@ class JsonLinesWriter {
 std::string format_bytes(double bytes);   // "18.2 MB" (decimal units, as the step line uses)
 std::string format_count(double value);   // "12.4k"
 
-std::string step_line(int step, float loss, double step_ms, double tokens_per_s, double exposed_comm_ms,
-                      double mem_bytes);
+std::string format_rate(double value);   // "1.9e-3" (a learning rate: two digits, no padded exponent)
+
+// What the step line shows: step of steps (the run's --steps; step 0 is warm-up), the loss averaged
+// over ranks, the step's learning rate and gradient norm, time, throughput, exposed communication and
+// this rank's peak memory.
+struct StepLine {
+  int step = 0, steps = 0;
+  double loss = 0, lr = 0, grad_norm = 0, step_ms = 0, tokens_per_s = 0, exposed_comm_ms = 0, mem_bytes = 0;
+};
+std::string step_line(const StepLine& line);

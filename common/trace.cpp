@@ -22,6 +22,7 @@ struct Span {
   Track track;
   std::string name, detail;
   double start_ms, end_ms;
+  double issued_ms, link_ms;  // < 0: none
 };
 
 // Atomic: the communication thread reads it (trace_span) while the main thread may switch it.
@@ -59,17 +60,27 @@ std::string rank_events_json(int rank) {
   std::snprintf(buf, sizeof buf, R"({"ph":"M","pid":%d,"name":"process_name","args":{"name":"rank %d"}})",
                 rank, rank);
   add(buf);
+  std::lock_guard<std::mutex> lock(g_mutex);
+  // A chapter without tensor parallelism gets no empty "tensor-parallel" track.
+  bool has_tensor_parallel = false;
+  for (const Span& s : g_spans) has_tensor_parallel |= s.track == Track::TensorParallel;
   for (Track t : {Track::Compute, Track::Comm, Track::Wait, Track::TensorParallel}) {
+    if (t == Track::TensorParallel && !has_tensor_parallel) continue;
     std::snprintf(buf, sizeof buf, R"({"ph":"M","pid":%d,"tid":%d,"name":"thread_name","args":{"name":"%s"}})",
                   rank, int(t), track_name(t));
     add(buf);
   }
-  std::lock_guard<std::mutex> lock(g_mutex);
   for (const Span& s : g_spans) {
     std::snprintf(buf, sizeof buf, R"({"ph":"X","pid":%d,"tid":%d,"ts":%.3f,"dur":%.3f,"name":"%s")", rank,
                   int(s.track), s.start_ms * 1e3, (s.end_ms - s.start_ms) * 1e3, json_escape(s.name).c_str());
-    std::string event = buf;
-    if (!s.detail.empty()) event += R"(,"args":{"detail":")" + json_escape(s.detail) + "\"}";
+    std::string event = buf, args;
+    if (!s.detail.empty()) args += R"("detail":")" + json_escape(s.detail) + "\"";
+    for (const auto& [key, value] : {std::pair<const char*, double>{"issued_ms", s.issued_ms}, {"link_ms", s.link_ms}}) {
+      if (value < 0) continue;
+      std::snprintf(buf, sizeof buf, R"(%s"%s":%.4f)", args.empty() ? "" : ",", key, value);
+      args += buf;
+    }
+    if (!args.empty()) event += R"(,"args":{)" + args + "}";
     add(event + "}");
   }
   return out;
@@ -89,10 +100,11 @@ void sync_clock_epoch(Communicator& comm) {
 void enable_tracing(bool on) { g_enabled = on; }
 bool tracing_enabled() { return g_enabled; }
 
-void trace_span(Track track, const std::string& name, double start_ms, double end_ms, const std::string& detail) {
+void trace_span(Track track, const std::string& name, double start_ms, double end_ms, const std::string& detail,
+                double issued_ms, double link_ms) {
   if (!g_enabled) return;
   std::lock_guard<std::mutex> lock(g_mutex);
-  g_spans.push_back({track, name, detail, start_ms, end_ms});
+  g_spans.push_back({track, name, detail, start_ms, end_ms, issued_ms, link_ms});
 }
 
 TraceScope::TraceScope(std::string name, Track track)

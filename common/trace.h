@@ -1,7 +1,7 @@
 // trace.h: one clock for the whole process, and the Chrome-trace timeline (opens in Perfetto).
 // Defines now_ms(), Track, trace_span() (thread-safe, a no-op unless tracing is on) and
 // write_merged_trace(), which gathers every rank's spans into one file: one process per rank,
-// compute and communication on separate tracks.
+// compute and communication on separate tracks (the tensor-parallel track only where it has spans).
 #pragma once
 #include <chrono>
 #include <string>
@@ -22,9 +22,12 @@ enum class Track { Compute = 0, Comm = 1, Wait = 2, TensorParallel = 3 };
 void enable_tracing(bool on);
 bool tracing_enabled();
 // Records one span [start_ms, end_ms] on `track`. `name` is copied. `detail` (optional) shows in
-// the span's args, e.g. the byte count of a collective.
+// the span's args, e.g. the byte count of a collective; so do, where >= 0, `issued_ms` (when the
+// collective was issued: its span may begin later, the link being busy; on a wait, the issue of the
+// op waited for) and `link_ms` (how long the emulated link held it, comm.h's modelled_ms). Those two
+// let scripts/compare_timing.py replay a step on the link model (docs/theory.md, "Modelled step").
 void trace_span(Track track, const std::string& name, double start_ms, double end_ms,
-                const std::string& detail = "");
+                const std::string& detail = "", double issued_ms = -1, double link_ms = -1);
 
 // RAII span on the compute track: TraceScope s("forward L3");
 class TraceScope {

@@ -565,7 +565,9 @@ void TrainingRun::end_step(int step, float local_loss, double grad_norm) {
   if (!is_root()) return;
 
   if (!cfg_.quiet) {
-    std::printf("%s\n", step_line(step, loss, step_ms, tokens_per_s, exposed_ms, double(mem.peak_total)).c_str());
+    const StepLine line{step, cfg_.steps, double(loss), double(lr(step)), grad_norm, step_ms, tokens_per_s, exposed_ms,
+                        double(mem.peak_total)};
+    std::printf("%s\n", step_line(line).c_str());
     std::fflush(stdout);
   }
   JsonObject record;

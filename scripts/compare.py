@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
-"""compare.py: reads the JSON-lines records of `make compare` (results/*.jsonl), prints every run side by
-side with what each chapter changed, and writes the plots:
-  throughput.png     tokens/s per chapter and rank count, with the speed-up against 01
+"""compare.py: reads the JSON-lines records of `make compare` (results/*.jsonl, and every round of each
+run in results/rounds/, scripts/compare_timing.py), prints every run side by side with what each chapter
+changed, and writes the plots:
+  throughput.png     tokens/s per chapter and rank count at the median step, the 10th-90th percentile as
+                     error bars, the modelled step as a marker, with the speed-up against 01
   communication.png  per chapter at the largest rank count: time communication was in flight per step,
                      and the part of it the trainer waited for (exposed), next to the step time
   memory.png         per rank at the largest rank count: model state (parameters, gradients, optimizer
@@ -27,6 +29,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.dont_write_bytecode = True  # no __pycache__ left in scripts/
 from compare_plots import plot_comm_volume, plot_loss, plot_memory  # noqa: E402
+import compare_timing as timing  # noqa: E402
 
 def load_runs(folder):
     runs = []
@@ -86,25 +89,45 @@ def baseline(runs, run):
     return None
 
 
+def speedup(runs, run):
+    """Tokens/s against 01's at the same rank count, both at their median step."""
+    base = baseline(runs, run)
+    return timing.tokens_per_s(run) / timing.tokens_per_s(base) if base else None
+
+
 def print_table(runs):
-    header = "%-24s %8s %6s %8s %17s %5s %9s %11s %10s %11s %7s" % (
-        "run", "tok/s", "vs 01", "step ms", "exposed/total ms", "coll", "MB sent", "model state", "transient",
-        "activations", "loss")
+    """The step columns are over every round (compare_timing.py): the median, its spread, and the
+    modelled step (docs/theory.md); the rest is counted, the same in every round."""
+    header = "%-24s %8s %6s %8s %13s %8s %17s %5s %9s %11s %5s %10s %11s %7s" % (
+        "run", "tok/s", "vs 01", "step ms", "spread", "modelled", "exposed/total ms", "coll", "MB sent",
+        "model state", "", "transient", "activations", "loss")
     print(header)
-    print("%-24s %8s %6s %8s %17s %5s %9s %11s %10s %11s %7s" % (
-        "", "", "", "", "comm per step", "/step", "/step", "per rank", "peak/rank", "per rank", "final"))
+    print("%-24s %8s %6s %8s %13s %8s %17s %5s %9s %11s %5s %10s %11s %7s" % (
+        "", "median", "", "median", "p10-p90 ms", "ms", "comm per step", "/step", "/step", "per rank", "/Ψ",
+        "peak/rank", "per rank", "final"))
     print("-" * len(header))
     for run in runs:
         s = run["summary"]
         if not measured(run):
             print("%-24s (no measured steps: run more than one step)" % label(run))
             continue
-        base = baseline(runs, run)
-        speedup = "%5.2fx" % (s["tokens_per_s"] / base["summary"]["tokens_per_s"]) if base else "   -  "
-        print("%-24s %8.0f %6s %8.1f %8.1f / %6.1f %5.0f %9.2f %8.1f MB %7.1f MB %8.1f MB %7.3f" % (
-            label(run), s["tokens_per_s"], speedup, s["step_ms"], s["exposed_comm_ms"], s["comm_ms"],
+        x = speedup(runs, run)
+        stats = run["timing"]["measured_stats"]
+        spread = "%5.1f-%-6.1f" % (stats["low"], stats["high"])
+        if stats["spread"] != "p10-p90":
+            spread = spread.rstrip() + "*"
+        modelled = timing.modelled_ms(run)
+        print("%-24s %8.0f %6s %8.1f %13s %8s %8.1f / %6.1f %5.0f %9.2f %8.1f MB %4.1fΨ %7.1f MB %8.1f MB %7.3f" % (
+            label(run), timing.tokens_per_s(run), "%5.2fx" % x if x else "   -  ", stats["median"], spread,
+            "%.1f" % modelled if modelled == modelled else "-", s["exposed_comm_ms"], s["comm_ms"],
             s["collectives_per_step"], mb(s["comm_bytes_per_step"]), mb(model_state(run)),
-            mb(peak_over_steps(run, "mem_comm")), mb(peak_over_steps(run, "mem_activations")), s["final_loss"]))
+            model_state(run) / run["run"]["params"], mb(peak_over_steps(run, "mem_comm")),
+            mb(peak_over_steps(run, "mem_activations")), s["final_loss"]))
+    rounds = max(r["timing"]["rounds"] for r in runs)
+    print("step ms: the median over every measured step of %d round%s (step 0 of each is warm-up); spread: the "
+          "10th-90th percentile (* min-max: under 10 steps); modelled: the step the chapter's schedule predicts "
+          "from the run's own host time and the link model (docs/theory.md, 11); /Ψ: model state in bytes per "
+          "parameter of the model; the rest is counted, the same in every round." % (rounds, "s" if rounds > 1 else ""))
 
 
 def describe(runs):
@@ -119,7 +142,7 @@ def describe(runs):
         return at[c]["summary"]
 
     def faster(c, than="01"):
-        x = s(c)["tokens_per_s"] / s(than)["tokens_per_s"]
+        x = timing.tokens_per_s(at[c]) / timing.tokens_per_s(at[than])
         if abs(x - 1) < 0.02:
             return "as fast as %s (%.2fx)" % (than, x)
         return "%.2fx %s %s" % (x if x >= 1 else 1 / x, "faster than" if x >= 1 else "slower than", than)
@@ -127,17 +150,26 @@ def describe(runs):
     def comm(c):
         return "%.1f of %.1f ms" % (s(c)["exposed_comm_ms"], s(c)["comm_ms"])
 
+    def modelled_faster(c, than="01"):
+        """The same comparison on the modelled column (docs/theory.md, 11)."""
+        a, b = timing.modelled_ms(at[c]), timing.modelled_ms(at[than])
+        if a != a or b != b:
+            return ""
+        x = b / a
+        return " (modelled: %s)" % ("as fast" if abs(x - 1) < 0.02 else "%.2fx %s" % (
+            x if x >= 1 else 1 / x, "faster" if x >= 1 else "slower"))
+
     lines = []
     if "01" in at:
         lines.append("01  one all-reduce after backward: all of it exposed (%s)." % comm("01"))
     if "02" in at:
-        lines.append("02  an all-reduce per tensor from backward's hooks: exposed %s, %.0f collectives, %s."
-                     % (comm("02"), s("02")["collectives_per_step"], faster("02")))
+        lines.append("02  an all-reduce per tensor from backward's hooks: exposed %s, %.0f collectives, %s%s."
+                     % (comm("02"), s("02")["collectives_per_step"], faster("02"), modelled_faster("02")))
     if "03" in at and "02" in at:
         lines.append("03  buckets: %.0f collectives instead of %.0f, communication %.1f ms in all instead of %.1f, "
                      "exposed %.1f; %s, %s." % (s("03")["collectives_per_step"], s("02")["collectives_per_step"],
                                                s("03")["comm_ms"], s("02")["comm_ms"], s("03")["exposed_comm_ms"],
-                                               faster("03"), faster("03", "02")))
+                                               faster("03") + modelled_faster("03"), faster("03", "02")))
     for c, what in (("04", "optimizer state sharded"), ("05", "gradients sharded too"),
                     ("06", "parameters sharded too")):
         if c not in at or "03" not in at:
@@ -184,7 +216,50 @@ def describe(runs):
         print("  " + line)
 
 
-def plot_throughput(runs, folder):
+def print_losses(runs):
+    agree = timing.losses_agree(runs)
+    if agree is None:
+        return
+    worst, where, count, ok = agree
+    if ok:
+        print("losses: all %d runs equal 01 x1's at every step (largest relative difference %.1e%s; the rule: 1e-5)"
+              % (count, worst, ", " + where if where else ""))
+    else:
+        print("WARNING: losses differ from 01 x1's by %.1e (relative) at %s: more than the 1e-5 every chapter keeps"
+              % (worst, where))
+
+
+def print_model_reading(runs):
+    """Where the median and the modelled step part by more than the spread, says so, and why."""
+    lines = []
+    for run in runs:
+        if run["run"]["ranks"] < 2 or not measured(run):
+            continue
+        stats, modelled = run["timing"]["measured_stats"], timing.modelled_ms(run)
+        if modelled != modelled or stats["low"] <= modelled <= stats["high"]:
+            continue
+        s = run["summary"]
+        beyond = run["timing"]["beyond_link_ms"]
+        if modelled < stats["low"]:
+            why = ("slower than modelled: the model counts the link's hold only; the collectives were busy %.1f ms "
+                   "a step beyond it (MPI's own copy and reduction after the hold, a peer descheduled by other "
+                   "work), of which the trainer waited for some (exposed %.1f ms measured)" % (
+                       beyond, s["exposed_comm_ms"]))
+        else:
+            why = ("faster than modelled: the modelled step waits for every collective's last rank; measured steps "
+                   "also vary with the load between rounds")
+        if run["run"].get("pp", 1) > 1:
+            why = ("08's model is its schedule simulated from its measured passes alone (the bubble, docs/theory.md "
+                   "10): the optimizer, the embedding's all-reduce and the link's holds are left out")
+        lines.append("%s: median %.1f ms (%s %.1f-%.1f), modelled %.1f: %s." % (
+            label(run), stats["median"], stats["spread"], stats["low"], stats["high"], modelled, why))
+    if lines:
+        print("\nMeasured and modelled part by more than the spread:")
+        for line in lines:
+            print("  " + line)
+
+
+def plot_throughput(runs, folder, busy=""):
     chapters = sorted({name(r) for r in runs})
     rank_counts = sorted({r["run"]["ranks"] for r in runs})
     width = 0.8 / len(rank_counts)
@@ -195,20 +270,29 @@ def plot_throughput(runs, folder):
             r = next((r for r in runs if name(r) == c and r["run"]["ranks"] == n and measured(r)), None)
             if r:
                 xs.append(j + (i - (len(rank_counts) - 1) / 2) * width)
-                ys.append(r["summary"]["tokens_per_s"])
+                ys.append(timing.tokens_per_s(r))
                 runs_n.append(r)
-        bars = ax.bar(xs, ys, width, label="%d rank%s" % (n, "s" if n > 1 else ""))
-        for bar, r in zip(bars, runs_n):
-            base = baseline(runs, r)
-            if base and n > 1:
-                ax.annotate("%.2fx" % (r["summary"]["tokens_per_s"] / base["summary"]["tokens_per_s"]),
-                            (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center", va="bottom",
-                            fontsize=8)
+        # Error bars: the spread of the step (a slower step is fewer tokens/s: the low end is the slow one).
+        stats = [r["timing"]["measured_stats"] for r in runs_n]
+        low = [y - timing.tokens_per_s(r, t["high"]) for y, r, t in zip(ys, runs_n, stats)]
+        high = [timing.tokens_per_s(r, t["low"]) - y for y, r, t in zip(ys, runs_n, stats)]
+        bars = ax.bar(xs, ys, width, yerr=[low, high], capsize=3, error_kw={"elinewidth": 1},
+                      label="%d rank%s" % (n, "s" if n > 1 else ""))
+        modelled = [(x, timing.tokens_per_s(r, timing.modelled_ms(r))) for x, r in zip(xs, runs_n)
+                    if timing.modelled_ms(r) == timing.modelled_ms(r) and n > 1]
+        if modelled:
+            ax.plot([m[0] for m in modelled], [m[1] for m in modelled], "kD", markersize=5,
+                    label="modelled" if i == len(rank_counts) - 1 else None)
+        for bar, r, up in zip(bars, runs_n, high):
+            x = speedup(runs, r)
+            if x and n > 1:
+                ax.annotate("%.2fx" % x, (bar.get_x() + bar.get_width() / 2, bar.get_height() + up), ha="center",
+                            va="bottom", fontsize=8)
     ax.set_xticks(range(len(chapters)))
     ax.set_xticklabels(chapters, rotation=20, fontsize=8)
     ax.set_ylabel("tokens / s")
-    ax.set_title("Throughput (mean over measured steps); labels: speed-up against 01 at the same rank count",
-                 fontsize=9)
+    ax.set_title("Throughput at the median step (bars: p10-p90; ◆ modelled); labels: speed-up against 01 at the "
+                 "same rank count%s" % busy, fontsize=9)
     ax.margins(y=0.12)
     ax.legend(fontsize=8)
     fig.tight_layout()
@@ -222,7 +306,7 @@ def at_largest_rank_count(runs):
     return [r for r in runs if r["run"]["ranks"] == n and measured(r)], n
 
 
-def plot_communication(runs, folder):
+def plot_communication(runs, folder, busy=""):
     runs, n = at_largest_rank_count(runs)
     if n < 2 or not runs:
         return
@@ -241,7 +325,8 @@ def plot_communication(runs, folder):
     ax.set_xticks(list(x))
     ax.set_xticklabels([name(r) for r in runs], rotation=20, fontsize=8)
     ax.set_ylabel("ms per step")
-    ax.set_title("Communication per step at %d ranks: total, and the exposed part (%% of total)" % n, fontsize=9)
+    ax.set_title("Communication per step at %d ranks: total, and the exposed part (%% of total)%s" % (n, busy),
+                 fontsize=9)
     ax.legend(fontsize=8)
     ax.margins(y=0.1)
     fig.tight_layout()
@@ -254,10 +339,20 @@ def main():
     runs = load_runs(folder)
     if not runs:
         sys.exit("no finished runs in %s (expected *.jsonl from make compare)" % folder)
+    timing.attach_rounds(runs, folder)
+    largest = max(r["run"]["ranks"] for r in runs)
+    load = timing.read_load(folder)
+    busy = timing.busy_note(load, largest)
+    if busy:
+        print("WARNING: %s. Timings are slower and noisier than on a quiet machine: read the medians with their "
+              "spread, and the modelled column. Every collective also waits for its ranks to get a core, so the "
+              "chapters with many (02's one per tensor, 06, 07) lose most.\n" % busy)
     print_table(runs)
+    print_losses(runs)
     describe(runs)
-    plot_throughput(runs, folder)
-    plot_communication(runs, folder)
+    print_model_reading(runs)
+    plot_throughput(runs, folder, timing.busy_title(load, largest))
+    plot_communication(runs, folder, timing.busy_title(load, largest))
     plot_memory(runs, folder)
     plot_comm_volume(runs, folder)
     plot_loss(runs, folder)

@@ -7,51 +7,101 @@
 #
 # The defaults, and why:
 #   PRESET=deep   12 blocks: ZeRO-3 holds only a few gathered at a time, so its memory saving is real.
-#   LINK="--link-gbps 2 --link-latency-us 100"   an emulated link on which the gradient's all-reduce
-#                 takes about as long as backward (and each collective pays a latency), so that
-#                 overlap, buckets and prefetch change the step time. LINK=none switches it off.
+#   LINK="--link-gbps 0.5 --link-latency-us 100"   an emulated link on which the gradient's all-reduce
+#                 (155 ms for deep's 9.7 MB) takes longer than backward on a quiet machine (and each
+#                 collective pays a latency), so that overlap, buckets and prefetch change the step time,
+#                 and still do when other work slows the computation down (the link is a wait, not work
+#                 for the cores). LINK=none switches it off.
 #   TP_LINK="--tp-link-gbps 20 --tp-link-latency-us 10"   07's tensor-parallel group gets a node's
-#                 faster link (ten times the bandwidth of LINK's): tensor parallelism exchanges
+#                 faster link (forty times the bandwidth of LINK's): tensor parallelism exchanges
 #                 activations inside every layer, so it runs where the links are fastest. TP_LINK=none:
 #                 07 uses LINK too.
-#   RANKS="1 2"   two ranks, one per core of a small machine; STEPS=30; EXTRA="..." adds flags to every run.
+#   RANKS="1 2"   two ranks, one per core of a small machine; at one rank only 01 runs (ONE_RANK=all: every
+#                 chapter), the baseline of the speed-up: every chapter computes the same on one rank.
+#   ROUNDS=4 STEPS=10   each run is made ROUNDS times, STEPS steps each (step 0 of each is warm-up), the
+#                 chapters alternating (01, 02, ..., 08, then 01 again), so that a load that comes and goes
+#                 falls on every chapter alike; the table reports each chapter's median step over all its
+#                 rounds, with the spread. EXTRA="..." adds flags to every run.
 # 07 runs with --tp-overlap, twice at each rank count above one: tensor parallelism (TP 2, the rest
 # data-parallel), then with sequence parallelism too (results/07_tensor_parallel_sp_nN.*).
+# The machine's load is read before the runs, before each and after them (results/load.txt): the
+# table warns when other work competed for the cores.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ranks=${RANKS:-"1 2"}
-steps=${STEPS:-30}
+rounds=${ROUNDS:-4}
+steps=${STEPS:-10}
+one_rank=${ONE_RANK:-01}
 preset=${PRESET:-deep}
-link=${LINK:-"--link-gbps 2 --link-latency-us 100"}
+link=${LINK:-"--link-gbps 0.5 --link-latency-us 100"}
 [ "$link" = none ] && link=""
 tp_link=${TP_LINK:-"--tp-link-gbps 20 --tp-link-latency-us 10"}
 { [ "$tp_link" = none ] || [ -z "$link" ]; } && tp_link=""
 extra=${EXTRA:-}
 settings="--preset $preset --steps $steps $link $extra"
-echo "make compare: every chapter on ${ranks// / and } rank(s) with: $settings"
+echo "make compare: every chapter on ${ranks// / and } rank(s), $rounds rounds of $steps steps, with: $settings"
 [ -n "$tp_link" ] && echo "  and for 07's tensor-parallel group: $tp_link"
-echo "  (PRESET=, STEPS=, RANKS=, LINK=none or LINK=\"--link-gbps G --link-latency-us L\", TP_LINK=, EXTRA= change it)"
-mkdir -p results
-rm -f results/*.jsonl results/*.trace.json results/*.log
-for chapter in $(ls -d [0-9][0-9]_*/ | tr -d /); do
-  [ -x "$chapter/train" ] || continue
-  for n in $ranks; do
-    variants="plain"
-    [ "$chapter" = 07_tensor_parallel ] && [ "$n" -gt 1 ] && variants="plain sp"
-    for variant in $variants; do
-      flags=""
-      run="${chapter}_n${n}"
-      [ "$chapter" = 07_tensor_parallel ] && flags="--tp-overlap $tp_link"
-      if [ "$variant" = sp ]; then flags="$flags --sequence-parallel"; run="${chapter}_sp_n${n}"; fi
-      echo "training $chapter on $n rank(s) $flags"
-      # shellcheck disable=SC2086
-      mpiexec -n "$n" "./$chapter/train" $settings $flags --json "results/$run.jsonl" \
-        --trace "results/$run.trace.json" </dev/null >"results/$run.log" 2>&1 \
-        || { echo "  failed: see results/$run.log"; tail -n 5 "results/$run.log"; exit 1; }
-      grep -E "^(average over|no measured steps)" "results/$run.log" | sed 's/^/  /'
-    done
+echo "  (PRESET=, STEPS=, ROUNDS=, RANKS=, ONE_RANK=all, LINK=none or LINK=\"--link-gbps G --link-latency-us L\","
+echo "   TP_LINK=, EXTRA= change it)"
+mkdir -p results/rounds
+rm -f results/*.jsonl results/*.trace.json results/*.log results/rounds/* results/load.txt
+
+# The runs of one round, in order: "chapter ranks variant".
+plan=()
+for n in $ranks; do
+  for chapter in $(ls -d [0-9][0-9]_*/ | tr -d /); do
+    [ -x "$chapter/train" ] || continue
+    [ "$n" -eq 1 ] && [ "$one_rank" != all ] && [ "${chapter:0:2}" != "$one_rank" ] && continue
+    plan+=("$chapter $n plain")
+    [ "$chapter" = 07_tensor_parallel ] && [ "$n" -gt 1 ] && plan+=("$chapter $n sp")
   done
 done
+total=$(( ${#plan[@]} * rounds ))
+echo "cores $(nproc)" >results/load.txt
+echo "before $(cat /proc/loadavg)" >>results/load.txt
+
+now_ms() { echo $(( $(date +%s%N) / 1000000 )); }
+declare -A spent runs_of  # per run name: milliseconds so far, and how many
+done_runs=0; spent_all=0
+for round in $(seq 1 "$rounds"); do
+  for entry in "${plan[@]}"; do
+    read -r chapter n variant <<<"$entry"
+    flags=""
+    run="${chapter}_n${n}"
+    [ "$chapter" = 07_tensor_parallel ] && flags="--tp-overlap $tp_link"
+    if [ "$variant" = sp ]; then flags="$flags --sequence-parallel"; run="${chapter}_sp_n${n}"; fi
+    # How long is left: each run still to come takes what it took in earlier rounds (in the first
+    # round, what a run took on average so far).
+    eta="?:??"
+    if [ "$done_runs" -gt 0 ]; then
+      left_ms=0
+      for ((i = done_runs; i < total; i++)); do
+        read -r c m v <<<"${plan[i % ${#plan[@]}]}"
+        name="${c}_n${m}"; [ "$v" = sp ] && name="${c}_sp_n${m}"
+        if [ -n "${runs_of[$name]:-}" ]; then left_ms=$(( left_ms + spent[$name] / runs_of[$name] ))
+        else left_ms=$(( left_ms + spent_all / done_runs )); fi
+      done
+      eta=$(printf "%d:%02d" $(( left_ms / 60000 )) $(( left_ms / 1000 % 60 )))
+    fi
+    printf "[%d/%d] %s x%s%s, round %d/%d ... ETA %s" $((done_runs + 1)) "$total" "$chapter" "$n" \
+      "$([ "$variant" = sp ] && echo " +SP")" "$round" "$rounds" "$eta"
+    echo "between $(cat /proc/loadavg)" >>results/load.txt
+    out="results/rounds/$run.r$round"
+    started=$(now_ms)
+    # shellcheck disable=SC2086
+    mpiexec -n "$n" "./$chapter/train" $settings $flags --json "$out.jsonl" --trace "$out.trace.json" \
+      </dev/null >"$out.log" 2>&1 \
+      || { echo; echo "  failed: see $out.log"; tail -n 5 "$out.log"; exit 1; }
+    took=$(( $(now_ms) - started ))
+    spent[$run]=$(( ${spent[$run]:-0} + took )); runs_of[$run]=$(( ${runs_of[$run]:-0} + 1 ))
+    spent_all=$(( spent_all + took )); done_runs=$((done_runs + 1))
+    echo " | $(sed -n 's/^average over \([0-9]*\) measured steps: \([0-9.]* ms\/step\).*/\2/p' "$out.log")"
+    if [ "$round" -eq "$rounds" ]; then  # the last round's files stand for the run (plots, timeline)
+      for ext in jsonl trace.json log; do cp "$out.$ext" "results/$run.$ext"; done
+    fi
+  done
+done
+echo "after $(cat /proc/loadavg)" >>results/load.txt
 python3 scripts/compare.py results | tee results/compare.txt
 # One step of every chapter's run at the largest rank count, one above the other: where
 # communication sits in time.

@@ -284,16 +284,17 @@ def main():
         record = load_step_record(path, number) if args.rank == 0 else None  # rank 0 writes the records
         panels.append((chapter_name(path), spans, steps[number], record))
 
-    # The tensor-parallel lane only where some panel has tensor-parallel collectives.
-    has_tensor = any(s["tid"] == TENSOR for _, spans, _, _ in panels for s in spans)
-    lanes = [lane for lane in LANES if lane[0] != TENSOR or has_tensor]
+    # The tensor-parallel lane only in the panels that have tensor-parallel collectives (07's).
+    def lanes_of(spans):
+        return [lane for lane in LANES if lane[0] != TENSOR or any(s["tid"] == TENSOR for s in spans)]
+    lanes = max((lanes_of(spans) for _, spans, _, _ in panels), key=len)
     longest = max(step["end"] - step["start"] for _, _, step, _ in panels)
     width_in, left, right = 13.0, 0.09, 0.98
     px_per_ms = width_in * DPI * (right - left) / longest  # decides which boxes get a label
     fig, axes = plt.subplots(len(panels), 1, sharex=True, figsize=(width_in, 0.5 + (0.45 * len(lanes) + 0.55) * len(panels)),
                              squeeze=False)
     for ax, (title, spans, step, record) in zip(axes[:, 0], panels):
-        draw_panel(ax, spans, step, "%s (rank %d)" % (title, args.rank), px_per_ms, lanes, record,
+        draw_panel(ax, spans, step, "%s (rank %d)" % (title, args.rank), px_per_ms, lanes_of(spans), record,
                    width_in * DPI * (right - left))
     axes[-1, 0].set_xlim(0, longest)
     axes[-1, 0].set_xlabel("ms since the start of the step")
