@@ -95,6 +95,7 @@ TrainingRun::TrainingRun(Communicator& world, Communicator& dp, const ProcessGri
   cfg = cfg_;  // the caller sees what the run uses
 
   model_.flash_attention = cfg_.attention == "flash";
+  parse_recompute(cfg_.recompute, &model_.recompute);  // (checked by parse_train_flags)
   flash_ = model_.flash_attention &&
            flash_attention_available(dtype_, device_, model_.C / tp_.size, model_.NH / tp_.size);
   micro_B_ = cfg_.batch / (dp_.size() * cfg_.grad_accum);
@@ -155,9 +156,10 @@ TrainingRun::TrainingRun(Communicator& world, Communicator& dp, const ProcessGri
                 micro_B_, data_.description().c_str());
     std::printf("%d steps | lr %s, warm-up %d steps, cosine to lr/10 | weight decay %s | clip %s\n", cfg_.steps,
                 number(cfg_.lr).c_str(), cfg_.warmup, number(cfg_.weight_decay).c_str(), number(cfg_.grad_clip).c_str());
-    std::printf("device %s | communicator %s | %s | attention %s\n", device_info_.name.c_str(), world_.name().c_str(),
+    std::printf("device %s | communicator %s | %s | attention %s | recompute %s\n", device_info_.name.c_str(),
+                world_.name().c_str(),
                 dtype_ == DType::BF16 ? "bf16 mixed precision (fp32 master weights and AdamW state)" : "fp32",
-                flash_ ? "flash" : "materialized (B,NH,T,T)");
+                flash_ ? "flash" : "materialized (B,NH,T,T)", recompute_name(model_.recompute));
     if (world_.link_model().on())
       std::printf("emulated link: %s (alpha-beta ring model, see README)\n", link_text(world_.link_model()).c_str());
     const LinkModel tp_link = tensor_parallel_link();
@@ -188,6 +190,7 @@ TrainingRun::TrainingRun(Communicator& world, Communicator& dp, const ProcessGri
                     .add("device", device_info_.name)
                     .add("dtype", dtype_name(dtype_))
                     .add("attention", flash_ ? "flash" : "materialized")
+                    .add("recompute", recompute_name(model_.recompute))
                     .add("communicator", world_.name())
                     .add("link_gbps", cfg_.link_gbps)
                     .add("link_latency_us", cfg_.link_latency_us)
