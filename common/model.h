@@ -134,7 +134,9 @@ class GPT2 {
   Layer& layer(Slot& s, int l);     // block l's activations in slot s
   void* stream_into(Slot& s, int l);  // the residual stream entering block l
   void embed_forward(Slot& s);
-  void block_forward(Slot& s, int l);
+  // Block l's forward into the tensors of x (its kept ones, or recomputation's workspace); a replay
+  // (full recomputation, in backward) stops once it has made what the backward reads.
+  void block_forward(Slot& s, int l, const Layer& x, bool replay);
   float head_forward(Slot& s);
   void head_backward(Slot& s, float loss_weight);
   void block_backward(Slot& s, int l);
