@@ -108,9 +108,6 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
     std::printf("note: --sequence-parallel does nothing at --tp 1 (one rank per tensor-parallel group holds every "
                 "row); running without it\n");
   const TensorParallelism tp{t, grid.coords().tp, sequence_parallel};
-  if (schedule == Schedule::ZBH1 && t > 1)
-    config_error("--schedule zb-h1 with --tp " + std::to_string(t) + ": the split backward (a later weight pass) is "
-                 "not implemented under tensor parallelism; use --tp 1, or another schedule");
   const int m = cfg.grad_accum;  // --micro-batches, set in main
   GPT2Config model_cfg;
   if (!find_preset(cfg.preset, &model_cfg)) config_error("--preset: unknown preset '" + cfg.preset + "'");

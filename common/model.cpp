@@ -32,8 +32,9 @@ struct GPT2::Layer {
   void* fcproj;                            // (r,C)
   void* residual3;                         // (r,C)    stream after the MLP
   // split_backward only: the gradients of the four products' outputs, kept from backward() for
-  // backward_weights(): qkv's and fc's (written there directly), the projections' (copied).
-  void *dqkv, *dattproj, *dfch, *dfcproj;  // (R,3C'), (r,C), (R,F'), (r,C)
+  // backward_weights(): qkv's and fc's (written there directly), the projections' (copied; all R
+  // rows, as the row-parallel products read them).
+  void *dqkv, *dattproj, *dfch, *dfcproj;  // (R,3C'), (R,C), (R,F'), (R,C)
 };
 
 struct GPT2::Slot {
@@ -51,6 +52,7 @@ struct GPT2::Slot {
   struct WeightGradient {  // dweight (, dbias) of one product: from its output's gradient and input
     int weight, bias;      // parameter indices; bias -1: none
     Tensor dout, inp;
+    Tensor inp_local;      // sequence parallelism: the rows kept of inp, gathered again when it is due
   };
   std::vector<WeightGradient> weight_gradients;
 };
@@ -157,8 +159,8 @@ void carve(GPT2::Activations& a, Carver& c, const GPT2Config& cfg, int B, bool f
         l.fcproj = c.take(r * C);
       }
       l.residual3 = c.take(r * C);
-      l.dqkv = c.take(kept * R * 3 * d.Cl); l.dattproj = c.take(kept * r * C);
-      l.dfch = c.take(kept * R * d.Fl); l.dfcproj = c.take(kept * r * C);
+      l.dqkv = c.take(kept * R * 3 * d.Cl); l.dattproj = c.take(kept * R * C);
+      l.dfch = c.take(kept * R * d.Fl); l.dfcproj = c.take(kept * R * C);
       if (full) l.fcproj = l.residual3;  // written where the output goes; the residual is added in place
     }
     const int64_t h = head ? 1 : 0, vocab_parallel = head && tp.size > 1 ? 1 : 0;
@@ -214,7 +216,6 @@ GPT2::GPT2(const GPT2Config& cfg, const ParamLayout& layout, int max_B, Device d
   ENSURE(part_.first_unit >= 0 && part_.first_unit <= part_.last_unit && part_.last_unit <= cfg.L + 1 &&
              part_.slots >= 1,
          "GPT2: a part must be a non-empty run of the units 0..L+1, with at least one slot");
-  ENSURE(!part_.split_backward || tp.size == 1, "GPT2: split_backward is not implemented under tensor parallelism");
   ENSURE(!part_.split_backward || cfg.recompute != Recompute::Full,
          "GPT2: full recomputation keeps no product's input for a later weight pass (split_backward)");
   for (int u = part_.first_unit; u <= part_.last_unit; u++)
@@ -509,7 +510,7 @@ void GPT2::backward(int slot, float loss_weight, Tensor output_grad) {
   }
 }
 
-void GPT2::weight_gradient(Slot& s, int weight, int bias, Tensor dout, Tensor inp, void* kept) {
+void GPT2::weight_gradient(Slot& s, int weight, int bias, Tensor dout, Tensor inp, void* kept, Tensor inp_local) {
   if (!part_.split_backward) {
     matmul_backward_weight(grad(weight), bias >= 0 ? grad(bias) : Tensor(), dout, inp);
     if (bias >= 0) call(hooks.grad_ready, bias);
@@ -523,7 +524,7 @@ void GPT2::weight_gradient(Slot& s, int weight, int bias, Tensor dout, Tensor in
     stored.data = kept;
     copy_tensor(stored, dout);
   }
-  s.weight_gradients.push_back({weight, bias, stored, inp});
+  s.weight_gradients.push_back({weight, bias, stored, inp, inp_local});
 }
 
 void GPT2::backward_weights(int slot) {
@@ -531,6 +532,10 @@ void GPT2::backward_weights(int slot) {
   Slot& s = acts_->slots[slot];
   TraceScope span("weights");
   for (const Slot::WeightGradient& w : s.weight_gradients) {
+    if (w.inp_local.data) {  // sequence parallelism: this rank's rows of the input, gathered again now
+      CommHandle gathered = tp_hooks.f_forward(w.inp_local, w.inp);
+      wait(gathered);
+    }
     matmul_backward_weight(grad(w.weight), w.bias >= 0 ? grad(w.bias) : Tensor(), w.dout, w.inp);
     if (w.bias >= 0) call(hooks.grad_ready, w.bias);
     if (w.weight != kWte) call(hooks.grad_ready, w.weight);
@@ -554,13 +559,16 @@ void GPT2::column_parallel_backward(Slot& s, Tensor dinp_local, int weight, int 
   // kept as this rank's rows only, the point of sequence parallelism), also in the background.
   const Tensor dinp_full = v.full_of(dinp_local.data, a.dfull);
   const Tensor inp_full = v.full_of(inp_local.data, a.gathered);
-  CommHandle regathered = tp_hooks.f_forward(inp_local, inp_full);
+  // Under split_backward the weight's gradient waits for backward_weights(), and so does the
+  // re-gathering of its input (the gathered buffer is scratch, reused before then).
+  const bool later = part_.split_backward && v.d.sp;
+  CommHandle regathered = later ? CommHandle() : tp_hooks.f_forward(inp_local, inp_full);
   if (v.d.sp) fill_zero(dinp_full);  // (dinp_local itself is zero on entry: f overwrites it)
   const Tensor dinp_partial = v.d.sp ? dinp_full : dinp_local;
   matmul_backward_input(dinp_partial, dout, param(weight));
   CommHandle summed = tp_hooks.f_backward(dinp_partial, dinp_local);
   wait(regathered);
-  weight_gradient(s, weight, bias, dout, inp_full, kept);
+  weight_gradient(s, weight, bias, dout, inp_full, kept, later ? inp_local : Tensor());
   wait(summed);
 }
 

@@ -148,7 +148,10 @@ class GPT2 {
                                 void* kept);
   // A product's weight (and bias) gradient from its output's gradient and its input: now, or under
   // split_backward kept for backward_weights() (`kept`: where the output's gradient is kept).
-  void weight_gradient(Slot& s, int weight, int bias, Tensor dout, Tensor inp, void* kept);
+  // `inp_local`: under split_backward and sequence parallelism, the rows of `inp` this rank keeps,
+  // gathered into `inp` only when the weight's gradient is computed.
+  void weight_gradient(Slot& s, int weight, int bias, Tensor dout, Tensor inp, void* kept,
+                       Tensor inp_local = Tensor());
 
   GPT2Config cfg_;
   const ParamLayout& layout_;

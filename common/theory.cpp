@@ -61,13 +61,13 @@ double activation_bytes(const GPT2Config& cfg, int B, DType dtype, bool flash, T
   // Attention, which keeps B NH' T log-sum-exps instead), attproj (rC), the stream after attention
   // (rC), ln2 (rC, 2r), fc before and after GELU (RF' each), the MLP projection (rC) and the stream
   // after the block (rC). Without tensor parallelism: 18 BTC + 2 B NH T^2 + 4 BT. Kept for the
-  // weight pass: the output gradients of qkv (3RC'), the projections (rC each) and fc (RF').
+  // weight pass: the output gradients of qkv (3RC'), the projections (RC each, all rows) and fc (RF').
   // The block's tensors up to GELU's output: what full recomputation replays (the MLP's projection
   // and the block's output need no replay: the backward reads neither, and the output is kept).
   const double replayed = carved(r * C, w) + 2 * carved(r, f32) + carved(3 * R * Cl, w) + carved(R * Cl, w) +
                           carved(att, w) + carved(lse, f32) + carved(r * C, w) + carved(r * C, w) +
                           carved(r * C, w) + 2 * carved(r, f32) + 2 * carved(R * Fl, w);
-  const double weight_pass = kept * (carved(3 * R * Cl, w) + 2 * carved(r * C, w) + carved(R * Fl, w));
+  const double weight_pass = kept * (carved(3 * R * Cl, w) + 2 * carved(R * C, w) + carved(R * Fl, w));
   // Kept per block and micro-batch: everything (none); all but the scores before and after softmax
   // (selective); the block's output only, the next block's input (full, never with a weight pass).
   const double block = full ? carved(r * C, w)

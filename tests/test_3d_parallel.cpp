@@ -64,6 +64,8 @@ std::vector<GridCase> grid_cases() {
       {4, "tall", 10, "--tp 2 --pp 2 --schedule interleaved --recompute selective", "tp2_pp2_interleaved_selective"},
       {4, "tall", 10, "--tp 2 --pp 2 --schedule afab --sequence-parallel --recompute selective", "tp2_pp2_afab_sp"},
       {4, "tall", 10, "--tp 1 --pp 2 --schedule zb-h1 --recompute selective", "dp2_pp2_zbh1_selective"},
+      {4, "tall", 10, "--tp 2 --pp 2 --schedule zb-h1", "tp2_pp2_zbh1"},
+      {4, "tall", 10, "--tp 2 --pp 2 --schedule zb-h1 --sequence-parallel --tp-overlap", "tp2_pp2_zbh1_sp"},
       // 8 ranks on a busy machine: the tiny preset (a block a stage), few steps.
       {8, "tiny", 4, "--tp 2 --pp 2 --zero1 --sequence-parallel --bucket-mb 0.01", "dp2_tp2_pp2_zero1_sp"},
   };
@@ -106,7 +108,6 @@ TEST(ThreeDGuards, RefusedCombinationsNameTheirFlags) {
     std::string flags, message;
   };
   for (const Refused& c : std::vector<Refused>{
-           {4, "--tp 2 --pp 2 --schedule zb-h1", "--schedule zb-h1 with --tp 2"},
            {2, "--tp 1 --pp 2 --schedule zb-h1 --recompute full", "--recompute full keeps no product's input"},
            {4, "--tp 3 --pp 1", "--tp 3"},
            {2, "--tp 1 --pp 2 --recompute half", "--recompute half: choose none, selective or full"}}) {
