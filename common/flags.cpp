@@ -318,6 +318,10 @@ bool parse_train_flags(int argc, char** argv, const std::string& chapter, const 
              "materialized | flash; materialized = the (B,NH,T,T) score matrices; flash = FlashAttention where "
              "it applies (bf16 on a GPU, head size 16, 32, 64 or 128): far less memory, slower for now (README)",
              "NAME");
+  parser.add("--recompute", &cfg->recompute,
+             "none | selective | full: what the backward recomputes rather than keeps; selective = the attention's "
+             "(B,NH,T,T) scores, full = each block but its input (docs/theory.md, \"Activation recomputation\")",
+             "NAME");
 
   const std::string program = argc > 0 ? argv[0] : chapter;
   const std::string header = chapter + ": " + about + "\n\nusage: mpiexec -n RANKS " + program +
@@ -346,6 +350,9 @@ bool parse_train_flags(int argc, char** argv, const std::string& chapter, const 
   if (cfg->was_given("--tp-link-latency-us")) link_latency_check("--tp-link-latency-us", cfg->tp_link_latency_us);
   if (cfg->attention != "flash" && cfg->attention != "materialized")
     config_error("--attention " + cfg->attention + ": choose materialized or flash");
+  Recompute recompute;
+  if (!parse_recompute(cfg->recompute, &recompute))
+    config_error("--recompute " + cfg->recompute + ": choose none, selective or full");
   if (cfg->dtype != "auto" && cfg->dtype != "fp32" && cfg->dtype != "bf16")
     config_error("--dtype " + cfg->dtype + ": unknown dtype; choose auto, fp32 or bf16");
   return true;

@@ -40,6 +40,7 @@ struct TrainConfig {
   std::string device = "auto";  // auto | cpu | cuda (device.h, pick_device)
   std::string dtype = "auto";   // auto | fp32 | bf16 (device.h, pick_dtype)
   std::string attention = "materialized";  // materialized | flash (GPT2Config::flash_attention)
+  std::string recompute = "none";  // none | selective | full (GPT2Config::recompute)
   double timeout_s = 300;    // the communicator's watchdog (comm.h, set_comm_timeout); 0 = off
   std::set<std::string> given;  // the flags on the command line ("--lr", ...)
   bool was_given(const std::string& flag) const { return given.count(flag) > 0; }

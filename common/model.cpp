@@ -3,7 +3,9 @@
 // micro-batches of up to max_B sequences, in one arena counted as "activations". Under tensor
 // parallelism the arena holds this rank's part: its heads' qkv and attention, its MLP channels, its
 // vocabulary's logits, and, under sequence parallelism, its slice of the rows between the parallel
-// layers (docs/theory.md, "Activation memory" gives every term).
+// layers (docs/theory.md, "Activation memory" gives every term). Under recomputation (GPT2Config::
+// recompute) the slots hold less, and one workspace, shared by every block and slot, receives what
+// the backward recomputes (docs/theory.md, section 12).
 #include "model.h"
 
 #include <cmath>
@@ -30,8 +32,9 @@ struct GPT2::Layer {
   void* fcproj;                            // (r,C)
   void* residual3;                         // (r,C)    stream after the MLP
   // split_backward only: the gradients of the four products' outputs, kept from backward() for
-  // backward_weights(): qkv's and fc's (written there directly), the projections' (copied).
-  void *dqkv, *dattproj, *dfch, *dfcproj;  // (R,3C'), (r,C), (R,F'), (r,C)
+  // backward_weights(): qkv's and fc's (written there directly), the projections' (copied; all R
+  // rows, as the row-parallel products read them).
+  void *dqkv, *dattproj, *dfch, *dfcproj;  // (R,3C'), (R,C), (R,F'), (R,C)
 };
 
 struct GPT2::Slot {
@@ -49,6 +52,7 @@ struct GPT2::Slot {
   struct WeightGradient {  // dweight (, dbias) of one product: from its output's gradient and input
     int weight, bias;      // parameter indices; bias -1: none
     Tensor dout, inp;
+    Tensor inp_local;      // sequence parallelism: the rows kept of inp, gathered again when it is due
   };
   std::vector<WeightGradient> weight_gradients;
 };
@@ -69,6 +73,12 @@ struct GPT2::Activations {
   // column-parallel layer (gathered, in forward and again in backward), a row-parallel layer's full
   // partial output, and a full-rows gradient (an f's input in backward, a g's output).
   void *gathered, *partial, *dfull;          // (R,C)
+  // Recomputation's workspace (docs/theory.md, section 12). Selective: the recomputed softmax, the
+  // scores before it written into dpreatt (the backward reads them never and overwrites dpreatt).
+  // Full: a whole block replayed in its backward, up to GELU's output (recomputed_att its softmax,
+  // dpreatt its scores; no fcproj, no residual3: the replay stops before them).
+  void* recomputed_att;                      // (B,NH',T,T)
+  Layer replay;
 };
 
 namespace {
@@ -125,23 +135,33 @@ void carve(GPT2::Activations& a, Carver& c, const GPT2Config& cfg, int B, bool f
   const BlockRange blocks = blocks_of(cfg, part);
   const bool head = part.holds(cfg, cfg.L + 1), split = part.split_backward;
   const int64_t kept = split ? 1 : 0;  // the kept gradients exist under split_backward only
+  const bool selective = cfg.recompute == Recompute::Selective, full = cfg.recompute == Recompute::Full;
+  // The tensors of a block up to GELU's output: kept per slot, or (full) the replay's workspace.
+  auto replayed = [&](GPT2::Layer& l) {
+    l.ln1 = c.take(r * C); l.ln1_mean = c.take_f32(r); l.ln1_rstd = c.take_f32(r);
+    l.qkv = c.take(R * 3 * d.Cl);
+    l.atty = c.take(R * d.Cl);
+    l.lse = c.take_f32(lse);
+    l.attproj = c.take(r * C);
+    l.residual2 = c.take(r * C);
+    l.ln2 = c.take(r * C); l.ln2_mean = c.take_f32(r); l.ln2_rstd = c.take_f32(r);
+    l.fch = c.take(R * d.Fl); l.fch_gelu = c.take(R * d.Fl);
+  };
   a.slots.resize(part.slots);
   for (auto& s : a.slots) {
     s.encoded = c.take(r * C);
     s.layers.resize(blocks.end - blocks.begin);
     for (auto& l : s.layers) {
-      l.ln1 = c.take(r * C); l.ln1_mean = c.take_f32(r); l.ln1_rstd = c.take_f32(r);
-      l.qkv = c.take(R * 3 * d.Cl);
-      l.atty = c.take(R * d.Cl);
-      l.preatt = c.take(att); l.att = c.take(att); l.lse = c.take_f32(lse);
-      l.attproj = c.take(r * C);
-      l.residual2 = c.take(r * C);
-      l.ln2 = c.take(r * C); l.ln2_mean = c.take_f32(r); l.ln2_rstd = c.take_f32(r);
-      l.fch = c.take(R * d.Fl); l.fch_gelu = c.take(R * d.Fl);
-      l.fcproj = c.take(r * C);
+      l = GPT2::Layer{};  // (full: every tensor but the output lives in the workspace)
+      if (!full) {
+        replayed(l);
+        if (!selective) { l.preatt = c.take(att); l.att = c.take(att); }
+        l.fcproj = c.take(r * C);
+      }
       l.residual3 = c.take(r * C);
-      l.dqkv = c.take(kept * R * 3 * d.Cl); l.dattproj = c.take(kept * r * C);
-      l.dfch = c.take(kept * R * d.Fl); l.dfcproj = c.take(kept * r * C);
+      l.dqkv = c.take(kept * R * 3 * d.Cl); l.dattproj = c.take(kept * R * C);
+      l.dfch = c.take(kept * R * d.Fl); l.dfcproj = c.take(kept * R * C);
+      if (full) l.fcproj = l.residual3;  // written where the output goes; the residual is added in place
     }
     const int64_t h = head ? 1 : 0, vocab_parallel = head && tp.size > 1 ? 1 : 0;
     s.lnf = c.take(h * r * C); s.lnf_mean = c.take_f32(h * r); s.lnf_rstd = c.take_f32(h * r);
@@ -161,6 +181,21 @@ void carve(GPT2::Activations& a, Carver& c, const GPT2Config& cfg, int B, bool f
   a.gathered = c.take(d.sp ? R * C : 0);
   a.partial = c.take(d.sp ? R * C : 0);
   a.dfull = c.take(d.sp ? R * C : 0);
+  a.recomputed_att = nullptr;
+  a.replay = GPT2::Layer{};
+  if (blocks.end > blocks.begin && (selective || full)) {
+    a.recomputed_att = c.take(att);
+    // The forward still computes the scores and their softmax: into the workspace, where nothing
+    // keeps them beyond the block.
+    for (auto& s : a.slots)
+      for (auto& l : s.layers)
+        if (selective) l.preatt = a.dpreatt, l.att = a.recomputed_att;
+    if (full) {
+      replayed(a.replay);
+      a.replay.preatt = a.dpreatt;
+      a.replay.att = a.recomputed_att;
+    }
+  }
 }
 }  // namespace
 
@@ -181,7 +216,8 @@ GPT2::GPT2(const GPT2Config& cfg, const ParamLayout& layout, int max_B, Device d
   ENSURE(part_.first_unit >= 0 && part_.first_unit <= part_.last_unit && part_.last_unit <= cfg.L + 1 &&
              part_.slots >= 1,
          "GPT2: a part must be a non-empty run of the units 0..L+1, with at least one slot");
-  ENSURE(!part_.split_backward || tp.size == 1, "GPT2: split_backward is not implemented under tensor parallelism");
+  ENSURE(!part_.split_backward || cfg.recompute != Recompute::Full,
+         "GPT2: full recomputation keeps no product's input for a later weight pass (split_backward)");
   for (int u = part_.first_unit; u <= part_.last_unit; u++)
     for (const ParamInfo& p : layout.params)
       ENSURE(p.unit != u || p.held(), "GPT2: the layout does not hold unit " + std::to_string(u) + " (" + p.name + ")");
@@ -298,7 +334,13 @@ float GPT2::forward(int slot, const int* inputs, const int* targets, int B) {
   }
   for (int l = blocks.begin; l < blocks.end; l++) {
     call(hooks.before_forward, l + 1);
-    block_forward(s, l);
+    if (cfg_.recompute == Recompute::Full) {  // the workspace, but the output the slot keeps
+      Layer x = acts_->replay;
+      x.fcproj = x.residual3 = layer(s, l).residual3;
+      block_forward(s, l, x, false);
+    } else {
+      block_forward(s, l, layer(s, l), false);
+    }
     call(hooks.after_forward, l + 1);
   }
   if (!has_head()) return 0;
@@ -354,12 +396,11 @@ GPT2::Layer& GPT2::layer(Slot& s, int l) {
   return s.layers[size_t(l - blocks_of(cfg_, part_).begin)];
 }
 
-void GPT2::block_forward(Slot& s, int l) {
-  TraceScope span("forward L" + std::to_string(l));
+void GPT2::block_forward(Slot& s, int l, const Layer& x, bool replay) {
+  TraceScope span((replay ? "recompute L" : "forward L") + std::to_string(l));
   Activations& a = *acts_;
   const Views v{dims_for(cfg_, s.B, tp_), dtype_, device_};
   const bool tensor_parallel = tp_.size > 1;
-  Layer& x = layer(s, l);
   void* residual = stream_into(s, l);
   auto P = [&](BlockParam w) { return param(block_param(l, w)); };
   auto f = [&](void* local, void* spare) {  // the input of a column-parallel layer, all rows
@@ -396,6 +437,9 @@ void GPT2::block_forward(Slot& s, int l) {
                     P(LN2_W), P(LN2_B));
   matmul_forward(v.full(x.fch, v.d.Fl), f(x.ln2, a.gathered), P(FC_W), P(FC_B));  // column-parallel
   gelu_forward(v.full(x.fch_gelu, v.d.Fl), v.full(x.fch, v.d.Fl));
+  // A replay stops here: the MLP's projection and the residual add make only the block's output,
+  // which the backward does not read, and which full recomputation keeps.
+  if (replay) return;
   const Tensor fcproj_partial = v.full_of(x.fcproj, a.partial);
   matmul_forward(fcproj_partial, v.full(x.fch_gelu, v.d.Fl), P(FCPROJ_W), row_bias(FCPROJ_B));  // row-parallel
   g(fcproj_partial, x.fcproj);
@@ -466,7 +510,7 @@ void GPT2::backward(int slot, float loss_weight, Tensor output_grad) {
   }
 }
 
-void GPT2::weight_gradient(Slot& s, int weight, int bias, Tensor dout, Tensor inp, void* kept) {
+void GPT2::weight_gradient(Slot& s, int weight, int bias, Tensor dout, Tensor inp, void* kept, Tensor inp_local) {
   if (!part_.split_backward) {
     matmul_backward_weight(grad(weight), bias >= 0 ? grad(bias) : Tensor(), dout, inp);
     if (bias >= 0) call(hooks.grad_ready, bias);
@@ -480,7 +524,7 @@ void GPT2::weight_gradient(Slot& s, int weight, int bias, Tensor dout, Tensor in
     stored.data = kept;
     copy_tensor(stored, dout);
   }
-  s.weight_gradients.push_back({weight, bias, stored, inp});
+  s.weight_gradients.push_back({weight, bias, stored, inp, inp_local});
 }
 
 void GPT2::backward_weights(int slot) {
@@ -488,6 +532,10 @@ void GPT2::backward_weights(int slot) {
   Slot& s = acts_->slots[slot];
   TraceScope span("weights");
   for (const Slot::WeightGradient& w : s.weight_gradients) {
+    if (w.inp_local.data) {  // sequence parallelism: this rank's rows of the input, gathered again now
+      CommHandle gathered = tp_hooks.f_forward(w.inp_local, w.inp);
+      wait(gathered);
+    }
     matmul_backward_weight(grad(w.weight), w.bias >= 0 ? grad(w.bias) : Tensor(), w.dout, w.inp);
     if (w.bias >= 0) call(hooks.grad_ready, w.bias);
     if (w.weight != kWte) call(hooks.grad_ready, w.weight);
@@ -511,13 +559,16 @@ void GPT2::column_parallel_backward(Slot& s, Tensor dinp_local, int weight, int 
   // kept as this rank's rows only, the point of sequence parallelism), also in the background.
   const Tensor dinp_full = v.full_of(dinp_local.data, a.dfull);
   const Tensor inp_full = v.full_of(inp_local.data, a.gathered);
-  CommHandle regathered = tp_hooks.f_forward(inp_local, inp_full);
+  // Under split_backward the weight's gradient waits for backward_weights(), and so does the
+  // re-gathering of its input (the gathered buffer is scratch, reused before then).
+  const bool later = part_.split_backward && v.d.sp;
+  CommHandle regathered = later ? CommHandle() : tp_hooks.f_forward(inp_local, inp_full);
   if (v.d.sp) fill_zero(dinp_full);  // (dinp_local itself is zero on entry: f overwrites it)
   const Tensor dinp_partial = v.d.sp ? dinp_full : dinp_local;
   matmul_backward_input(dinp_partial, dout, param(weight));
   CommHandle summed = tp_hooks.f_backward(dinp_partial, dinp_local);
   wait(regathered);
-  weight_gradient(s, weight, bias, dout, inp_full, kept);
+  weight_gradient(s, weight, bias, dout, inp_full, kept, later ? inp_local : Tensor());
   wait(summed);
 }
 
@@ -550,7 +601,11 @@ void GPT2::block_backward(Slot& s, int l) {
   Activations& a = *acts_;
   const Views v{dims_for(cfg_, s.B, tp_), dtype_, device_};
   const bool tensor_parallel = tp_.size > 1, split = part_.split_backward;
-  Layer& x = layer(s, l);
+  // Full recomputation: the block's forward again, from its kept input, into the workspace, which
+  // the backward below then reads as it reads a kept block.
+  const bool full = cfg_.recompute == Recompute::Full;
+  if (full) block_forward(s, l, a.replay, true);
+  const Layer& x = full ? a.replay : layer(s, l);
   void* residual = stream_into(s, l);
   auto P = [&](BlockParam w) { return param(block_param(l, w)); };
   auto G = [&](BlockParam w) { return grad(block_param(l, w)); };
@@ -589,6 +644,15 @@ void GPT2::block_backward(Slot& s, int l) {
   layernorm_backward(v.local(a.dresidual), G(LN2_W), G(LN2_B), v.local(a.dln), v.local(x.residual2), P(LN2_W),
                      v.stat(x.ln2_mean, v.d.r), v.stat(x.ln2_rstd, v.d.r));
   both_ready(LN2_W, LN2_B);
+  // Selective recomputation: the softmax of the scores again, from the kept q, k and v. Its other
+  // outputs land in scratch the backward overwrites: the attention output (already kept) in datty,
+  // the scores before the softmax in dpreatt.
+  void* att = x.att;
+  if (cfg_.recompute == Recompute::Selective && !flash_) {
+    TraceScope recompute("recompute attention L" + std::to_string(l));
+    att = a.recomputed_att;
+    attention_forward(v.btc(a.datty, v.d.Cl), v.bhtt(a.dpreatt), v.bhtt(att), v.btc(x.qkv, 3 * v.d.Cl), int(v.d.NHl));
+  }
   // residual2 = residual + attproj.
   fill_zero(v.full(a.datty, v.d.Cl));
   row_parallel_backward(v.full(a.datty, v.d.Cl), PROJ_W, PROJ_B, v.full(x.atty, v.d.Cl), x.dattproj);
@@ -598,7 +662,7 @@ void GPT2::block_backward(Slot& s, int l) {
                              v.btc(x.atty, v.d.Cl), v.lse(x.lse), int(v.d.NHl));
   } else {  // (dpreatt and datt are scratch the op overwrites)
     attention_backward(v.btc(dqkv, 3 * v.d.Cl), v.bhtt(a.dpreatt), v.bhtt(a.datt), v.btc(a.datty, v.d.Cl),
-                       v.btc(x.qkv, 3 * v.d.Cl), v.bhtt(x.att), int(v.d.NHl));
+                       v.btc(x.qkv, 3 * v.d.Cl), v.bhtt(att), int(v.d.NHl));
   }
   fill_zero(v.local(a.dln));
   column_parallel_backward(s, v.local(a.dln), block_param(l, QKV_W), block_param(l, QKV_B), v.full(dqkv, 3 * v.d.Cl),

@@ -134,7 +134,9 @@ class GPT2 {
   Layer& layer(Slot& s, int l);     // block l's activations in slot s
   void* stream_into(Slot& s, int l);  // the residual stream entering block l
   void embed_forward(Slot& s);
-  void block_forward(Slot& s, int l);
+  // Block l's forward into the tensors of x (its kept ones, or recomputation's workspace); a replay
+  // (full recomputation, in backward) stops once it has made what the backward reads.
+  void block_forward(Slot& s, int l, const Layer& x, bool replay);
   float head_forward(Slot& s);
   void head_backward(Slot& s, float loss_weight);
   void block_backward(Slot& s, int l);
@@ -146,7 +148,10 @@ class GPT2 {
                                 void* kept);
   // A product's weight (and bias) gradient from its output's gradient and its input: now, or under
   // split_backward kept for backward_weights() (`kept`: where the output's gradient is kept).
-  void weight_gradient(Slot& s, int weight, int bias, Tensor dout, Tensor inp, void* kept);
+  // `inp_local`: under split_backward and sequence parallelism, the rows of `inp` this rank keeps,
+  // gathered into `inp` only when the weight's gradient is computed.
+  void weight_gradient(Slot& s, int weight, int bias, Tensor dout, Tensor inp, void* kept,
+                       Tensor inp_local = Tensor());
 
   GPT2Config cfg_;
   const ParamLayout& layout_;

@@ -41,3 +41,20 @@ bool find_preset(const std::string& name, GPT2Config* cfg) {
 }
 
 const char* preset_names() { return "tiny, small, deep, gpt2, odd, wide, tall"; }
+
+bool parse_recompute(const std::string& text, Recompute* out) {
+  if (text == "none") *out = Recompute::None;
+  else if (text == "selective") *out = Recompute::Selective;
+  else if (text == "full") *out = Recompute::Full;
+  else return false;
+  return true;
+}
+
+const char* recompute_name(Recompute r) {
+  switch (r) {
+    case Recompute::None: return "none";
+    case Recompute::Selective: return "selective";
+    case Recompute::Full: return "full";
+  }
+  return "?";
+}

@@ -1,8 +1,20 @@
 // model_config.h: the shape of a GPT-2 model and the named presets every chapter accepts.
 // Defines GPT2Config and find_preset(). Dimensions keep the project's short names:
-// L layers, C channels, NH heads, T sequence length (context), V vocabulary.
+// L layers, C channels, NH heads, T sequence length (context), V vocabulary. Also Recompute, what
+// the model recomputes in backward instead of keeping it from forward, and its parse/name helpers.
 #pragma once
 #include <string>
+
+// Activation recomputation (docs/theory.md, "Activation recomputation"): what the backward pass
+// recomputes instead of keeping it from the forward pass.
+//   None:      every tensor the backward reads is kept, per block and micro-batch in flight.
+//   Selective: the attention core's (B,NH,T,T) scores and softmax are dropped, and recomputed from
+//              the kept q, k, v right before the attention's backward (Korthikanti et al. 2022).
+//   Full:      only each block's input is kept; the block's forward is replayed inside its backward.
+enum class Recompute { None, Selective, Full };
+// "none", "selective", "full" -> *out; false for anything else.
+bool parse_recompute(const std::string& text, Recompute* out);
+const char* recompute_name(Recompute r);
 
 struct GPT2Config {
   std::string preset;  // a preset's name (find_preset), or "custom"
@@ -12,6 +24,9 @@ struct GPT2Config {
   // How attention is computed where a choice exists (bf16 on a GPU, head size 16/32/64/128): true =
   // FlashAttention (attention_flash.cu), false = the (B,NH,T,T) matrices, as everywhere else.
   bool flash_attention = false;
+  // What the backward recomputes rather than keeps (it belongs to the model: every chapter's
+  // --recompute sets it, and activation_bytes() counts what each choice keeps).
+  Recompute recompute = Recompute::None;
 };
 
 // Fills *cfg and returns true for a known preset name:

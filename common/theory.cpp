@@ -55,17 +55,24 @@ double activation_bytes(const GPT2Config& cfg, int B, DType dtype, bool flash, T
   // output gradients are kept per micro-batch for a later weight pass (split_backward): 1 or 0.
   const int blocks = std::min(part.last(cfg), cfg.L) - (std::max(part.first_unit, 1) - 1);
   const double head = part.holds(cfg, cfg.L + 1) ? 1 : 0, kept = part.split_backward ? 1 : 0;
+  const bool selective = cfg.recompute == Recompute::Selective, full = cfg.recompute == Recompute::Full;
   // Per block, what its backward reads: ln1 (rC) and its mean and 1/std (r each), qkv (3RC'), the
   // attention output (RC'), the scores before and after softmax (B NH' T T each, not with Flash-
   // Attention, which keeps B NH' T log-sum-exps instead), attproj (rC), the stream after attention
   // (rC), ln2 (rC, 2r), fc before and after GELU (RF' each), the MLP projection (rC) and the stream
   // after the block (rC). Without tensor parallelism: 18 BTC + 2 B NH T^2 + 4 BT. Kept for the
-  // weight pass: the output gradients of qkv (3RC'), the projections (rC each) and fc (RF').
-  const double block = carved(r * C, w) + 2 * carved(r, f32) + carved(3 * R * Cl, w) + carved(R * Cl, w) +
-                       2 * carved(att, w) + carved(lse, f32) + carved(r * C, w) + carved(r * C, w) +
-                       carved(r * C, w) + 2 * carved(r, f32) + 2 * carved(R * Fl, w) + carved(r * C, w) +
-                       carved(r * C, w) +
-                       kept * (carved(3 * R * Cl, w) + 2 * carved(r * C, w) + carved(R * Fl, w));
+  // weight pass: the output gradients of qkv (3RC'), the projections (RC each, all rows) and fc (RF').
+  // The block's tensors up to GELU's output: what full recomputation replays (the MLP's projection
+  // and the block's output need no replay: the backward reads neither, and the output is kept).
+  const double replayed = carved(r * C, w) + 2 * carved(r, f32) + carved(3 * R * Cl, w) + carved(R * Cl, w) +
+                          carved(att, w) + carved(lse, f32) + carved(r * C, w) + carved(r * C, w) +
+                          carved(r * C, w) + 2 * carved(r, f32) + 2 * carved(R * Fl, w);
+  const double weight_pass = kept * (carved(3 * R * Cl, w) + 2 * carved(R * C, w) + carved(R * Fl, w));
+  // Kept per block and micro-batch: everything (none); all but the scores before and after softmax
+  // (selective); the block's output only, the next block's input (full, never with a weight pass).
+  const double block = full ? carved(r * C, w)
+                            : replayed + (selective ? -1 : 1) * carved(att, w) + carved(r * C, w) +
+                                  carved(r * C, w) + weight_pass;
   // Around the blocks: the stream entering the part (the embeddings, or the previous stage's
   // output: rC); on the loss's part, the final layernorm (rC, 2r), logits and probabilities (RV'
   // each), the losses (R), under tensor parallelism the cross-entropy's row maxima, sums and target
@@ -82,39 +89,86 @@ double activation_bytes(const GPT2Config& cfg, int B, DType dtype, bool flash, T
   const double scratch = 2 * carved(r * C, w) + carved(R * Cl, w) + (1 - kept) * carved(3 * R * Cl, w) +
                          2 * carved(att, w) + (2 - kept) * carved(R * Fl, w) + head * (1 - kept) * carved(R * Vl, w) +
                          full_rows;
-  return part.slots * (blocks * block + ends) + scratch;
+  // Recomputation's workspace, one for every block and micro-batch: the recomputed softmax
+  // (B NH' T^2; the scores before it go where their gradient will be written, which the attention's
+  // backward overwrites), or, under full recomputation, the whole replayed block (less the scores
+  // before softmax, for the same reason).
+  const double workspace = full ? replayed : selective ? carved(att, w) : 0;
+  return part.slots * (blocks * block + ends) + scratch + (blocks > 0 ? workspace : 0);
+}
+
+double recompute_flops_per_token(const GPT2Config& cfg, TensorParallelism tp, const ModelPart& part) {
+  const int blocks = std::min(part.last(cfg), cfg.L) - (std::max(part.first_unit, 1) - 1);
+  const double C = cfg.C, T = cfg.T;
+  // A block's forward, per token: qkv 6C^2, the attention's two products 4TC (the score and value
+  // products, over the full T x T as section 8 counts them), attn.proj 2C^2, fc 8C^2, mlp.proj 8C^2.
+  // Full replays all but mlp.proj; selective only the two attention products (and the softmax, whose
+  // few FLOPs per score are not counted, as section 8 does not count them).
+  double per_block = 0;
+  if (cfg.recompute == Recompute::Full) per_block = 16 * C * C + 4 * T * C;
+  if (cfg.recompute == Recompute::Selective) per_block = 4 * T * C;
+  return blocks * per_block / tp.size;
 }
 
 TensorParallelPrediction predict_tensor_parallel(const GPT2Config& cfg, int micro_B, TensorParallelism tp,
-                                                 DType dtype) {
+                                                 DType dtype, const std::vector<ModelPart>& parts) {
   TensorParallelPrediction p;
   if (tp.size <= 1) return p;
-  const double t = tp.size, L = cfg.L, w = double(dtype_size(dtype));
+  // The units this rank runs: every block, the embedding and the head, unless a pipeline stage's.
+  int blocks = 0;
+  bool embedding = parts.empty(), head = parts.empty();
+  for (const ModelPart& part : parts) {
+    blocks += std::min(part.last(cfg), cfg.L) - (std::max(part.first_unit, 1) - 1);
+    embedding = embedding || part.first_unit == 0;
+    head = head || part.holds(cfg, cfg.L + 1);
+  }
+  if (parts.empty()) blocks = cfg.L;
+  const double t = tp.size, L = blocks, E = embedding ? 1 : 0, H = head ? 1 : 0, w = double(dtype_size(dtype));
+  const std::string Ls = parts.empty() ? "L" : "L'";  // L': the blocks of this rank's stage
   const double activations = double(micro_B) * cfg.T * cfg.C * w;  // one B*T*C tensor
   const double rows = double(micro_B) * cfg.T * 4;                  // one fp32 value per position
-  p.loss_all_reduces = 3;
-  const double loss_bytes = 3 * 2 * (t - 1) / t * rows;
+  p.loss_all_reduces = head ? 3 : 0;
+  const double loss_bytes = p.loss_all_reduces * 2 * (t - 1) / t * rows;
+  // Full recomputation replays each block's forward up to GELU: its collectives again, but for the
+  // MLP projection's g (docs/theory.md, "Activation recomputation").
+  const bool full = cfg.recompute == Recompute::Full;
   if (!tp.sequence_parallel) {
     // Per block 2 all-reduces in forward (after the two row-parallel layers), 2 in backward (the inputs
-    // of the two column-parallel layers); the embedding's in forward, the head's input in backward.
-    p.all_reduces = int(4 * L + 2);
+    // of the two column-parallel layers); the embedding's in forward, the head's input in backward;
+    // under full recomputation, the attention projection's g once more.
+    p.recomputed = full ? int(L) : 0;
+    p.all_reduces = int(4 * L + E + H) + p.recomputed;
     p.bytes_per_micro_batch = p.all_reduces * 2 * (t - 1) / t * activations + loss_bytes;
-    p.formula = "(4L + 2) all-reduces x 2(t-1)/t x BTC + 3 x 2(t-1)/t x BT x 4 B";
+    p.formula = "(4" + Ls + (full ? " + " + Ls + " replayed" : "") +
+                (parts.empty() ? " + 2" : std::string(embedding ? " + 1 embedding" : "") + (head ? " + 1 head" : "")) +
+                ") all-reduces x 2(t-1)/t x BTC" + (head ? " + 3 x 2(t-1)/t x BT x 4 B" : "") +
+                (parts.empty() ? "" : ", L' = " + std::to_string(blocks) + " blocks on this stage");
     return p;
   }
   // Each all-reduce becomes an all-gather and a reduce-scatter: forward, per block 2 all-gathers
   // (column inputs) and 2 reduce-scatters (row outputs); backward, 2 all-gathers (row outputs'
   // gradients), 2 reduce-scatters (column inputs' gradients), and 2 all-gathers of the column inputs
   // again, for the weights' gradients. The embedding: a reduce-scatter, then an all-gather; the head:
-  // an all-gather, a reduce-scatter, and its input gathered again.
-  p.regathers = int(2 * L + 1);
-  p.all_gathers = int(4 * L + 2) + p.regathers;
-  p.reduce_scatters = int(4 * L + 2);
+  // an all-gather, a reduce-scatter, and its input gathered again. Full recomputation replays per
+  // block the two column inputs' all-gathers and the attention projection's reduce-scatter.
+  p.regathers = int(2 * L + H);
+  p.recomputed = full ? int(3 * L) : 0;
+  p.all_gathers = int(4 * L + E + H) + p.regathers + (full ? int(2 * L) : 0);
+  p.reduce_scatters = int(4 * L + E + H) + (full ? int(L) : 0);
   p.bytes_per_micro_batch = (p.all_gathers + p.reduce_scatters) * (t - 1) / t * activations + loss_bytes;
-  const double whole_params = L * 6 * cfg.C + 2 * cfg.C + double(cfg.T) * cfg.C;
-  p.partial_grad_all_reduces = int(6 * L + 3);
+  const double whole_params = L * 6 * cfg.C + H * 2 * cfg.C + E * double(cfg.T) * cfg.C;
+  p.partial_grad_all_reduces = int(6 * L + E + 2 * H);
   p.partial_grad_bytes = 2 * (t - 1) / t * whole_params * w;
-  p.formula = "(10L + 5) gathers/scatters x (t-1)/t x BTC + 3 x 2(t-1)/t x BT x 4 B; per step (6L + 3) all-reduces, 2(t-1)/t x (6LC + 2C + TC)";
+  if (parts.empty())
+    p.formula = std::string(full ? "(13L + 5)" : "(10L + 5)") +
+                " gathers/scatters x (t-1)/t x BTC + 3 x 2(t-1)/t x BT x 4 B; per step (6L + 3) all-reduces, "
+                "2(t-1)/t x (6LC + 2C + TC)";
+  else
+    p.formula = "(" + std::string(full ? "13L'" : "10L'") + (embedding ? " + 2 embedding" : "") +
+                (head ? " + 3 head" : "") + ") gathers/scatters x (t-1)/t x BTC" +
+                (head ? " + 3 x 2(t-1)/t x BT x 4 B" : "") + "; per step (6L'" + (embedding ? " + 1" : "") +
+                (head ? " + 2" : "") + ") all-reduces, 2(t-1)/t x (6L'C" + (embedding ? " + TC" : "") +
+                (head ? " + 2C" : "") + "), L' = " + std::to_string(blocks) + " blocks on this stage";
   return p;
 }
 
@@ -157,9 +211,11 @@ MemoryForecast forecast_memory(Strategy strategy, const ParamLayout& layout, con
   // the chunk starts with the embedding), the output's gradient received (unless it ends with the
   // loss). Its output is sent from its activations, without a copy; with one stage the input's
   // gradient is copied straight into the previous chunk's receive buffer.
+  // Under sequence parallelism (09) the stream, and so each message, is this rank's B*T/t rows.
+  const double rows_divisor = tp.size > 1 && tp.sequence_parallel ? tp.size : 1;
   for (const ModelPart& part : parts) {
     const int buffers = (part.first_unit > 0 ? (pp.size > 1 ? 2 : 1) : 0) + (part.holds(cfg, cfg.L + 1) ? 0 : 1);
-    m.transient += buffers * double(micro_batches) * double(micro_B) * cfg.T * cfg.C * w;
+    m.transient += buffers * double(micro_batches) * double(micro_B) * cfg.T * cfg.C * w / rows_divisor;
   }
   // Full fp32 host copies: one to initialise; saving or resuming holds parameters, m and v, and rank 0
   // the file's bytes besides (as many again): 6 copies. On a GPU these live on the host, except the

@@ -32,9 +32,17 @@ Prediction predict(Strategy strategy, const ParamLayout& layout, int grad_accum,
 // "Activation memory"), on one rank of a tensor-parallel group `tp` (with or without sequence
 // parallelism), for the units of `part` and its slots (a pipeline stage, chapter 08; the default:
 // the whole model, one micro-batch). `flash`: FlashAttention's log-sum-exp instead of the
-// (B,NH,T,T) matrices. Each tensor is rounded up to the allocator's 64 bytes, as the arena carves it.
+// (B,NH,T,T) matrices. cfg.recompute decides what is kept per block and micro-batch, and what the
+// recomputation's workspace adds once (docs/theory.md, "Activation recomputation"). Each tensor is
+// rounded up to the allocator's 64 bytes, as the arena carves it.
 double activation_bytes(const GPT2Config& cfg, int B, DType dtype, bool flash, TensorParallelism tp = {},
                         const ModelPart& part = {});
+
+// The FLOPs per token that cfg.recompute adds to a step on one rank of a tensor-parallel group of
+// tp.size, for the blocks of `part` (default: all L): 0 for none; the attention's score and value
+// products (4TC a block) for selective; the block's forward but for the MLP projection
+// (16C^2 + 4TC a block) for full. Against the step's 6N + 12LCT (section 8).
+double recompute_flops_per_token(const GPT2Config& cfg, TensorParallelism tp = {}, const ModelPart& part = {});
 
 // Tensor parallelism's traffic over the tensor-parallel group (docs/theory.md, section 9), per rank.
 struct TensorParallelPrediction {
@@ -42,6 +50,7 @@ struct TensorParallelPrediction {
   // it, all-gathers and reduce-scatters, of which `regathers` are the inputs gathered again for the
   // weights' gradients), and the cross-entropy's 3 all-reduces of B*T fp32 values.
   int all_reduces = 0, all_gathers = 0, reduce_scatters = 0, regathers = 0, loss_all_reduces = 0;
+  int recomputed = 0;  // of those, the collectives that full recomputation's replay adds (cfg.recompute)
   double bytes_per_micro_batch = 0;  // sent by this rank
   // Per step, under sequence parallelism: the all-reduces of the gradients of the parameters every
   // rank holds whole (6 a block: layernorms and row-parallel biases; wpe and the final layernorm's
@@ -50,7 +59,10 @@ struct TensorParallelPrediction {
   double partial_grad_bytes = 0;
   std::string formula;
 };
-TensorParallelPrediction predict_tensor_parallel(const GPT2Config& cfg, int micro_B, TensorParallelism tp, DType dtype);
+// `parts`: a pipeline stage's model parts (chapters 08, 09): only their blocks, and the embedding's
+// and head's collectives where the stage holds them; empty: the whole model.
+TensorParallelPrediction predict_tensor_parallel(const GPT2Config& cfg, int micro_B, TensorParallelism tp, DType dtype,
+                                                 const std::vector<ModelPart>& parts = {});
 
 // The peak memory of one rank, predicted before anything is allocated.
 struct MemoryForecast {

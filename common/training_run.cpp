@@ -1,6 +1,7 @@
 // training_run.cpp: see training_run.h.
 #include "training_run.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <csignal>
@@ -99,6 +100,11 @@ TrainingRun::TrainingRun(Communicator& world, Communicator& dp, const ProcessGri
   cfg = cfg_;  // the caller sees what the run uses
 
   model_.flash_attention = cfg_.attention == "flash";
+  parse_recompute(cfg_.recompute, &model_.recompute);  // (checked by parse_train_flags)
+  for (const ModelPart& part : pp_.parts)
+    if (part.split_backward && model_.recompute == Recompute::Full)
+      config_error("--recompute full keeps no product's input for zb-h1's later weight pass: use --recompute "
+                   "selective, or another --schedule");
   flash_ = model_.flash_attention &&
            flash_attention_available(dtype_, device_, model_.C / tp_.size, model_.NH / tp_.size);
   micro_B_ = cfg_.batch / (dp_.size() * cfg_.grad_accum);
@@ -164,9 +170,10 @@ TrainingRun::TrainingRun(Communicator& world, Communicator& dp, const ProcessGri
                 micro_B_, data_.description().c_str());
     std::printf("%d steps | lr %s, warm-up %d steps, cosine to lr/10 | weight decay %s | clip %s\n", cfg_.steps,
                 number(cfg_.lr).c_str(), cfg_.warmup, number(cfg_.weight_decay).c_str(), number(cfg_.grad_clip).c_str());
-    std::printf("device %s | communicator %s | %s | attention %s\n", device_info_.name.c_str(), world_.name().c_str(),
+    std::printf("device %s | communicator %s | %s | attention %s | recompute %s\n", device_info_.name.c_str(),
+                world_.name().c_str(),
                 dtype_ == DType::BF16 ? "bf16 mixed precision (fp32 master weights and AdamW state)" : "fp32",
-                flash_ ? "flash" : "materialized (B,NH,T,T)");
+                flash_ ? "flash" : "materialized (B,NH,T,T)", recompute_name(model_.recompute));
     if (world_.link_model().on())
       std::printf("emulated link: %s (alpha-beta ring model, see README)\n", link_text(world_.link_model()).c_str());
     const LinkModel tp_link = tensor_parallel_link();
@@ -197,6 +204,7 @@ TrainingRun::TrainingRun(Communicator& world, Communicator& dp, const ProcessGri
                     .add("device", device_info_.name)
                     .add("dtype", dtype_name(dtype_))
                     .add("attention", flash_ ? "flash" : "materialized")
+                    .add("recompute", recompute_name(model_.recompute))
                     .add("communicator", world_.name())
                     .add("link_gbps", cfg_.link_gbps)
                     .add("link_latency_us", cfg_.link_latency_us)
@@ -647,18 +655,31 @@ void TrainingRun::report_vs_theory(const CommStats& step_comm, const CommStats* 
   row("optimizer state", double(mem.current[int(MemCategory::OptState)]), p.optim_bytes);
   row("  model state", model_state, p.params_bytes + p.grads_bytes + p.optim_bytes);
   row("activations", double(mem.peak[int(MemCategory::Activations)]), forecast_.activations);
-  if (tp_.size > 1) {
-    // The same formula for the three ways of running this model, so that the reader sees what tensor
-    // parallelism alone keeps (every position's stream between the products) and what sequence
-    // parallelism then splits.
-    auto predicted = [&](int t, bool sp) {
-      return format_bytes(activation_bytes(model_, micro_B_, dtype_, flash_, {t, 0, sp}));
-    };
+  // The same formula for the other ways of running this rank's part of the model (all of it, or its
+  // pipeline stage with the schedule's micro-batches in flight), so that the reader sees what tensor
+  // parallelism alone keeps (every position's stream between the products), what sequence
+  // parallelism then splits, and what recomputation drops.
+  auto predicted = [&](int t, bool sp, Recompute recompute) {
+    GPT2Config cfg = model_;
+    cfg.recompute = recompute;
+    double bytes = 0;
+    for (const ModelPart& part : pp_.parts.empty() ? std::vector<ModelPart>{ModelPart{}} : pp_.parts)
+      bytes += activation_bytes(cfg, micro_B_, dtype_, flash_, {t, 0, sp}, part);
+    return format_bytes(bytes);
+  };
+  const Recompute now = model_.recompute;
+  if (tp_.size > 1)
     std::printf("    (by the formula: no TP %s | TP %d %s | TP %d + SP %s; docs/theory.md, section 9, derives it and "
                 "sets it beside Korthikanti et al.'s)\n",
-                predicted(1, false).c_str(), tp_.size, predicted(tp_.size, false).c_str(), tp_.size,
-                predicted(tp_.size, true).c_str());
-  }
+                predicted(1, false, now).c_str(), tp_.size, predicted(tp_.size, false, now).c_str(), tp_.size,
+                predicted(tp_.size, true, now).c_str());
+  if (tp_.size > 1 || pp_.size > 1 || now != Recompute::None)
+    std::printf("    (recompute none %s | selective %s | full %s%s; docs/theory.md, section 12)\n",
+                predicted(tp_.size, tp_.sequence_parallel, Recompute::None).c_str(),
+                predicted(tp_.size, tp_.sequence_parallel, Recompute::Selective).c_str(),
+                predicted(tp_.size, tp_.sequence_parallel, Recompute::Full).c_str(),
+                std::any_of(pp_.parts.begin(), pp_.parts.end(), [](const ModelPart& x) { return x.split_backward; })
+                    ? " (not with zb-h1)" : "");
   std::printf("  %-22s %12s %12s   (transient; theory: at most)\n", "communication buffers",
               format_bytes(double(mem.peak[int(MemCategory::CommBuffers)])).c_str(),
               format_bytes(forecast_.transient).c_str());
@@ -667,7 +688,7 @@ void TrainingRun::report_vs_theory(const CommStats& step_comm, const CommStats* 
   row(groups ? "DP bytes per step" : "comm bytes per step", double(dp_bytes), p.comm_bytes);
   std::printf("  (%scomm theory: %s; padding adds up to %s per full copy)\n", groups ? "DP " : "",
               p.comm_formula.c_str(), format_bytes(padding).c_str());
-  TensorParallelPrediction tp = predict_tensor_parallel(model_, micro_B_, tp_, dtype_);
+  TensorParallelPrediction tp = predict_tensor_parallel(model_, micro_B_, tp_, dtype_, pp_.parts);
   const double tp_theory = cfg_.grad_accum * tp.bytes_per_micro_batch + tp.partial_grad_bytes;
   int64_t tp_bytes = 0;
   if (tp_step) {
@@ -759,6 +780,16 @@ int TrainingRun::finish() {
                     device_info_.peak_source.c_str(), device_info_.peak_flops / 1e12);
       }
       std::printf("\n");
+      // Recomputation's FLOPs are done besides the model's: hardware FLOPs, not model FLOPs (MFU
+      // counts the model's only; docs/theory.md, section 12).
+      const double recompute_flops = recompute_flops_per_token(model_);
+      if (recompute_flops > 0) {
+        std::printf("recompute %s: + %.3g FLOPs per token (%s) = +%.1f%% of the model's, in the %.1f ms/step above\n",
+                    recompute_name(model_.recompute), recompute_flops,
+                    model_.recompute == Recompute::Full ? "L(16C^2 + 4TC)" : "4LTC",
+                    100.0 * recompute_flops / flops_per_token, step_ms);
+        summary.add("recompute_flops_per_token", recompute_flops);
+      }
       summary.add("step_ms", step_ms)
           .add("tokens_per_s", tokens_per_s)
           .add("exposed_comm_ms", exposed)

@@ -78,6 +78,11 @@ std::vector<Case> equivalence_cases() {
     cases.push_back({tp, 4, 1, "tiny", std::string("--tp 2 --zero1 --bucket-mb 0.01") + sp, "_dp2_tp2_zero1" + name});
   }
   cases.push_back({tp, 2, 2, "tiny", "--tp 2 --tp-overlap", "_tp2_overlap"});
+  // Recomputation belongs to the model: any chapter takes it, and computes the same. ZeRO-3 gathers
+  // a layer again before its backward, which full recomputation's replay runs inside.
+  cases.push_back({"06_zero3", 2, 2, "tiny", "--recompute full", "_recompute_full"});
+  cases.push_back({"02_overlap_dp", 2, 1, "tiny", "--recompute selective", "_recompute_selective"});
+  cases.push_back({tp, 2, 1, "tiny", "--tp 2 --sequence-parallel --recompute full", "_tp2_sp_recompute_full"});
   return cases;
 }
 
@@ -178,6 +183,8 @@ TEST(Theory, MeasuredMemoryAndBytesMatchTheFormulas) {
     for (int ranks : {1, 2, 4}) runs.push_back({chapter, "tiny", ranks});
   for (const char* chapter : {"05_zero2", "06_zero3"})
     for (int ranks : {2, 4}) runs.push_back({chapter, "wide", ranks});
+  for (const char* recompute : {" --recompute selective", " --recompute full"})
+    runs.push_back({"06_zero3", "tiny", 2, recompute});
   // Tensor parallelism: parameters, activations and the TP group's bytes and calls per collective.
   // At TP 1, 2 and 4, with and without sequence parallelism, and on DP x TP grids.
   const std::vector<std::pair<int, std::string>> grids = {
@@ -188,7 +195,10 @@ TEST(Theory, MeasuredMemoryAndBytesMatchTheFormulas) {
       {4, " --tp 4"},
       {4, " --tp 4 --sequence-parallel"},
       {4, " --tp 2 --zero1"},
-      {4, " --tp 2 --sequence-parallel --grad-accum 2"}};
+      {4, " --tp 2 --sequence-parallel --grad-accum 2"},
+      {2, " --tp 2 --recompute full"},  // the replay's collectives are counted too
+      {2, " --tp 2 --sequence-parallel --recompute full --grad-accum 2"},
+      {2, " --tp 2 --sequence-parallel --recompute selective"}};
   for (const auto& [ranks, flags] : grids) runs.push_back({"07_tensor_parallel", "tiny", ranks, flags});
   for (const Run& run : runs) {
     SCOPED_TRACE(run.chapter + " on " + std::to_string(run.ranks) + " ranks, preset " + run.preset + run.flags);
