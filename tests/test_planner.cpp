@@ -151,12 +151,16 @@ TEST(Planner, RefusesWhatCannotRunAndKeepsOnlyWhatFits) {
   big.model = gpt_like_model(1e12);
   find_cluster("dgx-h100", &big.cluster);
   big.gpus = 8, big.batch = 64;
-  std::vector<PlanResult> results = search_plans(big);
+  SearchSpace space;  // a smaller space than the command line's, to keep the test quick
+  space.micro_batch = {1, 2};
+  space.recompute = {Recompute::None, Recompute::Full};
+  space.sequence_parallel = {true};
+  std::vector<PlanResult> results = search_plans(big, space);
   ASSERT_FALSE(results.empty());
   EXPECT_FALSE(results.front().fits);
   EXPECT_NE(results.front().overflow.find("model state alone"), std::string::npos) << results.front().overflow;
   big.gpus = 512, big.batch = 512;
-  results = search_plans(big);
+  results = search_plans(big, space);
   ASSERT_TRUE(results.front().fits);
   for (size_t i = 1; i < results.size(); i++) {
     if (!results[i].fits) break;
