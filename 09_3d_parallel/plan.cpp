@@ -91,8 +91,14 @@ int run_search(const PlanInputs& in, const Options& opt, const SearchSpace& spac
   int fitting = 0;
   for (const PlanResult& r : results) fitting += r.fits;
   std::printf("%zu configurations predicted, %d fit in memory\n\n", results.size(), fitting);
+  if (fitting == 0) {
+    std::printf("nothing fits on %d GPUs of %s; the least short:\n", in.gpus, format_bytes(in.cluster.memory_bytes).c_str());
+    print_table(results, 3);
+    print_legend();
+    return 1;
+  }
   std::printf("best configurations:\n");
-  print_table(results, std::min(opt.top, std::max(fitting, 1)));
+  print_table(results, std::min(opt.top, fitting));
   const std::vector<PlanResult> grids = best_per_grid(in, results);
   std::printf("\nbest per (tp, pp), simulated:\n");
   print_table(grids, opt.top);
@@ -299,6 +305,8 @@ int main(int argc, char** argv) {
   if (opt.inter_gbps >= 0) k.inter_node.gbps = opt.inter_gbps;
   if (opt.inter_latency_us >= 0) k.inter_node.latency_us = opt.inter_latency_us;
   if (opt.gpus > 0 && opt.nodes > 0) config_error("--gpus and --nodes: give one");
+  if (opt.gpus < 0 || opt.nodes < 0 || opt.batch < 0 || opt.top <= 0 || opt.efficiency < 0)
+    config_error("--gpus, --nodes, --batch, --top and --efficiency must be positive");
   in.gpus = opt.gpus > 0 ? opt.gpus : opt.nodes > 0 ? opt.nodes * k.gpus_per_node : k.gpus_per_node;
   in.batch = opt.batch > 0 ? opt.batch : in.model.default_batch;
   if (in.batch <= 0) config_error("--batch: must be positive");
