@@ -83,7 +83,10 @@ PipelineExecutor::PipelineExecutor(Communicator& pipeline, std::vector<GPT2*> ch
   gradient_recv_.assign(v, std::vector<CommHandle>(m));
   slot_of_.assign(v, std::vector<int>(m, -1));
   free_slots_.resize(v);
-  const int64_t elements = int64_t(micro_B) * T * C;
+  // A stage's stream holds B*T rows, or this rank's B*T/t of them under sequence parallelism (09).
+  const TensorParallelism& tp = chunks_.front()->tensor_parallelism();
+  rows_divisor_ = tp.size > 1 && tp.sequence_parallel ? tp.size : 1;
+  const int64_t elements = int64_t(micro_B) * T * C / rows_divisor_;
   for (int c = 0; c < v; c++) {
     ENSURE(chunks_[c]->part().slots >= max_in_flight(actions_, c),
            "PipelineExecutor: chunk " + std::to_string(c) + " has fewer activation slots than the schedule needs");
@@ -97,7 +100,7 @@ PipelineExecutor::PipelineExecutor(Communicator& pipeline, std::vector<GPT2*> ch
 }
 
 Tensor PipelineExecutor::stream(Buffer& b, int B) const {
-  return make_view(b.data(), {int64_t(B) * T_, C_}, dtype_, device_);
+  return make_view(b.data(), {int64_t(B) * T_ / rows_divisor_, C_}, dtype_, device_);
 }
 
 // Unique over a step: which kind of message, into which virtual stage, for which micro-batch. Under

@@ -75,7 +75,7 @@ class PipelineExecutor {
   const std::vector<Action>& actions() const { return actions_; }
 
  private:
-  Tensor stream(Buffer& b, int B) const;  // (B*T, C) view of a micro-batch buffer
+  Tensor stream(Buffer& b, int B) const;  // (B*T, C) view of a micro-batch buffer (B*T/t rows under SP)
   int tag(bool gradient, int virtual_stage, int micro) const;
 
   Communicator& pipeline_;
@@ -84,6 +84,7 @@ class PipelineExecutor {
   std::vector<Action> actions_;
   Matching matching_;
   int micro_B_, T_, C_, rank_;
+  int rows_divisor_ = 1;  // t under sequence parallelism: a stage's stream is this rank's rows only
   Device device_;
   DType dtype_;
   // Per chunk and micro-batch: the receive buffers, the sent gradient's buffer; the slot in use.

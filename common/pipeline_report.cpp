@@ -98,13 +98,16 @@ void PipelineReport::finish(bool wte_copies_equal) {
     compute += (forward_[c] + backward_[c] + weight_[c]) * m / n;
   }
   double act_theory = 0, p2p_theory = 0;
-  const double message = double(run_.micro_batch_size()) * cfg.T * cfg.C * dtype_size(run_.dtype());
+  // A message is a micro-batch's stream: B*T rows of C, or this rank's B*T/t under sequence parallelism.
+  const TensorParallelism& tp = run_.tensor_parallelism();
+  const double rows_divisor = tp.size > 1 && tp.sequence_parallel ? tp.size : 1;
+  const double message = double(run_.micro_batch_size()) * cfg.T * cfg.C * dtype_size(run_.dtype()) / rows_divisor;
   int in_flight = 0;  // micro-batches held at once by the schedule's formula, summed over the chunks
   for (int c = 0; c < v; c++) {
     ModelPart by_theory = parts_[c];  // (its slots are the list's count: the formula's must agree)
     by_theory.slots = theory_in_flight(schedule_, shape_, rank, c);
     in_flight += by_theory.slots;
-    act_theory += activation_bytes(cfg, run_.micro_batch_size(), run_.dtype(), run_.flash_attention(), {}, by_theory);
+    act_theory += activation_bytes(cfg, run_.micro_batch_size(), run_.dtype(), run_.flash_attention(), tp, by_theory);
     const int s = virtual_stage(shape_, rank, c);
     // Its output forward, its input's gradient back; with one stage they are copies, not messages.
     if (p > 1) p2p_theory += m * message * ((s < p * v - 1 ? 1 : 0) + (s > 0 ? 1 : 0));

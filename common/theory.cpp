@@ -139,9 +139,10 @@ TensorParallelPrediction predict_tensor_parallel(const GPT2Config& cfg, int micr
     p.recomputed = full ? int(L) : 0;
     p.all_reduces = int(4 * L + E + H) + p.recomputed;
     p.bytes_per_micro_batch = p.all_reduces * 2 * (t - 1) / t * activations + loss_bytes;
-    p.formula = "(4" + Ls + (full ? " + " + Ls : "") + (parts.empty() ? " + 2" : "") +
-                ") all-reduces x 2(t-1)/t x BTC" + (head ? " + 3 x 2(t-1)/t x BT x 4 B" : "");
-    if (!parts.empty()) p.formula += " (+1 all-reduce for the embedding, +1 for the head, where the stage holds them)";
+    p.formula = "(4" + Ls + (full ? " + " + Ls + " replayed" : "") +
+                (parts.empty() ? " + 2" : std::string(embedding ? " + 1 embedding" : "") + (head ? " + 1 head" : "")) +
+                ") all-reduces x 2(t-1)/t x BTC" + (head ? " + 3 x 2(t-1)/t x BT x 4 B" : "") +
+                (parts.empty() ? "" : ", L' = " + std::to_string(blocks) + " blocks on this stage");
     return p;
   }
   // Each all-reduce becomes an all-gather and a reduce-scatter: forward, per block 2 all-gathers
@@ -163,9 +164,11 @@ TensorParallelPrediction predict_tensor_parallel(const GPT2Config& cfg, int micr
                 " gathers/scatters x (t-1)/t x BTC + 3 x 2(t-1)/t x BT x 4 B; per step (6L + 3) all-reduces, "
                 "2(t-1)/t x (6LC + 2C + TC)";
   else
-    p.formula = std::string(full ? "13L'" : "10L'") +
-                " (+2 embedding, +3 head) gathers/scatters x (t-1)/t x BTC (+ 3 x 2(t-1)/t x BT x 4 B on the loss's "
-                "stage); per step 6L' (+1 wpe, +2 lnf) all-reduces, 2(t-1)/t x (6L'C (+TC) (+2C))";
+    p.formula = "(" + std::string(full ? "13L'" : "10L'") + (embedding ? " + 2 embedding" : "") +
+                (head ? " + 3 head" : "") + ") gathers/scatters x (t-1)/t x BTC" +
+                (head ? " + 3 x 2(t-1)/t x BT x 4 B" : "") + "; per step (6L'" + (embedding ? " + 1" : "") +
+                (head ? " + 2" : "") + ") all-reduces, 2(t-1)/t x (6L'C" + (embedding ? " + TC" : "") +
+                (head ? " + 2C" : "") + "), L' = " + std::to_string(blocks) + " blocks on this stage";
   return p;
 }
 
@@ -208,9 +211,11 @@ MemoryForecast forecast_memory(Strategy strategy, const ParamLayout& layout, con
   // the chunk starts with the embedding), the output's gradient received (unless it ends with the
   // loss). Its output is sent from its activations, without a copy; with one stage the input's
   // gradient is copied straight into the previous chunk's receive buffer.
+  // Under sequence parallelism (09) the stream, and so each message, is this rank's B*T/t rows.
+  const double rows_divisor = tp.size > 1 && tp.sequence_parallel ? tp.size : 1;
   for (const ModelPart& part : parts) {
     const int buffers = (part.first_unit > 0 ? (pp.size > 1 ? 2 : 1) : 0) + (part.holds(cfg, cfg.L + 1) ? 0 : 1);
-    m.transient += buffers * double(micro_batches) * double(micro_B) * cfg.T * cfg.C * w;
+    m.transient += buffers * double(micro_batches) * double(micro_B) * cfg.T * cfg.C * w / rows_divisor;
   }
   // Full fp32 host copies: one to initialise; saving or resuming holds parameters, m and v, and rank 0
   // the file's bytes besides (as many again): 6 copies. On a GPU these live on the host, except the

@@ -1,6 +1,7 @@
 // training_run.cpp: see training_run.h.
 #include "training_run.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <csignal>
@@ -96,6 +97,10 @@ TrainingRun::TrainingRun(Communicator& world, Communicator& dp, const ProcessGri
 
   model_.flash_attention = cfg_.attention == "flash";
   parse_recompute(cfg_.recompute, &model_.recompute);  // (checked by parse_train_flags)
+  for (const ModelPart& part : pp_.parts)
+    if (part.split_backward && model_.recompute == Recompute::Full)
+      config_error("--recompute full keeps no product's input for zb-h1's later weight pass: use --recompute "
+                   "selective, or another --schedule");
   flash_ = model_.flash_attention &&
            flash_attention_available(dtype_, device_, model_.C / tp_.size, model_.NH / tp_.size);
   micro_B_ = cfg_.batch / (dp_.size() * cfg_.grad_accum);
@@ -637,18 +642,31 @@ void TrainingRun::report_vs_theory(const CommStats& step_comm, const CommStats* 
   row("optimizer state", double(mem.current[int(MemCategory::OptState)]), p.optim_bytes);
   row("  model state", model_state, p.params_bytes + p.grads_bytes + p.optim_bytes);
   row("activations", double(mem.peak[int(MemCategory::Activations)]), forecast_.activations);
-  if (tp_.size > 1) {
-    // The same formula for the three ways of running this model, so that the reader sees what tensor
-    // parallelism alone keeps (every position's stream between the products) and what sequence
-    // parallelism then splits.
-    auto predicted = [&](int t, bool sp) {
-      return format_bytes(activation_bytes(model_, micro_B_, dtype_, flash_, {t, 0, sp}));
-    };
+  // The same formula for the other ways of running this rank's part of the model (all of it, or its
+  // pipeline stage with the schedule's micro-batches in flight), so that the reader sees what tensor
+  // parallelism alone keeps (every position's stream between the products), what sequence
+  // parallelism then splits, and what recomputation drops.
+  auto predicted = [&](int t, bool sp, Recompute recompute) {
+    GPT2Config cfg = model_;
+    cfg.recompute = recompute;
+    double bytes = 0;
+    for (const ModelPart& part : pp_.parts.empty() ? std::vector<ModelPart>{ModelPart{}} : pp_.parts)
+      bytes += activation_bytes(cfg, micro_B_, dtype_, flash_, {t, 0, sp}, part);
+    return format_bytes(bytes);
+  };
+  const Recompute now = model_.recompute;
+  if (tp_.size > 1)
     std::printf("    (by the formula: no TP %s | TP %d %s | TP %d + SP %s; docs/theory.md, section 9, derives it and "
                 "sets it beside Korthikanti et al.'s)\n",
-                predicted(1, false).c_str(), tp_.size, predicted(tp_.size, false).c_str(), tp_.size,
-                predicted(tp_.size, true).c_str());
-  }
+                predicted(1, false, now).c_str(), tp_.size, predicted(tp_.size, false, now).c_str(), tp_.size,
+                predicted(tp_.size, true, now).c_str());
+  if (tp_.size > 1 || pp_.size > 1 || now != Recompute::None)
+    std::printf("    (recompute none %s | selective %s | full %s%s; docs/theory.md, section 11)\n",
+                predicted(tp_.size, tp_.sequence_parallel, Recompute::None).c_str(),
+                predicted(tp_.size, tp_.sequence_parallel, Recompute::Selective).c_str(),
+                predicted(tp_.size, tp_.sequence_parallel, Recompute::Full).c_str(),
+                std::any_of(pp_.parts.begin(), pp_.parts.end(), [](const ModelPart& x) { return x.split_backward; })
+                    ? " (not with zb-h1)" : "");
   std::printf("  %-22s %12s %12s   (transient; theory: at most)\n", "communication buffers",
               format_bytes(double(mem.peak[int(MemCategory::CommBuffers)])).c_str(),
               format_bytes(forecast_.transient).c_str());
@@ -657,7 +675,7 @@ void TrainingRun::report_vs_theory(const CommStats& step_comm, const CommStats* 
   row(groups ? "DP bytes per step" : "comm bytes per step", double(dp_bytes), p.comm_bytes);
   std::printf("  (%scomm theory: %s; padding adds up to %s per full copy)\n", groups ? "DP " : "",
               p.comm_formula.c_str(), format_bytes(padding).c_str());
-  TensorParallelPrediction tp = predict_tensor_parallel(model_, micro_B_, tp_, dtype_);
+  TensorParallelPrediction tp = predict_tensor_parallel(model_, micro_B_, tp_, dtype_, pp_.parts);
   const double tp_theory = cfg_.grad_accum * tp.bytes_per_micro_batch + tp.partial_grad_bytes;
   int64_t tp_bytes = 0;
   if (tp_step) {
@@ -749,6 +767,16 @@ int TrainingRun::finish() {
                     device_info_.peak_source.c_str(), device_info_.peak_flops / 1e12);
       }
       std::printf("\n");
+      // Recomputation's FLOPs are done besides the model's: hardware FLOPs, not model FLOPs (MFU
+      // counts the model's only; docs/theory.md, section 11).
+      const double recompute_flops = recompute_flops_per_token(model_);
+      if (recompute_flops > 0) {
+        std::printf("recompute %s: + %.3g FLOPs per token (%s) = +%.1f%% of the model's, in the %.1f ms/step above\n",
+                    recompute_name(model_.recompute), recompute_flops,
+                    model_.recompute == Recompute::Full ? "L(16C^2 + 4TC)" : "4LTC",
+                    100.0 * recompute_flops / flops_per_token, step_ms);
+        summary.add("recompute_flops_per_token", recompute_flops);
+      }
       summary.add("step_ms", step_ms)
           .add("tokens_per_s", tokens_per_s)
           .add("exposed_comm_ms", exposed)

@@ -1,0 +1,333 @@
+// Chapter 09: 3D parallelism: data x tensor x pipeline parallelism in one trainer, and activation
+// recomputation.
+//
+// The idea. Each parallelism so far removes one limit and adds one cost. Data parallelism (01-06)
+// multiplies throughput, but every rank holds the whole model (or gathers it: ZeRO-3). Tensor
+// parallelism (07) splits every product over t ranks, at the price of collectives on the critical
+// path of every layer: it needs a node's fast links, and stops at the node. Pipeline parallelism (08)
+// splits the model by depth over p stages for one message per micro-batch and boundary, at the price
+// of the bubble. Large models are trained with all three at once (Megatron-LM: t = 8 inside a node,
+// p across nodes, d over the rest): each rank holds 1/(t p) of the model, runs its stage's blocks on
+// its 1/t of every product, and the d replicas of that grid average their gradients.
+//
+// Composition is mostly placement. The process grid puts TP innermost (consecutive ranks: one node)
+// and PP outermost: world rank = (pp x DP + dp) x TP + tp (common/process_grid.h). Nothing in a stage
+// knows about the pipeline's other stages but its neighbours, and nothing in a tensor-parallel group
+// knows about the pipeline: a chunk (08's model part) is simply built as this rank's slice (07's
+// layout), with 07's f and g collectives over the TP group; the messages between stages are the
+// stream between blocks, which under sequence parallelism a rank holds only B*T/t rows of: each TP
+// rank sends its own rows to the same TP rank of the next stage, t messages of 1/t each. The tied
+// wte's two copies are vocabulary slices now, summed in the embedding group of each (dp, tp)
+// coordinate. Gradients: 07's sums over TP of the tensors held whole (under SP), 08's sum of wte over
+// the embedding group, then data parallelism over the DP group (or ZeRO-1). Four groups, four kinds
+// of traffic, each printed next to its formula.
+//
+// Activation recomputation (--recompute, in every chapter: it belongs to the model) trades compute
+// for the activations that a pipeline multiplies by its micro-batches in flight. selective drops the
+// attention's (B,NH,T,T) scores and recomputes them before their backward (a few percent of the
+// FLOPs, the term that grows with T^2); full keeps only each block's input and replays the block in
+// its backward (about 2/3 of a forward more; under TP, the replay's collectives too). The arena holds
+// what each keeps, no more (docs/theory.md, section 11).
+//
+// What to notice: per rank, the model state is 1/(t p) of 01's (with ZeRO-1 the optimizer's 1/d
+// again); activations per stage are the schedule's micro-batches in flight x the per-layer formula
+// under TP, SP and recomputation; "TP bytes", "p2p bytes", "DP bytes" and the embedding group's are
+// each their formula; the bubble is 08's; the losses are 01's.
+//
+// Base chapter: 08_pipeline (docs/diffs/09_3d_parallel.diff: what composing 07 into it adds).
+//
+// Run:
+//   make 09_3d_parallel
+//   mpiexec -n 4 ./09_3d_parallel/train --preset deep                               # TP 2 x PP 2
+//   mpiexec -n 8 ./09_3d_parallel/train --preset deep --sequence-parallel --zero1   # DP 2 x TP 2 x PP 2
+//   mpiexec -n 4 ./09_3d_parallel/train --preset deep --schedule interleaved --recompute selective
+#include <cmath>
+#include <cstdio>
+#include <memory>
+#include <sstream>
+#include <utility>
+#include <vector>
+
+#include "buckets.h"
+#include "comm.h"
+#include "comm_factory.h"
+#include "data_parallel.h"
+#include "device.h"
+#include "flags.h"
+#include "memory.h"
+#include "model.h"
+#include "ops.h"
+#include "optimizer.h"
+#include "pipeline.h"
+#include "pipeline_report.h"
+#include "pipeline_schedule.h"
+#include "process_grid.h"
+#include "shards.h"
+#include "training_run.h"
+
+struct Options {
+  int tp = 0;              // 0: 2 where the rank count is even, else 1
+  int pp = 0;              // 0: 2 where the rest is even, else 1
+  bool sequence_parallel = false, overlap = false;
+  int micro_batches = 0;   // 0: 2 p
+  std::string schedule = "1f1b";
+  std::string matching = "auto";  // auto: by tag where the communicator has tags (MPI), else call order
+  int virtual_stages = 0;  // 0: 2 for interleaved, else 1
+  std::string partition;   // blocks per virtual stage, "3,3,3,3"; empty: balanced by FLOPs
+  bool zero1 = false;
+  double bucket_mb = 0;
+};
+
+std::vector<int> parse_partition(const std::string& text) {
+  std::vector<int> blocks;
+  std::stringstream in(text);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    char* end = nullptr;
+    const long n = std::strtol(item.c_str(), &end, 10);
+    if (item.empty() || *end != '\0' || n < 1) config_error("--partition " + text + ": a block count per virtual stage, each >= 1, e.g. 3,4,5");
+    blocks.push_back(int(n));
+  }
+  return blocks;
+}
+
+// The whole run, in a function: the grid's groups must end before MPI does.
+int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
+  Schedule schedule;
+  if (!parse_schedule(opt.schedule, &schedule))
+    config_error("--schedule " + opt.schedule + ": choose afab, 1f1b, interleaved or zb-h1");
+  const int t = opt.tp ? opt.tp : world.size() % 2 == 0 ? 2 : 1;
+  const int p = opt.pp ? opt.pp : (world.size() / t) % 2 == 0 ? 2 : 1;
+  const int v = opt.virtual_stages ? opt.virtual_stages : schedule == Schedule::Interleaved ? 2 : 1;
+  if (v > 1 && schedule != Schedule::Interleaved)
+    config_error("--virtual-stages " + std::to_string(v) + " needs --schedule interleaved");
+  // The grid: TP innermost (a node's fast links), PP outermost, data parallelism over the rest.
+  ProcessGrid grid(world, grid_shape(world.size(), t, p));
+  const bool sequence_parallel = opt.sequence_parallel && t > 1;
+  if (opt.sequence_parallel && !sequence_parallel && world.rank() == 0)
+    std::printf("note: --sequence-parallel does nothing at --tp 1 (one rank per tensor-parallel group holds every "
+                "row); running without it\n");
+  const TensorParallelism tp{t, grid.coords().tp, sequence_parallel};
+  if (schedule == Schedule::ZBH1 && t > 1)
+    config_error("--schedule zb-h1 with --tp " + std::to_string(t) + ": the split backward (a later weight pass) is "
+                 "not implemented under tensor parallelism; use --tp 1, or another schedule");
+  const int m = cfg.grad_accum;  // --micro-batches, set in main
+  GPT2Config model_cfg;
+  if (!find_preset(cfg.preset, &model_cfg)) config_error("--preset: unknown preset '" + cfg.preset + "'");
+  if (model_cfg.L < p * v)
+    config_error("--pp " + std::to_string(p) + " x --virtual-stages " + std::to_string(v) + " = " +
+                 std::to_string(p * v) + " virtual stages, but --preset " + cfg.preset + " has " +
+                 std::to_string(model_cfg.L) + " blocks: every stage needs one (try --preset deep or tall)");
+  if (schedule == Schedule::Interleaved && m % p)
+    config_error("--schedule interleaved sends micro-batches round the ranks in groups of --pp " + std::to_string(p) +
+                 ": --micro-batches " + std::to_string(m) + " must be a multiple of it");
+
+  // The partition: blocks per virtual stage, the head's cost weighed in.
+  const std::vector<int> blocks = opt.partition.empty() ? balanced_partition(model_cfg, p * v) : parse_partition(opt.partition);
+  int total = 0;
+  for (int b : blocks) total += b;
+  if (int(blocks.size()) != p * v || total != model_cfg.L)
+    config_error("--partition " + opt.partition + ": " + std::to_string(p * v) + " block counts that add up to L = " +
+                 std::to_string(model_cfg.L));
+
+  // How a receive finds its message: MPI matches tags, so every receive can be posted at the start;
+  // NCCL has none and matches by call order, which the lists are then built for.
+  Matching matching = grid.pp().matches_by_tag() ? Matching::ByTag : Matching::ByCallOrder;
+  if (opt.matching != "auto" && !parse_matching(opt.matching, &matching))
+    config_error("--p2p-matching " + opt.matching + ": choose auto, tag or call-order");
+  if (matching == Matching::ByTag && !grid.pp().matches_by_tag())
+    config_error("--p2p-matching tag: the " + grid.pp().name() + " communicator has no tags (use call-order)");
+
+  // The schedule: this rank's actions, and every rank's, checked before any work.
+  const PipelineShape shape{p, m, v};
+  const int rank = grid.coords().pp;
+  std::vector<std::vector<Action>> every_rank;
+  for (int r = 0; r < p; r++) every_rank.push_back(build_schedule(schedule, shape, r, matching));
+  const std::string problem = check_pipeline(schedule, shape, every_rank, matching);
+  if (!problem.empty()) config_error("the " + opt.schedule + " schedule is unsound: " + problem);
+  const std::vector<Action>& actions = every_rank[rank];
+  std::vector<ModelPart> parts = parts_of_rank(model_cfg, blocks, p, rank);
+  for (int c = 0; c < v; c++) {
+    parts[c].slots = max_in_flight(actions, c);  // the micro-batches whose activations it holds at once
+    parts[c].split_backward = schedule == Schedule::ZBH1;
+  }
+
+  // Each chunk is this rank's tensor-parallel slice of its pipeline part.
+  const bool sharded = opt.zero1;
+  TrainingRun run(grid, cfg, sharded ? Strategy::ZeRO1 : Strategy::DP, tp, PipelineParallelism{p, rank, parts});
+  const Device device = run.device();
+  const DType dtype = run.dtype();
+  const ParamLayout& layout = run.layout();  // this stage's units, this TP rank's slices of them
+  Communicator& dp_group = grid.dp();
+  Communicator& tp_group = grid.tp();
+  print_partition(run, model_cfg, blocks, p);
+
+  Buffer params(layout.padded_size, MemCategory::Params, dtype, device);
+  Buffer grads(layout.padded_size, MemCategory::Grads, dtype, device);
+  const double bucket_bytes =
+      cfg.was_given("--bucket-mb") ? opt.bucket_mb * 1e6 : default_bucket_bytes(layout, dtype_size(dtype));
+  GradientBuckets buckets(layout, bucket_bytes, dtype_size(dtype), sharded ? BucketCut::AtLayers : BucketCut::AtTensors);
+  const ShardPlan plan = sharded ? GradientSync::zero1_plan(buckets, dp_group) : ShardPlan::unsharded(layout);
+  Buffer grad_shard(sharded ? plan.size() : 0, MemCategory::CommBuffers, dtype, device);
+  GradientSync data_parallel(dp_group, buckets, grads.view(), sharded ? &plan : nullptr, grad_shard.view());
+  AdamW optimizer(layout, plan, cfg.weight_decay, device, dtype);
+  std::vector<std::unique_ptr<GPT2>> models;  // one per chunk, over the same flat buffers
+  std::vector<GPT2*> chunks;
+  for (const ModelPart& part : parts) {
+    models.push_back(std::make_unique<GPT2>(run.model_config(), layout, run.micro_batch_size(), device, dtype, tp,
+                                            part));
+    models.back()->bind_all(params.data(), grads.data());
+    chunks.push_back(models.back().get());
+  }
+  const int start = run.init_or_resume(params, optimizer);
+  PipelineExecutor pipeline(grid.pp(), chunks, shape, actions, matching, run.micro_batch_size(), model_cfg.T,
+                            model_cfg.C, device, dtype);
+  PipelineReport report(run, grid, shape, schedule, matching, parts);
+
+  // The lesson: 07's collectives, over this rank's TP group, in every chunk. "f" precedes a
+  // column-parallel product, "g" follows a row-parallel one; each is the other's mirror in backward.
+  auto started = [&](CommHandle handle) {  // without --tp-overlap, nothing runs behind the computation
+    if (!opt.overlap) {
+      handle.wait();
+      return CommHandle();
+    }
+    return handle;
+  };
+  for (GPT2* chunk : chunks) {
+    TensorParallelHooks& hooks = chunk->tp_hooks;
+    if (!sequence_parallel) {
+      hooks.f_forward = [](Tensor, Tensor) { return CommHandle(); };
+      hooks.f_backward = [&](Tensor full, Tensor) { return started(tp_group.all_reduce_async(full, ReduceOp::Sum)); };
+      hooks.g_forward = [&](Tensor partial, Tensor) { return tp_group.all_reduce_async(partial, ReduceOp::Sum); };
+      hooks.g_backward = [](Tensor, Tensor) { return CommHandle(); };
+    } else {
+      hooks.f_forward = [&](Tensor local, Tensor full) { return started(tp_group.all_gather_async(local, full)); };
+      hooks.f_backward = [&](Tensor full, Tensor local) {
+        return started(tp_group.reduce_scatter_async(full, local, ReduceOp::Sum));
+      };
+      hooks.g_forward = [&](Tensor partial, Tensor local) {
+        return tp_group.reduce_scatter_async(partial, local, ReduceOp::Sum);
+      };
+      hooks.g_backward = [&](Tensor local, Tensor full) { return tp_group.all_gather_async(local, full); };
+    }
+    hooks.vocab_all_reduce = [&](Tensor values, ReduceOp op) { tp_group.all_reduce(values, op); };
+  }
+
+  // Gradients, on the last micro-batch's backward (or weight pass, under zb-h1), in three groups:
+  // under sequence parallelism the tensors held whole are summed over the TP group (07); wte's two
+  // copies (vocabulary slices) over the embedding group (08); then data parallelism over this
+  // stage's DP group (03, or ZeRO-1: 04).
+  const int wte = layout.find("wte");
+  Communicator* embedding = grid.embedding();
+  bool last_micro_batch = false;
+  CommHandle wte_sum;
+  std::vector<std::pair<int, CommHandle>> summing;  // the TP sums in flight
+  auto finish_tp_sums = [&] {
+    for (auto& [param, handle] : summing) {
+      handle.wait();
+      data_parallel.gradient_ready(param);
+    }
+    summing.clear();
+  };
+  pipeline.before_compute = [&](const Action& a) { last_micro_batch = a.micro == m - 1; };
+  // With one stage and several chunks, the embedding's chunk and the head's share this rank's one
+  // wte: its gradient is final after the embedding's backward, the later of the two.
+  const bool rank_holds_embedding = chunks.front()->has_embedding();
+  for (GPT2* chunk : chunks) {
+    const bool wte_not_final_here = rank_holds_embedding && !chunk->has_embedding();
+    chunk->hooks.grad_ready = [&, wte_not_final_here](int param) {
+      if (param == wte && wte_not_final_here) return;
+      if (!last_micro_batch) return;  // no_sync
+      if (sequence_parallel && layout.params[param].shard.whole()) {
+        const ParamInfo& info = layout.params[param];
+        summing.emplace_back(param, tp_group.all_reduce_async(grads.view().slice1d(info.offset, info.size),
+                                                              ReduceOp::Sum));
+        return;
+      }
+      if (param == wte && embedding) {
+        wte_sum = embedding->all_reduce_async(grads.view().slice1d(layout.params[wte].offset, layout.params[wte].size),
+                                              ReduceOp::Sum);
+        return;
+      }
+      data_parallel.gradient_ready(param);
+    };
+    chunk->hooks.after_backward = [&](int) { finish_tp_sums(); };  // the sums travel while a layer's backward runs
+  }
+
+  for (int step = start; step < cfg.steps; step++) {
+    run.begin_step(step);
+    fill_zero(grads.view());
+    const float loss = pipeline.run([&](int micro) { return run.micro_batch(step, micro); });
+    finish_tp_sums();  // (those of a last weight pass)
+    if (wte_sum.valid()) {
+      wte_sum.wait();
+      wte_sum = CommHandle();
+      data_parallel.gradient_ready(wte);
+    }
+    data_parallel.finish();
+
+    // The global norm: every stage's own gradients, wte counted once (on the first stage), the
+    // tensors held whole once per TP group; summed over the grid, from one DP replica (under ZeRO-1
+    // each DP rank holds its own piece: all of them).
+    const Tensor my_grads = sharded ? grad_shard.view() : grads.view();
+    const bool second_wte = rank != 0 && layout.params[wte].held();
+    const bool counts = sharded || grid.coords().dp == 0;
+    const double squares = !counts ? 0.0 : gradient_squares(layout, plan, my_grads, [&](const ParamInfo& info) {
+      return !(second_wte && info.name == "wte") && (tp.rank == 0 || !info.shard.whole());
+    });
+    const double norm = std::sqrt(grid.world().all_reduce_scalar(squares, ReduceOp::Sum));
+    optimizer.update(params.view(), my_grads, step + 1, run.lr(step), clip_factor(norm, cfg.grad_clip));
+    if (sharded) data_parallel.gather_parameters(params.view());
+
+    report.add_step(step, pipeline.times());
+    run.end_step(step, loss, norm);
+    if (run.checkpoint_due(step)) run.save_checkpoint(step + 1, params, optimizer);
+    if (run.stopping()) break;
+  }
+  report.finish(tied_copies_equal(embedding, params.view(), layout));
+  return run.finish();
+}
+
+int main(int argc, char** argv) {
+  auto comm = init_mpi_communicator(&argc, &argv);
+  TrainConfig cfg;
+  FlagParser flags;
+  Options opt;
+  flags.add("--tp", &opt.tp, "ranks in a tensor-parallel group, innermost (default: 2 on an even rank count)");
+  flags.add("--pp", &opt.pp, "pipeline stages, outermost (default: 2 where the ranks left are even); the rest is "
+                             "data-parallel");
+  flags.add_switch("--sequence-parallel", &opt.sequence_parallel,
+                   "split the rows between the parallel products too (gathers and scatters for all-reduces)");
+  flags.add_switch("--tp-overlap", &opt.overlap,
+                   "in backward, sum the input's gradient while the weight's gradient is computed");
+  flags.add("--micro-batches", &opt.micro_batches, "micro-batches per step in each pipeline (default: 2 x --pp)");
+  flags.add("--schedule", &opt.schedule, "afab, 1f1b (default), interleaved or zb-h1");
+  flags.add("--virtual-stages", &opt.virtual_stages, "model chunks per rank, interleaved only (default 2)");
+  flags.add("--p2p-matching", &opt.matching, "auto (default), tag (MPI: receives posted at the start) or "
+                                             "call-order (NCCL: each receive grouped with the sends before its pass)");
+  flags.add("--partition", &opt.partition, "blocks per virtual stage, e.g. 3,3,3,3 (default: balanced by FLOPs)");
+  flags.add_switch("--zero1", &opt.zero1, "shard the optimizer state over each stage's data-parallel group (04)");
+  flags.add("--bucket-mb", &opt.bucket_mb, "data-parallel bucket size in MB (default: an eighth of the gradient)");
+  flags.add("--tp-link-gbps", &cfg.tp_link_gbps, "the tensor-parallel group's emulated link (default: --link-gbps's)");
+  flags.add("--tp-link-latency-us", &cfg.tp_link_latency_us, "its latency (default: --link-latency-us's)");
+  if (!parse_train_flags(argc, argv, "09_3d_parallel",
+                         "Chapter 09: data x tensor x pipeline parallelism, and activation recomputation.", flags,
+                         &cfg)) {
+    shutdown_mpi(std::move(comm));
+    return 0;
+  }
+  if (cfg.was_given("--bucket-mb") && !(opt.bucket_mb > 0)) config_error("--bucket-mb must be > 0");
+  if (cfg.was_given("--tp") && opt.tp < 1) config_error("--tp must be >= 1");
+  if (cfg.was_given("--pp") && opt.pp < 1) config_error("--pp must be >= 1");
+  if (cfg.was_given("--virtual-stages") && opt.virtual_stages < 1) config_error("--virtual-stages must be >= 1");
+  if (cfg.was_given("--grad-accum"))
+    config_error("--grad-accum: a pipeline's micro-batches are its accumulation; use --micro-batches");
+  if (cfg.was_given("--micro-batches") && opt.micro_batches < 1) config_error("--micro-batches must be >= 1");
+  const int t = opt.tp ? opt.tp : comm->size() % 2 == 0 ? 2 : 1;
+  const int p = opt.pp ? opt.pp : (comm->size() / t) % 2 == 0 ? 2 : 1;
+  cfg.grad_accum = opt.micro_batches ? opt.micro_batches : 2 * p;
+  comm = communicator_for(pick_device(cfg.device), std::move(comm));  // NCCL on GPUs (comm_factory.h)
+  const int status = train(*comm, cfg, opt);
+  shutdown_mpi(std::move(comm));
+  return status;
+}
