@@ -32,7 +32,7 @@ struct Options {
   // A single configuration (or a restriction of the search) when given.
   int tp = 0, pp = 0, virtual_stages = 0, micro_batch = 0, zero = -1;
   std::string schedule, recompute, attention = "flash";
-  bool sequence_parallel = false, no_sequence_parallel = false;
+  bool sequence_parallel = false, no_sequence_parallel = false, runnable_here = false;
   int micro_batches = 0;
   bool one = false;
   std::string megatron, heatmap;
@@ -74,6 +74,8 @@ void print_table(const std::vector<PlanResult>& results, int count) {
                 seconds(r.bubble_s).c_str(), seconds(r.dp_s).c_str(), seconds(r.embedding_s).c_str(),
                 seconds(r.step_s).c_str(), format_count(r.tokens_per_s).c_str(), 100 * r.mfu,
                 r.fits ? "" : "  DOES NOT FIT");
+    const std::string why = not_runnable_here(r.config);
+    if (!why.empty()) std::printf("    (not runnable by our chapters yet: %s)\n", why.c_str());
     if (!r.fits) std::printf("    %s\n", r.overflow.c_str());
   }
 }
@@ -281,6 +283,8 @@ int main(int argc, char** argv) {
   flags.add("--recompute", &opt.recompute, "only this recomputation: none, selective, full", "WHAT");
   flags.add_switch("--sequence-parallel", &opt.sequence_parallel, "only with sequence parallelism");
   flags.add_switch("--no-sequence-parallel", &opt.no_sequence_parallel, "only without sequence parallelism");
+  flags.add_switch("--runnable-here", &opt.runnable_here, "only what chapters 03-09 can run (no ZeRO-2/3 with TP or "
+                   "PP, no zb-h1 with TP)");
   flags.add("--attention", &opt.attention, "flash (where the head size allows) or materialized", "HOW");
   flags.add("--megatron", &opt.megatron, "compare with Megatron-LM's Table 1 kept in this CSV", "PATH");
   flags.add("--calibration-row", &opt.calibration_row, "the Table 1 row the efficiency is calibrated on (0-based)");
@@ -340,5 +344,6 @@ int main(int argc, char** argv) {
   if (opt.sequence_parallel && opt.no_sequence_parallel) config_error("--sequence-parallel and --no-sequence-parallel: choose one");
   if (opt.sequence_parallel) space.sequence_parallel = {true};
   if (opt.no_sequence_parallel) space.sequence_parallel = {false};
+  space.runnable_here_only = opt.runnable_here;
   return run_search(in, opt, space, note);
 }

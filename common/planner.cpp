@@ -217,6 +217,13 @@ std::vector<ModelPart> stage_parts(const GPT2Config& cfg, const PlanConfig& c, i
 }
 }  // namespace
 
+std::string not_runnable_here(const PlanConfig& c) {
+  if (c.zero >= 2 && (c.tp > 1 || c.pp > 1))
+    return "ZeRO-" + std::to_string(c.zero) + " runs in 0" + std::to_string(c.zero + 3) + " only, without TP or a pipeline";
+  if (c.pp > 1 && c.schedule == Schedule::ZBH1 && c.tp > 1) return "09's zb-h1 has no split backward under TP";
+  return "";
+}
+
 StageMemory stage_memory(const PlanInputs& in, const PlanConfig& c, int stage) {
   GPT2Config cfg = in.model;
   cfg.recompute = c.recompute;
@@ -347,7 +354,9 @@ PlanResult evaluate_plan(const PlanInputs& in, const PlanConfig& c, bool simulat
   const double busy = r.compute_s + r.tp_s;
   double pipeline_s = busy;
   if (p > 1) {
-    costs.p2p = modelled_ms(pp_link, CollectiveKind::SendRecv, int64_t(stream_bytes), 2) / 1e3;
+    // One micro-batch's stream between stages: under sequence parallelism a TP rank's rows only (09).
+    const double message = stream_bytes / (c.sequence_parallel ? c.tp : 1);
+    costs.p2p = modelled_ms(pp_link, CollectiveKind::SendRecv, int64_t(message), 2) / 1e3;
     if (simulate_pipeline) {
       const Simulation sim = simulate(c.schedule, shape, costs);
       pipeline_s = sim.makespan;
@@ -466,6 +475,7 @@ std::vector<PlanResult> search_plans(const PlanInputs& in, const SearchSpace& sp
               for (int B : space.micro_batch) {
                 if ((in.batch / dp) % B) continue;
                 PlanConfig c{dp, t, p, schedule, v, B, in.batch / dp / B, zero, rc, sp};
+                if (space.runnable_here_only && !not_runnable_here(c).empty()) continue;
                 PlanResult r = evaluate_plan(in, c, false);
                 if (!r.invalid.empty()) continue;
                 if (!space.require_fit) {

@@ -90,6 +90,11 @@ struct PlanResult {
   double flops_per_gpu = 0;   // FLOP/s per GPU counting recomputation (Megatron-LM's "achieved")
 };
 
+// "" when one of our chapters runs `config` (03-09), else why not: ZeRO-2/3 exist in 05/06 only,
+// without TP or a pipeline; 09's zb-h1 has no split backward under TP. The planner still predicts
+// such configurations (the formulas hold for them), and marks them.
+std::string not_runnable_here(const PlanConfig& config);
+
 // What one pipeline rank (stage) of a configuration holds: forecast_memory() of the layout and model
 // parts that the trainers build for it, and the model state by category (padded, as allocated).
 struct StageMemory {
@@ -114,6 +119,7 @@ struct SearchSpace {
   // false: rank by step time alone, fitting or not (to predict a run that fitted on someone else's
   // implementation); the memory is still predicted and shown.
   bool require_fit = true;
+  bool runnable_here_only = false;  // only what not_runnable_here() allows
 };
 
 // Every configuration of `space` on in.gpus GPUs for in.batch, predicted and sorted: those that fit

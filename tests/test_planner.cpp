@@ -146,6 +146,12 @@ TEST(Planner, RefusesWhatCannotRunAndKeepsOnlyWhatFits) {
   EXPECT_NE(evaluate_plan(in, config(1, 1, 4, Schedule::OneFOneB, 1, 2, 4, 2, Recompute::None, false)).invalid, "")
       << "ZeRO-2 with dp 1";
 
+  // What our chapters cannot run yet is predicted, but marked (and left out under --runnable-here).
+  EXPECT_NE(not_runnable_here(config(2, 2, 1, Schedule::OneFOneB, 1, 1, 2, 3, Recompute::None, false)), "");
+  EXPECT_NE(not_runnable_here(config(1, 2, 2, Schedule::ZBH1, 1, 1, 4, 0, Recompute::None, false)), "");
+  EXPECT_EQ(not_runnable_here(config(2, 2, 2, Schedule::Interleaved, 2, 1, 4, 1, Recompute::Full, true)), "");
+  EXPECT_EQ(not_runnable_here(config(4, 1, 1, Schedule::OneFOneB, 1, 1, 2, 3, Recompute::None, false)), "");
+
   // A 1T model on one DGX H100 does not fit at all; on 64 nodes it does, with what fits first.
   PlanInputs big;
   big.model = gpt_like_model(1e12);
