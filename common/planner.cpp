@@ -81,6 +81,8 @@ std::string invalid_reason(const PlanInputs& in, const PlanConfig& c) {
   if (c.zero > 0 && c.dp == 1) return "ZeRO shards over the data-parallel group: dp = 1";
   if (c.pp > 1 && c.zero > 1) return "ZeRO-2/3 communicate every micro-batch: not with a pipeline (use ZeRO-1)";
   if (c.pp * c.virtual_stages > m.L) return "more virtual stages than blocks";
+  if (c.pp > 1 && c.schedule == Schedule::ZBH1 && c.recompute == Recompute::Full)
+    return "full recomputation keeps no product's input for zb-h1's later weight pass";
   if (c.pp > 1) {
     const std::string shape_error =
         schedule_shape_error(c.schedule, PipelineShape{c.pp, c.micro_batches, c.virtual_stages});

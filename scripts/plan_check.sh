@@ -49,7 +49,7 @@ runs=(
   "tp2xpp2-selective|4|09_3d_parallel|--tp 2 --pp 2 --micro-batches 2 --recompute selective|--tp 2 --pp 2 --micro-batches 2 --recompute selective|fast|0"
   "dp2xtp2xpp2|8|09_3d_parallel|--tp 2 --pp 2 --micro-batches 2 --sequence-parallel|--tp 2 --pp 2 --micro-batches 2 --sequence-parallel|fast|0"
   "3d-pp2|2|09_3d_parallel|--tp 1 --pp 2 --micro-batches 4|--pp 2 --micro-batches 4|fast|1"
-  "3d-tp2xpp2-zbh1-full|4|09_3d_parallel|--tp 2 --pp 2 --micro-batches 2 --schedule zb-h1 --recompute full|--tp 2 --pp 2 --micro-batches 2 --schedule zb-h1 --recompute full|slow|0"
+  "3d-dp2xpp2-zbh1-sel|4|09_3d_parallel|--tp 1 --pp 2 --micro-batches 2 --schedule zb-h1 --recompute selective|--pp 2 --micro-batches 2 --schedule zb-h1 --recompute selective|slow|0"
   "3d-int-zero1|8|09_3d_parallel|--tp 2 --pp 2 --micro-batches 4 --schedule interleaved --zero1|--tp 2 --pp 2 --micro-batches 4 --schedule interleaved --virtual-stages 2 --zero 1|fast|0"
 )
 

@@ -145,6 +145,8 @@ TEST(Planner, RefusesWhatCannotRunAndKeepsOnlyWhatFits) {
       << "interleaved needs m a multiple of p";
   EXPECT_NE(evaluate_plan(in, config(1, 1, 4, Schedule::OneFOneB, 1, 2, 4, 2, Recompute::None, false)).invalid, "")
       << "ZeRO-2 with dp 1";
+  EXPECT_NE(evaluate_plan(in, config(1, 1, 4, Schedule::ZBH1, 1, 2, 4, 0, Recompute::Full, false)).invalid, "")
+      << "zb-h1's weight pass reads what full recomputation does not keep";
 
   // What our chapters cannot run yet is predicted, but marked (and left out under --runnable-here).
   EXPECT_NE(not_runnable_here(config(2, 2, 1, Schedule::OneFOneB, 1, 1, 2, 3, Recompute::None, false)), "");
