@@ -262,11 +262,14 @@ PlanResult evaluate_plan(const PlanInputs& in, const PlanConfig& c, bool simulat
   const std::vector<int>* blocks = p > 1 ? &cached_partition(cfg, p * v) : nullptr;
   auto parts_of = [&](int rank) { return stage_parts(cfg, c, rank); };
 
-  // Memory: forecast_memory() of every rank (the first, the last and the one with the most blocks
-  // stand for all of them: slots fall from the first rank on, the head's logits sit on the last).
+  // Memory: forecast_memory() of every rank; for the estimate, the first, the second, the last and
+  // the one with the most blocks stand for all of them (slots fall from the first rank on, the head's
+  // logits sit on the last).
   std::vector<int> ranks;
   if (p == 1) {
     ranks = {0};
+  } else if (simulate_pipeline) {
+    for (int rank = 0; rank < p; rank++) ranks.push_back(rank);
   } else {
     ranks = {0, p - 1};
     if (p > 2) ranks.push_back(1);
@@ -312,10 +315,8 @@ PlanResult evaluate_plan(const PlanInputs& in, const PlanConfig& c, bool simulat
   double slowest_compute = 0, slowest_tp = 0;  // per micro-batch, summed over a rank's chunks
   std::vector<double> rank_compute(p, 0), rank_tp(p, 0);
   // The simulator needs every virtual stage's costs; the estimate only the slowest rank's, which is
-  // one of those whose memory was forecast (the most blocks, or the head's).
-  std::vector<int> timed;
-  for (int rank = 0; rank < p; rank++) timed.push_back(rank);
-  if (!simulate_pipeline) timed = ranks;
+  // one of those whose memory was forecast (the most blocks, or the head's): the same ranks.
+  const std::vector<int>& timed = ranks;
   for (int rank : timed) {
     const std::vector<ModelPart> parts = p == 1 ? std::vector<ModelPart>{ModelPart{}} : parts_of(rank);
     for (size_t ch = 0; ch < parts.size(); ch++) {
@@ -369,7 +370,6 @@ PlanResult evaluate_plan(const PlanInputs& in, const PlanConfig& c, bool simulat
       const double f = per_micro / 3, bubble = theory_bubble(c.schedule, shape, f, c.schedule == Schedule::ZBH1 ? f : 2 * f, c.schedule == Schedule::ZBH1 ? f : 0);
       pipeline_s = busy / (1 - bubble) + 2 * (p - 1) * costs.p2p;
     }
-    r.p2p_s = 2.0 * m * v * costs.p2p;  // each micro-batch's sends per chunk (hidden unless waited for)
   }
   r.bubble_s = std::max(0.0, pipeline_s - busy);
 

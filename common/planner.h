@@ -83,7 +83,7 @@ struct PlanResult {
   std::string overflow;       // what does not fit, when it does not
   // One step on the slowest rank, seconds: compute (with recomputation) + exposed TP + pipeline bubble
   // (idle time, point-to-point included) + exposed DP + the embedding group's all-reduce = step.
-  double compute_s = 0, tp_s = 0, bubble_s = 0, p2p_s = 0, dp_s = 0, embedding_s = 0, step_s = 0;
+  double compute_s = 0, tp_s = 0, bubble_s = 0, dp_s = 0, embedding_s = 0, step_s = 0;
   bool simulated = false;     // bubble from simulate() (else from theory_bubble())
   double tokens_per_s = 0;
   double mfu = 0;             // model FLOPs (6N + 12LCT per token, docs/theory.md section 8) / (GPUs x peak)
