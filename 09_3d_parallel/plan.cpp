@@ -62,16 +62,16 @@ void print_header(const PlanInputs& in, const std::string& note) {
 }
 
 void print_table(const std::vector<PlanResult>& results, int count) {
-  std::printf("%-3s %-60s %9s %9s %9s %9s %9s | %9s %8s %8s %8s %8s %9s | %10s %6s\n", "#", "configuration",
-              "params", "grads", "optim", "activ", "peak", "compute", "TP", "bubble", "DP", "embed", "step",
+  std::printf("%-3s %-60s %9s %9s %9s %9s %9s | %9s %8s %8s %8s %8s %8s %9s | %10s %6s\n", "#", "configuration",
+              "params", "grads", "optim", "activ", "peak", "compute", "TP", "bubble", "PP p2p", "DP", "embed", "step",
               "tokens/s", "MFU");
   for (int i = 0; i < count && i < int(results.size()); i++) {
     const PlanResult& r = results[i];
-    std::printf("%-3d %-60s %9s %9s %9s %9s %9s | %9s %8s %8s %8s %8s %9s | %10s %5.1f%%%s\n", i + 1,
+    std::printf("%-3d %-60s %9s %9s %9s %9s %9s | %9s %8s %8s %8s %8s %8s %9s | %10s %5.1f%%%s\n", i + 1,
                 r.config.describe().c_str(), format_bytes(r.params_bytes).c_str(), format_bytes(r.grads_bytes).c_str(),
                 format_bytes(r.optim_bytes).c_str(), format_bytes(r.memory.activations).c_str(),
                 format_bytes(r.memory.peak()).c_str(), seconds(r.compute_s).c_str(), seconds(r.tp_s).c_str(),
-                seconds(r.bubble_s).c_str(), seconds(r.dp_s).c_str(), seconds(r.embedding_s).c_str(),
+                seconds(r.bubble_s).c_str(), seconds(r.pp_s).c_str(), seconds(r.dp_s).c_str(), seconds(r.embedding_s).c_str(),
                 seconds(r.step_s).c_str(), format_count(r.tokens_per_s).c_str(), 100 * r.mfu,
                 r.fits ? "" : "  DOES NOT FIT");
     const std::string why = not_runnable_here(r.config);
@@ -83,8 +83,8 @@ void print_table(const std::vector<PlanResult>& results, int count) {
 void print_legend() {
   std::printf("(memory: the GPU with the largest peak, by category; peak adds communication buffers; time: one step "
               "on the slowest rank: compute with recomputation, exposed TP collectives, pipeline bubble (idle "
-              "time, point-to-point included; 08's simulator), exposed DP, the tied embedding's all-reduce; "
-              "docs/planner.md)\n");
+              "time with free links; 08's simulator), what the stages' messages add to it, exposed DP, the tied "
+              "embedding's all-reduce; docs/planner.md)\n");
 }
 
 int run_search(const PlanInputs& in, const Options& opt, const SearchSpace& space, const std::string& note) {
@@ -146,9 +146,9 @@ int run_one(const PlanInputs& in, const Options& opt, const std::string& note) {
                 format_bytes(sm.memory.peak()).c_str());
     std::printf("plan-json {\"stage\": %d, \"params_bytes\": %.0f, \"grads_bytes\": %.0f, \"optim_bytes\": %.0f, "
                 "\"activations_bytes\": %.0f, \"transient_bytes\": %.0f, \"step_s\": %.9g, \"compute_s\": %.9g, "
-                "\"tp_s\": %.9g, \"bubble_s\": %.9g, \"dp_s\": %.9g, \"embedding_s\": %.9g}\n",
+                "\"tp_s\": %.9g, \"bubble_s\": %.9g, \"pp_s\": %.9g, \"dp_s\": %.9g, \"embedding_s\": %.9g}\n",
                 stage, sm.params_bytes, sm.grads_bytes, sm.optim_bytes, sm.memory.activations, sm.memory.transient,
-                r.step_s, r.compute_s, r.tp_s, r.bubble_s, r.dp_s, r.embedding_s);
+                r.step_s, r.compute_s, r.tp_s, r.bubble_s, r.pp_s, r.dp_s, r.embedding_s);
   }
   print_legend();
   return 0;

@@ -360,18 +360,24 @@ PlanResult evaluate_plan(const PlanInputs& in, const PlanConfig& c, bool simulat
     // One micro-batch's stream between stages: under sequence parallelism a TP rank's rows only (09).
     const double message = stream_bytes / (c.sequence_parallel ? c.tp : 1);
     costs.p2p = modelled_ms(pp_link, CollectiveKind::SendRecv, int64_t(message), 2) / 1e3;
+    double without_p2p = 0;
     if (simulate_pipeline) {
-      const Simulation sim = simulate(c.schedule, shape, costs);
-      pipeline_s = sim.makespan;
+      pipeline_s = simulate(c.schedule, shape, costs).makespan;
+      ActionCosts free_links = costs;
+      free_links.p2p = 0;
+      without_p2p = simulate(c.schedule, shape, free_links).makespan;
       r.simulated = true;
     } else {
       // The slowest stage's F, B, W in theory_bubble's formula, plus the p2p hops of the fill and drain.
       const double per_micro = busy / m;
       const double f = per_micro / 3, bubble = theory_bubble(c.schedule, shape, f, c.schedule == Schedule::ZBH1 ? f : 2 * f, c.schedule == Schedule::ZBH1 ? f : 0);
-      pipeline_s = busy / (1 - bubble) + 2 * (p - 1) * costs.p2p;
+      without_p2p = busy / (1 - bubble);
+      pipeline_s = without_p2p + 2 * (p - 1) * costs.p2p;
     }
+    // What the messages between stages add to the step: the pipeline group's exposed communication.
+    r.pp_s = std::max(0.0, pipeline_s - without_p2p);
   }
-  r.bubble_s = std::max(0.0, pipeline_s - busy);
+  r.bubble_s = std::max(0.0, pipeline_s - busy - r.pp_s);
 
   // Data parallelism over this stage's DP group: the bytes of predict() on the worst stage's layout,
   // at the link's bandwidth, plus each collective's latency (one per unit of the layout). What

@@ -81,9 +81,10 @@ struct PlanResult {
   MemoryForecast memory;      // model_state, activations, transient, checkpoint, data
   bool fits = false;
   std::string overflow;       // what does not fit, when it does not
-  // One step on the slowest rank, seconds: compute (with recomputation) + exposed TP + pipeline bubble
-  // (idle time, point-to-point included) + exposed DP + the embedding group's all-reduce = step.
-  double compute_s = 0, tp_s = 0, bubble_s = 0, dp_s = 0, embedding_s = 0, step_s = 0;
+  // One step on the slowest rank, seconds: compute (with recomputation) + exposed TP + the pipeline's
+  // bubble (idle time with free links) + its exposed point-to-point messages (what they add to the
+  // simulated step) + exposed DP + the embedding group's all-reduce = step.
+  double compute_s = 0, tp_s = 0, bubble_s = 0, pp_s = 0, dp_s = 0, embedding_s = 0, step_s = 0;
   bool simulated = false;     // bubble from simulate() (else from theory_bubble())
   double tokens_per_s = 0;
   double mfu = 0;             // model FLOPs (6N + 12LCT per token, docs/theory.md section 8) / (GPUs x peak)

@@ -7,8 +7,8 @@
 #   exact (both include the padding of the flat buffers); communication buffers are an upper bound.
 #   step time, at 2 ranks: the prediction within 20% of the measured step (the fastest of the run's, the
 #   least disturbed). The planner's compute speed comes from ONE calibration run (01_vanilla_dp on 2
-#   ranks without a link, named in the output): its FLOP/s a rank, with efficiency 1; communication is the emulated link's alpha-beta model; the bubble is 08's
-#   simulator.
+#   ranks without a link, named in the output): its FLOP/s a rank, with efficiency 1; communication is
+#   the emulated link's alpha-beta model; the bubble is 08's simulator.
 # Settings: PRESET=small, STEPS=8 (step 0 is warm-up), RUNS="name name ..." to run only some rows.
 # The machine's cores are shared: timings are noisy; memory is not.
 set -euo pipefail
@@ -156,8 +156,9 @@ for line in open(out + "/rows.tsv"):
         err = (pred_ms - meas_ms) / meas_ms
         time_rows += 1
         time_ok += abs(err) <= 0.20
-        row += " | %7.1f / %7.1f (%+5.1f%%) compute %.1f TP %.1f bubble %.1f DP %.1f" % (
-            meas_ms, pred_ms, 100 * err, p["compute_s"] * 1e3, p["tp_s"] * 1e3, p["bubble_s"] * 1e3, p["dp_s"] * 1e3)
+        row += " | %7.1f / %7.1f (%+5.1f%%) compute %.1f TP %.1f bubble %.1f PP %.1f DP %.1f" % (
+            meas_ms, pred_ms, 100 * err, p["compute_s"] * 1e3, p["tp_s"] * 1e3, p["bubble_s"] * 1e3, p["pp_s"] * 1e3,
+            p["dp_s"] * 1e3)
     print(row)
 print("(memory in kB, rank 0, by category: measured/planned, '!' where they differ; buffers: the measured peak of "
       "the communication buffers and the planner's bound)")

@@ -121,6 +121,14 @@ TEST(Planner, StepTimeIsItsPartsAndThePipelinesIsTheSimulators) {
   ASSERT_TRUE(r.simulated);
   EXPECT_NEAR(r.step_s, r.compute_s + r.bubble_s, 1e-12);
   EXPECT_GT(r.bubble_s, 0);
+  EXPECT_EQ(r.pp_s, 0);
+  // On a slow link the messages add to the step, and only they: the bubble with free links stays.
+  PlanInputs slow_link = in;
+  slow_link.cluster.inter_node = LinkModel{0.5, 50};
+  const PlanResult s = evaluate_plan(slow_link, c, true);
+  EXPECT_GT(s.pp_s, 0);
+  EXPECT_NEAR(s.bubble_s, r.bubble_s, 1e-12);
+  EXPECT_NEAR(s.step_s, s.compute_s + s.bubble_s + s.pp_s + s.embedding_s, 1e-12);
   // The estimate (theory_bubble on the slowest stage) is close to the simulation on balanced stages.
   const PlanResult estimate = evaluate_plan(in, c, false);
   EXPECT_NEAR(estimate.step_s, r.step_s, 0.15 * r.step_s);
