@@ -15,6 +15,8 @@
 #   make bench-torch      chapter 01 next to PyTorch eager, same model, batch, device and dtype (needs torch):
 #                         ARGS="--preset gpt2 --device cuda --dtype bf16 --steps 30"
 #   make diffs            writes docs/diffs/: each chapter's train.cpp against the previous one
+#   make plan             09's planner: best configurations, Megatron-LM's Table 1, results/plan_heatmap.png
+#   make plan-check       09's planner against runs of 04-08 (and 09) on this machine
 #   make deps             only installs missing packages (MPICH, GoogleTest, matplotlib)
 # Flags: ARCH=-march=x86-64-v2 for binaries that must run on older CPUs of a cluster (default: native).
 # A change of flags (ARCH, CXXFLAGS, CUDA_ARCH, ...) rebuilds what they compile (see FLAGS_STAMP).
@@ -50,7 +52,7 @@ GoogleTest=$(or $(HAVE_GTEST),MISSING) matplotlib=$(or $(HAVE_MATPLOTLIB),MISSIN
 $(info building chapters: $(CHAPTERS))
 endif
 
-.PHONY: all deps test tests compare bench bench-comm bench-tp bench-pp schedules bench-torch diffs clean $(CHAPTERS)
+.PHONY: all deps test tests compare bench bench-comm bench-tp bench-pp schedules bench-torch diffs plan plan-check clean $(CHAPTERS)
 all: $(CHAPTERS)
 
 $(CHAPTERS): %: %/train
@@ -80,7 +82,7 @@ $(BUILD)/tests/%: $(BUILD)/tests/%.o $(LIBCOMMON) $(BUILD)/tests/mpi_gtest_main.
 	$(MPICXX) $(CXXFLAGS) $< $(TEST_SUPPORT) $(if $(filter $*,$(MPI_TESTS)),$(BUILD)/tests/mpi_gtest_main.o,-lgtest_main) \
 	  $(LIBCOMMON) $(GTEST_LIBS) -o $@
 
-tests: $(TEST_BIN) $(addsuffix /train,$(CHAPTERS)) $(BUILD)/pipeline_ideal
+tests: $(TEST_BIN) $(addsuffix /train,$(CHAPTERS)) $(BUILD)/pipeline_ideal $(PLAN)
 
 deps:
 	@scripts/ensure_deps.sh
@@ -146,8 +148,20 @@ bench-torch:
 diffs:
 	@scripts/diffs.sh
 
+# Chapter 09's planner: a command-line tool over common/planner.*, no MPI job of its own.
+PLAN := 09_3d_parallel/plan
+$(PLAN): $(BUILD)/09_3d_parallel/plan.o $(LIBCOMMON)
+	$(MPICXX) $(CXXFLAGS) $^ -o $@ -pthread
+
+plan: $(PLAN) ## best DP x TP x PP configurations for a model, Megatron-LM's Table 1 against the planner, results/plan_heatmap.png: PLAN_ARGS="--model megatron-146b --cluster dgx-a100 --gpus 1536 --batch 2304"
+	@scripts/plan.sh $(PLAN_ARGS)
+
+plan-check: $(PLAN) ## the planner's memory and step time against 04-08 (and 09) run on this machine: RUNS="dp2 tp2 ..." to pick
+	@$(MAKE) --no-print-directory all
+	@scripts/plan_check.sh
+
 clean:
-	rm -rf $(BUILD) $(addsuffix /train,$(CHAPTERS))
+	rm -rf $(BUILD) $(addsuffix /train,$(CHAPTERS)) $(PLAN)
 
 -include $(shell find $(BUILD) -name '*.d' 2>/dev/null)
 

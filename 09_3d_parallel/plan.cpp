@@ -1,0 +1,349 @@
+// 09_3d_parallel/plan.cpp: choose a DP x TP x PP configuration before spending the GPUs.
+//
+// Given a model and a cluster, the planner (common/planner.h) tries every data-, tensor- and
+// pipeline-parallel degree, schedule, micro-batch, virtual stages, ZeRO stage and recomputation,
+// predicts each one's memory per GPU and step time with the formulas the chapters print, and shows
+// the best. Nothing is run: it is the arithmetic of docs/theory.md, applied to a cluster we do not
+// have. Four uses:
+//   plan --model megatron-146b --cluster dgx-a100 --gpus 1536 --batch 2304     the best configurations
+//   plan --model gpt2 --cluster dgx-h100 --gpus 8 --tp 2 --pp 2 --zero 1 ...    the best of those
+//   plan --one --model small --cluster emulated --gpus 2 --batch 8 --zero 1    one configuration, every stage
+//   plan --megatron docs/data/megatron_table1.csv                              against the published record
+//   plan --heatmap results/plan_heatmap.csv                                     best per model size and node count
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "check.h"
+#include "flags.h"
+#include "metrics.h"  // format_bytes
+#include "plan_record.h"
+#include "planner.h"
+
+namespace {
+
+struct Options {
+  std::string model = "megatron-146b", cluster = "dgx-a100";
+  int gpus = 0, nodes = 0, batch = 0, top = 8;
+  double efficiency = 0;  // 0: the calibrated constant below
+  double peak_flops = 0, memory_gb = 0, inter_gbps = -1, inter_latency_us = -1, intra_gbps = -1, intra_latency_us = -1;
+  // A single configuration (or a restriction of the search) when given.
+  int tp = 0, pp = 0, virtual_stages = 0, micro_batch = 0, zero = -1;
+  std::string schedule, recompute, attention = "flash";
+  bool sequence_parallel = false, no_sequence_parallel = false, runnable_here = false;
+  int micro_batches = 0;
+  bool one = false;
+  std::string megatron, heatmap;
+  int calibration_row = 6;
+};
+
+// Calibrated on Table 1's 145.6B row (8-way TP, 8 stages, 1536 A100s): `plan --megatron` recomputes
+// it and says whether this still agrees.
+constexpr double kCalibratedEfficiency = 0.51;
+
+std::string seconds(double s) {
+  char text[32];
+  if (s >= 1) std::snprintf(text, sizeof(text), "%.2f s", s);
+  else std::snprintf(text, sizeof(text), "%.1f ms", s * 1e3);
+  return text;
+}
+
+void print_header(const PlanInputs& in, const std::string& note) {
+  std::printf("model %s: L=%d C=%d NH=%d T=%d V=%d (%s)\n", in.model.preset.c_str(), in.model.L, in.model.C,
+              in.model.NH, in.model.T, in.model.V, note.c_str());
+  std::printf("cluster %s: %s; %d GPUs (%d nodes), %s each\n", in.cluster.name.c_str(),
+              in.cluster.description.c_str(), in.gpus, (in.gpus + in.cluster.gpus_per_node - 1) / in.cluster.gpus_per_node,
+              format_bytes(in.cluster.memory_bytes).c_str());
+  std::printf("global batch %d sequences of %d tokens | compute efficiency %.3f (fraction of peak the dense math "
+              "reaches; --efficiency) | attention %s\n",
+              in.batch, in.model.T, in.efficiency, in.flash_attention ? "flash where the head size allows" : "materialized");
+}
+
+void print_table(const std::vector<PlanResult>& results, int count) {
+  std::printf("%-3s %-60s %9s %9s %9s %9s %9s | %9s %8s %8s %8s %8s %8s %9s | %10s %6s\n", "#", "configuration",
+              "params", "grads", "optim", "activ", "peak", "compute", "TP", "bubble", "PP p2p", "DP", "embed", "step",
+              "tokens/s", "MFU");
+  for (int i = 0; i < count && i < int(results.size()); i++) {
+    const PlanResult& r = results[i];
+    std::printf("%-3d %-60s %9s %9s %9s %9s %9s | %9s %8s %8s %8s %8s %8s %9s | %10s %5.1f%%%s\n", i + 1,
+                r.config.describe().c_str(), format_bytes(r.params_bytes).c_str(), format_bytes(r.grads_bytes).c_str(),
+                format_bytes(r.optim_bytes).c_str(), format_bytes(r.memory.activations).c_str(),
+                format_bytes(r.memory.peak()).c_str(), seconds(r.compute_s).c_str(), seconds(r.tp_s).c_str(),
+                seconds(r.bubble_s).c_str(), seconds(r.pp_s).c_str(), seconds(r.dp_s).c_str(), seconds(r.embedding_s).c_str(),
+                seconds(r.step_s).c_str(), format_count(r.tokens_per_s).c_str(), 100 * r.mfu,
+                r.fits ? "" : "  DOES NOT FIT");
+    const std::string why = not_runnable_here(r.config);
+    if (!why.empty()) std::printf("    (not runnable by our chapters yet: %s)\n", why.c_str());
+    if (!r.fits) std::printf("    %s\n", r.overflow.c_str());
+  }
+}
+
+void print_legend() {
+  std::printf("(memory: the GPU with the largest peak, by category; peak adds communication buffers; time: one step "
+              "on the slowest rank: compute with recomputation, exposed TP collectives, pipeline bubble (idle "
+              "time with free links; 08's simulator), what the stages' messages add to it, exposed DP, the tied "
+              "embedding's all-reduce; docs/planner.md)\n");
+}
+
+int run_search(const PlanInputs& in, const Options& opt, const SearchSpace& space, const std::string& note) {
+  print_header(in, note);
+  const std::vector<PlanResult> results = search_plans(in, space);
+  int fitting = 0;
+  for (const PlanResult& r : results) fitting += r.fits;
+  std::printf("%zu configurations predicted, %d fit in memory\n\n", results.size(), fitting);
+  if (fitting == 0) {
+    std::printf("nothing fits on %d GPUs of %s; the least short:\n", in.gpus, format_bytes(in.cluster.memory_bytes).c_str());
+    print_table(results, 3);
+    print_legend();
+    return 1;
+  }
+  std::printf("best configurations:\n");
+  print_table(results, std::min(opt.top, fitting));
+  const std::vector<PlanResult> grids = best_per_grid(in, results);
+  std::printf("\nbest per (tp, pp), simulated:\n");
+  print_table(grids, opt.top);
+  // What does not fit, and why: the fastest-looking of those that overflow.
+  std::vector<PlanResult> overflowing;
+  for (const PlanResult& r : results)
+    if (!r.fits && overflowing.size() < 3) overflowing.push_back(r);
+  if (!overflowing.empty()) {
+    std::printf("\nsome that do not fit:\n");
+    print_table(overflowing, 3);
+  }
+  print_legend();
+  return fitting > 0 ? 0 : 1;
+}
+
+// One configuration, every pipeline stage's memory, and a machine-readable line for scripts/plan_check.sh.
+int run_one(const PlanInputs& in, const Options& opt, const std::string& note) {
+  PlanConfig c;
+  c.tp = opt.tp > 0 ? opt.tp : 1;
+  c.pp = opt.pp > 0 ? opt.pp : 1;
+  if (in.gpus % (c.tp * c.pp)) config_error("--tp x --pp must divide --gpus");
+  c.dp = in.gpus / (c.tp * c.pp);
+  if (!opt.schedule.empty() && !parse_schedule(opt.schedule, &c.schedule))
+    config_error("--schedule " + opt.schedule + ": choose " + schedule_names());
+  c.virtual_stages = opt.virtual_stages > 0 ? opt.virtual_stages : 1;
+  c.micro_batches = opt.micro_batches > 0 ? opt.micro_batches : 1;
+  c.micro_batch = opt.micro_batch > 0 ? opt.micro_batch : in.batch / (c.dp * c.micro_batches);
+  c.zero = opt.zero >= 0 ? opt.zero : 0;
+  if (!opt.recompute.empty() && !parse_recompute(opt.recompute, &c.recompute))
+    config_error("--recompute " + opt.recompute + ": choose none, selective or full");
+  c.sequence_parallel = opt.sequence_parallel;
+  const PlanResult r = evaluate_plan(in, c, true);
+  if (!r.invalid.empty()) config_error(c.describe() + ": " + r.invalid);
+  print_header(in, note);
+  print_table({r}, 1);
+  std::printf("per stage (pipeline rank), model state by category, padded as allocated:\n");
+  std::printf("  %-6s %12s %12s %12s %12s %12s %12s\n", "stage", "params", "grads", "optim", "activations", "buffers", "peak");
+  for (int stage = 0; stage < c.pp; stage++) {
+    const StageMemory sm = stage_memory(in, c, stage);
+    std::printf("  %-6d %12s %12s %12s %12s %12s %12s\n", stage, format_bytes(sm.params_bytes).c_str(),
+                format_bytes(sm.grads_bytes).c_str(), format_bytes(sm.optim_bytes).c_str(),
+                format_bytes(sm.memory.activations).c_str(), format_bytes(sm.memory.transient).c_str(),
+                format_bytes(sm.memory.peak()).c_str());
+    std::printf("plan-json {\"stage\": %d, \"params_bytes\": %.0f, \"grads_bytes\": %.0f, \"optim_bytes\": %.0f, "
+                "\"activations_bytes\": %.0f, \"transient_bytes\": %.0f, \"step_s\": %.9g, \"compute_s\": %.9g, "
+                "\"tp_s\": %.9g, \"bubble_s\": %.9g, \"pp_s\": %.9g, \"dp_s\": %.9g, \"embedding_s\": %.9g}\n",
+                stage, sm.params_bytes, sm.grads_bytes, sm.optim_bytes, sm.memory.activations, sm.memory.transient,
+                r.step_s, r.compute_s, r.tp_s, r.bubble_s, r.pp_s, r.dp_s, r.embedding_s);
+  }
+  print_legend();
+  return 0;
+}
+
+int run_megatron(const Options& opt) {
+  const std::vector<RecordRow> rows = read_megatron_table(opt.megatron);
+  if (opt.calibration_row < 0 || opt.calibration_row >= int(rows.size()))
+    config_error("--calibration-row " + std::to_string(opt.calibration_row) + ": the table has rows 0.." +
+                 std::to_string(rows.size() - 1));
+  double efficiency = 0;
+  const std::vector<RecordComparison> cmp = compare_with_record(rows, opt.calibration_row, &efficiency);
+  std::printf("Megatron-LM, Table 1 (Narayanan et al. 2021) against the planner: DGX A100 80GB, 312 TFLOP/s bf16, "
+              "NVLink in a node, 8 x 200 Gb/s InfiniBand a node\n");
+  std::printf("efficiency calibrated on the %s row (t %d, p %d, %d GPUs): %.3f (plan's default: %.3f)\n",
+              rows[opt.calibration_row].name().c_str(), rows[opt.calibration_row].tp, rows[opt.calibration_row].pp,
+              rows[opt.calibration_row].gpus, efficiency, kCalibratedEfficiency);
+  std::printf("the paper's configuration: its t, p, d and batch, full recomputation, interleaved where p > 1, the "
+              "gradients all-reduced after the backward, attention's matrices; micro-batch and v the planner's fastest\n\n");
+  std::printf("%-8s %3s %3s %4s %5s %5s | %8s %9s %7s | %-19s %-6s | %-7s %s\n", "model", "t", "p", "d", "GPUs", "batch",
+              "paper TF", "predicted", "error", "predicted (B m v)", "fits?", "(t,p) #", "planner's best with the paper's techniques");
+  int within = 0, in_top5 = 0;
+  for (const RecordComparison& c : cmp) {
+    const RecordRow& r = c.row;
+    const PlanConfig& pc = c.paper_config.config;
+    char chosen[64];
+    std::snprintf(chosen, sizeof(chosen), "B %d m %d v %d", pc.micro_batch, pc.micro_batches, pc.virtual_stages);
+    const std::string rank = c.paper_grid_rank < 0 ? "-" : "#" + std::to_string(c.paper_grid_rank + 1);
+    const std::string best = c.best.empty() || !c.best.front().fits ? "nothing fits" : c.best.front().config.describe();
+    std::printf("%-8s %3d %3d %4d %5d %5d | %8.0f %9.1f %+6.1f%% | %-19s %-6s | %-7s %s\n", r.name().c_str(), r.tp, r.pp,
+                r.gpus / (r.tp * r.pp), r.gpus, r.batch, r.tflops_per_gpu, c.predicted_tflops, 100 * c.relative_error,
+                chosen, c.paper_config.fits ? "yes" : "no", rank.c_str(), best.c_str());
+    within += std::abs(c.relative_error) <= 0.15;
+    in_top5 += c.paper_grid_rank >= 0 && c.paper_grid_rank < 5;
+  }
+  std::printf("\n%d of %zu rows predicted within 15%%; the paper's (t, p) among the planner's top five (t, p) in %d of %zu "
+              "(searched with the paper's techniques, given only model, GPUs and batch)\n",
+              within, cmp.size(), in_top5, cmp.size());
+  for (const RecordComparison& c : cmp) {
+    if (!c.paper_config.fits)
+      std::printf("%s: our trainers' forecast does not fit the paper's configuration: %s\n", c.row.name().c_str(),
+                  c.paper_config.overflow.c_str());
+    if (c.paper_grid_rank >= 0 && c.paper_grid_rank < 5) continue;
+    const PlanResult& best = c.best.front();
+    if (!best.fits) {
+      std::printf("%s: with the paper's techniques nothing fits our trainers' forecast (the least short: %s, %s)\n",
+                  c.row.name().c_str(), best.config.describe().c_str(), best.overflow.c_str());
+      continue;
+    }
+    std::printf("%s: the planner prefers %s, predicted %s a step against %s for the paper's configuration%s\n",
+                c.row.name().c_str(), best.config.describe().c_str(), seconds(best.step_s).c_str(),
+                seconds(c.paper_config.step_s).c_str(), c.paper_config.fits ? "" : " (which our forecast does not fit)");
+  }
+  std::printf("\nwith every technique the planner knows (ZeRO, sequence parallelism, zb-h1, selective recomputation):\n");
+  for (const RecordComparison& c : cmp)
+    std::printf("  %-8s %-62s %s a step (%+.0f%% against the paper's configuration)\n", c.row.name().c_str(),
+                c.best_today.config.describe().c_str(), seconds(c.best_today.step_s).c_str(),
+                100 * (c.best_today.step_s / c.paper_config.step_s - 1));
+  return within == int(cmp.size()) ? 0 : 1;
+}
+
+int run_heatmap(const Options& opt) {
+  std::FILE* out = std::fopen(opt.heatmap.c_str(), "w");
+  if (!out) config_error("--heatmap: cannot write " + opt.heatmap);
+  Cluster cluster;
+  find_cluster("dgx-h100", &cluster);
+  const double sizes[] = {1e9, 3e9, 8e9, 20e9, 40e9, 80e9, 175e9, 400e9, 1e12};
+  const int batch = opt.batch > 0 ? opt.batch : 1024;
+  const double efficiency = opt.efficiency > 0 ? opt.efficiency : kCalibratedEfficiency;
+  std::fprintf(out, "params,L,C,NH,nodes,gpus,batch,efficiency,fits,dp,tp,pp,schedule,v,micro_batch,micro_batches,"
+                    "zero,recompute,sp,step_s,mfu,peak_bytes\n");
+  std::printf("heat map: GPT models 1B..1T x 1..512 nodes of 8 H100s, global batch %d x 2048 tokens, efficiency %.3f\n",
+              batch, efficiency);
+  for (double size : sizes) {
+    for (int nodes = 1; nodes <= 512; nodes *= 2) {
+      PlanInputs in;
+      in.model = gpt_like_model(size);
+      in.cluster = cluster;
+      in.gpus = nodes * cluster.gpus_per_node;
+      in.batch = batch;
+      in.efficiency = efficiency;
+      const std::vector<PlanResult> results = search_plans(in, SearchSpace{}, 8);
+      const GPT2Config& m = in.model;
+      const double params = 12.0 * m.L * double(m.C) * m.C + double(m.V) * m.C;
+      if (results.empty() || !results.front().fits) {
+        std::fprintf(out, "%g,%d,%d,%d,%d,%d,%d,%g,0,,,,,,,,,,,,0,%g\n", params, m.L, m.C, m.NH, nodes, in.gpus, batch,
+                     efficiency, results.empty() ? 0.0 : results.front().memory.peak());
+        continue;
+      }
+      const PlanResult& r = results.front();
+      const PlanConfig& c = r.config;
+      std::fprintf(out, "%g,%d,%d,%d,%d,%d,%d,%g,1,%d,%d,%d,%s,%d,%d,%d,%d,%s,%d,%g,%g,%g\n", params, m.L, m.C, m.NH,
+                   nodes, in.gpus, batch, efficiency, c.dp, c.tp, c.pp, c.pp > 1 ? schedule_name(c.schedule) : "-",
+                   c.virtual_stages, c.micro_batch, c.micro_batches, c.zero, recompute_name(c.recompute),
+                   c.sequence_parallel ? 1 : 0, r.step_s, r.mfu, r.memory.peak());
+    }
+    std::printf("  %.0fB done\n", size / 1e9);
+    std::fflush(stdout);
+  }
+  std::fclose(out);
+  std::printf("wrote %s\n", opt.heatmap.c_str());
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options opt;
+  FlagParser flags;
+  flags.add("--model", &opt.model, "one of: " + plan_model_names(), "NAME");
+  flags.add("--cluster", &opt.cluster, std::string("one of: ") + cluster_names(), "NAME");
+  flags.add("--gpus", &opt.gpus, "GPUs (or --nodes)");
+  flags.add("--nodes", &opt.nodes, "nodes of the cluster's GPUs per node");
+  flags.add("--batch", &opt.batch, "global batch in sequences (default: 512 for large models, the preset's otherwise)");
+  flags.add("--top", &opt.top, "configurations to print");
+  flags.add("--efficiency", &opt.efficiency, "fraction of peak the dense math reaches (default: calibrated on Megatron-LM's Table 1)");
+  flags.add("--peak-flops", &opt.peak_flops, "the cluster's peak FLOP/s per GPU, replacing the preset's");
+  flags.add("--memory-gb", &opt.memory_gb, "memory per GPU in GB (10^9 bytes), replacing the preset's");
+  flags.add("--intra-gbps", &opt.intra_gbps, "link inside a node, Gb/s per GPU (replaces the preset's)");
+  flags.add("--intra-latency-us", &opt.intra_latency_us, "its latency per message");
+  flags.add("--inter-gbps", &opt.inter_gbps, "link between nodes, Gb/s per GPU (replaces the preset's)");
+  flags.add("--inter-latency-us", &opt.inter_latency_us, "its latency per message");
+  flags.add("--tp", &opt.tp, "only this tensor-parallel degree");
+  flags.add("--pp", &opt.pp, "only this pipeline-parallel degree");
+  flags.add("--schedule", &opt.schedule, "only this pipeline schedule: " + schedule_names(), "NAME");
+  flags.add("--virtual-stages", &opt.virtual_stages, "only this v (interleaved)");
+  flags.add("--micro-batch", &opt.micro_batch, "only this micro-batch size B");
+  flags.add("--zero", &opt.zero, "only this ZeRO stage, 0..3");
+  flags.add("--micro-batches", &opt.micro_batches, "with --one: m, the micro-batches per step and data-parallel rank");
+  flags.add_switch("--one", &opt.one, "predict exactly the configuration the flags give (defaults: tp 1, pp 1, 1f1b, "
+                   "ZeRO 0, no recomputation), every stage");
+  flags.add("--recompute", &opt.recompute, "only this recomputation: none, selective, full", "WHAT");
+  flags.add_switch("--sequence-parallel", &opt.sequence_parallel, "only with sequence parallelism");
+  flags.add_switch("--no-sequence-parallel", &opt.no_sequence_parallel, "only without sequence parallelism");
+  flags.add_switch("--runnable-here", &opt.runnable_here, "only what chapters 03-09 can run (no ZeRO-2/3 with TP or "
+                   "PP, no zb-h1 with TP)");
+  flags.add("--attention", &opt.attention, "flash (where the head size allows) or materialized", "HOW");
+  flags.add("--megatron", &opt.megatron, "compare with Megatron-LM's Table 1 kept in this CSV", "PATH");
+  flags.add("--calibration-row", &opt.calibration_row, "the Table 1 row the efficiency is calibrated on (0-based)");
+  flags.add("--heatmap", &opt.heatmap, "write the best configuration per model size and node count to this CSV", "PATH");
+  if (!flags.parse(argc, argv, "usage: plan [flags]   (09_3d_parallel/plan.cpp: the best DP x TP x PP configurations, predicted)\n"))
+    return 0;
+
+  if (!opt.megatron.empty()) return run_megatron(opt);
+  if (!opt.heatmap.empty()) return run_heatmap(opt);
+
+  PlanInputs in;
+  std::string note;
+  if (!find_plan_model(opt.model, &in.model, &note))
+    config_error("--model " + opt.model + ": choose one of " + plan_model_names());
+  if (!find_cluster(opt.cluster, &in.cluster))
+    config_error("--cluster " + opt.cluster + ": choose one of " + cluster_names());
+  Cluster& k = in.cluster;
+  if (opt.peak_flops > 0) k.peak_flops = opt.peak_flops;
+  if (opt.memory_gb > 0) k.memory_bytes = opt.memory_gb * 1e9;
+  if (opt.intra_gbps >= 0) k.intra_node.gbps = opt.intra_gbps;
+  if (opt.intra_latency_us >= 0) k.intra_node.latency_us = opt.intra_latency_us;
+  if (opt.inter_gbps >= 0) k.inter_node.gbps = opt.inter_gbps;
+  if (opt.inter_latency_us >= 0) k.inter_node.latency_us = opt.inter_latency_us;
+  if (opt.gpus > 0 && opt.nodes > 0) config_error("--gpus and --nodes: give one");
+  if (opt.gpus < 0 || opt.nodes < 0 || opt.batch < 0 || opt.top <= 0 || opt.efficiency < 0)
+    config_error("--gpus, --nodes, --batch, --top and --efficiency must be positive");
+  in.gpus = opt.gpus > 0 ? opt.gpus : opt.nodes > 0 ? opt.nodes * k.gpus_per_node : k.gpus_per_node;
+  in.batch = opt.batch > 0 ? opt.batch : in.model.default_batch;
+  if (in.batch <= 0) config_error("--batch: must be positive");
+  in.efficiency = opt.efficiency > 0 ? opt.efficiency : kCalibratedEfficiency;
+  if (in.efficiency > 1) config_error("--efficiency " + std::to_string(in.efficiency) + ": a fraction of peak, at most 1");
+  if (opt.attention != "flash" && opt.attention != "materialized")
+    config_error("--attention " + opt.attention + ": choose flash or materialized");
+  in.flash_attention = opt.attention == "flash";
+
+  if (opt.one) return run_one(in, opt, note);
+
+  SearchSpace space;
+  if (opt.tp > 0) space.tp = {opt.tp};
+  if (opt.pp > 0) space.pp = {opt.pp};
+  if (opt.virtual_stages > 0) space.virtual_stages = {opt.virtual_stages};
+  if (opt.micro_batch > 0) space.micro_batch = {opt.micro_batch};
+  if (opt.zero >= 0) {
+    if (opt.zero > 3) config_error("--zero " + std::to_string(opt.zero) + ": a ZeRO stage, 0..3");
+    space.zero = {opt.zero};
+  }
+  if (!opt.schedule.empty()) {
+    Schedule s;
+    if (!parse_schedule(opt.schedule, &s)) config_error("--schedule " + opt.schedule + ": choose " + schedule_names());
+    space.schedules = {s};
+  }
+  if (!opt.recompute.empty()) {
+    Recompute rc;
+    if (!parse_recompute(opt.recompute, &rc)) config_error("--recompute " + opt.recompute + ": choose none, selective or full");
+    space.recompute = {rc};
+  }
+  if (opt.sequence_parallel && opt.no_sequence_parallel) config_error("--sequence-parallel and --no-sequence-parallel: choose one");
+  if (opt.sequence_parallel) space.sequence_parallel = {true};
+  if (opt.no_sequence_parallel) space.sequence_parallel = {false};
+  space.runnable_here_only = opt.runnable_here;
+  return run_search(in, opt, space, note);
+}
