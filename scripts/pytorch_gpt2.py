@@ -33,6 +33,7 @@ import time
 PRESETS = {
     "tiny": dict(L=2, C=64, NH=4, T=64, V=256, batch=8, lr=3e-3),
     "small": dict(L=4, C=128, NH=4, T=128, V=256, batch=8, lr=2e-3),
+    "deep": dict(L=12, C=128, NH=4, T=64, V=256, batch=8, lr=1e-3),
     "gpt2": dict(L=12, C=768, NH=12, T=1024, V=50304, batch=8, lr=6e-4),
     "odd": dict(L=2, C=15, NH=3, T=17, V=258, batch=8, lr=3e-3),
 }
