@@ -34,6 +34,14 @@ void check_token(int token, int V, const char* what) {
 // can be caught. (The unsplit forward, softmax_crossentropy_forward, checks against the vocabulary.)
 constexpr int kVocabularyUnknown = std::numeric_limits<int>::max();
 
+// Sums in double that vectorize: element i goes into lane i % kLanes, and the lanes are added in this
+// fixed order at the end (a sequential sum cannot be vectorized without reordering it). The order is
+// the same on every rank and every call, so results stay deterministic.
+constexpr int kLanes = 8;
+double sum_of_lanes(const double (&lanes)[kLanes]) {
+  return ((lanes[0] + lanes[4]) + (lanes[1] + lanes[5])) + ((lanes[2] + lanes[6]) + (lanes[3] + lanes[7]));
+}
+
 // The row of a slice [vocab_begin, vocab_begin + Vl) that holds `id`, or -1 when the id lies outside.
 int row_in_slice(int id, int vocab_begin, int Vl) {
   const int row = id - vocab_begin;  // no overflow: both are in [0, INT_MAX]
@@ -105,13 +113,26 @@ void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, c
   for (int i = 0; i < N; i++) {
     const float* x = inp + size_t(i) * C;
     // Two passes (mean, then the squared deviations) in double: the one-pass E[x^2] - E[x]^2 cancels
-    // badly when the mean is large compared with the spread.
-    double sum = 0.0;
-    for (int c = 0; c < C; c++) sum += x[c];
-    double m = sum / C;
-    double squared_deviations = 0.0;
-    for (int c = 0; c < C; c++) {
-      double d = x[c] - m;
+    // badly when the mean is large compared with the spread. Each sum runs in kLanes lanes (see
+    // sum_of_lanes), so that it vectorizes.
+    double sum_lanes[kLanes] = {};
+    int c = 0;
+    for (; c + kLanes <= C; c += kLanes) {
+      for (int j = 0; j < kLanes; j++) sum_lanes[j] += x[c + j];
+    }
+    double sum = sum_of_lanes(sum_lanes);
+    for (; c < C; c++) sum += x[c];
+    const double m = sum / C;
+    double square_lanes[kLanes] = {};
+    for (c = 0; c + kLanes <= C; c += kLanes) {
+      for (int j = 0; j < kLanes; j++) {
+        const double d = x[c + j] - m;
+        square_lanes[j] += d * d;
+      }
+    }
+    double squared_deviations = sum_of_lanes(square_lanes);
+    for (; c < C; c++) {
+      const double d = x[c] - m;
       squared_deviations += d * d;
     }
     float s = float(1.0 / std::sqrt(squared_deviations / C + kLayernormEps));
@@ -134,10 +155,20 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
 
     // norm = (x - mean) * rstd depends on every x of the row through mean and rstd. Its input gradient
     // is dnorm with its mean removed and its component along norm removed, hence these two averages.
-    double dnorm_sum = 0.0, dnorm_dot_norm = 0.0;
-    for (int c = 0; c < C; c++) {
-      float norm = (x[c] - m) * s;
-      float dnorm = weight[c] * dout_row[c];
+    double sum_lanes[kLanes] = {}, dot_lanes[kLanes] = {};
+    int c = 0;
+    for (; c + kLanes <= C; c += kLanes) {
+      for (int j = 0; j < kLanes; j++) {
+        const float norm = (x[c + j] - m) * s;
+        const float dnorm = weight[c + j] * dout_row[c + j];
+        sum_lanes[j] += dnorm;
+        dot_lanes[j] += double(dnorm) * norm;
+      }
+    }
+    double dnorm_sum = sum_of_lanes(sum_lanes), dnorm_dot_norm = sum_of_lanes(dot_lanes);
+    for (; c < C; c++) {
+      const float norm = (x[c] - m) * s;
+      const float dnorm = weight[c] * dout_row[c];
       dnorm_sum += dnorm;
       dnorm_dot_norm += double(dnorm) * norm;
     }
@@ -270,10 +301,9 @@ float max_of(const float* __restrict x, int n) {
   return m;
 }
 
-// out[i] = exp(x[i] - shift) for i < n; returns their sum in double. The sum goes into eight lanes
-// (element i into lane i % 8), then the lanes are added in a fixed order: a fixed order, vectorized.
+// out[i] = exp(x[i] - shift) for i < n; returns their sum in double, in lanes (sum_of_lanes).
 double exp_shifted(float* __restrict out, const float* __restrict x, float shift, int n) {
-  constexpr int W = 8;
+  constexpr int W = kLanes;
   double lanes[W] = {};
   int i = 0;
   for (; i + W <= n; i += W) {
@@ -283,7 +313,7 @@ double exp_shifted(float* __restrict out, const float* __restrict x, float shift
       lanes[j] += e;
     }
   }
-  double sum = ((lanes[0] + lanes[4]) + (lanes[1] + lanes[5])) + ((lanes[2] + lanes[6]) + (lanes[3] + lanes[7]));
+  double sum = sum_of_lanes(lanes);
   for (; i < n; i++) {
     const float e = fast_exp(x[i] - shift);
     out[i] = e;
@@ -292,15 +322,15 @@ double exp_shifted(float* __restrict out, const float* __restrict x, float shift
   return sum;
 }
 
-// sum_i a[i] * b[i] in double, in eight lanes as exp_shifted sums.
+// sum_i a[i] * b[i] in double, in lanes (sum_of_lanes).
 double dot_double(const float* __restrict a, const float* __restrict b, int n) {
-  constexpr int W = 8;
+  constexpr int W = kLanes;
   double lanes[W] = {};
   int i = 0;
   for (; i + W <= n; i += W) {
     for (int j = 0; j < W; j++) lanes[j] += double(a[i + j]) * b[i + j];
   }
-  double sum = ((lanes[0] + lanes[4]) + (lanes[1] + lanes[5])) + ((lanes[2] + lanes[6]) + (lanes[3] + lanes[7]));
+  double sum = sum_of_lanes(lanes);
   for (; i < n; i++) sum += double(a[i]) * b[i];
   return sum;
 }

@@ -322,49 +322,60 @@ TEST(PositionSlices, RunsOfTheBatchAddUpToTheWholeBatch) {
 // layernorm: (B,T,LC) with an odd LC, inputs offset from zero so that subtracting the mean matters
 
 constexpr int LC = 7;
+// The layernorm tests run at LC, narrower than a vector, and at 37: the row sums' vectorized lanes
+// (8 at a time) and a tail of 5.
+constexpr int kLayernormWidths[] = {LC, 37};
 
 TEST(Layernorm, ForwardMatchesReference) {
-  const int N = B * T;
-  auto inp = random_vector(N * LC, 10, 2.0f, 4.0f);
-  auto weight = random_vector(LC, 11, 0.5f, 1.5f), bias = random_vector(LC, 12);
-  auto out = zeros(N * LC), mean = zeros(N), rstd = zeros(N);
-  layernorm_forward(view(out, {B, T, LC}), view(mean, {B, T}), view(rstd, {B, T}), view(inp, {B, T, LC}),
-                    view(weight, {LC}), view(bias, {LC}));
+  for (const int width : kLayernormWidths) {
+    SCOPED_TRACE("row width " + std::to_string(width));
+    const int LC = width;  // this test's row width, in place of the file's
+    const int N = B * T;
+    auto inp = random_vector(N * LC, 10, 2.0f, 4.0f);
+    auto weight = random_vector(LC, 11, 0.5f, 1.5f), bias = random_vector(LC, 12);
+    auto out = zeros(N * LC), mean = zeros(N), rstd = zeros(N);
+    layernorm_forward(view(out, {B, T, LC}), view(mean, {B, T}), view(rstd, {B, T}), view(inp, {B, T, LC}),
+                      view(weight, {LC}), view(bias, {LC}));
 
-  Vec mean_ref(N), rstd_ref(N);
-  Vec out_ref = layernorm_reference(to_double(inp), to_double(weight), to_double(bias), N, LC, &mean_ref,
-                                    &rstd_ref);
-  EXPECT_TRUE(allclose(out, out_ref, kForwardAtol, kForwardRtol));
-  EXPECT_TRUE(allclose(mean, mean_ref, kForwardAtol, kForwardRtol));
-  EXPECT_TRUE(allclose(rstd, rstd_ref, kForwardAtol, kForwardRtol));
+    Vec mean_ref(N), rstd_ref(N);
+    Vec out_ref = layernorm_reference(to_double(inp), to_double(weight), to_double(bias), N, LC, &mean_ref,
+                                      &rstd_ref);
+    EXPECT_TRUE(allclose(out, out_ref, kForwardAtol, kForwardRtol));
+    EXPECT_TRUE(allclose(mean, mean_ref, kForwardAtol, kForwardRtol));
+    EXPECT_TRUE(allclose(rstd, rstd_ref, kForwardAtol, kForwardRtol));
+  }
 }
 
 TEST(Layernorm, BackwardMatchesFiniteDifferencesAndAccumulates) {
-  const int N = B * T;
-  auto inp = random_vector(N * LC, 13, 2.0f, 4.0f);
-  auto weight = random_vector(LC, 14, 0.5f, 1.5f), bias = random_vector(LC, 15);
-  auto dout = random_vector(N * LC, 16);
-  auto out = zeros(N * LC), mean = zeros(N), rstd = zeros(N);
-  layernorm_forward(view(out, {B, T, LC}), view(mean, {B, T}), view(rstd, {B, T}), view(inp, {B, T, LC}),
-                    view(weight, {LC}), view(bias, {LC}));
+  for (const int width : kLayernormWidths) {
+    SCOPED_TRACE("row width " + std::to_string(width));
+    const int LC = width;  // this test's row width, in place of the file's
+    const int N = B * T;
+    auto inp = random_vector(N * LC, 13, 2.0f, 4.0f);
+    auto weight = random_vector(LC, 14, 0.5f, 1.5f), bias = random_vector(LC, 15);
+    auto dout = random_vector(N * LC, 16);
+    auto out = zeros(N * LC), mean = zeros(N), rstd = zeros(N);
+    layernorm_forward(view(out, {B, T, LC}), view(mean, {B, T}), view(rstd, {B, T}), view(inp, {B, T, LC}),
+                      view(weight, {LC}), view(bias, {LC}));
 
-  const Vec inp_d = to_double(inp), weight_d = to_double(weight), bias_d = to_double(bias);
-  const Vec dout_d = to_double(dout);
-  Vec dinp_ref = numerical_gradient(
-      [&](const Vec& x) { return layernorm_reference(x, weight_d, bias_d, N, LC); }, inp_d, dout_d);
-  Vec dweight_ref = numerical_gradient(
-      [&](const Vec& x) { return layernorm_reference(inp_d, x, bias_d, N, LC); }, weight_d, dout_d);
-  Vec dbias_ref = numerical_gradient(
-      [&](const Vec& x) { return layernorm_reference(inp_d, weight_d, x, N, LC); }, bias_d, dout_d);
+    const Vec inp_d = to_double(inp), weight_d = to_double(weight), bias_d = to_double(bias);
+    const Vec dout_d = to_double(dout);
+    Vec dinp_ref = numerical_gradient(
+        [&](const Vec& x) { return layernorm_reference(x, weight_d, bias_d, N, LC); }, inp_d, dout_d);
+    Vec dweight_ref = numerical_gradient(
+        [&](const Vec& x) { return layernorm_reference(inp_d, x, bias_d, N, LC); }, weight_d, dout_d);
+    Vec dbias_ref = numerical_gradient(
+        [&](const Vec& x) { return layernorm_reference(inp_d, weight_d, x, N, LC); }, bias_d, dout_d);
 
-  auto dinp = zeros(N * LC), dweight = zeros(LC), dbias = zeros(LC);
-  for (int call = 1; call <= 2; call++) {
-    layernorm_backward(view(dinp, {B, T, LC}), view(dweight, {LC}), view(dbias, {LC}), view(dout, {B, T, LC}),
-                       view(inp, {B, T, LC}), view(weight, {LC}), view(mean, {B, T}), view(rstd, {B, T}));
-    SCOPED_TRACE("after backward call " + std::to_string(call));
-    EXPECT_TRUE(allclose(dinp, scaled(dinp_ref, call), kGradAtol, kGradRtol));
-    EXPECT_TRUE(allclose(dweight, scaled(dweight_ref, call), kGradAtol, kGradRtol));
-    EXPECT_TRUE(allclose(dbias, scaled(dbias_ref, call), kGradAtol, kGradRtol));
+    auto dinp = zeros(N * LC), dweight = zeros(LC), dbias = zeros(LC);
+    for (int call = 1; call <= 2; call++) {
+      layernorm_backward(view(dinp, {B, T, LC}), view(dweight, {LC}), view(dbias, {LC}), view(dout, {B, T, LC}),
+                         view(inp, {B, T, LC}), view(weight, {LC}), view(mean, {B, T}), view(rstd, {B, T}));
+      SCOPED_TRACE("after backward call " + std::to_string(call));
+      EXPECT_TRUE(allclose(dinp, scaled(dinp_ref, call), kGradAtol, kGradRtol));
+      EXPECT_TRUE(allclose(dweight, scaled(dweight_ref, call), kGradAtol, kGradRtol));
+      EXPECT_TRUE(allclose(dbias, scaled(dbias_ref, call), kGradAtol, kGradRtol));
+    }
   }
 }
 
@@ -861,7 +872,10 @@ TEST(Attention, BlockedLoopsMatchReferenceAtALargerShape) {
   auto qkv = random_vector(size_t(Bq) * Tq * 3 * Cq, 90, -1.0f, 1.0f);
   auto dout = random_vector(size_t(Bq) * Tq * Cq, 91);
   const Vec x = to_double(qkv), dy = to_double(dout);
-  auto at = [&](int b, int t, int part, int h, int i) { return (size_t(b) * Tq + t) * 3 * Cq + part * Cq + h * hs + i; };
+  // element i of head h of part 0 (query), 1 (key) or 2 (value) at position t of sequence b
+  auto at = [&](int b, int t, int part, int h, int i) {
+    return (size_t(b) * Tq + t) * 3 * Cq + part * Cq + h * hs + i;
+  };
 
   // float64 forward and backward, written out (finite differences would take too long at this size)
   Vec out_ref(size_t(Bq) * Tq * Cq, 0.0), att_ref(size_t(Bq) * NHq * Tq * Tq, 0.0), dqkv_ref(x.size(), 0.0);
