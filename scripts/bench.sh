@@ -125,7 +125,7 @@ def count(x):
 
 if max(load_before, load_after) > cores:
     print(f"WARNING: the machine was busy (load average {load_before:.1f} before, {load_after:.1f} after, "
-          f"on {cores} cores): the ratio holds, each side's absolute speed does not")
+          f"on {cores} cores): wall-clock figures mostly measure the wait for a core; read the CPU-time table")
 header = (f"{'preset':<7} {'model':<24} {'ours tok/s':>11} {'(p10-p90)':>13} {'torch tok/s':>12} {'(p10-p90)':>13} "
           f"{'ours/torch':>10}")
 rows, cpu_rows = [], []
