@@ -3,7 +3,8 @@
 #   make 01_vanilla_dp    one chapter
 #   make test             installs what is missing, builds and runs every test: "N passed, M failed"
 #   make compare          installs what is missing, trains every chapter, prints a table, writes plots
-#   make bench            one-rank tokens/s and CPU matmul GFLOP/s next to OpenBLAS
+#   make bench            one rank, one thread: ours vs PyTorch eager at tiny, small, deep (alternated;
+#                         installs torch in a venv on first use, BENCH_TORCH=0 skips), CPU matmul vs OpenBLAS
 #   make bench-comm       collective benchmark, nccl-tests style: RANKS=2, LINK="--link-gbps 1 --link-latency-us 50"
 #   make bench-tp         07 (TP 2, + sequence parallelism, + overlap) next to 03 on three links, one table:
 #                         RANKS=2 PRESET=small STEPS=20
@@ -25,7 +26,10 @@ MPICXX   ?= $(shell command -v mpicxx 2>/dev/null)
 NVCC     ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
 PYTHON   ?= python3
 ARCH     ?= -march=native
-CXXFLAGS ?= -O3 $(ARCH) -fno-math-errno -std=c++17 -Wall -Wextra -MMD -MP
+# -fno-math-errno and -fno-trapping-math change no result: they free GCC from keeping errno and the
+# floating-point exception flags exact (nothing here reads them), so sqrt is inlined and loops with
+# comparisons (clamps, selects, as in GELU's tanh and the softmax's exp) are vectorized.
+CXXFLAGS ?= -O3 $(ARCH) -fno-math-errno -fno-trapping-math -std=c++17 -Wall -Wextra -MMD -MP
 CPPFLAGS += -Icommon -Itests
 BUILD    ?= build
 

@@ -2,7 +2,8 @@
 //
 // Blocking scheme (GotoBLAS / BLIS): C is walked in NC-wide column panels, K in KC-deep slices and
 // M in MC-tall row panels. For each (NC, KC) pair a KC x NC slice of op(B) is copied into NR-wide
-// strips, and for each MC panel an MC x KC block of op(A) into MR-tall strips. Packing is what
+// strips, and for each MC panel an MC x KC block of op(A) into MR-tall strips (when op(A) = A^T;
+// when op(A) = A its rows are already contiguous in depth and are read in place, see sgemm_cpu). Packing is what
 // makes the kernel fast: the micro-kernel then reads both operands with unit stride from buffers
 // that stay in L1 (B strip) and L2 (A block), whatever the transposes and leading dimensions were,
 // and the transposes cost one copy instead of strided loads in the inner loop. Short edge strips are
@@ -125,9 +126,11 @@ void pack_b(bool trans, const float* B, int ldb, int k0, int j0, int kc, int nc,
 // Both variants read or write C only before and after the k loop, with constant bounds. A single
 // kernel choosing between them at run time (or computing alpha * acc + beta * C) made GCC spill
 // the accumulators, hence the template and merge_tile for the other cases.
-template <bool Accumulate>
+// PackedA = false reads A where it lies instead of from a packed strip: op(A) = A with row i of the
+// strip at Ap + i * lda, contiguous in depth (see sgemm_cpu for why).
+template <bool Accumulate, bool PackedA = true>
 MICRO_KERNEL_ATTR void micro_kernel(int kc, const float* __restrict Ap, const float* __restrict Bp, float alpha,
-                                    float* __restrict C, int ldc) {
+                                    float* __restrict C, int ldc, int lda = 0) {
   float acc[MR][NR];
 #pragma GCC unroll 8
   for (int i = 0; i < MR; ++i) {
@@ -136,12 +139,12 @@ MICRO_KERNEL_ATTR void micro_kernel(int kc, const float* __restrict Ap, const fl
     for (int j = 0; j < NR; ++j) acc[i][j] = Accumulate ? c[j] : 0.0f;
   }
   for (int k = 0; k < kc; ++k) {
-    const float* __restrict a = Ap + k * MR;
     const float* __restrict b = Bp + k * NR;
 #pragma GCC unroll 8
     for (int i = 0; i < MR; ++i) {
+      const float a = PackedA ? Ap[k * MR + i] : Ap[static_cast<std::ptrdiff_t>(i) * lda + k];
 #pragma GCC unroll 32
-      for (int j = 0; j < NR; ++j) acc[i][j] += a[i] * b[j];
+      for (int j = 0; j < NR; ++j) acc[i][j] += a * b[j];
     }
   }
 #pragma GCC unroll 8
@@ -223,7 +226,16 @@ void sgemm_cpu(bool trans_a, bool trans_b, int M, int N, int K, float alpha, con
       alignas(64) float tile[MR * NR];
       for (int i0 = 0; i0 < M; i0 += MC) {
         const int mc = std::min(MC, M - i0);
-        pack_a(trans_a, A, lda, i0, k0, mc, kc, Ap);
+        // op(A) = A: full MR-row strips are read in place (each row is contiguous in depth, which is
+        // all the kernel needs), and only a short last strip is packed, zero-padded. Packing these
+        // strips was a transpose of every element of A, an eighth of the time of a product with K =
+        // 128; read in place, A costs one broadcast load per row and depth, as from a packed strip.
+        const bool a_in_place = !trans_a;
+        const int mc_full = a_in_place ? mc - mc % MR : 0;
+        if (mc_full < mc) {
+          float* edge_strips = Ap + static_cast<std::ptrdiff_t>(mc_full / MR) * kc * MR;
+          pack_a(trans_a, A, lda, i0 + mc_full, k0, mc - mc_full, kc, edge_strips);
+        }
         for (int js = 0; js < nc; js += NR) {
           const int nr = std::min(NR, nc - js);
           const float* b_strip = Bp + static_cast<std::ptrdiff_t>(js / NR) * kc * NR;
@@ -232,7 +244,22 @@ void sgemm_cpu(bool trans_a, bool trans_b, int M, int N, int K, float alpha, con
             const float* a_strip = Ap + static_cast<std::ptrdiff_t>(is / MR) * kc * MR;
             float* c = C + static_cast<std::ptrdiff_t>(i0 + is) * ldc + j0 + js;
             const bool full = mr == MR && nr == NR;
-            if (full && beta_k == 0.0f) {
+            if (is < mc_full) {
+              // A in place (then mr == MR): the same sums, in the same order, as from a packed strip.
+              // Only the accumulating kernel is used (GCC spilled the accumulators of a second
+              // instance): other cases accumulate onto a zeroed tile, then scale and merge it.
+              const float* a_rows = A + static_cast<std::ptrdiff_t>(i0 + is) * lda + k0;
+              if (full && beta_k == 1.0f && alpha == 1.0f) {
+                micro_kernel<true, false>(kc, a_rows, b_strip, alpha, c, ldc, lda);
+              } else {
+                std::fill(tile, tile + MR * NR, 0.0f);
+                micro_kernel<true, false>(kc, a_rows, b_strip, 1.0f, tile, NR, lda);
+                if (alpha != 1.0f) {
+                  for (float& t : tile) t *= alpha;
+                }
+                merge_tile(tile, beta_k, c, ldc, mr, nr);
+              }
+            } else if (full && beta_k == 0.0f) {
               micro_kernel<false>(kc, a_strip, b_strip, alpha, c, ldc);
             } else if (full && beta_k == 1.0f && alpha == 1.0f) {
               micro_kernel<true>(kc, a_strip, b_strip, alpha, c, ldc);

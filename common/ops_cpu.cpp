@@ -9,8 +9,10 @@
 #include <cmath>
 #include <limits>
 #include <string>
+#include <vector>
 
 #include "check.h"       // ENSURE
+#include "fast_math.h"   // fast_exp, fast_tanh
 #include "matmul_cpu.h"  // sgemm_cpu
 
 namespace cpu {
@@ -31,6 +33,14 @@ void check_token(int token, int V, const char* what) {
 // size (the sliced cross-entropy): a target beyond the slice is legitimate, so only a negative one
 // can be caught. (The unsplit forward, softmax_crossentropy_forward, checks against the vocabulary.)
 constexpr int kVocabularyUnknown = std::numeric_limits<int>::max();
+
+// Sums in double that vectorize: element i goes into lane i % kLanes, and the lanes are added in this
+// fixed order at the end (a sequential sum cannot be vectorized without reordering it). The order is
+// the same on every rank and every call, so results stay deterministic.
+constexpr int kLanes = 8;
+double sum_of_lanes(const double (&lanes)[kLanes]) {
+  return ((lanes[0] + lanes[4]) + (lanes[1] + lanes[5])) + ((lanes[2] + lanes[6]) + (lanes[3] + lanes[7]));
+}
 
 // The row of a slice [vocab_begin, vocab_begin + Vl) that holds `id`, or -1 when the id lies outside.
 int row_in_slice(int id, int vocab_begin, int Vl) {
@@ -103,13 +113,26 @@ void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, c
   for (int i = 0; i < N; i++) {
     const float* x = inp + size_t(i) * C;
     // Two passes (mean, then the squared deviations) in double: the one-pass E[x^2] - E[x]^2 cancels
-    // badly when the mean is large compared with the spread.
-    double sum = 0.0;
-    for (int c = 0; c < C; c++) sum += x[c];
-    double m = sum / C;
-    double squared_deviations = 0.0;
-    for (int c = 0; c < C; c++) {
-      double d = x[c] - m;
+    // badly when the mean is large compared with the spread. Each sum runs in kLanes lanes (see
+    // sum_of_lanes), so that it vectorizes.
+    double sum_lanes[kLanes] = {};
+    int c = 0;
+    for (; c + kLanes <= C; c += kLanes) {
+      for (int j = 0; j < kLanes; j++) sum_lanes[j] += x[c + j];
+    }
+    double sum = sum_of_lanes(sum_lanes);
+    for (; c < C; c++) sum += x[c];
+    const double m = sum / C;
+    double square_lanes[kLanes] = {};
+    for (c = 0; c + kLanes <= C; c += kLanes) {
+      for (int j = 0; j < kLanes; j++) {
+        const double d = x[c + j] - m;
+        square_lanes[j] += d * d;
+      }
+    }
+    double squared_deviations = sum_of_lanes(square_lanes);
+    for (; c < C; c++) {
+      const double d = x[c] - m;
       squared_deviations += d * d;
     }
     float s = float(1.0 / std::sqrt(squared_deviations / C + kLayernormEps));
@@ -132,10 +155,20 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
 
     // norm = (x - mean) * rstd depends on every x of the row through mean and rstd. Its input gradient
     // is dnorm with its mean removed and its component along norm removed, hence these two averages.
-    double dnorm_sum = 0.0, dnorm_dot_norm = 0.0;
-    for (int c = 0; c < C; c++) {
-      float norm = (x[c] - m) * s;
-      float dnorm = weight[c] * dout_row[c];
+    double sum_lanes[kLanes] = {}, dot_lanes[kLanes] = {};
+    int c = 0;
+    for (; c + kLanes <= C; c += kLanes) {
+      for (int j = 0; j < kLanes; j++) {
+        const float norm = (x[c + j] - m) * s;
+        const float dnorm = weight[c + j] * dout_row[c + j];
+        sum_lanes[j] += dnorm;
+        dot_lanes[j] += double(dnorm) * norm;
+      }
+    }
+    double dnorm_sum = sum_of_lanes(sum_lanes), dnorm_dot_norm = sum_of_lanes(dot_lanes);
+    for (; c < C; c++) {
+      const float norm = (x[c] - m) * s;
+      const float dnorm = weight[c] * dout_row[c];
       dnorm_sum += dnorm;
       dnorm_dot_norm += double(dnorm) * norm;
     }
@@ -208,50 +241,166 @@ void bias_backward(float* dbias, const float* dout, int N, int C) {
 // attention: for every (b, t, head), the row of scores of query t against keys 0..t, then the weighted
 // sum of values. Entries t2 > t are masked: preatt holds -inf there and att holds 0, which is what the
 // softmax of -inf gives; only the causal part t2 <= t is meaningful (a CUDA version may compute the rest).
+//
+// The loops run head by head (b, h, then t), so that one head's keys and values can be copied once,
+// transposed, into a scratch (hs, Tp) block: a row of scores is then a sum over the hs channels of
+// contiguous rows of that block, vectorized across the keys t2, with each score still summed over its
+// channels in increasing order, as a plain dot product would be. (A dot product of its own cannot be
+// vectorized without reordering its sum.) Every per-element sum keeps one fixed order, so results do not
+// depend on B, NH or which rank computes a head.
+
+namespace {
+constexpr int kKeyBlock = 32;  // scores computed together: four AVX2 vectors of accumulators
+
+int round_up(int n, int multiple) { return (n + multiple - 1) / multiple * multiple; }
+
+// One scratch buffer per thread (ranks may be threads), grown on demand and kept.
+float* attention_scratch(size_t n) {
+  thread_local std::vector<float> scratch;
+  if (scratch.size() < n) scratch.resize(n);
+  return scratch.data();
+}
+
+// dst(hs, Tp)[i][t2] = src[t2 * stride + i] for t2 < T, zero for T <= t2 < Tp.
+void transpose_head(float* __restrict dst, const float* __restrict src, int T, int Tp, int hs, int stride) {
+  for (int i = 0; i < hs; i++) {
+    float* __restrict row = dst + size_t(i) * Tp;
+    for (int t2 = 0; t2 < T; t2++) row[t2] = src[size_t(t2) * stride + i];
+    for (int t2 = T; t2 < Tp; t2++) row[t2] = 0.0f;
+  }
+}
+
+// out[t2] = scale * sum_i x[i] * block[i][t2] for t2 < round_up(n, kKeyBlock): block is (hs, Tp), Tp a
+// multiple of kKeyBlock. Each sum runs over i in increasing order, from 0.
+void scaled_dots(float* __restrict out, const float* __restrict x, const float* __restrict block, int Tp, int hs,
+                 int n, float scale) {
+  for (int t0 = 0; t0 < n; t0 += kKeyBlock) {
+    float acc[kKeyBlock] = {};
+    for (int i = 0; i < hs; i++) {
+      const float xi = x[i];
+      const float* __restrict row = block + size_t(i) * Tp + t0;
+      for (int j = 0; j < kKeyBlock; j++) acc[j] += xi * row[j];
+    }
+    for (int j = 0; j < kKeyBlock; j++) out[t0 + j] = acc[j] * scale;
+  }
+}
+
+// The largest of x[0..n) (-inf when n = 0; NaNs are skipped). Lanes, then the lanes' maximum: a
+// maximum does not depend on the order.
+float max_of(const float* __restrict x, int n) {
+  constexpr int W = 8;
+  float lanes[W];
+  for (int j = 0; j < W; j++) lanes[j] = -INFINITY;
+  int i = 0;
+  for (; i + W <= n; i += W) {
+    for (int j = 0; j < W; j++) lanes[j] = x[i + j] > lanes[j] ? x[i + j] : lanes[j];
+  }
+  float m = lanes[0];
+  for (int j = 1; j < W; j++) m = lanes[j] > m ? lanes[j] : m;
+  for (; i < n; i++) m = x[i] > m ? x[i] : m;
+  return m;
+}
+
+// out[i] = exp(x[i] - shift) for i < n; returns their sum in double, in lanes (sum_of_lanes).
+double exp_shifted(float* __restrict out, const float* __restrict x, float shift, int n) {
+  constexpr int W = kLanes;
+  double lanes[W] = {};
+  int i = 0;
+  for (; i + W <= n; i += W) {
+    for (int j = 0; j < W; j++) {
+      const float e = fast_exp(x[i + j] - shift);
+      out[i + j] = e;
+      lanes[j] += e;
+    }
+  }
+  double sum = sum_of_lanes(lanes);
+  for (; i < n; i++) {
+    const float e = fast_exp(x[i] - shift);
+    out[i] = e;
+    sum += e;
+  }
+  return sum;
+}
+
+// sum_i a[i] * b[i] in double, in lanes (sum_of_lanes).
+double dot_double(const float* __restrict a, const float* __restrict b, int n) {
+  constexpr int W = kLanes;
+  double lanes[W] = {};
+  int i = 0;
+  for (; i + W <= n; i += W) {
+    for (int j = 0; j < W; j++) lanes[j] += double(a[i + j]) * b[i + j];
+  }
+  double sum = sum_of_lanes(lanes);
+  for (; i < n; i++) sum += double(a[i]) * b[i];
+  return sum;
+}
+// y[i] += sum over r < n, in increasing r, of (coef[r * coef_stride] * coef_scale) * rows[r * row_stride + i],
+// for i < width. The sums of 32 (then 8) columns at a time stay in registers across all n rows,
+// instead of a load and a store of y per row (which made each row wait for the previous row's store).
+void accumulate_weighted_rows(float* __restrict y, const float* __restrict coef, size_t coef_stride, float coef_scale,
+                              const float* __restrict rows, size_t row_stride, int n, int width) {
+  int i0 = 0;
+  for (; i0 + 32 <= width; i0 += 32) {
+    float acc[32];
+    for (int j = 0; j < 32; j++) acc[j] = y[i0 + j];
+    for (int r = 0; r < n; r++) {
+      const float g = coef[r * coef_stride] * coef_scale;
+      const float* __restrict row = rows + r * row_stride + i0;
+      for (int j = 0; j < 32; j++) acc[j] += g * row[j];
+    }
+    for (int j = 0; j < 32; j++) y[i0 + j] = acc[j];
+  }
+  for (; i0 + 8 <= width; i0 += 8) {
+    float acc[8];
+    for (int j = 0; j < 8; j++) acc[j] = y[i0 + j];
+    for (int r = 0; r < n; r++) {
+      const float g = coef[r * coef_stride] * coef_scale;
+      const float* __restrict row = rows + r * row_stride + i0;
+      for (int j = 0; j < 8; j++) acc[j] += g * row[j];
+    }
+    for (int j = 0; j < 8; j++) y[i0 + j] = acc[j];
+  }
+  for (; i0 < width; i0++) {
+    float acc = y[i0];
+    for (int r = 0; r < n; r++) acc += (coef[r * coef_stride] * coef_scale) * rows[r * row_stride + i0];
+    y[i0] = acc;
+  }
+}
+}  // namespace
 
 void attention_forward(float* out, float* preatt, float* att, const float* qkv, int B, int T, int C, int NH) {
   const int C3 = 3 * C;
   const int hs = C / NH;  // head size
   const float scale = 1.0f / std::sqrt(float(hs));
+  const int Tp = round_up(T, kKeyBlock);
+  float* keys_t = attention_scratch(size_t(hs) * Tp + Tp);  // (hs, Tp), then one row of scores
+  float* scores = keys_t + size_t(hs) * Tp;
 
   for (int b = 0; b < B; b++) {
-    for (int t = 0; t < T; t++) {
-      for (int h = 0; h < NH; h++) {
-        const float* query = qkv + (size_t(b) * T + t) * C3 + h * hs;
-        float* preatt_row = preatt + ((size_t(b) * NH + h) * T + t) * T;
-        float* att_row = att + ((size_t(b) * NH + h) * T + t) * T;
+    const float* qkv_b = qkv + size_t(b) * T * C3;
+    for (int h = 0; h < NH; h++) {
+      transpose_head(keys_t, qkv_b + C + h * hs, T, Tp, hs, C3);
+      for (int t = 0; t < T; t++) {
+        const int n = t + 1;  // keys 0..t
+        const float* __restrict query = qkv_b + size_t(t) * C3 + h * hs;
+        float* __restrict preatt_row = preatt + ((size_t(b) * NH + h) * T + t) * T;
+        float* __restrict att_row = att + ((size_t(b) * NH + h) * T + t) * T;
 
-        // scores, and their maximum so that exp() below never overflows
-        float maxval = -INFINITY;
-        for (int t2 = 0; t2 <= t; t2++) {
-          const float* key = qkv + (size_t(b) * T + t2) * C3 + C + h * hs;
-          float dot = 0.0f;
-          for (int i = 0; i < hs; i++) dot += query[i] * key[i];
-          float score = dot * scale;
-          preatt_row[t2] = score;
-          if (score > maxval) maxval = score;
-        }
-        for (int t2 = t + 1; t2 < T; t2++) preatt_row[t2] = -INFINITY;
+        scaled_dots(scores, query, keys_t, Tp, hs, n, scale);
+        for (int t2 = 0; t2 < n; t2++) preatt_row[t2] = scores[t2];
+        for (int t2 = n; t2 < T; t2++) preatt_row[t2] = -INFINITY;
 
-        // softmax over the causal part
-        double expsum = 0.0;
-        for (int t2 = 0; t2 <= t; t2++) {
-          float e = std::exp(preatt_row[t2] - maxval);
-          att_row[t2] = e;
-          expsum += e;
-        }
+        // softmax over the causal part, shifted by the maximum so that exp() never overflows
+        const float maxval = max_of(scores, n);
+        const double expsum = exp_shifted(att_row, scores, maxval, n);
         const float inv_expsum = float(1.0 / expsum);
-        for (int t2 = 0; t2 <= t; t2++) att_row[t2] *= inv_expsum;
-        for (int t2 = t + 1; t2 < T; t2++) att_row[t2] = 0.0f;
+        for (int t2 = 0; t2 < n; t2++) att_row[t2] *= inv_expsum;
+        for (int t2 = n; t2 < T; t2++) att_row[t2] = 0.0f;
 
-        // out = att @ v
+        // out = att @ v, summed over t2 in increasing order
         float* out_bth = out + (size_t(b) * T + t) * C + h * hs;
         for (int i = 0; i < hs; i++) out_bth[i] = 0.0f;
-        for (int t2 = 0; t2 <= t; t2++) {
-          const float* value = qkv + (size_t(b) * T + t2) * C3 + 2 * C + h * hs;
-          const float a = att_row[t2];
-          for (int i = 0; i < hs; i++) out_bth[i] += a * value[i];
-        }
+        accumulate_weighted_rows(out_bth, att_row, 1, 1.0f, qkv_b + 2 * C + h * hs, C3, n, hs);
       }
     }
   }
@@ -262,45 +411,44 @@ void attention_backward(float* dqkv, float* dpreatt, float* datt, const float* d
   const int C3 = 3 * C;
   const int hs = C / NH;
   const float scale = 1.0f / std::sqrt(float(hs));
+  const int Tp = round_up(T, kKeyBlock);
+  float* values_t = attention_scratch(size_t(hs) * Tp + Tp);  // (hs, Tp), then one row of datt
+  float* datt_block = values_t + size_t(hs) * Tp;
 
   for (int b = 0; b < B; b++) {
-    for (int t = 0; t < T; t++) {
-      for (int h = 0; h < NH; h++) {
-        const float* query = qkv + (size_t(b) * T + t) * C3 + h * hs;
-        float* dquery = dqkv + (size_t(b) * T + t) * C3 + h * hs;
-        const float* att_row = att + ((size_t(b) * NH + h) * T + t) * T;
-        float* datt_row = datt + ((size_t(b) * NH + h) * T + t) * T;
-        float* dpreatt_row = dpreatt + ((size_t(b) * NH + h) * T + t) * T;
-        const float* dout_bth = dout + (size_t(b) * T + t) * C + h * hs;
+    const float* qkv_b = qkv + size_t(b) * T * C3;
+    float* dqkv_b = dqkv + size_t(b) * T * C3;
+    for (int h = 0; h < NH; h++) {
+      transpose_head(values_t, qkv_b + 2 * C + h * hs, T, Tp, hs, C3);
+      for (int t = 0; t < T; t++) {
+        const int n = t + 1;
+        float* __restrict dquery = dqkv_b + size_t(t) * C3 + h * hs;
+        const float* __restrict att_row = att + ((size_t(b) * NH + h) * T + t) * T;
+        float* __restrict datt_row = datt + ((size_t(b) * NH + h) * T + t) * T;
+        float* __restrict dpreatt_row = dpreatt + ((size_t(b) * NH + h) * T + t) * T;
+        const float* __restrict dout_bth = dout + (size_t(b) * T + t) * C + h * hs;
 
-        // out = sum_t2 att[t2] * value[t2]: gradients into att and into the values
-        for (int t2 = 0; t2 <= t; t2++) {
-          const float* value = qkv + (size_t(b) * T + t2) * C3 + 2 * C + h * hs;
-          float* dvalue = dqkv + (size_t(b) * T + t2) * C3 + 2 * C + h * hs;
-          float dot = 0.0f;
-          for (int i = 0; i < hs; i++) dot += value[i] * dout_bth[i];
-          datt_row[t2] = dot;  // scratch: overwritten (ops.h)
-          const float a = att_row[t2];
-          for (int i = 0; i < hs; i++) dvalue[i] += a * dout_bth[i];
-        }
+        // out = sum_t2 att[t2] * value[t2]: the gradient into att (the values' comes below)
+        scaled_dots(datt_block, dout_bth, values_t, Tp, hs, n, 1.0f);
+        for (int t2 = 0; t2 < n; t2++) datt_row[t2] = datt_block[t2];  // scratch: overwritten (ops.h)
 
         // softmax: the Jacobian is diag(att) - att att^T, so its product with datt is
         // att * (datt - <att, datt>): O(T) per row instead of building the T x T Jacobian.
-        double att_dot_datt = 0.0;
-        for (int t2 = 0; t2 <= t; t2++) att_dot_datt += double(att_row[t2]) * datt_row[t2];
-        const float weighted_datt = float(att_dot_datt);
-        for (int t2 = 0; t2 <= t; t2++) dpreatt_row[t2] = att_row[t2] * (datt_row[t2] - weighted_datt);
+        const float weighted_datt = float(dot_double(att_row, datt_row, n));
+        for (int t2 = 0; t2 < n; t2++) dpreatt_row[t2] = att_row[t2] * (datt_row[t2] - weighted_datt);
 
-        // preatt = scale * <query, key[t2]>: gradients into the query and the keys
-        for (int t2 = 0; t2 <= t; t2++) {
-          const float* key = qkv + (size_t(b) * T + t2) * C3 + C + h * hs;
-          float* dkey = dqkv + (size_t(b) * T + t2) * C3 + C + h * hs;
-          const float g = dpreatt_row[t2] * scale;
-          for (int i = 0; i < hs; i++) {
-            dquery[i] += g * key[i];
-            dkey[i] += g * query[i];
-          }
-        }
+        // preatt = scale * <query, key[t2]>: the gradient into the query
+        accumulate_weighted_rows(dquery, dpreatt_row, 1, scale, qkv_b + C + h * hs, C3, n, hs);
+      }
+      // The gradients into key t2 and value t2 gather the rows t >= t2 that attended to it: a column of
+      // dpreatt and of att. Each is summed over t in increasing order.
+      for (int t2 = 0; t2 < T; t2++) {
+        const size_t row_t2 = (size_t(b) * NH + h) * T + t2;  // row t2 of this head's (T, T) blocks
+        const size_t first = row_t2 * T + t2;                  // element (t2, t2)
+        accumulate_weighted_rows(dqkv_b + size_t(t2) * C3 + C + h * hs, dpreatt + first, T, scale,
+                                 qkv_b + size_t(t2) * C3 + h * hs, C3, T - t2, hs);
+        accumulate_weighted_rows(dqkv_b + size_t(t2) * C3 + 2 * C + h * hs, att + first, T, 1.0f,
+                                 dout + (size_t(b) * T + t2) * C + h * hs, C, T - t2, hs);
       }
     }
   }
@@ -308,27 +456,6 @@ void attention_backward(float* dqkv, float* dpreatt, float* datt, const float* d
 
 // ----------------------------------------------------------------------------------------------------------
 // GELU (tanh approximation) and the residual connection
-
-// tanh as a rational function of x (odd degree-13 numerator over even degree-6 denominator, the
-// minimax fit Eigen uses), accurate to a few float ulps on [-7.9, 7.9] and exactly +-1 in float
-// beyond. Why not std::tanh: a libm call per element stops the loop from vectorizing, and GELU's
-// tanh was then a third of a CPU training step; plain multiply-adds and one division vectorize.
-inline float fast_tanh(float x) {
-  x = std::fmin(std::fmax(x, -7.90531110763549805f), 7.90531110763549805f);
-  const float x2 = x * x;
-  float p = -2.76076847742355e-16f;
-  p = p * x2 + 2.00018790482477e-13f;
-  p = p * x2 + -8.60467152213735e-11f;
-  p = p * x2 + 5.12229709037114e-08f;
-  p = p * x2 + 1.48572235717979e-05f;
-  p = p * x2 + 6.37261928875436e-04f;
-  p = p * x2 + 4.89352455891786e-03f;
-  float q = 1.19825839466702e-06f;
-  q = q * x2 + 1.18534705686654e-04f;
-  q = q * x2 + 2.26843463243900e-03f;
-  q = q * x2 + 4.89352518554385e-03f;
-  return x * p / q;
-}
 
 void gelu_forward(float* out, const float* inp, size_t n) {
   for (size_t i = 0; i < n; i++) {
@@ -371,16 +498,8 @@ void softmax_crossentropy_forward(float* losses, float* probs, const float* logi
     const int target = targets[i];
     check_token(target, V, "target");
 
-    float maxval = -INFINITY;
-    for (int v = 0; v < V; v++) {
-      if (logits_row[v] > maxval) maxval = logits_row[v];
-    }
-    double expsum = 0.0;
-    for (int v = 0; v < V; v++) {
-      float e = std::exp(logits_row[v] - maxval);
-      probs_row[v] = e;
-      expsum += e;
-    }
+    const float maxval = max_of(logits_row, V);
+    const double expsum = exp_shifted(probs_row, logits_row, maxval, V);
     const float inv_expsum = float(1.0 / expsum);
     for (int v = 0; v < V; v++) probs_row[v] *= inv_expsum;
     // -log(probs[target]) written as log(expsum) - (logit - max): finite even when probs[target]
@@ -413,11 +532,7 @@ void crossentropy_shard_max(float* row_max, float* target_logit, const float* lo
   for (int i = 0; i < N; i++) {
     const float* logits_row = logits + size_t(i) * Vl;
     check_token(targets[i], kVocabularyUnknown, "target");
-    float maxval = -INFINITY;
-    for (int v = 0; v < Vl; v++) {
-      if (logits_row[v] > maxval) maxval = logits_row[v];
-    }
-    row_max[i] = maxval;
+    row_max[i] = max_of(logits_row, Vl);
     // Exactly one slice holds the target: the others contribute 0 to the all-reduced sum, which is
     // then the target's logit exactly.
     const int column = row_in_slice(targets[i], vocab_begin, Vl);
@@ -430,14 +545,7 @@ void crossentropy_shard_exp(float* probs, float* row_sum, const float* logits, c
   for (int i = 0; i < N; i++) {
     const float* logits_row = logits + size_t(i) * Vl;
     float* probs_row = probs + size_t(i) * Vl;
-    const float maxval = row_max[i];
-    double expsum = 0.0;
-    for (int v = 0; v < Vl; v++) {
-      float e = std::exp(logits_row[v] - maxval);
-      probs_row[v] = e;
-      expsum += e;
-    }
-    row_sum[i] = float(expsum);
+    row_sum[i] = float(exp_shifted(probs_row, logits_row, row_max[i], Vl));
   }
 }
 

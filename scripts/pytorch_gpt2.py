@@ -33,6 +33,7 @@ import time
 PRESETS = {
     "tiny": dict(L=2, C=64, NH=4, T=64, V=256, batch=8, lr=3e-3),
     "small": dict(L=4, C=128, NH=4, T=128, V=256, batch=8, lr=2e-3),
+    "deep": dict(L=12, C=128, NH=4, T=64, V=256, batch=8, lr=1e-3),
     "gpt2": dict(L=12, C=768, NH=12, T=1024, V=50304, batch=8, lr=6e-4),
     "odd": dict(L=2, C=15, NH=3, T=17, V=258, batch=8, lr=3e-3),
 }
@@ -316,11 +317,12 @@ def main():
         if cuda:
             torch.cuda.reset_peak_memory_stats(device)
             torch.cuda.synchronize(device)
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.process_time()
         loss, norm = train_step(model, optimizer, inputs, targets, args.grad_clip, bf16)
         if cuda:
             torch.cuda.synchronize(device)
         step_ms = (time.perf_counter() - start) * 1e3
+        step_cpu_ms = (time.process_time() - cpu_start) * 1e3  # all threads of this process
         tokens_per_s = B * T / (step_ms / 1e3)
         loss_value, norm_value = loss.item(), norm.item()
         mem = torch.cuda.max_memory_allocated(device) if cuda else None  # not measured on the CPU
@@ -332,7 +334,8 @@ def main():
         if not args.quiet:
             print(step_line(step, loss_value, step_ms, tokens_per_s, mem), flush=True)
         out.write({"type": "step", "step": step, "loss": finite(loss_value), "lr": lr,
-                   "grad_norm": finite(norm_value), "step_ms": step_ms, "tokens_per_s": tokens_per_s,
+                   "grad_norm": finite(norm_value), "step_ms": step_ms, "step_cpu_ms": step_cpu_ms,
+                   "tokens_per_s": tokens_per_s,
                    "exposed_comm_ms": 0.0, "mem_total": mem})
 
     n = max(totals["steps"], 1)

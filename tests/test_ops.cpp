@@ -21,6 +21,7 @@
 #include <functional>
 #include <vector>
 
+#include "fast_math.h"
 #include "ops.h"
 #include "test_util.h"
 
@@ -321,49 +322,60 @@ TEST(PositionSlices, RunsOfTheBatchAddUpToTheWholeBatch) {
 // layernorm: (B,T,LC) with an odd LC, inputs offset from zero so that subtracting the mean matters
 
 constexpr int LC = 7;
+// The layernorm tests run at LC, narrower than a vector, and at 37: the row sums' vectorized lanes
+// (8 at a time) and a tail of 5.
+constexpr int kLayernormWidths[] = {LC, 37};
 
 TEST(Layernorm, ForwardMatchesReference) {
-  const int N = B * T;
-  auto inp = random_vector(N * LC, 10, 2.0f, 4.0f);
-  auto weight = random_vector(LC, 11, 0.5f, 1.5f), bias = random_vector(LC, 12);
-  auto out = zeros(N * LC), mean = zeros(N), rstd = zeros(N);
-  layernorm_forward(view(out, {B, T, LC}), view(mean, {B, T}), view(rstd, {B, T}), view(inp, {B, T, LC}),
-                    view(weight, {LC}), view(bias, {LC}));
+  for (const int width : kLayernormWidths) {
+    SCOPED_TRACE("row width " + std::to_string(width));
+    const int LC = width;  // this test's row width, in place of the file's
+    const int N = B * T;
+    auto inp = random_vector(N * LC, 10, 2.0f, 4.0f);
+    auto weight = random_vector(LC, 11, 0.5f, 1.5f), bias = random_vector(LC, 12);
+    auto out = zeros(N * LC), mean = zeros(N), rstd = zeros(N);
+    layernorm_forward(view(out, {B, T, LC}), view(mean, {B, T}), view(rstd, {B, T}), view(inp, {B, T, LC}),
+                      view(weight, {LC}), view(bias, {LC}));
 
-  Vec mean_ref(N), rstd_ref(N);
-  Vec out_ref = layernorm_reference(to_double(inp), to_double(weight), to_double(bias), N, LC, &mean_ref,
-                                    &rstd_ref);
-  EXPECT_TRUE(allclose(out, out_ref, kForwardAtol, kForwardRtol));
-  EXPECT_TRUE(allclose(mean, mean_ref, kForwardAtol, kForwardRtol));
-  EXPECT_TRUE(allclose(rstd, rstd_ref, kForwardAtol, kForwardRtol));
+    Vec mean_ref(N), rstd_ref(N);
+    Vec out_ref = layernorm_reference(to_double(inp), to_double(weight), to_double(bias), N, LC, &mean_ref,
+                                      &rstd_ref);
+    EXPECT_TRUE(allclose(out, out_ref, kForwardAtol, kForwardRtol));
+    EXPECT_TRUE(allclose(mean, mean_ref, kForwardAtol, kForwardRtol));
+    EXPECT_TRUE(allclose(rstd, rstd_ref, kForwardAtol, kForwardRtol));
+  }
 }
 
 TEST(Layernorm, BackwardMatchesFiniteDifferencesAndAccumulates) {
-  const int N = B * T;
-  auto inp = random_vector(N * LC, 13, 2.0f, 4.0f);
-  auto weight = random_vector(LC, 14, 0.5f, 1.5f), bias = random_vector(LC, 15);
-  auto dout = random_vector(N * LC, 16);
-  auto out = zeros(N * LC), mean = zeros(N), rstd = zeros(N);
-  layernorm_forward(view(out, {B, T, LC}), view(mean, {B, T}), view(rstd, {B, T}), view(inp, {B, T, LC}),
-                    view(weight, {LC}), view(bias, {LC}));
+  for (const int width : kLayernormWidths) {
+    SCOPED_TRACE("row width " + std::to_string(width));
+    const int LC = width;  // this test's row width, in place of the file's
+    const int N = B * T;
+    auto inp = random_vector(N * LC, 13, 2.0f, 4.0f);
+    auto weight = random_vector(LC, 14, 0.5f, 1.5f), bias = random_vector(LC, 15);
+    auto dout = random_vector(N * LC, 16);
+    auto out = zeros(N * LC), mean = zeros(N), rstd = zeros(N);
+    layernorm_forward(view(out, {B, T, LC}), view(mean, {B, T}), view(rstd, {B, T}), view(inp, {B, T, LC}),
+                      view(weight, {LC}), view(bias, {LC}));
 
-  const Vec inp_d = to_double(inp), weight_d = to_double(weight), bias_d = to_double(bias);
-  const Vec dout_d = to_double(dout);
-  Vec dinp_ref = numerical_gradient(
-      [&](const Vec& x) { return layernorm_reference(x, weight_d, bias_d, N, LC); }, inp_d, dout_d);
-  Vec dweight_ref = numerical_gradient(
-      [&](const Vec& x) { return layernorm_reference(inp_d, x, bias_d, N, LC); }, weight_d, dout_d);
-  Vec dbias_ref = numerical_gradient(
-      [&](const Vec& x) { return layernorm_reference(inp_d, weight_d, x, N, LC); }, bias_d, dout_d);
+    const Vec inp_d = to_double(inp), weight_d = to_double(weight), bias_d = to_double(bias);
+    const Vec dout_d = to_double(dout);
+    Vec dinp_ref = numerical_gradient(
+        [&](const Vec& x) { return layernorm_reference(x, weight_d, bias_d, N, LC); }, inp_d, dout_d);
+    Vec dweight_ref = numerical_gradient(
+        [&](const Vec& x) { return layernorm_reference(inp_d, x, bias_d, N, LC); }, weight_d, dout_d);
+    Vec dbias_ref = numerical_gradient(
+        [&](const Vec& x) { return layernorm_reference(inp_d, weight_d, x, N, LC); }, bias_d, dout_d);
 
-  auto dinp = zeros(N * LC), dweight = zeros(LC), dbias = zeros(LC);
-  for (int call = 1; call <= 2; call++) {
-    layernorm_backward(view(dinp, {B, T, LC}), view(dweight, {LC}), view(dbias, {LC}), view(dout, {B, T, LC}),
-                       view(inp, {B, T, LC}), view(weight, {LC}), view(mean, {B, T}), view(rstd, {B, T}));
-    SCOPED_TRACE("after backward call " + std::to_string(call));
-    EXPECT_TRUE(allclose(dinp, scaled(dinp_ref, call), kGradAtol, kGradRtol));
-    EXPECT_TRUE(allclose(dweight, scaled(dweight_ref, call), kGradAtol, kGradRtol));
-    EXPECT_TRUE(allclose(dbias, scaled(dbias_ref, call), kGradAtol, kGradRtol));
+    auto dinp = zeros(N * LC), dweight = zeros(LC), dbias = zeros(LC);
+    for (int call = 1; call <= 2; call++) {
+      layernorm_backward(view(dinp, {B, T, LC}), view(dweight, {LC}), view(dbias, {LC}), view(dout, {B, T, LC}),
+                         view(inp, {B, T, LC}), view(weight, {LC}), view(mean, {B, T}), view(rstd, {B, T}));
+      SCOPED_TRACE("after backward call " + std::to_string(call));
+      EXPECT_TRUE(allclose(dinp, scaled(dinp_ref, call), kGradAtol, kGradRtol));
+      EXPECT_TRUE(allclose(dweight, scaled(dweight_ref, call), kGradAtol, kGradRtol));
+      EXPECT_TRUE(allclose(dbias, scaled(dbias_ref, call), kGradAtol, kGradRtol));
+    }
   }
 }
 
@@ -806,6 +818,116 @@ TEST(Helpers, CopyBetweenViewsOfDifferentShape) {
   EXPECT_TRUE(allclose(dst, src, 0.0, 0.0));
   add_inplace(view(dst, {2, 6}), view(src, {12}));
   EXPECT_TRUE(allclose(dst, scaled(to_double(src), 2.0), 0.0, 0.0));
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// The vectorized paths: fast_exp and fast_tanh against libm, and attention at a shape that runs its
+// blocked loops (more than one 32-key block of scores, and head channels in a 32-wide block, an 8-wide
+// block and a scalar tail), which the small shapes above never reach.
+
+// |actual - expected| in units in the last place of expected.
+double ulps(float actual, float expected) {
+  const float magnitude = std::fabs(expected);
+  const double ulp = double(std::nextafter(magnitude, INFINITY)) - magnitude;
+  return std::fabs(double(actual) - double(expected)) / ulp;
+}
+
+TEST(FastMath, ExpWithinOneUlpOfLibm) {
+  double worst = 0.0;
+  float worst_at = 0.0f;
+  for (double x = -87.0; x <= 88.0; x += 1.0 / 1024 + 1e-7) {  // + 1e-7: not only binary fractions
+    const double e = ulps(cpu::fast_exp(float(x)), std::exp(float(x)));
+    if (e > worst) {
+      worst = e;
+      worst_at = float(x);
+    }
+  }
+  EXPECT_LE(worst, 1.0) << "at x = " << worst_at;
+  EXPECT_EQ(cpu::fast_exp(0.0f), 1.0f);
+  EXPECT_EQ(cpu::fast_exp(-100.0f), 0.0f);  // where expf is subnormal or 0
+  EXPECT_EQ(cpu::fast_exp(-INFINITY), 0.0f);
+  EXPECT_EQ(cpu::fast_exp(100.0f), INFINITY);
+  EXPECT_TRUE(std::isnan(cpu::fast_exp(NAN)));
+}
+
+TEST(FastMath, TanhWithinEightUlpsOfLibm) {
+  double worst = 0.0;
+  float worst_at = 0.0f;
+  for (double x = -12.0; x <= 12.0; x += 1.0 / 4096 + 1e-7) {
+    const double e = ulps(cpu::fast_tanh(float(x)), std::tanh(float(x)));
+    if (e > worst) {
+      worst = e;
+      worst_at = float(x);
+    }
+  }
+  EXPECT_LE(worst, 8.0) << "at x = " << worst_at;
+  EXPECT_EQ(cpu::fast_tanh(20.0f), 1.0f);
+  EXPECT_EQ(cpu::fast_tanh(-20.0f), -1.0f);
+  EXPECT_TRUE(std::isnan(cpu::fast_tanh(NAN)));
+}
+
+TEST(Attention, BlockedLoopsMatchReferenceAtALargerShape) {
+  constexpr int Bq = 2, Tq = 37, NHq = 2, hs = 43, Cq = NHq * hs;  // 37 keys: two blocks; 43 = 32 + 8 + 3
+  const double scale = 1.0 / std::sqrt(double(hs));
+  auto qkv = random_vector(size_t(Bq) * Tq * 3 * Cq, 90, -1.0f, 1.0f);
+  auto dout = random_vector(size_t(Bq) * Tq * Cq, 91);
+  const Vec x = to_double(qkv), dy = to_double(dout);
+  // element i of head h of part 0 (query), 1 (key) or 2 (value) at position t of sequence b
+  auto at = [&](int b, int t, int part, int h, int i) {
+    return (size_t(b) * Tq + t) * 3 * Cq + part * Cq + h * hs + i;
+  };
+
+  // float64 forward and backward, written out (finite differences would take too long at this size)
+  Vec out_ref(size_t(Bq) * Tq * Cq, 0.0), att_ref(size_t(Bq) * NHq * Tq * Tq, 0.0), dqkv_ref(x.size(), 0.0);
+  for (int b = 0; b < Bq; b++)
+    for (int h = 0; h < NHq; h++)
+      for (int t = 0; t < Tq; t++) {
+        Vec p(t + 1);
+        for (int t2 = 0; t2 <= t; t2++) {
+          double dot = 0.0;
+          for (int i = 0; i < hs; i++) dot += x[at(b, t, 0, h, i)] * x[at(b, t2, 1, h, i)];
+          p[t2] = dot * scale;
+        }
+        const double maxval = *std::max_element(p.begin(), p.end());
+        double sum = 0.0;
+        for (double& v : p) sum += v = std::exp(v - maxval);
+        for (double& v : p) v /= sum;
+        const double* dy_t = &dy[(size_t(b) * Tq + t) * Cq + h * hs];
+        Vec dp(t + 1);
+        double weighted = 0.0;
+        for (int t2 = 0; t2 <= t; t2++) {
+          att_ref[((size_t(b) * NHq + h) * Tq + t) * Tq + t2] = p[t2];
+          for (int i = 0; i < hs; i++) {
+            out_ref[(size_t(b) * Tq + t) * Cq + h * hs + i] += p[t2] * x[at(b, t2, 2, h, i)];
+            dp[t2] += dy_t[i] * x[at(b, t2, 2, h, i)];
+            dqkv_ref[at(b, t2, 2, h, i)] += p[t2] * dy_t[i];
+          }
+          weighted += p[t2] * dp[t2];
+        }
+        for (int t2 = 0; t2 <= t; t2++) {
+          const double ds = p[t2] * (dp[t2] - weighted) * scale;
+          for (int i = 0; i < hs; i++) {
+            dqkv_ref[at(b, t, 0, h, i)] += ds * x[at(b, t2, 1, h, i)];
+            dqkv_ref[at(b, t2, 1, h, i)] += ds * x[at(b, t, 0, h, i)];
+          }
+        }
+      }
+
+  auto out = zeros(out_ref.size()), preatt = zeros(att_ref.size()), att = zeros(att_ref.size());
+  attention_forward(view(out, {Bq, Tq, Cq}), view(preatt, {Bq, NHq, Tq, Tq}), view(att, {Bq, NHq, Tq, Tq}),
+                    view(qkv, {Bq, Tq, 3 * Cq}), NHq);
+  EXPECT_TRUE(allclose(out, out_ref, kForwardAtol, kForwardRtol));
+  EXPECT_TRUE(allclose(att, att_ref, kForwardAtol, kForwardRtol));
+
+  auto dqkv = zeros(x.size());
+  for (int call = 1; call <= 2; call++) {
+    std::vector<float> dpreatt(att.size(), NAN), datt(att.size(), NAN);
+    attention_backward(view(dqkv, {Bq, Tq, 3 * Cq}), view(dpreatt, {Bq, NHq, Tq, Tq}),
+                       view(datt, {Bq, NHq, Tq, Tq}), view(dout, {Bq, Tq, Cq}), view(qkv, {Bq, Tq, 3 * Cq}),
+                       view(att, {Bq, NHq, Tq, Tq}), NHq);
+    SCOPED_TRACE("after backward call " + std::to_string(call));
+    EXPECT_TRUE(allclose(dqkv, scaled(dqkv_ref, call), kGradAtol, kGradRtol));
+  }
 }
 
 }  // namespace
