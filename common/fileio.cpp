@@ -39,11 +39,12 @@ bool read_whole_file(const std::string& path, std::string* contents, std::string
   std::ifstream in;
   if (!open_regular_file(path, &in, error)) return false;
   // Read until the end rather than trust the size: a /proc file says 0 bytes and has more, and
-  // seeking to the end of an unseekable file reports -1. The size only reserves the memory.
+  // seeking to the end of an unseekable file reports -1. The size only reserves the memory (and a
+  // piece more, for the read that finds the end, so that a large file is never copied to grow).
+  constexpr size_t kPiece = size_t(1) << 20;
   struct stat info;
   contents->clear();
-  if (stat(path.c_str(), &info) == 0 && info.st_size > 0) contents->reserve(size_t(info.st_size));
-  constexpr size_t kPiece = size_t(1) << 20;
+  if (stat(path.c_str(), &info) == 0 && info.st_size > 0) contents->reserve(size_t(info.st_size) + kPiece);
   for (;;) {
     const size_t have = contents->size();
     contents->resize(have + kPiece);

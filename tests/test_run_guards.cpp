@@ -14,6 +14,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <string>
 #include <thread>
@@ -207,7 +208,7 @@ TEST(OutputPaths, FlagsThatNameOneFileAreRefusedBeforeTheWork) {
     EXPECT_LT(r.seconds, 15.0);
   }
   std::ifstream in(data);
-  EXPECT_EQ(std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>()), text)
+  EXPECT_TRUE(std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>()) == text)
       << "the training data was overwritten";
 }
 
@@ -357,17 +358,30 @@ TEST(Resume, AKillWhileSavingOverTheResumedCheckpointLeavesItResumable) {
   ASSERT_TRUE(wait_for_a_save_after(0));
   kill(first.pid, SIGINT);
   ASSERT_EQ(wait_for(first, 60).exit_code, 130);
-  for (int attempt = 0; attempt < 3; attempt++) {
+  // A temporary beside R: a save is under way (or was, when its job was killed).
+  auto temporary_exists = [&] {
+    for (const auto& entry : std::filesystem::directory_iterator(dir))
+      if (entry.path().filename().string().rfind("ck.bin.tmp.", 0) == 0) return true;
+    return false;
+  };
+  int kills_during_a_save = 0;
+  for (int attempt = 0; attempt < 6 && kills_during_a_save < 2; attempt++) {
     SCOPED_TRACE("kill " + std::to_string(attempt));
     const int64_t before = saved_step();
     BackgroundRun run = start_trainer("01_vanilla_dp", 2, "--resume " + ckpt + " --save-every 1 --save " + ckpt);
     ASSERT_TRUE(wait_for_a_save_after(before)) << "it never saved";
-    // Somewhere in the next steps, whose saves take a good part of each: then everything at once.
-    std::this_thread::sleep_for(std::chrono::milliseconds(15 * (attempt + 1)));
-    for (int pid : rank_pids(dir)) kill(pid, SIGKILL);
+    const std::vector<int> ranks = rank_pids(dir);
+    // The next save's temporary appears (watched without a pause: a save takes milliseconds), and
+    // then every process dies at once.
+    const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (!temporary_exists() && std::chrono::steady_clock::now() < give_up) {
+    }
+    for (int pid : ranks) kill(pid, SIGKILL);
     kill(run.pid, SIGKILL);
     wait_for(run, 30);
+    if (temporary_exists()) kills_during_a_save++;  // else the save finished first
   }
+  EXPECT_GE(kills_during_a_save, 1) << "no kill came during a save: the test proved nothing";
   // It resumes: the whole file is checked when it is loaded.
   BackgroundRun resumed = start_trainer("01_vanilla_dp", 2, "--resume " + ckpt + " --json " + dir + "/resumed.jsonl");
   for (int i = 0; i < 600 && read_records(dir + "/resumed.jsonl.partial", "step").empty(); i++)
