@@ -87,6 +87,7 @@ TEST_P(BadInputTest, FailsBeforeTheWorkWithAClearMessage) {
 std::vector<BadInput> bad_inputs() {
   return {
       {"MissingDataFile", "--data /nonexistent/corpus.txt", "cannot open '/nonexistent/corpus.txt'"},
+      {"DataIsAFolder", "--data /proc", "cannot open '/proc': it is a folder, not a regular file"},
       {"BatchNotDivisible", "--batch 6 --grad-accum 2", "not divisible by ranks x grad-accum"},
       {"UnknownFlag", "--bogus 3", "unknown flag '--bogus'"},
       {"BadValue", "--steps ten", "--steps"},
@@ -132,6 +133,15 @@ std::vector<BadInput> bad_inputs() {
 
 INSTANTIATE_TEST_SUITE_P(Trainer, BadInputTest, testing::ValuesIn(bad_inputs()),
                          [](const testing::TestParamInfo<BadInput>& info) { return info.param.name; });
+
+// A file whose size is known only at its end (a /proc file reports 0 bytes and cannot seek) is read to
+// its end: the run trains, where it used to die of an uncaught std::length_error.
+TEST(DataFiles, AnUnseekableFileIsReadToItsEnd) {
+  RunResult r = run_trainer("01_vanilla_dp", 1, "--steps 2 --data /proc/cpuinfo", 60);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(r.output.find("terminate called"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("BAD TERMINATION"), std::string::npos) << r.output;
+}
 
 // --sequence-parallel at --tp 1 has nothing to split: a note on rank 0, not an error, and then the
 // run is the run without it, to its losses and collectives (no sums over a group of one).
