@@ -446,30 +446,6 @@ TEST(Stops, CtrlCWritesWhatWasMeasuredAndExitsNonZero) {
   EXPECT_TRUE(file_exists(dir + "/ck.bin")) << r.output;
 }
 
-// SIGTERM (what `kill` and job schedulers send) to mpiexec, and SIGHUP (a closed terminal) to the
-// ranks, stop the job as Ctrl-C does: the "interrupted" line, the summary, the JSON marked, 130.
-// (SIGHUP to mpiexec itself ends MPICH's mpiexec at once, with the ranks: docs/truths.md.)
-TEST(Stops, SigtermAndSighupStopLikeCtrlC) {
-  for (int signal : {SIGTERM, SIGHUP}) {
-    SCOPED_TRACE(signal == SIGTERM ? "SIGTERM to mpiexec" : "SIGHUP to the ranks");
-    const std::string dir = temp_dir();
-    BackgroundRun run = start_trainer("01_vanilla_dp", 2, "--steps 100000 --json " + dir + "/run.jsonl");
-    std::vector<int> ranks;
-    for (int i = 0; i < 300 && (ranks.size() < 2 || read_records(dir + "/run.jsonl.partial", "step").size() < 3); i++) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-      ranks = rank_pids(dir);
-    }
-    ASSERT_EQ(ranks.size(), 2u);
-    if (signal == SIGTERM) kill(run.pid, SIGTERM);
-    else for (int pid : ranks) kill(pid, SIGHUP);
-    RunResult r = wait_for(run, 30);
-    EXPECT_EQ(r.exit_code, 130) << r.output;
-    EXPECT_NE(r.output.find("interrupted after step"), std::string::npos) << r.output;
-    EXPECT_NE(r.output.find("average over"), std::string::npos) << r.output;
-    EXPECT_NE(read_record(dir + "/run.jsonl", "summary").find("\"ended\":\"interrupted\""), std::string::npos);
-  }
-}
-
 // The MPI rank of a process, from the environment mpiexec (hydra) gives it.
 int mpi_rank_of(int pid) {
   std::ifstream in("/proc/" + std::to_string(pid) + "/environ");
@@ -576,6 +552,30 @@ TEST(Stops, ASaveRemovesWhatAKilledSaveLeftBehind) {
   EXPECT_TRUE(file_exists(live));
   EXPECT_TRUE(file_exists(other_host));
   EXPECT_TRUE(file_exists(dir + "/ck.bin"));
+}
+
+// SIGTERM (what `kill` and job schedulers send) to mpiexec, and SIGHUP (a closed terminal) to the
+// ranks, stop the job as Ctrl-C does: the "interrupted" line, the summary, the JSON marked, 130.
+// (SIGHUP to mpiexec itself ends MPICH's mpiexec at once, with the ranks: docs/truths.md.)
+TEST(Stops, SigtermAndSighupStopLikeCtrlC) {
+  for (int signal : {SIGTERM, SIGHUP}) {
+    SCOPED_TRACE(signal == SIGTERM ? "SIGTERM to mpiexec" : "SIGHUP to the ranks");
+    const std::string dir = temp_dir();
+    BackgroundRun run = start_trainer("01_vanilla_dp", 2, "--steps 100000 --json " + dir + "/run.jsonl");
+    std::vector<int> ranks;
+    for (int i = 0; i < 300 && (ranks.size() < 2 || read_records(dir + "/run.jsonl.partial", "step").size() < 3); i++) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      ranks = rank_pids(dir);
+    }
+    ASSERT_EQ(ranks.size(), 2u);
+    if (signal == SIGTERM) kill(run.pid, SIGTERM);
+    else for (int pid : ranks) kill(pid, SIGHUP);
+    RunResult r = wait_for(run, 30);
+    EXPECT_EQ(r.exit_code, 130) << r.output;
+    EXPECT_NE(r.output.find("interrupted after step"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("average over"), std::string::npos) << r.output;
+    EXPECT_NE(read_record(dir + "/run.jsonl", "summary").find("\"ended\":\"interrupted\""), std::string::npos);
+  }
 }
 
 // One step is all warm-up: say that nothing was measured, rather than print averages of nothing.
