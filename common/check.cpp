@@ -12,7 +12,9 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <exception>
 #include <mutex>
+#include <new>
 #include <thread>
 
 namespace {
@@ -88,6 +90,28 @@ void print_error(const std::string& text) {
   std::fflush(nullptr);
   std::_Exit(code);
 }
+
+// No input may end a run with an uncaught exception (the bare "terminate called after throwing ..."
+// of one rank, then mpiexec's "BAD TERMINATION"): whatever escapes, from any thread, ends the job
+// through fatal(), with the exception's message, on every rank. Installed when the program starts.
+[[noreturn]] void on_terminate() {
+  std::string what = "std::terminate was called without an exception";
+  if (std::exception_ptr current = std::current_exception()) {
+    try {
+      std::rethrow_exception(current);
+    } catch (const std::bad_alloc&) {
+      what = "out of memory (std::bad_alloc)";
+    } catch (const std::exception& e) {
+      what = std::string("uncaught exception: ") + e.what();
+    } catch (...) {
+      what = "an uncaught exception of an unknown type";
+    }
+  }
+  std::set_terminate(std::abort);  // should the error path itself throw
+  fatal(what + " (an unforeseen error: please report it with the command line)");
+}
+
+[[maybe_unused]] const bool g_terminate_installed = (std::set_terminate(on_terminate), true);
 
 }  // namespace
 

@@ -2,6 +2,7 @@
 #include "fileio.h"
 
 #include <dirent.h>
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -16,11 +17,12 @@
 
 namespace {
 
-// Opens `path` for reading, or fills *error (naming the path and the reason) and returns false.
+// Opens `path` for reading, or fills *error (naming the path and the reason) and returns false. A
+// FIFO, device or folder is refused rather than opened: a FIFO would block until someone writes.
 bool open_regular_file(const std::string& path, std::ifstream* in, std::string* error) {
   struct stat info;
   if (stat(path.c_str(), &info) == 0 && !S_ISREG(info.st_mode)) {
-    *error = "cannot open '" + path + "': not a regular file";
+    *error = "cannot open '" + path + "': it is " + file_kind(info.st_mode) + ", not a regular file";
     return false;
   }
   in->open(path, std::ios::binary);
@@ -36,12 +38,22 @@ bool open_regular_file(const std::string& path, std::ifstream* in, std::string* 
 bool read_whole_file(const std::string& path, std::string* contents, std::string* error) {
   std::ifstream in;
   if (!open_regular_file(path, &in, error)) return false;
-  in.seekg(0, std::ios::end);
-  std::streamoff size = in.tellg();
-  in.seekg(0, std::ios::beg);
-  contents->resize(size_t(size));
-  if (size > 0 && !in.read(&(*contents)[0], size)) {
-    *error = "cannot read '" + path + "': read failed after " + std::to_string(in.gcount()) + " bytes";
+  // Read until the end rather than trust the size: a /proc file says 0 bytes and has more, and
+  // seeking to the end of an unseekable file reports -1. The size only reserves the memory (and a
+  // piece more, for the read that finds the end, so that a large file is never copied to grow).
+  constexpr size_t kPiece = size_t(1) << 20;
+  struct stat info;
+  contents->clear();
+  if (stat(path.c_str(), &info) == 0 && info.st_size > 0) contents->reserve(size_t(info.st_size) + kPiece);
+  for (;;) {
+    const size_t have = contents->size();
+    contents->resize(have + kPiece);
+    in.read(&(*contents)[have], std::streamsize(kPiece));
+    contents->resize(have + size_t(in.gcount()));
+    if (!in) break;
+  }
+  if (in.bad()) {
+    *error = "cannot read '" + path + "': read failed after " + std::to_string(contents->size()) + " bytes";
     return false;
   }
   return true;
@@ -73,6 +85,18 @@ std::string this_host() {
   return host;
 }
 
+// The file that a write of `path` replaces: the target of a symbolic link, so that the link stays
+// and its file is replaced; `path` itself otherwise (or when the link leads nowhere).
+std::string resolved_target(const std::string& path) {
+  struct stat info;
+  if (lstat(path.c_str(), &info) != 0 || !S_ISLNK(info.st_mode)) return path;
+  char* real = realpath(path.c_str(), nullptr);
+  if (!real) return path;
+  const std::string target = real;
+  std::free(real);
+  return target;
+}
+
 std::string temporary_for(const std::string& path) {
   return path + ".tmp." + this_host() + "." + std::to_string(getpid());
 }
@@ -100,14 +124,49 @@ void remove_stale_temporaries(const std::string& path) {
 
 }  // namespace
 
+std::string file_kind(mode_t mode) {
+  if (S_ISREG(mode)) return "a regular file";
+  if (S_ISDIR(mode)) return "a folder";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  if (S_ISFIFO(mode)) return "a FIFO (named pipe)";
+  if (S_ISSOCK(mode)) return "a socket";
+  if (S_ISLNK(mode)) return "a symbolic link";
+  return "not a regular file";
+}
+
+std::string not_regular_problem(const std::string& path) {
+  struct stat info;
+  if (stat(path.c_str(), &info) != 0 || S_ISREG(info.st_mode)) return "";  // nothing there, or a file
+  return "'" + path + "' is " + file_kind(info.st_mode) + ", not a regular file";
+}
+
+std::string write_all(int fd, const void* data, size_t bytes) {
+  const char* p = static_cast<const char*>(data);
+  while (bytes > 0) {
+    const ssize_t n = ::write(fd, p, bytes);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return std::strerror(errno);
+    if (n == 0) return "no bytes written";
+    p += n;
+    bytes -= size_t(n);
+  }
+  return "";
+}
+
 std::string writable_problem(const std::string& flag, const std::string& path) {
-  const std::string folder = folder_of(path);
+  const std::string target = resolved_target(path);
+  const std::string folder = folder_of(target);
   struct stat info;
   if (stat(folder.c_str(), &info) != 0)
     return flag + " " + path + ": the folder '" + folder + "' does not exist (create it first)";
   if (!S_ISDIR(info.st_mode)) return flag + " " + path + ": '" + folder + "' is not a folder";
-  if (stat(path.c_str(), &info) == 0 && S_ISDIR(info.st_mode)) return flag + " " + path + ": that is a folder, not a file";
-  const std::string probe = temporary_for(path);
+  // The run writes a temporary and renames it over the path: whatever is there is replaced, which
+  // must never be a device, a FIFO, a socket or a folder.
+  if (stat(path.c_str(), &info) == 0 && !S_ISREG(info.st_mode))
+    return flag + " " + path + ": that is " + file_kind(info.st_mode) +
+           ", not a regular file; an output is written as a new file that would replace it: name a file";
+  const std::string probe = temporary_for(target);
   FILE* f = std::fopen(probe.c_str(), "wb");
   if (!f) return flag + " " + path + ": cannot write in '" + folder + "': " + std::strerror(errno);
   std::fclose(f);
@@ -116,21 +175,30 @@ std::string writable_problem(const std::string& flag, const std::string& path) {
 }
 
 void write_file_atomically(const std::string& path, const void* data, size_t bytes) {
-  remove_stale_temporaries(path);
-  const std::string tmp = temporary_for(path);
-  FILE* f = std::fopen(tmp.c_str(), "wb");
-  if (!f) fatal("cannot write '" + tmp + "': " + std::strerror(errno) + " (does the folder exist?)");
-  bool ok = std::fwrite(data, 1, bytes, f) == bytes;
-  ok = (std::fflush(f) == 0) && ok;
-  ok = (fsync(fileno(f)) == 0) && ok;
-  ok = (std::fclose(f) == 0) && ok;
-  if (!ok) {
-    std::remove(tmp.c_str());
-    fatal("cannot write '" + path + "': " + std::strerror(errno) + " (disk full?)");
+  const std::string target = resolved_target(path);
+  // Checked before the work (writable_problem) and again now: the path may have changed since.
+  std::string problem = not_regular_problem(target);
+  if (!problem.empty()) fatal("cannot write '" + path + "': " + problem + "; it is left as it is");
+  remove_stale_temporaries(target);
+  const std::string tmp = temporary_for(target);
+  std::remove(tmp.c_str());  // this process's own, from a failed earlier write
+  const int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+  if (fd < 0) fatal("cannot write '" + tmp + "': " + std::strerror(errno) + " (does the folder exist?)");
+  std::string error = write_all(fd, data, bytes);
+  if (error.empty() && fsync(fd) != 0) error = std::strerror(errno);
+  if (close(fd) != 0 && error.empty()) error = std::strerror(errno);
+  if (error.empty()) {
+    problem = not_regular_problem(target);
+    if (!problem.empty()) error = problem;
   }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+  if (!error.empty()) {
     std::remove(tmp.c_str());
-    fatal("cannot rename '" + tmp + "' to '" + path + "': " + std::strerror(errno));
+    fatal("cannot write '" + path + "': " + error + " (what was at the path is unchanged)");
+  }
+  if (std::rename(tmp.c_str(), target.c_str()) != 0) {
+    const std::string reason = std::strerror(errno);
+    std::remove(tmp.c_str());
+    fatal("cannot rename '" + tmp + "' to '" + target + "': " + reason);
   }
 }
 

@@ -298,6 +298,8 @@ bool parse_train_flags(int argc, char** argv, const std::string& chapter, const 
              "PATH");
   parser.add("--save-every", &cfg->save_every, "also checkpoint every N steps; 0 = only at the end");
   parser.add("--resume", &cfg->resume, "resume from this checkpoint", "PATH");
+  parser.add("--init-from", &cfg->init_from,
+             "start a new schedule (step 0, fresh AdamW moments) from this checkpoint's weights", "PATH");
   parser.add("--trace", &cfg->trace, "write a Chrome trace (open in ui.perfetto.dev)", "PATH");
   parser.add("--json", &cfg->json, "write one JSON line per step", "PATH");
   parser.add("--link-gbps", &cfg->link_gbps, "emulate an interconnect of this many Gbit/s, 0.001 to 100000; 0 = off "
@@ -342,6 +344,9 @@ bool parse_train_flags(int argc, char** argv, const std::string& chapter, const 
   if (cfg->timeout_s < 0) config_error("--timeout must be >= 0 (0 = no watchdog)");
   if (cfg->save_every < 0) config_error("--save-every must be >= 0");
   if (cfg->save_every > 0 && cfg->save.empty()) config_error("--save-every needs --save PATH");
+  if (!cfg->resume.empty() && !cfg->init_from.empty())
+    config_error("--resume and --init-from together: --resume continues a checkpoint's schedule, --init-from "
+                 "starts a new one from its weights; pass one of them");
   // The emulated links: physical ranges only (flags.h, kMinLinkGbps...), so that every modelled wait
   // is one that a real link could make (1e-300 Gbit/s would overflow the clock and not be emulated).
   link_bandwidth_check("--link-gbps", cfg->link_gbps);

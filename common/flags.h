@@ -29,6 +29,7 @@ struct TrainConfig {
   std::string save;          // checkpoint path written at the end (and every save_every steps)
   int save_every = 0;
   std::string resume;        // checkpoint to resume from
+  std::string init_from;     // checkpoint whose weights start a new schedule (not with resume)
   std::string trace;         // Chrome trace output path
   std::string json;          // JSON-lines output path
   double link_gbps = 0;      // emulated interconnect (0 = off)

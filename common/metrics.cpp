@@ -1,11 +1,16 @@
 // metrics.cpp: see metrics.h.
 #include "metrics.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <cerrno>
 #include <cmath>
 #include <cstring>
 
 #include "check.h"
+#include "fileio.h"  // write_all, not_regular_problem
 
 void JsonObject::key(const std::string& k) {
   if (!body_.empty()) body_ += ",";
@@ -48,21 +53,49 @@ JsonLinesWriter::~JsonLinesWriter() { close(); }
 
 void JsonLinesWriter::open(const std::string& path) {
   path_ = path;
-  std::string partial = path + ".partial";
-  file_ = std::fopen(partial.c_str(), "w");
-  if (!file_) fatal("cannot write '" + partial + "': " + std::strerror(errno) + " (does the folder exist?)");
+  const std::string partial = path + ".partial";
+  const std::string problem = not_regular_problem(path);
+  if (!problem.empty()) fatal("cannot write '" + path + "': " + problem + "; it is left as it is");
+  // Never through a link, and never blocking on a FIFO that someone left at the .partial path: then
+  // the open fails, or the check below refuses what was opened.
+  const int fd = ::open(partial.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC, 0666);
+  if (fd < 0) fatal("cannot write '" + partial + "': " + std::strerror(errno) + " (does the folder exist?)");
+  struct stat info;
+  if (fstat(fd, &info) != 0 || !S_ISREG(info.st_mode)) {
+    ::close(fd);
+    fatal("cannot write '" + partial + "': it is not a regular file; it is left as it is");
+  }
+  fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+  std::lock_guard<std::mutex> lock(mutex_);
+  fd_ = fd;
+  written_ = 0;
 }
 
 bool JsonLinesWriter::is_open() const {
   std::lock_guard<std::mutex> lock(mutex_);
-  return file_ != nullptr;
+  return fd_ >= 0;
 }
 
 void JsonLinesWriter::write(const JsonObject& object) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  if (!file_) return;
-  std::fprintf(file_, "%s\n", object.str().c_str());
-  std::fflush(file_);
+  const std::string line = object.str() + "\n";
+  std::string error;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (fd_ < 0) return;
+    error = write_all(fd_, line.data(), line.size());
+    if (error.empty()) {
+      written_ += int64_t(line.size());
+      return;
+    }
+    // Whatever part of the record reached the file goes: the file ends at its last whole record,
+    // and is renamed into place with those (no summary: the run did not end by itself).
+    if (ftruncate(fd_, off_t(written_)) != 0) error += "; and cutting it back failed: " + std::string(std::strerror(errno));
+    const std::string closing = close_locked();
+    if (!closing.empty()) error += "; " + closing;
+  }
+  // Outside the lock: fatal() runs the fatal hook, which comes back here (the file is closed now).
+  fatal("cannot write '" + path_ + "': " + error + "; the file ends at its last whole record (" +
+        std::to_string(written_) + " bytes)");
 }
 
 void JsonLinesWriter::abort(const std::string& error) {
@@ -70,17 +103,27 @@ void JsonLinesWriter::abort(const std::string& error) {
   close();
 }
 
-void JsonLinesWriter::close() {
+std::string JsonLinesWriter::close_locked() {
+  if (fd_ < 0) return "";
+  std::string error;
+  if (::close(fd_) != 0) error = "closing '" + path_ + ".partial': " + std::strerror(errno);
+  fd_ = -1;
   const std::string partial = path_ + ".partial";
+  const std::string problem = not_regular_problem(path_);  // it may have changed since open()
+  if (!problem.empty()) return error + (error.empty() ? "" : "; ") + problem + "; the records stay in '" + partial + "'";
+  if (std::rename(partial.c_str(), path_.c_str()) != 0)
+    error += (error.empty() ? "" : "; ") + std::string("cannot rename '") + partial + "' to '" + path_ + "': " + std::strerror(errno);
+  return error;
+}
+
+void JsonLinesWriter::close() {
+  std::string error;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (!file_) return;
-    std::fclose(file_);
-    file_ = nullptr;
-    if (std::rename(partial.c_str(), path_.c_str()) == 0) return;
+    error = close_locked();
   }
   // Outside the lock: fatal() runs the fatal hook, which may come back here.
-  fatal("cannot rename '" + partial + "' to '" + path_ + "': " + std::strerror(errno));
+  if (!error.empty()) fatal(error);
 }
 
 std::string format_bytes(double bytes) {

@@ -1,6 +1,7 @@
 // metrics.h: what a run reports, for people and for plots. Defines JsonObject (a flat JSON object
 // builder), JsonLinesWriter (one object per line, renamed into place when the run ends, so the file
-// is never half-written), format_bytes() and the one step line every chapter prints (StepLine):
+// is never half-written; a write that fails ends the job and leaves the file at its last whole
+// record), format_bytes() and the one step line every chapter prints (StepLine):
 //   step 5/30 | loss 4.8356 | lr 1.9e-3 | grad norm 0.92 | 15.1 ms | 34.6k tok/s | exposed comm 0.4 ms | mem 3.8 MB
 #pragma once
 #include <cstdint>
@@ -29,16 +30,22 @@ class JsonLinesWriter {
   ~JsonLinesWriter();
   void open(const std::string& path);  // writes to path + ".partial" until close()
   bool is_open() const;
-  void write(const JsonObject& object);  // one whole line, flushed
-  void close();  // flushes and renames into place
+  // One whole line, in one write. If it fails (a full disk), the file is cut back to the records
+  // before it and renamed into place, and the job ends (fatal) naming the file and the reason.
+  void write(const JsonObject& object);
+  void close();  // renames into place
   // From any thread, when the job is being ended by an error (check.h's fatal hook): a last record
   // {"type":"summary","ended":"aborted","error":...}, then close().
   void abort(const std::string& error);
 
  private:
+  // Closes the file and renames it into place; "" or the reason it failed. Under mutex_.
+  std::string close_locked();
+
   mutable std::mutex mutex_;  // the main thread writes; abort() may come from the communication thread
   std::string path_;
-  FILE* file_ = nullptr;
+  int fd_ = -1;
+  int64_t written_ = 0;  // bytes of whole records
 };
 
 std::string format_bytes(double bytes);   // "18.2 MB" (decimal units, as the step line uses)

@@ -16,6 +16,7 @@
 #include "model.h"
 #include "ops.h"
 #include "optimizer.h"
+#include "output_paths.h"
 #include "trace.h"
 #include "watchdog.h"  // set_device_wait_timeout
 
@@ -29,9 +30,11 @@ int64_t training_sent_bytes(const CommStats& s) {
   return s.total_sent_bytes() - s.kind[int(CollectiveKind::Scalar)].sent_bytes;
 }
 
-// Ctrl-C (SIGINT; mpiexec passes it on to every rank) and SIGTERM only raise a flag: the ranks agree
-// at the end of the step to stop together, write what they measured and exit non-zero. A second
-// Ctrl-C makes mpiexec kill the job outright.
+// Ctrl-C (SIGINT; mpiexec passes it on to every rank), SIGTERM (what schedulers and `kill` send) and
+// SIGHUP (a closed terminal) only raise a flag: the ranks agree at the end of the step to stop
+// together, write what they measured and exit non-zero. A second Ctrl-C makes mpiexec kill the job
+// outright. A file-size limit (ulimit -f) makes a write fail with EFBIG, which the writers report,
+// rather than kill the process with SIGXFSZ in the middle of a record.
 std::atomic<int> g_signal{0};
 void on_signal(int signal) {
   g_signal = signal;
@@ -42,8 +45,8 @@ void catch_interrupts() {
   action.sa_handler = on_signal;
   sigemptyset(&action.sa_mask);
   action.sa_flags = SA_RESTART;
-  sigaction(SIGINT, &action, nullptr);
-  sigaction(SIGTERM, &action, nullptr);
+  for (int signal : {SIGINT, SIGTERM, SIGHUP}) sigaction(signal, &action, nullptr);
+  std::signal(SIGXFSZ, SIG_IGN);
 }
 
 std::string number(double x) {
@@ -92,10 +95,17 @@ TrainingRun::TrainingRun(Communicator& world, Communicator& dp, const ProcessGri
     config_error("--preset: unknown preset '" + cfg.preset + "' (choose from " + preset_names() + ")");
   if (model_.C % model_.NH != 0) config_error("the model's C must divide by NH");
   cfg_ = cfg;
+  check_outputs();  // the paths alone: before any file is read
   // A resumed run reads the checkpoint's header first: its settings stand in for absent flags, and
   // its batch decides whether this rank count can take it at all.
   CheckpointHeader header;
   if (!cfg_.resume.empty()) header = read_checkpoint_header(world_, cfg_.resume);
+  if (!cfg_.init_from.empty()) {
+    const CheckpointHeader start = read_checkpoint_header(world_, cfg_.init_from);
+    const std::string other_model = checkpoint_model_problem(cfg_.init_from, start, model_);
+    if (!other_model.empty()) config_error(other_model);
+    init_from_batch_ = start.global_batch;
+  }
   resolve_settings(cfg_.resume.empty() ? nullptr : &header);
   cfg = cfg_;  // the caller sees what the run uses
 
@@ -116,11 +126,18 @@ TrainingRun::TrainingRun(Communicator& world, Communicator& dp, const ProcessGri
                      pp_.size, {cfg_.link_gbps, cfg_.link_latency_us}, tensor_parallel_link()),
       cfg_.timeout_s);
   if (!slow_link.empty()) config_error(slow_link);
-  check_outputs();
 
   std::string error;
   const bool ok = load_token_data(cfg_.data, model_.T, &data_, &error);
   world_.agree_or_die(ok, error);
+  // Every rank reads the file itself: one that changes as it is read (a /proc file, a log being
+  // written) would give each rank other data. Rank 0's hash is the run's.
+  uint64_t root_hash = data_.hash();
+  world_.broadcast_bytes(&root_hash, sizeof root_hash, 0);
+  world_.agree_or_die(root_hash == data_.hash(),
+                      "--data " + cfg_.data + " reads differently on this rank than on rank 0 (" + data_.description() +
+                          "): it changed while the ranks read it, or they see different files; copy it to a "
+                          "file that does not change and pass that");
   if (header.has_settings && (header.settings.data_length != uint64_t(data_.length()) ||
                               header.settings.data_hash != data_.hash())) {
     config_error("checkpoint '" + cfg_.resume + "' was trained on other data: " +
@@ -255,6 +272,12 @@ void TrainingRun::resolve_settings(const CheckpointHeader* resumed) {
     take_float("--grad-clip", &cfg_.grad_clip, resumed->settings.grad_clip);
     if (resumed->step > cfg_.steps)
       config_error(file + " is at step " + std::to_string(resumed->step) + ", past --steps " + std::to_string(cfg_.steps));
+    // Nothing would run: say so, rather than run 0 steps and report a success with no numbers.
+    if (resumed->step == cfg_.steps)
+      config_error(file + " already holds all " + std::to_string(cfg_.steps) +
+                   " steps of its schedule (the learning rate has decayed to its end): there is nothing to resume. "
+                   "A longer run needs a new schedule: --init-from " + cfg_.resume +
+                   " --steps N starts one from its weights (new warm-up and decay, fresh AdamW moments)");
   }
   if (!cfg_.was_given("--batch") && !resumed) cfg_.batch = model_.default_batch;
   if (!cfg_.was_given("--lr") && !settings) cfg_.lr = model_.default_lr;
@@ -282,17 +305,11 @@ void TrainingRun::resolve_settings(const CheckpointHeader* resumed) {
                "; try --batch " + std::to_string(suggestion));
 }
 
-// Every file the run will write, checked now, so that a typo in a folder does not cost the run.
+// Every file the run will write, checked now, so that a typo in a folder does not cost the run, and
+// no output replaces an input, another output or a device (output_paths.h).
 void TrainingRun::check_outputs() {
   std::string problem;
-  if (is_root()) {
-    std::string save = cfg_.save;
-    const size_t at = save.find("{step}");
-    if (at != std::string::npos) save.replace(at, 6, "0");
-    const std::pair<const char*, std::string> outputs[] = {{"--save", save}, {"--trace", cfg_.trace}, {"--json", cfg_.json}};
-    for (const auto& [flag, path] : outputs)
-      if (problem.empty() && !path.empty()) problem = writable_problem(flag, path);
-  }
+  if (is_root()) problem = run_paths_problem({cfg_.data, cfg_.resume, cfg_.init_from, cfg_.save, cfg_.json, cfg_.trace});
   world_.agree_or_die(problem.empty(), problem);
 }
 
@@ -307,7 +324,8 @@ void TrainingRun::check_tensor_parallel() {
 // (they are alike) and checks its own memory; the first that cannot fit says why, and all stop.
 void TrainingRun::check_memory() {
   forecast_ = forecast_memory(strategy_, layout_, model_, micro_B_, cfg_.grad_accum, dtype_, device_, flash_,
-                              !cfg_.save.empty() || !cfg_.resume.empty(), double(data_.length()), tp_, pp_);
+                              !cfg_.save.empty() || !cfg_.resume.empty() || !cfg_.init_from.empty(),
+                              double(data_.length()), tp_, pp_);
   std::string how;
   const double available = memory_per_rank(device_, ranks_on_this_node(), &how);
   const double peak = forecast_.peak();
@@ -453,7 +471,16 @@ int TrainingRun::init_or_resume(Tensor params, AdamW& optimizer) {
   const ShardPlan& plan = optimizer.plan();
   Buffer global_params(global_layout_.padded_size, MemCategory::Other);
   int64_t step = 0;
-  if (cfg_.resume.empty()) {
+  if (!cfg_.init_from.empty()) {
+    // Its weights only: the schedule, the step count and AdamW's moments start afresh (a moment
+    // estimate belongs to the learning rates that made it).
+    Buffer unused_m(global_layout_.padded_size, MemCategory::Other), unused_v(global_layout_.padded_size, MemCategory::Other);
+    const int64_t trained = load_checkpoint(world_, cfg_.init_from, model_, global_layout_, init_from_batch_,
+                                            global_params.f32(), unused_m.f32(), unused_v.f32());
+    if (is_root())
+      std::printf("started from the weights of %s (after its %lld steps), on a new schedule of %d steps\n",
+                  cfg_.init_from.c_str(), (long long)trained, cfg_.steps);
+  } else if (cfg_.resume.empty()) {
     GPT2::init_weights(global_layout_, cfg_.seed, global_params.f32());
   } else {
     Buffer global_m(global_layout_.padded_size, MemCategory::Other), global_v(global_layout_.padded_size, MemCategory::Other);

@@ -78,7 +78,8 @@ class TrainingRun {
   MicroBatch micro_batch(int step, int micro);
   float lr(int step) const;
 
-  // Either GPT-2 initial weights (returns step 0) or the --resume checkpoint (returns its step).
+  // Either GPT-2 initial weights (returns step 0), the --init-from checkpoint's weights (returns step
+  // 0: a new schedule), or the --resume checkpoint (returns its step).
   // `params` is a full flat buffer, or this rank's shard of the optimizer's plan (ZeRO-3); the
   // optimizer's m and v (and master weights) are filled for its shard. Weights are made (or read) in
   // fp32 on the host, then transferred to the device (bf16 parameters receive them rounded; the
@@ -103,8 +104,8 @@ class TrainingRun {
   // step line on rank 0 and writes the JSON record. After the first measured step, also prints
   // memory and communication next to theory. Then every rank agrees whether to stop (stopping()).
   void end_step(int step, float local_loss, double grad_norm);
-  // True once every rank agreed to stop after the last step: Ctrl-C (SIGINT or SIGTERM) reached a
-  // rank, or the loss or the gradient norm stopped being finite. The chapter's loop then breaks.
+  // True once every rank agreed to stop after the last step: Ctrl-C (SIGINT, SIGTERM or SIGHUP)
+  // reached a rank, or the loss or the gradient norm stopped being finite. The chapter's loop then breaks.
   bool stopping() const { return stop_ != Stop::No; }
   // Prints the averages over the measured steps (step 0 is warm-up) with, on a GPU whose peak is
   // known, the MFU; writes the trace, closes JSON. Returns the process's exit status: 0, 1 for a
@@ -173,4 +174,5 @@ class TrainingRun {
   std::string dp_comm_formula_;
   Stop stop_ = Stop::No;
   int last_step_ = -1;
+  int64_t init_from_batch_ = 0;  // the batch --init-from's checkpoint was trained with
 };

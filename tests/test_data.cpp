@@ -1,7 +1,10 @@
-// test_data.cpp: the data order of data.h, the built-in corpus and the errors of load_token_data().
+// test_data.cpp: the data order of data.h, the built-in corpus and the errors of load_token_data(),
+// which reads files to their end (a /proc file too) and refuses FIFOs and folders.
 // The expected windows are computed here from the formula as data.h writes it, not from
 // TokenData, so the test checks the documented contract rather than the code against itself.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <string>
@@ -185,6 +188,41 @@ TEST(LoadTokenData, TooShortFileNamesItsLengthAndTheNeed) {
   EXPECT_TRUE(load_token_data(exact, T, &data, &error)) << error;
   std::remove(path.c_str());
   std::remove(exact.c_str());
+}
+
+// A /proc file says it has 0 bytes and cannot seek: it is read to its end all the same.
+TEST(LoadTokenData, ReadsAFileWhoseSizeIsKnownOnlyAtItsEnd) {
+  struct stat info;
+  if (stat("/proc/cpuinfo", &info) != 0) GTEST_SKIP() << "no /proc/cpuinfo here";
+  TokenData data;
+  std::string error;
+  ASSERT_TRUE(load_token_data("/proc/cpuinfo", 8, &data, &error)) << error;
+  EXPECT_GT(data.length(), 10);
+  EXPECT_NE(data.description().find("/proc/cpuinfo (" + std::to_string(data.length()) + " bytes)"), std::string::npos)
+      << data.description();
+}
+
+// A FIFO (which would block until someone writes to it) and a folder are refused, saying what they
+// are; an empty file names its 0 bytes.
+TEST(LoadTokenData, RefusesWhatIsNotARegularFileSayingWhatItIs) {
+  const std::string fifo = ::testing::TempDir() + "test_data_fifo", folder = ::testing::TempDir() + "test_data_folder";
+  std::remove(fifo.c_str());
+  rmdir(folder.c_str());
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0644), 0);
+  ASSERT_EQ(mkdir(folder.c_str(), 0755), 0);
+  TokenData data;
+  std::string error;
+  EXPECT_FALSE(load_token_data(fifo, 8, &data, &error));
+  EXPECT_NE(error.find("cannot open '" + fifo + "': it is a FIFO (named pipe), not a regular file"), std::string::npos)
+      << error;
+  EXPECT_FALSE(load_token_data(folder, 8, &data, &error));
+  EXPECT_NE(error.find("cannot open '" + folder + "': it is a folder, not a regular file"), std::string::npos) << error;
+  const std::string empty = temp_file("test_data_empty.txt", "");
+  EXPECT_FALSE(load_token_data(empty, 8, &data, &error));
+  EXPECT_NE(error.find("has 0 bytes"), std::string::npos) << error;
+  std::remove(fifo.c_str());
+  rmdir(folder.c_str());
+  std::remove(empty.c_str());
 }
 
 }  // namespace

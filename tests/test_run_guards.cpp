@@ -1,13 +1,20 @@
 // test_run_guards.cpp: what a run does when something is wrong, through the real trainer binaries:
 // bad input is refused before the work, on every rank, within seconds, with a clear message (flags,
 // sizes, files, output paths, a run that will not fit in memory, a resumed run that would follow
-// another trajectory); a diverging loss, Ctrl-C and a stopped rank end every rank with a non-zero
-// exit and keep what was measured; a save removes what an interrupted save left behind.
+// another trajectory, a finished run resumed), output paths that would replace an input, another
+// output or a device; a diverging loss, Ctrl-C (and SIGTERM, SIGHUP), a failed write and a stopped
+// rank end every rank with a non-zero exit and keep what was measured; a save removes what an
+// interrupted save left behind, and a kill during a save keeps the checkpoint it replaces.
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <string>
 #include <thread>
@@ -80,6 +87,7 @@ TEST_P(BadInputTest, FailsBeforeTheWorkWithAClearMessage) {
 std::vector<BadInput> bad_inputs() {
   return {
       {"MissingDataFile", "--data /nonexistent/corpus.txt", "cannot open '/nonexistent/corpus.txt'"},
+      {"DataIsAFolder", "--data /proc", "cannot open '/proc': it is a folder, not a regular file"},
       {"BatchNotDivisible", "--batch 6 --grad-accum 2", "not divisible by ranks x grad-accum"},
       {"UnknownFlag", "--bogus 3", "unknown flag '--bogus'"},
       {"BadValue", "--steps ten", "--steps"},
@@ -126,6 +134,15 @@ std::vector<BadInput> bad_inputs() {
 INSTANTIATE_TEST_SUITE_P(Trainer, BadInputTest, testing::ValuesIn(bad_inputs()),
                          [](const testing::TestParamInfo<BadInput>& info) { return info.param.name; });
 
+// A file whose size is known only at its end (a /proc file reports 0 bytes and cannot seek) is read to
+// its end: the run trains, where it used to die of an uncaught std::length_error.
+TEST(DataFiles, AnUnseekableFileIsReadToItsEnd) {
+  RunResult r = run_trainer("01_vanilla_dp", 1, "--steps 2 --data /proc/cpuinfo", 60);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(r.output.find("terminate called"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("BAD TERMINATION"), std::string::npos) << r.output;
+}
+
 // --sequence-parallel at --tp 1 has nothing to split: a note on rank 0, not an error, and then the
 // run is the run without it, to its losses and collectives (no sums over a group of one).
 TEST(TensorParallelNotes, SequenceParallelAtTpOneIsANoteAndChangesNothing) {
@@ -154,6 +171,85 @@ TEST(MemoryForecast, IsPrintedBeforeTheFirstStep) {
   const size_t forecast = r.output.find("memory forecast per rank:");
   ASSERT_NE(forecast, std::string::npos) << r.output;
   EXPECT_NE(r.output.find("available"), std::string::npos);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Output paths: no output replaces an input, another output, or something that is not a file.
+
+// A FIFO, a folder and (where this user may make one) a character device at an output's path: refused
+// before the work, naming the path and what it is, and left as they were.
+TEST(OutputPaths, ANonRegularFileAtAnOutputPathIsRefusedAndKept) {
+  const std::string dir = temp_dir();
+  std::vector<std::pair<std::string, std::string>> paths = {{dir + "/fifo", "a FIFO (named pipe)"}, {dir + "/folder", "a folder"}};
+  ASSERT_EQ(mkfifo(paths[0].first.c_str(), 0644), 0);
+  ASSERT_EQ(mkdir(paths[1].first.c_str(), 0755), 0);
+  if (mknod((dir + "/null").c_str(), S_IFCHR | 0666, makedev(1, 3)) == 0) paths.push_back({dir + "/null", "a character device"});
+  for (const auto& [path, kind] : paths) {
+    for (const std::string flag : {"--json", "--save", "--trace"}) {
+      RunResult r = run_trainer("01_vanilla_dp", 2, "--steps 3 " + flag + " " + path, 60);
+      EXPECT_NE(r.exit_code, 0) << r.output;
+      EXPECT_NE(r.exit_code, 124) << "timed out";
+      EXPECT_NE(r.output.find(flag + " " + path + ": that is " + kind + ", not a regular file"), std::string::npos)
+          << r.output;
+      EXPECT_LT(r.seconds, 15.0);
+      struct stat info;
+      ASSERT_EQ(stat(path.c_str(), &info), 0);
+      EXPECT_FALSE(S_ISREG(info.st_mode)) << path << " was replaced by a file";
+    }
+  }
+}
+
+TEST(OutputPaths, FlagsThatNameOneFileAreRefusedBeforeTheWork) {
+  const std::string dir = temp_dir();
+  const std::string data = dir + "/data.txt";
+  const std::string text(5000, 'x');
+  std::ofstream(data) << text;
+  const std::pair<std::string, std::string> cases[] = {
+      {"--data " + data + " --save " + data, "the output --save would overwrite the input --data"},
+      {"--save " + dir + "/x --json " + dir + "/x", "one output would replace the other"},
+      {"--json " + dir + "/y --trace " + dir + "/./y", "one output would replace the other"},
+      {"--data " + data + " --save " + dir + "/ck_{step}.bin --json " + dir + "/ck_3.bin", "can name the same file"},
+  };
+  for (const auto& [args, message] : cases) {
+    RunResult r = run_trainer("01_vanilla_dp", 2, "--steps 3 " + args, 60);
+    EXPECT_NE(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.exit_code, 124) << "timed out";
+    EXPECT_NE(r.output.find(message), std::string::npos) << "expected '" << message << "' in:\n" << r.output;
+    EXPECT_LT(r.seconds, 15.0);
+  }
+  std::ifstream in(data);
+  EXPECT_TRUE(std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>()) == text)
+      << "the training data was overwritten";
+}
+
+// The writer checks the path again when it writes: a checkpoint path that became a FIFO while the job
+// ran is not replaced, and the failure, which rank 0 alone sees, ends every rank within seconds.
+TEST(OutputPaths, AWriteThatFailsOnRankZeroEndsEveryRank) {
+  const std::string dir = temp_dir();
+  const std::string ckpt = dir + "/ck.bin";
+  BackgroundRun run = start_trainer("01_vanilla_dp", 2, "--steps 100000 --save-every 2 --save " + ckpt);
+  for (int i = 0; i < 600 && !file_exists(ckpt); i++) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  ASSERT_TRUE(file_exists(ckpt)) << "no checkpoint was saved";
+  // Made aside, then renamed over the checkpoint: the next save finds a FIFO there, never a gap.
+  ASSERT_EQ(mkfifo((dir + "/fifo").c_str(), 0644), 0);
+  ASSERT_EQ(std::rename((dir + "/fifo").c_str(), ckpt.c_str()), 0);
+  const auto made = std::chrono::steady_clock::now();
+  RunResult r = wait_for(run, 30);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - made).count();
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.exit_code, 124) << "the job went on (or hung) after a failed write";
+  EXPECT_LT(seconds, 15.0);
+  EXPECT_NE(r.output.find("cannot write '" + ckpt + "': '" + ckpt + "' is a FIFO"), std::string::npos) << r.output;
+  struct stat info;
+  ASSERT_EQ(stat(ckpt.c_str(), &info), 0);
+  EXPECT_TRUE(S_ISFIFO(info.st_mode)) << "the FIFO was replaced";
+  std::vector<int> left = rank_pids(dir);
+  for (int i = 0; i < 100 && !left.empty(); i++) {  // polled: a busy machine reaps slowly
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    left = rank_pids(dir);
+  }
+  EXPECT_TRUE(left.empty()) << "a rank was left behind";
+  for (int pid : left) kill(pid, SIGKILL);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -212,6 +308,98 @@ TEST(Resume, OtherDataIsRefused) {
   RunResult run = run_trainer("01_vanilla_dp", 2, "--resume " + r.checkpoint + " --data " + other, 60);
   EXPECT_NE(run.exit_code, 0) << run.output;
   EXPECT_NE(run.output.find("was trained on other data"), std::string::npos) << run.output;
+}
+
+// The final checkpoint of a finished run has nothing left to run: refused before any work, saying
+// how a longer run starts (a new schedule from its weights), with no summary of a run that did not
+// happen.
+TEST(Resume, AFinishedRunIsRefusedAndSaysHowToGoOn) {
+  const Resumable& r = resumable();
+  const std::string json = r.dir + "/finished.jsonl";
+  RunResult run = run_trainer("01_vanilla_dp", 2, "--resume " + r.dir + "/ck_20.bin --json " + json, 60);
+  EXPECT_NE(run.exit_code, 0) << run.output;
+  EXPECT_NE(run.exit_code, 124) << "timed out";
+  EXPECT_LT(run.seconds, 15.0);
+  EXPECT_NE(run.output.find("already holds all 20 steps of its schedule"), std::string::npos) << run.output;
+  EXPECT_NE(run.output.find("--init-from " + r.dir + "/ck_20.bin --steps N"), std::string::npos) << run.output;
+  EXPECT_EQ(run.output.find("final loss"), std::string::npos) << run.output;
+  EXPECT_FALSE(file_exists(json)) << "a JSON of a run that did not happen";
+}
+
+// --init-from: a new schedule (step 0, its own warm-up) from a checkpoint's weights. Its first loss
+// is the trained model's, far below a fresh model's; with --resume it is refused.
+TEST(Resume, InitFromStartsANewScheduleFromTheWeights) {
+  const Resumable& r = resumable();
+  const std::string json = r.dir + "/init.jsonl";
+  RunResult run = run_trainer("01_vanilla_dp", 2, "--init-from " + r.dir + "/ck_20.bin --steps 4 --json " + json);
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_NE(run.output.find("started from the weights of " + r.dir + "/ck_20.bin (after its 20 steps)"),
+            std::string::npos) << run.output;
+  const LossCurve full = read_losses(r.dir + "/full.jsonl"), init = read_losses(json);
+  ASSERT_EQ(init.losses.size(), 4u);
+  ASSERT_EQ(full.losses.size(), 20u);
+  EXPECT_EQ(init.steps.front(), 0);
+  EXPECT_LT(init.losses[0], full.losses[0] - 0.5) << "the weights were not taken";
+  EXPECT_LT(std::abs(init.losses[0] - full.losses[19]), 0.5) << "not where the trained run ended";
+  RunResult both = run_trainer("01_vanilla_dp", 2, "--init-from " + r.checkpoint + " --resume " + r.checkpoint, 60);
+  EXPECT_NE(both.exit_code, 0) << both.output;
+  EXPECT_NE(both.output.find("--resume and --init-from together"), std::string::npos) << both.output;
+}
+
+// --resume R --save R: each save replaces R only once complete, so a job killed (SIGKILL, every
+// process at once) while it saves leaves R a checkpoint that resumes.
+TEST(Resume, AKillWhileSavingOverTheResumedCheckpointLeavesItResumable) {
+  const std::string dir = temp_dir();
+  const std::string ckpt = dir + "/ck.bin";
+  auto saved_step = [&] {  // the step in R's header (docs/checkpoint.md), or -1
+    std::ifstream in(ckpt, std::ios::binary);
+    char header[40] = {};
+    in.read(header, sizeof header);
+    int64_t step = -1;
+    if (in.gcount() == sizeof header) std::memcpy(&step, header + 32, sizeof step);
+    return step;
+  };
+  auto wait_for_a_save_after = [&](int64_t step) {
+    for (int i = 0; i < 600 && saved_step() <= step; i++) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    return saved_step() > step;
+  };
+  // A checkpoint of a long schedule: a first run saves every step, and Ctrl-C ends it.
+  BackgroundRun first = start_trainer("01_vanilla_dp", 2, "--steps 100000 --save-every 1 --save " + ckpt);
+  ASSERT_TRUE(wait_for_a_save_after(0));
+  kill(first.pid, SIGINT);
+  ASSERT_EQ(wait_for(first, 60).exit_code, 130);
+  // A temporary beside R: a save is under way (or was, when its job was killed).
+  auto temporary_exists = [&] {
+    for (const auto& entry : std::filesystem::directory_iterator(dir))
+      if (entry.path().filename().string().rfind("ck.bin.tmp.", 0) == 0) return true;
+    return false;
+  };
+  int kills_during_a_save = 0;
+  for (int attempt = 0; attempt < 6 && kills_during_a_save < 2; attempt++) {
+    SCOPED_TRACE("kill " + std::to_string(attempt));
+    const int64_t before = saved_step();
+    BackgroundRun run = start_trainer("01_vanilla_dp", 2, "--resume " + ckpt + " --save-every 1 --save " + ckpt);
+    ASSERT_TRUE(wait_for_a_save_after(before)) << "it never saved";
+    const std::vector<int> ranks = rank_pids(dir);
+    // The next save's temporary appears (watched without a pause: a save takes milliseconds), and
+    // then every process dies at once.
+    const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (!temporary_exists() && std::chrono::steady_clock::now() < give_up) {
+    }
+    for (int pid : ranks) kill(pid, SIGKILL);
+    kill(run.pid, SIGKILL);
+    wait_for(run, 30);
+    if (temporary_exists()) kills_during_a_save++;  // else the save finished first
+  }
+  EXPECT_GE(kills_during_a_save, 1) << "no kill came during a save: the test proved nothing";
+  // It resumes: the whole file is checked when it is loaded.
+  BackgroundRun resumed = start_trainer("01_vanilla_dp", 2, "--resume " + ckpt + " --json " + dir + "/resumed.jsonl");
+  for (int i = 0; i < 600 && read_records(dir + "/resumed.jsonl.partial", "step").empty(); i++)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  kill(resumed.pid, SIGINT);
+  RunResult r = wait_for(resumed, 60);
+  EXPECT_EQ(r.exit_code, 130) << r.output;
+  EXPECT_NE(r.output.find("resumed from " + ckpt), std::string::npos) << r.output;
 }
 
 // A batch of 8 cannot be split over 3 ranks: say so, and which rank counts can take it, instead of
@@ -364,6 +552,30 @@ TEST(Stops, ASaveRemovesWhatAKilledSaveLeftBehind) {
   EXPECT_TRUE(file_exists(live));
   EXPECT_TRUE(file_exists(other_host));
   EXPECT_TRUE(file_exists(dir + "/ck.bin"));
+}
+
+// SIGTERM (what `kill` and job schedulers send) to mpiexec, and SIGHUP (a closed terminal) to the
+// ranks, stop the job as Ctrl-C does: the "interrupted" line, the summary, the JSON marked, 130.
+// (SIGHUP to mpiexec itself ends MPICH's mpiexec at once, with the ranks: docs/files_and_signals.md.)
+TEST(Stops, SigtermAndSighupStopLikeCtrlC) {
+  for (int signal : {SIGTERM, SIGHUP}) {
+    SCOPED_TRACE(signal == SIGTERM ? "SIGTERM to mpiexec" : "SIGHUP to the ranks");
+    const std::string dir = temp_dir();
+    BackgroundRun run = start_trainer("01_vanilla_dp", 2, "--steps 100000 --json " + dir + "/run.jsonl");
+    std::vector<int> ranks;
+    for (int i = 0; i < 300 && (ranks.size() < 2 || read_records(dir + "/run.jsonl.partial", "step").size() < 3); i++) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      ranks = rank_pids(dir);
+    }
+    ASSERT_EQ(ranks.size(), 2u);
+    if (signal == SIGTERM) kill(run.pid, SIGTERM);
+    else for (int pid : ranks) kill(pid, SIGHUP);
+    RunResult r = wait_for(run, 30);
+    EXPECT_EQ(r.exit_code, 130) << r.output;
+    EXPECT_NE(r.output.find("interrupted after step"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("average over"), std::string::npos) << r.output;
+    EXPECT_NE(read_record(dir + "/run.jsonl", "summary").find("\"ended\":\"interrupted\""), std::string::npos);
+  }
 }
 
 // One step is all warm-up: say that nothing was measured, rather than print averages of nothing.
