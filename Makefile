@@ -1,26 +1,9 @@
 # Top-level Makefile: builds every chapter that exists, the tests and the benchmarks.
-#   make                  every chapter (NN_name/train)
-#   make 01_vanilla_dp    one chapter
-#   make test             installs what is missing, builds and runs every test: "N passed, M failed"
-#   make compare          installs what is missing, trains every chapter, prints a table, writes plots
-#   make bench            one rank, one thread: ours vs PyTorch eager at tiny, small, deep (alternated;
-#                         installs torch in a venv on first use, BENCH_TORCH=0 skips), CPU matmul vs OpenBLAS
-#   make bench-comm       collective benchmark, nccl-tests style: RANKS=2, LINK="--link-gbps 1 --link-latency-us 50"
-#   make bench-tp         07 (TP 2, + sequence parallelism, + overlap) next to 03 on three links, one table:
-#                         RANKS=2 PRESET=small STEPS=20
-#   make bench-pp         08's four schedules at m = 2, 4, 8, 16: bubble measured, simulated, theory:
-#                         RANKS=2 PRESET=small
-
-#   make schedules        08's four pipeline schedules, measured next to ideal: results/schedules.png
-#                         PP=4 M=8 PRESET=deep STEPS=10
-#   make bench-torch      chapter 01 next to PyTorch eager, same model, batch, device and dtype (needs torch):
-#                         ARGS="--preset gpt2 --device cuda --dtype bf16 --steps 30"
-#   make diffs            writes docs/diffs/: each chapter's train.cpp against the previous one
-#   make plan             09's planner: best configurations, Megatron-LM's Table 1, results/plan_heatmap.png
-#   make plan-check       09's planner against runs of 04-08 (and 09) on this machine
-#   make deps             only installs missing packages (MPICH, GoogleTest, matplotlib)
-# Flags: ARCH=-march=x86-64-v2 for binaries that must run on older CPUs of a cluster (default: native).
-# A change of flags (ARCH, CXXFLAGS, CUDA_ARCH, ...) rebuilds what they compile (see FLAGS_STAMP).
+# `make help` lists the targets: each target's line ends with a "## what it does" comment, and the
+# lines that start with "## " follow the list as they are (the options below). A new target gets one too.
+## Options: V=1 prints whole compiler commands; -j1 builds one file at a time (default: all cores).
+##   ARCH=-march=x86-64-v2 for programs that must run on older CPUs of a cluster (default: native).
+##   A change of flags (ARCH, CXXFLAGS, CUDA_ARCH, ...) rebuilds what they compile.
 
 MPICXX   ?= $(shell command -v mpicxx 2>/dev/null)
 NVCC     ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
@@ -32,8 +15,23 @@ ARCH     ?= -march=native
 CXXFLAGS ?= -O3 $(ARCH) -fno-math-errno -fno-trapping-math -std=c++17 -Wall -Wextra -MMD -MP
 CPPFLAGS += -Icommon -Itests
 BUILD    ?= build
+CPU_BUILD = $(BUILD)/cpu
+
+# Parallel by default: one compiler per core. A -j on the command line wins (make -j1: one at a time);
+# sub-makes share the top one's jobs.
+ifeq ($(MAKELEVEL),0)
+MAKEFLAGS += -j$(shell nproc 2>/dev/null || echo 1)
+endif
+
+# One short line per file ("  CXX   common/ops.cpp"); V=1 prints the whole commands instead.
+ifeq ($(V),1)
+say =
+else
+say = @printf '  %-5s %s\n' '$(1)' '$(2)';
+endif
 
 CHAPTERS    := $(sort $(patsubst %/train.cpp,%,$(wildcard [0-9][0-9]_*/train.cpp)))
+PLAN        := 09_3d_parallel/plan
 COMMON_SRC  := $(wildcard common/*.cpp)
 COMMON_OBJ  := $(COMMON_SRC:%.cpp=$(BUILD)/%.o)
 LIBCOMMON   := $(BUILD)/libcommon.a
@@ -50,16 +48,26 @@ HAVE_GTEST      := $(shell test -f /usr/include/gtest/gtest.h && echo yes)
 HAVE_NCCL       := $(shell test -f /usr/local/cuda/include/nccl.h -o -f /usr/include/nccl.h && echo yes)
 HAVE_MATPLOTLIB := $(shell $(PYTHON) -c 'import matplotlib' 2>/dev/null && echo yes)
 
-ifeq ($(MAKELEVEL),0)
+# What was found, said once per command (not by sub-makes, nor for make help).
+SHOW_FOUND := $(and $(filter 0,$(MAKELEVEL)),$(filter-out help,$(or $(MAKECMDGOALS),all)))
+ifneq ($(SHOW_FOUND),)
 $(info found: mpicxx=$(or $(MPICXX),MISSING) nvcc=$(or $(NVCC),none) NCCL=$(or $(HAVE_NCCL),no) \
 GoogleTest=$(or $(HAVE_GTEST),MISSING) matplotlib=$(or $(HAVE_MATPLOTLIB),MISSING))
 $(info building chapters: $(CHAPTERS))
 endif
 
-.PHONY: all deps test tests compare bench bench-comm bench-tp bench-pp schedules bench-torch diffs plan plan-check clean $(CHAPTERS)
-all: $(CHAPTERS)
+.PHONY: all deps test tests test-busy compare bench bench-comm bench-tp bench-pp schedules bench-torch diffs plan plan-check clean \
+  help $(CHAPTERS)
+all: $(CHAPTERS) ## every chapter's program (NN_name/train); the default
 
-$(CHAPTERS): %: %/train
+$(CHAPTERS): %: %/train ## one chapter: make 01_vanilla_dp, ...
+
+help: ## this list
+	@awk '/^## / { notes = notes substr($$0, 4) "\n"; next } \
+	  /^[^#\t=]*:.*## / { split($$0, at, ":"); name = at[1]; sub(/.*## /, ""); \
+	    if (name == "$$(CHAPTERS)") name = "NN_name"; printf "  make %-13s %s\n", name, $$0 } \
+	  END { printf "%s", notes }' \
+	  $(filter-out %.d,$(MAKEFILE_LIST))
 
 define need_mpicxx
 	@test -n "$(MPICXX)" || { echo "mpicxx not found: run 'make deps' (installs MPICH) or apt-get install mpich libmpich-dev"; exit 1; }
@@ -72,33 +80,57 @@ FLAGS_STAMP := $(BUILD)/.flags
 $(BUILD)/%.o: %.cpp $(FLAGS_STAMP)
 	$(need_mpicxx)
 	@mkdir -p $(dir $@)
-	$(MPICXX) $(CPPFLAGS) $(CXXFLAGS) -c $< -o $@
+	$(call say,CXX,$<)$(MPICXX) $(CPPFLAGS) $(CXXFLAGS) -c $< -o $@
 
 $(LIBCOMMON): $(COMMON_OBJ)
 	@rm -f $@
-	ar rcs $@ $^
+	$(call say,AR,$@)ar rcs $@ $^
 
-%/train: $(BUILD)/%/train.o $(LIBCOMMON)
-	$(MPICXX) $(CXXFLAGS) $^ -o $@ -pthread
+# The chapters' programs live outside the build folder, and two builds link them: $(BUILD) and make
+# compare's CPU-only one (COMPARE_BUILD below). This file names the build that linked them last; it
+# changes when the other one links, and then the programs are linked again from that one's objects.
+CHAPTERS_LINKED_FROM := build/.chapters_linked_from
+$(CHAPTERS_LINKED_FROM): FORCE
+	@mkdir -p $(dir $@); echo '$(BUILD)' | cmp -s - $@ || echo '$(BUILD)' > $@
+FORCE:
+
+%/train: $(BUILD)/%/train.o $(LIBCOMMON) $(CHAPTERS_LINKED_FROM)
+	$(call say,LINK,$@)$(MPICXX) $(CXXFLAGS) $(filter-out $(CHAPTERS_LINKED_FROM),$^) -o $@ -pthread
 
 # Tests link the real objects of libcommon.a, never a copy of the code under test.
 $(BUILD)/tests/%: $(BUILD)/tests/%.o $(LIBCOMMON) $(BUILD)/tests/mpi_gtest_main.o $(TEST_SUPPORT)
-	$(MPICXX) $(CXXFLAGS) $< $(TEST_SUPPORT) $(if $(filter $*,$(MPI_TESTS)),$(BUILD)/tests/mpi_gtest_main.o,-lgtest_main) \
-	  $(LIBCOMMON) $(GTEST_LIBS) -o $@
+	$(call say,LINK,$@)$(MPICXX) $(CXXFLAGS) $< $(TEST_SUPPORT) \
+	  $(if $(filter $*,$(MPI_TESTS)),$(BUILD)/tests/mpi_gtest_main.o,-lgtest_main) $(LIBCOMMON) $(GTEST_LIBS) -o $@
 
-tests: $(TEST_BIN) $(addsuffix /train,$(CHAPTERS)) $(BUILD)/pipeline_ideal $(PLAN)
+# Objects that pattern rules make on the way to a program (a chapter's train.o, the tests' objects)
+# are intermediate files to make, which it deletes after the build: kept, so that the next build
+# does not compile them again.
+.SECONDARY:
 
-deps:
+tests: $(TEST_BIN) $(addsuffix /train,$(CHAPTERS)) $(BUILD)/pipeline_ideal $(PLAN) ## builds every test and chapter, runs nothing
+
+deps: ## only installs missing packages (MPICH, GoogleTest, matplotlib)
 	@scripts/ensure_deps.sh
 
-test:
+test: ## installs what is missing, builds and runs every test: "N passed, M failed"
 	@scripts/ensure_deps.sh
 	@$(MAKE) --no-print-directory tests
 	@tests/run_tests.sh
 
-compare:
+# The tests beside a load: they must pass on a machine whose cores are all busy (scripts/test_busy.sh).
+test-busy: ## make test twice in a row beside 2 CPU-bound processes: LOAD=2 RUNS=2
 	@scripts/ensure_deps.sh
-	@$(MAKE) --no-print-directory all
+	@$(MAKE) --no-print-directory tests
+	@scripts/test_busy.sh
+
+# Where nvcc exists but no GPU does (nvidia-smi absent or failing), the chapters would train on the
+# CPU anyway: make compare then builds them without CUDA, skipping the slow nvcc compiles, in a
+# folder of its own, so that the CUDA build in $(BUILD) stays as make test made it.
+COMPARE_BUILD = $(if $(NVCC),$(if $(shell nvidia-smi -L >/dev/null 2>&1 && echo gpu),,$(CPU_BUILD)))
+compare: ## installs what is missing, trains every chapter, prints a table, writes plots
+	@scripts/ensure_deps.sh
+	@$(if $(COMPARE_BUILD),echo "no GPU: the chapters are built for the CPU only, in $(COMPARE_BUILD) (make test builds CUDA)")
+	@$(MAKE) --no-print-directory $(if $(COMPARE_BUILD),NVCC= BUILD=$(COMPARE_BUILD)) all
 	@scripts/compare.sh
 
 # OpenBLAS's own cblas.h and library (pkg-config knows where Debian puts them), not whichever
@@ -106,36 +138,36 @@ compare:
 OPENBLAS_CFLAGS = $(shell pkg-config --cflags openblas 2>/dev/null)
 OPENBLAS_LIBS   = $(or $(shell pkg-config --libs openblas 2>/dev/null),-lopenblas)
 $(BUILD)/matmul_bench: scripts/matmul_bench.cpp $(LIBCOMMON)
-	$(MPICXX) $(CPPFLAGS) $(OPENBLAS_CFLAGS) $(CXXFLAGS) $^ $(OPENBLAS_LIBS) -o $@
+	$(call say,LINK,$@)$(MPICXX) $(CPPFLAGS) $(OPENBLAS_CFLAGS) $(CXXFLAGS) $^ $(OPENBLAS_LIBS) -o $@
 
-bench:
+bench: ## one rank, one thread: ours vs PyTorch eager at tiny, small, deep, alternated (installs torch in a venv on first use; BENCH_TORCH=0 skips), then the CPU matmul vs OpenBLAS
 	@scripts/ensure_deps.sh --bench
 	@$(MAKE) --no-print-directory all $(BUILD)/matmul_bench
 	@scripts/bench.sh
 
-bench-tp: all
+bench-tp: all ## 07 (TP 2, + sequence parallelism, + overlap) next to 03 on three links: RANKS=2 PRESET=small STEPS=20
 	@scripts/bench_tp.sh
 
-bench-pp: all
+bench-pp: all ## 08's four schedules at m = 2, 4, 8, 16, bubble measured, simulated, theory: RANKS=2 PRESET=small
 	@scripts/bench_pp.sh
 
 # Chapter 08's pipeline diagram: afab, 1f1b, interleaved and zb-h1, each measured and simulated.
-schedules:
+schedules: ## 08's schedules measured next to ideal, results/schedules.png: PP=4 M=8 PRESET=deep STEPS=10
 	@scripts/ensure_deps.sh
 	@$(MAKE) --no-print-directory 08_pipeline $(BUILD)/pipeline_ideal
 	@scripts/schedules.sh
 
-# make schedules' ideal panels: each schedule simulated with the same measured pass times.
-$(BUILD)/pipeline_ideal: $(BUILD)/scripts/pipeline_ideal.o $(LIBCOMMON)
-	$(MPICXX) $(CXXFLAGS) $^ -o $@ -pthread
-
 # The collective benchmark links libcommon.a like a chapter; LINK passes emulated-link flags through.
 RANKS ?= 2
 LINK  ?=
-$(BUILD)/comm_bench: $(BUILD)/scripts/comm_bench.o $(LIBCOMMON)
-	$(MPICXX) $(CXXFLAGS) $^ -o $@ -pthread
+# make schedules' ideal panels: each schedule simulated with the same measured pass times.
+$(BUILD)/pipeline_ideal: $(BUILD)/scripts/pipeline_ideal.o $(LIBCOMMON)
+	$(call say,LINK,$@)$(MPICXX) $(CXXFLAGS) $^ -o $@ -pthread
 
-bench-comm:
+$(BUILD)/comm_bench: $(BUILD)/scripts/comm_bench.o $(LIBCOMMON)
+	$(call say,LINK,$@)$(MPICXX) $(CXXFLAGS) $^ -o $@ -pthread
+
+bench-comm: ## collective benchmark, nccl-tests style: RANKS=2 LINK="--link-gbps 1 --link-latency-us 50"
 	@scripts/ensure_deps.sh
 	@$(MAKE) --no-print-directory $(BUILD)/comm_bench
 	mpiexec -n $(RANKS) $(BUILD)/comm_bench $(LINK)
@@ -144,30 +176,30 @@ bench-comm:
 # apart from PYTHON, which the build uses to look for matplotlib.
 TORCH_PYTHON ?= $(PYTHON)
 ARGS ?=
-bench-torch:
+bench-torch: ## chapter 01 next to PyTorch eager (needs torch): ARGS="--preset gpt2 --device cuda --steps 30"
 	@scripts/ensure_deps.sh
 	@$(MAKE) --no-print-directory 01_vanilla_dp
 	@PYTHON=$(TORCH_PYTHON) scripts/compare_pytorch.sh $(ARGS)
 
-diffs:
+diffs: ## writes docs/diffs/: each chapter's train.cpp against the previous one
 	@scripts/diffs.sh
 
-# Chapter 09's planner: a command-line tool over common/planner.*, no MPI job of its own.
-PLAN := 09_3d_parallel/plan
+# Chapter 09's planner (PLAN, defined with the chapters above): a command-line tool over
+# common/planner.*, no MPI job of its own.
 $(PLAN): $(BUILD)/09_3d_parallel/plan.o $(LIBCOMMON)
-	$(MPICXX) $(CXXFLAGS) $^ -o $@ -pthread
+	$(call say,LINK,$@)$(MPICXX) $(CXXFLAGS) $^ -o $@ -pthread
 
-plan: $(PLAN) ## best DP x TP x PP configurations for a model, Megatron-LM's Table 1 against the planner, results/plan_heatmap.png: PLAN_ARGS="--model megatron-146b --cluster dgx-a100 --gpus 1536 --batch 2304"
+plan: $(PLAN) ## 09's planner: best DP x TP x PP configurations, Megatron-LM's Table 1, results/plan_heatmap.png: PLAN_ARGS="--model megatron-146b --cluster dgx-a100 --gpus 1536 --batch 2304"
 	@scripts/plan.sh $(PLAN_ARGS)
 
-plan-check: $(PLAN) ## the planner's memory and step time against 04-08 (and 09) run on this machine: RUNS="dp2 tp2 ..." to pick
+plan-check: $(PLAN) ## 09's planner against runs of 03-09 on this machine: RUNS="dp2 tp2 ..." to pick
 	@$(MAKE) --no-print-directory all
 	@scripts/plan_check.sh
 
-clean:
+clean: ## removes the build folder and the programs
 	rm -rf $(BUILD) $(addsuffix /train,$(CHAPTERS)) $(PLAN)
 
--include $(shell find $(BUILD) -name '*.d' 2>/dev/null)
+-include $(shell find $(BUILD) -path '$(CPU_BUILD)' -prune -o -name '*.d' -print 2>/dev/null)
 
 # CUDA: where nvcc exists, cuda.mk adds the CUDA objects, flags, libraries and lessons (see cuda.mk).
 ifneq ($(NVCC),)

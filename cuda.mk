@@ -27,7 +27,7 @@ CUDA_LDFLAGS := -Wl,--no-as-needed -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/
 CUDA_SRC := $(wildcard common/*.cu)
 CUDA_OBJ := $(CUDA_SRC:%.cu=$(BUILD)/%.o)
 
-ifeq ($(MAKELEVEL),0)
+ifneq ($(SHOW_FOUND),)
 $(info CUDA build: nvcc=$(NVCC) ($(CUDA_ARCH)), NCCL=$(or $(HAVE_NCCL),no: CUDA collectives go through host memory over MPI))
 endif
 
@@ -35,7 +35,7 @@ endif
 # build after a CPU one (-DGPT_WITH_CUDA), rebuild them.
 $(BUILD)/%.o: %.cu $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
-	$(NVCC) $(CPPFLAGS) $(NVCCFLAGS) -MMD -MP -MF $(@:.o=.d) -c $< -o $@
+	$(call say,NVCC,$<)$(NVCC) $(CPPFLAGS) $(NVCCFLAGS) -MMD -MP -MF $(@:.o=.d) -c $< -o $@
 
 $(LIBCOMMON): $(CUDA_OBJ)
 
@@ -51,11 +51,11 @@ $(CUDA_LINKED): private CXXFLAGS += $(CUDA_LDFLAGS)
 CUDA_LESSONS := lessons/matmul/matmul_lesson
 
 lessons/matmul/matmul_lesson: lessons/matmul/matmul_lesson.cu
-	$(NVCC) $(NVCCFLAGS) $< -o $@ -L$(CUDA_HOME)/lib64 -Xlinker -rpath -Xlinker $(CUDA_HOME)/lib64 -lcublas
+	$(call say,NVCC,$<)$(NVCC) $(NVCCFLAGS) $< -o $@ -L$(CUDA_HOME)/lib64 -Xlinker -rpath -Xlinker $(CUDA_HOME)/lib64 -lcublas
 
 all tests: $(CUDA_LESSONS)
 
 .PHONY: clean-cuda
 clean: clean-cuda
-clean-cuda:
+clean-cuda: ## removes the CUDA lessons' programs (make clean does too)
 	rm -f $(CUDA_LESSONS)

@@ -233,7 +233,8 @@ TEST(DeviceWaitWatchdog, EndsTheJobWhenAWaitOutlastsTheTimeout) {
       {
         set_device_wait_timeout(0.3);
         BlockedOnDevice blocked("waiting in a test");
-        std::this_thread::sleep_for(std::chrono::seconds(5));
+        // Far past the 0.3 s: the watchdog's thread may wait for a core (a busy machine).
+        std::this_thread::sleep_for(std::chrono::seconds(60));
         std::exit(0);
       },
       testing::ExitedWithCode(1), "watchdog: waiting in a test has not returned after [0-9.]+ s \\(--timeout\\)");

@@ -110,6 +110,23 @@ bool file_exists(const std::string& path) {
   return stat(path.c_str(), &info) == 0;
 }
 
+bool wait_until(const std::function<bool()>& condition, double timeout_s) {
+  const auto start = std::chrono::steady_clock::now();
+  for (;;) {
+    if (condition()) return true;
+    if (std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() > timeout_s) return condition();
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+}
+
+bool wait_until_ranks_gone(const std::string& marker, double timeout_s) {
+  return wait_until([&] { return rank_pids(marker).empty(); }, timeout_s);
+}
+
+bool wait_until_file_exists(const std::string& path, double timeout_s) {
+  return wait_until([&] { return file_exists(path); }, timeout_s);
+}
+
 std::vector<std::string> read_records(const std::string& path, const std::string& type) {
   std::vector<std::string> records;
   std::ifstream in(path);

@@ -3,6 +3,7 @@
 // common/checkpoint.cpp and follows the format as documented (docs/checkpoint.md), so it also
 // checks the documentation.
 #pragma once
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -18,8 +19,9 @@ RunResult run_command(const std::string& command, int timeout_s);
 
 // Runs `mpiexec -n ranks ./<chapter>/train --quiet <args>` from the repository root with a time
 // limit. Unless args name a --device, the run is on the CPU (--device cpu), so that the CPU tests
-// test the CPU on a machine with a GPU too; the GPU tests ask for --device cuda.
-RunResult run_trainer(const std::string& chapter, int ranks, const std::string& args, int timeout_s = 120);
+// test the CPU on a machine with a GPU too; the GPU tests ask for --device cuda. The default limit
+// only catches a hang: it is far above any test's run, even on a machine whose cores are all busy.
+RunResult run_trainer(const std::string& chapter, int ranks, const std::string& args, int timeout_s = 300);
 
 // A trainer started in the background, for tests that signal it while it runs (Ctrl-C, a stopped
 // rank). `marker` is a string of its command line that no other process has (a path in a fresh
@@ -34,6 +36,17 @@ RunResult wait_for(BackgroundRun& run, int timeout_s);
 // The rank processes (./<chapter>/train) whose command line contains `marker`.
 std::vector<int> rank_pids(const std::string& marker);
 bool file_exists(const std::string& path);
+
+// Waiting for another process: what it does (end, write a file, reach a step) takes as long as the
+// machine lets it, seconds more when every core is busy. So a test never looks once: it polls
+// `condition` (every 50 ms) until it holds or `timeout_s` have passed, and returns whether it held.
+// The bounds are generous (tens of seconds): a process that behaves ends the wait at once, so only a
+// failing test pays for them.
+bool wait_until(const std::function<bool()>& condition, double timeout_s);
+// Until no rank of the job with this marker is left (rank_pids() is empty).
+bool wait_until_ranks_gone(const std::string& marker, double timeout_s);
+// Until the file exists.
+bool wait_until_file_exists(const std::string& path, double timeout_s);
 
 // A fresh temporary folder for one test's files, under $TMPDIR (else /tmp), removed with everything in
 // it when the test binary exits (set GPT_TEST_KEEP=1 to keep them for a look after a failure). A
