@@ -269,12 +269,14 @@ std::string refusal_name(const testing::TestParamInfo<Refusal>& info) {
 INSTANTIATE_TEST_SUITE_P(Trainer, RefusalTest, testing::ValuesIn(refusals()), refusal_name);
 
 // 08 resumes a checkpoint whose batch its ranks cannot split: the advice names 08's accumulation
-// flag, --micro-batches (08 refuses --grad-accum).
+// flag, --micro-batches (08 refuses --grad-accum). The checkpoint is one of a run's middle (after
+// step 0 of 2): a finished run's would be refused first, for having nothing left to resume.
 TEST(Refusals, APipelineResumeAdvisesItsOwnFlags) {
   const std::string dir = temp_dir();
-  RunResult made = run_trainer("08_pipeline", 2, "--preset tall --steps 1 --save " + dir + "/ck.bin", 60);
+  RunResult made =
+      run_trainer("08_pipeline", 2, "--preset tall --steps 2 --save-every 1 --save " + dir + "/ck_{step}.bin", 60);
   ASSERT_EQ(made.exit_code, 0) << made.output;
-  RunResult r = run_trainer("08_pipeline", 3, "--preset tall --resume " + dir + "/ck.bin", 60);
+  RunResult r = run_trainer("08_pipeline", 3, "--preset tall --resume " + dir + "/ck_1.bin", 60);
   EXPECT_NE(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("with a --micro-batches that divides"), std::string::npos) << r.output;
   EXPECT_EQ(r.output.find("--grad-accum"), std::string::npos) << r.output;

@@ -23,6 +23,13 @@
 
 namespace {
 
+// These tests wait for other processes, on a machine whose cores may all be busy (make test-busy):
+// kStartSeconds for a job to start and train 3 steps (about a second when the machine is quiet),
+// kEndSeconds for a job to end after the watchdog's 3 s or a signal, and for its ranks to be gone.
+// Generous bounds, polled (wait_until): a job that behaves ends the wait at once.
+constexpr double kStartSeconds = 60;
+constexpr double kEndSeconds = 30;
+
 // ---------------------------------------------------------------------------------------------
 // Bad input: a clear message and a non-zero exit on every rank within seconds, no rank hanging.
 
@@ -227,8 +234,7 @@ TEST(OutputPaths, AWriteThatFailsOnRankZeroEndsEveryRank) {
   const std::string dir = temp_dir();
   const std::string ckpt = dir + "/ck.bin";
   BackgroundRun run = start_trainer("01_vanilla_dp", 2, "--steps 100000 --save-every 2 --save " + ckpt);
-  for (int i = 0; i < 600 && !file_exists(ckpt); i++) std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  ASSERT_TRUE(file_exists(ckpt)) << "no checkpoint was saved";
+  ASSERT_TRUE(wait_until_file_exists(ckpt, kStartSeconds)) << "no checkpoint was saved";
   // Made aside, then renamed over the checkpoint: the next save finds a FIFO there, never a gap.
   ASSERT_EQ(mkfifo((dir + "/fifo").c_str(), 0644), 0);
   ASSERT_EQ(std::rename((dir + "/fifo").c_str(), ckpt.c_str()), 0);
@@ -242,13 +248,8 @@ TEST(OutputPaths, AWriteThatFailsOnRankZeroEndsEveryRank) {
   struct stat info;
   ASSERT_EQ(stat(ckpt.c_str(), &info), 0);
   EXPECT_TRUE(S_ISFIFO(info.st_mode)) << "the FIFO was replaced";
-  std::vector<int> left = rank_pids(dir);
-  for (int i = 0; i < 100 && !left.empty(); i++) {  // polled: a busy machine reaps slowly
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    left = rank_pids(dir);
-  }
-  EXPECT_TRUE(left.empty()) << "a rank was left behind";
-  for (int pid : left) kill(pid, SIGKILL);
+  EXPECT_TRUE(wait_until([&] { return rank_pids(dir).empty(); }, kEndSeconds)) << "a rank was left behind";
+  for (int pid : rank_pids(dir)) kill(pid, SIGKILL);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -359,8 +360,7 @@ TEST(Resume, AKillWhileSavingOverTheResumedCheckpointLeavesItResumable) {
     return step;
   };
   auto wait_for_a_save_after = [&](int64_t step) {
-    for (int i = 0; i < 600 && saved_step() <= step; i++) std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    return saved_step() > step;
+    return wait_until([&] { return saved_step() > step; }, kStartSeconds);
   };
   // A checkpoint of a long schedule: a first run saves every step, and Ctrl-C ends it.
   BackgroundRun first = start_trainer("01_vanilla_dp", 2, "--steps 100000 --save-every 1 --save " + ckpt);
@@ -393,8 +393,7 @@ TEST(Resume, AKillWhileSavingOverTheResumedCheckpointLeavesItResumable) {
   EXPECT_GE(kills_during_a_save, 1) << "no kill came during a save: the test proved nothing";
   // It resumes: the whole file is checked when it is loaded.
   BackgroundRun resumed = start_trainer("01_vanilla_dp", 2, "--resume " + ckpt + " --json " + dir + "/resumed.jsonl");
-  for (int i = 0; i < 600 && read_records(dir + "/resumed.jsonl.partial", "step").empty(); i++)
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  wait_until([&] { return !read_records(dir + "/resumed.jsonl.partial", "step").empty(); }, kStartSeconds);
   kill(resumed.pid, SIGINT);
   RunResult r = wait_for(resumed, 60);
   EXPECT_EQ(r.exit_code, 130) << r.output;
@@ -415,13 +414,6 @@ TEST(Resume, ABatchThatCannotBeSplitSaysWhichRankCountsCan) {
 
 // ---------------------------------------------------------------------------------------------
 // Stops: every rank ends, non-zero, keeping what was measured.
-
-// These tests wait for other processes, on a machine whose cores may all be busy (make test-busy):
-// kStartSeconds for a job to start and train 3 steps (about a second when the machine is quiet),
-// kEndSeconds for a job to end after the watchdog's 3 s or a signal, and for its ranks to be gone.
-// Generous bounds, polled (wait_until): a job that behaves ends the wait at once.
-constexpr double kStartSeconds = 60;
-constexpr double kEndSeconds = 30;
 
 TEST(Stops, ADivergingLossStopsEveryRankNamingTheStep) {
   const std::string dir = temp_dir();
@@ -574,10 +566,10 @@ TEST(Stops, SigtermAndSighupStopLikeCtrlC) {
     const std::string dir = temp_dir();
     BackgroundRun run = start_trainer("01_vanilla_dp", 2, "--steps 100000 --json " + dir + "/run.jsonl");
     std::vector<int> ranks;
-    for (int i = 0; i < 300 && (ranks.size() < 2 || read_records(dir + "/run.jsonl.partial", "step").size() < 3); i++) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    wait_until([&] {
       ranks = rank_pids(dir);
-    }
+      return ranks.size() >= 2 && read_records(dir + "/run.jsonl.partial", "step").size() >= 3;
+    }, kStartSeconds);
     ASSERT_EQ(ranks.size(), 2u);
     if (signal == SIGTERM) kill(run.pid, SIGTERM);
     else for (int pid : ranks) kill(pid, SIGHUP);
