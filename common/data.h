@@ -34,5 +34,5 @@ class TokenData {
 bool load_token_data(const std::string& path, int T, TokenData* data, std::string* error);
 
 // The built-in corpus: about 1 MB of English-like text generated deterministically from a small
-// grammar, so training needs no network and no licence (see README, "Data").
+// grammar, so training needs no network and no licence (docs/running.md, "Data").
 std::string default_corpus();

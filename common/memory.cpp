@@ -122,7 +122,7 @@ void* device_alloc(size_t bytes, MemCategory cat, Device device) {
 #ifdef GPT_WITH_CUDA
   if (device == Device::CUDA) return cuda_alloc(bytes, cat);
 #endif
-  if (device == Device::CUDA) fatal("device_alloc: CUDA memory needs the CUDA build (see README)");
+  if (device == Device::CUDA) fatal("device_alloc: CUDA memory needs the CUDA build (see docs/gpus.md)");
   size_t total = sizeof(AllocHeader) + ((bytes + 63) / 64) * 64;
   void* raw = std::aligned_alloc(64, total);
   if (!raw) fatal("out of memory allocating " + std::to_string(bytes) + " bytes for " + mem_category_name(cat));

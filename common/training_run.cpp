@@ -192,7 +192,7 @@ TrainingRun::TrainingRun(Communicator& world, Communicator& dp, const ProcessGri
                 dtype_ == DType::BF16 ? "bf16 mixed precision (fp32 master weights and AdamW state)" : "fp32",
                 flash_ ? "flash" : "materialized (B,NH,T,T)", recompute_name(model_.recompute));
     if (world_.link_model().on())
-      std::printf("emulated link: %s (alpha-beta ring model, see README)\n", link_text(world_.link_model()).c_str());
+      std::printf("emulated link: %s (alpha-beta ring model, docs/communicator.md)\n", link_text(world_.link_model()).c_str());
     const LinkModel tp_link = tensor_parallel_link();
     if (tp_comm_ && tp_.size > 1 && (tp_link.gbps != cfg_.link_gbps || tp_link.latency_us != cfg_.link_latency_us))
       std::printf("tensor-parallel group's emulated link: %s (a node's faster links)\n", link_text(tp_link).c_str());

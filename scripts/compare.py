@@ -212,6 +212,11 @@ def describe(runs):
                          mb(peak_over_steps(at["03"], "mem_activations")), mb(s("08")["comm_bytes_per_step"]),
                          mb(s("03")["comm_bytes_per_step"]), 100 * pipe["measured_bubble"],
                          100 * pipe["theory_bubble"], 100 * pipe["simulated_bubble"], faster("08", "03")))
+    if "09" in at and "07" in at:
+        lines.append("09  at 2 ranks is 07's TP 2 with --recompute selective (its grid needs 4 ranks for TP x PP): "
+                     "activations %.1f MB per rank instead of 07's %.1f, the attention's scores recomputed in "
+                     "backward; %s." % (mb(peak_over_steps(at["09"], "mem_activations")),
+                                       mb(peak_over_steps(at["07"], "mem_activations")), faster("09", "07")))
     for line in lines:
         print("  " + line)
 

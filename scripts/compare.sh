@@ -69,6 +69,8 @@ for round in $(seq 1 "$rounds"); do
     flags=""
     run="${chapter}_n${n}"
     [ "$chapter" = 07_tensor_parallel ] && flags="--tp-overlap $tp_link"
+    # 09 at 2 ranks is a grid of TP 2 (TP x PP needs 4): 07's run, with selective recomputation.
+    [ "$chapter" = 09_3d_parallel ] && flags="--tp-overlap $tp_link --recompute selective"
     if [ "$variant" = sp ]; then flags="$flags --sequence-parallel"; run="${chapter}_sp_n${n}"; fi
     # How long is left: each run still to come takes what it took in earlier rounds (in the first
     # round, what a run took on average so far).
