@@ -126,10 +126,11 @@ test-busy: ## make test twice in a row beside 2 CPU-bound processes: LOAD=2 RUNS
 # Where nvcc exists but no GPU does (nvidia-smi absent or failing), the chapters would train on the
 # CPU anyway: make compare then builds them without CUDA, skipping the slow nvcc compiles, in a
 # folder of its own, so that the CUDA build in $(BUILD) stays as make test made it.
+NO_GPU_NOTE = no GPU: the chapters are built for the CPU only, in $(COMPARE_BUILD) (make test builds CUDA)
 COMPARE_BUILD = $(if $(NVCC),$(if $(shell nvidia-smi -L >/dev/null 2>&1 && echo gpu),,$(CPU_BUILD)))
 compare: ## installs what is missing, trains every chapter, prints a table, writes plots
 	@scripts/ensure_deps.sh
-	@$(if $(COMPARE_BUILD),echo "no GPU: the chapters are built for the CPU only, in $(COMPARE_BUILD) (make test builds CUDA)")
+	@$(if $(COMPARE_BUILD),echo "$(NO_GPU_NOTE)")
 	@$(MAKE) --no-print-directory $(if $(COMPARE_BUILD),NVCC= BUILD=$(COMPARE_BUILD)) all
 	@scripts/compare.sh
 
