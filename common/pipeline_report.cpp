@@ -56,6 +56,17 @@ void print_partition(const TrainingRun& run, const GPT2Config& cfg, const std::v
   std::fflush(stdout);
 }
 
+JsonObject simulated_action_record(const SimulatedAction& a) {
+  return JsonObject()
+      .add("type", "simulated_action")
+      .add("stage", a.rank)
+      .add("op", op_name(a.action.op))
+      .add("micro", a.action.micro)
+      .add("chunk", a.action.chunk)
+      .add("start_ms", a.start)
+      .add("end_ms", a.end);
+}
+
 PipelineReport::PipelineReport(TrainingRun& run, const ProcessGrid& grid, const PipelineShape& shape,
                                Schedule schedule, Matching matching, std::vector<ModelPart> parts)
     : run_(run), world_(grid.world()), pipeline_(grid.pp()), shape_(shape), schedule_(schedule), matching_(matching),
@@ -208,13 +219,6 @@ void PipelineReport::finish(bool wte_copies_equal) {
   std::fflush(stdout);
   for (const SimulatedAction& a : sim.actions) {
     if (a.end <= a.start) continue;  // sends and receive posts take no time
-    run_.write_record(JsonObject()
-                          .add("type", "simulated_action")
-                          .add("stage", a.rank)
-                          .add("op", op_name(a.action.op))
-                          .add("micro", a.action.micro)
-                          .add("chunk", a.action.chunk)
-                          .add("start_ms", a.start)
-                          .add("end_ms", a.end));
+    run_.write_record(simulated_action_record(a));
   }
 }

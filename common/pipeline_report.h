@@ -16,6 +16,11 @@
 // forward FLOPs (the embedding's lookup costs nothing, the LM head over V costs blocks' worth).
 void print_partition(const TrainingRun& run, const GPT2Config& cfg, const std::vector<int>& blocks, int stages);
 
+// One action of a simulated step as a JSON record ("simulated_action": stage, op, micro, chunk,
+// start_ms, end_ms), the form the pipeline diagrams read (scripts/plot_pipeline.py), for 08's
+// measured runs and for make schedules' ideal ones alike.
+JsonObject simulated_action_record(const SimulatedAction& action);
+
 class PipelineReport {
  public:
   // parts: this rank's model parts, as its chunks run them (with their slots).

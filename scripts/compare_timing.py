@@ -235,13 +235,14 @@ def read_load(folder):
 
 
 def busy_note(load, ranks):
-    """A warning when other work competed for the cores, else None. Busy: the load before the runs, or
-    after them less this job's ranks (a one-minute average), or the others' runnable processes
-    between runs, is more than half a core; or the ranks alone outnumber the cores."""
+    """A warning when other work competed for the cores, else None. Busy: the one-minute load after the
+    runs, less this job's ranks, is more than half a core; or on average a whole other process was
+    runnable between runs; or the ranks alone outnumber the cores. The load before the runs is printed
+    but not judged: its one-minute average still holds the build that make compare has just run."""
     if not load:
         return None
-    others = max(load["before"], load["after"] - ranks, load["others"])
-    if others <= 0.5 and ranks <= load["cores"]:
+    others = max(load["after"] - ranks, load["others"])
+    if load["after"] - ranks <= 0.5 and load["others"] < 1 and ranks <= load["cores"]:
         return None
     return ("machine busy: load %.1f before the runs, %.1f after (this job's %d ranks included), %.1f other "
             "processes runnable between runs, on %d cores: about %.1f runnable per core while %d ranks ran" % (

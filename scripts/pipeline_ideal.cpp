@@ -23,6 +23,7 @@
 #include "model_config.h"
 #include "pipeline.h"
 #include "pipeline_costs.h"
+#include "pipeline_report.h"  // simulated_action_record
 #include "pipeline_schedule.h"
 
 namespace {
@@ -51,8 +52,6 @@ std::vector<int> parse_blocks(const std::string& text, const std::string& flag) 
   }
   return blocks;
 }
-
-const char* op_name(Op op) { return op == Op::F ? "F" : op == Op::B ? "B" : op == Op::W ? "W" : "p2p"; }
 
 }  // namespace
 
@@ -133,16 +132,7 @@ int main(int argc, char** argv) {
                           .c_str());
   for (const SimulatedAction& a : sim.actions) {
     if (a.end <= a.start) continue;  // sends and receive posts take no time
-    std::printf("%s\n", JsonObject()
-                            .add("type", "simulated_action")
-                            .add("stage", a.rank)
-                            .add("op", op_name(a.action.op))
-                            .add("micro", a.action.micro)
-                            .add("chunk", a.action.chunk)
-                            .add("start_ms", a.start)
-                            .add("end_ms", a.end)
-                            .str()
-                            .c_str());
+    std::printf("%s\n", simulated_action_record(a).str().c_str());
   }
   return 0;
 }
