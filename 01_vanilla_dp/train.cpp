@@ -19,7 +19,7 @@
 // Run:
 //   make 01_vanilla_dp
 //   mpiexec -n 2 ./01_vanilla_dp/train                    # tiny preset, 20 steps, 2 ranks
-//   mpiexec -n 4 ./01_vanilla_dp/train --grad-accum 2 --json run.jsonl --trace trace.json
+//   mpiexec -n 4 ./01_vanilla_dp/train --grad-accum 2 --json results/run.jsonl --trace results/trace.json
 //   mpiexec -n 8 ./01_vanilla_dp/train --preset gpt2 --device cuda   # one GPU per rank, over NCCL
 // Output: a run header, one line per step, then measured memory and bytes next to theory:
 //   step 5/20 | loss 4.3105 | lr 2.7e-3 | grad norm 1.52 | 12.3 ms | 41.7k tok/s | exposed comm 0.9 ms | mem 7.7 MB
