@@ -19,6 +19,7 @@
 #include "param_layout.h"
 #include "theory.h"
 #include "test_util.h"
+#include "tp_test_hooks.h"
 
 namespace {
 
@@ -160,25 +161,6 @@ TEST(Recompute, ExtraFlopsAreTheReplayedProducts) {
 
 // --- Tensor parallelism (2 ranks or more) ---------------------------------------------------------
 
-void set_hooks(GPT2& model, Communicator& group, bool sp) {  // 07's collectives, as the test's own
-  if (!sp) {
-    model.tp_hooks.f_forward = [](Tensor, Tensor) { return CommHandle(); };
-    model.tp_hooks.f_backward = [&](Tensor full, Tensor) { return group.all_reduce_async(full, ReduceOp::Sum); };
-    model.tp_hooks.g_forward = [&](Tensor partial, Tensor) { return group.all_reduce_async(partial, ReduceOp::Sum); };
-    model.tp_hooks.g_backward = [](Tensor, Tensor) { return CommHandle(); };
-  } else {
-    model.tp_hooks.f_forward = [&](Tensor local, Tensor full) { return group.all_gather_async(local, full); };
-    model.tp_hooks.f_backward = [&](Tensor full, Tensor local) {
-      return group.reduce_scatter_async(full, local, ReduceOp::Sum);
-    };
-    model.tp_hooks.g_forward = [&](Tensor partial, Tensor local) {
-      return group.reduce_scatter_async(partial, local, ReduceOp::Sum);
-    };
-    model.tp_hooks.g_backward = [&](Tensor local, Tensor full) { return group.all_gather_async(local, full); };
-  }
-  model.tp_hooks.vocab_all_reduce = [&](Tensor values, ReduceOp op) { group.all_reduce(values, op); };
-}
-
 // One rank's part of a tensor-parallel group: 2 micro-batches accumulated; the collectives it made,
 // per kind.
 struct TensorParallelResult {
@@ -200,7 +182,7 @@ TensorParallelResult run_tensor_parallel(const GPT2Config& cfg, TensorParallelis
   GPT2 model(cfg, local, B, Device::CPU, DType::F32, tp, ModelPart{0, cfg.L + 1, 1, split_backward});
   r.arena = double(memory_stats().current[int(MemCategory::Activations)] - before);
   model.bind_all(params.data(), r.result.grads.data());
-  set_hooks(model, world, tp.sequence_parallel);
+  set_tensor_parallel_hooks(model, world, tp.sequence_parallel);
   const CommStats start = world.stats();
   for (int m = 0; m < 2; m++) {
     r.result.losses.push_back(model.forward(&inputs[size_t(m) * B * cfg.T], &targets[size_t(m) * B * cfg.T], B));

@@ -32,6 +32,7 @@
 #include "process_grid.h"
 #include "shards.h"
 #include "test_util.h"
+#include "tp_test_hooks.h"
 #include "training_run.h"
 
 namespace {
@@ -265,25 +266,6 @@ TEST(TensorParallelInit, GatheredSlicesAreTheOneRankInitialisationBitForBit) {
   }
 }
 
-// The chapter's collectives (07_tensor_parallel/train.cpp), written out again here as the test's own.
-void set_tensor_parallel_hooks(GPT2& model, Communicator& group, bool sequence_parallel) {
-  if (!sequence_parallel) {
-    model.tp_hooks.f_forward = [](Tensor, Tensor) { return CommHandle(); };
-    model.tp_hooks.f_backward = [&](Tensor full, Tensor) { return group.all_reduce_async(full, ReduceOp::Sum); };
-    model.tp_hooks.g_forward = [&](Tensor partial, Tensor) { return group.all_reduce_async(partial, ReduceOp::Sum); };
-    model.tp_hooks.g_backward = [](Tensor, Tensor) { return CommHandle(); };
-  } else {
-    model.tp_hooks.f_forward = [&](Tensor local, Tensor full) { return group.all_gather_async(local, full); };
-    model.tp_hooks.f_backward = [&](Tensor full, Tensor local) {
-      return group.reduce_scatter_async(full, local, ReduceOp::Sum);
-    };
-    model.tp_hooks.g_forward = [&](Tensor partial, Tensor local) {
-      return group.reduce_scatter_async(partial, local, ReduceOp::Sum);
-    };
-    model.tp_hooks.g_backward = [&](Tensor local, Tensor full) { return group.all_gather_async(local, full); };
-  }
-  model.tp_hooks.vocab_all_reduce = [&](Tensor values, ReduceOp op) { group.all_reduce(values, op); };
-}
 
 // Two micro-batches of gradient accumulation, so that the split model's accumulation is checked too.
 TEST(TensorParallelModel, LossesAndGatheredGradientsEqualTheWholeModels) {
