@@ -81,11 +81,10 @@ def prefix_of(arg):
     return arg
 
 
-def load_records(path):
-    """The run and pipeline records and the simulated actions of one --json file."""
-    if not os.path.exists(path):
-        sys.exit("%s: no such file (run 08_pipeline/train with --json %s)" % (path, path))
-    run = {"simulated": []}
+def pipeline_records(path):
+    """A JSON-lines file's "run" and "pipeline" records and its "simulated_action" records (under
+    "simulated"): what 08's runs and build/pipeline_ideal both write."""
+    records = {"simulated": []}
     with open(path) as f:
         for number, line in enumerate(f, 1):
             try:
@@ -94,9 +93,17 @@ def load_records(path):
                 sys.exit("%s, line %d: not JSON (%s)" % (path, number, e))
             kind = record.get("type")
             if kind in ("run", "pipeline"):
-                run[kind] = record
+                records[kind] = record
             elif kind == "simulated_action":
-                run["simulated"].append(record)
+                records["simulated"].append(record)
+    return records
+
+
+def load_records(path):
+    """The run and pipeline records and the simulated actions of one --json file."""
+    if not os.path.exists(path):
+        sys.exit("%s: no such file (run 08_pipeline/train with --json %s)" % (path, path))
+    run = pipeline_records(path)
     if "run" not in run or run["run"].get("chapter") != "08_pipeline":
         sys.exit("%s: not a run of 08_pipeline/train (no run record of chapter 08_pipeline)" % path)
     if "pipeline" not in run or not run["simulated"]:
@@ -213,17 +220,7 @@ def load_ideal(prefix, run):
     path = prefix + ".ideal.jsonl"
     if not os.path.exists(path):
         return None
-    ideal = {"simulated": []}
-    with open(path) as f:
-        for number, line in enumerate(f, 1):
-            try:
-                record = json.loads(line)
-            except ValueError as e:
-                sys.exit("%s, line %d: not JSON (%s)" % (path, number, e))
-            if record.get("type") == "pipeline":
-                ideal["pipeline"] = record
-            elif record.get("type") == "simulated_action":
-                ideal["simulated"].append(record)
+    ideal = pipeline_records(path)
     mine, its = run["pipeline"], ideal.get("pipeline")
     if not its or not ideal["simulated"]:
         sys.exit("%s: no pipeline or simulated_action records (written by build/pipeline_ideal?)" % path)
