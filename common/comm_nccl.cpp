@@ -54,7 +54,7 @@
 //   every collective of a CUDA tensor waits for the compute stream, copies the tensor to host memory,
 //   runs the MPI collective, and wait() copies the result back. Correct, slow, no overlap; the host
 //   time spent copying counts as exposed communication. The MPI collectives carry the link model and
-//   the trace spans, as in a CPU run.
+//   the trace spans, as in a CPU run. The host copies are host RAM, left out of the GPU's memory table.
 #ifdef GPT_WITH_CUDA
 
 #include <cuda_runtime_api.h>
@@ -76,7 +76,7 @@
 #include "cuda_check.h"  // CUDA_CHECK, NCCL_CHECK
 #include "device.h"      // cuda_device_count, set_ranks_per_gpu
 #include "link_delay.h"  // hold_stream: the emulated link on the NCCL stream
-#include "memory.h"      // Buffer, device_alloc: staging and scratch memory is counted
+#include "memory.h"      // Buffer, device_alloc: scratch memory is counted (host staging is not: HostCopy)
 #include "ops.h"         // copy_tensor: a one-rank collective's copy
 #include "ops_cuda.h"    // cuda::stream(), the compute stream
 #include "trace.h"       // now_ms, trace_span
@@ -734,7 +734,27 @@ class HostStagedCommunicator final : public CudaCommunicatorBase {
   }
 
  private:
-  using HostBuffer = std::shared_ptr<Buffer>;
+  // A staging copy lives in host memory. A GPU run's memory table is the GPU's (what docs/theory.md
+  // predicts and the driver counts), so these copies are plain host allocations, outside the
+  // framework's counters: counting them would report as GPU memory bytes that only this fallback
+  // for ranks sharing a GPU needs, and that sit in the host's RAM.
+  class HostCopy {
+   public:
+    explicit HostCopy(const Tensor& like) : bytes_(std::max<size_t>(like.bytes(), 1)) {
+      view_.data = bytes_.data();
+      view_.dtype = like.dtype;
+      view_.device = Device::CPU;
+      view_.ndim = 1;
+      view_.shape[0] = like.numel();
+    }
+    Tensor view() const { return view_; }
+    void* data() { return bytes_.data(); }
+
+   private:
+    std::vector<char> bytes_;
+    Tensor view_;
+  };
+  using HostBuffer = std::shared_ptr<HostCopy>;
 
   // A staging copy is communication the caller waits for: exposed, and in flight (so that exposed
   // time never exceeds the time communication was in flight).
@@ -744,9 +764,7 @@ class HostStagedCommunicator final : public CudaCommunicatorBase {
   }
 
   // In the tensor's own dtype: bf16 travels as bf16 (the MPI communicator reduces it in fp32).
-  static HostBuffer host_buffer(const Tensor& t) {
-    return std::make_shared<Buffer>(t.numel(), MemCategory::CommBuffers, t.dtype, Device::CPU);
-  }
+  static HostBuffer host_buffer(const Tensor& t) { return std::make_shared<HostCopy>(t); }
 
   // A host copy of t, taken once the compute stream has finished writing it. The host blocks for
   // both; only the copy counts as exposed communication (the wait before it is compute time).

@@ -13,7 +13,8 @@
 # Usage: scripts/gpu_check.sh [OUT_DIR]      (default results/gpu_check)
 # Environment: GPU_BUNDLE=dir or dir.tar.gz: programs and MPI runtime packed by scripts/gpu_bundle.sh (for a GPU
 #              machine without a compiler or MPICH); BUDGET_S=480 seconds for all of it (stage 4
-#              gets what is left); LLMC_BENCH=path/to/llmc-gpu-bench.sh; STEPS=10; CHAPTERS="01_vanilla_dp ..."
+#              gets what is left); STAGES="tests chapters speed suite" (the default: all four);
+#              LLMC_BENCH=path/to/llmc-gpu-bench.sh; STEPS=10; CHAPTERS="01_vanilla_dp ..."
 # Output: OUT_DIR/summary.txt (the tables, printed last), cases.tsv, and one log per case.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -25,6 +26,8 @@ cases=$out/cases.tsv
 printf 'stage\tcase\tresult\tseconds\tdetail\n' >"$cases"
 started=$SECONDS
 left() { echo $((budget - (SECONDS - started))); }
+stages=" ${STAGES:-tests chapters speed suite} "
+wants() { [[ $stages == *" $1 "* ]]; }
 
 if [ -n "${GPU_BUNDLE:-}" ]; then
   case "$GPU_BUNDLE" in
@@ -66,14 +69,14 @@ record() {  # stage case result seconds detail
 
 # Where llm.c's benchmark is asked for, its build (CPU only, a minute or two) runs beside stages 1-2.
 llmc_bin=""
-if [ -n "${LLMC_BENCH:-}" ] && [ -f "$LLMC_BENCH" ]; then
+if wants speed && [ -n "${LLMC_BENCH:-}" ] && [ -f "$LLMC_BENCH" ]; then
   mkdir -p "$out/llmc_build"
   (LLMC_BUILD_ONLY=1 LLMC_WORK_DIR=/tmp/llmc_work timeout 300 bash "$LLMC_BENCH" >"$out/llmc_build.log" 2>&1) &
   llmc_build_pid=$!
 fi
 
 # 1. The GPU tests.
-for test in test_cuda_ops test_flash_attention test_devices; do
+wants tests && for test in test_cuda_ops test_flash_attention test_devices; do
   t0=$SECONDS
   timeout 200 "build/tests/$test" >"$out/$test.log" 2>&1
   rc=$?
@@ -86,11 +89,13 @@ done
 #    GPU runs one after another.
 chapter_flags() {  # chapter ranks
   case "$1/$2" in
+    08_pipeline/4) echo "--preset tall" ;;  # four stages need four blocks; tiny has two
     09_3d_parallel/4) echo "--tp 2 --pp 2" ;;
     09_3d_parallel/2) echo "--tp 2" ;;
   esac
 }
 chapters=${CHAPTERS:-$(ls -d [0-9][0-9]_*/ | tr -d /)}
+wants chapters || chapters=""
 (
   for chapter in $chapters; do
     for n in 1 2 4; do
@@ -164,6 +169,7 @@ PY
 )
   record speed "$label" "$([ $rc -eq 0 ] && echo ran || echo FAIL)" $((SECONDS - t0)) "rc $rc; $line"
 }
+if wants speed; then
 for batch in 8 16 32; do speed_row "ours_B$batch" --batch $batch; done
 speed_row ours_B16_flash --batch 16 --attention flash
 t0=$SECONDS
@@ -181,9 +187,13 @@ if [ -n "${llmc_build_pid:-}" ]; then
   fi
 fi
 
+fi
+
 # 4. The whole suite with what is left of the budget.
 remaining=$(left)
-if [ "$remaining" -gt 60 ]; then
+if ! wants suite; then
+  :
+elif [ "$remaining" -gt 60 ]; then
   t0=$SECONDS
   timeout "$remaining" tests/run_tests.sh >"$out/suite.log" 2>&1
   record suite run_tests "$(tail -n 1 "$out/suite.log" | grep -q ' 0 failed' && echo pass || echo FAIL)" $((SECONDS - t0)) "$(tail -n 1 "$out/suite.log")"
