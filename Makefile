@@ -92,6 +92,9 @@ $(LIBCOMMON): $(COMMON_OBJ)
 CHAPTERS_LINKED_FROM := build/.chapters_linked_from
 $(CHAPTERS_LINKED_FROM): FORCE
 	@mkdir -p $(dir $@); echo '$(BUILD)' | cmp -s - $@ || echo '$(BUILD)' > $@
+# Phony, so that .SECONDARY below cannot take it for an intermediate file that need not exist (which
+# would skip the rule above, and a switch of builds would keep the other build's programs).
+.PHONY: FORCE
 FORCE:
 
 %/train: $(BUILD)/%/train.o $(LIBCOMMON) $(CHAPTERS_LINKED_FROM)
