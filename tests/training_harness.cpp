@@ -88,14 +88,29 @@ RunResult wait_for(BackgroundRun& run, int timeout_s) {
   return r;
 }
 
+// A file under /proc/PID, read with plain read(2): the process may exit while we read, and then
+// read fails with ESRCH, which an ifstream turns into an exception. Gives what was read before.
+static std::string read_proc_file(const std::string& path) {
+  std::string text;
+  const int fd = open(path.c_str(), O_RDONLY);
+  if (fd < 0) return text;
+  char chunk[4096];
+  for (;;) {
+    const ssize_t got = read(fd, chunk, sizeof chunk);
+    if (got <= 0) break;
+    text.append(chunk, size_t(got));
+  }
+  close(fd);
+  return text;
+}
+
 std::vector<int> rank_pids(const std::string& marker) {
   std::vector<int> pids;
   DIR* proc = opendir("/proc");
   while (dirent* entry = proc ? readdir(proc) : nullptr) {
     const int pid = std::atoi(entry->d_name);
     if (pid <= 0) continue;
-    std::ifstream in("/proc/" + std::string(entry->d_name) + "/cmdline");
-    std::string cmdline((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const std::string cmdline = read_proc_file("/proc/" + std::string(entry->d_name) + "/cmdline");
     const std::string program = cmdline.substr(0, cmdline.find('\0'));  // argv[0]
     if (program.size() >= 6 && program.compare(program.size() - 6, 6, "/train") == 0 &&
         cmdline.find(marker) != std::string::npos)
