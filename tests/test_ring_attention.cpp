@@ -93,9 +93,10 @@ TEST(ContextSplit, PairsFormulaIsTheCountAndZigzagIsBalanced) {
       EXPECT_EQ(total_zigzag, int64_t(T) * (T + 1) / 2);
       EXPECT_EQ(total_contiguous, int64_t(T) * (T + 1) / 2);
       // Contiguous: the last rank has 2cp - 1 times the first's work, nearly.
-      if (cp > 1)
+      if (cp > 1) {
         EXPECT_GT(causal_pairs_formula(T, cp, cp - 1, ContextSplit::Contiguous),
                   (2 * cp - 2) * causal_pairs_formula(T, cp, 0, ContextSplit::Contiguous));
+      }
     }
   }
 }
