@@ -110,7 +110,8 @@ class RingAttention {
         TraceScope span("ring block " + std::to_string(owner));
         counters.forward_pairs += attention_block_forward(
             RowBlock{out.f32(), C_, T}, row_max, row_sum, qkv_rows(qkv, 0, B, T, C_), kv_rows(current, 0, B, T, C_),
-            kv_rows(current, 1, B, T, C_), positions_[size_t(rank_)].data(), positions_[size_t(owner)].data(), B, NH, C_);
+            kv_rows(current, 1, B, T, C_), positions_[size_t(rank_)].data(), positions_[size_t(owner)].data(), B, NH,
+            C_);
       }
       counters.compute_ms += now_ms() - start;
       if (passing.valid()) passing.wait();
@@ -214,7 +215,9 @@ void report_ring(TrainingRun& run, Communicator& world, int cp, const RingCounte
   // FLOPs per (query, key) pair and channel of a head: forward 4 (q.k, p v), backward 10 (q.k again to
   // recompute p, then dP, dV, dQ, dK), per layer, micro-batch, sequence and head.
   const double hs = double(m.C) / m.NH, per_pair = hs * (4 * passes + 10), layers = double(m.L) * K * B * m.NH;
-  auto flops_formula = [&](int cp_rank, ContextSplit s) { return layers * double(causal_pairs_formula(m.T, cp, cp_rank, s)) * per_pair; };
+  auto flops_formula = [&](int cp_rank, ContextSplit s) {
+    return layers * double(causal_pairs_formula(m.T, cp, cp_rank, s)) * per_pair;
+  };
   const double kv = double(m.L) * K * B * m.T * m.C * 4;  // K (or V) over a step: L K B T C fp32 values
   const double forward_formula = passes * 2.0 * (cp - 1) / cp * kv, backward_formula = 2 * 2.0 * (cp - 1) / cp * kv;
   // Every rank's numbers, to rank 0 (scalars, counted apart from the training traffic).
@@ -225,9 +228,17 @@ void report_ring(TrainingRun& run, Communicator& world, int cp, const RingCounte
   for (int q = 0; q < world.size(); q++)
     for (double x : mine) all[size_t(q)].push_back(world.all_reduce_scalar(world.rank() == q ? x : 0.0, ReduceOp::Sum));
   if (!run.is_root()) return;
+  // The busiest rank of each ring sets the pace: a rank with less work waits, in the ring, for the
+  // difference, predicted as the busiest's measured time in the kernels x (1 - its work / the busiest's).
   double most = 0;
   for (int r = 0; r < cp; r++) most = std::max(most, flops_formula(r, split));
-  std::printf("ring attention per rank, step 1 (CP %d, %s; docs/theory.md, section 13):\n", cp, context_split_name(split));
+  std::vector<double> pace(size_t(world.size() / cp), 0.0);  // per ring: the busiest rank's kernel time
+  for (int q = 0; q < world.size(); q++) {
+    double& ring_pace = pace[size_t(q / cp)];  // (CP inside DP: ring q / cp, place q % cp)
+    if (flops_formula(q % cp, split) == most) ring_pace = std::max(ring_pace, all[size_t(q)][1]);
+  }
+  std::printf("ring attention per rank, step 1 (CP %d, %s; docs/theory.md, section 13):\n", cp,
+              context_split_name(split));
   std::printf("  %4s %14s %14s %24s %11s %22s %15s\n", "rank", "attn FLOPs", "formula", "(contiguous | zigzag)",
               "compute ms", "idle in ring fwd+bwd", "predicted idle");
   JsonObject record;
@@ -236,11 +247,10 @@ void report_ring(TrainingRun& run, Communicator& world, int cp, const RingCounte
   for (int q = 0; q < world.size(); q++) {
     const std::vector<double>& x = all[size_t(q)];
     const int r = q % cp;  // the rank's place in its ring (CP is inside DP: grid_coords)
-    // A rank with less work than the busiest waits, in the ring, for the difference, at its own speed.
-    const double predicted_idle = x[0] > 0 ? (most - flops_formula(r, split)) / x[0] * x[1] : 0;
-    std::printf("  %4d %14.4g %14.4g %11.4g | %-10.4g %11.2f %13.2f + %-8.2f %12.2f\n", q, x[0], flops_formula(r, split),
-                flops_formula(r, ContextSplit::Contiguous), flops_formula(r, ContextSplit::Zigzag), x[1], x[2], x[3],
-                predicted_idle);
+    const double predicted_idle = pace[size_t(q / cp)] * (1 - flops_formula(r, split) / most);
+    std::printf("  %4d %14.4g %14.4g %11.4g | %-10.4g %11.2f %13.2f + %-8.2f %12.2f\n", q, x[0],
+                flops_formula(r, split), flops_formula(r, ContextSplit::Contiguous),
+                flops_formula(r, ContextSplit::Zigzag), x[1], x[2], x[3], predicted_idle);
     const std::string k = "rank" + std::to_string(q) + "_";
     record.add(k + "flops", x[0]).add(k + "theory_flops", flops_formula(r, split))
         .add(k + "compute_ms", x[1]).add(k + "idle_forward_ms", x[2]).add(k + "idle_backward_ms", x[3])
@@ -285,7 +295,8 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt, ContextSpli
   Buffer grads(layout.padded_size, MemCategory::Grads, dtype, device);
   const double bucket_bytes =
       cfg.was_given("--bucket-mb") ? opt.bucket_mb * 1e6 : default_bucket_bytes(layout, dtype_size(dtype));
-  GradientBuckets buckets(layout, bucket_bytes, dtype_size(dtype), opt.zero1 ? BucketCut::AtLayers : BucketCut::AtTensors);
+  GradientBuckets buckets(layout, bucket_bytes, dtype_size(dtype),
+                          opt.zero1 ? BucketCut::AtLayers : BucketCut::AtTensors);
   const ShardPlan plan = opt.zero1 ? GradientSync::zero1_plan(buckets, replicas) : ShardPlan::unsharded(layout);
   Buffer grad_shard(opt.zero1 ? plan.size() : 0, MemCategory::CommBuffers, dtype, device);
   GradientSync data_parallel(replicas, buckets, grads.view(), opt.zero1 ? &plan : nullptr, grad_shard.view());

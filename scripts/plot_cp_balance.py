@@ -92,7 +92,7 @@ def main():
         work.legend(fontsize=7.5, loc="upper left")
         time.set_title("CP %d: ms per step in attention (solid), idle in the ring (hatched)" % cp, fontsize=9)
         if cp == sizes[0]:
-            time.legend(fontsize=7, loc="upper left")
+            handles, labels = time.get_legend_handles_labels()
         step.set_xticks(range(len(splits)))
         step.set_xticklabels(splits, fontsize=8)
         step.set_title("step ms (median)", fontsize=9.5)
@@ -100,7 +100,8 @@ def main():
         step.margins(y=0.15)
     fig.suptitle("Ring attention's balance under the causal mask (10_context_parallel, preset %s): contiguous vs "
                  "zig-zag" % preset, fontsize=10.5)
-    fig.tight_layout()
+    fig.legend(handles, labels, loc="lower center", ncol=4, fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, 0.04, 1, 1))
     fig.savefig(args.out, dpi=DPI)
     plt.close(fig)
     print("wrote %s" % args.out)
