@@ -39,6 +39,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <ctime>
 #include <memory>
 #include <string>
 #include <utility>
@@ -74,8 +75,17 @@ struct RingCounters {
   int64_t forward_pairs = 0, backward_pairs = 0;  // (query, key) pairs computed, over sequences and heads
   int64_t forward_bytes = 0, backward_bytes = 0;  // sent, from the ring communicator's counters
   double forward_idle_ms = 0, backward_idle_ms = 0;  // blocked waiting for a block (its exposed time)
-  double compute_ms = 0;                             // in the blocks' kernels
+  double compute_ms = 0;                             // in the blocks' kernels, wall-clock
+  double compute_cpu_ms = 0;  // the same, this thread's CPU time: what a core spent, however busy the machine
 };
+
+// This thread's CPU time in ms: unlike the wall clock, it does not count the time another process had
+// the core.
+double thread_cpu_ms() {
+  timespec t;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return t.tv_sec * 1e3 + t.tv_nsec / 1e6;
+}
 
 // The lesson: attention on a ring of cp ranks. Rank r holds the queries, keys and values of its
 // positions; at step s it computes against the block of rank r - s, which it received at step s - 1
@@ -105,7 +115,7 @@ class RingAttention {
       if (s < cp_ - 1) passing = ring_.send_recv_async({{true, current, next_rank(), kBlockTag},
                                                         {false, next, previous_rank(), kBlockTag}});
       const int owner = owner_at(s);
-      const double start = now_ms();
+      const double start = now_ms(), start_cpu = thread_cpu_ms();
       {
         TraceScope span("ring block " + std::to_string(owner));
         counters.forward_pairs += attention_block_forward(
@@ -114,6 +124,7 @@ class RingAttention {
             C_);
       }
       counters.compute_ms += now_ms() - start;
+      counters.compute_cpu_ms += thread_cpu_ms() - start_cpu;
       if (passing.valid()) passing.wait();
     }
     attention_block_finish(RowBlock{out.f32(), C_, T}, lse.f32(), row_max, row_sum, B, NH, C_);
@@ -149,7 +160,7 @@ class RingAttention {
       }
       const RowBlock dk = s == 0 ? qkv_rows(dqkv, 1, B, T, C_) : kv_rows(acc, 0, B, T, C_);
       const RowBlock dv = s == 0 ? qkv_rows(dqkv, 2, B, T, C_) : kv_rows(acc, 1, B, T, C_);
-      const double start = now_ms();
+      const double start = now_ms(), start_cpu = thread_cpu_ms();
       {
         TraceScope span("ring block " + std::to_string(owner) + " backward");
         counters.backward_pairs += attention_block_backward(
@@ -158,6 +169,7 @@ class RingAttention {
             positions_[size_t(rank_)].data(), positions_[size_t(owner)].data(), B, NH, C_);
       }
       counters.compute_ms += now_ms() - start;
+      counters.compute_cpu_ms += thread_cpu_ms() - start_cpu;
       if (s > 0) {
         // Add what the earlier visitors summed (none at step 1: the owner kept its own share), pass
         // it on, and post the receive of the next one.
@@ -223,7 +235,7 @@ void report_ring(TrainingRun& run, Communicator& world, int cp, const RingCounte
   // Every rank's numbers, to rank 0 (scalars, counted apart from the training traffic).
   const std::vector<double> mine = {double(c.forward_pairs) * hs * 4 + double(c.backward_pairs) * hs * 10,
                                     c.compute_ms, c.forward_idle_ms, c.backward_idle_ms, double(c.forward_bytes),
-                                    double(c.backward_bytes)};
+                                    double(c.backward_bytes), c.compute_cpu_ms};
   std::vector<std::vector<double>> all(size_t(world.size()));
   for (int q = 0; q < world.size(); q++)
     for (double x : mine) all[size_t(q)].push_back(world.all_reduce_scalar(world.rank() == q ? x : 0.0, ReduceOp::Sum));
@@ -239,8 +251,8 @@ void report_ring(TrainingRun& run, Communicator& world, int cp, const RingCounte
   }
   std::printf("ring attention per rank, step 1 (CP %d, %s; docs/theory.md, section 13):\n", cp,
               context_split_name(split));
-  std::printf("  %4s %14s %14s %24s %11s %22s %15s\n", "rank", "attn FLOPs", "formula", "(contiguous | zigzag)",
-              "compute ms", "idle in ring fwd+bwd", "predicted idle");
+  std::printf("  %4s %14s %14s %24s %11s %8s %22s %15s\n", "rank", "attn FLOPs", "formula", "(contiguous | zigzag)",
+              "compute ms", "cpu ms", "idle in ring fwd+bwd", "predicted idle");
   JsonObject record;
   record.add("type", "ring").add("cp", cp).add("split", context_split_name(split))
       .add("theory_forward_bytes", forward_formula).add("theory_backward_bytes", backward_formula);
@@ -248,12 +260,13 @@ void report_ring(TrainingRun& run, Communicator& world, int cp, const RingCounte
     const std::vector<double>& x = all[size_t(q)];
     const int r = q % cp;  // the rank's place in its ring (CP is inside DP: grid_coords)
     const double predicted_idle = pace[size_t(q / cp)] * (1 - flops_formula(r, split) / most);
-    std::printf("  %4d %14.4g %14.4g %11.4g | %-10.4g %11.2f %13.2f + %-8.2f %12.2f\n", q, x[0],
+    std::printf("  %4d %14.4g %14.4g %11.4g | %-10.4g %11.2f %8.2f %13.2f + %-8.2f %12.2f\n", q, x[0],
                 flops_formula(r, split), flops_formula(r, ContextSplit::Contiguous),
-                flops_formula(r, ContextSplit::Zigzag), x[1], x[2], x[3], predicted_idle);
+                flops_formula(r, ContextSplit::Zigzag), x[1], x[6], x[2], x[3], predicted_idle);
     const std::string k = "rank" + std::to_string(q) + "_";
     record.add(k + "flops", x[0]).add(k + "theory_flops", flops_formula(r, split))
-        .add(k + "compute_ms", x[1]).add(k + "idle_forward_ms", x[2]).add(k + "idle_backward_ms", x[3])
+        .add(k + "compute_ms", x[1]).add(k + "compute_cpu_ms", x[6])
+        .add(k + "idle_forward_ms", x[2]).add(k + "idle_backward_ms", x[3])
         .add(k + "predicted_idle_ms", predicted_idle).add(k + "forward_bytes", x[4]).add(k + "backward_bytes", x[5]);
   }
   std::printf("  ring bytes per rank: forward %s (theory 2(cp-1)/cp x K,V's L K B T C x 4 = %s) | backward %s "
