@@ -269,10 +269,10 @@ void report_ring(TrainingRun& run, Communicator& world, int cp, const RingCounte
         .add(k + "idle_forward_ms", x[2]).add(k + "idle_backward_ms", x[3])
         .add(k + "predicted_idle_ms", predicted_idle).add(k + "forward_bytes", x[4]).add(k + "backward_bytes", x[5]);
   }
-  std::printf("  ring bytes per rank: forward %s (theory 2(cp-1)/cp x K,V's L K B T C x 4 = %s) | backward %s "
-              "(theory twice: blocks and their gradients, %s)\n",
-              format_bytes(all[0][4]).c_str(), format_bytes(forward_formula).c_str(), format_bytes(all[0][5]).c_str(),
-              format_bytes(backward_formula).c_str());
+  std::printf("  ring bytes per rank: forward %s (theory %s2(cp-1)/cp x L K B T C x 4 = %s: (cp-1)/cp of K and V) | "
+              "backward %s (theory 2 x 2(cp-1)/cp x L K B T C x 4 = %s: the blocks again and their gradients)\n",
+              format_bytes(all[0][4]).c_str(), passes > 1 ? "2 passes x " : "", format_bytes(forward_formula).c_str(),
+              format_bytes(all[0][5]).c_str(), format_bytes(backward_formula).c_str());
   std::fflush(stdout);
   run.write_record(record);
 }
