@@ -5,7 +5,8 @@ ring size (cp), three panels:
   attention work    each rank's attention FLOPs per step, as its kernels counted them (bars), and the
                     formula of docs/theory.md, section 13 (markers): contiguous grows with the rank,
                     zig-zag is flat
-  time              each rank's time in the ring's kernels and, stacked on it, its time blocked in the
+  time              each rank's time in the ring's kernels (its thread's CPU time: the work, which other
+                    processes on the cores do not stretch) and, stacked on it, its time blocked in the
                     ring waiting for a block: contiguous's first ranks wait for the last one
   step time         the median step of each split (the step every rank shares)
 Usage: python3 scripts/plot_cp_balance.py --out results/cp_balance.png RUN.jsonl...
@@ -74,9 +75,10 @@ def main():
             work.bar(xs, flops, width, color=COLORS[split], label=split)
             work.plot(xs, [x / 1e9 for x in per_rank(run, "theory_flops")], "k_", markersize=12,
                       label="formula" if i == 0 else None)
-            compute, idle = per_rank(run, "compute_ms"), [
+            # The kernels' CPU time: the work itself, which other processes on the cores do not stretch.
+            compute, idle = per_rank(run, "compute_cpu_ms"), [
                 a + b for a, b in zip(per_rank(run, "idle_forward_ms"), per_rank(run, "idle_backward_ms"))]
-            time.bar(xs, compute, width, color=COLORS[split], label="%s: in the kernels" % split)
+            time.bar(xs, compute, width, color=COLORS[split], label="%s: in the kernels (CPU time)" % split)
             time.bar(xs, idle, width, bottom=compute, color=COLORS[split], alpha=0.35, hatch="//",
                      label="%s: idle in the ring" % split)
             bar = step.bar([i], [median_step_ms(run)], 0.6, color=COLORS[split])
