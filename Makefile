@@ -56,7 +56,7 @@ GoogleTest=$(or $(HAVE_GTEST),MISSING) matplotlib=$(or $(HAVE_MATPLOTLIB),MISSIN
 $(info building chapters: $(CHAPTERS))
 endif
 
-.PHONY: all deps test tests test-busy compare bench bench-comm bench-tp bench-pp schedules bench-torch diffs plan plan-check clean \
+.PHONY: all deps test tests test-busy compare bench bench-comm bench-tp bench-pp schedules cp-balance bench-torch diffs plan plan-check clean \
   help $(CHAPTERS)
 all: $(CHAPTERS) ## every chapter's program (NN_name/train); the default
 
@@ -154,6 +154,10 @@ bench-tp: all ## 07 (TP 2, + sequence parallelism, + overlap) next to 03 on thre
 
 bench-pp: all ## 08's four schedules at m = 2, 4, 8, 16, bubble measured, simulated, theory: RANKS=2 PRESET=small
 	@scripts/bench_pp.sh
+
+# Chapter 10's balance under the causal mask: each rank's attention work and idle time in the ring.
+cp-balance: 10_context_parallel ## 10's ring at --cp 2 and 4, contiguous vs zigzag, results/cp_balance.png: CPS="2 4" PRESET=long STEPS=4
+	@scripts/cp_balance.sh
 
 # Chapter 08's pipeline diagram: afab, 1f1b, interleaved and zb-h1, each measured and simulated.
 schedules: ## 08's schedules measured next to ideal, results/schedules.png: PP=4 M=8 PRESET=deep STEPS=10

@@ -10,6 +10,7 @@
 
 #include <cmath>
 
+#include "context_split.h"  // position_runs
 #include "ops.h"
 #include "trace.h"
 
@@ -199,12 +200,20 @@ void carve(GPT2::Activations& a, Carver& c, const GPT2Config& cfg, int B, bool f
 }
 }  // namespace
 
+namespace {
+// Under context parallelism the model holds T/cp positions: every activation is as long as that.
+GPT2Config held_positions(GPT2Config cfg, const ContextParallelism& cp) {
+  if (cp.on()) cfg.T = int(cp.positions.size());
+  return cfg;
+}
+}  // namespace
+
 GPT2::GPT2(const GPT2Config& cfg, const ParamLayout& layout, int max_B, Device device, DType dtype,
-           TensorParallelism tp, ModelPart part)
-    : cfg_(cfg), layout_(layout), max_B_(max_B), device_(device), dtype_(dtype),
+           TensorParallelism tp, ModelPart part, ContextParallelism cp)
+    : cfg_(held_positions(cfg, cp)), layout_(layout), max_B_(max_B), device_(device), dtype_(dtype),
       flash_(cfg.flash_attention && flash_attention_available(dtype, device, cfg.C / tp.size, cfg.NH / tp.size)),
-      tp_(tp), part_(part), param_ptr_(layout.params.size(), nullptr), grad_ptr_(layout.params.size(), nullptr),
-      acts_(new Activations) {
+      tp_(tp), part_(part), cp_(cp), param_ptr_(layout.params.size(), nullptr),
+      grad_ptr_(layout.params.size(), nullptr), acts_(new Activations) {
   ENSURE(dtype == DType::F32 || dtype == DType::BF16, "the model computes in fp32 or bf16");
   ENSURE(tp.size >= 1 && tp.rank >= 0 && tp.rank < tp.size, "GPT2: tensor-parallel rank out of range");
   ENSURE(layout.tp.size == tp.size && layout.tp.rank == tp.rank, "GPT2: the layout is for another tensor-parallel rank");
@@ -221,11 +230,17 @@ GPT2::GPT2(const GPT2Config& cfg, const ParamLayout& layout, int max_B, Device d
   for (int u = part_.first_unit; u <= part_.last_unit; u++)
     for (const ParamInfo& p : layout.params)
       ENSURE(p.unit != u || p.held(), "GPT2: the layout does not hold unit " + std::to_string(u) + " (" + p.name + ")");
+  ENSURE(!cp.on() || (tp.size == 1 && part_.first_unit == 0 && part_.last_unit == cfg.L + 1 && !flash_ &&
+                      cfg.T % int(cp.positions.size()) == 0),
+         "GPT2: context parallelism runs the whole model, without tensor parallelism or FlashAttention, on T/cp "
+         "positions");
+  // Attention through the context-parallel hooks keeps what FlashAttention keeps: a log-sum-exp per query.
+  const bool lse_only = flash_ || cp.on();
   Carver counter(nullptr, dtype);
-  carve(*acts_, counter, cfg, max_B, flash_, tp, part_);
+  carve(*acts_, counter, cfg_, max_B, lse_only, tp, part_);
   acts_->arena = Buffer(counter.used_bytes() / 4, MemCategory::Activations, DType::F32, device);  // raw bytes
   Carver carver(static_cast<char*>(acts_->arena.data()), dtype);
-  carve(*acts_, carver, cfg, max_B, flash_, tp, part_);
+  carve(*acts_, carver, cfg_, max_B, lse_only, tp, part_);
 }
 
 GPT2::~GPT2() = default;
@@ -321,6 +336,8 @@ float GPT2::forward(int slot, const int* inputs, const int* targets, int B) {
   ENSURE(tp_.size == 1 || (tp_hooks.f_forward && tp_hooks.f_backward && tp_hooks.g_forward && tp_hooks.g_backward &&
                            tp_hooks.vocab_all_reduce),
          "a tensor-parallel model needs all of its TensorParallelHooks");
+  ENSURE(!cp_.on() || (cp_hooks.attention_forward && cp_hooks.attention_backward),
+         "a context-parallel model needs its ContextParallelHooks");
   Slot& s = acts_->slots[slot];
   ENSURE(s.weight_gradients.empty(), "GPT2::forward: the slot's weight gradients were never computed");
   s.inputs = inputs;
@@ -371,9 +388,32 @@ Tensor GPT2::input_grad() {
   return v.local(acts_->dresidual);
 }
 
+namespace {
+// Calls f(rows, position) for each run of consecutive positions this context-parallel rank holds, in
+// every sequence: `rows` are the run's rows of `stream` (B*T/cp, C), which hold positions
+// [position, position + run length).
+template <typename F>
+void for_position_runs_of(Tensor stream, const ContextParallelism& cp, F f) {
+  const int64_t T = int64_t(cp.positions.size()), C = stream.shape[1], B = stream.shape[0] / T;
+  const size_t row_bytes = size_t(C) * dtype_size(stream.dtype);
+  for (const PositionRun& run : position_runs(cp.positions))
+    for (int64_t b = 0; b < B; b++) {
+      char* first = static_cast<char*>(stream.data) + size_t(b * T + run.local) * row_bytes;
+      f(make_view(first, {run.length, C}, stream.dtype, stream.device), run.position);
+    }
+}
+}  // namespace
+
 void GPT2::embed_forward(Slot& s) {
   TraceScope span("forward embed");
   const Views v{dims_for(cfg_, s.B, tp_), dtype_, device_};
+  if (cp_.on()) {  // the tokens at this rank's positions, and the embeddings of those positions
+    embedding_forward(v.local(s.encoded), s.inputs, param(kWte), 0, cfg_.V);
+    for_position_runs_of(v.local(s.encoded), cp_, [&](Tensor rows, int position) {
+      position_forward(rows, param(kWpe), position, layout_.params[kWpe].shape[0]);
+    });
+    return;
+  }
   if (tp_.size == 1) {
     encoder_forward(v.btc(s.encoded, v.d.C), s.inputs, param(kWte), param(kWpe), s.B, cfg_.T);
     return;
@@ -423,7 +463,9 @@ void GPT2::block_forward(Slot& s, int l, const Layer& x, bool replay) {
   layernorm_forward(v.local(x.ln1), v.stat(x.ln1_mean, v.d.r), v.stat(x.ln1_rstd, v.d.r), v.local(residual),
                     P(LN1_W), P(LN1_B));
   matmul_forward(v.btc(x.qkv, 3 * v.d.Cl), f(x.ln1, a.gathered), P(QKV_W), P(QKV_B));  // column-parallel
-  if (flash_) {
+  if (cp_.on()) {  // the ring: this rank's queries meet every rank's keys and values
+    cp_hooks.attention_forward(v.btc(x.atty, v.d.Cl), v.lse(x.lse), v.btc(x.qkv, 3 * v.d.Cl), int(v.d.NHl));
+  } else if (flash_) {
     attention_forward_flash(v.btc(x.atty, v.d.Cl), v.lse(x.lse), v.btc(x.qkv, 3 * v.d.Cl), int(v.d.NHl));
   } else {
     attention_forward(v.btc(x.atty, v.d.Cl), v.bhtt(x.preatt), v.bhtt(x.att), v.btc(x.qkv, 3 * v.d.Cl), int(v.d.NHl));
@@ -648,7 +690,7 @@ void GPT2::block_backward(Slot& s, int l) {
   // outputs land in scratch the backward overwrites: the attention output (already kept) in datty,
   // the scores before the softmax in dpreatt.
   void* att = x.att;
-  if (cfg_.recompute == Recompute::Selective && !flash_) {
+  if (cfg_.recompute == Recompute::Selective && !flash_ && !cp_.on()) {
     TraceScope recompute("recompute attention L" + std::to_string(l));
     att = a.recomputed_att;
     attention_forward(v.btc(a.datty, v.d.Cl), v.bhtt(a.dpreatt), v.bhtt(att), v.btc(x.qkv, 3 * v.d.Cl), int(v.d.NHl));
@@ -657,7 +699,10 @@ void GPT2::block_backward(Slot& s, int l) {
   fill_zero(v.full(a.datty, v.d.Cl));
   row_parallel_backward(v.full(a.datty, v.d.Cl), PROJ_W, PROJ_B, v.full(x.atty, v.d.Cl), x.dattproj);
   fill_zero(v.full(dqkv, 3 * v.d.Cl));
-  if (flash_) {
+  if (cp_.on()) {
+    cp_hooks.attention_backward(v.btc(dqkv, 3 * v.d.Cl), v.btc(a.datty, v.d.Cl), v.btc(x.qkv, 3 * v.d.Cl),
+                                v.btc(x.atty, v.d.Cl), v.lse(x.lse), int(v.d.NHl));
+  } else if (flash_) {
     attention_backward_flash(v.btc(dqkv, 3 * v.d.Cl), v.btc(a.datty, v.d.Cl), v.btc(x.qkv, 3 * v.d.Cl),
                              v.btc(x.atty, v.d.Cl), v.lse(x.lse), int(v.d.NHl));
   } else {  // (dpreatt and datt are scratch the op overwrites)
@@ -677,7 +722,12 @@ void GPT2::embed_backward(Slot& s) {
   TraceScope span("backward embed");
   Activations& a = *acts_;
   const Views v{dims_for(cfg_, s.B, tp_), dtype_, device_};
-  if (tp_.size == 1) {
+  if (cp_.on()) {
+    for_position_runs_of(v.local(a.dresidual), cp_, [&](Tensor rows, int position) {
+      position_backward(grad(kWpe), rows, position, layout_.params[kWpe].shape[0]);
+    });
+    embedding_backward(grad(kWte), v.local(a.dresidual), s.inputs, 0, cfg_.V);
+  } else if (tp_.size == 1) {
     encoder_backward(grad(kWte), grad(kWpe), v.btc(a.dresidual, v.d.C), s.inputs, s.B, cfg_.T);
   } else {
     const Tensor dencoded = v.local(a.dresidual), dfull = v.full_of(a.dresidual, a.dfull);

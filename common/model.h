@@ -19,6 +19,12 @@
 // (output()) and, in backward, takes that output's gradient and leaves its input's (input_grad()).
 // With split_backward, backward() computes only the inputs' gradients (the critical path) and
 // backward_weights() the weights' later (zero-bubble schedules).
+//
+// Context parallelism (chapter 10): the model can run on a rank's T/cp positions of each sequence
+// (ContextParallelism, param_layout.h). Everything but attention acts position by position and runs
+// as it is; the position embeddings are looked up at the rank's absolute positions; attention, the one
+// op that mixes positions, goes through the chapter's ContextParallelHooks (a ring), and keeps, as
+// FlashAttention does, only its output and a log-sum-exp per query, never (B,NH,T,T) matrices.
 #pragma once
 #include <functional>
 #include <memory>
@@ -63,14 +69,24 @@ struct TensorParallelHooks {
   std::function<void(Tensor values, ReduceOp op)> vocab_all_reduce;
 };
 
+// Attention under context parallelism, which the chapter supplies. Shapes as FlashAttention's (ops.h),
+// on this rank's T/cp positions: qkv (B,T/cp,3C), out (B,T/cp,C), lse (B,NH,T/cp) fp32.
+struct ContextParallelHooks {
+  std::function<void(Tensor out, Tensor lse, Tensor qkv, int NH)> attention_forward;
+  // dqkv += the gradient, from dout and the forward's qkv, out and lse.
+  std::function<void(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor lse, int NH)> attention_backward;
+};
+
 class GPT2 {
  public:
   // Allocates activations for micro-batches of up to max_B sequences of cfg.T tokens. `dtype` is
   // what parameters, gradients and activations are kept in: fp32, or bf16 for mixed precision on a
   // GPU (the statistics of layernorm and the losses stay fp32; ops.h). `tp`: this rank's part of a
   // tensor-parallel group (the layout must be this rank's: build_gpt2_layout with the same split).
+  // `cp`: this rank's positions under context parallelism (not with tensor parallelism); config()
+  // then says T/cp, the positions the model holds.
   GPT2(const GPT2Config& cfg, const ParamLayout& layout, int max_B, Device device = Device::CPU,
-       DType dtype = DType::F32, TensorParallelism tp = {}, ModelPart part = {});
+       DType dtype = DType::F32, TensorParallelism tp = {}, ModelPart part = {}, ContextParallelism cp = {});
   ~GPT2();
 
   // Points the parameters (or gradients) of the flat range [begin, end) at `base`, which holds
@@ -110,6 +126,7 @@ class GPT2 {
 
   ModelHooks hooks;
   TensorParallelHooks tp_hooks;  // needed when tp.size > 1
+  ContextParallelHooks cp_hooks;  // needed under context parallelism
   const GPT2Config& config() const { return cfg_; }
   const ParamLayout& layout() const { return layout_; }
   DType dtype() const { return dtype_; }
@@ -161,6 +178,7 @@ class GPT2 {
   bool flash_;
   TensorParallelism tp_;
   ModelPart part_;
+  ContextParallelism cp_;
   std::vector<char*> param_ptr_, grad_ptr_;  // per parameter, where it lives now
   std::unique_ptr<Activations> acts_;
   int last_backward_B_ = 0;  // the micro-batch of the last backward (input_grad's shape)

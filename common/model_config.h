@@ -37,5 +37,6 @@ struct GPT2Config {
 //   odd:   L=2,  C=15,  NH=3,  T=17,   V=258    (for tests: 9945 parameters, divisible by no N > 1)
 //   wide:  L=2,  C=32,  NH=4,  T=16,   V=8192   (for tests: the embedding outweighs the blocks)
 //   tall:  L=8,  C=32,  NH=4,  T=32,   V=256    (for tests: 4 pipeline stages of 2 chunks each)
+//   long:  L=2,  C=64,  NH=4,  T=1024, V=256    (chapter 10: a long context on a small width)
 bool find_preset(const std::string& name, GPT2Config* cfg);
-const char* preset_names();  // "tiny, small, deep, gpt2, odd, wide, tall", for error messages
+const char* preset_names();  // "tiny, small, deep, gpt2, odd, wide, tall, long", for error messages

@@ -58,6 +58,17 @@ struct TensorParallelism {
   bool sequence_parallel = false;
 };
 
+// How the model is split over a context-parallel group (chapter 10): every rank keeps, in every layer,
+// the T/size positions `positions` of each sequence (absolute, in the order the rank keeps them: see
+// context_split.h), and attention meets the other positions' keys and values through the chapter's
+// hooks (model.h, ContextParallelHooks). It changes no parameter, only the activations' length: T/size.
+// The default (no positions): not at all, every rank holds all T positions.
+struct ContextParallelism {
+  int size = 1, rank = 0;
+  std::vector<int> positions;
+  bool on() const { return !positions.empty(); }
+};
+
 // A contiguous run of units that one GPT2 object runs (model.h), for up to `slots` micro-batches in
 // flight at once, each with its own activations (chapter 08). Units: 0 the embedding, 1..L the
 // blocks, L+1 the final layernorm, LM head and loss. The default is the whole model, one at a time.

@@ -1,39 +1,51 @@
 // process_grid.cpp: see process_grid.h.
 #include "process_grid.h"
 
+#include <vector>
+
 #include "check.h"
 
 GridCoords grid_coords(const GridShape& shape, int rank) {
   GridCoords c;
   c.tp = rank % shape.tp;
-  c.dp = (rank / shape.tp) % shape.dp;
-  c.pp = rank / (shape.tp * shape.dp);
+  c.cp = (rank / shape.tp) % shape.cp;
+  c.dp = (rank / (shape.tp * shape.cp)) % shape.dp;
+  c.pp = rank / (shape.tp * shape.cp * shape.dp);
   return c;
 }
 
-int grid_rank(const GridShape& shape, const GridCoords& c) { return (c.pp * shape.dp + c.dp) * shape.tp + c.tp; }
-
-std::string grid_shape_problem(int world, int tp, int pp) {
-  if (tp < 1) return "--tp must be >= 1";
-  if (pp < 1) return "--pp must be >= 1";
-  if (world % (tp * pp) == 0) return "";
-  // Only the sizes above 1 are named: a chapter without --tp (08) passes 1 for it, as does one
-  // without --pp (07), so the message names the chapter's own flags.
-  std::string groups, flags;
-  if (tp > 1) groups = "tensor-parallel groups of --tp " + std::to_string(tp), flags = "--tp";
-  if (tp > 1 && pp > 1) groups += " times ", flags += " or ";
-  if (pp > 1) groups += "pipelines of --pp " + std::to_string(pp) + " stages", flags += "--pp";
-  return "the " + std::to_string(world) + " ranks do not divide into " + groups + ": run on a multiple of " +
-         std::to_string(tp * pp) + " ranks, or change " + flags;
+int grid_rank(const GridShape& shape, const GridCoords& c) {
+  return ((c.pp * shape.dp + c.dp) * shape.cp + c.cp) * shape.tp + c.tp;
 }
 
-GridShape grid_shape(int world, int tp, int pp) {
-  const std::string problem = grid_shape_problem(world, tp, pp);
+std::string grid_shape_problem(int world, int tp, int pp, int cp) {
+  if (tp < 1) return "--tp must be >= 1";
+  if (pp < 1) return "--pp must be >= 1";
+  if (cp < 1) return "--cp must be >= 1";
+  if (world % (tp * pp * cp) == 0) return "";
+  // Only the sizes above 1 are named: a chapter without --tp (08) passes 1 for it, as does one
+  // without --pp (07), so the message names the chapter's own flags.
+  std::vector<std::string> groups, flags;
+  if (tp > 1) groups.push_back("tensor-parallel groups of --tp " + std::to_string(tp)), flags.push_back("--tp");
+  if (cp > 1) groups.push_back("context-parallel rings of --cp " + std::to_string(cp)), flags.push_back("--cp");
+  if (pp > 1) groups.push_back("pipelines of --pp " + std::to_string(pp) + " stages"), flags.push_back("--pp");
+  std::string group_text, flag_text;
+  for (size_t i = 0; i < groups.size(); i++) {
+    group_text += (i ? " times " : "") + groups[i];
+    flag_text += (i ? " or " : "") + flags[i];
+  }
+  return "the " + std::to_string(world) + " ranks do not divide into " + group_text + ": run on a multiple of " +
+         std::to_string(tp * pp * cp) + " ranks, or change " + flag_text;
+}
+
+GridShape grid_shape(int world, int tp, int pp, int cp) {
+  const std::string problem = grid_shape_problem(world, tp, pp, cp);
   if (!problem.empty()) config_error(problem);
   GridShape shape;
   shape.tp = tp;
   shape.pp = pp;
-  shape.dp = world / (tp * pp);
+  shape.cp = cp;
+  shape.dp = world / (tp * pp * cp);
   return shape;
 }
 
@@ -42,12 +54,20 @@ ProcessGrid::ProcessGrid(Communicator& world, const GridShape& shape) : world_(w
   coords_ = grid_coords(shape, world.rank());
   // Each split is keyed by the coordinate that ranks the group's members, so that a group's rank is
   // that coordinate: the TP group of a rank is ranked by tp, and so on.
+  // (With CP = 1 the colors are those of the DP x TP x PP grid: c.cp is 0 and s.cp 1.)
   const GridShape& s = shape;
-  tp_ = world.split(coords_.pp * s.dp + coords_.dp, coords_.tp, "tp");
-  dp_ = world.split(coords_.pp * s.tp + coords_.tp, coords_.dp, "dp");
-  pp_ = world.split(coords_.dp * s.tp + coords_.tp, coords_.pp, "pp");
-  ENSURE(tp_->rank() == coords_.tp && dp_->rank() == coords_.dp && pp_->rank() == coords_.pp,
+  const GridCoords& c = coords_;
+  tp_ = world.split((c.pp * s.dp + c.dp) * s.cp + c.cp, c.tp, "tp");
+  dp_ = world.split((c.pp * s.cp + c.cp) * s.tp + c.tp, c.dp, "dp");
+  pp_ = world.split((c.dp * s.cp + c.cp) * s.tp + c.tp, c.pp, "pp");
+  ENSURE(tp_->rank() == c.tp && dp_->rank() == c.dp && pp_->rank() == c.pp,
          "ProcessGrid: a group's rank is not the rank's coordinate");
+  if (s.cp > 1) {
+    cp_ = world.split((c.pp * s.dp + c.dp) * s.tp + c.tp, c.cp, "cp");
+    dp_cp_ = world.split(c.pp * s.tp + c.tp, c.dp * s.cp + c.cp, "dp_cp");
+    ENSURE(cp_->rank() == c.cp && dp_cp_->rank() == c.dp * s.cp + c.cp,
+           "ProcessGrid: a group's rank is not the rank's coordinate");
+  }
   if (s.pp > 1) {  // collective over the pipeline: the ends form one group, the middle another
     const bool end = coords_.pp == 0 || coords_.pp == s.pp - 1;
     embedding_ = pp_->split(end ? 0 : 1, coords_.pp, "embedding");
@@ -55,6 +75,12 @@ ProcessGrid::ProcessGrid(Communicator& world, const GridShape& shape) : world_(w
   }
 }
 
+Communicator& ProcessGrid::cp() const {
+  ENSURE(cp_ != nullptr, "ProcessGrid::cp: the grid has no context-parallel group (CP = 1)");
+  return *cp_;
+}
+
 std::string ProcessGrid::describe() const {
-  return "DP " + std::to_string(shape_.dp) + " x TP " + std::to_string(shape_.tp) + " x PP " + std::to_string(shape_.pp);
+  return "DP " + std::to_string(shape_.dp) + " x TP " + std::to_string(shape_.tp) + " x PP " +
+         std::to_string(shape_.pp) + (shape_.cp > 1 ? " x CP " + std::to_string(shape_.cp) : "");
 }

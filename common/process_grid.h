@@ -1,14 +1,17 @@
-// process_grid.h: the ranks of a job laid out as a DP x TP x PP grid, and a communicator per group.
+// process_grid.h: the ranks of a job laid out as a DP x CP x TP x PP grid, and a communicator per group.
 // Defines GridShape, GridCoords, grid_coords(), grid_rank() and ProcessGrid.
 //
 // Tensor parallelism (TP) exchanges activations inside every layer, so its groups must be the ranks
 // with the fastest links: consecutive ranks, which launchers place on one node. Pipeline parallelism
 // (PP) exchanges one activation per micro-batch between stages, so it can span nodes. Hence TP
 // innermost, PP outermost:
-//     world rank = (pp_rank x DP + dp_rank) x TP + tp_rank
-// Ranks r and r+1 share a TP group; a DP group holds the ranks with the same TP and PP coordinates;
-// a PP group those with the same TP and DP coordinates. The layout is a plain function, so that a
-// test checks it without MPI.
+//     world rank = ((pp_rank x DP + dp_rank) x CP + cp_rank) x TP + tp_rank
+// Ranks r and r+1 share a TP group; a DP group holds the ranks with the same TP, CP and PP
+// coordinates; a PP group those with the same TP, CP and DP coordinates. Context parallelism (CP,
+// chapter 10) passes keys and values around a ring inside every attention: next to TP, inside DP, as
+// Megatron-LM orders them. Its ranks hold the same parameters as their DP peers, so gradients are
+// averaged over DP x CP (dp_cp()). Without CP (CP = 1) the layout is the DP x TP x PP one of 07-09.
+// The layout is a plain function, so that a test checks it without MPI.
 #pragma once
 #include <memory>
 #include <string>
@@ -17,28 +20,28 @@
 #include "comm.h"
 
 struct GridShape {
-  int dp = 1, tp = 1, pp = 1;
-  int world() const { return dp * tp * pp; }
+  int dp = 1, tp = 1, pp = 1, cp = 1;
+  int world() const { return dp * tp * pp * cp; }
 };
 
 struct GridCoords {
-  int dp = 0, tp = 0, pp = 0;
+  int dp = 0, tp = 0, pp = 0, cp = 0;
 };
 
 // The coordinates of world rank `rank`, and the rank of coordinates, in the layout above.
 GridCoords grid_coords(const GridShape& shape, int rank);
 int grid_rank(const GridShape& shape, const GridCoords& coords);
 
-// The shape for `world` ranks with `tp` and `pp` given: dp = world / (tp x pp). A world that does not
-// divide stops every rank with a message naming the flags (config_error): grid_shape_problem's, ""
-// when the shape is sound.
-GridShape grid_shape(int world, int tp, int pp);
-std::string grid_shape_problem(int world, int tp, int pp);
+// The shape for `world` ranks with `tp`, `pp` and `cp` given: dp = world / (tp x pp x cp). A world that
+// does not divide stops every rank with a message naming the flags (config_error): grid_shape_problem's,
+// "" when the shape is sound.
+GridShape grid_shape(int world, int tp, int pp, int cp = 1);
+std::string grid_shape_problem(int world, int tp, int pp, int cp = 1);
 
 class ProcessGrid {
  public:
   // Collective over `world`: splits it into the DP, TP and PP groups (comm.h, split), each a
-  // communicator of the same kind as `world`.
+  // communicator of the same kind as `world`, and with CP > 1 the CP and DP x CP groups.
   ProcessGrid(Communicator& world, const GridShape& shape);
 
   const GridShape& shape() const { return shape_; }
@@ -47,16 +50,20 @@ class ProcessGrid {
   Communicator& dp() const { return *dp_; }
   Communicator& tp() const { return *tp_; }
   Communicator& pp() const { return *pp_; }
+  // The context-parallel ring (CP > 1 only), ranked by cp; and the ranks that hold the same parameters,
+  // DP x CP, ranked by dp x CP + cp: the DP group itself when CP = 1.
+  Communicator& cp() const;
+  Communicator& dp_cp() const { return dp_cp_ ? *dp_cp_ : *dp_; }
   // Under pipeline parallelism, the first and last stages of this rank's pipeline both hold the tied
   // wte (the embedding, the LM head) and sum its gradient in this group of two (Megatron-LM's
   // embedding group). Null with one stage, and on the stages between, which hold no wte.
   Communicator* embedding() const { return embedding_.get(); }
-  // "DP 2 x TP 2 x PP 1"
+  // "DP 2 x TP 2 x PP 1" (and " x CP 2" with CP > 1)
   std::string describe() const;
 
  private:
   Communicator& world_;
   GridShape shape_;
   GridCoords coords_;
-  std::unique_ptr<Communicator> dp_, tp_, pp_, embedding_;
+  std::unique_ptr<Communicator> dp_, tp_, pp_, embedding_, cp_, dp_cp_;
 };

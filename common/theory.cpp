@@ -3,6 +3,8 @@
 
 #include <algorithm>
 
+#include "ring_attention.h"  // ring_buffer_bytes
+
 Prediction predict(Strategy strategy, const ParamLayout& layout, int grad_accum, DType dtype) {
   const double psi = double(layout.num_params), N = layout.ranks;
   const double ring = (N - 1) / N;  // a ring collective sends this share of the payload per rank
@@ -95,6 +97,12 @@ double activation_bytes(const GPT2Config& cfg, int B, DType dtype, bool flash, T
   // before softmax, for the same reason).
   const double workspace = full ? replayed : selective ? carved(att, w) : 0;
   return part.slots * (blocks * block + ends) + scratch + (blocks > 0 ? workspace : 0);
+}
+
+double context_parallel_activation_bytes(const GPT2Config& cfg, int B, int cp) {
+  GPT2Config held = cfg;
+  held.T = cfg.T / cp;
+  return activation_bytes(held, B, DType::F32, true) + ring_buffer_bytes(cp, B, held.T, cfg.C, cfg.NH);
 }
 
 double recompute_flops_per_token(const GPT2Config& cfg, TensorParallelism tp, const ModelPart& part) {

@@ -38,6 +38,13 @@ Prediction predict(Strategy strategy, const ParamLayout& layout, int grad_accum,
 double activation_bytes(const GPT2Config& cfg, int B, DType dtype, bool flash, TensorParallelism tp = {},
                         const ModelPart& part = {});
 
+// The activation bytes of one rank of a context-parallel group of cp ranks (chapter 10; fp32 on the
+// CPU), for micro-batches of B sequences: the model's arena on T/cp positions, keeping a log-sum-exp
+// per query where the materialized attention keeps (B,NH,T,T) matrices, plus the ring's buffers
+// (ring_attention.h, ring_buffer_bytes). docs/theory.md, section 13. At cp = 1 it is the arena of
+// chapter 10 on one rank, whose attention is the same blockwise kernel, a ring of one.
+double context_parallel_activation_bytes(const GPT2Config& cfg, int B, int cp);
+
 // The FLOPs per token that cfg.recompute adds to a step on one rank of a tensor-parallel group of
 // tp.size, for the blocks of `part` (default: all L): 0 for none; the attention's score and value
 // products (4TC a block) for selective; the block's forward but for the MLP projection

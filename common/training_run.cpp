@@ -17,6 +17,7 @@
 #include "ops.h"
 #include "optimizer.h"
 #include "output_paths.h"
+#include "ring_attention.h"  // ring_buffer_bytes
 #include "trace.h"
 #include "watchdog.h"  // set_device_wait_timeout
 
@@ -79,18 +80,22 @@ TrainingRun::TrainingRun(Communicator& comm, TrainConfig& cfg, Strategy strategy
     : TrainingRun(comm, comm, nullptr, cfg, strategy, TensorParallelism{}, PipelineParallelism{}) {}
 
 TrainingRun::TrainingRun(ProcessGrid& grid, TrainConfig& cfg, Strategy strategy, TensorParallelism tp,
-                         PipelineParallelism pp)
-    : TrainingRun(grid.world(), grid.dp(), &grid, cfg, strategy, tp, pp) {}
+                         PipelineParallelism pp, ContextParallelism cp)
+    : TrainingRun(grid.world(), grid.dp_cp(), &grid, cfg, strategy, tp, pp, cp) {}
 
 TrainingRun::TrainingRun(Communicator& world, Communicator& dp, const ProcessGrid* grid, TrainConfig& cfg,
-                         Strategy strategy, TensorParallelism tp, PipelineParallelism pp)
-    : world_(world), dp_(dp), tp_comm_(grid ? &grid->tp() : nullptr),
+                         Strategy strategy, TensorParallelism tp, PipelineParallelism pp, ContextParallelism cp)
+    : world_(world), dp_(dp), data_ranks_(grid ? grid->shape().dp : dp.size()),
+      data_rank_(grid ? grid->coords().dp : dp.rank()), cp_comm_(grid && grid->shape().cp > 1 ? &grid->cp() : nullptr),
+      cp_(cp), tp_comm_(grid ? &grid->tp() : nullptr),
       pp_comm_(grid && pp.size > 1 ? &grid->pp() : nullptr), embedding_comm_(grid ? grid->embedding() : nullptr),
       tp_(tp), pp_(pp), strategy_(strategy), device_(world.device()), dtype_(pick_dtype(cfg.dtype, device_)) {
   ENSURE(!grid || (tp.size == grid->shape().tp && tp.rank == grid->coords().tp && pp.size == grid->shape().pp &&
                    pp.rank == grid->coords().pp),
          "TrainingRun: the split is not the grid's");
   ENSURE(pp.size == 1 || !pp.parts.empty(), "TrainingRun: a pipeline stage needs its model parts");
+  ENSURE(cp.size == (grid ? grid->shape().cp : 1) && (cp.size == 1 || cp.on()),
+         "TrainingRun: the context-parallel split is not the grid's");
   if (!find_preset(cfg.preset, &model_))
     config_error("--preset: unknown preset '" + cfg.preset + "' (choose from " + preset_names() + ")");
   if (model_.C % model_.NH != 0) config_error("the model's C must divide by NH");
@@ -117,7 +122,7 @@ TrainingRun::TrainingRun(Communicator& world, Communicator& dp, const ProcessGri
                    "selective, or another --schedule");
   flash_ = model_.flash_attention &&
            flash_attention_available(dtype_, device_, model_.C / tp_.size, model_.NH / tp_.size);
-  micro_B_ = cfg_.batch / (dp_.size() * cfg_.grad_accum);
+  micro_B_ = cfg_.batch / (data_ranks_ * cfg_.grad_accum);
   check_tensor_parallel();
   layout_ = build_gpt2_layout(model_, dp_.size(), tp_, pp_.parts);
   global_layout_ = tp_.size > 1 || pp_.size > 1 ? build_gpt2_layout(model_, 1) : layout_;
@@ -160,6 +165,7 @@ TrainingRun::TrainingRun(Communicator& world, Communicator& dp, const ProcessGri
   if (tp_comm_) groups_.push_back({"tp", tp_comm_, {}});
   if (pp_comm_) groups_.push_back({"pp", pp_comm_, {}});
   if (embedding_comm_) groups_.push_back({"embedding", embedding_comm_, {}});
+  if (cp_comm_) groups_.push_back({"cp", cp_comm_, {}});
   for (Group& g : groups_) g.comm->set_link_model({cfg_.link_gbps, cfg_.link_latency_us});
   if (tp_comm_) tp_comm_->set_link_model(tensor_parallel_link());
   set_comm_timeout(cfg_.timeout_s);
@@ -176,21 +182,26 @@ TrainingRun::TrainingRun(Communicator& world, Communicator& dp, const ProcessGri
     std::printf("%s | %d rank%s | preset %s (L=%d C=%d NH=%d T=%d V=%d) | %lld parameters\n", cfg_.chapter.c_str(), N,
                 N > 1 ? "s" : "", model_.preset.c_str(), model_.L, model_.C, model_.NH, model_.T, model_.V,
                 (long long)global_layout_.num_params);
-    if (grid && !pp_.parts.empty())  // a pipeline chapter: no tensor parallelism to speak of
+    if (cp_comm_ || cp_.on())
+      std::printf("grid: %d data-parallel x %d context-parallel | each rank holds %d of the %d positions of every "
+                  "sequence | %lld parameters a rank\n", data_ranks_, cp_.size, int(cp_.positions.size()), model_.T,
+                  (long long)layout_.num_params);
+    else if (grid && !pp_.parts.empty())  // a pipeline chapter: no tensor parallelism to speak of
       std::printf("grid: %d data-parallel x %d pipeline stage%s | %lld parameters on rank 0\n", dp_.size(), pp_.size,
                   pp_.size > 1 ? "s" : "", (long long)layout_.num_params);
     else if (tp_comm_)
       std::printf("grid: %d data-parallel x %d tensor-parallel%s | %lld parameters a rank\n", dp_.size(), tp_.size,
                   tp_.sequence_parallel ? " (sequence parallel)" : "", (long long)layout_.num_params);
     std::printf("global batch %d x %d tokens | %d per data-parallel rank in %d micro-batch%s of %d | data: %s\n",
-                cfg_.batch, model_.T, cfg_.batch / dp_.size(), cfg_.grad_accum, cfg_.grad_accum > 1 ? "es" : "",
+                cfg_.batch, model_.T, cfg_.batch / data_ranks_, cfg_.grad_accum, cfg_.grad_accum > 1 ? "es" : "",
                 micro_B_, data_.description().c_str());
     std::printf("%d steps | lr %s, warm-up %d steps, cosine to lr/10 | weight decay %s | clip %s\n", cfg_.steps,
                 number(cfg_.lr).c_str(), cfg_.warmup, number(cfg_.weight_decay).c_str(), number(cfg_.grad_clip).c_str());
     std::printf("device %s | communicator %s | %s | attention %s | recompute %s\n", device_info_.name.c_str(),
                 world_.name().c_str(),
                 dtype_ == DType::BF16 ? "bf16 mixed precision (fp32 master weights and AdamW state)" : "fp32",
-                flash_ ? "flash" : "materialized (B,NH,T,T)", recompute_name(model_.recompute));
+                flash_ ? "flash" : cp_.on() ? "ring (blockwise, online softmax)" : "materialized (B,NH,T,T)",
+                recompute_name(model_.recompute));
     if (world_.link_model().on())
       std::printf("emulated link: %s (alpha-beta ring model, docs/communicator.md)\n", link_text(world_.link_model()).c_str());
     const LinkModel tp_link = tensor_parallel_link();
@@ -201,7 +212,8 @@ TrainingRun::TrainingRun(Communicator& world, Communicator& dp, const ProcessGri
                     .add("type", "run")
                     .add("chapter", cfg_.chapter)
                     .add("ranks", N)
-                    .add("dp", dp_.size())
+                    .add("dp", data_ranks_)
+                    .add("cp", cp_.size)
                     .add("tp", tp_.size)
                     .add("sequence_parallel", tp_.sequence_parallel)
                     .add("pp", pp_.size)
@@ -220,7 +232,7 @@ TrainingRun::TrainingRun(Communicator& world, Communicator& dp, const ProcessGri
                     .add("data", data_.description())
                     .add("device", device_info_.name)
                     .add("dtype", dtype_name(dtype_))
-                    .add("attention", flash_ ? "flash" : "materialized")
+                    .add("attention", flash_ ? "flash" : cp_.on() ? "ring" : "materialized")
                     .add("recompute", recompute_name(model_.recompute))
                     .add("communicator", world_.name())
                     .add("link_gbps", cfg_.link_gbps)
@@ -286,7 +298,7 @@ void TrainingRun::resolve_settings(const CheckpointHeader* resumed) {
     config_error("--warmup " + std::to_string(cfg_.warmup) + " is longer than the run's " + std::to_string(cfg_.steps) +
                  " steps: the learning rate would never reach --lr; give a --warmup of at most --steps");
 
-  const int N = dp_.size(), per_step = N * cfg_.grad_accum;
+  const int N = data_ranks_, per_step = N * cfg_.grad_accum;
   if (cfg_.batch % per_step == 0) return;
   if (resumed && !cfg_.was_given("--batch")) {
     config_error(file + " was trained with a global batch of " + std::to_string(cfg_.batch) +
@@ -298,7 +310,7 @@ void TrainingRun::resolve_settings(const CheckpointHeader* resumed) {
   const int suggestion = (cfg_.batch / per_step + 1) * per_step;
   // A pipeline's micro-batches are its accumulation (08 takes them as --micro-batches); with other
   // groups in the grid, only the data-parallel ranks split the batch.
-  const std::string ranks = &dp_ == &world_ ? "ranks" : "data-parallel ranks";
+  const std::string ranks = data_ranks_ == world_.size() ? "ranks" : "data-parallel ranks";
   const std::string accumulation = accumulation_flag().substr(2);
   config_error("--batch " + std::to_string(cfg_.batch) + " is not divisible by " + ranks + " x " + accumulation + " = " +
                std::to_string(N) + " x " + std::to_string(cfg_.grad_accum) + " = " + std::to_string(per_step) +
@@ -323,9 +335,14 @@ void TrainingRun::check_tensor_parallel() {
 // The forecast of docs/theory.md against what this rank may use. Every rank forecasts its own
 // (they are alike) and checks its own memory; the first that cannot fit says why, and all stop.
 void TrainingRun::check_memory() {
-  forecast_ = forecast_memory(strategy_, layout_, model_, micro_B_, cfg_.grad_accum, dtype_, device_, flash_,
+  // Under context parallelism the model holds T/cp positions and keeps a log-sum-exp per query instead
+  // of the attention matrices; the ring adds its blocks in flight (context_parallel_activation_bytes).
+  GPT2Config held = model_;
+  if (cp_.on()) held.T = int(cp_.positions.size());
+  forecast_ = forecast_memory(strategy_, layout_, held, micro_B_, cfg_.grad_accum, dtype_, device_, flash_ || cp_.on(),
                               !cfg_.save.empty() || !cfg_.resume.empty() || !cfg_.init_from.empty(),
                               double(data_.length()), tp_, pp_);
+  if (cp_.on()) forecast_.activations = context_parallel_activation_bytes(model_, micro_B_, cp_.size);
   std::string how;
   const double available = memory_per_rank(device_, ranks_on_this_node(), &how);
   const double peak = forecast_.peak();
@@ -355,8 +372,8 @@ MicroBatch TrainingRun::micro_batch(int step, int micro) {
   if (micro == cfg_.grad_accum - 1)
     launched_before_last_micro_ = all_stats().total_launched() - comm_at_step_start_.total_launched();
   // By data-parallel rank: the ranks of a tensor-parallel group train on the same sequences.
-  const int per_rank = cfg_.batch / dp_.size();
-  const int first = dp_.rank() * per_rank + micro * micro_B_;
+  const int per_rank = cfg_.batch / data_ranks_;
+  const int first = data_rank_ * per_rank + micro * micro_B_;
   const int64_t n = int64_t(micro_B_) * model_.T;
   int* inputs = inputs_.data() + micro * n;
   int* targets = targets_.data() + micro * n;
@@ -695,6 +712,19 @@ void TrainingRun::report_vs_theory(const CommStats& step_comm, const CommStats* 
     return format_bytes(bytes);
   };
   const Recompute now = model_.recompute;
+  if (cp_.on()) {
+    // Every term of the arena is linear in the positions a rank holds, T/cp, once attention keeps a
+    // log-sum-exp per query rather than the T x T matrices; the ring adds its blocks in flight.
+    const int held = int(cp_.positions.size());
+    GPT2Config local = model_;
+    local.T = held;
+    std::printf("    (by the formula: CP %d: the arena on T/cp = %d positions %s + the ring's blocks in flight %s | "
+                "CP 1 %s | 01's materialized attention %s; docs/theory.md, section 13)\n",
+                cp_.size, held, format_bytes(activation_bytes(local, micro_B_, dtype_, true)).c_str(),
+                format_bytes(ring_buffer_bytes(cp_.size, micro_B_, held, model_.C, model_.NH)).c_str(),
+                format_bytes(context_parallel_activation_bytes(model_, micro_B_, 1)).c_str(),
+                format_bytes(activation_bytes(model_, micro_B_, dtype_, false)).c_str());
+  }
   if (tp_.size > 1)
     std::printf("    (by the formula: no TP %s | TP %d %s | TP %d + SP %s; docs/theory.md, section 9, derives it and "
                 "sets it beside Korthikanti et al.'s)\n",
@@ -711,8 +741,9 @@ void TrainingRun::report_vs_theory(const CommStats& step_comm, const CommStats* 
               format_bytes(double(mem.peak[int(MemCategory::CommBuffers)])).c_str(),
               format_bytes(forecast_.transient).c_str());
   const int64_t dp_bytes = training_sent_bytes(*dp_step);
-  const bool groups = tp_step || pp_.size > 1;
-  row(groups ? "DP bytes per step" : "comm bytes per step", double(dp_bytes), p.comm_bytes);
+  const bool groups = tp_step || pp_.size > 1 || cp_comm_;
+  row(cp_comm_ ? "DP x CP bytes per step" : groups ? "DP bytes per step" : "comm bytes per step", double(dp_bytes),
+      p.comm_bytes);
   std::printf("  (%scomm theory: %s; padding adds up to %s per full copy)\n", groups ? "DP " : "",
               p.comm_formula.c_str(), format_bytes(padding).c_str());
   TensorParallelPrediction tp = predict_tensor_parallel(model_, micro_B_, tp_, dtype_, pp_.parts);

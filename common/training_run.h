@@ -46,8 +46,13 @@ class TrainingRun {
   // parallelism), each refusal naming the flag; and of the pipeline `pp` (its size is the grid's PP
   // size): the units of its parts, whose --grad-accum micro-batches are the pipeline's. Only the
   // last stage has a loss: the step's loss is its, averaged over the data-parallel groups.
+  // On a grid with context parallelism (chapter 10; `cp`: this rank's positions, its size the grid's
+  // CP size), the batch is split over the DP coordinate only (a CP ring trains on the same sequences),
+  // while `strategy` runs over the DP x CP group (grid.dp_cp(): the ranks that hold the same
+  // parameters), whose size pads the layout; the activations' forecast is the model's on T/cp
+  // positions plus the ring's buffers (docs/theory.md, section 13).
   TrainingRun(ProcessGrid& grid, TrainConfig& cfg, Strategy strategy, TensorParallelism tp,
-              PipelineParallelism pp = {});
+              PipelineParallelism pp = {}, ContextParallelism cp = {});
   ~TrainingRun();
 
   const TrainConfig& cfg() const { return cfg_; }
@@ -68,6 +73,7 @@ class TrainingRun {
     dp_comm_formula_ = formula;
   }
   int micro_batch_size() const { return micro_B_; }  // B / (data-parallel ranks x grad_accum)
+  const ContextParallelism& context_parallelism() const { return cp_; }
   const TensorParallelism& tensor_parallelism() const { return tp_; }
   Device device() const { return device_; }
   // What parameters, gradients and activations are kept in: fp32, or bf16 (mixed precision: the
@@ -117,7 +123,7 @@ class TrainingRun {
  private:
   enum class Stop { No, Interrupted, Diverged };
   TrainingRun(Communicator& world, Communicator& dp, const ProcessGrid* grid, TrainConfig& cfg, Strategy strategy,
-              TensorParallelism tp, PipelineParallelism pp);
+              TensorParallelism tp, PipelineParallelism pp, ContextParallelism cp = {});
   CommStats all_stats() const;  // summed over the run's communicators
   LinkModel tensor_parallel_link() const;  // --tp-link-*, else --link-*
   void check_tensor_parallel();
@@ -131,7 +137,11 @@ class TrainingRun {
   TrainingSettings settings() const;
 
   Communicator& world_;     // every rank: the loss, the stop, metrics and checkpoints
-  Communicator& dp_;        // the data-parallel group: the data split, DP and ZeRO
+  Communicator& dp_;        // the data-parallel group: DP and ZeRO (under CP: DP x CP), and the data split
+  // The data split: how many ways, and this rank's part (dp_'s, but under CP the DP coordinate only).
+  int data_ranks_ = 1, data_rank_ = 0;
+  Communicator* cp_comm_ = nullptr;  // the context-parallel ring (10), or null
+  ContextParallelism cp_;
   Communicator* tp_comm_;   // the tensor-parallel group (07), or null
   Communicator* pp_comm_;   // the pipeline (08), or null
   Communicator* embedding_comm_;  // the pipeline's first and last stage (08), or null

@@ -13,6 +13,8 @@ changed, and writes the plots:
   comm_volume.png    bytes each rank sends per step, at the largest rank count (scripts/compare_plots.py)
   loss.png           loss curves: one line where they coincide (the same global batch), and how far
                      apart they are at most                                   (scripts/compare_plots.py)
+  (cp_balance.png, chapter 10's ring contiguous against zig-zag, is scripts/cp_balance.sh's, which
+   compare.sh runs after the table: scripts/plot_cp_balance.py)
 Usage: python3 scripts/compare.py RESULTS_DIR
 """
 import glob
@@ -41,7 +43,7 @@ def load_runs(folder):
                 kind = record.get("type")
                 if kind == "step":
                     run["steps"].append(record)
-                elif kind in ("run", "summary", "theory", "pipeline"):
+                elif kind in ("run", "summary", "theory", "pipeline", "ring"):
                     run[kind] = record
         if "summary" in run and "run" in run:
             runs.append(run)
@@ -217,6 +219,17 @@ def describe(runs):
                      "activations %.1f MB per rank instead of 07's %.1f, the attention's scores recomputed in "
                      "backward; %s." % (mb(peak_over_steps(at["09"], "mem_activations")),
                                        mb(peak_over_steps(at["07"], "mem_activations")), faster("09", "07")))
+    if "10" in at and "03" in at:
+        run, steps = at["10"]["run"], at["10"]["steps"][1:] or at["10"]["steps"]
+        ring_mb = sum(x.get("cp_comm_bytes", 0) for x in steps) / len(steps) / 1e6
+        ring_exposed = sum(x.get("cp_exposed_comm_ms", 0) for x in steps) / len(steps)
+        lines.append("10  context parallelism, a ring of %d (%s): each rank holds T/%d positions of every sequence, and "
+                     "no (B,NH,T,T) scores; activations %.1f MB per rank instead of %.1f (03); the ring sends %.2f MB "
+                     "of keys, values and their gradients a step (%.1f ms of it exposed); %s. Its balance on a long "
+                     "context: results/cp_balance.png." % (
+                         run.get("cp", 1), at["10"].get("ring", {}).get("split", "zigzag"),
+                         run.get("cp", 1), mb(peak_over_steps(at["10"], "mem_activations")),
+                         mb(peak_over_steps(at["03"], "mem_activations")), ring_mb, ring_exposed, faster("10", "03")))
     for line in lines:
         print("  " + line)
 

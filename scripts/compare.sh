@@ -23,7 +23,9 @@
 #                 falls on every chapter alike; the table reports each chapter's median step over all its
 #                 rounds, with the spread. EXTRA="..." adds flags to every run.
 # 07 runs with --tp-overlap, twice at each rank count above one: tensor parallelism (TP 2, the rest
-# data-parallel), then with sequence parallelism too (results/07_tensor_parallel_sp_nN.*).
+# data-parallel), then with sequence parallelism too (results/07_tensor_parallel_sp_nN.*). 10 runs its
+# default ring (CP 2 on an even rank count, zig-zag) on the same link as the gradients; then, at the
+# largest rank count, scripts/cp_balance.sh draws its balance on a long context (CP_BALANCE=0 skips).
 # The machine's load is read before the runs, before each and after them (results/load.txt): the
 # table warns when other work competed for the cores.
 set -euo pipefail
@@ -118,4 +120,10 @@ pipeline=results/08_pipeline_n"$largest"
 rm -f results/pipeline.png
 if [ "$largest" -gt 1 ] && [ -f "$pipeline.trace.json" ] && [ -f "$pipeline.jsonl" ]; then
   python3 scripts/plot_pipeline.py --out results/pipeline.png "$pipeline"
+fi
+# Chapter 10's ring at the largest rank count, contiguous against zig-zag, on a long context
+# (results/cp_balance.png; CP_BALANCE=0 skips it).
+rm -f results/cp_balance.png
+if [ "$largest" -gt 1 ] && [ -x 10_context_parallel/train ] && [ "${CP_BALANCE:-1}" != 0 ]; then
+  CPS="$largest" scripts/cp_balance.sh
 fi

@@ -258,6 +258,13 @@ std::vector<Refusal> refusals() {
        "--batch 8 is not divisible by data-parallel ranks x micro-batches = 1 x 10000000"},
       {"08_pipeline", 2, "--preset tall --batch 100000000", "this run would need about"},
       {"08_pipeline", 2, "--preset tall --batch 3", "--batch 3 is not divisible by data-parallel ranks x micro-batches"},
+      {"10_context_parallel", 3, "--cp 2", "the 3 ranks do not divide into context-parallel rings of --cp 2"},
+      {"10_context_parallel", 2, "--preset odd --cp 2 --cp-split contiguous",
+       "the sequence length T = 17 does not divide into --cp 2 equal parts"},
+      {"10_context_parallel", 2, "--preset odd --cp 2", "the sequence length T = 17 does not divide into 2 x --cp = 4"},
+      {"10_context_parallel", 2, "--cp 2 --device cuda", "--cp 2 with --device cuda: ring attention runs on the CPU"},
+      {"10_context_parallel", 2, "--cp-split diagonal", "--cp-split: 'diagonal' is neither zigzag nor contiguous"},
+      {"10_context_parallel", 4, "--cp 2 --batch 3", "--batch 3 is not divisible by data-parallel ranks x grad-accum = 2 x 1"},
   };
 }
 

@@ -89,6 +89,66 @@ TEST(ProcessGrid, EachGroupHoldsTheRanksOfTheLayout) {
   }
 }
 
+// With context parallelism (chapter 10): CP sits between TP and DP, coordinates and ranks stay
+// inverse, and at CP = 1 every rank keeps the coordinates of the DP x TP x PP layout.
+TEST(GridLayout, ContextParallelSitsBetweenTensorAndDataParallel) {
+  for (int world : {1, 2, 4, 8, 12}) {
+    for (int cp = 1; cp <= world; cp++) {
+      for (const GridShape& base : shapes_of(world)) {
+        if (base.dp % cp != 0) continue;
+        GridShape s = base;
+        s.dp = base.dp / cp;
+        s.cp = cp;
+        std::vector<int> seen(world, 0);
+        for (int r = 0; r < world; r++) {
+          const GridCoords c = grid_coords(s, r);
+          EXPECT_EQ(grid_rank(s, c), r);
+          EXPECT_EQ(c.tp, r % s.tp);
+          EXPECT_EQ(c.cp, (r / s.tp) % s.cp);
+          seen[r]++;
+          if (cp == 1) {
+            const GridCoords old = grid_coords(base, r);
+            EXPECT_EQ(c.dp, old.dp);
+            EXPECT_EQ(c.pp, old.pp);
+          }
+        }
+        for (int r = 0; r < world; r++) EXPECT_EQ(seen[r], 1);
+      }
+    }
+  }
+  EXPECT_EQ(grid_shape_problem(6, 1, 1, 4),
+            "the 6 ranks do not divide into context-parallel rings of --cp 4: run on a multiple of 4 ranks, or change "
+            "--cp");
+  EXPECT_EQ(grid_shape_problem(12, 2, 1, 4),
+            "the 12 ranks do not divide into tensor-parallel groups of --tp 2 times context-parallel rings of --cp 4: "
+            "run on a multiple of 8 ranks, or change --tp or --cp");
+}
+
+// The ring and the DP x CP group hold the ranks the layout says, ranked by cp and by dp x CP + cp.
+TEST(ProcessGrid, ContextParallelGroupsHoldTheRanksOfTheLayout) {
+  Communicator& world = test_comm();
+  for (int cp = 2; cp <= world.size(); cp++) {
+    if (world.size() % cp != 0) continue;
+    SCOPED_TRACE("CP " + std::to_string(cp));
+    const GridShape s = grid_shape(world.size(), 1, 1, cp);
+    ProcessGrid grid(world, s);
+    const GridCoords me = grid.coords();
+    auto members = [&](Communicator& group) {
+      std::vector<float> mine{float(world.rank())}, all(group.size());
+      group.all_gather(make_view(mine.data(), {1}), make_view(all.data(), {int64_t(all.size())}));
+      return all;
+    };
+    const std::vector<float> ring = members(grid.cp()), replicas = members(grid.dp_cp()), dp = members(grid.dp());
+    ASSERT_EQ(int(ring.size()), cp);
+    ASSERT_EQ(int(replicas.size()), s.dp * cp);
+    ASSERT_EQ(int(dp.size()), s.dp);
+    for (int i = 0; i < cp; i++) EXPECT_EQ(ring[i], grid_rank(s, {me.dp, 0, 0, i}));
+    for (int i = 0; i < s.dp; i++) EXPECT_EQ(dp[i], grid_rank(s, {i, 0, 0, me.cp}));
+    for (int d = 0; d < s.dp; d++)
+      for (int c = 0; c < cp; c++) EXPECT_EQ(replicas[d * cp + c], grid_rank(s, {d, 0, 0, c}));
+  }
+}
+
 // A model every tested split divides: NH, 4C and V by 2, 3 and 4; B*T by 2 and 4 (sequence parallel).
 GPT2Config small_config() {
   GPT2Config cfg;
