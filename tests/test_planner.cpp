@@ -199,12 +199,14 @@ TEST(Planner, PredictsMegatronTable1WithinFifteenPercentFromOneRow) {
   EXPECT_LT(e, 0.9);
   for (const RecordRow& row : rows) {
     const PlanResult r = plan_paper_config(row, e);
-    // Our trainers' forecast fits the paper's runs up to 145.6B; beyond, 08's per-micro-batch message
-    // buffers (m of 144 to 512) outgrow the GPU, not the model state (docs/planner.md).
-    if (row.params_b < 200) {
+    // Our trainers' forecast fits the paper's runs up to 310.1B: 08's message buffers are the
+    // micro-batches in flight, not the step's m (144 to 512 on the largest rows). On 529.6B and 1T
+    // the interleaved schedule's ~2p micro-batches in flight, three (B,T,C) buffers each, still
+    // overflow, but they no longer outweigh the model state and activations (docs/planner.md).
+    if (row.params_b < 500) {
       EXPECT_TRUE(r.fits) << row.name() << ": " << r.overflow;
     } else {
-      EXPECT_GT(r.memory.transient, r.memory.model_state + r.memory.activations) << row.name();
+      EXPECT_LT(r.memory.transient, r.memory.model_state + r.memory.activations) << row.name();
     }
     const double predicted = predicted_tflops(row, r.step_s);
     EXPECT_NEAR(predicted, row.tflops_per_gpu, 0.15 * row.tflops_per_gpu) << row.name() << " " << r.config.describe();
