@@ -10,9 +10,11 @@
 #include "ops.h"
 #include "trace.h"
 
+double attention_flops_per_token(const GPT2Config& cfg) { return 4.0 * cfg.T * cfg.C; }
+
 std::vector<double> unit_costs(const GPT2Config& cfg) {
-  const double C = cfg.C, T = cfg.T, V = cfg.V;
-  std::vector<double> costs(cfg.L + 2, 24 * C * C + 4 * T * C);
+  const double C = cfg.C, V = cfg.V;
+  std::vector<double> costs(cfg.L + 2, 24 * C * C + attention_flops_per_token(cfg));
   costs.front() = 0;
   costs.back() = 2 * C * V;
   return costs;

@@ -44,6 +44,8 @@
 // 24C^2 for its four products plus 4TC for attention's two; the head 2CV for the LM head over the
 // whole vocabulary, which on GPT-2 124M is 4.5 blocks' worth; the embedding, a lookup, none.
 std::vector<double> unit_costs(const GPT2Config& cfg);
+// Of a block's forward FLOPs per token, attention's two products (scores and values): 4TC.
+double attention_flops_per_token(const GPT2Config& cfg);
 // Blocks per virtual stage (p x v of them, each at least 1), contiguous, with the embedding before
 // the first and the head after the last, that make the costliest stage as cheap as possible: equal
 // block counts would leave the head's stage the slowest, and every other stage waiting for it.
