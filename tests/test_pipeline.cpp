@@ -166,6 +166,28 @@ TEST(PipelineTheory, MessageBuffersAreTheMicroBatchesInFlightNotAllOfTheStep) {
   }
 }
 
+// The same with messages of 64 KB (deep's stream, 2 sequences a micro-batch), beyond MPI's eager size
+// (MPI then moves a message only once its receive is posted; the small ones above it may copy ahead):
+// on 4 stages with 8 micro-batches, a receive that waits for a free buffer must never leave a send,
+// and the rank behind it, waiting for ever. Under the two schedules whose lists interleave the most;
+// every stage holds fewer buffers than micro-batches, so receives do wait.
+TEST(PipelineTheory, ReceivesThatWaitForABufferNeverHoldUpTheStep) {
+  for (const std::string schedule : {"interleaved", "zb-h1"}) {
+    SCOPED_TRACE(schedule);
+    const std::string dir = temp_dir();
+    RunResult r = run_trainer("08_pipeline", 4,
+                              "--preset deep --batch 16 --micro-batches 8 --steps 2 --p2p-matching tag --schedule " +
+                                  schedule + " --json " + dir + "/run.jsonl",
+                              120);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    for (const std::string& stage : read_records(dir + "/run.jsonl", "pipeline_stage")) {
+      EXPECT_EQ(number_field(stage, "measured_message_buffer_bytes"), number_field(stage, "theory_message_buffer_bytes"))
+          << stage;
+      EXPECT_LT(number_field(stage, "theory_micro_batches_held"), 8 * (schedule == "interleaved" ? 2 : 1)) << stage;
+    }
+  }
+}
+
 // ZeRO-2's rule over a pipeline reduce-scatters every micro-batch's gradients: its data-parallel
 // bytes grow with m, while ZeRO-1's do not (the reason pipeline frameworks refuse ZeRO-2).
 TEST(PipelineTheory, ZeroTwoBytesGrowWithTheMicroBatchesAndZeroOnesDoNot) {
