@@ -96,7 +96,8 @@ class PipelineExecutor {
     std::vector<int> of_micro;    // per micro-batch: the buffer it holds, or -1
     std::vector<int> held;        // micro-batches whose receive waits for a buffer, in list order
     std::vector<int> lent;        // the buffers lent, oldest first
-    std::vector<CommHandle> sent; // (sent gradients) per buffer: its send
+    std::vector<CommHandle> sent; // (sent gradients) per buffer: its send; never resized after
+                                  // construction, a group's handle is stored through pointers into it
     void reset();
     // Lends a free buffer to `micro`: false if none is free.
     bool lend(int micro);
