@@ -28,6 +28,7 @@ struct Options {
   std::string model = "megatron-146b", cluster = "dgx-a100";
   int gpus = 0, nodes = 0, batch = 0, top = 8;
   double efficiency = 0;  // 0: the calibrated constant below
+  double elementwise_rate = -1;  // -1: the cluster's
   double peak_flops = 0, memory_gb = 0, inter_gbps = -1, inter_latency_us = -1, intra_gbps = -1, intra_latency_us = -1;
   // A single configuration (or a restriction of the search) when given.
   int tp = 0, pp = 0, virtual_stages = 0, micro_batch = 0, zero = -1;
@@ -59,6 +60,9 @@ void print_header(const PlanInputs& in, const std::string& note) {
   std::printf("global batch %d sequences of %d tokens | compute efficiency %.3f (fraction of peak the dense math "
               "reaches; --efficiency) | attention %s\n",
               in.batch, in.model.T, in.efficiency, in.flash_attention ? "flash where the head size allows" : "materialized");
+  if (in.cluster.elementwise_rate > 0)
+    std::printf("the rest of the compute (not matrix products): activation bytes at %.3g GB/s (--elementwise-rate)\n",
+                in.cluster.elementwise_rate / 1e9);
 }
 
 void print_table(const std::vector<PlanResult>& results, int count) {
@@ -266,6 +270,9 @@ int main(int argc, char** argv) {
   flags.add("--top", &opt.top, "configurations to print");
   flags.add("--efficiency", &opt.efficiency, "fraction of peak the dense math reaches (default: calibrated on Megatron-LM's Table 1)");
   flags.add("--peak-flops", &opt.peak_flops, "the cluster's peak FLOP/s per GPU, replacing the preset's");
+  flags.add("--elementwise-rate", &opt.elementwise_rate,
+            "activation bytes a second at which the work that is not a matrix product runs (0: counted in the "
+            "dense FLOPs; default: the cluster's)");
   flags.add("--memory-gb", &opt.memory_gb, "memory per GPU in GB (10^9 bytes), replacing the preset's");
   flags.add("--intra-gbps", &opt.intra_gbps, "link inside a node, Gb/s per GPU (replaces the preset's)");
   flags.add("--intra-latency-us", &opt.intra_latency_us, "its latency per message");
@@ -303,6 +310,7 @@ int main(int argc, char** argv) {
     config_error("--cluster " + opt.cluster + ": choose one of " + cluster_names());
   Cluster& k = in.cluster;
   if (opt.peak_flops > 0) k.peak_flops = opt.peak_flops;
+  if (opt.elementwise_rate >= 0) k.elementwise_rate = opt.elementwise_rate;
   if (opt.memory_gb > 0) k.memory_bytes = opt.memory_gb * 1e9;
   if (opt.intra_gbps >= 0) k.intra_node.gbps = opt.intra_gbps;
   if (opt.intra_latency_us >= 0) k.intra_node.latency_us = opt.intra_latency_us;

@@ -10,6 +10,7 @@
 // made it, instead of as garbage numbers many layers later.
 #include "ops.h"
 
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -212,6 +213,19 @@ void layernorm_backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, 
                           rstd.f32(), N, C);
 }
 
+namespace {
+double g_cpu_matmul_ms = 0;  // (one compute thread per process)
+// Adds the time from its construction to its end to g_cpu_matmul_ms.
+struct MatmulClock {
+  std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
+  ~MatmulClock() {
+    g_cpu_matmul_ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  }
+};
+}  // namespace
+
+double cpu_matmul_ms() { return g_cpu_matmul_ms; }
+
 void matmul_forward(Tensor out, Tensor inp, Tensor weight, Tensor bias) {
   const Operands ops = operands(__func__, out, inp, weight, bias);
   const int N = rows(inp), C = cols(inp), OC = rows(weight);
@@ -219,6 +233,7 @@ void matmul_forward(Tensor out, Tensor inp, Tensor weight, Tensor bias) {
   ENSURE(rows(out) == N && cols(out) == OC, "matmul_forward: out must be (N,OC)");
   ENSURE(bias.empty() || bias.numel() == OC, "matmul_forward: bias must be (OC)");
   ON_CUDA(ops, matmul_forward(ops.dtype, out.data, inp.data, weight.data, bias.data, N, C, OC));
+  const MatmulClock clock;
   cpu::matmul_forward(out.f32(), inp.f32(), weight.f32(), optional_f32(bias), N, C, OC);
 }
 
@@ -241,6 +256,7 @@ void matmul_backward_input(Tensor dinp, Tensor dout, Tensor weight) {
   ENSURE(rows(weight) == OC, "matmul_backward_input: dout is (N,OC), weight must be (OC,C)");
   ENSURE(dinp.numel() == int64_t(N) * C, "matmul_backward_input: dinp must be (N,C)");
   ON_CUDA(ops, matmul_backward_input(ops.dtype, dinp.data, dout.data, weight.data, N, C, OC));
+  const MatmulClock clock;
   cpu::matmul_backward_input(dinp.f32(), dout.f32(), weight.f32(), N, C, OC);
 }
 
@@ -251,6 +267,7 @@ void matmul_backward_weight(Tensor dweight, Tensor dbias, Tensor dout, Tensor in
   ENSURE(dweight.numel() == int64_t(OC) * C, "matmul_backward_weight: dweight must be (OC,C)");
   ENSURE(dbias.empty() || dbias.numel() == OC, "matmul_backward_weight: dbias must be (OC)");
   ON_CUDA(ops, matmul_backward_weight(ops.dtype, dweight.data, dbias.data, dout.data, inp.data, N, C, OC));
+  const MatmulClock clock;
   cpu::matmul_backward_weight(dweight.f32(), optional_f32(dbias), dout.f32(), inp.f32(), N, C, OC);
 }
 

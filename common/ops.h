@@ -15,6 +15,12 @@
 #pragma once
 #include "tensor.h"
 
+// The wall time, in ms, that this process has spent in the CPU's matrix products (matmul_forward,
+// matmul_backward_input, matmul_backward_weight) since it started; a step's share is the difference.
+// The planner calibrates its two rates on it (docs/planner.md): FLOPs of the products per second,
+// and the rest of the compute per activation byte. Not counted on a GPU, whose kernels are async.
+double cpu_matmul_ms();
+
 // out(B,T,C) = wte[tokens[b,t]] + wpe[t].  tokens: int32 (B,T) viewed as F32-sized ints.
 void encoder_forward(Tensor out, const int* tokens, Tensor wte, Tensor wpe, int B, int T);
 // dwte(V,C) += scatter of dout over tokens; dwpe(maxT,C) += sum over batch of dout.

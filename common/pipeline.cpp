@@ -10,9 +10,11 @@
 #include "ops.h"
 #include "trace.h"
 
+double attention_flops_per_token(const GPT2Config& cfg) { return 4.0 * cfg.T * cfg.C; }
+
 std::vector<double> unit_costs(const GPT2Config& cfg) {
-  const double C = cfg.C, T = cfg.T, V = cfg.V;
-  std::vector<double> costs(cfg.L + 2, 24 * C * C + 4 * T * C);
+  const double C = cfg.C, V = cfg.V;
+  std::vector<double> costs(cfg.L + 2, 24 * C * C + attention_flops_per_token(cfg));
   costs.front() = 0;
   costs.back() = 2 * C * V;
   return costs;
@@ -88,19 +90,69 @@ PipelineExecutor::PipelineExecutor(Communicator& pipeline, std::vector<GPT2*> ch
   rows_divisor_ = tp.size > 1 && tp.sequence_parallel ? tp.size : 1;
   const int64_t elements = int64_t(micro_B) * T * C / rows_divisor_;
   for (int c = 0; c < v; c++) {
-    ENSURE(chunks_[c]->part().slots >= max_in_flight(actions_, c),
+    const int slots = chunks_[c]->part().slots;
+    ENSURE(slots >= max_in_flight(actions_, c),
            "PipelineExecutor: chunk " + std::to_string(c) + " has fewer activation slots than the schedule needs");
+    // As many buffers of each kind as activation slots: a micro-batch's message is received no
+    // earlier than the schedule lets it into the chunk, and read by the pass that does.
     const int s = virtual_stage(shape_, rank_, c);
-    for (int micro = 0; micro < m; micro++) {
-      if (s > 0) activation_in_[c].emplace_back(elements, MemCategory::CommBuffers, dtype, device);
-      if (s > 0 && p > 1) gradient_out_[c].emplace_back(elements, MemCategory::CommBuffers, dtype, device);
-      if (s < last) gradient_in_[c].emplace_back(elements, MemCategory::CommBuffers, dtype, device);
+    for (int i = 0; i < slots; i++) {
+      if (s > 0) activation_in_[c].buffers.emplace_back(elements, MemCategory::CommBuffers, dtype, device);
+      if (s > 0 && p > 1) gradient_out_[c].buffers.emplace_back(elements, MemCategory::CommBuffers, dtype, device);
+      if (s < last) gradient_in_[c].buffers.emplace_back(elements, MemCategory::CommBuffers, dtype, device);
+    }
+    for (MessageBuffers* kind : {&activation_in_[c], &gradient_in_[c], &gradient_out_[c]}) {
+      kind->of_micro.assign(m, -1);
+      kind->sent.resize(kind->buffers.size());
     }
   }
 }
 
+void PipelineExecutor::MessageBuffers::reset() {
+  free.clear();
+  for (int i = int(buffers.size()) - 1; i >= 0; i--) free.push_back(i);
+  std::fill(of_micro.begin(), of_micro.end(), -1);
+  held.clear();
+  lent.clear();
+  for (CommHandle& h : sent) h = CommHandle();
+}
+
+bool PipelineExecutor::MessageBuffers::lend(int micro) {
+  if (free.empty()) return false;
+  of_micro[micro] = free.back();
+  free.pop_back();
+  lent.push_back(of_micro[micro]);
+  return true;
+}
+
+int PipelineExecutor::MessageBuffers::give_back(int micro) {
+  ENSURE(of_micro[micro] >= 0, "PipelineExecutor: micro-batch " + std::to_string(micro) + " holds no buffer");
+  free.push_back(of_micro[micro]);
+  lent.erase(std::find(lent.begin(), lent.end(), of_micro[micro]));
+  of_micro[micro] = -1;
+  if (held.empty()) return -1;
+  const int next = held.front();
+  held.erase(held.begin());
+  lend(next);
+  return next;
+}
+
+double PipelineExecutor::buffer_bytes() const {
+  double bytes = 0;
+  for (const std::vector<MessageBuffers>* kind : {&activation_in_, &gradient_in_, &gradient_out_})
+    for (const MessageBuffers& chunk : *kind)
+      for (const Buffer& b : chunk.buffers) bytes += double(b.count()) * dtype_size(dtype_);
+  return bytes;
+}
+
 Tensor PipelineExecutor::stream(Buffer& b, int B) const {
   return make_view(b.data(), {int64_t(B) * T_ / rows_divisor_, C_}, dtype_, device_);
+}
+
+Tensor PipelineExecutor::buffer_of(MessageBuffers& kind, int micro, int B) const {
+  ENSURE(kind.of_micro[micro] >= 0, "PipelineExecutor: micro-batch " + std::to_string(micro) +
+                                        "'s message has no buffer (its receive was listed after a later one's)");
+  return stream(kind.buffers[size_t(kind.of_micro[micro])], B);
 }
 
 // Unique over a step: which kind of message, into which virtual stage, for which micro-batch. Under
@@ -120,6 +172,7 @@ float PipelineExecutor::run(const std::function<MicroBatch(int micro)>& micro_ba
   for (int c = 0; c < v; c++) {
     free_slots_[c].clear();
     for (int slot = chunks_[c]->part().slots - 1; slot >= 0; slot--) free_slots_[c].push_back(slot);
+    activation_in_[c].reset(), gradient_in_[c].reset(), gradient_out_[c].reset();
   }
   std::vector<MicroBatch> batches(m);
   std::vector<bool> fetched(m, false);
@@ -169,6 +222,32 @@ float PipelineExecutor::run(const std::function<MicroBatch(int micro)>& micro_ba
     group.clear();
     group_handles.clear();
   };
+  // A receive goes out once its micro-batch holds one of the chunk's buffers for that kind of
+  // message; till then it waits in list order, and goes out when a pass gives a buffer back.
+  auto post_receive = [&](bool gradient, int c, int micro) {
+    MessageBuffers& into = gradient ? gradient_in_[c] : activation_in_[c];
+    CommHandle& handle = gradient ? gradient_recv_[c][micro] : activation_recv_[c][micro];
+    const int s = virtual_stage(shape_, rank_, c);
+    post({false, buffer_of(into, micro, micro_B_), gradient ? next : previous, tag(gradient, s, micro)}, &handle);
+  };
+  auto receive = [&](bool gradient, int c, int micro) {
+    MessageBuffers& into = gradient ? gradient_in_[c] : activation_in_[c];
+    (gradient ? gradient_recv_ : activation_recv_)[c][micro] = CommHandle();
+    if (p == 1) return;  // the previous (next) chunk copies into a buffer of this one's
+    if (into.lend(micro)) return post_receive(gradient, c, micro);
+    ENSURE(matching_ == Matching::ByTag, "PipelineExecutor: under call order a receive found no free buffer");
+    into.held.push_back(micro);
+  };
+  // After the pass that read it: the buffer goes to the next held receive, if any.
+  auto done_reading = [&](bool gradient, int c, int micro) {
+    const int next_micro = (gradient ? gradient_in_[c] : activation_in_[c]).give_back(micro);
+    if (next_micro >= 0) post_receive(gradient, c, next_micro);
+  };
+  // With one stage a message is a copy into the receiving chunk's buffer, lent at the copy.
+  auto copy_into = [&](MessageBuffers& into, int micro, Tensor from) {
+    ENSURE(into.lend(micro), "PipelineExecutor: no free buffer to copy micro-batch " + std::to_string(micro) + " into");
+    copy_tensor(buffer_of(into, micro, micro_B_), from);
+  };
 
   const double step_start = now_ms();
   float loss = 0;
@@ -180,17 +259,8 @@ float PipelineExecutor::run(const std::function<MicroBatch(int micro)>& micro_ba
       if (before_compute) before_compute(a);
     }
     switch (a.op) {
-      case Op::RecvActivation:
-        activation_recv_[c][micro] = CommHandle();
-        if (p > 1)
-          post({false, stream(activation_in_[c][micro], micro_B_), previous, tag(false, s, micro)},
-               &activation_recv_[c][micro]);
-        break;
-      case Op::RecvGradient:
-        gradient_recv_[c][micro] = CommHandle();
-        if (p > 1)
-          post({false, stream(gradient_in_[c][micro], micro_B_), next, tag(true, s, micro)}, &gradient_recv_[c][micro]);
-        break;
+      case Op::RecvActivation: receive(false, c, micro); break;
+      case Op::RecvGradient: receive(true, c, micro); break;
       case Op::F: {
         ENSURE(!free_slots_[c].empty(), "PipelineExecutor: no free activation slot for " + describe(a));
         const int slot = free_slots_[c].back();
@@ -200,7 +270,8 @@ float PipelineExecutor::run(const std::function<MicroBatch(int micro)>& micro_ba
         const MicroBatch tokens = needs_tokens ? batch(micro) : MicroBatch{nullptr, nullptr, micro_B_};
         if (s > 0) {
           wait_for(activation_recv_[c][micro]);
-          copy_tensor(model.input(slot, tokens.B), stream(activation_in_[c][micro], tokens.B));
+          copy_tensor(model.input(slot, tokens.B), buffer_of(activation_in_[c], micro, tokens.B));
+          done_reading(false, c, micro);
         }
         TraceScope span(describe(a));
         timed(&times_.forward[c], [&] { loss += model.forward(slot, tokens.inputs, tokens.targets, tokens.B); });
@@ -208,7 +279,7 @@ float PipelineExecutor::run(const std::function<MicroBatch(int micro)>& micro_ba
       }
       case Op::SendActivation:
         if (p == 1) {  // to this rank's next chunk
-          copy_tensor(stream(activation_in_[c + 1][micro], micro_B_), model.output(slot_of_[c][micro]));
+          copy_into(activation_in_[c + 1], micro, model.output(slot_of_[c][micro]));
           break;
         }
         post({true, model.output(slot_of_[c][micro]), next, tag(false, s + 1, micro)}, &activation_sent[c][micro]);
@@ -217,24 +288,34 @@ float PipelineExecutor::run(const std::function<MicroBatch(int micro)>& micro_ba
         Tensor output_grad;
         if (s < last) {
           wait_for(gradient_recv_[c][micro]);
-          output_grad = stream(gradient_in_[c][micro], micro_B_);
+          output_grad = buffer_of(gradient_in_[c], micro, micro_B_);
         }
         TraceScope span(describe(a));
         // The loss is the mean over the step's micro-batches: each backward starts from 1/m of the
         // gradient of its own mean, once, here at the loss; no other stage scales anything.
         timed(&times_.backward[c], [&] { model.backward(slot_of_[c][micro], 1.0f / m, output_grad); });
+        if (s < last) done_reading(true, c, micro);
         if (!model.part().split_backward) free_slot(c, micro);
         break;
       }
       case Op::SendGradient: {
         if (p == 1) {  // to this rank's previous chunk
-          copy_tensor(stream(gradient_in_[c - 1][micro], micro_B_), model.input_grad());
+          copy_into(gradient_in_[c - 1], micro, model.input_grad());
           break;
         }
-        Tensor out = stream(gradient_out_[c][micro], micro_B_);
-        copy_tensor(out, model.input_grad());  // (the model's scratch is overwritten by the next backward)
-        sends_.emplace_back();
-        post({true, out, previous, tag(true, s - 1, micro)}, &sends_.back());
+        // The model's scratch is overwritten by the next backward: the message goes from a copy,
+        // in the buffer of the oldest send still lent once that send is done, if none is free.
+        MessageBuffers& out = gradient_out_[c];
+        if (out.free.empty()) {
+          const int oldest = out.lent.front();
+          out.sent[size_t(oldest)].wait();
+          for (int other = 0; other < m; other++)
+            if (out.of_micro[other] == oldest) out.give_back(other);
+        }
+        ENSURE(out.lend(micro), "PipelineExecutor: no buffer for the gradient of " + describe(a));
+        const Tensor copy = buffer_of(out, micro, micro_B_);
+        copy_tensor(copy, model.input_grad());
+        post({true, copy, previous, tag(true, s - 1, micro)}, &out.sent[size_t(out.of_micro[micro])]);
         break;
       }
       case Op::W: {
@@ -246,13 +327,15 @@ float PipelineExecutor::run(const std::function<MicroBatch(int micro)>& micro_ba
     }
   }
   start_group();
-  for (CommHandle& h : sends_) h.wait();
-  sends_.clear();
-  for (int c = 0; c < v; c++)
+  for (int c = 0; c < v; c++) {
+    for (CommHandle& h : gradient_out_[c].sent)
+      if (h.valid()) h.wait();
     for (CommHandle& h : activation_sent[c])
       if (h.valid()) h.wait();
+  }
   synchronize_compute(device_);  // on a GPU the waits above only queued: the step ends when they end
   times_.step = now_ms() - step_start;
+  times_.buffer_bytes = buffer_bytes();
   for (int c = 0; c < v; c++) {
     times_.forward[c] /= m, times_.backward[c] /= m, times_.weight[c] /= m;
   }

@@ -4,11 +4,11 @@
 // PipelineExecutor.
 //
 // What each action does here:
-//   RecvActivation / RecvGradient  post a non-blocking receive into this micro-batch's buffer (by
-//                                  tag: every schedule posts them all at the start of the step, so
-//                                  none can wait on a receive that nobody posted; by call order:
-//                                  each right before its pass, in one group call with the sends
-//                                  before it, pipeline_schedule.h);
+//   RecvActivation / RecvGradient  post a non-blocking receive into one of the chunk's buffers for
+//                                  that kind of message (by tag: every schedule lists them all at the
+//                                  start of the step, so none can wait on a receive that nobody
+//                                  posted; by call order: each right before its pass, in one group
+//                                  call with the sends before it, pipeline_schedule.h);
 //   F   wait for the input (unless this is the embedding's chunk), run the chunk's forward in a free
 //       activation slot; on the loss's chunk, add the micro-batch's loss;
 //   SendActivation                 send the chunk's output to the next virtual stage;
@@ -21,8 +21,16 @@
 // Messages carry a tag, (activation or gradient, the receiving virtual stage, micro-batch), which MPI
 // matches them by; NCCL matches by call order, which the lists are built for. With one stage, the
 // messages between its chunks are copies.
+//
+// Buffers: a chunk keeps, for each kind of message it receives or sends a copy of (its input, its
+// output's gradient, its input's gradient sent), as many (B,T,C) buffers as it has activation slots,
+// the schedule's micro-batches in flight, not one per micro-batch of the step: otherwise they would
+// grow with m while the activations do not. A buffer is lent to a micro-batch from its receive (or
+// copy) until the pass that reads it; a receive listed while all are lent waits, in list order, for
+// the next one to come back (the lists order each kind's receives as the passes consume them, so
+// the one a pass waits for is always posted before it); a gradient copy reuses the buffer of the
+// oldest send once that send is done.
 #pragma once
-#include <deque>
 #include <functional>
 #include <vector>
 
@@ -36,6 +44,8 @@
 // 24C^2 for its four products plus 4TC for attention's two; the head 2CV for the LM head over the
 // whole vocabulary, which on GPT-2 124M is 4.5 blocks' worth; the embedding, a lookup, none.
 std::vector<double> unit_costs(const GPT2Config& cfg);
+// Of a block's forward FLOPs per token, attention's two products (scores and values): 4TC.
+double attention_flops_per_token(const GPT2Config& cfg);
 // Blocks per virtual stage (p x v of them, each at least 1), contiguous, with the embedding before
 // the first and the head after the last, that make the costliest stage as cheap as possible: equal
 // block counts would leave the head's stage the slowest, and every other stage waiting for it.
@@ -66,15 +76,37 @@ class PipelineExecutor {
   std::function<void(const Action&)> before_compute;
 
   // The last step's times on this rank, in ms: each pass's mean per micro-batch and chunk, the time
-  // spent waiting for receives (the bubble), and the whole step.
+  // spent waiting for receives (the bubble), and the whole step; and, for the report beside them,
+  // the bytes its message buffers hold (buffer_bytes()).
   struct Times {
     std::vector<double> forward, backward, weight;  // per chunk
     double waiting = 0, step = 0;
+    double buffer_bytes = 0;
   };
   const Times& times() const { return times_; }
   const std::vector<Action>& actions() const { return actions_; }
+  // The bytes of this rank's message buffers (docs/theory.md, section 3: pipeline_buffer_bytes).
+  double buffer_bytes() const;
 
  private:
+  // One chunk's buffers for one kind of message, each lent to one micro-batch at a time.
+  struct MessageBuffers {
+    std::vector<Buffer> buffers;
+    std::vector<int> free;        // indices into buffers, not lent
+    std::vector<int> of_micro;    // per micro-batch: the buffer it holds, or -1
+    std::vector<int> held;        // micro-batches whose receive waits for a buffer, in list order
+    std::vector<int> lent;        // the buffers lent, oldest first
+    std::vector<CommHandle> sent; // (sent gradients) per buffer: its send; never resized after
+                                  // construction, a group's handle is stored through pointers into it
+    void reset();
+    // Lends a free buffer to `micro`: false if none is free.
+    bool lend(int micro);
+    // Returns `micro`'s buffer: -1, or the micro-batch whose held receive now gets it.
+    int give_back(int micro);
+  };
+  // (B*T, C) view of the buffer that `micro` holds of `kind`.
+  Tensor buffer_of(MessageBuffers& kind, int micro, int B) const;
+
   Tensor stream(Buffer& b, int B) const;  // (B*T, C) view of a micro-batch buffer (B*T/t rows under SP)
   int tag(bool gradient, int virtual_stage, int micro) const;
 
@@ -87,11 +119,11 @@ class PipelineExecutor {
   int rows_divisor_ = 1;  // t under sequence parallelism: a stage's stream is this rank's rows only
   Device device_;
   DType dtype_;
-  // Per chunk and micro-batch: the receive buffers, the sent gradient's buffer; the slot in use.
-  std::vector<std::vector<Buffer>> activation_in_, gradient_in_, gradient_out_;
+  // Per chunk: the received inputs, the received output gradients, the input gradients sent.
+  std::vector<MessageBuffers> activation_in_, gradient_in_, gradient_out_;
+  // Per chunk and micro-batch: the receives; the slot in use.
   std::vector<std::vector<CommHandle>> activation_recv_, gradient_recv_;
   std::vector<std::vector<int>> slot_of_;
   std::vector<std::vector<int>> free_slots_;
-  std::deque<CommHandle> sends_;  // (a deque: a group's handle is stored through pointers into it)
   Times times_;
 };

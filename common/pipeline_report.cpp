@@ -86,6 +86,7 @@ void PipelineReport::add_step(int step, const PipelineExecutor::Times& t) {
     embedding = e.since(embedding_before_);
     embedding_before_ = e;
   }
+  buffer_bytes_ = t.buffer_bytes;
   if (step == 0) return;  // warm-up
   steps_++;
   for (int c = 0; c < shape_.chunks; c++) forward_[c] += t.forward[c], backward_[c] += t.backward[c], weight_[c] += t.weight[c];
@@ -100,15 +101,16 @@ void PipelineReport::finish(bool wte_copies_equal) {
   const GPT2Config& cfg = run_.model_config();
   const int n = std::max(steps_, 1);
   // This rank's averages: per chunk F, B, W ms; then the step, the waiting, the compute, p2p bytes,
-  // activations measured and by the formula, and p2p bytes by the formula.
-  const int fields = 3 * v + 8;
+  // activations measured and by the formula, p2p bytes by the formula, the micro-batches in flight,
+  // the message buffers measured and by the formula.
+  const int fields = 3 * v + 10;
   std::vector<float> mine(fields, 0.0f), all(size_t(fields) * world_.size());
   double compute = 0;
   for (int c = 0; c < v; c++) {
     mine[c] = float(forward_[c] / n), mine[v + c] = float(backward_[c] / n), mine[2 * v + c] = float(weight_[c] / n);
     compute += (forward_[c] + backward_[c] + weight_[c]) * m / n;
   }
-  double act_theory = 0, p2p_theory = 0;
+  double act_theory = 0, p2p_theory = 0, buffers_theory = 0;
   // A message is a micro-batch's stream: B*T rows of C, or this rank's B*T/t under sequence parallelism.
   const TensorParallelism& tp = run_.tensor_parallelism();
   const double rows_divisor = tp.size > 1 && tp.sequence_parallel ? tp.size : 1;
@@ -119,6 +121,7 @@ void PipelineReport::finish(bool wte_copies_equal) {
     by_theory.slots = theory_in_flight(schedule_, shape_, rank, c);
     in_flight += by_theory.slots;
     act_theory += activation_bytes(cfg, run_.micro_batch_size(), run_.dtype(), run_.flash_attention(), tp, by_theory);
+    buffers_theory += pipeline_buffer_bytes(cfg, by_theory, p, run_.micro_batch_size(), run_.dtype(), tp);
     const int s = virtual_stage(shape_, rank, c);
     // Its output forward, its input's gradient back; with one stage they are copies, not messages.
     if (p > 1) p2p_theory += m * message * ((s < p * v - 1 ? 1 : 0) + (s > 0 ? 1 : 0));
@@ -128,6 +131,7 @@ void PipelineReport::finish(bool wte_copies_equal) {
   tail[3] = float(p2p_bytes_ / n);
   tail[4] = float(memory_stats().peak[int(MemCategory::Activations)]);
   tail[5] = float(act_theory), tail[6] = float(p2p_theory), tail[7] = float(in_flight);
+  tail[8] = float(buffer_bytes_), tail[9] = float(buffers_theory);
   world_.all_gather(make_view(mine.data(), {fields}), make_view(all.data(), {int64_t(all.size())}));
   if (!run_.is_root() || steps_ == 0) return;
 
@@ -150,8 +154,9 @@ void PipelineReport::finish(bool wte_copies_equal) {
               "(docs/theory.md, section 10):\n",
               schedule_name(schedule_), p, m, v > 1 ? (", v " + std::to_string(v)).c_str() : "", matching_name(matching_),
               steps_);
-  std::printf("  %-5s %8s %8s %8s %9s %10s %9s %12s %16s %10s %10s\n", "stage", "F ms", "B ms", "W ms", "bubble",
-              "simulated", "theory", "activations", "formula (held)", "p2p bytes", "formula");
+  std::printf("  %-5s %8s %8s %8s %9s %10s %9s %12s %16s %10s %10s %10s %10s\n", "stage", "F ms", "B ms", "W ms",
+              "bubble", "simulated", "theory", "activations", "formula (held)", "p2p bytes", "formula", "buffers",
+              "formula");
   double measured_mean = 0, simulated_mean = 0;
   for (int r = 0; r < p; r++) {
     const float* x = row(r);
@@ -161,9 +166,10 @@ void PipelineReport::finish(bool wte_copies_equal) {
     const double measured = t[0] > 0 ? 1.0 - t[2] / t[0] : 0;
     const double simulated = sim.makespan > 0 ? sim.idle[r] / sim.makespan : 0;
     measured_mean += measured / p, simulated_mean += simulated / p;
-    std::printf("  %-5d %8.2f %8.2f %8.2f %8.1f%% %9.1f%% %8.1f%% %12s %11s (%2.0f) %10s %10s\n", r, f, b, w,
-                100 * measured, 100 * simulated, 100 * theory, format_bytes(t[4]).c_str(), format_bytes(t[5]).c_str(),
-                double(t[7]), format_bytes(t[3]).c_str(), format_bytes(t[6]).c_str());
+    std::printf("  %-5d %8.2f %8.2f %8.2f %8.1f%% %9.1f%% %8.1f%% %12s %11s (%2.0f) %10s %10s %10s %10s\n", r, f, b,
+                w, 100 * measured, 100 * simulated, 100 * theory, format_bytes(t[4]).c_str(),
+                format_bytes(t[5]).c_str(), double(t[7]), format_bytes(t[3]).c_str(), format_bytes(t[6]).c_str(),
+                format_bytes(t[8]).c_str(), format_bytes(t[9]).c_str());
     run_.write_record(JsonObject()
                           .add("type", "pipeline_stage")
                           .add("stage", r)
@@ -179,7 +185,9 @@ void PipelineReport::finish(bool wte_copies_equal) {
                           .add("theory_activations_bytes", double(t[5]))
                           .add("theory_micro_batches_held", double(t[7]))
                           .add("measured_p2p_bytes", double(t[3]))
-                          .add("theory_p2p_bytes", double(t[6])));
+                          .add("theory_p2p_bytes", double(t[6]))
+                          .add("measured_message_buffer_bytes", double(t[8]))
+                          .add("theory_message_buffer_bytes", double(t[9])));
   }
   std::printf("  bubble = idle / step time, idle = the step minus this stage's F, B and W passes; the theory: %s;\n"
               "  simulated: the schedule run with each stage's measured pass times (%s, mean over stages %.1f%% "

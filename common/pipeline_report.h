@@ -1,9 +1,9 @@
 // pipeline_report.h: what chapter 08 prints next to theory: the partition of the blocks over the
 // stages, and, at the end of the run, per rank, the bubble (measured, simulated with the measured
 // times, and by the schedule's formula), the activations held against the schedule's count of
-// micro-batches in flight, the point-to-point bytes against their formula, and the embedding group's
-// bytes (the tied wte's gradient summed over the first and last stage) against theirs. Defines
-// print_partition() and PipelineReport.
+// micro-batches in flight, the point-to-point bytes and the message buffers against their formulas,
+// and the embedding group's bytes (the tied wte's gradient summed over the first and last stage)
+// against theirs. Defines print_partition() and PipelineReport.
 #pragma once
 #include <vector>
 
@@ -44,6 +44,7 @@ class PipelineReport {
   int steps_ = 0;
   std::vector<double> forward_, backward_, weight_;  // per chunk, summed over the measured steps
   double waiting_ = 0, step_ = 0, p2p_bytes_ = 0, embedding_bytes_ = 0;
+  double buffer_bytes_ = 0;  // the executor's message buffers
   Communicator* embedding_;  // the first and last stage's group (wte's two copies); null elsewhere
   CommStats pipeline_before_, embedding_before_;
 };

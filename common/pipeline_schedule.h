@@ -59,9 +59,10 @@ struct Action {
 
 // How a receive finds its message, which decides where a list posts its receives.
 //   ByTag        MPI: every message carries (kind, virtual stage, micro-batch) in its tag, so every
-//                receive of the step is posted at the start of the list, in the order the data is
-//                consumed (the executor keeps a receive buffer per micro-batch and chunk): no send
-//                ever waits for a receive its neighbour has yet to post.
+//                receive of the step is listed at the start of the list, in the order the data is
+//                consumed; the executor posts each as soon as the chunk has a free buffer for it
+//                (it keeps one per micro-batch in flight, pipeline.h), which, in that order, is
+//                always before the pass that needs it. MPI holds a send until its receive comes.
 //   ByCallOrder  NCCL: there are no tags. The k-th send from rank a to rank b meets the k-th receive
 //                that b posts from a, and a send finishes only while its receive runs. A rank's
 //                messages run one after the other on its communicator's stream, so receives posted at

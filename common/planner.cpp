@@ -115,6 +115,7 @@ bool find_cluster(const std::string& name, Cluster* out) {
     c.description = "this machine: CPU ranks, fp32, emulated link 0.5 Gb/s 50 us, one rank a node";
     c.gpus_per_node = 1, c.memory_bytes = 16 * GiB, c.peak_flops = 1e10;
     c.intra_node = {0.5, 50}, c.inter_node = {0.5, 50};
+    c.elementwise_rate = 0.6e9;  // (make plan-check calibrates it)
     c.dtype = DType::F32, c.device = Device::CPU;
   } else {
     return false;
@@ -304,7 +305,14 @@ PlanResult evaluate_plan(const PlanInputs& in, const PlanConfig& c, bool simulat
   // twice that, recomputation's extra forward; on the dense math's `efficiency` x peak. TP's
   // collectives sit on the critical path of every pass (split between forward and backward as the
   // compute is). Under zb-h1 the backward's two halves (input, weights) take a forward each.
+  // With an elementwise rate (a CPU cluster): the matrix products' FLOPs only at that rate, and the
+  // rest of the work (attention, its products with it, which the CPU runs fused with the softmax)
+  // as the activation bytes the pass writes, as if nothing were recomputed, at the elementwise rate:
+  // a third in the forward, two in the backward; recomputation adds the bytes it does not keep.
   const double rate = k.peak_flops * in.efficiency;
+  const bool elementwise_apart = k.elementwise_rate > 0;
+  GPT2Config kept_all = cfg;
+  kept_all.recompute = Recompute::None;
   const std::vector<double> unit_cost = unit_costs(cfg);
   const LinkModel& tp_link = link_for(k, c.tp);
   const LinkModel& dp_link = link_for(k, c.tp * c.dp);
@@ -321,10 +329,22 @@ PlanResult evaluate_plan(const PlanInputs& in, const PlanConfig& c, bool simulat
     const std::vector<ModelPart> parts = p == 1 ? std::vector<ModelPart>{ModelPart{}} : parts_of(rank);
     for (size_t ch = 0; ch < parts.size(); ch++) {
       const ModelPart& part = parts[ch];
-      double forward_flops = 0;
+      double forward_flops = 0, recompute_flops = recompute_flops_per_token(cfg, tp, part);
       for (int u = part.first_unit; u <= part.last(cfg); u++) forward_flops += unit_cost[u];
-      const double forward = tokens * forward_flops / c.tp / rate;
-      const double recompute = tokens * recompute_flops_per_token(cfg, tp, part) / rate;
+      double elementwise = 0, recompute_elementwise = 0;  // seconds per micro-batch
+      if (elementwise_apart) {
+        const int blocks = std::min(part.last(cfg), cfg.L) - (std::max(part.first_unit, 1) - 1);
+        forward_flops -= blocks * attention_flops_per_token(cfg);
+        if (cfg.recompute != Recompute::None) recompute_flops -= blocks * attention_flops_per_token(cfg) / c.tp;
+        ModelPart one = part;
+        one.slots = 1;
+        const double bytes = activation_bytes(kept_all, B, dtype, cfg.flash_attention, tp, one);
+        elementwise = bytes / k.elementwise_rate;
+        recompute_elementwise =
+            (bytes - activation_bytes(cfg, B, dtype, cfg.flash_attention, tp, one)) / k.elementwise_rate / 3;
+      }
+      const double forward = tokens * forward_flops / c.tp / rate + elementwise / 3;
+      const double recompute = tokens * recompute_flops / rate + recompute_elementwise;
       const TensorParallelPrediction tpp =
           predict_tensor_parallel(cfg, B, tp, dtype, p == 1 ? std::vector<ModelPart>{} : std::vector<ModelPart>{part});
       const double tp_time = tensor_parallel_seconds(tpp, tp_link, stream_bytes, tokens * 4, c.tp);

@@ -5,7 +5,8 @@
 //
 // Nothing here is a formula of its own: memory is forecast_memory() of theory.h on the layout and
 // model parts the trainers build (param_layout.h, pipeline.h), compute is the FLOPs of pipeline.h's
-// unit_costs() at a fraction of peak (the one named constant, `efficiency`), communication is the
+// unit_costs() at a fraction of peak (the one named constant, `efficiency`; on a CPU cluster also
+// the activation bytes of activation_bytes() at Cluster::elementwise_rate), communication is the
 // emulated link's alpha-beta model (comm.h, modelled_ms) on the bytes of predict() and
 // predict_tensor_parallel(), and the pipeline's bubble is 08's schedule simulator (pipeline_schedule.h).
 // docs/planner.md says what is assumed where the formulas leave a choice (which group sits on which link,
@@ -28,6 +29,13 @@ struct Cluster {
   double memory_bytes = 0;  // per GPU, what a rank may use
   double peak_flops = 0;    // dense, of `dtype`
   LinkModel intra_node, inter_node;
+  // The rest of the compute, what is not a matrix product (layernorms, GELU, residual adds, biases,
+  // attention with its softmax, the loss), in activation bytes a second: each pass costs its
+  // activation_bytes() (theory.h, as if nothing were recomputed) at this rate, besides its matrix
+  // products' FLOPs at peak x efficiency. 0: no such term, the dense math's FLOPs (unit_costs,
+  // attention's products included) stand for everything, as on a GPU, where that work is a few
+  // percent; on this machine's CPU it is a third of a step (docs/planner.md).
+  double elementwise_rate = 0;
   DType dtype = DType::BF16;
   Device device = Device::CUDA;
 };

@@ -180,6 +180,16 @@ TensorParallelPrediction predict_tensor_parallel(const GPT2Config& cfg, int micr
   return p;
 }
 
+double pipeline_buffer_bytes(const GPT2Config& cfg, const ModelPart& part, int stages, int micro_B, DType dtype,
+                             TensorParallelism tp) {
+  // The messages: the input received (unless the part starts with the embedding) and its gradient
+  // sent (with one stage, copied straight into the previous chunk's buffer instead); the output's
+  // gradient received (unless it ends with the loss). The output is sent from the activations.
+  const int kinds = (part.first_unit > 0 ? (stages > 1 ? 2 : 1) : 0) + (part.holds(cfg, cfg.L + 1) ? 0 : 1);
+  const double rows_divisor = tp.size > 1 && tp.sequence_parallel ? tp.size : 1;
+  return kinds * double(part.slots) * double(micro_B) * cfg.T * cfg.C * double(dtype_size(dtype)) / rows_divisor;
+}
+
 double MemoryForecast::peak() const { return model_state + activations + data + std::max(transient, checkpoint); }
 
 MemoryForecast forecast_memory(Strategy strategy, const ParamLayout& layout, const GPT2Config& cfg, int micro_B,
@@ -214,17 +224,7 @@ MemoryForecast forecast_memory(Strategy strategy, const ParamLayout& layout, con
     case Strategy::ZeRO2: m.transient = w * layer_grads; break;
     case Strategy::ZeRO3: m.transient = w * (layer_grads + E + 2 * U + head); break;  // + gathered layers
   }
-  // A pipeline stage (08) keeps, per chunk and micro-batch of the step, a (B,T,C) buffer for each
-  // message it receives or sends a copy of: the input received, the input's gradient sent (unless
-  // the chunk starts with the embedding), the output's gradient received (unless it ends with the
-  // loss). Its output is sent from its activations, without a copy; with one stage the input's
-  // gradient is copied straight into the previous chunk's receive buffer.
-  // Under sequence parallelism (09) the stream, and so each message, is this rank's B*T/t rows.
-  const double rows_divisor = tp.size > 1 && tp.sequence_parallel ? tp.size : 1;
-  for (const ModelPart& part : parts) {
-    const int buffers = (part.first_unit > 0 ? (pp.size > 1 ? 2 : 1) : 0) + (part.holds(cfg, cfg.L + 1) ? 0 : 1);
-    m.transient += buffers * double(micro_batches) * double(micro_B) * cfg.T * cfg.C * w / rows_divisor;
-  }
+  for (const ModelPart& part : parts) m.transient += pipeline_buffer_bytes(cfg, part, pp.size, micro_B, dtype, tp);
   // Full fp32 host copies: one to initialise; saving or resuming holds parameters, m and v, and rank 0
   // the file's bytes besides (as many again): 6 copies. On a GPU these live on the host, except the
   // shards gathered from every rank. Under tensor parallelism the whole model's copies are t times a

@@ -71,6 +71,13 @@ struct TensorParallelPrediction {
 TensorParallelPrediction predict_tensor_parallel(const GPT2Config& cfg, int micro_B, TensorParallelism tp, DType dtype,
                                                  const std::vector<ModelPart>& parts = {});
 
+// The message buffers a pipeline stage (chapter 08) keeps for one model part of `stages` stages: a
+// (B,T,C) buffer per activation slot (part.slots, the schedule's micro-batches in flight) for each
+// message it receives or sends a copy of (docs/theory.md, section 3), B*T/t rows under sequence
+// parallelism. Does not grow with the step's micro-batches.
+double pipeline_buffer_bytes(const GPT2Config& cfg, const ModelPart& part, int stages, int micro_B, DType dtype,
+                             TensorParallelism tp = {});
+
 // The peak memory of one rank, predicted before anything is allocated.
 struct MemoryForecast {
   double model_state = 0;   // parameters + gradients + optimizer state (Prediction, with padding)

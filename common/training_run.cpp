@@ -553,6 +553,7 @@ void TrainingRun::begin_step(int step) {
   for (Group& g : groups_) g.at_step_start = g.comm->stats();
   comm_at_step_start_ = all_stats();
   step_start_ms_ = now_ms();
+  matmul_at_step_start_ = cpu_matmul_ms();
 }
 
 void TrainingRun::end_step(int step, float local_loss, double grad_norm) {
@@ -633,6 +634,7 @@ void TrainingRun::end_step(int step, float local_loss, double grad_norm) {
       .add("exposed_comm_ms", exposed_ms)
       .add("pipeline_waits_ms", pipeline_waits)
       .add("comm_ms", comm_ms)
+      .add("matmul_ms", cpu_matmul_ms() - matmul_at_step_start_)  // root's, on the CPU (ops.h)
       .add("comm_bytes", training_sent_bytes(step_comm))
       .add("comm_received_bytes", step_comm.total_received_bytes() - step_comm.kind[int(CollectiveKind::Scalar)].received_bytes)
       .add("collectives", training_calls(step_comm))

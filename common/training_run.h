@@ -163,6 +163,7 @@ class TrainingRun {
   MemoryForecast forecast_;
   JsonLinesWriter json_;
   double step_start_ms_ = 0;
+  double matmul_at_step_start_ = 0;  // cpu_matmul_ms() then (ops.h)
   // The run's distinct communicators ("world", and "dp", "tp" where they are other groups), with
   // their statistics when the step began.
   struct Group {

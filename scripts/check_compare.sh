@@ -9,7 +9,9 @@
 # over both rounds' steps. The busy-machine warning follows the load file; the losses line names the
 # largest difference from 01 x1. The step-time model (compare_timing.py) is checked against the
 # closed forms of docs/theory.md, section 11, on made-up traces; the step line has its fields, and a
-# chapter without tensor parallelism has no tensor-parallel track in its trace.
+# chapter without tensor parallelism has no tensor-parallel track in its trace. The 4-rank section
+# (results/four_ranks/: 01 and 09 as TP 2 x PP 2, 3 steps) comes after the table, its rows against 01
+# x4, without moving the table's own 'what changed' off its largest rank count, 2.
 set -u
 cd "$(dirname "$0")/.."
 dir=$(mktemp -d)
@@ -29,6 +31,11 @@ train 03_bucket_dp 2 3 rounds/03_bucket_dp_n2.r1
 train 03_bucket_dp 2 3 rounds/03_bucket_dp_n2.r2
 for ext in jsonl trace.json; do cp "$dir/rounds/03_bucket_dp_n2.r2.$ext" "$dir/03_bucket_dp_n2.$ext"; done
 train 02_overlap_dp 2 1
+mkdir -p "$dir/four_ranks"
+train 01_vanilla_dp 4 3 four_ranks/01_vanilla_dp_n4
+mpiexec -n 4 ./09_3d_parallel/train --quiet --device cpu --preset tiny --steps 3 --link-gbps 1 --link-latency-us 20 \
+  --tp 2 --pp 2 --json "$dir/four_ranks/09_3d_parallel_n4.jsonl" </dev/null >"$dir/09_n4.log" 2>&1 \
+  || { echo "FAILED: 09 on 4 ranks"; cat "$dir/09_n4.log"; exit 1; }
 # The step line, as a user reads it (one rank, not --quiet).
 mpiexec -n 1 ./01_vanilla_dp/train --device cpu --preset tiny --steps 2 </dev/null >"$dir/step_line.log" 2>&1
 grep -Eq '^step 1/2 \| loss [0-9.]+ \| lr [0-9.]+e-[1-9][0-9]* \| grad norm [0-9.]+ \| [0-9.]+ ms \| [0-9.]+k? tok/s \| exposed comm [0-9.]+ ms \| mem [0-9.]+ [KMG]?B$' \
@@ -197,6 +204,35 @@ for label, run in sorted(records.items()):
     peak = max(step["mem_activations"] for step in run["steps"])
     check(activations == mb(peak), "%s: activations %s MB, the step records' peak is %s" % (label, activations, mb(peak)))
     check(loss == "%.3f" % s["final_loss"], "%s: loss differs from the summary" % label)
+
+# The 4-rank section: after the table and its reading, 09 x4 against 01 x4; the table's own reading
+# stays at 2 ranks.
+main, _, section = table.partition("\n09 on its own grid, at 4 ranks")
+check(section != "", "no 4-rank section after the table")
+check("What changed, at 2 ranks" in main, "the table's reading left 2 ranks: the 4-rank runs leaked into it")
+four = {}
+for line in section.splitlines():
+    m = row.match(line)
+    if m:
+        four[m.group(1)] = m.groups()[1:]
+check(sorted(four) == ["01_vanilla_dp x4", "09_3d_parallel x4"], "4-rank rows: %s" % sorted(four))
+if "09_3d_parallel x4" in four and "01_vanilla_dp x4" in four:
+    nine = {}
+    for l in open(os.path.join(folder, "four_ranks", "09_3d_parallel_n4.jsonl")):
+        r = json.loads(l)
+        nine[r["type"]] = r
+    check(four["01_vanilla_dp x4"][1] == "1.00x", "01 x4 is not the section's baseline: %s" % four["01_vanilla_dp x4"][1])
+    x = float(four["09_3d_parallel x4"][0]) / float(four["01_vanilla_dp x4"][0])
+    check(abs(float(four["09_3d_parallel x4"][1][:-1]) - x) < 0.011, "09 x4: vs 01 %s, tok/s say %.3f" % (
+        four["09_3d_parallel x4"][1], x))
+    check(four["09_3d_parallel x4"][10] == mb(nine["theory"]["measured_model_state_bytes"]),
+          "09 x4: model state %s MB, its theory record says %s" % (four["09_3d_parallel x4"][10],
+                                                                  mb(nine["theory"]["measured_model_state_bytes"])))
+    check(re.search(r"^losses: all 1 runs equal 01 x4's at every step", section, re.M) is not None,
+          "no losses line for the 4-rank section")
+    check(re.search(r"^  09  TP 2 x PP 2: model state %s MB per rank \(01 DP 4: %s\)" % (
+        re.escape(mb(nine["theory"]["measured_model_state_bytes"])), re.escape(four["01_vanilla_dp x4"][10])),
+        section, re.M) is not None, "no reading of 09 x4 against 01 x4")
 
 if failures:
     print(table)

@@ -215,7 +215,8 @@ def describe(runs):
                          mb(s("03")["comm_bytes_per_step"]), 100 * pipe["measured_bubble"],
                          100 * pipe["theory_bubble"], 100 * pipe["simulated_bubble"], faster("08", "03")))
     if "09" in at and "07" in at:
-        lines.append("09  at 2 ranks is 07's TP 2 with --recompute selective (its grid needs 4 ranks for TP x PP): "
+        lines.append("09  at 2 ranks is 07's TP 2 with --recompute selective (its own grid, TP 2 x PP 2, is in the "
+                     "4-rank section below): "
                      "activations %.1f MB per rank instead of 07's %.1f, the attention's scores recomputed in "
                      "backward; %s." % (mb(peak_over_steps(at["09"], "mem_activations")),
                                        mb(peak_over_steps(at["07"], "mem_activations")), faster("09", "07")))
@@ -275,6 +276,49 @@ def print_model_reading(runs):
         print("\nMeasured and modelled part by more than the spread:")
         for line in lines:
             print("  " + line)
+
+
+def print_four_ranks(folder):
+    """make compare's 4-rank section (compare.sh, results/four_ranks/): 09 on its own grid, TP 2 x PP 2,
+    next to 01, 07 as TP 2 x DP 2 and 08 as PP 2 x DP 2 at 4 ranks, the same model and global batch.
+    Apart from the table above, whose plots and 'what changed' stay at its own largest rank count."""
+    runs = load_runs(folder) if os.path.isdir(folder) else []
+    if not runs:
+        return
+    timing.attach_rounds(runs, folder)
+    steps = max(r["run"]["steps"] for r in runs)
+    print("\n09 on its own grid, at 4 ranks (one round of %d steps: a short look, noisier than the table above):"
+          % steps)
+    print_table(runs)
+    agree = timing.losses_agree(runs, baseline_ranks=4)
+    if agree:
+        worst, where, count, ok = agree
+        print("losses: %s %d runs %s 01 x4's at every step (largest relative difference %.1e%s; 01 x4 trains as 01 "
+              "x1 does, the same global batch)" % ("all" if ok else "WARNING: of", count,
+                                                    "equal" if ok else "some differ from", worst,
+                                                    ", " + where if where else ""))
+    at = {short(r): r for r in runs if measured(r)}
+    if "09" not in at:
+        return
+    run9 = at["09"]
+    grids = {"01": "DP 4", "07": "TP 2 x DP 2", "08": "PP 2 x DP 2", "09": "TP 2 x PP 2"}
+    others = [c for c in ("07", "08", "01") if c in at]
+
+    def each(value, fmt="%.1f"):
+        return ", ".join("%s %s: %s" % (c, grids[c], fmt % value(at[c])) for c in others)
+
+    line = ("09  TP 2 x PP 2: model state %.1f MB per rank (%s), each rank a quarter of the model, without "
+            "gathering it; activations %.1f MB (%s)" % (
+                mb(model_state(run9)), each(lambda r: mb(model_state(r))),
+                mb(peak_over_steps(run9, "mem_activations")), each(lambda r: mb(peak_over_steps(r, "mem_activations")))))
+    if "pipeline" in run9:
+        pipe = run9["pipeline"]
+        line += "; %s over %d micro-batches, each stage idle %.0f%% of the step (theory %.0f%%)" % (
+            pipe["schedule"], pipe["m"], 100 * pipe["measured_bubble"], 100 * pipe["theory_bubble"])
+    if "01" in at:
+        x = timing.tokens_per_s(run9) / timing.tokens_per_s(at["01"])
+        line += "; %.2fx 01 x4's tokens/s" % x
+    print("  " + line + ".")
 
 
 def plot_throughput(runs, folder, busy=""):
@@ -369,6 +413,7 @@ def main():
     print_losses(runs)
     describe(runs)
     print_model_reading(runs)
+    print_four_ranks(os.path.join(folder, "four_ranks"))
     plot_throughput(runs, folder, timing.busy_title(load, largest))
     plot_communication(runs, folder, timing.busy_title(load, largest))
     plot_memory(runs, folder)

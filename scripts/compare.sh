@@ -26,6 +26,9 @@
 # data-parallel), then with sequence parallelism too (results/07_tensor_parallel_sp_nN.*). 10 runs its
 # default ring (CP 2 on an even rank count, zig-zag) on the same link as the gradients; then, at the
 # largest rank count, scripts/cp_balance.sh draws its balance on a long context (CP_BALANCE=0 skips).
+# 09's own grid, TP 2 x PP 2, needs 4 ranks: a short section of its own after the rounds
+# (results/four_ranks/, one round of STEPS4=6 steps, the same model, batch and links): 01 (the
+# baseline), 07 as TP 2 x DP 2, 08 as PP 2 x DP 2 and 09 as TP 2 x PP 2. FOUR=none skips it.
 # The machine's load is read before the runs, before each and after them (results/load.txt): the
 # table warns when other work competed for the cores.
 set -euo pipefail
@@ -47,6 +50,7 @@ echo "  (PRESET=, STEPS=, ROUNDS=, RANKS=, ONE_RANK=all, LINK=none or LINK=\"--l
 echo "   TP_LINK=, EXTRA= change it)"
 mkdir -p results/rounds
 rm -f results/*.jsonl results/*.trace.json results/*.log results/rounds/* results/load.txt
+rm -rf results/four_ranks
 
 # The runs of one round, in order: "chapter ranks variant".
 plan=()
@@ -105,6 +109,25 @@ for round in $(seq 1 "$rounds"); do
     fi
   done
 done
+# 09 on its own grid, and at 4 ranks what it composes: 07's TP and 08's PP, each with DP over the rest.
+if [ "${FOUR:-}" != none ] && [ -x 09_3d_parallel/train ]; then
+  mkdir -p results/four_ranks
+  steps4=${STEPS4:-6}
+  section_started=$(now_ms)
+  for entry in "01_vanilla_dp|" "07_tensor_parallel|--tp 2 --tp-overlap $tp_link" \
+               "08_pipeline|--pp 2" "09_3d_parallel|--tp 2 --pp 2 --tp-overlap $tp_link"; do
+    IFS='|' read -r chapter flags <<<"$entry"
+    [ -x "$chapter/train" ] || continue
+    printf "[4 ranks] %s %s ..." "$chapter" "$flags"
+    out="results/four_ranks/${chapter}_n4"
+    # shellcheck disable=SC2086
+    mpiexec -n 4 "./$chapter/train" --preset "$preset" --steps "$steps4" $link $extra $flags --json "$out.jsonl" \
+      --trace "$out.trace.json" </dev/null >"$out.log" 2>&1 \
+      || { echo; echo "  failed: see $out.log"; tail -n 5 "$out.log"; exit 1; }
+    echo " | $(sed -n 's/^average over \([0-9]*\) measured steps: \([0-9.]* ms\/step\).*/\2/p' "$out.log")"
+  done
+  echo "[4 ranks] the section took $(( ($(now_ms) - section_started) / 1000 )) s"
+fi
 echo "after $(cat /proc/loadavg)" >>results/load.txt
 python3 scripts/compare.py results | tee results/compare.txt
 # One step of every chapter's run at the largest rank count, one above the other: where

@@ -257,11 +257,13 @@ def busy_title(load, ranks):
     return " [busy machine: load %.1f on %d cores]" % (max(load["before"], load["after"]), load["cores"])
 
 
-def losses_agree(runs, tolerance=1e-5):
-    """(largest relative difference of any run's loss at any step from 01 at one rank's, its run's
-    label, how many runs were compared, whether within `tolerance`), or None without such a baseline.
-    Only runs of the same steps compare (the learning rate's schedule depends on them)."""
-    base = next((r for r in runs if r["run"]["chapter"].startswith("01") and r["run"]["ranks"] == 1), None)
+def losses_agree(runs, tolerance=1e-5, baseline_ranks=1):
+    """(largest relative difference of any run's loss at any step from 01 at `baseline_ranks` ranks'
+    (one, unless a section has no such run), its run's label, how many runs were compared, whether
+    within `tolerance`), or None without such a baseline. Only runs of the same steps compare (the
+    learning rate's schedule depends on them)."""
+    base = next((r for r in runs if r["run"]["chapter"].startswith("01") and r["run"]["ranks"] == baseline_ranks),
+                None)
     if not base:
         return None
     ref = {s["step"]: s["loss"] for s in base["steps"]}

@@ -7,14 +7,20 @@
 #   exact (both include the padding of the flat buffers); communication buffers are an upper bound.
 #   step time, at 2 ranks: the prediction within 20% of the measured step (the fastest of the run's, the
 #   least disturbed). The planner's compute speed comes from ONE calibration run (01_vanilla_dp on 2
-#   ranks without a link, named in the output): its FLOP/s a rank, with efficiency 1; communication is
-#   the emulated link's alpha-beta model; the bubble is 08's simulator.
-# Settings: PRESET=small, STEPS=8 (step 0 is warm-up), RUNS="name name ..." to run only some rows.
+#   ranks without a link, named in the output), as two rates: the matrix products' FLOPs over the time
+#   the run spent in them (its step records' matmul_ms), with efficiency 1; and the activation bytes
+#   of a step over the rest of the step (layernorms, GELU, attention, the loss, the optimizer), the
+#   planner's --elementwise-rate. Communication is the emulated link's alpha-beta model; the bubble
+#   is 08's simulator.
+# Settings: PRESET=small, STEPS=8 (step 0 is warm-up; the calibration runs CAL_STEPS=24, so that its
+# fastest step, which every prediction scales with, is one of a quiet moment), RUNS="name name ..." to
+# run only some rows.
 # The machine's cores are shared: timings are noisy; memory is not.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 preset=${PRESET:-small}
 steps=${STEPS:-8}
+cal_steps=${CAL_STEPS:-24}
 out=results/plan_check
 mkdir -p "$out"
 plan=09_3d_parallel/plan
@@ -59,8 +65,8 @@ if mpiexec --help 2>&1 | grep -q -- --oversubscribe; then mpirun_flags+=(--overs
 # The calibration: 01 on 2 ranks without a link, the same model and batch as every row: each rank
 # computes what a 2-rank row computes, under the same sharing of the cores, and communicates for free.
 cal="$out/calibration"
-echo "calibration run: mpiexec -n 2 01_vanilla_dp/train --preset $preset --batch 8 --steps $steps (no link)"
-mpiexec "${mpirun_flags[@]}" -n 2 ./01_vanilla_dp/train --preset "$preset" --batch 8 --steps "$steps" --quiet \
+echo "calibration run: mpiexec -n 2 01_vanilla_dp/train --preset $preset --batch 8 --steps $cal_steps (no link)"
+mpiexec "${mpirun_flags[@]}" -n 2 ./01_vanilla_dp/train --preset "$preset" --batch 8 --steps "$cal_steps" --quiet \
   --json "$cal.jsonl" </dev/null >"$cal.log" 2>&1 || { echo "calibration failed"; tail -n 5 "$cal.log"; exit 1; }
 
 selected=" ${RUNS:-} "
@@ -97,27 +103,37 @@ def records(path):
             pass
     return rows
 
-def step_ms(path):
+def fastest_step(path):
     # The fastest measured step: the one least disturbed by the other processes on the shared cores
     # (the calibration is read the same way).
-    steps = [r["step_ms"] for r in records(path) if r.get("type") == "step" and r.get("step", 0) > 0]
-    return min(steps)
+    steps = [r for r in records(path) if r.get("type") == "step" and r.get("step", 0) > 0]
+    return min(steps, key=lambda r: r["step_ms"])
 
-def predict(ranks, batch, gbps, latency, flags, peak):
+def step_ms(path):
+    return fastest_step(path)["step_ms"]
+
+def predict(ranks, batch, gbps, latency, flags, peak, elementwise):
     cmd = [plan, "--one", "--model", preset, "--cluster", "emulated", "--gpus", str(ranks), "--batch", str(batch),
-           "--inter-gbps", gbps, "--inter-latency-us", latency, "--efficiency", "1", "--peak-flops", repr(peak)]
+           "--inter-gbps", gbps, "--inter-latency-us", latency, "--efficiency", "1", "--peak-flops", repr(peak),
+           "--elementwise-rate", repr(elementwise)]
     cmd += flags.split()
     text = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     return [json.loads(l[len("plan-json "):]) for l in text.splitlines() if l.startswith("plan-json ")]
 
-# Calibration: the planner's own prediction of the 1-rank run at 1 FLOP/s gives the run's FLOPs
-# (3 forwards' worth: forward and backward); the measured step gives the rate.
-cal_ms = step_ms(out + "/calibration.jsonl")
-unit = predict(2, 8, "0", "0", "", 1.0)[0]
-flops = unit["compute_s"]
-peak = flops / (cal_ms / 1e3)
-print("calibration: 01_vanilla_dp, 2 ranks, no link, --preset %s --batch 8: %.1f ms a step (fastest) for %.3g FLOPs "
-      "a rank -> %.2f GFLOP/s a rank, the planner's peak x efficiency for every row below" % (preset, cal_ms, flops, peak / 1e9))
+# Calibration: the planner's own prediction of the 2-rank run with one rate at 1 a second and the
+# other free gives the run's matrix-product FLOPs (3 forwards' worth: forward and backward) and its
+# activation bytes; the fastest measured step, split into its time in the matrix products and the
+# rest, gives the two rates.
+cal = fastest_step(out + "/calibration.jsonl")
+cal_ms, cal_matmul_ms = cal["step_ms"], cal["matmul_ms"]
+flops = predict(2, 8, "0", "0", "", 1.0, 1e30)[0]["compute_s"]
+act_bytes = predict(2, 8, "0", "0", "", 1e30, 1.0)[0]["compute_s"]
+peak = flops / (cal_matmul_ms / 1e3)
+elementwise = act_bytes / ((cal_ms - cal_matmul_ms) / 1e3)
+print("calibration: 01_vanilla_dp, 2 ranks, no link, --preset %s --batch 8: %.1f ms a step (fastest), of which %.1f ms "
+      "in matrix products of %.3g FLOPs a rank -> %.2f GFLOP/s, and %.1f ms for the rest, %.3g activation bytes a "
+      "rank -> %.3f GB/s: the planner's peak x efficiency and --elementwise-rate for every row below"
+      % (preset, cal_ms, cal_matmul_ms, flops, peak / 1e9, cal_ms - cal_matmul_ms, act_bytes, elementwise / 1e9))
 print()
 cats = [("params", "params_bytes", "measured_params_bytes"), ("grads", "grads_bytes", "measured_grads_bytes"),
         ("optim", "optim_bytes", "measured_optim_bytes"), ("activ", "activations_bytes", "measured_activations_bytes")]
@@ -138,7 +154,7 @@ for line in open(out + "/rows.tsv"):
         print("%-20s no theory record" % name)
         continue
     t = theory[0]
-    p = predict(int(ranks), 8, gbps, latency, flags, peak)[0]  # stage 0: world rank 0's
+    p = predict(int(ranks), 8, gbps, latency, flags, peak, elementwise)[0]  # stage 0: world rank 0's
     cells, exact = [], True
     for _, pk, mk in cats:
         meas, pred = t[mk], p[pk]

@@ -89,8 +89,8 @@ std::vector<PipelineCase> pipeline_cases() {
 INSTANTIATE_TEST_SUITE_P(Schedules, PipelineEquivalence, testing::ValuesIn(pipeline_cases()),
                          [](const testing::TestParamInfo<PipelineCase>& info) { return info.param.name; });
 
-// On every stage: the activations held equal the formula for the schedule's count of micro-batches in
-// flight, and the point-to-point bytes theirs; the memory per category and the data-parallel bytes
+// On every stage: the activations held and the message buffers equal the formula for the schedule's
+// count of micro-batches in flight, and the point-to-point bytes theirs; the memory per category and the data-parallel bytes
 // equal the theory record's formulas; the embedding group sums wte once a step.
 TEST(PipelineTheory, ActivationsAndBytesOfEveryStageAreTheFormulas) {
   struct Run {
@@ -120,11 +120,71 @@ TEST(PipelineTheory, ActivationsAndBytesOfEveryStageAreTheFormulas) {
           << stage;
       EXPECT_GT(number_field(stage, "measured_p2p_bytes"), 0) << stage;
       EXPECT_EQ(number_field(stage, "measured_p2p_bytes"), number_field(stage, "theory_p2p_bytes")) << stage;
+      EXPECT_EQ(number_field(stage, "measured_message_buffer_bytes"), number_field(stage, "theory_message_buffer_bytes"))
+          << stage;
     }
     const std::string pipeline = read_record(dir + "/run.jsonl", "pipeline");
     EXPECT_GT(number_field(pipeline, "measured_embedding_bytes"), 0) << pipeline;
     EXPECT_EQ(number_field(pipeline, "measured_embedding_bytes"), number_field(pipeline, "theory_embedding_bytes"))
         << pipeline;
+  }
+}
+
+// A stage's message buffers (the inputs and gradients it receives, the gradients it sends a copy of)
+// are one per micro-batch in flight, the formula's count: with the micro-batch size fixed, four
+// times the micro-batches hold the same buffers on every stage under 1f1b, where one buffer per
+// micro-batch of the step held four times as many (the receives wait for a free buffer instead,
+// under MPI's tags and NCCL's call order alike).
+TEST(PipelineTheory, MessageBuffersAreTheMicroBatchesInFlightNotAllOfTheStep) {
+  for (const std::string matching : {"tag", "call-order"}) {
+    SCOPED_TRACE(matching);
+    auto buffers = [&](int micro_batches) {
+      const std::string dir = temp_dir();
+      const std::string m = std::to_string(micro_batches);
+      RunResult r = run_trainer("08_pipeline", 2,
+                                "--preset " + kPreset + " --schedule 1f1b --steps 2 --batch " + m +
+                                    " --micro-batches " + m + " --p2p-matching " + matching + " --json " + dir +
+                                    "/run.jsonl");
+      EXPECT_EQ(r.exit_code, 0) << r.output;
+      // In messages: stage 0 sends one a micro-batch (its output), so its p2p bytes over m are one.
+      std::vector<double> per_stage;
+      double message = 0;
+      for (const std::string& stage : read_records(dir + "/run.jsonl", "pipeline_stage")) {
+        EXPECT_EQ(number_field(stage, "measured_message_buffer_bytes"),
+                  number_field(stage, "theory_message_buffer_bytes"))
+            << stage;
+        if (per_stage.empty()) message = number_field(stage, "measured_p2p_bytes") / micro_batches;
+        per_stage.push_back(number_field(stage, "measured_message_buffer_bytes") / message);
+      }
+      return per_stage;
+    };
+    // 1f1b on 2 stages: stage 0 holds 2 micro-batches, each with the gradient it receives; stage 1
+    // one, with its input received and the input's gradient sent.
+    const std::vector<double> two = {2, 2};
+    EXPECT_EQ(buffers(2), two);
+    EXPECT_EQ(buffers(8), two);
+  }
+}
+
+// The same with messages of 64 KB (deep's stream, 2 sequences a micro-batch), beyond MPI's eager size
+// (MPI then moves a message only once its receive is posted; the small ones above it may copy ahead):
+// on 4 stages with 8 micro-batches, a receive that waits for a free buffer must never leave a send,
+// and the rank behind it, waiting for ever. Under the two schedules whose lists interleave the most;
+// every stage holds fewer buffers than micro-batches, so receives do wait.
+TEST(PipelineTheory, ReceivesThatWaitForABufferNeverHoldUpTheStep) {
+  for (const std::string schedule : {"interleaved", "zb-h1"}) {
+    SCOPED_TRACE(schedule);
+    const std::string dir = temp_dir();
+    RunResult r = run_trainer("08_pipeline", 4,
+                              "--preset deep --batch 16 --micro-batches 8 --steps 2 --p2p-matching tag --schedule " +
+                                  schedule + " --json " + dir + "/run.jsonl",
+                              120);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    for (const std::string& stage : read_records(dir + "/run.jsonl", "pipeline_stage")) {
+      EXPECT_EQ(number_field(stage, "measured_message_buffer_bytes"), number_field(stage, "theory_message_buffer_bytes"))
+          << stage;
+      EXPECT_LT(number_field(stage, "theory_micro_batches_held"), 8 * (schedule == "interleaved" ? 2 : 1)) << stage;
+    }
   }
 }
 
