@@ -21,6 +21,8 @@
 // buckets overlap backward, and the run equals one rank's with the same global batch, with or
 // without a capacity (moe.h: tokens claim an expert's capacity in the global token order).
 //
+// Base chapter: 03_bucket_dp (docs/diffs/11_expert_parallel.diff: what this chapter adds to it).
+//
 // Run:
 //   make 11_expert_parallel
 //   mpiexec -n 4 ./11_expert_parallel/train --ep 2                  # DP 2 x EP 2, moe-tiny
@@ -302,7 +304,7 @@ int train(Communicator* comm, TrainConfig& cfg, const ExpertFlags& flag) {
     const CommStats world_step = comm->stats().since(world_before), edp_step = grid.expert_dp().stats().since(edp_before);
     JsonObject record;
     record.add("type", "experts").add("step", step).add("balance_loss", balance).add("ep", ep).add("dp", D)
-        .add("experts", E).add("layers", L)
+        .add("experts", E).add("layers", L).add("aux_loss_coef", aux_loss_coef).add("capacity_factor", capacity_factor)
         .add("a2a_sent_bytes", int64_t(a2a.sent_bytes)).add("a2a_received_bytes", int64_t(a2a.received_bytes))
         .add("a2a_predicted_bytes", exchange.predicted_sent_bytes()).add("a2a_calls", a2a.calls)
         .add("a2a_busy_ms", a2a.busy_ms).add("a2a_link_model_ms", exchange.predicted_link_ms())
