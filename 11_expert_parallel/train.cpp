@@ -254,6 +254,11 @@ int train(Communicator* comm, TrainConfig& cfg, const ExpertFlags& flag) {
   const double dense_theory = W > 1 ? 2.0 * (W - 1) / W * 4.0 * double(layout.padded_size - expert_range) : 0;
   const double expert_theory = D > 1 ? 2.0 * (D - 1) / D * 4.0 * double(expert_range) : 0;
   const double counts_theory = double(L * wire_bytes_for(CollectiveKind::AllGather, int64_t(W) * E * 4, W));
+  // The all-to-alls with balanced routing and no capacity (docs/theory.md, 13): per layer the counts,
+  // then four exchanges (dispatch, combine, and both again in backward) of (P-1)/P of n k rows.
+  const int P = ep;
+  const double rows = double(run.micro_batch_size()) * model_cfg.T * model_cfg.top_k;
+  const double a2a_balanced = P > 1 ? L * (double(P - 1) / P * 4 * E + 4.0 * (P - 1) / P * rows * model_cfg.C * 4) : 0;
   run.set_dp_comm_theory(dense_theory + counts_theory,
                          "2(W-1)/W x 4 x non-expert elements (padding included) + L x (W-1) x 4E counts");
 
@@ -307,6 +312,7 @@ int train(Communicator* comm, TrainConfig& cfg, const ExpertFlags& flag) {
         .add("experts", E).add("layers", L).add("aux_loss_coef", aux_loss_coef).add("capacity_factor", capacity_factor)
         .add("a2a_sent_bytes", int64_t(a2a.sent_bytes)).add("a2a_received_bytes", int64_t(a2a.received_bytes))
         .add("a2a_predicted_bytes", exchange.predicted_sent_bytes()).add("a2a_calls", a2a.calls)
+        .add("a2a_balanced_theory_bytes", a2a_balanced)
         .add("a2a_busy_ms", a2a.busy_ms).add("a2a_link_model_ms", exchange.predicted_link_ms())
         .add("world_all_reduce_bytes", world_step.kind[int(CollectiveKind::AllReduce)].sent_bytes)
         .add("world_all_reduce_theory", dense_theory)
@@ -328,10 +334,10 @@ int train(Communicator* comm, TrainConfig& cfg, const ExpertFlags& flag) {
         for (int e = 0; e < E; e++) std::printf(" %lld/%lld", (long long)r.routed[size_t(e)], (long long)r.dropped[size_t(e)]);
         std::printf(r.capacity < 0 ? " (capacity unlimited)\n" : " (capacity %lld)\n", (long long)r.capacity);
       }
-      std::printf("  balance loss %.5f (in the loss) | all-to-all: %lld calls, sent %s (from the counts: %s), "
-                  "%.2f ms busy (link model %.2f ms)\n",
+      std::printf("  balance loss %.5f (in the loss) | all-to-all: %lld calls, sent %s (from the counts: %s; "
+                  "balanced routing: %s), %.2f ms busy (link model %.2f ms)\n",
                   balance, (long long)a2a.calls, format_bytes(a2a_sent).c_str(), format_bytes(predicted).c_str(),
-                  a2a.busy_ms, exchange.predicted_link_ms());
+                  format_bytes(a2a_balanced).c_str(), a2a.busy_ms, exchange.predicted_link_ms());
       std::fflush(stdout);
     }
     if (run.is_root() && report_memory) {  // once, after step 1; the JSON record even under --quiet

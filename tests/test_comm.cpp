@@ -19,6 +19,9 @@
 
 #include "bf16.h"
 #include "comm.h"
+#include "comm_factory.h"  // communicator_for: the all-to-alls of CUDA tensors
+#include "device.h"        // cuda_device_count, transfer
+#include "memory.h"        // Buffer on the GPU
 #include "mpi_test_env.h"
 #include "trace.h"
 
@@ -1253,3 +1256,44 @@ TEST_F(CommTest, AllToAllTakesAtLeastItsModelledTime) {
   EXPECT_GE(now_ms() - t0, own);
   EXPECT_GE(delta(comm.stats(), before, CollectiveKind::AllToAll).busy_ms, own - 1e-3);
 }
+
+// The same exchanges of CUDA tensors, through the CUDA communicator (comm_nccl.cpp): NCCL at one rank,
+// the host-staged fallback when several ranks share a GPU (one GPU per rank would run NCCL's grouped
+// ncclSend/ncclRecv). Skipped without a GPU or a CUDA build.
+TEST_F(CommTest, AllToAllOfCudaTensors) {
+  std::string why;
+  if (cuda_device_count(&why) == 0) GTEST_SKIP() << "no GPU here: " << why;
+  std::unique_ptr<Communicator> cuda = communicator_for(Device::CUDA, comm.split(0, rank, "cuda"));
+  ASSERT_EQ(cuda->device(), Device::CUDA);
+  const int64_t n = 37;
+  std::vector<float> in(size_t(N * n)), out(size_t(N * n), -1.0f);
+  for (int to = 0; to < N; to++)
+    for (int64_t i = 0; i < n; i++) in[size_t(to * n + i)] = a2a_value(rank, to, i);
+  Buffer send(N * n, MemCategory::Other, Device::CUDA), recv(N * n, MemCategory::Other, Device::CUDA);
+  transfer(send.view(), view(in));
+  cuda->all_to_all(send.view(), recv.view());
+  transfer(view(out), recv.view());
+  EXPECT_TRUE(exactly(out, [&](int64_t j) { return a2a_value(int(j / n), rank, j % n); }));
+
+  std::vector<int64_t> send_counts(N), recv_counts(N);
+  for (int r = 0; r < N; r++) send_counts[r] = a2a_count(rank, r, 100), recv_counts[r] = a2a_count(r, rank, 100);
+  std::vector<float> vin(total_of(send_counts)), vout(total_of(recv_counts), -1.0f);
+  for (int to = 0; to < N; to++)
+    for (int64_t i = 0; i < send_counts[to]; i++) vin[size_t(offset_of(send_counts, to) + i)] = a2a_value(rank, to, i);
+  Buffer vsend(std::max<int64_t>(1, total_of(send_counts)), MemCategory::Other, Device::CUDA);
+  Buffer vrecv(std::max<int64_t>(1, total_of(recv_counts)), MemCategory::Other, Device::CUDA);
+  const Tensor vs = vsend.view().slice1d(0, total_of(send_counts)), vr = vrecv.view().slice1d(0, total_of(recv_counts));
+  if (!vin.empty()) transfer(vs, view(vin));
+  const CommStats before = cuda->stats();
+  cuda->all_to_all_v(vs, send_counts, vr, recv_counts);
+  if (!vout.empty()) transfer(view(vout), vr);
+  EXPECT_TRUE(exactly(vout, [&](int64_t j) {
+    const int from = owner_of(recv_counts, j);
+    return a2a_value(from, rank, j - offset_of(recv_counts, from));
+  }));
+  int64_t sent = 0;
+  for (int r = 0; r < N; r++)
+    if (r != rank) sent += 4 * send_counts[r];
+  EXPECT_EQ(delta(cuda->stats(), before, CollectiveKind::AllToAll).sent_bytes, N == 1 ? 0 : sent);
+}
+
