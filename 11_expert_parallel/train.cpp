@@ -41,6 +41,7 @@
 #include "comm.h"
 #include "comm_factory.h"
 #include "device.h"
+#include "expert_report.h"
 #include "flags.h"
 #include "memory.h"
 #include "model.h"
@@ -240,26 +241,16 @@ int train(Communicator* comm, TrainConfig& cfg, const ExpertFlags& flag) {
 
   const double bucket_bytes = cfg.was_given("--bucket-mb") ? bucket_mb * 1e6 : default_bucket_bytes(layout, 4);
   GradientBuckets buckets(layout, bucket_bytes, 4);
-  int64_t expert_elements = 0, expert_range = 0;  // the experts' tensors; their ranges, padding included
-  for (const ParamInfo& p : layout.params)
-    if (p.expert >= 0) expert_elements += p.size;
+  int64_t expert_range = 0;  // where expert gradients are reduced: their tensors and the padding after them
   for (const Segment& s : segments_of(layout, 0, layout.padded_size))
     if (s.experts) expert_range += s.end - s.begin;
   if (run.is_root())
     std::printf("grid: %s | %d experts per block, %d on each rank | top-%d | capacity factor %g | balance loss x %g | "
                 "%d buckets\n",
                 grid.describe().c_str(), E, E / ep, model_cfg.top_k, capacity_factor, aux_loss_coef, buckets.count());
-  // The world's theory: the non-expert gradient's all-reduce, and each layer's all-gather of E counts.
-  const int W = comm->size(), D = grid.dp_size();
-  const double dense_theory = W > 1 ? 2.0 * (W - 1) / W * 4.0 * double(layout.padded_size - expert_range) : 0;
-  const double expert_theory = D > 1 ? 2.0 * (D - 1) / D * 4.0 * double(expert_range) : 0;
-  const double counts_theory = double(L * wire_bytes_for(CollectiveKind::AllGather, int64_t(W) * E * 4, W));
-  // The all-to-alls with balanced routing and no capacity (docs/theory.md, 13): per layer the counts,
-  // then four exchanges (dispatch, combine, and both again in backward) of (P-1)/P of n k rows.
-  const int P = ep;
-  const double rows = double(run.micro_batch_size()) * model_cfg.T * model_cfg.top_k;
-  const double a2a_balanced = P > 1 ? L * (double(P - 1) / P * 4 * E + 4.0 * (P - 1) / P * rows * model_cfg.C * 4) : 0;
-  run.set_dp_comm_theory(dense_theory + counts_theory,
+  const int W = comm->size();
+  const ExpertTheory theory = expert_theory(layout, model_cfg, W, ep, run.micro_batch_size(), expert_range);
+  run.set_dp_comm_theory(theory.world_all_reduce + theory.counts_all_gather,
                          "2(W-1)/W x 4 x non-expert elements (padding included) + L x (W-1) x 4E counts");
 
   // The lesson, 2: when a bucket is final, average its expert ranges over the ranks that hold the
@@ -302,84 +293,24 @@ int train(Communicator* comm, TrainConfig& cfg, const ExpertFlags& flag) {
     optimizer.update(params.view(), grads.view(), step + 1, run.lr(step), clip_factor(norm, cfg.grad_clip));
     run.end_step(step, loss, norm);
 
-    // What the reader sees: routing per layer and expert, the balance loss, the all-to-alls.
-    const CollectiveCounters a2a = grid.ep().stats().since(ep_before).kind[int(CollectiveKind::AllToAll)];
-    const double a2a_sent = grid.ep().all_reduce_scalar(double(a2a.sent_bytes), ReduceOp::Max);
-    const double predicted = grid.ep().all_reduce_scalar(double(exchange.predicted_sent_bytes()), ReduceOp::Max);
-    const CommStats world_step = comm->stats().since(world_before), edp_step = grid.expert_dp().stats().since(edp_before);
-    JsonObject record;
-    record.add("type", "experts").add("step", step).add("balance_loss", balance).add("ep", ep).add("dp", D)
-        .add("experts", E).add("layers", L).add("aux_loss_coef", aux_loss_coef).add("capacity_factor", capacity_factor)
-        .add("a2a_sent_bytes", int64_t(a2a.sent_bytes)).add("a2a_received_bytes", int64_t(a2a.received_bytes))
-        .add("a2a_predicted_bytes", exchange.predicted_sent_bytes()).add("a2a_calls", a2a.calls)
-        .add("a2a_balanced_theory_bytes", a2a_balanced)
-        .add("a2a_busy_ms", a2a.busy_ms).add("a2a_link_model_ms", exchange.predicted_link_ms())
-        .add("world_all_reduce_bytes", world_step.kind[int(CollectiveKind::AllReduce)].sent_bytes)
-        .add("world_all_reduce_theory", dense_theory)
-        .add("expert_dp_all_reduce_bytes", edp_step.kind[int(CollectiveKind::AllReduce)].sent_bytes)
-        .add("expert_dp_all_reduce_theory", expert_theory);
-    for (int l = 0; l < L; l++) {
-      const RoutingStats& r = model.routing(l);
-      record.add("capacity_L" + std::to_string(l), r.capacity);
-      for (int e = 0; e < E; e++)
-        record.add("routed_L" + std::to_string(l) + "_E" + std::to_string(e), r.routed[size_t(e)])
-            .add("dropped_L" + std::to_string(l) + "_E" + std::to_string(e), r.dropped[size_t(e)]);
-    }
-    run.write_record(record);
-    const bool report_memory = step == start + 1 || (start + 1 >= cfg.steps && step == start);
-    if (run.is_root() && !cfg.quiet) {
-      for (int l = 0; l < L; l++) {
-        const RoutingStats& r = model.routing(l);
-        std::printf("  L%d experts routed/dropped:", l);
-        for (int e = 0; e < E; e++) std::printf(" %lld/%lld", (long long)r.routed[size_t(e)], (long long)r.dropped[size_t(e)]);
-        std::printf(r.capacity < 0 ? " (capacity unlimited)\n" : " (capacity %lld)\n", (long long)r.capacity);
-      }
-      std::printf("  balance loss %.5f (in the loss) | all-to-all: %lld calls, sent %s (from the counts: %s; "
-                  "balanced routing: %s), %.2f ms busy (link model %.2f ms)\n",
-                  balance, (long long)a2a.calls, format_bytes(a2a_sent).c_str(), format_bytes(predicted).c_str(),
-                  format_bytes(a2a_balanced).c_str(), a2a.busy_ms, exchange.predicted_link_ms());
-      std::fflush(stdout);
-    }
-    if (run.is_root() && report_memory) {  // once, after step 1; the JSON record even under --quiet
-      const MemoryStats& mem = memory_stats();
-      const double expert_theory_bytes = 4.0 * L * (E / ep) * (8.0 * model_cfg.C * model_cfg.C + 5.0 * model_cfg.C);
-      const double params_bytes = double(mem.current[int(MemCategory::Params)]);
-      if (!cfg.quiet) {
-        std::printf("  memory per rank (EP %d): parameters %s = non-expert %s + experts %s (theory L x E/ep x "
-                    "(8C^2+5C) x 4 B = %s) | gradients %s | optimizer %s | activations %s | comm buffers %s\n",
-                    ep, format_bytes(params_bytes).c_str(),
-                    format_bytes(4.0 * double(layout.padded_size - expert_elements)).c_str(),
-                    format_bytes(4.0 * double(expert_elements)).c_str(), format_bytes(expert_theory_bytes).c_str(),
-                    format_bytes(double(mem.current[int(MemCategory::Grads)])).c_str(),
-                    format_bytes(double(mem.current[int(MemCategory::OptState)])).c_str(),
-                    format_bytes(double(mem.peak[int(MemCategory::Activations)])).c_str(),
-                    format_bytes(double(mem.peak[int(MemCategory::CommBuffers)])).c_str());
-        std::printf("  gradient bytes per step: world all-reduce %s (theory 2(W-1)/W x non-expert: %s) | "
-                    "expert-dp all-reduce %s (theory 2(D-1)/D x experts held: %s)\n",
-                    format_bytes(double(world_step.kind[int(CollectiveKind::AllReduce)].sent_bytes)).c_str(),
-                    format_bytes(dense_theory).c_str(),
-                    format_bytes(double(edp_step.kind[int(CollectiveKind::AllReduce)].sent_bytes)).c_str(),
-                    format_bytes(expert_theory).c_str());
-        std::fflush(stdout);
-      }
-      JsonObject mem_record;
-      mem_record.add("type", "memory_ep").add("ep", ep)
-          .add("params_bytes", mem.current[int(MemCategory::Params)])
-          .add("expert_params_bytes", 4 * expert_elements)
-          .add("expert_params_theory", expert_theory_bytes)
-          .add("non_expert_params_bytes", 4 * (layout.padded_size - expert_elements))
-          .add("grads_bytes", mem.current[int(MemCategory::Grads)])
-          .add("optim_bytes", mem.current[int(MemCategory::OptState)])
-          .add("activations_bytes", mem.peak[int(MemCategory::Activations)])
-          .add("comm_buffers_bytes", mem.peak[int(MemCategory::CommBuffers)]);
-      run.write_record(mem_record);
-    }
+    // What the reader sees: routing per layer and expert, the balance loss, the all-to-alls, and
+    // after step 1 the memory per rank and each group's gradient bytes (expert_report.h).
+    ExpertStep measured;
+    measured.step = step;
+    measured.balance_loss = balance;
+    measured.a2a = grid.ep().stats().since(ep_before).kind[int(CollectiveKind::AllToAll)];
+    measured.a2a_predicted_bytes = exchange.predicted_sent_bytes();
+    measured.a2a_link_model_ms = exchange.predicted_link_ms();
+    measured.world_all_reduce_bytes = comm->stats().since(world_before).kind[int(CollectiveKind::AllReduce)].sent_bytes;
+    measured.expert_dp_all_reduce_bytes =
+        grid.expert_dp().stats().since(edp_before).kind[int(CollectiveKind::AllReduce)].sent_bytes;
+    const bool memory_too = step == start + 1 || (start + 1 >= cfg.steps && step == start);
+    report_expert_step(run, grid.ep(), model, measured, theory, ep, grid.dp_size(), memory_too, cfg.quiet);
     if (run.checkpoint_due(step)) run.save_checkpoint(step + 1, params, optimizer);
     if (run.stopping()) break;  // Ctrl-C or a diverging loss: every rank agreed to stop here
   }
   return run.finish();
 }
-
 
 int main(int argc, char** argv) {
   auto comm = init_mpi_communicator(&argc, &argv);
@@ -388,30 +319,26 @@ int main(int argc, char** argv) {
   cfg.device = "cpu";       // the experts run on the CPU (moe.h)
   FlagParser flags;
   ExpertFlags opt;
-  double& bucket_mb = opt.bucket_mb;
-  double& capacity_factor = opt.capacity_factor;
-  double& aux_loss_coef = opt.aux_loss_coef;
-  int& ep = opt.ep;
-  flags.add("--bucket-mb", &bucket_mb, "target bucket size in MB, a bucket holding whole tensors (default: an "
+  flags.add("--bucket-mb", &opt.bucket_mb, "target bucket size in MB, a bucket holding whole tensors (default: an "
                                       "eighth of the gradient)");
-  flags.add("--ep", &ep, "expert-parallel group size: each of its ranks holds E/ep experts of every block; "
+  flags.add("--ep", &opt.ep, "expert-parallel group size: each of its ranks holds E/ep experts of every block; "
                          "the world is DP x EP");
-  flags.add("--capacity-factor", &capacity_factor, "an expert takes at most factor x tokens x k / E assignments "
+  flags.add("--capacity-factor", &opt.capacity_factor, "an expert takes at most factor x tokens x k / E assignments "
                                                    "of a step, the rest are dropped (0: unlimited)");
-  flags.add("--aux-loss-coef", &aux_loss_coef, "coefficient of the load-balancing loss E x sum_e f_e P_e");
+  flags.add("--aux-loss-coef", &opt.aux_loss_coef, "coefficient of the load-balancing loss E x sum_e f_e P_e");
   if (!parse_train_flags(argc, argv, "11_expert_parallel",
                          "Chapter 11: expert parallelism, a mixture of experts over ranks by all-to-all.", flags, &cfg)) {
     shutdown_mpi(std::move(comm));
     return 0;
   }
-  if (cfg.was_given("--bucket-mb") && !(bucket_mb > 0)) config_error("--bucket-mb must be > 0");
-  if (!(capacity_factor >= 0)) config_error("--capacity-factor must be >= 0 (0: unlimited)");
-  if (!(aux_loss_coef >= 0)) config_error("--aux-loss-coef must be >= 0");
+  if (cfg.was_given("--bucket-mb") && !(opt.bucket_mb > 0)) config_error("--bucket-mb must be > 0");
+  if (!(opt.capacity_factor >= 0)) config_error("--capacity-factor must be >= 0 (0: unlimited)");
+  if (!(opt.aux_loss_coef >= 0)) config_error("--aux-loss-coef must be >= 0");
   // Every check before the first collective, the same on every rank.
   GPT2Config preset;
   if (!find_preset(cfg.preset, &preset))
     config_error("--preset: unknown preset '" + cfg.preset + "' (choose from " + preset_names() + ")");
-  const std::string grid_problem = expert_grid_problem(comm->size(), ep, preset.experts, cfg.preset);
+  const std::string grid_problem = expert_grid_problem(comm->size(), opt.ep, preset.experts, cfg.preset);
   if (!grid_problem.empty()) config_error(grid_problem);
   const std::string moe_problem = moe_run_problem(cfg.preset, "11_expert_parallel", pick_device(cfg.device), true,
                                                   comm->size(), 1, 1, cfg.grad_accum, cfg.recompute);
