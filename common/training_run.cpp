@@ -665,7 +665,7 @@ void TrainingRun::end_step(int step, float local_loss, double grad_norm) {
         .add(name + "_comm_ms", d.in_flight_ms)
         .add(name + "_collectives", training_calls(d));
     for (CollectiveKind k : {CollectiveKind::AllReduce, CollectiveKind::ReduceScatter, CollectiveKind::AllGather,
-                             CollectiveKind::SendRecv})
+                             CollectiveKind::SendRecv, CollectiveKind::AllToAll})
       if (d.kind[int(k)].calls) record.add(name + "_bytes_" + collective_name(k), d.kind[int(k)].sent_bytes);
   }
   json_.write(record);
