@@ -19,6 +19,10 @@
 // (output()) and, in backward, takes that output's gradient and leaves its input's (input_grad()).
 // With split_backward, backward() computes only the inputs' gradients (the critical path) and
 // backward_weights() the weights' later (zero-bubble schedules).
+//
+// Mixture of experts (chapter 11): with GPT2Config::experts > 0 each block's MLP is a MoE layer
+// (moe.h), on the CPU in fp32; expert parallelism hands its experts' work to the chapter through
+// ExpertHooks.
 #pragma once
 #include <functional>
 #include <memory>

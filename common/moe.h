@@ -1,5 +1,6 @@
 // moe.h: the mixture-of-experts MLP of the MoE presets (model_config.h: moe-tiny, moe-small), on the
-// CPU in fp32. Defines ExpertWeights, ExpertMLPs, ExpertHooks, RoutingStats and MoELayer.
+// CPU in fp32. Defines ExpertWeights, ExpertMLPs, ExpertHooks, RoutingStats, MoELayer and
+// moe_run_problem().
 //
 // In a MoE block the MLP becomes E experts, each an MLP of the dense one's shape (fc 4C x C, GELU,
 // proj C x 4C), and a router, a linear map without bias (E x C: a row per expert). Per token x:
