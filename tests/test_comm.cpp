@@ -1093,6 +1093,30 @@ TEST_F(CommTest, AnInterruptEndsAModelledWait) {
   EXPECT_LT(seconds, 10.0) << "the modelled wait outlived the interrupt";
 }
 
+// An interrupt posts what the link holds; once it is lifted, the link holds ops again, but only for
+// their own time: not until the end of the 2000 s hold that the interrupted op skipped, which its lane
+// still counted as busy (every later op on the communicator waited for it, forever to a test).
+TEST_F(CommTest, AfterAnInterruptTheLinkHoldsOnlyNewOps) {
+  if (N < 2) GTEST_SKIP() << "one rank: nothing is held";
+  comm.set_link_model({0.0, 1e9});  // 1000 s a hop
+  std::vector<float> x(256, float(rank + 1));
+  CommHandle pending = comm.all_reduce_async(view(x), ReduceOp::Sum);
+  std::thread interrupter([] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    interrupt_link_emulation();
+  });
+  pending.wait();
+  interrupter.join();
+  interrupt_link_emulation(false);  // lifted before any other op is issued
+  comm.set_link_model({0.0, 1000.0});  // 1 ms a hop
+  const auto start = std::chrono::steady_clock::now();
+  std::vector<float> y(16, float(rank + 1));
+  comm.all_reduce(view(y), ReduceOp::Sum);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_TRUE(exactly(y, [&](int64_t) { return S1; }));
+  EXPECT_LT(seconds, 20.0) << "an op after the interrupt waited for the hold the interrupt skipped";
+}
+
 // The watchdog watches a modelled wait too, and says that the link is slow, not that a rank is dead:
 // every rank holds its all-reduce 2(N-1) x 1000 s with a 1 s timeout. DISABLED_ (the watchdog ends
 // the job): tests/test_refusals.cpp runs it alone on 2 ranks and reads what it printed.
