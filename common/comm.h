@@ -22,7 +22,7 @@
 
 enum class ReduceOp { Sum, Avg, Max, Min };
 
-enum class CollectiveKind { AllReduce, ReduceScatter, AllGather, Broadcast, SendRecv, Barrier, Scalar, Count };
+enum class CollectiveKind { AllReduce, ReduceScatter, AllGather, Broadcast, SendRecv, Barrier, Scalar, AllToAll, Count };
 constexpr int kCollectiveKinds = static_cast<int>(CollectiveKind::Count);
 const char* collective_name(CollectiveKind k);  // "all_reduce", "reduce_scatter", ...
 
@@ -144,6 +144,19 @@ class Communicator {
   // order. In place when send IS this rank's segment of recv, as for all_gather_async.
   virtual CommHandle all_gather_v_async(Tensor send, Tensor recv, const std::vector<int64_t>& counts) = 0;
 
+  // All-to-all (expert parallelism's dispatch and combine): every rank sends a different chunk to
+  // every rank. send holds size() chunks of n elements, chunk r for rank r; recv receives size()
+  // chunks of n, chunk r from rank r. Counted as AllToAll with this rank's send buffer S as the
+  // payload; a rank keeps its own chunk, so it sends and receives (N-1)/N of S.
+  virtual CommHandle all_to_all_async(Tensor send, Tensor recv) = 0;
+  // Variable counts: send holds sum(send_counts) elements, segment r (send_counts[r], possibly 0)
+  // for rank r, in rank order; recv receives sum(recv_counts), segment r from rank r. recv_counts[r]
+  // must be what rank r sends here (its send_counts[rank()]): exchange the counts first, with an
+  // all_to_all of one count per rank. The payload is this rank's send buffer; the bytes sent and
+  // received follow the counts, the own segment excluded. The counts are copied.
+  virtual CommHandle all_to_all_v_async(Tensor send, const std::vector<int64_t>& send_counts, Tensor recv,
+                                        const std::vector<int64_t>& recv_counts) = 0;
+
   virtual CommHandle broadcast_async(Tensor buf, int root) = 0;
   // Point to point. A receive matches the send from `peer` with the same tag; messages with equal
   // (peer, tag) arrive in the order they were sent. NCCL has no tags and matches by issue order
@@ -182,6 +195,13 @@ class Communicator {
   }
   void all_gather_v(Tensor send, Tensor recv, const std::vector<int64_t>& counts) {
     blocking([&] { return all_gather_v_async(send, recv, counts); });
+  }
+  void all_to_all(Tensor send, Tensor recv) {
+    blocking([&] { return all_to_all_async(send, recv); });
+  }
+  void all_to_all_v(Tensor send, const std::vector<int64_t>& send_counts, Tensor recv,
+                    const std::vector<int64_t>& recv_counts) {
+    blocking([&] { return all_to_all_v_async(send, send_counts, recv, recv_counts); });
   }
   void broadcast(Tensor buf, int root) {
     blocking([&] { return broadcast_async(buf, root); });
@@ -266,8 +286,16 @@ int64_t wire_bytes_for(CollectiveKind kind, int64_t payload_bytes, int ranks);
 // Modelled time in ms of one op on the emulated link (0 when the link is off or ranks == 1):
 //   all_reduce                   2(N-1) (alpha + S / (N beta))   reduce-scatter, then all-gather
 //   reduce_scatter, all_gather    (N-1) (alpha + S / (N beta))   S = the full (N-chunk) size
+//   all_to_all                    (N-1) (alpha + S / (N beta))   S = this rank's send buffer:
+//                                                                N-1 pairwise exchanges of a chunk
 //   broadcast, send               alpha + S / beta               pipelined: the payload once
 //   barrier                       2(N-1) alpha                    an all-reduce of nothing
 //   scalar                        as all_reduce with S = 8 bytes
 // with alpha = latency_us and beta = gbps / 8 bytes per second (infinite when gbps is 0).
 double modelled_ms(const LinkModel& link, CollectiveKind kind, int64_t payload_bytes, int ranks);
+
+// The payload whose all_to_all takes as long as an all_to_all_v that sends `sent` and receives
+// `received` bytes (own segment excluded): the larger of the two, as if it were the (N-1)/N that
+// travels of an even split. Then modelled_ms(AllToAll) = (N-1) alpha + max(sent, received) / beta
+// (docs/theory.md, "All-to-all"), and an even split gives back its own S.
+int64_t all_to_all_v_link_bytes(int64_t sent, int64_t received, int ranks);

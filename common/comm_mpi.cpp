@@ -81,6 +81,7 @@ const char* collective_name(CollectiveKind k) {
     case CollectiveKind::SendRecv: return "send_recv";
     case CollectiveKind::Barrier: return "barrier";
     case CollectiveKind::Scalar: return "scalar";
+    case CollectiveKind::AllToAll: return "all_to_all";
     case CollectiveKind::Count: break;
   }
   return "?";
@@ -162,7 +163,8 @@ int64_t wire_bytes_for(CollectiveKind kind, int64_t payload, int n) {
     case CollectiveKind::AllReduce:
     case CollectiveKind::Scalar: return 2 * (n - 1) * payload / n;
     case CollectiveKind::ReduceScatter:
-    case CollectiveKind::AllGather: return (n - 1) * payload / n;
+    case CollectiveKind::AllGather:
+    case CollectiveKind::AllToAll: return (n - 1) * payload / n;
     case CollectiveKind::Barrier: return 0;
     default: return payload;
   }
@@ -178,7 +180,8 @@ double modelled_ms(const LinkModel& link, CollectiveKind kind, int64_t payload_b
   switch (kind) {
     case CollectiveKind::AllReduce: seconds = 2 * (n - 1) * (alpha + S / n * per_byte); break;
     case CollectiveKind::ReduceScatter:
-    case CollectiveKind::AllGather: seconds = (n - 1) * (alpha + S / n * per_byte); break;
+    case CollectiveKind::AllGather:
+    case CollectiveKind::AllToAll: seconds = (n - 1) * (alpha + S / n * per_byte); break;
     case CollectiveKind::Broadcast:
     case CollectiveKind::SendRecv: seconds = alpha + S * per_byte; break;
     case CollectiveKind::Barrier: seconds = 2 * (n - 1) * alpha; break;
@@ -186,6 +189,12 @@ double modelled_ms(const LinkModel& link, CollectiveKind kind, int64_t payload_b
     case CollectiveKind::Count: break;
   }
   return seconds * 1e3;
+}
+
+int64_t all_to_all_v_link_bytes(int64_t sent, int64_t received, int ranks) {
+  if (ranks <= 1) return 0;
+  const int64_t largest = std::max(sent, received);
+  return (largest * ranks + ranks - 2) / (ranks - 1);  // rounded up: never less than the bytes that travel
 }
 
 namespace {
@@ -465,7 +474,7 @@ class ProgressEngine {
       op->issued = now;
       op->handle->issued = now;
       if (!(modelled_ms <= kLongestHoldMs)) modelled_ms = kLongestHoldMs;  // NaN too
-      if (g_link_interrupted.load()) modelled_ms = 0;
+      if (g_link_interrupted.load()) modelled_ms = 0, lane.free_at = std::min(lane.free_at, now);
       op->modelled_ms = modelled_ms;
       op->post_at = std::max(now, lane.free_at) + as_duration(modelled_ms);
       lane.free_at = op->post_at;
@@ -564,6 +573,9 @@ class ProgressEngine {
         continue;
       }
       MpiOp& op = **it;
+      // Posted early by an interrupt: the lane is free from now on, not from the end of the hold it
+      // skipped (else an op issued after the interrupt is lifted would wait out that hold).
+      if (interrupted) lanes_[op.lane].free_at = std::min(lanes_[op.lane].free_at, now);
       op.posted = now;
       op.handle->posted = true;
       op.handle->posted_at = now;
@@ -897,6 +909,53 @@ class MpiCommunicator final : public Communicator {
                   });
   }
 
+  CommHandle all_to_all_async(Tensor send, Tensor recv) override {
+    ensure_cpu(send);
+    ensure_cpu(recv);
+    ensure_same_dtype(send, recv, "all_to_all");
+    ENSURE(send.numel() == recv.numel() && send.numel() % size_ == 0,
+           "all_to_all: send and recv must each hold size() chunks of the same number of elements");
+    ENSURE(!overlap(send, recv), "all_to_all: send and recv overlap; MPI forbids it, use a separate recv");
+    const int64_t bytes = int64_t(send.bytes());
+    if (size_ == 1) return done_copy(CollectiveKind::AllToAll, bytes, recv, send);
+    const void* in = mpi_buffer(send);
+    void* out = mpi_buffer(recv);
+    const int n = mpi_count(send.numel() / size_);
+    const MPI_Datatype type = mpi_type(send.dtype);
+    const int64_t wire = wire_bytes_for(CollectiveKind::AllToAll, bytes, size_);
+    return submit(CollectiveKind::AllToAll, "all_to_all", bytes, {wire, wire}, send_lane_,
+                  [=](MPI_Request* r) { MPI_CHECK(MPI_Ialltoall(in, n, type, out, n, type, comm_, r)); });
+  }
+
+  CommHandle all_to_all_v_async(Tensor send, const std::vector<int64_t>& send_counts, Tensor recv,
+                                const std::vector<int64_t>& recv_counts) override {
+    ensure_cpu(send);
+    ensure_cpu(recv);
+    ensure_same_dtype(send, recv, "all_to_all_v");
+    VarCounts out_counts = var_counts(send_counts, size_, "all_to_all_v (send_counts)");
+    VarCounts in_counts = var_counts(recv_counts, size_, "all_to_all_v (recv_counts)");
+    ENSURE(send.numel() == out_counts.total, "all_to_all_v: send must hold sum(send_counts) elements");
+    ENSURE(recv.numel() == in_counts.total, "all_to_all_v: recv must hold sum(recv_counts) elements");
+    ENSURE(send_counts[rank_] == recv_counts[rank_],
+           "all_to_all_v: this rank's own segment must have the same count in send_counts and recv_counts");
+    ENSURE(!overlap(send, recv), "all_to_all_v: send and recv overlap; MPI forbids it, use a separate recv");
+    const int64_t bytes = int64_t(send.bytes());
+    if (size_ == 1) return done_copy(CollectiveKind::AllToAll, bytes, recv, send);
+    const DType dtype = send.numel() > 0 ? send.dtype : recv.dtype;
+    const int64_t element = int64_t(dtype_size(dtype));
+    const Traffic traffic{(out_counts.total - send_counts[rank_]) * element,
+                          (in_counts.total - recv_counts[rank_]) * element};
+    const void* in = mpi_buffer(send);
+    void* out = mpi_buffer(recv);
+    const MPI_Datatype type = mpi_type(dtype);
+    return submit(CollectiveKind::AllToAll, "all_to_all_v", bytes, traffic, send_lane_,
+                  [=, sc = std::move(out_counts.counts), sd = std::move(out_counts.displs),
+                   rc = std::move(in_counts.counts), rd = std::move(in_counts.displs)](MPI_Request* r) {
+                    MPI_CHECK(MPI_Ialltoallv(in, sc.data(), sd.data(), type, out, rc.data(), rd.data(), type, comm_, r));
+                  },
+                  {}, -1, all_to_all_v_link_bytes(traffic.sent, traffic.received, size_));
+  }
+
   CommHandle broadcast_async(Tensor buf, int root) override {
     ensure_cpu(buf);
     ENSURE(root >= 0 && root < size_, "broadcast: root out of range");
@@ -1017,9 +1076,11 @@ class MpiCommunicator final : public Communicator {
     return state;
   }
 
-  // `peer`: a send's or receive's other rank in the group; -1 for a collective.
+  // `peer`: a send's or receive's other rank in the group; -1 for a collective. `link_bytes`: the
+  // payload the emulated link holds the op for (-1: payload_bytes; all_to_all_v's own, comm.h).
   CommHandle submit(CollectiveKind kind, const char* name, int64_t payload_bytes, Traffic traffic, int lane,
-                    std::function<void(MPI_Request*)> start, std::function<void()> finish = {}, int peer = -1) {
+                    std::function<void(MPI_Request*)> start, std::function<void()> finish = {}, int peer = -1,
+                    int64_t link_bytes = -1) {
     auto op = std::make_unique<MpiOp>();
     op->handle = new_state(kind, payload_bytes, traffic);
     op->name = name;
@@ -1030,7 +1091,8 @@ class MpiCommunicator final : public Communicator {
     op->lane = lane;
     CommHandle handle(op->handle);
     // The link model of this moment: link_ belongs to the issuing thread (set_link_model).
-    const double link_ms = lane == recv_lane_ ? 0.0 : modelled_ms(link_, kind, payload_bytes, size_);
+    const double link_ms =
+        lane == recv_lane_ ? 0.0 : modelled_ms(link_, kind, link_bytes >= 0 ? link_bytes : payload_bytes, size_);
     engine_->submit(std::move(op), link_ms, issuing_blocking_);
     return handle;
   }

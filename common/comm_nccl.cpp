@@ -370,6 +370,37 @@ class NcclCommunicator final : public CudaCommunicatorBase {
     });
   }
 
+  // NCCL has no all-to-all call: one ncclSend and one ncclRecv per peer (this rank included, which
+  // NCCL copies locally), inside one group, so that every pair progresses at once. Empty segments
+  // are skipped; both sides know the counts (comm.h), so a skipped send meets a skipped receive.
+  CommHandle all_to_all_async(Tensor send, Tensor recv) override {
+    if (device_of(send, recv, "all_to_all") == Device::CPU) return over_mpi(mpi_->all_to_all_async(send, recv));
+    ENSURE(send.numel() == recv.numel() && send.numel() % size_ == 0,
+           "all_to_all: send and recv must each hold size() chunks of the same number of elements");
+    ensure_disjoint(send, recv, "all_to_all");
+    if (size_ == 1) return alone(CollectiveKind::AllToAll, int64_t(send.bytes()), recv, send);
+    const std::vector<int64_t> counts(size_t(size_), send.numel() / size_);
+    return exchange("all_to_all", send, counts, recv, counts, even(CollectiveKind::AllToAll, send.bytes()), -1);
+  }
+
+  CommHandle all_to_all_v_async(Tensor send, const std::vector<int64_t>& send_counts, Tensor recv,
+                                const std::vector<int64_t>& recv_counts) override {
+    if (device_of(send, recv, "all_to_all_v") == Device::CPU)
+      return over_mpi(mpi_->all_to_all_v_async(send, send_counts, recv, recv_counts));
+    const std::vector<int64_t> send_displs = displacements(send_counts, size_, "all_to_all_v (send_counts)");
+    const std::vector<int64_t> recv_displs = displacements(recv_counts, size_, "all_to_all_v (recv_counts)");
+    ENSURE(send.numel() == send_displs.back() + send_counts.back(), "all_to_all_v: send must hold sum(send_counts) elements");
+    ENSURE(recv.numel() == recv_displs.back() + recv_counts.back(), "all_to_all_v: recv must hold sum(recv_counts) elements");
+    ENSURE(send_counts[rank_] == recv_counts[rank_],
+           "all_to_all_v: this rank's own segment must have the same count in send_counts and recv_counts");
+    ensure_disjoint(send, recv, "all_to_all_v");
+    if (size_ == 1) return alone(CollectiveKind::AllToAll, int64_t(send.bytes()), recv, send);
+    const int64_t element = int64_t(dtype_size(send.numel() > 0 ? send.dtype : recv.dtype));
+    const Traffic traffic{(send.numel() - send_counts[rank_]) * element, (recv.numel() - recv_counts[rank_]) * element};
+    return exchange("all_to_all_v", send, send_counts, recv, recv_counts, traffic,
+                    all_to_all_v_link_bytes(traffic.sent, traffic.received, size_));
+  }
+
   CommHandle broadcast_async(Tensor buf, int root) override {
     ENSURE(root >= 0 && root < size_, "broadcast: root out of range");
     if (buf.device == Device::CPU) return over_mpi(mpi_->broadcast_async(buf, root));
@@ -504,6 +535,29 @@ class NcclCommunicator final : public CudaCommunicatorBase {
     const int64_t own_from_peers = (size_ - 1) * counts[rank_] * int64_t(element);
     if (kind == CollectiveKind::ReduceScatter) return {others, own_from_peers};
     return {own_from_peers, others};
+  }
+
+  // The all-to-alls: segment r of send to rank r, segment r of recv from rank r, one group call.
+  CommHandle exchange(const char* name, Tensor send, const std::vector<int64_t>& send_counts, Tensor recv,
+                      const std::vector<int64_t>& recv_counts, Traffic traffic, int64_t link_bytes) {
+    const DType dtype = send.numel() > 0 ? send.dtype : recv.dtype;
+    const size_t element = dtype_size(dtype);
+    const ncclDataType_t type = nccl_type(dtype);
+    const char* in = static_cast<const char*>(send.data);
+    char* out = static_cast<char*>(recv.data);
+    return issue(CollectiveKind::AllToAll, name, int64_t(send.bytes()), traffic, [&](cudaStream_t s) {
+      NCCL_CHECK(ncclGroupStart());
+      int64_t sent = 0, received = 0;
+      for (int r = 0; r < size_; r++) {
+        if (send_counts[r] > 0)
+          NCCL_CHECK(ncclSend(in + size_t(sent) * element, size_t(send_counts[r]), type, r, comm_, s));
+        if (recv_counts[r] > 0)
+          NCCL_CHECK(ncclRecv(out + size_t(received) * element, size_t(recv_counts[r]), type, r, comm_, s));
+        sent += send_counts[r];
+        received += recv_counts[r];
+      }
+      NCCL_CHECK(ncclGroupEnd());
+    }, link_bytes);
   }
 
   // link_bytes: what the emulated link holds the op for (-1: its payload).
@@ -698,6 +752,25 @@ class HostStagedCommunicator final : public CudaCommunicatorBase {
     auto host_recv = host_buffer(recv);
     return staged(mpi_->all_gather_v_async(host_send->view(), host_recv->view(), counts), host_send, host_recv,
                   recv);
+  }
+
+  CommHandle all_to_all_async(Tensor send, Tensor recv) override {
+    if (device_of(send, recv, "all_to_all") == Device::CPU) return over_mpi(mpi_->all_to_all_async(send, recv));
+    ensure_disjoint(send, recv, "all_to_all");
+    auto host_send = to_host(send);
+    auto host_recv = host_buffer(recv);
+    return staged(mpi_->all_to_all_async(host_send->view(), host_recv->view()), host_send, host_recv, recv);
+  }
+
+  CommHandle all_to_all_v_async(Tensor send, const std::vector<int64_t>& send_counts, Tensor recv,
+                                const std::vector<int64_t>& recv_counts) override {
+    if (device_of(send, recv, "all_to_all_v") == Device::CPU)
+      return over_mpi(mpi_->all_to_all_v_async(send, send_counts, recv, recv_counts));
+    ensure_disjoint(send, recv, "all_to_all_v");
+    auto host_send = to_host(send);
+    auto host_recv = host_buffer(recv);
+    return staged(mpi_->all_to_all_v_async(host_send->view(), send_counts, host_recv->view(), recv_counts), host_send,
+                  host_recv, recv);
   }
 
   CommHandle broadcast_async(Tensor buf, int root) override {

@@ -229,13 +229,25 @@ GPT2::GPT2(const GPT2Config& cfg, const ParamLayout& layout, int max_B, Device d
          "GPT2: full recomputation keeps no product's input for a later weight pass (split_backward)");
   for (int u = part_.first_unit; u <= part_.last_unit; u++)
     for (const ParamInfo& p : layout.params)
-      ENSURE(p.unit != u || p.held(), "GPT2: the layout does not hold unit " + std::to_string(u) + " (" + p.name + ")");
+      ENSURE(p.unit != u || p.held() || p.expert >= 0,  // (another rank's experts: expert parallelism)
+             "GPT2: the layout does not hold unit " + std::to_string(u) + " (" + p.name + ")");
   ENSURE(!cp.on() || (tp.size == 1 && part_.first_unit == 0 && part_.last_unit == cfg.L + 1 && !flash_ &&
                       cfg.T % int(cp.positions.size()) == 0),
          "GPT2: context parallelism runs the whole model, without tensor parallelism or FlashAttention, on T/cp "
          "positions");
   // Attention through the context-parallel hooks keeps what FlashAttention keeps: a log-sum-exp per query.
   const bool lse_only = flash_ || cp.on();
+  ENSURE(!(cfg.moe() && cp.on()), "GPT2: a MoE model is not context-parallel");
+  if (cfg.moe()) {
+    ENSURE(device == Device::CPU && dtype == DType::F32, "GPT2: a MoE model runs on the CPU in fp32");
+    ENSURE(tp.size == 1 && part_.first_unit == 0 && part_.last_unit == cfg.L + 1 && part_.slots == 1,
+           "GPT2: a MoE model is neither tensor- nor pipeline-parallel");
+    ENSURE(cfg.recompute != Recompute::Full, "GPT2: full recomputation would route a MoE block twice");
+    for (int l = 0; l < cfg.L; l++)
+      moe_.push_back(std::make_unique<MoELayer>(cfg.C, cfg.experts, cfg.top_k, cfg.capacity_factor, cfg.aux_loss_coef,
+                                                int64_t(max_B) * cfg.T));
+    experts_ = std::make_unique<ExpertMLPs>(cfg.L, cfg.C);
+  }
   Carver counter(nullptr, dtype);
   carve(*acts_, counter, cfg_, max_B, lse_only, tp, part_);
   acts_->arena = Buffer(counter.used_bytes() / 4, MemCategory::Activations, DType::F32, device);  // raw bytes
@@ -293,8 +305,15 @@ namespace {
 enum BlockParam { LN1_W, LN1_B, QKV_W, QKV_B, PROJ_W, PROJ_B, LN2_W, LN2_B, FC_W, FC_B, FCPROJ_W, FCPROJ_B,
                   kBlockParams };
 constexpr int kWte = 0, kWpe = 1;
-int block_param(int l, BlockParam which) { return 2 + l * kBlockParams + which; }
-int lnf_param(const GPT2Config& cfg, int which) { return 2 + cfg.L * kBlockParams + which; }
+// A MoE block (moe.h) lists the same first eight, then the router and each expert's four (fc w, b,
+// proj w, b) where the dense block has its MLP's.
+constexpr int kRouter = LN2_B + 1, kExpertParams = 4;
+int params_per_block(const GPT2Config& cfg) { return cfg.moe() ? kRouter + 1 + kExpertParams * cfg.experts : kBlockParams; }
+int block_param(const GPT2Config& cfg, int l, int which) { return 2 + l * params_per_block(cfg) + which; }
+int expert_param(const GPT2Config& cfg, int l, int e, int which) {
+  return block_param(cfg, l, kRouter + 1 + kExpertParams * e + which);
+}
+int lnf_param(const GPT2Config& cfg, int which) { return 2 + cfg.L * params_per_block(cfg) + which; }
 
 void call(const std::function<void(int)>& hook, int arg) {
   if (hook) hook(arg);
@@ -344,6 +363,7 @@ float GPT2::forward(int slot, const int* inputs, const int* targets, int B) {
   s.targets = targets;
   s.B = B;
   const BlockRange blocks = blocks_of(cfg_, part_);
+  aux_loss_ = 0;
   if (has_embedding()) {
     call(hooks.before_forward, 0);
     embed_forward(s);
@@ -365,7 +385,7 @@ float GPT2::forward(int slot, const int* inputs, const int* targets, int B) {
   call(hooks.before_forward, head);
   const float loss = head_forward(s);
   call(hooks.after_forward, head);
-  return loss;
+  return loss + float(aux_loss_);
 }
 
 Tensor GPT2::input(int slot, int B) {
@@ -442,7 +462,7 @@ void GPT2::block_forward(Slot& s, int l, const Layer& x, bool replay) {
   const Views v{dims_for(cfg_, s.B, tp_), dtype_, device_};
   const bool tensor_parallel = tp_.size > 1;
   void* residual = stream_into(s, l);
-  auto P = [&](BlockParam w) { return param(block_param(l, w)); };
+  auto P = [&](BlockParam w) { return param(block_param(cfg_, l, w)); };
   auto f = [&](void* local, void* spare) {  // the input of a column-parallel layer, all rows
     const Tensor full = v.full_of(local, spare);
     if (tensor_parallel) {
@@ -477,6 +497,15 @@ void GPT2::block_forward(Slot& s, int l, const Layer& x, bool replay) {
   residual_forward(v.local(x.residual2), v.local(residual), v.local(x.attproj));
   layernorm_forward(v.local(x.ln2), v.stat(x.ln2_mean, v.d.r), v.stat(x.ln2_rstd, v.d.r), v.local(x.residual2),
                     P(LN2_W), P(LN2_B));
+  if (cfg_.moe()) {  // the experts instead of the MLP (moe.h); full recomputation is refused
+    auto run_here = [&](Tensor rows, const std::vector<int64_t>& counts, Tensor out) {
+      experts_->forward(l, held_experts(l), rows, counts, out);
+    };
+    aux_loss_ += moe_[size_t(l)]->forward(l, v.local(x.ln2), param(block_param(cfg_, l, kRouter)), v.local(x.fcproj),
+                                          expert_hooks, run_here);
+    residual_forward(v.local(x.residual3), v.local(x.residual2), v.local(x.fcproj));
+    return;
+  }
   matmul_forward(v.full(x.fch, v.d.Fl), f(x.ln2, a.gathered), P(FC_W), P(FC_B));  // column-parallel
   gelu_forward(v.full(x.fch_gelu, v.d.Fl), v.full(x.fch, v.d.Fl));
   // A replay stops here: the MLP's projection and the residual add make only the block's output,
@@ -529,6 +558,7 @@ void GPT2::backward(int slot, float loss_weight, Tensor output_grad) {
   Slot& s = acts_->slots[slot];
   ENSURE(s.B > 0, "backward() needs a forward() first");
   last_backward_B_ = s.B;
+  loss_weight_ = loss_weight;
   const BlockRange blocks = blocks_of(cfg_, part_);
   const int head = cfg_.L + 1;
   if (has_head()) {
@@ -649,11 +679,11 @@ void GPT2::block_backward(Slot& s, int l) {
   if (full) block_forward(s, l, a.replay, true);
   const Layer& x = full ? a.replay : layer(s, l);
   void* residual = stream_into(s, l);
-  auto P = [&](BlockParam w) { return param(block_param(l, w)); };
-  auto G = [&](BlockParam w) { return grad(block_param(l, w)); };
+  auto P = [&](BlockParam w) { return param(block_param(cfg_, l, w)); };
+  auto G = [&](BlockParam w) { return grad(block_param(cfg_, l, w)); };
   auto both_ready = [&](BlockParam weight, BlockParam bias) {
-    call(hooks.grad_ready, block_param(l, bias));
-    call(hooks.grad_ready, block_param(l, weight));
+    call(hooks.grad_ready, block_param(cfg_, l, bias));
+    call(hooks.grad_ready, block_param(cfg_, l, weight));
   };
   // A row-parallel layer: its bias's gradient from this rank's rows (added after the reduction in
   // forward), then "g"'s backward brings the output's gradient to all rows, then the product's.
@@ -662,26 +692,39 @@ void GPT2::block_backward(Slot& s, int l) {
     Tensor dout_full = dout_local;
     if (tensor_parallel) {
       bias_backward(G(b), dout_local);
-      call(hooks.grad_ready, block_param(l, b));
+      call(hooks.grad_ready, block_param(cfg_, l, b));
       dout_full = v.full_of(a.dresidual, a.dfull);
       CommHandle gathered = tp_hooks.g_backward(dout_local, dout_full);
       wait(gathered);
     }
     matmul_backward_input(dinp_full, dout_full, P(w));
-    weight_gradient(s, block_param(l, w), tensor_parallel ? -1 : block_param(l, b), dout_full, inp_full, kept);
+    weight_gradient(s, block_param(cfg_, l, w), tensor_parallel ? -1 : block_param(cfg_, l, b), dout_full, inp_full, kept);
   };
   // Under split_backward the products' output gradients are written where they are kept.
   void* dfch = split ? x.dfch : a.dfch;
   void* dqkv = split ? x.dqkv : a.dqkv;
 
   // residual3 = residual2 + fcproj: dresidual is the gradient of both terms.
-  fill_zero(v.full(a.dfch_gelu, v.d.Fl));
-  row_parallel_backward(v.full(a.dfch_gelu, v.d.Fl), FCPROJ_W, FCPROJ_B, v.full(x.fch_gelu, v.d.Fl), x.dfcproj);
-  fill_zero(v.full(dfch, v.d.Fl));
-  gelu_backward(v.full(dfch, v.d.Fl), v.full(x.fch, v.d.Fl), v.full(a.dfch_gelu, v.d.Fl));
-  fill_zero(v.local(a.dln));
-  column_parallel_backward(s, v.local(a.dln), block_param(l, FC_W), block_param(l, FC_B), v.full(dfch, v.d.Fl),
-                           v.local(x.ln2), dfch);
+  if (cfg_.moe()) {
+    const ExpertHooks& eh = expert_hooks;
+    auto run_here = [&](Tensor dout, Tensor drows) { experts_->backward(l, held_experts(l), dout, drows); };
+    fill_zero(v.local(a.dln));
+    const int router = block_param(cfg_, l, kRouter);
+    moe_[size_t(l)]->backward(v.local(a.dresidual), v.local(x.ln2), param(router), v.local(a.dln), grad(router),
+                              loss_weight_, eh, l, run_here);
+    for (int e = cfg_.experts - 1; e >= 0; e--)
+      for (int w = kExpertParams - 1; w >= 0; w--)
+        if (layout_.params[size_t(expert_param(cfg_, l, e, w))].held()) call(hooks.grad_ready, expert_param(cfg_, l, e, w));
+    call(hooks.grad_ready, router);
+  } else {
+    fill_zero(v.full(a.dfch_gelu, v.d.Fl));
+    row_parallel_backward(v.full(a.dfch_gelu, v.d.Fl), FCPROJ_W, FCPROJ_B, v.full(x.fch_gelu, v.d.Fl), x.dfcproj);
+    fill_zero(v.full(dfch, v.d.Fl));
+    gelu_backward(v.full(dfch, v.d.Fl), v.full(x.fch, v.d.Fl), v.full(a.dfch_gelu, v.d.Fl));
+    fill_zero(v.local(a.dln));
+    column_parallel_backward(s, v.local(a.dln), block_param(cfg_, l, FC_W), block_param(cfg_, l, FC_B),
+                             v.full(dfch, v.d.Fl), v.local(x.ln2), dfch);
+  }
   // Adds the MLP branch's gradient: dresidual becomes the gradient of residual2.
   layernorm_backward(v.local(a.dresidual), G(LN2_W), G(LN2_B), v.local(a.dln), v.local(x.residual2), P(LN2_W),
                      v.stat(x.ln2_mean, v.d.r), v.stat(x.ln2_rstd, v.d.r));
@@ -710,12 +753,28 @@ void GPT2::block_backward(Slot& s, int l) {
                        v.btc(x.qkv, 3 * v.d.Cl), v.bhtt(att), int(v.d.NHl));
   }
   fill_zero(v.local(a.dln));
-  column_parallel_backward(s, v.local(a.dln), block_param(l, QKV_W), block_param(l, QKV_B), v.full(dqkv, 3 * v.d.Cl),
+  column_parallel_backward(s, v.local(a.dln), block_param(cfg_, l, QKV_W), block_param(cfg_, l, QKV_B), v.full(dqkv, 3 * v.d.Cl),
                            v.local(x.ln1), dqkv);
   // Adds the attention branch's gradient: dresidual becomes the gradient of the block's input.
   layernorm_backward(v.local(a.dresidual), G(LN1_W), G(LN1_B), v.local(a.dln), v.local(residual), P(LN1_W),
                      v.stat(x.ln1_mean, v.d.r), v.stat(x.ln1_rstd, v.d.r));
   both_ready(LN1_W, LN1_B);
+}
+
+const RoutingStats& GPT2::routing(int l) const {
+  ENSURE(cfg_.moe() && l >= 0 && l < cfg_.L, "GPT2::routing: no such MoE block");
+  return moe_[size_t(l)]->stats();
+}
+
+std::vector<ExpertWeights> GPT2::held_experts(int l) const {
+  std::vector<ExpertWeights> held;
+  for (int e = 0; e < cfg_.experts; e++) {
+    auto at = [&](int w) { return expert_param(cfg_, l, e, w); };
+    if (!layout_.params[size_t(at(0))].held()) continue;
+    held.push_back({param(at(0)), param(at(1)), param(at(2)), param(at(3)), grad(at(0)), grad(at(1)), grad(at(2)),
+                    grad(at(3))});
+  }
+  return held;
 }
 
 void GPT2::embed_backward(Slot& s) {

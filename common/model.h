@@ -25,6 +25,9 @@
 // as it is; the position embeddings are looked up at the rank's absolute positions; attention, the one
 // op that mixes positions, goes through the chapter's ContextParallelHooks (a ring), and keeps, as
 // FlashAttention does, only its output and a log-sum-exp per query, never (B,NH,T,T) matrices.
+// Mixture of experts (chapter 11): with GPT2Config::experts > 0 each block's MLP is a MoE layer
+// (moe.h), on the CPU in fp32; expert parallelism hands its experts' work to the chapter through
+// ExpertHooks.
 #pragma once
 #include <functional>
 #include <memory>
@@ -32,6 +35,7 @@
 
 #include "comm.h"  // CommHandle, ReduceOp: what the tensor-parallel hooks return and take
 #include "memory.h"
+#include "moe.h"  // ExpertHooks, ExpertWeights, RoutingStats: the MoE presets' MLP
 #include "param_layout.h"
 #include "tensor.h"
 
@@ -127,6 +131,12 @@ class GPT2 {
   ModelHooks hooks;
   TensorParallelHooks tp_hooks;  // needed when tp.size > 1
   ContextParallelHooks cp_hooks;  // needed under context parallelism
+  // A MoE model (GPT2Config::moe(), moe.h): what its layers ask of the program (expert parallelism,
+  // chapter 11); empty on one rank. forward() returns the cross-entropy plus the balance loss.
+  ExpertHooks expert_hooks;
+  double aux_loss() const { return aux_loss_; }  // this rank's share of the last forward's balance loss
+  const RoutingStats& routing(int l) const;      // block l's routing in the last forward
+  std::vector<ExpertWeights> held_experts(int l) const;  // block l's experts this rank holds, in order
   const GPT2Config& config() const { return cfg_; }
   const ParamLayout& layout() const { return layout_; }
   DType dtype() const { return dtype_; }
@@ -181,5 +191,9 @@ class GPT2 {
   ContextParallelism cp_;
   std::vector<char*> param_ptr_, grad_ptr_;  // per parameter, where it lives now
   std::unique_ptr<Activations> acts_;
+  std::vector<std::unique_ptr<MoELayer>> moe_;  // per block, for a MoE model
+  std::unique_ptr<ExpertMLPs> experts_;         // the held experts' activations, when they run here
+  double aux_loss_ = 0;
+  float loss_weight_ = 1;                       // the running backward's
   int last_backward_B_ = 0;  // the micro-batch of the last backward (input_grad's shape)
 };

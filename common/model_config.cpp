@@ -35,6 +35,15 @@ bool find_preset(const std::string& name, GPT2Config* cfg) {
     // materialized attention with T^2), and splitting the sequence over a ring halves them at 2 ranks.
     c.L = 2; c.C = 64; c.NH = 4; c.T = 1024; c.V = 256;
     c.default_batch = 4; c.default_lr = 2e-3f;
+  } else if (name == "moe-tiny") {
+    // Chapter 11: tiny's blocks with a mixture-of-experts MLP, small enough for 4 CPU ranks.
+    c.L = 2; c.C = 64; c.NH = 4; c.T = 64; c.V = 256;
+    c.experts = 4; c.top_k = 2;
+    c.default_batch = 8; c.default_lr = 2e-3f;
+  } else if (name == "moe-small") {
+    c.L = 4; c.C = 128; c.NH = 4; c.T = 128; c.V = 256;
+    c.experts = 8; c.top_k = 2;
+    c.default_batch = 8; c.default_lr = 1e-3f;
   } else if (name == "gpt2") {
     c.L = 12; c.C = 768; c.NH = 12; c.T = 1024; c.V = 50304;
     c.default_batch = 8; c.default_lr = 6e-4f;
@@ -45,7 +54,7 @@ bool find_preset(const std::string& name, GPT2Config* cfg) {
   return true;
 }
 
-const char* preset_names() { return "tiny, small, deep, gpt2, odd, wide, tall, long"; }
+const char* preset_names() { return "tiny, small, deep, gpt2, odd, wide, tall, long, moe-tiny, moe-small"; }
 
 bool parse_recompute(const std::string& text, Recompute* out) {
   if (text == "none") *out = Recompute::None;

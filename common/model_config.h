@@ -27,6 +27,12 @@ struct GPT2Config {
   // What the backward recomputes rather than keeps (it belongs to the model: every chapter's
   // --recompute sets it, and activation_bytes() counts what each choice keeps).
   Recompute recompute = Recompute::None;
+  // Mixture of experts (moe.h): 0 = the dense GPT-2 MLP; else each block's MLP is `experts` expert
+  // MLPs of the same shape and a router sending each token to its `top_k`. The capacity factor (0:
+  // unlimited) and the balance loss's coefficient are training settings (chapter 11's flags).
+  int experts = 0, top_k = 0;
+  double capacity_factor = 0, aux_loss_coef = 0;
+  bool moe() const { return experts > 0; }
 };
 
 // Fills *cfg and returns true for a known preset name:
@@ -38,5 +44,7 @@ struct GPT2Config {
 //   wide:  L=2,  C=32,  NH=4,  T=16,   V=8192   (for tests: the embedding outweighs the blocks)
 //   tall:  L=8,  C=32,  NH=4,  T=32,   V=256    (for tests: 4 pipeline stages of 2 chunks each)
 //   long:  L=2,  C=64,  NH=4,  T=1024, V=256    (chapter 10: a long context on a small width)
+//   moe-tiny:  tiny's shape, each MLP 4 experts, top-2       (chapter 11, moe.h)
+//   moe-small: small's shape, each MLP 8 experts, top-2
 bool find_preset(const std::string& name, GPT2Config* cfg);
-const char* preset_names();  // "tiny, small, deep, gpt2, odd, wide, tall, long", for error messages
+const char* preset_names();  // "tiny, small, deep, gpt2, odd, wide, tall, long, moe-tiny, moe-small", for error messages

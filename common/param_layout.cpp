@@ -21,6 +21,8 @@ class LayoutBuilder {
 
   // The next parameters added are on another pipeline stage (false) or on this one (true).
   void set_held(bool held) { held_ = held; }
+  void set_ep(ExpertParallelism ep) { layout_.ep = ep; }
+  void set_expert(int expert) { expert_ = expert; }  // the next tensors are this expert's (-1: none)
 
   void begin_unit() { layout_.unit_begin.push_back(next_offset_); unit_++; }
   void end_unit() { next_offset_ = round_up(next_offset_, kAlignElements * layout_.ranks); }
@@ -47,6 +49,7 @@ class LayoutBuilder {
     p.size = cols ? p.shape[0] * p.shape[1] : p.shape[0];
     p.offset = next_offset_;
     p.unit = unit_;
+    p.expert = expert_;
     p.weight_decay = p.ndim == 2;
     next_offset_ += p.size;
     layout_.num_params += p.size;
@@ -64,6 +67,7 @@ class LayoutBuilder {
   int64_t next_offset_ = 0;
   int unit_ = -1;
   bool held_ = true;
+  int expert_ = -1;
 };
 
 }  // namespace
@@ -93,7 +97,9 @@ int ParamLayout::find(const std::string& name) const {
 }
 
 ParamLayout build_gpt2_layout(const GPT2Config& cfg, int ranks, TensorParallelism tp,
-                              const std::vector<ModelPart>& parts) {
+                              const std::vector<ModelPart>& parts, ExpertParallelism ep) {
+  ENSURE(!cfg.moe() || (tp.size == 1 && parts.empty()), "a MoE layout is neither tensor- nor pipeline-parallel");
+  ENSURE(ep.size == 1 || (cfg.moe() && cfg.experts % ep.size == 0), "expert parallelism needs E divisible by ep");
   const int64_t C = cfg.C;
   auto holds = [&](int unit) {
     if (parts.empty()) return true;
@@ -105,6 +111,7 @@ ParamLayout build_gpt2_layout(const GPT2Config& cfg, int ranks, TensorParallelis
   // (row-parallel); qkv's rows are three blocks (q, k, v), each cut by heads.
   const TensorShard column{0, 1, 0, 1}, row{1, 1, 0, 1}, qkv{0, 1, 0, 3};
   LayoutBuilder b(ranks, tp);
+  b.set_ep(ep);
   b.begin_unit();  // unit 0: embeddings
   b.set_held(holds(0) || holds(cfg.L + 1));  // wte: the embedding's, and the tied LM head's
   b.add("wte", cfg.V, C, column);            // by vocabulary
@@ -123,6 +130,22 @@ ParamLayout build_gpt2_layout(const GPT2Config& cfg, int ranks, TensorParallelis
     b.add(h + "attn.proj.bias", C);
     b.add(h + "ln2.weight", C);
     b.add(h + "ln2.bias", C);
+    if (cfg.moe()) {
+      b.add(h + "moe.router.weight", cfg.experts, C);
+      for (int e = 0; e < cfg.experts; e++) {
+        const std::string x = h + "moe.expert" + std::to_string(e) + ".mlp.";
+        b.set_held(ep.holds(e, cfg.experts));
+        b.set_expert(e);
+        b.add(x + "fc.weight", 4 * C, C);
+        b.add(x + "fc.bias", 4 * C);
+        b.add(x + "proj.weight", C, 4 * C);
+        b.add(x + "proj.bias", C);
+        b.set_expert(-1);
+        b.set_held(true);
+      }
+      b.end_unit();
+      continue;
+    }
     b.add(h + "mlp.fc.weight", 4 * C, C, column);
     b.add(h + "mlp.fc.bias", 4 * C, 0, column);
     b.add(h + "mlp.proj.weight", C, 4 * C, row);

@@ -43,6 +43,7 @@ struct ParamInfo {
   int64_t offset = 0;      // in elements, into the flat buffers
   int64_t size = 0;        // elements
   int unit = 0;
+  int expert = -1;         // a MoE expert's tensor: its expert (sharded by expert parallelism); -1: not
   bool weight_decay = false;  // AdamW decays matrices (ndim 2), not biases or layernorm gains
   bool held() const { return size > 0; }  // false: on another pipeline stage (shape and size 0)
 };
@@ -67,6 +68,15 @@ struct ContextParallelism {
   int size = 1, rank = 0;
   std::vector<int> positions;
   bool on() const { return !positions.empty(); }
+};
+
+// How the experts of a MoE model are spread over an expert-parallel group (chapter 11): `size` ranks,
+// each holding E/size consecutive experts of every block (rank r: experts [r E/size, (r+1) E/size)).
+// The layout still lists every expert's tensors, in the same order; another rank's have size 0
+// (ParamInfo::held), so every rank's flat buffers have the same length and offsets.
+struct ExpertParallelism {
+  int size = 1, rank = 0;
+  bool holds(int expert, int experts) const { return expert / (experts / size) == rank; }
 };
 
 // A contiguous run of units that one GPT2 object runs (model.h), for up to `slots` micro-batches in
@@ -99,6 +109,7 @@ struct ParamLayout {
   int64_t padded_size = 0;          // the flat length, a multiple of ranks x 16
   int ranks = 1;                    // of the data-parallel group
   TensorParallelism tp;
+  ExpertParallelism ep;
 
   int num_units() const { return int(unit_begin.size()) - 1; }
   int64_t unit_size(int u) const { return unit_begin[u + 1] - unit_begin[u]; }
@@ -120,8 +131,11 @@ std::string tensor_parallel_size_problem(const GPT2Config& cfg, const TensorPara
 // A pipeline stage (chapter 08) holds the units of its `parts` only: the layout still lists every
 // parameter, in the same order, but those of the other stages' units have size 0 (ParamInfo::held).
 // The tied wte is held by the stage of the embedding and by the stage of the LM head, a copy each.
+// A MoE model (cfg.moe()) has, in each block, after ln2: the router "h{l}.moe.router.weight" (E,C),
+// then per expert e the dense MLP's four tensors "h{l}.moe.expert{e}.mlp.{fc,proj}.{weight,bias}";
+// `ep` says which experts this rank holds.
 ParamLayout build_gpt2_layout(const GPT2Config& cfg, int ranks, TensorParallelism tp = {},
-                              const std::vector<ModelPart>& parts = {});
+                              const std::vector<ModelPart>& parts = {}, ExpertParallelism ep = {});
 
 // Between the global tensors and a rank's slices. `global` is the layout of the whole model
 // (build_gpt2_layout(cfg, any ranks)); `local` a rank's under tensor parallelism; the flat arrays are

@@ -84,3 +84,29 @@ std::string ProcessGrid::describe() const {
   return "DP " + std::to_string(shape_.dp) + " x TP " + std::to_string(shape_.tp) + " x PP " +
          std::to_string(shape_.pp) + (shape_.cp > 1 ? " x CP " + std::to_string(shape_.cp) : "");
 }
+
+std::string expert_grid_problem(int world, int ep, int experts, const std::string& preset) {
+  if (ep < 1) return "--ep must be >= 1";
+  if (experts == 0)
+    return "--preset " + preset + " has no experts: expert parallelism needs a mixture of experts (--preset moe-tiny "
+           "or moe-small)";
+  if (world % ep)
+    return "the " + std::to_string(world) + " ranks do not divide into expert-parallel groups of --ep " +
+           std::to_string(ep) + ": run on a multiple of " + std::to_string(ep) + " ranks, or change --ep";
+  if (experts % ep)
+    return "--ep " + std::to_string(ep) + " must divide the " + std::to_string(experts) + " experts of --preset " +
+           preset + " (every rank of an expert-parallel group holds an equal number of them)";
+  return "";
+}
+
+ExpertGrid::ExpertGrid(Communicator& world, int ep) : ep_size_(ep), dp_size_(world.size() / ep) {
+  ENSURE(ep >= 1 && world.size() % ep == 0, "ExpertGrid: --ep must divide the world");
+  const int ep_rank = world.rank() % ep, dp_rank = world.rank() / ep;
+  ep_ = world.split(dp_rank, ep_rank, "ep");
+  expert_dp_ = world.split(ep_rank, dp_rank, "expert_dp");
+  ENSURE(ep_->rank() == ep_rank && expert_dp_->rank() == dp_rank, "ExpertGrid: a group's rank is not the coordinate");
+}
+
+std::string ExpertGrid::describe() const {
+  return "DP " + std::to_string(dp_size_) + " x EP " + std::to_string(ep_size_);
+}

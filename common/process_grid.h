@@ -67,3 +67,26 @@ class ProcessGrid {
   GridCoords coords_;
   std::unique_ptr<Communicator> dp_, tp_, pp_, embedding_, cp_, dp_cp_;
 };
+
+// Expert parallelism (chapter 11): the world as DP x EP, EP innermost, because its all-to-alls run in
+// every layer, forward and backward, and want the fastest links:
+//     world rank = dp_rank x EP + ep_rank
+// The EP group (the same dp_rank) holds the E experts between them, E/EP each, and exchanges tokens;
+// the expert-data-parallel group (the same ep_rank) holds the same experts and averages their
+// gradients. Everything else is replicated on every rank and averaged over the world.
+std::string expert_grid_problem(int world, int ep, int experts, const std::string& preset);  // "" when sound
+
+class ExpertGrid {
+ public:
+  // Collective over `world`: splits it into the two groups, "ep" and "expert_dp".
+  ExpertGrid(Communicator& world, int ep);
+  int ep_size() const { return ep_size_; }
+  int dp_size() const { return dp_size_; }
+  Communicator& ep() const { return *ep_; }
+  Communicator& expert_dp() const { return *expert_dp_; }
+  std::string describe() const;  // "DP 2 x EP 2"
+
+ private:
+  int ep_size_, dp_size_;
+  std::unique_ptr<Communicator> ep_, expert_dp_;
+};

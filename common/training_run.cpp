@@ -14,6 +14,7 @@
 #include "fileio.h"  // writable_problem
 #include "link_limits.h"  // link_timeout_problem, step_transfers
 #include "model.h"
+#include "moe.h"  // moe_run_problem
 #include "ops.h"
 #include "optimizer.h"
 #include "output_paths.h"
@@ -83,13 +84,20 @@ TrainingRun::TrainingRun(ProcessGrid& grid, TrainConfig& cfg, Strategy strategy,
                          PipelineParallelism pp, ContextParallelism cp)
     : TrainingRun(grid.world(), grid.dp_cp(), &grid, cfg, strategy, tp, pp, cp) {}
 
+TrainingRun::TrainingRun(Communicator& world, Communicator& ep_comm, TrainConfig& cfg, Strategy strategy,
+                         ExpertParallelism ep)
+    : TrainingRun(world, world, nullptr, cfg, strategy, TensorParallelism{}, PipelineParallelism{},
+                  ContextParallelism{}, ep, &ep_comm) {}
+
 TrainingRun::TrainingRun(Communicator& world, Communicator& dp, const ProcessGrid* grid, TrainConfig& cfg,
-                         Strategy strategy, TensorParallelism tp, PipelineParallelism pp, ContextParallelism cp)
+                         Strategy strategy, TensorParallelism tp, PipelineParallelism pp, ContextParallelism cp,
+                         ExpertParallelism ep, Communicator* ep_comm)
     : world_(world), dp_(dp), data_ranks_(grid ? grid->shape().dp : dp.size()),
       data_rank_(grid ? grid->coords().dp : dp.rank()), cp_comm_(grid && grid->shape().cp > 1 ? &grid->cp() : nullptr),
       cp_(cp), tp_comm_(grid ? &grid->tp() : nullptr),
       pp_comm_(grid && pp.size > 1 ? &grid->pp() : nullptr), embedding_comm_(grid ? grid->embedding() : nullptr),
-      tp_(tp), pp_(pp), strategy_(strategy), device_(world.device()), dtype_(pick_dtype(cfg.dtype, device_)) {
+      tp_(tp), pp_(pp), ep_(ep), ep_comm_(ep_comm), strategy_(strategy), device_(world.device()),
+      dtype_(pick_dtype(cfg.dtype, device_)) {
   ENSURE(!grid || (tp.size == grid->shape().tp && tp.rank == grid->coords().tp && pp.size == grid->shape().pp &&
                    pp.rank == grid->coords().pp),
          "TrainingRun: the split is not the grid's");
@@ -99,6 +107,11 @@ TrainingRun::TrainingRun(Communicator& world, Communicator& dp, const ProcessGri
   if (!find_preset(cfg.preset, &model_))
     config_error("--preset: unknown preset '" + cfg.preset + "' (choose from " + preset_names() + ")");
   if (model_.C % model_.NH != 0) config_error("the model's C must divide by NH");
+  if (model_.moe()) {  // a mixture of experts: where it can run (moe.h)
+    const std::string problem = moe_run_problem(model_.preset, cfg.chapter, device_, ep_comm != nullptr, world_.size(),
+                                                tp.size, pp.size, cfg.grad_accum, cfg.recompute);
+    if (!problem.empty()) config_error(problem);
+  }
   cfg_ = cfg;
   check_outputs();  // the paths alone: before any file is read
   // A resumed run reads the checkpoint's header first: its settings stand in for absent flags, and
@@ -124,8 +137,8 @@ TrainingRun::TrainingRun(Communicator& world, Communicator& dp, const ProcessGri
            flash_attention_available(dtype_, device_, model_.C / tp_.size, model_.NH / tp_.size);
   micro_B_ = cfg_.batch / (data_ranks_ * cfg_.grad_accum);
   check_tensor_parallel();
-  layout_ = build_gpt2_layout(model_, dp_.size(), tp_, pp_.parts);
-  global_layout_ = tp_.size > 1 || pp_.size > 1 ? build_gpt2_layout(model_, 1) : layout_;
+  layout_ = build_gpt2_layout(model_, dp_.size(), tp_, pp_.parts, ep_);
+  global_layout_ = tp_.size > 1 || pp_.size > 1 || ep_.size > 1 ? build_gpt2_layout(model_, 1) : layout_;
   const std::string slow_link = link_timeout_problem(
       step_transfers(layout_, model_, strategy_, int(dtype_size(dtype_)), micro_B_, world_.size(), dp_.size(), tp_,
                      pp_.size, {cfg_.link_gbps, cfg_.link_latency_us}, tensor_parallel_link()),
@@ -166,6 +179,7 @@ TrainingRun::TrainingRun(Communicator& world, Communicator& dp, const ProcessGri
   if (pp_comm_) groups_.push_back({"pp", pp_comm_, {}});
   if (embedding_comm_) groups_.push_back({"embedding", embedding_comm_, {}});
   if (cp_comm_) groups_.push_back({"cp", cp_comm_, {}});
+  if (ep_comm_) groups_.push_back({"ep", ep_comm_, {}});
   for (Group& g : groups_) g.comm->set_link_model({cfg_.link_gbps, cfg_.link_latency_us});
   if (tp_comm_) tp_comm_->set_link_model(tensor_parallel_link());
   set_comm_timeout(cfg_.timeout_s);
@@ -448,15 +462,25 @@ void upload(Tensor dst, Tensor host_f32, const ShardPlan& plan) {
 // tensors, and a rank's part is its slices of its stage's tensors: every grid starts from the same
 // model and saves the same file.
 Buffer TrainingRun::to_local(Buffer global) const {
-  if (tp_.size == 1 && pp_.size == 1) return global;
+  if (tp_.size == 1 && pp_.size == 1 && ep_.size == 1) return global;
   Buffer local(layout_.padded_size, MemCategory::Other);
   slice_from_global(global_layout_, global.f32(), layout_, local.f32());
   return local;
 }
 
 Buffer TrainingRun::to_global(Buffer local) const {
-  if (tp_.size == 1 && pp_.size == 1) return local;
+  if (tp_.size == 1 && pp_.size == 1 && ep_.size == 1) return local;
   Buffer global(global_layout_.padded_size, MemCategory::Other);  // zeros
+  if (ep_.size > 1) {
+    // Each rank of the expert-parallel group places its own experts; the rest of the model, the same
+    // on all of them, counts once: rank 0's. A sum over the group then assembles every expert exactly.
+    place_into_global(layout_, local.f32(), global_layout_, global.f32());
+    if (ep_.rank != 0)
+      for (const ParamInfo& p : global_layout_.params)
+        if (p.expert < 0) fill_zero(global.view().slice1d(p.offset, p.size));
+    ep_comm_->all_reduce(global.view(), ReduceOp::Sum);
+    return global;
+  }
   if (tp_.size == 1) {
     place_into_global(layout_, local.f32(), global_layout_, global.f32());
   } else {
@@ -547,6 +571,11 @@ CommStats TrainingRun::all_stats() const {
   return sum;
 }
 
+void TrainingRun::add_group(const std::string& name, Communicator& comm) {
+  comm.set_link_model({cfg_.link_gbps, cfg_.link_latency_us});
+  groups_.push_back({name, &comm, {}});
+}
+
 void TrainingRun::begin_step(int step) {
   set_error_phase("step " + std::to_string(step));
   reset_memory_peaks();
@@ -570,10 +599,9 @@ void TrainingRun::end_step(int step, float local_loss, double grad_norm) {
     const CommStats d = g.comm->stats().since(g.at_step_start);
     step_comm += d;
     by_group.emplace_back(g.name, d);
-    if (g.name == "dp") dp_step = d;
+    if (g.name == "dp" || (g.name == "world" && &dp_ == &world_)) dp_step = d;  // (the world: its data split)
     if (g.name == "tp") tp_step = d;
   }
-  if (groups_.size() == 1) dp_step = step_comm;  // the world is the data-parallel group
   // A pipeline stage waiting for a receive has nothing to compute: that is its bubble (08 measures
   // and prints it), not communication the step could have hidden; and its receives, posted at the
   // start of the step, are "in flight" until their data comes. The pipeline group's time is left
@@ -657,7 +685,7 @@ void TrainingRun::end_step(int step, float local_loss, double grad_norm) {
         .add(name + "_comm_ms", d.in_flight_ms)
         .add(name + "_collectives", training_calls(d));
     for (CollectiveKind k : {CollectiveKind::AllReduce, CollectiveKind::ReduceScatter, CollectiveKind::AllGather,
-                             CollectiveKind::SendRecv})
+                             CollectiveKind::SendRecv, CollectiveKind::AllToAll})
       if (d.kind[int(k)].calls) record.add(name + "_bytes_" + collective_name(k), d.kind[int(k)].sent_bytes);
   }
   json_.write(record);

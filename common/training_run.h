@@ -53,6 +53,11 @@ class TrainingRun {
   // positions plus the ring's buffers (docs/theory.md, section 13).
   TrainingRun(ProcessGrid& grid, TrainConfig& cfg, Strategy strategy, TensorParallelism tp,
               PipelineParallelism pp = {}, ContextParallelism cp = {});
+  // Chapter 11, expert parallelism: a MoE model (moe.h) whose experts are spread over the expert-
+  // parallel group `ep_comm` (ep.size ranks, this one ep.rank), everything else replicated; the data
+  // is split over every rank of `world`. The layout lists every expert, this rank's with their
+  // shapes and the others' empty (ExpertParallelism); checkpoints hold every expert whatever ep is.
+  TrainingRun(Communicator& world, Communicator& ep_comm, TrainConfig& cfg, Strategy strategy, ExpertParallelism ep);
   ~TrainingRun();
 
   const TrainConfig& cfg() const { return cfg_; }
@@ -66,6 +71,10 @@ class TrainingRun {
   bool holds_loss() const { return pp_.rank == pp_.size - 1; }
   // Root only (else nothing): one more JSON record (a chapter's own measurements, 08's bubble).
   void write_record(const JsonObject& record) { if (is_root()) json_.write(record); }
+  // One more group whose communication the step counts (its bytes, exposed and total time, per
+  // group in the JSON record), on the run's emulated link: chapter 11's expert-data-parallel group.
+  // Before the first begin_step().
+  void add_group(const std::string& name, Communicator& comm);
   // Replaces the strategy's data-parallel bytes per step in the theory table, for a chapter that
   // communicates otherwise (08's --zero2: ZeRO-1's memory, ZeRO-2's reduce-scatter every micro-batch).
   void set_dp_comm_theory(double bytes, const std::string& formula) {
@@ -123,7 +132,8 @@ class TrainingRun {
  private:
   enum class Stop { No, Interrupted, Diverged };
   TrainingRun(Communicator& world, Communicator& dp, const ProcessGrid* grid, TrainConfig& cfg, Strategy strategy,
-              TensorParallelism tp, PipelineParallelism pp, ContextParallelism cp = {});
+              TensorParallelism tp, PipelineParallelism pp, ContextParallelism cp = {}, ExpertParallelism ep = {},
+              Communicator* ep_comm = nullptr);
   CommStats all_stats() const;  // summed over the run's communicators
   LinkModel tensor_parallel_link() const;  // --tp-link-*, else --link-*
   void check_tensor_parallel();
@@ -147,6 +157,8 @@ class TrainingRun {
   Communicator* embedding_comm_;  // the pipeline's first and last stage (08), or null
   TensorParallelism tp_;
   PipelineParallelism pp_;
+  ExpertParallelism ep_;
+  Communicator* ep_comm_;         // the expert-parallel group (11), or null
   TrainConfig cfg_;
   Strategy strategy_;
   Device device_;

@@ -83,10 +83,21 @@ def peak_over_steps(run, key):
     return max((s.get(key, 0) for s in run["steps"]), default=0)
 
 
+def own_model(runs, run):
+    """Whether the run trains another model than 01's (11's mixture of experts): then its own run on one
+    rank is its baseline, not 01."""
+    first = next((r for r in runs if r["run"]["chapter"].startswith("01")), None)
+    return first is not None and first["run"].get("preset") != run["run"].get("preset")
+
+
 def baseline(runs, run):
-    """01 at the same rank count, the run every chapter is compared with."""
+    """01 at the same rank count, the run every chapter is compared with; a chapter with a model of its
+    own (own_model) is compared with its own run on one rank."""
     for r in runs:
-        if r["run"]["chapter"].startswith("01") and r["run"]["ranks"] == run["run"]["ranks"] and measured(r):
+        if own_model(runs, run):
+            if r["run"]["chapter"] == run["run"]["chapter"] and r["run"]["ranks"] == 1 and measured(r):
+                return r
+        elif r["run"]["chapter"].startswith("01") and r["run"]["ranks"] == run["run"]["ranks"] and measured(r):
             return r
     return None
 
@@ -130,6 +141,11 @@ def print_table(runs):
           "10th-90th percentile (* min-max: under 10 steps); modelled: the step the chapter's schedule predicts "
           "from the run's own host time and the link model (docs/theory.md, 11); /Ψ: model state in bytes per "
           "parameter of the model; the rest is counted, the same in every round." % (rounds, "s" if rounds > 1 else ""))
+    own = sorted({run["run"]["chapter"][:2] + " (--preset %s)" % run["run"].get("preset") for run in runs
+                  if own_model(runs, run)})
+    if own:
+        print("%s: a model of its own, so its 'vs 01' is against its own run on one rank, and its losses "
+              "against that run's." % ", ".join(own))
 
 
 def describe(runs):
@@ -231,6 +247,16 @@ def describe(runs):
                          run.get("cp", 1), at["10"].get("ring", {}).get("split", "zigzag"),
                          run.get("cp", 1), mb(peak_over_steps(at["10"], "mem_activations")),
                          mb(peak_over_steps(at["03"], "mem_activations")), ring_mb, ring_exposed, faster("10", "03")))
+    one_11 = next((r for r in runs if r["run"]["chapter"].startswith("11") and r["run"]["ranks"] == 1 and measured(r)),
+                  None)
+    if "11" in at and one_11:
+        lines.append("11  a mixture of experts (--preset %s) with its experts over %d ranks (EP %d): model state %.1f MB "
+                     "per rank instead of %.1f on one rank (expert weights fall as 1/EP), %.2f MB sent per step by "
+                     "all-to-all and all-reduce; %.2fx the tokens/s of its own run on one rank "
+                     "(results/experts.png: each expert's load)." % (
+                         at["11"]["run"].get("preset"), n, n, mb(model_state(at["11"])), mb(model_state(one_11)),
+                         mb(s("11")["comm_bytes_per_step"]),
+                         timing.tokens_per_s(at["11"]) / timing.tokens_per_s(one_11)))
     for line in lines:
         print("  " + line)
 

@@ -4,6 +4,9 @@
 # plots (scripts/compare.py), a timeline of one step per chapter (scripts/plot_timeline.py) and, where
 # chapter 08 ran, its pipeline diagram, measured next to ideal (scripts/plot_pipeline.py).
 # Results land in results/: one JSON-lines file, log and trace per run, the table (compare.txt), PNGs.
+# Chapter 11 trains a mixture of experts (MOE_PRESET=moe-tiny), with EP = the rank count, also on one
+# rank (its own baseline), and twice more for results/experts.png (the load per expert, without and
+# with the balancing loss; scripts/plot_experts.py).
 #
 # The defaults, and why:
 #   PRESET=deep   12 blocks: ZeRO-3 holds only a few gathered at a time, so its memory saving is real.
@@ -43,6 +46,7 @@ link=${LINK:-"--link-gbps 0.5 --link-latency-us 100"}
 tp_link=${TP_LINK:-"--tp-link-gbps 20 --tp-link-latency-us 10"}
 { [ "$tp_link" = none ] || [ -z "$link" ]; } && tp_link=""
 extra=${EXTRA:-}
+moe_preset=${MOE_PRESET:-moe-tiny}
 settings="--preset $preset --steps $steps $link $extra"
 echo "make compare: every chapter on ${ranks// / and } rank(s), $rounds rounds of $steps steps, with: $settings"
 [ -n "$tp_link" ] && echo "  and for 07's tensor-parallel group: $tp_link"
@@ -57,7 +61,9 @@ plan=()
 for n in $ranks; do
   for chapter in $(ls -d [0-9][0-9]_*/ | tr -d /); do
     [ -x "$chapter/train" ] || continue
-    [ "$n" -eq 1 ] && [ "$one_rank" != all ] && [ "${chapter:0:2}" != "$one_rank" ] && continue
+    # 11 trains a model of its own (a mixture of experts): its one-rank run is its own baseline.
+    [ "$n" -eq 1 ] && [ "$one_rank" != all ] && [ "${chapter:0:2}" != "$one_rank" ] && [ "$chapter" != 11_expert_parallel ] \
+      && continue
     plan+=("$chapter $n plain")
     [ "$chapter" = 07_tensor_parallel ] && [ "$n" -gt 1 ] && plan+=("$chapter $n sp")
   done
@@ -78,6 +84,10 @@ for round in $(seq 1 "$rounds"); do
     # 09 at 2 ranks is a grid of TP 2 (TP x PP needs 4): 07's run, with selective recomputation.
     [ "$chapter" = 09_3d_parallel ] && flags="--tp-overlap $tp_link --recompute selective"
     if [ "$variant" = sp ]; then flags="$flags --sequence-parallel"; run="${chapter}_sp_n${n}"; fi
+    run_settings=$settings
+    # 11: the MoE preset, its experts spread over every rank (EP = the rank count).
+    [ "$chapter" = 11_expert_parallel ] && run_settings="--preset $moe_preset --steps $steps $link $extra" \
+      && flags="--ep $n"
     # How long is left: each run still to come takes what it took in earlier rounds (in the first
     # round, what a run took on average so far).
     eta="?:??"
@@ -97,7 +107,7 @@ for round in $(seq 1 "$rounds"); do
     out="results/rounds/$run.r$round"
     started=$(now_ms)
     # shellcheck disable=SC2086
-    mpiexec -n "$n" "./$chapter/train" $settings $flags --json "$out.jsonl" --trace "$out.trace.json" \
+    mpiexec -n "$n" "./$chapter/train" $run_settings $flags --json "$out.jsonl" --trace "$out.trace.json" \
       </dev/null >"$out.log" 2>&1 \
       || { echo; echo "  failed: see $out.log"; tail -n 5 "$out.log"; exit 1; }
     took=$(( $(now_ms) - started ))
@@ -137,6 +147,21 @@ traces=$(ls results/*_n"$largest".trace.json 2>/dev/null | sort || true)
 if [ -n "$traces" ] && [ "$largest" -gt 1 ]; then
   # shellcheck disable=SC2086
   python3 scripts/plot_timeline.py --out results/timeline.png $traces
+fi
+# Chapter 11's experts: the load of each expert over the steps, without the balancing loss and with it,
+# at the largest rank count (EP = the rank count), on the same data and start.
+rm -rf results/experts.png results/experts
+if [ -x 11_expert_parallel/train ]; then
+  mkdir -p results/experts
+  expert_steps=${EXPERT_STEPS:-40}
+  for aux in 0 0.1; do
+    echo "11_expert_parallel x$largest, --aux-loss-coef $aux, $expert_steps steps (for results/experts.png)"
+    # shellcheck disable=SC2086
+    mpiexec -n "$largest" ./11_expert_parallel/train --preset "$moe_preset" --ep "$largest" --steps "$expert_steps" \
+      --aux-loss-coef "$aux" --quiet $extra --json "results/experts/aux$aux.jsonl" </dev/null \
+      >"results/experts/aux$aux.log" 2>&1 || { echo "  failed: see results/experts/aux$aux.log"; exit 1; }
+  done
+  python3 scripts/plot_experts.py --out results/experts.png results/experts/aux0.jsonl results/experts/aux0.1.jsonl
 fi
 # Chapter 08's run at the largest rank count, as the classic pipeline diagram: measured and ideal.
 pipeline=results/08_pipeline_n"$largest"

@@ -81,6 +81,9 @@ def plot_loss(runs, folder):
         return None
     # The reference: 01 on the fewest ranks, the run every chapter must reproduce.
     reference = min(runs, key=lambda r: (not r["run"]["chapter"].startswith("01"), r["run"]["ranks"]))
+    # Only the runs of its model: a chapter with a model of its own (11's mixture of experts) has its
+    # own loss curve, compared with its own one-rank run in the table.
+    runs = [r for r in runs if r["run"].get("preset") == reference["run"].get("preset")]
     diffs = loss_differences(runs, reference)
     differ = [r for r in runs if max(diffs[label(r)].values(), default=0) > COINCIDE]
     same = [r for r in runs if r not in differ]

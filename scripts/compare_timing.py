@@ -260,17 +260,23 @@ def busy_title(load, ranks):
 def losses_agree(runs, tolerance=1e-5, baseline_ranks=1):
     """(largest relative difference of any run's loss at any step from 01 at `baseline_ranks` ranks'
     (one, unless a section has no such run), its run's label, how many runs were compared, whether
-    within `tolerance`), or None without such a baseline. Only runs of the same steps compare (the
-    learning rate's schedule depends on them)."""
-    base = next((r for r in runs if r["run"]["chapter"].startswith("01") and r["run"]["ranks"] == baseline_ranks),
-                None)
-    if not base:
+    within `tolerance`), or None without such a baseline. A chapter with a model of its own (11's
+    mixture of experts) compares with its own run on one rank. Only runs of the same steps compare
+    (the learning rate's schedule depends on them)."""
+    base01 = next((r for r in runs if r["run"]["chapter"].startswith("01") and r["run"]["ranks"] == baseline_ranks),
+                  None)
+    if not base01:
         return None
-    ref = {s["step"]: s["loss"] for s in base["steps"]}
     worst, where, count = 0.0, "", 0
     for run in runs:
-        if run is base or run["run"]["steps"] != base["run"]["steps"]:
+        # A chapter with a model of its own (11's mixture of experts) against its own run on one rank.
+        base = base01
+        if run["run"].get("preset") != base01["run"].get("preset"):
+            base = next((r for r in runs if r["run"]["chapter"] == run["run"]["chapter"] and r["run"]["ranks"] == 1
+                         and r["run"].get("preset") == run["run"].get("preset")), None)
+        if base is None or run is base or run["run"]["steps"] != base["run"]["steps"]:
             continue
+        ref = {s["step"]: s["loss"] for s in base["steps"]}
         count += 1
         for s in run["steps"]:
             if s["step"] in ref and ref[s["step"]] != 0:

@@ -19,6 +19,9 @@
 
 #include "bf16.h"
 #include "comm.h"
+#include "comm_factory.h"  // communicator_for: the all-to-alls of CUDA tensors
+#include "device.h"        // cuda_device_count, transfer
+#include "memory.h"        // Buffer on the GPU
 #include "mpi_test_env.h"
 #include "trace.h"
 
@@ -1090,6 +1093,30 @@ TEST_F(CommTest, AnInterruptEndsAModelledWait) {
   EXPECT_LT(seconds, 10.0) << "the modelled wait outlived the interrupt";
 }
 
+// An interrupt posts what the link holds; once it is lifted, the link holds ops again, but only for
+// their own time: not until the end of the 2000 s hold that the interrupted op skipped, which its lane
+// still counted as busy (every later op on the communicator waited for it, forever to a test).
+TEST_F(CommTest, AfterAnInterruptTheLinkHoldsOnlyNewOps) {
+  if (N < 2) GTEST_SKIP() << "one rank: nothing is held";
+  comm.set_link_model({0.0, 1e9});  // 1000 s a hop
+  std::vector<float> x(256, float(rank + 1));
+  CommHandle pending = comm.all_reduce_async(view(x), ReduceOp::Sum);
+  std::thread interrupter([] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    interrupt_link_emulation();
+  });
+  pending.wait();
+  interrupter.join();
+  interrupt_link_emulation(false);  // lifted before any other op is issued
+  comm.set_link_model({0.0, 1000.0});  // 1 ms a hop
+  const auto start = std::chrono::steady_clock::now();
+  std::vector<float> y(16, float(rank + 1));
+  comm.all_reduce(view(y), ReduceOp::Sum);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_TRUE(exactly(y, [&](int64_t) { return S1; }));
+  EXPECT_LT(seconds, 20.0) << "an op after the interrupt waited for the hold the interrupt skipped";
+}
+
 // The watchdog watches a modelled wait too, and says that the link is slow, not that a rank is dead:
 // every rank holds its all-reduce 2(N-1) x 1000 s with a 1 s timeout. DISABLED_ (the watchdog ends
 // the job): tests/test_refusals.cpp runs it alone on 2 ranks and reads what it printed.
@@ -1131,3 +1158,166 @@ TEST_F(CommTest, ModelledMsMatchesHandComputedValues) {
 }
 
 }  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// All-to-all (expert parallelism's dispatch and combine)
+
+namespace {
+// Element i of what rank `from` sends to rank `to`: every (from, to, i) its own small integer.
+float a2a_value(int from, int to, int64_t i) { return float((from + 1) * 100000 + (to + 1) * 1000 + i); }
+// How many elements rank `from` sends to rank `to` in the variable-count tests: uneven, zero for
+// some pairs (a rank that routes no token to another's experts), times `scale`.
+int64_t a2a_count(int from, int to, int64_t scale) { return ((from + 2 * to) % 3) * scale; }
+}  // namespace
+
+TEST_F(CommTest, AllToAllIsExact) {
+  const int64_t n = 37;  // elements per chunk
+  for (bool async : {false, true}) {
+    SCOPED_TRACE(async ? "async" : "blocking");
+    std::vector<float> in(size_t(N * n)), out(size_t(N * n), -1.0f);
+    for (int to = 0; to < N; to++)
+      for (int64_t i = 0; i < n; i++) in[size_t(to * n + i)] = a2a_value(rank, to, i);
+    if (async) comm.all_to_all_async(view(in), view(out)).wait();
+    else comm.all_to_all(view(in), view(out));
+    EXPECT_TRUE(exactly(out, [&](int64_t j) { return a2a_value(int(j / n), rank, j % n); }));
+  }
+}
+
+TEST_F(CommTest, AllToAllVIsExact) {
+  for (int64_t scale : {1, 500})
+    for (bool async : {false, true}) {
+      SCOPED_TRACE("counts x" + std::to_string(scale) + (async ? " async" : " blocking"));
+      std::vector<int64_t> send_counts(N), recv_counts(N);
+      for (int r = 0; r < N; r++) send_counts[r] = a2a_count(rank, r, scale), recv_counts[r] = a2a_count(r, rank, scale);
+      std::vector<float> in(total_of(send_counts)), out(total_of(recv_counts), -1.0f);
+      for (int to = 0; to < N; to++)
+        for (int64_t i = 0; i < send_counts[to]; i++) in[size_t(offset_of(send_counts, to) + i)] = a2a_value(rank, to, i);
+      if (async) comm.all_to_all_v_async(view(in), send_counts, view(out), recv_counts).wait();
+      else comm.all_to_all_v(view(in), send_counts, view(out), recv_counts);
+      EXPECT_TRUE(exactly(out, [&](int64_t j) {
+        const int from = owner_of(recv_counts, j);
+        return a2a_value(from, rank, j - offset_of(recv_counts, from));
+      }));
+    }
+}
+
+// Even counts: each rank keeps its own chunk and sends the other N-1, so it sends and receives
+// (N-1)/N of its send buffer. Variable counts: what the counts say, the own segment excluded.
+TEST_F(CommTest, AllToAllCountsItsBytes) {
+  const int64_t n = 256;
+  std::vector<float> in(size_t(N * n), 1.0f), out(size_t(N * n));
+  CommStats before = comm.stats();
+  comm.all_to_all(view(in), view(out));
+  CollectiveCounters d = delta(comm.stats(), before, CollectiveKind::AllToAll);
+  const int64_t S = 4 * N * n;
+  EXPECT_EQ(d.calls, 1);
+  EXPECT_EQ(d.launched, 1);
+  EXPECT_EQ(d.payload_bytes, S);
+  EXPECT_EQ(d.sent_bytes, (N - 1) * S / N);
+  EXPECT_EQ(d.received_bytes, (N - 1) * S / N);
+  EXPECT_EQ(wire_bytes_for(CollectiveKind::AllToAll, S, N), (N - 1) * S / N);
+
+  std::vector<int64_t> send_counts(N), recv_counts(N);
+  int64_t sent = 0, received = 0;
+  for (int r = 0; r < N; r++) {
+    send_counts[r] = a2a_count(rank, r, 100), recv_counts[r] = a2a_count(r, rank, 100);
+    if (r != rank) sent += 4 * send_counts[r], received += 4 * recv_counts[r];
+  }
+  std::vector<float> vin(total_of(send_counts), 1.0f), vout(total_of(recv_counts));
+  before = comm.stats();
+  comm.all_to_all_v(view(vin), send_counts, view(vout), recv_counts);
+  d = delta(comm.stats(), before, CollectiveKind::AllToAll);
+  EXPECT_EQ(d.calls, 1);
+  EXPECT_EQ(d.payload_bytes, int64_t(4 * vin.size()));
+  EXPECT_EQ(d.sent_bytes, N == 1 ? 0 : sent);
+  EXPECT_EQ(d.received_bytes, N == 1 ? 0 : received);
+  // What travelled, summed over the group, is what was sent, summed: every byte has one sender.
+  EXPECT_EQ(comm.all_reduce_scalar(double(d.sent_bytes), ReduceOp::Sum),
+            comm.all_reduce_scalar(double(d.received_bytes), ReduceOp::Sum));
+}
+
+// The formula of docs/theory.md: (N-1)(alpha + S/(N beta)), and the variable form's link bytes give
+// back S for an even split.
+TEST(AllToAllModel, ModelledTimeIsPairwiseExchange) {
+  const LinkModel link{8.0, 10.0};  // 1 GB/s, 10 us
+  for (int n : {2, 3, 4, 8}) {
+    const int64_t S = 3000000;
+    const double expected_ms = (n - 1) * (10e-6 + double(S) / n / 1e9) * 1e3;
+    EXPECT_NEAR(modelled_ms(link, CollectiveKind::AllToAll, S, n), expected_ms, 1e-9) << n << " ranks";
+    const int64_t travelling = (n - 1) * S / n;
+    EXPECT_EQ(all_to_all_v_link_bytes(travelling, travelling, n), S) << n << " ranks";
+    // Uneven: the larger direction sets the time, (N-1) alpha + max(sent, received) / beta.
+    EXPECT_NEAR(modelled_ms(link, CollectiveKind::AllToAll, all_to_all_v_link_bytes(1000, 700000, n), n),
+                ((n - 1) * 10e-6 + 700000 / 1e9) * 1e3, 1e-6)
+        << n << " ranks";
+  }
+  EXPECT_EQ(modelled_ms(link, CollectiveKind::AllToAll, 1000, 1), 0.0);
+}
+
+TEST_F(CommTest, AllToAllTakesAtLeastItsModelledTime) {
+  if (N == 1) GTEST_SKIP() << "one rank has no link to emulate";
+  const LinkModel link{0.2, 500.0};  // 25 MB/s, 0.5 ms per message
+  comm.set_link_model(link);
+  std::vector<float> in(size_t(N) << 14, 1.0f), out(in.size());
+  const double expected = modelled_ms(link, CollectiveKind::AllToAll, int64_t(4 * in.size()), N);
+  CommStats before = comm.stats();
+  double t0 = now_ms();
+  comm.all_to_all(view(in), view(out));
+  EXPECT_GE(now_ms() - t0, expected);
+  EXPECT_GE(delta(comm.stats(), before, CollectiveKind::AllToAll).busy_ms, expected - 1e-3);
+
+  std::vector<int64_t> send_counts(N), recv_counts(N);
+  int64_t sent = 0, received = 0;
+  for (int r = 0; r < N; r++) {
+    send_counts[r] = a2a_count(rank, r, 4000), recv_counts[r] = a2a_count(r, rank, 4000);
+    if (r != rank) sent += 4 * send_counts[r], received += 4 * recv_counts[r];
+  }
+  std::vector<float> vin(total_of(send_counts), 1.0f), vout(total_of(recv_counts));
+  const double own = modelled_ms(link, CollectiveKind::AllToAll, all_to_all_v_link_bytes(sent, received, N), N);
+  before = comm.stats();
+  t0 = now_ms();
+  comm.all_to_all_v(view(vin), send_counts, view(vout), recv_counts);
+  EXPECT_GE(now_ms() - t0, own);
+  EXPECT_GE(delta(comm.stats(), before, CollectiveKind::AllToAll).busy_ms, own - 1e-3);
+}
+
+// The same exchanges of CUDA tensors, through the CUDA communicator (comm_nccl.cpp): NCCL at one rank,
+// the host-staged fallback when several ranks share a GPU (one GPU per rank would run NCCL's grouped
+// ncclSend/ncclRecv). Skipped without a GPU or a CUDA build.
+TEST_F(CommTest, AllToAllOfCudaTensors) {
+  std::string why;
+  if (cuda_device_count(&why) == 0) GTEST_SKIP() << "no GPU here: " << why;
+  std::unique_ptr<Communicator> cuda = communicator_for(Device::CUDA, comm.split(0, rank, "cuda"));
+  ASSERT_EQ(cuda->device(), Device::CUDA);
+  const int64_t n = 37;
+  std::vector<float> in(size_t(N * n)), out(size_t(N * n), -1.0f);
+  for (int to = 0; to < N; to++)
+    for (int64_t i = 0; i < n; i++) in[size_t(to * n + i)] = a2a_value(rank, to, i);
+  Buffer send(N * n, MemCategory::Other, Device::CUDA), recv(N * n, MemCategory::Other, Device::CUDA);
+  transfer(send.view(), view(in));
+  cuda->all_to_all(send.view(), recv.view());
+  transfer(view(out), recv.view());
+  EXPECT_TRUE(exactly(out, [&](int64_t j) { return a2a_value(int(j / n), rank, j % n); }));
+
+  std::vector<int64_t> send_counts(N), recv_counts(N);
+  for (int r = 0; r < N; r++) send_counts[r] = a2a_count(rank, r, 100), recv_counts[r] = a2a_count(r, rank, 100);
+  std::vector<float> vin(total_of(send_counts)), vout(total_of(recv_counts), -1.0f);
+  for (int to = 0; to < N; to++)
+    for (int64_t i = 0; i < send_counts[to]; i++) vin[size_t(offset_of(send_counts, to) + i)] = a2a_value(rank, to, i);
+  Buffer vsend(std::max<int64_t>(1, total_of(send_counts)), MemCategory::Other, Device::CUDA);
+  Buffer vrecv(std::max<int64_t>(1, total_of(recv_counts)), MemCategory::Other, Device::CUDA);
+  const Tensor vs = vsend.view().slice1d(0, total_of(send_counts)), vr = vrecv.view().slice1d(0, total_of(recv_counts));
+  if (!vin.empty()) transfer(vs, view(vin));
+  const CommStats before = cuda->stats();
+  cuda->all_to_all_v(vs, send_counts, vr, recv_counts);
+  if (!vout.empty()) transfer(view(vout), vr);
+  EXPECT_TRUE(exactly(vout, [&](int64_t j) {
+    const int from = owner_of(recv_counts, j);
+    return a2a_value(from, rank, j - offset_of(recv_counts, from));
+  }));
+  int64_t sent = 0;
+  for (int r = 0; r < N; r++)
+    if (r != rank) sent += 4 * send_counts[r];
+  EXPECT_EQ(delta(cuda->stats(), before, CollectiveKind::AllToAll).sent_bytes, N == 1 ? 0 : sent);
+}
+

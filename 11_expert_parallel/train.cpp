@@ -1,0 +1,350 @@
+// Chapter 11: expert parallelism. A mixture-of-experts GPT-2 whose experts are spread over ranks,
+// tokens travelling to their experts and back by all-to-all.
+//
+// The idea. In a MoE block (common/moe.h) the MLP is E expert MLPs and a router that sends each
+// token to its top-k experts. Experts are independent, so a group of ep ranks can hold E/ep of them
+// each (expert weights fall as 1/ep), and each layer moves the tokens instead of the weights:
+//   dispatch: each rank sorts its tokens by expert (they are, already: moe.cpp groups them), sends
+//             every peer how many rows go to each of its experts (an all-to-all of E counts), then
+//             the rows themselves (an all-to-all with variable counts);
+//   experts:  each rank runs its own experts on what it received, grouped by expert;
+//   combine:  an all-to-all sends the outputs back, where each is weighted by the router's
+//             probability and added to its token's stream;
+//   backward: the same two all-to-alls carry the outputs' gradients to the experts and the inputs'
+//             gradients back.
+// The ranks form a DP x EP grid (process_grid.h, ExpertGrid): EP innermost. Everything but the
+// experts is replicated and data-parallel over all ranks (averaged over the world); an expert's
+// gradient is averaged only over the ranks that hold that expert (the expert-data-parallel group).
+//
+// What changed since 03: the --ep flag and its grid, the dispatch/combine hooks below, and the
+// buckets' all-reduces split into expert and non-expert ranges on their two groups. What stayed:
+// buckets overlap backward, and the run equals one rank's with the same global batch, with or
+// without a capacity (moe.h: tokens claim an expert's capacity in the global token order).
+//
+// Base chapter: 03_bucket_dp (docs/diffs/11_expert_parallel.diff: what this chapter adds to it).
+//
+// Run:
+//   make 11_expert_parallel
+//   mpiexec -n 4 ./11_expert_parallel/train --ep 2                  # DP 2 x EP 2, moe-tiny
+//   mpiexec -n 4 ./11_expert_parallel/train --ep 4 --capacity-factor 1.0 --aux-loss-coef 0.01
+// Output: as 03, plus per step a line per layer with each expert's tokens routed and dropped, the
+// balance loss, the all-to-all bytes against their prediction and time against the link model; after
+// step 1 the memory per rank by category (expert parameters at 1/ep) and each group's gradient bytes
+// next to theory.
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "buckets.h"
+#include "comm.h"
+#include "comm_factory.h"
+#include "device.h"
+#include "expert_report.h"
+#include "flags.h"
+#include "memory.h"
+#include "model.h"
+#include "moe.h"
+#include "ops.h"
+#include "optimizer.h"
+#include "process_grid.h"
+#include "training_run.h"
+
+namespace {
+
+// The tokens' trips to the experts of the EP group and back, per layer (the lesson's core).
+class ExpertExchange {
+ public:
+  ExpertExchange(Communicator& ep, GPT2& model, int L, int E, int C)
+      : ep_(ep), model_(model), E_(E), C_(C), local_(E / ep.size()), mlps_(L, C), layers_(size_t(L)) {}
+
+  // rows (n,C) grouped by expert 0..E-1 (counts[e] rows each) -> out (n,C), the same order.
+  void forward(int layer, Tensor rows, const std::vector<int64_t>& counts, Tensor out) {
+    Layer& d = layers_[size_t(layer)];
+    const int P = ep_.size();
+    // Dispatch, 1: the counts. Chunk q of `counts` is the E/ep experts of rank q; what arrives in
+    // chunk s is how many rows rank s sends to each of this rank's experts.
+    std::vector<float> mine(counts.begin(), counts.end()), theirs(static_cast<size_t>(E_));
+    ep_.all_to_all(make_view(mine.data(), {int64_t(E_)}), make_view(theirs.data(), {int64_t(E_)}));
+    d.send_rows.assign(size_t(P), 0);
+    d.recv_rows.assign(size_t(P), 0);
+    d.recv_counts.assign(size_t(E_), 0);
+    for (int q = 0; q < P; q++)
+      for (int j = 0; j < local_; j++) {
+        d.send_rows[size_t(q)] += counts[size_t(q * local_ + j)];
+        d.recv_counts[size_t(q * local_ + j)] = int64_t(theirs[size_t(q * local_ + j)]);
+        d.recv_rows[size_t(q)] += d.recv_counts[size_t(q * local_ + j)];
+      }
+    count_predicted(wire_bytes_for(CollectiveKind::AllToAll, int64_t(E_) * 4, P), int64_t(E_) * 4);
+    // Dispatch, 2: the rows, to the rank of their expert (grouped by expert is grouped by rank).
+    Tensor received = exchange(rows, d.send_rows, d.recv_rows, received_);
+    // Experts: this rank's, on their rows from every peer (regrouped by expert), and back.
+    Tensor outputs = run_experts(layer, received, d, /*forward=*/true);
+    // Combine: the outputs return to their tokens' ranks (moe.cpp weights and adds them).
+    exchange_into(outputs, d.recv_rows, d.send_rows, out);
+  }
+
+  // dout (n,C): the gradients of the last forward's outputs -> drows (n,C), their inputs'.
+  void backward(int layer, Tensor dout, Tensor drows) {
+    Layer& d = layers_[size_t(layer)];
+    Tensor received = exchange(dout, d.send_rows, d.recv_rows, received_);
+    Tensor grads = run_experts(layer, received, d, /*forward=*/false);
+    exchange_into(grads, d.recv_rows, d.send_rows, drows);
+  }
+
+  // What the communicator should count, from the counts alone: the bytes this rank sends in its
+  // all-to-alls (its own segments stay), and their time on the emulated link (comm.h, modelled_ms).
+  int64_t predicted_sent_bytes() const { return predicted_sent_; }
+  double predicted_link_ms() const { return predicted_ms_; }
+  void reset_predictions() { predicted_sent_ = 0, predicted_ms_ = 0; }
+
+ private:
+  struct Layer {
+    std::vector<int64_t> send_rows, recv_rows;  // (ep) rows to and from each peer
+    std::vector<int64_t> recv_counts;           // (ep x E/ep) rows from peer s for local expert j
+  };
+
+  // `from` travels by rows: send_rows[q] rows to rank q, recv_rows[s] from rank s, into `to`.
+  void exchange_into(Tensor from, const std::vector<int64_t>& send_rows, const std::vector<int64_t>& recv_rows,
+                     Tensor to) {
+    std::vector<int64_t> send(send_rows.size()), recv(recv_rows.size());
+    int64_t sent = 0, received = 0;
+    for (size_t q = 0; q < send.size(); q++) {
+      send[q] = send_rows[q] * C_, recv[q] = recv_rows[q] * C_;
+      if (int(q) != ep_.rank()) sent += 4 * send[q], received += 4 * recv[q];
+    }
+    ep_.all_to_all_v(from, send, to, recv);
+    count_predicted(ep_.size() > 1 ? sent : 0, all_to_all_v_link_bytes(sent, received, ep_.size()));
+  }
+  Tensor exchange(Tensor from, const std::vector<int64_t>& send_rows, const std::vector<int64_t>& recv_rows,
+                  Buffer& into) {
+    int64_t rows = 0;
+    for (int64_t r : recv_rows) rows += r;
+    grow(into, rows * C_);
+    Tensor to = make_view(into.data(), {rows, int64_t(C_)});
+    exchange_into(from, send_rows, recv_rows, to);
+    return to;
+  }
+
+  // The received rows arrive by peer, then by expert; the experts want them by expert, then by peer
+  // (within an expert: the global token order, peers being consecutive ranks). Regroups, runs the
+  // experts forward (or backward), and puts the results back in arrival order.
+  Tensor run_experts(int layer, Tensor received, const Layer& d, bool forward) {
+    const int P = ep_.size();
+    const int64_t rows = received.numel() / C_;
+    grow(grouped_, rows * C_);
+    grow(results_, rows * C_);
+    grow(arrival_, rows * C_);
+    std::vector<int64_t> at_arrival(size_t(P * local_)), local_counts(size_t(local_), 0);
+    int64_t offset = 0;
+    for (int s = 0; s < P; s++)
+      for (int j = 0; j < local_; j++) at_arrival[size_t(s * local_ + j)] = offset, offset += d.recv_counts[size_t(s * local_ + j)];
+    auto move_rows = [&](const float* from, float* to, bool to_grouped) {
+      int64_t grouped = 0;
+      for (int j = 0; j < local_; j++)
+        for (int s = 0; s < P; s++) {
+          const int64_t n = d.recv_counts[size_t(s * local_ + j)], arrival = at_arrival[size_t(s * local_ + j)];
+          const size_t bytes = size_t(n * C_) * sizeof(float);
+          if (n > 0) {
+            if (to_grouped) std::memcpy(to + grouped * C_, from + arrival * C_, bytes);
+            else std::memcpy(to + arrival * C_, from + grouped * C_, bytes);
+          }
+          grouped += n;
+        }
+    };
+    for (int j = 0; j < local_; j++)
+      for (int s = 0; s < P; s++) local_counts[size_t(j)] += d.recv_counts[size_t(s * local_ + j)];
+    move_rows(received.f32(), grouped_.f32(), true);
+    const Tensor in = make_view(grouped_.data(), {rows, int64_t(C_)}), out = make_view(results_.data(), {rows, int64_t(C_)});
+    if (forward) mlps_.forward(layer, model_.held_experts(layer), in, local_counts, out);
+    else mlps_.backward(layer, model_.held_experts(layer), in, out);
+    move_rows(results_.f32(), arrival_.f32(), false);
+    return make_view(arrival_.data(), {rows, int64_t(C_)});
+  }
+
+  void count_predicted(int64_t sent_bytes, int64_t link_bytes) {
+    predicted_sent_ += sent_bytes;
+    predicted_ms_ += modelled_ms(ep_.link_model(), CollectiveKind::AllToAll, link_bytes, ep_.size());
+  }
+  static void grow(Buffer& b, int64_t count) {
+    if (b.count() < count) b = Buffer(count, MemCategory::CommBuffers);
+  }
+
+  Communicator& ep_;
+  GPT2& model_;
+  int E_, C_, local_;
+  ExpertMLPs mlps_;  // this rank's experts' activations
+  std::vector<Layer> layers_;
+  Buffer received_, grouped_, results_, arrival_;
+  int64_t predicted_sent_ = 0;
+  double predicted_ms_ = 0;
+};
+
+// A bucket's ranges by group: runs of expert tensors go to the expert-data-parallel group, the rest
+// to the world. Padding between tensors travels with the run before it (it is zero either way).
+struct Segment {
+  int64_t begin, end;
+  bool experts;
+};
+std::vector<Segment> segments_of(const ParamLayout& layout, int64_t begin, int64_t end) {
+  std::vector<Segment> out;
+  for (const ParamInfo& p : layout.params) {
+    if (!p.held() || p.offset < begin || p.offset >= end) continue;
+    const bool experts = p.expert >= 0;
+    if (out.empty() || out.back().experts != experts) out.push_back({p.offset, p.offset, experts});
+  }
+  if (out.empty()) return {{begin, end, false}};
+  out.front().begin = begin;
+  for (size_t i = 0; i + 1 < out.size(); i++) out[i].end = out[i + 1].begin;
+  out.back().end = end;
+  return out;
+}
+
+}  // namespace
+
+// The chapter's own flags.
+struct ExpertFlags {
+  double bucket_mb = 0, capacity_factor = 0, aux_loss_coef = 0.01;
+  int ep = 1;
+};
+
+int train(Communicator* comm, TrainConfig& cfg, const ExpertFlags& flag) {
+  const double bucket_mb = flag.bucket_mb, capacity_factor = flag.capacity_factor, aux_loss_coef = flag.aux_loss_coef;
+  const int ep = flag.ep;
+  ExpertGrid grid(*comm, ep);
+  TrainingRun run(*comm, grid.ep(), cfg, Strategy::DP, ExpertParallelism{ep, grid.ep().rank()});
+  run.add_group("expert_dp", grid.expert_dp());
+  const ParamLayout& layout = run.layout();
+  GPT2Config model_cfg = run.model_config();
+  model_cfg.capacity_factor = capacity_factor;
+  model_cfg.aux_loss_coef = aux_loss_coef;
+  const int L = model_cfg.L, E = model_cfg.experts;
+
+  // Every rank holds the non-expert parameters and its E/ep experts, with their gradients and state.
+  Buffer params(layout.padded_size, MemCategory::Params);
+  Buffer grads(layout.padded_size, MemCategory::Grads);
+  AdamW optimizer(layout, ShardPlan::unsharded(layout), cfg.weight_decay, Device::CPU, DType::F32);
+  GPT2 model(model_cfg, layout, run.micro_batch_size());
+  model.bind_all(params.data(), grads.data());
+  const int start = run.init_or_resume(params, optimizer);
+
+  // The lesson, 1: the model's MoE layers hand their tokens to the exchange.
+  ExpertExchange exchange(grid.ep(), model, L, E, model_cfg.C);
+  model.expert_hooks.rank = comm->rank();  // the data order: rank 0's sequences first (data.h)
+  model.expert_hooks.ranks = comm->size();
+  model.expert_hooks.gather_counts = [&](Tensor mine, Tensor all) { comm->all_gather(mine, all); };
+  model.expert_hooks.experts_forward = [&](int l, Tensor rows, const std::vector<int64_t>& counts, Tensor out) {
+    exchange.forward(l, rows, counts, out);
+  };
+  model.expert_hooks.experts_backward = [&](int l, Tensor dout, Tensor drows) { exchange.backward(l, dout, drows); };
+
+  const double bucket_bytes = cfg.was_given("--bucket-mb") ? bucket_mb * 1e6 : default_bucket_bytes(layout, 4);
+  GradientBuckets buckets(layout, bucket_bytes, 4);
+  int64_t expert_range = 0;  // where expert gradients are reduced: their tensors and the padding after them
+  for (const Segment& s : segments_of(layout, 0, layout.padded_size))
+    if (s.experts) expert_range += s.end - s.begin;
+  if (run.is_root())
+    std::printf("grid: %s | %d experts per block, %d on each rank | top-%d | capacity factor %g | balance loss x %g | "
+                "%d buckets\n",
+                grid.describe().c_str(), E, E / ep, model_cfg.top_k, capacity_factor, aux_loss_coef, buckets.count());
+  const int W = comm->size();
+  const ExpertTheory theory = expert_theory(layout, model_cfg, W, ep, run.micro_batch_size(), expert_range);
+  run.set_dp_comm_theory(theory.world_all_reduce + theory.counts_all_gather,
+                         "2(W-1)/W x 4 x non-expert elements (padding included) + L x (W-1) x 4E counts");
+
+  // The lesson, 2: when a bucket is final, average its expert ranges over the ranks that hold the
+  // same experts, and the rest over everyone.
+  std::vector<CommHandle> in_flight;
+  std::vector<Segment> expert_segments;
+  model.hooks.grad_ready = [&](int p) {
+    const int b = buckets.mark_ready(p);
+    if (b < 0) return;
+    for (const Segment& s : segments_of(layout, buckets.begin(b), buckets.end(b))) {
+      Communicator& group = s.experts ? grid.expert_dp() : *comm;
+      in_flight.push_back(group.all_reduce_async(grads.view().slice1d(s.begin, s.end - s.begin), ReduceOp::Avg));
+      if (s.experts) expert_segments.push_back(s);
+    }
+  };
+
+  for (int step = start; step < cfg.steps; step++) {
+    run.begin_step(step);
+    fill_zero(grads.view());
+    exchange.reset_predictions();
+    const CommStats ep_before = grid.ep().stats(), world_before = comm->stats(), edp_before = grid.expert_dp().stats();
+    MicroBatch batch = run.micro_batch(step, 0);  // --grad-accum 1 (moe_run_problem)
+    const float loss = model.forward(batch.inputs, batch.targets, batch.B);
+    const double balance = comm->all_reduce_scalar(model.aux_loss(), ReduceOp::Sum) / W;
+    model.backward(1.0f);
+
+    for (CommHandle& handle : in_flight) handle.wait();
+    in_flight.clear();
+    buckets.reset();
+    // An expert's gradient summed the losses of the ep ranks whose tokens it served: averaged over
+    // its dp group, it is still ep times the world's average.
+    for (const Segment& s : expert_segments) scale_inplace(grads.view().slice1d(s.begin, s.end - s.begin), 1.0f / ep);
+    expert_segments.clear();
+
+    // The norm: the shared gradient is the same everywhere, the experts' parts add over the EP group.
+    double dense_sq = 0, expert_sq = 0;
+    for (const Segment& s : segments_of(layout, 0, layout.padded_size))
+      (s.experts ? expert_sq : dense_sq) += sum_of_squares(grads.view().slice1d(s.begin, s.end - s.begin));
+    const double norm = std::sqrt(dense_sq + grid.ep().all_reduce_scalar(expert_sq, ReduceOp::Sum));
+    optimizer.update(params.view(), grads.view(), step + 1, run.lr(step), clip_factor(norm, cfg.grad_clip));
+    run.end_step(step, loss, norm);
+
+    // What the reader sees: routing per layer and expert, the balance loss, the all-to-alls, and
+    // after step 1 the memory per rank and each group's gradient bytes (expert_report.h).
+    ExpertStep measured;
+    measured.step = step;
+    measured.balance_loss = balance;
+    measured.a2a = grid.ep().stats().since(ep_before).kind[int(CollectiveKind::AllToAll)];
+    measured.a2a_predicted_bytes = exchange.predicted_sent_bytes();
+    measured.a2a_link_model_ms = exchange.predicted_link_ms();
+    measured.world_all_reduce_bytes = comm->stats().since(world_before).kind[int(CollectiveKind::AllReduce)].sent_bytes;
+    measured.expert_dp_all_reduce_bytes =
+        grid.expert_dp().stats().since(edp_before).kind[int(CollectiveKind::AllReduce)].sent_bytes;
+    const bool memory_too = step == start + 1 || (start + 1 >= cfg.steps && step == start);
+    report_expert_step(run, grid.ep(), model, measured, theory, ep, grid.dp_size(), memory_too, cfg.quiet);
+    if (run.checkpoint_due(step)) run.save_checkpoint(step + 1, params, optimizer);
+    if (run.stopping()) break;  // Ctrl-C or a diverging loss: every rank agreed to stop here
+  }
+  return run.finish();
+}
+
+int main(int argc, char** argv) {
+  auto comm = init_mpi_communicator(&argc, &argv);
+  TrainConfig cfg;
+  cfg.preset = "moe-tiny";  // a mixture of experts by default
+  cfg.device = "cpu";       // the experts run on the CPU (moe.h)
+  FlagParser flags;
+  ExpertFlags opt;
+  flags.add("--bucket-mb", &opt.bucket_mb, "target bucket size in MB, a bucket holding whole tensors (default: an "
+                                      "eighth of the gradient)");
+  flags.add("--ep", &opt.ep, "expert-parallel group size: each of its ranks holds E/ep experts of every block; "
+                         "the world is DP x EP");
+  flags.add("--capacity-factor", &opt.capacity_factor, "an expert takes at most factor x tokens x k / E assignments "
+                                                   "of a step, the rest are dropped (0: unlimited)");
+  flags.add("--aux-loss-coef", &opt.aux_loss_coef, "coefficient of the load-balancing loss E x sum_e f_e P_e");
+  if (!parse_train_flags(argc, argv, "11_expert_parallel",
+                         "Chapter 11: expert parallelism, a mixture of experts over ranks by all-to-all.", flags, &cfg)) {
+    shutdown_mpi(std::move(comm));
+    return 0;
+  }
+  if (cfg.was_given("--bucket-mb") && !(opt.bucket_mb > 0)) config_error("--bucket-mb must be > 0");
+  if (!(opt.capacity_factor >= 0)) config_error("--capacity-factor must be >= 0 (0: unlimited)");
+  if (!(opt.aux_loss_coef >= 0)) config_error("--aux-loss-coef must be >= 0");
+  // Every check before the first collective, the same on every rank.
+  GPT2Config preset;
+  if (!find_preset(cfg.preset, &preset))
+    config_error("--preset: unknown preset '" + cfg.preset + "' (choose from " + preset_names() + ")");
+  const std::string grid_problem = expert_grid_problem(comm->size(), opt.ep, preset.experts, cfg.preset);
+  if (!grid_problem.empty()) config_error(grid_problem);
+  const std::string moe_problem = moe_run_problem(cfg.preset, "11_expert_parallel", pick_device(cfg.device), true,
+                                                  comm->size(), 1, 1, cfg.grad_accum, cfg.recompute);
+  if (!moe_problem.empty()) config_error(moe_problem);
+  comm = communicator_for(pick_device(cfg.device), std::move(comm));
+  const int status = train(comm.get(), cfg, opt);  // (every group's communicator is gone after it)
+  shutdown_mpi(std::move(comm));
+  return status;
+}

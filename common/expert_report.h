@@ -1,0 +1,43 @@
+// expert_report.h: what chapter 11 shows of its experts besides the step line (docs/theory.md, 14):
+// per step, per layer and expert, the assignments routed and dropped, the balance loss, the
+// all-to-all bytes and time next to their predictions; once, after step 1, the memory per rank by
+// category with the experts apart, and each group's gradient bytes next to theory. The same numbers
+// go into JSON records ("experts" per step, "memory_ep" once). Defines ExpertTheory, expert_theory(),
+// ExpertStep and report_expert_step().
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include "comm.h"          // Communicator, CollectiveCounters
+#include "model.h"         // GPT2: its routing statistics
+#include "param_layout.h"  // ParamLayout
+#include "training_run.h"  // TrainingRun: the JSON records
+
+// The bytes and sizes theory predicts for a run of chapter 11 (4-byte elements).
+struct ExpertTheory {
+  double world_all_reduce = 0;      // 2(W-1)/W x 4 x the non-expert ranges (padding included)
+  double expert_dp_all_reduce = 0;  // 2(D-1)/D x 4 x the expert ranges held (padding included), D = W/ep
+  double counts_all_gather = 0;     // L x (W-1) x 4E: every layer's routing counts, over the world
+  double a2a_balanced = 0;          // L x [(P-1)/P x 4E + 4 x (P-1)/P x n k C x 4], P = ep, n = tokens a rank
+  double expert_params = 0;         // L x E/ep x (8C^2 + 5C) x 4: a rank's expert parameters
+  int64_t expert_elements = 0;      // the expert tensors this rank holds
+};
+// `expert_range`: the elements of the ranges the expert gradients are reduced in (their tensors and the
+// padding that follows them), `micro_B` the sequences a rank computes per step.
+ExpertTheory expert_theory(const ParamLayout& layout, const GPT2Config& cfg, int world, int ep, int micro_B,
+                           int64_t expert_range);
+
+// One step's measurements on this rank.
+struct ExpertStep {
+  int step = 0;
+  double balance_loss = 0;            // global (the average of the ranks' shares)
+  CollectiveCounters a2a;             // the EP group's all-to-alls this step
+  int64_t a2a_predicted_bytes = 0;    // what the routing counts say this rank sends
+  double a2a_link_model_ms = 0;       // their modelled time on the emulated link
+  int64_t world_all_reduce_bytes = 0, expert_dp_all_reduce_bytes = 0;
+};
+
+// Writes the step's record (and, with memory_too, the memory record) on rank 0 and, unless quiet,
+// prints them. Collective over the EP group (the largest bytes over its ranks are printed).
+void report_expert_step(TrainingRun& run, Communicator& ep_group, const GPT2& model, const ExpertStep& s,
+                        const ExpertTheory& theory, int ep, int dp, bool memory_too, bool quiet);

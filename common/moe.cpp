@@ -1,0 +1,273 @@
+// moe.cpp: the mixture-of-experts MLP of moe.h (routing, capacity, balance loss, experts), on the CPU.
+#include "moe.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "check.h"
+#include "ops.h"
+
+namespace {
+Tensor rows_of(const Buffer& b, int64_t n, int64_t cols) { return make_view(b.data(), {n, cols}); }
+Tensor rows_of(Tensor t, int64_t begin, int64_t n) {
+  const int64_t cols = t.shape[1];
+  return make_view(t.f32() + begin * cols, {n, cols});
+}
+// Grows b to hold at least `count` fp32 elements (contents are not kept).
+void ensure_size(Buffer& b, int64_t count, MemCategory category) {
+  if (b.count() < count) b = Buffer(count, category);
+}
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// The experts
+
+ExpertMLPs::ExpertMLPs(int layers, int C) : kept_(size_t(layers)), C_(C) {}
+
+void ExpertMLPs::forward(int layer, const std::vector<ExpertWeights>& experts, Tensor rows,
+                         const std::vector<int64_t>& counts, Tensor out) {
+  ENSURE(counts.size() == experts.size(), "ExpertMLPs: one count per expert");
+  Kept& k = kept_[size_t(layer)];
+  const int64_t n = rows.numel() / C_, F = 4 * int64_t(C_);
+  ensure_size(k.inp, n * C_, MemCategory::Activations);
+  ensure_size(k.fch, n * F, MemCategory::Activations);
+  ensure_size(k.fch_gelu, n * F, MemCategory::Activations);
+  k.rows = n;
+  k.counts = counts;
+  if (n > 0) std::memcpy(k.inp.data(), rows.data, size_t(n * C_) * sizeof(float));
+  int64_t begin = 0;
+  for (size_t e = 0; e < experts.size(); e++) {
+    const int64_t m = counts[e];
+    if (m == 0) continue;
+    const Tensor inp = rows_of(rows_of(k.inp, n, C_), begin, m), fch = rows_of(rows_of(k.fch, n, F), begin, m);
+    const Tensor gelu = rows_of(rows_of(k.fch_gelu, n, F), begin, m);
+    matmul_forward(fch, inp, experts[e].fc_w, experts[e].fc_b);
+    gelu_forward(gelu, fch);
+    matmul_forward(rows_of(out, begin, m), gelu, experts[e].proj_w, experts[e].proj_b);
+    begin += m;
+  }
+  ENSURE(begin == n, "ExpertMLPs: the counts do not add up to the rows");
+}
+
+void ExpertMLPs::backward(int layer, const std::vector<ExpertWeights>& experts, Tensor dout, Tensor drows) {
+  Kept& k = kept_[size_t(layer)];
+  const int64_t n = k.rows, F = 4 * int64_t(C_);
+  ENSURE(dout.numel() == n * C_ && drows.numel() == n * C_, "ExpertMLPs::backward: not the forward's rows");
+  ensure_size(dfch_, n * F, MemCategory::Activations);
+  ensure_size(dfch_gelu_, n * F, MemCategory::Activations);
+  if (n > 0) fill_zero(drows);
+  int64_t begin = 0;
+  for (size_t e = 0; e < experts.size(); e++) {
+    const int64_t m = k.counts[e];
+    if (m == 0) continue;
+    const Tensor inp = rows_of(rows_of(k.inp, n, C_), begin, m), fch = rows_of(rows_of(k.fch, n, F), begin, m);
+    const Tensor gelu = rows_of(rows_of(k.fch_gelu, n, F), begin, m);
+    const Tensor dgelu = rows_of(dfch_, m, F), dfch = rows_of(dfch_gelu_, m, F);
+    fill_zero(dgelu);
+    fill_zero(dfch);
+    const ExpertWeights& w = experts[e];
+    matmul_backward(dgelu, w.dproj_w, w.dproj_b, rows_of(dout, begin, m), gelu, w.proj_w);
+    gelu_backward(dfch, fch, dgelu);
+    matmul_backward(rows_of(drows, begin, m), w.dfc_w, w.dfc_b, dfch, inp, w.fc_w);
+    begin += m;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Routing
+
+MoELayer::MoELayer(int C, int E, int k, double capacity_factor, double aux_coef, int64_t max_tokens)
+    : C_(C), E_(E), k_(k), factor_(capacity_factor), coef_(aux_coef) {
+  ENSURE(E >= 1 && k >= 1 && k <= E, "MoELayer: need 1 <= k <= E");
+  rows_ = Buffer(max_tokens * k * C, MemCategory::Activations);
+  y_ = Buffer(max_tokens * k * C, MemCategory::Activations);
+  dy_ = Buffer(max_tokens * k * C, MemCategory::Activations);
+  drows_ = Buffer(max_tokens * k * C, MemCategory::Activations);
+}
+
+void MoELayer::top_k(const float* probs, int64_t N, int E, int k, int* chosen) {
+  for (int64_t t = 0; t < N; t++) {
+    const float* p = probs + t * E;
+    int* out = chosen + t * k;
+    for (int j = 0; j < k; j++) {
+      int best = -1;
+      for (int e = 0; e < E; e++) {
+        bool taken = false;
+        for (int i = 0; i < j; i++) taken = taken || out[i] == e;
+        if (!taken && (best < 0 || p[e] > p[best])) best = e;  // strict: a tie keeps the lower expert
+      }
+      out[j] = best;
+    }
+  }
+}
+
+int64_t MoELayer::capacity_of(double factor, int64_t tokens, int k, int E) {
+  if (factor <= 0) return -1;
+  return int64_t(std::floor(factor * double(tokens) * k / E));
+}
+
+void MoELayer::claim_capacity(const int* chosen, int64_t assignments, int E, const std::vector<int64_t>& earlier,
+                              int64_t capacity, char* kept) {
+  std::vector<int64_t> claimed = earlier;
+  claimed.resize(size_t(E), 0);
+  for (int64_t a = 0; a < assignments; a++) {
+    const int e = chosen[a];
+    kept[a] = capacity < 0 || claimed[size_t(e)] < capacity;
+    claimed[size_t(e)]++;
+  }
+}
+
+float MoELayer::forward(int layer, Tensor x, Tensor router, Tensor out, const ExpertHooks& hooks,
+                        const std::function<void(Tensor, const std::vector<int64_t>&, Tensor)>& run_local) {
+  const int64_t N = x.shape[0], A = N * k_;
+  N_ = N;
+  // Router: logits (N,E), then the softmax of each row, kept for backward.
+  probs_.assign(size_t(N * E_), 0.0f);
+  const Tensor logits = make_view(probs_.data(), {N, int64_t(E_)});
+  matmul_forward(logits, x, router, Tensor());
+  for (int64_t t = 0; t < N; t++) {
+    float* p = probs_.data() + t * E_;
+    const float top = *std::max_element(p, p + E_);
+    double sum = 0;
+    for (int e = 0; e < E_; e++) sum += (p[e] = std::exp(p[e] - top));
+    for (int e = 0; e < E_; e++) p[e] = float(p[e] / sum);
+  }
+  chosen_.assign(size_t(A), 0);
+  top_k(probs_.data(), N, E_, k_, chosen_.data());
+
+  // The global micro-batch's counts: this rank's place in the claim order, and f_e.
+  std::vector<float> mine(size_t(E_), 0.0f), all(size_t(E_) * hooks.ranks, 0.0f);
+  for (int64_t a = 0; a < A; a++) mine[size_t(chosen_[size_t(a)])] += 1;
+  if (hooks.gather_counts) {
+    hooks.gather_counts(make_view(mine.data(), {int64_t(E_)}), make_view(all.data(), {int64_t(all.size())}));
+  } else {
+    ENSURE(hooks.ranks == 1, "MoELayer: several ranks need a gather_counts hook");
+    all = mine;
+  }
+  std::vector<int64_t> earlier(size_t(E_), 0);
+  stats_.routed.assign(size_t(E_), 0);
+  for (int r = 0; r < hooks.ranks; r++)
+    for (int e = 0; e < E_; e++) {
+      const int64_t c = int64_t(all[size_t(r * E_ + e)]);
+      stats_.routed[size_t(e)] += c;
+      if (r < hooks.rank) earlier[size_t(e)] += c;
+    }
+  stats_.tokens = N * hooks.ranks;
+  stats_.capacity = capacity_of(factor_, stats_.tokens, k_, E_);
+  stats_.dropped.assign(size_t(E_), 0);
+  for (int e = 0; e < E_; e++)
+    if (stats_.capacity >= 0) stats_.dropped[size_t(e)] = std::max<int64_t>(0, stats_.routed[size_t(e)] - stats_.capacity);
+
+  // Capacity, then the dispatch order: grouped by expert, each group in claim order.
+  std::vector<char> kept(size_t(A), 0);
+  claim_capacity(chosen_.data(), A, E_, earlier, stats_.capacity, kept.data());
+  counts_.assign(size_t(E_), 0);
+  for (int64_t a = 0; a < A; a++)
+    if (kept[size_t(a)]) counts_[size_t(chosen_[size_t(a)])]++;
+  std::vector<int64_t> next(size_t(E_), 0);
+  for (int e = 1; e < E_; e++) next[size_t(e)] = next[size_t(e - 1)] + counts_[size_t(e - 1)];
+  n_kept_ = 0;
+  for (int64_t c : counts_) n_kept_ += c;
+  row_.assign(size_t(A), -1);
+  const Tensor rows = rows_of(rows_, n_kept_, C_), y = rows_of(y_, n_kept_, C_);
+  for (int64_t a = 0; a < A; a++) {
+    if (!kept[size_t(a)]) continue;
+    const int64_t i = next[size_t(chosen_[size_t(a)])]++;
+    row_[size_t(a)] = i;
+    std::memcpy(rows.f32() + i * C_, x.f32() + (a / k_) * C_, size_t(C_) * sizeof(float));
+  }
+  if (hooks.experts_forward) hooks.experts_forward(layer, rows, counts_, y);
+  else run_local(rows, counts_, y);
+
+  // Combine: each token's kept expert outputs, weighted by their probabilities.
+  fill_zero(out);
+  for (int64_t a = 0; a < A; a++) {
+    if (row_[size_t(a)] < 0) continue;
+    const float gate = probs_[size_t((a / k_) * E_ + chosen_[size_t(a)])];
+    float* o = out.f32() + (a / k_) * C_;
+    const float* from = y.f32() + row_[size_t(a)] * C_;
+    for (int c = 0; c < C_; c++) o[c] += gate * from[c];
+  }
+
+  // The balance loss: f_e over the global micro-batch, P_e this rank's mean (file comment).
+  f_.assign(size_t(E_), 0.0);
+  double local = 0;
+  for (int e = 0; e < E_; e++) {
+    f_[size_t(e)] = double(stats_.routed[size_t(e)]) / double(k_ * stats_.tokens);
+    double p_sum = 0;
+    for (int64_t t = 0; t < N; t++) p_sum += probs_[size_t(t * E_ + e)];
+    local += f_[size_t(e)] * p_sum / double(N);
+  }
+  const double aux = coef_ * E_ * local;
+  stats_.aux_loss = aux;  // this rank's share; the caller averages it over the ranks for the global value
+  return float(aux);
+}
+
+void MoELayer::backward(Tensor dout, Tensor x, Tensor router, Tensor dx, Tensor drouter, float loss_weight,
+                        const ExpertHooks& hooks, int layer,
+                        const std::function<void(Tensor dout, Tensor drows)>& run_local) {
+  const int64_t N = N_, A = N * k_;
+  ENSURE(dout.shape[0] == N, "MoELayer::backward: not the forward's tokens");
+  const Tensor y = rows_of(y_, n_kept_, C_), dy = rows_of(dy_, n_kept_, C_), drows = rows_of(drows_, n_kept_, C_);
+  // d probs: from the combine (kept assignments), and from the balance loss (every probability).
+  std::vector<float> dprobs(size_t(N * E_), 0.0f);
+  for (int64_t a = 0; a < A; a++) {
+    const int64_t i = row_[size_t(a)];
+    if (i < 0) continue;
+    const int64_t t = a / k_;
+    const int e = chosen_[size_t(a)];
+    const float gate = probs_[size_t(t * E_ + e)];
+    const float* g = dout.f32() + t * C_;
+    const float* from = y.f32() + i * C_;
+    float* to = dy.f32() + i * C_;
+    double dot = 0;
+    for (int c = 0; c < C_; c++) {
+      to[c] = gate * g[c];
+      dot += double(g[c]) * from[c];
+    }
+    dprobs[size_t(t * E_ + e)] += float(dot);
+  }
+  for (int e = 0; e < E_; e++) {
+    const float d_aux = float(loss_weight * coef_ * E_ * f_[size_t(e)] / double(N));
+    for (int64_t t = 0; t < N; t++) dprobs[size_t(t * E_ + e)] += d_aux;
+  }
+  // The experts, then each kept row's gradient back to its token.
+  if (hooks.experts_backward) hooks.experts_backward(layer, dy, drows);
+  else run_local(dy, drows);
+  for (int64_t a = 0; a < A; a++) {
+    const int64_t i = row_[size_t(a)];
+    if (i < 0) continue;
+    float* to = dx.f32() + (a / k_) * C_;
+    const float* from = drows.f32() + i * C_;
+    for (int c = 0; c < C_; c++) to[c] += from[c];
+  }
+  // Softmax backward: dlogits = p * (dprobs - sum_j p_j dprobs_j); then the router's product.
+  std::vector<float> dlogits(size_t(N * E_), 0.0f);
+  for (int64_t t = 0; t < N; t++) {
+    const float* p = probs_.data() + t * E_;
+    const float* dp = dprobs.data() + t * E_;
+    double inner = 0;
+    for (int e = 0; e < E_; e++) inner += double(p[e]) * dp[e];
+    for (int e = 0; e < E_; e++) dlogits[size_t(t * E_ + e)] = float(p[e] * (dp[e] - inner));
+  }
+  matmul_backward(dx, drouter, Tensor(), make_view(dlogits.data(), {N, int64_t(E_)}), x, router);
+}
+
+std::string moe_run_problem(const std::string& preset, const std::string& chapter, Device device, bool expert_parallel,
+                            int world, int tp, int pp, int grad_accum, const std::string& recompute) {
+  const std::string what = "--preset " + preset + " is a mixture of experts";
+  if (device != Device::CPU)
+    return what + ", whose routing and experts run on the CPU only (moe.h): pass --device cpu";
+  if (!expert_parallel && world > 1)
+    return what + ": its balance loss and capacity count every rank's tokens, which only 11_expert_parallel "
+                  "arranges; run it there (mpiexec -n " + std::to_string(world) + " ./11_expert_parallel/train --ep N), or "
+                  "run " + chapter + " on one rank";
+  if (tp > 1 || pp > 1) return what + ": neither --tp nor --pp splits its blocks; use 11_expert_parallel's --ep";
+  if (recompute == "full") return what + ": --recompute full would route each block twice; use selective or none";
+  if (world > 1 && grad_accum > 1)
+    return what + ": over several ranks its balance loss and capacity are computed over the global micro-batch, "
+                  "whose tokens would depend on the rank count with --grad-accum " + std::to_string(grad_accum) +
+                  "; pass --grad-accum 1 (a larger --batch gives the same tokens per step)";
+  return "";
+}

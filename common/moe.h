@@ -1,0 +1,139 @@
+// moe.h: the mixture-of-experts MLP of the MoE presets (model_config.h: moe-tiny, moe-small), on the
+// CPU in fp32. Defines ExpertWeights, ExpertMLPs, ExpertHooks, RoutingStats, MoELayer and
+// moe_run_problem().
+//
+// In a MoE block the MLP becomes E experts, each an MLP of the dense one's shape (fc 4C x C, GELU,
+// proj C x 4C), and a router, a linear map without bias (E x C: a row per expert). Per token x:
+//   probs  = softmax(router x)                              (E)
+//   chosen = the k largest probs (ties: the lower expert)    top-k
+//   out    = sum over the chosen e that kept the token: probs[e] * expert_e(x)
+// The top-k weights are the softmax's probabilities as they are, NOT renormalized over the k chosen
+// (as GShard and Switch do; Mixtral renormalizes): with k = 1 the router then still learns from
+// the loss, and a token whose experts dropped it simply adds less to the residual stream.
+//
+// Capacity (--capacity-factor f, 0 = unlimited): expert e takes at most
+//   capacity = floor(f x tokens x k / E)
+// of the assignments (token, choice) routed to it, where tokens counts the whole global micro-batch
+// (every data-parallel rank's tokens). Assignments claim places in the global token order: the
+// batch's tokens in data order (rank 0's sequences first, data.h), and within a token its choices
+// in order of probability. That order is the same on any grid, so the same assignments are dropped
+// on one rank as on eight. A dropped assignment contributes nothing; a token that all its experts
+// dropped passes through the block on the residual stream alone.
+//
+// Load-balancing loss (Switch Transformer, GShard), --aux-loss-coef a:
+//   aux = a x E x sum_e f_e x P_e,
+//   f_e = (assignments routed to e, before capacity) / (k x tokens),   P_e = mean over tokens of probs[e]
+// f sums to 1, so a perfectly balanced router gives aux = a. f_e is a count (no gradient); the
+// gradient flows through P_e. Both are over the global micro-batch, so the loss and its gradient
+// equal one rank's on any grid: each rank adds a x E x sum_e f_e x (its own tokens' mean of
+// probs[e]), whose average over the ranks is aux.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "memory.h"
+#include "tensor.h"
+
+// One expert MLP's parameters and their gradients: fc (4C,C) + (4C), proj (C,4C) + (C).
+struct ExpertWeights {
+  Tensor fc_w, fc_b, proj_w, proj_b;
+  Tensor dfc_w, dfc_b, dproj_w, dproj_b;
+};
+
+// Runs a set of experts on rows grouped by expert (counts[e] rows of expert e, in that order), and
+// keeps, per layer, what the backward reads. Used for all E experts on one rank, and for a rank's
+// own E/ep experts under expert parallelism (chapter 11).
+class ExpertMLPs {
+ public:
+  ExpertMLPs(int layers, int C);
+  // out(n,C) = expert_e(rows) for each group; rows and counts are kept for backward.
+  void forward(int layer, const std::vector<ExpertWeights>& experts, Tensor rows, const std::vector<int64_t>& counts,
+               Tensor out);
+  // drows(n,C) = the rows' gradients (overwritten); the experts' weight gradients += theirs.
+  void backward(int layer, const std::vector<ExpertWeights>& experts, Tensor dout, Tensor drows);
+  int64_t rows(int layer) const { return kept_[size_t(layer)].rows; }
+
+ private:
+  struct Kept {
+    Buffer inp, fch, fch_gelu;  // (rows,C), (rows,4C), (rows,4C); grown on demand, never shrunk
+    int64_t rows = 0;
+    std::vector<int64_t> counts;
+  };
+  std::vector<Kept> kept_;
+  Buffer dfch_, dfch_gelu_;  // backward scratch (rows,4C)
+  int C_;
+};
+
+// What a MoE layer asks of the program around it. Left empty (one rank): every count is this rank's
+// and every expert runs here.
+struct ExpertHooks {
+  // The global micro-batch's routing counts: `mine` (E) holds this rank's assignments per expert;
+  // fills `all` (ranks x E) with every data-parallel rank's, in data order (an all-gather over every
+  // rank). `rank` and `ranks`: this rank's place in the data order and their number.
+  std::function<void(Tensor mine, Tensor all)> gather_counts;
+  int rank = 0, ranks = 1;
+  // The experts: rows (n,C) grouped by expert 0..E-1 (counts[e] rows each) -> out (n,C), the same
+  // order. Expert parallelism sends each group to the rank that holds its expert and back.
+  std::function<void(int layer, Tensor rows, const std::vector<int64_t>& counts, Tensor out)> experts_forward;
+  // The reverse: dout (n,C) of the last forward's rows -> drows (n,C), overwritten.
+  std::function<void(int layer, Tensor dout, Tensor drows)> experts_backward;
+};
+
+// One layer's routing in the last forward, over the global micro-batch (the same on every rank).
+struct RoutingStats {
+  std::vector<int64_t> routed;   // (E) assignments routed to each expert, before capacity
+  std::vector<int64_t> dropped;  // (E) of them over capacity
+  int64_t capacity = -1;         // -1: unlimited
+  int64_t tokens = 0;            // the global micro-batch's tokens
+  double aux_loss = 0;           // the balance loss (coefficient included), global
+};
+
+// The MoE MLP of one block, forward and backward over this rank's tokens.
+class MoELayer {
+ public:
+  MoELayer(int C, int E, int k, double capacity_factor, double aux_coef, int64_t max_tokens);
+  // x (N,C): the block's ln2 output; router (E,C); out (N,C) overwritten. Returns this rank's share of
+  // the balance loss (its average over the ranks is the global one: see the file comment).
+  // `run_local` runs the experts when hooks.experts_forward is empty.
+  float forward(int layer, Tensor x, Tensor router, Tensor out, const ExpertHooks& hooks,
+                const std::function<void(Tensor rows, const std::vector<int64_t>& counts, Tensor out)>& run_local);
+  // dout (N,C): the gradient of out. Accumulates dx (N,C) and drouter (E,C); the experts' weight
+  // gradients through hooks.experts_backward, or run_local. loss_weight scales the balance loss's
+  // gradient as the cross-entropy's (gradient accumulation).
+  void backward(Tensor dout, Tensor x, Tensor router, Tensor dx, Tensor drouter, float loss_weight,
+                const ExpertHooks& hooks, int layer, const std::function<void(Tensor dout, Tensor drows)>& run_local);
+  const RoutingStats& stats() const { return stats_; }
+
+  // The pure pieces, exposed for tests.
+  // Top-k of each row of probs (N,E): chosen (N*k) expert indices, largest first, ties to the lower.
+  static void top_k(const float* probs, int64_t N, int E, int k, int* chosen);
+  // Which assignments keep their place: assignment a = t*k + j of expert chosen[a] is kept when the
+  // experts' places claimed before it (earlier[e]: by the ranks before this one, then by this rank's
+  // earlier assignments) are fewer than capacity (-1: unlimited).
+  static void claim_capacity(const int* chosen, int64_t assignments, int E, const std::vector<int64_t>& earlier,
+                             int64_t capacity, char* kept);
+  static int64_t capacity_of(double factor, int64_t tokens, int k, int E);  // -1 when factor is 0
+
+ private:
+  int C_, E_, k_;
+  double factor_, coef_;
+  int64_t N_ = 0, n_kept_ = 0;
+  std::vector<float> probs_;     // (N,E)
+  std::vector<int> chosen_;      // (N*k)
+  std::vector<int64_t> row_;     // (N*k): the assignment's row in the dispatch buffers, -1 dropped
+  std::vector<int64_t> counts_;  // (E) kept rows per expert, this rank
+  std::vector<double> f_;        // (E) f_e of the last forward
+  Buffer rows_, y_, dy_, drows_;  // (n_kept,C): dispatched inputs, expert outputs, their gradients
+  RoutingStats stats_;
+};
+
+// What stops a MoE preset from running as asked, as the message to print (config_error's), or "":
+// the experts run on the CPU in fp32 (--device cuda is refused, not silently moved); routing
+// statistics span every rank, which only chapter 11 arranges (`expert_parallel`), so elsewhere a MoE
+// preset runs on one rank only; neither --tp nor --pp splits a MoE block; --recompute full would
+// route a block twice; and over several ranks --grad-accum must be 1 (the balance loss and the
+// capacity are over the global micro-batch, whose tokens would otherwise depend on the grid).
+std::string moe_run_problem(const std::string& preset, const std::string& chapter, Device device, bool expert_parallel,
+                            int world, int tp, int pp, int grad_accum, const std::string& recompute);

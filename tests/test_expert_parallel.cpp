@@ -1,0 +1,156 @@
+// test_expert_parallel.cpp: chapter 11 end to end, through the real trainer binary. On EP 2, EP 4 and
+// DP 2 x EP 2, with the capacity unlimited and with a capacity factor that drops assignments, it
+// trains to the same losses and final parameters as one rank of 11 with the same global batch, and
+// drops the same assignments of every expert at every step. The all-to-all bytes each rank counted
+// equal the bytes its routing implies, and each group's gradient bytes their formula. One rank of 11
+// is one rank of 01 on the same MoE preset; checkpoints go between 11's grids and 01. Bad input is
+// refused with a message, on every rank, before the work.
+#include <gtest/gtest.h>
+
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "training_harness.h"
+
+namespace {
+
+constexpr double kTolerance = 1e-5;  // fp32, relative
+constexpr int kSteps = 3;
+
+struct EpCase {
+  int ranks, ep;
+  std::string capacity;  // --capacity-factor
+  std::string name;
+};
+
+void PrintTo(const EpCase& c, std::ostream* out) {
+  *out << c.ranks << " ranks, --ep " << c.ep << ", --capacity-factor " << c.capacity;
+}
+
+struct TrainedRun {
+  std::string jsonl, checkpoint;
+};
+
+// 11 on `ranks` ranks, kSteps steps of moe-tiny, saving the final weights.
+TrainedRun run_11(int ranks, const std::string& flags) {
+  const std::string dir = temp_dir();
+  TrainedRun run{dir + "/run.jsonl", dir + "/final.bin"};
+  const RunResult result = run_trainer("11_expert_parallel", ranks,
+                                       "--preset moe-tiny --steps " + std::to_string(kSteps) + " " + flags +
+                                           " --json " + run.jsonl + " --save " + run.checkpoint);
+  EXPECT_EQ(result.exit_code, 0) << result.output;
+  return run;
+}
+
+// Every "experts" record's per-expert counts of one kind ("routed" or "dropped"), step by step.
+std::vector<double> expert_counts(const std::string& jsonl, const std::string& kind) {
+  std::vector<double> counts;
+  for (const std::string& record : read_records(jsonl, "experts"))
+    for (int l = 0; l < 2; l++)
+      for (int e = 0; e < 4; e++)
+        counts.push_back(number_field(record, kind + "_L" + std::to_string(l) + "_E" + std::to_string(e)));
+  return counts;
+}
+
+class ExpertParallelEquivalence : public testing::TestWithParam<EpCase> {};
+
+// What expert parallelism can get wrong, each silently: rows sent to the wrong rank's expert, or
+// regrouped in another order than the one they came in; a capacity claimed in each rank's own
+// order (a different token dropped); an expert's gradient averaged over the world instead of the
+// ranks that hold it (ep times too small), or not divided by ep (too large); a balance loss from
+// this rank's counts alone; a gradient norm that counts each expert shard once per replica.
+TEST_P(ExpertParallelEquivalence, SameTrainingAsOneRankAndTheSameTokensDropped) {
+  const EpCase c = GetParam();
+  const std::string flags = "--capacity-factor " + c.capacity;
+  const TrainedRun one = run_11(1, flags);
+  const TrainedRun grid = run_11(c.ranks, flags + " --ep " + std::to_string(c.ep));
+  const LossCurve reference = read_losses(one.jsonl), got = read_losses(grid.jsonl);
+  ASSERT_EQ(int(got.losses.size()), kSteps);
+  EXPECT_LE(max_relative_difference(got, reference), kTolerance);
+  EXPECT_LE(relative_l2_difference(checkpoint_params(grid.checkpoint), checkpoint_params(one.checkpoint)), kTolerance);
+  EXPECT_EQ(expert_counts(grid.jsonl, "routed"), expert_counts(one.jsonl, "routed"));
+  const std::vector<double> dropped = expert_counts(grid.jsonl, "dropped");
+  EXPECT_EQ(dropped, expert_counts(one.jsonl, "dropped"));
+  double total_dropped = 0;
+  for (double d : dropped) total_dropped += d;
+  if (c.capacity != "0") EXPECT_GT(total_dropped, 0) << "the capacity factor should drop some assignments";
+  else EXPECT_EQ(total_dropped, 0);
+
+  // Bytes: what rank 0 counted equals what its routing implies; each group's gradient bytes their formula.
+  for (const std::string& record : read_records(grid.jsonl, "experts")) {
+    EXPECT_GT(number_field(record, "a2a_sent_bytes"), 0) << record;
+    EXPECT_EQ(number_field(record, "a2a_sent_bytes"), number_field(record, "a2a_predicted_bytes")) << record;
+    EXPECT_EQ(number_field(record, "a2a_calls"), 2 * 5) << record;  // L x (counts, dispatch, combine, 2 backward)
+    EXPECT_EQ(number_field(record, "world_all_reduce_bytes"), number_field(record, "world_all_reduce_theory"))
+        << record;
+    EXPECT_EQ(number_field(record, "expert_dp_all_reduce_bytes"), number_field(record, "expert_dp_all_reduce_theory"))
+        << record;
+  }
+  // Expert parameters per rank fall as 1/ep.
+  const std::string one_mem = read_record(one.jsonl, "memory_ep"), mem = read_record(grid.jsonl, "memory_ep");
+  EXPECT_EQ(number_field(mem, "expert_params_bytes") * c.ep, number_field(one_mem, "expert_params_bytes")) << mem;
+  EXPECT_EQ(number_field(mem, "expert_params_bytes"), number_field(mem, "expert_params_theory")) << mem;
+  EXPECT_EQ(number_field(mem, "non_expert_params_bytes"), number_field(one_mem, "non_expert_params_bytes")) << mem;
+}
+
+INSTANTIATE_TEST_SUITE_P(Grids, ExpertParallelEquivalence,
+                         testing::Values(EpCase{2, 2, "0", "ep2"}, EpCase{4, 4, "0", "ep4"},
+                                         EpCase{4, 2, "0", "dp2_ep2"}, EpCase{2, 2, "1.0", "ep2_capacity"},
+                                         EpCase{4, 4, "1.0", "ep4_capacity"}, EpCase{4, 2, "1.0", "dp2_ep2_capacity"}),
+                         [](const testing::TestParamInfo<EpCase>& info) { return info.param.name; });
+
+// One rank of 11 without the balance loss is one rank of 01 on the same MoE preset: the chapter adds
+// only the distribution.
+TEST(ExpertParallel, OneRankIsOneRankOf01) {
+  const TrainedRun eleven = run_11(1, "--aux-loss-coef 0");
+  const std::string dir = temp_dir();
+  const RunResult r = run_trainer("01_vanilla_dp", 1, "--preset moe-tiny --steps " + std::to_string(kSteps) +
+                                                          " --json " + dir + "/01.jsonl --save " + dir + "/01.bin");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_LE(max_relative_difference(read_losses(eleven.jsonl), read_losses(dir + "/01.jsonl")), kTolerance);
+  EXPECT_LE(relative_l2_difference(checkpoint_params(eleven.checkpoint), checkpoint_params(dir + "/01.bin")),
+            kTolerance);
+}
+
+// Checkpoints hold every expert whatever the grid: DP 2 x EP 2 saves half-way, EP 2 and one rank
+// resume it; one rank of 01 saves, DP 2 x EP 2 resumes it.
+TEST(ExpertParallel, CheckpointsCrossGrids) {
+  expect_checkpoints_cross_grids({"11_expert_parallel", 4, "--ep 2 --aux-loss-coef 0"},
+                                 {{"11_expert_parallel", 2, "--ep 2 --aux-loss-coef 0"},
+                                  {"11_expert_parallel", 1, "--aux-loss-coef 0"}},
+                                 {"11_expert_parallel", 4, "--ep 2 --aux-loss-coef 0"}, "--preset moe-tiny", 4,
+                                 kTolerance);
+}
+
+// Each refusal: non-zero exit within seconds, the message naming what is wrong, no internal error.
+TEST(ExpertParallel, BadInputIsRefusedOnEveryRankBeforeTheWork) {
+  struct Refusal {
+    std::string chapter;
+    int ranks;
+    std::string flags, says;
+  };
+  const std::vector<Refusal> refusals = {
+      {"11_expert_parallel", 3, "--ep 3", "must divide the 4 experts"},
+      {"11_expert_parallel", 3, "--ep 2", "do not divide into expert-parallel groups of --ep 2"},
+      {"11_expert_parallel", 2, "--ep 0", "--ep must be >= 1"},
+      {"11_expert_parallel", 2, "--ep 2 --preset tiny", "has no experts"},
+      {"11_expert_parallel", 2, "--ep 2 --grad-accum 2", "--grad-accum 1"},
+      {"11_expert_parallel", 2, "--ep 2 --capacity-factor -1", "--capacity-factor must be >= 0"},
+      {"11_expert_parallel", 1, "--recompute full", "--recompute full would route"},
+      {"11_expert_parallel", 1, "--device cuda", "cuda"},
+      {"03_bucket_dp", 2, "--preset moe-tiny", "only 11_expert_parallel"},
+      {"07_tensor_parallel", 2, "--preset moe-tiny --tp 2", "is a mixture of experts"},
+  };
+  for (const Refusal& r : refusals) {
+    SCOPED_TRACE(r.chapter + " on " + std::to_string(r.ranks) + " ranks: " + r.flags);
+    const RunResult result = run_trainer(r.chapter, r.ranks, r.flags + " --steps 2", 60);
+    EXPECT_NE(result.exit_code, 0) << result.output;
+    EXPECT_NE(result.exit_code, 124) << "timed out: " << result.output;
+    EXPECT_NE(result.output.find(r.says), std::string::npos) << result.output;
+    EXPECT_EQ(result.output.find("internal error"), std::string::npos) << result.output;
+    EXPECT_EQ(result.output.find("step 0"), std::string::npos) << "refused after the work began: " << result.output;
+  }
+}
+
+}  // namespace
