@@ -18,7 +18,6 @@ changed, and writes the plots:
 Usage: python3 scripts/compare.py RESULTS_DIR
 """
 import glob
-import json
 import os
 import sys
 
@@ -32,19 +31,13 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.dont_write_bytecode = True  # no __pycache__ left in scripts/
 from compare_plots import plot_comm_volume, plot_loss, plot_memory  # noqa: E402
 import compare_timing as timing  # noqa: E402
+from run_records import read_run  # noqa: E402
 
 def load_runs(folder):
     runs = []
     for path in sorted(glob.glob(os.path.join(folder, "*.jsonl"))):
-        run = {"name": os.path.basename(path)[: -len(".jsonl")], "steps": []}
-        with open(path) as f:
-            for line in f:
-                record = json.loads(line)
-                kind = record.get("type")
-                if kind == "step":
-                    run["steps"].append(record)
-                elif kind in ("run", "summary", "theory", "pipeline", "ring"):
-                    run[kind] = record
+        run = read_run(path, kinds=("run", "summary", "theory", "pipeline", "ring"))
+        run["name"] = os.path.basename(path)[: -len(".jsonl")]
         if "summary" in run and "run" in run:
             runs.append(run)
     runs.sort(key=lambda r: (name(r), r["run"]["ranks"]))
@@ -242,8 +235,9 @@ def describe(runs):
         ring_exposed = sum(x.get("cp_exposed_comm_ms", 0) for x in steps) / len(steps)
         lines.append("10  context parallelism, a ring of %d (%s): each rank holds T/%d positions of every sequence, and "
                      "no (B,NH,T,T) scores; activations %.1f MB per rank instead of %.1f (03); the ring sends %.2f MB "
-                     "of keys, values and their gradients a step (%.1f ms of it exposed); %s. Its balance on a long "
-                     "context: results/cp_balance.png." % (
+                     "of keys, values and their gradients a step (%.1f ms of it exposed); %s: here the ring shares the "
+                     "gradients' slow link and T is short, where CP is for long contexts on a node's links. Its "
+                     "memory and balance on a long context: results/cp_balance.png." % (
                          run.get("cp", 1), at["10"].get("ring", {}).get("split", "zigzag"),
                          run.get("cp", 1), mb(peak_over_steps(at["10"], "mem_activations")),
                          mb(peak_over_steps(at["03"], "mem_activations")), ring_mb, ring_exposed, faster("10", "03")))
@@ -252,8 +246,9 @@ def describe(runs):
     if "11" in at and one_11:
         lines.append("11  a mixture of experts (--preset %s) with its experts over %d ranks (EP %d): model state %.1f MB "
                      "per rank instead of %.1f on one rank (expert weights fall as 1/EP), %.2f MB sent per step by "
-                     "all-to-all and all-reduce; %.2fx the tokens/s of its own run on one rank "
-                     "(results/experts.png: each expert's load)." % (
+                     "all-to-all and all-reduce; %.2fx the tokens/s of its own run on one rank, whose experts need no "
+                     "exchange (two all-to-alls a layer each way, over the slow link) (results/experts.png: each "
+                     "expert's load)." % (
                          at["11"]["run"].get("preset"), n, n, mb(model_state(at["11"])), mb(model_state(one_11)),
                          mb(s("11")["comm_bytes_per_step"]),
                          timing.tokens_per_s(at["11"]) / timing.tokens_per_s(one_11)))

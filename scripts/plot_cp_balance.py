@@ -13,7 +13,8 @@ Usage: python3 scripts/plot_cp_balance.py --out results/cp_balance.png RUN.jsonl
 Each RUN.jsonl is one run of 10_context_parallel with a "ring" record (printed after step 1).
 """
 import argparse
-import json
+import os
+import sys
 import statistics
 
 import matplotlib
@@ -21,20 +22,16 @@ import matplotlib
 matplotlib.use("Agg")  # no display needed
 import matplotlib.pyplot as plt  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.dont_write_bytecode = True  # no __pycache__ left in scripts/
+from run_records import read_run  # noqa: E402
+
 WIDTH_IN, DPI = 9.0, 120
 COLORS = {"contiguous": "#E45756", "zigzag": "#4C78A8"}
 
 
 def load(path):
-    run = {"steps": []}
-    with open(path) as f:
-        for line in f:
-            record = json.loads(line)
-            kind = record.get("type")
-            if kind == "step":
-                run["steps"].append(record)
-            elif kind in ("run", "ring", "summary"):
-                run[kind] = record
+    run = read_run(path, kinds=("run", "ring", "summary"))
     missing = [k for k in ("run", "ring") if k not in run]
     if missing:
         raise SystemExit("%s: no %s record (a run of 10_context_parallel with --steps 2 or more?)"

@@ -9,7 +9,7 @@ multiple of a balanced share; the same is printed for the first and last step of
 Usage: python3 scripts/plot_experts.py --out results/experts.png RUN.jsonl [RUN.jsonl ...]
 """
 import argparse
-import json
+import os
 import sys
 
 import matplotlib
@@ -17,20 +17,18 @@ import matplotlib
 matplotlib.use("Agg")  # no display needed
 import matplotlib.pyplot as plt  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.dont_write_bytecode = True  # no __pycache__ left in scripts/
+from run_records import read_run  # noqa: E402
+
 WIDTH_IN, DPI = 9.0, 120  # as scripts/compare_plots.py: read at a README's width
 COLORS = ["#4C78A8", "#F58518", "#54A24B", "#E45756", "#72B7B2", "#B279A2", "#EECA3B", "#9D755D"]
 
 
 def load(path):
     """(run record, [experts records in step order])."""
-    run, experts = None, []
-    with open(path) as f:
-        for line in f:
-            record = json.loads(line)
-            if record.get("type") == "run":
-                run = record
-            elif record.get("type") == "experts":
-                experts.append(record)
+    records = read_run(path, kinds=("run",), lists=("experts",))
+    run, experts = records.get("run"), records["experts"]
     if not experts:
         sys.exit("plot_experts.py: %s has no 'experts' records: is it a run of 11_expert_parallel?" % path)
     return run, sorted(experts, key=lambda r: r["step"])
