@@ -749,8 +749,9 @@ void TrainingRun::report_vs_theory(const CommStats& step_comm, const CommStats* 
   if (model_.moe()) {
     std::string rows;
     for (int64_t n : expert_rows_) rows += (rows.empty() ? "" : " ") + std::to_string(n);
-    std::printf("    (MoE, docs/theory.md 14: theory at these routing counts, the experts' rows per layer [%s] | "
-                "balanced routing %s | at most %s, ep %d, capacity factor %g)\n",
+    rows = rows.empty() ? "theory = the bound (exact on one rank without a capacity)"
+                        : "theory at these routing counts, the experts' rows per layer [" + rows + "]";
+    std::printf("    (MoE, docs/theory.md 14: %s | balanced routing %s | at most %s, ep %d, capacity factor %g)\n",
                 rows.c_str(), format_bytes(moe_balanced).c_str(), format_bytes(moe_at_most).c_str(), ep_.size,
                 capacity_factor_);
   }

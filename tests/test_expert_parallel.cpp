@@ -121,6 +121,10 @@ TEST(ExpertParallel, OneRankIsOneRankOf01) {
   EXPECT_LE(max_relative_difference(read_losses(eleven.jsonl), read_losses(dir + "/01.jsonl")), kTolerance);
   EXPECT_LE(relative_l2_difference(checkpoint_params(eleven.checkpoint), checkpoint_params(dir + "/01.bin")),
             kTolerance);
+  // 01 does not report its routing: its activations' theory is the bound, exact on one rank without a capacity.
+  const std::string theory = read_record(dir + "/01.jsonl", "theory");
+  EXPECT_EQ(number_field(theory, "measured_activations_bytes"), number_field(theory, "theory_activations_bytes"))
+      << theory;
 }
 
 // Checkpoints hold every expert whatever the grid: DP 2 x EP 2 saves half-way, EP 2 and one rank
