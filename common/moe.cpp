@@ -82,7 +82,8 @@ void ExpertMLPs::backward(int layer, const std::vector<ExpertWeights>& experts, 
   // The layer's activations are spent; with the last layer's, the scratch too.
   k.inp = Buffer(), k.fch = Buffer(), k.fch_gelu = Buffer();
   k.held = false;
-  if (std::none_of(kept_.begin(), kept_.end(), [](const Kept& x) { return x.held; })) dfch_ = Buffer(), dfch_gelu_ = Buffer();
+  if (std::none_of(kept_.begin(), kept_.end(), [](const Kept& x) { return x.held; }))
+    dfch_ = Buffer(), dfch_gelu_ = Buffer();
 }
 
 std::vector<int64_t> ExpertMLPs::rows_per_layer() const {

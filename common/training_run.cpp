@@ -358,8 +358,8 @@ void TrainingRun::check_memory() {
                               double(data_.length()), tp_, pp_);
   if (cp_.on()) forecast_.activations = context_parallel_activation_bytes(model_, micro_B_, cp_.size);
   // A MoE model's layers: the routing is not known before the step, so the forecast takes the bound.
-  moe_forecast_ = moe_activation_bytes(
-      model_, micro_B_, std::vector<int64_t>(size_t(model_.L), moe_expert_rows_at_most(model_, micro_B_, ep_.size, world_.size())));
+  const int64_t most_rows = moe_expert_rows_at_most(model_, micro_B_, ep_.size, world_.size());
+  moe_forecast_ = moe_activation_bytes(model_, micro_B_, std::vector<int64_t>(size_t(model_.L), most_rows));
   forecast_.activations += moe_forecast_;
   std::string how;
   const double available = memory_per_rank(device_, ranks_on_this_node(), &how);
@@ -740,8 +740,8 @@ void TrainingRun::report_vs_theory(const CommStats& step_comm, const CommStats* 
     const auto every_layer = [&](int64_t rows) { return std::vector<int64_t>(size_t(moe.L), rows); };
     const double dense = forecast_.activations - moe_forecast_;
     moe_balanced = dense + moe_activation_bytes(moe, micro_B_, every_layer(moe_expert_rows_balanced(moe, micro_B_)));
-    moe_at_most = dense + moe_activation_bytes(moe, micro_B_,
-                                               every_layer(moe_expert_rows_at_most(moe, micro_B_, ep_.size, world_.size())));
+    const int64_t most_rows = moe_expert_rows_at_most(moe, micro_B_, ep_.size, world_.size());
+    moe_at_most = dense + moe_activation_bytes(moe, micro_B_, every_layer(most_rows));
     activations = expert_rows_.empty() ? moe_at_most : dense + moe_activation_bytes(moe, micro_B_, expert_rows_);
   }
   row(model_.moe() && !expert_rows_.empty() ? "activations (routing)" : "activations",

@@ -99,7 +99,8 @@ TEST_P(ExpertParallelEquivalence, SameTrainingAsOneRankAndTheSameTokensDropped) 
     const std::string theory = read_record(run->jsonl, "theory");
     EXPECT_EQ(number_field(theory, "measured_activations_bytes"), number_field(theory, "theory_activations_bytes"))
         << theory;
-    EXPECT_LE(number_field(theory, "measured_activations_bytes"), number_field(theory, "theory_activations_at_most_bytes"))
+    EXPECT_LE(number_field(theory, "measured_activations_bytes"),
+              number_field(theory, "theory_activations_at_most_bytes"))
         << theory;
   }
 }
