@@ -96,6 +96,8 @@ class ExpertExchange {
   // What the communicator should count, from the counts alone: the bytes this rank sends in its
   // all-to-alls (its own segments stay), and their time on the emulated link (comm.h, modelled_ms).
   int64_t predicted_sent_bytes() const { return predicted_sent_; }
+  // The rows this rank's experts ran per layer in the last step: their activations (theory.h).
+  std::vector<int64_t> expert_rows() const { return mlps_.rows_per_layer(); }
   double predicted_link_ms() const { return predicted_ms_; }
   void reset_predictions() { predicted_sent_ = 0, predicted_ms_ = 0; }
 
@@ -291,6 +293,7 @@ int train(Communicator* comm, TrainConfig& cfg, const ExpertFlags& flag) {
       (s.experts ? expert_sq : dense_sq) += sum_of_squares(grads.view().slice1d(s.begin, s.end - s.begin));
     const double norm = std::sqrt(dense_sq + grid.ep().all_reduce_scalar(expert_sq, ReduceOp::Sum));
     optimizer.update(params.view(), grads.view(), step + 1, run.lr(step), clip_factor(norm, cfg.grad_clip));
+    run.set_expert_rows(exchange.expert_rows(), capacity_factor);
     run.end_step(step, loss, norm);
 
     // What the reader sees: routing per layer and expert, the balance loss, the all-to-alls, and

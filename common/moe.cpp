@@ -14,9 +14,12 @@ Tensor rows_of(Tensor t, int64_t begin, int64_t n) {
   const int64_t cols = t.shape[1];
   return make_view(t.f32() + begin * cols, {n, cols});
 }
-// Grows b to hold at least `count` fp32 elements (contents are not kept).
-void ensure_size(Buffer& b, int64_t count, MemCategory category) {
-  if (b.count() < count) b = Buffer(count, category);
+// Makes b hold exactly `count` fp32 activations (contents are not kept). The old block is freed
+// before the new one is taken, so that the peak counts only the new (docs/theory.md, 14).
+void resize_exactly(Buffer& b, int64_t count) {
+  if (b.count() == count) return;
+  b = Buffer();
+  if (count > 0) b = Buffer(count, MemCategory::Activations);
 }
 }  // namespace
 
@@ -30,10 +33,11 @@ void ExpertMLPs::forward(int layer, const std::vector<ExpertWeights>& experts, T
   ENSURE(counts.size() == experts.size(), "ExpertMLPs: one count per expert");
   Kept& k = kept_[size_t(layer)];
   const int64_t n = rows.numel() / C_, F = 4 * int64_t(C_);
-  ensure_size(k.inp, n * C_, MemCategory::Activations);
-  ensure_size(k.fch, n * F, MemCategory::Activations);
-  ensure_size(k.fch_gelu, n * F, MemCategory::Activations);
+  resize_exactly(k.inp, n * C_);
+  resize_exactly(k.fch, n * F);
+  resize_exactly(k.fch_gelu, n * F);
   k.rows = n;
+  k.held = true;
   k.counts = counts;
   if (n > 0) std::memcpy(k.inp.data(), rows.data, size_t(n * C_) * sizeof(float));
   int64_t begin = 0;
@@ -53,9 +57,12 @@ void ExpertMLPs::forward(int layer, const std::vector<ExpertWeights>& experts, T
 void ExpertMLPs::backward(int layer, const std::vector<ExpertWeights>& experts, Tensor dout, Tensor drows) {
   Kept& k = kept_[size_t(layer)];
   const int64_t n = k.rows, F = 4 * int64_t(C_);
-  ENSURE(dout.numel() == n * C_ && drows.numel() == n * C_, "ExpertMLPs::backward: not the forward's rows");
-  ensure_size(dfch_, n * F, MemCategory::Activations);
-  ensure_size(dfch_gelu_, n * F, MemCategory::Activations);
+  ENSURE(k.held && dout.numel() == n * C_ && drows.numel() == n * C_, "ExpertMLPs::backward: not the forward's rows");
+  // The scratch serves every layer of the step: sized at the first backward, for the most rows held.
+  int64_t most = 0;
+  for (const Kept& held : kept_)
+    if (held.held) most = std::max(most, held.rows);
+  if (dfch_.count() < most * F) resize_exactly(dfch_, most * F), resize_exactly(dfch_gelu_, most * F);
   if (n > 0) fill_zero(drows);
   int64_t begin = 0;
   for (size_t e = 0; e < experts.size(); e++) {
@@ -72,6 +79,17 @@ void ExpertMLPs::backward(int layer, const std::vector<ExpertWeights>& experts, 
     matmul_backward(rows_of(drows, begin, m), w.dfc_w, w.dfc_b, dfch, inp, w.fc_w);
     begin += m;
   }
+  // The layer's activations are spent; with the last layer's, the scratch too.
+  k.inp = Buffer(), k.fch = Buffer(), k.fch_gelu = Buffer();
+  k.held = false;
+  if (std::none_of(kept_.begin(), kept_.end(), [](const Kept& x) { return x.held; }))
+    dfch_ = Buffer(), dfch_gelu_ = Buffer();
+}
+
+std::vector<int64_t> ExpertMLPs::rows_per_layer() const {
+  std::vector<int64_t> rows;
+  for (const Kept& k : kept_) rows.push_back(k.rows);
+  return rows;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -80,6 +98,9 @@ void ExpertMLPs::backward(int layer, const std::vector<ExpertWeights>& experts, 
 MoELayer::MoELayer(int C, int E, int k, double capacity_factor, double aux_coef, int64_t max_tokens)
     : C_(C), E_(E), k_(k), factor_(capacity_factor), coef_(aux_coef) {
   ENSURE(E >= 1 && k >= 1 && k <= E, "MoELayer: need 1 <= k <= E");
+  probs_ = Buffer(max_tokens * E, MemCategory::Activations);
+  chosen_ = Buffer(max_tokens * k, MemCategory::Activations, DType::I32);
+  row_ = Buffer(max_tokens * k, MemCategory::Activations, DType::I32);
   rows_ = Buffer(max_tokens * k * C, MemCategory::Activations);
   y_ = Buffer(max_tokens * k * C, MemCategory::Activations);
   dy_ = Buffer(max_tokens * k * C, MemCategory::Activations);
@@ -121,24 +142,27 @@ void MoELayer::claim_capacity(const int* chosen, int64_t assignments, int E, con
 float MoELayer::forward(int layer, Tensor x, Tensor router, Tensor out, const ExpertHooks& hooks,
                         const std::function<void(Tensor, const std::vector<int64_t>&, Tensor)>& run_local) {
   const int64_t N = x.shape[0], A = N * k_;
+  ENSURE(N * E_ <= probs_.count(), "MoELayer: more tokens than it was sized for");
   N_ = N;
+  float* probs = probs_.f32();
+  int* chosen = static_cast<int*>(chosen_.data());
+  int* row = static_cast<int*>(row_.data());
   // Router: logits (N,E), then the softmax of each row, kept for backward.
-  probs_.assign(size_t(N * E_), 0.0f);
-  const Tensor logits = make_view(probs_.data(), {N, int64_t(E_)});
+  std::fill(probs, probs + N * E_, 0.0f);
+  const Tensor logits = make_view(probs, {N, int64_t(E_)});
   matmul_forward(logits, x, router, Tensor());
   for (int64_t t = 0; t < N; t++) {
-    float* p = probs_.data() + t * E_;
+    float* p = probs + t * E_;
     const float top = *std::max_element(p, p + E_);
     double sum = 0;
     for (int e = 0; e < E_; e++) sum += (p[e] = std::exp(p[e] - top));
     for (int e = 0; e < E_; e++) p[e] = float(p[e] / sum);
   }
-  chosen_.assign(size_t(A), 0);
-  top_k(probs_.data(), N, E_, k_, chosen_.data());
+  top_k(probs, N, E_, k_, chosen);
 
   // The global micro-batch's counts: this rank's place in the claim order, and f_e.
   std::vector<float> mine(size_t(E_), 0.0f), all(size_t(E_) * hooks.ranks, 0.0f);
-  for (int64_t a = 0; a < A; a++) mine[size_t(chosen_[size_t(a)])] += 1;
+  for (int64_t a = 0; a < A; a++) mine[size_t(chosen[size_t(a)])] += 1;
   if (hooks.gather_counts) {
     hooks.gather_counts(make_view(mine.data(), {int64_t(E_)}), make_view(all.data(), {int64_t(all.size())}));
   } else {
@@ -161,20 +185,20 @@ float MoELayer::forward(int layer, Tensor x, Tensor router, Tensor out, const Ex
 
   // Capacity, then the dispatch order: grouped by expert, each group in claim order.
   std::vector<char> kept(size_t(A), 0);
-  claim_capacity(chosen_.data(), A, E_, earlier, stats_.capacity, kept.data());
+  claim_capacity(chosen, A, E_, earlier, stats_.capacity, kept.data());
   counts_.assign(size_t(E_), 0);
   for (int64_t a = 0; a < A; a++)
-    if (kept[size_t(a)]) counts_[size_t(chosen_[size_t(a)])]++;
+    if (kept[size_t(a)]) counts_[size_t(chosen[size_t(a)])]++;
   std::vector<int64_t> next(size_t(E_), 0);
   for (int e = 1; e < E_; e++) next[size_t(e)] = next[size_t(e - 1)] + counts_[size_t(e - 1)];
   n_kept_ = 0;
   for (int64_t c : counts_) n_kept_ += c;
-  row_.assign(size_t(A), -1);
+  std::fill(row, row + A, -1);
   const Tensor rows = rows_of(rows_, n_kept_, C_), y = rows_of(y_, n_kept_, C_);
   for (int64_t a = 0; a < A; a++) {
     if (!kept[size_t(a)]) continue;
-    const int64_t i = next[size_t(chosen_[size_t(a)])]++;
-    row_[size_t(a)] = i;
+    const int64_t i = next[size_t(chosen[size_t(a)])]++;
+    row[size_t(a)] = int(i);
     std::memcpy(rows.f32() + i * C_, x.f32() + (a / k_) * C_, size_t(C_) * sizeof(float));
   }
   if (hooks.experts_forward) hooks.experts_forward(layer, rows, counts_, y);
@@ -183,10 +207,10 @@ float MoELayer::forward(int layer, Tensor x, Tensor router, Tensor out, const Ex
   // Combine: each token's kept expert outputs, weighted by their probabilities.
   fill_zero(out);
   for (int64_t a = 0; a < A; a++) {
-    if (row_[size_t(a)] < 0) continue;
-    const float gate = probs_[size_t((a / k_) * E_ + chosen_[size_t(a)])];
+    if (row[size_t(a)] < 0) continue;
+    const float gate = probs[size_t((a / k_) * E_ + chosen[size_t(a)])];
     float* o = out.f32() + (a / k_) * C_;
-    const float* from = y.f32() + row_[size_t(a)] * C_;
+    const float* from = y.f32() + row[size_t(a)] * C_;
     for (int c = 0; c < C_; c++) o[c] += gate * from[c];
   }
 
@@ -196,7 +220,7 @@ float MoELayer::forward(int layer, Tensor x, Tensor router, Tensor out, const Ex
   for (int e = 0; e < E_; e++) {
     f_[size_t(e)] = double(stats_.routed[size_t(e)]) / double(k_ * stats_.tokens);
     double p_sum = 0;
-    for (int64_t t = 0; t < N; t++) p_sum += probs_[size_t(t * E_ + e)];
+    for (int64_t t = 0; t < N; t++) p_sum += probs[size_t(t * E_ + e)];
     local += f_[size_t(e)] * p_sum / double(N);
   }
   const double aux = coef_ * E_ * local;
@@ -209,15 +233,18 @@ void MoELayer::backward(Tensor dout, Tensor x, Tensor router, Tensor dx, Tensor 
                         const std::function<void(Tensor dout, Tensor drows)>& run_local) {
   const int64_t N = N_, A = N * k_;
   ENSURE(dout.shape[0] == N, "MoELayer::backward: not the forward's tokens");
+  const float* probs = probs_.f32();
+  const int* chosen = static_cast<const int*>(chosen_.data());
+  const int* row = static_cast<const int*>(row_.data());
   const Tensor y = rows_of(y_, n_kept_, C_), dy = rows_of(dy_, n_kept_, C_), drows = rows_of(drows_, n_kept_, C_);
   // d probs: from the combine (kept assignments), and from the balance loss (every probability).
   std::vector<float> dprobs(size_t(N * E_), 0.0f);
   for (int64_t a = 0; a < A; a++) {
-    const int64_t i = row_[size_t(a)];
+    const int64_t i = row[size_t(a)];
     if (i < 0) continue;
     const int64_t t = a / k_;
-    const int e = chosen_[size_t(a)];
-    const float gate = probs_[size_t(t * E_ + e)];
+    const int e = chosen[size_t(a)];
+    const float gate = probs[size_t(t * E_ + e)];
     const float* g = dout.f32() + t * C_;
     const float* from = y.f32() + i * C_;
     float* to = dy.f32() + i * C_;
@@ -236,7 +263,7 @@ void MoELayer::backward(Tensor dout, Tensor x, Tensor router, Tensor dx, Tensor 
   if (hooks.experts_backward) hooks.experts_backward(layer, dy, drows);
   else run_local(dy, drows);
   for (int64_t a = 0; a < A; a++) {
-    const int64_t i = row_[size_t(a)];
+    const int64_t i = row[size_t(a)];
     if (i < 0) continue;
     float* to = dx.f32() + (a / k_) * C_;
     const float* from = drows.f32() + i * C_;
@@ -245,7 +272,7 @@ void MoELayer::backward(Tensor dout, Tensor x, Tensor router, Tensor dx, Tensor 
   // Softmax backward: dlogits = p * (dprobs - sum_j p_j dprobs_j); then the router's product.
   std::vector<float> dlogits(size_t(N * E_), 0.0f);
   for (int64_t t = 0; t < N; t++) {
-    const float* p = probs_.data() + t * E_;
+    const float* p = probs + t * E_;
     const float* dp = dprobs.data() + t * E_;
     double inner = 0;
     for (int e = 0; e < E_; e++) inner += double(p[e]) * dp[e];

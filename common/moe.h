@@ -44,7 +44,10 @@ struct ExpertWeights {
 
 // Runs a set of experts on rows grouped by expert (counts[e] rows of expert e, in that order), and
 // keeps, per layer, what the backward reads. Used for all E experts on one rank, and for a rank's
-// own E/ep experts under expert parallelism (chapter 11).
+// own E/ep experts under expert parallelism (chapter 11). Its activations follow the routing exactly
+// (docs/theory.md, 14): a layer's forward allocates 9C floats per row it runs, its backward frees
+// them; the first backward of a step allocates the scratch (8C floats per row of the layer with the
+// most rows), freed with the last layer's. Between steps it holds nothing.
 class ExpertMLPs {
  public:
   ExpertMLPs(int layers, int C);
@@ -53,16 +56,18 @@ class ExpertMLPs {
                Tensor out);
   // drows(n,C) = the rows' gradients (overwritten); the experts' weight gradients += theirs.
   void backward(int layer, const std::vector<ExpertWeights>& experts, Tensor dout, Tensor drows);
-  int64_t rows(int layer) const { return kept_[size_t(layer)].rows; }
+  int64_t rows(int layer) const { return kept_[size_t(layer)].rows; }  // of the layer's last forward
+  std::vector<int64_t> rows_per_layer() const;                         // (L) rows(l), the routing's
 
  private:
   struct Kept {
-    Buffer inp, fch, fch_gelu;  // (rows,C), (rows,4C), (rows,4C); grown on demand, never shrunk
+    Buffer inp, fch, fch_gelu;  // (rows,C), (rows,4C), (rows,4C): from the forward to the backward
     int64_t rows = 0;
+    bool held = false;
     std::vector<int64_t> counts;
   };
   std::vector<Kept> kept_;
-  Buffer dfch_, dfch_gelu_;  // backward scratch (rows,4C)
+  Buffer dfch_, dfch_gelu_;  // backward scratch (most rows,4C)
   int C_;
 };
 
@@ -120,9 +125,10 @@ class MoELayer {
   int C_, E_, k_;
   double factor_, coef_;
   int64_t N_ = 0, n_kept_ = 0;
-  std::vector<float> probs_;     // (N,E)
-  std::vector<int> chosen_;      // (N*k)
-  std::vector<int64_t> row_;     // (N*k): the assignment's row in the dispatch buffers, -1 dropped
+  // Sized once for max_tokens (counted as activations, docs/theory.md 14).
+  Buffer probs_;                 // (N,E) fp32
+  Buffer chosen_;                // (N*k) int32
+  Buffer row_;                   // (N*k) int32: the assignment's row in the dispatch buffers, -1 dropped
   std::vector<int64_t> counts_;  // (E) kept rows per expert, this rank
   std::vector<double> f_;        // (E) f_e of the last forward
   Buffer rows_, y_, dy_, drows_;  // (n_kept,C): dispatched inputs, expert outputs, their gradients

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 
+#include "moe.h"             // MoELayer::capacity_of
 #include "ring_attention.h"  // ring_buffer_bytes
 
 Prediction predict(Strategy strategy, const ParamLayout& layout, int grad_accum, DType dtype) {
@@ -191,6 +192,24 @@ double pipeline_buffer_bytes(const GPT2Config& cfg, const ModelPart& part, int s
 }
 
 double MemoryForecast::peak() const { return model_state + activations + data + std::max(transient, checkpoint); }
+
+double moe_activation_bytes(const GPT2Config& cfg, int B, const std::vector<int64_t>& expert_rows) {
+  if (!cfg.moe()) return 0;
+  const double N = double(B) * cfg.T, E = cfg.experts, k = cfg.top_k, C = cfg.C;
+  const double fixed = 4 * (N * E + 2 * N * k + 4 * N * k * C);  // per layer
+  double rows = 0, most = 0;
+  for (int64_t n : expert_rows) rows += double(n), most = std::max(most, double(n));
+  return cfg.L * fixed + 4 * 9 * C * rows + 4 * 8 * C * most;
+}
+
+int64_t moe_expert_rows_balanced(const GPT2Config& cfg, int B) { return int64_t(B) * cfg.T * cfg.top_k; }
+
+int64_t moe_expert_rows_at_most(const GPT2Config& cfg, int B, int ep, int world) {
+  const int64_t N = int64_t(B) * cfg.T, local = cfg.experts / ep;
+  const int64_t capacity = MoELayer::capacity_of(cfg.capacity_factor, N * world, cfg.top_k, cfg.experts);
+  const int64_t per_expert = capacity < 0 ? ep * N : std::min(capacity, ep * N);
+  return std::min(ep * N * cfg.top_k, local * per_expert);
+}
 
 MemoryForecast forecast_memory(Strategy strategy, const ParamLayout& layout, const GPT2Config& cfg, int micro_B,
                                int micro_batches, DType dtype, Device device, bool flash, bool saves_or_resumes,

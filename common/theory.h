@@ -45,6 +45,20 @@ double activation_bytes(const GPT2Config& cfg, int B, DType dtype, bool flash, T
 // chapter 10 on one rank, whose attention is the same blockwise kernel, a ring of one.
 double context_parallel_activation_bytes(const GPT2Config& cfg, int B, int cp);
 
+// The activation bytes a MoE model (moe.h) keeps on one rank beyond the arena, for micro-batches of B
+// sequences (N = B*T tokens; docs/theory.md, section 14). Fixed by shape, per layer: the router's
+// probabilities (N E fp32), the top-k choices and their dispatch rows (N k int32 each), and the
+// dispatch/combine buffers (4 x N k C fp32). Set by the routing: 9C fp32 per row this rank's experts
+// ran in layer l (expert_rows[l]: their input, fc before and after GELU), and once the backward's
+// scratch, 8C fp32 per row of the layer with the most. The measured peak equals it exactly.
+double moe_activation_bytes(const GPT2Config& cfg, int B, const std::vector<int64_t>& expert_rows);
+// The rows one rank's experts run in a layer: with balanced routing, N k (the same, per rank, at any
+// ep); at most, whatever the routing, ep N k, and no more than E/ep experts x min(capacity, ep N)
+// (an expert takes a token at most once, and at most `capacity` assignments under capacity_factor f;
+// moe.h). world: the ranks whose tokens make the capacity's global micro-batch.
+int64_t moe_expert_rows_balanced(const GPT2Config& cfg, int B);
+int64_t moe_expert_rows_at_most(const GPT2Config& cfg, int B, int ep, int world);
+
 // The FLOPs per token that cfg.recompute adds to a step on one rank of a tensor-parallel group of
 // tp.size, for the blocks of `part` (default: all L): 0 for none; the attention's score and value
 // products (4TC a block) for selective; the block's forward but for the MLP projection

@@ -357,6 +357,10 @@ void TrainingRun::check_memory() {
                               !cfg_.save.empty() || !cfg_.resume.empty() || !cfg_.init_from.empty(),
                               double(data_.length()), tp_, pp_);
   if (cp_.on()) forecast_.activations = context_parallel_activation_bytes(model_, micro_B_, cp_.size);
+  // A MoE model's layers: the routing is not known before the step, so the forecast takes the bound.
+  const int64_t most_rows = moe_expert_rows_at_most(model_, micro_B_, ep_.size, world_.size());
+  moe_forecast_ = moe_activation_bytes(model_, micro_B_, std::vector<int64_t>(size_t(model_.L), most_rows));
+  forecast_.activations += moe_forecast_;
   std::string how;
   const double available = memory_per_rank(device_, ranks_on_this_node(), &how);
   const double peak = forecast_.peak();
@@ -728,7 +732,29 @@ void TrainingRun::report_vs_theory(const CommStats& step_comm, const CommStats* 
   row("gradients", double(mem.current[int(MemCategory::Grads)]), p.grads_bytes);
   row("optimizer state", double(mem.current[int(MemCategory::OptState)]), p.optim_bytes);
   row("  model state", model_state, p.params_bytes + p.grads_bytes + p.optim_bytes);
-  row("activations", double(mem.peak[int(MemCategory::Activations)]), forecast_.activations);
+  // A MoE model's layers at this step's routing (set_expert_rows), next to balanced routing and the bound.
+  double activations = forecast_.activations, moe_balanced = 0, moe_at_most = 0;
+  if (model_.moe()) {
+    GPT2Config moe = model_;
+    moe.capacity_factor = capacity_factor_;
+    const auto every_layer = [&](int64_t rows) { return std::vector<int64_t>(size_t(moe.L), rows); };
+    const double dense = forecast_.activations - moe_forecast_;
+    moe_balanced = dense + moe_activation_bytes(moe, micro_B_, every_layer(moe_expert_rows_balanced(moe, micro_B_)));
+    const int64_t most_rows = moe_expert_rows_at_most(moe, micro_B_, ep_.size, world_.size());
+    moe_at_most = dense + moe_activation_bytes(moe, micro_B_, every_layer(most_rows));
+    activations = expert_rows_.empty() ? moe_at_most : dense + moe_activation_bytes(moe, micro_B_, expert_rows_);
+  }
+  row(model_.moe() && !expert_rows_.empty() ? "activations (routing)" : "activations",
+      double(mem.peak[int(MemCategory::Activations)]), activations);
+  if (model_.moe()) {
+    std::string rows;
+    for (int64_t n : expert_rows_) rows += (rows.empty() ? "" : " ") + std::to_string(n);
+    rows = rows.empty() ? "theory = the bound (exact on one rank without a capacity)"
+                        : "theory at these routing counts, the experts' rows per layer [" + rows + "]";
+    std::printf("    (MoE, docs/theory.md 14: %s | balanced routing %s | at most %s, ep %d, capacity factor %g)\n",
+                rows.c_str(), format_bytes(moe_balanced).c_str(), format_bytes(moe_at_most).c_str(), ep_.size,
+                capacity_factor_);
+  }
   // The same formula for the other ways of running this rank's part of the model (all of it, or its
   // pipeline stage with the schedule's micro-batches in flight), so that the reader sees what tensor
   // parallelism alone keeps (every position's stream between the products), what sequence
@@ -811,11 +837,13 @@ void TrainingRun::report_vs_theory(const CommStats& step_comm, const CommStats* 
       .add("theory_optim_bytes", p.optim_bytes)
       .add("measured_model_state_bytes", model_state)
       .add("measured_activations_bytes", mem.peak[int(MemCategory::Activations)])
-      .add("theory_activations_bytes", forecast_.activations)
+      .add("theory_activations_bytes", activations)
       .add("measured_transient_bytes", mem.peak[int(MemCategory::CommBuffers)])
       .add("theory_transient_bytes_at_most", forecast_.transient)
       .add("measured_comm_bytes", dp_bytes)
       .add("theory_comm_bytes", p.comm_bytes);
+  if (model_.moe())
+    record.add("theory_activations_balanced_bytes", moe_balanced).add("theory_activations_at_most_bytes", moe_at_most);
   if (tp_step) {
     record.add("measured_tp_comm_bytes", tp_bytes)
         .add("theory_tp_comm_bytes", tp_theory)

@@ -81,6 +81,13 @@ class TrainingRun {
     dp_comm_theory_ = bytes;
     dp_comm_formula_ = formula;
   }
+  // A MoE model's routing this step, for the activations' theory (theory.h, moe_activation_bytes): the
+  // rows this rank's experts ran per layer, and the capacity factor the model runs with. Before
+  // end_step(); without it the table takes the bound (moe_expert_rows_at_most).
+  void set_expert_rows(const std::vector<int64_t>& rows, double capacity_factor) {
+    expert_rows_ = rows;
+    capacity_factor_ = capacity_factor;
+  }
   int micro_batch_size() const { return micro_B_; }  // B / (data-parallel ranks x grad_accum)
   const ContextParallelism& context_parallelism() const { return cp_; }
   const TensorParallelism& tensor_parallelism() const { return tp_; }
@@ -194,6 +201,9 @@ class TrainingRun {
   } totals_;
   bool reported_theory_ = false;
   double dp_comm_theory_ = -1;  // set_dp_comm_theory, or -1: the strategy's
+  std::vector<int64_t> expert_rows_;  // set_expert_rows
+  double capacity_factor_ = 0;
+  double moe_forecast_ = 0;  // the MoE layers' part of forecast_.activations (their bound)
   std::string dp_comm_formula_;
   Stop stop_ = Stop::No;
   int last_step_ = -1;

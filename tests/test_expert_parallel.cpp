@@ -2,7 +2,8 @@
 // DP 2 x EP 2, with the capacity unlimited and with a capacity factor that drops assignments, it
 // trains to the same losses and final parameters as one rank of 11 with the same global batch, and
 // drops the same assignments of every expert at every step. The all-to-all bytes each rank counted
-// equal the bytes its routing implies, and each group's gradient bytes their formula. One rank of 11
+// equal the bytes its routing implies, and each group's gradient bytes their formula; the activations
+// measured equal their formula at the step's routing counts. One rank of 11
 // is one rank of 01 on the same MoE preset; checkpoints go between 11's grids and 01. Bad input is
 // refused with a message, on every rank, before the work.
 #include <gtest/gtest.h>
@@ -92,6 +93,16 @@ TEST_P(ExpertParallelEquivalence, SameTrainingAsOneRankAndTheSameTokensDropped) 
   EXPECT_EQ(number_field(mem, "expert_params_bytes") * c.ep, number_field(one_mem, "expert_params_bytes")) << mem;
   EXPECT_EQ(number_field(mem, "expert_params_bytes"), number_field(mem, "expert_params_theory")) << mem;
   EXPECT_EQ(number_field(mem, "non_expert_params_bytes"), number_field(one_mem, "non_expert_params_bytes")) << mem;
+  // Activations (docs/theory.md, 14): the step's peak equals the arena plus the MoE layers' bytes at
+  // the rows rank 0's experts ran, exactly, on one rank and on the grid; never above the bound.
+  for (const TrainedRun* run : {&one, &grid}) {
+    const std::string theory = read_record(run->jsonl, "theory");
+    EXPECT_EQ(number_field(theory, "measured_activations_bytes"), number_field(theory, "theory_activations_bytes"))
+        << theory;
+    EXPECT_LE(number_field(theory, "measured_activations_bytes"),
+              number_field(theory, "theory_activations_at_most_bytes"))
+        << theory;
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Grids, ExpertParallelEquivalence,
@@ -111,6 +122,10 @@ TEST(ExpertParallel, OneRankIsOneRankOf01) {
   EXPECT_LE(max_relative_difference(read_losses(eleven.jsonl), read_losses(dir + "/01.jsonl")), kTolerance);
   EXPECT_LE(relative_l2_difference(checkpoint_params(eleven.checkpoint), checkpoint_params(dir + "/01.bin")),
             kTolerance);
+  // 01 does not report its routing: its activations' theory is the bound, exact on one rank without a capacity.
+  const std::string theory = read_record(dir + "/01.jsonl", "theory");
+  EXPECT_EQ(number_field(theory, "measured_activations_bytes"), number_field(theory, "theory_activations_bytes"))
+      << theory;
 }
 
 // Checkpoints hold every expert whatever the grid: DP 2 x EP 2 saves half-way, EP 2 and one rank

@@ -15,6 +15,7 @@
 #include "moe.h"
 #include "ops.h"
 #include "param_layout.h"
+#include "theory.h"  // activation_bytes, moe_activation_bytes
 
 namespace {
 
@@ -404,6 +405,44 @@ TEST(MoEModel, GradientMatchesFiniteDifferences) {
       }
     }
     EXPECT_GE(checked, 3 * int(f.layout.params.size()) * 9 / 10) << skipped << " probes changed the routing";
+  }
+}
+
+// The MoE layers' activations (docs/theory.md, 14; moe_activation_bytes): the model holds the arena
+// and the buffers fixed by shape; a step's peak adds exactly 9C fp32 per row its experts ran in each
+// layer and the backward's scratch for the layer with the most, at the rows the routing gave
+// (fewer with a capacity), and a finished step holds nothing more. Fails if a buffer is sized by a
+// high-water mark, or grown with the old block still counted, or kept past the backward.
+TEST(MoEModel, ActivationsEqualTheFormulaAtTheRoutingCounts) {
+  for (double factor : {0.0, 0.75}) {
+    SCOPED_TRACE("capacity factor " + std::to_string(factor));
+    const int64_t before = memory_stats().current[int(MemCategory::Activations)];
+    MoEFixture f(factor);
+    const std::vector<int64_t> no_rows(size_t(f.cfg.L), 0);
+    const int64_t held = memory_stats().current[int(MemCategory::Activations)] - before;
+    const double arena = activation_bytes(f.cfg, f.B, DType::F32, false);
+    EXPECT_EQ(double(held), arena + moe_activation_bytes(f.cfg, f.B, no_rows));
+    for (int step = 0; step < 2; step++) {
+      reset_memory_peaks();
+      f.loss();
+      f.model->backward(1.0f);
+      std::vector<int64_t> rows;  // on one rank: every kept assignment
+      for (int l = 0; l < f.cfg.L; l++) {
+        const RoutingStats& r = f.model->routing(l);
+        int64_t kept = 0;
+        for (int e = 0; e < f.cfg.experts; e++) kept += r.routed[size_t(e)] - r.dropped[size_t(e)];
+        rows.push_back(kept);
+      }
+      if (factor == 0) EXPECT_EQ(rows[0], moe_expert_rows_balanced(f.cfg, f.B));  // every assignment kept
+      else EXPECT_LT(rows[0] + rows[1], 2 * moe_expert_rows_balanced(f.cfg, f.B));
+      const MemoryStats& mem = memory_stats();
+      const double peak = double(mem.peak[int(MemCategory::Activations)] - before);
+      EXPECT_EQ(peak, arena + moe_activation_bytes(f.cfg, f.B, rows));
+      EXPECT_EQ(mem.current[int(MemCategory::Activations)] - before, held) << "a finished step holds no expert rows";
+      EXPECT_LE(moe_activation_bytes(f.cfg, f.B, rows),
+                moe_activation_bytes(f.cfg, f.B, std::vector<int64_t>(size_t(f.cfg.L),
+                                                                      moe_expert_rows_at_most(f.cfg, f.B, 1, 1))));
+    }
   }
 }
 
