@@ -100,6 +100,8 @@ class ExpertExchange {
   std::vector<int64_t> expert_rows() const { return mlps_.rows_per_layer(); }
   double predicted_link_ms() const { return predicted_ms_; }
   void reset_predictions() { predicted_sent_ = 0, predicted_ms_ = 0; }
+  // After the step's last backward: each step grows its own buffers to its own routing.
+  void release_buffers() { received_ = Buffer(), grouped_ = Buffer(), results_ = Buffer(), arrival_ = Buffer(); }
 
  private:
   struct Layer {
@@ -169,8 +171,12 @@ class ExpertExchange {
     predicted_sent_ += sent_bytes;
     predicted_ms_ += modelled_ms(ep_.link_model(), CollectiveKind::AllToAll, link_bytes, ep_.size());
   }
+  // The old block goes before the new one comes, so the step's peak is the four buffers at the
+  // largest layer's rows (docs/theory.md 14, moe_exchange_buffer_bytes), never old and new at once.
   static void grow(Buffer& b, int64_t count) {
-    if (b.count() < count) b = Buffer(count, MemCategory::CommBuffers);
+    if (b.count() >= count) return;
+    b = Buffer();
+    b = Buffer(count, MemCategory::CommBuffers);
   }
 
   Communicator& ep_;
@@ -278,6 +284,7 @@ int train(Communicator* comm, TrainConfig& cfg, const ExpertFlags& flag) {
     const float loss = model.forward(batch.inputs, batch.targets, batch.B);
     const double balance = comm->all_reduce_scalar(model.aux_loss(), ReduceOp::Sum) / W;
     model.backward(1.0f);
+    exchange.release_buffers();
 
     for (CommHandle& handle : in_flight) handle.wait();
     in_flight.clear();

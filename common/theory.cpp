@@ -202,6 +202,13 @@ double moe_activation_bytes(const GPT2Config& cfg, int B, const std::vector<int6
   return cfg.L * fixed + 4 * 9 * C * rows + 4 * 8 * C * most;
 }
 
+double moe_exchange_buffer_bytes(const GPT2Config& cfg, const std::vector<int64_t>& expert_rows) {
+  if (!cfg.moe()) return 0;
+  int64_t most = 0;
+  for (int64_t n : expert_rows) most = std::max(most, n);
+  return 4.0 * 4 * cfg.C * double(most);
+}
+
 int64_t moe_expert_rows_balanced(const GPT2Config& cfg, int B) { return int64_t(B) * cfg.T * cfg.top_k; }
 
 int64_t moe_expert_rows_at_most(const GPT2Config& cfg, int B, int ep, int world) {

@@ -52,6 +52,11 @@ double context_parallel_activation_bytes(const GPT2Config& cfg, int B, int cp);
 // ran in layer l (expert_rows[l]: their input, fc before and after GELU), and once the backward's
 // scratch, 8C fp32 per row of the layer with the most. The measured peak equals it exactly.
 double moe_activation_bytes(const GPT2Config& cfg, int B, const std::vector<int64_t>& expert_rows);
+// The bytes of chapter 11's expert exchange (docs/theory.md, section 14), counted as communication
+// buffers: the rows received, regrouped by expert, the experts' results and those back in arrival
+// order, 4 x C fp32 per row of the layer whose experts ran the most (expert_rows as above). Set by
+// the routing alone; grown layer by layer and freed at the step's end, so the step's peak equals it.
+double moe_exchange_buffer_bytes(const GPT2Config& cfg, const std::vector<int64_t>& expert_rows);
 // The rows one rank's experts run in a layer: with balanced routing, N k (the same, per rank, at any
 // ep); at most, whatever the routing, ep N k, and no more than E/ep experts x min(capacity, ep N)
 // (an expert takes a token at most once, and at most `capacity` assignments under capacity_factor f;

@@ -361,6 +361,10 @@ void TrainingRun::check_memory() {
   const int64_t most_rows = moe_expert_rows_at_most(model_, micro_B_, ep_.size, world_.size());
   moe_forecast_ = moe_activation_bytes(model_, micro_B_, std::vector<int64_t>(size_t(model_.L), most_rows));
   forecast_.activations += moe_forecast_;
+  // Chapter 11's exchange buffers (moe_exchange_buffer_bytes) at the same bound.
+  if (ep_comm_)
+    moe_exchange_forecast_ = moe_exchange_buffer_bytes(model_, std::vector<int64_t>(size_t(model_.L), most_rows));
+  forecast_.transient += moe_exchange_forecast_;
   std::string how;
   const double available = memory_per_rank(device_, ranks_on_this_node(), &how);
   const double peak = forecast_.peak();
@@ -793,9 +797,17 @@ void TrainingRun::report_vs_theory(const CommStats& step_comm, const CommStats* 
                 predicted(tp_.size, tp_.sequence_parallel, Recompute::Full).c_str(),
                 std::any_of(pp_.parts.begin(), pp_.parts.end(), [](const ModelPart& x) { return x.split_backward; })
                     ? " (not with zb-h1)" : "");
-  std::printf("  %-22s %12s %12s   (transient; theory: at most)\n", "communication buffers",
-              format_bytes(double(mem.peak[int(MemCategory::CommBuffers)])).c_str(),
-              format_bytes(forecast_.transient).c_str());
+  // Chapter 11's exchange buffers at this step's routing, as the activations above; else the bound.
+  const bool exchange_routed = ep_comm_ && model_.moe() && !expert_rows_.empty();
+  const double transient = exchange_routed ? forecast_.transient - moe_exchange_forecast_ +
+                                                 moe_exchange_buffer_bytes(model_, expert_rows_)
+                                           : forecast_.transient;
+  std::printf("  %-22s %12s %12s   (transient; theory: %s)\n",
+              exchange_routed ? "comm buffers (routing)" : "communication buffers",
+              format_bytes(double(mem.peak[int(MemCategory::CommBuffers)])).c_str(), format_bytes(transient).c_str(),
+              exchange_routed ? ("the expert exchange at these routing counts, docs/theory.md 14; at most " +
+                                 format_bytes(forecast_.transient)).c_str()
+                              : "at most");
   const int64_t dp_bytes = training_sent_bytes(*dp_step);
   const bool groups = tp_step || pp_.size > 1 || cp_comm_;
   row(cp_comm_ ? "DP x CP bytes per step" : groups ? "DP bytes per step" : "comm bytes per step", double(dp_bytes),
@@ -840,6 +852,7 @@ void TrainingRun::report_vs_theory(const CommStats& step_comm, const CommStats* 
       .add("theory_activations_bytes", activations)
       .add("measured_transient_bytes", mem.peak[int(MemCategory::CommBuffers)])
       .add("theory_transient_bytes_at_most", forecast_.transient)
+      .add("theory_transient_bytes", transient)
       .add("measured_comm_bytes", dp_bytes)
       .add("theory_comm_bytes", p.comm_bytes);
   if (model_.moe())

@@ -202,6 +202,7 @@ class TrainingRun {
   bool reported_theory_ = false;
   double dp_comm_theory_ = -1;  // set_dp_comm_theory, or -1: the strategy's
   std::vector<int64_t> expert_rows_;  // set_expert_rows
+  double moe_exchange_forecast_ = 0;  // chapter 11's exchange buffers in forecast_.transient (the bound)
   double capacity_factor_ = 0;
   double moe_forecast_ = 0;  // the MoE layers' part of forecast_.activations (their bound)
   std::string dp_comm_formula_;

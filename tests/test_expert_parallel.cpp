@@ -3,7 +3,7 @@
 // trains to the same losses and final parameters as one rank of 11 with the same global batch, and
 // drops the same assignments of every expert at every step. The all-to-all bytes each rank counted
 // equal the bytes its routing implies, and each group's gradient bytes their formula; the activations
-// measured equal their formula at the step's routing counts. One rank of 11
+// and the exchange's buffers measured equal their formulas at the step's routing counts. One rank of 11
 // is one rank of 01 on the same MoE preset; checkpoints go between 11's grids and 01. Bad input is
 // refused with a message, on every rank, before the work.
 #include <gtest/gtest.h>
@@ -102,6 +102,13 @@ TEST_P(ExpertParallelEquivalence, SameTrainingAsOneRankAndTheSameTokensDropped) 
     EXPECT_LE(number_field(theory, "measured_activations_bytes"),
               number_field(theory, "theory_activations_at_most_bytes"))
         << theory;
+    // The exchange's buffers (the transient row): 4 x 4C x the most rows of a layer, exactly; the
+    // forecast's bound above them.
+    EXPECT_GT(number_field(theory, "measured_transient_bytes"), 0) << theory;
+    EXPECT_EQ(number_field(theory, "measured_transient_bytes"), number_field(theory, "theory_transient_bytes"))
+        << theory;
+    EXPECT_LE(number_field(theory, "measured_transient_bytes"), number_field(theory, "theory_transient_bytes_at_most"))
+        << theory;
   }
 }
 
@@ -126,6 +133,9 @@ TEST(ExpertParallel, OneRankIsOneRankOf01) {
   const std::string theory = read_record(dir + "/01.jsonl", "theory");
   EXPECT_EQ(number_field(theory, "measured_activations_bytes"), number_field(theory, "theory_activations_bytes"))
       << theory;
+  // 01 has no expert exchange: no communication buffers, none forecast.
+  EXPECT_EQ(number_field(theory, "measured_transient_bytes"), 0) << theory;
+  EXPECT_EQ(number_field(theory, "theory_transient_bytes_at_most"), 0) << theory;
 }
 
 // Checkpoints hold every expert whatever the grid: DP 2 x EP 2 saves half-way, EP 2 and one rank
