@@ -50,6 +50,10 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.colors import to_rgb  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.dont_write_bytecode = True  # no __pycache__ left in scripts/
+from run_records import read_run  # noqa: E402
+
 COMPUTE = 0  # the trace's compute track (Track in common/trace.h)
 KIND_COLORS = {"F": "#4C78A8", "B": "#F58518", "W": "#54A24B"}
 KIND_NAMES = {"F": "F forward", "B": "B backward (zb-h1: the inputs' gradients)", "W": "W weights' gradients (zb-h1)"}
@@ -84,18 +88,8 @@ def prefix_of(arg):
 def pipeline_records(path):
     """A JSON-lines file's "run" and "pipeline" records and its "simulated_action" records (under
     "simulated"): what 08's runs and build/pipeline_ideal both write."""
-    records = {"simulated": []}
-    with open(path) as f:
-        for number, line in enumerate(f, 1):
-            try:
-                record = json.loads(line)
-            except ValueError as e:
-                sys.exit("%s, line %d: not JSON (%s)" % (path, number, e))
-            kind = record.get("type")
-            if kind in ("run", "pipeline"):
-                records[kind] = record
-            elif kind == "simulated_action":
-                records["simulated"].append(record)
+    records = read_run(path, kinds=("run", "pipeline"), lists=("simulated_action",))
+    records["simulated"] = records.pop("simulated_action")
     return records
 
 

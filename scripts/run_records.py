@@ -1,4 +1,5 @@
-"""run_records.py: reads one run's JSON-lines file (--json) for the plot and table scripts. Defines
+"""run_records.py: reads one run's JSON-lines file (--json, or build/pipeline_ideal's) for the plot and table
+scripts (compare.py, plot_pipeline.py, plot_cp_balance.py, plot_experts.py). Defines
   read_run(path, kinds, lists)  {"steps": [step records], kind: the last record of each kind in `kinds`,
                                  kind: [every record] for each kind in `lists`}
 A line that is not JSON ends the script with the file and line named (a file cut by a crash keeps its
