@@ -9,6 +9,8 @@
 #include <sstream>
 #include <thread>
 
+#include <unistd.h>  // close: rank 0 hands the launcher its output before an abort
+
 #include "checkpoint.h"
 #include "device.h"
 #include "fileio.h"  // writable_problem
@@ -942,8 +944,17 @@ int TrainingRun::finish() {
     // some of their exit statuses: a job whose every rank returned 130 was reported as 0 in about
     // half of the runs measured. An MPI_Abort with the code is reported faithfully, so rank 0 ends the
     // job that way once every rank got here; the others wait for it.
+    // The abort tears the job down at once, and the launcher drops whatever of rank 0's output its
+    // proxy has not relayed yet (the summary's last lines went missing so, once, on a busy machine).
+    // So rank 0 closes its standard output first, which hands the proxy an end of file, and gives it
+    // a moment to pass the rest on.
     world_.barrier();
-    if (is_root()) end_job(status);
+    if (is_root()) {
+      std::fflush(stdout);
+      close(STDOUT_FILENO);
+      std::this_thread::sleep_for(std::chrono::milliseconds(500));
+      end_job(status);
+    }
     for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
   }
   return status;
