@@ -13,10 +13,12 @@
 import glob
 import json
 import os
-import re
+import sys
 from collections import defaultdict
 
-COMPUTE, COMM, WAIT, TENSOR = 0, 1, 2, 3  # the trace's tids (Track in common/trace.h)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.dont_write_bytecode = True  # no __pycache__ left in scripts/
+from run_records import COMM, COMPUTE, TENSOR, WAIT, step_spans  # noqa: E402
 
 
 def percentile(values, q):
@@ -60,12 +62,7 @@ def load_trace(path):
 
 
 def step_windows(spans):
-    windows = {}
-    for s in spans:
-        m = re.fullmatch(r"step (\d+)", s["name"])
-        if m and s["tid"] == COMPUTE:
-            windows[int(m.group(1))] = (s["start"], s["end"])
-    return windows
+    return {n: (s["start"], s["end"]) for n, s in step_spans(spans).items()}
 
 
 def group_of(span):

@@ -52,9 +52,8 @@ from matplotlib.patches import Patch  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.dont_write_bytecode = True  # no __pycache__ left in scripts/
-from run_records import read_run  # noqa: E402
+from run_records import COMPUTE, read_run, step_spans  # noqa: E402
 
-COMPUTE = 0  # the trace's compute track (Track in common/trace.h)
 KIND_COLORS = {"F": "#4C78A8", "B": "#F58518", "W": "#54A24B"}
 KIND_NAMES = {"F": "F forward", "B": "B backward (zb-h1: the inputs' gradients)", "W": "W weights' gradients (zb-h1)"}
 OPTIMIZER_COLOR = "#BAB0AC"
@@ -123,16 +122,6 @@ def load_trace(path):
         start = e["ts"] / 1e3
         spans.setdefault(e.get("pid", 0), []).append({"name": e["name"], "start": start, "end": start + e["dur"] / 1e3})
     return spans
-
-
-def step_spans(spans):
-    """{step number: its 'step N' span}."""
-    steps = {}
-    for s in spans:
-        m = re.fullmatch(r"step (\d+)", s["name"])
-        if m:
-            steps[int(m.group(1))] = s
-    return steps
 
 
 def measured_boxes(trace_path, trace, run, step, fix_clocks=True):

@@ -39,7 +39,10 @@ matplotlib.use("Agg")  # no display needed
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 
-COMPUTE, COMM, WAIT, TENSOR = 0, 1, 2, 3  # the trace's tids (Track in common/trace.h)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.dont_write_bytecode = True  # no __pycache__ left in scripts/
+from run_records import COMM, COMPUTE, TENSOR, WAIT, step_spans  # noqa: E402
+
 LANES = [(COMPUTE, "compute"), (TENSOR, "tensor-parallel"), (COMM, "communication"), (WAIT, "waiting")]
 COLLECTIVE_TRACKS = (COMM, TENSOR)
 
@@ -83,16 +86,6 @@ def load_spans(path, rank):
     if not spans:
         sys.exit("%s holds no spans of rank %d" % (path, rank))
     return spans
-
-
-def step_spans(spans):
-    """{step number: its 'step N' span} from the compute track."""
-    steps = {}
-    for s in spans:
-        m = re.fullmatch(r"step (\d+)", s["name"])
-        if m and s["tid"] == COMPUTE:
-            steps[int(m.group(1))] = s
-    return steps
 
 
 def chapter_name(path):

@@ -1,11 +1,17 @@
-"""run_records.py: reads one run's JSON-lines file (--json, or build/pipeline_ideal's) for the plot and table
-scripts (compare.py, plot_pipeline.py, plot_cp_balance.py, plot_experts.py). Defines
-  read_run(path, kinds, lists)  {"steps": [step records], kind: the last record of each kind in `kinds`,
-                                 kind: [every record] for each kind in `lists`}
+"""run_records.py: reads what a run writes, for the plot and table scripts (compare.py, compare_timing.py,
+plot_pipeline.py, plot_timeline.py, plot_cp_balance.py, plot_experts.py). Defines
+  read_run(path, kinds, lists)  one JSON-lines file (--json, or build/pipeline_ideal's): {"steps": [step
+                                 records], kind: the last record of each kind in `kinds`, kind: [every
+                                 record] for each kind in `lists`}
+  COMPUTE, COMM, WAIT, TENSOR    the trace's tracks (tids; Track in common/trace.h)
+  step_spans(spans)             {step number: its "step N" span on the compute track} of a trace's spans
 A line that is not JSON ends the script with the file and line named (a file cut by a crash keeps its
 whole records: the trainers write each record at once)."""
 import json
+import re
 import sys
+
+COMPUTE, COMM, WAIT, TENSOR = 0, 1, 2, 3
 
 
 def read_run(path, kinds=("run", "summary"), lists=()):
@@ -26,3 +32,13 @@ def read_run(path, kinds=("run", "summary"), lists=()):
             elif kind in kinds:
                 run[kind] = record
     return run
+
+
+def step_spans(spans):
+    """Spans are dicts with name, start, end and (where a reader keeps several tracks) tid."""
+    steps = {}
+    for s in spans:
+        m = re.fullmatch(r"step (\d+)", s["name"])
+        if m and s.get("tid", COMPUTE) == COMPUTE:
+            steps[int(m.group(1))] = s
+    return steps
