@@ -1067,6 +1067,17 @@ TEST_F(CommTest, DISABLED_WatchdogEndsAReceiveThatNoOneSends) {
   // waits for rank 3 until the watchdog ends the job.
 }
 
+// Waits for `pending` while another thread interrupts the emulated link 100 ms in, as the run's
+// signal handler would.
+void wait_through_an_interrupt(CommHandle& pending) {
+  std::thread interrupter([] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    interrupt_link_emulation();
+  });
+  pending.wait();
+  interrupter.join();
+}
+
 // A modelled wait ends when the run is interrupted (SIGINT, SIGTERM: the run's handler calls
 // interrupt_link_emulation): the link stops holding, the op is posted at once, and its data arrives
 // exact. Here each rank's all-reduce is held for 2(N-1) x 1000 s, until a thread interrupts it
@@ -1077,12 +1088,7 @@ TEST_F(CommTest, AnInterruptEndsAModelledWait) {
   std::vector<float> x(1024, float(rank + 1));
   const auto start = std::chrono::steady_clock::now();
   CommHandle pending = comm.all_reduce_async(view(x), ReduceOp::Sum);
-  std::thread interrupter([] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    interrupt_link_emulation();
-  });
-  pending.wait();
-  interrupter.join();
+  wait_through_an_interrupt(pending);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   // After the interrupt, new ops are not held either.
   std::vector<float> y(16, float(rank + 1));
@@ -1101,12 +1107,7 @@ TEST_F(CommTest, AfterAnInterruptTheLinkHoldsOnlyNewOps) {
   comm.set_link_model({0.0, 1e9});  // 1000 s a hop
   std::vector<float> x(256, float(rank + 1));
   CommHandle pending = comm.all_reduce_async(view(x), ReduceOp::Sum);
-  std::thread interrupter([] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    interrupt_link_emulation();
-  });
-  pending.wait();
-  interrupter.join();
+  wait_through_an_interrupt(pending);
   interrupt_link_emulation(false);  // lifted before any other op is issued
   comm.set_link_model({0.0, 1000.0});  // 1 ms a hop
   const auto start = std::chrono::steady_clock::now();

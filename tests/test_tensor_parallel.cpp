@@ -38,6 +38,13 @@
 namespace {
 
 // Every shape whose dp x tp x pp is `world`.
+// The world ranks of a group's members, in the group's order (gathered over the group).
+std::vector<float> world_ranks_in(Communicator& world, Communicator& group) {
+  std::vector<float> mine{float(world.rank())}, all(group.size());
+  group.all_gather(make_view(mine.data(), {1}), make_view(all.data(), {int64_t(all.size())}));
+  return all;
+}
+
 std::vector<GridShape> shapes_of(int world) {
   std::vector<GridShape> shapes;
   for (int tp = 1; tp <= world; tp++)
@@ -74,11 +81,7 @@ TEST(ProcessGrid, EachGroupHoldsTheRanksOfTheLayout) {
     SCOPED_TRACE("DP " + std::to_string(s.dp) + " x TP " + std::to_string(s.tp) + " x PP " + std::to_string(s.pp));
     ProcessGrid grid(world, s);
     const GridCoords me = grid.coords();
-    auto members = [&](Communicator& group) {
-      std::vector<float> mine{float(world.rank())}, all(group.size());
-      group.all_gather(make_view(mine.data(), {1}), make_view(all.data(), {int64_t(all.size())}));
-      return all;
-    };
+    auto members = [&](Communicator& group) { return world_ranks_in(world, group); };
     const std::vector<float> tp = members(grid.tp()), dp = members(grid.dp()), pp = members(grid.pp());
     ASSERT_EQ(int(tp.size()), s.tp);
     ASSERT_EQ(int(dp.size()), s.dp);
@@ -133,11 +136,7 @@ TEST(ProcessGrid, ContextParallelGroupsHoldTheRanksOfTheLayout) {
     const GridShape s = grid_shape(world.size(), 1, 1, cp);
     ProcessGrid grid(world, s);
     const GridCoords me = grid.coords();
-    auto members = [&](Communicator& group) {
-      std::vector<float> mine{float(world.rank())}, all(group.size());
-      group.all_gather(make_view(mine.data(), {1}), make_view(all.data(), {int64_t(all.size())}));
-      return all;
-    };
+    auto members = [&](Communicator& group) { return world_ranks_in(world, group); };
     const std::vector<float> ring = members(grid.cp()), replicas = members(grid.dp_cp()), dp = members(grid.dp());
     ASSERT_EQ(int(ring.size()), cp);
     ASSERT_EQ(int(replicas.size()), s.dp * cp);
