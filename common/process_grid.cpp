@@ -62,11 +62,13 @@ ProcessGrid::ProcessGrid(Communicator& world, const GridShape& shape) : world_(w
   pp_ = world.split((c.dp * s.cp + c.cp) * s.tp + c.tp, c.pp, "pp");
   ENSURE(tp_->rank() == c.tp && dp_->rank() == c.dp && pp_->rank() == c.pp,
          "ProcessGrid: a group's rank is not the rank's coordinate");
+  // The ring exists at CP = 1 too, a group of one per rank: a ring of one, which never sends (chapter 10
+  // runs its attention on it whatever --cp).
+  cp_ = world.split((c.pp * s.dp + c.dp) * s.tp + c.tp, c.cp, "cp");
+  ENSURE(cp_->rank() == c.cp && cp_->size() == s.cp, "ProcessGrid: the ring is not the rank's CP group");
   if (s.cp > 1) {
-    cp_ = world.split((c.pp * s.dp + c.dp) * s.tp + c.tp, c.cp, "cp");
     dp_cp_ = world.split(c.pp * s.tp + c.tp, c.dp * s.cp + c.cp, "dp_cp");
-    ENSURE(cp_->rank() == c.cp && dp_cp_->rank() == c.dp * s.cp + c.cp,
-           "ProcessGrid: a group's rank is not the rank's coordinate");
+    ENSURE(dp_cp_->rank() == c.dp * s.cp + c.cp, "ProcessGrid: a group's rank is not the rank's coordinate");
   }
   if (s.pp > 1) {  // collective over the pipeline: the ends form one group, the middle another
     const bool end = coords_.pp == 0 || coords_.pp == s.pp - 1;
@@ -75,10 +77,7 @@ ProcessGrid::ProcessGrid(Communicator& world, const GridShape& shape) : world_(w
   }
 }
 
-Communicator& ProcessGrid::cp() const {
-  ENSURE(cp_ != nullptr, "ProcessGrid::cp: the grid has no context-parallel group (CP = 1)");
-  return *cp_;
-}
+
 
 std::string ProcessGrid::describe() const {
   return "DP " + std::to_string(shape_.dp) + " x TP " + std::to_string(shape_.tp) + " x PP " +

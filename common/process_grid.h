@@ -41,7 +41,7 @@ std::string grid_shape_problem(int world, int tp, int pp, int cp = 1);
 class ProcessGrid {
  public:
   // Collective over `world`: splits it into the DP, TP and PP groups (comm.h, split), each a
-  // communicator of the same kind as `world`, and with CP > 1 the CP and DP x CP groups.
+  // communicator of the same kind as `world`, the CP group, and with CP > 1 the DP x CP group.
   ProcessGrid(Communicator& world, const GridShape& shape);
 
   const GridShape& shape() const { return shape_; }
@@ -50,9 +50,9 @@ class ProcessGrid {
   Communicator& dp() const { return *dp_; }
   Communicator& tp() const { return *tp_; }
   Communicator& pp() const { return *pp_; }
-  // The context-parallel ring (CP > 1 only), ranked by cp; and the ranks that hold the same parameters,
-  // DP x CP, ranked by dp x CP + cp: the DP group itself when CP = 1.
-  Communicator& cp() const;
+  // The context-parallel ring, ranked by cp (at CP = 1 this rank alone: a ring of one); and the ranks
+  // that hold the same parameters, DP x CP, ranked by dp x CP + cp: the DP group itself when CP = 1.
+  Communicator& cp() const { return *cp_; }
   Communicator& dp_cp() const { return dp_cp_ ? *dp_cp_ : *dp_; }
   // Under pipeline parallelism, the first and last stages of this rank's pipeline both hold the tied
   // wte (the embedding, the LM head) and sum its gradient in this group of two (Megatron-LM's

@@ -127,10 +127,11 @@ TEST(GridLayout, ContextParallelSitsBetweenTensorAndDataParallel) {
             "run on a multiple of 8 ranks, or change --tp or --cp");
 }
 
-// The ring and the DP x CP group hold the ranks the layout says, ranked by cp and by dp x CP + cp.
+// The ring and the DP x CP group hold the ranks the layout says, ranked by cp and by dp x CP + cp. At
+// CP 1 the ring is the rank alone (chapter 10's ring of one) and DP x CP is DP.
 TEST(ProcessGrid, ContextParallelGroupsHoldTheRanksOfTheLayout) {
   Communicator& world = test_comm();
-  for (int cp = 2; cp <= world.size(); cp++) {
+  for (int cp = 1; cp <= world.size(); cp++) {
     if (world.size() % cp != 0) continue;
     SCOPED_TRACE("CP " + std::to_string(cp));
     const GridShape s = grid_shape(world.size(), 1, 1, cp);
