@@ -14,24 +14,27 @@ const char* context_split_name(ContextSplit split) {
   return split == ContextSplit::Zigzag ? "zigzag" : "contiguous";
 }
 
-std::string context_split_problem(int T, int cp, ContextSplit split) {
+std::string context_split_problem(int T, int cp, ContextSplit split, int world) {
   if (cp < 1) return "--cp must be >= 1";
-  const int parts = split == ContextSplit::Zigzag ? 2 * cp : cp;
-  if (T % parts == 0) return "";
-  // The nearest --cp that works, below this one (1 always does).
-  int other = cp - 1;
-  while (other > 1 && T % (split == ContextSplit::Zigzag ? 2 * other : other) != 0) other--;
+  auto parts = [&](int ring) { return split == ContextSplit::Zigzag ? 2 * ring : ring; };
+  if (T % parts(cp) == 0) return "";
+  // The --cp values that would work here: rings that the ranks divide into and T divides for (1 always).
+  std::string fits;
+  for (int other = 1; other <= world; other++)
+    if (other != cp && world % other == 0 && T % parts(other) == 0)
+      fits += (fits.empty() ? "--cp " : " or ") + std::to_string(other);
+  if (!fits.empty()) fits = fits + " on these " + std::to_string(world) + " ranks, or ";
   if (split == ContextSplit::Zigzag)
     return "the sequence length T = " + std::to_string(T) + " does not divide into 2 x --cp = " +
-           std::to_string(parts) + " zigzag chunks (--cp-split zigzag gives each rank chunks i and 2cp-1-i): use "
-           "--cp " + std::to_string(other) + ", or --cp-split contiguous" +
-           (T % cp == 0 ? " (T divides by --cp " + std::to_string(cp) + ")" : std::string()) + ", or another --preset";
+           std::to_string(parts(cp)) + " zigzag chunks (--cp-split zigzag gives each rank chunks i and 2cp-1-i): use " +
+           fits + (T % cp == 0 ? "--cp-split contiguous (T divides by --cp " + std::to_string(cp) + "), or " : "") +
+           "another --preset";
   return "the sequence length T = " + std::to_string(T) + " does not divide into --cp " + std::to_string(cp) +
-         " equal parts (--cp-split contiguous): use --cp " + std::to_string(other) + " or another --preset";
+         " equal parts (--cp-split contiguous): use " + fits + "another --preset";
 }
 
 std::vector<int> context_positions(int T, int cp, int rank, ContextSplit split) {
-  ENSURE(context_split_problem(T, cp, split).empty() && rank >= 0 && rank < cp, "context_positions: bad split");
+  ENSURE(context_split_problem(T, cp, split, cp).empty() && rank >= 0 && rank < cp, "context_positions: bad split");
   std::vector<int> positions;
   auto chunk = [&](int first, int length) {
     for (int p = first; p < first + length; p++) positions.push_back(p);

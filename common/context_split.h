@@ -21,8 +21,9 @@ bool parse_context_split(const std::string& text, ContextSplit* out);
 const char* context_split_name(ContextSplit split);
 
 // What stops T positions from splitting over cp ranks this way, as a message naming the flags and
-// what would work, or "": cp >= 1, T divisible by cp (contiguous) or by 2cp (zigzag).
-std::string context_split_problem(int T, int cp, ContextSplit split);
+// what would work, or "": cp >= 1, T divisible by cp (contiguous) or by 2cp (zigzag). The --cp values
+// it suggests are those that work on `world` ranks too (world divisible by them: rings of equal size).
+std::string context_split_problem(int T, int cp, ContextSplit split, int world);
 
 // The absolute positions rank `rank` holds, in the order it keeps them (increasing): T/cp of them.
 std::vector<int> context_positions(int T, int cp, int rank, ContextSplit split);

@@ -1,9 +1,9 @@
-// test_context_parallel.cpp: chapter 10 end to end, through the real trainer binary. On CP 2, CP 4
-// and DP 2 x CP 2, contiguous and zigzag, with gradient accumulation and ZeRO-1 over DP x CP, it
+// test_context_parallel.cpp: chapter 10 end to end, through the real trainer binary. On CP 1 (one
+// rank and two), CP 2, CP 4 and DP 2 x CP 2, contiguous and zigzag, with gradient accumulation, it
 // trains to the same losses, gradient norms and final parameters as one rank of 01 with the same
 // global batch. Every figure theory predicts equals the measurement: the model state, the DP x CP
 // group's bytes, the activations on T/cp positions with the ring's blocks in flight, each rank's
-// attention FLOPs (zigzag's equal on every rank, contiguous's growing with the rank), and the ring's
+// attention FLOPs (zigzag's equal on every rank, contiguous's growing with the rank), the ring's
 // bytes, forward 2(cp-1)/cp of K and V, backward twice that. Checkpoints stay layout-free: 10's
 // resume in 01 and in 10 on another grid, 01's in 10. The ring's kernels alone:
 // test_ring_attention.cpp; the refusals: test_refusals.cpp.
@@ -76,12 +76,13 @@ TEST_P(ContextParallelEquivalence, SameTrainingAsOneRankOf01AndEveryFigureIsItsF
 std::vector<CpCase> cases() {
   return {
       {1, "--cp 1", "cp1_ring_of_one", 1},
+      {2, "--cp 1", "dp2_rings_of_one", 1},  // each rank its own ring of one, the two data-parallel
       {2, "--cp 2", "cp2_zigzag", 2},
       {2, "--cp 2 --cp-split contiguous --grad-accum 2", "cp2_contiguous_accum", 2},
       {4, "--cp 4 --cp-split contiguous", "cp4_contiguous", 4},
-      {4, "--cp 4 --grad-accum 2 --zero1", "cp4_zigzag_accum_zero1", 4},
+      {4, "--cp 4 --grad-accum 2", "cp4_zigzag_accum", 4},
       {4, "--cp 2 --grad-accum 2 --bucket-mb 0.05", "dp2_cp2_zigzag_accum", 2},
-      {4, "--cp 2 --cp-split contiguous --zero1", "dp2_cp2_contiguous_zero1", 2},
+      {4, "--cp 2 --cp-split contiguous", "dp2_cp2_contiguous", 2},
       {2, "--cp 2 --recompute full", "cp2_zigzag_recompute_full", 2},
   };
 }
@@ -115,7 +116,7 @@ TEST(ContextParallelMemory, ActivationsFallWithTheRingAndEqualTheFormula) {
 // split; 01's resumes in 10.
 TEST(ContextParallelCheckpoints, ResumeAcrossGridsAndChapters) {
   expect_checkpoints_cross_grids({"10_context_parallel", 2, "--cp 2"},
-                                 {{"01_vanilla_dp", 1, ""}, {"10_context_parallel", 4, "--cp 2 --cp-split contiguous --zero1"}},
+                                 {{"01_vanilla_dp", 1, ""}, {"10_context_parallel", 4, "--cp 2 --cp-split contiguous"}},
                                  {"10_context_parallel", 2, "--cp 2 --cp-split contiguous"}, "--preset tiny", 6, kTolerance);
 }
 

@@ -262,6 +262,10 @@ std::vector<Refusal> refusals() {
       {"10_context_parallel", 2, "--preset odd --cp 2 --cp-split contiguous",
        "the sequence length T = 17 does not divide into --cp 2 equal parts"},
       {"10_context_parallel", 2, "--preset odd --cp 2", "the sequence length T = 17 does not divide into 2 x --cp = 4"},
+      {"10_context_parallel", 3, "--cp 3 --cp-split contiguous",  // 2 and 4 divide T = 64, but not 3 ranks
+       "the sequence length T = 64 does not divide into --cp 3 equal parts (--cp-split contiguous): use --cp 1 on "
+       "these 3 ranks, or another --preset"},
+      {"10_context_parallel", 2, "--zero1", "unknown flag '--zero1'"},  // ZeRO over DP x CP: chapter 12
       {"10_context_parallel", 2, "--cp 2 --device cuda", "--cp 2 with --device cuda: ring attention runs on the CPU"},
       {"10_context_parallel", 2, "--cp-split diagonal", "--cp-split: 'diagonal' is neither zigzag nor contiguous"},
       {"10_context_parallel", 4, "--cp 2 --batch 3", "--batch 3 is not divisible by data-parallel ranks x grad-accum = 2 x 1"},
