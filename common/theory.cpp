@@ -106,7 +106,8 @@ double context_parallel_activation_bytes(const GPT2Config& cfg, int B, int cp) {
   return activation_bytes(held, B, DType::F32, true) + ring_buffer_bytes(cp, B, held.T, cfg.C, cfg.NH);
 }
 
-double recompute_flops_per_token(const GPT2Config& cfg, TensorParallelism tp, const ModelPart& part) {
+double recompute_flops_per_token(const GPT2Config& cfg, TensorParallelism tp, const ModelPart& part,
+                                 bool lse_attention) {
   const int blocks = std::min(part.last(cfg), cfg.L) - (std::max(part.first_unit, 1) - 1);
   const double C = cfg.C, T = cfg.T;
   // A block's forward, per token: qkv 6C^2, the attention's two products 4TC (the score and value
@@ -115,7 +116,7 @@ double recompute_flops_per_token(const GPT2Config& cfg, TensorParallelism tp, co
   // few FLOPs per score are not counted, as section 8 does not count them).
   double per_block = 0;
   if (cfg.recompute == Recompute::Full) per_block = 16 * C * C + 4 * T * C;
-  if (cfg.recompute == Recompute::Selective) per_block = 4 * T * C;
+  if (cfg.recompute == Recompute::Selective && !lse_attention) per_block = 4 * T * C;
   return blocks * per_block / tp.size;
 }
 

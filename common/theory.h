@@ -67,8 +67,11 @@ int64_t moe_expert_rows_at_most(const GPT2Config& cfg, int B, int ep, int world)
 // The FLOPs per token that cfg.recompute adds to a step on one rank of a tensor-parallel group of
 // tp.size, for the blocks of `part` (default: all L): 0 for none; the attention's score and value
 // products (4TC a block) for selective; the block's forward but for the MLP projection
-// (16C^2 + 4TC a block) for full. Against the step's 6N + 12LCT (section 8).
-double recompute_flops_per_token(const GPT2Config& cfg, TensorParallelism tp = {}, const ModelPart& part = {});
+// (16C^2 + 4TC a block) for full. Against the step's 6N + 12LCT (section 8). `lse_attention`: the
+// attention keeps a log-sum-exp per query and recomputes its scores in its own backward in every mode
+// (FlashAttention; chapter 10's ring): selective then has nothing to drop and adds nothing.
+double recompute_flops_per_token(const GPT2Config& cfg, TensorParallelism tp = {}, const ModelPart& part = {},
+                                 bool lse_attention = false);
 
 // Tensor parallelism's traffic over the tensor-parallel group (docs/theory.md, section 9), per rank.
 struct TensorParallelPrediction {

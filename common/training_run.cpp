@@ -768,6 +768,7 @@ void TrainingRun::report_vs_theory(const CommStats& step_comm, const CommStats* 
   auto predicted = [&](int t, bool sp, Recompute recompute) {
     GPT2Config cfg = model_;
     cfg.recompute = recompute;
+    if (cp_.on()) return format_bytes(context_parallel_activation_bytes(cfg, micro_B_, cp_.size));  // section 13
     double bytes = 0;
     for (const ModelPart& part : pp_.parts.empty() ? std::vector<ModelPart>{ModelPart{}} : pp_.parts)
       bytes += activation_bytes(cfg, micro_B_, dtype_, flash_, {t, 0, sp}, part);
@@ -913,8 +914,16 @@ int TrainingRun::finish() {
       std::printf("\n");
       // Recomputation's FLOPs are done besides the model's: hardware FLOPs, not model FLOPs (MFU
       // counts the model's only; docs/theory.md, section 12).
-      const double recompute_flops = recompute_flops_per_token(model_);
-      if (recompute_flops > 0) {
+      // An attention that keeps a log-sum-exp per query (FlashAttention, the ring) recomputes its scores
+      // in its own backward in every mode: selective has nothing to drop, and adds nothing.
+      const bool lse_attention = flash_ || cp_.on();
+      const double recompute_flops = recompute_flops_per_token(model_, {}, {}, lse_attention);
+      if (model_.recompute == Recompute::Selective && lse_attention) {
+        std::printf("recompute selective: + 0 FLOPs per token: the %s attention keeps no (B,NH,T,T) scores to drop, "
+                    "and its backward recomputes them from the log-sum-exp in every mode (docs/theory.md, section "
+                    "12)\n", cp_.on() ? "ring's" : "FlashAttention");
+        summary.add("recompute_flops_per_token", recompute_flops);
+      } else if (recompute_flops > 0) {
         std::printf("recompute %s: + %.3g FLOPs per token (%s) = +%.1f%% of the model's, in the %.1f ms/step above\n",
                     recompute_name(model_.recompute), recompute_flops,
                     model_.recompute == Recompute::Full ? "L(16C^2 + 4TC)" : "4LTC",

@@ -4,7 +4,8 @@
 // global batch. Every figure theory predicts equals the measurement: the model state, the DP x CP
 // group's bytes, the activations on T/cp positions with the ring's blocks in flight, each rank's
 // attention FLOPs (zigzag's equal on every rank, contiguous's growing with the rank), the ring's
-// bytes, forward 2(cp-1)/cp of K and V, backward twice that. Checkpoints stay layout-free: 10's
+// bytes, forward 2(cp-1)/cp of K and V, backward twice that, and under each --recompute the memory
+// and FLOPs it prints. Checkpoints stay layout-free: 10's
 // resume in 01 and in 10 on another grid, 01's in 10. The ring's kernels alone:
 // test_ring_attention.cpp; the refusals: test_refusals.cpp.
 #include <gtest/gtest.h>
@@ -110,6 +111,45 @@ TEST(ContextParallelMemory, ActivationsFallWithTheRingAndEqualTheFormula) {
   }
   EXPECT_LT(held[1], 0.6 * held[0]);
   EXPECT_GT(held[1], 0.5 * held[0]);
+}
+
+// What --recompute changes under ring attention, as printed and measured. The ring keeps a
+// log-sum-exp per query, never the (B,NH,T,T) scores, and its backward recomputes each block's scores
+// in every mode: selective has nothing to drop, so it keeps what none keeps and adds no FLOPs; full
+// keeps each block's input and replays the rest. In each mode the measured activations equal the
+// formula, and the line "(recompute none | selective | full)" prints the three measured figures.
+TEST(ContextParallelRecompute, EachModePrintsWhatItKeepsAndRecomputes) {
+  const std::string dir = temp_dir();
+  const std::regex measured_line(R"(\n  activations +([0-9.]+ [KMG]?B) )");
+  const std::regex modes_line(R"(\(recompute none ([0-9.]+ [KMG]?B) \| selective ([0-9.]+ [KMG]?B) \| full ([0-9.]+ [KMG]?B))");
+  std::vector<std::string> measured, printed;
+  std::vector<double> bytes, flops;
+  for (const char* mode : {"none", "selective", "full"}) {
+    const std::string json = dir + "/" + mode + ".jsonl";
+    RunResult r = run_trainer("10_context_parallel", 2,
+                              "--preset tiny --steps 3 --cp 2 --recompute " + std::string(mode) + " --json " + json);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    const std::string theory = read_record(json, "theory");
+    bytes.push_back(number_field(theory, "measured_activations_bytes"));
+    EXPECT_EQ(bytes.back(), number_field(theory, "theory_activations_bytes")) << mode << ": " << theory;
+    const std::string summary = read_record(json, "summary");
+    flops.push_back(summary.find("recompute_flops_per_token") == std::string::npos
+                        ? 0.0 : number_field(summary, "recompute_flops_per_token"));
+    std::smatch m;
+    ASSERT_TRUE(std::regex_search(r.output, m, measured_line)) << r.output;
+    measured.push_back(m[1]);
+    if (std::string(mode) == "none") continue;  // (the line is printed where a mode is chosen)
+    ASSERT_TRUE(std::regex_search(r.output, m, modes_line)) << r.output;
+    printed = {m[1], m[2], m[3]};
+    if (std::string(mode) == "selective") {
+      EXPECT_NE(r.output.find("recompute selective: + 0 FLOPs per token"), std::string::npos) << r.output;
+    }
+  }
+  EXPECT_EQ(printed, measured);
+  EXPECT_EQ(bytes[1], bytes[0]);  // selective keeps what none keeps
+  EXPECT_LT(bytes[2], bytes[0]);
+  EXPECT_EQ(flops[1], 0.0);
+  EXPECT_GT(flops[2], 0.0);
 }
 
 // Checkpoints hold whole tensors, whatever the grid: 10's resumes in 01 and in 10 on another grid and
