@@ -33,6 +33,8 @@
 
 #include "check.h"
 #include "comm.h"
+#include "comm_factory.h"  // communicator_for: NCCL for --device cuda
+#include "device.h"        // pick_device, synchronize
 #include "flags.h"
 #include "memory.h"
 #include "metrics.h"        // JsonLinesWriter, format_bytes
@@ -48,6 +50,7 @@ struct Options {
   int factor = 4;               // sizes grow by this factor
   double link_gbps = 0, link_latency_us = 0;
   std::string json;
+  std::string device = "cpu";   // cpu | cuda | auto (device.h, pick_device)
   double budget_mb = 256;       // bytes reduced per size and algorithm, at least 3 calls, at most 50
 };
 
@@ -59,45 +62,58 @@ double median(std::vector<double> v) {
 
 // Seconds for one call of `op`, as nccl-tests reports it: every call starts together (a barrier),
 // the slowest rank's time counts (a collective ends when its last rank does), median over calls.
+// On a GPU a collective returns before its kernels end: the clock stops once the device is done.
 template <typename Op>
-double time_call(Communicator& comm, int calls, Op op) {
+double time_call(Communicator& comm, int calls, Op op, bool fastest = false) {
   op();  // warm-up: first touches of the buffers, the library's own set-up
+  synchronize(comm.device());
   std::vector<double> took;
   for (int i = 0; i < calls; i++) {
     comm.barrier();
     const double start = now_ms();
     op();
+    synchronize(comm.device());
     took.push_back(comm.all_reduce_scalar((now_ms() - start) / 1e3, ReduceOp::Max));
   }
-  return median(took);
+  return fastest ? *std::min_element(took.begin(), took.end()) : median(took);
 }
 
-// The model's three constants, measured here. alpha: half a round trip of 4 bytes; beta: half a
-// round trip of a large message, less alpha, per byte; gamma: adding one buffer into another.
-CostModel measure_cost_model(Communicator& comm, int64_t large_bytes) {
+// The model's three constants, measured here, as the algorithms pay them. Every step of every
+// algorithm is an exchange: a rank sends to one peer while it receives from one. So ranks 0 and 1
+// time exactly that, each sending m bytes to the other at once (a ping-pong both ways): alpha is
+// that time for 4 bytes, beta the time for 4 MB less alpha, per byte, each the fastest of 50 (the
+// link's own cost: on a busy machine the slower ones also waited for a core). gamma: adding one 4 MB buffer
+// into another on one core, the reduction each step of a reduce-scatter does.
+CostModel measure_cost_model(Communicator& comm) {
+  constexpr int64_t kLarge = int64_t(4) << 20;
   CostModel m;
   if (comm.size() < 2) return m;
-  Buffer buf(large_bytes / 4, MemCategory::CommBuffers), other(large_bytes / 4, MemCategory::CommBuffers);
-  auto round_trip = [&](int64_t bytes) {
-    const Tensor t = buf.view().slice1d(0, bytes / 4);
-    return time_call(comm, 20, [&] {
-      if (comm.rank() == 0) comm.send(t, 1, 1), comm.recv(t, 1, 2);
-      if (comm.rank() == 1) comm.recv(t, 0, 1), comm.send(t, 0, 2);
-    });
+  Buffer out(kLarge / 4, MemCategory::CommBuffers, comm.device()), in(kLarge / 4, MemCategory::CommBuffers, comm.device());
+  auto exchange_time = [&](int64_t bytes) {
+    const Tensor o = out.view().slice1d(0, bytes / 4), i = in.view().slice1d(0, bytes / 4);
+    const int peer = 1 - comm.rank();
+    return time_call(comm, 50, [&] {
+      if (comm.rank() < 2) comm.send_recv_async({{true, o, peer, 1}, {false, i, peer, 1}}).wait();
+    }, /*fastest=*/true);
   };
-  m.alpha_s = round_trip(4) / 2;
-  m.beta_s_per_byte = std::max(0.0, round_trip(large_bytes) / 2 - m.alpha_s) / double(large_bytes);
-  // gamma: the ring's reduction step, local, on this rank's core.
-  std::fill(buf.f32(), buf.f32() + buf.count(), 1.0f);
-  std::fill(other.f32(), other.f32() + other.count(), 2.0f);
+  m.alpha_s = exchange_time(4);
+  m.beta_s_per_byte = std::max(0.0, exchange_time(kLarge) - m.alpha_s) / double(kLarge);
+  fill_zero(out.view()), fill_zero(in.view());
   std::vector<double> took;
   for (int i = 0; i < 5; i++) {
     const double start = now_ms();
-    add_inplace(buf.view(), other.view());
+    add_inplace(out.view(), in.view());
+    synchronize(comm.device());
     took.push_back((now_ms() - start) / 1e3);
   }
-  m.gamma_s_per_byte = comm.all_reduce_scalar(median(took), ReduceOp::Max) / double(large_bytes);
+  m.gamma_s_per_byte = comm.all_reduce_scalar(median(took), ReduceOp::Max) / double(kLarge);
   return m;
+}
+
+std::string fixed1(double v) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.1f", v);
+  return text;
 }
 
 struct Row {
@@ -118,6 +134,7 @@ int main(int argc, char** argv) {
   flags.add("--link-gbps", &opt.link_gbps, "emulated link bandwidth in Gbit/s (0: MPI's own transport)");
   flags.add("--link-latency-us", &opt.link_latency_us, "emulated link latency per message in microseconds");
   flags.add("--budget-mb", &opt.budget_mb, "megabytes reduced per size and algorithm: sets the number of calls");
+  flags.add("--device", &opt.device, "cpu | cuda | auto: where the buffers live (cuda: NCCL is the library)", "NAME");
   flags.add("--json", &opt.json, "JSON lines output, one record per size and algorithm", "PATH");
   if (!flags.parse(argc, argv, "Chapter 00: collectives from send and receive, against the alpha-beta model.")) {
     shutdown_mpi(std::move(comm));
@@ -138,25 +155,26 @@ int main(int argc, char** argv) {
   paths.json = opt.json;
   const std::string path_problem = run_paths_problem(paths);
   if (!path_problem.empty()) config_error(path_problem);
+  comm = communicator_for(pick_device(opt.device), std::move(comm));
   comm->set_link_model(LinkModel{opt.link_gbps, opt.link_latency_us});
   const bool root = comm->rank() == 0;
   JsonLinesWriter json;
   if (root && !opt.json.empty()) json.open(opt.json);
 
   // 1. The model's constants, measured on this link.
-  const CostModel model = measure_cost_model(*comm, std::min<int64_t>(opt.max_bytes, int64_t(4) << 20));
+  const CostModel model = measure_cost_model(*comm);
   char emulated[96];
   std::snprintf(emulated, sizeof emulated, "an emulated link of %g Gbit/s, %g us", opt.link_gbps, opt.link_latency_us);
   const std::string link = LinkModel{opt.link_gbps, opt.link_latency_us}.on()
                                ? std::string(emulated)
                                : std::string("MPI's own transport (shared memory on one machine)");
   if (root) {
-    std::printf("%d ranks over %s\n", N, link.c_str());
-    std::printf("alpha %.2f us, beta %.3f ns/B (%.2f GB/s), gamma %.3f ns/B: ping-pong of 4 B and %s between ranks "
-                "0 and 1, median of 20; gamma from adding two buffers on one core\n",
+    std::printf("%d ranks over %s, buffers on the %s\n", N, link.c_str(), device_name(comm->device()));
+    std::printf("alpha %.2f us, beta %.3f ns/B (%.2f GB/s), gamma %.3f ns/B: ranks 0 and 1 exchanging 4 B and 4 MB "
+                "both ways at once (a ping-pong, as each step of the algorithms), fastest of 50; gamma from adding "
+                "two 4 MB buffers on one core\n",
                 model.alpha_s * 1e6, model.beta_s_per_byte * 1e9,
-                model.beta_s_per_byte > 0 ? 1e-9 / model.beta_s_per_byte : 0.0, model.gamma_s_per_byte * 1e9,
-                format_bytes(double(std::min<int64_t>(opt.max_bytes, int64_t(4) << 20))).c_str());
+                model.beta_s_per_byte > 0 ? 1e-9 / model.beta_s_per_byte : 0.0, model.gamma_s_per_byte * 1e9);
     std::printf("\nall-reduce, fp32. busbw = algbw x 2(N-1)/N. modelled: docs/theory.md section 15. sent: the most "
                 "any rank sent, from the counters (closed form)\n");
     std::printf("%10s  %-19s %11s %9s %9s %11s %7s %12s %12s\n", "bytes", "algorithm", "time us", "algbw GB/s",
@@ -164,11 +182,12 @@ int main(int argc, char** argv) {
   }
 
   // 2. Every algorithm, and the library's own, at every size.
-  struct Best { int64_t bytes; std::string measured, modelled; };
+  struct Best { int64_t bytes; std::string measured, modelled; double measured_s, library_s; };
   std::vector<Best> winners;
+  std::vector<std::vector<Row>> all_rows;  // per size: the algorithms', then the library's
   for (int64_t bytes = opt.min_bytes; bytes <= opt.max_bytes; bytes *= opt.factor) {
     const int64_t n = bytes / 4;
-    Buffer buf(n, MemCategory::CommBuffers);
+    Buffer buf(n, MemCategory::CommBuffers, comm->device());
     const int calls = int(std::clamp(opt.budget_mb * 1e6 / double(bytes), 3.0, 50.0));
     std::vector<Row> rows;
     for (Algorithm a : kAllAlgorithms) {
@@ -187,12 +206,14 @@ int main(int argc, char** argv) {
     library.seconds = time_call(*comm, calls, [&] { comm->all_reduce(buf.view(), ReduceOp::Sum); });
     rows.push_back(library);
 
-    Best best{bytes, rows[0].algorithm, rows[0].algorithm};
+    all_rows.push_back(rows);
+    Best best{bytes, rows[0].algorithm, rows[0].algorithm, 0, library.seconds};
     double best_measured = rows[0].seconds, best_modelled = rows[0].predicted;
     for (size_t i = 1; i + 1 < rows.size(); i++) {
       if (rows[i].seconds < best_measured) best_measured = rows[i].seconds, best.measured = rows[i].algorithm;
       if (rows[i].predicted < best_modelled) best_modelled = rows[i].predicted, best.modelled = rows[i].algorithm;
     }
+    best.measured_s = best_measured;
     winners.push_back(best);
     if (!root) continue;
     for (const Row& row : rows) {
@@ -201,7 +222,7 @@ int main(int argc, char** argv) {
       const bool ours = row.sent_predicted >= 0;
       const double error = ours && row.predicted > 0 ? (row.seconds - row.predicted) / row.predicted : 0;
       std::printf("%10lld  %-19s %11.1f %9.3f %9.3f %11s %7s %12s %12s%s\n", (long long)bytes, row.algorithm.c_str(),
-                  row.seconds * 1e6, algbw, busbw, ours ? std::to_string(int64_t(std::lround(row.predicted * 1e6))).c_str() : "",
+                  row.seconds * 1e6, algbw, busbw, ours ? fixed1(row.predicted * 1e6).c_str() : "",
                   ours ? (std::to_string(int(std::lround(error * 100))) + "%").c_str() : "",
                   ours ? format_bytes(double(row.sent)).c_str() : "", ours ? format_bytes(double(row.sent_predicted)).c_str() : "",
                   ours && row.sent != row.sent_predicted ? "  <- the counters disagree with the closed form" : "");
@@ -228,6 +249,28 @@ int main(int argc, char** argv) {
         std::printf("  from %10s: %-19s | %s\n", format_bytes(double(winners[i].bytes)).c_str(),
                     winners[i].measured.c_str(), winners[i].modelled.c_str());
     }
+    // 4. How far each algorithm's time was from its model: the median and the worst over the sizes
+    // (the worst is usually the smallest message, where software overhead rather than the link rules).
+    std::printf("\nmodel error per algorithm over the sizes, median | worst (at):\n");
+    for (size_t a = 0; a + 1 < all_rows.front().size(); a++) {
+      std::vector<double> errors;
+      double worst = 0;
+      int64_t worst_at = 0;
+      for (size_t i = 0; i < all_rows.size(); i++) {
+        const Row& row = all_rows[i][a];
+        if (row.predicted <= 0) continue;
+        const double e = (row.seconds - row.predicted) / row.predicted;
+        errors.push_back(std::fabs(e));
+        if (std::fabs(e) >= std::fabs(worst)) worst = e, worst_at = winners[i].bytes;
+      }
+      std::printf("  %-19s %6.0f%% | %+6.0f%% (%s)\n", all_rows.front()[a].algorithm.c_str(), median(errors) * 100,
+                  worst * 100, format_bytes(double(worst_at)).c_str());
+    }
+    // 5. Against the library: the fastest of ours over MPI's (or NCCL's) own, size by size.
+    std::printf("\nthe fastest of ours against the library's own (time ours / library):\n ");
+    for (const Best& b : winners)
+      std::printf(" %s %.2fx", format_bytes(double(b.bytes)).c_str(), b.library_s > 0 ? b.measured_s / b.library_s : 0.0);
+    std::printf("\n");
   }
   if (json.is_open()) json.close();
   comm->set_link_model(LinkModel{});
