@@ -51,7 +51,7 @@ int main(int argc, char** argv) {
     shutdown_mpi(std::move(comm));
     return 0;
   }
-  comm = communicator_for(pick_device(cfg.device), std::move(comm));  // NCCL on GPUs (comm_factory.h)
+  comm = communicator_for(pick_device(cfg.device), std::move(comm), cfg.collectives);  // NCCL on GPUs (comm_factory.h)
   TrainingRun run(*comm, cfg, Strategy::ZeRO2);
   const Device device = run.device();
   const DType dtype = run.dtype();  // fp32, or bf16 mixed precision on GPUs

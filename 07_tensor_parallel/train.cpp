@@ -208,7 +208,7 @@ int main(int argc, char** argv) {
   }
   if (cfg.was_given("--bucket-mb") && !(opt.bucket_mb > 0)) config_error("--bucket-mb must be > 0");
   if (cfg.was_given("--tp") && opt.tp < 1) config_error("--tp must be >= 1");
-  comm = communicator_for(pick_device(cfg.device), std::move(comm));  // NCCL on GPUs (comm_factory.h)
+  comm = communicator_for(pick_device(cfg.device), std::move(comm), cfg.collectives);  // NCCL on GPUs (comm_factory.h)
   const int status = train(*comm, cfg, opt);
   shutdown_mpi(std::move(comm));
   return status;

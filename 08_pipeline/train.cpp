@@ -235,7 +235,7 @@ int main(int argc, char** argv) {
   if (cfg.was_given("--pp") && pipe.pp < 1) config_error("--pp must be >= 1");
   if (cfg.was_given("--virtual-stages") && pipe.virtual_stages < 1) config_error("--virtual-stages must be >= 1");
   if (cfg.was_given("--micro-batches") && pipe.micro_batches < 1) config_error("--micro-batches must be >= 1");
-  comm = communicator_for(pick_device(cfg.device), std::move(comm));  // NCCL on GPUs (comm_factory.h)
+  comm = communicator_for(pick_device(cfg.device), std::move(comm), cfg.collectives);  // NCCL on GPUs (comm_factory.h)
   const int status = train(*comm, cfg, opt);
   shutdown_mpi(std::move(comm));
   return status;

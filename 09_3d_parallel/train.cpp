@@ -323,7 +323,7 @@ int main(int argc, char** argv) {
   const int t = opt.tp ? opt.tp : comm->size() % 2 == 0 ? 2 : 1;
   const int p = opt.pp ? opt.pp : (comm->size() / t) % 2 == 0 ? 2 : 1;
   cfg.grad_accum = opt.micro_batches ? opt.micro_batches : 2 * p;
-  comm = communicator_for(pick_device(cfg.device), std::move(comm));  // NCCL on GPUs (comm_factory.h)
+  comm = communicator_for(pick_device(cfg.device), std::move(comm), cfg.collectives);  // NCCL on GPUs (comm_factory.h)
   const int status = train(*comm, cfg, opt);
   shutdown_mpi(std::move(comm));
   return status;

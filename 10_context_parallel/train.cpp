@@ -196,7 +196,7 @@ int main(int argc, char** argv) {
     config_error("--cp " + std::to_string(cp) + " with --device cuda: ring attention runs on the CPU only in this "
                  "project (docs/context_parallel.md); pass --device cpu, or --cp 1 on a GPU");
   if (cp > 1 && cfg.device == "auto") cfg.device = "cpu";
-  comm = communicator_for(pick_device(cfg.device), std::move(comm));  // NCCL on GPUs (comm_factory.h)
+  comm = communicator_for(pick_device(cfg.device), std::move(comm), cfg.collectives);  // NCCL on GPUs (comm_factory.h)
   const int status = train(*comm, cfg, opt, cp, split, preset.T);  // (every group's communicator is gone after it)
   shutdown_mpi(std::move(comm));
   return status;

@@ -353,7 +353,7 @@ int main(int argc, char** argv) {
   const std::string moe_problem = moe_run_problem(cfg.preset, "11_expert_parallel", pick_device(cfg.device), true,
                                                   comm->size(), 1, 1, cfg.grad_accum, cfg.recompute);
   if (!moe_problem.empty()) config_error(moe_problem);
-  comm = communicator_for(pick_device(cfg.device), std::move(comm));
+  comm = communicator_for(pick_device(cfg.device), std::move(comm), cfg.collectives);
   const int status = train(comm.get(), cfg, opt);  // (every group's communicator is gone after it)
   shutdown_mpi(std::move(comm));
   return status;

@@ -228,7 +228,8 @@ class Communicator {
   // file), before the next collective, so no rank is left waiting for a failed peer.
   virtual void agree_or_die(bool ok, const std::string& msg) = 0;
 
-  const CommStats& stats() const { return stats_; }
+  // Virtual for a communicator that composes its statistics from others' (comm_p2p.h).
+  virtual const CommStats& stats() const { return stats_; }
   // Brings stats() up to date. A device communicator learns the times of its collectives from GPU
   // events, which it reads only once the GPU has passed them (comm_nccl.cpp): call this after
   // synchronizing the device, before reading a step's statistics. MPI's are always up to date.

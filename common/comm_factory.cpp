@@ -4,12 +4,16 @@
 
 #include <utility>
 
-#include "check.h"  // config_error
+#include "check.h"     // config_error
+#include "comm_p2p.h"  // with_collectives
 
-std::unique_ptr<Communicator> communicator_for(Device device, std::unique_ptr<Communicator> mpi) {
-  if (device == Device::CPU) return mpi;
+std::unique_ptr<Communicator> communicator_for(Device device, std::unique_ptr<Communicator> mpi,
+                                               const std::string& collectives) {
+  CollectivesChoice choice;
+  ENSURE(parse_collectives(collectives, &choice), "--collectives " + collectives + " was not checked");
+  if (device == Device::CPU) return with_collectives(choice, std::move(mpi));
 #ifdef GPT_WITH_CUDA
-  return create_cuda_communicator(std::move(mpi));
+  return with_collectives(choice, create_cuda_communicator(std::move(mpi)));
 #else
   config_error("a CUDA communicator was requested, but this program was built without CUDA (nvcc was not "
                "found when it was built); use the CPU, or rebuild on a machine with the CUDA toolkit");

@@ -2,6 +2,7 @@
 // which a chapter calls right after parsing its flags, on the MPI communicator it started with.
 #pragma once
 #include <memory>
+#include <string>
 
 #include "comm.h"    // Communicator
 #include "tensor.h"  // Device
@@ -15,9 +16,12 @@
 //                     GPU, NCCL cannot work (it needs one GPU per rank): rank 0 says so once and
 //                     every rank falls back to MPI with host staging (device -> host, MPI, host ->
 //                     device): correct, but slow and without overlap.
-// Device::CUDA needs the CUDA build; without it, a config_error says so. The chapter still ends with
-// shutdown_mpi(std::move(comm)).
-std::unique_ptr<Communicator> communicator_for(Device device, std::unique_ptr<Communicator> mpi);
+// Device::CUDA needs the CUDA build; without it, a config_error says so. With `collectives` other than
+// "library" (the --collectives flag, already checked), that communicator is wrapped so that its
+// all-reduces, reduce-scatters and all-gathers are chapter 00's, from send and receive (comm_p2p.h).
+// The chapter still ends with shutdown_mpi(std::move(comm)).
+std::unique_ptr<Communicator> communicator_for(Device device, std::unique_ptr<Communicator> mpi,
+                                               const std::string& collectives = "library");
 
 #ifdef GPT_WITH_CUDA
 // The Device::CUDA half of communicator_for, in comm_nccl.cpp. `mpi` is the MPI communicator

@@ -15,6 +15,7 @@
 #include <sstream>
 
 #include "check.h"         // config_error, ENSURE
+#include "comm_p2p.h"      // parse_collectives
 #include "model_config.h"  // preset_names, for the help of --preset
 
 namespace {
@@ -309,6 +310,11 @@ bool parse_train_flags(int argc, char** argv, const std::string& chapter, const 
                                                         "exceeds --timeout is refused before step 0");
   parser.add("--timeout", &cfg->timeout_s, "end the job when a collective or receive waits longer than this many "
                                           "seconds (a stuck or dead peer); 0 = never");
+  parser.add("--collectives", &cfg->collectives,
+             "library | ours | ring | halving-doubling | recursive-doubling | binomial-tree: who runs the "
+             "all-reduces, reduce-scatters and all-gathers; ours = chapter 00's, built from send and receive, "
+             "chosen by size (docs/collectives.md)",
+             "NAME");
   parser.add_switch("--quiet", &cfg->quiet, "no step lines");
   parser.add("--device", &cfg->device, "auto | cpu | cuda; auto = cuda when a GPU is visible", "NAME");
   parser.add("--dtype", &cfg->dtype,
@@ -358,6 +364,10 @@ bool parse_train_flags(int argc, char** argv, const std::string& chapter, const 
   Recompute recompute;
   if (!parse_recompute(cfg->recompute, &recompute))
     config_error("--recompute " + cfg->recompute + ": choose none, selective or full");
+  CollectivesChoice collectives;
+  if (!parse_collectives(cfg->collectives, &collectives))
+    config_error("--collectives " + cfg->collectives +
+                 ": choose library, ours, ring, halving-doubling, recursive-doubling or binomial-tree");
   if (cfg->dtype != "auto" && cfg->dtype != "fp32" && cfg->dtype != "bf16")
     config_error("--dtype " + cfg->dtype + ": unknown dtype; choose auto, fp32 or bf16");
   return true;

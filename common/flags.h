@@ -43,6 +43,7 @@ struct TrainConfig {
   std::string attention = "materialized";  // materialized | flash (GPT2Config::flash_attention)
   std::string recompute = "none";  // none | selective | full (GPT2Config::recompute)
   double timeout_s = 300;    // the communicator's watchdog (comm.h, set_comm_timeout); 0 = off
+  std::string collectives = "library";  // library | ours | an algorithm's name (comm_p2p.h, chapter 00)
   std::set<std::string> given;  // the flags on the command line ("--lr", ...)
   bool was_given(const std::string& flag) const { return given.count(flag) > 0; }
 };

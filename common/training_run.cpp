@@ -20,6 +20,7 @@
 #include "ops.h"
 #include "optimizer.h"
 #include "output_paths.h"
+#include "p2p_collectives.h"  // p2p_scratch_bytes_at_most: --collectives
 #include "ring_attention.h"  // ring_buffer_bytes
 #include "trace.h"
 #include "watchdog.h"  // set_device_wait_timeout
@@ -367,6 +368,13 @@ void TrainingRun::check_memory() {
   if (ep_comm_)
     moe_exchange_forecast_ = moe_exchange_buffer_bytes(model_, std::vector<int64_t>(size_t(model_.L), most_rows));
   forecast_.transient += moe_exchange_forecast_;
+  // Chapter 00's collectives (--collectives) work in scratch buffers of their own: at most twice the
+  // largest payload, the whole gradient or a micro-batch's activations.
+  if (cfg_.collectives != "library") {
+    const double w = double(dtype_size(dtype_));
+    const double activations = double(micro_B_) * model_.T * model_.C * w;
+    forecast_.transient += p2p_scratch_bytes_at_most(std::max(w * double(layout_.padded_size), activations));
+  }
   std::string how;
   const double available = memory_per_rank(device_, ranks_on_this_node(), &how);
   const double peak = forecast_.peak();

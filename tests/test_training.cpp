@@ -83,6 +83,15 @@ std::vector<Case> equivalence_cases() {
   cases.push_back({"06_zero3", 2, 2, "tiny", "--recompute full", "_recompute_full"});
   cases.push_back({"02_overlap_dp", 2, 1, "tiny", "--recompute selective", "_recompute_selective"});
   cases.push_back({tp, 2, 1, "tiny", "--tp 2 --sequence-parallel --recompute full", "_tp2_sp_recompute_full"});
+  // Chapter 00's collectives, built from send and receive, under the chapters' gradient traffic: an
+  // all-reduce (01), reduce-scatters and all-gathers of ZeRO's uneven pieces (04 on the odd preset),
+  // and tensor parallelism's activations (07); by size, and each algorithm forced, 3 ranks folded.
+  cases.push_back({"01_vanilla_dp", 2, 1, "tiny", "--collectives ours", "_ours"});
+  cases.push_back({"01_vanilla_dp", 4, 2, "tiny", "--collectives binomial-tree", "_tree"});
+  cases.push_back({"04_zero1", 4, 1, "odd", "--collectives ours", "_ours"});
+  cases.push_back({"04_zero1", 2, 1, "tiny", "--collectives halving-doubling", "_halving"});
+  cases.push_back({"05_zero2", 3, 1, "odd", "--collectives recursive-doubling", "_doubling", "9"});
+  cases.push_back({tp, 2, 1, "tiny", "--tp 2 --sequence-parallel --collectives ours", "_tp2_sp_ours"});
   return cases;
 }
 
@@ -200,6 +209,11 @@ TEST(Theory, MeasuredMemoryAndBytesMatchTheFormulas) {
       {2, " --tp 2 --sequence-parallel --recompute full --grad-accum 2"},
       {2, " --tp 2 --sequence-parallel --recompute selective"}};
   for (const auto& [ranks, flags] : grids) runs.push_back({"07_tensor_parallel", "tiny", ranks, flags});
+  // Chapter 00's collectives move the same bytes (the ring's, and at 2 ranks doubling's equal them),
+  // and their scratch stays within its bound.
+  runs.push_back({"01_vanilla_dp", "tiny", 2, " --collectives ours"});
+  runs.push_back({"04_zero1", "tiny", 4, " --collectives ours"});
+  runs.push_back({"07_tensor_parallel", "tiny", 2, " --tp 2 --collectives ring"});
   for (const Run& run : runs) {
     SCOPED_TRACE(run.chapter + " on " + std::to_string(run.ranks) + " ranks, preset " + run.preset + run.flags);
     std::string dir = temp_dir();

@@ -1,0 +1,345 @@
+// test_collectives.cpp: the collectives built from send and receive (p2p_collectives.h) against the
+// communicator's own (MPI's), run under mpiexec at 1, 2, 3, 4, 5 and 8 ranks, so that powers of two
+// and the folded ranks of the others are both covered. With small integers as data every order of
+// summation gives the same bits, so the comparison is exact; with random data the two may add in
+// another order, and they must agree within that rounding. The bytes each rank sends, read from the
+// communicator's counters, must equal the closed forms, rank by rank.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "bf16.h"
+#include "comm.h"
+#include "comm_factory.h"
+#include "device.h"
+#include "memory.h"
+#include "mpi_test_env.h"
+#include "comm_p2p.h"
+#include "p2p_collectives.h"
+
+namespace {
+
+// Lengths: nothing, one element, fewer elements than ranks, lengths N does not divide, a larger one.
+const int64_t kLengths[] = {0, 1, 3, 7, 1000, 4099, 65536 + 5};
+
+// Element i of rank r: small integers whose sums are exact in fp32 and in bf16 (at most 8 ranks:
+// 8 x 8 x 4 = 256, the last integer bf16 holds exactly).
+float exact_value(int r, int64_t i) { return float((r + 1) * (i % 4 + 1)); }
+
+struct Data {
+  DType dtype;
+  std::vector<uint16_t> bf16;
+  std::vector<float> f32;
+  Data(DType d, int64_t n) : dtype(d), bf16(d == DType::BF16 ? size_t(n) : 0), f32(d == DType::F32 ? size_t(n) : 0) {}
+  Tensor view() {
+    const int64_t n = int64_t(dtype == DType::F32 ? f32.size() : bf16.size());
+    return make_view(dtype == DType::F32 ? static_cast<void*>(f32.data()) : bf16.data(), {n}, dtype);
+  }
+  int64_t size() const { return int64_t(dtype == DType::F32 ? f32.size() : bf16.size()); }
+  float at(int64_t i) const { return dtype == DType::F32 ? f32[size_t(i)] : bf16_to_float(bf16[size_t(i)]); }
+  void set(int64_t i, float v) {
+    if (dtype == DType::F32) f32[size_t(i)] = v;
+    else bf16[size_t(i)] = float_to_bf16(v);
+  }
+  bool same_bits(const Data& o) const {
+    return dtype == DType::F32 ? std::memcmp(f32.data(), o.f32.data(), f32.size() * 4) == 0
+                               : bf16 == o.bf16;
+  }
+};
+
+Data filled(DType d, int64_t n, int rank) {
+  Data x(d, n);
+  for (int64_t i = 0; i < n; i++) x.set(i, exact_value(rank, i));
+  return x;
+}
+
+testing::AssertionResult identical(const Data& got, const Data& want) {
+  if (got.same_bits(want)) return testing::AssertionSuccess();
+  for (int64_t i = 0; i < got.size(); i++)
+    if (got.at(i) != want.at(i))
+      return testing::AssertionFailure() << "first difference at [" << i << "] of " << got.size() << ": got "
+                                         << got.at(i) << ", the communicator's own gave " << want.at(i);
+  return testing::AssertionFailure() << "differ in bits (a NaN or a signed zero)";
+}
+
+std::string label(Algorithm a, DType d, int64_t n) {
+  return std::string(algorithm_name(a)) + " " + dtype_name(d) + " n=" + std::to_string(n) + " ranks=" +
+         std::to_string(test_comm().size()) + " rank=" + std::to_string(test_comm().rank());
+}
+
+}  // namespace
+
+TEST(P2PCollectives, AllReduceEqualsTheCommunicatorsOwnBitForBit) {
+  Communicator& comm = test_comm();
+  for (Algorithm a : kAllAlgorithms)
+    for (DType d : {DType::F32, DType::BF16})
+      for (int64_t n : kLengths)
+        for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max, ReduceOp::Min}) {
+          Data ours = filled(d, n, comm.rank()), theirs = filled(d, n, comm.rank());
+          p2p_all_reduce(comm, ours.view(), op, a);
+          comm.all_reduce(theirs.view(), op);
+          EXPECT_TRUE(identical(ours, theirs)) << label(a, d, n) << " op " << int(op);
+        }
+}
+
+TEST(P2PCollectives, ReduceScatterAndAllGatherEqualTheCommunicatorsOwn) {
+  Communicator& comm = test_comm();
+  const int N = comm.size(), r = comm.rank();
+  for (Algorithm a : kAllAlgorithms)
+    for (DType d : {DType::F32, DType::BF16})
+      for (int64_t per_rank : {int64_t(0), int64_t(1), int64_t(5), int64_t(1031)}) {
+        const int64_t n = per_rank * N;
+        if (algorithm_has(a, CollectiveKind::ReduceScatter)) {
+          Data send = filled(d, n, r), ours(d, per_rank), theirs(d, per_rank);
+          p2p_reduce_scatter(comm, send.view(), ours.view(), ReduceOp::Sum, a);
+          comm.reduce_scatter(send.view(), theirs.view(), ReduceOp::Sum);
+          EXPECT_TRUE(identical(ours, theirs)) << "reduce-scatter " << label(a, d, n);
+          EXPECT_TRUE(identical(send, filled(d, n, r))) << "reduce-scatter changed its input: " << label(a, d, n);
+        }
+        if (algorithm_has(a, CollectiveKind::AllGather)) {
+          Data mine(d, per_rank), ours(d, n), theirs(d, n), in_place(d, n);
+          for (int64_t i = 0; i < per_rank; i++) mine.set(i, exact_value(r, i + 17 * r));
+          p2p_all_gather(comm, mine.view(), ours.view(), a);
+          comm.all_gather(mine.view(), theirs.view());
+          EXPECT_TRUE(identical(ours, theirs)) << "all-gather " << label(a, d, n);
+          // In place: this rank's segment of the output is the input (as ZeRO gathers parameters).
+          for (int64_t i = 0; i < per_rank; i++) in_place.set(r * per_rank + i, mine.at(i));
+          p2p_all_gather(comm, in_place.view().slice1d(r * per_rank, per_rank), in_place.view(), a);
+          EXPECT_TRUE(identical(in_place, theirs)) << "all-gather in place " << label(a, d, n);
+        }
+      }
+}
+
+// Segments that N does not divide: the all-gather's and reduce-scatter's segments follow
+// segment_counts, which the variable-count forms of the communicator take directly.
+TEST(P2PCollectives, UnevenSegmentsMatchTheVariableCountForms) {
+  Communicator& comm = test_comm();
+  const int N = comm.size(), r = comm.rank();
+  for (int64_t n : {int64_t(1), int64_t(3), int64_t(1000 + N - 1)}) {
+    const std::vector<int64_t> counts = segment_counts(n, N);
+    for (Algorithm a : kAllAlgorithms) {
+      if (algorithm_has(a, CollectiveKind::ReduceScatter)) {
+        Data send = filled(DType::F32, n, r), ours(DType::F32, counts[size_t(r)]), theirs(DType::F32, counts[size_t(r)]);
+        p2p_reduce_scatter(comm, send.view(), ours.view(), ReduceOp::Sum, a);
+        comm.reduce_scatter_v(send.view(), theirs.view(), counts, ReduceOp::Sum);
+        EXPECT_TRUE(identical(ours, theirs)) << "reduce-scatter " << label(a, DType::F32, n);
+      }
+      if (algorithm_has(a, CollectiveKind::AllGather)) {
+        Data mine(DType::F32, counts[size_t(r)]), ours(DType::F32, n), theirs(DType::F32, n);
+        for (int64_t i = 0; i < mine.size(); i++) mine.set(i, float(1000 * r + i));
+        p2p_all_gather(comm, mine.view(), ours.view(), a);
+        comm.all_gather_v(mine.view(), theirs.view(), counts);
+        EXPECT_TRUE(identical(ours, theirs)) << "all-gather " << label(a, DType::F32, n);
+      }
+    }
+  }
+}
+
+// Random data: another order of summation may round differently, by at most about (N-1) ulps of the
+// sum of magnitudes; and every rank must end with the same bits.
+TEST(P2PCollectives, RandomDataAgreesWithinRoundingAndIsTheSameOnEveryRank) {
+  Communicator& comm = test_comm();
+  const int N = comm.size();
+  const int64_t n = 20000 + 3;
+  std::mt19937 gen(1234 + comm.rank());
+  std::uniform_real_distribution<float> u(-1000.0f, 1000.0f);
+  std::vector<float> mine(static_cast<size_t>(n)), magnitude(static_cast<size_t>(n));
+  for (float& x : mine) x = u(gen);
+  for (size_t i = 0; i < mine.size(); i++) magnitude[i] = std::fabs(mine[i]);
+  comm.all_reduce(make_view(magnitude.data(), {n}), ReduceOp::Sum);
+  for (Algorithm a : kAllAlgorithms) {
+    std::vector<float> ours = mine, theirs = mine, rank0(static_cast<size_t>(n));
+    p2p_all_reduce(comm, make_view(ours.data(), {n}), ReduceOp::Sum, a);
+    comm.all_reduce(make_view(theirs.data(), {n}), ReduceOp::Sum);
+    int64_t beyond = 0;
+    for (int64_t i = 0; i < n; i++)
+      if (std::fabs(ours[size_t(i)] - theirs[size_t(i)]) > (N - 1) * 1.2e-7f * magnitude[size_t(i)]) beyond++;
+    EXPECT_EQ(beyond, 0) << label(a, DType::F32, n);
+    rank0 = ours;
+    comm.broadcast(make_view(rank0.data(), {n}), 0);
+    EXPECT_EQ(std::memcmp(rank0.data(), ours.data(), size_t(n) * 4), 0) << "ranks disagree: " << label(a, DType::F32, n);
+  }
+}
+
+// What the counters saw each rank send equals the closed forms of p2p_collectives.cpp, on every rank:
+// the ring's (N-1)/N per reduce-scatter or all-gather whatever N is, the tree's unequal shares.
+TEST(P2PCollectives, EachRankSendsWhatTheClosedFormsSay) {
+  Communicator& comm = test_comm();
+  const int N = comm.size(), r = comm.rank();
+  const int64_t n = 4096 * N + 3 * (N > 1);
+  for (Algorithm a : kAllAlgorithms)
+    for (CollectiveKind kind : {CollectiveKind::AllReduce, CollectiveKind::ReduceScatter, CollectiveKind::AllGather}) {
+      if (!algorithm_has(a, kind)) continue;
+      const std::vector<int64_t> counts = segment_counts(n, N);
+      Data whole = filled(DType::F32, n, r), piece(DType::F32, counts[size_t(r)]);
+      const CommStats before = comm.stats();
+      if (kind == CollectiveKind::AllReduce) p2p_all_reduce(comm, whole.view(), ReduceOp::Sum, a);
+      if (kind == CollectiveKind::ReduceScatter) p2p_reduce_scatter(comm, whole.view(), piece.view(), ReduceOp::Sum, a);
+      if (kind == CollectiveKind::AllGather) p2p_all_gather(comm, piece.view(), whole.view(), a);
+      const int64_t sent = comm.stats().since(before).kind[int(CollectiveKind::SendRecv)].sent_bytes;
+      EXPECT_EQ(sent, predicted_sent_bytes(a, kind, n * 4, 4, N, r))
+          << collective_name(kind) << " " << label(a, DType::F32, n);
+      // The ring is what its name says: every rank sends (N-1)/N of the vector per pass, give or
+      // take the one-element difference between segments.
+      if (a == Algorithm::Ring && kind != CollectiveKind::AllReduce) {
+        EXPECT_NEAR(double(sent), double(N - 1) / N * n * 4, 4.0) << collective_name(kind);
+      }
+    }
+}
+
+// The binomial tree's halves on their own, rooted anywhere.
+TEST(P2PCollectives, TreeReduceAndBroadcastFromAnyRoot) {
+  Communicator& comm = test_comm();
+  const int N = comm.size();
+  for (int root = 0; root < N; root++) {
+    Data x = filled(DType::F32, 333, comm.rank()), expected = filled(DType::F32, 333, comm.rank());
+    p2p_reduce(comm, x.view(), ReduceOp::Sum, root);
+    comm.all_reduce(expected.view(), ReduceOp::Sum);
+    if (comm.rank() == root) {
+      EXPECT_TRUE(identical(x, expected)) << "reduce to root " << root;
+    }
+    Data b(DType::F32, 333);
+    for (int64_t i = 0; i < b.size(); i++) b.set(i, comm.rank() == root ? float(i * 3 + root) : -1.0f);
+    p2p_broadcast(comm, b.view(), root);
+    for (int64_t i = 0; i < b.size(); i++) ASSERT_EQ(b.at(i), float(i * 3 + root)) << "broadcast from " << root;
+  }
+}
+
+// 64 MB in one call: the segments' offsets and the scratch hold at full size.
+TEST(P2PCollectives, SixtyFourMegabytes) {
+  Communicator& comm = test_comm();
+  const int64_t n = 16 * 1024 * 1024;
+  for (Algorithm a : {Algorithm::Ring, Algorithm::HalvingDoubling}) {
+    Data ours = filled(DType::F32, n, comm.rank()), theirs = filled(DType::F32, n, comm.rank());
+    p2p_all_reduce(comm, ours.view(), ReduceOp::Sum, a);
+    comm.all_reduce(theirs.view(), ReduceOp::Sum);
+    EXPECT_TRUE(identical(ours, theirs)) << label(a, DType::F32, n);
+  }
+}
+
+// The model's ring all-reduce is the communicator's own link model (comm.h, modelled_ms): the same
+// formula, derived twice, must give the same time.
+TEST(P2PCollectives, TheRingsCostIsTheEmulatedLinksFormula) {
+  const LinkModel link{2.0, 30.0};
+  CostModel m;
+  m.alpha_s = link.latency_us * 1e-6;
+  m.beta_s_per_byte = 8.0 / (link.gbps * 1e9);
+  for (int N : {2, 3, 4, 8})
+    for (int64_t bytes : {int64_t(4096) * N, int64_t(1) << 24}) {
+      EXPECT_NEAR(predicted_seconds(m, Algorithm::Ring, CollectiveKind::AllReduce, bytes, N) * 1e3,
+                  modelled_ms(link, CollectiveKind::AllReduce, bytes, N), 1e-9);
+      EXPECT_NEAR(predicted_seconds(m, Algorithm::Ring, CollectiveKind::AllGather, bytes, N) * 1e3,
+                  modelled_ms(link, CollectiveKind::AllGather, bytes, N), 1e-9);
+    }
+  // The latency term: ring 2(N-1) alpha, doubling lg N alpha, the tree 2 lg N alpha.
+  CostModel latency_only{1e-3, 0, 0};
+  EXPECT_NEAR(predicted_seconds(latency_only, Algorithm::Ring, CollectiveKind::AllReduce, 64, 8), 14e-3, 1e-12);
+  EXPECT_NEAR(predicted_seconds(latency_only, Algorithm::RecursiveDoubling, CollectiveKind::AllReduce, 64, 8), 3e-3, 1e-12);
+  EXPECT_NEAR(predicted_seconds(latency_only, Algorithm::HalvingDoubling, CollectiveKind::AllReduce, 64, 8), 6e-3, 1e-12);
+  EXPECT_NEAR(predicted_seconds(latency_only, Algorithm::BinomialTree, CollectiveKind::AllReduce, 64, 8), 6e-3, 1e-12);
+}
+
+// On the emulated link every send is held for alpha + S / beta, so an algorithm takes at least its
+// modelled time; on a busy machine it may take longer, never much shorter.
+TEST(P2PCollectives, OnTheEmulatedLinkEachAlgorithmTakesAtLeastItsModelledTime) {
+  Communicator& world = test_comm();
+  if (world.size() < 2) GTEST_SKIP() << "one rank sends nothing";
+  auto comm = world.split(0, world.rank(), "emulated");
+  const LinkModel link{1.0, 2000.0};  // 2 ms a message, 8 ns a byte
+  comm->set_link_model(link);
+  CostModel m;
+  m.alpha_s = link.latency_us * 1e-6;
+  m.beta_s_per_byte = 8.0 / (link.gbps * 1e9);
+  const int64_t n = 32768;  // 128 KB: 1 ms of bandwidth time, beside the latency
+  for (Algorithm a : kAllAlgorithms) {
+    Data x = filled(DType::F32, n, comm->rank());
+    comm->barrier();
+    const auto start = std::chrono::steady_clock::now();
+    p2p_all_reduce(*comm, x.view(), ReduceOp::Sum, a);
+    const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    const double floor_s = predicted_seconds(m, a, CollectiveKind::AllReduce, n * 4, comm->size());
+    // Each rank's own chain of held sends is at least the model's, minus a gamma the model leaves 0
+    // and the first message, which a late rank may find already sent.
+    EXPECT_GE(took, 0.8 * floor_s - (m.alpha_s + n * 4 * m.beta_s_per_byte)) << algorithm_name(a);
+  }
+  comm->set_link_model(LinkModel{});
+}
+
+// On GPU buffers (where a GPU exists): the device communicator's sends and receives carry them.
+TEST(P2PCollectives, GpuBuffers) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no GPU here";
+  Communicator& world = test_comm();
+  auto owner = world.split(0, world.rank(), "gpu");
+  auto comm = communicator_for(Device::CUDA, std::move(owner));
+  const int64_t n = 4099;
+  Data host = filled(DType::F32, n, comm->rank()), expected = filled(DType::F32, n, comm->rank());
+  world.all_reduce(expected.view(), ReduceOp::Sum);
+  for (Algorithm a : kAllAlgorithms) {
+    Buffer gpu(n, MemCategory::CommBuffers, Device::CUDA);
+    transfer(gpu.view(), host.view());
+    p2p_all_reduce(*comm, gpu.view(), ReduceOp::Sum, a);
+    Data back(DType::F32, n);
+    transfer(back.view(), gpu.view());
+    EXPECT_TRUE(identical(back, expected)) << label(a, DType::F32, n);
+  }
+}
+
+// --collectives ours: the communicator over the library's runs the three collectives from send and
+// receive, counts them under their own kinds (not as sends), and leaves everything else alone.
+TEST(P2PCommunicator, RunsTheCollectivesFromSendAndReceiveAndCountsThemByKind) {
+  Communicator& world = test_comm();
+  const int N = world.size(), r = world.rank();
+  CollectivesChoice choice;
+  ASSERT_TRUE(parse_collectives("ours", &choice));
+  auto comm = with_collectives(choice, world.split(0, r, "p2p"));
+  EXPECT_NE(comm->name().find("send/recv"), std::string::npos) << comm->name();
+  auto group = comm->split(r % 2, r, "half");  // a group split from it runs them too
+  EXPECT_NE(group->name().find("send/recv"), std::string::npos);
+  for (int64_t n : {int64_t(5), int64_t(30000), int64_t(70000)}) {  // both sides of kSmallAllReduceBytes
+    Data ours = filled(DType::F32, n, r), theirs = filled(DType::F32, n, r);
+    const CommStats before = comm->stats();
+    comm->all_reduce(ours.view(), ReduceOp::Avg);
+    world.all_reduce(theirs.view(), ReduceOp::Avg);
+    EXPECT_TRUE(identical(ours, theirs)) << "n=" << n;
+    const CommStats spent = comm->stats().since(before);
+    const CollectiveCounters& c = spent.kind[int(CollectiveKind::AllReduce)];
+    EXPECT_EQ(c.calls, 1);
+    EXPECT_EQ(c.payload_bytes, n * 4);
+    const Algorithm a = n * 4 <= kSmallAllReduceBytes ? Algorithm::RecursiveDoubling : Algorithm::Ring;
+    EXPECT_EQ(c.sent_bytes, predicted_sent_bytes(a, CollectiveKind::AllReduce, n * 4, 4, N, r)) << "n=" << n;
+    EXPECT_EQ(spent.kind[int(CollectiveKind::SendRecv)].calls, 0) << "the algorithm's sends are not the caller's";
+  }
+  // The variable-count forms, as ZeRO calls them, with an empty segment.
+  std::vector<int64_t> counts(static_cast<size_t>(N), 3);
+  counts[0] = 0;
+  const int64_t total = 3 * (N - 1);
+  Data send = filled(DType::F32, total, r), mine(DType::F32, counts[size_t(r)]), expected(DType::F32, counts[size_t(r)]);
+  comm->reduce_scatter_v(send.view(), mine.view(), counts, ReduceOp::Sum);
+  world.reduce_scatter_v(send.view(), expected.view(), counts, ReduceOp::Sum);
+  EXPECT_TRUE(identical(mine, expected));
+  Data gathered(DType::F32, total), want(DType::F32, total);
+  comm->all_gather_v(mine.view(), gathered.view(), counts);
+  world.all_gather_v(mine.view(), want.view(), counts);
+  EXPECT_TRUE(identical(gathered, want));
+  // The ring's reduce-scatter is what its name says: (N-1)/N of the payload from every rank.
+  const CommStats before = comm->stats();
+  Data whole = filled(DType::F32, 1024 * N, r), piece(DType::F32, 1024);
+  comm->reduce_scatter(whole.view(), piece.view(), ReduceOp::Sum);
+  const CollectiveCounters& rs = comm->stats().since(before).kind[int(CollectiveKind::ReduceScatter)];
+  EXPECT_EQ(rs.sent_bytes, int64_t(N - 1) * 1024 * 4);
+  EXPECT_EQ(rs.received_bytes, int64_t(N - 1) * 1024 * 4);
+  group.reset();
+}
+
+TEST(P2PCommunicator, ParsesItsChoices) {
+  CollectivesChoice c;
+  EXPECT_TRUE(parse_collectives("library", &c) && c.library);
+  EXPECT_TRUE(parse_collectives("ours", &c) && !c.library && c.by_size);
+  EXPECT_TRUE(parse_collectives("binomial-tree", &c) && !c.by_size && c.forced == Algorithm::BinomialTree);
+  EXPECT_FALSE(parse_collectives("nccl", &c));
+}
