@@ -1,5 +1,5 @@
 // test_collectives.cpp: the collectives built from send and receive (p2p_collectives.h) against the
-// communicator's own (MPI's), run under mpiexec at 1, 2, 3, 4, 5 and 8 ranks, so that powers of two
+// communicator's own (MPI's), run under mpiexec at every rank count from 1 to 8, so that powers of two
 // and the folded ranks of the others are both covered. With small integers as data every order of
 // summation gives the same bits, so the comparison is exact; with random data the two may add in
 // another order, and they must agree within that rounding. The bytes each rank sends, read from the
