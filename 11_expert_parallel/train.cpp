@@ -18,8 +18,9 @@
 //
 // What changed since 03: the --ep flag and its grid, the dispatch/combine hooks below, and the
 // buckets' all-reduces split into expert and non-expert ranges on their two groups. What stayed:
-// buckets overlap backward, and the run equals one rank's with the same global batch, with or
-// without a capacity (moe.h: tokens claim an expert's capacity in the global token order).
+// buckets overlap backward, and the run equals one rank's with the same global batch and
+// --grad-accum, with or without a capacity (moe.h: tokens claim an expert's capacity in the global
+// token order; capacity and balance loss are per micro-batch, the same sequences on any grid).
 //
 // Base chapter: 03_bucket_dp (docs/diffs/11_expert_parallel.diff: what this chapter adds to it).
 //
@@ -65,15 +66,16 @@ class ExpertExchange {
     const int P = ep_.size();
     // Dispatch, 1: the counts. Chunk q of `counts` is the E/ep experts of rank q; what arrives in
     // chunk s is how many rows rank s sends to each of this rank's experts.
-    std::vector<float> mine(counts.begin(), counts.end()), theirs(static_cast<size_t>(E_));
-    ep_.all_to_all(make_view(mine.data(), {int64_t(E_)}), make_view(theirs.data(), {int64_t(E_)}));
+    // int32: exact at any count (a float is exact only to 2^24).
+    std::vector<int32_t> mine(counts.begin(), counts.end()), theirs(static_cast<size_t>(E_));
+    ep_.all_to_all(make_view(mine.data(), {int64_t(E_)}, DType::I32), make_view(theirs.data(), {int64_t(E_)}, DType::I32));
     d.send_rows.assign(size_t(P), 0);
     d.recv_rows.assign(size_t(P), 0);
     d.recv_counts.assign(size_t(E_), 0);
     for (int q = 0; q < P; q++)
       for (int j = 0; j < local_; j++) {
         d.send_rows[size_t(q)] += counts[size_t(q * local_ + j)];
-        d.recv_counts[size_t(q * local_ + j)] = int64_t(theirs[size_t(q * local_ + j)]);
+        d.recv_counts[size_t(q * local_ + j)] = theirs[size_t(q * local_ + j)];
         d.recv_rows[size_t(q)] += d.recv_counts[size_t(q * local_ + j)];
       }
     count_predicted(wire_bytes_for(CollectiveKind::AllToAll, int64_t(E_) * 4, P), int64_t(E_) * 4);
@@ -218,15 +220,14 @@ struct ExpertFlags {
 };
 
 int train(Communicator* comm, TrainConfig& cfg, const ExpertFlags& flag) {
-  const double bucket_mb = flag.bucket_mb, capacity_factor = flag.capacity_factor, aux_loss_coef = flag.aux_loss_coef;
   const int ep = flag.ep;
   ExpertGrid grid(*comm, ep);
-  TrainingRun run(*comm, grid.ep(), cfg, Strategy::DP, ExpertParallelism{ep, grid.ep().rank()});
+  // The capacity factor and balance loss the run trains with: the flags', or a resumed checkpoint's.
+  TrainingRun run(*comm, grid.ep(), cfg, Strategy::DP, ExpertParallelism{ep, grid.ep().rank()},
+                  MoESettings{flag.capacity_factor, flag.aux_loss_coef});
   run.add_group("expert_dp", grid.expert_dp());
   const ParamLayout& layout = run.layout();
-  GPT2Config model_cfg = run.model_config();
-  model_cfg.capacity_factor = capacity_factor;
-  model_cfg.aux_loss_coef = aux_loss_coef;
+  const GPT2Config& model_cfg = run.model_config();
   const int L = model_cfg.L, E = model_cfg.experts;
 
   // Every rank holds the non-expert parameters and its E/ep experts, with their gradients and state.
@@ -247,15 +248,22 @@ int train(Communicator* comm, TrainConfig& cfg, const ExpertFlags& flag) {
   };
   model.expert_hooks.experts_backward = [&](int l, Tensor dout, Tensor drows) { exchange.backward(l, dout, drows); };
 
-  const double bucket_bytes = cfg.was_given("--bucket-mb") ? bucket_mb * 1e6 : default_bucket_bytes(layout, 4);
+  const double bucket_bytes = cfg.was_given("--bucket-mb") ? flag.bucket_mb * 1e6 : default_bucket_bytes(layout, 4);
   GradientBuckets buckets(layout, bucket_bytes, 4);
   int64_t expert_range = 0;  // where expert gradients are reduced: their tensors and the padding after them
   for (const Segment& s : segments_of(layout, 0, layout.padded_size))
     if (s.experts) expert_range += s.end - s.begin;
-  if (run.is_root())
-    std::printf("grid: %s | %d experts per block, %d on each rank | top-%d | capacity factor %g | balance loss x %g | "
-                "%d buckets\n",
-                grid.describe().c_str(), E, E / ep, model_cfg.top_k, capacity_factor, aux_loss_coef, buckets.count());
+  if (run.is_root()) {
+    const int64_t micro_tokens = int64_t(cfg.batch / cfg.grad_accum) * model_cfg.T;  // the capacity's (moe.h)
+    const int64_t capacity = MoELayer::capacity_of(model_cfg.capacity_factor, micro_tokens, model_cfg.top_k, E);
+    std::printf("grid: %s (TP 1, PP 1, CP 1: neither splits a MoE block) | %d experts per block, %d on each rank | "
+                "top-%d | capacity factor %g (%s) | balance loss x %g | %d buckets\n",
+                grid.describe().c_str(), E, E / ep, model_cfg.top_k, model_cfg.capacity_factor,
+                capacity < 0 ? "unlimited"
+                             : (std::to_string(capacity) + " per expert of the " + std::to_string(micro_tokens) +
+                                " tokens of a global micro-batch").c_str(),
+                model_cfg.aux_loss_coef, buckets.count());
+  }
   const int W = comm->size();
   const ExpertTheory theory = expert_theory(layout, model_cfg, W, ep, run.micro_batch_size(), expert_range);
   run.set_dp_comm_theory(theory.world_all_reduce + theory.counts_all_gather,
@@ -265,7 +273,9 @@ int train(Communicator* comm, TrainConfig& cfg, const ExpertFlags& flag) {
   // same experts, and the rest over everyone.
   std::vector<CommHandle> in_flight;
   std::vector<Segment> expert_segments;
+  bool last_micro_batch = false;
   model.hooks.grad_ready = [&](int p) {
+    if (!last_micro_batch) return;  // no_sync (03): gradients are not final until the last micro-batch
     const int b = buckets.mark_ready(p);
     if (b < 0) return;
     for (const Segment& s : segments_of(layout, buckets.begin(b), buckets.end(b))) {
@@ -280,11 +290,23 @@ int train(Communicator* comm, TrainConfig& cfg, const ExpertFlags& flag) {
     fill_zero(grads.view());
     exchange.reset_predictions();
     const CommStats ep_before = grid.ep().stats(), world_before = comm->stats(), edp_before = grid.expert_dp().stats();
-    MicroBatch batch = run.micro_batch(step, 0);  // --grad-accum 1 (moe_run_problem)
-    const float loss = model.forward(batch.inputs, batch.targets, batch.B);
-    const double balance = comm->all_reduce_scalar(model.aux_loss(), ReduceOp::Sum) / W;
-    model.backward(1.0f);
+    // Each micro-batch is routed on its own: its capacity and balance loss are its own (moe.h).
+    ExpertStep measured;
+    std::vector<std::vector<int64_t>> expert_rows;
+    float loss = 0;
+    double aux = 0;
+    for (int micro = 0; micro < cfg.grad_accum; micro++) {
+      last_micro_batch = micro == cfg.grad_accum - 1;
+      MicroBatch batch = run.micro_batch(step, micro);
+      loss += model.forward(batch.inputs, batch.targets, batch.B) / cfg.grad_accum;
+      aux += model.aux_loss() / cfg.grad_accum;
+      measured.routing.emplace_back();
+      for (int l = 0; l < L; l++) measured.routing.back().push_back(model.routing(l));
+      model.backward(1.0f / cfg.grad_accum);
+      expert_rows.push_back(exchange.expert_rows());
+    }
     exchange.release_buffers();
+    const double balance = comm->all_reduce_scalar(aux, ReduceOp::Sum) / W;
 
     for (CommHandle& handle : in_flight) handle.wait();
     in_flight.clear();
@@ -300,12 +322,11 @@ int train(Communicator* comm, TrainConfig& cfg, const ExpertFlags& flag) {
       (s.experts ? expert_sq : dense_sq) += sum_of_squares(grads.view().slice1d(s.begin, s.end - s.begin));
     const double norm = std::sqrt(dense_sq + grid.ep().all_reduce_scalar(expert_sq, ReduceOp::Sum));
     optimizer.update(params.view(), grads.view(), step + 1, run.lr(step), clip_factor(norm, cfg.grad_clip));
-    run.set_expert_rows(exchange.expert_rows(), capacity_factor);
+    run.set_expert_rows(expert_rows);
     run.end_step(step, loss, norm);
 
     // What the reader sees: routing per layer and expert, the balance loss, the all-to-alls, and
     // after step 1 the memory per rank and each group's gradient bytes (expert_report.h).
-    ExpertStep measured;
     measured.step = step;
     measured.balance_loss = balance;
     measured.a2a = grid.ep().stats().since(ep_before).kind[int(CollectiveKind::AllToAll)];
@@ -334,7 +355,7 @@ int main(int argc, char** argv) {
   flags.add("--ep", &opt.ep, "expert-parallel group size: each of its ranks holds E/ep experts of every block; "
                          "the world is DP x EP");
   flags.add("--capacity-factor", &opt.capacity_factor, "an expert takes at most factor x tokens x k / E assignments "
-                                                   "of a step, the rest are dropped (0: unlimited)");
+                                                   "of a global micro-batch, the rest are dropped (0: unlimited)");
   flags.add("--aux-loss-coef", &opt.aux_loss_coef, "coefficient of the load-balancing loss E x sum_e f_e P_e");
   if (!parse_train_flags(argc, argv, "11_expert_parallel",
                          "Chapter 11: expert parallelism, a mixture of experts over ranks by all-to-all.", flags, &cfg)) {
@@ -351,7 +372,7 @@ int main(int argc, char** argv) {
   const std::string grid_problem = expert_grid_problem(comm->size(), opt.ep, preset.experts, cfg.preset);
   if (!grid_problem.empty()) config_error(grid_problem);
   const std::string moe_problem = moe_run_problem(cfg.preset, "11_expert_parallel", pick_device(cfg.device), true,
-                                                  comm->size(), 1, 1, cfg.grad_accum, cfg.recompute);
+                                                  comm->size(), 1, 1, cfg.recompute);
   if (!moe_problem.empty()) config_error(moe_problem);
   comm = communicator_for(pick_device(cfg.device), std::move(comm), cfg.collectives);
   const int status = train(comm.get(), cfg, opt);  // (every group's communicator is gone after it)

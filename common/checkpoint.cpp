@@ -21,11 +21,13 @@ static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "checkpoint.cpp assumes
 namespace {
 
 constexpr char kMagic[8] = {'G', 'P', 'T', '2', 'C', 'K', 'P', 'T'};
-constexpr uint32_t kVersion = 2;  // what this build writes; it reads 1 and 2
-// magic, version, L C NH T V, step, batch, data position, seed, [v2: 7 settings], tensor count
+constexpr uint32_t kVersion = 3;  // what this build writes; it reads 1 to 3
+// magic, version, L C NH T V, step, batch, data position, seed, [v2: 7 settings], [v3: experts, top-k,
+// capacity factor, balance-loss coefficient, grad accum], tensor count
 constexpr size_t kSettingsBytes = 7 * 8;
+constexpr size_t kMoEBytes = 2 * 4 + 3 * 8;
 size_t header_bytes(uint32_t version) {
-  return sizeof(kMagic) + 4 + 5 * 4 + 4 * 8 + (version >= 2 ? kSettingsBytes : 0) + 4;
+  return sizeof(kMagic) + 4 + 5 * 4 + 4 * 8 + (version >= 2 ? kSettingsBytes : 0) + (version >= 3 ? kMoEBytes : 0) + 4;
 }
 constexpr size_t kTrailerBytes = 8;  // the hash
 
@@ -131,16 +133,33 @@ TrainingSettings read_settings(ByteReader& in) {
   return s;
 }
 
-// "has format version 7, but this build reads versions 1 and 2", or "" for a version it reads.
+// The mixture of experts of a version-3 header, in file order: the model's kind, then its settings.
+void write_moe(ByteWriter& out, const GPT2Config& cfg, const TrainingSettings& s) {
+  out.u32(uint32_t(cfg.experts));
+  out.u32(uint32_t(cfg.top_k));
+  out.f64(s.capacity_factor);
+  out.f64(s.aux_loss_coef);
+  out.u64(uint64_t(s.grad_accum));
+}
+void read_moe(ByteReader& in, CheckpointHeader* h) {
+  h->experts = int64_t(in.u32());
+  h->top_k = int64_t(in.u32());
+  h->settings.capacity_factor = in.f64();
+  h->settings.aux_loss_coef = in.f64();
+  h->settings.grad_accum = int64_t(in.u64());
+}
+
+// "has format version 7, but this build reads versions 1 to 3", or "" for a version it reads.
 std::string version_problem(const std::string& file, uint32_t version) {
   if (version >= 1 && version <= kVersion) return "";
   return file + " has format version " + std::to_string(version) + ", but this build reads versions 1 to " +
          std::to_string(kVersion);
 }
 
-std::string model_text(uint64_t L, uint64_t C, uint64_t NH, uint64_t T, uint64_t V) {
+std::string model_text(uint64_t L, uint64_t C, uint64_t NH, uint64_t T, uint64_t V, int64_t experts, int64_t top_k) {
   std::ostringstream s;
   s << "L=" << L << " C=" << C << " NH=" << NH << " T=" << T << " V=" << V;
+  if (experts > 0) s << " with " << experts << " experts, top-" << top_k;
   return s.str();
 }
 
@@ -150,14 +169,17 @@ std::string shape_text(int ndim, const uint64_t* dims) {
   return s + "]";
 }
 
-// The preset whose shape is L C NH T V, for the hint "pass --preset NAME"; "" when none is.
-std::string preset_with_shape(uint64_t L, uint64_t C, uint64_t NH, uint64_t T, uint64_t V) {
+// The preset whose shape is L C NH T V (and, where known, whose experts and top-k are these), for
+// the hint "pass --preset NAME"; "" when none is.
+std::string preset_with_shape(uint64_t L, uint64_t C, uint64_t NH, uint64_t T, uint64_t V, bool kind_known,
+                              int64_t experts, int64_t top_k) {
   std::istringstream names(preset_names());  // "tiny, small, gpt2"
   std::string name;
   while (std::getline(names >> std::ws, name, ',')) {
     GPT2Config preset;
     if (find_preset(name, &preset) && uint64_t(preset.L) == L && uint64_t(preset.C) == C &&
-        uint64_t(preset.NH) == NH && uint64_t(preset.T) == T && uint64_t(preset.V) == V) {
+        uint64_t(preset.NH) == NH && uint64_t(preset.T) == T && uint64_t(preset.V) == V &&
+        (!kind_known || (preset.experts == experts && preset.top_k == top_k))) {
       return name;
     }
   }
@@ -213,8 +235,10 @@ std::string check_checkpoint(const std::string& path, const std::string& bytes, 
   const uint64_t step = in.u64(), batch = in.u64(), data_position = in.u64();
   in.u64();  // the seed: informative only, a resumed run may change it
   if (version >= 2) in.skip(kSettingsBytes);  // checked against the run by read_checkpoint_header's caller
-  const uint64_t tensor_count = in.u32();
   CheckpointHeader shape;
+  shape.version = version;
+  if (version >= 3) read_moe(in, &shape);  // the settings likewise; the model's kind here
+  const uint64_t tensor_count = in.u32();
   shape.L = int64_t(L), shape.C = int64_t(C), shape.NH = int64_t(NH), shape.T = int64_t(T), shape.V = int64_t(V);
   const std::string other_model = checkpoint_model_problem(path, shape, cfg);
   if (!other_model.empty()) return other_model;
@@ -280,6 +304,7 @@ std::string serialize_checkpoint(const GPT2Config& cfg, const ParamLayout& layou
   out.u64(uint64_t(data.step) * uint64_t(data.global_batch));  // global samples consumed
   out.u64(data.seed);
   write_settings(out, data.settings);
+  write_moe(out, cfg, data.settings);
   out.u32(uint32_t(layout.params.size()));
   for (const ParamInfo& p : layout.params) {
     out.u32(uint32_t(p.name.size()));
@@ -303,11 +328,13 @@ std::string validate_checkpoint_bytes(const std::string& path, const std::string
 }
 
 std::string checkpoint_model_problem(const std::string& path, const CheckpointHeader& h, const GPT2Config& cfg) {
-  if (h.L == cfg.L && h.C == cfg.C && h.NH == cfg.NH && h.T == cfg.T && h.V == cfg.V) return "";
+  const bool kind_known = h.version >= 3;  // before, the tensor table tells a MoE model apart
+  const bool same_kind = !kind_known || (h.experts == cfg.experts && h.top_k == cfg.top_k);
+  if (h.L == cfg.L && h.C == cfg.C && h.NH == cfg.NH && h.T == cfg.T && h.V == cfg.V && same_kind) return "";
   const uint64_t L = uint64_t(h.L), C = uint64_t(h.C), NH = uint64_t(h.NH), T = uint64_t(h.T), V = uint64_t(h.V);
-  const std::string preset = preset_with_shape(L, C, NH, T, V);
-  return "checkpoint '" + path + "' was saved with model " + model_text(L, C, NH, T, V) + " but this run is " +
-         model_text(cfg.L, cfg.C, cfg.NH, cfg.T, cfg.V) +
+  const std::string preset = preset_with_shape(L, C, NH, T, V, kind_known, h.experts, h.top_k);
+  return "checkpoint '" + path + "' was saved with model " + model_text(L, C, NH, T, V, h.experts, h.top_k) +
+         " but this run is " + model_text(cfg.L, cfg.C, cfg.NH, cfg.T, cfg.V, kind_known ? cfg.experts : 0, cfg.top_k) +
          (preset.empty() ? " (no preset has the checkpoint's shape)" : " (pass --preset " + preset + " to resume it)");
 }
 
@@ -320,9 +347,11 @@ std::string intactness_problem(const std::string& path, const std::string& file,
   GPT2Config shape;
   shape.L = int(header.L), shape.C = int(header.C), shape.NH = int(header.NH), shape.T = int(header.T);
   shape.V = int(header.V);
+  shape.experts = int(header.experts), shape.top_k = int(header.top_k);
   const bool plausible = shape.L > 0 && shape.L <= 4096 && shape.C > 0 && shape.C <= 65536 && shape.NH > 0 &&
                          shape.C % shape.NH == 0 && shape.T > 0 && shape.T <= (1 << 20) && shape.V > 0 &&
-                         shape.V <= (1 << 24);
+                         shape.V <= (1 << 24) && shape.experts >= 0 && shape.experts <= 4096 &&
+                         shape.top_k >= 0 && shape.top_k <= shape.experts && (shape.experts == 0) == (shape.top_k == 0);
   if (!plausible)
     return file + " is corrupted: its header names no model (L=" + std::to_string(header.L) + " C=" +
            std::to_string(header.C) + " NH=" + std::to_string(header.NH) + ")";
@@ -374,6 +403,8 @@ CheckpointHeader read_checkpoint_header(Communicator& comm, const std::string& p
         in.u64();  // seed
         header.has_settings = header.version >= 2;
         if (header.has_settings) header.settings = read_settings(in);
+        header.has_moe_settings = header.version >= 3;
+        if (header.has_moe_settings) read_moe(in, &header);
       }
       // The settings are believed only once the hash has vouched for the whole file, as it will when
       // the file is loaded: a damaged checkpoint is called damaged, not a run with other settings.

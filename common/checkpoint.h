@@ -4,12 +4,15 @@
 //   header: magic "GPT2CKPT", u32 version, u32 L, C, NH, T, V, u64 step (the next step to run),
 //           u64 global batch, u64 data position (global samples consumed = step x batch),
 //           u64 seed, [version 2: the training settings: u64 steps, u64 warmup, f64 lr, f64 weight
-//           decay, f64 grad clip, u64 data length, u64 data hash], u32 tensor count
+//           decay, f64 grad clip, u64 data length, u64 data hash], [version 3: the mixture of
+//           experts: u32 experts, u32 top-k (0 0: a dense model), f64 capacity factor, f64 balance-loss
+//           coefficient, u64 grad accum], u32 tensor count
 //   table:  per tensor: u32 name length, name bytes, u32 ndim, u64 dims[ndim]
 //   data:   parameters (fp32, table order), then AdamW m, then AdamW v (same order and sizes)
 //   trailer: u64 FNV-1a hash of every byte before it
 // A checkpoint holds full tensors in table order, never a rank-dependent layout, so one saved on N
-// ranks resumes on M ranks and in any chapter. Version 1 files (without settings) still load.
+// ranks resumes on M ranks and in any chapter that trains the same way (a MoE model with a capacity or a
+// balance loss: chapter 11 only). Version 1 and 2 files (without settings, without the MoE ones) still load.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -22,6 +25,10 @@ struct TrainingSettings {
   int64_t steps = 0, warmup = 0;
   double lr = 0, weight_decay = 0, grad_clip = 0;
   uint64_t data_length = 0, data_hash = 0;  // the training data: its size and FNV-1a hash (data.h)
+  // A MoE model's (moe.h; version 3): its capacity and balance loss are per micro-batch, so with
+  // either, --grad-accum decides which tokens they count.
+  double capacity_factor = 0, aux_loss_coef = 0;
+  int64_t grad_accum = 1;
 };
 
 struct CheckpointData {
@@ -54,14 +61,17 @@ std::string validate_checkpoint_bytes(const std::string& path, const std::string
 struct CheckpointHeader {
   uint32_t version = 0;
   int64_t L = 0, C = 0, NH = 0, T = 0, V = 0;
+  int64_t experts = 0, top_k = 0;  // version 3 and later (0 0: dense; unknown before)
   int64_t step = 0, global_batch = 0;
   bool has_settings = false;  // version 2 and later
+  bool has_moe_settings = false;  // version 3 and later: experts, top_k and settings' MoE fields
   TrainingSettings settings;
 };
 // Collective: rank 0 reads the first bytes of `path` and every rank returns the header. A file that
 // cannot be read or is no checkpoint of a version this build reads stops every rank with the reason.
 CheckpointHeader read_checkpoint_header(Communicator& comm, const std::string& path);
-// "" when the header's model is this run's, else the message (naming the preset to pass, if any).
+// "" when the header's model is this run's (its shape, and from version 3 its experts and top-k), else
+// the message (naming the preset to pass, if any).
 std::string checkpoint_model_problem(const std::string& path, const CheckpointHeader& header, const GPT2Config& cfg);
 
 // Called on every rank; rank 0 writes `path` atomically (temporary file, then rename); the others

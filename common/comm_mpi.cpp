@@ -229,7 +229,9 @@ void create_bf16_ops() {
   MPI_CHECK(MPI_Op_create(&bf16_reduce<Smaller>, 1, &g_bf16_min));
 }
 
-MPI_Datatype mpi_type(DType dtype) { return dtype == DType::BF16 ? MPI_UINT16_T : MPI_FLOAT; }
+MPI_Datatype mpi_type(DType dtype) {
+  return dtype == DType::BF16 ? MPI_UINT16_T : dtype == DType::I32 ? MPI_INT32_T : MPI_FLOAT;
+}
 
 MPI_Op mpi_op(ReduceOp op, DType dtype) {
   const bool bf16 = dtype == DType::BF16;
@@ -249,9 +251,12 @@ int mpi_count(int64_t n) {
 }
 
 void ensure_cpu(const Tensor& t) {
-  ENSURE(t.device == Device::CPU && (t.dtype == DType::F32 || t.dtype == DType::BF16),
-         "the MPI communicator moves CPU fp32 and bf16 tensors; CUDA tensors need the NCCL or host-staged one");
+  ENSURE(t.device == Device::CPU, "the MPI communicator moves CPU tensors; CUDA tensors need the NCCL or host-staged one");
   ENSURE(t.data != nullptr || t.numel() == 0, "tensor without memory");
+}
+// int32 (routing counts, moe.h) only travels: gathers, all-to-alls, broadcasts and messages.
+void ensure_reducible(const Tensor& t) {
+  ENSURE(t.dtype == DType::F32 || t.dtype == DType::BF16, "the MPI communicator reduces fp32 and bf16 tensors only");
 }
 
 // An empty side (a rank that owns none of a range passes Tensor()) has no dtype to compare.
@@ -812,6 +817,7 @@ class MpiCommunicator final : public Communicator {
 
   CommHandle all_reduce_async(Tensor buf, ReduceOp op) override {
     ensure_cpu(buf);
+    ensure_reducible(buf);
     const int64_t bytes = int64_t(buf.bytes());
     if (size_ == 1) return done(CollectiveKind::AllReduce, bytes);
     void* data = buf.data;
@@ -827,6 +833,7 @@ class MpiCommunicator final : public Communicator {
 
   CommHandle reduce_scatter_async(Tensor send, Tensor recv, ReduceOp op) override {
     ensure_cpu(send);
+    ensure_reducible(send);
     ensure_cpu(recv);
     ensure_same_dtype(send, recv, "reduce_scatter");
     ENSURE(send.numel() == int64_t(size_) * recv.numel(), "reduce_scatter: send must hold size() x recv elements");
@@ -866,6 +873,7 @@ class MpiCommunicator final : public Communicator {
   CommHandle reduce_scatter_v_async(Tensor send, Tensor recv, const std::vector<int64_t>& counts,
                                     ReduceOp op) override {
     ensure_cpu(send);
+    ensure_reducible(send);
     ensure_cpu(recv);
     ensure_same_dtype(send, recv, "reduce_scatter_v");
     VarCounts v = var_counts(counts, size_, "reduce_scatter_v");

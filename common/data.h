@@ -6,6 +6,8 @@
 //     offset = ((s*B + i) * T) mod (len - T - 1)
 // inputs are the first T bytes, targets the last T. Rank r of N takes samples [r*B/N, (r+1)*B/N);
 // with gradient accumulation K, it splits them into K micro-batches of B/(N*K) samples, in order.
+// A mixture of experts (moe.h) takes micro-batch m as the step's samples [m*B/K, (m+1)*B/K) instead,
+// rank r their r-th B/(N*K): its capacity and balance loss then count the same sequences on any grid.
 #pragma once
 #include <cstdint>
 #include <string>

@@ -33,6 +33,16 @@ void report_expert_step(TrainingRun& run, Communicator& ep_group, const GPT2& mo
                         const ExpertTheory& t, int ep, int dp, bool memory_too, bool quiet) {
   const GPT2Config& cfg = model.config();
   const int L = cfg.L, E = cfg.experts;
+  // The step's routing: routed and dropped summed over its micro-batches, each with its own capacity.
+  std::vector<RoutingStats> totals(static_cast<size_t>(L));
+  for (const std::vector<RoutingStats>& micro : s.routing)
+    for (int l = 0; l < L; l++) {
+      RoutingStats& sum = totals[size_t(l)];
+      const RoutingStats& r = micro[size_t(l)];
+      sum.routed.resize(size_t(E), 0), sum.dropped.resize(size_t(E), 0);
+      for (int e = 0; e < E; e++) sum.routed[size_t(e)] += r.routed[size_t(e)], sum.dropped[size_t(e)] += r.dropped[size_t(e)];
+      sum.capacity = r.capacity;
+    }
   const double a2a_sent = ep_group.all_reduce_scalar(double(s.a2a.sent_bytes), ReduceOp::Max);
   const double predicted = ep_group.all_reduce_scalar(double(s.a2a_predicted_bytes), ReduceOp::Max);
   if (!run.is_root()) return;
@@ -48,17 +58,30 @@ void report_expert_step(TrainingRun& run, Communicator& ep_group, const GPT2& mo
       .add("expert_dp_all_reduce_bytes", s.expert_dp_all_reduce_bytes)
       .add("expert_dp_all_reduce_theory", t.expert_dp_all_reduce);
   for (int l = 0; l < L; l++) {
-    const RoutingStats& r = model.routing(l);
+    const RoutingStats& r = totals[size_t(l)];
     record.add("capacity_L" + std::to_string(l), r.capacity);
     for (int e = 0; e < E; e++) record.add(key("routed", l, e), r.routed[size_t(e)]).add(key("dropped", l, e), r.dropped[size_t(e)]);
   }
   run.write_record(record);
+  // Every rank's counts before capacity, per micro-batch and layer: what the capacity claimed from.
+  for (size_t m = 0; m < s.routing.size(); m++)
+    for (int l = 0; l < L; l++) {
+      const RoutingStats& r = s.routing[m][size_t(l)];
+      const int ranks = int(r.by_rank.size()) / E;
+      JsonObject routing;
+      routing.add("type", "routing").add("step", s.step).add("micro_batch", int64_t(m)).add("layer", l)
+          .add("ranks", ranks).add("capacity", r.capacity);
+      for (int q = 0; q < ranks; q++)
+        for (int e = 0; e < E; e++)
+          routing.add("routed_R" + std::to_string(q) + "_E" + std::to_string(e), r.by_rank[size_t(q * E + e)]);
+      run.write_record(routing);
+    }
   if (!quiet) {
     for (int l = 0; l < L; l++) {
-      const RoutingStats& r = model.routing(l);
+      const RoutingStats& r = totals[size_t(l)];
       std::printf("  L%d experts routed/dropped:", l);
       for (int e = 0; e < E; e++) std::printf(" %lld/%lld", (long long)r.routed[size_t(e)], (long long)r.dropped[size_t(e)]);
-      std::printf(r.capacity < 0 ? " (capacity unlimited)\n" : " (capacity %lld)\n", (long long)r.capacity);
+      std::printf(r.capacity < 0 ? " (capacity unlimited)\n" : " (capacity %lld a micro-batch)\n", (long long)r.capacity);
     }
     std::printf("  balance loss %.5f (in the loss) | all-to-all: %lld calls, sent %s (from the counts: %s; "
                 "balanced routing: %s), %.2f ms busy (link model %.2f ms)\n",

@@ -2,11 +2,12 @@
 // per step, per layer and expert, the assignments routed and dropped, the balance loss, the
 // all-to-all bytes and time next to their predictions; once, after step 1, the memory per rank by
 // category with the experts apart, and each group's gradient bytes next to theory. The same numbers
-// go into JSON records ("experts" per step, "memory_ep" once). Defines ExpertTheory, expert_theory(),
+// go into JSON records ("experts" per step, "routing" per micro-batch and layer, "memory_ep" once). Defines ExpertTheory, expert_theory(),
 // ExpertStep and report_expert_step().
 #pragma once
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "comm.h"          // Communicator, CollectiveCounters
 #include "model.h"         // GPT2: its routing statistics
@@ -30,6 +31,10 @@ ExpertTheory expert_theory(const ParamLayout& layout, const GPT2Config& cfg, int
 // One step's measurements on this rank.
 struct ExpertStep {
   int step = 0;
+  // Per micro-batch (--grad-accum), per layer: the routing of the global micro-batch (capacity and
+  // balance loss are per micro-batch). The step's record sums routed and dropped over them, and each
+  // micro-batch's layer gets a "routing" record with every rank's counts.
+  std::vector<std::vector<RoutingStats>> routing;
   double balance_loss = 0;            // global (the average of the ranks' shares)
   CollectiveCounters a2a;             // the EP group's all-to-alls this step
   int64_t a2a_predicted_bytes = 0;    // what the routing counts say this rank sends

@@ -49,6 +49,13 @@ JsonObject& JsonObject::add(const std::string& k, bool value) {
   return *this;
 }
 
+JsonObject& JsonObject::add_all(const JsonObject& other) {
+  if (other.body_.empty()) return *this;
+  if (!body_.empty()) body_ += ",";
+  body_ += other.body_;
+  return *this;
+}
+
 JsonLinesWriter::~JsonLinesWriter() { close(); }
 
 void JsonLinesWriter::open(const std::string& path) {

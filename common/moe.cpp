@@ -3,6 +3,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 #include "check.h"
@@ -161,19 +163,21 @@ float MoELayer::forward(int layer, Tensor x, Tensor router, Tensor out, const Ex
   top_k(probs, N, E_, k_, chosen);
 
   // The global micro-batch's counts: this rank's place in the claim order, and f_e.
-  std::vector<float> mine(size_t(E_), 0.0f), all(size_t(E_) * hooks.ranks, 0.0f);
+  std::vector<int32_t> mine(size_t(E_), 0), all(size_t(E_) * hooks.ranks, 0);
   for (int64_t a = 0; a < A; a++) mine[size_t(chosen[size_t(a)])] += 1;
   if (hooks.gather_counts) {
-    hooks.gather_counts(make_view(mine.data(), {int64_t(E_)}), make_view(all.data(), {int64_t(all.size())}));
+    hooks.gather_counts(make_view(mine.data(), {int64_t(E_)}, DType::I32),
+                        make_view(all.data(), {int64_t(all.size())}, DType::I32));
   } else {
     ENSURE(hooks.ranks == 1, "MoELayer: several ranks need a gather_counts hook");
     all = mine;
   }
   std::vector<int64_t> earlier(size_t(E_), 0);
   stats_.routed.assign(size_t(E_), 0);
+  stats_.by_rank.assign(all.begin(), all.end());
   for (int r = 0; r < hooks.ranks; r++)
     for (int e = 0; e < E_; e++) {
-      const int64_t c = int64_t(all[size_t(r * E_ + e)]);
+      const int64_t c = all[size_t(r * E_ + e)];
       stats_.routed[size_t(e)] += c;
       if (r < hooks.rank) earlier[size_t(e)] += c;
     }
@@ -282,7 +286,7 @@ void MoELayer::backward(Tensor dout, Tensor x, Tensor router, Tensor dx, Tensor 
 }
 
 std::string moe_run_problem(const std::string& preset, const std::string& chapter, Device device, bool expert_parallel,
-                            int world, int tp, int pp, int grad_accum, const std::string& recompute) {
+                            int world, int tp, int pp, const std::string& recompute) {
   const std::string what = "--preset " + preset + " is a mixture of experts";
   if (device != Device::CPU)
     return what + ", whose routing and experts run on the CPU only (moe.h): pass --device cpu";
@@ -292,9 +296,25 @@ std::string moe_run_problem(const std::string& preset, const std::string& chapte
                   "run " + chapter + " on one rank";
   if (tp > 1 || pp > 1) return what + ": neither --tp nor --pp splits its blocks; use 11_expert_parallel's --ep";
   if (recompute == "full") return what + ": --recompute full would route each block twice; use selective or none";
-  if (world > 1 && grad_accum > 1)
-    return what + ": over several ranks its balance loss and capacity are computed over the global micro-batch, "
-                  "whose tokens would depend on the rank count with --grad-accum " + std::to_string(grad_accum) +
-                  "; pass --grad-accum 1 (a larger --batch gives the same tokens per step)";
   return "";
+}
+
+std::string moe_capacity_problem(double factor, int64_t tokens, int k, int E) {
+  if (factor <= 0 || MoELayer::capacity_of(factor, tokens, k, E) >= 1) return "";
+  // The smallest factor with floor(f x tokens x k / E) >= 1 is E / (tokens x k); printed with as few
+  // digits as still give one place once read back.
+  const double smallest = double(E) / (double(tokens) * k);
+  std::string shown;
+  for (int digits = 3; digits <= 17; digits++) {
+    char text[40];
+    std::snprintf(text, sizeof text, "%.*g", digits, smallest * (1 + 1e-12));
+    shown = text;
+    if (MoELayer::capacity_of(std::strtod(text, nullptr), tokens, k, E) >= 1) break;
+  }
+  char given[40];
+  std::snprintf(given, sizeof given, "%g", factor);
+  return "--capacity-factor " + std::string(given) + " gives each expert a capacity of 0 assignments (floor(factor x " +
+         std::to_string(tokens) + " tokens a micro-batch x top-" + std::to_string(k) + " / " + std::to_string(E) +
+         " experts)), which drops every token; pass at least --capacity-factor " + shown +
+         " (one token per expert), or 0 for no capacity";
 }

@@ -14,7 +14,9 @@
 // Capacity (--capacity-factor f, 0 = unlimited): expert e takes at most
 //   capacity = floor(f x tokens x k / E)
 // of the assignments (token, choice) routed to it, where tokens counts the whole global micro-batch
-// (every data-parallel rank's tokens). Assignments claim places in the global token order: the
+// (every data-parallel rank's tokens; with --grad-accum K, one of the step's K micro-batches, so the
+// capacity, like the balance loss below, is per micro-batch: training_run.h's micro_batch() gives
+// micro-batch m the same sequences on every grid). Assignments claim places in the global token order: the
 // batch's tokens in data order (rank 0's sequences first, data.h), and within a token its choices
 // in order of probability. That order is the same on any grid, so the same assignments are dropped
 // on one rank as on eight. A dropped assignment contributes nothing; a token that all its experts
@@ -90,6 +92,7 @@ struct ExpertHooks {
 struct RoutingStats {
   std::vector<int64_t> routed;   // (E) assignments routed to each expert, before capacity
   std::vector<int64_t> dropped;  // (E) of them over capacity
+  std::vector<int64_t> by_rank;  // (ranks x E) each data-parallel rank's routed, in data order (gathered)
   int64_t capacity = -1;         // -1: unlimited
   int64_t tokens = 0;            // the global micro-batch's tokens
   double aux_loss = 0;           // the balance loss (coefficient included), global
@@ -135,11 +138,20 @@ class MoELayer {
   RoutingStats stats_;
 };
 
+// What a chapter trains a MoE model with besides its preset: chapter 11's --capacity-factor and
+// --aux-loss-coef. Elsewhere both are 0 (no capacity, no balance loss). Checkpoints store both.
+struct MoESettings {
+  double capacity_factor = 0, aux_loss_coef = 0;
+};
+
 // What stops a MoE preset from running as asked, as the message to print (config_error's), or "":
 // the experts run on the CPU in fp32 (--device cuda is refused, not silently moved); routing
 // statistics span every rank, which only chapter 11 arranges (`expert_parallel`), so elsewhere a MoE
 // preset runs on one rank only; neither --tp nor --pp splits a MoE block; --recompute full would
-// route a block twice; and over several ranks --grad-accum must be 1 (the balance loss and the
-// capacity are over the global micro-batch, whose tokens would otherwise depend on the grid).
+// route a block twice.
 std::string moe_run_problem(const std::string& preset, const std::string& chapter, Device device, bool expert_parallel,
-                            int world, int tp, int pp, int grad_accum, const std::string& recompute);
+                            int world, int tp, int pp, const std::string& recompute);
+// "" when --capacity-factor `factor` leaves every expert at least one place in a global micro-batch of
+// `tokens`, else the refusal naming the smallest factor that does (capacity_of's floor would be 0,
+// and every assignment dropped).
+std::string moe_capacity_problem(double factor, int64_t tokens, int k, int E);

@@ -88,13 +88,13 @@ TrainingRun::TrainingRun(ProcessGrid& grid, TrainConfig& cfg, Strategy strategy,
     : TrainingRun(grid.world(), grid.dp_cp(), &grid, cfg, strategy, tp, pp, cp) {}
 
 TrainingRun::TrainingRun(Communicator& world, Communicator& ep_comm, TrainConfig& cfg, Strategy strategy,
-                         ExpertParallelism ep)
+                         ExpertParallelism ep, MoESettings moe)
     : TrainingRun(world, world, nullptr, cfg, strategy, TensorParallelism{}, PipelineParallelism{},
-                  ContextParallelism{}, ep, &ep_comm) {}
+                  ContextParallelism{}, ep, &ep_comm, moe) {}
 
 TrainingRun::TrainingRun(Communicator& world, Communicator& dp, const ProcessGrid* grid, TrainConfig& cfg,
                          Strategy strategy, TensorParallelism tp, PipelineParallelism pp, ContextParallelism cp,
-                         ExpertParallelism ep, Communicator* ep_comm)
+                         ExpertParallelism ep, Communicator* ep_comm, MoESettings moe)
     : world_(world), dp_(dp), data_ranks_(grid ? grid->shape().dp : dp.size()),
       data_rank_(grid ? grid->coords().dp : dp.rank()), cp_comm_(grid && grid->shape().cp > 1 ? &grid->cp() : nullptr),
       cp_(cp), tp_comm_(grid ? &grid->tp() : nullptr),
@@ -112,8 +112,10 @@ TrainingRun::TrainingRun(Communicator& world, Communicator& dp, const ProcessGri
   if (model_.C % model_.NH != 0) config_error("the model's C must divide by NH");
   if (model_.moe()) {  // a mixture of experts: where it can run (moe.h)
     const std::string problem = moe_run_problem(model_.preset, cfg.chapter, device_, ep_comm != nullptr, world_.size(),
-                                                tp.size, pp.size, cfg.grad_accum, cfg.recompute);
+                                                tp.size, pp.size, cfg.recompute);
     if (!problem.empty()) config_error(problem);
+    model_.capacity_factor = moe.capacity_factor;
+    model_.aux_loss_coef = moe.aux_loss_coef;
   }
   cfg_ = cfg;
   check_outputs();  // the paths alone: before any file is read
@@ -129,6 +131,11 @@ TrainingRun::TrainingRun(Communicator& world, Communicator& dp, const ProcessGri
   }
   resolve_settings(cfg_.resume.empty() ? nullptr : &header);
   cfg = cfg_;  // the caller sees what the run uses
+  if (model_.moe()) {  // the capacity of the global micro-batch (moe.h), once batch and grad-accum are known
+    const std::string problem = moe_capacity_problem(model_.capacity_factor, int64_t(cfg_.batch / cfg_.grad_accum) * model_.T,
+                                                     model_.top_k, model_.experts);
+    if (!problem.empty()) config_error(problem);
+  }
 
   model_.flash_attention = cfg_.attention == "flash";
   parse_recompute(cfg_.recompute, &model_.recompute);  // (checked by parse_train_flags)
@@ -258,8 +265,17 @@ TrainingRun::TrainingRun(Communicator& world, Communicator& dp, const ProcessGri
                     .add("tp_link_latency_us", tensor_parallel_link().latency_us)
                     .add("forecast_peak_bytes", forecast_.peak())
                     .add("forecast_activations_bytes", forecast_.activations)
-                    .add("forecast_transient_bytes", forecast_.transient));
+                    .add("forecast_transient_bytes", forecast_.transient)
+                    .add_all(moe_run_fields()));
   }
+}
+
+// A MoE model's own fields of the run record: its experts, how they are spread and trained.
+JsonObject TrainingRun::moe_run_fields() const {
+  JsonObject fields;
+  if (!model_.moe()) return fields;
+  return fields.add("ep", ep_.size).add("experts", model_.experts).add("top_k", model_.top_k)
+      .add("capacity_factor", model_.capacity_factor).add("aux_loss_coef", model_.aux_loss_coef);
 }
 
 LinkModel TrainingRun::tensor_parallel_link() const {
@@ -299,6 +315,7 @@ void TrainingRun::resolve_settings(const CheckpointHeader* resumed) {
     take_float("--lr", &cfg_.lr, resumed->settings.lr);
     take_float("--weight-decay", &cfg_.weight_decay, resumed->settings.weight_decay);
     take_float("--grad-clip", &cfg_.grad_clip, resumed->settings.grad_clip);
+    if (resumed->has_moe_settings && model_.moe()) resolve_moe_settings(*resumed);
     if (resumed->step > cfg_.steps)
       config_error(file + " is at step " + std::to_string(resumed->step) + ", past --steps " + std::to_string(cfg_.steps));
     // Nothing would run: say so, rather than run 0 steps and report a success with no numbers.
@@ -332,6 +349,41 @@ void TrainingRun::resolve_settings(const CheckpointHeader* resumed) {
   config_error("--batch " + std::to_string(cfg_.batch) + " is not divisible by " + ranks + " x " + accumulation + " = " +
                std::to_string(N) + " x " + std::to_string(cfg_.grad_accum) + " = " + std::to_string(per_step) +
                "; try --batch " + std::to_string(suggestion));
+}
+
+// A MoE checkpoint's capacity factor and balance-loss coefficient, and with either its --grad-accum
+// (they are per micro-batch, moe.h): as the settings above in chapter 11, whose flags they are.
+// Elsewhere a MoE model trains with neither, so a checkpoint that had one is refused there.
+void TrainingRun::resolve_moe_settings(const CheckpointHeader& resumed) {
+  const TrainingSettings& saved = resumed.settings;
+  const std::string file = "checkpoint '" + cfg_.resume + "'";
+  auto conflict = [&](const std::string& flag, const std::string& given, const std::string& was) {
+    config_error(flag + " " + given + " differs from the " + was + " that " + file +
+                 " was trained with (the resumed run would follow another trajectory); leave " + flag +
+                 " out to continue with the checkpoint's, or start a new run without --resume");
+  };
+  auto take = [&](const std::string& flag, double* value, double was) {
+    if (cfg_.was_given(flag) && *value != was) conflict(flag, number(*value), number(was));
+    *value = was;
+  };
+  if (ep_comm_) {
+    take("--capacity-factor", &model_.capacity_factor, saved.capacity_factor);
+    take("--aux-loss-coef", &model_.aux_loss_coef, saved.aux_loss_coef);
+  } else if (saved.capacity_factor != model_.capacity_factor || saved.aux_loss_coef != model_.aux_loss_coef) {
+    config_error(file + " was trained by 11_expert_parallel with --capacity-factor " + number(saved.capacity_factor) +
+                 " and --aux-loss-coef " + number(saved.aux_loss_coef) + ", but " + cfg_.chapter +
+                 " trains a mixture of experts with neither (another trajectory); resume it with "
+                 "11_expert_parallel, or pass it to --init-from for its weights only");
+  }
+  const bool per_micro_batch = model_.capacity_factor > 0 || model_.aux_loss_coef > 0;
+  if (per_micro_batch && saved.grad_accum != cfg_.grad_accum) {
+    if (cfg_.was_given("--grad-accum"))
+      config_error("--grad-accum " + std::to_string(cfg_.grad_accum) + " differs from the " +
+                   std::to_string(saved.grad_accum) + " that " + file +
+                   " was trained with: its capacity and balance loss are per micro-batch (moe.h), so another count "
+                   "would follow another trajectory; leave --grad-accum out to continue with the checkpoint's");
+    cfg_.grad_accum = int(saved.grad_accum);
+  }
 }
 
 // Every file the run will write, checked now, so that a typo in a folder does not cost the run, and
@@ -403,9 +455,11 @@ MicroBatch TrainingRun::micro_batch(int step, int micro) {
   // no_sync (02, 03) promises no communication before the last micro-batch: measure it.
   if (micro == cfg_.grad_accum - 1)
     launched_before_last_micro_ = all_stats().total_launched() - comm_at_step_start_.total_launched();
-  // By data-parallel rank: the ranks of a tensor-parallel group train on the same sequences.
+  // By data-parallel rank: the ranks of a tensor-parallel group train on the same sequences. A MoE
+  // model's micro-batch m is the step's m-th B/grad_accum on any grid (training_run.h).
   const int per_rank = cfg_.batch / data_ranks_;
-  const int first = data_rank_ * per_rank + micro * micro_B_;
+  const int first = model_.moe() ? micro * (cfg_.batch / cfg_.grad_accum) + data_rank_ * micro_B_
+                                 : data_rank_ * per_rank + micro * micro_B_;
   const int64_t n = int64_t(micro_B_) * model_.T;
   int* inputs = inputs_.data() + micro * n;
   int* targets = targets_.data() + micro * n;
@@ -429,6 +483,9 @@ TrainingSettings TrainingRun::settings() const {
   s.grad_clip = cfg_.grad_clip;
   s.data_length = uint64_t(data_.length());
   s.data_hash = data_.hash();
+  s.capacity_factor = model_.capacity_factor;
+  s.aux_loss_coef = model_.aux_loss_coef;
+  s.grad_accum = cfg_.grad_accum;
   return s;
 }
 
@@ -596,7 +653,8 @@ void TrainingRun::add_group(const std::string& name, Communicator& comm) {
 
 void TrainingRun::begin_step(int step) {
   set_error_phase("step " + std::to_string(step));
-  reset_memory_peaks();
+  run_peak_bytes_ = std::max(run_peak_bytes_, memory_stats().peak_total);  // the summary's peak is the run's
+  reset_memory_peaks();  // each step's own peak, for its line and record
   for (Group& g : groups_) g.at_step_start = g.comm->stats();
   comm_at_step_start_ = all_stats();
   step_start_ms_ = now_ms();
@@ -748,26 +806,32 @@ void TrainingRun::report_vs_theory(const CommStats& step_comm, const CommStats* 
   row("  model state", model_state, p.params_bytes + p.grads_bytes + p.optim_bytes);
   // A MoE model's layers at this step's routing (set_expert_rows), next to balanced routing and the bound.
   double activations = forecast_.activations, moe_balanced = 0, moe_at_most = 0;
+  // The micro-batch whose experts' rows make the step's peak, and the most rows of any layer.
+  std::vector<int64_t> peak_rows, most_rows_each(size_t(model_.L), 0);
+  for (const std::vector<int64_t>& rows : expert_rows_) {
+    if (peak_rows.empty() || moe_activation_bytes(model_, micro_B_, rows) > moe_activation_bytes(model_, micro_B_, peak_rows))
+      peak_rows = rows;
+    for (size_t l = 0; l < rows.size(); l++) most_rows_each[l] = std::max(most_rows_each[l], rows[l]);
+  }
   if (model_.moe()) {
-    GPT2Config moe = model_;
-    moe.capacity_factor = capacity_factor_;
+    const GPT2Config& moe = model_;
     const auto every_layer = [&](int64_t rows) { return std::vector<int64_t>(size_t(moe.L), rows); };
     const double dense = forecast_.activations - moe_forecast_;
     moe_balanced = dense + moe_activation_bytes(moe, micro_B_, every_layer(moe_expert_rows_balanced(moe, micro_B_)));
     const int64_t most_rows = moe_expert_rows_at_most(moe, micro_B_, ep_.size, world_.size());
     moe_at_most = dense + moe_activation_bytes(moe, micro_B_, every_layer(most_rows));
-    activations = expert_rows_.empty() ? moe_at_most : dense + moe_activation_bytes(moe, micro_B_, expert_rows_);
+    activations = expert_rows_.empty() ? moe_at_most : dense + moe_activation_bytes(moe, micro_B_, peak_rows);
   }
   row(model_.moe() && !expert_rows_.empty() ? "activations (routing)" : "activations",
       double(mem.peak[int(MemCategory::Activations)]), activations);
   if (model_.moe()) {
     std::string rows;
-    for (int64_t n : expert_rows_) rows += (rows.empty() ? "" : " ") + std::to_string(n);
+    for (int64_t n : peak_rows) rows += (rows.empty() ? "" : " ") + std::to_string(n);
     rows = rows.empty() ? "theory = the bound (exact on one rank without a capacity)"
                         : "theory at these routing counts, the experts' rows per layer [" + rows + "]";
     std::printf("    (MoE, docs/theory.md 14: %s | balanced routing %s | at most %s, ep %d, capacity factor %g)\n",
                 rows.c_str(), format_bytes(moe_balanced).c_str(), format_bytes(moe_at_most).c_str(), ep_.size,
-                capacity_factor_);
+                model_.capacity_factor);
   }
   // The same formula for the other ways of running this rank's part of the model (all of it, or its
   // pipeline stage with the schedule's micro-batches in flight), so that the reader sees what tensor
@@ -811,7 +875,7 @@ void TrainingRun::report_vs_theory(const CommStats& step_comm, const CommStats* 
   // Chapter 11's exchange buffers at this step's routing, as the activations above; else the bound.
   const bool exchange_routed = ep_comm_ && model_.moe() && !expert_rows_.empty();
   const double transient = exchange_routed ? forecast_.transient - moe_exchange_forecast_ +
-                                                 moe_exchange_buffer_bytes(model_, expert_rows_)
+                                                 moe_exchange_buffer_bytes(model_, most_rows_each)
                                            : forecast_.transient;
   std::printf("  %-22s %12s %12s   (transient; theory: %s)\n",
               exchange_routed ? "comm buffers (routing)" : "communication buffers",
@@ -892,7 +956,7 @@ int TrainingRun::finish() {
         .add("last_step", last_step_)
         .add("measured_steps", totals_.steps)
         .add("final_loss", double(totals_.last_loss))
-        .add("peak_mem_bytes", memory_stats().peak_total);
+        .add("peak_mem_bytes", std::max(run_peak_bytes_, memory_stats().peak_total));
     if (totals_.steps == 0) {
       std::printf("no measured steps: step 0 is warm-up and is left out of the averages; run --steps 2 or more to "
                   "measure time, throughput and communication | final loss %.4f\n", totals_.last_loss);
@@ -909,7 +973,8 @@ int TrainingRun::finish() {
       std::printf("average over %d measured steps: %.1f ms/step | %s tok/s | exposed comm %.2f ms of %.2f ms | "
                   "%.0f collectives/step | %s/step | peak mem %s | final loss %.4f\n",
                   n, step_ms, format_count(tokens_per_s).c_str(), exposed, comm_ms, totals_.collectives / n,
-                  format_bytes(totals_.comm_bytes / n).c_str(), format_bytes(double(memory_stats().peak_total)).c_str(),
+                  format_bytes(totals_.comm_bytes / n).c_str(),
+                  format_bytes(double(std::max(run_peak_bytes_, memory_stats().peak_total))).c_str(),
                   totals_.last_loss);
       std::printf("model FLOPs: 6N + 12LCT = %.3g per token x %s tok/s = %.3g %s per rank", flops_per_token,
                   format_count(tokens_per_s / world_.size()).c_str(),

@@ -21,6 +21,7 @@
 #include "model_config.h"
 #include "optimizer.h"
 #include "model.h"  // TensorParallelism
+#include "moe.h"    // MoESettings
 #include "param_layout.h"
 #include "process_grid.h"
 #include "theory.h"
@@ -57,7 +58,10 @@ class TrainingRun {
   // parallel group `ep_comm` (ep.size ranks, this one ep.rank), everything else replicated; the data
   // is split over every rank of `world`. The layout lists every expert, this rank's with their
   // shapes and the others' empty (ExpertParallelism); checkpoints hold every expert whatever ep is.
-  TrainingRun(Communicator& world, Communicator& ep_comm, TrainConfig& cfg, Strategy strategy, ExpertParallelism ep);
+  // `moe`: the capacity factor and balance-loss coefficient asked for (model_config() has the ones the
+  // run uses: a resumed run takes the checkpoint's where the flag was left out).
+  TrainingRun(Communicator& world, Communicator& ep_comm, TrainConfig& cfg, Strategy strategy, ExpertParallelism ep,
+              MoESettings moe);
   ~TrainingRun();
 
   const TrainConfig& cfg() const { return cfg_; }
@@ -81,12 +85,12 @@ class TrainingRun {
     dp_comm_theory_ = bytes;
     dp_comm_formula_ = formula;
   }
-  // A MoE model's routing this step, for the activations' theory (theory.h, moe_activation_bytes): the
-  // rows this rank's experts ran per layer, and the capacity factor the model runs with. Before
-  // end_step(); without it the table takes the bound (moe_expert_rows_at_most).
-  void set_expert_rows(const std::vector<int64_t>& rows, double capacity_factor) {
-    expert_rows_ = rows;
-    capacity_factor_ = capacity_factor;
+  // A MoE model's routing this step, for the activations' theory (theory.h, moe_activation_bytes): per
+  // micro-batch, the rows this rank's experts ran per layer (the step's peak is its largest micro-batch's
+  // activations, and its exchange buffers' at the most rows of any). Before end_step(); without it the
+  // table takes the bound (moe_expert_rows_at_most).
+  void set_expert_rows(const std::vector<std::vector<int64_t>>& rows_per_micro_batch) {
+    expert_rows_ = rows_per_micro_batch;
   }
   int micro_batch_size() const { return micro_B_; }  // B / (data-parallel ranks x grad_accum)
   const ContextParallelism& context_parallelism() const { return cp_; }
@@ -96,7 +100,9 @@ class TrainingRun {
   // optimizer then keeps fp32 master weights, see optimizer.h).
   DType dtype() const { return dtype_; }
 
-  // This rank's micro-batch `micro` (0..grad_accum-1) of global step `step` (data.h's order).
+  // This rank's micro-batch `micro` (0..grad_accum-1) of global step `step` (data.h's order). For a
+  // MoE model, whose capacity and balance loss span the global micro-batch (moe.h), micro-batch m is
+  // the same sequences on every grid: the step's m-th B/grad_accum, split over the data ranks in order.
   MicroBatch micro_batch(int step, int micro);
   float lr(int step) const;
 
@@ -140,14 +146,16 @@ class TrainingRun {
   enum class Stop { No, Interrupted, Diverged };
   TrainingRun(Communicator& world, Communicator& dp, const ProcessGrid* grid, TrainConfig& cfg, Strategy strategy,
               TensorParallelism tp, PipelineParallelism pp, ContextParallelism cp = {}, ExpertParallelism ep = {},
-              Communicator* ep_comm = nullptr);
+              Communicator* ep_comm = nullptr, MoESettings moe = {});
   CommStats all_stats() const;  // summed over the run's communicators
   LinkModel tensor_parallel_link() const;  // --tp-link-*, else --link-*
+  JsonObject moe_run_fields() const;       // the run record's for a MoE model (ep, experts, top_k, ...)
   void check_tensor_parallel();
   // Between the whole model's fp32 flat arrays (global_layout_) and this rank's (layout_).
   Buffer to_local(Buffer global) const;
   Buffer to_global(Buffer local) const;
   void resolve_settings(const CheckpointHeader* resumed);
+  void resolve_moe_settings(const CheckpointHeader& resumed);
   void check_outputs();
   void check_memory();
   void report_vs_theory(const CommStats& step_comm, const CommStats* dp_step, const CommStats* tp_step);
@@ -201,12 +209,12 @@ class TrainingRun {
   } totals_;
   bool reported_theory_ = false;
   double dp_comm_theory_ = -1;  // set_dp_comm_theory, or -1: the strategy's
-  std::vector<int64_t> expert_rows_;  // set_expert_rows
+  std::vector<std::vector<int64_t>> expert_rows_;  // set_expert_rows: (micro-batches) x (L)
   double moe_exchange_forecast_ = 0;  // chapter 11's exchange buffers in forecast_.transient (the bound)
-  double capacity_factor_ = 0;
   double moe_forecast_ = 0;  // the MoE layers' part of forecast_.activations (their bound)
   std::string dp_comm_formula_;
   Stop stop_ = Stop::No;
   int last_step_ = -1;
+  int64_t run_peak_bytes_ = 0;  // the peak before the current step (begin_step resets the counters' peaks)
   int64_t init_from_batch_ = 0;  // the batch --init-from's checkpoint was trained with
 };

@@ -35,9 +35,11 @@ def read_checkpoint(path):
         data = f.read()
     if data[:8] != b"GPT2CKPT":
         sys.exit(f"{path}: not a checkpoint")
+    (version,) = struct.unpack_from("<I", data, 8)
     at = 8 + 4 + 5 * 4  # magic, version, L C NH T V
     step, batch, _, _ = struct.unpack_from("<4Q", data, at)
     at += 32
+    at += (7 * 8 if version >= 2 else 0) + (2 * 4 + 3 * 8 if version >= 3 else 0)  # settings, mixture of experts
     (count,) = struct.unpack_from("<I", data, at)
     at += 4
     table = []

@@ -60,6 +60,9 @@ struct TrainingState {
     d.settings.grad_clip = 1.0;
     d.settings.data_length = 123456;
     d.settings.data_hash = 0xFEEDFACECAFEBEEFull;
+    d.settings.capacity_factor = 1.25;
+    d.settings.aux_loss_coef = 0.02;
+    d.settings.grad_accum = 2;
     d.params = params.data();
     d.adam_m = adam_m.data();
     d.adam_v = adam_v.data();
@@ -176,7 +179,7 @@ TEST(CheckpointFormat, HeaderTableDataAndTrailerAsDocumented) {
   const std::string bytes = serialize_checkpoint(cfg, layout, state.data(5));
 
   EXPECT_EQ(bytes.substr(0, 8), "GPT2CKPT");
-  EXPECT_EQ(read_u32(bytes, 8), 2u);  // version
+  EXPECT_EQ(read_u32(bytes, 8), 3u);  // version
   EXPECT_EQ(read_u32(bytes, 12), uint32_t(cfg.L));
   EXPECT_EQ(read_u32(bytes, 16), uint32_t(cfg.C));
   EXPECT_EQ(read_u32(bytes, 20), uint32_t(cfg.NH));
@@ -194,9 +197,15 @@ TEST(CheckpointFormat, HeaderTableDataAndTrailerAsDocumented) {
   EXPECT_EQ(read_f64(bytes, 96), 1.0);          // grad clip
   EXPECT_EQ(read_u64(bytes, 104), 123456u);     // data length
   EXPECT_EQ(read_u64(bytes, 112), 0xFEEDFACECAFEBEEFull);  // data hash
-  EXPECT_EQ(read_u32(bytes, 120), uint32_t(layout.params.size()));
+  // The mixture of experts (version 3): a dense model's kind, and the settings as given.
+  EXPECT_EQ(read_u32(bytes, 120), 0u);          // experts
+  EXPECT_EQ(read_u32(bytes, 124), 0u);          // top-k
+  EXPECT_EQ(read_f64(bytes, 128), 1.25);        // capacity factor
+  EXPECT_EQ(read_f64(bytes, 136), 0.02);        // balance-loss coefficient
+  EXPECT_EQ(read_u64(bytes, 144), 2u);          // grad accum
+  EXPECT_EQ(read_u32(bytes, 152), uint32_t(layout.params.size()));
 
-  size_t at = 124;
+  size_t at = 156;
   for (const ParamInfo& p : layout.params) {
     ASSERT_EQ(read_u32(bytes, at), p.name.size());
     EXPECT_EQ(bytes.substr(at + 4, p.name.size()), p.name);
@@ -274,17 +283,30 @@ TEST_F(CheckpointValidation, NotACheckpoint) {
 
 TEST_F(CheckpointValidation, AnotherFormatVersion) {
   std::string future = bytes;
-  write_u32(&future, 8, 3);
+  write_u32(&future, 8, 4);
   rehash(&future);
-  EXPECT_CONTAINS(validate(future), "has format version 3, but this build reads versions 1 to 2");
+  EXPECT_CONTAINS(validate(future), "has format version 4, but this build reads versions 1 to 3");
 }
 
-// Version 1 had no settings: the same file without bytes 64..120, which still loads.
-std::string as_version_1(const std::string& v2) {
-  std::string v1 = v2.substr(0, 64) + v2.substr(120);
+// Version 1 had no settings: the same file without bytes 64..152, which still loads.
+std::string as_version_1(const std::string& v3) {
+  std::string v1 = v3.substr(0, 64) + v3.substr(152);
   write_u32(&v1, 8, 1);
   rehash(&v1);
   return v1;
+}
+// Version 2 had no mixture of experts: the same file without bytes 120..152.
+std::string as_version_2(const std::string& v3) {
+  std::string v2 = v3.substr(0, 120) + v3.substr(152);
+  write_u32(&v2, 8, 2);
+  rehash(&v2);
+  return v2;
+}
+
+TEST_F(CheckpointValidation, VersionTwoStillLoads) {
+  const std::string v2 = as_version_2(bytes);
+  EXPECT_EQ(validate(v2), "");
+  EXPECT_CONTAINS(validate(v2.substr(0, v2.size() - 100)), "is truncated: expected " + std::to_string(v2.size()));
 }
 
 TEST_F(CheckpointValidation, VersionOneStillLoads) {
@@ -328,8 +350,13 @@ TEST(Checkpoint, HeaderCarriesTheTrainingSettings) {
   const std::string path = shared_path("settings.bin");
   save_checkpoint(comm, path, cfg, layout, saved.data(9));
   const CheckpointHeader header = read_checkpoint_header(comm, path);
-  EXPECT_EQ(header.version, 2u);
+  EXPECT_EQ(header.version, 3u);
   EXPECT_TRUE(header.has_settings);
+  EXPECT_TRUE(header.has_moe_settings);
+  EXPECT_EQ(header.experts, 0);
+  EXPECT_EQ(header.settings.capacity_factor, 1.25);
+  EXPECT_EQ(header.settings.aux_loss_coef, 0.02);
+  EXPECT_EQ(header.settings.grad_accum, 2);
   EXPECT_EQ(header.step, 9);
   EXPECT_EQ(header.global_batch, kBatch);
   EXPECT_EQ(header.L, cfg.L);
@@ -339,6 +366,25 @@ TEST(Checkpoint, HeaderCarriesTheTrainingSettings) {
   EXPECT_EQ(header.settings.weight_decay, double(0.1f));
   EXPECT_EQ(header.settings.data_length, 123456u);
   EXPECT_EQ(header.settings.data_hash, 0xFEEDFACECAFEBEEFull);
+  comm.barrier();
+  if (comm.rank() == 0) std::remove(path.c_str());
+}
+
+// A MoE model's kind is in the header: the dense model of the same shape is told which preset
+// the checkpoint needs, rather than that its tensor table differs.
+TEST(Checkpoint, HeaderTellsAMixtureOfExpertsApart) {
+  Communicator& comm = test_comm();
+  const GPT2Config moe = preset("moe-tiny"), dense = preset("tiny");
+  const ParamLayout layout = build_gpt2_layout(moe, comm.size());
+  const std::string path = shared_path("moe.bin");
+  save_checkpoint(comm, path, moe, layout, TrainingState(layout, 8).data(3));
+  const CheckpointHeader header = read_checkpoint_header(comm, path);
+  EXPECT_EQ(header.experts, moe.experts);
+  EXPECT_EQ(header.top_k, moe.top_k);
+  EXPECT_EQ(checkpoint_model_problem(path, header, moe), "");
+  const std::string problem = checkpoint_model_problem(path, header, dense);
+  EXPECT_NE(problem.find("with 4 experts, top-2"), std::string::npos) << problem;
+  EXPECT_NE(problem.find("pass --preset moe-tiny"), std::string::npos) << problem;
   comm.barrier();
   if (comm.rank() == 0) std::remove(path.c_str());
 }
@@ -387,12 +433,12 @@ TEST_F(CheckpointValidation, AnotherTensorShape) {
 TEST_F(CheckpointValidation, AHugeSizeInTheTableIsNotBelieved) {
   // A name length of 4 GB with a valid hash: the check must refuse it without allocating it.
   std::string forged = bytes;
-  write_u32(&forged, 124, 0xFFFFFFFFu);
+  write_u32(&forged, 156, 0xFFFFFFFFu);
   rehash(&forged);
   EXPECT_CONTAINS(validate(forged), "checkpoint 'run.ckpt' is malformed: its tensor table does not fit");
 
   std::string many_tensors = bytes;
-  write_u32(&many_tensors, 120, 0xFFFFFFFFu);
+  write_u32(&many_tensors, 152, 0xFFFFFFFFu);
   rehash(&many_tensors);
   EXPECT_CONTAINS(validate(many_tensors), "has 4294967295 tensors but this model has");
 }

@@ -1184,6 +1184,19 @@ TEST_F(CommTest, AllToAllIsExact) {
   }
 }
 
+// MoE routing counts travel as int32 (moe.h): exact past 2^24, where a float count would round.
+TEST_F(CommTest, Int32CountsGatherAndAllToAllExactly) {
+  const int32_t big = (1 << 24) + 1;  // the first integer a float cannot hold
+  std::vector<int32_t> mine(static_cast<size_t>(N)), gathered(size_t(N * N), -1), received(size_t(N), -1);
+  for (int to = 0; to < N; to++) mine[size_t(to)] = big + 2 * (rank * N + to);
+  comm.all_gather(make_view(mine.data(), {int64_t(N)}, DType::I32), make_view(gathered.data(), {int64_t(N * N)}, DType::I32));
+  comm.all_to_all(make_view(mine.data(), {int64_t(N)}, DType::I32), make_view(received.data(), {int64_t(N)}, DType::I32));
+  for (int from = 0; from < N; from++) {
+    EXPECT_EQ(received[size_t(from)], big + 2 * (from * N + rank)) << "from rank " << from;
+    for (int to = 0; to < N; to++) EXPECT_EQ(gathered[size_t(from * N + to)], big + 2 * (from * N + to));
+  }
+}
+
 TEST_F(CommTest, AllToAllVIsExact) {
   for (int64_t scale : {1, 500})
     for (bool async : {false, true}) {

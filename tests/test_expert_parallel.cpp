@@ -8,6 +8,7 @@
 // refused with a message, on every rank, before the work.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <ostream>
 #include <string>
 #include <vector>
@@ -23,10 +24,12 @@ struct EpCase {
   int ranks, ep;
   std::string capacity;  // --capacity-factor
   std::string name;
+  int grad_accum = 1;
 };
 
 void PrintTo(const EpCase& c, std::ostream* out) {
-  *out << c.ranks << " ranks, --ep " << c.ep << ", --capacity-factor " << c.capacity;
+  *out << c.ranks << " ranks, --ep " << c.ep << ", --capacity-factor " << c.capacity << ", --grad-accum "
+       << c.grad_accum;
 }
 
 struct TrainedRun {
@@ -54,6 +57,34 @@ std::vector<double> expert_counts(const std::string& jsonl, const std::string& k
   return counts;
 }
 
+// The bytes rank 0 sends in its all-to-alls in step `step`, from the routing alone: each micro-batch's
+// and layer's "routing" record lists every rank's assignments per expert before the capacity, which
+// claims places in rank order (moe.h), so rank q keeps min(routed, capacity - those before it) of
+// expert e. Rank 0 holds experts [0, E/ep) of the EP group of ranks 0..ep-1 (EP innermost); per
+// layer it sends the counts ((ep-1)/ep of E int32), its rows for the others' experts (forward, and
+// their gradients in backward) and the outputs of the rows it received (and their gradients).
+double a2a_bytes_from_routing(const std::string& jsonl, int step, int ep, int E, int C) {
+  double bytes = 0;
+  for (const std::string& record : read_records(jsonl, "routing")) {
+    if (number_field(record, "step") != step) continue;
+    const int ranks = int(number_field(record, "ranks"));
+    const double capacity = number_field(record, "capacity");
+    std::vector<double> before(size_t(E), 0), kept(size_t(ranks * E), 0);
+    for (int q = 0; q < ranks; q++)
+      for (int e = 0; e < E; e++) {
+        const double routed = number_field(record, "routed_R" + std::to_string(q) + "_E" + std::to_string(e));
+        kept[size_t(q * E + e)] = capacity < 0 ? routed : std::min(routed, std::max(0.0, capacity - before[size_t(e)]));
+        before[size_t(e)] += routed;
+      }
+    double sent_rows = 0, received_rows = 0;
+    for (int e = E / ep; e < E; e++) sent_rows += kept[size_t(e)];
+    for (int q = 1; q < ep; q++)
+      for (int e = 0; e < E / ep; e++) received_rows += kept[size_t(q * E + e)];
+    bytes += 4.0 * E * (ep - 1) / ep + 4.0 * C * 2 * (sent_rows + received_rows);
+  }
+  return bytes;
+}
+
 class ExpertParallelEquivalence : public testing::TestWithParam<EpCase> {};
 
 // What expert parallelism can get wrong, each silently: rows sent to the wrong rank's expert, or
@@ -63,7 +94,7 @@ class ExpertParallelEquivalence : public testing::TestWithParam<EpCase> {};
 // this rank's counts alone; a gradient norm that counts each expert shard once per replica.
 TEST_P(ExpertParallelEquivalence, SameTrainingAsOneRankAndTheSameTokensDropped) {
   const EpCase c = GetParam();
-  const std::string flags = "--capacity-factor " + c.capacity;
+  const std::string flags = "--capacity-factor " + c.capacity + " --grad-accum " + std::to_string(c.grad_accum);
   const TrainedRun one = run_11(1, flags);
   const TrainedRun grid = run_11(c.ranks, flags + " --ep " + std::to_string(c.ep));
   const LossCurve reference = read_losses(one.jsonl), got = read_losses(grid.jsonl);
@@ -78,11 +109,20 @@ TEST_P(ExpertParallelEquivalence, SameTrainingAsOneRankAndTheSameTokensDropped) 
   if (c.capacity != "0") EXPECT_GT(total_dropped, 0) << "the capacity factor should drop some assignments";
   else EXPECT_EQ(total_dropped, 0);
 
-  // Bytes: what rank 0 counted equals what its routing implies; each group's gradient bytes their formula.
+  // Bytes: what rank 0 counted equals what its routing implies (computed here from every rank's
+  // counts, not from the exchange's); each group's gradient bytes their formula.
+  const std::string run = read_record(grid.jsonl, "run");
+  ASSERT_EQ(number_field(run, "ep"), c.ep) << run;
+  ASSERT_EQ(number_field(run, "grad_accum"), c.grad_accum) << run;
+  const int L = int(number_field(run, "L")), E = int(number_field(run, "experts")), C = int(number_field(run, "C"));
+  ASSERT_EQ(int(read_records(grid.jsonl, "routing").size()), kSteps * c.grad_accum * L);
   for (const std::string& record : read_records(grid.jsonl, "experts")) {
+    const int step = int(number_field(record, "step"));
     EXPECT_GT(number_field(record, "a2a_sent_bytes"), 0) << record;
-    EXPECT_EQ(number_field(record, "a2a_sent_bytes"), number_field(record, "a2a_predicted_bytes")) << record;
-    EXPECT_EQ(number_field(record, "a2a_calls"), 2 * 5) << record;  // L x (counts, dispatch, combine, 2 backward)
+    EXPECT_EQ(number_field(record, "a2a_sent_bytes"), a2a_bytes_from_routing(grid.jsonl, step, c.ep, E, C)) << record;
+    EXPECT_EQ(number_field(record, "a2a_predicted_bytes"), number_field(record, "a2a_sent_bytes")) << record;
+    // Per micro-batch and layer: counts, dispatch, combine, and the two of backward.
+    EXPECT_EQ(number_field(record, "a2a_calls"), 5 * L * c.grad_accum) << record;
     EXPECT_EQ(number_field(record, "world_all_reduce_bytes"), number_field(record, "world_all_reduce_theory"))
         << record;
     EXPECT_EQ(number_field(record, "expert_dp_all_reduce_bytes"), number_field(record, "expert_dp_all_reduce_theory"))
@@ -112,10 +152,14 @@ TEST_P(ExpertParallelEquivalence, SameTrainingAsOneRankAndTheSameTokensDropped) 
   }
 }
 
+// With --grad-accum the capacity and the balance loss are per micro-batch: the reference is one rank
+// with the same --grad-accum, whose micro-batch m holds the same sequences as the grid's.
 INSTANTIATE_TEST_SUITE_P(Grids, ExpertParallelEquivalence,
                          testing::Values(EpCase{2, 2, "0", "ep2"}, EpCase{4, 4, "0", "ep4"},
                                          EpCase{4, 2, "0", "dp2_ep2"}, EpCase{2, 2, "1.0", "ep2_capacity"},
-                                         EpCase{4, 4, "1.0", "ep4_capacity"}, EpCase{4, 2, "1.0", "dp2_ep2_capacity"}),
+                                         EpCase{4, 4, "1.0", "ep4_capacity"}, EpCase{4, 2, "1.0", "dp2_ep2_capacity"},
+                                         EpCase{2, 2, "1.0", "ep2_capacity_accum", 2},
+                                         EpCase{4, 2, "1.0", "dp2_ep2_capacity_accum", 2}),
                          [](const testing::TestParamInfo<EpCase>& info) { return info.param.name; });
 
 // One rank of 11 without the balance loss is one rank of 01 on the same MoE preset: the chapter adds
@@ -136,6 +180,76 @@ TEST(ExpertParallel, OneRankIsOneRankOf01) {
   // 01 has no expert exchange: no communication buffers, none forecast.
   EXPECT_EQ(number_field(theory, "measured_transient_bytes"), 0) << theory;
   EXPECT_EQ(number_field(theory, "theory_transient_bytes_at_most"), 0) << theory;
+}
+
+// Gradient accumulation trains on the whole batch: without a capacity or a balance loss, one rank of
+// 11 with --grad-accum 2 is 01 without it (each micro-batch its own routing changes nothing then).
+TEST(ExpertParallel, GradAccumTrainsOnTheWholeBatch) {
+  const TrainedRun accumulated = run_11(1, "--aux-loss-coef 0 --grad-accum 2");
+  const std::string dir = temp_dir();
+  const RunResult r = run_trainer("01_vanilla_dp", 1, "--preset moe-tiny --steps " + std::to_string(kSteps) +
+                                                          " --json " + dir + "/01.jsonl");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_LE(max_relative_difference(read_losses(accumulated.jsonl), read_losses(dir + "/01.jsonl")), kTolerance);
+}
+
+// The summary's peak is the run's, at least every step's: the routing changes each step's peak, and
+// on this run the last step's is not the largest (step 6's is).
+TEST(ExpertParallel, SummaryPeakIsTheRunsPeak) {
+  const std::string dir = temp_dir();
+  const RunResult r = run_trainer("11_expert_parallel", 2, "--ep 2 --capacity-factor 1.0 --steps 8 --json " + dir +
+                                                               "/run.jsonl");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::string summary = read_record(dir + "/run.jsonl", "summary");
+  double largest = 0;
+  for (const std::string& step : read_records(dir + "/run.jsonl", "step"))
+    largest = std::max(largest, number_field(step, "mem_total"));
+  EXPECT_GE(number_field(summary, "peak_mem_bytes"), largest) << summary;
+}
+
+// The run record names the experts and how they train.
+TEST(ExpertParallel, RunRecordCarriesTheExperts) {
+  const TrainedRun run = run_11(2, "--ep 2 --capacity-factor 1.5 --aux-loss-coef 0.02");
+  const std::string record = read_record(run.jsonl, "run");
+  EXPECT_EQ(number_field(record, "ep"), 2) << record;
+  EXPECT_EQ(number_field(record, "experts"), 4) << record;
+  EXPECT_EQ(number_field(record, "top_k"), 2) << record;
+  EXPECT_EQ(number_field(record, "capacity_factor"), 1.5) << record;
+  EXPECT_EQ(number_field(record, "aux_loss_coef"), 0.02) << record;
+}
+
+// A checkpoint keeps the capacity factor and the balance-loss coefficient (and, with either, the
+// --grad-accum): a resume without the flags continues the same trajectory; with other values, or in
+// a chapter that trains neither (01), it is refused, naming the flag and the checkpoint's value.
+TEST(ExpertParallel, CheckpointsKeepTheMoESettings) {
+  const std::string dir = temp_dir();
+  const std::string common = "--preset moe-tiny --steps 4 --capacity-factor 1.0 --aux-loss-coef 0.05";
+  const RunResult full = run_trainer("11_expert_parallel", 1, common + " --json " + dir + "/full.jsonl --save-every 2 "
+                                                                  "--save " + dir + "/ck_{step}.bin");
+  ASSERT_EQ(full.exit_code, 0) << full.output;
+  const std::string half = dir + "/ck_2.bin";
+  const RunResult resumed = run_trainer("11_expert_parallel", 2, "--ep 2 --resume " + half + " --json " + dir + "/resumed.jsonl");
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  const LossCurve all = read_losses(dir + "/full.jsonl"), rest = read_losses(dir + "/resumed.jsonl");
+  ASSERT_EQ(rest.losses.size(), 2u) << resumed.output;
+  EXPECT_NEAR(rest.losses[0], all.losses[2], kTolerance * all.losses[2]);
+  EXPECT_NEAR(rest.losses[1], all.losses[3], kTolerance * all.losses[3]);
+  struct Refusal {
+    std::string chapter, flags, says;
+  };
+  const std::vector<Refusal> refusals = {
+      {"11_expert_parallel", "--aux-loss-coef 0.01", "--aux-loss-coef 0.01 differs from the 0.05"},
+      {"11_expert_parallel", "--capacity-factor 2", "--capacity-factor 2 differs from the 1"},
+      {"11_expert_parallel", "--grad-accum 2", "--grad-accum 2 differs from the 1"},
+      {"01_vanilla_dp", "--preset moe-tiny", "--aux-loss-coef 0.05"},
+  };
+  for (const Refusal& r : refusals) {
+    SCOPED_TRACE(r.chapter + " " + r.flags);
+    const RunResult result = run_trainer(r.chapter, 1, r.flags + " --resume " + half, 60);
+    EXPECT_NE(result.exit_code, 0) << result.output;
+    EXPECT_NE(result.output.find(r.says), std::string::npos) << result.output;
+    EXPECT_EQ(result.output.find("step 2"), std::string::npos) << "refused after the work began: " << result.output;
+  }
 }
 
 // Checkpoints hold every expert whatever the grid: DP 2 x EP 2 saves half-way, EP 2 and one rank
@@ -160,7 +274,7 @@ TEST(ExpertParallel, BadInputIsRefusedOnEveryRankBeforeTheWork) {
       {"11_expert_parallel", 3, "--ep 2", "do not divide into expert-parallel groups of --ep 2"},
       {"11_expert_parallel", 2, "--ep 0", "--ep must be >= 1"},
       {"11_expert_parallel", 2, "--ep 2 --preset tiny", "has no experts"},
-      {"11_expert_parallel", 2, "--ep 2 --grad-accum 2", "--grad-accum 1"},
+      {"11_expert_parallel", 2, "--ep 2 --capacity-factor 0.001", "at least --capacity-factor 0.00"},
       {"11_expert_parallel", 2, "--ep 2 --capacity-factor -1", "--capacity-factor must be >= 0"},
       {"11_expert_parallel", 1, "--recompute full", "--recompute full would route"},
       {"11_expert_parallel", 1, "--device cuda", "cuda"},

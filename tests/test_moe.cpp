@@ -194,7 +194,7 @@ namespace {
 struct LayerRun {
   std::vector<float> out, dx, drouter;
   std::vector<std::vector<float>> expert_grads;
-  std::vector<int64_t> routed, dropped;
+  std::vector<int64_t> routed, dropped, by_rank;
   double aux = 0;  // the average over the ranks of their shares: the global balance loss
 };
 
@@ -209,7 +209,7 @@ LayerRun run_layer(int ranks, double factor, const std::vector<float>& x_all, co
   Experts experts(C, E);
   const int64_t n = N / ranks;
   // The counts every rank would gather: route each rank's tokens once to learn them.
-  std::vector<float> all(size_t(ranks * E), 0);
+  std::vector<int32_t> all(size_t(ranks * E), 0);
   for (int r = 0; r < ranks; r++) {
     std::vector<float> probe(x_all.begin() + r * n * C, x_all.begin() + (r + 1) * n * C);
     std::vector<float> logits(size_t(n * E));
@@ -227,9 +227,11 @@ LayerRun run_layer(int ranks, double factor, const std::vector<float>& x_all, co
     ExpertMLPs mlps(1, C);
     ExpertHooks hooks;
     hooks.rank = r, hooks.ranks = ranks;
+    // The counts travel as int32, exact at any size (a float count stops being exact at 2^24).
     hooks.gather_counts = [&](Tensor mine, Tensor gathered) {
-      for (int e = 0; e < E; e++) EXPECT_EQ(mine.f32()[e], all[size_t(r * E + e)]);
-      std::memcpy(gathered.data, all.data(), all.size() * sizeof(float));
+      ASSERT_EQ(gathered.numel(), int64_t(all.size()));
+      for (int e = 0; e < E; e++) EXPECT_EQ(mine.i32()[e], all[size_t(r * E + e)]);
+      std::memcpy(gathered.i32(), all.data(), all.size() * sizeof(int32_t));
     };
     std::vector<float> x(x_all.begin() + r * n * C, x_all.begin() + (r + 1) * n * C);
     std::vector<float> dout(dout_all.begin() + r * n * C, dout_all.begin() + (r + 1) * n * C);
@@ -248,6 +250,7 @@ LayerRun run_layer(int ranks, double factor, const std::vector<float>& x_all, co
     for (size_t i = 0; i < drouter.size(); i++) result.drouter[i] += drouter[i];
     result.routed = layer.stats().routed;
     result.dropped = layer.stats().dropped;
+    result.by_rank = layer.stats().by_rank;
   }
   for (int e = 0; e < E; e++)
     for (int j = 4; j < 8; j++) result.expert_grads.push_back(experts.w[size_t(8 * e + j)]);
@@ -279,6 +282,13 @@ TEST(MoELayer, SplitOverRanksEqualsTheWholeBatch) {
       const LayerRun split = run_layer(ranks, factor, x, router, dout, N, C, E, k);
       EXPECT_EQ(split.routed, one.routed);
       EXPECT_EQ(split.dropped, one.dropped);
+      // by_rank holds each rank's counts, which add up to the whole batch's.
+      ASSERT_EQ(split.by_rank.size(), size_t(ranks * E));
+      for (int e = 0; e < E; e++) {
+        int64_t sum = 0;
+        for (int q = 0; q < ranks; q++) sum += split.by_rank[size_t(q * E + e)];
+        EXPECT_EQ(sum, one.routed[size_t(e)]) << "expert " << e;
+      }
       expect_close(split.out, one.out, "out");
       expect_close(split.dx, one.dx, "dx");
       expect_close(split.drouter, one.drouter, "drouter");
@@ -459,8 +469,50 @@ TEST(MoEModel, LossIncludesTheBalanceLoss) {
   without.model->bind_all(with.params.f32(), without.grads.f32());
   const float ce = without.loss();
   EXPECT_NEAR(total, ce + aux, 1e-6);
-  // With coefficient 0.1 and E = 4, a balanced router gives 0.1 per layer: f and P sum to one.
-  EXPECT_NEAR(aux, 0.1 * with.cfg.L, 0.1 * with.cfg.L);
+  // aux() is the sum over the layers of each one's coef x E x sum_e f_e P_e: recomputed here from
+  // the routing statistics (f_e) and the router's probabilities (P_e) of each layer's input, which
+  // the model does not expose, so the layers' own balance losses are summed instead.
+  double layers = 0;
+  for (int l = 0; l < with.cfg.L; l++) layers += with.model->routing(l).aux_loss;
+  EXPECT_NEAR(aux, layers, 1e-6);
+  // Its bounds: f and P each sum to one, so sum_e f_e P_e lies in (0, 1]: aux in (0, coef x E x L];
+  // a balanced router gives exactly coef per layer. This batch's router is not balanced: the loss
+  // is above coef x L.
+  EXPECT_LE(aux, 0.1 * 4 * with.cfg.L);
+  EXPECT_GT(aux, 0.1 * with.cfg.L);
+}
+
+// The balance loss of one layer is coef x E x sum_e f_e P_e exactly: a router that sends every
+// token to the same k experts with probabilities p (all tokens alike) gives f_e = 1/k for the chosen
+// and P_e = p_e, so aux = coef x E x (sum of the chosen p_e) / k; a router of zeros gives the
+// balanced value coef (every p_e = 1/E, top-k the first k).
+TEST(MoELayer, BalanceLossOfAKnownRouter) {
+  const int C = 4, E = 4, k = 2;
+  const int64_t N = 6;
+  std::vector<float> x(size_t(N * C), 0.0f), out(size_t(N * C));
+  for (int64_t t = 0; t < N; t++) x[size_t(t * C)] = 1.0f;  // every token (1, 0, 0, 0)
+  Experts experts(C, E);
+  ExpertMLPs mlps(1, C);
+  auto w = experts.views();
+  auto run_here = [&](Tensor rows, const std::vector<int64_t>& counts, Tensor y) { mlps.forward(0, w, rows, counts, y); };
+  {
+    std::vector<float> zeros(size_t(E * C), 0.0f);
+    MoELayer layer(C, E, k, 0, 0.5, N);
+    EXPECT_NEAR(layer.forward(0, view(x, N, C), view(zeros, E, C), view(out, N, C), ExpertHooks{}, run_here), 0.5, 1e-6);
+  }
+  // Logits (2, 1, 0, 0) for expert 0..3: p = softmax, chosen 0 and 1.
+  std::vector<float> router(size_t(E * C), 0.0f);
+  router[0] = 2.0f, router[size_t(C)] = 1.0f;
+  const double z = std::exp(2.0) + std::exp(1.0) + 2.0;
+  const double expected = 0.5 * E * (std::exp(2.0) / z + std::exp(1.0) / z) / k;
+  MoELayer layer(C, E, k, 0, 0.5, N);
+  EXPECT_NEAR(layer.forward(0, view(x, N, C), view(router, E, C), view(out, N, C), ExpertHooks{}, run_here), expected,
+              1e-6);
+  const std::vector<int64_t>& routed = layer.stats().routed;
+  ASSERT_EQ(routed.size(), size_t(E));
+  EXPECT_EQ(routed[0], N);
+  EXPECT_EQ(routed[1], N);
+  EXPECT_EQ(routed[2] + routed[3], 0);
 }
 
 TEST(MoELayout, ExpertsAreListedOnEveryRankAndHeldByTheirOwner) {
@@ -494,16 +546,33 @@ TEST(MoELayout, ExpertsAreListedOnEveryRankAndHeldByTheirOwner) {
 }
 
 TEST(MoERefusals, EachNamesTheFlagAndWhatWouldBeRight) {
-  EXPECT_EQ(moe_run_problem("moe-tiny", "11_expert_parallel", Device::CPU, true, 4, 1, 1, 1, "none"), "");
-  EXPECT_NE(moe_run_problem("moe-tiny", "11", Device::CUDA, true, 1, 1, 1, 1, "none").find("--device cpu"),
+  EXPECT_EQ(moe_run_problem("moe-tiny", "11_expert_parallel", Device::CPU, true, 4, 1, 1, "none"), "");
+  EXPECT_NE(moe_run_problem("moe-tiny", "11", Device::CUDA, true, 1, 1, 1, "none").find("--device cpu"),
             std::string::npos);
-  EXPECT_NE(moe_run_problem("moe-tiny", "03_bucket_dp", Device::CPU, false, 2, 1, 1, 1, "none").find("11_expert_parallel"),
+  EXPECT_NE(moe_run_problem("moe-tiny", "03_bucket_dp", Device::CPU, false, 2, 1, 1, "none").find("11_expert_parallel"),
             std::string::npos);
-  EXPECT_EQ(moe_run_problem("moe-tiny", "03_bucket_dp", Device::CPU, false, 1, 1, 1, 1, "none"), "");
-  EXPECT_NE(moe_run_problem("moe-tiny", "07", Device::CPU, false, 1, 2, 1, 1, "none").find("--tp"), std::string::npos);
-  EXPECT_NE(moe_run_problem("moe-tiny", "11", Device::CPU, true, 1, 1, 1, 1, "full").find("--recompute"),
+  EXPECT_EQ(moe_run_problem("moe-tiny", "03_bucket_dp", Device::CPU, false, 1, 1, 1, "none"), "");
+  EXPECT_NE(moe_run_problem("moe-tiny", "07", Device::CPU, false, 1, 2, 1, "none").find("--tp"), std::string::npos);
+  EXPECT_NE(moe_run_problem("moe-tiny", "11", Device::CPU, true, 1, 1, 1, "full").find("--recompute"),
             std::string::npos);
-  EXPECT_NE(moe_run_problem("moe-tiny", "11", Device::CPU, true, 2, 1, 1, 2, "none").find("--grad-accum 1"),
-            std::string::npos);
-  EXPECT_EQ(moe_run_problem("moe-tiny", "11", Device::CPU, true, 1, 1, 1, 2, "none"), "");
+}
+
+// A capacity under one token per expert drops every token: refused, naming the smallest factor
+// that gives one place, which itself passes (and one just under it would not).
+TEST(MoERefusals, CapacityUnderOneTokenNamesTheSmallestFactor) {
+  const int64_t tokens = 4 * 64;  // a global micro-batch of moe-tiny at --batch 8 --grad-accum 2
+  const int k = 2, E = 4;
+  EXPECT_EQ(moe_capacity_problem(0, tokens, k, E), "");    // unlimited
+  EXPECT_EQ(moe_capacity_problem(1.0, tokens, k, E), "");  // 128 places
+  const std::string problem = moe_capacity_problem(0.001, tokens, k, E);
+  ASSERT_NE(problem, "");
+  EXPECT_NE(problem.find("--capacity-factor 0.001"), std::string::npos) << problem;
+  const std::string marker = "at least --capacity-factor ";
+  const size_t at = problem.find(marker);
+  ASSERT_NE(at, std::string::npos) << problem;
+  const double smallest = std::stod(problem.substr(at + marker.size()));
+  EXPECT_NEAR(smallest, double(E) / (tokens * k), 1e-3 * double(E) / (tokens * k)) << problem;
+  EXPECT_EQ(MoELayer::capacity_of(smallest, tokens, k, E), 1) << problem;
+  EXPECT_EQ(moe_capacity_problem(smallest, tokens, k, E), "");
+  EXPECT_NE(moe_capacity_problem(smallest * 0.99, tokens, k, E), "");
 }

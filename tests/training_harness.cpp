@@ -243,7 +243,8 @@ std::vector<float> checkpoint_params(const std::string& path) {
   take(in, &version);
   for (uint32_t& d : dims) take(in, &d);
   take(in, &step); take(in, &batch); take(in, &position); take(in, &seed);
-  if (version >= 2) in.ignore(7 * 8);  // the training settings
+  if (version >= 2) in.ignore(7 * 8);          // the training settings
+  if (version >= 3) in.ignore(2 * 4 + 3 * 8);  // the mixture of experts
   take(in, &tensors);
   uint64_t total = 0;
   for (uint32_t t = 0; t < tensors; t++) {
