@@ -17,6 +17,13 @@ void JsonObject::key(const std::string& k) {
   body_ += "\"" + k + "\":";
 }
 
+JsonObject& JsonObject::add(const JsonObject& fields) {
+  if (fields.body_.empty()) return *this;
+  if (!body_.empty()) body_ += ",";
+  body_ += fields.body_;
+  return *this;
+}
+
 JsonObject& JsonObject::add(const std::string& k, const std::string& value) {
   key(k);
   body_ += "\"";

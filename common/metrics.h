@@ -17,6 +17,7 @@ class JsonObject {
   JsonObject& add(const std::string& key, int64_t value);
   JsonObject& add(const std::string& key, int value) { return add(key, int64_t(value)); }
   JsonObject& add(const std::string& key, bool value);
+  JsonObject& add(const JsonObject& fields);  // every field of `fields`, after these
   std::string str() const { return "{" + body_ + "}"; }
 
  private:
