@@ -83,14 +83,10 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
 
   // How a receive finds its message: MPI matches tags, so every receive can be posted at the start;
   // NCCL has none and matches by call order, which the lists are then built for.
-  Matching matching = grid.pp().matches_by_tag() ? Matching::ByTag : Matching::ByCallOrder;
-  if (opt.matching != "auto" && !parse_matching(opt.matching, &matching))
-    config_error("--p2p-matching " + opt.matching + ": choose auto, tag or call-order");
-  if (matching == Matching::ByTag && !grid.pp().matches_by_tag())
-    config_error("--p2p-matching tag: the " + grid.pp().name() + " communicator has no tags (use call-order)");
+  const PipelineShape shape{p, m, v};
+  const Matching matching = pipeline_matching(opt.matching, grid.pp(), shape);
 
   // The schedule: this rank's actions, and every rank's, checked before any work.
-  const PipelineShape shape{p, m, v};
   const int rank = grid.coords().pp;
   std::vector<std::vector<Action>> every_rank;
   for (int r = 0; r < p; r++) every_rank.push_back(build_schedule(schedule, shape, r, matching));

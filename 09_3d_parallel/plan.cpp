@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "check.h"
@@ -44,9 +45,11 @@ struct Options {
 // it and says whether this still agrees.
 constexpr double kCalibratedEfficiency = 0.51;
 
+// Fits its column whatever the magnitude (--efficiency 1e-300 makes a step last 1e+290 s).
 std::string seconds(double s) {
   char text[32];
-  if (s >= 1) std::snprintf(text, sizeof(text), "%.2f s", s);
+  if (s >= 1e4) std::snprintf(text, sizeof(text), "%.3g s", s);
+  else if (s >= 1) std::snprintf(text, sizeof(text), "%.2f s", s);
   else std::snprintf(text, sizeof(text), "%.1f ms", s * 1e3);
   return text;
 }
@@ -54,10 +57,11 @@ std::string seconds(double s) {
 void print_header(const PlanInputs& in, const std::string& note) {
   std::printf("model %s: L=%d C=%d NH=%d T=%d V=%d (%s)\n", in.model.preset.c_str(), in.model.L, in.model.C,
               in.model.NH, in.model.T, in.model.V, note.c_str());
-  std::printf("cluster %s: %s; %d GPUs (%d nodes), %s each\n", in.cluster.name.c_str(),
-              in.cluster.description.c_str(), in.gpus, (in.gpus + in.cluster.gpus_per_node - 1) / in.cluster.gpus_per_node,
+  const int nodes = (in.gpus + in.cluster.gpus_per_node - 1) / in.cluster.gpus_per_node;
+  std::printf("cluster %s: %s; %d GPUs (%d node%s), %s each\n", in.cluster.name.c_str(),
+              describe_cluster(in.cluster).c_str(), in.gpus, nodes, nodes > 1 ? "s" : "",
               format_bytes(in.cluster.memory_bytes).c_str());
-  std::printf("global batch %d sequences of %d tokens | compute efficiency %.3f (fraction of peak the dense math "
+  std::printf("global batch %d sequences of %d tokens | compute efficiency %.3g (fraction of peak the dense math "
               "reaches; --efficiency) | attention %s\n",
               in.batch, in.model.T, in.efficiency, in.flash_attention ? "flash where the head size allows" : "materialized");
   if (in.cluster.elementwise_rate > 0)
@@ -97,6 +101,13 @@ int run_search(const PlanInputs& in, const Options& opt, const SearchSpace& spac
   int fitting = 0;
   for (const PlanResult& r : results) fitting += r.fits;
   std::printf("%zu configurations predicted, %d fit in memory\n\n", results.size(), fitting);
+  if (results.empty()) {  // not memory: no grid splits the batch (dp x B x m = batch needs dp <= batch)
+    std::printf("no configuration splits a global batch of %d sequences over %d GPUs: every data-parallel rank needs "
+                "a sequence of it, and tensor and pipeline parallelism (%s) leave more data-parallel ranks than "
+                "sequences; the batch, not memory, is the limit: pass a larger --batch or fewer --gpus\n",
+                in.batch, in.gpus, space.tp.empty() && space.pp.empty() ? "any degree the model allows" : "as restricted");
+    return 1;
+  }
   if (fitting == 0) {
     std::printf("nothing fits on %d GPUs of %s; the least short:\n", in.gpus, format_bytes(in.cluster.memory_bytes).c_str());
     print_table(results, 3);
@@ -291,13 +302,27 @@ int main(int argc, char** argv) {
   flags.add_switch("--sequence-parallel", &opt.sequence_parallel, "only with sequence parallelism");
   flags.add_switch("--no-sequence-parallel", &opt.no_sequence_parallel, "only without sequence parallelism");
   flags.add_switch("--runnable-here", &opt.runnable_here, "only what chapters 03-09 can run (no ZeRO-2/3 with TP or "
-                   "PP, no zb-h1 with TP)");
+                   "PP)");
   flags.add("--attention", &opt.attention, "flash (where the head size allows) or materialized", "HOW");
   flags.add("--megatron", &opt.megatron, "compare with Megatron-LM's Table 1 kept in this CSV", "PATH");
   flags.add("--calibration-row", &opt.calibration_row, "the Table 1 row the efficiency is calibrated on (0-based)");
   flags.add("--heatmap", &opt.heatmap, "write the best configuration per model size and node count to this CSV", "PATH");
   if (!flags.parse(argc, argv, "usage: plan [flags]   (09_3d_parallel/plan.cpp: the best DP x TP x PP configurations, predicted)\n"))
     return 0;
+
+  // Each flag given is checked, never dropped for its default (a zero or a negative is a mistake).
+  auto given = [&](const char* flag) { return flags.given().count(flag) > 0; };
+  for (const auto& [flag, value] : std::vector<std::pair<const char*, double>>{
+           {"--gpus", opt.gpus}, {"--nodes", opt.nodes}, {"--batch", opt.batch}, {"--top", opt.top},
+           {"--efficiency", opt.efficiency}, {"--peak-flops", opt.peak_flops}, {"--memory-gb", opt.memory_gb}})
+    if (given(flag) && !(value > 0)) config_error(std::string(flag) + " must be positive");
+  for (const auto& [flag, value] : std::vector<std::pair<const char*, double>>{
+           {"--intra-gbps", opt.intra_gbps}, {"--intra-latency-us", opt.intra_latency_us},
+           {"--inter-gbps", opt.inter_gbps}, {"--inter-latency-us", opt.inter_latency_us},
+           {"--elementwise-rate", opt.elementwise_rate}})
+    if (given(flag) && !(value >= 0)) config_error(std::string(flag) + " must be 0 or more");
+  if (opt.efficiency > 1) config_error("--efficiency " + std::to_string(opt.efficiency) + ": a fraction of peak, at most 1");
+  if (!opt.megatron.empty() && !opt.heatmap.empty()) config_error("--megatron and --heatmap: give one (each is a run of its own)");
 
   if (!opt.megatron.empty()) return run_megatron(opt);
   if (!opt.heatmap.empty()) return run_heatmap(opt);
@@ -306,24 +331,22 @@ int main(int argc, char** argv) {
   std::string note;
   if (!find_plan_model(opt.model, &in.model, &note))
     config_error("--model " + opt.model + ": choose one of " + plan_model_names());
+  const std::string model_problem = plan_model_problem(in.model);
+  if (!model_problem.empty()) config_error(model_problem);
   if (!find_cluster(opt.cluster, &in.cluster))
     config_error("--cluster " + opt.cluster + ": choose one of " + cluster_names());
   Cluster& k = in.cluster;
-  if (opt.peak_flops > 0) k.peak_flops = opt.peak_flops;
-  if (opt.elementwise_rate >= 0) k.elementwise_rate = opt.elementwise_rate;
-  if (opt.memory_gb > 0) k.memory_bytes = opt.memory_gb * 1e9;
-  if (opt.intra_gbps >= 0) k.intra_node.gbps = opt.intra_gbps;
-  if (opt.intra_latency_us >= 0) k.intra_node.latency_us = opt.intra_latency_us;
-  if (opt.inter_gbps >= 0) k.inter_node.gbps = opt.inter_gbps;
-  if (opt.inter_latency_us >= 0) k.inter_node.latency_us = opt.inter_latency_us;
-  if (opt.gpus > 0 && opt.nodes > 0) config_error("--gpus and --nodes: give one");
-  if (opt.gpus < 0 || opt.nodes < 0 || opt.batch < 0 || opt.top <= 0 || opt.efficiency < 0)
-    config_error("--gpus, --nodes, --batch, --top and --efficiency must be positive");
-  in.gpus = opt.gpus > 0 ? opt.gpus : opt.nodes > 0 ? opt.nodes * k.gpus_per_node : k.gpus_per_node;
-  in.batch = opt.batch > 0 ? opt.batch : in.model.default_batch;
-  if (in.batch <= 0) config_error("--batch: must be positive");
-  in.efficiency = opt.efficiency > 0 ? opt.efficiency : kCalibratedEfficiency;
-  if (in.efficiency > 1) config_error("--efficiency " + std::to_string(in.efficiency) + ": a fraction of peak, at most 1");
+  if (given("--peak-flops")) k.peak_flops = opt.peak_flops;
+  if (given("--elementwise-rate")) k.elementwise_rate = opt.elementwise_rate;
+  if (given("--memory-gb")) k.memory_bytes = opt.memory_gb * 1e9;
+  if (given("--intra-gbps")) k.intra_node.gbps = opt.intra_gbps;
+  if (given("--intra-latency-us")) k.intra_node.latency_us = opt.intra_latency_us;
+  if (given("--inter-gbps")) k.inter_node.gbps = opt.inter_gbps;
+  if (given("--inter-latency-us")) k.inter_node.latency_us = opt.inter_latency_us;
+  if (given("--gpus") && given("--nodes")) config_error("--gpus and --nodes: give one");
+  in.gpus = given("--gpus") ? opt.gpus : given("--nodes") ? opt.nodes * k.gpus_per_node : k.gpus_per_node;
+  in.batch = given("--batch") ? opt.batch : in.model.default_batch;
+  in.efficiency = given("--efficiency") ? opt.efficiency : kCalibratedEfficiency;
   if (opt.attention != "flash" && opt.attention != "materialized")
     config_error("--attention " + opt.attention + ": choose flash or materialized");
   in.flash_attention = opt.attention == "flash";

@@ -44,7 +44,6 @@
 #include <cmath>
 #include <cstdio>
 #include <memory>
-#include <sstream>
 #include <utility>
 #include <vector>
 
@@ -59,6 +58,7 @@
 #include "ops.h"
 #include "optimizer.h"
 #include "pipeline.h"
+#include "pipeline_flags.h"
 #include "pipeline_report.h"
 #include "pipeline_schedule.h"
 #include "process_grid.h"
@@ -66,41 +66,33 @@
 #include "training_run.h"
 
 struct Options {
-  int tp = 0;              // 0: 2 where the rank count is even, else 1
-  int pp = 0;              // 0: 2 where the rest is even, else 1
+  int tp = 0;  // 0: 2 where the rank count is even, else 1
+  // --pp (0: 2 where the ranks left are even, else 1), --micro-batches, --schedule, --virtual-stages,
+  // --partition, --zero1, --zero2: 08's, checked by the same code (pipeline_flags.h)
+  PipelineFlags pipeline;
   bool sequence_parallel = false, overlap = false;
-  int micro_batches = 0;   // 0: 2 p
-  std::string schedule = "1f1b";
   std::string matching = "auto";  // auto: by tag where the communicator has tags (MPI), else call order
-  int virtual_stages = 0;  // 0: 2 for interleaved, else 1
-  std::string partition;   // blocks per virtual stage, "3,3,3,3"; empty: balanced by FLOPs
-  bool zero1 = false;
   double bucket_mb = 0;
 };
 
-std::vector<int> parse_partition(const std::string& text) {
-  std::vector<int> blocks;
-  std::stringstream in(text);
-  std::string item;
-  while (std::getline(in, item, ',')) {
-    char* end = nullptr;
-    const long n = std::strtol(item.c_str(), &end, 10);
-    if (item.empty() || *end != '\0' || n < 1) config_error("--partition " + text + ": a block count per virtual stage, each >= 1, e.g. 3,4,5");
-    blocks.push_back(int(n));
-  }
-  return blocks;
-}
-
 // The whole run, in a function: the grid's groups must end before MPI does.
 int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
-  Schedule schedule;
-  if (!parse_schedule(opt.schedule, &schedule))
-    config_error("--schedule " + opt.schedule + ": choose afab, 1f1b, interleaved or zb-h1");
-  const int t = opt.tp ? opt.tp : world.size() % 2 == 0 ? 2 : 1;
-  const int p = opt.pp ? opt.pp : (world.size() / t) % 2 == 0 ? 2 : 1;
-  const int v = opt.virtual_stages ? opt.virtual_stages : schedule == Schedule::Interleaved ? 2 : 1;
-  if (v > 1 && schedule != Schedule::Interleaved)
-    config_error("--virtual-stages " + std::to_string(v) + " needs --schedule interleaved");
+  // Every flag checked against the others, the ranks, the model and the batch, as 08 checks them
+  // (with --tp's groups), before any schedule, model or buffer exists.
+  GPT2Config model_cfg;
+  if (!find_preset(cfg.preset, &model_cfg)) config_error("--preset: unknown preset '" + cfg.preset + "'");
+  const int batch = cfg.was_given("--batch") ? cfg.batch : cfg.resume.empty() ? model_cfg.default_batch : 0;
+  PipelineFlags flags = opt.pipeline;
+  flags.tp = opt.tp ? opt.tp : world.size() % 2 == 0 ? 2 : 1;
+  if (!flags.pp) flags.pp = (world.size() / flags.tp) % 2 == 0 ? 2 : 1;
+  PipelinePlan pipe;
+  const std::string flags_problem = pipeline_flags_problem(flags, world.size(), model_cfg, batch, &pipe);
+  if (!flags_problem.empty()) config_error(flags_problem);
+  const Schedule schedule = pipe.schedule;
+  const int t = flags.tp, p = pipe.shape.stages, m = pipe.shape.micro_batches, v = pipe.shape.chunks;
+  const std::vector<int>& blocks = pipe.blocks;  // per virtual stage, the head's cost weighed in
+  const bool zero1 = flags.zero1, zero2 = flags.zero2;
+  cfg.grad_accum = m;
   // The grid: TP innermost (a node's fast links), PP outermost, data parallelism over the rest.
   ProcessGrid grid(world, grid_shape(world.size(), t, p));
   const bool sequence_parallel = opt.sequence_parallel && t > 1;
@@ -108,40 +100,18 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
     std::printf("note: --sequence-parallel does nothing at --tp 1 (one rank per tensor-parallel group holds every "
                 "row); running without it\n");
   const TensorParallelism tp{t, grid.coords().tp, sequence_parallel};
-  const int m = cfg.grad_accum;  // --micro-batches, set in main
-  GPT2Config model_cfg;
-  if (!find_preset(cfg.preset, &model_cfg)) config_error("--preset: unknown preset '" + cfg.preset + "'");
-  if (model_cfg.L < p * v)
-    config_error("--pp " + std::to_string(p) + " x --virtual-stages " + std::to_string(v) + " = " +
-                 std::to_string(p * v) + " virtual stages, but --preset " + cfg.preset + " has " +
-                 std::to_string(model_cfg.L) + " blocks: every stage needs one (try --preset deep or tall)");
-  if (schedule == Schedule::Interleaved && m % p)
-    config_error("--schedule interleaved sends micro-batches round the ranks in groups of --pp " + std::to_string(p) +
-                 ": --micro-batches " + std::to_string(m) + " must be a multiple of it");
-
-  // The partition: blocks per virtual stage, the head's cost weighed in.
-  const std::vector<int> blocks = opt.partition.empty() ? balanced_partition(model_cfg, p * v) : parse_partition(opt.partition);
-  int total = 0;
-  for (int b : blocks) total += b;
-  if (int(blocks.size()) != p * v || total != model_cfg.L)
-    config_error("--partition " + opt.partition + ": " + std::to_string(p * v) + " block counts that add up to L = " +
-                 std::to_string(model_cfg.L));
 
   // How a receive finds its message: MPI matches tags, so every receive can be posted at the start;
   // NCCL has none and matches by call order, which the lists are then built for.
-  Matching matching = grid.pp().matches_by_tag() ? Matching::ByTag : Matching::ByCallOrder;
-  if (opt.matching != "auto" && !parse_matching(opt.matching, &matching))
-    config_error("--p2p-matching " + opt.matching + ": choose auto, tag or call-order");
-  if (matching == Matching::ByTag && !grid.pp().matches_by_tag())
-    config_error("--p2p-matching tag: the " + grid.pp().name() + " communicator has no tags (use call-order)");
+  const PipelineShape shape{p, m, v};
+  const Matching matching = pipeline_matching(opt.matching, grid.pp(), shape);
 
   // The schedule: this rank's actions, and every rank's, checked before any work.
-  const PipelineShape shape{p, m, v};
   const int rank = grid.coords().pp;
   std::vector<std::vector<Action>> every_rank;
   for (int r = 0; r < p; r++) every_rank.push_back(build_schedule(schedule, shape, r, matching));
   const std::string problem = check_pipeline(schedule, shape, every_rank, matching);
-  if (!problem.empty()) config_error("the " + opt.schedule + " schedule is unsound: " + problem);
+  if (!problem.empty()) config_error("the " + flags.schedule + " schedule is unsound: " + problem);
   const std::vector<Action>& actions = every_rank[rank];
   std::vector<ModelPart> parts = parts_of_rank(model_cfg, blocks, p, rank);
   for (int c = 0; c < v; c++) {
@@ -149,9 +119,10 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
     parts[c].split_backward = schedule == Schedule::ZBH1;
   }
 
-  // Each chunk is this rank's tensor-parallel slice of its pipeline part.
-  const bool sharded = opt.zero1;
-  TrainingRun run(grid, cfg, sharded ? Strategy::ZeRO1 : Strategy::DP, tp, PipelineParallelism{p, rank, parts});
+  // Each chunk is this rank's tensor-parallel slice of its pipeline part. ZeRO-1's memory and plan
+  // under either ZeRO flag, as in 08.
+  const bool sharded = zero1 || zero2;
+  TrainingRun run(grid, cfg, sharded ? Strategy::ZeRO1 : Strategy::DP, tp, PipelineParallelism{p, rank, parts, zero2});
   const Device device = run.device();
   const DType dtype = run.dtype();
   const ParamLayout& layout = run.layout();  // this stage's units, this TP rank's slices of them
@@ -218,6 +189,17 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
   Communicator* embedding = grid.embedding();
   bool last_micro_batch = false;
   CommHandle wte_sum;
+  // --zero2, as in 08: every micro-batch's gradients reduce-scattered (after their TP sums), wte's
+  // bucket once, at the end.
+  if (zero2) {
+    data_parallel.set_every_micro_batch(embedding && layout.params[wte].held() ? wte : -1);
+    const double ring = double(dp_group.size() - 1) / dp_group.size(), w = double(dtype_size(dtype));
+    const double all = double(layout.padded_size);
+    const double deferred = embedding && layout.params[wte].held()
+                                ? double(buckets.size(buckets.bucket_of(wte))) : 0;
+    run.set_dp_comm_theory(ring * w * (m * (all - deferred) + deferred + all),
+                           "m reduce-scatters (wte's bucket: 1) + all-gather: (N-1)/N x w(m(Ψ-E) + E + Ψ)");
+  }
   std::vector<std::pair<int, CommHandle>> summing;  // the TP sums in flight
   auto finish_tp_sums = [&] {
     for (auto& [param, handle] : summing) {
@@ -226,7 +208,10 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
     }
     summing.clear();
   };
-  pipeline.before_compute = [&](const Action& a) { last_micro_batch = a.micro == m - 1; };
+  pipeline.before_compute = [&](const Action& a) {
+    last_micro_batch = a.micro == m - 1;
+    if (zero2 && a.op == Op::B) data_parallel.micro_batch_done();
+  };
   // With one stage and several chunks, the embedding's chunk and the head's share this rank's one
   // wte: its gradient is final after the embedding's backward, the later of the two.
   const bool rank_holds_embedding = chunks.front()->has_embedding();
@@ -234,7 +219,7 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
     const bool wte_not_final_here = rank_holds_embedding && !chunk->has_embedding();
     chunk->hooks.grad_ready = [&, wte_not_final_here](int param) {
       if (param == wte && wte_not_final_here) return;
-      if (!last_micro_batch) return;  // no_sync
+      if (!last_micro_batch && !zero2) return;  // no_sync (unless ZeRO-2's rule)
       if (sequence_parallel && layout.params[param].shard.whole()) {
         const ParamInfo& info = layout.params[param];
         summing.emplace_back(param, tp_group.all_reduce_async(grads.view().slice1d(info.offset, info.size),
@@ -242,6 +227,7 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
         return;
       }
       if (param == wte && embedding) {
+        if (!last_micro_batch) return;
         wte_sum = embedding->all_reduce_async(grads.view().slice1d(layout.params[wte].offset, layout.params[wte].size),
                                               ReduceOp::Sum);
         return;
@@ -254,6 +240,7 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
   for (int step = start; step < cfg.steps; step++) {
     run.begin_step(step);
     fill_zero(grads.view());
+    if (zero2) fill_zero(grad_shard.view());  // the micro-batches' pieces add up in it
     const float loss = pipeline.run([&](int micro) { return run.micro_batch(step, micro); });
     finish_tp_sums();  // (those of a last weight pass)
     if (wte_sum.valid()) {
@@ -290,23 +277,27 @@ int main(int argc, char** argv) {
   TrainConfig cfg;
   FlagParser flags;
   Options opt;
+  PipelineFlags& pipe = opt.pipeline;
   flags.add("--tp", &opt.tp, "ranks in a tensor-parallel group, innermost (default: 2 on an even rank count)");
-  flags.add("--pp", &opt.pp, "pipeline stages, outermost (default: 2 where the ranks left are even); the rest is "
+  flags.add("--pp", &pipe.pp, "pipeline stages, outermost (default: 2 where the ranks left are even); the rest is "
                              "data-parallel");
   flags.add_switch("--sequence-parallel", &opt.sequence_parallel,
                    "split the rows between the parallel products too (gathers and scatters for all-reduces)");
   flags.add_switch("--tp-overlap", &opt.overlap,
                    "in backward, sum the input's gradient while the weight's gradient is computed");
-  flags.add("--micro-batches", &opt.micro_batches, "micro-batches per step in each pipeline (default: 2 x --pp)");
-  flags.add("--schedule", &opt.schedule, "afab, 1f1b (default), interleaved or zb-h1");
-  flags.add("--virtual-stages", &opt.virtual_stages, "model chunks per rank, interleaved only (default 2)");
+  flags.add("--micro-batches", &pipe.micro_batches, "micro-batches per step in each pipeline (default: 2 x --pp)");
+  flags.add("--schedule", &pipe.schedule, "afab, 1f1b (default), interleaved or zb-h1");
+  flags.add("--virtual-stages", &pipe.virtual_stages, "model chunks per rank, interleaved only (default 2)");
   flags.add("--p2p-matching", &opt.matching, "auto (default), tag (MPI: receives posted at the start) or "
                                              "call-order (NCCL: each receive grouped with the sends before its pass)");
-  flags.add("--partition", &opt.partition, "blocks per virtual stage, e.g. 3,3,3,3 (default: balanced by FLOPs)");
-  flags.add_switch("--zero1", &opt.zero1, "shard the optimizer state over each stage's data-parallel group (04)");
+  flags.add("--partition", &pipe.partition, "blocks per virtual stage, e.g. 3,3,3,3 (default: balanced by FLOPs)");
+  flags.add_switch("--zero1", &pipe.zero1, "shard the optimizer state over each stage's data-parallel group (04)");
+  flags.add_switch("--zero2", &pipe.zero2, "ZeRO-2's rule: reduce-scatter every micro-batch's gradients (05), to "
+                                          "measure what that costs a pipeline (afab, 1f1b)");
   flags.add("--bucket-mb", &opt.bucket_mb, "data-parallel bucket size in MB (default: an eighth of the gradient)");
   flags.add("--tp-link-gbps", &cfg.tp_link_gbps, "the tensor-parallel group's emulated link (default: --link-gbps's)");
   flags.add("--tp-link-latency-us", &cfg.tp_link_latency_us, "its latency (default: --link-latency-us's)");
+  flags.add_refused("--grad-accum", "a pipeline's micro-batches are its accumulation; use --micro-batches");
   if (!parse_train_flags(argc, argv, "09_3d_parallel",
                          "Chapter 09: data x tensor x pipeline parallelism, and activation recomputation.", flags,
                          &cfg)) {
@@ -315,14 +306,9 @@ int main(int argc, char** argv) {
   }
   if (cfg.was_given("--bucket-mb") && !(opt.bucket_mb > 0)) config_error("--bucket-mb must be > 0");
   if (cfg.was_given("--tp") && opt.tp < 1) config_error("--tp must be >= 1");
-  if (cfg.was_given("--pp") && opt.pp < 1) config_error("--pp must be >= 1");
-  if (cfg.was_given("--virtual-stages") && opt.virtual_stages < 1) config_error("--virtual-stages must be >= 1");
-  if (cfg.was_given("--grad-accum"))
-    config_error("--grad-accum: a pipeline's micro-batches are its accumulation; use --micro-batches");
-  if (cfg.was_given("--micro-batches") && opt.micro_batches < 1) config_error("--micro-batches must be >= 1");
-  const int t = opt.tp ? opt.tp : comm->size() % 2 == 0 ? 2 : 1;
-  const int p = opt.pp ? opt.pp : (comm->size() / t) % 2 == 0 ? 2 : 1;
-  cfg.grad_accum = opt.micro_batches ? opt.micro_batches : 2 * p;
+  if (cfg.was_given("--pp") && pipe.pp < 1) config_error("--pp must be >= 1");
+  if (cfg.was_given("--virtual-stages") && pipe.virtual_stages < 1) config_error("--virtual-stages must be >= 1");
+  if (cfg.was_given("--micro-batches") && pipe.micro_batches < 1) config_error("--micro-batches must be >= 1");
   comm = communicator_for(pick_device(cfg.device), std::move(comm), cfg.collectives);  // NCCL on GPUs (comm_factory.h)
   const int status = train(*comm, cfg, opt);
   shutdown_mpi(std::move(comm));

@@ -18,7 +18,9 @@ GradientBuckets::GradientBuckets(const ParamLayout& layout, double bucket_bytes,
     filled += double(element_bytes) * double(info.size);
     // A unit's first parameter starts where the unit does (param_layout.h).
     const bool may_cut = cut == BucketCut::AtTensors || info.offset == layout.unit_begin[info.unit];
-    if ((filled >= bucket_bytes && may_cut) || p == first_held) {
+    // Under a pipeline, the tied wte's bucket is wte alone (param_layout.h, tied_wte_end).
+    const bool after_wte = layout.tied_wte_end > 0 && info.offset == layout.tied_wte_end;
+    if ((filled >= bucket_bytes && may_cut) || after_wte || p == first_held) {
       const int64_t begin = p == first_held ? 0 : layout.params[p].offset;
       begin_.push_back(begin);
       end_.push_back(end);

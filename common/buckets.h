@@ -6,6 +6,7 @@
 // exactly, padding included. A parameter never straddles two buckets, so a bucket may exceed the
 // target size when one tensor alone does. ZeRO (04) cuts only between layers, where the layout pads
 // to a multiple of the rank count, so that every bucket splits evenly over the ranks (shards.h).
+// A pipeline stage's tied wte is a bucket of its own, whatever the cut (ParamLayout::tied_wte_end).
 #pragma once
 #include <cstddef>
 #include <cstdint>

@@ -177,6 +177,8 @@ class Communicator {
   // pipeline then orders its messages so that the k-th send meets the k-th receive
   // (pipeline_schedule.h, Matching).
   virtual bool matches_by_tag() const { return true; }
+  // The largest tag a message may carry: MPI's MPI_TAG_UB attribute; the standard guarantees 32767.
+  virtual int64_t largest_tag() const { return 32767; }
   virtual CommHandle barrier_async() = 0;
 
   // The blocking forms: the async form, waited at once (issuing_blocking_ lets a communicator know,

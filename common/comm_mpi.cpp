@@ -794,6 +794,14 @@ class MpiCommunicator final : public Communicator {
     recv_lane_ = send_lane_ + 1;
   }
 
+  // The attribute lives on MPI_COMM_WORLD (the standard's predefined attributes); one bound a process.
+  int64_t largest_tag() const override {
+    void* value = nullptr;
+    int found = 0;
+    MPI_CHECK(MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &value, &found));
+    return found ? *static_cast<int*>(value) : 32767;
+  }
+
   // Finishes what this communicator issued (every rank issued the same ops, so peers are finishing
   // them too), then frees the MPI communicator.
   ~MpiCommunicator() override {

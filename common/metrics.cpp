@@ -17,6 +17,13 @@ void JsonObject::key(const std::string& k) {
   body_ += "\"" + k + "\":";
 }
 
+JsonObject& JsonObject::add(const JsonObject& fields) {
+  if (fields.body_.empty()) return *this;
+  if (!body_.empty()) body_ += ",";
+  body_ += fields.body_;
+  return *this;
+}
+
 JsonObject& JsonObject::add(const std::string& k, const std::string& value) {
   key(k);
   body_ += "\"";
@@ -46,13 +53,6 @@ JsonObject& JsonObject::add(const std::string& k, int64_t value) {
 JsonObject& JsonObject::add(const std::string& k, bool value) {
   key(k);
   body_ += value ? "true" : "false";
-  return *this;
-}
-
-JsonObject& JsonObject::add_all(const JsonObject& other) {
-  if (other.body_.empty()) return *this;
-  if (!body_.empty()) body_ += ",";
-  body_ += other.body_;
   return *this;
 }
 

@@ -17,7 +17,7 @@ class JsonObject {
   JsonObject& add(const std::string& key, int64_t value);
   JsonObject& add(const std::string& key, int value) { return add(key, int64_t(value)); }
   JsonObject& add(const std::string& key, bool value);
-  JsonObject& add_all(const JsonObject& other);  // other's fields after these (a chapter's own)
+  JsonObject& add(const JsonObject& fields);  // every field of `fields`, after these
   std::string str() const { return "{" + body_ + "}"; }
 
  private:

@@ -22,10 +22,14 @@ class LayoutBuilder {
   // The next parameters added are on another pipeline stage (false) or on this one (true).
   void set_held(bool held) { held_ = held; }
   void set_ep(ExpertParallelism ep) { layout_.ep = ep; }
-  void set_expert(int expert) { expert_ = expert; }  // the next tensors are this expert's (-1: none)
+  void set_expert(int expert) { expert_ = expert; }
+  void set_tied_wte_end(int64_t end) { layout_.tied_wte_end = end; }  // the next tensors are this expert's (-1: none)
 
   void begin_unit() { layout_.unit_begin.push_back(next_offset_); unit_++; }
-  void end_unit() { next_offset_ = round_up(next_offset_, kAlignElements * layout_.ranks); }
+  void end_unit() { pad(); }
+  // The next parameter starts on a shard boundary: a multiple of ranks x 16.
+  void pad() { next_offset_ = round_up(next_offset_, kAlignElements * layout_.ranks); }
+  int64_t offset() const { return next_offset_; }
 
   // A tensor of global shape (rows, cols) (cols 0: a vector), cut by `cut` (dim, blocks) into the
   // layout's tensor-parallel parts, of which this rank holds its own.
@@ -115,6 +119,10 @@ ParamLayout build_gpt2_layout(const GPT2Config& cfg, int ranks, TensorParallelis
   b.begin_unit();  // unit 0: embeddings
   b.set_held(holds(0) || holds(cfg.L + 1));  // wte: the embedding's, and the tied LM head's
   b.add("wte", cfg.V, C, column);            // by vocabulary
+  if (!parts.empty()) {  // a pipeline: wte's two copies in buckets of one shape (ParamLayout::tied_wte_end)
+    b.pad();
+    b.set_tied_wte_end(b.offset());
+  }
   b.set_held(holds(0));
   b.add("wpe", cfg.T, C);
   b.end_unit();

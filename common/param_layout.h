@@ -108,6 +108,12 @@ struct ParamLayout {
   int64_t num_params = 0;           // Ψ: real parameters, no padding (this rank's, under TP)
   int64_t padded_size = 0;          // the flat length, a multiple of ranks x 16
   int ranks = 1;                    // of the data-parallel group
+  // A pipeline stage holding the tied wte (the first, the last): where wte's range ends, padded to a
+  // multiple of ranks x 16 within unit 0, so that wte travels in a data-parallel bucket (and ZeRO
+  // pieces) of its own, of one shape on both stages: their two copies, equal after the embedding
+  // group's sum, then reduce over their DP groups in the same order, and update bit for bit alike
+  // (buckets.h). 0 elsewhere.
+  int64_t tied_wte_end = 0;
   TensorParallelism tp;
   ExpertParallelism ep;
 
@@ -130,7 +136,8 @@ std::string tensor_parallel_size_problem(const GPT2Config& cfg, const TensorPara
 // tp.size: tensor_parallel_size_problem() is "").
 // A pipeline stage (chapter 08) holds the units of its `parts` only: the layout still lists every
 // parameter, in the same order, but those of the other stages' units have size 0 (ParamInfo::held).
-// The tied wte is held by the stage of the embedding and by the stage of the LM head, a copy each.
+// The tied wte is held by the stage of the embedding and by the stage of the LM head, a copy each,
+// padded to end on a shard boundary (ParamLayout::tied_wte_end).
 // A MoE model (cfg.moe()) has, in each block, after ln2: the router "h{l}.moe.router.weight" (E,C),
 // then per expert e the dense MLP's four tensors "h{l}.moe.expert{e}.mlp.{fc,proj}.{weight,bias}";
 // `ep` says which experts this rank holds.

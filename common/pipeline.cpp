@@ -80,6 +80,8 @@ PipelineExecutor::PipelineExecutor(Communicator& pipeline, std::vector<GPT2*> ch
   const int v = shape_.chunks, m = shape_.micro_batches, p = shape_.stages, last = p * v - 1;
   ENSURE(int(chunks_.size()) == v, "PipelineExecutor: one model per chunk");
   ENSURE(pipeline.size() == shape_.stages, "PipelineExecutor: the group is not the pipeline");
+  ENSURE(matching_ != Matching::ByTag || largest_pipeline_tag(shape_) <= pipeline.largest_tag(),
+         "PipelineExecutor: the schedule's tags pass the communicator's largest (pipeline_tag_problem)");
   activation_in_.resize(v), gradient_in_.resize(v), gradient_out_.resize(v);
   activation_recv_.assign(v, std::vector<CommHandle>(m));
   gradient_recv_.assign(v, std::vector<CommHandle>(m));
@@ -153,6 +155,10 @@ Tensor PipelineExecutor::buffer_of(MessageBuffers& kind, int micro, int B) const
   ENSURE(kind.of_micro[micro] >= 0, "PipelineExecutor: micro-batch " + std::to_string(micro) +
                                         "'s message has no buffer (its receive was listed after a later one's)");
   return stream(kind.buffers[size_t(kind.of_micro[micro])], B);
+}
+
+int64_t largest_pipeline_tag(const PipelineShape& shape) {
+  return 2LL * shape.stages * shape.chunks * shape.micro_batches - 1;
 }
 
 // Unique over a step: which kind of message, into which virtual stage, for which micro-batch. Under

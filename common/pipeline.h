@@ -53,6 +53,11 @@ std::vector<int> balanced_partition(const GPT2Config& cfg, int virtual_stages);
 // This rank's model parts (chunk c: virtual stage c x p + rank) for a partition of blocks.
 std::vector<ModelPart> parts_of_rank(const GPT2Config& cfg, const std::vector<int>& blocks, int stages, int rank);
 
+// The largest tag of a step's messages matched by tag, 2 x p x v x m - 1: a tag names the kind
+// (activation or gradient), the receiving virtual stage and the micro-batch (pipeline_tag_problem()
+// checks it against the communicator's bound before any work).
+int64_t largest_pipeline_tag(const PipelineShape& shape);
+
 // Collective over `embedding` (the first and last stage, process_grid.h; null elsewhere): whether
 // the two copies of the tied wte in `params` are equal, bit for bit. True where there is no group.
 bool tied_copies_equal(Communicator* embedding, Tensor params, const ParamLayout& layout);

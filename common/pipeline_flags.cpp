@@ -1,11 +1,13 @@
 // pipeline_flags.cpp: the checks of pipeline_flags.h, in the order a reader meets the flags:
-// schedule, stages, chunks, micro-batches, the model's depth, ZeRO, partition, batch.
+// model, schedule, stages, chunks, micro-batches, the model's depth, ZeRO, partition, batch; then the
+// message tags.
 #include "pipeline_flags.h"
 
 #include <cstdlib>
 #include <sstream>
 
-#include "pipeline.h"  // balanced_partition
+#include "check.h"  // config_error
+#include "pipeline.h"  // balanced_partition, largest_tag
 #include "process_grid.h"  // grid_shape_problem
 
 namespace {
@@ -29,6 +31,9 @@ bool parse_partition(const std::string& text, std::vector<int>* blocks) {
 
 std::string pipeline_flags_problem(const PipelineFlags& flags, int world, const GPT2Config& model, int batch,
                                    PipelinePlan* plan) {
+  if (model.moe())
+    return "--preset " + model.preset + " is a mixture of experts, whose blocks neither a pipeline nor a "
+           "tensor-parallel group splits: train it with 11_expert_parallel (or a data-parallel chapter on one rank)";
   Schedule schedule;
   if (!parse_schedule(flags.schedule, &schedule))
     return "--schedule " + flags.schedule + ": choose afab, 1f1b, interleaved or zb-h1";
@@ -36,8 +41,9 @@ std::string pipeline_flags_problem(const PipelineFlags& flags, int world, const 
   if (flags.micro_batches < 0) return "--micro-batches must be >= 1";
   if (flags.virtual_stages < 0) return "--virtual-stages must be >= 1";
   const bool interleaved = schedule == Schedule::Interleaved;
-  const int p = flags.pp ? flags.pp : world;
-  const std::string grid = grid_shape_problem(world, 1, p);
+  if (flags.tp < 1) return "--tp must be >= 1";
+  const int p = flags.pp ? flags.pp : world / flags.tp;
+  const std::string grid = grid_shape_problem(world, flags.tp, p);
   if (!grid.empty()) return grid;
   const int v = flags.virtual_stages ? flags.virtual_stages : interleaved ? 2 : 1;
   if (v > 1 && !interleaved) return "--virtual-stages " + str(v) + " needs --schedule interleaved";
@@ -58,7 +64,7 @@ std::string pipeline_flags_problem(const PipelineFlags& flags, int world, const 
   if (interleaved && m % p)
     return "--schedule interleaved sends micro-batches round the ranks in groups of --pp " + str(p) +
            ": --micro-batches " + str(m) + " must be a multiple of it";
-  const int dp = world / p;
+  const int dp = world / (flags.tp * p);
   if (batch > 0 && batch % (dp * m)) {
     const long long per_step = dp * m, suggestion = (batch / per_step + 1) * per_step;
     return "--batch " + str(batch) + " is not divisible by data-parallel ranks x micro-batches = " + str(dp) + " x " +
@@ -83,4 +89,28 @@ std::string pipeline_flags_problem(const PipelineFlags& flags, int world, const 
   if (!shape_problem.empty()) return "the " + flags.schedule + " schedule cannot run this shape: " + shape_problem;
   *plan = {schedule, shape, blocks, dp};
   return "";
+}
+
+std::string pipeline_tag_problem(const PipelineShape& shape, int64_t largest_tag) {
+  const int64_t largest = largest_pipeline_tag(shape);
+  if (largest <= largest_tag) return "";
+  const int64_t per_micro_batch = 2LL * shape.stages * shape.chunks;  // tags: (kind, virtual stage) x m
+  const int64_t most = (largest_tag + 1) / per_micro_batch;
+  return "--micro-batches " + str(shape.micro_batches) + ": matched by tag, a step's messages carry tags up to 2 x " +
+         str(shape.stages) + " stages x " + str(shape.chunks) + " chunks x " + str(shape.micro_batches) +
+         " micro-batches - 1 = " + str(largest) + ", past this MPI's largest tag (MPI_TAG_UB) " + str(largest_tag) +
+         ": pass --micro-batches " + str(most) + " or fewer, or --p2p-matching call-order";
+}
+
+Matching pipeline_matching(const std::string& flag, const Communicator& pipeline, const PipelineShape& shape) {
+  Matching matching = pipeline.matches_by_tag() ? Matching::ByTag : Matching::ByCallOrder;
+  if (flag != "auto" && !parse_matching(flag, &matching))
+    config_error("--p2p-matching " + flag + ": choose auto, tag or call-order");
+  if (matching == Matching::ByTag && !pipeline.matches_by_tag())
+    config_error("--p2p-matching tag: the " + pipeline.name() + " communicator has no tags (use call-order)");
+  if (matching == Matching::ByTag) {
+    const std::string problem = pipeline_tag_problem(shape, pipeline.largest_tag());
+    if (!problem.empty()) config_error(problem);
+  }
+  return matching;
 }

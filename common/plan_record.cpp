@@ -14,6 +14,24 @@ std::string RecordRow::name() const {
   return text;
 }
 
+namespace {
+
+// What makes a row no configuration at all, or "": sizes that must be positive and divide.
+std::string row_problem(const RecordRow& r) {
+  if (r.heads < 1 || r.hidden < 1 || r.layers < 1) return "heads, hidden size and layers must be positive";
+  if (r.hidden % r.heads) return "the hidden size " + std::to_string(r.hidden) + " does not divide by the heads";
+  if (r.tp < 1 || r.pp < 1) return "t = " + std::to_string(r.tp) + " and p = " + std::to_string(r.pp) + " must be >= 1";
+  if (r.gpus < 1 || r.gpus % (r.tp * r.pp))
+    return std::to_string(r.gpus) + " GPUs do not divide into t x p = " + std::to_string(r.tp * r.pp);
+  if (r.pp > r.layers) return "p = " + std::to_string(r.pp) + " stages for " + std::to_string(r.layers) + " layers";
+  if (r.batch < 1 || r.batch % (r.gpus / (r.tp * r.pp)))
+    return "the batch " + std::to_string(r.batch) + " does not divide over d = " + std::to_string(r.gpus / (r.tp * r.pp));
+  if (!(r.tflops_per_gpu > 0) || !(r.params_b > 0)) return "the parameters and teraFLOP/s must be positive";
+  return "";
+}
+
+}  // namespace
+
 std::vector<RecordRow> read_megatron_table(const std::string& path) {
   std::ifstream in(path);
   if (!in) config_error("cannot read " + path + " (the Megatron-LM Table 1 data, docs/data/megatron_table1.csv)");
@@ -33,6 +51,8 @@ std::vector<RecordRow> read_megatron_table(const std::string& path) {
     if (!(fields >> r.params_b >> r.heads >> r.hidden >> r.layers >> r.tp >> r.pp >> r.gpus >> r.batch >>
           r.tflops_per_gpu >> percent >> aggregate))
       config_error(path + ": cannot read the row '" + line + "'");
+    const std::string problem = row_problem(r);
+    if (!problem.empty()) config_error(path + ": the row '" + line + "': " + problem);
     rows.push_back(r);
   }
   if (rows.empty()) config_error(path + ": no rows");

@@ -44,7 +44,8 @@ double tensor_parallel_seconds(const TensorParallelPrediction& tp, const LinkMod
 const ParamLayout& cached_layout(const GPT2Config& cfg, int dp, int tp, const std::vector<ModelPart>& parts) {
   static std::map<std::string, ParamLayout> cache;
   std::ostringstream key;
-  key << cfg.L << ' ' << cfg.C << ' ' << cfg.NH << ' ' << cfg.T << ' ' << cfg.V << ' ' << dp << ' ' << tp;
+  key << cfg.L << ' ' << cfg.C << ' ' << cfg.NH << ' ' << cfg.T << ' ' << cfg.V << ' ' << cfg.experts << ' '
+      << cfg.top_k << ' ' << dp << ' ' << tp;
   for (const ModelPart& part : parts) key << ' ' << part.first_unit << ':' << part.last(cfg);
   auto it = cache.find(key.str());
   if (it != cache.end()) return it->second;
@@ -55,7 +56,8 @@ const ParamLayout& cached_layout(const GPT2Config& cfg, int dp, int tp, const st
 const std::vector<int>& cached_partition(const GPT2Config& cfg, int virtual_stages) {
   static std::map<std::string, std::vector<int>> cache;
   std::ostringstream key;
-  key << cfg.L << ' ' << cfg.C << ' ' << cfg.T << ' ' << cfg.V << ' ' << virtual_stages;
+  key << cfg.L << ' ' << cfg.C << ' ' << cfg.T << ' ' << cfg.V << ' ' << cfg.experts << ' ' << cfg.top_k << ' '
+      << virtual_stages;
   auto it = cache.find(key.str());
   if (it != cache.end()) return it->second;
   return cache.emplace(key.str(), balanced_partition(cfg, virtual_stages)).first->second;
@@ -69,6 +71,8 @@ bool flash_applies(const PlanInputs& in) {
 
 std::string invalid_reason(const PlanInputs& in, const PlanConfig& c) {
   const GPT2Config& m = in.model;
+  const std::string model_problem = plan_model_problem(m);
+  if (!model_problem.empty()) return model_problem;
   if (c.gpus() != in.gpus) return "dp x tp x pp = " + std::to_string(c.gpus()) + ", not the " + std::to_string(in.gpus) + " GPUs";
   if (long(c.dp) * c.micro_batch * c.micro_batches != in.batch)
     return "dp x B x m = " + std::to_string(long(c.dp) * c.micro_batch * c.micro_batches) + ", not the batch " +
@@ -101,18 +105,18 @@ bool find_cluster(const std::string& name, Cluster* out) {
   if (name == "dgx-a100") {
     // Selene's nodes (Narayanan et al. 2021): NVLink 3 at 300 GB/s a direction per GPU, 8 HDR
     // InfiniBand cards of 200 Gb/s per node, one per GPU.
-    c.description = "DGX A100 80GB: 8 GPUs, 312 TFLOP/s bf16 each, NVLink 2400 Gb/s, InfiniBand 200 Gb/s per GPU";
+    c.description = "DGX A100 80GB, NVLink in a node, InfiniBand between nodes";
     c.gpus_per_node = 8, c.memory_bytes = 80 * GiB, c.peak_flops = 312e12;
     c.intra_node = {2400, 5}, c.inter_node = {200, 10};
   } else if (name == "dgx-h100") {
-    c.description = "DGX H100: 8 GPUs, 989 TFLOP/s bf16 each, NVLink 3600 Gb/s, InfiniBand 400 Gb/s per GPU";
+    c.description = "DGX H100, NVLink in a node, InfiniBand between nodes";
     c.gpus_per_node = 8, c.memory_bytes = 80 * GiB, c.peak_flops = 989e12;
     c.intra_node = {3600, 5}, c.inter_node = {400, 10};
   } else if (name == "emulated") {
     // This machine: CPU ranks in fp32 on the chapters' emulated link (bench-tp's "across nodes"
     // link; --inter-gbps/--inter-latency-us and --peak-flops change it). Its peak is not a data
     // sheet's: the calibration run measures what the math reaches, with efficiency 1.
-    c.description = "this machine: CPU ranks, fp32, emulated link 0.5 Gb/s 50 us, one rank a node";
+    c.description = "this machine: CPU ranks on the emulated link, one rank a node";
     c.gpus_per_node = 1, c.memory_bytes = 16 * GiB, c.peak_flops = 1e10;
     c.intra_node = {0.5, 50}, c.inter_node = {0.5, 50};
     c.elementwise_rate = 0.6e9;  // (make plan-check calibrates it)
@@ -125,6 +129,19 @@ bool find_cluster(const std::string& name, Cluster* out) {
 }
 
 const char* cluster_names() { return "dgx-a100, dgx-h100, emulated"; }
+
+std::string describe_cluster(const Cluster& c) {
+  auto link = [](const LinkModel& l) {
+    std::ostringstream text;
+    text << l.gbps << " Gb/s " << l.latency_us << " us";
+    return text.str();
+  };
+  std::ostringstream text;
+  text << c.description << ": " << c.gpus_per_node << " GPU" << (c.gpus_per_node > 1 ? "s" : "") << " a node, "
+       << c.peak_flops / 1e12 << " TFLOP/s " << dtype_name(c.dtype) << " each, links per GPU " << link(c.intra_node)
+       << " in a node, " << link(c.inter_node) << " between nodes";
+  return text.str();
+}
 
 namespace {
 struct NamedModel {
@@ -175,6 +192,12 @@ std::string plan_model_names() {
   return names;
 }
 
+std::string plan_model_problem(const GPT2Config& model) {
+  if (!model.moe()) return "";
+  return "--model " + model.preset + " is a mixture of experts: the planner predicts dense models on DP x TP x PP "
+         "grids only (chapter 11 trains this one, with expert parallelism)";
+}
+
 GPT2Config gpt_like_model(double params) {
   // Megatron-LM's proportions: head size 128, about 100 x C/L (L from 24 at 2B to 128 at 1T).
   GPT2Config best;
@@ -223,7 +246,6 @@ std::vector<ModelPart> stage_parts(const GPT2Config& cfg, const PlanConfig& c, i
 std::string not_runnable_here(const PlanConfig& c) {
   if (c.zero >= 2 && (c.tp > 1 || c.pp > 1))
     return "ZeRO-" + std::to_string(c.zero) + " runs in 0" + std::to_string(c.zero + 3) + " only, without TP or a pipeline";
-  if (c.pp > 1 && c.schedule == Schedule::ZBH1 && c.tp > 1) return "09's zb-h1 has no split backward under TP";
   return "";
 }
 

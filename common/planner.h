@@ -43,13 +43,20 @@ struct Cluster {
 // emulated link of the chapters' --link-gbps/--link-latency-us, one rank a "node").
 bool find_cluster(const std::string& name, Cluster* out);
 const char* cluster_names();
+// "DGX A100 80GB, ...: 8 GPUs a node, 312 TFLOP/s bf16 each, links per GPU 2400 Gb/s 5 us in a node, 200
+// Gb/s 10 us between nodes": the cluster as the planner uses it, flags' overrides included.
+std::string describe_cluster(const Cluster& cluster);
 
-// The planner's models: every preset of model_config.h, gpt2-xl, the ten GPT models of Megatron-LM's
+// The planner's models: every dense preset of model_config.h (a mixture of experts is refused by
+// plan_model_problem()), gpt2-xl, the ten GPT models of Megatron-LM's
 // Table 1 (megatron-1.7b ... megatron-1t, Narayanan et al. 2021) and llama-70b-like (Llama 2 70B's
 // depth, width, heads, context and vocabulary in GPT-2's architecture: a GELU MLP of 4C, learned
 // positions, no grouped-query attention; 65 billion parameters). *note says which it is.
 bool find_plan_model(const std::string& name, GPT2Config* out, std::string* note = nullptr);
 std::string plan_model_names();
+// "" for a model the planner predicts, else the refusal naming --model: a mixture of experts (its
+// routing and expert parallelism have no place in a DP x TP x PP plan).
+std::string plan_model_problem(const GPT2Config& model);
 // A GPT model of the Megatron-LM family's proportions with about `params` parameters (for the heat
 // map): hidden size 128 x heads, sequence 2048, vocabulary 51,200.
 GPT2Config gpt_like_model(double params);
@@ -100,8 +107,8 @@ struct PlanResult {
 };
 
 // "" when one of our chapters runs `config` (03-09), else why not: ZeRO-2/3 exist in 05/06 only,
-// without TP or a pipeline; 09's zb-h1 has no split backward under TP. The planner still predicts
-// such configurations (the formulas hold for them), and marks them.
+// without TP or a pipeline. The planner still predicts such configurations (the formulas hold for
+// them), and marks them.
 std::string not_runnable_here(const PlanConfig& config);
 
 // What one pipeline rank (stage) of a configuration holds: forecast_memory() of the layout and model

@@ -110,6 +110,11 @@ TrainingRun::TrainingRun(Communicator& world, Communicator& dp, const ProcessGri
   if (!find_preset(cfg.preset, &model_))
     config_error("--preset: unknown preset '" + cfg.preset + "' (choose from " + preset_names() + ")");
   if (model_.C % model_.NH != 0) config_error("the model's C must divide by NH");
+  // A mixture of experts: neither a pipeline stage's layout nor ring attention takes its blocks (08-10).
+  if (model_.moe() && (!pp.parts.empty() || cp.on()))
+    config_error("--preset " + model_.preset + " is a mixture of experts, whose blocks " + cfg.chapter + " cannot " +
+                 (cp.on() ? "run with ring attention" : "split into pipeline stages") +
+                 ": train it with 11_expert_parallel, or with 01-07 on one rank");
   if (model_.moe()) {  // a mixture of experts: where it can run (moe.h)
     const std::string problem = moe_run_problem(model_.preset, cfg.chapter, device_, ep_comm != nullptr, world_.size(),
                                                 tp.size, pp.size, cfg.recompute);
@@ -201,21 +206,15 @@ TrainingRun::TrainingRun(Communicator& world, Communicator& dp, const ProcessGri
   if (is_root()) {
     if (!cfg_.json.empty()) {
       json_.open(cfg_.json);
-      set_fatal_hook([this](const std::string& error) { json_.abort(error); });
+      set_fatal_hook([this](const std::string& error) {
+        write_run_record();  // (when the job ends before the first step)
+        json_.abort(error);
+      });
     }
     std::printf("%s | %d rank%s | preset %s (L=%d C=%d NH=%d T=%d V=%d) | %lld parameters\n", cfg_.chapter.c_str(), N,
                 N > 1 ? "s" : "", model_.preset.c_str(), model_.L, model_.C, model_.NH, model_.T, model_.V,
                 (long long)global_layout_.num_params);
-    if (cp_comm_ || cp_.on())
-      std::printf("grid: %d data-parallel x %d context-parallel | each rank holds %d of the %d positions of every "
-                  "sequence | %lld parameters a rank\n", data_ranks_, cp_.size, int(cp_.positions.size()), model_.T,
-                  (long long)layout_.num_params);
-    else if (grid && !pp_.parts.empty())  // a pipeline chapter: no tensor parallelism to speak of
-      std::printf("grid: %d data-parallel x %d pipeline stage%s | %lld parameters on rank 0\n", dp_.size(), pp_.size,
-                  pp_.size > 1 ? "s" : "", (long long)layout_.num_params);
-    else if (tp_comm_)
-      std::printf("grid: %d data-parallel x %d tensor-parallel%s | %lld parameters a rank\n", dp_.size(), tp_.size,
-                  tp_.sequence_parallel ? " (sequence parallel)" : "", (long long)layout_.num_params);
+    if (grid) std::printf("grid: %s\n", grid_line().c_str());
     std::printf("global batch %d x %d tokens | %d per data-parallel rank in %d micro-batch%s of %d | data: %s\n",
                 cfg_.batch, model_.T, cfg_.batch / data_ranks_, cfg_.grad_accum, cfg_.grad_accum > 1 ? "es" : "",
                 micro_B_, data_.description().c_str());
@@ -232,8 +231,8 @@ TrainingRun::TrainingRun(Communicator& world, Communicator& dp, const ProcessGri
     if (tp_comm_ && tp_.size > 1 && (tp_link.gbps != cfg_.link_gbps || tp_link.latency_us != cfg_.link_latency_us))
       std::printf("tensor-parallel group's emulated link: %s (a node's faster links)\n", link_text(tp_link).c_str());
     std::fflush(stdout);
-    json_.write(JsonObject()
-                    .add("type", "run")
+    // Written at the first step, after the chapter's own fields (add_to_run_record).
+    run_record_.add("type", "run")
                     .add("chapter", cfg_.chapter)
                     .add("ranks", N)
                     .add("dp", data_ranks_)
@@ -241,6 +240,7 @@ TrainingRun::TrainingRun(Communicator& world, Communicator& dp, const ProcessGri
                     .add("tp", tp_.size)
                     .add("sequence_parallel", tp_.sequence_parallel)
                     .add("pp", pp_.size)
+                    .add("ep", ep_.size)
                     .add("preset", model_.preset)
                     .add("L", model_.L).add("C", model_.C).add("NH", model_.NH).add("T", model_.T).add("V", model_.V)
                     .add("params", int64_t(global_layout_.num_params))
@@ -259,6 +259,7 @@ TrainingRun::TrainingRun(Communicator& world, Communicator& dp, const ProcessGri
                     .add("attention", flash_ ? "flash" : cp_.on() ? "ring" : "materialized")
                     .add("recompute", recompute_name(model_.recompute))
                     .add("communicator", world_.name())
+                    .add("collectives", cfg_.collectives)
                     .add("link_gbps", cfg_.link_gbps)
                     .add("link_latency_us", cfg_.link_latency_us)
                     .add("tp_link_gbps", tensor_parallel_link().gbps)
@@ -266,16 +267,41 @@ TrainingRun::TrainingRun(Communicator& world, Communicator& dp, const ProcessGri
                     .add("forecast_peak_bytes", forecast_.peak())
                     .add("forecast_activations_bytes", forecast_.activations)
                     .add("forecast_transient_bytes", forecast_.transient)
-                    .add_all(moe_run_fields()));
+                    .add(moe_run_fields());
   }
 }
 
-// A MoE model's own fields of the run record: its experts, how they are spread and trained.
+// A MoE model's own fields of the run record (beside "ep", which every record has): its experts and
+// how they are trained.
 JsonObject TrainingRun::moe_run_fields() const {
   JsonObject fields;
   if (!model_.moe()) return fields;
-  return fields.add("ep", ep_.size).add("experts", model_.experts).add("top_k", model_.top_k)
+  return fields.add("experts", model_.experts).add("top_k", model_.top_k)
       .add("capacity_factor", model_.capacity_factor).add("aux_loss_coef", model_.aux_loss_coef);
+}
+
+// Every dimension the chapter has (its grid flags: --tp, --cp, --pp), sizes of 1 included, so that a
+// header names the whole grid whichever sizes were chosen.
+std::string TrainingRun::grid_line() const {
+  std::string line = std::to_string(data_ranks_) + " data-parallel";
+  if (chapter_has_flag("--cp")) line += " x " + std::to_string(cp_.size) + " context-parallel";
+  if (chapter_has_flag("--tp"))
+    line += " x " + std::to_string(tp_.size) + " tensor-parallel" + (tp_.sequence_parallel ? " (sequence parallel)" : "");
+  if (chapter_has_flag("--pp")) line += " x " + std::to_string(pp_.size) + " pipeline stage" + (pp_.size > 1 ? "s" : "");
+  if (cp_.on())
+    line += " | each rank holds " + std::to_string(cp_.positions.size()) + " of the " + std::to_string(model_.T) +
+            " positions of every sequence";
+  return line + " | " + std::to_string(layout_.num_params) + " parameters " +
+         (pp_.parts.empty() ? "a rank" : "on rank 0");
+}
+
+void TrainingRun::add_to_run_record(const JsonObject& fields) {
+  ENSURE(!run_record_written_, "add_to_run_record after the run record was written (the first begin_step)");
+  run_record_.add(fields);
+}
+
+void TrainingRun::write_run_record() {
+  if (is_root() && !run_record_written_.exchange(true)) json_.write(run_record_);
 }
 
 LinkModel TrainingRun::tensor_parallel_link() const {
@@ -652,6 +678,7 @@ void TrainingRun::add_group(const std::string& name, Communicator& comm) {
 }
 
 void TrainingRun::begin_step(int step) {
+  write_run_record();
   set_error_phase("step " + std::to_string(step));
   run_peak_bytes_ = std::max(run_peak_bytes_, memory_stats().peak_total);  // the summary's peak is the run's
   reset_memory_peaks();  // each step's own peak, for its line and record
@@ -890,6 +917,10 @@ void TrainingRun::report_vs_theory(const CommStats& step_comm, const CommStats* 
   std::printf("  (%scomm theory: %s; padding adds up to %s per full copy)\n", groups ? "DP " : "",
               p.comm_formula.c_str(), format_bytes(padding).c_str());
   TensorParallelPrediction tp = predict_tensor_parallel(model_, micro_B_, tp_, dtype_, pp_.parts);
+  if (pp_.reduce_every_micro_batch) {  // (09's --zero2: the gradients held whole summed before each reduce-scatter)
+    tp.partial_grad_all_reduces *= cfg_.grad_accum;
+    tp.partial_grad_bytes *= cfg_.grad_accum;
+  }
   const double tp_theory = cfg_.grad_accum * tp.bytes_per_micro_batch + tp.partial_grad_bytes;
   int64_t tp_bytes = 0;
   if (tp_step) {
@@ -949,6 +980,7 @@ void TrainingRun::report_vs_theory(const CommStats& step_comm, const CommStats* 
 int TrainingRun::finish() {
   const int status = stop_ == Stop::Diverged ? 1 : stop_ == Stop::Interrupted ? 130 : 0;
   const char* ended = stop_ == Stop::Diverged ? "diverged" : stop_ == Stop::Interrupted ? "interrupted" : "completed";
+  write_run_record();
   if (is_root()) {
     JsonObject summary;
     summary.add("type", "summary")

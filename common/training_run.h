@@ -7,6 +7,7 @@
 // (step line, JSON lines, memory and communication next to theory, MFU on GPUs), periodic
 // checkpoints, the trace, and an orderly stop of every rank on Ctrl-C or a diverging loss.
 #pragma once
+#include <atomic>
 #include <memory>
 #include <string>
 #include <vector>
@@ -73,6 +74,10 @@ class TrainingRun {
   bool flash_attention() const { return flash_; }
   // Only the last pipeline stage computes the loss (every rank without a pipeline).
   bool holds_loss() const { return pp_.rank == pp_.size - 1; }
+  // The chapter's own fields for the "run" record (11's experts and capacity), after the grid (dp, cp,
+  // tp, pp, ep) and the settings every run records. Before the first begin_step(), which writes the
+  // record (or finish(), or the end of a job that failed before its first step).
+  void add_to_run_record(const JsonObject& fields);
   // Root only (else nothing): one more JSON record (a chapter's own measurements, 08's bubble).
   void write_record(const JsonObject& record) { if (is_root()) json_.write(record); }
   // One more group whose communication the step counts (its bytes, exposed and total time, per
@@ -149,8 +154,11 @@ class TrainingRun {
               Communicator* ep_comm = nullptr, MoESettings moe = {});
   CommStats all_stats() const;  // summed over the run's communicators
   LinkModel tensor_parallel_link() const;  // --tp-link-*, else --link-*
-  JsonObject moe_run_fields() const;       // the run record's for a MoE model (ep, experts, top_k, ...)
+  JsonObject moe_run_fields() const;       // the run record's for a MoE model (experts, top_k, ...)
   void check_tensor_parallel();
+  // "2 data-parallel x 2 tensor-parallel x 2 pipeline stages | 1234 parameters on rank 0"
+  std::string grid_line() const;
+  void write_run_record();  // once, on rank 0
   // Between the whole model's fp32 flat arrays (global_layout_) and this rank's (layout_).
   Buffer to_local(Buffer global) const;
   Buffer to_global(Buffer local) const;
@@ -189,6 +197,8 @@ class TrainingRun {
   Buffer device_tokens_;               // the same inputs then targets on a GPU (unused on the CPU)
   MemoryForecast forecast_;
   JsonLinesWriter json_;
+  JsonObject run_record_;  // the "run" record until it is written
+  std::atomic<bool> run_record_written_{false};
   double step_start_ms_ = 0;
   double matmul_at_step_start_ = 0;  // cpu_matmul_ms() then (ops.h)
   // The run's distinct communicators ("world", and "dp", "tp" where they are other groups), with

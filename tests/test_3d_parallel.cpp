@@ -5,12 +5,18 @@
 // measurement: memory per category, activations and point-to-point bytes per stage, the TP group's
 // collectives and bytes, the DP group's, the embedding group's. Checkpoints stay layout-free: 09's
 // resume in 01, 07 and 08, and 01's in 09. The model's recomputation alone: test_recompute.cpp.
+// 08's flags (--zero2) run here too; the tied wte's two copies stay equal on every grid (DP 4 x TP 2
+// x PP 2 with ZeRO-1 at 16 ranks); the header and the run record name every dimension of the grid.
 #include <gtest/gtest.h>
 
 #include <ostream>
 #include <string>
 #include <vector>
 
+#include "buckets.h"
+#include "param_layout.h"
+#include "pipeline.h"
+#include "shards.h"
 #include "training_harness.h"
 
 namespace {
@@ -68,6 +74,8 @@ std::vector<GridCase> grid_cases() {
       {4, "tall", 10, "--tp 2 --pp 2 --schedule zb-h1 --sequence-parallel --tp-overlap", "tp2_pp2_zbh1_sp"},
       // 8 ranks on a busy machine: the tiny preset (a block a stage), few steps.
       {8, "tiny", 4, "--tp 2 --pp 2 --zero1 --sequence-parallel --bucket-mb 0.01", "dp2_tp2_pp2_zero1_sp"},
+      // 08's --zero2, composed with TP's sums under sequence parallelism.
+      {8, "tiny", 4, "--tp 2 --pp 2 --zero2 --sequence-parallel --bucket-mb 0.01", "dp2_tp2_pp2_zero2_sp"},
   };
 }
 
@@ -99,6 +107,79 @@ TEST(ThreeDRecompute, EachModeHoldsLessOnEveryStage) {
       EXPECT_NE(r.output.find("recompute " + std::string(mode) + ": + "), std::string::npos) << r.output;
     }
   }
+}
+
+// The header names every dimension of 09's grid, sizes of 1 included, and the run record carries
+// every chapter's grid sizes (dp, cp, tp, pp, ep): once "grid: 1 data-parallel x 2 pipeline stages"
+// on TP 2 x PP 2, and 11's record "dp":2 with no ep.
+TEST(ThreeDHeader, NamesEveryDimensionOfTheGrid) {
+  const std::string dir = temp_dir();
+  RunResult r = run_trainer("09_3d_parallel", 4, "--preset tall --steps 1 --tp 2 --pp 2 --json " + dir + "/run.jsonl");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("grid: 1 data-parallel x 2 tensor-parallel x 2 pipeline stages |"), std::string::npos)
+      << r.output;
+  const std::string run = read_record(dir + "/run.jsonl", "run");
+  for (const char* field : {"\"dp\":1", "\"cp\":1", "\"tp\":2", "\"pp\":2", "\"ep\":1"})
+    EXPECT_NE(run.find(field), std::string::npos) << field << " in " << run;
+  RunResult single = run_trainer("09_3d_parallel", 2, "--preset tall --steps 1 --tp 2 --pp 1");
+  ASSERT_EQ(single.exit_code, 0) << single.output;
+  EXPECT_NE(single.output.find("grid: 1 data-parallel x 2 tensor-parallel x 1 pipeline stage |"), std::string::npos)
+      << single.output;
+  RunResult experts = run_trainer("11_expert_parallel", 2, "--steps 1 --ep 2 --json " + dir + "/moe.jsonl");
+  ASSERT_EQ(experts.exit_code, 0) << experts.output;
+  EXPECT_NE(read_record(dir + "/moe.jsonl", "run").find("\"ep\":2"), std::string::npos)
+      << read_record(dir + "/moe.jsonl", "run");
+}
+
+// The tied wte's two copies are updated alike only if their gradients are reduced alike: equal after
+// the embedding group's sum, each then travels in its stage's data-parallel bucket and shard pieces,
+// which must have one shape on both stages (MPI then sums every element in the same order). Before,
+// wte shared a bucket with wpe on the first stage and with blocks on the last, and at DP 4 under
+// ZeRO-1 the copies came out DIFFERENT.
+TEST(ThreeDTiedEmbedding, BothCopiesTravelInBucketsOfOneShape) {
+  GPT2Config model;
+  ASSERT_TRUE(find_preset("tall", &model));
+  for (int dp : {1, 2, 3, 4})
+    for (int t : {1, 2})
+      for (int p : {2, 4})
+        for (BucketCut cut : {BucketCut::AtTensors, BucketCut::AtLayers}) {
+          SCOPED_TRACE("dp " + std::to_string(dp) + " tp " + std::to_string(t) + " pp " + std::to_string(p));
+          const std::vector<int> blocks = balanced_partition(model, p);
+          std::vector<FlatRange> wte_bucket;
+          std::vector<std::vector<FlatRange>> pieces(2);
+          for (int stage : {0, p - 1}) {
+            const ParamLayout layout =
+                build_gpt2_layout(model, dp, TensorParallelism{t, 0, false}, parts_of_rank(model, blocks, p, stage));
+            const int wte = layout.find("wte");
+            const GradientBuckets buckets(layout, 4096, 4, cut);
+            const int b = buckets.bucket_of(wte);
+            EXPECT_EQ(buckets.begin(b), layout.params[wte].offset);
+            wte_bucket.push_back(buckets.range(b));
+            if (cut != BucketCut::AtLayers) continue;  // (ZeRO's buckets: whole layers, each divides by dp)
+            const ShardPlan plan(buckets.ranges_in_flat_order(), dp, 0);
+            const int i = plan.range_index(buckets.begin(b));
+            for (int q = 0; q < dp; q++) pieces[stage == 0 ? 0 : 1].push_back(plan.piece(i, q));
+          }
+          EXPECT_EQ(wte_bucket[0].begin, wte_bucket[1].begin);
+          EXPECT_EQ(wte_bucket[0].end, wte_bucket[1].end);
+          ASSERT_EQ(pieces[0].size(), pieces[1].size());
+          for (size_t q = 0; q < pieces[0].size(); q++) {
+            EXPECT_EQ(pieces[0][q].begin, pieces[1][q].begin);
+            EXPECT_EQ(pieces[0][q].end, pieces[1][q].end);
+          }
+        }
+}
+
+// The reported grid, at 16 ranks: DP 4 x TP 2 x PP 2 with ZeRO-1, a tiny model, two steps.
+TEST(ThreeDTiedEmbedding, BothCopiesStayEqualAtDataParallelFourUnderZeroOne) {
+  const std::string dir = temp_dir();
+  RunResult r = run_trainer("09_3d_parallel", 16,
+                            "--preset tiny --tp 2 --pp 2 --zero1 --batch 16 --steps 2 --json " + dir + "/run.jsonl");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("grid: 4 data-parallel x 2 tensor-parallel x 2 pipeline stages"), std::string::npos)
+      << r.output;
+  const std::string pipeline = read_record(dir + "/run.jsonl", "pipeline");
+  EXPECT_NE(pipeline.find("\"wte_copies_equal\":true"), std::string::npos) << pipeline;
 }
 
 // Combinations the chapter refuses, each with a message naming the flags, before any work.

@@ -2,15 +2,21 @@
 // what the trainers forecast for the same configuration (built here as 01-08 build it: their layout,
 // their model parts, their activation slots counted from the schedule's own lists); its step time is
 // the sum of its parts and the pipeline's is the simulator's; the search keeps only what fits; and it
-// predicts Megatron-LM's Table 1 within 15% from one calibrated constant.
+// predicts Megatron-LM's Table 1 within 15% from one calibrated constant. The plan binary refuses
+// every flag it cannot honour, with a sentence, and its header and tables say what it computed.
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <fstream>
+#include <regex>
+#include <sstream>
+#include <utility>
 
 #include "param_layout.h"
 #include "pipeline.h"
 #include "plan_record.h"
 #include "planner.h"
+#include "training_harness.h"  // run_command, temp_dir
 
 namespace {
 
@@ -199,7 +205,8 @@ TEST(Planner, RefusesWhatCannotRunAndKeepsOnlyWhatFits) {
 
   // What our chapters cannot run yet is predicted, but marked (and left out under --runnable-here).
   EXPECT_NE(not_runnable_here(config(2, 2, 1, Schedule::OneFOneB, 1, 1, 2, 3, Recompute::None, false)), "");
-  EXPECT_NE(not_runnable_here(config(1, 2, 2, Schedule::ZBH1, 1, 1, 4, 0, Recompute::None, false)), "");
+  // 09 runs zb-h1 under TP, with its W pass (test_3d_parallel.cpp, tp2_pp2_zbh1).
+  EXPECT_EQ(not_runnable_here(config(1, 2, 2, Schedule::ZBH1, 1, 1, 4, 0, Recompute::None, false)), "");
   EXPECT_EQ(not_runnable_here(config(2, 2, 2, Schedule::Interleaved, 2, 1, 4, 1, Recompute::Full, true)), "");
   EXPECT_EQ(not_runnable_here(config(4, 1, 1, Schedule::OneFOneB, 1, 1, 2, 3, Recompute::None, false)), "");
 
@@ -254,4 +261,105 @@ TEST(Planner, PredictsMegatronTable1WithinFifteenPercentFromOneRow) {
   }
   EXPECT_NEAR(predicted_tflops(rows[calibration], plan_paper_config(rows[calibration], e).step_s),
               rows[calibration].tflops_per_gpu, 0.5);
+}
+
+// A mixture-of-experts preset is refused with a sentence, even after its dense twin (tiny: the same
+// L, C, NH, T and V) filled the layout cache, which once keyed them alike; the plan binary stopped at
+// an internal check of param_layout.cpp.
+TEST(Planner, AMixtureOfExpertsIsRefusedNotAnInternalError) {
+  const PlanInputs tiny = cpu_inputs("tiny", 2, 8);
+  const PlanConfig c = config(1, 1, 2, Schedule::OneFOneB, 1, 2, 4, 0, Recompute::None, false);
+  ASSERT_EQ(evaluate_plan(tiny, c).invalid, "");
+  const PlanInputs moe = cpu_inputs("moe-tiny", 2, 8);
+  EXPECT_NE(evaluate_plan(moe, c).invalid.find("is a mixture of experts"), std::string::npos);
+  RunResult r = run_command("./09_3d_parallel/plan --model moe-tiny --gpus 8", 60);
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("error: --model moe-tiny is a mixture of experts"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("internal error"), std::string::npos) << r.output;
+}
+
+// Each flag the planner is given is honoured or refused: a zero or a negative never falls back to
+// the default silently; --megatron and --heatmap are two runs.
+TEST(PlanFlags, AZeroANegativeOrTwoRunsAreRefusedNamingTheFlag) {
+  const std::string base = "./09_3d_parallel/plan --model tiny --cluster emulated ";
+  for (const auto& [args, message] : std::vector<std::pair<std::string, std::string>>{
+           {"--gpus 0", "--gpus must be positive"},
+           {"--nodes 0", "--nodes must be positive"},
+           {"--batch 0", "--batch must be positive"},
+           {"--efficiency 0", "--efficiency must be positive"},
+           {"--memory-gb -1", "--memory-gb must be positive"},
+           {"--peak-flops -1e12", "--peak-flops must be positive"},
+           {"--inter-gbps -1", "--inter-gbps must be 0 or more"},
+           {"--megatron docs/data/megatron_table1.csv --heatmap " + temp_dir() + "/never.csv",
+            "--megatron and --heatmap: give one"}}) {
+    SCOPED_TRACE(args);
+    RunResult r = run_command(base + args, 60);
+    EXPECT_NE(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find("error: " + message), std::string::npos) << r.output;
+    EXPECT_EQ(r.output.find("configurations predicted"), std::string::npos) << r.output;
+  }
+}
+
+// The header shows the cluster the predictions used, overrides included; a cell never outgrows its
+// column; a batch too small for the GPUs is blamed, not memory.
+TEST(PlanFlags, TheOutputSaysWhatWasComputed) {
+  RunResult r = run_command("./09_3d_parallel/plan --model tiny --cluster dgx-h100 --gpus 2 --batch 8 --top 2 "
+                            "--intra-gbps 7 --inter-gbps 3 --peak-flops 2e12",
+                            60);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("2 TFLOP/s bf16 each, links per GPU 7 Gb/s 5 us in a node, 3 Gb/s 10 us between nodes"),
+            std::string::npos)
+      << r.output;
+  EXPECT_EQ(r.output.find("989"), std::string::npos) << r.output;
+
+  r = run_command("./09_3d_parallel/plan --model tiny --cluster dgx-h100 --gpus 2 --batch 8 --top 2 --efficiency 1e-300",
+                  60);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("compute efficiency 1e-300"), std::string::npos) << r.output;
+  std::istringstream lines(r.output);
+  std::string line;
+  int rows = 0;
+  static const std::regex row("^[0-9]+ +dp ");
+  while (std::getline(lines, line)) {
+    if (!std::regex_search(line, row)) continue;
+    rows++;
+    std::istringstream cells(line);
+    std::string cell;
+    while (cells >> cell) EXPECT_LE(cell.size(), 12u) << line;
+  }
+  EXPECT_GT(rows, 0) << r.output;
+
+  r = run_command("./09_3d_parallel/plan --model gpt2 --gpus 1048576 --batch 8", 60);
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("the batch, not memory, is the limit"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("the least short"), std::string::npos) << r.output;
+}
+
+// A Table 1 row that is no configuration (t = -8) is refused naming the file and the row.
+TEST(PlanRecord, AMalformedRowIsRefusedNotAnInternalError) {
+  const std::string csv = temp_dir() + "/table1.csv";
+  std::ifstream in("docs/data/megatron_table1.csv");
+  std::ofstream out(csv);
+  std::string line;
+  bool header = true, changed = false;
+  while (std::getline(in, line)) {
+    if (!line.empty() && line[0] != '#' && !header && !changed) {  // the first row: t = -8
+      std::vector<std::string> fields;
+      std::stringstream cells(line);
+      for (std::string f; std::getline(cells, f, ',');) fields.push_back(f);
+      fields[4] = "-8";
+      line.clear();
+      for (size_t i = 0; i < fields.size(); i++) line += (i ? "," : "") + fields[i];
+      changed = true;
+    } else if (!line.empty() && line[0] != '#') {
+      header = false;
+    }
+    out << line << "\n";
+  }
+  out.close();
+  ASSERT_TRUE(changed) << "no row found";
+  RunResult r = run_command("./09_3d_parallel/plan --megatron " + csv, 60);
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("t = -8 and p = "), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("internal error"), std::string::npos) << r.output;
 }

@@ -112,6 +112,31 @@ TEST(PipelineFlags, RefusalsNameTheFlagsAndCostNothing) {
   three.pp = 3;
   EXPECT_EQ(problem(three, 4, 8), "the 4 ranks do not divide into pipelines of --pp 3 stages: run on a multiple of 3 ranks, "
                                   "or change --pp");
+  // 09's --tp: the data-parallel ranks are what TP x PP leave, and the grid's refusal names both.
+  PipelineFlags tp2;
+  tp2.tp = 2, tp2.pp = 2, tp2.zero2 = true;
+  EXPECT_EQ(problem(tp2, 8, 8), "");
+  EXPECT_EQ(plan.data_parallel, 2);
+  EXPECT_EQ(problem(tp2, 6, 8), "the 6 ranks do not divide into tensor-parallel groups of --tp 2 times pipelines of --pp "
+                                "2 stages: run on a multiple of 4 ranks, or change --tp or --pp");
+  // A mixture of experts: no pipeline splits its blocks.
+  GPT2Config moe;
+  ASSERT_TRUE(find_preset("moe-tiny", &moe));
+  EXPECT_NE(pipeline_flags_problem(PipelineFlags{}, 1, moe, 8, &plan).find("--preset moe-tiny is a mixture of experts"),
+            std::string::npos);
+}
+
+// Matched by tag, a step's largest tag is 2 p v m - 1, checked against the communicator's bound (the
+// standard guarantees 32767; this MPICH's MPI_TAG_UB is 2^28 - 1, which 08 once passed unchecked).
+TEST(PipelineFlags, TheLargestTagIsCheckedAgainstTheBound) {
+  EXPECT_EQ(largest_pipeline_tag(PipelineShape{2, 4, 1}), 15);
+  EXPECT_EQ(pipeline_tag_problem(PipelineShape{2, 8192, 1}, 32767), "");  // tags 0 .. 32767
+  EXPECT_EQ(pipeline_tag_problem(PipelineShape{2, 8193, 1}, 32767),
+            "--micro-batches 8193: matched by tag, a step's messages carry tags up to 2 x 2 stages x 1 chunks x 8193 "
+            "micro-batches - 1 = 32771, past this MPI's largest tag (MPI_TAG_UB) 32767: pass --micro-batches 8192 or "
+            "fewer, or --p2p-matching call-order");
+  EXPECT_EQ(pipeline_tag_problem(PipelineShape{4, 2048, 2}, 32767), "");  // 2 x 4 x 2 x 2048 - 1 = 32767
+  EXPECT_NE(pipeline_tag_problem(PipelineShape{4, 2049, 2}, 32767), "");
 }
 
 // 07: --tp and --grad-accum from 1 to 5, --batch from 1 to 5, with and without sequence
@@ -258,6 +283,19 @@ std::vector<Refusal> refusals() {
        "--batch 8 is not divisible by data-parallel ranks x micro-batches = 1 x 10000000"},
       {"08_pipeline", 2, "--preset tall --batch 100000000", "this run would need about"},
       {"08_pipeline", 2, "--preset tall --batch 3", "--batch 3 is not divisible by data-parallel ranks x micro-batches"},
+      // Tags past MPI_TAG_UB (2^28 - 1 here): refused before the memory forecast, or a tag MPI rejects.
+      {"08_pipeline", 2, "--preset tall --micro-batches 100000000 --batch 100000000",
+       "--micro-batches 100000000: matched by tag, a step's messages carry tags up to"},
+      {"08_pipeline", 1, "--preset moe-tiny", "--preset moe-tiny is a mixture of experts, whose blocks neither a pipeline"},
+      // 09 checks its flags with 08's code: the same refusals, as fast.
+      {"09_3d_parallel", 2, "--tp 1 --pp 2 --preset tall --micro-batches 10000000",
+       "--batch 8 is not divisible by data-parallel ranks x micro-batches = 1 x 10000000"},
+      {"09_3d_parallel", 2, "--tp 1 --pp 2 --preset tall --micro-batches 100000000 --batch 100000000",
+       "--micro-batches 100000000: matched by tag, a step's messages carry tags up to"},
+      {"09_3d_parallel", 4, "--tp 2 --pp 2 --preset tall --zero1 --zero2", "--zero1 and --zero2: choose one"},
+      {"09_3d_parallel", 1, "--preset moe-tiny", "--preset moe-tiny is a mixture of experts, whose blocks neither a pipeline"},
+      {"10_context_parallel", 1, "--preset moe-tiny",
+       "--preset moe-tiny is a mixture of experts, whose blocks 10_context_parallel cannot run with ring attention"},
       {"10_context_parallel", 3, "--cp 2", "the 3 ranks do not divide into context-parallel rings of --cp 2"},
       {"10_context_parallel", 2, "--preset odd --cp 2 --cp-split contiguous",
        "the sequence length T = 17 does not divide into --cp 2 equal parts"},
