@@ -71,6 +71,7 @@ class P2PCollectives : public Communicator {
   CommHandle recv_async(Tensor buf, int peer, int tag) override { return inner_->recv_async(buf, peer, tag); }
   CommHandle send_recv_async(const std::vector<PointToPoint>& ops) override { return inner_->send_recv_async(ops); }
   bool matches_by_tag() const override { return inner_->matches_by_tag(); }
+  int64_t largest_tag() const override { return inner_->largest_tag(); }
   CommHandle barrier_async() override { return inner_->barrier_async(); }
   double all_reduce_scalar(double value, ReduceOp op) override { return inner_->all_reduce_scalar(value, op); }
   void broadcast_bytes(void* data, size_t bytes, int root) override { inner_->broadcast_bytes(data, bytes, root); }
