@@ -125,7 +125,7 @@ def print_table(runs):
         modelled = timing.modelled_ms(run)
         print("%-24s %8.0f %6s %8.1f %13s %8s %8.1f / %6.1f %5.0f %9.2f %8.1f MB %4.1fΨ %7.1f MB %8.1f MB %7.3f" % (
             label(run), timing.tokens_per_s(run), "%5.2fx" % x if x else "   -  ", stats["median"], spread,
-            "%.1f" % modelled if modelled == modelled else "-", s["exposed_comm_ms"], s["comm_ms"],
+            "%.1f" % modelled if modelled == modelled else "-", timing.exposed_ms(run), timing.comm_ms(run),
             s["collectives_per_step"], mb(s["comm_bytes_per_step"]), mb(model_state(run)),
             model_state(run) / run["run"]["params"], mb(peak_over_steps(run, "mem_comm")),
             mb(peak_over_steps(run, "mem_activations")), s["final_loss"]))
@@ -133,7 +133,8 @@ def print_table(runs):
     print("step ms: the median over every measured step of %d round%s (step 0 of each is warm-up); spread: the "
           "10th-90th percentile (* min-max: under 10 steps); modelled: the step the chapter's schedule predicts "
           "from the run's own host time and the link model (docs/theory.md, 11); /Ψ: model state in bytes per "
-          "parameter of the model; the rest is counted, the same in every round." % (rounds, "s" if rounds > 1 else ""))
+          "parameter of the model; exposed/total: the medians over the same steps; the rest is counted, the same in "
+          "every round." % (rounds, "s" if rounds > 1 else ""))
     own = sorted({run["run"]["chapter"][:2] + " (--preset %s)" % run["run"].get("preset") for run in runs
                   if own_model(runs, run)})
     if own:
@@ -159,7 +160,7 @@ def describe(runs):
         return "%.2fx %s %s" % (x if x >= 1 else 1 / x, "faster than" if x >= 1 else "slower than", than)
 
     def comm(c):
-        return "%.1f of %.1f ms" % (s(c)["exposed_comm_ms"], s(c)["comm_ms"])
+        return "%.1f of %.1f ms" % (timing.exposed_ms(at[c]), timing.comm_ms(at[c]))
 
     def modelled_faster(c, than="01"):
         """The same comparison on the modelled column (docs/theory.md, 11)."""
@@ -179,7 +180,8 @@ def describe(runs):
     if "03" in at and "02" in at:
         lines.append("03  buckets: %.0f collectives instead of %.0f, communication %.1f ms in all instead of %.1f, "
                      "exposed %.1f; %s, %s." % (s("03")["collectives_per_step"], s("02")["collectives_per_step"],
-                                               s("03")["comm_ms"], s("02")["comm_ms"], s("03")["exposed_comm_ms"],
+                                               timing.comm_ms(at["03"]), timing.comm_ms(at["02"]),
+                                               timing.exposed_ms(at["03"]),
                                                faster("03") + modelled_faster("03"), faster("03", "02")))
     for c, what in (("04", "optimizer state sharded"), ("05", "gradients sharded too"),
                     ("06", "parameters sharded too")):
@@ -278,13 +280,12 @@ def print_model_reading(runs):
         stats, modelled = run["timing"]["measured_stats"], timing.modelled_ms(run)
         if modelled != modelled or stats["low"] <= modelled <= stats["high"]:
             continue
-        s = run["summary"]
         beyond = run["timing"]["beyond_link_ms"]
         if modelled < stats["low"]:
             why = ("slower than modelled: the model counts the link's hold only; the collectives were busy %.1f ms "
                    "a step beyond it (MPI's own copy and reduction after the hold, a peer descheduled by other "
                    "work), of which the trainer waited for some (exposed %.1f ms measured)" % (
-                       beyond, s["exposed_comm_ms"]))
+                       beyond, timing.exposed_ms(run)))
         else:
             why = ("faster than modelled: the modelled step waits for every collective's last rank; measured steps "
                    "also vary with the load between rounds")
@@ -389,26 +390,31 @@ def at_largest_rank_count(runs):
     return [r for r in runs if r["run"]["ranks"] == n and measured(r)], n
 
 
+def communication_bars(runs):
+    """communication.png's total and exposed bars and step marks, each run's: the medians over every
+    round's steps, the steps the table's columns are over."""
+    return ([timing.comm_ms(r) for r in runs], [timing.exposed_ms(r) for r in runs],
+            [timing.median_ms(r) for r in runs])
+
+
 def plot_communication(runs, folder, busy=""):
     runs, n = at_largest_rank_count(runs)
     if n < 2 or not runs:
         return
-    names = [short(r) for r in runs]
-    total = [r["summary"]["comm_ms"] for r in runs]
-    exposed = [r["summary"]["exposed_comm_ms"] for r in runs]
-    step = [r["summary"]["step_ms"] for r in runs]
+    total, exposed, step = communication_bars(runs)
     fig, ax = plt.subplots(figsize=(max(6, 1.1 * len(runs)), 4.2))
     x = range(len(runs))
     ax.bar(x, total, 0.6, color="#B7D4EA", label="communication in flight (total)")
     ax.bar(x, exposed, 0.6, color="#D62728", label="exposed: the trainer waited")
-    ax.plot(x, step, "k_", markersize=30, markeredgewidth=2, label="step time")
+    ax.plot(x, step, "k_", markersize=30, markeredgewidth=2, label="step time (median)")
     for i in x:
         ax.annotate("%.0f%%" % (100 * exposed[i] / total[i] if total[i] else 0), (i, exposed[i]), ha="center",
                     va="bottom", fontsize=8)
     ax.set_xticks(list(x))
     ax.set_xticklabels([name(r) for r in runs], rotation=20, fontsize=8)
     ax.set_ylabel("ms per step")
-    ax.set_title("Communication per step at %d ranks: total, and the exposed part (%% of total)%s" % (n, busy),
+    ax.set_title("Communication per step at %d ranks, medians over every round's steps: total, and the exposed "
+                 "part (%% of total)%s" % (n, busy),
                  fontsize=9)
     ax.legend(fontsize=8)
     ax.margins(y=0.1)
