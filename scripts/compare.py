@@ -343,15 +343,15 @@ def print_four_ranks(folder):
     print("  " + line + ".")
 
 
-def plot_throughput(runs, folder, busy=""):
-    chapters = sorted({name(r) for r in runs})
-    rank_counts = sorted({r["run"]["ranks"] for r in runs})
+def draw_throughput(ax, runs, subset):
+    """The bars of `subset` (runs of one model) on `ax`, grouped by chapter, one bar per rank count."""
+    chapters = sorted({name(r) for r in subset})
+    rank_counts = sorted({r["run"]["ranks"] for r in subset})
     width = 0.8 / len(rank_counts)
-    fig, ax = plt.subplots(figsize=(max(7, 1.3 * len(chapters)), 4.2))
     for i, n in enumerate(rank_counts):
         xs, ys, runs_n = [], [], []
         for j, c in enumerate(chapters):
-            r = next((r for r in runs if name(r) == c and r["run"]["ranks"] == n and measured(r)), None)
+            r = next((r for r in subset if name(r) == c and r["run"]["ranks"] == n and measured(r)), None)
             if r:
                 xs.append(j + (i - (len(rank_counts) - 1) / 2) * width)
                 ys.append(timing.tokens_per_s(r))
@@ -361,24 +361,45 @@ def plot_throughput(runs, folder, busy=""):
         low = [y - timing.tokens_per_s(r, t["high"]) for y, r, t in zip(ys, runs_n, stats)]
         high = [timing.tokens_per_s(r, t["low"]) - y for y, r, t in zip(ys, runs_n, stats)]
         bars = ax.bar(xs, ys, width, yerr=[low, high], capsize=3, error_kw={"elinewidth": 1},
-                      label="%d rank%s" % (n, "s" if n > 1 else ""))
-        modelled = [(x, timing.tokens_per_s(r, timing.modelled_ms(r))) for x, r in zip(xs, runs_n)
-                    if timing.modelled_ms(r) == timing.modelled_ms(r) and n > 1]
+                      color="C%d" % i, label="%d rank%s" % (n, "s" if n > 1 else ""))
+        modelled = {}
+        for x, r in zip(xs, runs_n):
+            if timing.modelled_ms(r) == timing.modelled_ms(r) and n > 1:
+                modelled[x] = timing.tokens_per_s(r, timing.modelled_ms(r))
         if modelled:
-            ax.plot([m[0] for m in modelled], [m[1] for m in modelled], "kD", markersize=5,
+            ax.plot(list(modelled), list(modelled.values()), "kD", markersize=5,
                     label="modelled" if i == len(rank_counts) - 1 else None)
         for bar, r, up in zip(bars, runs_n, high):
             x = speedup(runs, r)
             if x and n > 1:
-                ax.annotate("%.2fx" % x, (bar.get_x() + bar.get_width() / 2, bar.get_height() + up), ha="center",
+                centre = bar.get_x() + bar.get_width() / 2
+                # Above the error bar and the ◆, whichever is higher, so that neither hides the label.
+                top = max(bar.get_height() + up, modelled.get(bar.get_x() + bar.get_width() / 2, 0))
+                ax.annotate("%.2fx" % x, (centre, top), xytext=(0, 4), textcoords="offset points", ha="center",
                             va="bottom", fontsize=8)
     ax.set_xticks(range(len(chapters)))
     ax.set_xticklabels(chapters, rotation=20, fontsize=8)
-    ax.set_ylabel("tokens / s")
-    ax.set_title("Throughput at the median step (bars: p10-p90; ◆ modelled); labels: speed-up against 01 at the "
+    ax.margins(y=0.15)
+
+
+def plot_throughput(runs, folder, busy=""):
+    # A chapter with a model of its own (11's mixture of experts, several times 01's tokens/s on its
+    # smaller step) gets a panel and a scale of its own: on one axis it would flatten every other bar.
+    shared = [r for r in runs if not own_model(runs, r)]
+    own = [r for r in runs if own_model(runs, r)]
+    panels = [shared] + ([own] if own else [])
+    n_shared, n_own = len({name(r) for r in shared}), len({name(r) for r in own})
+    fig, axes = plt.subplots(1, len(panels), figsize=(max(7, 1.3 * (n_shared + n_own)), 4.2), squeeze=False,
+                             gridspec_kw={"width_ratios": [max(n_shared, 1)] + ([max(n_own, 1) + 0.6] if own else [])})
+    for ax, subset in zip(axes[0], panels):
+        draw_throughput(ax, runs, subset)
+    axes[0][0].set_ylabel("tokens / s")
+    axes[0][0].legend(fontsize=8)
+    if own:
+        axes[0][1].set_title("own model (--preset %s): its own scale,\nspeed-up against its own 1-rank run"
+                             % own[0]["run"].get("preset"), fontsize=8)
+    fig.suptitle("Throughput at the median step (bars: p10-p90; ◆ modelled)\nlabels: speed-up against 01 at the "
                  "same rank count%s" % busy, fontsize=9)
-    ax.margins(y=0.12)
-    ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(os.path.join(folder, "throughput.png"), dpi=120)
     plt.close(fig)
