@@ -382,12 +382,17 @@ def draw_throughput(ax, runs, subset):
     ax.margins(y=0.15)
 
 
+def throughput_panels(runs):
+    """throughput.png's panels: the runs of 01's model, then (if any) those of a model of their own."""
+    own = [r for r in runs if own_model(runs, r)]
+    return [[r for r in runs if r not in own]] + ([own] if own else [])
+
+
 def plot_throughput(runs, folder, busy=""):
     # A chapter with a model of its own (11's mixture of experts, several times 01's tokens/s on its
     # smaller step) gets a panel and a scale of its own: on one axis it would flatten every other bar.
-    shared = [r for r in runs if not own_model(runs, r)]
-    own = [r for r in runs if own_model(runs, r)]
-    panels = [shared] + ([own] if own else [])
+    panels = throughput_panels(runs)
+    shared, own = panels[0], panels[1] if len(panels) > 1 else []
     n_shared, n_own = len({name(r) for r in shared}), len({name(r) for r in own})
     fig, axes = plt.subplots(1, len(panels), figsize=(max(7, 1.3 * (n_shared + n_own)), 4.2), squeeze=False,
                              gridspec_kw={"width_ratios": [max(n_shared, 1)] + ([max(n_own, 1) + 0.6] if own else [])})

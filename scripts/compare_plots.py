@@ -73,6 +73,9 @@ def loss_differences(runs, reference):
             for r in runs}
 
 
+LAST_LOSS_TITLE = ""  # the title plot_loss() drew last, for scripts/check_plots.sh
+
+
 def plot_loss(runs, folder):
     """Returns the labels of the runs that differ from the reference, and the largest difference as
     (run's label, step, relative difference); None without steps."""
@@ -114,8 +117,10 @@ def plot_loss(runs, folder):
         chapters = sorted({r["run"]["chapter"] for r in others})
         left_out = "\n(not drawn: %s, %d run%s on a model of its own, held to its own one-rank run)" % (
             ", ".join(chapters), len(others), "s" if len(others) > 1 else "")
-    top.set_title("Training loss of every run on %s (the same global batch, so the curves should coincide)%s" % (
-        reference["run"].get("preset"), left_out), fontsize=10)
+    global LAST_LOSS_TITLE
+    LAST_LOSS_TITLE = "Training loss of every run on %s (the same global batch, so the curves should coincide)%s" % (
+        reference["run"].get("preset"), left_out)
+    top.set_title(LAST_LOSS_TITLE, fontsize=10)
     top.legend(fontsize=9, loc="upper right")
     top.tick_params(labelsize=9)
 
