@@ -56,7 +56,7 @@ GoogleTest=$(or $(HAVE_GTEST),MISSING) matplotlib=$(or $(HAVE_MATPLOTLIB),MISSIN
 $(info building chapters: $(CHAPTERS))
 endif
 
-.PHONY: all deps test tests test-busy compare bench bench-short bench-comm bench-tp bench-pp schedules cp-balance bench-torch diffs plan plan-check clean \
+.PHONY: all deps test tests test-busy compare bench bench-comm bench-tp bench-pp schedules cp-balance bench-torch diffs plan plan-check clean \
   help $(CHAPTERS)
 all: $(CHAPTERS) ## every chapter's program (NN_name/train); the default
 
@@ -152,6 +152,7 @@ bench: ## one rank, one thread: ours vs PyTorch eager at tiny, small, deep, alte
 # make bench in seconds, what make test runs (tests/manifest.txt), so that a change that breaks the
 # benchmark cannot land: the same script and targets, one round of 3 steps at tiny, without PyTorch,
 # its results in $(BUILD)/bench-short rather than over a real bench's.
+.PHONY: bench-short
 bench-short: ## make bench in seconds (tiny, 1 round of 3 steps, no PyTorch): what make test runs
 	@ROUNDS=1 STEPS=3 PRESETS=tiny BENCH_TORCH=0 BENCH_OUT=$(BUILD)/bench-short $(MAKE) --no-print-directory bench
 
