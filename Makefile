@@ -156,6 +156,13 @@ bench: ## one rank, one thread: ours vs PyTorch eager at tiny, small, deep, alte
 	@$(MAKE) --no-print-directory all $(BUILD)/matmul_bench
 	@scripts/bench.sh
 
+# make bench in seconds, what make test runs (tests/manifest.txt), so that a change that breaks the
+# benchmark cannot land: the same script and targets, one round of 3 steps at tiny, without PyTorch,
+# its results in $(BUILD)/bench-short rather than over a real bench's.
+.PHONY: bench-short
+bench-short: ## make bench in seconds (tiny, 1 round of 3 steps, no PyTorch): what make test runs
+	@ROUNDS=1 STEPS=3 PRESETS=tiny BENCH_TORCH=0 BENCH_OUT=$(BUILD)/bench-short $(MAKE) --no-print-directory bench
+
 bench-tp: all ## 07 (TP 2, + sequence parallelism, + overlap) next to 03 on three links: RANKS=2 PRESET=small STEPS=20
 	@scripts/bench_tp.sh
 
@@ -203,7 +210,7 @@ bench-torch: ## chapter 01 next to PyTorch eager (needs torch): ARGS="--preset g
 	@$(MAKE) --no-print-directory 01_vanilla_dp
 	@PYTHON=$(TORCH_PYTHON) scripts/compare_pytorch.sh $(ARGS)
 
-diffs: ## writes docs/diffs/: each chapter's train.cpp against the previous one
+diffs: ## writes docs/diffs/: each chapter's train.cpp against its base chapter (the previous one; 03 for 07, 08, 10, 11)
 	@scripts/diffs.sh
 
 # Chapter 09's planner (PLAN, defined with the chapters above): a command-line tool over
@@ -214,7 +221,7 @@ $(PLAN): $(BUILD)/09_3d_parallel/plan.o $(LIBCOMMON)
 plan: $(PLAN) ## 09's planner: best DP x TP x PP configurations, Megatron-LM's Table 1, results/plan_heatmap.png: PLAN_ARGS="--model megatron-146b --cluster dgx-a100 --gpus 1536 --batch 2304"
 	@scripts/plan.sh $(PLAN_ARGS)
 
-plan-check: $(PLAN) ## 09's planner against runs of 03-09 on this machine: RUNS="dp2 tp2 ..." to pick
+plan-check: $(PLAN) ## 09's planner against runs of 03-08 on this machine, about 44 s on 2 cores: RUNS="dp2 tp2 ..." to pick
 	@$(MAKE) --no-print-directory all
 	@scripts/plan_check.sh
 

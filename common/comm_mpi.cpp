@@ -44,6 +44,7 @@
 #include "comm.h"
 
 #include <mpi.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -53,6 +54,7 @@
 #include <cstdlib>  // setenv
 #include <cstring>
 #include <deque>
+#include <fstream>
 #include <functional>
 #include <list>
 #include <map>
@@ -433,6 +435,35 @@ std::string describe_group(const GroupInfo& g) {
   return text + ")";
 }
 
+// Every world rank's process id and node (the lowest world rank on its node), gathered at start-up,
+// so that a watchdog can look at the peers that share its node (/proc/<pid>/stat).
+std::vector<int> g_world_pids, g_world_nodes;
+
+// Which members of `g` (other than this process) are stopped (SIGSTOP, a debugger) or gone, as far
+// as this node can see: "world rank 1 (pid 4242) is stopped"; "" when none is, or none shares the node.
+std::string missing_members(const GroupInfo& g) {
+  int me = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &me);
+  std::string text;
+  for (int r : g.world_ranks) {
+    if (r == me || size_t(r) >= g_world_pids.size() || g_world_nodes[size_t(r)] != g_world_nodes[size_t(me)]) continue;
+    const std::string pid = std::to_string(g_world_pids[size_t(r)]);
+    std::ifstream in("/proc/" + pid + "/stat");
+    std::string stat;
+    std::getline(in, stat);
+    const size_t after_name = stat.rfind(')');  // "pid (name) S ...": the name may hold spaces
+    std::string state;
+    if (!in && stat.empty()) state = "has ended";
+    else if (after_name != std::string::npos && after_name + 2 < stat.size() &&
+             (stat[after_name + 2] == 'T' || stat[after_name + 2] == 't'))
+      state = "is stopped (SIGSTOP, Ctrl-Z or a debugger)";
+    else if (after_name != std::string::npos && after_name + 2 < stat.size() && stat[after_name + 2] == 'Z')
+      state = "has ended";
+    if (!state.empty()) text += (text.empty() ? "" : "; ") + ("world rank " + std::to_string(r) + " (pid " + pid + ") " + state);
+  }
+  return text;
+}
+
 // One submitted op. The issuing thread fills it in; from submission on, the engine owns it.
 struct MpiOp {
   std::shared_ptr<CommHandle::State> handle;
@@ -652,11 +683,14 @@ class ProgressEngine {
     const bool point_to_point = op.peer >= 0;
     const std::string peer =
         point_to_point ? "world rank " + std::to_string(op.group->world_ranks.at(size_t(op.peer))) : "";
+    // Which peer MPI cannot say; the node can, for the peers that share it.
+    const std::string missing = missing_members(*op.group);
+    const std::string blamed = !missing.empty() ? missing
+                               : (point_to_point ? peer : "a peer rank of that group") + " is stopped, dead or stuck";
     fatal(std::string("watchdog: ") + op.name + " of " + format_bytes(double(op.handle->payload_bytes)) +
           (point_to_point ? (std::string(op.name) == "send" ? " to " : " from ") + peer : "") + " over " +
           describe_group(*op.group) + (phase.empty() ? "" : " in " + phase) + " has not completed after " +
-          seconds + " s (--timeout): " + (point_to_point ? peer : "a peer rank of that group") +
-          " is stopped, dead or stuck before this " + (point_to_point ? "message" : "collective") +
+          seconds + " s (--timeout): " + blamed + " before this " + (point_to_point ? "message" : "collective") +
           ". Ending the job.");
   }
 
@@ -1180,7 +1214,14 @@ std::unique_ptr<Communicator> init_mpi_communicator(int* argc, char*** argv) {
   MPI_Comm node = MPI_COMM_NULL;
   MPI_CHECK(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node));
   MPI_CHECK(MPI_Comm_size(node, &g_ranks_on_node));
+  int node_id = rank;
+  MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &node_id, 1, MPI_INT, MPI_MIN, node));
   MPI_CHECK(MPI_Comm_free(&node));
+  const int pid = int(getpid());
+  g_world_pids.assign(size_t(size), 0);
+  g_world_nodes.assign(size_t(size), 0);
+  MPI_CHECK(MPI_Allgather(&pid, 1, MPI_INT, g_world_pids.data(), 1, MPI_INT, MPI_COMM_WORLD));
+  MPI_CHECK(MPI_Allgather(&node_id, 1, MPI_INT, g_world_nodes.data(), 1, MPI_INT, MPI_COMM_WORLD));
   auto engine = std::make_shared<ProgressEngine>();
   g_engine = engine;
   // A private copy of MPI_COMM_WORLD: our collectives and messages cannot be confused with MPI calls

@@ -4,14 +4,17 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <thread>
 
 #include "check.h"
 
@@ -76,9 +79,8 @@ std::string folder_of(const std::string& path) {
   return slash == 0 ? "/" : path.substr(0, slash);
 }
 
-// This process's temporary for `path`: PATH.tmp.<host>.<pid>. The host is in the name because a
-// folder may be shared by the nodes of a cluster, where only the writer's own node can tell whether
-// that process still lives.
+// The host is in a temporary's name because a folder may be shared by the nodes of a cluster, where
+// only the writer's own node can tell whether that process still lives.
 std::string this_host() {
   char host[256] = "";
   if (gethostname(host, sizeof host - 1) != 0) return "unknown";
@@ -97,13 +99,14 @@ std::string resolved_target(const std::string& path) {
   return target;
 }
 
+}  // namespace
+
 std::string temporary_for(const std::string& path) {
   return path + ".tmp." + this_host() + "." + std::to_string(getpid());
 }
 
-// Removes the PATH.tmp.<host>.<pid> files that writers on this host left when they died (a kill during
-// a save): their process no longer exists. A live writer's file (another run saving to the same path)
-// and other hosts' files are left alone.
+// Only files whose process no longer exists go: a live writer's file (another run saving to the same
+// path) and other hosts' files are left alone.
 void remove_stale_temporaries(const std::string& path) {
   const std::string folder = folder_of(path);
   const std::string prefix =
@@ -122,7 +125,34 @@ void remove_stale_temporaries(const std::string& path) {
   closedir(dir);
 }
 
-}  // namespace
+bool written_in_place(const std::string& path) {
+  struct stat info;
+  if (stat(path.c_str(), &info) != 0) return false;
+  if (S_ISFIFO(info.st_mode)) return true;
+  // The null device is (1, 3) on Linux; compared with /dev/null's own numbers where it exists.
+  struct stat null_device;
+  const dev_t null_rdev = stat("/dev/null", &null_device) == 0 ? null_device.st_rdev : makedev(1, 3);
+  return S_ISCHR(info.st_mode) && info.st_rdev == null_rdev;
+}
+
+int open_in_place(const std::string& path, std::string* error) {
+  // A FIFO opened for writing without a reader fails at once (ENXIO) when non-blocking, rather than
+  // blocking the run forever: a reader that starts a moment later is waited for, up to 10 s.
+  constexpr int kTries = 200;
+  for (int attempt = 0;; attempt++) {
+    const int fd = ::open(path.c_str(), O_WRONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd >= 0) {
+      fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+      return fd;
+    }
+    if (errno != ENXIO || attempt == kTries) {
+      *error = errno == ENXIO ? "it is a FIFO (named pipe) that no process reads (waited 10 s); start its reader first"
+                              : std::strerror(errno);
+      return -1;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+}
 
 std::string file_kind(mode_t mode) {
   if (S_ISREG(mode)) return "a regular file";
@@ -161,11 +191,15 @@ std::string writable_problem(const std::string& flag, const std::string& path) {
   if (stat(folder.c_str(), &info) != 0)
     return flag + " " + path + ": the folder '" + folder + "' does not exist (create it first)";
   if (!S_ISDIR(info.st_mode)) return flag + " " + path + ": '" + folder + "' is not a folder";
-  // The run writes a temporary and renames it over the path: whatever is there is replaced, which
-  // must never be a device, a FIFO, a socket or a folder.
+  // The null device and a FIFO are written to directly (and a FIFO is not opened now: its reader
+  // would see the end of its input).
+  if (written_in_place(path)) return "";
+  // Anything else is written as a temporary renamed over the path: whatever is there is replaced,
+  // which must never be a device, a socket or a folder.
   if (stat(path.c_str(), &info) == 0 && !S_ISREG(info.st_mode))
     return flag + " " + path + ": that is " + file_kind(info.st_mode) +
-           ", not a regular file; an output is written as a new file that would replace it: name a file";
+           ", not a regular file; an output is written as a new file that would replace it: name a file "
+           "(or /dev/null, or a FIFO, which are written to directly)";
   const std::string probe = temporary_for(target);
   FILE* f = std::fopen(probe.c_str(), "wb");
   if (!f) return flag + " " + path + ": cannot write in '" + folder + "': " + std::strerror(errno);
@@ -176,6 +210,16 @@ std::string writable_problem(const std::string& flag, const std::string& path) {
 
 void write_file_atomically(const std::string& path, const void* data, size_t bytes) {
   const std::string target = resolved_target(path);
+  if (written_in_place(target)) {
+    std::string error;
+    const int fd = open_in_place(target, &error);
+    if (fd >= 0) {
+      error = write_all(fd, data, bytes);
+      close(fd);
+    }
+    if (!error.empty()) fatal("cannot write '" + path + "': " + error);
+    return;
+  }
   // Checked before the work (writable_problem) and again now: the path may have changed since.
   std::string problem = not_regular_problem(target);
   if (!problem.empty()) fatal("cannot write '" + path + "': " + problem + "; it is left as it is");

@@ -324,7 +324,8 @@ bool parse_train_flags(int argc, char** argv, const std::string& chapter, const 
 
   parser.add("--attention", &cfg->attention,
              "materialized | flash; materialized = the (B,NH,T,T) score matrices; flash = FlashAttention where "
-             "it applies (bf16 on a GPU, head size 16, 32, 64 or 128): far less memory, slower for now (README)",
+             "it applies (bf16 on a GPU, head size 16, 32, 64 or 128): far less memory, still slower than "
+             "materialized (docs/gpus.md)",
              "NAME");
   parser.add("--recompute", &cfg->recompute,
              "none | selective | full: what the backward recomputes rather than keeps; selective = the attention's "

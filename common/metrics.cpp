@@ -10,7 +10,7 @@
 #include <cstring>
 
 #include "check.h"
-#include "fileio.h"  // write_all, not_regular_problem
+#include "fileio.h"  // write_all, not_regular_problem, temporary_for, written_in_place
 
 void JsonObject::key(const std::string& k) {
   if (!body_.empty()) body_ += ",";
@@ -60,20 +60,32 @@ JsonLinesWriter::~JsonLinesWriter() { close(); }
 
 void JsonLinesWriter::open(const std::string& path) {
   path_ = path;
-  const std::string partial = path + ".partial";
   const std::string problem = not_regular_problem(path);
+  if (written_in_place(path)) {
+    std::string error;
+    const int fd = open_in_place(path, &error);
+    if (fd < 0) fatal("cannot write '" + path + "': " + error);
+    std::lock_guard<std::mutex> lock(mutex_);
+    temporary_.clear();
+    fd_ = fd;
+    written_ = 0;
+    return;
+  }
   if (!problem.empty()) fatal("cannot write '" + path + "': " + problem + "; it is left as it is");
-  // Never through a link, and never blocking on a FIFO that someone left at the .partial path: then
-  // the open fails, or the check below refuses what was opened.
-  const int fd = ::open(partial.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC, 0666);
-  if (fd < 0) fatal("cannot write '" + partial + "': " + std::strerror(errno) + " (does the folder exist?)");
+  remove_stale_temporaries(path);
+  const std::string temporary = temporary_for(path);
+  // Never through a link, and never blocking on a FIFO that someone left at the temporary's path:
+  // then the open fails, or the check below refuses what was opened.
+  const int fd = ::open(temporary.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC, 0666);
+  if (fd < 0) fatal("cannot write '" + temporary + "': " + std::strerror(errno) + " (does the folder exist?)");
   struct stat info;
   if (fstat(fd, &info) != 0 || !S_ISREG(info.st_mode)) {
     ::close(fd);
-    fatal("cannot write '" + partial + "': it is not a regular file; it is left as it is");
+    fatal("cannot write '" + temporary + "': it is not a regular file; it is left as it is");
   }
   fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
   std::lock_guard<std::mutex> lock(mutex_);
+  temporary_ = temporary;
   fd_ = fd;
   written_ = 0;
 }
@@ -113,13 +125,14 @@ void JsonLinesWriter::abort(const std::string& error) {
 std::string JsonLinesWriter::close_locked() {
   if (fd_ < 0) return "";
   std::string error;
-  if (::close(fd_) != 0) error = "closing '" + path_ + ".partial': " + std::strerror(errno);
+  const std::string written_to = temporary_.empty() ? path_ : temporary_;
+  if (::close(fd_) != 0) error = "closing '" + written_to + "': " + std::strerror(errno);
   fd_ = -1;
-  const std::string partial = path_ + ".partial";
+  if (temporary_.empty()) return error;
   const std::string problem = not_regular_problem(path_);  // it may have changed since open()
-  if (!problem.empty()) return error + (error.empty() ? "" : "; ") + problem + "; the records stay in '" + partial + "'";
-  if (std::rename(partial.c_str(), path_.c_str()) != 0)
-    error += (error.empty() ? "" : "; ") + std::string("cannot rename '") + partial + "' to '" + path_ + "': " + std::strerror(errno);
+  if (!problem.empty()) return error + (error.empty() ? "" : "; ") + problem + "; the records stay in '" + temporary_ + "'";
+  if (std::rename(temporary_.c_str(), path_.c_str()) != 0)
+    error += (error.empty() ? "" : "; ") + std::string("cannot rename '") + temporary_ + "' to '" + path_ + "': " + std::strerror(errno);
   return error;
 }
 

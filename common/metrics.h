@@ -1,7 +1,7 @@
 // metrics.h: what a run reports, for people and for plots. Defines JsonObject (a flat JSON object
-// builder), JsonLinesWriter (one object per line, renamed into place when the run ends, so the file
-// is never half-written; a write that fails ends the job and leaves the file at its last whole
-// record), format_bytes() and the one step line every chapter prints (StepLine):
+// builder), JsonLinesWriter (one object per line, written to this process's own temporary and
+// renamed into place when the run ends, so the file is never half-written; a write that fails ends
+// the job and leaves the file at its last whole record; /dev/null or a FIFO is written directly), format_bytes() and the one step line every chapter prints (StepLine):
 //   step 5/30 | loss 4.8356 | lr 1.9e-3 | grad norm 0.92 | 15.1 ms | 34.6k tok/s | exposed comm 0.4 ms | mem 3.8 MB
 #pragma once
 #include <cstdint>
@@ -29,7 +29,9 @@ class JsonLinesWriter {
  public:
   JsonLinesWriter() = default;
   ~JsonLinesWriter();
-  void open(const std::string& path);  // writes to path + ".partial" until close()
+  // Writes to temporary_for(path) (fileio.h: PATH.tmp.<host>.<pid>) until close(); to the null device
+  // or a FIFO directly.
+  void open(const std::string& path);
   bool is_open() const;
   // One whole line, in one write. If it fails (a full disk), the file is cut back to the records
   // before it and renamed into place, and the job ends (fatal) naming the file and the reason.
@@ -45,6 +47,7 @@ class JsonLinesWriter {
 
   mutable std::mutex mutex_;  // the main thread writes; abort() may come from the communication thread
   std::string path_;
+  std::string temporary_;  // "" when written in place
   int fd_ = -1;
   int64_t written_ = 0;  // bytes of whole records
 };

@@ -2,16 +2,21 @@
 #include "output_paths.h"
 
 #include <dirent.h>
+#include <fcntl.h>
 #include <limits.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cctype>
+#include <cerrno>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <thread>
 #include <vector>
 
-#include "fileio.h"  // writable_problem, file_kind
+#include "fileio.h"  // writable_problem, file_kind, written_in_place, read_whole_file
 
 namespace {
 
@@ -84,7 +89,7 @@ std::string pattern_problem(const std::string& pattern) {
     if (!matches_step_pattern(name.c_str(), entry->d_name)) continue;
     const std::string path = folder + "/" + entry->d_name;
     struct stat info;
-    if (stat(path.c_str(), &info) == 0 && !S_ISREG(info.st_mode)) {
+    if (stat(path.c_str(), &info) == 0 && !S_ISREG(info.st_mode) && !written_in_place(path)) {
       problem = "--save " + pattern + ": '" + path + "', which it names, is " + file_kind(info.st_mode) +
                 ", not a regular file; a checkpoint is written as a new file that would replace it: name a file";
       break;
@@ -127,6 +132,9 @@ std::string run_paths_problem(const RunPaths& paths) {
       if (!a.output && !b.output && std::strcmp(a.flag, "--data") != 0) continue;
       if (!a.output && b.output && std::strcmp(a.flag, "--data") != 0 && std::strcmp(b.flag, "--save") == 0) continue;
       if (!same_file(a.path, b.path)) continue;
+      struct stat info;  // the null device takes any number of outputs: nothing is kept there
+      if (a.output && b.output && written_in_place(a.path) && stat(a.path.c_str(), &info) == 0 && S_ISCHR(info.st_mode))
+        continue;
       const std::string what = has_step(a.path) || has_step(b.path) ? " can name the same file" : " name the same file";
       if (a.output && b.output)
         return both(a, b) + what + ": one output would replace the other; give each its own path";
@@ -137,4 +145,94 @@ std::string run_paths_problem(const RunPaths& paths) {
     }
   }
   return "";
+}
+
+namespace {
+
+struct HeldLock {
+  std::string path;
+  int fd;
+};
+std::vector<HeldLock> g_held_locks;
+
+// "pid 1234 on node7: ./01_vanilla_dp/train --steps 30 --json run.jsonl", what a lock file holds.
+std::string this_process() {
+  std::string command, error;
+  read_whole_file("/proc/self/cmdline", &command, &error);
+  for (char& c : command)
+    if (c == '\0') c = ' ';
+  while (!command.empty() && command.back() == ' ') command.pop_back();
+  char host[256] = "";
+  gethostname(host, sizeof host - 1);
+  return "pid " + std::to_string(getpid()) + " on " + host + (command.empty() ? "" : ": " + command);
+}
+
+// The lock of one output, beside the file itself (a link's target), so that two spellings of one
+// file share it.
+std::string lock_problem(const char* flag, const std::string& output) {
+  std::string file = normalised(output);
+  if (char* real = realpath(output.c_str(), nullptr)) {
+    file = real;
+    std::free(real);
+  }
+  const std::string lock_path = file + ".lock";
+  // The holder removes its lock file when done: a lock taken on a file that is no longer at the path
+  // (removed between the open and the lock) is no lock, and is taken again.
+  for (int attempt = 0; attempt < 100; attempt++) {
+    const int fd = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0666);
+    if (fd < 0) return std::string(flag) + " " + output + ": cannot create its lock file '" + lock_path + "': " + std::strerror(errno);
+    if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+      const std::string reason = errno == EWOULDBLOCK ? "" : std::strerror(errno);
+      // The holder writes who it is just after it locks: give it a moment.
+      std::string holder;
+      for (int wait = 0; reason.empty() && holder.empty() && wait < 20; wait++) {
+        char text[4096];
+        const ssize_t n = pread(fd, text, sizeof text, 0);
+        if (n > 0) holder.assign(text, size_t(n));
+        else std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      }
+      ::close(fd);
+      if (!reason.empty()) return std::string(flag) + " " + output + ": cannot lock '" + lock_path + "': " + reason;
+      return std::string(flag) + " " + output + ": another run is writing it (" + (holder.empty() ? "a process" : holder) +
+             "); wait for it to end, or give this run another path";
+    }
+    struct stat locked, there;
+    if (fstat(fd, &locked) == 0 && stat(lock_path.c_str(), &there) == 0 && locked.st_dev == there.st_dev &&
+        locked.st_ino == there.st_ino) {
+      const std::string me = this_process();
+      // Held either way: a run that asks is told then only that a process holds it.
+      const bool told = ftruncate(fd, 0) == 0 && pwrite(fd, me.data(), me.size(), 0) == ssize_t(me.size());
+      (void)told;
+      g_held_locks.push_back({lock_path, fd});
+      return "";
+    }
+    ::close(fd);
+  }
+  return std::string(flag) + " " + output + ": cannot lock '" + lock_path + "': it keeps being replaced";
+}
+
+}  // namespace
+
+std::string lock_outputs(const RunPaths& paths) {
+  const std::pair<const char*, const std::string&> outputs[] = {{"--json", paths.json}, {"--trace", paths.trace},
+                                                                 {"--save", paths.save}};
+  for (const auto& [flag, path] : outputs) {
+    if (path.empty() || has_step(path) || written_in_place(path)) continue;
+    const std::string problem = lock_problem(flag, path);
+    if (!problem.empty()) {
+      release_output_locks();
+      return problem;
+    }
+  }
+  return "";
+}
+
+void release_output_locks() {
+  // Removed first, then unlocked: a run that opens the file meanwhile finds it gone once it has the
+  // lock, and makes a new one (lock_problem).
+  for (const HeldLock& held : g_held_locks) {
+    unlink(held.path.c_str());
+    ::close(held.fd);
+  }
+  g_held_locks.clear();
 }

@@ -9,7 +9,8 @@
 #include <sstream>
 #include <thread>
 
-#include <unistd.h>  // close: rank 0 hands the launcher its output before an abort
+#include <fcntl.h>   // open: /dev/null for the abort's banner
+#include <unistd.h>  // close, dup2: rank 0 hands the launcher its output before an abort
 
 #include "checkpoint.h"
 #include "device.h"
@@ -416,7 +417,11 @@ void TrainingRun::resolve_moe_settings(const CheckpointHeader& resumed) {
 // no output replaces an input, another output or a device (output_paths.h).
 void TrainingRun::check_outputs() {
   std::string problem;
-  if (is_root()) problem = run_paths_problem({cfg_.data, cfg_.resume, cfg_.init_from, cfg_.save, cfg_.json, cfg_.trace});
+  if (is_root()) {
+    const RunPaths paths = {cfg_.data, cfg_.resume, cfg_.init_from, cfg_.save, cfg_.json, cfg_.trace};
+    problem = run_paths_problem(paths);
+    if (problem.empty()) problem = lock_outputs(paths);  // held by rank 0, which writes them, until finish()
+  }
   world_.agree_or_die(problem.empty(), problem);
 }
 
@@ -1053,6 +1058,7 @@ int TrainingRun::finish() {
     json_.close();
   }
   if (!cfg_.trace.empty()) write_merged_trace(world_, cfg_.trace);
+  release_output_locks();
   if (stop_ == Stop::Interrupted) {
     // Everything is written. MPICH's mpiexec (hydra) forwards Ctrl-C to the ranks, and then loses
     // some of their exit statuses: a job whose every rank returned 130 was reported as 0 in about
@@ -1062,10 +1068,17 @@ int TrainingRun::finish() {
     // proxy has not relayed yet (the summary's last lines went missing so, once, on a busy machine).
     // So rank 0 closes its standard output first, which hands the proxy an end of file, and gives it
     // a moment to pass the rest on.
+    // MPICH's MPI_Abort prints its own banner to standard error ("Abort(130) on node 0 ...: application
+    // called MPI_Abort"), which would be the job's last line: an error the user did not make, after our
+    // summary. Every rank has stopped by agreement and written what it had, so rank 0 sends that
+    // banner to /dev/null.
     world_.barrier();
     if (is_root()) {
       std::fflush(stdout);
+      std::fflush(stderr);
       close(STDOUT_FILENO);
+      const int null_device = open("/dev/null", O_WRONLY);
+      if (null_device >= 0) dup2(null_device, STDERR_FILENO);
       std::this_thread::sleep_for(std::chrono::milliseconds(500));
       end_job(status);
     }

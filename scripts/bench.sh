@@ -18,13 +18,14 @@
 # (default: python3 if it has torch, else the virtual environment TORCH_VENV, made on first use with
 # 'pip install torch': a download of several GB, once); BENCH_TORCH=0 skips PyTorch; BENCH_MATMUL=0
 # skips part 2. PyTorch runs with one thread (torch.set_num_threads(1), OMP_NUM_THREADS=1); ours is
-# single-threaded. Results land in results/bench/: every run's JSON lines and table.txt.
+# single-threaded. Results land in results/bench/ (BENCH_OUT=... elsewhere): every run's JSON lines and
+# table.txt. The one-step runs, timed for their CPU only, write their records to /dev/null.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds=${ROUNDS:-3}
 steps=${STEPS:-12}
 presets=${PRESETS:-"tiny small deep"}
-out=results/bench
+out=${BENCH_OUT:-results/bench}
 mkdir -p "$out"
 rm -f "$out"/*.jsonl
 

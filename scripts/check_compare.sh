@@ -3,8 +3,8 @@
 # runs' JSON lines right. It trains 01 and 03 for 3 steps on 1 and 2 ranks, and 02 for one step (all
 # warm-up, nothing measured), on the tiny preset with an emulated link, then checks each row of the
 # table against the records it was made from: the speed-up against 01 at the same rank count (1.00x
-# for 01 itself), exposed within total communication, model state and activations in columns of their
-# own, and the one-step run said to have no measured steps instead of shown as zeros. 03 on 2 ranks
+# for 01 itself), exposed within total communication (medians over the same steps as the step time),
+# model state and activations in columns of their own, and the one-step run said to have no measured steps instead of shown as zeros. 03 on 2 ranks
 # runs in two rounds (results/rounds/, as make compare alternates them): its median and spread are
 # over both rounds' steps. The busy-machine warning follows the load file; the losses line names the
 # largest difference from 01 x1. The step-time model (compare_timing.py) is checked against the
@@ -54,6 +54,7 @@ import statistics
 import sys
 
 sys.path.insert(0, "scripts")
+import compare  # noqa: E402
 import compare_timing as timing  # noqa: E402
 
 folder = sys.argv[1]
@@ -194,9 +195,19 @@ for label, run in sorted(records.items()):
     if label.startswith("01_"):
         check(speedup == "1.00x", "%s: vs 01 is %s, not 1.00x" % (label, speedup))
     check(float(exposed) <= float(total), "%s: exposed %s > total %s" % (label, exposed, total))
-    check((exposed, total) == ("%.1f" % s["exposed_comm_ms"], "%.1f" % s["comm_ms"]),
-          "%s: exposed/total %s / %s, the records say %s / %s" % (label, exposed, total, s["exposed_comm_ms"],
-                                                                  s["comm_ms"]))
+    # From the same steps as the step column: every round's, not the last round's summary.
+    step_records = [json.loads(l) for p in paths for l in open(p)
+                    if json.loads(l)["type"] == "step" and json.loads(l)["step"] > 0]
+    median_exposed = statistics.median(r["exposed_comm_ms"] for r in step_records)
+    median_total = statistics.median(r["comm_ms"] for r in step_records)
+    check((exposed, total) == ("%.1f" % median_exposed, "%.1f" % median_total),
+          "%s: exposed/total %s / %s, the medians of the step column's steps are %.1f / %.1f" % (
+              label, exposed, total, median_exposed, median_total))
+    plotted = compare.communication_bars(timing.attach_rounds([{"name": name, "run": run["run"],
+                                                                "summary": s}], folder))
+    check([round(v[0], 6) for v in plotted] == [round(v, 6) for v in (median_total, median_exposed,
+                                                                       statistics.median(steps))],
+          "%s: communication.png draws total, exposed, step %s, not the table's steps' medians" % (label, plotted))
     if run["run"]["ranks"] > 1:
         check(float(total) > 0, "%s: no communication on %d ranks" % (label, run["run"]["ranks"]))
     check(state == mb(run["theory"]["measured_model_state_bytes"]),

@@ -125,8 +125,36 @@ check(differ == ["02_overlap_dp x2"], "the moved run is not the one named as dif
 check(worst[0] == "02_overlap_dp x2" and worst[1] == last, "largest difference at %s" % (worst,))
 check(os.path.exists(os.path.join(folder, "loss.png")), "no loss.png")
 
+# The timeline's legend tells 10's ring from 08's pipeline, and 11's all-to-alls from "scalars, other".
+def span(name, detail):
+    return {"name": name, "tid": plot_timeline.COMM, "detail": detail, "start": 0, "end": 1}
+
+
+ring, pipe = span("send", "4096 B, cp"), span("send", "4096 B, pp")
+check(plot_timeline.color_of(ring) != plot_timeline.color_of(pipe), "10's ring drawn in 08's pipeline colour")
+for name in ("all_to_all", "all_to_all_v"):
+    check(plot_timeline.color_of(span(name, "4096 B, ep")) != plot_timeline.OTHER_COLOR,
+          "11's %s drawn as 'scalars, other'" % name)
+
+# plan_heatmap.png: every abbreviation in its cells has a key, and the 1T model is not called 998B.
+import plot_plan_heatmap  # noqa: E402
+for term in ("d, t, p", "B8", "Z1", "rc full", "SP", "interleaved/4"):
+    check(term in plot_plan_heatmap.KEY, "plan_heatmap.png's key does not explain %s" % term)
+check(plot_plan_heatmap.size_label(998e9).startswith("1T"), "the 1T model is labelled %s" %
+      plot_plan_heatmap.size_label(998e9))
+
+# throughput.png: a run on a model of its own (11) gets a panel of its own, so that its tokens/s do not
+# flatten the others'; loss.png says which runs it leaves out.
+own = [dict(r, run=dict(r["run"], chapter="11_expert_parallel", preset="moe-tiny")) for r in runs[:1]]
+check(len(compare.throughput_panels(runs + own)) == 2 and compare.throughput_panels(runs + own)[1] == own,
+      "11's own-model run shares throughput.png's axis with 01's model")
+compare_plots.plot_loss(runs + own, folder)
+check("11_expert_parallel" in compare_plots.LAST_LOSS_TITLE, "loss.png leaves out 11's runs without saying so: "
+      + compare_plots.LAST_LOSS_TITLE)
+
 if failures:
     print("\n".join("FAILED: " + f for f in failures))
     sys.exit(1)
-print("plots match the records: 08's timeline header, its passes' colours, the ideal schedules' order, the losses")
+print("plots match the records: 08's timeline header, its passes' colours, the ideal schedules' order, the losses; "
+      "the timeline's and heat map's keys; 11 apart in throughput.png and named in loss.png")
 EOF

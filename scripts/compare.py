@@ -125,7 +125,7 @@ def print_table(runs):
         modelled = timing.modelled_ms(run)
         print("%-24s %8.0f %6s %8.1f %13s %8s %8.1f / %6.1f %5.0f %9.2f %8.1f MB %4.1fΨ %7.1f MB %8.1f MB %7.3f" % (
             label(run), timing.tokens_per_s(run), "%5.2fx" % x if x else "   -  ", stats["median"], spread,
-            "%.1f" % modelled if modelled == modelled else "-", s["exposed_comm_ms"], s["comm_ms"],
+            "%.1f" % modelled if modelled == modelled else "-", timing.exposed_ms(run), timing.comm_ms(run),
             s["collectives_per_step"], mb(s["comm_bytes_per_step"]), mb(model_state(run)),
             model_state(run) / run["run"]["params"], mb(peak_over_steps(run, "mem_comm")),
             mb(peak_over_steps(run, "mem_activations")), s["final_loss"]))
@@ -133,7 +133,8 @@ def print_table(runs):
     print("step ms: the median over every measured step of %d round%s (step 0 of each is warm-up); spread: the "
           "10th-90th percentile (* min-max: under 10 steps); modelled: the step the chapter's schedule predicts "
           "from the run's own host time and the link model (docs/theory.md, 11); /Ψ: model state in bytes per "
-          "parameter of the model; the rest is counted, the same in every round." % (rounds, "s" if rounds > 1 else ""))
+          "parameter of the model; exposed/total: the medians over the same steps; the rest is counted, the same in "
+          "every round." % (rounds, "s" if rounds > 1 else ""))
     own = sorted({run["run"]["chapter"][:2] + " (--preset %s)" % run["run"].get("preset") for run in runs
                   if own_model(runs, run)})
     if own:
@@ -159,7 +160,7 @@ def describe(runs):
         return "%.2fx %s %s" % (x if x >= 1 else 1 / x, "faster than" if x >= 1 else "slower than", than)
 
     def comm(c):
-        return "%.1f of %.1f ms" % (s(c)["exposed_comm_ms"], s(c)["comm_ms"])
+        return "%.1f of %.1f ms" % (timing.exposed_ms(at[c]), timing.comm_ms(at[c]))
 
     def modelled_faster(c, than="01"):
         """The same comparison on the modelled column (docs/theory.md, 11)."""
@@ -179,7 +180,8 @@ def describe(runs):
     if "03" in at and "02" in at:
         lines.append("03  buckets: %.0f collectives instead of %.0f, communication %.1f ms in all instead of %.1f, "
                      "exposed %.1f; %s, %s." % (s("03")["collectives_per_step"], s("02")["collectives_per_step"],
-                                               s("03")["comm_ms"], s("02")["comm_ms"], s("03")["exposed_comm_ms"],
+                                               timing.comm_ms(at["03"]), timing.comm_ms(at["02"]),
+                                               timing.exposed_ms(at["03"]),
                                                faster("03") + modelled_faster("03"), faster("03", "02")))
     for c, what in (("04", "optimizer state sharded"), ("05", "gradients sharded too"),
                     ("06", "parameters sharded too")):
@@ -278,13 +280,12 @@ def print_model_reading(runs):
         stats, modelled = run["timing"]["measured_stats"], timing.modelled_ms(run)
         if modelled != modelled or stats["low"] <= modelled <= stats["high"]:
             continue
-        s = run["summary"]
         beyond = run["timing"]["beyond_link_ms"]
         if modelled < stats["low"]:
             why = ("slower than modelled: the model counts the link's hold only; the collectives were busy %.1f ms "
                    "a step beyond it (MPI's own copy and reduction after the hold, a peer descheduled by other "
                    "work), of which the trainer waited for some (exposed %.1f ms measured)" % (
-                       beyond, s["exposed_comm_ms"]))
+                       beyond, timing.exposed_ms(run)))
         else:
             why = ("faster than modelled: the modelled step waits for every collective's last rank; measured steps "
                    "also vary with the load between rounds")
@@ -342,15 +343,15 @@ def print_four_ranks(folder):
     print("  " + line + ".")
 
 
-def plot_throughput(runs, folder, busy=""):
-    chapters = sorted({name(r) for r in runs})
-    rank_counts = sorted({r["run"]["ranks"] for r in runs})
+def draw_throughput(ax, runs, subset):
+    """The bars of `subset` (runs of one model) on `ax`, grouped by chapter, one bar per rank count."""
+    chapters = sorted({name(r) for r in subset})
+    rank_counts = sorted({r["run"]["ranks"] for r in subset})
     width = 0.8 / len(rank_counts)
-    fig, ax = plt.subplots(figsize=(max(7, 1.3 * len(chapters)), 4.2))
     for i, n in enumerate(rank_counts):
         xs, ys, runs_n = [], [], []
         for j, c in enumerate(chapters):
-            r = next((r for r in runs if name(r) == c and r["run"]["ranks"] == n and measured(r)), None)
+            r = next((r for r in subset if name(r) == c and r["run"]["ranks"] == n and measured(r)), None)
             if r:
                 xs.append(j + (i - (len(rank_counts) - 1) / 2) * width)
                 ys.append(timing.tokens_per_s(r))
@@ -360,24 +361,50 @@ def plot_throughput(runs, folder, busy=""):
         low = [y - timing.tokens_per_s(r, t["high"]) for y, r, t in zip(ys, runs_n, stats)]
         high = [timing.tokens_per_s(r, t["low"]) - y for y, r, t in zip(ys, runs_n, stats)]
         bars = ax.bar(xs, ys, width, yerr=[low, high], capsize=3, error_kw={"elinewidth": 1},
-                      label="%d rank%s" % (n, "s" if n > 1 else ""))
-        modelled = [(x, timing.tokens_per_s(r, timing.modelled_ms(r))) for x, r in zip(xs, runs_n)
-                    if timing.modelled_ms(r) == timing.modelled_ms(r) and n > 1]
+                      color="C%d" % i, label="%d rank%s" % (n, "s" if n > 1 else ""))
+        modelled = {}
+        for x, r in zip(xs, runs_n):
+            if timing.modelled_ms(r) == timing.modelled_ms(r) and n > 1:
+                modelled[x] = timing.tokens_per_s(r, timing.modelled_ms(r))
         if modelled:
-            ax.plot([m[0] for m in modelled], [m[1] for m in modelled], "kD", markersize=5,
+            ax.plot(list(modelled), list(modelled.values()), "kD", markersize=5,
                     label="modelled" if i == len(rank_counts) - 1 else None)
         for bar, r, up in zip(bars, runs_n, high):
             x = speedup(runs, r)
             if x and n > 1:
-                ax.annotate("%.2fx" % x, (bar.get_x() + bar.get_width() / 2, bar.get_height() + up), ha="center",
+                centre = bar.get_x() + bar.get_width() / 2
+                # Above the error bar and the ◆, whichever is higher, so that neither hides the label.
+                top = max(bar.get_height() + up, modelled.get(bar.get_x() + bar.get_width() / 2, 0))
+                ax.annotate("%.2fx" % x, (centre, top), xytext=(0, 4), textcoords="offset points", ha="center",
                             va="bottom", fontsize=8)
     ax.set_xticks(range(len(chapters)))
     ax.set_xticklabels(chapters, rotation=20, fontsize=8)
-    ax.set_ylabel("tokens / s")
-    ax.set_title("Throughput at the median step (bars: p10-p90; ◆ modelled); labels: speed-up against 01 at the "
+    ax.margins(y=0.15)
+
+
+def throughput_panels(runs):
+    """throughput.png's panels: the runs of 01's model, then (if any) those of a model of their own."""
+    own = [r for r in runs if own_model(runs, r)]
+    return [[r for r in runs if r not in own]] + ([own] if own else [])
+
+
+def plot_throughput(runs, folder, busy=""):
+    # A chapter with a model of its own (11's mixture of experts, several times 01's tokens/s on its
+    # smaller step) gets a panel and a scale of its own: on one axis it would flatten every other bar.
+    panels = throughput_panels(runs)
+    shared, own = panels[0], panels[1] if len(panels) > 1 else []
+    n_shared, n_own = len({name(r) for r in shared}), len({name(r) for r in own})
+    fig, axes = plt.subplots(1, len(panels), figsize=(max(7, 1.3 * (n_shared + n_own)), 4.2), squeeze=False,
+                             gridspec_kw={"width_ratios": [max(n_shared, 1)] + ([max(n_own, 1) + 0.6] if own else [])})
+    for ax, subset in zip(axes[0], panels):
+        draw_throughput(ax, runs, subset)
+    axes[0][0].set_ylabel("tokens / s")
+    axes[0][0].legend(fontsize=8)
+    if own:
+        axes[0][1].set_title("own model (--preset %s): its own scale,\nspeed-up against its own 1-rank run"
+                             % own[0]["run"].get("preset"), fontsize=8)
+    fig.suptitle("Throughput at the median step (bars: p10-p90; ◆ modelled)\nlabels: speed-up against 01 at the "
                  "same rank count%s" % busy, fontsize=9)
-    ax.margins(y=0.12)
-    ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(os.path.join(folder, "throughput.png"), dpi=120)
     plt.close(fig)
@@ -389,26 +416,31 @@ def at_largest_rank_count(runs):
     return [r for r in runs if r["run"]["ranks"] == n and measured(r)], n
 
 
+def communication_bars(runs):
+    """communication.png's total and exposed bars and step marks, each run's: the medians over every
+    round's steps, the steps the table's columns are over."""
+    return ([timing.comm_ms(r) for r in runs], [timing.exposed_ms(r) for r in runs],
+            [timing.median_ms(r) for r in runs])
+
+
 def plot_communication(runs, folder, busy=""):
     runs, n = at_largest_rank_count(runs)
     if n < 2 or not runs:
         return
-    names = [short(r) for r in runs]
-    total = [r["summary"]["comm_ms"] for r in runs]
-    exposed = [r["summary"]["exposed_comm_ms"] for r in runs]
-    step = [r["summary"]["step_ms"] for r in runs]
+    total, exposed, step = communication_bars(runs)
     fig, ax = plt.subplots(figsize=(max(6, 1.1 * len(runs)), 4.2))
     x = range(len(runs))
     ax.bar(x, total, 0.6, color="#B7D4EA", label="communication in flight (total)")
     ax.bar(x, exposed, 0.6, color="#D62728", label="exposed: the trainer waited")
-    ax.plot(x, step, "k_", markersize=30, markeredgewidth=2, label="step time")
+    ax.plot(x, step, "k_", markersize=30, markeredgewidth=2, label="step time (median)")
     for i in x:
         ax.annotate("%.0f%%" % (100 * exposed[i] / total[i] if total[i] else 0), (i, exposed[i]), ha="center",
                     va="bottom", fontsize=8)
     ax.set_xticks(list(x))
     ax.set_xticklabels([name(r) for r in runs], rotation=20, fontsize=8)
     ax.set_ylabel("ms per step")
-    ax.set_title("Communication per step at %d ranks: total, and the exposed part (%% of total)%s" % (n, busy),
+    ax.set_title("Communication per step at %d ranks, medians over every round's steps: total, and the exposed "
+                 "part (%% of total)%s" % (n, busy),
                  fontsize=9)
     ax.legend(fontsize=8)
     ax.margins(y=0.1)

@@ -73,6 +73,9 @@ def loss_differences(runs, reference):
             for r in runs}
 
 
+LAST_LOSS_TITLE = ""  # the title plot_loss() drew last, for scripts/check_plots.sh
+
+
 def plot_loss(runs, folder):
     """Returns the labels of the runs that differ from the reference, and the largest difference as
     (run's label, step, relative difference); None without steps."""
@@ -83,6 +86,7 @@ def plot_loss(runs, folder):
     reference = min(runs, key=lambda r: (not r["run"]["chapter"].startswith("01"), r["run"]["ranks"]))
     # Only the runs of its model: a chapter with a model of its own (11's mixture of experts) has its
     # own loss curve, compared with its own one-rank run in the table.
+    others = [r for r in runs if r["run"].get("preset") != reference["run"].get("preset")]
     runs = [r for r in runs if r["run"].get("preset") == reference["run"].get("preset")]
     diffs = loss_differences(runs, reference)
     differ = [r for r in runs if max(diffs[label(r)].values(), default=0) > COINCIDE]
@@ -108,7 +112,15 @@ def plot_loss(runs, folder):
                  color="#D62728", ha="left", va="bottom",
                  arrowprops={"arrowstyle": "->", "color": "#D62728", "linewidth": 1})
     top.set_ylabel("loss", fontsize=10)
-    top.set_title("Training loss of every run (the same global batch, so the curves should coincide)", fontsize=11)
+    left_out = ""
+    if others:  # said, not silently dropped: they are checked against their own one-rank run
+        chapters = sorted({r["run"]["chapter"] for r in others})
+        left_out = "\n(not drawn: %s, %d run%s on a model of its own, held to its own one-rank run)" % (
+            ", ".join(chapters), len(others), "s" if len(others) > 1 else "")
+    global LAST_LOSS_TITLE
+    LAST_LOSS_TITLE = "Training loss of every run on %s (the same global batch, so the curves should coincide)%s" % (
+        reference["run"].get("preset"), left_out)
+    top.set_title(LAST_LOSS_TITLE, fontsize=10)
     top.legend(fontsize=9, loc="upper right")
     top.tick_params(labelsize=9)
 

@@ -162,22 +162,25 @@ def beyond_the_link(trace_path, first_step=1):
 
 def attach_rounds(runs, folder):
     """Adds run["timing"]: measured (the step times of every round, step 0 of each left out),
-    modelled (the same steps' modelled times), and their step_stats. Without rounds (a run made by
-    hand), the run's own file stands for one round."""
+    modelled (the same steps' modelled times), and their step_stats; exposed_ms and comm_ms, the
+    medians of the same steps' exposed and total communication (a summary's are one round's means).
+    Without rounds (a run made by hand), the run's own file stands for one round."""
     for run in runs:
         rounds = sorted(glob.glob(os.path.join(folder, "rounds", run["name"] + ".r*.jsonl")))
         paths = rounds or [os.path.join(folder, run["name"] + ".jsonl")]
-        measured, modelled, beyond = [], [], []
+        measured, modelled, beyond, exposed, comm = [], [], [], [], []
         for path in paths:
             steps, pipeline_ms = {}, None
             with open(path) as f:
                 for line in f:
                     record = json.loads(line)
                     if record.get("type") == "step" and record["step"] > 0:
-                        steps[record["step"]] = record["step_ms"]
+                        steps[record["step"]] = record
                     elif record.get("type") == "pipeline" and "simulated_step_ms" in record:
                         pipeline_ms = record["simulated_step_ms"]
-            measured += [steps[n] for n in sorted(steps)]
+            measured += [steps[n]["step_ms"] for n in sorted(steps)]
+            exposed += [steps[n]["exposed_comm_ms"] for n in sorted(steps)]
+            comm += [steps[n]["comm_ms"] for n in sorted(steps)]
             trace = path[: -len(".jsonl")] + ".trace.json"
             if run["run"].get("pp", 1) > 1:
                 # 08: its own simulation of the schedule from its measured passes (docs/theory.md, 10).
@@ -188,6 +191,7 @@ def attach_rounds(runs, folder):
                 beyond += beyond_the_link(trace)
         run["timing"] = {"measured": measured, "modelled": modelled, "rounds": len(paths),
                          "measured_stats": step_stats(measured), "modelled_stats": step_stats(modelled),
+                         "exposed_ms": percentile(exposed, 0.5), "comm_ms": percentile(comm, 0.5),
                          "beyond_link_ms": percentile(beyond, 0.5) if beyond else float("nan")}
     return runs
 
@@ -195,6 +199,18 @@ def attach_rounds(runs, folder):
 def median_ms(run):
     t = run.get("timing", {}).get("measured_stats")
     return t["median"] if t else run["summary"]["step_ms"]
+
+
+def exposed_ms(run):
+    """Exposed communication per step: the median over the steps median_ms() is over."""
+    t = run.get("timing", {})
+    return t["exposed_ms"] if t.get("exposed_ms", float("nan")) == t.get("exposed_ms") else run["summary"]["exposed_comm_ms"]
+
+
+def comm_ms(run):
+    """Communication in flight per step, over the same steps."""
+    t = run.get("timing", {})
+    return t["comm_ms"] if t.get("comm_ms", float("nan")) == t.get("comm_ms") else run["summary"]["comm_ms"]
 
 
 def modelled_ms(run):

@@ -30,7 +30,10 @@ for cp in $cps; do
     mpiexec -n "$cp" ./10_context_parallel/train --device cpu --preset "$preset" --batch "$batch" --steps "$steps" \
       --cp "$cp" --cp-split "$split" $extra --json "$name.jsonl" </dev/null >"$name.log" 2>&1 \
       || { echo; echo "  failed: see $name.log"; tail -n 5 "$name.log"; exit 1; }
-    echo " $(sed -n 's/^average over \([0-9]*\) measured steps: \([0-9.]* ms\/step\).*/\2/p' "$name.log")"
+    # The median step, as the plot draws it (the run's own summary line gives the mean).
+    python3 -c 'import json, statistics, sys
+steps = [r["step_ms"] for r in map(json.loads, open(sys.argv[1])) if r["type"] == "step" and r["step"] > 0]
+print(" median %.1f ms/step over %d measured steps" % (statistics.median(steps), len(steps)) if steps else " no measured steps")' "$name.jsonl"
     sed -n '/^ring attention per rank/,/ring bytes per rank/p' "$name.log" | sed 's/^/  /'
     runs+=("$name.jsonl")
   done

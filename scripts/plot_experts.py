@@ -4,7 +4,8 @@ records of two or more runs of 11_expert_parallel (JSON lines, --json): a column
 same run without the balancing loss, --aux-loss-coef 0, and with it), a row per layer. A line per expert:
 the share of the layer's assignments routed to it (before capacity), so that a balanced router sits on
 1/E (dashed) and a collapsed one sends everything to k experts (k/E... of the tokens each at 1/k).
-Each panel's title names the run's coefficient and the busiest expert's load at the last step, as a
+Each panel's title names the run's coefficient, the shares' range over the run and the step from which
+they stayed within 0.05 of their end, and the busiest expert's load at the last step, as a
 multiple of a balanced share; the same is printed for the first and last step of every run and layer.
 Usage: python3 scripts/plot_experts.py --out results/experts.png RUN.jsonl [RUN.jsonl ...]
 """
@@ -64,11 +65,16 @@ def main():
             per_expert = shares(experts, layer)
             for e, ys in enumerate(per_expert):
                 ax.plot(steps, ys, color=COLORS[e % len(COLORS)], linewidth=1.4, label="expert %d" % e)
-            ax.axhline(1.0 / E, color="#555555", linestyle="--", linewidth=1)
+            ax.axhline(1.0 / E, color="#555555", linestyle="--", linewidth=1, label="balanced: 1/E = %.3g" % (1.0 / E))
             first = max(ys[0] for ys in per_expert) * E
             last = max(ys[-1] for ys in per_expert) * E
-            ax.set_title("layer %d, --aux-loss-coef %s: busiest %.2fx at the end"
-                         % (layer, ("%g" % coef) if coef is not None else "?", last), fontsize=9)
+            # The end alone would hide a router that swung on the way: the shares' range over the run,
+            # and the last step at which any share stood more than 0.05 from where it ended.
+            low, high = min(min(ys) for ys in per_expert), max(max(ys) for ys in per_expert)
+            swings = [steps[i] for ys in per_expert for i in range(len(ys)) if abs(ys[i] - ys[-1]) > 0.05]
+            settled = ("settled from step %d" % (max(swings) + 1)) if swings else "steady throughout"
+            ax.set_title("layer %d, --aux-loss-coef %s: busiest %.2fx at the end;\nshares %.2f-%.2f over the run, %s"
+                         % (layer, ("%g" % coef) if coef is not None else "?", last, low, high, settled), fontsize=9)
             ax.tick_params(labelsize=9)
             print("%s layer %d: %d steps, busiest expert %.2fx a balanced share at step %d, %.2fx at step %d"
                   % (path, layer, len(steps), first, steps[0], last, steps[-1]))

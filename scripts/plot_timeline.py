@@ -57,10 +57,12 @@ COLLECTIVE_COLORS = {  # collectives by kind, so that later chapters' reduce-sca
     "broadcast": "#BCBD22",
     "send": "#9D755D",
     "recv": "#9D755D",
+    "all_to_all": "#FF9DA6",  # 11's experts: tokens out to their experts and back
     "barrier": "#BAB0AC",
     "all_reduce_scalar": "#BAB0AC",
     "broadcast_bytes": "#BAB0AC",
 }
+RING_COLOR = "#393B79"  # 10's ring passes keys and values to the next rank: not 08's pipeline
 OTHER_COLOR = "#BAB0AC"
 WAIT_COLOR = "#D62728"
 
@@ -104,11 +106,18 @@ def color_of(span):
     if span["tid"] == WAIT:
         return WAIT_COLOR
     if span["tid"] in COLLECTIVE_TRACKS:
+        if is_ring(span):
+            return RING_COLOR
         return COLLECTIVE_COLORS.get(collective_kind(span["name"]), OTHER_COLOR)
     m = PASS.fullmatch(span["name"])
     if m:
         return WEIGHT_COLOR if m.group(1) == "W" else PHASE_COLORS[PASS_PHASES[m.group(1)]]
     return PHASE_COLORS.get(span["name"].split(" ")[0], OTHER_COLOR)
+
+
+def is_ring(span):
+    """A context-parallel ring's send or receive (10): the trace's detail names the group, "..., cp"."""
+    return span["name"] in ("send", "recv") and span["detail"].endswith(", cp")
 
 
 def is_pipeline(span):
@@ -292,17 +301,20 @@ def main():
     axes[-1, 0].set_xlim(0, longest)
     axes[-1, 0].set_xlabel("ms since the start of the step")
 
-    used = set()
+    used, ring = set(), False
     for _, spans, _, _ in panels:
-        used.update(collective_kind(s["name"]) for s in spans if s["tid"] in COLLECTIVE_TRACKS)
+        used.update(collective_kind(s["name"]) for s in spans if s["tid"] in COLLECTIVE_TRACKS and not is_ring(s))
+        ring |= any(is_ring(s) for s in spans if s["tid"] in COLLECTIVE_TRACKS)
     legend = [Patch(color=c, label=p) for p, c in PHASE_COLORS.items()]
     if any(s["name"].startswith("W") and PASS.fullmatch(s["name"]) for _, spans, _, _ in panels for s in spans):
         legend.insert(2, Patch(color=WEIGHT_COLOR, label="weights' gradients (W)"))
     if "recv" in used:
         used.add("send")  # one colour, one entry
-    names = {"send": "send, recv (08's pipeline)"}
+    names = {"send": "send, recv (08's pipeline)", "all_to_all": "all_to_all (11's experts)"}
     legend += [Patch(color=c, label=names.get(n, n)) for n, c in COLLECTIVE_COLORS.items()
                if n in used and n not in ("recv", "all_reduce_scalar", "broadcast_bytes")]
+    if ring:
+        legend.append(Patch(color=RING_COLOR, label="send, recv (10's ring)"))
     legend += [Patch(color=OTHER_COLOR, label="scalars, other"), Patch(color=WAIT_COLOR, label="waiting")]
     fig.legend(handles=legend, loc="upper center", ncol=len(legend), frameon=False, fontsize=9)
     fig.subplots_adjust(left=left, right=right, top=1 - 0.45 / fig.get_figheight(), bottom=0.5 / fig.get_figheight(),

@@ -25,6 +25,8 @@ import argparse
 import json
 import math
 import os
+import socket
+import stat
 import sys
 import time
 
@@ -221,10 +223,17 @@ def step_line(step, loss, step_ms, tokens_per_s, mem_bytes):
 
 
 class JsonLines:
-    """Like our JsonLinesWriter: PATH.partial while running, renamed to PATH at the end."""
+    """Like our JsonLinesWriter: this process's own PATH.tmp.<host>.<pid> while running, renamed to PATH
+    at the end; /dev/null or a FIFO is written to directly (nothing there may be replaced)."""
 
     def __init__(self, path):
-        self.path, self.file = path, open(path + ".partial", "w") if path else None
+        self.path, self.file, self.temporary = path, None, None
+        if path:
+            in_place = os.path.exists(path) and not os.path.isfile(path) and (
+                stat.S_ISFIFO(os.stat(path).st_mode) or os.path.realpath(path) == os.devnull)
+            if not in_place:
+                self.temporary = "%s.tmp.%s.%d" % (path, socket.gethostname(), os.getpid())
+            self.file = open(self.temporary or path, "w")
 
     def write(self, record):
         if self.file:
@@ -234,7 +243,8 @@ class JsonLines:
     def close(self):
         if self.file:
             self.file.close()
-            os.replace(self.path + ".partial", self.path)
+            if self.temporary:
+                os.replace(self.temporary, self.path)
 
 
 def finite(x):

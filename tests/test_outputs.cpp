@@ -1,6 +1,7 @@
 // test_outputs.cpp: what the run's writers do with what is at, and what happens to, their paths.
-// run_paths_problem() refuses an output that would replace a device, FIFO, socket or folder, and two
-// flags that name one file (output_paths.h); write_file_atomically() and JsonLinesWriter check every
+// run_paths_problem() refuses an output that would replace a device, socket or folder, and two flags
+// that name one file (output_paths.h), and writes the null device and a FIFO directly; lock_outputs()
+// refuses an output another process writes, naming it; write_file_atomically() and JsonLinesWriter check every
 // write, end the process naming the file and the reason when one fails (a full disk, simulated by a
 // file-size limit), and keep what was there or was written before; an exception that nobody catches
 // becomes a message and exit status 1, not an abort.
@@ -10,8 +11,10 @@
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
 #include <sys/un.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <csignal>
 #include <cstdlib>
 #include <filesystem>
@@ -26,6 +29,14 @@
 #include "output_paths.h"
 
 namespace {
+
+// The folder's files other than `kept`: what a writer left behind.
+std::vector<std::string> files_besides(const std::string& folder, const std::string& kept) {
+  std::vector<std::string> left;
+  for (const auto& entry : std::filesystem::directory_iterator(folder))
+    if (entry.path().filename() != kept) left.push_back(entry.path().filename());
+  return left;
+}
 
 // A fresh folder of this test's own. Not training_harness's temp_dir(): a death test's child ends
 // through exit(), whose atexit handlers would remove that folder before the parent looks into it.
@@ -84,13 +95,12 @@ void limit_file_size(rlim_t bytes) {
 
 TEST(OutputPaths, AnOutputAtANonRegularFileIsRefusedNamingWhatItIs) {
   Scratch s;
-  ASSERT_EQ(mkfifo((s / "fifo").c_str(), 0644), 0);
   ASSERT_EQ(mkdir((s / "folder").c_str(), 0755), 0);
   ASSERT_TRUE(make_socket(s / "socket"));
-  std::vector<std::pair<std::string, std::string>> cases = {
-      {s / "fifo", "a FIFO (named pipe)"}, {s / "folder", "a folder"}, {s / "socket", "a socket"}};
-  // A character device like /dev/null (1, 3), made here: the test never names a real one.
-  if (mknod((s / "null").c_str(), S_IFCHR | 0666, makedev(1, 3)) == 0) cases.push_back({s / "null", "a character device"});
+  std::vector<std::pair<std::string, std::string>> cases = {{s / "folder", "a folder"}, {s / "socket", "a socket"}};
+  // A character device other than the null device, like /dev/zero (1, 5), made here: the test never
+  // names a real one.
+  if (mknod((s / "zero").c_str(), S_IFCHR | 0666, makedev(1, 5)) == 0) cases.push_back({s / "zero", "a character device"});
   for (const auto& [path, kind] : cases) {
     RunPaths json, save, trace;
     json.json = save.save = trace.trace = path;
@@ -104,10 +114,9 @@ TEST(OutputPaths, AnOutputAtANonRegularFileIsRefusedNamingWhatItIs) {
   RunPaths pattern;
   pattern.save = s / "ck_{step}.bin";
   EXPECT_EQ(run_paths_problem(pattern), "");
-  ASSERT_EQ(mkfifo((s / "ck_40.bin").c_str(), 0644), 0);
-  EXPECT_NE(run_paths_problem(pattern).find("'" + s / "ck_40.bin" + "', which it names, is a FIFO"), std::string::npos)
+  ASSERT_EQ(mkdir((s / "ck_40.bin").c_str(), 0755), 0);
+  EXPECT_NE(run_paths_problem(pattern).find("'" + s / "ck_40.bin" + "', which it names, is a folder"), std::string::npos)
       << run_paths_problem(pattern);
-  EXPECT_TRUE(is_fifo(s / "fifo"));
 }
 
 TEST(OutputPaths, TwoFlagsThatNameOneFileAreRefused) {
@@ -174,11 +183,12 @@ TEST(OutputPaths, TwoFlagsThatNameOneFileAreRefused) {
 // renames its file over something that is not a regular file.
 TEST(WriteFileAtomically, NeverReplacesANonRegularFile) {
   Scratch s;
-  const std::string fifo = s / "ck.bin";
-  ASSERT_EQ(mkfifo(fifo.c_str(), 0644), 0);
-  EXPECT_EXIT(write_file_atomically(fifo, "checkpoint", 10), testing::ExitedWithCode(1),
-              "cannot write '.*ck.bin': '.*ck.bin' is a FIFO \\(named pipe\\), not a regular file");
-  EXPECT_TRUE(is_fifo(fifo)) << "the FIFO was replaced";
+  const std::string socket = s / "ck.bin";
+  ASSERT_TRUE(make_socket(socket));
+  EXPECT_EXIT(write_file_atomically(socket, "checkpoint", 10), testing::ExitedWithCode(1),
+              "cannot write '.*ck.bin': '.*ck.bin' is a socket, not a regular file");
+  struct stat info;
+  EXPECT_TRUE(lstat(socket.c_str(), &info) == 0 && S_ISSOCK(info.st_mode)) << "the socket was replaced";
 }
 
 // A link is followed: its file is replaced, the link stays.
@@ -225,7 +235,7 @@ TEST(JsonLinesWriter, AFullDiskEndsTheProcessAndKeepsTheWholeRecords) {
               "cannot write '.*run.jsonl': File too large; the file ends at its last whole record");
   const std::string text = read_file(path);
   ASSERT_FALSE(text.empty()) << "the records written before the failure were lost";
-  EXPECT_FALSE(std::filesystem::exists(path + ".partial"));
+  EXPECT_EQ(files_besides(s / "", "run.jsonl"), std::vector<std::string>()) << "a temporary was left behind";
   EXPECT_LE(text.size(), 3000u);
   EXPECT_EQ(text.back(), '\n') << "cut mid-record: ..." << text.substr(text.size() - 40);
   size_t records = 0;
@@ -240,18 +250,17 @@ TEST(JsonLinesWriter, AFullDiskEndsTheProcessAndKeepsTheWholeRecords) {
 
 TEST(JsonLinesWriter, NeverReplacesANonRegularFile) {
   Scratch s;
-  const std::string fifo = s / "run.jsonl";
-  ASSERT_EQ(mkfifo(fifo.c_str(), 0644), 0);
+  const std::string socket = s / "run.jsonl";
+  ASSERT_TRUE(make_socket(socket));
   EXPECT_EXIT(
       {
         JsonLinesWriter json;
-        json.open(fifo);
+        json.open(socket);
         json.close();
         std::exit(0);
       },
-      testing::ExitedWithCode(1), "cannot write '.*run.jsonl': '.*run.jsonl' is a FIFO");
-  EXPECT_TRUE(is_fifo(fifo));
-  // Made a FIFO while the run writes: the records stay in the .partial file, the FIFO stays.
+      testing::ExitedWithCode(1), "cannot write '.*run.jsonl': '.*run.jsonl' is a socket");
+  // Made a FIFO while the run writes: the records stay in the writer's temporary, the FIFO stays.
   const std::string later = s / "later.jsonl";
   EXPECT_EXIT(
       {
@@ -262,9 +271,121 @@ TEST(JsonLinesWriter, NeverReplacesANonRegularFile) {
         json.close();
         std::exit(0);
       },
-      testing::ExitedWithCode(1), "is a FIFO .*the records stay in '.*later.jsonl.partial'");
+      testing::ExitedWithCode(1), "is a FIFO .*the records stay in '.*later.jsonl.tmp.[^']*'");
   EXPECT_TRUE(is_fifo(later));
-  EXPECT_EQ(read_file(later + ".partial"), "{\"type\":\"run\"}\n");
+  std::vector<std::string> left = files_besides(s / "", "later.jsonl");
+  left.erase(std::remove(left.begin(), left.end(), "run.jsonl"), left.end());
+  ASSERT_EQ(left.size(), 1u);
+  EXPECT_EQ(left[0].rfind("later.jsonl.tmp.", 0), 0u) << left[0];
+  EXPECT_EQ(read_file(s / left[0]), "{\"type\":\"run\"}\n");
+}
+
+// `--json /dev/null` is how a Unix user says "discard this", and a FIFO is how one pipes records to
+// a reader: both are written to directly, never through a temporary renamed over them.
+TEST(JsonLinesWriter, WritesTheNullDeviceAndAFifoInPlace) {
+  RunPaths discard;
+  discard.json = discard.trace = "/dev/null";
+  EXPECT_EQ(run_paths_problem(discard), "");
+  JsonLinesWriter json;
+  json.open("/dev/null");
+  json.write(JsonObject().add("type", "run"));
+  json.close();
+  write_file_atomically("/dev/null", "checkpoint", 10);
+  struct stat info;
+  ASSERT_EQ(stat("/dev/null", &info), 0);
+  EXPECT_TRUE(S_ISCHR(info.st_mode)) << "/dev/null was replaced";
+
+  Scratch s;
+  const std::string fifo = s / "records";
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0644), 0);
+  RunPaths piped;
+  piped.json = fifo;
+  EXPECT_EQ(run_paths_problem(piped), "");
+  std::string received;
+  std::thread reader([&] { received = read_file(fifo); });
+  {
+    JsonLinesWriter writer;
+    writer.open(fifo);
+    writer.write(JsonObject().add("type", "run"));
+    writer.write(JsonObject().add("type", "summary"));
+    writer.close();
+  }
+  reader.join();
+  EXPECT_EQ(received, "{\"type\":\"run\"}\n{\"type\":\"summary\"}\n");
+  EXPECT_TRUE(is_fifo(fifo));
+  EXPECT_EQ(files_besides(s / "", "records"), std::vector<std::string>()) << "a temporary beside a FIFO";
+}
+
+// Two processes writing one JSON path each write their own temporary: neither's records mix with the
+// other's, and the rename of each succeeds (the last to close wins the path). They used to share
+// PATH.partial: the first close renamed the other's records into place and the second died.
+TEST(JsonLinesWriter, TwoWritersOfOnePathEachKeepTheirOwnTemporary) {
+  Scratch s;
+  const std::string path = s / "run.jsonl";
+  int opened[2], go[2];
+  ASSERT_EQ(pipe(opened), 0);
+  ASSERT_EQ(pipe(go), 0);
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    JsonLinesWriter json;
+    json.open(path);
+    json.write(JsonObject().add("writer", "child"));
+    char byte = 1;
+    if (write(opened[1], &byte, 1) != 1 || read(go[0], &byte, 1) != 1) _exit(3);
+    json.write(JsonObject().add("writer", "child, second"));
+    json.close();
+    _exit(0);
+  }
+  char byte = 0;
+  ASSERT_EQ(read(opened[0], &byte, 1), 1);
+  JsonLinesWriter json;
+  json.open(path);
+  json.write(JsonObject().add("writer", "parent"));
+  ASSERT_EQ(write(go[1], &byte, 1), 1);
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "the other writer failed: status " << status;
+  EXPECT_EQ(read_file(path), "{\"writer\":\"child\"}\n{\"writer\":\"child, second\"}\n");
+  json.close();
+  EXPECT_EQ(read_file(path), "{\"writer\":\"parent\"}\n");
+  EXPECT_EQ(files_besides(s / "", "run.jsonl"), std::vector<std::string>());
+  for (int fd : {opened[0], opened[1], go[0], go[1]}) close(fd);
+}
+
+// A run takes a lock on each output before its work; another process asking for the same output is
+// told who holds it (pid and command line), until the holder lets go.
+TEST(OutputLocks, AnOutputAnotherProcessWritesIsRefusedNamingIt) {
+  Scratch s;
+  RunPaths paths;
+  paths.json = s / "run.jsonl";
+  int locked[2], go[2];
+  ASSERT_EQ(pipe(locked), 0);
+  ASSERT_EQ(pipe(go), 0);
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    const char taken = lock_outputs(paths).empty() ? 1 : 0;
+    char byte = 0;
+    if (write(locked[1], &taken, 1) != 1 || read(go[0], &byte, 1) != 1) _exit(3);
+    release_output_locks();
+    _exit(0);
+  }
+  char taken = 0;
+  ASSERT_EQ(read(locked[0], &taken, 1), 1);
+  EXPECT_EQ(taken, 1);
+  const std::string problem = lock_outputs(paths);
+  EXPECT_NE(problem.find("--json " + paths.json + ": another run is writing it (pid " + std::to_string(child) + " on "),
+            std::string::npos) << problem;
+  EXPECT_NE(problem.find("test_outputs"), std::string::npos) << "the holder's command line is not named: " << problem;
+  const char byte = 1;
+  ASSERT_EQ(write(go[1], &byte, 1), 1);
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  EXPECT_EQ(lock_outputs(paths), "") << "the lock outlived its holder";
+  release_output_locks();
+  EXPECT_EQ(files_besides(s / "", ""), std::vector<std::string>()) << "a lock file was left";
+  for (int fd : {locked[0], locked[1], go[0], go[1]}) close(fd);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -350,7 +350,7 @@ TEST(EmulatedLink, CtrlCEndsAModelledWait) {
   const std::string dir = temp_dir();
   BackgroundRun run = start_trainer("01_vanilla_dp", 2, "--steps 100000 --timeout 0 --link-latency-us 1000000 --json " +
                                                             dir + "/run.jsonl");
-  for (int i = 0; i < 600 && read_record(dir + "/run.jsonl.partial", "run").empty(); i++)
+  for (int i = 0; i < 600 && read_record(json_being_written(dir + "/run.jsonl"), "run").empty(); i++)
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   std::this_thread::sleep_for(std::chrono::milliseconds(500));  // inside step 0's first held collective
   const auto signalled = std::chrono::steady_clock::now();

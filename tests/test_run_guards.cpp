@@ -7,12 +7,15 @@
 // interrupted save left behind, and a kill during a save keeps the checkpoint it replaces.
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -22,6 +25,18 @@
 #include "training_harness.h"
 
 namespace {
+
+// A listening-less socket file at `path`: a file no output may replace.
+bool make_socket(const std::string& path) {
+  const int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+  sockaddr_un address = {};
+  address.sun_family = AF_UNIX;
+  if (fd < 0 || path.size() >= sizeof address.sun_path) return false;
+  std::snprintf(address.sun_path, sizeof address.sun_path, "%s", path.c_str());
+  const bool made = bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) == 0;
+  close(fd);
+  return made;
+}
 
 // These tests wait for other processes, on a machine whose cores may all be busy (make test-busy):
 // kStartSeconds for a job to start and train 3 steps (about a second when the machine is quiet),
@@ -182,14 +197,13 @@ TEST(MemoryForecast, IsPrintedBeforeTheFirstStep) {
 // ---------------------------------------------------------------------------------------------
 // Output paths: no output replaces an input, another output, or something that is not a file.
 
-// A FIFO, a folder and (where this user may make one) a character device at an output's path: refused
-// before the work, naming the path and what it is, and left as they were.
+// A folder and (where this user may make one) a character device other than the null device at an
+// output's path: refused before the work, naming the path and what it is, and left as they were.
 TEST(OutputPaths, ANonRegularFileAtAnOutputPathIsRefusedAndKept) {
   const std::string dir = temp_dir();
-  std::vector<std::pair<std::string, std::string>> paths = {{dir + "/fifo", "a FIFO (named pipe)"}, {dir + "/folder", "a folder"}};
-  ASSERT_EQ(mkfifo(paths[0].first.c_str(), 0644), 0);
-  ASSERT_EQ(mkdir(paths[1].first.c_str(), 0755), 0);
-  if (mknod((dir + "/null").c_str(), S_IFCHR | 0666, makedev(1, 3)) == 0) paths.push_back({dir + "/null", "a character device"});
+  std::vector<std::pair<std::string, std::string>> paths = {{dir + "/folder", "a folder"}};
+  ASSERT_EQ(mkdir(paths[0].first.c_str(), 0755), 0);
+  if (mknod((dir + "/zero").c_str(), S_IFCHR | 0666, makedev(1, 5)) == 0) paths.push_back({dir + "/zero", "a character device"});
   for (const auto& [path, kind] : paths) {
     for (const std::string flag : {"--json", "--save", "--trace"}) {
       RunResult r = run_trainer("01_vanilla_dp", 2, "--steps 3 " + flag + " " + path, 60);
@@ -203,6 +217,53 @@ TEST(OutputPaths, ANonRegularFileAtAnOutputPathIsRefusedAndKept) {
       EXPECT_FALSE(S_ISREG(info.st_mode)) << path << " was replaced by a file";
     }
   }
+}
+
+// `--json /dev/null` discards the records (scripts/bench.sh times runs so), and a FIFO the user names
+// passes them to its reader: both written to directly, the run ends 0, the FIFO stays a FIFO.
+TEST(OutputPaths, TheNullDeviceAndAFifoAreWrittenToDirectly) {
+  RunResult discarded = run_trainer("01_vanilla_dp", 2, "--steps 2 --json /dev/null --trace /dev/null", 60);
+  EXPECT_EQ(discarded.exit_code, 0) << discarded.output;
+  const std::string dir = temp_dir();
+  const std::string fifo = dir + "/records";
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0644), 0);
+  RunResult piped = run_command("sh -c 'cat " + fifo + " > " + dir + "/received & mpiexec -n 2 ./01_vanilla_dp/train "
+                                "--quiet --device cpu --steps 2 --json " + fifo + "; status=$?; wait; exit $status'", 60);
+  EXPECT_EQ(piped.exit_code, 0) << piped.output;
+  EXPECT_TRUE(wait_until([&] { return !read_record(dir + "/received", "summary").empty(); }, kEndSeconds))
+      << "the reader did not get the records";
+  EXPECT_EQ(read_records(dir + "/received", "step").size(), 2u);
+  struct stat info;
+  ASSERT_EQ(stat(fifo.c_str(), &info), 0);
+  EXPECT_TRUE(S_ISFIFO(info.st_mode)) << "the FIFO was replaced";
+}
+
+// Two runs with one --json at once: the second is refused before its work, naming the first's process
+// and command line, and the first goes on and writes its own records. They used to share one
+// temporary (PATH.partial): the first ended 0 with the second's records in its file.
+TEST(OutputPaths, AnOutputThatAnotherRunWritesIsRefused) {
+  const std::string dir = temp_dir();
+  const std::string json = dir + "/run.jsonl";
+  BackgroundRun first = start_trainer("10_context_parallel", 2, "--steps 100000 --json " + json);
+  const bool trains = wait_until([&] { return read_records(json_being_written(json), "step").size() >= 2; },
+                                 kStartSeconds);
+  const std::vector<int> first_ranks = rank_pids(dir);
+  RunResult second = run_trainer("10_context_parallel", 2, "--steps 3 --seed 7 --json " + json, 60);
+  kill(first.pid, SIGINT);
+  RunResult r = wait_for(first, 60);
+  ASSERT_TRUE(trains) << r.output;
+  EXPECT_NE(second.exit_code, 0) << second.output;
+  EXPECT_LT(second.seconds, 15.0);
+  EXPECT_NE(second.output.find("--json " + json + ": another run is writing it (pid "), std::string::npos) << second.output;
+  bool names_the_first = false;
+  for (int pid : first_ranks)
+    names_the_first |= second.output.find("(pid " + std::to_string(pid) + " on ") != std::string::npos;
+  EXPECT_TRUE(names_the_first) << second.output;
+  EXPECT_NE(second.output.find("10_context_parallel/train"), std::string::npos) << second.output;
+  EXPECT_EQ(r.exit_code, 130) << r.output;
+  EXPECT_NE(read_record(json, "summary").find("\"ended\":\"interrupted\""), std::string::npos);
+  EXPECT_GT(read_records(json, "step").size(), 3u) << "the file holds another run's records";
+  EXPECT_FALSE(file_exists(json + ".lock")) << "the lock file was left";
 }
 
 TEST(OutputPaths, FlagsThatNameOneFileAreRefusedBeforeTheWork) {
@@ -228,26 +289,26 @@ TEST(OutputPaths, FlagsThatNameOneFileAreRefusedBeforeTheWork) {
       << "the training data was overwritten";
 }
 
-// The writer checks the path again when it writes: a checkpoint path that became a FIFO while the job
+// The writer checks the path again when it writes: a checkpoint path that became a socket while the job
 // ran is not replaced, and the failure, which rank 0 alone sees, ends every rank within seconds.
 TEST(OutputPaths, AWriteThatFailsOnRankZeroEndsEveryRank) {
   const std::string dir = temp_dir();
   const std::string ckpt = dir + "/ck.bin";
   BackgroundRun run = start_trainer("01_vanilla_dp", 2, "--steps 100000 --save-every 2 --save " + ckpt);
   ASSERT_TRUE(wait_until_file_exists(ckpt, kStartSeconds)) << "no checkpoint was saved";
-  // Made aside, then renamed over the checkpoint: the next save finds a FIFO there, never a gap.
-  ASSERT_EQ(mkfifo((dir + "/fifo").c_str(), 0644), 0);
-  ASSERT_EQ(std::rename((dir + "/fifo").c_str(), ckpt.c_str()), 0);
+  // Made aside, then renamed over the checkpoint: the next save finds a socket there, never a gap.
+  ASSERT_TRUE(make_socket(dir + "/socket"));
+  ASSERT_EQ(std::rename((dir + "/socket").c_str(), ckpt.c_str()), 0);
   const auto made = std::chrono::steady_clock::now();
   RunResult r = wait_for(run, 30);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - made).count();
   EXPECT_NE(r.exit_code, 0) << r.output;
   EXPECT_NE(r.exit_code, 124) << "the job went on (or hung) after a failed write";
   EXPECT_LT(seconds, 15.0);
-  EXPECT_NE(r.output.find("cannot write '" + ckpt + "': '" + ckpt + "' is a FIFO"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("cannot write '" + ckpt + "': '" + ckpt + "' is a socket"), std::string::npos) << r.output;
   struct stat info;
   ASSERT_EQ(stat(ckpt.c_str(), &info), 0);
-  EXPECT_TRUE(S_ISFIFO(info.st_mode)) << "the FIFO was replaced";
+  EXPECT_TRUE(S_ISSOCK(info.st_mode)) << "the socket was replaced";
   EXPECT_TRUE(wait_until([&] { return rank_pids(dir).empty(); }, kEndSeconds)) << "a rank was left behind";
   for (int pid : rank_pids(dir)) kill(pid, SIGKILL);
 }
@@ -393,7 +454,7 @@ TEST(Resume, AKillWhileSavingOverTheResumedCheckpointLeavesItResumable) {
   EXPECT_GE(kills_during_a_save, 1) << "no kill came during a save: the test proved nothing";
   // It resumes: the whole file is checked when it is loaded.
   BackgroundRun resumed = start_trainer("01_vanilla_dp", 2, "--resume " + ckpt + " --json " + dir + "/resumed.jsonl");
-  wait_until([&] { return !read_records(dir + "/resumed.jsonl.partial", "step").empty(); }, kStartSeconds);
+  wait_until([&] { return !read_records(json_being_written(dir + "/resumed.jsonl"), "step").empty(); }, kStartSeconds);
   kill(resumed.pid, SIGINT);
   RunResult r = wait_for(resumed, 60);
   EXPECT_EQ(r.exit_code, 130) << r.output;
@@ -425,6 +486,16 @@ TEST(Stops, ADivergingLossStopsEveryRankNamingTheStep) {
   EXPECT_NE(summary.find("\"ended\":\"diverged\""), std::string::npos) << summary;
 }
 
+// An interrupted job ends through MPI_Abort (its exit status survives the launcher), whose banner
+// ("Abort(130) on node 0 ...: application called MPI_Abort") used to be the user's last line: the
+// last line is the run's own summary.
+void expect_our_last_line(const std::string& output) {
+  EXPECT_EQ(output.find("MPI_Abort"), std::string::npos) << output;
+  std::string last = output.substr(0, output.find_last_not_of('\n') + 1);
+  last = last.substr(last.rfind('\n') + 1);
+  EXPECT_EQ(last.rfind("model FLOPs: ", 0), 0u) << "the last line is not the run's: " << last;
+}
+
 // Ctrl-C: mpiexec passes SIGINT to every rank; they finish the step, agree to stop, write the JSON
 // (complete, marked interrupted), the trace and a checkpoint of the completed steps, and exit 130.
 TEST(Stops, CtrlCWritesWhatWasMeasuredAndExitsNonZero) {
@@ -432,14 +503,15 @@ TEST(Stops, CtrlCWritesWhatWasMeasuredAndExitsNonZero) {
   BackgroundRun run = start_trainer("02_overlap_dp", 2, "--steps 100000 --json " + dir + "/run.jsonl --trace " + dir +
                                                             "/trace.json --save " + dir + "/ck.bin");
   // Wait until it trains (the JSON has step records), then press Ctrl-C.
-  const bool trains = wait_until([&] { return read_records(dir + "/run.jsonl.partial", "step").size() >= 3; },
+  const bool trains = wait_until([&] { return read_records(json_being_written(dir + "/run.jsonl"), "step").size() >= 3; },
                                  kStartSeconds);
   kill(run.pid, SIGINT);
   RunResult r = wait_for(run, 60);
   ASSERT_TRUE(trains) << "no 3 steps within " << kStartSeconds << " s:\n" << r.output;
   EXPECT_EQ(r.exit_code, 130) << r.output;
+  expect_our_last_line(r.output);
   EXPECT_TRUE(file_exists(dir + "/run.jsonl")) << "the JSON was not closed";
-  EXPECT_FALSE(file_exists(dir + "/run.jsonl.partial"));
+  EXPECT_FALSE(file_exists(json_being_written(dir + "/run.jsonl"))) << "a temporary was left";
   EXPECT_NE(read_record(dir + "/run.jsonl", "summary").find("\"ended\":\"interrupted\""), std::string::npos);
   EXPECT_TRUE(file_exists(dir + "/trace.json")) << r.output;
   EXPECT_TRUE(file_exists(dir + "/ck.bin")) << r.output;
@@ -462,7 +534,7 @@ int rank_one_of_a_running_job(const std::string& chapter, const std::string& fla
   std::vector<int> ranks;
   wait_until([&] {
     ranks = rank_pids(dir);
-    return ranks.size() == 2 && read_records(dir + "/run.jsonl.partial", "step").size() >= 3;
+    return ranks.size() == 2 && read_records(json_being_written(dir + "/run.jsonl"), "step").size() >= 3;
   }, kStartSeconds);
   if (ranks.size() != 2) return -1;
   const int one = mpi_rank_of(ranks[0]) == 1 ? ranks[0] : ranks[1];
@@ -470,26 +542,34 @@ int rank_one_of_a_running_job(const std::string& chapter, const std::string& fla
 }
 
 // A rank stopped with SIGSTOP: the others would wait forever in the next collective. The watchdog
-// (--timeout) ends the job, naming the rank, the collective and the step, and rank 0 closes its JSON.
+// (--timeout) ends the job, naming the collective, the step and the rank that is stopped (which MPI
+// cannot say: the node can), and rank 0 closes its JSON. In 01 the collective is an all-reduce; in 11,
+// an all-to-all of the experts' group, where the waiting ranks used to say only "a peer rank".
 TEST(Stops, TheWatchdogEndsAJobWithAStoppedRank) {
-  const std::string dir = temp_dir();
-  BackgroundRun run;
-  const int victim = rank_one_of_a_running_job("01_vanilla_dp", "", dir, &run);  // rank 0 writes the JSON
-  ASSERT_GT(victim, 0) << wait_for(run, 1).output;
-  kill(victim, SIGSTOP);
-  const auto stopped = std::chrono::steady_clock::now();
-  RunResult r = wait_for(run, 120);
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - stopped).count();
-  EXPECT_NE(r.exit_code, 0) << r.output;
-  EXPECT_NE(r.exit_code, 124) << "the job hung";
-  EXPECT_LT(seconds, 3 + kEndSeconds) << "the watchdog should end it a little after its 3 s";
-  EXPECT_NE(r.output.find("watchdog: all_reduce"), std::string::npos) << r.output;
-  EXPECT_NE(r.output.find("over the world group (world ranks 0, 1)"), std::string::npos) << r.output;
-  EXPECT_NE(r.output.find("in step"), std::string::npos) << r.output;
-  // mpiexec may return before the kernel has ended the stopped rank that it killed.
-  EXPECT_TRUE(wait_until_ranks_gone(dir, kEndSeconds)) << "a rank was left behind";
-  for (int pid : rank_pids(dir)) kill(pid, SIGKILL);
-  EXPECT_NE(read_record(dir + "/run.jsonl", "summary").find("\"ended\":\"aborted\""), std::string::npos);
+  for (const auto& [chapter, collective] : {std::pair<std::string, std::string>{"01_vanilla_dp", "watchdog: all_reduce"},
+                                            {"11_expert_parallel", "watchdog: "}}) {
+    SCOPED_TRACE(chapter);
+    const std::string dir = temp_dir();
+    BackgroundRun run;
+    const int victim = rank_one_of_a_running_job(chapter, "", dir, &run);  // rank 0 writes the JSON
+    ASSERT_GT(victim, 0) << wait_for(run, 1).output;
+    kill(victim, SIGSTOP);
+    const auto stopped = std::chrono::steady_clock::now();
+    RunResult r = wait_for(run, 120);
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - stopped).count();
+    EXPECT_NE(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.exit_code, 124) << "the job hung";
+    EXPECT_LT(seconds, 3 + kEndSeconds) << "the watchdog should end it a little after its 3 s";
+    EXPECT_NE(r.output.find(collective), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("group (world ranks 0, 1)"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("in step"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("world rank 1 (pid " + std::to_string(victim) + ") is stopped"), std::string::npos)
+        << r.output;
+    // mpiexec may return before the kernel has ended the stopped rank that it killed.
+    EXPECT_TRUE(wait_until_ranks_gone(dir, kEndSeconds)) << "a rank was left behind";
+    for (int pid : rank_pids(dir)) kill(pid, SIGKILL);
+    EXPECT_NE(read_record(dir + "/run.jsonl", "summary").find("\"ended\":\"aborted\""), std::string::npos);
+  }
 }
 
 // A stuck receive names its peer by world rank, and its group by the members' world ranks, which
@@ -568,7 +648,7 @@ TEST(Stops, SigtermAndSighupStopLikeCtrlC) {
     std::vector<int> ranks;
     wait_until([&] {
       ranks = rank_pids(dir);
-      return ranks.size() >= 2 && read_records(dir + "/run.jsonl.partial", "step").size() >= 3;
+      return ranks.size() >= 2 && read_records(json_being_written(dir + "/run.jsonl"), "step").size() >= 3;
     }, kStartSeconds);
     ASSERT_EQ(ranks.size(), 2u);
     if (signal == SIGTERM) kill(run.pid, SIGTERM);
@@ -577,6 +657,7 @@ TEST(Stops, SigtermAndSighupStopLikeCtrlC) {
     EXPECT_EQ(r.exit_code, 130) << r.output;
     EXPECT_NE(r.output.find("interrupted after step"), std::string::npos) << r.output;
     EXPECT_NE(r.output.find("average over"), std::string::npos) << r.output;
+    expect_our_last_line(r.output);
     EXPECT_NE(read_record(dir + "/run.jsonl", "summary").find("\"ended\":\"interrupted\""), std::string::npos);
   }
 }

@@ -125,6 +125,19 @@ bool file_exists(const std::string& path) {
   return stat(path.c_str(), &info) == 0;
 }
 
+std::string json_being_written(const std::string& path) {
+  const size_t slash = path.rfind('/');
+  const std::string folder = slash == std::string::npos ? "." : path.substr(0, slash);
+  const std::string prefix = path.substr(slash == std::string::npos ? 0 : slash + 1) + ".tmp.";
+  std::string found = path + ".tmp";
+  if (DIR* dir = opendir(folder.c_str())) {
+    while (dirent* entry = readdir(dir))
+      if (std::strncmp(entry->d_name, prefix.c_str(), prefix.size()) == 0) found = folder + "/" + entry->d_name;
+    closedir(dir);
+  }
+  return found;
+}
+
 bool wait_until(const std::function<bool()>& condition, double timeout_s) {
   const auto start = std::chrono::steady_clock::now();
   for (;;) {

@@ -36,6 +36,10 @@ RunResult wait_for(BackgroundRun& run, int timeout_s);
 // The rank processes (./<chapter>/train) whose command line contains `marker`.
 std::vector<int> rank_pids(const std::string& marker);
 bool file_exists(const std::string& path);
+// The file a run writes its JSON lines `path` to while it runs (its writer's own temporary,
+// PATH.tmp.<host>.<pid>, metrics.h), or `path` + ".tmp" when there is none yet: what a test reads to
+// see how far a run has got.
+std::string json_being_written(const std::string& path);
 
 // Waiting for another process: what it does (end, write a file, reach a step) takes as long as the
 // machine lets it, seconds more when every core is busy. So a test never looks once: it polls
