@@ -196,9 +196,13 @@ TrainingRun::TrainingRun(Communicator& world, Communicator& dp, const ProcessGri
       json_.open(cfg_.json);
       set_fatal_hook([this](const std::string& error) { json_.abort(error); });
     }
-    std::printf("%s | %d rank%s | preset %s (L=%d C=%d NH=%d T=%d V=%d) | %lld parameters\n", cfg_.chapter.c_str(), N,
-                N > 1 ? "s" : "", model_.preset.c_str(), model_.L, model_.C, model_.NH, model_.T, model_.V,
-                (long long)global_layout_.num_params);
+    // Across hosts (mpiexec -f hostfile), the nodes as MPI sees them: ranks that share memory.
+    const std::string nodes = nodes_in_job() > 1 ? " on " + std::to_string(nodes_in_job()) + " nodes (" +
+                                                       std::to_string(ranks_on_this_node()) + " on rank 0's node)"
+                                                 : "";
+    std::printf("%s | %d rank%s%s | preset %s (L=%d C=%d NH=%d T=%d V=%d) | %lld parameters\n", cfg_.chapter.c_str(),
+                N, N > 1 ? "s" : "", nodes.c_str(), model_.preset.c_str(), model_.L, model_.C, model_.NH, model_.T,
+                model_.V, (long long)global_layout_.num_params);
     if (cp_comm_ || cp_.on())
       std::printf("grid: %d data-parallel x %d context-parallel | each rank holds %d of the %d positions of every "
                   "sequence | %lld parameters a rank\n", data_ranks_, cp_.size, int(cp_.positions.size()), model_.T,
@@ -229,6 +233,7 @@ TrainingRun::TrainingRun(Communicator& world, Communicator& dp, const ProcessGri
                     .add("type", "run")
                     .add("chapter", cfg_.chapter)
                     .add("ranks", N)
+                    .add("nodes", nodes_in_job())
                     .add("dp", data_ranks_)
                     .add("cp", cp_.size)
                     .add("tp", tp_.size)
