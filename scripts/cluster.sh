@@ -62,6 +62,7 @@ teardown() {
   done
   for ns in $(our_namespaces); do ip netns delete "$ns" 2>/dev/null || true; done
   rm -rf /etc/netns/"$prefix"-sw /etc/netns/"$prefix"-node[0-9]*
+  rmdir /etc/netns 2>/dev/null || true  # only if empty: `up` may have made it, another user may use it
   rm -rf "$state"
 }
 
