@@ -59,6 +59,7 @@ $(info building chapters: $(CHAPTERS))
 endif
 
 .PHONY: all deps test tests test-busy compare bench bench-comm bench-tp bench-pp schedules cp-balance bench-torch diffs plan plan-check clean \
+  cluster-up cluster-down cluster-status cluster-check cluster-lessons \
   help $(CHAPTERS) 00_collectives collectives
 all: 00_collectives $(CHAPTERS) ## every chapter's program (00_collectives/collectives, NN_name/train); the default
 
@@ -200,6 +201,24 @@ bench-comm: ## collective benchmark, nccl-tests style: RANKS=2 LINK="--link-gbps
 	@scripts/ensure_deps.sh
 	@$(MAKE) --no-print-directory $(BUILD)/comm_bench
 	mpiexec -n $(RANKS) $(BUILD)/comm_bench $(LINK)
+
+# A cluster on this machine (docs/cluster.md): network namespaces as nodes, tbf-shaped links, a hostfile.
+NODES ?= 2
+GBPS ?= 1
+cluster-up: ## root: NODES (2..4) namespaces as nodes, links shaped to GBPS Gbit/s, build/cluster/hostfile: NODES=2 GBPS=1
+	@scripts/cluster.sh up $(NODES) $(GBPS)
+
+cluster-down: ## removes the cluster: namespaces, links, processes in them, files
+	@scripts/cluster.sh down
+
+cluster-status: ## the cluster's nodes, addresses, link rates and processes
+	@scripts/cluster.sh status
+
+cluster-check: all ## every chapter across the nodes (2x1, 2x2) against one host: losses and counters equal (cluster up)
+	@scripts/cluster_equivalence.sh
+
+cluster-lessons: all ## placement (TP inside vs across nodes) and the link model against the shaped link (cluster up)
+	@scripts/cluster_lessons.sh
 
 # PyTorch eager next to chapter 01. TORCH_PYTHON: an interpreter that has torch (a venv, say), kept
 # apart from PYTHON, which the build uses to look for matplotlib.

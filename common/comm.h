@@ -260,12 +260,16 @@ class Communicator {
 
 // MPI_Init_thread (MPI_THREAD_MULTIPLE) and the communicator over MPI_COMM_WORLD. Call once, first
 // thing in main; shutdown_mpi() at the end, after every communicator split from it is gone. Also sets
-// the error context of check.h.
+// the error context of check.h. With GPT_SKIP_MPI_FINALIZE=1 in the environment, shutdown_mpi() ends
+// with a barrier instead of MPI_Finalize: MPICH 4.0 over UCX's TCP transport hangs in MPI_Finalize in
+// a fraction of runs across hosts (docs/cluster.md, "A reliable MPI"); scripts/cluster.sh sets it.
 std::unique_ptr<Communicator> init_mpi_communicator(int* argc, char*** argv);
 void shutdown_mpi(std::unique_ptr<Communicator> comm);
 
-// How many ranks of the job run on this rank's node (machine): they share its memory.
+// How many ranks of the job run on this rank's node (machine): they share its memory. And how many
+// nodes the job spans (1 on one host; `mpiexec -f hostfile` across hosts, docs/cluster.md).
 int ranks_on_this_node();
+int nodes_in_job();
 
 // The watchdog: an op that has been in flight (posted to MPI) for longer than `seconds` ends the job
 // with a message naming the rank, the op, its group with the group's world ranks, the peer of a send

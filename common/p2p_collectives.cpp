@@ -197,15 +197,16 @@ void doubling_all_gather(Communicator& comm, const Fold& f, Tensor whole, const 
   }
 }
 
-// Folding in: an even rank among the first 2(N - p) hands `part` to the odd rank after it, which
-// adds it into its own (reducing) or takes it (gathering, where part is the even rank's segment).
-void fold_in(Communicator& comm, const Fold& f, Tensor mine, Tensor theirs_on_odd, bool reduce, ReduceOp op,
-             Tensor incoming) {
+// Folding in: each even rank among the first 2(N - p) hands its whole vector to the odd rank after
+// it, which adds it into its own.
+void fold_in(Communicator& comm, const Fold& f, Tensor work, ReduceOp op) {
   const int r = comm.rank();
   if (r >= 2 * f.extra) return;
-  if (r % 2 == 0) return send_to(comm, mine, r + 1);
-  receive_from(comm, reduce ? incoming : theirs_on_odd, r - 1);
-  if (reduce) reduce_into(theirs_on_odd, incoming, op);
+  if (r % 2 == 0) return send_to(comm, work, r + 1);
+  Buffer incoming_owner;
+  const Tensor incoming = scratch(incoming_owner, work, work.numel());
+  receive_from(comm, incoming, r - 1);
+  reduce_into(work, incoming, op);
 }
 // Folding out: each odd rank among the first 2(N - p) hands the even rank before it its result.
 void fold_out(Communicator& comm, const Fold& f, Tensor from_odd, Tensor into_even) {
@@ -279,9 +280,7 @@ void p2p_all_reduce(Communicator& comm, Tensor buf, ReduceOp op, Algorithm a) {
     }
     case Algorithm::HalvingDoubling: {
       const Fold f = fold_of(N, r);
-      Buffer incoming_owner;
-      const Tensor incoming = f.extra > 0 && r < 2 * f.extra ? scratch(incoming_owner, buf, buf.numel()) : Tensor();
-      fold_in(comm, f, buf, buf, /*reduce=*/true, op, incoming);
+      fold_in(comm, f, buf, op);
       if (f.folded >= 0) {
         const std::vector<int64_t> counts = segment_counts(buf.numel(), f.p), at = offsets_of(counts);
         halving_reduce_scatter(comm, f, buf, counts, op);
@@ -293,9 +292,7 @@ void p2p_all_reduce(Communicator& comm, Tensor buf, ReduceOp op, Algorithm a) {
     }
     case Algorithm::RecursiveDoubling: {
       const Fold f = fold_of(N, r);
-      Buffer incoming_owner;
-      const Tensor incoming = f.extra > 0 && r < 2 * f.extra ? scratch(incoming_owner, buf, buf.numel()) : Tensor();
-      fold_in(comm, f, buf, buf, /*reduce=*/true, op, incoming);
+      fold_in(comm, f, buf, op);
       if (f.folded >= 0) {
         doubling_all_reduce(comm, f, buf, op);
         finish_average(buf, op, N);
@@ -328,9 +325,7 @@ void p2p_reduce_scatter(Communicator& comm, Tensor send, Tensor recv, ReduceOp o
     if (N > 1) ring_reduce_scatter(comm, work, counts, op);
   } else {
     const Fold f = fold_of(N, r);
-    Buffer incoming_owner;
-    const Tensor incoming = f.extra > 0 && r < 2 * f.extra ? scratch(incoming_owner, send, send.numel()) : Tensor();
-    fold_in(comm, f, work, work, /*reduce=*/true, op, incoming);
+    fold_in(comm, f, work, op);
     if (f.folded >= 0) halving_reduce_scatter(comm, f, work, folded_counts(f, counts), op);
     // The odd rank of a folded pair now holds both segments of the pair: the even rank's goes home.
     if (r < 2 * f.extra) {

@@ -7,10 +7,8 @@
 // becomes a message and exit status 1, not an abort.
 #include <gtest/gtest.h>
 #include <sys/resource.h>
-#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
-#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -27,6 +25,7 @@
 #include "fileio.h"
 #include "metrics.h"
 #include "output_paths.h"
+#include "training_harness.h"  // make_socket
 
 namespace {
 
@@ -68,18 +67,6 @@ void write_text(const std::string& path, const std::string& text) { std::ofstrea
 bool is_fifo(const std::string& path) {
   struct stat info;
   return lstat(path.c_str(), &info) == 0 && S_ISFIFO(info.st_mode);
-}
-
-// A listening-less socket file at `path`.
-bool make_socket(const std::string& path) {
-  const int fd = socket(AF_UNIX, SOCK_STREAM, 0);
-  sockaddr_un address = {};
-  address.sun_family = AF_UNIX;
-  if (fd < 0 || path.size() >= sizeof address.sun_path) return false;
-  std::snprintf(address.sun_path, sizeof address.sun_path, "%s", path.c_str());
-  const bool made = bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) == 0;
-  close(fd);
-  return made;
 }
 
 // The process limits the size of the files it writes to `bytes`: a write past it fails with EFBIG,

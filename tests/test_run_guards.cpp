@@ -7,10 +7,8 @@
 // interrupted save left behind, and a kill during a save keeps the checkpoint it replaces.
 #include <gtest/gtest.h>
 #include <signal.h>
-#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
-#include <sys/un.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -25,18 +23,6 @@
 #include "training_harness.h"
 
 namespace {
-
-// A listening-less socket file at `path`: a file no output may replace.
-bool make_socket(const std::string& path) {
-  const int fd = socket(AF_UNIX, SOCK_STREAM, 0);
-  sockaddr_un address = {};
-  address.sun_family = AF_UNIX;
-  if (fd < 0 || path.size() >= sizeof address.sun_path) return false;
-  std::snprintf(address.sun_path, sizeof address.sun_path, "%s", path.c_str());
-  const bool made = bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) == 0;
-  close(fd);
-  return made;
-}
 
 // These tests wait for other processes, on a machine whose cores may all be busy (make test-busy):
 // kStartSeconds for a job to start and train 3 steps (about a second when the machine is quiet),

@@ -36,6 +36,8 @@ RunResult wait_for(BackgroundRun& run, int timeout_s);
 // The rank processes (./<chapter>/train) whose command line contains `marker`.
 std::vector<int> rank_pids(const std::string& marker);
 bool file_exists(const std::string& path);
+// A listening-less Unix socket file at `path`: a file no output may replace, nor any run read.
+bool make_socket(const std::string& path);
 // The file a run writes its JSON lines `path` to while it runs (its writer's own temporary,
 // PATH.tmp.<host>.<pid>, metrics.h), or `path` + ".tmp" when there is none yet: what a test reads to
 // see how far a run has got.
