@@ -37,7 +37,7 @@ scripts/cluster_compare.py "$work/nodes.jsonl" "$work/host.jsonl" || fail "the r
 scripts/cluster.sh mpiexec -n 2 ./01_vanilla_dp/train --steps 100000 --device cpu --quiet >"$work/killed.log" 2>&1 &
 launcher=$!
 for _ in $(seq 100); do  # until a rank trains on each node (10 s at most)
-  ranks=$(for ns in "$CLUSTER_PREFIX-node0" "$CLUSTER_PREFIX-node1"; do ip netns pids "$ns" 2>/dev/null | xargs -r ps -o comm= -p | grep -c '^train$' || true; done | paste -sd+ | bc)
+  ranks=$(for ns in "$CLUSTER_PREFIX-node0" "$CLUSTER_PREFIX-node1"; do ip netns pids "$ns" 2>/dev/null | xargs -r ps -o comm= -p | grep -c '^train$' || true; done | awk '{ n += $1 } END { print n + 0 }')
   [ "${ranks:-0}" -ge 2 ] && break
   sleep 0.1
 done

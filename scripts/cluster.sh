@@ -133,7 +133,7 @@ EOF
   trap - EXIT INT TERM
   printf 'cluster up: %d nodes (%s), links shaped to %s Gbit/s, hostfile %s (%d slots each), in %.2f s\n' \
     "$n" "$(for ((i = 0; i < n; i++)); do printf 'node%d=%s ' $i "$(node_ip $i)"; done | sed 's/ $//')" \
-    "$gbps" "${state#$repo/}/hostfile" "$slots" "$(echo "$(date +%s.%N) - $start" | bc)"
+    "$gbps" "${state#$repo/}/hostfile" "$slots" "$(awk -v now="$(date +%s.%N)" -v start="$start" 'BEGIN { print now - start }')"
 }
 
 # Runs a command inside node I: its network namespace (and /etc/hosts) and a UTS namespace of its own
@@ -173,7 +173,7 @@ case "${1:-}" in
     teardown
     left=$(leftovers)
     [ -z "$left" ] || die "could not remove: $left"
-    printf 'cluster down: nothing left, in %.2f s\n' "$(echo "$(date +%s.%N) - $start" | bc)" ;;
+    printf 'cluster down: nothing left, in %.2f s\n' "$(awk -v now="$(date +%s.%N)" -v start="$start" 'BEGIN { print now - start }')" ;;
   status) status ;;
   leftovers) leftovers ;;
   exec) shift; [ $# -ge 2 ] || die "usage: cluster.sh exec NODE COMMAND..."; node_exec "$@" ;;
