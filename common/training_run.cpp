@@ -216,12 +216,10 @@ TrainingRun::TrainingRun(Communicator& world, Communicator& dp, const ProcessGri
     const std::string nodes = nodes_in_job() > 1 ? " on " + std::to_string(nodes_in_job()) + " nodes (" +
                                                        std::to_string(ranks_on_this_node()) + " on rank 0's node)"
                                                  : "";
-    std::printf("%s | %d rank%s%s | preset %s (L=%d C=%d NH=%d T=%d V=%d) | %lld parameters
-", cfg_.chapter.c_str(),
+    std::printf("%s | %d rank%s%s | preset %s (L=%d C=%d NH=%d T=%d V=%d) | %lld parameters\n", cfg_.chapter.c_str(),
                 N, N > 1 ? "s" : "", nodes.c_str(), model_.preset.c_str(), model_.L, model_.C, model_.NH, model_.T,
                 model_.V, (long long)global_layout_.num_params);
-    if (grid) std::printf("grid: %s
-", grid_line().c_str());
+    if (grid) std::printf("grid: %s\n", grid_line().c_str());
     std::printf("global batch %d x %d tokens | %d per data-parallel rank in %d micro-batch%s of %d | data: %s\n",
                 cfg_.batch, model_.T, cfg_.batch / data_ranks_, cfg_.grad_accum, cfg_.grad_accum > 1 ? "es" : "",
                 micro_B_, data_.description().c_str());
