@@ -37,13 +37,14 @@ calibrate() {  # ranks -> "peak elementwise", or nothing (and no predictions) if
     echo "   (calibration on $ranks ranks failed, no predictions: $cal.log)" >&2
   fi
 }
-# plan --one on the namespaces cluster with the calibrated rates; prints the plan-json fields asked for
+# plan --one on the namespaces cluster with the calibrated rates and the flags given (the links among
+# them); prints the plan-json fields asked for
 # (a+b: their sum), in ms, or "-" for each when there is no planner or calibration.
 predict() {  # "peak elementwise" "plan flags" field...
   local rates=$1 flags=$2 peak elementwise; shift 2
   if [ -z "$rates" ]; then for _ in "$@"; do printf -- '- '; done; echo; return; fi
   read -r peak elementwise <<<"$rates"
-  "$plan" --one --model "$model" --cluster namespaces --inter-gbps "$gbps" --efficiency 1 --peak-flops "$peak" \
+  "$plan" --one --model "$model" --cluster namespaces --efficiency 1 --peak-flops "$peak" \
     --elementwise-rate "$elementwise" $flags | python3 -c 'import json,sys
 r=[json.loads(l[10:]) for l in sys.stdin if l.startswith("plan-json ")][0]
 print(" ".join("%.1f" % (sum(r[k] for k in f.split("+")) * 1e3) for f in sys.argv[1:]))' "$@" || {
@@ -56,17 +57,25 @@ shm_link() {
     sed -n 's/.*links per GPU \([0-9.e+]*\) Gb\/s \([0-9.e+]*\) us in a node.*/\1 \2/p'
 }
 model=$preset
-summary() {  # jsonl: "step ms, exposed comm ms, comm ms" of the summary record
+
+# Averages over the measured steps (step 0 is warm-up) of the step and of each group's exposed time,
+# the way the planner splits a step: TP's collectives, DP's gradients, a rank's waits for the
+# pipeline's messages (bubble included: a rank waiting for the previous stage cannot tell the two
+# apart), the tied embedding's all-reduce.
+groups() {  # jsonl -> "step tp dp pp embedding" (ms)
   python3 -c 'import json,sys
-r=[json.loads(l) for l in open(sys.argv[1]) if l.strip()]; s=[x for x in r if x.get("type")=="summary"][-1]
-print("%.1f %.1f %.1f" % (s["step_ms"], s["exposed_comm_ms"], s["comm_ms"]))' "$1"
+r=[json.loads(l) for l in open(sys.argv[1]) if l.strip()]; st=[x for x in r if x.get("type")=="step" and x["step"]>0]
+keys=["step_ms","tp_exposed_comm_ms","dp_exposed_comm_ms","pipeline_waits_ms","embedding_exposed_comm_ms"]
+print(" ".join("%.1f" % (sum(x.get(k, 0) for x in st) / len(st)) for k in keys))' "$1"
 }
 
-echo "== 1. placement at 2 nodes x 2 ranks, link $gbps Gbit/s, preset $preset, $steps steps"
+echo "== 1. placement at 2 nodes x 2 ranks, link $gbps Gbit/s, preset $preset, $steps steps; each cell: measured / planned ms"
 rates4=$(calibrate 4)
 shm=""
 [ -z "$rates4" ] || shm=$(shm_link)
-printf '%-30s %-18s %9s %11s %9s | %10s %12s\n' run "TP pairs" "step ms" "exposed ms" "comm ms" "plan step" "plan exposed"
+cell() { printf '%7s / %-7s' "$1" "$2"; }
+printf '%-29s %-17s %-17s %-17s %-17s %-17s %s\n' run "TP pairs" "  step" "  TP exposed" "  DP exposed" \
+  "  PP waits" "  embedding"
 for entry in "07_tensor_parallel|--tp 2|--tp 2" "09_3d_parallel|--tp 2 --pp 2|--tp 2 --pp 2 --micro-batches 4"; do
   IFS='|' read -r chapter flags plan_flags <<<"$entry"
   for ppn in 2 1; do
@@ -74,22 +83,24 @@ for entry in "07_tensor_parallel|--tp 2|--tp 2" "09_3d_parallel|--tp 2 --pp 2|--
     name="${chapter}_ppn$ppn"
     timeout 600 scripts/cluster.sh mpiexec -n 4 -ppn "$ppn" "./$chapter/train" --preset "$preset" --steps "$steps" \
       --device cpu $flags --json "$out/$name.jsonl" >"$out/$name.log" 2>&1 || { echo "$name FAILED"; cat "$out/$name.log"; exit 1; }
-    read -r step exposed comm < <(summary "$out/$name.jsonl")
+    read -r step tp dp pp emb < <(groups "$out/$name.jsonl")
     # The planner's grid puts TP inside a node and the other group across; with the pairs across the
     # nodes the links are swapped: TP gets the shaped rate (--intra-gbps), the other group shared memory.
-    links=""
+    links="--inter-gbps $gbps"
     if [ "$ppn" = 1 ] && [ -n "$shm" ]; then
       read -r shm_gbps shm_us <<<"$shm"
       links="--intra-gbps $gbps --intra-latency-us 50 --inter-gbps $shm_gbps --inter-latency-us $shm_us"
     fi
-    read -r p_step p_exposed < <(predict "$rates4" "--gpus 4 --batch 8 $plan_flags $links" step_s tp_s+pp_s+dp_s+embedding_s)
-    printf '%-30s %-18s %9s %11s %9s | %10s %12s\n' "$chapter $flags" "$where" "$step" "$exposed" "$comm" "$p_step" "$p_exposed"
+    read -r p_step p_tp p_dp p_pp p_emb < <(predict "$rates4" "--gpus 4 --batch 8 $plan_flags $links" \
+      step_s tp_s dp_s bubble_s+pp_s embedding_s)
+    printf '%-29s %-17s %s %s %s %s %s\n' "$chapter $flags" "$where" "$(cell "$step" "$p_step")" "$(cell "$tp" "$p_tp")" \
+      "$(cell "$dp" "$p_dp")" "$(cell "$pp" "$p_pp")" "$(cell "$emb" "$p_emb")"
   done
 done
-echo "(plan: 09_3d_parallel/plan --one --cluster namespaces --inter-gbps $gbps, rates from the 4-rank calibration;"
-echo " plan exposed = its exposed TP + PP messages + DP + embedding terms, the bubble apart. Across the nodes the"
-echo " planner is given swapped links, TP on the shaped one (--intra-gbps $gbps) and DP or PP on shared memory"
-echo " (--inter-gbps), since its grid always puts TP inside a node.)"
+echo "(planned: 09_3d_parallel/plan --one --cluster namespaces --inter-gbps $gbps, CPU rates from the 4-rank"
+echo " calibration above; PP waits planned = its bubble + what the messages add. Across the nodes the planner is"
+echo " given swapped links: TP on the shaped one (--intra-gbps $gbps --intra-latency-us 50), DP or PP on shared"
+echo " memory (--inter-gbps ${shm% *}), since its grid always puts TP inside a node.)"
 
 echo "== 2a. all-reduce (comm_bench, ours), 2 ranks: shaped $gbps Gbit/s link vs --link-gbps $gbps model on one host"
 timeout 600 scripts/cluster.sh mpiexec -n 2 -ppn 1 build/comm_bench --min-bytes 16384 --max-bytes 16777216 \
@@ -113,7 +124,7 @@ echo "(the planner has no prediction of one all-reduce: its DP term times the gr
 echo " communicator's modelled_ms), plus 2(N-1) x the namespaces preset's 50 us latency)"
 
 echo "== 2b. 08's point-to-point (--pp 2, 2 ranks): shaped link vs model, per step"
-printf '%-8s %14s %12s %12s %12s %9s | %8s %9s\n' preset "bytes/step" "link ms" "model ms" "formula ms" error "plan PP" "plan step"
+printf '%-8s %14s %12s %12s %12s %9s | %8s %9s %9s\n' preset "bytes/step" "link ms" "model ms" "formula ms" error "plan PP" "link step" "plan step"
 for p in tiny small; do
   timeout 600 scripts/cluster.sh mpiexec -n 2 -ppn 1 ./08_pipeline/train --pp 2 --preset "$p" --steps "$steps" --device cpu \
     --json "$out/08_${p}_link.jsonl" >"$out/08_${p}_link.log" 2>&1
@@ -121,7 +132,7 @@ for p in tiny small; do
     --json "$out/08_${p}_model.jsonl" >"$out/08_${p}_model.log" 2>&1
   # The 2-rank calibration is 01 with this preset: the planner's rates depend on the model's shapes.
   rates2=$(preset=$p; calibrate 2)
-  planned=$(model=$p; predict "$rates2" "--gpus 2 --gpus-per-node 1 --pp 2 --micro-batches 4" pp_s step_s)
+  planned=$(model=$p; predict "$rates2" "--gpus 2 --gpus-per-node 1 --pp 2 --micro-batches 4 --inter-gbps $gbps" pp_s step_s)
   python3 - "$out/08_${p}_link.jsonl" "$out/08_${p}_model.jsonl" "$gbps" "$p" "$planned" <<'EOF'
 import json, sys
 def last(p):
@@ -132,10 +143,11 @@ gbps = float(sys.argv[3])
 b = stl["comm_bytes"]   # bytes this rank sent a step (activations forward, gradients back)
 f = b * 8 / (gbps * 1e9) * 1e3
 planned = (sys.argv[5].split() + ["-", "-"])[:2]
-print("%-8s %14d %12.1f %12.1f %12.1f %+8.0f%% | %8s %9s" % (sys.argv[4], b, sl["comm_ms"], sm["comm_ms"], f,
-      (sm["comm_ms"] - sl["comm_ms"]) / sl["comm_ms"] * 100, planned[0], planned[1]))
+print("%-8s %14d %12.1f %12.1f %12.1f %+8.0f%% | %8s %9.1f %9s" % (sys.argv[4], b, sl["comm_ms"], sm["comm_ms"], f,
+      (sm["comm_ms"] - sl["comm_ms"]) / sl["comm_ms"] * 100, planned[0], sl["step_ms"], planned[1]))
 EOF
 done
-echo "(plan PP: what the planner says the stages' messages add to the step, 08's simulator on the shaped link at"
-echo " 2 nodes x 1 rank (--gpus-per-node 1); plan step: the whole step. Rates from a 2-rank calibration of each"
-echo " preset. Like the measured comm ms, PP counts only the time the messages are waited for.)"
+echo "(plan PP: what the planner says the stages' messages add to the step, 08's simulator on the shaped link"
+echo " at 2 nodes x 1 rank (--gpus-per-node 1); link step: the measured step on the shaped link, plan step its"
+echo " prediction. Rates from a 2-rank calibration of each preset. Like the measured comm ms, PP counts only the"
+echo " time the messages are waited for.)"
