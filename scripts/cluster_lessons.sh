@@ -97,10 +97,12 @@ for entry in "07_tensor_parallel|--tp 2|--tp 2" "09_3d_parallel|--tp 2 --pp 2|--
       "$(cell "$dp" "$p_dp")" "$(cell "$pp" "$p_pp")" "$(cell "$emb" "$p_emb")"
   done
 done
-echo "(planned: 09_3d_parallel/plan --one --cluster namespaces --inter-gbps $gbps, CPU rates from the 4-rank"
-echo " calibration above; PP waits planned = its bubble + what the messages add. Across the nodes the planner is"
-echo " given swapped links: TP on the shaped one (--intra-gbps $gbps --intra-latency-us 50), DP or PP on shared"
-echo " memory (--inter-gbps ${shm% *}), since its grid always puts TP inside a node.)"
+if [ -n "$rates4" ]; then
+  echo "(planned: 09_3d_parallel/plan --one --cluster namespaces --inter-gbps $gbps, CPU rates from the 4-rank"
+  echo " calibration above; PP waits planned = its bubble + what the messages add. Across the nodes the planner is"
+  echo " given swapped links: TP on the shaped one (--intra-gbps $gbps --intra-latency-us 50), DP or PP on shared"
+  echo " memory (--inter-gbps ${shm% *}), since its grid always puts TP inside a node.)"
+fi
 
 echo "== 2a. all-reduce (comm_bench, ours), 2 ranks: shaped $gbps Gbit/s link vs --link-gbps $gbps model on one host"
 timeout 600 scripts/cluster.sh mpiexec -n 2 -ppn 1 build/comm_bench --min-bytes 16384 --max-bytes 16777216 \
@@ -147,7 +149,9 @@ print("%-8s %14d %12.1f %12.1f %12.1f %+8.0f%% | %8s %9.1f %9s" % (sys.argv[4], 
       (sm["comm_ms"] - sl["comm_ms"]) / sl["comm_ms"] * 100, planned[0], sl["step_ms"], planned[1]))
 EOF
 done
-echo "(plan PP: what the planner says the stages' messages add to the step, 08's simulator on the shaped link"
-echo " at 2 nodes x 1 rank (--gpus-per-node 1); link step: the measured step on the shaped link, plan step its"
-echo " prediction. Rates from a 2-rank calibration of each preset. Like the measured comm ms, PP counts only the"
-echo " time the messages are waited for.)"
+if [ "$have_plan" = 1 ]; then
+  echo "(plan PP: what the planner says the stages' messages add to the step, 08's simulator on the shaped link"
+  echo " at 2 nodes x 1 rank (--gpus-per-node 1); link step: the measured step on the shaped link, plan step its"
+  echo " prediction. Rates from a 2-rank calibration of each preset. Like the measured comm ms, PP counts only the"
+  echo " time the messages are waited for.)"
+fi
