@@ -3,7 +3,7 @@
 # docs/cluster.md). Needs the cluster up with 2 nodes (scripts/cluster.sh up 2 GBPS).
 #  1. Placement, Megatron's rule: at 2 nodes x 2 ranks, 07 (TP 2 x DP 2) and 09 (TP 2 x PP 2) with
 #     the tensor-parallel pairs inside a node (hostfile order, -ppn 2: ranks 0,1 on node0) and across
-#     the nodes (-ppn 1: ranks alternate node0, node1). Average step time and exposed communication.
+#     the nodes (-ppn 1: ranks alternate node0, node1). Average step time and each group's exposed time.
 #  2. The link model against the link: build/comm_bench's all-reduce (the Communicator 03 uses) and
 #     08's point-to-point activations at 2 nodes x 1 rank on the shaped link, against the same runs
 #     on one host with --link-gbps GBPS (the model, latency 0), and against the formula.
@@ -11,11 +11,12 @@
 #  (plan --one --cluster namespaces --inter-gbps GBPS), its CPU rates calibrated by one run of 01 on one
 #  host at the same number of ranks (scripts/plan_calibrate.py). Without 09_3d_parallel/plan the
 #  measurements are printed alone.
-#   PRESET=small STEPS=8 scripts/cluster_lessons.sh   (results in results/cluster/lessons/)
+#   PRESET=small STEPS=8 BATCH=8 scripts/cluster_lessons.sh   (results in results/cluster/lessons/)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 preset=${PRESET:-small}
 steps=${STEPS:-8}
+batch=${BATCH:-8}  # every run's global batch, the calibration's and the planner's too
 out=${OUT_DIR:-results/cluster/lessons}
 mkdir -p "$out"
 state=${CLUSTER_STATE:-build/cluster}
@@ -29,17 +30,17 @@ if [ -x "$plan" ]; then have_plan=1; else echo "(09_3d_parallel/plan is not buil
 calibrate() {  # ranks -> "peak elementwise", or nothing (and no predictions) if the run fails
   local ranks=$1 cal="$out/calibration_${preset}_$1"
   [ "$have_plan" = 1 ] || return 0
-  if timeout 600 mpiexec -n "$ranks" ./01_vanilla_dp/train --preset "$preset" --steps "$((steps > 8 ? steps : 8))" \
+  if timeout 600 mpiexec -n "$ranks" ./01_vanilla_dp/train --preset "$preset" --batch "$batch" --steps "$((steps > 8 ? steps : 8))" \
       --device cpu --quiet --json "$cal.jsonl" </dev/null >"$cal.log" 2>&1; then
-    python3 scripts/plan_calibrate.py "$cal.jsonl" "$plan" "$preset" "$ranks" 8 2>"$cal.why" || true
+    python3 scripts/plan_calibrate.py "$cal.jsonl" "$plan" "$preset" "$ranks" "$batch" 2>"$cal.why" || true
     sed 's/^/   /' "$cal.why" >&2
   else
     echo "   (calibration on $ranks ranks failed, no predictions: $cal.log)" >&2
   fi
 }
 # plan --one on the namespaces cluster with the calibrated rates and the flags given (the links among
-# them); prints the plan-json fields asked for
-# (a+b: their sum), in ms, or "-" for each when there is no planner or calibration.
+# them); prints the plan-json fields asked for (a+b: their sum), in ms, or "-" for each when there is
+# no planner or calibration.
 predict() {  # "peak elementwise" "plan flags" field...
   local rates=$1 flags=$2 peak elementwise; shift 2
   if [ -z "$rates" ]; then for _ in "$@"; do printf -- '- '; done; echo; return; fi
@@ -53,7 +54,7 @@ print(" ".join("%.1f" % (sum(r[k] for k in f.split("+")) * 1e3) for f in sys.arg
 # The namespaces preset's shared-memory link ("GBPS US"), to hand it to the group that stays inside a
 # node when the tensor-parallel pairs are placed across the nodes.
 shm_link() {
-  "$plan" --one --model "$preset" --cluster namespaces --gpus 2 --batch 8 |
+  "$plan" --one --model "$preset" --cluster namespaces --gpus 2 --batch "$batch" |
     sed -n 's/.*links per GPU \([0-9.e+]*\) Gb\/s \([0-9.e+]*\) us in a node.*/\1 \2/p'
 }
 model=$preset
@@ -81,7 +82,7 @@ for entry in "07_tensor_parallel|--tp 2|--tp 2" "09_3d_parallel|--tp 2 --pp 2|--
   for ppn in 2 1; do
     where=$([ "$ppn" = 2 ] && echo "inside a node" || echo "across the nodes")
     name="${chapter}_ppn$ppn"
-    timeout 600 scripts/cluster.sh mpiexec -n 4 -ppn "$ppn" "./$chapter/train" --preset "$preset" --steps "$steps" \
+    timeout 600 scripts/cluster.sh mpiexec -n 4 -ppn "$ppn" "./$chapter/train" --preset "$preset" --batch "$batch" --steps "$steps" \
       --device cpu $flags --json "$out/$name.jsonl" >"$out/$name.log" 2>&1 || { echo "$name FAILED"; cat "$out/$name.log"; exit 1; }
     read -r step tp dp pp emb < <(groups "$out/$name.jsonl")
     # The planner's grid puts TP inside a node and the other group across; with the pairs across the
@@ -91,7 +92,7 @@ for entry in "07_tensor_parallel|--tp 2|--tp 2" "09_3d_parallel|--tp 2 --pp 2|--
       read -r shm_gbps shm_us <<<"$shm"
       links="--intra-gbps $gbps --intra-latency-us 50 --inter-gbps $shm_gbps --inter-latency-us $shm_us"
     fi
-    read -r p_step p_tp p_dp p_pp p_emb < <(predict "$rates4" "--gpus 4 --batch 8 $plan_flags $links" \
+    read -r p_step p_tp p_dp p_pp p_emb < <(predict "$rates4" "--gpus 4 --batch $batch $plan_flags $links" \
       step_s tp_s dp_s bubble_s+pp_s embedding_s)
     printf '%-29s %-17s %s %s %s %s %s\n' "$chapter $flags" "$where" "$(cell "$step" "$p_step")" "$(cell "$tp" "$p_tp")" \
       "$(cell "$dp" "$p_dp")" "$(cell "$pp" "$p_pp")" "$(cell "$emb" "$p_emb")"
@@ -128,13 +129,13 @@ echo " communicator's modelled_ms), plus 2(N-1) x the namespaces preset's 50 us 
 echo "== 2b. 08's point-to-point (--pp 2, 2 ranks): shaped link vs model, per step"
 printf '%-8s %14s %12s %12s %12s %9s | %8s %9s %9s\n' preset "bytes/step" "link ms" "model ms" "formula ms" error "plan PP" "link step" "plan step"
 for p in tiny small; do
-  timeout 600 scripts/cluster.sh mpiexec -n 2 -ppn 1 ./08_pipeline/train --pp 2 --preset "$p" --steps "$steps" --device cpu \
-    --json "$out/08_${p}_link.jsonl" >"$out/08_${p}_link.log" 2>&1
-  timeout 600 mpiexec -n 2 ./08_pipeline/train --pp 2 --preset "$p" --steps "$steps" --device cpu --link-gbps "$gbps" \
+  timeout 600 scripts/cluster.sh mpiexec -n 2 -ppn 1 ./08_pipeline/train --pp 2 --preset "$p" --batch "$batch" --steps "$steps" \
+    --device cpu --json "$out/08_${p}_link.jsonl" >"$out/08_${p}_link.log" 2>&1
+  timeout 600 mpiexec -n 2 ./08_pipeline/train --pp 2 --preset "$p" --batch "$batch" --steps "$steps" --device cpu --link-gbps "$gbps" \
     --json "$out/08_${p}_model.jsonl" >"$out/08_${p}_model.log" 2>&1
   # The 2-rank calibration is 01 with this preset: the planner's rates depend on the model's shapes.
   rates2=$(preset=$p; calibrate 2)
-  planned=$(model=$p; predict "$rates2" "--gpus 2 --gpus-per-node 1 --pp 2 --micro-batches 4 --inter-gbps $gbps" pp_s step_s)
+  planned=$(model=$p; predict "$rates2" "--gpus 2 --batch $batch --gpus-per-node 1 --pp 2 --micro-batches 4 --inter-gbps $gbps" pp_s step_s)
   python3 - "$out/08_${p}_link.jsonl" "$out/08_${p}_model.jsonl" "$gbps" "$p" "$planned" <<'EOF'
 import json, sys
 def last(p):
