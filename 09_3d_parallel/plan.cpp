@@ -8,6 +8,7 @@
 //   plan --model megatron-146b --cluster dgx-a100 --gpus 1536 --batch 2304     the best configurations
 //   plan --model gpt2 --cluster dgx-h100 --gpus 8 --tp 2 --pp 2 --zero 1 ...    the best of those
 //   plan --one --model small --cluster emulated --gpus 2 --batch 8 --zero 1    one configuration, every stage
+//   plan --one --model small --cluster namespaces --inter-gbps 0.1 --gpus 4 --tp 2   on make cluster-up's nodes
 //   plan --megatron docs/data/megatron_table1.csv                              against the published record
 //   plan --heatmap results/plan_heatmap.csv                                     best per model size and node count
 #include <cmath>
@@ -27,7 +28,7 @@ namespace {
 
 struct Options {
   std::string model = "megatron-146b", cluster = "dgx-a100";
-  int gpus = 0, nodes = 0, batch = 0, top = 8;
+  int gpus = 0, nodes = 0, batch = 0, top = 8, gpus_per_node = 0;
   double efficiency = 0;  // 0: the calibrated constant below
   double elementwise_rate = -1;  // -1: the cluster's
   double peak_flops = 0, memory_gb = 0, inter_gbps = -1, inter_latency_us = -1, intra_gbps = -1, intra_latency_us = -1;
@@ -277,6 +278,8 @@ int main(int argc, char** argv) {
   flags.add("--cluster", &opt.cluster, std::string("one of: ") + cluster_names(), "NAME");
   flags.add("--gpus", &opt.gpus, "GPUs (or --nodes)");
   flags.add("--nodes", &opt.nodes, "nodes of the cluster's GPUs per node");
+  flags.add("--gpus-per-node", &opt.gpus_per_node, "GPUs (ranks) a node, replacing the preset's (namespaces: the "
+            "hostfile's slots, which also divide the node's memory)");
   flags.add("--batch", &opt.batch, "global batch in sequences (default: 512 for large models, the preset's otherwise)");
   flags.add("--top", &opt.top, "configurations to print");
   flags.add("--efficiency", &opt.efficiency, "fraction of peak the dense math reaches (default: calibrated on Megatron-LM's Table 1)");
@@ -313,7 +316,7 @@ int main(int argc, char** argv) {
   // Each flag given is checked, never dropped for its default (a zero or a negative is a mistake).
   auto given = [&](const char* flag) { return flags.given().count(flag) > 0; };
   for (const auto& [flag, value] : std::vector<std::pair<const char*, double>>{
-           {"--gpus", opt.gpus}, {"--nodes", opt.nodes}, {"--batch", opt.batch}, {"--top", opt.top},
+           {"--gpus", opt.gpus}, {"--nodes", opt.nodes}, {"--gpus-per-node", opt.gpus_per_node}, {"--batch", opt.batch}, {"--top", opt.top},
            {"--efficiency", opt.efficiency}, {"--peak-flops", opt.peak_flops}, {"--memory-gb", opt.memory_gb}})
     if (given(flag) && !(value > 0)) config_error(std::string(flag) + " must be positive");
   for (const auto& [flag, value] : std::vector<std::pair<const char*, double>>{
@@ -336,6 +339,11 @@ int main(int argc, char** argv) {
   if (!find_cluster(opt.cluster, &in.cluster))
     config_error("--cluster " + opt.cluster + ": choose one of " + cluster_names());
   Cluster& k = in.cluster;
+  if (given("--gpus-per-node")) {
+    // On the namespaces cluster the ranks of a node share the machine's memory, as its trainers count it.
+    if (k.name == "namespaces") k = namespaces_cluster(opt.gpus_per_node);
+    else k.gpus_per_node = opt.gpus_per_node;
+  }
   if (given("--peak-flops")) k.peak_flops = opt.peak_flops;
   if (given("--elementwise-rate")) k.elementwise_rate = opt.elementwise_rate;
   if (given("--memory-gb")) k.memory_bytes = opt.memory_gb * 1e9;

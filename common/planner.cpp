@@ -8,6 +8,7 @@
 #include <map>
 #include <sstream>
 
+#include "device.h"   // memory_per_rank: the namespaces cluster's memory, as its trainers compute it
 #include "metrics.h"  // format_bytes
 #include "param_layout.h"
 #include "pipeline.h"  // unit_costs, balanced_partition, parts_of_rank
@@ -15,6 +16,8 @@
 namespace {
 
 constexpr double GiB = 1024.0 * 1024.0 * 1024.0;
+// MPI's shared memory between two ranks of this machine (namespaces_cluster; measured, see there).
+constexpr double kNamespacesSharedMemoryGbps = 16, kNamespacesSharedMemoryLatencyUs = 5;
 
 Strategy strategy_of(int zero) {
   return zero == 0 ? Strategy::DP : zero == 1 ? Strategy::ZeRO1 : zero == 2 ? Strategy::ZeRO2 : Strategy::ZeRO3;
@@ -121,6 +124,8 @@ bool find_cluster(const std::string& name, Cluster* out) {
     c.intra_node = {0.5, 50}, c.inter_node = {0.5, 50};
     c.elementwise_rate = 0.6e9;  // (make plan-check calibrates it)
     c.dtype = DType::F32, c.device = Device::CPU;
+  } else if (name == "namespaces") {
+    c = namespaces_cluster(2);
   } else {
     return false;
   }
@@ -128,7 +133,36 @@ bool find_cluster(const std::string& name, Cluster* out) {
   return true;
 }
 
-const char* cluster_names() { return "dgx-a100, dgx-h100, emulated"; }
+Cluster namespaces_cluster(int ranks_per_node) {
+  Cluster c;
+  c.name = "namespaces";
+  ranks_per_node = std::max(1, ranks_per_node);
+  // docs/cluster.md: network namespaces of this machine as nodes (make cluster-up), ranks_per_node
+  // CPU ranks in each (the hostfile's SLOTS, 2 by default). Memory is what each trainer's check
+  // allows itself: the machine's memory (or the container's limit) over the ranks of its node.
+  c.description = "this machine's network namespaces as nodes: CPU ranks, MPI's shared memory in a node, the "
+                  "tbf-shaped veth link between nodes";
+  c.gpus_per_node = ranks_per_node;
+  c.memory_bytes = memory_per_rank(Device::CPU, ranks_per_node);
+  // Inside a node MPICH's shared memory carries the messages (UCX only between nodes). The rate is
+  // measured, not a data sheet's: build/comm_bench, 2 ranks on one host without a link model, our
+  // all-reduce's busbw from 1 to 16 MiB was 1.7 to 2.8 GB/s on this loaded machine (2 GB/s taken),
+  // and its 16 KiB all-reduce, two messages, 11 us (docs/planner.md). --intra-gbps and
+  // --intra-latency-us replace it.
+  c.intra_node = {kNamespacesSharedMemoryGbps, kNamespacesSharedMemoryLatencyUs};
+  // Between nodes: the tbf rate of `make cluster-up GBPS=...` (1 Gbit/s by default; pass the one the
+  // cluster has with --inter-gbps). No netem here, so the latency is the kernel's own TCP path,
+  // tens of microseconds.
+  c.inter_node = {1.0, 50};
+  // CPU compute as on `emulated`: a placeholder peak and elementwise rate, replaced by a calibration
+  // run's (--peak-flops with --efficiency 1, --elementwise-rate; scripts/cluster_lessons.sh does it).
+  c.peak_flops = 1e10;
+  c.elementwise_rate = 0.6e9;
+  c.dtype = DType::F32, c.device = Device::CPU;
+  return c;
+}
+
+const char* cluster_names() { return "dgx-a100, dgx-h100, emulated, namespaces"; }
 
 std::string describe_cluster(const Cluster& c) {
   auto link = [](const LinkModel& l) {

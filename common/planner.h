@@ -40,8 +40,12 @@ struct Cluster {
   Device device = Device::CUDA;
 };
 // dgx-a100 (Megatron-LM's Selene nodes), dgx-h100, emulated (this machine's CPU ranks on the
-// emulated link of the chapters' --link-gbps/--link-latency-us, one rank a "node").
+// emulated link of the chapters' --link-gbps/--link-latency-us, one rank a "node"), namespaces (the
+// cluster of docs/cluster.md: network namespaces of this machine as nodes of 2 CPU ranks, MPI's
+// shared memory inside a node, the tbf-shaped link between nodes).
 bool find_cluster(const std::string& name, Cluster* out);
+// The namespaces cluster with `ranks_per_node` ranks in a node (its memory per rank depends on it).
+Cluster namespaces_cluster(int ranks_per_node);
 const char* cluster_names();
 // "DGX A100 80GB, ...: 8 GPUs a node, 312 TFLOP/s bf16 each, links per GPU 2400 Gb/s 5 us in a node, 200
 // Gb/s 10 us between nodes": the cluster as the planner uses it, flags' overrides included.

@@ -12,6 +12,8 @@
 #include <sstream>
 #include <utility>
 
+#include "device.h"  // memory_per_rank
+#include "metrics.h"  // format_bytes
 #include "param_layout.h"
 #include "pipeline.h"
 #include "plan_record.h"
@@ -188,6 +190,74 @@ TEST(Planner, CpuComputeCountsTheWorkBesidesTheMatrixProducts) {
   EXPECT_NEAR(compute_s(2e10, 5e8, 1, Recompute::None), 3 * tokens * products / 2e10 + whole / 5e8, 1e-9);
   EXPECT_NEAR(compute_s(2e10, 0, 1, Recompute::None), 3 * tokens * (products + cfg.L * attention_flops_per_token(cfg)) / 2e10,
               1e-9);
+}
+
+// The cluster of docs/cluster.md (make cluster-up): 2 CPU ranks a node, MPI's shared memory inside
+// it, the tbf-shaped link between nodes. Its memory per rank is the trainers' own check, and the
+// inter-node rate (--inter-gbps, the cluster's GBPS) moves exactly the groups the grid puts across
+// nodes: with compute and latencies made free, a 10x slower link makes their time 10x longer (the
+// bandwidth term of modelled_ms), and the groups inside a node do not move at all.
+TEST(Planner, TheNamespacesClusterSlowsOnlyWhatCrossesItsShapedLink) {
+  Cluster k;
+  ASSERT_TRUE(find_cluster("namespaces", &k));
+  EXPECT_NE(std::string(cluster_names()).find("namespaces"), std::string::npos);
+  EXPECT_EQ(k.gpus_per_node, 2);
+  EXPECT_EQ(k.device, Device::CPU);
+  EXPECT_EQ(k.dtype, DType::F32);
+  EXPECT_DOUBLE_EQ(k.memory_bytes, memory_per_rank(Device::CPU, 2));
+  EXPECT_DOUBLE_EQ(namespaces_cluster(1).memory_bytes, memory_per_rank(Device::CPU, 1));
+  EXPECT_GT(k.intra_node.gbps, 10 * k.inter_node.gbps) << "shared memory is far faster than the shaped link";
+
+  PlanInputs in;
+  ASSERT_TRUE(find_plan_model("small", &in.model));
+  in.gpus = 4, in.batch = 8, in.efficiency = 1;
+  auto predict = [&](double inter_gbps, double intra_gbps, const PlanConfig& c) {
+    PlanInputs x = in;
+    x.cluster = k;
+    x.cluster.peak_flops = x.cluster.elementwise_rate = 1e30;  // compute free: nothing hides the traffic
+    x.cluster.inter_node = {inter_gbps, 0};
+    x.cluster.intra_node = {intra_gbps, 0};
+    return evaluate_plan(x, c);
+  };
+  const double shm = k.intra_node.gbps;
+  // 07 --tp 2 on 2 nodes x 2 ranks: TP pairs inside a node, DP across the nodes.
+  const PlanConfig tp_dp = config(2, 2, 1, Schedule::OneFOneB, 1, 4, 1, 0, Recompute::None, false);
+  const PlanResult fast = predict(1, shm, tp_dp), slow = predict(0.1, shm, tp_dp);
+  // The gradients' all-reduce hides behind the last backward, here (compute free) its two thirds of
+  // TP's collectives, the same on both links: the all-reduce itself is 10x longer.
+  EXPECT_GT(fast.dp_s, 0);
+  const double hidden = fast.tp_s * 2 / 3;
+  EXPECT_NEAR(slow.dp_s + hidden, 10 * (fast.dp_s + hidden), 1e-9 * slow.dp_s);
+  EXPECT_GT(fast.tp_s, 0);
+  EXPECT_DOUBLE_EQ(slow.tp_s, fast.tp_s);
+  // The same run with the pairs across the nodes (-ppn 1): TP on the shaped link, DP on shared
+  // memory, which the planner is told by giving the inside-node link the shaped rate and the
+  // between-node link shared memory's (scripts/cluster_lessons.sh does so).
+  const PlanResult across = predict(shm, 0.1, tp_dp), across_fast = predict(shm, 1, tp_dp);
+  EXPECT_NEAR(across.tp_s, 10 * across_fast.tp_s, 1e-9 * across.tp_s);
+  EXPECT_DOUBLE_EQ(across.dp_s, across_fast.dp_s);
+  EXPECT_GT(across.tp_s, slow.tp_s) << "TP on the shaped link costs more than on shared memory";
+  // 09 --tp 2 --pp 2: the pipeline's messages cross the nodes, TP stays inside.
+  const PlanConfig tp_pp = config(1, 2, 2, Schedule::OneFOneB, 1, 2, 4, 0, Recompute::None, false);
+  const PlanResult pp_fast = predict(1, shm, tp_pp), pp_slow = predict(0.1, shm, tp_pp);
+  EXPECT_GT(pp_fast.pp_s, 0);
+  EXPECT_GT(pp_slow.pp_s, 5 * pp_fast.pp_s);
+  EXPECT_DOUBLE_EQ(pp_slow.tp_s, pp_fast.tp_s);
+
+  // The plan binary takes the cluster and its link, and --gpus-per-node divides the memory anew.
+  RunResult r = run_command("./09_3d_parallel/plan --one --model small --cluster namespaces --gpus 4 --batch 8 --tp 2 "
+                            "--inter-gbps 0.1",
+                            60);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("cluster namespaces:"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("2 GPUs a node"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("0.1 Gb/s 50 us between nodes"), std::string::npos) << r.output;
+  r = run_command("./09_3d_parallel/plan --one --model small --cluster namespaces --gpus 2 --batch 8 --pp 2 "
+                  "--micro-batches 4 --gpus-per-node 1",
+                  60);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("1 GPU a node"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find(format_bytes(memory_per_rank(Device::CPU, 1)) + " each"), std::string::npos) << r.output;
 }
 
 TEST(Planner, RefusesWhatCannotRunAndKeepsOnlyWhatFits) {
