@@ -1,4 +1,4 @@
-// test_pipeline_schedule.cpp: chapter 08's schedules as data, without a model or MPI. Every schedule
+// test_pipeline_schedule.cpp: chapter 08's schedules as data, without a model or MPI. Every schedule (zb-v in its V)
 // on 1, 2 and 4 stages with several micro-batch counts: each micro-batch gets one F and one B (and
 // one W under zb-h1) per chunk, in order; sends meet receives; the simulation completes and its
 // bubble is the theory's; the activation slots are the theory's. Then hand-checked orders and
