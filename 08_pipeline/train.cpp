@@ -1,4 +1,4 @@
-// Chapter 08: pipeline parallelism: stages, micro-batches, and five schedules.
+// Chapter 08: pipeline parallelism: stages, micro-batches, and six schedules.
 //
 // The idea. Split the model by depth: p ranks hold consecutive runs of blocks (the first also the
 // embedding, the last the final layernorm, the LM head and the loss), and each step's batch is cut
@@ -15,7 +15,9 @@
 //   zb-h1        backward split into B (the inputs' gradients, on the critical path) and W (the
 //                weights', which can wait): W passes fill the cool-down's bubbles (Qi et al. 2024);
 //   zb-v         two chunks a rank in a V (rank r: virtual stages r and 2p-1-r), B and W split: no
-//                bubble in the steady state, the embedding and the loss both on rank 0.
+//                bubble in the steady state, the embedding and the loss both on rank 0;
+//   dualpipev    DeepSeek's DualPipe cut in half: the same V, its steady state pairing one chunk's
+//                forward with the other's backward (m >= 2p).
 // Each schedule is a plain list of actions per rank (common/pipeline_schedule.cpp: read it with the
 // diagram of `make schedules`); one executor runs any list (common/pipeline.h).
 //
@@ -217,8 +219,9 @@ int main(int argc, char** argv) {
   PipelineFlags& pipe = opt.pipeline;
   flags.add("--pp", &pipe.pp, "pipeline stages (default: every rank); the rest is data-parallel");
   flags.add("--micro-batches", &pipe.micro_batches, "micro-batches per step in each pipeline (default: 2 x --pp)");
-  flags.add("--schedule", &pipe.schedule, "afab, 1f1b (default), interleaved, zb-h1 or zb-v");
-  flags.add("--virtual-stages", &pipe.virtual_stages, "model chunks per rank, interleaved (default 2) and zb-v (2)");
+  flags.add("--schedule", &pipe.schedule, "afab, 1f1b (default), interleaved, zb-h1, zb-v or dualpipev");
+  flags.add("--virtual-stages", &pipe.virtual_stages,
+            "model chunks per rank, interleaved (default 2), zb-v and dualpipev (2)");
   flags.add("--p2p-matching", &opt.matching, "auto (default), tag (MPI: receives posted at the start) or "
                                              "call-order (NCCL: each receive grouped with the sends before its pass)");
   flags.add("--partition", &pipe.partition, "blocks per virtual stage, e.g. 3,3,3,3 (default: balanced by FLOPs)");
@@ -227,7 +230,7 @@ int main(int argc, char** argv) {
                                           "measure what that costs a pipeline (afab, 1f1b)");
   flags.add("--bucket-mb", &opt.bucket_mb, "data-parallel bucket size in MB (default: an eighth of the gradient)");
   flags.add_refused("--grad-accum", "a pipeline's micro-batches are its accumulation; use --micro-batches");
-  if (!parse_train_flags(argc, argv, "08_pipeline", "Chapter 08: pipeline parallelism, five schedules.", flags, &cfg)) {
+  if (!parse_train_flags(argc, argv, "08_pipeline", "Chapter 08: pipeline parallelism, six schedules.", flags, &cfg)) {
     shutdown_mpi(std::move(comm));
     return 0;
   }

@@ -88,7 +88,7 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
   PipelinePlan pipe;
   const std::string flags_problem = pipeline_flags_problem(flags, world.size(), model_cfg, batch, &pipe);
   if (!flags_problem.empty()) config_error(flags_problem);
-  if (pipe.shape.placement == Placement::V)  // its tensor-parallel stages are not tested in a V yet
+  if (pipe.shape.placement == Placement::V)  // zb-v, dualpipev: tensor-parallel stages not tested in a V yet
     config_error("--schedule " + flags.schedule + " runs in 08_pipeline only so far: choose afab, 1f1b, interleaved or zb-h1");
   const Schedule schedule = pipe.schedule;
   const int t = flags.tp, p = pipe.shape.stages, m = pipe.shape.micro_batches, v = pipe.shape.chunks;

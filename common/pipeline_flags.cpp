@@ -36,7 +36,7 @@ std::string pipeline_flags_problem(const PipelineFlags& flags, int world, const 
            "tensor-parallel group splits: train it with 11_expert_parallel (or a data-parallel chapter on one rank)";
   Schedule schedule;
   if (!parse_schedule(flags.schedule, &schedule))
-    return "--schedule " + flags.schedule + ": choose afab, 1f1b, interleaved, zb-h1 or zb-v";
+    return "--schedule " + flags.schedule + ": choose afab, 1f1b, interleaved, zb-h1, zb-v or dualpipev";
   if (flags.pp < 0) return "--pp must be >= 1";
   if (flags.micro_batches < 0) return "--micro-batches must be >= 1";
   if (flags.virtual_stages < 0) return "--virtual-stages must be >= 1";
@@ -65,6 +65,9 @@ std::string pipeline_flags_problem(const PipelineFlags& flags, int world, const 
   if (flags.zero2 && (interleaved || splits_backward(schedule)))
     return "--zero2 reduce-scatters each micro-batch's gradients as its backward ends: with --schedule " +
            flags.schedule + " a layer's gradients are not final there (use afab or 1f1b)";
+  if (schedule == Schedule::DualPipeV && m < 2LL * p)
+    return "--schedule dualpipev fills its V with 2 x --pp " + str(p) + " micro-batches before its steady state: "
+           "--micro-batches " + str(m) + " must be at least " + str(2LL * p);
   if (interleaved && m % p)
     return "--schedule interleaved sends micro-batches round the ranks in groups of --pp " + str(p) +
            ": --micro-batches " + str(m) + " must be a multiple of it";

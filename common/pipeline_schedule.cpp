@@ -18,6 +18,7 @@ const ScheduleName kScheduleNames[] = {
     {Schedule::Interleaved, "interleaved"},
     {Schedule::ZBH1, "zb-h1"},
     {Schedule::ZBV, "zb-v"},
+    {Schedule::DualPipeV, "dualpipev"},
 };
 
 }  // namespace
@@ -44,9 +45,13 @@ std::string schedule_names() {
   return names;
 }
 
-Placement placement_of(Schedule schedule) { return schedule == Schedule::ZBV ? Placement::V : Placement::Loop; }
+Placement placement_of(Schedule schedule) {
+  return schedule == Schedule::ZBV || schedule == Schedule::DualPipeV ? Placement::V : Placement::Loop;
+}
 
-bool splits_backward(Schedule schedule) { return schedule == Schedule::ZBH1 || schedule == Schedule::ZBV; }
+bool splits_backward(Schedule schedule) {
+  return schedule == Schedule::ZBH1 || schedule == Schedule::ZBV || schedule == Schedule::DualPipeV;
+}
 
 const char* matching_name(Matching matching) { return matching == Matching::ByTag ? "tag" : "call-order"; }
 
@@ -68,8 +73,16 @@ std::string schedule_shape_error(Schedule schedule, const PipelineShape& shape) 
     return std::string(schedule_name(schedule)) + " places its virtual stages " +
            (placement_of(schedule) == Placement::V ? "in a V" : "round-robin") + ", but the shape has them " +
            (shape.placement == Placement::V ? "in a V" : "round-robin");
-  if (schedule == Schedule::ZBV) {
-    if (v != 2) return "zb-v runs 2 chunks per rank, the two arms of its V, not " + std::to_string(v);
+  if (placement_of(schedule) == Placement::V && v != 2)
+    return std::string(schedule_name(schedule)) + " runs 2 chunks per rank, the two arms of its V, not " +
+           std::to_string(v);
+  if (schedule == Schedule::ZBV) return "";
+  if (schedule == Schedule::DualPipeV) {
+    // Its warm-up fills the V with 2p micro-batches' forwards before the first pair (DualPipe's own
+    // requirement, num_chunks >= 2 num_ranks).
+    if (m < 2 * p)
+      return "dualpipev needs at least 2 x the stages (" + std::to_string(2 * p) + ") micro-batches, not " +
+             std::to_string(m);
     return "";
   }
   if (schedule != Schedule::Interleaved) {
@@ -334,6 +347,47 @@ std::vector<Action> build_zb_v(const PipelineShape& shape, int rank, Matching ma
   return list.finish(matching);
 }
 
+// DeepSeek's DualPipeV (DeepSeek-V3 technical report 2024; deepseek-ai/DualPipe's dualpipev.py, the
+// "cut-in-half" DualPipe, the order written here from its eight steps): ZB-V's placement, with the
+// steady state pairing the forward of one chunk with the whole backward of the other (F&B), so that
+// on a device that overlaps them one micro-batch's messages travel while the other computes. Here
+// a pair runs as F, then B and W. The backward is whole (B then W) except where zero-bubble pays:
+// in the fill (step 3) and the drain (steps 6, 7), B runs alone and its W waits in a queue, oldest
+// first, for a later weight pass (DualPipe's WeightGradStore). m >= 2p.
+std::vector<Action> build_dualpipev(const PipelineShape& shape, int rank, Matching matching) {
+  RankList list(shape, rank);
+  const int p = shape.stages, m = shape.micro_batches;
+  int forwards[2] = {0, 0}, backwards[2] = {0, 0};  // per chunk: the next micro-batch
+  std::vector<Action> waiting;                      // the weight passes held back, oldest first
+  auto F = [&](int chunk) { list.forward(forwards[chunk]++, chunk); };
+  auto B = [&](int chunk, bool hold_weight) {  // hold_weight: zero-bubble, W later
+    const int micro = backwards[chunk]++;
+    list.backward(micro, chunk);
+    if (hold_weight) waiting.push_back({Op::W, micro, chunk});
+    else list.weight(micro, chunk);
+  };
+  auto W = [&] {  // the oldest held weight pass
+    list.weight(waiting.front().micro, waiting.front().chunk);
+    waiting.erase(waiting.begin());
+  };
+  for (int i = 0; i < 2 * (p - 1 - rank); i++) F(0);           // 1: down the first arm
+  for (int i = 0; i < rank + 1; i++) F(0), F(1);               // 2: both arms
+  for (int i = 0; i < p - 1 - rank; i++) B(1, true), W(), F(1);  // 3: zero-bubble B, then its W
+  for (int i = 0; i < m - 2 * p + rank + 1; i++) {             // 4: steady state, F&B pairs
+    F(0), B(1, false);
+    F(1), B(0, false);
+  }
+  for (int i = 0; i < p - 1 - rank; i++) B(1, false), F(1), B(0, false);  // 5: the last forwards
+  const int half = (rank + 1) / 2;
+  for (int i = 0; i < rank + 1; i++) {  // 6: both arms' backwards; the second half zero-bubble
+    B(1, i > half || (i == half && rank % 2 == 1));
+    B(0, i >= half);
+  }
+  for (int i = 0; i < p - 1 - rank; i++) W(), B(0, true);  // 7: a held W, then a zero-bubble B
+  while (!waiting.empty()) W();                            // 8: the W's left
+  return list.finish(matching);
+}
+
 }  // namespace
 
 std::vector<Action> build_schedule(Schedule schedule, const PipelineShape& shape, int rank, Matching matching) {
@@ -345,6 +399,7 @@ std::vector<Action> build_schedule(Schedule schedule, const PipelineShape& shape
     case Schedule::Interleaved: return build_interleaved(shape, rank, matching);
     case Schedule::ZBH1: return build_zb_h1(shape, rank, matching);
     case Schedule::ZBV: return build_zb_v(shape, rank, matching);
+    case Schedule::DualPipeV: return build_dualpipev(shape, rank, matching);
   }
   return {};
 }
@@ -897,6 +952,12 @@ double theory_bubble(Schedule schedule, const PipelineShape& shape, double forwa
       const double idle = (p - 1) * std::max(backward, 2 * (backward - weight));
       return idle / (2 * m * (forward + backward + weight) + idle);
     }
+    case Schedule::DualPipeV: {
+      // The fill of the V's first arm, (p-1)F, which no order avoids: exact when B <= F and B <= W
+      // (the pairs run here one pass after the other, not overlapped); more otherwise, as simulated.
+      const double idle = (p - 1) * forward;
+      return idle / (2 * m * (forward + backward + weight) + idle);
+    }
   }
   return 0;
 }
@@ -908,6 +969,7 @@ std::string theory_bubble_formula(Schedule schedule) {
     case Schedule::Interleaved: return "(p-1)/(v*m+p-1)";
     case Schedule::ZBH1: return "(p-1)(F+B-W)/(m(F+B+W)+(p-1)(F+B-W))";
     case Schedule::ZBV: return "(p-1)max(B,2(B-W))/(2m(F+B+W)+(p-1)max(B,2(B-W)))";
+    case Schedule::DualPipeV: return "(p-1)F/(2m(F+B+W)+(p-1)F) (at least)";
   }
   return "";
 }
@@ -942,7 +1004,8 @@ int theory_in_flight(Schedule schedule, const PipelineShape& shape, int rank, in
     case Schedule::AFAB: return m;
     case Schedule::OneFOneB: return std::min(p - rank, m);
     case Schedule::ZBH1: return std::min(p, m);
-    case Schedule::ZBV: return std::min(m, chunk == 0 ? 2 * p - rank : rank + 1);
+    case Schedule::ZBV:
+    case Schedule::DualPipeV: return std::min(m, chunk == 0 ? 2 * p - rank : rank + 1);
     case Schedule::Interleaved: {
       const int warmup = interleaved_warmup(shape, rank);
       if (warmup == m * v) return m;

@@ -37,19 +37,21 @@ enum class Schedule {
   Interleaved,  // "interleaved": Megatron-LM's interleaved 1F1B over v chunks per rank
   ZBH1,         // "zb-h1": zero-bubble's handcrafted ZB-H1, backward split into B and W
   ZBV,          // "zb-v": zero-bubble's ZB-V, two chunks a rank in a V, backward split into B and W
+  DualPipeV,    // "dualpipev": DeepSeek's DualPipe cut in half: a V, forward of one micro-batch
+                // paired with backward of another
 };
 
-// Where a schedule puts its virtual stages (above): round-robin, or the V of zb-v.
+// Where a schedule puts its virtual stages (above): round-robin, or the V of zb-v and dualpipev.
 enum class Placement { Loop, V };
 Placement placement_of(Schedule schedule);
 // Whether the schedule splits the backward into B (input gradient) and W (weight gradient).
 bool splits_backward(Schedule schedule);
 
-// "afab", "1f1b", "interleaved", "zb-h1", "zb-v". parse_schedule returns false on any other name and leaves
+// "afab", "1f1b", "interleaved", "zb-h1", "zb-v", "dualpipev". parse_schedule returns false on any other name and leaves
 // *out as it was.
 bool parse_schedule(const std::string& name, Schedule* out);
 const char* schedule_name(Schedule schedule);
-// "afab, 1f1b, interleaved, zb-h1, zb-v", for a flag's help and its error message.
+// "afab, 1f1b, interleaved, zb-h1, zb-v, dualpipev", for a flag's help and its error message.
 std::string schedule_names();
 
 enum class Op {
@@ -102,6 +104,7 @@ struct PipelineShape {
 
 // "" when `schedule` can run on `shape`, else what is wrong and what would be right, for the caller
 // to report before the first collective: interleaved needs v >= 2 and m a multiple of p; zb-v v = 2;
+// dualpipev v = 2 and m >= 2p;
 // the others v = 1; and the shape's placement must be the schedule's. build_schedule and simulate
 // ENSURE it is "".
 std::string schedule_shape_error(Schedule schedule, const PipelineShape& shape);
@@ -197,7 +200,10 @@ Simulation simulate(const PipelineShape& shape, const ActionCosts& costs,
 // fraction depends on p, m and v only). zb-v's idle per rank does not grow with m: its steady state
 // has no bubble, and at F = B = W what is left, (p-1)F, is the fill of the V's first arm, which no
 // order can avoid (docs/theory.md, section 10). It holds while F <= B and m >= 2p-1; beyond, the
-// simulator gives the real value. For zb-h1 the
+// simulator gives the real value.
+//   dualpipev:   (p-1)F / (2m(F+B+W) + (p-1)F), the same fill: a floor, exact when B <= F and B <= W
+// (here a forward-backward pair runs one pass after the other; DeepSeek's overlap of the two is a
+// device's, which this executor does not model). For zb-h1 the
 // idle time per rank is taken as (p-1)(F+B) - min(m-1, p-1) W, the paper's (p-1)(F+B-W) once m >= p:
 // with fewer micro-batches than stages, fewer W's are left to fill the bubble. It holds while
 // W <= F and W <= B (the paper's setting, F, B and W about equal); beyond, the handcrafted order no
@@ -210,6 +216,6 @@ std::string theory_bubble_formula(Schedule schedule);
 // The activation slots (max_in_flight) of `chunk` on `rank` by the theory: afab m; 1f1b min(p-r, m);
 // zb-h1 min(p, m) on every rank (it keeps 1f1b's min(p-r, m) whole activations, max_awaiting_backward,
 // and up to r more awaiting only their W); interleaved as derived in pipeline_schedule.cpp; zb-v
-// min(2p-r, m) on chunk 0 and min(r+1, m) on chunk 1: 2p+1 chunks on every rank once m >= 2p, about
+// and dualpipev min(2p-r, m) on chunk 0 and min(r+1, m) on chunk 1: 2p+1 chunks on every rank once m >= 2p, about
 // 1f1b's p micro-batches' worth of a rank's layers (pipeline_schedule.cpp derives it).
 int theory_in_flight(Schedule schedule, const PipelineShape& shape, int rank, int chunk);

@@ -40,11 +40,12 @@ std::vector<Case> all_cases() {
       for (int m : {p, 2 * p, 4 * p}) cases.push_back({Schedule::Interleaved, {p, m, v}});
     counts.insert(2 * p - 1);
     for (int m : counts) cases.push_back({Schedule::ZBV, {p, m, 2, Placement::V}});
+    for (int m : {2 * p, 2 * p + 1, 4 * p}) cases.push_back({Schedule::DualPipeV, {p, m, 2, Placement::V}});
   }
   return cases;
 }
 
-// zb-v is matched by tag only (check_pipeline says so under call order).
+// zb-v and dualpipev are matched by tag only (check_pipeline says so under call order).
 bool call_order_built(const Case& c) { return c.shape.placement == Placement::Loop || c.shape.stages == 1;
 }
 
@@ -69,7 +70,8 @@ int index_of(const std::vector<Action>& actions, const Action& wanted) {
 }
 
 TEST(PipelineSchedule, NamesRoundTrip) {
-  for (Schedule s : {Schedule::AFAB, Schedule::OneFOneB, Schedule::Interleaved, Schedule::ZBH1, Schedule::ZBV}) {
+  for (Schedule s : {Schedule::AFAB, Schedule::OneFOneB, Schedule::Interleaved, Schedule::ZBH1, Schedule::ZBV,
+                     Schedule::DualPipeV}) {
     Schedule parsed = Schedule::AFAB;
     EXPECT_TRUE(parse_schedule(schedule_name(s), &parsed)) << schedule_name(s);
     EXPECT_EQ(parsed, s);
@@ -78,7 +80,7 @@ TEST(PipelineSchedule, NamesRoundTrip) {
   EXPECT_FALSE(parse_schedule("gpipe", &unchanged));
   EXPECT_FALSE(parse_schedule("", &unchanged));
   EXPECT_EQ(unchanged, Schedule::ZBH1);
-  EXPECT_EQ(schedule_names(), "afab, 1f1b, interleaved, zb-h1, zb-v");
+  EXPECT_EQ(schedule_names(), "afab, 1f1b, interleaved, zb-h1, zb-v, dualpipev");
 }
 
 TEST(PipelineSchedule, ShapeErrorsSayWhatWouldBeRight) {
@@ -194,7 +196,7 @@ TEST(PipelineSchedule, CheckPipelineAcceptsEveryBuiltSchedule) {
     EXPECT_EQ(check_pipeline(c.schedule, c.shape, build_all(c)), "") << name_of(c);
     if (!call_order_built(c)) {
       EXPECT_EQ(check_pipeline(c.schedule, c.shape, build_all(c, Matching::ByCallOrder), Matching::ByCallOrder),
-                "zb-v is built for messages matched by tag only (MPI), not by call order");
+                std::string(schedule_name(c.schedule)) + " is built for messages matched by tag only (MPI), not by call order");
       continue;
     }
     EXPECT_EQ(check_pipeline(c.schedule, c.shape, build_all(c, Matching::ByCallOrder), Matching::ByCallOrder), "")
@@ -386,6 +388,42 @@ TEST(PipelineSchedule, ZeroBubbleVIdlesOnlyTheFillOfItsFirstArm) {
   EXPECT_GT(sim.idle[0], 3.0);
 }
 
+// DualPipeV run one pass after another (no overlap of a pair): its idle time does not grow with m
+// either, and it is the fill of the V's first arm, (p-1)F, where B <= F and B <= W; more otherwise.
+// Each chunk's W's run in micro-batch order (the held ones oldest first), which 08's gradient hooks
+// rely on: a chunk's gradients are final at its last micro-batch's W.
+TEST(PipelineSchedule, DualPipeVIdlesTheFillWhereBackwardIsNoLonger) {
+  for (int p : {2, 3, 4, 6}) {
+    for (int m : {2 * p, 2 * p + 1, 3 * p}) {
+      const PipelineShape shape{p, m, 2, Placement::V};
+      SCOPED_TRACE("p=" + std::to_string(p) + " m=" + std::to_string(m));
+      for (const auto& [F, B, W] : {std::tuple{1.0, 1.0, 1.0}, {2.0, 1.0, 1.0}, {1.0, 1.0, 2.0}}) {
+        const Simulation sim = simulate(Schedule::DualPipeV, shape, uniform_costs(shape, F, B, W));
+        ASSERT_EQ(sim.deadlock, "");
+        for (double idle : sim.idle) EXPECT_NEAR(idle, (p - 1) * F, 1e-9);
+        EXPECT_NEAR(sim.bubble(), theory_bubble(Schedule::DualPipeV, shape, F, B, W), 1e-9);
+      }
+      const Simulation longer = simulate(Schedule::DualPipeV, shape, uniform_costs(shape, 1, 2, 1));
+      EXPECT_GT(longer.bubble(), theory_bubble(Schedule::DualPipeV, shape, 1, 2, 1)) << "a floor, not exact";
+      for (int rank = 0; rank < p; rank++) {
+        int last_weight[2] = {-1, -1};
+        for (const Action& a : build_schedule(Schedule::DualPipeV, shape, rank)) {
+          if (a.op != Op::W) continue;
+          EXPECT_EQ(a.micro, last_weight[a.chunk] + 1) << "rank " << rank << " chunk " << a.chunk;
+          last_weight[a.chunk] = a.micro;
+        }
+      }
+    }
+  }
+  // Rank 0 of 2: the V filled (2p forwards over the two chunks), then the F&B pairs of the steady
+  // state, F of one chunk with B (and W) of the other.
+  EXPECT_EQ(passes(build_schedule(Schedule::DualPipeV, {2, 4, 2, Placement::V}, 0)),
+            "F0.c0 F1.c0 F2.c0 F0.c1 B0.c1 W0.c1 F1.c1 F3.c0 B1.c1 W1.c1 F2.c1 B0.c0 W0.c0 B2.c1 W2.c1 F3.c1 B1.c0 "
+            "W1.c0 B3.c1 W3.c1 B2.c0 W2.c0 B3.c0 W3.c0");
+  EXPECT_EQ(schedule_shape_error(Schedule::DualPipeV, {4, 7, 2, Placement::V}),
+            "dualpipev needs at least 2 x the stages (8) micro-batches, not 7");
+}
+
 // The V placement: chunk 0 of rank r is virtual stage r, chunk 1 is 2p-1-r; the first and the last
 // virtual stage on rank 0; the hand-over at the point of the V within rank p-1, a message to itself.
 TEST(PipelineSchedule, VPlacementPutsBothEndsOnRankZero) {
@@ -462,6 +500,7 @@ TEST(PipelineSchedule, ActivationSlotsAreTheTheorys) {
             EXPECT_EQ(whole, std::min(p - rank, m)) << "rank " << rank;
             break;
           case Schedule::ZBV:
+          case Schedule::DualPipeV:
             // Down the V, the ranks nearest its point hold the fewest; back up, the most.
             EXPECT_EQ(slots, std::min(m, chunk == 0 ? 2 * p - rank : rank + 1));
             break;
@@ -568,6 +607,7 @@ TEST(PipelineSchedule, TheoryFormulasForPrinting) {
   EXPECT_NEAR(theory_bubble(Schedule::ZBH1, {4, 8, 1}, 1, 1, 1), 3.0 / 27, 1e-12);
   EXPECT_EQ(theory_bubble_formula(Schedule::ZBV), "(p-1)max(B,2(B-W))/(2m(F+B+W)+(p-1)max(B,2(B-W)))");
   EXPECT_NEAR(theory_bubble(Schedule::ZBV, {4, 8, 2, Placement::V}, 1, 1, 1), 3.0 / 51, 1e-12);
+  EXPECT_EQ(theory_bubble_formula(Schedule::DualPipeV), "(p-1)F/(2m(F+B+W)+(p-1)F) (at least)");
 }
 
 }  // namespace

@@ -44,7 +44,7 @@ TEST(EveryCombination, OfThePipelinesFlagsIsRefusedOrBuilds) {
   for (const char* preset : {"tiny", "tall"}) {
     GPT2Config model;
     ASSERT_TRUE(find_preset(preset, &model));
-    for (const char* schedule : {"afab", "1f1b", "interleaved", "zb-h1", "zb-v"})
+    for (const char* schedule : {"afab", "1f1b", "interleaved", "zb-h1", "zb-v", "dualpipev"})
       for (int world = 1; world <= 5; world++)
         for (int pp = 0; pp <= 5; pp++)
           for (int m = 0; m <= 5; m++)
@@ -78,7 +78,7 @@ TEST(EveryCombination, OfThePipelinesFlagsIsRefusedOrBuilds) {
                     const bool by_tag_only = s.placement == Placement::V && s.stages > 1;
                     EXPECT_EQ(check_pipeline(plan.schedule, s, every_rank, matching),
                               by_tag_only && matching == Matching::ByCallOrder
-                                  ? "zb-v is built for messages matched by tag only (MPI), not by call order"
+                                  ? std::string(schedule) + " is built for messages matched by tag only (MPI), not by call order"
                                   : "")
                         << schedule << " p " << s.stages << " m " << s.micro_batches << " v " << s.chunks;
                     for (int r = 0; r < s.stages; r++) {
@@ -114,6 +114,11 @@ TEST(PipelineFlags, RefusalsNameTheFlagsAndCostNothing) {
   EXPECT_EQ(problem(v_default, 4, 8), "");
   EXPECT_EQ(plan.shape.chunks, 2);
   EXPECT_EQ(plan.shape.placement, Placement::V);
+  PipelineFlags dualpipev_few;
+  dualpipev_few.schedule = "dualpipev", dualpipev_few.micro_batches = 6;
+  EXPECT_EQ(problem(dualpipev_few, 4, 24),
+            "--schedule dualpipev fills its V with 2 x --pp 4 micro-batches before its steady state: --micro-batches 6 "
+            "must be at least 8");
   v_default.zero2 = true;
   EXPECT_NE(problem(v_default, 4, 8).find("--zero2 reduce-scatters"), std::string::npos);
   // Ten million micro-batches: refused by arithmetic, before any schedule of that length exists
@@ -301,6 +306,8 @@ std::vector<Refusal> refusals() {
       {"08_pipeline", 2, "--preset tall --schedule zb-v --p2p-matching call-order",
        "--p2p-matching: a V schedule's lists are built for messages matched by tag (MPI) only so far"},
       {"09_3d_parallel", 2, "--tp 1 --pp 2 --preset tall --schedule zb-v", "--schedule zb-v runs in 08_pipeline only so far"},
+      {"08_pipeline", 2, "--preset tall --schedule dualpipev --micro-batches 2",
+       "--schedule dualpipev fills its V with 2 x --pp 2 micro-batches"},
       {"08_pipeline", 2, "--preset tall --micro-batches 10000000",
        "--batch 8 is not divisible by data-parallel ranks x micro-batches = 1 x 10000000"},
       {"08_pipeline", 2, "--preset tall --batch 100000000", "this run would need about"},
