@@ -234,4 +234,14 @@ TEST(PipelineCheckpoint, SavedOnAnyGridResumesInAnyChapter) {
                                  {"08_pipeline", 2, "--schedule zb-h1"}, "--preset " + kPreset, kSteps, kTolerance);
 }
 
+// A V's stages hold other blocks than a round-robin's (rank 0 both ends and the one wte, rank p-1 the
+// turn): its checkpoint is still the model's, whatever the placement, in and out.
+TEST(PipelineCheckpoint, AVsCheckpointMovesToAndFromTheOtherSchedules) {
+  expect_checkpoints_cross_grids({"08_pipeline", 4, "--schedule zb-v"},
+                                 {{"01_vanilla_dp", 1, ""},
+                                  {"08_pipeline", 2, "--schedule 1f1b"},
+                                  {"08_pipeline", 2, "--schedule dualpipev"}},
+                                 {"08_pipeline", 4, "--pp 2 --schedule zb-v"}, "--preset " + kPreset, kSteps, kTolerance);
+}
+
 }  // namespace
