@@ -995,7 +995,8 @@ std::string theory_bubble_formula(Schedule schedule) {
 // steady state's F before its B, W makes 2p-r. Chunk 1 holds its r warm-up forwards and the one whose
 // B and W follow at once: r+1. Never more than the m there are. Every rank holds 2p+1 chunks'
 // activations, half a rank's layers each: p + 1/2 micro-batches of the rank's, where 1f1b's rank 0
-// holds p (the paper's "same memory as 1F1B"), and every rank alike, where 1f1b's rank p-1 holds 1.
+// holds p (about the paper's "same memory as 1F1B"), and every rank alike, where 1f1b's rank p-1
+// holds 1. DualPipeV's order holds the same (its warm-up is ZB-V's).
 int theory_in_flight(Schedule schedule, const PipelineShape& shape, int rank, int chunk) {
   ENSURE(schedule_shape_error(schedule, shape).empty(), schedule_shape_error(schedule, shape));
   const int p = shape.stages, m = shape.micro_batches, v = shape.chunks;
