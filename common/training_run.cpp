@@ -146,7 +146,7 @@ TrainingRun::TrainingRun(Communicator& world, Communicator& dp, const ProcessGri
   parse_recompute(cfg_.recompute, &model_.recompute);  // (checked by parse_train_flags)
   for (const ModelPart& part : pp_.parts)
     if (part.split_backward && model_.recompute == Recompute::Full)
-      config_error("--recompute full keeps no product's input for the later weight pass of zb-h1 and zb-v: use --recompute "
+      config_error("--recompute full keeps no product's input for the later weight pass of zb-h1, zb-v and dualpipev: use --recompute "
                    "selective, or another --schedule");
   flash_ = model_.flash_attention &&
            flash_attention_available(dtype_, device_, model_.C / tp_.size, model_.NH / tp_.size);
