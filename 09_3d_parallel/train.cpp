@@ -287,8 +287,9 @@ int main(int argc, char** argv) {
   flags.add_switch("--tp-overlap", &opt.overlap,
                    "in backward, sum the input's gradient while the weight's gradient is computed");
   flags.add("--micro-batches", &pipe.micro_batches, "micro-batches per step in each pipeline (default: 2 x --pp)");
-  flags.add("--schedule", &pipe.schedule, "afab, 1f1b (default), interleaved or zb-h1");
-  flags.add("--virtual-stages", &pipe.virtual_stages, "model chunks per rank, interleaved only (default 2)");
+  flags.add("--schedule", &pipe.schedule, "afab, 1f1b (default), interleaved, zb-h1, zb-v or dualpipev");
+  flags.add("--virtual-stages", &pipe.virtual_stages,
+            "model chunks per rank, interleaved (default 2), zb-v and dualpipev (2)");
   flags.add("--p2p-matching", &opt.matching, "auto (default), tag (MPI: receives posted at the start) or "
                                              "call-order (NCCL: each receive grouped with the sends before its pass)");
   flags.add("--partition", &pipe.partition, "blocks per virtual stage, e.g. 3,3,3,3 (default: balanced by FLOPs)");
