@@ -167,7 +167,7 @@ bench-short: ## make bench in seconds (tiny, 1 round of 3 steps, no PyTorch): wh
 bench-tp: all ## 07 (TP 2, + sequence parallelism, + overlap) next to 03 on three links: RANKS=2 PRESET=small STEPS=20
 	@scripts/bench_tp.sh
 
-bench-pp: all ## 08's four schedules at m = 2, 4, 8, 16, bubble measured, simulated, theory: RANKS=2 PRESET=small
+bench-pp: all ## 08's six schedules at m = 2, 4, 8, 16, bubble measured, simulated, theory: RANKS=2 PRESET=small
 	@scripts/bench_pp.sh
 
 # Chapter 10's balance under the causal mask: each rank's attention work and idle time in the ring.

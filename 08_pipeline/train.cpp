@@ -1,4 +1,4 @@
-// Chapter 08: pipeline parallelism: stages, micro-batches, and four schedules.
+// Chapter 08: pipeline parallelism: stages, micro-batches, and six schedules.
 //
 // The idea. Split the model by depth: p ranks hold consecutive runs of blocks (the first also the
 // embedding, the last the final layernorm, the LM head and the loss), and each step's batch is cut
@@ -13,14 +13,18 @@
 //   interleaved  v chunks a rank, virtual stage c x p + r (Megatron-LM): bubble (p-1)/(v m+p-1), v
 //                times the messages;
 //   zb-h1        backward split into B (the inputs' gradients, on the critical path) and W (the
-//                weights', which can wait): W passes fill the cool-down's bubbles (Qi et al. 2024).
+//                weights', which can wait): W passes fill the cool-down's bubbles (Qi et al. 2024);
+//   zb-v         two chunks a rank in a V (rank r: virtual stages r and 2p-1-r), B and W split: no
+//                bubble in the steady state, the embedding and the loss both on rank 0;
+//   dualpipev    DeepSeek's DualPipe cut in half: the same V, its steady state pairing one chunk's
+//                forward with the other's backward (m >= 2p).
 // Each schedule is a plain list of actions per rank (common/pipeline_schedule.cpp: read it with the
 // diagram of `make schedules`); one executor runs any list (common/pipeline.h).
 //
 // The tied wte lives on the first stage (the embedding) and the last (the LM head), a copy each,
 // equal at the start: their gradients are summed over the two (Megatron's embedding group) before
-// the data-parallel reduction, so the copies stay equal, bit for bit. The loss exists on the last
-// stage only; each backward there starts from 1/m of it, once. With --pp below the rank count, the
+// the data-parallel reduction, so the copies stay equal, bit for bit; in a V both are rank 0's, one
+// copy. The loss exists on the rank of the last virtual stage only; each backward there starts from 1/m of it, once. With --pp below the rank count, the
 // rest is data parallelism over each stage's DP group, as 03 (or, --zero1, 04) teaches it.
 // What to notice: the bubble next to its theory and to a simulation of the schedule with the
 // measured times; activations per stage next to the schedule's count of micro-batches in flight.
@@ -32,6 +36,7 @@
 //   mpiexec -n 2 ./08_pipeline/train --preset deep                            # 1f1b, p 2, m 4
 //   mpiexec -n 4 ./08_pipeline/train --preset deep --schedule interleaved --micro-batches 8
 //   mpiexec -n 4 ./08_pipeline/train --preset deep --pp 2 --zero1              # DP 2 x PP 2
+//   mpiexec -n 4 ./08_pipeline/train --preset tall --schedule zb-v             # a V on 4 ranks
 #include <cmath>
 #include <cstdio>
 #include <memory>
@@ -83,7 +88,7 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
 
   // How a receive finds its message: MPI matches tags, so every receive can be posted at the start;
   // NCCL has none and matches by call order, which the lists are then built for.
-  const PipelineShape shape{p, m, v};
+  const PipelineShape& shape = pipe.shape;  // with the schedule's placement of the virtual stages
   const Matching matching = pipeline_matching(opt.matching, grid.pp(), shape);
 
   // The schedule: this rank's actions, and every rank's, checked before any work.
@@ -93,10 +98,10 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
   const std::string problem = check_pipeline(schedule, shape, every_rank, matching);
   if (!problem.empty()) config_error("the " + schedule_flag + " schedule is unsound: " + problem);
   const std::vector<Action>& actions = every_rank[rank];
-  std::vector<ModelPart> parts = parts_of_rank(model_cfg, blocks, p, rank);
+  std::vector<ModelPart> parts = parts_of_rank(model_cfg, blocks, p, rank, shape.placement);
   for (int c = 0; c < v; c++) {
     parts[c].slots = max_in_flight(actions, c);  // the micro-batches whose activations it holds at once
-    parts[c].split_backward = schedule == Schedule::ZBH1;
+    parts[c].split_backward = splits_backward(schedule);
   }
 
   // ZeRO-1's memory and plan under either flag: --zero2 keeps the full gradient buffer (it shows
@@ -107,7 +112,7 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
   const DType dtype = run.dtype();
   const ParamLayout& layout = run.layout();  // this stage's units; the others' have size 0
   Communicator& dp_group = grid.dp();
-  print_partition(run, model_cfg, blocks, p);
+  print_partition(run, model_cfg, blocks, p, shape.placement);
 
   Buffer params(layout.padded_size, MemCategory::Params, dtype, device);
   Buffer grads(layout.padded_size, MemCategory::Grads, dtype, device);
@@ -135,7 +140,8 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
   // over this stage's DP group (03), except wte, whose two copies are summed over the embedding
   // group first.
   const int wte = layout.find("wte");
-  Communicator* embedding = grid.embedding();
+  // In a V the embedding and the head are both rank 0's: one wte, nothing to sum over the stages.
+  Communicator* embedding = shape.placement == Placement::V ? nullptr : grid.embedding();
   bool last_micro_batch = false;
   CommHandle wte_sum;
   // --zero2: each micro-batch's gradients are reduce-scattered as they are made (05's rule), wte's
@@ -154,8 +160,8 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
     last_micro_batch = a.micro == m - 1;
     if (zero2 && a.op == Op::B) data_parallel.micro_batch_done();
   };
-  // With one stage and several chunks, the embedding's chunk and the head's share this rank's one
-  // wte: its gradient is final after the embedding's backward, the later of the two.
+  // With one stage and several chunks, or in a V, the embedding's chunk and the head's share this
+  // rank's one wte: its gradient is final after the embedding's backward, the later of the two.
   const bool rank_holds_embedding = chunks.front()->has_embedding();
   for (GPT2* chunk : chunks) {
     const bool wte_not_final_here = rank_holds_embedding && !chunk->has_embedding();
@@ -213,8 +219,9 @@ int main(int argc, char** argv) {
   PipelineFlags& pipe = opt.pipeline;
   flags.add("--pp", &pipe.pp, "pipeline stages (default: every rank); the rest is data-parallel");
   flags.add("--micro-batches", &pipe.micro_batches, "micro-batches per step in each pipeline (default: 2 x --pp)");
-  flags.add("--schedule", &pipe.schedule, "afab, 1f1b (default), interleaved or zb-h1");
-  flags.add("--virtual-stages", &pipe.virtual_stages, "model chunks per rank, interleaved only (default 2)");
+  flags.add("--schedule", &pipe.schedule, "afab, 1f1b (default), interleaved, zb-h1, zb-v or dualpipev");
+  flags.add("--virtual-stages", &pipe.virtual_stages,
+            "model chunks per rank, interleaved (default 2), zb-v and dualpipev (2)");
   flags.add("--p2p-matching", &opt.matching, "auto (default), tag (MPI: receives posted at the start) or "
                                              "call-order (NCCL: each receive grouped with the sends before its pass)");
   flags.add("--partition", &pipe.partition, "blocks per virtual stage, e.g. 3,3,3,3 (default: balanced by FLOPs)");
@@ -223,7 +230,7 @@ int main(int argc, char** argv) {
                                           "measure what that costs a pipeline (afab, 1f1b)");
   flags.add("--bucket-mb", &opt.bucket_mb, "data-parallel bucket size in MB (default: an eighth of the gradient)");
   flags.add_refused("--grad-accum", "a pipeline's micro-batches are its accumulation; use --micro-batches");
-  if (!parse_train_flags(argc, argv, "08_pipeline", "Chapter 08: pipeline parallelism, four schedules.", flags, &cfg)) {
+  if (!parse_train_flags(argc, argv, "08_pipeline", "Chapter 08: pipeline parallelism, six schedules.", flags, &cfg)) {
     shutdown_mpi(std::move(comm));
     return 0;
   }

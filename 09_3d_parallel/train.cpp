@@ -103,7 +103,7 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
 
   // How a receive finds its message: MPI matches tags, so every receive can be posted at the start;
   // NCCL has none and matches by call order, which the lists are then built for.
-  const PipelineShape shape{p, m, v};
+  const PipelineShape& shape = pipe.shape;  // with the schedule's placement (zb-v, dualpipev: a V)
   const Matching matching = pipeline_matching(opt.matching, grid.pp(), shape);
 
   // The schedule: this rank's actions, and every rank's, checked before any work.
@@ -113,10 +113,10 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
   const std::string problem = check_pipeline(schedule, shape, every_rank, matching);
   if (!problem.empty()) config_error("the " + flags.schedule + " schedule is unsound: " + problem);
   const std::vector<Action>& actions = every_rank[rank];
-  std::vector<ModelPart> parts = parts_of_rank(model_cfg, blocks, p, rank);
+  std::vector<ModelPart> parts = parts_of_rank(model_cfg, blocks, p, rank, shape.placement);
   for (int c = 0; c < v; c++) {
     parts[c].slots = max_in_flight(actions, c);  // the micro-batches whose activations it holds at once
-    parts[c].split_backward = schedule == Schedule::ZBH1;
+    parts[c].split_backward = splits_backward(schedule);
   }
 
   // Each chunk is this rank's tensor-parallel slice of its pipeline part. ZeRO-1's memory and plan
@@ -128,7 +128,7 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
   const ParamLayout& layout = run.layout();  // this stage's units, this TP rank's slices of them
   Communicator& dp_group = grid.dp();
   Communicator& tp_group = grid.tp();
-  print_partition(run, model_cfg, blocks, p);
+  print_partition(run, model_cfg, blocks, p, shape.placement);
 
   Buffer params(layout.padded_size, MemCategory::Params, dtype, device);
   Buffer grads(layout.padded_size, MemCategory::Grads, dtype, device);
@@ -186,7 +186,8 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
   // copies (vocabulary slices) over the embedding group (08); then data parallelism over this
   // stage's DP group (03, or ZeRO-1: 04).
   const int wte = layout.find("wte");
-  Communicator* embedding = grid.embedding();
+  // In a V (zb-v, dualpipev) the embedding and the head are both on pipeline rank 0: one wte slice.
+  Communicator* embedding = shape.placement == Placement::V ? nullptr : grid.embedding();
   bool last_micro_batch = false;
   CommHandle wte_sum;
   // --zero2, as in 08: every micro-batch's gradients reduce-scattered (after their TP sums), wte's
@@ -286,8 +287,9 @@ int main(int argc, char** argv) {
   flags.add_switch("--tp-overlap", &opt.overlap,
                    "in backward, sum the input's gradient while the weight's gradient is computed");
   flags.add("--micro-batches", &pipe.micro_batches, "micro-batches per step in each pipeline (default: 2 x --pp)");
-  flags.add("--schedule", &pipe.schedule, "afab, 1f1b (default), interleaved or zb-h1");
-  flags.add("--virtual-stages", &pipe.virtual_stages, "model chunks per rank, interleaved only (default 2)");
+  flags.add("--schedule", &pipe.schedule, "afab, 1f1b (default), interleaved, zb-h1, zb-v or dualpipev");
+  flags.add("--virtual-stages", &pipe.virtual_stages,
+            "model chunks per rank, interleaved (default 2), zb-v and dualpipev (2)");
   flags.add("--p2p-matching", &opt.matching, "auto (default), tag (MPI: receives posted at the start) or "
                                              "call-order (NCCL: each receive grouped with the sends before its pass)");
   flags.add("--partition", &pipe.partition, "blocks per virtual stage, e.g. 3,3,3,3 (default: balanced by FLOPs)");

@@ -88,6 +88,9 @@ struct ModelPart {
   // Zero-bubble schedules: backward computes the inputs' gradients only, and keeps what the weights'
   // gradients need (the outputs' gradients of the matrix products) for backward_weights() later.
   bool split_backward = false;
+  // Its input comes from a chunk of the same rank (one stage; the turn of a V): the input's gradient
+  // is copied back into that chunk's buffer, not sent (pipeline_buffer_bytes).
+  bool input_is_local = false;
   int last(const GPT2Config& cfg) const { return last_unit < 0 ? cfg.L + 1 : last_unit; }
   bool holds(const GPT2Config& cfg, int unit) const { return unit >= first_unit && unit <= last(cfg); }
 };

@@ -45,17 +45,21 @@ std::vector<int> balanced_partition(const GPT2Config& cfg, int virtual_stages) {
   return blocks;
 }
 
-std::vector<ModelPart> parts_of_rank(const GPT2Config& cfg, const std::vector<int>& blocks, int stages, int rank) {
+std::vector<ModelPart> parts_of_rank(const GPT2Config& cfg, const std::vector<int>& blocks, int stages, int rank,
+                                     Placement placement) {
   const int S = int(blocks.size()), chunks = S / stages;
   ENSURE(S % stages == 0, "parts_of_rank: the virtual stages do not divide over the stages");
+  ENSURE(placement == Placement::Loop || chunks == 2, "parts_of_rank: a V has two chunks a rank");
+  const PipelineShape shape{stages, 1, chunks, placement};
   std::vector<ModelPart> parts;
   for (int c = 0; c < chunks; c++) {
-    const int s = c * stages + rank;
+    const int s = virtual_stage(shape, rank, c);
     int first_block = 0;
     for (int i = 0; i < s; i++) first_block += blocks[i];
     ModelPart part;
     part.first_unit = s == 0 ? 0 : first_block + 1;  // block b is unit b + 1; stage 0 adds the embedding
     part.last_unit = s == S - 1 ? cfg.L + 1 : first_block + blocks[s];
+    part.input_is_local = s > 0 && rank_of_stage(shape, s - 1) == rank;
     parts.push_back(part);
   }
   return parts;
@@ -98,9 +102,11 @@ PipelineExecutor::PipelineExecutor(Communicator& pipeline, std::vector<GPT2*> ch
     // As many buffers of each kind as activation slots: a micro-batch's message is received no
     // earlier than the schedule lets it into the chunk, and read by the pass that does.
     const int s = virtual_stage(shape_, rank_, c);
+    // A gradient for a chunk of this rank (one stage; a V's turn) is copied straight into its buffer.
+    const bool gradient_leaves = s > 0 && rank_of_stage(shape_, s - 1) != rank_;
     for (int i = 0; i < slots; i++) {
       if (s > 0) activation_in_[c].buffers.emplace_back(elements, MemCategory::CommBuffers, dtype, device);
-      if (s > 0 && p > 1) gradient_out_[c].buffers.emplace_back(elements, MemCategory::CommBuffers, dtype, device);
+      if (gradient_leaves) gradient_out_[c].buffers.emplace_back(elements, MemCategory::CommBuffers, dtype, device);
       if (s < last) gradient_in_[c].buffers.emplace_back(elements, MemCategory::CommBuffers, dtype, device);
     }
     for (MessageBuffers* kind : {&activation_in_[c], &gradient_in_[c], &gradient_out_[c]}) {
@@ -172,7 +178,11 @@ int PipelineExecutor::tag(bool gradient, int virtual_stage, int micro) const {
 
 float PipelineExecutor::run(const std::function<MicroBatch(int micro)>& micro_batch) {
   const int v = shape_.chunks, m = shape_.micro_batches, p = shape_.stages, last = p * v - 1;
-  const int next = (rank_ + 1) % p, previous = (rank_ + p - 1) % p;
+  // Where virtual stage s's neighbours live comes from the schedule's placement: the next rank round
+  // the ring (Loop), or, in a V, up or down the ranks, and this rank itself at the V's point. A
+  // message to this rank is a copy into the receiving chunk's buffer, as with one stage.
+  auto rank_of = [&](int stage) { return rank_of_stage(shape_, stage); };
+  auto chunk_of = [&](int stage) { return chunk_of_stage(shape_, stage); };
   times_ = Times{};
   times_.forward.assign(v, 0), times_.backward.assign(v, 0), times_.weight.assign(v, 0);
   for (int c = 0; c < v; c++) {
@@ -234,12 +244,13 @@ float PipelineExecutor::run(const std::function<MicroBatch(int micro)>& micro_ba
     MessageBuffers& into = gradient ? gradient_in_[c] : activation_in_[c];
     CommHandle& handle = gradient ? gradient_recv_[c][micro] : activation_recv_[c][micro];
     const int s = virtual_stage(shape_, rank_, c);
-    post({false, buffer_of(into, micro, micro_B_), gradient ? next : previous, tag(gradient, s, micro)}, &handle);
+    post({false, buffer_of(into, micro, micro_B_), rank_of(gradient ? s + 1 : s - 1), tag(gradient, s, micro)}, &handle);
   };
   auto receive = [&](bool gradient, int c, int micro) {
     MessageBuffers& into = gradient ? gradient_in_[c] : activation_in_[c];
     (gradient ? gradient_recv_ : activation_recv_)[c][micro] = CommHandle();
-    if (p == 1) return;  // the previous (next) chunk copies into a buffer of this one's
+    const int s = virtual_stage(shape_, rank_, c);
+    if (rank_of(gradient ? s + 1 : s - 1) == rank_) return;  // the sending chunk, here, copies into a buffer of this one's
     if (into.lend(micro)) return post_receive(gradient, c, micro);
     ENSURE(matching_ == Matching::ByTag, "PipelineExecutor: under call order a receive found no free buffer");
     into.held.push_back(micro);
@@ -284,11 +295,11 @@ float PipelineExecutor::run(const std::function<MicroBatch(int micro)>& micro_ba
         break;
       }
       case Op::SendActivation:
-        if (p == 1) {  // to this rank's next chunk
-          copy_into(activation_in_[c + 1], micro, model.output(slot_of_[c][micro]));
+        if (rank_of(s + 1) == rank_) {  // to this rank's chunk of the next virtual stage
+          copy_into(activation_in_[chunk_of(s + 1)], micro, model.output(slot_of_[c][micro]));
           break;
         }
-        post({true, model.output(slot_of_[c][micro]), next, tag(false, s + 1, micro)}, &activation_sent[c][micro]);
+        post({true, model.output(slot_of_[c][micro]), rank_of(s + 1), tag(false, s + 1, micro)}, &activation_sent[c][micro]);
         break;
       case Op::B: {
         Tensor output_grad;
@@ -305,8 +316,8 @@ float PipelineExecutor::run(const std::function<MicroBatch(int micro)>& micro_ba
         break;
       }
       case Op::SendGradient: {
-        if (p == 1) {  // to this rank's previous chunk
-          copy_into(gradient_in_[c - 1], micro, model.input_grad());
+        if (rank_of(s - 1) == rank_) {  // to this rank's chunk of the previous virtual stage
+          copy_into(gradient_in_[chunk_of(s - 1)], micro, model.input_grad());
           break;
         }
         // The model's scratch is overwritten by the next backward: the message goes from a copy,
@@ -321,7 +332,7 @@ float PipelineExecutor::run(const std::function<MicroBatch(int micro)>& micro_ba
         ENSURE(out.lend(micro), "PipelineExecutor: no buffer for the gradient of " + describe(a));
         const Tensor copy = buffer_of(out, micro, micro_B_);
         copy_tensor(copy, model.input_grad());
-        post({true, copy, previous, tag(true, s - 1, micro)}, &out.sent[size_t(out.of_micro[micro])]);
+        post({true, copy, rank_of(s - 1), tag(true, s - 1, micro)}, &out.sent[size_t(out.of_micro[micro])]);
         break;
       }
       case Op::W: {

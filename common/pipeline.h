@@ -11,7 +11,8 @@
 //                                  call with the sends before it, pipeline_schedule.h);
 //   F   wait for the input (unless this is the embedding's chunk), run the chunk's forward in a free
 //       activation slot; on the loss's chunk, add the micro-batch's loss;
-//   SendActivation                 send the chunk's output to the next virtual stage;
+//   SendActivation                 send the chunk's output to the next virtual stage (the rank the
+//                                  schedule's placement puts it on);
 //   B   wait for the output's gradient (unless this is the loss's chunk), run the chunk's backward
 //       (zero-bubble: the inputs' gradients only), free the slot unless a W is to come;
 //   SendGradient                   send the input's gradient to the previous virtual stage;
@@ -19,8 +20,8 @@
 // A wait for a receive, with nothing else to compute, is the bubble: measured per action, as are the
 // forward, backward and weight passes' own times, which a simulation of the schedule then uses.
 // Messages carry a tag, (activation or gradient, the receiving virtual stage, micro-batch), which MPI
-// matches them by; NCCL matches by call order, which the lists are built for. With one stage, the
-// messages between its chunks are copies.
+// matches them by; NCCL matches by call order, which the lists are built for. Between two chunks of
+// one rank (one stage; the point of a V) a message is a copy.
 //
 // Buffers: a chunk keeps, for each kind of message it receives or sends a copy of (its input, its
 // output's gradient, its input's gradient sent), as many (B,T,C) buffers as it has activation slots,
@@ -50,8 +51,10 @@ double attention_flops_per_token(const GPT2Config& cfg);
 // the first and the head after the last, that make the costliest stage as cheap as possible: equal
 // block counts would leave the head's stage the slowest, and every other stage waiting for it.
 std::vector<int> balanced_partition(const GPT2Config& cfg, int virtual_stages);
-// This rank's model parts (chunk c: virtual stage c x p + rank) for a partition of blocks.
-std::vector<ModelPart> parts_of_rank(const GPT2Config& cfg, const std::vector<int>& blocks, int stages, int rank);
+// This rank's model parts (chunk c: virtual stage c x p + rank, or in a V rank and 2p-1-rank) for a
+// partition of blocks.
+std::vector<ModelPart> parts_of_rank(const GPT2Config& cfg, const std::vector<int>& blocks, int stages, int rank,
+                                     Placement placement = Placement::Loop);
 
 // The largest tag of a step's messages matched by tag, 2 x p x v x m - 1: a tag names the kind
 // (activation or gradient), the receiving virtual stage and the micro-batch (pipeline_tag_problem()
@@ -64,7 +67,7 @@ bool tied_copies_equal(Communicator* embedding, Tensor params, const ParamLayout
 
 class PipelineExecutor {
  public:
-  // chunks[c]: this rank's model chunk c (virtual stage c x p + rank), built for its ModelPart with
+  // chunks[c]: this rank's model chunk c (virtual_stage(shape, rank, c)), built for its ModelPart with
   // at least max_in_flight(actions, c) slots. `pipeline`: the group of the p stages, ranked by stage.
   // `matching`: the one `actions` were built for (under call order, each run of sends and receives
   // between two passes goes out as one group call).

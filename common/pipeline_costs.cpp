@@ -41,7 +41,7 @@ ActionCosts carry_costs(const GPT2Config& cfg, const std::vector<int>& measured_
       unit[u] = {measured[i].forward * share, measured[i].backward * share, measured[i].weight * share};
     }
   }
-  const bool split = schedule == Schedule::ZBH1;
+  const bool split = splits_backward(schedule);
   ActionCosts costs;
   const int S = shape.virtual_stages();
   costs.forward.assign(S, 0), costs.backward.assign(S, 0), costs.weight.assign(S, 0);

@@ -36,17 +36,21 @@ std::string pipeline_flags_problem(const PipelineFlags& flags, int world, const 
            "tensor-parallel group splits: train it with 11_expert_parallel (or a data-parallel chapter on one rank)";
   Schedule schedule;
   if (!parse_schedule(flags.schedule, &schedule))
-    return "--schedule " + flags.schedule + ": choose afab, 1f1b, interleaved or zb-h1";
+    return "--schedule " + flags.schedule + ": choose afab, 1f1b, interleaved, zb-h1, zb-v or dualpipev";
   if (flags.pp < 0) return "--pp must be >= 1";
   if (flags.micro_batches < 0) return "--micro-batches must be >= 1";
   if (flags.virtual_stages < 0) return "--virtual-stages must be >= 1";
-  const bool interleaved = schedule == Schedule::Interleaved;
+  const bool interleaved = schedule == Schedule::Interleaved, v_shaped = placement_of(schedule) == Placement::V;
   if (flags.tp < 1) return "--tp must be >= 1";
   const int p = flags.pp ? flags.pp : world / flags.tp;
   const std::string grid = grid_shape_problem(world, flags.tp, p);
   if (!grid.empty()) return grid;
-  const int v = flags.virtual_stages ? flags.virtual_stages : interleaved ? 2 : 1;
-  if (v > 1 && !interleaved) return "--virtual-stages " + str(v) + " needs --schedule interleaved";
+  const int v = flags.virtual_stages ? flags.virtual_stages : interleaved || v_shaped ? 2 : 1;
+  if (v_shaped && v != 2)
+    return "--schedule " + flags.schedule + " runs 2 chunks a rank, the two arms of its V: --virtual-stages 2 (or leave it out), not " +
+           str(v);
+  if (v > 1 && !interleaved && !v_shaped)
+    return "--virtual-stages " + str(v) + " needs --schedule interleaved (or 2 with zb-v)";
   if (interleaved && v < 2)
     return "--schedule interleaved needs --virtual-stages 2 or more (with one chunk a rank, it is 1f1b: use "
            "--schedule 1f1b)";
@@ -58,9 +62,12 @@ std::string pipeline_flags_problem(const PipelineFlags& flags, int world, const 
            " virtual stages, but --preset " + model.preset + " has " + str(model.L) +
            " blocks: every stage needs one (try --preset deep or tall)";
   if (flags.zero1 && flags.zero2) return "--zero1 and --zero2: choose one";
-  if (flags.zero2 && (interleaved || schedule == Schedule::ZBH1))
+  if (flags.zero2 && (interleaved || splits_backward(schedule)))
     return "--zero2 reduce-scatters each micro-batch's gradients as its backward ends: with --schedule " +
            flags.schedule + " a layer's gradients are not final there (use afab or 1f1b)";
+  if (schedule == Schedule::DualPipeV && m < 2LL * p)
+    return "--schedule dualpipev fills its V with 2 x --pp " + str(p) + " micro-batches before its steady state: "
+           "--micro-batches " + str(m) + " must be at least " + str(2LL * p);
   if (interleaved && m % p)
     return "--schedule interleaved sends micro-batches round the ranks in groups of --pp " + str(p) +
            ": --micro-batches " + str(m) + " must be a multiple of it";
@@ -83,7 +90,7 @@ std::string pipeline_flags_problem(const PipelineFlags& flags, int world, const 
       return "--partition " + flags.partition + ": " + str(p * v) + " block counts that add up to L = " + str(model.L) +
              " (each >= 1, e.g. 3,4,5)";
   }
-  const PipelineShape shape{p, int(m), v};
+  const PipelineShape shape{p, int(m), v, placement_of(schedule)};
   // Every case above is what makes a schedule's shape wrong; this one would be a missed case.
   const std::string shape_problem = schedule_shape_error(schedule, shape);
   if (!shape_problem.empty()) return "the " + flags.schedule + " schedule cannot run this shape: " + shape_problem;
@@ -106,6 +113,10 @@ Matching pipeline_matching(const std::string& flag, const Communicator& pipeline
   Matching matching = pipeline.matches_by_tag() ? Matching::ByTag : Matching::ByCallOrder;
   if (flag != "auto" && !parse_matching(flag, &matching))
     config_error("--p2p-matching " + flag + ": choose auto, tag or call-order");
+  if (matching == Matching::ByCallOrder && shape.placement == Placement::V && shape.stages > 1)
+    config_error("--p2p-matching: a V schedule's lists are built for messages matched by tag (MPI) only so far, "
+                 "and the " + pipeline.name() + " communicator matches by call order: pass --p2p-matching tag with "
+                 "MPI, or another --schedule");
   if (matching == Matching::ByTag && !pipeline.matches_by_tag())
     config_error("--p2p-matching tag: the " + pipeline.name() + " communicator has no tags (use call-order)");
   if (matching == Matching::ByTag) {

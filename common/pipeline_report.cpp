@@ -30,7 +30,8 @@ const char* op_name(Op op) {
 
 }  // namespace
 
-void print_partition(const TrainingRun& run, const GPT2Config& cfg, const std::vector<int>& blocks, int stages) {
+void print_partition(const TrainingRun& run, const GPT2Config& cfg, const std::vector<int>& blocks, int stages,
+                     Placement placement) {
   if (!run.is_root()) return;
   const std::vector<double> cost = unit_costs(cfg);
   double total = 0;
@@ -43,7 +44,7 @@ void print_partition(const TrainingRun& run, const GPT2Config& cfg, const std::v
                 return text;
               }().c_str(), cost.back() / cost[1]);
   for (int r = 0; r < stages; r++) {
-    const std::vector<ModelPart> parts = parts_of_rank(cfg, blocks, stages, r);
+    const std::vector<ModelPart> parts = parts_of_rank(cfg, blocks, stages, r, placement);
     for (size_t c = 0; c < parts.size(); c++) {
       double share = 0;
       for (int u = parts[c].first_unit; u <= parts[c].last(cfg); u++) share += cost[u];
@@ -71,7 +72,7 @@ PipelineReport::PipelineReport(TrainingRun& run, const ProcessGrid& grid, const 
                                Schedule schedule, Matching matching, std::vector<ModelPart> parts)
     : run_(run), world_(grid.world()), pipeline_(grid.pp()), shape_(shape), schedule_(schedule), matching_(matching),
       parts_(std::move(parts)), forward_(shape.chunks, 0), backward_(shape.chunks, 0), weight_(shape.chunks, 0),
-      embedding_(grid.embedding()) {
+      embedding_(shape.placement == Placement::V ? nullptr : grid.embedding()) {  // a V: wte on rank 0 only
   pipeline_before_ = pipeline_.stats();
   if (embedding_) embedding_before_ = embedding_->stats();
 }
@@ -123,8 +124,11 @@ void PipelineReport::finish(bool wte_copies_equal) {
     act_theory += activation_bytes(cfg, run_.micro_batch_size(), run_.dtype(), run_.flash_attention(), tp, by_theory);
     buffers_theory += pipeline_buffer_bytes(cfg, by_theory, p, run_.micro_batch_size(), run_.dtype(), tp);
     const int s = virtual_stage(shape_, rank, c);
-    // Its output forward, its input's gradient back; with one stage they are copies, not messages.
-    if (p > 1) p2p_theory += m * message * ((s < p * v - 1 ? 1 : 0) + (s > 0 ? 1 : 0));
+    // Its output forward, its input's gradient back; to a chunk of this rank (one stage, a V's turn)
+    // they are copies, not messages.
+    const bool output_leaves = s < p * v - 1 && rank_of_stage(shape_, s + 1) != rank;
+    const bool input_grad_leaves = s > 0 && rank_of_stage(shape_, s - 1) != rank;
+    p2p_theory += m * message * ((output_leaves ? 1 : 0) + (input_grad_leaves ? 1 : 0));
   }
   float* tail = &mine[3 * v];
   tail[0] = float(step_ / n), tail[1] = float(waiting_ / n), tail[2] = float(compute);
@@ -216,7 +220,10 @@ void PipelineReport::finish(bool wte_copies_equal) {
       embedding_ ? double(wire_bytes_for(CollectiveKind::AllReduce, wte.size * int64_t(dtype_size(run_.dtype())), 2)) : 0;
   pipeline.add("measured_embedding_bytes", embedding_measured).add("theory_embedding_bytes", embedding_theory);
   run_.write_record(pipeline);
-  if (p > 1) {
+  if (p > 1 && shape_.placement == Placement::V) {
+    std::printf("  the tied wte: one copy, on rank 0 with the embedding and the LM head (the V's two ends): "
+                "no embedding group, %s per step\n", format_bytes(embedding_measured).c_str());
+  } else if (p > 1) {
     std::printf("  embedding group (stage 0 and stage %d sum wte's gradient): %s per step, theory "
                 "2(2-1)/2 x V C x %d bytes = %s\n",
                 p - 1, format_bytes(embedding_measured).c_str(), int(dtype_size(run_.dtype())),

@@ -14,7 +14,8 @@
 
 // Root prints one line per virtual stage: its rank and chunk, its units, parameters and share of the
 // forward FLOPs (the embedding's lookup costs nothing, the LM head over V costs blocks' worth).
-void print_partition(const TrainingRun& run, const GPT2Config& cfg, const std::vector<int>& blocks, int stages);
+void print_partition(const TrainingRun& run, const GPT2Config& cfg, const std::vector<int>& blocks, int stages,
+                     Placement placement = Placement::Loop);
 
 // One action of a simulated step as a JSON record ("simulated_action": stage, op, micro, chunk,
 // start_ms, end_ms), the form the pipeline diagrams read (scripts/plot_pipeline.py), for 08's

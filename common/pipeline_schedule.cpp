@@ -1,4 +1,4 @@
-// pipeline_schedule.cpp: see pipeline_schedule.h. The four builders, each written like its diagram
+// pipeline_schedule.cpp: see pipeline_schedule.h. The five builders, each written like its diagram
 // (warm-up, steady state, cool-down), then the checker, the simulator and the theory.
 #include "pipeline_schedule.h"
 
@@ -17,6 +17,8 @@ const ScheduleName kScheduleNames[] = {
     {Schedule::OneFOneB, "1f1b"},
     {Schedule::Interleaved, "interleaved"},
     {Schedule::ZBH1, "zb-h1"},
+    {Schedule::ZBV, "zb-v"},
+    {Schedule::DualPipeV, "dualpipev"},
 };
 
 }  // namespace
@@ -43,6 +45,14 @@ std::string schedule_names() {
   return names;
 }
 
+Placement placement_of(Schedule schedule) {
+  return schedule == Schedule::ZBV || schedule == Schedule::DualPipeV ? Placement::V : Placement::Loop;
+}
+
+bool splits_backward(Schedule schedule) {
+  return schedule == Schedule::ZBH1 || schedule == Schedule::ZBV || schedule == Schedule::DualPipeV;
+}
+
 const char* matching_name(Matching matching) { return matching == Matching::ByTag ? "tag" : "call-order"; }
 
 bool parse_matching(const std::string& name, Matching* out) {
@@ -59,6 +69,22 @@ std::string schedule_shape_error(Schedule schedule, const PipelineShape& shape) 
   const int p = shape.stages, m = shape.micro_batches, v = shape.chunks;
   if (p < 1) return "the pipeline needs at least 1 stage, not " + std::to_string(p);
   if (m < 1) return "a step needs at least 1 micro-batch, not " + std::to_string(m);
+  if (shape.placement != placement_of(schedule))
+    return std::string(schedule_name(schedule)) + " places its virtual stages " +
+           (placement_of(schedule) == Placement::V ? "in a V" : "round-robin") + ", but the shape has them " +
+           (shape.placement == Placement::V ? "in a V" : "round-robin");
+  if (placement_of(schedule) == Placement::V && v != 2)
+    return std::string(schedule_name(schedule)) + " runs 2 chunks per rank, the two arms of its V, not " +
+           std::to_string(v);
+  if (schedule == Schedule::ZBV) return "";
+  if (schedule == Schedule::DualPipeV) {
+    // Its warm-up fills the V with 2p micro-batches' forwards before the first pair (DualPipe's own
+    // requirement, num_chunks >= 2 num_ranks).
+    if (m < 2 * p)
+      return "dualpipev needs at least 2 x the stages (" + std::to_string(2 * p) + ") micro-batches, not " +
+             std::to_string(m);
+    return "";
+  }
   if (schedule != Schedule::Interleaved) {
     if (v != 1)
       return std::string(schedule_name(schedule)) + " runs one chunk per rank, not " + std::to_string(v) +
@@ -78,7 +104,21 @@ std::string schedule_shape_error(Schedule schedule, const PipelineShape& shape) 
   return "";
 }
 
-int virtual_stage(const PipelineShape& shape, int rank, int chunk) { return chunk * shape.stages + rank; }
+int virtual_stage(const PipelineShape& shape, int rank, int chunk) {
+  if (shape.placement == Placement::V) return chunk == 0 ? rank : 2 * shape.stages - 1 - rank;
+  return chunk * shape.stages + rank;
+}
+
+int rank_of_stage(const PipelineShape& shape, int stage) {
+  const int p = shape.stages;
+  if (shape.placement == Placement::V) return stage < p ? stage : 2 * p - 1 - stage;
+  return stage % p;
+}
+
+int chunk_of_stage(const PipelineShape& shape, int stage) {
+  if (shape.placement == Placement::V) return stage < shape.stages ? 0 : 1;
+  return stage / shape.stages;
+}
 
 namespace {
 
@@ -263,6 +303,91 @@ std::vector<Action> build_zb_h1(const PipelineShape& shape, int rank, Matching m
   return list.finish(matching);
 }
 
+// Zero Bubble's ZB-V (Qi et al., "Zero Bubble Pipeline Parallelism", ICLR 2024, section 6; the
+// order of PyTorch's ScheduleZBVZeroBubble). Two chunks a rank in a V (pipeline_schedule.h): a
+// micro-batch goes down the ranks through chunk 0, turns at rank p-1 without a message, and comes
+// back up through chunk 1 to the loss on rank 0. Rank r's first chunk-1 forward can start once
+// micro-batch 0 has gone down and come back up to it, 2(p-1-r)+1 chunk forwards after its own first:
+// the warm-up fills that with chunk-0 forwards, then alternates the two chunks while the first
+// gradients are on their way, then runs each chunk-1 forward with its B and W, which the rank
+// itself can start (the loss's rank at once, the others as gradients come back up the V). The
+// steady state runs one F, B and W of each chunk in turn; the cool-down runs the B's that the rank
+// before waits for first, and the W's nobody waits for last, in the time the drain leaves idle.
+// Written for at least 2p-1 micro-batches (rank 0's warm-up); with fewer, the passes of the ones
+// missing are left out, which keeps the list sound: a pass waits only for passes of its own
+// micro-batch.
+std::vector<Action> build_zb_v(const PipelineShape& shape, int rank, Matching matching) {
+  RankList list(shape, rank);
+  const int p = shape.stages, m = shape.micro_batches, n = std::max(m, 2 * p - 1);
+  int forwards[2] = {0, 0}, backwards[2] = {0, 0}, weights[2] = {0, 0};  // per chunk: the next micro-batch
+  auto F = [&](int chunk) {
+    if (forwards[chunk] < m) list.forward(forwards[chunk], chunk);
+    forwards[chunk]++;
+  };
+  auto B = [&](int chunk) {
+    if (backwards[chunk] < m) list.backward(backwards[chunk], chunk);
+    backwards[chunk]++;
+  };
+  auto W = [&](int chunk) {
+    if (weights[chunk] < m) list.weight(weights[chunk], chunk);
+    weights[chunk]++;
+  };
+  for (int i = 0; i < 2 * (p - rank) - 1; i++) F(0);  // warm-up: down the V
+  for (int i = 0; i < rank; i++) F(1), F(0);
+  for (int i = 0; i < p - rank; i++) F(1), B(1), W(1);
+  while (forwards[1] < forwards[0] || forwards[0] < n) {  // steady state: each chunk's F, B, W
+    if (forwards[0] < n) F(0);
+    B(0), W(0);
+    F(1), B(1), W(1);
+  }
+  for (int i = 0; i < rank; i++) B(0), B(1);  // cool-down: the B's first, the W's in the waits
+  for (int i = 0; i < p - rank; i++) B(0), W(0);
+  while (weights[1] < backwards[1]) W(1);
+  while (weights[0] < backwards[0]) W(0);
+  return list.finish(matching);
+}
+
+// DeepSeek's DualPipeV (DeepSeek-V3 technical report 2024; deepseek-ai/DualPipe's dualpipev.py, the
+// "cut-in-half" DualPipe, the order written here from its eight steps): ZB-V's placement, with the
+// steady state pairing the forward of one chunk with the whole backward of the other (F&B), so that
+// on a device that overlaps them one micro-batch's messages travel while the other computes. Here
+// a pair runs as F, then B and W. The backward is whole (B then W) except where zero-bubble pays:
+// in the fill (step 3) and the drain (steps 6, 7), B runs alone and its W waits in a queue, oldest
+// first, for a later weight pass (DualPipe's WeightGradStore). m >= 2p.
+std::vector<Action> build_dualpipev(const PipelineShape& shape, int rank, Matching matching) {
+  RankList list(shape, rank);
+  const int p = shape.stages, m = shape.micro_batches;
+  int forwards[2] = {0, 0}, backwards[2] = {0, 0};  // per chunk: the next micro-batch
+  std::vector<Action> waiting;                      // the weight passes held back, oldest first
+  auto F = [&](int chunk) { list.forward(forwards[chunk]++, chunk); };
+  auto B = [&](int chunk, bool hold_weight) {  // hold_weight: zero-bubble, W later
+    const int micro = backwards[chunk]++;
+    list.backward(micro, chunk);
+    if (hold_weight) waiting.push_back({Op::W, micro, chunk});
+    else list.weight(micro, chunk);
+  };
+  auto W = [&] {  // the oldest held weight pass
+    list.weight(waiting.front().micro, waiting.front().chunk);
+    waiting.erase(waiting.begin());
+  };
+  for (int i = 0; i < 2 * (p - 1 - rank); i++) F(0);           // 1: down the first arm
+  for (int i = 0; i < rank + 1; i++) F(0), F(1);               // 2: both arms
+  for (int i = 0; i < p - 1 - rank; i++) B(1, true), W(), F(1);  // 3: zero-bubble B, then its W
+  for (int i = 0; i < m - 2 * p + rank + 1; i++) {             // 4: steady state, F&B pairs
+    F(0), B(1, false);
+    F(1), B(0, false);
+  }
+  for (int i = 0; i < p - 1 - rank; i++) B(1, false), F(1), B(0, false);  // 5: the last forwards
+  const int half = (rank + 1) / 2;
+  for (int i = 0; i < rank + 1; i++) {  // 6: both arms' backwards; the second half zero-bubble
+    B(1, i > half || (i == half && rank % 2 == 1));
+    B(0, i >= half);
+  }
+  for (int i = 0; i < p - 1 - rank; i++) W(), B(0, true);  // 7: a held W, then a zero-bubble B
+  while (!waiting.empty()) W();                            // 8: the W's left
+  return list.finish(matching);
+}
+
 }  // namespace
 
 std::vector<Action> build_schedule(Schedule schedule, const PipelineShape& shape, int rank, Matching matching) {
@@ -273,6 +398,8 @@ std::vector<Action> build_schedule(Schedule schedule, const PipelineShape& shape
     case Schedule::OneFOneB: return build_1f1b(shape, rank, matching);
     case Schedule::Interleaved: return build_interleaved(shape, rank, matching);
     case Schedule::ZBH1: return build_zb_h1(shape, rank, matching);
+    case Schedule::ZBV: return build_zb_v(shape, rank, matching);
+    case Schedule::DualPipeV: return build_dualpipev(shape, rank, matching);
   }
   return {};
 }
@@ -313,10 +440,6 @@ double action_cost(const PipelineShape& shape, const ActionCosts& costs, int ran
   return 0;
 }
 
-// Where things are: rank and chunk of virtual stage s.
-int rank_of_stage(const PipelineShape& shape, int stage) { return stage % shape.stages; }
-int chunk_of_stage(const PipelineShape& shape, int stage) { return stage / shape.stages; }
-
 // A send or receive of `rank`: the rank at the other end, and the message named by the action that
 // receives it (a send of virtual stage s's output is recvA on s+1; of its input's gradient, recvG on
 // s-1), so that both ends of one message have the same name.
@@ -347,11 +470,11 @@ int expected_count(Schedule schedule, const PipelineShape& shape, Op op, int sta
     case Op::F:
     case Op::B: *why = "one per micro-batch and chunk"; return 1;
     case Op::W:
-      if (schedule == Schedule::ZBH1) {
-        *why = "zb-h1 splits every backward into B and W";
+      if (splits_backward(schedule)) {
+        *why = std::string(schedule_name(schedule)) + " splits every backward into B and W";
         return 1;
       }
-      *why = "only zb-h1 splits the backward";
+      *why = "only zb-h1 and zb-v split the backward";
       return 0;
     case Op::SendActivation:
       *why = stage < last ? on(stage + 1) + " needs it" : "no virtual stage after the last needs it";
@@ -478,6 +601,11 @@ std::string check_pipeline(Schedule schedule, const PipelineShape& shape,
       }
     }
   }
+  // A V's two arms share each pair of neighbouring ranks, activations of one and gradients of the
+  // other in the same direction, and rank p-1 hands over to itself: NCCL's pairing by call order
+  // would need both ends to interleave the two kinds alike, which these lists do not arrange yet.
+  if (matching == Matching::ByCallOrder && shape.stages > 1 && shape.placement == Placement::V)
+    return std::string(schedule_name(schedule)) + " is built for messages matched by tag only (MPI), not by call order";
   if (matching == Matching::ByCallOrder && shape.stages > 1) {
     const std::string pairing = call_order_problem(shape, per_rank);
     if (!pairing.empty()) return pairing;
@@ -485,7 +613,7 @@ std::string check_pipeline(Schedule schedule, const PipelineShape& shape,
   // Every list is sound on its own and every send meets its receive; what is left is a cycle of
   // ranks each waiting for the next, which only running them together shows.
   Simulation run =
-      simulate(shape, uniform_costs(shape, 1, 1, schedule == Schedule::ZBH1 ? 1 : 0), per_rank, matching);
+      simulate(shape, uniform_costs(shape, 1, 1, splits_backward(schedule) ? 1 : 0), per_rank, matching);
   if (!run.deadlock.empty()) return "deadlock: " + run.deadlock;
   return "";
 }
@@ -819,6 +947,17 @@ double theory_bubble(Schedule schedule, const PipelineShape& shape, double forwa
       double idle = (p - 1) * (forward + backward) - std::min(m - 1, p - 1) * weight;
       return idle / (m * (forward + backward + weight) + idle);
     }
+    case Schedule::ZBV: {
+      // Per chunk costs; docs/theory.md, section 10, derives the idle time.
+      const double idle = (p - 1) * std::max(backward, 2 * (backward - weight));
+      return idle / (2 * m * (forward + backward + weight) + idle);
+    }
+    case Schedule::DualPipeV: {
+      // The fill of the V's first arm, (p-1)F, which no order avoids: exact when B <= F and B <= W
+      // (the pairs run here one pass after the other, not overlapped); more otherwise, as simulated.
+      const double idle = (p - 1) * forward;
+      return idle / (2 * m * (forward + backward + weight) + idle);
+    }
   }
   return 0;
 }
@@ -829,6 +968,8 @@ std::string theory_bubble_formula(Schedule schedule) {
     case Schedule::OneFOneB: return "(p-1)/(m+p-1)";
     case Schedule::Interleaved: return "(p-1)/(v*m+p-1)";
     case Schedule::ZBH1: return "(p-1)(F+B-W)/(m(F+B+W)+(p-1)(F+B-W))";
+    case Schedule::ZBV: return "(p-1)max(B,2(B-W))/(2m(F+B+W)+(p-1)max(B,2(B-W)))";
+    case Schedule::DualPipeV: return "(p-1)F/(2m(F+B+W)+(p-1)F) (at least)";
   }
   return "";
 }
@@ -849,6 +990,13 @@ std::string theory_bubble_formula(Schedule schedule) {
 // 1/v of the rank's layers: (1 + (p-1)/(p v)) times 1f1b's p micro-batches, the price of the smaller
 // bubble (Narayanan et al. 2021). The chunks' peaks do not all come at once, so the slots above add
 // up to a little more.
+// ZB-V's, from its order: chunk 0 of rank r runs 2(p-r)-1 forwards, then r more alternating with chunk
+// 1's, before its first B and W (which come together in the steady state): it holds 2p-r-1, and the
+// steady state's F before its B, W makes 2p-r. Chunk 1 holds its r warm-up forwards and the one whose
+// B and W follow at once: r+1. Never more than the m there are. Every rank holds 2p+1 chunks'
+// activations, half a rank's layers each: p + 1/2 micro-batches of the rank's, where 1f1b's rank 0
+// holds p (about the paper's "same memory as 1F1B"), and every rank alike, where 1f1b's rank p-1
+// holds 1. DualPipeV's order holds the same (its warm-up is ZB-V's).
 int theory_in_flight(Schedule schedule, const PipelineShape& shape, int rank, int chunk) {
   ENSURE(schedule_shape_error(schedule, shape).empty(), schedule_shape_error(schedule, shape));
   const int p = shape.stages, m = shape.micro_batches, v = shape.chunks;
@@ -857,6 +1005,8 @@ int theory_in_flight(Schedule schedule, const PipelineShape& shape, int rank, in
     case Schedule::AFAB: return m;
     case Schedule::OneFOneB: return std::min(p - rank, m);
     case Schedule::ZBH1: return std::min(p, m);
+    case Schedule::ZBV:
+    case Schedule::DualPipeV: return std::min(m, chunk == 0 ? 2 * p - rank : rank + 1);
     case Schedule::Interleaved: {
       const int warmup = interleaved_warmup(shape, rank);
       if (warmup == m * v) return m;

@@ -1,16 +1,23 @@
 // pipeline_schedule.h: chapter 08's pipeline schedules as data, a simulator that times them, and the
-// theory the simulation is checked against. Defines Schedule (afab, 1f1b, interleaved, zb-h1), Op and
-// Action (one entry of a rank's list), PipelineShape (p, m, v), build_schedule() (the list of one
+// theory the simulation is checked against. Defines Schedule (afab, 1f1b, interleaved, zb-h1, zb-v),
+// Placement, Op and Action (one entry of a rank's list), PipelineShape (p, m, v and the placement),
+// virtual_stage(), rank_of_stage() and chunk_of_stage(), build_schedule() (the list of one
 // rank), check_pipeline() (are all ranks' lists sound together), max_in_flight() and
 // max_awaiting_backward() (activation slots), simulate() with ActionCosts, theory_bubble() and
 // theory_in_flight(); Matching, how receives find their messages (MPI's tags, NCCL's call order).
 //
 // p pipeline ranks (stages), m micro-batches per step, v model chunks per rank (v > 1 only for the
-// interleaved schedule). Chunk c of rank r is virtual stage c*p + r (Megatron-LM's round-robin
-// assignment): virtual stage 0 (rank 0, chunk 0) holds the embedding, virtual stage v*p-1 (rank p-1,
-// chunk v-1) the head and the loss. Activations flow from virtual stage s to s+1, which is the next
-// rank, wrapping from rank p-1 chunk c to rank 0 chunk c+1 (to rank 0 itself when p = 1); gradients
-// flow from s+1 back to s.
+// interleaved schedule and the V-shaped zb-v). Where the virtual stages live is the placement:
+//   Loop  chunk c of rank r is virtual stage c*p + r (Megatron-LM's round-robin assignment):
+//         virtual stage 0 (rank 0, chunk 0) holds the embedding, virtual stage v*p-1 (rank p-1,
+//         chunk v-1) the head and the loss. Activations flow from virtual stage s to s+1, which is
+//         the next rank, wrapping from rank p-1 chunk c to rank 0 chunk c+1 (to rank 0 itself when
+//         p = 1).
+//   V     (zb-v, v = 2) chunk 0 of rank r is virtual stage r, chunk 1 virtual stage 2p-1-r:
+//         activations go down the ranks through chunk 0 and come back up through chunk 1, so the
+//         first and the last virtual stage, the embedding and the loss, are both on rank 0, and the
+//         hand-over at the bottom (rank p-1, chunk 0 to chunk 1) is a copy within one rank.
+// Gradients flow from s+1 back to s.
 //
 // A schedule is, for every rank, a list of actions in execution order. The executor runs the list
 // as it is: Recv* posts a non-blocking receive; F and B wait for their posted receive, then compute;
@@ -29,19 +36,28 @@ enum class Schedule {
   OneFOneB,     // "1f1b": PipeDream-Flush, Megatron-LM's default
   Interleaved,  // "interleaved": Megatron-LM's interleaved 1F1B over v chunks per rank
   ZBH1,         // "zb-h1": zero-bubble's handcrafted ZB-H1, backward split into B and W
+  ZBV,          // "zb-v": zero-bubble's ZB-V, two chunks a rank in a V, backward split into B and W
+  DualPipeV,    // "dualpipev": DeepSeek's DualPipe cut in half: a V, forward of one micro-batch
+                // paired with backward of another
 };
 
-// "afab", "1f1b", "interleaved", "zb-h1". parse_schedule returns false on any other name and leaves
+// Where a schedule puts its virtual stages (above): round-robin, or the V of zb-v and dualpipev.
+enum class Placement { Loop, V };
+Placement placement_of(Schedule schedule);
+// Whether the schedule splits the backward into B (input gradient) and W (weight gradient).
+bool splits_backward(Schedule schedule);
+
+// "afab", "1f1b", "interleaved", "zb-h1", "zb-v", "dualpipev". parse_schedule returns false on any other name and leaves
 // *out as it was.
 bool parse_schedule(const std::string& name, Schedule* out);
 const char* schedule_name(Schedule schedule);
-// "afab, 1f1b, interleaved, zb-h1", for a flag's help and its error message.
+// "afab, 1f1b, interleaved, zb-h1, zb-v, dualpipev", for a flag's help and its error message.
 std::string schedule_names();
 
 enum class Op {
   F,               // forward of one micro-batch through one chunk
-  B,               // backward; under zb-h1 only the input gradient, the part on the critical path
-  W,               // zb-h1 only: the weight gradient, which nothing downstream waits for
+  B,               // backward; under zb-h1 and zb-v only the input gradient, on the critical path
+  W,               // zb-h1 and zb-v only: the weight gradient, which nothing downstream waits for
   SendActivation,  // after F of a chunk that is not the last virtual stage: its output to the next
   RecvActivation,  // the receive of a chunk's input, for F of a chunk that is not virtual stage 0
   SendGradient,    // after B of a chunk that is not virtual stage 0: its input's gradient to the previous
@@ -82,16 +98,22 @@ struct PipelineShape {
   int stages = 1;         // p, the pipeline ranks
   int micro_batches = 1;  // m, per step
   int chunks = 1;         // v, model chunks per rank (virtual stages per rank)
+  Placement placement = Placement::Loop;  // the schedule's: placement_of(schedule)
   int virtual_stages() const { return stages * chunks; }
 };
 
 // "" when `schedule` can run on `shape`, else what is wrong and what would be right, for the caller
-// to report before the first collective: interleaved needs v >= 2 and m a multiple of p; the others
-// v = 1. build_schedule and simulate ENSURE it is "".
+// to report before the first collective: interleaved needs v >= 2 and m a multiple of p; zb-v v = 2;
+// dualpipev v = 2 and m >= 2p;
+// the others v = 1; and the shape's placement must be the schedule's. build_schedule and simulate
+// ENSURE it is "".
 std::string schedule_shape_error(Schedule schedule, const PipelineShape& shape);
 
-// Chunk `chunk` of `rank` is virtual stage chunk * p + rank.
+// The placement: chunk `chunk` of `rank` is virtual stage chunk * p + rank (Loop), or rank for chunk
+// 0 and 2p-1-rank for chunk 1 (V). rank_of_stage and chunk_of_stage invert it.
 int virtual_stage(const PipelineShape& shape, int rank, int chunk);
+int rank_of_stage(const PipelineShape& shape, int stage);
+int chunk_of_stage(const PipelineShape& shape, int stage);
 
 // The list of actions `rank` runs in one step, its receives placed for `matching`.
 std::vector<Action> build_schedule(Schedule schedule, const PipelineShape& shape, int rank,
@@ -107,7 +129,7 @@ std::string describe(const Action& action);
 std::string describe(const std::vector<Action>& actions);
 
 // Checks all ranks' lists together (per_rank[r] is rank r's): every micro-batch gets exactly one F and
-// one B per chunk on its rank (and one W under zb-h1, none otherwise); each B after its F, each W
+// one B per chunk on its rank (and one W under zb-h1 and zb-v, none otherwise); each B after its F, each W
 // after its B; each send after the pass that produces its data, each receive before the pass that
 // consumes it; every send has exactly one matching receive on the neighbouring virtual stage and
 // every receive one send; under ByCallOrder, the k-th send from a rank to another and the k-th
@@ -172,8 +194,16 @@ Simulation simulate(const PipelineShape& shape, const ActionCosts& costs,
 //   afab, 1f1b:  (p-1) / (m+p-1)
 //   interleaved: (p-1) / (v m + p-1)
 //   zb-h1:       (p-1)(F+B-W) / (m(F+B+W) + (p-1)(F+B-W))   (Qi et al. 2024, for m >= p)
+//   zb-v:        (p-1)max(B,2(B-W)) / (2m(F+B+W) + (p-1)max(B,2(B-W)))   (for m >= 2p-1, F <= B)
 // with F, B, W one micro-batch's forward, input-gradient and weight-gradient times on one stage
-// (afab, 1f1b and interleaved ignore them: their fraction depends on p, m and v only). For zb-h1 the
+// (on one chunk for zb-v, whose rank holds two; afab, 1f1b and interleaved ignore them: their
+// fraction depends on p, m and v only). zb-v's idle per rank does not grow with m: its steady state
+// has no bubble, and at F = B = W what is left, (p-1)F, is the fill of the V's first arm, which no
+// order can avoid (docs/theory.md, section 10). It holds while F <= B and m >= 2p-1; beyond, the
+// simulator gives the real value.
+//   dualpipev:   (p-1)F / (2m(F+B+W) + (p-1)F), the same fill: a floor, exact when B <= F and B <= W
+// (here a forward-backward pair runs one pass after the other; DeepSeek's overlap of the two is a
+// device's, which this executor does not model). For zb-h1 the
 // idle time per rank is taken as (p-1)(F+B) - min(m-1, p-1) W, the paper's (p-1)(F+B-W) once m >= p:
 // with fewer micro-batches than stages, fewer W's are left to fill the bubble. It holds while
 // W <= F and W <= B (the paper's setting, F, B and W about equal); beyond, the handcrafted order no
@@ -185,5 +215,7 @@ std::string theory_bubble_formula(Schedule schedule);
 
 // The activation slots (max_in_flight) of `chunk` on `rank` by the theory: afab m; 1f1b min(p-r, m);
 // zb-h1 min(p, m) on every rank (it keeps 1f1b's min(p-r, m) whole activations, max_awaiting_backward,
-// and up to r more awaiting only their W); interleaved as derived in pipeline_schedule.cpp.
+// and up to r more awaiting only their W); interleaved as derived in pipeline_schedule.cpp; zb-v
+// and dualpipev min(2p-r, m) on chunk 0 and min(r+1, m) on chunk 1: 2p+1 chunks on every rank once m >= 2p, about
+// 1f1b's p micro-batches' worth of a rank's layers (pipeline_schedule.cpp derives it).
 int theory_in_flight(Schedule schedule, const PipelineShape& shape, int rank, int chunk);

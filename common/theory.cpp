@@ -185,9 +185,11 @@ TensorParallelPrediction predict_tensor_parallel(const GPT2Config& cfg, int micr
 double pipeline_buffer_bytes(const GPT2Config& cfg, const ModelPart& part, int stages, int micro_B, DType dtype,
                              TensorParallelism tp) {
   // The messages: the input received (unless the part starts with the embedding) and its gradient
-  // sent (with one stage, copied straight into the previous chunk's buffer instead); the output's
-  // gradient received (unless it ends with the loss). The output is sent from the activations.
-  const int kinds = (part.first_unit > 0 ? (stages > 1 ? 2 : 1) : 0) + (part.holds(cfg, cfg.L + 1) ? 0 : 1);
+  // sent (with one stage, or from a V's turn, copied straight into the previous chunk's buffer
+  // instead); the output's gradient received (unless it ends with the loss). The output is sent from
+  // the activations.
+  const int kinds = (part.first_unit > 0 ? (stages > 1 && !part.input_is_local ? 2 : 1) : 0) +
+                    (part.holds(cfg, cfg.L + 1) ? 0 : 1);
   const double rows_divisor = tp.size > 1 && tp.sequence_parallel ? tp.size : 1;
   return kinds * double(part.slots) * double(micro_B) * cfg.T * cfg.C * double(dtype_size(dtype)) / rows_divisor;
 }

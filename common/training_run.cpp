@@ -147,7 +147,7 @@ TrainingRun::TrainingRun(Communicator& world, Communicator& dp, const ProcessGri
   parse_recompute(cfg_.recompute, &model_.recompute);  // (checked by parse_train_flags)
   for (const ModelPart& part : pp_.parts)
     if (part.split_backward && model_.recompute == Recompute::Full)
-      config_error("--recompute full keeps no product's input for zb-h1's later weight pass: use --recompute "
+      config_error("--recompute full keeps no product's input for the later weight pass of zb-h1, zb-v and dualpipev: use --recompute "
                    "selective, or another --schedule");
   flash_ = model_.flash_attention &&
            flash_attention_available(dtype_, device_, model_.C / tp_.size, model_.NH / tp_.size);
@@ -908,7 +908,7 @@ void TrainingRun::report_vs_theory(const CommStats& step_comm, const CommStats* 
                 predicted(tp_.size, tp_.sequence_parallel, Recompute::Selective).c_str(),
                 predicted(tp_.size, tp_.sequence_parallel, Recompute::Full).c_str(),
                 std::any_of(pp_.parts.begin(), pp_.parts.end(), [](const ModelPart& x) { return x.split_backward; })
-                    ? " (not with zb-h1)" : "");
+                    ? " (not with zb-h1 or zb-v)" : "");
   // Chapter 11's exchange buffers at this step's routing, as the activations above; else the bound.
   const bool exchange_routed = ep_comm_ && model_.moe() && !expert_rows_.empty();
   const double transient = exchange_routed ? forecast_.transient - moe_exchange_forecast_ +

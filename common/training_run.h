@@ -72,8 +72,14 @@ class TrainingRun {
   const PipelineParallelism& pipeline() const { return pp_; }
   const MemoryForecast& forecast() const { return forecast_; }  // this rank's, as printed at the start
   bool flash_attention() const { return flash_; }
-  // Only the last pipeline stage computes the loss (every rank without a pipeline).
-  bool holds_loss() const { return pp_.rank == pp_.size - 1; }
+  // Only the pipeline rank holding the LM head computes the loss: the last stage, or in a V (zb-v) the
+  // first (every rank without a pipeline).
+  bool holds_loss() const {
+    if (pp_.size == 1) return true;
+    for (const ModelPart& part : pp_.parts)
+      if (part.last(model_) == model_.L + 1) return true;
+    return false;
+  }
   // The chapter's own fields for the "run" record (11's experts and capacity), after the grid (dp, cp,
   // tp, pp, ep) and the settings every run records. Before the first begin_step(), which writes the
   // record (or finish(), or the end of a job that failed before its first step).

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# bench_pp.sh: `make bench-pp`. Chapter 08's four schedules at one pipeline depth and several
+# bench_pp.sh: `make bench-pp`. Chapter 08's six schedules at one pipeline depth and several
 # micro-batch counts, one run after the other; prints one table: the step time, the bubble measured
 # (idle / step, mean over stages), simulated with the measured pass times, and by the schedule's
 # formula, and the activations the first and the last stage hold.
@@ -16,9 +16,10 @@ trap 'rm -rf "$out"' EXIT
 echo "bench-pp: $ranks stages, --preset $preset --batch 16 --steps $steps, micro-batches: $ms (RANKS=, PRESET=, STEPS=, MS= change it)"
 [ "$(nproc)" -lt "$ranks" ] && echo "note: $ranks ranks on $(nproc) cores: ranks take turns on a core, which the measured bubble shows and the simulated one does not"
 i=0
-for schedule in afab 1f1b interleaved zb-h1; do
+for schedule in afab 1f1b interleaved zb-h1 zb-v dualpipev; do
   for m in $ms; do
     if [ "$schedule" = interleaved ] && [ $((m % ranks)) -ne 0 ]; then continue; fi
+    if [ "$schedule" = dualpipev ] && [ "$m" -lt $((2 * ranks)) ]; then continue; fi
     # shellcheck disable=SC2086
     if ! mpiexec -n "$ranks" ./08_pipeline/train --preset "$preset" --batch 16 --steps "$steps" --quiet \
         --schedule "$schedule" --micro-batches "$m" --json "$out/$i.jsonl" </dev/null >"$out/$i.log" 2>&1; then

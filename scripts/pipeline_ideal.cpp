@@ -1,6 +1,6 @@
 // pipeline_ideal.cpp: the ideal step of one of chapter 08's schedules, simulated (pipeline_schedule.h)
 // with pass times given on the command line, so that every schedule can be simulated with the same
-// ones (make schedules: the four ideal panels share the pass times measured once, by zb-h1's run,
+// ones (make schedules: the six ideal panels share the pass times measured once, by zb-h1's run,
 // the one that times B and W apart; scripts/schedules.sh). Writes JSON lines to stdout in the records
 // 08 itself writes: one "pipeline" record (schedule, p, m, v, the simulated step and bubble, the
 // theory's bubble) and one "simulated_action" per pass, which scripts/plot_pipeline.py draws.
@@ -63,8 +63,8 @@ int main(int argc, char** argv) {
   flags.add("--preset", &preset, "the model the passes were measured on");
   flags.add("--pp", &p, "pipeline stages p");
   flags.add("--micro-batches", &m, "micro-batches per step m (default 2 p)");
-  flags.add("--schedule", &schedule_text, "afab, 1f1b, interleaved or zb-h1");
-  flags.add("--virtual-stages", &v, "chunks per rank v (default 2 for interleaved, else 1)");
+  flags.add("--schedule", &schedule_text, "afab, 1f1b, interleaved, zb-h1, zb-v or dualpipev");
+  flags.add("--virtual-stages", &v, "chunks per rank v (default 2 for interleaved, zb-v and dualpipev, else 1)");
   flags.add("--p2p-matching", &matching_text, "tag or call-order: where the lists post their receives");
   flags.add("--measured", &measured_text, "F/B/W ms per measured stage, comma-separated", "F/B/W,...");
   flags.add("--measured-by", &measured_by, "which run measured them, for the plot's title", "NAME");
@@ -82,7 +82,8 @@ int main(int argc, char** argv) {
   PipelineShape shape;
   shape.stages = p;
   shape.micro_batches = m ? m : 2 * p;
-  shape.chunks = v ? v : schedule == Schedule::Interleaved ? 2 : 1;
+  shape.placement = placement_of(schedule);  // zb-v, dualpipev: the V
+  shape.chunks = v ? v : schedule == Schedule::Interleaved || shape.placement == Placement::V ? 2 : 1;
   const std::string shape_error = schedule_shape_error(schedule, shape);
   if (!shape_error.empty()) config_error(shape_error);
   if (shape.virtual_stages() > cfg.L)

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# schedules.sh: `make schedules`. Chapter 08's four pipeline schedules (afab, 1f1b, interleaved,
-# zb-h1), one run each on the same model and batch, drawn as the classic pipeline diagram
+# schedules.sh: `make schedules`. Chapter 08's six pipeline schedules (afab, 1f1b, interleaved,
+# zb-h1, zb-v, dualpipev), one run each on the same model and batch, drawn as the classic pipeline diagram
 # (scripts/plot_pipeline.py): per schedule, the measured step from the trace next to the ideal one,
-# simulated (build/pipeline_ideal) with one set of pass times for all four: zb-h1's run, the one that
+# simulated (build/pipeline_ideal) with one set of pass times for all six: zb-h1's run, the one that
 # times the inputs' gradients (B) and the weights' (W) apart, measures F, B and W summed over its
 # stages, and each schedule's stages get their share by FLOPs (common/pipeline_costs.h; the others'
 # backward is B + W). Each run's own pass times differ by the noise of its run (more so with ranks
@@ -33,7 +33,7 @@ mkdir -p "$out"
 [ -x build/pipeline_ideal ] || { echo "build/pipeline_ideal is missing: run make schedules (it builds it)"; exit 1; }
 [ "${PLOT_ONLY:-}" = 1 ] || rm -f "$out"/*.jsonl "$out"/*.trace.json "$out"/*.log results/schedules.png
 # zb-h1 first: its pass times are every schedule's ideal's.
-for schedule in zb-h1 afab 1f1b interleaved; do
+for schedule in zb-h1 afab 1f1b interleaved zb-v dualpipev; do
   [ "${PLOT_ONLY:-}" = 1 ] && break
   flags="--schedule $schedule"
   [ "$schedule" = interleaved ] && flags="$flags --virtual-stages 2"
@@ -55,7 +55,7 @@ EOF
 )
 echo "ideal steps: every schedule simulated with zb-h1's pass times (F/B/W ms through the whole model: $measured)"
 runs=()
-for schedule in afab 1f1b interleaved zb-h1; do
+for schedule in afab 1f1b interleaved zb-h1 zb-v dualpipev; do
   flags="--schedule $schedule"
   [ "$schedule" = interleaved ] && flags="$flags --virtual-stages 2"
   # shellcheck disable=SC2086

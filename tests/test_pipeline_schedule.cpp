@@ -1,4 +1,4 @@
-// test_pipeline_schedule.cpp: chapter 08's schedules as data, without a model or MPI. Every schedule
+// test_pipeline_schedule.cpp: chapter 08's schedules as data, without a model or MPI. Every schedule (zb-v in its V)
 // on 1, 2 and 4 stages with several micro-batch counts: each micro-batch gets one F and one B (and
 // one W under zb-h1) per chunk, in order; sends meet receives; the simulation completes and its
 // bubble is the theory's; the activation slots are the theory's. Then hand-checked orders and
@@ -28,7 +28,8 @@ std::string name_of(const Case& c) {
 }
 
 // Every schedule at p = 1, 2, 4; m = p, 2p, 4p, and 1..3 where the schedule allows; interleaved
-// with v = 2 and 3 (it needs m a multiple of p).
+// with v = 2 and 3 (it needs m a multiple of p); zb-v with its V's 2 chunks, and m = 2p-1 too, the
+// least its order is written for.
 std::vector<Case> all_cases() {
   std::vector<Case> cases;
   for (int p : {1, 2, 4}) {
@@ -37,8 +38,15 @@ std::vector<Case> all_cases() {
       for (int m : counts) cases.push_back({s, {p, m, 1}});
     for (int v : {2, 3})
       for (int m : {p, 2 * p, 4 * p}) cases.push_back({Schedule::Interleaved, {p, m, v}});
+    counts.insert(2 * p - 1);
+    for (int m : counts) cases.push_back({Schedule::ZBV, {p, m, 2, Placement::V}});
+    for (int m : {2 * p, 2 * p + 1, 4 * p}) cases.push_back({Schedule::DualPipeV, {p, m, 2, Placement::V}});
   }
   return cases;
+}
+
+// zb-v and dualpipev are matched by tag only (check_pipeline says so under call order).
+bool call_order_built(const Case& c) { return c.shape.placement == Placement::Loop || c.shape.stages == 1;
 }
 
 std::vector<std::vector<Action>> build_all(const Case& c, Matching matching = Matching::ByTag) {
@@ -62,7 +70,8 @@ int index_of(const std::vector<Action>& actions, const Action& wanted) {
 }
 
 TEST(PipelineSchedule, NamesRoundTrip) {
-  for (Schedule s : {Schedule::AFAB, Schedule::OneFOneB, Schedule::Interleaved, Schedule::ZBH1}) {
+  for (Schedule s : {Schedule::AFAB, Schedule::OneFOneB, Schedule::Interleaved, Schedule::ZBH1, Schedule::ZBV,
+                     Schedule::DualPipeV}) {
     Schedule parsed = Schedule::AFAB;
     EXPECT_TRUE(parse_schedule(schedule_name(s), &parsed)) << schedule_name(s);
     EXPECT_EQ(parsed, s);
@@ -71,7 +80,7 @@ TEST(PipelineSchedule, NamesRoundTrip) {
   EXPECT_FALSE(parse_schedule("gpipe", &unchanged));
   EXPECT_FALSE(parse_schedule("", &unchanged));
   EXPECT_EQ(unchanged, Schedule::ZBH1);
-  EXPECT_EQ(schedule_names(), "afab, 1f1b, interleaved, zb-h1");
+  EXPECT_EQ(schedule_names(), "afab, 1f1b, interleaved, zb-h1, zb-v, dualpipev");
 }
 
 TEST(PipelineSchedule, ShapeErrorsSayWhatWouldBeRight) {
@@ -135,7 +144,7 @@ TEST(PipelineSchedule, EveryMicroBatchGetsOneOfEachPassInOrder) {
   for (const Case& c : all_cases()) {
     SCOPED_TRACE(name_of(c));
     std::vector<std::vector<Action>> per_rank = build_all(c);
-    const bool split = c.schedule == Schedule::ZBH1;
+    const bool split = splits_backward(c.schedule);
     for (int rank = 0; rank < c.shape.stages; rank++) {
       const std::vector<Action>& list = per_rank[rank];
       std::map<std::tuple<int, int, int>, int> count;  // (op, micro, chunk) -> times
@@ -185,6 +194,11 @@ TEST(PipelineSchedule, SendsMatchReceivesBetweenNeighbours) {
 TEST(PipelineSchedule, CheckPipelineAcceptsEveryBuiltSchedule) {
   for (const Case& c : all_cases()) {
     EXPECT_EQ(check_pipeline(c.schedule, c.shape, build_all(c)), "") << name_of(c);
+    if (!call_order_built(c)) {
+      EXPECT_EQ(check_pipeline(c.schedule, c.shape, build_all(c, Matching::ByCallOrder), Matching::ByCallOrder),
+                std::string(schedule_name(c.schedule)) + " is built for messages matched by tag only (MPI), not by call order");
+      continue;
+    }
     EXPECT_EQ(check_pipeline(c.schedule, c.shape, build_all(c, Matching::ByCallOrder), Matching::ByCallOrder), "")
         << name_of(c) << ", call order";
   }
@@ -225,7 +239,7 @@ TEST(CallOrder, ReceivesComeRightBeforeTheirPassInOneGroupWithTheSendsBefore) {
 // rank's own sends, which its neighbour waits for: every schedule hangs.
 TEST(CallOrder, ReceivesPostedUpFrontWouldHang) {
   for (const Case& c : all_cases()) {
-    if (c.shape.stages < 2) continue;
+    if (c.shape.stages < 2 || !call_order_built(c)) continue;
     SCOPED_TRACE(name_of(c));
     const std::string problem = check_pipeline(c.schedule, c.shape, build_all(c), Matching::ByCallOrder);
     EXPECT_NE(problem.find("deadlock"), std::string::npos) << problem;
@@ -277,8 +291,9 @@ TEST(CallOrder, MessagesOutOfOrderAreCaught) {
 // With time, a group holds its stream until its last message has gone, and the step grows.
 TEST(CallOrder, SameBubbleAsByTagWhenMessagesAreFree) {
   for (const Case& c : all_cases()) {
+    if (!call_order_built(c)) continue;
     SCOPED_TRACE(name_of(c));
-    const ActionCosts costs = uniform_costs(c.shape, 1, 2, c.schedule == Schedule::ZBH1 ? 1 : 0);
+    const ActionCosts costs = uniform_costs(c.shape, 1, 2, splits_backward(c.schedule) ? 1 : 0);
     const Simulation by_tag = simulate(c.schedule, c.shape, costs);
     const Simulation by_order = simulate(c.schedule, c.shape, costs, Matching::ByCallOrder);
     ASSERT_EQ(by_order.deadlock, "");
@@ -293,7 +308,7 @@ TEST(CallOrder, SameBubbleAsByTagWhenMessagesAreFree) {
 
 TEST(PipelineSchedule, SimulatedBubbleIsTheTheory) {
   for (const Case& c : all_cases()) {
-    if (c.schedule == Schedule::ZBH1) continue;  // below, with its own costs
+    if (splits_backward(c.schedule)) continue;  // below, with their own costs
     SCOPED_TRACE(name_of(c));
     // Unit costs, then a backward twice the forward as in a real model: the fraction is the same.
     for (double backward : {1.0, 2.0}) {
@@ -338,6 +353,104 @@ TEST(PipelineSchedule, ZeroBubbleH1IdlesLessThan1F1B) {
 }
 
 // The same work cut into v chunks per rank fills and drains the pipeline v times faster.
+// ZB-V (Qi et al. 2024): its steady state has no bubble, so the idle time per rank does not grow with
+// m; with F = B = W it is (p-1)F on every rank, the fill of the V's first arm, which no order avoids
+// (rank p-1 cannot start before p-1 forwards reached it, and every rank does the same work).
+// Checked against the formula for m >= 2p-1 and F <= B (docs/theory.md, section 10), where it is
+// exact, and with messages that take time not below the bound.
+TEST(PipelineSchedule, ZeroBubbleVIdlesOnlyTheFillOfItsFirstArm) {
+  for (int p : {2, 3, 4, 6}) {
+    for (int m : {2 * p - 1, 2 * p, 3 * p, 5 * p}) {
+      const PipelineShape shape{p, m, 2, Placement::V};
+      SCOPED_TRACE("p=" + std::to_string(p) + " m=" + std::to_string(m));
+      const Simulation equal = simulate(Schedule::ZBV, shape, uniform_costs(shape, 1, 1, 1));
+      ASSERT_EQ(equal.deadlock, "");
+      for (double idle : equal.idle) EXPECT_NEAR(idle, p - 1, 1e-9) << "only the fill: (p-1)F";
+      EXPECT_NEAR(equal.makespan, 6 * m + (p - 1), 1e-9);
+      EXPECT_NEAR(equal.bubble(), theory_bubble(Schedule::ZBV, shape, 1, 1, 1), 1e-9);
+      // Other costs with F <= B: (p-1) max(B, 2(B-W)) per rank, whatever m.
+      for (const auto& [F, B, W] : {std::tuple{1.0, 2.0, 1.0}, {1.0, 1.0, 0.25}, {0.5, 1.0, 0.8}, {1.0, 3.0, 1.0}}) {
+        const Simulation sim = simulate(Schedule::ZBV, shape, uniform_costs(shape, F, B, W));
+        for (double idle : sim.idle) EXPECT_NEAR(idle, (p - 1) * std::max(B, 2 * (B - W)), 1e-9) << F << " " << B << " " << W;
+        EXPECT_NEAR(sim.bubble(), theory_bubble(Schedule::ZBV, shape, F, B, W), 1e-9);
+      }
+      // The same model on p ranks under zb-h1, each rank's two chunks one stage (2F, 2B, 2W): 2(p-1)F idle.
+      const PipelineShape h1{p, m, 1};
+      const Simulation zb_h1 = simulate(Schedule::ZBH1, h1, uniform_costs(h1, 2, 2, 2));
+      EXPECT_GT(zb_h1.idle[0], equal.idle[0]);
+      EXPECT_NEAR(zb_h1.makespan - equal.makespan, p - 1, 1e-9);
+    }
+  }
+  // Fewer micro-batches than its order is written for: sound, and no better than the bound.
+  const PipelineShape few{4, 3, 2, Placement::V};
+  const Simulation sim = simulate(Schedule::ZBV, few, uniform_costs(few, 1, 1, 1));
+  EXPECT_EQ(sim.deadlock, "");
+  EXPECT_GT(sim.idle[0], 3.0);
+}
+
+// DualPipeV run one pass after another (no overlap of a pair): its idle time does not grow with m
+// either, and it is the fill of the V's first arm, (p-1)F, where B <= F and B <= W; more otherwise.
+// Each chunk's W's run in micro-batch order (the held ones oldest first), which 08's gradient hooks
+// rely on: a chunk's gradients are final at its last micro-batch's W.
+TEST(PipelineSchedule, DualPipeVIdlesTheFillWhereBackwardIsNoLonger) {
+  for (int p : {2, 3, 4, 6}) {
+    for (int m : {2 * p, 2 * p + 1, 3 * p}) {
+      const PipelineShape shape{p, m, 2, Placement::V};
+      SCOPED_TRACE("p=" + std::to_string(p) + " m=" + std::to_string(m));
+      for (const auto& [F, B, W] : {std::tuple{1.0, 1.0, 1.0}, {2.0, 1.0, 1.0}, {1.0, 1.0, 2.0}}) {
+        const Simulation sim = simulate(Schedule::DualPipeV, shape, uniform_costs(shape, F, B, W));
+        ASSERT_EQ(sim.deadlock, "");
+        for (double idle : sim.idle) EXPECT_NEAR(idle, (p - 1) * F, 1e-9);
+        EXPECT_NEAR(sim.bubble(), theory_bubble(Schedule::DualPipeV, shape, F, B, W), 1e-9);
+      }
+      const Simulation longer = simulate(Schedule::DualPipeV, shape, uniform_costs(shape, 1, 2, 1));
+      EXPECT_GT(longer.bubble(), theory_bubble(Schedule::DualPipeV, shape, 1, 2, 1)) << "a floor, not exact";
+      for (int rank = 0; rank < p; rank++) {
+        int last_weight[2] = {-1, -1};
+        for (const Action& a : build_schedule(Schedule::DualPipeV, shape, rank)) {
+          if (a.op != Op::W) continue;
+          EXPECT_EQ(a.micro, last_weight[a.chunk] + 1) << "rank " << rank << " chunk " << a.chunk;
+          last_weight[a.chunk] = a.micro;
+        }
+      }
+    }
+  }
+  // Rank 0 of 2: the V filled (2p forwards over the two chunks), then the F&B pairs of the steady
+  // state, F of one chunk with B (and W) of the other.
+  EXPECT_EQ(passes(build_schedule(Schedule::DualPipeV, {2, 4, 2, Placement::V}, 0)),
+            "F0.c0 F1.c0 F2.c0 F0.c1 B0.c1 W0.c1 F1.c1 F3.c0 B1.c1 W1.c1 F2.c1 B0.c0 W0.c0 B2.c1 W2.c1 F3.c1 B1.c0 "
+            "W1.c0 B3.c1 W3.c1 B2.c0 W2.c0 B3.c0 W3.c0");
+  EXPECT_EQ(schedule_shape_error(Schedule::DualPipeV, {4, 7, 2, Placement::V}),
+            "dualpipev needs at least 2 x the stages (8) micro-batches, not 7");
+}
+
+// The V placement: chunk 0 of rank r is virtual stage r, chunk 1 is 2p-1-r; the first and the last
+// virtual stage on rank 0; the hand-over at the point of the V within rank p-1, a message to itself.
+TEST(PipelineSchedule, VPlacementPutsBothEndsOnRankZero) {
+  const PipelineShape shape{4, 8, 2, Placement::V};
+  for (int r = 0; r < 4; r++) {
+    EXPECT_EQ(virtual_stage(shape, r, 0), r);
+    EXPECT_EQ(virtual_stage(shape, r, 1), 7 - r);
+    for (int c : {0, 1}) {
+      EXPECT_EQ(rank_of_stage(shape, virtual_stage(shape, r, c)), r);
+      EXPECT_EQ(chunk_of_stage(shape, virtual_stage(shape, r, c)), c);
+    }
+  }
+  const std::vector<Action> rank0 = build_schedule(Schedule::ZBV, shape, 0);
+  for (const Action& a : rank0) {  // the loss's chunk sends no activation, the embedding's no gradient
+    EXPECT_FALSE(a.op == Op::SendActivation && a.chunk == 1) << describe(a);
+    EXPECT_FALSE(a.op == Op::SendGradient && a.chunk == 0) << describe(a);
+  }
+  // Rank 0: down the V 2p-1 times, then each chunk-1 forward with its B and W, the loss being here.
+  EXPECT_EQ(passes(build_schedule(Schedule::ZBV, {2, 4, 2, Placement::V}, 0)),
+            "F0.c0 F1.c0 F2.c0 F0.c1 B0.c1 W0.c1 F1.c1 B1.c1 W1.c1 F3.c0 B0.c0 W0.c0 F2.c1 B2.c1 W2.c1 B1.c0 W1.c0 "
+            "F3.c1 B3.c1 W3.c1 B2.c0 W2.c0 B3.c0 W3.c0");
+  EXPECT_NE(schedule_shape_error(Schedule::ZBV, {4, 8, 2}), "") << "a round-robin shape for a V schedule";
+  EXPECT_NE(schedule_shape_error(Schedule::OneFOneB, {4, 8, 1, Placement::V}), "");
+  EXPECT_EQ(schedule_shape_error(Schedule::ZBV, {4, 8, 3, Placement::V}),
+            "zb-v runs 2 chunks per rank, the two arms of its V, not 3");
+}
+
 TEST(PipelineSchedule, InterleavingShortensTheStep) {
   PipelineShape plain{4, 8, 1}, interleaved{4, 8, 2};
   Simulation one_chunk = simulate(Schedule::OneFOneB, plain, uniform_costs(plain, 2, 4));
@@ -386,8 +499,13 @@ TEST(PipelineSchedule, ActivationSlotsAreTheTheorys) {
             EXPECT_EQ(slots, std::min(p, m));
             EXPECT_EQ(whole, std::min(p - rank, m)) << "rank " << rank;
             break;
+          case Schedule::ZBV:
+          case Schedule::DualPipeV:
+            // Down the V, the ranks nearest its point hold the fewest; back up, the most.
+            EXPECT_EQ(slots, std::min(m, chunk == 0 ? 2 * p - rank : rank + 1));
+            break;
         }
-        if (c.schedule != Schedule::ZBH1) {
+        if (!splits_backward(c.schedule)) {
           EXPECT_EQ(whole, slots) << "without W, B frees the activations";
         }
       }
@@ -414,7 +532,9 @@ TEST(PipelineSchedule, CheckPipelineCatchesBrokenLists) {
   const Case c{Schedule::OneFOneB, shape};
   auto expect_caught = [&](const std::vector<std::vector<Action>>& per_rank, Schedule schedule,
                            const std::string& words) {
-    std::string problem = check_pipeline(schedule, shape, per_rank);
+    const PipelineShape of_schedule{shape.stages, shape.micro_batches, schedule == Schedule::ZBV ? 2 : 1,
+                                    placement_of(schedule)};
+    std::string problem = check_pipeline(schedule, of_schedule, per_rank);
     EXPECT_NE(problem.find(words), std::string::npos)
         << "expected a message with \"" << words << "\", got \"" << problem << "\"";
   };
@@ -445,10 +565,20 @@ TEST(PipelineSchedule, CheckPipelineCatchesBrokenLists) {
   // A W in a schedule that does not split the backward, and none where zb-h1 needs it.
   std::vector<std::vector<Action>> stray_weight = build_all(c);
   stray_weight[0].push_back({Op::W, 1, 0});
-  expect_caught(stray_weight, c.schedule, "only zb-h1 splits the backward");
+  expect_caught(stray_weight, c.schedule, "only zb-h1 and zb-v split the backward");
   std::vector<std::vector<Action>> missing_weight = build_all({Schedule::ZBH1, shape});
   missing_weight[0].erase(missing_weight[0].begin() + index_of(missing_weight[0], {Op::W, 1, 0}));
   expect_caught(missing_weight, Schedule::ZBH1, "rank 0 has 0 x W1.c0, not 1");
+  // zb-v: a W of the loss's chunk left out, and the hand-over at the V's point sent to the wrong arm.
+  const Case v{Schedule::ZBV, {2, 2, 2, Placement::V}};
+  std::vector<std::vector<Action>> v_missing = build_all(v);
+  v_missing[0].erase(v_missing[0].begin() + index_of(v_missing[0], {Op::W, 1, 1}));
+  expect_caught(v_missing, Schedule::ZBV, "rank 0 has 0 x W1.c1, not 1");
+  std::vector<std::vector<Action>> v_reordered = build_all(v);
+  std::vector<Action>& bottom = v_reordered[1];
+  const int down = index_of(bottom, {Op::F, 0, 0});  // F0.c0 sendA0.c0 F0.c1 sendA0.c1: the turn
+  std::rotate(bottom.begin() + down, bottom.begin() + down + 2, bottom.begin() + down + 4);
+  expect_caught(v_reordered, Schedule::ZBV, "rank 1 waits at F0.c1 for sendA0.c0 of rank 1");
 
   // Every list sound on its own, yet together they wait for each other: rank 0 wants micro-batch
   // 0's gradient before it sends micro-batch 1's activation; rank 1 wants that activation first.
@@ -475,6 +605,9 @@ TEST(PipelineSchedule, TheoryFormulasForPrinting) {
   EXPECT_NEAR(theory_bubble(Schedule::OneFOneB, {4, 8, 1}, 1, 2, 0), 3.0 / 11, 1e-12);
   EXPECT_NEAR(theory_bubble(Schedule::Interleaved, {4, 8, 2}, 1, 2, 0), 3.0 / 19, 1e-12);
   EXPECT_NEAR(theory_bubble(Schedule::ZBH1, {4, 8, 1}, 1, 1, 1), 3.0 / 27, 1e-12);
+  EXPECT_EQ(theory_bubble_formula(Schedule::ZBV), "(p-1)max(B,2(B-W))/(2m(F+B+W)+(p-1)max(B,2(B-W)))");
+  EXPECT_NEAR(theory_bubble(Schedule::ZBV, {4, 8, 2, Placement::V}, 1, 1, 1), 3.0 / 51, 1e-12);
+  EXPECT_EQ(theory_bubble_formula(Schedule::DualPipeV), "(p-1)F/(2m(F+B+W)+(p-1)F) (at least)");
 }
 
 }  // namespace

@@ -44,7 +44,7 @@ TEST(EveryCombination, OfThePipelinesFlagsIsRefusedOrBuilds) {
   for (const char* preset : {"tiny", "tall"}) {
     GPT2Config model;
     ASSERT_TRUE(find_preset(preset, &model));
-    for (const char* schedule : {"afab", "1f1b", "interleaved", "zb-h1"})
+    for (const char* schedule : {"afab", "1f1b", "interleaved", "zb-h1", "zb-v", "dualpipev"})
       for (int world = 1; world <= 5; world++)
         for (int pp = 0; pp <= 5; pp++)
           for (int m = 0; m <= 5; m++)
@@ -74,10 +74,15 @@ TEST(EveryCombination, OfThePipelinesFlagsIsRefusedOrBuilds) {
                   for (Matching matching : {Matching::ByTag, Matching::ByCallOrder}) {
                     std::vector<std::vector<Action>> every_rank;
                     for (int r = 0; r < s.stages; r++) every_rank.push_back(build_schedule(plan.schedule, s, r, matching));
-                    EXPECT_EQ(check_pipeline(plan.schedule, s, every_rank, matching), "")
+                    // A V is matched by tag only; pipeline_matching refuses call order for it.
+                    const bool by_tag_only = s.placement == Placement::V && s.stages > 1;
+                    EXPECT_EQ(check_pipeline(plan.schedule, s, every_rank, matching),
+                              by_tag_only && matching == Matching::ByCallOrder
+                                  ? std::string(schedule) + " is built for messages matched by tag only (MPI), not by call order"
+                                  : "")
                         << schedule << " p " << s.stages << " m " << s.micro_batches << " v " << s.chunks;
                     for (int r = 0; r < s.stages; r++) {
-                      std::vector<ModelPart> parts = parts_of_rank(model, plan.blocks, s.stages, r);
+                      std::vector<ModelPart> parts = parts_of_rank(model, plan.blocks, s.stages, r, s.placement);
                       ASSERT_EQ(int(parts.size()), s.chunks);
                       for (int c = 0; c < s.chunks; c++) EXPECT_GE(max_in_flight(every_rank[r], c), 1);
                     }
@@ -99,6 +104,23 @@ TEST(PipelineFlags, RefusalsNameTheFlagsAndCostNothing) {
   EXPECT_EQ(problem(interleaved_v1, 2, 8),
             "--schedule interleaved needs --virtual-stages 2 or more (with one chunk a rank, it is 1f1b: use "
             "--schedule 1f1b)");
+  // A V has two arms: zb-v sets --virtual-stages 2, and refuses any other count.
+  PipelineFlags v_three;
+  v_three.schedule = "zb-v", v_three.virtual_stages = 3;
+  EXPECT_EQ(problem(v_three, 2, 8),
+            "--schedule zb-v runs 2 chunks a rank, the two arms of its V: --virtual-stages 2 (or leave it out), not 3");
+  PipelineFlags v_default;
+  v_default.schedule = "zb-v";
+  EXPECT_EQ(problem(v_default, 4, 8), "");
+  EXPECT_EQ(plan.shape.chunks, 2);
+  EXPECT_EQ(plan.shape.placement, Placement::V);
+  PipelineFlags dualpipev_few;
+  dualpipev_few.schedule = "dualpipev", dualpipev_few.micro_batches = 6;
+  EXPECT_EQ(problem(dualpipev_few, 4, 24),
+            "--schedule dualpipev fills its V with 2 x --pp 4 micro-batches before its steady state: --micro-batches 6 "
+            "must be at least 8");
+  v_default.zero2 = true;
+  EXPECT_NE(problem(v_default, 4, 8).find("--zero2 reduce-scatters"), std::string::npos);
   // Ten million micro-batches: refused by arithmetic, before any schedule of that length exists
   // (this call would take minutes and gigabytes if it built one).
   PipelineFlags many;
@@ -279,6 +301,14 @@ std::vector<Refusal> refusals() {
       {"08_pipeline", 4, "--preset tall --pp 3", "the 4 ranks do not divide into pipelines of --pp 3 stages"},
       {"08_pipeline", 2, "--preset tall --schedule interleaved --virtual-stages 1",
        "--schedule interleaved needs --virtual-stages 2 or more"},
+      {"08_pipeline", 2, "--preset tall --schedule zb-v --virtual-stages 4",
+       "--schedule zb-v runs 2 chunks a rank, the two arms of its V"},
+      {"08_pipeline", 2, "--preset tall --schedule zb-v --p2p-matching call-order",
+       "--p2p-matching: a V schedule's lists are built for messages matched by tag (MPI) only so far"},
+      {"09_3d_parallel", 2, "--tp 1 --pp 2 --preset tall --schedule zb-v --recompute full",
+       "--recompute full keeps no product's input for the later weight pass of zb-h1, zb-v and dualpipev"},
+      {"08_pipeline", 2, "--preset tall --schedule dualpipev --micro-batches 2",
+       "--schedule dualpipev fills its V with 2 x --pp 2 micro-batches"},
       {"08_pipeline", 2, "--preset tall --micro-batches 10000000",
        "--batch 8 is not divisible by data-parallel ranks x micro-batches = 1 x 10000000"},
       {"08_pipeline", 2, "--preset tall --batch 100000000", "this run would need about"},

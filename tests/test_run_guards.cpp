@@ -126,7 +126,7 @@ std::vector<BadInput> bad_inputs() {
        "--micro-batches 3 must be a multiple of it", "08_pipeline"},
       {"VirtualStagesWithoutInterleaving", "--preset tall --virtual-stages 2", "--virtual-stages 2 needs --schedule interleaved",
        "08_pipeline"},
-      {"UnknownSchedule", "--schedule gpipe", "--schedule gpipe: choose afab, 1f1b, interleaved or zb-h1", "08_pipeline"},
+      {"UnknownSchedule", "--schedule gpipe", "--schedule gpipe: choose afab, 1f1b, interleaved, zb-h1, zb-v or dualpipev", "08_pipeline"},
       {"PartitionThatDoesNotAddUp", "--preset tall --partition 3,4", "block counts that add up to L = 8", "08_pipeline"},
       {"ZeroTwoWithZeroBubble", "--preset tall --pp 1 --zero2 --schedule zb-h1", "(use afab or 1f1b)", "08_pipeline"},
       {"GradAccumInAPipeline", "--preset tall --grad-accum 2", "use --micro-batches", "08_pipeline"},
