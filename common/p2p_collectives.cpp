@@ -99,6 +99,15 @@ std::vector<int64_t> offsets_of(const std::vector<int64_t>& counts) {
 
 int mod(int a, int n) { return ((a % n) + n) % n; }
 
+// The segments of a whole of n elements: the caller's, checked to cover it, or segment_counts'.
+std::vector<int64_t> counts_of(const std::vector<int64_t>& segments, int64_t n, int ranks, const std::string& what) {
+  if (segments.empty()) return segment_counts(n, ranks);
+  int64_t total = 0;
+  for (int64_t c : segments) total += c;
+  ENSURE(int(segments.size()) == ranks && total == n, what + ": the counts must cover the whole vector");
+  return segments;
+}
+
 // ---------------------------------------------------------------------------------------------
 // The ring. Rank r sends only to r + 1 and receives only from r - 1, N - 1 steps, one segment a step:
 // every link carries (N-1)/N of the vector, whatever N is. That is why it is the bandwidth-optimal
@@ -312,9 +321,7 @@ void p2p_reduce_scatter(Communicator& comm, Tensor send, Tensor recv, ReduceOp o
   ENSURE(algorithm_has(a, CollectiveKind::ReduceScatter),
          std::string(algorithm_name(a)) + " has no reduce-scatter here (ring, halving-doubling)");
   const int N = comm.size(), r = comm.rank();
-  const std::vector<int64_t> counts = segments.empty() ? segment_counts(send.numel(), N) : segments;
-  const std::vector<int64_t> at = offsets_of(counts);
-  ENSURE(int(counts.size()) == N && at.back() == send.numel(), "reduce-scatter: the counts must cover send");
+  const std::vector<int64_t> counts = counts_of(segments, send.numel(), N, "reduce-scatter"), at = offsets_of(counts);
   ENSURE(recv.numel() == counts[size_t(r)], "reduce-scatter: recv must hold this rank's segment of send");
   if (send.numel() == 0) return;
   // The input stays as the caller gave it (comm.h's contract): the partial sums build up in a copy.
@@ -342,9 +349,7 @@ void p2p_all_gather(Communicator& comm, Tensor send, Tensor recv, Algorithm a, c
   ENSURE(algorithm_has(a, CollectiveKind::AllGather),
          std::string(algorithm_name(a)) + " has no all-gather here (ring, recursive-doubling)");
   const int N = comm.size(), r = comm.rank();
-  const std::vector<int64_t> counts = segments.empty() ? segment_counts(recv.numel(), N) : segments;
-  const std::vector<int64_t> at = offsets_of(counts);
-  ENSURE(int(counts.size()) == N && at.back() == recv.numel(), "all-gather: the counts must cover recv");
+  const std::vector<int64_t> counts = counts_of(segments, recv.numel(), N, "all-gather"), at = offsets_of(counts);
   ENSURE(send.numel() == counts[size_t(r)], "all-gather: send must hold this rank's segment of recv");
   if (recv.numel() == 0) return;
   copy_into(recv.slice1d(at[size_t(r)], counts[size_t(r)]), send);
