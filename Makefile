@@ -217,7 +217,7 @@ cluster-status: ## the cluster's nodes, addresses, link rates and processes
 cluster-check: all ## every chapter across the nodes (2x1, 2x2) against one host: losses and counters equal (cluster up)
 	@scripts/cluster_equivalence.sh
 
-cluster-lessons: all $(PLAN) ## placement (TP inside vs across nodes) and the link model against the shaped link, the planner beside them (cluster up)
+cluster-lessons: all $(PLAN) $(BUILD)/comm_bench ## placement (TP inside vs across nodes) and the link model against the shaped link, the planner beside them (cluster up)
 	@scripts/cluster_lessons.sh
 
 # PyTorch eager next to chapter 01. TORCH_PYTHON: an interpreter that has torch (a venv, say), kept
