@@ -194,12 +194,8 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
   // bucket once, at the end.
   if (zero2) {
     data_parallel.set_every_micro_batch(embedding && layout.params[wte].held() ? wte : -1);
-    const double ring = double(dp_group.size() - 1) / dp_group.size(), w = double(dtype_size(dtype));
-    const double all = double(layout.padded_size);
-    const double deferred = embedding && layout.params[wte].held()
-                                ? double(buckets.size(buckets.bucket_of(wte))) : 0;
-    run.set_dp_comm_theory(ring * w * (m * (all - deferred) + deferred + all),
-                           "m reduce-scatters (wte's bucket: 1) + all-gather: (N-1)/N x w(m(Ψ-E) + E + Ψ)");
+    run.set_dp_comm_theory(data_parallel.every_micro_batch_sent_bytes(m, layout.padded_size, double(dtype_size(dtype))),
+                           GradientSync::kEveryMicroBatchFormula);
   }
   std::vector<std::pair<int, CommHandle>> summing;  // the TP sums in flight
   auto finish_tp_sums = [&] {

@@ -26,6 +26,12 @@ void GradientSync::set_every_micro_batch(int deferred_param) {
   deferred_bucket_ = deferred_param >= 0 ? buckets_.bucket_of(deferred_param) : -1;
 }
 
+double GradientSync::every_micro_batch_sent_bytes(int micro_batches, int64_t padded, double element_bytes) const {
+  const double ring = double(group_.size() - 1) / group_.size(), all = double(padded);
+  const double deferred = deferred_bucket_ >= 0 ? double(buckets_.size(deferred_bucket_)) : 0;
+  return ring * element_bytes * (micro_batches * (all - deferred) + deferred + all);
+}
+
 void GradientSync::bucket_ready(int b) {
   const Tensor bucket = grads_.slice1d(buckets_.begin(b), buckets_.size(b));
   if (!zero1_) {

@@ -46,6 +46,12 @@ class GradientSync {
   // accumulating over the micro-batches and is reduce-scattered once, by finish().
   void set_every_micro_batch(int deferred_param = -1);
   void micro_batch_done();
+  // What a rank sends a step under that rule (docs/theory.md, section 10): m reduce-scatters of every
+  // bucket but the deferred one, which goes once, then the parameters' all-gather:
+  // (N-1)/N x w x (m(padded - E) + E + padded), E the deferred bucket's elements.
+  double every_micro_batch_sent_bytes(int micro_batches, int64_t padded, double element_bytes) const;
+  static constexpr const char* kEveryMicroBatchFormula =
+      "m reduce-scatters (wte's bucket: 1) + all-gather: (N-1)/N x w(m(Ψ-E) + E + Ψ)";
   // ZeRO-1: every rank gathers everyone's updated pieces of `params` (the full flat buffer), bucket
   // by bucket, in place.
   void gather_parameters(Tensor params);
