@@ -116,6 +116,14 @@ TrainingRun::TrainingRun(Communicator& world, Communicator& dp, const ProcessGri
     config_error("--preset " + model_.preset + " is a mixture of experts, whose blocks " + cfg.chapter + " cannot " +
                  (cp.on() ? "run with ring attention" : "split into pipeline stages") +
                  ": train it with 11_expert_parallel, or with 01-07 on one rank");
+  // Chapter 00's collectives (--collectives) run to completion when issued; a pipeline stage keeps
+  // sending activations while its gradient and embedding collectives are in flight, so one stage would
+  // wait in a collective for a peer that waits for its activations.
+  if (pp.size > 1 && cfg.collectives != "library")
+    config_error("--collectives " + cfg.collectives + " with --pp " + std::to_string(pp.size) +
+                 ": chapter 00's collectives run to completion when issued, and a pipeline's stages exchange "
+                 "activations while their gradient collectives are in flight, so a stage would wait forever; "
+                 "use --collectives library with a pipeline, or --pp 1");
   if (model_.moe()) {  // a mixture of experts: where it can run (moe.h)
     const std::string problem = moe_run_problem(model_.preset, cfg.chapter, device_, ep_comm != nullptr, world_.size(),
                                                 tp.size, pp.size, cfg.recompute);

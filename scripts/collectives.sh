@@ -6,7 +6,8 @@
 # and tree to the bandwidth-bound ring shows. Read it with docs/collectives.md.
 #   results/collectives/<link>_n<N>.{jsonl,log}   one run each
 # Settings: COLL_RANKS="2 4 8", COLL_MAX=67108864, COLL_LINK="--link-gbps 10 --link-latency-us 20",
-# COLL_BUDGET_MB=64 (bytes reduced per size and algorithm: more calls, steadier medians).
+# COLL_BUDGET_MB=64 (bytes reduced per size and algorithm: more calls, steadier medians), COLL_BRIEF=1
+# (print each run's constants, crossovers and model errors, not its tables: make compare's form).
 # With fewer cores than ranks, ranks take turns on a core: the times stretch, the bytes do not.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -32,7 +33,11 @@ for n in $ranks; do
     mpiexec -n "$n" ./00_collectives/collectives --max-bytes "$max" --budget-mb "$budget" $flags \
       --json "$name.jsonl" </dev/null >"$name.log" 2>&1 \
       || { echo "  failed: see $name.log"; tail -n 5 "$name.log"; exit 1; }
-    cat "$name.log"
+    if [ -n "${COLL_BRIEF:-}" ]; then  # make compare: the constants, the crossovers and the model's error
+      sed -n '1,2p; /^fastest algorithm/,$p' "$name.log"
+    else
+      cat "$name.log"
+    fi
     runs+=("$name.jsonl")
   done
 done

@@ -175,3 +175,13 @@ rm -f results/cp_balance.png
 if [ "$largest" -gt 1 ] && [ -x 10_context_parallel/train ] && [ "${CP_BALANCE:-1}" != 0 ]; then
   CPS="$largest" scripts/cp_balance.sh
 fi
+# Chapter 00's collectives, built from send and receive, at 4 ranks over shared memory and over the
+# same link as the chapters' gradients, 4 B to 1 MB: which algorithm wins at which size, and how far
+# the alpha-beta model is (results/collectives.png; COLLECTIVES=0 skips it, make collectives is the
+# whole benchmark).
+rm -f results/collectives.png
+if [ -x 00_collectives/collectives ] && [ "${COLLECTIVES:-1}" != 0 ]; then
+  echo
+  COLL_RANKS=4 COLL_MAX=1048576 COLL_BUDGET_MB=8 COLL_BRIEF=1 COLL_LINK="$link" \
+    scripts/collectives.sh
+fi
