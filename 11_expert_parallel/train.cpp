@@ -42,6 +42,7 @@
 #include "comm.h"
 #include "comm_factory.h"
 #include "device.h"
+#include "expert_exchange.h"  // ExpertExchange: the lesson's all-to-alls
 #include "expert_report.h"
 #include "flags.h"
 #include "memory.h"
@@ -53,143 +54,6 @@
 #include "training_run.h"
 
 namespace {
-
-// The tokens' trips to the experts of the EP group and back, per layer (the lesson's core).
-class ExpertExchange {
- public:
-  ExpertExchange(Communicator& ep, GPT2& model, int L, int E, int C)
-      : ep_(ep), model_(model), E_(E), C_(C), local_(E / ep.size()), mlps_(L, C), layers_(size_t(L)) {}
-
-  // rows (n,C) grouped by expert 0..E-1 (counts[e] rows each) -> out (n,C), the same order.
-  void forward(int layer, Tensor rows, const std::vector<int64_t>& counts, Tensor out) {
-    Layer& d = layers_[size_t(layer)];
-    const int P = ep_.size();
-    // Dispatch, 1: the counts. Chunk q of `counts` is the E/ep experts of rank q; what arrives in
-    // chunk s is how many rows rank s sends to each of this rank's experts.
-    // int32: exact at any count (a float is exact only to 2^24).
-    std::vector<int32_t> mine(counts.begin(), counts.end()), theirs(static_cast<size_t>(E_));
-    ep_.all_to_all(make_view(mine.data(), {int64_t(E_)}, DType::I32), make_view(theirs.data(), {int64_t(E_)}, DType::I32));
-    d.send_rows.assign(size_t(P), 0);
-    d.recv_rows.assign(size_t(P), 0);
-    d.recv_counts.assign(size_t(E_), 0);
-    for (int q = 0; q < P; q++)
-      for (int j = 0; j < local_; j++) {
-        d.send_rows[size_t(q)] += counts[size_t(q * local_ + j)];
-        d.recv_counts[size_t(q * local_ + j)] = theirs[size_t(q * local_ + j)];
-        d.recv_rows[size_t(q)] += d.recv_counts[size_t(q * local_ + j)];
-      }
-    count_predicted(wire_bytes_for(CollectiveKind::AllToAll, int64_t(E_) * 4, P), int64_t(E_) * 4);
-    // Dispatch, 2: the rows, to the rank of their expert (grouped by expert is grouped by rank).
-    Tensor received = exchange(rows, d.send_rows, d.recv_rows, received_);
-    // Experts: this rank's, on their rows from every peer (regrouped by expert), and back.
-    Tensor outputs = run_experts(layer, received, d, /*forward=*/true);
-    // Combine: the outputs return to their tokens' ranks (moe.cpp weights and adds them).
-    exchange_into(outputs, d.recv_rows, d.send_rows, out);
-  }
-
-  // dout (n,C): the gradients of the last forward's outputs -> drows (n,C), their inputs'.
-  void backward(int layer, Tensor dout, Tensor drows) {
-    Layer& d = layers_[size_t(layer)];
-    Tensor received = exchange(dout, d.send_rows, d.recv_rows, received_);
-    Tensor grads = run_experts(layer, received, d, /*forward=*/false);
-    exchange_into(grads, d.recv_rows, d.send_rows, drows);
-  }
-
-  // What the communicator should count, from the counts alone: the bytes this rank sends in its
-  // all-to-alls (its own segments stay), and their time on the emulated link (comm.h, modelled_ms).
-  int64_t predicted_sent_bytes() const { return predicted_sent_; }
-  // The rows this rank's experts ran per layer in the last step: their activations (theory.h).
-  std::vector<int64_t> expert_rows() const { return mlps_.rows_per_layer(); }
-  double predicted_link_ms() const { return predicted_ms_; }
-  void reset_predictions() { predicted_sent_ = 0, predicted_ms_ = 0; }
-  // After the step's last backward: each step grows its own buffers to its own routing.
-  void release_buffers() { received_ = Buffer(), grouped_ = Buffer(), results_ = Buffer(), arrival_ = Buffer(); }
-
- private:
-  struct Layer {
-    std::vector<int64_t> send_rows, recv_rows;  // (ep) rows to and from each peer
-    std::vector<int64_t> recv_counts;           // (ep x E/ep) rows from peer s for local expert j
-  };
-
-  // `from` travels by rows: send_rows[q] rows to rank q, recv_rows[s] from rank s, into `to`.
-  void exchange_into(Tensor from, const std::vector<int64_t>& send_rows, const std::vector<int64_t>& recv_rows,
-                     Tensor to) {
-    std::vector<int64_t> send(send_rows.size()), recv(recv_rows.size());
-    int64_t sent = 0, received = 0;
-    for (size_t q = 0; q < send.size(); q++) {
-      send[q] = send_rows[q] * C_, recv[q] = recv_rows[q] * C_;
-      if (int(q) != ep_.rank()) sent += 4 * send[q], received += 4 * recv[q];
-    }
-    ep_.all_to_all_v(from, send, to, recv);
-    count_predicted(ep_.size() > 1 ? sent : 0, all_to_all_v_link_bytes(sent, received, ep_.size()));
-  }
-  Tensor exchange(Tensor from, const std::vector<int64_t>& send_rows, const std::vector<int64_t>& recv_rows,
-                  Buffer& into) {
-    int64_t rows = 0;
-    for (int64_t r : recv_rows) rows += r;
-    grow(into, rows * C_);
-    Tensor to = make_view(into.data(), {rows, int64_t(C_)});
-    exchange_into(from, send_rows, recv_rows, to);
-    return to;
-  }
-
-  // The received rows arrive by peer, then by expert; the experts want them by expert, then by peer
-  // (within an expert: the global token order, peers being consecutive ranks). Regroups, runs the
-  // experts forward (or backward), and puts the results back in arrival order.
-  Tensor run_experts(int layer, Tensor received, const Layer& d, bool forward) {
-    const int P = ep_.size();
-    const int64_t rows = received.numel() / C_;
-    grow(grouped_, rows * C_);
-    grow(results_, rows * C_);
-    grow(arrival_, rows * C_);
-    std::vector<int64_t> at_arrival(size_t(P * local_)), local_counts(size_t(local_), 0);
-    int64_t offset = 0;
-    for (int s = 0; s < P; s++)
-      for (int j = 0; j < local_; j++) at_arrival[size_t(s * local_ + j)] = offset, offset += d.recv_counts[size_t(s * local_ + j)];
-    auto move_rows = [&](const float* from, float* to, bool to_grouped) {
-      int64_t grouped = 0;
-      for (int j = 0; j < local_; j++)
-        for (int s = 0; s < P; s++) {
-          const int64_t n = d.recv_counts[size_t(s * local_ + j)], arrival = at_arrival[size_t(s * local_ + j)];
-          const size_t bytes = size_t(n * C_) * sizeof(float);
-          if (n > 0) {
-            if (to_grouped) std::memcpy(to + grouped * C_, from + arrival * C_, bytes);
-            else std::memcpy(to + arrival * C_, from + grouped * C_, bytes);
-          }
-          grouped += n;
-        }
-    };
-    for (int j = 0; j < local_; j++)
-      for (int s = 0; s < P; s++) local_counts[size_t(j)] += d.recv_counts[size_t(s * local_ + j)];
-    move_rows(received.f32(), grouped_.f32(), true);
-    const Tensor in = make_view(grouped_.data(), {rows, int64_t(C_)}), out = make_view(results_.data(), {rows, int64_t(C_)});
-    if (forward) mlps_.forward(layer, model_.held_experts(layer), in, local_counts, out);
-    else mlps_.backward(layer, model_.held_experts(layer), in, out);
-    move_rows(results_.f32(), arrival_.f32(), false);
-    return make_view(arrival_.data(), {rows, int64_t(C_)});
-  }
-
-  void count_predicted(int64_t sent_bytes, int64_t link_bytes) {
-    predicted_sent_ += sent_bytes;
-    predicted_ms_ += modelled_ms(ep_.link_model(), CollectiveKind::AllToAll, link_bytes, ep_.size());
-  }
-  // The old block goes before the new one comes, so the step's peak is the four buffers at the
-  // largest layer's rows (docs/theory.md 14, moe_exchange_buffer_bytes), never old and new at once.
-  static void grow(Buffer& b, int64_t count) {
-    if (b.count() >= count) return;
-    b = Buffer();
-    b = Buffer(count, MemCategory::CommBuffers);
-  }
-
-  Communicator& ep_;
-  GPT2& model_;
-  int E_, C_, local_;
-  ExpertMLPs mlps_;  // this rank's experts' activations
-  std::vector<Layer> layers_;
-  Buffer received_, grouped_, results_, arrival_;
-  int64_t predicted_sent_ = 0;
-  double predicted_ms_ = 0;
-};
 
 // A bucket's ranges by group: runs of expert tensors go to the expert-data-parallel group, the rest
 // to the world. Padding between tensors travels with the run before it (it is zero either way).
@@ -243,10 +107,12 @@ int train(Communicator* comm, TrainConfig& cfg, const ExpertFlags& flag) {
   model.expert_hooks.rank = comm->rank();  // the data order: rank 0's sequences first (data.h)
   model.expert_hooks.ranks = comm->size();
   model.expert_hooks.gather_counts = [&](Tensor mine, Tensor all) { comm->all_gather(mine, all); };
-  model.expert_hooks.experts_forward = [&](int l, Tensor rows, const std::vector<int64_t>& counts, Tensor out) {
-    exchange.forward(l, rows, counts, out);
+  model.expert_hooks.experts_forward = [&](int slot, int l, Tensor rows, const std::vector<int64_t>& counts, Tensor out) {
+    exchange.forward(slot, l, rows, counts, out);
   };
-  model.expert_hooks.experts_backward = [&](int l, Tensor dout, Tensor drows) { exchange.backward(l, dout, drows); };
+  model.expert_hooks.experts_backward = [&](int slot, int l, Tensor dout, Tensor drows) {
+    exchange.backward(slot, l, dout, drows);
+  };
 
   const double bucket_bytes = cfg.was_given("--bucket-mb") ? flag.bucket_mb * 1e6 : default_bucket_bytes(layout, 4);
   GradientBuckets buckets(layout, bucket_bytes, 4);

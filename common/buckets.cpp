@@ -4,7 +4,7 @@
 #include "check.h"
 
 GradientBuckets::GradientBuckets(const ParamLayout& layout, double bucket_bytes, size_t element_bytes,
-                                 BucketCut cut) {
+                                 BucketCut cut, bool experts_apart) {
   const int n = int(layout.params.size());
   bucket_of_.assign(n, -1);
   int first_held = 0;  // parameters of other pipeline stages (size 0) belong to no bucket
@@ -20,10 +20,16 @@ GradientBuckets::GradientBuckets(const ParamLayout& layout, double bucket_bytes,
     const bool may_cut = cut == BucketCut::AtTensors || info.offset == layout.unit_begin[info.unit];
     // Under a pipeline, the tied wte's bucket is wte alone (param_layout.h, tied_wte_end).
     const bool after_wte = layout.tied_wte_end > 0 && info.offset == layout.tied_wte_end;
-    if ((filled >= bucket_bytes && may_cut) || after_wte || p == first_held) {
+    // The next held parameter (backward order) is of the other kind: expert or not.
+    int next = p - 1;
+    while (next >= first_held && !layout.params[size_t(next)].held()) next--;
+    const bool kind_changes =
+        experts_apart && next >= first_held && (layout.params[size_t(next)].expert >= 0) != (info.expert >= 0);
+    if ((filled >= bucket_bytes && may_cut) || after_wte || kind_changes || p == first_held) {
       const int64_t begin = p == first_held ? 0 : layout.params[p].offset;
       begin_.push_back(begin);
       end_.push_back(end);
+      experts_.push_back(info.expert >= 0);
       end = begin;
       filled = 0;
     }

@@ -27,14 +27,17 @@ class GradientBuckets {
  public:
   // element_bytes: the size of one gradient element (4 in fp32, 2 in bf16), so that a bucket holds
   // about bucket_bytes whatever the dtype. AtLayers: buckets hold whole units (layers).
+  // experts_apart (chapter 12): a bucket never mixes a MoE expert's tensors with others, so that each
+  // bucket averages over one group (experts over their expert-data-parallel group, the rest over DP).
   GradientBuckets(const ParamLayout& layout, double bucket_bytes, size_t element_bytes = 4,
-                  BucketCut cut = BucketCut::AtTensors);
+                  BucketCut cut = BucketCut::AtTensors, bool experts_apart = false);
 
   int count() const { return int(begin_.size()); }
   int64_t begin(int b) const { return begin_[b]; }  // bucket 0 is the first backward fills
   int64_t end(int b) const { return end_[b]; }
   int64_t size(int b) const { return end_[b] - begin_[b]; }
   int bucket_of(int param) const { return bucket_of_[param]; }
+  bool holds_experts(int b) const { return experts_[size_t(b)]; }  // (experts_apart: wholly)
   FlatRange range(int b) const { return {begin_[b], end_[b]}; }
   // Every bucket's range in flat order (the reverse of the bucket order), for a ShardPlan.
   std::vector<FlatRange> ranges_in_flat_order() const;
@@ -50,4 +53,5 @@ class GradientBuckets {
   std::vector<int> bucket_of_;
   std::vector<int> params_in_;  // per bucket
   std::vector<int> pending_;    // per bucket: parameters not yet final
+  std::vector<bool> experts_;   // per bucket: it holds expert tensors
 };

@@ -32,10 +32,17 @@ double GradientSync::every_micro_batch_sent_bytes(int micro_batches, int64_t pad
   return ring * element_bytes * (micro_batches * (all - deferred) + deferred + all);
 }
 
+void GradientSync::set_expert_group(Communicator& experts, float scale) {
+  ENSURE(!zero1_, "GradientSync: an expert group is for all-reduces only");
+  expert_group_ = &experts;
+  expert_scale_ = scale;
+}
+
 void GradientSync::bucket_ready(int b) {
   const Tensor bucket = grads_.slice1d(buckets_.begin(b), buckets_.size(b));
   if (!zero1_) {
-    in_flight_.push_back(group_.all_reduce_async(bucket, ReduceOp::Avg));
+    Communicator& group = expert_group_ && buckets_.holds_experts(b) ? *expert_group_ : group_;
+    in_flight_.push_back(group.all_reduce_async(bucket, ReduceOp::Avg));
     return;
   }
   const int i = zero1_->range_index(buckets_.begin(b));
@@ -67,6 +74,9 @@ void GradientSync::micro_batch_done() {
 void GradientSync::finish() {
   if (every_micro_batch_ && deferred_bucket_ >= 0) bucket_ready(deferred_bucket_);
   absorb();
+  if (expert_group_ && expert_scale_ != 1)
+    for (int b = 0; b < buckets_.count(); b++)
+      if (buckets_.holds_experts(b)) scale_inplace(grads_.slice1d(buckets_.begin(b), buckets_.size(b)), expert_scale_);
   pieces_.clear();
   buckets_.reset();
 }

@@ -34,6 +34,10 @@ class GradientSync {
   // The model's grad_ready, on the step's last micro-batch (no_sync is the caller's: 03): params[p]'s
   // gradient is final; the bucket it completes, if any, starts its collective.
   void gradient_ready(int param);
+  // Chapter 12: the buckets of MoE experts (GradientBuckets' experts_apart) go to `experts` (their
+  // expert-data-parallel group) instead, averaged there and then scaled by `scale` (an expert's
+  // gradient sums the tokens of its expert-parallel group; see 12's train.cpp). All-reduce only.
+  void set_expert_group(Communicator& experts, float scale);
   // Waits for every bucket (after the last backward); the gradients are then averaged (or, under
   // ZeRO-1, this rank's pieces are, in grad_shard).
   void finish();
@@ -60,6 +64,8 @@ class GradientSync {
   void bucket_ready(int b);
 
   Communicator& group_;
+  Communicator* expert_group_ = nullptr;
+  float expert_scale_ = 1;
   GradientBuckets buckets_;
   Tensor grads_;
   const ShardPlan* zero1_;

@@ -10,7 +10,6 @@
 
 #include <cmath>
 
-#include "context_split.h"  // position_runs
 #include "ops.h"
 #include "trace.h"
 
@@ -231,22 +230,27 @@ GPT2::GPT2(const GPT2Config& cfg, const ParamLayout& layout, int max_B, Device d
     for (const ParamInfo& p : layout.params)
       ENSURE(p.unit != u || p.held() || p.expert >= 0,  // (another rank's experts: expert parallelism)
              "GPT2: the layout does not hold unit " + std::to_string(u) + " (" + p.name + ")");
-  ENSURE(!cp.on() || (tp.size == 1 && part_.first_unit == 0 && part_.last_unit == cfg.L + 1 && !flash_ &&
-                      cfg.T % int(cp.positions.size()) == 0),
-         "GPT2: context parallelism runs the whole model, without tensor parallelism or FlashAttention, on T/cp "
-         "positions");
+  ENSURE(!cp.on() || (!flash_ && cfg.T % int(cp.positions.size()) == 0),
+         "GPT2: context parallelism runs its own attention (not FlashAttention) on T/cp positions");
   // Attention through the context-parallel hooks keeps what FlashAttention keeps: a log-sum-exp per query.
   const bool lse_only = flash_ || cp.on();
-  ENSURE(!(cfg.moe() && cp.on()), "GPT2: a MoE model is not context-parallel");
   if (cfg.moe()) {
     ENSURE(device == Device::CPU && dtype == DType::F32, "GPT2: a MoE model runs on the CPU in fp32");
-    ENSURE(tp.size == 1 && part_.first_unit == 0 && part_.last_unit == cfg.L + 1 && part_.slots == 1,
-           "GPT2: a MoE model is neither tensor- nor pipeline-parallel");
+    // Each rank routes the rows it holds: under tensor parallelism only sequence parallelism gives the
+    // ranks of a group rows of their own (without it they would route the same tokens t times).
+    ENSURE(tp.size == 1 || tp.sequence_parallel, "GPT2: a tensor-parallel MoE model needs sequence parallelism");
     ENSURE(cfg.recompute != Recompute::Full, "GPT2: full recomputation would route a MoE block twice");
-    for (int l = 0; l < cfg.L; l++)
-      moe_.push_back(std::make_unique<MoELayer>(cfg.C, cfg.experts, cfg.top_k, cfg.capacity_factor, cfg.aux_loss_coef,
-                                                int64_t(max_B) * cfg.T));
-    experts_ = std::make_unique<ExpertMLPs>(cfg.L, cfg.C);
+    // A router and its experts' activations per block and per micro-batch in flight (a pipeline's
+    // schedule keeps several alive, each with its own routing until its backward).
+    const BlockRange blocks = blocks_of(cfg, part_);
+    const Dims d = dims_for(held_positions(cfg, cp), max_B, tp);
+    for (int slot = 0; slot < part_.slots; slot++) {
+      for (int l = blocks.begin; l < blocks.end; l++)
+        moe_.push_back(std::make_unique<MoELayer>(cfg.C, cfg.experts, cfg.top_k, cfg.capacity_factor,
+                                                  cfg.aux_loss_coef, d.r, slot));
+      experts_.push_back(std::make_unique<ExpertMLPs>(cfg.L, cfg.C));
+    }
+    reset_routing_totals();
   }
   Carver counter(nullptr, dtype);
   carve(*acts_, counter, cfg_, max_B, lse_only, tp, part_);
@@ -380,7 +384,7 @@ float GPT2::forward(int slot, const int* inputs, const int* targets, int B) {
     }
     call(hooks.after_forward, l + 1);
   }
-  if (!has_head()) return 0;
+  if (!has_head()) return float(aux_loss_);  // a MoE stage's blocks' share of the balance loss
   const int head = cfg_.L + 1;
   call(hooks.before_forward, head);
   const float loss = head_forward(s);
@@ -409,43 +413,52 @@ Tensor GPT2::input_grad() {
 }
 
 namespace {
-// Calls f(rows, position) for each run of consecutive positions this context-parallel rank holds, in
-// every sequence: `rows` are the run's rows of `stream` (B*T/cp, C), which hold positions
-// [position, position + run length).
+// Calls f(rows, position) for each run of `local`'s rows that holds consecutive positions of one
+// sequence. The rank's stream is B sequences x `held` positions each (`positions`: their absolute
+// positions under context parallelism, else none: 0..held-1), of which it keeps the rows from
+// `first_row` on (under sequence parallelism its slice of them, else all). Under CP x SP a rank's
+// rows can begin or end inside a run: only the position of each row decides.
 template <typename F>
-void for_position_runs_of(Tensor stream, const ContextParallelism& cp, F f) {
-  const int64_t T = int64_t(cp.positions.size()), C = stream.shape[1], B = stream.shape[0] / T;
-  const size_t row_bytes = size_t(C) * dtype_size(stream.dtype);
-  for (const PositionRun& run : position_runs(cp.positions))
-    for (int64_t b = 0; b < B; b++) {
-      char* first = static_cast<char*>(stream.data) + size_t(b * T + run.local) * row_bytes;
-      f(make_view(first, {run.length, C}, stream.dtype, stream.device), run.position);
-    }
+void for_position_runs_of(Tensor local, int64_t first_row, int64_t held, const std::vector<int>& positions, F f) {
+  const int64_t n = local.shape[0], C = local.shape[1];
+  const size_t row_bytes = size_t(C) * dtype_size(local.dtype);
+  auto position_of = [&](int64_t row) {
+    const int64_t j = (first_row + row) % held;
+    return positions.empty() ? int(j) : positions[size_t(j)];
+  };
+  for (int64_t begin = 0; begin < n;) {
+    int64_t end = begin + 1;
+    while (end < n && (first_row + end) % held != 0 && position_of(end) == position_of(end - 1) + 1) end++;
+    char* first = static_cast<char*>(local.data) + size_t(begin) * row_bytes;
+    f(make_view(first, {end - begin, C}, local.dtype, local.device), position_of(begin));
+    begin = end;
+  }
 }
 }  // namespace
 
 void GPT2::embed_forward(Slot& s) {
   TraceScope span("forward embed");
   const Views v{dims_for(cfg_, s.B, tp_), dtype_, device_};
-  if (cp_.on()) {  // the tokens at this rank's positions, and the embeddings of those positions
-    embedding_forward(v.local(s.encoded), s.inputs, param(kWte), 0, cfg_.V);
-    for_position_runs_of(v.local(s.encoded), cp_, [&](Tensor rows, int position) {
-      position_forward(rows, param(kWpe), position, layout_.params[kWpe].shape[0]);
-    });
-    return;
-  }
-  if (tp_.size == 1) {
+  if (tp_.size == 1 && !cp_.on()) {
     encoder_forward(v.btc(s.encoded, v.d.C), s.inputs, param(kWte), param(kWpe), s.B, cfg_.T);
     return;
   }
-  // Vocabulary-parallel: each rank looks up the tokens its slice of wte holds (zeros for the others);
-  // "g" sums the partial lookups over the group. The position embeddings are added after, on the
-  // rows this rank keeps: whole on every rank, wpe is not split.
-  const Tensor partial = v.full_of(s.encoded, acts_->partial), encoded = v.local(s.encoded);
-  embedding_forward(partial, s.inputs, param(kWte), tp_.rank * int(v.d.Vl), cfg_.V);
-  CommHandle summed = tp_hooks.g_forward(partial, encoded);
-  wait(summed);
-  position_forward(encoded, param(kWpe), tp_.rank * v.d.r * int64_t(v.d.sp), cfg_.T);
+  const Tensor encoded = v.local(s.encoded);
+  if (tp_.size == 1) {
+    embedding_forward(encoded, s.inputs, param(kWte), 0, cfg_.V);
+  } else {
+    // Vocabulary-parallel: each rank looks up the tokens its slice of wte holds (zeros for the
+    // others); "g" sums the partial lookups over the group.
+    const Tensor partial = v.full_of(s.encoded, acts_->partial);
+    embedding_forward(partial, s.inputs, param(kWte), tp_.rank * int(v.d.Vl), cfg_.V);
+    CommHandle summed = tp_hooks.g_forward(partial, encoded);
+    wait(summed);
+  }
+  // The position embeddings, added to the rows this rank keeps, at their absolute positions (whole
+  // on every rank, wpe is not split).
+  for_position_runs_of(encoded, tp_.rank * v.d.r * int64_t(v.d.sp), cfg_.T, cp_.positions, [&](Tensor rows, int position) {
+    position_forward(rows, param(kWpe), position, int(layout_.params[kWpe].shape[0]));
+  });
 }
 
 void* GPT2::stream_into(Slot& s, int l) {
@@ -454,6 +467,13 @@ void* GPT2::stream_into(Slot& s, int l) {
 
 GPT2::Layer& GPT2::layer(Slot& s, int l) {
   return s.layers[size_t(l - blocks_of(cfg_, part_).begin)];
+}
+
+int GPT2::slot_of(const Slot& s) const { return int(&s - acts_->slots.data()); }
+
+MoELayer& GPT2::moe_layer(const Slot& s, int l) {
+  const BlockRange blocks = blocks_of(cfg_, part_);
+  return *moe_[size_t(slot_of(s) * (blocks.end - blocks.begin) + l - blocks.begin)];
 }
 
 void GPT2::block_forward(Slot& s, int l, const Layer& x, bool replay) {
@@ -499,10 +519,15 @@ void GPT2::block_forward(Slot& s, int l, const Layer& x, bool replay) {
                     P(LN2_W), P(LN2_B));
   if (cfg_.moe()) {  // the experts instead of the MLP (moe.h); full recomputation is refused
     auto run_here = [&](Tensor rows, const std::vector<int64_t>& counts, Tensor out) {
-      experts_->forward(l, held_experts(l), rows, counts, out);
+      experts_[size_t(slot_of(s))]->forward(l, held_experts(l), rows, counts, out);
     };
-    aux_loss_ += moe_[size_t(l)]->forward(l, v.local(x.ln2), param(block_param(cfg_, l, kRouter)), v.local(x.fcproj),
-                                          expert_hooks, run_here);
+    MoELayer& router = moe_layer(s, l);
+    aux_loss_ += router.forward(l, v.local(x.ln2), param(block_param(cfg_, l, kRouter)), v.local(x.fcproj),
+                                expert_hooks, run_here);
+    for (int e = 0; e < cfg_.experts; e++) {
+      routed_total_[size_t(l)][size_t(e)] += router.stats().routed[size_t(e)];
+      dropped_total_[size_t(l)][size_t(e)] += router.stats().dropped[size_t(e)];
+    }
     residual_forward(v.local(x.residual3), v.local(x.residual2), v.local(x.fcproj));
     return;
   }
@@ -707,11 +732,15 @@ void GPT2::block_backward(Slot& s, int l) {
   // residual3 = residual2 + fcproj: dresidual is the gradient of both terms.
   if (cfg_.moe()) {
     const ExpertHooks& eh = expert_hooks;
-    auto run_here = [&](Tensor dout, Tensor drows) { experts_->backward(l, held_experts(l), dout, drows); };
+    auto run_here = [&](Tensor dout, Tensor drows) {
+      experts_[size_t(slot_of(s))]->backward(l, held_experts(l), dout, drows);
+    };
     fill_zero(v.local(a.dln));
     const int router = block_param(cfg_, l, kRouter);
-    moe_[size_t(l)]->backward(v.local(a.dresidual), v.local(x.ln2), param(router), v.local(a.dln), grad(router),
-                              loss_weight_, eh, l, run_here);
+    // The balance loss's gradient is each rank's share (moe.h); under tensor parallelism the router's
+    // gradient is then summed over the group like every tensor held whole, so each share counts 1/t.
+    moe_layer(s, l).backward(v.local(a.dresidual), v.local(x.ln2), param(router), v.local(a.dln), grad(router),
+                             loss_weight_ / float(tp_.size), eh, l, run_here);
     for (int e = cfg_.experts - 1; e >= 0; e--)
       for (int w = kExpertParams - 1; w >= 0; w--)
         if (layout_.params[size_t(expert_param(cfg_, l, e, w))].held()) call(hooks.grad_ready, expert_param(cfg_, l, e, w));
@@ -761,9 +790,16 @@ void GPT2::block_backward(Slot& s, int l) {
   both_ready(LN1_W, LN1_B);
 }
 
-const RoutingStats& GPT2::routing(int l) const {
-  ENSURE(cfg_.moe() && l >= 0 && l < cfg_.L, "GPT2::routing: no such MoE block");
-  return moe_[size_t(l)]->stats();
+void GPT2::reset_routing_totals() {
+  routed_total_.assign(size_t(cfg_.L), std::vector<int64_t>(size_t(cfg_.experts), 0));
+  dropped_total_ = routed_total_;
+}
+
+const RoutingStats& GPT2::routing(int l, int slot) const {
+  const BlockRange blocks = blocks_of(cfg_, part_);
+  ENSURE(cfg_.moe() && l >= blocks.begin && l < blocks.end && slot >= 0 && slot < part_.slots,
+         "GPT2::routing: no such MoE block or slot here");
+  return moe_[size_t(slot * (blocks.end - blocks.begin) + l - blocks.begin)]->stats();
 }
 
 std::vector<ExpertWeights> GPT2::held_experts(int l) const {
@@ -781,19 +817,22 @@ void GPT2::embed_backward(Slot& s) {
   TraceScope span("backward embed");
   Activations& a = *acts_;
   const Views v{dims_for(cfg_, s.B, tp_), dtype_, device_};
-  if (cp_.on()) {
-    for_position_runs_of(v.local(a.dresidual), cp_, [&](Tensor rows, int position) {
-      position_backward(grad(kWpe), rows, position, layout_.params[kWpe].shape[0]);
-    });
-    embedding_backward(grad(kWte), v.local(a.dresidual), s.inputs, 0, cfg_.V);
-  } else if (tp_.size == 1) {
+  if (tp_.size == 1 && !cp_.on()) {
     encoder_backward(grad(kWte), grad(kWpe), v.btc(a.dresidual, v.d.C), s.inputs, s.B, cfg_.T);
   } else {
-    const Tensor dencoded = v.local(a.dresidual), dfull = v.full_of(a.dresidual, a.dfull);
-    position_backward(grad(kWpe), dencoded, tp_.rank * v.d.r * int64_t(v.d.sp), cfg_.T);
-    CommHandle gathered = tp_hooks.g_backward(dencoded, dfull);
-    wait(gathered);
-    embedding_backward(grad(kWte), dfull, s.inputs, tp_.rank * int(v.d.Vl), cfg_.V);
+    const Tensor dencoded = v.local(a.dresidual);
+    for_position_runs_of(dencoded, tp_.rank * v.d.r * int64_t(v.d.sp), cfg_.T, cp_.positions,
+                         [&](Tensor rows, int position) {
+                           position_backward(grad(kWpe), rows, position, int(layout_.params[kWpe].shape[0]));
+                         });
+    if (tp_.size == 1) {
+      embedding_backward(grad(kWte), dencoded, s.inputs, 0, cfg_.V);
+    } else {
+      const Tensor dfull = v.full_of(a.dresidual, a.dfull);
+      CommHandle gathered = tp_hooks.g_backward(dencoded, dfull);
+      wait(gathered);
+      embedding_backward(grad(kWte), dfull, s.inputs, tp_.rank * int(v.d.Vl), cfg_.V);
+    }
   }
   call(hooks.grad_ready, kWpe);
   if (!(part_.split_backward && has_head())) call(hooks.grad_ready, kWte);  // (see head_backward)

@@ -27,7 +27,8 @@
 // FlashAttention does, only its output and a log-sum-exp per query, never (B,NH,T,T) matrices.
 // Mixture of experts (chapter 11): with GPT2Config::experts > 0 each block's MLP is a MoE layer
 // (moe.h), on the CPU in fp32; expert parallelism hands its experts' work to the chapter through
-// ExpertHooks.
+// ExpertHooks. Each rank routes the rows it holds (its T/cp positions, its B*T/t rows under sequence
+// parallelism, which tensor parallelism then needs), with a router per block and slot (chapter 12).
 #pragma once
 #include <functional>
 #include <memory>
@@ -87,8 +88,8 @@ class GPT2 {
   // what parameters, gradients and activations are kept in: fp32, or bf16 for mixed precision on a
   // GPU (the statistics of layernorm and the losses stay fp32; ops.h). `tp`: this rank's part of a
   // tensor-parallel group (the layout must be this rank's: build_gpt2_layout with the same split).
-  // `cp`: this rank's positions under context parallelism (not with tensor parallelism); config()
-  // then says T/cp, the positions the model holds.
+  // `cp`: this rank's positions under context parallelism (with any of the above: under TP the ring
+  // carries this rank's heads); config() then says T/cp, the positions the model holds.
   GPT2(const GPT2Config& cfg, const ParamLayout& layout, int max_B, Device device = Device::CPU,
        DType dtype = DType::F32, TensorParallelism tp = {}, ModelPart part = {}, ContextParallelism cp = {});
   ~GPT2();
@@ -116,7 +117,8 @@ class GPT2 {
   // A part's forward and backward for the micro-batch in activation slot `slot` (0..part.slots-1),
   // which keeps its activations until its backward (and backward_weights) is done. `inputs` are
   // read by the embedding's part, `targets` by the loss's; both must stay valid until the slot's
-  // backward. forward returns the micro-batch's mean loss on the loss's part, else 0.
+  // backward. forward returns the micro-batch's mean loss on the loss's part, else (a MoE model) its blocks'
+  // share of the balance loss, 0 for a dense one.
   float forward(int slot, const int* inputs, const int* targets, int B);
   // `output_grad`: the gradient of output(slot), from the next stage (not for the loss's part).
   void backward(int slot, float loss_weight, Tensor output_grad = Tensor());
@@ -135,7 +137,13 @@ class GPT2 {
   // chapter 11); empty on one rank. forward() returns the cross-entropy plus the balance loss.
   ExpertHooks expert_hooks;
   double aux_loss() const { return aux_loss_; }  // this rank's share of the last forward's balance loss
-  const RoutingStats& routing(int l) const;      // block l's routing in the last forward
+  // Block l's routing in the last forward of activation slot `slot` (a pipeline's micro-batch in flight).
+  const RoutingStats& routing(int l, int slot = 0) const;
+  // Block l's assignments routed and dropped per expert (E), summed over every forward since
+  // reset_routing_totals(): a step's micro-batches, whichever slots they used.
+  const std::vector<int64_t>& routed_total(int l) const { return routed_total_[size_t(l)]; }
+  const std::vector<int64_t>& dropped_total(int l) const { return dropped_total_[size_t(l)]; }
+  void reset_routing_totals();
   std::vector<ExpertWeights> held_experts(int l) const;  // block l's experts this rank holds, in order
   const GPT2Config& config() const { return cfg_; }
   const ParamLayout& layout() const { return layout_; }
@@ -159,6 +167,8 @@ class GPT2 {
   Tensor param(int p) const;  // view of params[p] at its bound location
   Tensor grad(int p) const;
   Layer& layer(Slot& s, int l);     // block l's activations in slot s
+  int slot_of(const Slot& s) const;  // its index
+  MoELayer& moe_layer(const Slot& s, int l);  // block l's router in slot s (a MoE model)
   void* stream_into(Slot& s, int l);  // the residual stream entering block l
   void embed_forward(Slot& s);
   // Block l's forward into the tensors of x (its kept ones, or recomputation's workspace); a replay
@@ -191,9 +201,10 @@ class GPT2 {
   ContextParallelism cp_;
   std::vector<char*> param_ptr_, grad_ptr_;  // per parameter, where it lives now
   std::unique_ptr<Activations> acts_;
-  std::vector<std::unique_ptr<MoELayer>> moe_;  // per block, for a MoE model
-  std::unique_ptr<ExpertMLPs> experts_;         // the held experts' activations, when they run here
+  std::vector<std::unique_ptr<MoELayer>> moe_;  // per slot and block of the part, for a MoE model
+  std::vector<std::unique_ptr<ExpertMLPs>> experts_;  // per slot: the held experts' activations, when they run here
   double aux_loss_ = 0;
+  std::vector<std::vector<int64_t>> routed_total_, dropped_total_;  // (L) x (E)
   float loss_weight_ = 1;                       // the running backward's
   int last_backward_B_ = 0;  // the micro-batch of the last backward (input_grad's shape)
 };

@@ -97,8 +97,8 @@ std::vector<int64_t> ExpertMLPs::rows_per_layer() const {
 // ---------------------------------------------------------------------------------------------
 // Routing
 
-MoELayer::MoELayer(int C, int E, int k, double capacity_factor, double aux_coef, int64_t max_tokens)
-    : C_(C), E_(E), k_(k), factor_(capacity_factor), coef_(aux_coef) {
+MoELayer::MoELayer(int C, int E, int k, double capacity_factor, double aux_coef, int64_t max_tokens, int slot)
+    : C_(C), E_(E), k_(k), slot_(slot), factor_(capacity_factor), coef_(aux_coef) {
   ENSURE(E >= 1 && k >= 1 && k <= E, "MoELayer: need 1 <= k <= E");
   probs_ = Buffer(max_tokens * E, MemCategory::Activations);
   chosen_ = Buffer(max_tokens * k, MemCategory::Activations, DType::I32);
@@ -141,6 +141,85 @@ void MoELayer::claim_capacity(const int* chosen, int64_t assignments, int E, con
   }
 }
 
+namespace {
+// A run of a rank's rows that are consecutive in the global token order.
+struct TokenRun {
+  int64_t first_row, length, start;  // start: the global index of its first token
+};
+std::vector<TokenRun> token_runs(const std::vector<int64_t>& token_index) {
+  std::vector<TokenRun> runs;
+  for (int64_t i = 0; i < int64_t(token_index.size()); i++) {
+    if (!runs.empty() && token_index[size_t(i)] == runs.back().start + runs.back().length) runs.back().length++;
+    else runs.push_back({i, 1, token_index[size_t(i)]});
+  }
+  return runs;
+}
+}  // namespace
+
+void MoELayer::claim_in_global_order(const int* chosen, int64_t N, const ExpertHooks& hooks, char* kept) {
+  const int64_t record = hooks.record_size(E_);
+  const bool runs_given = !hooks.token_index.empty();
+  ENSURE(!runs_given || int64_t(hooks.token_index.size()) == N, "MoELayer: token_index must list every row");
+  const std::vector<TokenRun> runs = runs_given ? token_runs(hooks.token_index) : std::vector<TokenRun>{{0, N, 0}};
+  ENSURE(int(runs.size()) <= std::max(1, hooks.max_runs), "MoELayer: more runs of the token order than max_runs");
+  // This rank's record: its counts per expert (per run, each run placed, when runs are given).
+  std::vector<int32_t> mine(size_t(record), 0), all(size_t(record) * hooks.ranks, 0);
+  auto counts_at = [&](std::vector<int32_t>& r, size_t base, int64_t run) -> int32_t* {
+    return runs_given ? &r[base + 1 + size_t(run) * (2 + E_) + 2] : &r[base];
+  };
+  if (runs_given) mine[0] = int32_t(runs.size());
+  for (size_t j = 0; j < runs.size(); j++) {
+    if (runs_given) {
+      mine[1 + j * (2 + E_)] = int32_t(runs[j].start);
+      mine[2 + j * (2 + E_)] = int32_t(runs[j].length);
+    }
+    int32_t* counts = counts_at(mine, 0, int64_t(j));
+    for (int64_t a = runs[j].first_row * k_; a < (runs[j].first_row + runs[j].length) * k_; a++) counts[chosen[a]]++;
+  }
+  if (hooks.gather_counts) {
+    hooks.gather_counts(make_view(mine.data(), {record}, DType::I32), make_view(all.data(), {int64_t(all.size())}, DType::I32));
+  } else {
+    ENSURE(hooks.ranks == 1, "MoELayer: several ranks need a gather_counts hook");
+    all = mine;
+  }
+  // Every run of every rank: its place in the global order and its counts. Chapter 11's ranks are
+  // runs in rank order.
+  struct Placed {
+    int rank;
+    int64_t start;
+    const int32_t* counts;
+  };
+  std::vector<Placed> placed;
+  for (int r = 0; r < hooks.ranks; r++) {
+    const size_t base = size_t(r) * size_t(record);
+    const int n = runs_given ? all[base] : 1;
+    for (int j = 0; j < n; j++)
+      placed.push_back({r, runs_given ? int64_t(all[base + 1 + size_t(j) * (2 + E_)]) : int64_t(r),
+                        counts_at(all, base, j)});
+  }
+  stats_.routed.assign(size_t(E_), 0);
+  stats_.by_rank.assign(size_t(hooks.ranks) * E_, 0);
+  for (const Placed& p : placed)
+    for (int e = 0; e < E_; e++) {
+      stats_.routed[size_t(e)] += p.counts[e];
+      stats_.by_rank[size_t(p.rank) * E_ + e] += p.counts[e];
+    }
+  stats_.tokens = N * hooks.ranks;
+  stats_.capacity = capacity_of(factor_, stats_.tokens, k_, E_);
+  stats_.dropped.assign(size_t(E_), 0);
+  for (int e = 0; e < E_; e++)
+    if (stats_.capacity >= 0) stats_.dropped[size_t(e)] = std::max<int64_t>(0, stats_.routed[size_t(e)] - stats_.capacity);
+  // Each of this rank's runs claims its places after every run before it in the global order.
+  for (const TokenRun& run : runs) {
+    const int64_t start = runs_given ? run.start : hooks.rank;
+    std::vector<int64_t> earlier(size_t(E_), 0);
+    for (const Placed& p : placed)
+      if (p.start < start)
+        for (int e = 0; e < E_; e++) earlier[size_t(e)] += p.counts[e];
+    claim_capacity(chosen + run.first_row * k_, run.length * k_, E_, earlier, stats_.capacity, kept + run.first_row * k_);
+  }
+}
+
 float MoELayer::forward(int layer, Tensor x, Tensor router, Tensor out, const ExpertHooks& hooks,
                         const std::function<void(Tensor, const std::vector<int64_t>&, Tensor)>& run_local) {
   const int64_t N = x.shape[0], A = N * k_;
@@ -162,34 +241,10 @@ float MoELayer::forward(int layer, Tensor x, Tensor router, Tensor out, const Ex
   }
   top_k(probs, N, E_, k_, chosen);
 
-  // The global micro-batch's counts: this rank's place in the claim order, and f_e.
-  std::vector<int32_t> mine(size_t(E_), 0), all(size_t(E_) * hooks.ranks, 0);
-  for (int64_t a = 0; a < A; a++) mine[size_t(chosen[size_t(a)])] += 1;
-  if (hooks.gather_counts) {
-    hooks.gather_counts(make_view(mine.data(), {int64_t(E_)}, DType::I32),
-                        make_view(all.data(), {int64_t(all.size())}, DType::I32));
-  } else {
-    ENSURE(hooks.ranks == 1, "MoELayer: several ranks need a gather_counts hook");
-    all = mine;
-  }
-  std::vector<int64_t> earlier(size_t(E_), 0);
-  stats_.routed.assign(size_t(E_), 0);
-  stats_.by_rank.assign(all.begin(), all.end());
-  for (int r = 0; r < hooks.ranks; r++)
-    for (int e = 0; e < E_; e++) {
-      const int64_t c = all[size_t(r * E_ + e)];
-      stats_.routed[size_t(e)] += c;
-      if (r < hooks.rank) earlier[size_t(e)] += c;
-    }
-  stats_.tokens = N * hooks.ranks;
-  stats_.capacity = capacity_of(factor_, stats_.tokens, k_, E_);
-  stats_.dropped.assign(size_t(E_), 0);
-  for (int e = 0; e < E_; e++)
-    if (stats_.capacity >= 0) stats_.dropped[size_t(e)] = std::max<int64_t>(0, stats_.routed[size_t(e)] - stats_.capacity);
-
-  // Capacity, then the dispatch order: grouped by expert, each group in claim order.
   std::vector<char> kept(size_t(A), 0);
-  claim_capacity(chosen, A, E_, earlier, stats_.capacity, kept.data());
+  claim_in_global_order(chosen, N, hooks, kept.data());
+
+  // The dispatch order: grouped by expert, each group in claim order.
   counts_.assign(size_t(E_), 0);
   for (int64_t a = 0; a < A; a++)
     if (kept[size_t(a)]) counts_[size_t(chosen[size_t(a)])]++;
@@ -205,7 +260,7 @@ float MoELayer::forward(int layer, Tensor x, Tensor router, Tensor out, const Ex
     row[size_t(a)] = int(i);
     std::memcpy(rows.f32() + i * C_, x.f32() + (a / k_) * C_, size_t(C_) * sizeof(float));
   }
-  if (hooks.experts_forward) hooks.experts_forward(layer, rows, counts_, y);
+  if (hooks.experts_forward) hooks.experts_forward(slot_, layer, rows, counts_, y);
   else run_local(rows, counts_, y);
 
   // Combine: each token's kept expert outputs, weighted by their probabilities.
@@ -264,7 +319,7 @@ void MoELayer::backward(Tensor dout, Tensor x, Tensor router, Tensor dx, Tensor 
     for (int64_t t = 0; t < N; t++) dprobs[size_t(t * E_ + e)] += d_aux;
   }
   // The experts, then each kept row's gradient back to its token.
-  if (hooks.experts_backward) hooks.experts_backward(layer, dy, drows);
+  if (hooks.experts_backward) hooks.experts_backward(slot_, layer, dy, drows);
   else run_local(dy, drows);
   for (int64_t a = 0; a < A; a++) {
     const int64_t i = row[size_t(a)];
@@ -294,7 +349,8 @@ std::string moe_run_problem(const std::string& preset, const std::string& chapte
     return what + ": its balance loss and capacity count every rank's tokens, which only 11_expert_parallel "
                   "arranges; run it there (mpiexec -n " + std::to_string(world) + " ./11_expert_parallel/train --ep N), or "
                   "run " + chapter + " on one rank";
-  if (tp > 1 || pp > 1) return what + ": neither --tp nor --pp splits its blocks; use 11_expert_parallel's --ep";
+  if (!expert_parallel && (tp > 1 || pp > 1))
+    return what + ": neither --tp nor --pp splits its blocks here; use 11_expert_parallel's --ep, or 12_5d_parallel";
   if (recompute == "full") return what + ": --recompute full would route each block twice; use selective or none";
   return "";
 }

@@ -76,16 +76,28 @@ class ExpertMLPs {
 // What a MoE layer asks of the program around it. Left empty (one rank): every count is this rank's
 // and every expert runs here.
 struct ExpertHooks {
-  // The global micro-batch's routing counts: `mine` (E) holds this rank's assignments per expert;
-  // fills `all` (ranks x E) with every data-parallel rank's, in data order (an all-gather over every
-  // rank). `rank` and `ranks`: this rank's place in the data order and their number.
+  // The global micro-batch's routing counts: `mine` holds this rank's record (below); fills `all`
+  // (ranks x the record) with every routing rank's, in order (an all-gather over the ranks that route
+  // the micro-batch's tokens). `rank` and `ranks`: this rank's place among them and their number.
   std::function<void(Tensor mine, Tensor all)> gather_counts;
   int rank = 0, ranks = 1;
+  // Where this rank's tokens stand in the global token order (sequence x T + position, the sequences
+  // in data order). Empty (chapter 11): rank r's N rows are the run [r N, (r+1) N), and its record is
+  // its E counts. Under context or sequence parallelism (chapter 12) a rank's rows are several runs
+  // of that order, interleaved with other ranks' runs: `token_index` gives each row's place, and the
+  // record lists up to `max_runs` runs (the same bound on every rank: the records have one size),
+  // each with its place and its E counts, so that every assignment claims capacity in the one order
+  // a single rank would.
+  std::vector<int64_t> token_index;
+  int max_runs = 0;
   // The experts: rows (n,C) grouped by expert 0..E-1 (counts[e] rows each) -> out (n,C), the same
-  // order. Expert parallelism sends each group to the rank that holds its expert and back.
-  std::function<void(int layer, Tensor rows, const std::vector<int64_t>& counts, Tensor out)> experts_forward;
-  // The reverse: dout (n,C) of the last forward's rows -> drows (n,C), overwritten.
-  std::function<void(int layer, Tensor dout, Tensor drows)> experts_backward;
+  // order. Expert parallelism sends each group to the rank that holds its expert and back. `slot`:
+  // the model's activation slot (a pipeline's micro-batch in flight; 0 without a pipeline).
+  std::function<void(int slot, int layer, Tensor rows, const std::vector<int64_t>& counts, Tensor out)> experts_forward;
+  // The reverse: dout (n,C) of slot's last forward's rows -> drows (n,C), overwritten.
+  std::function<void(int slot, int layer, Tensor dout, Tensor drows)> experts_backward;
+  // The size of one rank's record for gather_counts, in int32s.
+  int64_t record_size(int E) const { return token_index.empty() ? E : 1 + int64_t(max_runs) * (2 + E); }
 };
 
 // One layer's routing in the last forward, over the global micro-batch (the same on every rank).
@@ -101,7 +113,8 @@ struct RoutingStats {
 // The MoE MLP of one block, forward and backward over this rank's tokens.
 class MoELayer {
  public:
-  MoELayer(int C, int E, int k, double capacity_factor, double aux_coef, int64_t max_tokens);
+  // `slot`: the model's activation slot this router serves (handed to the hooks).
+  MoELayer(int C, int E, int k, double capacity_factor, double aux_coef, int64_t max_tokens, int slot = 0);
   // x (N,C): the block's ln2 output; router (E,C); out (N,C) overwritten. Returns this rank's share of
   // the balance loss (its average over the ranks is the global one: see the file comment).
   // `run_local` runs the experts when hooks.experts_forward is empty.
@@ -125,7 +138,10 @@ class MoELayer {
   static int64_t capacity_of(double factor, int64_t tokens, int k, int E);  // -1 when factor is 0
 
  private:
-  int C_, E_, k_;
+  // The counts' exchange and the capacity's claims (file comment): sets stats_ and kept.
+  void claim_in_global_order(const int* chosen, int64_t N, const ExpertHooks& hooks, char* kept);
+
+  int C_, E_, k_, slot_;
   double factor_, coef_;
   int64_t N_ = 0, n_kept_ = 0;
   // Sized once for max_tokens (counted as activations, docs/theory.md 14).

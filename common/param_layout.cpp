@@ -102,7 +102,6 @@ int ParamLayout::find(const std::string& name) const {
 
 ParamLayout build_gpt2_layout(const GPT2Config& cfg, int ranks, TensorParallelism tp,
                               const std::vector<ModelPart>& parts, ExpertParallelism ep) {
-  ENSURE(!cfg.moe() || (tp.size == 1 && parts.empty()), "a MoE layout is neither tensor- nor pipeline-parallel");
   ENSURE(ep.size == 1 || (cfg.moe() && cfg.experts % ep.size == 0), "expert parallelism needs E divisible by ep");
   const int64_t C = cfg.C;
   auto holds = [&](int unit) {
@@ -142,14 +141,14 @@ ParamLayout build_gpt2_layout(const GPT2Config& cfg, int ranks, TensorParallelis
       b.add(h + "moe.router.weight", cfg.experts, C);
       for (int e = 0; e < cfg.experts; e++) {
         const std::string x = h + "moe.expert" + std::to_string(e) + ".mlp.";
-        b.set_held(ep.holds(e, cfg.experts));
-        b.set_expert(e);
+        b.set_held(holds(l + 1) && ep.holds(e, cfg.experts));
+        b.set_expert(e);  // (whole: tensor parallelism never splits an expert; expert parallelism spreads them)
         b.add(x + "fc.weight", 4 * C, C);
         b.add(x + "fc.bias", 4 * C);
         b.add(x + "proj.weight", C, 4 * C);
         b.add(x + "proj.bias", C);
         b.set_expert(-1);
-        b.set_held(true);
+        b.set_held(holds(l + 1));
       }
       b.end_unit();
       continue;

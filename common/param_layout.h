@@ -143,7 +143,8 @@ std::string tensor_parallel_size_problem(const GPT2Config& cfg, const TensorPara
 // padded to end on a shard boundary (ParamLayout::tied_wte_end).
 // A MoE model (cfg.moe()) has, in each block, after ln2: the router "h{l}.moe.router.weight" (E,C),
 // then per expert e the dense MLP's four tensors "h{l}.moe.expert{e}.mlp.{fc,proj}.{weight,bias}";
-// `ep` says which experts this rank holds.
+// `ep` says which experts this rank holds, whole (tensor parallelism splits no expert, and the router
+// is held whole by every rank of the group), on the stage that holds their block.
 ParamLayout build_gpt2_layout(const GPT2Config& cfg, int ranks, TensorParallelism tp = {},
                               const std::vector<ModelPart>& parts = {}, ExpertParallelism ep = {});
 

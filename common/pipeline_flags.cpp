@@ -31,9 +31,10 @@ bool parse_partition(const std::string& text, std::vector<int>* blocks) {
 
 std::string pipeline_flags_problem(const PipelineFlags& flags, int world, const GPT2Config& model, int batch,
                                    PipelinePlan* plan) {
-  if (model.moe())
+  if (model.moe() && !flags.splits_experts)
     return "--preset " + model.preset + " is a mixture of experts, whose blocks neither a pipeline nor a "
-           "tensor-parallel group splits: train it with 11_expert_parallel (or a data-parallel chapter on one rank)";
+           "tensor-parallel group splits here: train it with 12_5d_parallel or 11_expert_parallel (or a data-parallel "
+           "chapter on one rank)";
   Schedule schedule;
   if (!parse_schedule(flags.schedule, &schedule))
     return "--schedule " + flags.schedule + ": choose afab, 1f1b, interleaved, zb-h1, zb-v or dualpipev";
@@ -42,8 +43,8 @@ std::string pipeline_flags_problem(const PipelineFlags& flags, int world, const 
   if (flags.virtual_stages < 0) return "--virtual-stages must be >= 1";
   const bool interleaved = schedule == Schedule::Interleaved, v_shaped = placement_of(schedule) == Placement::V;
   if (flags.tp < 1) return "--tp must be >= 1";
-  const int p = flags.pp ? flags.pp : world / flags.tp;
-  const std::string grid = grid_shape_problem(world, flags.tp, p);
+  const int p = flags.pp ? flags.pp : world / (flags.tp * flags.cp);
+  const std::string grid = grid_shape_problem(world, flags.tp, p, flags.cp, flags.ep);
   if (!grid.empty()) return grid;
   const int v = flags.virtual_stages ? flags.virtual_stages : interleaved || v_shaped ? 2 : 1;
   if (v_shaped && v != 2)
@@ -71,7 +72,7 @@ std::string pipeline_flags_problem(const PipelineFlags& flags, int world, const 
   if (interleaved && m % p)
     return "--schedule interleaved sends micro-batches round the ranks in groups of --pp " + str(p) +
            ": --micro-batches " + str(m) + " must be a multiple of it";
-  const int dp = world / (flags.tp * p);
+  const int dp = world / (flags.tp * p * flags.cp);
   if (batch > 0 && batch % (dp * m)) {
     const long long per_step = dp * m, suggestion = (batch / per_step + 1) * per_step;
     return "--batch " + str(batch) + " is not divisible by data-parallel ranks x micro-batches = " + str(dp) + " x " +

@@ -21,6 +21,10 @@ struct PipelineFlags {
   std::string schedule = "1f1b";
   std::string partition;   // --partition "3,3,3,3"; empty: balanced by FLOPs (pipeline.h)
   bool zero1 = false, zero2 = false;
+  // 12's other dimensions: its --cp and --ep (the grid's), and whether a MoE preset may be split
+  // (12 routes its tokens across any grid; 08 and 09 do not).
+  int cp = 1, ep = 1;
+  bool splits_experts = false;
 };
 
 struct PipelinePlan {

@@ -85,8 +85,9 @@ TrainingRun::TrainingRun(Communicator& comm, TrainConfig& cfg, Strategy strategy
     : TrainingRun(comm, comm, nullptr, cfg, strategy, TensorParallelism{}, PipelineParallelism{}) {}
 
 TrainingRun::TrainingRun(ProcessGrid& grid, TrainConfig& cfg, Strategy strategy, TensorParallelism tp,
-                         PipelineParallelism pp, ContextParallelism cp)
-    : TrainingRun(grid.world(), grid.dp_cp(), &grid, cfg, strategy, tp, pp, cp) {}
+                         PipelineParallelism pp, ContextParallelism cp, ExpertParallelism ep, const MoESettings* moe)
+    : TrainingRun(grid.world(), grid.dp_cp(), &grid, cfg, strategy, tp, pp, cp, ep, moe ? &grid.ep() : nullptr,
+                  moe ? *moe : MoESettings{}) {}
 
 TrainingRun::TrainingRun(Communicator& world, Communicator& ep_comm, TrainConfig& cfg, Strategy strategy,
                          ExpertParallelism ep, MoESettings moe)
@@ -100,7 +101,7 @@ TrainingRun::TrainingRun(Communicator& world, Communicator& dp, const ProcessGri
       data_rank_(grid ? grid->coords().dp : dp.rank()), cp_comm_(grid && grid->shape().cp > 1 ? &grid->cp() : nullptr),
       cp_(cp), tp_comm_(grid ? &grid->tp() : nullptr),
       pp_comm_(grid && pp.size > 1 ? &grid->pp() : nullptr), embedding_comm_(grid ? grid->embedding() : nullptr),
-      tp_(tp), pp_(pp), ep_(ep), ep_comm_(ep_comm), strategy_(strategy), device_(world.device()),
+      tp_(tp), pp_(pp), ep_(ep), ep_comm_(ep_comm), grid_(grid), strategy_(strategy), device_(world.device()),
       dtype_(pick_dtype(cfg.dtype, device_)) {
   ENSURE(!grid || (tp.size == grid->shape().tp && tp.rank == grid->coords().tp && pp.size == grid->shape().pp &&
                    pp.rank == grid->coords().pp),
@@ -112,7 +113,7 @@ TrainingRun::TrainingRun(Communicator& world, Communicator& dp, const ProcessGri
     config_error("--preset: unknown preset '" + cfg.preset + "' (choose from " + preset_names() + ")");
   if (model_.C % model_.NH != 0) config_error("the model's C must divide by NH");
   // A mixture of experts: neither a pipeline stage's layout nor ring attention takes its blocks (08-10).
-  if (model_.moe() && (!pp.parts.empty() || cp.on()))
+  if (model_.moe() && !ep_comm && (!pp.parts.empty() || cp.on()))
     config_error("--preset " + model_.preset + " is a mixture of experts, whose blocks " + cfg.chapter + " cannot " +
                  (cp.on() ? "run with ring attention" : "split into pipeline stages") +
                  ": train it with 11_expert_parallel, or with 01-07 on one rank");
@@ -455,7 +456,9 @@ void TrainingRun::check_memory() {
   forecast_ = forecast_memory(strategy_, layout_, held, micro_B_, cfg_.grad_accum, dtype_, device_, flash_ || cp_.on(),
                               !cfg_.save.empty() || !cfg_.resume.empty() || !cfg_.init_from.empty(),
                               double(data_.length()), tp_, pp_);
-  if (cp_.on()) forecast_.activations = context_parallel_activation_bytes(model_, micro_B_, cp_.size);
+  // The ring's blocks in flight, of this rank's heads (NH/t under tensor parallelism: 12).
+  if (cp_.on())
+    forecast_.activations += ring_buffer_bytes(cp_.size, micro_B_, held.T, model_.C / tp_.size, model_.NH / tp_.size);
   // A MoE model's layers: the routing is not known before the step, so the forecast takes the bound.
   const int64_t most_rows = moe_expert_rows_at_most(model_, micro_B_, ep_.size, world_.size());
   moe_forecast_ = moe_activation_bytes(model_, micro_B_, std::vector<int64_t>(size_t(model_.L), most_rows));
@@ -590,6 +593,24 @@ Buffer TrainingRun::to_local(Buffer global) const {
 Buffer TrainingRun::to_global(Buffer local) const {
   if (tp_.size == 1 && pp_.size == 1 && ep_.size == 1) return local;
   Buffer global(global_layout_.padded_size, MemCategory::Other);  // zeros
+  if (grid_ && model_.moe()) {
+    // Any grid of chapter 12: every rank places its slices, then leaves in only what it alone must
+    // count, so that a sum over the world holds each element once. An expert counts on the first
+    // replica of its holders (expert-data-parallel rank 0); any other tensor on the first replica
+    // (DP and CP rank 0), by its slice when tensor parallelism splits it, else on TP rank 0; wte,
+    // held by the first and the last stage, on the first.
+    place_into_global(layout_, local.f32(), global_layout_, global.f32());
+    const GridCoords& at = grid_->coords();
+    for (size_t i = 0; i < layout_.params.size(); i++) {
+      const ParamInfo& p = layout_.params[i];
+      const bool counts = p.expert >= 0 ? at.edp == 0
+                                        : at.dp == 0 && at.cp == 0 && (!p.shard.whole() || at.tp == 0) &&
+                                              !(p.name == "wte" && at.pp != 0);
+      if (p.held() && !counts) fill_zero(global.view().slice1d(global_layout_.params[i].offset, global_layout_.params[i].size));
+    }
+    world_.all_reduce(global.view(), ReduceOp::Sum);
+    return global;
+  }
   if (ep_.size > 1) {
     // Each rank of the expert-parallel group places its own experts; the rest of the model, the same
     // on all of them, counts once: rank 0's. A sum over the group then assembles every expert exactly.
@@ -736,7 +757,10 @@ void TrainingRun::end_step(int step, float local_loss, double grad_norm) {
   // the sum over the world, over the ranks that hold a loss, is the average over the data-parallel
   // ranks.
   const double loss_holders = double(world_.size()) / pp_.size;
-  const float loss = float(world_.all_reduce_scalar(holds_loss() ? local_loss : 0.0, ReduceOp::Sum) / loss_holders);
+  // A MoE model's stages each add their blocks' share of the balance loss, and the ranks of a
+  // tensor-parallel group each their own share (moe.h): every rank counts.
+  const bool counts = holds_loss() || model_.moe();
+  const float loss = float(world_.all_reduce_scalar(counts ? local_loss : 0.0, ReduceOp::Sum) / loss_holders);
   // Whether to go on, agreed by all: the largest reason any rank has to stop.
   const bool finite = std::isfinite(loss) && std::isfinite(grad_norm);
   const int reason = !finite ? int(Stop::Diverged) : g_signal != 0 ? int(Stop::Interrupted) : int(Stop::No);
@@ -885,10 +909,13 @@ void TrainingRun::report_vs_theory(const CommStats& step_comm, const CommStats* 
   auto predicted = [&](int t, bool sp, Recompute recompute) {
     GPT2Config cfg = model_;
     cfg.recompute = recompute;
-    if (cp_.on()) return format_bytes(context_parallel_activation_bytes(cfg, micro_B_, cp_.size));  // section 13
     double bytes = 0;
+    if (cp_.on()) {  // section 13: T/cp positions, a log-sum-exp per query, and the ring's blocks
+      cfg.T = int(cp_.positions.size());
+      bytes += ring_buffer_bytes(cp_.size, micro_B_, cfg.T, cfg.C / t, cfg.NH / t);
+    }
     for (const ModelPart& part : pp_.parts.empty() ? std::vector<ModelPart>{ModelPart{}} : pp_.parts)
-      bytes += activation_bytes(cfg, micro_B_, dtype_, flash_, {t, 0, sp}, part);
+      bytes += activation_bytes(cfg, micro_B_, dtype_, flash_ || cp_.on(), {t, 0, sp}, part);
     return format_bytes(bytes);
   };
   const Recompute now = model_.recompute;
@@ -934,7 +961,13 @@ void TrainingRun::report_vs_theory(const CommStats& step_comm, const CommStats* 
       p.comm_bytes);
   std::printf("  (%scomm theory: %s; padding adds up to %s per full copy)\n", groups ? "DP " : "",
               p.comm_formula.c_str(), format_bytes(padding).c_str());
-  TensorParallelPrediction tp = predict_tensor_parallel(model_, micro_B_, tp_, dtype_, pp_.parts);
+  GPT2Config held_positions = model_;  // under CP, every TP collective carries T/cp positions
+  if (cp_.on()) held_positions.T = int(cp_.positions.size());
+  TensorParallelPrediction tp = predict_tensor_parallel(held_positions, micro_B_, tp_, dtype_, pp_.parts);
+  // (the gradients held whole are the parameters': wpe has all T rows whatever a rank holds)
+  const TensorParallelPrediction whole = predict_tensor_parallel(model_, micro_B_, tp_, dtype_, pp_.parts);
+  tp.partial_grad_bytes = whole.partial_grad_bytes;
+  tp.partial_grad_all_reduces = whole.partial_grad_all_reduces;
   if (pp_.reduce_every_micro_batch) {  // (09's --zero2: the gradients held whole summed before each reduce-scatter)
     tp.partial_grad_all_reduces *= cfg_.grad_accum;
     tp.partial_grad_bytes *= cfg_.grad_accum;

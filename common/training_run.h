@@ -53,8 +53,12 @@ class TrainingRun {
   // while `strategy` runs over the DP x CP group (grid.dp_cp(): the ranks that hold the same
   // parameters), whose size pads the layout; the activations' forecast is the model's on T/cp
   // positions plus the ring's buffers (docs/theory.md, section 13).
+  // Chapter 12 composes all five: `moe` given (a MoE preset's settings), the experts are spread over
+  // the grid's expert-parallel group (ep: its size and this rank's place) and the model may take any
+  // of the other splits too.
   TrainingRun(ProcessGrid& grid, TrainConfig& cfg, Strategy strategy, TensorParallelism tp,
-              PipelineParallelism pp = {}, ContextParallelism cp = {});
+              PipelineParallelism pp = {}, ContextParallelism cp = {}, ExpertParallelism ep = {},
+              const MoESettings* moe = nullptr);
   // Chapter 11, expert parallelism: a MoE model (moe.h) whose experts are spread over the expert-
   // parallel group `ep_comm` (ep.size ranks, this one ep.rank), everything else replicated; the data
   // is split over every rank of `world`. The layout lists every expert, this rank's with their
@@ -188,6 +192,7 @@ class TrainingRun {
   PipelineParallelism pp_;
   ExpertParallelism ep_;
   Communicator* ep_comm_;         // the expert-parallel group (11), or null
+  const ProcessGrid* grid_;       // the grid (07-10, 12), or null
   TrainConfig cfg_;
   Strategy strategy_;
   Device device_;

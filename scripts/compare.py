@@ -302,7 +302,8 @@ def print_model_reading(runs):
 
 def print_four_ranks(folder):
     """make compare's 4-rank section (compare.sh, results/four_ranks/): 09 on its own grid, TP 2 x PP 2,
-    next to 01, 07 as TP 2 x DP 2 and 08 as PP 2 x DP 2 at 4 ranks, the same model and global batch.
+    next to 01, 07 as TP 2 x DP 2 and 08 as PP 2 x DP 2 at 4 ranks, and 12 as TP 2 x CP 2, the same model
+    and global batch.
     Apart from the table above, whose plots and 'what changed' stay at its own largest rank count."""
     runs = load_runs(folder) if os.path.isdir(folder) else []
     if not runs:
@@ -341,6 +342,16 @@ def print_four_ranks(folder):
         x = timing.tokens_per_s(run9) / timing.tokens_per_s(at["01"])
         line += "; %.2fx 01 x4's tokens/s" % x
     print("  " + line + ".")
+    if "12" in at:  # 12 composes 10's ring with 07's TP: each rank half the positions and half the heads
+        run12 = at["12"]
+        line = ("12  TP 2 x CP 2: model state %.1f MB per rank (07 TP 2 x DP 2: %.1f MB), activations %.1f MB "
+                "(07: %.1f MB): the ring keeps T/2 positions of each sequence on each rank" % (
+                    mb(model_state(run12)), mb(model_state(at["07"])) if "07" in at else float("nan"),
+                    mb(peak_over_steps(run12, "mem_activations")),
+                    mb(peak_over_steps(at["07"], "mem_activations")) if "07" in at else float("nan")))
+        if "01" in at:
+            line += "; %.2fx 01 x4's tokens/s" % (timing.tokens_per_s(run12) / timing.tokens_per_s(at["01"]))
+        print("  " + line + ".")
 
 
 def draw_throughput(ax, runs, subset):

@@ -119,13 +119,15 @@ for round in $(seq 1 "$rounds"); do
     fi
   done
 done
-# 09 on its own grid, and at 4 ranks what it composes: 07's TP and 08's PP, each with DP over the rest.
+# 09 on its own grid, and at 4 ranks what it composes: 07's TP and 08's PP, each with DP over the rest;
+# and 12, composing 10's CP ring with TP on the same 4 ranks (TP 2 x CP 2).
 if [ "${FOUR:-}" != none ] && [ -x 09_3d_parallel/train ]; then
   mkdir -p results/four_ranks
   steps4=${STEPS4:-6}
   section_started=$(now_ms)
   for entry in "01_vanilla_dp|" "07_tensor_parallel|--tp 2 --tp-overlap $tp_link" \
-               "08_pipeline|--pp 2" "09_3d_parallel|--tp 2 --pp 2 --tp-overlap $tp_link"; do
+               "08_pipeline|--pp 2" "09_3d_parallel|--tp 2 --pp 2 --tp-overlap $tp_link" \
+               "12_5d_parallel|--tp 2 --cp 2 --tp-overlap $tp_link"; do
     IFS='|' read -r chapter flags <<<"$entry"
     [ -x "$chapter/train" ] || continue
     printf "[4 ranks] %s %s ..." "$chapter" "$flags"

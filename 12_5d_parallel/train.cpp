@@ -1,0 +1,452 @@
+// Chapter 12: five-dimensional parallelism: data x context x tensor x pipeline x expert, composed on
+// one process grid.
+//
+// The idea. Each chapter since 07 taught one way to split the work: 07 the products (TP), 08 the
+// layers (PP), 10 the sequence (CP), 11 the experts (EP); 09 composed TP and PP with data
+// parallelism. The runs this course leads to use all of them at once (Llama 3 405B: TP 8 x CP 16 x
+// PP 16 x DP 8; DeepSeek-V3: PP 16 x EP 64 x DP). Composition is placement again, on one grid
+// (common/process_grid.h):
+//     world rank = ((pp x DP + dp) x CP + cp) x TP + tp,
+// TP innermost (a node's fast links), then CP, DP, and PP outermost. Experts fold over the same
+// ranks: inside a pipeline stage, its DP x CP x TP ranks are re-split as EDP x EP, EP innermost, so
+// that the all-to-alls stay on the fastest links. Each dimension then only needs its own lesson, wired
+// into the one model:
+//   TP  07's f and g collectives (09's hooks, unchanged): under CP, on this rank's T/cp positions;
+//   CP  10's ring (ring_attention_protocol.h), carrying this rank's NH/t heads under TP;
+//   PP  08's executor, its messages the B*T/(cp t) rows of the stream a rank holds;
+//   EP  11's exchange (expert_exchange.h), per micro-batch in flight: each rank routes the rows it
+//       holds (under TP that needs sequence parallelism: each TP rank its own B*T/t rows), and its
+//       tokens claim capacity in the one global order a single rank would use (moe.h).
+// Gradients, each to its group: under SP the tensors held whole summed over TP, wte over the
+// embedding group, experts averaged over their expert-data-parallel group, the rest over DP x CP (or
+// ZeRO-1 there, for a dense model). The losses and final parameters are one rank's.
+//
+// Base chapter: 09_3d_parallel (docs/diffs/12_5d_parallel.diff: what composing 10 and 11 into it adds).
+//
+// Run:
+//   make 12_5d_parallel
+//   mpiexec -n 4 ./12_5d_parallel/train --tp 2 --cp 2                                   # TP 2 x CP 2
+//   mpiexec -n 4 ./12_5d_parallel/train --preset moe-tiny --tp 2 --pp 2 --ep 2 --sequence-parallel
+//   mpiexec -n 8 ./12_5d_parallel/train --preset moe-tiny --cp 2 --tp 2 --pp 2 --ep 4 --sequence-parallel
+//       (and --capacity-factor 1.0 to drop what overflows an expert)
+// Output: as 09, plus (MoE) per step the routed and dropped assignments per layer and expert and the
+// balance loss, the same numbers as one rank of 11.
+#include <cmath>
+#include <cstdio>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "../10_context_parallel/ring_attention_protocol.h"  // RingAttention: 10's lesson
+#include "../11_expert_parallel/expert_exchange.h"           // ExpertExchange: 11's lesson
+#include "buckets.h"
+#include "comm.h"
+#include "comm_factory.h"
+#include "context_split.h"
+#include "data_parallel.h"
+#include "device.h"
+#include "flags.h"
+#include "memory.h"
+#include "model.h"
+#include "ops.h"
+#include "optimizer.h"
+#include "pipeline.h"
+#include "pipeline_flags.h"
+#include "pipeline_report.h"
+#include "pipeline_schedule.h"
+#include "process_grid.h"
+#include "shards.h"
+#include "training_run.h"
+
+struct Options {
+  int tp = 1;
+  // --pp (default 1), --micro-batches, --schedule, --virtual-stages, --partition, --zero1: 08's
+  PipelineFlags pipeline;
+  bool sequence_parallel = false, overlap = false;
+  std::string matching = "auto";
+  double bucket_mb = 0;
+  int cp = 1;
+  std::string split = "zigzag";
+  int ep = 1;
+  double capacity_factor = 0, aux_loss_coef = 0.01;
+};
+
+namespace {
+
+// Where each row a rank routes stands in the global micro-batch's token order (moe.h): its data
+// rank's sequences come after the data ranks before it; under CP it holds `positions` of each, and
+// under SP its TP rank's slice of those rows.
+std::vector<int64_t> token_index_of(int data_rank, int micro_B, int T, const std::vector<int>& positions, int tp_rank,
+                                    int tp_size, bool sequence_parallel) {
+  const int64_t held = positions.empty() ? T : int64_t(positions.size()), rows = int64_t(micro_B) * held;
+  const int64_t mine = sequence_parallel ? rows / tp_size : rows, first = sequence_parallel ? tp_rank * mine : 0;
+  std::vector<int64_t> index;
+  for (int64_t i = first; i < first + mine; i++) {
+    const int64_t b = i / held, j = i % held;
+    index.push_back((int64_t(data_rank) * micro_B + b) * T + (positions.empty() ? j : positions[size_t(j)]));
+  }
+  return index;
+}
+
+int runs_of(const std::vector<int64_t>& index) {
+  int runs = 0;
+  for (size_t i = 0; i < index.size(); i++) runs += i == 0 || index[i] != index[i - 1] + 1;
+  return runs;
+}
+
+}  // namespace
+
+int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
+  GPT2Config model_cfg;
+  if (!find_preset(cfg.preset, &model_cfg)) config_error("--preset: unknown preset '" + cfg.preset + "'");
+  const bool moe = model_cfg.moe();
+  const int batch = cfg.was_given("--batch") ? cfg.batch : cfg.resume.empty() ? model_cfg.default_batch : 0;
+  PipelineFlags flags = opt.pipeline;
+  flags.tp = opt.tp, flags.cp = opt.cp, flags.ep = opt.ep, flags.splits_experts = true;
+  if (!flags.pp) flags.pp = 1;
+  PipelinePlan pipe;
+  const std::string flags_problem = pipeline_flags_problem(flags, world.size(), model_cfg, batch, &pipe);
+  if (!flags_problem.empty()) config_error(flags_problem);
+  const Schedule schedule = pipe.schedule;
+  const int t = flags.tp, p = pipe.shape.stages, m = pipe.shape.micro_batches, v = pipe.shape.chunks, cp = opt.cp;
+  const std::vector<int>& blocks = pipe.blocks;
+  const bool zero1 = flags.zero1, zero2 = flags.zero2;
+  const bool sequence_parallel = opt.sequence_parallel && t > 1;
+  // The refusals only this composition has, before any group exists.
+  if (moe && t > 1 && !sequence_parallel)
+    config_error("--preset " + cfg.preset + " is a mixture of experts: with --tp " + std::to_string(t) +
+                 " each rank of a tensor-parallel group must route rows of its own; add --sequence-parallel");
+  if (moe && (zero1 || zero2))
+    config_error("--zero1 and --zero2 shard over one data-parallel group, and a MoE model's experts have another "
+                 "(expert data parallelism): leave them out with --preset " + cfg.preset);
+  if (!moe && opt.ep > 1)
+    config_error("--ep " + std::to_string(opt.ep) + " spreads a mixture of experts: pass a MoE --preset (moe-tiny, "
+                 "moe-small) or --ep 1");
+  cfg.grad_accum = m;
+
+  // The grid: TP innermost, then CP, DP, PP outermost; experts folded over each stage's ranks.
+  ProcessGrid grid(world, grid_shape(world.size(), t, p, cp, opt.ep));
+  const GridCoords& at = grid.coords();
+  const TensorParallelism tp{t, at.tp, sequence_parallel};
+  ContextSplit split;
+  parse_context_split(opt.split, &split);  // (checked in main)
+  std::vector<std::vector<int>> positions;
+  for (int r = 0; r < cp; r++) positions.push_back(context_positions(model_cfg.T, cp, r, split));
+  ContextParallelism held;
+  if (cp > 1) held = {cp, at.cp, positions[size_t(at.cp)]};
+  const int T_held = cp > 1 ? model_cfg.T / cp : model_cfg.T;
+
+  const PipelineShape& shape = pipe.shape;
+  const Matching matching = pipeline_matching(opt.matching, grid.pp(), shape);
+  const int rank = at.pp;
+  std::vector<std::vector<Action>> every_rank;
+  for (int r = 0; r < p; r++) every_rank.push_back(build_schedule(schedule, shape, r, matching));
+  const std::string problem = check_pipeline(schedule, shape, every_rank, matching);
+  if (!problem.empty()) config_error("the " + flags.schedule + " schedule is unsound: " + problem);
+  const std::vector<Action>& actions = every_rank[rank];
+  std::vector<ModelPart> parts = parts_of_rank(model_cfg, blocks, p, rank, shape.placement);
+  for (int c = 0; c < v; c++) {
+    parts[c].slots = max_in_flight(actions, c);
+    parts[c].split_backward = splits_backward(schedule);
+  }
+
+  const bool sharded = zero1 || zero2;
+  const MoESettings moe_settings{opt.capacity_factor, opt.aux_loss_coef};
+  TrainingRun run(grid, cfg, sharded ? Strategy::ZeRO1 : Strategy::DP, tp, PipelineParallelism{p, rank, parts, zero2},
+                  held, ExpertParallelism{opt.ep, at.ep}, moe ? &moe_settings : nullptr);
+  const Device device = run.device();
+  const DType dtype = run.dtype();
+  const ParamLayout& layout = run.layout();
+  const GPT2Config& run_cfg = run.model_config();
+  const int micro_B = run.micro_batch_size();
+  Communicator& replicas = grid.dp_cp();  // the ranks that hold this rank's dense parameters
+  Communicator& tp_group = grid.tp();
+  print_partition(run, model_cfg, blocks, p, shape.placement);
+
+  Buffer params(layout.padded_size, MemCategory::Params, dtype, device);
+  Buffer grads(layout.padded_size, MemCategory::Grads, dtype, device);
+  const double bucket_bytes =
+      cfg.was_given("--bucket-mb") ? opt.bucket_mb * 1e6 : default_bucket_bytes(layout, dtype_size(dtype));
+  GradientBuckets buckets(layout, bucket_bytes, dtype_size(dtype), sharded ? BucketCut::AtLayers : BucketCut::AtTensors,
+                          /*experts_apart=*/moe);
+  const ShardPlan plan = sharded ? GradientSync::zero1_plan(buckets, replicas) : ShardPlan::unsharded(layout);
+  Buffer grad_shard(sharded ? plan.size() : 0, MemCategory::CommBuffers, dtype, device);
+  GradientSync data_parallel(replicas, buckets, grads.view(), sharded ? &plan : nullptr, grad_shard.view());
+  // An expert's gradient sums the tokens of its whole EP group; averaged over its EDP replicas it must
+  // come out as the mean over the DP x CP data replicas: EDP / (DP x CP) = TP / EP.
+  if (moe) data_parallel.set_expert_group(grid.expert_dp(), float(t) / float(opt.ep));
+  AdamW optimizer(layout, plan, cfg.weight_decay, device, dtype);
+  std::vector<std::unique_ptr<GPT2>> models;
+  std::vector<GPT2*> chunks;
+  for (const ModelPart& part : parts) {
+    models.push_back(std::make_unique<GPT2>(run_cfg, layout, micro_B, device, dtype, tp, part, held));
+    models.back()->bind_all(params.data(), grads.data());
+    chunks.push_back(models.back().get());
+  }
+  const int start = run.init_or_resume(params, optimizer);
+  PipelineExecutor pipeline(grid.pp(), chunks, shape, actions, matching, micro_B, T_held, model_cfg.C, device, dtype);
+  PipelineReport report(run, grid, shape, schedule, matching, parts);
+
+  // TP: 09's hooks, unchanged.
+  auto started = [&](CommHandle handle) {
+    if (!opt.overlap) {
+      handle.wait();
+      return CommHandle();
+    }
+    return handle;
+  };
+  for (GPT2* chunk : chunks) {
+    TensorParallelHooks& hooks = chunk->tp_hooks;
+    if (!sequence_parallel) {
+      hooks.f_forward = [](Tensor, Tensor) { return CommHandle(); };
+      hooks.f_backward = [&](Tensor full, Tensor) { return started(tp_group.all_reduce_async(full, ReduceOp::Sum)); };
+      hooks.g_forward = [&](Tensor partial, Tensor) { return tp_group.all_reduce_async(partial, ReduceOp::Sum); };
+      hooks.g_backward = [](Tensor, Tensor) { return CommHandle(); };
+    } else {
+      hooks.f_forward = [&](Tensor local, Tensor full) { return started(tp_group.all_gather_async(local, full)); };
+      hooks.f_backward = [&](Tensor full, Tensor local) {
+        return started(tp_group.reduce_scatter_async(full, local, ReduceOp::Sum));
+      };
+      hooks.g_forward = [&](Tensor partial, Tensor local) {
+        return tp_group.reduce_scatter_async(partial, local, ReduceOp::Sum);
+      };
+      hooks.g_backward = [&](Tensor local, Tensor full) { return tp_group.all_gather_async(local, full); };
+    }
+    hooks.vocab_all_reduce = [&](Tensor values, ReduceOp op) { tp_group.all_reduce(values, op); };
+  }
+
+  // CP: 10's ring, over this rank's heads (NH/t of them, C/t channels a head group).
+  std::unique_ptr<RingAttention> ring;
+  if (held.on()) {
+    ring = std::make_unique<RingAttention>(grid.cp(), positions, micro_B, model_cfg.C / t, model_cfg.NH / t);
+    for (GPT2* chunk : chunks) {
+      chunk->cp_hooks.attention_forward = [&](Tensor out, Tensor lse, Tensor qkv, int NH) { ring->forward(out, lse, qkv, NH); };
+      chunk->cp_hooks.attention_backward = [&](Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor lse, int NH) {
+        ring->backward(dqkv, dout, qkv, out, lse, NH);
+      };
+    }
+  }
+
+  // EP: 11's exchange, one routing per micro-batch in flight. Every rank of the stage routes its own
+  // rows; their counts are gathered over the stage (EP, then EDP: edp x EP + ep is the stage's order).
+  std::unique_ptr<ExpertExchange> exchange;
+  Buffer gathered_in_ep;
+  const int stage_ranks = grid.ep().size() * grid.expert_dp().size();
+  if (moe) {
+    int slots = 1;
+    for (const ModelPart& part : parts) slots = std::max(slots, part.slots);
+    exchange = std::make_unique<ExpertExchange>(grid.ep(), *chunks.front(), run_cfg.L, run_cfg.experts, run_cfg.C, slots);
+    int max_runs = 1;  // the most runs of any rank of the stage: the records' common size
+    for (int d = 0; d < grid.shape().dp; d++)
+      for (int c = 0; c < cp; c++)
+        for (int r = 0; r < t; r++)
+          max_runs = std::max(max_runs, runs_of(token_index_of(d, micro_B, model_cfg.T, cp > 1 ? positions[size_t(c)] : std::vector<int>{},
+                                                               r, t, sequence_parallel)));
+    for (GPT2* chunk : chunks) {
+      ExpertHooks& hooks = chunk->expert_hooks;
+      hooks.rank = at.edp * opt.ep + at.ep;
+      hooks.ranks = stage_ranks;
+      hooks.token_index = token_index_of(at.dp, micro_B, model_cfg.T, held.positions, at.tp, t, sequence_parallel);
+      hooks.max_runs = max_runs;
+      hooks.gather_counts = [&](Tensor mine, Tensor all) {
+        const int64_t n = mine.numel() * grid.ep().size();
+        if (gathered_in_ep.count() < n) gathered_in_ep = Buffer(n, MemCategory::CommBuffers, DType::I32);
+        const Tensor in_ep = gathered_in_ep.view().slice1d(0, n);
+        grid.ep().all_gather(mine, in_ep);
+        grid.expert_dp().all_gather(in_ep, all);
+      };
+      hooks.experts_forward = [&](int slot, int l, Tensor rows, const std::vector<int64_t>& counts, Tensor out) {
+        exchange->forward(slot, l, rows, counts, out);
+      };
+      hooks.experts_backward = [&](int slot, int l, Tensor dout, Tensor drows) { exchange->backward(slot, l, dout, drows); };
+    }
+  }
+
+  // Gradients: 09's three groups, and the experts' own (set_expert_group above).
+  const int wte = layout.find("wte");
+  Communicator* embedding = shape.placement == Placement::V ? nullptr : grid.embedding();
+  bool last_micro_batch = false;
+  CommHandle wte_sum;
+  if (zero2) {
+    data_parallel.set_every_micro_batch(embedding && layout.params[wte].held() ? wte : -1);
+    run.set_dp_comm_theory(data_parallel.every_micro_batch_sent_bytes(m, layout.padded_size, double(dtype_size(dtype))),
+                           GradientSync::kEveryMicroBatchFormula);
+  }
+  std::vector<std::pair<int, CommHandle>> summing;
+  auto finish_tp_sums = [&] {
+    for (auto& [param, handle] : summing) {
+      handle.wait();
+      data_parallel.gradient_ready(param);
+    }
+    summing.clear();
+  };
+  pipeline.before_compute = [&](const Action& a) {
+    last_micro_batch = a.micro == m - 1;
+    if (zero2 && a.op == Op::B) data_parallel.micro_batch_done();
+  };
+  const bool rank_holds_embedding = chunks.front()->has_embedding();
+  for (GPT2* chunk : chunks) {
+    const bool wte_not_final_here = rank_holds_embedding && !chunk->has_embedding();
+    chunk->hooks.grad_ready = [&, wte_not_final_here](int param) {
+      if (param == wte && wte_not_final_here) return;
+      if (!last_micro_batch && !zero2) return;
+      const ParamInfo& info = layout.params[param];
+      // An expert is whole on every TP rank but holds other tokens' gradients there: not a TP sum.
+      if (sequence_parallel && info.shard.whole() && info.expert < 0) {
+        summing.emplace_back(param, tp_group.all_reduce_async(grads.view().slice1d(info.offset, info.size), ReduceOp::Sum));
+        return;
+      }
+      if (param == wte && embedding) {
+        if (!last_micro_batch) return;
+        wte_sum = embedding->all_reduce_async(grads.view().slice1d(info.offset, info.size), ReduceOp::Sum);
+        return;
+      }
+      data_parallel.gradient_ready(param);
+    };
+    chunk->hooks.after_backward = [&](int) { finish_tp_sums(); };
+  }
+
+  // Under CP, each micro-batch's tokens at this rank's positions, kept until its backward.
+  std::vector<std::vector<int>> inputs(static_cast<size_t>(m)), targets(static_cast<size_t>(m));
+  auto micro_batch = [&](int step, int micro) {
+    MicroBatch batch = run.micro_batch(step, micro);
+    if (!held.on()) return batch;
+    std::vector<int>& in = inputs[size_t(micro)];
+    std::vector<int>& out = targets[size_t(micro)];
+    in.resize(size_t(batch.B) * T_held), out.resize(in.size());
+    gather_positions(batch.inputs, batch.B, model_cfg.T, held.positions, in.data());
+    gather_positions(batch.targets, batch.B, model_cfg.T, held.positions, out.data());
+    batch.inputs = in.data(), batch.targets = out.data();
+    return batch;
+  };
+
+  for (int step = start; step < cfg.steps; step++) {
+    run.begin_step(step);
+    fill_zero(grads.view());
+    if (zero2) fill_zero(grad_shard.view());
+    if (ring) ring->counters = RingCounters{};
+    const float loss = pipeline.run([&](int micro) { return micro_batch(step, micro); });
+    finish_tp_sums();
+    if (wte_sum.valid()) {
+      wte_sum.wait();
+      wte_sum = CommHandle();
+      data_parallel.gradient_ready(wte);
+    }
+    data_parallel.finish();
+
+    // The norm: each gradient counted once over the grid. A dense tensor on its first data replica
+    // (DP and CP rank 0; under ZeRO-1 every replica's own piece), wte on the first stage, a tensor held
+    // whole on TP rank 0; an expert on the first replica of its holders (EDP rank 0).
+    const Tensor my_grads = sharded ? grad_shard.view() : grads.view();
+    const bool second_wte = rank != 0 && layout.params[wte].held();
+    const bool first_replica = sharded || (at.dp == 0 && at.cp == 0);
+    const double squares = gradient_squares(layout, plan, my_grads, [&](const ParamInfo& info) {
+      if (info.expert >= 0) return at.edp == 0;
+      return first_replica && !(second_wte && info.name == "wte") && (tp.rank == 0 || !info.shard.whole());
+    });
+    const double norm = std::sqrt(grid.world().all_reduce_scalar(squares, ReduceOp::Sum));
+    optimizer.update(params.view(), my_grads, step + 1, run.lr(step), clip_factor(norm, cfg.grad_clip));
+    if (sharded) data_parallel.gather_parameters(params.view());
+
+    // MoE: the step's routing, summed over its micro-batches, each stage its own blocks: one record
+    // of every layer and expert, as 11 writes it.
+    if (moe) {
+      const int L = run_cfg.L, E = run_cfg.experts;
+      Buffer counts(2 * int64_t(L) * E, MemCategory::Other);  // routed, then dropped (exact in fp32 below 2^24)
+      const bool speaks = at.dp == 0 && at.cp == 0 && at.tp == 0;  // one rank per stage
+      for (size_t c = 0; c < chunks.size() && speaks; c++)
+        for (int l = 0; l < L; l++) {
+          if (!parts[c].holds(run_cfg, l + 1)) continue;
+          for (int e = 0; e < E; e++) {
+            counts.f32()[l * E + e] += float(chunks[c]->routed_total(l)[size_t(e)]);
+            counts.f32()[L * E + l * E + e] += float(chunks[c]->dropped_total(l)[size_t(e)]);
+          }
+        }
+      for (GPT2* chunk : chunks) chunk->reset_routing_totals();
+      exchange->release_buffers();
+      grid.world().all_reduce(counts.view(), ReduceOp::Sum);
+      JsonObject record;
+      record.add("type", "experts").add("step", step);
+      for (int l = 0; l < L; l++)
+        for (int e = 0; e < E; e++) {
+          const std::string at_le = "_L" + std::to_string(l) + "_E" + std::to_string(e);
+          record.add("routed" + at_le, double(counts.f32()[l * E + e]));
+          record.add("dropped" + at_le, double(counts.f32()[L * E + l * E + e]));
+        }
+      run.write_record(record);
+    }
+
+    report.add_step(step, pipeline.times());
+    run.end_step(step, loss, norm);
+    if (run.checkpoint_due(step)) run.save_checkpoint(step + 1, params, optimizer);
+    if (run.stopping()) break;
+  }
+  report.finish(tied_copies_equal(embedding, params.view(), layout));
+  return run.finish();
+}
+
+int main(int argc, char** argv) {
+  auto comm = init_mpi_communicator(&argc, &argv);
+  TrainConfig cfg;
+  FlagParser flags;
+  Options opt;
+  PipelineFlags& pipe = opt.pipeline;
+  flags.add("--tp", &opt.tp, "ranks in a tensor-parallel group, innermost (default 1)");
+  flags.add("--cp", &opt.cp, "ranks in a context-parallel ring, next to TP (default 1)");
+  flags.add("--cp-split", &opt.split, "which positions a CP rank holds: zigzag (default) or contiguous", "SPLIT");
+  flags.add("--pp", &pipe.pp, "pipeline stages, outermost (default 1); the rest is data-parallel");
+  flags.add("--ep", &opt.ep, "expert-parallel group size, folded over each stage's DP x CP x TP ranks (MoE presets; "
+                         "default 1)");
+  flags.add("--capacity-factor", &opt.capacity_factor, "an expert takes at most factor x tokens x k / E assignments "
+                                                   "of a global micro-batch (0: unlimited)");
+  flags.add("--aux-loss-coef", &opt.aux_loss_coef, "coefficient of the load-balancing loss E x sum_e f_e P_e");
+  flags.add_switch("--sequence-parallel", &opt.sequence_parallel,
+                   "split the rows between the parallel products too (a MoE preset with --tp needs it)");
+  flags.add_switch("--tp-overlap", &opt.overlap,
+                   "in backward, sum the input's gradient while the weight's gradient is computed");
+  flags.add("--micro-batches", &pipe.micro_batches, "micro-batches per step in each pipeline (default: 2 x --pp)");
+  flags.add("--schedule", &pipe.schedule, "afab, 1f1b (default), interleaved, zb-h1, zb-v or dualpipev");
+  flags.add("--virtual-stages", &pipe.virtual_stages,
+            "model chunks per rank, interleaved (default 2), zb-v and dualpipev (2)");
+  flags.add("--p2p-matching", &opt.matching, "auto (default), tag (MPI: receives posted at the start) or "
+                                             "call-order (NCCL: each receive grouped with the sends before its pass)");
+  flags.add("--partition", &pipe.partition, "blocks per virtual stage, e.g. 3,3,3,3 (default: balanced by FLOPs)");
+  flags.add_switch("--zero1", &pipe.zero1, "shard the optimizer state over each stage's DP x CP group (04; dense)");
+  flags.add_switch("--zero2", &pipe.zero2, "ZeRO-2's rule: reduce-scatter every micro-batch's gradients (05; dense)");
+  flags.add("--bucket-mb", &opt.bucket_mb, "data-parallel bucket size in MB (default: an eighth of the gradient)");
+  flags.add("--tp-link-gbps", &cfg.tp_link_gbps, "the tensor-parallel group's emulated link (default: --link-gbps's)");
+  flags.add("--tp-link-latency-us", &cfg.tp_link_latency_us, "its latency (default: --link-latency-us's)");
+  flags.add_refused("--grad-accum", "a pipeline's micro-batches are its accumulation; use --micro-batches");
+  if (!parse_train_flags(argc, argv, "12_5d_parallel",
+                         "Chapter 12: data x context x tensor x pipeline x expert parallelism on one grid.", flags,
+                         &cfg)) {
+    shutdown_mpi(std::move(comm));
+    return 0;
+  }
+  if (cfg.was_given("--bucket-mb") && !(opt.bucket_mb > 0)) config_error("--bucket-mb must be > 0");
+  if (opt.tp < 1) config_error("--tp must be >= 1");
+  if (opt.cp < 1) config_error("--cp must be >= 1");
+  if (opt.ep < 1) config_error("--ep must be >= 1");
+  if (cfg.was_given("--pp") && pipe.pp < 1) config_error("--pp must be >= 1");
+  if (cfg.was_given("--virtual-stages") && pipe.virtual_stages < 1) config_error("--virtual-stages must be >= 1");
+  if (cfg.was_given("--micro-batches") && pipe.micro_batches < 1) config_error("--micro-batches must be >= 1");
+  if (!(opt.capacity_factor >= 0)) config_error("--capacity-factor must be >= 0 (0: unlimited)");
+  if (!(opt.aux_loss_coef >= 0)) config_error("--aux-loss-coef must be >= 0");
+  ContextSplit split;
+  if (!parse_context_split(opt.split, &split))
+    config_error("--cp-split: '" + opt.split + "' is neither zigzag nor contiguous");
+  GPT2Config preset;
+  if (!find_preset(cfg.preset, &preset))
+    config_error("--preset: unknown preset '" + cfg.preset + "' (choose from " + preset_names() + ")");
+  const std::string split_problem = context_split_problem(preset.T, opt.cp, split, comm->size());
+  if (!split_problem.empty()) config_error(split_problem);
+  // The ring and the experts run on the CPU in this project (docs/context_parallel.md, moe.h).
+  if ((opt.cp > 1 || preset.moe()) && cfg.device == "cuda")
+    config_error("--device cuda with " + std::string(opt.cp > 1 ? "--cp > 1" : "a MoE preset") +
+                 ": ring attention and the experts run on the CPU only in this project; pass --device cpu");
+  if ((opt.cp > 1 || preset.moe()) && cfg.device == "auto") cfg.device = "cpu";
+  comm = communicator_for(pick_device(cfg.device), std::move(comm), cfg.collectives);
+  const int status = train(*comm, cfg, opt);
+  shutdown_mpi(std::move(comm));
+  return status;
+}

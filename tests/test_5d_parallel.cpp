@@ -1,0 +1,146 @@
+// test_5d_parallel.cpp: chapter 12 end to end, through the real trainer binary. Each grid trains to
+// one rank's losses and final parameters: 01's for a dense preset, 11's (one rank, the same
+// micro-batches) for moe-tiny, whose routed and dropped assignments per layer and expert must equal
+// one rank's too. The grids are those where composition goes wrong silently: CP's ring over TP's
+// heads, CP's T/cp rows down a pipeline, EP folded over TP ranks that route their own rows under SP,
+// routing kept per micro-batch in flight, capacity claimed in the global token order across CP's
+// interleaved positions, and all five at 16 ranks with ZeRO-1 and recomputation.
+#include <gtest/gtest.h>
+
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "training_harness.h"
+
+namespace {
+
+constexpr double kTolerance = 1e-5;  // fp32, relative
+
+struct FiveDCase {
+  int ranks;
+  std::string preset;
+  std::string flags;
+  std::string name;
+  int micro_batches = 2;  // 12's --micro-batches (the reference's --grad-accum for a MoE preset)
+};
+
+void PrintTo(const FiveDCase& c, std::ostream* out) { *out << c.ranks << " ranks, " << c.preset << ", " << c.flags; }
+
+class DenseGrid : public testing::TestWithParam<FiveDCase> {};
+class MoEGrid : public testing::TestWithParam<FiveDCase> {};
+
+TEST_P(DenseGrid, TrainsLikeOneRankOf01) {
+  const FiveDCase c = GetParam();
+  const std::string jsonl = expect_trains_like_one_rank_of_01(
+      "12_5d_parallel", c.ranks, c.flags + " --micro-batches " + std::to_string(c.micro_batches), c.preset, "", 10,
+      kTolerance);
+  // Memory by category, activations on T/cp positions of this rank's heads, TP bytes at T/cp, DP x CP bytes:
+  // each its formula.
+  expect_theory_matches(jsonl, /*param_bytes=*/4);
+}
+
+struct Trained {
+  std::string jsonl, checkpoint;
+};
+
+Trained train(const std::string& chapter, int ranks, const std::string& flags) {
+  const std::string dir = temp_dir();
+  Trained run{dir + "/run.jsonl", dir + "/final.bin"};
+  const RunResult result = run_trainer(chapter, ranks, "--preset moe-tiny --steps 3 " + flags + " --json " + run.jsonl +
+                                                           " --save " + run.checkpoint);
+  EXPECT_EQ(result.exit_code, 0) << result.output;
+  return run;
+}
+
+// Every "experts" record's per-layer, per-expert counts of one kind ("routed" or "dropped").
+std::vector<double> expert_counts(const std::string& jsonl, const std::string& kind) {
+  std::vector<double> counts;
+  for (const std::string& record : read_records(jsonl, "experts"))
+    for (int l = 0; l < 2; l++)
+      for (int e = 0; e < 4; e++)
+        counts.push_back(number_field(record, kind + "_L" + std::to_string(l) + "_E" + std::to_string(e)));
+  return counts;
+}
+
+TEST_P(MoEGrid, TrainsLikeOneRankOf11WithTheSameTokensDropped) {
+  const FiveDCase c = GetParam();
+  std::string moe_flags;  // the capacity and the balance loss, for both runs
+  for (const std::string flag : {"--capacity-factor", "--aux-loss-coef"}) {
+    const size_t at = c.flags.find(flag);
+    if (at == std::string::npos) continue;
+    const size_t value_end = c.flags.find(' ', c.flags.find(' ', at) + 1);
+    moe_flags += " " + c.flags.substr(at, value_end == std::string::npos ? std::string::npos : value_end - at);
+  }
+  const Trained one = train("11_expert_parallel", 1, "--grad-accum " + std::to_string(c.micro_batches) + moe_flags);
+  const Trained grid = train("12_5d_parallel", c.ranks, c.flags + " --micro-batches " + std::to_string(c.micro_batches));
+  const LossCurve reference = read_losses(one.jsonl), got = read_losses(grid.jsonl);
+  ASSERT_EQ(got.losses.size(), 3u);
+  EXPECT_LE(max_relative_difference(got, reference), kTolerance);
+  EXPECT_LE(relative_l2_difference(checkpoint_params(grid.checkpoint), checkpoint_params(one.checkpoint)), kTolerance);
+  EXPECT_EQ(expert_counts(grid.jsonl, "routed"), expert_counts(one.jsonl, "routed"));
+  const std::vector<double> dropped = expert_counts(grid.jsonl, "dropped");
+  EXPECT_EQ(dropped, expert_counts(one.jsonl, "dropped"));
+  if (moe_flags.find("--capacity-factor") != std::string::npos) {
+    double total = 0;
+    for (double d : dropped) total += d;
+    EXPECT_GT(total, 0) << "the capacity factor should drop some assignments";
+  }
+}
+
+std::vector<FiveDCase> dense_cases() {
+  return {
+      {4, "tall", "--tp 2 --cp 2", "tp2_cp2"},
+      {4, "tall", "--tp 2 --cp 2 --sequence-parallel --recompute selective", "tp2_cp2_sp_selective"},
+      {4, "tall", "--cp 2 --pp 2 --schedule interleaved", "cp2_pp2_interleaved", 4},
+      {16, "tall", "--cp 2 --tp 2 --pp 2 --zero1 --recompute selective", "dp2_cp2_tp2_pp2_zero1_selective"},
+  };
+}
+
+std::vector<FiveDCase> moe_cases() {
+  return {
+      {4, "moe-tiny", "--tp 2 --pp 2 --ep 2 --sequence-parallel", "moe_tp2_pp2_ep2_sp"},
+      {4, "moe-tiny", "--cp 2 --ep 2 --capacity-factor 1.0", "moe_cp2_ep2_capacity"},
+      {8, "moe-tiny", "--cp 2 --tp 2 --pp 2 --ep 4 --sequence-parallel --capacity-factor 1.0 --aux-loss-coef 0.01",
+       "moe_cp2_tp2_pp2_ep4_capacity"},
+  };
+}
+
+std::string name_of(const testing::TestParamInfo<FiveDCase>& info) { return info.param.name; }
+INSTANTIATE_TEST_SUITE_P(Grids, DenseGrid, testing::ValuesIn(dense_cases()), name_of);
+INSTANTIATE_TEST_SUITE_P(Grids, MoEGrid, testing::ValuesIn(moe_cases()), name_of);
+
+// Checkpoints stay layout-free: 12's resume in 01, 09 and 10, and on another grid of 12; 01's resume in 12.
+TEST(FiveDCheckpoints, ResumeAcrossGridsAndChapters) {
+  expect_checkpoints_cross_grids({"12_5d_parallel", 4, "--tp 2 --cp 2 --sequence-parallel"},
+                                 {{"01_vanilla_dp", 1, ""},
+                                  {"09_3d_parallel", 4, "--tp 2 --pp 2"},
+                                  {"10_context_parallel", 2, "--cp 2"},
+                                  {"12_5d_parallel", 4, "--cp 2 --pp 2"}},
+                                 {"12_5d_parallel", 4, "--cp 2 --tp 2"}, "--preset tall", 8, kTolerance);
+}
+
+// A grid that does not fit is refused on every rank at once, naming the flag and what would fit.
+struct Refusal {
+  int ranks;
+  std::string args, expected;
+};
+
+TEST(FiveDRefusals, EachNamesTheFlagWithinSeconds) {
+  const std::vector<Refusal> refusals = {
+      {4, "--preset tall --tp 2 --cp 3", "--cp"},
+      {4, "--preset moe-tiny --tp 2 --ep 2", "--sequence-parallel"},
+      {4, "--preset moe-tiny --ep 3", "--ep"},
+      {4, "--preset tall --ep 2", "MoE --preset"},
+      {4, "--preset moe-tiny --cp 2 --ep 2 --zero1", "--zero1"},
+      {4, "--preset tall --cp 2 --cp-split diagonal", "--cp-split"},
+  };
+  for (const Refusal& r : refusals) {
+    const RunResult result = run_trainer("12_5d_parallel", r.ranks, "--steps 1 " + r.args, 60);
+    EXPECT_NE(result.exit_code, 0) << r.args << "\n" << result.output;
+    EXPECT_NE(result.output.find(r.expected), std::string::npos) << r.args << "\n" << result.output;
+    EXPECT_LT(result.seconds, 10) << r.args;
+  }
+}
+
+}  // namespace
