@@ -12,9 +12,10 @@
 //             probability and added to its token's stream;
 //   backward: the same two all-to-alls carry the outputs' gradients to the experts and the inputs'
 //             gradients back.
-// The ranks form a DP x EP grid (process_grid.h, ExpertGrid): EP innermost. Everything but the
-// experts is replicated and data-parallel over all ranks (averaged over the world); an expert's
-// gradient is averaged only over the ranks that hold that expert (the expert-data-parallel group).
+// The ranks form the process grid of 07-10 (process_grid.h) with TP, PP and CP 1, its ranks re-split
+// as expert-DP x EP, EP innermost: world rank = edp_rank x EP + ep_rank. Everything but the experts
+// is replicated and data-parallel over all ranks (averaged over the world); an expert's gradient is
+// averaged only over the ranks that hold that expert (the expert-data-parallel group, grid.expert_dp()).
 //
 // What changed since 03: the --ep flag and its grid, the dispatch/combine hooks below, and the
 // buckets' all-reduces split into expert and non-expert ranges on their two groups. What stayed:
@@ -85,7 +86,7 @@ struct ExpertFlags {
 
 int train(Communicator* comm, TrainConfig& cfg, const ExpertFlags& flag) {
   const int ep = flag.ep;
-  ExpertGrid grid(*comm, ep);
+  ProcessGrid grid(*comm, grid_shape(comm->size(), /*tp*/ 1, /*pp*/ 1, /*cp*/ 1, ep));
   // The capacity factor and balance loss the run trains with: the flags', or a resumed checkpoint's.
   TrainingRun run(*comm, grid.ep(), cfg, Strategy::DP, ExpertParallelism{ep, grid.ep().rank()},
                   MoESettings{flag.capacity_factor, flag.aux_loss_coef});
@@ -120,11 +121,14 @@ int train(Communicator* comm, TrainConfig& cfg, const ExpertFlags& flag) {
   for (const Segment& s : segments_of(layout, 0, layout.padded_size))
     if (s.experts) expert_range += s.end - s.begin;
   if (run.is_root()) {
+    // The world as the experts see it, expert-DP x EP (the rest of the model is data-parallel over all of it).
+    const std::string expert_grid =
+        "DP " + std::to_string(grid.expert_dp().size()) + " x EP " + std::to_string(grid.ep().size());
     const int64_t micro_tokens = int64_t(cfg.batch / cfg.grad_accum) * model_cfg.T;  // the capacity's (moe.h)
     const int64_t capacity = MoELayer::capacity_of(model_cfg.capacity_factor, micro_tokens, model_cfg.top_k, E);
     std::printf("grid: %s (TP 1, PP 1, CP 1: neither splits a MoE block) | %d experts per block, %d on each rank | "
                 "top-%d | capacity factor %g (%s) | balance loss x %g | %d buckets\n",
-                grid.describe().c_str(), E, E / ep, model_cfg.top_k, model_cfg.capacity_factor,
+                expert_grid.c_str(), E, E / ep, model_cfg.top_k, model_cfg.capacity_factor,
                 capacity < 0 ? "unlimited"
                              : (std::to_string(capacity) + " per expert of the " + std::to_string(micro_tokens) +
                                 " tokens of a global micro-batch").c_str(),
@@ -202,7 +206,7 @@ int train(Communicator* comm, TrainConfig& cfg, const ExpertFlags& flag) {
     measured.expert_dp_all_reduce_bytes =
         grid.expert_dp().stats().since(edp_before).kind[int(CollectiveKind::AllReduce)].sent_bytes;
     const bool memory_too = step == start + 1 || (start + 1 >= cfg.steps && step == start);
-    report_expert_step(run, grid.ep(), model, measured, theory, ep, grid.dp_size(), memory_too, cfg.quiet);
+    report_expert_step(run, grid.ep(), model, measured, theory, ep, grid.expert_dp().size(), memory_too, cfg.quiet);
     if (run.checkpoint_due(step)) run.save_checkpoint(step + 1, params, optimizer);
     if (run.stopping()) break;  // Ctrl-C or a diverging loss: every rank agreed to stop here
   }
@@ -219,7 +223,7 @@ int main(int argc, char** argv) {
   flags.add("--bucket-mb", &opt.bucket_mb, "target bucket size in MB, a bucket holding whole tensors (default: an "
                                       "eighth of the gradient)");
   flags.add("--ep", &opt.ep, "expert-parallel group size: each of its ranks holds E/ep experts of every block; "
-                         "the world is DP x EP");
+                         "the world is expert-DP x EP");
   flags.add("--capacity-factor", &opt.capacity_factor, "an expert takes at most factor x tokens x k / E assignments "
                                                    "of a global micro-batch, the rest are dropped (0: unlimited)");
   flags.add("--aux-loss-coef", &opt.aux_loss_coef, "coefficient of the load-balancing loss E x sum_e f_e P_e");

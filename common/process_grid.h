@@ -1,17 +1,48 @@
-// process_grid.h: the ranks of a job laid out as a DP x CP x TP x PP grid, and a communicator per group.
-// Defines GridShape, GridCoords, grid_coords(), grid_rank() and ProcessGrid.
+// process_grid.h: the ranks of a job laid out as one DP x CP x TP x PP grid, with expert parallelism
+// (EP) folded inside it, and a communicator per group. Defines GridShape, GridCoords, GridGroup,
+// grid_coords(), grid_rank(), group_ranks() and ProcessGrid.
 //
 // Tensor parallelism (TP) exchanges activations inside every layer, so its groups must be the ranks
 // with the fastest links: consecutive ranks, which launchers place on one node. Pipeline parallelism
 // (PP) exchanges one activation per micro-batch between stages, so it can span nodes. Hence TP
 // innermost, PP outermost:
 //     world rank = ((pp_rank x DP + dp_rank) x CP + cp_rank) x TP + tp_rank
-// Ranks r and r+1 share a TP group; a DP group holds the ranks with the same TP, CP and PP
-// coordinates; a PP group those with the same TP, CP and DP coordinates. Context parallelism (CP,
-// chapter 10) passes keys and values around a ring inside every attention: next to TP, inside DP, as
-// Megatron-LM orders them. Its ranks hold the same parameters as their DP peers, so gradients are
-// averaged over DP x CP (dp_cp()). Without CP (CP = 1) the layout is the DP x TP x PP one of 07-09.
-// The layout is a plain function, so that a test checks it without MPI.
+// Context parallelism (CP, chapter 10) passes keys and values around a ring inside every attention:
+// next to TP, inside DP, as Megatron-LM orders them. Without CP (CP = 1) the layout is the
+// DP x TP x PP one of 07-09.
+//
+// Expert parallelism (EP, chapter 11) is not a fifth factor of the world: it re-splits the ranks of
+// each pipeline stage, as Megatron-Core folds it. A stage holds DP x CP x TP consecutive world ranks,
+// numbered inside it by (dp_rank x CP + cp_rank) x TP + tp_rank; the same numbers are cut again as
+// expert-DP x EP, EP innermost, because its all-to-alls run in every MoE layer and want the fastest
+// links:
+//     rank inside the stage = edp_rank x EP + ep_rank        (EP must divide DP x CP x TP)
+// So EP is carved out of DP x CP and out of TP too: an expert is never split by TP (Megatron's expert
+// tensor parallelism of 1), and the TP ranks of an EP group hold different experts. Under TP > 1 a MoE
+// model therefore needs sequence parallelism, so that each TP rank routes its own tokens rather than
+// the whole group's copy of them. With TP = CP = PP = 1 this is chapter 11's layout:
+//     world rank = edp_rank x EP + ep_rank.
+//
+// The groups, each the ranks that share the coordinates named, ranked by the ones they do not share:
+//   tp:        the same pp, dp and cp: TP consecutive ranks, which split every layer's matrices.
+//   cp:        the same pp, dp and tp: the ring of CP ranks (every TP-th rank) that splits a sequence.
+//   dp:        the same pp, cp and tp: DP replicas of the same parameters, fed different batches.
+//   dp_cp:     the same pp and tp: DP x CP ranks, ranked by dp_rank x CP + cp_rank. They all hold the
+//              same parameters, so gradients are averaged over this group.
+//   pp:        the same dp, cp and tp: the PP stages of one pipeline, one in each stage.
+//   embedding: the first and last ranks of a pipeline (pp_rank 0 and PP-1), which both hold the tied
+//              wte and sum its gradient (Megatron-LM's embedding group). None with one stage, and
+//              none for the stages between, which hold no wte.
+//   ep:        the same stage and edp_rank: EP consecutive ranks that hold the experts between them,
+//              E/EP each, and exchange tokens by all-to-all.
+//   expert_dp: the same stage and ep_rank: every EP-th rank of the stage, DP x CP x TP / EP ranks that
+//              hold the same experts and average their gradients (the rest of the model is averaged
+//              over dp_cp).
+// For example DP 4 x TP 2 (one stage of 8 ranks) with EP 4: TP groups {0,1} {2,3} {4,5} {6,7}, DP
+// groups {0,2,4,6} {1,3,5,7}, EP groups {0,1,2,3} {4,5,6,7} (two TP groups each), expert-DP groups
+// {0,4} {1,5} {2,6} {3,7}.
+// The layout and every group are plain functions, so that a test checks them without MPI, and
+// ProcessGrid builds its communicators from the same function.
 #pragma once
 #include <memory>
 #include <string>
@@ -20,28 +51,42 @@
 #include "comm.h"
 
 struct GridShape {
-  int dp = 1, tp = 1, pp = 1, cp = 1;
-  int world() const { return dp * tp * pp * cp; }
+  int dp = 1, tp = 1, pp = 1, cp = 1, ep = 1;
+  int world() const { return dp * tp * pp * cp; }  // (EP re-splits a stage: it multiplies nothing)
+  int stage_ranks() const { return dp * cp * tp; }
+  int edp() const { return stage_ranks() / ep; }  // the expert-data-parallel degree
 };
 
 struct GridCoords {
-  int dp = 0, tp = 0, pp = 0, cp = 0;
+  int dp = 0, tp = 0, pp = 0, cp = 0, ep = 0, edp = 0;
 };
 
-// The coordinates of world rank `rank`, and the rank of coordinates, in the layout above.
+// The coordinates of world rank `rank`, and the rank of coordinates (from pp, dp, cp and tp: ep and
+// edp follow from them), in the layout above.
 GridCoords grid_coords(const GridShape& shape, int rank);
 int grid_rank(const GridShape& shape, const GridCoords& coords);
 
-// The shape for `world` ranks with `tp`, `pp` and `cp` given: dp = world / (tp x pp x cp). A world that
-// does not divide stops every rank with a message naming the flags (config_error): grid_shape_problem's,
-// "" when the shape is sound.
-GridShape grid_shape(int world, int tp, int pp, int cp = 1);
-std::string grid_shape_problem(int world, int tp, int pp, int cp = 1);
+enum class GridGroup { TP, CP, DP, DPxCP, PP, Embedding, EP, ExpertDP };
+const char* group_name(GridGroup which);  // "tp", "cp", "dp", "dp_cp", "pp", "embedding", "ep", "expert_dp"
+
+// The world ranks of the `which` group that holds `rank`, in the order of their rank within it: the
+// list above. Every member gets the same list. Empty for the embedding group of a rank that has none.
+std::vector<int> group_ranks(const GridShape& shape, int rank, GridGroup which);
+
+// The shape for `world` ranks with `tp`, `pp`, `cp` and `ep` given: dp = world / (tp x pp x cp). A
+// world that does not divide stops every rank with a message naming the flags (config_error):
+// grid_shape_problem's, "" when the shape is sound.
+GridShape grid_shape(int world, int tp, int pp, int cp = 1, int ep = 1);
+std::string grid_shape_problem(int world, int tp, int pp, int cp = 1, int ep = 1);
+
+// Chapter 11's checks of --ep (TP, PP and CP 1) against the world and the preset's E experts, which
+// every rank of an EP group must share equally: "" when sound.
+std::string expert_grid_problem(int world, int ep, int experts, const std::string& preset);
 
 class ProcessGrid {
  public:
-  // Collective over `world`: splits it into the DP, TP and PP groups (comm.h, split), each a
-  // communicator of the same kind as `world`, the CP group, and with CP > 1 the DP x CP group.
+  // Collective over `world`: splits it into every group above (comm.h, split) but the DP x CP group
+  // when CP = 1 (it is then the DP group), each a communicator of the same kind as `world`.
   ProcessGrid(Communicator& world, const GridShape& shape);
 
   const GridShape& shape() const { return shape_; }
@@ -54,39 +99,23 @@ class ProcessGrid {
   // that hold the same parameters, DP x CP, ranked by dp x CP + cp: the DP group itself when CP = 1.
   Communicator& cp() const { return *cp_; }
   Communicator& dp_cp() const { return dp_cp_ ? *dp_cp_ : *dp_; }
-  // Under pipeline parallelism, the first and last stages of this rank's pipeline both hold the tied
-  // wte (the embedding, the LM head) and sum its gradient in this group of two (Megatron-LM's
-  // embedding group). Null with one stage, and on the stages between, which hold no wte.
+  // The two ends of this rank's pipeline, which sum the tied wte's gradient. Null with one stage, and
+  // on the stages between, which hold no wte.
   Communicator* embedding() const { return embedding_.get(); }
-  // "DP 2 x TP 2 x PP 1" (and " x CP 2" with CP > 1)
+  // The expert-parallel group, ranked by ep (at EP = 1 this rank alone), and the ranks that hold the
+  // same experts, ranked by edp (at EP = 1 the whole stage).
+  Communicator& ep() const { return *ep_; }
+  Communicator& expert_dp() const { return *expert_dp_; }
+  // "DP 2 x TP 2 x PP 1", then " x CP 2" with CP > 1 and " x EP 4 (expert DP 2)" with EP > 1: EP re-splits
+  // a stage's DP x CP x TP ranks, so the expert-DP degree says what is left of them.
   std::string describe() const;
 
  private:
+  // Splits the world into the groups of kind `which`, this rank's named `group_name(which)`.
+  std::unique_ptr<Communicator> split(GridGroup which);
+
   Communicator& world_;
   GridShape shape_;
   GridCoords coords_;
-  std::unique_ptr<Communicator> dp_, tp_, pp_, embedding_, cp_, dp_cp_;
-};
-
-// Expert parallelism (chapter 11): the world as DP x EP, EP innermost, because its all-to-alls run in
-// every layer, forward and backward, and want the fastest links:
-//     world rank = dp_rank x EP + ep_rank
-// The EP group (the same dp_rank) holds the E experts between them, E/EP each, and exchanges tokens;
-// the expert-data-parallel group (the same ep_rank) holds the same experts and averages their
-// gradients. Everything else is replicated on every rank and averaged over the world.
-std::string expert_grid_problem(int world, int ep, int experts, const std::string& preset);  // "" when sound
-
-class ExpertGrid {
- public:
-  // Collective over `world`: splits it into the two groups, "ep" and "expert_dp".
-  ExpertGrid(Communicator& world, int ep);
-  int ep_size() const { return ep_size_; }
-  int dp_size() const { return dp_size_; }
-  Communicator& ep() const { return *ep_; }
-  Communicator& expert_dp() const { return *expert_dp_; }
-  std::string describe() const;  // "DP 2 x EP 2"
-
- private:
-  int ep_size_, dp_size_;
-  std::unique_ptr<Communicator> ep_, expert_dp_;
+  std::unique_ptr<Communicator> dp_, tp_, pp_, embedding_, cp_, dp_cp_, ep_, expert_dp_;
 };

@@ -1,6 +1,7 @@
 // test_tensor_parallel.cpp: the pieces chapter 07 (and 08) stand on, below the trainer:
 //   - the process grid: coordinates and ranks are inverse, TP innermost, and every group split from
-//     the world holds exactly the ranks the layout says, ranked by their coordinate;
+//     the world (the EP and expert-DP ones too) holds exactly the ranks the layout says (group_ranks,
+//     checked without MPI in test_process_grid.cpp), ranked by their coordinate;
 //   - the tensor-parallel layout: each rank's slices are Megatron's (qkv cut by heads within each of
 //     q, k and v; fc by rows; proj by columns; wte by vocabulary), and the slices of every rank
 //     together give back the whole model;
@@ -15,8 +16,10 @@
 // Each layer on its own, without MPI: test_tp_layers.cpp.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <cstring>
@@ -146,6 +149,52 @@ TEST(ProcessGrid, ContextParallelGroupsHoldTheRanksOfTheLayout) {
     for (int i = 0; i < s.dp; i++) EXPECT_EQ(dp[i], grid_rank(s, {i, 0, 0, me.cp}));
     for (int d = 0; d < s.dp; d++)
       for (int c = 0; c < cp; c++) EXPECT_EQ(replicas[d * cp + c], grid_rank(s, {d, 0, 0, c}));
+  }
+}
+
+// Every communicator of the grid, with expert parallelism folded in (every TP, PP, CP and EP that
+// divide the world), holds the ranks group_ranks lists, in its order: the plain function
+// test_process_grid.cpp checks is the one the communicators are built from.
+TEST(ProcessGrid, EveryCommunicatorHoldsTheRanksOfGroupRanks) {
+  Communicator& world = test_comm();
+  const int W = world.size();
+  for (int tp = 1; tp <= W; tp++)
+    for (int pp = 1; pp <= W; pp++)
+      for (int cp = 1; cp <= W; cp++) {
+        if (W % (tp * pp * cp) != 0) continue;
+        for (int ep = 1; ep <= W / pp; ep++) {
+          if ((W / pp) % ep != 0) continue;
+          const GridShape s = grid_shape(W, tp, pp, cp, ep);
+          ProcessGrid grid(world, s);
+          SCOPED_TRACE(grid.describe());
+          const std::pair<GridGroup, Communicator*> groups[] = {
+              {GridGroup::TP, &grid.tp()},        {GridGroup::CP, &grid.cp()},
+              {GridGroup::DP, &grid.dp()},        {GridGroup::DPxCP, &grid.dp_cp()},
+              {GridGroup::PP, &grid.pp()},        {GridGroup::Embedding, grid.embedding()},
+              {GridGroup::EP, &grid.ep()},        {GridGroup::ExpertDP, &grid.expert_dp()}};
+          for (const auto& [which, comm] : groups) {
+            const std::vector<int> want = group_ranks(s, world.rank(), which);
+            if (want.empty()) {
+              EXPECT_EQ(comm, nullptr) << group_name(which);
+              continue;
+            }
+            ASSERT_NE(comm, nullptr) << group_name(which);
+            // Gathered before any check, so that a rank that fails leaves none of its peers waiting.
+            const std::vector<float> got = world_ranks_in(world, *comm);
+            EXPECT_EQ(got.size(), want.size()) << group_name(which);
+            for (size_t i = 0; i < std::min(got.size(), want.size()); i++)
+              EXPECT_EQ(got[i], float(want[i])) << group_name(which) << " member " << i;
+            EXPECT_EQ(comm->rank() < int(want.size()) ? want[comm->rank()] : -1, world.rank()) << group_name(which);
+          }
+          EXPECT_EQ(grid.ep().rank(), grid.coords().ep);
+          EXPECT_EQ(grid.expert_dp().rank(), grid.coords().edp);
+        }
+      }
+  if (W == 4) {  // EP is named only when it is above 1, so that 07-10 keep their strings
+    ProcessGrid experts(world, grid_shape(4, 1, 1, 1, 2));
+    EXPECT_EQ(experts.describe(), "DP 4 x TP 1 x PP 1 x EP 2 (expert DP 2)");
+    ProcessGrid dense(world, grid_shape(4, 2, 1, 2));
+    EXPECT_EQ(dense.describe(), "DP 1 x TP 2 x PP 1 x CP 2");
   }
 }
 

@@ -1,0 +1,267 @@
+// test_process_grid.cpp: the one process grid (process_grid.h) as data, without MPI. Over every shape of
+// up to 16 ranks (DP 2 x CP 2 x TP 2 x PP 2 with EP 1, 2, 4 and 8, DP 3 x TP 2 with EP 3, ...):
+// coordinates and ranks are inverse; every group's member list (group_ranks, from which ProcessGrid
+// builds its communicators) has its size, holds the rank at the place of its coordinate, is the same
+// list from every member, and the groups of one kind partition the world; TP groups are consecutive
+// ranks; an EP group stays inside one pipeline stage and meets its expert-DP group in one rank; with
+// TP = CP = PP = 1, EP is chapter 11's layout. Then the refusals of shapes that do not divide, whose
+// suggestions must fit. The communicators themselves: test_tensor_parallel.cpp, under mpiexec.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "process_grid.h"
+
+namespace {
+
+// Every kind but the embedding group, which pairs the ends of a pipeline only (tested on its own).
+const GridGroup kPartitions[] = {GridGroup::TP, GridGroup::CP, GridGroup::DP,      GridGroup::DPxCP,
+                                 GridGroup::PP, GridGroup::EP, GridGroup::ExpertDP};
+
+std::string name_of(const GridShape& s) {
+  return "DP " + std::to_string(s.dp) + " x CP " + std::to_string(s.cp) + " x TP " + std::to_string(s.tp) + " x PP " +
+         std::to_string(s.pp) + ", EP " + std::to_string(s.ep);
+}
+
+// Every shape of 1 to 16 ranks, with every EP that divides a stage's DP x CP x TP ranks.
+std::vector<GridShape> all_shapes() {
+  std::vector<GridShape> shapes;
+  for (int dp = 1; dp <= 16; dp++)
+    for (int cp = 1; dp * cp <= 16; cp++)
+      for (int tp = 1; dp * cp * tp <= 16; tp++)
+        for (int pp = 1; dp * cp * tp * pp <= 16; pp++)
+          for (int ep = 1; ep <= dp * cp * tp; ep++)
+            if ((dp * cp * tp) % ep == 0) shapes.push_back({dp, tp, pp, cp, ep});
+  return shapes;
+}
+
+bool has_shape(const std::vector<GridShape>& shapes, GridShape want) {
+  return std::any_of(shapes.begin(), shapes.end(), [&](const GridShape& s) {
+    return s.dp == want.dp && s.tp == want.tp && s.pp == want.pp && s.cp == want.cp && s.ep == want.ep;
+  });
+}
+
+// The size of a group of `which`, and the place a rank with coordinates `c` holds in it.
+int expected_size(const GridShape& s, GridGroup which) {
+  switch (which) {
+    case GridGroup::TP: return s.tp;
+    case GridGroup::CP: return s.cp;
+    case GridGroup::DP: return s.dp;
+    case GridGroup::DPxCP: return s.dp * s.cp;
+    case GridGroup::PP: return s.pp;
+    case GridGroup::Embedding: return 2;
+    case GridGroup::EP: return s.ep;
+    case GridGroup::ExpertDP: return s.edp();
+  }
+  return -1;
+}
+
+int expected_place(const GridShape& s, const GridCoords& c, GridGroup which) {
+  switch (which) {
+    case GridGroup::TP: return c.tp;
+    case GridGroup::CP: return c.cp;
+    case GridGroup::DP: return c.dp;
+    case GridGroup::DPxCP: return c.dp * s.cp + c.cp;
+    case GridGroup::PP: return c.pp;
+    case GridGroup::Embedding: return c.pp == 0 ? 0 : 1;
+    case GridGroup::EP: return c.ep;
+    case GridGroup::ExpertDP: return c.edp;
+  }
+  return -1;
+}
+
+TEST(GridShapes, CoverTheShapesOfTheLesson) {
+  const std::vector<GridShape> shapes = all_shapes();
+  for (int ep : {1, 2, 4, 8}) EXPECT_TRUE(has_shape(shapes, {2, 2, 2, 2, ep})) << ep;
+  EXPECT_TRUE(has_shape(shapes, {3, 2, 1, 1, 3}));
+  EXPECT_TRUE(has_shape(shapes, {4, 1, 1, 1, 2}));  // chapter 11's DP 2 x EP 2
+}
+
+TEST(GridLayout, CoordinatesAndRanksAreInverse) {
+  for (const GridShape& s : all_shapes()) {
+    SCOPED_TRACE(name_of(s));
+    for (int r = 0; r < s.world(); r++) {
+      const GridCoords c = grid_coords(s, r);
+      ASSERT_TRUE(c.dp >= 0 && c.dp < s.dp && c.tp >= 0 && c.tp < s.tp && c.pp >= 0 && c.pp < s.pp && c.cp >= 0 &&
+                  c.cp < s.cp && c.ep >= 0 && c.ep < s.ep && c.edp >= 0 && c.edp < s.edp())
+          << "rank " << r;
+      EXPECT_EQ(grid_rank(s, c), r);
+      // The header's two numberings of a rank inside its stage are one number.
+      const int inside = (c.dp * s.cp + c.cp) * s.tp + c.tp;
+      EXPECT_EQ(c.pp * s.stage_ranks() + inside, r);
+      EXPECT_EQ(c.edp * s.ep + c.ep, inside) << "rank " << r;
+    }
+  }
+}
+
+// Each group: its size, the rank at the place of its coordinate, the same list from every member;
+// and the groups of one kind, each counted once, cover every rank exactly once.
+TEST(GridGroups, EveryKindPartitionsTheWorldRankedByItsCoordinate) {
+  for (const GridShape& s : all_shapes()) {
+    for (GridGroup which : kPartitions) {
+      SCOPED_TRACE(name_of(s) + ", group " + group_name(which));
+      std::vector<int> covered(s.world(), 0);
+      for (int r = 0; r < s.world(); r++) {
+        const std::vector<int> members = group_ranks(s, r, which);
+        ASSERT_EQ(int(members.size()), expected_size(s, which)) << "rank " << r;
+        const int place = expected_place(s, grid_coords(s, r), which);
+        ASSERT_EQ(members[place], r) << "rank " << r << " is not at its coordinate";
+        for (int m : members) {
+          ASSERT_TRUE(m >= 0 && m < s.world()) << m;
+          EXPECT_EQ(group_ranks(s, m, which), members) << "rank " << r << " and member " << m << " disagree";
+        }
+        if (members.front() == r) for (int m : members) covered[m]++;  // each group counted at its first member
+      }
+      for (int r = 0; r < s.world(); r++) EXPECT_EQ(covered[r], 1) << "rank " << r;
+    }
+  }
+}
+
+// The members differ from the rank in the group's own coordinates only: a TP group keeps pp, dp and cp,
+// an EP group its stage and edp, and so on.
+TEST(GridGroups, MembersShareEveryOtherCoordinate) {
+  for (const GridShape& s : all_shapes()) {
+    SCOPED_TRACE(name_of(s));
+    for (int r = 0; r < s.world(); r++) {
+      const GridCoords c = grid_coords(s, r);
+      auto coords_of = [&](GridGroup which) {
+        std::vector<GridCoords> out;
+        for (int m : group_ranks(s, r, which)) out.push_back(grid_coords(s, m));
+        return out;
+      };
+      for (const GridCoords& m : coords_of(GridGroup::TP)) EXPECT_TRUE(m.pp == c.pp && m.dp == c.dp && m.cp == c.cp);
+      for (const GridCoords& m : coords_of(GridGroup::CP)) EXPECT_TRUE(m.pp == c.pp && m.dp == c.dp && m.tp == c.tp);
+      for (const GridCoords& m : coords_of(GridGroup::DP)) EXPECT_TRUE(m.pp == c.pp && m.cp == c.cp && m.tp == c.tp);
+      for (const GridCoords& m : coords_of(GridGroup::DPxCP)) EXPECT_TRUE(m.pp == c.pp && m.tp == c.tp);
+      for (const GridCoords& m : coords_of(GridGroup::PP)) EXPECT_TRUE(m.dp == c.dp && m.cp == c.cp && m.tp == c.tp);
+      for (const GridCoords& m : coords_of(GridGroup::EP)) EXPECT_TRUE(m.pp == c.pp && m.edp == c.edp);
+      for (const GridCoords& m : coords_of(GridGroup::ExpertDP)) EXPECT_TRUE(m.pp == c.pp && m.ep == c.ep);
+    }
+  }
+}
+
+// TP wants the fastest links, so its groups are consecutive ranks (one node); so are EP's, inside one
+// stage. An EP group and its expert-DP group are the two axes through a rank: they meet only there.
+TEST(GridGroups, TensorAndExpertGroupsAreConsecutiveAndExpertGroupsStayInAStage) {
+  for (const GridShape& s : all_shapes()) {
+    SCOPED_TRACE(name_of(s));
+    for (int r = 0; r < s.world(); r++) {
+      const std::vector<int> tp = group_ranks(s, r, GridGroup::TP);
+      for (size_t i = 0; i < tp.size(); i++) EXPECT_EQ(tp[i], tp[0] + int(i)) << "rank " << r;
+      const std::vector<int> ep = group_ranks(s, r, GridGroup::EP);
+      for (size_t i = 0; i < ep.size(); i++) EXPECT_EQ(ep[i], ep[0] + int(i)) << "rank " << r;
+      const int stage = r / s.stage_ranks();
+      for (int m : ep) EXPECT_EQ(grid_coords(s, m).pp, stage) << "rank " << r << "'s EP group leaves the stage: " << m;
+      std::vector<int> edp = group_ranks(s, r, GridGroup::ExpertDP), both;
+      std::vector<int> ep_sorted = ep;
+      std::sort(edp.begin(), edp.end());
+      std::sort(ep_sorted.begin(), ep_sorted.end());
+      std::set_intersection(ep_sorted.begin(), ep_sorted.end(), edp.begin(), edp.end(), std::back_inserter(both));
+      EXPECT_EQ(both, std::vector<int>{r});
+    }
+  }
+}
+
+// With TP = CP = PP = 1, chapter 11's layout before the grids were one: world rank = dp_rank x EP +
+// ep_rank, the EP group the consecutive ranks of one dp_rank, expert-DP the ranks of one ep_rank.
+TEST(GridGroups, WithoutTensorContextOrPipelineExpertsKeepChapter11sLayout) {
+  for (int world = 1; world <= 16; world++)
+    for (int ep = 1; ep <= world; ep++) {
+      if (world % ep) continue;
+      const GridShape s = grid_shape(world, 1, 1, 1, ep);
+      SCOPED_TRACE(name_of(s));
+      for (int r = 0; r < world; r++) {
+        const int dp_rank = r / ep, ep_rank = r % ep;
+        std::vector<int> ep_group, expert_dp;
+        for (int i = 0; i < ep; i++) ep_group.push_back(dp_rank * ep + i);
+        for (int i = 0; i < world / ep; i++) expert_dp.push_back(i * ep + ep_rank);
+        EXPECT_EQ(group_ranks(s, r, GridGroup::EP), ep_group);
+        EXPECT_EQ(group_ranks(s, r, GridGroup::ExpertDP), expert_dp);
+      }
+    }
+}
+
+// The ends of every pipeline pair up; the stages between, and a pipeline of one stage, have none.
+TEST(GridGroups, EmbeddingGroupsPairTheEndsOfEachPipeline) {
+  for (const GridShape& s : all_shapes()) {
+    SCOPED_TRACE(name_of(s));
+    std::vector<int> covered(s.world(), 0);
+    for (int r = 0; r < s.world(); r++) {
+      const GridCoords c = grid_coords(s, r);
+      const std::vector<int> members = group_ranks(s, r, GridGroup::Embedding);
+      const bool end = s.pp > 1 && (c.pp == 0 || c.pp == s.pp - 1);
+      if (!end) {
+        EXPECT_TRUE(members.empty()) << "rank " << r;
+        continue;
+      }
+      GridCoords first = c, last = c;
+      first.pp = 0;
+      last.pp = s.pp - 1;
+      ASSERT_EQ(members, (std::vector<int>{grid_rank(s, first), grid_rank(s, last)})) << "rank " << r;
+      EXPECT_EQ(members[expected_place(s, c, GridGroup::Embedding)], r);
+      EXPECT_EQ(group_ranks(s, members[0], GridGroup::Embedding), group_ranks(s, members[1], GridGroup::Embedding));
+      if (members.front() == r) for (int m : members) covered[m]++;
+    }
+    for (int r = 0; r < s.world(); r++) {
+      const int pp = grid_coords(s, r).pp;
+      EXPECT_EQ(covered[r], s.pp > 1 && (pp == 0 || pp == s.pp - 1) ? 1 : 0) << "rank " << r;
+    }
+  }
+}
+
+// The world size a refusal suggests ("run on a multiple of N ranks"), or 0.
+int suggested_world(const std::string& problem) {
+  const std::string before = "run on a multiple of ";
+  const size_t at = problem.find(before);
+  return at == std::string::npos ? 0 : std::stoi(problem.substr(at + before.size()));
+}
+
+TEST(GridShapeProblem, ExpertGroupsMustDivideAStageAndTheSuggestionFits) {
+  // Chapter 11's message, as before the grids were one.
+  EXPECT_EQ(grid_shape_problem(3, 1, 1, 1, 2),
+            "the 3 ranks do not divide into expert-parallel groups of --ep 2: run on a multiple of 2 ranks, or change "
+            "--ep");
+  EXPECT_EQ(grid_shape_problem(12, 1, 2, 1, 4),
+            "the 6 ranks of each pipeline stage do not divide into expert-parallel groups of --ep 4: run on a multiple "
+            "of 8 ranks, or change --ep");
+  EXPECT_EQ(grid_shape_problem(4, 1, 1, 1, 0), "--ep must be >= 1");
+  EXPECT_EQ(grid_shape_problem(16, 2, 2, 2, 8), "");
+  EXPECT_EQ(grid_shape_problem(6, 2, 1, 1, 3), "");
+  // Whatever the flags, a refused world suggests one that fits, and the shape made of a sound one holds
+  // what was asked.
+  for (int world = 1; world <= 16; world++)
+    for (int tp : {1, 2, 3})
+      for (int pp : {1, 2, 3})
+        for (int cp : {1, 2})
+          for (int ep : {1, 2, 3, 4, 6, 8}) {
+            const std::string problem = grid_shape_problem(world, tp, pp, cp, ep);
+            SCOPED_TRACE(std::to_string(world) + " ranks, tp " + std::to_string(tp) + " pp " + std::to_string(pp) +
+                         " cp " + std::to_string(cp) + " ep " + std::to_string(ep) + ": " + problem);
+            if (problem.empty()) {
+              const GridShape s = grid_shape(world, tp, pp, cp, ep);
+              EXPECT_EQ(s.world(), world);
+              EXPECT_TRUE(s.tp == tp && s.pp == pp && s.cp == cp && s.ep == ep);
+              EXPECT_EQ(s.stage_ranks() % ep, 0);
+              continue;
+            }
+            const int fits = suggested_world(problem);
+            ASSERT_GT(fits, 0);
+            EXPECT_EQ(grid_shape_problem(fits, tp, pp, cp, ep), "");
+            EXPECT_EQ(grid_shape_problem(2 * fits, tp, pp, cp, ep), "");
+          }
+}
+
+TEST(GridShapeProblem, ChapterElevenChecksTheExpertsToo) {
+  EXPECT_EQ(expert_grid_problem(4, 2, 4, "moe-tiny"), "");
+  EXPECT_EQ(expert_grid_problem(3, 2, 4, "moe-tiny"), grid_shape_problem(3, 1, 1, 1, 2));
+  EXPECT_EQ(expert_grid_problem(3, 3, 4, "moe-tiny"),
+            "--ep 3 must divide the 4 experts of --preset moe-tiny (every rank of an expert-parallel group holds an "
+            "equal number of them)");
+  EXPECT_NE(expert_grid_problem(2, 2, 0, "tiny").find("has no experts"), std::string::npos);
+  EXPECT_EQ(expert_grid_problem(2, 0, 4, "moe-tiny"), "--ep must be >= 1");
+}
+
+}  // namespace
