@@ -45,6 +45,7 @@
 #include "context_split.h"
 #include "data_parallel.h"
 #include "device.h"
+#include "grid_report.h"  // report_groups
 #include "flags.h"
 #include "memory.h"
 #include "model.h"
@@ -56,6 +57,7 @@
 #include "pipeline_schedule.h"
 #include "process_grid.h"
 #include "shards.h"
+#include "theory.h"  // predict_tensor_parallel, ring_sent_bytes, routing_counts_bytes
 #include "training_run.h"
 
 struct Options {
@@ -174,7 +176,10 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
   GradientSync data_parallel(replicas, buckets, grads.view(), sharded ? &plan : nullptr, grad_shard.view());
   // An expert's gradient sums the tokens of its whole EP group; averaged over its EDP replicas it must
   // come out as the mean over the DP x CP data replicas: EDP / (DP x CP) = TP / EP.
-  if (moe) data_parallel.set_expert_group(grid.expert_dp(), float(t) / float(opt.ep));
+  if (moe) {
+    data_parallel.set_expert_group(grid.expert_dp(), float(t) / float(opt.ep));
+    run.add_group("expert_dp", grid.expert_dp());
+  }
   AdamW optimizer(layout, plan, cfg.weight_decay, device, dtype);
   std::vector<std::unique_ptr<GPT2>> models;
   std::vector<GPT2*> chunks;
@@ -320,11 +325,69 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
     return batch;
   };
 
+  // What each group sends in a step, against its formula (grid_report.h; docs/theory.md, section 16).
+  struct GroupStats {
+    CommStats tp, cp, dp_cp, ep, expert_dp;
+  };
+  auto group_stats = [&] {
+    return GroupStats{tp_group.stats(), grid.cp().stats(), replicas.stats(), grid.ep().stats(), grid.expert_dp().stats()};
+  };
+  int held_blocks = 0;  // this rank's blocks, every chunk
+  for (const ModelPart& part : parts)
+    for (int u = part.first_unit; u <= part.last(model_cfg); u++) held_blocks += u >= 1 && u <= model_cfg.L;
+  int64_t expert_range = 0;  // the expert buckets' elements (their tensors and padding)
+  for (int b = 0; b < buckets.count(); b++)
+    if (buckets.holds_experts(b)) expert_range += buckets.size(b);
+  const double w = double(dtype_size(dtype));
+  const int N = replicas.size(), D = grid.expert_dp().size(), P = grid.ep().size();
+  const int64_t record = moe ? chunks.front()->expert_hooks.record_size(run_cfg.experts) : 0;
+  GPT2Config held_cfg = run_cfg;  // every TP collective carries this rank's T/cp positions
+  held_cfg.T = T_held;
+  std::vector<std::pair<std::string, std::string>> formulas = {
+      {"tp", "per micro-batch 09's TP collectives on T/cp positions, + the tensors held whole (theory.h, "
+             "predict_tensor_parallel)"},
+      {"cp", "(2 x passes + 4) (cp-1)/cp x L' m B T C/t x 4: K and V forward, again with their gradients backward"},
+      {"dp_cp", sharded ? "reduce-scatter + all-gather over DP x CP: 2(N-1)/N x w x (padded - experts)"
+                        : "all-reduce over DP x CP: 2(N-1)/N x w x (padded - experts)"}};
+  if (moe) {
+    formulas.push_back({"expert_dp", "2(D-1)/D x 4 x experts' ranges + the counts' second gather: L' m (D-1) ep rec x 4"});
+    formulas.push_back({"ep", "the all-to-alls at this step's routing (11) + the counts' first gather: L' m (ep-1) rec x 4"});
+    formulas.push_back({"expert_params", "L' x E/ep x (8C^2 + 5C) x 4"});
+  }
+  auto group_rows = [&](const GroupStats& at_start) {
+    const GroupStats now = group_stats();
+    TensorParallelPrediction tp_theory = predict_tensor_parallel(held_cfg, micro_B, tp, dtype, parts);
+    const TensorParallelPrediction whole = predict_tensor_parallel(run_cfg, micro_B, tp, dtype, parts);
+    const double dense_dp = zero2 ? data_parallel.every_micro_batch_sent_bytes(m, layout.padded_size, w)
+                                  : 2.0 * (N - 1) / N * w * double(layout.padded_size - expert_range);
+    std::vector<GroupRow> rows = {
+        {"tp", double(now.tp.since(at_start.tp).training_sent_bytes()),
+         t > 1 ? m * tp_theory.bytes_per_micro_batch + whole.partial_grad_bytes : 0.0},
+        {"cp", double(now.cp.since(at_start.cp).training_sent_bytes()),
+         ring_sent_bytes(run_cfg, held_blocks, m, micro_B, cp, t) * (cp > 1 ? 1 : 0)},
+        {"dp_cp", double(now.dp_cp.since(at_start.dp_cp).training_sent_bytes()), dense_dp}};
+    if (moe) {
+      double expert_params = 0;
+      for (const ParamInfo& p : layout.params)
+        if (p.expert >= 0) expert_params += 4.0 * double(p.size);
+      const double C = run_cfg.C;
+      rows.push_back({"expert_dp", double(now.expert_dp.since(at_start.expert_dp).training_sent_bytes()),
+                      2.0 * (D - 1) / D * 4 * double(expert_range) + routing_counts_bytes(held_blocks, m, D, P, record)});
+      rows.push_back({"ep", double(now.ep.since(at_start.ep).training_sent_bytes()),
+                      double(exchange->predicted_sent_bytes()) + routing_counts_bytes(held_blocks, m, P, 1, record)});
+      rows.push_back({"expert_params", expert_params,
+                      double(held_blocks) * (run_cfg.experts / opt.ep) * (8 * C * C + 5 * C) * 4});
+    }
+    return rows;
+  };
+
   for (int step = start; step < cfg.steps; step++) {
     run.begin_step(step);
     fill_zero(grads.view());
     if (zero2) fill_zero(grad_shard.view());
     if (ring) ring->counters = RingCounters{};
+    if (exchange) exchange->reset_predictions();
+    const GroupStats before = group_stats();
     const float loss = pipeline.run([&](int micro) { return micro_batch(step, micro); });
     finish_tp_sums();
     if (wte_sum.valid()) {
@@ -378,6 +441,8 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
 
     report.add_step(step, pipeline.times());
     run.end_step(step, loss, norm);
+    // After step 1 (or the only step), every rank's groups next to their formulas.
+    if (step == std::max(start, 1) || (start + 1 >= cfg.steps && step == start)) report_groups(run, world, group_rows(before), formulas);
     if (run.checkpoint_due(step)) run.save_checkpoint(step + 1, params, optimizer);
     if (run.stopping()) break;
   }

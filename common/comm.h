@@ -58,6 +58,9 @@ struct CommStats {
   int64_t total_calls() const;
   int64_t total_launched() const;  // every kind, Scalar included: callers subtract what they need
   int64_t total_sent_bytes() const;
+  // Training traffic only: every kind but Scalar (the loss and norm scalars are metrics, not what
+  // theory counts).
+  int64_t training_sent_bytes() const { return total_sent_bytes() - kind[int(CollectiveKind::Scalar)].sent_bytes; }
   int64_t total_received_bytes() const;
   double total_busy_ms() const;
   // The counts of what happened between `before` (an earlier copy of these statistics) and now. The

@@ -161,15 +161,25 @@ TensorParallelPrediction predict_tensor_parallel(const GPT2Config& cfg, int micr
   // again, for the weights' gradients. The embedding: a reduce-scatter, then an all-gather; the head:
   // an all-gather, a reduce-scatter, and its input gathered again. Full recomputation replays per
   // block the two column inputs' all-gathers and the attention projection's reduce-scatter.
-  p.regathers = int(2 * L + H);
+  // A MoE block (chapter 12; SP is then required) splits only its attention: half of those, and its
+  // router, held whole, is summed with the layernorms and the projection's bias (no MLP biases).
+  const double halves = cfg.moe() ? 1 : 2;
+  p.regathers = int(halves * L + H);
   p.recomputed = full ? int(3 * L) : 0;
-  p.all_gathers = int(4 * L + E + H) + p.regathers + (full ? int(2 * L) : 0);
-  p.reduce_scatters = int(4 * L + E + H) + (full ? int(L) : 0);
+  p.all_gathers = int(2 * halves * L + E + H) + p.regathers + (full ? int(2 * L) : 0);
+  p.reduce_scatters = int(2 * halves * L + E + H) + (full ? int(L) : 0);
   p.bytes_per_micro_batch = (p.all_gathers + p.reduce_scatters) * (t - 1) / t * activations + loss_bytes;
-  const double whole_params = L * 6 * cfg.C + H * 2 * cfg.C + E * double(cfg.T) * cfg.C;
+  const double per_block = cfg.moe() ? 5.0 * cfg.C + double(cfg.experts) * cfg.C : 6.0 * cfg.C;
+  const double whole_params = L * per_block + H * 2 * cfg.C + E * double(cfg.T) * cfg.C;
   p.partial_grad_all_reduces = int(6 * L + E + 2 * H);
   p.partial_grad_bytes = 2 * (t - 1) / t * whole_params * w;
-  if (parts.empty())
+  if (cfg.moe())
+    p.formula = "(5" + Ls + (embedding ? " + 2 embedding" : "") + (head ? " + 3 head" : "") +
+                ") gathers/scatters x (t-1)/t x BTC (a MoE block splits its attention only)" +
+                (head ? " + 3 x 2(t-1)/t x BT x 4 B" : "") + "; per step 6" + Ls +
+                " all-reduces of the tensors held whole, 2(t-1)/t x (" + Ls + "(5C + EC)" +
+                (embedding ? " + TC" : "") + (head ? " + 2C" : "") + ")";
+  else if (parts.empty())
     p.formula = std::string(full ? "(13L + 5)" : "(10L + 5)") +
                 " gathers/scatters x (t-1)/t x BTC + 3 x 2(t-1)/t x BT x 4 B; per step (6L + 3) all-reduces, "
                 "2(t-1)/t x (6LC + 2C + TC)";
@@ -266,4 +276,13 @@ MemoryForecast forecast_memory(Strategy strategy, const ParamLayout& layout, con
     m.checkpoint = saves_or_resumes ? full : 0;
   }
   return m;
+}
+
+double ring_sent_bytes(const GPT2Config& cfg, int blocks, int m, int B, int cp, int tp) {
+  const double passes = cfg.recompute == Recompute::Full ? 2 : 1;
+  return (2 * passes + 4) * double(cp - 1) / cp * blocks * double(m) * B * cfg.T * (double(cfg.C) / tp) * 4;
+}
+
+double routing_counts_bytes(int blocks, int m, int group, int64_t chunk, int64_t record) {
+  return double(blocks) * m * (group - 1) * double(chunk) * double(record) * 4;
 }

@@ -114,3 +114,14 @@ struct MemoryForecast {
 MemoryForecast forecast_memory(Strategy strategy, const ParamLayout& layout, const GPT2Config& cfg, int micro_B,
                                int micro_batches, DType dtype, Device device, bool flash, bool saves_or_resumes,
                                double data_bytes, TensorParallelism tp = {}, const PipelineParallelism& pp = {});
+
+// Chapter 12's groups, per rank and step (4-byte elements; docs/theory.md, section 16). `blocks`:
+// the blocks this rank runs (every chunk), m the micro-batches of a step, B a micro-batch's sequences.
+// CP's ring: each layer sends (cp-1)/cp of K and V forward (twice under full recomputation), and in
+// backward the blocks again and their gradients, of this rank's C/t channels (its heads):
+//   (2 x passes + 4) (cp-1)/cp x blocks m B T C/t x 4.
+double ring_sent_bytes(const GPT2Config& cfg, int blocks, int m, int B, int cp, int tp);
+// The routing counts' all-gather over a stage of S ranks, one record of `record` int32s a rank, per
+// block and micro-batch, in two steps (EP, then expert DP): the group of `group` ranks receiving
+// `chunk` records from each of the others:  blocks m (group-1) chunk record x 4.
+double routing_counts_bytes(int blocks, int m, int group, int64_t chunk, int64_t record);

@@ -32,9 +32,7 @@ namespace {
 int64_t training_calls(const CommStats& s) {
   return s.total_calls() - s.kind[int(CollectiveKind::Scalar)].calls;
 }
-int64_t training_sent_bytes(const CommStats& s) {
-  return s.total_sent_bytes() - s.kind[int(CollectiveKind::Scalar)].sent_bytes;
-}
+int64_t training_sent_bytes(const CommStats& s) { return s.training_sent_bytes(); }
 
 // Ctrl-C (SIGINT; mpiexec passes it on to every rank), SIGTERM (what schedulers and `kill` send) and
 // SIGHUP (a closed terminal) only raise a flag: the ranks agree at the end of the step to stop

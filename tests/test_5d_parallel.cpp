@@ -27,6 +27,18 @@ struct FiveDCase {
 
 void PrintTo(const FiveDCase& c, std::ostream* out) { *out << c.ranks << " ranks, " << c.preset << ", " << c.flags; }
 
+// Every rank's bytes in every group of the grid (and its expert parameters) equal their formulas.
+void expect_groups_match_theory(const std::string& jsonl, int ranks, const std::vector<std::string>& names) {
+  const std::string groups = read_record(jsonl, "groups");
+  ASSERT_FALSE(groups.empty()) << "no groups record in " << jsonl;
+  for (int q = 0; q < ranks; q++)
+    for (const std::string& name : names) {
+      const std::string key = "rank" + std::to_string(q) + "_" + name;
+      const double measured = number_field(groups, key), theory = number_field(groups, key + "_theory");
+      EXPECT_NEAR(measured, theory, 1e-9 * theory + 0.5) << key << " in " << groups;
+    }
+}
+
 class DenseGrid : public testing::TestWithParam<FiveDCase> {};
 class MoEGrid : public testing::TestWithParam<FiveDCase> {};
 
@@ -38,6 +50,7 @@ TEST_P(DenseGrid, TrainsLikeOneRankOf01) {
   // Memory by category, activations on T/cp positions of this rank's heads, TP bytes at T/cp, DP x CP bytes:
   // each its formula.
   expect_theory_matches(jsonl, /*param_bytes=*/4);
+  expect_groups_match_theory(jsonl, c.ranks, {"tp", "cp", "dp_cp"});
 }
 
 struct Trained {
@@ -81,6 +94,7 @@ TEST_P(MoEGrid, TrainsLikeOneRankOf11WithTheSameTokensDropped) {
   EXPECT_EQ(expert_counts(grid.jsonl, "routed"), expert_counts(one.jsonl, "routed"));
   const std::vector<double> dropped = expert_counts(grid.jsonl, "dropped");
   EXPECT_EQ(dropped, expert_counts(one.jsonl, "dropped"));
+  expect_groups_match_theory(grid.jsonl, c.ranks, {"tp", "cp", "dp_cp", "expert_dp", "ep", "expert_params"});
   if (moe_flags.find("--capacity-factor") != std::string::npos) {
     double total = 0;
     for (double d : dropped) total += d;
