@@ -429,7 +429,7 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
       exchange->release_buffers();
       grid.world().all_reduce(counts.view(), ReduceOp::Sum);
       JsonObject record;
-      record.add("type", "experts").add("step", step);
+      record.add("type", "experts").add("step", step).add("layers", L).add("experts", E);
       for (int l = 0; l < L; l++)
         for (int e = 0; e < E; e++) {
           const std::string at_le = "_L" + std::to_string(l) + "_E" + std::to_string(e);

@@ -60,7 +60,7 @@ struct Trained {
 Trained train(const std::string& chapter, int ranks, const std::string& flags) {
   const std::string dir = temp_dir();
   Trained run{dir + "/run.jsonl", dir + "/final.bin"};
-  const RunResult result = run_trainer(chapter, ranks, "--preset moe-tiny --steps 3 " + flags + " --json " + run.jsonl +
+  const RunResult result = run_trainer(chapter, ranks, "--steps 3 " + flags + " --json " + run.jsonl +
                                                            " --save " + run.checkpoint);
   EXPECT_EQ(result.exit_code, 0) << result.output;
   return run;
@@ -70,8 +70,8 @@ Trained train(const std::string& chapter, int ranks, const std::string& flags) {
 std::vector<double> expert_counts(const std::string& jsonl, const std::string& kind) {
   std::vector<double> counts;
   for (const std::string& record : read_records(jsonl, "experts"))
-    for (int l = 0; l < 2; l++)
-      for (int e = 0; e < 4; e++)
+    for (int l = 0; l < int(number_field(record, "layers")); l++)
+      for (int e = 0; e < int(number_field(record, "experts")); e++)
         counts.push_back(number_field(record, kind + "_L" + std::to_string(l) + "_E" + std::to_string(e)));
   return counts;
 }
@@ -85,8 +85,10 @@ TEST_P(MoEGrid, TrainsLikeOneRankOf11WithTheSameTokensDropped) {
     const size_t value_end = c.flags.find(' ', c.flags.find(' ', at) + 1);
     moe_flags += " " + c.flags.substr(at, value_end == std::string::npos ? std::string::npos : value_end - at);
   }
-  const Trained one = train("11_expert_parallel", 1, "--grad-accum " + std::to_string(c.micro_batches) + moe_flags);
-  const Trained grid = train("12_5d_parallel", c.ranks, c.flags + " --micro-batches " + std::to_string(c.micro_batches));
+  const std::string preset = "--preset " + c.preset + " ";
+  const Trained one = train("11_expert_parallel", 1, preset + "--grad-accum " + std::to_string(c.micro_batches) + moe_flags);
+  const Trained grid =
+      train("12_5d_parallel", c.ranks, preset + c.flags + " --micro-batches " + std::to_string(c.micro_batches));
   const LossCurve reference = read_losses(one.jsonl), got = read_losses(grid.jsonl);
   ASSERT_EQ(got.losses.size(), 3u);
   EXPECT_LE(max_relative_difference(got, reference), kTolerance);
@@ -117,6 +119,10 @@ std::vector<FiveDCase> moe_cases() {
       {4, "moe-tiny", "--cp 2 --ep 2 --capacity-factor 1.0", "moe_cp2_ep2_capacity"},
       {8, "moe-tiny", "--cp 2 --tp 2 --pp 2 --ep 4 --sequence-parallel --capacity-factor 1.0 --aux-loss-coef 0.01",
        "moe_cp2_tp2_pp2_ep4_capacity"},
+      // The V schedules (08): the embedding and the head on rank 0, experts in every stage.
+      {4, "moe-small", "--tp 2 --pp 2 --ep 2 --sequence-parallel --schedule zb-v", "moe_tp2_pp2_ep2_zbv", 4},
+      {4, "moe-small", "--tp 2 --pp 2 --ep 2 --sequence-parallel --schedule dualpipev --capacity-factor 1.0",
+       "moe_tp2_pp2_ep2_dualpipev_capacity", 4},
   };
 }
 
