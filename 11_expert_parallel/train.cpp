@@ -88,8 +88,10 @@ int train(Communicator* comm, TrainConfig& cfg, const ExpertFlags& flag) {
   const int ep = flag.ep;
   ProcessGrid grid(*comm, grid_shape(comm->size(), /*tp*/ 1, /*pp*/ 1, /*cp*/ 1, ep));
   // The capacity factor and balance loss the run trains with: the flags', or a resumed checkpoint's.
-  TrainingRun run(*comm, grid.ep(), cfg, Strategy::DP, ExpertParallelism{ep, grid.ep().rank()},
-                  MoESettings{flag.capacity_factor, flag.aux_loss_coef});
+  const MoESettings moe{flag.capacity_factor, flag.aux_loss_coef};
+  TrainingRun run(grid, cfg, Strategy::DP, TensorParallelism{}, PipelineParallelism{}, ContextParallelism{},
+                  ExpertParallelism{ep, grid.ep().rank()}, &moe);
+  Communicator& everyone = grid.dp();  // (TP, CP and PP are 1: every rank is a data rank)
   run.add_group("expert_dp", grid.expert_dp());
   const ParamLayout& layout = run.layout();
   const GPT2Config& model_cfg = run.model_config();
@@ -105,9 +107,9 @@ int train(Communicator* comm, TrainConfig& cfg, const ExpertFlags& flag) {
 
   // The lesson, 1: the model's MoE layers hand their tokens to the exchange.
   ExpertExchange exchange(grid.ep(), model, L, E, model_cfg.C);
-  model.expert_hooks.rank = comm->rank();  // the data order: rank 0's sequences first (data.h)
-  model.expert_hooks.ranks = comm->size();
-  model.expert_hooks.gather_counts = [&](Tensor mine, Tensor all) { comm->all_gather(mine, all); };
+  model.expert_hooks.rank = everyone.rank();  // the data order: rank 0's sequences first (data.h)
+  model.expert_hooks.ranks = everyone.size();
+  model.expert_hooks.gather_counts = [&](Tensor mine, Tensor all) { everyone.all_gather(mine, all); };
   model.expert_hooks.experts_forward = [&](int slot, int l, Tensor rows, const std::vector<int64_t>& counts, Tensor out) {
     exchange.forward(slot, l, rows, counts, out);
   };
@@ -149,7 +151,7 @@ int train(Communicator* comm, TrainConfig& cfg, const ExpertFlags& flag) {
     const int b = buckets.mark_ready(p);
     if (b < 0) return;
     for (const Segment& s : segments_of(layout, buckets.begin(b), buckets.end(b))) {
-      Communicator& group = s.experts ? grid.expert_dp() : *comm;
+      Communicator& group = s.experts ? grid.expert_dp() : everyone;
       in_flight.push_back(group.all_reduce_async(grads.view().slice1d(s.begin, s.end - s.begin), ReduceOp::Avg));
       if (s.experts) expert_segments.push_back(s);
     }
@@ -159,7 +161,7 @@ int train(Communicator* comm, TrainConfig& cfg, const ExpertFlags& flag) {
     run.begin_step(step);
     fill_zero(grads.view());
     exchange.reset_predictions();
-    const CommStats ep_before = grid.ep().stats(), world_before = comm->stats(), edp_before = grid.expert_dp().stats();
+    const CommStats ep_before = grid.ep().stats(), world_before = everyone.stats(), edp_before = grid.expert_dp().stats();
     // Each micro-batch is routed on its own: its capacity and balance loss are its own (moe.h).
     ExpertStep measured;
     std::vector<std::vector<int64_t>> expert_rows;
@@ -202,7 +204,7 @@ int train(Communicator* comm, TrainConfig& cfg, const ExpertFlags& flag) {
     measured.a2a = grid.ep().stats().since(ep_before).kind[int(CollectiveKind::AllToAll)];
     measured.a2a_predicted_bytes = exchange.predicted_sent_bytes();
     measured.a2a_link_model_ms = exchange.predicted_link_ms();
-    measured.world_all_reduce_bytes = comm->stats().since(world_before).kind[int(CollectiveKind::AllReduce)].sent_bytes;
+    measured.world_all_reduce_bytes = everyone.stats().since(world_before).kind[int(CollectiveKind::AllReduce)].sent_bytes;
     measured.expert_dp_all_reduce_bytes =
         grid.expert_dp().stats().since(edp_before).kind[int(CollectiveKind::AllReduce)].sent_bytes;
     const bool memory_too = step == start + 1 || (start + 1 >= cfg.steps && step == start);

@@ -87,11 +87,6 @@ TrainingRun::TrainingRun(ProcessGrid& grid, TrainConfig& cfg, Strategy strategy,
     : TrainingRun(grid.world(), grid.dp_cp(), &grid, cfg, strategy, tp, pp, cp, ep, moe ? &grid.ep() : nullptr,
                   moe ? *moe : MoESettings{}) {}
 
-TrainingRun::TrainingRun(Communicator& world, Communicator& ep_comm, TrainConfig& cfg, Strategy strategy,
-                         ExpertParallelism ep, MoESettings moe)
-    : TrainingRun(world, world, nullptr, cfg, strategy, TensorParallelism{}, PipelineParallelism{},
-                  ContextParallelism{}, ep, &ep_comm, moe) {}
-
 TrainingRun::TrainingRun(Communicator& world, Communicator& dp, const ProcessGrid* grid, TrainConfig& cfg,
                          Strategy strategy, TensorParallelism tp, PipelineParallelism pp, ContextParallelism cp,
                          ExpertParallelism ep, Communicator* ep_comm, MoESettings moe)
@@ -607,16 +602,6 @@ Buffer TrainingRun::to_global(Buffer local) const {
       if (p.held() && !counts) fill_zero(global.view().slice1d(global_layout_.params[i].offset, global_layout_.params[i].size));
     }
     world_.all_reduce(global.view(), ReduceOp::Sum);
-    return global;
-  }
-  if (ep_.size > 1) {
-    // Each rank of the expert-parallel group places its own experts; the rest of the model, the same
-    // on all of them, counts once: rank 0's. A sum over the group then assembles every expert exactly.
-    place_into_global(layout_, local.f32(), global_layout_, global.f32());
-    if (ep_.rank != 0)
-      for (const ParamInfo& p : global_layout_.params)
-        if (p.expert < 0) fill_zero(global.view().slice1d(p.offset, p.size));
-    ep_comm_->all_reduce(global.view(), ReduceOp::Sum);
     return global;
   }
   if (tp_.size == 1) {

@@ -53,20 +53,14 @@ class TrainingRun {
   // while `strategy` runs over the DP x CP group (grid.dp_cp(): the ranks that hold the same
   // parameters), whose size pads the layout; the activations' forecast is the model's on T/cp
   // positions plus the ring's buffers (docs/theory.md, section 13).
-  // Chapter 12 composes all five: `moe` given (a MoE preset's settings), the experts are spread over
-  // the grid's expert-parallel group (ep: its size and this rank's place) and the model may take any
-  // of the other splits too.
+  // A MoE model (moe.h; 11, 12): `moe` given (the capacity factor and balance-loss coefficient asked
+  // for; model_config() has the ones the run uses, a resumed run taking the checkpoint's where a flag
+  // was left out), its experts are spread over the grid's expert-parallel group (ep: its size and this
+  // rank's place), every rank holding its E/ep experts of each block it runs; the layout lists every
+  // expert, the others' empty (ExpertParallelism), and checkpoints hold every expert whatever ep is.
   TrainingRun(ProcessGrid& grid, TrainConfig& cfg, Strategy strategy, TensorParallelism tp,
               PipelineParallelism pp = {}, ContextParallelism cp = {}, ExpertParallelism ep = {},
               const MoESettings* moe = nullptr);
-  // Chapter 11, expert parallelism: a MoE model (moe.h) whose experts are spread over the expert-
-  // parallel group `ep_comm` (ep.size ranks, this one ep.rank), everything else replicated; the data
-  // is split over every rank of `world`. The layout lists every expert, this rank's with their
-  // shapes and the others' empty (ExpertParallelism); checkpoints hold every expert whatever ep is.
-  // `moe`: the capacity factor and balance-loss coefficient asked for (model_config() has the ones the
-  // run uses: a resumed run takes the checkpoint's where the flag was left out).
-  TrainingRun(Communicator& world, Communicator& ep_comm, TrainConfig& cfg, Strategy strategy, ExpertParallelism ep,
-              MoESettings moe);
   ~TrainingRun();
 
   const TrainConfig& cfg() const { return cfg_; }
