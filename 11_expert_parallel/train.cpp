@@ -128,7 +128,7 @@ int train(Communicator* comm, TrainConfig& cfg, const ExpertFlags& flag) {
         "DP " + std::to_string(grid.expert_dp().size()) + " x EP " + std::to_string(grid.ep().size());
     const int64_t micro_tokens = int64_t(cfg.batch / cfg.grad_accum) * model_cfg.T;  // the capacity's (moe.h)
     const int64_t capacity = MoELayer::capacity_of(model_cfg.capacity_factor, micro_tokens, model_cfg.top_k, E);
-    std::printf("grid: %s (TP 1, PP 1, CP 1: neither splits a MoE block) | %d experts per block, %d on each rank | "
+    std::printf("grid: %s (TP 1, PP 1, CP 1 here: 12_5d_parallel composes them with experts) | %d experts per block, %d on each rank | "
                 "top-%d | capacity factor %g (%s) | balance loss x %g | %d buckets\n",
                 expert_grid.c_str(), E, E / ep, model_cfg.top_k, model_cfg.capacity_factor,
                 capacity < 0 ? "unlimited"
