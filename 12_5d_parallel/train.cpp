@@ -154,8 +154,9 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
 
   const bool sharded = zero1 || zero2;
   const MoESettings moe_settings{opt.capacity_factor, opt.aux_loss_coef};
-  TrainingRun run(grid, cfg, sharded ? Strategy::ZeRO1 : Strategy::DP, tp, PipelineParallelism{p, rank, parts, zero2},
-                  held, ExpertParallelism{opt.ep, at.ep}, moe ? &moe_settings : nullptr);
+  TrainingRun run(grid, cfg, sharded ? Strategy::ZeRO1 : Strategy::DP, tp,
+                  PipelineParallelism{p, rank, parts, zero2, actions}, held, ExpertParallelism{opt.ep, at.ep},
+                  moe ? &moe_settings : nullptr);
   const Device device = run.device();
   const DType dtype = run.dtype();
   const ParamLayout& layout = run.layout();
@@ -235,7 +236,11 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
   // EP: 11's exchange, one routing per micro-batch in flight. Every rank of the stage routes its own
   // rows; their counts are gathered over the stage (EP, then EDP: edp x EP + ep is the stage's order).
   std::unique_ptr<ExpertExchange> exchange;
-  Buffer gathered_in_ep;
+  // The rows this rank's experts ran, per micro-batch and block: the activations' theory at this step's
+  // routing (TrainingRun::set_expert_rows).
+  std::vector<std::vector<int64_t>> expert_rows(size_t(m), std::vector<int64_t>(size_t(run_cfg.L), 0));
+  int running_micro = 0;
+  std::vector<int32_t> gathered_in_ep;
   const int stage_ranks = grid.ep().size() * grid.expert_dp().size();
   if (moe) {
     int slots = 1;
@@ -253,15 +258,15 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
       hooks.ranks = stage_ranks;
       hooks.token_index = token_index_of(at.dp, micro_B, model_cfg.T, held.positions, at.tp, t, sequence_parallel);
       hooks.max_runs = max_runs;
-      hooks.gather_counts = [&](Tensor mine, Tensor all) {
-        const int64_t n = mine.numel() * grid.ep().size();
-        if (gathered_in_ep.count() < n) gathered_in_ep = Buffer(n, MemCategory::CommBuffers, DType::I32);
-        const Tensor in_ep = gathered_in_ep.view().slice1d(0, n);
+      hooks.gather_counts = [&](Tensor mine, Tensor all) {  // (int32 records on the host, as moe.cpp keeps them)
+        gathered_in_ep.resize(size_t(mine.numel() * grid.ep().size()));
+        const Tensor in_ep = make_view(gathered_in_ep.data(), {int64_t(gathered_in_ep.size())}, DType::I32);
         grid.ep().all_gather(mine, in_ep);
         grid.expert_dp().all_gather(in_ep, all);
       };
       hooks.experts_forward = [&](int slot, int l, Tensor rows, const std::vector<int64_t>& counts, Tensor out) {
         exchange->forward(slot, l, rows, counts, out);
+        expert_rows[size_t(running_micro)][size_t(l)] = exchange->expert_rows(slot)[size_t(l)];
       };
       hooks.experts_backward = [&](int slot, int l, Tensor dout, Tensor drows) { exchange->backward(slot, l, dout, drows); };
     }
@@ -287,6 +292,7 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
   };
   pipeline.before_compute = [&](const Action& a) {
     last_micro_batch = a.micro == m - 1;
+    running_micro = a.micro;
     if (zero2 && a.op == Op::B) data_parallel.micro_batch_done();
   };
   const bool rank_holds_embedding = chunks.front()->has_embedding();
@@ -426,6 +432,7 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
           }
         }
       for (GPT2* chunk : chunks) chunk->reset_routing_totals();
+      run.set_expert_rows(expert_rows);
       exchange->release_buffers();
       grid.world().all_reduce(counts.view(), ReduceOp::Sum);
       JsonObject record;

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "model_config.h"
+#include "pipeline_schedule.h"  // Action: a stage's schedule
 
 // How a rank's tensor is cut from its global tensor: dimension `dim` split into `parts` equal pieces,
 // of which this rank holds piece `index`. With `blocks` > 1, the global dimension is that many equal
@@ -103,6 +104,10 @@ struct PipelineParallelism {
   // 08's --zero2: ZeRO-1's memory, but every micro-batch's gradients reduce-scattered, their pieces
   // received apart from the shard they are added into (one more shard's worth in flight).
   bool reduce_every_micro_batch = false;
+  // This rank's schedule (pipeline_schedule.h), in the order it runs: what a MoE model's experts keep
+  // alive at once depends on it (theory.h, moe_schedule_activation_bytes). Empty: the micro-batches
+  // one after the other.
+  std::vector<Action> actions;
 };
 
 struct ParamLayout {

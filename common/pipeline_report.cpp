@@ -1,11 +1,13 @@
 // pipeline_report.cpp: see pipeline_report.h.
 #include "pipeline_report.h"
 
+
 #include <cstdio>
 #include <string>
 
 #include "check.h"
 #include "metrics.h"
+#include "ring_attention.h"  // ring_buffer_bytes
 #include "theory.h"
 
 namespace {
@@ -115,14 +117,20 @@ void PipelineReport::finish(bool wte_copies_equal) {
   // A message is a micro-batch's stream: B*T rows of C, or this rank's B*T/t under sequence parallelism.
   const TensorParallelism& tp = run_.tensor_parallelism();
   const double rows_divisor = tp.size > 1 && tp.sequence_parallel ? tp.size : 1;
-  const double message = double(run_.micro_batch_size()) * cfg.T * cfg.C * dtype_size(run_.dtype()) / rows_divisor;
+  // Under context parallelism (12) a rank holds T/cp positions, and its attention keeps a log-sum-exp
+  // per query (section 13): the stage's formula on them, plus the ring's blocks in flight.
+  const ContextParallelism& cp = run_.context_parallelism();
+  GPT2Config held = cfg;
+  if (cp.on()) held.T = int(cp.positions.size());
+  const double message = double(run_.micro_batch_size()) * held.T * cfg.C * dtype_size(run_.dtype()) / rows_divisor;
   int in_flight = 0;  // micro-batches held at once by the schedule's formula, summed over the chunks
   for (int c = 0; c < v; c++) {
     ModelPart by_theory = parts_[c];  // (its slots are the list's count: the formula's must agree)
     by_theory.slots = theory_in_flight(schedule_, shape_, rank, c);
     in_flight += by_theory.slots;
-    act_theory += activation_bytes(cfg, run_.micro_batch_size(), run_.dtype(), run_.flash_attention(), tp, by_theory);
-    buffers_theory += pipeline_buffer_bytes(cfg, by_theory, p, run_.micro_batch_size(), run_.dtype(), tp);
+    act_theory += activation_bytes(held, run_.micro_batch_size(), run_.dtype(), run_.flash_attention() || cp.on(), tp,
+                                   by_theory);
+    buffers_theory += pipeline_buffer_bytes(held, by_theory, p, run_.micro_batch_size(), run_.dtype(), tp);
     const int s = virtual_stage(shape_, rank, c);
     // Its output forward, its input's gradient back; to a chunk of this rank (one stage, a V's turn)
     // they are copies, not messages.
@@ -130,6 +138,8 @@ void PipelineReport::finish(bool wte_copies_equal) {
     const bool input_grad_leaves = s > 0 && rank_of_stage(shape_, s - 1) != rank;
     p2p_theory += m * message * ((output_leaves ? 1 : 0) + (input_grad_leaves ? 1 : 0));
   }
+  if (cp.on()) act_theory += ring_buffer_bytes(cp.size, run_.micro_batch_size(), held.T, cfg.C / tp.size, cfg.NH / tp.size);
+  act_theory += run_.moe_activations();  // a MoE model's routers and experts, at the last step's routing
   float* tail = &mine[3 * v];
   tail[0] = float(step_ / n), tail[1] = float(waiting_ / n), tail[2] = float(compute);
   tail[3] = float(p2p_bytes_ / n);

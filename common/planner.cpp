@@ -294,7 +294,7 @@ StageMemory stage_memory(const PlanInputs& in, const PlanConfig& c, int stage) {
   const TensorParallelism tp{c.tp, 0, c.sequence_parallel};
   StageMemory sm;
   sm.memory = forecast_memory(strategy, layout, cfg, c.micro_batch, c.micro_batches, in.cluster.dtype, in.cluster.device,
-                              flash, false, in.data_bytes, tp, PipelineParallelism{c.pp, stage, parts, false});
+                              flash, false, in.data_bytes, tp, PipelineParallelism{c.pp, stage, parts, false, {}});
   const Prediction pr = predict(strategy, layout, c.micro_batches, in.cluster.dtype);
   const double padding = double(layout.padded_size) / double(layout.num_params);
   sm.params_bytes = pr.params_bytes * padding, sm.grads_bytes = pr.grads_bytes * padding;

@@ -224,6 +224,78 @@ double moe_exchange_buffer_bytes(const GPT2Config& cfg, const std::vector<int64_
 
 int64_t moe_expert_rows_balanced(const GPT2Config& cfg, int B) { return int64_t(B) * cfg.T * cfg.top_k; }
 
+int64_t moe_expert_rows_at_most_of(const GPT2Config& cfg, int64_t tokens, int ep, int routers) {
+  const int64_t N = tokens, local = cfg.experts / ep;
+  const int64_t capacity = MoELayer::capacity_of(cfg.capacity_factor, N * routers, cfg.top_k, cfg.experts);
+  const int64_t per_expert = capacity < 0 ? ep * N : std::min(capacity, ep * N);
+  return std::min(ep * N * cfg.top_k, local * per_expert);
+}
+
+double moe_schedule_activation_bytes(const GPT2Config& cfg, int64_t tokens, const std::vector<ModelPart>& parts,
+                                     const std::vector<Action>& actions,
+                                     const std::vector<std::vector<int64_t>>& rows) {
+  if (!cfg.moe()) return 0;
+  const std::vector<ModelPart> run = parts.empty() ? std::vector<ModelPart>{ModelPart{}} : parts;
+  const double N = double(tokens), E = cfg.experts, k = cfg.top_k, C = cfg.C;
+  auto blocks_of = [&](const ModelPart& part) {
+    std::vector<int> blocks;
+    for (int u = std::max(part.first_unit, 1); u <= std::min(part.last(cfg), cfg.L); u++) blocks.push_back(u - 1);
+    return blocks;
+  };
+  double fixed = 0;
+  for (const ModelPart& part : run) fixed += double(part.slots) * double(blocks_of(part).size());
+  fixed *= 4 * (N * E + 2 * N * k + 4 * N * k * C);
+  std::vector<Action> order = actions;
+  if (order.empty())
+    for (int micro = 0; micro < int(rows.size()); micro++) order.push_back({Op::F, micro, 0}), order.push_back({Op::B, micro, 0});
+  // The replay: which slot each micro-batch takes (the executor's: the lowest free first, the last
+  // freed next), what each slot's experts hold, and its scratch.
+  std::vector<std::vector<int>> free_slots(run.size());
+  for (size_t c = 0; c < run.size(); c++)
+    for (int s = run[c].slots - 1; s >= 0; s--) free_slots[c].push_back(s);
+  std::vector<std::vector<int>> slot_of(run.size(), std::vector<int>(rows.size(), -1));
+  int most_slots = 0;
+  for (const ModelPart& part : run) most_slots = std::max(most_slots, part.slots);
+  std::vector<std::vector<int64_t>> held(size_t(most_slots), std::vector<int64_t>(size_t(cfg.L), -1));  // -1: none
+  std::vector<double> scratch(size_t(most_slots), 0);
+  double now = 0, peak = 0;
+  for (const Action& a : order) {
+    const size_t c = size_t(a.chunk);
+    if (a.op == Op::F) {
+      const int slot = free_slots[c].back();
+      free_slots[c].pop_back();
+      slot_of[c][size_t(a.micro)] = slot;
+      for (int l : blocks_of(run[c])) {
+        const int64_t n = rows[size_t(a.micro)][size_t(l)];
+        held[size_t(slot)][size_t(l)] = n;
+        now += 4 * 9 * C * double(n);
+        peak = std::max(peak, now);
+      }
+    } else if (a.op == Op::B) {
+      const int slot = slot_of[c][size_t(a.micro)];
+      std::vector<int> blocks = blocks_of(run[c]);
+      for (auto l = blocks.rbegin(); l != blocks.rend(); ++l) {
+        int64_t most = 0;
+        for (int64_t n : held[size_t(slot)]) most = std::max(most, n);
+        if (scratch[size_t(slot)] < 4 * 8 * C * double(most)) {  // the old block goes first
+          now += 4 * 8 * C * double(most) - scratch[size_t(slot)];
+          scratch[size_t(slot)] = 4 * 8 * C * double(most);
+          peak = std::max(peak, now);
+        }
+        now -= 4 * 9 * C * double(held[size_t(slot)][size_t(*l)]);
+        held[size_t(slot)][size_t(*l)] = -1;
+        bool any = false;
+        for (int64_t n : held[size_t(slot)]) any = any || n >= 0;
+        if (!any) now -= scratch[size_t(slot)], scratch[size_t(slot)] = 0;
+      }
+      if (!run[c].split_backward) free_slots[c].push_back(slot);
+    } else if (a.op == Op::W) {
+      free_slots[c].push_back(slot_of[c][size_t(a.micro)]);
+    }
+  }
+  return fixed + peak;
+}
+
 int64_t moe_expert_rows_at_most(const GPT2Config& cfg, int B, int ep, int world) {
   const int64_t N = int64_t(B) * cfg.T, local = cfg.experts / ep;
   const int64_t capacity = MoELayer::capacity_of(cfg.capacity_factor, N * world, cfg.top_k, cfg.experts);

@@ -63,6 +63,21 @@ double moe_exchange_buffer_bytes(const GPT2Config& cfg, const std::vector<int64_
 // moe.h). world: the ranks whose tokens make the capacity's global micro-batch.
 int64_t moe_expert_rows_balanced(const GPT2Config& cfg, int B);
 int64_t moe_expert_rows_at_most(const GPT2Config& cfg, int B, int ep, int world);
+// The same bound for a rank that routes `tokens` rows of a global micro-batch routed by `routers`
+// ranks (chapter 12: B T/cp, or B T/(cp t) under sequence parallelism, over a stage's ranks).
+int64_t moe_expert_rows_at_most_of(const GPT2Config& cfg, int64_t tokens, int ep, int routers);
+
+// A MoE model's activations on one rank running `parts` (empty: the whole model) under this rank's
+// schedule `actions` (empty: the micro-batches one after the other, as gradient accumulation runs
+// them), docs/theory.md, section 16. Fixed by shape: a router's buffers per slot and block, at
+// `tokens` rows a rank routes (section 14's N E + 2 N k + 4 N k C fp32 values). At the step's routing:
+// rows[micro][l], the rows this rank's experts ran for block l of micro-batch `micro`, 9C values each
+// from its forward to its backward, and each slot's backward scratch, 8C values per row of its layer
+// with the most rows held, from that slot's first backward to its last: replayed in the schedule's
+// order, the peak. Without a pipeline it is moe_activation_bytes at the largest micro-batch.
+double moe_schedule_activation_bytes(const GPT2Config& cfg, int64_t tokens, const std::vector<ModelPart>& parts,
+                                     const std::vector<Action>& actions,
+                                     const std::vector<std::vector<int64_t>>& rows);
 
 // The FLOPs per token that cfg.recompute adds to a step on one rank of a tensor-parallel group of
 // tp.size, for the blocks of `part` (default: all L): 0 for none; the attention's score and value

@@ -453,8 +453,9 @@ void TrainingRun::check_memory() {
   if (cp_.on())
     forecast_.activations += ring_buffer_bytes(cp_.size, micro_B_, held.T, model_.C / tp_.size, model_.NH / tp_.size);
   // A MoE model's layers: the routing is not known before the step, so the forecast takes the bound.
-  const int64_t most_rows = moe_expert_rows_at_most(model_, micro_B_, ep_.size, world_.size());
-  moe_forecast_ = moe_activation_bytes(model_, micro_B_, std::vector<int64_t>(size_t(model_.L), most_rows));
+  const int64_t most_rows = moe_expert_rows_at_most_of(model_, routed_tokens(), ep_.size, world_.size() / pp_.size);
+  moe_forecast_ = moe_schedule_activation_bytes(model_, routed_tokens(), pp_.parts, pp_.actions,
+                                                every_micro_batch_and_layer(most_rows));
   forecast_.activations += moe_forecast_;
   // Chapter 11's exchange buffers (moe_exchange_buffer_bytes) at the same bound.
   if (ep_comm_)
@@ -576,6 +577,21 @@ void upload(Tensor dst, Tensor host_f32, const ShardPlan& plan) {
 // With tensor or pipeline parallelism, checkpoints and the initial weights are the whole model's
 // tensors, and a rank's part is its slices of its stage's tensors: every grid starts from the same
 // model and saves the same file.
+double TrainingRun::moe_activations() const {
+  if (!model_.moe()) return 0;
+  if (expert_rows_.empty()) return moe_forecast_;
+  return moe_schedule_activation_bytes(model_, routed_tokens(), pp_.parts, pp_.actions, expert_rows_);
+}
+
+int64_t TrainingRun::routed_tokens() const {
+  const int64_t held = cp_.on() ? int64_t(cp_.positions.size()) : model_.T;
+  return int64_t(micro_B_) * held / (tp_.sequence_parallel ? tp_.size : 1);
+}
+
+std::vector<std::vector<int64_t>> TrainingRun::every_micro_batch_and_layer(int64_t rows) const {
+  return std::vector<std::vector<int64_t>>(size_t(cfg_.grad_accum), std::vector<int64_t>(size_t(model_.L), rows));
+}
+
 Buffer TrainingRun::to_local(Buffer global) const {
   if (tp_.size == 1 && pp_.size == 1 && ep_.size == 1) return global;
   Buffer local(layout_.padded_size, MemCategory::Other);
@@ -858,29 +874,28 @@ void TrainingRun::report_vs_theory(const CommStats& step_comm, const CommStats* 
   row("  model state", model_state, p.params_bytes + p.grads_bytes + p.optim_bytes);
   // A MoE model's layers at this step's routing (set_expert_rows), next to balanced routing and the bound.
   double activations = forecast_.activations, moe_balanced = 0, moe_at_most = 0;
-  // The micro-batch whose experts' rows make the step's peak, and the most rows of any layer.
-  std::vector<int64_t> peak_rows, most_rows_each(size_t(model_.L), 0);
-  for (const std::vector<int64_t>& rows : expert_rows_) {
-    if (peak_rows.empty() || moe_activation_bytes(model_, micro_B_, rows) > moe_activation_bytes(model_, micro_B_, peak_rows))
-      peak_rows = rows;
+  // The most rows of any layer, over the step's micro-batches.
+  std::vector<int64_t> most_rows_each(size_t(model_.L), 0);
+  for (const std::vector<int64_t>& rows : expert_rows_)
     for (size_t l = 0; l < rows.size(); l++) most_rows_each[l] = std::max(most_rows_each[l], rows[l]);
-  }
   if (model_.moe()) {
-    const GPT2Config& moe = model_;
-    const auto every_layer = [&](int64_t rows) { return std::vector<int64_t>(size_t(moe.L), rows); };
     const double dense = forecast_.activations - moe_forecast_;
-    moe_balanced = dense + moe_activation_bytes(moe, micro_B_, every_layer(moe_expert_rows_balanced(moe, micro_B_)));
-    const int64_t most_rows = moe_expert_rows_at_most(moe, micro_B_, ep_.size, world_.size());
-    moe_at_most = dense + moe_activation_bytes(moe, micro_B_, every_layer(most_rows));
-    activations = expert_rows_.empty() ? moe_at_most : dense + moe_activation_bytes(moe, micro_B_, peak_rows);
+    auto replayed = [&](const std::vector<std::vector<int64_t>>& rows) {
+      return dense + moe_schedule_activation_bytes(model_, routed_tokens(), pp_.parts, pp_.actions, rows);
+    };
+    moe_balanced = replayed(every_micro_batch_and_layer(routed_tokens() * model_.top_k));
+    moe_at_most = replayed(every_micro_batch_and_layer(
+        moe_expert_rows_at_most_of(model_, routed_tokens(), ep_.size, world_.size() / pp_.size)));
+    activations = expert_rows_.empty() ? moe_at_most : replayed(expert_rows_);
   }
   row(model_.moe() && !expert_rows_.empty() ? "activations (routing)" : "activations",
       double(mem.peak[int(MemCategory::Activations)]), activations);
   if (model_.moe()) {
     std::string rows;
-    for (int64_t n : peak_rows) rows += (rows.empty() ? "" : " ") + std::to_string(n);
-    rows = rows.empty() ? "theory = the bound (exact on one rank without a capacity)"
-                        : "theory at these routing counts, the experts' rows per layer [" + rows + "]";
+    for (int64_t n : most_rows_each) rows += (rows.empty() ? "" : " ") + std::to_string(n);
+    rows = expert_rows_.empty() ? "theory = the bound (exact on one rank without a capacity)"
+                                : "theory at these routing counts, replayed in the schedule's order; the most rows per layer [" +
+                                      rows + "]";
     std::printf("    (MoE, docs/theory.md 14: %s | balanced routing %s | at most %s, ep %d, capacity factor %g)\n",
                 rows.c_str(), format_bytes(moe_balanced).c_str(), format_bytes(moe_at_most).c_str(), ep_.size,
                 model_.capacity_factor);

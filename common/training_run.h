@@ -94,13 +94,16 @@ class TrainingRun {
     dp_comm_theory_ = bytes;
     dp_comm_formula_ = formula;
   }
-  // A MoE model's routing this step, for the activations' theory (theory.h, moe_activation_bytes): per
-  // micro-batch, the rows this rank's experts ran per layer (the step's peak is its largest micro-batch's
-  // activations, and its exchange buffers' at the most rows of any). Before end_step(); without it the
-  // table takes the bound (moe_expert_rows_at_most).
+  // A MoE model's routing this step, for the activations' theory (theory.h,
+  // moe_schedule_activation_bytes): per micro-batch, the rows this rank's experts ran per block (0 for
+  // the blocks of other stages), replayed in the schedule's order; the exchange buffers' at the most
+  // rows of any. Before end_step(); without it the table takes the bound (moe_expert_rows_at_most_of).
   void set_expert_rows(const std::vector<std::vector<int64_t>>& rows_per_micro_batch) {
     expert_rows_ = rows_per_micro_batch;
   }
+  // A MoE model's layers' activations on this rank (theory.h, moe_schedule_activation_bytes): at the
+  // routing of the last set_expert_rows(), else at the bound; 0 for a dense model.
+  double moe_activations() const;
   int micro_batch_size() const { return micro_B_; }  // B / (data-parallel ranks x grad_accum)
   const ContextParallelism& context_parallelism() const { return cp_; }
   const TensorParallelism& tensor_parallelism() const { return tp_; }
@@ -165,6 +168,10 @@ class TrainingRun {
   void write_run_record();  // once, on rank 0
   // Between the whole model's fp32 flat arrays (global_layout_) and this rank's (layout_).
   Buffer to_local(Buffer global) const;
+  // A MoE model: the rows this rank routes per micro-batch (B T, over cp, over t under SP), and a
+  // table of `rows` for every micro-batch of a step and every block (the bound's, the balanced ones).
+  int64_t routed_tokens() const;
+  std::vector<std::vector<int64_t>> every_micro_batch_and_layer(int64_t rows) const;
   Buffer to_global(Buffer local) const;
   void resolve_settings(const CheckpointHeader* resumed);
   void resolve_moe_settings(const CheckpointHeader& resumed);

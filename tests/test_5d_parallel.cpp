@@ -39,6 +39,20 @@ void expect_groups_match_theory(const std::string& jsonl, int ranks, const std::
     }
 }
 
+// Each pipeline stage's activations (T/cp positions, this rank's heads and rows, the schedule's
+// micro-batches in flight, a MoE model's routing replayed in the schedule's order) and point-to-point
+// bytes equal their formulas; so does this rank's activation peak in the theory table.
+void expect_activations_match_theory(const std::string& jsonl) {
+  const std::string theory = read_record(jsonl, "theory");
+  EXPECT_EQ(number_field(theory, "measured_activations_bytes"), number_field(theory, "theory_activations_bytes"))
+      << theory;
+  for (const std::string& stage : read_records(jsonl, "pipeline_stage")) {
+    EXPECT_EQ(number_field(stage, "measured_activations_bytes"), number_field(stage, "theory_activations_bytes"))
+        << stage;
+    EXPECT_EQ(number_field(stage, "measured_p2p_bytes"), number_field(stage, "theory_p2p_bytes")) << stage;
+  }
+}
+
 class DenseGrid : public testing::TestWithParam<FiveDCase> {};
 class MoEGrid : public testing::TestWithParam<FiveDCase> {};
 
@@ -51,6 +65,7 @@ TEST_P(DenseGrid, TrainsLikeOneRankOf01) {
   // each its formula.
   expect_theory_matches(jsonl, /*param_bytes=*/4);
   expect_groups_match_theory(jsonl, c.ranks, {"tp", "cp", "dp_cp"});
+  expect_activations_match_theory(jsonl);
 }
 
 struct Trained {
@@ -97,6 +112,7 @@ TEST_P(MoEGrid, TrainsLikeOneRankOf11WithTheSameTokensDropped) {
   const std::vector<double> dropped = expert_counts(grid.jsonl, "dropped");
   EXPECT_EQ(dropped, expert_counts(one.jsonl, "dropped"));
   expect_groups_match_theory(grid.jsonl, c.ranks, {"tp", "cp", "dp_cp", "expert_dp", "ep", "expert_params"});
+  expect_activations_match_theory(grid.jsonl);
   if (moe_flags.find("--capacity-factor") != std::string::npos) {
     double total = 0;
     for (double d : dropped) total += d;
