@@ -121,18 +121,18 @@ $(BUILD)/tests/%: $(BUILD)/tests/%.o $(LIBCOMMON) $(BUILD)/tests/mpi_gtest_main.
 tests: $(TEST_BIN) $(COLLECTIVES) $(addsuffix /train,$(CHAPTERS)) $(BUILD)/pipeline_ideal $(PLAN) ## builds every test and chapter, runs nothing
 
 deps: ## only installs missing packages (MPICH, GoogleTest, matplotlib)
-	@scripts/ensure_deps.sh
+	@scripts/setup/ensure_deps.sh
 
 test: ## installs what is missing, builds and runs every test: "N passed, M failed"
-	@scripts/ensure_deps.sh
+	@scripts/setup/ensure_deps.sh
 	@$(MAKE) --no-print-directory tests
 	@tests/run_tests.sh
 
-# The tests beside a load: they must pass on a machine whose cores are all busy (scripts/test_busy.sh).
+# The tests beside a load: they must pass on a machine whose cores are all busy (scripts/checks/test_busy.sh).
 test-busy: ## make test twice in a row beside 2 CPU-bound processes: LOAD=2 RUNS=2
-	@scripts/ensure_deps.sh
+	@scripts/setup/ensure_deps.sh
 	@$(MAKE) --no-print-directory tests
-	@scripts/test_busy.sh
+	@scripts/checks/test_busy.sh
 
 # Where nvcc exists but no GPU does (nvidia-smi absent or failing), the chapters would train on the
 # CPU anyway: make compare then builds them without CUDA, skipping the slow nvcc compiles, in a
@@ -140,22 +140,22 @@ test-busy: ## make test twice in a row beside 2 CPU-bound processes: LOAD=2 RUNS
 NO_GPU_NOTE = no GPU: the chapters are built for the CPU only, in $(COMPARE_BUILD) (make test builds CUDA)
 COMPARE_BUILD = $(if $(NVCC),$(if $(shell nvidia-smi -L >/dev/null 2>&1 && echo gpu),,$(CPU_BUILD)))
 compare: ## installs what is missing, trains every chapter, prints a table, writes plots
-	@scripts/ensure_deps.sh
+	@scripts/setup/ensure_deps.sh
 	@$(if $(COMPARE_BUILD),echo "$(NO_GPU_NOTE)")
 	@$(MAKE) --no-print-directory $(if $(COMPARE_BUILD),NVCC= BUILD=$(COMPARE_BUILD)) all
-	@scripts/compare.sh
+	@scripts/compare/compare.sh
 
 # OpenBLAS's own cblas.h and library (pkg-config knows where Debian puts them), not whichever
 # cblas.h the system has: the reference BLAS ships one too, without OpenBLAS's library.
 OPENBLAS_CFLAGS = $(shell pkg-config --cflags openblas 2>/dev/null)
 OPENBLAS_LIBS   = $(or $(shell pkg-config --libs openblas 2>/dev/null),-lopenblas)
-$(BUILD)/matmul_bench: scripts/matmul_bench.cpp $(LIBCOMMON)
+$(BUILD)/matmul_bench: scripts/bench/matmul_bench.cpp $(LIBCOMMON)
 	$(call say,LINK,$@)$(MPICXX) $(CPPFLAGS) $(OPENBLAS_CFLAGS) $(CXXFLAGS) $^ $(OPENBLAS_LIBS) -o $@
 
 bench: ## one rank, one thread: ours vs PyTorch eager at tiny, small, deep, alternated (installs torch in a venv on first use; BENCH_TORCH=0 skips), then the CPU matmul vs OpenBLAS
-	@scripts/ensure_deps.sh --bench
+	@scripts/setup/ensure_deps.sh --bench
 	@$(MAKE) --no-print-directory all $(BUILD)/matmul_bench
-	@scripts/bench.sh
+	@scripts/bench/bench.sh
 
 # make bench in seconds, what make test runs (tests/manifest.txt), so that a change that breaks the
 # benchmark cannot land: the same script and targets, one round of 3 steps at tiny, without PyTorch,
@@ -165,40 +165,40 @@ bench-short: ## make bench in seconds (tiny, 1 round of 3 steps, no PyTorch): wh
 	@ROUNDS=1 STEPS=3 PRESETS=tiny BENCH_TORCH=0 BENCH_OUT=$(BUILD)/bench-short $(MAKE) --no-print-directory bench
 
 bench-tp: all ## 07 (TP 2, + sequence parallelism, + overlap) next to 03 on three links: RANKS=2 PRESET=small STEPS=20
-	@scripts/bench_tp.sh
+	@scripts/bench/bench_tp.sh
 
 bench-pp: all ## 08's six schedules at m = 2, 4, 8, 16, bubble measured, simulated, theory: RANKS=2 PRESET=small
-	@scripts/bench_pp.sh
+	@scripts/bench/bench_pp.sh
 
 # Chapter 10's balance under the causal mask: each rank's attention work and idle time in the ring.
 cp-balance: 10_context_parallel ## 10's ring at --cp 2 and 4, contiguous vs zigzag, results/cp_balance.png: CPS="2 4" PRESET=long STEPS=4
-	@scripts/cp_balance.sh
+	@scripts/bench/cp_balance.sh
 
 # Chapter 08's pipeline diagram: afab, 1f1b, interleaved and zb-h1, each measured and simulated.
 schedules: ## 08's schedules measured next to ideal, results/schedules.png: PP=4 M=8 PRESET=deep STEPS=10
-	@scripts/ensure_deps.sh
+	@scripts/setup/ensure_deps.sh
 	@$(MAKE) --no-print-directory 08_pipeline $(BUILD)/pipeline_ideal
-	@scripts/schedules.sh
+	@scripts/bench/schedules.sh
 
 # Chapter 00's algorithms against the alpha-beta model and the library's own, over MPI's shared
-# memory and over the emulated link, then the plot (scripts/collectives.sh).
+# memory and over the emulated link, then the plot (scripts/bench/collectives.sh).
 collectives: ## 00's four algorithms at 2, 4, 8 ranks, 4 B to 64 MB, both links, results/collectives.png: COLL_RANKS="2 4 8" COLL_MAX=67108864 COLL_LINK="--link-gbps 10 --link-latency-us 20"
-	@scripts/ensure_deps.sh
+	@scripts/setup/ensure_deps.sh
 	@$(MAKE) --no-print-directory $(COLLECTIVES)
-	@scripts/collectives.sh
+	@scripts/bench/collectives.sh
 
 # The collective benchmark links libcommon.a like a chapter; LINK passes emulated-link flags through.
 RANKS ?= 2
 LINK  ?=
 # make schedules' ideal panels: each schedule simulated with the same measured pass times.
-$(BUILD)/pipeline_ideal: $(BUILD)/scripts/pipeline_ideal.o $(LIBCOMMON)
+$(BUILD)/pipeline_ideal: $(BUILD)/scripts/bench/pipeline_ideal.o $(LIBCOMMON)
 	$(call say,LINK,$@)$(MPICXX) $(CXXFLAGS) $^ -o $@ -pthread
 
-$(BUILD)/comm_bench: $(BUILD)/scripts/comm_bench.o $(LIBCOMMON)
+$(BUILD)/comm_bench: $(BUILD)/scripts/bench/comm_bench.o $(LIBCOMMON)
 	$(call say,LINK,$@)$(MPICXX) $(CXXFLAGS) $^ -o $@ -pthread
 
 bench-comm: ## collective benchmark, nccl-tests style: RANKS=2 LINK="--link-gbps 1 --link-latency-us 50"
-	@scripts/ensure_deps.sh
+	@scripts/setup/ensure_deps.sh
 	@$(MAKE) --no-print-directory $(BUILD)/comm_bench
 	mpiexec -n $(RANKS) $(BUILD)/comm_bench $(LINK)
 
@@ -206,31 +206,31 @@ bench-comm: ## collective benchmark, nccl-tests style: RANKS=2 LINK="--link-gbps
 NODES ?= 2
 GBPS ?= 1
 cluster-up: ## root: NODES (2..4) namespaces as nodes, links shaped to GBPS Gbit/s, build/cluster/hostfile: NODES=2 GBPS=1
-	@scripts/cluster.sh up $(NODES) $(GBPS)
+	@scripts/cluster/cluster.sh up $(NODES) $(GBPS)
 
 cluster-down: ## removes the cluster: namespaces, links, processes in them, files
-	@scripts/cluster.sh down
+	@scripts/cluster/cluster.sh down
 
 cluster-status: ## the cluster's nodes, addresses, link rates and processes
-	@scripts/cluster.sh status
+	@scripts/cluster/cluster.sh status
 
 cluster-check: all ## every chapter across the nodes (2x1, 2x2) against one host: losses and counters equal (cluster up)
-	@scripts/cluster_equivalence.sh
+	@scripts/cluster/cluster_equivalence.sh
 
 cluster-lessons: all $(PLAN) $(BUILD)/comm_bench ## placement (TP inside vs across nodes) and the link model against the shaped link, the planner beside them (cluster up)
-	@scripts/cluster_lessons.sh
+	@scripts/cluster/cluster_lessons.sh
 
 # PyTorch eager next to chapter 01. TORCH_PYTHON: an interpreter that has torch (a venv, say), kept
 # apart from PYTHON, which the build uses to look for matplotlib.
 TORCH_PYTHON ?= $(PYTHON)
 ARGS ?=
 bench-torch: ## chapter 01 next to PyTorch eager (needs torch): ARGS="--preset gpt2 --device cuda --steps 30"
-	@scripts/ensure_deps.sh
+	@scripts/setup/ensure_deps.sh
 	@$(MAKE) --no-print-directory 01_vanilla_dp
-	@PYTHON=$(TORCH_PYTHON) scripts/compare_pytorch.sh $(ARGS)
+	@PYTHON=$(TORCH_PYTHON) scripts/pytorch/compare_pytorch.sh $(ARGS)
 
 diffs: ## writes docs/diffs/: each chapter's train.cpp against its base chapter (the previous one; 03 for 07, 08, 10, 11)
-	@scripts/diffs.sh
+	@scripts/checks/diffs.sh
 
 # Chapter 09's planner (PLAN, defined with the chapters above): a command-line tool over
 # common/planner.*, no MPI job of its own.
@@ -238,11 +238,11 @@ $(PLAN): $(BUILD)/09_3d_parallel/plan.o $(LIBCOMMON)
 	$(call say,LINK,$@)$(MPICXX) $(CXXFLAGS) $^ -o $@ -pthread
 
 plan: $(PLAN) ## 09's planner: best DP x TP x PP configurations, Megatron-LM's Table 1, results/plan_heatmap.png: PLAN_ARGS="--model megatron-146b --cluster dgx-a100 --gpus 1536 --batch 2304"
-	@scripts/plan.sh $(PLAN_ARGS)
+	@scripts/plan/plan.sh $(PLAN_ARGS)
 
 plan-check: $(PLAN) ## 09's planner against runs of 03-08 on this machine, about 44 s on 2 cores: RUNS="dp2 tp2 ..." to pick
 	@$(MAKE) --no-print-directory all
-	@scripts/plan_check.sh
+	@scripts/plan/plan_check.sh
 
 clean: ## removes the build folder and the programs
 	rm -rf $(BUILD) $(addsuffix /train,$(CHAPTERS)) $(PLAN) $(COLLECTIVES)

@@ -132,7 +132,7 @@ int run_search(const PlanInputs& in, const Options& opt, const SearchSpace& spac
   return fitting > 0 ? 0 : 1;
 }
 
-// One configuration, every pipeline stage's memory, and a machine-readable line for scripts/plan_check.sh.
+// One configuration, every pipeline stage's memory, and a machine-readable line for scripts/plan/plan_check.sh.
 int run_one(const PlanInputs& in, const Options& opt, const std::string& note) {
   PlanConfig c;
   c.tp = opt.tp > 0 ? opt.tp : 1;

@@ -265,7 +265,7 @@ class Communicator {
 // thing in main; shutdown_mpi() at the end, after every communicator split from it is gone. Also sets
 // the error context of check.h. With GPT_SKIP_MPI_FINALIZE=1 in the environment, shutdown_mpi() ends
 // with a barrier instead of MPI_Finalize: MPICH 4.0 over UCX's TCP transport hangs in MPI_Finalize in
-// a fraction of runs across hosts (docs/cluster.md, "A reliable MPI"); scripts/cluster.sh sets it.
+// a fraction of runs across hosts (docs/cluster.md, "A reliable MPI"); scripts/cluster/cluster.sh sets it.
 std::unique_ptr<Communicator> init_mpi_communicator(int* argc, char*** argv);
 void shutdown_mpi(std::unique_ptr<Communicator> comm);
 

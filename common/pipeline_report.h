@@ -18,7 +18,7 @@ void print_partition(const TrainingRun& run, const GPT2Config& cfg, const std::v
                      Placement placement = Placement::Loop);
 
 // One action of a simulated step as a JSON record ("simulated_action": stage, op, micro, chunk,
-// start_ms, end_ms), the form the pipeline diagrams read (scripts/plot_pipeline.py), for 08's
+// start_ms, end_ms), the form the pipeline diagrams read (scripts/bench/plot_pipeline.py), for 08's
 // measured runs and for make schedules' ideal ones alike.
 JsonObject simulated_action_record(const SimulatedAction& action);
 

@@ -155,7 +155,7 @@ Cluster namespaces_cluster(int ranks_per_node) {
   // tens of microseconds.
   c.inter_node = {1.0, 50};
   // CPU compute as on `emulated`: a placeholder peak and elementwise rate, replaced by a calibration
-  // run's (--peak-flops with --efficiency 1, --elementwise-rate; scripts/cluster_lessons.sh does it).
+  // run's (--peak-flops with --efficiency 1, --elementwise-rate; scripts/cluster/cluster_lessons.sh does it).
   c.peak_flops = 1e10;
   c.elementwise_rate = 0.6e9;
   c.dtype = DType::F32, c.device = Device::CPU;

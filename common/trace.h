@@ -25,7 +25,7 @@ bool tracing_enabled();
 // the span's args, e.g. the byte count of a collective; so do, where >= 0, `issued_ms` (when the
 // collective was issued: its span may begin later, the link being busy; on a wait, the issue of the
 // op waited for) and `link_ms` (how long the emulated link held it, comm.h's modelled_ms). Those two
-// let scripts/compare_timing.py replay a step on the link model (docs/theory.md, "Modelled step").
+// let scripts/compare/compare_timing.py replay a step on the link model (docs/theory.md, "Modelled step").
 void trace_span(Track track, const std::string& name, double start_ms, double end_ms,
                 const std::string& detail = "", double issued_ms = -1, double link_ms = -1);
 

@@ -207,7 +207,7 @@ TEST(ContextParallelTrace, BlocksComputeWhileTheRingSends) {
   }
 }
 
-// The balance plot (scripts/plot_cp_balance.py) draws from the runs' "ring" records, and refuses a
+// The balance plot (scripts/bench/plot_cp_balance.py) draws from the runs' "ring" records, and refuses a
 // run that has none, saying so.
 TEST(ContextParallelPlot, TheBalancePlotReadsTheRingRecords) {
   const std::string dir = temp_dir();
@@ -219,12 +219,12 @@ TEST(ContextParallelPlot, TheBalancePlotReadsTheRingRecords) {
     ASSERT_EQ(r.exit_code, 0) << r.output;
     runs += " " + json;
   }
-  RunResult plot = run_command("python3 scripts/plot_cp_balance.py --out " + dir + "/cp_balance.png" + runs, 120);
+  RunResult plot = run_command("python3 scripts/bench/plot_cp_balance.py --out " + dir + "/cp_balance.png" + runs, 120);
   EXPECT_EQ(plot.exit_code, 0) << plot.output;
   EXPECT_TRUE(file_exists(dir + "/cp_balance.png")) << plot.output;
   RunResult other = run_trainer("01_vanilla_dp", 1, "--preset tiny --steps 2 --json " + dir + "/01.jsonl");
   ASSERT_EQ(other.exit_code, 0) << other.output;
-  RunResult refused = run_command("python3 scripts/plot_cp_balance.py --out " + dir + "/x.png " + dir + "/01.jsonl", 120);
+  RunResult refused = run_command("python3 scripts/bench/plot_cp_balance.py --out " + dir + "/x.png " + dir + "/01.jsonl", 120);
   EXPECT_NE(refused.exit_code, 0) << refused.output;
   EXPECT_NE(refused.output.find("no ring record"), std::string::npos) << refused.output;
 }

@@ -232,7 +232,7 @@ TEST(Planner, TheNamespacesClusterSlowsOnlyWhatCrossesItsShapedLink) {
   EXPECT_DOUBLE_EQ(slow.tp_s, fast.tp_s);
   // The same run with the pairs across the nodes (-ppn 1): TP on the shaped link, DP on shared
   // memory, which the planner is told by giving the inside-node link the shaped rate and the
-  // between-node link shared memory's (scripts/cluster_lessons.sh does so).
+  // between-node link shared memory's (scripts/cluster/cluster_lessons.sh does so).
   const PlanResult across = predict(shm, 0.1, tp_dp), across_fast = predict(shm, 1, tp_dp);
   EXPECT_NEAR(across.tp_s, 10 * across_fast.tp_s, 1e-9 * across.tp_s);
   EXPECT_DOUBLE_EQ(across.dp_s, across_fast.dp_s);

@@ -205,7 +205,7 @@ TEST(OutputPaths, ANonRegularFileAtAnOutputPathIsRefusedAndKept) {
   }
 }
 
-// `--json /dev/null` discards the records (scripts/bench.sh times runs so), and a FIFO the user names
+// `--json /dev/null` discards the records (scripts/bench/bench.sh times runs so), and a FIFO the user names
 // passes them to its reader: both written to directly, the run ends 0, the FIFO stays a FIFO.
 TEST(OutputPaths, TheNullDeviceAndAFifoAreWrittenToDirectly) {
   RunResult discarded = run_trainer("01_vanilla_dp", 2, "--steps 2 --json /dev/null --trace /dev/null", 60);
