@@ -33,7 +33,7 @@ endif
 CHAPTERS    := $(sort $(patsubst %/train.cpp,%,$(wildcard [0-9][0-9]_*/train.cpp)))
 PLAN        := 09_3d_parallel/plan
 # Chapter 00 is no trainer: its program times the collectives built from send and receive.
-COLLECTIVES := 00_collectives/collectives
+COLLECTIVES_PROGRAM := 00_collectives/collectives
 COMMON_SRC  := $(wildcard common/*.cpp)
 COMMON_OBJ  := $(COMMON_SRC:%.cpp=$(BUILD)/%.o)
 LIBCOMMON   := $(BUILD)/libcommon.a
@@ -63,7 +63,7 @@ endif
   help $(CHAPTERS) 00_collectives collectives
 all: 00_collectives $(CHAPTERS) ## every chapter's program (00_collectives/collectives, NN_name/train); the default
 
-00_collectives: $(COLLECTIVES) ## chapter 00: all-reduce, reduce-scatter, all-gather from send and receive
+00_collectives: $(COLLECTIVES_PROGRAM) ## chapter 00: all-reduce, reduce-scatter, all-gather from send and receive
 
 $(CHAPTERS): %: %/train ## one chapter: make 01_vanilla_dp, ...
 
@@ -105,7 +105,7 @@ FORCE:
 %/train: $(BUILD)/%/train.o $(LIBCOMMON) $(CHAPTERS_LINKED_FROM)
 	$(call say,LINK,$@)$(MPICXX) $(CXXFLAGS) $(filter-out $(CHAPTERS_LINKED_FROM),$^) -o $@ -pthread
 
-$(COLLECTIVES): $(BUILD)/00_collectives/collectives.o $(LIBCOMMON) $(CHAPTERS_LINKED_FROM)
+$(COLLECTIVES_PROGRAM): $(BUILD)/00_collectives/collectives.o $(LIBCOMMON) $(CHAPTERS_LINKED_FROM)
 	$(call say,LINK,$@)$(MPICXX) $(CXXFLAGS) $(filter-out $(CHAPTERS_LINKED_FROM),$^) -o $@ -pthread
 
 # Tests link the real objects of libcommon.a, never a copy of the code under test.
@@ -118,7 +118,7 @@ $(BUILD)/tests/%: $(BUILD)/tests/%.o $(LIBCOMMON) $(BUILD)/tests/mpi_gtest_main.
 # does not compile them again.
 .SECONDARY:
 
-tests: $(TEST_BIN) $(COLLECTIVES) $(addsuffix /train,$(CHAPTERS)) $(BUILD)/pipeline_ideal $(PLAN) ## builds every test and chapter, runs nothing
+tests: $(TEST_BIN) $(COLLECTIVES_PROGRAM) $(addsuffix /train,$(CHAPTERS)) $(BUILD)/pipeline_ideal $(PLAN) ## builds every test and chapter, runs nothing
 
 deps: ## only installs missing packages (MPICH, GoogleTest, matplotlib)
 	@scripts/setup/ensure_deps.sh
@@ -184,7 +184,7 @@ schedules: ## 08's schedules measured next to ideal, results/schedules.png: PP=4
 # memory and over the emulated link, then the plot (scripts/bench/collectives.sh).
 collectives: ## 00's four algorithms at 2, 4, 8 ranks, 4 B to 64 MB, both links, results/collectives.png: COLL_RANKS="2 4 8" COLL_MAX=67108864 COLL_LINK="--link-gbps 10 --link-latency-us 20"
 	@scripts/setup/ensure_deps.sh
-	@$(MAKE) --no-print-directory $(COLLECTIVES)
+	@$(MAKE) --no-print-directory $(COLLECTIVES_PROGRAM)
 	@scripts/bench/collectives.sh
 
 # The collective benchmark links libcommon.a like a chapter; LINK passes emulated-link flags through.
@@ -245,7 +245,7 @@ plan-check: $(PLAN) ## 09's planner against runs of 03-08 on this machine, about
 	@scripts/plan/plan_check.sh
 
 clean: ## removes the build folder and the programs
-	rm -rf $(BUILD) $(addsuffix /train,$(CHAPTERS)) $(PLAN) $(COLLECTIVES)
+	rm -rf $(BUILD) $(addsuffix /train,$(CHAPTERS)) $(PLAN) $(COLLECTIVES_PROGRAM)
 
 -include $(shell find $(BUILD) -path '$(CPU_BUILD)' -prune -o -name '*.d' -print 2>/dev/null)
 
