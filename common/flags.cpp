@@ -313,7 +313,7 @@ bool parse_train_flags(int argc, char** argv, const std::string& chapter, const 
   parser.add("--collectives", &cfg->collectives,
              "library | ours | ring | halving-doubling | recursive-doubling | binomial-tree: who runs the "
              "all-reduces, reduce-scatters and all-gathers; ours = chapter 00's, built from send and receive, "
-             "chosen by size; not with a pipeline of 2 or more stages (docs/collectives.md)",
+             "chosen by size, run asynchronously on a worker thread (docs/collectives.md)",
              "NAME");
   parser.add_switch("--quiet", &cfg->quiet, "no step lines");
   parser.add("--device", &cfg->device, "auto | cpu | cuda; auto = cuda when a GPU is visible", "NAME");

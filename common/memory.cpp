@@ -9,13 +9,13 @@
 #include <unordered_map>
 
 #include "cuda_check.h"  // CUDA_CHECK, cudaMalloc
-#include "ops_cuda.h"    // cuda::stream(), where new memory is zeroed
+#include "ops_cuda.h"    // cuda::stream(): where new memory is zeroed, and whose blocks the cache keeps
 #endif
 
 namespace {
 
 MemoryStats g_stats;
-std::mutex g_mutex;  // the communication thread allocates too
+std::mutex g_mutex;  // communicators' worker threads allocate too (comm_p2p.cpp)
 
 // Placed in front of every CPU allocation; 64 bytes keeps the user pointer 64-byte aligned.
 struct alignas(64) AllocHeader {
@@ -47,14 +47,21 @@ std::unordered_map<void*, CudaAllocation> g_cuda_allocations;
 // layer's buffer while the next layer's collective runs (05, 06) would lose its overlap to that
 // wait. And cudaMalloc is slow. Training allocates the same sizes every step, so exact sizes hit.
 // Reuse is safe without waiting: a buffer is freed only after its last collective was waited (the
-// compute stream then waits for it), and the next user's zeroing is queued on the compute stream,
-// behind every kernel that used the block before.
-std::unordered_multimap<size_t, void*> g_cuda_cache;
+// freeing thread's stream then waits for it), and the next user's zeroing is queued on that same
+// stream, behind every kernel that used the block before. So a block goes back to the stream of the
+// thread that freed it (cuda::stream(): the compute stream, or a communicator worker's, whose
+// collectives free their scratch there, comm_p2p.cpp) and only that stream takes it again: another
+// stream is not ordered after its last use, as PyTorch keeps a pool per stream for the same reason.
+struct CachedBlock {
+  void* ptr;
+  cudaStream_t stream;  // where it was last used
+};
+std::unordered_multimap<size_t, CachedBlock> g_cuda_cache;
 int64_t g_cuda_cached_bytes = 0;
 
 void release_cuda_cache() {
   std::lock_guard<std::mutex> lock(g_mutex);
-  for (auto& [bytes, ptr] : g_cuda_cache) CUDA_CHECK(cudaFree(ptr));
+  for (auto& [bytes, block] : g_cuda_cache) CUDA_CHECK(cudaFree(block.ptr));
   g_cuda_cache.clear();
   g_cuda_cached_bytes = 0;
 }
@@ -62,13 +69,16 @@ void release_cuda_cache() {
 void* cuda_alloc(size_t bytes, MemCategory cat) {
   const size_t size = bytes ? bytes : 1;  // an empty buffer still has an address (as on the CPU)
   void* ptr = nullptr;
+  const cudaStream_t stream = cuda::stream();
   {
     std::lock_guard<std::mutex> lock(g_mutex);
-    auto cached = g_cuda_cache.find(size);
-    if (cached != g_cuda_cache.end()) {
-      ptr = cached->second;
+    auto [first, last] = g_cuda_cache.equal_range(size);
+    for (auto cached = first; cached != last; ++cached) {
+      if (cached->second.stream != stream) continue;
+      ptr = cached->second.ptr;
       g_cuda_cache.erase(cached);
       g_cuda_cached_bytes -= int64_t(size);
+      break;
     }
   }
   if (!ptr && cudaMalloc(&ptr, size) != cudaSuccess) {
@@ -81,10 +91,11 @@ void* cuda_alloc(size_t bytes, MemCategory cat) {
             std::to_string(free_bytes >> 20) + " of " + std::to_string(total_bytes >> 20) + " MiB free)");
     }
   }
-  // Zero-filled like CPU memory, on the compute stream: every op sees the zeros (it runs there), so
-  // does a collective (its stream waits for an event recorded there), and so does a cudaMemcpy (the
-  // legacy default stream waits for the compute stream, created blocking).
-  CUDA_CHECK(cudaMemsetAsync(ptr, 0, bytes, cuda::stream()));
+  // Zero-filled like CPU memory, on this thread's stream (the compute stream for the training
+  // thread): every op it queues sees the zeros (they run there), so does a collective (its stream
+  // waits for an event recorded there), and so does a cudaMemcpy (the legacy default stream waits for
+  // the compute stream and a worker's, both created blocking).
+  CUDA_CHECK(cudaMemsetAsync(ptr, 0, bytes, stream));
   {
     std::lock_guard<std::mutex> lock(g_mutex);
     g_cuda_allocations[ptr] = {bytes, cat};
@@ -103,7 +114,7 @@ bool cuda_free(void* ptr) {
     allocation = it->second;
     g_cuda_allocations.erase(it);
     const size_t size = allocation.bytes ? allocation.bytes : 1;
-    g_cuda_cache.emplace(size, ptr);
+    g_cuda_cache.emplace(size, CachedBlock{ptr, cuda::stream()});
     g_cuda_cached_bytes += int64_t(size);
   }
   count(allocation.category, -int64_t(allocation.bytes));
@@ -145,7 +156,10 @@ void device_free(void* ptr) {
   std::free(header);
 }
 
-const MemoryStats& memory_stats() { return g_stats; }
+MemoryStats memory_stats() {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  return g_stats;
+}
 
 int64_t cuda_cached_bytes() {
 #ifdef GPT_WITH_CUDA

@@ -21,7 +21,9 @@ struct MemoryStats {
 // Allocates `bytes` (zero-filled, 64-byte aligned on the CPU) on `device` and counts them under `cat`.
 void* device_alloc(size_t bytes, MemCategory cat, Device device = Device::CPU);
 void device_free(void* ptr);
-const MemoryStats& memory_stats();
+// A copy, taken under the allocator's lock: a communicator's worker thread (comm_p2p.cpp) allocates
+// while the training thread reads.
+MemoryStats memory_stats();
 // GPU bytes freed by the framework but kept for reuse (memory.cpp says why): held from the driver,
 // counted in no category, since no tensor lives there. 0 without CUDA.
 int64_t cuda_cached_bytes();

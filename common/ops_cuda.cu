@@ -35,7 +35,9 @@
 // version on one GPU model. The results still differ from the CPU in the last bits (other summation
 // orders, fused multiply-adds, expf/tanhf): tests/test_cuda_ops.cpp states the tolerances.
 //
-// Everything runs on one stream (stream()); an op returns as soon as its work is queued.
+// Every op runs on the calling thread's stream (stream(): the compute stream, or a communicator
+// worker's own, ops_cuda.h) and returns as soon as its work is queued. cuBLAS's handle is bound to the
+// compute stream: only the training thread multiplies.
 #include "ops_cuda.h"
 
 #include <cublasLt.h>
@@ -134,7 +136,7 @@ cublasHandle_t cublas() {
   static cublasHandle_t handle = [] {
     cublasHandle_t h;
     CUBLAS_CHECK(cublasCreate(&h));
-    CUBLAS_CHECK(cublasSetStream(h, stream()));
+    CUBLAS_CHECK(cublasSetStream(h, compute_stream()));  // the training thread's, whoever calls first
     // Plain fp32 products in fp32. (CUBLAS_TF32_TENSOR_OP_MATH would round fp32 inputs to 10 mantissa
     // bits for several times the speed: a precision choice this code does not make silently. bf16
     // operands use the tensor cores whatever the mode, accumulating in fp32 as CUBLAS_COMPUTE_32F asks.)
@@ -977,15 +979,23 @@ void lt_matmul_tn(DType dt, int m, int n, int k, const void* A, const void* B, c
 // ------------------------------------------------------------------------------------------------
 // The stream
 
-cudaStream_t stream() {
+cudaStream_t compute_stream() {
   // A static local is initialised once, thread-safely, on first use.
-  static cudaStream_t compute_stream = [] {
+  static cudaStream_t compute = [] {
     cudaStream_t s;
     CUDA_CHECK(cudaStreamCreate(&s));  // default flags: ordered with the legacy default stream
     return s;
   }();
-  return compute_stream;
+  return compute;
 }
+
+namespace {
+thread_local cudaStream_t t_stream = nullptr;  // use_stream_on_this_thread's; nullptr: the compute stream
+}  // namespace
+
+cudaStream_t stream() { return t_stream ? t_stream : compute_stream(); }
+
+void use_stream_on_this_thread(cudaStream_t s) { t_stream = s; }
 
 void synchronize() {
   BlockedOnDevice blocked("waiting for the GPU's compute stream");

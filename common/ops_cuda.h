@@ -29,10 +29,18 @@
 
 namespace cuda {
 
-// The compute stream. Created with default flags, so it also orders itself with the legacy default
-// stream: a plain cudaMemcpy (which runs there) sees the results of earlier ops and vice versa.
+// The stream the calling thread's ops run on: the compute stream, unless the thread chose another
+// with use_stream_on_this_thread() (a communicator's worker, comm_p2p.cpp, whose collectives must not
+// land between the training thread's kernels).
 cudaStream_t stream();
-// Blocks the host until every op queued so far has finished (and reports any kernel error).
+// The compute stream, whichever thread asks. Created with default flags, so it also orders itself
+// with the legacy default stream: a plain cudaMemcpy (which runs there) sees the results of earlier
+// ops and vice versa.
+cudaStream_t compute_stream();
+// From now on, the ops this thread queues run on `s` (nullptr: the compute stream again). The thread
+// orders `s` with the compute stream itself, by events.
+void use_stream_on_this_thread(cudaStream_t s);
+// Blocks the host until every op queued so far on stream() has finished (and reports any kernel error).
 void synchronize();
 // The most shared memory one block of the current GPU may ask for (227 KB on an H100, 163 KB on an
 // A100, 99 KB on sm_86/sm_89 parts), or 0 where no GPU answers.

@@ -100,9 +100,15 @@ void sync_clock_epoch(Communicator& comm) {
 void enable_tracing(bool on) { g_enabled = on; }
 bool tracing_enabled() { return g_enabled; }
 
+namespace {
+thread_local bool t_waits_hidden = false;  // trace_hide_waits_of_this_thread
+}  // namespace
+
+void trace_hide_waits_of_this_thread() { t_waits_hidden = true; }
+
 void trace_span(Track track, const std::string& name, double start_ms, double end_ms, const std::string& detail,
                 double issued_ms, double link_ms) {
-  if (!g_enabled) return;
+  if (!g_enabled || (track == Track::Wait && t_waits_hidden)) return;
   std::lock_guard<std::mutex> lock(g_mutex);
   g_spans.push_back({track, name, detail, start_ms, end_ms, issued_ms, link_ms});
 }

@@ -1,7 +1,8 @@
 // trace.h: one clock for the whole process, and the Chrome-trace timeline (opens in Perfetto).
-// Defines now_ms(), Track, trace_span() (thread-safe, a no-op unless tracing is on) and
-// write_merged_trace(), which gathers every rank's spans into one file: one process per rank,
-// compute and communication on separate tracks (the tensor-parallel track only where it has spans).
+// Defines now_ms(), Track, trace_span() (thread-safe, a no-op unless tracing is on),
+// trace_hide_waits_of_this_thread() and write_merged_trace(), which gathers every rank's spans into
+// one file: one process per rank, compute and communication on separate tracks (the tensor-parallel
+// track only where it has spans).
 #pragma once
 #include <chrono>
 #include <string>
@@ -21,6 +22,10 @@ enum class Track { Compute = 0, Comm = 1, Wait = 2, TensorParallel = 3 };
 
 void enable_tracing(bool on);
 bool tracing_enabled();
+// For a thread that waits on the caller's behalf (a communicator's worker, comm_p2p.cpp, waiting for
+// the messages of the collective it runs): its waits are not the caller's, so the Wait track leaves
+// them out; the caller's own wait for the collective is recorded where it waits.
+void trace_hide_waits_of_this_thread();
 // Records one span [start_ms, end_ms] on `track`. `name` is copied. `detail` (optional) shows in
 // the span's args, e.g. the byte count of a collective; so do, where >= 0, `issued_ms` (when the
 // collective was issued: its span may begin later, the link being busy; on a wait, the issue of the

@@ -110,14 +110,6 @@ TrainingRun::TrainingRun(Communicator& world, Communicator& dp, const ProcessGri
     config_error("--preset " + model_.preset + " is a mixture of experts, whose blocks " + cfg.chapter + " cannot " +
                  (cp.on() ? "run with ring attention" : "split into pipeline stages") +
                  ": train it with 11_expert_parallel, or with 01-07 on one rank");
-  // Chapter 00's collectives (--collectives) run to completion when issued; a pipeline stage keeps
-  // sending activations while its gradient and embedding collectives are in flight, so one stage would
-  // wait in a collective for a peer that waits for its activations.
-  if (pp.size > 1 && cfg.collectives != "library")
-    config_error("--collectives " + cfg.collectives + " with --pp " + std::to_string(pp.size) +
-                 ": chapter 00's collectives run to completion when issued, and a pipeline's stages exchange "
-                 "activations while their gradient collectives are in flight, so a stage would wait forever; "
-                 "use --collectives library with a pipeline, or --pp 1");
   if (model_.moe()) {  // a mixture of experts: where it can run (moe.h)
     const std::string problem = moe_run_problem(model_.preset, cfg.chapter, device_, ep_comm != nullptr, world_.size(),
                                                 tp.size, pp.size, cfg.recompute);
@@ -462,11 +454,16 @@ void TrainingRun::check_memory() {
     moe_exchange_forecast_ = moe_exchange_buffer_bytes(model_, std::vector<int64_t>(size_t(model_.L), most_rows));
   forecast_.transient += moe_exchange_forecast_;
   // Chapter 00's collectives (--collectives) work in scratch buffers of their own: at most twice the
-  // largest payload, the whole gradient or a micro-batch's activations.
+  // largest payload, the whole gradient or a micro-batch's activations, for each group that carries
+  // collectives. Each group's worker runs one at a time, but the groups' workers run side by side
+  // (a DP reduction beside the embedding group's, or beside a TP sum). A pipeline's own group only
+  // sends and receives.
   if (cfg_.collectives != "library") {
     const double w = double(dtype_size(dtype_));
     const double activations = double(micro_B_) * model_.T * model_.C * w;
-    forecast_.transient += p2p_scratch_bytes_at_most(std::max(w * double(layout_.padded_size), activations));
+    const int groups = 1 + (&dp_ != &world_) + (tp_comm_ && tp_.size > 1) + (embedding_comm_ != nullptr) +
+                       (cp_comm_ != nullptr) + (ep_comm_ != nullptr);
+    forecast_.transient += groups * p2p_scratch_bytes_at_most(std::max(w * double(layout_.padded_size), activations));
   }
   std::string how;
   const double available = memory_per_rank(device_, ranks_on_this_node(), &how);

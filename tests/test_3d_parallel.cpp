@@ -1,10 +1,11 @@
 // test_3d_parallel.cpp: chapter 09 end to end, through the real trainer binary. On TP 2 x PP 2,
 // DP 2 x TP 2 x PP 2 (8 ranks), with sequence parallelism, ZeRO-1, the interleaved and zb-h1
-// schedules and each recomputation, it trains to the same losses, gradient norms and final
-// parameters as one rank of 01 with the same global batch. Every figure theory predicts equals the
-// measurement: memory per category, activations and point-to-point bytes per stage, the TP group's
-// collectives and bytes, the DP group's, the embedding group's. Checkpoints stay layout-free: 09's
-// resume in 01, 07 and 08, and 01's in 09. The model's recomputation alone: test_recompute.cpp.
+// schedules, each recomputation and chapter 00's collectives (--collectives ring and ours), it
+// trains to the same losses, gradient norms and final parameters as one rank of 01 with the same
+// global batch. Every figure theory predicts equals the measurement: memory per category,
+// activations and point-to-point bytes per stage, the TP group's collectives and bytes, the DP
+// group's, the embedding group's. Checkpoints stay layout-free: 09's resume in 01, 07 and 08, and
+// 01's in 09. The model's recomputation alone: test_recompute.cpp.
 // 08's flags (--zero2) run here too; the tied wte's two copies stay equal on every grid (DP 4 x TP 2
 // x PP 2 with ZeRO-1 at 16 ranks); the header and the run record name every dimension of the grid.
 #include <gtest/gtest.h>
@@ -78,6 +79,11 @@ std::vector<GridCase> grid_cases() {
       // A V of tensor-parallel stages: rank 0's two chunks hold the embedding's and the head's wte slice.
       {4, "tall", 10, "--tp 2 --pp 2 --schedule zb-v --sequence-parallel", "tp2_pp2_zbv_sp"},
       {4, "tall", 10, "--tp 2 --pp 2 --schedule dualpipev --recompute selective", "tp2_pp2_dualpipev_selective"},
+      // Chapter 00's collectives on every group at once (TP's sums, the embedding group's, DP's
+      // buckets), each on its communicator's worker while the stages exchange activations.
+      {4, "tall", 10, "--tp 2 --pp 2 --collectives ring", "tp2_pp2_ring"},
+      {4, "tall", 10, "--tp 2 --pp 2 --sequence-parallel --collectives ours", "tp2_pp2_sp_ours"},
+      {4, "tall", 10, "--tp 1 --pp 2 --collectives ours", "dp2_pp2_ours"},
       // 8 ranks on a busy machine: the tiny preset (a block a stage), few steps.
       {8, "tiny", 4, "--tp 2 --pp 2 --zero1 --sequence-parallel --bucket-mb 0.01", "dp2_tp2_pp2_zero1_sp"},
       // 08's --zero2, composed with TP's sums under sequence parallelism.

@@ -3,14 +3,18 @@
 // and the folded ranks of the others are both covered. With small integers as data every order of
 // summation gives the same bits, so the comparison is exact; with random data the two may add in
 // another order, and they must agree within that rounding. The bytes each rank sends, read from the
-// communicator's counters, must equal the closed forms, rank by rank.
+// communicator's counters, must equal the closed forms, rank by rank. The communicator of
+// --collectives (comm_p2p.h) runs them on a worker thread: the caller's own messages pass while one
+// travels, several in flight run in issue order, and an async all-reduce hides behind compute.
 #include <gtest/gtest.h>
 
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "bf16.h"
@@ -21,6 +25,7 @@
 #include "mpi_test_env.h"
 #include "comm_p2p.h"
 #include "p2p_collectives.h"
+#include "trace.h"  // now_ms
 
 namespace {
 
@@ -337,6 +342,133 @@ TEST(P2PCommunicator, RunsTheCollectivesFromSendAndReceiveAndCountsThemByKind) {
   EXPECT_EQ(rs.sent_bytes, int64_t(N - 1) * 1024 * 4);
   EXPECT_EQ(rs.received_bytes, int64_t(N - 1) * 1024 * 4);
   group.reset();
+}
+
+// The communicator's collectives are asynchronous: issued, they run on its worker while the caller
+// goes on, here to exchange a message of its own over the same communicator, as a pipeline stage
+// sends activations while its gradients travel. Each even rank issues an all-reduce, then sends to the
+// odd rank after it, which receives before it issues the same all-reduce. Run at issue, the even
+// rank's all-reduce would wait for the odd rank, and the odd rank for the even rank's message: the
+// watchdog would end the job.
+TEST(P2PCommunicator, TheCallerExchangesItsOwnMessagesWhileACollectiveTravels) {
+  Communicator& world = test_comm();
+  const int N = world.size(), r = world.rank();
+  CollectivesChoice choice;
+  ASSERT_TRUE(parse_collectives("ring", &choice));
+  auto comm = with_collectives(choice, world.split(0, r, "p2p"));
+  set_comm_timeout(30);  // a deadlock ends the job with a message instead of hanging the suite
+  const int64_t n = 70000;
+  Data x = filled(DType::F32, n, r), expected = filled(DType::F32, n, r);
+  world.all_reduce(expected.view(), ReduceOp::Sum);
+  std::vector<float> message(1000, 0.0f);
+  const Tensor msg = make_view(message.data(), {int64_t(message.size())}, DType::F32);
+  CommHandle h;
+  if (r % 2 == 0) {
+    h = comm->all_reduce_async(x.view(), ReduceOp::Sum);
+    for (float& v : message) v = float(r + 1);
+    if (r + 1 < N) comm->send(msg, r + 1, 7);
+  } else {
+    comm->recv(msg, r - 1, 7);
+    h = comm->all_reduce_async(x.view(), ReduceOp::Sum);
+  }
+  h.wait();
+  set_comm_timeout(300);  // the engine's default (comm_mpi.cpp)
+  EXPECT_TRUE(identical(x, expected));
+  if (r % 2 == 1) {
+    EXPECT_EQ(message[0], float(r));  // from rank r - 1
+  }
+  const CommStats& s = comm->stats();
+  EXPECT_EQ(s.kind[int(CollectiveKind::AllReduce)].calls, 1);
+  EXPECT_EQ(s.kind[int(CollectiveKind::AllReduce)].launched, 1);
+  EXPECT_LE(s.exposed_ms, s.in_flight_ms + 1e-9);
+}
+
+// Several collectives in flight at once, waited in an order that differs from rank to rank: the
+// worker runs them in issue order (as every rank issued them), each handle waits for its own, and
+// each is counted once, however often it is waited.
+TEST(P2PCommunicator, CollectivesInFlightTogetherRunInIssueOrder) {
+  Communicator& world = test_comm();
+  const int N = world.size(), r = world.rank();
+  CollectivesChoice choice;
+  ASSERT_TRUE(parse_collectives("ours", &choice));
+  auto comm = with_collectives(choice, world.split(0, r, "p2p"));
+  const int64_t m = 1031;
+  Data small = filled(DType::F32, 5, r), large = filled(DType::F32, 70000, r);
+  Data rs_in = filled(DType::F32, m * N, r), rs_out(DType::F32, m), gathered(DType::F32, m * N);
+  Data want_small = filled(DType::F32, 5, r), want_large = filled(DType::F32, 70000, r), want_rs(DType::F32, m),
+       want_gathered(DType::F32, m * N);
+  world.all_reduce(want_small.view(), ReduceOp::Sum);
+  world.all_reduce(want_large.view(), ReduceOp::Avg);
+  world.reduce_scatter(rs_in.view(), want_rs.view(), ReduceOp::Sum);
+  world.all_gather(want_rs.view(), want_gathered.view());
+  std::vector<CommHandle> handles;
+  handles.push_back(comm->all_reduce_async(small.view(), ReduceOp::Sum));
+  handles.push_back(comm->reduce_scatter_async(rs_in.view(), rs_out.view(), ReduceOp::Sum));
+  handles.push_back(comm->all_reduce_async(large.view(), ReduceOp::Avg));
+  handles[1].wait();  // the gather's input is the reduce-scatter's output
+  handles.push_back(comm->all_gather_async(rs_out.view(), gathered.view()));
+  const int k = int(handles.size());
+  for (int w = 0; w < k; w++) handles[r % 2 ? k - 1 - w : (w + r) % k].wait();
+  for (CommHandle& h : handles) h.wait();  // again: counted once
+  EXPECT_TRUE(identical(small, want_small));
+  EXPECT_TRUE(identical(large, want_large));
+  EXPECT_TRUE(identical(rs_out, want_rs));
+  EXPECT_TRUE(identical(gathered, want_gathered));
+  const CommStats& s = comm->stats();
+  EXPECT_EQ(s.kind[int(CollectiveKind::AllReduce)].calls, 2);
+  EXPECT_EQ(s.kind[int(CollectiveKind::ReduceScatter)].calls, 1);
+  EXPECT_EQ(s.kind[int(CollectiveKind::AllGather)].calls, 1);
+  EXPECT_EQ(s.total_launched(), s.total_calls());
+}
+
+// Timing on a shared machine (up to 8 ranks on 2 cores) can be spoiled by a stall of a few tens of
+// ms, so an overlap experiment gets up to 10 tries and passes when one succeeds on every rank (the
+// ranks agree after each try, so all run the same number). Run at issue, every try would fail.
+bool on_every_rank_within_tries(int tries, const std::function<bool()>& attempt) {
+  for (int t = 0; t < tries; t++) {
+    const bool ok = attempt();
+    if (test_comm().all_reduce_scalar(ok ? 1.0 : 0.0, ReduceOp::Min) == 1.0) return true;
+  }
+  return false;
+}
+
+// An async all-reduce overlaps the caller's compute, as the library's does (test_comm.cpp): on the
+// emulated link its ring takes 100 ms modelled, the caller computes 150 ms, so wait() returns at once.
+// The ring's 2(N-1) steps each need the worker on a core between two messages; with more than two
+// computing ranks a core, it waits for a turn at every step and the collective outlasts the compute.
+TEST(P2PCommunicator, AsyncAllReduceHiddenBehindComputeOnEmulatedLink) {
+  Communicator& world = test_comm();
+  const int N = world.size(), r = world.rank();
+  if (N == 1) GTEST_SKIP() << "one rank has no link to emulate";
+  const int cores = int(std::thread::hardware_concurrency());
+  if (cores > 0 && N > 2 * cores) GTEST_SKIP() << N << " computing ranks on " << cores << " cores";
+  CollectivesChoice choice;
+  ASSERT_TRUE(parse_collectives("ring", &choice));
+  auto comm = with_collectives(choice, world.split(0, r, "p2p"));
+  Data x(DType::F32, 1 << 18), expected = filled(DType::F32, 1 << 18, r);  // 1 MB
+  world.all_reduce(expected.view(), ReduceOp::Sum);
+  // Without latency the modelled time scales as 1/gbps: pick the bandwidth that gives 100 ms.
+  const double at_1gbps = modelled_ms({1.0, 0.0}, CollectiveKind::AllReduce, x.size() * 4, N);
+  comm->set_link_model({at_1gbps / 100.0, 0.0});
+  double exposed = 0, in_flight = 0;
+  const bool hidden = on_every_rank_within_tries(10, [&] {
+    x = filled(DType::F32, 1 << 18, r);
+    const CommStats before = comm->stats();
+    CommHandle h = comm->all_reduce_async(x.view(), ReduceOp::Sum);
+    const double until = now_ms() + 150;  // the caller's compute
+    volatile double sink = 0;
+    while (now_ms() < until)
+      for (int i = 0; i < 1000; i++) sink = sink + 1.0;
+    h.wait();
+    const CommStats spent = comm->stats().since(before);
+    exposed = spent.exposed_ms;
+    in_flight = spent.in_flight_ms;
+    EXPECT_TRUE(identical(x, expected));
+    EXPECT_GE(in_flight, 99.0);  // never shorter than modelled, stall or not
+    EXPECT_LE(exposed, in_flight + 1e-9);
+    return exposed < 10.0;
+  });
+  EXPECT_TRUE(hidden) << "last try: exposed " << exposed << " ms of " << in_flight << " ms in flight";
 }
 
 TEST(P2PCommunicator, ParsesItsChoices) {

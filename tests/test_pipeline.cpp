@@ -1,7 +1,8 @@
 // test_pipeline.cpp: chapter 08 end to end, through the real trainer binary: every schedule on 2 and
 // 4 stages, with as many micro-batches as stages and twice as many, on pipelines with data
 // parallelism over each stage (03's all-reduce, ZeRO-1, ZeRO-2's rule), with messages matched by
-// tag (MPI) and by call order (the lists NCCL runs), trains to the same losses,
+// tag (MPI) and by call order (the lists NCCL runs), under chapter 00's collectives
+// (--collectives ring and ours) as under the library's, trains to the same losses,
 // gradient norms and final parameters as one rank of 01 with the same global batch; the tied wte's
 // two copies stay equal, bit for bit; activations, point-to-point, embedding-group and data-parallel
 // bytes equal their formulas on every stage; checkpoints stay layout-free. The schedules themselves,
@@ -96,6 +97,16 @@ std::vector<PipelineCase> pipeline_cases() {
   cases.push_back({2, "--schedule dualpipev --micro-batches 4", "dualpipev_p2_m4"});
   cases.push_back({4, "--schedule dualpipev --micro-batches 8", "dualpipev_p4_m8"});
   cases.push_back({4, "--pp 2 --schedule dualpipev --bucket-mb 0.01", "dp2_pp2_dualpipev"});
+  // Chapter 00's collectives, which run on a worker thread of each group's communicator while the
+  // stage goes on exchanging activations: the embedding group's sum of wte's two gradients (PP 2),
+  // and with it the data-parallel buckets (DP 2 x PP 2). Run at issue, a stage waited in one for a
+  // peer that waited for its activations.
+  for (const char* collectives : {"ring", "ours"}) {
+    const std::string flag = std::string(" --collectives ") + collectives;
+    cases.push_back({2, "--schedule 1f1b" + flag, std::string("1f1b_p2_") + collectives});
+    cases.push_back({2, "--schedule interleaved" + flag, std::string("interleaved_p2_") + collectives});
+    cases.push_back({4, "--pp 2 --bucket-mb 0.01" + flag, std::string("dp2_pp2_") + collectives});
+  }
   return cases;
 }
 

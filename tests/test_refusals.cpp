@@ -312,7 +312,6 @@ std::vector<Refusal> refusals() {
       {"08_pipeline", 2, "--preset tall --micro-batches 10000000",
        "--batch 8 is not divisible by data-parallel ranks x micro-batches = 1 x 10000000"},
       {"08_pipeline", 2, "--preset tall --batch 100000000", "this run would need about"},
-      {"08_pipeline", 2, "--preset tall --collectives ours", "--collectives ours with --pp 2"},
       {"08_pipeline", 2, "--preset tall --batch 3", "--batch 3 is not divisible by data-parallel ranks x micro-batches"},
       // Tags past MPI_TAG_UB (2^28 - 1 here): refused before the memory forecast, or a tag MPI rejects.
       {"08_pipeline", 2, "--preset tall --micro-batches 100000000 --batch 100000000",
@@ -324,7 +323,6 @@ std::vector<Refusal> refusals() {
       {"09_3d_parallel", 2, "--tp 1 --pp 2 --preset tall --micro-batches 100000000 --batch 100000000",
        "--micro-batches 100000000: matched by tag, a step's messages carry tags up to"},
       {"09_3d_parallel", 4, "--tp 2 --pp 2 --preset tall --zero1 --zero2", "--zero1 and --zero2: choose one"},
-      {"09_3d_parallel", 2, "--tp 1 --pp 2 --preset tall --collectives ring", "--collectives ring with --pp 2"},
       {"09_3d_parallel", 1, "--preset moe-tiny", "--preset moe-tiny is a mixture of experts, whose blocks neither a pipeline"},
       {"10_context_parallel", 1, "--preset moe-tiny",
        "--preset moe-tiny is a mixture of experts, whose blocks 10_context_parallel cannot run with ring attention"},

@@ -3,9 +3,9 @@
 // same final parameters as one rank of 01 with the same global batch, with and without gradient
 // accumulation. Also: resuming a checkpoint continues bit-exactly, measured memory and bytes agree
 // with theory, every ZeRO collective is balanced, exposed communication stays within the time
-// communication was in flight (zero at one rank), the presets' default learning rates train without a
-// loss spike, and the banner says what the emulated link models. Bad input and stops:
-// test_run_guards.cpp.
+// communication was in flight (zero at one rank), 02 keeps part of it hidden under chapter 00's
+// collectives, the presets' default learning rates train without a loss spike, and the banner says
+// what the emulated link models. Bad input and stops: test_run_guards.cpp.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -270,6 +270,29 @@ TEST(ExposedCommunication, NeverExceedsTheTotalAndIsZeroAtOneRank) {
       EXPECT_LE(number_field(step, "exposed_comm_ms"), number_field(step, "comm_ms")) << step;
     }
   }
+}
+
+// Chapter 00's collectives keep 02's overlap: each all-reduce runs on the communicator's worker while
+// backward goes on, so part of the communication is hidden, as under the library. On the small preset
+// over a 1 Gbit/s link the ring's share left exposed measured 0.23-0.45 on 2 busy cores (the
+// library's about 0.1); run to completion at issue, as they once were, 0.76-0.94: all but the
+// reductions between the messages, and whatever moments the caller lost its core between two of
+// them. A busy machine can starve the worker for a run, so up to 4 runs, and one under 0.6 passes.
+TEST(ExposedCommunication, ChapterZerosCollectivesOverlapBackwardIn02) {
+  double exposed = 0, total = 0;
+  for (int run = 0; run < 4; run++) {
+    const std::string dir = temp_dir();
+    RunResult r = run_trainer("02_overlap_dp", 2,
+                              "--preset small --steps 6 --link-gbps 1 --collectives ring --json " + dir + "/run.jsonl");
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    const std::string summary = read_record(dir + "/run.jsonl", "summary");
+    exposed = number_field(summary, "exposed_comm_ms");
+    total = number_field(summary, "comm_ms");
+    ASSERT_GT(total, 0) << summary;
+    if (exposed < 0.6 * total) break;
+  }
+  EXPECT_LT(exposed, 0.6 * total) << "the last of 4 runs left " << exposed << " ms of " << total
+                                  << " ms of communication exposed";
 }
 
 // The default learning rates (model_config.cpp) are meant to be the largest that train without a
