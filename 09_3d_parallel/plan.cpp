@@ -86,7 +86,9 @@ void print_header(const PlanInputs& in, const std::string& note) {
   std::printf("global batch %d sequences of %d tokens (%s tokens) | compute efficiency %.3g (fraction of peak the "
               "dense math reaches; --efficiency) | attention %s\n",
               in.batch, m.T, format_count(double(in.batch) * m.T).c_str(), in.efficiency,
-              in.chapters_model ? (in.flash_attention ? "flash where the head size allows" : "materialized")
+              in.chapters_model ? (in.ring_attention    ? "ring (chapter 10's blockwise kernel)"
+                                   : in.flash_attention ? "flash where the head size allows"
+                                                        : "materialized")
                                 : "flash (causal: T/2 keys a query)");
   if (!in.chapters_model)
     std::printf("TP collectives %s | CP by %s | EP at balanced routing, capacity factor %s | elementwise work at %.3g "
@@ -351,7 +353,8 @@ int main(int argc, char** argv) {
   flags.add_switch("--no-sequence-parallel", &opt.no_sequence_parallel, "only without sequence parallelism");
   flags.add_switch("--runnable-here", &opt.runnable_here, "only what chapters 03-09 can run (no ZeRO-2/3 with TP or "
                    "PP)");
-  flags.add("--attention", &opt.attention, "flash (where the head size allows) or materialized", "HOW");
+  flags.add("--attention", &opt.attention, "flash (where the head size allows), materialized, or ring (chapter 10's "
+            "blockwise kernel, which --cp > 1 implies)", "HOW");
   flags.add("--megatron", &opt.megatron, "compare with Megatron-LM's Table 1 kept in this CSV", "PATH");
   flags.add("--calibration-row", &opt.calibration_row, "the Table 1 row the efficiency is calibrated on (0-based)");
   flags.add_switch("--published", &opt.published, "compare with Megatron-Core on H100, Llama 3 405B, GPT-OSS 120B, "
@@ -434,9 +437,10 @@ int main(int argc, char** argv) {
     in.model.capacity_factor = opt.capacity_factor;
   }
   in.efficiency = given("--efficiency") ? opt.efficiency : kCalibratedEfficiency;
-  if (opt.attention != "flash" && opt.attention != "materialized")
-    config_error("--attention " + opt.attention + ": choose flash or materialized");
+  if (opt.attention != "flash" && opt.attention != "materialized" && opt.attention != "ring")
+    config_error("--attention " + opt.attention + ": choose flash, materialized or ring");
   in.flash_attention = opt.attention == "flash";
+  in.ring_attention = opt.attention == "ring";
 
   if (opt.one) return run_one(in, opt, note);
 

@@ -75,7 +75,7 @@ bool flash_applies(const PlanInputs& in) {
 
 std::string invalid_reason(const PlanInputs& in, const PlanConfig& c) {
   const GPT2Config& m = in.model;
-  if (c.cp > 1 && (c.tp > 1 || c.pp > 1 || m.moe()))
+  if ((c.cp > 1 || in.ring_attention) && (c.tp > 1 || c.pp > 1 || m.moe()))
     return "the chapters build context parallelism with data parallelism only (10_context_parallel), dense";
   if (c.ep > 1 && (!m.moe() || c.tp > 1 || c.pp > 1 || c.cp > 1))
     return "the chapters build expert parallelism with data parallelism only, for a mixture of experts "
@@ -165,10 +165,11 @@ StageMemory stage_memory(const PlanInputs& in, const PlanConfig& c, int stage) {
   // of experts adds its routed rows at the bound (the routing is not known before the step) and, under
   // EP, the exchange's buffers at the same bound.
   GPT2Config held = cfg;
-  if (c.cp > 1) held.T = cfg.T / c.cp;
+  const bool ring = c.cp > 1 || in.ring_attention;
+  if (ring) held.T = cfg.T / c.cp;
   sm.memory = forecast_memory(strategy, layout, held, c.micro_batch, c.micro_batches, in.cluster.dtype, in.cluster.device,
-                              flash || c.cp > 1, false, in.data_bytes, tp, PipelineParallelism{c.pp, stage, parts, false});
-  if (c.cp > 1) sm.memory.activations = context_parallel_activation_bytes(cfg, c.micro_batch, c.cp);
+                              flash || ring, false, in.data_bytes, tp, PipelineParallelism{c.pp, stage, parts, false});
+  if (ring) sm.memory.activations = context_parallel_activation_bytes(cfg, c.micro_batch, c.cp);
   if (cfg.moe()) {
     const std::vector<int64_t> rows(size_t(cfg.L), moe_expert_rows_at_most(cfg, c.micro_batch, c.ep, c.dp));
     sm.memory.activations += moe_activation_bytes(cfg, c.micro_batch, rows);
@@ -294,7 +295,7 @@ PlanResult evaluate_plan(const PlanInputs& in, const PlanConfig& c, bool simulat
         if (cfg.recompute != Recompute::None) recompute_flops -= blocks * attention_flops_per_token(cfg) / c.tp;
         ModelPart one = part;
         one.slots = 1;
-        double bytes = c.cp > 1 ? context_parallel_activation_bytes(kept_all, B, c.cp)
+        double bytes = c.cp > 1 || in.ring_attention ? context_parallel_activation_bytes(kept_all, B, c.cp)
                                 : activation_bytes(kept_all, B, dtype, cfg.flash_attention, tp, one);
         if (cfg.moe()) bytes += moe_activation_bytes(cfg, B, balanced_rows);
         elementwise = bytes / k.elementwise_rate;

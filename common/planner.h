@@ -101,6 +101,8 @@ struct PlanInputs {
   int batch = 1;              // global batch, sequences
   double efficiency = 0.5;    // the fraction of peak that the dense math reaches (compute time = FLOPs / (peak x this))
   bool flash_attention = true;  // where the head size allows it (bf16 on a GPU): FlashAttention's memory
+  // Chapter 10's blockwise ring attention even at cp 1 (a ring of one, as 10 runs on a CPU); always at cp > 1.
+  bool ring_attention = false;
   double data_bytes = 0;      // the training text every rank keeps (CPU runs)
   // Whether the data-parallel gradients go out during the backward (buckets, as 02-08 do) or after it
   // (Megatron-LM in 2021, whose DDP all-reduced the whole gradient once the backward had ended).
