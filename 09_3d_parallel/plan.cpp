@@ -75,8 +75,7 @@ void print_header(const PlanInputs& in, const std::string& note) {
     if (m.moe())
       std::printf(" | %d experts top-%d of width %d, %d shared, %d dense layers", m.experts, m.top_k, m.expert_ffn,
                   m.shared_experts, m.dense_layers);
-    std::printf(" | %s parameters, %s active", format_count(total_params(m)).c_str(),
-                format_count(active_params(m)).c_str());
+    std::printf(" | %.4gB parameters, %.4gB active", total_params(m) / 1e9, active_params(m) / 1e9);
   }
   std::printf(" (%s)\n", note.c_str());
   const int nodes = (in.gpus + in.cluster.gpus_per_node - 1) / in.cluster.gpus_per_node;
@@ -102,7 +101,8 @@ void print_header(const PlanInputs& in, const std::string& note) {
                 in.cluster.elementwise_rate / 1e9);
 }
 
-void print_table(const std::vector<PlanResult>& results, int count) {
+// `chapters`: the model is one the chapters build, and what they cannot run yet is said.
+void print_table(const std::vector<PlanResult>& results, int count, bool chapters = true) {
   std::printf("%-3s %-66s %9s %9s %9s %9s %9s %9s | %9s %8s %8s %8s %8s %8s %8s %8s %9s | %10s %6s\n", "#",
               "configuration", "params", "grads", "optim", "activ", "buffers", "peak", "compute", "TP", "CP", "PP",
               "DP", "EP", "bubble", "embed", "step", "tokens/s", "MFU");
@@ -116,7 +116,7 @@ void print_table(const std::vector<PlanResult>& results, int count) {
                 seconds(r.cp_s).c_str(), seconds(r.pp_s).c_str(), seconds(r.dp_s).c_str(), seconds(r.ep_s).c_str(),
                 seconds(r.bubble_s).c_str(), seconds(r.embedding_s).c_str(), seconds(r.step_s).c_str(),
                 format_count(r.tokens_per_s).c_str(), 100 * r.mfu, r.fits ? "" : "  DOES NOT FIT");
-    const std::string why = not_runnable_here(r.config);
+    const std::string why = chapters ? not_runnable_here(r.config) : "";
     if (!why.empty()) std::printf("    (not runnable by our chapters yet: %s)\n", why.c_str());
     if (!r.fits) std::printf("    %s\n", r.overflow.c_str());
   }
@@ -145,22 +145,22 @@ int run_search(const PlanInputs& in, const Options& opt, const SearchSpace& spac
   }
   if (fitting == 0) {
     std::printf("nothing fits on %d GPUs of %s; the least short:\n", in.gpus, format_bytes(in.cluster.memory_bytes).c_str());
-    print_table(results, 3);
+    print_table(results, 3, in.chapters_model);
     print_legend();
     return 1;
   }
   std::printf("best configurations:\n");
-  print_table(results, std::min(opt.top, fitting));
+  print_table(results, std::min(opt.top, fitting), in.chapters_model);
   const std::vector<PlanResult> grids = best_per_grid(in, results);
   std::printf("\nbest per grid (tp, cp, pp, ep), simulated:\n");
-  print_table(grids, opt.top);
+  print_table(grids, opt.top, in.chapters_model);
   // What does not fit, and why: the fastest-looking of those that overflow.
   std::vector<PlanResult> overflowing;
   for (const PlanResult& r : results)
     if (!r.fits && overflowing.size() < 3) overflowing.push_back(r);
   if (!overflowing.empty()) {
     std::printf("\nsome that do not fit:\n");
-    print_table(overflowing, 3);
+    print_table(overflowing, 3, in.chapters_model);
   }
   print_legend();
   return fitting > 0 ? 0 : 1;
@@ -187,7 +187,7 @@ int run_one(const PlanInputs& in, const Options& opt, const std::string& note) {
   const PlanResult r = evaluate_plan(in, c, true);
   if (!r.invalid.empty()) config_error(c.describe() + ": " + r.invalid);
   print_header(in, note);
-  print_table({r}, 1);
+  print_table({r}, 1, in.chapters_model);
   std::printf("per stage (pipeline rank), model state by category%s:\n",
               in.chapters_model ? ", padded as allocated" : "");
   std::printf("  %-6s %12s %12s %12s %12s %12s %12s\n", "stage", "params", "grads", "optim", "activations", "buffers", "peak");
@@ -264,44 +264,68 @@ int run_megatron(const Options& opt) {
   return within == int(cmp.size()) ? 0 : 1;
 }
 
+// One cell of the heat map: the best configuration for `in`, as a CSV row under `panel`.
+void heatmap_cell(std::FILE* out, const char* panel, const std::string& label, const PlanInputs& in, int nodes) {
+  SearchSpace space;
+  space.recompute = {Recompute::None, Recompute::Selective, Recompute::Full};
+  const std::vector<PlanResult> results = search_plans(in, space, 8);
+  const ModelShape m = plan_shape(in);
+  std::fprintf(out, "%s,%s,%g,%d,%d,%d,%d,%g,", panel, label.c_str(), total_params(m), m.T, nodes, in.gpus, in.batch,
+               in.efficiency);
+  if (results.empty() || !results.front().fits) {
+    std::fprintf(out, "0,,,,,,,,,,,,,,,0,%g\n", results.empty() ? 0.0 : results.front().memory.peak());
+    return;
+  }
+  const PlanResult& r = results.front();
+  const PlanConfig& c = r.config;
+  std::fprintf(out, "1,%d,%d,%d,%d,%d,%s,%d,%d,%d,%d,%s,%d,%g,%g,%g\n", c.dp, c.tp, c.pp, c.cp, c.ep,
+               c.pp > 1 ? schedule_name(c.schedule) : "-", c.virtual_stages, c.micro_batch, c.micro_batches, c.zero,
+               recompute_name(c.recompute), c.sequence_parallel ? 1 : 0, r.step_s, r.mfu, r.memory.peak());
+}
+
+// Three panels on nodes of 8 H100s, 16M tokens a batch (Llama 3 405B's): dense models and mixtures of
+// experts over 1 to 512 nodes, and one model over the sequence length on 64 nodes.
 int run_heatmap(const Options& opt) {
   std::FILE* out = std::fopen(opt.heatmap.c_str(), "w");
   if (!out) config_error("--heatmap: cannot write " + opt.heatmap);
-  Cluster cluster;
-  find_cluster("dgx-h100", &cluster);
-  const double sizes[] = {1e9, 3e9, 8e9, 20e9, 40e9, 80e9, 175e9, 400e9, 1e12};
-  const int batch = opt.batch > 0 ? opt.batch : 1024;
   const double efficiency = opt.efficiency > 0 ? opt.efficiency : kCalibratedEfficiency;
-  std::fprintf(out, "params,L,C,NH,nodes,gpus,batch,efficiency,fits,dp,tp,pp,schedule,v,micro_batch,micro_batches,"
-                    "zero,recompute,sp,step_s,mfu,peak_bytes\n");
-  std::printf("heat map: GPT models 1B..1T x 1..512 nodes of 8 H100s, global batch %d x 2048 tokens, efficiency %.3f\n",
-              batch, efficiency);
-  for (double size : sizes) {
-    for (int nodes = 1; nodes <= 512; nodes *= 2) {
-      PlanInputs in;
-      in.model = gpt_like_model(size);
-      in.cluster = cluster;
-      in.gpus = nodes * cluster.gpus_per_node;
-      in.batch = batch;
-      in.efficiency = efficiency;
-      const std::vector<PlanResult> results = search_plans(in, SearchSpace{}, 8);
-      const GPT2Config& m = in.model;
-      const double params = 12.0 * m.L * double(m.C) * m.C + double(m.V) * m.C;
-      if (results.empty() || !results.front().fits) {
-        std::fprintf(out, "%g,%d,%d,%d,%d,%d,%d,%g,0,,,,,,,,,,,,0,%g\n", params, m.L, m.C, m.NH, nodes, in.gpus, batch,
-                     efficiency, results.empty() ? 0.0 : results.front().memory.peak());
-        continue;
-      }
-      const PlanResult& r = results.front();
-      const PlanConfig& c = r.config;
-      std::fprintf(out, "%g,%d,%d,%d,%d,%d,%d,%g,1,%d,%d,%d,%s,%d,%d,%d,%d,%s,%d,%g,%g,%g\n", params, m.L, m.C, m.NH,
-                   nodes, in.gpus, batch, efficiency, c.dp, c.tp, c.pp, c.pp > 1 ? schedule_name(c.schedule) : "-",
-                   c.virtual_stages, c.micro_batch, c.micro_batches, c.zero, recompute_name(c.recompute),
-                   c.sequence_parallel ? 1 : 0, r.step_s, r.mfu, r.memory.peak());
+  const double tokens = 16.0 * 1024 * 1024;
+  std::fprintf(out, "panel,model,params,T,nodes,gpus,batch,efficiency,fits,dp,tp,pp,cp,ep,schedule,v,micro_batch,"
+                    "micro_batches,zero,recompute,sp,step_s,mfu,peak_bytes\n");
+  std::printf("heat map: nodes of 8 H100s, %s tokens a batch, efficiency %.3f\n", format_count(tokens).c_str(),
+              efficiency);
+  auto inputs = [&](const std::string& model, int T, int nodes) {
+    PlanInputs in;
+    if (model == "gpt-1t") {  // Megatron-LM's proportions at 1T (gpt_like_model), as a published GPT
+      in.shape = shape_of(gpt_like_model(1e12));
+      in.shape.name = model, in.shape.tied = false, in.shape.learned_positions = false, in.shape.T = 4096;
+      in.shape.V = 131072;
+      in.chapters_model = false;
+    } else {
+      ENSURE(set_plan_model(model, &in), "heat map: no model " + model);
     }
-    std::printf("  %.0fB done\n", size / 1e9);
-    std::fflush(stdout);
+    if (T > 0) set_sequence_length(&in, T);
+    find_cluster("dgx-h100", &in.cluster);
+    in.gpus = nodes * in.cluster.gpus_per_node;
+    in.batch = int(tokens / in.shape.T);
+    in.efficiency = efficiency;
+    in.tp_overlap = true;
+    return in;
+  };
+  const std::vector<std::pair<std::string, std::string>> dense = {
+      {"llama3-8b", "Llama 3 8B"}, {"llama3-70b", "Llama 3 70B"}, {"mcore-177b", "GPT 177B"},
+      {"llama3-405b", "Llama 3 405B"}, {"gpt-1t", "GPT 1T"}};
+  const std::vector<std::pair<std::string, std::string>> moe = {{"gpt-oss-120b", "GPT-OSS 120B"},
+                                                                {"deepseek-v3", "DeepSeek-V3 671B"}};
+  for (const auto& panel : {std::make_pair("dense", dense), std::make_pair("moe", moe)}) {
+    for (const auto& [model, label] : panel.second) {
+      for (int nodes = 1; nodes <= 512; nodes *= 2) heatmap_cell(out, panel.first, label, inputs(model, 0, nodes), nodes);
+      std::printf("  %s done\n", label.c_str());
+      std::fflush(stdout);
+    }
   }
+  for (int T = 8192; T <= 131072; T *= 2) heatmap_cell(out, "sequence", "Llama 3 70B", inputs("llama3-70b", T, 64), 64);
+  std::printf("  Llama 3 70B over the sequence length done\n");
   std::fclose(out);
   std::printf("wrote %s\n", opt.heatmap.c_str());
   return 0;
