@@ -54,7 +54,7 @@ def label(row):
         grid += " e%s" % row["ep"]
     extra = []
     if int(row["pp"]) > 1:
-        extra.append(row["schedule"] + ("/%s" % row["v"] if int(row["v"]) > 1 else ""))
+        extra.append(row["schedule"] + ("/%s" % row["v"] if row["schedule"] == "interleaved" else ""))
     extra.append("B%s" % row["micro_batch"])
     if int(row["zero"]) > 0:
         extra.append("Z%s" % row["zero"])
