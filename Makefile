@@ -237,10 +237,10 @@ diffs: ## writes docs/diffs/: each chapter's train.cpp against its base chapter 
 $(PLAN): $(BUILD)/09_3d_parallel/plan.o $(LIBCOMMON)
 	$(call say,LINK,$@)$(MPICXX) $(CXXFLAGS) $^ -o $@ -pthread
 
-plan: $(PLAN) ## 09's planner: best DP x TP x PP configurations, Megatron-LM's Table 1, results/plan_heatmap.png: PLAN_ARGS="--model megatron-146b --cluster dgx-a100 --gpus 1536 --batch 2304"
+plan: $(PLAN) ## 09's planner: best TP x CP x PP x DP (x EP) configurations, Megatron-LM's Table 1, the published runs (--published), results/plan_heatmap.png: PLAN_ARGS="--model llama3-405b --nodes 2048 --seq-len 131072 --tokens-per-batch 16777216"
 	@scripts/plan/plan.sh $(PLAN_ARGS)
 
-plan-check: $(PLAN) ## 09's planner against runs of 03-08 on this machine, about 44 s on 2 cores: RUNS="dp2 tp2 ..." to pick
+plan-check: $(PLAN) ## 09's planner against runs of 03-11 on this machine, calibrations between the timed rows, the load beside each, about 2 min on 2 cores: RUNS="dp2 tp2 ..." to pick
 	@$(MAKE) --no-print-directory all
 	@scripts/plan/plan_check.sh
 

@@ -1,27 +1,34 @@
-// 09_3d_parallel/plan.cpp: choose a DP x TP x PP configuration before spending the GPUs.
+// 09_3d_parallel/plan.cpp: choose a TP x CP x PP x DP (x EP) configuration before spending the GPUs.
 //
-// Given a model and a cluster, the planner (common/planner.h) tries every data-, tensor- and
-// pipeline-parallel degree, schedule, micro-batch, virtual stages, ZeRO stage and recomputation,
-// predicts each one's memory per GPU and step time with the formulas the chapters print, and shows
-// the best. Nothing is run: it is the arithmetic of docs/theory.md, applied to a cluster we do not
-// have. Four uses:
+// Given a model and a cluster, the planner (common/planner.h) tries every tensor-, context-,
+// pipeline-, data- and expert-parallel degree (placed as the published runs place them: TP inside a
+// node, then CP, then DP, EP over DP x CP, PP outermost), schedule, micro-batch, virtual stages, ZeRO
+// stage and recomputation, predicts each one's memory per GPU by category and its step split into
+// compute, TP, CP, PP, DP, EP and bubble, and shows the best. Nothing is run: it is the arithmetic of
+// docs/theory.md, applied to a cluster we do not have. The uses:
 //   plan --model megatron-146b --cluster dgx-a100 --gpus 1536 --batch 2304     the best configurations
+//   plan --model llama3-405b --nodes 2048 --seq-len 131072 --tokens-per-batch 16777216   a published shape
 //   plan --model gpt2 --cluster dgx-h100 --gpus 8 --tp 2 --pp 2 --zero 1 ...    the best of those
 //   plan --one --model small --cluster emulated --gpus 2 --batch 8 --zero 1    one configuration, every stage
+//   plan --one --model small --cluster emulated --gpus 2 --batch 8 --cp 2      chapter 10's grid (--ep: 11's)
 //   plan --one --model small --cluster namespaces --inter-gbps 0.1 --gpus 4 --tp 2   on make cluster-up's nodes
-//   plan --megatron docs/data/megatron_table1.csv                              against the published record
-//   plan --heatmap results/plan_heatmap.csv                                     best per model size and node count
+//   plan --megatron docs/data/megatron_table1.csv                              against Megatron-LM's Table 1
+//   plan --published                          against Megatron-Core on H100, Llama 3, GPT-OSS, torchtitan, DeepSeek-V3
+//   plan --heatmap results/plan_heatmap.csv                                     best per model, node count, sequence
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
 #include "check.h"
 #include "flags.h"
 #include "metrics.h"  // format_bytes
+#include "plan_published.h"
 #include "plan_record.h"
+#include "plan_report.h"  // the published comparisons' tables
 #include "planner.h"
 
 namespace {
@@ -33,7 +40,11 @@ struct Options {
   double elementwise_rate = -1;  // -1: the cluster's
   double peak_flops = 0, memory_gb = 0, inter_gbps = -1, inter_latency_us = -1, intra_gbps = -1, intra_latency_us = -1;
   // A single configuration (or a restriction of the search) when given.
-  int tp = 0, pp = 0, virtual_stages = 0, micro_batch = 0, zero = -1;
+  int tp = 0, pp = 0, cp = 0, ep = 0, virtual_stages = 0, micro_batch = 0, zero = -1;
+  int seq_len = 0;
+  double tokens_per_batch = 0, capacity_factor = -1;
+  std::string cp_method = "ring";
+  bool tp_overlap = false, published = false;
   std::string schedule, recompute, attention = "flash";
   bool sequence_parallel = false, no_sequence_parallel = false, runnable_here = false;
   int micro_batches = 0;
@@ -42,9 +53,10 @@ struct Options {
   int calibration_row = 6;
 };
 
-// Calibrated on Table 1's 145.6B row (8-way TP, 8 stages, 1536 A100s): `plan --megatron` recomputes
-// it and says whether this still agrees.
-constexpr double kCalibratedEfficiency = 0.51;
+// Calibrated on Megatron-Core's H100 177B row (TP 8, PP 6, DP 48 on 2,304 GPUs: every group of the grid
+// at work): `plan --published` recomputes it and says whether this still agrees. (Table 1 of 2021,
+// `plan --megatron`, calibrates its own on its 145.6B row: the chapters' architecture on A100s.)
+constexpr double kCalibratedEfficiency = 0.489;
 
 // Fits its column whatever the magnitude (--efficiency 1e-300 makes a step last 1e+290 s).
 std::string seconds(double s) {
@@ -56,34 +68,55 @@ std::string seconds(double s) {
 }
 
 void print_header(const PlanInputs& in, const std::string& note) {
-  std::printf("model %s: L=%d C=%d NH=%d T=%d V=%d (%s)\n", in.model.preset.c_str(), in.model.L, in.model.C,
-              in.model.NH, in.model.T, in.model.V, note.c_str());
+  const ModelShape m = plan_shape(in);
+  std::printf("model %s: L=%d C=%d NH=%d T=%d V=%d", m.name.c_str(), m.L, m.C, m.NH, m.T, m.V);
+  if (!in.chapters_model) {
+    std::printf(" KV=%d F=%d %s %s", m.kv(), m.ffn, m.gated ? "SwiGLU" : "GELU", m.tied ? "tied" : "untied");
+    if (m.moe())
+      std::printf(" | %d experts top-%d of width %d, %d shared, %d dense layers", m.experts, m.top_k, m.expert_ffn,
+                  m.shared_experts, m.dense_layers);
+    std::printf(" | %.4gB parameters, %.4gB active", total_params(m) / 1e9, active_params(m) / 1e9);
+  }
+  std::printf(" (%s)\n", note.c_str());
   const int nodes = (in.gpus + in.cluster.gpus_per_node - 1) / in.cluster.gpus_per_node;
   std::printf("cluster %s: %s; %d GPUs (%d node%s), %s each\n", in.cluster.name.c_str(),
               describe_cluster(in.cluster).c_str(), in.gpus, nodes, nodes > 1 ? "s" : "",
               format_bytes(in.cluster.memory_bytes).c_str());
-  std::printf("global batch %d sequences of %d tokens | compute efficiency %.3g (fraction of peak the dense math "
-              "reaches; --efficiency) | attention %s\n",
-              in.batch, in.model.T, in.efficiency, in.flash_attention ? "flash where the head size allows" : "materialized");
+  std::printf("global batch %d sequences of %d tokens (%s tokens) | compute efficiency %.3g (fraction of peak the "
+              "dense math reaches; --efficiency) | attention %s\n",
+              in.batch, m.T, format_count(double(in.batch) * m.T).c_str(), in.efficiency,
+              in.chapters_model ? (in.ring_attention    ? "ring (chapter 10's blockwise kernel)"
+                                   : in.flash_attention ? "flash where the head size allows"
+                                                        : "materialized")
+                                : "flash (causal: T/2 keys a query)");
+  if (!in.chapters_model)
+    std::printf("TP collectives %s | CP by %s | EP at balanced routing, capacity factor %s | elementwise work at %.3g "
+                "TB/s\n",
+                in.tp_overlap ? "behind the products (--tp-overlap)" : "exposed",
+                in.cp_method == ContextMethod::Ring ? "ring (--cp-method)" : "all-gather of K, V (--cp-method)",
+                in.capacity_factor > 0 ? std::to_string(in.capacity_factor).c_str() : "none (dropless)",
+                in.cluster.memory_bandwidth / 1e12);
   if (in.cluster.elementwise_rate > 0)
     std::printf("the rest of the compute (not matrix products): activation bytes at %.3g GB/s (--elementwise-rate)\n",
                 in.cluster.elementwise_rate / 1e9);
 }
 
-void print_table(const std::vector<PlanResult>& results, int count) {
-  std::printf("%-3s %-60s %9s %9s %9s %9s %9s | %9s %8s %8s %8s %8s %8s %9s | %10s %6s\n", "#", "configuration",
-              "params", "grads", "optim", "activ", "peak", "compute", "TP", "bubble", "PP p2p", "DP", "embed", "step",
-              "tokens/s", "MFU");
+// `chapters`: the model is one the chapters build, and what they cannot run yet is said.
+void print_table(const std::vector<PlanResult>& results, int count, bool chapters = true) {
+  std::printf("%-3s %-66s %9s %9s %9s %9s %9s %9s | %9s %8s %8s %8s %8s %8s %8s %8s %9s | %10s %6s\n", "#",
+              "configuration", "params", "grads", "optim", "activ", "buffers", "peak", "compute", "TP", "CP", "PP",
+              "DP", "EP", "bubble", "embed", "step", "tokens/s", "MFU");
   for (int i = 0; i < count && i < int(results.size()); i++) {
     const PlanResult& r = results[i];
-    std::printf("%-3d %-60s %9s %9s %9s %9s %9s | %9s %8s %8s %8s %8s %8s %9s | %10s %5.1f%%%s\n", i + 1,
+    std::printf("%-3d %-66s %9s %9s %9s %9s %9s %9s | %9s %8s %8s %8s %8s %8s %8s %8s %9s | %10s %5.1f%%%s\n", i + 1,
                 r.config.describe().c_str(), format_bytes(r.params_bytes).c_str(), format_bytes(r.grads_bytes).c_str(),
                 format_bytes(r.optim_bytes).c_str(), format_bytes(r.memory.activations).c_str(),
+                format_bytes(std::max(r.memory.transient, r.memory.checkpoint)).c_str(),
                 format_bytes(r.memory.peak()).c_str(), seconds(r.compute_s).c_str(), seconds(r.tp_s).c_str(),
-                seconds(r.bubble_s).c_str(), seconds(r.pp_s).c_str(), seconds(r.dp_s).c_str(), seconds(r.embedding_s).c_str(),
-                seconds(r.step_s).c_str(), format_count(r.tokens_per_s).c_str(), 100 * r.mfu,
-                r.fits ? "" : "  DOES NOT FIT");
-    const std::string why = not_runnable_here(r.config);
+                seconds(r.cp_s).c_str(), seconds(r.pp_s).c_str(), seconds(r.dp_s).c_str(), seconds(r.ep_s).c_str(),
+                seconds(r.bubble_s).c_str(), seconds(r.embedding_s).c_str(), seconds(r.step_s).c_str(),
+                format_count(r.tokens_per_s).c_str(), 100 * r.mfu, r.fits ? "" : "  DOES NOT FIT");
+    const std::string why = chapters ? not_runnable_here(r.config) : "";
     if (!why.empty()) std::printf("    (not runnable by our chapters yet: %s)\n", why.c_str());
     if (!r.fits) std::printf("    %s\n", r.overflow.c_str());
   }
@@ -91,9 +124,10 @@ void print_table(const std::vector<PlanResult>& results, int count) {
 
 void print_legend() {
   std::printf("(memory: the GPU with the largest peak, by category; peak adds communication buffers; time: one step "
-              "on the slowest rank: compute with recomputation, exposed TP collectives, pipeline bubble (idle "
-              "time with free links; 08's simulator), what the stages' messages add to it, exposed DP, the tied "
-              "embedding's all-reduce; docs/planner.md)\n");
+              "on the slowest rank: compute with recomputation, exposed TP collectives, exposed CP traffic (ring "
+              "hops or all-gathers), what the pipeline's messages add to it, exposed DP, exposed EP all-to-alls, "
+              "the pipeline's bubble (idle time with free links; 08's simulator), the tied embedding's all-reduce; "
+              "docs/planner.md)\n");
 }
 
 int run_search(const PlanInputs& in, const Options& opt, const SearchSpace& space, const std::string& note) {
@@ -111,22 +145,22 @@ int run_search(const PlanInputs& in, const Options& opt, const SearchSpace& spac
   }
   if (fitting == 0) {
     std::printf("nothing fits on %d GPUs of %s; the least short:\n", in.gpus, format_bytes(in.cluster.memory_bytes).c_str());
-    print_table(results, 3);
+    print_table(results, 3, in.chapters_model);
     print_legend();
     return 1;
   }
   std::printf("best configurations:\n");
-  print_table(results, std::min(opt.top, fitting));
+  print_table(results, std::min(opt.top, fitting), in.chapters_model);
   const std::vector<PlanResult> grids = best_per_grid(in, results);
-  std::printf("\nbest per (tp, pp), simulated:\n");
-  print_table(grids, opt.top);
+  std::printf("\nbest per grid (tp, cp, pp, ep), simulated:\n");
+  print_table(grids, opt.top, in.chapters_model);
   // What does not fit, and why: the fastest-looking of those that overflow.
   std::vector<PlanResult> overflowing;
   for (const PlanResult& r : results)
     if (!r.fits && overflowing.size() < 3) overflowing.push_back(r);
   if (!overflowing.empty()) {
     std::printf("\nsome that do not fit:\n");
-    print_table(overflowing, 3);
+    print_table(overflowing, 3, in.chapters_model);
   }
   print_legend();
   return fitting > 0 ? 0 : 1;
@@ -137,8 +171,10 @@ int run_one(const PlanInputs& in, const Options& opt, const std::string& note) {
   PlanConfig c;
   c.tp = opt.tp > 0 ? opt.tp : 1;
   c.pp = opt.pp > 0 ? opt.pp : 1;
-  if (in.gpus % (c.tp * c.pp)) config_error("--tp x --pp must divide --gpus");
-  c.dp = in.gpus / (c.tp * c.pp);
+  c.cp = opt.cp > 0 ? opt.cp : 1;
+  c.ep = opt.ep > 0 ? opt.ep : 1;
+  if (in.gpus % (c.tp * c.pp * c.cp)) config_error("--tp x --cp x --pp must divide --gpus");
+  c.dp = in.gpus / (c.tp * c.pp * c.cp);
   if (!opt.schedule.empty() && !parse_schedule(opt.schedule, &c.schedule))
     config_error("--schedule " + opt.schedule + ": choose " + schedule_names());
   c.virtual_stages = opt.virtual_stages > 0 ? opt.virtual_stages : 1;
@@ -151,20 +187,22 @@ int run_one(const PlanInputs& in, const Options& opt, const std::string& note) {
   const PlanResult r = evaluate_plan(in, c, true);
   if (!r.invalid.empty()) config_error(c.describe() + ": " + r.invalid);
   print_header(in, note);
-  print_table({r}, 1);
-  std::printf("per stage (pipeline rank), model state by category, padded as allocated:\n");
+  print_table({r}, 1, in.chapters_model);
+  std::printf("per stage (pipeline rank), model state by category%s:\n",
+              in.chapters_model ? ", padded as allocated" : "");
   std::printf("  %-6s %12s %12s %12s %12s %12s %12s\n", "stage", "params", "grads", "optim", "activations", "buffers", "peak");
   for (int stage = 0; stage < c.pp; stage++) {
-    const StageMemory sm = stage_memory(in, c, stage);
+    const StageMemory sm = in.chapters_model ? stage_memory(in, c, stage) : r.stages[size_t(stage)];
     std::printf("  %-6d %12s %12s %12s %12s %12s %12s\n", stage, format_bytes(sm.params_bytes).c_str(),
                 format_bytes(sm.grads_bytes).c_str(), format_bytes(sm.optim_bytes).c_str(),
                 format_bytes(sm.memory.activations).c_str(), format_bytes(sm.memory.transient).c_str(),
                 format_bytes(sm.memory.peak()).c_str());
     std::printf("plan-json {\"stage\": %d, \"params_bytes\": %.0f, \"grads_bytes\": %.0f, \"optim_bytes\": %.0f, "
                 "\"activations_bytes\": %.0f, \"transient_bytes\": %.0f, \"step_s\": %.9g, \"compute_s\": %.9g, "
-                "\"tp_s\": %.9g, \"bubble_s\": %.9g, \"pp_s\": %.9g, \"dp_s\": %.9g, \"embedding_s\": %.9g}\n",
+                "\"tp_s\": %.9g, \"bubble_s\": %.9g, \"pp_s\": %.9g, \"dp_s\": %.9g, \"embedding_s\": %.9g, \"cp_s\": %.9g, "
+                "\"ep_s\": %.9g}\n",
                 stage, sm.params_bytes, sm.grads_bytes, sm.optim_bytes, sm.memory.activations, sm.memory.transient,
-                r.step_s, r.compute_s, r.tp_s, r.bubble_s, r.pp_s, r.dp_s, r.embedding_s);
+                r.step_s, r.compute_s, r.tp_s, r.bubble_s, r.pp_s, r.dp_s, r.embedding_s, r.cp_s, r.ep_s);
   }
   print_legend();
   return 0;
@@ -226,44 +264,68 @@ int run_megatron(const Options& opt) {
   return within == int(cmp.size()) ? 0 : 1;
 }
 
+// One cell of the heat map: the best configuration for `in`, as a CSV row under `panel`.
+void heatmap_cell(std::FILE* out, const char* panel, const std::string& label, const PlanInputs& in, int nodes) {
+  SearchSpace space;
+  space.recompute = {Recompute::None, Recompute::Selective, Recompute::Full};
+  const std::vector<PlanResult> results = search_plans(in, space, 8);
+  const ModelShape m = plan_shape(in);
+  std::fprintf(out, "%s,%s,%g,%d,%d,%d,%d,%g,", panel, label.c_str(), total_params(m), m.T, nodes, in.gpus, in.batch,
+               in.efficiency);
+  if (results.empty() || !results.front().fits) {
+    std::fprintf(out, "0,,,,,,,,,,,,,,,0,%g\n", results.empty() ? 0.0 : results.front().memory.peak());
+    return;
+  }
+  const PlanResult& r = results.front();
+  const PlanConfig& c = r.config;
+  std::fprintf(out, "1,%d,%d,%d,%d,%d,%s,%d,%d,%d,%d,%s,%d,%g,%g,%g\n", c.dp, c.tp, c.pp, c.cp, c.ep,
+               c.pp > 1 ? schedule_name(c.schedule) : "-", c.virtual_stages, c.micro_batch, c.micro_batches, c.zero,
+               recompute_name(c.recompute), c.sequence_parallel ? 1 : 0, r.step_s, r.mfu, r.memory.peak());
+}
+
+// Three panels on nodes of 8 H100s, 16M tokens a batch (Llama 3 405B's): dense models and mixtures of
+// experts over 1 to 512 nodes, and one model over the sequence length on 64 nodes.
 int run_heatmap(const Options& opt) {
   std::FILE* out = std::fopen(opt.heatmap.c_str(), "w");
   if (!out) config_error("--heatmap: cannot write " + opt.heatmap);
-  Cluster cluster;
-  find_cluster("dgx-h100", &cluster);
-  const double sizes[] = {1e9, 3e9, 8e9, 20e9, 40e9, 80e9, 175e9, 400e9, 1e12};
-  const int batch = opt.batch > 0 ? opt.batch : 1024;
   const double efficiency = opt.efficiency > 0 ? opt.efficiency : kCalibratedEfficiency;
-  std::fprintf(out, "params,L,C,NH,nodes,gpus,batch,efficiency,fits,dp,tp,pp,schedule,v,micro_batch,micro_batches,"
-                    "zero,recompute,sp,step_s,mfu,peak_bytes\n");
-  std::printf("heat map: GPT models 1B..1T x 1..512 nodes of 8 H100s, global batch %d x 2048 tokens, efficiency %.3f\n",
-              batch, efficiency);
-  for (double size : sizes) {
-    for (int nodes = 1; nodes <= 512; nodes *= 2) {
-      PlanInputs in;
-      in.model = gpt_like_model(size);
-      in.cluster = cluster;
-      in.gpus = nodes * cluster.gpus_per_node;
-      in.batch = batch;
-      in.efficiency = efficiency;
-      const std::vector<PlanResult> results = search_plans(in, SearchSpace{}, 8);
-      const GPT2Config& m = in.model;
-      const double params = 12.0 * m.L * double(m.C) * m.C + double(m.V) * m.C;
-      if (results.empty() || !results.front().fits) {
-        std::fprintf(out, "%g,%d,%d,%d,%d,%d,%d,%g,0,,,,,,,,,,,,0,%g\n", params, m.L, m.C, m.NH, nodes, in.gpus, batch,
-                     efficiency, results.empty() ? 0.0 : results.front().memory.peak());
-        continue;
-      }
-      const PlanResult& r = results.front();
-      const PlanConfig& c = r.config;
-      std::fprintf(out, "%g,%d,%d,%d,%d,%d,%d,%g,1,%d,%d,%d,%s,%d,%d,%d,%d,%s,%d,%g,%g,%g\n", params, m.L, m.C, m.NH,
-                   nodes, in.gpus, batch, efficiency, c.dp, c.tp, c.pp, c.pp > 1 ? schedule_name(c.schedule) : "-",
-                   c.virtual_stages, c.micro_batch, c.micro_batches, c.zero, recompute_name(c.recompute),
-                   c.sequence_parallel ? 1 : 0, r.step_s, r.mfu, r.memory.peak());
+  const double tokens = 16.0 * 1024 * 1024;
+  std::fprintf(out, "panel,model,params,T,nodes,gpus,batch,efficiency,fits,dp,tp,pp,cp,ep,schedule,v,micro_batch,"
+                    "micro_batches,zero,recompute,sp,step_s,mfu,peak_bytes\n");
+  std::printf("heat map: nodes of 8 H100s, %s tokens a batch, efficiency %.3f\n", format_count(tokens).c_str(),
+              efficiency);
+  auto inputs = [&](const std::string& model, int T, int nodes) {
+    PlanInputs in;
+    if (model == "gpt-1t") {  // Megatron-LM's proportions at 1T (gpt_like_model), as a published GPT
+      in.shape = shape_of(gpt_like_model(1e12));
+      in.shape.name = model, in.shape.tied = false, in.shape.learned_positions = false, in.shape.T = 4096;
+      in.shape.V = 131072;
+      in.chapters_model = false;
+    } else {
+      ENSURE(set_plan_model(model, &in), "heat map: no model " + model);
     }
-    std::printf("  %.0fB done\n", size / 1e9);
-    std::fflush(stdout);
+    if (T > 0) set_sequence_length(&in, T);
+    find_cluster("dgx-h100", &in.cluster);
+    in.gpus = nodes * in.cluster.gpus_per_node;
+    in.batch = int(tokens / in.shape.T);
+    in.efficiency = efficiency;
+    in.tp_overlap = true;
+    return in;
+  };
+  const std::vector<std::pair<std::string, std::string>> dense = {
+      {"llama3-8b", "Llama 3 8B"}, {"llama3-70b", "Llama 3 70B"}, {"mcore-177b", "GPT 177B"},
+      {"llama3-405b", "Llama 3 405B"}, {"gpt-1t", "GPT 1T"}};
+  const std::vector<std::pair<std::string, std::string>> moe = {{"gpt-oss-120b", "GPT-OSS 120B"},
+                                                                {"deepseek-v3", "DeepSeek-V3 671B"}};
+  for (const auto& panel : {std::make_pair("dense", dense), std::make_pair("moe", moe)}) {
+    for (const auto& [model, label] : panel.second) {
+      for (int nodes = 1; nodes <= 512; nodes *= 2) heatmap_cell(out, panel.first, label, inputs(model, 0, nodes), nodes);
+      std::printf("  %s done\n", label.c_str());
+      std::fflush(stdout);
+    }
   }
+  for (int T = 8192; T <= 131072; T *= 2) heatmap_cell(out, "sequence", "Llama 3 70B", inputs("llama3-70b", T, 64), 64);
+  std::printf("  Llama 3 70B over the sequence length done\n");
   std::fclose(out);
   std::printf("wrote %s\n", opt.heatmap.c_str());
   return 0;
@@ -294,6 +356,15 @@ int main(int argc, char** argv) {
   flags.add("--inter-latency-us", &opt.inter_latency_us, "its latency per message");
   flags.add("--tp", &opt.tp, "only this tensor-parallel degree");
   flags.add("--pp", &opt.pp, "only this pipeline-parallel degree");
+  flags.add("--cp", &opt.cp, "only this context-parallel degree (ranks sharing each sequence)");
+  flags.add("--ep", &opt.ep, "only this expert-parallel degree (ranks of DP x CP sharing the experts)");
+  flags.add("--seq-len", &opt.seq_len, "the sequence length T, replacing the model's");
+  flags.add("--tokens-per-batch", &opt.tokens_per_batch, "the global batch in tokens (a multiple of T; or --batch)");
+  flags.add("--capacity-factor", &opt.capacity_factor, "a mixture of experts: each expert takes at most this x its "
+            "balanced share (0: dropless)");
+  flags.add("--cp-method", &opt.cp_method, "how CP meets every key: ring (chapter 10) or all-gather (Llama 3)", "HOW");
+  flags.add_switch("--tp-overlap", &opt.tp_overlap, "TP's collectives hidden behind the products (Megatron-Core's "
+                   "--tp-comm-overlap; a published shape only)");
   flags.add("--schedule", &opt.schedule, "only this pipeline schedule: " + schedule_names(), "NAME");
   flags.add("--virtual-stages", &opt.virtual_stages, "only this v (interleaved)");
   flags.add("--micro-batch", &opt.micro_batch, "only this micro-batch size B");
@@ -306,36 +377,52 @@ int main(int argc, char** argv) {
   flags.add_switch("--no-sequence-parallel", &opt.no_sequence_parallel, "only without sequence parallelism");
   flags.add_switch("--runnable-here", &opt.runnable_here, "only what chapters 03-09 can run (no ZeRO-2/3 with TP or "
                    "PP)");
-  flags.add("--attention", &opt.attention, "flash (where the head size allows) or materialized", "HOW");
+  flags.add("--attention", &opt.attention, "flash (where the head size allows), materialized, or ring (chapter 10's "
+            "blockwise kernel, which --cp > 1 implies)", "HOW");
   flags.add("--megatron", &opt.megatron, "compare with Megatron-LM's Table 1 kept in this CSV", "PATH");
   flags.add("--calibration-row", &opt.calibration_row, "the Table 1 row the efficiency is calibrated on (0-based)");
+  flags.add_switch("--published", &opt.published, "compare with Megatron-Core on H100, Llama 3 405B, GPT-OSS 120B, "
+                   "torchtitan's CP scaling and DeepSeek-V3 (docs/planner.md)");
   flags.add("--heatmap", &opt.heatmap, "write the best configuration per model size and node count to this CSV", "PATH");
-  if (!flags.parse(argc, argv, "usage: plan [flags]   (09_3d_parallel/plan.cpp: the best DP x TP x PP configurations, predicted)\n"))
+  if (!flags.parse(argc, argv, "usage: plan [flags]   (09_3d_parallel/plan.cpp: the best TP x CP x PP x DP (x EP) configurations, predicted)\n"))
     return 0;
 
   // Each flag given is checked, never dropped for its default (a zero or a negative is a mistake).
   auto given = [&](const char* flag) { return flags.given().count(flag) > 0; };
   for (const auto& [flag, value] : std::vector<std::pair<const char*, double>>{
            {"--gpus", opt.gpus}, {"--nodes", opt.nodes}, {"--gpus-per-node", opt.gpus_per_node}, {"--batch", opt.batch}, {"--top", opt.top},
-           {"--efficiency", opt.efficiency}, {"--peak-flops", opt.peak_flops}, {"--memory-gb", opt.memory_gb}})
+           {"--efficiency", opt.efficiency}, {"--peak-flops", opt.peak_flops}, {"--memory-gb", opt.memory_gb},
+           {"--cp", opt.cp}, {"--ep", opt.ep}, {"--seq-len", opt.seq_len}, {"--tokens-per-batch", opt.tokens_per_batch},
+           {"--tp", opt.tp}, {"--pp", opt.pp}, {"--micro-batch", opt.micro_batch}, {"--micro-batches", opt.micro_batches},
+           {"--virtual-stages", opt.virtual_stages}})
     if (given(flag) && !(value > 0)) config_error(std::string(flag) + " must be positive");
   for (const auto& [flag, value] : std::vector<std::pair<const char*, double>>{
            {"--intra-gbps", opt.intra_gbps}, {"--intra-latency-us", opt.intra_latency_us},
            {"--inter-gbps", opt.inter_gbps}, {"--inter-latency-us", opt.inter_latency_us},
-           {"--elementwise-rate", opt.elementwise_rate}})
+           {"--elementwise-rate", opt.elementwise_rate}, {"--capacity-factor", opt.capacity_factor}})
     if (given(flag) && !(value >= 0)) config_error(std::string(flag) + " must be 0 or more");
+  // Sizes no cluster or model has: a typo, not a plan (and arithmetic that would overflow an int).
+  for (const auto& [flag, value, most] : std::vector<std::tuple<const char*, double, double>>{
+           {"--gpus", opt.gpus, 1 << 22}, {"--nodes", opt.nodes, 1 << 20}, {"--seq-len", opt.seq_len, 1 << 24},
+           {"--batch", opt.batch, 1 << 26}, {"--tokens-per-batch", opt.tokens_per_batch, 1e12},
+           {"--cp", opt.cp, 1 << 16}, {"--ep", opt.ep, 1 << 16}, {"--tp", opt.tp, 1 << 16}, {"--pp", opt.pp, 1 << 16}})
+    if (given(flag) && value > most)
+      config_error(std::string(flag) + " " + format_count(value) + " is beyond any cluster or model the planner "
+                   "knows (at most " + format_count(most) + ")");
   if (opt.efficiency > 1) config_error("--efficiency " + std::to_string(opt.efficiency) + ": a fraction of peak, at most 1");
-  if (!opt.megatron.empty() && !opt.heatmap.empty()) config_error("--megatron and --heatmap: give one (each is a run of its own)");
+  if (int(!opt.megatron.empty()) + int(!opt.heatmap.empty()) + int(opt.published) > 1)
+    config_error("--megatron, --published and --heatmap: give one (each is a run of its own)");
 
   if (!opt.megatron.empty()) return run_megatron(opt);
+  if (opt.published) return print_published_comparisons(kCalibratedEfficiency);
   if (!opt.heatmap.empty()) return run_heatmap(opt);
 
   PlanInputs in;
   std::string note;
-  if (!find_plan_model(opt.model, &in.model, &note))
+  if (!set_plan_model(opt.model, &in, &note))
     config_error("--model " + opt.model + ": choose one of " + plan_model_names());
-  const std::string model_problem = plan_model_problem(in.model);
-  if (!model_problem.empty()) config_error(model_problem);
+  // A published shape is planned on the cluster it was published on unless told otherwise.
+  if (!in.chapters_model && !given("--cluster")) opt.cluster = in.shape.name == "deepseek-v3" ? "hgx-h800" : "dgx-h100";
   if (!find_cluster(opt.cluster, &in.cluster))
     config_error("--cluster " + opt.cluster + ": choose one of " + cluster_names());
   Cluster& k = in.cluster;
@@ -353,17 +440,39 @@ int main(int argc, char** argv) {
   if (given("--inter-latency-us")) k.inter_node.latency_us = opt.inter_latency_us;
   if (given("--gpus") && given("--nodes")) config_error("--gpus and --nodes: give one");
   in.gpus = given("--gpus") ? opt.gpus : given("--nodes") ? opt.nodes * k.gpus_per_node : k.gpus_per_node;
-  in.batch = given("--batch") ? opt.batch : in.model.default_batch;
+  if (given("--seq-len")) set_sequence_length(&in, opt.seq_len);
+  if (given("--batch") && given("--tokens-per-batch")) config_error("--batch and --tokens-per-batch: give one");
+  if (given("--tokens-per-batch")) {
+    const double sequences = opt.tokens_per_batch / plan_shape(in).T;
+    if (sequences < 1 || sequences != std::floor(sequences))
+      config_error("--tokens-per-batch " + format_count(opt.tokens_per_batch) + " is not a whole number of sequences of " +
+                   std::to_string(plan_shape(in).T) + " tokens");
+    in.batch = int(sequences);
+  } else {
+    in.batch = given("--batch") ? opt.batch : in.model.default_batch;
+  }
+  if (opt.cp_method != "ring" && opt.cp_method != "all-gather")
+    config_error("--cp-method " + opt.cp_method + ": choose ring or all-gather");
+  in.cp_method = opt.cp_method == "ring" ? ContextMethod::Ring : ContextMethod::AllGather;
+  in.tp_overlap = opt.tp_overlap;
+  if (given("--capacity-factor")) {
+    if (!plan_shape(in).moe()) config_error("--capacity-factor: --model " + opt.model + " has no experts");
+    in.capacity_factor = opt.capacity_factor;
+    in.model.capacity_factor = opt.capacity_factor;
+  }
   in.efficiency = given("--efficiency") ? opt.efficiency : kCalibratedEfficiency;
-  if (opt.attention != "flash" && opt.attention != "materialized")
-    config_error("--attention " + opt.attention + ": choose flash or materialized");
+  if (opt.attention != "flash" && opt.attention != "materialized" && opt.attention != "ring")
+    config_error("--attention " + opt.attention + ": choose flash, materialized or ring");
   in.flash_attention = opt.attention == "flash";
+  in.ring_attention = opt.attention == "ring";
 
   if (opt.one) return run_one(in, opt, note);
 
   SearchSpace space;
   if (opt.tp > 0) space.tp = {opt.tp};
   if (opt.pp > 0) space.pp = {opt.pp};
+  if (opt.cp > 0) space.cp = {opt.cp};
+  if (opt.ep > 0) space.ep = {opt.ep};
   if (opt.virtual_stages > 0) space.virtual_stages = {opt.virtual_stages};
   if (opt.micro_batch > 0) space.micro_batch = {opt.micro_batch};
   if (opt.zero >= 0) {

@@ -331,7 +331,7 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
     return batch;
   };
 
-  // What each group sends in a step, against its formula (grid_report.h; docs/theory.md, section 16).
+  // What each group sends in a step, against its formula (grid_report.h; docs/theory.md, section 17).
   struct GroupStats {
     CommStats tp, cp, dp_cp, ep, expert_dp;
   };

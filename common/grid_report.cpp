@@ -17,7 +17,7 @@ void report_groups(TrainingRun& run, Communicator& world, const std::vector<Grou
       row.theory = world.all_reduce_scalar(world.rank() == q ? mine[i].theory : 0.0, ReduceOp::Sum);
     }
   if (!run.is_root()) return;
-  std::printf("bytes sent per rank and group, one step, next to theory (docs/theory.md, section 16):\n  %4s", "rank");
+  std::printf("bytes sent per rank and group, one step, next to theory (docs/theory.md, section 17):\n  %4s", "rank");
   for (const GroupRow& row : mine) std::printf(" %25s", row.name.c_str());
   std::printf("\n");
   JsonObject record;

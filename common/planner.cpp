@@ -23,8 +23,6 @@ Strategy strategy_of(int zero) {
   return zero == 0 ? Strategy::DP : zero == 1 ? Strategy::ZeRO1 : zero == 2 ? Strategy::ZeRO2 : Strategy::ZeRO3;
 }
 
-bool is_power_of_two(int n) { return n > 0 && (n & (n - 1)) == 0; }
-
 // The process grid of chapters 07-09: TP innermost, then DP, PP outermost. A group stays inside a
 // node when the ranks it spans fit in one: TP spans t, DP t x d, PP the whole t x d x p.
 const LinkModel& link_for(const Cluster& cluster, int span) {
@@ -44,16 +42,19 @@ double tensor_parallel_seconds(const TensorParallelPrediction& tp, const LinkMod
 
 // Layouts are the costliest thing to build (a list of every tensor); a search asks for the same few
 // again and again.
-const ParamLayout& cached_layout(const GPT2Config& cfg, int dp, int tp, const std::vector<ModelPart>& parts) {
+const ParamLayout& cached_layout(const GPT2Config& cfg, int dp, int tp, const std::vector<ModelPart>& parts,
+                                 int ep = 1) {
   static std::map<std::string, ParamLayout> cache;
   std::ostringstream key;
   key << cfg.L << ' ' << cfg.C << ' ' << cfg.NH << ' ' << cfg.T << ' ' << cfg.V << ' ' << cfg.experts << ' '
-      << cfg.top_k << ' ' << dp << ' ' << tp;
+      << cfg.top_k << ' ' << dp << ' ' << tp << ' ' << ep;
   for (const ModelPart& part : parts) key << ' ' << part.first_unit << ':' << part.last(cfg);
   auto it = cache.find(key.str());
   if (it != cache.end()) return it->second;
   if (cache.size() > 4096) cache.clear();
-  return cache.emplace(key.str(), build_gpt2_layout(cfg, dp, TensorParallelism{tp, 0, false}, parts)).first->second;
+  return cache
+      .emplace(key.str(), build_gpt2_layout(cfg, dp, TensorParallelism{tp, 0, false}, parts, ExpertParallelism{ep, 0}))
+      .first->second;
 }
 
 const std::vector<int>& cached_partition(const GPT2Config& cfg, int virtual_stages) {
@@ -74,8 +75,19 @@ bool flash_applies(const PlanInputs& in) {
 
 std::string invalid_reason(const PlanInputs& in, const PlanConfig& c) {
   const GPT2Config& m = in.model;
-  const std::string model_problem = plan_model_problem(m);
-  if (!model_problem.empty()) return model_problem;
+  if ((c.cp > 1 || in.ring_attention) && (c.tp > 1 || c.pp > 1 || m.moe()))
+    return "the chapters build context parallelism with data parallelism only (10_context_parallel), dense";
+  if (c.ep > 1 && (!m.moe() || c.tp > 1 || c.pp > 1 || c.cp > 1))
+    return "the chapters build expert parallelism with data parallelism only, for a mixture of experts "
+           "(11_expert_parallel)";
+  if (m.moe() && (c.tp > 1 || c.pp > 1))
+    return "--model " + m.preset + " is a mixture of experts: the chapters run it on DP x EP grids only "
+           "(11_expert_parallel)";
+  if ((c.cp > 1 || m.moe()) && c.zero > 0)
+    return "chapters 10 and 11 average plain data-parallel gradients: ZeRO " + std::to_string(c.zero) + " is not theirs";
+  if (c.cp > 1 && (m.T % (2 * c.cp))) return "cp " + std::to_string(c.cp) + ": T does not cut into 2cp chunks (zigzag)";
+  if (c.ep > 1 && (m.experts % c.ep || c.dp % c.ep))
+    return "ep " + std::to_string(c.ep) + " must divide the experts and the ranks";
   if (c.gpus() != in.gpus) return "dp x tp x pp = " + std::to_string(c.gpus()) + ", not the " + std::to_string(in.gpus) + " GPUs";
   if (long(c.dp) * c.micro_batch * c.micro_batches != in.batch)
     return "dp x B x m = " + std::to_string(long(c.dp) * c.micro_batch * c.micro_batches) + ", not the batch " +
@@ -102,157 +114,11 @@ std::string invalid_reason(const PlanInputs& in, const PlanConfig& c) {
 
 }  // namespace
 
-bool find_cluster(const std::string& name, Cluster* out) {
-  Cluster c;
-  c.name = name;
-  if (name == "dgx-a100") {
-    // Selene's nodes (Narayanan et al. 2021): NVLink 3 at 300 GB/s a direction per GPU, 8 HDR
-    // InfiniBand cards of 200 Gb/s per node, one per GPU.
-    c.description = "DGX A100 80GB, NVLink in a node, InfiniBand between nodes";
-    c.gpus_per_node = 8, c.memory_bytes = 80 * GiB, c.peak_flops = 312e12;
-    c.intra_node = {2400, 5}, c.inter_node = {200, 10};
-  } else if (name == "dgx-h100") {
-    c.description = "DGX H100, NVLink in a node, InfiniBand between nodes";
-    c.gpus_per_node = 8, c.memory_bytes = 80 * GiB, c.peak_flops = 989e12;
-    c.intra_node = {3600, 5}, c.inter_node = {400, 10};
-  } else if (name == "emulated") {
-    // This machine: CPU ranks in fp32 on the chapters' emulated link (bench-tp's "across nodes"
-    // link; --inter-gbps/--inter-latency-us and --peak-flops change it). Its peak is not a data
-    // sheet's: the calibration run measures what the math reaches, with efficiency 1.
-    c.description = "this machine: CPU ranks on the emulated link, one rank a node";
-    c.gpus_per_node = 1, c.memory_bytes = 16 * GiB, c.peak_flops = 1e10;
-    c.intra_node = {0.5, 50}, c.inter_node = {0.5, 50};
-    c.elementwise_rate = 0.6e9;  // (make plan-check calibrates it)
-    c.dtype = DType::F32, c.device = Device::CPU;
-  } else if (name == "namespaces") {
-    c = namespaces_cluster(2);
-  } else {
-    return false;
-  }
-  *out = c;
-  return true;
-}
-
-Cluster namespaces_cluster(int ranks_per_node) {
-  Cluster c;
-  c.name = "namespaces";
-  ranks_per_node = std::max(1, ranks_per_node);
-  // docs/cluster.md: network namespaces of this machine as nodes (make cluster-up), ranks_per_node
-  // CPU ranks in each (the hostfile's SLOTS, 2 by default). Memory is what each trainer's check
-  // allows itself: the machine's memory (or the container's limit) over the ranks of its node.
-  c.description = "this machine's network namespaces as nodes: CPU ranks, MPI's shared memory in a node, the "
-                  "tbf-shaped veth link between nodes";
-  c.gpus_per_node = ranks_per_node;
-  c.memory_bytes = memory_per_rank(Device::CPU, ranks_per_node);
-  // Inside a node MPICH's shared memory carries the messages (UCX only between nodes). The rate is
-  // measured, not a data sheet's: build/comm_bench, 2 ranks on one host without a link model, our
-  // all-reduce's busbw from 1 to 16 MiB was 1.7 to 2.8 GB/s on this loaded machine (2 GB/s taken),
-  // and its 16 KiB all-reduce, two messages, 11 us (docs/planner.md). --intra-gbps and
-  // --intra-latency-us replace it.
-  c.intra_node = {kNamespacesSharedMemoryGbps, kNamespacesSharedMemoryLatencyUs};
-  // Between nodes: the tbf rate of `make cluster-up GBPS=...` (1 Gbit/s by default; pass the one the
-  // cluster has with --inter-gbps). No netem here, so the latency is the kernel's own TCP path,
-  // tens of microseconds.
-  c.inter_node = {1.0, 50};
-  // CPU compute as on `emulated`: a placeholder peak and elementwise rate, replaced by a calibration
-  // run's (--peak-flops with --efficiency 1, --elementwise-rate; scripts/cluster/cluster_lessons.sh does it).
-  c.peak_flops = 1e10;
-  c.elementwise_rate = 0.6e9;
-  c.dtype = DType::F32, c.device = Device::CPU;
-  return c;
-}
-
-const char* cluster_names() { return "dgx-a100, dgx-h100, emulated, namespaces"; }
-
-std::string describe_cluster(const Cluster& c) {
-  auto link = [](const LinkModel& l) {
-    std::ostringstream text;
-    text << l.gbps << " Gb/s " << l.latency_us << " us";
-    return text.str();
-  };
-  std::ostringstream text;
-  text << c.description << ": " << c.gpus_per_node << " GPU" << (c.gpus_per_node > 1 ? "s" : "") << " a node, "
-       << c.peak_flops / 1e12 << " TFLOP/s " << dtype_name(c.dtype) << " each, links per GPU " << link(c.intra_node)
-       << " in a node, " << link(c.inter_node) << " between nodes";
-  return text.str();
-}
-
-namespace {
-struct NamedModel {
-  const char* name;
-  int L, C, NH, T, V;
-  const char* note;
-};
-// Megatron-LM's Table 1 (Narayanan et al. 2021, arXiv 2104.04473): vocabulary 51,200, sequence 2,048.
-const NamedModel kModels[] = {
-    {"gpt2-xl", 48, 1600, 25, 1024, 50304, "GPT-2 XL (1.5B; vocabulary padded to a multiple of 128)"},
-    {"megatron-1.7b", 24, 2304, 24, 2048, 51200, "Megatron-LM Table 1, 1.7B"},
-    {"megatron-3.6b", 30, 3072, 32, 2048, 51200, "Megatron-LM Table 1, 3.6B"},
-    {"megatron-7.5b", 36, 4096, 32, 2048, 51200, "Megatron-LM Table 1, 7.5B"},
-    {"megatron-18b", 40, 6144, 48, 2048, 51200, "Megatron-LM Table 1, 18.4B"},
-    {"megatron-39b", 48, 8192, 64, 2048, 51200, "Megatron-LM Table 1, 39.1B"},
-    {"megatron-76b", 60, 10240, 80, 2048, 51200, "Megatron-LM Table 1, 76.1B"},
-    {"megatron-146b", 80, 12288, 96, 2048, 51200, "Megatron-LM Table 1, 145.6B"},
-    {"megatron-310b", 96, 16384, 128, 2048, 51200, "Megatron-LM Table 1, 310.1B"},
-    {"megatron-530b", 105, 20480, 128, 2048, 51200, "Megatron-LM Table 1, 529.6B"},
-    {"megatron-1t", 128, 25600, 160, 2048, 51200, "Megatron-LM Table 1, 1008B"},
-    {"llama-70b-like", 80, 8192, 64, 4096, 32000,
-     "Llama 2 70B's L, C, NH, T and V in GPT-2's architecture (GELU MLP of 4C, learned positions, no "
-     "grouped-query attention): 65B parameters, not 70B"},
-};
-}  // namespace
-
-bool find_plan_model(const std::string& name, GPT2Config* out, std::string* note) {
-  if (find_preset(name, out)) {
-    if (note) *note = "preset " + name;
-    return true;
-  }
-  for (const NamedModel& m : kModels) {
-    if (name != m.name) continue;
-    GPT2Config c;
-    c.preset = m.name;
-    c.L = m.L, c.C = m.C, c.NH = m.NH, c.T = m.T, c.V = m.V;
-    c.default_batch = 512;
-    *out = c;
-    if (note) *note = m.note;
-    return true;
-  }
-  return false;
-}
-
-std::string plan_model_names() {
-  std::string names = preset_names();
-  for (const NamedModel& m : kModels) names += std::string(", ") + m.name;
-  return names;
-}
-
-std::string plan_model_problem(const GPT2Config& model) {
-  if (!model.moe()) return "";
-  return "--model " + model.preset + " is a mixture of experts: the planner predicts dense models on DP x TP x PP "
-         "grids only (chapter 11 trains this one, with expert parallelism)";
-}
-
-GPT2Config gpt_like_model(double params) {
-  // Megatron-LM's proportions: head size 128, about 100 x C/L (L from 24 at 2B to 128 at 1T).
-  GPT2Config best;
-  double best_error = 1e300;
-  for (int NH = 8; NH <= 256; NH += 8) {
-    const int C = 128 * NH;
-    const int L = std::max(8, int(std::lround((params - 51200.0 * C) / (12.0 * C * C))));
-    const double error = std::fabs(std::log(double(L) * 12 * C * C + 51200.0 * C) - std::log(params)) +
-                         0.3 * std::fabs(std::log(double(C) / L / 100.0));  // keep the shape Megatron-like
-    if (error < best_error) {
-      best_error = error;
-      best.L = L, best.C = C, best.NH = NH;
-    }
-  }
-  best.T = 2048, best.V = 51200, best.preset = "custom", best.default_batch = 512;
-  return best;
-}
-
 std::string PlanConfig::describe() const {
   std::ostringstream s;
   s << "dp " << dp << " tp " << tp << " pp " << pp;
+  if (cp > 1) s << " cp " << cp;
+  if (ep > 1) s << " ep " << ep;
   if (pp > 1) s << ' ' << schedule_name(schedule) << (virtual_stages > 1 ? " v " + std::to_string(virtual_stages) : "");
   s << " B " << micro_batch << " m " << micro_batches;
   if (zero > 0) s << " ZeRO-" << zero;
@@ -289,12 +155,26 @@ StageMemory stage_memory(const PlanInputs& in, const PlanConfig& c, int stage) {
   const bool flash = flash_applies(in);
   cfg.flash_attention = flash;
   const std::vector<ModelPart> parts = stage_parts(cfg, c, stage);
-  const ParamLayout& layout = cached_layout(cfg, c.dp, c.tp, parts);
+  // Chapter 10 averages over DP x CP; chapter 11 holds E/ep experts a rank (ep ranks of the world).
+  const ParamLayout& layout = cached_layout(cfg, c.dp * c.cp, c.tp, parts, c.ep);
   const Strategy strategy = strategy_of(c.zero);
   const TensorParallelism tp{c.tp, 0, c.sequence_parallel};
   StageMemory sm;
-  sm.memory = forecast_memory(strategy, layout, cfg, c.micro_batch, c.micro_batches, in.cluster.dtype, in.cluster.device,
-                              flash, false, in.data_bytes, tp, PipelineParallelism{c.pp, stage, parts, false, {}});
+  // As TrainingRun::check_memory forecasts it: under CP the model holds T/cp positions, keeps a
+  // log-sum-exp per query, and the ring adds its blocks (context_parallel_activation_bytes); a mixture
+  // of experts adds its routed rows at the bound (the routing is not known before the step) and, under
+  // EP, the exchange's buffers at the same bound.
+  GPT2Config held = cfg;
+  const bool ring = c.cp > 1 || in.ring_attention;
+  if (ring) held.T = cfg.T / c.cp;
+  sm.memory = forecast_memory(strategy, layout, held, c.micro_batch, c.micro_batches, in.cluster.dtype, in.cluster.device,
+                              flash || ring, false, in.data_bytes, tp, PipelineParallelism{c.pp, stage, parts, false, {}});
+  if (ring) sm.memory.activations = context_parallel_activation_bytes(cfg, c.micro_batch, c.cp);
+  if (cfg.moe()) {
+    const std::vector<int64_t> rows(size_t(cfg.L), moe_expert_rows_at_most(cfg, c.micro_batch, c.ep, c.dp));
+    sm.memory.activations += moe_activation_bytes(cfg, c.micro_batch, rows);
+    sm.memory.transient += moe_exchange_buffer_bytes(cfg, rows);  // (chapter 11, even at ep 1)
+  }
   const Prediction pr = predict(strategy, layout, c.micro_batches, in.cluster.dtype);
   const double padding = double(layout.padded_size) / double(layout.num_params);
   sm.params_bytes = pr.params_bytes * padding, sm.grads_bytes = pr.grads_bytes * padding;
@@ -303,6 +183,7 @@ StageMemory stage_memory(const PlanInputs& in, const PlanConfig& c, int stage) {
 }
 
 PlanResult evaluate_plan(const PlanInputs& in, const PlanConfig& c, bool simulate_pipeline) {
+  if (!in.chapters_model) return evaluate_shape_plan(in, c, simulate_pipeline);
   PlanResult r;
   r.config = c;
   r.invalid = invalid_reason(in, c);
@@ -371,10 +252,30 @@ PlanResult evaluate_plan(const PlanInputs& in, const PlanConfig& c, bool simulat
   kept_all.recompute = Recompute::None;
   const std::vector<double> unit_cost = unit_costs(cfg);
   const LinkModel& tp_link = link_for(k, c.tp);
-  const LinkModel& dp_link = link_for(k, c.tp * c.dp);
+  const LinkModel& dp_link = link_for(k, c.tp * c.dp * c.cp);
   const LinkModel& pp_link = link_for(k, c.gpus());
-  const double tokens = double(B) * cfg.T;
+  const double tokens = double(B) * cfg.T / c.cp;  // a rank's positions of a micro-batch (chapter 10: T/cp)
   const double stream_bytes = tokens * cfg.C * w;
+  // A mixture of experts (chapter 11): each token's MLP is its top_k experts' (at most the capacity's
+  // share of them) and the router's product, at balanced routing.
+  const double routed_share = cfg.capacity_factor > 0 ? std::min(1.0, cfg.capacity_factor) : 1.0;
+  const double moe_extra = cfg.moe() ? (routed_share * cfg.top_k - 1) * 16.0 * cfg.C * cfg.C + 2.0 * cfg.C * cfg.experts : 0.0;
+  const std::vector<int64_t> balanced_rows(size_t(cfg.L), cfg.moe() ? int64_t(routed_share * moe_expert_rows_balanced(cfg, B)) : 0);
+  double cp_per_micro = 0, ep_per_micro = 0;
+  if (c.cp > 1) {
+    // Chapter 10's ring, per block: cp - 1 hops of a K and V block forward, each hidden behind the
+    // attention on the block before; backward the blocks again with their gradients.
+    const double hop = modelled_ms(link_for(k, c.cp), CollectiveKind::SendRecv, int64_t(2 * stream_bytes), 2) / 1e3;
+    const double per_block = tokens * attention_flops_per_token(cfg) / 2 / rate / c.cp;
+    cp_per_micro = cfg.L * (c.cp - 1) * (std::max(0.0, hop - per_block) + std::max(0.0, 2 * hop - 2 * per_block));
+  }
+  if (cfg.moe() && c.ep > 1) {
+    // Chapter 11, per block: the routing counts, then the rows out and back, forward and backward.
+    const LinkModel& ep_link = link_for(k, c.ep);
+    const double rows = double(balanced_rows[0]) * cfg.C * w;
+    ep_per_micro = cfg.L * (4 * modelled_ms(ep_link, CollectiveKind::AllToAll, int64_t(rows), c.ep) +
+                            modelled_ms(ep_link, CollectiveKind::AllToAll, int64_t(4 * cfg.experts), c.ep)) / 1e3;
+  }
   ActionCosts costs;
   double slowest_compute = 0, slowest_tp = 0;  // per micro-batch, summed over a rank's chunks
   std::vector<double> rank_compute(p, 0), rank_tp(p, 0);
@@ -386,7 +287,7 @@ PlanResult evaluate_plan(const PlanInputs& in, const PlanConfig& c, bool simulat
     for (size_t ch = 0; ch < parts.size(); ch++) {
       const ModelPart& part = parts[ch];
       double forward_flops = 0, recompute_flops = recompute_flops_per_token(cfg, tp, part);
-      for (int u = part.first_unit; u <= part.last(cfg); u++) forward_flops += unit_cost[u];
+      for (int u = part.first_unit; u <= part.last(cfg); u++) forward_flops += unit_cost[u] + (u >= 1 && u <= cfg.L ? moe_extra : 0);
       double elementwise = 0, recompute_elementwise = 0;  // seconds per micro-batch
       if (elementwise_apart) {
         const int blocks = std::min(part.last(cfg), cfg.L) - (std::max(part.first_unit, 1) - 1);
@@ -394,7 +295,9 @@ PlanResult evaluate_plan(const PlanInputs& in, const PlanConfig& c, bool simulat
         if (cfg.recompute != Recompute::None) recompute_flops -= blocks * attention_flops_per_token(cfg) / c.tp;
         ModelPart one = part;
         one.slots = 1;
-        const double bytes = activation_bytes(kept_all, B, dtype, cfg.flash_attention, tp, one);
+        double bytes = c.cp > 1 || in.ring_attention ? context_parallel_activation_bytes(kept_all, B, c.cp)
+                                : activation_bytes(kept_all, B, dtype, cfg.flash_attention, tp, one);
+        if (cfg.moe()) bytes += moe_activation_bytes(cfg, B, balanced_rows);
         elementwise = bytes / k.elementwise_rate;
         recompute_elementwise =
             (bytes - activation_bytes(cfg, B, dtype, cfg.flash_attention, tp, one)) / k.elementwise_rate / 3;
@@ -422,6 +325,7 @@ PlanResult evaluate_plan(const PlanInputs& in, const PlanConfig& c, bool simulat
   }
   r.compute_s = m * slowest_compute;
   r.tp_s = m * slowest_tp;
+  r.cp_s = m * cp_per_micro, r.ep_s = m * ep_per_micro;
   // Under sequence parallelism the gradients of the parameters every TP rank holds whole are summed
   // once a step.
   if (c.sequence_parallel) {
@@ -430,7 +334,7 @@ PlanResult evaluate_plan(const PlanInputs& in, const PlanConfig& c, bool simulat
     r.tp_s += (modelled_ms(tp_link, CollectiveKind::AllReduce, int64_t(payload), c.tp) +
                (tpp.partial_grad_all_reduces - 1) * modelled_ms(tp_link, CollectiveKind::AllReduce, 0, c.tp)) / 1e3;
   }
-  const double busy = r.compute_s + r.tp_s;
+  const double busy = r.compute_s + r.tp_s + r.cp_s + r.ep_s;
   double pipeline_s = busy;
   if (p > 1) {
     // One micro-batch's stream between stages: under sequence parallelism a TP rank's rows only (09).
@@ -460,17 +364,26 @@ PlanResult evaluate_plan(const PlanInputs& in, const PlanConfig& c, bool simulat
   // overlaps: DP and ZeRO-1's gradients go out during the last micro-batch's backward (buckets, 03);
   // ZeRO-2's reduce-scatters during every backward; ZeRO-3's gathers and reduce-scatters during every
   // forward and backward; ZeRO-1's all-gather of the updated parameters is exposed.
-  if (c.dp > 1) {
-    const ParamLayout& layout = cached_layout(cfg, c.dp, c.tp, worst_parts);
-    const double shard_all = w * double(layout.padded_size);
+  // Chapter 10's gradients average over DP x CP; chapter 11's experts' over the ranks holding the
+  // same experts (dp / ep), the rest over every rank.
+  const int group = c.dp * c.cp;
+  if (group > 1) {
+    const ParamLayout& layout = cached_layout(cfg, group, c.tp, worst_parts, c.ep);
+    double experts = 0;  // elements, held by this rank
+    if (c.ep > 1)
+      for (const ParamInfo& q : layout.params)
+        if (q.held() && q.expert >= 0) experts += double(q.size);
+    const double shard_all = w * (double(layout.padded_size) - experts);
     const int collectives = layout.num_units();
     auto ring = [&](CollectiveKind kind) {
-      return (modelled_ms(dp_link, kind, int64_t(shard_all), c.dp) +
-              (collectives - 1) * modelled_ms(dp_link, kind, 0, c.dp)) / 1e3;
+      double ms = modelled_ms(dp_link, kind, int64_t(shard_all), group) + (collectives - 1) * modelled_ms(dp_link, kind, 0, group);
+      if (experts > 0 && group / c.ep > 1) ms += modelled_ms(dp_link, kind, int64_t(w * experts), group / c.ep);
+      return ms / 1e3;
     };
     const double hidden = in.dp_overlap ? 1 : 0;
-    const double last_backward = hidden * (slowest_compute + slowest_tp) * 2 / 3;
-    const double per_micro = hidden * (slowest_compute + slowest_tp);
+    const double micro_busy = slowest_compute + slowest_tp + cp_per_micro + ep_per_micro;
+    const double last_backward = hidden * micro_busy * 2 / 3;
+    const double per_micro = hidden * micro_busy;
     switch (c.zero) {
       case 0: r.dp_s = std::max(0.0, ring(CollectiveKind::AllReduce) - last_backward); break;
       case 1:
@@ -492,113 +405,11 @@ PlanResult evaluate_plan(const PlanInputs& in, const PlanConfig& c, bool simulat
   const double step_tokens = double(in.batch) * cfg.T;
   r.tokens_per_s = step_tokens / r.step_s;
   const ParamLayout& whole = cached_layout(in.model, 1, 1, {});
-  const double model_flops = 6.0 * double(flops_params(whole)) + 12.0 * cfg.L * cfg.C * cfg.T;
+  // A mixture of experts counts the experts a token passes through (top_k of E), not all of them.
+  const double idle_experts = cfg.moe() ? double(cfg.L) * (cfg.experts - cfg.top_k) * 8.0 * cfg.C * cfg.C : 0.0;
+  const double model_flops = 6.0 * (double(flops_params(whole)) - idle_experts) + 12.0 * cfg.L * cfg.C * cfg.T;
   r.mfu = r.tokens_per_s * model_flops / (double(in.gpus) * k.peak_flops);
   // Counting recomputation's FLOPs too (per token, over the whole model): what the GPUs computed.
   r.flops_per_gpu = r.tokens_per_s * (model_flops + recompute_flops_per_token(cfg, TensorParallelism{}, ModelPart{})) / in.gpus;
   return r;
-}
-
-namespace {
-std::vector<int> powers_of_two_dividing(int n, int at_most) {
-  std::vector<int> out;
-  for (int x = 1; x <= at_most; x *= 2)
-    if (n % x == 0) out.push_back(x);
-  return out;
-}
-
-// Among configurations equally fast (within 0.1%: ZeRO's traffic hidden behind the compute, say),
-// the simpler: less sharding, less recomputation, no sequence parallelism, fewer model-parallel ranks.
-bool faster(const PlanResult& a, const PlanResult& b) {
-  if (std::fabs(a.step_s - b.step_s) > 1e-3 * std::max(a.step_s, b.step_s)) return a.step_s < b.step_s;
-  const PlanConfig &x = a.config, &y = b.config;
-  if (x.zero != y.zero) return x.zero < y.zero;
-  if (x.recompute != y.recompute) return int(x.recompute) < int(y.recompute);
-  if (x.sequence_parallel != y.sequence_parallel) return !x.sequence_parallel;
-  if (x.tp * x.pp != y.tp * y.pp) return x.tp * x.pp < y.tp * y.pp;
-  return a.step_s < b.step_s;
-}
-
-bool better(const PlanResult& a, const PlanResult& b) {
-  if (a.fits != b.fits) return a.fits;
-  if (a.fits) return faster(a, b);
-  return a.memory.peak() < b.memory.peak();
-}
-}  // namespace
-
-std::vector<PlanResult> search_plans(const PlanInputs& in, const SearchSpace& space, int simulate_top) {
-  const GPT2Config& m = in.model;
-  std::vector<int> tps = space.tp.empty() ? powers_of_two_dividing(in.gpus, 64) : space.tp;
-  std::vector<int> pps = space.pp;
-  if (pps.empty())
-    for (int p = 1; p <= m.L; p++)
-      if (in.gpus % p == 0 && (is_power_of_two(p) || m.L % p == 0)) pps.push_back(p);
-  std::vector<PlanResult> results;
-  for (int t : tps) {
-    for (int p : pps) {
-      if (in.gpus % (t * p)) continue;
-      const int dp = in.gpus / (t * p);
-      if (in.batch % dp) continue;
-      for (bool sp : space.sequence_parallel) {
-        if (sp && t == 1) continue;
-        std::vector<std::pair<Schedule, int>> schedules;
-        if (p == 1) {
-          schedules.push_back({Schedule::OneFOneB, 1});
-        } else {
-          for (Schedule s : space.schedules) {
-            if (s != Schedule::Interleaved) schedules.push_back({s, 1});
-            else
-              for (int v : space.virtual_stages) schedules.push_back({s, v});
-          }
-        }
-        for (auto [schedule, v] : schedules) {
-          for (int zero : space.zero) {
-            for (Recompute rc : space.recompute) {
-              PlanResult overflowing;
-              bool any = false, overflow_kept = false;
-              for (int B : space.micro_batch) {
-                if ((in.batch / dp) % B) continue;
-                PlanConfig c{dp, t, p, schedule, v, B, in.batch / dp / B, zero, rc, sp};
-                if (space.runnable_here_only && !not_runnable_here(c).empty()) continue;
-                PlanResult r = evaluate_plan(in, c, false);
-                if (!r.invalid.empty()) continue;
-                if (!space.require_fit) {
-                  results.push_back(r);
-                  continue;
-                }
-                if (!r.fits) {  // a larger micro-batch needs more still
-                  if (!any && !overflow_kept) overflowing = r, overflow_kept = true;
-                  break;
-                }
-                any = true;
-                results.push_back(r);
-              }
-              if (!any && overflow_kept) results.push_back(overflowing);
-            }
-          }
-        }
-      }
-    }
-  }
-  auto order = [&](const PlanResult& a, const PlanResult& b) {
-    return space.require_fit ? better(a, b) : faster(a, b);
-  };
-  std::sort(results.begin(), results.end(), order);
-  // The best by the estimate, simulated; then the order by the simulation.
-  const int n = std::min(int(results.size()), simulate_top);
-  for (int i = 0; i < n; i++)
-    if (results[i].fits || !space.require_fit) results[i] = evaluate_plan(in, results[i].config, true);
-  std::stable_sort(results.begin(), results.end(), order);
-  return results;
-}
-
-std::vector<PlanResult> best_per_grid(const PlanInputs& in, const std::vector<PlanResult>& sorted) {
-  std::vector<PlanResult> out;
-  for (const PlanResult& r : sorted) {
-    bool seen = false;
-    for (const PlanResult& o : out) seen = seen || (o.config.tp == r.config.tp && o.config.pp == r.config.pp);
-    if (!seen) out.push_back(r.fits && !r.simulated ? evaluate_plan(in, r.config, true) : r);
-  }
-  std::stable_sort(out.begin(), out.end(), better);
-  return out;
 }

@@ -69,7 +69,7 @@ int64_t moe_expert_rows_at_most_of(const GPT2Config& cfg, int64_t tokens, int ep
 
 // A MoE model's activations on one rank running `parts` (empty: the whole model) under this rank's
 // schedule `actions` (empty: the micro-batches one after the other, as gradient accumulation runs
-// them), docs/theory.md, section 16. Fixed by shape: a router's buffers per slot and block, at
+// them), docs/theory.md, section 17. Fixed by shape: a router's buffers per slot and block, at
 // `tokens` rows a rank routes (section 14's N E + 2 N k + 4 N k C fp32 values). At the step's routing:
 // rows[micro][l], the rows this rank's experts ran for block l of micro-batch `micro`, 9C values each
 // from its forward to its backward, and each slot's backward scratch, 8C values per row of its layer
@@ -130,7 +130,7 @@ MemoryForecast forecast_memory(Strategy strategy, const ParamLayout& layout, con
                                int micro_batches, DType dtype, Device device, bool flash, bool saves_or_resumes,
                                double data_bytes, TensorParallelism tp = {}, const PipelineParallelism& pp = {});
 
-// Chapter 12's groups, per rank and step (4-byte elements; docs/theory.md, section 16). `blocks`:
+// Chapter 12's groups, per rank and step (4-byte elements; docs/theory.md, section 17). `blocks`:
 // the blocks this rank runs (every chunk), m the micro-batches of a step, B a micro-batch's sequences.
 // CP's ring: each layer sends (cp-1)/cp of K and V forward (twice under full recomputation), and in
 // backward the blocks again and their gradients, of this rank's C/t channels (its heads):

@@ -333,19 +333,25 @@ TEST(Planner, PredictsMegatronTable1WithinFifteenPercentFromOneRow) {
               rows[calibration].tflops_per_gpu, 0.5);
 }
 
-// A mixture-of-experts preset is refused with a sentence, even after its dense twin (tiny: the same
-// L, C, NH, T and V) filled the layout cache, which once keyed them alike; the plan binary stopped at
-// an internal check of param_layout.cpp.
-TEST(Planner, AMixtureOfExpertsIsRefusedNotAnInternalError) {
+// A mixture-of-experts preset runs in chapter 11's grid (DP x EP) only: a pipeline of it is refused
+// with a sentence, even after its dense twin (tiny: the same L, C, NH, T and V) filled the layout
+// cache, which once keyed them alike (the plan binary stopped at an internal check of
+// param_layout.cpp); the search finds it an expert-parallel grid.
+TEST(Planner, AMixtureOfExpertsOutsideChapter11sGridIsRefusedNotAnInternalError) {
   const PlanInputs tiny = cpu_inputs("tiny", 2, 8);
   const PlanConfig c = config(1, 1, 2, Schedule::OneFOneB, 1, 2, 4, 0, Recompute::None, false);
   ASSERT_EQ(evaluate_plan(tiny, c).invalid, "");
   const PlanInputs moe = cpu_inputs("moe-tiny", 2, 8);
   EXPECT_NE(evaluate_plan(moe, c).invalid.find("is a mixture of experts"), std::string::npos);
-  RunResult r = run_command("./09_3d_parallel/plan --model moe-tiny --gpus 8", 60);
+  RunResult r = run_command("./09_3d_parallel/plan --one --model moe-tiny --cluster emulated --gpus 2 --batch 8 --pp 2 "
+                            "--micro-batches 4",
+                            60);
   EXPECT_NE(r.exit_code, 0) << r.output;
-  EXPECT_NE(r.output.find("error: --model moe-tiny is a mixture of experts"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("is a mixture of experts"), std::string::npos) << r.output;
   EXPECT_EQ(r.output.find("internal error"), std::string::npos) << r.output;
+  r = run_command("./09_3d_parallel/plan --model moe-tiny --cluster emulated --gpus 4 --batch 8 --top 3", 60);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(std::regex_search(r.output, std::regex("\\n1 +dp 4 tp 1 pp 1 ep [24] "))) << r.output;
 }
 
 // Each flag the planner is given is honoured or refused: a zero or a negative never falls back to
@@ -361,7 +367,7 @@ TEST(PlanFlags, AZeroANegativeOrTwoRunsAreRefusedNamingTheFlag) {
            {"--peak-flops -1e12", "--peak-flops must be positive"},
            {"--inter-gbps -1", "--inter-gbps must be 0 or more"},
            {"--megatron docs/data/megatron_table1.csv --heatmap " + temp_dir() + "/never.csv",
-            "--megatron and --heatmap: give one"}}) {
+            "--megatron, --published and --heatmap: give one"}}) {
     SCOPED_TRACE(args);
     RunResult r = run_command(base + args, 60);
     EXPECT_NE(r.exit_code, 0) << r.output;

@@ -137,12 +137,37 @@ for name in ("all_to_all", "all_to_all_v"):
     check(plot_timeline.color_of(span(name, "4096 B, ep")) != plot_timeline.OTHER_COLOR,
           "11's %s drawn as 'scalars, other'" % name)
 
-# plan_heatmap.png: every abbreviation in its cells has a key, and the 1T model is not called 998B.
+# plan_heatmap.png: every abbreviation its cells use has a key, and the 1T model is not called 998B.
 import plot_plan_heatmap  # noqa: E402
-for term in ("d, t, p", "B8", "Z1", "rc full", "SP", "interleaved/4"):
-    check(term in plot_plan_heatmap.KEY, "plan_heatmap.png's key does not explain %s" % term)
-check(plot_plan_heatmap.size_label(998e9).startswith("1T"), "the 1T model is labelled %s" %
-      plot_plan_heatmap.size_label(998e9))
+cell = {"tp": "8", "cp": "2", "pp": "16", "dp": "8", "ep": "8", "v": "4", "micro_batch": "1", "sp": "1"}
+for schedule in ("1f1b", "interleaved", "zb-h1", "dualpipev"):
+    for zero in ("0", "1", "2", "3"):
+        for recompute in ("none", "selective", "full"):
+            row = dict(cell, schedule=schedule, zero=zero, recompute=recompute)
+            text = plot_plan_heatmap.label(row)
+            for term in plot_plan_heatmap.abbreviations(row):
+                check(term in plot_plan_heatmap.KEY_TERMS and term in plot_plan_heatmap.KEY,
+                      "plan_heatmap.png's key does not explain %s (a cell reads %r)" % (term, text))
+            # Every token of the cell, read apart from abbreviations(): which key explains it.
+            tokens = text.replace("\n", " ").split()
+            for i, token in enumerate(tokens):
+                if token == "rc" or (i > 0 and tokens[i - 1] == "rc"):
+                    key = "rc full, rc selective"
+                elif re.fullmatch(r"[tcpde]\d+", token):
+                    key = "t, c, p, d, e"
+                elif re.fullmatch(r"B\d+", token):
+                    key = "B8"
+                elif re.fullmatch(r"Z\d", token):
+                    key = "Z1, Z2, Z3"
+                elif re.fullmatch(r"interleaved/\d+", token):
+                    key = "interleaved/4"
+                elif token in ("1f1b", "zb-h1", "dualpipev"):
+                    key = "1f1b, zb-h1, dualpipev"
+                else:
+                    key = token
+                check(key in plot_plan_heatmap.KEY_TERMS, "a cell's %r has no key (%r)" % (token, text))
+check(plot_plan_heatmap.size_label(998e9) == "1T", "the 1T model is labelled %s" % plot_plan_heatmap.size_label(998e9))
+check(plot_plan_heatmap.size_label(1.002e12) == "1T", "the 1T model is labelled %s" % plot_plan_heatmap.size_label(1.002e12))
 
 # throughput.png: a run on a model of its own (11) gets a panel of its own, so that its tokens/s do not
 # flatten the others'; loss.png says which runs it leaves out.

@@ -1,0 +1,62 @@
+// plan_published.h: the planner (planner.h) against the published multi-dimension runs: Megatron-Core
+// on H100 (nine GPT models), Llama 3 405B's Table 4, Megatron-Bridge's GPT-OSS 120B row, torchtitan's
+// context-parallel scaling and DeepSeek-V3. Defines PublishedRun (a run as published: model, cluster,
+// grid, batch, what its implementation did, and its number), the rows of each source, and
+// predict_published() / calibrate_published(): the efficiency constant is calibrated on ONE named row
+// and every other row is predicted from it. docs/planner.md prints every comparison; test_planner.cpp
+// and `plan --published` keep them.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "planner.h"
+
+struct PublishedRun {
+  std::string source, name;     // "Megatron-Core H100", "177B"
+  std::string model, cluster;   // presets of model_shape.h and planner.h
+  int gpus = 1, tp = 1, cp = 1, pp = 1, dp = 1, ep = 1;
+  int batch = 1, seq = 0;       // global batch in sequences; sequence length (0: the model's)
+  int micro_batch = 0;          // 0: unpublished, the planner's fastest
+  int virtual_stages = 0;       // 0: unpublished, the planner's fastest (1f1b or interleaved)
+  std::vector<Schedule> schedules = {Schedule::OneFOneB, Schedule::Interleaved};
+  int zero = 1;                 // the data-parallel sharding it used (Llama 3's FSDP under PP: 2)
+  std::vector<Recompute> recompute = {Recompute::None, Recompute::Full};  // what it may have used
+  // The implementation, where runs differ (planner.h, PlanInputs).
+  bool tp_overlap = false, dp_overlap = true, ep_overlap = false, fp8 = false, fp8_activations = false;
+  ContextMethod cp_method = ContextMethod::Ring;
+  double attention_rate = 1, capacity_factor = 0;
+  // The published number: model TFLOP/s per GPU (by `flops_per_token`, its own count), or tokens/s
+  // per GPU where flops_per_token is 0.
+  double published = 0;
+  double flops_per_token = 0;
+  std::string note;             // what is assumed where the publication is silent
+};
+
+// Megatron-LM README, "Training speed and scalability" (Megatron-Core r0.8.0, July 2024): 1.7B ... 462B.
+std::vector<PublishedRun> megatron_h100_runs();
+// The row the efficiency is calibrated on: 177B (TP 8, PP 6, DP 48: every group of the grid at work).
+int megatron_h100_calibration();
+// Llama 3 405B, Table 4 (arXiv 2407.21783): 8K on 8,192 and 16,384 GPUs, 131K with CP 16.
+std::vector<PublishedRun> llama3_runs();
+// Megatron-Bridge's GPT-OSS 120B row (release 25.11, DGX-H100, BF16): tokens/s per GPU.
+PublishedRun gpt_oss_run();
+// torchtitan's Llama 3 8B on 8 H100s, CP 1/2/4/8 at 32K...256K (Float8, full AC): tokens/s per GPU.
+std::vector<PublishedRun> torchtitan_cp_runs();
+// DeepSeek-V3's pre-training (arXiv 2412.19437): 2,048 H800, PP 16 x EP 64, ZeRO-1 DP; DualPipe.
+PublishedRun deepseek_v3_run();
+// DeepSeek-V3's 180K H800 GPU hours per trillion tokens (section 1).
+constexpr double kDeepSeekGpuHoursPerTrillion = 180e3;
+
+PlanInputs published_inputs(const PublishedRun& run, double efficiency);
+// The run's own grid and batch, what it left unpublished (micro-batch, v, recomputation) the
+// planner's fastest that fits (the fastest of all where nothing fits our forecast).
+PlanResult predict_published(const PublishedRun& run, double efficiency);
+// Model TFLOP/s per GPU by the run's own count, or tokens/s per GPU: what `published` holds.
+double published_metric(const PublishedRun& run, const PlanResult& r);
+// The efficiency at which the run is predicted at its published number.
+double calibrate_published(const PublishedRun& run);
+// The planner's free search for the run's model, GPUs, sequence length and tokens per batch, with its
+// implementation: the best configuration of each grid (tp, cp, pp, ep), best first.
+std::vector<PlanResult> search_published(const PublishedRun& run, double efficiency);
+// The rank of the run's (TP, CP, PP, DP) among them (0 = first; -1: absent).
+int grid_rank(const PublishedRun& run, const std::vector<PlanResult>& best);

@@ -1,0 +1,129 @@
+#!/usr/bin/env python3
+"""plan_check.py OUT PRESET PLAN: the table of `make plan-check` (scripts/plan/plan_check.sh runs the chapters
+and the calibrations and lists them in OUT/rows.tsv). For every row, the planner's prediction of the
+same configuration (PLAN --one on the emulated cluster) beside the run's records: memory per rank by
+category, exact (chapter 11's activations, set by its routing, within the planner's bound), the
+communication buffers within the bound, and at 2 ranks the median step within 20%, predicted with the
+calibrations run just before and just after the row (their mean rates). Exit 1 when memory is not
+exact; the times are printed, with the machine's load beside them."""
+import json
+import subprocess
+import sys
+
+
+def records(path):
+    rows = []
+    for line in open(path):
+        try:
+            rows.append(json.loads(line))
+        except ValueError:
+            pass
+    return rows
+
+
+def median_step(path):
+    # The measured step of median time (its own matmul_ms with it), for the calibration and every row
+    # alike: a minimum would depend on how many steps a run has.
+    steps = sorted((r for r in records(path) if r.get("type") == "step" and r.get("step", 0) > 0),
+                   key=lambda r: r["step_ms"])
+    return steps[(len(steps) - 1) // 2]
+
+
+def predict(plan, model, ranks, gbps, latency, flags, peak, elementwise):
+    cmd = [plan, "--one", "--model", model, "--cluster", "emulated", "--gpus", str(ranks), "--batch", "8",
+           "--inter-gbps", gbps, "--inter-latency-us", latency, "--efficiency", "1", "--peak-flops", repr(peak),
+           "--elementwise-rate", repr(elementwise)]
+    cmd += flags.split()
+    text = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    return [json.loads(l[len("plan-json "):]) for l in text.splitlines() if l.startswith("plan-json ")]
+
+
+# What each kind of calibration ran, as the planner is told it: model and flags.
+CALIBRATIONS = {"01": (None, ""), "10": (None, "--attention ring"), "11": ("moe-small", "--ep 1")}
+
+
+def rates(out, plan, preset, index, kind):
+    """The two rates of calibration `index`: the planner's own prediction of the 2-rank run with one rate
+    at 1 a second and the other free gives its matrix-product FLOPs and its activation bytes; the median
+    measured step, split into its time in the matrix products and the rest, gives the rates."""
+    cal = median_step("%s/calibration%d.jsonl" % (out, index))
+    model, flags = CALIBRATIONS[kind]
+    model = model or preset
+    flops = predict(plan, model, 2, "0", "0", flags, 1.0, 1e30)[0]["compute_s"]
+    act_bytes = predict(plan, model, 2, "0", "0", flags, 1e30, 1.0)[0]["compute_s"]
+    return flops / (cal["matmul_ms"] / 1e3), act_bytes / ((cal["step_ms"] - cal["matmul_ms"]) / 1e3), cal["step_ms"]
+
+
+def main(out, preset, plan):
+    lines = [l.rstrip("\n").split("\t") for l in open(out + "/rows.tsv")]
+    cals = {}
+    for f in lines:
+        if f[0] == "calibration":
+            index = int(f[1])
+            peak, elementwise, ms = rates(out, plan, preset, index, f[3])
+            cals[index] = (peak, elementwise, ms, f[2], f[3])
+    names = {"01": "01_vanilla_dp", "10": "10 --cp 1", "11": "11 --ep 1, moe-small"}
+    print("calibrations (2 ranks, no link, --preset %s --batch 8 unless said), in the order they ran:" % preset)
+    for index in sorted(cals):
+        peak, elementwise, ms, load, kind = cals[index]
+        print("  #%-2d %-21s %6.1f ms a step (median) -> %6.2f GFLOP/s in the products, %6.3f GB/s of activations; "
+              "load %s" % (index, names[kind], ms, peak / 1e9, elementwise / 1e9, load))
+    print("(a timed row is predicted with the mean rates of the calibrations just before and after it)\n")
+    cats = [("params", "params_bytes", "measured_params_bytes"), ("grads", "grads_bytes", "measured_grads_bytes"),
+            ("optim", "optim_bytes", "measured_optim_bytes"), ("activ", "activations_bytes", "measured_activations_bytes")]
+    head = "%-20s %5s %-19s %-10s" % ("run", "ranks", "chapter", "link")
+    head += "".join(" %19s" % ("%s meas/plan" % c[0]) for c in cats)
+    head += " %17s | %-9s | %s" % ("buffers meas<=plan", "load", "step ms meas / plan (error), cal #")
+    print(head)
+    memory_ok = time_ok = memory_rows = time_rows = 0
+    for f in lines:
+        if f[0] == "calibration":
+            continue
+        if f[1] != "ran":
+            print("%-20s %s: %s" % (f[0], f[1], f[2]))
+            continue
+        name, _, ranks, chapter, gbps, latency, timed, flags, model, cal, load_before, load_after = f
+        theory = [r for r in records("%s/%s.jsonl" % (out, name)) if r.get("type") == "theory"]
+        if not theory:
+            print("%-20s no theory record" % name)
+            continue
+        t = theory[0]
+        before, after = cals[int(cal)], cals.get(int(cal) + 1, cals[int(cal)])
+        peak, elementwise = (before[0] + after[0]) / 2, (before[1] + after[1]) / 2
+        p = predict(plan, model, int(ranks), gbps, latency, flags, peak, elementwise)[0]  # stage 0: world rank 0's
+        routed = model.startswith("moe")  # chapter 11: the activations are the routing's, the plan their bound
+        cells, exact = [], True
+        for cat, pk, mk in cats:
+            meas, pred = t[mk], p[pk]
+            bound = routed and cat == "activ"
+            good = meas <= pred + 1 if bound else abs(meas - pred) < 1
+            exact = exact and good
+            cells.append("%9.0f%s%-9.0f" % (meas / 1e3, "<" if bound else "/", pred / 1e3) + ("" if good else "!"))
+        buf_ok = t["measured_transient_bytes"] <= p["transient_bytes"] + 1
+        memory_rows += 1
+        memory_ok += exact and buf_ok
+        row = "%-20s %5s %-19s %-10s" % (name, ranks, chapter, "%sG/%sus" % (gbps, latency))
+        row += "".join(" %19s" % c for c in cells)
+        row += " %8.0f<=%-8.0f | %4s-%-4s" % (t["measured_transient_bytes"] / 1e3, p["transient_bytes"] / 1e3,
+                                            load_before, load_after)
+        if timed == "1":
+            meas_ms, pred_ms = median_step("%s/%s.jsonl" % (out, name))["step_ms"], p["step_s"] * 1e3
+            err = (pred_ms - meas_ms) / meas_ms
+            time_rows += 1
+            time_ok += abs(err) <= 0.20
+            row += " | %7.1f / %7.1f (%+5.1f%%) #%s,#%d compute %.1f TP %.1f CP %.1f PP %.1f DP %.1f EP %.1f bubble %.1f" % (
+                meas_ms, pred_ms, 100 * err, cal, int(cal) + 1, p["compute_s"] * 1e3, p["tp_s"] * 1e3,
+                p.get("cp_s", 0) * 1e3, p["pp_s"] * 1e3, p["dp_s"] * 1e3, p.get("ep_s", 0) * 1e3, p["bubble_s"] * 1e3)
+        print(row)
+    print("(memory in kB, rank 0, by category: measured/planned, '!' where they differ; '<': chapter 11's activations, "
+          "set by its routing, against the planner's bound; buffers: the measured peak of the communication buffers "
+          "and the planner's bound; load: the 1-minute load average at the row's start and end)")
+    print("memory exact (and within the bounds) in %d of %d runs; step time within 20%% in %d of %d timed runs "
+          "at 2 ranks" % (memory_ok, memory_rows, time_ok, time_rows))
+    return 0 if memory_ok == memory_rows else 1
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 4:
+        sys.exit("usage: plan_check.py OUT PRESET PLAN")
+    sys.exit(main(*sys.argv[1:4]))

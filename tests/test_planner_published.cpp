@@ -1,0 +1,248 @@
+// test_planner_published.cpp: the planner in five dimensions against the published record
+// (common/model_shape.h, planner_shape.cpp, plan_published.h). The shapes count what their papers and
+// model cards publish; a published shape's memory adds up over its grid and its step is the sum of
+// its parts; one constant calibrated on Megatron-Core's 177B row predicts the other Megatron-Core rows
+// and Llama 3's Table 4 within 15%, GPT-OSS 120B within 25%, torchtitan's CP scaling within 25% (as
+// ratios), and fits DeepSeek-V3 in 80 GB; chapters 10's and 11's grids are forecast as their trainers
+// forecast them; the plan binary refuses what makes no sense, in a sentence.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "model_shape.h"
+#include "param_layout.h"
+#include "plan_published.h"
+#include "planner.h"
+#include "theory.h"
+#include "training_harness.h"  // run_command
+
+namespace {
+
+ModelShape shape(const std::string& name) {
+  ModelShape s;
+  EXPECT_TRUE(find_model_shape(name, &s)) << name;
+  return s;
+}
+
+PlanConfig grid(int dp, int tp, int pp, int cp, int ep, Schedule s, int v, int B, int m, int zero, Recompute rc) {
+  PlanConfig c{dp, tp, pp, s, v, B, m, zero, rc, tp > 1};
+  c.cp = cp, c.ep = ep;
+  return c;
+}
+
+double efficiency() { return calibrate_published(megatron_h100_runs()[size_t(megatron_h100_calibration())]); }
+
+}  // namespace
+
+TEST(ModelShapes, CountWhatThePublicationsPublish) {
+  // Llama 3 (arXiv 2407.21783, Table 3) by their names: 8B, 70B, 405B.
+  EXPECT_NEAR(total_params(shape("llama3-8b")), 8.03e9, 0.01e9);
+  EXPECT_NEAR(total_params(shape("llama3-70b")), 70.6e9, 0.1e9);
+  EXPECT_NEAR(total_params(shape("llama3-405b")), 405.9e9, 0.5e9);
+  // DeepSeek-V3: 671B total, 37B activated; GPT-OSS 120B: 117B total, 5.1B active.
+  EXPECT_NEAR(total_params(shape("deepseek-v3")), 671e9, 3e9);
+  EXPECT_NEAR(active_params(shape("deepseek-v3")), 37e9, 1e9);
+  EXPECT_NEAR(total_params(shape("gpt-oss-120b")), 117e9, 1e9);
+  EXPECT_NEAR(active_params(shape("gpt-oss-120b")), 5.1e9, 0.1e9);
+  // Megatron's GPT: 12 L h^2 + 2 V h (untied), plus the norms' 2h a layer and the final one.
+  for (const PublishedRun& run : megatron_h100_runs()) {
+    const ModelShape s = shape(run.model);
+    const double h = s.C, expected = 12.0 * s.L * h * h + 2.0 * s.V * h + (2.0 * s.L + 1) * h;
+    EXPECT_DOUBLE_EQ(total_params(s), expected) << run.name;
+    // Megatron-LM's count, 72 L h^2 (1 + s/6h + V/12Lh) a token, is ours for GPT.
+    const double megatron = 72.0 * s.L * h * h * (1 + s.T / (6 * h) + s.V / (12 * h * s.L));
+    EXPECT_NEAR(model_flops_per_token(s), megatron, 1e-9 * megatron) << run.name;
+  }
+  // Grouped-query attention: Llama 3 405B's keys and values are 1/16 of multi-head attention's.
+  ModelShape mha = shape("llama3-405b");
+  mha.KV = mha.NH;
+  const ModelShape gqa = shape("llama3-405b");
+  EXPECT_DOUBLE_EQ(attention_params(mha) - attention_params(gqa), 2.0 * gqa.C * (gqa.NH - gqa.kv()) * gqa.hd());
+  // A shape with no such thing is refused.
+  ModelShape bad = gqa;
+  bad.KV = 7;
+  EXPECT_NE(model_shape_problem(bad), "");
+}
+
+// For GPT with FlashAttention a layer keeps 16C elements (32C bytes): Korthikanti et al.'s 34 s b h
+// less the two dropout masks; the causal attention a layer computes is half of the full T x T count.
+TEST(ModelShapes, ActivationsAndFlopsAgreeWithTheClassicCounts) {
+  GPT2Config gpt;
+  ASSERT_TRUE(find_preset("gpt2", &gpt));
+  const ModelShape s = shape_of(gpt);
+  const LayerActivations a = layer_activations(s, 0);
+  EXPECT_DOUBLE_EQ(a.residual + a.norm_out + a.qkv + a.attention_out + a.mlp_in + a.mlp_product, 16.0 * s.C);
+  EXPECT_DOUBLE_EQ(layer_attention_flops(s, 0), 2.0 * s.C * s.T);  // 4TC over the full square, halved
+  EXPECT_DOUBLE_EQ(layer_product_flops(s, 0), 2.0 * 12 * s.C * s.C);
+  // Banded layers (GPT-OSS: every other one, 128 keys) meet at most the window.
+  const ModelShape oss = shape("gpt-oss-120b");
+  EXPECT_DOUBLE_EQ(layer_attention_flops(oss, 0), 2.0 * oss.NH * 128 * 2 * oss.hd());
+  EXPECT_DOUBLE_EQ(layer_attention_flops(oss, 1), 2.0 * oss.NH * (oss.T / 2.0) * 2 * oss.hd());
+}
+
+// A published shape's parameters add up over its grid: every stage's, times t (and the experts'
+// times ep), is the model; the step is the sum of its parts.
+TEST(PlannerShapes, MemoryAddsUpOverTheGridAndTheStepIsItsParts) {
+  PlanInputs in;
+  ASSERT_TRUE(set_plan_model("llama3-8b", &in));
+  ASSERT_FALSE(in.chapters_model);
+  ASSERT_TRUE(find_cluster("dgx-h100", &in.cluster));
+  in.gpus = 64, in.batch = 64, in.efficiency = 0.5;
+  const PlanConfig c = grid(4, 2, 4, 2, 1, Schedule::Interleaved, 2, 1, 16, 0, Recompute::None);
+  const PlanResult r = evaluate_plan(in, c, true);
+  ASSERT_EQ(r.invalid, "");
+  ASSERT_EQ(r.stages.size(), 4u);
+  double params = 0;
+  for (const StageMemory& sm : r.stages) params += sm.params_bytes / 2 * c.tp;
+  EXPECT_NEAR(params, total_params(in.shape), 1e-6 * params);
+  EXPECT_NEAR(r.step_s, r.compute_s + r.tp_s + r.cp_s + r.ep_s + r.pp_s + r.bubble_s + r.dp_s + r.embedding_s,
+              1e-9 * r.step_s);
+  EXPECT_GT(r.tp_s, 0);
+  EXPECT_GT(r.bubble_s, 0);
+
+  // The experts spread over ep: GPT-OSS on one stage, ep 8.
+  ASSERT_TRUE(set_plan_model("gpt-oss-120b", &in));
+  in.gpus = 8, in.batch = 8;
+  const PlanResult moe = evaluate_plan(in, grid(8, 1, 1, 1, 8, Schedule::OneFOneB, 1, 1, 1, 1, Recompute::Full), true);
+  ASSERT_EQ(moe.invalid, "");
+  const double experts = moe.expert_params_bytes / 2 * 8, dense = (moe.params_bytes - moe.expert_params_bytes) / 2;
+  EXPECT_NEAR(experts + dense, total_params(in.shape), 1e-6 * total_params(in.shape));
+  EXPECT_GT(moe.ep_s, 0);
+  // CP halves what a rank keeps of each sequence; ZeRO-1 shards the optimizer state over d x cp.
+  ASSERT_TRUE(set_plan_model("llama3-8b", &in));
+  in.gpus = 8, in.batch = 4;
+  const PlanResult cp1 = evaluate_plan(in, grid(4, 2, 1, 1, 1, Schedule::OneFOneB, 1, 1, 1, 1, Recompute::None), true);
+  const PlanResult cp2 = evaluate_plan(in, grid(2, 2, 1, 2, 1, Schedule::OneFOneB, 1, 2, 1, 1, Recompute::None), true);
+  ASSERT_EQ(cp1.invalid + cp2.invalid, "");
+  EXPECT_NEAR(cp2.memory.activations, cp1.memory.activations, 1e-9 * cp1.memory.activations);  // B 2 x T/2
+  EXPECT_DOUBLE_EQ(cp2.optim_bytes, cp1.optim_bytes);
+  EXPECT_NE(evaluate_plan(in, grid(8, 1, 1, 1, 2, Schedule::OneFOneB, 1, 1, 1, 1, Recompute::None)).invalid, "")
+      << "expert parallelism without experts";
+}
+
+TEST(PlanPublished, MegatronCoreOnH100WithinFifteenPercentFromTheCalibrationRow) {
+  const std::vector<PublishedRun> runs = megatron_h100_runs();
+  ASSERT_EQ(runs.size(), 9u);
+  const int cal = megatron_h100_calibration();
+  EXPECT_EQ(runs[size_t(cal)].name, "177B");
+  const double e = efficiency();
+  EXPECT_GT(e, 0.3);
+  EXPECT_LT(e, 0.8);
+  for (size_t i = 0; i < runs.size(); i++) {
+    const PlanResult r = predict_published(runs[i], e);
+    EXPECT_TRUE(r.fits) << runs[i].name << ": " << r.overflow;
+    const double predicted = published_metric(runs[i], r);
+    EXPECT_NEAR(predicted, runs[i].published, (int(i) == cal ? 0.005 : 0.15) * runs[i].published)
+        << runs[i].name << " " << r.config.describe();
+  }
+}
+
+TEST(PlanPublished, Llama3Table4WithinFifteenPercentAndItsGridInTheSearch) {
+  const double e = efficiency();
+  for (const PublishedRun& run : llama3_runs()) {
+    const PlanResult r = predict_published(run, e);
+    EXPECT_NEAR(published_metric(run, r), run.published, 0.15 * run.published) << run.name << " " << r.config.describe();
+    // The paper's (TP, CP, PP, DP), given only the model, GPUs, sequence and tokens a batch: found,
+    // fitting, and within a quarter of the planner's best (docs/planner.md says why it is not first).
+    const std::vector<PlanResult> best = search_published(run, e);
+    const int rank = grid_rank(run, best);
+    if (run.gpus == 8192) continue;  // its interleaved first stage does not fit our forecast at 8K (docs/planner.md)
+    ASSERT_GE(rank, 0) << run.name;
+    EXPECT_LT(best[size_t(rank)].step_s, 1.25 * best.front().step_s) << run.name;
+  }
+}
+
+TEST(PlanPublished, GptOss120bWithinTwentyFivePercentAndTorchtitansCpScalingAsRatios) {
+  const double e = efficiency();
+  const PublishedRun oss = gpt_oss_run();
+  const PlanResult r = predict_published(oss, e);
+  EXPECT_EQ(r.config.ep, 8);
+  EXPECT_TRUE(r.fits) << r.overflow;
+  EXPECT_NEAR(published_metric(oss, r), oss.published, 0.25 * oss.published) << r.config.describe();
+
+  const std::vector<PublishedRun> runs = torchtitan_cp_runs();
+  ASSERT_EQ(runs.size(), 4u);
+  const double base = published_metric(runs[0], predict_published(runs[0], e));
+  for (const PublishedRun& run : runs) {
+    const double ratio = published_metric(run, predict_published(run, e)) / base;
+    const double published = run.published / runs[0].published;
+    EXPECT_NEAR(ratio, published, 0.25 * published) << run.name;
+  }
+}
+
+TEST(PlanPublished, DeepSeekV3FitsIn80GBAndDualPipeAndFp8ShortenIt) {
+  const double e = efficiency();
+  PublishedRun ds = deepseek_v3_run();
+  const PlanResult r = predict_published(ds, e);
+  EXPECT_EQ(r.config.pp, 16);
+  EXPECT_EQ(r.config.ep, 64);
+  EXPECT_TRUE(r.fits) << r.overflow;
+  EXPECT_NEAR(r.memory.model_state, r.params_bytes + r.grads_bytes + r.optim_bytes, 1);
+  EXPECT_GT(r.expert_params_bytes, 0);
+  // The all-to-alls across 8 nodes: exposed, they are about half the step; overlapped, a sliver.
+  EXPECT_GT(r.ep_s, 0.3 * r.step_s);
+  ds.ep_overlap = true;
+  const PlanResult overlapped = predict_published(ds, e);
+  EXPECT_LT(overlapped.step_s, 0.7 * r.step_s);
+  ds.fp8 = true;
+  EXPECT_LT(predict_published(ds, e).compute_s, 0.7 * overlapped.compute_s);
+}
+
+// Chapters 10 and 11 in the planner: memory as TrainingRun::check_memory forecasts it.
+TEST(PlannerChapters, ContextAndExpertGridsAreForecastAsTheirTrainersDo) {
+  PlanInputs in;
+  ASSERT_TRUE(set_plan_model("small", &in));
+  ASSERT_TRUE(find_cluster("emulated", &in.cluster));
+  in.gpus = 4, in.batch = 8, in.efficiency = 1;
+  PlanConfig c = grid(2, 1, 1, 2, 1, Schedule::OneFOneB, 1, 4, 1, 0, Recompute::None);
+  PlanResult r = evaluate_plan(in, c);
+  ASSERT_EQ(r.invalid, "");
+  EXPECT_DOUBLE_EQ(r.memory.activations, context_parallel_activation_bytes(in.model, 4, 2));
+  const ParamLayout layout = build_gpt2_layout(in.model, 4);
+  EXPECT_DOUBLE_EQ(r.params_bytes, 4.0 * double(layout.padded_size));
+  // A chapters' model in a grid no chapter builds is refused.
+  EXPECT_NE(evaluate_plan(in, grid(1, 2, 1, 2, 1, Schedule::OneFOneB, 1, 8, 1, 0, Recompute::None)).invalid, "");
+
+  ASSERT_TRUE(set_plan_model("moe-small", &in));
+  c = grid(4, 1, 1, 1, 2, Schedule::OneFOneB, 1, 2, 1, 0, Recompute::None);
+  r = evaluate_plan(in, c);
+  ASSERT_EQ(r.invalid, "");
+  const ParamLayout held = build_gpt2_layout(in.model, 4, {}, {}, ExpertParallelism{2, 0});
+  EXPECT_DOUBLE_EQ(r.params_bytes, 4.0 * double(held.padded_size));
+  const std::vector<int64_t> rows(size_t(in.model.L), moe_expert_rows_at_most(in.model, 2, 2, 4));
+  EXPECT_DOUBLE_EQ(r.memory.transient, moe_exchange_buffer_bytes(in.model, rows));
+  EXPECT_GT(r.ep_s, 0);
+}
+
+TEST(PlanFlags, SequenceAndTokensPerBatchAreInputsAndAbsurdInputsAreRefused) {
+  RunResult r = run_command("./09_3d_parallel/plan --model llama3-8b --gpus 8 --seq-len 32768 --tokens-per-batch 262144 "
+                            "--top 2",
+                            120);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("T=32768"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("global batch 8 sequences of 32768 tokens"), std::string::npos) << r.output;
+  for (const char* column : {" compute ", " TP ", " CP ", " PP ", " DP ", " EP ", " bubble "})
+    EXPECT_NE(r.output.find(column), std::string::npos) << column;
+  const std::string base = "./09_3d_parallel/plan --model llama3-8b ";
+  for (const auto& [args, message] : std::vector<std::pair<std::string, std::string>>{
+           {"--seq-len 0", "--seq-len must be positive"},
+           {"--seq-len 8192 --tokens-per-batch 10000", "is not a whole number of sequences of 8192 tokens"},
+           {"--batch 8 --tokens-per-batch 65536", "--batch and --tokens-per-batch: give one"},
+           {"--gpus 100000000", "is beyond any cluster or model"},
+           {"--gpus 8 --cp 3 --one", "--tp x --cp x --pp must divide --gpus"},
+           {"--cp-method smoke", "--cp-method smoke: choose ring or all-gather"},
+           {"--capacity-factor 1.25", "has no experts"},
+           {"--cp -2", "--cp must be positive"}}) {
+    SCOPED_TRACE(args);
+    r = run_command(base + args, 60);
+    EXPECT_NE(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find(message), std::string::npos) << r.output;
+    EXPECT_EQ(r.output.find("internal error"), std::string::npos) << r.output;
+  }
+  r = run_command("./09_3d_parallel/plan --published", 120);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("calibrated on ONE row, Megatron-Core H100 177B"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("every check holds"), std::string::npos) << r.output;
+}
