@@ -126,6 +126,8 @@ std::vector<FiveDCase> dense_cases() {
       {4, "tall", "--tp 2 --cp 2 --sequence-parallel --recompute selective", "tp2_cp2_sp_selective"},
       {4, "tall", "--cp 2 --pp 2 --schedule interleaved", "cp2_pp2_interleaved", 4},
       {16, "tall", "--cp 2 --tp 2 --pp 2 --zero1 --recompute selective", "dp2_cp2_tp2_pp2_zero1_selective"},
+      // Chapter 00's collectives under all of it: the ring's own sums, a pipeline's sends beside them.
+      {8, "tall", "--cp 2 --tp 2 --pp 2 --collectives ring", "cp2_tp2_pp2_our_ring"},
   };
 }
 
