@@ -214,26 +214,14 @@ int main(int argc, char** argv) {
   Options opt;
   PipelineFlags& pipe = opt.pipeline;
   flags.add("--pp", &pipe.pp, "pipeline stages (default: every rank); the rest is data-parallel");
-  flags.add("--micro-batches", &pipe.micro_batches, "micro-batches per step in each pipeline (default: 2 x --pp)");
-  flags.add("--schedule", &pipe.schedule, "afab, 1f1b (default), interleaved, zb-h1, zb-v or dualpipev");
-  flags.add("--virtual-stages", &pipe.virtual_stages,
-            "model chunks per rank, interleaved (default 2), zb-v and dualpipev (2)");
-  flags.add("--p2p-matching", &opt.matching, "auto (default), tag (MPI: receives posted at the start) or "
-                                             "call-order (NCCL: each receive grouped with the sends before its pass)");
-  flags.add("--partition", &pipe.partition, "blocks per virtual stage, e.g. 3,3,3,3 (default: balanced by FLOPs)");
-  flags.add_switch("--zero1", &pipe.zero1, "shard the optimizer state over each stage's data-parallel group (04)");
-  flags.add_switch("--zero2", &pipe.zero2, "ZeRO-2's rule: reduce-scatter every micro-batch's gradients (05), to "
-                                          "measure what that costs a pipeline (afab, 1f1b)");
+  add_schedule_flags(flags, &pipe, &opt.matching);  // --micro-batches, --schedule, ... (pipeline_flags.h)
   flags.add("--bucket-mb", &opt.bucket_mb, "data-parallel bucket size in MB (default: an eighth of the gradient)");
-  flags.add_refused("--grad-accum", "a pipeline's micro-batches are its accumulation; use --micro-batches");
   if (!parse_train_flags(argc, argv, "08_pipeline", "Chapter 08: pipeline parallelism, six schedules.", flags, &cfg)) {
     shutdown_mpi(std::move(comm));
     return 0;
   }
+  check_schedule_flags(cfg, pipe);
   if (cfg.was_given("--bucket-mb") && !(opt.bucket_mb > 0)) config_error("--bucket-mb must be > 0");
-  if (cfg.was_given("--pp") && pipe.pp < 1) config_error("--pp must be >= 1");
-  if (cfg.was_given("--virtual-stages") && pipe.virtual_stages < 1) config_error("--virtual-stages must be >= 1");
-  if (cfg.was_given("--micro-batches") && pipe.micro_batches < 1) config_error("--micro-batches must be >= 1");
   comm = communicator_for(pick_device(cfg.device), std::move(comm), cfg.collectives);  // NCCL on GPUs (comm_factory.h)
   const int status = train(*comm, cfg, opt);
   shutdown_mpi(std::move(comm));

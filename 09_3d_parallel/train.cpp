@@ -63,6 +63,7 @@
 #include "pipeline_schedule.h"
 #include "process_grid.h"
 #include "shards.h"
+#include "tensor_parallel_hooks.h"  // 07's collectives, for every chunk
 #include "training_run.h"
 
 struct Options {
@@ -154,32 +155,7 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
 
   // The lesson: 07's collectives, over this rank's TP group, in every chunk. "f" precedes a
   // column-parallel product, "g" follows a row-parallel one; each is the other's mirror in backward.
-  auto started = [&](CommHandle handle) {  // without --tp-overlap, nothing runs behind the computation
-    if (!opt.overlap) {
-      handle.wait();
-      return CommHandle();
-    }
-    return handle;
-  };
-  for (GPT2* chunk : chunks) {
-    TensorParallelHooks& hooks = chunk->tp_hooks;
-    if (!sequence_parallel) {
-      hooks.f_forward = [](Tensor, Tensor) { return CommHandle(); };
-      hooks.f_backward = [&](Tensor full, Tensor) { return started(tp_group.all_reduce_async(full, ReduceOp::Sum)); };
-      hooks.g_forward = [&](Tensor partial, Tensor) { return tp_group.all_reduce_async(partial, ReduceOp::Sum); };
-      hooks.g_backward = [](Tensor, Tensor) { return CommHandle(); };
-    } else {
-      hooks.f_forward = [&](Tensor local, Tensor full) { return started(tp_group.all_gather_async(local, full)); };
-      hooks.f_backward = [&](Tensor full, Tensor local) {
-        return started(tp_group.reduce_scatter_async(full, local, ReduceOp::Sum));
-      };
-      hooks.g_forward = [&](Tensor partial, Tensor local) {
-        return tp_group.reduce_scatter_async(partial, local, ReduceOp::Sum);
-      };
-      hooks.g_backward = [&](Tensor local, Tensor full) { return tp_group.all_gather_async(local, full); };
-    }
-    hooks.vocab_all_reduce = [&](Tensor values, ReduceOp op) { tp_group.all_reduce(values, op); };
-  }
+  for (GPT2* chunk : chunks) chunk->tp_hooks = tensor_parallel_hooks(tp_group, sequence_parallel, opt.overlap);
 
   // Gradients, on the last micro-batch's backward (or weight pass, under zb-h1), in three groups:
   // under sequence parallelism the tensors held whole are summed over the TP group (07); wte's two
@@ -282,31 +258,19 @@ int main(int argc, char** argv) {
                    "split the rows between the parallel products too (gathers and scatters for all-reduces)");
   flags.add_switch("--tp-overlap", &opt.overlap,
                    "in backward, sum the input's gradient while the weight's gradient is computed");
-  flags.add("--micro-batches", &pipe.micro_batches, "micro-batches per step in each pipeline (default: 2 x --pp)");
-  flags.add("--schedule", &pipe.schedule, "afab, 1f1b (default), interleaved, zb-h1, zb-v or dualpipev");
-  flags.add("--virtual-stages", &pipe.virtual_stages,
-            "model chunks per rank, interleaved (default 2), zb-v and dualpipev (2)");
-  flags.add("--p2p-matching", &opt.matching, "auto (default), tag (MPI: receives posted at the start) or "
-                                             "call-order (NCCL: each receive grouped with the sends before its pass)");
-  flags.add("--partition", &pipe.partition, "blocks per virtual stage, e.g. 3,3,3,3 (default: balanced by FLOPs)");
-  flags.add_switch("--zero1", &pipe.zero1, "shard the optimizer state over each stage's data-parallel group (04)");
-  flags.add_switch("--zero2", &pipe.zero2, "ZeRO-2's rule: reduce-scatter every micro-batch's gradients (05), to "
-                                          "measure what that costs a pipeline (afab, 1f1b)");
+  add_schedule_flags(flags, &pipe, &opt.matching);  // --micro-batches, --schedule, ... (pipeline_flags.h)
   flags.add("--bucket-mb", &opt.bucket_mb, "data-parallel bucket size in MB (default: an eighth of the gradient)");
   flags.add("--tp-link-gbps", &cfg.tp_link_gbps, "the tensor-parallel group's emulated link (default: --link-gbps's)");
   flags.add("--tp-link-latency-us", &cfg.tp_link_latency_us, "its latency (default: --link-latency-us's)");
-  flags.add_refused("--grad-accum", "a pipeline's micro-batches are its accumulation; use --micro-batches");
   if (!parse_train_flags(argc, argv, "09_3d_parallel",
                          "Chapter 09: data x tensor x pipeline parallelism, and activation recomputation.", flags,
                          &cfg)) {
     shutdown_mpi(std::move(comm));
     return 0;
   }
+  check_schedule_flags(cfg, pipe);
   if (cfg.was_given("--bucket-mb") && !(opt.bucket_mb > 0)) config_error("--bucket-mb must be > 0");
   if (cfg.was_given("--tp") && opt.tp < 1) config_error("--tp must be >= 1");
-  if (cfg.was_given("--pp") && pipe.pp < 1) config_error("--pp must be >= 1");
-  if (cfg.was_given("--virtual-stages") && pipe.virtual_stages < 1) config_error("--virtual-stages must be >= 1");
-  if (cfg.was_given("--micro-batches") && pipe.micro_batches < 1) config_error("--micro-batches must be >= 1");
   comm = communicator_for(pick_device(cfg.device), std::move(comm), cfg.collectives);  // NCCL on GPUs (comm_factory.h)
   const int status = train(*comm, cfg, opt);
   shutdown_mpi(std::move(comm));

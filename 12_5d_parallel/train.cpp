@@ -57,6 +57,7 @@
 #include "pipeline_schedule.h"
 #include "process_grid.h"
 #include "shards.h"
+#include "tensor_parallel_hooks.h"  // 07's collectives, for every chunk
 #include "theory.h"  // predict_tensor_parallel, ring_sent_bytes, routing_counts_bytes
 #include "training_run.h"
 
@@ -193,33 +194,8 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
   PipelineExecutor pipeline(grid.pp(), chunks, shape, actions, matching, micro_B, T_held, model_cfg.C, device, dtype);
   PipelineReport report(run, grid, shape, schedule, matching, parts);
 
-  // TP: 09's hooks, unchanged.
-  auto started = [&](CommHandle handle) {
-    if (!opt.overlap) {
-      handle.wait();
-      return CommHandle();
-    }
-    return handle;
-  };
-  for (GPT2* chunk : chunks) {
-    TensorParallelHooks& hooks = chunk->tp_hooks;
-    if (!sequence_parallel) {
-      hooks.f_forward = [](Tensor, Tensor) { return CommHandle(); };
-      hooks.f_backward = [&](Tensor full, Tensor) { return started(tp_group.all_reduce_async(full, ReduceOp::Sum)); };
-      hooks.g_forward = [&](Tensor partial, Tensor) { return tp_group.all_reduce_async(partial, ReduceOp::Sum); };
-      hooks.g_backward = [](Tensor, Tensor) { return CommHandle(); };
-    } else {
-      hooks.f_forward = [&](Tensor local, Tensor full) { return started(tp_group.all_gather_async(local, full)); };
-      hooks.f_backward = [&](Tensor full, Tensor local) {
-        return started(tp_group.reduce_scatter_async(full, local, ReduceOp::Sum));
-      };
-      hooks.g_forward = [&](Tensor partial, Tensor local) {
-        return tp_group.reduce_scatter_async(partial, local, ReduceOp::Sum);
-      };
-      hooks.g_backward = [&](Tensor local, Tensor full) { return tp_group.all_gather_async(local, full); };
-    }
-    hooks.vocab_all_reduce = [&](Tensor values, ReduceOp op) { tp_group.all_reduce(values, op); };
-  }
+  // TP: 07's collectives in every chunk, as 09 wires them (tensor_parallel_hooks.h).
+  for (GPT2* chunk : chunks) chunk->tp_hooks = tensor_parallel_hooks(tp_group, sequence_parallel, opt.overlap);
 
   // CP: 10's ring, over this rank's heads (NH/t of them, C/t channels a head group).
   std::unique_ptr<RingAttention> ring;
@@ -476,32 +452,21 @@ int main(int argc, char** argv) {
                    "split the rows between the parallel products too (a MoE preset with --tp needs it)");
   flags.add_switch("--tp-overlap", &opt.overlap,
                    "in backward, sum the input's gradient while the weight's gradient is computed");
-  flags.add("--micro-batches", &pipe.micro_batches, "micro-batches per step in each pipeline (default: 2 x --pp)");
-  flags.add("--schedule", &pipe.schedule, "afab, 1f1b (default), interleaved, zb-h1, zb-v or dualpipev");
-  flags.add("--virtual-stages", &pipe.virtual_stages,
-            "model chunks per rank, interleaved (default 2), zb-v and dualpipev (2)");
-  flags.add("--p2p-matching", &opt.matching, "auto (default), tag (MPI: receives posted at the start) or "
-                                             "call-order (NCCL: each receive grouped with the sends before its pass)");
-  flags.add("--partition", &pipe.partition, "blocks per virtual stage, e.g. 3,3,3,3 (default: balanced by FLOPs)");
-  flags.add_switch("--zero1", &pipe.zero1, "shard the optimizer state over each stage's DP x CP group (04; dense)");
-  flags.add_switch("--zero2", &pipe.zero2, "ZeRO-2's rule: reduce-scatter every micro-batch's gradients (05; dense)");
+  add_schedule_flags(flags, &pipe, &opt.matching);  // --micro-batches, --schedule, ... (pipeline_flags.h)
   flags.add("--bucket-mb", &opt.bucket_mb, "data-parallel bucket size in MB (default: an eighth of the gradient)");
   flags.add("--tp-link-gbps", &cfg.tp_link_gbps, "the tensor-parallel group's emulated link (default: --link-gbps's)");
   flags.add("--tp-link-latency-us", &cfg.tp_link_latency_us, "its latency (default: --link-latency-us's)");
-  flags.add_refused("--grad-accum", "a pipeline's micro-batches are its accumulation; use --micro-batches");
   if (!parse_train_flags(argc, argv, "12_5d_parallel",
                          "Chapter 12: data x context x tensor x pipeline x expert parallelism on one grid.", flags,
                          &cfg)) {
     shutdown_mpi(std::move(comm));
     return 0;
   }
+  check_schedule_flags(cfg, pipe);
   if (cfg.was_given("--bucket-mb") && !(opt.bucket_mb > 0)) config_error("--bucket-mb must be > 0");
   if (opt.tp < 1) config_error("--tp must be >= 1");
   if (opt.cp < 1) config_error("--cp must be >= 1");
   if (opt.ep < 1) config_error("--ep must be >= 1");
-  if (cfg.was_given("--pp") && pipe.pp < 1) config_error("--pp must be >= 1");
-  if (cfg.was_given("--virtual-stages") && pipe.virtual_stages < 1) config_error("--virtual-stages must be >= 1");
-  if (cfg.was_given("--micro-batches") && pipe.micro_batches < 1) config_error("--micro-batches must be >= 1");
   if (!(opt.capacity_factor >= 0)) config_error("--capacity-factor must be >= 0 (0: unlimited)");
   if (!(opt.aux_loss_coef >= 0)) config_error("--aux-loss-coef must be >= 0");
   ContextSplit split;

@@ -126,3 +126,23 @@ Matching pipeline_matching(const std::string& flag, const Communicator& pipeline
   }
   return matching;
 }
+
+void add_schedule_flags(FlagParser& flags, PipelineFlags* pipe, std::string* matching) {
+  flags.add("--micro-batches", &pipe->micro_batches, "micro-batches per step in each pipeline (default: 2 x --pp)");
+  flags.add("--schedule", &pipe->schedule, "afab, 1f1b (default), interleaved, zb-h1, zb-v or dualpipev");
+  flags.add("--virtual-stages", &pipe->virtual_stages,
+            "model chunks per rank, interleaved (default 2), zb-v and dualpipev (2)");
+  flags.add("--p2p-matching", matching, "auto (default), tag (MPI: receives posted at the start) or "
+                                        "call-order (NCCL: each receive grouped with the sends before its pass)");
+  flags.add("--partition", &pipe->partition, "blocks per virtual stage, e.g. 3,3,3,3 (default: balanced by FLOPs)");
+  flags.add_switch("--zero1", &pipe->zero1, "shard the optimizer state over each stage's data-parallel group (04)");
+  flags.add_switch("--zero2", &pipe->zero2, "ZeRO-2's rule: reduce-scatter every micro-batch's gradients (05), to "
+                                           "measure what that costs a pipeline (afab, 1f1b)");
+  flags.add_refused("--grad-accum", "a pipeline's micro-batches are its accumulation; use --micro-batches");
+}
+
+void check_schedule_flags(const TrainConfig& cfg, const PipelineFlags& pipe) {
+  if (cfg.was_given("--pp") && pipe.pp < 1) config_error("--pp must be >= 1");
+  if (cfg.was_given("--virtual-stages") && pipe.virtual_stages < 1) config_error("--virtual-stages must be >= 1");
+  if (cfg.was_given("--micro-batches") && pipe.micro_batches < 1) config_error("--micro-batches must be >= 1");
+}

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "comm.h"  // Communicator::largest_tag
+#include "flags.h"  // FlagParser, TrainConfig
 #include "model_config.h"
 #include "pipeline_schedule.h"
 
@@ -50,3 +51,11 @@ std::string pipeline_tag_problem(const PipelineShape& shape, int64_t largest_tag
 // (MPI), else by call order (NCCL); refused (config_error, on every rank alike) where the flag does
 // not parse, asks for tags the communicator has not, or the schedule's tags pass its bound.
 Matching pipeline_matching(const std::string& flag, const Communicator& pipeline, const PipelineShape& shape);
+
+// The flags every pipeline chapter (08, 09, 12) takes alike, registered on `flags`: --micro-batches,
+// --schedule, --virtual-stages, --p2p-matching (into `matching`), --partition, --zero1, --zero2, and
+// --grad-accum refused (a pipeline's micro-batches are its accumulation). --pp is each chapter's own:
+// its default differs.
+void add_schedule_flags(FlagParser& flags, PipelineFlags* pipe, std::string* matching);
+// After parsing: the checks that need the flags alone (each a config_error naming its flag).
+void check_schedule_flags(const TrainConfig& cfg, const PipelineFlags& pipe);
