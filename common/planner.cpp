@@ -406,7 +406,10 @@ PlanResult evaluate_plan(const PlanInputs& in, const PlanConfig& c, bool simulat
   // Chapter 10's gradients average over DP x CP; chapter 11's experts' over the ranks holding the
   // same experts (dp / ep), the rest over every rank.
   const int group = c.dp * c.cp;
-  if (group > 1) {
+  // 12: the experts' replicas are a stage's dp x cp x tp ranks over ep (under TP with ep 1, a TP
+  // group's ranks hold the same experts and average them, with no dense replica to sum with).
+  const int expert_group = cfg.moe() ? group * c.tp / c.ep : 1;
+  if (group > 1 || expert_group > 1) {
     const ParamLayout& layout = cached_layout(cfg, group, c.tp, worst_parts, c.ep);
     double experts = 0;  // elements, held by this rank
     if (cfg.moe() && (c.ep > 1 || c.tp > 1))
@@ -415,9 +418,9 @@ PlanResult evaluate_plan(const PlanInputs& in, const PlanConfig& c, bool simulat
     const double shard_all = w * (double(layout.padded_size) - experts);
     const int collectives = layout.num_units();
     auto ring = [&](CollectiveKind kind) {
-      double ms = modelled_ms(dp_link, kind, int64_t(shard_all), group) + (collectives - 1) * modelled_ms(dp_link, kind, 0, group);
-      // (12: the experts' replicas are a stage's dp x cp x tp ranks over ep)
-      const int expert_group = group * c.tp / c.ep;
+      double ms = 0;
+      if (group > 1)
+        ms += modelled_ms(dp_link, kind, int64_t(shard_all), group) + (collectives - 1) * modelled_ms(dp_link, kind, 0, group);
       if (experts > 0 && expert_group > 1) ms += modelled_ms(dp_link, kind, int64_t(w * experts), expert_group);
       return ms / 1e3;
     };

@@ -88,7 +88,7 @@ runs=(
   "5d-tp2xcp2|4|12_5d_parallel|--tp 2 --cp 2 --micro-batches 1|--tp 2 --cp 2|fast|0"
   "5d-cp2xpp2|4|12_5d_parallel|--cp 2 --pp 2 --micro-batches 4|--cp 2 --pp 2 --micro-batches 4|fast|0"
   "5d-moe-tp2xpp2-ep2|4|12_5d_parallel|--tp 2 --pp 2 --ep 2 --sequence-parallel --micro-batches 4|--tp 2 --pp 2 --ep 2 --sequence-parallel --micro-batches 4|fast|0|moe-tiny"
-  "5d-moe-cp2xtp2xpp2-ep4|8|12_5d_parallel|--cp 2 --tp 2 --pp 2 --ep 4 --sequence-parallel --micro-batches 4|--cp 2 --tp 2 --pp 2 --ep 4 --sequence-parallel --micro-batches 4|fast|0|moe-tiny"
+  "5d-moe-cp2tp2pp2-ep4|8|12_5d_parallel|--cp 2 --tp 2 --pp 2 --ep 4 --sequence-parallel --micro-batches 4|--cp 2 --tp 2 --pp 2 --ep 4 --sequence-parallel --micro-batches 4|fast|0|moe-tiny"
 )
 
 mpirun_flags=()
