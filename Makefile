@@ -240,7 +240,7 @@ $(PLAN): $(BUILD)/09_3d_parallel/plan.o $(LIBCOMMON)
 plan: $(PLAN) ## 09's planner: best TP x CP x PP x DP (x EP) configurations, Megatron-LM's Table 1, the published runs (--published), results/plan_heatmap.png: PLAN_ARGS="--model llama3-405b --nodes 2048 --seq-len 131072 --tokens-per-batch 16777216"
 	@scripts/plan/plan.sh $(PLAN_ARGS)
 
-plan-check: $(PLAN) ## 09's planner against runs of 03-11 on this machine, calibrations between the timed rows, the load beside each, about 2 min on 2 cores: RUNS="dp2 tp2 ..." to pick
+plan-check: $(PLAN) ## 09's planner against runs of 03-12 on this machine, calibrations between the timed rows, the load beside each, about 2 min on 2 cores: RUNS="dp2 tp2 ..." to pick
 	@$(MAKE) --no-print-directory all
 	@scripts/plan/plan_check.sh
 

@@ -12,6 +12,7 @@
 #include "metrics.h"  // format_bytes
 #include "param_layout.h"
 #include "pipeline.h"  // unit_costs, balanced_partition, parts_of_rank
+#include "ring_attention.h"  // ring_buffer_bytes
 
 namespace {
 
@@ -75,29 +76,32 @@ bool flash_applies(const PlanInputs& in) {
 
 std::string invalid_reason(const PlanInputs& in, const PlanConfig& c) {
   const GPT2Config& m = in.model;
-  if ((c.cp > 1 || in.ring_attention) && (c.tp > 1 || c.pp > 1 || m.moe()))
-    return "the chapters build context parallelism with data parallelism only (10_context_parallel), dense";
-  if (c.ep > 1 && (!m.moe() || c.tp > 1 || c.pp > 1 || c.cp > 1))
-    return "the chapters build expert parallelism with data parallelism only, for a mixture of experts "
-           "(11_expert_parallel)";
-  if (m.moe() && (c.tp > 1 || c.pp > 1))
-    return "--model " + m.preset + " is a mixture of experts: the chapters run it on DP x EP grids only "
-           "(11_expert_parallel)";
-  if ((c.cp > 1 || m.moe()) && c.zero > 0)
-    return "chapters 10 and 11 average plain data-parallel gradients: ZeRO " + std::to_string(c.zero) + " is not theirs";
+  // Chapter 12 composes CP, EP, TP and PP on one grid; what it refuses, the planner refuses too.
+  if (in.ring_attention && c.cp == 1 && (c.tp > 1 || c.pp > 1 || m.moe()))
+    return "chapter 10's ring of one (--attention ring at cp 1) runs with data parallelism only, dense";
+  if (c.ep > 1 && !m.moe()) return "expert parallelism spreads a mixture of experts: --model " + m.preset + " has none";
+  if (m.moe() && c.tp > 1 && !c.sequence_parallel)
+    return "a mixture of experts under TP needs sequence parallelism (12): each TP rank routes rows of its own";
+  if (m.moe() && c.recompute == Recompute::Full) return "full recomputation would route each block twice (moe.h)";
+  if (m.moe() && c.zero > 0)
+    return "a mixture of experts averages its experts over another group than DP x CP: ZeRO " + std::to_string(c.zero) +
+           " is not the chapters'";
+  if (c.cp > 1 && c.zero > 1) return "chapter 12 shards over DP x CP with ZeRO-1 only";
   if (c.cp > 1 && (m.T % (2 * c.cp))) return "cp " + std::to_string(c.cp) + ": T does not cut into 2cp chunks (zigzag)";
-  if (c.ep > 1 && (m.experts % c.ep || c.dp % c.ep))
-    return "ep " + std::to_string(c.ep) + " must divide the experts and the ranks";
+  if (c.ep > 1 && (m.experts % c.ep || (c.dp * c.cp * c.tp) % c.ep))
+    return "ep " + std::to_string(c.ep) + " must divide the experts and a stage's dp x cp x tp ranks";
   if (c.gpus() != in.gpus) return "dp x tp x pp = " + std::to_string(c.gpus()) + ", not the " + std::to_string(in.gpus) + " GPUs";
   if (long(c.dp) * c.micro_batch * c.micro_batches != in.batch)
     return "dp x B x m = " + std::to_string(long(c.dp) * c.micro_batch * c.micro_batches) + ", not the batch " +
            std::to_string(in.batch);
+  GPT2Config held = m;  // under CP, SP splits a rank's T/cp positions
+  held.T = m.T / c.cp;
   const std::string tp_problem =
-      tensor_parallel_size_problem(m, TensorParallelism{c.tp, 0, c.sequence_parallel}, c.micro_batch);
+      tensor_parallel_size_problem(held, TensorParallelism{c.tp, 0, c.sequence_parallel}, c.micro_batch);
   if (!tp_problem.empty()) return tp_problem;
   if (c.sequence_parallel && c.tp == 1) return "sequence parallelism needs tp > 1";
   if (c.zero < 0 || c.zero > 3) return "ZeRO stage " + std::to_string(c.zero) + " (0..3)";
-  if (c.zero > 0 && c.dp == 1) return "ZeRO shards over the data-parallel group: dp = 1";
+  if (c.zero > 0 && c.dp * c.cp == 1) return "ZeRO shards over the data-parallel group (DP x CP): dp x cp = 1";
   if (c.pp > 1 && c.zero > 1) return "ZeRO-2/3 communicate every micro-batch: not with a pipeline (use ZeRO-1)";
   if (c.pp * c.virtual_stages > m.L) return "more virtual stages than blocks";
   if (c.pp > 1 && c.schedule == Schedule::ZBH1 && c.recompute == Recompute::Full)
@@ -141,6 +145,12 @@ std::vector<ModelPart> stage_parts(const GPT2Config& cfg, const PlanConfig& c, i
   }
   return parts;
 }
+
+// The rows a rank routes per micro-batch (TrainingRun::routed_tokens): its T/cp positions of B
+// sequences, and under sequence parallelism its TP rank's share of them (12).
+int64_t routed_tokens(const GPT2Config& cfg, const PlanConfig& c) {
+  return int64_t(c.micro_batch) * (cfg.T / c.cp) / (c.sequence_parallel ? c.tp : 1);
+}
 }  // namespace
 
 std::string not_runnable_here(const PlanConfig& c) {
@@ -160,20 +170,27 @@ StageMemory stage_memory(const PlanInputs& in, const PlanConfig& c, int stage) {
   const Strategy strategy = strategy_of(c.zero);
   const TensorParallelism tp{c.tp, 0, c.sequence_parallel};
   StageMemory sm;
-  // As TrainingRun::check_memory forecasts it: under CP the model holds T/cp positions, keeps a
-  // log-sum-exp per query, and the ring adds its blocks (context_parallel_activation_bytes); a mixture
-  // of experts adds its routed rows at the bound (the routing is not known before the step) and, under
-  // EP, the exchange's buffers at the same bound.
+  // As TrainingRun::check_memory forecasts it: under CP the model holds T/cp positions and keeps a
+  // log-sum-exp per query, and the ring adds its blocks of this rank's NH/t heads (ring_buffer_bytes);
+  // a mixture of experts adds the routers' buffers per slot and block and its experts' rows replayed
+  // in the schedule's order, at the bound (the routing is not known before the step), and the
+  // exchange's buffers at the same bound (chapter 11 and 12, even at ep 1).
   GPT2Config held = cfg;
   const bool ring = c.cp > 1 || in.ring_attention;
   if (ring) held.T = cfg.T / c.cp;
+  const PipelineParallelism pp{c.pp, stage, parts, false, {}};
   sm.memory = forecast_memory(strategy, layout, held, c.micro_batch, c.micro_batches, in.cluster.dtype, in.cluster.device,
-                              flash || ring, false, in.data_bytes, tp, PipelineParallelism{c.pp, stage, parts, false, {}});
-  if (ring) sm.memory.activations = context_parallel_activation_bytes(cfg, c.micro_batch, c.cp);
+                              flash || ring, false, in.data_bytes, tp, pp);
+  if (ring) sm.memory.activations += ring_buffer_bytes(c.cp, c.micro_batch, held.T, cfg.C / c.tp, cfg.NH / c.tp);
   if (cfg.moe()) {
-    const std::vector<int64_t> rows(size_t(cfg.L), moe_expert_rows_at_most(cfg, c.micro_batch, c.ep, c.dp));
-    sm.memory.activations += moe_activation_bytes(cfg, c.micro_batch, rows);
-    sm.memory.transient += moe_exchange_buffer_bytes(cfg, rows);  // (chapter 11, even at ep 1)
+    const int64_t tokens = routed_tokens(cfg, c);
+    const int64_t most = moe_expert_rows_at_most_of(cfg, tokens, c.ep, c.dp * c.cp * c.tp);
+    const std::vector<Action> actions =
+        c.pp > 1 ? build_schedule(c.schedule, PipelineShape{c.pp, c.micro_batches, c.virtual_stages, placement_of(c.schedule)}, stage)
+                 : std::vector<Action>{};
+    const std::vector<std::vector<int64_t>> rows(size_t(c.micro_batches), std::vector<int64_t>(size_t(cfg.L), most));
+    sm.memory.activations += moe_schedule_activation_bytes(cfg, tokens, parts, actions, rows);
+    sm.memory.transient += moe_exchange_buffer_bytes(cfg, std::vector<int64_t>(size_t(cfg.L), most));
   }
   const Prediction pr = predict(strategy, layout, c.micro_batches, in.cluster.dtype);
   const double padding = double(layout.padded_size) / double(layout.num_params);
@@ -260,25 +277,45 @@ PlanResult evaluate_plan(const PlanInputs& in, const PlanConfig& c, bool simulat
   // share of them) and the router's product, at balanced routing.
   const double routed_share = cfg.capacity_factor > 0 ? std::min(1.0, cfg.capacity_factor) : 1.0;
   const double moe_extra = cfg.moe() ? (routed_share * cfg.top_k - 1) * 16.0 * cfg.C * cfg.C + 2.0 * cfg.C * cfg.experts : 0.0;
-  const std::vector<int64_t> balanced_rows(size_t(cfg.L), cfg.moe() ? int64_t(routed_share * moe_expert_rows_balanced(cfg, B)) : 0);
-  double cp_per_micro = 0, ep_per_micro = 0;
+  // The rows a rank's experts run per block at balanced routing: the rows it routes, k each (12: B
+  // T/cp, and under SP a TP rank's share of them).
+  const int64_t routed = cfg.moe() ? routed_tokens(cfg, c) : 0;
+  const std::vector<int64_t> balanced_rows(size_t(cfg.L), int64_t(routed_share * double(routed) * cfg.top_k));
+  // Under CP, the model runs on T/cp positions (and TP's collectives carry those: 12).
+  GPT2Config held = cfg, held_kept = kept_all;
+  const bool ring = c.cp > 1 || in.ring_attention;
+  if (ring) held.T = held_kept.T = cfg.T / c.cp;
+  double cp_per_block = 0, ep_per_block = 0;  // per micro-batch
   if (c.cp > 1) {
-    // Chapter 10's ring, per block: cp - 1 hops of a K and V block forward, each hidden behind the
-    // attention on the block before; backward the blocks again with their gradients.
-    const double hop = modelled_ms(link_for(k, c.cp), CollectiveKind::SendRecv, int64_t(2 * stream_bytes), 2) / 1e3;
-    const double per_block = tokens * attention_flops_per_token(cfg) / 2 / rate / c.cp;
-    cp_per_micro = cfg.L * (c.cp - 1) * (std::max(0.0, hop - per_block) + std::max(0.0, 2 * hop - 2 * per_block));
+    // Chapter 10's ring, per block: cp - 1 hops of a K and V block (this rank's NH/t heads under TP,
+    // 12) forward, each hidden behind the attention on the block before; backward the blocks again
+    // with their gradients.
+    const double hop = modelled_ms(link_for(k, c.cp), CollectiveKind::SendRecv, int64_t(2 * stream_bytes / c.tp), 2) / 1e3;
+    const double per_block = tokens * attention_flops_per_token(cfg) / 2 / rate / c.cp / c.tp;
+    cp_per_block = (c.cp - 1) * (std::max(0.0, hop - per_block) + std::max(0.0, 2 * hop - 2 * per_block));
   }
   if (cfg.moe() && c.ep > 1) {
     // Chapter 11, per block: the routing counts, then the rows out and back, forward and backward.
     const LinkModel& ep_link = link_for(k, c.ep);
     const double rows = double(balanced_rows[0]) * cfg.C * w;
-    ep_per_micro = cfg.L * (4 * modelled_ms(ep_link, CollectiveKind::AllToAll, int64_t(rows), c.ep) +
-                            modelled_ms(ep_link, CollectiveKind::AllToAll, int64_t(4 * cfg.experts), c.ep)) / 1e3;
+    ep_per_block = (4 * modelled_ms(ep_link, CollectiveKind::AllToAll, int64_t(rows), c.ep) +
+                    modelled_ms(ep_link, CollectiveKind::AllToAll, int64_t(4 * cfg.experts), c.ep)) / 1e3;
   }
+  // A pass's activation bytes (the elementwise work's measure): the arena of its part, on T/cp
+  // positions with the ring's blocks under CP, and a mixture of experts' routers and rows.
+  auto pass_bytes = [&](const GPT2Config& g, const ModelPart& one) {
+    double bytes = ring ? activation_bytes(g, B, dtype, true, tp, one) +
+                              ring_buffer_bytes(c.cp, B, g.T, cfg.C / c.tp, cfg.NH / c.tp)
+                        : activation_bytes(g, B, dtype, cfg.flash_attention, tp, one);
+    if (cfg.moe())
+      bytes += moe_schedule_activation_bytes(cfg, routed, p == 1 ? std::vector<ModelPart>{} : std::vector<ModelPart>{one},
+                                             {}, {balanced_rows});
+    return bytes;
+  };
   ActionCosts costs;
-  double slowest_compute = 0, slowest_tp = 0;  // per micro-batch, summed over a rank's chunks
-  std::vector<double> rank_compute(p, 0), rank_tp(p, 0);
+  // per micro-batch, summed over a rank's chunks
+  double slowest_compute = 0, slowest_tp = 0, slowest_cp = 0, slowest_ep = 0;
+  std::vector<double> rank_compute(p, 0), rank_tp(p, 0), rank_cp(p, 0), rank_ep(p, 0);
   // The simulator needs every virtual stage's costs; the estimate only the slowest rank's, which is
   // one of those whose memory was forecast (the most blocks, or the head's): the same ranks.
   const std::vector<int>& timed = ranks;
@@ -286,29 +323,30 @@ PlanResult evaluate_plan(const PlanInputs& in, const PlanConfig& c, bool simulat
     const std::vector<ModelPart> parts = p == 1 ? std::vector<ModelPart>{ModelPart{}} : parts_of(rank);
     for (size_t ch = 0; ch < parts.size(); ch++) {
       const ModelPart& part = parts[ch];
+      const int blocks = std::min(part.last(cfg), cfg.L) - (std::max(part.first_unit, 1) - 1);
       double forward_flops = 0, recompute_flops = recompute_flops_per_token(cfg, tp, part);
       for (int u = part.first_unit; u <= part.last(cfg); u++) forward_flops += unit_cost[u] + (u >= 1 && u <= cfg.L ? moe_extra : 0);
       double elementwise = 0, recompute_elementwise = 0;  // seconds per micro-batch
       if (elementwise_apart) {
-        const int blocks = std::min(part.last(cfg), cfg.L) - (std::max(part.first_unit, 1) - 1);
         forward_flops -= blocks * attention_flops_per_token(cfg);
         if (cfg.recompute != Recompute::None) recompute_flops -= blocks * attention_flops_per_token(cfg) / c.tp;
         ModelPart one = part;
         one.slots = 1;
-        double bytes = c.cp > 1 || in.ring_attention ? context_parallel_activation_bytes(kept_all, B, c.cp)
-                                : activation_bytes(kept_all, B, dtype, cfg.flash_attention, tp, one);
-        if (cfg.moe()) bytes += moe_activation_bytes(cfg, B, balanced_rows);
+        const double bytes = pass_bytes(held_kept, one);
         elementwise = bytes / k.elementwise_rate;
-        recompute_elementwise =
-            (bytes - activation_bytes(cfg, B, dtype, cfg.flash_attention, tp, one)) / k.elementwise_rate / 3;
+        recompute_elementwise = (bytes - pass_bytes(held, one)) / k.elementwise_rate / 3;
       }
       const double forward = tokens * forward_flops / c.tp / rate + elementwise / 3;
       const double recompute = tokens * recompute_flops / rate + recompute_elementwise;
       const TensorParallelPrediction tpp =
-          predict_tensor_parallel(cfg, B, tp, dtype, p == 1 ? std::vector<ModelPart>{} : std::vector<ModelPart>{part});
+          predict_tensor_parallel(held, B, tp, dtype, p == 1 ? std::vector<ModelPart>{} : std::vector<ModelPart>{part});
       const double tp_time = tensor_parallel_seconds(tpp, tp_link, stream_bytes, tokens * 4, c.tp);
+      // The ring's and the experts' exchanges of this part's blocks: the ring's hops a third forward,
+      // two backward; the all-to-alls half and half.
+      const double cp_time = blocks * cp_per_block, ep_time = blocks * ep_per_block;
       const double work = 3 * forward + recompute;
-      const double f = forward + tp_time * forward / work, b = 2 * forward + recompute + tp_time * (work - forward) / work;
+      const double f = forward + tp_time * forward / work + cp_time / 3 + ep_time / 2,
+                   b = 2 * forward + recompute + tp_time * (work - forward) / work + 2 * cp_time / 3 + ep_time / 2;
       if (p > 1) {
         const int s = virtual_stage(shape, rank, int(ch));
         if (costs.forward.empty()) costs.forward.assign(p * v, 0), costs.backward.assign(p * v, 0), costs.weight.assign(p * v, 0);
@@ -318,18 +356,19 @@ PlanResult evaluate_plan(const PlanInputs& in, const PlanConfig& c, bool simulat
           costs.forward[s] = f, costs.backward[s] = b;
         }
       }
-      rank_compute[rank] += work, rank_tp[rank] += tp_time;
+      rank_compute[rank] += work, rank_tp[rank] += tp_time, rank_cp[rank] += cp_time, rank_ep[rank] += ep_time;
     }
-    if (rank_compute[rank] + rank_tp[rank] > slowest_compute + slowest_tp)
-      slowest_compute = rank_compute[rank], slowest_tp = rank_tp[rank];
+    if (rank_compute[rank] + rank_tp[rank] + rank_cp[rank] + rank_ep[rank] >
+        slowest_compute + slowest_tp + slowest_cp + slowest_ep)
+      slowest_compute = rank_compute[rank], slowest_tp = rank_tp[rank], slowest_cp = rank_cp[rank], slowest_ep = rank_ep[rank];
   }
   r.compute_s = m * slowest_compute;
   r.tp_s = m * slowest_tp;
-  r.cp_s = m * cp_per_micro, r.ep_s = m * ep_per_micro;
+  r.cp_s = m * slowest_cp, r.ep_s = m * slowest_ep;
   // Under sequence parallelism the gradients of the parameters every TP rank holds whole are summed
   // once a step.
   if (c.sequence_parallel) {
-    const TensorParallelPrediction tpp = predict_tensor_parallel(cfg, B, tp, dtype, worst_parts);
+    const TensorParallelPrediction tpp = predict_tensor_parallel(held, B, tp, dtype, worst_parts);
     const double payload = tpp.partial_grad_bytes * c.tp / (2.0 * (c.tp - 1));  // bytes sent -> payload
     r.tp_s += (modelled_ms(tp_link, CollectiveKind::AllReduce, int64_t(payload), c.tp) +
                (tpp.partial_grad_all_reduces - 1) * modelled_ms(tp_link, CollectiveKind::AllReduce, 0, c.tp)) / 1e3;
@@ -367,21 +406,26 @@ PlanResult evaluate_plan(const PlanInputs& in, const PlanConfig& c, bool simulat
   // Chapter 10's gradients average over DP x CP; chapter 11's experts' over the ranks holding the
   // same experts (dp / ep), the rest over every rank.
   const int group = c.dp * c.cp;
-  if (group > 1) {
+  // 12: the experts' replicas are a stage's dp x cp x tp ranks over ep (under TP with ep 1, a TP
+  // group's ranks hold the same experts and average them, with no dense replica to sum with).
+  const int expert_group = cfg.moe() ? group * c.tp / c.ep : 1;
+  if (group > 1 || expert_group > 1) {
     const ParamLayout& layout = cached_layout(cfg, group, c.tp, worst_parts, c.ep);
     double experts = 0;  // elements, held by this rank
-    if (c.ep > 1)
+    if (cfg.moe() && (c.ep > 1 || c.tp > 1))
       for (const ParamInfo& q : layout.params)
         if (q.held() && q.expert >= 0) experts += double(q.size);
     const double shard_all = w * (double(layout.padded_size) - experts);
     const int collectives = layout.num_units();
     auto ring = [&](CollectiveKind kind) {
-      double ms = modelled_ms(dp_link, kind, int64_t(shard_all), group) + (collectives - 1) * modelled_ms(dp_link, kind, 0, group);
-      if (experts > 0 && group / c.ep > 1) ms += modelled_ms(dp_link, kind, int64_t(w * experts), group / c.ep);
+      double ms = 0;
+      if (group > 1)
+        ms += modelled_ms(dp_link, kind, int64_t(shard_all), group) + (collectives - 1) * modelled_ms(dp_link, kind, 0, group);
+      if (experts > 0 && expert_group > 1) ms += modelled_ms(dp_link, kind, int64_t(w * experts), expert_group);
       return ms / 1e3;
     };
     const double hidden = in.dp_overlap ? 1 : 0;
-    const double micro_busy = slowest_compute + slowest_tp + cp_per_micro + ep_per_micro;
+    const double micro_busy = slowest_compute + slowest_tp + slowest_cp + slowest_ep;
     const double last_backward = hidden * micro_busy * 2 / 3;
     const double per_micro = hidden * micro_busy;
     switch (c.zero) {

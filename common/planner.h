@@ -5,8 +5,8 @@
 // search_plans().
 //
 // Two sources of numbers, one per kind of model. A model the chapters build (their presets, GPT-2 XL,
-// Megatron-LM's Table 1), in the grids they build it (DP x TP x PP, 07-09; DP x CP, 10; DP x EP, 11),
-// is predicted with the chapters' own functions: memory is forecast_memory() of theory.h on the layout
+// Megatron-LM's Table 1), in the grids they build it (DP x TP x PP, 07-09; DP x CP, 10; DP x EP, 11;
+// any DP x CP x TP x PP x EP, 12), is predicted with the chapters' own functions: memory is forecast_memory() of theory.h on the layout
 // and model parts the trainers build (param_layout.h, pipeline.h), compute is the FLOPs of pipeline.h's
 // unit_costs() at a fraction of peak (the one named constant, `efficiency`; on a CPU cluster also the
 // activation bytes of activation_bytes() at Cluster::elementwise_rate), communication is the emulated

@@ -1,6 +1,7 @@
 // test_planner.cpp: chapter 09's planner (common/planner.h, plan_record.h). Its memory per GPU is
 // what the trainers forecast for the same configuration (built here as 01-08 build it: their layout,
-// their model parts, their activation slots counted from the schedule's own lists); its step time is
+// their model parts, their activation slots counted from the schedule's own lists; chapter 12's grids
+// against 12's own runs); its step time is
 // the sum of its parts and the pipeline's is the simulator's; the search keeps only what fits; and it
 // predicts Megatron-LM's Table 1 within 15% from one calibrated constant. The plan binary refuses
 // every flag it cannot honour, with a sentence, and its header and tables say what it computed.
@@ -333,25 +334,72 @@ TEST(Planner, PredictsMegatronTable1WithinFifteenPercentFromOneRow) {
               rows[calibration].tflops_per_gpu, 0.5);
 }
 
-// A mixture-of-experts preset runs in chapter 11's grid (DP x EP) only: a pipeline of it is refused
-// with a sentence, even after its dense twin (tiny: the same L, C, NH, T and V) filled the layout
-// cache, which once keyed them alike (the plan binary stopped at an internal check of
-// param_layout.cpp); the search finds it an expert-parallel grid.
-TEST(Planner, AMixtureOfExpertsOutsideChapter11sGridIsRefusedNotAnInternalError) {
+// A mixture-of-experts preset in a pipeline (chapter 12's grid) is predicted, not refused, and not
+// as its dense twin (tiny: the same L, C, NH, T and V), whose layout once filled the cache under the
+// same key (the plan binary stopped at an internal check of param_layout.cpp). Under TP it needs
+// sequence parallelism, as 12 does; the search still finds it an expert-parallel grid.
+TEST(Planner, AMixtureOfExpertsIsPlannedOnChapter12sGridsNotAsItsDenseTwin) {
   const PlanInputs tiny = cpu_inputs("tiny", 2, 8);
   const PlanConfig c = config(1, 1, 2, Schedule::OneFOneB, 1, 2, 4, 0, Recompute::None, false);
-  ASSERT_EQ(evaluate_plan(tiny, c).invalid, "");
+  const PlanResult dense = evaluate_plan(tiny, c);
+  ASSERT_EQ(dense.invalid, "");
   const PlanInputs moe = cpu_inputs("moe-tiny", 2, 8);
-  EXPECT_NE(evaluate_plan(moe, c).invalid.find("is a mixture of experts"), std::string::npos);
+  const PlanResult experts = evaluate_plan(moe, c);
+  ASSERT_EQ(experts.invalid, "");
+  EXPECT_GT(experts.params_bytes, dense.params_bytes);
+  EXPECT_NE(evaluate_plan(moe, config(1, 2, 1, Schedule::OneFOneB, 1, 8, 1, 0, Recompute::None, false)).invalid.find(
+                "needs sequence parallelism"),
+            std::string::npos);
   RunResult r = run_command("./09_3d_parallel/plan --one --model moe-tiny --cluster emulated --gpus 2 --batch 8 --pp 2 "
                             "--micro-batches 4",
                             60);
-  EXPECT_NE(r.exit_code, 0) << r.output;
-  EXPECT_NE(r.output.find("is a mixture of experts"), std::string::npos) << r.output;
+  EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_EQ(r.output.find("internal error"), std::string::npos) << r.output;
   r = run_command("./09_3d_parallel/plan --model moe-tiny --cluster emulated --gpus 4 --batch 8 --top 3", 60);
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_TRUE(std::regex_search(r.output, std::regex("\\n1 +dp 4 tp 1 pp 1 ep [24] "))) << r.output;
+}
+
+// Chapter 12's grids: the planner's memory of rank 0 is what 12_5d_parallel's own run forecasts
+// (TrainingRun::check_memory: T/cp positions under TP and a pipeline, the ring's blocks of NH/t heads,
+// a mixture of experts' routers and rows replayed over the schedule at the bound, the exchange's
+// buffers), and the model state is what it allocates. The trainer runs two steps on 4 ranks.
+TEST(Planner, Chapter12sGridsAreForecastAsItsTrainerForecastsThem) {
+  struct Case {
+    const char* preset;
+    const char* flags;
+    PlanConfig c;
+  };
+  PlanConfig tp_cp = config(1, 2, 1, Schedule::OneFOneB, 1, 8, 1, 0, Recompute::None, false);
+  tp_cp.cp = 2;
+  PlanConfig cp_pp = config(1, 1, 2, Schedule::OneFOneB, 1, 2, 4, 0, Recompute::None, false);
+  cp_pp.cp = 2;
+  PlanConfig moe = config(1, 2, 2, Schedule::OneFOneB, 1, 2, 4, 0, Recompute::None, true);
+  moe.ep = 2;
+  const Case cases[] = {
+      {"tiny", "--tp 2 --cp 2 --micro-batches 1", tp_cp},
+      {"tiny", "--cp 2 --pp 2 --micro-batches 4", cp_pp},
+      {"moe-tiny", "--tp 2 --pp 2 --ep 2 --sequence-parallel --micro-batches 4", moe},
+  };
+  for (const Case& k : cases) {
+    SCOPED_TRACE(std::string(k.preset) + " " + k.flags);
+    const std::string json = temp_dir() + "/12.jsonl";
+    const RunResult run = run_trainer("12_5d_parallel", 4,
+                                      std::string("--preset ") + k.preset + " --batch 8 --steps 2 --json " + json + " " + k.flags);
+    ASSERT_EQ(run.exit_code, 0) << run.output;
+    const std::string record = read_record(json, "run"), theory = read_record(json, "theory");
+    ASSERT_NE(record, "");
+    ASSERT_NE(theory, "");
+    PlanInputs in = cpu_inputs(k.preset, 4, 8);
+    const PlanResult r = evaluate_plan(in, k.c);
+    ASSERT_EQ(r.invalid, "");
+    const StageMemory first = stage_memory(in, k.c, 0);  // world rank 0's stage
+    EXPECT_DOUBLE_EQ(first.memory.activations, number_field(record, "forecast_activations_bytes"));
+    EXPECT_DOUBLE_EQ(first.memory.transient, number_field(record, "forecast_transient_bytes"));
+    EXPECT_DOUBLE_EQ(first.params_bytes, number_field(theory, "measured_params_bytes"));
+    EXPECT_DOUBLE_EQ(first.grads_bytes, number_field(theory, "measured_grads_bytes"));
+    EXPECT_DOUBLE_EQ(first.optim_bytes, number_field(theory, "measured_optim_bytes"));
+  }
 }
 
 // Each flag the planner is given is honoured or refused: a zero or a negative never falls back to

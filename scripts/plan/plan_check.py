@@ -2,8 +2,8 @@
 """plan_check.py OUT PRESET PLAN: the table of `make plan-check` (scripts/plan/plan_check.sh runs the chapters
 and the calibrations and lists them in OUT/rows.tsv). For every row, the planner's prediction of the
 same configuration (PLAN --one on the emulated cluster) beside the run's records: memory per rank by
-category, exact (chapter 11's activations, set by its routing, within the planner's bound), the
-communication buffers within the bound, and at 2 ranks the median step within 20%, predicted with the
+category, exact (a mixture of experts' activations, 11's and 12's, set by the routing, within the
+planner's bound), the communication buffers within the bound, and at 2 ranks the median step within 20%, predicted with the
 calibrations run just before and just after the row (their mean rates). Exit 1 when memory is not
 exact; the times are printed, with the machine's load beside them."""
 import json
@@ -91,7 +91,7 @@ def main(out, preset, plan):
         before, after = cals[int(cal)], cals.get(int(cal) + 1, cals[int(cal)])
         peak, elementwise = (before[0] + after[0]) / 2, (before[1] + after[1]) / 2
         p = predict(plan, model, int(ranks), gbps, latency, flags, peak, elementwise)[0]  # stage 0: world rank 0's
-        routed = model.startswith("moe")  # chapter 11: the activations are the routing's, the plan their bound
+        routed = model.startswith("moe")  # 11, 12: the activations are the routing's, the plan their bound
         cells, exact = [], True
         for cat, pk, mk in cats:
             meas, pred = t[mk], p[pk]
@@ -115,8 +115,8 @@ def main(out, preset, plan):
                 meas_ms, pred_ms, 100 * err, cal, int(cal) + 1, p["compute_s"] * 1e3, p["tp_s"] * 1e3,
                 p.get("cp_s", 0) * 1e3, p["pp_s"] * 1e3, p["dp_s"] * 1e3, p.get("ep_s", 0) * 1e3, p["bubble_s"] * 1e3)
         print(row)
-    print("(memory in kB, rank 0, by category: measured/planned, '!' where they differ; '<': chapter 11's activations, "
-          "set by its routing, against the planner's bound; buffers: the measured peak of the communication buffers "
+    print("(memory in kB, rank 0, by category: measured/planned, '!' where they differ; '<': a mixture of experts' activations "
+          "(11, 12), set by the routing, against the planner's bound; buffers: the measured peak of the communication buffers "
           "and the planner's bound; load: the 1-minute load average at the row's start and end)")
     print("memory exact (and within the bounds) in %d of %d runs; step time within 20%% in %d of %d timed runs "
           "at 2 ranks" % (memory_ok, memory_rows, time_ok, time_rows))

@@ -1,20 +1,21 @@
 #!/usr/bin/env bash
 # plan_check.sh: `make plan-check`. Chapter 09's planner (09_3d_parallel/plan --one) against runs of the
-# chapters on this machine: for each configuration below, the chapter trains a few steps (--json) and
-# the planner predicts the same configuration on the "emulated" cluster (CPU ranks, fp32, the same
+# chapters (03-12) on this machine: for each configuration below, the chapter trains a few steps (--json)
+# and the planner predicts the same configuration on the "emulated" cluster (CPU ranks, fp32, the same
 # emulated link). Printed side by side (scripts/plan/plan_check.py reads the records):
 #   memory per rank (rank 0), by category: parameters, gradients, optimizer state, activations must be
 #   exact (both include the padding of the flat buffers); communication buffers are an upper bound.
-#   Chapter 11's activations are set by the routing, which no forecast knows: there they too are the
-#   bound that chapter 11 itself forecasts (its capacity, or every token at this rank's experts).
+#   A mixture of experts' activations (11, 12) are set by the routing, which no forecast knows: there
+#   they too are the bound that the chapter itself forecasts (its capacity, or every token at this
+#   rank's experts).
 #   step time, at 2 ranks: the prediction within 20% of the measured step (the run's median step). The
 #   planner's compute speed comes from calibration runs on 2 ranks without a link, each the row's own
 #   kernels with its new dimension at 1: 01_vanilla_dp for 03-09's rows, 10 at --cp 1 (its blockwise
 #   ring kernel, a ring of one) for the CP rows, 11 at --ep 1 (its experts, routed on one rank) for the
-#   EP rows. A calibration gives two rates: the matrix products' FLOPs over the time the run spent in
-#   them (its step records' matmul_ms), with efficiency 1; and the activation bytes of a step over the
-#   rest of the step (layernorms, GELU, attention, the loss, the optimizer), the planner's
-#   --elementwise-rate. The calibrations alternate with the timed rows, as `make compare` alternates its
+#   EP rows and 12's MoE rows. A calibration gives two rates: the matrix products' FLOPs over the time
+#   the run spent in them (its step records' matmul_ms), with efficiency 1; and the activation bytes
+#   of a step over the rest of the step (layernorms, GELU, attention, the loss, the optimizer), the
+#   planner's --elementwise-rate. The calibrations alternate with the timed rows, as `make compare` alternates its
 #   chapters: one runs before a timed row (unless the one just run is of its kind) and one after it,
 #   and the row is predicted with the mean of the two around it, so that both sides see the same
 #   machine when the load beside them changes. The load average (1 minute) at each row's start and end
@@ -79,9 +80,15 @@ runs=(
   "dp2xep2|4|11_expert_parallel|--ep 2|--ep 2|fast|0|moe-small"
   "ep4|4|11_expert_parallel|--ep 4|--ep 4|fast|0|moe-small"
   "ep8|8|11_expert_parallel|--ep 8 --capacity-factor 1.25|--ep 8 --capacity-factor 1.25|fast|0|moe-small"
-  # Chapter 12 (the composed grid, TP x CP x PP x DP x EP) is being written beside this: its rows go
-  # here, in this format, once its trainer exists (the planner's --one already takes --tp, --cp, --pp and
-  # --ep together for a published shape; for the chapters' models it takes the grids 07-11 build).
+  # Chapter 12: the composed grid (DP x CP x TP x PP x EP). Its own at 2 ranks: a mixture of experts in
+  # a pipeline or under TP (08 and 07 refuse experts, 11 splits nothing else); at 4 and 8 ranks the
+  # compositions, dense and MoE. --micro-batches always (12's default is 2 x --pp, even at --pp 1).
+  "5d-moe-pp2|2|12_5d_parallel|--pp 2 --micro-batches 4|--pp 2 --micro-batches 4|fast|1|moe-small|11"
+  "5d-moe-tp2-sp|2|12_5d_parallel|--tp 2 --sequence-parallel --micro-batches 1|--tp 2 --sequence-parallel|fast|1|moe-small|11"
+  "5d-tp2xcp2|4|12_5d_parallel|--tp 2 --cp 2 --micro-batches 1|--tp 2 --cp 2|fast|0"
+  "5d-cp2xpp2|4|12_5d_parallel|--cp 2 --pp 2 --micro-batches 4|--cp 2 --pp 2 --micro-batches 4|fast|0"
+  "5d-moe-tp2xpp2-ep2|4|12_5d_parallel|--tp 2 --pp 2 --ep 2 --sequence-parallel --micro-batches 4|--tp 2 --pp 2 --ep 2 --sequence-parallel --micro-batches 4|fast|0|moe-tiny"
+  "5d-moe-cp2tp2pp2-ep4|8|12_5d_parallel|--cp 2 --tp 2 --pp 2 --ep 4 --sequence-parallel --micro-batches 4|--cp 2 --tp 2 --pp 2 --ep 4 --sequence-parallel --micro-batches 4|fast|0|moe-tiny"
 )
 
 mpirun_flags=()
