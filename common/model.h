@@ -159,34 +159,72 @@ class GPT2 {
   // the very same model.
   static void init_weights(const ParamLayout& layout, uint64_t seed, float* params);
 
-  struct Layer;        // defined in model.cpp: one block's activations
+  struct Layer;        // defined in model_internal.h: one block's activations
   struct Slot;         // one micro-batch's activations for the part
   struct Activations;  // the arena: the slots and the backward's scratch
 
  private:
   Tensor param(int p) const;  // view of params[p] at its bound location
   Tensor grad(int p) const;
+
+  // model_activations.cpp: where things are in the arena.
   Layer& layer(Slot& s, int l);     // block l's activations in slot s
   int slot_of(const Slot& s) const;  // its index
-  MoELayer& moe_layer(const Slot& s, int l);  // block l's router in slot s (a MoE model)
   void* stream_into(Slot& s, int l);  // the residual stream entering block l
-  void embed_forward(Slot& s);
-  // Block l's forward into the tensors of x (its kept ones, or recomputation's workspace); a replay
-  // (full recomputation, in backward) stops once it has made what the backward reads.
+
+  // model_block.cpp: a block's steps. The forward writes into the tensors of x (its kept ones, or
+  // recomputation's workspace); a replay (full recomputation, in backward) stops once it has made
+  // what the backward reads.
   void block_forward(Slot& s, int l, const Layer& x, bool replay);
+  void block_backward(Slot& s, int l);
+
+  // model_ends.cpp: the embedding, and the head (final layernorm, tied LM head, cross-entropy).
+  void embed_forward(Slot& s);
   float head_forward(Slot& s);
   void head_backward(Slot& s, float loss_weight);
-  void block_backward(Slot& s, int l);
   void embed_backward(Slot& s);
+
+  // model_tensor_parallel.cpp: the products, with the collectives f and g of tensor parallelism
+  // around them (none on one rank), and the vocabulary-parallel embedding and loss.
+  // out = f(inp_local) W + b: under sequence parallelism the input is gathered to all rows first.
+  void column_parallel_forward(Slot& s, Tensor out, void* inp_local, int weight, int bias);
+  // out_local = g(inp W) + b: the partial sums reduced over the group, then the bias added once.
+  void row_parallel_forward(Slot& s, void* out_local, Tensor inp, int weight, int bias);
   // A column-parallel layer's backward: the input's gradient (summed over the group by f), then the
   // weight's while that travels; `inp_local` is the layer's input as this rank keeps it (re-gathered
-  // under sequence parallelism). Accumulates into dinp_local.
+  // under sequence parallelism). Overwrites dinp_local.
   void column_parallel_backward(Slot& s, Tensor dinp_local, int weight, int bias, Tensor dout, Tensor inp_local,
                                 void* kept);
-  // A product's weight (and bias) gradient from its output's gradient and its input: now, or under
-  // split_backward kept for backward_weights() (`kept`: where the output's gradient is kept).
-  // `inp_local`: under split_backward and sequence parallelism, the rows of `inp` this rank keeps,
-  // gathered into `inp` only when the weight's gradient is computed.
+  // A row-parallel layer's backward, from its output's gradient, the residual stream's (dresidual).
+  // Overwrites dinp_full with its input's gradient.
+  void row_parallel_backward(Slot& s, Tensor dinp_full, int weight, int bias, Tensor inp_full, void* kept);
+  void vocab_parallel_embedding_forward(Slot& s);   // this rank's V/t rows of wte, summed by g
+  void vocab_parallel_embedding_backward(Slot& s);
+  float vocab_parallel_head(Slot& s);               // logits of V/t tokens a rank; the mean loss
+
+  // model_context_parallel.cpp: attention, the one op that mixes positions (on this rank, or around
+  // the ring of context parallelism), and the position embeddings at the rank's absolute positions.
+  void self_attention_forward(Slot& s, const Layer& x);
+  // dqkv (overwritten) from atty's gradient in the scratch datty; `att`: the softmax to read.
+  void self_attention_backward(Slot& s, const Layer& x, void* dqkv, void* att);
+  void position_embedding_forward(Slot& s);
+  void position_embedding_backward(Slot& s);
+
+  // model_experts.cpp: a MoE model's MLP step, a router per block and slot.
+  void init_experts(int max_B);
+  MoELayer& moe_layer(const Slot& s, int l);  // block l's router in slot s
+  void moe_mlp_forward(Slot& s, int l, const Layer& x);
+  void moe_mlp_backward(Slot& s, int l, const Layer& x);  // into the scratch dln
+
+  // model_recompute.cpp: what a block's forward writes and its backward reads under recomputation.
+  Layer forward_layer(Slot& s, int l);
+  const Layer& backward_layer(Slot& s, int l);   // full recomputation: the block replayed first
+  void* recompute_attention(Slot& s, int l, const Layer& x);  // the softmax to read (selective: again)
+
+  // model_split_backward.cpp: a product's weight (and bias) gradient from its output's gradient and
+  // its input: now, or under split_backward kept for backward_weights() (`kept`: where the output's
+  // gradient is kept). `inp_local`: under split_backward and sequence parallelism, the rows of `inp`
+  // this rank keeps, gathered into `inp` only when the weight's gradient is computed.
   void weight_gradient(Slot& s, int weight, int bias, Tensor dout, Tensor inp, void* kept,
                        Tensor inp_local = Tensor());
 

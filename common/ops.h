@@ -1,6 +1,6 @@
 // ops.h: every op of GPT-2, forward and backward, behind one call per op.
 // Each call looks at its tensors' device and runs the CPU implementation (ops_cpu.cpp) or, when
-// built with CUDA, the CUDA one. The model (model.cpp) is written only against these calls.
+// built with CUDA, the CUDA one. The model (model*.cpp) is written only against these calls.
 //
 // Shapes use the project's short names: B batch, T sequence, C channels, NH heads, V vocabulary,
 // OC output channels. N = B*T when a tensor is seen as rows.

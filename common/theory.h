@@ -27,7 +27,7 @@ struct Prediction {
 // is the parameters' (F32, or BF16 for mixed precision).
 Prediction predict(Strategy strategy, const ParamLayout& layout, int grad_accum, DType dtype = DType::F32);
 
-// The bytes of the model's activation arena (model.cpp) for micro-batches of B sequences: every
+// The bytes of the model's activation arena (model_activations.cpp) for micro-batches of B sequences: every
 // tensor the backward reads, per block and at the ends, plus the backward's scratch (docs/theory.md,
 // "Activation memory"), on one rank of a tensor-parallel group `tp` (with or without sequence
 // parallelism), for the units of `part` and its slots (a pipeline stage, chapter 08; the default:

@@ -94,7 +94,7 @@ except ImportError:
     torch = None
 
 
-# ---- the model: GPT-2 exactly as common/model.cpp computes it --------------------------------------
+# ---- the model: GPT-2 exactly as common/model*.cpp compute it -------------------------------------
 
 if torch is not None:
 
