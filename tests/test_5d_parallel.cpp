@@ -133,8 +133,8 @@ std::vector<FiveDCase> dense_cases() {
 
 std::vector<FiveDCase> moe_cases() {
   return {
-      {4, "moe-tiny", "--tp 2 --pp 2 --ep 2 --sequence-parallel", "moe_tp2_pp2_ep2_sp"},
-      {4, "moe-tiny", "--cp 2 --ep 2 --capacity-factor 1.0", "moe_cp2_ep2_capacity"},
+      {4, "moe-tiny", "--tp 2 --pp 2 --ep 2 --sequence-parallel --recompute selective", "moe_tp2_pp2_ep2_sp_selective"},
+      {4, "moe-tiny", "--cp 2 --ep 2 --capacity-factor 1.0 --recompute selective", "moe_cp2_ep2_capacity_selective"},
       {8, "moe-tiny", "--cp 2 --tp 2 --pp 2 --ep 4 --sequence-parallel --capacity-factor 1.0 --aux-loss-coef 0.01",
        "moe_cp2_tp2_pp2_ep4_capacity"},
       // The V schedules (08): the embedding and the head on rank 0, experts in every stage.
