@@ -346,9 +346,9 @@ std::string moe_run_problem(const std::string& preset, const std::string& chapte
   if (device != Device::CPU)
     return what + ", whose routing and experts run on the CPU only (moe.h): pass --device cpu";
   if (!expert_parallel && world > 1)
-    return what + ": its balance loss and capacity count every rank's tokens, which only 11_expert_parallel "
-                  "arranges; run it there (mpiexec -n " + std::to_string(world) + " ./11_expert_parallel/train --ep N), or "
-                  "run " + chapter + " on one rank";
+    return what + ": its balance loss and capacity count every rank's tokens, which only 11_expert_parallel and "
+                  "12_5d_parallel arrange; run it there (mpiexec -n " + std::to_string(world) +
+                  " ./11_expert_parallel/train --ep N), or run " + chapter + " on one rank";
   if (!expert_parallel && (tp > 1 || pp > 1))
     return what + ": neither --tp nor --pp splits its blocks here; use 11_expert_parallel's --ep, or 12_5d_parallel";
   if (recompute == "full") return what + ": --recompute full would route each block twice; use selective or none";

@@ -278,7 +278,7 @@ TEST(ExpertParallel, BadInputIsRefusedOnEveryRankBeforeTheWork) {
       {"11_expert_parallel", 2, "--ep 2 --capacity-factor -1", "--capacity-factor must be >= 0"},
       {"11_expert_parallel", 1, "--recompute full", "--recompute full would route"},
       {"11_expert_parallel", 1, "--device cuda", "cuda"},
-      {"03_bucket_dp", 2, "--preset moe-tiny", "only 11_expert_parallel"},
+      {"03_bucket_dp", 2, "--preset moe-tiny", "only 11_expert_parallel and 12_5d_parallel"},
       {"07_tensor_parallel", 2, "--preset moe-tiny --tp 2", "is a mixture of experts"},
   };
   for (const Refusal& r : refusals) {
