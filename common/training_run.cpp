@@ -170,6 +170,7 @@ TrainingRun::TrainingRun(Communicator& world, Communicator& dp, const ProcessGri
                  std::to_string(header.settings.data_hash) + ", but " + data_.description() + " has hash " +
                  std::to_string(data_.hash()) + "; pass the --data it was trained on");
   }
+  dimensions_ = make_dimensions(dimension_context());
   check_memory();  // before the chapter allocates anything
 
   // Every micro-batch of a step keeps its own tokens: a pipeline (08) has several in flight, and
@@ -482,14 +483,13 @@ void TrainingRun::end_step(int step, float local_loss, double grad_norm) {
   for (Group& g : groups_) g.comm->collect_stats();
   const double step_end_ms = now_ms(), step_ms = step_end_ms - step_start_ms_;
   trace_span(Track::Compute, "step " + std::to_string(step), step_start_ms_, step_end_ms);
-  CommStats step_comm, dp_step, tp_step;
+  CommStats step_comm, dp_step;
   std::vector<std::pair<std::string, CommStats>> by_group;
   for (const Group& g : groups_) {
     const CommStats d = g.comm->stats().since(g.at_step_start);
     step_comm += d;
     by_group.emplace_back(g.name, d);
     if (g.name == "dp" || (g.name == "world" && &dp_ == &world_)) dp_step = d;  // (the world: its data split)
-    if (g.name == "tp") tp_step = d;
   }
   // A pipeline stage waiting for a receive has nothing to compute: that is its bubble (08 measures
   // and prints it), not communication the step could have hidden; and its receives, posted at the
@@ -581,8 +581,7 @@ void TrainingRun::end_step(int step, float local_loss, double grad_norm) {
       if (d.kind[int(k)].calls) record.add(name + "_bytes_" + collective_name(k), d.kind[int(k)].sent_bytes);
   }
   json_.write(record);
-  if (step >= 1 && !reported_theory_)
-    report_vs_theory(step_comm, &dp_step, tp_comm_ && tp_.size > 1 ? &tp_step : nullptr);
+  if (step >= 1 && !reported_theory_) report_vs_theory({dp_step, by_group, expert_rows_});
   if (stop_ == Stop::Diverged) {
     std::fprintf(stderr, "error: the loss or the gradient norm is not finite at step %d (loss %g, gradient norm %g): "
                  "training diverged; lower --lr (now %g) or raise --warmup. Every rank stops here.\n",

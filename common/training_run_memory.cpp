@@ -1,36 +1,23 @@
-// training_run_memory.cpp: TrainingRun's memory forecast (docs/theory.md), checked against what a rank
-// may use before the chapter allocates anything, and a MoE model's share of it at the bound or at a
-// step's routing. See training_run.h.
+// training_run_memory.cpp: TrainingRun's memory forecast (docs/theory.md): the model's own, then each
+// dimension's terms (dimension.h), checked against what a rank may use before the chapter allocates
+// anything; and what the dimensions read of the run (dimension_context). See training_run.h.
 #include "training_run.h"
 
 #include <algorithm>
 #include <cstdio>
 
 #include "p2p_collectives.h"  // p2p_scratch_bytes_at_most: --collectives
-#include "ring_attention.h"   // ring_buffer_bytes
 
 // The forecast of docs/theory.md against what this rank may use. Every rank forecasts its own
 // (they are alike) and checks its own memory; the first that cannot fit says why, and all stop.
 void TrainingRun::check_memory() {
-  // Under context parallelism the model holds T/cp positions and keeps a log-sum-exp per query instead
-  // of the attention matrices; the ring adds its blocks in flight (context_parallel_activation_bytes).
-  GPT2Config held = model_;
-  if (cp_.on()) held.T = int(cp_.positions.size());
-  forecast_ = forecast_memory(strategy_, layout_, held, micro_B_, cfg_.grad_accum, dtype_, device_, flash_ || cp_.on(),
+  const DimensionContext ctx = dimension_context();
+  // The model's own: the strategy's model state over this rank's layout, the arena of the positions
+  // it holds; then each dimension's terms (dimension.h).
+  forecast_ = forecast_memory(strategy_, layout_, ctx.held, micro_B_, cfg_.grad_accum, dtype_, device_, ctx.lse_attention,
                               !cfg_.save.empty() || !cfg_.resume.empty() || !cfg_.init_from.empty(),
                               double(data_.length()), tp_, pp_);
-  // The ring's blocks in flight, of this rank's heads (NH/t under tensor parallelism: 12).
-  if (cp_.on())
-    forecast_.activations += ring_buffer_bytes(cp_.size, micro_B_, held.T, model_.C / tp_.size, model_.NH / tp_.size);
-  // A MoE model's layers: the routing is not known before the step, so the forecast takes the bound.
-  const int64_t most_rows = moe_expert_rows_at_most_of(model_, routed_tokens(), ep_.size, world_.size() / pp_.size);
-  moe_forecast_ = moe_schedule_activation_bytes(model_, routed_tokens(), pp_.parts, pp_.actions,
-                                                every_micro_batch_and_layer(most_rows));
-  forecast_.activations += moe_forecast_;
-  // Chapter 11's exchange buffers (moe_exchange_buffer_bytes) at the same bound.
-  if (ep_comm_)
-    moe_exchange_forecast_ = moe_exchange_buffer_bytes(model_, std::vector<int64_t>(size_t(model_.L), most_rows));
-  forecast_.transient += moe_exchange_forecast_;
+  for (const std::unique_ptr<Dimension>& d : dimensions_) d->add_memory(ctx, forecast_);
   // Chapter 00's collectives (--collectives) work in scratch buffers of their own: at most twice the
   // largest payload, the whole gradient or a micro-batch's activations, for each group that carries
   // collectives. Each group's worker runs one at a time, but the groups' workers run side by side
@@ -39,8 +26,8 @@ void TrainingRun::check_memory() {
   if (cfg_.collectives != "library") {
     const double w = double(dtype_size(dtype_));
     const double activations = double(micro_B_) * model_.T * model_.C * w;
-    const int groups = 1 + (&dp_ != &world_) + (tp_comm_ && tp_.size > 1) + (embedding_comm_ != nullptr) +
-                       (cp_comm_ != nullptr) + (ep_comm_ != nullptr);
+    int groups = 0;
+    for (const std::unique_ptr<Dimension>& d : dimensions_) groups += d->collective_groups(ctx);
     forecast_.transient += groups * p2p_scratch_bytes_at_most(std::max(w * double(layout_.padded_size), activations));
   }
   std::string how;
@@ -67,17 +54,29 @@ void TrainingRun::check_memory() {
                                ", more ranks, or a smaller --preset");
 }
 
-double TrainingRun::moe_activations() const {
-  if (!model_.moe()) return 0;
-  if (expert_rows_.empty()) return moe_forecast_;
-  return moe_schedule_activation_bytes(model_, routed_tokens(), pp_.parts, pp_.actions, expert_rows_);
-}
+double TrainingRun::moe_activations() const { return moe_activations_at(dimension_context(), expert_rows_); }
 
-int64_t TrainingRun::routed_tokens() const {
-  const int64_t held = cp_.on() ? int64_t(cp_.positions.size()) : model_.T;
-  return int64_t(micro_B_) * held / (tp_.sequence_parallel ? tp_.size : 1);
-}
-
-std::vector<std::vector<int64_t>> TrainingRun::every_micro_batch_and_layer(int64_t rows) const {
-  return std::vector<std::vector<int64_t>>(size_t(cfg_.grad_accum), std::vector<int64_t>(size_t(model_.L), rows));
+DimensionContext TrainingRun::dimension_context() const {
+  DimensionContext ctx;
+  ctx.model = model_;
+  ctx.held = model_;
+  if (cp_.on()) ctx.held.T = int(cp_.positions.size());
+  ctx.layout = &layout_;
+  ctx.global_layout = &global_layout_;
+  ctx.strategy = strategy_;
+  ctx.dtype = dtype_;
+  ctx.device = device_;
+  ctx.micro_B = micro_B_;
+  ctx.micro_batches = cfg_.grad_accum;
+  ctx.lse_attention = flash_ || cp_.on();
+  ctx.world_size = world_.size();
+  ctx.dp_size = dp_.size();
+  ctx.dp_apart = &dp_ != &world_;
+  ctx.embedding_group = embedding_comm_ != nullptr;
+  ctx.expert_group = ep_comm_ != nullptr;
+  ctx.tp = tp_;
+  ctx.pp = pp_;
+  ctx.cp = cp_;
+  ctx.ep = ep_;
+  return ctx;
 }
