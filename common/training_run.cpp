@@ -1,4 +1,7 @@
-// training_run.cpp: see training_run.h.
+// training_run.cpp: TrainingRun's construction (settings from the flags, the checkpoint or the preset;
+// the checks; the data; the run header and record), its micro-batches and learning rate, and the
+// steps' measurements. Its memory forecast, theory report and checkpoints are in training_run_*.cpp.
+// See training_run.h.
 #include "training_run.h"
 
 #include <algorithm>
@@ -7,10 +10,6 @@
 #include <csignal>
 #include <cstdio>
 #include <sstream>
-#include <thread>
-
-#include <fcntl.h>   // open: /dev/null for the abort's banner
-#include <unistd.h>  // close, dup2: rank 0 hands the launcher its output before an abort
 
 #include "checkpoint.h"
 #include "device.h"
@@ -21,8 +20,6 @@
 #include "ops.h"
 #include "optimizer.h"
 #include "output_paths.h"
-#include "p2p_collectives.h"  // p2p_scratch_bytes_at_most: --collectives
-#include "ring_attention.h"  // ring_buffer_bytes
 #include "trace.h"
 #include "watchdog.h"  // set_device_wait_timeout
 
@@ -173,6 +170,7 @@ TrainingRun::TrainingRun(Communicator& world, Communicator& dp, const ProcessGri
                  std::to_string(header.settings.data_hash) + ", but " + data_.description() + " has hash " +
                  std::to_string(data_.hash()) + "; pass the --data it was trained on");
   }
+  dimensions_ = make_dimensions(dimension_context());
   check_memory();  // before the chapter allocates anything
 
   // Every micro-batch of a step keeps its own tokens: a pipeline (08) has several in flight, and
@@ -431,63 +429,6 @@ void TrainingRun::check_tensor_parallel() {
   if (!problem.empty()) config_error(problem);
 }
 
-// The forecast of docs/theory.md against what this rank may use. Every rank forecasts its own
-// (they are alike) and checks its own memory; the first that cannot fit says why, and all stop.
-void TrainingRun::check_memory() {
-  // Under context parallelism the model holds T/cp positions and keeps a log-sum-exp per query instead
-  // of the attention matrices; the ring adds its blocks in flight (context_parallel_activation_bytes).
-  GPT2Config held = model_;
-  if (cp_.on()) held.T = int(cp_.positions.size());
-  forecast_ = forecast_memory(strategy_, layout_, held, micro_B_, cfg_.grad_accum, dtype_, device_, flash_ || cp_.on(),
-                              !cfg_.save.empty() || !cfg_.resume.empty() || !cfg_.init_from.empty(),
-                              double(data_.length()), tp_, pp_);
-  // The ring's blocks in flight, of this rank's heads (NH/t under tensor parallelism: 12).
-  if (cp_.on())
-    forecast_.activations += ring_buffer_bytes(cp_.size, micro_B_, held.T, model_.C / tp_.size, model_.NH / tp_.size);
-  // A MoE model's layers: the routing is not known before the step, so the forecast takes the bound.
-  const int64_t most_rows = moe_expert_rows_at_most_of(model_, routed_tokens(), ep_.size, world_.size() / pp_.size);
-  moe_forecast_ = moe_schedule_activation_bytes(model_, routed_tokens(), pp_.parts, pp_.actions,
-                                                every_micro_batch_and_layer(most_rows));
-  forecast_.activations += moe_forecast_;
-  // Chapter 11's exchange buffers (moe_exchange_buffer_bytes) at the same bound.
-  if (ep_comm_)
-    moe_exchange_forecast_ = moe_exchange_buffer_bytes(model_, std::vector<int64_t>(size_t(model_.L), most_rows));
-  forecast_.transient += moe_exchange_forecast_;
-  // Chapter 00's collectives (--collectives) work in scratch buffers of their own: at most twice the
-  // largest payload, the whole gradient or a micro-batch's activations, for each group that carries
-  // collectives. Each group's worker runs one at a time, but the groups' workers run side by side
-  // (a DP reduction beside the embedding group's, or beside a TP sum). A pipeline's own group only
-  // sends and receives.
-  if (cfg_.collectives != "library") {
-    const double w = double(dtype_size(dtype_));
-    const double activations = double(micro_B_) * model_.T * model_.C * w;
-    const int groups = 1 + (&dp_ != &world_) + (tp_comm_ && tp_.size > 1) + (embedding_comm_ != nullptr) +
-                       (cp_comm_ != nullptr) + (ep_comm_ != nullptr);
-    forecast_.transient += groups * p2p_scratch_bytes_at_most(std::max(w * double(layout_.padded_size), activations));
-  }
-  std::string how;
-  const double available = memory_per_rank(device_, ranks_on_this_node(), &how);
-  const double peak = forecast_.peak();
-  if (is_root()) {
-    std::printf("memory forecast per rank: %s peak = model state %s + activations %s + transient %s (%s)%s | "
-                "available %s (%s)\n",
-                format_bytes(peak).c_str(), format_bytes(forecast_.model_state).c_str(),
-                format_bytes(forecast_.activations).c_str(),
-                format_bytes(std::max(forecast_.transient, forecast_.checkpoint)).c_str(),
-                forecast_.checkpoint > forecast_.transient ? "checkpoint copies" : "communication buffers",
-                forecast_.data > 0 ? (" + data " + format_bytes(forecast_.data)).c_str() : "",
-                format_bytes(available).c_str(), how.c_str());
-    std::fflush(stdout);
-  }
-  const bool fits = peak <= available;
-  world_.agree_or_die(fits, "this run would need about " + format_bytes(peak) + " per rank (model state " +
-                               format_bytes(forecast_.model_state) + ", activations " +
-                               format_bytes(forecast_.activations) + " for micro-batches of " +
-                               std::to_string(micro_B_) + " sequences of " + std::to_string(model_.T) +
-                               " tokens), but a rank has " + format_bytes(available) + " (" + how +
-                               "). Use a smaller --batch, more " + accumulation_flag() +
-                               ", more ranks, or a smaller --preset");
-}
 
 MicroBatch TrainingRun::micro_batch(int step, int micro) {
   // no_sync (02, 03) promises no communication before the last micro-batch: measure it.
@@ -511,195 +452,6 @@ MicroBatch TrainingRun::micro_batch(int step, int micro) {
 }
 
 float TrainingRun::lr(int step) const { return learning_rate(cfg_, cfg_.lr, step); }
-
-TrainingSettings TrainingRun::settings() const {
-  TrainingSettings s;
-  s.steps = cfg_.steps;
-  s.warmup = cfg_.warmup;
-  s.lr = cfg_.lr;
-  s.weight_decay = cfg_.weight_decay;
-  s.grad_clip = cfg_.grad_clip;
-  s.data_length = uint64_t(data_.length());
-  s.data_hash = data_.hash();
-  s.capacity_factor = model_.capacity_factor;
-  s.aux_loss_coef = model_.aux_loss_coef;
-  s.grad_accum = cfg_.grad_accum;
-  return s;
-}
-
-namespace {
-
-// A full padded fp32 copy, in host memory, of `values`: a full flat buffer (a plain copy) or this
-// rank's shard of `plan` (every rank's shard gathered, then put in place). Transient, counted as
-// "other". Simple rather than lean: while saving, every rank briefly holds full parameters, m and v,
-// and rank 0 the file's bytes too (the memory forecast counts 6 full copies). A model that does not
-// fit that would gather to rank 0 tensor by tensor instead.
-Buffer gather_full(Communicator& comm, const ShardPlan& plan, Tensor values) {
-  ENSURE(values.dtype == DType::F32, "checkpoints hold fp32 values");
-  Buffer full(plan.flat_size(), MemCategory::Other);
-  if (values.numel() == plan.flat_size()) {
-    transfer(full.view(), values);
-    return full;
-  }
-  ENSURE(values.numel() == plan.size(), "gather_full: neither a full buffer nor this rank's shard");
-  Buffer gathered(plan.size() * plan.ranks(), MemCategory::Other, values.device);
-  Tensor mine = gathered.view().slice1d(plan.size() * plan.rank(), plan.size());
-  copy_tensor(mine, values);
-  comm.all_gather(mine, gathered.view());
-  if (values.device == Device::CPU) {
-    plan.assemble_full(gathered.view(), full.view());
-    return full;
-  }
-  Buffer host(plan.size() * plan.ranks(), MemCategory::Other);
-  transfer(host.view(), gathered.view());
-  plan.assemble_full(host.view(), full.view());
-  return full;
-}
-
-// dst (a full buffer, or this rank's shard of `plan`; on any device, fp32 or bf16) = host_f32 (full),
-// rounded to dst's dtype on the host first.
-void upload(Tensor dst, Tensor host_f32, const ShardPlan& plan) {
-  Buffer converted;
-  if (dst.dtype != host_f32.dtype) {
-    converted = Buffer(host_f32.numel(), MemCategory::Other, dst.dtype, Device::CPU);
-    convert_tensor(converted.view(), host_f32);
-    host_f32 = converted.view();
-  }
-  if (dst.numel() == host_f32.numel()) return transfer(dst, host_f32);
-  plan.copy_to_shard(host_f32, dst);
-}
-
-}  // namespace
-
-// With tensor or pipeline parallelism, checkpoints and the initial weights are the whole model's
-// tensors, and a rank's part is its slices of its stage's tensors: every grid starts from the same
-// model and saves the same file.
-double TrainingRun::moe_activations() const {
-  if (!model_.moe()) return 0;
-  if (expert_rows_.empty()) return moe_forecast_;
-  return moe_schedule_activation_bytes(model_, routed_tokens(), pp_.parts, pp_.actions, expert_rows_);
-}
-
-int64_t TrainingRun::routed_tokens() const {
-  const int64_t held = cp_.on() ? int64_t(cp_.positions.size()) : model_.T;
-  return int64_t(micro_B_) * held / (tp_.sequence_parallel ? tp_.size : 1);
-}
-
-std::vector<std::vector<int64_t>> TrainingRun::every_micro_batch_and_layer(int64_t rows) const {
-  return std::vector<std::vector<int64_t>>(size_t(cfg_.grad_accum), std::vector<int64_t>(size_t(model_.L), rows));
-}
-
-Buffer TrainingRun::to_local(Buffer global) const {
-  if (tp_.size == 1 && pp_.size == 1 && ep_.size == 1) return global;
-  Buffer local(layout_.padded_size, MemCategory::Other);
-  slice_from_global(global_layout_, global.f32(), layout_, local.f32());
-  return local;
-}
-
-Buffer TrainingRun::to_global(Buffer local) const {
-  if (tp_.size == 1 && pp_.size == 1 && ep_.size == 1) return local;
-  Buffer global(global_layout_.padded_size, MemCategory::Other);  // zeros
-  if (grid_ && model_.moe()) {
-    // Any grid of chapter 12: every rank places its slices, then leaves in only what it alone must
-    // count, so that a sum over the world holds each element once. An expert counts on the first
-    // replica of its holders (expert-data-parallel rank 0); any other tensor on the first replica
-    // (DP and CP rank 0), by its slice when tensor parallelism splits it, else on TP rank 0; wte,
-    // held by the first and the last stage, on the first.
-    place_into_global(layout_, local.f32(), global_layout_, global.f32());
-    const GridCoords& at = grid_->coords();
-    for (size_t i = 0; i < layout_.params.size(); i++) {
-      const ParamInfo& p = layout_.params[i];
-      const bool counts = p.expert >= 0 ? at.edp == 0
-                                        : at.dp == 0 && at.cp == 0 && (!p.shard.whole() || at.tp == 0) &&
-                                              !(p.name == "wte" && at.pp != 0);
-      if (p.held() && !counts) fill_zero(global.view().slice1d(global_layout_.params[i].offset, global_layout_.params[i].size));
-    }
-    world_.all_reduce(global.view(), ReduceOp::Sum);
-    return global;
-  }
-  if (tp_.size == 1) {
-    place_into_global(layout_, local.f32(), global_layout_, global.f32());
-  } else {
-    // Every rank's slices (their layouts have the same length), placed by each rank's layout.
-    Buffer all(layout_.padded_size * tp_.size, MemCategory::Other);
-    Tensor mine = all.view().slice1d(layout_.padded_size * tp_.rank, layout_.padded_size);
-    transfer(mine, local.view());
-    tp_comm_->all_gather(mine, all.view());
-    for (int q = 0; q < tp_.size; q++) {
-      TensorParallelism rank_q = tp_;
-      rank_q.rank = q;
-      const ParamLayout layout_q = build_gpt2_layout(model_, dp_.size(), rank_q, pp_.parts);
-      place_into_global(layout_q, all.f32() + layout_.padded_size * q, global_layout_, global.f32());
-    }
-  }
-  if (pp_.size > 1) {
-    // Each stage filled its own tensors and left the others zero: a sum over the pipeline assembles
-    // the model exactly. wte, on the first and the last stage alike, counts once: the first's.
-    if (pp_.rank != 0) {
-      const ParamInfo& wte = global_layout_.params[global_layout_.find("wte")];
-      fill_zero(global.view().slice1d(wte.offset, wte.size));
-    }
-    pp_comm_->all_reduce(global.view(), ReduceOp::Sum);
-  }
-  return global;
-}
-
-int TrainingRun::init_or_resume(Tensor params, AdamW& optimizer) {
-  const ShardPlan& plan = optimizer.plan();
-  Buffer global_params(global_layout_.padded_size, MemCategory::Other);
-  int64_t step = 0;
-  if (!cfg_.init_from.empty()) {
-    // Its weights only: the schedule, the step count and AdamW's moments start afresh (a moment
-    // estimate belongs to the learning rates that made it).
-    Buffer unused_m(global_layout_.padded_size, MemCategory::Other), unused_v(global_layout_.padded_size, MemCategory::Other);
-    const int64_t trained = load_checkpoint(world_, cfg_.init_from, model_, global_layout_, init_from_batch_,
-                                            global_params.f32(), unused_m.f32(), unused_v.f32());
-    if (is_root())
-      std::printf("started from the weights of %s (after its %lld steps), on a new schedule of %d steps\n",
-                  cfg_.init_from.c_str(), (long long)trained, cfg_.steps);
-  } else if (cfg_.resume.empty()) {
-    GPT2::init_weights(global_layout_, cfg_.seed, global_params.f32());
-  } else {
-    Buffer global_m(global_layout_.padded_size, MemCategory::Other), global_v(global_layout_.padded_size, MemCategory::Other);
-    step = load_checkpoint(world_, cfg_.resume, model_, global_layout_, cfg_.batch, global_params.f32(),
-                           global_m.f32(), global_v.f32());
-    plan.copy_to_shard(to_local(std::move(global_m)).view(), optimizer.m());
-    plan.copy_to_shard(to_local(std::move(global_v)).view(), optimizer.v());
-    if (is_root()) std::printf("resumed from %s at step %lld\n", cfg_.resume.c_str(), (long long)step);
-  }
-  const Buffer full_params = to_local(std::move(global_params));
-  if (optimizer.mixed_precision()) plan.copy_to_shard(full_params.view(), optimizer.master());
-  upload(params, full_params.view(), plan);
-  return int(step);
-}
-
-bool TrainingRun::checkpoint_due(int step) const {
-  if (cfg_.save.empty() || stop_ == Stop::Diverged) return false;
-  return step == cfg_.steps - 1 || stop_ == Stop::Interrupted ||
-         (cfg_.save_every > 0 && (step + 1) % cfg_.save_every == 0);
-}
-
-void TrainingRun::save_checkpoint(int next_step, Tensor params, AdamW& optimizer) {
-  const ShardPlan& plan = optimizer.plan();
-  // Under mixed precision the weights are the fp32 master copy, which covers the optimizer's shard.
-  Buffer full_params = to_global(gather_full(dp_, plan, optimizer.mixed_precision() ? optimizer.master() : params));
-  Buffer full_m = to_global(gather_full(dp_, plan, optimizer.m()));
-  Buffer full_v = to_global(gather_full(dp_, plan, optimizer.v()));
-  CheckpointData data;
-  data.step = next_step;
-  data.global_batch = cfg_.batch;
-  data.seed = cfg_.seed;
-  data.settings = settings();
-  data.params = full_params.f32();
-  data.adam_m = full_m.f32();
-  data.adam_v = full_v.f32();
-  const std::string path = checkpoint_path(cfg_.save, next_step);  // "{step}" keeps one file per checkpoint
-  ::save_checkpoint(world_, path, model_, global_layout_, data);
-  if (is_root() && stop_ == Stop::Interrupted) {
-    std::printf("saved the %d completed steps to %s\n", next_step, path.c_str());
-    std::fflush(stdout);
-  }
-}
 
 CommStats TrainingRun::all_stats() const {
   CommStats sum;
@@ -731,14 +483,13 @@ void TrainingRun::end_step(int step, float local_loss, double grad_norm) {
   for (Group& g : groups_) g.comm->collect_stats();
   const double step_end_ms = now_ms(), step_ms = step_end_ms - step_start_ms_;
   trace_span(Track::Compute, "step " + std::to_string(step), step_start_ms_, step_end_ms);
-  CommStats step_comm, dp_step, tp_step;
+  CommStats step_comm, dp_step;
   std::vector<std::pair<std::string, CommStats>> by_group;
   for (const Group& g : groups_) {
     const CommStats d = g.comm->stats().since(g.at_step_start);
     step_comm += d;
     by_group.emplace_back(g.name, d);
     if (g.name == "dp" || (g.name == "world" && &dp_ == &world_)) dp_step = d;  // (the world: its data split)
-    if (g.name == "tp") tp_step = d;
   }
   // A pipeline stage waiting for a receive has nothing to compute: that is its bubble (08 measures
   // and prints it), not communication the step could have hidden; and its receives, posted at the
@@ -830,8 +581,7 @@ void TrainingRun::end_step(int step, float local_loss, double grad_norm) {
       if (d.kind[int(k)].calls) record.add(name + "_bytes_" + collective_name(k), d.kind[int(k)].sent_bytes);
   }
   json_.write(record);
-  if (step >= 1 && !reported_theory_)
-    report_vs_theory(step_comm, &dp_step, tp_comm_ && tp_.size > 1 ? &tp_step : nullptr);
+  if (step >= 1 && !reported_theory_) report_vs_theory({dp_step, by_group, expert_rows_});
   if (stop_ == Stop::Diverged) {
     std::fprintf(stderr, "error: the loss or the gradient norm is not finite at step %d (loss %g, gradient norm %g): "
                  "training diverged; lower --lr (now %g) or raise --warmup. Every rank stops here.\n",
@@ -841,289 +591,4 @@ void TrainingRun::end_step(int step, float local_loss, double grad_norm) {
     std::printf("interrupted after step %d: every rank stops here; what was measured is written\n", step);
     std::fflush(stdout);
   }
-}
-
-void TrainingRun::report_vs_theory(const CommStats& step_comm, const CommStats* dp_step, const CommStats* tp_step) {
-  reported_theory_ = true;
-  Prediction p = predict(strategy_, layout_, cfg_.grad_accum, dtype_);
-  if (dp_comm_theory_ >= 0) p.comm_bytes = dp_comm_theory_, p.comm_formula = dp_comm_formula_;
-  const MemoryStats& mem = memory_stats();
-  const double padding = double(dtype_size(dtype_)) * double(layout_.padded_size - layout_.num_params);
-  auto row = [](const char* what, double measured, double theory) {
-    std::printf("  %-22s %12s %12s\n", what, format_bytes(measured).c_str(), format_bytes(theory).c_str());
-  };
-  const double model_state = double(mem.current[int(MemCategory::Params)] + mem.current[int(MemCategory::Grads)] +
-                                    mem.current[int(MemCategory::OptState)]);
-  std::string split;  // under tensor parallelism, Ψ = its slices of the split tensors + the tensors held whole
-  if (tp_.size > 1) {
-    int64_t sliced = 0, whole = 0;
-    for (size_t i = 0; i < layout_.params.size(); i++)
-      (layout_.params[i].shard.whole() ? whole : sliced) += global_layout_.params[i].size;
-    split = " on this tensor-parallel rank = " + std::to_string(sliced) + " split / " + std::to_string(tp_.size) +
-            " + " + std::to_string(whole) + " held whole";
-  }
-  std::printf("per rank, measured vs theory (docs/theory.md; %s: %s; Ψ = %lld%s, padded to %lld)\n", p.strategy.c_str(),
-              p.memory_formula.c_str(), (long long)layout_.num_params, split.c_str(), (long long)layout_.padded_size);
-  std::printf("  %-22s %12s %12s\n", "", "measured", "theory");
-  row("parameters", double(mem.current[int(MemCategory::Params)]), p.params_bytes);
-  row("gradients", double(mem.current[int(MemCategory::Grads)]), p.grads_bytes);
-  row("optimizer state", double(mem.current[int(MemCategory::OptState)]), p.optim_bytes);
-  row("  model state", model_state, p.params_bytes + p.grads_bytes + p.optim_bytes);
-  // A MoE model's layers at this step's routing (set_expert_rows), next to balanced routing and the bound.
-  double activations = forecast_.activations, moe_balanced = 0, moe_at_most = 0;
-  // The most rows of any layer, over the step's micro-batches.
-  std::vector<int64_t> most_rows_each(size_t(model_.L), 0);
-  for (const std::vector<int64_t>& rows : expert_rows_)
-    for (size_t l = 0; l < rows.size(); l++) most_rows_each[l] = std::max(most_rows_each[l], rows[l]);
-  if (model_.moe()) {
-    const double dense = forecast_.activations - moe_forecast_;
-    auto replayed = [&](const std::vector<std::vector<int64_t>>& rows) {
-      return dense + moe_schedule_activation_bytes(model_, routed_tokens(), pp_.parts, pp_.actions, rows);
-    };
-    moe_balanced = replayed(every_micro_batch_and_layer(routed_tokens() * model_.top_k));
-    moe_at_most = replayed(every_micro_batch_and_layer(
-        moe_expert_rows_at_most_of(model_, routed_tokens(), ep_.size, world_.size() / pp_.size)));
-    activations = expert_rows_.empty() ? moe_at_most : replayed(expert_rows_);
-  }
-  row(model_.moe() && !expert_rows_.empty() ? "activations (routing)" : "activations",
-      double(mem.peak[int(MemCategory::Activations)]), activations);
-  if (model_.moe()) {
-    std::string rows;
-    for (int64_t n : most_rows_each) rows += (rows.empty() ? "" : " ") + std::to_string(n);
-    rows = expert_rows_.empty() ? "theory = the bound (exact on one rank without a capacity)"
-                                : "theory at these routing counts, replayed in the schedule's order; the most rows per layer [" +
-                                      rows + "]";
-    std::printf("    (MoE, docs/theory.md 14: %s | balanced routing %s | at most %s, ep %d, capacity factor %g)\n",
-                rows.c_str(), format_bytes(moe_balanced).c_str(), format_bytes(moe_at_most).c_str(), ep_.size,
-                model_.capacity_factor);
-  }
-  // The same formula for the other ways of running this rank's part of the model (all of it, or its
-  // pipeline stage with the schedule's micro-batches in flight), so that the reader sees what tensor
-  // parallelism alone keeps (every position's stream between the products), what sequence
-  // parallelism then splits, and what recomputation drops.
-  auto predicted = [&](int t, bool sp, Recompute recompute) {
-    GPT2Config cfg = model_;
-    cfg.recompute = recompute;
-    double bytes = 0;
-    if (cp_.on()) {  // section 13: T/cp positions, a log-sum-exp per query, and the ring's blocks
-      cfg.T = int(cp_.positions.size());
-      bytes += ring_buffer_bytes(cp_.size, micro_B_, cfg.T, cfg.C / t, cfg.NH / t);
-    }
-    for (const ModelPart& part : pp_.parts.empty() ? std::vector<ModelPart>{ModelPart{}} : pp_.parts)
-      bytes += activation_bytes(cfg, micro_B_, dtype_, flash_ || cp_.on(), {t, 0, sp}, part);
-    return format_bytes(bytes);
-  };
-  const Recompute now = model_.recompute;
-  if (cp_.on()) {
-    // Every term of the arena is linear in the positions a rank holds, T/cp, once attention keeps a
-    // log-sum-exp per query rather than the T x T matrices; the ring adds its blocks in flight.
-    const int held = int(cp_.positions.size());
-    GPT2Config local = model_;
-    local.T = held;
-    std::printf("    (by the formula: CP %d: the arena on T/cp = %d positions %s + the ring's blocks in flight %s | "
-                "CP 1 %s | 01's materialized attention %s; docs/theory.md, section 13)\n",
-                cp_.size, held, format_bytes(activation_bytes(local, micro_B_, dtype_, true)).c_str(),
-                format_bytes(ring_buffer_bytes(cp_.size, micro_B_, held, model_.C, model_.NH)).c_str(),
-                format_bytes(context_parallel_activation_bytes(model_, micro_B_, 1)).c_str(),
-                format_bytes(activation_bytes(model_, micro_B_, dtype_, false)).c_str());
-  }
-  if (tp_.size > 1)
-    std::printf("    (by the formula: no TP %s | TP %d %s | TP %d + SP %s; docs/theory.md, section 9, derives it and "
-                "sets it beside Korthikanti et al.'s)\n",
-                predicted(1, false, now).c_str(), tp_.size, predicted(tp_.size, false, now).c_str(), tp_.size,
-                predicted(tp_.size, true, now).c_str());
-  if (tp_.size > 1 || pp_.size > 1 || now != Recompute::None)
-    std::printf("    (recompute none %s | selective %s | full %s%s; docs/theory.md, section 12)\n",
-                predicted(tp_.size, tp_.sequence_parallel, Recompute::None).c_str(),
-                predicted(tp_.size, tp_.sequence_parallel, Recompute::Selective).c_str(),
-                predicted(tp_.size, tp_.sequence_parallel, Recompute::Full).c_str(),
-                std::any_of(pp_.parts.begin(), pp_.parts.end(), [](const ModelPart& x) { return x.split_backward; })
-                    ? " (not with zb-h1 or zb-v)" : "");
-  // Chapter 11's exchange buffers at this step's routing, as the activations above; else the bound.
-  const bool exchange_routed = ep_comm_ && model_.moe() && !expert_rows_.empty();
-  const double transient = exchange_routed ? forecast_.transient - moe_exchange_forecast_ +
-                                                 moe_exchange_buffer_bytes(model_, most_rows_each)
-                                           : forecast_.transient;
-  std::printf("  %-22s %12s %12s   (transient; theory: %s)\n",
-              exchange_routed ? "comm buffers (routing)" : "communication buffers",
-              format_bytes(double(mem.peak[int(MemCategory::CommBuffers)])).c_str(), format_bytes(transient).c_str(),
-              exchange_routed ? ("the expert exchange at these routing counts, docs/theory.md 14; at most " +
-                                 format_bytes(forecast_.transient)).c_str()
-                              : "at most");
-  const int64_t dp_bytes = training_sent_bytes(*dp_step);
-  const bool groups = tp_step || pp_.size > 1 || cp_comm_;
-  row(cp_comm_ ? "DP x CP bytes per step" : groups ? "DP bytes per step" : "comm bytes per step", double(dp_bytes),
-      p.comm_bytes);
-  std::printf("  (%scomm theory: %s; padding adds up to %s per full copy)\n", groups ? "DP " : "",
-              p.comm_formula.c_str(), format_bytes(padding).c_str());
-  GPT2Config held_positions = model_;  // under CP, every TP collective carries T/cp positions
-  if (cp_.on()) held_positions.T = int(cp_.positions.size());
-  TensorParallelPrediction tp = predict_tensor_parallel(held_positions, micro_B_, tp_, dtype_, pp_.parts);
-  // (the gradients held whole are the parameters': wpe has all T rows whatever a rank holds)
-  const TensorParallelPrediction whole = predict_tensor_parallel(model_, micro_B_, tp_, dtype_, pp_.parts);
-  tp.partial_grad_bytes = whole.partial_grad_bytes;
-  tp.partial_grad_all_reduces = whole.partial_grad_all_reduces;
-  if (pp_.reduce_every_micro_batch) {  // (09's --zero2: the gradients held whole summed before each reduce-scatter)
-    tp.partial_grad_all_reduces *= cfg_.grad_accum;
-    tp.partial_grad_bytes *= cfg_.grad_accum;
-  }
-  const double tp_theory = cfg_.grad_accum * tp.bytes_per_micro_batch + tp.partial_grad_bytes;
-  int64_t tp_bytes = 0;
-  if (tp_step) {
-    tp_bytes = training_sent_bytes(*tp_step);
-    row("TP bytes per step", double(tp_bytes), tp_theory);
-    std::printf("  (TP theory, per micro-batch: %s)\n", tp.formula.c_str());
-    for (CollectiveKind k : {CollectiveKind::AllReduce, CollectiveKind::AllGather, CollectiveKind::ReduceScatter}) {
-      const int per_micro_batch = k == CollectiveKind::AllReduce ? tp.all_reduces + tp.loss_all_reduces
-                                  : k == CollectiveKind::AllGather ? tp.all_gathers : tp.reduce_scatters;
-      const int per_step = k == CollectiveKind::AllReduce ? tp.partial_grad_all_reduces : 0;
-      const int64_t calls = tp_step->kind[int(k)].calls;
-      if (calls || per_micro_batch || per_step)
-        std::printf("  TP %-19s %12lld %12d   (%d a micro-batch x %d%s)\n",
-                    (std::string(collective_name(k)) + "s").c_str(), (long long)calls,
-                    per_micro_batch * cfg_.grad_accum + per_step, per_micro_batch, cfg_.grad_accum,
-                    per_step ? (" + " + std::to_string(per_step) + " for the gradients held whole").c_str() : "");
-    }
-  }
-  std::fflush(stdout);
-  JsonObject record;
-  record.add("type", "theory")
-      .add("strategy", p.strategy)
-      .add("memory_formula", p.memory_formula)
-      .add("comm_formula", p.comm_formula)
-      .add("params", int64_t(layout_.num_params))
-      .add("padded_params", int64_t(layout_.padded_size))
-      .add("measured_params_bytes", mem.current[int(MemCategory::Params)])
-      .add("theory_params_bytes", p.params_bytes)
-      .add("measured_grads_bytes", mem.current[int(MemCategory::Grads)])
-      .add("theory_grads_bytes", p.grads_bytes)
-      .add("measured_optim_bytes", mem.current[int(MemCategory::OptState)])
-      .add("theory_optim_bytes", p.optim_bytes)
-      .add("measured_model_state_bytes", model_state)
-      .add("measured_activations_bytes", mem.peak[int(MemCategory::Activations)])
-      .add("theory_activations_bytes", activations)
-      .add("measured_transient_bytes", mem.peak[int(MemCategory::CommBuffers)])
-      .add("theory_transient_bytes_at_most", forecast_.transient)
-      .add("theory_transient_bytes", transient)
-      .add("measured_comm_bytes", dp_bytes)
-      .add("theory_comm_bytes", p.comm_bytes);
-  if (model_.moe())
-    record.add("theory_activations_balanced_bytes", moe_balanced).add("theory_activations_at_most_bytes", moe_at_most);
-  if (tp_step) {
-    record.add("measured_tp_comm_bytes", tp_bytes)
-        .add("theory_tp_comm_bytes", tp_theory)
-        .add("theory_tp_all_reduces", (tp.all_reduces + tp.loss_all_reduces) * cfg_.grad_accum + tp.partial_grad_all_reduces)
-        .add("theory_tp_all_gathers", tp.all_gathers * cfg_.grad_accum)
-        .add("theory_tp_reduce_scatters", tp.reduce_scatters * cfg_.grad_accum)
-        .add("measured_tp_all_reduces", tp_step->kind[int(CollectiveKind::AllReduce)].calls)
-        .add("measured_tp_all_gathers", tp_step->kind[int(CollectiveKind::AllGather)].calls)
-        .add("measured_tp_reduce_scatters", tp_step->kind[int(CollectiveKind::ReduceScatter)].calls);
-  }
-  json_.write(record);
-  (void)step_comm;
-}
-
-int TrainingRun::finish() {
-  const int status = stop_ == Stop::Diverged ? 1 : stop_ == Stop::Interrupted ? 130 : 0;
-  const char* ended = stop_ == Stop::Diverged ? "diverged" : stop_ == Stop::Interrupted ? "interrupted" : "completed";
-  write_run_record();
-  if (is_root()) {
-    JsonObject summary;
-    summary.add("type", "summary")
-        .add("ended", ended)
-        .add("last_step", last_step_)
-        .add("measured_steps", totals_.steps)
-        .add("final_loss", double(totals_.last_loss))
-        .add("peak_mem_bytes", std::max(run_peak_bytes_, memory_stats().peak_total));
-    if (totals_.steps == 0) {
-      std::printf("no measured steps: step 0 is warm-up and is left out of the averages; run --steps 2 or more to "
-                  "measure time, throughput and communication | final loss %.4f\n", totals_.last_loss);
-    } else {
-      const int n = totals_.steps;
-      const double step_ms = totals_.step_ms / n, tokens_per_s = totals_.tokens_per_s / n;
-      const double exposed = totals_.exposed_ms / n, comm_ms = totals_.comm_ms / n;
-      // FLOPs per token, as the PaLM paper counts them (appendix B): 6 per parameter (forward 2,
-      // backward 4) without the position embedding, plus 12 L C T for attention's score and value
-      // products. MFU divides the achieved FLOP/s by the device's peak (device.h).
-      const double flops_per_token =
-          6.0 * double(flops_params(global_layout_)) + 12.0 * model_.L * model_.C * model_.T;
-      const double flops_per_rank = tokens_per_s * flops_per_token / world_.size();
-      std::printf("average over %d measured steps: %.1f ms/step | %s tok/s | exposed comm %.2f ms of %.2f ms | "
-                  "%.0f collectives/step | %s/step | peak mem %s | final loss %.4f\n",
-                  n, step_ms, format_count(tokens_per_s).c_str(), exposed, comm_ms, totals_.collectives / n,
-                  format_bytes(totals_.comm_bytes / n).c_str(),
-                  format_bytes(double(std::max(run_peak_bytes_, memory_stats().peak_total))).c_str(),
-                  totals_.last_loss);
-      std::printf("model FLOPs: 6N + 12LCT = %.3g per token x %s tok/s = %.3g %s per rank", flops_per_token,
-                  format_count(tokens_per_s / world_.size()).c_str(),
-                  flops_per_rank >= 1e12 ? flops_per_rank / 1e12 : flops_per_rank / 1e9,
-                  flops_per_rank >= 1e12 ? "TFLOP/s" : "GFLOP/s");
-      if (device_info_.peak_flops > 0) {
-        std::printf(" | MFU %.1f%% of %s (%.0f TFLOP/s)", 100.0 * flops_per_rank / device_info_.peak_flops,
-                    device_info_.peak_source.c_str(), device_info_.peak_flops / 1e12);
-      }
-      std::printf("\n");
-      // Recomputation's FLOPs are done besides the model's: hardware FLOPs, not model FLOPs (MFU
-      // counts the model's only; docs/theory.md, section 12).
-      // An attention that keeps a log-sum-exp per query (FlashAttention, the ring) recomputes its scores
-      // in its own backward in every mode: selective has nothing to drop, and adds nothing.
-      const bool lse_attention = flash_ || cp_.on();
-      const double recompute_flops = recompute_flops_per_token(model_, {}, {}, lse_attention);
-      if (model_.recompute == Recompute::Selective && lse_attention) {
-        std::printf("recompute selective: + 0 FLOPs per token: the %s attention keeps no (B,NH,T,T) scores to drop, "
-                    "and its backward recomputes them from the log-sum-exp in every mode (docs/theory.md, section "
-                    "12)\n", cp_.on() ? "ring's" : "FlashAttention");
-        summary.add("recompute_flops_per_token", recompute_flops);
-      } else if (recompute_flops > 0) {
-        std::printf("recompute %s: + %.3g FLOPs per token (%s) = +%.1f%% of the model's, in the %.1f ms/step above\n",
-                    recompute_name(model_.recompute), recompute_flops,
-                    model_.recompute == Recompute::Full ? "L(16C^2 + 4TC)" : "4LTC",
-                    100.0 * recompute_flops / flops_per_token, step_ms);
-        summary.add("recompute_flops_per_token", recompute_flops);
-      }
-      summary.add("step_ms", step_ms)
-          .add("tokens_per_s", tokens_per_s)
-          .add("exposed_comm_ms", exposed)
-          .add("comm_ms", comm_ms)
-          .add("collectives_per_step", totals_.collectives / n)
-          .add("comm_bytes_per_step", totals_.comm_bytes / n)
-          .add("flops_per_token", flops_per_token);
-      if (device_info_.peak_flops > 0) {
-        summary.add("mfu", flops_per_rank / device_info_.peak_flops)
-            .add("peak_flops", device_info_.peak_flops)
-            .add("peak_source", device_info_.peak_source);
-      }
-    }
-    std::fflush(stdout);
-    json_.write(summary);
-    json_.close();
-  }
-  if (!cfg_.trace.empty()) write_merged_trace(world_, cfg_.trace);
-  release_output_locks();
-  if (stop_ == Stop::Interrupted) {
-    // Everything is written. MPICH's mpiexec (hydra) forwards Ctrl-C to the ranks, and then loses
-    // some of their exit statuses: a job whose every rank returned 130 was reported as 0 in about
-    // half of the runs measured. An MPI_Abort with the code is reported faithfully, so rank 0 ends the
-    // job that way once every rank got here; the others wait for it.
-    // The abort tears the job down at once, and the launcher drops whatever of rank 0's output its
-    // proxy has not relayed yet (the summary's last lines went missing so, once, on a busy machine).
-    // So rank 0 closes its standard output first, which hands the proxy an end of file, and gives it
-    // a moment to pass the rest on.
-    // MPICH's MPI_Abort prints its own banner to standard error ("Abort(130) on node 0 ...: application
-    // called MPI_Abort"), which would be the job's last line: an error the user did not make, after our
-    // summary. Every rank has stopped by agreement and written what it had, so rank 0 sends that
-    // banner to /dev/null.
-    world_.barrier();
-    if (is_root()) {
-      std::fflush(stdout);
-      std::fflush(stderr);
-      close(STDOUT_FILENO);
-      const int null_device = open("/dev/null", O_WRONLY);
-      if (null_device >= 0) dup2(null_device, STDERR_FILENO);
-      std::this_thread::sleep_for(std::chrono::milliseconds(500));
-      end_job(status);
-    }
-    for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
-  }
-  return status;
 }

@@ -5,7 +5,9 @@
 // bf16 mixed precision on a GPU), the model configuration and flat layout, this rank's micro-batches
 // (on the run's device), the learning rate, initial weights or a resumed checkpoint, per-step metrics
 // (step line, JSON lines, memory and communication next to theory, MFU on GPUs), periodic
-// checkpoints, the trace, and an orderly stop of every rank on Ctrl-C or a diverging loss.
+// checkpoints, the trace, and an orderly stop of every rank on Ctrl-C or a diverging loss. Each
+// dimension that splits the run (dimension.h) brings its own terms to the forecast and its own rows
+// to the theory table.
 #pragma once
 #include <atomic>
 #include <memory>
@@ -16,6 +18,7 @@
 #include "comm.h"
 #include "data.h"
 #include "device.h"
+#include "dimension.h"
 #include "flags.h"
 #include "memory.h"
 #include "metrics.h"
@@ -168,16 +171,14 @@ class TrainingRun {
   void write_run_record();  // once, on rank 0
   // Between the whole model's fp32 flat arrays (global_layout_) and this rank's (layout_).
   Buffer to_local(Buffer global) const;
-  // A MoE model: the rows this rank routes per micro-batch (B T, over cp, over t under SP), and a
-  // table of `rows` for every micro-batch of a step and every block (the bound's, the balanced ones).
-  int64_t routed_tokens() const;
-  std::vector<std::vector<int64_t>> every_micro_batch_and_layer(int64_t rows) const;
   Buffer to_global(Buffer local) const;
+  // What the dimensions read of the run (dimension.h), as it stands.
+  DimensionContext dimension_context() const;
   void resolve_settings(const CheckpointHeader* resumed);
   void resolve_moe_settings(const CheckpointHeader& resumed);
   void check_outputs();
   void check_memory();
-  void report_vs_theory(const CommStats& step_comm, const CommStats* dp_step, const CommStats* tp_step);
+  void report_vs_theory(const StepMeasure& step);
   TrainingSettings settings() const;
 
   Communicator& world_;     // every rank: the loss, the stop, metrics and checkpoints
@@ -207,6 +208,9 @@ class TrainingRun {
   int micro_B_ = 0;
   std::vector<int> inputs_, targets_;  // one micro-batch, on the host
   Buffer device_tokens_;               // the same inputs then targets on a GPU (unused on the CPU)
+  // The dimensions that split this run (data parallelism always), each bringing its memory terms and
+  // its rows of the theory table.
+  std::vector<std::unique_ptr<Dimension>> dimensions_;
   MemoryForecast forecast_;
   JsonLinesWriter json_;
   JsonObject run_record_;  // the "run" record until it is written
@@ -232,8 +236,6 @@ class TrainingRun {
   bool reported_theory_ = false;
   double dp_comm_theory_ = -1;  // set_dp_comm_theory, or -1: the strategy's
   std::vector<std::vector<int64_t>> expert_rows_;  // set_expert_rows: (micro-batches) x (L)
-  double moe_exchange_forecast_ = 0;  // chapter 11's exchange buffers in forecast_.transient (the bound)
-  double moe_forecast_ = 0;  // the MoE layers' part of forecast_.activations (their bound)
   std::string dp_comm_formula_;
   Stop stop_ = Stop::No;
   int last_step_ = -1;

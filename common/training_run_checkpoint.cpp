@@ -1,0 +1,184 @@
+// training_run_checkpoint.cpp: TrainingRun's checkpoints: the initial weights or a resumed checkpoint,
+// saving one, and the mapping between the whole model's flat arrays (what a file holds) and this
+// rank's slices of them. See training_run.h.
+#include "training_run.h"
+
+#include <cstdio>
+
+#include "checkpoint.h"
+#include "model.h"  // GPT2::init_weights
+#include "ops.h"    // copy_tensor, convert_tensor, fill_zero
+
+TrainingSettings TrainingRun::settings() const {
+  TrainingSettings s;
+  s.steps = cfg_.steps;
+  s.warmup = cfg_.warmup;
+  s.lr = cfg_.lr;
+  s.weight_decay = cfg_.weight_decay;
+  s.grad_clip = cfg_.grad_clip;
+  s.data_length = uint64_t(data_.length());
+  s.data_hash = data_.hash();
+  s.capacity_factor = model_.capacity_factor;
+  s.aux_loss_coef = model_.aux_loss_coef;
+  s.grad_accum = cfg_.grad_accum;
+  return s;
+}
+
+namespace {
+
+// A full padded fp32 copy, in host memory, of `values`: a full flat buffer (a plain copy) or this
+// rank's shard of `plan` (every rank's shard gathered, then put in place). Transient, counted as
+// "other". Simple rather than lean: while saving, every rank briefly holds full parameters, m and v,
+// and rank 0 the file's bytes too (the memory forecast counts 6 full copies). A model that does not
+// fit that would gather to rank 0 tensor by tensor instead.
+Buffer gather_full(Communicator& comm, const ShardPlan& plan, Tensor values) {
+  ENSURE(values.dtype == DType::F32, "checkpoints hold fp32 values");
+  Buffer full(plan.flat_size(), MemCategory::Other);
+  if (values.numel() == plan.flat_size()) {
+    transfer(full.view(), values);
+    return full;
+  }
+  ENSURE(values.numel() == plan.size(), "gather_full: neither a full buffer nor this rank's shard");
+  Buffer gathered(plan.size() * plan.ranks(), MemCategory::Other, values.device);
+  Tensor mine = gathered.view().slice1d(plan.size() * plan.rank(), plan.size());
+  copy_tensor(mine, values);
+  comm.all_gather(mine, gathered.view());
+  if (values.device == Device::CPU) {
+    plan.assemble_full(gathered.view(), full.view());
+    return full;
+  }
+  Buffer host(plan.size() * plan.ranks(), MemCategory::Other);
+  transfer(host.view(), gathered.view());
+  plan.assemble_full(host.view(), full.view());
+  return full;
+}
+
+// dst (a full buffer, or this rank's shard of `plan`; on any device, fp32 or bf16) = host_f32 (full),
+// rounded to dst's dtype on the host first.
+void upload(Tensor dst, Tensor host_f32, const ShardPlan& plan) {
+  Buffer converted;
+  if (dst.dtype != host_f32.dtype) {
+    converted = Buffer(host_f32.numel(), MemCategory::Other, dst.dtype, Device::CPU);
+    convert_tensor(converted.view(), host_f32);
+    host_f32 = converted.view();
+  }
+  if (dst.numel() == host_f32.numel()) return transfer(dst, host_f32);
+  plan.copy_to_shard(host_f32, dst);
+}
+
+}  // namespace
+
+// With tensor or pipeline parallelism, checkpoints and the initial weights are the whole model's
+// tensors, and a rank's part is its slices of its stage's tensors: every grid starts from the same
+// model and saves the same file.
+Buffer TrainingRun::to_local(Buffer global) const {
+  if (tp_.size == 1 && pp_.size == 1 && ep_.size == 1) return global;
+  Buffer local(layout_.padded_size, MemCategory::Other);
+  slice_from_global(global_layout_, global.f32(), layout_, local.f32());
+  return local;
+}
+
+Buffer TrainingRun::to_global(Buffer local) const {
+  if (tp_.size == 1 && pp_.size == 1 && ep_.size == 1) return local;
+  Buffer global(global_layout_.padded_size, MemCategory::Other);  // zeros
+  if (grid_ && model_.moe()) {
+    // Any grid of chapter 12: every rank places its slices, then leaves in only what it alone must
+    // count, so that a sum over the world holds each element once. An expert counts on the first
+    // replica of its holders (expert-data-parallel rank 0); any other tensor on the first replica
+    // (DP and CP rank 0), by its slice when tensor parallelism splits it, else on TP rank 0; wte,
+    // held by the first and the last stage, on the first.
+    place_into_global(layout_, local.f32(), global_layout_, global.f32());
+    const GridCoords& at = grid_->coords();
+    for (size_t i = 0; i < layout_.params.size(); i++) {
+      const ParamInfo& p = layout_.params[i];
+      const bool counts = p.expert >= 0 ? at.edp == 0
+                                        : at.dp == 0 && at.cp == 0 && (!p.shard.whole() || at.tp == 0) &&
+                                              !(p.name == "wte" && at.pp != 0);
+      if (p.held() && !counts) fill_zero(global.view().slice1d(global_layout_.params[i].offset, global_layout_.params[i].size));
+    }
+    world_.all_reduce(global.view(), ReduceOp::Sum);
+    return global;
+  }
+  if (tp_.size == 1) {
+    place_into_global(layout_, local.f32(), global_layout_, global.f32());
+  } else {
+    // Every rank's slices (their layouts have the same length), placed by each rank's layout.
+    Buffer all(layout_.padded_size * tp_.size, MemCategory::Other);
+    Tensor mine = all.view().slice1d(layout_.padded_size * tp_.rank, layout_.padded_size);
+    transfer(mine, local.view());
+    tp_comm_->all_gather(mine, all.view());
+    for (int q = 0; q < tp_.size; q++) {
+      TensorParallelism rank_q = tp_;
+      rank_q.rank = q;
+      const ParamLayout layout_q = build_gpt2_layout(model_, dp_.size(), rank_q, pp_.parts);
+      place_into_global(layout_q, all.f32() + layout_.padded_size * q, global_layout_, global.f32());
+    }
+  }
+  if (pp_.size > 1) {
+    // Each stage filled its own tensors and left the others zero: a sum over the pipeline assembles
+    // the model exactly. wte, on the first and the last stage alike, counts once: the first's.
+    if (pp_.rank != 0) {
+      const ParamInfo& wte = global_layout_.params[global_layout_.find("wte")];
+      fill_zero(global.view().slice1d(wte.offset, wte.size));
+    }
+    pp_comm_->all_reduce(global.view(), ReduceOp::Sum);
+  }
+  return global;
+}
+
+int TrainingRun::init_or_resume(Tensor params, AdamW& optimizer) {
+  const ShardPlan& plan = optimizer.plan();
+  Buffer global_params(global_layout_.padded_size, MemCategory::Other);
+  int64_t step = 0;
+  if (!cfg_.init_from.empty()) {
+    // Its weights only: the schedule, the step count and AdamW's moments start afresh (a moment
+    // estimate belongs to the learning rates that made it).
+    Buffer unused_m(global_layout_.padded_size, MemCategory::Other), unused_v(global_layout_.padded_size, MemCategory::Other);
+    const int64_t trained = load_checkpoint(world_, cfg_.init_from, model_, global_layout_, init_from_batch_,
+                                            global_params.f32(), unused_m.f32(), unused_v.f32());
+    if (is_root())
+      std::printf("started from the weights of %s (after its %lld steps), on a new schedule of %d steps\n",
+                  cfg_.init_from.c_str(), (long long)trained, cfg_.steps);
+  } else if (cfg_.resume.empty()) {
+    GPT2::init_weights(global_layout_, cfg_.seed, global_params.f32());
+  } else {
+    Buffer global_m(global_layout_.padded_size, MemCategory::Other), global_v(global_layout_.padded_size, MemCategory::Other);
+    step = load_checkpoint(world_, cfg_.resume, model_, global_layout_, cfg_.batch, global_params.f32(),
+                           global_m.f32(), global_v.f32());
+    plan.copy_to_shard(to_local(std::move(global_m)).view(), optimizer.m());
+    plan.copy_to_shard(to_local(std::move(global_v)).view(), optimizer.v());
+    if (is_root()) std::printf("resumed from %s at step %lld\n", cfg_.resume.c_str(), (long long)step);
+  }
+  const Buffer full_params = to_local(std::move(global_params));
+  if (optimizer.mixed_precision()) plan.copy_to_shard(full_params.view(), optimizer.master());
+  upload(params, full_params.view(), plan);
+  return int(step);
+}
+
+bool TrainingRun::checkpoint_due(int step) const {
+  if (cfg_.save.empty() || stop_ == Stop::Diverged) return false;
+  return step == cfg_.steps - 1 || stop_ == Stop::Interrupted ||
+         (cfg_.save_every > 0 && (step + 1) % cfg_.save_every == 0);
+}
+
+void TrainingRun::save_checkpoint(int next_step, Tensor params, AdamW& optimizer) {
+  const ShardPlan& plan = optimizer.plan();
+  // Under mixed precision the weights are the fp32 master copy, which covers the optimizer's shard.
+  Buffer full_params = to_global(gather_full(dp_, plan, optimizer.mixed_precision() ? optimizer.master() : params));
+  Buffer full_m = to_global(gather_full(dp_, plan, optimizer.m()));
+  Buffer full_v = to_global(gather_full(dp_, plan, optimizer.v()));
+  CheckpointData data;
+  data.step = next_step;
+  data.global_batch = cfg_.batch;
+  data.seed = cfg_.seed;
+  data.settings = settings();
+  data.params = full_params.f32();
+  data.adam_m = full_m.f32();
+  data.adam_v = full_v.f32();
+  const std::string path = checkpoint_path(cfg_.save, next_step);  // "{step}" keeps one file per checkpoint
+  ::save_checkpoint(world_, path, model_, global_layout_, data);
+  if (is_root() && stop_ == Stop::Interrupted) {
+    std::printf("saved the %d completed steps to %s\n", next_step, path.c_str());
+    std::fflush(stdout);
+  }
+}
