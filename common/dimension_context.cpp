@@ -22,18 +22,24 @@ class ContextDimension : public Dimension {
   int collective_groups(const DimensionContext&) const override { return 1; }
 
   // Every term of the arena is linear in the positions a rank holds, T/cp, once attention keeps a
-  // log-sum-exp per query rather than the T x T matrices; the ring adds its blocks in flight.
+  // log-sum-exp per query rather than the T x T matrices; the ring adds its blocks in flight. Each
+  // figure is this rank's part (its heads under TP, its stage's chunks under PP: 12), beside the
+  // same part at CP 1 and 01's whole model with materialized attention.
   void report_rows(const DimensionContext& ctx, const StepMeasure&, ReportTable& table) const override {
-    const int held = ctx.held.T;
-    GPT2Config local = ctx.model;
-    local.T = held;
+    const int t = ctx.tp.size;
+    auto arena = [&](const GPT2Config& cfg) {
+      double bytes = 0;
+      for (const ModelPart& part : ctx.pp.parts.empty() ? std::vector<ModelPart>{ModelPart{}} : ctx.pp.parts)
+        bytes += activation_bytes(cfg, ctx.micro_B, ctx.dtype, true, ctx.tp, part);
+      return bytes;
+    };
+    const double one_ring = arena(ctx.model) + ring_buffer_bytes(1, ctx.micro_B, ctx.model.T, ctx.model.C / t, ctx.model.NH / t);
     table.activation_notes.push_back(report_line(
         "    (by the formula: CP %d: the arena on T/cp = %d positions %s + the ring's blocks in flight %s | "
         "CP 1 %s | 01's materialized attention %s; docs/theory.md, section 13)",
-        ctx.cp.size, held, format_bytes(activation_bytes(local, ctx.micro_B, ctx.dtype, true)).c_str(),
-        format_bytes(ring_buffer_bytes(ctx.cp.size, ctx.micro_B, held, ctx.model.C, ctx.model.NH)).c_str(),
-        format_bytes(context_parallel_activation_bytes(ctx.model, ctx.micro_B, 1)).c_str(),
-        format_bytes(activation_bytes(ctx.model, ctx.micro_B, ctx.dtype, false)).c_str()));
+        ctx.cp.size, ctx.held.T, format_bytes(arena(ctx.held)).c_str(),
+        format_bytes(ring_buffer_bytes(ctx.cp.size, ctx.micro_B, ctx.held.T, ctx.model.C / t, ctx.model.NH / t)).c_str(),
+        format_bytes(one_ring).c_str(), format_bytes(activation_bytes(ctx.model, ctx.micro_B, ctx.dtype, false)).c_str()));
   }
 };
 
