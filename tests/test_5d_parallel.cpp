@@ -81,16 +81,6 @@ Trained train(const std::string& chapter, int ranks, const std::string& flags) {
   return run;
 }
 
-// Every "experts" record's per-layer, per-expert counts of one kind ("routed" or "dropped").
-std::vector<double> expert_counts(const std::string& jsonl, const std::string& kind) {
-  std::vector<double> counts;
-  for (const std::string& record : read_records(jsonl, "experts"))
-    for (int l = 0; l < int(number_field(record, "layers")); l++)
-      for (int e = 0; e < int(number_field(record, "experts")); e++)
-        counts.push_back(number_field(record, kind + "_L" + std::to_string(l) + "_E" + std::to_string(e)));
-  return counts;
-}
-
 TEST_P(MoEGrid, TrainsLikeOneRankOf11WithTheSameTokensDropped) {
   const FiveDCase c = GetParam();
   std::string moe_flags;  // the capacity and the balance loss, for both runs

@@ -47,16 +47,6 @@ TrainedRun run_11(int ranks, const std::string& flags) {
   return run;
 }
 
-// Every "experts" record's per-expert counts of one kind ("routed" or "dropped"), step by step.
-std::vector<double> expert_counts(const std::string& jsonl, const std::string& kind) {
-  std::vector<double> counts;
-  for (const std::string& record : read_records(jsonl, "experts"))
-    for (int l = 0; l < 2; l++)
-      for (int e = 0; e < 4; e++)
-        counts.push_back(number_field(record, kind + "_L" + std::to_string(l) + "_E" + std::to_string(e)));
-  return counts;
-}
-
 // The bytes rank 0 sends in its all-to-alls in step `step`, from the routing alone: each micro-batch's
 // and layer's "routing" record lists every rank's assignments per expert before the capacity, which
 // claims places in rank order (moe.h), so rank q keeps min(routed, capacity - those before it) of

@@ -398,3 +398,14 @@ void expect_checkpoints_cross_grids(const Grid& from, const std::vector<Grid>& i
   ASSERT_EQ(one.exit_code, 0) << one.output;
   resume(takes_01s, dir + "/one_" + half + ".bin");
 }
+
+// Every "experts" record's per-layer, per-expert counts of one kind ("routed" or "dropped"), step by
+// step (11's and 12's records name their layers and experts).
+std::vector<double> expert_counts(const std::string& jsonl, const std::string& kind) {
+  std::vector<double> counts;
+  for (const std::string& record : read_records(jsonl, "experts"))
+    for (int l = 0; l < int(number_field(record, "layers")); l++)
+      for (int e = 0; e < int(number_field(record, "experts")); e++)
+        counts.push_back(number_field(record, kind + "_L" + std::to_string(l) + "_E" + std::to_string(e)));
+  return counts;
+}

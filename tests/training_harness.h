@@ -81,6 +81,9 @@ void expect_theory_matches(const std::string& jsonl_path, double param_bytes);
 
 // Every "step" record of a run, as raw text.
 std::vector<std::string> read_records(const std::string& jsonl_path, const std::string& type);
+// Every "experts" record's counts of one kind ("routed" or "dropped") per layer and expert, step by
+// step (a MoE run of 11 or 12).
+std::vector<double> expert_counts(const std::string& jsonl, const std::string& kind);
 
 // ||a - b|| / ||b|| over whole vectors (L2 norms), accumulated in double.
 double relative_l2_difference(const std::vector<float>& a, const std::vector<float>& b);
