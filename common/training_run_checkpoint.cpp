@@ -80,49 +80,25 @@ Buffer TrainingRun::to_local(Buffer global) const {
 
 Buffer TrainingRun::to_global(Buffer local) const {
   if (tp_.size == 1 && pp_.size == 1 && ep_.size == 1) return local;
+  ENSURE(grid_ != nullptr, "TrainingRun::to_global: a split model needs its grid");
+  // Any grid, one way: every rank places its own slices into the whole model's zeros, then leaves in
+  // only what it alone must count, so that a sum over the world holds each element exactly once (a
+  // sum of one value and zeros is exact). A tensor tensor parallelism splits counts on every TP rank
+  // (each its slice), one it holds whole on TP rank 0; any tensor on the first data replica (DP and
+  // CP rank 0), on the stage that holds it (wte, held by the first and the last stage, on the
+  // first); an expert on the first replica of its holders (expert-data-parallel rank 0).
   Buffer global(global_layout_.padded_size, MemCategory::Other);  // zeros
-  if (grid_ && model_.moe()) {
-    // Any grid of chapter 12: every rank places its slices, then leaves in only what it alone must
-    // count, so that a sum over the world holds each element once. An expert counts on the first
-    // replica of its holders (expert-data-parallel rank 0); any other tensor on the first replica
-    // (DP and CP rank 0), by its slice when tensor parallelism splits it, else on TP rank 0; wte,
-    // held by the first and the last stage, on the first.
-    place_into_global(layout_, local.f32(), global_layout_, global.f32());
-    const GridCoords& at = grid_->coords();
-    for (size_t i = 0; i < layout_.params.size(); i++) {
-      const ParamInfo& p = layout_.params[i];
-      const bool counts = p.expert >= 0 ? at.edp == 0
-                                        : at.dp == 0 && at.cp == 0 && (!p.shard.whole() || at.tp == 0) &&
-                                              !(p.name == "wte" && at.pp != 0);
-      if (p.held() && !counts) fill_zero(global.view().slice1d(global_layout_.params[i].offset, global_layout_.params[i].size));
-    }
-    world_.all_reduce(global.view(), ReduceOp::Sum);
-    return global;
+  place_into_global(layout_, local.f32(), global_layout_, global.f32());
+  const GridCoords& at = grid_->coords();
+  for (size_t i = 0; i < layout_.params.size(); i++) {
+    const ParamInfo& p = layout_.params[i];
+    const bool counts = p.expert >= 0 ? at.edp == 0
+                                      : at.dp == 0 && at.cp == 0 && (!p.shard.whole() || at.tp == 0) &&
+                                            !(p.name == "wte" && at.pp != 0);
+    const ParamInfo& whole = global_layout_.params[i];
+    if (p.held() && !counts) fill_zero(global.view().slice1d(whole.offset, whole.size));
   }
-  if (tp_.size == 1) {
-    place_into_global(layout_, local.f32(), global_layout_, global.f32());
-  } else {
-    // Every rank's slices (their layouts have the same length), placed by each rank's layout.
-    Buffer all(layout_.padded_size * tp_.size, MemCategory::Other);
-    Tensor mine = all.view().slice1d(layout_.padded_size * tp_.rank, layout_.padded_size);
-    transfer(mine, local.view());
-    tp_comm_->all_gather(mine, all.view());
-    for (int q = 0; q < tp_.size; q++) {
-      TensorParallelism rank_q = tp_;
-      rank_q.rank = q;
-      const ParamLayout layout_q = build_gpt2_layout(model_, dp_.size(), rank_q, pp_.parts);
-      place_into_global(layout_q, all.f32() + layout_.padded_size * q, global_layout_, global.f32());
-    }
-  }
-  if (pp_.size > 1) {
-    // Each stage filled its own tensors and left the others zero: a sum over the pipeline assembles
-    // the model exactly. wte, on the first and the last stage alike, counts once: the first's.
-    if (pp_.rank != 0) {
-      const ParamInfo& wte = global_layout_.params[global_layout_.find("wte")];
-      fill_zero(global.view().slice1d(wte.offset, wte.size));
-    }
-    pp_comm_->all_reduce(global.view(), ReduceOp::Sum);
-  }
+  world_.all_reduce(global.view(), ReduceOp::Sum);
   return global;
 }
 
