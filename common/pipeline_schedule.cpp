@@ -656,6 +656,14 @@ double Simulation::bubble() const {
   return sum / double(idle.size()) / makespan;
 }
 
+double simulated_makespan(Schedule schedule, const PipelineShape& shape, const ActionCosts& costs,
+                          double* without_p2p) {
+  ActionCosts free_links = costs;
+  free_links.p2p = 0;
+  *without_p2p = simulate(schedule, shape, free_links).makespan;
+  return simulate(schedule, shape, costs).makespan;
+}
+
 Simulation simulate(Schedule schedule, const PipelineShape& shape, const ActionCosts& costs, Matching matching) {
   ENSURE(schedule_shape_error(schedule, shape).empty(), schedule_shape_error(schedule, shape));
   std::vector<std::vector<Action>> per_rank;

@@ -189,6 +189,10 @@ Simulation simulate(Schedule schedule, const PipelineShape& shape, const ActionC
                     Matching matching = Matching::ByTag);  // builds the lists
 Simulation simulate(const PipelineShape& shape, const ActionCosts& costs,
                     const std::vector<std::vector<Action>>& per_rank, Matching matching = Matching::ByTag);
+// The schedule's step time by simulate() with these costs, and in `without_p2p` the same with free
+// links (the messages' share of the step is the difference): what the planner asks of a schedule.
+double simulated_makespan(Schedule schedule, const PipelineShape& shape, const ActionCosts& costs,
+                          double* without_p2p);
 
 // The bubble fraction (idle / step time) by the theory, with equal stages and no p2p time:
 //   afab, 1f1b:  (p-1) / (m+p-1)

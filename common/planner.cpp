@@ -381,10 +381,7 @@ PlanResult evaluate_plan(const PlanInputs& in, const PlanConfig& c, bool simulat
     costs.p2p = modelled_ms(pp_link, CollectiveKind::SendRecv, int64_t(message), 2) / 1e3;
     double without_p2p = 0;
     if (simulate_pipeline) {
-      pipeline_s = simulate(c.schedule, shape, costs).makespan;
-      ActionCosts free_links = costs;
-      free_links.p2p = 0;
-      without_p2p = simulate(c.schedule, shape, free_links).makespan;
+      pipeline_s = simulated_makespan(c.schedule, shape, costs, &without_p2p);
       r.simulated = true;
     } else {
       // The slowest stage's F, B, W in theory_bubble's formula, plus the p2p hops of the fill and drain.

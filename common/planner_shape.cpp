@@ -343,10 +343,7 @@ PlanResult evaluate_shape_plan(const PlanInputs& in, const PlanConfig& c, bool s
     costs.p2p = ms(pp_link, CollectiveKind::SendRecv, stream / (sp ? t : 1), 2);
     double without_p2p = 0;
     if (simulate_pipeline) {
-      pipeline_s = simulate(c.schedule, shape, costs).makespan;
-      ActionCosts free_links = costs;
-      free_links.p2p = 0;
-      without_p2p = simulate(c.schedule, shape, free_links).makespan;
+      pipeline_s = simulated_makespan(c.schedule, shape, costs, &without_p2p);
       r.simulated = true;
     } else {
       const double per_micro = busy / m, f = per_micro / 3;
