@@ -125,6 +125,18 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
   if (!moe && opt.ep > 1)
     config_error("--ep " + std::to_string(opt.ep) + " spreads a mixture of experts: pass a MoE --preset (moe-tiny, "
                  "moe-small) or --ep 1");
+  for (const char* flag : {"--capacity-factor", "--aux-loss-coef"})
+    if (!moe && cfg.was_given(flag))
+      config_error(std::string(flag) + " sets a mixture of experts' routing: --preset " + cfg.preset +
+                   " is dense; pass a MoE --preset (moe-tiny, moe-small) or leave it out");
+  if (cp == 1 && cfg.was_given("--cp-split"))
+    config_error("--cp-split chooses which positions each of --cp ranks holds: at --cp 1 one rank holds them all; "
+                 "leave it out or pass --cp 2 or more");
+  if (t == 1 && world.rank() == 0)
+    for (const char* flag : {"--sequence-parallel", "--tp-overlap"})
+      if (cfg.was_given(flag))
+        std::printf("note: %s does nothing at --tp 1 (one rank per tensor-parallel group holds every row and "
+                    "product); running without it\n", flag);
   cfg.grad_accum = m;
 
   // The grid: TP innermost, then CP, DP, PP outermost; experts folded over each stage's ranks.

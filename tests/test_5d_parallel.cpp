@@ -162,6 +162,10 @@ TEST(FiveDRefusals, EachNamesTheFlagWithinSeconds) {
       {4, "--preset tall --ep 2", "MoE --preset"},
       {4, "--preset moe-tiny --cp 2 --ep 2 --zero1", "--zero1"},
       {4, "--preset tall --cp 2 --cp-split diagonal", "--cp-split"},
+      // Accepted, they would be ignored: each is refused where it does nothing.
+      {4, "--preset tall --tp 2 --capacity-factor 1.0", "--capacity-factor sets a mixture of experts' routing"},
+      {4, "--preset tall --tp 2 --aux-loss-coef 0.1", "--aux-loss-coef sets a mixture of experts' routing"},
+      {2, "--preset tall --cp-split contiguous", "at --cp 1 one rank holds them all"},
   };
   for (const Refusal& r : refusals) {
     const RunResult result = run_trainer("12_5d_parallel", r.ranks, "--steps 1 " + r.args, 60);
