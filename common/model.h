@@ -213,6 +213,7 @@ class GPT2 {
   // model_experts.cpp: a MoE model's MLP step, a router per block and slot.
   void init_experts(int max_B);
   MoELayer& moe_layer(const Slot& s, int l);  // block l's router in slot s
+  size_t moe_index(int slot, int l) const;    // its place in moe_: slot-major over the part's blocks
   void moe_mlp_forward(Slot& s, int l, const Layer& x);
   void moe_mlp_backward(Slot& s, int l, const Layer& x);  // into the scratch dln
 

@@ -28,10 +28,12 @@ void GPT2::init_experts(int max_B) {
   reset_routing_totals();
 }
 
-MoELayer& GPT2::moe_layer(const Slot& s, int l) {
+size_t GPT2::moe_index(int slot, int l) const {
   const BlockRange blocks = blocks_of(cfg_, part_);
-  return *moe_[size_t(slot_of(s) * (blocks.end - blocks.begin) + l - blocks.begin)];
+  return size_t(slot * (blocks.end - blocks.begin) + l - blocks.begin);
 }
+
+MoELayer& GPT2::moe_layer(const Slot& s, int l) { return *moe_[moe_index(slot_of(s), l)]; }
 
 // fcproj = the experts' outputs, weighted by the router, for ln2's rows.
 void GPT2::moe_mlp_forward(Slot& s, int l, const Layer& x) {
@@ -75,7 +77,7 @@ const RoutingStats& GPT2::routing(int l, int slot) const {
   const BlockRange blocks = blocks_of(cfg_, part_);
   ENSURE(cfg_.moe() && l >= blocks.begin && l < blocks.end && slot >= 0 && slot < part_.slots,
          "GPT2::routing: no such MoE block or slot here");
-  return moe_[size_t(slot * (blocks.end - blocks.begin) + l - blocks.begin)]->stats();
+  return moe_[moe_index(slot, l)]->stats();
 }
 
 std::vector<ExpertWeights> GPT2::held_experts(int l) const {
