@@ -7,8 +7,9 @@
 //   RecvActivation / RecvGradient  post a non-blocking receive into one of the chunk's buffers for
 //                                  that kind of message (by tag: every schedule lists them all at the
 //                                  start of the step, so none can wait on a receive that nobody
-//                                  posted; by call order: each right before its pass, in one group
-//                                  call with the sends before it, pipeline_schedule.h);
+//                                  posted; by call order: where both ends of the pair call in the
+//                                  same order, in one group call with the sends and receives
+//                                  between the same two passes, pipeline_schedule.h);
 //   F   wait for the input (unless this is the embedding's chunk), run the chunk's forward in a free
 //       activation slot; on the loss's chunk, add the micro-batch's loss;
 //   SendActivation                 send the chunk's output to the next virtual stage (the rank the
@@ -27,10 +28,12 @@
 // output's gradient, its input's gradient sent), as many (B,T,C) buffers as it has activation slots,
 // the schedule's micro-batches in flight, not one per micro-batch of the step: otherwise they would
 // grow with m while the activations do not. A buffer is lent to a micro-batch from its receive (or
-// copy) until the pass that reads it; a receive listed while all are lent waits, in list order, for
-// the next one to come back (the lists order each kind's receives as the passes consume them, so
-// the one a pass waits for is always posted before it); a gradient copy reuses the buffer of the
-// oldest send once that send is done.
+// copy) until the pass that reads it; a receive listed by tag while all are lent waits, in list
+// order, for the next one to come back (the lists order each kind's receives as the passes consume
+// them, so the one a pass waits for is always posted before it). By call order a receive cannot
+// wait (its place among the calls is its match): the lists post each where a buffer is free, which
+// check_pipeline proves before the first step. A gradient copy reuses the buffer of the oldest send
+// once that send is done.
 #pragma once
 #include <functional>
 #include <vector>

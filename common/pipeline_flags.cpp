@@ -114,10 +114,6 @@ Matching pipeline_matching(const std::string& flag, const Communicator& pipeline
   Matching matching = pipeline.matches_by_tag() ? Matching::ByTag : Matching::ByCallOrder;
   if (flag != "auto" && !parse_matching(flag, &matching))
     config_error("--p2p-matching " + flag + ": choose auto, tag or call-order");
-  if (matching == Matching::ByCallOrder && shape.placement == Placement::V && shape.stages > 1)
-    config_error("--p2p-matching: a V schedule's lists are built for messages matched by tag (MPI) only so far, "
-                 "and the " + pipeline.name() + " communicator matches by call order: pass --p2p-matching tag with "
-                 "MPI, or another --schedule");
   if (matching == Matching::ByTag && !pipeline.matches_by_tag())
     config_error("--p2p-matching tag: the " + pipeline.name() + " communicator has no tags (use call-order)");
   if (matching == Matching::ByTag) {
@@ -133,7 +129,7 @@ void add_schedule_flags(FlagParser& flags, PipelineFlags* pipe, std::string* mat
   flags.add("--virtual-stages", &pipe->virtual_stages,
             "model chunks per rank, interleaved (default 2), zb-v and dualpipev (2)");
   flags.add("--p2p-matching", matching, "auto (default), tag (MPI: receives posted at the start) or "
-                                        "call-order (NCCL: each receive grouped with the sends before its pass)");
+                                        "call-order (NCCL: each pair's calls in one order on both ends)");
   flags.add("--partition", &pipe->partition, "blocks per virtual stage, e.g. 3,3,3,3 (default: balanced by FLOPs)");
   flags.add_switch("--zero1", &pipe->zero1, "shard the optimizer state over each stage's data-parallel group (04)");
   flags.add_switch("--zero2", &pipe->zero2, "ZeRO-2's rule: reduce-scatter every micro-batch's gradients (05), to "

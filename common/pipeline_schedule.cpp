@@ -1,5 +1,6 @@
-// pipeline_schedule.cpp: see pipeline_schedule.h. The five builders, each written like its diagram
-// (warm-up, steady state, cool-down), then the checker, the simulator and the theory.
+// pipeline_schedule.cpp: see pipeline_schedule.h. The six builders, each written like its diagram
+// (warm-up, steady state, cool-down), the V's call-order lists from its timeline, then the checker,
+// the simulator and the theory.
 #include "pipeline_schedule.h"
 
 #include <algorithm>
@@ -124,7 +125,8 @@ namespace {
 
 // One rank's list as a builder writes it: forward() and backward() append the pass and then the
 // send of what it produced; finish() places the receive of every pass that needs one: at the start
-// of the list, in the order the passes consume them (ByTag), or right before its pass (ByCallOrder).
+// of the list, in the order the passes consume them (ByTag), or right before its pass (ByCallOrder;
+// a V's call-order lists are placed from its timeline instead, call_order_from_timeline).
 class RankList {
  public:
   RankList(const PipelineShape& shape, int rank) : shape_(shape), rank_(rank) {}
@@ -388,11 +390,17 @@ std::vector<Action> build_dualpipev(const PipelineShape& shape, int rank, Matchi
   return list.finish(matching);
 }
 
+std::vector<Action> call_order_from_timeline(Schedule schedule, const PipelineShape& shape, int rank);
+
 }  // namespace
 
 std::vector<Action> build_schedule(Schedule schedule, const PipelineShape& shape, int rank, Matching matching) {
   ENSURE(schedule_shape_error(schedule, shape).empty(), schedule_shape_error(schedule, shape));
   ENSURE(rank >= 0 && rank < shape.stages, "build_schedule: rank outside the pipeline");
+  // A V's lists under call order come from the whole pipeline's timeline, not from one rank's order
+  // of passes alone (call_order_from_timeline says why).
+  if (matching == Matching::ByCallOrder && shape.placement == Placement::V && shape.stages > 1)
+    return call_order_from_timeline(schedule, shape, rank);
   switch (schedule) {
     case Schedule::AFAB: return build_afab(shape, rank, matching);
     case Schedule::OneFOneB: return build_1f1b(shape, rank, matching);
@@ -530,11 +538,13 @@ CallOrder call_order(const PipelineShape& shape, const std::vector<std::vector<A
 }
 
 // Under call order: the k-th send from rank a to rank b and the k-th receive at b from a must be one
-// message, or the data lands in the wrong buffer and nothing says so. "" or the first mismatch.
+// message, or the data lands in the wrong buffer and nothing says so. "" or the first mismatch. A
+// message from a rank to itself is a copy into its micro-batch's buffer, in any order.
 std::string call_order_problem(const PipelineShape& shape, const std::vector<std::vector<Action>>& per_rank) {
   const CallOrder order = call_order(shape, per_rank);
   for (int from = 0; from < shape.stages; from++)
     for (int to = 0; to < shape.stages; to++) {
+      if (to == from) continue;
       const std::vector<int>&out = order.sends[from][to], &in = order.receives[to][from];
       for (size_t k = 0; k < out.size() && k < in.size(); k++) {
         const Action sent = message_of(shape, from, per_rank[from][out[k]]).as_received;
@@ -546,6 +556,152 @@ std::string call_order_problem(const PipelineShape& shape, const std::vector<std
       }
     }
   return "";
+}
+
+// The executor's message buffers (pipeline.h): each chunk has as many for the activations it
+// receives, and as many for the gradients, as it has activation slots (max_in_flight). A buffer is
+// lent where a receive is posted, or where a copy from the rank's other chunk is made (its send),
+// and comes back after the pass that reads it (F, B). By tag a receive that finds none waits for
+// one, in list order; under call order it cannot wait, since its place among the calls is its
+// match: it must find one free. So must a copy, under either. "" or the first that finds none.
+std::string buffer_problem(const PipelineShape& shape, int rank, const std::vector<Action>& list, Matching matching) {
+  const int v = shape.chunks, m = shape.micro_batches;
+  // lent[chunk][kind] (0 activations, 1 gradients), and which micro-batches hold one.
+  std::vector<std::vector<int>> lent(v, std::vector<int>(2, 0));
+  std::vector<std::vector<std::vector<bool>>> holds(v, std::vector<std::vector<bool>>(2, std::vector<bool>(m, false)));
+  auto lend = [&](int chunk, int kind, const Action& at) -> std::string {
+    const int buffers = max_in_flight(list, chunk);
+    const bool copy = at.op == Op::SendActivation || at.op == Op::SendGradient;
+    if (lent[chunk][kind] == buffers)
+      return "rank " + std::to_string(rank) + (copy ? " copies " : " posts ") + describe(at) + " while all " +
+             std::to_string(buffers) + " of chunk " + std::to_string(chunk) + "'s " +
+             (kind == 0 ? "activation" : "gradient") + " buffers (one per activation slot) are lent";
+    lent[chunk][kind]++;
+    holds[chunk][kind][at.micro] = true;
+    return "";
+  };
+  for (const Action& a : list) {
+    std::string problem;
+    switch (a.op) {
+      case Op::RecvActivation:
+      case Op::RecvGradient:
+        if (matching == Matching::ByCallOrder && message_of(shape, rank, a).peer != rank)
+          problem = lend(a.chunk, a.op == Op::RecvGradient, a);
+        break;
+      case Op::SendActivation:
+      case Op::SendGradient: {
+        const Message message = message_of(shape, rank, a);
+        if (message.peer == rank) problem = lend(message.as_received.chunk, a.op == Op::SendGradient, a);
+        break;
+      }
+      case Op::F:
+      case Op::B: {
+        const int kind = a.op == Op::B;
+        if (holds[a.chunk][kind][a.micro]) holds[a.chunk][kind][a.micro] = false, lent[a.chunk][kind]--;
+        break;
+      }
+      case Op::W: break;
+    }
+    if (!problem.empty()) return problem;
+  }
+  return "";
+}
+
+// A V's lists under call order. Each receive right before its pass, as RankList places them, is not
+// enough in a V: two neighbours exchange both ways within one phase (activations down one arm and
+// gradients up the other, and back), so the two ends of a pair would call in different orders, and
+// a group could wait for a call that its partner makes only after a group that waits in turn.
+// Instead every message gets one place in one global order: its send's time in the schedule's
+// timeline (the tag-matched lists simulated with F = B = W = 1, a whole backward 2; ties by sending
+// rank, then by its list), and every rank calls its sends and receives in that order. The sends
+// stay right after their passes; a receive goes into the gap after the last of its rank's passes
+// that has ended by its send's time: it is posted while its sender computes it, so neither end's
+// later calls queue behind it. Both ends of every pair then call in one order, so the k-th send
+// meets the k-th receive, and no group waits forever: by induction over the global order, every
+// group before a message's group, on either rank, holds earlier messages only, whose partner groups
+// have started; every pass before it waits only for such groups; so both of the message's groups
+// start, and then every group ends. With the timeline's costs the step is as long as by tag. A
+// message between the two chunks of rank p-1 (the V's point) is a copy, in no group: its receive
+// stays right before its pass. check_pipeline checks, for the shape at hand, that each receive
+// finds a free buffer though it is posted early (the tests sweep p and m).
+std::vector<Action> call_order_from_timeline(Schedule schedule, const PipelineShape& shape, int rank) {
+  const int p = shape.stages, m = shape.micro_batches, v = shape.chunks;
+  std::vector<std::vector<Action>> by_tag;
+  for (int r = 0; r < p; r++) by_tag.push_back(build_schedule(schedule, shape, r, Matching::ByTag));
+  const bool split = splits_backward(schedule);
+  const Simulation timeline = simulate(shape, uniform_costs(shape, 1, split ? 1 : 2, split ? 1 : 0), by_tag);
+  ENSURE(timeline.deadlock.empty(), "call_order_from_timeline: the tag-matched lists deadlock: " + timeline.deadlock);
+
+  // A message's place in the global order, found by the action that receives it on its rank.
+  struct Place {
+    double time = -1;
+    int sender = 0, position = 0;
+    bool operator<(const Place& o) const {
+      return time != o.time ? time < o.time : sender != o.sender ? sender < o.sender : position < o.position;
+    }
+  };
+  std::vector<Place> place_of(size_t(p) * 2 * v * m);
+  auto place = [&](int receiver, const Action& received) -> Place& {
+    return place_of[((size_t(receiver) * 2 + (received.op == Op::RecvGradient)) * v + received.chunk) * m +
+                    received.micro];
+  };
+  std::vector<double> pass_end;  // this rank's, in list order
+  for (size_t i = 0, position = 0; i < timeline.actions.size(); i++, position++) {
+    const SimulatedAction& done = timeline.actions[i];
+    if (i > 0 && timeline.actions[i - 1].rank != done.rank) position = 0;  // rank by rank, each in list order
+    if (done.rank == rank && is_pass(done.action.op)) pass_end.push_back(done.end);
+    if (done.action.op != Op::SendActivation && done.action.op != Op::SendGradient) continue;
+    const Message message = message_of(shape, done.rank, done.action);
+    place(message.peer, message.as_received) = {done.start, done.rank, int(position)};
+  }
+
+  // This rank's passes in order, and its messages, each in a gap: gap g is right before pass g, the
+  // last one after every pass.
+  struct Placed {
+    Action action;
+    Place place;
+    int gap;
+  };
+  std::vector<Action> passes;
+  std::vector<Placed> messages, copies_received;
+  for (const Action& a : by_tag[rank]) {
+    if (is_pass(a.op)) {
+      passes.push_back(a);
+      continue;
+    }
+    const Message message = message_of(shape, rank, a);
+    if (a.op == Op::SendActivation || a.op == Op::SendGradient) {
+      messages.push_back({a, place(message.peer, message.as_received), int(passes.size())});
+      continue;
+    }
+    const Action consumer{a.op == Op::RecvActivation ? Op::F : Op::B, a.micro, a.chunk};
+    const int before = int(std::find(by_tag[rank].begin(), by_tag[rank].end(), consumer) - by_tag[rank].begin());
+    const int consumer_gap = int(std::count_if(by_tag[rank].begin(), by_tag[rank].begin() + before,
+                                               [](const Action& b) { return is_pass(b.op); }));
+    if (message.peer == rank) {
+      copies_received.push_back({a, Place{}, consumer_gap});
+      continue;
+    }
+    const Place sent = place(rank, a);
+    const int gap = int(std::upper_bound(pass_end.begin(), pass_end.end(), sent.time) - pass_end.begin());
+    // Its pass starts once the message has come, after every pass that ended before it was sent.
+    ENSURE(sent.time >= 0 && gap <= consumer_gap, "call_order_from_timeline: " + describe(a) + " out of its timeline");
+    messages.push_back({a, sent, gap});
+  }
+  std::sort(messages.begin(), messages.end(), [](const Placed& a, const Placed& b) { return a.place < b.place; });
+
+  std::vector<Action> list;
+  size_t next_message = 0;
+  for (int gap = 0; gap <= int(passes.size()); gap++) {
+    for (; next_message < messages.size() && messages[next_message].gap == gap; next_message++)
+      list.push_back(messages[next_message].action);
+    for (const Placed& copy : copies_received)
+      if (copy.gap == gap) list.push_back(copy.action);
+    if (gap < int(passes.size())) list.push_back(passes[gap]);
+  }
+  // In the global order, gap by gap: a message's gap never falls behind an earlier one's.
+  ENSURE(next_message == messages.size(), "call_order_from_timeline: the gaps are out of the global order");
+  return list;
 }
 
 }  // namespace
@@ -601,11 +757,6 @@ std::string check_pipeline(Schedule schedule, const PipelineShape& shape,
       }
     }
   }
-  // A V's two arms share each pair of neighbouring ranks, activations of one and gradients of the
-  // other in the same direction, and rank p-1 hands over to itself: NCCL's pairing by call order
-  // would need both ends to interleave the two kinds alike, which these lists do not arrange yet.
-  if (matching == Matching::ByCallOrder && shape.stages > 1 && shape.placement == Placement::V)
-    return std::string(schedule_name(schedule)) + " is built for messages matched by tag only (MPI), not by call order";
   if (matching == Matching::ByCallOrder && shape.stages > 1) {
     const std::string pairing = call_order_problem(shape, per_rank);
     if (!pairing.empty()) return pairing;
@@ -615,6 +766,11 @@ std::string check_pipeline(Schedule schedule, const PipelineShape& shape,
   Simulation run =
       simulate(shape, uniform_costs(shape, 1, 1, splits_backward(schedule) ? 1 : 0), per_rank, matching);
   if (!run.deadlock.empty()) return "deadlock: " + run.deadlock;
+  // And each receive, or copy, must find a buffer for its message where it is listed.
+  for (int rank = 0; rank < p; rank++) {
+    const std::string buffers = buffer_problem(shape, rank, per_rank[rank], matching);
+    if (!buffers.empty()) return buffers;
+  }
   return "";
 }
 
@@ -783,6 +939,8 @@ namespace {
 
 // The call-order model (simulate()'s comment). Each rank has two lanes: its passes in list order,
 // and its message groups in list order. A message's partner is found by counting, as NCCL matches.
+// A message between two chunks of one rank is a copy, as the executor makes it: in no group, made
+// on the compute lane where its send is listed, and so before the pass that reads it or never.
 Simulation simulate_call_order(const PipelineShape& shape, const ActionCosts& costs,
                                const std::vector<std::vector<Action>>& per_rank) {
   const int p = shape.stages, v = shape.chunks;
@@ -791,14 +949,15 @@ Simulation simulate_call_order(const PipelineShape& shape, const ActionCosts& co
   ENSURE((per == v || per == shape.virtual_stages()) && int(costs.backward.size()) == per,
          "simulate: a cost per chunk or per virtual stage");
   auto cost_of = [&](int rank, const Action& a) { return action_cost(shape, costs, rank, a); };
+  auto is_copy = [&](int rank, const Action& a) { return !is_pass(a.op) && message_of(shape, rank, a).peer == rank; };
 
   // Per rank and action: its group (messages), the partner (rank, group) of each message, and the
   // group holding each pass's receive.
   struct Lane {
-    std::vector<std::pair<int, int>> groups;  // [first, last] in the list
-    std::vector<int> group_of;                // per action, -1 for passes
+    std::vector<std::vector<int>> groups;  // positions in the list of each group's messages
+    std::vector<int> group_of;             // per action, -1 for passes and copies
     std::vector<double> group_start, group_end;
-    std::vector<double> pass_end;             // per action, -1 until run
+    std::vector<double> pass_end;  // per action, -1 until run
     size_t next_pass = 0;
     size_t next_group = 0;
     double compute_clock = 0, computed = 0;
@@ -808,10 +967,15 @@ Simulation simulate_call_order(const PipelineShape& shape, const ActionCosts& co
   for (int rank = 0; rank < p; rank++) {
     Lane& lane = lanes[rank];
     const std::vector<Action>& list = per_rank[rank];
-    lane.groups = message_groups(list);
     lane.group_of.assign(list.size(), -1);
-    for (int g = 0; g < int(lane.groups.size()); g++)
-      for (int i = lane.groups[g].first; i <= lane.groups[g].second; i++) lane.group_of[i] = g;
+    for (const auto& [first, last] : message_groups(list)) {
+      std::vector<int> group;
+      for (int i = first; i <= last; i++)
+        if (!is_copy(rank, list[i])) group.push_back(i);
+      if (group.empty()) continue;  // copies only: nothing goes out
+      for (int i : group) lane.group_of[i] = int(lane.groups.size());
+      lane.groups.push_back(group);
+    }
     lane.group_start.assign(lane.groups.size(), -1.0);
     lane.group_end.assign(lane.groups.size(), -1.0);
     lane.pass_end.assign(list.size(), -1.0);
@@ -822,6 +986,7 @@ Simulation simulate_call_order(const PipelineShape& shape, const ActionCosts& co
   for (int rank = 0; rank < p; rank++) partner[rank].assign(per_rank[rank].size(), {-1, -1});
   for (int rank = 0; rank < p; rank++) {
     for (int peer = 0; peer < p; peer++) {
+      if (peer == rank) continue;  // copies
       const std::vector<int>&out = order.sends[rank][peer], &in = order.receives[peer][rank];
       for (size_t k = 0; k < out.size() && k < in.size(); k++) {
         partner[rank][out[k]] = {peer, lanes[peer].group_of[in[k]]};
@@ -829,16 +994,28 @@ Simulation simulate_call_order(const PipelineShape& shape, const ActionCosts& co
       }
     }
   }
-  // The group of the receive a pass waits for, found by position: the latest receive of its data
-  // before it.
-  auto receive_group = [&](int rank, int i) -> int {
+  // The group a pass at position i waits for: its receive's (the latest receive of its data before
+  // it); kNoGroup when it receives nothing, or its data is a copy whose send comes before it on the
+  // same lane; kNever when what it needs is not before it.
+  constexpr int kNoGroup = -1, kNever = -2;
+  auto group_needed = [&](int rank, int i) -> int {
     const Action& pass = per_rank[rank][i];
+    const int s = virtual_stage(shape, rank, pass.chunk);
+    const bool receives_data = (pass.op == Op::F && s > 0) || (pass.op == Op::B && s < shape.virtual_stages() - 1);
+    if (!receives_data) return kNoGroup;
     const Op wanted = pass.op == Op::F ? Op::RecvActivation : Op::RecvGradient;
+    if (rank_of_stage(shape, pass.op == Op::F ? s - 1 : s + 1) == rank) {  // a copy from this rank's other chunk
+      const Op sent = pass.op == Op::F ? Op::SendActivation : Op::SendGradient;
+      const int from = chunk_of_stage(shape, pass.op == Op::F ? s - 1 : s + 1);
+      for (int j = i - 1; j >= 0; j--)
+        if (per_rank[rank][j] == Action{sent, pass.micro, from}) return kNoGroup;
+      return kNever;
+    }
     for (int j = i - 1; j >= 0; j--) {
       const Action& a = per_rank[rank][j];
       if (a.op == wanted && a.micro == pass.micro && a.chunk == pass.chunk) return lanes[rank].group_of[j];
     }
-    return -1;
+    return kNever;
   };
 
   for (bool progressed = true; progressed;) {
@@ -849,10 +1026,11 @@ Simulation simulate_call_order(const PipelineShape& shape, const ActionCosts& co
       // The message lane.
       while (lane.next_group < lane.groups.size()) {
         const size_t g = lane.next_group;
+        const std::vector<int>& group = lane.groups[g];
         if (lane.group_start[g] < 0) {
           double start = g > 0 ? lane.group_end[g - 1] : 0;
           bool passes_done = true;
-          for (int i = lane.groups[g].first - 1; i >= 0 && passes_done; i--)
+          for (int i = group.front() - 1; i >= 0 && passes_done; i--)
             if (is_pass(list[i].op)) {  // the last pass before it ends after every earlier one
               passes_done = lane.pass_end[i] >= 0;
               start = std::max(start, lane.pass_end[i]);
@@ -864,37 +1042,32 @@ Simulation simulate_call_order(const PipelineShape& shape, const ActionCosts& co
         }
         double end = lane.group_start[g];
         bool partners_started = true;
-        for (int i = lane.groups[g].first; i <= lane.groups[g].second; i++) {
-          const auto [peer, group] = partner[rank][i];
-          if (peer < 0 || lanes[peer].group_start[group] < 0) {
+        for (int i : group) {
+          const auto [peer, partner_group] = partner[rank][i];
+          if (peer < 0 || lanes[peer].group_start[partner_group] < 0) {
             partners_started = false;
             break;
           }
-          end = std::max(end, lanes[peer].group_start[group]);
+          end = std::max(end, lanes[peer].group_start[partner_group]);
         }
         if (!partners_started) break;
         lane.group_end[g] = end + costs.p2p;
-        for (int i = lane.groups[g].first; i <= lane.groups[g].second; i++)
-          lane.ran.push_back({rank, list[i], lane.group_start[g], lane.group_start[g]});
+        for (int i : group) lane.ran.push_back({rank, list[i], lane.group_start[g], lane.group_start[g]});
         lane.next_group++;
         progressed = true;
       }
       // The compute lane.
       while (lane.next_pass < list.size()) {
         const size_t i = lane.next_pass;
-        if (!is_pass(list[i].op)) {
+        const Action& a = list[i];
+        if (!is_pass(a.op)) {
+          if (is_copy(rank, a)) lane.ran.push_back({rank, a, lane.compute_clock, lane.compute_clock});
           lane.next_pass++;
           continue;
         }
-        const Action& a = list[i];
-        const int s = virtual_stage(shape, rank, a.chunk);
-        const bool receives_data = (a.op == Op::F && s > 0) || (a.op == Op::B && s < shape.virtual_stages() - 1);
-        double ready = 0;
-        if (receives_data) {
-          const int g = receive_group(rank, int(i));
-          if (g < 0 || lane.group_end[g] < 0) break;
-          ready = lane.group_end[g];
-        }
+        const int group = group_needed(rank, int(i));
+        if (group == kNever || (group >= 0 && lane.group_end[group] < 0)) break;
+        const double ready = group >= 0 ? lane.group_end[group] : 0;
         const double start = std::max(lane.compute_clock, ready), cost = cost_of(rank, a);
         lane.compute_clock = start + cost;
         lane.computed += cost;
@@ -913,31 +1086,40 @@ Simulation simulate_call_order(const PipelineShape& shape, const ActionCosts& co
     if (!lanes[rank].group_end.empty()) sim.makespan = std::max(sim.makespan, lanes[rank].group_end.back());
   }
   for (int rank = 0; rank < p; rank++) sim.idle.push_back(sim.makespan - lanes[rank].computed);
+  auto describe_group = [&](int rank, const std::vector<int>& group) {
+    std::vector<Action> actions;
+    for (int i : group) actions.push_back(per_rank[rank][i]);
+    return "rank " + std::to_string(rank) + "'s group [" + describe(actions) + "]";
+  };
   for (int rank = 0; rank < p; rank++) {
     const Lane& lane = lanes[rank];
-    if (lane.next_group >= lane.groups.size()) continue;
-    const auto [first, last] = lane.groups[lane.next_group];
-    std::vector<Action> group(per_rank[rank].begin() + first, per_rank[rank].begin() + last + 1);
-    std::string reason = "rank " + std::to_string(rank) + "'s group [" + describe(group) + "] ";
-    if (lane.group_start[lane.next_group] < 0) {
-      reason += "waits for its passes before it";
-    } else {
-      reason += "waits for";
-      for (int i = first; i <= last; i++) {
-        const auto [peer, g] = partner[rank][i];
-        if (peer < 0) {
-          reason += " a partner for " + describe(per_rank[rank][i]) + ", which no rank sends";
-          break;
-        }
-        if (lanes[peer].group_start[g] < 0) {
-          const auto [pf, pl] = lanes[peer].groups[g];
-          reason += " rank " + std::to_string(peer) + "'s group [" +
-                    describe(std::vector<Action>(per_rank[peer].begin() + pf, per_rank[peer].begin() + pl + 1)) + "]";
-          break;
+    std::string reason;
+    if (lane.next_pass < per_rank[rank].size() && group_needed(rank, int(lane.next_pass)) == kNever) {
+      // A copy listed after the pass that reads it (or a receive not listed before it): the pass
+      // waits for itself, whatever the other ranks do.
+      reason = "rank " + std::to_string(rank) + " waits at " + describe(per_rank[rank][lane.next_pass]) +
+               " for data that nothing listed before it brings";
+    } else if (lane.next_group < lane.groups.size()) {
+      const std::vector<int>& group = lane.groups[lane.next_group];
+      reason = describe_group(rank, group) + " ";
+      if (lane.group_start[lane.next_group] < 0) {
+        reason += "waits for its passes before it";
+      } else {
+        reason += "waits for";
+        for (int i : group) {
+          const auto [peer, g] = partner[rank][i];
+          if (peer < 0) {
+            reason += " a partner for " + describe(per_rank[rank][i]) + ", which no rank sends";
+            break;
+          }
+          if (lanes[peer].group_start[g] < 0) {
+            reason += " " + describe_group(peer, lanes[peer].groups[g]);
+            break;
+          }
         }
       }
     }
-    sim.deadlock += (sim.deadlock.empty() ? "" : "; ") + reason;
+    if (!reason.empty()) sim.deadlock += (sim.deadlock.empty() ? "" : "; ") + reason;
   }
   return sim;
 }

@@ -23,9 +23,9 @@
 // as it is: Recv* posts a non-blocking receive; F and B wait for their posted receive, then compute;
 // Send* starts a non-blocking send. Each send comes right after the F or B that produced its data.
 // Where the receives go depends on how a receive finds its message (Matching, below): all at the
-// start of the list (MPI's tags), or each right before the pass that needs it, in one group with
-// the sends before it (NCCL's call order). Nothing here runs the model or talks to another rank: a
-// test checks the lists, and the simulator times them, before any executor exists.
+// start of the list (MPI's tags), or among the sends, where both ends of every pair call in the
+// same order (NCCL's call order). Nothing here runs the model or talks to another rank: a test
+// checks the lists, and the simulator times them, before any executor exists.
 #pragma once
 #include <string>
 #include <utility>
@@ -83,12 +83,21 @@ struct Action {
 //                that b posts from a, and a send finishes only while its receive runs. A rank's
 //                messages run one after the other on its communicator's stream, so receives posted at
 //                the start would hold every later send behind them, and the ranks would wait for each
-//                other forever. Instead each receive is posted right before the pass that needs it,
-//                and every run of sends and receives between two passes is one group call
-//                (ncclGroupStart/End; Megatron-LM's batch_isend_irecv): a rank's send and its
-//                receive from the same neighbour progress together. check_pipeline proves, per
-//                schedule, that the k-th send and the k-th receive are the same message and that no
-//                group waits forever.
+//                other forever. Instead every run of sends and receives between two passes is one
+//                group call (ncclGroupStart/End; Megatron-LM's batch_isend_irecv), in which a rank's
+//                send and its receive from the same neighbour progress together, and the receives
+//                go where each pair's calls come in the same order on both ends. Round-robin
+//                schedules: each receive right before the pass that needs it (interleaved's steady
+//                pairs with their four messages in one group). V schedules, where two neighbours
+//                exchange both ways in one phase: every message gets one place in one global
+//                order, its send's time in the schedule's simulated timeline, and each rank calls
+//                its sends and receives in that order, a receive as soon as its sender's pass is
+//                under way (pipeline_schedule.cpp, call_order_from_timeline). A receive posted here
+//                must find a free buffer: its place is its match, it cannot wait for one. A message
+//                between two chunks of one rank (a V's point) is a copy, in no group.
+//                check_pipeline proves, for the shape at hand, that the k-th send and the k-th
+//                receive are the same message, that no group waits forever, and that every receive
+//                finds a buffer.
 enum class Matching { ByTag, ByCallOrder };
 // "tag", "call-order"; parse_matching returns false on any other name and leaves *out as it was.
 const char* matching_name(Matching matching);
@@ -133,8 +142,11 @@ std::string describe(const std::vector<Action>& actions);
 // after its B; each send after the pass that produces its data, each receive before the pass that
 // consumes it; every send has exactly one matching receive on the neighbouring virtual stage and
 // every receive one send; under ByCallOrder, the k-th send from a rank to another and the k-th
-// receive there from it are the same message; and a simulation with unit costs under `matching`
-// completes (no deadlock). Returns "" when sound, else the first problem in words.
+// receive there from it are the same message; a simulation with unit costs under `matching`
+// completes (no deadlock: under ByCallOrder with the group calls' blocking, simulate()'s model);
+// and every receive posted under ByCallOrder, and every copy between two chunks of a rank, finds
+// one of its chunk's message buffers free (the executor keeps one per activation slot,
+// max_in_flight, pipeline.h). Returns "" when sound, else the first problem in words.
 std::string check_pipeline(Schedule schedule, const PipelineShape& shape,
                            const std::vector<std::vector<Action>>& per_rank, Matching matching = Matching::ByTag);
 
@@ -183,8 +195,9 @@ struct Simulation {
 //   ByCallOrder  a rank's groups run one after the other on its message lane, beside its compute
 //                lane: a group starts once the group before it has ended and every pass before it in
 //                the list has ended (NCCL's stream waits for the compute stream at issue), and ends
-//                p2p after the last of its messages' partner groups has started. With one stage the
-//                messages are local copies, as under ByTag.
+//                p2p after the last of its messages' partner groups has started. A message between
+//                two chunks of one rank (with one stage, every message; in a V, the turn at rank
+//                p-1) is a copy on the compute lane where its send is listed, in no group.
 Simulation simulate(Schedule schedule, const PipelineShape& shape, const ActionCosts& costs,
                     Matching matching = Matching::ByTag);  // builds the lists
 Simulation simulate(const PipelineShape& shape, const ActionCosts& costs,

@@ -79,6 +79,10 @@ std::vector<GridCase> grid_cases() {
       // A V of tensor-parallel stages: rank 0's two chunks hold the embedding's and the head's wte slice.
       {4, "tall", 10, "--tp 2 --pp 2 --schedule zb-v --sequence-parallel", "tp2_pp2_zbv_sp"},
       {4, "tall", 10, "--tp 2 --pp 2 --schedule dualpipev --recompute selective", "tp2_pp2_dualpipev_selective"},
+      // The same V's lists for NCCL (matched by call order), run over MPI with one tag: 09 passes
+      // --p2p-matching to 08's executor, the messages between TP-sharded stages in the V's order.
+      {4, "tall", 10, "--tp 2 --pp 2 --schedule zb-v --sequence-parallel --p2p-matching call-order",
+       "tp2_pp2_zbv_sp_call_order"},
       // Chapter 00's collectives on every group at once (TP's sums, the embedding group's, DP's
       // buckets), each on its communicator's worker while the stages exchange activations.
       {4, "tall", 10, "--tp 2 --pp 2 --collectives ring", "tp2_pp2_ring"},

@@ -196,12 +196,12 @@ TEST(OnGpu, SequenceParallelMatchesOneRank) {
   } while (0)
 
 // NCCL between two ranks, one GPU each: a pipeline's messages have no tags there, so the lists are
-// built for call order (each receive grouped with the sends before its pass); every schedule trains
+// built for call order (each pair's sends and receives in one order on both ends); every schedule trains
 // like one rank. Run on a two-GPU machine; not on the one-GPU machine this project was measured on.
 TEST(OnTwoGpus, EverySchedulesGroupedMessagesMatchOneRank) {
   SKIP_WITHOUT_TWO_GPUS();
   const LossCurve one_rank = train("01_vanilla_dp", 1, "--device cuda --dtype fp32 --preset tall");
-  for (const char* schedule : {"afab", "1f1b", "interleaved", "zb-h1"}) {
+  for (const char* schedule : {"afab", "1f1b", "interleaved", "zb-h1", "zb-v", "dualpipev"}) {
     std::string output;
     const LossCurve staged =
         train("08_pipeline", 2, std::string("--device cuda --dtype fp32 --preset tall --schedule ") + schedule, &output);

@@ -1,7 +1,7 @@
 // test_pipeline.cpp: chapter 08 end to end, through the real trainer binary: every schedule on 2 and
 // 4 stages, with as many micro-batches as stages and twice as many, on pipelines with data
 // parallelism over each stage (03's all-reduce, ZeRO-1, ZeRO-2's rule), with messages matched by
-// tag (MPI) and by call order (the lists NCCL runs), under chapter 00's collectives
+// tag (MPI) and by call order (the lists NCCL runs, the V's included), under chapter 00's collectives
 // (--collectives ring and ours) as under the library's, trains to the same losses,
 // gradient norms and final parameters as one rank of 01 with the same global batch; the tied wte's
 // two copies stay equal, bit for bit; activations, point-to-point, embedding-group and data-parallel
@@ -61,16 +61,23 @@ std::vector<PipelineCase> pipeline_cases() {
         cases.push_back({p, std::string("--schedule ") + schedule + " --micro-batches " + std::to_string(m),
                          name + "_p" + std::to_string(p) + "_m" + std::to_string(m)});
       }
-  // The lists NCCL runs (each receive grouped with the sends before its pass, matched by call
-  // order), here over MPI: the same training.
-  for (const char* schedule : {"afab", "1f1b", "interleaved", "zb-h1"})
+  // The lists NCCL runs (matched by call order: the round-robin schedules' receives right before
+  // their passes, a V's in the global order of its timeline, the turn at rank p-1 a copy), here over
+  // MPI with one tag, so that a message paired with the wrong receive trains wrong: the same training.
+  for (const char* schedule : {"afab", "1f1b", "interleaved", "zb-h1", "zb-v", "dualpipev"})
     for (int p : {2, 4}) {
       std::string name = schedule;
       if (name == "zb-h1") name = "zbh1";
+      if (name == "zb-v") name = "zbv";
       cases.push_back({p, std::string("--p2p-matching call-order --schedule ") + schedule,
                        name + "_p" + std::to_string(p) + "_call_order"});
     }
   cases.push_back({4, "--pp 2 --schedule zb-h1 --p2p-matching call-order", "dp2_pp2_zbh1_call_order"});
+  // zb-v with fewer micro-batches than its order is written for (2p-1): passes left out; dualpipev
+  // with 4p: a steady state of several F&B pairs.
+  cases.push_back({4, "--schedule zb-v --micro-batches 4 --p2p-matching call-order", "zbv_p4_m4_call_order"});
+  cases.push_back(
+      {2, "--schedule dualpipev --micro-batches 8 --p2p-matching call-order", "dualpipev_p2_m8_call_order"});
   // One stage of two chunks: the embedding's chunk and the head's share the rank's one wte.
   cases.push_back({1, "--schedule interleaved", "interleaved_p1"});
   cases.push_back({2, "--pp 1 --schedule interleaved --micro-batches 2", "dp2_interleaved_p1"});
@@ -127,6 +134,7 @@ TEST(PipelineTheory, ActivationsAndBytesOfEveryStageAreTheFormulas) {
                                  {4, "--schedule zb-h1"},
                                  {4, "--schedule zb-v"},
                                  {4, "--schedule dualpipev"},
+                                 {4, "--schedule dualpipev --p2p-matching call-order"},
                                  {2, "--schedule 1f1b --micro-batches 8"},
                                  {4, "--pp 2"},
                                  {4, "--pp 2 --zero1"},

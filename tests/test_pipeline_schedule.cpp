@@ -3,7 +3,9 @@
 // one W under zb-h1) per chunk, in order; sends meet receives; the simulation completes and its
 // bubble is the theory's; the activation slots are the theory's. Then hand-checked orders and
 // timings, and broken lists that check_pipeline must catch. The same lists built for NCCL's
-// matching by call order: every schedule sound, and the lists that would hang on it caught.
+// matching by call order: every schedule sound (a V's from one global order of its messages, for
+// every p and m swept), and the lists that would hang on it, pair the wrong messages or post a
+// receive with no buffer free caught.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -45,10 +47,6 @@ std::vector<Case> all_cases() {
   return cases;
 }
 
-// zb-v and dualpipev are matched by tag only (check_pipeline says so under call order).
-bool call_order_built(const Case& c) { return c.shape.placement == Placement::Loop || c.shape.stages == 1;
-}
-
 std::vector<std::vector<Action>> build_all(const Case& c, Matching matching = Matching::ByTag) {
   std::vector<std::vector<Action>> per_rank;
   for (int rank = 0; rank < c.shape.stages; rank++)
@@ -67,6 +65,28 @@ std::string passes(const std::vector<Action>& actions) {
 int index_of(const std::vector<Action>& actions, const Action& wanted) {
   auto it = std::find(actions.begin(), actions.end(), wanted);
   return it == actions.end() ? -1 : int(it - actions.begin());
+}
+
+// The calls between two ranks in list order, each named as the receiving rank names it: `from`'s
+// sends to `to`, and `to`'s receives from `from`. NCCL pairs the k-th of one with the k-th of the other.
+std::pair<std::vector<Action>, std::vector<Action>> calls_between(const PipelineShape& shape,
+                                                                  const std::vector<std::vector<Action>>& per_rank,
+                                                                  int from, int to) {
+  std::vector<Action> sent, received;
+  for (const Action& a : per_rank[from]) {
+    const int s = virtual_stage(shape, from, a.chunk);
+    const int next = a.op == Op::SendActivation ? s + 1 : s - 1;
+    if ((a.op == Op::SendActivation || a.op == Op::SendGradient) && rank_of_stage(shape, next) == to)
+      sent.push_back({a.op == Op::SendActivation ? Op::RecvActivation : Op::RecvGradient, a.micro,
+                      chunk_of_stage(shape, next)});
+  }
+  for (const Action& a : per_rank[to]) {
+    const int s = virtual_stage(shape, to, a.chunk);
+    if ((a.op == Op::RecvActivation && rank_of_stage(shape, s - 1) == from) ||
+        (a.op == Op::RecvGradient && rank_of_stage(shape, s + 1) == from))
+      received.push_back(a);
+  }
+  return {sent, received};
 }
 
 TEST(PipelineSchedule, NamesRoundTrip) {
@@ -194,11 +214,6 @@ TEST(PipelineSchedule, SendsMatchReceivesBetweenNeighbours) {
 TEST(PipelineSchedule, CheckPipelineAcceptsEveryBuiltSchedule) {
   for (const Case& c : all_cases()) {
     EXPECT_EQ(check_pipeline(c.schedule, c.shape, build_all(c)), "") << name_of(c);
-    if (!call_order_built(c)) {
-      EXPECT_EQ(check_pipeline(c.schedule, c.shape, build_all(c, Matching::ByCallOrder), Matching::ByCallOrder),
-                std::string(schedule_name(c.schedule)) + " is built for messages matched by tag only (MPI), not by call order");
-      continue;
-    }
     EXPECT_EQ(check_pipeline(c.schedule, c.shape, build_all(c, Matching::ByCallOrder), Matching::ByCallOrder), "")
         << name_of(c) << ", call order";
   }
@@ -236,13 +251,16 @@ TEST(CallOrder, ReceivesComeRightBeforeTheirPassInOneGroupWithTheSendsBefore) {
 }
 
 // The lists MPI runs post every receive first. On one NCCL stream those receives would hold back the
-// rank's own sends, which its neighbour waits for: every schedule hangs.
+// rank's own sends, which its neighbour waits for: every schedule hangs. In a V most do not get
+// that far: up front, in the order the passes consume them, a rank's receives from a neighbour
+// already disagree with the order it sends them in (two kinds each way, interleaved differently).
 TEST(CallOrder, ReceivesPostedUpFrontWouldHang) {
   for (const Case& c : all_cases()) {
-    if (c.shape.stages < 2 || !call_order_built(c)) continue;
+    if (c.shape.stages < 2) continue;
     SCOPED_TRACE(name_of(c));
     const std::string problem = check_pipeline(c.schedule, c.shape, build_all(c), Matching::ByCallOrder);
-    EXPECT_NE(problem.find("deadlock"), std::string::npos) << problem;
+    const bool pairs_wrong = c.shape.placement == Placement::V && problem.find("in call order") == 0;
+    EXPECT_TRUE(problem.find("deadlock") == 0 || pairs_wrong) << problem;
   }
 }
 
@@ -288,10 +306,11 @@ TEST(CallOrder, MessagesOutOfOrderAreCaught) {
 }
 
 // With messages that take no time, grouping costs nothing: the same bubble as by tag, the theory's.
-// With time, a group holds its stream until its last message has gone, and the step grows.
+// With time, a group holds its stream until its last message has gone, and the step grows. (A V's
+// lists follow its timeline at F = B = W: VListsFollowTheirTimeline.)
 TEST(CallOrder, SameBubbleAsByTagWhenMessagesAreFree) {
   for (const Case& c : all_cases()) {
-    if (!call_order_built(c)) continue;
+    if (c.shape.placement == Placement::V && c.shape.stages > 1) continue;
     SCOPED_TRACE(name_of(c));
     const ActionCosts costs = uniform_costs(c.shape, 1, 2, splits_backward(c.schedule) ? 1 : 0);
     const Simulation by_tag = simulate(c.schedule, c.shape, costs);
@@ -304,6 +323,130 @@ TEST(CallOrder, SameBubbleAsByTagWhenMessagesAreFree) {
   const ActionCosts slow = uniform_costs(shape, 1, 2, 0, 0.5);
   EXPECT_GT(simulate(Schedule::OneFOneB, shape, slow, Matching::ByCallOrder).makespan,
             simulate(Schedule::OneFOneB, shape, slow).makespan);
+}
+
+// A V's lists under call order, written out: zb-v on 2 ranks, 3 micro-batches. The passes are the
+// tag-matched lists'; every message has one place in one global order (its send's time in the
+// schedule's timeline), and each rank calls its sends and receives in that order, each receive as
+// soon as its sender's pass is under way. So rank 1 receives micro-batch 2's activation down the
+// first arm in one group with its send of micro-batch 0's back up the second (recvA2.c0 sendA0.c1),
+// rank 0 posts that receive right after F2.c0, as both ends of the pair agree; the turn at rank 1,
+// sendA0.c0 then recvA0.c1, is a copy between its chunks, in no group.
+TEST(CallOrder, VListsCallInOneGlobalOrder) {
+  const PipelineShape shape{2, 3, 2, Placement::V};
+  EXPECT_EQ(describe(build_schedule(Schedule::ZBV, shape, 0, Matching::ByCallOrder)),
+            "F0.c0 sendA0.c0 F1.c0 sendA1.c0 F2.c0 sendA2.c0 recvA0.c1 F0.c1 B0.c1 sendG0.c1 recvA1.c1 W0.c1 F1.c1 "
+            "B1.c1 sendG1.c1 W1.c1 recvG0.c0 B0.c0 W0.c0 recvA2.c1 F2.c1 B2.c1 sendG2.c1 W2.c1 recvG1.c0 B1.c0 W1.c0 "
+            "recvG2.c0 B2.c0 W2.c0");
+  EXPECT_EQ(describe(build_schedule(Schedule::ZBV, shape, 1, Matching::ByCallOrder)),
+            "recvA0.c0 F0.c0 recvA1.c0 sendA0.c0 recvA0.c1 F0.c1 recvA2.c0 sendA0.c1 F1.c0 sendA1.c0 recvA1.c1 F1.c1 "
+            "recvG0.c1 sendA1.c1 B0.c1 sendG0.c1 W0.c1 F2.c0 recvG1.c1 sendA2.c0 recvG0.c0 B0.c0 sendG0.c0 W0.c0 "
+            "recvA2.c1 F2.c1 sendA2.c1 B1.c1 sendG1.c1 W1.c1 recvG2.c1 recvG1.c0 B1.c0 sendG1.c0 B2.c1 sendG2.c1 "
+            "recvG2.c0 B2.c0 sendG2.c0 W1.c0 W2.c1 W2.c0");
+}
+
+// zb-v and dualpipev under call order on 2 to 6 ranks, from the fewest micro-batches each allows
+// to 4p+1: sound (pairs, no deadlock, a free buffer for every receive), the same passes as by tag,
+// and between every two ranks the sends of one in the order the other receives them (counted here,
+// not by check_pipeline); the copy at the V's point received right before its pass.
+TEST(CallOrder, VListsAreSoundForEveryShape) {
+  for (Schedule schedule : {Schedule::ZBV, Schedule::DualPipeV})
+    for (int p = 2; p <= 6; p++)
+      for (int m = schedule == Schedule::ZBV ? 1 : 2 * p; m <= 4 * p + 1; m++) {
+        const Case c{schedule, {p, m, 2, Placement::V}};
+        SCOPED_TRACE(name_of(c));
+        const std::vector<std::vector<Action>> by_tag = build_all(c), by_order = build_all(c, Matching::ByCallOrder);
+        EXPECT_EQ(check_pipeline(schedule, c.shape, by_tag), "");
+        ASSERT_EQ(check_pipeline(schedule, c.shape, by_order, Matching::ByCallOrder), "");
+        for (int rank = 0; rank < p; rank++) {
+          EXPECT_EQ(passes(by_order[rank]), passes(by_tag[rank])) << "rank " << rank;
+          for (int peer = 0; peer < p; peer++) {
+            if (peer == rank) continue;
+            const auto [sent, received] = calls_between(c.shape, by_order, rank, peer);
+            EXPECT_EQ(describe(sent), describe(received)) << "from rank " << rank << " to rank " << peer;
+          }
+        }
+        const std::vector<Action>& turn = by_order[p - 1];
+        for (int micro = 0; micro < m; micro++) {
+          EXPECT_EQ(index_of(turn, {Op::RecvActivation, micro, 1}) + 1, index_of(turn, {Op::F, micro, 1}));
+          EXPECT_EQ(index_of(turn, {Op::RecvGradient, micro, 0}) + 1, index_of(turn, {Op::B, micro, 0}));
+        }
+      }
+}
+
+// The lists follow the timeline they were ordered by: with its costs (F = B = W, messages free) a
+// V's step under call order is the tag-matched step, to the last unit; with a backward twice the
+// forward, the order fits less well and the step is at most a few percent longer.
+TEST(CallOrder, VListsFollowTheirTimeline) {
+  for (const Case& c : all_cases()) {
+    if (c.shape.placement != Placement::V || c.shape.stages < 2) continue;
+    SCOPED_TRACE(name_of(c));
+    const ActionCosts equal = uniform_costs(c.shape, 1, 1, 1);
+    const Simulation by_order = simulate(c.schedule, c.shape, equal, Matching::ByCallOrder);
+    ASSERT_EQ(by_order.deadlock, "");
+    EXPECT_NEAR(by_order.makespan, simulate(c.schedule, c.shape, equal).makespan, 1e-9);
+    const ActionCosts longer = uniform_costs(c.shape, 1, 2, 1);
+    const double by_tag = simulate(c.schedule, c.shape, longer).makespan;
+    EXPECT_GE(simulate(c.schedule, c.shape, longer, Matching::ByCallOrder).makespan, by_tag - 1e-9);
+    EXPECT_LE(simulate(c.schedule, c.shape, longer, Matching::ByCallOrder).makespan, 1.06 * by_tag);
+  }
+}
+
+// The first way one would try: the V's passes with each receive right before its pass, as the
+// round-robin schedules have them. Sound by tag; under call order the ends of a pair disagree
+// (zb-v: rank 1 expects micro-batch 0's gradient up the second arm where rank 0 sends micro-batch
+// 2's activation down the first), or agree and still wait for each other in a cycle of group calls
+// (dualpipev), which only running the groups shows.
+TEST(CallOrder, VReceivesRightBeforeTheirPassesAreCaught) {
+  auto per_pass = [](const Case& c) {
+    std::vector<std::vector<Action>> per_rank;
+    for (int rank = 0; rank < c.shape.stages; rank++) {
+      std::vector<Action> list;
+      for (const Action& a : build_schedule(c.schedule, c.shape, rank)) {
+        if (a.op == Op::RecvActivation || a.op == Op::RecvGradient) continue;
+        const int s = virtual_stage(c.shape, rank, a.chunk);
+        if (a.op == Op::F && s > 0) list.push_back({Op::RecvActivation, a.micro, a.chunk});
+        if (a.op == Op::B && s < c.shape.virtual_stages() - 1) list.push_back({Op::RecvGradient, a.micro, a.chunk});
+        list.push_back(a);
+      }
+      per_rank.push_back(list);
+    }
+    return per_rank;
+  };
+  const Case zbv{Schedule::ZBV, {2, 4, 2, Placement::V}}, dualpipev{Schedule::DualPipeV, {2, 4, 2, Placement::V}};
+  EXPECT_EQ(check_pipeline(zbv.schedule, zbv.shape, per_pass(zbv)), "") << "sound under tags";
+  EXPECT_EQ(check_pipeline(zbv.schedule, zbv.shape, per_pass(zbv), Matching::ByCallOrder),
+            "in call order, rank 0's send number 2 to rank 1 is for recvA2.c0, but rank 1's receive number 2 from it "
+            "is recvG0.c1");
+  EXPECT_EQ(check_pipeline(dualpipev.schedule, dualpipev.shape, per_pass(dualpipev)), "") << "sound under tags";
+  EXPECT_EQ(check_pipeline(dualpipev.schedule, dualpipev.shape, per_pass(dualpipev), Matching::ByCallOrder),
+            "deadlock: rank 0's group [sendG0.c1] waits for rank 1's group [recvG0.c1]; rank 1's group [sendA1.c1 "
+            "recvA2.c0] waits for rank 0's group [recvA1.c1]");
+}
+
+// Under call order a receive's place among the calls is its match, so it cannot wait for a buffer
+// as it does by tag: posted while the chunk's buffers are all lent, it is caught. Rank 0's loss
+// chunk holds one micro-batch at a time, so one buffer: micro-batch 1's activation posted with
+// micro-batch 0's, before F0.c1 has read it, finds none. And the copy at the V's point listed
+// after the pass that reads it leaves that pass waiting for itself.
+TEST(CallOrder, AReceiveWithNoFreeBufferAndACopyTooLateAreCaught) {
+  const Case c{Schedule::ZBV, {2, 3, 2, Placement::V}};
+  std::vector<std::vector<Action>> early = build_all(c, Matching::ByCallOrder);
+  std::vector<Action>& rank0 = early[0];
+  ASSERT_EQ(max_in_flight(rank0, 1), 1);
+  rank0.erase(rank0.begin() + index_of(rank0, {Op::RecvActivation, 1, 1}));
+  rank0.insert(rank0.begin() + index_of(rank0, {Op::RecvActivation, 0, 1}) + 1, {Op::RecvActivation, 1, 1});
+  EXPECT_EQ(check_pipeline(c.schedule, c.shape, early), "") << "by tag it waits for the buffer";
+  EXPECT_EQ(check_pipeline(c.schedule, c.shape, early, Matching::ByCallOrder),
+            "rank 0 posts recvA1.c1 while all 1 of chunk 1's activation buffers (one per activation slot) are lent");
+
+  std::vector<std::vector<Action>> late_copy = build_all(c, Matching::ByCallOrder);
+  std::vector<Action>& turn = late_copy[1];
+  turn.erase(turn.begin() + index_of(turn, {Op::SendActivation, 0, 0}));
+  turn.insert(turn.begin() + index_of(turn, {Op::F, 0, 1}) + 1, {Op::SendActivation, 0, 0});
+  const std::string problem = check_pipeline(c.schedule, c.shape, late_copy, Matching::ByCallOrder);
+  EXPECT_NE(problem.find("rank 1 waits at F0.c1 for data that nothing listed before it brings"), std::string::npos)
+      << problem;
 }
 
 TEST(PipelineSchedule, SimulatedBubbleIsTheTheory) {

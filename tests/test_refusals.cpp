@@ -74,13 +74,9 @@ TEST(EveryCombination, OfThePipelinesFlagsIsRefusedOrBuilds) {
                   for (Matching matching : {Matching::ByTag, Matching::ByCallOrder}) {
                     std::vector<std::vector<Action>> every_rank;
                     for (int r = 0; r < s.stages; r++) every_rank.push_back(build_schedule(plan.schedule, s, r, matching));
-                    // A V is matched by tag only; pipeline_matching refuses call order for it.
-                    const bool by_tag_only = s.placement == Placement::V && s.stages > 1;
-                    EXPECT_EQ(check_pipeline(plan.schedule, s, every_rank, matching),
-                              by_tag_only && matching == Matching::ByCallOrder
-                                  ? std::string(schedule) + " is built for messages matched by tag only (MPI), not by call order"
-                                  : "")
-                        << schedule << " p " << s.stages << " m " << s.micro_batches << " v " << s.chunks;
+                    EXPECT_EQ(check_pipeline(plan.schedule, s, every_rank, matching), "")
+                        << schedule << " p " << s.stages << " m " << s.micro_batches << " v " << s.chunks << " "
+                        << matching_name(matching);
                     for (int r = 0; r < s.stages; r++) {
                       std::vector<ModelPart> parts = parts_of_rank(model, plan.blocks, s.stages, r, s.placement);
                       ASSERT_EQ(int(parts.size()), s.chunks);
@@ -303,8 +299,6 @@ std::vector<Refusal> refusals() {
        "--schedule interleaved needs --virtual-stages 2 or more"},
       {"08_pipeline", 2, "--preset tall --schedule zb-v --virtual-stages 4",
        "--schedule zb-v runs 2 chunks a rank, the two arms of its V"},
-      {"08_pipeline", 2, "--preset tall --schedule zb-v --p2p-matching call-order",
-       "--p2p-matching: a V schedule's lists are built for messages matched by tag (MPI) only so far"},
       {"09_3d_parallel", 2, "--tp 1 --pp 2 --preset tall --schedule zb-v --recompute full",
        "--recompute full keeps no product's input for the later weight pass of zb-h1, zb-v and dualpipev"},
       {"08_pipeline", 2, "--preset tall --schedule dualpipev --micro-batches 2",
