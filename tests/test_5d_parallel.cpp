@@ -138,14 +138,36 @@ std::string name_of(const testing::TestParamInfo<FiveDCase>& info) { return info
 INSTANTIATE_TEST_SUITE_P(Grids, DenseGrid, testing::ValuesIn(dense_cases()), name_of);
 INSTANTIATE_TEST_SUITE_P(Grids, MoEGrid, testing::ValuesIn(moe_cases()), name_of);
 
-// Checkpoints stay layout-free: 12's resume in 01, 09 and 10, and on another grid of 12; 01's resume in 12.
+// Checkpoints stay layout-free: 12's resume in 01 and 07-10, and on another grid of 12; 01's resume in 12.
 TEST(FiveDCheckpoints, ResumeAcrossGridsAndChapters) {
   expect_checkpoints_cross_grids({"12_5d_parallel", 4, "--tp 2 --cp 2 --sequence-parallel"},
                                  {{"01_vanilla_dp", 1, ""},
+                                  {"07_tensor_parallel", 2, "--tp 2"},
+                                  {"08_pipeline", 2, "--pp 2 --schedule zb-v"},
                                   {"09_3d_parallel", 4, "--tp 2 --pp 2"},
                                   {"10_context_parallel", 2, "--cp 2"},
                                   {"12_5d_parallel", 4, "--cp 2 --pp 2"}},
                                  {"12_5d_parallel", 4, "--cp 2 --tp 2"}, "--preset tall", 8, kTolerance);
+}
+
+// And theirs resume in 12: 07-10's on a grid of all their dimensions at once.
+TEST(FiveDCheckpoints, ResumesTheOtherChapters) {
+  expect_resumes_checkpoints_of({"12_5d_parallel", 8, "--cp 2 --tp 2 --pp 2 --schedule dualpipev --micro-batches 4"},
+                                {{"07_tensor_parallel", 2, "--tp 2 --sequence-parallel"},
+                                 {"08_pipeline", 2, "--pp 2 --schedule interleaved"},
+                                 {"09_3d_parallel", 4, "--tp 2 --pp 2 --zero1"},
+                                 {"10_context_parallel", 2, "--cp 2 --cp-split contiguous"}},
+                                "--preset tall", 8, kTolerance);
+}
+
+// A mixture of experts' checkpoints move between 11 and 12 both ways, whatever the grid.
+TEST(FiveDCheckpoints, MixtureOfExpertsBetween11And12) {
+  // (The balance loss spans a micro-batch: both sides split the batch into the same two.)
+  expect_resumes_checkpoints_of({"12_5d_parallel", 4, "--tp 2 --pp 2 --ep 2 --sequence-parallel --micro-batches 2"},
+                                {{"11_expert_parallel", 2, "--ep 2 --grad-accum 2"}}, "--preset moe-tiny", 6, kTolerance);
+  expect_resumes_checkpoints_of({"11_expert_parallel", 2, "--ep 2 --grad-accum 2"},
+                                {{"12_5d_parallel", 4, "--cp 2 --pp 2 --ep 2 --micro-batches 2"}}, "--preset moe-tiny", 6,
+                                kTolerance);
 }
 
 // A grid that does not fit is refused on every rank at once, naming the flag and what would fit.

@@ -394,9 +394,30 @@ void expect_checkpoints_cross_grids(const Grid& from, const std::vector<Grid>& i
         << "resumed in " << grid.chapter << " on " << grid.ranks << " ranks " << grid.flags << " from " << checkpoint;
   };
   for (const Grid& grid : into) resume(grid, dir + "/ck_" + half + ".bin");
-  RunResult one = run_trainer("01_vanilla_dp", 1, common + " --save " + dir + "/one_{step}.bin --save-every " + half);
-  ASSERT_EQ(one.exit_code, 0) << one.output;
-  resume(takes_01s, dir + "/one_" + half + ".bin");
+  expect_resumes_checkpoints_of(takes_01s, {{"01_vanilla_dp", 1, ""}}, common_flags, steps, tolerance);
+}
+
+void expect_resumes_checkpoints_of(const Grid& into, const std::vector<Grid>& sources, const std::string& common_flags,
+                                   int steps, double tolerance) {
+  const std::string dir = temp_dir(), half = std::to_string(steps / 2);
+  const std::string common = common_flags + " --steps " + std::to_string(steps);
+  for (size_t i = 0; i < sources.size(); i++) {
+    const Grid& source = sources[i];
+    const std::string at = dir + "/source" + std::to_string(i);
+    RunResult full = run_trainer(source.chapter, source.ranks, common + " " + source.flags + " --json " + at +
+                                                                   ".jsonl --save " + at + "_{step}.bin --save-every " + half);
+    ASSERT_EQ(full.exit_code, 0) << full.output;
+    LossCurve reference = read_losses(at + ".jsonl");
+    ASSERT_EQ(int(reference.losses.size()), steps);
+    reference.steps.erase(reference.steps.begin(), reference.steps.begin() + steps / 2);
+    reference.losses.erase(reference.losses.begin(), reference.losses.begin() + steps / 2);
+    RunResult resumed = run_trainer(into.chapter, into.ranks, common + " --resume " + at + "_" + half + ".bin --json " +
+                                                                  at + "_resumed.jsonl " + into.flags);
+    ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+    EXPECT_LE(max_relative_difference(read_losses(at + "_resumed.jsonl"), reference), tolerance)
+        << into.chapter << " on " << into.ranks << " ranks " << into.flags << " resumed " << source.chapter << " on "
+        << source.ranks << " ranks " << source.flags;
+  }
 }
 
 // Every "experts" record's per-layer, per-expert counts of one kind ("routed" or "dropped"), step by

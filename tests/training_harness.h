@@ -119,3 +119,7 @@ struct Grid {
 };
 void expect_checkpoints_cross_grids(const Grid& from, const std::vector<Grid>& into, const Grid& takes_01s,
                                     const std::string& common, int steps, double tolerance);
+// The other way: each grid of `sources` trains `steps` steps saving half-way, and `into` resumes each
+// file and continues that source's own losses (relative difference <= tolerance).
+void expect_resumes_checkpoints_of(const Grid& into, const std::vector<Grid>& sources, const std::string& common,
+                                   int steps, double tolerance);
