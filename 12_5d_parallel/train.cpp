@@ -18,8 +18,10 @@
 //       holds (under TP that needs sequence parallelism: each TP rank its own B*T/t rows), and its
 //       tokens claim capacity in the one global order a single rank would use (moe.h).
 // Gradients, each to its group: under SP the tensors held whole summed over TP, wte over the
-// embedding group, experts averaged over their expert-data-parallel group, the rest over DP x CP (or
-// ZeRO-1 there, for a dense model). The losses and final parameters are one rank's.
+// embedding group, experts averaged over their expert-data-parallel group, the rest over DP x CP.
+// ZeRO-1 (--zero1) shards each where it averages: the dense optimizer state over DP x CP, the
+// experts' over their expert-data-parallel group (one plan, two groups: GradientSync::zero1_plan).
+// The losses and final parameters are one rank's.
 //
 // Base chapter: 09_3d_parallel (docs/diffs/12_5d_parallel.diff: what composing 10 and 11 into it adds).
 //
@@ -29,6 +31,7 @@
 //   mpiexec -n 4 ./12_5d_parallel/train --preset moe-tiny --tp 2 --pp 2 --ep 2 --sequence-parallel
 //   mpiexec -n 8 ./12_5d_parallel/train --preset moe-tiny --cp 2 --tp 2 --pp 2 --ep 4 --sequence-parallel
 //       (and --capacity-factor 1.0 to drop what overflows an expert)
+//   mpiexec -n 4 ./12_5d_parallel/train --preset moe-tiny --ep 2 --zero1   # dense state over DP 4, experts' over 2
 // Output: as 09, plus (MoE) per step the routed and dropped assignments per layer and expert and the
 // balance loss, the same numbers as one rank of 11.
 #include <cmath>
@@ -119,9 +122,6 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
   if (moe && t > 1 && !sequence_parallel)
     config_error("--preset " + cfg.preset + " is a mixture of experts: with --tp " + std::to_string(t) +
                  " each rank of a tensor-parallel group must route rows of its own; add --sequence-parallel");
-  if (moe && (zero1 || zero2))
-    config_error("--zero1 and --zero2 shard over one data-parallel group, and a MoE model's experts have another "
-                 "(expert data parallelism): leave them out with --preset " + cfg.preset);
   if (!moe && opt.ep > 1)
     config_error("--ep " + std::to_string(opt.ep) + " spreads a mixture of experts: pass a MoE --preset (moe-tiny, "
                  "moe-small) or --ep 1");
@@ -185,7 +185,9 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
       cfg.was_given("--bucket-mb") ? opt.bucket_mb * 1e6 : default_bucket_bytes(layout, dtype_size(dtype));
   GradientBuckets buckets(layout, bucket_bytes, dtype_size(dtype), sharded ? BucketCut::AtLayers : BucketCut::AtTensors,
                           /*experts_apart=*/moe);
-  const ShardPlan plan = sharded ? GradientSync::zero1_plan(buckets, replicas) : ShardPlan::unsharded(layout);
+  // ZeRO-1: the dense buckets sharded over DP x CP, a MoE model's expert buckets over their replicas.
+  const ShardPlan plan = sharded ? GradientSync::zero1_plan(buckets, replicas, moe ? &grid.expert_dp() : nullptr)
+                                 : ShardPlan::unsharded(layout);
   Buffer grad_shard(sharded ? plan.size() : 0, MemCategory::CommBuffers, dtype, device);
   GradientSync data_parallel(replicas, buckets, grads.view(), sharded ? &plan : nullptr, grad_shard.view());
   // An expert's gradient sums the tokens of its whole EP group; averaged over its EDP replicas it must
@@ -265,9 +267,10 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
   Communicator* embedding = shape.placement == Placement::V ? nullptr : grid.embedding();
   bool last_micro_batch = false;
   CommHandle wte_sum;
-  if (zero2) {
+  if (zero2) {  // (DP x CP's bytes: the dense buckets; the experts' go to their group)
     data_parallel.set_every_micro_batch(embedding && layout.params[wte].held() ? wte : -1);
-    run.set_dp_comm_theory(data_parallel.every_micro_batch_sent_bytes(m, layout.padded_size, double(dtype_size(dtype))),
+    run.set_dp_comm_theory(data_parallel.every_micro_batch_sent_bytes(m, layout.padded_size - layout.expert_range_size,
+                                                                      double(dtype_size(dtype))),
                            GradientSync::kEveryMicroBatchFormula);
   }
   std::vector<std::pair<int, CommHandle>> summing;
@@ -338,13 +341,18 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
   GPT2Config held_cfg = run_cfg;  // every TP collective carries this rank's T/cp positions
   held_cfg.T = T_held;
   std::vector<std::pair<std::string, std::string>> formulas = {
-      {"tp", "per micro-batch 09's TP collectives on T/cp positions, + the tensors held whole (theory.h, "
-             "predict_tensor_parallel)"},
+      {"tp", "per micro-batch 09's TP collectives on T/cp positions, + the tensors held whole, once (every micro-batch "
+             "under --zero2; theory.h, predict_tensor_parallel)"},
       {"cp", "(2 x passes + 4) (cp-1)/cp x L' m B T C/t x 4: K and V forward, again with their gradients backward"},
-      {"dp_cp", sharded ? "reduce-scatter + all-gather over DP x CP: 2(N-1)/N x w x (padded - experts)"
-                        : "all-reduce over DP x CP: 2(N-1)/N x w x (padded - experts)"}};
+      {"dp_cp", zero2 ? "m reduce-scatters (wte's bucket: 1) + all-gather over DP x CP: (N-1)/N x w(m(Ψ'-E) + E + Ψ'), "
+                        "Ψ' = padded - experts"
+                : sharded ? "reduce-scatter + all-gather over DP x CP: 2(N-1)/N x w x (padded - experts)"
+                          : "all-reduce over DP x CP: 2(N-1)/N x w x (padded - experts)"}};
   if (moe) {
-    formulas.push_back({"expert_dp", "2(D-1)/D x 4 x experts' ranges + the counts' second gather: L' m (D-1) ep rec x 4"});
+    formulas.push_back({"expert_dp", std::string(zero2     ? "m reduce-scatters + all-gather: (m+1)(D-1)/D"
+                                                 : sharded ? "reduce-scatter + all-gather: 2(D-1)/D"
+                                                           : "all-reduce: 2(D-1)/D") +
+                                         " x 4 x experts' ranges + the counts' second gather: L' m (D-1) ep rec x 4"});
     formulas.push_back({"ep", "the all-to-alls at this step's routing (11) + the counts' first gather: L' m (ep-1) rec x 4"});
     formulas.push_back({"expert_params", "L' x E/ep x (8C^2 + 5C) x 4"});
   }
@@ -352,11 +360,13 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
     const GroupStats now = group_stats();
     TensorParallelPrediction tp_theory = predict_tensor_parallel(held_cfg, micro_B, tp, dtype, parts);
     const TensorParallelPrediction whole = predict_tensor_parallel(run_cfg, micro_B, tp, dtype, parts);
-    const double dense_dp = zero2 ? data_parallel.every_micro_batch_sent_bytes(m, layout.padded_size, w)
+    const double dense_dp = zero2 ? data_parallel.every_micro_batch_sent_bytes(m, layout.padded_size - expert_range, w)
                                   : 2.0 * (N - 1) / N * w * double(layout.padded_size - expert_range);
+    // The experts' buckets: all-reduced, or reduce-scattered (every micro-batch under --zero2) and gathered.
+    const double expert_passes = zero2 ? m + 1 : 2;
     std::vector<GroupRow> rows = {
         {"tp", double(now.tp.since(at_start.tp).training_sent_bytes()),
-         t > 1 ? m * tp_theory.bytes_per_micro_batch + whole.partial_grad_bytes : 0.0},
+         t > 1 ? m * tp_theory.bytes_per_micro_batch + whole.partial_grad_bytes * (zero2 ? m : 1) : 0.0},
         {"cp", double(now.cp.since(at_start.cp).training_sent_bytes()),
          ring_sent_bytes(run_cfg, held_blocks, m, micro_B, cp, t) * (cp > 1 ? 1 : 0)},
         {"dp_cp", double(now.dp_cp.since(at_start.dp_cp).training_sent_bytes()), dense_dp}};
@@ -366,7 +376,8 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
         if (p.expert >= 0) expert_params += 4.0 * double(p.size);
       const double C = run_cfg.C;
       rows.push_back({"expert_dp", double(now.expert_dp.since(at_start.expert_dp).training_sent_bytes()),
-                      2.0 * (D - 1) / D * 4 * double(expert_range) + routing_counts_bytes(held_blocks, m, D, P, record)});
+                      expert_passes * (D - 1) / D * 4 * double(expert_range) +
+                          routing_counts_bytes(held_blocks, m, D, P, record)});
       rows.push_back({"ep", double(now.ep.since(at_start.ep).training_sent_bytes()),
                       double(exchange->predicted_sent_bytes()) + routing_counts_bytes(held_blocks, m, P, 1, record)});
       rows.push_back({"expert_params", expert_params,
@@ -393,12 +404,13 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
 
     // The norm: each gradient counted once over the grid. A dense tensor on its first data replica
     // (DP and CP rank 0; under ZeRO-1 every replica's own piece), wte on the first stage, a tensor held
-    // whole on TP rank 0; an expert on the first replica of its holders (EDP rank 0).
+    // whole on TP rank 0; an expert on the first replica of its holders (EDP rank 0; under ZeRO-1
+    // every holder's own piece).
     const Tensor my_grads = sharded ? grad_shard.view() : grads.view();
     const bool second_wte = rank != 0 && layout.params[wte].held();
     const bool first_replica = sharded || (at.dp == 0 && at.cp == 0);
     const double squares = gradient_squares(layout, plan, my_grads, [&](const ParamInfo& info) {
-      if (info.expert >= 0) return at.edp == 0;
+      if (info.expert >= 0) return sharded || at.edp == 0;
       return first_replica && !(second_wte && info.name == "wte") && (tp.rank == 0 || !info.shard.whole());
     });
     const double norm = std::sqrt(grid.world().all_reduce_scalar(squares, ReduceOp::Sum));

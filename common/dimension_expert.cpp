@@ -46,6 +46,14 @@ class ExpertDimension : public Dimension {
   // the exchange buffers at the same routing.
   void report_rows(const DimensionContext& ctx, const StepMeasure& step, ReportTable& table) const override {
     if (!ctx.model.moe()) return;
+    // The experts' share of Ψ and the ranks that hold them: the strategy's formula (theory.h, predict)
+    // averages them there, and a ZeRO shard holds Ψe/D of them.
+    table.params_split += "; Ψe = " + std::to_string(ctx.layout->expert_params) + " in experts, D = " +
+                          std::to_string(ctx.layout->ep.replicas) + " ranks hold them, N = " +
+                          std::to_string(ctx.dp_size);
+    table.json.add("expert_params", ctx.layout->expert_params)
+        .add("padded_expert_params", ctx.layout->expert_range_size)
+        .add("expert_replicas", ctx.layout->ep.replicas);
     const std::vector<std::vector<int64_t>>& rows = step.expert_rows;
     std::vector<int64_t> most_rows_each(size_t(ctx.model.L), 0);  // over the step's micro-batches
     for (const std::vector<int64_t>& micro_batch : rows)

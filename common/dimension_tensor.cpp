@@ -21,7 +21,7 @@ class TensorDimension : public Dimension {
     for (size_t i = 0; i < ctx.layout->params.size(); i++)
       (ctx.layout->params[i].shard.whole() ? whole : sliced) += ctx.global_layout->params[i].size;
     table.params_split = " on this tensor-parallel rank = " + std::to_string(sliced) + " split / " +
-                         std::to_string(t.size) + " + " + std::to_string(whole) + " held whole";
+                         std::to_string(t.size) + " + " + std::to_string(whole) + " held whole" + table.params_split;
     // What tensor parallelism alone keeps (every position's stream between the products), and what
     // sequence parallelism then splits.
     const Recompute now = ctx.model.recompute;

@@ -2,6 +2,7 @@
 #include "param_layout.h"
 
 #include <cstring>
+#include <numeric>  // std::lcm
 
 #include "check.h"
 #include "flags.h"  // accumulation_flag, for a message naming the chapter's flag
@@ -30,6 +31,19 @@ class LayoutBuilder {
   // The next parameter starts on a shard boundary: a multiple of ranks x 16.
   void pad() { next_offset_ = round_up(next_offset_, kAlignElements * layout_.ranks); }
   int64_t offset() const { return next_offset_; }
+  // A block's experts: a range on a shard boundary whose length splits over the data-parallel group
+  // and over the experts' replicas alike (param_layout.h).
+  void begin_experts() {
+    pad();
+    experts_begin_ = next_offset_;
+    expert_params_before_ = layout_.num_params;
+  }
+  void end_experts() {
+    const int64_t multiple = kAlignElements * std::lcm(int64_t(layout_.ranks), int64_t(layout_.ep.replicas));
+    next_offset_ = experts_begin_ + round_up(next_offset_ - experts_begin_, multiple);
+    layout_.expert_range_size += next_offset_ - experts_begin_;
+    layout_.expert_params += layout_.num_params - expert_params_before_;
+  }
 
   // A tensor of global shape (rows, cols) (cols 0: a vector), cut by `cut` (dim, blocks) into the
   // layout's tensor-parallel parts, of which this rank holds its own.
@@ -72,6 +86,7 @@ class LayoutBuilder {
   int unit_ = -1;
   bool held_ = true;
   int expert_ = -1;
+  int64_t experts_begin_ = 0, expert_params_before_ = 0;  // the block's experts being added
 };
 
 }  // namespace
@@ -103,6 +118,7 @@ int ParamLayout::find(const std::string& name) const {
 ParamLayout build_gpt2_layout(const GPT2Config& cfg, int ranks, TensorParallelism tp,
                               const std::vector<ModelPart>& parts, ExpertParallelism ep) {
   ENSURE(ep.size == 1 || (cfg.moe() && cfg.experts % ep.size == 0), "expert parallelism needs E divisible by ep");
+  ENSURE(ep.replicas >= 1, "expert parallelism: replicas must be >= 1");
   const int64_t C = cfg.C;
   auto holds = [&](int unit) {
     if (parts.empty()) return true;
@@ -139,6 +155,7 @@ ParamLayout build_gpt2_layout(const GPT2Config& cfg, int ranks, TensorParallelis
     b.add(h + "ln2.bias", C);
     if (cfg.moe()) {
       b.add(h + "moe.router.weight", cfg.experts, C);
+      b.begin_experts();
       for (int e = 0; e < cfg.experts; e++) {
         const std::string x = h + "moe.expert" + std::to_string(e) + ".mlp.";
         b.set_held(holds(l + 1) && ep.holds(e, cfg.experts));
@@ -150,6 +167,7 @@ ParamLayout build_gpt2_layout(const GPT2Config& cfg, int ranks, TensorParallelis
         b.set_expert(-1);
         b.set_held(holds(l + 1));
       }
+      b.end_experts();
       b.end_unit();
       continue;
     }

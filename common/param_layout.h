@@ -9,6 +9,10 @@
 // Each unit is padded to a multiple of ranks x 16 elements (ranks: of the data-parallel group): the
 // whole length then divides by the rank count, and every unit splits into equal, 64-byte-aligned
 // per-rank pieces (ZeRO-3 gathers per unit). Padding elements are zero and stay zero.
+// A MoE block's experts are a range of their own, [the first expert tensor it holds, the unit's end):
+// it starts on such a boundary and its length is a multiple of lcm(ranks, ep.replicas) x 16, so that
+// the block's other tensors split over the data-parallel group and its experts over their replicas
+// (chapter 12's ZeRO-1: the experts' buckets are sharded over the expert-data-parallel group).
 //
 // Under tensor parallelism (chapter 07) a rank holds a slice of some tensors: the layout is then this
 // rank's, and each entry says which slice of which global tensor it is (TensorShard), so that
@@ -75,8 +79,11 @@ struct ContextParallelism {
 // each holding E/size consecutive experts of every block (rank r: experts [r E/size, (r+1) E/size)).
 // The layout still lists every expert's tensors, in the same order; another rank's have size 0
 // (ParamInfo::held), so every rank's flat buffers have the same length and offsets.
+// `replicas`: the ranks that hold the same experts (the expert-data-parallel group, over which their
+// gradients average and chapter 12's ZeRO-1 shards their optimizer state); 1 where none is known.
 struct ExpertParallelism {
   int size = 1, rank = 0;
+  int replicas = 1;
   bool holds(int expert, int experts) const { return expert / (experts / size) == rank; }
 };
 
@@ -116,6 +123,9 @@ struct ParamLayout {
   int64_t num_params = 0;           // Ψ: real parameters, no padding (this rank's, under TP)
   int64_t padded_size = 0;          // the flat length, a multiple of ranks x 16
   int ranks = 1;                    // of the data-parallel group
+  // A MoE model's: the elements of this rank's experts' ranges (their tensors and padding), and of
+  // the tensors alone (this rank's experts' parameters); 0 for a dense model.
+  int64_t expert_range_size = 0, expert_params = 0;
   // A pipeline stage holding the tied wte (the first, the last): where wte's range ends, padded to a
   // multiple of ranks x 16 within unit 0, so that wte travels in a data-parallel bucket (and ZeRO
   // pieces) of its own, of one shape on both stages: their two copies, equal after the embedding
@@ -127,8 +137,11 @@ struct ParamLayout {
 
   int num_units() const { return int(unit_begin.size()) - 1; }
   int64_t unit_size(int u) const { return unit_begin[u + 1] - unit_begin[u]; }
-  int64_t shard_size() const { return padded_size / ranks; }   // ZeRO-1/2: rank r owns
-  int64_t shard_begin(int rank) const { return rank * shard_size(); }  // [begin, begin+shard_size)
+  // The elements a rank's ZeRO shard holds: the dense ranges over the data-parallel group, a MoE
+  // model's experts' ranges over their replicas (ExpertParallelism::replicas).
+  int64_t shard_size() const {
+    return (padded_size - expert_range_size) / ranks + expert_range_size / ep.replicas;
+  }
   int find(const std::string& name) const;  // index into params, or -1
 };
 

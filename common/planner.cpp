@@ -45,16 +45,20 @@ double tensor_parallel_seconds(const TensorParallelPrediction& tp, const LinkMod
 // again and again.
 const ParamLayout& cached_layout(const GPT2Config& cfg, int dp, int tp, const std::vector<ModelPart>& parts,
                                  int ep = 1) {
+  // A mixture of experts on 12's grid: a stage's dp x tp ranks (dp here: DP x CP) over ep hold the
+  // same experts, which pad (and ZeRO-1 shards) over them (param_layout.h).
+  const int replicas = cfg.moe() ? std::max(1, dp * tp / ep) : 1;
   static std::map<std::string, ParamLayout> cache;
   std::ostringstream key;
   key << cfg.L << ' ' << cfg.C << ' ' << cfg.NH << ' ' << cfg.T << ' ' << cfg.V << ' ' << cfg.experts << ' '
-      << cfg.top_k << ' ' << dp << ' ' << tp << ' ' << ep;
+      << cfg.top_k << ' ' << dp << ' ' << tp << ' ' << ep << ' ' << replicas;
   for (const ModelPart& part : parts) key << ' ' << part.first_unit << ':' << part.last(cfg);
   auto it = cache.find(key.str());
   if (it != cache.end()) return it->second;
   if (cache.size() > 4096) cache.clear();
   return cache
-      .emplace(key.str(), build_gpt2_layout(cfg, dp, TensorParallelism{tp, 0, false}, parts, ExpertParallelism{ep, 0}))
+      .emplace(key.str(),
+               build_gpt2_layout(cfg, dp, TensorParallelism{tp, 0, false}, parts, ExpertParallelism{ep, 0, replicas}))
       .first->second;
 }
 
@@ -83,9 +87,9 @@ std::string invalid_reason(const PlanInputs& in, const PlanConfig& c) {
   if (m.moe() && c.tp > 1 && !c.sequence_parallel)
     return "a mixture of experts under TP needs sequence parallelism (12): each TP rank routes rows of its own";
   if (m.moe() && c.recompute == Recompute::Full) return "full recomputation would route each block twice (moe.h)";
-  if (m.moe() && c.zero > 0)
-    return "a mixture of experts averages its experts over another group than DP x CP: ZeRO " + std::to_string(c.zero) +
-           " is not the chapters'";
+  if (m.moe() && c.zero > 1)
+    return "a mixture of experts shards with ZeRO-1 only (12's --zero1: the experts' state over their replicas, the "
+           "rest over DP x CP): ZeRO " + std::to_string(c.zero) + " is not the chapters'";
   if (c.cp > 1 && c.zero > 1) return "chapter 12 shards over DP x CP with ZeRO-1 only";
   if (c.cp > 1 && (m.T % (2 * c.cp))) return "cp " + std::to_string(c.cp) + ": T does not cut into 2cp chunks (zigzag)";
   if (c.ep > 1 && (m.experts % c.ep || (c.dp * c.cp * c.tp) % c.ep))
@@ -192,10 +196,8 @@ StageMemory stage_memory(const PlanInputs& in, const PlanConfig& c, int stage) {
     sm.memory.activations += moe_schedule_activation_bytes(cfg, tokens, parts, actions, rows);
     sm.memory.transient += moe_exchange_buffer_bytes(cfg, std::vector<int64_t>(size_t(cfg.L), most));
   }
-  const Prediction pr = predict(strategy, layout, c.micro_batches, in.cluster.dtype);
-  const double padding = double(layout.padded_size) / double(layout.num_params);
-  sm.params_bytes = pr.params_bytes * padding, sm.grads_bytes = pr.grads_bytes * padding;
-  sm.optim_bytes = pr.optim_bytes * padding;
+  const ModelStateBytes state = model_state_bytes(strategy, layout, in.cluster.dtype);  // as allocated
+  sm.params_bytes = state.params, sm.grads_bytes = state.grads, sm.optim_bytes = state.optim;
   return sm;
 }
 

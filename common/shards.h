@@ -12,6 +12,13 @@
 // The ranges are layers (per_unit: ZeRO-2 and 3 reduce-scatter and gather layer by layer) or buckets
 // of whole layers (ZeRO-1): the layout pads every layer to a multiple of N x 16 elements, so both
 // divide evenly, into 64-byte-aligned pieces.
+//
+// A range may be sharded over another group than the rest (chapter 12's mixture of experts: the
+// experts' buckets over the ranks that hold the same experts, the expert-data-parallel group, the
+// rest over DP x CP). The plan then lists its groups (ShardGroup: how many ranks, which is this one)
+// and the group of every range; rank r of a range's group owns piece r of it. The shard is still the
+// pieces in range order (on groups of one rank, the full buffer itself); a checkpoint gathers it group
+// by group, each group's pieces packed together (pack_group) for one all-gather over that group.
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -24,25 +31,37 @@ struct FlatRange {
   int64_t size() const { return end - begin; }
 };
 
+// A group of ranks a range is sharded over: its size, and this rank's place in it.
+struct ShardGroup {
+  int ranks = 1, rank = 0;
+};
+
 class ShardPlan {
  public:
   // `ranges` are consecutive and cover [0, flat size); each length divides by `ranks`.
   ShardPlan(std::vector<FlatRange> ranges, int ranks, int rank);
+  // Each range i sharded over shard_groups[range_groups[i]]; its length divides by that group's ranks.
+  ShardPlan(std::vector<FlatRange> ranges, std::vector<int> range_groups, std::vector<ShardGroup> shard_groups);
   // Everything on one rank: what 01-03 run the optimizer on.
   static ShardPlan unsharded(const ParamLayout& layout);
   // One range per unit (layer), over `ranks`: ZeRO-2 and ZeRO-3.
   static ShardPlan per_unit(const ParamLayout& layout, int ranks, int rank);
 
-  int ranks() const { return ranks_; }
-  int rank() const { return rank_; }
-  int64_t size() const { return size_; }            // S: elements this rank owns (the same on every rank)
+  // The groups: group 0 (the only one but in chapter 12's MoE plan), and its size and this rank's place.
+  int groups() const { return int(groups_.size()); }
+  int ranks(int group = 0) const { return groups_[size_t(group)].ranks; }
+  int rank(int group = 0) const { return groups_[size_t(group)].rank; }
+  int64_t size() const { return size_; }            // S: elements this rank owns (the same on every rank of a group)
   int64_t flat_size() const { return ranges_.empty() ? 0 : ranges_.back().end; }
   int count() const { return int(ranges_.size()); }  // ranges
   const FlatRange& range(int i) const { return ranges_[i]; }
-  int64_t piece_size(int i) const { return ranges_[i].size() / ranks_; }
+  int group_of(int i) const { return group_of_[size_t(i)]; }
+  int64_t piece_size(int i) const { return ranges_[i].size() / ranks(group_of(i)); }
+  // The elements of this rank's pieces of group g's ranges (the same on every rank of the group).
+  int64_t group_size(int group) const { return group_size_[size_t(group)]; }
   // Rank q's piece of range i, as flat offsets.
   FlatRange piece(int i, int q) const;
-  FlatRange piece(int i) const { return piece(i, rank_); }
+  FlatRange piece(int i) const;  // this rank's, in the range's group
   // Where range i's piece starts within a shard (the same offset on every rank).
   int64_t shard_offset(int i) const { return shard_offset_[i]; }
   // The index of the range that begins at flat offset `begin` (a bucket's, a unit's).
@@ -55,13 +74,19 @@ class ShardPlan {
 
   // shard = this rank's pieces of `full`, which may live on another device (transfer(), device.h).
   void copy_to_shard(const Tensor& full, const Tensor& shard) const;
-  // full = every rank's pieces, from `all_shards`, the N shards one after another (an all-gather of
-  // the shards), both on the host.
-  void assemble_full(const Tensor& all_shards, const Tensor& full) const;
+  // packed = this rank's pieces of group g's ranges, from `shard`, one after another in range order
+  // (group_size(g) elements; with one group, the shard itself).
+  void pack_group(const Tensor& shard, int group, const Tensor& packed) const;
+  // full = every rank's pieces of group g's ranges, from `all_packed`, the group's ranks' packed
+  // pieces one after another (an all-gather of pack_group over the group), both on the host. With one
+  // group: the N shards one after another.
+  void assemble_full(const Tensor& all_packed, const Tensor& full, int group = 0) const;
 
  private:
   std::vector<FlatRange> ranges_;
+  std::vector<int> group_of_;
+  std::vector<ShardGroup> groups_;
   std::vector<int64_t> shard_offset_;
-  int ranks_ = 1, rank_ = 0;
+  std::vector<int64_t> group_size_;
   int64_t size_ = 0;
 };

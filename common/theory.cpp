@@ -13,28 +13,57 @@ Prediction predict(Strategy strategy, const ParamLayout& layout, int grad_accum,
   // the optimizer state: 4 and 8 in fp32; 2 and 12 in mixed precision (master weights, m, v).
   const bool mixed = dtype == DType::BF16;
   const double w = mixed ? 2 : 4, k = mixed ? 12 : 8;
-  const std::string W = mixed ? "2Ψ" : "4Ψ", K = mixed ? "12Ψ" : "8Ψ";
+  const std::string W = mixed ? "2" : "4", K = mixed ? "12" : "8";
   const double K_acc = grad_accum;
+  // A mixture of experts (11, 12): its experts (Ψe of this rank's Ψ) average over the ranks that
+  // hold them, D = ep.replicas, never in the data-parallel group, and a shard holds the rest's 1/N
+  // and the experts' 1/D. A dense model: Ψe = 0, and the formulas read as docs/theory.md's table.
+  const double experts = double(layout.expert_params), D = layout.ep.replicas, dense = psi - experts;
+  const bool moe = experts > 0;
+  const std::string all = "Ψ", travels = moe ? "(Ψ-Ψe)" : "Ψ";
+  auto full = [&](const std::string& bytes) { return bytes + all; };
+  auto shard = [&](const std::string& bytes) {
+    return moe ? bytes + "(Ψ-Ψe)/N + " + bytes + "Ψe/D" : bytes + "Ψ/N";
+  };
+  auto one_shard = [&](const std::string& bytes, const std::string& also) {  // "(4Ψ + 8Ψ)/N"
+    return moe ? shard(bytes) + " + " + shard(also) : "(" + bytes + "Ψ + " + also + "Ψ)/N";
+  };
+  // A shard's bytes at `bytes` a parameter (the dense model's k Ψ / N, as written).
+  auto sharded = [&](double bytes) { return bytes * dense / N + bytes * experts / D; };
+  const std::string wire = W + travels;
   Prediction p;
   switch (strategy) {
     case Strategy::DP:
-      p = {"DP", W + " + " + W + " + " + K, w * psi, w * psi, k * psi, "all-reduce: 2(N-1)/N x " + W,
-           2 * ring * w * psi};
+      p = {"DP", full(W) + " + " + full(W) + " + " + full(K), w * psi, w * psi, k * psi,
+           "all-reduce: 2(N-1)/N x " + wire, 2 * ring * w * dense};
       break;
     case Strategy::ZeRO1:
-      p = {"ZeRO-1", W + " + " + W + " + " + K + "/N", w * psi, w * psi, k * psi / N,
-           "reduce-scatter + all-gather: 2(N-1)/N x " + W, 2 * ring * w * psi};
+      p = {"ZeRO-1", full(W) + " + " + full(W) + " + " + shard(K), w * psi, w * psi, sharded(k),
+           "reduce-scatter + all-gather: 2(N-1)/N x " + wire, 2 * ring * w * dense};
       break;
     case Strategy::ZeRO2:
-      p = {"ZeRO-2", W + " + (" + W + " + " + K + ")/N", w * psi, w * psi / N, k * psi / N,
-           "K reduce-scatters + all-gather: (K+1)(N-1)/N x " + W, (K_acc + 1) * ring * w * psi};
+      p = {"ZeRO-2", full(W) + " + " + one_shard(W, K), w * psi, sharded(w), sharded(k),
+           "K reduce-scatters + all-gather: (K+1)(N-1)/N x " + wire, (K_acc + 1) * ring * w * dense};
       break;
     case Strategy::ZeRO3:
-      p = {"ZeRO-3", "(" + W + " + " + W + " + " + K + ")/N", w * psi / N, w * psi / N, k * psi / N,
-           "K x (2 all-gathers + reduce-scatter): 3K(N-1)/N x " + W, 3.0 * K_acc * ring * w * psi};
+      p = {"ZeRO-3", moe ? shard(W) + " + " + shard(W) + " + " + shard(K) : "(" + W + "Ψ + " + W + "Ψ + " + K + "Ψ)/N",
+           sharded(w), sharded(w), sharded(k), "K x (2 all-gathers + reduce-scatter): 3K(N-1)/N x " + wire,
+           3.0 * K_acc * ring * w * dense};
       break;
   }
   return p;
+}
+
+ModelStateBytes model_state_bytes(Strategy strategy, const ParamLayout& layout, DType dtype) {
+  const double w = double(dtype_size(dtype)), k = dtype == DType::BF16 ? 12 : 8;
+  const double full = double(layout.padded_size), shard = double(layout.shard_size());
+  switch (strategy) {
+    case Strategy::DP: return {w * full, w * full, k * full};
+    case Strategy::ZeRO1: return {w * full, w * full, k * shard};
+    case Strategy::ZeRO2: return {w * full, w * shard, k * shard};
+    case Strategy::ZeRO3: return {w * shard, w * shard, k * shard};
+  }
+  return {};
 }
 
 namespace {
@@ -307,12 +336,11 @@ MemoryForecast forecast_memory(Strategy strategy, const ParamLayout& layout, con
                                int micro_batches, DType dtype, Device device, bool flash, bool saves_or_resumes,
                                double data_bytes, TensorParallelism tp, const PipelineParallelism& pp) {
   const std::vector<ModelPart>& parts = pp.parts;
-  const Prediction p = predict(strategy, layout, 1, dtype);
   const double w = double(dtype_size(dtype)), N = layout.ranks;
-  // The buffers are padded (param_layout.h): the formula's Ψ is the padded length here.
-  const double padding = double(layout.padded_size) / double(layout.num_params);
   MemoryForecast m;
-  m.model_state = (p.params_bytes + p.grads_bytes + p.optim_bytes) * padding;
+  // The buffers are padded (param_layout.h): the formula's Ψ is the padded length here, and a shard's
+  // the layout's shard_size (a MoE model's experts over their replicas, the rest over N).
+  m.model_state = model_state_bytes(strategy, layout, dtype).total();
   m.activations = 0;
   for (const ModelPart& part : parts.empty() ? std::vector<ModelPart>{ModelPart{}} : parts)
     m.activations += activation_bytes(cfg, micro_B, dtype, flash, tp, part);
@@ -330,7 +358,7 @@ MemoryForecast forecast_memory(Strategy strategy, const ParamLayout& layout, con
   switch (strategy) {
     case Strategy::DP: m.transient = 0; break;
     case Strategy::ZeRO1:  // the gradient shard; under ZeRO-2's rule also each micro-batch's pieces
-      m.transient = w * double(layout.padded_size) / N * (pp.reduce_every_micro_batch ? 2 : 1);
+      m.transient = w * double(layout.shard_size()) * (pp.reduce_every_micro_batch ? 2 : 1);
       break;
     case Strategy::ZeRO2: m.transient = w * layer_grads; break;
     case Strategy::ZeRO3: m.transient = w * (layer_grads + E + 2 * U + head); break;  // + gathered layers

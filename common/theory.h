@@ -24,8 +24,20 @@ struct Prediction {
 };
 
 // `grad_accum` matters where a strategy communicates once per micro-batch (ZeRO-2, ZeRO-3). `dtype`
-// is the parameters' (F32, or BF16 for mixed precision).
+// is the parameters' (F32, or BF16 for mixed precision). A MoE layout's experts (Ψe =
+// layout.expert_params) average over their own group (chapters 11, 12), so the data-parallel group
+// carries Ψ-Ψe, and a ZeRO shard holds (Ψ-Ψe)/N of the rest and Ψe/D of the experts (D =
+// layout.ep.replicas, the ranks holding the same experts).
 Prediction predict(Strategy strategy, const ParamLayout& layout, int grad_accum, DType dtype = DType::F32);
+
+// The model state as allocated: parameters, gradients and optimizer state in bytes, each a full
+// padded buffer or a shard of layout.shard_size() elements as `strategy` keeps it. What the memory
+// counters measure, exactly (predict()'s are the formula on the unpadded Ψ).
+struct ModelStateBytes {
+  double params = 0, grads = 0, optim = 0;
+  double total() const { return params + grads + optim; }
+};
+ModelStateBytes model_state_bytes(Strategy strategy, const ParamLayout& layout, DType dtype = DType::F32);
 
 // The bytes of the model's activation arena (model_activations.cpp) for micro-batches of B sequences: every
 // tensor the backward reads, per block and at the ends, plus the backward's scratch (docs/theory.md,

@@ -97,6 +97,9 @@ TrainingRun::TrainingRun(Communicator& world, Communicator& dp, const ProcessGri
                    pp.rank == grid->coords().pp),
          "TrainingRun: the split is not the grid's");
   ENSURE(pp.size == 1 || !pp.parts.empty(), "TrainingRun: a pipeline stage needs its model parts");
+  // The ranks holding the same experts (11, 12): the layout pads their ranges for them, and ZeRO-1
+  // shards their optimizer state over them.
+  if (grid && ep_comm) ep_.replicas = grid->expert_dp().size();
   ENSURE(cp.size == (grid ? grid->shape().cp : 1) && (cp.size == 1 || cp.on()),
          "TrainingRun: the context-parallel split is not the grid's");
   if (!find_preset(cfg.preset, &model_))
@@ -263,6 +266,7 @@ TrainingRun::TrainingRun(Communicator& world, Communicator& dp, const ProcessGri
                     .add("tp_link_gbps", tensor_parallel_link().gbps)
                     .add("tp_link_latency_us", tensor_parallel_link().latency_us)
                     .add("forecast_peak_bytes", forecast_.peak())
+                    .add("forecast_model_state_bytes", forecast_.model_state)
                     .add("forecast_activations_bytes", forecast_.activations)
                     .add("forecast_transient_bytes", forecast_.transient)
                     .add(moe_run_fields());

@@ -27,11 +27,12 @@ TrainingSettings TrainingRun::settings() const {
 namespace {
 
 // A full padded fp32 copy, in host memory, of `values`: a full flat buffer (a plain copy) or this
-// rank's shard of `plan` (every rank's shard gathered, then put in place). Transient, counted as
-// "other". Simple rather than lean: while saving, every rank briefly holds full parameters, m and v,
-// and rank 0 the file's bytes too (the memory forecast counts 6 full copies). A model that does not
-// fit that would gather to rank 0 tensor by tensor instead.
-Buffer gather_full(Communicator& comm, const ShardPlan& plan, Tensor values) {
+// rank's shard of `plan` (every rank's shard gathered, then put in place: group by group of the plan,
+// each over its communicator, `groups[g]`). Transient, counted as "other". Simple rather than lean:
+// while saving, every rank briefly holds full parameters, m and v, and rank 0 the file's bytes too
+// (the memory forecast counts 6 full copies). A model that does not fit that would gather to rank 0
+// tensor by tensor instead.
+Buffer gather_full(const std::vector<Communicator*>& groups, const ShardPlan& plan, Tensor values) {
   ENSURE(values.dtype == DType::F32, "checkpoints hold fp32 values");
   Buffer full(plan.flat_size(), MemCategory::Other);
   if (values.numel() == plan.flat_size()) {
@@ -39,17 +40,23 @@ Buffer gather_full(Communicator& comm, const ShardPlan& plan, Tensor values) {
     return full;
   }
   ENSURE(values.numel() == plan.size(), "gather_full: neither a full buffer nor this rank's shard");
-  Buffer gathered(plan.size() * plan.ranks(), MemCategory::Other, values.device);
-  Tensor mine = gathered.view().slice1d(plan.size() * plan.rank(), plan.size());
-  copy_tensor(mine, values);
-  comm.all_gather(mine, gathered.view());
-  if (values.device == Device::CPU) {
-    plan.assemble_full(gathered.view(), full.view());
-    return full;
+  ENSURE(int(groups.size()) >= plan.groups(), "gather_full: a communicator for every group of the plan");
+  for (int g = 0; g < plan.groups(); g++) {
+    Communicator& comm = *groups[size_t(g)];
+    const int64_t packed = plan.group_size(g);
+    ENSURE(comm.size() == plan.ranks(g) && comm.rank() == plan.rank(g), "gather_full: a group is not the plan's");
+    Buffer gathered(packed * plan.ranks(g), MemCategory::Other, values.device);
+    Tensor mine = gathered.view().slice1d(packed * plan.rank(g), packed);
+    plan.pack_group(values, g, mine);
+    comm.all_gather(mine, gathered.view());
+    if (values.device == Device::CPU) {
+      plan.assemble_full(gathered.view(), full.view(), g);
+      continue;
+    }
+    Buffer host(packed * plan.ranks(g), MemCategory::Other);
+    transfer(host.view(), gathered.view());
+    plan.assemble_full(host.view(), full.view(), g);
   }
-  Buffer host(plan.size() * plan.ranks(), MemCategory::Other);
-  transfer(host.view(), gathered.view());
-  plan.assemble_full(host.view(), full.view());
   return full;
 }
 
@@ -139,10 +146,12 @@ bool TrainingRun::checkpoint_due(int step) const {
 
 void TrainingRun::save_checkpoint(int next_step, Tensor params, AdamW& optimizer) {
   const ShardPlan& plan = optimizer.plan();
+  // The plan's groups: the data-parallel group, and a MoE model's experts' replicas (12's ZeRO-1).
+  const std::vector<Communicator*> groups = {&dp_, grid_ ? &grid_->expert_dp() : nullptr};
   // Under mixed precision the weights are the fp32 master copy, which covers the optimizer's shard.
-  Buffer full_params = to_global(gather_full(dp_, plan, optimizer.mixed_precision() ? optimizer.master() : params));
-  Buffer full_m = to_global(gather_full(dp_, plan, optimizer.m()));
-  Buffer full_v = to_global(gather_full(dp_, plan, optimizer.v()));
+  Buffer full_params = to_global(gather_full(groups, plan, optimizer.mixed_precision() ? optimizer.master() : params));
+  Buffer full_m = to_global(gather_full(groups, plan, optimizer.m()));
+  Buffer full_v = to_global(gather_full(groups, plan, optimizer.v()));
   CheckpointData data;
   data.step = next_step;
   data.global_batch = cfg_.batch;

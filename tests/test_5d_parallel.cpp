@@ -4,13 +4,20 @@
 // one rank's too. The grids are those where composition goes wrong silently: CP's ring over TP's
 // heads, CP's T/cp rows down a pipeline, EP folded over TP ranks that route their own rows under SP,
 // routing kept per micro-batch in flight, capacity claimed in the global token order across CP's
-// interleaved positions, and all five at 16 ranks with ZeRO-1 and recomputation.
+// interleaved positions, and all five at 16 ranks with ZeRO-1 and recomputation. A MoE model under
+// ZeRO-1 (and --zero2) shards its dense state over DP x CP and its experts' over their replicas: the
+// plan is checked without MPI, the runs against one rank of 11, their memory and bytes against the
+// formulas, and their checkpoints across grids.
 #include <gtest/gtest.h>
 
 #include <ostream>
 #include <string>
 #include <vector>
 
+#include "buckets.h"
+#include "data_parallel.h"  // GradientSync::zero1_plan
+#include "model_config.h"
+#include "param_layout.h"
 #include "training_harness.h"
 
 namespace {
@@ -51,6 +58,34 @@ void expect_activations_match_theory(const std::string& jsonl) {
         << stage;
     EXPECT_EQ(number_field(stage, "measured_p2p_bytes"), number_field(stage, "theory_p2p_bytes")) << stage;
   }
+}
+
+// Rank 0's model state by category against the formula (theory.h, predict: a MoE model's experts,
+// Ψe, average over their D replicas and a ZeRO shard holds Ψe/D of them, the rest's 1/N), up to the
+// padding, and exactly as allocated: the forecast's model state, and under ZeRO-1 an optimizer state
+// of 8 x ((padded - experts' ranges)/N + experts' ranges/D). Its DP x CP bytes: the dense gradients'.
+void expect_moe_model_state_matches_theory(const std::string& jsonl) {
+  const std::string t = read_record(jsonl, "theory"), run = read_record(jsonl, "run");
+  ASSERT_FALSE(t.empty()) << "no theory record in " << jsonl;
+  const double psi = number_field(t, "params"), padded = number_field(t, "padded_params");
+  const double padding = padded - psi, experts_range = number_field(t, "padded_expert_params");
+  for (auto [what, slack] : std::vector<std::pair<std::string, double>>{
+           {"params", 4 * padding}, {"grads", 4 * padding}, {"optim", 8 * padding}}) {
+    const double measured = number_field(t, "measured_" + what + "_bytes");
+    const double theory = number_field(t, "theory_" + what + "_bytes");
+    EXPECT_GE(measured, theory) << what << " in " << t;
+    EXPECT_LE(measured - theory, slack) << what << " in " << t;
+  }
+  EXPECT_EQ(number_field(t, "measured_model_state_bytes"), number_field(run, "forecast_model_state_bytes")) << run;
+  const double N = number_field(run, "dp") * number_field(run, "cp"), D = number_field(t, "expert_replicas");
+  const bool sharded = t.find("\"strategy\":\"ZeRO-1\"") != std::string::npos;
+  EXPECT_EQ(number_field(t, "measured_optim_bytes"),
+            sharded ? 8 * ((padded - experts_range) / N + experts_range / D) : 8 * padded)
+      << t;
+  const double measured_comm = number_field(t, "measured_comm_bytes");
+  const double theory_comm = number_field(t, "theory_comm_bytes");
+  EXPECT_GE(measured_comm + 0.5, theory_comm) << t;
+  EXPECT_LE(measured_comm - theory_comm, 2 * (N - 1) / N * 4 * padding + 0.5) << t;
 }
 
 class DenseGrid : public testing::TestWithParam<FiveDCase> {};
@@ -103,6 +138,7 @@ TEST_P(MoEGrid, TrainsLikeOneRankOf11WithTheSameTokensDropped) {
   EXPECT_EQ(dropped, expert_counts(one.jsonl, "dropped"));
   expect_groups_match_theory(grid.jsonl, c.ranks, {"tp", "cp", "dp_cp", "expert_dp", "ep", "expert_params"});
   expect_activations_match_theory(grid.jsonl);
+  expect_moe_model_state_matches_theory(grid.jsonl);
   if (moe_flags.find("--capacity-factor") != std::string::npos) {
     double total = 0;
     for (double d : dropped) total += d;
@@ -131,6 +167,14 @@ std::vector<FiveDCase> moe_cases() {
       {4, "moe-small", "--tp 2 --pp 2 --ep 2 --sequence-parallel --schedule zb-v", "moe_tp2_pp2_ep2_zbv", 4},
       {4, "moe-small", "--tp 2 --pp 2 --ep 2 --sequence-parallel --schedule dualpipev --capacity-factor 1.0",
        "moe_tp2_pp2_ep2_dualpipev_capacity", 4},
+      // ZeRO-1 over two groups: the dense state over DP x CP = 4, the experts' over their 2 replicas.
+      {4, "moe-tiny", "--ep 2 --zero1", "moe_dp4_ep2_zero1"},
+      // Groups of one rank each (N = D = 1), down a pipeline, with a capacity.
+      {4, "moe-tiny", "--tp 2 --pp 2 --ep 2 --sequence-parallel --zero1 --capacity-factor 1.0",
+       "moe_tp2_pp2_ep2_zero1_capacity"},
+      // More expert replicas than dense ones (N = 2, D = 4: the experts' ranges pad to 4 x 16), and
+      // ZeRO-2's rule: every micro-batch reduce-scattered, each bucket over its own group.
+      {4, "moe-tiny", "--cp 2 --tp 2 --sequence-parallel --zero2", "moe_cp2_tp2_sp_zero2"},
   };
 }
 
@@ -170,6 +214,96 @@ TEST(FiveDCheckpoints, MixtureOfExpertsBetween11And12) {
                                 kTolerance);
 }
 
+// A MoE checkpoint is layout-free under ZeRO-1 too: saved from shards over two groups (DP x CP = 4,
+// experts over 2), it resumes without ZeRO on another grid and on ZeRO-1 grids of other groups (N 2
+// and D 4; N = D = 1 down a pipeline); one saved without ZeRO resumes into ZeRO-1. Each continues the
+// same losses.
+TEST(FiveDCheckpoints, MoEUnderZeRO1ResumesOnOtherGrids) {
+  const std::string dir = temp_dir();
+  const std::string common = "--preset moe-tiny --steps 4 --micro-batches 2 --capacity-factor 1.0";
+  auto run_12 = [&](int ranks, const std::string& flags, const std::string& out) {
+    const RunResult r = run_trainer("12_5d_parallel", ranks, common + " " + flags + " --json " + dir + "/" + out);
+    EXPECT_EQ(r.exit_code, 0) << flags << "\n" << r.output;
+    return read_losses(dir + "/" + out);
+  };
+  LossCurve reference = run_12(4, "--ep 2 --zero1 --save " + dir + "/zero1_{step}.bin --save-every 2", "full.jsonl");
+  ASSERT_EQ(reference.losses.size(), 4u);
+  reference.steps.erase(reference.steps.begin(), reference.steps.begin() + 2);
+  reference.losses.erase(reference.losses.begin(), reference.losses.begin() + 2);
+  for (const auto& [ranks, flags] : std::vector<std::pair<int, std::string>>{
+           {4, "--tp 2 --pp 2 --ep 2 --sequence-parallel"},
+           {4, "--tp 2 --sequence-parallel --zero1"},
+           {4, "--tp 2 --pp 2 --ep 2 --sequence-parallel --zero1"}}) {
+    const LossCurve resumed = run_12(ranks, flags + " --resume " + dir + "/zero1_2.bin", "resumed.jsonl");
+    EXPECT_LE(max_relative_difference(resumed, reference), kTolerance) << flags;
+  }
+  // Saved without ZeRO, resumed into ZeRO-1 over two groups.
+  run_12(4, "--tp 2 --pp 2 --ep 2 --sequence-parallel --save " + dir + "/plain_{step}.bin --save-every 2",
+         "plain.jsonl");
+  const LossCurve resumed = run_12(4, "--ep 2 --zero1 --resume " + dir + "/plain_2.bin", "into_zero1.jsonl");
+  EXPECT_LE(max_relative_difference(resumed, reference), kTolerance);
+}
+
+// The plan of ZeRO-1 for a MoE model's buckets (GradientSync::zero1_plan), every rank's built on one:
+// each dense bucket is group 0's, split over the N ranks of DP x CP, each expert bucket group 1's,
+// over the D replicas of its experts; every element of a range is owned by exactly one rank of its
+// group, in 64-byte-aligned pieces; a rank's shard is the layout's shard_size (what the memory
+// forecast counts), and its groups' parts add up to it.
+TEST(FiveDZeRO1Plan, EveryElementIsOwnedOnceByARankOfItsGroup) {
+  GPT2Config cfg;
+  ASSERT_TRUE(find_preset("moe-tiny", &cfg));
+  struct Case {
+    int N, D;
+    TensorParallelism tp;
+    int ep;
+    std::vector<ModelPart> parts;
+  };
+  const std::vector<ModelPart> last_stage = {ModelPart{2, -1}};  // block 1, the final layernorm, the tied wte
+  const Case cases[] = {
+      {4, 2, {}, 2, {}},                 // 4 ranks, ep 2
+      {2, 4, {2, 0, true}, 1, {}},       // DP x CP 2, TP 2, ep 1
+      {1, 1, {2, 1, true}, 2, last_stage},  // TP 2 x PP 2, ep 2: groups of one
+      {4, 6, {}, 2, {}},                 // replicas that are no multiple of N: lcm(4, 6) x 16
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE("N " + std::to_string(c.N) + " D " + std::to_string(c.D) + " tp " + std::to_string(c.tp.size) +
+                 " ep " + std::to_string(c.ep));
+    const ParamLayout layout = build_gpt2_layout(cfg, c.N, c.tp, c.parts, ExpertParallelism{c.ep, 0, c.D});
+    const GradientBuckets buckets(layout, default_bucket_bytes(layout, 4), 4, BucketCut::AtLayers,
+                                  /*experts_apart=*/true);
+    std::vector<int> owners(size_t(layout.padded_size), 0);  // per element, over every (dense, expert) rank pair
+    for (int dense = 0; dense < c.N; dense++)
+      for (int expert = 0; expert < c.D; expert++) {
+        const ShardPlan plan = GradientSync::zero1_plan(buckets, ShardGroup{c.N, dense}, ShardGroup{c.D, expert});
+        ASSERT_EQ(plan.flat_size(), layout.padded_size);
+        ASSERT_EQ(plan.size(), layout.shard_size());
+        ASSERT_EQ(plan.group_size(0) + plan.group_size(1), plan.size());
+        for (int i = 0; i < plan.count(); i++) {
+          const FlatRange range = plan.range(i);
+          const int b = buckets.count() - 1 - i;  // the ranges are the buckets in flat order
+          ASSERT_EQ(range.begin, buckets.begin(b));
+          ASSERT_EQ(plan.group_of(i), buckets.holds_experts(b) ? 1 : 0);
+          for (const ParamInfo& p : layout.params) {  // a range holds one kind of tensor
+            if (p.held() && p.offset < range.end && p.offset + p.size > range.begin) {
+              EXPECT_EQ(p.expert >= 0, plan.group_of(i) == 1) << p.name;
+            }
+          }
+          const FlatRange mine = plan.piece(i);
+          EXPECT_EQ(mine.begin % 16, 0) << "piece " << i;
+          EXPECT_EQ(mine.size(), range.size() / (plan.group_of(i) == 1 ? c.D : c.N));
+          // Count each element once per rank of the other group: the sum is then that group's size.
+          for (int64_t e = mine.begin; e < mine.end; e++) owners[size_t(e)]++;
+        }
+      }
+    // An element of a dense range is owned by one rank of DP x CP, for each of the D expert ranks the
+    // loop paired it with; an expert element by one replica for each of the N dense ranks.
+    const ShardPlan any = GradientSync::zero1_plan(buckets, ShardGroup{c.N, 0}, ShardGroup{c.D, 0});
+    for (int i = 0; i < any.count(); i++)
+      for (int64_t e = any.range(i).begin; e < any.range(i).end; e++)
+        ASSERT_EQ(owners[size_t(e)], any.group_of(i) == 1 ? c.N : c.D) << "element " << e << " of range " << i;
+  }
+}
+
 // A grid that does not fit is refused on every rank at once, naming the flag and what would fit.
 struct Refusal {
   int ranks;
@@ -182,7 +316,6 @@ TEST(FiveDRefusals, EachNamesTheFlagWithinSeconds) {
       {4, "--preset moe-tiny --tp 2 --ep 2", "--sequence-parallel"},
       {4, "--preset moe-tiny --ep 3", "--ep"},
       {4, "--preset tall --ep 2", "MoE --preset"},
-      {4, "--preset moe-tiny --cp 2 --ep 2 --zero1", "--zero1"},
       {4, "--preset tall --cp 2 --cp-split diagonal", "--cp-split"},
       // Accepted, they would be ignored: each is refused where it does nothing.
       {4, "--preset tall --tp 2 --capacity-factor 1.0", "--capacity-factor sets a mixture of experts' routing"},

@@ -363,7 +363,8 @@ TEST(Planner, AMixtureOfExpertsIsPlannedOnChapter12sGridsNotAsItsDenseTwin) {
 // Chapter 12's grids: the planner's memory of rank 0 is what 12_5d_parallel's own run forecasts
 // (TrainingRun::check_memory: T/cp positions under TP and a pipeline, the ring's blocks of NH/t heads,
 // a mixture of experts' routers and rows replayed over the schedule at the bound, the exchange's
-// buffers), and the model state is what it allocates. The trainer runs two steps on 4 ranks.
+// buffers, ZeRO-1's shards of a MoE model over two groups), and the model state is what it allocates.
+// The trainer runs two steps on 4 ranks.
 TEST(Planner, Chapter12sGridsAreForecastAsItsTrainerForecastsThem) {
   struct Case {
     const char* preset;
@@ -376,10 +377,17 @@ TEST(Planner, Chapter12sGridsAreForecastAsItsTrainerForecastsThem) {
   cp_pp.cp = 2;
   PlanConfig moe = config(1, 2, 2, Schedule::OneFOneB, 1, 2, 4, 0, Recompute::None, true);
   moe.ep = 2;
+  // ZeRO-1 with experts: the dense state over DP x CP, the experts' over their replicas (4 and 2 here;
+  // 2 and 4 under TP with ep 1).
+  PlanConfig moe_zero1 = config(4, 1, 1, Schedule::OneFOneB, 1, 2, 1, 1, Recompute::None, false);
+  moe_zero1.ep = 2;
+  const PlanConfig moe_tp_zero1 = config(2, 2, 1, Schedule::OneFOneB, 1, 2, 2, 1, Recompute::None, true);
   const Case cases[] = {
       {"tiny", "--tp 2 --cp 2 --micro-batches 1", tp_cp},
       {"tiny", "--cp 2 --pp 2 --micro-batches 4", cp_pp},
       {"moe-tiny", "--tp 2 --pp 2 --ep 2 --sequence-parallel --micro-batches 4", moe},
+      {"moe-tiny", "--ep 2 --zero1 --micro-batches 1", moe_zero1},
+      {"moe-tiny", "--tp 2 --sequence-parallel --zero1 --micro-batches 2", moe_tp_zero1},
   };
   for (const Case& k : cases) {
     SCOPED_TRACE(std::string(k.preset) + " " + k.flags);
@@ -396,6 +404,7 @@ TEST(Planner, Chapter12sGridsAreForecastAsItsTrainerForecastsThem) {
     const StageMemory first = stage_memory(in, k.c, 0);  // world rank 0's stage
     EXPECT_DOUBLE_EQ(first.memory.activations, number_field(record, "forecast_activations_bytes"));
     EXPECT_DOUBLE_EQ(first.memory.transient, number_field(record, "forecast_transient_bytes"));
+    EXPECT_DOUBLE_EQ(first.memory.model_state, number_field(record, "forecast_model_state_bytes"));
     EXPECT_DOUBLE_EQ(first.params_bytes, number_field(theory, "measured_params_bytes"));
     EXPECT_DOUBLE_EQ(first.grads_bytes, number_field(theory, "measured_grads_bytes"));
     EXPECT_DOUBLE_EQ(first.optim_bytes, number_field(theory, "measured_optim_bytes"));
