@@ -136,7 +136,7 @@ int train(Communicator* comm, TrainConfig& cfg, const ExpertFlags& flag) {
                 model_cfg.aux_loss_coef, buckets.count());
   }
   const int W = comm->size();
-  const ExpertTheory theory = expert_theory(layout, model_cfg, W, ep, run.micro_batch_size());
+  const ExpertTheory theory = expert_theory(layout, model_cfg, W, ep, run.micro_batch_size(), cfg.grad_accum);
 
   // The lesson, 2: when a bucket is final, average its expert ranges over the ranks that hold the
   // same experts, and the rest over everyone.

@@ -148,10 +148,12 @@ double routing_counts_bytes(int blocks, int m, int group, int64_t chunk, int64_t
 struct ExpertTheory {
   double world_all_reduce = 0;      // 2(W-1)/W x 4 x the non-expert ranges (padding included)
   double expert_dp_all_reduce = 0;  // 2(D-1)/D x 4 x the expert ranges held (padding included), D = W/ep
-  double counts_all_gather = 0;     // L x (W-1) x 4E: every layer's routing counts, over the world
+  double counts_all_gather = 0;     // K x L x (W-1) x 4E: every layer's routing counts, over the world
   double a2a_balanced = 0;          // L x [(P-1)/P x 4E + 4 x (P-1)/P x n k C x 4], P = ep, n = tokens a rank
   double expert_params = 0;         // L x E/ep x (8C^2 + 5C) x 4: a rank's expert parameters
   int64_t expert_elements = 0;      // the expert tensors this rank holds
 };
-// `micro_B`: the sequences a rank computes per micro-batch.
-ExpertTheory expert_theory(const ParamLayout& layout, const GPT2Config& cfg, int world, int ep, int micro_B);
+// `micro_B`: the sequences a rank computes per micro-batch; K = `micro_batches` of them a step (each
+// routed on its own: moe.h).
+ExpertTheory expert_theory(const ParamLayout& layout, const GPT2Config& cfg, int world, int ep, int micro_B,
+                           int micro_batches);
