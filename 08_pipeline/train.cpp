@@ -107,8 +107,8 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
   // ZeRO-1's memory and plan under either flag: --zero2 keeps the full gradient buffer (it shows
   // ZeRO-2's communication, not its memory).
   const bool sharded = zero1 || zero2;
-  TrainingRun run(grid, cfg,
-                  Parallelism{sharded ? Strategy::ZeRO1 : Strategy::DP, {}, PipelineParallelism{p, rank, parts, zero2, {}}});
+  TrainingRun run(grid, cfg, Parallelism{sharded ? Strategy::ZeRO1 : Strategy::DP, {},
+                                         PipelineParallelism{p, rank, parts, zero2, {}}});
   const Device device = run.device();
   const DType dtype = run.dtype();
   const ParamLayout& layout = run.layout();  // this stage's units; the others' have size 0

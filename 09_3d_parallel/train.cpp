@@ -123,8 +123,8 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
   // Each chunk is this rank's tensor-parallel slice of its pipeline part. ZeRO-1's memory and plan
   // under either ZeRO flag, as in 08.
   const bool sharded = zero1 || zero2;
-  TrainingRun run(grid, cfg,
-                  Parallelism{sharded ? Strategy::ZeRO1 : Strategy::DP, tp, PipelineParallelism{p, rank, parts, zero2, {}}});
+  TrainingRun run(grid, cfg, Parallelism{sharded ? Strategy::ZeRO1 : Strategy::DP, tp,
+                                         PipelineParallelism{p, rank, parts, zero2, {}}});
   const Device device = run.device();
   const DType dtype = run.dtype();
   const ParamLayout& layout = run.layout();  // this stage's units, this TP rank's slices of them

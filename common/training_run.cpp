@@ -91,7 +91,8 @@ TrainingRun::TrainingRun(ProcessGrid& grid, TrainConfig& cfg, const Parallelism&
              pp.rank == grid.coords().pp,
          "TrainingRun: the split is not the grid's");
   ENSURE(pp.size == 1 || !pp.parts.empty(), "TrainingRun: a pipeline stage needs its model parts");
-  ENSURE(cp.size == grid.shape().cp && (cp.size == 1 || cp.on()), "TrainingRun: the context-parallel split is not the grid's");
+  ENSURE(cp.size == grid.shape().cp && (cp.size == 1 || cp.on()),
+         "TrainingRun: the context-parallel split is not the grid's");
   if (!find_preset(cfg.preset, &model_))
     config_error("--preset: unknown preset '" + cfg.preset + "' (choose from " + preset_names() + ")");
   if (model_.C % model_.NH != 0) config_error("the model's C must divide by NH");
