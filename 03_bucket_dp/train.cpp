@@ -50,7 +50,8 @@ int main(int argc, char** argv) {
   }
   if (cfg.was_given("--bucket-mb") && !(bucket_mb > 0)) config_error("--bucket-mb must be > 0");
   comm = communicator_for(pick_device(cfg.device), std::move(comm), cfg.collectives);  // NCCL on GPUs (comm_factory.h)
-  TrainingRun run(*comm, cfg, Strategy::DP);
+  ProcessGrid grid(*comm);  // data parallelism alone: every rank a replica, the world its one group
+  TrainingRun run(grid, cfg, Parallelism{Strategy::DP});
   const Device device = run.device();
   const DType dtype = run.dtype();  // fp32, or bf16 mixed precision on GPUs
   const ParamLayout& layout = run.layout();

@@ -77,7 +77,7 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
     std::printf("note: --sequence-parallel does nothing at --tp 1 (one rank per tensor-parallel group holds every "
                 "row); running without it\n");
   const TensorParallelism tp{grid.shape().tp, grid.coords().tp, sequence_parallel};
-  TrainingRun run(grid, cfg, opt.zero1 ? Strategy::ZeRO1 : Strategy::DP, tp);
+  TrainingRun run(grid, cfg, Parallelism{opt.zero1 ? Strategy::ZeRO1 : Strategy::DP, tp});
   const Device device = run.device();
   const DType dtype = run.dtype();
   const ParamLayout& layout = run.layout();  // this rank's slices, plus the tensors held whole

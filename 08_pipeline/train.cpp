@@ -107,7 +107,8 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
   // ZeRO-1's memory and plan under either flag: --zero2 keeps the full gradient buffer (it shows
   // ZeRO-2's communication, not its memory).
   const bool sharded = zero1 || zero2;
-  TrainingRun run(grid, cfg, sharded ? Strategy::ZeRO1 : Strategy::DP, {}, PipelineParallelism{p, rank, parts, zero2, {}});
+  TrainingRun run(grid, cfg, Parallelism{sharded ? Strategy::ZeRO1 : Strategy::DP, {},
+                                         PipelineParallelism{p, rank, parts, zero2, {}}});
   const Device device = run.device();
   const DType dtype = run.dtype();
   const ParamLayout& layout = run.layout();  // this stage's units; the others' have size 0
@@ -147,11 +148,7 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
   // --zero2: each micro-batch's gradients are reduce-scattered as they are made (05's rule), wte's
   // bucket excepted (summed over the stages first, it goes once, at the end); a backward waits for
   // the previous micro-batch's reduce-scatters before it writes into their buckets again.
-  if (zero2) {
-    data_parallel.set_every_micro_batch(embedding && layout.params[wte].held() ? wte : -1);
-    run.set_dp_comm_theory(data_parallel.every_micro_batch_sent_bytes(m, layout.padded_size, double(dtype_size(dtype))),
-                           GradientSync::kEveryMicroBatchFormula);
-  }
+  if (zero2) data_parallel.set_every_micro_batch(embedding && layout.params[wte].held() ? wte : -1);
   pipeline.before_compute = [&](const Action& a) {
     last_micro_batch = a.micro == m - 1;
     if (zero2 && a.op == Op::B) data_parallel.micro_batch_done();

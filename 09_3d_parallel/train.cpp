@@ -123,7 +123,8 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
   // Each chunk is this rank's tensor-parallel slice of its pipeline part. ZeRO-1's memory and plan
   // under either ZeRO flag, as in 08.
   const bool sharded = zero1 || zero2;
-  TrainingRun run(grid, cfg, sharded ? Strategy::ZeRO1 : Strategy::DP, tp, PipelineParallelism{p, rank, parts, zero2, {}});
+  TrainingRun run(grid, cfg, Parallelism{sharded ? Strategy::ZeRO1 : Strategy::DP, tp,
+                                         PipelineParallelism{p, rank, parts, zero2, {}}});
   const Device device = run.device();
   const DType dtype = run.dtype();
   const ParamLayout& layout = run.layout();  // this stage's units, this TP rank's slices of them
@@ -168,11 +169,7 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
   CommHandle wte_sum;
   // --zero2, as in 08: every micro-batch's gradients reduce-scattered (after their TP sums), wte's
   // bucket once, at the end.
-  if (zero2) {
-    data_parallel.set_every_micro_batch(embedding && layout.params[wte].held() ? wte : -1);
-    run.set_dp_comm_theory(data_parallel.every_micro_batch_sent_bytes(m, layout.padded_size, double(dtype_size(dtype))),
-                           GradientSync::kEveryMicroBatchFormula);
-  }
+  if (zero2) data_parallel.set_every_micro_batch(embedding && layout.params[wte].held() ? wte : -1);
   std::vector<std::pair<int, CommHandle>> summing;  // the TP sums in flight
   auto finish_tp_sums = [&] {
     for (auto& [param, handle] : summing) {

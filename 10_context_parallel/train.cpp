@@ -76,7 +76,9 @@ int train(Communicator& world, TrainConfig& cfg, const ContextFlags& opt, int cp
   const bool ring_attention = cp > 1 || world.device() == Device::CPU;  // on a GPU, --cp 1 is the model's own
   ContextParallelism held;
   if (ring_attention) held = {cp, grid.coords().cp, positions[size_t(grid.coords().cp)]};
-  TrainingRun run(grid, cfg, Strategy::DP, TensorParallelism{}, PipelineParallelism{}, held);
+  Parallelism parallelism;  // data parallelism (DP) over the grid's DP x CP ranks, and this rank's positions
+  parallelism.cp = held;
+  TrainingRun run(grid, cfg, parallelism);
   const Device device = run.device();
   const DType dtype = run.dtype();  // fp32, or bf16 mixed precision on GPUs
   const ParamLayout& layout = run.layout();

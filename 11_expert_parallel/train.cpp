@@ -89,10 +89,12 @@ int train(Communicator* comm, TrainConfig& cfg, const ExpertFlags& flag) {
   ProcessGrid grid(*comm, grid_shape(comm->size(), /*tp*/ 1, /*pp*/ 1, /*cp*/ 1, ep));
   // The capacity factor and balance loss the run trains with: the flags', or a resumed checkpoint's.
   const MoESettings moe{flag.capacity_factor, flag.aux_loss_coef};
-  TrainingRun run(grid, cfg, Strategy::DP, TensorParallelism{}, PipelineParallelism{}, ContextParallelism{},
-                  ExpertParallelism{ep, grid.ep().rank()}, &moe);
+  Parallelism parallelism;  // data parallelism (DP), each rank holding E/ep experts
+  parallelism.ep = {ep, grid.ep().rank()};
+  parallelism.moe = &moe;
+  parallelism.routing_counts_over_data_group = true;  // gather_counts, below, runs over everyone
+  TrainingRun run(grid, cfg, parallelism);
   Communicator& everyone = grid.dp();  // (TP, CP and PP are 1: every rank is a data rank)
-  run.add_group("expert_dp", grid.expert_dp());
   const ParamLayout& layout = run.layout();
   const GPT2Config& model_cfg = run.model_config();
   const int L = model_cfg.L, E = model_cfg.experts;
@@ -119,9 +121,6 @@ int train(Communicator* comm, TrainConfig& cfg, const ExpertFlags& flag) {
 
   const double bucket_bytes = cfg.was_given("--bucket-mb") ? flag.bucket_mb * 1e6 : default_bucket_bytes(layout, 4);
   GradientBuckets buckets(layout, bucket_bytes, 4);
-  int64_t expert_range = 0;  // where expert gradients are reduced: their tensors and the padding after them
-  for (const Segment& s : segments_of(layout, 0, layout.padded_size))
-    if (s.experts) expert_range += s.end - s.begin;
   if (run.is_root()) {
     // The world as the experts see it, expert-DP x EP (the rest of the model is data-parallel over all of it).
     const std::string expert_grid =
@@ -137,9 +136,7 @@ int train(Communicator* comm, TrainConfig& cfg, const ExpertFlags& flag) {
                 model_cfg.aux_loss_coef, buckets.count());
   }
   const int W = comm->size();
-  const ExpertTheory theory = expert_theory(layout, model_cfg, W, ep, run.micro_batch_size(), expert_range);
-  run.set_dp_comm_theory(theory.world_all_reduce + theory.counts_all_gather,
-                         "2(W-1)/W x 4 x non-expert elements (padding included) + L x (W-1) x 4E counts");
+  const ExpertTheory theory = expert_theory(layout, model_cfg, W, ep, run.micro_batch_size(), cfg.grad_accum);
 
   // The lesson, 2: when a bucket is final, average its expert ranges over the ranks that hold the
   // same experts, and the rest over everyone.
@@ -194,8 +191,7 @@ int train(Communicator* comm, TrainConfig& cfg, const ExpertFlags& flag) {
       (s.experts ? expert_sq : dense_sq) += sum_of_squares(grads.view().slice1d(s.begin, s.end - s.begin));
     const double norm = std::sqrt(dense_sq + grid.ep().all_reduce_scalar(expert_sq, ReduceOp::Sum));
     optimizer.update(params.view(), grads.view(), step + 1, run.lr(step), clip_factor(norm, cfg.grad_clip));
-    run.set_expert_rows(expert_rows);
-    run.end_step(step, loss, norm);
+    run.end_step(step, loss, norm, expert_rows);
 
     // What the reader sees: routing per layer and expert, the balance loss, the all-to-alls, and
     // after step 1 the memory per rank and each group's gradient bytes (expert_report.h).

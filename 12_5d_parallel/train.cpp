@@ -167,9 +167,9 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
 
   const bool sharded = zero1 || zero2;
   const MoESettings moe_settings{opt.capacity_factor, opt.aux_loss_coef};
-  TrainingRun run(grid, cfg, sharded ? Strategy::ZeRO1 : Strategy::DP, tp,
-                  PipelineParallelism{p, rank, parts, zero2, actions}, held, ExpertParallelism{opt.ep, at.ep},
-                  moe ? &moe_settings : nullptr);
+  TrainingRun run(grid, cfg, Parallelism{sharded ? Strategy::ZeRO1 : Strategy::DP, tp,
+                              PipelineParallelism{p, rank, parts, zero2, actions}, held,
+                              ExpertParallelism{opt.ep, at.ep}, moe ? &moe_settings : nullptr});
   const Device device = run.device();
   const DType dtype = run.dtype();
   const ParamLayout& layout = run.layout();
@@ -192,10 +192,7 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
   GradientSync data_parallel(replicas, buckets, grads.view(), sharded ? &plan : nullptr, grad_shard.view());
   // An expert's gradient sums the tokens of its whole EP group; averaged over its EDP replicas it must
   // come out as the mean over the DP x CP data replicas: EDP / (DP x CP) = TP / EP.
-  if (moe) {
-    data_parallel.set_expert_group(grid.expert_dp(), float(t) / float(opt.ep));
-    run.add_group("expert_dp", grid.expert_dp());
-  }
+  if (moe) data_parallel.set_expert_group(grid.expert_dp(), float(t) / float(opt.ep));
   AdamW optimizer(layout, plan, cfg.weight_decay, device, dtype);
   std::vector<std::unique_ptr<GPT2>> models;
   std::vector<GPT2*> chunks;
@@ -227,7 +224,7 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
   // rows; their counts are gathered over the stage (EP, then EDP: edp x EP + ep is the stage's order).
   std::unique_ptr<ExpertExchange> exchange;
   // The rows this rank's experts ran, per micro-batch and block: the activations' theory at this step's
-  // routing (TrainingRun::set_expert_rows).
+  // routing (TrainingRun::end_step).
   std::vector<std::vector<int64_t>> expert_rows(size_t(m), std::vector<int64_t>(size_t(run_cfg.L), 0));
   int running_micro = 0;
   std::vector<int32_t> gathered_in_ep;
@@ -267,12 +264,7 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
   Communicator* embedding = shape.placement == Placement::V ? nullptr : grid.embedding();
   bool last_micro_batch = false;
   CommHandle wte_sum;
-  if (zero2) {  // (DP x CP's bytes: the dense buckets; the experts' go to their group)
-    data_parallel.set_every_micro_batch(embedding && layout.params[wte].held() ? wte : -1);
-    run.set_dp_comm_theory(data_parallel.every_micro_batch_sent_bytes(m, layout.padded_size - layout.expert_range_size,
-                                                                      double(dtype_size(dtype))),
-                           GradientSync::kEveryMicroBatchFormula);
-  }
+  if (zero2) data_parallel.set_every_micro_batch(embedding && layout.params[wte].held() ? wte : -1);
   std::vector<std::pair<int, CommHandle>> summing;
   auto finish_tp_sums = [&] {
     for (auto& [param, handle] : summing) {
@@ -432,7 +424,6 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
           }
         }
       for (GPT2* chunk : chunks) chunk->reset_routing_totals();
-      run.set_expert_rows(expert_rows);
       exchange->release_buffers();
       grid.world().all_reduce(counts.view(), ReduceOp::Sum);
       JsonObject record;
@@ -447,7 +438,7 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
     }
 
     report.add_step(step, pipeline.times());
-    run.end_step(step, loss, norm);
+    run.end_step(step, loss, norm, expert_rows);
     // After step 1 (or the only step), every rank's groups next to their formulas.
     if (step == std::max(start, 1) || (start + 1 >= cfg.steps && step == start)) report_groups(run, world, group_rows(before), formulas);
     if (run.checkpoint_due(step)) run.save_checkpoint(step + 1, params, optimizer);

@@ -38,9 +38,14 @@ void GradientSync::set_every_micro_batch(int deferred_param) {
 }
 
 double GradientSync::every_micro_batch_sent_bytes(int micro_batches, int64_t padded, double element_bytes) const {
-  const double ring = double(group_.size() - 1) / group_.size(), all = double(padded);
-  const double deferred = deferred_bucket_ >= 0 ? double(buckets_.size(deferred_bucket_)) : 0;
-  return ring * element_bytes * (micro_batches * (all - deferred) + deferred + all);
+  return every_micro_batch_sent_bytes(group_.size(), micro_batches, padded,
+                                      deferred_bucket_ >= 0 ? buckets_.size(deferred_bucket_) : 0, element_bytes);
+}
+
+double GradientSync::every_micro_batch_sent_bytes(int ranks, int micro_batches, int64_t padded, int64_t deferred,
+                                                  double element_bytes) {
+  const double ring = double(ranks - 1) / ranks, all = double(padded), once = double(deferred);
+  return ring * element_bytes * (micro_batches * (all - once) + once + all);
 }
 
 void GradientSync::set_expert_group(Communicator& experts, float scale) {

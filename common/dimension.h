@@ -36,6 +36,9 @@ struct DimensionContext {
   bool dp_apart = false;             // that group is a communicator apart from the world's
   bool embedding_group = false;      // this rank sums the tied wte with another stage (08)
   bool expert_group = false;         // the experts are spread over an expert-parallel group (11, 12)
+  // 11: the data-parallel group carries every gradient but the experts' and the routing counts
+  // (Parallelism::routing_counts_over_data_group, training_run.h).
+  bool routing_counts_over_data_group = false;
   TensorParallelism tp;
   PipelineParallelism pp;
   ContextParallelism cp;
@@ -46,7 +49,7 @@ struct DimensionContext {
 struct StepMeasure {
   CommStats data;  // the data-parallel group's (the world's where it is the run's only group)
   std::vector<std::pair<std::string, CommStats>> groups;  // every group's, by name ("tp", "pp", ...)
-  // A MoE model's routing (TrainingRun::set_expert_rows): (micro-batches) x (L); empty: not given.
+  // A MoE model's routing (TrainingRun::end_step's expert_rows): (micro-batches) x (L); empty: not given.
   std::vector<std::vector<int64_t>> expert_rows;
   const CommStats* group(const std::string& name) const;  // null where the run has no such group
 };
@@ -55,7 +58,8 @@ struct StepMeasure {
 // model state, the activations and the notes under them, the transient buffers, then the
 // communication rows; the record takes `json` after the fields every run has.
 struct ReportTable {
-  Prediction strategy;      // the data-parallel strategy's memory and communication
+  Prediction strategy;      // the data-parallel strategy's memory and communication (the data
+                            // dimension's own where the gradients travel otherwise: ZeRO-2's rule, 11)
   std::string params_split;  // after "Ψ = N" in the heading: how a dimension splits this rank's Ψ
   double activations = 0;   // theory: the forecast's, unless a dimension knows the step's
   std::string activations_label = "activations";

@@ -42,7 +42,7 @@ class ExpertDimension : public Dimension {
 
   int collective_groups(const DimensionContext& ctx) const override { return ctx.expert_group ? 1 : 0; }
 
-  // The MoE layers at this step's routing (set_expert_rows), next to balanced routing and the bound;
+  // The MoE layers at this step's routing (end_step's), next to balanced routing and the bound;
   // the exchange buffers at the same routing.
   void report_rows(const DimensionContext& ctx, const StepMeasure& step, ReportTable& table) const override {
     if (!ctx.model.moe()) return;

@@ -7,22 +7,6 @@
 #include "memory.h"   // memory_stats
 #include "metrics.h"  // format_bytes, JsonObject
 
-ExpertTheory expert_theory(const ParamLayout& layout, const GPT2Config& cfg, int world, int ep, int micro_B,
-                           int64_t expert_range) {
-  ExpertTheory t;
-  const int W = world, D = world / ep, P = ep, L = cfg.L, E = cfg.experts;
-  const double C = cfg.C;
-  for (const ParamInfo& p : layout.params)
-    if (p.expert >= 0) t.expert_elements += p.size;
-  t.world_all_reduce = W > 1 ? 2.0 * (W - 1) / W * 4.0 * double(layout.padded_size - expert_range) : 0;
-  t.expert_dp_all_reduce = D > 1 ? 2.0 * (D - 1) / D * 4.0 * double(expert_range) : 0;
-  t.counts_all_gather = double(L * wire_bytes_for(CollectiveKind::AllGather, int64_t(W) * E * 4, W));
-  const double rows = double(micro_B) * cfg.T * cfg.top_k;  // n k: a rank's assignments, none dropped
-  t.a2a_balanced = P > 1 ? L * (double(P - 1) / P * 4 * E + 4.0 * (P - 1) / P * rows * C * 4) : 0;
-  t.expert_params = 4.0 * L * (E / ep) * (8 * C * C + 5 * C);
-  return t;
-}
-
 namespace {
 std::string key(const char* what, int l, int e) {
   return std::string(what) + "_L" + std::to_string(l) + "_E" + std::to_string(e);

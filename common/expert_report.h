@@ -2,8 +2,8 @@
 // per step, per layer and expert, the assignments routed and dropped, the balance loss, the
 // all-to-all bytes and time next to their predictions; once, after step 1, the memory per rank by
 // category with the experts apart, and each group's gradient bytes next to theory. The same numbers
-// go into JSON records ("experts" per step, "routing" per micro-batch and layer, "memory_ep" once). Defines ExpertTheory, expert_theory(),
-// ExpertStep and report_expert_step().
+// go into JSON records ("experts" per step, "routing" per micro-batch and layer, "memory_ep" once), next
+// to their theory (theory.h, ExpertTheory). Defines ExpertStep and report_expert_step().
 #pragma once
 #include <cstdint>
 #include <string>
@@ -12,21 +12,8 @@
 #include "comm.h"          // Communicator, CollectiveCounters
 #include "model.h"         // GPT2: its routing statistics
 #include "param_layout.h"  // ParamLayout
+#include "theory.h"        // ExpertTheory
 #include "training_run.h"  // TrainingRun: the JSON records
-
-// The bytes and sizes theory predicts for a run of chapter 11 (4-byte elements).
-struct ExpertTheory {
-  double world_all_reduce = 0;      // 2(W-1)/W x 4 x the non-expert ranges (padding included)
-  double expert_dp_all_reduce = 0;  // 2(D-1)/D x 4 x the expert ranges held (padding included), D = W/ep
-  double counts_all_gather = 0;     // L x (W-1) x 4E: every layer's routing counts, over the world
-  double a2a_balanced = 0;          // L x [(P-1)/P x 4E + 4 x (P-1)/P x n k C x 4], P = ep, n = tokens a rank
-  double expert_params = 0;         // L x E/ep x (8C^2 + 5C) x 4: a rank's expert parameters
-  int64_t expert_elements = 0;      // the expert tensors this rank holds
-};
-// `expert_range`: the elements of the ranges the expert gradients are reduced in (their tensors and the
-// padding that follows them), `micro_B` the sequences a rank computes per step.
-ExpertTheory expert_theory(const ParamLayout& layout, const GPT2Config& cfg, int world, int ep, int micro_B,
-                           int64_t expert_range);
 
 // One step's measurements on this rank.
 struct ExpertStep {

@@ -146,6 +146,17 @@ ProcessGrid::ProcessGrid(Communicator& world, const GridShape& shape) : world_(w
   expert_dp_ = split(GridGroup::ExpertDP);
 }
 
+ProcessGrid::ProcessGrid(Communicator& world) : world_(world), data_parallel_only_(true) {
+  shape_.dp = world.size();
+  coords_ = grid_coords(shape_, world.rank());
+}
+
+Communicator& ProcessGrid::group(const std::unique_ptr<Communicator>& comm, GridGroup which) const {
+  ENSURE(comm != nullptr, std::string("ProcessGrid: the grid of data parallelism alone has no ") + group_name(which) +
+                              " group");
+  return *comm;
+}
+
 std::unique_ptr<Communicator> ProcessGrid::split(GridGroup which) {
   const std::vector<int> members = group_ranks(shape_, world_.rank(), which);
   // Groups of one kind do not overlap, so a group's first member names it (the color), and a rank's

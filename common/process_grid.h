@@ -43,6 +43,9 @@
 // {0,4} {1,5} {2,6} {3,7}.
 // The layout and every group are plain functions, so that a test checks them without MPI, and
 // ProcessGrid builds its communicators from the same function.
+//
+// Chapters 01-06 split nothing but the batch: their grid is data parallelism alone, DP = the world
+// (ProcessGrid(world)), whose one group is the world itself.
 #pragma once
 #include <memory>
 #include <string>
@@ -88,24 +91,31 @@ class ProcessGrid {
   // Collective over `world`: splits it into every group above (comm.h, split) but the DP x CP group
   // when CP = 1 (it is then the DP group), each a communicator of the same kind as `world`.
   ProcessGrid(Communicator& world, const GridShape& shape);
+  // Data parallelism alone (chapters 01-06): every rank a replica, the world the data-parallel group.
+  // Splits nothing: a group split off is a communicator of its own (over NCCL one more NCCL
+  // communicator, with its stream and memory; under --collectives a worker thread), which a run that
+  // averages over the world alone has no use for. Only world(), dp() and dp_cp() exist (the world).
+  explicit ProcessGrid(Communicator& world);
 
   const GridShape& shape() const { return shape_; }
   const GridCoords& coords() const { return coords_; }
+  // True for the grid of data parallelism alone: it has no group but the world.
+  bool data_parallel_only() const { return data_parallel_only_; }
   Communicator& world() const { return world_; }
-  Communicator& dp() const { return *dp_; }
-  Communicator& tp() const { return *tp_; }
-  Communicator& pp() const { return *pp_; }
+  Communicator& dp() const { return dp_ ? *dp_ : world_; }
+  Communicator& tp() const { return group(tp_, GridGroup::TP); }
+  Communicator& pp() const { return group(pp_, GridGroup::PP); }
   // The context-parallel ring, ranked by cp (at CP = 1 this rank alone: a ring of one); and the ranks
   // that hold the same parameters, DP x CP, ranked by dp x CP + cp: the DP group itself when CP = 1.
-  Communicator& cp() const { return *cp_; }
-  Communicator& dp_cp() const { return dp_cp_ ? *dp_cp_ : *dp_; }
+  Communicator& cp() const { return group(cp_, GridGroup::CP); }
+  Communicator& dp_cp() const { return dp_cp_ ? *dp_cp_ : dp(); }
   // The two ends of this rank's pipeline, which sum the tied wte's gradient. Null with one stage, and
   // on the stages between, which hold no wte.
   Communicator* embedding() const { return embedding_.get(); }
   // The expert-parallel group, ranked by ep (at EP = 1 this rank alone), and the ranks that hold the
   // same experts, ranked by edp (at EP = 1 the whole stage).
-  Communicator& ep() const { return *ep_; }
-  Communicator& expert_dp() const { return *expert_dp_; }
+  Communicator& ep() const { return group(ep_, GridGroup::EP); }
+  Communicator& expert_dp() const { return group(expert_dp_, GridGroup::ExpertDP); }
   // "DP 2 x TP 2 x PP 1", then " x CP 2" with CP > 1 and " x EP 4 (expert DP 2)" with EP > 1: EP re-splits
   // a stage's DP x CP x TP ranks, so the expert-DP degree says what is left of them.
   std::string describe() const;
@@ -113,9 +123,12 @@ class ProcessGrid {
  private:
   // Splits the world into the groups of kind `which`, this rank's named `group_name(which)`.
   std::unique_ptr<Communicator> split(GridGroup which);
+  // A group that was split (refused on the grid of data parallelism alone).
+  Communicator& group(const std::unique_ptr<Communicator>& comm, GridGroup which) const;
 
   Communicator& world_;
   GridShape shape_;
   GridCoords coords_;
+  bool data_parallel_only_ = false;
   std::unique_ptr<Communicator> dp_, tp_, pp_, embedding_, cp_, dp_cp_, ep_, expert_dp_;
 };

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 
+#include "comm.h"            // wire_bytes_for
 #include "moe.h"             // MoELayer::capacity_of
 #include "ring_attention.h"  // ring_buffer_bytes
 
@@ -385,4 +386,40 @@ double ring_sent_bytes(const GPT2Config& cfg, int blocks, int m, int B, int cp, 
 
 double routing_counts_bytes(int blocks, int m, int group, int64_t chunk, int64_t record) {
   return double(blocks) * m * (group - 1) * double(chunk) * double(record) * 4;
+}
+
+namespace {
+// The elements of the ranges whose gradients chapter 11 averages over the expert-data-parallel group:
+// each run of expert tensors (held) and the padding after it, up to the next tensor held or the end.
+int64_t expert_range_elements(const ParamLayout& layout) {
+  int64_t elements = 0, begin = -1;  // begin: where the run of expert tensors being read began
+  bool first = true;
+  for (const ParamInfo& p : layout.params) {
+    if (!p.held()) continue;
+    const bool expert = p.expert >= 0;
+    if (expert && begin < 0) begin = first ? 0 : p.offset;
+    if (!expert && begin >= 0) elements += p.offset - begin, begin = -1;
+    first = false;
+  }
+  if (begin >= 0) elements += layout.padded_size - begin;
+  return elements;
+}
+}  // namespace
+
+ExpertTheory expert_theory(const ParamLayout& layout, const GPT2Config& cfg, int world, int ep, int micro_B,
+                           int micro_batches) {
+  ExpertTheory t;
+  const int W = world, D = world / ep, P = ep, L = cfg.L, E = cfg.experts;
+  const double C = cfg.C;
+  const int64_t expert_range = expert_range_elements(layout);
+  for (const ParamInfo& p : layout.params)
+    if (p.expert >= 0) t.expert_elements += p.size;
+  t.world_all_reduce = W > 1 ? 2.0 * (W - 1) / W * 4.0 * double(layout.padded_size - expert_range) : 0;
+  t.expert_dp_all_reduce = D > 1 ? 2.0 * (D - 1) / D * 4.0 * double(expert_range) : 0;
+  t.counts_all_gather =
+      double(micro_batches) * double(L * wire_bytes_for(CollectiveKind::AllGather, int64_t(W) * E * 4, W));
+  const double rows = double(micro_B) * cfg.T * cfg.top_k;  // n k: a rank's assignments, none dropped
+  t.a2a_balanced = P > 1 ? L * (double(P - 1) / P * 4 * E + 4.0 * (P - 1) / P * rows * C * 4) : 0;
+  t.expert_params = 4.0 * L * (E / ep) * (8 * C * C + 5 * C);
+  return t;
 }

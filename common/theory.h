@@ -1,6 +1,7 @@
 // theory.h: what docs/theory.md predicts for a chapter, so that every measured number can be printed
 // next to its prediction, and a run that cannot fit is refused before it allocates. Defines Strategy,
-// Prediction, predict(), activation_bytes() and MemoryForecast / forecast_memory().
+// Prediction, predict(), activation_bytes(), MemoryForecast / forecast_memory(), chapter 11's
+// ExpertTheory / expert_theory() and chapter 12's groups' formulas.
 // Ψ = parameters (unpadded), N = data-parallel ranks. fp32 training: 4 bytes per parameter and per
 // gradient, 8 bytes of AdamW state (m and v). bf16 mixed precision: 2 bytes per parameter and per
 // gradient, 12 bytes of optimizer state (fp32 master weights, m and v); the collectives then move
@@ -152,3 +153,19 @@ double ring_sent_bytes(const GPT2Config& cfg, int blocks, int m, int B, int cp, 
 // block and micro-batch, in two steps (EP, then expert DP): the group of `group` ranks receiving
 // `chunk` records from each of the others:  blocks m (group-1) chunk record x 4.
 double routing_counts_bytes(int blocks, int m, int group, int64_t chunk, int64_t record);
+
+// The bytes and sizes theory predicts for a run of chapter 11 (4-byte elements; docs/theory.md, 14).
+// Its expert ranges are the flat ranges whose gradients it averages over the expert-data-parallel
+// group, as it cuts them: each run of expert tensors and the padding after it, up to the next tensor.
+struct ExpertTheory {
+  double world_all_reduce = 0;      // 2(W-1)/W x 4 x the non-expert ranges (padding included)
+  double expert_dp_all_reduce = 0;  // 2(D-1)/D x 4 x the expert ranges held (padding included), D = W/ep
+  double counts_all_gather = 0;     // K x L x (W-1) x 4E: every layer's routing counts, over the world
+  double a2a_balanced = 0;          // L x [(P-1)/P x 4E + 4 x (P-1)/P x n k C x 4], P = ep, n = tokens a rank
+  double expert_params = 0;         // L x E/ep x (8C^2 + 5C) x 4: a rank's expert parameters
+  int64_t expert_elements = 0;      // the expert tensors this rank holds
+};
+// `micro_B`: the sequences a rank computes per micro-batch; K = `micro_batches` of them a step (each
+// routed on its own: moe.h).
+ExpertTheory expert_theory(const ParamLayout& layout, const GPT2Config& cfg, int world, int ep, int micro_B,
+                           int micro_batches);

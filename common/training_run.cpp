@@ -76,44 +76,39 @@ std::string divisors_text(int batch) {
 
 }  // namespace
 
-TrainingRun::TrainingRun(Communicator& comm, TrainConfig& cfg, Strategy strategy)
-    : TrainingRun(comm, comm, nullptr, cfg, strategy, TensorParallelism{}, PipelineParallelism{}) {}
-
-TrainingRun::TrainingRun(ProcessGrid& grid, TrainConfig& cfg, Strategy strategy, TensorParallelism tp,
-                         PipelineParallelism pp, ContextParallelism cp, ExpertParallelism ep, const MoESettings* moe)
-    : TrainingRun(grid.world(), grid.dp_cp(), &grid, cfg, strategy, tp, pp, cp, ep, moe ? &grid.ep() : nullptr,
-                  moe ? *moe : MoESettings{}) {}
-
-TrainingRun::TrainingRun(Communicator& world, Communicator& dp, const ProcessGrid* grid, TrainConfig& cfg,
-                         Strategy strategy, TensorParallelism tp, PipelineParallelism pp, ContextParallelism cp,
-                         ExpertParallelism ep, Communicator* ep_comm, MoESettings moe)
-    : world_(world), dp_(dp), data_ranks_(grid ? grid->shape().dp : dp.size()),
-      data_rank_(grid ? grid->coords().dp : dp.rank()), cp_comm_(grid && grid->shape().cp > 1 ? &grid->cp() : nullptr),
-      cp_(cp), tp_comm_(grid ? &grid->tp() : nullptr),
-      pp_comm_(grid && pp.size > 1 ? &grid->pp() : nullptr), embedding_comm_(grid ? grid->embedding() : nullptr),
-      tp_(tp), pp_(pp), ep_(ep), ep_comm_(ep_comm), grid_(grid), strategy_(strategy), device_(world.device()),
+TrainingRun::TrainingRun(ProcessGrid& grid, TrainConfig& cfg, const Parallelism& split)
+    : world_(grid.world()), dp_(grid.dp_cp()), data_ranks_(grid.shape().dp), data_rank_(grid.coords().dp),
+      cp_comm_(grid.shape().cp > 1 ? &grid.cp() : nullptr), cp_(split.cp),
+      tp_comm_(grid.data_parallel_only() ? nullptr : &grid.tp()), pp_comm_(split.pp.size > 1 ? &grid.pp() : nullptr),
+      embedding_comm_(grid.embedding()), tp_(split.tp), pp_(split.pp), ep_(split.ep),
+      ep_comm_(split.moe ? &grid.ep() : nullptr), grid_(grid), strategy_(split.strategy),
+      routing_counts_over_data_group_(split.routing_counts_over_data_group), device_(world_.device()),
       dtype_(pick_dtype(cfg.dtype, device_)) {
-  ENSURE(!grid || (tp.size == grid->shape().tp && tp.rank == grid->coords().tp && pp.size == grid->shape().pp &&
-                   pp.rank == grid->coords().pp),
+  const TensorParallelism& tp = split.tp;
+  const PipelineParallelism& pp = split.pp;
+  const ContextParallelism& cp = split.cp;
+  ENSURE(tp.size == grid.shape().tp && tp.rank == grid.coords().tp && pp.size == grid.shape().pp &&
+             pp.rank == grid.coords().pp,
          "TrainingRun: the split is not the grid's");
   ENSURE(pp.size == 1 || !pp.parts.empty(), "TrainingRun: a pipeline stage needs its model parts");
   // The ranks holding the same experts (11, 12): the layout pads their ranges for them, and ZeRO-1
   // shards their optimizer state over them.
-  if (grid && ep_comm) ep_.replicas = grid->expert_dp().size();
-  ENSURE(cp.size == (grid ? grid->shape().cp : 1) && (cp.size == 1 || cp.on()),
+  if (split.moe) ep_.replicas = grid.expert_dp().size();
+  ENSURE(cp.size == grid.shape().cp && (cp.size == 1 || cp.on()),
          "TrainingRun: the context-parallel split is not the grid's");
   if (!find_preset(cfg.preset, &model_))
     config_error("--preset: unknown preset '" + cfg.preset + "' (choose from " + preset_names() + ")");
   if (model_.C % model_.NH != 0) config_error("the model's C must divide by NH");
   // A mixture of experts: neither a pipeline stage's layout nor ring attention takes its blocks (08-10).
-  if (model_.moe() && !ep_comm && (!pp.parts.empty() || cp.on()))
+  if (model_.moe() && !ep_comm_ && (!pp.parts.empty() || cp.on()))
     config_error("--preset " + model_.preset + " is a mixture of experts, whose blocks " + cfg.chapter + " cannot " +
                  (cp.on() ? "run with ring attention" : "split into pipeline stages") +
                  ": train it with 11_expert_parallel, or with 01-07 on one rank");
   if (model_.moe()) {  // a mixture of experts: where it can run (moe.h)
-    const std::string problem = moe_run_problem(model_.preset, cfg.chapter, device_, ep_comm != nullptr, world_.size(),
+    const std::string problem = moe_run_problem(model_.preset, cfg.chapter, device_, ep_comm_ != nullptr, world_.size(),
                                                 tp.size, pp.size, cfg.recompute);
     if (!problem.empty()) config_error(problem);
+    const MoESettings moe = split.moe ? *split.moe : MoESettings{};
     model_.capacity_factor = moe.capacity_factor;
     model_.aux_loss_coef = moe.aux_loss_coef;
   }
@@ -191,6 +186,7 @@ TrainingRun::TrainingRun(Communicator& world, Communicator& dp, const ProcessGri
   if (embedding_comm_) groups_.push_back({"embedding", embedding_comm_, {}});
   if (cp_comm_) groups_.push_back({"cp", cp_comm_, {}});
   if (ep_comm_) groups_.push_back({"ep", ep_comm_, {}});
+  if (ep_comm_) groups_.push_back({"expert_dp", &grid_.expert_dp(), {}});  // the experts' gradients
   for (Group& g : groups_) g.comm->set_link_model({cfg_.link_gbps, cfg_.link_latency_us});
   if (tp_comm_) tp_comm_->set_link_model(tensor_parallel_link());
   set_comm_timeout(cfg_.timeout_s);
@@ -214,7 +210,7 @@ TrainingRun::TrainingRun(Communicator& world, Communicator& dp, const ProcessGri
     std::printf("%s | %d rank%s%s | preset %s (L=%d C=%d NH=%d T=%d V=%d) | %lld parameters\n", cfg_.chapter.c_str(),
                 N, N > 1 ? "s" : "", nodes.c_str(), model_.preset.c_str(), model_.L, model_.C, model_.NH, model_.T,
                 model_.V, (long long)global_layout_.num_params);
-    if (grid) std::printf("grid: %s\n", grid_line().c_str());
+    if (!grid_.data_parallel_only()) std::printf("grid: %s\n", grid_line().c_str());
     std::printf("global batch %d x %d tokens | %d per data-parallel rank in %d micro-batch%s of %d | data: %s\n",
                 cfg_.batch, model_.T, cfg_.batch / data_ranks_, cfg_.grad_accum, cfg_.grad_accum > 1 ? "es" : "",
                 micro_B_, data_.description().c_str());
@@ -463,11 +459,6 @@ CommStats TrainingRun::all_stats() const {
   return sum;
 }
 
-void TrainingRun::add_group(const std::string& name, Communicator& comm) {
-  comm.set_link_model({cfg_.link_gbps, cfg_.link_latency_us});
-  groups_.push_back({name, &comm, {}});
-}
-
 void TrainingRun::begin_step(int step) {
   write_run_record();
   set_error_phase("step " + std::to_string(step));
@@ -479,7 +470,9 @@ void TrainingRun::begin_step(int step) {
   matmul_at_step_start_ = cpu_matmul_ms();
 }
 
-void TrainingRun::end_step(int step, float local_loss, double grad_norm) {
+void TrainingRun::end_step(int step, float local_loss, double grad_norm,
+                           const std::vector<std::vector<int64_t>>& expert_rows) {
+  expert_rows_ = expert_rows;
   // Everything the step measures is read before the loss is averaged: that scalar is bookkeeping.
   // On a GPU the host is ahead of the device (ops only queue kernels): the step ends when the
   // device has run them.

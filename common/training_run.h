@@ -7,7 +7,9 @@
 // (step line, JSON lines, memory and communication next to theory, MFU on GPUs), periodic
 // checkpoints, the trace, and an orderly stop of every rank on Ctrl-C or a diverging loss. Each
 // dimension that splits the run (dimension.h) brings its own terms to the forecast and its own rows
-// to the theory table.
+// to the theory table. Also defines Parallelism: how a run is split, which every chapter describes
+// and TrainingRun takes whole, in its one constructor, so that a new dimension is a new field here
+// and a file of its own (dimension.h), never another constructor or a setter for the chapter to call.
 #pragma once
 #include <atomic>
 #include <memory>
@@ -30,6 +32,30 @@
 #include "process_grid.h"
 #include "theory.h"
 
+// How a run is split: the data-parallel strategy and this rank's part of every other dimension. A
+// field left at its default does not split the run, so a chapter names only its own dimensions:
+// 01-06 a strategy, 07 the tensor split too, 08 its pipeline, 10 the positions, 11 the experts.
+struct Parallelism {
+  // Over the data-parallel group (grid.dp_cp(): under CP, the DP x CP ranks that hold the same
+  // parameters), which splits the batch (under CP, its DP coordinate alone).
+  Strategy strategy = Strategy::DP;
+  // This rank's part of the model: its tensor-parallel slices, its pipeline stage (ZeRO-2's rule
+  // there too, reduce_every_micro_batch), its positions, its experts. Each size is the grid's. (Each
+  // initialised, {}, so that a chapter may name the first fields alone without a warning.)
+  TensorParallelism tp{};
+  PipelineParallelism pp{};
+  ContextParallelism cp{};
+  ExpertParallelism ep{};
+  // A MoE model trained with a capacity and a balance loss (11, 12; moe.h), read while the run is
+  // built: its experts are spread over the grid's expert-parallel group, and their gradients averaged
+  // over its expert-data-parallel group. Null: a dense model, or a MoE preset on one rank of 01-07.
+  const MoESettings* moe = nullptr;
+  // Chapter 11: the routing counts are gathered over the data-parallel group, which then carries
+  // them and every gradient but the experts' (ExpertTheory, theory.h): its bytes are those, not the
+  // strategy's.
+  bool routing_counts_over_data_group = false;
+};
+
 struct MicroBatch {
   const int* inputs;   // (B,T), on the run's device
   const int* targets;  // (B,T), on the run's device
@@ -42,28 +68,24 @@ class TrainingRun {
   // preset's (or steps/10 for the warm-up). Then validates it for this rank count, checks that every
   // output path can be written, forecasts this rank's peak memory and refuses a run that would not
   // fit, loads the data, opens the JSON output and prints the run header on rank 0. Every check is
-  // collective: every rank exits with one clear message. The run computes on the communicator's
-  // device (comm.device(): CPU for MPI, CUDA for NCCL, see comm_factory.h).
-  TrainingRun(Communicator& comm, TrainConfig& cfg, Strategy strategy);
-  // On a process grid (07, 08): the data is split, and `strategy` (DP or ZeRO-1) runs, over the grid's
-  // data-parallel group; the layout is this rank's part of the tensor-parallel group `tp` (its size
-  // is the grid's TP size), whose sizes are checked first (heads, vocabulary, 4C; B*T under sequence
-  // parallelism), each refusal naming the flag; and of the pipeline `pp` (its size is the grid's PP
-  // size): the units of its parts, whose --grad-accum micro-batches are the pipeline's. Only the
-  // last stage has a loss: the step's loss is its, averaged over the data-parallel groups.
-  // On a grid with context parallelism (chapter 10; `cp`: this rank's positions, its size the grid's
-  // CP size), the batch is split over the DP coordinate only (a CP ring trains on the same sequences),
-  // while `strategy` runs over the DP x CP group (grid.dp_cp(): the ranks that hold the same
-  // parameters), whose size pads the layout; the activations' forecast is the model's on T/cp
-  // positions plus the ring's buffers (docs/theory.md, section 13).
-  // A MoE model (moe.h; 11, 12): `moe` given (the capacity factor and balance-loss coefficient asked
-  // for; model_config() has the ones the run uses, a resumed run taking the checkpoint's where a flag
-  // was left out), its experts are spread over the grid's expert-parallel group (ep: its size and this
-  // rank's place), every rank holding its E/ep experts of each block it runs; the layout lists every
-  // expert, the others' empty (ExpertParallelism), and checkpoints hold every expert whatever ep is.
-  TrainingRun(ProcessGrid& grid, TrainConfig& cfg, Strategy strategy, TensorParallelism tp,
-              PipelineParallelism pp = {}, ContextParallelism cp = {}, ExpertParallelism ep = {},
-              const MoESettings* moe = nullptr);
+  // collective: every rank exits with one clear message. The run computes on the world's device
+  // (grid.world().device(): CPU for MPI, CUDA for NCCL, see comm_factory.h).
+  // The batch is split over the grid's data-parallel ranks (DP; the world on the grid of 01-06), and
+  // `split.strategy` runs over the ranks that hold the same parameters (grid.dp_cp()), whose size
+  // pads the layout. The layout is this rank's part: of the tensor-parallel group (split.tp), whose
+  // sizes are checked first (heads, vocabulary, 4C; B*T under sequence parallelism), each refusal
+  // naming the flag; of the pipeline (split.pp): the units of its parts, whose --grad-accum
+  // micro-batches are the pipeline's, and only the last stage has a loss (the step's is its, averaged
+  // over the data-parallel groups); of a sequence under context parallelism (split.cp: the batch is
+  // split over the DP coordinate alone, a CP ring training on the same sequences), the activations'
+  // forecast then the model's on T/cp positions plus the ring's buffers (docs/theory.md, section 13).
+  // A MoE model (moe.h; 11, 12) with split.moe given (the capacity factor and balance-loss coefficient
+  // asked for; model_config() has the ones the run uses, a resumed run taking the checkpoint's where
+  // a flag was left out): its experts are spread over the grid's expert-parallel group (split.ep),
+  // every rank holding its E/ep experts of each block it runs; the layout lists every expert, the
+  // others' empty, and checkpoints hold every expert whatever ep is. The step then counts the
+  // expert-data-parallel group's communication too ("expert_dp").
+  TrainingRun(ProcessGrid& grid, TrainConfig& cfg, const Parallelism& split);
   ~TrainingRun();
 
   const TrainConfig& cfg() const { return cfg_; }
@@ -87,25 +109,8 @@ class TrainingRun {
   void add_to_run_record(const JsonObject& fields);
   // Root only (else nothing): one more JSON record (a chapter's own measurements, 08's bubble).
   void write_record(const JsonObject& record) { if (is_root()) json_.write(record); }
-  // One more group whose communication the step counts (its bytes, exposed and total time, per
-  // group in the JSON record), on the run's emulated link: chapter 11's expert-data-parallel group.
-  // Before the first begin_step().
-  void add_group(const std::string& name, Communicator& comm);
-  // Replaces the strategy's data-parallel bytes per step in the theory table, for a chapter that
-  // communicates otherwise (08's --zero2: ZeRO-1's memory, ZeRO-2's reduce-scatter every micro-batch).
-  void set_dp_comm_theory(double bytes, const std::string& formula) {
-    dp_comm_theory_ = bytes;
-    dp_comm_formula_ = formula;
-  }
-  // A MoE model's routing this step, for the activations' theory (theory.h,
-  // moe_schedule_activation_bytes): per micro-batch, the rows this rank's experts ran per block (0 for
-  // the blocks of other stages), replayed in the schedule's order; the exchange buffers' at the most
-  // rows of any. Before end_step(); without it the table takes the bound (moe_expert_rows_at_most_of).
-  void set_expert_rows(const std::vector<std::vector<int64_t>>& rows_per_micro_batch) {
-    expert_rows_ = rows_per_micro_batch;
-  }
   // A MoE model's layers' activations on this rank (theory.h, moe_schedule_activation_bytes): at the
-  // routing of the last set_expert_rows(), else at the bound; 0 for a dense model.
+  // routing the last end_step() was given, else at the bound; 0 for a dense model.
   double moe_activations() const;
   int micro_batch_size() const { return micro_B_; }  // B / (data-parallel ranks x grad_accum)
   const ContextParallelism& context_parallelism() const { return cp_; }
@@ -146,7 +151,12 @@ class TrainingRun {
   // the loss over ranks, records time, exposed and total communication, bytes and memory; prints the
   // step line on rank 0 and writes the JSON record. After the first measured step, also prints
   // memory and communication next to theory. Then every rank agrees whether to stop (stopping()).
-  void end_step(int step, float local_loss, double grad_norm);
+  // `expert_rows`: a MoE model's routing this step, for the activations' theory (theory.h,
+  // moe_schedule_activation_bytes): per micro-batch, the rows this rank's experts ran per block (0 for
+  // the blocks of other stages), replayed in the schedule's order; the exchange buffers' at the most
+  // rows of any. Empty: the table takes the bound (moe_expert_rows_at_most_of).
+  void end_step(int step, float local_loss, double grad_norm,
+                const std::vector<std::vector<int64_t>>& expert_rows = {});
   // True once every rank agreed to stop after the last step: Ctrl-C (SIGINT, SIGTERM or SIGHUP)
   // reached a rank, or the loss or the gradient norm stopped being finite. The chapter's loop then breaks.
   bool stopping() const { return stop_ != Stop::No; }
@@ -159,9 +169,6 @@ class TrainingRun {
 
  private:
   enum class Stop { No, Interrupted, Diverged };
-  TrainingRun(Communicator& world, Communicator& dp, const ProcessGrid* grid, TrainConfig& cfg, Strategy strategy,
-              TensorParallelism tp, PipelineParallelism pp, ContextParallelism cp = {}, ExpertParallelism ep = {},
-              Communicator* ep_comm = nullptr, MoESettings moe = {});
   CommStats all_stats() const;  // summed over the run's communicators
   LinkModel tensor_parallel_link() const;  // --tp-link-*, else --link-*
   JsonObject moe_run_fields() const;       // the run record's for a MoE model (experts, top_k, ...)
@@ -193,10 +200,11 @@ class TrainingRun {
   TensorParallelism tp_;
   PipelineParallelism pp_;
   ExpertParallelism ep_;
-  Communicator* ep_comm_;         // the expert-parallel group (11), or null
-  const ProcessGrid* grid_;       // the grid (07-10, 12), or null
+  Communicator* ep_comm_;         // the expert-parallel group (11, 12), or null
+  const ProcessGrid& grid_;       // (01-06: data parallelism alone, no group but the world)
   TrainConfig cfg_;
   Strategy strategy_;
+  bool routing_counts_over_data_group_;  // (Parallelism's)
   Device device_;
   DType dtype_;
   DeviceInfo device_info_;  // its name and peak FLOP/s for dtype_, for the header and MFU
@@ -217,8 +225,8 @@ class TrainingRun {
   std::atomic<bool> run_record_written_{false};
   double step_start_ms_ = 0;
   double matmul_at_step_start_ = 0;  // cpu_matmul_ms() then (ops.h)
-  // The run's distinct communicators ("world", and "dp", "tp" where they are other groups), with
-  // their statistics when the step began.
+  // The run's distinct communicators ("world", and "dp", "tp", ..., "expert_dp" where they are other
+  // groups), with their statistics when the step began.
   struct Group {
     std::string name;
     Communicator* comm;
@@ -234,9 +242,7 @@ class TrainingRun {
     float last_loss = 0;
   } totals_;
   bool reported_theory_ = false;
-  double dp_comm_theory_ = -1;  // set_dp_comm_theory, or -1: the strategy's
-  std::vector<std::vector<int64_t>> expert_rows_;  // set_expert_rows: (micro-batches) x (L)
-  std::string dp_comm_formula_;
+  std::vector<std::vector<int64_t>> expert_rows_;  // the last end_step's: (micro-batches) x (L)
   Stop stop_ = Stop::No;
   int last_step_ = -1;
   int64_t run_peak_bytes_ = 0;  // the peak before the current step (begin_step resets the counters' peaks)

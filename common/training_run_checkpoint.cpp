@@ -87,7 +87,6 @@ Buffer TrainingRun::to_local(Buffer global) const {
 
 Buffer TrainingRun::to_global(Buffer local) const {
   if (tp_.size == 1 && pp_.size == 1 && ep_.size == 1) return local;
-  ENSURE(grid_ != nullptr, "TrainingRun::to_global: a split model needs its grid");
   // Any grid, one way: every rank places its own slices into the whole model's zeros, then leaves in
   // only what it alone must count, so that a sum over the world holds each element exactly once (a
   // sum of one value and zeros is exact). A tensor tensor parallelism splits counts on every TP rank
@@ -96,7 +95,7 @@ Buffer TrainingRun::to_global(Buffer local) const {
   // first); an expert on the first replica of its holders (expert-data-parallel rank 0).
   Buffer global(global_layout_.padded_size, MemCategory::Other);  // zeros
   place_into_global(layout_, local.f32(), global_layout_, global.f32());
-  const GridCoords& at = grid_->coords();
+  const GridCoords& at = grid_.coords();
   for (size_t i = 0; i < layout_.params.size(); i++) {
     const ParamInfo& p = layout_.params[i];
     const bool counts = p.expert >= 0 ? at.edp == 0

@@ -74,6 +74,7 @@ DimensionContext TrainingRun::dimension_context() const {
   ctx.dp_apart = &dp_ != &world_;
   ctx.embedding_group = embedding_comm_ != nullptr;
   ctx.expert_group = ep_comm_ != nullptr;
+  ctx.routing_counts_over_data_group = routing_counts_over_data_group_;
   ctx.tp = tp_;
   ctx.pp = pp_;
   ctx.cp = cp_;

@@ -22,7 +22,6 @@ void TrainingRun::report_vs_theory(const StepMeasure& step) {
   const DimensionContext ctx = dimension_context();
   ReportTable table;
   table.strategy = predict(strategy_, layout_, cfg_.grad_accum, dtype_);
-  if (dp_comm_theory_ >= 0) table.strategy.comm_bytes = dp_comm_theory_, table.strategy.comm_formula = dp_comm_formula_;
   table.activations = forecast_.activations;
   table.transient = forecast_.transient;
   for (const std::unique_ptr<Dimension>& d : dimensions_) d->report_rows(ctx, step, table);

@@ -170,6 +170,8 @@ TEST(ThreeDTiedEmbedding, BothCopiesTravelInBucketsOfOneShape) {
             const GradientBuckets buckets(layout, 4096, 4, cut);
             const int b = buckets.bucket_of(wte);
             EXPECT_EQ(buckets.begin(b), layout.params[wte].offset);
+            // Where ZeRO-2's theory takes it to end (dimension_data.cpp, from the layout alone).
+            EXPECT_EQ(buckets.end(b), layout.tied_wte_end);
             wte_bucket.push_back(buckets.range(b));
             if (cut != BucketCut::AtLayers) continue;  // (ZeRO's buckets: whole layers, each divides by dp)
             const ShardPlan plan(buckets.ranges_in_flat_order(), dp, 0);

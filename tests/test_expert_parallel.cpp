@@ -127,6 +127,9 @@ TEST_P(ExpertParallelEquivalence, SameTrainingAsOneRankAndTheSameTokensDropped) 
   // the rows rank 0's experts ran, exactly, on one rank and on the grid; never above the bound.
   for (const TrainedRun* run : {&one, &grid}) {
     const std::string theory = read_record(run->jsonl, "theory");
+    // The data-parallel group's bytes: every gradient but the experts' and, every micro-batch, every
+    // layer's routing counts (ExpertTheory), exactly.
+    EXPECT_EQ(number_field(theory, "measured_comm_bytes"), number_field(theory, "theory_comm_bytes")) << theory;
     EXPECT_EQ(number_field(theory, "measured_activations_bytes"), number_field(theory, "theory_activations_bytes"))
         << theory;
     EXPECT_LE(number_field(theory, "measured_activations_bytes"),

@@ -152,6 +152,22 @@ TEST(ProcessGrid, ContextParallelGroupsHoldTheRanksOfTheLayout) {
   }
 }
 
+// Chapters 01-06's grid, data parallelism alone, splits no communicator off the world (over NCCL each
+// would be an NCCL communicator of its own): its data-parallel group is the world itself.
+TEST(ProcessGrid, DataParallelAloneIsTheWorld) {
+  Communicator& world = test_comm();
+  ProcessGrid grid(world);
+  EXPECT_TRUE(grid.data_parallel_only());
+  EXPECT_EQ(&grid.dp(), &world);
+  EXPECT_EQ(&grid.dp_cp(), &world);
+  EXPECT_EQ(grid.embedding(), nullptr);
+  EXPECT_EQ(grid.shape().dp, world.size());
+  EXPECT_EQ(grid.shape().world(), world.size());
+  EXPECT_EQ(grid.coords().dp, world.rank());
+  EXPECT_EQ(grid.describe(), "DP " + std::to_string(world.size()) + " x TP 1 x PP 1");
+  EXPECT_FALSE(ProcessGrid(world, grid_shape(world.size(), 1, 1)).data_parallel_only());
+}
+
 // Every communicator of the grid, with expert parallelism folded in (every TP, PP, CP and EP that
 // divide the world), holds the ranks group_ranks lists, in its order: the plain function
 // test_process_grid.cpp checks is the one the communicators are built from.
@@ -332,7 +348,7 @@ Initialised initialise(Communicator& world, const std::string& preset, int t) {
   ProcessGrid grid(world, {world.size() / t, t, 1});
   TrainConfig cfg = init_config(preset);
   const TensorParallelism tp{t, grid.coords().tp, false};
-  TrainingRun run(grid, cfg, Strategy::DP, tp);
+  TrainingRun run(grid, cfg, Parallelism{Strategy::DP, tp});
   const ParamLayout& layout = run.layout();
   Buffer params(layout.padded_size, MemCategory::Params);
   AdamW optimizer(layout, ShardPlan::unsharded(layout), cfg.weight_decay);

@@ -224,6 +224,22 @@ TEST(Theory, MeasuredMemoryAndBytesMatchTheFormulas) {
   }
 }
 
+// Chapters 01-06 split the batch alone: their grid (ProcessGrid(world)) splits no group off the
+// world, so a step counts the world's communication only, and the header names no grid.
+TEST(DataParallelAlone, TheWorldIsTheOneGroup) {
+  for (const std::string& chapter : kChapters) {
+    SCOPED_TRACE(chapter);
+    const std::string dir = temp_dir();
+    RunResult r = run_trainer(chapter, 2, "--steps 1 --json " + dir + "/run.jsonl");
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_EQ(r.output.find("grid:"), std::string::npos) << r.output;
+    const std::string step = read_record(dir + "/run.jsonl", "step");
+    ASSERT_FALSE(step.empty());
+    for (const char* group : {"\"dp_", "\"tp_", "\"pp_", "\"cp_", "\"ep_", "\"expert_dp_"})
+      EXPECT_EQ(step.find(group), std::string::npos) << group << " in " << step;
+  }
+}
+
 // Every ZeRO collective is balanced: in every reduce-scatter and all-gather, each rank sends and
 // receives (N-1)/N of the payload. The counters record the largest share of any one call on each
 // rank, and the step record holds the largest over the ranks: at most (N-1)/N means every rank's
