@@ -146,7 +146,7 @@ bool TrainingRun::checkpoint_due(int step) const {
 void TrainingRun::save_checkpoint(int next_step, Tensor params, AdamW& optimizer) {
   const ShardPlan& plan = optimizer.plan();
   // The plan's groups: the data-parallel group, and a MoE model's experts' replicas (12's ZeRO-1).
-  const std::vector<Communicator*> groups = {&dp_, grid_ ? &grid_->expert_dp() : nullptr};
+  const std::vector<Communicator*> groups = {&dp_, ep_comm_ ? &grid_.expert_dp() : nullptr};
   // Under mixed precision the weights are the fp32 master copy, which covers the optimizer's shard.
   Buffer full_params = to_global(gather_full(groups, plan, optimizer.mixed_precision() ? optimizer.master() : params));
   Buffer full_m = to_global(gather_full(groups, plan, optimizer.m()));
