@@ -128,8 +128,16 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
   const DType dtype = run.dtype();
   const ParamLayout& layout = run.layout();  // this stage's units, this TP rank's slices of them
   Communicator& dp_group = grid.dp();
-  Communicator& tp_group = grid.tp();
   print_partition(run, model_cfg, blocks, p, shape.placement);
+  // dualpipev runs each F&B pair's forward and backward at once (pipeline.h), both talking to the TP
+  // group: each lane then on its own communicator (lanes.h), counted together as "tp".
+  const bool fb_overlap = fb_overlap_runs(pipe, matching, device, run.is_root());
+  std::unique_ptr<LaneCommunicator> tp_lanes;
+  if (fb_overlap && t > 1) {
+    tp_lanes = std::make_unique<LaneCommunicator>(grid.tp());
+    run.count_group_through("tp", *tp_lanes);
+  }
+  Communicator& tp_group = tp_lanes ? static_cast<Communicator&>(*tp_lanes) : grid.tp();
 
   Buffer params(layout.padded_size, MemCategory::Params, dtype, device);
   Buffer grads(layout.padded_size, MemCategory::Grads, dtype, device);
@@ -151,6 +159,7 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
   const int start = run.init_or_resume(params, optimizer);
   PipelineExecutor pipeline(grid.pp(), chunks, shape, actions, matching, run.micro_batch_size(), model_cfg.T,
                             model_cfg.C, device, dtype);
+  pipeline.overlap_pairs(fb_overlap);
   PipelineReport report(run, grid, shape, schedule, matching, parts);
 
   // The lesson: 07's collectives, over this rank's TP group, in every chunk. "f" precedes a
@@ -173,7 +182,7 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
     run.set_dp_comm_theory(data_parallel.every_micro_batch_sent_bytes(m, layout.padded_size, double(dtype_size(dtype))),
                            GradientSync::kEveryMicroBatchFormula);
   }
-  std::vector<std::pair<int, CommHandle>> summing;  // the TP sums in flight
+  std::vector<std::pair<int, CommHandle>> summing;  // the TP sums in flight (backward passes only: one lane)
   auto finish_tp_sums = [&] {
     for (auto& [param, handle] : summing) {
       handle.wait();
@@ -181,8 +190,9 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
     }
     summing.clear();
   };
+  // (Set by the backward's passes alone: a pair's forward calls this beside them, pipeline.h.)
   pipeline.before_compute = [&](const Action& a) {
-    last_micro_batch = a.micro == m - 1;
+    if (a.op != Op::F) last_micro_batch = a.micro == m - 1;
     if (zero2 && a.op == Op::B) data_parallel.micro_batch_done();
   };
   // With one stage and several chunks, the embedding's chunk and the head's share this rank's one

@@ -464,6 +464,15 @@ void TrainingRun::add_group(const std::string& name, Communicator& comm) {
   groups_.push_back({name, &comm, {}});
 }
 
+void TrainingRun::count_group_through(const std::string& name, Communicator& comm) {
+  for (Group& g : groups_)
+    if (g.name == name) {
+      g.comm = &comm;
+      return;
+    }
+  ENSURE(false, "count_group_through: the run has no group '" + name + "'");
+}
+
 void TrainingRun::begin_step(int step) {
   write_run_record();
   set_error_phase("step " + std::to_string(step));

@@ -91,6 +91,10 @@ class TrainingRun {
   // group in the JSON record), on the run's emulated link: chapter 11's expert-data-parallel group.
   // Before the first begin_step().
   void add_group(const std::string& name, Communicator& comm);
+  // The run's group `name` ("tp", "cp", "ep", or one added above) counted through `comm` from now on:
+  // the group and a copy of it for a pipeline's backward lane, together (lanes.h, LaneCommunicator),
+  // so that its bytes and times are both lanes'. Before the first begin_step().
+  void count_group_through(const std::string& name, Communicator& comm);
   // Replaces the strategy's data-parallel bytes per step in the theory table, for a chapter that
   // communicates otherwise (08's --zero2: ZeRO-1's memory, ZeRO-2's reduce-scatter every micro-batch).
   void set_dp_comm_theory(double bytes, const std::string& formula) {
