@@ -29,7 +29,8 @@
 // TP's collectives, CP's ring) travel while the other computes. Every pass then runs in its lane, F
 // in the forward, B and W in the backward, paired or not, and a chapter's hooks reach each group
 // through the lane's own communicator (LaneCommunicator). Measured per pair: its wall time beside its
-// passes' own; the difference is what running them in sequence would have added to the step.
+// passes' own; the difference is the time the two lanes ran at once, which the pair would take longer
+// in sequence (the step gains it where nothing else then waits: the next stage, busy cores, the link).
 // Messages carry a tag, (activation or gradient, the receiving virtual stage, micro-batch), which MPI
 // matches them by; NCCL matches by call order, which the lists are built for. Between two chunks of
 // one rank (one stage; the point of a V) a message is a copy.
@@ -114,12 +115,11 @@ class PipelineExecutor {
     double buffer_bytes = 0;
     // F&B pairs run at once (overlap_pairs): their number in the step, their wall time, and their
     // passes' own times (F + B + W, each timed in its lane). passes - wall is the time the two lanes
-    // ran beside each other: what running them in sequence would have added to the step. And per
+    // ran beside each other, which the pairs would take longer in sequence. And per
     // chunk of a pair's forward, its pairs' mean wall time (the simulator's ActionCosts::pair).
     int pairs = 0;
     double pair_ms = 0, pair_passes_ms = 0;
     std::vector<double> pair;
-    double overlapped_ms() const { return pair_passes_ms > pair_ms ? pair_passes_ms - pair_ms : 0; }
   };
   const Times& times() const { return times_; }
   const std::vector<Action>& actions() const { return actions_; }

@@ -239,10 +239,11 @@ void PipelineReport::finish(bool wte_copies_equal) {
               theory_bubble_formula(schedule_, overlapped_pairs).c_str(), overlapped_pairs ? " and pair times" : "",
               sim.deadlock.empty() ? "no p2p time" : sim.deadlock.c_str(), 100 * simulated_mean, 100 * measured_mean);
   if (overlapped_pairs) {
-    // What the overlap bought, per rank: a pair's two passes take their own times (F + B + W, each
-    // timed in its lane) but, side by side, only the pair's wall time; the difference is time the
-    // step did not spend, the messages inside one pass (and, with a core to spare, its compute)
-    // hidden under the other's work.
+    // What the overlap hid, per rank: a pair's two passes take their own times (F + B + W, each timed
+    // in its lane) but, side by side, only the pair's wall time; the difference is the time the two
+    // lanes ran at once, the messages inside one pass (and, with a core to spare, its compute) under
+    // the other's work. The step gains that much only where nothing else then waits: the pipeline's
+    // next stage for the pair's sends, a machine's saturated cores, a saturated link.
     std::printf("  F&B pairs at once (--fb-overlap on; docs/pipelines.md): per step, per rank\n");
     std::printf("  %-5s %6s %14s %12s %10s %8s\n", "stage", "pairs", "F+B+W in them", "their wall", "hidden", "of step");
     for (int r = 0; r < p; r++) {
@@ -260,8 +261,9 @@ void PipelineReport::finish(bool wte_copies_equal) {
                             .add("hidden_ms", hidden)
                             .add("step_ms", step));
     }
-    std::printf("  hidden = the pairs' passes (each timed in its lane) minus the pairs' wall time: what running "
-                "each pair's two passes one after the other would have added (--fb-overlap off)\n");
+    std::printf("  hidden = the pairs' passes (each timed in its lane) minus the pairs' wall time: the time the two "
+                "lanes ran at once, which the pairs would take longer one pass after the other (--fb-overlap off; "
+                "the step gains it where nothing else then waits)\n");
   }
   std::fflush(stdout);
   JsonObject pipeline;

