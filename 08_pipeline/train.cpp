@@ -17,7 +17,8 @@
 //   zb-v         two chunks a rank in a V (rank r: virtual stages r and 2p-1-r), B and W split: no
 //                bubble in the steady state, the embedding and the loss both on rank 0;
 //   dualpipev    DeepSeek's DualPipe cut in half: the same V, its steady state pairing one chunk's
-//                forward with the other's backward (m >= 2p).
+//                forward with the other's backward (m >= 2p), the two passes of a pair run at once
+//                on two threads (--fb-overlap off: one after the other).
 // Each schedule is a plain list of actions per rank (common/pipeline_schedule.cpp: read it with the
 // diagram of `make schedules`); one executor runs any list (common/pipeline.h).
 //
@@ -135,6 +136,9 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
   const int start = run.init_or_resume(params, optimizer);
   PipelineExecutor pipeline(grid.pp(), chunks, shape, actions, matching, run.micro_batch_size(), model_cfg.T,
                             model_cfg.C, device, dtype);
+  // dualpipev: each F&B pair's forward and backward at once, on two lanes (pipeline.h). Here no pass
+  // talks to a group but the backward's gradients to the DP group, so the lanes share no communicator.
+  pipeline.overlap_pairs(fb_overlap_runs(pipe, matching, device, run.is_root()));
   PipelineReport report(run, grid, shape, schedule, matching, parts);
 
   // Gradients, on the last micro-batch's backward (or weight pass, under zb-h1): data parallelism
@@ -149,8 +153,9 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
   // bucket excepted (summed over the stages first, it goes once, at the end); a backward waits for
   // the previous micro-batch's reduce-scatters before it writes into their buckets again.
   if (zero2) data_parallel.set_every_micro_batch(embedding && layout.params[wte].held() ? wte : -1);
+  // (Set by the backward's passes alone: a pair's forward calls this beside them, pipeline.h.)
   pipeline.before_compute = [&](const Action& a) {
-    last_micro_batch = a.micro == m - 1;
+    if (a.op != Op::F) last_micro_batch = a.micro == m - 1;
     if (zero2 && a.op == Op::B) data_parallel.micro_batch_done();
   };
   // With one stage and several chunks, or in a V, the embedding's chunk and the head's share this

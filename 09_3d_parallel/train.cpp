@@ -106,6 +106,10 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
   // NCCL has none and matches by call order, which the lists are then built for.
   const PipelineShape& shape = pipe.shape;  // with the schedule's placement (zb-v, dualpipev: a V)
   const Matching matching = pipeline_matching(opt.matching, grid.pp(), shape);
+  // dualpipev runs each F&B pair's forward and backward at once (pipeline.h), both talking to the TP
+  // group: each lane then on its own copy of it (lanes.h), which the grid keeps beside the group.
+  const bool fb_overlap = fb_overlap_runs(pipe, matching, world.device(), world.rank() == 0);
+  if (fb_overlap) grid.give_each_lane_its_groups();
 
   // The schedule: this rank's actions, and every rank's, checked before any work.
   const int rank = grid.coords().pp;
@@ -129,8 +133,8 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
   const DType dtype = run.dtype();
   const ParamLayout& layout = run.layout();  // this stage's units, this TP rank's slices of them
   Communicator& dp_group = grid.dp();
-  Communicator& tp_group = grid.tp();
   print_partition(run, model_cfg, blocks, p, shape.placement);
+  Communicator& tp_group = grid.tp();
 
   Buffer params(layout.padded_size, MemCategory::Params, dtype, device);
   Buffer grads(layout.padded_size, MemCategory::Grads, dtype, device);
@@ -152,6 +156,7 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
   const int start = run.init_or_resume(params, optimizer);
   PipelineExecutor pipeline(grid.pp(), chunks, shape, actions, matching, run.micro_batch_size(), model_cfg.T,
                             model_cfg.C, device, dtype);
+  pipeline.overlap_pairs(fb_overlap);
   PipelineReport report(run, grid, shape, schedule, matching, parts);
 
   // The lesson: 07's collectives, over this rank's TP group, in every chunk. "f" precedes a
@@ -170,7 +175,7 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
   // --zero2, as in 08: every micro-batch's gradients reduce-scattered (after their TP sums), wte's
   // bucket once, at the end.
   if (zero2) data_parallel.set_every_micro_batch(embedding && layout.params[wte].held() ? wte : -1);
-  std::vector<std::pair<int, CommHandle>> summing;  // the TP sums in flight
+  std::vector<std::pair<int, CommHandle>> summing;  // the TP sums in flight (backward passes only: one lane)
   auto finish_tp_sums = [&] {
     for (auto& [param, handle] : summing) {
       handle.wait();
@@ -178,8 +183,9 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
     }
     summing.clear();
   };
+  // (Set by the backward's passes alone: a pair's forward calls this beside them, pipeline.h.)
   pipeline.before_compute = [&](const Action& a) {
-    last_micro_batch = a.micro == m - 1;
+    if (a.op != Op::F) last_micro_batch = a.micro == m - 1;
     if (zero2 && a.op == Op::B) data_parallel.micro_batch_done();
   };
   // With one stage and several chunks, the embedding's chunk and the head's share this rank's one

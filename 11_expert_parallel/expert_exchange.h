@@ -3,12 +3,19 @@
 // counts first, then the rows (dispatch), the experts run, the outputs return (combine); backward
 // the same two trips for the gradients. Defines ExpertExchange, which 11's train.cpp wires into the
 // model's ExpertHooks, and 12_5d_parallel composes with the other four dimensions.
+//
+// Under a pipeline whose F&B pairs run at once (12 with dualpipev; common/lanes.h), one micro-batch's
+// forward and another's backward exchange at the same time: the exchange then takes the EP group
+// as a LaneCommunicator (each lane its own communicator), and keeps its scratch buffers and its
+// predicted counts once per lane. Its routing and the experts' activations are per slot, which the
+// two passes of a pair never share.
 #pragma once
 #include <cstdint>
 #include <cstring>
 #include <vector>
 
 #include "comm.h"
+#include "lanes.h"  // lane_index, kLanes
 #include "memory.h"
 #include "model.h"
 #include "moe.h"
@@ -16,8 +23,8 @@
 // The tokens' trips to the experts of the EP group and back, per layer (the lesson's core).
 class ExpertExchange {
  public:
-  // `slots`: the micro-batches a pipeline keeps in flight (chapter 12), each with its own routing and
-  // its experts' activations until its backward; 1 without a pipeline.
+  // `slots`: the micro-batches a pipeline keeps in flight (chapter 12: every chunk's), each with its
+  // own routing and its experts' activations until its backward; 1 without a pipeline.
   ExpertExchange(Communicator& ep, GPT2& model, int L, int E, int C, int slots = 1)
       : ep_(ep), model_(model), L_(L), E_(E), C_(C), local_(E / ep.size()), layers_(size_t(L) * size_t(slots)) {
     for (int s = 0; s < slots; s++) mlps_.emplace_back(L, C);
@@ -43,7 +50,7 @@ class ExpertExchange {
       }
     count_predicted(wire_bytes_for(CollectiveKind::AllToAll, int64_t(E_) * 4, P), int64_t(E_) * 4);
     // Dispatch, 2: the rows, to the rank of their expert (grouped by expert is grouped by rank).
-    Tensor received = exchange(rows, d.send_rows, d.recv_rows, received_);
+    Tensor received = exchange(rows, d.send_rows, d.recv_rows, lane().received);
     // Experts: this rank's, on their rows from every peer (regrouped by expert), and back.
     Tensor outputs = run_experts(slot, layer, received, d, /*forward=*/true);
     // Combine: the outputs return to their tokens' ranks (moe.cpp weights and adds them).
@@ -53,26 +60,40 @@ class ExpertExchange {
   // dout (n,C): the gradients of the last forward's outputs -> drows (n,C), their inputs'.
   void backward(int slot, int layer, Tensor dout, Tensor drows) {
     Layer& d = layers_[size_t(slot * L_ + layer)];
-    Tensor received = exchange(dout, d.send_rows, d.recv_rows, received_);
+    Tensor received = exchange(dout, d.send_rows, d.recv_rows, lane().received);
     Tensor grads = run_experts(slot, layer, received, d, /*forward=*/false);
     exchange_into(grads, d.recv_rows, d.send_rows, drows);
   }
 
   // What the communicator should count, from the counts alone: the bytes this rank sends in its
   // all-to-alls (its own segments stay), and their time on the emulated link (comm.h, modelled_ms).
-  int64_t predicted_sent_bytes() const { return predicted_sent_; }
+  // Both lanes' (read between steps).
+  int64_t predicted_sent_bytes() const { return lanes_[0].predicted_sent + lanes_[1].predicted_sent; }
   // The rows this rank's experts ran per layer in the last step: their activations (theory.h).
   std::vector<int64_t> expert_rows(int slot = 0) const { return mlps_[size_t(slot)].rows_per_layer(); }
-  double predicted_link_ms() const { return predicted_ms_; }
-  void reset_predictions() { predicted_sent_ = 0, predicted_ms_ = 0; }
+  double predicted_link_ms() const { return lanes_[0].predicted_ms + lanes_[1].predicted_ms; }
+  void reset_predictions() {
+    for (LaneScratch& l : lanes_) l.predicted_sent = 0, l.predicted_ms = 0;
+  }
   // After the step's last backward: each step grows its own buffers to its own routing.
-  void release_buffers() { received_ = Buffer(), grouped_ = Buffer(), results_ = Buffer(), arrival_ = Buffer(); }
+  void release_buffers() {
+    for (LaneScratch& l : lanes_) l.received = Buffer(), l.grouped = Buffer(), l.results = Buffer(), l.arrival = Buffer();
+  }
 
  private:
   struct Layer {
     std::vector<int64_t> send_rows, recv_rows;  // (ep) rows to and from each peer
     std::vector<int64_t> recv_counts;           // (ep x E/ep) rows from peer s for local expert j
   };
+  // What one lane's passes write as they exchange (lanes.h): the rows received, regrouped by expert,
+  // the experts' results and those back in arrival order; and the counts it predicts. One lane (the
+  // forward's) unless a pipeline's F&B pairs run at once.
+  struct LaneScratch {
+    Buffer received, grouped, results, arrival;
+    int64_t predicted_sent = 0;
+    double predicted_ms = 0;
+  };
+  LaneScratch& lane() { return lanes_[size_t(lane_index())]; }
 
   // `from` travels by rows: send_rows[q] rows to rank q, recv_rows[s] from rank s, into `to`.
   void exchange_into(Tensor from, const std::vector<int64_t>& send_rows, const std::vector<int64_t>& recv_rows,
@@ -102,9 +123,10 @@ class ExpertExchange {
   Tensor run_experts(int slot, int layer, Tensor received, const Layer& d, bool forward) {
     const int P = ep_.size();
     const int64_t rows = received.numel() / C_;
-    grow(grouped_, rows * C_);
-    grow(results_, rows * C_);
-    grow(arrival_, rows * C_);
+    LaneScratch& mine = lane();
+    grow(mine.grouped, rows * C_);
+    grow(mine.results, rows * C_);
+    grow(mine.arrival, rows * C_);
     std::vector<int64_t> at_arrival(size_t(P * local_)), local_counts(size_t(local_), 0);
     int64_t offset = 0;
     for (int s = 0; s < P; s++)
@@ -124,21 +146,23 @@ class ExpertExchange {
     };
     for (int j = 0; j < local_; j++)
       for (int s = 0; s < P; s++) local_counts[size_t(j)] += d.recv_counts[size_t(s * local_ + j)];
-    move_rows(received.f32(), grouped_.f32(), true);
-    const Tensor in = make_view(grouped_.data(), {rows, int64_t(C_)}), out = make_view(results_.data(), {rows, int64_t(C_)});
+    move_rows(received.f32(), mine.grouped.f32(), true);
+    const Tensor in = make_view(mine.grouped.data(), {rows, int64_t(C_)});
+    const Tensor out = make_view(mine.results.data(), {rows, int64_t(C_)});
     ExpertMLPs& mlps = mlps_[size_t(slot)];
     if (forward) mlps.forward(layer, model_.held_experts(layer), in, local_counts, out);
     else mlps.backward(layer, model_.held_experts(layer), in, out);
-    move_rows(results_.f32(), arrival_.f32(), false);
-    return make_view(arrival_.data(), {rows, int64_t(C_)});
+    move_rows(mine.results.f32(), mine.arrival.f32(), false);
+    return make_view(mine.arrival.data(), {rows, int64_t(C_)});
   }
 
   void count_predicted(int64_t sent_bytes, int64_t link_bytes) {
-    predicted_sent_ += sent_bytes;
-    predicted_ms_ += modelled_ms(ep_.link_model(), CollectiveKind::AllToAll, link_bytes, ep_.size());
+    lane().predicted_sent += sent_bytes;
+    lane().predicted_ms += modelled_ms(ep_.link_model(), CollectiveKind::AllToAll, link_bytes, ep_.size());
   }
   // The old block goes before the new one comes, so the step's peak is the four buffers at the
-  // largest layer's rows (docs/theory.md 14, moe_exchange_buffer_bytes), never old and new at once.
+  // largest layer's rows (docs/theory.md 14, moe_exchange_buffer_bytes), never old and new at once:
+  // once per lane where two run.
   static void grow(Buffer& b, int64_t count) {
     if (b.count() >= count) return;
     b = Buffer();
@@ -150,7 +174,5 @@ class ExpertExchange {
   int L_, E_, C_, local_;
   std::vector<ExpertMLPs> mlps_;  // per slot: this rank's experts' activations
   std::vector<Layer> layers_;     // per slot and layer
-  Buffer received_, grouped_, results_, arrival_;
-  int64_t predicted_sent_ = 0;
-  double predicted_ms_ = 0;
+  LaneScratch lanes_[kLanes];
 };

@@ -17,6 +17,11 @@
 //   EP  11's exchange (expert_exchange.h), per micro-batch in flight: each rank routes the rows it
 //       holds (under TP that needs sequence parallelism: each TP rank its own B*T/t rows), and its
 //       tokens claim capacity in the one global order a single rank would use (moe.h).
+// With --schedule dualpipev the pipeline runs each F&B pair's forward and backward at once, on two
+// lanes (common/lanes.h): one micro-batch's all-to-alls travel while the other micro-batch computes,
+// which is what DualPipe is for in DeepSeek-V3. Every group a pass talks to (TP, CP, EP, EDP) is then
+// reached through a LaneCommunicator, each lane on its own copy of the group, and the ring and the
+// exchange keep their scratch per lane.
 // Gradients, each to its group: under SP the tensors held whole summed over TP, wte over the
 // embedding group, experts averaged over their expert-data-parallel group, the rest over DP x CP.
 // ZeRO-1 (--zero1) shards each where it averages: the dense optimizer state over DP x CP, the
@@ -50,6 +55,7 @@
 #include "device.h"
 #include "grid_report.h"  // report_groups
 #include "flags.h"
+#include "lanes.h"  // lane_of, kLanes: dualpipev's F&B pairs at once
 #include "memory.h"
 #include "model.h"
 #include "ops.h"
@@ -164,11 +170,18 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
     parts[c].slots = max_in_flight(actions, c);
     parts[c].split_backward = splits_backward(schedule);
   }
+  // dualpipev's F&B pairs at once (--fb-overlap, on by default): a pair's forward and backward talk
+  // to the same groups from two threads, so each lane gets its own copy of every group a pass uses
+  // (lanes.h; the grid keeps them, and the run counts both under the group's name), and the scratch
+  // beside them is per lane. (DP x CP only ever hears from the backward lane.)
+  const bool fb_overlap = fb_overlap_runs(pipe, matching, world.device(), world.rank() == 0);
+  if (fb_overlap) grid.give_each_lane_its_groups();
 
   const bool sharded = zero1 || zero2;
   const MoESettings moe_settings{opt.capacity_factor, opt.aux_loss_coef};
-  TrainingRun run(grid, cfg, Parallelism{sharded ? Strategy::ZeRO1 : Strategy::DP, tp,
-                              PipelineParallelism{p, rank, parts, zero2, actions}, held,
+  PipelineParallelism pipeline_split{p, rank, parts, zero2, actions};
+  pipeline_split.fb_overlap = fb_overlap;
+  TrainingRun run(grid, cfg, Parallelism{sharded ? Strategy::ZeRO1 : Strategy::DP, tp, pipeline_split, held,
                               ExpertParallelism{opt.ep, at.ep}, moe ? &moe_settings : nullptr});
   const Device device = run.device();
   const DType dtype = run.dtype();
@@ -176,8 +189,12 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
   const GPT2Config& run_cfg = run.model_config();
   const int micro_B = run.micro_batch_size();
   Communicator& replicas = grid.dp_cp();  // the ranks that hold this rank's dense parameters
-  Communicator& tp_group = grid.tp();
   print_partition(run, model_cfg, blocks, p, shape.placement);
+
+  Communicator& tp_group = grid.tp();
+  Communicator& cp_group = grid.cp();
+  Communicator& ep_group = grid.ep();
+  Communicator& expert_dp_group = grid.expert_dp();
 
   Buffer params(layout.padded_size, MemCategory::Params, dtype, device);
   Buffer grads(layout.padded_size, MemCategory::Grads, dtype, device);
@@ -192,7 +209,7 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
   GradientSync data_parallel(replicas, buckets, grads.view(), sharded ? &plan : nullptr, grad_shard.view());
   // An expert's gradient sums the tokens of its whole EP group; averaged over its EDP replicas it must
   // come out as the mean over the DP x CP data replicas: EDP / (DP x CP) = TP / EP.
-  if (moe) data_parallel.set_expert_group(grid.expert_dp(), float(t) / float(opt.ep));
+  if (moe) data_parallel.set_expert_group(expert_dp_group, float(t) / float(opt.ep));
   AdamW optimizer(layout, plan, cfg.weight_decay, device, dtype);
   std::vector<std::unique_ptr<GPT2>> models;
   std::vector<GPT2*> chunks;
@@ -203,59 +220,71 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
   }
   const int start = run.init_or_resume(params, optimizer);
   PipelineExecutor pipeline(grid.pp(), chunks, shape, actions, matching, micro_B, T_held, model_cfg.C, device, dtype);
+  pipeline.overlap_pairs(fb_overlap);
   PipelineReport report(run, grid, shape, schedule, matching, parts);
 
   // TP: 07's collectives in every chunk, as 09 wires them (tensor_parallel_hooks.h).
   for (GPT2* chunk : chunks) chunk->tp_hooks = tensor_parallel_hooks(tp_group, sequence_parallel, opt.overlap);
 
-  // CP: 10's ring, over this rank's heads (NH/t of them, C/t channels a head group).
-  std::unique_ptr<RingAttention> ring;
+  // CP: 10's ring, over this rank's heads (NH/t of them, C/t channels a head group): one per lane
+  // with pairs at once, each on its lane's communicator, with its own blocks in flight.
+  std::vector<std::unique_ptr<RingAttention>> rings;
   if (held.on()) {
-    ring = std::make_unique<RingAttention>(grid.cp(), positions, micro_B, model_cfg.C / t, model_cfg.NH / t);
+    for (int lane = 0; lane < (fb_overlap ? kLanes : 1); lane++) {
+      rings.push_back(std::make_unique<RingAttention>(lane_of(cp_group, Lane(lane)), positions, micro_B, model_cfg.C / t,
+                                                      model_cfg.NH / t));
+    }
     for (GPT2* chunk : chunks) {
-      chunk->cp_hooks.attention_forward = [&](Tensor out, Tensor lse, Tensor qkv, int NH) { ring->forward(out, lse, qkv, NH); };
+      chunk->cp_hooks.attention_forward = [&](Tensor out, Tensor lse, Tensor qkv, int NH) {
+        rings[size_t(lane_index())]->forward(out, lse, qkv, NH);
+      };
       chunk->cp_hooks.attention_backward = [&](Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor lse, int NH) {
-        ring->backward(dqkv, dout, qkv, out, lse, NH);
+        rings[size_t(lane_index())]->backward(dqkv, dout, qkv, out, lse, NH);
       };
     }
   }
 
-  // EP: 11's exchange, one routing per micro-batch in flight. Every rank of the stage routes its own
-  // rows; their counts are gathered over the stage (EP, then EDP: edp x EP + ep is the stage's order).
+  // EP: 11's exchange, one routing per micro-batch in flight: per chunk and activation slot, so that
+  // the two passes of a pair (another chunk each) never share one. Every rank of the stage routes its
+  // own rows; their counts are gathered over the stage (EP, then EDP: edp x EP + ep is the stage's
+  // order).
   std::unique_ptr<ExpertExchange> exchange;
   // The rows this rank's experts ran, per micro-batch and block: the activations' theory at this step's
   // routing (TrainingRun::end_step).
   std::vector<std::vector<int64_t>> expert_rows(size_t(m), std::vector<int64_t>(size_t(run_cfg.L), 0));
-  int running_micro = 0;
+  int running_micro = 0;  // the forward's (a pair's backward runs beside it)
   std::vector<int32_t> gathered_in_ep;
   const int stage_ranks = grid.ep().size() * grid.expert_dp().size();
+  int slots = 1;  // per chunk: chunk c's slot s is the exchange's c x slots + s
+  for (const ModelPart& part : parts) slots = std::max(slots, part.slots);
   if (moe) {
-    int slots = 1;
-    for (const ModelPart& part : parts) slots = std::max(slots, part.slots);
-    exchange = std::make_unique<ExpertExchange>(grid.ep(), *chunks.front(), run_cfg.L, run_cfg.experts, run_cfg.C, slots);
+    exchange = std::make_unique<ExpertExchange>(ep_group, *chunks.front(), run_cfg.L, run_cfg.experts, run_cfg.C,
+                                                v * slots);
     int max_runs = 1;  // the most runs of any rank of the stage: the records' common size
     for (int d = 0; d < grid.shape().dp; d++)
       for (int c = 0; c < cp; c++)
         for (int r = 0; r < t; r++)
           max_runs = std::max(max_runs, runs_of(token_index_of(d, micro_B, model_cfg.T, cp > 1 ? positions[size_t(c)] : std::vector<int>{},
                                                                r, t, sequence_parallel)));
-    for (GPT2* chunk : chunks) {
-      ExpertHooks& hooks = chunk->expert_hooks;
+    for (int c = 0; c < v; c++) {
+      ExpertHooks& hooks = chunks[size_t(c)]->expert_hooks;
       hooks.rank = at.edp * opt.ep + at.ep;
       hooks.ranks = stage_ranks;
       hooks.token_index = token_index_of(at.dp, micro_B, model_cfg.T, held.positions, at.tp, t, sequence_parallel);
       hooks.max_runs = max_runs;
       hooks.gather_counts = [&](Tensor mine, Tensor all) {  // (int32 records on the host, as moe.cpp keeps them)
-        gathered_in_ep.resize(size_t(mine.numel() * grid.ep().size()));
+        gathered_in_ep.resize(size_t(mine.numel() * ep_group.size()));  // (the forward's alone: routing)
         const Tensor in_ep = make_view(gathered_in_ep.data(), {int64_t(gathered_in_ep.size())}, DType::I32);
-        grid.ep().all_gather(mine, in_ep);
-        grid.expert_dp().all_gather(in_ep, all);
+        ep_group.all_gather(mine, in_ep);
+        expert_dp_group.all_gather(in_ep, all);
       };
-      hooks.experts_forward = [&](int slot, int l, Tensor rows, const std::vector<int64_t>& counts, Tensor out) {
-        exchange->forward(slot, l, rows, counts, out);
-        expert_rows[size_t(running_micro)][size_t(l)] = exchange->expert_rows(slot)[size_t(l)];
+      hooks.experts_forward = [&, c](int slot, int l, Tensor rows, const std::vector<int64_t>& counts, Tensor out) {
+        exchange->forward(c * slots + slot, l, rows, counts, out);
+        expert_rows[size_t(running_micro)][size_t(l)] = exchange->expert_rows(c * slots + slot)[size_t(l)];
       };
-      hooks.experts_backward = [&](int slot, int l, Tensor dout, Tensor drows) { exchange->backward(slot, l, dout, drows); };
+      hooks.experts_backward = [&, c](int slot, int l, Tensor dout, Tensor drows) {
+        exchange->backward(c * slots + slot, l, dout, drows);
+      };
     }
   }
 
@@ -265,7 +294,7 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
   bool last_micro_batch = false;
   CommHandle wte_sum;
   if (zero2) data_parallel.set_every_micro_batch(embedding && layout.params[wte].held() ? wte : -1);
-  std::vector<std::pair<int, CommHandle>> summing;
+  std::vector<std::pair<int, CommHandle>> summing;  // (backward passes only: one lane at a time)
   auto finish_tp_sums = [&] {
     for (auto& [param, handle] : summing) {
       handle.wait();
@@ -273,9 +302,11 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
     }
     summing.clear();
   };
+  // A pair's forward and backward call this at once, each in its lane (pipeline.h): the forward sets
+  // what its experts record under, the backward passes whether their gradients communicate.
   pipeline.before_compute = [&](const Action& a) {
-    last_micro_batch = a.micro == m - 1;
-    running_micro = a.micro;
+    if (a.op == Op::F) running_micro = a.micro;
+    else last_micro_batch = a.micro == m - 1;
     if (zero2 && a.op == Op::B) data_parallel.micro_batch_done();
   };
   const bool rank_holds_embedding = chunks.front()->has_embedding();
@@ -319,7 +350,7 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
     CommStats tp, cp, dp_cp, ep, expert_dp;
   };
   auto group_stats = [&] {
-    return GroupStats{tp_group.stats(), grid.cp().stats(), replicas.stats(), grid.ep().stats(), grid.expert_dp().stats()};
+    return GroupStats{tp_group.stats(), cp_group.stats(), replicas.stats(), ep_group.stats(), expert_dp_group.stats()};
   };
   int held_blocks = 0;  // this rank's blocks, every chunk
   for (const ModelPart& part : parts)
@@ -382,7 +413,7 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
     run.begin_step(step);
     fill_zero(grads.view());
     if (zero2) fill_zero(grad_shard.view());
-    if (ring) ring->counters = RingCounters{};
+    for (auto& ring : rings) ring->counters = RingCounters{};
     if (exchange) exchange->reset_predictions();
     const GroupStats before = group_stats();
     const float loss = pipeline.run([&](int micro) { return micro_batch(step, micro); });

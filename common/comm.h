@@ -117,6 +117,13 @@ class Communicator {
   // host-staged); groups share the one progress engine. Wait every handle of a communicator before
   // destroying it.
   virtual std::unique_ptr<Communicator> split(int color, int key, const std::string& group) = 0;
+  // A second communicator over the same ranks, in the same order, named `group`, for a second thread
+  // that issues collectives beside this one's (lanes.h: the backward lane of DualPipe's F&B pairs):
+  // MPI lets two threads issue collectives at once only on different communicators. Collective, like
+  // split(). Over MPI it shares this one's emulated link (LinkModel): a second stream over the same
+  // network card, not a second card, so that two lanes' messages queue for it as on a machine.
+  // Elsewhere it is split(0, rank(), group).
+  virtual std::unique_ptr<Communicator> duplicate(const std::string& group) { return split(0, rank(), group); }
 
   // MPI forbids a send buffer that overlaps the receive buffer of the same call, and does not check:
   // it would reduce or copy from input it has half overwritten. So the collectives below with both

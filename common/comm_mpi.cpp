@@ -668,7 +668,8 @@ class ProgressEngine {
     if (tracing_enabled()) {
       const double end_ms = trace_ms(end);
       const std::string& group = op.group->name;
-      trace_span(group == "tp" ? Track::TensorParallel : Track::Comm, op.name, end_ms - h.busy_ms, end_ms,
+      const bool tensor_parallel = group.compare(0, 2, "tp") == 0 && (group.size() == 2 || group[2] == ' ');  // (a lane's copy too)
+      trace_span(tensor_parallel ? Track::TensorParallel : Track::Comm, op.name, end_ms - h.busy_ms, end_ms,
                  std::to_string(h.payload_bytes) + " B" + (group == "world" ? "" : ", " + group),
                  trace_ms(op.issued), op.modelled_ms);
     }
@@ -821,14 +822,17 @@ namespace {
 class MpiCommunicator final : public Communicator {
  public:
   // Over `comm`, which this object then owns (and frees), with the process's engine.
-  MpiCommunicator(MPI_Comm comm, std::shared_ptr<ProgressEngine> engine, const std::string& group)
+  // `shared_send_lane` >= 0: the emulated link of another communicator over the same ranks
+  // (duplicate()), else a link of its own.
+  MpiCommunicator(MPI_Comm comm, std::shared_ptr<ProgressEngine> engine, const std::string& group,
+                  int shared_send_lane = -1)
       : comm_(comm), engine_(std::move(engine)) {
     MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
     MPI_CHECK(MPI_Comm_size(comm_, &size_));
     MPI_CHECK(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
     group_ = group;
     info_ = GroupInfo{group, world_ranks(comm_, size_)};
-    send_lane_ = engine_->add_communicator();
+    send_lane_ = shared_send_lane >= 0 ? shared_send_lane : engine_->add_communicator();
     recv_lane_ = send_lane_ + 1;
   }
 
@@ -857,6 +861,18 @@ class MpiCommunicator final : public Communicator {
     MPI_Comm sub = MPI_COMM_NULL;
     MPI_CHECK(MPI_Comm_split(comm_, color, key, &sub));
     auto result = std::make_unique<MpiCommunicator>(sub, engine_, group);
+    result->set_link_model(link_);
+    return result;
+  }
+
+  // The copy takes this communicator's two lanes and in-flight sweep: its ops queue on the same
+  // emulated link, and the busy and in-flight times of the two add up to the link's. (Its destructor
+  // drains the shared lanes: by then every op of both is waited, comm.h.)
+  std::unique_ptr<Communicator> duplicate(const std::string& group) override {
+    engine_->post_held(send_lane_);  // MPI_Comm_dup is a blocking collective on comm_, as split's
+    MPI_Comm copy = MPI_COMM_NULL;
+    MPI_CHECK(MPI_Comm_dup(comm_, &copy));
+    auto result = std::make_unique<MpiCommunicator>(copy, engine_, group, send_lane_);
     result->set_link_model(link_);
     return result;
   }

@@ -93,6 +93,9 @@ class P2PCollectives : public Communicator {
   std::unique_ptr<Communicator> split(int color, int key, const std::string& group) override {
     return std::make_unique<P2PCollectives>(choice_, inner_->split(color, key, group));
   }
+  std::unique_ptr<Communicator> duplicate(const std::string& group) override {
+    return std::make_unique<P2PCollectives>(choice_, inner_->duplicate(group));
+  }
 
   // Each of these copies what its algorithm needs (tensors are views, counts a vector): the worker
   // runs it after the call has returned.

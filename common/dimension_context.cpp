@@ -13,10 +13,10 @@ class ContextDimension : public Dimension {
 
   // The model holds T/cp positions and keeps a log-sum-exp per query instead of the attention
   // matrices (the context's `held`); the ring adds its blocks in flight, of this rank's heads (NH/t
-  // under tensor parallelism: 12).
+  // under tensor parallelism: 12), once per lane where a pipeline's F&B pairs run at once (lanes.h).
   void add_memory(const DimensionContext& ctx, MemoryForecast& forecast) const override {
-    forecast.activations += ring_buffer_bytes(ctx.cp.size, ctx.micro_B, ctx.held.T, ctx.model.C / ctx.tp.size,
-                                              ctx.model.NH / ctx.tp.size);
+    forecast.activations += ctx.pp.scratch_lanes() * ring_buffer_bytes(ctx.cp.size, ctx.micro_B, ctx.held.T,
+                                                                        ctx.model.C / ctx.tp.size, ctx.model.NH / ctx.tp.size);
   }
 
   int collective_groups(const DimensionContext&) const override { return 1; }

@@ -24,10 +24,13 @@ double replayed(const DimensionContext& ctx, const std::vector<std::vector<int64
   return moe_schedule_activation_bytes(ctx.model, moe_routed_tokens(ctx), ctx.pp.parts, ctx.pp.actions, rows);
 }
 
-// Chapter 11's exchange buffers at the bound, as the forecast counts them.
+// Chapter 11's exchange buffers at the bound, as the forecast counts them: once per lane where a
+// pipeline's F&B pairs run at once (lanes.h; each lane's reach the most rows of any layer, every layer
+// exchanging as many rows backward as forward).
 double exchange_at_most(const DimensionContext& ctx) {
   if (!ctx.expert_group) return 0;
-  return moe_exchange_buffer_bytes(ctx.model, std::vector<int64_t>(size_t(ctx.model.L), rows_at_most(ctx)));
+  return ctx.pp.scratch_lanes() *
+         moe_exchange_buffer_bytes(ctx.model, std::vector<int64_t>(size_t(ctx.model.L), rows_at_most(ctx)));
 }
 
 class ExpertDimension : public Dimension {
@@ -76,7 +79,8 @@ class ExpertDimension : public Dimension {
     if (ctx.expert_group && !rows.empty()) {
       table.transient_theory = "the expert exchange at these routing counts, docs/theory.md 14; at most " +
                                format_bytes(table.transient);
-      table.transient = table.transient - exchange_at_most(ctx) + moe_exchange_buffer_bytes(ctx.model, most_rows_each);
+      table.transient = table.transient - exchange_at_most(ctx) +
+                        ctx.pp.scratch_lanes() * moe_exchange_buffer_bytes(ctx.model, most_rows_each);
       table.transient_label = "comm buffers (routing)";
     }
     table.json.add("theory_activations_balanced_bytes", balanced).add("theory_activations_at_most_bytes", at_most);

@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "check.h"
+#include "lanes.h"  // free_when_pair_ends
 #include "ops.h"
 
 namespace {
@@ -81,11 +82,13 @@ void ExpertMLPs::backward(int layer, const std::vector<ExpertWeights>& experts, 
     matmul_backward(rows_of(drows, begin, m), w.dfc_w, w.dfc_b, dfch, inp, w.fc_w);
     begin += m;
   }
-  // The layer's activations are spent; with the last layer's, the scratch too.
-  k.inp = Buffer(), k.fch = Buffer(), k.fch_gelu = Buffer();
+  // The layer's activations are spent; with the last layer's, the scratch too. Inside a pipeline's
+  // F&B pair they go when the pair ends, so that the peak does not depend on which lane got where
+  // first (lanes.h).
+  for (Buffer* spent : {&k.inp, &k.fch, &k.fch_gelu}) free_when_pair_ends(*spent);
   k.held = false;
   if (std::none_of(kept_.begin(), kept_.end(), [](const Kept& x) { return x.held; }))
-    dfch_ = Buffer(), dfch_gelu_ = Buffer();
+    free_when_pair_ends(dfch_), free_when_pair_ends(dfch_gelu_);
 }
 
 std::vector<int64_t> ExpertMLPs::rows_per_layer() const {

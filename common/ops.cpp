@@ -10,6 +10,7 @@
 // made it, instead of as garbage numbers many layers later.
 #include "ops.h"
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <cstring>
@@ -214,17 +215,21 @@ void layernorm_backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, 
 }
 
 namespace {
-double g_cpu_matmul_ms = 0;  // (one compute thread per process)
+// Atomic: the two lanes of a pipeline's F&B pair (lanes.h) compute on two threads at once.
+std::atomic<double> g_cpu_matmul_ms{0};
 // Adds the time from its construction to its end to g_cpu_matmul_ms.
 struct MatmulClock {
   std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
   ~MatmulClock() {
-    g_cpu_matmul_ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+    double before = g_cpu_matmul_ms.load();
+    while (!g_cpu_matmul_ms.compare_exchange_weak(before, before + ms)) {
+    }
   }
 };
 }  // namespace
 
-double cpu_matmul_ms() { return g_cpu_matmul_ms; }
+double cpu_matmul_ms() { return g_cpu_matmul_ms.load(); }
 
 void matmul_forward(Tensor out, Tensor inp, Tensor weight, Tensor bias) {
   const Operands ops = operands(__func__, out, inp, weight, bias);

@@ -115,6 +115,11 @@ struct PipelineParallelism {
   // alive at once depends on it (theory.h, moe_schedule_activation_bytes). Empty: the micro-batches
   // one after the other.
   std::vector<Action> actions;
+  // dualpipev's F&B pairs run as two lanes at once (--fb-overlap, pipeline.h): every pass keeps its
+  // scratch per lane (lanes.h), so the ring's buffers (chapter 10) and the expert exchange's
+  // (chapter 11) are there twice.
+  bool fb_overlap = false;
+  int scratch_lanes() const { return fb_overlap ? 2 : 1; }  // the copies of that scratch
 };
 
 struct ParamLayout {

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstring>
 #include <limits>
+#include <optional>
 
 #include "check.h"
 #include "device.h"
@@ -114,6 +115,19 @@ PipelineExecutor::PipelineExecutor(Communicator& pipeline, std::vector<GPT2*> ch
       kind->sent.resize(kind->buffers.size());
     }
   }
+  // Under call order a pass's receive goes out in one group with the sends before it, which a pair
+  // would hold back until both its passes are done: there the pairs run in sequence.
+  if (matching_ == Matching::ByTag) pairs_ = fb_pairs(actions_);
+  pair_at_.assign(actions_.size(), -1);
+  for (int k = 0; k < int(pairs_.size()); k++) pair_at_[size_t(pairs_[size_t(k)].forward)] = k;
+}
+
+void PipelineExecutor::overlap_pairs(bool on) {
+  // A GPU would need a compute stream per lane for the two passes to run at once; this executor
+  // drives one.
+  ENSURE(!on || device_ == Device::CPU, "PipelineExecutor: F&B pairs overlap on the CPU only");
+  if (on && !lane_thread_) lane_thread_ = std::make_unique<LaneThread>();
+  if (!on) lane_thread_.reset();
 }
 
 void PipelineExecutor::MessageBuffers::reset() {
@@ -184,7 +198,7 @@ float PipelineExecutor::run(const std::function<MicroBatch(int micro)>& micro_ba
   auto rank_of = [&](int stage) { return rank_of_stage(shape_, stage); };
   auto chunk_of = [&](int stage) { return chunk_of_stage(shape_, stage); };
   times_ = Times{};
-  times_.forward.assign(v, 0), times_.backward.assign(v, 0), times_.weight.assign(v, 0);
+  times_.forward.assign(v, 0), times_.backward.assign(v, 0), times_.weight.assign(v, 0), times_.pair.assign(v, 0);
   for (int c = 0; c < v; c++) {
     free_slots_[c].clear();
     for (int slot = chunks_[c]->part().slots - 1; slot >= 0; slot--) free_slots_[c].push_back(slot);
@@ -266,34 +280,112 @@ float PipelineExecutor::run(const std::function<MicroBatch(int micro)>& micro_ba
     copy_tensor(buffer_of(into, micro, micro_B_), from);
   };
 
-  const double step_start = now_ms();
-  float loss = 0;
-  for (const Action& a : actions_) {
+  // The passes, each in three parts: what it waits for and takes before it computes (main thread),
+  // its computation (in its lane when pairs overlap), and what it gives back after.
+  struct ForwardInput {
+    int slot;
+    MicroBatch tokens;
+  };
+  auto start_forward = [&](const Action& a) -> ForwardInput {
     const int c = a.chunk, micro = a.micro, s = virtual_stage(shape_, rank_, c);
     GPT2& model = *chunks_[c];
-    if (a.op == Op::F || a.op == Op::B || a.op == Op::W) {
-      start_group();
-      if (before_compute) before_compute(a);
+    ENSURE(!free_slots_[c].empty(), "PipelineExecutor: no free activation slot for " + describe(a));
+    const int slot = free_slots_[c].back();
+    free_slots_[c].pop_back();
+    slot_of_[c][micro] = slot;
+    const bool needs_tokens = model.has_embedding() || model.has_head();
+    const MicroBatch tokens = needs_tokens ? batch(micro) : MicroBatch{nullptr, nullptr, micro_B_};
+    if (s > 0) {
+      wait_for(activation_recv_[c][micro]);
+      copy_tensor(model.input(slot, tokens.B), buffer_of(activation_in_[c], micro, tokens.B));
+      done_reading(false, c, micro);
     }
+    return {slot, tokens};
+  };
+  float loss = 0;  // the forward lane's alone
+  auto compute_forward = [&](const Action& a, const ForwardInput& in) {
+    TraceScope span(describe(a));
+    timed(&times_.forward[a.chunk],
+          [&] { loss += chunks_[a.chunk]->forward(in.slot, in.tokens.inputs, in.tokens.targets, in.tokens.B); });
+  };
+  auto start_backward = [&](const Action& a) -> Tensor {
+    const int c = a.chunk, micro = a.micro, s = virtual_stage(shape_, rank_, c);
+    if (s == last) return Tensor();
+    wait_for(gradient_recv_[c][micro]);
+    return buffer_of(gradient_in_[c], micro, micro_B_);
+  };
+  // The loss is the mean over the step's micro-batches: each backward starts from 1/m of the gradient
+  // of its own mean, once, here at the loss; no other stage scales anything.
+  auto compute_backward = [&](const Action& a, Tensor output_grad) {
+    TraceScope span(describe(a));
+    timed(&times_.backward[a.chunk], [&] { chunks_[a.chunk]->backward(slot_of_[a.chunk][a.micro], 1.0f / m, output_grad); });
+  };
+  auto finish_backward = [&](const Action& a) {
+    const int c = a.chunk, micro = a.micro, s = virtual_stage(shape_, rank_, c);
+    if (s < last) done_reading(true, c, micro);
+    if (!chunks_[c]->part().split_backward) free_slot(c, micro);
+  };
+  auto compute_weight = [&](const Action& a) {
+    TraceScope span(describe(a));
+    timed(&times_.weight[a.chunk], [&] { chunks_[a.chunk]->backward_weights(slot_of_[a.chunk][a.micro]); });
+  };
+  auto lane_of = [](Op op) { return op == Op::F ? Lane::Forward : Lane::Backward; };
+  std::vector<double> pair_ms(v, 0);
+  std::vector<int> pairs_of(v, 0);
+  std::vector<bool> ran_in_pair(actions_.size(), false);
+
+  const double step_start = now_ms();
+  for (size_t i = 0; i < actions_.size(); i++) {
+    const Action& a = actions_[i];
+    const int c = a.chunk, micro = a.micro, s = virtual_stage(shape_, rank_, c);
+    GPT2& model = *chunks_[c];
+    const bool is_pass = a.op == Op::F || a.op == Op::B || a.op == Op::W;
+    if (is_pass) start_group();
+    if (ran_in_pair[i]) continue;  // a pair's B or W, run with its F
+    if (overlaps_pairs() && pair_at_[i] >= 0) {
+      // An F&B pair: both inputs first (DualPipe's pair waits for both receives before either
+      // computes), then both lanes at once; the sends listed between them follow once both are done.
+      const FBPair& pair = pairs_[size_t(pair_at_[i])];
+      const Action &f = actions_[size_t(pair.forward)], &b = actions_[size_t(pair.backward)];
+      const Action& w = actions_[size_t(pair.weight)];
+      const ForwardInput in = start_forward(f);
+      const Tensor output_grad = start_backward(b);
+      const double passes_before = times_.forward[f.chunk] + times_.backward[b.chunk] + times_.weight[w.chunk];
+      const double pair_start = now_ms();
+      lane_thread_->start([&] {
+        const LaneScope lane(Lane::Backward);
+        const PairScope in_pair;
+        if (before_compute) before_compute(b);
+        compute_backward(b, output_grad);
+        if (before_compute) before_compute(w);
+        compute_weight(w);
+      });
+      {
+        const LaneScope lane(Lane::Forward);
+        const PairScope in_pair;
+        if (before_compute) before_compute(f);
+        compute_forward(f, in);
+      }
+      lane_thread_->wait();
+      free_pair_buffers();  // what the passes freed inside the pair (lanes.h)
+      const double wall = now_ms() - pair_start;
+      times_.pairs++;
+      times_.pair_ms += wall;
+      times_.pair_passes_ms += times_.forward[f.chunk] + times_.backward[b.chunk] + times_.weight[w.chunk] - passes_before;
+      pair_ms[f.chunk] += wall, pairs_of[f.chunk]++;
+      finish_backward(b);
+      free_slot(w.chunk, w.micro);
+      ran_in_pair[size_t(pair.backward)] = ran_in_pair[size_t(pair.weight)] = true;
+      continue;
+    }
+    // With pairs overlapped, every pass runs in its lane, paired or not (lanes.h).
+    std::optional<LaneScope> lane;
+    if (overlaps_pairs() && is_pass) lane.emplace(lane_of(a.op));
+    if (is_pass && before_compute) before_compute(a);
     switch (a.op) {
       case Op::RecvActivation: receive(false, c, micro); break;
       case Op::RecvGradient: receive(true, c, micro); break;
-      case Op::F: {
-        ENSURE(!free_slots_[c].empty(), "PipelineExecutor: no free activation slot for " + describe(a));
-        const int slot = free_slots_[c].back();
-        free_slots_[c].pop_back();
-        slot_of_[c][micro] = slot;
-        const bool needs_tokens = model.has_embedding() || model.has_head();
-        const MicroBatch tokens = needs_tokens ? batch(micro) : MicroBatch{nullptr, nullptr, micro_B_};
-        if (s > 0) {
-          wait_for(activation_recv_[c][micro]);
-          copy_tensor(model.input(slot, tokens.B), buffer_of(activation_in_[c], micro, tokens.B));
-          done_reading(false, c, micro);
-        }
-        TraceScope span(describe(a));
-        timed(&times_.forward[c], [&] { loss += model.forward(slot, tokens.inputs, tokens.targets, tokens.B); });
-        break;
-      }
+      case Op::F: compute_forward(a, start_forward(a)); break;
       case Op::SendActivation:
         if (rank_of(s + 1) == rank_) {  // to this rank's chunk of the next virtual stage
           copy_into(activation_in_[chunk_of(s + 1)], micro, model.output(slot_of_[c][micro]));
@@ -301,20 +393,10 @@ float PipelineExecutor::run(const std::function<MicroBatch(int micro)>& micro_ba
         }
         post({true, model.output(slot_of_[c][micro]), rank_of(s + 1), tag(false, s + 1, micro)}, &activation_sent[c][micro]);
         break;
-      case Op::B: {
-        Tensor output_grad;
-        if (s < last) {
-          wait_for(gradient_recv_[c][micro]);
-          output_grad = buffer_of(gradient_in_[c], micro, micro_B_);
-        }
-        TraceScope span(describe(a));
-        // The loss is the mean over the step's micro-batches: each backward starts from 1/m of the
-        // gradient of its own mean, once, here at the loss; no other stage scales anything.
-        timed(&times_.backward[c], [&] { model.backward(slot_of_[c][micro], 1.0f / m, output_grad); });
-        if (s < last) done_reading(true, c, micro);
-        if (!model.part().split_backward) free_slot(c, micro);
+      case Op::B:
+        compute_backward(a, start_backward(a));
+        finish_backward(a);
         break;
-      }
       case Op::SendGradient: {
         if (rank_of(s - 1) == rank_) {  // to this rank's chunk of the previous virtual stage
           copy_into(gradient_in_[chunk_of(s - 1)], micro, model.input_grad());
@@ -335,12 +417,10 @@ float PipelineExecutor::run(const std::function<MicroBatch(int micro)>& micro_ba
         post({true, copy, rank_of(s - 1), tag(true, s - 1, micro)}, &out.sent[size_t(out.of_micro[micro])]);
         break;
       }
-      case Op::W: {
-        TraceScope span(describe(a));
-        timed(&times_.weight[c], [&] { model.backward_weights(slot_of_[c][micro]); });
+      case Op::W:
+        compute_weight(a);
         free_slot(c, micro);
         break;
-      }
     }
   }
   start_group();
@@ -355,6 +435,7 @@ float PipelineExecutor::run(const std::function<MicroBatch(int micro)>& micro_ba
   times_.buffer_bytes = buffer_bytes();
   for (int c = 0; c < v; c++) {
     times_.forward[c] /= m, times_.backward[c] /= m, times_.weight[c] /= m;
+    times_.pair[c] = pairs_of[c] ? pair_ms[c] / pairs_of[c] : 0;
   }
   return loss / m;
 }

@@ -20,6 +20,18 @@
 //   W   the weights' gradients (zero-bubble), then free the slot.
 // A wait for a receive, with nothing else to compute, is the bubble: measured per action, as are the
 // forward, backward and weight passes' own times, which a simulation of the schedule then uses.
+//
+// F&B pairs (dualpipev, overlap_pairs): an F followed by the other chunk's B and its W
+// (pipeline_schedule.h, fb_pairs) runs as two lanes at once, as DualPipe runs them: first both
+// passes' receives are waited for (the bubble, as for any pass), then the forward computes on this
+// thread while the backward lane's thread (lanes.h) runs B and then W, and the sends listed between
+// them go out once both lanes are done. The two passes share no arithmetic, so the result is the
+// sequence's bit for bit; what changes is that the messages inside one pass (experts' all-to-alls,
+// TP's collectives, CP's ring) travel while the other computes. Every pass then runs in its lane, F
+// in the forward, B and W in the backward, paired or not, and a chapter's hooks reach each group
+// through the lane's own communicator (LaneCommunicator). Measured per pair: its wall time beside its
+// passes' own; the difference is the time the two lanes ran at once, which the pair would take longer
+// in sequence (the step gains it where nothing else then waits: the next stage, busy cores, the link).
 // Messages carry a tag, (activation or gradient, the receiving virtual stage, micro-batch), which MPI
 // matches them by; NCCL matches by call order, which the lists are built for. Between two chunks of
 // one rank (one stage; the point of a V) a message is a copy.
@@ -36,9 +48,11 @@
 // once that send is done.
 #pragma once
 #include <functional>
+#include <memory>
 #include <vector>
 
 #include "comm.h"
+#include "lanes.h"  // LaneThread
 #include "memory.h"
 #include "model.h"
 #include "pipeline_schedule.h"
@@ -83,8 +97,17 @@ class PipelineExecutor {
   float run(const std::function<MicroBatch(int micro)>& micro_batch);
 
   // Called before each F, B and W: the chapter learns which micro-batch (and chunk) runs, e.g. to
-  // communicate gradients only on the last one.
+  // communicate gradients only on the last one. With pairs overlapped, a pair's F and B (then W) call
+  // it each in its own lane, at once: what it sets for a forward must be apart from what it sets for a
+  // backward (chapters 08, 09, 12 keep the two apart).
   std::function<void(const Action&)> before_compute;
+
+  // Runs the list's F&B pairs (fb_pairs) as two lanes at once (the file comment), or, off, one pass
+  // after the other. On the CPU, with messages matched by tag (under call order they run in sequence).
+  // Before run(); the groups that the chapter's hooks use inside passes must then be LaneCommunicators.
+  void overlap_pairs(bool on);
+  bool overlaps_pairs() const { return lane_thread_ != nullptr; }
+  int pair_count() const { return int(pairs_.size()); }
 
   // The last step's times on this rank, in ms: each pass's mean per micro-batch and chunk, the time
   // spent waiting for receives (the bubble), and the whole step; and, for the report beside them,
@@ -93,6 +116,13 @@ class PipelineExecutor {
     std::vector<double> forward, backward, weight;  // per chunk
     double waiting = 0, step = 0;
     double buffer_bytes = 0;
+    // F&B pairs run at once (overlap_pairs): their number in the step, their wall time, and their
+    // passes' own times (F + B + W, each timed in its lane). passes - wall is the time the two lanes
+    // ran beside each other, which the pairs would take longer in sequence. And per
+    // chunk of a pair's forward, its pairs' mean wall time (the simulator's ActionCosts::pair).
+    int pairs = 0;
+    double pair_ms = 0, pair_passes_ms = 0;
+    std::vector<double> pair;
   };
   const Times& times() const { return times_; }
   const std::vector<Action>& actions() const { return actions_; }
@@ -137,4 +167,9 @@ class PipelineExecutor {
   std::vector<std::vector<int>> slot_of_;
   std::vector<std::vector<int>> free_slots_;
   Times times_;
+  // The list's F&B pairs, and per position the pair an F starts (-1: none); the backward lane's
+  // thread while pairs overlap.
+  std::vector<FBPair> pairs_;
+  std::vector<int> pair_at_;
+  std::unique_ptr<LaneThread> lane_thread_;
 };

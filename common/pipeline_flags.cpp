@@ -3,6 +3,7 @@
 // message tags.
 #include "pipeline_flags.h"
 
+#include <cstdio>
 #include <cstdlib>
 #include <sstream>
 
@@ -66,6 +67,11 @@ std::string pipeline_flags_problem(const PipelineFlags& flags, int world, const 
   if (flags.zero2 && (interleaved || splits_backward(schedule)))
     return "--zero2 reduce-scatters each micro-batch's gradients as its backward ends: with --schedule " +
            flags.schedule + " a layer's gradients are not final there (use afab or 1f1b)";
+  if (!flags.fb_overlap.empty() && flags.fb_overlap != "on" && flags.fb_overlap != "off")
+    return "--fb-overlap " + flags.fb_overlap + ": choose on or off";
+  if (!flags.fb_overlap.empty() && schedule != Schedule::DualPipeV)
+    return "--fb-overlap runs dualpipev's forward-backward pairs at once: --schedule " + flags.schedule +
+           " has none (pass --schedule dualpipev, or leave --fb-overlap out)";
   if (schedule == Schedule::DualPipeV && m < 2LL * p)
     return "--schedule dualpipev fills its V with 2 x --pp " + str(p) + " micro-batches before its steady state: "
            "--micro-batches " + str(m) + " must be at least " + str(2LL * p);
@@ -95,7 +101,7 @@ std::string pipeline_flags_problem(const PipelineFlags& flags, int world, const 
   // Every case above is what makes a schedule's shape wrong; this one would be a missed case.
   const std::string shape_problem = schedule_shape_error(schedule, shape);
   if (!shape_problem.empty()) return "the " + flags.schedule + " schedule cannot run this shape: " + shape_problem;
-  *plan = {schedule, shape, blocks, dp};
+  *plan = {schedule, shape, blocks, dp, schedule == Schedule::DualPipeV && flags.fb_overlap != "off"};
   return "";
 }
 
@@ -123,6 +129,16 @@ Matching pipeline_matching(const std::string& flag, const Communicator& pipeline
   return matching;
 }
 
+bool fb_overlap_runs(const PipelinePlan& plan, Matching matching, Device device, bool say) {
+  if (!plan.fb_overlap) return false;
+  const char* why = device != Device::CPU        ? "a GPU would need a compute stream per lane, and this executor drives one"
+                    : matching != Matching::ByTag ? "under call order a pass's receive goes out with the sends before it"
+                                                  : nullptr;
+  if (!why) return true;
+  if (say) std::printf("note: dualpipev's F&B pairs run one pass after the other here (%s)\n", why);
+  return false;
+}
+
 void add_schedule_flags(FlagParser& flags, PipelineFlags* pipe, std::string* matching) {
   flags.add("--micro-batches", &pipe->micro_batches, "micro-batches per step in each pipeline (default: 2 x --pp)");
   flags.add("--schedule", &pipe->schedule, "afab, 1f1b (default), interleaved, zb-h1, zb-v or dualpipev");
@@ -132,6 +148,8 @@ void add_schedule_flags(FlagParser& flags, PipelineFlags* pipe, std::string* mat
                                         "call-order (NCCL: each pair's calls in one order on both ends)");
   flags.add("--partition", &pipe->partition, "blocks per virtual stage, e.g. 3,3,3,3 (default: balanced by FLOPs)");
   flags.add_switch("--zero1", &pipe->zero1, "shard the optimizer state over each stage's data-parallel group (04)");
+  flags.add("--fb-overlap", &pipe->fb_overlap, "dualpipev: on (default) runs each forward-backward pair's two "
+                                              "passes at once, on two threads; off, one after the other", "on|off");
   flags.add_switch("--zero2", &pipe->zero2, "ZeRO-2's rule: reduce-scatter every micro-batch's gradients (05), to "
                                            "measure what that costs a pipeline (afab, 1f1b)");
   flags.add_refused("--grad-accum", "a pipeline's micro-batches are its accumulation; use --micro-batches");

@@ -22,6 +22,9 @@ struct PipelineFlags {
   std::string schedule = "1f1b";
   std::string partition;   // --partition "3,3,3,3"; empty: balanced by FLOPs (pipeline.h)
   bool zero1 = false, zero2 = false;
+  // --fb-overlap on|off: dualpipev's F&B pairs run at once (pipeline.h) or one pass after the other;
+  // empty: not given, on for dualpipev.
+  std::string fb_overlap;
   // 12's other dimensions: its --cp and --ep (the grid's), and whether a MoE preset may be split
   // (12 routes its tokens across any grid; 08 and 09 do not).
   int cp = 1, ep = 1;
@@ -33,6 +36,7 @@ struct PipelinePlan {
   PipelineShape shape;      // p stages, m micro-batches, v chunks a rank
   std::vector<int> blocks;  // blocks per virtual stage
   int data_parallel = 1;    // the ranks / (tp x p)
+  bool fb_overlap = false;  // dualpipev's pairs at once (--fb-overlap, default on)
 };
 
 // "" with *plan filled in when the flags make a pipeline of `model` on `world` ranks whose global
@@ -52,10 +56,16 @@ std::string pipeline_tag_problem(const PipelineShape& shape, int64_t largest_tag
 // not parse, asks for tags the communicator has not, or the schedule's tags pass its bound.
 Matching pipeline_matching(const std::string& flag, const Communicator& pipeline, const PipelineShape& shape);
 
+// Whether the executor runs the plan's F&B pairs at once: plan.fb_overlap, where it can: on the CPU
+// (a GPU would need a compute stream per lane), with messages matched by tag (under call order a
+// pass's receive goes out with the sends before it, which a pair would hold back). Elsewhere the
+// pairs run one pass after the other, and root (`say`) prints why.
+bool fb_overlap_runs(const PipelinePlan& plan, Matching matching, Device device, bool say);
+
 // The flags every pipeline chapter (08, 09, 12) takes alike, registered on `flags`: --micro-batches,
-// --schedule, --virtual-stages, --p2p-matching (into `matching`), --partition, --zero1, --zero2, and
-// --grad-accum refused (a pipeline's micro-batches are its accumulation). --pp is each chapter's own:
-// its default differs.
+// --schedule, --virtual-stages, --p2p-matching (into `matching`), --partition, --zero1, --zero2,
+// --fb-overlap, and --grad-accum refused (a pipeline's micro-batches are its accumulation). --pp is
+// each chapter's own: its default differs.
 void add_schedule_flags(FlagParser& flags, PipelineFlags* pipe, std::string* matching);
 // After parsing: the checks that need the flags alone (each a config_error naming its flag).
 void check_schedule_flags(const TrainConfig& cfg, const PipelineFlags& pipe);

@@ -74,6 +74,7 @@ PipelineReport::PipelineReport(TrainingRun& run, const ProcessGrid& grid, const 
                                Schedule schedule, Matching matching, std::vector<ModelPart> parts)
     : run_(run), world_(grid.world()), pipeline_(grid.pp()), shape_(shape), schedule_(schedule), matching_(matching),
       parts_(std::move(parts)), forward_(shape.chunks, 0), backward_(shape.chunks, 0), weight_(shape.chunks, 0),
+      pair_(shape.chunks, 0),
       embedding_(shape.placement == Placement::V ? nullptr : grid.embedding()) {  // a V: wte on rank 0 only
   pipeline_before_ = pipeline_.stats();
   if (embedding_) embedding_before_ = embedding_->stats();
@@ -92,7 +93,11 @@ void PipelineReport::add_step(int step, const PipelineExecutor::Times& t) {
   buffer_bytes_ = t.buffer_bytes;
   if (step == 0) return;  // warm-up
   steps_++;
-  for (int c = 0; c < shape_.chunks; c++) forward_[c] += t.forward[c], backward_[c] += t.backward[c], weight_[c] += t.weight[c];
+  for (int c = 0; c < shape_.chunks; c++) {
+    forward_[c] += t.forward[c], backward_[c] += t.backward[c], weight_[c] += t.weight[c];
+    pair_[c] += t.pair[c];
+  }
+  pairs_ += t.pairs, pair_ms_ += t.pair_ms, pair_passes_ms_ += t.pair_passes_ms;
   waiting_ += t.waiting;
   step_ += t.step;
   p2p_bytes_ += double(d.kind[int(CollectiveKind::SendRecv)].sent_bytes);
@@ -103,16 +108,21 @@ void PipelineReport::finish(bool wte_copies_equal) {
   const int p = shape_.stages, v = shape_.chunks, m = shape_.micro_batches, rank = pipeline_.rank();
   const GPT2Config& cfg = run_.model_config();
   const int n = std::max(steps_, 1);
-  // This rank's averages: per chunk F, B, W ms; then the step, the waiting, the compute, p2p bytes,
-  // activations measured and by the formula, p2p bytes by the formula, the micro-batches in flight,
-  // the message buffers measured and by the formula.
-  const int fields = 3 * v + 10;
+  // This rank's averages: per chunk F, B, W ms and an F&B pair's (its forward's chunk); then the
+  // step, the waiting, the compute, p2p bytes, activations measured and by the formula, p2p bytes by
+  // the formula, the micro-batches in flight, the message buffers measured and by the formula, and
+  // the pairs' count, wall time and their passes' own time.
+  const int fields = 4 * v + 13;
   std::vector<float> mine(fields, 0.0f), all(size_t(fields) * world_.size());
   double compute = 0;
   for (int c = 0; c < v; c++) {
     mine[c] = float(forward_[c] / n), mine[v + c] = float(backward_[c] / n), mine[2 * v + c] = float(weight_[c] / n);
+    mine[3 * v + c] = float(pair_[c] / n);
     compute += (forward_[c] + backward_[c] + weight_[c]) * m / n;
   }
+  // The time this rank computed: its passes', less what its pairs' two lanes ran side by side.
+  const double overlapped = std::max(0.0, pair_passes_ms_ - pair_ms_) / n;
+  compute -= overlapped;
   double act_theory = 0, p2p_theory = 0, buffers_theory = 0;
   // A message is a micro-batch's stream: B*T rows of C, or this rank's B*T/t under sequence parallelism.
   const TensorParallelism& tp = run_.tensor_parallelism();
@@ -138,14 +148,17 @@ void PipelineReport::finish(bool wte_copies_equal) {
     const bool input_grad_leaves = s > 0 && rank_of_stage(shape_, s - 1) != rank;
     p2p_theory += m * message * ((output_leaves ? 1 : 0) + (input_grad_leaves ? 1 : 0));
   }
-  if (cp.on()) act_theory += ring_buffer_bytes(cp.size, run_.micro_batch_size(), held.T, cfg.C / tp.size, cfg.NH / tp.size);
+  if (cp.on())  // a ring per lane where F&B pairs run at once (lanes.h)
+    act_theory += run_.pipeline().scratch_lanes() *
+                  ring_buffer_bytes(cp.size, run_.micro_batch_size(), held.T, cfg.C / tp.size, cfg.NH / tp.size);
   act_theory += run_.moe_activations();  // a MoE model's routers and experts, at the last step's routing
-  float* tail = &mine[3 * v];
+  float* tail = &mine[4 * v];
   tail[0] = float(step_ / n), tail[1] = float(waiting_ / n), tail[2] = float(compute);
   tail[3] = float(p2p_bytes_ / n);
   tail[4] = float(memory_stats().peak[int(MemCategory::Activations)]);
   tail[5] = float(act_theory), tail[6] = float(p2p_theory), tail[7] = float(in_flight);
   tail[8] = float(buffer_bytes_), tail[9] = float(buffers_theory);
+  tail[10] = float(pairs_ / n), tail[11] = float(pair_ms_ / n), tail[12] = float(pair_passes_ms_ / n);
   world_.all_gather(make_view(mine.data(), {fields}), make_view(all.data(), {int64_t(all.size())}));
   if (!run_.is_root() || steps_ == 0) return;
 
@@ -155,15 +168,31 @@ void PipelineReport::finish(bool wte_copies_equal) {
   auto row = [&](int r) { return &all[size_t(fields) * size_t(r * dp)]; };
   ActionCosts costs;
   costs.forward.assign(p * v, 0), costs.backward.assign(p * v, 0), costs.weight.assign(p * v, 0);
-  double F = 0, Bk = 0, W = 0;
-  for (int r = 0; r < p; r++)
+  double F = 0, Bk = 0, W = 0, pairs = 0, pair_ms = 0, pair_passes_ms = 0;
+  for (int r = 0; r < p; r++) {
     for (int c = 0; c < v; c++) {
       const int s = virtual_stage(shape_, r, c);
       costs.forward[s] = row(r)[c], costs.backward[s] = row(r)[v + c], costs.weight[s] = row(r)[2 * v + c];
       F += costs.forward[s] / (p * v), Bk += costs.backward[s] / (p * v), W += costs.weight[s] / (p * v);
     }
+    pairs += row(r)[4 * v + 10], pair_ms += row(r)[4 * v + 11], pair_passes_ms += row(r)[4 * v + 12];
+  }
+  // Pairs at once: the simulation times each as its measured pair (a stage whose chunk led none
+  // takes its passes' sum), and the formula takes their mean, F&B.
+  const bool overlapped_pairs = pairs > 0;
+  double pair_time = -1;
+  if (overlapped_pairs) {
+    costs.pair.assign(p * v, 0);
+    for (int r = 0; r < p; r++)
+      for (int c = 0; c < v; c++) {
+        const int s = virtual_stage(shape_, r, c), other = virtual_stage(shape_, r, v - 1 - c);
+        costs.pair[s] = row(r)[3 * v + c] > 0 ? row(r)[3 * v + c]
+                                              : costs.forward[s] + costs.backward[other] + costs.weight[other];
+      }
+    pair_time = pair_ms / pairs;
+  }
   const Simulation sim = simulate(schedule_, shape_, costs, matching_);
-  const double theory = theory_bubble(schedule_, shape_, F, Bk, W);
+  const double theory = theory_bubble(schedule_, shape_, F, Bk, W, pair_time);
   std::printf("pipeline, %s schedule, p %d, m %d%s, messages matched by %s, averaged over %d measured steps "
               "(docs/theory.md, section 10):\n",
               schedule_name(schedule_), p, m, v > 1 ? (", v " + std::to_string(v)).c_str() : "", matching_name(matching_),
@@ -176,7 +205,7 @@ void PipelineReport::finish(bool wte_copies_equal) {
     const float* x = row(r);
     double f = 0, b = 0, w = 0;
     for (int c = 0; c < v; c++) f += x[c], b += x[v + c], w += x[2 * v + c];
-    const float* t = x + 3 * v;
+    const float* t = x + 4 * v;
     const double measured = t[0] > 0 ? 1.0 - t[2] / t[0] : 0;
     const double simulated = sim.makespan > 0 ? sim.idle[r] / sim.makespan : 0;
     measured_mean += measured / p, simulated_mean += simulated / p;
@@ -203,11 +232,39 @@ void PipelineReport::finish(bool wte_copies_equal) {
                           .add("measured_message_buffer_bytes", double(t[8]))
                           .add("theory_message_buffer_bytes", double(t[9])));
   }
-  std::printf("  bubble = idle / step time, idle = the step minus this stage's F, B and W passes; the theory: %s;\n"
-              "  simulated: the schedule run with each stage's measured pass times (%s, mean over stages %.1f%% "
+  std::printf("  bubble = idle / step time, idle = the step minus this stage's F, B and W passes%s; the theory: %s;\n"
+              "  simulated: the schedule run with each stage's measured pass times%s (%s, mean over stages %.1f%% "
               "against %.1f%% measured)\n",
-              theory_bubble_formula(schedule_).c_str(), sim.deadlock.empty() ? "no p2p time" : sim.deadlock.c_str(),
-              100 * simulated_mean, 100 * measured_mean);
+              overlapped_pairs ? " (a pair's two lanes counted once: its wall time)" : "",
+              theory_bubble_formula(schedule_, overlapped_pairs).c_str(), overlapped_pairs ? " and pair times" : "",
+              sim.deadlock.empty() ? "no p2p time" : sim.deadlock.c_str(), 100 * simulated_mean, 100 * measured_mean);
+  if (overlapped_pairs) {
+    // What the overlap hid, per rank: a pair's two passes take their own times (F + B + W, each timed
+    // in its lane) but, side by side, only the pair's wall time; the difference is the time the two
+    // lanes ran at once, the messages inside one pass (and, with a core to spare, its compute) under
+    // the other's work. The step gains that much only where nothing else then waits: the pipeline's
+    // next stage for the pair's sends, a machine's saturated cores, a saturated link.
+    std::printf("  F&B pairs at once (--fb-overlap on; docs/pipelines.md): per step, per rank\n");
+    std::printf("  %-5s %6s %14s %12s %10s %8s\n", "stage", "pairs", "F+B+W in them", "their wall", "hidden", "of step");
+    for (int r = 0; r < p; r++) {
+      const float* x = row(r);
+      const double count = x[4 * v + 10], wall = x[4 * v + 11], passes = x[4 * v + 12], step = x[4 * v];
+      const double hidden = std::max(0.0, passes - wall);
+      std::printf("  %-5d %6.0f %11.2f ms %9.2f ms %7.2f ms %7.1f%%\n", r, count, passes, wall, hidden,
+                  step > 0 ? 100 * hidden / step : 0.0);
+      run_.write_record(JsonObject()
+                            .add("type", "pipeline_pairs")
+                            .add("stage", r)
+                            .add("pairs", count)
+                            .add("pair_passes_ms", passes)
+                            .add("pair_wall_ms", wall)
+                            .add("hidden_ms", hidden)
+                            .add("step_ms", step));
+    }
+    std::printf("  hidden = the pairs' passes (each timed in its lane) minus the pairs' wall time: the time the two "
+                "lanes ran at once, which the pairs would take longer one pass after the other (--fb-overlap off; "
+                "the step gains it where nothing else then waits)\n");
+  }
   std::fflush(stdout);
   JsonObject pipeline;
   pipeline.add("type", "pipeline")

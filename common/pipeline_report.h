@@ -3,7 +3,8 @@
 // times, and by the schedule's formula), the activations held against the schedule's count of
 // micro-batches in flight, the point-to-point bytes and the message buffers against their formulas,
 // and the embedding group's bytes (the tied wte's gradient summed over the first and last stage)
-// against theirs. Defines print_partition() and PipelineReport.
+// against theirs; with dualpipev's F&B pairs run at once, per rank the time the two lanes of its pairs
+// ran side by side. Defines print_partition() and PipelineReport.
 #pragma once
 #include <vector>
 
@@ -44,6 +45,8 @@ class PipelineReport {
   std::vector<ModelPart> parts_;
   int steps_ = 0;
   std::vector<double> forward_, backward_, weight_;  // per chunk, summed over the measured steps
+  std::vector<double> pair_;                          // per chunk of a pair's forward, likewise
+  double pairs_ = 0, pair_ms_ = 0, pair_passes_ms_ = 0;  // F&B pairs run at once (PipelineExecutor::Times)
   double waiting_ = 0, step_ = 0, p2p_bytes_ = 0, embedding_bytes_ = 0;
   double buffer_bytes_ = 0;  // the executor's message buffers
   Communicator* embedding_;  // the first and last stage's group (wte's two copies); null elsewhere

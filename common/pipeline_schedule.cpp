@@ -502,6 +502,30 @@ int expected_count(Schedule schedule, const PipelineShape& shape, Op op, int sta
 
 }  // namespace
 
+std::vector<FBPair> fb_pairs(const std::vector<Action>& actions) {
+  const int n = int(actions.size());
+  // The next pass after position i, if only sends lie between (a receive between breaks a pair).
+  auto next_pass = [&](int i) {
+    for (int j = i + 1; j < n; j++) {
+      if (is_pass(actions[j].op)) return j;
+      if (actions[j].op != Op::SendActivation && actions[j].op != Op::SendGradient) return -1;
+    }
+    return -1;
+  };
+  std::vector<FBPair> pairs;
+  for (int i = 0; i < n; i++) {
+    if (actions[i].op != Op::F) continue;
+    const int b = next_pass(i);
+    if (b < 0 || actions[b].op != Op::B || actions[b].chunk == actions[i].chunk) continue;
+    const int w = next_pass(b);
+    if (w < 0 || actions[w].op != Op::W || actions[w].micro != actions[b].micro || actions[w].chunk != actions[b].chunk)
+      continue;
+    pairs.push_back({i, b, w});
+    i = w;
+  }
+  return pairs;
+}
+
 std::vector<std::pair<int, int>> message_groups(const std::vector<Action>& actions) {
   std::vector<std::pair<int, int>> groups;
   for (int i = 0; i < int(actions.size()); i++) {
@@ -875,6 +899,19 @@ Simulation simulate(const PipelineShape& shape, const ActionCosts& costs,
     return -1;
   };
   auto cost_of = [&](int rank, const Action& a) { return action_cost(shape, costs, rank, a); };
+  // Overlapped F&B pairs: per rank and position, the pair an F starts (-1: none), and the B and W
+  // positions a pair has already run.
+  const bool overlapped = !costs.pair.empty();
+  ENSURE(!overlapped || int(costs.pair.size()) == per, "simulate: a pair cost per chunk or per virtual stage");
+  std::vector<std::vector<int>> pair_at(p);
+  std::vector<std::vector<FBPair>> pairs(p);
+  std::vector<std::vector<bool>> ran_in_pair(p);
+  for (int rank = 0; rank < p; rank++) {
+    pair_at[rank].assign(per_rank[rank].size(), -1);
+    ran_in_pair[rank].assign(per_rank[rank].size(), false);
+    if (overlapped) pairs[rank] = fb_pairs(per_rank[rank]);
+    for (int k = 0; k < int(pairs[rank].size()); k++) pair_at[rank][size_t(pairs[rank][size_t(k)].forward)] = k;
+  }
 
   std::vector<size_t> next(p, 0);
   std::vector<double> clock(p, 0), computed(p, 0);
@@ -887,6 +924,32 @@ Simulation simulate(const PipelineShape& shape, const ActionCosts& costs,
       const std::vector<Action>& list = per_rank[rank];
       while (next[rank] < list.size()) {
         const Action& a = list[next[rank]];
+        if (ran_in_pair[rank][next[rank]]) {  // its pair ran it
+          next[rank]++;
+          progressed = true;
+          continue;
+        }
+        if (pair_at[rank][next[rank]] >= 0) {  // an F&B pair: both inputs, then both lanes at once
+          const FBPair& pair = pairs[rank][size_t(pair_at[rank][next[rank]])];
+          const Action &f = list[size_t(pair.forward)], &b = list[size_t(pair.backward)], &w = list[size_t(pair.weight)];
+          const double ready_f = ready_at(rank, f), ready_b = ready_at(rank, b);
+          if (ready_f < 0 || ready_b < 0) break;
+          const int i = per == v ? f.chunk : virtual_stage(shape, rank, f.chunk);
+          const double start = std::max({clock[rank], ready_f, ready_b}), cost = costs.pair[size_t(i)];
+          clock[rank] = start + cost;
+          computed[rank] += cost;
+          // Drawn as two lanes over the pair's time: the forward, and B then W in their proportion.
+          const double backward = cost_of(rank, b), weight = cost_of(rank, w);
+          const double b_end = backward + weight > 0 ? start + cost * backward / (backward + weight) : clock[rank];
+          ran[rank].push_back({rank, f, start, clock[rank]});
+          ran[rank].push_back({rank, b, start, b_end});
+          ran[rank].push_back({rank, w, b_end, clock[rank]});
+          for (const Action* x : {&f, &b, &w}) done(x->op, virtual_stage(shape, rank, x->chunk), x->micro) = clock[rank];
+          ran_in_pair[rank][size_t(pair.backward)] = ran_in_pair[rank][size_t(pair.weight)] = true;
+          next[rank]++;
+          progressed = true;
+          continue;
+        }
         double ready = ready_at(rank, a);
         if (ready < 0) break;
         double start = std::max(clock[rank], ready), cost = cost_of(rank, a);
@@ -1127,7 +1190,7 @@ Simulation simulate_call_order(const PipelineShape& shape, const ActionCosts& co
 }  // namespace
 
 double theory_bubble(Schedule schedule, const PipelineShape& shape, double forward, double backward,
-                     double weight) {
+                     double weight, double pair) {
   const double p = shape.stages, m = shape.micro_batches, v = shape.chunks;
   switch (schedule) {
     case Schedule::AFAB:
@@ -1143,23 +1206,35 @@ double theory_bubble(Schedule schedule, const PipelineShape& shape, double forwa
       return idle / (2 * m * (forward + backward + weight) + idle);
     }
     case Schedule::DualPipeV: {
-      // The fill of the V's first arm, (p-1)F, which no order avoids: exact when B <= F and B <= W
-      // (the pairs run here one pass after the other, not overlapped); more otherwise, as simulated.
-      const double idle = (p - 1) * forward;
-      return idle / (2 * m * (forward + backward + weight) + idle);
+      const double passes = forward + backward + weight;
+      if (pair < 0) {
+        // Pairs one pass after the other: the fill of the V's first arm, (p-1)F, which no order
+        // avoids: exact when B <= F and B <= W; more otherwise, as simulated.
+        const double idle = (p - 1) * forward;
+        return idle / (2 * m * passes + idle);
+      }
+      // Pairs at once, each taking F&B = `pair` (docs/theory.md, section 10): rank r runs
+      // 2m - 3p + r + 1 of them, so it computes that many times F+B+W - F&B less than rank 0, and idles
+      // as much more; rank 0 idles 2(p-1)(F&B - B - W). Exact where B <= F, B <= W and
+      // max(F, B+W) <= F&B <= F+B+W; a floor otherwise.
+      const double saved = passes - pair, first = 2 * (p - 1) * std::max(0.0, pair - backward - weight);
+      const double step = 2 * m * passes - (2 * m - 3 * p + 1) * saved + first;
+      return (first + (p - 1) / 2 * saved) / step;
     }
   }
   return 0;
 }
 
-std::string theory_bubble_formula(Schedule schedule) {
+std::string theory_bubble_formula(Schedule schedule, bool overlapped) {
   switch (schedule) {
     case Schedule::AFAB:
     case Schedule::OneFOneB: return "(p-1)/(m+p-1)";
     case Schedule::Interleaved: return "(p-1)/(v*m+p-1)";
     case Schedule::ZBH1: return "(p-1)(F+B-W)/(m(F+B+W)+(p-1)(F+B-W))";
     case Schedule::ZBV: return "(p-1)max(B,2(B-W))/(2m(F+B+W)+(p-1)max(B,2(B-W)))";
-    case Schedule::DualPipeV: return "(p-1)F/(2m(F+B+W)+(p-1)F) (at least)";
+    case Schedule::DualPipeV:
+      return overlapped ? "idle of rank r 2(p-1)(F&B-B-W)+r(F+B+W-F&B), mean over r / step (at least)"
+                        : "(p-1)F/(2m(F+B+W)+(p-1)F) (at least)";
   }
   return "";
 }

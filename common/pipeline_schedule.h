@@ -131,6 +131,18 @@ std::vector<Action> build_schedule(Schedule schedule, const PipelineShape& shape
 // [first, last] positions in the list. Under ByCallOrder each group is one group call.
 std::vector<std::pair<int, int>> message_groups(const std::vector<Action>& actions);
 
+// DualPipe's F&B pairs in a rank's list, as positions: an F, then (only sends between) a B of the
+// other chunk, then (only sends between) that B's W. dualpipev's steady state is made of them (its
+// steps 4 and 5); no other schedule has one (the others follow an F with a B of the same chunk, or
+// have no W). With --fb-overlap the executor runs each pair's two passes at once, the forward and the
+// backward (B, then W) on two lanes (pipeline.h, lanes.h), and the simulator times a pair as one
+// action (ActionCosts::pair). Both only under ByTag: a list built for call order groups a pass's
+// receive with the sends before it, which a pair would hold back; there pairs run in sequence.
+struct FBPair {
+  int forward, backward, weight;
+};
+std::vector<FBPair> fb_pairs(const std::vector<Action>& actions);
+
 // "F3.c1", "B3.c1", "W3.c1", "sendA3.c1", "recvA3.c1", "sendG3.c1", "recvG3.c0". F, B and W names are
 // the executor's trace span names.
 std::string describe(const Action& action);
@@ -165,6 +177,10 @@ int max_awaiting_backward(const std::vector<Action>& actions, int chunk);
 struct ActionCosts {
   std::vector<double> forward, backward, weight;
   double p2p = 0;
+  // F&B pairs overlapped (fb_pairs; --fb-overlap, pipeline.h): a pair's time, from the start of its two
+  // lanes to the end of the later, per chunk or per virtual stage of its forward. Empty: the passes
+  // of a pair take their own times, one after the other (F + B + W).
+  std::vector<double> pair;
 };
 // Every chunk with the same costs.
 ActionCosts uniform_costs(const PipelineShape& shape, double forward, double backward, double weight = 0,
@@ -187,9 +203,12 @@ struct Simulation {
 
 // Runs every rank's list in order. A compute action takes its cost once it may start: F when its
 // input activation has arrived and its receive is posted, B when its output gradient has arrived
-// likewise (the last virtual stage's B when its own F is done), W when its B is done. A rank's idle
-// time is the step's makespan minus the time it computes: waiting for its first input, waiting
-// between passes, and waiting at the end for the others to finish the step. When a message arrives:
+// likewise (the last virtual stage's B when its own F is done), W when its B is done. With
+// costs.pair (ByTag), an F&B pair (fb_pairs) is one action: it starts once both its F and its B may,
+// as DualPipe's pair waits for both inputs before either computes, and takes costs.pair; its sends
+// leave at its end. A rank's idle time is the step's makespan minus the time it computes (a pair
+// counting its own time, not its passes'): waiting for its first input, waiting between passes, and
+// waiting at the end for the others to finish the step. When a message arrives:
 //   ByTag        the SendActivation's (SendGradient's) time + p2p; sends and receive posts take no
 //                time, and nothing waits for a send.
 //   ByCallOrder  a rank's groups run one after the other on its message lane, beside its compute
@@ -197,13 +216,15 @@ struct Simulation {
 //                the list has ended (NCCL's stream waits for the compute stream at issue), and ends
 //                p2p after the last of its messages' partner groups has started. A message between
 //                two chunks of one rank (with one stage, every message; in a V, the turn at rank
-//                p-1) is a copy on the compute lane where its send is listed, in no group.
+//                p-1) is a copy on the compute lane where its send is listed, in no group. (Pairs
+//                run in sequence under call order: costs.pair changes nothing there.)
 Simulation simulate(Schedule schedule, const PipelineShape& shape, const ActionCosts& costs,
                     Matching matching = Matching::ByTag);  // builds the lists
 Simulation simulate(const PipelineShape& shape, const ActionCosts& costs,
                     const std::vector<std::vector<Action>>& per_rank, Matching matching = Matching::ByTag);
 // The schedule's step time by simulate() with these costs, and in `without_p2p` the same with free
 // links (the messages' share of the step is the difference): what the planner asks of a schedule.
+// With costs.pair, dualpipev's pairs at once in both.
 double simulated_makespan(Schedule schedule, const PipelineShape& shape, const ActionCosts& costs,
                           double* without_p2p);
 
@@ -218,17 +239,23 @@ double simulated_makespan(Schedule schedule, const PipelineShape& shape, const A
 // has no bubble, and at F = B = W what is left, (p-1)F, is the fill of the V's first arm, which no
 // order can avoid (docs/theory.md, section 10). It holds while F <= B and m >= 2p-1; beyond, the
 // simulator gives the real value.
-//   dualpipev:   (p-1)F / (2m(F+B+W) + (p-1)F), the same fill: a floor, exact when B <= F and B <= W
-// (here a forward-backward pair runs one pass after the other; DeepSeek's overlap of the two is a
-// device's, which this executor does not model). For zb-h1 the
+//   dualpipev:   with its F&B pairs one pass after the other (pair < 0): (p-1)F / (2m(F+B+W) + (p-1)F),
+//                the same fill: a floor, exact when B <= F and B <= W;
+//                with its pairs at once (--fb-overlap, the default), each taking `pair` = F&B of
+//                compute: rank r idles 2(p-1)(F&B-B-W) + r(F+B+W-F&B) (it runs 2m-3p+r+1 pairs;
+//                docs/theory.md, section 10); exact where B <= F, B <= W and max(F, B+W) <= F&B <=
+//                F+B+W, a floor otherwise. At F = B = W the last rank's idle time, (p-1)(F&B - F),
+//                is DualPipe's (PP/2-1)(F&B + B - 3W) with B its whole backward.
+// For zb-h1 the
 // idle time per rank is taken as (p-1)(F+B) - min(m-1, p-1) W, the paper's (p-1)(F+B-W) once m >= p:
 // with fewer micro-batches than stages, fewer W's are left to fill the bubble. It holds while
 // W <= F and W <= B (the paper's setting, F, B and W about equal); beyond, the handcrafted order no
 // longer hides every W, and the simulator gives the real value.
 double theory_bubble(Schedule schedule, const PipelineShape& shape, double forward, double backward,
-                     double weight);
-// The formula above as a short string for printing: "(p-1)/(m+p-1)" ...
-std::string theory_bubble_formula(Schedule schedule);
+                     double weight, double pair = -1);
+// The formula above as a short string for printing: "(p-1)/(m+p-1)" ...; `overlapped`: dualpipev's
+// with its pairs at once.
+std::string theory_bubble_formula(Schedule schedule, bool overlapped = false);
 
 // The activation slots (max_in_flight) of `chunk` on `rank` by the theory: afab m; 1f1b min(p-r, m);
 // zb-h1 min(p, m) on every rank (it keeps 1f1b's min(p-r, m) whole activations, max_awaiting_backward,

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "check.h"
+#include "lanes.h"  // LaneCommunicator: give_each_lane_its_groups
 
 GridCoords grid_coords(const GridShape& shape, int rank) {
   GridCoords c;
@@ -172,6 +173,12 @@ std::unique_ptr<Communicator> ProcessGrid::split(GridGroup which) {
   ENSURE(group->size() == int(members.size()) && group->rank() == key,
          "ProcessGrid: a group's communicator does not hold the ranks of the layout");
   return group;
+}
+
+void ProcessGrid::give_each_lane_its_groups() {
+  if (data_parallel_only_) return;
+  for (std::unique_ptr<Communicator>* group : {&tp_, &cp_, &ep_, &expert_dp_})
+    *group = std::make_unique<LaneCommunicator>(std::move(*group));
 }
 
 std::string ProcessGrid::describe() const {

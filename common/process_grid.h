@@ -119,6 +119,14 @@ class ProcessGrid {
   // "DP 2 x TP 2 x PP 1", then " x CP 2" with CP > 1 and " x EP 4 (expert DP 2)" with EP > 1: EP re-splits
   // a stage's DP x CP x TP ranks, so the expert-DP degree says what is left of them.
   std::string describe() const;
+  // DualPipe's F&B pairs at once (lanes.h): a pair's forward and backward run side by side, and both
+  // talk to tp, cp, ep and expert_dp from inside their layers. Each of those groups becomes a
+  // LaneCommunicator: the group itself for the forward lane, a copy of it for the backward lane, their
+  // statistics together. Everything that reaches the groups through the grid (the run's counters, the
+  // chapter's hooks) then reaches both lanes, by the calling thread's lane. Collective over the world;
+  // before anything keeps a reference to those groups. (dp, dp_cp, pp and embedding hear from one lane
+  // at a time: the gradients' sums from the backward's, the messages from the executor's thread.)
+  void give_each_lane_its_groups();
 
  private:
   // Splits the world into the groups of kind `which`, this rank's named `group_name(which)`.

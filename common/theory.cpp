@@ -279,15 +279,18 @@ double moe_schedule_activation_bytes(const GPT2Config& cfg, int64_t tokens, cons
   if (order.empty())
     for (int micro = 0; micro < int(rows.size()); micro++) order.push_back({Op::F, micro, 0}), order.push_back({Op::B, micro, 0});
   // The replay: which slot each micro-batch takes (the executor's: the lowest free first, the last
-  // freed next), what each slot's experts hold, and its scratch.
+  // freed next), what each slot's experts hold, and its scratch. A chunk's slots are its own (chapter
+  // 12 keys the experts by chunk and slot, so that the two passes of an F&B pair never share one):
+  // slot s of chunk c is the replay's c x (the most slots of a chunk) + s.
   std::vector<std::vector<int>> free_slots(run.size());
-  for (size_t c = 0; c < run.size(); c++)
-    for (int s = run[c].slots - 1; s >= 0; s--) free_slots[c].push_back(s);
-  std::vector<std::vector<int>> slot_of(run.size(), std::vector<int>(rows.size(), -1));
   int most_slots = 0;
   for (const ModelPart& part : run) most_slots = std::max(most_slots, part.slots);
-  std::vector<std::vector<int64_t>> held(size_t(most_slots), std::vector<int64_t>(size_t(cfg.L), -1));  // -1: none
-  std::vector<double> scratch(size_t(most_slots), 0);
+  for (size_t c = 0; c < run.size(); c++)
+    for (int s = run[c].slots - 1; s >= 0; s--) free_slots[c].push_back(int(c) * most_slots + s);
+  std::vector<std::vector<int>> slot_of(run.size(), std::vector<int>(rows.size(), -1));
+  const size_t keys = run.size() * size_t(most_slots);
+  std::vector<std::vector<int64_t>> held(keys, std::vector<int64_t>(size_t(cfg.L), -1));  // -1: none
+  std::vector<double> scratch(keys, 0);
   double now = 0, peak = 0;
   for (const Action& a : order) {
     const size_t c = size_t(a.chunk);

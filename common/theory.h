@@ -85,9 +85,9 @@ int64_t moe_expert_rows_at_most_of(const GPT2Config& cfg, int64_t tokens, int ep
 // them), docs/theory.md, section 17. Fixed by shape: a router's buffers per slot and block, at
 // `tokens` rows a rank routes (section 14's N E + 2 N k + 4 N k C fp32 values). At the step's routing:
 // rows[micro][l], the rows this rank's experts ran for block l of micro-batch `micro`, 9C values each
-// from its forward to its backward, and each slot's backward scratch, 8C values per row of its layer
-// with the most rows held, from that slot's first backward to its last: replayed in the schedule's
-// order, the peak. Without a pipeline it is moe_activation_bytes at the largest micro-batch.
+// from its forward to its backward, and each slot's backward scratch (a chunk's slots its own), 8C
+// values per row of its layer with the most rows held, from that slot's first backward to its last:
+// replayed in the schedule's order, the peak. Without a pipeline it is moe_activation_bytes at the largest micro-batch.
 double moe_schedule_activation_bytes(const GPT2Config& cfg, int64_t tokens, const std::vector<ModelPart>& parts,
                                      const std::vector<Action>& actions,
                                      const std::vector<std::vector<int64_t>>& rows);

@@ -12,6 +12,7 @@
 
 #include "comm.h"
 #include "fileio.h"
+#include "lanes.h"  // current_lane
 
 namespace {
 
@@ -36,6 +37,8 @@ const char* track_name(Track t) {
     case Track::Comm: return "communication";
     case Track::Wait: return "waiting on communication";
     case Track::TensorParallel: return "tensor-parallel communication";
+    case Track::BackwardLane: return "compute, backward lane (F&B pairs)";
+    case Track::BackwardLaneWait: return "waiting on communication, backward lane";
   }
   return "?";
 }
@@ -61,11 +64,13 @@ std::string rank_events_json(int rank) {
                 rank, rank);
   add(buf);
   std::lock_guard<std::mutex> lock(g_mutex);
-  // A chapter without tensor parallelism gets no empty "tensor-parallel" track.
-  bool has_tensor_parallel = false;
-  for (const Span& s : g_spans) has_tensor_parallel |= s.track == Track::TensorParallel;
-  for (Track t : {Track::Compute, Track::Comm, Track::Wait, Track::TensorParallel}) {
-    if (t == Track::TensorParallel && !has_tensor_parallel) continue;
+  // A chapter without tensor parallelism gets no empty "tensor-parallel" track, a run without F&B
+  // pairs no backward lane.
+  bool has_track[6] = {true, true, true, false, false, false};
+  for (const Span& s : g_spans) has_track[int(s.track)] = true;
+  for (Track t : {Track::Compute, Track::Comm, Track::Wait, Track::TensorParallel, Track::BackwardLane,
+                  Track::BackwardLaneWait}) {
+    if (!has_track[int(t)]) continue;
     std::snprintf(buf, sizeof buf, R"({"ph":"M","pid":%d,"tid":%d,"name":"thread_name","args":{"name":"%s"}})",
                   rank, int(t), track_name(t));
     add(buf);
@@ -109,6 +114,10 @@ void trace_hide_waits_of_this_thread() { t_waits_hidden = true; }
 void trace_span(Track track, const std::string& name, double start_ms, double end_ms, const std::string& detail,
                 double issued_ms, double link_ms) {
   if (!g_enabled || (track == Track::Wait && t_waits_hidden)) return;
+  if (current_lane() == Lane::Backward) {  // a pair's backward lane: its own rows (lanes.h)
+    if (track == Track::Compute) track = Track::BackwardLane;
+    if (track == Track::Wait) track = Track::BackwardLaneWait;
+  }
   std::lock_guard<std::mutex> lock(g_mutex);
   g_spans.push_back({track, name, detail, start_ms, end_ms, issued_ms, link_ms});
 }

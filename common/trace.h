@@ -2,7 +2,7 @@
 // Defines now_ms(), Track, trace_span() (thread-safe, a no-op unless tracing is on),
 // trace_hide_waits_of_this_thread() and write_merged_trace(), which gathers every rank's spans into
 // one file: one process per rank, compute and communication on separate tracks (the tensor-parallel
-// track only where it has spans).
+// track, and the backward lane's two, only where they have spans).
 #pragma once
 #include <chrono>
 #include <string>
@@ -18,7 +18,10 @@ double trace_ms(std::chrono::steady_clock::time_point t);
 
 // Wait: the caller blocked on communication. TensorParallel: the collectives of a tensor-parallel
 // group (chapter 07), which sit inside forward and backward, apart from the data-parallel ones.
-enum class Track { Compute = 0, Comm = 1, Wait = 2, TensorParallel = 3 };
+// BackwardLane, BackwardLaneWait: the compute and the waits of the backward lane of a pipeline's F&B
+// pairs (lanes.h), which run beside the forward lane's; a span recorded on Compute or Wait by a thread
+// in the backward lane lands there, so that the trace shows the two lanes as two rows.
+enum class Track { Compute = 0, Comm = 1, Wait = 2, TensorParallel = 3, BackwardLane = 4, BackwardLaneWait = 5 };
 
 void enable_tracing(bool on);
 bool tracing_enabled();

@@ -65,6 +65,10 @@ TEST_P(ThreeDEquivalence, SameTrainingAsOneRankOf01AndEveryFigureIsItsFormula) {
   }
   EXPECT_EQ(number_field(pipeline, "measured_embedding_bytes"), number_field(pipeline, "theory_embedding_bytes"))
       << pipeline;
+  // dualpipev runs its F&B pairs at once (their TP collectives from two lanes): every stage reports them.
+  const std::vector<std::string> pairs = read_records(jsonl, "pipeline_pairs");
+  EXPECT_EQ(pairs.size(), c.flags.find("dualpipev") != std::string::npos ? 2u : 0u) << c.flags;
+  for (const std::string& stage : pairs) EXPECT_GT(number_field(stage, "pairs"), 0) << stage;
 }
 
 std::vector<GridCase> grid_cases() {
@@ -83,6 +87,11 @@ std::vector<GridCase> grid_cases() {
       // --p2p-matching to 08's executor, the messages between TP-sharded stages in the V's order.
       {4, "tall", 10, "--tp 2 --pp 2 --schedule zb-v --sequence-parallel --p2p-matching call-order",
        "tp2_pp2_zbv_sp_call_order"},
+      // dualpipev's pairs at once (its default): both lanes' TP collectives, each on its own copy of the
+      // TP group, the sums of the tensors held whole from the backward lane; and under chapter 00's.
+      {4, "tall", 10, "--tp 2 --pp 2 --schedule dualpipev --sequence-parallel --tp-overlap", "tp2_pp2_dualpipev_sp"},
+      {4, "tall", 10, "--tp 2 --pp 2 --schedule dualpipev --sequence-parallel --collectives ours",
+       "tp2_pp2_dualpipev_sp_ours"},
       // Chapter 00's collectives on every group at once (TP's sums, the embedding group's, DP's
       // buckets), each on its communicator's worker while the stages exchange activations.
       {4, "tall", 10, "--tp 2 --pp 2 --collectives ring", "tp2_pp2_ring"},

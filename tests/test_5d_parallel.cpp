@@ -8,9 +8,15 @@
 // ZeRO-1 (and --zero2) shards its dense state over DP x CP and its experts' over their replicas: the
 // plan is checked without MPI, the runs against one rank of 11, their memory and bytes against the
 // formulas, and their checkpoints across grids.
+// dualpipev's F&B pairs run at once (two lanes, common/lanes.h): the same training, and the trace
+// shows one micro-batch's all-to-all travelling while another micro-batch's backward computes.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cctype>
+#include <fstream>
 #include <ostream>
+#include <regex>
 #include <string>
 #include <vector>
 
@@ -88,6 +94,14 @@ void expect_moe_model_state_matches_theory(const std::string& jsonl) {
   EXPECT_LE(measured_comm - theory_comm, 2 * (N - 1) / N * 4 * padding + 0.5) << t;
 }
 
+// dualpipev runs its F&B pairs at once unless --fb-overlap off: then every stage reports them.
+void expect_pairs_as_asked(const std::string& jsonl, const std::string& flags) {
+  const bool overlapped = flags.find("dualpipev") != std::string::npos && flags.find("--fb-overlap off") == std::string::npos;
+  const std::vector<std::string> pairs = read_records(jsonl, "pipeline_pairs");
+  EXPECT_EQ(!pairs.empty(), overlapped) << flags;
+  for (const std::string& stage : pairs) EXPECT_GT(number_field(stage, "pairs"), 0) << stage;
+}
+
 class DenseGrid : public testing::TestWithParam<FiveDCase> {};
 class MoEGrid : public testing::TestWithParam<FiveDCase> {};
 
@@ -101,6 +115,7 @@ TEST_P(DenseGrid, TrainsLikeOneRankOf01) {
   expect_theory_matches(jsonl, /*param_bytes=*/4);
   expect_groups_match_theory(jsonl, c.ranks, {"tp", "cp", "dp_cp"});
   expect_activations_match_theory(jsonl);
+  expect_pairs_as_asked(jsonl, c.flags);
 }
 
 struct Trained {
@@ -139,6 +154,7 @@ TEST_P(MoEGrid, TrainsLikeOneRankOf11WithTheSameTokensDropped) {
   expect_groups_match_theory(grid.jsonl, c.ranks, {"tp", "cp", "dp_cp", "expert_dp", "ep", "expert_params"});
   expect_activations_match_theory(grid.jsonl);
   expect_moe_model_state_matches_theory(grid.jsonl);
+  expect_pairs_as_asked(grid.jsonl, c.flags);
   if (moe_flags.find("--capacity-factor") != std::string::npos) {
     double total = 0;
     for (double d : dropped) total += d;
@@ -154,6 +170,8 @@ std::vector<FiveDCase> dense_cases() {
       {16, "tall", "--cp 2 --tp 2 --pp 2 --zero1 --recompute selective", "dp2_cp2_tp2_pp2_zero1_selective"},
       // Chapter 00's collectives under all of it: the ring's own sums, a pipeline's sends beside them.
       {8, "tall", "--cp 2 --tp 2 --pp 2 --collectives ring", "cp2_tp2_pp2_our_ring"},
+      // dualpipev's pairs at once: a ring per lane, each on its own copy of the CP group.
+      {4, "tall", "--cp 2 --pp 2 --schedule dualpipev", "cp2_pp2_dualpipev", 4},
   };
 }
 
@@ -175,12 +193,83 @@ std::vector<FiveDCase> moe_cases() {
       // More expert replicas than dense ones (N = 2, D = 4: the experts' ranges pad to 4 x 16), and
       // ZeRO-2's rule: every micro-batch reduce-scattered, each bucket over its own group.
       {4, "moe-tiny", "--cp 2 --tp 2 --sequence-parallel --zero2", "moe_cp2_tp2_sp_zero2"},
+      // dualpipev's pairs at once (its default) with the experts alone in the stages, and then under
+      // chapter 00's collectives (each lane's TP group with a worker of its own); one run with its
+      // pairs one pass after the other.
+      {4, "moe-small", "--pp 2 --ep 2 --schedule dualpipev", "moe_pp2_ep2_dualpipev", 4},
+      {4, "moe-small", "--tp 2 --pp 2 --ep 2 --sequence-parallel --schedule dualpipev --collectives ring",
+       "moe_tp2_pp2_ep2_dualpipev_our_ring", 4},
+      {4, "moe-small", "--pp 2 --ep 2 --schedule dualpipev --fb-overlap off", "moe_pp2_ep2_dualpipev_sequenced", 4},
   };
 }
 
 std::string name_of(const testing::TestParamInfo<FiveDCase>& info) { return info.param.name; }
 INSTANTIATE_TEST_SUITE_P(Grids, DenseGrid, testing::ValuesIn(dense_cases()), name_of);
 INSTANTIATE_TEST_SUITE_P(Grids, MoEGrid, testing::ValuesIn(moe_cases()), name_of);
+
+// DualPipe's point (DeepSeek-V3): with experts in the stages, the all-to-all of one micro-batch hides
+// under another's compute. On a slow emulated link (every all-to-all held for its modelled time),
+// the trace of each rank shows an all-to-all of the forward lane's EP group (issued by a pair's F) in
+// flight while the backward lane computes a B or W of another micro-batch; and the executor's own
+// measure, per rank, the pairs' passes against the pairs' wall time, shows the time the two lanes
+// ran side by side. Both are measured within the one run, so a busy machine slows both sides alike.
+// (The step time itself is not compared with --fb-overlap off: on more ranks than cores it hardly
+// changes, docs/five_d_parallel.md.)
+TEST(FiveDOverlap, OneMicroBatchsAllToAllTravelsWhileAnothersBackwardComputes) {
+  const std::string dir = temp_dir();
+  const RunResult r = run_trainer("12_5d_parallel", 4,
+                                  "--preset moe-small --pp 2 --ep 2 --schedule dualpipev --micro-batches 4 --steps 3 "
+                                  "--link-gbps 0.2 --link-latency-us 500 --trace " + dir + "/t.json --json " + dir +
+                                      "/run.jsonl");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("F&B pairs at once"), std::string::npos) << r.output;
+  struct Span {
+    int pid, tid;
+    double start, end;
+    std::string name, line;
+  };
+  std::vector<Span> spans;
+  const std::regex event(R"re(\{"ph":"X","pid":(\d+),"tid":(\d+),"ts":([0-9.]+),"dur":([0-9.]+),"name":"([^"]*)")re");
+  std::ifstream in(dir + "/t.json");
+  std::string line;
+  while (std::getline(in, line)) {
+    std::smatch m;
+    if (!std::regex_search(line, m, event)) continue;
+    spans.push_back({std::stoi(m[1]), std::stoi(m[2]), std::stod(m[3]), std::stod(m[3]) + std::stod(m[4]), m[5], line});
+  }
+  // F, B and W spans are the executor's passes ("F3.c0"): the forward lane's on the compute track,
+  // the backward lane's on a track of their own.
+  auto pass = [](const Span& s, char op) { return s.name.size() > 1 && s.name[0] == op && std::isdigit(s.name[1]); };
+  auto micro = [](const Span& s) { return std::stoi(s.name.substr(1, s.name.find('.') - 1)); };
+  for (int pid = 0; pid < 4; pid++) {
+    double overlap = 0;
+    int backward_lane = 0;
+    for (const Span& b : spans) {
+      if (b.pid != pid || !(pass(b, 'B') || pass(b, 'W'))) continue;
+      backward_lane += b.tid == 4;  // Track::BackwardLane
+      for (const Span& f : spans) {
+        if (f.pid != pid || !pass(f, 'F') || micro(f) == micro(b) || f.end <= b.start || b.end <= f.start) continue;
+        // The forward lane's all-to-alls: the group itself (", ep"), not the backward lane's copy.
+        for (const Span& a : spans)
+          if (a.pid == pid && a.name.rfind("all_to_all", 0) == 0 && a.line.find(" B, ep\"") != std::string::npos &&
+              a.start >= f.start && a.start <= f.end)
+            overlap += std::max(0.0, std::min({a.end, b.end, f.end}) - std::max(a.start, b.start));
+      }
+    }
+    EXPECT_GT(backward_lane, 0) << "rank " << pid << ": no pass on the backward lane's track";
+    EXPECT_GT(overlap, 0) << "rank " << pid << ": no forward all-to-all in flight during another micro-batch's backward";
+  }
+  const std::vector<std::string> pairs = read_records(dir + "/run.jsonl", "pipeline_pairs");
+  ASSERT_EQ(pairs.size(), 2u) << "one record per stage";
+  for (const std::string& stage : pairs) {
+    // The link holds each all-to-all for milliseconds, so a pair's two lanes run at once for a good
+    // share of its passes (about 40% on an idle machine; a tenth leaves room for a busy one, where the
+    // compute is slower and the link not). In sequence they would not at all.
+    EXPECT_GT(number_field(stage, "pairs"), 0) << stage;
+    EXPECT_GT(number_field(stage, "hidden_ms"), 0.1 * number_field(stage, "pair_passes_ms")) << stage;
+    EXPECT_LT(number_field(stage, "pair_wall_ms"), number_field(stage, "pair_passes_ms")) << stage;
+  }
+}
 
 // Checkpoints stay layout-free: 12's resume in 01 and 07-10, and on another grid of 12; 01's resume in 12.
 TEST(FiveDCheckpoints, ResumeAcrossGridsAndChapters) {

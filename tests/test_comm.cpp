@@ -20,6 +20,7 @@
 #include "bf16.h"
 #include "comm.h"
 #include "comm_factory.h"  // communicator_for: the all-to-alls of CUDA tensors
+#include "lanes.h"         // LaneCommunicator: the two lanes of a pipeline's F&B pairs
 #include "device.h"        // cuda_device_count, transfer
 #include "memory.h"        // Buffer on the GPU
 #include "mpi_test_env.h"
@@ -1015,6 +1016,53 @@ TEST_F(CommTest, SplitGroupsReduceWithinThemselves) {
     EXPECT_TRUE(exactly(got_a, [](int64_t) { return 1.0f; }));
     EXPECT_TRUE(exactly(got_b, [](int64_t) { return 2.0f; }));
   }
+}
+
+// The two lanes of dualpipev's F&B pairs (lanes.h): two threads issue collectives on one group at
+// once, each through its lane's communicator (the group, or its copy), in their own order. Every
+// result is exact; the group's statistics are both lanes'; and the copy shares the group's emulated
+// link, so two lanes' all-reduces issued at once take the time of two, one after the other.
+TEST_F(CommTest, TwoLanesIssueCollectivesAtOnceEachOnItsCopyOfTheGroup) {
+  LaneCommunicator lanes(comm);
+  EXPECT_EQ(lanes.of(Lane::Backward).group(), comm.group() + " (backward lane)");
+  EXPECT_EQ(lanes.of(Lane::Backward).size(), N);
+  EXPECT_EQ(lanes.of(Lane::Backward).rank(), rank);
+  const CommStats before = lanes.stats();
+  constexpr int kRounds = 20;
+  bool exact[kLanes] = {true, true};
+  auto lane_work = [&](Lane lane) {
+    const LaneScope scope(lane);
+    const float scale = lane == Lane::Forward ? 1.0f : 100.0f;
+    for (int i = 0; i < kRounds; i++) {
+      std::vector<float> x(257, scale * float(rank + 1) * float(i + 1));
+      lanes.all_reduce(view(x), ReduceOp::Sum);  // the lane's own communicator (LaneCommunicator::mine)
+      exact[int(lane)] = exact[int(lane)] && exactly(x, [&](int64_t) { return scale * S1 * float(i + 1); });
+    }
+  };
+  std::thread backward(lane_work, Lane::Backward);
+  lane_work(Lane::Forward);
+  backward.join();
+  EXPECT_TRUE(exact[0]);
+  EXPECT_TRUE(exact[1]);
+  const CommStats both = lanes.stats().since(before);
+  EXPECT_EQ(both.kind[int(CollectiveKind::AllReduce)].calls, 2 * kRounds);
+  EXPECT_EQ(lanes.of(Lane::Forward).stats().kind[int(CollectiveKind::AllReduce)].calls +
+                lanes.of(Lane::Backward).stats().kind[int(CollectiveKind::AllReduce)].calls,
+            lanes.stats().kind[int(CollectiveKind::AllReduce)].calls);
+  if (N == 1) return;
+  const LinkModel link{0.2, 500.0};
+  lanes.set_link_model(link);  // the group's and the copy's
+  std::vector<float> x(size_t(1) << 16), y(x.size());
+  const double one = modelled_ms(link, CollectiveKind::AllReduce, int64_t(x.size() * 4), N);
+  const double t0 = now_ms();
+  std::thread other([&] {
+    const LaneScope scope(Lane::Backward);
+    lanes.all_reduce(view(y), ReduceOp::Sum);
+  });
+  lanes.all_reduce(view(x), ReduceOp::Sum);
+  other.join();
+  EXPECT_GE(now_ms() - t0, 2 * one) << "the copy has a link of its own";
+  lanes.set_link_model({});
 }
 
 // Two groups over the same ranks, their ops overlapping on the link: each communicator's exposed time

@@ -49,6 +49,11 @@ TEST_P(PipelineEquivalence, SameTrainingAsOneRankOf01) {
   ASSERT_FALSE(pipeline.empty()) << "no pipeline record";
   EXPECT_NE(pipeline.find("\"wte_copies_equal\":true"), std::string::npos)
       << "the tied wte's copies on the first and last stage differ after " << kSteps << " steps: " << pipeline;
+  // dualpipev runs its F&B pairs at once unless told otherwise: every stage reports them.
+  const std::vector<std::string> pairs = read_records(jsonl, "pipeline_pairs");
+  const bool overlapped = c.flags.find("dualpipev") != std::string::npos && c.flags.find("--fb-overlap off") == std::string::npos;
+  EXPECT_EQ(!pairs.empty(), overlapped) << c.flags;
+  for (const std::string& stage : pairs) EXPECT_GT(number_field(stage, "pairs"), 0) << stage;
 }
 
 std::vector<PipelineCase> pipeline_cases() {
@@ -104,6 +109,10 @@ std::vector<PipelineCase> pipeline_cases() {
   cases.push_back({2, "--schedule dualpipev --micro-batches 4", "dualpipev_p2_m4"});
   cases.push_back({4, "--schedule dualpipev --micro-batches 8", "dualpipev_p4_m8"});
   cases.push_back({4, "--pp 2 --schedule dualpipev --bucket-mb 0.01", "dp2_pp2_dualpipev"});
+  cases.push_back({4, "--pp 2 --schedule dualpipev --zero1", "dp2_pp2_dualpipev_zero1"});
+  cases.push_back({1, "--schedule dualpipev --micro-batches 2", "dualpipev_p1"});
+  // Its pairs one pass after the other (the default runs them at once, on two threads).
+  cases.push_back({4, "--schedule dualpipev --micro-batches 8 --fb-overlap off", "dualpipev_p4_m8_sequenced"});
   // Chapter 00's collectives, which run on a worker thread of each group's communicator while the
   // stage goes on exchanging activations: the embedding group's sum of wte's two gradients (PP 2),
   // and with it the data-parallel buckets (DP 2 x PP 2). Run at issue, a stage waited in one for a
@@ -113,6 +122,8 @@ std::vector<PipelineCase> pipeline_cases() {
     cases.push_back({2, "--schedule 1f1b" + flag, std::string("1f1b_p2_") + collectives});
     cases.push_back({2, "--schedule interleaved" + flag, std::string("interleaved_p2_") + collectives});
     cases.push_back({4, "--pp 2 --bucket-mb 0.01" + flag, std::string("dp2_pp2_") + collectives});
+    // The backward lane of dualpipev's pairs hands the data-parallel buckets to the group's worker.
+    cases.push_back({4, "--pp 2 --schedule dualpipev --bucket-mb 0.01" + flag, std::string("dp2_pp2_dualpipev_") + collectives});
   }
   return cases;
 }

@@ -567,6 +567,98 @@ TEST(PipelineSchedule, DualPipeVIdlesTheFillWhereBackwardIsNoLonger) {
             "dualpipev needs at least 2 x the stages (8) micro-batches, not 7");
 }
 
+// DualPipe's F&B pairs: an F, then the other chunk's B and its W with only sends between. dualpipev's
+// steps 4 and 5 are made of them, 2m - 3p + r + 1 on rank r; no other schedule has one.
+TEST(PipelineSchedule, DualPipeVPairsAForwardWithTheOtherChunksBackward) {
+  for (const Case& c : all_cases()) {
+    for (int rank = 0; rank < c.shape.stages; rank++) {
+      const std::vector<Action> list = build_schedule(c.schedule, c.shape, rank);
+      const std::vector<FBPair> pairs = fb_pairs(list);
+      if (c.schedule != Schedule::DualPipeV) {
+        EXPECT_TRUE(pairs.empty()) << name_of(c) << " rank " << rank;
+        continue;
+      }
+      const int p = c.shape.stages, m = c.shape.micro_batches;
+      EXPECT_EQ(int(pairs.size()), 2 * m - 3 * p + rank + 1) << name_of(c) << " rank " << rank;
+      for (const FBPair& pair : pairs) {
+        const Action &f = list[size_t(pair.forward)], &b = list[size_t(pair.backward)], &w = list[size_t(pair.weight)];
+        EXPECT_EQ(f.op, Op::F);
+        EXPECT_EQ(b.op, Op::B);
+        EXPECT_EQ(w.op, Op::W);
+        EXPECT_NE(f.chunk, b.chunk) << "a pair's passes run on the two chunks";
+        EXPECT_EQ(w.micro, b.micro);
+        EXPECT_EQ(w.chunk, b.chunk);
+        for (int i = pair.forward + 1; i < pair.weight; i++) {
+          if (i == pair.backward) continue;
+          EXPECT_TRUE(list[size_t(i)].op == Op::SendActivation || list[size_t(i)].op == Op::SendGradient);
+        }
+      }
+    }
+  }
+  // Rank 0 of 2, m 4: F3.c0 with B1.c1, F2.c1 with B0.c0, F3.c1 with B1.c0 (the steady state's two, then
+  // step 5's one).
+  const std::vector<Action> list = build_schedule(Schedule::DualPipeV, {2, 4, 2, Placement::V}, 0);
+  std::string pairs;
+  for (const FBPair& pair : fb_pairs(list))
+    pairs += describe(list[size_t(pair.forward)]) + "&" + describe(list[size_t(pair.backward)]) + " ";
+  EXPECT_EQ(pairs, "F3.c0&B1.c1 F2.c1&B0.c0 F3.c1&B1.c0 ");
+}
+
+// With its pairs at once, each taking F&B (ActionCosts::pair), rank r runs 2m - 3p + r + 1 pairs and
+// so computes r (F+B+W - F&B) less than rank 0 in the same step: it idles that much more. Rank 0
+// idles 2(p-1)(F&B - B - W) where B <= F and B <= W, for every F&B a pair can take, from the longer
+// of its two lanes (max(F, B+W)) to both in sequence (F+B+W); more otherwise (the formula a floor).
+// The step shrinks by what the pairs save, less what they make the pipeline wait.
+TEST(PipelineSchedule, DualPipeVWithPairsAtOnceIdlesAsTheTheorySays) {
+  int exact = 0;
+  for (int p : {2, 3, 4, 6}) {
+    for (int m : {2 * p, 2 * p + 1, 3 * p, 5 * p}) {
+      const PipelineShape shape{p, m, 2, Placement::V};
+      for (const auto& [F, B, W] : {std::tuple{1.0, 1.0, 1.0}, {2.0, 1.0, 1.0}, {1.0, 1.0, 2.0}, {1.0, 0.5, 0.5},
+                                    {1.0, 2.0, 1.0}, {1.0, 1.0, 0.5}, {3.0, 1.0, 1.5}}) {
+        const double S = F + B + W, shortest = std::max(F, B + W);
+        for (double pair : {shortest, (shortest + S) / 2, S}) {
+          SCOPED_TRACE("p=" + std::to_string(p) + " m=" + std::to_string(m) + " F,B,W=" + std::to_string(F) + "," +
+                       std::to_string(B) + "," + std::to_string(W) + " F&B=" + std::to_string(pair));
+          ActionCosts costs = uniform_costs(shape, F, B, W);
+          costs.pair.assign(2, pair);
+          const Simulation sim = simulate(Schedule::DualPipeV, shape, costs);
+          ASSERT_EQ(sim.deadlock, "");
+          for (int r = 1; r < p; r++) EXPECT_NEAR(sim.idle[size_t(r)] - sim.idle[0], r * (S - pair), 1e-9);
+          const double floor = theory_bubble(Schedule::DualPipeV, shape, F, B, W, pair);
+          if (B <= F && B <= W) {
+            EXPECT_NEAR(sim.idle[0], 2 * (p - 1) * (pair - B - W), 1e-9);
+            EXPECT_NEAR(sim.bubble(), floor, 1e-9);
+            exact++;
+          } else {
+            EXPECT_GE(sim.bubble(), floor - 1e-9);
+          }
+        }
+      }
+    }
+  }
+  EXPECT_GT(exact, 0);
+  // At F = B = W the last rank idles (p-1)(F&B - F): DualPipe's (PP/2-1)(F&B + B - 3W), B its whole
+  // backward (2F). With the pairs as long as both passes (nothing hidden) the coupling costs: each
+  // pair waits for both inputs, and the step is longer than the sequence's.
+  const PipelineShape shape{4, 16, 2, Placement::V};
+  ActionCosts costs = uniform_costs(shape, 1, 1, 1);
+  const double in_sequence = simulate(Schedule::DualPipeV, shape, costs).makespan;
+  for (double pair : {2.0, 2.5}) {
+    costs.pair.assign(2, pair);
+    const Simulation sim = simulate(Schedule::DualPipeV, shape, costs);
+    EXPECT_NEAR(sim.idle[3], 3 * (pair + 2 - 3), 1e-9);
+    EXPECT_LT(sim.makespan, in_sequence);
+    double free_links = 0;  // the planner's question, the pairs at once too
+    EXPECT_EQ(simulated_makespan(Schedule::DualPipeV, shape, costs, &free_links), sim.makespan);
+    EXPECT_EQ(free_links, sim.makespan);
+  }
+  costs.pair.assign(2, 3.0);
+  EXPECT_GT(simulate(Schedule::DualPipeV, shape, costs).makespan, in_sequence);
+  EXPECT_EQ(theory_bubble_formula(Schedule::DualPipeV, true),
+            "idle of rank r 2(p-1)(F&B-B-W)+r(F+B+W-F&B), mean over r / step (at least)");
+}
+
 // The V placement: chunk 0 of rank r is virtual stage r, chunk 1 is 2p-1-r; the first and the last
 // virtual stage on rank 0; the hand-over at the point of the V within rank p-1, a message to itself.
 TEST(PipelineSchedule, VPlacementPutsBothEndsOnRankZero) {

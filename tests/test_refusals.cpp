@@ -115,6 +115,21 @@ TEST(PipelineFlags, RefusalsNameTheFlagsAndCostNothing) {
   EXPECT_EQ(problem(dualpipev_few, 4, 24),
             "--schedule dualpipev fills its V with 2 x --pp 4 micro-batches before its steady state: --micro-batches 6 "
             "must be at least 8");
+  // dualpipev's F&B pairs run at once by default; --fb-overlap says on or off, for dualpipev alone.
+  PipelineFlags pairs = dualpipev_few;
+  pairs.micro_batches = 8;
+  EXPECT_EQ(problem(pairs, 4, 8), "");
+  EXPECT_TRUE(plan.fb_overlap);
+  pairs.fb_overlap = "off";
+  EXPECT_EQ(problem(pairs, 4, 8), "");
+  EXPECT_FALSE(plan.fb_overlap);
+  pairs.fb_overlap = "yes";
+  EXPECT_EQ(problem(pairs, 4, 8), "--fb-overlap yes: choose on or off");
+  v_default.fb_overlap = "on";
+  EXPECT_EQ(problem(v_default, 4, 8),
+            "--fb-overlap runs dualpipev's forward-backward pairs at once: --schedule zb-v has none (pass --schedule "
+            "dualpipev, or leave --fb-overlap out)");
+  v_default.fb_overlap = "";
   v_default.zero2 = true;
   EXPECT_NE(problem(v_default, 4, 8).find("--zero2 reduce-scatters"), std::string::npos);
   // Ten million micro-batches: refused by arithmetic, before any schedule of that length exists
@@ -303,6 +318,10 @@ std::vector<Refusal> refusals() {
        "--recompute full keeps no product's input for the later weight pass of zb-h1, zb-v and dualpipev"},
       {"08_pipeline", 2, "--preset tall --schedule dualpipev --micro-batches 2",
        "--schedule dualpipev fills its V with 2 x --pp 2 micro-batches"},
+      {"08_pipeline", 2, "--preset tall --schedule 1f1b --fb-overlap off",
+       "--fb-overlap runs dualpipev's forward-backward pairs at once: --schedule 1f1b has none"},
+      {"12_5d_parallel", 4, "--preset moe-small --pp 2 --ep 2 --schedule zb-v --fb-overlap on",
+       "--fb-overlap runs dualpipev's forward-backward pairs at once: --schedule zb-v has none"},
       {"08_pipeline", 2, "--preset tall --micro-batches 10000000",
        "--batch 8 is not divisible by data-parallel ranks x micro-batches = 1 x 10000000"},
       {"08_pipeline", 2, "--preset tall --batch 100000000", "this run would need about"},
