@@ -352,8 +352,9 @@ std::vector<Action> build_zb_v(const PipelineShape& shape, int rank, Matching ma
 // DeepSeek's DualPipeV (DeepSeek-V3 technical report 2024; deepseek-ai/DualPipe's dualpipev.py, the
 // "cut-in-half" DualPipe, the order written here from its eight steps): ZB-V's placement, with the
 // steady state pairing the forward of one chunk with the whole backward of the other (F&B), so that
-// on a device that overlaps them one micro-batch's messages travel while the other computes. Here
-// a pair runs as F, then B and W. The backward is whole (B then W) except where zero-bubble pays:
+// one micro-batch's messages travel while the other computes. The list writes a pair as F, then B
+// and W (fb_pairs finds them); the executor runs the two at once, on two lanes (lanes.h), unless
+// --fb-overlap off or call order. The backward is whole (B then W) except where zero-bubble pays:
 // in the fill (step 3) and the drain (steps 6, 7), B runs alone and its W waits in a queue, oldest
 // first, for a later weight pass (DualPipe's WeightGradStore). m >= 2p.
 std::vector<Action> build_dualpipev(const PipelineShape& shape, int rank, Matching matching) {
