@@ -5,7 +5,7 @@
 // gradients one parameter at a time, from the last layer to the first, and a finished gradient
 // never changes again. So: the moment a parameter's gradient is final, start averaging it
 // asynchronously, and keep computing the rest of backward while it travels. Before the optimizer
-// step, wait for every handle. The communication thread of common/comm_mpi.cpp makes the async
+// step, wait for every handle. The communication thread of common/comm_engine.cpp makes the async
 // all-reduce progress while this thread computes.
 //
 // What changed since 01: a grad_ready hook launches one async all-reduce per parameter; the

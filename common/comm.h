@@ -2,11 +2,12 @@
 // CollectiveCounters, CommStats, LinkModel and Communicator.
 //
 // Every collective has a blocking form and an async form that returns a CommHandle. The MPI
-// implementation (comm_mpi.cpp) starts each op as a non-blocking MPI call and keeps it moving with a
-// progress engine shared by every communicator of the process: a background thread polls while the
-// caller computes, and a caller that waits drives progress itself. The caller's time blocked in
-// wait() is "exposed communication"; the time during which any op was in flight is "communication
-// time". Both, and the bytes this rank sent and received, are counted per collective kind.
+// implementation (comm_mpi.cpp) starts each op as a non-blocking MPI call and keeps it moving with
+// a progress engine shared by every communicator of the process (comm_engine.cpp): a background
+// thread polls while the caller computes, and a caller that waits drives progress itself. The
+// caller's time blocked in wait() is "exposed communication"; the time during which any op was in
+// flight is "communication time". Both, and the bytes this rank sent and received, are counted per
+// collective kind.
 //
 // A communicator spans a group of ranks: the world, or a group split from it (split(), used by the
 // process grid of tensor and pipeline parallelism). Every group has its own counters, so a step can
@@ -43,7 +44,7 @@ struct CollectiveCounters {
   // a rank that owns the whole range of a variable-count one.
   double max_sent_share = 0;
   double max_received_share = 0;
-  double busy_ms = 0;          // time ops of this kind were in flight on their lane (see comm_mpi.cpp)
+  double busy_ms = 0;          // time ops of this kind were in flight on their lane (see comm_engine.cpp)
   double exposed_ms = 0;       // the callers' blocked time (CommStats::exposed_ms) spent on this kind: a
                                // pipeline's waits for a receive are its bubble, not communication
 };

@@ -17,7 +17,7 @@
 //   tags), and a send waits for its receive to run: two ranks that both send first, then receive,
 //   would deadlock. send_recv_async puts them in one group (ncclGroupStart/End), and a pipeline
 //   orders its groups so that none waits forever (pipeline_schedule.h, Matching::ByCallOrder).
-//   Statistics. calls and bytes are counted by wait(), as in comm_mpi.cpp. Times come from events:
+//   Statistics. calls and bytes are counted by wait(), as in comm_engine.cpp. Times come from events:
 //     busy    = end - start, the two events recorded around the collective on the NCCL stream;
 //     exposed = end - waited (when positive), `waited` recorded on the compute stream by wait():
 //               how long the compute stream stalls for the collective, the GPU form of the time a

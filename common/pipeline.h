@@ -56,6 +56,7 @@
 #include "memory.h"
 #include "model.h"
 #include "pipeline_schedule.h"
+#include "pipeline_simulate.h"  // ActionCosts
 #include "training_run.h"  // MicroBatch
 
 // Forward FLOPs per token of each unit (0 the embedding, 1..L the blocks, L+1 the head): a block

@@ -12,6 +12,7 @@
 
 #include "model_config.h"
 #include "pipeline_schedule.h"
+#include "pipeline_simulate.h"  // ActionCosts
 
 // One micro-batch's passes through one stage, in ms: forward, the inputs' gradients (B), the weights'
 // gradients (W). The whole backward is B + W; a run that does not split it has W = 0.

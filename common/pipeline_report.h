@@ -10,6 +10,7 @@
 
 #include "pipeline.h"
 #include "pipeline_schedule.h"
+#include "pipeline_simulate.h"  // SimulatedAction
 #include "process_grid.h"
 #include "training_run.h"
 

@@ -1,6 +1,7 @@
 // planner.cpp: the clusters, models, cost model and search of planner.h. Each number comes from a
-// function the trainers use or print (theory.h, pipeline.h, pipeline_schedule.h, comm.h); what is
-// added here is only which link each group travels on and what overlaps what (docs/planner.md).
+// function the trainers use or print (theory.h, pipeline.h, pipeline_schedule.h, pipeline_simulate.h,
+// comm.h); what is added here is only which link each group travels on and what overlaps what
+// (docs/planner.md).
 #include "planner.h"
 
 #include <algorithm>
@@ -12,6 +13,7 @@
 #include "metrics.h"  // format_bytes
 #include "param_layout.h"
 #include "pipeline.h"  // unit_costs, balanced_partition, parts_of_rank
+#include "pipeline_simulate.h"  // simulated_makespan, theory_bubble, theory_in_flight
 #include "ring_attention.h"  // ring_buffer_bytes
 
 namespace {

@@ -14,7 +14,7 @@
 // A published shape (model_shape.h: SwiGLU, grouped-query attention, untied embeddings, experts) is
 // predicted in all five dimensions with model_shape.h's counts (docs/theory.md, section 16) on the same
 // link model (planner_shape.cpp). Both time the pipeline's bubble with 08's schedule simulator
-// (pipeline_schedule.h). docs/planner.md says what is assumed where the formulas leave a choice (which
+// (pipeline_simulate.h). docs/planner.md says what is assumed where the formulas leave a choice (which
 // group sits on which link, what overlaps what).
 #pragma once
 #include <string>

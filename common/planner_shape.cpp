@@ -2,7 +2,7 @@
 // in all five dimensions: TP inside a node, then CP, then DP, with EP over DP x CP and PP outermost.
 // Memory by category and the FLOPs are model_shape.h's counts (docs/theory.md, section 16); each
 // group's traffic is timed by the communicator's alpha-beta model (comm.h, modelled_ms) on the link
-// its span reaches; the pipeline's bubble is 08's simulator (pipeline_schedule.h). What overlaps what
+// its span reaches; the pipeline's bubble is 08's simulator (pipeline_simulate.h). What overlaps what
 // is written where it is decided, and gathered in docs/planner.md.
 #include <algorithm>
 #include <array>
@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "metrics.h"  // format_bytes
+#include "pipeline_simulate.h"  // simulated_makespan, theory_bubble, theory_in_flight
 #include "planner.h"
 
 namespace {

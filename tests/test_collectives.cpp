@@ -372,7 +372,7 @@ TEST(P2PCommunicator, TheCallerExchangesItsOwnMessagesWhileACollectiveTravels) {
     h = comm->all_reduce_async(x.view(), ReduceOp::Sum);
   }
   h.wait();
-  set_comm_timeout(300);  // the engine's default (comm_mpi.cpp)
+  set_comm_timeout(300);  // the engine's default (comm_engine.cpp)
   EXPECT_TRUE(identical(x, expected));
   if (r % 2 == 1) {
     EXPECT_EQ(message[0], float(r));  // from rank r - 1

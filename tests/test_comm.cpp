@@ -1,4 +1,4 @@
-// test_comm.cpp: tests of the MPI communicator (comm_mpi.cpp), run on several ranks:
+// test_comm.cpp: tests of the MPI communicator (comm_mpi.cpp, comm_engine.cpp, comm.cpp), run on several ranks:
 //   mpiexec -n 2 ./test_comm && mpiexec -n 4 ./test_comm
 // Data tests use exactly predictable values (rank r contributes r+1, or (r+1)(i+1) for element i):
 // small integers, which fp32 sums exactly in any order, so no difference at all is allowed. Timing
@@ -1176,7 +1176,7 @@ TEST_F(CommTest, DISABLED_WatchdogEndsAModelledWaitLongerThanTheTimeout) {
   comm.all_reduce(view(x), ReduceOp::Sum);
 }
 
-// The formula of comm_mpi.cpp against numbers worked out by hand.
+// The formula of comm.cpp against numbers worked out by hand.
 TEST_F(CommTest, ModelledMsMatchesHandComputedValues) {
   // 8 Gbit/s = 1e9 bytes/s, alpha = 10 us, 4 ranks, 4 MB.
   const LinkModel fast{8.0, 10.0};

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "pipeline_schedule.h"
+#include "pipeline_simulate.h"
 
 namespace {
 

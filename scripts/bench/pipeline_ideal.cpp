@@ -1,4 +1,4 @@
-// pipeline_ideal.cpp: the ideal step of one of chapter 08's schedules, simulated (pipeline_schedule.h)
+// pipeline_ideal.cpp: the ideal step of one of chapter 08's schedules, simulated (pipeline_simulate.h)
 // with pass times given on the command line, so that every schedule can be simulated with the same
 // ones (make schedules: the six ideal panels share the pass times measured once, by zb-h1's run,
 // the one that times B and W apart; scripts/bench/schedules.sh). Writes JSON lines to stdout in the records
@@ -25,6 +25,7 @@
 #include "pipeline_costs.h"
 #include "pipeline_report.h"  // simulated_action_record
 #include "pipeline_schedule.h"
+#include "pipeline_simulate.h"
 
 namespace {
 
