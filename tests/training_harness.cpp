@@ -375,48 +375,58 @@ std::string expect_trains_like_one_rank_of_01(const std::string& chapter, int ra
   return jsonl;
 }
 
+namespace {
+
+// `grid` trains `common` (with --steps) saving half-way into at_{step}.bin: *reference gets the
+// losses of the steps after that checkpoint, which a resumed run must continue.
+void train_saving_half_way(const Grid& grid, const std::string& common, int steps, const std::string& at,
+                           LossCurve* reference) {
+  const RunResult full = run_trainer(grid.chapter, grid.ranks, common + " " + grid.flags + " --json " + at +
+                                                                   ".jsonl --save " + at + "_{step}.bin --save-every " +
+                                                                   std::to_string(steps / 2));
+  ASSERT_EQ(full.exit_code, 0) << full.output;
+  *reference = read_losses(at + ".jsonl");
+  ASSERT_EQ(int(reference->losses.size()), steps);
+  reference->steps.erase(reference->steps.begin(), reference->steps.begin() + steps / 2);
+  reference->losses.erase(reference->losses.begin(), reference->losses.begin() + steps / 2);
+}
+
+void expect_resume_continues(const Grid& into, const std::string& common, const std::string& checkpoint,
+                             const LossCurve& reference, double tolerance, const std::string& saved_by) {
+  const std::string jsonl = checkpoint + ".resumed.jsonl";
+  const RunResult resumed =
+      run_trainer(into.chapter, into.ranks, common + " --resume " + checkpoint + " --json " + jsonl + " " + into.flags);
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  EXPECT_LE(max_relative_difference(read_losses(jsonl), reference), tolerance)
+      << "resumed in " << into.chapter << " on " << into.ranks << " ranks " << into.flags << " from " << saved_by;
+}
+
+std::string describe_grid(const Grid& grid) {
+  return grid.chapter + " on " + std::to_string(grid.ranks) + " ranks " + grid.flags;
+}
+
+}  // namespace
+
 void expect_checkpoints_cross_grids(const Grid& from, const std::vector<Grid>& into, const Grid& takes_01s,
                                     const std::string& common_flags, int steps, double tolerance) {
-  const std::string dir = temp_dir(), half = std::to_string(steps / 2);
-  const std::string common = common_flags + " --steps " + std::to_string(steps);
-  RunResult full = run_trainer(from.chapter, from.ranks, common + " " + from.flags + " --json " + dir +
-                                                             "/full.jsonl --save " + dir + "/ck_{step}.bin --save-every " + half);
-  ASSERT_EQ(full.exit_code, 0) << full.output;
-  LossCurve reference = read_losses(dir + "/full.jsonl");
-  ASSERT_EQ(int(reference.losses.size()), steps);
-  reference.steps.erase(reference.steps.begin(), reference.steps.begin() + steps / 2);
-  reference.losses.erase(reference.losses.begin(), reference.losses.begin() + steps / 2);
-  auto resume = [&](const Grid& grid, const std::string& checkpoint) {
-    RunResult resumed = run_trainer(grid.chapter, grid.ranks,
-                                    common + " --resume " + checkpoint + " --json " + dir + "/r.jsonl " + grid.flags);
-    ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
-    EXPECT_LE(max_relative_difference(read_losses(dir + "/r.jsonl"), reference), tolerance)
-        << "resumed in " << grid.chapter << " on " << grid.ranks << " ranks " << grid.flags << " from " << checkpoint;
-  };
-  for (const Grid& grid : into) resume(grid, dir + "/ck_" + half + ".bin");
+  const std::string at = temp_dir() + "/from", common = common_flags + " --steps " + std::to_string(steps);
+  LossCurve reference;
+  train_saving_half_way(from, common, steps, at, &reference);
+  for (const Grid& grid : into)
+    expect_resume_continues(grid, common, at + "_" + std::to_string(steps / 2) + ".bin", reference, tolerance,
+                            describe_grid(from));
   expect_resumes_checkpoints_of(takes_01s, {{"01_vanilla_dp", 1, ""}}, common_flags, steps, tolerance);
 }
 
 void expect_resumes_checkpoints_of(const Grid& into, const std::vector<Grid>& sources, const std::string& common_flags,
                                    int steps, double tolerance) {
-  const std::string dir = temp_dir(), half = std::to_string(steps / 2);
-  const std::string common = common_flags + " --steps " + std::to_string(steps);
+  const std::string dir = temp_dir(), common = common_flags + " --steps " + std::to_string(steps);
   for (size_t i = 0; i < sources.size(); i++) {
-    const Grid& source = sources[i];
     const std::string at = dir + "/source" + std::to_string(i);
-    RunResult full = run_trainer(source.chapter, source.ranks, common + " " + source.flags + " --json " + at +
-                                                                   ".jsonl --save " + at + "_{step}.bin --save-every " + half);
-    ASSERT_EQ(full.exit_code, 0) << full.output;
-    LossCurve reference = read_losses(at + ".jsonl");
-    ASSERT_EQ(int(reference.losses.size()), steps);
-    reference.steps.erase(reference.steps.begin(), reference.steps.begin() + steps / 2);
-    reference.losses.erase(reference.losses.begin(), reference.losses.begin() + steps / 2);
-    RunResult resumed = run_trainer(into.chapter, into.ranks, common + " --resume " + at + "_" + half + ".bin --json " +
-                                                                  at + "_resumed.jsonl " + into.flags);
-    ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
-    EXPECT_LE(max_relative_difference(read_losses(at + "_resumed.jsonl"), reference), tolerance)
-        << into.chapter << " on " << into.ranks << " ranks " << into.flags << " resumed " << source.chapter << " on "
-        << source.ranks << " ranks " << source.flags;
+    LossCurve reference;
+    train_saving_half_way(sources[i], common, steps, at, &reference);
+    expect_resume_continues(into, common, at + "_" + std::to_string(steps / 2) + ".bin", reference, tolerance,
+                            describe_grid(sources[i]));
   }
 }
 
