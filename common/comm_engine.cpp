@@ -40,6 +40,8 @@
 //   in flight: the union, over both lanes of a communicator, of the intervals from issue to
 //              completion (InFlightSweep, one per communicator).
 //   exposed:   the time the caller sat in wait(); it lies inside the in-flight time by construction.
+//              Where two threads wait on one link at once (a pipeline's two lanes, lanes.h), the
+//              union of their blocked intervals (a second sweep per communicator), as for in flight.
 #include "comm_engine.h"
 
 #include <algorithm>
@@ -143,6 +145,7 @@ int ProgressEngine::add_communicator() {
   lanes_.push_back(Lane{});
   lanes_.push_back(Lane{});
   sweeps_.push_back(InFlightSweep{});
+  blocked_.push_back(InFlightSweep{});
   return int(lanes_.size()) - 2;
 }
 
@@ -153,6 +156,7 @@ void ProgressEngine::submit(std::unique_ptr<MpiOp> op, double modelled_ms, bool 
     Lane& lane = lanes_[op->lane];
     op->issued = now;
     op->handle->issued = now;
+    op->handle->sweep = op->lane / 2;
     if (!(modelled_ms <= kLongestHoldMs)) modelled_ms = kLongestHoldMs;  // NaN too
     if (g_link_interrupted.load()) modelled_ms = 0, lane.free_at = std::min(lane.free_at, now);
     op->modelled_ms = modelled_ms;
@@ -166,6 +170,16 @@ void ProgressEngine::submit(std::unique_ptr<MpiOp> op, double modelled_ms, bool 
   // blocking call is driven by its own caller from the start: waking the thread would only make it
   // compete with the caller for the core and for MPI.
   if (!waited_at_once) thread_cv_.notify_one();
+}
+
+void ProgressEngine::wait_began(int sweep, Clock::time_point from) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  blocked_[size_t(sweep)].op_issued(from);
+}
+
+double ProgressEngine::wait_ended(int sweep, Clock::time_point until) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return blocked_[size_t(sweep)].op_completed(until);
 }
 
 void ProgressEngine::wait(CommHandle::State& s) {
@@ -373,14 +387,16 @@ void CommHandle::wait() {
   State& s = *state_;
   if (s.counted) return;  // waited before: done, and counted
   const Clock::time_point blocked_from = Clock::now();
+  // Blocked from the call until the op completed: inside the op's own [issued, completed] interval,
+  // so exposed time never exceeds the in-flight time. Two threads blocked on one link at once (a
+  // pipeline's lanes) count their union, as its in-flight time is (InFlightSweep).
+  const Clock::time_point from = std::max(blocked_from, s.issued);
+  s.engine->wait_began(s.sweep, from);
   s.engine->wait(s);
+  const double blocked = s.engine->wait_ended(s.sweep, s.completed);
   // stats belong to the thread that issues and waits (see the file comment): no lock needed.
   CommStats& stats = *s.stats;
-  // Blocked from the call until the op completed: inside the op's own [issued, completed] interval,
-  // so exposed time never exceeds the in-flight time.
-  const Clock::time_point from = std::max(blocked_from, s.issued);
   if (s.completed > from) {
-    const double blocked = std::chrono::duration<double, std::milli>(s.completed - from).count();
     stats.exposed_ms += blocked;
     stats.kind[int(s.kind)].exposed_ms += blocked;
     trace_span(Track::Wait, std::string("wait ") + collective_name(s.kind), trace_ms(from), trace_ms(s.completed), "",

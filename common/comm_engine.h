@@ -32,6 +32,10 @@ namespace comm_engine {
 // was in flight is charged to exactly one op, the next one to complete. (Charging each op from its
 // own issue would count overlapping ops twice; charging from the previous completion on its lane
 // would lose the time before a later op of the other lane completes first.)
+// The same sweep serves the callers' blocked time (CommStats::exposed_ms), where two threads wait on
+// one link at once (a pipeline's two lanes, lanes.h): their waits begin and end on their own threads,
+// so an end may come after a later one; its share is then what is left uncharged, never less than 0,
+// and the shares still add up to the union.
 class InFlightSweep {
  public:
   void op_issued(Clock::time_point t) {
@@ -40,6 +44,7 @@ class InFlightSweep {
   double op_completed(Clock::time_point t) {  // the op's share, in ms
     in_flight_--;
     const double ms = std::chrono::duration<double, std::milli>(t - charged_until_).count();
+    if (ms <= 0) return 0;
     charged_until_ = t;
     return ms;
   }
@@ -70,6 +75,7 @@ struct CommHandle::State {
   Clock::time_point completed;
   double busy_ms = 0;
   double in_flight_ms = 0;  // this op's share of the union of in-flight intervals (InFlightSweep)
+  int sweep = 0;            // its link's sweeps (ProgressEngine), for the blocked time
   // The caller's thread only.
   bool counted = false;  // set by the first wait(), so that waiting twice counts once
 };
@@ -117,6 +123,11 @@ class ProgressEngine {
 
   // The body of CommHandle::wait(): drives progress until the op is done.
   void wait(CommHandle::State& s);
+  // A caller blocked on its link from `from` (wait_began), until its op completed at `until`: returns
+  // its share of the union of the link's blocked intervals (the exposed time), which is the whole
+  // interval unless another thread waited on the same link at the same time.
+  void wait_began(int sweep, Clock::time_point from);
+  double wait_ended(int sweep, Clock::time_point until);
 
   // Waits until no op of these lanes is held or posted (a communicator about to be freed).
   void drain(int lane_a, int lane_b);
@@ -151,6 +162,7 @@ class ProgressEngine {
   std::list<std::unique_ptr<MpiOp>> held_;    // submitted, not yet posted (the emulated link)
   std::list<std::unique_ptr<MpiOp>> posted_;  // posted to MPI, not yet complete
   std::vector<InFlightSweep> sweeps_;  // one per communicator: its ops' union of in-flight intervals
+  std::vector<InFlightSweep> blocked_;  // and its callers' union of blocked intervals
   int waiters_ = 0;
   bool stopping_ = false;
   std::thread thread_;  // last: starts once everything above exists

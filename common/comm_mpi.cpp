@@ -515,6 +515,7 @@ class MpiCommunicator final : public Communicator {
     state->received_bytes = traffic.received;
     state->stats = &stats_;
     state->engine = engine_;
+    state->sweep = send_lane_ / 2;  // (the link it is charged to, submitted or done at once)
     // The only counter written at issue (comm_engine.cpp's opening comment); this thread owns stats_.
     stats_.kind[int(kind)].launched += 1;
     return state;

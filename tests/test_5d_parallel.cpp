@@ -259,6 +259,12 @@ TEST(FiveDOverlap, OneMicroBatchsAllToAllTravelsWhileAnothersBackwardComputes) {
     EXPECT_GT(backward_lane, 0) << "rank " << pid << ": no pass on the backward lane's track";
     EXPECT_GT(overlap, 0) << "rank " << pid << ": no forward all-to-all in flight during another micro-batch's backward";
   }
+  // Two lanes blocked on one link at once count their union, as its time in flight does: exposed
+  // never exceeds the total, per group and for the step.
+  for (const std::string& step : read_records(dir + "/run.jsonl", "step"))
+    for (const std::string prefix : {"", "ep_", "pp_", "dp_"})
+      EXPECT_LE(number_field(step, prefix + "exposed_comm_ms"), number_field(step, prefix + "comm_ms") + 0.01)
+          << prefix << " in " << step;
   const std::vector<std::string> pairs = read_records(dir + "/run.jsonl", "pipeline_pairs");
   ASSERT_EQ(pairs.size(), 2u) << "one record per stage";
   for (const std::string& stage : pairs) {
