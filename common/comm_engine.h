@@ -8,6 +8,7 @@
 #pragma once
 #include <mpi.h>
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <functional>
@@ -34,12 +35,12 @@ namespace comm_engine {
 // would lose the time before a later op of the other lane completes first.)
 // The same sweep serves the callers' blocked time (CommStats::exposed_ms), where two threads wait on
 // one link at once (a pipeline's two lanes, lanes.h): their waits begin and end on their own threads,
-// so an end may come after a later one; its share is then what is left uncharged, never less than 0,
-// and the shares still add up to the union.
+// so an end may come after a later one, or a beginning after a later end; a share is then what is
+// left uncharged, never less than 0, and the shares add up to no more than the union.
 class InFlightSweep {
  public:
-  void op_issued(Clock::time_point t) {
-    if (in_flight_++ == 0) charged_until_ = t;
+  void op_issued(Clock::time_point t) {  // (a wait that begins before the last end charged: from there)
+    if (in_flight_++ == 0) charged_until_ = std::max(charged_until_, t);
   }
   double op_completed(Clock::time_point t) {  // the op's share, in ms
     in_flight_--;
