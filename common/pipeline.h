@@ -105,7 +105,8 @@ class PipelineExecutor {
 
   // Runs the list's F&B pairs (fb_pairs) as two lanes at once (the file comment), or, off, one pass
   // after the other. On the CPU, with messages matched by tag (under call order they run in sequence).
-  // Before run(); the groups that the chapter's hooks use inside passes must then be LaneCommunicators.
+  // Before run(); the groups that the chapter's hooks use inside passes must then be LaneCommunicators
+  // (ProcessGrid::give_each_lane_its_groups).
   void overlap_pairs(bool on);
   bool overlaps_pairs() const { return lane_thread_ != nullptr; }
   int pair_count() const { return int(pairs_.size()); }
