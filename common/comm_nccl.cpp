@@ -73,6 +73,7 @@
 #include <vector>
 
 #include "comm_factory.h"
+#include "comm_mpi_args.h"  // overlap
 #include "cuda_check.h"  // CUDA_CHECK, NCCL_CHECK
 #include "device.h"      // cuda_device_count, set_ranks_per_gpu
 #include "link_delay.h"  // hold_stream: the emulated link on the NCCL stream
@@ -167,11 +168,7 @@ Device device_of(const Tensor& send, const Tensor& recv, const char* what) {
   return send.empty() ? recv.device : send.device;
 }
 
-bool overlap(const Tensor& a, const Tensor& b) {
-  if (a.numel() == 0 || b.numel() == 0) return false;
-  const uintptr_t a0 = reinterpret_cast<uintptr_t>(a.data), b0 = reinterpret_cast<uintptr_t>(b.data);
-  return a0 < b0 + b.bytes() && b0 < a0 + a.bytes();
-}
+using mpi_args::overlap;  // whether two tensors share a byte (comm_mpi_args.h)
 
 // The same rules as the MPI communicator (comm.h), so that a program runs on either: send and recv
 // share no byte, except an all-gather in place, whose send is exactly this rank's segment of recv.
