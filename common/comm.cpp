@@ -25,6 +25,17 @@ const char* collective_name(CollectiveKind k) {
   return "?";
 }
 
+void CollectiveCounters::count_op(int64_t payload, int64_t sent, int64_t received) {
+  calls += 1;
+  payload_bytes += payload;
+  sent_bytes += sent;
+  received_bytes += received;
+  if (payload > 0) {
+    max_sent_share = std::max(max_sent_share, double(sent) / double(payload));
+    max_received_share = std::max(max_received_share, double(received) / double(payload));
+  }
+}
+
 int64_t CommStats::total_calls() const {
   int64_t n = 0;
   for (const CollectiveCounters& c : kind) n += c.calls;

@@ -47,6 +47,9 @@ struct CollectiveCounters {
   double busy_ms = 0;          // time ops of this kind were in flight on their lane (see comm_engine.cpp)
   double exposed_ms = 0;       // the callers' blocked time (CommStats::exposed_ms) spent on this kind: a
                                // pipeline's waits for a receive are its bubble, not communication
+  // One completed op of `payload` bytes, of which this rank sent `sent` and received `received`: the
+  // count, the bytes and the largest shares (every backend's wait() counts its ops here).
+  void count_op(int64_t payload, int64_t sent, int64_t received);
 };
 
 struct CommStats {

@@ -410,14 +410,7 @@ void CommHandle::wait() {
   if (!s.counted) {
     s.counted = true;
     CollectiveCounters& c = stats.kind[int(s.kind)];
-    c.calls += 1;
-    c.payload_bytes += s.payload_bytes;
-    c.sent_bytes += s.sent_bytes;
-    c.received_bytes += s.received_bytes;
-    if (s.payload_bytes > 0) {
-      c.max_sent_share = std::max(c.max_sent_share, double(s.sent_bytes) / double(s.payload_bytes));
-      c.max_received_share = std::max(c.max_received_share, double(s.received_bytes) / double(s.payload_bytes));
-    }
+    c.count_op(s.payload_bytes, s.sent_bytes, s.received_bytes);
     c.busy_ms += s.busy_ms;
     stats.in_flight_ms += s.in_flight_ms;
   }

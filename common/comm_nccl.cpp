@@ -597,15 +597,7 @@ class NcclCommunicator final : public CudaCommunicatorBase {
     if (op.collected) return;  // finished and collected: nothing left to wait for
     if (!op.counted) {
       op.counted = true;
-      CollectiveCounters& c = stats_.kind[int(op.kind)];
-      c.calls += 1;
-      c.payload_bytes += op.payload_bytes;
-      c.sent_bytes += op.sent_bytes;
-      c.received_bytes += op.received_bytes;
-      if (op.payload_bytes > 0) {
-        c.max_sent_share = std::max(c.max_sent_share, double(op.sent_bytes) / double(op.payload_bytes));
-        c.max_received_share = std::max(c.max_received_share, double(op.received_bytes) / double(op.payload_bytes));
-      }
+      stats_.kind[int(op.kind)].count_op(op.payload_bytes, op.sent_bytes, op.received_bytes);
       // Recorded before the wait is queued: the stall of the compute stream is end - waited.
       CUDA_CHECK(cudaEventCreate(&op.waited));
       CUDA_CHECK(cudaEventRecord(op.waited, cuda::stream()));

@@ -291,14 +291,7 @@ class P2PCollectives : public Communicator {
     }
     p->counted = true;
     CollectiveCounters& c = ours_.kind[int(p->kind)];
-    c.calls += 1;
-    c.payload_bytes += p->payload_bytes;
-    c.sent_bytes += p->sent_bytes;
-    c.received_bytes += p->received_bytes;
-    if (p->payload_bytes > 0) {
-      c.max_sent_share = std::max(c.max_sent_share, double(p->sent_bytes) / double(p->payload_bytes));
-      c.max_received_share = std::max(c.max_received_share, double(p->received_bytes) / double(p->payload_bytes));
-    }
+    c.count_op(p->payload_bytes, p->sent_bytes, p->received_bytes);
     // Blocked from the call until the collective completed: inside its own [issued, completed], so
     // exposed time never exceeds the in-flight time.
     const Clock::time_point from = std::max(blocked_from, p->issued);
