@@ -25,6 +25,8 @@ const char* collective_name(CollectiveKind k) {
   return "?";
 }
 
+thread_local bool Communicator::issuing_blocking_ = false;
+
 void CollectiveCounters::count_op(int64_t payload, int64_t sent, int64_t received) {
   calls += 1;
   payload_bytes += payload;

@@ -262,7 +262,10 @@ class Communicator {
     handle.wait();
   }
 
-  bool issuing_blocking_ = false;  // true while a blocking form issues its op
+  // True while a blocking form issues its op, on the thread that issues it: per thread, so that two
+  // lanes (lanes.h) issuing through one LaneCommunicator do not share it, and so that the copy that
+  // issues the op for a LaneCommunicator sees its caller's.
+  static thread_local bool issuing_blocking_;
   int rank_ = 0;
   int size_ = 1;
   Device device_ = Device::CPU;

@@ -172,14 +172,11 @@ void ProgressEngine::submit(std::unique_ptr<MpiOp> op, double modelled_ms, bool 
   if (!waited_at_once) thread_cv_.notify_one();
 }
 
-void ProgressEngine::wait_began(int sweep, Clock::time_point from) {
+void ProgressEngine::wait_began(CommHandle::State& s) {
   std::lock_guard<std::mutex> lock(mutex_);
-  blocked_[size_t(sweep)].op_issued(from);
-}
-
-double ProgressEngine::wait_ended(int sweep, Clock::time_point until) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return blocked_[size_t(sweep)].op_completed(until);
+  if (s.done || s.blocked) return;
+  s.blocked = true;
+  blocked_[size_t(s.sweep)].op_issued(Clock::now());
 }
 
 void ProgressEngine::wait(CommHandle::State& s) {
@@ -305,6 +302,7 @@ void ProgressEngine::complete_op(MpiOp& op) {
   CommHandle::State& h = *op.handle;
   h.busy_ms = std::chrono::duration<double, std::milli>(end - begin).count();
   h.in_flight_ms = sweeps_[op.lane / 2].op_completed(end);
+  if (h.blocked) h.blocked_ms = blocked_[op.lane / 2].op_completed(end);
   h.completed = end;
   h.done = true;
   if (tracing_enabled()) {
@@ -390,15 +388,14 @@ void CommHandle::wait() {
   // Blocked from the call until the op completed: inside the op's own [issued, completed] interval,
   // so exposed time never exceeds the in-flight time. Two threads blocked on one link at once (a
   // pipeline's lanes) count their union, as its in-flight time is (InFlightSweep).
-  const Clock::time_point from = std::max(blocked_from, s.issued);
-  s.engine->wait_began(s.sweep, from);
+  s.engine->wait_began(s);
   s.engine->wait(s);
-  const double blocked = s.engine->wait_ended(s.sweep, s.completed);
+  const Clock::time_point from = std::max(blocked_from, s.issued);
   // stats belong to the thread that issues and waits (see the file comment): no lock needed.
   CommStats& stats = *s.stats;
   if (s.completed > from) {
-    stats.exposed_ms += blocked;
-    stats.kind[int(s.kind)].exposed_ms += blocked;
+    stats.exposed_ms += s.blocked_ms;
+    stats.kind[int(s.kind)].exposed_ms += s.blocked_ms;
     trace_span(Track::Wait, std::string("wait ") + collective_name(s.kind), trace_ms(from), trace_ms(s.completed), "",
                trace_ms(s.issued));
   } else {

@@ -34,18 +34,16 @@ namespace comm_engine {
 // own issue would count overlapping ops twice; charging from the previous completion on its lane
 // would lose the time before a later op of the other lane completes first.)
 // The same sweep serves the callers' blocked time (CommStats::exposed_ms), where two threads wait on
-// one link at once (a pipeline's two lanes, lanes.h): their waits begin and end on their own threads,
-// so an end may come after a later one, or a beginning after a later end; a share is then what is
-// left uncharged, never less than 0, and the shares add up to no more than the union.
+// one link at once (a pipeline's two lanes, lanes.h): a wait begins, and its op completes, under the
+// engine's mutex, so that those events too come in time order.
 class InFlightSweep {
  public:
-  void op_issued(Clock::time_point t) {  // (a wait that begins before the last end charged: from there)
-    if (in_flight_++ == 0) charged_until_ = std::max(charged_until_, t);
+  void op_issued(Clock::time_point t) {
+    if (in_flight_++ == 0) charged_until_ = t;
   }
   double op_completed(Clock::time_point t) {  // the op's share, in ms
     in_flight_--;
     const double ms = std::chrono::duration<double, std::milli>(t - charged_until_).count();
-    if (ms <= 0) return 0;
     charged_until_ = t;
     return ms;
   }
@@ -76,7 +74,9 @@ struct CommHandle::State {
   Clock::time_point completed;
   double busy_ms = 0;
   double in_flight_ms = 0;  // this op's share of the union of in-flight intervals (InFlightSweep)
-  int sweep = 0;            // its link's sweeps (ProgressEngine), for the blocked time
+  bool blocked = false;     // a caller waits for it (ProgressEngine::wait_began), from before it completed
+  double blocked_ms = 0;    // then its share of the union of the link's blocked intervals
+  int sweep = 0;            // its link's sweeps (ProgressEngine)
   // The caller's thread only.
   bool counted = false;  // set by the first wait(), so that waiting twice counts once
 };
@@ -124,11 +124,10 @@ class ProgressEngine {
 
   // The body of CommHandle::wait(): drives progress until the op is done.
   void wait(CommHandle::State& s);
-  // A caller blocked on its link from `from` (wait_began), until its op completed at `until`: returns
-  // its share of the union of the link's blocked intervals (the exposed time), which is the whole
-  // interval unless another thread waited on the same link at the same time.
-  void wait_began(int sweep, Clock::time_point from);
-  double wait_ended(int sweep, Clock::time_point until);
+  // A caller blocks on `s` from now, unless it is done: from now to its completion the link's
+  // blocked sweep charges it (s.blocked_ms, its share of the union of the link's blocked intervals:
+  // the whole wait unless another thread waited on the same link at the same time).
+  void wait_began(CommHandle::State& s);
 
   // Waits until no op of these lanes is held or posted (a communicator about to be freed).
   void drain(int lane_a, int lane_b);
