@@ -355,9 +355,7 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
   int held_blocks = 0;  // this rank's blocks, every chunk
   for (const ModelPart& part : parts)
     for (int u = part.first_unit; u <= part.last(model_cfg); u++) held_blocks += u >= 1 && u <= model_cfg.L;
-  int64_t expert_range = 0;  // the expert buckets' elements (their tensors and padding)
-  for (int b = 0; b < buckets.count(); b++)
-    if (buckets.holds_experts(b)) expert_range += buckets.size(b);
+  const int64_t expert_range = layout.expert_range_size;  // the experts' elements (their tensors and padding)
   const double w = double(dtype_size(dtype));
   const int N = replicas.size(), D = grid.expert_dp().size(), P = grid.ep().size();
   const int64_t record = moe ? chunks.front()->expert_hooks.record_size(run_cfg.experts) : 0;
