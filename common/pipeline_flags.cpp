@@ -28,6 +28,35 @@ bool parse_partition(const std::string& text, std::vector<int>* blocks) {
   return !blocks->empty() && text.back() != ',';
 }
 
+// What to try when the model has fewer blocks than the virtual stages: the other presets of the same
+// kind (dense or a mixture of experts) deep enough, or, when none is, fewer stages.
+std::string deeper_model_hint(const GPT2Config& model, int p, int v) {
+  std::vector<std::string> deep_enough;
+  std::stringstream names(preset_names());
+  std::string name;
+  while (std::getline(names >> std::ws, name, ',')) {
+    GPT2Config other;
+    if (name != model.preset && find_preset(name, &other) && other.moe() == model.moe() &&
+        other.L >= (long long)p * v)
+      deep_enough.push_back(name);
+  }
+  std::string presets;
+  for (size_t i = 0; i < deep_enough.size(); i++)
+    presets += (i == 0 ? "" : i + 1 == deep_enough.size() ? " or " : ", ") + deep_enough[i];
+  const long long most_stages = model.L / v;
+  const std::string fewer = most_stages > 1    ? "--pp " + str(most_stages) + " or fewer"
+                            : most_stages == 1 ? "--pp 1"
+                                               : "fewer --virtual-stages";
+  return presets.empty() ? "try " + fewer : "try --preset " + presets + ", or " + fewer;
+}
+
+// An example of a --partition that fits: the balanced one, as "3,3,2".
+std::string partition_example(const GPT2Config& model, int stages) {
+  std::string text;
+  for (int b : balanced_partition(model, stages)) text += (text.empty() ? "" : ",") + str(b);
+  return text;
+}
+
 }  // namespace
 
 std::string pipeline_flags_problem(const PipelineFlags& flags, int world, const GPT2Config& model, int batch,
@@ -62,7 +91,7 @@ std::string pipeline_flags_problem(const PipelineFlags& flags, int world, const 
   if (model.L < (long long)p * v)
     return "--pp " + str(p) + " x --virtual-stages " + str(v) + " = " + str((long long)p * v) +
            " virtual stages, but --preset " + model.preset + " has " + str(model.L) +
-           " blocks: every stage needs one (try --preset deep or tall)";
+           " blocks: every stage needs one (" + deeper_model_hint(model, p, v) + ")";
   if (flags.zero1 && flags.zero2) return "--zero1 and --zero2: choose one";
   if (flags.zero2 && (interleaved || splits_backward(schedule)))
     return "--zero2 reduce-scatters each micro-batch's gradients as its backward ends: with --schedule " +
@@ -95,7 +124,7 @@ std::string pipeline_flags_problem(const PipelineFlags& flags, int world, const 
     for (int b : blocks) total += b;
     if (!parsed || int(blocks.size()) != p * v || total != model.L)
       return "--partition " + flags.partition + ": " + str(p * v) + " block counts that add up to L = " + str(model.L) +
-             " (each >= 1, e.g. 3,4,5)";
+             " (each >= 1, e.g. " + partition_example(model, p * v) + ")";
   }
   const PipelineShape shape{p, int(m), v, placement_of(schedule)};
   // Every case above is what makes a schedule's shape wrong; this one would be a missed case.

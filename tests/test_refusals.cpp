@@ -159,6 +159,40 @@ TEST(PipelineFlags, RefusalsNameTheFlagsAndCostNothing) {
             std::string::npos);
 }
 
+// A suggestion must be able to help: never the preset in use, a preset of the other kind, one as
+// shallow, or an example of the wrong length. (These once said "try --preset deep or tall" to a
+// tall model on 16 virtual stages, the dense presets to moe-tiny, and "e.g. 3,4,5" for 4 stages.)
+TEST(PipelineFlags, SuggestionsCanHelp) {
+  GPT2Config tall, moe_tiny;
+  ASSERT_TRUE(find_preset("tall", &tall));
+  ASSERT_TRUE(find_preset("moe-tiny", &moe_tiny));
+  PipelinePlan plan;
+  PipelineFlags zbv8;
+  zbv8.schedule = "zb-v", zbv8.pp = 8;
+  EXPECT_EQ(pipeline_flags_problem(zbv8, 8, tall, 16, &plan),
+            "--pp 8 x --virtual-stages 2 = 16 virtual stages, but --preset tall has 8 blocks: every stage needs one "
+            "(try --pp 4 or fewer)");
+  PipelineFlags zbv4 = zbv8;
+  zbv4.pp = 4;
+  GPT2Config tiny;
+  ASSERT_TRUE(find_preset("tiny", &tiny));
+  EXPECT_EQ(pipeline_flags_problem(zbv4, 4, tiny, 8, &plan),
+            "--pp 4 x --virtual-stages 2 = 8 virtual stages, but --preset tiny has 2 blocks: every stage needs one "
+            "(try --preset deep, gpt2 or tall, or --pp 1)");
+  for (const char* schedule : {"zb-v", "dualpipev", "interleaved"}) {
+    PipelineFlags moe;
+    moe.schedule = schedule, moe.pp = 2, moe.micro_batches = 4, moe.splits_experts = true;
+    EXPECT_EQ(pipeline_flags_problem(moe, 2, moe_tiny, 8, &plan),
+              "--pp 2 x --virtual-stages 2 = 4 virtual stages, but --preset moe-tiny has 2 blocks: every stage needs "
+              "one (try --preset moe-small, or --pp 1)")
+        << schedule;
+  }
+  PipelineFlags partition;
+  partition.pp = 4, partition.partition = "8,0,0,0";
+  EXPECT_EQ(pipeline_flags_problem(partition, 4, tall, 8, &plan),
+            "--partition 8,0,0,0: 4 block counts that add up to L = 8 (each >= 1, e.g. 2,2,2,2)");
+}
+
 // Matched by tag, a step's largest tag is 2 p v m - 1, checked against the communicator's bound (the
 // standard guarantees 32767; this MPICH's MPI_TAG_UB is 2^28 - 1, which 08 once passed unchecked).
 TEST(PipelineFlags, TheLargestTagIsCheckedAgainstTheBound) {
