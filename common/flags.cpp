@@ -30,12 +30,17 @@ bool parse_whole_int(const std::string& text, long long* out) {
   return errno == 0 && *end == '\0';
 }
 
-bool parse_whole_double(const std::string& text, double* out) {
-  if (text.empty() || std::isspace(static_cast<unsigned char>(text[0]))) return false;
+// "" when `text` is a whole finite number, else why not ("inf" is a number, but not one a flag takes).
+std::string parse_whole_double(const std::string& text, double* out) {
+  if (text.empty() || std::isspace(static_cast<unsigned char>(text[0]))) return "is not a number";
   errno = 0;
   char* end = nullptr;
-  *out = std::strtod(text.c_str(), &end);
-  return errno == 0 && *end == '\0' && std::isfinite(*out);
+  const double parsed = std::strtod(text.c_str(), &end);
+  if (*end != '\0' || std::isnan(parsed)) return "is not a number";
+  if (std::isinf(parsed) && errno == 0) return "is infinite: pass a finite number";
+  if (errno != 0) return "is out of range";
+  *out = parsed;
+  return "";
 }
 
 template <typename Int>
@@ -165,7 +170,8 @@ void FlagParser::add(const std::string& name, uint64_t* value, const std::string
 void FlagParser::add(const std::string& name, float* value, const std::string& help) {
   add_flag({name, help, number_text(*value), "X", false, [value](const std::string& text) {
               double parsed = 0;
-              if (!parse_whole_double(text, &parsed)) return std::string("is not a number");
+              const std::string problem = parse_whole_double(text, &parsed);
+              if (!problem.empty()) return problem;
               if (std::fabs(parsed) > std::numeric_limits<float>::max()) return std::string("is out of range");
               // 1e-50 would silently become 0: refuse what fp32 cannot hold.
               if (parsed != 0 && std::fabs(parsed) < std::numeric_limits<float>::denorm_min())
@@ -177,8 +183,7 @@ void FlagParser::add(const std::string& name, float* value, const std::string& h
 
 void FlagParser::add(const std::string& name, double* value, const std::string& help) {
   add_flag({name, help, number_text(*value), "X", false, [value](const std::string& text) {
-              if (!parse_whole_double(text, value)) return std::string("is not a number");
-              return std::string();
+              return parse_whole_double(text, value);
             }});
 }
 

@@ -130,7 +130,10 @@ void MoELayer::top_k(const float* probs, int64_t N, int E, int k, int* chosen) {
 
 int64_t MoELayer::capacity_of(double factor, int64_t tokens, int k, int E) {
   if (factor <= 0) return -1;
-  return int64_t(std::floor(factor * double(tokens) * k / E));
+  // An expert takes a token at most once, so a capacity of every token drops nothing: a larger
+  // factor (1e30) means the same, and casting its product to an integer would overflow.
+  const double places = std::floor(factor * double(tokens) * k / E);
+  return places >= double(tokens) ? tokens : int64_t(places);
 }
 
 void MoELayer::claim_capacity(const int* chosen, int64_t assignments, int E, const std::vector<int64_t>& earlier,

@@ -12,7 +12,7 @@
 // the loss, and a token whose experts dropped it simply adds less to the residual stream.
 //
 // Capacity (--capacity-factor f, 0 = unlimited): expert e takes at most
-//   capacity = floor(f x tokens x k / E)
+//   capacity = floor(f x tokens x k / E)   (at most tokens: an expert takes a token once)
 // of the assignments (token, choice) routed to it, where tokens counts the whole global micro-batch
 // (every data-parallel rank's tokens; with --grad-accum K, one of the step's K micro-batches, so the
 // capacity, like the balance loss below, is per micro-batch: training_run.h's micro_batch() gives
@@ -135,7 +135,8 @@ class MoELayer {
   // earlier assignments) are fewer than capacity (-1: unlimited).
   static void claim_capacity(const int* chosen, int64_t assignments, int E, const std::vector<int64_t>& earlier,
                              int64_t capacity, char* kept);
-  static int64_t capacity_of(double factor, int64_t tokens, int k, int E);  // -1 when factor is 0
+  // -1 when factor is 0; at most `tokens` (a larger capacity drops nothing more)
+  static int64_t capacity_of(double factor, int64_t tokens, int k, int E);
 
  private:
   // The counts' exchange and the capacity's claims (file comment): sets stats_ and kept.

@@ -197,6 +197,10 @@ TEST(FlagErrorsDeathTest, ValuesMustParseInFull) {
   expect_config_error({"--lr", "fast"}, "--lr: 'fast' is not a number");
   expect_config_error({"--lr", "1e-3x"}, "--lr: '1e-3x' is not a number");
   expect_config_error({"--link-gbps", "nan"}, "--link-gbps: 'nan' is not a number");
+  // inf is a number, just not one a flag takes; 1e400 is past a double.
+  expect_config_error({"--link-gbps", "inf"}, "--link-gbps: 'inf' is infinite: pass a finite number");
+  expect_config_error({"--link-gbps", "1e400"}, "--link-gbps: '1e400' is out of range");
+  expect_config_error({"--lr", "-inf"}, "--lr: '-inf' is infinite: pass a finite number");
   expect_config_error({"--seed", "-1"}, "--seed: '-1' is not a non-negative integer");
   expect_config_error({"--quiet=yes"}, "--quiet takes no value");
 }

@@ -99,6 +99,13 @@ TEST(MoERouting, CapacityIsFloorOfFactorTimesTokensTimesKOverE) {
   EXPECT_EQ(MoELayer::capacity_of(1.0, 512, 2, 4), 256);
   EXPECT_EQ(MoELayer::capacity_of(1.25, 100, 2, 8), 31);  // 31.25
   EXPECT_EQ(MoELayer::capacity_of(0.5, 10, 1, 4), 1);     // 1.25
+  // Past every token, a capacity drops nothing more: a huge factor is no capacity, never an
+  // overflow (1e30 once became a capacity of 0 and a refusal asking for at least 0.0078).
+  EXPECT_EQ(MoELayer::capacity_of(2.0, 512, 2, 4), 512);
+  EXPECT_EQ(MoELayer::capacity_of(3.0, 512, 2, 4), 512);
+  EXPECT_EQ(MoELayer::capacity_of(1e30, 512, 2, 4), 512);
+  EXPECT_EQ(MoELayer::capacity_of(1e308, 512, 2, 4), 512);
+  EXPECT_EQ(moe_capacity_problem(1e30, 512, 2, 4), "");
 }
 
 // The claim order is the global token order: a batch split over ranks, each told how many places
