@@ -143,6 +143,9 @@ int main(int argc, char** argv) {
   }
   const int N = comm->size();
   // Every check before the first collective, the same on every rank.
+  if (N < 2)
+    config_error("one rank has no one to send to, so there is nothing to measure: run on 2 ranks or more "
+                 "(mpiexec -n 4 ./00_collectives/collectives)");
   if (opt.min_bytes < 4 || opt.min_bytes % 4 != 0) config_error("--min-bytes must be a positive multiple of 4");
   if (opt.max_bytes < opt.min_bytes || opt.max_bytes > (int64_t(1) << 30))
     config_error("--max-bytes must be between --min-bytes and 1 GiB");

@@ -394,6 +394,20 @@ std::string refusal_name(const testing::TestParamInfo<Refusal>& info) {
 
 INSTANTIATE_TEST_SUITE_P(Trainer, RefusalTest, testing::ValuesIn(refusals()), refusal_name);
 
+// Chapter 00 measures what ranks send each other: on one rank it once printed a table of zeros
+// (alpha 0.00 us "between ranks 0 and 1"). Refused, with the line to run instead.
+TEST(Refusals, CollectivesOnOneRankHaveNothingToMeasure) {
+  RunResult r = run_command("mpiexec -n 1 ./00_collectives/collectives --max-bytes 64", 60);
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.exit_code, 124) << r.output;
+  EXPECT_EQ(count(r.output, "error: one rank has no one to send to, so there is nothing to measure: run on 2 ranks or "
+                            "more (mpiexec -n 4 ./00_collectives/collectives)"),
+            1u)
+      << r.output;
+  EXPECT_EQ(r.output.find("alpha"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("MPI_Abort"), std::string::npos) << r.output;
+}
+
 // 08 resumes a checkpoint whose batch its ranks cannot split: the advice names 08's accumulation
 // flag, --micro-batches (08 refuses --grad-accum). The checkpoint is one of a run's middle (after
 // step 0 of 2): a finished run's would be refused first, for having nothing left to resume.
