@@ -8,7 +8,8 @@
 #   scripts/cluster/cluster.sh mpiexec ARGS   mpiexec from node0 with the hostfile and the launcher, e.g.
 #     scripts/cluster/cluster.sh mpiexec -n 4 ./03_bucket_dp/train --steps 5
 #   scripts/cluster/cluster.sh exec NODE CMD  runs CMD inside a node (NODE: node0, node1, ...)
-#   scripts/cluster/cluster.sh down           removes everything `up` made and ends every process inside it
+#   scripts/cluster/cluster.sh down [--force] removes everything `up` made and ends every process inside it;
+#                                             a cluster another checkout made only with --force
 #
 # A node is a network namespace (its own interfaces, addresses, routes) whose processes also get a UTS
 # namespace (their own hostname, nodeI), so MPI sees N hosts. The nodes hang on one bridge, which lives in
@@ -18,6 +19,9 @@
 # Names and addresses resolve through /etc/netns/<namespace>/hosts, which `ip netns exec` puts over
 # /etc/hosts inside the namespace only. Hydra starts its proxy on a node through cluster_ssh.sh (beside
 # this file, given as the ssh launcher's executable), which enters the node instead of calling ssh.
+# The namespaces' names are the machine's, not the checkout's: the switch's bridge carries the path of
+# the checkout that made the cluster (its alias, gone with the namespace), so that `down` from another
+# checkout refuses instead of ending someone else's runs.
 # Environment: CLUSTER_PREFIX (default gptc: namespaces gptc-node0.., gptc-sw), SLOTS (ranks per host in
 # the hostfile, default 2), CLUSTER_STATE (hostfile and environment, default build/cluster).
 set -euo pipefail
@@ -32,6 +36,9 @@ die() { echo "cluster.sh: $*" >&2; exit 1; }
 
 node_ns() { echo "$prefix-node$1"; }
 node_ip() { echo "198.18.0.$(($1 + 1))"; }
+
+# The checkout that made the cluster up now (the bridge's alias), or "" when there is none or no mark.
+cluster_owner() { ip -n "$sw" link show br0 2>/dev/null | sed -n 's/^ *alias //p'; }
 
 # Every namespace of ours that exists now (the switch and the nodes), whatever N was.
 our_namespaces() { ip netns list 2>/dev/null | awk '{print $1}' | grep -E "^$prefix-(sw|node[0-9]+)\$" || true; }
@@ -82,7 +89,7 @@ up() {
   [[ "$gbps" =~ ^[0-9]+([.][0-9]+)?$ ]] && awk -v g="$gbps" 'BEGIN { exit !(g > 0 && g <= 100) }' \
     || die "GBPS must be a rate in Gbit/s above 0 and at most 100, not '$gbps'."
   require_features
-  [ -z "$(our_namespaces)" ] || die "a cluster ($prefix-*) is already up: 'scripts/cluster/cluster.sh down' first."
+  [ -z "$(our_namespaces)" ] || die "a cluster ($prefix-*) made by $(cluster_owner | grep . || echo an unknown checkout) is already up: 'scripts/cluster/cluster.sh down' first (from that checkout), or set CLUSTER_PREFIX for another."
   local start; start=$(date +%s.%N)
   # From here on any failure or interrupt removes what was made so far.
   trap 'status=$?; trap - EXIT INT TERM; teardown; exit $status' EXIT
@@ -90,6 +97,7 @@ up() {
   ip netns add "$sw" 2>/dev/null || die "cannot create a network namespace ('ip netns add' failed): the kernel or this container does not allow them."
   ip -n "$sw" link set lo up
   ip -n "$sw" link add br0 type bridge 2>/dev/null || die "cannot create a bridge: the kernel lacks bridge support."
+  ip -n "$sw" link set br0 alias "$repo" 2>/dev/null || die "cannot mark the cluster with this checkout's path ($repo): is it over 255 characters?"
   ip -n "$sw" link set br0 up
   # tbf's rate in kbit/s, and a bucket of 1 ms at that rate but at least 64 KiB: veth hands tbf TCP
   # segments of up to 64 KiB at once (segmentation offload), and a bucket smaller than a segment would
@@ -163,14 +171,32 @@ status() {
     esac
   done
   [ "$found" = 1 ] || { echo "no cluster ($prefix-*) is up"; return 0; }
-  [ -f "$state/hostfile" ] && echo "hostfile $state/hostfile: $(tr '\n' ' ' <"$state/hostfile")"
+  local owner mine=""
+  owner=$(cluster_owner)
+  [ "$owner" = "$repo" ] && mine=" (this checkout)"
+  [ -n "$owner" ] || owner="an unknown checkout (no mark on the switch's bridge)"
+  echo "made by $owner$mine"
+  if [ -f "$state/hostfile" ]; then
+    echo "hostfile $state/hostfile: $(tr '\n' ' ' <"$state/hostfile")"
+  else
+    echo "no hostfile at $state/hostfile: this checkout's 'mpiexec' cannot use the cluster (CLUSTER_STATE names the folder of the checkout that made it)"
+  fi
 }
 
 case "${1:-}" in
   up) shift; up "$@" ;;
   down)
     start=$(date +%s.%N)
+    case "${2:-}" in
+      "" | --force) ;;
+      *) die "usage: cluster.sh down [--force], not 'down ${*:2}'." ;;
+    esac
     [ "$(id -u)" = 0 ] || die "needs root to remove network namespaces: run it as root, e.g. with sudo."
+    if [ -n "$(our_namespaces)" ] && [ "${2:-}" != --force ]; then
+      owner=$(cluster_owner)
+      [ -n "$owner" ] || owner="an unknown checkout (no mark on its switch)"
+      [ "$owner" = "$repo" ] || die "the cluster ($prefix-*) was made by $owner, not this checkout ($repo): take it down from there, or pass 'down --force' to end its runs anyway."
+    fi
     teardown
     left=$(leftovers)
     [ -z "$left" ] || die "could not remove: $left"
@@ -179,5 +205,5 @@ case "${1:-}" in
   leftovers) leftovers ;;
   exec) shift; [ $# -ge 2 ] || die "usage: cluster.sh exec NODE COMMAND..."; node_exec "$@" ;;
   mpiexec) shift; run_mpiexec "$@" ;;
-  *) sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+  *) sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
 esac
