@@ -496,3 +496,28 @@ TEST(PlanRecord, AMalformedRowIsRefusedNotAnInternalError) {
   EXPECT_NE(r.output.find("t = -8 and p = "), std::string::npos) << r.output;
   EXPECT_EQ(r.output.find("internal error"), std::string::npos) << r.output;
 }
+
+// make plan-check's chapters, as its runs list them (scripts/plan/plan_check.sh: "name|ranks|NN_chapter|..."),
+// are the range every description of it gives (docs/benchmarks.md once said 03-11 after 12's rows came).
+TEST(PlanCheck, EveryDescriptionNamesTheChaptersItRuns) {
+  auto text_of = [](const std::string& path) {
+    std::ifstream in(path);
+    EXPECT_TRUE(in.good()) << path;
+    std::stringstream all;
+    all << in.rdbuf();
+    return all.str();
+  };
+  const std::string script = text_of("scripts/plan/plan_check.sh");
+  static const std::regex run("\n  \"[^|\"]+\\|[0-9]+\\|([0-9][0-9])_[a-z0-9_]+\\|");
+  std::string first = "99", last = "00";
+  for (auto it = std::sregex_iterator(script.begin(), script.end(), run); it != std::sregex_iterator(); ++it) {
+    first = std::min(first, (*it)[1].str());
+    last = std::max(last, (*it)[1].str());
+  }
+  ASSERT_LE(first, last) << "no runs found in scripts/plan/plan_check.sh";
+  const std::string range = first + "-" + last;
+  EXPECT_NE(script.find("chapters (" + range + ")"), std::string::npos) << range;
+  EXPECT_NE(text_of("docs/benchmarks.md").find("next to runs of " + range + " on this"), std::string::npos) << range;
+  EXPECT_NE(text_of("docs/planner.md").find("against runs of " + range + " on this"), std::string::npos) << range;
+  EXPECT_NE(text_of("Makefile").find("against runs of " + range + " on this"), std::string::npos) << range;
+}
