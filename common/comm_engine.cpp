@@ -53,6 +53,7 @@
 #include "check.h"
 #include "flags.h"    // chapter_has_flag, for the watchdog's message
 #include "metrics.h"  // format_bytes, for the watchdog's message
+#include "peer_state.h"  // stopped_or_ended_ranks, for the watchdog's message
 #include "trace.h"
 
 using namespace comm_engine;
@@ -97,34 +98,7 @@ std::string describe_group(const GroupInfo& g) {
   return text + ")";
 }
 
-// Which members of `g` (other than this process) are stopped (SIGSTOP, a debugger) or gone, as far
-// as this node can see: "world rank 1 (pid 4242) is stopped"; "" when none is, or none shares the node.
-std::string missing_members(const GroupInfo& g) {
-  int me = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &me);
-  std::string text;
-  for (int r : g.world_ranks) {
-    if (r == me || size_t(r) >= g_world_pids.size() || g_world_nodes[size_t(r)] != g_world_nodes[size_t(me)]) continue;
-    const std::string pid = std::to_string(g_world_pids[size_t(r)]);
-    std::ifstream in("/proc/" + pid + "/stat");
-    std::string stat;
-    std::getline(in, stat);
-    const size_t after_name = stat.rfind(')');  // "pid (name) S ...": the name may hold spaces
-    std::string state;
-    if (!in && stat.empty()) state = "has ended";
-    else if (after_name != std::string::npos && after_name + 2 < stat.size() &&
-             (stat[after_name + 2] == 'T' || stat[after_name + 2] == 't'))
-      state = "is stopped (SIGSTOP, Ctrl-Z or a debugger)";
-    else if (after_name != std::string::npos && after_name + 2 < stat.size() && stat[after_name + 2] == 'Z')
-      state = "has ended";
-    if (!state.empty()) text += (text.empty() ? "" : "; ") + ("world rank " + std::to_string(r) + " (pid " + pid + ") " + state);
-  }
-  return text;
-}
-
 }  // namespace
-
-std::vector<int> comm_engine::g_world_pids, comm_engine::g_world_nodes;
 
 // ---------------------------------------------------------------------------------------------
 // The progress engine
@@ -326,7 +300,7 @@ void ProgressEngine::watchdog(const MpiOp& op, double timeout_s) {
   const std::string peer =
       point_to_point ? "world rank " + std::to_string(op.group->world_ranks.at(size_t(op.peer))) : "";
   // Which peer MPI cannot say; the node can, for the peers that share it.
-  const std::string missing = missing_members(*op.group);
+  const std::string missing = stopped_or_ended_ranks(op.group->world_ranks);
   const std::string blamed = !missing.empty() ? missing
                              : (point_to_point ? peer : "a peer rank of that group") + " is stopped, dead or stuck";
   fatal(std::string("watchdog: ") + op.name + " of " + format_bytes(double(op.handle->payload_bytes)) +

@@ -2,8 +2,7 @@
 // shared by comm_engine.cpp (the engine, its watchdog, CommHandle::wait) and comm_mpi.cpp (the
 // communicator that issues the ops, start-up) and included by nothing else. Defines Clock,
 // InFlightSweep (the in-flight time split among the ops), CommHandle::State (what a handle holds),
-// GroupInfo (a communicator's group as the trace and the watchdog name it), g_world_pids and
-// g_world_nodes (for the watchdog), MpiOp (one submitted op) and ProgressEngine. How an op travels,
+// GroupInfo (a communicator's group as the trace and the watchdog name it), MpiOp (one submitted op) and ProgressEngine. How an op travels,
 // the emulated link and the statistics: comm_engine.cpp's opening comment.
 #pragma once
 #include <mpi.h>
@@ -89,11 +88,6 @@ struct GroupInfo {
   std::string name;              // "world", "dp", "tp", "pp", "embedding"
   std::vector<int> world_ranks;  // the members' MPI_COMM_WORLD ranks, by rank in the group
 };
-
-// Every world rank's process id and node (the lowest world rank on its node), gathered at start-up
-// (init_mpi_communicator), so that a watchdog can look at the peers that share its node
-// (/proc/<pid>/stat).
-extern std::vector<int> g_world_pids, g_world_nodes;
 
 // One submitted op. The issuing thread fills it in; from submission on, the engine owns it.
 struct MpiOp {

@@ -28,6 +28,7 @@
 #include "check.h"
 #include "comm_engine.h"
 #include "comm_mpi_args.h"  // MPI's types and ops, the checks of an op's tensors
+#include "peer_state.h"     // set_world_processes
 #include "trace.h"
 
 using namespace comm_engine;
@@ -481,10 +482,10 @@ std::unique_ptr<Communicator> init_mpi_communicator(int* argc, char*** argv) {
   MPI_CHECK(MPI_Allreduce(&leader, &g_nodes, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD));
   MPI_CHECK(MPI_Comm_free(&node));
   const int pid = int(getpid());
-  g_world_pids.assign(size_t(size), 0);
-  g_world_nodes.assign(size_t(size), 0);
-  MPI_CHECK(MPI_Allgather(&pid, 1, MPI_INT, g_world_pids.data(), 1, MPI_INT, MPI_COMM_WORLD));
-  MPI_CHECK(MPI_Allgather(&node_id, 1, MPI_INT, g_world_nodes.data(), 1, MPI_INT, MPI_COMM_WORLD));
+  std::vector<int> world_pids(size_t(size), 0), world_nodes(size_t(size), 0);
+  MPI_CHECK(MPI_Allgather(&pid, 1, MPI_INT, world_pids.data(), 1, MPI_INT, MPI_COMM_WORLD));
+  MPI_CHECK(MPI_Allgather(&node_id, 1, MPI_INT, world_nodes.data(), 1, MPI_INT, MPI_COMM_WORLD));
+  set_world_processes(world_pids, world_nodes, rank);  // for the watchdogs' messages
   auto engine = std::make_shared<ProgressEngine>();
   g_engine = engine;
   // A private copy of MPI_COMM_WORLD: our collectives and messages cannot be confused with MPI calls

@@ -7,7 +7,8 @@
 #include <string>
 #include <thread>
 
-#include "check.h"  // fatal, error_phase
+#include "check.h"       // fatal, error_phase
+#include "peer_state.h"  // stopped_or_ended_ranks
 
 namespace {
 
@@ -33,16 +34,22 @@ void watch() {
     if (timeout <= 0 || since == 0) continue;
     const double waited = double(now_ns() - since) * 1e-9;
     if (waited <= timeout) continue;
-    char seconds[32];
-    std::snprintf(seconds, sizeof seconds, "%.1f", waited);
-    const std::string phase = error_phase();
-    fatal(std::string("watchdog: ") + g_what.load() + (phase.empty() ? "" : " in " + phase) + " has not returned after " +
-          seconds + " s (--timeout): a collective on the GPU waits for a peer rank that is stopped, dead or stuck. "
-          "Ending the job.");
+    fatal(device_wait_message(g_what.load(), error_phase(), waited));
   }
 }
 
 }  // namespace
+
+// Which rank a collective on the GPU waits for, neither NCCL nor the host can say; the node can, for
+// the ranks that share it (peer_state.h), as the MPI watchdog names them.
+std::string device_wait_message(const std::string& what, const std::string& phase, double waited_s) {
+  char seconds[32];
+  std::snprintf(seconds, sizeof seconds, "%.1f", waited_s);
+  const std::string stopped = stopped_or_ended_ranks();
+  return "watchdog: " + what + (phase.empty() ? "" : " in " + phase) + " has not returned after " + seconds +
+         " s (--timeout): " + (stopped.empty() ? "a peer rank is stopped, dead or stuck" : stopped) +
+         " (a collective on the GPU waits for every rank of its group). Ending the job.";
+}
 
 void set_device_wait_timeout(double seconds) { g_timeout_s.store(seconds); }
 

@@ -9,6 +9,7 @@
 #include <signal.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -20,7 +21,9 @@
 #include <string>
 #include <vector>
 
+#include "peer_state.h"  // set_world_processes, for the GPU watchdog's message
 #include "training_harness.h"
+#include "watchdog.h"    // device_wait_message
 
 namespace {
 
@@ -572,6 +575,37 @@ TEST(Stops, TheWatchdogNamesThePeerOfAStuckReceiveAndItsGroup) {
   EXPECT_NE(r.output.find(" from world rank 1 over the pipeline group (world ranks 1, 3)"), std::string::npos)
       << r.output;
   EXPECT_NE(r.output.find("world rank 1 is stopped, dead or stuck"), std::string::npos) << r.output;
+}
+
+// The GPU watchdog (a host blocked in a CUDA synchronize that NCCL's collective holds) names the
+// stopped or ended rank as the MPI one does; it once always said "a peer rank". Its message comes from
+// the same look at /proc: here world rank 1 is a stopped child process, then an ended one.
+TEST(Stops, TheGpuWatchdogNamesTheStoppedRankAsTheMpiOneDoes) {
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    pause();
+    _exit(0);
+  }
+  kill(child, SIGSTOP);
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, WUNTRACED), child);  // returns once it is stopped
+  ASSERT_TRUE(WIFSTOPPED(status));
+  set_world_processes({int(getpid()), int(child)}, {0, 0}, 0);
+  const std::string pid = std::to_string(child);
+  const std::string stopped = device_wait_message("waiting for the GPU to finish its work", "step 5", 3.04);
+  EXPECT_EQ(stopped, "watchdog: waiting for the GPU to finish its work in step 5 has not returned after 3.0 s "
+                     "(--timeout): world rank 1 (pid " + pid + ") is stopped (SIGSTOP, Ctrl-Z or a debugger) (a "
+                     "collective on the GPU waits for every rank of its group). Ending the job.");
+  kill(child, SIGKILL);
+  ASSERT_TRUE(wait_until([&] { return device_wait_message("w", "", 1).find(pid + ") has ended") != std::string::npos; }, 30));
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  EXPECT_NE(device_wait_message("w", "", 1).find("world rank 1 (pid " + pid + ") has ended"), std::string::npos);
+  // On another node, the rank is out of sight: the message blames no one by name.
+  set_world_processes({int(getpid()), int(child)}, {0, 1}, 0);
+  EXPECT_NE(device_wait_message("w", "", 1).find(": a peer rank is stopped, dead or stuck ("), std::string::npos)
+      << device_wait_message("w", "", 1);
+  set_world_processes({}, {}, -1);
 }
 
 // A pipeline stage that dies mid-step (SIGKILL: no handler runs) or stops (SIGSTOP) while its
