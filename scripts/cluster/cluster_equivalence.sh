@@ -4,8 +4,10 @@
 # 2 nodes x 2 ranks with `mpiexec -f hostfile` (link model off: the link is the shaped veth), then
 # with plain `mpiexec -n` on the host, and scripts/cluster/cluster_compare.py checks that the losses and the
 # communication counters are equal. Chapter 00 (a benchmark, no loss) must run across the nodes.
+# The chapters are the folders NN_name with a train.cpp, so a new one is never left out; the counters a
+# step must also be the ones docs/cluster.md's table gives (a row that disagrees is a difference).
 # Needs the cluster up (scripts/cluster/cluster.sh up); prints one line a run and ends with "N same, M differ".
-#   STEPS=3 SHAPES="2x1 2x2" RTOL=0 scripts/cluster/cluster_equivalence.sh
+#   STEPS=3 SHAPES="2x1 2x2" RTOL=0 CHAPTERS="08_pipeline 12_5d_parallel" scripts/cluster/cluster_equivalence.sh
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 steps=${STEPS:-3}
@@ -22,9 +24,19 @@ flags_for() {  # chapter ranks: the chapter's own parallel flags at that rank co
     09_3d_parallel) [ "$2" = 4 ] && echo "--tp 2 --pp 2" || echo "--tp 2" ;;
     10_context_parallel) echo "--cp 2" ;;
     11_expert_parallel) echo "--preset moe-tiny --ep $2" ;;
+    12_5d_parallel) [ "$2" = 4 ] && echo "--preset moe-tiny --pp 2 --ep 2 --zero1" || echo "--cp 2 --zero1" ;;
     *) echo "" ;;
   esac
 }
+
+# docs/cluster.md's "bytes, collectives" for a chapter at PPN ranks a node (1: the table's third column,
+# 2: its fourth), as "482304 1"; empty when the table has no such row.
+documented() {
+  awk -F'|' -v chapter="$1" -v col=$(($2 == 1 ? 4 : 5)) '$2 ~ "^ *" chapter " *$" { print $col }' docs/cluster.md |
+    head -n 1 | { grep -oE '[0-9]+' || true; } | head -n 2 | tr '\n' ' ' | sed 's/ $//'
+}
+
+chapters=${CHAPTERS:-$(ls -d [0-9][0-9]_*/train.cpp | cut -d/ -f1)}
 
 same=0 differ=0
 for shape in $shapes; do
@@ -36,8 +48,7 @@ for shape in $shapes; do
   else
     echo "00_collectives $shape: FAILED ($out/00_$shape.log)"; differ=$((differ + 1))
   fi
-  for chapter in 01_vanilla_dp 02_overlap_dp 03_bucket_dp 04_zero1 05_zero2 06_zero3 07_tensor_parallel \
-                 08_pipeline 09_3d_parallel 10_context_parallel 11_expert_parallel; do
+  for chapter in $chapters; do
     flags=$(flags_for "$chapter" "$n")
     run="--steps $steps --device cpu $flags"
     if ! timeout 300 scripts/cluster/cluster.sh mpiexec -n "$n" -ppn "$ppn" "./$chapter/train" $run \
@@ -47,7 +58,14 @@ for shape in $shapes; do
     timeout 300 mpiexec -n "$n" "./$chapter/train" $run --json "$out/${chapter}_host$n.jsonl" \
       >"$out/${chapter}_host$n.log" 2>&1 || { echo "$chapter x$n: FAILED on one host"; differ=$((differ + 1)); continue; }
     if line=$(scripts/cluster/cluster_compare.py --rtol "$rtol" "$out/${chapter}_$shape.jsonl" "$out/${chapter}_host$n.jsonl"); then
-      same=$((same + 1))
+      counted=$(sed -n 's/.*counters equal (\([0-9]*\) B, \([0-9]*\) collectives a step).*/\1 \2/p' <<<"$line")
+      doc=$(documented "$chapter" "$ppn")
+      if [ "$doc" = "$counted" ]; then
+        same=$((same + 1))
+      else
+        line+="; but docs/cluster.md's table says '${doc:-no row}' (bytes, collectives) where the run counted '$counted'"
+        differ=$((differ + 1))
+      fi
     else
       differ=$((differ + 1))
     fi
