@@ -367,16 +367,15 @@ void CommHandle::wait() {
   const Clock::time_point from = std::max(blocked_from, s.issued);
   // stats belong to the thread that issues and waits (see the file comment): no lock needed.
   CommStats& stats = *s.stats;
+  const std::string waited = std::string("wait ") + (*s.name ? s.name : collective_name(s.kind));
   if (s.completed > from) {
     stats.exposed_ms += s.blocked_ms;
     stats.kind[int(s.kind)].exposed_ms += s.blocked_ms;
-    trace_span(Track::Wait, std::string("wait ") + collective_name(s.kind), trace_ms(from), trace_ms(s.completed), "",
-               trace_ms(s.issued));
+    trace_span(Track::Wait, waited, trace_ms(from), trace_ms(s.completed), "", trace_ms(s.issued));
   } else {
     // Done before it was waited for: a span of no length still says where the caller would have
     // waited, for the step-time model (trace.h).
-    trace_span(Track::Wait, std::string("wait ") + collective_name(s.kind), trace_ms(from), trace_ms(from), "",
-               trace_ms(s.issued));
+    trace_span(Track::Wait, waited, trace_ms(from), trace_ms(from), "", trace_ms(s.issued));
   }
   if (!s.counted) {
     s.counted = true;

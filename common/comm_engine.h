@@ -62,6 +62,9 @@ class ProgressEngine;
 struct CommHandle::State {
   // Set by the issuing thread before the op is submitted; read-only afterwards.
   CollectiveKind kind = CollectiveKind::AllReduce;
+  // The op's own name ("all_to_all_v"), as its span on the communication track says, so that the
+  // wait's span ("wait all_to_all_v") names the same op; "" (done at issue): the kind's name.
+  const char* name = "";
   int64_t payload_bytes = 0, sent_bytes = 0, received_bytes = 0;
   CommStats* stats = nullptr;         // the issuing communicator's; wait() counts the op there
   std::shared_ptr<comm_engine::ProgressEngine> engine;  // drives the op while the caller waits

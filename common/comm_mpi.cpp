@@ -392,6 +392,7 @@ class MpiCommunicator final : public Communicator {
                     int64_t link_bytes = -1) {
     auto op = std::make_unique<MpiOp>();
     op->handle = new_state(kind, payload_bytes, traffic);
+    op->handle->name = name;
     op->name = name;
     op->group = &info_;
     op->peer = peer;

@@ -634,7 +634,7 @@ class NcclCommunicator final : public CudaCommunicatorBase {
         trace_span(group_ == "tp" ? Track::TensorParallel : Track::Comm, op.name, end_ms - busy, end_ms,
                    std::to_string(op.payload_bytes) + " B, NCCL");
         if (stall > 0)
-          trace_span(Track::Wait, std::string("wait ") + collective_name(op.kind), end_ms - stall, end_ms);
+          trace_span(Track::Wait, std::string("wait ") + op.name, end_ms - stall, end_ms);  // (the op's span's name)
       }
       stats_.kind[int(op.kind)].busy_ms += busy;
       // The collectives run one after another on the one NCCL stream, so their intervals never

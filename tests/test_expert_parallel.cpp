@@ -9,7 +9,13 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
+#include <fstream>
+#include <map>
 #include <ostream>
+#include <regex>
+#include <set>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -198,6 +204,41 @@ TEST(ExpertParallel, SummaryPeakIsTheRunsPeak) {
   for (const std::string& step : read_records(dir + "/run.jsonl", "step"))
     largest = std::max(largest, number_field(step, "mem_total"));
   EXPECT_GE(number_field(summary, "peak_mem_bytes"), largest) << summary;
+}
+
+// Each wait in the trace names the op it waits for, as the op's own span on the communication track
+// does: the exchange's waits once said "wait all_to_all" beside spans named all_to_all_v, so a reader
+// found no all_to_all where the rank waited for one.
+TEST(ExpertParallel, EveryWaitInTheTraceNamesAnOpOnTheCommunicationTrack) {
+  const std::string dir = temp_dir();
+  const RunResult r = run_trainer("11_expert_parallel", 2, "--ep 2 --steps 2 --trace " + dir + "/trace.json");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  std::ifstream in(dir + "/trace.json");
+  std::stringstream text;
+  text << in.rdbuf();
+  const std::string trace = text.str();
+  // A span: rank (pid), track (tid), name, and where it has one, the op's issue (a wait's: the op's).
+  static const std::regex span(
+      "\\{\"ph\":\"X\",\"pid\":([0-9]+),\"tid\":([0-9]+),[^{}]*\"name\":\"([^\"]*)\",\"args\":\\{[^{}]*\"issued_ms\":([-0-9.]+)");
+  std::map<std::pair<std::string, std::string>, std::set<std::string>> ops;  // (rank, issued) -> names, tracks 1 and 3
+  std::vector<std::array<std::string, 3>> waits;  // (rank, issued, the name waited for)
+  for (auto it = std::sregex_iterator(trace.begin(), trace.end(), span); it != std::sregex_iterator(); ++it) {
+    const std::string rank = (*it)[1], track = (*it)[2], name = (*it)[3], issued = (*it)[4];
+    if (track == "1" || track == "3") ops[{rank, issued}].insert(name);
+    if (track == "2" && name.rfind("wait ", 0) == 0) waits.push_back({rank, issued, name.substr(5)});
+  }
+  int exchange_waits = 0, matched = 0;
+  for (const auto& [rank, issued, name] : waits) {
+    const auto op = ops.find({rank, issued});
+    if (op == ops.end()) continue;  // done at issue (one rank's share): no span on the track
+    matched++;
+    EXPECT_TRUE(op->second.count(name)) << "rank " << rank << " waits for '" << name << "' issued at " << issued
+                                        << " ms, whose span on the communication track is named '"
+                                        << *op->second.begin() << "'";
+    exchange_waits += name.rfind("all_to_all", 0) == 0;
+  }
+  EXPECT_GT(matched, 10);
+  EXPECT_GT(exchange_waits, 0) << "no wait for the experts' exchange in the trace";
 }
 
 // The run record names the experts and how they train.
