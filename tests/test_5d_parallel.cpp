@@ -10,6 +10,7 @@
 // formulas, and their checkpoints across grids.
 // dualpipev's F&B pairs run at once (two lanes, common/lanes.h): the same training, and the trace
 // shows one micro-batch's all-to-all travelling while another micro-batch's backward computes.
+#include <gtest/gtest-spi.h>  // EXPECT_NONFATAL_FAILURE: a check that must fail
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -55,15 +56,29 @@ void expect_groups_match_theory(const std::string& jsonl, int ranks, const std::
 // Each pipeline stage's activations (T/cp positions, this rank's heads and rows, the schedule's
 // micro-batches in flight, a MoE model's routing replayed in the schedule's order) and point-to-point
 // bytes equal their formulas; so does this rank's activation peak in the theory table.
+// A run that wrote no records fails: 12 writes one pipeline_stage record per stage of its pipeline
+// (one at --pp 1), so an empty list is a missing report, not a pass.
 void expect_activations_match_theory(const std::string& jsonl) {
-  const std::string theory = read_record(jsonl, "theory");
+  const std::string theory = read_record(jsonl, "theory"), run = read_record(jsonl, "run");
+  ASSERT_FALSE(theory.empty()) << "no theory record in " << jsonl;
+  ASSERT_FALSE(run.empty()) << "no run record in " << jsonl;
   EXPECT_EQ(number_field(theory, "measured_activations_bytes"), number_field(theory, "theory_activations_bytes"))
       << theory;
-  for (const std::string& stage : read_records(jsonl, "pipeline_stage")) {
+  const std::vector<std::string> stages = read_records(jsonl, "pipeline_stage");
+  EXPECT_EQ(double(stages.size()), number_field(run, "pp")) << "one pipeline_stage record per stage in " << jsonl;
+  for (const std::string& stage : stages) {
     EXPECT_EQ(number_field(stage, "measured_activations_bytes"), number_field(stage, "theory_activations_bytes"))
         << stage;
     EXPECT_EQ(number_field(stage, "measured_p2p_bytes"), number_field(stage, "theory_p2p_bytes")) << stage;
   }
+}
+
+// The check fails a run that reports no stage (it once passed one, having nothing to compare).
+TEST(FiveDChecks, ARunWithoutPipelineStageRecordsFailsTheActivationsCheck) {
+  const std::string jsonl = temp_dir() + "/run.jsonl";
+  std::ofstream(jsonl) << "{\"type\":\"run\",\"pp\":2}\n"
+                       << "{\"type\":\"theory\",\"measured_activations_bytes\":1024,\"theory_activations_bytes\":1024}\n";
+  EXPECT_NONFATAL_FAILURE(expect_activations_match_theory(jsonl), "one pipeline_stage record per stage");
 }
 
 // Rank 0's model state by category against the formula (theory.h, predict: a MoE model's experts,
@@ -243,12 +258,15 @@ TEST(FiveDOverlap, OneMicroBatchsAllToAllTravelsWhileAnothersBackwardComputes) {
   auto micro = [](const Span& s) { return std::stoi(s.name.substr(1, s.name.find('.') - 1)); };
   for (int pid = 0; pid < 4; pid++) {
     double overlap = 0;
-    int backward_lane = 0;
+    int backward_lane = 0, begun_inside = 0;
     for (const Span& b : spans) {
       if (b.pid != pid || !(pass(b, 'B') || pass(b, 'W'))) continue;
       backward_lane += b.tid == 4;  // Track::BackwardLane
       for (const Span& f : spans) {
         if (f.pid != pid || !pass(f, 'F') || micro(f) == micro(b) || f.end <= b.start || b.end <= f.start) continue;
+        // An order of events, not a length: one lane's pass begins while the other's has begun and
+        // not ended. In sequence, every pass would begin after the one before it ended.
+        begun_inside += b.tid == 4 && ((f.start < b.start && b.start < f.end) || (b.start < f.start && f.start < b.end));
         // The forward lane's all-to-alls: the group itself (", ep"), not the backward lane's copy.
         for (const Span& a : spans)
           if (a.pid == pid && a.name.rfind("all_to_all", 0) == 0 && a.line.find(" B, ep\"") != std::string::npos &&
@@ -258,6 +276,7 @@ TEST(FiveDOverlap, OneMicroBatchsAllToAllTravelsWhileAnothersBackwardComputes) {
     }
     EXPECT_GT(backward_lane, 0) << "rank " << pid << ": no pass on the backward lane's track";
     EXPECT_GT(overlap, 0) << "rank " << pid << ": no forward all-to-all in flight during another micro-batch's backward";
+    EXPECT_GT(begun_inside, 0) << "rank " << pid << ": no pass of one lane began while the other lane's ran";
   }
   // Two lanes blocked on one link at once count their union, as its time in flight does: exposed
   // never exceeds the total, per group and for the step.
@@ -268,11 +287,11 @@ TEST(FiveDOverlap, OneMicroBatchsAllToAllTravelsWhileAnothersBackwardComputes) {
   const std::vector<std::string> pairs = read_records(dir + "/run.jsonl", "pipeline_pairs");
   ASSERT_EQ(pairs.size(), 2u) << "one record per stage";
   for (const std::string& stage : pairs) {
-    // The link holds each all-to-all for milliseconds, so a pair's two lanes run at once for a good
-    // share of its passes (about 40% on an idle machine; a tenth leaves room for a busy one, where the
-    // compute is slower and the link not). In sequence they would not at all.
+    // The lanes ran at once (the trace's order of events above says so on every rank); the record
+    // agrees: some of the pairs' time was hidden, so their wall time is under their passes' sum. How
+    // much (about 40% on an idle machine) is the machine's load, not the schedule's, and is not asserted.
     EXPECT_GT(number_field(stage, "pairs"), 0) << stage;
-    EXPECT_GT(number_field(stage, "hidden_ms"), 0.1 * number_field(stage, "pair_passes_ms")) << stage;
+    EXPECT_GT(number_field(stage, "hidden_ms"), 0) << stage;
     EXPECT_LT(number_field(stage, "pair_wall_ms"), number_field(stage, "pair_passes_ms")) << stage;
   }
 }
@@ -417,11 +436,13 @@ TEST(FiveDRefusals, EachNamesTheFlagWithinSeconds) {
       {4, "--preset tall --tp 2 --aux-loss-coef 0.1", "--aux-loss-coef sets a mixture of experts' routing"},
       {2, "--preset tall --cp-split contiguous", "at --cp 1 one rank holds them all"},
   };
+  // --steps 100000: a refusal that came after the work would run into the bound (60 s, which only a
+  // failing run waits for: an idle machine refuses in about a second), so no duration is asserted.
   for (const Refusal& r : refusals) {
-    const RunResult result = run_trainer("12_5d_parallel", r.ranks, "--steps 1 " + r.args, 60);
+    const RunResult result = run_trainer("12_5d_parallel", r.ranks, "--steps 100000 " + r.args, 60);
     EXPECT_NE(result.exit_code, 0) << r.args << "\n" << result.output;
+    EXPECT_NE(result.exit_code, 124) << r.args << ": timed out, so the check came after the work\n" << result.output;
     EXPECT_NE(result.output.find(r.expected), std::string::npos) << r.args << "\n" << result.output;
-    EXPECT_LT(result.seconds, 10) << r.args;
   }
 }
 
