@@ -116,6 +116,10 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
   PipelineFlags flags = opt.pipeline;
   flags.tp = opt.tp, flags.cp = opt.cp, flags.ep = opt.ep, flags.splits_experts = true;
   if (!flags.pp) flags.pp = 1;
+  // The experts first: an --ep that cannot divide them fits no rank count (the expert dimension's refusal).
+  const int ranks_per_stage = flags.pp > 0 && world.size() % flags.pp == 0 ? world.size() / flags.pp : 0;
+  const std::string experts_problem = expert_count_problem(model_cfg, opt.ep, ranks_per_stage, flags.pp);
+  if (!experts_problem.empty()) config_error(experts_problem);
   PipelinePlan pipe;
   const std::string flags_problem = pipeline_flags_problem(flags, world.size(), model_cfg, batch, &pipe);
   if (!flags_problem.empty()) config_error(flags_problem);
