@@ -309,6 +309,37 @@ TEST(FiveDCheckpoints, MixtureOfExpertsBetween11And12) {
                                 kTolerance);
 }
 
+// A MoE checkpoint resumes in 12 with its own micro-batches, whatever 12's default on the grid (2 x
+// --pp): its capacity and balance loss are per micro-batch (moe.h). 11's, saved with one, continues
+// 11's losses on 2 ranks and down a pipeline; another count given is refused, naming --micro-batches,
+// on every rank before the work. (The forecast replayed the schedule's micro-batches over the
+// checkpoint's count, and read past it: a segmentation fault.)
+TEST(FiveDCheckpoints, MoEResumesWithTheCheckpointsMicroBatches) {
+  const std::string dir = temp_dir(), half = dir + "/m11_2.bin";
+  const RunResult saved = run_trainer("11_expert_parallel", 1, "--preset moe-tiny --steps 4 --save-every 2 --save " +
+                                                                   dir + "/m11_{step}.bin --json " + dir + "/full.jsonl");
+  ASSERT_EQ(saved.exit_code, 0) << saved.output;
+  LossCurve reference = read_losses(dir + "/full.jsonl");
+  ASSERT_EQ(reference.losses.size(), 4u);
+  reference.steps.erase(reference.steps.begin(), reference.steps.begin() + 2);
+  reference.losses.erase(reference.losses.begin(), reference.losses.begin() + 2);
+  for (const auto& [ranks, flags] : std::vector<std::pair<int, std::string>>{
+           {2, ""}, {4, "--tp 2 --pp 2 --sequence-parallel --ep 2"}}) {
+    const RunResult resumed = run_trainer("12_5d_parallel", ranks, "--preset moe-tiny " + flags + " --resume " + half +
+                                                                       " --json " + dir + "/resumed.jsonl");
+    ASSERT_EQ(resumed.exit_code, 0) << flags << "\n" << resumed.output;
+    EXPECT_NE(resumed.output.find("in 1 micro-batch of"), std::string::npos) << resumed.output;
+    EXPECT_LE(max_relative_difference(read_losses(dir + "/resumed.jsonl"), reference), kTolerance) << flags;
+  }
+  const RunResult refused = run_trainer("12_5d_parallel", 2, "--preset moe-tiny --micro-batches 2 --resume " + half, 60);
+  EXPECT_NE(refused.exit_code, 0) << refused.output;
+  EXPECT_NE(refused.exit_code, 124) << "timed out: " << refused.output;
+  EXPECT_NE(refused.output.find("--micro-batches 2 differs from the 1 that checkpoint"), std::string::npos)
+      << refused.output;
+  EXPECT_EQ(refused.output.find("internal error"), std::string::npos) << refused.output;
+  EXPECT_EQ(refused.output.find("step 2"), std::string::npos) << "refused after the work began: " << refused.output;
+}
+
 // A MoE checkpoint is layout-free under ZeRO-1 too: saved from shards over two groups (DP x CP = 4,
 // experts over 2), it resumes without ZeRO on another grid and on ZeRO-1 grids of other groups (N 2
 // and D 4; N = D = 1 down a pipeline); one saved without ZeRO resumes into ZeRO-1. Each continues the
