@@ -265,6 +265,7 @@ TrainingRun::TrainingRun(ProcessGrid& grid, TrainConfig& cfg, const Parallelism&
                     .add("forecast_model_state_bytes", forecast_.model_state)
                     .add("forecast_activations_bytes", forecast_.activations)
                     .add("forecast_transient_bytes", forecast_.transient)
+                    .add("forecast_checkpoint_bytes", forecast_.checkpoint)
                     .add(moe_run_fields());
   }
 }
