@@ -237,7 +237,9 @@ int main(int argc, char** argv) {
   GPT2Config preset;
   if (!find_preset(cfg.preset, &preset))
     config_error("--preset: unknown preset '" + cfg.preset + "' (choose from " + preset_names() + ")");
-  const std::string grid_problem = expert_grid_problem(comm->size(), opt.ep, preset.experts, cfg.preset);
+  // The experts first (the expert dimension's refusal, 12's too), then the ranks.
+  std::string grid_problem = expert_count_problem(preset, opt.ep, comm->size());
+  if (grid_problem.empty()) grid_problem = expert_grid_problem(comm->size(), opt.ep, preset.experts, cfg.preset);
   if (!grid_problem.empty()) config_error(grid_problem);
   const std::string moe_problem = moe_run_problem(cfg.preset, "11_expert_parallel", pick_device(cfg.device), true,
                                                   comm->size(), 1, 1, cfg.recompute);

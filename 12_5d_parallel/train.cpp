@@ -106,6 +106,27 @@ int runs_of(const std::vector<int64_t>& index) {
   return runs;
 }
 
+// The pipeline's plan from its flags (pipeline_flags.h). A mixture of experts resumes with its
+// checkpoint's micro-batches, unless --micro-batches is given: its capacity and balance loss are per
+// micro-batch (training_run.h), and the schedule is built for the count.
+PipelinePlan plan_pipeline(Communicator& world, const TrainConfig& cfg, const GPT2Config& model, int batch,
+                           PipelineFlags flags) {
+  const int kept = cfg.was_given("--micro-batches") ? 0 : micro_batches_a_resume_keeps(world, cfg, model);
+  if (kept > 0) flags.micro_batches = kept;
+  PipelinePlan plan, unused;
+  std::string problem = pipeline_flags_problem(flags, world.size(), model, batch, &plan);
+  PipelineFlags by_default = flags;
+  by_default.micro_batches = 0;
+  if (kept > 0 && !problem.empty() && pipeline_flags_problem(by_default, world.size(), model, batch, &unused).empty())
+    problem = "checkpoint '" + cfg.resume + "' was trained with " + std::to_string(kept) +
+              (kept == 1 ? " micro-batch" : " micro-batches") +
+              " a step, which its capacity and balance loss need on resuming: " + problem;
+  if (!problem.empty()) config_error(problem);
+  if (kept > 0 && kept != 2 * flags.pp && world.rank() == 0)
+    std::printf("note: --micro-batches %d, the checkpoint's (its capacity and balance loss are per micro-batch)\n", kept);
+  return plan;
+}
+
 }  // namespace
 
 int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
@@ -116,9 +137,11 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
   PipelineFlags flags = opt.pipeline;
   flags.tp = opt.tp, flags.cp = opt.cp, flags.ep = opt.ep, flags.splits_experts = true;
   if (!flags.pp) flags.pp = 1;
-  PipelinePlan pipe;
-  const std::string flags_problem = pipeline_flags_problem(flags, world.size(), model_cfg, batch, &pipe);
-  if (!flags_problem.empty()) config_error(flags_problem);
+  // The experts first: an --ep that cannot divide them fits no rank count (the expert dimension's refusal).
+  const int ranks_per_stage = flags.pp > 0 && world.size() % flags.pp == 0 ? world.size() / flags.pp : 0;
+  const std::string experts_problem = expert_count_problem(model_cfg, opt.ep, ranks_per_stage, flags.pp);
+  if (!experts_problem.empty()) config_error(experts_problem);
+  const PipelinePlan pipe = plan_pipeline(world, cfg, model_cfg, batch, flags);
   const Schedule schedule = pipe.schedule;
   const int t = flags.tp, p = pipe.shape.stages, m = pipe.shape.micro_batches, v = pipe.shape.chunks, cp = opt.cp;
   const std::vector<int>& blocks = pipe.blocks;

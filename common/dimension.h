@@ -5,7 +5,8 @@
 // a file of its own (dimension_data.cpp, dimension_tensor.cpp, ...), so that adding one adds a file
 // and a line in make_dimensions(), not a branch in TrainingRun. Defines DimensionContext,
 // StepMeasure, ReportTable, Dimension, make_dimensions(), activations_by_formula(), report_line(),
-// report_row() and the MoE helpers the run reads (moe_routed_tokens(), moe_activations_at()).
+// report_row(), the expert dimension's refusal (expert_count_problem()) and the MoE helpers the run
+// reads (moe_routed_tokens(), moe_activations_at()).
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -98,6 +99,12 @@ std::unique_ptr<Dimension> make_expert_dimension(const DimensionContext& ctx);  
 // running its part of the model: a tensor split of t ranks (sp: sequence parallel) and `recompute`,
 // the positions held and the ring's blocks under CP, each pipeline part's arena.
 double activations_by_formula(const DimensionContext& ctx, int t, bool sp, Recompute recompute);
+
+// The expert dimension's refusal (chapters 11 and 12), before any group exists: an --ep that does not
+// divide the model's experts, as one sentence naming --ep and the values that would work: those that
+// divide the experts and, given stage_ranks > 0, the ranks the expert-parallel groups fold over (each
+// of `stages` pipeline stages' DP x CP x TP). "" when it divides, or for a dense model.
+std::string expert_count_problem(const GPT2Config& model, int ep, int stage_ranks, int stages = 1);
 
 // A MoE model: the rows this rank routes per micro-batch (B T, over cp, over t under SP), and its
 // layers' activations at `rows` (micro-batches x L; empty: at the bound), 0 for a dense model.

@@ -1,8 +1,9 @@
 // dimension_expert.cpp: expert parallelism, and a mixture of experts on any grid, as a dimension
 // (dimension.h; docs/theory.md, section 14): its routers' and experts' activations and its exchange
 // buffers at the bound in the forecast, then in the table at the step's routing next to balanced
-// routing and the bound; the expert-parallel group's scratch buffers. Also the MoE helpers the run
-// reads (moe_routed_tokens, moe_activations_at).
+// routing and the bound; the expert-parallel group's scratch buffers. Also its refusal of an --ep
+// that does not divide the experts (expert_count_problem, chapters 11 and 12) and the MoE helpers
+// the run reads (moe_routed_tokens, moe_activations_at).
 #include "dimension.h"
 
 #include <algorithm>
@@ -88,6 +89,25 @@ class ExpertDimension : public Dimension {
 };
 
 }  // namespace
+
+std::string expert_count_problem(const GPT2Config& model, int ep, int stage_ranks, int stages) {
+  if (!model.moe() || ep < 1 || model.experts % ep == 0) return "";
+  // What would work: an --ep that divides the experts and, where the ranks are known, the ranks it
+  // folds over (grid_shape_problem's other condition), so that the suggestion is one the run takes.
+  std::vector<int> fits;
+  for (int e = 1; e <= model.experts; e++)
+    if (model.experts % e == 0 && (stage_ranks < 1 || stage_ranks % e == 0)) fits.push_back(e);
+  std::string values;
+  for (size_t i = 0; i < fits.size(); i++)
+    values += (i == 0 ? "" : i + 1 == fits.size() ? " or " : ", ") + std::to_string(fits[i]);
+  std::string problem = "--ep " + std::to_string(ep) + " must divide the " + std::to_string(model.experts) +
+                        " experts of --preset " + model.preset +
+                        " (every rank of an expert-parallel group holds an equal number of them): pass --ep " + values;
+  if (stage_ranks > 0)
+    problem += std::string(fits.size() > 1 ? ", which divide" : ", which divides") + " both the experts and the " +
+               std::to_string(stage_ranks) + " ranks" + (stages > 1 ? " of each pipeline stage" : "");
+  return problem;
+}
 
 int64_t moe_routed_tokens(const DimensionContext& ctx) {
   return int64_t(ctx.micro_B) * ctx.held.T / (ctx.tp.sequence_parallel ? ctx.tp.size : 1);

@@ -172,6 +172,8 @@ StageMemory stage_memory(const PlanInputs& in, const PlanConfig& c, int stage) {
   cfg.flash_attention = flash;
   const std::vector<ModelPart> parts = stage_parts(cfg, c, stage);
   // Chapter 10 averages over DP x CP; chapter 11 holds E/ep experts a rank (ep ranks of the world).
+  // (The whole model's length first: a later call may empty the cache under the reference.)
+  const int64_t whole_model_size = cached_layout(cfg, 1, 1, {}).padded_size;
   const ParamLayout& layout = cached_layout(cfg, c.dp * c.cp, c.tp, parts, c.ep);
   const Strategy strategy = strategy_of(c.zero);
   const TensorParallelism tp{c.tp, 0, c.sequence_parallel};
@@ -185,8 +187,8 @@ StageMemory stage_memory(const PlanInputs& in, const PlanConfig& c, int stage) {
   const bool ring = c.cp > 1 || in.ring_attention;
   if (ring) held.T = cfg.T / c.cp;
   const PipelineParallelism pp{c.pp, stage, parts, false, {}};
-  sm.memory = forecast_memory(strategy, layout, held, c.micro_batch, c.micro_batches, in.cluster.dtype, in.cluster.device,
-                              flash || ring, false, in.data_bytes, tp, pp);
+  sm.memory = forecast_memory(strategy, layout, whole_model_size, held, c.micro_batch, c.micro_batches,
+                              in.cluster.dtype, in.cluster.device, flash || ring, false, in.data_bytes, tp, pp);
   if (ring) sm.memory.activations += ring_buffer_bytes(c.cp, c.micro_batch, held.T, cfg.C / c.tp, cfg.NH / c.tp);
   if (cfg.moe()) {
     const int64_t tokens = routed_tokens(cfg, c);

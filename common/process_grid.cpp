@@ -122,12 +122,7 @@ std::string expert_grid_problem(int world, int ep, int experts, const std::strin
   if (experts == 0)
     return "--preset " + preset + " has no experts: expert parallelism needs a mixture of experts (--preset moe-tiny "
            "or moe-small)";
-  const std::string grid = grid_shape_problem(world, 1, 1, 1, ep);
-  if (!grid.empty()) return grid;
-  if (experts % ep)
-    return "--ep " + std::to_string(ep) + " must divide the " + std::to_string(experts) + " experts of --preset " +
-           preset + " (every rank of an expert-parallel group holds an equal number of them)";
-  return "";
+  return grid_shape_problem(world, 1, 1, 1, ep);
 }
 
 ProcessGrid::ProcessGrid(Communicator& world, const GridShape& shape) : world_(world), shape_(shape) {

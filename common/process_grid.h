@@ -82,8 +82,9 @@ std::vector<int> group_ranks(const GridShape& shape, int rank, GridGroup which);
 GridShape grid_shape(int world, int tp, int pp, int cp = 1, int ep = 1);
 std::string grid_shape_problem(int world, int tp, int pp, int cp = 1, int ep = 1);
 
-// Chapter 11's checks of --ep (TP, PP and CP 1) against the world and the preset's E experts, which
-// every rank of an EP group must share equally: "" when sound.
+// Chapter 11's checks of --ep (TP, PP and CP 1) against the world and the preset (it has experts):
+// "" when sound. Whether --ep divides the experts is the expert dimension's (dimension.h,
+// expert_count_problem), which 11 and 12 ask first.
 std::string expert_grid_problem(int world, int ep, int experts, const std::string& preset);
 
 class ProcessGrid {

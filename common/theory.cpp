@@ -336,9 +336,10 @@ int64_t moe_expert_rows_at_most(const GPT2Config& cfg, int B, int ep, int world)
   return std::min(ep * N * cfg.top_k, local * per_expert);
 }
 
-MemoryForecast forecast_memory(Strategy strategy, const ParamLayout& layout, const GPT2Config& cfg, int micro_B,
-                               int micro_batches, DType dtype, Device device, bool flash, bool saves_or_resumes,
-                               double data_bytes, TensorParallelism tp, const PipelineParallelism& pp) {
+MemoryForecast forecast_memory(Strategy strategy, const ParamLayout& layout, int64_t whole_model_size,
+                               const GPT2Config& cfg, int micro_B, int micro_batches, DType dtype, Device device,
+                               bool flash, bool saves_or_resumes, double data_bytes, TensorParallelism tp,
+                               const PipelineParallelism& pp) {
   const std::vector<ModelPart>& parts = pp.parts;
   const double w = double(dtype_size(dtype)), N = layout.ranks;
   MemoryForecast m;
@@ -368,16 +369,20 @@ MemoryForecast forecast_memory(Strategy strategy, const ParamLayout& layout, con
     case Strategy::ZeRO3: m.transient = w * (layer_grads + E + 2 * U + head); break;  // + gathered layers
   }
   for (const ModelPart& part : parts) m.transient += pipeline_buffer_bytes(cfg, part, pp.size, micro_B, dtype, tp);
-  // Full fp32 host copies: one to initialise; saving or resuming holds parameters, m and v, and rank 0
-  // the file's bytes besides (as many again): 6 copies. On a GPU these live on the host, except the
-  // shards gathered from every rank. Under tensor parallelism the whole model's copies are t times a
-  // rank's.
-  const double full = 4.0 * double(layout.padded_size) * tp.size;
+  // Full fp32 host copies of the whole model, Ψg = whole_model_size elements (docs/theory.md, section
+  // 4): one to initialise, and where tensor, pipeline or expert parallelism splits the model, this
+  // rank's part of it (its own Ψ) cut from it beside it; saving or resuming holds parameters, m and v
+  // whole with a rank's part of one beside them, and rank 0 the file's bytes besides the three (as
+  // many again): 6 whole copies. On a GPU these live on the host, except the shards gathered from
+  // every rank.
+  const bool split = tp.size > 1 || pp.size > 1 || layout.ep.size > 1;
+  const double whole = 4.0 * double(split ? whole_model_size : layout.padded_size);
+  const double own = split ? 4.0 * double(layout.padded_size) : 0;
   if (device == Device::CPU) {
-    m.checkpoint = saves_or_resumes ? 6 * full : full;
+    m.checkpoint = saves_or_resumes ? std::max(6 * whole, 3 * whole + own) : whole + own;
     m.data = data_bytes;
   } else {
-    m.checkpoint = saves_or_resumes ? full : 0;
+    m.checkpoint = saves_or_resumes ? 4.0 * double(layout.padded_size) * tp.size : 0;
   }
   return m;
 }

@@ -133,15 +133,19 @@ struct MemoryForecast {
   double model_state = 0;   // parameters + gradients + optimizer state (Prediction, with padding)
   double activations = 0;   // activation_bytes(), plus the token ids on a GPU
   double transient = 0;     // at most this in communication buffers during a step (docs/theory.md)
-  double checkpoint = 0;    // host copies while initialising, resuming or saving (full fp32 tensors)
+  double checkpoint = 0;    // host copies while initialising, resuming or saving (the whole model's, fp32)
   double data = 0;          // the training text, which every rank keeps
   double peak() const;      // model state + activations + data + the larger of transient and checkpoint
 };
-// micro_batches: those of a step (their token ids are kept); pp: a pipeline stage's model parts
-// (chapter 08), each with its own activation arena; none: the whole model.
-MemoryForecast forecast_memory(Strategy strategy, const ParamLayout& layout, const GPT2Config& cfg, int micro_B,
-                               int micro_batches, DType dtype, Device device, bool flash, bool saves_or_resumes,
-                               double data_bytes, TensorParallelism tp = {}, const PipelineParallelism& pp = {});
+// whole_model_size: the whole model's flat length (build_gpt2_layout(cfg, 1)'s padded_size), of
+// which `layout` is this rank's part where tensor, pipeline or expert parallelism splits the model:
+// the host copies that initialise, save and resume it are the whole model's. micro_batches: those
+// of a step (their token ids are kept); pp: a pipeline stage's model parts (chapter 08), each with
+// its own activation arena; none: the whole model.
+MemoryForecast forecast_memory(Strategy strategy, const ParamLayout& layout, int64_t whole_model_size,
+                               const GPT2Config& cfg, int micro_B, int micro_batches, DType dtype, Device device,
+                               bool flash, bool saves_or_resumes, double data_bytes, TensorParallelism tp = {},
+                               const PipelineParallelism& pp = {});
 
 // Chapter 12's groups, per rank and step (4-byte elements; docs/theory.md, section 17). `blocks`:
 // the blocks this rank runs (every chunk), m the micro-batches of a step, B a micro-batch's sequences.

@@ -265,6 +265,7 @@ TrainingRun::TrainingRun(ProcessGrid& grid, TrainConfig& cfg, const Parallelism&
                     .add("forecast_model_state_bytes", forecast_.model_state)
                     .add("forecast_activations_bytes", forecast_.activations)
                     .add("forecast_transient_bytes", forecast_.transient)
+                    .add("forecast_checkpoint_bytes", forecast_.checkpoint)
                     .add(moe_run_fields());
   }
 }
@@ -399,13 +400,16 @@ void TrainingRun::resolve_moe_settings(const CheckpointHeader& resumed) {
                  " trains a mixture of experts with neither (another trajectory); resume it with "
                  "11_expert_parallel, or pass it to --init-from for its weights only");
   }
+  // Without either, any count trains alike. A pipeline's schedule is already built for its count
+  // (12 takes the checkpoint's as its default, micro_batches_a_resume_keeps): another is refused.
   const bool per_micro_batch = model_.capacity_factor > 0 || model_.aux_loss_coef > 0;
   if (per_micro_batch && saved.grad_accum != cfg_.grad_accum) {
-    if (cfg_.was_given("--grad-accum"))
-      config_error("--grad-accum " + std::to_string(cfg_.grad_accum) + " differs from the " +
+    const std::string flag = accumulation_flag();
+    if (cfg_.was_given(flag) || !pp_.actions.empty())
+      config_error(flag + " " + std::to_string(cfg_.grad_accum) + " differs from the " +
                    std::to_string(saved.grad_accum) + " that " + file +
                    " was trained with: its capacity and balance loss are per micro-batch (moe.h), so another count "
-                   "would follow another trajectory; leave --grad-accum out to continue with the checkpoint's");
+                   "would follow another trajectory; leave " + flag + " out to continue with the checkpoint's");
     cfg_.grad_accum = int(saved.grad_accum);
   }
 }

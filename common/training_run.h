@@ -56,6 +56,14 @@ struct Parallelism {
   bool routing_counts_over_data_group = false;
 };
 
+// The micro-batches of a step that resuming cfg.resume keeps for a mixture of experts: the
+// checkpoint's, when it was trained with a capacity or a balance loss (both are per micro-batch,
+// moe.h, so another count follows another trajectory); 0 when it keeps none (no --resume, a dense
+// model or checkpoint, neither setting). A chapter that fixes its micro-batches before the run (12,
+// whose pipeline schedule is built for them) takes it as the default of its flag; TrainingRun
+// refuses another count it is given. Collective: rank 0 reads the header.
+int micro_batches_a_resume_keeps(Communicator& world, const TrainConfig& cfg, const GPT2Config& model);
+
 struct MicroBatch {
   const int* inputs;   // (B,T), on the run's device
   const int* targets;  // (B,T), on the run's device

@@ -24,6 +24,14 @@ TrainingSettings TrainingRun::settings() const {
   return s;
 }
 
+int micro_batches_a_resume_keeps(Communicator& world, const TrainConfig& cfg, const GPT2Config& model) {
+  if (cfg.resume.empty() || !model.moe()) return 0;
+  const CheckpointHeader header = read_checkpoint_header(world, cfg.resume);
+  if (!header.has_moe_settings || header.experts != model.experts) return 0;  // (refused as another model later)
+  const TrainingSettings& saved = header.settings;
+  return saved.capacity_factor > 0 || saved.aux_loss_coef > 0 ? int(saved.grad_accum) : 0;
+}
+
 namespace {
 
 // A full padded fp32 copy, in host memory, of `values`: a full flat buffer (a plain copy) or this

@@ -14,7 +14,7 @@ void TrainingRun::check_memory() {
   const DimensionContext ctx = dimension_context();
   // The model's own: the strategy's model state over this rank's layout, the arena of the positions
   // it holds; then each dimension's terms (dimension.h).
-  forecast_ = forecast_memory(strategy_, layout_, ctx.held, micro_B_, cfg_.grad_accum, dtype_, device_, ctx.lse_attention,
+  forecast_ = forecast_memory(strategy_, layout_, global_layout_.padded_size, ctx.held, micro_B_, cfg_.grad_accum, dtype_, device_, ctx.lse_attention,
                               !cfg_.save.empty() || !cfg_.resume.empty() || !cfg_.init_from.empty(),
                               double(data_.length()), tp_, pp_);
   for (const std::unique_ptr<Dimension>& d : dimensions_) d->add_memory(ctx, forecast_);

@@ -85,6 +85,22 @@ int TrainingRun::finish() {
   const int status = stop_ == Stop::Diverged ? 1 : stop_ == Stop::Interrupted ? 130 : 0;
   const char* ended = stop_ == Stop::Diverged ? "diverged" : stop_ == Stop::Interrupted ? "interrupted" : "completed";
   write_run_record();
+  // Every rank's peak over the run, next to its own forecast (check_memory): the summary's peak is
+  // the largest, compared with the forecast of the rank that had it.
+  const int W = world_.size();
+  const double my_peak = double(std::max(run_peak_bytes_, memory_stats().peak_total));
+  std::vector<double> peaks(static_cast<size_t>(W)), forecasts(static_cast<size_t>(W));
+  int largest = 0;
+  for (int q = 0; q < W; q++) {
+    peaks[size_t(q)] = world_.all_reduce_scalar(world_.rank() == q ? my_peak : 0.0, ReduceOp::Sum);
+    forecasts[size_t(q)] = world_.all_reduce_scalar(world_.rank() == q ? forecast_.peak() : 0.0, ReduceOp::Sum);
+    if (peaks[size_t(q)] > peaks[size_t(largest)]) largest = q;
+  }
+  const double peak = peaks[size_t(largest)], peak_forecast = forecasts[size_t(largest)];
+  const std::string peak_text =
+      format_bytes(peak) + (W > 1 ? " (rank " + std::to_string(largest) + ", the largest of " + std::to_string(W) +
+                                        "; its forecast " + format_bytes(peak_forecast) + ")"
+                                  : " (forecast " + format_bytes(peak_forecast) + ")");
   if (is_root()) {
     JsonObject summary;
     summary.add("type", "summary")
@@ -92,10 +108,16 @@ int TrainingRun::finish() {
         .add("last_step", last_step_)
         .add("measured_steps", totals_.steps)
         .add("final_loss", double(totals_.last_loss))
-        .add("peak_mem_bytes", std::max(run_peak_bytes_, memory_stats().peak_total));
+        .add("peak_mem_bytes", peak)
+        .add("peak_mem_rank", largest)
+        .add("forecast_peak_bytes", peak_forecast);
+    for (int q = 0; q < W; q++)
+      summary.add("rank" + std::to_string(q) + "_peak_mem_bytes", peaks[size_t(q)])
+          .add("rank" + std::to_string(q) + "_forecast_peak_bytes", forecasts[size_t(q)]);
     if (totals_.steps == 0) {
       std::printf("no measured steps: step 0 is warm-up and is left out of the averages; run --steps 2 or more to "
-                  "measure time, throughput and communication | final loss %.4f\n", totals_.last_loss);
+                  "measure time, throughput and communication | peak mem %s | final loss %.4f\n", peak_text.c_str(),
+                  totals_.last_loss);
     } else {
       const int n = totals_.steps;
       const double step_ms = totals_.step_ms / n, tokens_per_s = totals_.tokens_per_s / n;
@@ -109,9 +131,7 @@ int TrainingRun::finish() {
       std::printf("average over %d measured steps: %.1f ms/step | %s tok/s | exposed comm %.2f ms of %.2f ms | "
                   "%.0f collectives/step | %s/step | peak mem %s | final loss %.4f\n",
                   n, step_ms, format_count(tokens_per_s).c_str(), exposed, comm_ms, totals_.collectives / n,
-                  format_bytes(totals_.comm_bytes / n).c_str(),
-                  format_bytes(double(std::max(run_peak_bytes_, memory_stats().peak_total))).c_str(),
-                  totals_.last_loss);
+                  format_bytes(totals_.comm_bytes / n).c_str(), peak_text.c_str(), totals_.last_loss);
       std::printf("model FLOPs: 6N + 12LCT = %.3g per token x %s tok/s = %.3g %s per rank", flops_per_token,
                   format_count(tokens_per_s / world_.size()).c_str(),
                   flops_per_rank >= 1e12 ? flops_per_rank / 1e12 : flops_per_rank / 1e9,

@@ -7,7 +7,8 @@
 // interleaved positions, and all five at 16 ranks with ZeRO-1 and recomputation. A MoE model under
 // ZeRO-1 (and --zero2) shards its dense state over DP x CP and its experts' over their replicas: the
 // plan is checked without MPI, the runs against one rank of 11, their memory and bytes against the
-// formulas, and their checkpoints across grids.
+// formulas, and their checkpoints across grids (with their own micro-batches). The memory forecast
+// holds every rank's peak with experts down a pipeline.
 // dualpipev's F&B pairs run at once (two lanes, common/lanes.h): the same training, and the trace
 // shows one micro-batch's all-to-all travelling while another micro-batch's backward computes.
 #include <gtest/gtest-spi.h>  // EXPECT_NONFATAL_FAILURE: a check that must fail
@@ -328,6 +329,37 @@ TEST(FiveDCheckpoints, MixtureOfExpertsBetween11And12) {
                                 kTolerance);
 }
 
+// A MoE checkpoint resumes in 12 with its own micro-batches, whatever 12's default on the grid (2 x
+// --pp): its capacity and balance loss are per micro-batch (moe.h). 11's, saved with one, continues
+// 11's losses on 2 ranks and down a pipeline; another count given is refused, naming --micro-batches,
+// on every rank before the work. (The forecast replayed the schedule's micro-batches over the
+// checkpoint's count, and read past it: a segmentation fault.)
+TEST(FiveDCheckpoints, MoEResumesWithTheCheckpointsMicroBatches) {
+  const std::string dir = temp_dir(), half = dir + "/m11_2.bin";
+  const RunResult saved = run_trainer("11_expert_parallel", 1, "--preset moe-tiny --steps 4 --save-every 2 --save " +
+                                                                   dir + "/m11_{step}.bin --json " + dir + "/full.jsonl");
+  ASSERT_EQ(saved.exit_code, 0) << saved.output;
+  LossCurve reference = read_losses(dir + "/full.jsonl");
+  ASSERT_EQ(reference.losses.size(), 4u);
+  reference.steps.erase(reference.steps.begin(), reference.steps.begin() + 2);
+  reference.losses.erase(reference.losses.begin(), reference.losses.begin() + 2);
+  for (const auto& [ranks, flags] : std::vector<std::pair<int, std::string>>{
+           {2, ""}, {4, "--tp 2 --pp 2 --sequence-parallel --ep 2"}}) {
+    const RunResult resumed = run_trainer("12_5d_parallel", ranks, "--preset moe-tiny " + flags + " --resume " + half +
+                                                                       " --json " + dir + "/resumed.jsonl");
+    ASSERT_EQ(resumed.exit_code, 0) << flags << "\n" << resumed.output;
+    EXPECT_NE(resumed.output.find("in 1 micro-batch of"), std::string::npos) << resumed.output;
+    EXPECT_LE(max_relative_difference(read_losses(dir + "/resumed.jsonl"), reference), kTolerance) << flags;
+  }
+  const RunResult refused = run_trainer("12_5d_parallel", 2, "--preset moe-tiny --micro-batches 2 --resume " + half, 60);
+  EXPECT_NE(refused.exit_code, 0) << refused.output;
+  EXPECT_NE(refused.exit_code, 124) << "timed out: " << refused.output;
+  EXPECT_NE(refused.output.find("--micro-batches 2 differs from the 1 that checkpoint"), std::string::npos)
+      << refused.output;
+  EXPECT_EQ(refused.output.find("internal error"), std::string::npos) << refused.output;
+  EXPECT_EQ(refused.output.find("step 2"), std::string::npos) << "refused after the work began: " << refused.output;
+}
+
 // A MoE checkpoint is layout-free under ZeRO-1 too: saved from shards over two groups (DP x CP = 4,
 // experts over 2), it resumes without ZeRO on another grid and on ZeRO-1 grids of other groups (N 2
 // and D 4; N = D = 1 down a pipeline); one saved without ZeRO resumes into ZeRO-1. Each continues the
@@ -356,6 +388,35 @@ TEST(FiveDCheckpoints, MoEUnderZeRO1ResumesOnOtherGrids) {
          "plain.jsonl");
   const LossCurve resumed = run_12(4, "--ep 2 --zero1 --resume " + dir + "/plain_2.bin", "into_zero1.jsonl");
   EXPECT_LE(max_relative_difference(resumed, reference), kTolerance);
+}
+
+// The forecast holds every rank's peak. With experts down a pipeline that peak comes as the model is
+// initialised: the whole model's fp32 copy (Ψg elements) and this rank's part of it cut from it (its
+// own Ψ) at once, far more than a stage's Ψ (docs/theory.md, section 4; the forecast took t x Ψ, and
+// fell 5 to 10 MB short). Per rank, on 1f1b and dualpipev: forecast >= the run's peak; the summary
+// names the rank with the largest and its forecast; rank 0's copies are 4 (Ψg + Ψ) bytes.
+TEST(FiveDMemory, TheForecastHoldsEveryRanksPeakWithExpertsDownAPipeline) {
+  GPT2Config cfg;
+  ASSERT_TRUE(find_preset("moe-small", &cfg));
+  const double whole = double(build_gpt2_layout(cfg, 1).padded_size);
+  for (const std::string flags : {"--pp 2 --ep 2", "--pp 2 --ep 2 --schedule dualpipev --micro-batches 4"}) {
+    SCOPED_TRACE(flags);
+    const std::string json = temp_dir() + "/run.jsonl";
+    const RunResult r = run_trainer("12_5d_parallel", 4, "--preset moe-small --steps 1 " + flags + " --json " + json);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    const std::string summary = read_record(json, "summary"), run = read_record(json, "run");
+    for (int q = 0; q < 4; q++) {
+      const std::string rank = "rank" + std::to_string(q);
+      EXPECT_GE(number_field(summary, rank + "_forecast_peak_bytes"), number_field(summary, rank + "_peak_mem_bytes"))
+          << rank << ": " << summary;
+    }
+    const std::string largest = std::to_string(int(number_field(summary, "peak_mem_rank")));
+    EXPECT_EQ(number_field(summary, "peak_mem_bytes"), number_field(summary, "rank" + largest + "_peak_mem_bytes"));
+    EXPECT_EQ(number_field(summary, "forecast_peak_bytes"),
+              number_field(summary, "rank" + largest + "_forecast_peak_bytes"));
+    EXPECT_NE(r.output.find("(rank " + largest + ", the largest of 4; its forecast "), std::string::npos) << r.output;
+    EXPECT_EQ(number_field(run, "forecast_checkpoint_bytes"), 4 * (whole + number_field(run, "padded_params"))) << run;
+  }
 }
 
 // The plan of ZeRO-1 for a MoE model's buckets (GradientSync::zero1_plan), every rank's built on one:

@@ -304,7 +304,13 @@ TEST(ExpertParallel, BadInputIsRefusedOnEveryRankBeforeTheWork) {
     std::string flags, says;
   };
   const std::vector<Refusal> refusals = {
-      {"11_expert_parallel", 3, "--ep 3", "must divide the 4 experts"},
+      {"11_expert_parallel", 3, "--ep 3", "--ep 3 must divide the 4 experts of --preset moe-tiny"},
+      // 12 refuses it alike (the expert dimension's refusal, common/dimension_expert.cpp), naming the
+      // values that would work on its grid: it was an internal error of the parameter layout.
+      {"12_5d_parallel", 6, "--preset moe-tiny --ep 3 --batch 12",
+       "pass --ep 1 or 2, which divide both the experts and the 6 ranks"},
+      {"12_5d_parallel", 8, "--preset moe-tiny --ep 8 --batch 16 --micro-batches 1",
+       "pass --ep 1, 2 or 4, which divide both the experts and the 8 ranks"},
       {"11_expert_parallel", 3, "--ep 2", "do not divide into expert-parallel groups of --ep 2"},
       {"11_expert_parallel", 2, "--ep 0", "--ep must be >= 1"},
       {"11_expert_parallel", 2, "--ep 2 --preset tiny", "has no experts"},

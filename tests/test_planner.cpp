@@ -58,9 +58,9 @@ TrainerForecast trainer_forecast(const PlanInputs& in, const PlanConfig& c) {
       }
     }
     const ParamLayout layout = build_gpt2_layout(cfg, c.dp, tp, parts);
-    const MemoryForecast f = forecast_memory(strategy, layout, cfg, c.micro_batch, c.micro_batches, in.cluster.dtype,
-                                             in.cluster.device, false, false, in.data_bytes, tp,
-                                             PipelineParallelism{c.pp, rank, parts, false, {}});
+    const MemoryForecast f = forecast_memory(strategy, layout, build_gpt2_layout(cfg, 1).padded_size, cfg, c.micro_batch,
+                                             c.micro_batches, in.cluster.dtype, in.cluster.device, false, false,
+                                             in.data_bytes, tp, PipelineParallelism{c.pp, rank, parts, false, {}});
     if (f.peak() <= worst_peak) continue;
     worst_peak = f.peak();
     worst.memory = f;

@@ -13,6 +13,8 @@
 #include <string>
 #include <vector>
 
+#include "dimension.h"     // expert_count_problem: the expert dimension's refusal of --ep
+#include "model_config.h"  // find_preset
 #include "process_grid.h"
 
 namespace {
@@ -254,12 +256,32 @@ TEST(GridShapeProblem, ExpertGroupsMustDivideAStageAndTheSuggestionFits) {
           }
 }
 
+// Whether --ep divides the experts is the expert dimension's refusal, asked first by 11 and 12: it
+// names --ep and the values that would work, each of which divides the experts and the ranks the
+// groups fold over (so the grid takes it too).
+TEST(GridShapeProblem, AnEpThatDoesNotDivideTheExpertsNamesTheValuesThatDo) {
+  GPT2Config tiny, small, dense;
+  ASSERT_TRUE(find_preset("moe-tiny", &tiny) && find_preset("moe-small", &small) && find_preset("tiny", &dense));
+  const std::string why = " (every rank of an expert-parallel group holds an equal number of them): pass --ep ";
+  EXPECT_EQ(expert_count_problem(tiny, 3, 6), "--ep 3 must divide the 4 experts of --preset moe-tiny" + why +
+                                                  "1 or 2, which divide both the experts and the 6 ranks");
+  EXPECT_EQ(expert_count_problem(tiny, 8, 8), "--ep 8 must divide the 4 experts of --preset moe-tiny" + why +
+                                                  "1, 2 or 4, which divide both the experts and the 8 ranks");
+  EXPECT_EQ(expert_count_problem(tiny, 3, 3), "--ep 3 must divide the 4 experts of --preset moe-tiny" + why +
+                                                  "1, which divides both the experts and the 3 ranks");
+  EXPECT_EQ(expert_count_problem(small, 3, 4, 2), "--ep 3 must divide the 8 experts of --preset moe-small" + why +
+                                                      "1, 2 or 4, which divide both the experts and the 4 ranks of "
+                                                      "each pipeline stage");
+  EXPECT_EQ(expert_count_problem(small, 5, 0), "--ep 5 must divide the 8 experts of --preset moe-small" + why +
+                                                   "1, 2, 4 or 8");
+  for (int ep : {1, 2, 4}) EXPECT_EQ(expert_count_problem(tiny, ep, 8), "") << ep;
+  EXPECT_EQ(expert_count_problem(dense, 3, 6), "");  // a dense preset's --ep is refused for that
+  EXPECT_EQ(expert_count_problem(tiny, 0, 6), "");   // and --ep 0 for being below 1
+}
+
 TEST(GridShapeProblem, ChapterElevenChecksTheExpertsToo) {
   EXPECT_EQ(expert_grid_problem(4, 2, 4, "moe-tiny"), "");
   EXPECT_EQ(expert_grid_problem(3, 2, 4, "moe-tiny"), grid_shape_problem(3, 1, 1, 1, 2));
-  EXPECT_EQ(expert_grid_problem(3, 3, 4, "moe-tiny"),
-            "--ep 3 must divide the 4 experts of --preset moe-tiny (every rank of an expert-parallel group holds an "
-            "equal number of them)");
   EXPECT_NE(expert_grid_problem(2, 2, 0, "tiny").find("has no experts"), std::string::npos);
   EXPECT_EQ(expert_grid_problem(2, 0, 4, "moe-tiny"), "--ep must be >= 1");
 }
