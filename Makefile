@@ -34,6 +34,8 @@ CHAPTERS    := $(sort $(patsubst %/train.cpp,%,$(wildcard [0-9][0-9]_*/train.cpp
 PLAN        := 09_3d_parallel/plan
 # Chapter 00 is no trainer: its program times the collectives built from send and receive.
 COLLECTIVES_PROGRAM := 00_collectives/collectives
+# Chapter 13's check of the number formats from outside: fp32 bit patterns in, each format's code out.
+FORMATS_PROGRAM := 13_mixed_precision/formats
 COMMON_SRC  := $(wildcard common/*.cpp)
 COMMON_OBJ  := $(COMMON_SRC:%.cpp=$(BUILD)/%.o)
 LIBCOMMON   := $(BUILD)/libcommon.a
@@ -61,7 +63,7 @@ endif
 .PHONY: all deps test tests test-busy compare bench bench-comm bench-tp bench-pp schedules cp-balance bench-torch diffs plan plan-check clean \
   cluster-up cluster-down cluster-status cluster-check cluster-lessons \
   help $(CHAPTERS) 00_collectives collectives
-all: 00_collectives $(CHAPTERS) ## every chapter's program (00_collectives/collectives, NN_name/train); the default
+all: 00_collectives $(CHAPTERS) $(FORMATS_PROGRAM) ## every chapter's program (00_collectives/collectives, NN_name/train); the default
 
 00_collectives: $(COLLECTIVES_PROGRAM) ## chapter 00: all-reduce, reduce-scatter, all-gather from send and receive
 
@@ -105,6 +107,9 @@ FORCE:
 %/train: $(BUILD)/%/train.o $(LIBCOMMON) $(CHAPTERS_LINKED_FROM)
 	$(call say,LINK,$@)$(MPICXX) $(CXXFLAGS) $(filter-out $(CHAPTERS_LINKED_FROM),$^) -o $@ -pthread
 
+$(FORMATS_PROGRAM): $(BUILD)/13_mixed_precision/formats.o $(BUILD)/common/float_formats.o
+	$(call say,LINK,$@)$(MPICXX) $(CXXFLAGS) $^ -o $@
+
 $(COLLECTIVES_PROGRAM): $(BUILD)/00_collectives/collectives.o $(LIBCOMMON) $(CHAPTERS_LINKED_FROM)
 	$(call say,LINK,$@)$(MPICXX) $(CXXFLAGS) $(filter-out $(CHAPTERS_LINKED_FROM),$^) -o $@ -pthread
 
@@ -118,7 +123,7 @@ $(BUILD)/tests/%: $(BUILD)/tests/%.o $(LIBCOMMON) $(BUILD)/tests/mpi_gtest_main.
 # does not compile them again.
 .SECONDARY:
 
-tests: $(TEST_BIN) $(COLLECTIVES_PROGRAM) $(addsuffix /train,$(CHAPTERS)) $(BUILD)/pipeline_ideal $(PLAN) ## builds every test and chapter, runs nothing
+tests: $(TEST_BIN) $(COLLECTIVES_PROGRAM) $(FORMATS_PROGRAM) $(addsuffix /train,$(CHAPTERS)) $(BUILD)/pipeline_ideal $(PLAN) ## builds every test and chapter, runs nothing
 
 deps: ## only installs missing packages (MPICH, GoogleTest, matplotlib)
 	@scripts/setup/ensure_deps.sh
@@ -245,7 +250,7 @@ plan-check: $(PLAN) ## 09's planner against runs of 03-12 on this machine, calib
 	@scripts/plan/plan_check.sh
 
 clean: ## removes the build folder and the programs
-	rm -rf $(BUILD) $(addsuffix /train,$(CHAPTERS)) $(PLAN) $(COLLECTIVES_PROGRAM)
+	rm -rf $(BUILD) $(addsuffix /train,$(CHAPTERS)) $(PLAN) $(COLLECTIVES_PROGRAM) $(FORMATS_PROGRAM)
 
 -include $(shell find $(BUILD) -path '$(CPU_BUILD)' -prune -o -name '*.d' -print 2>/dev/null)
 
