@@ -234,7 +234,7 @@ bench-torch: ## chapter 01 next to PyTorch eager (needs torch): ARGS="--preset g
 	@$(MAKE) --no-print-directory 01_vanilla_dp
 	@PYTHON=$(TORCH_PYTHON) scripts/pytorch/compare_pytorch.sh $(ARGS)
 
-diffs: ## writes docs/diffs/: each chapter's train.cpp against its base chapter (the previous one; 03 for 07, 08, 10, 11)
+diffs: ## writes docs/diffs/: each chapter's train.cpp against its base chapter (the previous one; 03 for 07, 08, 10, 11, 13)
 	@scripts/checks/diffs.sh
 
 # Chapter 09's planner (PLAN, defined with the chapters above): a command-line tool over

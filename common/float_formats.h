@@ -149,8 +149,57 @@ FF_HOST_DEVICE inline float decode_code(NumberFormat f, uint16_t code) {
   return float(negative ? -value : value);
 }
 
+FF_HOST_DEVICE inline float float_from_bits(uint32_t b) {
+#ifdef __CUDA_ARCH__
+  return __uint_as_float(b);
+#else
+  float x;
+  std::memcpy(&x, &b, sizeof x);
+  return x;
+#endif
+}
+
+// round_to_format's constants, spelled out (format_max() and friends compute them with ldexp, too slow
+// to call per value): max, smallest normal, 2^(1 - bias - m + 23), and the fp32 mantissa bits dropped.
+struct RoundingConstants {
+  float max, min_normal, subnormal_shift;
+  int dropped_bits;
+  bool has_infinity;
+};
+FF_HOST_DEVICE inline RoundingConstants rounding_constants(NumberFormat f) {
+  switch (f) {
+    case NumberFormat::BF16: return {0x1.fep127f, 0x1p-126f, 0x1p-110f, 16, true};
+    case NumberFormat::FP16: return {65504.0f, 0x1p-14f, 0x1p-1f, 13, true};
+    case NumberFormat::E4M3: return {448.0f, 0x1p-6f, 0x1p14f, 20, false};
+    default: return {57344.0f, 0x1p-14f, 0x1p7f, 21, true};
+  }
+}
+
+// decode_code(f, encode_float(f, x, overflow)), the value x becomes, computed in fp32 alone: what the
+// emulated products call for every operand, so it must be fast. Above the format's smallest normal,
+// round the fp32 significand to m bits (add half a step minus one, plus the last kept bit: ties to
+// even; a carry moves into the exponent as it should). Below it, the format's steps are a fixed
+// 2^(1 - bias - m): adding 2^(1 - bias - m + 23) makes fp32's own rounding (to nearest even) round
+// there, and subtracting it back is exact. test_float_formats checks it equals the codes' path.
 FF_HOST_DEVICE inline float round_to_format(NumberFormat f, float x, Overflow overflow = Overflow::Ieee) {
-  return decode_code(f, encode_float(f, x, overflow));
+  const RoundingConstants k = rounding_constants(f);
+  const uint32_t bits = float_bits(x);
+  const uint32_t sign = bits & 0x80000000u, magnitude = bits & 0x7FFFFFFFu;
+  if (magnitude > 0x7F800000u) return x;  // NaN
+  const float overflowed = overflow == Overflow::Saturate ? k.max : k.has_infinity ? INFINITY : NAN;
+  if (magnitude == 0x7F800000u) return float_from_bits(sign | float_bits(overflowed));
+  float rounded;
+  const float a = float_from_bits(magnitude);
+  if (a < k.min_normal) {
+    volatile float sum = a + k.subnormal_shift;  // volatile: the compiler may not fold (a + shift) - shift into a
+    rounded = sum - k.subnormal_shift;
+  } else {
+    uint32_t r = magnitude + (1u << (k.dropped_bits - 1)) - 1u + ((magnitude >> k.dropped_bits) & 1u);
+    r &= ~((1u << k.dropped_bits) - 1u);
+    rounded = float_from_bits(r);
+  }
+  if (rounded > k.max) rounded = overflowed;
+  return float_from_bits(sign | float_bits(rounded));
 }
 
 // Host-side helpers (float_formats.cpp).

@@ -32,21 +32,25 @@ void quantize_group(float* out, const float* m, int cols, int r0, int r1, int c0
     scale = power_of_two_scale(format, amax);
   }
   const float unscale = 1.0f / scale;  // exact: a power of two
-  const double max = format_max(format);
+  const float max = float(format_max(format));
   QuantCounts local;
   for (int r = r0; r < r1; r++) {
-    for (int c = c0; c < c1; c++) {
-      const int64_t i = int64_t(r) * cols + c;
-      const float scaled = m[i] * scale;
-      const float back = round_to_format(format, scaled, overflow) * unscale;
-      local.values++;
-      if (m[i] != 0) {
-        local.nonzero++;
-        if (back == 0) local.underflow++;
-        if (std::fabs(double(scaled)) > max) local.overflow++;
-      }
-      out[i] = back;
+    const float* in = m + int64_t(r) * cols;
+    float* o = out + int64_t(r) * cols;
+    int64_t nonzero = 0, underflow = 0, overflowed = 0;
+    for (int c = c0; c < c1; c++) {  // counted first: out may be m
+      nonzero += in[c] != 0;
+      overflowed += std::fabs(in[c] * scale) > max;
     }
+    for (int c = c0; c < c1; c++) {
+      const bool was_nonzero = in[c] != 0;
+      o[c] = round_to_format(format, in[c] * scale, overflow) * unscale;
+      underflow += was_nonzero && o[c] == 0;
+    }
+    local.values += c1 - c0;
+    local.nonzero += nonzero;
+    local.underflow += underflow;
+    local.overflow += overflowed;
   }
   if (counts) counts->add(local);
 }

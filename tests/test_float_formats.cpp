@@ -166,6 +166,11 @@ TEST(FloatFormats, ShapesAreTheSpecifications) {
     EXPECT_EQ(format_max(f), d.max) << format_name(f);
     EXPECT_EQ(format_min_subnormal(f), d.min_subnormal) << format_name(f);
     EXPECT_EQ(format_bits(f), 1 + d.exponent_bits + d.mantissa_bits) << format_name(f);
+    const RoundingConstants k = rounding_constants(f);
+    EXPECT_EQ(double(k.max), d.max) << format_name(f);
+    EXPECT_EQ(double(k.min_normal), std::pow(2.0, 1 - d.bias)) << format_name(f);
+    EXPECT_EQ(double(k.subnormal_shift), std::pow(2.0, 1 - d.bias - d.mantissa_bits + 23)) << format_name(f);
+    EXPECT_EQ(k.dropped_bits, 23 - d.mantissa_bits) << format_name(f);
   }
 }
 
@@ -214,6 +219,18 @@ TEST(FloatFormats, EveryRoundingBoundaryRoundsToNearestEven) {
       }
     }
     EXPECT_GT(checked, 4 * int(l.values.size())) << format_name(f);
+  }
+}
+
+// round_to_format, the fast path the emulated products use, is the value of the code, everywhere.
+TEST(FloatFormats, RoundToFormatIsTheCodesValue) {
+  for (NumberFormat f : kFormats) {
+    for (float x : boundary_inputs(ladder_of(f), 17)) {
+      for (Overflow overflow : {Overflow::Ieee, Overflow::Saturate}) {
+        ASSERT_TRUE(same_float(round_to_format(f, x, overflow), decode_code(f, encode_float(f, x, overflow))))
+            << format_name(f) << " " << std::hexfloat << x << ": " << round_to_format(f, x, overflow);
+      }
+    }
   }
 }
 
