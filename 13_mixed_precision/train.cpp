@@ -3,8 +3,8 @@
 //
 // The idea. A matrix product in bf16 moves half the bytes of fp32 and runs on tensor cores at many
 // times the rate; fp8 halves it again. What a low-precision format cannot hold is the training state:
-// an update of lr * 1e-3 on a weight of 1 vanishes in bf16's 8 bits. So AdamW updates an fp32 master
-// copy, and each step casts it to the format the products read. bf16 has fp32's exponent range;
+// an update of lr * 1e-3 on a weight of 1 vanishes in bf16's 8 bits. So AdamW updates fp32 master
+// weights, and each product casts them to its format as it reads them. bf16 has fp32's exponent range;
 // fp16 (5 exponent bits) does not: small gradients fall below 6e-8 and become zero, so the loss is
 // multiplied by a scale before backward and the gradients divided after it; a step whose gradients
 // overflowed is skipped and the scale halved, and after --loss-scale-window clean steps it doubles.
@@ -14,8 +14,8 @@
 // Every product is emulated on the CPU as the hardware does it (common/precision_recipe.h):
 // inputs rounded to the format, products summed in fp32, the output rounded to the layer's dtype.
 //
-// What changed since 03: --precision; the master copy and the cast; the loss scaler; the amax
-// history reduced over the ranks after each step. What stayed: --precision fp32 (the default) is
+// What changed since 03: --precision; the products' casts; the loss scaler; the amax history reduced
+// over the ranks after each step. What stayed: --precision fp32 (the default) is
 // chapter 03 exactly; the buckets and their overlap are 03's.
 //
 // Run:
@@ -92,12 +92,11 @@ int main(int argc, char** argv) {
   AdamW optimizer(layout, ShardPlan::unsharded(layout), cfg.weight_decay, device, dtype);
   GPT2 model(run.model_config(), layout, run.micro_batch_size(), device, dtype);
   model.bind_all(params.data(), grads.data());
-  // The fp32 master copy: what AdamW updates, what checkpoints hold. The model reads `params`, the
-  // cast of the master into the recipe's format (stored in fp32 here: the CPU computes in fp32 on
-  // values the format can hold). Under fp32 the model's params are the master, as in 03.
-  Buffer master_copy = low_precision ? Buffer(layout.padded_size, MemCategory::Params, dtype, device) : Buffer();
-  const Buffer& master = low_precision ? master_copy : params;
-  const int start = run.init_or_resume(master, optimizer);
+  // The fp32 master copy is `params` itself: AdamW updates it in fp32, checkpoints hold it. The cast
+  // to the recipe's format happens where the format matters, as each product reads its weight
+  // (LowPrecisionMatmuls), as torch.autocast and Transformer Engine do; layernorm's gains and the
+  // biases are read in fp32, and the model state stays 4 + 4 + 8 bytes a parameter.
+  const int start = run.init_or_resume(params, optimizer);
 
   // Every product of the model through the recipe; the amax histories are reduced over the data-
   // parallel ranks (every rank's tensors are a slice of the same global batch's), so every rank takes
@@ -135,8 +134,6 @@ int main(int argc, char** argv) {
 
   for (int step = start; step < cfg.steps; step++) {
     run.begin_step(step);
-    // The cast: the master, rounded once to the format the model computes in.
-    if (low_precision) cast_to_format(params.view(), master.view(), recipe.output_format());
     fill_zero(grads.view());
     float loss = 0;
     for (int micro = 0; micro < cfg.grad_accum; micro++) {
@@ -159,12 +156,12 @@ int main(int argc, char** argv) {
         scale_inplace(grads.view(), 1.0f / loss_scale);
         norm = std::sqrt(sum_of_squares(grads.view()));
       }
-      optimizer.update(master.view(), grads.view(), step + 1, run.lr(step), clip_factor(norm, cfg.grad_clip));
+      optimizer.update(params.view(), grads.view(), step + 1, run.lr(step), clip_factor(norm, cfg.grad_clip));
     }
     products.end_step();  // the amax history: this step's amaxes, reduced over the ranks, join it
     log.after_step(step, apply, scaler.scale, products);
     run.end_step(step, loss, apply ? norm : 0.0);
-    if (run.checkpoint_due(step)) run.save_checkpoint(step + 1, master, optimizer);
+    if (run.checkpoint_due(step)) run.save_checkpoint(step + 1, params, optimizer);
     if (run.stopping()) break;  // Ctrl-C or a diverging loss: every rank agreed to stop here
   }
   set_cpu_matmul_emulation(nullptr);

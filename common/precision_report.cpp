@@ -62,13 +62,6 @@ PrecisionRecipe precision_recipe_from_flags(const PrecisionFlags& pf, const Trai
   return r;
 }
 
-void cast_to_format(Tensor dst, Tensor src, NumberFormat format) {
-  ENSURE(dst.numel() == src.numel(), "cast_to_format: sizes differ");
-  const float* s = src.f32();
-  float* d = dst.f32();
-  for (int64_t i = 0; i < src.numel(); i++) d[i] = round_to_format(format, s[i]);
-}
-
 OperandValues operand_values_per_step(int L, int C, int V, int64_t tokens, int micro_batches) {
   const double N = double(tokens), l = L, c = C, v = V;
   return {2 * N * (7 * l * c + c), 2 * micro_batches * (12 * l * c * c + v * c), 2 * N * (9 * l * c + v)};
@@ -134,20 +127,16 @@ void PrecisionLog::summary(const LowPrecisionMatmuls& products, int64_t params, 
   }
   const MemoryStats m = memory_stats();
   const double psi = double(params);
-  const int cast_bytes = format_bits(recipe_.output_format()) / 8;
-  std::printf("  model state per rank (P = %lld parameters): allocated here | formula here | in the formats on a GPU\n",
+  std::printf("  model state per rank (P = %lld parameters, fp32 master; the casts are the products' operands above):\n",
               (long long)params);
-  std::printf("    params  %10.4g B | 8P = %.4g B (fp32 master + the cast, stored in fp32) | (4 + %d)P = %.4g B\n",
-              double(m.current[int(MemCategory::Params)]), 8 * psi, cast_bytes, (4 + cast_bytes) * psi);
-  std::printf("    grads   %10.4g B | 4P = %.4g B (fp32 main gradients) | 4P = %.4g B\n",
-              double(m.current[int(MemCategory::Grads)]), 4 * psi, 4 * psi);
-  std::printf("    optim   %10.4g B | 8P = %.4g B (AdamW m, v in fp32) | 8P = %.4g B\n",
-              double(m.current[int(MemCategory::OptState)]), 8 * psi, 8 * psi);
+  std::printf("    params %10.4g B = 4P %10.4g B | grads %10.4g B = 4P %10.4g B | optim %10.4g B = 8P %10.4g B\n",
+              double(m.current[int(MemCategory::Params)]), 4 * psi, double(m.current[int(MemCategory::Grads)]), 4 * psi,
+              double(m.current[int(MemCategory::OptState)]), 8 * psi);
   run_.write_record(JsonObject()
                         .add("type", "precision_summary")
                         .add("skipped", skipped_)
                         .add("params_bytes", m.current[int(MemCategory::Params)])
-                        .add("params_formula", 8 * psi)
+                        .add("params_formula", 4 * psi)
                         .add("grads_bytes", m.current[int(MemCategory::Grads)])
                         .add("optim_bytes", m.current[int(MemCategory::OptState)])
                         .add("weights_values_per_step", steps ? double(products.counts(TensorKind::Weights).values) / steps : 0)

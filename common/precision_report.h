@@ -1,6 +1,5 @@
 // precision_report.h: what chapter 13 needs around its recipe, kept out of the lesson: the flags and
-// their checks (PrecisionFlags, add_precision_flags, precision_recipe_from_flags), the cast of the
-// master weights (cast_to_format), and PrecisionLog: the skipped steps, the per-rank JSON records of
+// their checks (PrecisionFlags, add_precision_flags, precision_recipe_from_flags), and PrecisionLog: the skipped steps, the per-rank JSON records of
 // the scales, and the closing summary (underflows and overflows per tensor kind; the bytes each
 // category holds, by formula and as allocated).
 #pragma once
@@ -30,9 +29,6 @@ void add_precision_flags(FlagParser& flags, PrecisionFlags* pf);
 // anything but fp32 on a GPU (the emulation runs on the CPU; the GPU's bf16 is --dtype bf16 of
 // chapters 01-12), fp8 on a GPU without fp8 tensor cores, a --dtype other than fp32.
 PrecisionRecipe precision_recipe_from_flags(const PrecisionFlags& pf, const TrainConfig& cfg);
-
-// dst = src rounded to the format, element by element (the cast of the master weights); fp32 tensors.
-void cast_to_format(Tensor dst, Tensor src, NumberFormat format);
 
 // The values one rank's products read in a step, by kind, from the shapes: every linear layer of
 // GPT-2 (per block qkv C->3C, attention projection C->C, fc C->4C, fc projection 4C->C; the LM head
