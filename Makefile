@@ -62,7 +62,7 @@ endif
 
 .PHONY: all deps test tests test-busy compare bench bench-comm bench-tp bench-pp schedules cp-balance bench-torch diffs plan plan-check clean \
   cluster-up cluster-down cluster-status cluster-check cluster-lessons \
-  help $(CHAPTERS) 00_collectives collectives
+  help $(CHAPTERS) 00_collectives collectives precision
 all: 00_collectives $(CHAPTERS) $(FORMATS_PROGRAM) ## every chapter's program (00_collectives/collectives, NN_name/train); the default
 
 00_collectives: $(COLLECTIVES_PROGRAM) ## chapter 00: all-reduce, reduce-scatter, all-gather from send and receive
@@ -178,6 +178,10 @@ bench-pp: all ## 08's six schedules at m = 2, 4, 8, 16, bubble measured, simulat
 # Chapter 10's balance under the causal mask: each rank's attention work and idle time in the ring.
 cp-balance: 10_context_parallel ## 10's ring at --cp 2 and 4, contiguous vs zigzag, results/cp_balance.png: CPS="2 4" PRESET=long STEPS=4
 	@scripts/bench/cp_balance.sh
+
+# Chapter 13's recipes side by side: the lesson of mixed precision, measured (scripts/bench/precision.sh).
+precision: 13_mixed_precision ## 13 under fp32, bf16, fp16, fp8 (4 scalings) and two failing recipes, a table and docs/images/precision.png, about 2 min on 2 cores: STEPS=100 JOBS=2
+	@scripts/bench/precision.sh
 
 # Chapter 08's pipeline diagram: afab, 1f1b, interleaved and zb-h1, each measured and simulated.
 schedules: ## 08's schedules measured next to ideal, results/schedules.png: PP=4 M=8 PRESET=deep STEPS=10

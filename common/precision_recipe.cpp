@@ -178,3 +178,9 @@ std::vector<float> LowPrecisionMatmuls::delayed_scales() const {
   for (const auto& [key, h] : histories_) scales.push_back(h.scale);
   return scales;
 }
+
+float LowPrecisionMatmuls::first_delayed_scale(TensorKind kind) const {
+  for (const auto& [key, h] : histories_)
+    if (h.kind == kind && !kept(key.first)) return h.scale;
+  return 0;
+}

@@ -77,6 +77,9 @@ class LowPrecisionMatmuls : public MatmulEmulation {
   // Every per-tensor scale the next step will use (delayed scaling), in a fixed order of the products;
   // empty under other scalings. Equal on every rank: the histories are reduced.
   std::vector<float> delayed_scales() const;
+  // The delayed scale of the first product's operand of this kind (the first block's qkv): one
+  // trajectory per kind for the plots. 0 before the first end_step() or under other scalings.
+  float first_delayed_scale(TensorKind kind) const;
   const QuantCounts& counts(TensorKind kind) const { return counts_[int(kind)]; }
 
  private:

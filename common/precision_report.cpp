@@ -96,15 +96,19 @@ void PrecisionLog::after_step(int step, bool applied, float loss_scale, const Lo
     const bool me = comm_.rank() == r;
     const double their_scale = comm_.all_reduce_scalar(me ? loss_scale : -HUGE_VAL, ReduceOp::Max);
     const double their_fingerprint = comm_.all_reduce_scalar(me ? fingerprint : -HUGE_VAL, ReduceOp::Max);
-    run_.write_record(JsonObject()
-                          .add("type", "precision")
-                          .add("step", step)
-                          .add("rank", r)
-                          .add("applied", applied)
-                          .add("loss_scale", their_scale)
-                          .add("scales", int64_t(scales.size()))
-                          .add("scales_fingerprint", their_fingerprint)
-                          .add("first_scale", scales.empty() ? 0.0 : double(scales[0])));
+    JsonObject record;
+    record.add("type", "precision")
+        .add("step", step)
+        .add("rank", r)
+        .add("applied", applied)
+        .add("loss_scale", their_scale)
+        .add("scales", int64_t(scales.size()))
+        .add("scales_fingerprint", their_fingerprint);
+    if (r == 0)  // rank 0's own scales, one per kind, for the plots (the fingerprint says the others hold the same)
+      record.add("scale_weights", double(products.first_delayed_scale(TensorKind::Weights)))
+          .add("scale_activations", double(products.first_delayed_scale(TensorKind::Activations)))
+          .add("scale_gradients", double(products.first_delayed_scale(TensorKind::Gradients)));
+    run_.write_record(record);
   }
 }
 
