@@ -41,7 +41,7 @@
 #include "ops.h"
 #include "optimizer.h"
 #include "precision_recipe.h"  // PrecisionRecipe, LowPrecisionMatmuls: the products as the format does them
-#include "precision_report.h"  // precision_flags_error, report_precision: the checks and the summary
+#include "precision_report.h"  // PrecisionFlags, precision_recipe_from_flags, PrecisionLog: flags, records, summary
 #include "training_run.h"
 
 // The loss scale of fp16: large enough that small gradients survive the format, halved when a step
@@ -100,9 +100,9 @@ int main(int argc, char** argv) {
 
   // Every product of the model through the recipe; the amax histories are reduced over the data-
   // parallel ranks (every rank's tensors are a slice of the same global batch's), so every rank takes
-  // the same scales.
+  // the same scales. A few scalars a step, sent as the loss is (not the gradient traffic of 03's table).
   LowPrecisionMatmuls products(recipe, params.f32(), grads.f32(), [&](std::vector<float>& amaxes) {
-    if (!amaxes.empty()) comm->all_reduce(make_view(amaxes.data(), {int64_t(amaxes.size())}), ReduceOp::Max);
+    for (float& amax : amaxes) amax = float(comm->all_reduce_scalar(amax, ReduceOp::Max));
   });
   products.keep_in_output_format(layout.params[0].offset);  // the LM head (wte, tied) stays in bf16
   if (low_precision) set_cpu_matmul_emulation(&products);
@@ -146,11 +146,12 @@ int main(int argc, char** argv) {
     in_flight.clear();
     buckets.reset();
 
-    // The scaler: an inf or NaN anywhere in the (already averaged, so equal) gradient means the scale
-    // was too large for fp16. Skip the step; every rank decides alike.
+    // The scaler (fp16): an inf or NaN anywhere in the (already averaged, so equal) gradient means the
+    // scale was too large for fp16. Skip the step; every rank decides alike. Elsewhere a non-finite
+    // gradient is a diverging run, stopped by end_step as in every chapter.
     const float loss_scale = scaler.scale;  // what backward multiplied by
     double norm = std::sqrt(sum_of_squares(grads.view()));
-    const bool apply = scaler.after_backward(!std::isfinite(norm));
+    const bool apply = recipe.precision != Precision::FP16 || scaler.after_backward(!std::isfinite(norm));
     if (apply) {
       if (loss_scale != 1) {  // back to the true gradient (exactly: a power of two) before the clip and AdamW
         scale_inplace(grads.view(), 1.0f / loss_scale);

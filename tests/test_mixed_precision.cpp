@@ -70,6 +70,7 @@ TEST(MixedPrecision, AnyGridEqualsOneRankWithinTheFormat) {
     ASSERT_EQ(b.exit_code, 0) << b.output;
     EXPECT_LE(max_relative_difference(read_losses(many), read_losses(one)), c.tolerance) << c.recipe;
     expect_equal_on_every_rank(many, c.ranks, kSteps);
+    expect_theory_matches(many, 4);  // 03's table: model state and gradient traffic as in fp32
   }
 }
 
