@@ -6,7 +6,7 @@
 # Two recipes fail on purpose, beside the recipe that fixes each: fp16 without its loss scale
 # (--loss-scale 1) and fp8 without scales, gradients in E4M3 (--fp8-scaling none --fp8-grad e4m3).
 # DeepSeek's accumulation (--fp8-accumulate promote128) is left out: its emulation adds the products one
-# by one, about 15 times slower; try it on a chapter 13 run of its own.
+# by one, about 20 times slower; try it on a chapter 13 run of its own.
 # Settings: STEPS=100, PRESET=tiny, BATCH=8, JOBS=2 (runs at a time), EXTRA= more flags for every run.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
