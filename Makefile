@@ -34,6 +34,8 @@ CHAPTERS    := $(sort $(patsubst %/train.cpp,%,$(wildcard [0-9][0-9]_*/train.cpp
 PLAN        := 09_3d_parallel/plan
 # Chapter 00 is no trainer: its program times the collectives built from send and receive.
 COLLECTIVES_PROGRAM := 00_collectives/collectives
+# Chapter 13's check of the number formats from outside: fp32 bit patterns in, each format's code out.
+FORMATS_PROGRAM := 13_mixed_precision/formats
 COMMON_SRC  := $(wildcard common/*.cpp)
 COMMON_OBJ  := $(COMMON_SRC:%.cpp=$(BUILD)/%.o)
 LIBCOMMON   := $(BUILD)/libcommon.a
@@ -60,8 +62,8 @@ endif
 
 .PHONY: all deps test tests test-busy compare bench bench-comm bench-tp bench-pp schedules cp-balance bench-torch diffs plan plan-check clean \
   cluster-up cluster-down cluster-status cluster-check cluster-lessons \
-  help $(CHAPTERS) 00_collectives collectives
-all: 00_collectives $(CHAPTERS) ## every chapter's program (00_collectives/collectives, NN_name/train); the default
+  help $(CHAPTERS) 00_collectives collectives precision
+all: 00_collectives $(CHAPTERS) $(FORMATS_PROGRAM) ## every chapter's program (00_collectives/collectives, NN_name/train); the default
 
 00_collectives: $(COLLECTIVES_PROGRAM) ## chapter 00: all-reduce, reduce-scatter, all-gather from send and receive
 
@@ -105,6 +107,9 @@ FORCE:
 %/train: $(BUILD)/%/train.o $(LIBCOMMON) $(CHAPTERS_LINKED_FROM)
 	$(call say,LINK,$@)$(MPICXX) $(CXXFLAGS) $(filter-out $(CHAPTERS_LINKED_FROM),$^) -o $@ -pthread
 
+$(FORMATS_PROGRAM): $(BUILD)/13_mixed_precision/formats.o $(BUILD)/common/float_formats.o
+	$(call say,LINK,$@)$(MPICXX) $(CXXFLAGS) $^ -o $@
+
 $(COLLECTIVES_PROGRAM): $(BUILD)/00_collectives/collectives.o $(LIBCOMMON) $(CHAPTERS_LINKED_FROM)
 	$(call say,LINK,$@)$(MPICXX) $(CXXFLAGS) $(filter-out $(CHAPTERS_LINKED_FROM),$^) -o $@ -pthread
 
@@ -118,7 +123,7 @@ $(BUILD)/tests/%: $(BUILD)/tests/%.o $(LIBCOMMON) $(BUILD)/tests/mpi_gtest_main.
 # does not compile them again.
 .SECONDARY:
 
-tests: $(TEST_BIN) $(COLLECTIVES_PROGRAM) $(addsuffix /train,$(CHAPTERS)) $(BUILD)/pipeline_ideal $(PLAN) ## builds every test and chapter, runs nothing
+tests: $(TEST_BIN) $(COLLECTIVES_PROGRAM) $(FORMATS_PROGRAM) $(addsuffix /train,$(CHAPTERS)) $(BUILD)/pipeline_ideal $(PLAN) ## builds every test and chapter, runs nothing
 
 deps: ## only installs missing packages (MPICH, GoogleTest, matplotlib)
 	@scripts/setup/ensure_deps.sh
@@ -173,6 +178,10 @@ bench-pp: all ## 08's six schedules at m = 2, 4, 8, 16, bubble measured, simulat
 # Chapter 10's balance under the causal mask: each rank's attention work and idle time in the ring.
 cp-balance: 10_context_parallel ## 10's ring at --cp 2 and 4, contiguous vs zigzag, results/cp_balance.png: CPS="2 4" PRESET=long STEPS=4
 	@scripts/bench/cp_balance.sh
+
+# Chapter 13's recipes side by side: the lesson of mixed precision, measured (scripts/bench/precision.sh).
+precision: 13_mixed_precision ## 13 under fp32, bf16, fp16, fp8 (4 scalings) and two failing recipes, a table and docs/images/precision.png, about 2 min on 2 cores: STEPS=100 JOBS=2
+	@scripts/bench/precision.sh
 
 # Chapter 08's pipeline diagram: afab, 1f1b, interleaved and zb-h1, each measured and simulated.
 schedules: ## 08's schedules measured next to ideal, results/schedules.png: PP=4 M=8 PRESET=deep STEPS=10
@@ -229,7 +238,7 @@ bench-torch: ## chapter 01 next to PyTorch eager (needs torch): ARGS="--preset g
 	@$(MAKE) --no-print-directory 01_vanilla_dp
 	@PYTHON=$(TORCH_PYTHON) scripts/pytorch/compare_pytorch.sh $(ARGS)
 
-diffs: ## writes docs/diffs/: each chapter's train.cpp against its base chapter (the previous one; 03 for 07, 08, 10, 11)
+diffs: ## writes docs/diffs/: each chapter's train.cpp against its base chapter (the previous one; 03 for 07, 08, 10, 11, 13)
 	@scripts/checks/diffs.sh
 
 # Chapter 09's planner (PLAN, defined with the chapters above): a command-line tool over
@@ -245,7 +254,7 @@ plan-check: $(PLAN) ## 09's planner against runs of 03-12 on this machine, calib
 	@scripts/plan/plan_check.sh
 
 clean: ## removes the build folder and the programs
-	rm -rf $(BUILD) $(addsuffix /train,$(CHAPTERS)) $(PLAN) $(COLLECTIVES_PROGRAM)
+	rm -rf $(BUILD) $(addsuffix /train,$(CHAPTERS)) $(PLAN) $(COLLECTIVES_PROGRAM) $(FORMATS_PROGRAM)
 
 -include $(shell find $(BUILD) -path '$(CPU_BUILD)' -prune -o -name '*.d' -print 2>/dev/null)
 

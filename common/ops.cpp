@@ -18,6 +18,7 @@
 
 #include "bf16.h"     // float_to_bf16, bf16_to_float: convert_tensor on the CPU
 #include "check.h"    // ENSURE, fatal
+#include "matmul_emulation.h"  // cpu_matmul_emulation: low-precision products emulated (chapter 13)
 #include "ops_cpu.h"  // cpu::
 #ifdef GPT_WITH_CUDA
 #include "ops_cuda.h"  // cuda::
@@ -239,6 +240,7 @@ void matmul_forward(Tensor out, Tensor inp, Tensor weight, Tensor bias) {
   ENSURE(bias.empty() || bias.numel() == OC, "matmul_forward: bias must be (OC)");
   ON_CUDA(ops, matmul_forward(ops.dtype, out.data, inp.data, weight.data, bias.data, N, C, OC));
   const MatmulClock clock;
+  if (MatmulEmulation* emulation = cpu_matmul_emulation()) return emulation->forward(out, inp, weight, bias);
   cpu::matmul_forward(out.f32(), inp.f32(), weight.f32(), optional_f32(bias), N, C, OC);
 }
 
@@ -262,6 +264,7 @@ void matmul_backward_input(Tensor dinp, Tensor dout, Tensor weight) {
   ENSURE(dinp.numel() == int64_t(N) * C, "matmul_backward_input: dinp must be (N,C)");
   ON_CUDA(ops, matmul_backward_input(ops.dtype, dinp.data, dout.data, weight.data, N, C, OC));
   const MatmulClock clock;
+  if (MatmulEmulation* emulation = cpu_matmul_emulation()) return emulation->backward_input(dinp, dout, weight);
   cpu::matmul_backward_input(dinp.f32(), dout.f32(), weight.f32(), N, C, OC);
 }
 
@@ -273,6 +276,7 @@ void matmul_backward_weight(Tensor dweight, Tensor dbias, Tensor dout, Tensor in
   ENSURE(dbias.empty() || dbias.numel() == OC, "matmul_backward_weight: dbias must be (OC)");
   ON_CUDA(ops, matmul_backward_weight(ops.dtype, dweight.data, dbias.data, dout.data, inp.data, N, C, OC));
   const MatmulClock clock;
+  if (MatmulEmulation* emulation = cpu_matmul_emulation()) return emulation->backward_weight(dweight, dbias, dout, inp);
   cpu::matmul_backward_weight(dweight.f32(), optional_f32(dbias), dout.f32(), inp.f32(), N, C, OC);
 }
 

@@ -1,0 +1,175 @@
+// Chapter 13: mixed precision. Products in bf16, fp16 or fp8; master weights and AdamW in fp32.
+// Base chapter: 03_bucket_dp
+//
+// The idea. A matrix product in bf16 moves half the bytes of fp32 and runs on tensor cores at many
+// times the rate; fp8 halves it again. What a low-precision format cannot hold is the training state:
+// an update of lr * 1e-3 on a weight of 1 vanishes in bf16's 8 bits. So AdamW updates fp32 master
+// weights, and each product casts them to its format as it reads them. bf16 has fp32's exponent range;
+// fp16 (5 exponent bits) does not: small gradients fall below 6e-8 and become zero, so the loss is
+// multiplied by a scale before backward and the gradients divided after it; a step whose gradients
+// overflowed is skipped and the scale halved, and after --loss-scale-window clean steps it doubles.
+// fp8 needs a scale on every tensor: E4M3 (forward) spans 2^-9 .. 448, E5M2 (gradients) 2^-16 .. 57344.
+// The scale comes from the tensor's amax: now (current), from an amax history (delayed, as
+// Transformer Engine), per row, or per 1 x 128 tile and 128 x 128 block (DeepSeek-V3).
+// Every product is emulated on the CPU as the hardware does it (common/precision_recipe.h):
+// inputs rounded to the format, products summed in fp32, the output rounded to the layer's dtype.
+//
+// What changed since 03: --precision; the products' casts; the loss scaler; the amax history reduced
+// over the ranks after each step. What stayed: --precision fp32 (the default) is
+// chapter 03 exactly; the buckets and their overlap are 03's.
+//
+// Run:
+//   make 13_mixed_precision
+//   ./13_mixed_precision/train --precision fp16 --steps 100             # watch the loss scale
+//   mpiexec -n 2 ./13_mixed_precision/train --precision fp8 --fp8-scaling blocks
+//   ./13_mixed_precision/train --precision fp8 --fp8-scaling none       # what fp8 does without scales
+//   make precision                                                      # every recipe, a table, plots
+// Output: as 03, plus the recipe, each skipped step with its scale, and a summary of the underflows
+// and overflows per tensor kind and the bytes the formats hold.
+#include <cmath>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "buckets.h"
+#include "comm.h"
+#include "comm_factory.h"
+#include "device.h"
+#include "flags.h"
+#include "memory.h"
+#include "model.h"
+#include "ops.h"
+#include "optimizer.h"
+#include "precision_recipe.h"  // PrecisionRecipe, LowPrecisionMatmuls: the products as the format does them
+#include "precision_report.h"  // PrecisionFlags, precision_recipe_from_flags, PrecisionLog: flags, records, summary
+#include "training_run.h"
+
+// The loss scale of fp16: large enough that small gradients survive the format, halved when a step
+// overflows, doubled after `window` clean steps. A fixed scale (--loss-scale N) never moves.
+struct LossScaler {
+  float scale = 1;
+  bool dynamic = false;
+  int window = 0, clean_steps = 0;
+  // Returns true when the step may be applied.
+  bool after_backward(bool overflowed) {
+    if (overflowed) {
+      if (dynamic) scale = std::max(scale / 2, 1.0f);
+      clean_steps = 0;
+      return false;
+    }
+    if (dynamic && ++clean_steps == window) scale *= 2, clean_steps = 0;
+    return true;
+  }
+};
+
+int main(int argc, char** argv) {
+  auto comm = init_mpi_communicator(&argc, &argv);
+  TrainConfig cfg;
+  FlagParser flags;
+  double bucket_mb = 0;
+  PrecisionFlags pf;
+  flags.add("--bucket-mb", &bucket_mb, "target bucket size in MB, a bucket holding whole tensors (default: an "
+                                      "eighth of the gradient)");
+  add_precision_flags(flags, &pf);
+  if (!parse_train_flags(argc, argv, "13_mixed_precision",
+                         "Chapter 13: mixed precision (bf16, fp16 with loss scaling, fp8 with scaling) on 03's data parallelism.", flags, &cfg)) {
+    shutdown_mpi(std::move(comm));
+    return 0;
+  }
+  if (cfg.was_given("--bucket-mb") && !(bucket_mb > 0)) config_error("--bucket-mb must be > 0");
+  const PrecisionRecipe recipe = precision_recipe_from_flags(pf, cfg);  // refuses what cannot run, naming the flag
+  comm = communicator_for(pick_device(cfg.device), std::move(comm), cfg.collectives);  // NCCL on GPUs (comm_factory.h)
+  ProcessGrid grid(*comm);  // data parallelism alone: every rank a replica, the world its one group
+  TrainingRun run(grid, cfg, Parallelism{Strategy::DP});
+  const Device device = run.device();
+  const DType dtype = run.dtype();
+  const ParamLayout& layout = run.layout();
+  const bool low_precision = recipe.precision != Precision::FP32;
+
+  // Every rank holds all parameters, all gradients and the whole optimizer state.
+  Buffer params(layout.padded_size, MemCategory::Params, dtype, device);
+  Buffer grads(layout.padded_size, MemCategory::Grads, dtype, device);
+  AdamW optimizer(layout, ShardPlan::unsharded(layout), cfg.weight_decay, device, dtype);
+  GPT2 model(run.model_config(), layout, run.micro_batch_size(), device, dtype);
+  model.bind_all(params.data(), grads.data());
+  // The fp32 master copy is `params` itself: AdamW updates it in fp32, checkpoints hold it. The cast
+  // to the recipe's format happens where the format matters, as each product reads its weight
+  // (LowPrecisionMatmuls), as torch.autocast and Transformer Engine do; layernorm's gains and the
+  // biases are read in fp32, and the model state stays 4 + 4 + 8 bytes a parameter.
+  const int start = run.init_or_resume(params, optimizer);
+
+  // Every product of the model through the recipe; the amax histories are reduced over the data-
+  // parallel ranks (every rank's tensors are a slice of the same global batch's), so every rank takes
+  // the same scales. A few scalars a step, sent as the loss is (not the gradient traffic of 03's table).
+  LowPrecisionMatmuls products(recipe, params.f32(), grads.f32(), [&](std::vector<float>& amaxes) {
+    for (float& amax : amaxes) amax = float(comm->all_reduce_scalar(amax, ReduceOp::Max));
+  });
+  products.keep_in_output_format(layout.params[0].offset);  // the LM head (wte, tied) stays in bf16
+  if (low_precision) set_cpu_matmul_emulation(&products);
+  LossScaler scaler;
+  if (recipe.precision == Precision::FP16) {
+    scaler.dynamic = pf.loss_scale == 0;
+    scaler.scale = scaler.dynamic ? float(pf.loss_scale_init) : float(pf.loss_scale);
+    scaler.window = pf.loss_scale_window;
+  }
+  PrecisionLog log(recipe, run, *comm);
+  if (run.is_root()) std::printf("precision: %s\n", recipe.describe().c_str());
+
+  const double bucket_bytes = cfg.was_given("--bucket-mb") ? bucket_mb * 1e6 : default_bucket_bytes(layout, dtype_size(dtype));
+  GradientBuckets buckets(layout, bucket_bytes, dtype_size(dtype));
+  if (run.is_root()) {
+    std::printf("%d buckets of about %.3g MB, in the order backward fills them:", buckets.count(), bucket_bytes / 1e6);
+    for (int b = 0; b < buckets.count(); b++) std::printf(" [%lld, %lld)", (long long)buckets.begin(b), (long long)buckets.end(b));
+    std::printf("\n");
+  }
+
+  std::vector<CommHandle> in_flight;
+  bool last_micro_batch = false;
+  model.hooks.grad_ready = [&](int p) {
+    if (!last_micro_batch) return;  // no_sync: gradients are not final until the last micro-batch
+    const int b = buckets.mark_ready(p);
+    if (b < 0) return;  // the bucket still waits for other gradients
+    in_flight.push_back(comm->all_reduce_async(grads.view().slice1d(buckets.begin(b), buckets.size(b)), ReduceOp::Avg));
+  };
+
+  for (int step = start; step < cfg.steps; step++) {
+    run.begin_step(step);
+    fill_zero(grads.view());
+    float loss = 0;
+    for (int micro = 0; micro < cfg.grad_accum; micro++) {
+      last_micro_batch = micro == cfg.grad_accum - 1;
+      MicroBatch batch = run.micro_batch(step, micro);
+      loss += model.forward(batch.inputs, batch.targets, batch.B) / cfg.grad_accum;
+      model.backward(scaler.scale / cfg.grad_accum);  // the loss scale enters at the top of backward
+    }
+    for (CommHandle& handle : in_flight) handle.wait();
+    in_flight.clear();
+    buckets.reset();
+
+    // The scaler (fp16): an inf or NaN anywhere in the (already averaged, so equal) gradient means the
+    // scale was too large for fp16. Skip the step; every rank decides alike. Elsewhere a non-finite
+    // gradient is a diverging run, stopped by end_step as in every chapter.
+    const float loss_scale = scaler.scale;  // what backward multiplied by
+    double norm = std::sqrt(sum_of_squares(grads.view()));
+    const bool apply = recipe.precision != Precision::FP16 || scaler.after_backward(!std::isfinite(norm));
+    if (apply) {
+      if (loss_scale != 1) {  // back to the true gradient (exactly: a power of two) before the clip and AdamW
+        scale_inplace(grads.view(), 1.0f / loss_scale);
+        norm = std::sqrt(sum_of_squares(grads.view()));
+      }
+      optimizer.update(params.view(), grads.view(), step + 1, run.lr(step), clip_factor(norm, cfg.grad_clip));
+    }
+    products.end_step();  // the amax history: this step's amaxes, reduced over the ranks, join it
+    log.after_step(step, apply, scaler.scale, products);
+    run.end_step(step, loss, apply ? norm : 0.0);
+    if (run.checkpoint_due(step)) run.save_checkpoint(step + 1, params, optimizer);
+    if (run.stopping()) break;  // Ctrl-C or a diverging loss: every rank agreed to stop here
+  }
+  set_cpu_matmul_emulation(nullptr);
+  const GPT2Config& shape = run.model_config();
+  log.summary(products, layout.padded_size, shape.L, shape.C, shape.V,
+              int64_t(run.micro_batch_size()) * shape.T * cfg.grad_accum, cfg.grad_accum);
+  const int status = run.finish();
+  shutdown_mpi(std::move(comm));
+  return status;
+}
