@@ -4,9 +4,9 @@
 // fp32, NCCL works at one rank, every chapter at 2 ranks on one GPU (the host-staged fallback)
 // matches one rank in fp32 and in bf16, bf16 memory and bytes match docs/theory.md's mixed-precision
 // column, a bf16 checkpoint resumes exactly, and the memory counters agree with what the driver
-// reports; freed GPU memory is reused, zeroed. With two GPUs: NCCL between ranks, a pipeline's
-// grouped messages matched by call order, and the emulated link on NCCL. Each test that needs the
-// other situation skips and says why. Everywhere: the watchdog of the host's waits on a GPU.
+// reports; freed GPU memory is reused, zeroed; chapter 10's ring on CUDA buffers matches one rank.
+// With two GPUs: NCCL between ranks, a pipeline's grouped messages matched by call order, and the
+// emulated link on NCCL. Each test that needs the other situation skips and says why. Everywhere: the watchdog of the host's waits on a GPU.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -185,6 +185,19 @@ TEST(OnGpu, SequenceParallelMatchesOneRank) {
   const LossCurve one_rank = train("01_vanilla_dp", 1, "--device cuda --dtype fp32");
   const LossCurve split = train("07_tensor_parallel", 2, "--device cuda --dtype fp32 --sequence-parallel");
   EXPECT_LE(max_relative_difference(split, one_rank), kRankTolerance);
+}
+
+// Ring attention on CUDA buffers (chapter 10, ring_attention_cuda.cu): two ranks of a ring on the one
+// GPU, in fp32, train like one rank with the model's own attention; bf16 is refused before the work,
+// on every rank, naming the flag.
+TEST(OnGpu, RingAttentionMatchesOneRank) {
+  SKIP_WITHOUT_GPU();
+  const LossCurve one_rank = train("01_vanilla_dp", 1, "--device cuda --dtype fp32");
+  const LossCurve ring = train("10_context_parallel", 2, "--device cuda --dtype fp32 --cp 2");
+  EXPECT_LE(max_relative_difference(ring, one_rank), kRankTolerance);
+  RunResult refused = run_trainer("10_context_parallel", 2, "--device cuda --dtype bf16 --cp 2", 60);
+  EXPECT_NE(refused.exit_code, 0) << refused.output;
+  EXPECT_NE(refused.output.find("--dtype bf16 with --cp 2 on a GPU"), std::string::npos) << refused.output;
 }
 
 #define SKIP_WITHOUT_TWO_GPUS()                                                                        \
