@@ -36,6 +36,10 @@ for program in "$build"/tests/test_*; do
   cp "$program" "$out/tree/build/tests/"
   programs+=("$out/tree/build/tests/$(basename "$program")")
 done
+if [ -x "$build/kernel_variants" ]; then
+  cp "$build/kernel_variants" "$out/tree/build/"
+  programs+=("$out/tree/build/kernel_variants")
+fi
 if [ -x "$build/pipeline_ideal" ]; then
   cp "$build/pipeline_ideal" "$out/tree/build/"
   programs+=("$out/tree/build/pipeline_ideal")

@@ -5,9 +5,10 @@
 # still leaves the cases that have never run on a GPU measured:
 #   1. the GPU tests: test_cuda_ring_attention, test_cuda_moe_rows, test_cuda_ops, test_flash_attention,
 #      test_devices (they skip without a GPU);
-#   2. kernels: the matmul lesson's versions, each validated against its CPU reference, then timed
-#      against cuBLAS (lessons/matmul/matmul_lesson), and the attention variants (stage 4 times them
-#      in the model and names the winner per batch);
+#   2. kernels: version 1 against version 2 of each kernel that has both (build/kernel_variants:
+#      the classifier, AdamW), each checked, then timed, the winner named; the matmul lesson's
+#      versions, each validated against its CPU reference, then timed against cuBLAS
+#      (lessons/matmul/matmul_lesson); the attention variants are timed in the model in stage 4;
 #   3. the chapters on the GPU (--device cuda), the ranks sharing the one GPU through the host-staged
 #      communicator, each next to the same case on the CPU: fp32 losses must match the CPU's within
 #      1e-4 (tests/test_devices.cpp says why that bound and not 1e-5: cuBLAS sums in another order),
@@ -98,7 +99,16 @@ wants tests && for test in test_cuda_ring_attention test_cuda_moe_rows test_cuda
   record tests "$test" "$([ $rc -eq 0 ] && echo pass || echo FAIL)" $((SECONDS - t0)) "rc $rc; $summary${failed:+; failed: $failed}"
 done
 
-# 2. Kernels: each version of the matmul lesson checked against its CPU reference, then timed.
+# 2. Kernels: version 1 against version 2 of each kernel that has both (the classifier, AdamW),
+#    checked then timed, the winner named (scripts/bench/kernel_variants.cpp); then each version of
+#    the matmul lesson checked against its CPU reference and timed.
+if wants kernels && [ -x build/kernel_variants ]; then
+  t0=$SECONDS
+  timeout 120 ./build/kernel_variants >"$out/kernel_variants.log" 2>&1
+  rc=$?
+  record kernels kernel_variants "$([ $rc -eq 0 ] && echo pass || echo FAIL)" $((SECONDS - t0)) \
+    "rc $rc; $(grep -v '^{' "$out/kernel_variants.log" | tail -n 2 | tr -s ' ' | tr '\n' ';' | cut -c1-300)"
+fi
 if wants kernels && [ -x lessons/matmul/matmul_lesson ]; then
   t0=$SECONDS
   timeout 90 ./lessons/matmul/matmul_lesson >"$out/matmul_lesson.log" 2>&1
@@ -294,6 +304,7 @@ fi
   cat "$out/chapters.txt"
   [ -f "$out/llmc.log" ] && { echo; tail -n 12 "$out/llmc.log"; }
   [ -f "$out/pytorch.log" ] && { echo; tail -n 6 "$out/pytorch.log"; }
+  [ -f "$out/kernel_variants.log" ] && { echo; cat "$out/kernel_variants.log"; }
   grep -E '^--- |failed$' "$out/suite.log" 2>/dev/null | grep -v ' 0 failed' | tail -n 20
 } >"$out/summary.txt"
 echo "=================================================="
