@@ -56,8 +56,9 @@ lessons/matmul/matmul_lesson: lessons/matmul/matmul_lesson.cu
 
 # Version 1 against version 2 of each kernel that has both, checked then timed on a GPU (it says why
 # and stops without one): scripts/gpu/gpu_check.sh runs it, so it is built with the tests.
+# ($< and the library by name, not $^: -MMD's dependency file adds the headers as prerequisites.)
 $(BUILD)/kernel_variants: scripts/bench/kernel_variants.cpp $(LIBCOMMON)
-	$(call say,LINK,$@)$(MPICXX) $(CPPFLAGS) $(CXXFLAGS) $^ -o $@
+	$(call say,LINK,$@)$(MPICXX) $(CPPFLAGS) $(CXXFLAGS) $< $(LIBCOMMON) -o $@
 
 all tests: $(CUDA_LESSONS)
 tests: $(BUILD)/kernel_variants
