@@ -4,8 +4,9 @@
 #     dispatches CUDA tensors to ops_cuda.cu and memory.cpp allocates them with cudaMalloc;
 #   - compiles common/*.cu with nvcc into libcommon.a, next to the common/*.cpp objects;
 #   - links the CUDA libraries into every program that links libcommon.a (CUDA_LINKED below);
-#   - builds the kernel lessons (lessons/matmul/matmul_lesson); test_cuda_ops comes with the other
-#     tests (tests/test_*.cpp) and skips its tests where no GPU is present.
+#   - builds the kernel lessons (lessons/matmul/matmul_lesson) and, with the tests, the kernel
+#     variants' benchmark (build/kernel_variants); test_cuda_ops comes with the other tests
+#     (tests/test_*.cpp) and skips its tests where no GPU is present.
 # Nothing here needs a GPU: the build runs anywhere nvcc does.
 
 CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
@@ -44,7 +45,7 @@ $(LIBCOMMON): $(CUDA_OBJ)
 # target's prerequisites, where -l flags only draw warnings). A new program that links libcommon.a
 # belongs in this list.
 CUDA_LINKED := $(addsuffix /train,$(CHAPTERS)) $(COLLECTIVES_PROGRAM) $(TEST_BIN) $(BUILD)/matmul_bench $(BUILD)/comm_bench \
-               $(BUILD)/pipeline_ideal $(PLAN)
+               $(BUILD)/pipeline_ideal $(PLAN) $(BUILD)/kernel_variants
 $(CUDA_LINKED): private CXXFLAGS += $(CUDA_LDFLAGS)
 
 # Kernel lessons: standalone programs (no libcommon, no MPI), built with the chapters.
@@ -53,7 +54,14 @@ CUDA_LESSONS := lessons/matmul/matmul_lesson
 lessons/matmul/matmul_lesson: lessons/matmul/matmul_lesson.cu
 	$(call say,NVCC,$<)$(NVCC) $(NVCCFLAGS) $< -o $@ -L$(CUDA_HOME)/lib64 -Xlinker -rpath -Xlinker $(CUDA_HOME)/lib64 -lcublas
 
+# Version 1 against version 2 of each kernel that has both, checked then timed on a GPU (it says why
+# and stops without one): scripts/gpu/gpu_check.sh runs it, so it is built with the tests.
+# ($< and the library by name, not $^: -MMD's dependency file adds the headers as prerequisites.)
+$(BUILD)/kernel_variants: scripts/bench/kernel_variants.cpp $(LIBCOMMON)
+	$(call say,LINK,$@)$(MPICXX) $(CPPFLAGS) $(CXXFLAGS) $< $(LIBCOMMON) -o $@
+
 all tests: $(CUDA_LESSONS)
+tests: $(BUILD)/kernel_variants
 
 .PHONY: clean-cuda
 clean: clean-cuda

@@ -25,7 +25,7 @@ class RingAttention {
   // rank of the ring (positions[r] for rank r), which the causal mask compares.
   RingAttention(Communicator& ring, std::vector<std::vector<int>> positions, int max_B, int C, int NH)
       : ring_(ring), positions_(std::move(positions)), cp_(ring.size()), rank_(ring.rank()), C_(C),
-        buffers_(cp_, max_B, checked_positions(ring, positions_), C, NH) {}
+        buffers_(cp_, max_B, checked_positions(ring, positions_), C, NH, ring.device()) {}
 
   RingCounters counters;
 
@@ -35,10 +35,9 @@ class RingAttention {
     const Measure measure(*this, counters.forward_bytes, counters.forward_idle_ms);
     // The running state: out accumulates the weighted values (not yet divided), lse holds the running
     // maximum, buffers_.stat the running sum.
-    fill_zero(out);
+    attention_block_start(out, lse, buffers_.stat.view());
     float* row_max = lse.f32();
     float* row_sum = buffers_.stat.f32();
-    for (int64_t i = 0; i < lse.numel(); i++) row_max[i] = -INFINITY, row_sum[i] = 0.0f;
     Tensor kv[2] = {block(buffers_.kv[0], B, T), cp_ > 1 ? block(buffers_.kv[1], B, T) : Tensor()};
     pack_kv(kv[0], qkv, B, T, C_);  // this rank's own keys and values start the ring
     for (int s = 0; s < cp_; s++) {
@@ -51,7 +50,7 @@ class RingAttention {
       {
         TraceScope span("ring block " + std::to_string(owner));
         counters.forward_pairs += attention_block_forward(
-            RowBlock{out.f32(), C_, T}, row_max, row_sum, qkv_rows(qkv, 0, B, T, C_), kv_rows(current, 0, B, T, C_),
+            btc_rows(out, T, C_), row_max, row_sum, qkv_rows(qkv, 0, B, T, C_), kv_rows(current, 0, B, T, C_),
             kv_rows(current, 1, B, T, C_), positions_[size_t(rank_)].data(), positions_[size_t(owner)].data(), B, NH,
             C_);
       }
@@ -59,7 +58,7 @@ class RingAttention {
       counters.compute_cpu_ms += thread_cpu_ms() - start_cpu;
       if (passing.valid()) passing.wait();
     }
-    attention_block_finish(RowBlock{out.f32(), C_, T}, lse.f32(), row_max, row_sum, B, NH, C_);
+    attention_block_finish(btc_rows(out, T, C_), lse.f32(), row_max, row_sum, B, NH, C_);
   }
 
   // The backward sends the blocks around again. The gradient of block j's keys and values sums the
@@ -72,7 +71,7 @@ class RingAttention {
     const int B = int(out.shape[0]), T = int(out.shape[1]);
     const Measure measure(*this, counters.backward_bytes, counters.backward_idle_ms);
     float* D = buffers_.stat.f32();  // <dout, out> per query, which every block's softmax backward needs
-    attention_row_dots(D, RowBlock{dout.f32(), C_, T}, RowBlock{out.f32(), C_, T}, B, NH, C_);
+    attention_row_dots(D, btc_rows(dout, T, C_), btc_rows(out, T, C_), B, NH, C_);
     Tensor kv[2] = {block(buffers_.kv[0], B, T), cp_ > 1 ? block(buffers_.kv[1], B, T) : Tensor()};
     pack_kv(kv[0], qkv, B, T, C_);
     CommHandle sending[2], arriving;  // the accumulators leaving (one per buffer), the one coming
@@ -97,7 +96,7 @@ class RingAttention {
         TraceScope span("ring block " + std::to_string(owner) + " backward");
         counters.backward_pairs += attention_block_backward(
             qkv_rows(dqkv, 0, B, T, C_), dk, dv, qkv_rows(qkv, 0, B, T, C_), kv_rows(current, 0, B, T, C_),
-            kv_rows(current, 1, B, T, C_), RowBlock{dout.f32(), C_, T}, lse.f32(), D,
+            kv_rows(current, 1, B, T, C_), btc_rows(dout, T, C_), lse.f32(), D,
             positions_[size_t(rank_)].data(), positions_[size_t(owner)].data(), B, NH, C_);
       }
       counters.compute_ms += now_ms() - start;

@@ -26,6 +26,8 @@
 // positions: averaging their means over equal token counts gives the mean over whole sequences).
 // What stayed: 03's buckets overlapping backward, and the losses equal 01's.
 // At --cp 1 the attention is the same blockwise kernel, a ring of one (on a GPU: the model's own).
+// On a GPU (--device cuda, fp32) the blocks run as CUDA kernels (common/ring_attention_cuda.cu) on
+// the compute stream while NCCL's stream carries the next block: the same overlap, on two streams.
 //
 // Base chapter: 03_bucket_dp (docs/diffs/10_context_parallel.diff: what this chapter adds to it).
 //
@@ -181,7 +183,7 @@ int main(int argc, char** argv) {
   }
   if (cfg.was_given("--bucket-mb") && !(opt.bucket_mb > 0)) config_error("--bucket-mb must be > 0");
   // Every check before the first collective, the same on every rank: the ranks into rings of --cp,
-  // each sequence into --cp parts (2 --cp chunks for zigzag), the ring's kernels on the CPU.
+  // each sequence into --cp parts (2 --cp chunks for zigzag), the ring's kernels in fp32 on a GPU.
   if (cfg.was_given("--cp") && opt.cp < 1) config_error("--cp must be >= 1");
   ContextSplit split;
   if (!parse_context_split(opt.split, &split))
@@ -194,11 +196,16 @@ int main(int argc, char** argv) {
     config_error("--preset: unknown preset '" + cfg.preset + "' (choose from " + preset_names() + ")");
   const std::string split_problem = context_split_problem(preset.T, cp, split, comm->size());
   if (!split_problem.empty()) config_error(split_problem);
-  if (cp > 1 && cfg.device == "cuda")
-    config_error("--cp " + std::to_string(cp) + " with --device cuda: ring attention runs on the CPU only in this "
-                 "project (docs/context_parallel.md); pass --device cpu, or --cp 1 on a GPU");
-  if (cp > 1 && cfg.device == "auto") cfg.device = "cpu";
-  comm = communicator_for(pick_device(cfg.device), std::move(comm), cfg.collectives);  // NCCL on GPUs (comm_factory.h)
+  const Device device = pick_device(cfg.device);
+  if (cp > 1 && device == Device::CUDA) {  // the ring's kernels on a GPU (ring_attention_cuda.cu) are fp32
+    if (cfg.dtype == "bf16")
+      config_error("--dtype bf16 with --cp " + std::to_string(cp) + " on a GPU: the ring's CUDA kernels run in fp32; "
+                   "pass --dtype fp32, or --cp 1 (the model's own attention takes bf16)");
+    cfg.dtype = "fp32";
+    const std::string ring_problem = ring_attention_problem(device, preset.C, preset.NH);
+    if (!ring_problem.empty()) config_error(ring_problem + "; pass --device cpu");
+  }
+  comm = communicator_for(device, std::move(comm), cfg.collectives);  // NCCL on GPUs (comm_factory.h)
   const int status = train(*comm, cfg, opt, cp, split, preset.T);  // (every group's communicator is gone after it)
   shutdown_mpi(std::move(comm));
   return status;

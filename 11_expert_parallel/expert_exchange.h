@@ -19,6 +19,7 @@
 #include "memory.h"
 #include "model.h"
 #include "moe.h"
+#include "ops.h"  // copy_tensor: the rows regrouped on their device
 
 // The tokens' trips to the experts of the EP group and back, per layer (the lesson's core).
 class ExpertExchange {
@@ -26,8 +27,9 @@ class ExpertExchange {
   // `slots`: the micro-batches a pipeline keeps in flight (chapter 12: every chunk's), each with its
   // own routing and its experts' activations until its backward; 1 without a pipeline.
   ExpertExchange(Communicator& ep, GPT2& model, int L, int E, int C, int slots = 1)
-      : ep_(ep), model_(model), L_(L), E_(E), C_(C), local_(E / ep.size()), layers_(size_t(L) * size_t(slots)) {
-    for (int s = 0; s < slots; s++) mlps_.emplace_back(L, C);
+      : ep_(ep), model_(model), L_(L), E_(E), C_(C), local_(E / ep.size()), device_(ep.device()),
+        layers_(size_t(L) * size_t(slots)) {
+    for (int s = 0; s < slots; s++) mlps_.emplace_back(L, C, device_);  // the rows' device: the group's
   }
 
   // rows (n,C) grouped by expert 0..E-1 (counts[e] rows each) -> out (n,C), the same order.
@@ -112,7 +114,7 @@ class ExpertExchange {
     int64_t rows = 0;
     for (int64_t r : recv_rows) rows += r;
     grow(into, rows * C_);
-    Tensor to = make_view(into.data(), {rows, int64_t(C_)});
+    Tensor to = rows_at(into, 0, rows);
     exchange_into(from, send_rows, recv_rows, to);
     return to;
   }
@@ -131,29 +133,29 @@ class ExpertExchange {
     int64_t offset = 0;
     for (int s = 0; s < P; s++)
       for (int j = 0; j < local_; j++) at_arrival[size_t(s * local_ + j)] = offset, offset += d.recv_counts[size_t(s * local_ + j)];
-    auto move_rows = [&](const float* from, float* to, bool to_grouped) {
+    // (copy_tensor: a memcpy on the CPU, a device-to-device copy on the GPU's stream.)
+    auto move_rows = [&](const Buffer& from, const Buffer& to, bool to_grouped) {
       int64_t grouped = 0;
       for (int j = 0; j < local_; j++)
         for (int s = 0; s < P; s++) {
           const int64_t n = d.recv_counts[size_t(s * local_ + j)], arrival = at_arrival[size_t(s * local_ + j)];
-          const size_t bytes = size_t(n * C_) * sizeof(float);
           if (n > 0) {
-            if (to_grouped) std::memcpy(to + grouped * C_, from + arrival * C_, bytes);
-            else std::memcpy(to + arrival * C_, from + grouped * C_, bytes);
+            if (to_grouped) copy_tensor(rows_at(to, grouped, n), rows_at(from, arrival, n));
+            else copy_tensor(rows_at(to, arrival, n), rows_at(from, grouped, n));
           }
           grouped += n;
         }
     };
     for (int j = 0; j < local_; j++)
       for (int s = 0; s < P; s++) local_counts[size_t(j)] += d.recv_counts[size_t(s * local_ + j)];
-    move_rows(received.f32(), mine.grouped.f32(), true);
-    const Tensor in = make_view(mine.grouped.data(), {rows, int64_t(C_)});
-    const Tensor out = make_view(mine.results.data(), {rows, int64_t(C_)});
+    move_rows(mine.received, mine.grouped, true);
+    const Tensor in = rows_at(mine.grouped, 0, rows);
+    const Tensor out = rows_at(mine.results, 0, rows);
     ExpertMLPs& mlps = mlps_[size_t(slot)];
     if (forward) mlps.forward(layer, model_.held_experts(layer), in, local_counts, out);
     else mlps.backward(layer, model_.held_experts(layer), in, out);
-    move_rows(mine.results.f32(), mine.arrival.f32(), false);
-    return make_view(mine.arrival.data(), {rows, int64_t(C_)});
+    move_rows(mine.results, mine.arrival, false);
+    return rows_at(mine.arrival, 0, rows);
   }
 
   void count_predicted(int64_t sent_bytes, int64_t link_bytes) {
@@ -163,15 +165,20 @@ class ExpertExchange {
   // The old block goes before the new one comes, so the step's peak is the four buffers at the
   // largest layer's rows (docs/theory.md 14, moe_exchange_buffer_bytes), never old and new at once:
   // once per lane where two run.
-  static void grow(Buffer& b, int64_t count) {
+  void grow(Buffer& b, int64_t count) const {
     if (b.count() >= count) return;
     b = Buffer();
-    b = Buffer(count, MemCategory::CommBuffers);
+    b = Buffer(count, MemCategory::CommBuffers, device_);
+  }
+  // Rows [begin, begin + n) of a buffer of C-channel rows, on the exchange's device.
+  Tensor rows_at(const Buffer& b, int64_t begin, int64_t n) const {
+    return make_view(static_cast<float*>(b.data()) + begin * C_, {n, int64_t(C_)}, DType::F32, device_);
   }
 
   Communicator& ep_;
   GPT2& model_;
   int L_, E_, C_, local_;
+  Device device_;                 // of the rows: the EP group's (CUDA: NCCL or host-staged all-to-alls)
   std::vector<ExpertMLPs> mlps_;  // per slot: this rank's experts' activations
   std::vector<Layer> layers_;     // per slot and layer
   LaneScratch lanes_[kLanes];

@@ -215,7 +215,7 @@ int main(int argc, char** argv) {
   auto comm = init_mpi_communicator(&argc, &argv);
   TrainConfig cfg;
   cfg.preset = "moe-tiny";  // a mixture of experts by default
-  cfg.device = "cpu";       // the experts run on the CPU (moe.h)
+  cfg.device = "cpu";       // the lesson runs on the CPU; --device cuda moves it, in fp32, to a GPU
   FlagParser flags;
   ExpertFlags opt;
   flags.add("--bucket-mb", &opt.bucket_mb, "target bucket size in MB, a bucket holding whole tensors (default: an "
@@ -244,7 +244,13 @@ int main(int argc, char** argv) {
   const std::string moe_problem = moe_run_problem(cfg.preset, "11_expert_parallel", pick_device(cfg.device), true,
                                                   comm->size(), 1, 1, cfg.recompute);
   if (!moe_problem.empty()) config_error(moe_problem);
-  comm = communicator_for(pick_device(cfg.device), std::move(comm), cfg.collectives);
+  const Device device = pick_device(cfg.device);
+  if (device == Device::CUDA) {  // the MoE layer runs in fp32 on a GPU too (moe.h)
+    if (cfg.dtype == "bf16")
+      config_error("--dtype bf16 with a mixture of experts on a GPU: the MoE layer runs in fp32; pass --dtype fp32");
+    cfg.dtype = "fp32";
+  }
+  comm = communicator_for(device, std::move(comm), cfg.collectives);
   const int status = train(comm.get(), cfg, opt);  // (every group's communicator is gone after it)
   shutdown_mpi(std::move(comm));
   return status;

@@ -544,12 +544,18 @@ int main(int argc, char** argv) {
     config_error("--preset: unknown preset '" + cfg.preset + "' (choose from " + preset_names() + ")");
   const std::string split_problem = context_split_problem(preset.T, opt.cp, split, comm->size());
   if (!split_problem.empty()) config_error(split_problem);
-  // The ring and the experts run on the CPU in this project (docs/context_parallel.md, moe.h).
-  if ((opt.cp > 1 || preset.moe()) && cfg.device == "cuda")
-    config_error("--device cuda with " + std::string(opt.cp > 1 ? "--cp > 1" : "a MoE preset") +
-                 ": ring attention and the experts run on the CPU only in this project; pass --device cpu");
-  if ((opt.cp > 1 || preset.moe()) && cfg.device == "auto") cfg.device = "cpu";
-  comm = communicator_for(pick_device(cfg.device), std::move(comm), cfg.collectives);
+  // On a GPU the ring (ring_attention_cuda.cu) and the MoE layer (moe.h) run in fp32.
+  const Device device = pick_device(cfg.device);
+  if ((opt.cp > 1 || preset.moe()) && device == Device::CUDA) {
+    if (cfg.dtype == "bf16")
+      config_error("--dtype bf16 with " + std::string(opt.cp > 1 ? "--cp " + std::to_string(opt.cp) : "a MoE preset") +
+                   " on a GPU: the " + (opt.cp > 1 ? "ring's CUDA kernels" : "MoE layer") +
+                   " runs in fp32; pass --dtype fp32");
+    cfg.dtype = "fp32";
+    const std::string ring_problem = opt.cp > 1 ? ring_attention_problem(device, preset.C, preset.NH) : "";
+    if (!ring_problem.empty()) config_error(ring_problem + "; pass --device cpu");
+  }
+  comm = communicator_for(device, std::move(comm), cfg.collectives);
   const int status = train(*comm, cfg, opt);
   shutdown_mpi(std::move(comm));
   return status;

@@ -26,7 +26,7 @@
 // op that mixes positions, goes through the chapter's ContextParallelHooks (a ring), and keeps, as
 // FlashAttention does, only its output and a log-sum-exp per query, never (B,NH,T,T) matrices.
 // Mixture of experts (chapter 11): with GPT2Config::experts > 0 each block's MLP is a MoE layer
-// (moe.h), on the CPU in fp32; expert parallelism hands its experts' work to the chapter through
+// (moe.h), in fp32 (CPU, or GPU in 11 and 12); expert parallelism hands its experts' work to the chapter through
 // ExpertHooks. Each rank routes the rows it holds (its T/cp positions, its B*T/t rows under sequence
 // parallelism, which tensor parallelism then needs), with a router per block and slot (chapter 12).
 #pragma once

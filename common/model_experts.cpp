@@ -10,7 +10,7 @@
 using namespace model_internal;
 
 void GPT2::init_experts(int max_B) {
-  ENSURE(device_ == Device::CPU && dtype_ == DType::F32, "GPT2: a MoE model runs on the CPU in fp32");
+  ENSURE(dtype_ == DType::F32, "GPT2: a MoE model runs in fp32");
   // Each rank routes the rows it holds: under tensor parallelism only sequence parallelism gives the
   // ranks of a group rows of their own (without it they would route the same tokens t times).
   ENSURE(tp_.size == 1 || tp_.sequence_parallel, "GPT2: a tensor-parallel MoE model needs sequence parallelism");
@@ -22,8 +22,8 @@ void GPT2::init_experts(int max_B) {
   for (int slot = 0; slot < part_.slots; slot++) {
     for (int l = blocks.begin; l < blocks.end; l++)
       moe_.push_back(std::make_unique<MoELayer>(cfg_.C, cfg_.experts, cfg_.top_k, cfg_.capacity_factor,
-                                                cfg_.aux_loss_coef, d.r, slot));
-    experts_.push_back(std::make_unique<ExpertMLPs>(cfg_.L, cfg_.C));
+                                                cfg_.aux_loss_coef, d.r, slot, device_));
+    experts_.push_back(std::make_unique<ExpertMLPs>(cfg_.L, cfg_.C, device_));
   }
   reset_routing_totals();
 }

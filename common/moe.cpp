@@ -1,4 +1,5 @@
-// moe.cpp: the mixture-of-experts MLP of moe.h (routing, capacity, balance loss, experts), on the CPU.
+// moe.cpp: the mixture-of-experts MLP of moe.h (routing, capacity, balance loss, experts), on the CPU or,
+// its rows and experts, on a GPU (the routing's decisions on the host either way).
 #include "moe.h"
 
 #include <algorithm>
@@ -8,41 +9,45 @@
 #include <cstring>
 
 #include "check.h"
+#include "device.h"  // transfer: the router's logits down, the routing's index arrays up
 #include "lanes.h"  // free_when_pair_ends
+#include "moe_rows.h"  // the rows' trips around the experts, on the tensors' device
 #include "ops.h"
 
 namespace {
-Tensor rows_of(const Buffer& b, int64_t n, int64_t cols) { return make_view(b.data(), {n, cols}); }
+Tensor rows_of(const Buffer& b, int64_t n, int64_t cols) {
+  return make_view(b.data(), {n, cols}, DType::F32, b.view().device);
+}
 Tensor rows_of(Tensor t, int64_t begin, int64_t n) {
   const int64_t cols = t.shape[1];
-  return make_view(t.f32() + begin * cols, {n, cols});
+  return make_view(t.f32() + begin * cols, {n, cols}, DType::F32, t.device);
 }
-// Makes b hold exactly `count` fp32 activations (contents are not kept). The old block is freed
-// before the new one is taken, so that the peak counts only the new (docs/theory.md, 14).
-void resize_exactly(Buffer& b, int64_t count) {
+// Makes b hold exactly `count` fp32 activations on `device` (contents are not kept). The old block is
+// freed before the new one is taken, so that the peak counts only the new (docs/theory.md, 14).
+void resize_exactly(Buffer& b, int64_t count, Device device) {
   if (b.count() == count) return;
   b = Buffer();
-  if (count > 0) b = Buffer(count, MemCategory::Activations);
+  if (count > 0) b = Buffer(count, MemCategory::Activations, device);
 }
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
 // The experts
 
-ExpertMLPs::ExpertMLPs(int layers, int C) : kept_(size_t(layers)), C_(C) {}
+ExpertMLPs::ExpertMLPs(int layers, int C, Device device) : kept_(size_t(layers)), C_(C), device_(device) {}
 
 void ExpertMLPs::forward(int layer, const std::vector<ExpertWeights>& experts, Tensor rows,
                          const std::vector<int64_t>& counts, Tensor out) {
   ENSURE(counts.size() == experts.size(), "ExpertMLPs: one count per expert");
   Kept& k = kept_[size_t(layer)];
   const int64_t n = rows.numel() / C_, F = 4 * int64_t(C_);
-  resize_exactly(k.inp, n * C_);
-  resize_exactly(k.fch, n * F);
-  resize_exactly(k.fch_gelu, n * F);
+  resize_exactly(k.inp, n * C_, device_);
+  resize_exactly(k.fch, n * F, device_);
+  resize_exactly(k.fch_gelu, n * F, device_);
   k.rows = n;
   k.held = true;
   k.counts = counts;
-  if (n > 0) std::memcpy(k.inp.data(), rows.data, size_t(n * C_) * sizeof(float));
+  if (n > 0) copy_tensor(rows_of(k.inp, n, C_), make_view(rows.data, {n, int64_t(C_)}, DType::F32, rows.device));
   int64_t begin = 0;
   for (size_t e = 0; e < experts.size(); e++) {
     const int64_t m = counts[e];
@@ -65,7 +70,7 @@ void ExpertMLPs::backward(int layer, const std::vector<ExpertWeights>& experts, 
   int64_t most = 0;
   for (const Kept& held : kept_)
     if (held.held) most = std::max(most, held.rows);
-  if (dfch_.count() < most * F) resize_exactly(dfch_, most * F), resize_exactly(dfch_gelu_, most * F);
+  if (dfch_.count() < most * F) resize_exactly(dfch_, most * F, device_), resize_exactly(dfch_gelu_, most * F, device_);
   if (n > 0) fill_zero(drows);
   int64_t begin = 0;
   for (size_t e = 0; e < experts.size(); e++) {
@@ -100,16 +105,23 @@ std::vector<int64_t> ExpertMLPs::rows_per_layer() const {
 // ---------------------------------------------------------------------------------------------
 // Routing
 
-MoELayer::MoELayer(int C, int E, int k, double capacity_factor, double aux_coef, int64_t max_tokens, int slot)
-    : C_(C), E_(E), k_(k), slot_(slot), factor_(capacity_factor), coef_(aux_coef) {
+MoELayer::MoELayer(int C, int E, int k, double capacity_factor, double aux_coef, int64_t max_tokens, int slot,
+                   Device device)
+    : C_(C), E_(E), k_(k), slot_(slot), device_(device), factor_(capacity_factor), coef_(aux_coef) {
   ENSURE(E >= 1 && k >= 1 && k <= E, "MoELayer: need 1 <= k <= E");
-  probs_ = Buffer(max_tokens * E, MemCategory::Activations);
-  chosen_ = Buffer(max_tokens * k, MemCategory::Activations, DType::I32);
-  row_ = Buffer(max_tokens * k, MemCategory::Activations, DType::I32);
-  rows_ = Buffer(max_tokens * k * C, MemCategory::Activations);
-  y_ = Buffer(max_tokens * k * C, MemCategory::Activations);
-  dy_ = Buffer(max_tokens * k * C, MemCategory::Activations);
-  drows_ = Buffer(max_tokens * k * C, MemCategory::Activations);
+  probs_ = Buffer(max_tokens * E, MemCategory::Activations, DType::F32, device);
+  chosen_ = Buffer(max_tokens * k, MemCategory::Activations, DType::I32, device);
+  row_ = Buffer(max_tokens * k, MemCategory::Activations, DType::I32, device);
+  rows_ = Buffer(max_tokens * k * C, MemCategory::Activations, DType::F32, device);
+  y_ = Buffer(max_tokens * k * C, MemCategory::Activations, DType::F32, device);
+  dy_ = Buffer(max_tokens * k * C, MemCategory::Activations, DType::F32, device);
+  drows_ = Buffer(max_tokens * k * C, MemCategory::Activations, DType::F32, device);
+  if (device == Device::CPU) return;
+  host_probs_.resize(size_t(max_tokens * E));
+  host_chosen_.resize(size_t(max_tokens * k));
+  host_row_.resize(size_t(max_tokens * k));
+  dgate_ = Buffer(max_tokens * k, MemCategory::Other, DType::F32, device);
+  dlogits_ = Buffer(max_tokens * E, MemCategory::Other, DType::F32, device);
 }
 
 void MoELayer::top_k(const float* probs, int64_t N, int E, int k, int* chosen) {
@@ -231,13 +243,21 @@ float MoELayer::forward(int layer, Tensor x, Tensor router, Tensor out, const Ex
   const int64_t N = x.shape[0], A = N * k_;
   ENSURE(N * E_ <= probs_.count(), "MoELayer: more tokens than it was sized for");
   N_ = N;
-  float* probs = probs_.f32();
-  int* chosen = static_cast<int*>(chosen_.data());
-  int* row = static_cast<int*>(row_.data());
+  const bool gpu = device_ == Device::CUDA;
+  // The routing reads and writes host memory: the buffers themselves on the CPU, their copies on a GPU.
+  float* probs = gpu ? host_probs_.data() : probs_.f32();
+  int* chosen = gpu ? host_chosen_.data() : static_cast<int*>(chosen_.data());
+  int* row = gpu ? host_row_.data() : static_cast<int*>(row_.data());
   // Router: logits (N,E), then the softmax of each row, kept for backward.
   std::fill(probs, probs + N * E_, 0.0f);
   const Tensor logits = make_view(probs, {N, int64_t(E_)});
-  matmul_forward(logits, x, router, Tensor());
+  if (gpu) {
+    const Tensor on_gpu = make_view(probs_.data(), {N, int64_t(E_)}, DType::F32, device_);
+    matmul_forward(on_gpu, x, router, Tensor());
+    transfer(logits, on_gpu);  // waits for the product: the routing needs its values
+  } else {
+    matmul_forward(logits, x, router, Tensor());
+  }
   for (int64_t t = 0; t < N; t++) {
     float* p = probs + t * E_;
     const float top = *std::max_element(p, p + E_);
@@ -260,24 +280,23 @@ float MoELayer::forward(int layer, Tensor x, Tensor router, Tensor out, const Ex
   for (int64_t c : counts_) n_kept_ += c;
   std::fill(row, row + A, -1);
   const Tensor rows = rows_of(rows_, n_kept_, C_), y = rows_of(y_, n_kept_, C_);
-  for (int64_t a = 0; a < A; a++) {
-    if (!kept[size_t(a)]) continue;
-    const int64_t i = next[size_t(chosen[size_t(a)])]++;
-    row[size_t(a)] = int(i);
-    std::memcpy(rows.f32() + i * C_, x.f32() + (a / k_) * C_, size_t(C_) * sizeof(float));
+  for (int64_t a = 0; a < A; a++)
+    if (kept[size_t(a)]) row[size_t(a)] = int(next[size_t(chosen[size_t(a)])]++);
+  if (gpu) {  // the decisions go up; the rows then move on the GPU
+    transfer(make_view(probs_.data(), {N * E_}, DType::F32, device_), make_view(probs, {N * E_}));
+    transfer(make_view(chosen_.data(), {A}, DType::I32, device_), make_view(chosen, {A}, DType::I32));
+    transfer(make_view(row_.data(), {A}, DType::I32, device_), make_view(row, {A}, DType::I32));
   }
+  // Where the row ops find the routing: the buffers, on the device of the rows.
+  const float* routed_probs = probs_.f32();
+  const int* routed_chosen = static_cast<const int*>(chosen_.data());
+  const int* routed_row = static_cast<const int*>(row_.data());
+  moe_dispatch(rows, x, routed_row, k_);
   if (hooks.experts_forward) hooks.experts_forward(slot_, layer, rows, counts_, y);
   else run_local(rows, counts_, y);
 
   // Combine: each token's kept expert outputs, weighted by their probabilities.
-  fill_zero(out);
-  for (int64_t a = 0; a < A; a++) {
-    if (row[size_t(a)] < 0) continue;
-    const float gate = probs[size_t((a / k_) * E_ + chosen[size_t(a)])];
-    float* o = out.f32() + (a / k_) * C_;
-    const float* from = y.f32() + row[size_t(a)] * C_;
-    for (int c = 0; c < C_; c++) o[c] += gate * from[c];
-  }
+  moe_combine(out, y, routed_probs, routed_chosen, routed_row, k_, E_);
 
   // The balance loss: f_e over the global micro-batch, P_e this rank's mean (file comment).
   f_.assign(size_t(E_), 0.0);
@@ -298,28 +317,24 @@ void MoELayer::backward(Tensor dout, Tensor x, Tensor router, Tensor dx, Tensor 
                         const std::function<void(Tensor dout, Tensor drows)>& run_local) {
   const int64_t N = N_, A = N * k_;
   ENSURE(dout.shape[0] == N, "MoELayer::backward: not the forward's tokens");
-  const float* probs = probs_.f32();
-  const int* chosen = static_cast<const int*>(chosen_.data());
-  const int* row = static_cast<const int*>(row_.data());
+  const bool gpu = device_ == Device::CUDA;
+  // The routing's host values (the forward's), and where the row ops find them (the rows' device).
+  const float* probs = gpu ? host_probs_.data() : probs_.f32();
+  const int* chosen = gpu ? host_chosen_.data() : static_cast<const int*>(chosen_.data());
+  const int* row = gpu ? host_row_.data() : static_cast<const int*>(row_.data());
+  const int* routed_row = static_cast<const int*>(row_.data());
   const Tensor y = rows_of(y_, n_kept_, C_), dy = rows_of(dy_, n_kept_, C_), drows = rows_of(drows_, n_kept_, C_);
   // d probs: from the combine (kept assignments), and from the balance loss (every probability).
-  std::vector<float> dprobs(size_t(N * E_), 0.0f);
-  for (int64_t a = 0; a < A; a++) {
-    const int64_t i = row[size_t(a)];
-    if (i < 0) continue;
-    const int64_t t = a / k_;
-    const int e = chosen[size_t(a)];
-    const float gate = probs[size_t(t * E_ + e)];
-    const float* g = dout.f32() + t * C_;
-    const float* from = y.f32() + i * C_;
-    float* to = dy.f32() + i * C_;
-    double dot = 0;
-    for (int c = 0; c < C_; c++) {
-      to[c] = gate * g[c];
-      dot += double(g[c]) * from[c];
-    }
-    dprobs[size_t(t * E_ + e)] += float(dot);
+  std::vector<float> dprobs(size_t(N * E_), 0.0f), dgate(static_cast<size_t>(A), 0.0f);
+  if (gpu) {
+    moe_combine_backward(dy, dgate_.f32(), dout, y, probs_.f32(), static_cast<const int*>(chosen_.data()), routed_row,
+                         k_, E_);
+    transfer(make_view(dgate.data(), {A}), make_view(dgate_.data(), {A}, DType::F32, device_));
+  } else {
+    moe_combine_backward(dy, dgate.data(), dout, y, probs, chosen, row, k_, E_);
   }
+  for (int64_t a = 0; a < A; a++)
+    if (row[size_t(a)] >= 0) dprobs[size_t((a / k_) * E_ + chosen[size_t(a)])] += dgate[size_t(a)];
   for (int e = 0; e < E_; e++) {
     const float d_aux = float(loss_weight * coef_ * E_ * f_[size_t(e)] / double(N));
     for (int64_t t = 0; t < N; t++) dprobs[size_t(t * E_ + e)] += d_aux;
@@ -327,13 +342,7 @@ void MoELayer::backward(Tensor dout, Tensor x, Tensor router, Tensor dx, Tensor 
   // The experts, then each kept row's gradient back to its token.
   if (hooks.experts_backward) hooks.experts_backward(slot_, layer, dy, drows);
   else run_local(dy, drows);
-  for (int64_t a = 0; a < A; a++) {
-    const int64_t i = row[size_t(a)];
-    if (i < 0) continue;
-    float* to = dx.f32() + (a / k_) * C_;
-    const float* from = drows.f32() + i * C_;
-    for (int c = 0; c < C_; c++) to[c] += from[c];
-  }
+  moe_return_rows(dx, drows, routed_row, k_);
   // Softmax backward: dlogits = p * (dprobs - sum_j p_j dprobs_j); then the router's product.
   std::vector<float> dlogits(size_t(N * E_), 0.0f);
   for (int64_t t = 0; t < N; t++) {
@@ -343,14 +352,25 @@ void MoELayer::backward(Tensor dout, Tensor x, Tensor router, Tensor dx, Tensor 
     for (int e = 0; e < E_; e++) inner += double(p[e]) * dp[e];
     for (int e = 0; e < E_; e++) dlogits[size_t(t * E_ + e)] = float(p[e] * (dp[e] - inner));
   }
-  matmul_backward(dx, drouter, Tensor(), make_view(dlogits.data(), {N, int64_t(E_)}), x, router);
+  Tensor dlogits_rows = make_view(dlogits.data(), {N, int64_t(E_)});
+  if (gpu) {
+    const Tensor on_gpu = make_view(dlogits_.data(), {N, int64_t(E_)}, DType::F32, device_);
+    transfer(on_gpu, dlogits_rows);
+    dlogits_rows = on_gpu;
+  }
+  matmul_backward(dx, drouter, Tensor(), dlogits_rows, x, router);
 }
 
 std::string moe_run_problem(const std::string& preset, const std::string& chapter, Device device, bool expert_parallel,
                             int world, int tp, int pp, const std::string& recompute) {
   const std::string what = "--preset " + preset + " is a mixture of experts";
-  if (device != Device::CPU)
-    return what + ", whose routing and experts run on the CPU only (moe.h): pass --device cpu";
+#ifndef GPT_WITH_CUDA
+  if (device != Device::CPU) return what + ": this program was built without CUDA; pass --device cpu";
+#endif
+  // On a GPU (fp32: the chapters force it) where the experts have their chapters: 11 and 12.
+  if (device != Device::CPU && !expert_parallel)
+    return what + ", which runs on a GPU in 11_expert_parallel and 12_5d_parallel only: run it there, or pass "
+                  "--device cpu";
   if (!expert_parallel && world > 1)
     return what + ": its balance loss and capacity count every rank's tokens, which only 11_expert_parallel and "
                   "12_5d_parallel arrange; run it there (mpiexec -n " + std::to_string(world) +

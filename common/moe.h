@@ -1,5 +1,5 @@
-// moe.h: the mixture-of-experts MLP of the MoE presets (model_config.h: moe-tiny, moe-small), on the
-// CPU in fp32. Defines ExpertWeights, ExpertMLPs, ExpertHooks, RoutingStats, MoELayer and
+// moe.h: the mixture-of-experts MLP of the MoE presets (model_config.h: moe-tiny, moe-small), in fp32
+// on the CPU or a GPU. Defines ExpertWeights, ExpertMLPs, ExpertHooks, RoutingStats, MoELayer and
 // moe_run_problem().
 //
 // In a MoE block the MLP becomes E experts, each an MLP of the dense one's shape (fc 4C x C, GELU,
@@ -49,10 +49,11 @@ struct ExpertWeights {
 // own E/ep experts under expert parallelism (chapter 11). Its activations follow the routing exactly
 // (docs/theory.md, 14): a layer's forward allocates 9C floats per row it runs, its backward frees
 // them; the first backward of a step allocates the scratch (8C floats per row of the layer with the
-// most rows), freed with the last layer's. Between steps it holds nothing.
+// most rows), freed with the last layer's. Between steps it holds nothing. Its buffers live on
+// `device`, where the rows and the experts' weights are.
 class ExpertMLPs {
  public:
-  ExpertMLPs(int layers, int C);
+  ExpertMLPs(int layers, int C, Device device = Device::CPU);
   // out(n,C) = expert_e(rows) for each group; rows and counts are kept for backward.
   void forward(int layer, const std::vector<ExpertWeights>& experts, Tensor rows, const std::vector<int64_t>& counts,
                Tensor out);
@@ -71,6 +72,7 @@ class ExpertMLPs {
   std::vector<Kept> kept_;
   Buffer dfch_, dfch_gelu_;  // backward scratch (most rows,4C)
   int C_;
+  Device device_;
 };
 
 // What a MoE layer asks of the program around it. Left empty (one rank): every count is this rank's
@@ -111,10 +113,16 @@ struct RoutingStats {
 };
 
 // The MoE MLP of one block, forward and backward over this rank's tokens.
+// On a GPU (`device` CUDA; the tensors passed in live there) the rows stay on the GPU: the router's
+// product, the dispatch, the experts, the combine and their backwards run there (moe_rows.h). The
+// routing's decisions (softmax, top-k, the capacity's claims in the global order, the balance loss)
+// are made on the host from the router's (N,E) logits, copied down once per layer, exactly as on
+// the CPU, and go up as index arrays: a few KB each way, and the same drops on either device.
 class MoELayer {
  public:
   // `slot`: the model's activation slot this router serves (handed to the hooks).
-  MoELayer(int C, int E, int k, double capacity_factor, double aux_coef, int64_t max_tokens, int slot = 0);
+  MoELayer(int C, int E, int k, double capacity_factor, double aux_coef, int64_t max_tokens, int slot = 0,
+           Device device = Device::CPU);
   // x (N,C): the block's ln2 output; router (E,C); out (N,C) overwritten. Returns this rank's share of
   // the balance loss (its average over the ranks is the global one: see the file comment).
   // `run_local` runs the experts when hooks.experts_forward is empty.
@@ -143,12 +151,18 @@ class MoELayer {
   void claim_in_global_order(const int* chosen, int64_t N, const ExpertHooks& hooks, char* kept);
 
   int C_, E_, k_, slot_;
+  Device device_;
   double factor_, coef_;
   int64_t N_ = 0, n_kept_ = 0;
-  // Sized once for max_tokens (counted as activations, docs/theory.md 14).
+  // Sized once for max_tokens (counted as activations, docs/theory.md 14), on `device`.
   Buffer probs_;                 // (N,E) fp32
   Buffer chosen_;                // (N*k) int32
   Buffer row_;                   // (N*k) int32: the assignment's row in the dispatch buffers, -1 dropped
+  // On a GPU, the routing's host copies of those three (host memory, outside the GPU's counts), and
+  // scratch on the GPU for the gates' gradients (N*k) and the router's logits' (N,E): memory "other".
+  std::vector<float> host_probs_;
+  std::vector<int> host_chosen_, host_row_;
+  Buffer dgate_, dlogits_;
   std::vector<int64_t> counts_;  // (E) kept rows per expert, this rank
   std::vector<double> f_;        // (E) f_e of the last forward
   Buffer rows_, y_, dy_, drows_;  // (n_kept,C): dispatched inputs, expert outputs, their gradients
@@ -162,7 +176,8 @@ struct MoESettings {
 };
 
 // What stops a MoE preset from running as asked, as the message to print (config_error's), or "":
-// the experts run on the CPU in fp32 (--device cuda is refused, not silently moved); routing
+// on a GPU it runs in 11 and 12 only (`expert_parallel`; they force fp32), elsewhere --device cuda is
+// refused, not silently moved; routing
 // statistics span every rank, which only chapter 11 arranges (`expert_parallel`), so elsewhere a MoE
 // preset runs on one rank only; neither --tp nor --pp splits a MoE block; --recompute full would
 // route a block twice.

@@ -170,6 +170,7 @@ void* lt_workspace() {
 Scratch g_ids(Device::CUDA);       // token ids or targets copied from the host
 Scratch g_partials(Device::CUDA);  // partial sums of the two-stage reductions (fp32 whatever the dtype)
 Scratch g_links(Device::CUDA);     // embedding_backward's links between the positions of one token
+Scratch g_segments(Device::CUDA);  // adamw_update_fused's table of segments, copied from the host
 
 // Same message as the CPU ops (ops_cpu.cpp): an id outside the table would read other memory.
 void check_id(int id, int V, const char* what) {
@@ -730,6 +731,41 @@ __global__ void softmax_crossentropy_backward_kernel(Elem* dlogits, const Elem* 
   }
 }
 
+// The classifier, version 2 (llm.c's fused_classifier): the forward above and the backward in one
+// kernel, which writes dlogits over the logits. The (N,V) probabilities never exist, and the row is read
+// twice and written once instead of read three times and written twice: at GPT-2's vocabulary the
+// largest activation of the step, gone. Each dlogit is computed in fp32 from the logit and rounded
+// once (version 1 rounds the probability to bf16 first). Version 1 stays, as the lesson's first step
+// and for the vocabulary-parallel path, which needs the probabilities between its all-reduces.
+template <typename Elem>
+__global__ void fused_classifier_kernel(Elem* logits, float* losses, const int* targets, float dloss, int V) {
+  const int row = blockIdx.x;
+  Elem* x = logits + size_t(row) * V;
+  float thread_max = -INFINITY, thread_sum = 0.0f;  // the online maximum and sum, as version 1
+  for (int v = threadIdx.x; v < V; v += blockDim.x) {
+    const float value = to_float(x[v]);
+    if (value > thread_max) {
+      thread_sum = thread_sum * expf(thread_max - value) + 1.0f;
+      thread_max = value;
+    } else {
+      thread_sum += expf(value - thread_max);
+    }
+  }
+  const float maxval = block_reduce(thread_max, Max(), -INFINITY);
+  const float rescaled = thread_max == -INFINITY ? 0.0f : thread_sum * expf(thread_max - maxval);
+  const float expsum = block_reduce(rescaled, Sum(), 0.0f);
+  const int target = targets[row];
+  assert(0 <= target && target < V);
+  if (threadIdx.x == 0) losses[row] = logf(expsum) - (to_float(x[target]) - maxval);
+  __syncthreads();  // the target's logit is read before any thread overwrites it
+  const float inv_expsum = 1.0f / expsum;
+  for (int v = threadIdx.x; v < V; v += blockDim.x) {
+    float value = expf(to_float(x[v]) - maxval) * inv_expsum * dloss;
+    if (v == target) value -= dloss;
+    x[v] = from_float<Elem>(value);
+  }
+}
+
 // The vocabulary-parallel cross-entropy (ops.h), softmax_crossentropy_forward_kernel cut where the
 // ranks combine their rows: one block per row of the slice, reduced with block_reduce. Without the
 // all-reduced maximum the exponentials cannot start, so the maximum has its own pass (no online
@@ -833,6 +869,38 @@ __global__ void adamw_kernel(Elem* param, float* master, const Elem* grad, float
     const float v_hat = v_i / bias_correction2;
     const float w = master ? master[i] : to_float(param[i]);
     const float updated = w - lr * (m_hat / (sqrtf(v_hat) + eps) + weight_decay * w);
+    if (master) master[i] = updated;
+    param[i] = from_float<Elem>(updated);
+  }
+}
+
+// AdamW, version 2: one launch for a whole flat range of parameters that differ only in their weight
+// decay, where version 1 (above, launched per tensor by optimizer.cpp) takes ~150 launches for GPT-2
+// 124M. segment_ends (S, ascending, the last = n) cut the range; segment s decays iff decays[s] != 0.
+// Each element finds its segment by binary search (8 steps for 150 segments) and then computes
+// exactly adamw_kernel's arithmetic, so the two versions agree bit for bit.
+template <typename Elem>
+__global__ void adamw_fused_kernel(Elem* param, float* master, const Elem* grad, float* m, float* v, size_t n,
+                                   const int64_t* segment_ends, const int64_t* decays, int segments, float lr,
+                                   float beta1, float beta2, float bias_correction1, float bias_correction2,
+                                   float eps, float weight_decay, float grad_scale) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    int lo = 0, hi = segments - 1;  // the first segment whose end lies beyond i
+    while (lo < hi) {
+      const int mid = (lo + hi) / 2;
+      if (segment_ends[mid] > int64_t(i)) hi = mid;
+      else lo = mid + 1;
+    }
+    const float decay = decays[lo] ? weight_decay : 0.0f;
+    const float g = to_float(grad[i]) * grad_scale;
+    const float m_i = beta1 * m[i] + (1.0f - beta1) * g;
+    const float v_i = beta2 * v[i] + (1.0f - beta2) * g * g;
+    m[i] = m_i;
+    v[i] = v_i;
+    const float m_hat = m_i / bias_correction1;
+    const float v_hat = v_i / bias_correction2;
+    const float w = master ? master[i] : to_float(param[i]);
+    const float updated = w - lr * (m_hat / (sqrtf(v_hat) + eps) + decay * w);
     if (master) master[i] = updated;
     param[i] = from_float<Elem>(updated);
   }
@@ -1369,6 +1437,17 @@ void softmax_crossentropy_forward(DType dt, float* losses, void* probs, const vo
   check_launch();
 }
 
+void fused_classifier(DType dt, void* logits, float* losses, const int* targets, float dloss, int N, int V) {
+  if (N == 0) return;
+  const int* ids = device_ids(targets, size_t(N), V, "target");
+  with_type(dt, [&](auto tag) {
+    using Elem = typename decltype(tag)::type;
+    fused_classifier_kernel<Elem><<<unsigned(N), kSoftmaxBlock, 0, stream()>>>(static_cast<Elem*>(logits), losses, ids,
+                                                                               dloss, V);
+  });
+  check_launch();
+}
+
 void softmax_crossentropy_backward(DType dt, void* dlogits, const void* probs, const int* targets, float dloss,
                                    int N, int V, int vocab_begin) {
   if (size_t(N) * V == 0) return;
@@ -1488,6 +1567,30 @@ void adamw_update(DType dt, void* param, float* master, const void* grad, float*
                                                              static_cast<const Elem*>(grad), m, v, n, lr, beta1, beta2,
                                                              bias_correction1, bias_correction2, eps, weight_decay,
                                                              grad_scale);
+  });
+  check_launch();
+}
+
+void adamw_update_fused(DType dt, void* param, float* master, const void* grad, float* m, float* v, size_t n,
+                        const std::vector<int64_t>& segment_ends, const std::vector<bool>& decays, int step, float lr,
+                        float beta1, float beta2, float eps, float weight_decay, float grad_scale) {
+  ENSURE(step >= 1, "adamw step counts from 1");
+  ENSURE(!segment_ends.empty() && segment_ends.size() == decays.size() && segment_ends.back() == int64_t(n),
+         "adamw_update_fused: one decay per segment, the last segment ending at n");
+  if (n == 0) return;
+  const float bias_correction1 = 1.0f - std::pow(beta1, float(step));
+  const float bias_correction2 = 1.0f - std::pow(beta2, float(step));
+  // The table goes up on the stream, behind the kernels that may still read the previous one.
+  std::vector<int64_t> table(segment_ends);
+  for (bool d : decays) table.push_back(d ? 1 : 0);
+  int64_t* staged = static_cast<int64_t*>(g_segments.get(table.size() * sizeof(int64_t)));
+  CUDA_CHECK(cudaMemcpyAsync(staged, table.data(), table.size() * sizeof(int64_t), cudaMemcpyHostToDevice, stream()));
+  const int segments = int(segment_ends.size());
+  with_type(dt, [&](auto tag) {
+    using Elem = typename decltype(tag)::type;
+    adamw_fused_kernel<Elem><<<grid_for(n), kBlock, 0, stream()>>>(
+        static_cast<Elem*>(param), master, static_cast<const Elem*>(grad), m, v, n, staged, staged + segments,
+        segments, lr, beta1, beta2, bias_correction1, bias_correction2, eps, weight_decay, grad_scale);
   });
   check_launch();
 }

@@ -24,6 +24,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "tensor.h"  // DType
 
@@ -101,6 +102,11 @@ void softmax_crossentropy_forward(DType dt, float* losses, void* probs, const vo
 // probs: the vocabulary, or its slice starting at vocab_begin (targets beyond it are not checked).
 void softmax_crossentropy_backward(DType dt, void* dlogits, const void* probs, const int* targets, float dloss,
                                    int N, int V, int vocab_begin);
+// The classifier's version 2: softmax, cross-entropy and its backward in one kernel. logits(N,V) in,
+// dlogits = (softmax - onehot(targets)) * dloss out, in place; losses(N) fp32. Equal to
+// softmax_crossentropy_forward then _backward (whole vocabulary), without their (N,V) probabilities.
+// Not yet called by the model (docs/gpus.md): tests/test_cuda_ops.cpp checks it against the CPU ops.
+void fused_classifier(DType dt, void* logits, float* losses, const int* targets, float dloss, int N, int V);
 // The vocabulary-parallel cross-entropy's three stages (ops.h) on N rows of a slice of Vl logits;
 // row_max, target_logit, row_sum and losses are fp32, one value per row.
 void crossentropy_shard_max(DType dt, float* row_max, float* target_logit, const void* logits, const int* targets,
@@ -125,5 +131,13 @@ double mean_of(DType dt, const void* x, size_t n);
 // rounded. grad has dtype dt, like param; m, v (and master) are fp32.
 void adamw_update(DType dt, void* param, float* master, const void* grad, float* m, float* v, size_t n, int step,
                   float lr, float beta1, float beta2, float eps, float weight_decay, float grad_scale);
+
+// AdamW, version 2: the same update over n elements cut into segments (segment_ends ascending, the last
+// = n) that differ only in whether weight decay applies (decays[s]): one kernel launch where version 1
+// takes one per segment, and the same bits. Not yet called by the optimizer (docs/gpus.md):
+// tests/test_cuda_ops.cpp checks it against the CPU's adamw_update per segment.
+void adamw_update_fused(DType dt, void* param, float* master, const void* grad, float* m, float* v, size_t n,
+                        const std::vector<int64_t>& segment_ends, const std::vector<bool>& decays, int step, float lr,
+                        float beta1, float beta2, float eps, float weight_decay, float grad_scale);
 
 }  // namespace cuda

@@ -1,6 +1,6 @@
 // ring_attention.h: causal attention computed one block of keys and values at a time, with an online
-// softmax (a running maximum and sum per query, the FlashAttention way), forward and backward, on the
-// CPU in fp32: what a rank of a context-parallel ring (chapter 10) computes as each block of keys and
+// softmax (a running maximum and sum per query, the FlashAttention way), forward and backward, in
+// fp32 on the CPU or a GPU: what a rank of a context-parallel ring (chapter 10) computes as each block of keys and
 // values comes by. Defines RowBlock, OnlineSoftmax's kernels (attention_block_forward, _finish,
 // attention_row_dots, attention_block_backward), the packing of a rank's k and v into the block that
 // travels (pack_kv, add_kv_grad), RingBuffers and ring_buffer_bytes(). docs/theory.md, section 13,
@@ -10,12 +10,16 @@
 // they sit in their blocks, so any split of the sequence (contiguous, zigzag) gives the same attention.
 // A (query, key) pair that the mask removes costs nothing; the kernels count the pairs they computed.
 //
+// On a GPU (rows on Device::CUDA, fp32) each kernel dispatches to ring_attention_cuda.cu, which
+// runs the same loops in the same order; the positions stay host memory either way.
+//
 // Shapes: B sequences; a block of Tq queries (or Tk keys); C channels in NH heads of hs = C/NH.
 // Tensors with one row per (sequence, position) are RowBlocks: row (b, t) starts at
 // data + (b T + t) stride, and head h's hs channels follow at + h hs. The statistics (the running
 // maximum and sum, the log-sum-exp lse, the row dots D) are (B, NH, Tq) fp32.
 #pragma once
 #include <cstdint>
+#include <string>
 
 #include "memory.h"  // Buffer
 #include "tensor.h"
@@ -24,6 +28,7 @@ struct RowBlock {
   float* data;
   int64_t stride;  // floats from one row to the next
   int T;           // rows per sequence
+  Device device = Device::CPU;  // where data lives: the kernels below run there (CUDA: fp32 only)
   float* row(int b, int t) const { return data + (int64_t(b) * T + t) * stride; }
 };
 
@@ -34,6 +39,9 @@ struct RowBlock {
 // -inf and 0. Returns the (query, key) pairs computed, summed over sequences and heads.
 int64_t attention_block_forward(RowBlock acc, float* row_max, float* row_sum, RowBlock q, RowBlock k, RowBlock v,
                                 const int* q_pos, const int* k_pos, int B, int NH, int C);
+// Before the first block: acc(B,Tq,C) = 0, row_max (B,NH,Tq) = -inf, row_sum (B,NH,Tq) = 0, on
+// whichever device they live.
+void attention_block_start(Tensor acc, Tensor row_max, Tensor row_sum);
 // After the last block: out = acc / sum (in place) and lse = m + log(sum), kept for the backward.
 void attention_block_finish(RowBlock out, float* lse, const float* row_max, const float* row_sum, int B, int NH,
                             int C);
@@ -53,9 +61,13 @@ int64_t attention_block_backward(RowBlock dq, RowBlock dk, RowBlock dv, RowBlock
 void pack_kv(Tensor kv, Tensor qkv, int B, int T, int C);
 void add_kv_grad(Tensor dqkv, Tensor dkv, int B, int T, int C);
 // Views of a (B,T,3C) qkv and of a (B,T,2C) block as RowBlocks of q, k, v (part 0, 1, 2 of qkv; 0 and
-// 1 of a block).
+// 1 of a block), and of a (B,T,C) tensor (out, dout) as one RowBlock. fp32, on either device.
 RowBlock qkv_rows(Tensor qkv, int part, int B, int T, int C);
 RowBlock kv_rows(Tensor kv, int part, int B, int T, int C);
+RowBlock btc_rows(Tensor x, int T, int C);
+// "" where ring attention can run on `device` with these shapes, else the reason, one line: on
+// CUDA, a build with CUDA and a head size C/NH that ring_attention_cuda.cu takes.
+std::string ring_attention_problem(Device device, int C, int NH);
 
 // What a rank of the ring keeps besides the model's activations, for micro-batches of up to B
 // sequences of T local positions: two blocks of keys and values (the one computed on, the one
@@ -64,7 +76,7 @@ RowBlock kv_rows(Tensor kv, int part, int B, int T, int C);
 // backward). With one rank (no ring) a single block: the rank's own keys and values. Counted as
 // activations.
 struct RingBuffers {
-  RingBuffers(int cp, int B, int T, int C, int NH);
+  RingBuffers(int cp, int B, int T, int C, int NH, Device device = Device::CPU);
   Buffer kv[2];       // (B,T,2C)
   Buffer dkv_out[2];  // (B,T,2C)
   Buffer dkv_in;      // (B,T,2C)

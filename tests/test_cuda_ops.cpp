@@ -10,7 +10,8 @@
 // same ops at GPT-2 small's shapes (T = 1024, C = 768, NH = 12, V = 50304), where every loop goes
 // around many times, and the link delay of the NCCL communicator (link_delay.h). The ops of tensor
 // parallelism (vocabulary slices, runs of positions, the matmul backward's halves, the bias ops, the
-// sliced cross-entropy) are checked the same way, stage by stage.
+// sliced cross-entropy) are checked the same way, stage by stage; so is the classifier's version 2,
+// the cross-entropy and its backward fused in one kernel, and AdamW's, one launch for many tensors.
 //
 // bf16: the inputs are rounded to bf16 on the host (bf16.h) and uploaded as BF16 tensors; the CPU op
 // runs in fp32 on exactly those rounded values. So the two sides differ only by what the CUDA op
@@ -535,6 +536,33 @@ TEST_F(CudaOps, SoftmaxCrossentropyBf16MatchesCpu) {
   check_softmax_crossentropy(DType::BF16, B * T, V, logits_with_a_huge_row(B * T, V, 50), 51);
 }
 
+// The classifier's version 2 (cuda::fused_classifier): the loss and dlogits, in place over the logits,
+// against the CPU's forward then backward on the same (rounded) logits. bf16: each dlogit is the fp32
+// value rounded once.
+void check_fused_classifier(DType dt) {
+  SCOPED_TRACE(dtype_name(dt));
+  const int N = B * T;
+  auto logits = as_dtype(logits_with_a_huge_row(N, V, 52), dt);
+  auto targets = random_ints(N, V, 53);
+  auto losses = zeros(N), probs = zeros(size_t(N) * V), dlogits = nans(size_t(N) * V);
+  const float dloss = 1.0f / float(N);
+  softmax_crossentropy_forward(cpu_view(losses, {N}), cpu_view(probs, {N, V}), cpu_view(logits, {N, V}), targets.data());
+  softmax_crossentropy_backward(cpu_view(dlogits, {N, V}), cpu_view(probs, {N, V}), targets.data(), dloss);
+  DeviceValues d_logits(logits, dt);
+  DeviceFloats d_losses(nans(N));
+  DeviceInts d_targets(targets);
+#ifdef GPT_WITH_CUDA
+  cuda::fused_classifier(dt, d_logits.view({N, V}).data, d_losses.view({N}).f32(), d_targets.data(), dloss, N, V);
+#endif
+  EXPECT_TRUE(close(d_losses.download(), losses, kReduction));
+  EXPECT_TRUE(close(d_logits.download(), dlogits, pick(dt, kElementwise, kBf16Once)));
+}
+
+TEST_F(CudaOps, FusedClassifierMatchesTheCpuForwardAndBackward) {
+  check_fused_classifier(DType::F32);
+  check_fused_classifier(DType::BF16);
+}
+
 // ---------------------------------------------------------------------------------------------------------
 // the ops of tensor parallelism
 
@@ -852,6 +880,41 @@ TEST_F(CudaOps, AdamWBf16WithMasterWeightsMatchesCpu) {
     int differing = 0;
     for (int i = 0; i < n; i++) differing += bits[i] != float_to_bf16(cuda_master[i]);
     EXPECT_EQ(differing, 0) << "bf16 parameters that are not their master weight rounded";
+  }
+}
+
+// AdamW's version 2 (cuda::adamw_update_fused): one launch over three segments, the middle one without
+// weight decay, equal bit for bit to version 1 launched per segment, and close to the CPU's.
+TEST_F(CudaOps, FusedAdamWEqualsOneLaunchPerSegment) {
+  const int n = 1003;
+  const std::vector<int64_t> ends = {300, 337, n};
+  const std::vector<bool> decays = {true, false, true};
+  auto param = random_vector(n, 90), m = zeros(n), v = zeros(n);
+  DeviceFloats fused_param(param), fused_m(m), fused_v(v), each_param(param), each_m(m), each_v(v);
+  for (int step = 1; step <= 3; step++) {
+    auto grad = random_vector(n, 90 + step);
+    DeviceFloats d_grad(grad);
+    int64_t begin = 0;
+    for (size_t s = 0; s < ends.size(); s++) {
+      const int64_t count = ends[s] - begin;
+      const float decay = decays[s] ? kWeightDecay : 0.0f;
+      auto at = [&](std::vector<float>& x) { return make_view(x.data() + begin, {count}); };
+      auto on_gpu = [&](const DeviceFloats& x) { return x.view({n}).slice1d(begin, count); };
+      adamw_update(at(param), Tensor{}, at(grad), at(m), at(v), step, kLr, kBeta1, kBeta2, kEps, decay, kGradScale);
+      adamw_update(on_gpu(each_param), Tensor{}, on_gpu(d_grad), on_gpu(each_m), on_gpu(each_v), step, kLr, kBeta1,
+                   kBeta2, kEps, decay, kGradScale);
+      begin = ends[s];
+    }
+#ifdef GPT_WITH_CUDA
+    cuda::adamw_update_fused(DType::F32, fused_param.view({n}).data, nullptr, d_grad.view({n}).data,
+                             fused_m.view({n}).f32(), fused_v.view({n}).f32(), size_t(n), ends, decays, step, kLr,
+                             kBeta1, kBeta2, kEps, kWeightDecay, kGradScale);
+#endif
+    SCOPED_TRACE("after step " + std::to_string(step));
+    EXPECT_TRUE(close(fused_param.download(), each_param.download(), kExact));
+    EXPECT_TRUE(close(fused_m.download(), each_m.download(), kExact));
+    EXPECT_TRUE(close(fused_v.download(), each_v.download(), kExact));
+    EXPECT_TRUE(close(fused_param.download(), param, kElementwise));
   }
 }
 

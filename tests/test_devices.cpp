@@ -4,9 +4,9 @@
 // fp32, NCCL works at one rank, every chapter at 2 ranks on one GPU (the host-staged fallback)
 // matches one rank in fp32 and in bf16, bf16 memory and bytes match docs/theory.md's mixed-precision
 // column, a bf16 checkpoint resumes exactly, and the memory counters agree with what the driver
-// reports; freed GPU memory is reused, zeroed. With two GPUs: NCCL between ranks, a pipeline's
-// grouped messages matched by call order, and the emulated link on NCCL. Each test that needs the
-// other situation skips and says why. Everywhere: the watchdog of the host's waits on a GPU.
+// reports; freed GPU memory is reused, zeroed; chapter 10's ring and 11's experts on CUDA buffers match.
+// With two GPUs: NCCL between ranks, a pipeline's grouped messages matched by call order, and the
+// emulated link on NCCL. Each test that needs the other situation skips and says why. Everywhere: the watchdog of the host's waits on a GPU.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -185,6 +185,33 @@ TEST(OnGpu, SequenceParallelMatchesOneRank) {
   const LossCurve one_rank = train("01_vanilla_dp", 1, "--device cuda --dtype fp32");
   const LossCurve split = train("07_tensor_parallel", 2, "--device cuda --dtype fp32 --sequence-parallel");
   EXPECT_LE(max_relative_difference(split, one_rank), kRankTolerance);
+}
+
+// Ring attention on CUDA buffers (chapter 10, ring_attention_cuda.cu): two ranks of a ring on the one
+// GPU, in fp32, train like one rank with the model's own attention; bf16 is refused before the work,
+// on every rank, naming the flag.
+TEST(OnGpu, RingAttentionMatchesOneRank) {
+  SKIP_WITHOUT_GPU();
+  const LossCurve one_rank = train("01_vanilla_dp", 1, "--device cuda --dtype fp32");
+  const LossCurve ring = train("10_context_parallel", 2, "--device cuda --dtype fp32 --cp 2");
+  EXPECT_LE(max_relative_difference(ring, one_rank), kRankTolerance);
+  RunResult refused = run_trainer("10_context_parallel", 2, "--device cuda --dtype bf16 --cp 2", 60);
+  EXPECT_NE(refused.exit_code, 0) << refused.output;
+  EXPECT_NE(refused.output.find("--dtype bf16 with --cp 2 on a GPU"), std::string::npos) << refused.output;
+}
+
+// The MoE layer on CUDA buffers (chapter 11, moe_rows_cuda.cu; the routing's decisions on the host):
+// two ranks of expert parallelism on the one GPU, fp32, train like the CPU run of the same chapter on
+// one rank, capacity dropping tokens; bf16 is refused before the work.
+TEST(OnGpu, ExpertParallelMatchesTheCpu) {
+  SKIP_WITHOUT_GPU();
+  const LossCurve cpu = train("11_expert_parallel", 1, "--device cpu --capacity-factor 1.0");
+  const LossCurve gpu = train("11_expert_parallel", 2, "--device cuda --dtype fp32 --ep 2 --capacity-factor 1.0");
+  EXPECT_LE(max_relative_difference(gpu, cpu), kGpuVsCpuTolerance);
+  RunResult refused = run_trainer("11_expert_parallel", 1, "--device cuda --dtype bf16", 60);
+  EXPECT_NE(refused.exit_code, 0) << refused.output;
+  EXPECT_NE(refused.output.find("--dtype bf16 with a mixture of experts on a GPU"), std::string::npos)
+      << refused.output;
 }
 
 #define SKIP_WITHOUT_TWO_GPUS()                                                                        \

@@ -554,8 +554,15 @@ TEST(MoELayout, ExpertsAreListedOnEveryRankAndHeldByTheirOwner) {
 
 TEST(MoERefusals, EachNamesTheFlagAndWhatWouldBeRight) {
   EXPECT_EQ(moe_run_problem("moe-tiny", "11_expert_parallel", Device::CPU, true, 4, 1, 1, "none"), "");
-  EXPECT_NE(moe_run_problem("moe-tiny", "11", Device::CUDA, true, 1, 1, 1, "none").find("--device cpu"),
+  // On a GPU: in 11 and 12 (expert parallelism arranged) where the build has CUDA, elsewhere refused.
+  EXPECT_NE(moe_run_problem("moe-tiny", "03_bucket_dp", Device::CUDA, false, 1, 1, 1, "none").find("--device cpu"),
             std::string::npos);
+#ifdef GPT_WITH_CUDA
+  EXPECT_EQ(moe_run_problem("moe-tiny", "11", Device::CUDA, true, 1, 1, 1, "none"), "");
+#else
+  EXPECT_NE(moe_run_problem("moe-tiny", "11", Device::CUDA, true, 1, 1, 1, "none").find("without CUDA"),
+            std::string::npos);
+#endif
   EXPECT_NE(moe_run_problem("moe-tiny", "03_bucket_dp", Device::CPU, false, 2, 1, 1, "none").find("11_expert_parallel"),
             std::string::npos);
   EXPECT_EQ(moe_run_problem("moe-tiny", "03_bucket_dp", Device::CPU, false, 1, 1, 1, "none"), "");

@@ -381,7 +381,6 @@ std::vector<Refusal> refusals() {
        "the sequence length T = 64 does not divide into --cp 3 equal parts (--cp-split contiguous): use --cp 1 on "
        "these 3 ranks, or another --preset"},
       {"10_context_parallel", 2, "--zero1", "unknown flag '--zero1'"},  // ZeRO over DP x CP: chapter 12
-      {"10_context_parallel", 2, "--cp 2 --device cuda", "--cp 2 with --device cuda: ring attention runs on the CPU"},
       {"10_context_parallel", 2, "--cp-split diagonal", "--cp-split: 'diagonal' is neither zigzag nor contiguous"},
       {"10_context_parallel", 4, "--cp 2 --batch 3", "--batch 3 is not divisible by data-parallel ranks x grad-accum = 2 x 1"},
   };

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # gpu_bundle.sh: packs what scripts/gpu/gpu_check.sh runs into one folder, for a GPU machine that has the
 # NVIDIA driver and CUDA libraries but neither a compiler for this project nor MPICH: the programs of
-# one build (the chapters, the planner, the tests, the CUDA lesson) laid out as in the repository, and
+# one build (the chapters, chapter 00's benchmark, the planner, the tests, the CUDA lesson) laid out as in the repository, and
 # the MPI runtime they link (MPICH's libraries, the libraries those need, and its launcher).
 #
 # Usage: scripts/gpu/gpu_bundle.sh BUILD_DIR OUT_DIR
@@ -25,7 +25,7 @@ mkdir -p "$out/tree/build/tests" "$out/lib" "$out/bin"
 
 # Programs. They carry no debug information worth the bytes (the CUDA code inside stays whole).
 programs=()
-for program in [0-9][0-9]_*/train 09_3d_parallel/plan lessons/matmul/matmul_lesson; do
+for program in [0-9][0-9]_*/train 00_collectives/collectives 09_3d_parallel/plan lessons/matmul/matmul_lesson; do
   [ -x "$program" ] || continue
   mkdir -p "$out/tree/$(dirname "$program")"
   cp "$program" "$out/tree/$program"
@@ -36,6 +36,10 @@ for program in "$build"/tests/test_*; do
   cp "$program" "$out/tree/build/tests/"
   programs+=("$out/tree/build/tests/$(basename "$program")")
 done
+if [ -x "$build/kernel_variants" ]; then
+  cp "$build/kernel_variants" "$out/tree/build/"
+  programs+=("$out/tree/build/kernel_variants")
+fi
 if [ -x "$build/pipeline_ideal" ]; then
   cp "$build/pipeline_ideal" "$out/tree/build/"
   programs+=("$out/tree/build/pipeline_ideal")
