@@ -85,7 +85,7 @@ std::string shape_invalid_reason(const PlanInputs& in, const PlanConfig& c) {
            std::to_string(heads) + " key/value heads";
   if ((s.ffn % c.tp) || (s.moe() && s.expert_ffn % c.tp)) return "tp " + std::to_string(c.tp) + " does not divide the MLP's width";
   if (c.sequence_parallel && c.tp == 1) return "sequence parallelism needs tp > 1";
-  if (s.T % (2 * c.cp)) return "cp " + std::to_string(c.cp) + ": T = " + std::to_string(s.T) + " does not cut into 2cp chunks";
+  if (c.cp > 1 && s.T % (2 * c.cp)) return "cp " + std::to_string(c.cp) + ": T = " + std::to_string(s.T) + " does not cut into 2cp chunks";
   if (c.ep > 1 && !s.moe()) return "expert parallelism needs experts";
   if (c.ep > 1 && (s.experts % c.ep || (c.dp * c.cp) % c.ep))
     return "ep " + std::to_string(c.ep) + " must divide the " + std::to_string(s.experts) + " experts and dp x cp = " +
@@ -135,8 +135,8 @@ PlanResult evaluate_shape_plan(const PlanInputs& in, const PlanConfig& c, bool s
   const int S = p * v;
   const std::vector<StageSpan>& spans = shape_partition(s, S);
 
-  const double product_rate = k.peak_flops * in.efficiency * (in.fp8 ? 2.0 : 1.0);
-  const double attention_rate = k.peak_flops * in.efficiency * in.attention_rate;
+  const double product_rate = k.peak_flops * in.efficiency * (in.fp8 ? in.fp8_speedup : 1.0);
+  const double attention_rate = k.peak_flops * (in.attention_efficiency > 0 ? in.attention_efficiency : in.efficiency);
   const double tokens = double(B) * s.T / cp;  // a micro-batch's positions on one rank of the CP group
   const double stream = tokens * s.C * kWidth;  // the residual stream of those positions
   const double routed_share = in.capacity_factor > 0 ? std::min(1.0, in.capacity_factor) : 1.0;
