@@ -90,8 +90,10 @@ void print_header(const PlanInputs& in, const std::string& note) {
               describe_cluster(in.cluster).c_str(), in.gpus, nodes, nodes > 1 ? "s" : "",
               format_bytes(in.cluster.memory_bytes).c_str());
   std::printf("global batch %d sequences of %d tokens (%s tokens) | compute efficiency %.4g (fraction of peak the "
-              "dense math reaches; --efficiency) | attention %s\n",
+              "dense math reaches; --efficiency%s%s) | attention %s\n",
               in.batch, m.T, format_count(double(in.batch) * m.T).c_str(), in.efficiency,
+              in.cluster.efficiency_source.empty() ? "" : ", the cluster's, calibrated on ",
+              in.cluster.efficiency_source.c_str(),
               in.chapters_model ? (in.ring_attention    ? "ring (chapter 10's blockwise kernel)"
                                    : in.flash_attention ? "flash where the head size allows"
                                                         : "materialized")
@@ -249,11 +251,13 @@ int run_megatron(const Options& opt) {
                  std::to_string(rows.size() - 1));
   double efficiency = 0;
   const std::vector<RecordComparison> cmp = compare_with_record(rows, opt.calibration_row, &efficiency);
+  Cluster a100;
+  find_cluster("dgx-a100", &a100);
   std::printf("Megatron-LM, Table 1 (Narayanan et al. 2021) against the planner: DGX A100 80GB, 312 TFLOP/s bf16, "
               "NVLink in a node, 8 x 200 Gb/s InfiniBand a node\n");
-  std::printf("efficiency calibrated on the %s row (t %d, p %d, %d GPUs): %.3f (plan's default: %.3f)\n",
+  std::printf("efficiency calibrated on the %s row (t %d, p %d, %d GPUs): %.4f (plan's default: %.4f)\n",
               rows[opt.calibration_row].name().c_str(), rows[opt.calibration_row].tp, rows[opt.calibration_row].pp,
-              rows[opt.calibration_row].gpus, efficiency, kCalibratedEfficiency);
+              rows[opt.calibration_row].gpus, efficiency, a100.efficiency);
   std::printf("the paper's configuration: its t, p, d and batch, full recomputation, interleaved where p > 1, the "
               "gradients all-reduced after the backward, attention's matrices; micro-batch and v the planner's fastest\n\n");
   std::printf("%-8s %3s %3s %4s %5s %5s | %8s %9s %7s | %-19s %-6s | %-7s %s\n", "model", "t", "p", "d", "GPUs", "batch",
@@ -269,6 +273,7 @@ int run_megatron(const Options& opt) {
     std::printf("%-8s %3d %3d %4d %5d %5d | %8.0f %9.1f %+6.1f%% | %-19s %-6s | %-7s %s\n", r.name().c_str(), r.tp, r.pp,
                 r.gpus / (r.tp * r.pp), r.gpus, r.batch, r.tflops_per_gpu, c.predicted_tflops, 100 * c.relative_error,
                 chosen, c.paper_config.fits ? "yes" : "no", rank.c_str(), best.c_str());
+    std::printf("    $ %s\n", one_command(record_inputs(r, efficiency), pc).c_str());
     within += std::abs(c.relative_error) <= 0.15;
     in_top5 += c.paper_grid_rank >= 0 && c.paper_grid_rank < 5;
   }
@@ -541,7 +546,7 @@ int main(int argc, char** argv) {
     in.capacity_factor = opt.capacity_factor;
     in.model.capacity_factor = opt.capacity_factor;
   }
-  in.efficiency = given("--efficiency") ? opt.efficiency : kCalibratedEfficiency;
+  in.efficiency = given("--efficiency") ? opt.efficiency : k.efficiency > 0 ? k.efficiency : kCalibratedEfficiency;
   if (opt.attention != "flash" && opt.attention != "materialized" && opt.attention != "ring")
     config_error("--attention " + opt.attention + ": choose flash, materialized or ring");
   in.flash_attention = opt.attention == "flash";

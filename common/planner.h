@@ -48,6 +48,10 @@ struct Cluster {
   double memory_bandwidth = 0;
   DType dtype = DType::BF16;
   Device device = Device::CUDA;
+  // The one residual factor of this cluster (the fraction of peak the dense math reaches), calibrated
+  // on one published row and used when --efficiency is not given; 0: the planner's default.
+  double efficiency = 0;
+  std::string efficiency_source;  // the row it was calibrated on
 };
 // dgx-a100 (Megatron-LM's Selene nodes), dgx-h100, hgx-h800 (DeepSeek-V3's nodes), emulated (this machine's CPU ranks on the
 // emulated link of the chapters' --link-gbps/--link-latency-us, one rank a "node"), namespaces (the
