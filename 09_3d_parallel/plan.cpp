@@ -50,7 +50,7 @@ struct Options {
   bool tp_overlap = false, published = false;
   // A published run's implementation (PlanInputs): each names the setting the run used.
   double attention_efficiency = 0;  // 0: the products' efficiency
-  double fp8_speedup = 2;
+  double fp8_speedup = 2, loss_bytes = 4, allocator_overhead = 0;
   bool fp8 = false, fp8_activations = false, ep_overlap = false, no_dp_overlap = false;
   std::string schedule, recompute, attention = "flash";
   bool sequence_parallel = false, no_sequence_parallel = false, runnable_here = false;
@@ -411,6 +411,10 @@ int main(int argc, char** argv) {
                    "(DeepSeek-V3, torchtitan's Float8)");
   flags.add("--fp8-speedup", &opt.fp8_speedup, "with --fp8: the products' rate in FP8 against bf16 (default 2, the "
             "peak's ratio; torchtitan's Float8 measured 1.28 end to end: docs/planner.md)");
+  flags.add("--loss-bytes", &opt.loss_bytes, "a published shape: bytes a logit holds at the loss's peak (4: a fused "
+            "fp32 cross entropy, Megatron's; 12: PyTorch's cross_entropy on logits.float(), torchtitan's)");
+  flags.add("--allocator-overhead", &opt.allocator_overhead, "a published shape: the caching allocator's reserve over "
+            "the activations and buffers, a fraction (PyTorch reports reserved memory; 0: exact)");
   flags.add_switch("--fp8-activations", &opt.fp8_activations, "a published shape: the products' cached inputs in one "
                    "byte (DeepSeek-V3's FP8 activations)");
   flags.add_switch("--ep-overlap", &opt.ep_overlap, "a published shape with experts: the all-to-alls hidden behind "
@@ -509,7 +513,7 @@ int main(int argc, char** argv) {
   // A published run's implementation settings time a published shape; a chapters' model is timed as
   // the chapters run it, so they are refused there, never dropped.
   if (in.chapters_model)
-    for (const char* flag : {"--tp-overlap", "--fp8", "--fp8-speedup", "--fp8-activations", "--ep-overlap", "--attention-efficiency", "--cp-method"})
+    for (const char* flag : {"--tp-overlap", "--fp8", "--fp8-speedup", "--fp8-activations", "--loss-bytes", "--allocator-overhead", "--ep-overlap", "--attention-efficiency", "--cp-method"})
       if (given(flag) && !(std::string(flag) == "--cp-method" && opt.cp_method == "ring"))
         config_error(std::string(flag) + ": a published run's implementation setting, for a published shape (" +
                      model_shape_names() + "); --model " + opt.model + " is timed as the chapters run it");
@@ -539,6 +543,11 @@ int main(int argc, char** argv) {
   if (given("--fp8-speedup") && !(opt.fp8_speedup >= 1 && opt.fp8_speedup <= 2))
     config_error("--fp8-speedup " + std::to_string(opt.fp8_speedup) + ": FP8 against bf16, from 1 to 2 (the peak's ratio)");
   in.fp8_speedup = opt.fp8_speedup;
+  if (given("--loss-bytes") && !(opt.loss_bytes >= 2 && opt.loss_bytes <= 32))
+    config_error("--loss-bytes " + std::to_string(opt.loss_bytes) + ": bytes a logit holds, from 2 to 32");
+  if (given("--allocator-overhead") && !(opt.allocator_overhead >= 0 && opt.allocator_overhead <= 1))
+    config_error("--allocator-overhead " + std::to_string(opt.allocator_overhead) + ": a fraction, from 0 to 1");
+  in.loss_bytes_per_logit = opt.loss_bytes, in.allocator_overhead = opt.allocator_overhead;
   in.fp8 = opt.fp8, in.fp8_activations = opt.fp8_activations, in.ep_overlap = opt.ep_overlap;
   in.dp_overlap = !opt.no_dp_overlap;
   if (given("--capacity-factor")) {

@@ -107,6 +107,25 @@ std::vector<PublishedRun> torchtitan_cp_runs() {
   return runs;
 }
 
+std::vector<PublishedRun> torchtitan_memory_runs() {
+  auto run = [](const char* name, const char* model, int gpus, int tp, int cp, int seq, int batch, int micro_batch,
+                Recompute rc, bool fp8, double gib) {
+    PublishedRun r;
+    r.source = "torchtitan memory", r.name = name, r.model = model, r.cluster = "dgx-h100";
+    r.gpus = gpus, r.tp = tp, r.cp = cp, r.dp = gpus / (tp * cp), r.seq = seq, r.batch = batch;
+    r.micro_batch = micro_batch, r.virtual_stages = 1, r.schedules = {Schedule::OneFOneB};
+    r.zero = 3, r.recompute = {rc}, r.fp8 = fp8, r.fp8_speedup = kTorchtitanFloat8Speedup;
+    r.attention_efficiency = kFlashAttention2H100, r.loss_bytes = 12;
+    r.published = gib;
+    return r;
+  };
+  return {run("8B FSDP 8", "llama3-8b", 8, 1, 1, 8192, 16, 2, Recompute::Selective, false, 82.4),
+          run("8B FSDP 128", "llama3-8b", 128, 1, 1, 8192, 256, 2, Recompute::Selective, false, 67.0),
+          run("8B CP 1 @ 32K", "llama3-8b", 8, 1, 1, 32768, 8, 1, Recompute::Full, true, 83.9),
+          run("8B CP 8 @ 256K", "llama3-8b", 8, 1, 8, 262144, 1, 1, Recompute::Full, true, 84.5),
+          run("70B FSDP 32 x TP 8", "llama3-70b", 256, 8, 1, 8192, 512, 16, Recompute::Full, true, 71.9)};
+}
+
 PublishedRun deepseek_v3_run() {
   PublishedRun r;
   r.source = "DeepSeek-V3", r.name = "pre-training", r.model = "deepseek-v3", r.cluster = "hgx-h800";
@@ -130,6 +149,7 @@ PlanInputs published_inputs(const PublishedRun& run, double efficiency) {
   in.tp_overlap = run.tp_overlap, in.dp_overlap = run.dp_overlap, in.ep_overlap = run.ep_overlap;
   in.fp8 = run.fp8, in.fp8_activations = run.fp8_activations, in.cp_method = run.cp_method, in.attention_efficiency = run.attention_efficiency;
   in.fp8_speedup = run.fp8_speedup;
+  in.loss_bytes_per_logit = run.loss_bytes, in.allocator_overhead = run.allocator_overhead;
   in.capacity_factor = run.capacity_factor;
   return in;
 }
@@ -157,6 +177,8 @@ std::string one_command(const PlanInputs& in, const PlanConfig& c) {
     if (in.fp8_activations) s << " --fp8-activations";
     if (in.attention_efficiency > 0) s << " --attention-efficiency " << in.attention_efficiency;
     if (in.capacity_factor > 0) s << " --capacity-factor " << in.capacity_factor;
+    if (in.loss_bytes_per_logit != 4) s << " --loss-bytes " << in.loss_bytes_per_logit;
+    if (in.allocator_overhead > 0) s << " --allocator-overhead " << in.allocator_overhead;
   }
   if (!in.dp_overlap) s << " --no-dp-overlap";
   s << " --efficiency " << in.efficiency;

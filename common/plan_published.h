@@ -26,6 +26,7 @@ struct PublishedRun {
   ContextMethod cp_method = ContextMethod::Ring;
   double attention_efficiency = 0, capacity_factor = 0;  // 0: the products' efficiency
   double fp8_speedup = 2;
+  double loss_bytes = 4, allocator_overhead = 0;  // PlanInputs::loss_bytes_per_logit, allocator_overhead
   // The published number: model TFLOP/s per GPU (by `flops_per_token`, its own count), or tokens/s
   // per GPU where flops_per_token is 0.
   double published = 0;
@@ -43,6 +44,11 @@ std::vector<PublishedRun> llama3_runs();
 PublishedRun gpt_oss_run();
 // torchtitan's Llama 3 8B on 8 H100s, CP 1/2/4/8 at 32K...256K (Float8, full AC): tokens/s per GPU.
 std::vector<PublishedRun> torchtitan_cp_runs();
+// torchtitan's measured peaks (its Llama 3 H100 benchmark, "Memory(GiB)", the largest over the GPUs):
+// `published` holds GiB; the 8B on 8 and 128 GPUs (FSDP, LBS 2, selective AC), CP 1 and CP 8 (Float8,
+// full AC), the 70B on FSDP 32 x TP 8 (Float8, LBS 16, full AC). PyTorch's loss: 12 bytes a logit.
+std::vector<PublishedRun> torchtitan_memory_runs();
+constexpr double GiB_bytes = 1024.0 * 1024.0 * 1024.0;
 // DeepSeek-V3's pre-training (arXiv 2412.19437): 2,048 H800, PP 16 x EP 64, ZeRO-1 DP; DualPipe.
 PublishedRun deepseek_v3_run();
 // DeepSeek-V3's 180K H800 GPU hours per trillion tokens (section 1).

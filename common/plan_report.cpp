@@ -168,6 +168,20 @@ int print_published_comparisons(double default_efficiency) {
   const PlanResult bf16 = evaluate_plan(published_inputs(without, e), r.config, true);
   std::printf("   without --ep-overlap (the all-to-alls exposed): %s; without --fp8 (the products at the bf16 peak): %s\n\n",
               format_count(hours(exposed)).c_str(), format_count(hours(bf16)).c_str());
+  std::printf("6. Memory against torchtitan's measured peaks (GiB, the largest over the GPUs; its Llama 3 H100 benchmark): "
+              "the activations replayed in the schedule's order, PyTorch's loss at 12 bytes a logit (--loss-bytes)\n");
+  std::printf("%-20s | %9s %9s %7s | %s\n", "run", "measured", "predicted", "error", "predicted: model state + activations (logits) + buffers");
+  for (const PublishedRun& run : torchtitan_memory_runs()) {
+    const PlanResult r = predict_published(run, e);
+    const double gib = r.memory.peak() / GiB_bytes, err = error(gib, run.published);
+    const bool good = std::fabs(err) <= tol;
+    ok = ok && good;
+    std::printf("%-20s | %9.1f %9.1f %+6.1f%% | %.1f + %.1f (%.1f) + %.1f GiB%s\n", run.name.c_str(), run.published, gib,
+                100 * err, r.memory.model_state / GiB_bytes, r.memory.activations / GiB_bytes, r.logits_bytes / GiB_bytes,
+                r.memory.transient / GiB_bytes, verdict(good, run.source + " " + run.name));
+    print_command(run, r, e);
+  }
+  std::printf("\n");
   if (ok) {
     std::printf("every check holds\n");
   } else {

@@ -122,6 +122,14 @@ struct PlanInputs {
   // the casts and scales cost (torchtitan's Float8 measures its own: docs/planner.md).
   double fp8_speedup = 2;
   bool fp8_activations = false;  // the products' inputs (and the experts' SwiGLU inputs) kept in one byte
+  // Bytes a logit holds at the loss's peak: 4, one fp32 copy (a fused, vocabulary-parallel cross
+  // entropy: Megatron's, ours); 12 for PyTorch's cross_entropy on logits.float(), as torchtitan runs it,
+  // whose peak is log-softmax's backward: its saved fp32 output, the fp32 gradient nll_loss hands it
+  // and the fp32 gradient it returns (the forward holds 10: bf16 logits, their fp32 copy, the output).
+  double loss_bytes_per_logit = 4;
+  // The caching allocator's reserve over what the tensors hold, a fraction of the activations and
+  // buffers (what it reports as reserved, not allocated; 0: exact, as our own arena allocates).
+  double allocator_overhead = 0;
   // The fraction of peak the attention kernel reaches, forward and backward (0: the products'
   // `efficiency`, as FlashAttention-3 and cuDNN's fused attention come near on H100; FlashAttention-2
   // reaches 0.35 there: docs/planner.md cites both).

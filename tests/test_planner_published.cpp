@@ -223,7 +223,7 @@ TEST(PlanPublished, EachRowsPrintedCommandGivesItsNumber) {
     double tolerance;
   };
   const std::vector<Checked> checks = {
-      {"70B ", "|", "model TFLOP/s ", 0.051},  // the row's "published predicted" pair: the second number
+      {"70B      8   2", "|", "model TFLOP/s ", 0.051},  // the row's "published predicted" pair: the second number
       {"131K, 16,384 GPUs", "|", "model TFLOP/s ", 0.051},
       {"   published 5630, predicted ", "predicted ", "per GPU: ", 0.51},
       {"CP 2 @ 64K", "|", "per GPU: ", 0.51},
@@ -255,7 +255,7 @@ TEST(PlanPublished, EachRowsPrintedCommandGivesItsNumber) {
       ran++;
     }
   }
-  EXPECT_EQ(commands, 9 + 3 + 1 + 4 + 1) << all.output;  // every row has its command
+  EXPECT_EQ(commands, 9 + 3 + 1 + 4 + 1 + 5) << all.output;  // every row has its command
   EXPECT_EQ(ran, int(checks.size())) << all.output;
 }
 
@@ -343,4 +343,44 @@ TEST(PlanFlags, SequenceAndTokensPerBatchAreInputsAndAbsurdInputsAreRefused) {
   for (const char* said : {"in FP8, 1.5 x", "one byte (--fp8-activations)", "attention at 0.35 of peak",
                            "after the backward (--no-dp-overlap)"})
     EXPECT_NE(r.output.find(said), std::string::npos) << said << "\n" << r.output;
+}
+
+// A published shape's activations peak where the schedule's order puts the most micro-batches in
+// flight over all of a rank's chunks together, not at each chunk's own largest count added up.
+TEST(PlannerShapes, ActivationsAreReplayedInTheSchedulesOrder) {
+  PlanInputs in;
+  ASSERT_TRUE(set_plan_model("llama3-8b", &in));
+  ASSERT_TRUE(find_cluster("dgx-h100", &in.cluster));
+  in.efficiency = 0.5;
+  // One micro-batch of each virtual stage of 8: rank r of a pipeline of 8 holds virtual stage r.
+  in.gpus = 8, in.batch = 1;
+  const PlanResult one = evaluate_plan(in, grid(1, 1, 8, 1, 1, Schedule::OneFOneB, 1, 1, 1, 0, Recompute::None), true);
+  ASSERT_EQ(one.invalid, "");
+  // Interleaved on 4 ranks, 2 chunks each: rank 1 holds virtual stages 1 and 5.
+  const double chunk[2] = {one.stages[1].memory.activations, one.stages[5].memory.activations};
+  in.gpus = 4, in.batch = 8;
+  const PlanResult r = evaluate_plan(in, grid(1, 1, 4, 1, 1, Schedule::Interleaved, 2, 1, 8, 0, Recompute::None), true);
+  ASSERT_EQ(r.invalid, "");
+  const std::vector<Action> order = build_schedule(Schedule::Interleaved, PipelineShape{4, 8, 2}, 1);
+  int now[2] = {0, 0};
+  double most = 0;
+  for (const Action& a : order) {
+    if (a.op == Op::F) now[a.chunk]++, most = std::max(most, now[0] * chunk[0] + now[1] * chunk[1]);
+    if (a.op == Op::B) now[a.chunk]--;
+  }
+  EXPECT_NEAR(r.stages[1].memory.activations, most, 1e-9 * most);
+  EXPECT_LT(most, max_in_flight(order, 0) * chunk[0] + max_in_flight(order, 1) * chunk[1]);
+}
+
+// Against torchtitan's measured peaks: the 8B runs within the threshold, with PyTorch's loss at 12
+// bytes a logit; the 70B under TP 8 is the documented miss (docs/planner.md).
+TEST(PlanPublished, TorchtitansMeasuredPeaks) {
+  const double e = efficiency();
+  for (const PublishedRun& run : torchtitan_memory_runs()) {
+    const PlanResult r = predict_published(run, e);
+    const double gib = r.memory.peak() / GiB_bytes;
+    if (run.tp == 1) EXPECT_NEAR(gib, run.published, kPublishedTolerance * run.published) << run.name;
+    else EXPECT_LT(gib, run.published) << run.name;
+    EXPECT_GT(r.logits_bytes, 0) << run.name;
+  }
 }
