@@ -1,9 +1,10 @@
 // plan_published.h: the planner (planner.h) against the published multi-dimension runs: Megatron-Core
 // on H100 (nine GPT models), Llama 3 405B's Table 4, Megatron-Bridge's GPT-OSS 120B row, torchtitan's
-// context-parallel scaling and DeepSeek-V3. Defines PublishedRun (a run as published: model, cluster,
-// grid, batch, what its implementation did, and its number), the rows of each source, and
-// predict_published() / calibrate_published(): the efficiency constant is calibrated on ONE named row
-// and every other row is predicted from it. docs/planner.md prints every comparison; test_planner.cpp
+// context-parallel scaling and measured memory, and DeepSeek-V3. Defines PublishedRun (a run as
+// published: model, cluster, grid, batch, what its implementation did, and its number), the rows of
+// each source, predict_published() / calibrate_published() (the efficiency constant is calibrated on
+// ONE named row and every other row is predicted from it), one_command() (the `plan --one` line that
+// reproduces a row) and the thresholds. docs/planner.md prints every comparison; test_planner.cpp
 // and `plan --published` keep them.
 #pragma once
 #include <string>

@@ -1,10 +1,12 @@
 // test_planner_published.cpp: the planner in five dimensions against the published record
 // (common/model_shape.h, planner_shape.cpp, plan_published.h). The shapes count what their papers and
 // model cards publish; a published shape's memory adds up over its grid and its step is the sum of
-// its parts; one constant calibrated on Megatron-Core's 177B row predicts the other Megatron-Core rows
-// and Llama 3's Table 4 within 15%, GPT-OSS 120B within 25%, torchtitan's CP scaling within 25% (as
-// ratios), and fits DeepSeek-V3 in 80 GB; chapters 10's and 11's grids are forecast as their trainers
-// forecast them; the plan binary refuses what makes no sense, in a sentence.
+// its parts, its activations replayed in the schedule's order; one constant calibrated on Megatron-Core's
+// 177B row predicts the other Megatron-Core rows, Llama 3's Table 4, torchtitan's CP 2 ratio and its
+// 8B memory peaks within 15%, GPT-OSS 120B and DeepSeek-V3's GPU hours within 25% (the documented
+// misses are held to their direction); each row's printed command gives its number; chapters 10's and
+// 11's grids are forecast as their trainers forecast them; the plan binary refuses what makes no sense,
+// in a sentence naming the flag.
 #include <gtest/gtest.h>
 
 #include <cmath>
