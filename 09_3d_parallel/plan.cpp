@@ -17,6 +17,7 @@
 //   plan --megatron docs/data/megatron_table1.csv                              against Megatron-LM's Table 1
 //   plan --published                          against Megatron-Core on H100, Llama 3, GPT-OSS, torchtitan, DeepSeek-V3
 //   plan --heatmap results/plan_heatmap.csv                                     best per model, node count, sequence
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -47,6 +48,10 @@ struct Options {
   double tokens_per_batch = 0, capacity_factor = -1;
   std::string cp_method = "ring";
   bool tp_overlap = false, published = false;
+  // A published run's implementation (PlanInputs): each names the setting the run used.
+  double attention_efficiency = 0;  // 0: the products' efficiency
+  double fp8_speedup = 2, loss_bytes = 4, allocator_overhead = 0;
+  bool fp8 = false, fp8_activations = false, ep_overlap = false, no_dp_overlap = false;
   std::string schedule, recompute, attention = "flash";
   bool sequence_parallel = false, no_sequence_parallel = false, runnable_here = false;
   int micro_batches = 0;
@@ -58,7 +63,7 @@ struct Options {
 // Calibrated on Megatron-Core's H100 177B row (TP 8, PP 6, DP 48 on 2,304 GPUs: every group of the grid
 // at work): `plan --published` recomputes it and says whether this still agrees. (Table 1 of 2021,
 // `plan --megatron`, calibrates its own on its 145.6B row: the chapters' architecture on A100s.)
-constexpr double kCalibratedEfficiency = 0.489;
+constexpr double kCalibratedEfficiency = 0.4892;
 
 // Fits its column whatever the magnitude (--efficiency 1e-300 makes a step last 1e+290 s).
 std::string seconds(double s) {
@@ -84,20 +89,35 @@ void print_header(const PlanInputs& in, const std::string& note) {
   std::printf("cluster %s: %s; %d GPUs (%d node%s), %s each\n", in.cluster.name.c_str(),
               describe_cluster(in.cluster).c_str(), in.gpus, nodes, nodes > 1 ? "s" : "",
               format_bytes(in.cluster.memory_bytes).c_str());
-  std::printf("global batch %d sequences of %d tokens (%s tokens) | compute efficiency %.3g (fraction of peak the "
-              "dense math reaches; --efficiency) | attention %s\n",
+  std::printf("global batch %d sequences of %d tokens (%s tokens) | compute efficiency %.4g (fraction of peak the "
+              "dense math reaches; --efficiency%s%s) | attention %s\n",
               in.batch, m.T, format_count(double(in.batch) * m.T).c_str(), in.efficiency,
+              in.cluster.efficiency_source.empty() ? "" : ", the cluster's, calibrated on ",
+              in.cluster.efficiency_source.c_str(),
               in.chapters_model ? (in.ring_attention    ? "ring (chapter 10's blockwise kernel)"
                                    : in.flash_attention ? "flash where the head size allows"
                                                         : "materialized")
                                 : "flash (causal: T/2 keys a query)");
-  if (!in.chapters_model)
-    std::printf("TP collectives %s | CP by %s | EP at balanced routing, capacity factor %s | elementwise work at %.3g "
-                "TB/s\n",
-                in.tp_overlap ? "behind the products (--tp-overlap)" : "exposed",
+  if (!in.chapters_model) {
+    std::printf("TP collectives %s | CP by %s | EP at balanced routing, capacity factor %s, all-to-alls %s | elementwise "
+                "work at %.3g TB/s\n",
+                in.tp_overlap ? "behind the products (--tp-overlap)" : "exposed (--tp-overlap hides them)",
                 in.cp_method == ContextMethod::Ring ? "ring (--cp-method)" : "all-gather of K, V (--cp-method)",
                 in.capacity_factor > 0 ? std::to_string(in.capacity_factor).c_str() : "none (dropless)",
+                in.ep_overlap ? "behind another micro-batch's compute (--ep-overlap)" : "exposed (--ep-overlap hides them)",
                 in.cluster.memory_bandwidth / 1e12);
+    char products[96];
+    if (in.fp8) std::snprintf(products, sizeof(products), "in FP8, %g x bf16's rate (--fp8, --fp8-speedup)", in.fp8_speedup);
+    else std::snprintf(products, sizeof(products), "in bf16 (--fp8: FP8)");
+    std::printf("matrix products %s | products' inputs kept in %s | attention at %.3g of peak (--attention-efficiency) "
+                "| DP's traffic %s\n",
+                products,
+                in.fp8_activations ? "one byte (--fp8-activations)" : "bf16 (--fp8-activations: one byte)",
+                in.attention_efficiency > 0 ? in.attention_efficiency : in.efficiency,
+                in.dp_overlap ? "behind the backward and forward" : "after the backward (--no-dp-overlap)");
+  } else if (!in.dp_overlap) {
+    std::printf("DP's gradients all-reduced after the backward (--no-dp-overlap)\n");
+  }
   if (in.cluster.elementwise_rate > 0)
     std::printf("the rest of the compute (not matrix products): activation bytes at %.3g GB/s (--elementwise-rate)\n",
                 in.cluster.elementwise_rate / 1e9);
@@ -138,11 +158,8 @@ int run_search(const PlanInputs& in, const Options& opt, const SearchSpace& spac
   int fitting = 0;
   for (const PlanResult& r : results) fitting += r.fits;
   std::printf("%zu configurations predicted, %d fit in memory\n\n", results.size(), fitting);
-  if (results.empty()) {  // not memory: no grid splits the batch (dp x B x m = batch needs dp <= batch)
-    std::printf("no configuration splits a global batch of %d sequences over %d GPUs: every data-parallel rank needs "
-                "a sequence of it, and tensor and pipeline parallelism (%s) leave more data-parallel ranks than "
-                "sequences; the batch, not memory, is the limit: pass a larger --batch or fewer --gpus\n",
-                in.batch, in.gpus, space.tp.empty() && space.pp.empty() ? "any degree the model allows" : "as restricted");
+  if (results.empty()) {  // not memory: every grid is refused before its memory is forecast
+    std::printf("%s\n", why_no_configuration(in, space).c_str());
     return 1;
   }
   if (fitting == 0) {
@@ -168,6 +185,14 @@ int run_search(const PlanInputs& in, const Options& opt, const SearchSpace& spac
   return fitting > 0 ? 0 : 1;
 }
 
+// What the published sources report, per GPU: tokens/s, model TFLOP/s by the source's own count, GPU
+// hours per trillion tokens. `plan --published` and `--megatron` print the same numbers for their rows.
+void print_per_gpu(const PlanInputs& in, const PlanResult& r) {
+  const double tokens = r.tokens_per_s / in.gpus;
+  std::printf("per GPU: %.1f tokens/s | model TFLOP/s %.1f (%s) | GPU hours per trillion tokens %.1fk\n", tokens,
+              model_tflops_per_gpu(in, r), model_flops_count_name(in), 1e12 / tokens / 3600 / 1e3);
+}
+
 // One configuration, every pipeline stage's memory, and a machine-readable line for scripts/plan/plan_check.sh.
 int run_one(const PlanInputs& in, const Options& opt, const std::string& note) {
   PlanConfig c;
@@ -179,9 +204,17 @@ int run_one(const PlanInputs& in, const Options& opt, const std::string& note) {
   c.dp = in.gpus / (c.tp * c.pp * c.cp);
   if (!opt.schedule.empty() && !parse_schedule(opt.schedule, &c.schedule))
     config_error("--schedule " + opt.schedule + ": choose " + schedule_names());
-  c.virtual_stages = opt.virtual_stages > 0 ? opt.virtual_stages : 1;
+  // zb-v and dualpipev hold two chunks a rank, in a V: their only v.
+  c.virtual_stages = opt.virtual_stages > 0 ? opt.virtual_stages : placement_of(c.schedule) == Placement::V ? 2 : 1;
   c.micro_batches = opt.micro_batches > 0 ? opt.micro_batches : 1;
+  if (long(c.dp) * c.micro_batches > in.batch || (opt.micro_batch == 0 && in.batch % (long(c.dp) * c.micro_batches)))
+    config_error("--batch " + std::to_string(in.batch) + " does not split over dp " + std::to_string(c.dp) +
+                 " (--gpus / (--tp x --cp x --pp)) x --micro-batches " + std::to_string(c.micro_batches) +
+                 ": give a --batch that dp x m divides");
   c.micro_batch = opt.micro_batch > 0 ? opt.micro_batch : in.batch / (c.dp * c.micro_batches);
+  if (long(c.dp) * c.micro_batch * c.micro_batches != in.batch)
+    config_error("--batch " + std::to_string(in.batch) + " is not dp " + std::to_string(c.dp) + " x --micro-batch " +
+                 std::to_string(c.micro_batch) + " x --micro-batches " + std::to_string(c.micro_batches));
   c.zero = opt.zero >= 0 ? opt.zero : 0;
   if (!opt.recompute.empty() && !parse_recompute(opt.recompute, &c.recompute))
     config_error("--recompute " + opt.recompute + ": choose none, selective or full");
@@ -190,6 +223,7 @@ int run_one(const PlanInputs& in, const Options& opt, const std::string& note) {
   if (!r.invalid.empty()) config_error(c.describe() + ": " + r.invalid);
   print_header(in, note);
   print_table({r}, 1, in.chapters_model);
+  print_per_gpu(in, r);
   std::printf("per stage (pipeline rank), model state by category%s:\n",
               in.chapters_model ? ", padded as allocated" : "");
   std::printf("  %-6s %12s %12s %12s %12s %12s %12s\n", "stage", "params", "grads", "optim", "activations", "buffers", "peak");
@@ -217,11 +251,13 @@ int run_megatron(const Options& opt) {
                  std::to_string(rows.size() - 1));
   double efficiency = 0;
   const std::vector<RecordComparison> cmp = compare_with_record(rows, opt.calibration_row, &efficiency);
+  Cluster a100;
+  find_cluster("dgx-a100", &a100);
   std::printf("Megatron-LM, Table 1 (Narayanan et al. 2021) against the planner: DGX A100 80GB, 312 TFLOP/s bf16, "
               "NVLink in a node, 8 x 200 Gb/s InfiniBand a node\n");
-  std::printf("efficiency calibrated on the %s row (t %d, p %d, %d GPUs): %.3f (plan's default: %.3f)\n",
+  std::printf("efficiency calibrated on the %s row (t %d, p %d, %d GPUs): %.4f (plan's default: %.4f)\n",
               rows[opt.calibration_row].name().c_str(), rows[opt.calibration_row].tp, rows[opt.calibration_row].pp,
-              rows[opt.calibration_row].gpus, efficiency, kCalibratedEfficiency);
+              rows[opt.calibration_row].gpus, efficiency, a100.efficiency);
   std::printf("the paper's configuration: its t, p, d and batch, full recomputation, interleaved where p > 1, the "
               "gradients all-reduced after the backward, attention's matrices; micro-batch and v the planner's fastest\n\n");
   std::printf("%-8s %3s %3s %4s %5s %5s | %8s %9s %7s | %-19s %-6s | %-7s %s\n", "model", "t", "p", "d", "GPUs", "batch",
@@ -237,6 +273,7 @@ int run_megatron(const Options& opt) {
     std::printf("%-8s %3d %3d %4d %5d %5d | %8.0f %9.1f %+6.1f%% | %-19s %-6s | %-7s %s\n", r.name().c_str(), r.tp, r.pp,
                 r.gpus / (r.tp * r.pp), r.gpus, r.batch, r.tflops_per_gpu, c.predicted_tflops, 100 * c.relative_error,
                 chosen, c.paper_config.fits ? "yes" : "no", rank.c_str(), best.c_str());
+    std::printf("    $ %s\n", one_command(record_inputs(r, efficiency), pc).c_str());
     within += std::abs(c.relative_error) <= 0.15;
     in_top5 += c.paper_grid_rank >= 0 && c.paper_grid_rank < 5;
   }
@@ -367,6 +404,23 @@ int main(int argc, char** argv) {
   flags.add("--cp-method", &opt.cp_method, "how CP meets every key: ring (chapter 10) or all-gather (Llama 3)", "HOW");
   flags.add_switch("--tp-overlap", &opt.tp_overlap, "TP's collectives hidden behind the products (Megatron-Core's "
                    "--tp-comm-overlap; a published shape only)");
+  flags.add("--attention-efficiency", &opt.attention_efficiency, "a published shape: the fraction of peak the attention "
+            "kernel reaches (default: --efficiency's, as FlashAttention-3 or cuDNN on H100; FlashAttention-2 on H100: "
+            "0.35; docs/planner.md)");
+  flags.add_switch("--fp8", &opt.fp8, "a published shape: the matrix products in FP8, at twice the bf16 peak "
+                   "(DeepSeek-V3, torchtitan's Float8)");
+  flags.add("--fp8-speedup", &opt.fp8_speedup, "with --fp8: the products' rate in FP8 against bf16 (default 2, the "
+            "peak's ratio; torchtitan's Float8 measured 1.28 end to end: docs/planner.md)");
+  flags.add("--loss-bytes", &opt.loss_bytes, "a published shape: bytes a logit holds at the loss's peak (4: a fused "
+            "fp32 cross entropy, Megatron's; 12: PyTorch's cross_entropy on logits.float(), torchtitan's)");
+  flags.add("--allocator-overhead", &opt.allocator_overhead, "a published shape: the caching allocator's reserve over "
+            "the activations and buffers, a fraction (PyTorch reports reserved memory; 0: exact)");
+  flags.add_switch("--fp8-activations", &opt.fp8_activations, "a published shape: the products' cached inputs in one "
+                   "byte (DeepSeek-V3's FP8 activations)");
+  flags.add_switch("--ep-overlap", &opt.ep_overlap, "a published shape with experts: the all-to-alls hidden behind "
+                   "another micro-batch's compute (DualPipe)");
+  flags.add_switch("--no-dp-overlap", &opt.no_dp_overlap, "DP's gradients all-reduced after the backward, not during "
+                   "it (Megatron-LM in 2021)");
   flags.add("--schedule", &opt.schedule, "only this pipeline schedule: " + schedule_names(), "NAME");
   flags.add("--virtual-stages", &opt.virtual_stages, "only this v (interleaved)");
   flags.add("--micro-batch", &opt.micro_batch, "only this micro-batch size B");
@@ -456,13 +510,52 @@ int main(int argc, char** argv) {
   if (opt.cp_method != "ring" && opt.cp_method != "all-gather")
     config_error("--cp-method " + opt.cp_method + ": choose ring or all-gather");
   in.cp_method = opt.cp_method == "ring" ? ContextMethod::Ring : ContextMethod::AllGather;
+  // A published run's implementation settings time a published shape; a chapters' model is timed as
+  // the chapters run it, so they are refused there, never dropped.
+  if (in.chapters_model)
+    for (const char* flag : {"--tp-overlap", "--fp8", "--fp8-speedup", "--fp8-activations", "--loss-bytes", "--allocator-overhead", "--ep-overlap", "--attention-efficiency", "--cp-method"})
+      if (given(flag) && !(std::string(flag) == "--cp-method" && opt.cp_method == "ring"))
+        config_error(std::string(flag) + ": a published run's implementation setting, for a published shape (" +
+                     model_shape_names() + "); --model " + opt.model + " is timed as the chapters run it");
+  if (!in.chapters_model) {
+    if (given("--attention") && opt.attention != "flash")
+      config_error("--attention " + opt.attention + ": a published shape is timed with flash attention (causal, T/2 "
+                   "keys a query); --attention-efficiency sets the kernel's speed");
+    if (given("--elementwise-rate"))
+      config_error("--elementwise-rate: the chapters' CPU models' rate; a published shape's elementwise work runs at "
+                   "the cluster's memory bandwidth");
+  }
+  if (given("--ep")) {
+    const ModelShape m = plan_shape(in);
+    if (!m.moe()) config_error("--ep " + std::to_string(opt.ep) + ": --model " + opt.model + " has no experts to spread");
+    if (m.experts % opt.ep)
+      config_error("--ep " + std::to_string(opt.ep) + " does not divide the " + std::to_string(m.experts) +
+                   " experts of --model " + opt.model);
+  }
+  if (opt.ep_overlap && !plan_shape(in).moe()) config_error("--ep-overlap: --model " + opt.model + " has no experts");
+  if (given("--attention-efficiency")) {
+    if (!(opt.attention_efficiency > 0) || opt.attention_efficiency > 1)
+      config_error("--attention-efficiency " + std::to_string(opt.attention_efficiency) + ": a fraction of peak, in (0, 1]");
+    in.attention_efficiency = opt.attention_efficiency;
+  }
   in.tp_overlap = opt.tp_overlap;
+  if (given("--fp8-speedup") && !opt.fp8) config_error("--fp8-speedup: the products run in FP8 only with --fp8");
+  if (given("--fp8-speedup") && !(opt.fp8_speedup >= 1 && opt.fp8_speedup <= 2))
+    config_error("--fp8-speedup " + std::to_string(opt.fp8_speedup) + ": FP8 against bf16, from 1 to 2 (the peak's ratio)");
+  in.fp8_speedup = opt.fp8_speedup;
+  if (given("--loss-bytes") && !(opt.loss_bytes >= 2 && opt.loss_bytes <= 32))
+    config_error("--loss-bytes " + std::to_string(opt.loss_bytes) + ": bytes a logit holds, from 2 to 32");
+  if (given("--allocator-overhead") && !(opt.allocator_overhead >= 0 && opt.allocator_overhead <= 1))
+    config_error("--allocator-overhead " + std::to_string(opt.allocator_overhead) + ": a fraction, from 0 to 1");
+  in.loss_bytes_per_logit = opt.loss_bytes, in.allocator_overhead = opt.allocator_overhead;
+  in.fp8 = opt.fp8, in.fp8_activations = opt.fp8_activations, in.ep_overlap = opt.ep_overlap;
+  in.dp_overlap = !opt.no_dp_overlap;
   if (given("--capacity-factor")) {
     if (!plan_shape(in).moe()) config_error("--capacity-factor: --model " + opt.model + " has no experts");
     in.capacity_factor = opt.capacity_factor;
     in.model.capacity_factor = opt.capacity_factor;
   }
-  in.efficiency = given("--efficiency") ? opt.efficiency : kCalibratedEfficiency;
+  in.efficiency = given("--efficiency") ? opt.efficiency : k.efficiency > 0 ? k.efficiency : kCalibratedEfficiency;
   if (opt.attention != "flash" && opt.attention != "materialized" && opt.attention != "ring")
     config_error("--attention " + opt.attention + ": choose flash, materialized or ring");
   in.flash_attention = opt.attention == "flash";

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <sstream>
 
 #include "check.h"
 
@@ -61,7 +62,7 @@ std::vector<PublishedRun> llama3_runs() {
     r.gpus = gpus[i], r.tp = 8, r.cp = cps[i], r.pp = 16, r.dp = dps[i];
     r.seq = seqs[i], r.batch = 16 * 1024 * 1024 / seqs[i];
     r.schedules = {Schedule::Interleaved};
-    r.zero = 2, r.cp_method = ContextMethod::AllGather, r.attention_rate = 0.5;
+    r.zero = 2, r.cp_method = ContextMethod::AllGather, r.attention_efficiency = kFlashAttention2H100;
     r.recompute = i < 2 ? std::vector<Recompute>{Recompute::None} : std::vector<Recompute>{Recompute::None, Recompute::Full};
     r.published = tflops[i];
     ModelShape at = s;
@@ -96,13 +97,33 @@ std::vector<PublishedRun> torchtitan_cp_runs() {
     r.micro_batch = 1, r.virtual_stages = 1, r.schedules = {Schedule::OneFOneB};
     // FSDP over the whole FSDP x CP mesh (ZeRO-3), full activation checkpointing, Float8 products,
     // PyTorch's SDPA (FlashAttention-2 on H100) for the attention.
-    r.zero = 3, r.recompute = {Recompute::Full}, r.fp8 = true, r.attention_rate = 0.5;
+    r.zero = 3, r.recompute = {Recompute::Full}, r.fp8 = true, r.fp8_speedup = kTorchtitanFloat8Speedup;
+    r.attention_efficiency = kFlashAttention2H100;
     const double tps[] = {3890, 2540, 1071, 548};
     r.published = tps[cp == 1 ? 0 : cp == 2 ? 1 : cp == 4 ? 2 : 3];
     r.note = "Float8 on 500 W parts: compare the ratios to CP 1, not the numbers";
     runs.push_back(r);
   }
   return runs;
+}
+
+std::vector<PublishedRun> torchtitan_memory_runs() {
+  auto run = [](const char* name, const char* model, int gpus, int tp, int cp, int seq, int batch, int micro_batch,
+                Recompute rc, bool fp8, double gib) {
+    PublishedRun r;
+    r.source = "torchtitan memory", r.name = name, r.model = model, r.cluster = "dgx-h100";
+    r.gpus = gpus, r.tp = tp, r.cp = cp, r.dp = gpus / (tp * cp), r.seq = seq, r.batch = batch;
+    r.micro_batch = micro_batch, r.virtual_stages = 1, r.schedules = {Schedule::OneFOneB};
+    r.zero = 3, r.recompute = {rc}, r.fp8 = fp8, r.fp8_speedup = kTorchtitanFloat8Speedup;
+    r.attention_efficiency = kFlashAttention2H100, r.loss_bytes = 12;
+    r.published = gib;
+    return r;
+  };
+  return {run("8B FSDP 8", "llama3-8b", 8, 1, 1, 8192, 16, 2, Recompute::Selective, false, 82.4),
+          run("8B FSDP 128", "llama3-8b", 128, 1, 1, 8192, 256, 2, Recompute::Selective, false, 67.0),
+          run("8B CP 1 @ 32K", "llama3-8b", 8, 1, 1, 32768, 8, 1, Recompute::Full, true, 83.9),
+          run("8B CP 8 @ 256K", "llama3-8b", 8, 1, 8, 262144, 1, 1, Recompute::Full, true, 84.5),
+          run("70B FSDP 32 x TP 8", "llama3-70b", 256, 8, 1, 8192, 512, 16, Recompute::Full, true, 71.9)};
 }
 
 PublishedRun deepseek_v3_run() {
@@ -112,9 +133,10 @@ PublishedRun deepseek_v3_run() {
   r.batch = 15360, r.seq = 4096, r.micro_batch = 1, r.virtual_stages = 2, r.schedules = {Schedule::DualPipeV};
   // Section 3.2.3: the norms and MLA's up-projections recomputed; section 3.3.3: the products' inputs
   // (and the experts' SwiGLU inputs) cached in FP8.
-  r.zero = 1, r.recompute = {Recompute::Selective}, r.fp8_activations = true;
-  r.note = "DualPipe taken as its V half (dualpipev); the products at the BF16 peak (the run used FP8); the "
-           "micro-batch unpublished, 1 sequence";
+  // Section 3.3: FP8 products (forward and both backward ones); section 3.2.2: DualPipe hides the
+  // all-to-alls behind another micro-batch's compute.
+  r.zero = 1, r.recompute = {Recompute::Selective}, r.fp8 = true, r.fp8_activations = true, r.ep_overlap = true;
+  r.note = "DualPipe taken as its V half (dualpipev); the micro-batch unpublished, 1 sequence";
   return r;
 }
 
@@ -125,9 +147,61 @@ PlanInputs published_inputs(const PublishedRun& run, double efficiency) {
   if (run.seq > 0) set_sequence_length(&in, run.seq);
   in.gpus = run.gpus, in.batch = run.batch, in.efficiency = efficiency;
   in.tp_overlap = run.tp_overlap, in.dp_overlap = run.dp_overlap, in.ep_overlap = run.ep_overlap;
-  in.fp8 = run.fp8, in.fp8_activations = run.fp8_activations, in.cp_method = run.cp_method, in.attention_rate = run.attention_rate;
+  in.fp8 = run.fp8, in.fp8_activations = run.fp8_activations, in.cp_method = run.cp_method, in.attention_efficiency = run.attention_efficiency;
+  in.fp8_speedup = run.fp8_speedup;
+  in.loss_bytes_per_logit = run.loss_bytes, in.allocator_overhead = run.allocator_overhead;
   in.capacity_factor = run.capacity_factor;
   return in;
+}
+
+std::string one_command(const PlanInputs& in, const PlanConfig& c) {
+  std::ostringstream s;
+  s << "09_3d_parallel/plan --one --model " << in.model.preset << " --cluster " << in.cluster.name << " --gpus " << in.gpus
+    << " --seq-len " << plan_shape(in).T << " --batch " << in.batch << " --tp " << c.tp << " --pp " << c.pp;
+  if (c.cp > 1) s << " --cp " << c.cp;
+  if (c.ep > 1) s << " --ep " << c.ep;
+  if (c.pp > 1) s << " --schedule " << schedule_name(c.schedule);
+  if (c.virtual_stages > 1) s << " --virtual-stages " << c.virtual_stages;
+  s << " --micro-batch " << c.micro_batch << " --micro-batches " << c.micro_batches << " --zero " << c.zero;
+  if (c.recompute != Recompute::None) s << " --recompute " << recompute_name(c.recompute);
+  if (c.sequence_parallel) s << " --sequence-parallel";
+  if (in.chapters_model) {
+    if (in.ring_attention) s << " --attention ring";
+    else if (!in.flash_attention) s << " --attention materialized";
+  } else {
+    if (in.tp_overlap) s << " --tp-overlap";
+    if (in.cp_method == ContextMethod::AllGather) s << " --cp-method all-gather";
+    if (in.ep_overlap) s << " --ep-overlap";
+    if (in.fp8) s << " --fp8";
+    if (in.fp8 && in.fp8_speedup != 2) s << " --fp8-speedup " << in.fp8_speedup;
+    if (in.fp8_activations) s << " --fp8-activations";
+    if (in.attention_efficiency > 0) s << " --attention-efficiency " << in.attention_efficiency;
+    if (in.capacity_factor > 0) s << " --capacity-factor " << in.capacity_factor;
+    if (in.loss_bytes_per_logit != 4) s << " --loss-bytes " << in.loss_bytes_per_logit;
+    if (in.allocator_overhead > 0) s << " --allocator-overhead " << in.allocator_overhead;
+  }
+  if (!in.dp_overlap) s << " --no-dp-overlap";
+  s << " --efficiency " << in.efficiency;
+  return s.str();
+}
+
+namespace {
+bool megatron_2021_model(const PlanInputs& in) {
+  return in.chapters_model && in.model.preset.rfind("megatron-", 0) == 0;
+}
+}  // namespace
+
+double model_tflops_per_gpu(const PlanInputs& in, const PlanResult& r) {
+  if (megatron_2021_model(in)) {
+    const double L = in.model.L, h = in.model.C, s = in.model.T, V = in.model.V;
+    return r.tokens_per_s * 96 * L * h * h * (1 + s / (6 * h) + V / (16 * L * h)) / in.gpus / 1e12;
+  }
+  return r.mfu * in.cluster.peak_flops / 1e12;
+}
+
+const char* model_flops_count_name(const PlanInputs& in) {
+  if (megatron_2021_model(in)) return "Megatron-LM 2021's 96 L h^2 (1 + s/6h + V/16Lh) a token";
+  return in.chapters_model ? "6N + 12 L C T a token" : "6N + 12 L H T a token, causal";
 }
 
 PlanResult predict_published(const PublishedRun& run, double efficiency) {
@@ -157,7 +231,7 @@ double calibrate_published(const PublishedRun& run) {
     const double mid = (low + high) / 2;
     (published_metric(run, predict_published(run, mid)) < run.published ? low : high) = mid;
   }
-  return (low + high) / 2;
+  return std::round((low + high) / 2 * 1e4) / 1e4;
 }
 
 std::vector<PlanResult> search_published(const PublishedRun& run, double efficiency) {

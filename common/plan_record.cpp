@@ -2,6 +2,7 @@
 #include "plan_record.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <sstream>
@@ -63,6 +64,15 @@ GPT2Config record_model(const RecordRow& row) {
   GPT2Config c;
   c.preset = "megatron-" + row.name();
   c.L = row.layers, c.C = row.hidden, c.NH = row.heads, c.T = 2048, c.V = 51200;
+  // The planner's name for it (megatron-146b, ...), so that a printed command can name it.
+  std::istringstream names(plan_model_names());
+  std::string name;
+  while (std::getline(names >> std::ws, name, ',')) {
+    GPT2Config named;
+    if (name.rfind("megatron-", 0) == 0 && find_plan_model(name, &named) && named.L == c.L && named.C == c.C &&
+        named.NH == c.NH && named.T == c.T && named.V == c.V)
+      c.preset = name;
+  }
   return c;
 }
 
@@ -104,7 +114,7 @@ double calibrate_efficiency(const RecordRow& row) {
     const PlanResult r = plan_paper_config(row, mid);
     (predicted_tflops(row, r.step_s) < row.tflops_per_gpu ? low : high) = mid;
   }
-  return (low + high) / 2;
+  return std::round((low + high) / 2 * 1e4) / 1e4;  // what a printed command carries
 }
 
 std::vector<RecordComparison> compare_with_record(const std::vector<RecordRow>& rows, int calibration,

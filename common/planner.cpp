@@ -110,11 +110,12 @@ std::string invalid_reason(const PlanInputs& in, const PlanConfig& c) {
   if (c.zero > 0 && c.dp * c.cp == 1) return "ZeRO shards over the data-parallel group (DP x CP): dp x cp = 1";
   if (c.pp > 1 && c.zero > 1) return "ZeRO-2/3 communicate every micro-batch: not with a pipeline (use ZeRO-1)";
   if (c.pp * c.virtual_stages > m.L) return "more virtual stages than blocks";
-  if (c.pp > 1 && c.schedule == Schedule::ZBH1 && c.recompute == Recompute::Full)
-    return "full recomputation keeps no product's input for zb-h1's later weight pass";
+  if (c.pp > 1 && splits_backward(c.schedule) && c.recompute == Recompute::Full)
+    return std::string("full recomputation keeps no product's input for ") + schedule_name(c.schedule) +
+           "'s later weight pass";
   if (c.pp > 1) {
     const std::string shape_error =
-        schedule_shape_error(c.schedule, PipelineShape{c.pp, c.micro_batches, c.virtual_stages});
+        schedule_shape_error(c.schedule, PipelineShape{c.pp, c.micro_batches, c.virtual_stages, placement_of(c.schedule)});
     if (!shape_error.empty()) return shape_error;
   } else if (c.virtual_stages != 1) {
     return "virtual stages need a pipeline";
@@ -143,11 +144,12 @@ namespace {
 std::vector<ModelPart> stage_parts(const GPT2Config& cfg, const PlanConfig& c, int rank) {
   std::vector<ModelPart> parts;
   if (c.pp == 1) return parts;
-  const PipelineShape shape{c.pp, c.micro_batches, c.virtual_stages};
-  parts = parts_of_rank(cfg, cached_partition(cfg, c.pp * c.virtual_stages), c.pp, rank);
+  // zb-v and dualpipev fold the stages into a V (08): chunk 0 runs down the ranks, chunk 1 back up.
+  const PipelineShape shape{c.pp, c.micro_batches, c.virtual_stages, placement_of(c.schedule)};
+  parts = parts_of_rank(cfg, cached_partition(cfg, c.pp * c.virtual_stages), c.pp, rank, shape.placement);
   for (int ch = 0; ch < c.virtual_stages; ch++) {
     parts[ch].slots = theory_in_flight(c.schedule, shape, rank, ch);
-    parts[ch].split_backward = c.schedule == Schedule::ZBH1;
+    parts[ch].split_backward = splits_backward(c.schedule);
   }
   return parts;
 }
@@ -219,7 +221,7 @@ PlanResult evaluate_plan(const PlanInputs& in, const PlanConfig& c, bool simulat
   const double w = double(dtype_size(dtype));
   const TensorParallelism tp{c.tp, 0, c.sequence_parallel};
   const int p = c.pp, v = c.virtual_stages, m = c.micro_batches, B = c.micro_batch;
-  const PipelineShape shape{p, m, v};
+  const PipelineShape shape{p, m, v, placement_of(c.schedule)};
   const std::vector<int>* blocks = p > 1 ? &cached_partition(cfg, p * v) : nullptr;
   auto parts_of = [&](int rank) { return stage_parts(cfg, c, rank); };
 
@@ -237,7 +239,7 @@ PlanResult evaluate_plan(const PlanInputs& in, const PlanConfig& c, bool simulat
     int most = 0, most_blocks = -1;
     for (int rank = 0; rank < p; rank++) {
       int b = 0;
-      for (int ch = 0; ch < v; ch++) b += (*blocks)[ch * p + rank];
+      for (int ch = 0; ch < v; ch++) b += (*blocks)[size_t(virtual_stage(shape, rank, ch))];
       if (b > most_blocks) most = rank, most_blocks = b;
     }
     if (std::find(ranks.begin(), ranks.end(), most) == ranks.end()) ranks.push_back(most);
@@ -356,7 +358,7 @@ PlanResult evaluate_plan(const PlanInputs& in, const PlanConfig& c, bool simulat
       if (p > 1) {
         const int s = virtual_stage(shape, rank, int(ch));
         if (costs.forward.empty()) costs.forward.assign(p * v, 0), costs.backward.assign(p * v, 0), costs.weight.assign(p * v, 0);
-        if (c.schedule == Schedule::ZBH1) {
+        if (splits_backward(c.schedule)) {
           costs.forward[s] = f, costs.backward[s] = b - forward * (1 + tp_time / work), costs.weight[s] = forward * (1 + tp_time / work);
         } else {
           costs.forward[s] = f, costs.backward[s] = b;
@@ -392,7 +394,8 @@ PlanResult evaluate_plan(const PlanInputs& in, const PlanConfig& c, bool simulat
     } else {
       // The slowest stage's F, B, W in theory_bubble's formula, plus the p2p hops of the fill and drain.
       const double per_micro = busy / m;
-      const double f = per_micro / 3, bubble = theory_bubble(c.schedule, shape, f, c.schedule == Schedule::ZBH1 ? f : 2 * f, c.schedule == Schedule::ZBH1 ? f : 0);
+      const bool split = splits_backward(c.schedule);
+      const double f = per_micro / 3, bubble = theory_bubble(c.schedule, shape, f, split ? f : 2 * f, split ? f : 0);
       without_p2p = busy / (1 - bubble);
       pipeline_s = without_p2p + 2 * (p - 1) * costs.p2p;
     }
@@ -444,8 +447,9 @@ PlanResult evaluate_plan(const PlanInputs& in, const PlanConfig& c, bool simulat
         break;
     }
   }
-  // The tied wte's two copies (first and last stage) summed once a step, on the pipeline's link.
-  if (p > 1)
+  // The tied wte's two copies (first and last stage) summed once a step, on the pipeline's link; a
+  // V puts both ends on rank 0, one copy.
+  if (p > 1 && rank_of_stage(shape, 0) != rank_of_stage(shape, p * v - 1))
     r.embedding_s = modelled_ms(pp_link, CollectiveKind::AllReduce, int64_t(w * double(cfg.V) / c.tp * cfg.C), 2) / 1e3;
   r.step_s = pipeline_s + r.dp_s + r.embedding_s;
 

@@ -48,6 +48,10 @@ struct Cluster {
   double memory_bandwidth = 0;
   DType dtype = DType::BF16;
   Device device = Device::CUDA;
+  // The one residual factor of this cluster (the fraction of peak the dense math reaches), calibrated
+  // on one published row and used when --efficiency is not given; 0: the planner's default.
+  double efficiency = 0;
+  std::string efficiency_source;  // the row it was calibrated on
 };
 // dgx-a100 (Megatron-LM's Selene nodes), dgx-h100, hgx-h800 (DeepSeek-V3's nodes), emulated (this machine's CPU ranks on the
 // emulated link of the chapters' --link-gbps/--link-latency-us, one rank a "node"), namespaces (the
@@ -113,11 +117,23 @@ struct PlanInputs {
   ContextMethod cp_method = ContextMethod::Ring;
   bool ep_overlap = false;     // EP's all-to-alls hidden behind another micro-batch's compute (DualPipe)
   double capacity_factor = 0;  // 0: dropless; else each expert takes at most f x its balanced share
-  bool fp8 = false;            // the matrix products at twice the bf16 peak (FP8); attention stays bf16
+  bool fp8 = false;            // the matrix products in FP8 (attention stays bf16), `fp8_speedup` x faster
+  // FP8's gain on the products' rate: 2, the peak's ratio, for DeepSeek-V3's own FP8 GEMMs; less where
+  // the casts and scales cost (torchtitan's Float8 measures its own: docs/planner.md).
+  double fp8_speedup = 2;
   bool fp8_activations = false;  // the products' inputs (and the experts' SwiGLU inputs) kept in one byte
-  // The attention kernel's rate against the products' (1: as fast a share of peak, as FlashAttention-3
-  // and cuDNN's reach on H100; FlashAttention-2 reaches about half: docs/planner.md).
-  double attention_rate = 1;
+  // Bytes a logit holds at the loss's peak: 4, one fp32 copy (a fused, vocabulary-parallel cross
+  // entropy: Megatron's, ours); 12 for PyTorch's cross_entropy on logits.float(), as torchtitan runs it,
+  // whose peak is log-softmax's backward: its saved fp32 output, the fp32 gradient nll_loss hands it
+  // and the fp32 gradient it returns (the forward holds 10: bf16 logits, their fp32 copy, the output).
+  double loss_bytes_per_logit = 4;
+  // The caching allocator's reserve over what the tensors hold, a fraction of the activations and
+  // buffers (what it reports as reserved, not allocated; 0: exact, as our own arena allocates).
+  double allocator_overhead = 0;
+  // The fraction of peak the attention kernel reaches, forward and backward (0: the products'
+  // `efficiency`, as FlashAttention-3 and cuDNN's fused attention come near on H100; FlashAttention-2
+  // reaches 0.35 there: docs/planner.md cites both).
+  double attention_efficiency = 0;
 };
 
 // A model by name (find_plan_model or find_model_shape) into in->model, in->shape, in->chapters_model.
@@ -178,7 +194,8 @@ struct SearchSpace {
   std::vector<int> tp, pp;                 // default: powers of 2 (and L's divisors for pp)
   std::vector<int> cp, ep;                 // default: 1 for the chapters' dense models; powers of 2
   std::vector<int> micro_batch = {1, 2, 4, 8};
-  std::vector<Schedule> schedules = {Schedule::OneFOneB, Schedule::Interleaved, Schedule::ZBH1};
+  std::vector<Schedule> schedules = {Schedule::OneFOneB, Schedule::Interleaved, Schedule::ZBH1, Schedule::ZBV,
+                                     Schedule::DualPipeV};
   std::vector<int> virtual_stages = {2, 3, 4};  // interleaved's v
   std::vector<int> zero = {0, 1, 2, 3};
   std::vector<Recompute> recompute = {Recompute::None, Recompute::Selective, Recompute::Full};
@@ -195,6 +212,10 @@ struct SearchSpace {
 // micro-batches grow until one does not fit (memory grows with B); only the best `simulate_top`
 // are simulated (the others keep theory_bubble's estimate), and the order is then by the simulation.
 std::vector<PlanResult> search_plans(const PlanInputs& in, const SearchSpace& space = {}, int simulate_top = 20);
+
+// Why search_plans found nothing, in a sentence naming the flag: no grid fills in.gpus, none leaves a
+// data-parallel degree that divides in.batch, or why the first grid that does is refused.
+std::string why_no_configuration(const PlanInputs& in, const SearchSpace& space);
 
 // The best of each grid (tp, cp, pp, ep): results sorted as search_plans returns them, first of each kept,
 // each simulated, in the order of the simulation.

@@ -3,6 +3,7 @@
 // pruned where memory says a larger micro-batch cannot fit, ranked by predicted step time.
 #include <algorithm>
 #include <cmath>
+#include <string>
 
 #include "planner.h"
 
@@ -36,7 +37,13 @@ bool better(const PlanResult& a, const PlanResult& b) {
 }
 }  // namespace
 
-std::vector<PlanResult> search_plans(const PlanInputs& in, const SearchSpace& space, int simulate_top) {
+namespace {
+struct Degrees {
+  std::vector<int> tp, cp, pp, ep;
+};
+
+// The degrees the search tries, each axis apart (a grid is one of each whose product divides the GPUs).
+Degrees search_degrees(const PlanInputs& in, const SearchSpace& space) {
   const ModelShape shape = plan_shape(in);
   const bool published = !in.chapters_model;
   // TP beyond a node pays the network on every pass: a published shape's search stops at the node.
@@ -51,10 +58,51 @@ std::vector<PlanResult> search_plans(const PlanInputs& in, const SearchSpace& sp
   std::vector<int> cps = space.cp, eps = space.ep;
   if (cps.empty())
     for (int cp = 1; cp <= 64 && (cp == 1 || shape.T / cp >= 2048); cp *= 2)
-      if (in.gpus % cp == 0 && shape.T % (2 * cp) == 0) cps.push_back(cp);
+      if (in.gpus % cp == 0 && (cp == 1 || shape.T % (2 * cp) == 0)) cps.push_back(cp);
   if (eps.empty())
     for (int ep = 1; ep <= std::max(1, shape.experts); ep *= 2)
       if (shape.experts == 0 ? ep == 1 : shape.experts % ep == 0) eps.push_back(ep);
+  return Degrees{tps, cps, pps, eps};
+}
+}  // namespace
+
+std::string why_no_configuration(const PlanInputs& in, const SearchSpace& space) {
+  const Degrees d = search_degrees(in, space);
+  std::vector<int> dps;
+  PlanConfig sample;
+  bool sampled = false;
+  for (int t : d.tp)
+    for (int cp : d.cp)
+      for (int p : d.pp) {
+        if (in.gpus % (t * cp * p)) continue;
+        const int dp = in.gpus / (t * cp * p);
+        if (std::find(dps.begin(), dps.end(), dp) == dps.end()) dps.push_back(dp);
+        if (in.batch % dp || sampled) continue;
+        sample = PlanConfig{dp, t, p, Schedule::OneFOneB, 1, 1, in.batch / dp, 0, Recompute::None, t > 1, cp,
+                            d.ep.empty() ? 1 : d.ep.front()};
+        sampled = true;
+      }
+  std::sort(dps.begin(), dps.end());
+  std::string list;
+  for (size_t i = 0; i < dps.size() && i < 8; i++) list += (i ? ", " : "") + std::to_string(dps[i]);
+  if (dps.size() > 8) list += ", ...";
+  if (d.ep.empty()) return "no configuration: no expert-parallel degree of the ones allowed divides the experts (--ep)";
+  if (dps.empty())
+    return "no configuration: no tp x cp x pp of the degrees allowed (--tp, --cp, --pp, or the model's) divides --gpus " +
+           std::to_string(in.gpus);
+  if (!sampled)
+    return "no configuration: --batch " + std::to_string(in.batch) + " does not split over any data-parallel degree " +
+           "that --gpus " + std::to_string(in.gpus) + " leaves (" + list + "): the batch, not memory, is the limit; " +
+           "pass a --batch that one of them divides, or other --gpus";
+  const PlanResult r = evaluate_plan(in, sample, false);
+  return "no configuration: every grid is refused, " + sample.describe() + " because " +
+         (r.invalid.empty() ? std::string("of the restrictions given") : r.invalid);
+}
+
+std::vector<PlanResult> search_plans(const PlanInputs& in, const SearchSpace& space, int simulate_top) {
+  const bool published = !in.chapters_model;
+  const Degrees d = search_degrees(in, space);
+  const std::vector<int>&tps = d.tp, &cps = d.cp, &pps = d.pp, &eps = d.ep;
   const bool any_sp = std::count(space.sequence_parallel.begin(), space.sequence_parallel.end(), true) > 0;
   std::vector<PlanResult> results;
   for (int t : tps) {

@@ -8,6 +8,7 @@
 #include <array>
 #include <cmath>
 #include <map>
+#include <set>
 #include <sstream>
 #include <vector>
 
@@ -85,7 +86,7 @@ std::string shape_invalid_reason(const PlanInputs& in, const PlanConfig& c) {
            std::to_string(heads) + " key/value heads";
   if ((s.ffn % c.tp) || (s.moe() && s.expert_ffn % c.tp)) return "tp " + std::to_string(c.tp) + " does not divide the MLP's width";
   if (c.sequence_parallel && c.tp == 1) return "sequence parallelism needs tp > 1";
-  if (s.T % (2 * c.cp)) return "cp " + std::to_string(c.cp) + ": T = " + std::to_string(s.T) + " does not cut into 2cp chunks";
+  if (c.cp > 1 && s.T % (2 * c.cp)) return "cp " + std::to_string(c.cp) + ": T = " + std::to_string(s.T) + " does not cut into 2cp chunks";
   if (c.ep > 1 && !s.moe()) return "expert parallelism needs experts";
   if (c.ep > 1 && (s.experts % c.ep || (c.dp * c.cp) % c.ep))
     return "ep " + std::to_string(c.ep) + " must divide the " + std::to_string(s.experts) + " experts and dp x cp = " +
@@ -104,6 +105,31 @@ std::string shape_invalid_reason(const PlanInputs& in, const PlanConfig& c) {
     return "virtual stages need a pipeline";
   }
   return "";
+}
+
+// The micro-batches each chunk of `rank` holds in flight, at every forward (when the sum can grow),
+// replayed in the schedule's own order: a forward adds one to its chunk, the pass that ends the
+// micro-batch there (the backward; W where the schedule splits it, keeping the whole activations
+// until then) takes it away. The distinct vectors only, cached: a search asks for the same shapes.
+const std::vector<std::vector<int>>& in_flight_counts(Schedule schedule, const PipelineShape& shape, int rank) {
+  static std::map<std::string, std::vector<std::vector<int>>> cache;
+  std::ostringstream key;
+  key << schedule_name(schedule) << ' ' << shape.stages << ' ' << shape.micro_batches << ' ' << shape.chunks << ' ' << rank;
+  auto it = cache.find(key.str());
+  if (it != cache.end()) return it->second;
+  const bool split = splits_backward(schedule);
+  std::vector<int> now(size_t(shape.chunks), 0);
+  std::set<std::vector<int>> seen;
+  for (const Action& a : build_schedule(schedule, shape, rank)) {
+    if (a.op == Op::F) {
+      now[size_t(a.chunk)]++;
+      seen.insert(now);
+    } else if ((a.op == Op::B && !split) || a.op == Op::W) {
+      now[size_t(a.chunk)]--;
+    }
+  }
+  if (cache.size() > 4096) cache.clear();
+  return cache.emplace(key.str(), std::vector<std::vector<int>>(seen.begin(), seen.end())).first->second;
 }
 
 // One virtual stage's work for one micro-batch, and its memory on the rank that runs it.
@@ -135,8 +161,8 @@ PlanResult evaluate_shape_plan(const PlanInputs& in, const PlanConfig& c, bool s
   const int S = p * v;
   const std::vector<StageSpan>& spans = shape_partition(s, S);
 
-  const double product_rate = k.peak_flops * in.efficiency * (in.fp8 ? 2.0 : 1.0);
-  const double attention_rate = k.peak_flops * in.efficiency * in.attention_rate;
+  const double product_rate = k.peak_flops * in.efficiency * (in.fp8 ? in.fp8_speedup : 1.0);
+  const double attention_rate = k.peak_flops * (in.attention_efficiency > 0 ? in.attention_efficiency : in.efficiency);
   const double tokens = double(B) * s.T / cp;  // a micro-batch's positions on one rank of the CP group
   const double stream = tokens * s.C * kWidth;  // the residual stream of those positions
   const double routed_share = in.capacity_factor > 0 ? std::min(1.0, in.capacity_factor) : 1.0;
@@ -242,7 +268,7 @@ PlanResult evaluate_shape_plan(const PlanInputs& in, const PlanConfig& c, bool s
     if (span.head) {
       product_flops += tokens * head_flops(s) / t;
       ch.dense_params += ((!s.tied || !ends_together ? double(s.V) * s.C : 0.0) + s.C) / t;  // + the final norm
-      ch.logits = tokens * s.V * 4.0 / t;                  // fp32 logits for the loss, vocabulary-parallel
+      ch.logits = tokens * s.V * in.loss_bytes_per_logit / t;  // the loss's copies of the logits, vocabulary-parallel
       elementwise_bytes += tokens * loss_elementwise_bytes(s) / t;
     }
     if (span.embedding) ch.dense_params += embedding_params(s) / t;
@@ -277,15 +303,13 @@ PlanResult evaluate_shape_plan(const PlanInputs& in, const PlanConfig& c, bool s
   ActionCosts costs;
   costs.forward.assign(size_t(S), 0), costs.backward.assign(size_t(S), 0), costs.weight.assign(size_t(S), 0);
   for (int rank = 0; rank < p; rank++) {
-    double dense = 0, expert = 0, activations = 0, logits = 0, working = 0, rows = 0;
+    double dense = 0, expert = 0, logits = 0, working = 0, rows = 0;
     double compute = 0, tp = 0, cpt = 0, ept = 0;
     int layers = 0;
     for (int chunk = 0; chunk < v; chunk++) {
       const int vs = p == 1 ? 0 : virtual_stage(shape, rank, chunk);
       const ChunkCost& ch = chunks[size_t(vs)];
-      const int slots = p == 1 ? 1 : theory_in_flight(c.schedule, shape, rank, chunk);
       dense += ch.dense_params, expert += ch.expert_params, layers += ch.layers;
-      activations += slots * ch.activations;
       logits = std::max(logits, ch.logits);
       working = std::max(working, ch.working_set);
       rows = std::max(rows, ch.routed_rows);
@@ -294,6 +318,19 @@ PlanResult evaluate_shape_plan(const PlanInputs& in, const PlanConfig& c, bool s
       costs.forward[size_t(vs)] = ch.forward_s, costs.backward[size_t(vs)] = ch.backward_s;
       costs.weight[size_t(vs)] = ch.weight_s;
     }
+    // Activations at their peak, replayed in the schedule's order: each chunk's micro-batches in
+    // flight at the moment their sum is largest (not each chunk's largest count, which come at
+    // different times under interleaved and the V schedules).
+    std::vector<double> chunk_bytes(size_t(v), 0);
+    for (int chunk = 0; chunk < v; chunk++)
+      chunk_bytes[size_t(chunk)] = chunks[size_t(p == 1 ? 0 : virtual_stage(shape, rank, chunk))].activations;
+    double activations = p == 1 ? chunk_bytes[0] : 0;
+    if (p > 1)
+      for (const std::vector<int>& counts : in_flight_counts(c.schedule, shape, rank)) {
+        double sum = 0;
+        for (int chunk = 0; chunk < v; chunk++) sum += counts[size_t(chunk)] * chunk_bytes[size_t(chunk)];
+        activations = std::max(activations, sum);
+      }
     // Model state: 2 bytes a parameter, 2 a gradient, 12 of optimizer state (fp32 master, m, v), the
     // dense ones sharded over DP x CP and the experts over what is left of it, by ZeRO's stage.
     auto state = [&](double params, int group) {
@@ -313,6 +350,8 @@ PlanResult evaluate_shape_plan(const PlanInputs& in, const PlanConfig& c, bool s
     f.model_state = d[0] + d[1] + d[2] + e[0] + e[1] + e[2];
     f.activations = activations + logits + working;
     f.transient = buffers;
+    // The allocator's reserve beside what the tensors hold (PlanInputs::allocator_overhead).
+    f.transient += in.allocator_overhead * (f.activations + buffers);
     f.data = in.data_bytes;
     if (simulate_pipeline) r.stages.push_back(StageMemory{d[0] + e[0], d[1] + e[1], d[2] + e[2], f});
     if (f.peak() > worst) {

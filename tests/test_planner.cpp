@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <fstream>
 #include <regex>
 #include <sstream>
@@ -17,6 +18,7 @@
 #include "metrics.h"  // format_bytes
 #include "param_layout.h"
 #include "pipeline.h"
+#include "plan_published.h"  // one_command
 #include "plan_record.h"
 #include "planner.h"
 #include "training_harness.h"  // run_command, temp_dir
@@ -520,4 +522,25 @@ TEST(PlanCheck, EveryDescriptionNamesTheChaptersItRuns) {
   EXPECT_NE(text_of("docs/benchmarks.md").find("next to runs of " + range + " on this"), std::string::npos) << range;
   EXPECT_NE(text_of("docs/planner.md").find("against runs of " + range + " on this"), std::string::npos) << range;
   EXPECT_NE(text_of("Makefile").find("against runs of " + range + " on this"), std::string::npos) << range;
+}
+
+// A Table 1 row's printed command names the planner's model and the paper's implementation, and
+// running it gives the row's teraFLOP/s by the paper's own count.
+TEST(PlanRecord, ARowsCommandReproducesItsPrediction) {
+  const std::vector<RecordRow> rows = read_megatron_table("docs/data/megatron_table1.csv");
+  const RecordRow* row = nullptr;
+  for (const RecordRow& r : rows)
+    if (r.name() == "145.6B") row = &r;
+  ASSERT_NE(row, nullptr);
+  const double efficiency = 0.5;
+  const PlanResult paper = plan_paper_config(*row, efficiency);
+  const std::string command = one_command(record_inputs(*row, efficiency), paper.config);
+  for (const char* flag : {"--model megatron-146b ", "--recompute full", "--attention materialized", "--no-dp-overlap",
+                           "--efficiency 0.5"})
+    EXPECT_NE(command.find(flag), std::string::npos) << flag << "\n" << command;
+  const RunResult r = run_command("./" + command, 60);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const size_t at = r.output.find("model TFLOP/s ");
+  ASSERT_NE(at, std::string::npos) << r.output;
+  EXPECT_NEAR(std::atof(r.output.c_str() + at + 14), predicted_tflops(*row, paper.step_s), 0.051) << r.output;
 }

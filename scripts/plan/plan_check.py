@@ -88,7 +88,10 @@ def main(out, preset, plan):
             print("%-20s no theory record" % name)
             continue
         t = theory[0]
-        before, after = cals[int(cal)], cals.get(int(cal) + 1, cals[int(cal)])
+        if int(cal) in cals:
+            before, after = cals[int(cal)], cals.get(int(cal) + 1, cals[int(cal)])
+        else:  # no calibration ran (only untimed rows chosen): memory does not depend on the rates
+            before = after = (1e10, 0.6e9, 0.0)
         peak, elementwise = (before[0] + after[0]) / 2, (before[1] + after[1]) / 2
         p = predict(plan, model, int(ranks), gbps, latency, flags, peak, elementwise)[0]  # stage 0: world rank 0's
         routed = model.startswith("moe")  # 11, 12: the activations are the routing's, the plan their bound

@@ -52,6 +52,8 @@ runs=(
   "pp2-1f1b|2|08_pipeline|--pp 2 --micro-batches 4 --schedule 1f1b|--pp 2 --micro-batches 4 --schedule 1f1b|fast|1"
   "pp2-interleaved|2|08_pipeline|--pp 2 --micro-batches 4 --schedule interleaved --virtual-stages 2|--pp 2 --micro-batches 4 --schedule interleaved --virtual-stages 2|fast|1"
   "pp2-zbh1|2|08_pipeline|--pp 2 --micro-batches 4 --schedule zb-h1|--pp 2 --micro-batches 4 --schedule zb-h1|slow|1"
+  "pp2-zbv|2|08_pipeline|--pp 2 --micro-batches 4 --schedule zb-v|--pp 2 --micro-batches 4 --schedule zb-v|fast|0"
+  "pp2-dualpipev|2|08_pipeline|--pp 2 --micro-batches 4 --schedule dualpipev|--pp 2 --micro-batches 4 --schedule dualpipev|fast|0"
   "zero3-4|4|06_zero3||--zero 3|fast|0"
   "dp2xtp2|4|07_tensor_parallel|--tp 2 --zero1|--tp 2 --zero 1|fast|0"
   "dp2xpp2|4|08_pipeline|--pp 2 --micro-batches 2 --zero1|--pp 2 --micro-batches 2 --zero 1|fast|0"

@@ -22,6 +22,7 @@ KEY_TERMS = {
     "t, c, p, d, e": "tensor-, context-, pipeline-, data- and expert-parallel degrees (t8 c2 p16 d8 e8; "
                      "e is inside d x c)",
     "1f1b, zb-h1, dualpipev": "the pipeline's schedule",
+    "zb-v": "zero-bubble's V schedule, 2 chunks a rank",
     "interleaved/4": "interleaved 1F1B with 4 virtual stages a rank",
     "B8": "a micro-batch of 8 sequences",
     "Z1, Z2, Z3": "ZeRO stage (Z2 under a pipeline: Llama 3's FSDP)",
@@ -38,7 +39,8 @@ def abbreviations(row):
     """The abbreviations label(row) uses, as they appear in KEY_TERMS' keys."""
     used = ["t, c, p, d, e", "B8"]
     if int(row["pp"]) > 1:
-        used.append("interleaved/4" if row["schedule"] == "interleaved" else "1f1b, zb-h1, dualpipev")
+        used.append("interleaved/4" if row["schedule"] == "interleaved" else
+                    "zb-v" if row["schedule"] == "zb-v" else "1f1b, zb-h1, dualpipev")
     if int(row["zero"]) > 0:
         used.append("Z1, Z2, Z3")
     if row["recompute"] != "none":
