@@ -423,17 +423,13 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
     }
     data_parallel.finish();
 
-    // The norm: each gradient counted once over the grid. A dense tensor on its first data replica
-    // (DP and CP rank 0; under ZeRO-1 every replica's own piece), wte on the first stage, a tensor held
-    // whole on TP rank 0; an expert on the first replica of its holders (EDP rank 0; under ZeRO-1
-    // every holder's own piece).
+    // The norm: each gradient counted once over the grid, where its copy is the first along every
+    // axis (ParamInfo::counts_here): a dense tensor on its first data replica (DP and CP rank 0; under
+    // ZeRO-1 every replica's own piece), wte on the first stage, a tensor held whole on TP rank 0; an
+    // expert on the first replica of its holders (EDP rank 0; under ZeRO-1 every holder's own piece).
     const Tensor my_grads = sharded ? grad_shard.view() : grads.view();
-    const bool second_wte = rank != 0 && layout.params[wte].held();
-    const bool first_replica = sharded || (at.dp == 0 && at.cp == 0);
-    const double squares = gradient_squares(layout, plan, my_grads, [&](const ParamInfo& info) {
-      if (info.expert >= 0) return sharded || at.edp == 0;
-      return first_replica && !(second_wte && info.name == "wte") && (tp.rank == 0 || !info.shard.whole());
-    });
+    const double squares =
+        gradient_squares(layout, plan, my_grads, at, counted_along(kEveryAxis, sharded));
     const double norm = std::sqrt(grid.world().all_reduce_scalar(squares, ReduceOp::Sum));
     optimizer.update(params.view(), my_grads, step + 1, run.lr(step), clip_factor(norm, cfg.grad_clip));
     if (sharded) data_parallel.gather_parameters(params.view());
