@@ -91,6 +91,10 @@ struct ContextParallelism {
 struct ExpertParallelism {
   int size = 1, rank = 0;
   int replicas = 1;
+  // Where the routing counts are gathered: 12 over the stage's EP group then its EDP group; 11 over
+  // the data-parallel group (every rank), which then carries them and every gradient but the
+  // experts' (ExpertTheory, theory.h): its bytes are those, not the strategy's.
+  bool routing_counts_over_data_group = false;
   bool holds(int expert, int experts) const { return expert / (experts / size) == rank; }
 };
 
