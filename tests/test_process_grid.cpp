@@ -190,9 +190,12 @@ TEST(GridGroups, WithoutTensorContextOrPipelineExpertsKeepChapter11sLayout) {
 TEST(GridOrder, TheGroupOfAnySetOfAxesSharesEveryOtherCoordinate) {
   const GridAxis axes[] = {kAxisTP, kAxisCP, kAxisDP, kAxisPP};
   for (const GridShape& s : all_shapes()) {
+    if (s.ep > 1) continue;  // (EP re-splits a stage: the dense axes are the same for every EP)
     SCOPED_TRACE(name_of(s));
+    std::vector<GridCoords> at;  // every rank's
     for (int r = 0; r < s.world(); r++) {
-      const GridCoords c = grid_coords(s, r);
+      at.push_back(grid_coords(s, r));
+      const GridCoords& c = at.back();
       ASSERT_EQ(r, ((c.pp * s.dp + c.dp) * s.cp + c.cp) * s.tp + c.tp);
     }
     for (AxisSet mask = 0; mask < 16; mask++) {
@@ -201,15 +204,14 @@ TEST(GridOrder, TheGroupOfAnySetOfAxesSharesEveryOtherCoordinate) {
       for (int r = 0; r < s.world(); r++) {
         const std::vector<int> members = axis_group_ranks(s, r, mask);
         ASSERT_EQ(int(members.size()), size) << "mask " << mask;
-        const GridCoords c = grid_coords(s, r);
         int place = 0, stride = 1;  // r's place: its coordinates on the mask, the order's first fastest
         for (GridAxis a : axes)
-          if (mask & a) place += axis_coord(c, a) * stride, stride *= s.size(a);
+          if (mask & a) place += axis_coord(at[size_t(r)], a) * stride, stride *= s.size(a);
         EXPECT_EQ(members[size_t(place)], r) << "mask " << mask;
         for (int m : members)
           for (GridAxis a : axes)
             if (!(mask & a)) {
-              EXPECT_EQ(axis_coord(grid_coords(s, m), a), axis_coord(c, a)) << "mask " << mask;
+              EXPECT_EQ(axis_coord(at[size_t(m)], a), axis_coord(at[size_t(r)], a)) << "mask " << mask;
             }
       }
     }
