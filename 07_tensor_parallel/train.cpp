@@ -169,9 +169,7 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
     // The global norm: each TP rank's slices, plus the tensors held whole counted by one rank of the
     // group; summed over TP (and over DP, whose ranks hold different pieces under ZeRO-1).
     const Tensor my_grads = opt.zero1 ? grad_shard.view() : grads.view();
-    const double squares = gradient_squares(layout, plan, my_grads, [&](const ParamInfo& p) {
-      return tp.size == 1 || tp.rank == 0 || !p.shard.whole();
-    });
+    const double squares = gradient_squares(layout, plan, my_grads, grid.coords(), kAxisTP);
     Communicator& holders = opt.zero1 ? grid.world() : tp_group;
     const double norm = std::sqrt(holders.all_reduce_scalar(squares, ReduceOp::Sum));
     optimizer.update(params.view(), my_grads, step + 1, run.lr(step), clip_factor(norm, cfg.grad_clip));

@@ -51,6 +51,7 @@
 #include "data_parallel.h"
 #include "device.h"
 #include "flags.h"
+#include "gradient_router.h"  // each gradient to its group, by its copies
 #include "memory.h"
 #include "model.h"
 #include "ops.h"
@@ -144,57 +145,26 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
   // Gradients, on the last micro-batch's backward (or weight pass, under zb-h1): data parallelism
   // over this stage's DP group (03), except wte, whose two copies are summed over the embedding
   // group first.
-  const int wte = layout.find("wte");
   // In a V the embedding and the head are both rank 0's: one wte, nothing to sum over the stages.
   Communicator* embedding = shape.placement == Placement::V ? nullptr : grid.embedding();
-  bool last_micro_batch = false;
-  CommHandle wte_sum;
   // --zero2: each micro-batch's gradients are reduce-scattered as they are made (05's rule), wte's
   // bucket excepted (summed over the stages first, it goes once, at the end); a backward waits for
-  // the previous micro-batch's reduce-scatters before it writes into their buckets again.
-  if (zero2) data_parallel.set_every_micro_batch(embedding && layout.params[wte].held() ? wte : -1);
-  // (Set by the backward's passes alone: a pair's forward calls this beside them, pipeline.h.)
-  pipeline.before_compute = [&](const Action& a) {
-    if (a.op != Op::F) last_micro_batch = a.micro == m - 1;
-    if (zero2 && a.op == Op::B) data_parallel.micro_batch_done();
-  };
-  // With one stage and several chunks, or in a V, the embedding's chunk and the head's share this
-  // rank's one wte: its gradient is final after the embedding's backward, the later of the two.
-  const bool rank_holds_embedding = chunks.front()->has_embedding();
-  for (GPT2* chunk : chunks) {
-    const bool wte_not_final_here = rank_holds_embedding && !chunk->has_embedding();
-    chunk->hooks.grad_ready = [&, wte_not_final_here](int param) {
-      if (param == wte && wte_not_final_here) return;
-      if (!last_micro_batch && !zero2) return;  // no_sync (unless ZeRO-2's rule)
-      if (param == wte && embedding) {
-        if (!last_micro_batch) return;
-        wte_sum = embedding->all_reduce_async(grads.view().slice1d(layout.params[wte].offset, layout.params[wte].size),
-                                              ReduceOp::Sum);
-        return;
-      }
-      data_parallel.gradient_ready(param);
-    };
-  }
+  // the previous micro-batch's reduce-scatters before it writes into their buckets again. The rule
+  // every pipeline chapter follows (gradient_router.h), read from each parameter's copies.
+  GradientRouter router(layout, grads.view(), data_parallel, m, zero2, /*tp_sums*/ nullptr, embedding);
+  router.attach(pipeline, chunks);
 
   for (int step = start; step < cfg.steps; step++) {
     run.begin_step(step);
     fill_zero(grads.view());
     if (zero2) fill_zero(grad_shard.view());  // the micro-batches' pieces add up in it
     const float loss = pipeline.run([&](int micro) { return run.micro_batch(step, micro); });
-    if (wte_sum.valid()) {
-      wte_sum.wait();
-      wte_sum = CommHandle();
-      data_parallel.gradient_ready(wte);
-    }
-    data_parallel.finish();
+    router.finish();
 
     // The global norm: every stage's own gradients, wte counted once (on the first stage); summed
     // over the pipeline (and over DP, whose ranks hold different pieces under ZeRO-1).
     const Tensor my_grads = sharded ? grad_shard.view() : grads.view();
-    const bool second_wte = rank != 0 && layout.params[wte].held();
-    const double squares = gradient_squares(layout, plan, my_grads, [&](const ParamInfo& info) {
-      return !(second_wte && info.name == "wte");
-    });
+    const double squares = gradient_squares(layout, plan, my_grads, grid.coords(), kAxisPP);
     Communicator& holders = sharded ? grid.world() : grid.pp();
     const double norm = std::sqrt(holders.all_reduce_scalar(squares, ReduceOp::Sum));
     optimizer.update(params.view(), my_grads, step + 1, run.lr(step), clip_factor(norm, cfg.grad_clip));

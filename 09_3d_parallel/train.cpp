@@ -53,6 +53,7 @@
 #include "data_parallel.h"
 #include "device.h"
 #include "flags.h"
+#include "gradient_router.h"  // each gradient to its group, by its copies
 #include "memory.h"
 #include "model.h"
 #include "ops.h"
@@ -163,78 +164,29 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
   // column-parallel product, "g" follows a row-parallel one; each is the other's mirror in backward.
   for (GPT2* chunk : chunks) chunk->tp_hooks = tensor_parallel_hooks(tp_group, sequence_parallel, opt.overlap);
 
-  // Gradients, on the last micro-batch's backward (or weight pass, under zb-h1), in three groups:
-  // under sequence parallelism the tensors held whole are summed over the TP group (07); wte's two
-  // copies (vocabulary slices) over the embedding group (08); then data parallelism over this
-  // stage's DP group (03, or ZeRO-1: 04).
-  const int wte = layout.find("wte");
+  // Gradients, on the last micro-batch's backward (or weight pass, under zb-h1), each by its copies
+  // (gradient_router.h): under sequence parallelism the tensors held whole are summed over the TP
+  // group (07); wte's two copies (vocabulary slices) over the embedding group (08); then data
+  // parallelism over this stage's DP group (03, or ZeRO-1: 04; --zero2: every micro-batch, as in 08).
   // In a V (zb-v, dualpipev) the embedding and the head are both on pipeline rank 0: one wte slice.
   Communicator* embedding = shape.placement == Placement::V ? nullptr : grid.embedding();
-  bool last_micro_batch = false;
-  CommHandle wte_sum;
-  // --zero2, as in 08: every micro-batch's gradients reduce-scattered (after their TP sums), wte's
-  // bucket once, at the end.
-  if (zero2) data_parallel.set_every_micro_batch(embedding && layout.params[wte].held() ? wte : -1);
-  std::vector<std::pair<int, CommHandle>> summing;  // the TP sums in flight (backward passes only: one lane)
-  auto finish_tp_sums = [&] {
-    for (auto& [param, handle] : summing) {
-      handle.wait();
-      data_parallel.gradient_ready(param);
-    }
-    summing.clear();
-  };
-  // (Set by the backward's passes alone: a pair's forward calls this beside them, pipeline.h.)
-  pipeline.before_compute = [&](const Action& a) {
-    if (a.op != Op::F) last_micro_batch = a.micro == m - 1;
-    if (zero2 && a.op == Op::B) data_parallel.micro_batch_done();
-  };
-  // With one stage and several chunks, the embedding's chunk and the head's share this rank's one
-  // wte: its gradient is final after the embedding's backward, the later of the two.
-  const bool rank_holds_embedding = chunks.front()->has_embedding();
-  for (GPT2* chunk : chunks) {
-    const bool wte_not_final_here = rank_holds_embedding && !chunk->has_embedding();
-    chunk->hooks.grad_ready = [&, wte_not_final_here](int param) {
-      if (param == wte && wte_not_final_here) return;
-      if (!last_micro_batch && !zero2) return;  // no_sync (unless ZeRO-2's rule)
-      if (sequence_parallel && layout.params[param].shard.whole()) {
-        const ParamInfo& info = layout.params[param];
-        summing.emplace_back(param, tp_group.all_reduce_async(grads.view().slice1d(info.offset, info.size),
-                                                              ReduceOp::Sum));
-        return;
-      }
-      if (param == wte && embedding) {
-        if (!last_micro_batch) return;
-        wte_sum = embedding->all_reduce_async(grads.view().slice1d(layout.params[wte].offset, layout.params[wte].size),
-                                              ReduceOp::Sum);
-        return;
-      }
-      data_parallel.gradient_ready(param);
-    };
-    chunk->hooks.after_backward = [&](int) { finish_tp_sums(); };  // the sums travel while a layer's backward runs
-  }
+  GradientRouter router(layout, grads.view(), data_parallel, m, zero2, sequence_parallel ? &tp_group : nullptr,
+                        embedding);
+  router.attach(pipeline, chunks);
 
   for (int step = start; step < cfg.steps; step++) {
     run.begin_step(step);
     fill_zero(grads.view());
     if (zero2) fill_zero(grad_shard.view());  // the micro-batches' pieces add up in it
     const float loss = pipeline.run([&](int micro) { return run.micro_batch(step, micro); });
-    finish_tp_sums();  // (those of a last weight pass)
-    if (wte_sum.valid()) {
-      wte_sum.wait();
-      wte_sum = CommHandle();
-      data_parallel.gradient_ready(wte);
-    }
-    data_parallel.finish();
+    router.finish();
 
     // The global norm: every stage's own gradients, wte counted once (on the first stage), the
     // tensors held whole once per TP group; summed over the grid, from one DP replica (under ZeRO-1
     // each DP rank holds its own piece: all of them).
     const Tensor my_grads = sharded ? grad_shard.view() : grads.view();
-    const bool second_wte = rank != 0 && layout.params[wte].held();
-    const bool counts = sharded || grid.coords().dp == 0;
-    const double squares = !counts ? 0.0 : gradient_squares(layout, plan, my_grads, [&](const ParamInfo& info) {
-      return !(second_wte && info.name == "wte") && (tp.rank == 0 || !info.shard.whole());
-    });
+    const double squares =
+        gradient_squares(layout, plan, my_grads, grid.coords(), counted_along(kEveryAxis, sharded));
     const double norm = std::sqrt(grid.world().all_reduce_scalar(squares, ReduceOp::Sum));
     optimizer.update(params.view(), my_grads, step + 1, run.lr(step), clip_factor(norm, cfg.grad_clip));
     if (sharded) data_parallel.gather_parameters(params.view());

@@ -90,9 +90,9 @@ int train(Communicator* comm, TrainConfig& cfg, const ExpertFlags& flag) {
   // The capacity factor and balance loss the run trains with: the flags', or a resumed checkpoint's.
   const MoESettings moe{flag.capacity_factor, flag.aux_loss_coef};
   Parallelism parallelism;  // data parallelism (DP), each rank holding E/ep experts
-  parallelism.ep = {ep, grid.ep().rank()};
+  // gather_counts, below, runs over everyone: the data-parallel group carries the routing counts.
+  parallelism.ep = {ep, grid.ep().rank(), /*replicas*/ 1, /*routing_counts_over_data_group*/ true};
   parallelism.moe = &moe;
-  parallelism.routing_counts_over_data_group = true;  // gather_counts, below, runs over everyone
   TrainingRun run(grid, cfg, parallelism);
   Communicator& everyone = grid.dp();  // (TP, CP and PP are 1: every rank is a data rank)
   const ParamLayout& layout = run.layout();

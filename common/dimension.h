@@ -37,9 +37,6 @@ struct DimensionContext {
   bool dp_apart = false;             // that group is a communicator apart from the world's
   bool embedding_group = false;      // this rank sums the tied wte with another stage (08)
   bool expert_group = false;         // the experts are spread over an expert-parallel group (11, 12)
-  // 11: the data-parallel group carries every gradient but the experts' and the routing counts
-  // (Parallelism::routing_counts_over_data_group, training_run.h).
-  bool routing_counts_over_data_group = false;
   TensorParallelism tp;
   PipelineParallelism pp;
   ContextParallelism cp;

@@ -32,7 +32,7 @@ void own_rule(const DimensionContext& ctx, Prediction& p) {
     p.comm_bytes = GradientSync::every_micro_batch_sent_bytes(ctx.dp_size, ctx.micro_batches, dense, held_back,
                                                               double(dtype_size(ctx.dtype)));
     p.comm_formula = GradientSync::kEveryMicroBatchFormula;
-  } else if (ctx.routing_counts_over_data_group) {
+  } else if (ctx.ep.routing_counts_over_data_group) {
     // 11: the experts' gradients go over their expert-data-parallel group; this one carries the rest
     // of the model's and every layer's routing counts (docs/theory.md, 14).
     const ExpertTheory theory =

@@ -271,6 +271,12 @@ std::string FlagParser::usage() const {
   return text;
 }
 
+std::set<std::string> FlagParser::names() const {
+  std::set<std::string> names = {"--help"};
+  for (const Flag& f : flags_) names.insert(f.name);
+  return names;
+}
+
 bool chapter_has_flag(const std::string& flag) { return g_chapter_flags.count(flag) > 0; }
 
 std::string checkpoint_path(const std::string& save_pattern, int next_step) {
@@ -343,6 +349,7 @@ bool parse_train_flags(int argc, char** argv, const std::string& chapter, const 
   if (!parser.parse(argc, argv, header)) return false;
 
   cfg->given = parser.given();
+  cfg->chapter_flags = parser.names();
   // What can be checked without knowing the model or the rank count; the chapter checks the rest
   // (the batch must divide by ranks x grad-accum, for one) once it knows them. A value that is given
   // must be meaningful: 0 never stands for "the default" (leave the flag out for that).

@@ -46,6 +46,12 @@ struct TrainConfig {
   std::string collectives = "library";  // library | ours | an algorithm's name (comm_p2p.h, chapter 00)
   std::set<std::string> given;  // the flags on the command line ("--lr", ...)
   bool was_given(const std::string& flag) const { return given.count(flag) > 0; }
+  // Every flag the chapter takes (parse_train_flags), so that what the run prints names the chapter's
+  // own: its grid's dimensions, its flag for the micro-batches.
+  std::set<std::string> chapter_flags;
+  bool chapter_takes(const std::string& flag) const { return chapter_flags.count(flag) > 0; }
+  // --micro-batches where the chapter takes it (08, 09, 12: a pipeline's), else --grad-accum.
+  std::string accumulation_flag() const { return chapter_takes("--micro-batches") ? "--micro-batches" : "--grad-accum"; }
 };
 
 // The emulated link's physical range (--link-gbps, --link-latency-us, and 07's --tp-link-*): from a
@@ -78,6 +84,7 @@ class FlagParser {
   bool knows(const std::string& name) const;
   // The flags parse() found on the command line.
   const std::set<std::string>& given() const { return given_; }
+  std::set<std::string> names() const;  // every flag it takes (not the refused ones), and --help
 
  private:
   struct Flag {

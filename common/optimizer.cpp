@@ -62,6 +62,11 @@ double gradient_squares(const ParamLayout& layout, const ShardPlan& plan, Tensor
   return squares;
 }
 
+double gradient_squares(const ParamLayout& layout, const ShardPlan& plan, Tensor grads, const GridCoords& at,
+                        AxisSet among) {
+  return gradient_squares(layout, plan, grads, [&](const ParamInfo& p) { return p.counts_here(at, among); });
+}
+
 float learning_rate(const TrainConfig& cfg, float max_lr, int step) {
   const int warmup = cfg.warmup;  // resolved by TrainingRun: the flag, the checkpoint's, or steps/10
   float min_lr = max_lr * 0.1f;

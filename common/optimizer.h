@@ -52,6 +52,11 @@ class AdamW {
 // tensor-parallel group holds whole count on one rank of it; 08: the tied wte on the first stage).
 double gradient_squares(const ParamLayout& layout, const ShardPlan& plan, Tensor grads,
                         const std::function<bool(const ParamInfo&)>& counted = nullptr);
+// The same, each tensor counted where its copy is the one that counts (ParamInfo::counts_here) among
+// its copies along `among`: the axes the norm's sum runs over, less those it is sharded along
+// (counted_along, grid_axes.h).
+double gradient_squares(const ParamLayout& layout, const ShardPlan& plan, Tensor grads, const GridCoords& at,
+                        AxisSet among);
 
 // Linear warm-up over cfg.warmup steps to `max_lr`, then cosine decay to max_lr/10 at the last step.
 float learning_rate(const TrainConfig& cfg, float max_lr, int step);

@@ -27,6 +27,7 @@
 #include <string>
 #include <vector>
 
+#include "grid_axes.h"  // AxisSet, first_copy: a parameter's copies
 #include "model_config.h"
 #include "pipeline_schedule.h"  // Action: a stage's schedule
 
@@ -50,7 +51,13 @@ struct ParamInfo {
   int unit = 0;
   int expert = -1;         // a MoE expert's tensor: its expert (sharded by expert parallelism); -1: not
   bool weight_decay = false;  // AdamW decays matrices (ndim 2), not biases or layernorm gains
+  // Its placement (grid_axes.h): the axes along which every rank holds this same tensor. An expert:
+  // its replicas (EDP). Any other: the data replicas (DP, CP); TP too where it is whole; PP too for
+  // the tied wte, on the first and the last stage.
+  AxisSet copies = 0;
   bool held() const { return size > 0; }  // false: on another pipeline stage (shape and size 0)
+  // This rank's copy is the one that counts among its copies along `among` (grid_axes.h).
+  bool counts_here(const GridCoords& at, AxisSet among) const { return first_copy(copies, at, among); }
 };
 
 // How the model is split over a tensor-parallel group: `size` ranks, of which this is `rank`. The
@@ -84,6 +91,10 @@ struct ContextParallelism {
 struct ExpertParallelism {
   int size = 1, rank = 0;
   int replicas = 1;
+  // Where the routing counts are gathered: 12 over the stage's EP group then its EDP group; 11 over
+  // the data-parallel group (every rank), which then carries them and every gradient but the
+  // experts' (ExpertTheory, theory.h): its bytes are those, not the strategy's.
+  bool routing_counts_over_data_group = false;
   bool holds(int expert, int experts) const { return expert / (experts / size) == rank; }
 };
 

@@ -8,70 +8,142 @@
 #include "check.h"
 #include "lanes.h"  // LaneCommunicator: give_each_lane_its_groups
 
+int GridShape::size(GridAxis axis) const {
+  switch (axis) {
+    case kAxisTP: return tp;
+    case kAxisCP: return cp;
+    case kAxisDP: return dp;
+    case kAxisPP: return pp;
+    case kAxisEP: return ep;
+    case kAxisEDP: return edp();
+  }
+  return 1;
+}
+
+namespace {
+
+struct AxisToken {
+  GridAxis axis;
+  const char* token;
+};
+constexpr AxisToken kTokens[] = {{kAxisTP, "tp"}, {kAxisCP, "cp"}, {kAxisDP, "dp"},
+                                 {kAxisPP, "pp"}, {kAxisEP, "ep"}, {kAxisEDP, "edp"}};
+
+std::vector<std::string> tokens_of(const std::string& order) {
+  std::vector<std::string> tokens;
+  size_t from = 0;
+  for (size_t dash; (dash = order.find('-', from)) != std::string::npos; from = dash + 1)
+    tokens.push_back(order.substr(from, dash - from));
+  tokens.push_back(order.substr(from));
+  return tokens;
+}
+
+}  // namespace
+
+AxisSet axes_named(const std::string& tokens) {
+  AxisSet axes = 0;
+  for (const std::string& token : tokens_of(tokens)) {
+    const AxisToken* found = std::find_if(std::begin(kTokens), std::end(kTokens),
+                                          [&](const AxisToken& t) { return token == t.token; });
+    if (found == std::end(kTokens)) return 0;
+    axes |= found->axis;
+  }
+  return axes;
+}
+
+RankOrder::RankOrder(const GridShape& shape, const std::string& order) {
+  int stride = 1;
+  for (const std::string& token : tokens_of(order)) {
+    const AxisSet axis = axes_named(token);
+    ENSURE(axis != 0 && !has(axis), "RankOrder: '" + order + "' names an axis twice or one no grid has");
+    digits_.push_back({GridAxis(axis), shape.size(GridAxis(axis)), stride});
+    stride *= digits_.back().size;
+  }
+}
+
+bool RankOrder::has(AxisSet axes) const {
+  AxisSet mine = 0;
+  for (const Digit& d : digits_) mine |= d.axis;
+  return (axes & ~mine) == 0;
+}
+
+int RankOrder::rank(const GridCoords& at) const {
+  int rank = 0;
+  for (const Digit& d : digits_) rank += axis_coord(at, d.axis) * d.stride;
+  return rank;
+}
+
+int RankOrder::coord(int rank, GridAxis axis) const {
+  for (const Digit& d : digits_)
+    if (d.axis == axis) return rank / d.stride % d.size;
+  return 0;
+}
+
+std::vector<int> RankOrder::group(int rank, AxisSet axes) const {
+  ENSURE(has(axes), "RankOrder: a group of axes outside the order");
+  int base = rank;  // this rank with its coordinates on `axes` set to 0: the group's first member
+  for (const Digit& d : digits_)
+    if (d.axis & axes) base -= coord(rank, d.axis) * d.stride;
+  std::vector<int> members = {base};
+  for (const Digit& d : digits_) {
+    if (!(d.axis & axes)) continue;
+    const size_t before = members.size();  // each member so far, then again one step further out
+    for (int i = 1; i < d.size; i++)
+      for (size_t m = 0; m < before; m++) members.push_back(members[m] + i * d.stride);
+  }
+  return members;
+}
+
 GridCoords grid_coords(const GridShape& shape, int rank) {
+  const RankOrder grid(shape, kGridOrder), experts(shape, kExpertOrder);
   GridCoords c;
-  c.tp = rank % shape.tp;
-  c.cp = (rank / shape.tp) % shape.cp;
-  c.dp = (rank / (shape.tp * shape.cp)) % shape.dp;
-  c.pp = rank / shape.stage_ranks();
-  const int inside = rank % shape.stage_ranks();  // the rank's number inside its stage
-  c.ep = inside % shape.ep;
-  c.edp = inside / shape.ep;
+  c.tp = grid.coord(rank, kAxisTP);
+  c.cp = grid.coord(rank, kAxisCP);
+  c.dp = grid.coord(rank, kAxisDP);
+  c.pp = grid.coord(rank, kAxisPP);
+  c.ep = experts.coord(rank, kAxisEP);
+  c.edp = experts.coord(rank, kAxisEDP);
   return c;
 }
 
 int grid_rank(const GridShape& shape, const GridCoords& c) {
-  return ((c.pp * shape.dp + c.dp) * shape.cp + c.cp) * shape.tp + c.tp;
+  return RankOrder(shape, kGridOrder).rank(c);  // ((pp x DP + dp) x CP + cp) x TP + tp
 }
 
-const char* group_name(GridGroup which) {
-  switch (which) {
-    case GridGroup::TP: return "tp";
-    case GridGroup::CP: return "cp";
-    case GridGroup::DP: return "dp";
-    case GridGroup::DPxCP: return "dp_cp";
-    case GridGroup::PP: return "pp";
-    case GridGroup::Embedding: return "embedding";
-    case GridGroup::EP: return "ep";
-    case GridGroup::ExpertDP: return "expert_dp";
-  }
-  return "?";
+std::vector<int> axis_group_ranks(const GridShape& shape, int rank, AxisSet axes) {
+  const RankOrder grid(shape, kGridOrder);
+  return grid.has(axes) ? grid.group(rank, axes) : RankOrder(shape, kExpertOrder).group(rank, axes);
 }
+
+namespace {
+
+struct GroupAxes {
+  GridGroup which;
+  const char* name;
+  AxisSet axes;
+};
+constexpr GroupAxes kGroups[] = {
+    {GridGroup::TP, "tp", kAxisTP},          {GridGroup::CP, "cp", kAxisCP},
+    {GridGroup::DP, "dp", kAxisDP},          {GridGroup::DPxCP, "dp_cp", kAxisDP | kAxisCP},
+    {GridGroup::PP, "pp", kAxisPP},          {GridGroup::Embedding, "embedding", kAxisPP},
+    {GridGroup::EP, "ep", kAxisEP},          {GridGroup::ExpertDP, "expert_dp", kAxisEDP}};
+
+const GroupAxes& group_of(GridGroup which) {
+  return *std::find_if(std::begin(kGroups), std::end(kGroups), [&](const GroupAxes& g) { return g.which == which; });
+}
+
+}  // namespace
+
+const char* group_name(GridGroup which) { return group_of(which).name; }
+AxisSet group_axes(GridGroup which) { return group_of(which).axes; }
 
 std::vector<int> group_ranks(const GridShape& s, int rank, GridGroup which) {
-  const GridCoords c = grid_coords(s, rank);
-  auto at = [&](int pp, int dp, int cp, int tp) { return grid_rank(s, {dp, tp, pp, cp}); };
-  const int stage = c.pp * s.stage_ranks();  // the stage's first world rank
-  std::vector<int> members;
-  switch (which) {
-    case GridGroup::TP:
-      for (int i = 0; i < s.tp; i++) members.push_back(at(c.pp, c.dp, c.cp, i));
-      break;
-    case GridGroup::CP:
-      for (int i = 0; i < s.cp; i++) members.push_back(at(c.pp, c.dp, i, c.tp));
-      break;
-    case GridGroup::DP:
-      for (int i = 0; i < s.dp; i++) members.push_back(at(c.pp, i, c.cp, c.tp));
-      break;
-    case GridGroup::DPxCP:
-      for (int d = 0; d < s.dp; d++)
-        for (int k = 0; k < s.cp; k++) members.push_back(at(c.pp, d, k, c.tp));
-      break;
-    case GridGroup::PP:
-      for (int i = 0; i < s.pp; i++) members.push_back(at(i, c.dp, c.cp, c.tp));
-      break;
-    case GridGroup::Embedding:
-      if (s.pp > 1 && (c.pp == 0 || c.pp == s.pp - 1))
-        members = {at(0, c.dp, c.cp, c.tp), at(s.pp - 1, c.dp, c.cp, c.tp)};
-      break;
-    case GridGroup::EP:
-      for (int i = 0; i < s.ep; i++) members.push_back(stage + c.edp * s.ep + i);
-      break;
-    case GridGroup::ExpertDP:
-      for (int i = 0; i < s.edp(); i++) members.push_back(stage + i * s.ep + c.ep);
-      break;
-  }
-  return members;
+  std::vector<int> members = axis_group_ranks(s, rank, group_axes(which));
+  if (which != GridGroup::Embedding) return members;
+  // The pipeline's two ends (Megatron-LM's embedding group); none for the stages between.
+  const int pp = grid_coords(s, rank).pp;
+  if (s.pp == 1 || (pp != 0 && pp != s.pp - 1)) return {};
+  return {members.front(), members.back()};
 }
 
 std::string grid_shape_problem(int world, int tp, int pp, int cp, int ep) {
@@ -172,6 +244,7 @@ std::unique_ptr<Communicator> ProcessGrid::split(GridGroup which) {
 
 void ProcessGrid::give_each_lane_its_groups() {
   if (data_parallel_only_) return;
+  ENSURE(!handed_out_, "ProcessGrid: give_each_lane_its_groups() after a lane's group was handed out");
   for (std::unique_ptr<Communicator>* group : {&tp_, &cp_, &ep_, &expert_dp_})
     *group = std::make_unique<LaneCommunicator>(std::move(*group));
 }

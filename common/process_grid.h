@@ -41,6 +41,11 @@
 // For example DP 4 x TP 2 (one stage of 8 ranks) with EP 4: TP groups {0,1} {2,3} {4,5} {6,7}, DP
 // groups {0,2,4,6} {1,3,5,7}, EP groups {0,1,2,3} {4,5,6,7} (two TP groups each), expert-DP groups
 // {0,4} {1,5} {2,6} {3,7}.
+// The layout is an order and the sizes, as Megatron-Core's RankGenerator makes it: the order string
+// "tp-cp-dp-pp" lists the axes innermost first, a rank's coordinate on each is a digit of the world
+// rank in that mixed radix, and the group of any set of axes (a mask, AxisSet) is the ranks that share
+// this rank's coordinates on the others, ranked by theirs in the same order. The experts' order is
+// "ep-edp-pp" over the same ranks. A new axis is a token in the order, not a case in a switch.
 // The layout and every group are plain functions, so that a test checks them without MPI, and
 // ProcessGrid builds its communicators from the same function.
 //
@@ -52,16 +57,19 @@
 #include <vector>
 
 #include "comm.h"
+#include "grid_axes.h"  // GridCoords
+
+// The order of the axes that factor the world, innermost first, and the experts' order over the same
+// ranks (grid_axes.h names the tokens).
+constexpr const char* kGridOrder = "tp-cp-dp-pp";
+constexpr const char* kExpertOrder = "ep-edp-pp";
 
 struct GridShape {
   int dp = 1, tp = 1, pp = 1, cp = 1, ep = 1;
+  int size(GridAxis axis) const;  // an axis's size (EDP: edp())
   int world() const { return dp * tp * pp * cp; }  // (EP re-splits a stage: it multiplies nothing)
   int stage_ranks() const { return dp * cp * tp; }
   int edp() const { return stage_ranks() / ep; }  // the expert-data-parallel degree
-};
-
-struct GridCoords {
-  int dp = 0, tp = 0, pp = 0, cp = 0, ep = 0, edp = 0;
 };
 
 // The coordinates of world rank `rank`, and the rank of coordinates (from pp, dp, cp and tp: ep and
@@ -69,8 +77,38 @@ struct GridCoords {
 GridCoords grid_coords(const GridShape& shape, int rank);
 int grid_rank(const GridShape& shape, const GridCoords& coords);
 
+// The ranks of an order string over `shape` (kGridOrder or kExpertOrder, or any order of the same
+// tokens): each token's coordinate is a digit of the world rank, the first token's the fastest.
+class RankOrder {
+ public:
+  RankOrder(const GridShape& shape, const std::string& order);
+  int coord(int rank, GridAxis axis) const;
+  int rank(const GridCoords& at) const;  // the rank of the coordinates on the order's axes
+  // The ranks that share `rank`'s coordinates on every axis of the order outside `axes`, ranked by
+  // their coordinates on `axes` (the first token's the fastest). `axes` must all be in the order.
+  std::vector<int> group(int rank, AxisSet axes) const;
+  bool has(AxisSet axes) const;  // every axis of `axes` is in the order
+
+ private:
+  struct Digit {
+    GridAxis axis;
+    int size, stride;
+  };
+  std::vector<Digit> digits_;  // innermost first
+};
+
+// The axes named by a token ("tp", "cp", "dp", "pp", "ep", "edp"), joined by '-' ("dp-cp"); 0 for a token
+// no axis has.
+AxisSet axes_named(const std::string& tokens);
+
+// The ranks of the group of the axes `axes` that holds `rank`: from the grid's order, or from the
+// experts' order for EP and EDP.
+std::vector<int> axis_group_ranks(const GridShape& shape, int rank, AxisSet axes);
+
+// The groups a run uses: each a set of axes (the embedding group: the two ends of the PP axis).
 enum class GridGroup { TP, CP, DP, DPxCP, PP, Embedding, EP, ExpertDP };
 const char* group_name(GridGroup which);  // "tp", "cp", "dp", "dp_cp", "pp", "embedding", "ep", "expert_dp"
+AxisSet group_axes(GridGroup which);      // kAxisTP, ..., kAxisDP | kAxisCP, ... (Embedding: kAxisPP)
 
 // The world ranks of the `which` group that holds `rank`, in the order of their rank within it: the
 // list above. Every member gets the same list. Empty for the embedding group of a rank that has none.
@@ -104,19 +142,19 @@ class ProcessGrid {
   bool data_parallel_only() const { return data_parallel_only_; }
   Communicator& world() const { return world_; }
   Communicator& dp() const { return dp_ ? *dp_ : world_; }
-  Communicator& tp() const { return group(tp_, GridGroup::TP); }
+  Communicator& tp() const { return lent(tp_, GridGroup::TP); }
   Communicator& pp() const { return group(pp_, GridGroup::PP); }
   // The context-parallel ring, ranked by cp (at CP = 1 this rank alone: a ring of one); and the ranks
   // that hold the same parameters, DP x CP, ranked by dp x CP + cp: the DP group itself when CP = 1.
-  Communicator& cp() const { return group(cp_, GridGroup::CP); }
+  Communicator& cp() const { return lent(cp_, GridGroup::CP); }
   Communicator& dp_cp() const { return dp_cp_ ? *dp_cp_ : dp(); }
   // The two ends of this rank's pipeline, which sum the tied wte's gradient. Null with one stage, and
   // on the stages between, which hold no wte.
   Communicator* embedding() const { return embedding_.get(); }
   // The expert-parallel group, ranked by ep (at EP = 1 this rank alone), and the ranks that hold the
   // same experts, ranked by edp (at EP = 1 the whole stage).
-  Communicator& ep() const { return group(ep_, GridGroup::EP); }
-  Communicator& expert_dp() const { return group(expert_dp_, GridGroup::ExpertDP); }
+  Communicator& ep() const { return lent(ep_, GridGroup::EP); }
+  Communicator& expert_dp() const { return lent(expert_dp_, GridGroup::ExpertDP); }
   // "DP 2 x TP 2 x PP 1", then " x CP 2" with CP > 1 and " x EP 4 (expert DP 2)" with EP > 1: EP re-splits
   // a stage's DP x CP x TP ranks, so the expert-DP degree says what is left of them.
   std::string describe() const;
@@ -125,7 +163,8 @@ class ProcessGrid {
   // LaneCommunicator: the group itself for the forward lane, a copy of it for the backward lane, their
   // statistics together. Everything that reaches the groups through the grid (the run's counters, the
   // chapter's hooks) then reaches both lanes, by the calling thread's lane. Collective over the world;
-  // before anything keeps a reference to those groups. (dp, dp_cp, pp and embedding hear from one lane
+  // before anything keeps a reference to those groups: refused (an internal error) once one of them was
+  // handed out. (dp, dp_cp, pp and embedding hear from one lane
   // at a time: the gradients' sums from the backward's, the messages from the executor's thread.)
   void give_each_lane_its_groups();
 
@@ -134,10 +173,18 @@ class ProcessGrid {
   std::unique_ptr<Communicator> split(GridGroup which);
   // A group that was split (refused on the grid of data parallelism alone).
   Communicator& group(const std::unique_ptr<Communicator>& comm, GridGroup which) const;
+  // The same for a group a lane may talk to, noting that it was handed out: from then on
+  // give_each_lane_its_groups() is refused, so that nothing keeps a reference to a group that a
+  // lane's copy replaces (the order is enforced, not remembered).
+  Communicator& lent(const std::unique_ptr<Communicator>& comm, GridGroup which) const {
+    handed_out_ = true;
+    return group(comm, which);
+  }
 
   Communicator& world_;
   GridShape shape_;
   GridCoords coords_;
   bool data_parallel_only_ = false;
+  mutable bool handed_out_ = false;  // a lane's group was handed out (lent)
   std::unique_ptr<Communicator> dp_, tp_, pp_, embedding_, cp_, dp_cp_, ep_, expert_dp_;
 };

@@ -82,7 +82,7 @@ TrainingRun::TrainingRun(ProcessGrid& grid, TrainConfig& cfg, const Parallelism&
       tp_comm_(grid.data_parallel_only() ? nullptr : &grid.tp()), pp_comm_(split.pp.size > 1 ? &grid.pp() : nullptr),
       embedding_comm_(grid.embedding()), tp_(split.tp), pp_(split.pp), ep_(split.ep),
       ep_comm_(split.moe ? &grid.ep() : nullptr), grid_(grid), strategy_(split.strategy),
-      routing_counts_over_data_group_(split.routing_counts_over_data_group), device_(world_.device()),
+device_(world_.device()),
       dtype_(pick_dtype(cfg.dtype, device_)) {
   const TensorParallelism& tp = split.tp;
   const PipelineParallelism& pp = split.pp;
@@ -283,10 +283,10 @@ JsonObject TrainingRun::moe_run_fields() const {
 // header names the whole grid whichever sizes were chosen.
 std::string TrainingRun::grid_line() const {
   std::string line = std::to_string(data_ranks_) + " data-parallel";
-  if (chapter_has_flag("--cp")) line += " x " + std::to_string(cp_.size) + " context-parallel";
-  if (chapter_has_flag("--tp"))
+  if (cfg_.chapter_takes("--cp")) line += " x " + std::to_string(cp_.size) + " context-parallel";
+  if (cfg_.chapter_takes("--tp"))
     line += " x " + std::to_string(tp_.size) + " tensor-parallel" + (tp_.sequence_parallel ? " (sequence parallel)" : "");
-  if (chapter_has_flag("--pp")) line += " x " + std::to_string(pp_.size) + " pipeline stage" + (pp_.size > 1 ? "s" : "");
+  if (cfg_.chapter_takes("--pp")) line += " x " + std::to_string(pp_.size) + " pipeline stage" + (pp_.size > 1 ? "s" : "");
   if (cp_.on())
     line += " | each rank holds " + std::to_string(cp_.positions.size()) + " of the " + std::to_string(model_.T) +
             " positions of every sequence";
@@ -364,13 +364,13 @@ void TrainingRun::resolve_settings(const CheckpointHeader* resumed) {
                  " sequences, which cannot be split over " + std::to_string(N) + " ranks x " +
                  std::to_string(cfg_.grad_accum) + " micro-batches = " + std::to_string(per_step) +
                  " (the data order needs the same batch): resume it on a rank count that divides the batch (" +
-                 divisors_text(cfg_.batch) + " ranks, with a " + accumulation_flag() + " that divides what each gets)");
+                 divisors_text(cfg_.batch) + " ranks, with a " + cfg_.accumulation_flag() + " that divides what each gets)");
   }
   const int suggestion = (cfg_.batch / per_step + 1) * per_step;
   // A pipeline's micro-batches are its accumulation (08 takes them as --micro-batches); with other
   // groups in the grid, only the data-parallel ranks split the batch.
   const std::string ranks = data_ranks_ == world_.size() ? "ranks" : "data-parallel ranks";
-  const std::string accumulation = accumulation_flag().substr(2);
+  const std::string accumulation = cfg_.accumulation_flag().substr(2);
   config_error("--batch " + std::to_string(cfg_.batch) + " is not divisible by " + ranks + " x " + accumulation + " = " +
                std::to_string(N) + " x " + std::to_string(cfg_.grad_accum) + " = " + std::to_string(per_step) +
                "; try --batch " + std::to_string(suggestion));

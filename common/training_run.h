@@ -50,10 +50,6 @@ struct Parallelism {
   // built: its experts are spread over the grid's expert-parallel group, and their gradients averaged
   // over its expert-data-parallel group. Null: a dense model, or a MoE preset on one rank of 01-07.
   const MoESettings* moe = nullptr;
-  // Chapter 11: the routing counts are gathered over the data-parallel group, which then carries
-  // them and every gradient but the experts' (ExpertTheory, theory.h): its bytes are those, not the
-  // strategy's.
-  bool routing_counts_over_data_group = false;
 };
 
 // The micro-batches of a step that resuming cfg.resume keeps for a mixture of experts: the
@@ -212,7 +208,6 @@ class TrainingRun {
   const ProcessGrid& grid_;       // (01-06: data parallelism alone, no group but the world)
   TrainConfig cfg_;
   Strategy strategy_;
-  bool routing_counts_over_data_group_;  // (Parallelism's)
   Device device_;
   DType dtype_;
   DeviceInfo device_info_;  // its name and peak FLOP/s for dtype_, for the header and MFU

@@ -97,20 +97,16 @@ Buffer TrainingRun::to_global(Buffer local) const {
   if (tp_.size == 1 && pp_.size == 1 && ep_.size == 1) return local;
   // Any grid, one way: every rank places its own slices into the whole model's zeros, then leaves in
   // only what it alone must count, so that a sum over the world holds each element exactly once (a
-  // sum of one value and zeros is exact). A tensor tensor parallelism splits counts on every TP rank
-  // (each its slice), one it holds whole on TP rank 0; any tensor on the first data replica (DP and
-  // CP rank 0), on the stage that holds it (wte, held by the first and the last stage, on the
-  // first); an expert on the first replica of its holders (expert-data-parallel rank 0).
+  // sum of one value and zeros is exact): the first of its copies along every axis (its placement,
+  // ParamInfo::counts_here). A tensor tensor parallelism splits counts on every TP rank (each its
+  // slice), one it holds whole on TP rank 0; any tensor on the first data replica, wte on the first
+  // stage, an expert on the first replica of its holders.
   Buffer global(global_layout_.padded_size, MemCategory::Other);  // zeros
   place_into_global(layout_, local.f32(), global_layout_, global.f32());
-  const GridCoords& at = grid_.coords();
   for (size_t i = 0; i < layout_.params.size(); i++) {
     const ParamInfo& p = layout_.params[i];
-    const bool counts = p.expert >= 0 ? at.edp == 0
-                                      : at.dp == 0 && at.cp == 0 && (!p.shard.whole() || at.tp == 0) &&
-                                            !(p.name == "wte" && at.pp != 0);
     const ParamInfo& whole = global_layout_.params[i];
-    if (p.held() && !counts) fill_zero(global.view().slice1d(whole.offset, whole.size));
+    if (p.held() && !p.counts_here(grid_.coords(), kEveryAxis)) fill_zero(global.view().slice1d(whole.offset, whole.size));
   }
   world_.all_reduce(global.view(), ReduceOp::Sum);
   return global;

@@ -50,7 +50,7 @@ void TrainingRun::check_memory() {
                                format_bytes(forecast_.activations) + " for micro-batches of " +
                                std::to_string(micro_B_) + " sequences of " + std::to_string(model_.T) +
                                " tokens), but a rank has " + format_bytes(available) + " (" + how +
-                               "). Use a smaller --batch, more " + accumulation_flag() +
+                               "). Use a smaller --batch, more " + cfg_.accumulation_flag() +
                                ", more ranks, or a smaller --preset");
 }
 
@@ -74,7 +74,6 @@ DimensionContext TrainingRun::dimension_context() const {
   ctx.dp_apart = &dp_ != &world_;
   ctx.embedding_group = embedding_comm_ != nullptr;
   ctx.expert_group = ep_comm_ != nullptr;
-  ctx.routing_counts_over_data_group = routing_counts_over_data_group_;
   ctx.tp = tp_;
   ctx.pp = pp_;
   ctx.cp = cp_;

@@ -186,6 +186,47 @@ TEST(GridGroups, WithoutTensorContextOrPipelineExpertsKeepChapter11sLayout) {
     }
 }
 
+// The grid is its order and sizes (RankOrder): the group of any set of axes holds the ranks that share
+// every other coordinate, as many as the product of its axes' sizes, ranked by their coordinates with
+// the order's first token fastest; and the formula of the lesson is the order "tp-cp-dp-pp".
+TEST(GridOrder, TheGroupOfAnySetOfAxesSharesEveryOtherCoordinate) {
+  const GridAxis axes[] = {kAxisTP, kAxisCP, kAxisDP, kAxisPP};
+  for (const GridShape& s : all_shapes()) {
+    if (s.ep > 1) continue;  // (EP re-splits a stage: the dense axes are the same for every EP)
+    SCOPED_TRACE(name_of(s));
+    std::vector<GridCoords> at;  // every rank's
+    for (int r = 0; r < s.world(); r++) {
+      at.push_back(grid_coords(s, r));
+      const GridCoords& c = at.back();
+      ASSERT_EQ(r, ((c.pp * s.dp + c.dp) * s.cp + c.cp) * s.tp + c.tp);
+    }
+    for (AxisSet mask = 0; mask < 16; mask++) {
+      int size = 1;
+      for (GridAxis a : axes) size *= (mask & a) ? s.size(a) : 1;
+      for (int r = 0; r < s.world(); r++) {
+        const std::vector<int> members = axis_group_ranks(s, r, mask);
+        ASSERT_EQ(int(members.size()), size) << "mask " << mask;
+        int place = 0, stride = 1;  // r's place: its coordinates on the mask, the order's first fastest
+        for (GridAxis a : axes)
+          if (mask & a) place += axis_coord(at[size_t(r)], a) * stride, stride *= s.size(a);
+        EXPECT_EQ(members[size_t(place)], r) << "mask " << mask;
+        for (int m : members)
+          for (GridAxis a : axes)
+            if (!(mask & a)) {
+              EXPECT_EQ(axis_coord(at[size_t(m)], a), axis_coord(at[size_t(r)], a)) << "mask " << mask;
+            }
+      }
+    }
+  }
+  // Another order is another layout of the same groups: DP innermost puts the DP replicas side by side.
+  const GridShape s{2, 2, 1, 1, 1};  // DP 2 x TP 2
+  const RankOrder dp_first(s, "dp-tp-cp-pp");
+  EXPECT_EQ(dp_first.group(0, kAxisDP), (std::vector<int>{0, 1}));
+  EXPECT_EQ(dp_first.group(0, kAxisTP), (std::vector<int>{0, 2}));
+  EXPECT_EQ(axes_named("dp-cp"), AxisSet(kAxisDP | kAxisCP));
+  EXPECT_EQ(axes_named("dp-xx"), 0u);
+}
+
 // The ends of every pipeline pair up; the stages between, and a pipeline of one stage, have none.
 TEST(GridGroups, EmbeddingGroupsPairTheEndsOfEachPipeline) {
   for (const GridShape& s : all_shapes()) {

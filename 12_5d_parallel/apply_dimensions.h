@@ -1,0 +1,358 @@
+// apply_dimensions.h: chapter 12's dimensions applied to a pipeline stage's model chunks, each a step
+// of its own, as torchtitan's parallelize_llama applies one after another: 10's ring (CP), 11's
+// exchange (EP) on the grid, and what each group sends in a step next to its formula; before them, the
+// flags and refusals of CP and EP. (TP is 07's hooks, one line in train.cpp; the gradients' groups are
+// every pipeline chapter's router, common/gradient_router.h.) Defines check_context_and_expert_flags,
+// refuse_what_this_composition_cannot_run, ContextRings, GridExperts and GroupBytes.
+#pragma once
+#include <algorithm>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "../10_context_parallel/ring_attention_protocol.h"  // RingAttention: 10's lesson
+#include "../11_expert_parallel/expert_exchange.h"           // ExpertExchange: 11's lesson
+#include "context_split.h"   // gather_positions, parse_context_split, context_split_problem
+#include "data_parallel.h"   // GradientSync
+#include "device.h"          // pick_device
+#include "flags.h"           // TrainConfig, config_error
+#include "grid_report.h"     // GroupRow
+#include "lanes.h"           // lane_of, lane_index, kLanes: dualpipev's F&B pairs at once
+#include "model.h"
+#include "process_grid.h"
+#include "theory.h"  // predict_tensor_parallel, ring_sent_bytes, routing_counts_bytes
+#include "training_run.h"
+
+// The flags of CP and EP, each alone (main, before the device is chosen): on a GPU the ring and the
+// experts run in fp32 (docs/context_parallel.md, moe.h), so `--dtype` auto becomes fp32 there.
+inline void check_context_and_expert_flags(TrainConfig& cfg, int world, int cp, const std::string& split_flag, int ep,
+                                           double capacity_factor, double aux_loss_coef) {
+  if (cp < 1) config_error("--cp must be >= 1");
+  if (ep < 1) config_error("--ep must be >= 1");
+  if (!(capacity_factor >= 0)) config_error("--capacity-factor must be >= 0 (0: unlimited)");
+  if (!(aux_loss_coef >= 0)) config_error("--aux-loss-coef must be >= 0");
+  ContextSplit split;
+  if (!parse_context_split(split_flag, &split))
+    config_error("--cp-split: '" + split_flag + "' is neither zigzag nor contiguous");
+  GPT2Config preset;
+  if (!find_preset(cfg.preset, &preset))
+    config_error("--preset: unknown preset '" + cfg.preset + "' (choose from " + preset_names() + ")");
+  const std::string split_problem = context_split_problem(preset.T, cp, split, world);
+  if (!split_problem.empty()) config_error(split_problem);
+  // On a GPU the ring (ring_attention_cuda.cu) and the MoE layer (moe.h) run in fp32.
+  if ((cp > 1 || preset.moe()) && pick_device(cfg.device) == Device::CUDA) {
+    if (cfg.dtype == "bf16")
+      config_error("--dtype bf16 with " + std::string(cp > 1 ? "--cp " + std::to_string(cp) : "a MoE preset") +
+                   " on a GPU: the " + (cp > 1 ? "ring's CUDA kernels" : "MoE layer") + " runs in fp32; pass --dtype fp32");
+    cfg.dtype = "fp32";
+    const std::string ring_problem = cp > 1 ? ring_attention_problem(Device::CUDA, preset.C, preset.NH) : "";
+    if (!ring_problem.empty()) config_error(ring_problem + "; pass --device cpu");
+  }
+}
+
+// The refusals only this composition has, before any group exists: a MoE model under TP needs SP
+// (each TP rank routes rows of its own), EP and the routing's flags need a MoE model, --cp-split a ring.
+inline void refuse_what_this_composition_cannot_run(const TrainConfig& cfg, const GPT2Config& model_cfg, int tp,
+                                                    bool sequence_parallel, int cp, int ep, bool root) {
+  const bool moe = model_cfg.moe();
+  if (moe && tp > 1 && !sequence_parallel)
+    config_error("--preset " + cfg.preset + " is a mixture of experts: with --tp " + std::to_string(tp) +
+                 " each rank of a tensor-parallel group must route rows of its own; add --sequence-parallel");
+  if (!moe && ep > 1)
+    config_error("--ep " + std::to_string(ep) + " spreads a mixture of experts: pass a MoE --preset (moe-tiny, "
+                 "moe-small) or --ep 1");
+  for (const char* flag : {"--capacity-factor", "--aux-loss-coef"})
+    if (!moe && cfg.was_given(flag))
+      config_error(std::string(flag) + " sets a mixture of experts' routing: --preset " + cfg.preset +
+                   " is dense; pass a MoE --preset (moe-tiny, moe-small) or leave it out");
+  if (cp == 1 && cfg.was_given("--cp-split"))
+    config_error("--cp-split chooses which positions each of --cp ranks holds: at --cp 1 one rank holds them all; "
+                 "leave it out or pass --cp 2 or more");
+  if (tp == 1 && root)
+    for (const char* flag : {"--sequence-parallel", "--tp-overlap"})
+      if (cfg.was_given(flag))
+        std::printf("note: %s does nothing at --tp 1 (one rank per tensor-parallel group holds every row and "
+                    "product); running without it\n", flag);
+}
+
+// CP: 10's ring, over this rank's heads (NH/t of them, C/t channels a head group): one per lane with
+// pairs at once, each on its lane's communicator, with its own blocks in flight. Also each
+// micro-batch's tokens at this rank's positions, kept until its backward.
+class ContextRings {
+ public:
+  ContextRings(TrainingRun& run, Communicator& ring, const std::vector<std::vector<int>>& positions, int micro_B,
+               int micro_batches, int lanes)
+      : run_(run), held_(run.context_parallelism()), T_(run.model_config().T), inputs_(size_t(micro_batches)),
+        targets_(size_t(micro_batches)) {
+    if (!held_.on()) return;
+    const TensorParallelism& tp = run.tensor_parallelism();
+    const GPT2Config& cfg = run.model_config();
+    for (int lane = 0; lane < lanes; lane++)
+      rings_.push_back(
+          std::make_unique<RingAttention>(lane_of(ring, Lane(lane)), positions, micro_B, cfg.C / tp.size, cfg.NH / tp.size));
+  }
+
+  void apply(const std::vector<GPT2*>& chunks) {
+    for (GPT2* chunk : chunks) {
+      if (!held_.on()) return;
+      chunk->cp_hooks.attention_forward = [this](Tensor out, Tensor lse, Tensor qkv, int NH) {
+        rings_[size_t(lane_index())]->forward(out, lse, qkv, NH);
+      };
+      chunk->cp_hooks.attention_backward = [this](Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor lse, int NH) {
+        rings_[size_t(lane_index())]->backward(dqkv, dout, qkv, out, lse, NH);
+      };
+    }
+  }
+
+  void begin_step() {
+    for (auto& ring : rings_) ring->counters = RingCounters{};
+  }
+
+  MicroBatch micro_batch(int step, int micro) {
+    MicroBatch batch = run_.micro_batch(step, micro);
+    if (!held_.on()) return batch;
+    std::vector<int>& in = inputs_[size_t(micro)];
+    std::vector<int>& out = targets_[size_t(micro)];
+    in.resize(size_t(batch.B) * held_.positions.size()), out.resize(in.size());
+    gather_positions(batch.inputs, batch.B, T_, held_.positions, in.data());
+    gather_positions(batch.targets, batch.B, T_, held_.positions, out.data());
+    batch.inputs = in.data(), batch.targets = out.data();
+    return batch;
+  }
+
+ private:
+  TrainingRun& run_;
+  const ContextParallelism& held_;
+  int T_;
+  std::vector<std::unique_ptr<RingAttention>> rings_;
+  std::vector<std::vector<int>> inputs_, targets_;
+};
+
+// EP: 11's exchange, one routing per micro-batch in flight: per chunk and activation slot, so that the
+// two passes of a pair (another chunk each) never share one. Every rank of the stage routes its own
+// rows; their counts are gathered over the stage (EP, then EDP: edp x EP + ep is the stage's order),
+// and its tokens claim capacity in the one global order a single rank would use (moe.h).
+class GridExperts {
+ public:
+  GridExperts(TrainingRun& run, const ProcessGrid& grid, const std::vector<GPT2*>& chunks,
+              const std::vector<ModelPart>& parts, const std::vector<std::vector<int>>& positions, int micro_batches)
+      : run_(run), grid_(grid), chunks_(chunks), parts_(parts), cfg_(run.model_config()),
+        expert_rows_(size_t(micro_batches), std::vector<int64_t>(size_t(cfg_.L), 0)) {
+    if (!cfg_.moe()) return;
+    for (const ModelPart& part : parts) slots_ = std::max(slots_, part.slots);
+    const int micro_B = run.micro_batch_size(), t = grid.shape().tp, cp = grid.shape().cp;
+    const bool sp = run.tensor_parallelism().sequence_parallel;
+    const GridCoords& at = grid.coords();
+    exchange_ = std::make_unique<ExpertExchange>(grid.ep(), *chunks.front(), cfg_.L, cfg_.experts, cfg_.C,
+                                                 int(chunks.size()) * slots_);
+    int max_runs = 1;  // the most runs of any rank of the stage: the records' common size
+    for (int d = 0; d < grid.shape().dp; d++)
+      for (int c = 0; c < cp; c++)
+        for (int r = 0; r < t; r++)
+          max_runs = std::max(max_runs, runs_of(token_index_of(d, micro_B, cfg_.T,
+                                                               cp > 1 ? positions[size_t(c)] : std::vector<int>{}, r, t, sp)));
+    for (size_t c = 0; c < chunks.size(); c++) {
+      ExpertHooks& hooks = chunks[c]->expert_hooks;
+      hooks.rank = at.edp * grid.shape().ep + at.ep;
+      hooks.ranks = grid.ep().size() * grid.expert_dp().size();
+      hooks.token_index = token_index_of(at.dp, micro_B, cfg_.T, run.context_parallelism().positions, at.tp, t, sp);
+      hooks.max_runs = max_runs;
+    }
+  }
+
+  void apply() {
+    if (!exchange_) return;
+    for (size_t c = 0; c < chunks_.size(); c++) {
+      ExpertHooks& hooks = chunks_[c]->expert_hooks;
+      const int first_slot = int(c) * slots_;  // chunk c's slot s is the exchange's c x slots + s
+      hooks.gather_counts = [this](Tensor mine, Tensor all) {  // (int32 records on the host, as moe.cpp keeps them)
+        gathered_in_ep_.resize(size_t(mine.numel() * grid_.ep().size()));  // (the forward's alone: routing)
+        const Tensor in_ep = make_view(gathered_in_ep_.data(), {int64_t(gathered_in_ep_.size())}, DType::I32);
+        grid_.ep().all_gather(mine, in_ep);
+        grid_.expert_dp().all_gather(in_ep, all);
+      };
+      hooks.experts_forward = [this, first_slot](int slot, int l, Tensor rows, const std::vector<int64_t>& counts,
+                                                 Tensor out) {
+        exchange_->forward(first_slot + slot, l, rows, counts, out);
+        expert_rows_[size_t(running_micro_)][size_t(l)] = exchange_->expert_rows(first_slot + slot)[size_t(l)];
+      };
+      hooks.experts_backward = [this, first_slot](int slot, int l, Tensor dout, Tensor drows) {
+        exchange_->backward(first_slot + slot, l, dout, drows);
+      };
+    }
+  }
+
+  // The executor's passes: a forward sets what its experts record under (a pair's backward runs beside it).
+  void before_compute(const Action& a) {
+    if (a.op == Op::F) running_micro_ = a.micro;
+  }
+  void begin_step() {
+    if (exchange_) exchange_->reset_predictions();
+  }
+  // The rows this rank's experts ran, per micro-batch and block: the activations' theory at this
+  // step's routing (TrainingRun::end_step).
+  const std::vector<std::vector<int64_t>>& expert_rows() const { return expert_rows_; }
+  const ExpertExchange* exchange() const { return exchange_.get(); }
+  int64_t record_size() const { return chunks_.front()->expert_hooks.record_size(cfg_.experts); }
+
+  // The step's routing, summed over its micro-batches, each stage its own blocks: one record of every
+  // layer and expert, as 11 writes it.
+  void write_routing(int step) {
+    if (!exchange_) return;
+    const int L = cfg_.L, E = cfg_.experts;
+    Buffer counts(2 * int64_t(L) * E, MemCategory::Other);  // routed, then dropped (exact in fp32 below 2^24)
+    const GridCoords& at = grid_.coords();
+    const bool speaks = at.dp == 0 && at.cp == 0 && at.tp == 0;  // one rank per stage
+    for (size_t c = 0; c < chunks_.size() && speaks; c++)
+      for (int l = 0; l < L; l++) {
+        if (!parts_[c].holds(cfg_, l + 1)) continue;
+        for (int e = 0; e < E; e++) {
+          counts.f32()[l * E + e] += float(chunks_[c]->routed_total(l)[size_t(e)]);
+          counts.f32()[L * E + l * E + e] += float(chunks_[c]->dropped_total(l)[size_t(e)]);
+        }
+      }
+    for (GPT2* chunk : chunks_) chunk->reset_routing_totals();
+    exchange_->release_buffers();
+    grid_.world().all_reduce(counts.view(), ReduceOp::Sum);
+    JsonObject record;
+    record.add("type", "experts").add("step", step).add("layers", L).add("experts", E);
+    for (int l = 0; l < L; l++)
+      for (int e = 0; e < E; e++) {
+        const std::string at_le = "_L" + std::to_string(l) + "_E" + std::to_string(e);
+        record.add("routed" + at_le, double(counts.f32()[l * E + e]));
+        record.add("dropped" + at_le, double(counts.f32()[L * E + l * E + e]));
+      }
+    run_.write_record(record);
+  }
+
+ private:
+  // Where each row a rank routes stands in the global micro-batch's token order (moe.h): its data
+  // rank's sequences come after the data ranks before it; under CP it holds `positions` of each, and
+  // under SP its TP rank's slice of those rows.
+  static std::vector<int64_t> token_index_of(int data_rank, int micro_B, int T, const std::vector<int>& positions,
+                                             int tp_rank, int tp_size, bool sequence_parallel) {
+    const int64_t held = positions.empty() ? T : int64_t(positions.size()), rows = int64_t(micro_B) * held;
+    const int64_t mine = sequence_parallel ? rows / tp_size : rows, first = sequence_parallel ? tp_rank * mine : 0;
+    std::vector<int64_t> index;
+    for (int64_t i = first; i < first + mine; i++) {
+      const int64_t b = i / held, j = i % held;
+      index.push_back((int64_t(data_rank) * micro_B + b) * T + (positions.empty() ? j : positions[size_t(j)]));
+    }
+    return index;
+  }
+  static int runs_of(const std::vector<int64_t>& index) {
+    int runs = 0;
+    for (size_t i = 0; i < index.size(); i++) runs += i == 0 || index[i] != index[i - 1] + 1;
+    return runs;
+  }
+
+  TrainingRun& run_;
+  const ProcessGrid& grid_;
+  std::vector<GPT2*> chunks_;
+  std::vector<ModelPart> parts_;
+  GPT2Config cfg_;
+  int slots_ = 1;  // per chunk
+  std::unique_ptr<ExpertExchange> exchange_;
+  std::vector<std::vector<int64_t>> expert_rows_;  // (micro-batches) x (L)
+  int running_micro_ = 0;
+  std::vector<int32_t> gathered_in_ep_;
+};
+
+// What each group sends in a step, against its formula (grid_report.h; docs/theory.md, section 17):
+// every group's counters at the step's start, then its bytes next to theory.
+class GroupBytes {
+ public:
+  GroupBytes(const TrainingRun& run, const ProcessGrid& grid, const std::vector<ModelPart>& parts,
+             const GradientSync& data_parallel, const GridExperts& experts, int micro_batches, bool sharded)
+      : run_(run), grid_(grid), parts_(parts), data_parallel_(data_parallel), experts_(experts), m_(micro_batches),
+        sharded_(sharded), zero2_(run.pipeline().reduce_every_micro_batch) {
+    const GPT2Config& cfg = run.model_config();
+    for (const ModelPart& part : parts)
+      for (int u = part.first_unit; u <= part.last(cfg); u++) held_blocks_ += u >= 1 && u <= cfg.L;
+  }
+
+  void begin_step() { at_start_ = stats(); }
+
+  std::vector<std::pair<std::string, std::string>> formulas() const {
+    std::vector<std::pair<std::string, std::string>> formulas = {
+        {"tp", "per micro-batch 09's TP collectives on T/cp positions, + the tensors held whole, once (every "
+               "micro-batch under --zero2; theory.h, predict_tensor_parallel)"},
+        {"cp", "(2 x passes + 4) (cp-1)/cp x L' m B T C/t x 4: K and V forward, again with their gradients backward"},
+        {"dp_cp", zero2_ ? "m reduce-scatters (wte's bucket: 1) + all-gather over DP x CP: (N-1)/N x w(m(Ψ'-E) + E + "
+                           "Ψ'), Ψ' = padded - experts"
+                  : sharded_ ? "reduce-scatter + all-gather over DP x CP: 2(N-1)/N x w x (padded - experts)"
+                             : "all-reduce over DP x CP: 2(N-1)/N x w x (padded - experts)"}};
+    if (run_.model_config().moe()) {
+      formulas.push_back({"expert_dp", std::string(zero2_     ? "m reduce-scatters + all-gather: (m+1)(D-1)/D"
+                                                   : sharded_ ? "reduce-scatter + all-gather: 2(D-1)/D"
+                                                              : "all-reduce: 2(D-1)/D") +
+                                           " x 4 x experts' ranges + the counts' second gather: L' m (D-1) ep rec x 4"});
+      formulas.push_back(
+          {"ep", "the all-to-alls at this step's routing (11) + the counts' first gather: L' m (ep-1) rec x 4"});
+      formulas.push_back({"expert_params", "L' x E/ep x (8C^2 + 5C) x 4"});
+    }
+    return formulas;
+  }
+
+  std::vector<GroupRow> rows() const {
+    const Stats now = stats();
+    const GPT2Config& run_cfg = run_.model_config();
+    const ParamLayout& layout = run_.layout();
+    const TensorParallelism& tp = run_.tensor_parallelism();
+    const int micro_B = run_.micro_batch_size(), t = tp.size, cp = grid_.shape().cp;
+    const int64_t expert_range = layout.expert_range_size;  // the experts' elements (their tensors and padding)
+    const double w = double(dtype_size(run_.dtype()));
+    const int N = grid_.dp_cp().size(), D = grid_.expert_dp().size(), P = grid_.ep().size();
+    GPT2Config held_cfg = run_cfg;  // every TP collective carries this rank's T/cp positions
+    held_cfg.T = cp > 1 ? run_cfg.T / cp : run_cfg.T;
+    const TensorParallelPrediction tp_theory = predict_tensor_parallel(held_cfg, micro_B, tp, run_.dtype(), parts_);
+    const TensorParallelPrediction whole = predict_tensor_parallel(run_cfg, micro_B, tp, run_.dtype(), parts_);
+    const double dense_dp = zero2_ ? data_parallel_.every_micro_batch_sent_bytes(m_, layout.padded_size - expert_range, w)
+                                   : 2.0 * (N - 1) / N * w * double(layout.padded_size - expert_range);
+    // The experts' buckets: all-reduced, or reduce-scattered (every micro-batch under --zero2) and gathered.
+    const double expert_passes = zero2_ ? m_ + 1 : 2;
+    std::vector<GroupRow> rows = {
+        {"tp", double(now.tp.since(at_start_.tp).training_sent_bytes()),
+         t > 1 ? m_ * tp_theory.bytes_per_micro_batch + whole.partial_grad_bytes * (zero2_ ? m_ : 1) : 0.0},
+        {"cp", double(now.cp.since(at_start_.cp).training_sent_bytes()),
+         ring_sent_bytes(run_cfg, held_blocks_, m_, micro_B, cp, t) * (cp > 1 ? 1 : 0)},
+        {"dp_cp", double(now.dp_cp.since(at_start_.dp_cp).training_sent_bytes()), dense_dp}};
+    if (run_cfg.moe()) {
+      const int64_t record = experts_.record_size();
+      double expert_params = 0;
+      for (const ParamInfo& p : layout.params)
+        if (p.expert >= 0) expert_params += 4.0 * double(p.size);
+      const double C = run_cfg.C;
+      rows.push_back({"expert_dp", double(now.expert_dp.since(at_start_.expert_dp).training_sent_bytes()),
+                      expert_passes * (D - 1) / D * 4 * double(expert_range) +
+                          routing_counts_bytes(held_blocks_, m_, D, P, record)});
+      rows.push_back({"ep", double(now.ep.since(at_start_.ep).training_sent_bytes()),
+                      double(experts_.exchange()->predicted_sent_bytes()) +
+                          routing_counts_bytes(held_blocks_, m_, P, 1, record)});
+      rows.push_back({"expert_params", expert_params,
+                      double(held_blocks_) * (run_cfg.experts / grid_.shape().ep) * (8 * C * C + 5 * C) * 4});
+    }
+    return rows;
+  }
+
+ private:
+  struct Stats {
+    CommStats tp, cp, dp_cp, ep, expert_dp;
+  };
+  Stats stats() const {
+    return Stats{grid_.tp().stats(), grid_.cp().stats(), grid_.dp_cp().stats(), grid_.ep().stats(),
+                 grid_.expert_dp().stats()};
+  }
+
+  const TrainingRun& run_;
+  const ProcessGrid& grid_;
+  std::vector<ModelPart> parts_;
+  const GradientSync& data_parallel_;
+  const GridExperts& experts_;
+  int m_;
+  bool sharded_, zero2_;
+  int held_blocks_ = 0;  // this rank's blocks, every chunk
+  Stats at_start_;
+};
