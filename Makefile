@@ -111,8 +111,9 @@ $(COLLECTIVES_PROGRAM): $(BUILD)/00_collectives/collectives.o $(LIBCOMMON) $(CHA
 # The CPU kernel lesson: a standalone program (no MPI) whose fastest version is the framework's own
 # sgemm_cpu, linked from its object.
 CPU_LESSONS := lessons/matmul/matmul_cpu_lesson
-lessons/matmul/matmul_cpu_lesson: $(BUILD)/lessons/matmul/matmul_cpu_lesson.o $(BUILD)/common/matmul_cpu.o
-	$(call say,LINK,$@)$(MPICXX) $(CXXFLAGS) $^ -o $@
+lessons/matmul/matmul_cpu_lesson: $(BUILD)/lessons/matmul/matmul_cpu_lesson.o $(BUILD)/common/matmul_cpu.o \
+                                  $(CHAPTERS_LINKED_FROM)
+	$(call say,LINK,$@)$(MPICXX) $(CXXFLAGS) $(filter-out $(CHAPTERS_LINKED_FROM),$^) -o $@
 
 # Tests link the real objects of libcommon.a, never a copy of the code under test.
 $(BUILD)/tests/%: $(BUILD)/tests/%.o $(LIBCOMMON) $(BUILD)/tests/mpi_gtest_main.o $(TEST_SUPPORT)
