@@ -60,10 +60,10 @@ GoogleTest=$(or $(HAVE_GTEST),MISSING) matplotlib=$(or $(HAVE_MATPLOTLIB),MISSIN
 $(info building chapters: $(CHAPTERS))
 endif
 
-.PHONY: all deps test tests test-busy compare bench bench-comm bench-tp bench-pp schedules cp-balance bench-torch diffs plan plan-check clean \
+.PHONY: all deps test tests test-busy compare bench profile bench-comm bench-tp bench-pp schedules cp-balance bench-torch diffs plan plan-check clean \
   cluster-up cluster-down cluster-status cluster-check cluster-lessons \
   help $(CHAPTERS) 00_collectives collectives precision
-all: 00_collectives $(CHAPTERS) $(FORMATS_PROGRAM) ## every chapter's program (00_collectives/collectives, NN_name/train); the default
+all: 00_collectives $(CHAPTERS) $(FORMATS_PROGRAM) $(CPU_LESSONS) ## every chapter's program (00_collectives/collectives, NN_name/train); the default
 
 00_collectives: $(COLLECTIVES_PROGRAM) ## chapter 00: all-reduce, reduce-scatter, all-gather from send and receive
 
@@ -113,6 +113,13 @@ $(FORMATS_PROGRAM): $(BUILD)/13_mixed_precision/formats.o $(BUILD)/common/float_
 $(COLLECTIVES_PROGRAM): $(BUILD)/00_collectives/collectives.o $(LIBCOMMON) $(CHAPTERS_LINKED_FROM)
 	$(call say,LINK,$@)$(MPICXX) $(CXXFLAGS) $(filter-out $(CHAPTERS_LINKED_FROM),$^) -o $@ -pthread
 
+# The CPU kernel lesson: a standalone program (no MPI) whose fastest version is the framework's own
+# sgemm_cpu, linked from its object.
+CPU_LESSONS := lessons/matmul/matmul_cpu_lesson
+lessons/matmul/matmul_cpu_lesson: $(BUILD)/lessons/matmul/matmul_cpu_lesson.o $(BUILD)/common/matmul_cpu.o \
+                                  $(CHAPTERS_LINKED_FROM)
+	$(call say,LINK,$@)$(MPICXX) $(CXXFLAGS) $(filter-out $(CHAPTERS_LINKED_FROM),$^) -o $@
+
 # Tests link the real objects of libcommon.a, never a copy of the code under test.
 $(BUILD)/tests/%: $(BUILD)/tests/%.o $(LIBCOMMON) $(BUILD)/tests/mpi_gtest_main.o $(TEST_SUPPORT)
 	$(call say,LINK,$@)$(MPICXX) $(CXXFLAGS) $< $(TEST_SUPPORT) \
@@ -123,7 +130,7 @@ $(BUILD)/tests/%: $(BUILD)/tests/%.o $(LIBCOMMON) $(BUILD)/tests/mpi_gtest_main.
 # does not compile them again.
 .SECONDARY:
 
-tests: $(TEST_BIN) $(COLLECTIVES_PROGRAM) $(FORMATS_PROGRAM) $(addsuffix /train,$(CHAPTERS)) $(BUILD)/pipeline_ideal $(PLAN) ## builds every test and chapter, runs nothing
+tests: $(TEST_BIN) $(COLLECTIVES_PROGRAM) $(FORMATS_PROGRAM) $(addsuffix /train,$(CHAPTERS)) $(BUILD)/pipeline_ideal $(PLAN) $(CPU_LESSONS) ## builds every test and chapter, runs nothing
 
 deps: ## only installs missing packages (MPICH, GoogleTest, matplotlib)
 	@scripts/setup/ensure_deps.sh
@@ -161,6 +168,9 @@ bench: ## one rank, one thread: ours vs PyTorch eager at tiny, small, deep, alte
 	@scripts/setup/ensure_deps.sh --bench
 	@$(MAKE) --no-print-directory all $(BUILD)/matmul_bench
 	@scripts/bench/bench.sh
+
+profile: 01_vanilla_dp ## where a step's CPU time goes, per op (matmul, attention, layernorm, ...), at small and deep, 1 rank, 1 thread (needs perf)
+	@scripts/bench/profile_ops.sh
 
 # make bench in seconds, what make test runs (tests/manifest.txt), so that a change that breaks the
 # benchmark cannot land: the same script and targets, one round of 3 steps at tiny, without PyTorch,
@@ -254,7 +264,7 @@ plan-check: $(PLAN) ## 09's planner against runs of 03-12 on this machine, calib
 	@scripts/plan/plan_check.sh
 
 clean: ## removes the build folder and the programs
-	rm -rf $(BUILD) $(addsuffix /train,$(CHAPTERS)) $(PLAN) $(COLLECTIVES_PROGRAM) $(FORMATS_PROGRAM)
+	rm -rf $(BUILD) $(addsuffix /train,$(CHAPTERS)) $(PLAN) $(COLLECTIVES_PROGRAM) $(FORMATS_PROGRAM) $(CPU_LESSONS)
 
 -include $(shell find $(BUILD) -path '$(CPU_BUILD)' -prune -o -name '*.d' -print 2>/dev/null)
 

@@ -94,7 +94,7 @@ CostModel measure_cost_model(Communicator& comm) {
     const Tensor o = out.view().slice1d(0, bytes / 4), i = in.view().slice1d(0, bytes / 4);
     const int peer = 1 - comm.rank();
     return time_call(comm, 50, [&] {
-      if (comm.rank() < 2) comm.send_recv_async({{true, o, peer, 1}, {false, i, peer, 1}}).wait();
+      if (comm.rank() < 2) comm.send_recv({{true, o, peer, 1}, {false, i, peer, 1}});
     });
   };
   m.alpha_s = exchange_time(4);

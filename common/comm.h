@@ -187,6 +187,12 @@ class Communicator {
     int peer, tag;
   };
   virtual CommHandle send_recv_async(const std::vector<PointToPoint>& ops);
+  // The same, waited at once: each message is posted on the caller's thread as it is issued and the
+  // caller drives it to completion, with no hand-off to a background progress thread (which a small
+  // message would spend more time waking than travelling). What chapter 00's algorithms use per step.
+  void send_recv(const std::vector<PointToPoint>& ops) {
+    blocking([&] { return send_recv_async(ops); });
+  }
   // Whether a receive finds its message by tag (MPI), or only by the order of the calls (NCCL): a
   // pipeline then orders its messages so that the k-th send meets the k-th receive
   // (pipeline_schedule.h, Matching).

@@ -6,6 +6,7 @@
 // Every backward ACCUMULATES (+=) into the gradients it writes, as ops.h says.
 #include "ops_cpu.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <string>
@@ -366,6 +367,33 @@ void accumulate_weighted_rows(float* __restrict y, const float* __restrict coef,
     y[i0] = acc;
   }
 }
+
+// Two outputs from the same n rows at once: y0 with coef0, y1 with coef1, each exactly as
+// accumulate_weighted_rows computes it (the same products, summed over r in the same order). One
+// output's 4 vector accumulators make a chain of dependent multiply-adds per row, which waits on the
+// latency of the previous one; two outputs' 8 keep both multiply-add units busy, and each row is
+// loaded once for both.
+void accumulate_weighted_rows2(float* __restrict y0, float* __restrict y1, const float* __restrict coef0,
+                               const float* __restrict coef1, size_t coef_stride, float coef_scale,
+                               const float* __restrict rows, size_t row_stride, int n, int width) {
+  int i0 = 0;
+  for (; i0 + 32 <= width; i0 += 32) {
+    float acc0[32], acc1[32];
+    for (int j = 0; j < 32; j++) acc0[j] = y0[i0 + j], acc1[j] = y1[i0 + j];
+    for (int r = 0; r < n; r++) {
+      const float g0 = coef0[r * coef_stride] * coef_scale, g1 = coef1[r * coef_stride] * coef_scale;
+      const float* __restrict row = rows + r * row_stride + i0;
+      for (int j = 0; j < 32; j++) acc0[j] += g0 * row[j];
+      for (int j = 0; j < 32; j++) acc1[j] += g1 * row[j];
+    }
+    for (int j = 0; j < 32; j++) y0[i0 + j] = acc0[j], y1[i0 + j] = acc1[j];
+  }
+  if (i0 < width) {
+    const int rest = width - i0;
+    accumulate_weighted_rows(y0 + i0, coef0, coef_stride, coef_scale, rows + i0, row_stride, n, rest);
+    accumulate_weighted_rows(y1 + i0, coef1, coef_stride, coef_scale, rows + i0, row_stride, n, rest);
+  }
+}
 }  // namespace
 
 void attention_forward(float* out, float* preatt, float* att, const float* qkv, int B, int T, int C, int NH) {
@@ -396,12 +424,22 @@ void attention_forward(float* out, float* preatt, float* att, const float* qkv, 
         const float inv_expsum = float(1.0 / expsum);
         for (int t2 = 0; t2 < n; t2++) att_row[t2] *= inv_expsum;
         for (int t2 = n; t2 < T; t2++) att_row[t2] = 0.0f;
-
-        // out = att @ v, summed over t2 in increasing order
-        float* out_bth = out + (size_t(b) * T + t) * C + h * hs;
-        for (int i = 0; i < hs; i++) out_bth[i] = 0.0f;
-        accumulate_weighted_rows(out_bth, att_row, 1, 1.0f, qkv_b + 2 * C + h * hs, C3, n, hs);
       }
+
+      // out = att @ v, summed over t2 in increasing order: two queries at a time (t and t + 1 share
+      // the values 0..t; t + 1's last one follows alone).
+      const float* values = qkv_b + 2 * C + h * hs;
+      const float* att_head = att + (size_t(b) * NH + h) * T * T;
+      auto out_row = [&](int t) { return out + (size_t(b) * T + t) * C + h * hs; };
+      for (int t = 0; t < T; t++) std::fill(out_row(t), out_row(t) + hs, 0.0f);
+      int t = 0;
+      for (; t + 1 < T; t += 2) {
+        const float* att0 = att_head + size_t(t) * T;
+        const float* att1 = att0 + T;
+        accumulate_weighted_rows2(out_row(t), out_row(t + 1), att0, att1, 1, 1.0f, values, C3, t + 1, hs);
+        accumulate_weighted_rows(out_row(t + 1), att1 + t + 1, 1, 1.0f, values + size_t(t + 1) * C3, C3, 1, hs);
+      }
+      if (t < T) accumulate_weighted_rows(out_row(t), att_head + size_t(t) * T, 1, 1.0f, values, C3, t + 1, hs);
     }
   }
 }
@@ -422,7 +460,6 @@ void attention_backward(float* dqkv, float* dpreatt, float* datt, const float* d
       transpose_head(values_t, qkv_b + 2 * C + h * hs, T, Tp, hs, C3);
       for (int t = 0; t < T; t++) {
         const int n = t + 1;
-        float* __restrict dquery = dqkv_b + size_t(t) * C3 + h * hs;
         const float* __restrict att_row = att + ((size_t(b) * NH + h) * T + t) * T;
         float* __restrict datt_row = datt + ((size_t(b) * NH + h) * T + t) * T;
         float* __restrict dpreatt_row = dpreatt + ((size_t(b) * NH + h) * T + t) * T;
@@ -436,20 +473,44 @@ void attention_backward(float* dqkv, float* dpreatt, float* datt, const float* d
         // att * (datt - <att, datt>): O(T) per row instead of building the T x T Jacobian.
         const float weighted_datt = float(dot_double(att_row, datt_row, n));
         for (int t2 = 0; t2 < n; t2++) dpreatt_row[t2] = att_row[t2] * (datt_row[t2] - weighted_datt);
+      }
+      // preatt = scale * <query, key[t2]>: the gradient into the query, two queries at a time as in
+      // the forward (t and t + 1 share the keys 0..t; t + 1's last one follows alone).
+      const float* keys = qkv_b + C + h * hs;
+      const float* dpreatt_head = dpreatt + (size_t(b) * NH + h) * T * T;
+      auto dquery_row = [&](int t) { return dqkv_b + size_t(t) * C3 + h * hs; };
+      int t = 0;
+      for (; t + 1 < T; t += 2) {
+        const float* coef0 = dpreatt_head + size_t(t) * T;
+        const float* coef1 = coef0 + T;
+        accumulate_weighted_rows2(dquery_row(t), dquery_row(t + 1), coef0, coef1, 1, scale, keys, C3, t + 1, hs);
+        accumulate_weighted_rows(dquery_row(t + 1), coef1 + t + 1, 1, scale, keys + size_t(t + 1) * C3, C3, 1, hs);
+      }
+      if (t < T) accumulate_weighted_rows(dquery_row(t), dpreatt_head + size_t(t) * T, 1, scale, keys, C3, t + 1, hs);
 
-        // preatt = scale * <query, key[t2]>: the gradient into the query
-        accumulate_weighted_rows(dquery, dpreatt_row, 1, scale, qkv_b + C + h * hs, C3, n, hs);
-      }
       // The gradients into key t2 and value t2 gather the rows t >= t2 that attended to it: a column of
-      // dpreatt and of att. Each is summed over t in increasing order.
-      for (int t2 = 0; t2 < T; t2++) {
-        const size_t row_t2 = (size_t(b) * NH + h) * T + t2;  // row t2 of this head's (T, T) blocks
-        const size_t first = row_t2 * T + t2;                  // element (t2, t2)
+      // dpreatt and of att. Each is summed over t in increasing order. Two keys at a time: key t2's
+      // own row t2 first, alone, then rows t2 + 1.. for keys t2 and t2 + 1 together.
+      auto key_and_value = [&](int t2, int rows_from, int rows) {
+        const size_t first = ((size_t(b) * NH + h) * T + rows_from) * T + t2;  // element (rows_from, t2)
         accumulate_weighted_rows(dqkv_b + size_t(t2) * C3 + C + h * hs, dpreatt + first, T, scale,
-                                 qkv_b + size_t(t2) * C3 + h * hs, C3, T - t2, hs);
+                                 qkv_b + size_t(rows_from) * C3 + h * hs, C3, rows, hs);
         accumulate_weighted_rows(dqkv_b + size_t(t2) * C3 + 2 * C + h * hs, att + first, T, 1.0f,
-                                 dout + (size_t(b) * T + t2) * C + h * hs, C, T - t2, hs);
+                                 dout + (size_t(b) * T + rows_from) * C + h * hs, C, rows, hs);
+      };
+      int t2 = 0;
+      for (; t2 + 1 < T; t2 += 2) {
+        key_and_value(t2, t2, 1);
+        const size_t below = ((size_t(b) * NH + h) * T + t2 + 1) * T + t2;  // element (t2 + 1, t2)
+        const int rows = T - t2 - 1;
+        accumulate_weighted_rows2(dqkv_b + size_t(t2) * C3 + C + h * hs, dqkv_b + size_t(t2 + 1) * C3 + C + h * hs,
+                                  dpreatt + below, dpreatt + below + 1, T, scale,
+                                  qkv_b + size_t(t2 + 1) * C3 + h * hs, C3, rows, hs);
+        accumulate_weighted_rows2(dqkv_b + size_t(t2) * C3 + 2 * C + h * hs,
+                                  dqkv_b + size_t(t2 + 1) * C3 + 2 * C + h * hs, att + below, att + below + 1, T,
+                                  1.0f, dout + (size_t(b) * T + t2 + 1) * C + h * hs, C, rows, hs);
       }
+      if (t2 < T) key_and_value(t2, t2, T - t2);
     }
   }
 }

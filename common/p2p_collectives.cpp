@@ -80,12 +80,13 @@ Tensor scratch(Buffer& owner, const Tensor& like, int64_t n) {
 
 // One step of every algorithm: send `out` to one peer while receiving `in` from another (maybe the
 // same), both at once, so that neither waits for the other (and, on NCCL, in one group call).
-// Nothing travels for an empty side.
+// Nothing travels for an empty side. The blocking form: both are posted at once on this thread,
+// which then drives them itself, so a small step costs what MPI's own send and receive cost.
 void exchange(Communicator& comm, Tensor out, int to, Tensor in, int from) {
   std::vector<Communicator::PointToPoint> ops;
   if (out.numel() > 0) ops.push_back({true, out, to, kTag});
   if (in.numel() > 0) ops.push_back({false, in, from, kTag});
-  if (!ops.empty()) comm.send_recv_async(ops).wait();
+  if (!ops.empty()) comm.send_recv(ops);
 }
 void send_to(Communicator& comm, Tensor out, int to) { exchange(comm, out, to, Tensor(), -1); }
 void receive_from(Communicator& comm, Tensor in, int from) { exchange(comm, Tensor(), -1, in, from); }
