@@ -36,6 +36,8 @@ PLAN        := 09_3d_parallel/plan
 COLLECTIVES_PROGRAM := 00_collectives/collectives
 # Chapter 13's check of the number formats from outside: fp32 bit patterns in, each format's code out.
 FORMATS_PROGRAM := 13_mixed_precision/formats
+# The CPU kernel lesson (lessons/matmul/matmul_cpu_lesson.cpp), built with the chapters.
+CPU_LESSONS := lessons/matmul/matmul_cpu_lesson
 COMMON_SRC  := $(wildcard common/*.cpp)
 COMMON_OBJ  := $(COMMON_SRC:%.cpp=$(BUILD)/%.o)
 LIBCOMMON   := $(BUILD)/libcommon.a
@@ -115,7 +117,6 @@ $(COLLECTIVES_PROGRAM): $(BUILD)/00_collectives/collectives.o $(LIBCOMMON) $(CHA
 
 # The CPU kernel lesson: a standalone program (no MPI) whose fastest version is the framework's own
 # sgemm_cpu, linked from its object.
-CPU_LESSONS := lessons/matmul/matmul_cpu_lesson
 lessons/matmul/matmul_cpu_lesson: $(BUILD)/lessons/matmul/matmul_cpu_lesson.o $(BUILD)/common/matmul_cpu.o \
                                   $(CHAPTERS_LINKED_FROM)
 	$(call say,LINK,$@)$(MPICXX) $(CXXFLAGS) $(filter-out $(CHAPTERS_LINKED_FROM),$^) -o $@
