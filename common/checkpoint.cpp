@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "check.h"   // ENSURE
+#include "checkpoint_sharded.h"  // a folder's header
 #include "fileio.h"  // read_whole_file, write_file_atomically
 
 // The float arrays are copied to and from the file with memcpy, which writes little-endian only on
@@ -378,6 +379,7 @@ std::string intactness_problem(const std::string& path, const std::string& file,
 }  // namespace
 
 CheckpointHeader read_checkpoint_header(Communicator& comm, const std::string& path) {
+  if (is_sharded_path(path)) return broadcast_sharded_meta(comm, path).header;
   CheckpointHeader header;
   std::string error;
   if (comm.rank() == 0) {

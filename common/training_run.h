@@ -179,6 +179,16 @@ class TrainingRun {
   // Between the whole model's fp32 flat arrays (global_layout_) and this rank's (layout_).
   Buffer to_local(Buffer global) const;
   Buffer to_global(Buffer local) const;
+  // Sharded checkpoints (training_run_sharded.cpp): elements [begin, end) of this rank's part of
+  // tensor `tensor`; which ones this rank alone writes; the collective save and load (a folder).
+  struct Span {
+    int tensor;
+    int64_t begin, end;
+  };
+  bool saves_copy(const ParamInfo& p, bool replicas_split) const;
+  std::vector<Span> owned_spans(const ShardPlan& plan) const;
+  void save_sharded_checkpoint(const std::string& path, int next_step, Tensor params, AdamW& optimizer);
+  int load_sharded_checkpoint(const std::string& path, bool weights_only, Tensor params, AdamW& optimizer);
   // What the dimensions read of the run (dimension.h), as it stands.
   DimensionContext dimension_context() const;
   void resolve_settings(const CheckpointHeader* resumed);
