@@ -32,6 +32,8 @@ endif
 
 CHAPTERS    := $(sort $(patsubst %/train.cpp,%,$(wildcard [0-9][0-9]_*/train.cpp)))
 PLAN        := 09_3d_parallel/plan
+# The checkpoint converter (scripts/checkpoint/convert.cpp).
+CONVERT     := $(BUILD)/checkpoint_convert
 # Chapter 00 is no trainer: its program times the collectives built from send and receive.
 COLLECTIVES_PROGRAM := 00_collectives/collectives
 COMMON_SRC  := $(wildcard common/*.cpp)
@@ -58,7 +60,7 @@ GoogleTest=$(or $(HAVE_GTEST),MISSING) matplotlib=$(or $(HAVE_MATPLOTLIB),MISSIN
 $(info building chapters: $(CHAPTERS))
 endif
 
-.PHONY: all deps test tests test-busy compare bench bench-comm bench-tp bench-pp schedules cp-balance bench-torch diffs plan plan-check clean \
+.PHONY: all deps test tests test-busy checkpoint-convert compare bench bench-comm bench-tp bench-pp schedules cp-balance bench-torch diffs plan plan-check clean \
   cluster-up cluster-down cluster-status cluster-check cluster-lessons \
   help $(CHAPTERS) 00_collectives collectives
 all: 00_collectives $(CHAPTERS) ## every chapter's program (00_collectives/collectives, NN_name/train); the default
@@ -118,7 +120,7 @@ $(BUILD)/tests/%: $(BUILD)/tests/%.o $(LIBCOMMON) $(BUILD)/tests/mpi_gtest_main.
 # does not compile them again.
 .SECONDARY:
 
-tests: $(TEST_BIN) $(COLLECTIVES_PROGRAM) $(addsuffix /train,$(CHAPTERS)) $(BUILD)/pipeline_ideal $(PLAN) ## builds every test and chapter, runs nothing
+tests: $(TEST_BIN) $(COLLECTIVES_PROGRAM) $(addsuffix /train,$(CHAPTERS)) $(BUILD)/pipeline_ideal $(PLAN) $(CONVERT) ## builds every test and chapter, runs nothing
 
 deps: ## only installs missing packages (MPICH, GoogleTest, matplotlib)
 	@scripts/setup/ensure_deps.sh
@@ -243,6 +245,12 @@ plan: $(PLAN) ## 09's planner: best TP x CP x PP x DP (x EP) configurations, Meg
 plan-check: $(PLAN) ## 09's planner against runs of 03-12 on this machine, calibrations between the timed rows, the load beside each, about 2 min on 2 cores: RUNS="dp2 tp2 ..." to pick
 	@$(MAKE) --no-print-directory all
 	@scripts/plan/plan_check.sh
+
+# The checkpoint converter: a single file to a sharded folder and back, one process (scripts/checkpoint/convert.cpp).
+$(CONVERT): $(BUILD)/scripts/checkpoint/convert.o $(LIBCOMMON)
+	$(call say,LINK,$@)$(MPICXX) $(CXXFLAGS) $^ -o $@ -pthread
+
+checkpoint-convert: $(CONVERT) ## builds build/checkpoint_convert FROM TO: a checkpoint file to a sharded folder (TO ending in '/') or back
 
 clean: ## removes the build folder and the programs
 	rm -rf $(BUILD) $(addsuffix /train,$(CHAPTERS)) $(PLAN) $(COLLECTIVES_PROGRAM)

@@ -130,6 +130,7 @@ std::string parse_meta(const std::string& text, ShardedMeta* m) {
   size_t tensors = 0, files = 0, slices = 0;
   in >> word >> h.L >> h.C >> h.NH >> h.T >> h.V >> h.experts >> h.top_k;
   in >> word >> h.step >> h.global_batch >> m->seed;
+  h.seed = m->seed;
   in >> word >> s.steps >> s.warmup >> s.lr >> s.weight_decay >> s.grad_clip >> s.data_length >> s.data_hash >>
       s.capacity_factor >> s.aux_loss_coef >> s.grad_accum;
   if (!(in >> word >> tensors) || word != "tensors" || tensors > (1u << 24)) return "its tensor table is unreadable";
@@ -248,7 +249,7 @@ ShardedMeta sharded_meta_for(const GPT2Config& cfg, const ParamLayout& global, c
   h.global_batch = data.global_batch;
   h.has_settings = h.has_moe_settings = true;
   h.settings = data.settings;
-  m.seed = data.seed;
+  m.seed = h.seed = data.seed;
   for (const ParamInfo& p : global.params) {
     m.names.push_back(p.name);
     m.shapes.push_back(std::vector<int64_t>(p.global_shape, p.global_shape + p.ndim));

@@ -2,7 +2,8 @@
 // real trainers: a folder saved on one grid resumes on others with the uninterrupted run's losses;
 // the bytes each rank writes are its owned slices and sum to 12 Psi; a missing or corrupted shard, or
 // a folder whose save was cut short, is refused in one sentence naming the file and the tensor; and
-// the previous checkpoint survives a save that did not finish. Tiny presets, four steps.
+// the previous checkpoint survives a save that did not finish; build/checkpoint_convert turns a folder
+// into one file and back. Tiny presets, four steps.
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 
@@ -150,10 +151,16 @@ TEST(ShardedCheckpoint, MissingCorruptAndIncompleteFoldersAreRefused) {
   std::rename(meta.c_str(), (meta + ".aside").c_str());
   refused("no metadata", {"is incomplete: it has no checkpoint.meta"});
   std::rename((meta + ".aside").c_str(), meta.c_str());
-  // Restored, it resumes exactly.
-  const RunResult run = resume({"04_zero1", 2, ""}, "tiny", folder, at + ".restored.jsonl");
-  ASSERT_EQ(run.exit_code, 0) << run.output;
-  EXPECT_LE(max_relative_difference(read_losses(at + ".restored.jsonl"), reference), kTolerance);
+  // Restored, it resumes exactly; and so do its conversion to one file and that file's back to a folder.
+  const RunResult to_file = run_command("build/checkpoint_convert " + folder + " " + at + ".ckpt", 60);
+  ASSERT_EQ(to_file.exit_code, 0) << to_file.output;
+  const RunResult to_folder = run_command("build/checkpoint_convert " + at + ".ckpt " + at + "_converted/", 60);
+  ASSERT_EQ(to_folder.exit_code, 0) << to_folder.output;
+  for (const std::string& path : {folder, at + ".ckpt", at + "_converted/"}) {
+    const RunResult run = resume({"04_zero1", 2, ""}, "tiny", path, at + ".restored.jsonl");
+    ASSERT_EQ(run.exit_code, 0) << run.output;
+    EXPECT_LE(max_relative_difference(read_losses(at + ".restored.jsonl"), reference), kTolerance) << path;
+  }
 }
 
 // A save into a folder that already holds a checkpoint writes files of its own step's names and
