@@ -135,7 +135,10 @@ struct MemoryForecast {
   double transient = 0;     // at most this in communication buffers during a step (docs/theory.md)
   double checkpoint = 0;    // host copies while initialising, resuming or saving (full fp32 tensors)
   double data = 0;          // the training text, which every rank keeps
-  double peak() const;      // model state + activations + data + the larger of transient and checkpoint
+  // An asynchronous save's staged copy (--async-save): this rank's slices of the parameters and both
+  // moments, 12 bytes an element, kept while the next steps run.
+  double staged_save = 0;
+  double peak() const;      // model state + activations + data + staged save + the larger of transient and checkpoint
 };
 // micro_batches: those of a step (their token ids are kept); pp: a pipeline stage's model parts
 // (chapter 08), each with its own activation arena; none: the whole model.

@@ -74,13 +74,15 @@ std::vector<TrainingRun::Span> TrainingRun::owned_spans(const ShardPlan& plan) c
 }
 
 void TrainingRun::save_sharded_checkpoint(const std::string& path, int next_step, Tensor params, AdamW& optimizer) {
+  wait_for_save("the next save");  // one save at a time: the staged copy is reused
   const double start = now_ms();
   const ShardPlan& plan = optimizer.plan();
   const std::vector<Span> spans = owned_spans(plan);
   int64_t owned = 0;
   for (const Span& s : spans) owned += s.end - s.begin;
-  // The staged copy: this rank's slices of the parameters, then of m, then of v, on the host.
-  Buffer staged(3 * owned, MemCategory::Other);
+  // The staged copy: this rank's slices of the parameters, then of m, then of v, on the host. The
+  // step after a save may change the originals while the writer still reads the copy.
+  async_.staged = Buffer(3 * owned, MemCategory::Other);
   const Tensor sources[3] = {optimizer.mixed_precision() ? optimizer.master() : params, optimizer.m(), optimizer.v()};
   std::vector<SliceKey> keys;
   int64_t at = 0;
@@ -89,7 +91,7 @@ void TrainingRun::save_sharded_checkpoint(const std::string& path, int next_step
     for (const Span& s : spans) {
       const ParamInfo& p = layout_.params[size_t(s.tensor)];
       const int64_t n = s.end - s.begin;
-      transfer(staged.view().slice1d(at, n), local_elements(sources[array], plan, p.offset + s.begin, n));
+      transfer(async_.staged.view().slice1d(at, n), local_elements(sources[array], plan, p.offset + s.begin, n));
       keys.push_back(part_key(p, s.tensor, array, s.begin, s.end));
       at += n;
     }
@@ -99,26 +101,92 @@ void TrainingRun::save_sharded_checkpoint(const std::string& path, int next_step
   data.global_batch = cfg_.batch;
   data.seed = cfg_.seed;
   data.settings = settings();
-  const ShardedSaveSizes sizes = save_sharded(world_, path, model_, global_layout_, data, keys, staged.f32());
-  const double ms = now_ms() - start;
-  if (!is_root()) return;
-  // Each element of the model once, in three arrays of fp32: 12 bytes per parameter (docs/theory.md).
-  int64_t total = 0;
-  std::string per_rank;
-  for (int64_t b : sizes.rank_bytes) {
-    total += b;
-    per_rank += (per_rank.empty() ? "" : " ") + std::to_string(b);
+  async_.path = sharded_folder(path);
+  async_.step = next_step;
+  async_.started_ms = start;
+  const double staged_ms = now_ms() - start;
+  // Written by the writer thread (asynchronous) or right here; rank 0 prints the bytes beside 12 Psi.
+  auto write = [this, path, data, keys, staged_ms, owned](Communicator& comm) {
+    const ShardedSaveSizes sizes = save_sharded(comm, path, model_, global_layout_, data, keys, async_.staged.f32());
+    async_.written_ms = now_ms() - async_.started_ms;
+    async_.meta_bytes = sizes.meta_bytes;
+    async_.total_bytes = 0;
+    std::string per_rank;
+    for (int64_t b : sizes.rank_bytes) {
+      async_.total_bytes += b;
+      per_rank += (per_rank.empty() ? "" : " ") + std::to_string(b);
+    }
+    if (comm.rank() != 0) return;
+    // Each element of the model once, in three fp32 arrays: 12 bytes per parameter (docs/theory.md).
+    const int64_t predicted = 12 * global_layout_.num_params;
+    std::printf("checkpoint %s: %d shard files, bytes per rank [%s] (12 x its owned elements), sum %lld vs 12 x Psi = "
+                "%lld (%s), + %lld of metadata; staged %.1f MB (forecast at most %.1f MB) in %.1f ms, written in %.1f "
+                "ms%s\n",
+                async_.path.c_str(), int(sizes.rank_bytes.size()), per_rank.c_str(), (long long)async_.total_bytes,
+                (long long)predicted, async_.total_bytes == predicted ? "equal" : "DIFFERENT",
+                (long long)sizes.meta_bytes, 12.0 * double(owned) / 1e6, forecast_.staged_save / 1e6, staged_ms,
+                async_.written_ms, cfg_.async_save ? " (in the background)" : "");
+    std::fflush(stdout);
+  };
+  if (!cfg_.async_save) {
+    write(world_);
+    async_.done_ms = now_ms();
+    return report_save();
   }
-  const int64_t predicted = 12 * global_layout_.num_params;
-  std::printf("checkpoint %s: %d shard files, bytes per rank [%s] (12 x its owned elements), sum %lld vs 12 x Psi = "
-              "%lld (%s), + %lld of metadata; %.1f ms\n",
-              sharded_folder(path).c_str(), int(sizes.rank_bytes.size()), per_rank.c_str(), (long long)total,
-              (long long)predicted, total == predicted ? "equal" : "DIFFERENT", (long long)sizes.meta_bytes, ms);
+  if (!async_.comm) async_.comm = world_.duplicate("checkpoint");
+  async_.in_flight = true;
+  async_.writer = std::thread([this, write]() {
+    write(*async_.comm);
+    async_.done_ms = now_ms();
+    async_.in_flight = false;
+  });
+}
+
+void TrainingRun::report_save() {
+  if (!is_root()) return;
+  JsonObject record;
+  record.add("type", "checkpoint").add("step", async_.step).add("path", async_.path);
+  record.add("bytes_total", async_.total_bytes).add("bytes_predicted", 12 * global_layout_.num_params);
+  record.add("meta_bytes", async_.meta_bytes).add("save_ms", async_.written_ms).add("wait_ms", async_.wait_ms);
+  record.add("asynchronous", cfg_.async_save).add("staged_forecast_bytes", forecast_.staged_save);
+  json_.write(record);
+}
+
+void TrainingRun::wait_for_save(const char* before) {
+  if (!async_.writer.joinable()) return;
+  const double start = now_ms();
+  async_.writer.join();
+  async_.wait_ms = now_ms() - start;
+  async_.waited_ms += async_.wait_ms;
+  async_.staged = Buffer();
+  if (is_root()) {
+    std::printf("waited %.1f ms before %s for the checkpoint of step %d to be written\n", async_.wait_ms, before,
+                async_.step);
+    std::fflush(stdout);
+  }
+  report_save();
+}
+
+void TrainingRun::count_step_during_save(int step, double step_ms) {
+  if (!cfg_.async_save || step == 0) return;
+  // In flight at any moment of the step: still writing, or done after the step began.
+  const bool saving = async_.in_flight || async_.done_ms.load() > now_ms() - step_ms;
+  (saving ? async_.saving_steps : async_.other_steps)++;
+  (saving ? async_.saving_ms : async_.other_ms) += step_ms;
+}
+
+void TrainingRun::report_async_saves() {
+  if (!cfg_.async_save || !is_root()) return;
+  auto mean = [](double ms, int n) { return n > 0 ? ms / n : 0.0; };
+  std::printf("step time with an asynchronous save in flight: %.1f ms (%d steps) vs without: %.1f ms (%d steps); "
+              "waited %.1f ms for saves in all\n",
+              mean(async_.saving_ms, async_.saving_steps), async_.saving_steps,
+              mean(async_.other_ms, async_.other_steps), async_.other_steps, async_.waited_ms);
   std::fflush(stdout);
   JsonObject record;
-  record.add("type", "checkpoint").add("step", next_step).add("path", sharded_folder(path));
-  record.add("bytes_total", total).add("bytes_predicted", predicted).add("meta_bytes", sizes.meta_bytes);
-  record.add("bytes_rank0", sizes.rank_bytes.empty() ? int64_t(0) : sizes.rank_bytes[0]).add("save_ms", ms);
+  record.add("type", "async_save").add("saving_step_ms", mean(async_.saving_ms, async_.saving_steps));
+  record.add("saving_steps", async_.saving_steps).add("other_step_ms", mean(async_.other_ms, async_.other_steps));
+  record.add("other_steps", async_.other_steps).add("waited_ms", async_.waited_ms);
   json_.write(record);
 }
 

@@ -5,12 +5,14 @@
 // the previous checkpoint survives a save that did not finish; build/checkpoint_convert turns a folder
 // into one file and back. Tiny presets, four steps.
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <sys/stat.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "model_config.h"
@@ -182,6 +184,64 @@ TEST(ShardedCheckpoint, PreviousCheckpointSurvivesASaveCutShort) {
   EXPECT_EQ(file_size(folder + "step4.rank0.bin"), file_size(at + "_4/step4.rank0.bin"));
   EXPECT_EQ(file_size(folder + "step2.rank0.bin"), -1);
   EXPECT_EQ(file_size(folder + "step4.rank1.bin"), file_size(at + "_4/step4.rank1.bin"));
+}
+
+// Saving in the background while the next steps run changes no loss, bit for bit: the writer reads a
+// staged copy. The run reports the staged copy beside its forecast, the step times with a save in
+// flight and without, and waits for its last save before it ends (the folder is then complete).
+TEST(ShardedCheckpoint, AsynchronousSavingChangesNoLoss) {
+  const std::string at = temp_dir() + "/async";
+  const std::string common = "--preset tiny --steps 6 --json ";
+  const RunResult plain = run_trainer("04_zero1", 2, common + at + ".plain.jsonl");
+  ASSERT_EQ(plain.exit_code, 0) << plain.output;
+  const RunResult saving = run_trainer(
+      "04_zero1", 2, common + at + ".saving.jsonl --save " + at + "/ --save-every 1 --async-save");
+  ASSERT_EQ(saving.exit_code, 0) << saving.output;
+  const LossCurve a = read_losses(at + ".plain.jsonl"), b = read_losses(at + ".saving.jsonl");
+  ASSERT_EQ(a.losses.size(), 6u);
+  EXPECT_EQ(a.losses, b.losses);  // exactly
+  for (const char* line : {"staged save", "(in the background)", "step time with an asynchronous save in flight",
+                           "before the end of the run for the checkpoint of step 6"})
+    EXPECT_NE(saving.output.find(line), std::string::npos) << line << "\n" << saving.output;
+  const std::string record = read_record(at + ".saving.jsonl", "checkpoint");
+  EXPECT_GT(number_field(record, "staged_forecast_bytes"), 0) << record;
+  EXPECT_TRUE(file_exists(at + "/checkpoint.meta"));
+  EXPECT_TRUE(file_exists(at + "/step6.rank1.bin"));
+}
+
+// The elastic launcher: a rank killed mid-run at 4 ranks; the launcher restarts from the last complete
+// checkpoint on 2 ranks and finishes, with the losses of the uninterrupted run from there on. The link
+// is emulated slow so that the run is still going when the test kills a rank.
+TEST(ShardedCheckpoint, ElasticLauncherSurvivesAKilledRank) {
+  const std::string dir = temp_dir() + "/elastic";
+  const std::string flags = "--preset tiny --steps 12 --save-every 2 --quiet --device cpu --link-latency-us 30000";
+  const RunResult reference = run_trainer("04_zero1", 2, "--preset tiny --steps 12 --json " + dir + ".reference.jsonl");
+  ASSERT_EQ(reference.exit_code, 0) << reference.output;
+  RunResult elastic;
+  std::thread launcher([&]() {
+    elastic = run_command("scripts/elastic/elastic.sh --grids '4:;2:' --retries 2 --dir " + dir + " 04_zero1 " + flags, 300);
+  });
+  // Once a checkpoint is complete and the run goes on, one rank dies.
+  const bool saved = wait_until([&]() { return file_exists(dir + "/ckpt/checkpoint.meta"); }, 120);
+  std::vector<int> ranks = rank_pids(dir);
+  if (saved && !ranks.empty()) kill(ranks.back(), SIGKILL);
+  launcher.join();
+  ASSERT_TRUE(saved) << elastic.output;
+  ASSERT_FALSE(ranks.empty()) << elastic.output;
+  ASSERT_EQ(elastic.exit_code, 0) << elastic.output;
+  EXPECT_NE(elastic.output.find("restart 1: lost rank"), std::string::npos) << elastic.output;
+  EXPECT_NE(elastic.output.find("grid 4: -> 2:"), std::string::npos) << elastic.output;
+  // The last attempt's losses are the uninterrupted run's at the same steps.
+  const LossCurve full = read_losses(dir + ".reference.jsonl");
+  const LossCurve resumed = read_losses(dir + "/attempt1.jsonl");
+  ASSERT_FALSE(resumed.steps.empty()) << elastic.output;
+  LossCurve same_steps;
+  for (size_t i = 0; i < full.steps.size(); i++)
+    if (full.steps[i] >= resumed.steps.front()) {
+      same_steps.steps.push_back(full.steps[i]);
+      same_steps.losses.push_back(full.losses[i]);
+    }
+  EXPECT_LE(max_relative_difference(resumed, same_steps), kTolerance);
 }
 
 }  // namespace
