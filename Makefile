@@ -60,7 +60,7 @@ GoogleTest=$(or $(HAVE_GTEST),MISSING) matplotlib=$(or $(HAVE_MATPLOTLIB),MISSIN
 $(info building chapters: $(CHAPTERS))
 endif
 
-.PHONY: all deps test tests test-busy checkpoint-convert compare bench bench-comm bench-tp bench-pp schedules cp-balance bench-torch diffs plan plan-check clean \
+.PHONY: all deps test tests test-busy checkpoint-convert bench-checkpoint elastic compare bench bench-comm bench-tp bench-pp schedules cp-balance bench-torch diffs plan plan-check clean \
   cluster-up cluster-down cluster-status cluster-check cluster-lessons \
   help $(CHAPTERS) 00_collectives collectives
 all: 00_collectives $(CHAPTERS) ## every chapter's program (00_collectives/collectives, NN_name/train); the default
@@ -249,6 +249,15 @@ plan-check: $(PLAN) ## 09's planner against runs of 03-12 on this machine, calib
 # The checkpoint converter: a single file to a sharded folder and back, one process (scripts/checkpoint/convert.cpp).
 $(CONVERT): $(BUILD)/scripts/checkpoint/convert.o $(LIBCOMMON)
 	$(call say,LINK,$@)$(MPICXX) $(CXXFLAGS) $^ -o $@ -pthread
+
+$(BUILD)/checkpoint_scale: $(BUILD)/scripts/bench/checkpoint_scale.o $(LIBCOMMON)
+	$(call say,LINK,$@)$(MPICXX) $(CXXFLAGS) $^ -o $@ -pthread
+
+bench-checkpoint: all $(CONVERT) $(BUILD)/checkpoint_scale ## checkpoints: save/load time and peak memory per rank at 2, 4, 8 ranks, file vs folder; step time with an async save; time from a killed rank to training again; the estimate at scale
+	@scripts/bench/checkpoint_bench.sh
+
+elastic: all ## a run that survives a lost rank: 04_zero1 on 4 ranks, one killed mid-run, restarted on 2 (scripts/elastic/elastic.sh)
+	@scripts/bench/checkpoint_bench.sh --elastic-only
 
 checkpoint-convert: $(CONVERT) ## builds build/checkpoint_convert FROM TO: a checkpoint file to a sharded folder (TO ending in '/') or back
 
