@@ -46,10 +46,12 @@ echo "checkpoints of --preset $PRESET in 04_zero1 (one run each; save and load: 
 printf "%-6s %-7s %10s %10s %12s %12s\n" ranks form save_ms load_ms peak_save_MB peak_load_MB
 for n in $RANKS; do
   for form in file folder; do
-    path="$dir/c$n.bin"; [ "$form" = folder ] && path="$dir/c$n/"
-    run "$n" "$dir/s.out" --steps 2 --save "$path" --json "$dir/s.jsonl" || { tail -3 "$dir/s.out"; continue; }
+    # Saved after step 2 of 4 (and at the end), resumed from the first.
+    pattern="$dir/c${n}_{step}.bin" path="$dir/c${n}_2.bin"
+    [ "$form" = folder ] && pattern="$dir/c${n}_{step}/" path="$dir/c${n}_2/"
+    run "$n" "$dir/s.out" --steps 4 --save-every 2 --save "$pattern" --json "$dir/s.jsonl" || { tail -3 "$dir/s.out"; continue; }
     save_ms="$(field "$dir/s.jsonl" save_ms)" peak_save="$(peak_mb "$dir/s.out")"
-    run "$n" "$dir/l.out" --steps 3 --resume "$path" || { tail -3 "$dir/l.out"; continue; }
+    run "$n" "$dir/l.out" --steps 4 --resume "$path" || { tail -3 "$dir/l.out"; continue; }
     load_ms="$(grep -o 'resumed from .* in [0-9.]* ms' "$dir/l.out" | grep -o '[0-9.]* ms' | cut -d' ' -f1)"
     printf "%-6s %-7s %10.1f %10.1f %12s %12s\n" "$n" "$form" "$save_ms" "$load_ms" "$peak_save" "$(peak_mb "$dir/l.out")"
   done

@@ -115,7 +115,7 @@ while :; do
   now="$(checkpoint_step)"
   redone=$(( reached + 1 - ${now:-0} ))
   [ "$redone" -ge 0 ] || redone=0
-  say "restart $restarts: lost rank ${lost:-unknown} (exit $status) at step $reached; grid $before -> $after;" \
+  say "restart $restarts: lost rank ${lost:-unknown} (mpiexec exit $status) after step $reached; grid $before -> $after;" \
       "resuming at step ${now:-0} from the last complete checkpoint: $redone steps redone"
   attempt=$((attempt + 1))
 done
