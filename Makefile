@@ -32,6 +32,8 @@ endif
 
 CHAPTERS    := $(sort $(patsubst %/train.cpp,%,$(wildcard [0-9][0-9]_*/train.cpp)))
 PLAN        := 09_3d_parallel/plan
+# The checkpoint converter (scripts/checkpoint/convert.cpp).
+CONVERT     := $(BUILD)/checkpoint_convert
 # Chapter 00 is no trainer: its program times the collectives built from send and receive.
 COLLECTIVES_PROGRAM := 00_collectives/collectives
 # Chapter 13's check of the number formats from outside: fp32 bit patterns in, each format's code out.
@@ -62,7 +64,7 @@ GoogleTest=$(or $(HAVE_GTEST),MISSING) matplotlib=$(or $(HAVE_MATPLOTLIB),MISSIN
 $(info building chapters: $(CHAPTERS))
 endif
 
-.PHONY: all deps test tests test-busy compare bench profile bench-comm bench-tp bench-pp schedules cp-balance bench-torch diffs plan plan-check clean \
+.PHONY: all deps test tests test-busy checkpoint-convert bench-checkpoint elastic compare bench profile bench-comm bench-tp bench-pp schedules cp-balance bench-torch diffs plan plan-check clean \
   cluster-up cluster-down cluster-status cluster-check cluster-lessons \
   help $(CHAPTERS) 00_collectives collectives precision
 all: 00_collectives $(CHAPTERS) $(FORMATS_PROGRAM) $(CPU_LESSONS) ## every chapter's program (00_collectives/collectives, NN_name/train); the default
@@ -131,7 +133,7 @@ $(BUILD)/tests/%: $(BUILD)/tests/%.o $(LIBCOMMON) $(BUILD)/tests/mpi_gtest_main.
 # does not compile them again.
 .SECONDARY:
 
-tests: $(TEST_BIN) $(COLLECTIVES_PROGRAM) $(FORMATS_PROGRAM) $(addsuffix /train,$(CHAPTERS)) $(BUILD)/pipeline_ideal $(PLAN) $(CPU_LESSONS) ## builds every test and chapter, runs nothing
+tests: $(TEST_BIN) $(COLLECTIVES_PROGRAM) $(FORMATS_PROGRAM) $(addsuffix /train,$(CHAPTERS)) $(BUILD)/pipeline_ideal $(PLAN) $(CPU_LESSONS) $(CONVERT) ## builds every test and chapter, runs nothing
 
 deps: ## only installs missing packages (MPICH, GoogleTest, matplotlib)
 	@scripts/setup/ensure_deps.sh
@@ -263,6 +265,21 @@ plan: $(PLAN) ## 09's planner: best TP x CP x PP x DP (x EP) configurations, Meg
 plan-check: $(PLAN) ## 09's planner against runs of 03-12 on this machine, calibrations between the timed rows, the load beside each, about 2 min on 2 cores: RUNS="dp2 tp2 ..." to pick
 	@$(MAKE) --no-print-directory all
 	@scripts/plan/plan_check.sh
+
+# The checkpoint converter: a single file to a sharded folder and back, one process (scripts/checkpoint/convert.cpp).
+$(CONVERT): $(BUILD)/scripts/checkpoint/convert.o $(LIBCOMMON)
+	$(call say,LINK,$@)$(MPICXX) $(CXXFLAGS) $^ -o $@ -pthread
+
+$(BUILD)/checkpoint_scale: $(BUILD)/scripts/bench/checkpoint_scale.o $(LIBCOMMON)
+	$(call say,LINK,$@)$(MPICXX) $(CXXFLAGS) $^ -o $@ -pthread
+
+bench-checkpoint: all $(CONVERT) $(BUILD)/checkpoint_scale ## checkpoints: save/load time and peak memory per rank at 2, 4, 8 ranks, file vs folder; step time with an async save; time from a killed rank to training again; the estimate at scale
+	@scripts/bench/checkpoint_bench.sh
+
+elastic: all ## a run that survives a lost rank: 04_zero1 on 4 ranks, one killed mid-run, restarted on 2 (scripts/elastic/elastic.sh)
+	@scripts/bench/checkpoint_bench.sh --elastic-only
+
+checkpoint-convert: $(CONVERT) ## builds build/checkpoint_convert FROM TO: a checkpoint file to a sharded folder (TO ending in '/') or back
 
 clean: ## removes the build folder and the programs
 	rm -rf $(BUILD) $(addsuffix /train,$(CHAPTERS)) $(PLAN) $(COLLECTIVES_PROGRAM) $(FORMATS_PROGRAM) $(CPU_LESSONS)

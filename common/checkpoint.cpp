@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "check.h"   // ENSURE
+#include "checkpoint_sharded.h"  // a folder's header
 #include "fileio.h"  // read_whole_file, write_file_atomically
 
 // The float arrays are copied to and from the file with memcpy, which writes little-endian only on
@@ -377,40 +378,47 @@ std::string intactness_problem(const std::string& path, const std::string& file,
 
 }  // namespace
 
-CheckpointHeader read_checkpoint_header(Communicator& comm, const std::string& path) {
+std::string read_checkpoint_file_header(const std::string& path, CheckpointHeader* out) {
   CheckpointHeader header;
   std::string error;
-  if (comm.rank() == 0) {
-    const std::string file = "checkpoint '" + path + "'";
-    std::string bytes;
-    if (!read_file_prefix(path, header_bytes(kVersion), &bytes, &error)) {
-      error += "; pass --resume PATH with a file written by --save";
-    } else if (bytes.compare(0, std::min(bytes.size(), sizeof(kMagic)), kMagic, std::min(bytes.size(), sizeof(kMagic))) != 0) {
-      error = file + " is not a checkpoint (bad magic: it does not start with \"GPT2CKPT\")";
-    } else if (bytes.size() < header_bytes(1)) {
-      error = file + " is truncated: it ends inside its header";
-    } else {
-      ByteReader in(bytes, bytes.size());
-      in.skip(sizeof(kMagic));
-      header.version = in.u32();
-      error = version_problem(file, header.version);
-      if (error.empty() && bytes.size() < header_bytes(header.version)) error = file + " is truncated: it ends inside its header";
-      if (error.empty()) {
-        header.L = in.u32(), header.C = in.u32(), header.NH = in.u32(), header.T = in.u32(), header.V = in.u32();
-        header.step = int64_t(in.u64());
-        header.global_batch = int64_t(in.u64());
-        in.u64();  // data position: checked with the whole file when it is loaded
-        in.u64();  // seed
-        header.has_settings = header.version >= 2;
-        if (header.has_settings) header.settings = read_settings(in);
-        header.has_moe_settings = header.version >= 3;
-        if (header.has_moe_settings) read_moe(in, &header);
-      }
-      // The settings are believed only once the hash has vouched for the whole file, as it will when
-      // the file is loaded: a damaged checkpoint is called damaged, not a run with other settings.
-      if (error.empty()) error = intactness_problem(path, file, header);
+  const std::string file = "checkpoint '" + path + "'";
+  std::string bytes;
+  if (!read_file_prefix(path, header_bytes(kVersion), &bytes, &error)) {
+    error += "; pass --resume PATH with a file written by --save";
+  } else if (bytes.compare(0, std::min(bytes.size(), sizeof(kMagic)), kMagic, std::min(bytes.size(), sizeof(kMagic))) != 0) {
+    error = file + " is not a checkpoint (bad magic: it does not start with \"GPT2CKPT\")";
+  } else if (bytes.size() < header_bytes(1)) {
+    error = file + " is truncated: it ends inside its header";
+  } else {
+    ByteReader in(bytes, bytes.size());
+    in.skip(sizeof(kMagic));
+    header.version = in.u32();
+    error = version_problem(file, header.version);
+    if (error.empty() && bytes.size() < header_bytes(header.version)) error = file + " is truncated: it ends inside its header";
+    if (error.empty()) {
+      header.L = in.u32(), header.C = in.u32(), header.NH = in.u32(), header.T = in.u32(), header.V = in.u32();
+      header.step = int64_t(in.u64());
+      header.global_batch = int64_t(in.u64());
+      in.u64();  // data position: checked with the whole file when it is loaded
+      header.seed = in.u64();
+      header.has_settings = header.version >= 2;
+      if (header.has_settings) header.settings = read_settings(in);
+      header.has_moe_settings = header.version >= 3;
+      if (header.has_moe_settings) read_moe(in, &header);
     }
+    // The settings are believed only once the hash has vouched for the whole file, as it will when
+    // the file is loaded: a damaged checkpoint is called damaged, not a run with other settings.
+    if (error.empty()) error = intactness_problem(path, file, header);
   }
+  *out = header;
+  return error;
+}
+
+CheckpointHeader read_checkpoint_header(Communicator& comm, const std::string& path) {
+  if (is_sharded_path(path)) return broadcast_sharded_meta(comm, path).header;
+  CheckpointHeader header;
+  std::string error;
+  if (comm.rank() == 0) error = read_checkpoint_file_header(path, &header);
   comm.agree_or_die(error.empty(), error);
   comm.broadcast_bytes(&header, sizeof header, 0);  // plain numbers: the same layout on every rank
   return header;
@@ -426,28 +434,28 @@ void save_checkpoint(Communicator& comm, const std::string& path, const GPT2Conf
   comm.barrier();
 }
 
+std::string read_checkpoint_file(const std::string& path, const GPT2Config& cfg, const ParamLayout& layout,
+                                 int64_t expected_batch, float* params, float* adam_m, float* adam_v, int64_t* step) {
+  std::string bytes, error;
+  if (!read_whole_file(path, &bytes, &error)) return error + "; pass --resume PATH with a file written by --save";
+  CheckedHeader header;
+  error = check_checkpoint(path, bytes, cfg, layout, expected_batch, &header);
+  if (!error.empty()) return error;
+  ByteReader in(bytes, bytes.size() - kTrailerBytes);
+  in.skip(header.data_offset);
+  for (float* flat : {params, adam_m, adam_v}) read_array(in, layout, flat);
+  ENSURE(in.ok() && in.remaining() == 0, "checkpoint arrays do not fill the checked length");
+  *step = header.step;
+  return "";
+}
+
 int64_t load_checkpoint(Communicator& comm, const std::string& path, const GPT2Config& cfg,
                         const ParamLayout& layout, int64_t expected_batch, float* params, float* adam_m,
                         float* adam_v) {
   ENSURE(params && adam_m && adam_v, "load_checkpoint needs all three arrays on every rank");
   std::string error;
   int64_t step = 0;
-  if (comm.rank() == 0) {
-    std::string bytes;
-    if (!read_whole_file(path, &bytes, &error)) {
-      error += "; pass --resume PATH with a file written by --save";
-    } else {
-      CheckedHeader header;
-      error = check_checkpoint(path, bytes, cfg, layout, expected_batch, &header);
-      if (error.empty()) {
-        ByteReader in(bytes, bytes.size() - kTrailerBytes);
-        in.skip(header.data_offset);
-        for (float* flat : {params, adam_m, adam_v}) read_array(in, layout, flat);
-        ENSURE(in.ok() && in.remaining() == 0, "checkpoint arrays do not fill the checked length");
-        step = header.step;
-      }
-    }
-  }
+  if (comm.rank() == 0) error = read_checkpoint_file(path, cfg, layout, expected_batch, params, adam_m, adam_v, &step);
   // Only rank 0 saw the file: everyone learns here whether to go on, before any broadcast.
   comm.agree_or_die(error.empty(), error);
   comm.broadcast_bytes(&step, sizeof(step), 0);

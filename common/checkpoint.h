@@ -63,6 +63,7 @@ struct CheckpointHeader {
   int64_t L = 0, C = 0, NH = 0, T = 0, V = 0;
   int64_t experts = 0, top_k = 0;  // version 3 and later (0 0: dense; unknown before)
   int64_t step = 0, global_batch = 0;
+  uint64_t seed = 0;  // informative: a resumed run may change it
   bool has_settings = false;  // version 2 and later
   bool has_moe_settings = false;  // version 3 and later: experts, top_k and settings' MoE fields
   TrainingSettings settings;
@@ -70,6 +71,8 @@ struct CheckpointHeader {
 // Collective: rank 0 reads the first bytes of `path` and every rank returns the header. A file that
 // cannot be read or is no checkpoint of a version this build reads stops every rank with the reason.
 CheckpointHeader read_checkpoint_header(Communicator& comm, const std::string& path);
+// The same, not collective, for one process (the converter): "" and *header, or the reason.
+std::string read_checkpoint_file_header(const std::string& path, CheckpointHeader* header);
 // "" when the header's model is this run's (its shape, and from version 3 its experts and top-k), else
 // the message (naming the preset to pass, if any).
 std::string checkpoint_model_problem(const std::string& path, const CheckpointHeader& header, const GPT2Config& cfg);
@@ -85,6 +88,10 @@ void save_checkpoint(Communicator& comm, const std::string& path, const GPT2Conf
 // padding zeroed) and the step. On any problem every rank exits with a message naming the file and
 // what is wrong. `expected_batch` is the run's --batch: resuming with another batch would break the
 // data order, so it is refused.
+// What rank 0 of load_checkpoint does, for one process (the converter): "" with the arrays and *step
+// filled, or the reason.
+std::string read_checkpoint_file(const std::string& path, const GPT2Config& cfg, const ParamLayout& layout,
+                                 int64_t expected_batch, float* params, float* adam_m, float* adam_v, int64_t* step);
 int64_t load_checkpoint(Communicator& comm, const std::string& path, const GPT2Config& cfg,
                         const ParamLayout& layout, int64_t expected_batch, float* params, float* adam_m,
                         float* adam_v);

@@ -309,6 +309,8 @@ bool parse_train_flags(int argc, char** argv, const std::string& chapter, const 
   parser.add("--save", &cfg->save, "write a checkpoint here at the end; {step} in PATH (each one) keeps one per save",
              "PATH");
   parser.add("--save-every", &cfg->save_every, "also checkpoint every N steps; 0 = only at the end");
+  parser.add_switch("--async-save", &cfg->async_save,
+                    "with --save DIR/ (a sharded folder): stage a copy, write it in the background while training goes on");
   parser.add("--resume", &cfg->resume, "resume from this checkpoint", "PATH");
   parser.add("--init-from", &cfg->init_from,
              "start a new schedule (step 0, fresh AdamW moments) from this checkpoint's weights", "PATH");
@@ -363,6 +365,9 @@ bool parse_train_flags(int argc, char** argv, const std::string& chapter, const 
   if (cfg->timeout_s < 0) config_error("--timeout must be >= 0 (0 = no watchdog)");
   if (cfg->save_every < 0) config_error("--save-every must be >= 0");
   if (cfg->save_every > 0 && cfg->save.empty()) config_error("--save-every needs --save PATH");
+  if (cfg->async_save && (cfg->save.empty() || cfg->save.back() != '/'))
+    config_error("--async-save needs --save DIR/ (a sharded checkpoint's folder, the path ending in '/'): every rank "
+                 "writes its own slices from a staged copy");
   if (!cfg->resume.empty() && !cfg->init_from.empty())
     config_error("--resume and --init-from together: --resume continues a checkpoint's schedule, --init-from "
                  "starts a new one from its weights; pass one of them");

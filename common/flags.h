@@ -28,6 +28,7 @@ struct TrainConfig {
   std::string data;          // text file; empty = built-in corpus
   std::string save;          // checkpoint path written at the end (and every save_every steps)
   int save_every = 0;
+  bool async_save = false;   // a folder's save written by a background thread while training goes on
   std::string resume;        // checkpoint to resume from
   std::string init_from;     // checkpoint whose weights start a new schedule (not with resume)
   std::string trace;         // Chrome trace output path

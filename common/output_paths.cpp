@@ -99,6 +99,18 @@ std::string pattern_problem(const std::string& pattern) {
   return problem;
 }
 
+// A path ending in '/' is a sharded checkpoint's folder (checkpoint_sharded.h): rank 0 creates it when
+// it saves, so its parent must be writable now, or, where it exists, the folder itself.
+std::string folder_output_problem(const char* flag, const std::string& path) {
+  if (path.empty() || path.back() != '/') return writable_problem(flag, path);
+  std::string folder = path;
+  while (folder.size() > 1 && folder.back() == '/') folder.pop_back();
+  struct stat info;
+  if (stat(folder.c_str(), &info) != 0) return writable_problem(flag, folder);
+  if (!S_ISDIR(info.st_mode)) return std::string(flag) + " " + path + ": '" + folder + "' is not a folder";
+  return writable_problem(flag, folder + "/checkpoint.meta");
+}
+
 struct Named {
   const char* flag;
   const std::string& path;
@@ -119,7 +131,7 @@ std::string run_paths_problem(const RunPaths& paths) {
     if (!n.output || n.path.empty()) continue;
     std::string path = n.path;  // a pattern's folder is its first save's
     for (size_t at; (at = path.find(kStep)) != std::string::npos;) path.replace(at, kStepLength, "0");
-    std::string problem = writable_problem(n.flag, path);
+    std::string problem = folder_output_problem(n.flag, path);
     if (problem.empty() && has_step(n.path)) problem = pattern_problem(n.path);
     if (!problem.empty()) return problem;
   }
@@ -217,7 +229,8 @@ std::string lock_outputs(const RunPaths& paths) {
   const std::pair<const char*, const std::string&> outputs[] = {{"--json", paths.json}, {"--trace", paths.trace},
                                                                  {"--save", paths.save}};
   for (const auto& [flag, path] : outputs) {
-    if (path.empty() || has_step(path) || written_in_place(path)) continue;
+    // (A folder's files are each written under a name of their own save: nothing there to lock.)
+    if (path.empty() || has_step(path) || written_in_place(path) || path.back() == '/') continue;
     const std::string problem = lock_problem(flag, path);
     if (!problem.empty()) {
       release_output_locks();

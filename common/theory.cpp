@@ -234,7 +234,9 @@ double pipeline_buffer_bytes(const GPT2Config& cfg, const ModelPart& part, int s
   return kinds * double(part.slots) * double(micro_B) * cfg.T * cfg.C * double(dtype_size(dtype)) / rows_divisor;
 }
 
-double MemoryForecast::peak() const { return model_state + activations + data + std::max(transient, checkpoint); }
+double MemoryForecast::peak() const {
+  return model_state + activations + data + staged_save + std::max(transient, checkpoint);
+}
 
 double moe_activation_bytes(const GPT2Config& cfg, int B, const std::vector<int64_t>& expert_rows) {
   if (!cfg.moe()) return 0;

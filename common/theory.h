@@ -135,7 +135,10 @@ struct MemoryForecast {
   double transient = 0;     // at most this in communication buffers during a step (docs/theory.md)
   double checkpoint = 0;    // host copies while initialising, resuming or saving (the whole model's, fp32)
   double data = 0;          // the training text, which every rank keeps
-  double peak() const;      // model state + activations + data + the larger of transient and checkpoint
+  // An asynchronous save's staged copy (--async-save): this rank's slices of the parameters and both
+  // moments, 12 bytes an element, kept while the next steps run.
+  double staged_save = 0;
+  double peak() const;      // model state + activations + data + staged save + the larger of transient and checkpoint
 };
 // whole_model_size: the whole model's flat length (build_gpt2_layout(cfg, 1)'s padded_size), of
 // which `layout` is this rank's part where tensor, pipeline or expert parallelism splits the model:

@@ -308,7 +308,10 @@ LinkModel TrainingRun::tensor_parallel_link() const {
           cfg_.tp_link_latency_us >= 0 ? cfg_.tp_link_latency_us : cfg_.link_latency_us};
 }
 
-TrainingRun::~TrainingRun() { set_fatal_hook(nullptr); }  // the hook writes into this run's JSON
+TrainingRun::~TrainingRun() {
+  if (async_.writer.joinable()) async_.writer.join();  // (finish() has waited already but on an error path)
+  set_fatal_hook(nullptr);
+}  // the hook writes into this run's JSON
 
 // Each setting: the flag where given; else, resuming, the checkpoint's; else the preset's (batch,
 // lr) or a default. A flag that contradicts the checkpoint is refused, naming both values: the run
@@ -526,6 +529,7 @@ void TrainingRun::end_step(int step, float local_loss, double grad_norm,
   }
   const double tokens_per_s = double(cfg_.batch) * model_.T / (step_ms / 1e3);
 
+  count_step_during_save(step, step_ms);
   if (step > 0) {  // step 0 is warm-up
     totals_.steps++;
     totals_.step_ms += step_ms;

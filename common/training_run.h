@@ -14,6 +14,7 @@
 #include <atomic>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "checkpoint.h"
@@ -183,6 +184,36 @@ class TrainingRun {
   // Between the whole model's fp32 flat arrays (global_layout_) and this rank's (layout_).
   Buffer to_local(Buffer global) const;
   Buffer to_global(Buffer local) const;
+  // Sharded checkpoints (training_run_sharded.cpp): elements [begin, end) of this rank's part of
+  // tensor `tensor`; which ones this rank alone writes; the collective save and load (a folder).
+  struct Span {
+    int tensor;
+    int64_t begin, end;
+  };
+  bool saves_copy(const ParamInfo& p, bool replicas_split) const;
+  std::vector<Span> owned_spans(const ShardPlan& plan) const;
+  void save_sharded_checkpoint(const std::string& path, int next_step, Tensor params, AdamW& optimizer);
+  int load_sharded_checkpoint(const std::string& path, bool weights_only, Tensor params, AdamW& optimizer);
+  // Asynchronous saving (--async-save): the writer thread writes from the staged copy over a
+  // communicator of its own; the next save and the end of the run wait for it (the wait reported).
+  void wait_for_save(const char* before);
+  void count_step_during_save(int step, double step_ms);  // step times with a save in flight and without
+  void report_async_saves();
+  void report_save();  // the "checkpoint" record of the last save (root)
+  struct AsyncSave {
+    std::unique_ptr<Communicator> comm;  // world's duplicate: the writer's collectives never meet the step's
+    std::thread writer;
+    Buffer staged;
+    std::atomic<bool> in_flight{false};
+    std::atomic<double> done_ms{0};
+    std::string path;
+    int step = 0;
+    double started_ms = 0, written_ms = 0, wait_ms = 0;
+    int64_t meta_bytes = 0, total_bytes = 0;
+    // Steps (after warm-up) during which a save was in flight, and the others.
+    int saving_steps = 0, other_steps = 0;
+    double saving_ms = 0, other_ms = 0, waited_ms = 0;
+  } async_;
   // What the dimensions read of the run (dimension.h), as it stands.
   DimensionContext dimension_context() const;
   void resolve_settings(const CheckpointHeader* resumed);

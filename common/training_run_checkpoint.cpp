@@ -6,8 +6,10 @@
 #include <cstdio>
 
 #include "checkpoint.h"
+#include "checkpoint_sharded.h"  // is_sharded_path
 #include "model.h"  // GPT2::init_weights
 #include "ops.h"    // copy_tensor, convert_tensor, fill_zero
+#include "trace.h"  // now_ms
 
 TrainingSettings TrainingRun::settings() const {
   TrainingSettings s;
@@ -114,6 +116,20 @@ Buffer TrainingRun::to_global(Buffer local) const {
 
 int TrainingRun::init_or_resume(Tensor params, AdamW& optimizer) {
   const ShardPlan& plan = optimizer.plan();
+  // A folder: each rank reads only the slices its own part needs (training_run_sharded.cpp).
+  if (!cfg_.init_from.empty() && is_sharded_path(cfg_.init_from)) {
+    const int trained = load_sharded_checkpoint(cfg_.init_from, true, params, optimizer);
+    if (is_root())
+      std::printf("started from the weights of %s (after its %d steps), on a new schedule of %d steps\n",
+                  cfg_.init_from.c_str(), trained, cfg_.steps);
+    return 0;
+  }
+  const double start = now_ms();  // (the load's time is printed: make bench-checkpoint reads it)
+  if (!cfg_.resume.empty() && is_sharded_path(cfg_.resume)) {
+    const int step = load_sharded_checkpoint(cfg_.resume, false, params, optimizer);
+    if (is_root()) std::printf("resumed from %s at step %d in %.1f ms\n", cfg_.resume.c_str(), step, now_ms() - start);
+    return step;
+  }
   Buffer global_params(global_layout_.padded_size, MemCategory::Other);
   int64_t step = 0;
   if (!cfg_.init_from.empty()) {
@@ -133,7 +149,8 @@ int TrainingRun::init_or_resume(Tensor params, AdamW& optimizer) {
                            global_m.f32(), global_v.f32());
     plan.copy_to_shard(to_local(std::move(global_m)).view(), optimizer.m());
     plan.copy_to_shard(to_local(std::move(global_v)).view(), optimizer.v());
-    if (is_root()) std::printf("resumed from %s at step %lld\n", cfg_.resume.c_str(), (long long)step);
+    if (is_root())
+      std::printf("resumed from %s at step %lld in %.1f ms\n", cfg_.resume.c_str(), (long long)step, now_ms() - start);
   }
   const Buffer full_params = to_local(std::move(global_params));
   if (optimizer.mixed_precision()) plan.copy_to_shard(full_params.view(), optimizer.master());
@@ -148,6 +165,16 @@ bool TrainingRun::checkpoint_due(int step) const {
 }
 
 void TrainingRun::save_checkpoint(int next_step, Tensor params, AdamW& optimizer) {
+  const std::string path = checkpoint_path(cfg_.save, next_step);  // "{step}" keeps one per checkpoint
+  if (is_sharded_path(path)) {  // a folder: every rank writes its own slices
+    save_sharded_checkpoint(path, next_step, params, optimizer);
+    if (is_root() && stop_ == Stop::Interrupted) {
+      std::printf("saved the %d completed steps to %s\n", next_step, path.c_str());
+      std::fflush(stdout);
+    }
+    return;
+  }
+  const double start = now_ms();
   const ShardPlan& plan = optimizer.plan();
   // The plan's groups: the data-parallel group, and a MoE model's experts' replicas (12's ZeRO-1).
   const std::vector<Communicator*> groups = {&dp_, ep_comm_ ? &grid_.expert_dp() : nullptr};
@@ -163,8 +190,13 @@ void TrainingRun::save_checkpoint(int next_step, Tensor params, AdamW& optimizer
   data.params = full_params.f32();
   data.adam_m = full_m.f32();
   data.adam_v = full_v.f32();
-  const std::string path = checkpoint_path(cfg_.save, next_step);  // "{step}" keeps one file per checkpoint
   ::save_checkpoint(world_, path, model_, global_layout_, data);
+  if (is_root()) {  // beside the sharded folder's record (training_run_sharded.cpp), for make bench-checkpoint
+    JsonObject record;
+    record.add("type", "checkpoint").add("step", next_step).add("path", path).add("save_ms", now_ms() - start);
+    record.add("asynchronous", false).add("sharded", false);
+    json_.write(record);
+  }
   if (is_root() && stop_ == Stop::Interrupted) {
     std::printf("saved the %d completed steps to %s\n", next_step, path.c_str());
     std::fflush(stdout);

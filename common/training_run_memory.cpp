@@ -30,17 +30,24 @@ void TrainingRun::check_memory() {
     for (const std::unique_ptr<Dimension>& d : dimensions_) groups += d->collective_groups(ctx);
     forecast_.transient += groups * p2p_scratch_bytes_at_most(std::max(w * double(layout_.padded_size), activations));
   }
+  // The staged copy of an asynchronous save (docs/theory.md, the sharded checkpoint): at most this
+  // rank's 1/N of the dense elements (N: the data-parallel ranks, who split them) and every expert it
+  // holds, in three fp32 arrays.
+  if (cfg_.async_save)
+    forecast_.staged_save = 12.0 * (double(layout_.padded_size - layout_.expert_range_size) / layout_.ranks +
+                                    double(layout_.expert_range_size));
   std::string how;
   const double available = memory_per_rank(device_, ranks_on_this_node(), &how);
   const double peak = forecast_.peak();
   if (is_root()) {
-    std::printf("memory forecast per rank: %s peak = model state %s + activations %s + transient %s (%s)%s | "
+    std::printf("memory forecast per rank: %s peak = model state %s + activations %s + transient %s (%s)%s%s | "
                 "available %s (%s)\n",
                 format_bytes(peak).c_str(), format_bytes(forecast_.model_state).c_str(),
                 format_bytes(forecast_.activations).c_str(),
                 format_bytes(std::max(forecast_.transient, forecast_.checkpoint)).c_str(),
                 forecast_.checkpoint > forecast_.transient ? "checkpoint copies" : "communication buffers",
                 forecast_.data > 0 ? (" + data " + format_bytes(forecast_.data)).c_str() : "",
+                forecast_.staged_save > 0 ? (" + staged save " + format_bytes(forecast_.staged_save)).c_str() : "",
                 format_bytes(available).c_str(), how.c_str());
     std::fflush(stdout);
   }

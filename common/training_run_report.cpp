@@ -82,6 +82,9 @@ void TrainingRun::report_vs_theory(const StepMeasure& step) {
 }
 
 int TrainingRun::finish() {
+  wait_for_save("the end of the run");  // a run ends only once its checkpoint is complete
+  report_async_saves();
+  async_.comm.reset();  // (a group's communicator goes before MPI does)
   const int status = stop_ == Stop::Diverged ? 1 : stop_ == Stop::Interrupted ? 130 : 0;
   const char* ended = stop_ == Stop::Diverged ? "diverged" : stop_ == Stop::Interrupted ? "interrupted" : "completed";
   write_run_record();
