@@ -40,11 +40,10 @@ SliceKey part_key(const ParamInfo& p, int tensor, int array, int64_t begin, int6
 // The one rule of which copy a checkpoint keeps, as to_global() counts it: among the ranks that hold
 // the same values of a tensor, the first. `replicas_split`: the ranks that hold the same parameters
 // (the data-parallel group, or an expert's replicas) split them into pieces, each writing its own.
+// That is the project's one copy rule (ParamInfo::counts_here), along every axis but the data axes
+// where the replicas each write a piece of their own.
 bool TrainingRun::saves_copy(const ParamInfo& p, bool replicas_split) const {
-  const GridCoords& at = grid_.coords();
-  if (p.expert >= 0) return replicas_split || at.edp == 0;
-  return (replicas_split || (at.dp == 0 && at.cp == 0)) && (!p.shard.whole() || at.tp == 0) &&
-         !(p.name == "wte" && at.pp != 0);
+  return p.counts_here(grid_.coords(), counted_along(kEveryAxis, replicas_split));
 }
 
 // Each element once: a tensor's part on the replica that saves_copy() names, cut by the optimizer's
