@@ -65,6 +65,7 @@
 #include "pipeline_report.h"
 #include "pipeline_schedule.h"
 #include "process_grid.h"
+#include "routing_log.h"  // RoutingLog: the ep row's theory from the routing
 #include "shards.h"
 #include "tensor_parallel_hooks.h"  // 07's collectives, for every chunk
 #include "theory.h"  // predict_tensor_parallel, ring_sent_bytes, routing_counts_bytes
@@ -253,7 +254,8 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
   // routing (TrainingRun::end_step).
   std::vector<std::vector<int64_t>> expert_rows(size_t(m), std::vector<int64_t>(size_t(run_cfg.L), 0));
   int running_micro = 0;  // the forward's (a pair's backward runs beside it)
-  std::vector<int32_t> gathered_in_ep;
+  std::vector<int32_t> gathered_in_ep, gathered_in_stage;
+  std::unique_ptr<RoutingLog> routing;  // the step's routing per micro-batch and block (the "routing" records)
   const int stage_ranks = grid.ep().size() * grid.expert_dp().size();
   int slots = 1;  // per chunk: chunk c's slot s is the exchange's c x slots + s
   for (const ModelPart& part : parts) slots = std::max(slots, part.slots);
@@ -266,6 +268,8 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
         for (int r = 0; r < t; r++)
           max_runs = std::max(max_runs, runs_of(token_index_of(d, micro_B, model_cfg.T, cp > 1 ? positions[size_t(c)] : std::vector<int>{},
                                                                r, t, sequence_parallel)));
+    routing = std::make_unique<RoutingLog>(m, run_cfg.L, run_cfg.experts, run_cfg.top_k, run_cfg.capacity_factor,
+                                           stage_ranks, 1 + int64_t(max_runs) * (2 + run_cfg.experts));
     for (int c = 0; c < v; c++) {
       ExpertHooks& hooks = chunks[size_t(c)]->expert_hooks;
       hooks.rank = at.edp * opt.ep + at.ep;
@@ -277,8 +281,10 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
         const Tensor in_ep = make_view(gathered_in_ep.data(), {int64_t(gathered_in_ep.size())}, DType::I32);
         ep_group.all_gather(mine, in_ep);
         expert_dp_group.all_gather(in_ep, all);
+        gathered_in_stage.assign(all.i32(), all.i32() + all.numel());
       };
       hooks.experts_forward = [&, c](int slot, int l, Tensor rows, const std::vector<int64_t>& counts, Tensor out) {
+        routing->keep(running_micro, l, gathered_in_stage.data());
         exchange->forward(c * slots + slot, l, rows, counts, out);
         expert_rows[size_t(running_micro)][size_t(l)] = exchange->expert_rows(c * slots + slot)[size_t(l)];
       };
@@ -400,7 +406,8 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
                       expert_passes * (D - 1) / D * 4 * double(expert_range) +
                           routing_counts_bytes(held_blocks, m, D, P, record)});
       rows.push_back({"ep", double(now.ep.since(at_start.ep).training_sent_bytes()),
-                      double(exchange->predicted_sent_bytes()) + routing_counts_bytes(held_blocks, m, P, 1, record)});
+                      routing->a2a_sent_bytes(at.edp * opt.ep + at.ep, opt.ep, run_cfg.C) +
+                          routing_counts_bytes(held_blocks, m, P, 1, record)});
       rows.push_back({"expert_params", expert_params,
                       double(held_blocks) * (run_cfg.experts / opt.ep) * (8 * C * C + 5 * C) * 4});
     }
@@ -412,7 +419,7 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
     fill_zero(grads.view());
     if (zero2) fill_zero(grad_shard.view());
     for (auto& ring : rings) ring->counters = RingCounters{};
-    if (exchange) exchange->reset_predictions();
+    if (exchange) exchange->reset_predictions(), routing->clear();
     const GroupStats before = group_stats();
     const float loss = pipeline.run([&](int micro) { return micro_batch(step, micro); });
     finish_tp_sums();
@@ -464,6 +471,7 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
           record.add("dropped" + at_le, double(counts.f32()[L * E + l * E + e]));
         }
       run.write_record(record);
+      routing->write_records(run, grid.world(), step, rank, speaks);
     }
 
     report.add_step(step, pipeline.times());
