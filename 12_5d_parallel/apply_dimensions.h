@@ -22,6 +22,7 @@
 #include "lanes.h"           // lane_of, lane_index, kLanes: dualpipev's F&B pairs at once
 #include "model.h"
 #include "process_grid.h"
+#include "routing_log.h"  // RoutingLog: the ep row's theory from the routing
 #include "theory.h"  // predict_tensor_parallel, ring_sent_bytes, routing_counts_bytes
 #include "training_run.h"
 
@@ -153,6 +154,9 @@ class GridExperts {
         for (int r = 0; r < t; r++)
           max_runs = std::max(max_runs, runs_of(token_index_of(d, micro_B, cfg_.T,
                                                                cp > 1 ? positions[size_t(c)] : std::vector<int>{}, r, t, sp)));
+    routing_ = std::make_unique<RoutingLog>(micro_batches, cfg_.L, cfg_.experts, cfg_.top_k, cfg_.capacity_factor,
+                                            grid.ep().size() * grid.expert_dp().size(),
+                                            1 + int64_t(max_runs) * (2 + cfg_.experts));
     for (size_t c = 0; c < chunks.size(); c++) {
       ExpertHooks& hooks = chunks[c]->expert_hooks;
       hooks.rank = at.edp * grid.shape().ep + at.ep;
@@ -172,9 +176,11 @@ class GridExperts {
         const Tensor in_ep = make_view(gathered_in_ep_.data(), {int64_t(gathered_in_ep_.size())}, DType::I32);
         grid_.ep().all_gather(mine, in_ep);
         grid_.expert_dp().all_gather(in_ep, all);
+        gathered_in_stage_.assign(all.i32(), all.i32() + all.numel());
       };
       hooks.experts_forward = [this, first_slot](int slot, int l, Tensor rows, const std::vector<int64_t>& counts,
                                                  Tensor out) {
+        routing_->keep(running_micro_, l, gathered_in_stage_.data());
         exchange_->forward(first_slot + slot, l, rows, counts, out);
         expert_rows_[size_t(running_micro_)][size_t(l)] = exchange_->expert_rows(first_slot + slot)[size_t(l)];
       };
@@ -189,12 +195,17 @@ class GridExperts {
     if (a.op == Op::F) running_micro_ = a.micro;
   }
   void begin_step() {
-    if (exchange_) exchange_->reset_predictions();
+    if (exchange_) exchange_->reset_predictions(), routing_->clear();
   }
   // The rows this rank's experts ran, per micro-batch and block: the activations' theory at this
   // step's routing (TrainingRun::end_step).
   const std::vector<std::vector<int64_t>>& expert_rows() const { return expert_rows_; }
-  const ExpertExchange* exchange() const { return exchange_.get(); }
+  // What this rank sends in its EP group's all-to-alls this step, from the routing the stage gathered
+  // and the formula (routing_log.h), not from the counts the exchange handed to the calls.
+  double predicted_a2a_bytes() const {
+    const GridCoords& at = grid_.coords();
+    return routing_->a2a_sent_bytes(at.edp * grid_.shape().ep + at.ep, grid_.shape().ep, cfg_.C);
+  }
   int64_t record_size() const { return chunks_.front()->expert_hooks.record_size(cfg_.experts); }
 
   // The step's routing, summed over its micro-batches, each stage its own blocks: one record of every
@@ -225,6 +236,7 @@ class GridExperts {
         record.add("dropped" + at_le, double(counts.f32()[L * E + l * E + e]));
       }
     run_.write_record(record);
+    routing_->write_records(run_, grid_.world(), step, at.pp, speaks);
   }
 
  private:
@@ -257,7 +269,8 @@ class GridExperts {
   std::unique_ptr<ExpertExchange> exchange_;
   std::vector<std::vector<int64_t>> expert_rows_;  // (micro-batches) x (L)
   int running_micro_ = 0;
-  std::vector<int32_t> gathered_in_ep_;
+  std::vector<int32_t> gathered_in_ep_, gathered_in_stage_;
+  std::unique_ptr<RoutingLog> routing_;  // the step's routing per micro-batch and block (the "routing" records)
 };
 
 // What each group sends in a step, against its formula (grid_report.h; docs/theory.md, section 17):
@@ -329,7 +342,7 @@ class GroupBytes {
                       expert_passes * (D - 1) / D * 4 * double(expert_range) +
                           routing_counts_bytes(held_blocks_, m_, D, P, record)});
       rows.push_back({"ep", double(now.ep.since(at_start_.ep).training_sent_bytes()),
-                      double(experts_.exchange()->predicted_sent_bytes()) +
+                      experts_.predicted_a2a_bytes() +
                           routing_counts_bytes(held_blocks_, m_, P, 1, record)});
       rows.push_back({"expert_params", expert_params,
                       double(held_blocks_) * (run_cfg.experts / grid_.shape().ep) * (8 * C * C + 5 * C) * 4});

@@ -20,6 +20,7 @@
 #include <ostream>
 #include <regex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "buckets.h"
@@ -52,6 +53,74 @@ void expect_groups_match_theory(const std::string& jsonl, int ranks, const std::
       const double measured = number_field(groups, key), theory = number_field(groups, key + "_theory");
       EXPECT_NEAR(measured, theory, 1e-9 * theory + 0.5) << key << " in " << groups;
     }
+}
+
+// The runs of the global micro-batch's token order (sequence, then position) that the rank at data,
+// context and tensor rank (d, c, r) routes: its data rank's micro_B sequences of T tokens, at its CP
+// rank's positions (zigzag: chunks c and 2cp-1-c of T/2cp; the chapter's default split), and under
+// SP its TP rank's 1/tp of those rows. (first token, length) each.
+std::vector<std::pair<int64_t, int64_t>> routed_token_runs(int d, int c, int r, int micro_B, int T, int cp, int tp,
+                                                           bool sequence_parallel) {
+  std::vector<int64_t> positions;
+  for (int x = 0; x < T; x++) {
+    const int chunk = cp > 1 ? x / (T / (2 * cp)) : c;
+    if (chunk == c || chunk == 2 * cp - 1 - c) positions.push_back(x);
+  }
+  const int64_t rows = int64_t(micro_B) * int64_t(positions.size()), mine = sequence_parallel ? rows / tp : rows;
+  std::vector<std::pair<int64_t, int64_t>> runs;
+  for (int64_t i = sequence_parallel ? r * mine : 0, n = 0; n < mine; i++, n++) {
+    const int64_t token = (int64_t(d) * micro_B + i / int64_t(positions.size())) * T + positions[size_t(i % int64_t(positions.size()))];
+    if (!runs.empty() && runs.back().first + runs.back().second == token) runs.back().second++;
+    else runs.push_back({token, 1});
+  }
+  return runs;
+}
+
+// Every rank's bytes in its EP group (the groups record's ep entry, step 1) equal what the routing
+// records imply (training_harness.h, a2a_bytes_from_routing): for rank w, its stage's records (PP is
+// outermost: stage w / (W/pp)), its routing rank w % (W/pp) in the stage's order (edp x ep + its
+// place), its EP group the ep routing ranks around it. Plus the counts' first gather, L' m (ep-1) x
+// rec x 4 with rec = 1 + R(2 + E) int32 and R the most runs any rank routes (docs/theory.md, 17). The
+// runs each record places are checked first against the tokens each rank routes under CP and SP.
+void expect_ep_bytes_match_routing(const std::string& jsonl) {
+  const std::string run = read_record(jsonl, "run"), groups = read_record(jsonl, "groups");
+  ASSERT_FALSE(run.empty()) << "no run record in " << jsonl;
+  ASSERT_FALSE(groups.empty()) << "no groups record in " << jsonl;
+  const int W = int(number_field(run, "ranks")), pp = int(number_field(run, "pp")), ep = int(number_field(run, "ep"));
+  const int dp = int(number_field(run, "dp")), cp = int(number_field(run, "cp")), tp = int(number_field(run, "tp"));
+  const int L = int(number_field(run, "L")), E = int(number_field(run, "experts")), C = int(number_field(run, "C"));
+  const int T = int(number_field(run, "T")), micro_B = int(number_field(run, "micro_batch"));
+  const int m = int(number_field(run, "grad_accum"));
+  const bool sp = run.find("\"sequence_parallel\":true") != std::string::npos;
+  const int stage_ranks = W / pp, step = 1;  // (12 reports its groups after step 1)
+  ASSERT_EQ(stage_ranks, dp * cp * tp) << run;
+  std::vector<std::vector<std::pair<int64_t, int64_t>>> tokens;  // per routing rank of a stage
+  size_t most_runs = 0;
+  for (int q = 0; q < stage_ranks; q++) {
+    tokens.push_back(routed_token_runs(q / (tp * cp), q / tp % cp, q % tp, micro_B, T, cp, tp, sp));
+    most_runs = std::max(most_runs, tokens.back().size());
+  }
+  const double rec = 1 + double(most_runs) * (2 + E);
+  std::vector<int> records_of_stage(size_t(pp), 0);
+  for (const std::string& record : read_records(jsonl, "routing")) {
+    if (number_field(record, "step") != step) continue;
+    const int stage = int(number_field(record, "stage"));
+    ASSERT_TRUE(stage >= 0 && stage < pp) << record;
+    records_of_stage[size_t(stage)]++;
+    ASSERT_EQ(number_field(record, "ranks"), stage_ranks) << record;
+    std::vector<std::vector<std::pair<int64_t, int64_t>>> placed{size_t(stage_ranks)};
+    for (const RoutedRun& r : routed_runs(record)) placed[size_t(r.rank)].push_back({r.start, r.length});
+    for (int q = 0; q < stage_ranks; q++) EXPECT_EQ(placed[size_t(q)], tokens[size_t(q)]) << "routing rank " << q << " in " << record;
+  }
+  int records = 0;
+  for (int n : records_of_stage) records += n;
+  EXPECT_EQ(records, L * m) << "every layer routed once per micro-batch, by one stage, in " << jsonl;
+  for (int w = 0; w < W; w++) {
+    const int stage = w / stage_ranks;
+    const double predicted = a2a_bytes_from_routing(jsonl, step, w % stage_ranks, ep, E, C, stage) +
+                             records_of_stage[size_t(stage)] * (ep - 1) * rec * 4;
+    EXPECT_EQ(number_field(groups, "rank" + std::to_string(w) + "_ep"), predicted) << "rank " << w << " in " << groups;
+  }
 }
 
 // Each pipeline stage's activations (T/cp positions, this rank's heads and rows, the schedule's
@@ -168,6 +237,7 @@ TEST_P(MoEGrid, TrainsLikeOneRankOf11WithTheSameTokensDropped) {
   const std::vector<double> dropped = expert_counts(grid.jsonl, "dropped");
   EXPECT_EQ(dropped, expert_counts(one.jsonl, "dropped"));
   expect_groups_match_theory(grid.jsonl, c.ranks, {"tp", "cp", "dp_cp", "expert_dp", "ep", "expert_params"});
+  expect_ep_bytes_match_routing(grid.jsonl);
   expect_activations_match_theory(grid.jsonl);
   expect_moe_model_state_matches_theory(grid.jsonl);
   expect_pairs_as_asked(grid.jsonl, c.flags);

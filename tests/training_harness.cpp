@@ -440,3 +440,56 @@ std::vector<double> expert_counts(const std::string& jsonl, const std::string& k
         counts.push_back(number_field(record, kind + "_L" + std::to_string(l) + "_E" + std::to_string(e)));
   return counts;
 }
+
+std::vector<RoutedRun> routed_runs(const std::string& record) {
+  const int ranks = int(number_field(record, "ranks"));
+  std::vector<RoutedRun> runs;
+  for (int q = 0; q < ranks; q++) {
+    const std::string R = "_R" + std::to_string(q);
+    const bool placed = !std::isnan(number_field(record, "runs" + R));  // 12's records place each run
+    for (int j = 0; j < (placed ? int(number_field(record, "runs" + R)) : 1); j++) {
+      const std::string at = placed ? R + "_J" + std::to_string(j) : R;
+      RoutedRun run{q, placed ? int64_t(number_field(record, "start" + at)) : q,
+                    placed ? int64_t(number_field(record, "length" + at)) : 0, {}};
+      for (int e = 0; !std::isnan(number_field(record, "routed" + at + "_E" + std::to_string(e))); e++)
+        run.counts.push_back(number_field(record, "routed" + at + "_E" + std::to_string(e)));
+      runs.push_back(run);
+    }
+  }
+  return runs;
+}
+
+// Each run keeps, of expert e, what the capacity leaves after the runs that start before it (the
+// capacity claims places in the global token order, docs/theory.md); without one, all it routed.
+double a2a_bytes_from_routing(const std::string& jsonl, int step, int rank, int ep, int E, int C, int stage) {
+  double bytes = 0;
+  for (const std::string& record : read_records(jsonl, "routing")) {
+    if (number_field(record, "step") != step) continue;
+    if (stage >= 0 && number_field(record, "stage") != stage) continue;
+    const int ranks = int(number_field(record, "ranks"));
+    const double capacity = number_field(record, "capacity");
+    const std::vector<RoutedRun> runs = routed_runs(record);
+    std::vector<double> kept(size_t(ranks * E), 0);
+    for (const RoutedRun& run : runs) {
+      EXPECT_EQ(int(run.counts.size()), E) << record;
+      for (int e = 0; e < E && e < int(run.counts.size()); e++) {
+        double before = 0;
+        for (const RoutedRun& other : runs)
+          if (other.start < run.start) before += other.counts[size_t(e)];
+        const double routed = run.counts[size_t(e)];
+        kept[size_t(run.rank * E + e)] += capacity < 0 ? routed : std::min(routed, std::max(0.0, capacity - before));
+      }
+    }
+    // The routing rank's EP group: the ep consecutive routing ranks around it; it holds experts
+    // [j E/ep, (j+1) E/ep) for its place j in the group.
+    const int first = rank - rank % ep, j = rank % ep, local = E / ep;
+    double sent_rows = 0, received_rows = 0;
+    for (int e = 0; e < E; e++)
+      if (e / local != j) sent_rows += kept[size_t(rank * E + e)];
+    for (int q = first; q < first + ep; q++)
+      for (int e = j * local; e < (j + 1) * local; e++)
+        if (q != rank) received_rows += kept[size_t(q * E + e)];
+    bytes += 4.0 * E * (ep - 1) / ep + 4.0 * C * 2 * (sent_rows + received_rows);
+  }
+  return bytes;
+}

@@ -3,6 +3,7 @@
 // common/checkpoint.cpp and follows the format as documented (docs/checkpoint.md), so it also
 // checks the documentation.
 #pragma once
+#include <cstdint>
 #include <functional>
 #include <string>
 #include <vector>
@@ -84,6 +85,23 @@ std::vector<std::string> read_records(const std::string& jsonl_path, const std::
 // Every "experts" record's counts of one kind ("routed" or "dropped") per layer and expert, step by
 // step (a MoE run of 11 or 12).
 std::vector<double> expert_counts(const std::string& jsonl, const std::string& kind);
+
+// A MoE run's "routing" records (11 and 12: one per step, micro-batch and layer) list every routing
+// rank's assignments per expert before the capacity. In 11 a rank's tokens are one run of the global
+// token order, in rank order; in 12 a record places each run (its first token's place and length),
+// since CP's zigzag and SP cut a rank's tokens into several. The runs of one record, every rank's:
+struct RoutedRun {
+  int rank;                    // the routing rank (the stage's order: edp x ep + its place in EP)
+  int64_t start, length;       // in the global micro-batch's token order (11: start = rank, no length)
+  std::vector<double> counts;  // (E) routed to each expert, before the capacity
+};
+std::vector<RoutedRun> routed_runs(const std::string& routing_record);
+// The bytes routing rank `rank` sends in its EP group's all-to-alls in step `step`, from the routing
+// records alone (of pipeline stage `stage`'s layers; -1: every record), by docs/theory.md's formula
+// (section 14): per micro-batch and layer, the E int32 counts ((ep-1)/ep of them sent), its kept rows
+// for the other ranks' experts (dispatch forward, and their gradients backward) and the outputs of
+// the rows it received for its own (and their gradients), C fp32 each.
+double a2a_bytes_from_routing(const std::string& jsonl, int step, int rank, int ep, int E, int C, int stage = -1);
 
 // ||a - b|| / ||b|| over whole vectors (L2 norms), accumulated in double.
 double relative_l2_difference(const std::vector<float>& a, const std::vector<float>& b);
