@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>  // getenv: the test-only hold before the metadata
 #include <cstring>
 #include <fstream>
 #include <map>
@@ -263,6 +264,23 @@ int64_t write_sharded_meta(const std::string& folder, const ShardedMeta& meta) {
   return int64_t(text.size());
 }
 
+namespace {
+
+// A test's handle on a save cut short (tests/test_checkpoint_shards.cpp): with GPT_CHECKPOINT_HOLD_STEP=S
+// in the environment, the save of step S stops for a while after every rank has written its shard file
+// and before the metadata, so that a rank killed then dies in the middle of the save, every time. Unset
+// (always, outside that test), it does nothing. The hold is bounded: a run nobody kills goes on.
+void hold_before_metadata_if_asked(Communicator& comm, int64_t step) {
+  const char* hold = std::getenv("GPT_CHECKPOINT_HOLD_STEP");
+  if (!hold || std::strtoll(hold, nullptr, 10) != step) return;
+  comm.barrier();  // every shard file is in place
+  if (comm.rank() == 0)
+    std::fprintf(stderr, "GPT_CHECKPOINT_HOLD_STEP: the save of step %lld holds before its metadata\n", (long long)step);
+  for (int i = 0; i < 600; i++) usleep(100000);  // 60 s
+}
+
+}  // namespace
+
 ShardedSaveSizes save_sharded(Communicator& comm, const std::string& path, const GPT2Config& cfg,
                               const ParamLayout& global, const CheckpointData& data,
                               const std::vector<SliceKey>& keys, const float* staged) {
@@ -274,6 +292,7 @@ ShardedSaveSizes save_sharded(Communicator& comm, const std::string& path, const
   const std::string name = "step" + std::to_string(data.step) + ".rank" + std::to_string(comm.rank()) + ".bin";
   std::vector<SavedSlice> mine;
   const ShardFile file = write_shard_file(folder, name, 0, keys, staged, &mine);
+  hold_before_metadata_if_asked(comm, data.step);
 
   // Rank 0 learns every rank's file and slices: a length, then the lines, from each rank in turn.
   std::string lines = "f " + file.name + ' ' + std::to_string(file.bytes) + ' ' + hex(file.hash) + '\n';

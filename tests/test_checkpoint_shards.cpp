@@ -2,7 +2,7 @@
 // real trainers: a folder saved on one grid resumes on others with the uninterrupted run's losses;
 // the bytes each rank writes are its owned slices and sum to 12 Psi; a missing or corrupted shard, or
 // a folder whose save was cut short, is refused in one sentence naming the file and the tensor; and
-// the previous checkpoint survives a save that did not finish; build/checkpoint_convert turns a folder
+// the previous checkpoint survives a save that did not finish, one whose rank was killed mid-save too; build/checkpoint_convert turns a folder
 // into one file and back. Tiny presets, four steps.
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -183,6 +183,50 @@ TEST(ShardedCheckpoint, PreviousCheckpointSurvivesASaveCutShort) {
   EXPECT_EQ(file_size(folder + "step4.rank0.bin"), file_size(at + "_4/step4.rank0.bin"));
   EXPECT_EQ(file_size(folder + "step2.rank0.bin"), -1);
   EXPECT_EQ(file_size(folder + "step4.rank1.bin"), file_size(at + "_4/step4.rank1.bin"));
+}
+
+// A rank really killed in the middle of a save: GPT_CHECKPOINT_HOLD_STEP holds the save of step 4 once
+// every shard file is written and before the metadata (checkpoint_sharded.cpp), and the test kills a
+// rank there. The folder of that save is refused in one sentence; the previous one (step 2) resumes
+// with the uninterrupted run's losses.
+TEST(ShardedCheckpoint, ARankKilledDuringASaveLeavesThePreviousCheckpoint) {
+  const std::string at = temp_dir() + "/killed";
+  const RunResult full = run_trainer("04_zero1", 2, "--preset tiny --steps 4 --json " + at + ".full.jsonl");
+  ASSERT_EQ(full.exit_code, 0) << full.output;
+  LossCurve reference = read_losses(at + ".full.jsonl");
+  ASSERT_EQ(reference.losses.size(), 4u);
+  reference.steps.erase(reference.steps.begin(), reference.steps.begin() + 2);
+  reference.losses.erase(reference.losses.begin(), reference.losses.begin() + 2);
+
+  setenv("GPT_CHECKPOINT_HOLD_STEP", "4", 1);
+  BackgroundRun run = start_trainer("04_zero1", 2, "--preset tiny --steps 4 --save " + at + "_{step}/ --save-every 2");
+  unsetenv("GPT_CHECKPOINT_HOLD_STEP");
+  // Shard files appear by rename, whole: both there means the save holds before its metadata.
+  const bool holding = wait_until([&] {
+    return file_exists(at + "_4/step4.rank0.bin") && file_exists(at + "_4/step4.rank1.bin");
+  }, 120);
+  const std::vector<int> ranks = rank_pids(at);
+  if (holding && !ranks.empty()) kill(ranks.back(), SIGKILL);
+  const RunResult killed = wait_for(run, 120);
+  ASSERT_TRUE(holding) << killed.output;
+  ASSERT_EQ(ranks.size(), 2u) << killed.output;
+  EXPECT_NE(killed.exit_code, 0) << killed.output;
+  EXPECT_NE(killed.output.find("holds before its metadata"), std::string::npos) << killed.output;
+  EXPECT_FALSE(file_exists(at + "_4/checkpoint.meta"));
+
+  // The half-written folder: refused, in one line, before any work.
+  const RunResult refused = resume({"04_zero1", 2, ""}, "tiny", at + "_4/", at + ".refused.jsonl");
+  EXPECT_NE(refused.exit_code, 0) << refused.output;
+  EXPECT_NE(refused.output.find("_4/' is incomplete: it has no checkpoint.meta"), std::string::npos) << refused.output;
+  std::string text = refused.output;
+  while (!text.empty() && text.back() == '\n') text.pop_back();
+  EXPECT_EQ(std::count(text.begin(), text.end(), '\n'), 0) << "one line:\n" << refused.output;
+  EXPECT_FALSE(file_exists(at + ".refused.jsonl"));
+  EXPECT_EQ(refused.output.find("internal error"), std::string::npos) << refused.output;
+  // The previous checkpoint resumes exactly.
+  const RunResult resumed = resume({"04_zero1", 2, ""}, "tiny", at + "_2/", at + ".resumed.jsonl");
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  EXPECT_LE(max_relative_difference(read_losses(at + ".resumed.jsonl"), reference), kTolerance);
 }
 
 // Saving in the background while the next steps run changes no loss, bit for bit: the writer reads a
