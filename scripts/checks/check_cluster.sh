@@ -2,7 +2,10 @@
 # check_cluster.sh (a test, tests/manifest.txt): scripts/cluster/cluster.sh's cluster works and leaves nothing
 # behind. It brings up 2 nodes, trains chapter 01 for 2 steps at 2 nodes x 1 rank with
 # `mpiexec -f hostfile`, and checks that the header counts 2 nodes and that the losses and the
-# communication counters equal those of the same run on one host (scripts/cluster/cluster_compare.py). Then it
+# communication counters equal those of the same run on one host (scripts/cluster/cluster_compare.py). It
+# runs scripts/elastic/elastic.sh --cluster across the nodes, loses node1 (kills its rank) once a
+# checkpoint is complete, and checks that the launcher logs the restart and finishes on node0 alone with
+# the losses of the uninterrupted run. Then it
 # starts a long run across the nodes, kills mpiexec with SIGKILL while the ranks train, and checks that
 # `down` removes every namespace, process and file anyway; on the way, that another checkout's `status`
 # and `down` see the cluster as not theirs (down refuses). A few seconds in all.
@@ -32,6 +35,30 @@ grep -q '^01_vanilla_dp | 2 ranks on 2 nodes' "$work/nodes.log" || { cat "$work/
 timeout 120 mpiexec -n 2 ./01_vanilla_dp/train --steps 2 --device cpu --json "$work/host.jsonl" >"$work/host.log" 2>&1 \
   || { cat "$work/host.log"; fail "01 on one host"; }
 scripts/cluster/cluster_compare.py "$work/nodes.jsonl" "$work/host.jsonl" || fail "the run across nodes differs from one host's"
+
+# 1b. The elastic launcher loses a node: 2 nodes x 1 rank, node1's rank killed once a checkpoint is
+# complete; the run goes on from it on node0's rank alone, with the uninterrupted run's losses.
+flags="--preset tiny --steps 8 --quiet --device cpu"
+timeout 60 mpiexec -n 1 ./04_zero1/train $flags --json "$work/uninterrupted.jsonl" >"$work/uninterrupted.log" 2>&1 \
+  || { cat "$work/uninterrupted.log"; fail "04 uninterrupted"; }
+# The emulated link's latency keeps the run going for a while after its first checkpoint.
+timeout 120 scripts/elastic/elastic.sh --cluster --grids '2:;1:' --retries 1 --dir "$work/elastic" 04_zero1 $flags \
+  --save-every 2 --link-latency-us 20000 >"$work/elastic.log" 2>&1 &
+elastic=$!
+for _ in $(seq 300); do [ -f "$work/elastic/ckpt/checkpoint.meta" ] && break; sleep 0.1; done  # 30 s at most
+node1_ranks=$(ip netns pids "$CLUSTER_PREFIX-node1" 2>/dev/null | xargs -r ps -o pid=,comm= -p | awk '$2 == "train" { print $1 }')
+[ -n "$node1_ranks" ] && kill -KILL $node1_ranks
+wait "$elastic" || { cat "$work/elastic.log"; fail "the elastic run did not finish after losing node1"; }
+[ -n "$node1_ranks" ] || { cat "$work/elastic.log"; fail "no rank of node1 to kill (the run ended before its first checkpoint?)"; }
+cat "$work/elastic.log"
+grep -q "restart 1: lost rank 1 (node node1) .* grid 2: -> 1:; nodes node0 node1 -> node0; resuming at step [0-9]* .* steps redone" \
+  "$work/elastic.log" || fail "the restart is not logged as losing node1"
+python3 - "$work/elastic/attempt1.jsonl" "$work/uninterrupted.jsonl" <<'PY' || fail "the resumed losses differ from the uninterrupted run's"
+import json, sys
+resumed, full = ({r["step"]: r["loss"] for r in map(json.loads, open(f)) if r.get("type") == "step"} for f in sys.argv[1:])
+assert resumed and all(abs(resumed[s] - full[s]) <= 1e-5 * abs(full[s]) for s in resumed), (resumed, full)
+print(f"resumed steps {min(resumed)}..{max(resumed)} on node0: the uninterrupted run's losses")
+PY
 
 # 2. Another checkout (a copy of the script elsewhere, the same names) sees the cluster as someone
 # else's: its status says so and exits 0 without a hostfile, and its down refuses, naming this one.
@@ -64,4 +91,4 @@ down=$(scripts/cluster/cluster.sh down) || fail "down after a killed run: $down"
 echo "$down"
 left=$(scripts/cluster/cluster.sh leftovers; ip -o link show | grep -F "$CLUSTER_PREFIX" || true; pgrep -f "$CLUSTER_STATE" || true)
 [ -z "$left" ] || fail "left behind after down: $left"
-echo "passed: 2 nodes x 1 rank equal one host's run; another checkout's down refused; nothing left after a killed run and down"
+echo "passed: 2 nodes x 1 rank equal one host's run; the elastic run survived losing node1; another checkout's down refused; nothing left after a killed run and down"

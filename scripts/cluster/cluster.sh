@@ -23,7 +23,8 @@
 # the checkout that made the cluster (its alias, gone with the namespace), so that `down` from another
 # checkout refuses instead of ending someone else's runs.
 # Environment: CLUSTER_PREFIX (default gptc: namespaces gptc-node0.., gptc-sw), SLOTS (ranks per host in
-# the hostfile, default 2), CLUSTER_STATE (hostfile and environment, default build/cluster).
+# the hostfile, default 2), CLUSTER_STATE (hostfile and environment, default build/cluster),
+# CLUSTER_HOSTFILE (a hostfile for `mpiexec` other than up's, e.g. the nodes an elastic run has left).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 repo=$(pwd)
@@ -158,7 +159,7 @@ node_exec() {
 run_mpiexec() {
   [ -f "$state/env" ] || die "the cluster is not up: 'scripts/cluster/cluster.sh up' first."
   set -a; . "$state/env"; set +a
-  node_exec node0 mpiexec -f "$state/hostfile" -launcher ssh -launcher-exec "$repo/scripts/cluster/cluster_ssh.sh" "$@"
+  node_exec node0 mpiexec -f "${CLUSTER_HOSTFILE:-$state/hostfile}" -launcher ssh -launcher-exec "$repo/scripts/cluster/cluster_ssh.sh" "$@"
 }
 
 status() {
