@@ -51,7 +51,7 @@ node1_ranks=$(ip netns pids "$CLUSTER_PREFIX-node1" 2>/dev/null | xargs -r ps -o
 wait "$elastic" || { cat "$work/elastic.log"; fail "the elastic run did not finish after losing node1"; }
 [ -n "$node1_ranks" ] || { cat "$work/elastic.log"; fail "no rank of node1 to kill (the run ended before its first checkpoint?)"; }
 cat "$work/elastic.log"
-grep -q "restart 1: lost rank 1 (node node1) .* grid 2: -> 1:; nodes node0 node1 -> node0; resuming at step [0-9]* .* steps redone" \
+grep -q "restart 1: lost rank(s) 1 (node node1) .* grid 2: -> 1:; nodes node0 node1 -> node0; resuming at step [0-9]* .* steps redone" \
   "$work/elastic.log" || fail "the restart is not logged as losing node1"
 python3 - "$work/elastic/attempt1.jsonl" "$work/uninterrupted.jsonl" <<'PY' || fail "the resumed losses differ from the uninterrupted run's"
 import json, sys

@@ -70,11 +70,13 @@ last_step() {
 
 # Each rank's trainer runs under this wrapper, which records how it ended and where: a rank killed by a
 # signal leaves its exit status (128 + the signal) and its host in DIR/attempt<k>.rank<r>.exit. Its
-# own process id (DIR/attempt<k>.rank<r>.pid) lets the launcher end a rank that MPI left waiting.
+# own process id and host (DIR/attempt<k>.rank<r>.pid) let the launcher end a rank that MPI left
+# waiting, and name every rank of a lost node (hydra may end the wrapper of a node's other ranks
+# before it records anything).
 wrapper="$dir/rank_wrapper.sh"
 cat > "$wrapper" <<'EOF'
 #!/usr/bin/env bash
-echo "$$" > "$ELASTIC_EXITS.rank${PMI_RANK:-0}.pid"
+echo "$$ $(hostname)" > "$ELASTIC_EXITS.rank${PMI_RANK:-0}.pid"
 "$@"
 status=$?
 echo "$status $(hostname)" > "$ELASTIC_EXITS.rank${PMI_RANK:-0}.exit"
@@ -97,13 +99,14 @@ rank_lost() {
 # not ended 2 s later, the launcher ends it: the trainers still running (listed in DIR/attempt<k>.ended,
 # since they were not lost), then mpiexec.
 wait_for_job() {
-  local job=$1 files=$2 since="" p child
+  local job=$1 files=$2 since="" p child wrapper_pid
   while kill -0 "$job" 2>/dev/null; do
     [ -z "$since" ] && rank_lost "$files" && since=$SECONDS
     if [ -n "$since" ] && [ $((SECONDS - since)) -ge 2 ]; then
       for p in "$files".rank*.pid; do
         [ -f "${p%.pid}.exit" ] && continue
-        child="$(ps -o pid= --ppid "$(cat "$p")" 2>/dev/null | tr -d ' ')"
+        read -r wrapper_pid _ < "$p"
+        child="$(ps -o pid= --ppid "$wrapper_pid" 2>/dev/null | tr -d ' ')"
         [ -n "$child" ] || continue
         r="${p##*.rank}"; echo "${r%.pid}" >> "$files.ended"
         kill -KILL "$child" 2>/dev/null
@@ -148,6 +151,14 @@ while :; do
     fi
   done
   [ -n "$hosts" ] || lost_nodes=""  # one host: no node to name
+  if [ -n "$lost_nodes" ]; then  # a node lost: all of its ranks
+    lost=""
+    for f in "$dir"/attempt"$attempt".rank*.pid; do
+      read -r _ host < "$f"
+      r="${f##*.rank}"
+      case " $lost_nodes " in *" $host "*) lost="${lost:+$lost }${r%.pid}" ;; esac
+    done
+  fi
   nodes_before="$(nodes)"
   if [ -n "$hosts" ] && [ -n "$lost_nodes" ]; then
     for host in $lost_nodes; do grep -v "^$host\(:\|\$\)" "$hosts" > "$hosts.next"; mv "$hosts.next" "$hosts"; done
@@ -181,7 +192,7 @@ while :; do
   now="$(checkpoint_step)"
   redone=$(( reached + 1 - ${now:-0} ))
   [ "$redone" -ge 0 ] || redone=0
-  say "restart $restarts: lost rank ${lost:-unknown}${lost_nodes:+ (node $lost_nodes)} (mpiexec exit $status) after step $reached;" \
+  say "restart $restarts: lost rank(s) ${lost:-unknown}${lost_nodes:+ (node $lost_nodes)} (mpiexec exit $status) after step $reached;" \
       "grid $before -> $after${nodes_before:+$nodes_before ->$(nodes | sed 's/^; nodes//')};" \
       "resuming at step ${now:-0} from the last complete checkpoint: $redone steps redone"
   attempt=$((attempt + 1))
