@@ -31,7 +31,7 @@ while [ $# -gt 0 ]; do
     --spares) spares="$2"; shift 2 ;;
     --dir) dir="$2"; shift 2 ;;
     --cluster) cluster=1; shift ;;
-    -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
     *) break ;;
   esac
 done
