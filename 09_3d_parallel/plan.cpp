@@ -224,6 +224,12 @@ int run_one(const PlanInputs& in, const Options& opt, const std::string& note) {
   print_header(in, note);
   print_table({r}, 1, in.chapters_model);
   print_per_gpu(in, r);
+  if (!in.chapters_model && in.shape.moe())
+    std::printf("routed experts: %.0f rows each a micro-batch, their grouped products at %.3f of the dense products' "
+                "rate (%s; docs/planner.md, kernel rates)\n",
+                r.expert_rows, r.expert_rate_factor,
+                in.cluster.gpu.empty() ? "no kernel table for this cluster: the dense rate"
+                                       : (in.cluster.gpu + "'s kernel table, DeepGEMM's H800 rows").c_str());
   std::printf("per stage (pipeline rank), model state by category%s:\n",
               in.chapters_model ? ", padded as allocated" : "");
   std::printf("  %-6s %12s %12s %12s %12s %12s %12s\n", "stage", "params", "grads", "optim", "activations", "buffers", "peak");

@@ -52,6 +52,9 @@ struct Cluster {
   // on one published row and used when --efficiency is not given; 0: the planner's default.
   double efficiency = 0;
   std::string efficiency_source;  // the row it was calibrated on
+  // The GPU, for the kernel-rate table (planner_kernel_rates.h): "A100", "H100", "H800", "H200";
+  // "": none (the CPU clusters), the experts at the dense products' rate.
+  std::string gpu;
 };
 // dgx-a100 (Megatron-LM's Selene nodes), dgx-h100, hgx-h800 (DeepSeek-V3's nodes), emulated (this machine's CPU ranks on the
 // emulated link of the chapters' --link-gbps/--link-latency-us, one rank a "node"), namespaces (the
@@ -168,6 +171,10 @@ struct PlanResult {
   double tokens_per_s = 0;
   double mfu = 0;             // model FLOPs (6N + 12LCT per token, docs/theory.md section 8) / (GPUs x peak)
   double flops_per_gpu = 0;   // FLOP/s per GPU counting recomputation (Megatron-LM's "achieved")
+  // The routed experts' products: rows each expert takes per micro-batch on the slowest-priced MoE
+  // layer, and their rate as a fraction of the dense products' (planner_kernel_rates.h; 1: no experts
+  // or no table for the cluster's GPU).
+  double expert_rows = 0, expert_rate_factor = 1;
   // Memory by category of a published shape's worst rank (bytes), beside memory's sum.
   double expert_params_bytes = 0;  // of params_bytes, the routed experts'
   double logits_bytes = 0;         // of memory.activations, the head's fp32 logits

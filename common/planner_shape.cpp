@@ -15,6 +15,7 @@
 #include "metrics.h"  // format_bytes
 #include "pipeline_simulate.h"  // simulated_makespan, theory_bubble, theory_in_flight
 #include "planner.h"
+#include "planner_kernel_rates.h"  // the grouped experts' rate
 
 namespace {
 
@@ -167,6 +168,19 @@ PlanResult evaluate_shape_plan(const PlanInputs& in, const PlanConfig& c, bool s
   const double stream = tokens * s.C * kWidth;  // the residual stream of those positions
   const double routed_share = in.capacity_factor > 0 ? std::min(1.0, in.capacity_factor) : 1.0;
   const double inputs = in.fp8_activations ? 1 : kWidth;  // a matrix product's cached input, per element
+  // The routed experts' products at the grouped rate (planner_kernel_rates.h): each of this rank's
+  // experts takes the rows that ep ranks route to it, a micro-batch at a time; the up (and gate)
+  // product is (2) F/t x C, the down one C x F/t, each at its own factor, combined by their time.
+  double expert_rows = 0, expert_factor = 1;
+  GroupedRateTable grouped;
+  if (s.moe() && find_grouped_rate_table(k.gpu, &grouped)) {
+    expert_rows = tokens * s.top_k * routed_share * ep / s.experts;
+    const double gates = s.gated ? 2 : 1, width = double(s.expert_ffn) / t;
+    const double up = grouped_expert_factor(grouped, expert_rows, gates * width, s.C);
+    const double down = grouped_expert_factor(grouped, expert_rows, s.C, width);
+    expert_factor = 1 / (gates / (gates + 1) / up + 1 / (gates + 1) / down);
+  }
+  r.expert_rows = expert_rows, r.expert_rate_factor = expert_factor;
   const int kv_heads = s.mla() ? s.NH : s.kv();
   const double kv_bytes = tokens * double(kv_heads) / t * (2.0 * s.hd() + s.rope_dim) * kWidth;  // this rank's K and V
   // The grid's spans: TP innermost (t ranks), then CP (t cp), DP (t cp dp), PP the whole grid; EP is
@@ -193,15 +207,16 @@ PlanResult evaluate_shape_plan(const PlanInputs& in, const PlanConfig& c, bool s
     ChunkCost& ch = chunks[size_t(vs)];
     const StageSpan& span = spans[size_t(vs)];
     ch.layers = span.last - span.first;
-    double product_flops = 0, attention_flops = 0, selective_flops = 0, elementwise_bytes = 0, replayed_bytes = 0;
+    double product_s = 0, attention_flops = 0, selective_flops = 0, elementwise_bytes = 0, replayed_bytes = 0;
     for (int l = span.first; l < span.last; l++) {
       const bool routed = s.moe_layer(l);
       const double routed_flops = routed ? 2.0 * s.top_k * mlp_params(s, s.expert_ffn) : 0.0;
-      const double layer_products = layer_product_flops(s, l) - routed_flops * (1 - routed_share);
-      product_flops += tokens * layer_products / t;
+      const double dense_products = layer_product_flops(s, l) - routed_flops;
       attention_flops += tokens * layer_attention_flops(s, l) / t;
       const double layer_attention_s = tokens * layer_attention_flops(s, l) / t / attention_rate;
-      const double layer_product_s = tokens * layer_products / t / product_rate;
+      const double layer_product_s =
+          tokens * (dense_products + routed_flops * routed_share / expert_factor) / t / product_rate;
+      product_s += layer_product_s;
       // TP, exposed, for this layer's passes.
       const double tp_layer = passes * tp_pair;
       ch.tp_s += in.tp_overlap ? std::max(0.0, tp_layer - 3 * layer_product_s) : tp_layer;
@@ -266,13 +281,13 @@ PlanResult evaluate_shape_plan(const PlanInputs& in, const PlanConfig& c, bool s
       if (selective) selective_flops += tokens * selective_recompute_flops(s, l) / t;
     }
     if (span.head) {
-      product_flops += tokens * head_flops(s) / t;
+      product_s += tokens * head_flops(s) / t / product_rate;
       ch.dense_params += ((!s.tied || !ends_together ? double(s.V) * s.C : 0.0) + s.C) / t;  // + the final norm
       ch.logits = tokens * s.V * in.loss_bytes_per_logit / t;  // the loss's copies of the logits, vocabulary-parallel
       elementwise_bytes += tokens * loss_elementwise_bytes(s) / t;
     }
     if (span.embedding) ch.dense_params += embedding_params(s) / t;
-    ch.product_s = product_flops / product_rate;
+    ch.product_s = product_s;
     ch.attention_s = attention_flops / attention_rate;
     const double elementwise_s = k.memory_bandwidth > 0 ? elementwise_bytes / k.memory_bandwidth : 0.0;
     const double replayed_s = k.memory_bandwidth > 0 ? replayed_bytes / k.memory_bandwidth / 3 : 0.0;  // a forward's
