@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "check.h"
+#include "checkpoint_scale.h"  // checkpoint_at_scale: the checkpoint line of --one
 #include "flags.h"
 #include "metrics.h"  // format_bytes
 #include "plan_published.h"
@@ -51,6 +52,7 @@ struct Options {
   // A published run's implementation (PlanInputs): each names the setting the run used.
   double attention_efficiency = 0;  // 0: the products' efficiency
   double fp8_speedup = 2, loss_bytes = 4, allocator_overhead = 0;
+  double storage_tbps = 0;  // the storage's aggregate write bandwidth, for the checkpoint line (0: not given)
   bool fp8 = false, fp8_activations = false, ep_overlap = false, no_dp_overlap = false;
   std::string schedule, recompute, attention = "flash";
   bool sequence_parallel = false, no_sequence_parallel = false, runnable_here = false;
@@ -230,6 +232,19 @@ int run_one(const PlanInputs& in, const Options& opt, const std::string& note) {
                 r.expert_rows, r.expert_rate_factor,
                 in.cluster.gpu.empty() ? "no kernel table for this cluster: the dense rate"
                                        : (in.cluster.gpu + "'s kernel table, DeepGEMM's H800 rows").c_str());
+  // A sharded checkpoint of this run (docs/theory.md, section 19): every element once, 12 bytes a
+  // parameter, each GPU its own slices (and, under --async-save, its staged copy of them).
+  if (!in.chapters_model) {
+    const double psi = total_params(plan_shape(in));
+    const CheckpointScale ck = checkpoint_at_scale(psi, in.gpus, opt.storage_tbps * 1e12, 50e9);
+    std::printf("checkpoint: 12 Psi = %.2f TB, %.1f MB per GPU", ck.bytes / 1e12, ck.bytes_per_gpu / 1e6);
+    if (opt.storage_tbps > 0)
+      std::printf(", a sharded save %.1f s at %.3g TB/s (one writer at 50 GB/s: %.0f s)", ck.sharded_s, opt.storage_tbps,
+                  ck.single_writer_s);
+    else
+      std::printf(" (--storage-tbps gives a save's time)");
+    std::printf("\n");
+  }
   std::printf("per stage (pipeline rank), model state by category%s:\n",
               in.chapters_model ? ", padded as allocated" : "");
   std::printf("  %-6s %12s %12s %12s %12s %12s %12s\n", "stage", "params", "grads", "optim", "activations", "buffers", "peak");
@@ -419,6 +434,8 @@ int main(int argc, char** argv) {
             "peak's ratio; torchtitan's Float8 measured 1.28 end to end: docs/planner.md)");
   flags.add("--loss-bytes", &opt.loss_bytes, "a published shape: bytes a logit holds at the loss's peak (4: a fused "
             "fp32 cross entropy, Megatron's; 12: PyTorch's cross_entropy on logits.float(), torchtitan's)");
+  flags.add("--storage-tbps", &opt.storage_tbps, "a published shape: the storage's aggregate write bandwidth in TB/s, "
+            "for the time of a sharded save (Llama 3's Tectonic: 2 sustained; docs/checkpoint.md)");
   flags.add("--allocator-overhead", &opt.allocator_overhead, "a published shape: the caching allocator's reserve over "
             "the activations and buffers, a fraction (PyTorch reports reserved memory; 0: exact)");
   flags.add_switch("--fp8-activations", &opt.fp8_activations, "a published shape: the products' cached inputs in one "
@@ -519,7 +536,7 @@ int main(int argc, char** argv) {
   // A published run's implementation settings time a published shape; a chapters' model is timed as
   // the chapters run it, so they are refused there, never dropped.
   if (in.chapters_model)
-    for (const char* flag : {"--tp-overlap", "--fp8", "--fp8-speedup", "--fp8-activations", "--loss-bytes", "--allocator-overhead", "--ep-overlap", "--attention-efficiency", "--cp-method"})
+    for (const char* flag : {"--tp-overlap", "--fp8", "--fp8-speedup", "--fp8-activations", "--loss-bytes", "--allocator-overhead", "--storage-tbps", "--ep-overlap", "--attention-efficiency", "--cp-method"})
       if (given(flag) && !(std::string(flag) == "--cp-method" && opt.cp_method == "ring"))
         config_error(std::string(flag) + ": a published run's implementation setting, for a published shape (" +
                      model_shape_names() + "); --model " + opt.model + " is timed as the chapters run it");
@@ -549,6 +566,8 @@ int main(int argc, char** argv) {
   if (given("--fp8-speedup") && !(opt.fp8_speedup >= 1 && opt.fp8_speedup <= 2))
     config_error("--fp8-speedup " + std::to_string(opt.fp8_speedup) + ": FP8 against bf16, from 1 to 2 (the peak's ratio)");
   in.fp8_speedup = opt.fp8_speedup;
+  if (given("--storage-tbps") && !(opt.storage_tbps > 0 && opt.storage_tbps < 1e6))
+    config_error("--storage-tbps " + std::to_string(opt.storage_tbps) + ": the storage's write bandwidth, TB/s, above 0");
   if (given("--loss-bytes") && !(opt.loss_bytes >= 2 && opt.loss_bytes <= 32))
     config_error("--loss-bytes " + std::to_string(opt.loss_bytes) + ": bytes a logit holds, from 2 to 32");
   if (given("--allocator-overhead") && !(opt.allocator_overhead >= 0 && opt.allocator_overhead <= 1))

@@ -853,24 +853,33 @@ __global__ void partial_sums_kernel(float* partials, const Elem* x, size_t n) {
   if (threadIdx.x == 0) partials[blockIdx.x] = sum;
 }
 
-// The bias corrections 1 - beta^step are computed once on the host, as on the CPU. The weight w is
-// the fp32 master copy where there is one (param then receives w rounded), else param itself.
+// One element's AdamW step, shared by both versions below so that they agree bit for bit. The bias
+// corrections 1 - beta^step are computed once on the host, as on the CPU. The weight w is the fp32
+// master copy where there is one (param then receives w rounded), else param itself.
+template <typename Elem>
+__device__ inline void adamw_element(size_t i, Elem* param, float* master, const Elem* grad, float* m, float* v,
+                                     float lr, float beta1, float beta2, float bias_correction1,
+                                     float bias_correction2, float eps, float weight_decay, float grad_scale) {
+  const float g = to_float(grad[i]) * grad_scale;
+  const float m_i = beta1 * m[i] + (1.0f - beta1) * g;
+  const float v_i = beta2 * v[i] + (1.0f - beta2) * g * g;
+  m[i] = m_i;
+  v[i] = v_i;
+  const float m_hat = m_i / bias_correction1;
+  const float v_hat = v_i / bias_correction2;
+  const float w = master ? master[i] : to_float(param[i]);
+  const float updated = w - lr * (m_hat / (sqrtf(v_hat) + eps) + weight_decay * w);
+  if (master) master[i] = updated;
+  param[i] = from_float<Elem>(updated);
+}
+
 template <typename Elem>
 __global__ void adamw_kernel(Elem* param, float* master, const Elem* grad, float* m, float* v, size_t n, float lr,
                              float beta1, float beta2, float bias_correction1, float bias_correction2, float eps,
                              float weight_decay, float grad_scale) {
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
-    const float g = to_float(grad[i]) * grad_scale;
-    const float m_i = beta1 * m[i] + (1.0f - beta1) * g;
-    const float v_i = beta2 * v[i] + (1.0f - beta2) * g * g;
-    m[i] = m_i;
-    v[i] = v_i;
-    const float m_hat = m_i / bias_correction1;
-    const float v_hat = v_i / bias_correction2;
-    const float w = master ? master[i] : to_float(param[i]);
-    const float updated = w - lr * (m_hat / (sqrtf(v_hat) + eps) + weight_decay * w);
-    if (master) master[i] = updated;
-    param[i] = from_float<Elem>(updated);
+    adamw_element(i, param, master, grad, m, v, lr, beta1, beta2, bias_correction1, bias_correction2, eps, weight_decay,
+                  grad_scale);
   }
 }
 
@@ -878,7 +887,7 @@ __global__ void adamw_kernel(Elem* param, float* master, const Elem* grad, float
 // decay, where version 1 (above, launched per tensor by optimizer.cpp) takes ~150 launches for GPT-2
 // 124M. segment_ends (S, ascending, the last = n) cut the range; segment s decays iff decays[s] != 0.
 // Each element finds its segment by binary search (8 steps for 150 segments) and then computes
-// exactly adamw_kernel's arithmetic, so the two versions agree bit for bit.
+// adamw_element, as version 1 does.
 template <typename Elem>
 __global__ void adamw_fused_kernel(Elem* param, float* master, const Elem* grad, float* m, float* v, size_t n,
                                    const int64_t* segment_ends, const int64_t* decays, int segments, float lr,
@@ -892,17 +901,8 @@ __global__ void adamw_fused_kernel(Elem* param, float* master, const Elem* grad,
       else lo = mid + 1;
     }
     const float decay = decays[lo] ? weight_decay : 0.0f;
-    const float g = to_float(grad[i]) * grad_scale;
-    const float m_i = beta1 * m[i] + (1.0f - beta1) * g;
-    const float v_i = beta2 * v[i] + (1.0f - beta2) * g * g;
-    m[i] = m_i;
-    v[i] = v_i;
-    const float m_hat = m_i / bias_correction1;
-    const float v_hat = v_i / bias_correction2;
-    const float w = master ? master[i] : to_float(param[i]);
-    const float updated = w - lr * (m_hat / (sqrtf(v_hat) + eps) + decay * w);
-    if (master) master[i] = updated;
-    param[i] = from_float<Elem>(updated);
+    adamw_element(i, param, master, grad, m, v, lr, beta1, beta2, bias_correction1, bias_correction2, eps, decay,
+                  grad_scale);
   }
 }
 

@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <sstream>
 #include <string>
@@ -345,6 +346,24 @@ TEST(PlanFlags, SequenceAndTokensPerBatchAreInputsAndAbsurdInputsAreRefused) {
   for (const char* said : {"in FP8, 1.5 x", "one byte (--fp8-activations)", "attention at 0.35 of peak",
                            "after the backward (--no-dp-overlap)"})
     EXPECT_NE(r.output.find(said), std::string::npos) << said << "\n" << r.output;
+}
+
+// A published run's sharded checkpoint (docs/theory.md, section 19): 12 bytes a parameter, each GPU its
+// share, and at the storage's bandwidth the save's time; the flag is a published shape's only.
+TEST(PlanFlags, OnePrintsTheShardedCheckpointAtScale) {
+  const RunResult r = run_command("./09_3d_parallel/plan --one --model llama3-405b --cluster dgx-h100 --gpus 16384 "
+                                  "--seq-len 8192 --batch 2048 --tp 8 --pp 16 --schedule interleaved --virtual-stages 4 "
+                                  "--micro-batch 1 --micro-batches 16 --zero 2 --sequence-parallel --storage-tbps 2", 60);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const double bytes = 12 * total_params(shape("llama3-405b"));
+  char expected[160];
+  std::snprintf(expected, sizeof expected, "checkpoint: 12 Psi = %.2f TB, %.1f MB per GPU, a sharded save %.1f s at 2 TB/s",
+                bytes / 1e12, bytes / 16384 / 1e6, bytes / 2e12);
+  EXPECT_NE(r.output.find(expected), std::string::npos) << expected << "\n" << r.output;
+  const RunResult chapters = run_command("./09_3d_parallel/plan --model tiny --gpus 2 --one --storage-tbps 2", 60);
+  EXPECT_NE(chapters.exit_code, 0);
+  EXPECT_NE(chapters.output.find("--storage-tbps: a published run's implementation setting"), std::string::npos)
+      << chapters.output;
 }
 
 // A published shape's activations peak where the schedule's order puts the most micro-batches in
