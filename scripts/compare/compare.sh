@@ -52,6 +52,8 @@ echo "make compare: every chapter on ${ranks// / and } rank(s), $rounds rounds o
 [ -n "$tp_link" ] && echo "  and for 07's tensor-parallel group: $tp_link"
 echo "  (PRESET=, STEPS=, ROUNDS=, RANKS=, ONE_RANK=all, LINK=none or LINK=\"--link-gbps G --link-latency-us L\","
 echo "   TP_LINK=, EXTRA= change it)"
+[ -x 13_mixed_precision/train ] && \
+  echo "  13_mixed_precision is not a row: at its default (--precision fp32) it trains as 03; its recipes are make precision's table"
 mkdir -p results/rounds
 rm -f results/*.jsonl results/*.trace.json results/*.log results/rounds/* results/load.txt
 rm -rf results/four_ranks
