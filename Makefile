@@ -23,7 +23,7 @@ ifeq ($(MAKELEVEL),0)
 MAKEFLAGS += -j$(shell nproc 2>/dev/null || echo 1)
 endif
 
-# One short line per file ("  CXX   common/ops.cpp"); V=1 prints the whole commands instead.
+# One short line per file ("  CXX   common/ops/ops.cpp"); V=1 prints the whole commands instead.
 ifeq ($(V),1)
 say =
 else
@@ -40,7 +40,7 @@ COLLECTIVES_PROGRAM := 00_collectives/collectives
 FORMATS_PROGRAM := 13_mixed_precision/formats
 # The CPU kernel lesson (lessons/matmul/matmul_cpu_lesson.cpp), built with the chapters.
 CPU_LESSONS := lessons/matmul/matmul_cpu_lesson
-COMMON_SRC  := $(wildcard common/*.cpp)
+COMMON_SRC  := $(wildcard common/*/*.cpp)
 COMMON_OBJ  := $(COMMON_SRC:%.cpp=$(BUILD)/%.o)
 LIBCOMMON   := $(BUILD)/libcommon.a
 
@@ -111,7 +111,7 @@ FORCE:
 %/train: $(BUILD)/%/train.o $(LIBCOMMON) $(CHAPTERS_LINKED_FROM)
 	$(call say,LINK,$@)$(MPICXX) $(CXXFLAGS) $(filter-out $(CHAPTERS_LINKED_FROM),$^) -o $@ -pthread
 
-$(FORMATS_PROGRAM): $(BUILD)/13_mixed_precision/formats.o $(BUILD)/common/float_formats.o
+$(FORMATS_PROGRAM): $(BUILD)/13_mixed_precision/formats.o $(BUILD)/common/ops/float_formats.o
 	$(call say,LINK,$@)$(MPICXX) $(CXXFLAGS) $^ -o $@
 
 $(COLLECTIVES_PROGRAM): $(BUILD)/00_collectives/collectives.o $(LIBCOMMON) $(CHAPTERS_LINKED_FROM)
@@ -119,7 +119,7 @@ $(COLLECTIVES_PROGRAM): $(BUILD)/00_collectives/collectives.o $(LIBCOMMON) $(CHA
 
 # The CPU kernel lesson: a standalone program (no MPI) whose fastest version is the framework's own
 # sgemm_cpu, linked from its object.
-lessons/matmul/matmul_cpu_lesson: $(BUILD)/lessons/matmul/matmul_cpu_lesson.o $(BUILD)/common/matmul_cpu.o \
+lessons/matmul/matmul_cpu_lesson: $(BUILD)/lessons/matmul/matmul_cpu_lesson.o $(BUILD)/common/ops/matmul_cpu.o \
                                   $(CHAPTERS_LINKED_FROM)
 	$(call say,LINK,$@)$(MPICXX) $(CXXFLAGS) $(filter-out $(CHAPTERS_LINKED_FROM),$^) -o $@
 
@@ -255,7 +255,7 @@ diffs: ## writes docs/diffs/: each chapter's train.cpp against its base chapter 
 	@scripts/checks/diffs.sh
 
 # Chapter 09's planner (PLAN, defined with the chapters above): a command-line tool over
-# common/planner.*, no MPI job of its own.
+# common/planner/planner.*, no MPI job of its own.
 $(PLAN): $(BUILD)/09_3d_parallel/plan.o $(LIBCOMMON)
 	$(call say,LINK,$@)$(MPICXX) $(CXXFLAGS) $^ -o $@ -pthread
 

@@ -2,7 +2,7 @@
 # end (after its own rules and variables: this file adds to them). It
 #   - defines GPT_WITH_CUDA (and GPT_WITH_NCCL where nccl.h exists) for every host object, so ops.cpp
 #     dispatches CUDA tensors to ops_cuda.cu and memory.cpp allocates them with cudaMalloc;
-#   - compiles common/*.cu with nvcc into libcommon.a, next to the common/*.cpp objects;
+#   - compiles common/*/*.cu with nvcc into libcommon.a, next to the common/*/*.cpp objects;
 #   - links the CUDA libraries into every program that links libcommon.a (CUDA_LINKED below);
 #   - builds the kernel lessons (lessons/matmul/matmul_lesson) and, with the tests, the kernel
 #     variants' benchmark (build/kernel_variants); test_cuda_ops comes with the other tests
@@ -25,7 +25,7 @@ endif
 # programs find the libraries at run time without LD_LIBRARY_PATH.
 CUDA_LDFLAGS := -Wl,--no-as-needed -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart -lcublas -lcublasLt $(CUDA_NCCL)
 
-CUDA_SRC := $(wildcard common/*.cu)
+CUDA_SRC := $(wildcard common/*/*.cu)
 CUDA_OBJ := $(CUDA_SRC:%.cu=$(BUILD)/%.o)
 
 ifneq ($(SHOW_FOUND),)

@@ -3,7 +3,7 @@
 //
 // The idea. Every later chapter calls all_reduce, reduce_scatter and all_gather, and the
 // communicator hands them to MPI or NCCL. Underneath, each is a schedule of point-to-point messages,
-// and which schedule wins depends on the message size. common/p2p_collectives.cpp builds four of
+// and which schedule wins depends on the message size. common/comm/p2p_collectives.cpp builds four of
 // them from nothing but Communicator::send_recv_async (read it first: it is this chapter's lesson):
 //   ring                 N-1 steps each way, a 1/N segment per step: bandwidth-optimal, latency grows with N
 //   halving-doubling     Rabenseifner: the ring's bytes in 2 lg N steps (powers of two, others folded)
@@ -31,17 +31,17 @@
 #include <string>
 #include <vector>
 
-#include "check.h"
-#include "comm.h"
-#include "comm_factory.h"  // communicator_for: NCCL for --device cuda
-#include "device.h"        // pick_device, synchronize
-#include "flags.h"
-#include "memory.h"
-#include "metrics.h"        // JsonLinesWriter, format_bytes
-#include "ops.h"            // add_inplace: the reduction gamma times
-#include "output_paths.h"   // run_paths_problem
-#include "p2p_collectives.h"
-#include "trace.h"          // now_ms
+#include "base/check.h"
+#include "comm/comm.h"
+#include "comm/comm_factory.h"  // communicator_for: NCCL for --device cuda
+#include "ops/device.h"        // pick_device, synchronize
+#include "training/flags.h"
+#include "ops/memory.h"
+#include "base/metrics.h"        // JsonLinesWriter, format_bytes
+#include "ops/ops.h"            // add_inplace: the reduction gamma times
+#include "base/output_paths.h"   // run_paths_problem
+#include "comm/p2p_collectives.h"
+#include "comm/trace.h"          // now_ms
 
 namespace {
 

@@ -27,15 +27,15 @@
 // Loss falls from about 5.5 (= ln 256, uniform over bytes) as the model learns the text.
 #include <cmath>
 
-#include "comm.h"
-#include "comm_factory.h"
-#include "device.h"
-#include "flags.h"
-#include "memory.h"
-#include "model.h"
-#include "ops.h"
-#include "optimizer.h"
-#include "training_run.h"
+#include "comm/comm.h"
+#include "comm/comm_factory.h"
+#include "ops/device.h"
+#include "training/flags.h"
+#include "ops/memory.h"
+#include "model/model.h"
+#include "ops/ops.h"
+#include "training/optimizer.h"
+#include "training/training_run.h"
 
 int main(int argc, char** argv) {
   auto comm = init_mpi_communicator(&argc, &argv);

@@ -5,7 +5,7 @@
 // gradients one parameter at a time, from the last layer to the first, and a finished gradient
 // never changes again. So: the moment a parameter's gradient is final, start averaging it
 // asynchronously, and keep computing the rest of backward while it travels. Before the optimizer
-// step, wait for every handle. The communication thread of common/comm_engine.cpp makes the async
+// step, wait for every handle. The communication thread of common/comm/comm_engine.cpp makes the async
 // all-reduce progress while this thread computes.
 //
 // What changed since 01: a grad_ready hook launches one async all-reduce per parameter; the
@@ -26,15 +26,15 @@
 #include <cmath>
 #include <vector>
 
-#include "comm.h"
-#include "comm_factory.h"
-#include "device.h"
-#include "flags.h"
-#include "memory.h"
-#include "model.h"
-#include "ops.h"
-#include "optimizer.h"
-#include "training_run.h"
+#include "comm/comm.h"
+#include "comm/comm_factory.h"
+#include "ops/device.h"
+#include "training/flags.h"
+#include "ops/memory.h"
+#include "model/model.h"
+#include "ops/ops.h"
+#include "training/optimizer.h"
+#include "training/training_run.h"
 
 int main(int argc, char** argv) {
   auto comm = init_mpi_communicator(&argc, &argv);

@@ -25,16 +25,16 @@
 #include <cstdio>
 #include <vector>
 
-#include "buckets.h"
-#include "comm.h"
-#include "comm_factory.h"
-#include "device.h"
-#include "flags.h"
-#include "memory.h"
-#include "model.h"
-#include "ops.h"
-#include "optimizer.h"
-#include "training_run.h"
+#include "parallel/buckets.h"
+#include "comm/comm.h"
+#include "comm/comm_factory.h"
+#include "ops/device.h"
+#include "training/flags.h"
+#include "ops/memory.h"
+#include "model/model.h"
+#include "ops/ops.h"
+#include "training/optimizer.h"
+#include "training/training_run.h"
 
 int main(int argc, char** argv) {
   auto comm = init_mpi_communicator(&argc, &argv);

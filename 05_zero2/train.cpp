@@ -10,7 +10,7 @@
 //
 // What changed since 04: the full gradient buffer is gone; gradients are bound per layer to
 // transient buffers (model.bind_unit_grads), and the reduce-scatter moved from the bucket's
-// gradient-ready hook to the layer's after_backward hook (common/layer_grads.h), so the shard is cut
+// gradient-ready hook to the layer's after_backward hook (common/parallel/layer_grads.h), so the shard is cut
 // by layers, not buckets. At most two layers' reduce-scatters are in flight: that bounds the
 // transient memory. The tied embedding: the
 // LM head writes wte's gradient first and the embedding writes it last, so unit 0's buffer opens
@@ -30,17 +30,17 @@
 #include <cmath>
 #include <vector>
 
-#include "comm.h"
-#include "comm_factory.h"
-#include "device.h"
-#include "flags.h"
-#include "layer_grads.h"
-#include "memory.h"
-#include "model.h"
-#include "ops.h"
-#include "optimizer.h"
-#include "shards.h"
-#include "training_run.h"
+#include "comm/comm.h"
+#include "comm/comm_factory.h"
+#include "ops/device.h"
+#include "training/flags.h"
+#include "parallel/layer_grads.h"
+#include "ops/memory.h"
+#include "model/model.h"
+#include "ops/ops.h"
+#include "training/optimizer.h"
+#include "parallel/shards.h"
+#include "training/training_run.h"
 
 int main(int argc, char** argv) {
   auto comm = init_mpi_communicator(&argc, &argv);

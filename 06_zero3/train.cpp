@@ -30,18 +30,18 @@
 #include <cstdio>
 #include <map>
 
-#include "comm.h"
-#include "comm_factory.h"
-#include "device.h"
-#include "flags.h"
-#include "layer_grads.h"
-#include "memory.h"
-#include "metrics.h"
-#include "model.h"
-#include "ops.h"
-#include "optimizer.h"
-#include "shards.h"
-#include "training_run.h"
+#include "comm/comm.h"
+#include "comm/comm_factory.h"
+#include "ops/device.h"
+#include "training/flags.h"
+#include "parallel/layer_grads.h"
+#include "ops/memory.h"
+#include "base/metrics.h"
+#include "model/model.h"
+#include "ops/ops.h"
+#include "training/optimizer.h"
+#include "parallel/shards.h"
+#include "training/training_run.h"
 
 int main(int argc, char** argv) {
   auto comm = init_mpi_communicator(&argc, &argv);

@@ -45,19 +45,19 @@
 #include <utility>
 #include <vector>
 
-#include "buckets.h"
-#include "comm.h"
-#include "comm_factory.h"
-#include "data_parallel.h"
-#include "device.h"
-#include "flags.h"
-#include "memory.h"
-#include "model.h"
-#include "ops.h"
-#include "optimizer.h"
-#include "process_grid.h"
-#include "shards.h"
-#include "training_run.h"
+#include "parallel/buckets.h"
+#include "comm/comm.h"
+#include "comm/comm_factory.h"
+#include "parallel/data_parallel.h"
+#include "ops/device.h"
+#include "training/flags.h"
+#include "ops/memory.h"
+#include "model/model.h"
+#include "ops/ops.h"
+#include "training/optimizer.h"
+#include "comm/process_grid.h"
+#include "parallel/shards.h"
+#include "training/training_run.h"
 
 struct Options {
   int tp = 0;  // 0: 2 where the rank count is even, else 1

@@ -19,8 +19,8 @@
 //   dualpipev    DeepSeek's DualPipe cut in half: the same V, its steady state pairing one chunk's
 //                forward with the other's backward (m >= 2p), the two passes of a pair run at once
 //                on two threads (--fb-overlap off: one after the other).
-// Each schedule is a plain list of actions per rank (common/pipeline_schedule.cpp: read it with the
-// diagram of `make schedules`); one executor runs any list (common/pipeline.h).
+// Each schedule is a plain list of actions per rank (common/schedule/pipeline_schedule.cpp: read it with the
+// diagram of `make schedules`); one executor runs any list (common/pipeline/pipeline.h).
 //
 // The tied wte lives on the first stage (the embedding) and the last (the LM head), a copy each,
 // equal at the start: their gradients are summed over the two (Megatron's embedding group) before
@@ -45,24 +45,24 @@
 #include <utility>
 #include <vector>
 
-#include "buckets.h"
-#include "comm.h"
-#include "comm_factory.h"
-#include "data_parallel.h"
-#include "device.h"
-#include "flags.h"
-#include "gradient_router.h"  // each gradient to its group, by its copies
-#include "memory.h"
-#include "model.h"
-#include "ops.h"
-#include "optimizer.h"
-#include "pipeline.h"
-#include "pipeline_flags.h"
-#include "pipeline_report.h"
-#include "pipeline_schedule.h"
-#include "process_grid.h"
-#include "shards.h"
-#include "training_run.h"
+#include "parallel/buckets.h"
+#include "comm/comm.h"
+#include "comm/comm_factory.h"
+#include "parallel/data_parallel.h"
+#include "ops/device.h"
+#include "training/flags.h"
+#include "pipeline/gradient_router.h"  // each gradient to its group, by its copies
+#include "ops/memory.h"
+#include "model/model.h"
+#include "ops/ops.h"
+#include "training/optimizer.h"
+#include "pipeline/pipeline.h"
+#include "pipeline/pipeline_flags.h"
+#include "pipeline/pipeline_report.h"
+#include "schedule/pipeline_schedule.h"
+#include "comm/process_grid.h"
+#include "parallel/shards.h"
+#include "training/training_run.h"
 
 struct Options {
   PipelineFlags pipeline;  // --pp, --micro-batches, --schedule, --virtual-stages, --partition, --zero1, --zero2

@@ -1,6 +1,6 @@
 // 09_3d_parallel/plan.cpp: choose a TP x CP x PP x DP (x EP) configuration before spending the GPUs.
 //
-// Given a model and a cluster, the planner (common/planner.h) tries every tensor-, context-,
+// Given a model and a cluster, the planner (common/planner/planner.h) tries every tensor-, context-,
 // pipeline-, data- and expert-parallel degree (placed as the published runs place them: TP inside a
 // node, then CP, then DP, EP over DP x CP, PP outermost), schedule, micro-batch, virtual stages, ZeRO
 // stage and recomputation, predicts each one's memory per GPU by category and its step split into
@@ -26,14 +26,14 @@
 #include <utility>
 #include <vector>
 
-#include "check.h"
-#include "checkpoint_scale.h"  // checkpoint_at_scale: the checkpoint line of --one
-#include "flags.h"
-#include "metrics.h"  // format_bytes
-#include "plan_published.h"
-#include "plan_record.h"
-#include "plan_report.h"  // the published comparisons' tables
-#include "planner.h"
+#include "base/check.h"
+#include "planner/checkpoint_scale.h"  // checkpoint_at_scale: the checkpoint line of --one
+#include "training/flags.h"
+#include "base/metrics.h"  // format_bytes
+#include "planner/plan_published.h"
+#include "planner/plan_record.h"
+#include "planner/plan_report.h"  // the published comparisons' tables
+#include "planner/planner.h"
 
 namespace {
 

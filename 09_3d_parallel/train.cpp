@@ -11,7 +11,7 @@
 // its 1/t of every product, and the d replicas of that grid average their gradients.
 //
 // Composition is mostly placement. The process grid puts TP innermost (consecutive ranks: one node)
-// and PP outermost: world rank = (pp x DP + dp) x TP + tp (common/process_grid.h). Nothing in a stage
+// and PP outermost: world rank = (pp x DP + dp) x TP + tp (common/comm/process_grid.h). Nothing in a stage
 // knows about the pipeline's other stages but its neighbours, and nothing in a tensor-parallel group
 // knows about the pipeline: a chunk (08's model part) is simply built as this rank's slice (07's
 // layout), with 07's f and g collectives over the TP group; the messages between stages are the
@@ -47,25 +47,25 @@
 #include <utility>
 #include <vector>
 
-#include "buckets.h"
-#include "comm.h"
-#include "comm_factory.h"
-#include "data_parallel.h"
-#include "device.h"
-#include "flags.h"
-#include "gradient_router.h"  // each gradient to its group, by its copies
-#include "memory.h"
-#include "model.h"
-#include "ops.h"
-#include "optimizer.h"
-#include "pipeline.h"
-#include "pipeline_flags.h"
-#include "pipeline_report.h"
-#include "pipeline_schedule.h"
-#include "process_grid.h"
-#include "shards.h"
-#include "tensor_parallel_hooks.h"  // 07's collectives, for every chunk
-#include "training_run.h"
+#include "parallel/buckets.h"
+#include "comm/comm.h"
+#include "comm/comm_factory.h"
+#include "parallel/data_parallel.h"
+#include "ops/device.h"
+#include "training/flags.h"
+#include "pipeline/gradient_router.h"  // each gradient to its group, by its copies
+#include "ops/memory.h"
+#include "model/model.h"
+#include "ops/ops.h"
+#include "training/optimizer.h"
+#include "pipeline/pipeline.h"
+#include "pipeline/pipeline_flags.h"
+#include "pipeline/pipeline_report.h"
+#include "schedule/pipeline_schedule.h"
+#include "comm/process_grid.h"
+#include "parallel/shards.h"
+#include "parallel/tensor_parallel_hooks.h"  // 07's collectives, for every chunk
+#include "training/training_run.h"
 
 struct Options {
   int tp = 0;  // 0: 2 where the rank count is even, else 1

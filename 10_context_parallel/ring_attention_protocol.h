@@ -2,7 +2,7 @@
 // which block of keys and values a rank holds at each step, when it is sent on, and how the
 // gradients of the keys and values travel home in the backward. Defines RingAttention, which
 // train.cpp wires into the model and tests/test_ring_attention.cpp runs over a real communicator
-// against the unsplit attention. The kernels a rank runs on each block: common/ring_attention.h;
+// against the unsplit attention. The kernels a rank runs on each block: common/ops/ring_attention.h;
 // the derivations: docs/theory.md, section 13.
 #pragma once
 #include <cmath>
@@ -10,12 +10,12 @@
 #include <utility>
 #include <vector>
 
-#include "check.h"
-#include "comm.h"
-#include "context_report.h"  // RingCounters, thread_cpu_ms
-#include "ops.h"             // fill_zero, add_inplace
-#include "ring_attention.h"
-#include "trace.h"  // TraceScope, now_ms
+#include "base/check.h"
+#include "comm/comm.h"
+#include "training/context_report.h"  // RingCounters, thread_cpu_ms
+#include "ops/ops.h"             // fill_zero, add_inplace
+#include "ops/ring_attention.h"
+#include "comm/trace.h"  // TraceScope, now_ms
 
 // Rank r holds the queries, keys and values of its positions; at step s it computes against the
 // block of rank r - s, which it received at step s - 1 while it computed the one before.

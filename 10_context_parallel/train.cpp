@@ -26,7 +26,7 @@
 // positions: averaging their means over equal token counts gives the mean over whole sequences).
 // What stayed: 03's buckets overlapping backward, and the losses equal 01's.
 // At --cp 1 the attention is the same blockwise kernel, a ring of one (on a GPU: the model's own).
-// On a GPU (--device cuda, fp32) the blocks run as CUDA kernels (common/ring_attention_cuda.cu) on
+// On a GPU (--device cuda, fp32) the blocks run as CUDA kernels (common/ops/ring_attention_cuda.cu) on
 // the compute stream while NCCL's stream carries the next block: the same overlap, on two streams.
 //
 // Base chapter: 03_bucket_dp (docs/diffs/10_context_parallel.diff: what this chapter adds to it).
@@ -46,20 +46,20 @@
 #include <string>
 #include <vector>
 
-#include "buckets.h"
-#include "comm.h"
-#include "comm_factory.h"
-#include "context_report.h"  // RingCounters, report_ring
-#include "context_split.h"
-#include "device.h"
-#include "flags.h"
-#include "memory.h"
-#include "model.h"
-#include "ops.h"
-#include "optimizer.h"
-#include "process_grid.h"
+#include "parallel/buckets.h"
+#include "comm/comm.h"
+#include "comm/comm_factory.h"
+#include "training/context_report.h"  // RingCounters, report_ring
+#include "parallel/context_split.h"
+#include "ops/device.h"
+#include "training/flags.h"
+#include "ops/memory.h"
+#include "model/model.h"
+#include "ops/ops.h"
+#include "training/optimizer.h"
+#include "comm/process_grid.h"
 #include "ring_attention_protocol.h"  // RingAttention: the lesson's ring
-#include "training_run.h"
+#include "training/training_run.h"
 
 // The chapter's own flags.
 struct ContextFlags {

@@ -4,7 +4,7 @@
 // the same two trips for the gradients. Defines ExpertExchange, which 11's train.cpp wires into the
 // model's ExpertHooks, and 12_5d_parallel composes with the other four dimensions.
 //
-// Under a pipeline whose F&B pairs run at once (12 with dualpipev; common/lanes.h), one micro-batch's
+// Under a pipeline whose F&B pairs run at once (12 with dualpipev; common/comm/lanes.h), one micro-batch's
 // forward and another's backward exchange at the same time: the exchange then takes the EP group
 // as a LaneCommunicator (each lane its own communicator), and keeps its scratch buffers and its
 // predicted counts once per lane. Its routing and the experts' activations are per slot, which the
@@ -14,12 +14,12 @@
 #include <cstring>
 #include <vector>
 
-#include "comm.h"
-#include "lanes.h"  // lane_index, kLanes
-#include "memory.h"
-#include "model.h"
-#include "moe.h"
-#include "ops.h"  // copy_tensor: the rows regrouped on their device
+#include "comm/comm.h"
+#include "comm/lanes.h"  // lane_index, kLanes
+#include "ops/memory.h"
+#include "model/model.h"
+#include "model/moe.h"
+#include "ops/ops.h"  // copy_tensor: the rows regrouped on their device
 
 // The tokens' trips to the experts of the EP group and back, per layer (the lesson's core).
 class ExpertExchange {

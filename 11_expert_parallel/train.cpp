@@ -1,7 +1,7 @@
 // Chapter 11: expert parallelism. A mixture-of-experts GPT-2 whose experts are spread over ranks,
 // tokens travelling to their experts and back by all-to-all.
 //
-// The idea. In a MoE block (common/moe.h) the MLP is E expert MLPs and a router that sends each
+// The idea. In a MoE block (common/model/moe.h) the MLP is E expert MLPs and a router that sends each
 // token to its top-k experts. Experts are independent, so a group of ep ranks can hold E/ep of them
 // each (expert weights fall as 1/ep), and each layer moves the tokens instead of the weights:
 //   dispatch: each rank sorts its tokens by expert (they are, already: moe.cpp groups them), sends
@@ -39,20 +39,20 @@
 #include <string>
 #include <vector>
 
-#include "buckets.h"
-#include "comm.h"
-#include "comm_factory.h"
-#include "device.h"
+#include "parallel/buckets.h"
+#include "comm/comm.h"
+#include "comm/comm_factory.h"
+#include "ops/device.h"
 #include "expert_exchange.h"  // ExpertExchange: the lesson's all-to-alls
-#include "expert_report.h"
-#include "flags.h"
-#include "memory.h"
-#include "model.h"
-#include "moe.h"
-#include "ops.h"
-#include "optimizer.h"
-#include "process_grid.h"
-#include "training_run.h"
+#include "training/expert_report.h"
+#include "training/flags.h"
+#include "ops/memory.h"
+#include "model/model.h"
+#include "model/moe.h"
+#include "ops/ops.h"
+#include "training/optimizer.h"
+#include "comm/process_grid.h"
+#include "training/training_run.h"
 
 namespace {
 

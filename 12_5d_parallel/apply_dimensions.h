@@ -2,7 +2,7 @@
 // of its own, as torchtitan's parallelize_llama applies one after another: 10's ring (CP), 11's
 // exchange (EP) on the grid, and what each group sends in a step next to its formula; before them, the
 // flags and refusals of CP and EP. (TP is 07's hooks, one line in train.cpp; the gradients' groups are
-// every pipeline chapter's router, common/gradient_router.h.) Defines check_context_and_expert_flags,
+// every pipeline chapter's router, common/pipeline/gradient_router.h.) Defines check_context_and_expert_flags,
 // refuse_what_this_composition_cannot_run, ContextRings, GridExperts and GroupBytes.
 #pragma once
 #include <algorithm>
@@ -14,17 +14,17 @@
 
 #include "../10_context_parallel/ring_attention_protocol.h"  // RingAttention: 10's lesson
 #include "../11_expert_parallel/expert_exchange.h"           // ExpertExchange: 11's lesson
-#include "context_split.h"   // gather_positions, parse_context_split, context_split_problem
-#include "data_parallel.h"   // GradientSync
-#include "device.h"          // pick_device
-#include "flags.h"           // TrainConfig, config_error
-#include "grid_report.h"     // GroupRow
-#include "lanes.h"           // lane_of, lane_index, kLanes: dualpipev's F&B pairs at once
-#include "model.h"
-#include "process_grid.h"
-#include "routing_log.h"  // RoutingLog: the ep row's theory from the routing
-#include "theory.h"  // predict_tensor_parallel, ring_sent_bytes, routing_counts_bytes
-#include "training_run.h"
+#include "parallel/context_split.h"   // gather_positions, parse_context_split, context_split_problem
+#include "parallel/data_parallel.h"   // GradientSync
+#include "ops/device.h"          // pick_device
+#include "training/flags.h"           // TrainConfig, config_error
+#include "training/grid_report.h"     // GroupRow
+#include "comm/lanes.h"           // lane_of, lane_index, kLanes: dualpipev's F&B pairs at once
+#include "model/model.h"
+#include "comm/process_grid.h"
+#include "training/routing_log.h"  // RoutingLog: the ep row's theory from the routing
+#include "parallel/theory.h"  // predict_tensor_parallel, ring_sent_bytes, routing_counts_bytes
+#include "training/training_run.h"
 
 // The flags of CP and EP, each alone (main, before the device is chosen): on a GPU the ring and the
 // experts run in fp32 (docs/context_parallel.md, moe.h), so `--dtype` auto becomes fp32 there.

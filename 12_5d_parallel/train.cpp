@@ -15,7 +15,7 @@
 //
 // Composition is mostly placement. The process grid puts TP innermost (consecutive ranks: one node)
 // and PP outermost, from the order "tp-cp-dp-pp" and the sizes: world rank = ((pp x DP + dp) x CP +
-// cp) x TP + tp (common/process_grid.h); experts fold over each stage's DP x CP x TP ranks as EDP x EP,
+// cp) x TP + tp (common/comm/process_grid.h); experts fold over each stage's DP x CP x TP ranks as EDP x EP,
 // EP innermost. Nothing in a stage
 // knows about the pipeline's other stages but its neighbours, and nothing in a tensor-parallel group
 // knows about the pipeline: a chunk (08's model part) is simply built as this rank's slice (07's
@@ -25,12 +25,12 @@
 // wte's two copies are vocabulary slices now, summed in the embedding group of each (dp, tp)
 // coordinate. Gradients: 07's sums over TP of the tensors held whole (under SP), 08's sum of wte over
 // the embedding group, then data parallelism over DP x CP (or ZeRO-1), the experts' over their EDP
-// group, each by its copies (common/gradient_router.h). Then CP and EP are applied to the chunks in
+// group, each by its copies (common/pipeline/gradient_router.h). Then CP and EP are applied to the chunks in
 // turn, each its own lesson (apply_dimensions.h, beside this file, wires them): 10's ring
 // (ring_attention_protocol.h, over this rank's NH/t heads; TP's collectives then on its T/cp
 // positions), 11's exchange (expert_exchange.h, per micro-batch in flight, each rank routing the rows
 // it holds: under TP, with sequence parallelism). With --schedule dualpipev a pair's forward and
-// backward run at once, each lane on its own copy of the groups (common/lanes.h). Seven groups, seven kinds
+// backward run at once, each lane on its own copy of the groups (common/comm/lanes.h). Seven groups, seven kinds
 // of traffic, each printed next to its formula.
 //
 // Activation recomputation (--recompute, in every chapter: it belongs to the model) trades compute
@@ -64,25 +64,25 @@
 #include <vector>
 
 #include "apply_dimensions.h"  // 10's and 11's lessons on the grid, each group's bytes
-#include "buckets.h"
-#include "comm.h"
-#include "comm_factory.h"
-#include "data_parallel.h"
-#include "device.h"
-#include "flags.h"
-#include "gradient_router.h"  // each gradient to its group, by its copies
-#include "memory.h"
-#include "model.h"
-#include "ops.h"
-#include "optimizer.h"
-#include "pipeline.h"
-#include "pipeline_flags.h"
-#include "pipeline_report.h"
-#include "pipeline_schedule.h"
-#include "process_grid.h"
-#include "shards.h"
-#include "tensor_parallel_hooks.h"  // 07's collectives, for every chunk
-#include "training_run.h"
+#include "parallel/buckets.h"
+#include "comm/comm.h"
+#include "comm/comm_factory.h"
+#include "parallel/data_parallel.h"
+#include "ops/device.h"
+#include "training/flags.h"
+#include "pipeline/gradient_router.h"  // each gradient to its group, by its copies
+#include "ops/memory.h"
+#include "model/model.h"
+#include "ops/ops.h"
+#include "training/optimizer.h"
+#include "pipeline/pipeline.h"
+#include "pipeline/pipeline_flags.h"
+#include "pipeline/pipeline_report.h"
+#include "schedule/pipeline_schedule.h"
+#include "comm/process_grid.h"
+#include "parallel/shards.h"
+#include "parallel/tensor_parallel_hooks.h"  // 07's collectives, for every chunk
+#include "training/training_run.h"
 
 struct Options {
   int tp = 1;

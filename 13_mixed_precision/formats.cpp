@@ -15,7 +15,7 @@
 #include <iostream>
 #include <string>
 
-#include "float_formats.h"
+#include "ops/float_formats.h"
 
 int main(int argc, char** argv) {
   Overflow overflow = Overflow::Ieee;

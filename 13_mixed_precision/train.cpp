@@ -11,7 +11,7 @@
 // fp8 needs a scale on every tensor: E4M3 (forward) spans 2^-9 .. 448, E5M2 (gradients) 2^-16 .. 57344.
 // The scale comes from the tensor's amax: now (current), from an amax history (delayed, as
 // Transformer Engine), per row, or per 1 x 128 tile and 128 x 128 block (DeepSeek-V3).
-// Every product is emulated on the CPU as the hardware does it (common/precision_recipe.h):
+// Every product is emulated on the CPU as the hardware does it (common/training/precision_recipe.h):
 // inputs rounded to the format, products summed in fp32, the output rounded to the layer's dtype.
 //
 // What changed since 03: --precision; the products' casts; the loss scaler; the amax history reduced
@@ -31,18 +31,18 @@
 #include <string>
 #include <vector>
 
-#include "buckets.h"
-#include "comm.h"
-#include "comm_factory.h"
-#include "device.h"
-#include "flags.h"
-#include "memory.h"
-#include "model.h"
-#include "ops.h"
-#include "optimizer.h"
-#include "precision_recipe.h"  // PrecisionRecipe, LowPrecisionMatmuls: the products as the format does them
-#include "precision_report.h"  // PrecisionFlags, precision_recipe_from_flags, PrecisionLog: flags, records, summary
-#include "training_run.h"
+#include "parallel/buckets.h"
+#include "comm/comm.h"
+#include "comm/comm_factory.h"
+#include "ops/device.h"
+#include "training/flags.h"
+#include "ops/memory.h"
+#include "model/model.h"
+#include "ops/ops.h"
+#include "training/optimizer.h"
+#include "training/precision_recipe.h"  // PrecisionRecipe, LowPrecisionMatmuls: the products as the format does them
+#include "training/precision_report.h"  // PrecisionFlags, precision_recipe_from_flags, PrecisionLog: flags, records, summary
+#include "training/training_run.h"
 
 // The loss scale of fp16: large enough that small gradients survive the format, halved when a step
 // overflows, doubled after `window` clean steps. A fixed scale (--loss-scale N) never moves.

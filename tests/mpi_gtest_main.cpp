@@ -22,8 +22,8 @@
 #include <string>
 #include <vector>
 
-#include "check.h"
-#include "comm.h"
+#include "base/check.h"
+#include "comm/comm.h"
 #include "mpi_test_env.h"
 
 namespace {

@@ -4,6 +4,6 @@
 // check values with EXPECT_*, and keep ASSERT_* for conditions every rank sees alike, or a rank that
 // returns early leaves the others waiting inside a collective.
 #pragma once
-#include "comm.h"
+#include "comm/comm.h"
 
 Communicator& test_comm();

@@ -14,10 +14,10 @@
 #include <string>
 #include <vector>
 
-#include "buckets.h"
-#include "param_layout.h"
-#include "pipeline.h"
-#include "shards.h"
+#include "parallel/buckets.h"
+#include "model/param_layout.h"
+#include "pipeline/pipeline.h"
+#include "parallel/shards.h"
 #include "training_harness.h"
 
 namespace {

@@ -9,7 +9,7 @@
 // plan is checked without MPI, the runs against one rank of 11, their memory and bytes against the
 // formulas, and their checkpoints across grids (with their own micro-batches). The memory forecast
 // holds every rank's peak with experts down a pipeline.
-// dualpipev's F&B pairs run at once (two lanes, common/lanes.h): the same training, and the trace
+// dualpipev's F&B pairs run at once (two lanes, common/comm/lanes.h): the same training, and the trace
 // shows one micro-batch's all-to-all travelling while another micro-batch's backward computes.
 #include <gtest/gtest-spi.h>  // EXPECT_NONFATAL_FAILURE: a check that must fail
 #include <gtest/gtest.h>
@@ -23,10 +23,10 @@
 #include <utility>
 #include <vector>
 
-#include "buckets.h"
-#include "data_parallel.h"  // GradientSync::zero1_plan
-#include "model_config.h"
-#include "param_layout.h"
+#include "parallel/buckets.h"
+#include "parallel/data_parallel.h"  // GradientSync::zero1_plan
+#include "model/model_config.h"
+#include "model/param_layout.h"
 #include "training_harness.h"
 
 namespace {

@@ -13,10 +13,10 @@
 #include <utility>
 #include <vector>
 
-#include "checkpoint.h"
-#include "model_config.h"
+#include "training/checkpoint.h"
+#include "model/model_config.h"
 #include "mpi_test_env.h"
-#include "param_layout.h"
+#include "model/param_layout.h"
 #include "test_util.h"
 
 namespace {

@@ -15,9 +15,9 @@
 #include <thread>
 #include <vector>
 
-#include "model_config.h"
-#include "param_layout.h"
-#include "shards.h"
+#include "model/model_config.h"
+#include "model/param_layout.h"
+#include "parallel/shards.h"
 #include "training_harness.h"
 
 namespace {

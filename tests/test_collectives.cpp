@@ -17,15 +17,15 @@
 #include <thread>
 #include <vector>
 
-#include "bf16.h"
-#include "comm.h"
-#include "comm_factory.h"
-#include "device.h"
-#include "memory.h"
+#include "ops/bf16.h"
+#include "comm/comm.h"
+#include "comm/comm_factory.h"
+#include "ops/device.h"
+#include "ops/memory.h"
 #include "mpi_test_env.h"
-#include "comm_p2p.h"
-#include "p2p_collectives.h"
-#include "trace.h"  // now_ms
+#include "comm/comm_p2p.h"
+#include "comm/p2p_collectives.h"
+#include "comm/trace.h"  // now_ms
 
 namespace {
 

@@ -17,14 +17,14 @@
 #include <utility>
 #include <vector>
 
-#include "bf16.h"
-#include "comm.h"
-#include "comm_factory.h"  // communicator_for: the all-to-alls of CUDA tensors
-#include "lanes.h"         // LaneCommunicator: the two lanes of a pipeline's F&B pairs
-#include "device.h"        // cuda_device_count, transfer
-#include "memory.h"        // Buffer on the GPU
+#include "ops/bf16.h"
+#include "comm/comm.h"
+#include "comm/comm_factory.h"  // communicator_for: the all-to-alls of CUDA tensors
+#include "comm/lanes.h"         // LaneCommunicator: the two lanes of a pipeline's F&B pairs
+#include "ops/device.h"        // cuda_device_count, transfer
+#include "ops/memory.h"        // Buffer on the GPU
 #include "mpi_test_env.h"
-#include "trace.h"
+#include "comm/trace.h"
 
 namespace {
 

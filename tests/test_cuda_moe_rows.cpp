@@ -12,15 +12,15 @@
 #include <string>
 #include <vector>
 
-#include "device.h"  // cuda_device_count
-#include "memory.h"  // Buffer
-#include "moe_rows.h"
+#include "ops/device.h"  // cuda_device_count
+#include "ops/memory.h"  // Buffer
+#include "ops/moe_rows.h"
 #include "test_util.h"
 #ifdef GPT_WITH_CUDA
 #include <cuda_runtime_api.h>
 
-#include "cuda_check.h"
-#include "ops_cuda.h"  // cuda::synchronize
+#include "base/cuda_check.h"
+#include "ops/ops_cuda.h"  // cuda::synchronize
 #endif
 
 namespace {

@@ -53,17 +53,17 @@
 #include <string>
 #include <vector>
 
-#include "bf16.h"    // float_to_bf16, round_to_bf16: bf16 inputs and expected values on the host
-#include "device.h"  // cuda_device_count
-#include "memory.h"  // Buffer, memory_stats
-#include "ops.h"
+#include "ops/bf16.h"    // float_to_bf16, round_to_bf16: bf16 inputs and expected values on the host
+#include "ops/device.h"  // cuda_device_count
+#include "ops/memory.h"  // Buffer, memory_stats
+#include "ops/ops.h"
 #include "test_util.h"
 #ifdef GPT_WITH_CUDA
 #include <cuda_runtime_api.h>
 
-#include "cuda_check.h"
-#include "link_delay.h"  // hold_stream
-#include "ops_cuda.h"    // cuda::synchronize, cuda::stream
+#include "base/cuda_check.h"
+#include "comm/link_delay.h"  // hold_stream
+#include "ops/ops_cuda.h"    // cuda::synchronize, cuda::stream
 #endif
 
 namespace {

@@ -19,16 +19,16 @@
 #include <string>
 #include <vector>
 
-#include "context_split.h"  // context_positions
-#include "device.h"         // cuda_device_count
-#include "memory.h"         // Buffer
-#include "ring_attention.h"
+#include "parallel/context_split.h"  // context_positions
+#include "ops/device.h"         // cuda_device_count
+#include "ops/memory.h"         // Buffer
+#include "ops/ring_attention.h"
 #include "test_util.h"
 #ifdef GPT_WITH_CUDA
 #include <cuda_runtime_api.h>
 
-#include "cuda_check.h"
-#include "ops_cuda.h"  // cuda::synchronize
+#include "base/cuda_check.h"
+#include "ops/ops_cuda.h"  // cuda::synchronize
 #endif
 
 namespace {

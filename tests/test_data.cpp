@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "data.h"
+#include "training/data.h"
 
 namespace {
 

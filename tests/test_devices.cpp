@@ -15,10 +15,10 @@
 #include <thread>
 #include <vector>
 
-#include "device.h"
-#include "memory.h"
+#include "ops/device.h"
+#include "ops/memory.h"
 #include "training_harness.h"
-#include "watchdog.h"
+#include "base/watchdog.h"
 #ifdef GPT_WITH_CUDA
 #include <cuda_runtime_api.h>
 #endif

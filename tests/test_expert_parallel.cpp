@@ -277,7 +277,7 @@ TEST(ExpertParallel, BadInputIsRefusedOnEveryRankBeforeTheWork) {
   };
   const std::vector<Refusal> refusals = {
       {"11_expert_parallel", 3, "--ep 3", "--ep 3 must divide the 4 experts of --preset moe-tiny"},
-      // 12 refuses it alike (the expert dimension's refusal, common/dimension_expert.cpp), naming the
+      // 12 refuses it alike (the expert dimension's refusal, common/parallel/dimension_expert.cpp), naming the
       // values that would work on its grid: it was an internal error of the parameter layout.
       {"12_5d_parallel", 6, "--preset moe-tiny --ep 3 --batch 12",
        "pass --ep 1 or 2, which divide both the experts and the 6 ranks"},

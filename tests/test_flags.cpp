@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "flags.h"
+#include "training/flags.h"
 
 namespace {
 

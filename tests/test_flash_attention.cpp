@@ -1,4 +1,4 @@
-// test_flash_attention.cpp: FlashAttention (common/attention_flash.cu) against the CPU's materialized
+// test_flash_attention.cpp: FlashAttention (common/ops/attention_flash.cu) against the CPU's materialized
 // attention (ops_cpu.cpp) on the same bf16-rounded inputs: output, the saved log-sum-exp and every
 // gradient, at each head size it supports, with T a multiple of the 64-row tile and not. Runs only
 // on a GPU; skips elsewhere, saying why.
@@ -15,10 +15,10 @@
 #include <string>
 #include <vector>
 
-#include "bf16.h"
-#include "device.h"
-#include "memory.h"
-#include "ops.h"
+#include "ops/bf16.h"
+#include "ops/device.h"
+#include "ops/memory.h"
+#include "ops/ops.h"
 #include "test_util.h"
 
 namespace {

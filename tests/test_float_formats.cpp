@@ -25,10 +25,10 @@
 #include <string>
 #include <vector>
 
-#include "bf16.h"  // float_to_bf16: the GPU path's bf16, which ours must equal
-#include "device.h"
-#include "float_formats.h"
-#include "float_formats_cuda.h"
+#include "ops/bf16.h"  // float_to_bf16: the GPU path's bf16, which ours must equal
+#include "ops/device.h"
+#include "ops/float_formats.h"
+#include "ops/float_formats_cuda.h"
 #include "test_util.h"
 
 namespace {

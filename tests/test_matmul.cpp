@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "matmul_cpu.h"
+#include "ops/matmul_cpu.h"
 #include "test_util.h"
 
 namespace {

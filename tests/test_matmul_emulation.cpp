@@ -18,13 +18,13 @@
 #include <cmath>
 #include <vector>
 
-#include "device.h"  // cuda_device_count
-#include "float_formats.h"
-#include "matmul_cublaslt.h"
-#include "matmul_emulation.h"
-#include "ops.h"
-#include "precision_recipe.h"
-#include "quantize.h"
+#include "ops/device.h"  // cuda_device_count
+#include "ops/float_formats.h"
+#include "ops/matmul_cublaslt.h"
+#include "ops/matmul_emulation.h"
+#include "ops/ops.h"
+#include "training/precision_recipe.h"
+#include "ops/quantize.h"
 #include "test_util.h"
 
 namespace {

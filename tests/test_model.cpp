@@ -11,12 +11,12 @@
 #include <string>
 #include <vector>
 
-#include "memory.h"
-#include "model.h"
-#include "ops.h"
-#include "param_layout.h"
-#include "pipeline.h"
-#include "theory.h"
+#include "ops/memory.h"
+#include "model/model.h"
+#include "ops/ops.h"
+#include "model/param_layout.h"
+#include "pipeline/pipeline.h"
+#include "parallel/theory.h"
 #include "test_util.h"
 
 namespace {

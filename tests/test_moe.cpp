@@ -10,12 +10,12 @@
 #include <string>
 #include <vector>
 
-#include "memory.h"
-#include "model.h"
-#include "moe.h"
-#include "ops.h"
-#include "param_layout.h"
-#include "theory.h"  // activation_bytes, moe_activation_bytes
+#include "ops/memory.h"
+#include "model/model.h"
+#include "model/moe.h"
+#include "ops/ops.h"
+#include "model/param_layout.h"
+#include "parallel/theory.h"  // activation_bytes, moe_activation_bytes
 
 namespace {
 

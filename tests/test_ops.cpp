@@ -21,8 +21,8 @@
 #include <functional>
 #include <vector>
 
-#include "fast_math.h"
-#include "ops.h"
+#include "ops/fast_math.h"
+#include "ops/ops.h"
 #include "test_util.h"
 
 namespace {

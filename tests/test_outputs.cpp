@@ -22,9 +22,9 @@
 #include <thread>
 #include <vector>
 
-#include "fileio.h"
-#include "metrics.h"
-#include "output_paths.h"
+#include "base/fileio.h"
+#include "base/metrics.h"
+#include "base/output_paths.h"
 #include "training_harness.h"  // make_socket
 
 namespace {

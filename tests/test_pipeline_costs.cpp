@@ -1,5 +1,5 @@
 // test_pipeline_costs.cpp: one set of measured pass times carried to other partitions and schedules
-// (common/pipeline_costs.h), which make schedules' ideal panels simulate every schedule with. The
+// (common/pipeline/pipeline_costs.h), which make schedules' ideal panels simulate every schedule with. The
 // costs land where the blocks go, the totals are the measured ones, a partition carried onto itself
 // is unchanged, and the four schedules simulated with the same costs order as the theory says:
 // zb-h1 and interleaved shorter than 1f1b, which equals afab.
@@ -8,8 +8,8 @@
 #include <numeric>
 #include <vector>
 
-#include "pipeline.h"
-#include "pipeline_costs.h"
+#include "pipeline/pipeline.h"
+#include "pipeline/pipeline_costs.h"
 
 namespace {
 

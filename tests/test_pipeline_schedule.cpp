@@ -15,8 +15,8 @@
 #include <tuple>
 #include <vector>
 
-#include "pipeline_schedule.h"
-#include "pipeline_simulate.h"
+#include "schedule/pipeline_schedule.h"
+#include "schedule/pipeline_simulate.h"
 
 namespace {
 

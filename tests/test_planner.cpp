@@ -1,4 +1,4 @@
-// test_planner.cpp: chapter 09's planner (common/planner.h, plan_record.h). Its memory per GPU is
+// test_planner.cpp: chapter 09's planner (common/planner/planner.h, plan_record.h). Its memory per GPU is
 // what the trainers forecast for the same configuration (built here as 01-08 build it: their layout,
 // their model parts, their activation slots counted from the schedule's own lists; chapter 12's grids
 // against 12's own runs); its step time is
@@ -14,13 +14,13 @@
 #include <sstream>
 #include <utility>
 
-#include "device.h"  // memory_per_rank
-#include "metrics.h"  // format_bytes
-#include "param_layout.h"
-#include "pipeline.h"
-#include "plan_published.h"  // one_command
-#include "plan_record.h"
-#include "planner.h"
+#include "ops/device.h"  // memory_per_rank
+#include "base/metrics.h"  // format_bytes
+#include "model/param_layout.h"
+#include "pipeline/pipeline.h"
+#include "planner/plan_published.h"  // one_command
+#include "planner/plan_record.h"
+#include "planner/planner.h"
 #include "training_harness.h"  // run_command, temp_dir
 
 namespace {

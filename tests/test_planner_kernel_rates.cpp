@@ -1,4 +1,4 @@
-// test_planner_kernel_rates.cpp: the planner's kernel-rate table (common/planner_kernel_rates.h): the
+// test_planner_kernel_rates.cpp: the planner's kernel-rate table (common/planner/planner_kernel_rates.h): the
 // log-space interpolation between published points and its clamps, the grouped experts' factor read
 // from DeepGEMM's published rows (nearest shape, padding to the M block, never above the dense rate),
 // and a published shape's prediction pricing its routed experts at that factor (the table's removal
@@ -10,9 +10,9 @@
 #include <utility>
 #include <vector>
 
-#include "model_shape.h"
-#include "planner.h"
-#include "planner_kernel_rates.h"
+#include "planner/model_shape.h"
+#include "planner/planner.h"
+#include "planner/planner_kernel_rates.h"
 
 TEST(KernelRates, InterpolationIsLinearInLogSpaceAndClampsOutside) {
   const std::vector<std::pair<double, double>> points = {{256, 0.5}, {1024, 0.8}, {4096, 0.9}};

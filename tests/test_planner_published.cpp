@@ -1,5 +1,5 @@
 // test_planner_published.cpp: the planner in five dimensions against the published record
-// (common/model_shape.h, planner_shape.cpp, plan_published.h). The shapes count what their papers and
+// (common/planner/model_shape.h, planner_shape.cpp, plan_published.h). The shapes count what their papers and
 // model cards publish; a published shape's memory adds up over its grid and its step is the sum of
 // its parts, its activations replayed in the schedule's order; one constant calibrated on Megatron-Core's
 // 177B row predicts the other Megatron-Core rows, Llama 3's Table 4, torchtitan's CP 2 ratio and its
@@ -16,11 +16,11 @@
 #include <string>
 #include <vector>
 
-#include "model_shape.h"
-#include "param_layout.h"
-#include "plan_published.h"
-#include "planner.h"
-#include "theory.h"
+#include "planner/model_shape.h"
+#include "model/param_layout.h"
+#include "planner/plan_published.h"
+#include "planner/planner.h"
+#include "parallel/theory.h"
 #include "training_harness.h"  // run_command
 
 namespace {

@@ -13,9 +13,9 @@
 #include <string>
 #include <vector>
 
-#include "dimension.h"     // expert_count_problem: the expert dimension's refusal of --ep
-#include "model_config.h"  // find_preset
-#include "process_grid.h"
+#include "parallel/dimension.h"     // expert_count_problem: the expert dimension's refusal of --ep
+#include "model/model_config.h"  // find_preset
+#include "comm/process_grid.h"
 
 namespace {
 

@@ -12,12 +12,12 @@
 #include <string>
 #include <vector>
 
-#include "comm.h"
-#include "memory.h"
-#include "model.h"
+#include "comm/comm.h"
+#include "ops/memory.h"
+#include "model/model.h"
 #include "mpi_test_env.h"
-#include "param_layout.h"
-#include "theory.h"
+#include "model/param_layout.h"
+#include "parallel/theory.h"
 #include "test_util.h"
 #include "tp_test_hooks.h"
 

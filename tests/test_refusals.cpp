@@ -19,12 +19,12 @@
 #include <tuple>
 #include <vector>
 
-#include "link_limits.h"
-#include "param_layout.h"
-#include "pipeline.h"
-#include "pipeline_flags.h"
-#include "pipeline_schedule.h"
-#include "process_grid.h"
+#include "training/link_limits.h"
+#include "model/param_layout.h"
+#include "pipeline/pipeline.h"
+#include "pipeline/pipeline_flags.h"
+#include "schedule/pipeline_schedule.h"
+#include "comm/process_grid.h"
 #include "training_harness.h"
 
 namespace {

@@ -16,10 +16,10 @@
 #include <string>
 #include <vector>
 
-#include "context_split.h"
-#include "memory.h"
-#include "ops.h"
-#include "ring_attention.h"
+#include "parallel/context_split.h"
+#include "ops/memory.h"
+#include "ops/ops.h"
+#include "ops/ring_attention.h"
 #include "test_util.h"
 
 namespace {

@@ -16,9 +16,9 @@
 #include <vector>
 
 #include "../10_context_parallel/ring_attention_protocol.h"
-#include "context_split.h"
+#include "parallel/context_split.h"
 #include "mpi_test_env.h"
-#include "ops.h"
+#include "ops/ops.h"
 #include "test_util.h"
 
 namespace {

@@ -21,9 +21,9 @@
 #include <string>
 #include <vector>
 
-#include "peer_state.h"  // set_world_processes, for the GPU watchdog's message
+#include "base/peer_state.h"  // set_world_processes, for the GPU watchdog's message
 #include "training_harness.h"
-#include "watchdog.h"    // device_wait_message
+#include "base/watchdog.h"    // device_wait_message
 
 namespace {
 

@@ -24,19 +24,19 @@
 
 #include <cstring>
 
-#include "comm.h"
-#include "flags.h"
-#include "memory.h"
-#include "model.h"
+#include "comm/comm.h"
+#include "training/flags.h"
+#include "ops/memory.h"
+#include "model/model.h"
 #include "mpi_test_env.h"
-#include "ops.h"
-#include "optimizer.h"
-#include "param_layout.h"
-#include "process_grid.h"
-#include "shards.h"
+#include "ops/ops.h"
+#include "training/optimizer.h"
+#include "model/param_layout.h"
+#include "comm/process_grid.h"
+#include "parallel/shards.h"
 #include "test_util.h"
 #include "tp_test_hooks.h"
-#include "training_run.h"
+#include "training/training_run.h"
 
 namespace {
 

@@ -24,8 +24,8 @@
 #include <string>
 #include <vector>
 
-#include "ops.h"
-#include "param_layout.h"
+#include "ops/ops.h"
+#include "model/param_layout.h"
 #include "test_util.h"
 
 namespace {

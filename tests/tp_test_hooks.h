@@ -3,8 +3,8 @@
 // test of the model under tensor parallelism does not depend on a chapter. Defines
 // set_tensor_parallel_hooks().
 #pragma once
-#include "comm.h"
-#include "model.h"
+#include "comm/comm.h"
+#include "model/model.h"
 
 // Without sequence parallelism: f is the identity forward and an all-reduce backward, g the reverse.
 // With it: f all-gathers the rows forward and reduce-scatters backward, g the reverse. `group` must

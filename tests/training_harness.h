@@ -1,6 +1,6 @@
 // training_harness.h: runs the real trainer binaries under mpiexec, as a user would, and reads what
 // they wrote: JSON-lines records and checkpoints. The checkpoint reader here is independent of
-// common/checkpoint.cpp and follows the format as documented (docs/checkpoint.md), so it also
+// common/training/checkpoint.cpp and follows the format as documented (docs/checkpoint.md), so it also
 // checks the documentation.
 #pragma once
 #include <cstdint>

@@ -1,5 +1,5 @@
 // matmul_cpu_lesson.cpp: the matrix product on one CPU core in four versions, from naive to the
-// packed, register-blocked micro-kernel the framework runs (common/matmul_cpu.cpp), each next to the
+// packed, register-blocked micro-kernel the framework runs (common/ops/matmul_cpu.cpp), each next to the
 // core's measured peak. The CPU companion of matmul_lesson.cu; it needs no GPU and no MPI.
 //
 // The product: C(M,N) = A(M,K) @ B(K,N), fp32, row-major.
@@ -46,7 +46,7 @@
 
 #include <time.h>  // clock_gettime: CPU time of this thread
 
-#include "matmul_cpu.h"  // sgemm_cpu: version 4
+#include "ops/matmul_cpu.h"  // sgemm_cpu: version 4
 
 namespace {
 

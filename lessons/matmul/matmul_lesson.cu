@@ -1,5 +1,5 @@
 // matmul_lesson.cu: a matrix product on the GPU in four versions, from naive to register-blocked,
-// next to cuBLAS. The framework itself calls cuBLAS (common/ops_cuda.cu); this lesson shows where
+// next to cuBLAS. The framework itself calls cuBLAS (common/ops/ops_cuda.cu); this lesson shows where
 // cuBLAS's speed comes from, in the manner of llm.c's dev/cuda: a CPU reference, then numbered
 // kernels, each validated against the reference before it is timed.
 //

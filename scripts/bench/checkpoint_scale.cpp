@@ -4,7 +4,7 @@
 // measured reading), and one node writing alone is taken at one 400 Gb/s NIC (50 GB/s).
 #include <cstdio>
 
-#include "checkpoint_scale.h"
+#include "planner/checkpoint_scale.h"
 
 int main() {
   struct Shape {

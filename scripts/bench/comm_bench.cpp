@@ -3,7 +3,7 @@
 //
 // Table 1 times all_reduce, reduce_scatter and all_gather for sizes 4 KB to 64 MB, x4 apart, twice:
 // "raw" calls MPI directly (MPI_Allreduce, MPI_Reduce_scatter_block, MPI_Allgather on a copy of
-// MPI_COMM_WORLD), "ours" the blocking forms of common/comm.h, and "x" is ours / raw: what our
+// MPI_COMM_WORLD), "ours" the blocking forms of common/comm/comm.h, and "x" is ours / raw: what our
 // communicator (its progress engine, counters and checks) costs over MPI itself. Each size runs
 // warm-up iterations, then enough timed iterations to fill about 0.2 s (at least 3, at most 1000).
 // The time is the mean per call, averaged over ranks. One extra call per size, in which rank r
@@ -54,15 +54,15 @@
 #include <thread>
 #include <vector>
 
-#include "buckets.h"
-#include "check.h"
-#include "comm.h"
-#include "flags.h"
-#include "memory.h"
-#include "metrics.h"
-#include "model_config.h"
-#include "param_layout.h"
-#include "trace.h"  // now_ms()
+#include "parallel/buckets.h"
+#include "base/check.h"
+#include "comm/comm.h"
+#include "training/flags.h"
+#include "ops/memory.h"
+#include "base/metrics.h"
+#include "model/model_config.h"
+#include "model/param_layout.h"
+#include "comm/trace.h"  // now_ms()
 
 namespace {
 

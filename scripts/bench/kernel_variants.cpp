@@ -19,17 +19,17 @@
 #include <string>
 #include <vector>
 
-#include "device.h"  // cuda_device_count
-#include "memory.h"  // Buffer
-#include "model_config.h"
-#include "ops.h"
-#include "param_layout.h"
+#include "ops/device.h"  // cuda_device_count
+#include "ops/memory.h"  // Buffer
+#include "model/model_config.h"
+#include "ops/ops.h"
+#include "model/param_layout.h"
 #ifdef GPT_WITH_CUDA
 #include <cuda_runtime_api.h>
 
-#include "bf16.h"
-#include "cuda_check.h"
-#include "ops_cuda.h"
+#include "ops/bf16.h"
+#include "base/cuda_check.h"
+#include "ops/ops_cuda.h"
 #endif
 
 #ifdef GPT_WITH_CUDA

@@ -5,7 +5,7 @@
 //   forward  out(rows, OC) = inp(rows, IC) @ W(OC, IC)^T   sgemm(trans_b)
 //   backward dinp(rows, IC) = dout(rows, OC) @ W(OC, IC)    sgemm(no trans)
 //   backward dW(OC, IC)     = dout(rows, OC)^T @ inp        sgemm(trans_a)
-// with the alpha and beta that common/ops_cpu.cpp passes: alpha = 1; beta = 1 (accumulate) for the
+// with the alpha and beta that common/ops/ops_cpu.cpp passes: alpha = 1; beta = 1 (accumulate) for the
 // backward products and the forward of layers with a bias, which is written into out first;
 // beta = 0 for the lm head forward (no bias).
 // Both implementations run in the same process after a warm-up, in alternating timed samples of a
@@ -15,7 +15,7 @@
 //
 // Build and run:
 //   g++ -O3 -march=native -std=c++17 -Wall -Wextra -Icommon scripts/bench/matmul_bench.cpp
-//       common/matmul_cpu.cpp -lopenblas -o /tmp/matmul_bench
+//       common/ops/matmul_cpu.cpp -lopenblas -o /tmp/matmul_bench
 //   /tmp/matmul_bench [--shapes tiny|small|all]
 #include <cblas.h>
 
@@ -28,7 +28,7 @@
 #include <string>
 #include <vector>
 
-#include "matmul_cpu.h"
+#include "ops/matmul_cpu.h"
 
 extern "C" void openblas_set_num_threads(int);
 

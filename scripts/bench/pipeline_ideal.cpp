@@ -17,15 +17,15 @@
 #include <string>
 #include <vector>
 
-#include "check.h"
-#include "flags.h"
-#include "metrics.h"
-#include "model_config.h"
-#include "pipeline.h"
-#include "pipeline_costs.h"
-#include "pipeline_report.h"  // simulated_action_record
-#include "pipeline_schedule.h"
-#include "pipeline_simulate.h"
+#include "base/check.h"
+#include "training/flags.h"
+#include "base/metrics.h"
+#include "model/model_config.h"
+#include "pipeline/pipeline.h"
+#include "pipeline/pipeline_costs.h"
+#include "pipeline/pipeline_report.h"  // simulated_action_record
+#include "schedule/pipeline_schedule.h"
+#include "schedule/pipeline_simulate.h"
 
 namespace {
 

@@ -171,7 +171,7 @@ def measured_boxes(trace_path, trace, run, step, fix_clocks=True):
 
 def align_clocks(boxes):
     """The shift in ms to add to each stage's times so that the diagram is causal. The ranks' trace
-    clocks start together at a barrier (sync_clock_epoch in common/trace.cpp), but a rank that the OS
+    clocks start together at a barrier (sync_clock_epoch in common/comm/trace.cpp), but a rank that the OS
     schedules late after it (oversubscribed cores) starts its clock late, and its spans then seem
     early: a stage would begin a forward before the stage in front of it finished that micro-batch's.
     Between stages r-1 and r, forward of micro-batch i through chunk c must start on r after it ended

@@ -4,10 +4,10 @@
 # (scripts/bench/plot_pipeline.py): per schedule, the measured step from the trace next to the ideal one,
 # simulated (build/pipeline_ideal) with one set of pass times for all six: zb-h1's run, the one that
 # times the inputs' gradients (B) and the weights' (W) apart, measures F, B and W summed over its
-# stages, and each schedule's stages get their share by FLOPs (common/pipeline_costs.h; the others'
+# stages, and each schedule's stages get their share by FLOPs (common/pipeline/pipeline_costs.h; the others'
 # backward is B + W). Each run's own pass times differ by the noise of its run (more so with ranks
 # taking turns on a core), which would order the ideal steps by noise; the same times order them by
-# schedule alone, as the theory does. Read it with the lists of actions in common/pipeline_schedule.cpp.
+# schedule alone, as the theory does. Read it with the lists of actions in common/schedule/pipeline_schedule.cpp.
 #   results/schedules/<schedule>.{jsonl,trace.json,log}   one run each
 #   results/schedules/<schedule>.ideal.jsonl              its ideal step, simulated with zb-h1's pass times
 #   results/schedules.png                                  the diagram, one row per schedule

@@ -14,10 +14,10 @@
 #include <string>
 #include <vector>
 
-#include "checkpoint.h"
-#include "checkpoint_sharded.h"
-#include "fileio.h"  // write_file_atomically
-#include "param_layout.h"
+#include "training/checkpoint.h"
+#include "training/checkpoint_sharded.h"
+#include "base/fileio.h"  // write_file_atomically
+#include "model/param_layout.h"
 
 namespace {
 

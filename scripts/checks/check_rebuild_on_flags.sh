@@ -6,7 +6,7 @@ set -u
 cd "$(dirname "$0")/../.."
 build=$(mktemp -d)
 trap 'rm -rf "$build"' EXIT
-object="$build/common/check.o"
+object="$build/common/base/check.o"
 make --no-print-directory -s BUILD="$build" "$object" >/dev/null 2>&1 || { echo "could not build $object"; exit 1; }
 if ! make --no-print-directory -s -q BUILD="$build" "$object" >/dev/null 2>&1; then
   echo "FAILED: make would rebuild $object although no flag changed"; exit 1

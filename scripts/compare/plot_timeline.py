@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """plot_timeline.py: one training step of each chapter, drawn one above the other, from the Chrome-trace
-files that `--trace` writes (common/trace.cpp). Shows at a glance where communication runs: after backward
+files that `--trace` writes (common/comm/trace.cpp). Shows at a glance where communication runs: after backward
 in 01, under backward in 02 and 03.
 
 Each panel is one step of one rank, with a lane per track of the trace:

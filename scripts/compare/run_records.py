@@ -4,7 +4,7 @@ and plot_collectives.py (which put this folder on sys.path). Defines
   read_run(path, kinds, lists)  one JSON-lines file (--json, or build/pipeline_ideal's): {"steps": [step
                                  records], kind: the last record of each kind in `kinds`, kind: [every
                                  record] for each kind in `lists`}
-  COMPUTE, COMM, WAIT, TENSOR    the trace's tracks (tids; Track in common/trace.h)
+  COMPUTE, COMM, WAIT, TENSOR    the trace's tracks (tids; Track in common/comm/trace.h)
   step_spans(spans)             {step number: its "step N" span on the compute track} of a trace's spans
 A line that is not JSON ends the script with the file and line named (a file cut by a crash keeps its
 whole records: the trainers write each record at once)."""

@@ -62,7 +62,7 @@ def read_checkpoint(path):
 
 
 def torch_name(name):
-    """Our parameter names (common/param_layout.cpp) to the PyTorch module's."""
+    """Our parameter names (common/model/param_layout.cpp) to the PyTorch module's."""
     if not name.startswith("h"):
         return name  # wte, wpe, lnf.weight, lnf.bias
     layer, rest = name[1:].split(".", 1)

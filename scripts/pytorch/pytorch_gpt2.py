@@ -30,7 +30,7 @@ import stat
 import sys
 import time
 
-# The presets of common/model_config.cpp, restated (keep the two in step): L layers, C channels,
+# The presets of common/model/model_config.cpp, restated (keep the two in step): L layers, C channels,
 # NH heads, T context, V vocabulary, default global batch in sequences, default peak learning rate.
 PRESETS = {
     "tiny": dict(L=2, C=64, NH=4, T=64, V=256, batch=8, lr=3e-3),
@@ -44,14 +44,14 @@ PRESETS = {
 # known peak: bf16 on these devices, or any run given --peak-tflops.
 BF16_PEAKS = [("H200", 989e12, "H200 dense bf16"), ("H100 80GB HBM3", 989e12, "H100 SXM dense bf16")]
 
-LAYERNORM_EPS = 1e-5  # common/ops_cpu.cpp
-BETAS, ADAM_EPS = (0.9, 0.95), 1e-8  # common/optimizer.cpp
+LAYERNORM_EPS = 1e-5  # common/ops/ops_cpu.cpp
+BETAS, ADAM_EPS = (0.9, 0.95), 1e-8  # common/training/optimizer.cpp
 
 
 def parse_args():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--preset", default="tiny", choices=sorted(PRESETS), help="model shape (common/model_config.cpp)")
+    p.add_argument("--preset", default="tiny", choices=sorted(PRESETS), help="model shape (common/model/model_config.cpp)")
     p.add_argument("--batch", type=int, default=0, help="global batch in sequences; 0 = the preset's")
     p.add_argument("--steps", type=int, default=20, help="steps to run; step 0 is warm-up, left out of averages")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="auto = cuda if available")
@@ -94,12 +94,12 @@ except ImportError:
     torch = None
 
 
-# ---- the model: GPT-2 exactly as common/model*.cpp compute it -------------------------------------
+# ---- the model: GPT-2 exactly as common/model/model*.cpp compute it -------------------------------------
 
 if torch is not None:
 
     class Block(nn.Module):
-        """Pre-LN block: x + attn(ln1(x)), then + mlp(ln2(x)). Names follow common/param_layout.cpp."""
+        """Pre-LN block: x + attn(ln1(x)), then + mlp(ln2(x)). Names follow common/model/param_layout.cpp."""
 
         def __init__(self, C, NH, attention):
             super().__init__()
@@ -161,7 +161,7 @@ if torch is not None:
 
 
 def make_adamw(model, lr, weight_decay, foreach):
-    """AdamW as common/optimizer.cpp: betas 0.9/0.95, eps 1e-8, weight decay on the 2-D tensors only
+    """AdamW as common/training/optimizer.cpp: betas 0.9/0.95, eps 1e-8, weight decay on the 2-D tensors only
     (every matrix, wte and wpe included), none on biases and LayerNorm gains. foreach=True on CUDA and
     False on the CPU is PyTorch's own default, spelled out: the multi-tensor kernels on CUDA, the
     per-tensor loop on the CPU; not the fused kernel, which eager code gets only when it asks."""
@@ -190,7 +190,7 @@ def train_step(model, optimizer, inputs, targets, grad_clip, bf16):
 
 
 def learning_rate(step, steps, warmup, max_lr):
-    """common/optimizer.cpp learning_rate(): linear warm-up, then cosine down to 10% of the peak."""
+    """common/training/optimizer.cpp learning_rate(): linear warm-up, then cosine down to 10% of the peak."""
     warmup = warmup if warmup >= 0 else steps // 10
     min_lr = max_lr * 0.1
     if step < warmup:
@@ -201,7 +201,7 @@ def learning_rate(step, steps, warmup, max_lr):
     return min_lr + 0.5 * (max_lr - min_lr) * (1.0 + math.cos(math.pi * progress))
 
 
-# ---- output in our formats (common/metrics.cpp) ------------------------------------------------------
+# ---- output in our formats (common/base/metrics.cpp) ------------------------------------------------------
 
 def format_count(x):
     return f"{x / 1e6:.2f}M" if x >= 1e6 else f"{x / 1e3:.1f}k" if x >= 1e3 else f"{x:.0f}"

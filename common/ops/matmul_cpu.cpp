@@ -1,0 +1,276 @@
+// matmul_cpu.cpp: the CPU sgemm behind every linear layer when no GPU library is used.
+//
+// Blocking scheme (GotoBLAS / BLIS): C is walked in NC-wide column panels, K in KC-deep slices and
+// M in MC-tall row panels. For each (NC, KC) pair a KC x NC slice of op(B) is copied into NR-wide
+// strips, and for each MC panel an MC x KC block of op(A) into MR-tall strips (when op(A) = A^T;
+// when op(A) = A its rows are already contiguous in depth and are read in place, see sgemm_cpu). Packing is what
+// makes the kernel fast: the micro-kernel then reads both operands with unit stride from buffers
+// that stay in L1 (B strip) and L2 (A block), whatever the transposes and leading dimensions were,
+// and the transposes cost one copy instead of strided loads in the inner loop. Short edge strips are
+// zero-padded so the micro-kernel always runs its full fixed-size loop.
+//
+// The micro-kernel keeps an MR x NR block of C in local accumulators (6 x 16 floats: 12 of the 16
+// AVX2 registers) and does one rank-1 update per k. Its loops have compile-time trip counts, so GCC
+// -O3 unrolls them and maps the accumulators to vector registers without intrinsics. Edge tiles
+// go through a scratch tile, so the hot kernel never has a variable bound. The kernel either
+// overwrites C (beta == 0) or, when alpha == 1 and beta == 1 (every backward product and biased
+// forward of the model), starts its accumulators from C; other alpha/beta also use the scratch tile.
+//
+// Determinism: every C element is a sum over k in increasing order, split at fixed KC boundaries,
+// so the result depends only on the shapes and strides.
+//
+// Defines sgemm_cpu (declared in matmul_cpu.h).
+#include "ops/matmul_cpu.h"
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+namespace {
+
+// Two GCC-specific settings, for the micro-kernel only, are worth a factor of ~2 there. The loop
+// vectorizer would otherwise try to vectorize along k (after the i and j loops are unrolled) and
+// mangle the accumulators with permutes; without it the basic-block (SLP) vectorizer produces the
+// intended broadcast + FMA code. Register-pressure-aware scheduling before register allocation
+// keeps GCC from loading all six A values at once, which needs 18 registers and spills
+// accumulators. Other compilers get the plain code.
+#if defined(__GNUC__) && !defined(__clang__)
+#define MICRO_KERNEL_ATTR __attribute__((optimize("no-tree-loop-vectorize", "schedule-insns", "sched-pressure")))
+#else
+#define MICRO_KERNEL_ATTR
+#endif
+
+constexpr int MR = 6;     // rows of the register block
+constexpr int NR = 16;    // columns of the register block: two 8-float AVX2 vectors
+constexpr int KC = 256;   // depth of a packed slice: one NR x KC strip of B is 16 KiB, fits L1
+constexpr int MC = 96;    // rows of packed A per block: MC x KC = 96 KiB, fits L2
+constexpr int NC = 2048;  // columns of packed B per panel: KC x NC = 2 MiB, meant for L3
+
+// Packing copies a W-wide strip (W = MR rows of op(A), or NR columns of op(B)) of depth kc into
+// dst, k-major: dst[k * W + w] is element w of the strip at depth k. Strips narrower than W (matrix
+// edges) are zero-padded. Whatever the transposes, the strip is stored in one of two layouts, so
+// both operands share these two routines. All inner loops have constant bounds: variable-length
+// copies of a few floats otherwise become memmove calls.
+
+// The W values at one depth are contiguous, depths are ld apart: op(A) = A^T, or op(B) = B.
+template <int W>
+void pack_rows(const float* __restrict src, int ld, int kc, int w, float* __restrict dst) {
+  if (w == W) {
+    for (int k = 0; k < kc; ++k) {
+      const float* __restrict s = src + static_cast<std::ptrdiff_t>(k) * ld;
+#pragma GCC unroll 32
+      for (int j = 0; j < W; ++j) dst[k * W + j] = s[j];
+    }
+  } else {
+    for (int k = 0; k < kc; ++k) {
+      const float* __restrict s = src + static_cast<std::ptrdiff_t>(k) * ld;
+      for (int j = 0; j < W; ++j) dst[k * W + j] = j < w ? s[j] : 0.0f;
+    }
+  }
+}
+
+// Each of the W lines is contiguous in depth, lines are ld apart: op(A) = A, or op(B) = B^T.
+// This is a transpose. Going KB depths at a time, with constant trip counts on both inner loops,
+// lets GCC turn each KB x W block into vector loads and shuffles; short edge strips take the
+// scalar path with zero padding.
+template <int W>
+void pack_cols(const float* __restrict src, int ld, int kc, int w, float* __restrict dst) {
+  constexpr int KB = 8;
+  const int kc_main = w == W ? kc - kc % KB : 0;
+  for (int k0 = 0; k0 < kc_main; k0 += KB) {
+    const float* __restrict s = src + k0;
+    float* __restrict d = dst + k0 * W;
+#pragma GCC unroll 8
+    for (int k = 0; k < KB; ++k) {
+#pragma GCC unroll 32
+      for (int j = 0; j < W; ++j) d[k * W + j] = s[static_cast<std::ptrdiff_t>(j) * ld + k];
+    }
+  }
+  for (int k = kc_main; k < kc; ++k) {
+    for (int j = 0; j < W; ++j) dst[k * W + j] = j < w ? src[static_cast<std::ptrdiff_t>(j) * ld + k] : 0.0f;
+  }
+}
+
+// Packs op(A)[i0:i0+mc, k0:k0+kc] into MR-row strips, one after another.
+void pack_a(bool trans, const float* A, int lda, int i0, int k0, int mc, int kc, float* dst) {
+  for (int is = 0; is < mc; is += MR) {
+    const int mr = std::min(MR, mc - is);
+    const int i = i0 + is;
+    if (trans) {
+      pack_rows<MR>(A + static_cast<std::ptrdiff_t>(k0) * lda + i, lda, kc, mr, dst);
+    } else {
+      pack_cols<MR>(A + static_cast<std::ptrdiff_t>(i) * lda + k0, lda, kc, mr, dst);
+    }
+    dst += static_cast<std::ptrdiff_t>(kc) * MR;
+  }
+}
+
+// Packs op(B)[k0:k0+kc, j0:j0+nc] into NR-column strips, one after another.
+void pack_b(bool trans, const float* B, int ldb, int k0, int j0, int kc, int nc, float* dst) {
+  for (int js = 0; js < nc; js += NR) {
+    const int nr = std::min(NR, nc - js);
+    const int j = j0 + js;
+    if (trans) {
+      pack_cols<NR>(B + static_cast<std::ptrdiff_t>(j) * ldb + k0, ldb, kc, nr, dst);
+    } else {
+      pack_rows<NR>(B + static_cast<std::ptrdiff_t>(k0) * ldb + j, ldb, kc, nr, dst);
+    }
+    dst += static_cast<std::ptrdiff_t>(kc) * NR;
+  }
+}
+
+// One MR x NR block of C (rows ldc apart) from one packed A strip and one packed B strip:
+//   Accumulate = false: C = alpha * Ap @ Bp  (C is not read)
+//   Accumulate = true:  C += Ap @ Bp         (alpha must be 1; the accumulators start from C)
+// Both variants read or write C only before and after the k loop, with constant bounds. A single
+// kernel choosing between them at run time (or computing alpha * acc + beta * C) made GCC spill
+// the accumulators, hence the template and merge_tile for the other cases.
+// PackedA = false reads A where it lies instead of from a packed strip: op(A) = A with row i of the
+// strip at Ap + i * lda, contiguous in depth (see sgemm_cpu for why).
+template <bool Accumulate, bool PackedA = true>
+MICRO_KERNEL_ATTR void micro_kernel(int kc, const float* __restrict Ap, const float* __restrict Bp, float alpha,
+                                    float* __restrict C, int ldc, int lda = 0) {
+  float acc[MR][NR];
+#pragma GCC unroll 8
+  for (int i = 0; i < MR; ++i) {
+    const float* __restrict c = C + static_cast<std::ptrdiff_t>(i) * ldc;
+#pragma GCC unroll 32
+    for (int j = 0; j < NR; ++j) acc[i][j] = Accumulate ? c[j] : 0.0f;
+  }
+  for (int k = 0; k < kc; ++k) {
+    const float* __restrict b = Bp + k * NR;
+#pragma GCC unroll 8
+    for (int i = 0; i < MR; ++i) {
+      const float a = PackedA ? Ap[k * MR + i] : Ap[static_cast<std::ptrdiff_t>(i) * lda + k];
+#pragma GCC unroll 32
+      for (int j = 0; j < NR; ++j) acc[i][j] += a * b[j];
+    }
+  }
+#pragma GCC unroll 8
+  for (int i = 0; i < MR; ++i) {
+    float* __restrict c = C + static_cast<std::ptrdiff_t>(i) * ldc;
+#pragma GCC unroll 32
+    for (int j = 0; j < NR; ++j) c[j] = Accumulate ? acc[i][j] : alpha * acc[i][j];
+  }
+}
+
+// C[0:mr, 0:nr] = tile + beta * C. beta == 0 never reads C, so C may start as garbage (NaN * 0
+// would otherwise leak through).
+void merge_tile(const float* __restrict tile, float beta, float* __restrict C, int ldc, int mr, int nr) {
+  for (int i = 0; i < mr; ++i) {
+    float* __restrict c = C + static_cast<std::ptrdiff_t>(i) * ldc;
+    const float* __restrict t = tile + i * NR;
+    if (beta == 0.0f) {
+      for (int j = 0; j < nr; ++j) c[j] = t[j];
+    } else if (nr == NR) {
+      // Constant trip count on the common path so the merge is fully vectorized.
+      for (int j = 0; j < NR; ++j) c[j] = t[j] + beta * c[j];
+    } else {
+      for (int j = 0; j < nr; ++j) c[j] = t[j] + beta * c[j];
+    }
+  }
+}
+
+// Scales C by beta when there is nothing to multiply (K == 0 or alpha == 0); beta == 0 writes zeros.
+void scale_c(int M, int N, float beta, float* C, int ldc) {
+  for (int i = 0; i < M; ++i) {
+    float* c = C + static_cast<std::ptrdiff_t>(i) * ldc;
+    if (beta == 0.0f) {
+      std::fill(c, c + N, 0.0f);
+    } else if (beta != 1.0f) {
+      for (int j = 0; j < N; ++j) c[j] *= beta;
+    }
+  }
+}
+
+// 64-byte alignment keeps every packed row on whole cache lines and lets loads be aligned.
+struct AlignedBuffer {
+  std::vector<float> storage;
+  float* data = nullptr;
+  float* get(std::size_t n) {
+    if (storage.size() < n + 16) {
+      storage.assign(n + 16, 0.0f);
+      auto addr = reinterpret_cast<std::uintptr_t>(storage.data());
+      data = storage.data() + ((64 - addr % 64) % 64) / sizeof(float);
+    }
+    return data;
+  }
+};
+
+}  // namespace
+
+void sgemm_cpu(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda,
+               const float* B, int ldb, float beta, float* C, int ldc) {
+  if (M <= 0 || N <= 0) return;
+  if (K <= 0 || alpha == 0.0f) {
+    scale_c(M, N, beta, C, ldc);
+    return;
+  }
+
+  // Per-thread so concurrent callers (e.g. one thread per rank) never share packing space.
+  thread_local AlignedBuffer a_buf, b_buf;
+  const int kc_max = std::min(K, KC);
+  const int nc_max = std::min(N, NC);
+  const int mc_max = std::min(M, MC);
+  float* Bp = b_buf.get(static_cast<std::size_t>(kc_max) * ((nc_max + NR - 1) / NR) * NR);
+  float* Ap = a_buf.get(static_cast<std::size_t>(kc_max) * ((mc_max + MR - 1) / MR) * MR);
+
+  for (int j0 = 0; j0 < N; j0 += NC) {
+    const int nc = std::min(NC, N - j0);
+    for (int k0 = 0; k0 < K; k0 += KC) {
+      const int kc = std::min(KC, K - k0);
+      // The first K slice applies the caller's beta; later slices accumulate onto it.
+      const float beta_k = k0 == 0 ? beta : 1.0f;
+      pack_b(trans_b, B, ldb, k0, j0, kc, nc, Bp);
+      alignas(64) float tile[MR * NR];
+      for (int i0 = 0; i0 < M; i0 += MC) {
+        const int mc = std::min(MC, M - i0);
+        // op(A) = A: full MR-row strips are read in place (each row is contiguous in depth, which is
+        // all the kernel needs), and only a short last strip is packed, zero-padded. Packing these
+        // strips was a transpose of every element of A, an eighth of the time of a product with K =
+        // 128; read in place, A costs one broadcast load per row and depth, as from a packed strip.
+        const bool a_in_place = !trans_a;
+        const int mc_full = a_in_place ? mc - mc % MR : 0;
+        if (mc_full < mc) {
+          float* edge_strips = Ap + static_cast<std::ptrdiff_t>(mc_full / MR) * kc * MR;
+          pack_a(trans_a, A, lda, i0 + mc_full, k0, mc - mc_full, kc, edge_strips);
+        }
+        for (int js = 0; js < nc; js += NR) {
+          const int nr = std::min(NR, nc - js);
+          const float* b_strip = Bp + static_cast<std::ptrdiff_t>(js / NR) * kc * NR;
+          for (int is = 0; is < mc; is += MR) {
+            const int mr = std::min(MR, mc - is);
+            const float* a_strip = Ap + static_cast<std::ptrdiff_t>(is / MR) * kc * MR;
+            float* c = C + static_cast<std::ptrdiff_t>(i0 + is) * ldc + j0 + js;
+            const bool full = mr == MR && nr == NR;
+            if (is < mc_full) {
+              // A in place (then mr == MR): the same sums, in the same order, as from a packed strip.
+              // Only the accumulating kernel is used (GCC spilled the accumulators of a second
+              // instance): other cases accumulate onto a zeroed tile, then scale and merge it.
+              const float* a_rows = A + static_cast<std::ptrdiff_t>(i0 + is) * lda + k0;
+              if (full && beta_k == 1.0f && alpha == 1.0f) {
+                micro_kernel<true, false>(kc, a_rows, b_strip, alpha, c, ldc, lda);
+              } else {
+                std::fill(tile, tile + MR * NR, 0.0f);
+                micro_kernel<true, false>(kc, a_rows, b_strip, 1.0f, tile, NR, lda);
+                if (alpha != 1.0f) {
+                  for (float& t : tile) t *= alpha;
+                }
+                merge_tile(tile, beta_k, c, ldc, mr, nr);
+              }
+            } else if (full && beta_k == 0.0f) {
+              micro_kernel<false>(kc, a_strip, b_strip, alpha, c, ldc);
+            } else if (full && beta_k == 1.0f && alpha == 1.0f) {
+              micro_kernel<true>(kc, a_strip, b_strip, alpha, c, ldc);
+            } else {
+              // Edge tiles and general alpha/beta: compute into scratch, then merge what fits.
+              micro_kernel<false>(kc, a_strip, b_strip, alpha, tile, NR);
+              merge_tile(tile, beta_k, c, ldc, mr, nr);
+            }
+          }
+        }
+      }
+    }
+  }
+}

@@ -1,0 +1,52 @@
+// dimension.cpp: what the dimensions share (dimension.h): the list of a run's dimensions, the
+// activations' formula for another split, the MoE model's rows and activations, and the table's lines.
+#include "parallel/dimension.h"
+
+#include <cstdarg>
+#include <cstdio>
+
+#include "ops/ring_attention.h"  // ring_buffer_bytes
+
+Dimension::~Dimension() = default;
+
+const CommStats* StepMeasure::group(const std::string& name) const {
+  for (const auto& [group_name, stats] : groups)
+    if (group_name == name) return &stats;
+  return nullptr;
+}
+
+std::vector<std::unique_ptr<Dimension>> make_dimensions(const DimensionContext& ctx) {
+  std::vector<std::unique_ptr<Dimension>> dims;
+  for (auto make : {make_data_dimension, make_expert_dimension, make_context_dimension, make_tensor_dimension,
+                    make_pipeline_dimension})
+    if (std::unique_ptr<Dimension> d = make(ctx)) dims.push_back(std::move(d));
+  return dims;
+}
+
+double activations_by_formula(const DimensionContext& ctx, int t, bool sp, Recompute recompute) {
+  GPT2Config cfg = ctx.held;
+  cfg.recompute = recompute;
+  double bytes = 0;
+  if (ctx.cp.on())  // section 13: T/cp positions, a log-sum-exp per query, and the ring's blocks (a ring per lane)
+    bytes += ctx.pp.scratch_lanes() * ring_buffer_bytes(ctx.cp.size, ctx.micro_B, cfg.T, cfg.C / t, cfg.NH / t);
+  for (const ModelPart& part : ctx.pp.parts.empty() ? std::vector<ModelPart>{ModelPart{}} : ctx.pp.parts)
+    bytes += activation_bytes(cfg, ctx.micro_B, ctx.dtype, ctx.lse_attention, {t, 0, sp}, part);
+  return bytes;
+}
+
+std::string report_line(const char* format, ...) {
+  va_list args, again;
+  va_start(args, format);
+  va_copy(again, args);
+  const int n = std::vsnprintf(nullptr, 0, format, args);
+  va_end(args);
+  std::string line(size_t(n > 0 ? n : 0) + 1, '\0');
+  std::vsnprintf(&line[0], line.size(), format, again);
+  va_end(again);
+  line.resize(line.size() - 1);
+  return line;
+}
+
+std::string report_row(const char* what, double measured, double theory) {
+  return report_line("  %-22s %12s %12s", what, format_bytes(measured).c_str(), format_bytes(theory).c_str());
+}

@@ -1,0 +1,457 @@
+// planner_shape.cpp: the planner's prediction for a published shape (planner.h, evaluate_shape_plan)
+// in all five dimensions: TP inside a node, then CP, then DP, with EP over DP x CP and PP outermost.
+// Memory by category and the FLOPs are model_shape.h's counts (docs/theory.md, section 16); each
+// group's traffic is timed by the communicator's alpha-beta model (comm.h, modelled_ms) on the link
+// its span reaches; the pipeline's bubble is 08's simulator (pipeline_simulate.h). What overlaps what
+// is written where it is decided, and gathered in docs/planner.md.
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <map>
+#include <set>
+#include <sstream>
+#include <vector>
+
+#include "base/metrics.h"  // format_bytes
+#include "schedule/pipeline_simulate.h"  // simulated_makespan, theory_bubble, theory_in_flight
+#include "planner/planner.h"
+#include "planner/planner_kernel_rates.h"  // the grouped experts' rate
+
+namespace {
+
+constexpr double kWidth = 2;  // bf16: what the collectives move and the activations keep, per element
+
+const LinkModel& link_for(const Cluster& cluster, int span) {
+  return span <= cluster.gpus_per_node ? cluster.intra_node : cluster.inter_node;
+}
+
+double ms(const LinkModel& link, CollectiveKind kind, double payload, int ranks) {
+  return modelled_ms(link, kind, int64_t(payload), ranks) / 1e3;
+}
+
+// A virtual stage: its layers [first, last) and whether it holds the embedding and the head.
+struct StageSpan {
+  int first = 0, last = 0;
+  bool embedding = false, head = false;
+};
+
+double layer_cost(const ModelShape& s, int l) { return layer_product_flops(s, l) + layer_attention_flops(s, l); }
+
+// Layers over `stages` virtual stages, contiguous, each at least one, the head's FLOPs with the last:
+// the costliest stage as cheap as possible (exact, by dynamic programming over the cut points; Llama 3
+// gives its first and last stages a layer fewer for the same reason). Cached: a search asks again.
+const std::vector<StageSpan>& shape_partition(const ModelShape& s, int stages) {
+  static std::map<std::string, std::vector<StageSpan>> cache;
+  std::ostringstream key;
+  key << s.name << ' ' << s.L << ' ' << s.C << ' ' << s.T << ' ' << s.V << ' ' << s.experts << ' ' << stages;
+  auto it = cache.find(key.str());
+  if (it != cache.end()) return it->second;
+  const int L = s.L;
+  std::vector<double> prefix(size_t(L) + 1, 0);
+  for (int l = 0; l < L; l++) prefix[size_t(l) + 1] = prefix[size_t(l)] + layer_cost(s, l);
+  const double head = head_flops(s);
+  auto cost = [&](int a, int b) { return prefix[size_t(b)] - prefix[size_t(a)] + (b == L ? head : 0.0); };
+  const double inf = 1e300;
+  // best[k][i]: the least costliest stage that puts the first i layers on k stages; cut: where the last began.
+  std::vector<std::vector<double>> best(size_t(stages) + 1, std::vector<double>(size_t(L) + 1, inf));
+  std::vector<std::vector<int>> cut(size_t(stages) + 1, std::vector<int>(size_t(L) + 1, 0));
+  best[0][0] = 0;
+  for (int k = 1; k <= stages; k++)
+    for (int i = k; i <= L - (stages - k); i++)
+      for (int j = k - 1; j < i; j++) {
+        const double v = std::max(best[size_t(k) - 1][size_t(j)], cost(j, i));
+        if (v < best[size_t(k)][size_t(i)]) best[size_t(k)][size_t(i)] = v, cut[size_t(k)][size_t(i)] = j;
+      }
+  std::vector<StageSpan> spans(static_cast<size_t>(stages));
+  for (int k = stages, i = L; k >= 1; k--) {
+    const int j = cut[size_t(k)][size_t(i)];
+    spans[size_t(k) - 1] = StageSpan{j, i, k == 1, k == stages};
+    i = j;
+  }
+  if (cache.size() > 4096) cache.clear();
+  return cache.emplace(key.str(), spans).first->second;
+}
+
+std::string shape_invalid_reason(const PlanInputs& in, const PlanConfig& c) {
+  const ModelShape& s = in.shape;
+  const std::string problem = model_shape_problem(s);
+  if (!problem.empty()) return "--model " + s.name + ": " + problem;
+  if (c.gpus() != in.gpus)
+    return "tp x cp x pp x dp = " + std::to_string(c.gpus()) + ", not the " + std::to_string(in.gpus) + " GPUs";
+  if (long(c.dp) * c.micro_batch * c.micro_batches != in.batch)
+    return "dp x B x m = " + std::to_string(long(c.dp) * c.micro_batch * c.micro_batches) + ", not the batch " +
+           std::to_string(in.batch);
+  const int heads = s.mla() ? s.NH : s.kv();
+  if (s.NH % c.tp || heads % c.tp)
+    return "tp " + std::to_string(c.tp) + " does not divide the " + std::to_string(s.NH) + " query and " +
+           std::to_string(heads) + " key/value heads";
+  if ((s.ffn % c.tp) || (s.moe() && s.expert_ffn % c.tp)) return "tp " + std::to_string(c.tp) + " does not divide the MLP's width";
+  if (c.sequence_parallel && c.tp == 1) return "sequence parallelism needs tp > 1";
+  if (c.cp > 1 && s.T % (2 * c.cp)) return "cp " + std::to_string(c.cp) + ": T = " + std::to_string(s.T) + " does not cut into 2cp chunks";
+  if (c.ep > 1 && !s.moe()) return "expert parallelism needs experts";
+  if (c.ep > 1 && (s.experts % c.ep || (c.dp * c.cp) % c.ep))
+    return "ep " + std::to_string(c.ep) + " must divide the " + std::to_string(s.experts) + " experts and dp x cp = " +
+           std::to_string(c.dp * c.cp);
+  if (c.zero < 0 || c.zero > 3) return "ZeRO stage " + std::to_string(c.zero) + " (0..3)";
+  if (c.zero > 0 && c.dp * c.cp == 1) return "ZeRO shards over the data-parallel group: dp x cp = 1";
+  if (c.pp > 1 && c.zero > 2) return "ZeRO-3 gathers every micro-batch's parameters: not with a pipeline (use 1 or 2)";
+  if (c.pp * c.virtual_stages > s.L) return "more virtual stages than layers";
+  if (c.pp > 1 && splits_backward(c.schedule) && c.recompute == Recompute::Full)
+    return "full recomputation keeps no product's input for the later weight pass";
+  if (c.pp > 1) {
+    PipelineShape shape{c.pp, c.micro_batches, c.virtual_stages, placement_of(c.schedule)};
+    const std::string shape_error = schedule_shape_error(c.schedule, shape);
+    if (!shape_error.empty()) return shape_error;
+  } else if (c.virtual_stages != 1) {
+    return "virtual stages need a pipeline";
+  }
+  return "";
+}
+
+// The micro-batches each chunk of `rank` holds in flight, at every forward (when the sum can grow),
+// replayed in the schedule's own order: a forward adds one to its chunk, the pass that ends the
+// micro-batch there (the backward; W where the schedule splits it, keeping the whole activations
+// until then) takes it away. The distinct vectors only, cached: a search asks for the same shapes.
+const std::vector<std::vector<int>>& in_flight_counts(Schedule schedule, const PipelineShape& shape, int rank) {
+  static std::map<std::string, std::vector<std::vector<int>>> cache;
+  std::ostringstream key;
+  key << schedule_name(schedule) << ' ' << shape.stages << ' ' << shape.micro_batches << ' ' << shape.chunks << ' ' << rank;
+  auto it = cache.find(key.str());
+  if (it != cache.end()) return it->second;
+  const bool split = splits_backward(schedule);
+  std::vector<int> now(size_t(shape.chunks), 0);
+  std::set<std::vector<int>> seen;
+  for (const Action& a : build_schedule(schedule, shape, rank)) {
+    if (a.op == Op::F) {
+      now[size_t(a.chunk)]++;
+      seen.insert(now);
+    } else if ((a.op == Op::B && !split) || a.op == Op::W) {
+      now[size_t(a.chunk)]--;
+    }
+  }
+  if (cache.size() > 4096) cache.clear();
+  return cache.emplace(key.str(), std::vector<std::vector<int>>(seen.begin(), seen.end())).first->second;
+}
+
+// One virtual stage's work for one micro-batch, and its memory on the rank that runs it.
+struct ChunkCost {
+  double product_s = 0, attention_s = 0;  // forward compute
+  double tp_s = 0, cp_s = 0, ep_s = 0;    // exposed, forward + backward (+ the replay)
+  double forward_s = 0, backward_s = 0, weight_s = 0;  // for the simulator, communication included
+  double dense_params = 0, expert_params = 0;          // held by this rank
+  double activations = 0, logits = 0;                  // per micro-batch in flight (logits: once)
+  double working_set = 0;  // full recomputation: one layer's whole activations, once
+  double routed_rows = 0;  // the largest MoE layer's rows at this rank's experts, per micro-batch
+  double replay_s = 0;     // recomputation's forward work
+  double elementwise_s = 0;  // the elementwise work of forward and backward
+  int layers = 0;
+};
+
+}  // namespace
+
+PlanResult evaluate_shape_plan(const PlanInputs& in, const PlanConfig& c, bool simulate_pipeline) {
+  PlanResult r;
+  r.config = c;
+  r.invalid = shape_invalid_reason(in, c);
+  if (!r.invalid.empty()) return r;
+  const ModelShape& s = in.shape;
+  const Cluster& k = in.cluster;
+  const int t = c.tp, p = c.pp, v = c.virtual_stages, m = c.micro_batches, B = c.micro_batch, cp = c.cp, ep = c.ep;
+  const bool sp = c.sequence_parallel;
+  PipelineShape shape{p, m, v, placement_of(c.schedule)};
+  const int S = p * v;
+  const std::vector<StageSpan>& spans = shape_partition(s, S);
+
+  const double product_rate = k.peak_flops * in.efficiency * (in.fp8 ? in.fp8_speedup : 1.0);
+  const double attention_rate = k.peak_flops * (in.attention_efficiency > 0 ? in.attention_efficiency : in.efficiency);
+  const double tokens = double(B) * s.T / cp;  // a micro-batch's positions on one rank of the CP group
+  const double stream = tokens * s.C * kWidth;  // the residual stream of those positions
+  const double routed_share = in.capacity_factor > 0 ? std::min(1.0, in.capacity_factor) : 1.0;
+  const double inputs = in.fp8_activations ? 1 : kWidth;  // a matrix product's cached input, per element
+  // The routed experts' products at the grouped rate (planner_kernel_rates.h): each of this rank's
+  // experts takes the rows that ep ranks route to it, a micro-batch at a time; the up (and gate)
+  // product is (2) F/t x C, the down one C x F/t, each at its own factor, combined by their time.
+  double expert_rows = 0, expert_factor = 1;
+  GroupedRateTable grouped;
+  if (s.moe() && find_grouped_rate_table(k.gpu, &grouped)) {
+    expert_rows = tokens * s.top_k * routed_share * ep / s.experts;
+    const double gates = s.gated ? 2 : 1, width = double(s.expert_ffn) / t;
+    const double up = grouped_expert_factor(grouped, expert_rows, gates * width, s.C);
+    const double down = grouped_expert_factor(grouped, expert_rows, s.C, width);
+    expert_factor = 1 / (gates / (gates + 1) / up + 1 / (gates + 1) / down);
+  }
+  r.expert_rows = expert_rows, r.expert_rate_factor = expert_factor;
+  const int kv_heads = s.mla() ? s.NH : s.kv();
+  const double kv_bytes = tokens * double(kv_heads) / t * (2.0 * s.hd() + s.rope_dim) * kWidth;  // this rank's K and V
+  // The grid's spans: TP innermost (t ranks), then CP (t cp), DP (t cp dp), PP the whole grid; EP is
+  // ep consecutive ranks of DP x CP, t apart.
+  const LinkModel& tp_link = link_for(k, t);
+  const LinkModel& cp_link = link_for(k, t * cp);
+  const LinkModel& ep_link = link_for(k, t * ep);
+  const LinkModel& dp_link = link_for(k, t * cp * c.dp);
+  const LinkModel& pp_link = link_for(k, c.gpus());
+  const bool full = c.recompute == Recompute::Full;
+  // The embedding (virtual stage 0) and the head (the last) on one rank: no pipeline, or a V. A tied
+  // head on another rank holds a copy of the embedding, summed with it once a step.
+  const bool ends_together = p == 1 || rank_of_stage(shape, 0) == rank_of_stage(shape, S - 1);
+  const int passes = full ? 3 : 2;  // forward, backward (and the replay of the forward)
+
+  // TP: per layer and pass two collectives of the stream (all-reduces; under SP an all-gather and a
+  // reduce-scatter). Megatron-Core's --tp-comm-overlap hides them behind the products they feed.
+  const double tp_pair = t == 1 ? 0.0
+                         : sp   ? ms(tp_link, CollectiveKind::AllGather, stream, t) + ms(tp_link, CollectiveKind::ReduceScatter, stream, t)
+                                : 2 * ms(tp_link, CollectiveKind::AllReduce, stream, t);
+
+  std::vector<ChunkCost> chunks(static_cast<size_t>(S));
+  for (int vs = 0; vs < S; vs++) {
+    ChunkCost& ch = chunks[size_t(vs)];
+    const StageSpan& span = spans[size_t(vs)];
+    ch.layers = span.last - span.first;
+    double product_s = 0, attention_flops = 0, selective_flops = 0, elementwise_bytes = 0, replayed_bytes = 0;
+    for (int l = span.first; l < span.last; l++) {
+      const bool routed = s.moe_layer(l);
+      const double routed_flops = routed ? 2.0 * s.top_k * mlp_params(s, s.expert_ffn) : 0.0;
+      const double dense_products = layer_product_flops(s, l) - routed_flops;
+      attention_flops += tokens * layer_attention_flops(s, l) / t;
+      const double layer_attention_s = tokens * layer_attention_flops(s, l) / t / attention_rate;
+      const double layer_product_s =
+          tokens * (dense_products + routed_flops * routed_share / expert_factor) / t / product_rate;
+      product_s += layer_product_s;
+      // TP, exposed, for this layer's passes.
+      const double tp_layer = passes * tp_pair;
+      ch.tp_s += in.tp_overlap ? std::max(0.0, tp_layer - 3 * layer_product_s) : tp_layer;
+      // CP: the ring's cp - 1 hops each hide behind the attention on the block before (the backward's
+      // carry the blocks and their gradients); the all-gather is exposed, and so is the reduce-scatter
+      // of the keys' and values' gradients.
+      if (cp > 1) {
+        if (in.cp_method == ContextMethod::Ring) {
+          const double hop = ms(cp_link, CollectiveKind::SendRecv, kv_bytes, 2);
+          const double per_block = layer_attention_s / cp;
+          const double forward = (cp - 1) * std::max(0.0, hop - per_block);
+          const double backward = (cp - 1) * std::max(0.0, 2 * hop - 2.5 * per_block);
+          ch.cp_s += forward * (full ? 2 : 1) + backward;
+        } else {
+          const double gather = ms(cp_link, CollectiveKind::AllGather, kv_bytes * cp, cp);
+          const double scatter = ms(cp_link, CollectiveKind::ReduceScatter, kv_bytes * cp, cp);
+          ch.cp_s += gather * (full ? 2 : 1) + scatter;
+        }
+      }
+      // EP: a dispatch and a combine each pass, every routed row out of the rank but its own share.
+      if (routed && ep > 1) {
+        const double rows = tokens * s.top_k * routed_share / (sp ? t : 1);
+        const double a2a = ms(ep_link, CollectiveKind::AllToAll, rows * s.C * kWidth, ep);
+        const double exchange = 2 * passes * a2a;
+        ch.ep_s += in.ep_overlap ? std::max(0.0, exchange - 3 * (layer_product_s + layer_attention_s)) : exchange;
+        ch.routed_rows = std::max(ch.routed_rows, tokens * s.top_k * routed_share / t);
+      } else if (routed) {
+        ch.routed_rows = std::max(ch.routed_rows, tokens * s.top_k * routed_share / t);
+      }
+      // Parameters this rank holds: the dense ones split by TP, the routed experts by EP (and TP).
+      if (routed) {
+        ch.dense_params += moe_layer_shared_params(s) / t;
+        ch.expert_params += moe_layer_expert_params(s) / (double(t) * ep);
+      } else {
+        ch.dense_params += dense_layer_params(s) / t;
+      }
+      // Activations: what TP splits, over t; what it keeps whole, over t under SP only; the routed rows.
+      // Selective recomputation drops the norms' outputs, MLA's q, k, v and the MLPs' products.
+      const LayerActivations a = layer_activations(s, l);
+      const bool selective = c.recompute == Recompute::Selective;
+      const double whole = kWidth * a.residual + (selective ? 0 : inputs * a.norm_out) + inputs * a.latents + 4 * a.router;
+      const double split = (selective && s.mla() ? 0 : kWidth * a.qkv) + inputs * a.attention_out + 4 * a.lse +
+                           kWidth * a.mlp_in + (selective ? 0 : inputs * a.mlp_product);
+      const double row = inputs * a.routed_in + (in.fp8_activations ? 1 : kWidth) * a.routed_mlp_in +
+                         (selective ? 0 : inputs * a.routed_product) + kWidth * a.routed_out;
+      const double layer_bytes = tokens * (split / t + whole / (sp ? t : 1)) +
+                                 (routed ? tokens * s.top_k * routed_share * row / t : 0.0);
+      // The elementwise work at the memory's bandwidth (a third in the forward, two in the backward);
+      // what recomputation drops it writes once more.
+      const LayerElementwise el = layer_elementwise(s, l);
+      const double moved = kWidth * 3 * tokens *
+                           (el.per_token / (sp ? t : 1) + (routed ? s.top_k * routed_share * el.per_routed_row / t : 0.0));
+      elementwise_bytes += moved;
+      if (full) replayed_bytes += moved;
+      else if (selective) replayed_bytes += moved / 3;
+      if (full) {
+        ch.activations += tokens * s.C * kWidth / (sp ? t : 1);  // the layer's input alone
+        ch.working_set = std::max(ch.working_set, layer_bytes);
+      } else {
+        ch.activations += layer_bytes;
+      }
+      if (selective) selective_flops += tokens * selective_recompute_flops(s, l) / t;
+    }
+    if (span.head) {
+      product_s += tokens * head_flops(s) / t / product_rate;
+      ch.dense_params += ((!s.tied || !ends_together ? double(s.V) * s.C : 0.0) + s.C) / t;  // + the final norm
+      ch.logits = tokens * s.V * in.loss_bytes_per_logit / t;  // the loss's copies of the logits, vocabulary-parallel
+      elementwise_bytes += tokens * loss_elementwise_bytes(s) / t;
+    }
+    if (span.embedding) ch.dense_params += embedding_params(s) / t;
+    ch.product_s = product_s;
+    ch.attention_s = attention_flops / attention_rate;
+    const double elementwise_s = k.memory_bandwidth > 0 ? elementwise_bytes / k.memory_bandwidth : 0.0;
+    const double replayed_s = k.memory_bandwidth > 0 ? replayed_bytes / k.memory_bandwidth / 3 : 0.0;  // a forward's
+    ch.elementwise_s = elementwise_s;
+    const double forward = ch.product_s + ch.attention_s + elementwise_s / 3;
+    // The backward: twice the products' forward (input and weight gradients), 2.5 times attention's
+    // (FlashAttention's backward recomputes the scores: five products to the forward's two).
+    const double input_grad = ch.product_s + 2.5 * ch.attention_s + 2 * elementwise_s / 3, weight_grad = ch.product_s;
+    const double replay = (full ? ch.product_s + ch.attention_s : selective_flops / product_rate) + replayed_s;
+    ch.replay_s = replay;
+    const double comm = ch.tp_s + ch.cp_s + ch.ep_s;
+    const double work = forward + input_grad + weight_grad + replay;
+    ch.forward_s = forward + comm * forward / work;
+    if (splits_backward(c.schedule)) {
+      ch.backward_s = replay + input_grad + comm * (work - forward - weight_grad) / work;
+      ch.weight_s = weight_grad + comm * weight_grad / work;
+    } else {
+      ch.backward_s = replay + input_grad + weight_grad + comm * (work - forward) / work;
+    }
+  }
+
+  // Memory, rank by rank: the rank with the largest peak is the one shown.
+  const int dense_group = c.dp * cp, expert_group = dense_group / ep;
+  double worst = -1, slowest_busy = -1;
+  double slowest_compute = 0, slowest_tp = 0, slowest_cp = 0, slowest_ep = 0;
+  double worst_dense = 0, worst_expert = 0;  // parameters of the rank with the most (for DP's traffic)
+  int worst_layers = 0;
+  ActionCosts costs;
+  costs.forward.assign(size_t(S), 0), costs.backward.assign(size_t(S), 0), costs.weight.assign(size_t(S), 0);
+  for (int rank = 0; rank < p; rank++) {
+    double dense = 0, expert = 0, logits = 0, working = 0, rows = 0;
+    double compute = 0, tp = 0, cpt = 0, ept = 0;
+    int layers = 0;
+    for (int chunk = 0; chunk < v; chunk++) {
+      const int vs = p == 1 ? 0 : virtual_stage(shape, rank, chunk);
+      const ChunkCost& ch = chunks[size_t(vs)];
+      dense += ch.dense_params, expert += ch.expert_params, layers += ch.layers;
+      logits = std::max(logits, ch.logits);
+      working = std::max(working, ch.working_set);
+      rows = std::max(rows, ch.routed_rows);
+      compute += 3 * ch.product_s + 3.5 * ch.attention_s + ch.elementwise_s + ch.replay_s;
+      tp += ch.tp_s, cpt += ch.cp_s, ept += ch.ep_s;
+      costs.forward[size_t(vs)] = ch.forward_s, costs.backward[size_t(vs)] = ch.backward_s;
+      costs.weight[size_t(vs)] = ch.weight_s;
+    }
+    // Activations at their peak, replayed in the schedule's order: each chunk's micro-batches in
+    // flight at the moment their sum is largest (not each chunk's largest count, which come at
+    // different times under interleaved and the V schedules).
+    std::vector<double> chunk_bytes(size_t(v), 0);
+    for (int chunk = 0; chunk < v; chunk++)
+      chunk_bytes[size_t(chunk)] = chunks[size_t(p == 1 ? 0 : virtual_stage(shape, rank, chunk))].activations;
+    double activations = p == 1 ? chunk_bytes[0] : 0;
+    if (p > 1)
+      for (const std::vector<int>& counts : in_flight_counts(c.schedule, shape, rank)) {
+        double sum = 0;
+        for (int chunk = 0; chunk < v; chunk++) sum += counts[size_t(chunk)] * chunk_bytes[size_t(chunk)];
+        activations = std::max(activations, sum);
+      }
+    // Model state: 2 bytes a parameter, 2 a gradient, 12 of optimizer state (fp32 master, m, v), the
+    // dense ones sharded over DP x CP and the experts over what is left of it, by ZeRO's stage.
+    auto state = [&](double params, int group) {
+      const double n = group;
+      return std::array<double, 3>{2 * params / (c.zero >= 3 ? n : 1), 2 * params / (c.zero >= 2 ? n : 1),
+                                   12 * params / (c.zero >= 1 ? n : 1)};
+    };
+    const auto d = state(dense, dense_group), e = state(expert, expert_group);
+    // Buffers: a message each way per chunk, the ring's next block, the all-to-all's rows out and in,
+    // ZeRO-3's gathered layer.
+    const double message = stream / (sp ? t : 1);
+    double buffers = p > 1 ? 2.0 * v * message : 0.0;
+    if (cp > 1) buffers += 2 * kv_bytes;
+    if (ep > 1) buffers += 2 * rows * s.C * kWidth;
+    if (c.zero >= 3 && layers > 0) buffers += 2 * kWidth * (dense + expert) / layers;
+    MemoryForecast f;
+    f.model_state = d[0] + d[1] + d[2] + e[0] + e[1] + e[2];
+    f.activations = activations + logits + working;
+    f.transient = buffers;
+    // The allocator's reserve beside what the tensors hold (PlanInputs::allocator_overhead).
+    f.transient += in.allocator_overhead * (f.activations + buffers);
+    f.data = in.data_bytes;
+    if (simulate_pipeline) r.stages.push_back(StageMemory{d[0] + e[0], d[1] + e[1], d[2] + e[2], f});
+    if (f.peak() > worst) {
+      worst = f.peak();
+      r.stage = rank, r.memory = f;
+      r.params_bytes = d[0] + e[0], r.grads_bytes = d[1] + e[1], r.optim_bytes = d[2] + e[2];
+      r.expert_params_bytes = e[0], r.logits_bytes = logits;
+    }
+    if (dense + expert > worst_dense + worst_expert) worst_dense = dense, worst_expert = expert, worst_layers = layers;
+    if (compute + tp + cpt + ept > slowest_busy) {
+      slowest_busy = compute + tp + cpt + ept;
+      slowest_compute = compute, slowest_tp = tp, slowest_cp = cpt, slowest_ep = ept;
+    }
+  }
+  r.fits = r.memory.peak() <= k.memory_bytes;
+  if (!r.fits) {
+    std::ostringstream o;
+    o << "needs " << format_bytes(r.memory.peak()) << " of " << format_bytes(k.memory_bytes) << " (stage " << r.stage
+      << ": model state " << format_bytes(r.memory.model_state) << ", activations " << format_bytes(r.memory.activations)
+      << ", buffers " << format_bytes(r.memory.transient) << ")";
+    if (r.memory.model_state > k.memory_bytes) o << ": the model state alone overflows";
+    r.overflow = o.str();
+  }
+
+  r.compute_s = m * slowest_compute, r.tp_s = m * slowest_tp, r.cp_s = m * slowest_cp, r.ep_s = m * slowest_ep;
+  const double busy = r.compute_s + r.tp_s + r.cp_s + r.ep_s;
+  double pipeline_s = busy;
+  if (p > 1) {
+    costs.p2p = ms(pp_link, CollectiveKind::SendRecv, stream / (sp ? t : 1), 2);
+    double without_p2p = 0;
+    if (simulate_pipeline) {
+      pipeline_s = simulated_makespan(c.schedule, shape, costs, &without_p2p);
+      r.simulated = true;
+    } else {
+      const double per_micro = busy / m, f = per_micro / 3;
+      const bool split = splits_backward(c.schedule);
+      const double bubble = theory_bubble(c.schedule, shape, f, split ? f : 2 * f, split ? f : 0);
+      without_p2p = busy / (1 - bubble);
+      pipeline_s = without_p2p + 2 * (p - 1) * costs.p2p;
+    }
+    r.pp_s = std::max(0.0, pipeline_s - without_p2p);
+  }
+  r.bubble_s = std::max(0.0, pipeline_s - busy - r.pp_s);
+
+  // DP over the dense parameters' group (dp x cp) and the experts' (dp x cp / ep): the gradients go
+  // out behind the last micro-batch's backward and the updated parameters come back behind the first
+  // forward (Megatron-Core's --overlap-grad-reduce and --overlap-param-gather; without dp_overlap both
+  // are exposed). What overlaps has a floor: the last bucket of the backward (the first stage's
+  // embedding and first layer) has no backward left to hide behind, nor the first bucket of the forward.
+  // ZeRO-2 reduce-scatters every micro-batch's gradients behind its own backward (FSDP, also under a
+  // pipeline as Llama 3 runs it); ZeRO-3 also gathers the parameters for every forward and backward.
+  // One collective a layer (buckets).
+  if (dense_group > 1) {
+    auto sync = [&](CollectiveKind kind, double params, int group) {
+      if (group <= 1 || params <= 0) return 0.0;
+      return ms(dp_link, kind, kWidth * params, group) + std::max(0, worst_layers - 1) * ms(dp_link, kind, 0, group);
+    };
+    auto both = [&](CollectiveKind kind) { return sync(kind, worst_dense, dense_group) + sync(kind, worst_expert, expert_group); };
+    const double per_micro = slowest_busy;  // one micro-batch's work on the slowest rank
+    const double hide_backward = in.dp_overlap ? per_micro * 2 / 3 : 0, hide_forward = in.dp_overlap ? per_micro / 3 : 0;
+    const double edge_params = (embedding_params(s) + (s.moe_layer(0) ? moe_layer_shared_params(s) : dense_layer_params(s))) / t;
+    auto edge = [&](CollectiveKind kind) { return in.dp_overlap ? ms(dp_link, kind, kWidth * edge_params, dense_group) : 0.0; };
+    auto exposed = [&](CollectiveKind kind, double hidden) { return std::max(edge(kind), both(kind) - hidden); };
+    switch (c.zero) {
+      case 0: r.dp_s = exposed(CollectiveKind::AllReduce, hide_backward); break;
+      case 1:
+        r.dp_s = exposed(CollectiveKind::ReduceScatter, hide_backward) + exposed(CollectiveKind::AllGather, hide_forward);
+        break;
+      case 2:
+        r.dp_s = (m - 1) * std::max(0.0, both(CollectiveKind::ReduceScatter) - hide_backward) +
+                 exposed(CollectiveKind::ReduceScatter, hide_backward) + exposed(CollectiveKind::AllGather, hide_forward);
+        break;
+      case 3:
+        r.dp_s = m * std::max(0.0, 2 * both(CollectiveKind::AllGather) + both(CollectiveKind::ReduceScatter) -
+                                       (in.dp_overlap ? per_micro : 0));
+        break;
+    }
+  }
+  // A tied embedding's two copies (first and last stage) summed once a step.
+  if (s.tied && !ends_together) r.embedding_s = ms(pp_link, CollectiveKind::AllReduce, kWidth * double(s.V) * s.C / t, 2);
+  r.step_s = pipeline_s + r.dp_s + r.embedding_s;
+
+  const double step_tokens = double(in.batch) * s.T;
+  r.tokens_per_s = step_tokens / r.step_s;
+  r.flops_per_gpu = r.tokens_per_s * model_flops_per_token(s) / in.gpus;
+  r.mfu = r.flops_per_gpu / k.peak_flops;
+  return r;
+}

@@ -1,0 +1,186 @@
+// precision_recipe.cpp: the recipes of precision_recipe.h and LowPrecisionMatmuls.
+#include "training/precision_recipe.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "base/check.h"  // ENSURE
+#include "ops/ops.h"    // bias_backward: the bias gradient stays in fp32
+
+const char* tensor_kind_name(TensorKind k) {
+  return k == TensorKind::Weights ? "weights" : k == TensorKind::Activations ? "activations" : "gradients";
+}
+const char* precision_name(Precision p) {
+  const char* names[] = {"fp32", "bf16", "fp16", "fp8"};
+  return names[int(p)];
+}
+const char* fp8_scaling_name(Fp8Scaling s) {
+  const char* names[] = {"none", "current", "delayed", "row", "blocks"};
+  return names[int(s)];
+}
+bool parse_precision(const std::string& name, Precision* out) {
+  for (Precision p : {Precision::FP32, Precision::BF16, Precision::FP16, Precision::FP8})
+    if (name == precision_name(p)) return *out = p, true;
+  return false;
+}
+bool parse_fp8_scaling(const std::string& name, Fp8Scaling* out) {
+  for (Fp8Scaling s : {Fp8Scaling::None, Fp8Scaling::Current, Fp8Scaling::Delayed, Fp8Scaling::Row, Fp8Scaling::Blocks})
+    if (name == fp8_scaling_name(s)) return *out = s, true;
+  return false;
+}
+bool parse_accumulate(const std::string& name, Accumulate* out) {
+  for (Accumulate a : {Accumulate::Fp32, Accumulate::TensorCore, Accumulate::Promote128})
+    if (name == accumulate_name(a)) return *out = a, true;
+  return false;
+}
+
+NumberFormat PrecisionRecipe::format_of(TensorKind kind) const {
+  switch (precision) {
+    case Precision::FP16: return NumberFormat::FP16;
+    case Precision::FP8: return kind == TensorKind::Gradients ? fp8_gradient : NumberFormat::E4M3;
+    default: return NumberFormat::BF16;
+  }
+}
+NumberFormat PrecisionRecipe::output_format() const {
+  return precision == Precision::FP16 ? NumberFormat::FP16 : NumberFormat::BF16;
+}
+int PrecisionRecipe::bytes_per_value(TensorKind kind) const {
+  return precision == Precision::FP32 ? 4 : format_bits(format_of(kind)) / 8;
+}
+std::string PrecisionRecipe::describe() const {
+  switch (precision) {
+    case Precision::FP32: return "fp32";
+    case Precision::BF16: return "bf16 (products in bf16, fp32 accumulation, fp32 master weights and AdamW)";
+    case Precision::FP16: return "fp16 (products in fp16, fp32 accumulation, dynamic loss scale, fp32 master weights and AdamW)";
+    default:
+      return std::string("fp8 (e4m3 forward, ") + format_name(fp8_gradient) + " gradients, " +
+             fp8_scaling_name(scaling) + " scaling, " + accumulate_name(accumulate) + " accumulation" +
+             (scaling == Fp8Scaling::Delayed ? ", amax history " + std::to_string(amax_history) : "") + ")";
+  }
+}
+
+LowPrecisionMatmuls::LowPrecisionMatmuls(const PrecisionRecipe& recipe, const float* params, const float* grads,
+                                         std::function<void(std::vector<float>&)> reduce_max)
+    : recipe_(recipe), params_(params), grads_(grads), reduce_max_(std::move(reduce_max)) {}
+
+bool LowPrecisionMatmuls::kept(int64_t site) const {
+  return std::find(kept_.begin(), kept_.end(), site) != kept_.end();
+}
+
+namespace {
+
+// dst(cols x rows) = src(rows x cols)^T.
+void transpose(float* dst, const float* src, int rows, int cols) {
+  for (int r = 0; r < rows; r++)
+    for (int c = 0; c < cols; c++) dst[int64_t(c) * rows + r] = src[int64_t(r) * cols + c];
+}
+
+int last_dim(const Tensor& t) { return int(t.shape[t.ndim - 1]); }
+
+}  // namespace
+
+const float* LowPrecisionMatmuls::quantize(const float* values, int rows, int cols, int64_t site, Role role,
+                                           TensorKind kind, std::vector<float>& scratch) {
+  scratch.resize(size_t(rows) * cols);
+  QuantCounts* counts = &counts_[int(kind)];
+  const bool fp8 = recipe_.precision == Precision::FP8 && !kept(site);
+  if (!fp8) {  // bf16 and fp16 (and the kept products): no scale; IEEE overflow, so fp16's infinities show
+    const NumberFormat format = recipe_.precision == Precision::FP8 ? recipe_.output_format() : recipe_.format_of(kind);
+    quantize_matrix(scratch.data(), values, rows, cols, false, Tiling{}, format, Overflow::Ieee, 1.0f, counts);
+    return scratch.data();
+  }
+  const NumberFormat format = recipe_.format_of(kind);
+  Tiling tiling;  // per tensor
+  float scale = 0;  // 0: each group's own current amax
+  switch (recipe_.scaling) {
+    case Fp8Scaling::None: scale = 1.0f; break;
+    case Fp8Scaling::Current: break;
+    case Fp8Scaling::Row: tiling = Tiling{1, 0}; break;
+    case Fp8Scaling::Blocks: tiling = kind == TensorKind::Weights ? Tiling{128, 128} : Tiling{1, 128}; break;
+    case Fp8Scaling::Delayed: {
+      History& h = histories_[{site, int(role)}];
+      h.kind = kind;
+      h.step_amax = std::max(h.step_amax, matrix_amax(values, rows, cols));
+      scale = h.scale;  // 0 on the first step, which has no history yet: current scaling then
+      break;
+    }
+  }
+  quantize_matrix(scratch.data(), values, rows, cols, false, tiling, format, Overflow::Saturate, scale, counts);
+  return scratch.data();
+}
+
+void LowPrecisionMatmuls::forward(Tensor out, Tensor inp, Tensor weight, Tensor bias) {
+  const int C = last_dim(weight), OC = int(weight.numel() / C), N = int(inp.numel() / C);
+  const int64_t site = weight.f32() - params_;
+  const float* a = quantize(inp.f32(), N, C, site, FwdInput, TensorKind::Activations, a_);
+  const float* b = quantize(weight.f32(), OC, C, site, FwdWeight, TensorKind::Weights, b_);
+  float* o = out.f32();
+  emulated_product(o, a, b, N, OC, C, recipe_.accumulate);
+  const float* bias_values = bias.empty() ? nullptr : bias.f32();
+  const NumberFormat output = recipe_.output_format();
+  for (int n = 0; n < N; n++) {
+    for (int j = 0; j < OC; j++) {
+      float& y = o[int64_t(n) * OC + j];
+      y = round_to_format(output, bias_values ? y + bias_values[j] : y);  // the bias in fp32, as an epilogue adds it
+    }
+  }
+}
+
+void LowPrecisionMatmuls::backward_input(Tensor dinp, Tensor dout, Tensor weight) {
+  const int C = last_dim(weight), OC = int(weight.numel() / C), N = int(dout.numel() / OC);
+  const int64_t site = weight.f32() - params_;
+  const float* a = quantize(dout.f32(), N, OC, site, DgradOut, TensorKind::Gradients, a_);
+  transposed_.resize(size_t(C) * OC);
+  transpose(transposed_.data(), weight.f32(), OC, C);  // the sum runs over OC now
+  const float* b = quantize(transposed_.data(), C, OC, site, DgradWeight, TensorKind::Weights, b_);
+  product_.resize(size_t(N) * C);
+  emulated_product(product_.data(), a, b, N, C, OC, recipe_.accumulate);
+  const NumberFormat output = recipe_.output_format();
+  float* d = dinp.f32();
+  for (int64_t i = 0; i < int64_t(N) * C; i++) d[i] += round_to_format(output, product_[i]);
+}
+
+void LowPrecisionMatmuls::backward_weight(Tensor dweight, Tensor dbias, Tensor dout, Tensor inp) {
+  const int C = last_dim(inp), N = int(inp.numel() / C), OC = int(dout.numel() / N);
+  const int64_t site = dweight.f32() - grads_;
+  transposed_.resize(size_t(OC) * N);
+  transpose(transposed_.data(), dout.f32(), N, OC);  // the sum runs over the N tokens
+  const float* a = quantize(transposed_.data(), OC, N, site, WgradOut, TensorKind::Gradients, a_);
+  transposed_.resize(size_t(C) * N);
+  transpose(transposed_.data(), inp.f32(), N, C);
+  const float* b = quantize(transposed_.data(), C, N, site, WgradInput, TensorKind::Activations, b_);
+  product_.resize(size_t(OC) * C);
+  emulated_product(product_.data(), a, b, OC, C, N, recipe_.accumulate);
+  float* d = dweight.f32();
+  for (int64_t i = 0; i < int64_t(OC) * C; i++) d[i] += product_[i];
+  if (!dbias.empty()) bias_backward(dbias, dout);
+}
+
+void LowPrecisionMatmuls::end_step() {
+  if (recipe_.precision != Precision::FP8 || recipe_.scaling != Fp8Scaling::Delayed) return;
+  std::vector<float> amaxes;
+  for (auto& [key, h] : histories_) amaxes.push_back(h.step_amax);
+  reduce_max_(amaxes);
+  size_t i = 0;
+  for (auto& [key, h] : histories_) {
+    const float amax = amaxes[i++];
+    if (std::isfinite(amax)) h.amaxes.push_back(amax);  // an overflowed step teaches nothing about the range
+    while (int(h.amaxes.size()) > recipe_.amax_history) h.amaxes.pop_front();
+    const float largest = h.amaxes.empty() ? 0 : *std::max_element(h.amaxes.begin(), h.amaxes.end());
+    h.scale = largest > 0 ? power_of_two_scale(recipe_.format_of(h.kind), largest) : 0;
+    h.step_amax = 0;
+  }
+}
+
+std::vector<float> LowPrecisionMatmuls::delayed_scales() const {
+  std::vector<float> scales;
+  for (const auto& [key, h] : histories_) scales.push_back(h.scale);
+  return scales;
+}
+
+float LowPrecisionMatmuls::first_delayed_scale(TensorKind kind) const {
+  for (const auto& [key, h] : histories_)
+    if (h.kind == kind && !kept(key.first)) return h.scale;
+  return 0;
+}

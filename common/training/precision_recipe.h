@@ -1,0 +1,108 @@
+// precision_recipe.h: a mixed-precision recipe (which format each tensor of a matrix product takes, and
+// how fp8 scales it), and LowPrecisionMatmuls, the MatmulEmulation (matmul_emulation.h) that carries
+// the recipe out on the CPU, with its amax history. Chapter 13 builds one from its flags.
+//
+// The recipes, by --precision (docs/mixed_precision.md):
+//   fp32: no emulation at all; every product as in chapters 01-12.
+//   bf16: activations and weights rounded to bf16, gradients too; outputs in bf16. No scale: bf16 has
+//         fp32's exponent range.
+//   fp16: the same in fp16, whose range (6e-8 .. 65504) is what the chapter's loss scale is for.
+//   fp8:  activations and weights in E4M3, gradients in E5M2 (or E4M3), each tensor scaled (Fp8Scaling)
+//         and saturating; outputs in bf16; the LM head (the tied embedding) stays in bf16, as
+//         DeepSeek-V3 and Transformer Engine keep the first and last layers out of fp8.
+// Every product: the fp32 results of the weight gradient go straight into the fp32 gradient buffer
+// (Megatron's main_grad), the input gradient is rounded to the layer's dtype before it is added.
+#pragma once
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "ops/float_formats.h"
+#include "ops/matmul_emulation.h"
+#include "ops/quantize.h"
+
+enum class Precision { FP32, BF16, FP16, FP8 };
+enum class Fp8Scaling {
+  None,     // scale 1: what fp8 does without scaling (the lesson's failure)
+  Current,  // per tensor, from this tensor's amax now
+  Delayed,  // per tensor, from the largest amax of the last amax_history steps (Transformer Engine)
+  Row,      // per row: one scale per token of an activation, per output channel of a weight
+  Blocks,   // DeepSeek-V3: 1 x 128 tiles of activations and gradients, 128 x 128 blocks of weights
+};
+enum class TensorKind { Weights, Activations, Gradients };
+constexpr int kTensorKinds = 3;
+const char* tensor_kind_name(TensorKind k);  // "weights", "activations", "gradients"
+
+struct PrecisionRecipe {
+  Precision precision = Precision::FP32;
+  Fp8Scaling scaling = Fp8Scaling::Delayed;
+  NumberFormat fp8_gradient = NumberFormat::E5M2;
+  Accumulate accumulate = Accumulate::Fp32;
+  int amax_history = 16;
+
+  NumberFormat format_of(TensorKind kind) const;  // the format a product's operand of this kind takes
+  NumberFormat output_format() const;             // the layer's dtype: fp16 under fp16, else bf16
+  int bytes_per_value(TensorKind kind) const;     // of format_of(kind): 2 or 1; 4 under fp32
+  std::string describe() const;                   // "fp8 (e4m3 forward, e5m2 gradients, delayed scaling, ...)"
+};
+
+const char* precision_name(Precision p);    // "fp32", "bf16", "fp16", "fp8"
+const char* fp8_scaling_name(Fp8Scaling s); // "none", "current", "delayed", "row", "blocks"
+bool parse_precision(const std::string& name, Precision* out);
+bool parse_fp8_scaling(const std::string& name, Fp8Scaling* out);
+bool parse_accumulate(const std::string& name, Accumulate* out);
+
+class LowPrecisionMatmuls : public MatmulEmulation {
+ public:
+  // params and grads: the flat buffers the model's weights and their gradients live in (a weight is
+  // known by its offset in them: one product's history is the same on every rank). reduce_max: the
+  // all-reduce (Max) of a vector over the ranks that share the tensors' amaxes (the data-parallel
+  // group), called by end_step() under delayed scaling.
+  LowPrecisionMatmuls(const PrecisionRecipe& recipe, const float* params, const float* grads,
+                      std::function<void(std::vector<float>&)> reduce_max);
+  // The product whose weight starts at this offset of params stays in the output format (bf16).
+  void keep_in_output_format(int64_t weight_offset) { kept_.push_back(weight_offset); }
+
+  void forward(Tensor out, Tensor inp, Tensor weight, Tensor bias) override;
+  void backward_input(Tensor dinp, Tensor dout, Tensor weight) override;
+  void backward_weight(Tensor dweight, Tensor dbias, Tensor dout, Tensor inp) override;
+
+  // Delayed scaling: this step's amaxes, reduced (Max) over the group, join every tensor's history;
+  // the next step's scales come from the histories. Call on every rank after each step (also a skipped one).
+  void end_step();
+  // Every per-tensor scale the next step will use (delayed scaling), in a fixed order of the products;
+  // empty under other scalings. Equal on every rank: the histories are reduced.
+  std::vector<float> delayed_scales() const;
+  // The delayed scale of the first product's operand of this kind (the first block's qkv): one
+  // trajectory per kind for the plots. 0 before the first end_step() or under other scalings.
+  float first_delayed_scale(TensorKind kind) const;
+  const QuantCounts& counts(TensorKind kind) const { return counts_[int(kind)]; }
+
+ private:
+  // One operand of one product: the forward's input and weight, the input gradient's dout and weight,
+  // the weight gradient's dout and input.
+  enum Role { FwdInput, FwdWeight, DgradOut, DgradWeight, WgradOut, WgradInput };
+  struct History {
+    std::deque<float> amaxes;  // newest last, at most recipe.amax_history
+    float step_amax = 0;       // this step's largest so far (over micro-batches)
+    float scale = 0;           // from the history; 0 until it has one
+    TensorKind kind = TensorKind::Activations;
+  };
+  // values (rows x cols, the product's contraction along cols), rounded into `scratch` as the recipe says.
+  const float* quantize(const float* values, int rows, int cols, int64_t site, Role role, TensorKind kind,
+                        std::vector<float>& scratch);
+  bool kept(int64_t site) const;
+
+  PrecisionRecipe recipe_;
+  const float* params_;
+  const float* grads_;
+  std::function<void(std::vector<float>&)> reduce_max_;
+  std::vector<int64_t> kept_;
+  std::map<std::pair<int64_t, int>, History> histories_;  // by (weight offset, role)
+  QuantCounts counts_[kTensorKinds];
+  std::vector<float> a_, b_, transposed_, product_;  // scratch, grown on demand
+};

@@ -1,0 +1,158 @@
+// precision_report.cpp: chapter 13's flags, cast and reports (precision_report.h).
+#include "training/precision_report.h"
+
+#include <cmath>
+#include <cstdio>
+#include <vector>
+
+#include "base/check.h"   // config_error
+#include "ops/device.h"  // pick_device
+#include "ops/matmul_cublaslt.h"
+#include "ops/memory.h"  // memory_stats
+#include "base/metrics.h" // JsonObject
+#include "training/training_run.h"
+
+void add_precision_flags(FlagParser& flags, PrecisionFlags* pf) {
+  flags.add("--precision", &pf->precision, "fp32 | bf16 | fp16 | fp8: the format of every matrix product's inputs "
+                                           "(master weights and AdamW stay fp32; default fp32)", "FORMAT");
+  flags.add("--fp8-scaling", &pf->fp8_scaling, "none | current | delayed | row | blocks (fp8; default delayed)", "HOW");
+  flags.add("--fp8-grad", &pf->fp8_grad, "e5m2 | e4m3: the gradients' fp8 format (default e5m2)", "FORMAT");
+  flags.add("--fp8-accumulate", &pf->fp8_accumulate, "fp32 | tensor-core | promote128: how fp8 products are summed "
+                                                     "(default fp32)", "HOW");
+  flags.add("--amax-history", &pf->amax_history, "steps of amaxes delayed scaling keeps (default 16)");
+  flags.add("--loss-scale", &pf->loss_scale, "fp16: a fixed loss scale (1: none); default dynamic");
+  flags.add("--loss-scale-init", &pf->loss_scale_init, "fp16: the dynamic scale's first value (default 65536)");
+  flags.add("--loss-scale-window", &pf->loss_scale_window, "fp16: clean steps before the dynamic scale doubles (default 50)");
+}
+
+PrecisionRecipe precision_recipe_from_flags(const PrecisionFlags& pf, const TrainConfig& cfg) {
+  PrecisionRecipe r;
+  if (!parse_precision(pf.precision, &r.precision))
+    config_error("--precision " + pf.precision + ": expected fp32, bf16, fp16 or fp8");
+  const bool fp8 = r.precision == Precision::FP8, fp16 = r.precision == Precision::FP16;
+  for (const char* flag : {"--fp8-scaling", "--fp8-grad", "--fp8-accumulate", "--amax-history"})
+    if (cfg.was_given(flag) && !fp8) config_error(std::string(flag) + " applies to --precision fp8 only");
+  for (const char* flag : {"--loss-scale", "--loss-scale-init", "--loss-scale-window"})
+    if (cfg.was_given(flag) && !fp16) config_error(std::string(flag) + " applies to --precision fp16 only");
+  if (!parse_fp8_scaling(pf.fp8_scaling, &r.scaling))
+    config_error("--fp8-scaling " + pf.fp8_scaling + ": expected none, current, delayed, row or blocks");
+  if (!parse_format(pf.fp8_grad.c_str(), &r.fp8_gradient) ||
+      (r.fp8_gradient != NumberFormat::E5M2 && r.fp8_gradient != NumberFormat::E4M3))
+    config_error("--fp8-grad " + pf.fp8_grad + ": expected e5m2 or e4m3");
+  if (!parse_accumulate(pf.fp8_accumulate, &r.accumulate))
+    config_error("--fp8-accumulate " + pf.fp8_accumulate + ": expected fp32, tensor-core or promote128");
+  if (pf.amax_history < 1) config_error("--amax-history must be >= 1");
+  if (cfg.was_given("--loss-scale") && !(pf.loss_scale >= 1)) config_error("--loss-scale must be >= 1 (1: no scaling)");
+  if (!(pf.loss_scale_init >= 1) || pf.loss_scale_init > 1e30) config_error("--loss-scale-init must be in [1, 1e30]");
+  if (pf.loss_scale_window < 1) config_error("--loss-scale-window must be >= 1");
+  r.amax_history = pf.amax_history;
+  if (r.precision == Precision::FP32) return r;
+  if (cfg.dtype != "auto" && cfg.dtype != "fp32")
+    config_error("--dtype " + cfg.dtype + " with --precision " + pf.precision +
+                 ": the recipe sets the products' formats; leave --dtype at fp32");
+  if (pick_device(cfg.device) == Device::CUDA) {
+#ifdef GPT_WITH_CUDA
+    std::string why;
+    if (fp8 && !gpu_has_fp8_tensor_cores(&why))
+      config_error("--precision fp8 needs fp8 tensor cores (compute capability 8.9+: Ada, Hopper); this GPU has " + why);
+#endif
+    config_error("--precision " + pf.precision + " is emulated on the CPU: add --device cpu (on a GPU, "
+                 "chapters 01-12 train in bf16 with --dtype bf16)");
+  }
+  return r;
+}
+
+OperandValues operand_values_per_step(int L, int C, int V, int64_t tokens, int micro_batches) {
+  const double N = double(tokens), l = L, c = C, v = V;
+  return {2 * N * (7 * l * c + c), 2 * micro_batches * (12 * l * c * c + v * c), 2 * N * (9 * l * c + v)};
+}
+
+PrecisionLog::PrecisionLog(const PrecisionRecipe& recipe, TrainingRun& run, Communicator& comm)
+    : recipe_(recipe), run_(run), comm_(comm) {
+  run_.add_to_run_record(JsonObject()
+                             .add("precision", precision_name(recipe.precision))
+                             .add("fp8_scaling", fp8_scaling_name(recipe.scaling))
+                             .add("fp8_grad", format_name(recipe.fp8_gradient))
+                             .add("fp8_accumulate", accumulate_name(recipe.accumulate))
+                             .add("amax_history", recipe.amax_history));
+}
+
+void PrecisionLog::after_step(int step, bool applied, float loss_scale, const LowPrecisionMatmuls& products) {
+  steps_++;
+  if (!applied) {
+    skipped_++;
+    if (run_.is_root())
+      std::printf("step %d: inf/NaN in the gradients: step skipped, loss scale now %g\n", step, double(loss_scale));
+  }
+  if (recipe_.precision == Precision::FP32) return;
+  // A fingerprint of every scale the next step will use: powers of two, so sum_i (i+1) log2(scale_i)
+  // is an exact integer; two ranks with the same scales have the same fingerprint.
+  const std::vector<float> scales = products.delayed_scales();
+  double fingerprint = 0;
+  for (size_t i = 0; i < scales.size(); i++) fingerprint += double(i + 1) * (scales[i] > 0 ? std::log2(scales[i]) : 0);
+  // Every rank's values, gathered by scalar reductions (metrics, not training traffic).
+  const int ranks = comm_.size();
+  for (int r = 0; r < ranks; r++) {
+    const bool me = comm_.rank() == r;
+    const double their_scale = comm_.all_reduce_scalar(me ? loss_scale : -HUGE_VAL, ReduceOp::Max);
+    const double their_fingerprint = comm_.all_reduce_scalar(me ? fingerprint : -HUGE_VAL, ReduceOp::Max);
+    JsonObject record;
+    record.add("type", "precision")
+        .add("step", step)
+        .add("rank", r)
+        .add("applied", applied)
+        .add("loss_scale", their_scale)
+        .add("scales", int64_t(scales.size()))
+        .add("scales_fingerprint", their_fingerprint);
+    if (r == 0)  // rank 0's own scales, one per kind, for the plots (the fingerprint says the others hold the same)
+      record.add("scale_weights", double(products.first_delayed_scale(TensorKind::Weights)))
+          .add("scale_activations", double(products.first_delayed_scale(TensorKind::Activations)))
+          .add("scale_gradients", double(products.first_delayed_scale(TensorKind::Gradients)));
+    run_.write_record(record);
+  }
+}
+
+void PrecisionLog::summary(const LowPrecisionMatmuls& products, int64_t params, int L, int C, int V,
+                           int64_t tokens_per_step, int micro_batches) {
+  if (!run_.is_root() || recipe_.precision == Precision::FP32) return;
+  const int steps = steps_;
+  std::printf("precision summary: %s, %d steps, %d skipped for overflow\n", recipe_.describe().c_str(), steps, skipped_);
+  const OperandValues formula = operand_values_per_step(L, C, V, tokens_per_step, micro_batches);
+  const double per_kind[] = {formula.weights, formula.activations, formula.gradients};
+  std::printf("  %-12s %6s %14s %14s %12s %12s %10s %10s\n", "operands", "format", "values/step", "formula",
+              "bytes/step", "fp32 bytes", "underflow", "overflow");
+  for (TensorKind kind : {TensorKind::Weights, TensorKind::Activations, TensorKind::Gradients}) {
+    const QuantCounts& q = products.counts(kind);
+    const double per_step = steps ? double(q.values) / steps : 0;
+    const int bytes = recipe_.bytes_per_value(kind);
+    std::printf("  %-12s %6s %14.0f %14.0f %12.3g %12.3g %9.3g%% %9.3g%%\n", tensor_kind_name(kind),
+                format_name(recipe_.format_of(kind)), per_step, per_kind[int(kind)], per_step * bytes, per_step * 4,
+                q.nonzero ? 100.0 * q.underflow / q.nonzero : 0.0, q.nonzero ? 100.0 * q.overflow / q.nonzero : 0.0);
+  }
+  const MemoryStats m = memory_stats();
+  const double psi = double(params);
+  std::printf("  model state per rank (P = %lld parameters, fp32 master; the casts are the products' operands above):\n",
+              (long long)params);
+  std::printf("    params %10.4g B = 4P %10.4g B | grads %10.4g B = 4P %10.4g B | optim %10.4g B = 8P %10.4g B\n",
+              double(m.current[int(MemCategory::Params)]), 4 * psi, double(m.current[int(MemCategory::Grads)]), 4 * psi,
+              double(m.current[int(MemCategory::OptState)]), 8 * psi);
+  run_.write_record(JsonObject()
+                        .add("type", "precision_summary")
+                        .add("skipped", skipped_)
+                        .add("params_bytes", m.current[int(MemCategory::Params)])
+                        .add("params_formula", 4 * psi)
+                        .add("grads_bytes", m.current[int(MemCategory::Grads)])
+                        .add("optim_bytes", m.current[int(MemCategory::OptState)])
+                        .add("weights_values_per_step", steps ? double(products.counts(TensorKind::Weights).values) / steps : 0)
+                        .add("weights_values_formula", formula.weights)
+                        .add("activations_values_per_step", steps ? double(products.counts(TensorKind::Activations).values) / steps : 0)
+                        .add("activations_values_formula", formula.activations)
+                        .add("gradients_values_per_step", steps ? double(products.counts(TensorKind::Gradients).values) / steps : 0)
+                        .add("gradients_values_formula", formula.gradients)
+                        .add("weights_underflow", products.counts(TensorKind::Weights).underflow)
+                        .add("activations_underflow", products.counts(TensorKind::Activations).underflow)
+                        .add("gradients_underflow", products.counts(TensorKind::Gradients).underflow)
+                        .add("weights_overflow", products.counts(TensorKind::Weights).overflow)
+                        .add("activations_overflow", products.counts(TensorKind::Activations).overflow)
+                        .add("gradients_overflow", products.counts(TensorKind::Gradients).overflow));
+}

@@ -1,0 +1,61 @@
+// precision_report.h: what chapter 13 needs around its recipe, kept out of the lesson: the flags and
+// their checks (PrecisionFlags, add_precision_flags, precision_recipe_from_flags), and PrecisionLog: the skipped steps, the per-rank JSON records of
+// the scales, and the closing summary (underflows and overflows per tensor kind; the bytes each
+// category holds, by formula and as allocated).
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include "comm/comm.h"
+#include "training/flags.h"
+#include "training/precision_recipe.h"
+#include "ops/tensor.h"
+
+class TrainingRun;
+
+struct PrecisionFlags {
+  std::string precision = "fp32";
+  std::string fp8_scaling = "delayed";
+  std::string fp8_grad = "e5m2";
+  std::string fp8_accumulate = "fp32";
+  int amax_history = 16;
+  double loss_scale = 0;  // 0: dynamic
+  double loss_scale_init = 65536;
+  int loss_scale_window = 50;
+};
+void add_precision_flags(FlagParser& flags, PrecisionFlags* pf);
+// The recipe the flags ask for. Refuses (config_error, naming the flag) a value it does not know, a
+// flag of another precision (--fp8-scaling without --precision fp8), and a recipe that cannot run:
+// anything but fp32 on a GPU (the emulation runs on the CPU; the GPU's bf16 is --dtype bf16 of
+// chapters 01-12), fp8 on a GPU without fp8 tensor cores, a --dtype other than fp32.
+PrecisionRecipe precision_recipe_from_flags(const PrecisionFlags& pf, const TrainConfig& cfg);
+
+// The values one rank's products read in a step, by kind, from the shapes: every linear layer of
+// GPT-2 (per block qkv C->3C, attention projection C->C, fc C->4C, fc projection 4C->C; the LM head
+// C->V) reads its input and weight in the forward, dout and weight for the input gradient, dout and
+// input for the weight gradient. With N tokens per step: activations 2N(7LC + C), weights
+// 2(12LC^2 + VC) per micro-batch, gradients 2N(9LC + V).
+struct OperandValues {
+  double activations, weights, gradients;
+};
+OperandValues operand_values_per_step(int L, int C, int V, int64_t tokens, int micro_batches);
+
+class PrecisionLog {
+ public:
+  PrecisionLog(const PrecisionRecipe& recipe, TrainingRun& run, Communicator& comm);
+  // After each step, on every rank: prints a skipped step (rank 0), gathers every rank's loss scale and
+  // scales (a collective of scalars) and writes one "precision" record per rank.
+  void after_step(int step, bool applied, float loss_scale, const LowPrecisionMatmuls& products);
+  // Rank 0: the underflow and overflow counts per tensor kind; the values the products read per
+  // step against their formula (operand_values_per_step), and their bytes in the recipe's formats;
+  // the model state per category, as allocated and by formula.
+  void summary(const LowPrecisionMatmuls& products, int64_t params, int L, int C, int V, int64_t tokens_per_step,
+               int micro_batches);
+  int skipped() const { return skipped_; }
+
+ private:
+  PrecisionRecipe recipe_;
+  TrainingRun& run_;
+  Communicator& comm_;
+  int skipped_ = 0, steps_ = 0;
+};
