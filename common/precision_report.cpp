@@ -13,6 +13,7 @@
 #include "training_run.h"
 
 void add_precision_flags(FlagParser& flags, PrecisionFlags* pf) {
+  pf->registered = true;
   flags.add("--precision", &pf->precision, "fp32 | bf16 | fp16 | fp8: the format of every matrix product's inputs "
                                            "(master weights and AdamW stay fp32; default fp32)", "FORMAT");
   flags.add("--fp8-scaling", &pf->fp8_scaling, "none | current | delayed | row | blocks (fp8; default delayed)", "HOW");

@@ -8,22 +8,12 @@
 
 #include "comm.h"
 #include "flags.h"
+#include "precision_flags.h"  // PrecisionFlags, add_precision_flags
 #include "precision_recipe.h"
 #include "tensor.h"
 
 class TrainingRun;
 
-struct PrecisionFlags {
-  std::string precision = "fp32";
-  std::string fp8_scaling = "delayed";
-  std::string fp8_grad = "e5m2";
-  std::string fp8_accumulate = "fp32";
-  int amax_history = 16;
-  double loss_scale = 0;  // 0: dynamic
-  double loss_scale_init = 65536;
-  int loss_scale_window = 50;
-};
-void add_precision_flags(FlagParser& flags, PrecisionFlags* pf);
 // The recipe the flags ask for. Refuses (config_error, naming the flag) a value it does not know, a
 // flag of another precision (--fp8-scaling without --precision fp8), and a recipe that cannot run:
 // anything but fp32 on a GPU (the emulation runs on the CPU; the GPU's bf16 is --dtype bf16 of
