@@ -11,14 +11,19 @@
 // TrainingRun::end_step, told by after_step(), counts it as skipped, not diverged.
 #pragma once
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "comm.h"
+#include "param_layout.h"
 #include "precision_flags.h"
 #include "precision_recipe.h"
 #include "precision_report.h"  // PrecisionLog
 
 class TrainingRun;
+
+// "ckpt.bin" -> "ckpt.bin.precision", a sharded folder "dir/" -> "dir.precision".
+std::string precision_state_path(const std::string& checkpoint);
 
 class MixedPrecision {
  public:
@@ -37,6 +42,13 @@ class MixedPrecision {
   // a step skipped for overflow (so the run goes on), else grad_norm.
   double after_step(int step, double grad_norm);
   float loss_scale() const { return loss_scale_; }
+  // Checkpoints (collective, every rank): the loss scale, its clean steps and the delayed amax
+  // histories go to a small text file beside the checkpoint (precision_state_path), every stage's
+  // histories by parameter name, so that a resumed run (on any grid) continues with the scales the
+  // uninterrupted one would have. load() of a file that is absent, or of another recipe, keeps the
+  // fresh state and says so.
+  void save(const std::string& checkpoint, const ParamLayout& layout, Communicator& world) const;
+  void load(const std::string& checkpoint, const ParamLayout& layout, Communicator& world);
   // Rank 0 prints the underflows and overflows per tensor kind and the operands' bytes against their
   // formula (precision_report.h); then the plain fp32 products are restored.
   void finish(int64_t params, int L, int C, int V, int64_t tokens_per_step, int micro_batches, bool whole_model);

@@ -183,9 +183,31 @@ void LowPrecisionMatmuls::end_step() {
     const float amax = amaxes[i++];
     if (std::isfinite(amax)) h.amaxes.push_back(amax);  // an overflowed step teaches nothing about the range
     while (int(h.amaxes.size()) > recipe_.amax_history) h.amaxes.pop_front();
-    const float largest = h.amaxes.empty() ? 0 : *std::max_element(h.amaxes.begin(), h.amaxes.end());
-    h.scale = largest > 0 ? power_of_two_scale(recipe_.format_of(h.kind), largest) : 0;
+    take_scale_from_history(h);
     h.step_amax = 0;
+  }
+}
+
+void LowPrecisionMatmuls::take_scale_from_history(History& h) const {
+  const float largest = h.amaxes.empty() ? 0 : *std::max_element(h.amaxes.begin(), h.amaxes.end());
+  h.scale = largest > 0 ? power_of_two_scale(recipe_.format_of(h.kind), largest) : 0;
+}
+
+std::vector<LowPrecisionMatmuls::SavedHistory> LowPrecisionMatmuls::saved_histories() const {
+  std::vector<SavedHistory> saved;
+  for (const auto& [key, h] : histories_)
+    saved.push_back({key.first, key.second, h.kind, std::vector<float>(h.amaxes.begin(), h.amaxes.end())});
+  return saved;
+}
+
+void LowPrecisionMatmuls::restore_histories(const std::vector<SavedHistory>& saved) {
+  histories_.clear();
+  for (const SavedHistory& s : saved) {
+    History& h = histories_[{s.site, s.role}];
+    h.kind = s.kind;
+    h.amaxes.assign(s.amaxes.begin(), s.amaxes.end());
+    while (int(h.amaxes.size()) > recipe_.amax_history) h.amaxes.pop_front();
+    take_scale_from_history(h);
   }
 }
 

@@ -89,6 +89,18 @@ class LowPrecisionMatmuls : public MatmulEmulation {
   float first_delayed_scale(TensorKind kind) const;
   const QuantCounts& counts(TensorKind kind) const { return counts_[int(kind)]; }
 
+  // The delayed histories, for checkpoints (mixed_precision.h): one per operand of a product, by the
+  // weight's offset and the operand's role, with its amaxes, oldest first.
+  struct SavedHistory {
+    int64_t site;
+    int role;
+    TensorKind kind;
+    std::vector<float> amaxes;
+  };
+  std::vector<SavedHistory> saved_histories() const;
+  // Replaces the histories with these (a resumed run's), and their scales with what they give.
+  void restore_histories(const std::vector<SavedHistory>& saved);
+
  private:
   // One operand of one product: the forward's input and weight, the input gradient's dout and weight,
   // the weight gradient's dout and input.
@@ -103,6 +115,7 @@ class LowPrecisionMatmuls : public MatmulEmulation {
   const float* quantize(const float* values, int rows, int cols, int64_t site, Role role, TensorKind kind,
                         std::vector<float>& scratch);
   bool kept(int64_t site) const;
+  void take_scale_from_history(History& h) const;  // the largest amax of the history, or 0 for none
   int64_t site_of(const float* address, bool grads) const;  // the flat offset of a weight (or its gradient)
   // values, or a copy multiplied by the gradient scale.
   const float* scaled_gradient(const float* values, int64_t n);
