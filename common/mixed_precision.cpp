@@ -62,9 +62,10 @@ double MixedPrecision::after_step(int step, double grad_norm) {
 }
 
 void MixedPrecision::finish(int64_t params, int L, int C, int V, int64_t tokens_per_step, int micro_batches,
-                            bool whole_model) {
+                            bool operands_formula, bool model_state_formula) {
   if (installed_) set_cpu_matmul_emulation(nullptr), installed_ = false;
-  if (whole_model) log_.summary(products_, params, L, C, V, tokens_per_step, micro_batches);
+  log_.summary(products_, params, L, C, V, tokens_per_step, micro_batches, operands_formula,
+               operands_formula && model_state_formula);
 }
 
 std::string precision_state_path(const std::string& checkpoint) {

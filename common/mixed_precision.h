@@ -51,7 +51,10 @@ class MixedPrecision {
   void load(const std::string& checkpoint, const ParamLayout& layout, Communicator& world);
   // Rank 0 prints the underflows and overflows per tensor kind and the operands' bytes against their
   // formula (precision_report.h); then the plain fp32 products are restored.
-  void finish(int64_t params, int L, int C, int V, int64_t tokens_per_step, int micro_batches, bool whole_model);
+  // operands_formula: the whole model's products on every rank (no TP, PP or CP); model_state_formula:
+  // an unsharded state too (01-03).
+  void finish(int64_t params, int L, int C, int V, int64_t tokens_per_step, int micro_batches, bool operands_formula,
+              bool model_state_formula);
 
  private:
   PrecisionRecipe recipe_;

@@ -39,8 +39,11 @@ class PrecisionLog {
   // Rank 0: the underflow and overflow counts per tensor kind; the values the products read per
   // step against their formula (operand_values_per_step), and their bytes in the recipe's formats;
   // the model state per category, as allocated and by formula.
+  // Chapters 01-12 under --precision (mixed_precision.h) pass false for a formula that is not their
+  // grid's: operands_formula where the model is split (TP, PP, CP), model_state_formula where the
+  // state is sharded (ZeRO); the counts are printed and recorded all the same.
   void summary(const LowPrecisionMatmuls& products, int64_t params, int L, int C, int V, int64_t tokens_per_step,
-               int micro_batches);
+               int micro_batches, bool operands_formula = true, bool model_state_formula = true);
   int skipped() const { return skipped_; }
 
  private:

@@ -5,6 +5,8 @@
 //     fp16 and fp8 (delayed), equal one rank of 01 under the same recipe within the format's
 //     tolerance (docs/mixed_precision.md derives it), and every rank records the same loss scale and
 //     delayed scales at every step.
+//   - the operands each product reads per step equal their formula under ZeRO-3 (the whole model on
+//     every rank), as in chapter 13.
 //   - a resumed run continues the uninterrupted one exactly: the loss scale and the amax histories are
 //     saved beside the checkpoint.
 //   - a recipe a chapter cannot run yet (a mixture of experts) is refused in one line naming the flag.
@@ -97,6 +99,15 @@ TEST(PrecisionChapters, AnyGridEqualsOneRankWithinTheFormat) {
     EXPECT_LE(max_relative_difference(read_losses(path), one_rank.at(c.recipe)), recipe.tolerance)
         << c.chapter << " on " << c.ranks << " ranks, " << recipe.flags;
     expect_equal_on_every_rank(path, c.ranks, kSteps, c.pp);
+    if (c.chapter == "06_zero3") {  // every rank runs the whole model: the operands equal their formula
+      // (theory.md, section 18; tiny: L=2, C=64, V=256, T=64; 8 sequences over 4 ranks: N = 128 tokens)
+      const std::string summary = read_record(path, "precision_summary");
+      ASSERT_FALSE(summary.empty()) << r.output;
+      const double L = 2, C = 64, V = 256, N = 8.0 / 4 * 64;
+      EXPECT_EQ(number_field(summary, "activations_values_per_step"), 2 * N * (7 * L * C + C));
+      EXPECT_EQ(number_field(summary, "weights_values_per_step"), 2 * (12 * L * C * C + V * C));
+      EXPECT_EQ(number_field(summary, "gradients_values_per_step"), 2 * N * (9 * L * C + V));
+    }
   }
 }
 
