@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "model/model_internal.h"
+#include "ops/matmul_emulation.h"  // note_bound_memory: the flat offsets of what is bound, for --precision
 #include "ops/ops.h"
 
 using namespace model_internal;
@@ -66,9 +67,11 @@ void bind_range(const ParamLayout& layout, int64_t begin, int64_t end, void* bas
 
 void GPT2::bind_params(int64_t begin, int64_t end, void* base) {
   bind_range(layout_, begin, end, base, dtype_size(dtype_), param_ptr_);
+  note_bound_memory(false, begin, end, base, dtype_size(dtype_));  // --precision knows a weight by its offset
 }
 void GPT2::bind_grads(int64_t begin, int64_t end, void* base) {
   bind_range(layout_, begin, end, base, dtype_size(dtype_), grad_ptr_);
+  note_bound_memory(true, begin, end, base, dtype_size(dtype_));
 }
 
 void GPT2::bind_unit_params(int u, void* base) {

@@ -27,6 +27,15 @@ float keep_significant_bits(float x, int bits) {
 
 MatmulEmulation* g_emulation = nullptr;
 
+struct BoundRange {
+  bool grads;
+  int64_t begin, end;
+  const char* base;
+  size_t element_bytes;
+  const char* memory_end() const { return base + (end - begin) * int64_t(element_bytes); }
+};
+std::vector<BoundRange> g_bound;  // the model's current bindings (note_bound_memory)
+
 }  // namespace
 
 void emulated_product(float* C, const float* A, const float* B, int M, int N, int K, Accumulate accumulate) {
@@ -53,3 +62,26 @@ void emulated_product(float* C, const float* A, const float* B, int M, int N, in
 
 void set_cpu_matmul_emulation(MatmulEmulation* emulation) { g_emulation = emulation; }
 MatmulEmulation* cpu_matmul_emulation() { return g_emulation; }
+
+void note_bound_memory(bool grads, int64_t begin, int64_t end, const void* base, size_t element_bytes) {
+  const char* at = static_cast<const char*>(base);
+  const char* at_end = at + (end - begin) * int64_t(element_bytes);
+  // A rebinding replaces what it overlaps: the same flat range elsewhere, or other ranges that lived
+  // in memory now reused (a buffer freed and allocated again).
+  std::vector<BoundRange> kept;
+  for (const BoundRange& r : g_bound) {
+    const bool same_array = r.grads == grads;
+    const bool flat_overlap = same_array && r.begin < end && begin < r.end;
+    const bool memory_overlap = at && r.base < at_end && at < r.memory_end();
+    if (!flat_overlap && !memory_overlap) kept.push_back(r);
+  }
+  if (at) kept.push_back({grads, begin, end, at, element_bytes});
+  g_bound.swap(kept);
+}
+
+int64_t bound_flat_offset(bool grads, const void* address) {
+  const char* p = static_cast<const char*>(address);
+  for (const BoundRange& r : g_bound)
+    if (r.grads == grads && p >= r.base && p < r.memory_end()) return r.begin + (p - r.base) / int64_t(r.element_bytes);
+  return -1;
+}

@@ -1,7 +1,8 @@
 // matmul_emulation.h: matrix products as low-precision hardware computes them, emulated on the CPU
 // with the same semantics, and the switch that routes the model's CPU products through them.
-// Defines Accumulate, emulated_product() (C = A B^T from operands already in their format), and
-// MatmulEmulation, the interface ops.cpp's three CPU matmul calls consult (set_cpu_matmul_emulation).
+// Defines Accumulate, emulated_product() (C = A B^T from operands already in their format),
+// MatmulEmulation, the interface ops.cpp's three CPU matmul calls consult (set_cpu_matmul_emulation),
+// and the map from a bound weight's (or gradient's) address to its flat offset (note_bound_memory).
 //
 // What the hardware does, and so what we do: each input is rounded to its format (after its scale,
 // quantize.h); the products of two such values are exact in fp32 (bf16 x bf16 needs 16 significant
@@ -11,6 +12,9 @@
 // DeepSeek's remedy promotes the partial sum to an fp32 register every 128 products (4 of Hopper's
 // WGMMA instructions over K = 32 each), where it is added at full precision.
 #pragma once
+#include <cstddef>
+#include <cstdint>
+
 #include "ops/tensor.h"
 
 enum class Accumulate {
@@ -45,3 +49,11 @@ class MatmulEmulation {
 // that runs the model.
 void set_cpu_matmul_emulation(MatmulEmulation* emulation);
 MatmulEmulation* cpu_matmul_emulation();
+
+// Where the model's flat parameters and gradients live now: GPT2's bind calls (model.h) report each
+// range [begin, end) of the flat layout bound at `base` (nullptr: released), so that an emulation
+// knows a product's weight by its flat offset, the same on every rank and every step, even where
+// ZeRO-3 gathers a layer into whichever buffer is free. `grads` tells the two arrays apart.
+void note_bound_memory(bool grads, int64_t begin, int64_t end, const void* base, size_t element_bytes);
+// The flat offset of the element at `address` in the bound parameters (or gradients), or -1.
+int64_t bound_flat_offset(bool grads, const void* address);

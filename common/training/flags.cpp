@@ -299,6 +299,8 @@ bool parse_train_flags(int argc, char** argv, const std::string& chapter, const 
                                      "the checkpoint's)");
   if (!parser.knows("--grad-accum"))  // 08 refuses it: its --micro-batches are the accumulation
     parser.add("--grad-accum", &cfg->grad_accum, "micro-batches per step on each rank");
+  if (!parser.knows("--precision"))  // 13 takes them itself, to teach them in its own lines
+    add_precision_flags(parser, &cfg->precision);
   parser.add("--lr", &cfg->lr, "peak learning rate (default: the preset's; resuming: the checkpoint's)");
   parser.add("--warmup", &cfg->warmup, "learning-rate warm-up steps (default: steps/10; resuming: the checkpoint's)");
   parser.add("--weight-decay", &cfg->weight_decay, "AdamW weight decay of the matrices");

@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "training/precision_flags.h"  // PrecisionFlags: --precision in every chapter
+
 // The run's settings. Where a flag was not given, the value here is a default that TrainingRun
 // replaces (training_run.h): by the checkpoint's value when resuming, else by the preset's (batch,
 // lr) or by one derived from the others (warmup = steps/10). Only an absent flag means that: a
@@ -44,6 +46,9 @@ struct TrainConfig {
   std::string attention = "materialized";  // materialized | flash (GPT2Config::flash_attention)
   std::string recompute = "none";  // none | selective | full (GPT2Config::recompute)
   double timeout_s = 300;    // the communicator's watchdog (comm.h, set_comm_timeout); 0 = off
+  // --precision and its recipe's flags (precision_flags.h), applied by TrainingRun (mixed_precision.h);
+  // chapter 13 registers its own instead, and this stays fp32 and unregistered there.
+  PrecisionFlags precision;
   std::string collectives = "library";  // library | ours | an algorithm's name (comm_p2p.h, chapter 00)
   std::set<std::string> given;  // the flags on the command line ("--lr", ...)
   bool was_given(const std::string& flag) const { return given.count(flag) > 0; }

@@ -21,6 +21,9 @@ AdamW::AdamW(const ParamLayout& layout, ShardPlan plan, float weight_decay, Devi
 
 void AdamW::update(Tensor params, Tensor grads, int step, float lr, float grad_scale) {
   TraceScope span("optimizer");
+  // A gradient with an inf or NaN (clip_factor's NaN): fp16's overflow, skipped (mixed_precision.h),
+  // or a diverging run, which end_step stops; the weights keep their last finite values either way.
+  if (!std::isfinite(grad_scale)) return;
   const int64_t full = layout_.padded_size;
   ENSURE((params.numel() == full || params.numel() == plan_.size()) &&
              (grads.numel() == full || grads.numel() == plan_.size()),
@@ -77,6 +80,7 @@ float learning_rate(const TrainConfig& cfg, float max_lr, int step) {
 }
 
 float clip_factor(double grad_norm, float max_norm) {
+  if (!std::isfinite(grad_norm)) return NAN;  // no step to take (AdamW::update skips it)
   if (max_norm <= 0 || grad_norm <= max_norm) return 1.0f;
   return float(max_norm / (grad_norm + 1e-6));
 }

@@ -26,7 +26,8 @@ class AdamW {
   // (layout.padded_size elements) or a shard (plan.size() elements), on the optimizer's device, of
   // the parameters' dtype: 04 and 05 keep full parameters but a gradient shard, 06 both as shards.
   // Decay applies only to matrices; padding is left untouched. `step` counts from 1. grad_scale
-  // multiplies every gradient first (clipping).
+  // multiplies every gradient first (clipping); a grad_scale that is not finite (clip_factor of a
+  // gradient with an inf or NaN) skips the update: fp16's overflowed step (mixed_precision.h).
   void update(Tensor params, Tensor grads, int step, float lr, float grad_scale);
 
   Tensor m() const { return m_.view(); }  // shard-sized, for checkpoints
@@ -61,5 +62,6 @@ double gradient_squares(const ParamLayout& layout, const ShardPlan& plan, Tensor
 // Linear warm-up over cfg.warmup steps to `max_lr`, then cosine decay to max_lr/10 at the last step.
 float learning_rate(const TrainConfig& cfg, float max_lr, int step);
 
-// The factor that scales gradients down to `max_norm` when their global norm exceeds it.
+// The factor that scales gradients down to `max_norm` when their global norm exceeds it; NaN when
+// the norm is not finite (an inf or NaN in the gradients: no step to take).
 float clip_factor(double grad_norm, float max_norm);

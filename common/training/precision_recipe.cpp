@@ -68,6 +68,20 @@ bool LowPrecisionMatmuls::kept(int64_t site) const {
   return std::find(kept_.begin(), kept_.end(), site) != kept_.end();
 }
 
+int64_t LowPrecisionMatmuls::site_of(const float* address, bool grads) const {
+  const float* base = grads ? grads_ : params_;
+  const int64_t site = base ? address - base : bound_flat_offset(grads, address);
+  ENSURE(site >= 0, "LowPrecisionMatmuls: a product's weight is not in the model's bound parameters");
+  return site;
+}
+
+const float* LowPrecisionMatmuls::scaled_gradient(const float* values, int64_t n) {
+  if (gradient_scale_ == 1) return values;
+  scaled_.resize(size_t(n));
+  for (int64_t i = 0; i < n; i++) scaled_[size_t(i)] = values[i] * gradient_scale_;
+  return scaled_.data();
+}
+
 namespace {
 
 // dst(cols x rows) = src(rows x cols)^T.
@@ -112,7 +126,7 @@ const float* LowPrecisionMatmuls::quantize(const float* values, int rows, int co
 
 void LowPrecisionMatmuls::forward(Tensor out, Tensor inp, Tensor weight, Tensor bias) {
   const int C = last_dim(weight), OC = int(weight.numel() / C), N = int(inp.numel() / C);
-  const int64_t site = weight.f32() - params_;
+  const int64_t site = site_of(weight.f32(), false);
   const float* a = quantize(inp.f32(), N, C, site, FwdInput, TensorKind::Activations, a_);
   const float* b = quantize(weight.f32(), OC, C, site, FwdWeight, TensorKind::Weights, b_);
   float* o = out.f32();
@@ -129,8 +143,8 @@ void LowPrecisionMatmuls::forward(Tensor out, Tensor inp, Tensor weight, Tensor 
 
 void LowPrecisionMatmuls::backward_input(Tensor dinp, Tensor dout, Tensor weight) {
   const int C = last_dim(weight), OC = int(weight.numel() / C), N = int(dout.numel() / OC);
-  const int64_t site = weight.f32() - params_;
-  const float* a = quantize(dout.f32(), N, OC, site, DgradOut, TensorKind::Gradients, a_);
+  const int64_t site = site_of(weight.f32(), false);
+  const float* a = quantize(scaled_gradient(dout.f32(), int64_t(N) * OC), N, OC, site, DgradOut, TensorKind::Gradients, a_);
   transposed_.resize(size_t(C) * OC);
   transpose(transposed_.data(), weight.f32(), OC, C);  // the sum runs over OC now
   const float* b = quantize(transposed_.data(), C, OC, site, DgradWeight, TensorKind::Weights, b_);
@@ -138,14 +152,15 @@ void LowPrecisionMatmuls::backward_input(Tensor dinp, Tensor dout, Tensor weight
   emulated_product(product_.data(), a, b, N, C, OC, recipe_.accumulate);
   const NumberFormat output = recipe_.output_format();
   float* d = dinp.f32();
-  for (int64_t i = 0; i < int64_t(N) * C; i++) d[i] += round_to_format(output, product_[i]);
+  const float unscale = 1.0f / gradient_scale_;  // exact: a power of two
+  for (int64_t i = 0; i < int64_t(N) * C; i++) d[i] += round_to_format(output, product_[i]) * unscale;
 }
 
 void LowPrecisionMatmuls::backward_weight(Tensor dweight, Tensor dbias, Tensor dout, Tensor inp) {
   const int C = last_dim(inp), N = int(inp.numel() / C), OC = int(dout.numel() / N);
-  const int64_t site = dweight.f32() - grads_;
+  const int64_t site = site_of(dweight.f32(), true);
   transposed_.resize(size_t(OC) * N);
-  transpose(transposed_.data(), dout.f32(), N, OC);  // the sum runs over the N tokens
+  transpose(transposed_.data(), scaled_gradient(dout.f32(), int64_t(N) * OC), N, OC);  // the sum runs over the N tokens
   const float* a = quantize(transposed_.data(), OC, N, site, WgradOut, TensorKind::Gradients, a_);
   transposed_.resize(size_t(C) * N);
   transpose(transposed_.data(), inp.f32(), N, C);
@@ -153,7 +168,8 @@ void LowPrecisionMatmuls::backward_weight(Tensor dweight, Tensor dbias, Tensor d
   product_.resize(size_t(OC) * C);
   emulated_product(product_.data(), a, b, OC, C, N, recipe_.accumulate);
   float* d = dweight.f32();
-  for (int64_t i = 0; i < int64_t(OC) * C; i++) d[i] += product_[i];
+  const float unscale = 1.0f / gradient_scale_;
+  for (int64_t i = 0; i < int64_t(OC) * C; i++) d[i] += product_[i] * unscale;
   if (!dbias.empty()) bias_backward(dbias, dout);
 }
 
@@ -167,9 +183,31 @@ void LowPrecisionMatmuls::end_step() {
     const float amax = amaxes[i++];
     if (std::isfinite(amax)) h.amaxes.push_back(amax);  // an overflowed step teaches nothing about the range
     while (int(h.amaxes.size()) > recipe_.amax_history) h.amaxes.pop_front();
-    const float largest = h.amaxes.empty() ? 0 : *std::max_element(h.amaxes.begin(), h.amaxes.end());
-    h.scale = largest > 0 ? power_of_two_scale(recipe_.format_of(h.kind), largest) : 0;
+    take_scale_from_history(h);
     h.step_amax = 0;
+  }
+}
+
+void LowPrecisionMatmuls::take_scale_from_history(History& h) const {
+  const float largest = h.amaxes.empty() ? 0 : *std::max_element(h.amaxes.begin(), h.amaxes.end());
+  h.scale = largest > 0 ? power_of_two_scale(recipe_.format_of(h.kind), largest) : 0;
+}
+
+std::vector<LowPrecisionMatmuls::SavedHistory> LowPrecisionMatmuls::saved_histories() const {
+  std::vector<SavedHistory> saved;
+  for (const auto& [key, h] : histories_)
+    saved.push_back({key.first, key.second, h.kind, std::vector<float>(h.amaxes.begin(), h.amaxes.end())});
+  return saved;
+}
+
+void LowPrecisionMatmuls::restore_histories(const std::vector<SavedHistory>& saved) {
+  histories_.clear();
+  for (const SavedHistory& s : saved) {
+    History& h = histories_[{s.site, s.role}];
+    h.kind = s.kind;
+    h.amaxes.assign(s.amaxes.begin(), s.amaxes.end());
+    while (int(h.amaxes.size()) > recipe_.amax_history) h.amaxes.pop_front();
+    take_scale_from_history(h);
   }
 }
 

@@ -59,13 +59,20 @@ bool parse_accumulate(const std::string& name, Accumulate* out);
 class LowPrecisionMatmuls : public MatmulEmulation {
  public:
   // params and grads: the flat buffers the model's weights and their gradients live in (a weight is
-  // known by its offset in them: one product's history is the same on every rank). reduce_max: the
+  // known by its offset in them: one product's history is the same on every rank); both null: the
+  // offsets the model's bindings report (note_bound_memory), wherever a chapter keeps its weights
+  // (ZeRO-3's gathered layers, a pipeline stage's, a tensor-parallel slice's). reduce_max: the
   // all-reduce (Max) of a vector over the ranks that share the tensors' amaxes (the data-parallel
   // group), called by end_step() under delayed scaling.
   LowPrecisionMatmuls(const PrecisionRecipe& recipe, const float* params, const float* grads,
                       std::function<void(std::vector<float>&)> reduce_max);
   // The product whose weight starts at this offset of params stays in the output format (bf16).
   void keep_in_output_format(int64_t weight_offset) { kept_.push_back(weight_offset); }
+  // The loss scale as the products see it (chapters 01-12 under fp16, mixed_precision.h): each
+  // gradient operand is multiplied by `scale` before it is rounded to the format, each gradient
+  // product divided by it after. Everything else computes in fp32, where a power of two scales
+  // exactly, so this is the arithmetic of scaling the loss (chapter 13's way), overflows included.
+  void set_gradient_scale(float scale) { gradient_scale_ = scale; }
 
   void forward(Tensor out, Tensor inp, Tensor weight, Tensor bias) override;
   void backward_input(Tensor dinp, Tensor dout, Tensor weight) override;
@@ -82,6 +89,18 @@ class LowPrecisionMatmuls : public MatmulEmulation {
   float first_delayed_scale(TensorKind kind) const;
   const QuantCounts& counts(TensorKind kind) const { return counts_[int(kind)]; }
 
+  // The delayed histories, for checkpoints (mixed_precision.h): one per operand of a product, by the
+  // weight's offset and the operand's role, with its amaxes, oldest first.
+  struct SavedHistory {
+    int64_t site;
+    int role;
+    TensorKind kind;
+    std::vector<float> amaxes;
+  };
+  std::vector<SavedHistory> saved_histories() const;
+  // Replaces the histories with these (a resumed run's), and their scales with what they give.
+  void restore_histories(const std::vector<SavedHistory>& saved);
+
  private:
   // One operand of one product: the forward's input and weight, the input gradient's dout and weight,
   // the weight gradient's dout and input.
@@ -96,6 +115,10 @@ class LowPrecisionMatmuls : public MatmulEmulation {
   const float* quantize(const float* values, int rows, int cols, int64_t site, Role role, TensorKind kind,
                         std::vector<float>& scratch);
   bool kept(int64_t site) const;
+  void take_scale_from_history(History& h) const;  // the largest amax of the history, or 0 for none
+  int64_t site_of(const float* address, bool grads) const;  // the flat offset of a weight (or its gradient)
+  // values, or a copy multiplied by the gradient scale.
+  const float* scaled_gradient(const float* values, int64_t n);
 
   PrecisionRecipe recipe_;
   const float* params_;
@@ -104,5 +127,6 @@ class LowPrecisionMatmuls : public MatmulEmulation {
   std::vector<int64_t> kept_;
   std::map<std::pair<int64_t, int>, History> histories_;  // by (weight offset, role)
   QuantCounts counts_[kTensorKinds];
-  std::vector<float> a_, b_, transposed_, product_;  // scratch, grown on demand
+  float gradient_scale_ = 1;
+  std::vector<float> a_, b_, transposed_, product_, scaled_;  // scratch, grown on demand
 };

@@ -13,6 +13,7 @@
 #include "training/training_run.h"
 
 void add_precision_flags(FlagParser& flags, PrecisionFlags* pf) {
+  pf->registered = true;
   flags.add("--precision", &pf->precision, "fp32 | bf16 | fp16 | fp8: the format of every matrix product's inputs "
                                            "(master weights and AdamW stay fp32; default fp32)", "FORMAT");
   flags.add("--fp8-scaling", &pf->fp8_scaling, "none | current | delayed | row | blocks (fp8; default delayed)", "HOW");
@@ -113,7 +114,7 @@ void PrecisionLog::after_step(int step, bool applied, float loss_scale, const Lo
 }
 
 void PrecisionLog::summary(const LowPrecisionMatmuls& products, int64_t params, int L, int C, int V,
-                           int64_t tokens_per_step, int micro_batches) {
+                           int64_t tokens_per_step, int micro_batches, bool operands_formula, bool model_state_formula) {
   if (!run_.is_root() || recipe_.precision == Precision::FP32) return;
   const int steps = steps_;
   std::printf("precision summary: %s, %d steps, %d skipped for overflow\n", recipe_.describe().c_str(), steps, skipped_);
@@ -125,9 +126,30 @@ void PrecisionLog::summary(const LowPrecisionMatmuls& products, int64_t params, 
     const QuantCounts& q = products.counts(kind);
     const double per_step = steps ? double(q.values) / steps : 0;
     const int bytes = recipe_.bytes_per_value(kind);
-    std::printf("  %-12s %6s %14.0f %14.0f %12.3g %12.3g %9.3g%% %9.3g%%\n", tensor_kind_name(kind),
-                format_name(recipe_.format_of(kind)), per_step, per_kind[int(kind)], per_step * bytes, per_step * 4,
+    const std::string formula_text = operands_formula ? std::to_string(int64_t(per_kind[int(kind)])) : "-";
+    std::printf("  %-12s %6s %14.0f %14s %12.3g %12.3g %9.3g%% %9.3g%%\n", tensor_kind_name(kind),
+                format_name(recipe_.format_of(kind)), per_step, formula_text.c_str(), per_step * bytes, per_step * 4,
                 q.nonzero ? 100.0 * q.underflow / q.nonzero : 0.0, q.nonzero ? 100.0 * q.overflow / q.nonzero : 0.0);
+  }
+  JsonObject counts;
+  for (TensorKind kind : {TensorKind::Weights, TensorKind::Activations, TensorKind::Gradients}) {
+    const std::string name = tensor_kind_name(kind);
+    counts.add(name + "_values_per_step", steps ? double(products.counts(kind).values) / steps : 0)
+        .add(name + "_underflow", products.counts(kind).underflow)
+        .add(name + "_overflow", products.counts(kind).overflow);
+  }
+  if (!operands_formula || !model_state_formula) {  // a split model (TP, PP, CP) or a sharded state (ZeRO)
+    std::printf("  %s; the model state per rank: the theory table above\n",
+                operands_formula ? "operand formulas: every rank runs the whole model"
+                                 : "no operand formula: this rank runs a part of the model (TP, PP or CP)");
+    JsonObject record;
+    record.add("type", "precision_summary").add("skipped", skipped_).add(counts);
+    if (operands_formula)
+      record.add("weights_values_formula", formula.weights)
+          .add("activations_values_formula", formula.activations)
+          .add("gradients_values_formula", formula.gradients);
+    run_.write_record(record);
+    return;
   }
   const MemoryStats m = memory_stats();
   const double psi = double(params);

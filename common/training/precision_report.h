@@ -8,22 +8,12 @@
 
 #include "comm/comm.h"
 #include "training/flags.h"
+#include "training/precision_flags.h"  // PrecisionFlags, add_precision_flags
 #include "training/precision_recipe.h"
 #include "ops/tensor.h"
 
 class TrainingRun;
 
-struct PrecisionFlags {
-  std::string precision = "fp32";
-  std::string fp8_scaling = "delayed";
-  std::string fp8_grad = "e5m2";
-  std::string fp8_accumulate = "fp32";
-  int amax_history = 16;
-  double loss_scale = 0;  // 0: dynamic
-  double loss_scale_init = 65536;
-  int loss_scale_window = 50;
-};
-void add_precision_flags(FlagParser& flags, PrecisionFlags* pf);
 // The recipe the flags ask for. Refuses (config_error, naming the flag) a value it does not know, a
 // flag of another precision (--fp8-scaling without --precision fp8), and a recipe that cannot run:
 // anything but fp32 on a GPU (the emulation runs on the CPU; the GPU's bf16 is --dtype bf16 of
@@ -49,8 +39,11 @@ class PrecisionLog {
   // Rank 0: the underflow and overflow counts per tensor kind; the values the products read per
   // step against their formula (operand_values_per_step), and their bytes in the recipe's formats;
   // the model state per category, as allocated and by formula.
+  // Chapters 01-12 under --precision (mixed_precision.h) pass false for a formula that is not their
+  // grid's: operands_formula where the model is split (TP, PP, CP), model_state_formula where the
+  // state is sharded (ZeRO); the counts are printed and recorded all the same.
   void summary(const LowPrecisionMatmuls& products, int64_t params, int L, int C, int V, int64_t tokens_per_step,
-               int micro_batches);
+               int micro_batches, bool operands_formula = true, bool model_state_formula = true);
   int skipped() const { return skipped_; }
 
  private:

@@ -15,6 +15,7 @@
 #include "ops/device.h"
 #include "base/fileio.h"  // writable_problem
 #include "training/link_limits.h"  // link_timeout_problem, step_transfers
+#include "training/mixed_precision.h"  // MixedPrecision: --precision
 #include "model/model.h"
 #include "model/moe.h"  // moe_run_problem
 #include "ops/ops.h"
@@ -99,6 +100,11 @@ device_(world_.device()),
   if (!find_preset(cfg.preset, &model_))
     config_error("--preset: unknown preset '" + cfg.preset + "' (choose from " + preset_names() + ")");
   if (model_.C % model_.NH != 0) config_error("the model's C must divide by NH");
+  PrecisionRecipe precision;  // fp32 unless --precision asks otherwise (13 registers and applies its own)
+  if (cfg.precision.registered) precision = precision_recipe_from_flags(cfg.precision, cfg);
+  if (precision.precision != Precision::FP32 && model_.moe())
+    config_error("--precision " + cfg.precision.precision + " does not take a mixture of experts yet (its router and "
+                 "expert products keep fp32): use --precision fp32 with --preset " + model_.preset);
   // A mixture of experts: neither a pipeline stage's layout nor ring attention takes its blocks (08-10).
   if (model_.moe() && !ep_comm_ && (!pp.parts.empty() || cp.on()))
     config_error("--preset " + model_.preset + " is a mixture of experts, whose blocks " + cfg.chapter + " cannot " +
@@ -267,6 +273,16 @@ device_(world_.device()),
                     .add("forecast_transient_bytes", forecast_.transient)
                     .add("forecast_checkpoint_bytes", forecast_.checkpoint)
                     .add(moe_run_fields());
+  }
+  if (precision.precision != Precision::FP32) {
+    // A tensor's amax is the largest over the ranks holding parts of it: the data-parallel group
+    // (slices of the batch; under CP, of the sequences too) and the tensor-parallel group (slices of
+    // the weights and of the activations between the two halves of a block).
+    std::vector<Communicator*> amax_groups{&dp_};
+    if (tp_comm_ && tp_.size > 1) amax_groups.push_back(tp_comm_);
+    const int wte = layout_.find("wte");
+    precision_ = std::make_unique<MixedPrecision>(precision, cfg_.precision, *this, world_, amax_groups,
+                                                  wte >= 0 ? layout_.params[size_t(wte)].offset : -1);
   }
 }
 
@@ -480,6 +496,7 @@ void TrainingRun::begin_step(int step) {
 void TrainingRun::end_step(int step, float local_loss, double grad_norm,
                            const std::vector<std::vector<int64_t>>& expert_rows) {
   expert_rows_ = expert_rows;
+  if (precision_) grad_norm = precision_->after_step(step, grad_norm);  // fp16: an overflow is a skipped step
   // Everything the step measures is read before the loss is averaged: that scalar is bookkeeping.
   // On a GPU the host is ahead of the device (ops only queue kernels): the step ends when the
   // device has run them.

@@ -33,6 +33,8 @@
 #include "comm/process_grid.h"
 #include "parallel/theory.h"
 
+class MixedPrecision;  // mixed_precision.h: --precision, applied for the chapter
+
 // How a run is split: the data-parallel strategy and this rank's part of every other dimension. A
 // field left at its default does not split the run, so a chapter names only its own dimensions:
 // 01-06 a strategy, 07 the tensor split too, 08 its pipeline, 10 the positions, 11 the experts.
@@ -281,4 +283,7 @@ class TrainingRun {
   int last_step_ = -1;
   int64_t run_peak_bytes_ = 0;  // the peak before the current step (begin_step resets the counters' peaks)
   int64_t init_from_batch_ = 0;  // the batch --init-from's checkpoint was trained with
+  // --precision other than fp32 (mixed_precision.h): the recipe's products, loss scale and amax
+  // histories, for every chapter but 13, which applies its own. Null in fp32.
+  std::unique_ptr<MixedPrecision> precision_;
 };

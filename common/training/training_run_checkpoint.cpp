@@ -7,6 +7,7 @@
 
 #include "training/checkpoint.h"
 #include "training/checkpoint_sharded.h"  // is_sharded_path
+#include "training/mixed_precision.h"  // MixedPrecision::save, load
 #include "model/model.h"  // GPT2::init_weights
 #include "ops/ops.h"    // copy_tensor, convert_tensor, fill_zero
 #include "comm/trace.h"  // now_ms
@@ -115,6 +116,7 @@ Buffer TrainingRun::to_global(Buffer local) const {
 }
 
 int TrainingRun::init_or_resume(Tensor params, AdamW& optimizer) {
+  if (precision_ && !cfg_.resume.empty()) precision_->load(cfg_.resume, layout_, world_);  // the loss scale, amaxes
   const ShardPlan& plan = optimizer.plan();
   // A folder: each rank reads only the slices its own part needs (training_run_sharded.cpp).
   if (!cfg_.init_from.empty() && is_sharded_path(cfg_.init_from)) {
@@ -166,6 +168,7 @@ bool TrainingRun::checkpoint_due(int step) const {
 
 void TrainingRun::save_checkpoint(int next_step, Tensor params, AdamW& optimizer) {
   const std::string path = checkpoint_path(cfg_.save, next_step);  // "{step}" keeps one per checkpoint
+  if (precision_) precision_->save(path, layout_, world_);  // beside it: the loss scale, amaxes
   if (is_sharded_path(path)) {  // a folder: every rank writes its own slices
     save_sharded_checkpoint(path, next_step, params, optimizer);
     if (is_root() && stop_ == Stop::Interrupted) {

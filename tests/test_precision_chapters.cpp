@@ -1,0 +1,162 @@
+// test_precision_chapters.cpp: --precision in chapters 01-12 (common/training/mixed_precision.h), run as a user runs them.
+//   - chapter 03 under fp16 (its loss scale applied at the products) equals chapter 13 (which scales
+//     the loss) bit for bit: the same recipe, skipped steps and loss scales on the same grid.
+//   - ZeRO-3, tensor parallelism, and TP with a pipeline, on 2 and 4 ranks, under bf16,
+//     fp16 and fp8 (delayed), equal one rank of 01 under the same recipe within the format's
+//     tolerance (docs/mixed_precision.md derives it), and every rank records the same loss scale and
+//     delayed scales at every step.
+//   - the operands each product reads per step equal their formula under ZeRO-3 (the whole model on
+//     every rank), as in chapter 13.
+//   - a resumed run continues the uninterrupted one exactly: the loss scale and the amax histories are
+//     saved beside the checkpoint.
+//   - a recipe a chapter cannot run yet (a mixture of experts) is refused in one line naming the flag.
+// (fp32 stays each chapter's own test: no line of it changed.)
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <fstream>
+#include <map>
+#include <string>
+
+#include "training_harness.h"
+
+namespace {
+
+constexpr int kSteps = 3;
+
+// Every "precision" record's field, by step and rank.
+std::map<std::pair<int, int>, double> precision_field(const std::string& path, const std::string& key) {
+  std::map<std::pair<int, int>, double> values;
+  std::ifstream in(path);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.find("\"type\":\"precision\"") == std::string::npos) continue;
+    values[{int(number_field(line, "step")), int(number_field(line, "rank"))}] = number_field(line, key);
+  }
+  return values;
+}
+
+// The loss scale is the same on every rank; the delayed scales on every rank of a pipeline stage,
+// which hold parts of the same tensors (PP is the outermost axis of the grid: stage = rank / (ranks/pp)).
+void expect_equal_on_every_rank(const std::string& path, int ranks, int steps, int pp = 1) {
+  for (const char* key : {"loss_scale", "scales_fingerprint"}) {
+    const auto values = precision_field(path, key);
+    ASSERT_EQ(values.size(), size_t(ranks * steps)) << key;
+    const int stage_ranks = std::string(key) == "loss_scale" ? ranks : ranks / pp;
+    for (const auto& [step_rank, value] : values) {
+      const auto [s, r] = step_rank;
+      const int first = r / stage_ranks * stage_ranks;  // the first rank of r's stage
+      EXPECT_EQ(value, values.at({s, first})) << key << " step " << s << " rank " << r;
+    }
+  }
+}
+
+TEST(PrecisionChapters, Chapter03UnderFp16IsChapter13) {
+  // A scale of 2^30 overflows fp16 at first: the skipped steps and the halvings must match too.
+  const std::string dir = temp_dir();
+  const std::string args = "--precision fp16 --loss-scale-init 1073741824 --loss-scale-window 2 --steps 4 --json ";
+  RunResult a = run_trainer("03_bucket_dp", 2, args + dir + "/03.jsonl");
+  ASSERT_EQ(a.exit_code, 0) << a.output;
+  RunResult b = run_trainer("13_mixed_precision", 2, args + dir + "/13.jsonl");
+  ASSERT_EQ(b.exit_code, 0) << b.output;
+  EXPECT_EQ(max_relative_difference(read_losses(dir + "/03.jsonl"), read_losses(dir + "/13.jsonl")), 0.0);
+  EXPECT_EQ(precision_field(dir + "/03.jsonl", "loss_scale"), precision_field(dir + "/13.jsonl", "loss_scale"));
+  EXPECT_NE(a.output.find("step skipped"), std::string::npos) << a.output;
+}
+
+TEST(PrecisionChapters, AnyGridEqualsOneRankWithinTheFormat) {
+  struct Recipe {
+    std::string flags;
+    double tolerance;  // relative, per step (docs/mixed_precision.md)
+  };
+  const std::map<std::string, Recipe> recipes = {{"bf16", {"--precision bf16", std::ldexp(1.0, -10)}},
+                                                 {"fp16", {"--precision fp16", std::ldexp(1.0, -13)}},
+                                                 {"fp8", {"--precision fp8 --fp8-scaling delayed", std::ldexp(1.0, -6)}}};
+  struct Case {
+    std::string chapter, recipe;
+    int ranks;
+    std::string grid;
+    int pp;
+  };
+  const Case cases[] = {{"06_zero3", "fp8", 4, "", 1},
+                        {"07_tensor_parallel", "fp16", 2, "--tp 2", 1},
+                        {"09_3d_parallel", "bf16", 4, "--tp 2 --pp 2", 2}};  // tensor parallelism and a pipeline
+  const std::string dir = temp_dir();
+  std::map<std::string, LossCurve> one_rank;
+  for (const auto& [name, recipe] : recipes) {
+    const std::string path = dir + "/one_" + name + ".jsonl";
+    RunResult r = run_trainer("01_vanilla_dp", 1, recipe.flags + " --steps " + std::to_string(kSteps) + " --json " + path);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    one_rank[name] = read_losses(path);
+  }
+  int i = 0;
+  for (const Case& c : cases) {
+    const Recipe& recipe = recipes.at(c.recipe);
+    const std::string path = dir + "/many" + std::to_string(i++) + ".jsonl";
+    RunResult r = run_trainer(c.chapter, c.ranks, recipe.flags + " " + c.grid + " --steps " + std::to_string(kSteps) +
+                                                      " --json " + path);
+    ASSERT_EQ(r.exit_code, 0) << c.chapter << ": " << r.output;
+    EXPECT_LE(max_relative_difference(read_losses(path), one_rank.at(c.recipe)), recipe.tolerance)
+        << c.chapter << " on " << c.ranks << " ranks, " << recipe.flags;
+    expect_equal_on_every_rank(path, c.ranks, kSteps, c.pp);
+    if (c.chapter == "06_zero3") {  // every rank runs the whole model: the operands equal their formula
+      // (theory.md, section 18; tiny: L=2, C=64, V=256, T=64; 8 sequences over 4 ranks: N = 128 tokens)
+      const std::string summary = read_record(path, "precision_summary");
+      ASSERT_FALSE(summary.empty()) << r.output;
+      const double L = 2, C = 64, V = 256, N = 8.0 / 4 * 64;
+      EXPECT_EQ(number_field(summary, "activations_values_per_step"), 2 * N * (7 * L * C + C));
+      EXPECT_EQ(number_field(summary, "weights_values_per_step"), 2 * (12 * L * C * C + V * C));
+      EXPECT_EQ(number_field(summary, "gradients_values_per_step"), 2 * N * (9 * L * C + V));
+    }
+  }
+}
+
+TEST(PrecisionChapters, AResumedRunKeepsTheLossScaleAndTheAmaxHistories) {
+  // fp16 from 2^30 with a window of 2 (the scale moves every step), and delayed fp8 on a pipeline
+  // (each stage's histories): the run that saved half-way is the uninterrupted
+  // one, and the resumed run must continue its losses and loss scales exactly. Without the saved
+  // state, fp16 would start again from 2^30 and skip steps the uninterrupted run did not.
+  struct Case {
+    std::string chapter;
+    int ranks;
+    std::string args, checkpoint;
+  };
+  const std::string dir = temp_dir();
+  const Case cases[] = {{"03_bucket_dp", 2, "--precision fp16 --loss-scale-init 1073741824 --loss-scale-window 2", "/c{step}.bin"},
+                        {"08_pipeline", 2, "--precision fp8 --fp8-scaling delayed --pp 2", "/d{step}/"}};
+  for (const Case& c : cases) {
+    const std::string full = dir + "/full_" + c.chapter + ".jsonl", resumed = dir + "/resumed_" + c.chapter + ".jsonl";
+    RunResult a = run_trainer(c.chapter, c.ranks,
+                              c.args + " --steps 6 --save-every 3 --save " + dir + c.checkpoint + " --json " + full);
+    ASSERT_EQ(a.exit_code, 0) << a.output;
+    std::string half = dir + c.checkpoint;
+    half.replace(half.find("{step}"), 6, "3");
+    RunResult b = run_trainer(c.chapter, c.ranks, c.args + " --steps 6 --resume " + half + " --json " + resumed);
+    ASSERT_EQ(b.exit_code, 0) << b.output;
+    EXPECT_NE(b.output.find("precision: resumed"), std::string::npos) << b.output;
+    const LossCurve whole = read_losses(full), rest = read_losses(resumed);
+    ASSERT_EQ(whole.losses.size(), 6u);
+    ASSERT_EQ(rest.losses.size(), 3u);
+    for (int s = 0; s < 3; s++) EXPECT_EQ(rest.losses[size_t(s)], whole.losses[size_t(s + 3)]) << c.chapter << " step " << s + 3;
+    const auto scales = precision_field(full, "loss_scale"), resumed_scales = precision_field(resumed, "loss_scale");
+    for (const auto& [step_rank, scale] : resumed_scales) EXPECT_EQ(scale, scales.at(step_rank)) << c.chapter;
+    expect_equal_on_every_rank(resumed, c.ranks, 3, c.chapter == "08_pipeline" ? 2 : 1);  // the records of steps 3-5
+  }
+}
+
+TEST(PrecisionChapters, RefusesWhatCannotComposeNamingTheFlag) {
+  struct Case {
+    std::string chapter, args, flag;
+  };
+  const Case cases[] = {{"11_expert_parallel", "--precision bf16", "--precision"},
+                        {"05_zero2", "--precision bf16 --fp8-scaling row", "--fp8-scaling"},
+                        {"02_overlap_dp", "--precision fp16 --dtype bf16", "--dtype"}};
+  for (const Case& c : cases) {
+    RunResult r = run_trainer(c.chapter, 1, c.args + " --steps 2");
+    EXPECT_NE(r.exit_code, 0) << c.chapter << " " << c.args;
+    EXPECT_NE(r.output.find(c.flag), std::string::npos) << c.args << ": " << r.output;
+    EXPECT_EQ(r.output.find("step 0"), std::string::npos) << c.args << ": refused after the work began";
+  }
+}
+
+}  // namespace
