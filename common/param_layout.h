@@ -164,9 +164,11 @@ struct ParamLayout {
 // What stops `cfg` from splitting over the tensor-parallel group `tp`, as the message that names the
 // flag and what would be right (config_error's text), or "" when nothing does: the heads NH, the
 // vocabulary V and the MLP's width 4C must divide by tp.size, checked in that order, and under
-// sequence parallelism the micro_batch x T positions of a micro-batch too. A pure function, so that
-// each refusal is testable on a model no preset has (TrainingRun calls it before the first collective).
-std::string tensor_parallel_size_problem(const GPT2Config& cfg, const TensorParallelism& tp, int micro_batch);
+// sequence parallelism the micro_batch x T positions of a micro-batch too (the refusal then names
+// the chapter's flag for the micro-batches). A pure function, so that each refusal is testable on a
+// model no preset has (TrainingRun calls it before the first collective).
+std::string tensor_parallel_size_problem(const GPT2Config& cfg, const TensorParallelism& tp, int micro_batch,
+                                         const std::string& micro_batches_flag = "--grad-accum");
 
 // GPT-2's parameters, for a data-parallel group of `ranks` ranks and this rank's part of a tensor-
 // parallel group (`tp`; the default is the whole model). The sizes must divide (NH, V and 4C by

@@ -305,7 +305,8 @@ void TrainingRun::write_run_record() {
 
 LinkModel TrainingRun::tensor_parallel_link() const {
   return {cfg_.tp_link_gbps >= 0 ? cfg_.tp_link_gbps : cfg_.link_gbps,
-          cfg_.tp_link_latency_us >= 0 ? cfg_.tp_link_latency_us : cfg_.link_latency_us};
+          cfg_.tp_link_latency_us >= 0 ? cfg_.tp_link_latency_us : cfg_.link_latency_us,
+          cfg_.chapter_takes("--tp-link-gbps") ? "--tp-link" : "--link"};
 }
 
 TrainingRun::~TrainingRun() {
@@ -407,7 +408,7 @@ void TrainingRun::resolve_moe_settings(const CheckpointHeader& resumed) {
   // (12 takes the checkpoint's as its default, micro_batches_a_resume_keeps): another is refused.
   const bool per_micro_batch = model_.capacity_factor > 0 || model_.aux_loss_coef > 0;
   if (per_micro_batch && saved.grad_accum != cfg_.grad_accum) {
-    const std::string flag = accumulation_flag();
+    const std::string flag = cfg_.accumulation_flag();
     if (cfg_.was_given(flag) || !pp_.actions.empty())
       config_error(flag + " " + std::to_string(cfg_.grad_accum) + " differs from the " +
                    std::to_string(saved.grad_accum) + " that " + file +
@@ -432,7 +433,7 @@ void TrainingRun::check_outputs() {
 // Tensor parallelism splits the heads, the MLP's 4C channels and the vocabulary over --tp ranks, and
 // under sequence parallelism the B*T positions too: each must divide (param_layout.h).
 void TrainingRun::check_tensor_parallel() {
-  const std::string problem = tensor_parallel_size_problem(model_, tp_, micro_B_);
+  const std::string problem = tensor_parallel_size_problem(model_, tp_, micro_B_, cfg_.accumulation_flag());
   if (!problem.empty()) config_error(problem);
 }
 
