@@ -78,10 +78,7 @@ std::string divisors_text(int batch) {
 
 TrainingRun::TrainingRun(ProcessGrid& grid, TrainConfig& cfg, const Parallelism& split)
     : world_(grid.world()), dp_(grid.dp_cp()), data_ranks_(grid.shape().dp), data_rank_(grid.coords().dp),
-      cp_comm_(grid.shape().cp > 1 ? &grid.cp() : nullptr), split_(split),
-      tp_comm_(grid.data_parallel_only() ? nullptr : &grid.tp()), pp_comm_(split.pp.size > 1 ? &grid.pp() : nullptr),
-      embedding_comm_(grid.embedding()), ep_comm_(split.moe ? &grid.ep() : nullptr), grid_(grid),
-      device_(world_.device()), dtype_(pick_dtype(cfg.dtype, device_)) {
+      split_(split), grid_(grid), device_(world_.device()), dtype_(pick_dtype(cfg.dtype, device_)) {
   const TensorParallelism& tp = split.tp;
   const PipelineParallelism& pp = split.pp;
   const ContextParallelism& cp = split.cp;
@@ -92,18 +89,28 @@ TrainingRun::TrainingRun(ProcessGrid& grid, TrainConfig& cfg, const Parallelism&
   // The ranks holding the same experts (11, 12): the layout pads their ranges for them, and ZeRO-1
   // shards their optimizer state over them.
   if (split.moe) split_.ep.replicas = grid.expert_dp().size();
+  // The groups the run counts: the world, the data-parallel group where it is another, and those of
+  // the grid that its split uses (the tensor-parallel group on any grid but data parallelism's alone).
+  groups_.push_back({"world", &world_, {}});
+  if (&dp_ != &world_) groups_.push_back({"dp", &dp_, {}});
+  if (!grid.data_parallel_only()) groups_.push_back({"tp", &grid.tp(), {}});
+  if (pp.size > 1) groups_.push_back({"pp", &grid.pp(), {}});
+  if (grid.embedding()) groups_.push_back({"embedding", grid.embedding(), {}});
+  if (grid.shape().cp > 1) groups_.push_back({"cp", &grid.cp(), {}});
+  if (split.moe) groups_.push_back({"ep", &grid.ep(), {}});
+  if (split.moe) groups_.push_back({"expert_dp", &grid.expert_dp(), {}});  // the experts' gradients
   ENSURE(cp.size == grid.shape().cp && (cp.size == 1 || cp.on()),
          "TrainingRun: the context-parallel split is not the grid's");
   if (!find_preset(cfg.preset, &model_))
     config_error("--preset: unknown preset '" + cfg.preset + "' (choose from " + preset_names() + ")");
   if (model_.C % model_.NH != 0) config_error("the model's C must divide by NH");
   // A mixture of experts: neither a pipeline stage's layout nor ring attention takes its blocks (08-10).
-  if (model_.moe() && !ep_comm_ && (!pp.parts.empty() || cp.on()))
+  if (model_.moe() && !group("ep") && (!pp.parts.empty() || cp.on()))
     config_error("--preset " + model_.preset + " is a mixture of experts, whose blocks " + cfg.chapter + " cannot " +
                  (cp.on() ? "run with ring attention" : "split into pipeline stages") +
                  ": train it with 11_expert_parallel, or with 01-07 on one rank");
   if (model_.moe()) {  // a mixture of experts: where it can run (moe.h)
-    const std::string problem = moe_run_problem(model_.preset, cfg.chapter, device_, ep_comm_ != nullptr, world_.size(),
+    const std::string problem = moe_run_problem(model_.preset, cfg.chapter, device_, group("ep") != nullptr, world_.size(),
                                                 tp.size, pp.size, cfg.recompute);
     if (!problem.empty()) config_error(problem);
     const MoESettings moe = split.moe ? *split.moe : MoESettings{};
@@ -182,16 +189,8 @@ TrainingRun::TrainingRun(ProcessGrid& grid, TrainConfig& cfg, const Parallelism&
     device_tokens_ = Buffer(2 * int64_t(inputs_.size()), MemCategory::Activations, DType::I32, device_);
   device_info_ = describe_device(device_, dtype_);
 
-  groups_.push_back({"world", &world_, {}});
-  if (&dp_ != &world_) groups_.push_back({"dp", &dp_, {}});
-  if (tp_comm_) groups_.push_back({"tp", tp_comm_, {}});
-  if (pp_comm_) groups_.push_back({"pp", pp_comm_, {}});
-  if (embedding_comm_) groups_.push_back({"embedding", embedding_comm_, {}});
-  if (cp_comm_) groups_.push_back({"cp", cp_comm_, {}});
-  if (ep_comm_) groups_.push_back({"ep", ep_comm_, {}});
-  if (ep_comm_) groups_.push_back({"expert_dp", &grid_.expert_dp(), {}});  // the experts' gradients
   for (Group& g : groups_) g.comm->set_link_model({cfg_.link_gbps, cfg_.link_latency_us});
-  if (tp_comm_) tp_comm_->set_link_model(tensor_parallel_link());
+  if (Communicator* tp_group = group("tp")) tp_group->set_link_model(tensor_parallel_link());
   set_comm_timeout(cfg_.timeout_s);
   set_device_wait_timeout(cfg_.timeout_s);
   enable_tracing(!cfg_.trace.empty());
@@ -227,7 +226,7 @@ TrainingRun::TrainingRun(ProcessGrid& grid, TrainConfig& cfg, const Parallelism&
     if (world_.link_model().on())
       std::printf("emulated link: %s (alpha-beta ring model, docs/communicator.md)\n", link_text(world_.link_model()).c_str());
     const LinkModel tp_link = tensor_parallel_link();
-    if (tp_comm_ && split_.tp.size > 1 && (tp_link.gbps != cfg_.link_gbps || tp_link.latency_us != cfg_.link_latency_us))
+    if (group("tp") && split_.tp.size > 1 && (tp_link.gbps != cfg_.link_gbps || tp_link.latency_us != cfg_.link_latency_us))
       std::printf("tensor-parallel group's emulated link: %s (a node's faster links)\n", link_text(tp_link).c_str());
     std::fflush(stdout);
     // Written at the first step, after the chapter's own fields (add_to_run_record).
@@ -295,6 +294,12 @@ std::string TrainingRun::grid_line() const {
             " positions of every sequence";
   return line + " | " + std::to_string(layout_.num_params) + " parameters " +
          (split_.pp.parts.empty() ? "a rank" : "on rank 0");
+}
+
+Communicator* TrainingRun::group(const std::string& name) const {
+  for (const Group& g : groups_)
+    if (g.name == name) return g.comm;
+  return nullptr;
 }
 
 void TrainingRun::add_to_run_record(const JsonObject& fields) {
@@ -398,7 +403,7 @@ void TrainingRun::resolve_moe_settings(const CheckpointHeader& resumed) {
     if (cfg_.was_given(flag) && *value != was) conflict(flag, number(*value), number(was));
     *value = was;
   };
-  if (ep_comm_) {
+  if (group("ep")) {
     take("--capacity-factor", &model_.capacity_factor, saved.capacity_factor);
     take("--aux-loss-coef", &model_.aux_loss_coef, saved.aux_loss_coef);
   } else if (saved.capacity_factor != model_.capacity_factor || saved.aux_loss_coef != model_.aux_loss_coef) {

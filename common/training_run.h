@@ -206,13 +206,8 @@ class TrainingRun {
   Communicator& dp_;        // the data-parallel group: DP and ZeRO (under CP: DP x CP), and the data split
   // The data split: how many ways, and this rank's part (dp_'s, but under CP the DP coordinate only).
   int data_ranks_ = 1, data_rank_ = 0;
-  Communicator* cp_comm_ = nullptr;  // the context-parallel ring (10), or null
   // How the chapter splits the run (its experts' replicas set from the grid): what the dimensions read.
   Parallelism split_;
-  Communicator* tp_comm_;   // the tensor-parallel group (07), or null
-  Communicator* pp_comm_;   // the pipeline (08), or null
-  Communicator* embedding_comm_;  // the pipeline's first and last stage (08), or null
-  Communicator* ep_comm_;         // the expert-parallel group (11, 12), or null
   const ProcessGrid& grid_;       // (01-06: data parallelism alone, no group but the world)
   TrainConfig cfg_;
   Device device_;
@@ -236,13 +231,14 @@ class TrainingRun {
   double step_start_ms_ = 0;
   double matmul_at_step_start_ = 0;  // cpu_matmul_ms() then (ops.h)
   // The run's distinct communicators ("world", and "dp", "tp", ..., "expert_dp" where they are other
-  // groups), with their statistics when the step began.
+  // groups: the grid's, process_grid.h), with their statistics when the step began.
   struct Group {
     std::string name;
     Communicator* comm;
     CommStats at_step_start;
   };
   std::vector<Group> groups_;
+  Communicator* group(const std::string& name) const;  // the run's group of that name, or null
   CommStats comm_at_step_start_;  // summed over groups_
   int64_t launched_before_last_micro_ = 0;  // collectives issued before the last micro-batch began
   struct Totals {

@@ -177,7 +177,7 @@ void TrainingRun::save_checkpoint(int next_step, Tensor params, AdamW& optimizer
   const double start = now_ms();
   const ShardPlan& plan = optimizer.plan();
   // The plan's groups: the data-parallel group, and a MoE model's experts' replicas (12's ZeRO-1).
-  const std::vector<Communicator*> groups = {&dp_, ep_comm_ ? &grid_.expert_dp() : nullptr};
+  const std::vector<Communicator*> groups = {&dp_, group("expert_dp")};
   // Under mixed precision the weights are the fp32 master copy, which covers the optimizer's shard.
   Buffer full_params = to_global(gather_full(groups, plan, optimizer.mixed_precision() ? optimizer.master() : params));
   Buffer full_m = to_global(gather_full(groups, plan, optimizer.m()));

@@ -80,7 +80,7 @@ DimensionContext TrainingRun::dimension_context() const {
   ctx.world_size = world_.size();
   ctx.dp_size = dp_.size();
   ctx.dp_apart = &dp_ != &world_;
-  ctx.embedding_group = embedding_comm_ != nullptr;
-  ctx.expert_group = ep_comm_ != nullptr;
+  ctx.embedding_group = group("embedding") != nullptr;
+  ctx.expert_group = group("ep") != nullptr;
   return ctx;
 }
