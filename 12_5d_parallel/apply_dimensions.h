@@ -1,9 +1,11 @@
 // apply_dimensions.h: chapter 12's dimensions applied to a pipeline stage's model chunks, each a step
 // of its own, as torchtitan's parallelize_llama applies one after another: 10's ring (CP), 11's
 // exchange (EP) on the grid, and what each group sends in a step next to its formula; before them, the
-// flags and refusals of CP and EP. (TP is 07's hooks, one line in train.cpp; the gradients' groups are
-// every pipeline chapter's router, common/pipeline/gradient_router.h.) Defines check_context_and_expert_flags,
-// refuse_what_this_composition_cannot_run, ContextRings, GridExperts and GroupBytes.
+// flags of CP and EP and every refusal of the composition, with 08's plan of the pipeline. (TP is
+// 07's hooks, one line in train.cpp; the gradients' groups are every pipeline chapter's router,
+// common/pipeline/gradient_router.h.) Defines ContextExpertFlags, check_context_and_expert_flags,
+// refuse_what_this_composition_cannot_run, plan_pipeline, plan_composition, every_ranks_positions,
+// ContextRings, GridExperts and GroupBytes.
 #pragma once
 #include <algorithm>
 #include <cstdio>
@@ -18,18 +20,42 @@
 #include "parallel/data_parallel.h"   // GradientSync
 #include "ops/device.h"          // pick_device
 #include "training/flags.h"           // TrainConfig, config_error
+#include "pipeline/gradient_router.h"  // GradientRouter: the passes' turn, beside the experts'
 #include "training/grid_report.h"     // GroupRow
 #include "comm/lanes.h"           // lane_of, lane_index, kLanes: dualpipev's F&B pairs at once
 #include "model/model.h"
+#include "pipeline/pipeline_flags.h"  // PipelineFlags, pipeline_flags_problem: 08's plan
 #include "comm/process_grid.h"
 #include "training/routing_log.h"  // RoutingLog: the ep row's theory from the routing
 #include "parallel/theory.h"  // predict_tensor_parallel, ring_sent_bytes, routing_counts_bytes
 #include "training/training_run.h"
 
+// 10's and 11's flags as 12 takes them: the ring's size and split, the experts' group and routing.
+struct ContextExpertFlags {
+  int cp = 1;
+  std::string split = "zigzag";
+  int ep = 1;
+  double capacity_factor = 0, aux_loss_coef = 0.01;
+
+  void add_context_flags(FlagParser& flags) {
+    flags.add("--cp", &cp, "ranks in a context-parallel ring, next to TP (default 1)");
+    flags.add("--cp-split", &split, "which positions a CP rank holds: zigzag (default) or contiguous", "SPLIT");
+  }
+  void add_expert_flags(FlagParser& flags) {
+    flags.add("--ep", &ep, "expert-parallel group size, folded over each stage's DP x CP x TP ranks (MoE presets; "
+                           "default 1)");
+    flags.add("--capacity-factor", &capacity_factor, "an expert takes at most factor x tokens x k / E assignments "
+                                                     "of a global micro-batch (0: unlimited)");
+    flags.add("--aux-loss-coef", &aux_loss_coef, "coefficient of the load-balancing loss E x sum_e f_e P_e");
+  }
+};
+
 // The flags of CP and EP, each alone (main, before the device is chosen): on a GPU the ring and the
 // experts run in fp32 (docs/context_parallel.md, moe.h), so `--dtype` auto becomes fp32 there.
-inline void check_context_and_expert_flags(TrainConfig& cfg, int world, int cp, const std::string& split_flag, int ep,
-                                           double capacity_factor, double aux_loss_coef) {
+inline void check_context_and_expert_flags(TrainConfig& cfg, int world, const ContextExpertFlags& dims) {
+  const int cp = dims.cp, ep = dims.ep;
+  const std::string& split_flag = dims.split;
+  const double capacity_factor = dims.capacity_factor, aux_loss_coef = dims.aux_loss_coef;
   if (cp < 1) config_error("--cp must be >= 1");
   if (ep < 1) config_error("--ep must be >= 1");
   if (!(capacity_factor >= 0)) config_error("--capacity-factor must be >= 0 (0: unlimited)");
@@ -76,6 +102,49 @@ inline void refuse_what_this_composition_cannot_run(const TrainConfig& cfg, cons
       if (cfg.was_given(flag))
         std::printf("note: %s does nothing at --tp 1 (one rank per tensor-parallel group holds every row and "
                     "product); running without it\n", flag);
+}
+
+// The pipeline's plan from its flags (pipeline_flags.h). A mixture of experts resumes with its
+// checkpoint's micro-batches, unless --micro-batches is given: its capacity and balance loss are per
+// micro-batch (training_run.h), and the schedule is built for the count.
+inline PipelinePlan plan_pipeline(Communicator& world, const TrainConfig& cfg, const GPT2Config& model, int batch,
+                                  PipelineFlags flags) {
+  const int kept = cfg.was_given("--micro-batches") ? 0 : micro_batches_a_resume_keeps(world, cfg, model);
+  if (kept > 0) flags.micro_batches = kept;
+  PipelinePlan plan, unused;
+  std::string problem = pipeline_flags_problem(flags, world.size(), model, batch, &plan);
+  PipelineFlags by_default = flags;
+  by_default.micro_batches = 0;
+  if (kept > 0 && !problem.empty() && pipeline_flags_problem(by_default, world.size(), model, batch, &unused).empty())
+    problem = "checkpoint '" + cfg.resume + "' was trained with " + std::to_string(kept) +
+              (kept == 1 ? " micro-batch" : " micro-batches") +
+              " a step, which its capacity and balance loss need on resuming: " + problem;
+  if (!problem.empty()) config_error(problem);
+  if (kept > 0 && kept != 2 * flags.pp && world.rank() == 0)
+    std::printf("note: --micro-batches %d, the checkpoint's (its capacity and balance loss are per micro-batch)\n", kept);
+  return plan;
+}
+
+// Every flag's refusal before any group exists, in order: an --ep that cannot divide the experts fits
+// no rank count (the expert dimension's refusal), then 08's plan of the pipeline (with the grid's
+// groups), then what only this composition cannot run.
+inline PipelinePlan plan_composition(Communicator& world, const TrainConfig& cfg, const GPT2Config& model, int batch,
+                                     const PipelineFlags& flags, bool sequence_parallel, const ContextExpertFlags& dims) {
+  const int ranks_per_stage = flags.pp > 0 && world.size() % flags.pp == 0 ? world.size() / flags.pp : 0;
+  const std::string experts_problem = expert_count_problem(model, dims.ep, ranks_per_stage, flags.pp);
+  if (!experts_problem.empty()) config_error(experts_problem);
+  const PipelinePlan plan = plan_pipeline(world, cfg, model, batch, flags);
+  refuse_what_this_composition_cannot_run(cfg, model, flags.tp, sequence_parallel, dims.cp, dims.ep, world.rank() == 0);
+  return plan;
+}
+
+// Every CP rank's positions of a sequence of T (context_split.h; --cp-split checked in main).
+inline std::vector<std::vector<int>> every_ranks_positions(const ContextExpertFlags& dims, int T) {
+  ContextSplit split;
+  parse_context_split(dims.split, &split);
+  std::vector<std::vector<int>> positions;
+  for (int r = 0; r < dims.cp; r++) positions.push_back(context_positions(T, dims.cp, r, split));
+  return positions;
 }
 
 // CP: 10's ring, over this rank's heads (NH/t of them, C/t channels a head group): one per lane with
@@ -193,6 +262,14 @@ class GridExperts {
   // The executor's passes: a forward sets what its experts record under (a pair's backward runs beside it).
   void before_compute(const Action& a) {
     if (a.op == Op::F) running_micro_ = a.micro;
+  }
+  // The executor's turn before every pass: this, then the router's (whether the backward's gradients
+  // communicate). A pair's forward and backward call it at once, each in its lane (pipeline.h).
+  void attach(PipelineExecutor& pipeline, GradientRouter& router) {
+    pipeline.before_compute = [this, &router](const Action& a) {
+      before_compute(a);
+      router.before_compute(a);
+    };
   }
   void begin_step() {
     if (exchange_) exchange_->reset_predictions(), routing_->clear();

@@ -8,15 +8,14 @@
 // splits the model by depth over p stages for one message per micro-batch and boundary, at the price
 // of the bubble. Large models are trained with all three at once (Megatron-LM: t = 8 inside a node,
 // p across nodes, d over the rest): each rank holds 1/(t p) of the model, runs its stage's blocks on
-// its 1/t of every product, and the d replicas of that grid average their gradients. Context
-// parallelism (10) splits the sequence too, for a ring in every attention, and expert parallelism (11)
-// spreads a mixture of experts, for two all-to-alls in every MoE layer: the largest runs use all five
-// (Llama 3 405B: TP 8 x CP 16 x PP 16 x DP 8; DeepSeek-V3: PP 16 x EP 64 x DP).
+// its 1/t of every product, and the d replicas of that grid average their gradients.
+// Context parallelism (10) splits the sequence too, for a ring in every attention, and expert
+// parallelism (11) spreads a mixture of experts, for two all-to-alls in every MoE layer: the largest
+// runs use all five (Llama 3 405B: TP 8 x CP 16 x PP 16 x DP 8; DeepSeek-V3: PP 16 x EP 64 x DP).
 //
 // Composition is mostly placement. The process grid puts TP innermost (consecutive ranks: one node)
-// and PP outermost, from the order "tp-cp-dp-pp" and the sizes: world rank = ((pp x DP + dp) x CP +
-// cp) x TP + tp (common/comm/process_grid.h); experts fold over each stage's DP x CP x TP ranks as EDP x EP,
-// EP innermost. Nothing in a stage
+// and PP outermost, from the order "tp-cp-dp-pp" and the sizes (common/comm/process_grid.h; the experts
+// folded over each stage's ranks as EDP x EP). Nothing in a stage
 // knows about the pipeline's other stages but its neighbours, and nothing in a tensor-parallel group
 // knows about the pipeline: a chunk (08's model part) is simply built as this rank's slice (07's
 // layout), with 07's f and g collectives over the TP group; the messages between stages are the
@@ -24,14 +23,10 @@
 // rank sends its own rows to the same TP rank of the next stage, t messages of 1/t each. The tied
 // wte's two copies are vocabulary slices now, summed in the embedding group of each (dp, tp)
 // coordinate. Gradients: 07's sums over TP of the tensors held whole (under SP), 08's sum of wte over
-// the embedding group, then data parallelism over DP x CP (or ZeRO-1), the experts' over their EDP
-// group, each by its copies (common/pipeline/gradient_router.h). Then CP and EP are applied to the chunks in
-// turn, each its own lesson (apply_dimensions.h, beside this file, wires them): 10's ring
-// (ring_attention_protocol.h, over this rank's NH/t heads; TP's collectives then on its T/cp
-// positions), 11's exchange (expert_exchange.h, per micro-batch in flight, each rank routing the rows
-// it holds: under TP, with sequence parallelism). With --schedule dualpipev a pair's forward and
-// backward run at once, each lane on its own copy of the groups (common/comm/lanes.h). Seven groups, seven kinds
-// of traffic, each printed next to its formula.
+// the embedding group, then data parallelism over DP x CP (or ZeRO-1), the experts' over expert DP,
+// each by its copies (common/pipeline/gradient_router.h). CP and EP are applied to every chunk in turn, each
+// its chapter's lesson (apply_dimensions.h: 10's ring over this rank's NH/t heads, 11's exchange per
+// micro-batch in flight). Seven groups, seven kinds of traffic, each printed next to its formula.
 //
 // Activation recomputation (--recompute, in every chapter: it belongs to the model) trades compute
 // for the activations that a pipeline multiplies by its micro-batches in flight. selective drops the
@@ -43,10 +38,8 @@
 // What to notice: per rank, the model state is 1/(t p) of 01's (with ZeRO-1 the optimizer's 1/d
 // again); activations per stage are the schedule's micro-batches in flight x the per-layer formula
 // under TP, SP and recomputation; "TP bytes", "p2p bytes", "DP bytes" and the embedding group's are
-// each their formula; the bubble is 08's; the losses are 01's.
-// Beside them, a MoE model's routed and dropped assignments per step, layer and expert and its
-// balance loss (one rank of 11's), and after step 1 every group's bytes next to its formula
-// (docs/five_d_parallel.md).
+// each their formula; the bubble is 08's; the losses are 01's. So are CP's and EP's (after step 1,
+// every group's bytes next to its formula: docs/five_d_parallel.md).
 //
 // Base chapter: 09_3d_parallel (docs/diffs/12_5d_parallel.diff: what composing 10 and 11 into it adds).
 //
@@ -54,8 +47,6 @@
 //   make 12_5d_parallel
 //   mpiexec -n 4 ./12_5d_parallel/train --tp 2 --cp 2                                   # TP 2 x CP 2
 //   mpiexec -n 4 ./12_5d_parallel/train --preset moe-tiny --tp 2 --pp 2 --ep 2 --sequence-parallel
-//   mpiexec -n 8 ./12_5d_parallel/train --preset moe-tiny --cp 2 --tp 2 --pp 2 --ep 4 --sequence-parallel
-//       (and --capacity-factor 1.0 to drop what overflows an expert)
 //   mpiexec -n 4 ./12_5d_parallel/train --preset moe-tiny --ep 2 --zero1   # dense state over DP 4, experts' over 2
 #include <cmath>
 #include <cstdio>
@@ -92,71 +83,34 @@ struct Options {
   bool sequence_parallel = false, overlap = false;
   std::string matching = "auto";  // auto: by tag where the communicator has tags (MPI), else call order
   double bucket_mb = 0;
-  int cp = 1;
-  std::string split = "zigzag";
-  int ep = 1;
-  double capacity_factor = 0, aux_loss_coef = 0.01;
+  ContextExpertFlags dims;  // --cp, --cp-split, --ep, --capacity-factor, --aux-loss-coef: 10's and 11's
 };
-
-namespace {
-
-// The pipeline's plan from its flags (pipeline_flags.h). A mixture of experts resumes with its
-// checkpoint's micro-batches, unless --micro-batches is given: its capacity and balance loss are per
-// micro-batch (training_run.h), and the schedule is built for the count.
-PipelinePlan plan_pipeline(Communicator& world, const TrainConfig& cfg, const GPT2Config& model, int batch,
-                           PipelineFlags flags) {
-  const int kept = cfg.was_given("--micro-batches") ? 0 : micro_batches_a_resume_keeps(world, cfg, model);
-  if (kept > 0) flags.micro_batches = kept;
-  PipelinePlan plan, unused;
-  std::string problem = pipeline_flags_problem(flags, world.size(), model, batch, &plan);
-  PipelineFlags by_default = flags;
-  by_default.micro_batches = 0;
-  if (kept > 0 && !problem.empty() && pipeline_flags_problem(by_default, world.size(), model, batch, &unused).empty())
-    problem = "checkpoint '" + cfg.resume + "' was trained with " + std::to_string(kept) +
-              (kept == 1 ? " micro-batch" : " micro-batches") +
-              " a step, which its capacity and balance loss need on resuming: " + problem;
-  if (!problem.empty()) config_error(problem);
-  if (kept > 0 && kept != 2 * flags.pp && world.rank() == 0)
-    std::printf("note: --micro-batches %d, the checkpoint's (its capacity and balance loss are per micro-batch)\n", kept);
-  return plan;
-}
-
-}  // namespace
 
 // The whole run, in a function: the grid's groups must end before MPI does.
 int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
   // Every flag checked against the others, the ranks, the model and the batch, as 08 checks them
   // (with --tp's groups), before any schedule, model or buffer exists.
-  // (And with --cp's and --ep's: refuse_what_this_composition_cannot_run, apply_dimensions.h.)
+  // With --cp's and --ep's too: the experts' count first, this composition's refusals last (apply_dimensions.h).
   GPT2Config model_cfg;
   if (!find_preset(cfg.preset, &model_cfg)) config_error("--preset: unknown preset '" + cfg.preset + "'");
   const int batch = cfg.was_given("--batch") ? cfg.batch : cfg.resume.empty() ? model_cfg.default_batch : 0;
   PipelineFlags flags = opt.pipeline;
-  flags.tp = opt.tp, flags.cp = opt.cp, flags.ep = opt.ep, flags.splits_experts = true;
+  flags.tp = opt.tp, flags.cp = opt.dims.cp, flags.ep = opt.dims.ep, flags.splits_experts = true;
   if (!flags.pp) flags.pp = 1;
-  // The experts first: an --ep that cannot divide them fits no rank count (the expert dimension's refusal).
-  const int ranks_per_stage = flags.pp > 0 && world.size() % flags.pp == 0 ? world.size() / flags.pp : 0;
-  const std::string experts_problem = expert_count_problem(model_cfg, opt.ep, ranks_per_stage, flags.pp);
-  if (!experts_problem.empty()) config_error(experts_problem);
-  const PipelinePlan pipe = plan_pipeline(world, cfg, model_cfg, batch, flags);
+  const PipelinePlan pipe = plan_composition(world, cfg, model_cfg, batch, flags, opt.sequence_parallel, opt.dims);
   const Schedule schedule = pipe.schedule;
   const int t = flags.tp, p = pipe.shape.stages, m = pipe.shape.micro_batches, v = pipe.shape.chunks;
   const std::vector<int>& blocks = pipe.blocks;  // per virtual stage, the head's cost weighed in
   const bool zero1 = flags.zero1, zero2 = flags.zero2;
-  const int cp = opt.cp;
+  const int cp = opt.dims.cp;
   const bool moe = model_cfg.moe();
-  refuse_what_this_composition_cannot_run(cfg, model_cfg, opt.tp, opt.sequence_parallel, opt.cp, opt.ep,
-                                          world.rank() == 0);
   cfg.grad_accum = m;
   // The grid: TP innermost (a node's fast links), PP outermost, data parallelism over the rest.
   // CP between TP and DP; the experts folded over each stage's ranks.
-  ProcessGrid grid(world, grid_shape(world.size(), t, p, cp, opt.ep));
+  ProcessGrid grid(world, grid_shape(world.size(), t, p, cp, opt.dims.ep));
   const bool sequence_parallel = opt.sequence_parallel && t > 1;
   const TensorParallelism tp{t, grid.coords().tp, sequence_parallel};
-  std::vector<std::vector<int>> positions;  // every CP rank's (context_split.h)
-  ContextSplit split;
-  parse_context_split(opt.split, &split);  // (checked in main)
-  for (int r = 0; r < cp; r++) positions.push_back(context_positions(model_cfg.T, cp, r, split));
+  const std::vector<std::vector<int>> positions = every_ranks_positions(opt.dims, model_cfg.T);
   ContextParallelism held;
   if (cp > 1) held = {cp, grid.coords().cp, positions[size_t(grid.coords().cp)]};
 
@@ -166,7 +120,6 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
   const Matching matching = pipeline_matching(opt.matching, grid.pp(), shape);
   // dualpipev runs each F&B pair's forward and backward at once (pipeline.h), both talking to the TP
   // group: each lane then on its own copy of it (lanes.h), which the grid keeps beside the group.
-  // (So too the CP, EP and EDP groups; the ring's and the exchange's scratch is per lane.)
   const bool fb_overlap = fb_overlap_runs(pipe, matching, world.device(), world.rank() == 0);
   if (fb_overlap) grid.give_each_lane_its_groups();
 
@@ -187,10 +140,10 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
   // under either ZeRO flag, as in 08.
   // Under CP, on its positions; under EP, with its experts.
   const bool sharded = zero1 || zero2;
-  const MoESettings moe_settings{opt.capacity_factor, opt.aux_loss_coef};
+  const MoESettings moe_settings{opt.dims.capacity_factor, opt.dims.aux_loss_coef};
   TrainingRun run(grid, cfg, Parallelism{sharded ? Strategy::ZeRO1 : Strategy::DP, tp,
                                          PipelineParallelism{p, rank, parts, zero2, actions, fb_overlap}, held,
-                                         ExpertParallelism{opt.ep, grid.coords().ep}, moe ? &moe_settings : nullptr});
+                                         ExpertParallelism{opt.dims.ep, grid.coords().ep}, moe ? &moe_settings : nullptr});
   const Device device = run.device();
   const DType dtype = run.dtype();
   const ParamLayout& layout = run.layout();  // this stage's units, this TP rank's slices of them
@@ -211,7 +164,7 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
   GradientSync data_parallel(dp_group, buckets, grads.view(), sharded ? &plan : nullptr, grad_shard.view());
   // An expert's gradient sums the tokens of its whole EP group; averaged over its EDP replicas it must
   // come out as the mean over the DP x CP data replicas: EDP / (DP x CP) = TP / EP.
-  if (moe) data_parallel.set_expert_group(grid.expert_dp(), float(t) / float(opt.ep));
+  if (moe) data_parallel.set_expert_group(grid.expert_dp(), float(t) / float(opt.dims.ep));
   AdamW optimizer(layout, plan, cfg.weight_decay, device, dtype);
   std::vector<std::unique_ptr<GPT2>> models;  // one per chunk, over the same flat buffers
   std::vector<GPT2*> chunks;
@@ -248,12 +201,7 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
   GradientRouter router(layout, grads.view(), data_parallel, m, zero2, sequence_parallel ? &tp_group : nullptr,
                         embedding);
   router.attach(pipeline, chunks);
-  // A pair's forward and backward call this at once, each in its lane (pipeline.h): the forward sets
-  // what its experts record under, the backward whether their gradients communicate.
-  pipeline.before_compute = [&](const Action& a) {
-    experts.before_compute(a);
-    router.before_compute(a);
-  };
+  experts.attach(pipeline, router);  // before each pass: what its experts record under, then the router's turn
   GroupBytes bytes(run, grid, parts, data_parallel, experts, m, sharded);  // each group's, against its formula
 
   for (int step = start; step < cfg.steps; step++) {
@@ -295,14 +243,9 @@ int main(int argc, char** argv) {
   Options opt;
   PipelineFlags& pipe = opt.pipeline;
   flags.add("--tp", &opt.tp, "ranks in a tensor-parallel group, innermost (default 1)");
-  flags.add("--cp", &opt.cp, "ranks in a context-parallel ring, next to TP (default 1)");
-  flags.add("--cp-split", &opt.split, "which positions a CP rank holds: zigzag (default) or contiguous", "SPLIT");
+  opt.dims.add_context_flags(flags);  // --cp, --cp-split
   flags.add("--pp", &pipe.pp, "pipeline stages, outermost (default 1); the rest is data-parallel");
-  flags.add("--ep", &opt.ep, "expert-parallel group size, folded over each stage's DP x CP x TP ranks (MoE presets; "
-                         "default 1)");
-  flags.add("--capacity-factor", &opt.capacity_factor, "an expert takes at most factor x tokens x k / E assignments "
-                                                   "of a global micro-batch (0: unlimited)");
-  flags.add("--aux-loss-coef", &opt.aux_loss_coef, "coefficient of the load-balancing loss E x sum_e f_e P_e");
+  opt.dims.add_expert_flags(flags);  // --ep, --capacity-factor, --aux-loss-coef
   flags.add_switch("--sequence-parallel", &opt.sequence_parallel,
                    "split the rows between the parallel products too (a MoE preset with --tp needs it)");
   flags.add_switch("--tp-overlap", &opt.overlap,
@@ -320,7 +263,7 @@ int main(int argc, char** argv) {
   check_schedule_flags(cfg, pipe);
   if (cfg.was_given("--bucket-mb") && !(opt.bucket_mb > 0)) config_error("--bucket-mb must be > 0");
   if (cfg.was_given("--tp") && opt.tp < 1) config_error("--tp must be >= 1");
-  check_context_and_expert_flags(cfg, comm->size(), opt.cp, opt.split, opt.ep, opt.capacity_factor, opt.aux_loss_coef);
+  check_context_and_expert_flags(cfg, comm->size(), opt.dims);
   comm = communicator_for(pick_device(cfg.device), std::move(comm), cfg.collectives);  // NCCL on GPUs (comm_factory.h)
   const int status = train(*comm, cfg, opt);
   shutdown_mpi(std::move(comm));

@@ -268,7 +268,7 @@ TEST(FlagErrorsDeathTest, ARefusedFlagSaysWhatToUse) {
   EXPECT_EXIT(parse(), ::testing::ExitedWithCode(1), "--grad-accum: use --micro-batches");
 }
 
-// The flags of the last parse are the chapter's: messages of shared code ask for them.
+// The flags parsed are the chapter's (TrainConfig::chapter_flags): messages of shared code ask for them.
 TEST(TrainFlags, TheChaptersFlagsAreKnownAndNamedInItsHelp) {
   {
     Argv args({});
@@ -278,15 +278,15 @@ TEST(TrainFlags, TheChaptersFlagsAreKnownAndNamedInItsHelp) {
     parser.add("--micro-batches", &micro_batches, "micro-batches");
     parser.add_refused("--grad-accum", "use --micro-batches");
     ASSERT_TRUE(parse_train_flags(args.argc(), args.argv(), "00_test", "a test", parser, &cfg));
-    EXPECT_TRUE(chapter_has_flag("--micro-batches"));
-    EXPECT_FALSE(chapter_has_flag("--grad-accum"));
-    EXPECT_EQ(accumulation_flag(), "--micro-batches");
+    EXPECT_TRUE(cfg.chapter_takes("--micro-batches"));
+    EXPECT_FALSE(cfg.chapter_takes("--grad-accum"));
+    EXPECT_EQ(cfg.accumulation_flag(), "--micro-batches");
     EXPECT_EQ(parser.usage().find("--grad-accum"), std::string::npos) << parser.usage();
   }
-  parse_train({});
-  EXPECT_TRUE(chapter_has_flag("--grad-accum"));
-  EXPECT_FALSE(chapter_has_flag("--micro-batches"));
-  EXPECT_EQ(accumulation_flag(), "--grad-accum");
+  const TrainConfig cfg = parse_train({});
+  EXPECT_TRUE(cfg.chapter_takes("--grad-accum"));
+  EXPECT_FALSE(cfg.chapter_takes("--micro-batches"));
+  EXPECT_EQ(cfg.accumulation_flag(), "--grad-accum");
 }
 
 // Every {step} of --save is the step, not only the first.

@@ -82,6 +82,9 @@ struct CommStats {
 struct LinkModel {
   double gbps = 0;        // link bandwidth in gigabits per second; 0 = unlimited
   double latency_us = 0;  // per-message latency alpha
+  // The flags that set it, which a message names: "--link" (--link-gbps, --link-latency-us), or a
+  // group's own ("--tp-link": 07's tensor-parallel group, where the chapter has those flags).
+  const char* flags = "--link";
   bool on() const { return gbps > 0 || latency_us > 0; }
 };
 

@@ -51,7 +51,6 @@
 #include <map>
 
 #include "base/check.h"
-#include "training/flags.h"    // chapter_has_flag, for the watchdog's message
 #include "base/metrics.h"  // format_bytes, for the watchdog's message
 #include "base/peer_state.h"  // stopped_or_ended_ranks, for the watchdog's message
 #include "comm/trace.h"
@@ -315,8 +314,7 @@ void ProgressEngine::held_watchdog(const MpiOp& op, double timeout_s) {
   char text[160];
   std::snprintf(text, sizeof text, "for %.4g s, longer than --timeout %.3g s", op.modelled_ms / 1e3, timeout_s);
   const std::string phase = error_phase();
-  const bool tp_link = op.group->name == "tp" && chapter_has_flag("--tp-link-gbps");
-  const std::string flags = tp_link ? "--tp-link-gbps and --tp-link-latency-us" : "--link-gbps and --link-latency-us";
+  const std::string flags = std::string(op.link_flags) + "-gbps and " + op.link_flags + "-latency-us";
   fatal(std::string("watchdog: the emulated link holds this ") + op.name + " of " +
         format_bytes(double(op.handle->payload_bytes)) + " over " + describe_group(*op.group) +
         (phase.empty() ? "" : " in " + phase) + " " + text + ": the modelled link (" + flags +

@@ -98,6 +98,7 @@ struct MpiOp {
   const char* name = "";                    // for the trace and the watchdog: "all_reduce", "send", ...
   const GroupInfo* group = nullptr;         // the communicator's group (it outlives its ops)
   int peer = -1;                            // send and recv: the other rank, in the group
+  const char* link_flags = "--link";        // the flags of the link that holds it (LinkModel::flags)
   std::function<void(MPI_Request*)> start;  // posts the non-blocking MPI call
   std::function<void()> finish;             // after MPI completes (the Avg scaling); may be empty
   int lane = 0;

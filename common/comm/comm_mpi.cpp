@@ -396,6 +396,7 @@ class MpiCommunicator final : public Communicator {
     op->name = name;
     op->group = &info_;
     op->peer = peer;
+    op->link_flags = link_.flags;
     op->start = std::move(start);
     op->finish = std::move(finish);
     op->lane = lane;

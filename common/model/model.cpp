@@ -14,7 +14,7 @@ using namespace model_internal;
 namespace {
 // Under context parallelism the model holds T/cp positions: every activation is as long as that.
 GPT2Config held_positions(GPT2Config cfg, const ContextParallelism& cp) {
-  if (cp.on()) cfg.T = int(cp.positions.size());
+  cfg.T = cp.held_positions(cfg.T);
   return cfg;
 }
 }  // namespace
@@ -45,7 +45,7 @@ GPT2::GPT2(const GPT2Config& cfg, const ParamLayout& layout, int max_B, Device d
   ENSURE(!cp.on() || (!flash_ && cfg.T % int(cp.positions.size()) == 0),
          "GPT2: context parallelism runs its own attention (not FlashAttention) on T/cp positions");
   // Attention through the context-parallel hooks keeps what FlashAttention keeps: a log-sum-exp per query.
-  const bool lse_only = flash_ || cp.on();
+  const bool lse_only = cp.lse_attention(flash_);
   if (cfg_.moe()) init_experts(max_B);
   allocate_activations(*acts_, cfg_, max_B, lse_only, tp, part_, dtype, device);
 }

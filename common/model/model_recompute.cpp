@@ -28,7 +28,7 @@ const GPT2::Layer& GPT2::backward_layer(Slot& s, int l) {
 
 void* GPT2::recompute_attention(Slot& s, int l, const Layer& x) {
   // (FlashAttention and the ring keep no softmax: their backward recomputes it as it goes.)
-  if (cfg_.recompute != Recompute::Selective || flash_ || cp_.on()) return x.att;
+  if (cfg_.recompute != Recompute::Selective || cp_.lse_attention(flash_)) return x.att;
   // The softmax of the scores again, from the kept q, k and v. Its other outputs land in scratch the
   // backward overwrites: the attention output (already kept) in datty, the scores before the softmax
   // in dpreatt.

@@ -5,7 +5,6 @@
 #include <numeric>  // std::lcm
 
 #include "base/check.h"
-#include "training/flags.h"  // accumulation_flag, for a message naming the chapter's flag
 
 namespace {
 
@@ -93,7 +92,8 @@ class LayoutBuilder {
 
 }  // namespace
 
-std::string tensor_parallel_size_problem(const GPT2Config& cfg, const TensorParallelism& tp, int micro_batch) {
+std::string tensor_parallel_size_problem(const GPT2Config& cfg, const TensorParallelism& tp, int micro_batch,
+                                         const std::string& micro_batches_flag) {
   if (tp.size == 1) return "";
   const int t = tp.size;
   auto refusal = [&](const std::string& what, int64_t value) {
@@ -106,7 +106,7 @@ std::string tensor_parallel_size_problem(const GPT2Config& cfg, const TensorPara
   if (tp.sequence_parallel && (int64_t(micro_batch) * cfg.T) % t)
     return "--sequence-parallel splits the B*T = " + std::to_string(micro_batch) + " x " + std::to_string(cfg.T) +
            " positions of a micro-batch over --tp " + std::to_string(t) +
-           " ranks, which does not divide; choose a --batch (or " + accumulation_flag() + ") that makes B*T a multiple of " +
+           " ranks, which does not divide; choose a --batch (or " + micro_batches_flag + ") that makes B*T a multiple of " +
            std::to_string(t);
   return "";
 }

@@ -80,6 +80,11 @@ struct ContextParallelism {
   int size = 1, rank = 0;
   std::vector<int> positions;
   bool on() const { return !positions.empty(); }
+  // The positions of a sequence of T that a rank's model holds: its T/cp, or all T.
+  int held_positions(int T) const { return on() ? int(positions.size()) : T; }
+  // Attention keeps only its output and a log-sum-exp per query, never the (B,NH,T,T) matrices:
+  // FlashAttention's (`flash`: asked for and available here), or the ring's, which is blockwise.
+  bool lse_attention(bool flash) const { return flash || on(); }
 };
 
 // How the experts of a MoE model are spread over an expert-parallel group (chapter 11): `size` ranks,
@@ -164,9 +169,11 @@ struct ParamLayout {
 // What stops `cfg` from splitting over the tensor-parallel group `tp`, as the message that names the
 // flag and what would be right (config_error's text), or "" when nothing does: the heads NH, the
 // vocabulary V and the MLP's width 4C must divide by tp.size, checked in that order, and under
-// sequence parallelism the micro_batch x T positions of a micro-batch too. A pure function, so that
-// each refusal is testable on a model no preset has (TrainingRun calls it before the first collective).
-std::string tensor_parallel_size_problem(const GPT2Config& cfg, const TensorParallelism& tp, int micro_batch);
+// sequence parallelism the micro_batch x T positions of a micro-batch too (the refusal then names
+// the chapter's flag for the micro-batches). A pure function, so that each refusal is testable on a
+// model no preset has (the tensor dimension's refusal, dimension_tensor.cpp, calls it before the layout).
+std::string tensor_parallel_size_problem(const GPT2Config& cfg, const TensorParallelism& tp, int micro_batch,
+                                         const std::string& micro_batches_flag = "--grad-accum");
 
 // GPT-2's parameters, for a data-parallel group of `ranks` ranks and this rank's part of a tensor-
 // parallel group (`tp`; the default is the whole model). The sizes must divide (NH, V and 4C by

@@ -5,7 +5,6 @@
 #include <cstdarg>
 #include <cstdio>
 
-#include "ops/ring_attention.h"  // ring_buffer_bytes
 
 Dimension::~Dimension() = default;
 
@@ -27,8 +26,7 @@ double activations_by_formula(const DimensionContext& ctx, int t, bool sp, Recom
   GPT2Config cfg = ctx.held;
   cfg.recompute = recompute;
   double bytes = 0;
-  if (ctx.cp.on())  // section 13: T/cp positions, a log-sum-exp per query, and the ring's blocks (a ring per lane)
-    bytes += ctx.pp.scratch_lanes() * ring_buffer_bytes(ctx.cp.size, ctx.micro_B, cfg.T, cfg.C / t, cfg.NH / t);
+  for (const std::unique_ptr<Dimension>& d : make_dimensions(ctx)) bytes += d->activations_beside_model(ctx, t);
   for (const ModelPart& part : ctx.pp.parts.empty() ? std::vector<ModelPart>{ModelPart{}} : ctx.pp.parts)
     bytes += activation_bytes(cfg, ctx.micro_B, ctx.dtype, ctx.lse_attention, {t, 0, sp}, part);
   return bytes;

@@ -1,9 +1,11 @@
 // dimension.h: one interface through which each way of splitting the work (data, tensor, pipeline,
-// context and expert parallelism) brings its own parts to TrainingRun: its terms of the memory
-// forecast, its groups' scratch buffers under --collectives, and its rows of the theory table (what
-// it measured next to its formula) with their fields of the "theory" record. Each dimension lives in
-// a file of its own (dimension_data.cpp, dimension_tensor.cpp, ...), so that adding one adds a file
-// and a line in make_dimensions(), not a branch in TrainingRun. Defines DimensionContext,
+// context and expert parallelism) brings its own parts to TrainingRun: its refusal of a model it
+// cannot split, its terms of the memory forecast and of the activations' formula, its groups'
+// scratch buffers under --collectives, and its rows of the theory table (what it measured next to
+// its formula) with their fields of the "theory" record. Each dimension lives in a file of its own
+// (dimension_data.cpp, dimension_tensor.cpp, ...), so that adding one adds a file and a line in
+// make_dimensions(), not a branch in TrainingRun (docs/five_d_parallel.md, "Adding a dimension").
+// Defines Parallelism (how a chapter splits a run), DimensionContext,
 // StepMeasure, ReportTable, Dimension, make_dimensions(), activations_by_formula(), report_line(),
 // report_row(), the expert dimension's refusal (expert_count_problem()) and the MoE helpers the run
 // reads (moe_routed_tokens(), moe_activations_at()).
@@ -20,27 +22,46 @@
 #include "model/param_layout.h"  // ParamLayout, TensorParallelism, PipelineParallelism, ...
 #include "parallel/theory.h"        // MemoryForecast, Prediction, Strategy
 
-// Everything a dimension reads of the run, as TrainingRun resolved it.
-struct DimensionContext {
+struct MoESettings;  // moe.h
+
+// How a run is split: the data-parallel strategy and this rank's part of every other dimension. A
+// field left at its default does not split the run, so a chapter names only its own dimensions:
+// 01-06 a strategy, 07 the tensor split too, 08 its pipeline, 10 the positions, 11 the experts.
+struct Parallelism {
+  // Over the data-parallel group (grid.dp_cp(): under CP, the DP x CP ranks that hold the same
+  // parameters), which splits the batch (under CP, its DP coordinate alone).
+  Strategy strategy = Strategy::DP;
+  // This rank's part of the model: its tensor-parallel slices, its pipeline stage (ZeRO-2's rule
+  // there too, reduce_every_micro_batch), its positions, its experts. Each size is the grid's. (Each
+  // initialised, {}, so that a chapter may name the first fields alone without a warning.)
+  TensorParallelism tp{};
+  PipelineParallelism pp{};
+  ContextParallelism cp{};
+  ExpertParallelism ep{};
+  // A MoE model trained with a capacity and a balance loss (11, 12; moe.h), read while the run is
+  // built: its experts are spread over the grid's expert-parallel group, and their gradients averaged
+  // over its expert-data-parallel group. Null: a dense model, or a MoE preset on one rank of 01-07.
+  const MoESettings* moe = nullptr;
+};
+
+// Everything a dimension reads of the run, as TrainingRun resolved it: the chapter's split whole (a
+// new dimension's field of Parallelism reaches its file with no line here), and what the run derived.
+struct DimensionContext : Parallelism {
   GPT2Config model;  // the run's (its capacity factor and recomputation included)
   GPT2Config held;   // what this rank's model computes on: T is the positions it holds (T/cp under CP)
   const ParamLayout* layout = nullptr;         // this rank's (its tensor-parallel slices, its stage)
   const ParamLayout* global_layout = nullptr;  // the whole model's
-  Strategy strategy = Strategy::DP;
   DType dtype = DType::F32;
   Device device = Device::CPU;
   int micro_B = 0;          // sequences of a micro-batch
   int micro_batches = 1;    // of a step (--grad-accum, a pipeline's --micro-batches)
-  bool lse_attention = false;  // FlashAttention or the ring: a log-sum-exp per query, no (B,NH,T,T) scores
+  std::string micro_batches_flag = "--grad-accum";  // the chapter's flag for them, which refusals name
+  bool lse_attention = false;  // a log-sum-exp per query, no (B,NH,T,T) scores (ContextParallelism::lse_attention)
   int world_size = 1;
   int dp_size = 1;                   // the group the strategy runs over (under CP: DP x CP)
   bool dp_apart = false;             // that group is a communicator apart from the world's
   bool embedding_group = false;      // this rank sums the tied wte with another stage (08)
   bool expert_group = false;         // the experts are spread over an expert-parallel group (11, 12)
-  TensorParallelism tp;
-  PipelineParallelism pp;
-  ContextParallelism cp;
-  ExpertParallelism ep;
 };
 
 // What one step measured, for the theory table.
@@ -74,9 +95,15 @@ class Dimension {
  public:
   virtual ~Dimension();
   virtual const char* name() const = 0;
+  // Its refusal of the run, before the layout is built and before any step: one sentence naming its
+  // flag and what would be right, or "" when it can split this model (sizes that must divide).
+  virtual std::string problem(const DimensionContext&) const { return ""; }
   // Its terms beside the model's own forecast (forecast_memory: the strategy's model state over the
   // layout, the arena of the positions held).
   virtual void add_memory(const DimensionContext&, MemoryForecast&) const {}
+  // What it keeps beside the model's arena, in bytes, were the model's tensors split over t ranks
+  // (activations_by_formula; add_memory counts the same at t = the run's TP).
+  virtual double activations_beside_model(const DimensionContext&, int /*t*/) const { return 0; }
   // Its groups that carry collectives: each gets --collectives' scratch buffers.
   virtual int collective_groups(const DimensionContext&) const { return 0; }
   // Its rows of the theory table and fields of the record.
@@ -94,7 +121,8 @@ std::unique_ptr<Dimension> make_expert_dimension(const DimensionContext& ctx);  
 
 // This rank's activations by the formula (docs/theory.md, sections 9, 12, 13) for another way of
 // running its part of the model: a tensor split of t ranks (sp: sequence parallel) and `recompute`,
-// the positions held and the ring's blocks under CP, each pipeline part's arena.
+// on the positions held: each pipeline part's arena, and what each dimension keeps beside it
+// (Dimension::activations_beside_model: the ring's blocks under CP).
 double activations_by_formula(const DimensionContext& ctx, int t, bool sp, Recompute recompute);
 
 // The expert dimension's refusal (chapters 11 and 12), before any group exists: an --ep that does not

@@ -15,8 +15,13 @@ class ContextDimension : public Dimension {
   // matrices (the context's `held`); the ring adds its blocks in flight, of this rank's heads (NH/t
   // under tensor parallelism: 12), once per lane where a pipeline's F&B pairs run at once (lanes.h).
   void add_memory(const DimensionContext& ctx, MemoryForecast& forecast) const override {
-    forecast.activations += ctx.pp.scratch_lanes() * ring_buffer_bytes(ctx.cp.size, ctx.micro_B, ctx.held.T,
-                                                                        ctx.model.C / ctx.tp.size, ctx.model.NH / ctx.tp.size);
+    forecast.activations += activations_beside_model(ctx, ctx.tp.size);
+  }
+
+  // The ring's blocks in flight, of NH/t heads, on the positions held (section 13): the one place the
+  // forecast and the activations' formula take them from.
+  double activations_beside_model(const DimensionContext& ctx, int t) const override {
+    return ctx.pp.scratch_lanes() * ring_buffer_bytes(ctx.cp.size, ctx.micro_B, ctx.held.T, ctx.model.C / t, ctx.model.NH / t);
   }
 
   int collective_groups(const DimensionContext&) const override { return 1; }

@@ -1,5 +1,5 @@
 // dimension_tensor.cpp: tensor parallelism as a dimension (dimension.h; docs/theory.md, section 9):
-// its group's scratch buffers, and in the table how it splits Ψ, its activations by the formula
+// its refusal of sizes that do not divide, its group's scratch buffers, and in the table how it splits Ψ, its activations by the formula
 // without it, with it and with sequence parallelism, its bytes per step and its collectives of each
 // kind next to theory.
 #include "parallel/dimension.h"
@@ -11,6 +11,12 @@ namespace {
 class TensorDimension : public Dimension {
  public:
   const char* name() const override { return "tensor"; }
+
+  // It splits the heads, the MLP's 4C channels and the vocabulary over --tp ranks, and under sequence
+  // parallelism the B*T positions of a micro-batch too: each must divide (param_layout.h).
+  std::string problem(const DimensionContext& ctx) const override {
+    return tensor_parallel_size_problem(ctx.model, ctx.tp, ctx.micro_B, ctx.micro_batches_flag);
+  }
 
   int collective_groups(const DimensionContext&) const override { return 1; }
 

@@ -73,9 +73,6 @@ bool is_rank_zero() {
 
 bool starts_with(const std::string& s, const char* prefix) { return s.rfind(prefix, 0) == 0; }
 
-// The flags of the chapter running (FlagParser::parse, chapter_has_flag).
-std::set<std::string> g_chapter_flags;
-
 // The emulated link's bounds (flags.h), refused with the range and what 0 means.
 void link_bandwidth_check(const std::string& flag, double gbps) {
   if (gbps == 0 || (gbps >= kMinLinkGbps && gbps <= kMaxLinkGbps)) return;
@@ -211,9 +208,6 @@ bool FlagParser::parse(int argc, char** argv, const std::string& usage_header) {
       return false;
     }
   }
-  g_chapter_flags.clear();
-  for (const Flag& f : flags_) g_chapter_flags.insert(f.name);
-  g_chapter_flags.insert("--help");
   for (int i = 1; i < argc; i++) {
     std::string arg = argv[i];
     if (!starts_with(arg, "--"))
@@ -277,8 +271,6 @@ std::set<std::string> FlagParser::names() const {
   return names;
 }
 
-bool chapter_has_flag(const std::string& flag) { return g_chapter_flags.count(flag) > 0; }
-
 std::string checkpoint_path(const std::string& save_pattern, int next_step) {
   const std::string key = "{step}", value = std::to_string(next_step);
   std::string path = save_pattern;
@@ -286,8 +278,6 @@ std::string checkpoint_path(const std::string& save_pattern, int next_step) {
     path.replace(at, key.size(), value);
   return path;
 }
-
-std::string accumulation_flag() { return chapter_has_flag("--micro-batches") ? "--micro-batches" : "--grad-accum"; }
 
 bool parse_train_flags(int argc, char** argv, const std::string& chapter, const std::string& about,
                        FlagParser& parser, TrainConfig* cfg) {

@@ -1,8 +1,8 @@
 // flags.h: the flags every chapter shares, parsed by one piece of code. Defines TrainConfig,
 // FlagParser and parse_train_flags().
 // An unknown flag (with the nearest known one), a flag given twice or a bad value is an error that
-// names the flag; --help prints every flag. The chapter's flags are known to the whole program
-// (chapter_has_flag), so that a message names only flags the chapter has.
+// names the flag; --help prints every flag. The chapter's flags travel in its TrainConfig
+// (chapter_takes), so that a message names only flags the chapter has.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -82,7 +82,7 @@ class FlagParser {
   // Accepts "--name value" and "--name=value". Returns false after printing usage_header and
   // usage() (to stdout, on rank 0 only) when --help or -h is given; calls config_error() on an
   // unknown flag (naming the nearest known one), a flag given twice, a missing value or a value that
-  // does not parse in full ("12x" is refused). Makes its flags the chapter's (chapter_has_flag).
+  // does not parse in full ("12x" is refused).
   bool parse(int argc, char** argv, const std::string& usage_header);
   // One line per flag: name, value, help and default (unless the help states its own); --help last.
   std::string usage() const;
@@ -108,11 +108,6 @@ class FlagParser {
   std::set<std::string> given_;
 };
 
-// Whether the chapter running took `flag` (the flags of the last FlagParser::parse of this process).
-bool chapter_has_flag(const std::string& flag);
-// The chapter's flag for the micro-batches a rank runs per step: --micro-batches where the chapter
-// has it (08, a pipeline's), else --grad-accum.
-std::string accumulation_flag();
 
 // --save's PATH for the checkpoint before step `next_step`: every "{step}" replaced by it.
 std::string checkpoint_path(const std::string& save_pattern, int next_step);

@@ -4,7 +4,6 @@
 #include <algorithm>
 #include <cstdio>
 
-#include "training/flags.h"    // chapter_has_flag: the tensor-parallel link's own flags, where the chapter has them
 #include "base/metrics.h"  // format_bytes
 
 namespace {
@@ -42,7 +41,8 @@ std::vector<LinkTransfer> step_transfers(const ParamLayout& layout, const GPT2Co
                                          int dtype_bytes, int micro_batch, int world, int data_parallel,
                                          const TensorParallelism& tp, int pipeline_stages, const LinkModel& link,
                                          const LinkModel& tp_link) {
-  const std::string link_flags = "--link-gbps " + g(link.gbps) + ", --link-latency-us " + g(link.latency_us);
+  const std::string link_flags =
+      std::string(link.flags) + "-gbps " + g(link.gbps) + ", " + link.flags + "-latency-us " + g(link.latency_us);
   std::vector<LinkTransfer> transfers;
   if (world > 1)
     transfers.push_back({"the loss's all-reduce of one number over the " + std::to_string(world) + " ranks",
@@ -62,9 +62,8 @@ std::vector<LinkTransfer> step_transfers(const ParamLayout& layout, const GPT2Co
   }
   const int64_t activation = int64_t(micro_batch) * model.T * model.C * dtype_bytes;
   if (tp.size > 1) {
-    const std::string flags = chapter_has_flag("--tp-link-gbps")
-                                  ? "--tp-link-gbps " + g(tp_link.gbps) + ", --tp-link-latency-us " + g(tp_link.latency_us)
-                                  : link_flags;
+    const std::string flags = std::string(tp_link.flags) + "-gbps " + g(tp_link.gbps) + ", " + tp_link.flags +
+                              "-latency-us " + g(tp_link.latency_us);
     transfers.push_back({"the all-reduce of a micro-batch's (B,T,C) activation over the " + std::to_string(tp.size) +
                              " tensor-parallel ranks",
                          CollectiveKind::AllReduce, activation, tp.size, tp_link, flags});

@@ -79,12 +79,7 @@ std::string divisors_text(int batch) {
 
 TrainingRun::TrainingRun(ProcessGrid& grid, TrainConfig& cfg, const Parallelism& split)
     : world_(grid.world()), dp_(grid.dp_cp()), data_ranks_(grid.shape().dp), data_rank_(grid.coords().dp),
-      cp_comm_(grid.shape().cp > 1 ? &grid.cp() : nullptr), cp_(split.cp),
-      tp_comm_(grid.data_parallel_only() ? nullptr : &grid.tp()), pp_comm_(split.pp.size > 1 ? &grid.pp() : nullptr),
-      embedding_comm_(grid.embedding()), tp_(split.tp), pp_(split.pp), ep_(split.ep),
-      ep_comm_(split.moe ? &grid.ep() : nullptr), grid_(grid), strategy_(split.strategy),
-device_(world_.device()),
-      dtype_(pick_dtype(cfg.dtype, device_)) {
+      split_(split), grid_(grid), device_(world_.device()), dtype_(pick_dtype(cfg.dtype, device_)) {
   const TensorParallelism& tp = split.tp;
   const PipelineParallelism& pp = split.pp;
   const ContextParallelism& cp = split.cp;
@@ -94,7 +89,17 @@ device_(world_.device()),
   ENSURE(pp.size == 1 || !pp.parts.empty(), "TrainingRun: a pipeline stage needs its model parts");
   // The ranks holding the same experts (11, 12): the layout pads their ranges for them, and ZeRO-1
   // shards their optimizer state over them.
-  if (split.moe) ep_.replicas = grid.expert_dp().size();
+  if (split.moe) split_.ep.replicas = grid.expert_dp().size();
+  // The groups the run counts: the world, the data-parallel group where it is another, and those of
+  // the grid that its split uses (the tensor-parallel group on any grid but data parallelism's alone).
+  groups_.push_back({"world", &world_, {}});
+  if (&dp_ != &world_) groups_.push_back({"dp", &dp_, {}});
+  if (!grid.data_parallel_only()) groups_.push_back({"tp", &grid.tp(), {}});
+  if (pp.size > 1) groups_.push_back({"pp", &grid.pp(), {}});
+  if (grid.embedding()) groups_.push_back({"embedding", grid.embedding(), {}});
+  if (grid.shape().cp > 1) groups_.push_back({"cp", &grid.cp(), {}});
+  if (split.moe) groups_.push_back({"ep", &grid.ep(), {}});
+  if (split.moe) groups_.push_back({"expert_dp", &grid.expert_dp(), {}});  // the experts' gradients
   ENSURE(cp.size == grid.shape().cp && (cp.size == 1 || cp.on()),
          "TrainingRun: the context-parallel split is not the grid's");
   if (!find_preset(cfg.preset, &model_))
@@ -106,12 +111,12 @@ device_(world_.device()),
     config_error("--precision " + cfg.precision.precision + " does not take a mixture of experts yet (its router and "
                  "expert products keep fp32): use --precision fp32 with --preset " + model_.preset);
   // A mixture of experts: neither a pipeline stage's layout nor ring attention takes its blocks (08-10).
-  if (model_.moe() && !ep_comm_ && (!pp.parts.empty() || cp.on()))
+  if (model_.moe() && !group("ep") && (!pp.parts.empty() || cp.on()))
     config_error("--preset " + model_.preset + " is a mixture of experts, whose blocks " + cfg.chapter + " cannot " +
                  (cp.on() ? "run with ring attention" : "split into pipeline stages") +
                  ": train it with 11_expert_parallel, or with 01-07 on one rank");
   if (model_.moe()) {  // a mixture of experts: where it can run (moe.h)
-    const std::string problem = moe_run_problem(model_.preset, cfg.chapter, device_, ep_comm_ != nullptr, world_.size(),
+    const std::string problem = moe_run_problem(model_.preset, cfg.chapter, device_, group("ep") != nullptr, world_.size(),
                                                 tp.size, pp.size, cfg.recompute);
     if (!problem.empty()) config_error(problem);
     const MoESettings moe = split.moe ? *split.moe : MoESettings{};
@@ -140,19 +145,25 @@ device_(world_.device()),
 
   model_.flash_attention = cfg_.attention == "flash";
   parse_recompute(cfg_.recompute, &model_.recompute);  // (checked by parse_train_flags)
-  for (const ModelPart& part : pp_.parts)
+  for (const ModelPart& part : split_.pp.parts)
     if (part.split_backward && model_.recompute == Recompute::Full)
       config_error("--recompute full keeps no product's input for the later weight pass of zb-h1, zb-v and dualpipev: use --recompute "
                    "selective, or another --schedule");
   flash_ = model_.flash_attention &&
-           flash_attention_available(dtype_, device_, model_.C / tp_.size, model_.NH / tp_.size);
+           flash_attention_available(dtype_, device_, model_.C / split_.tp.size, model_.NH / split_.tp.size);
   micro_B_ = cfg_.batch / (data_ranks_ * cfg_.grad_accum);
-  check_tensor_parallel();
-  layout_ = build_gpt2_layout(model_, dp_.size(), tp_, pp_.parts, ep_);
-  global_layout_ = tp_.size > 1 || pp_.size > 1 || ep_.size > 1 ? build_gpt2_layout(model_, 1) : layout_;
+  // The dimensions that split this run (data parallelism always), each refusing first what it
+  // cannot split, before the layout is built.
+  dimensions_ = make_dimensions(dimension_context());
+  for (const std::unique_ptr<Dimension>& d : dimensions_) {
+    const std::string problem = d->problem(dimension_context());
+    if (!problem.empty()) config_error(problem);
+  }
+  layout_ = build_gpt2_layout(model_, dp_.size(), split_.tp, split_.pp.parts, split_.ep);
+  global_layout_ = split_.tp.size > 1 || split_.pp.size > 1 || split_.ep.size > 1 ? build_gpt2_layout(model_, 1) : layout_;
   const std::string slow_link = link_timeout_problem(
-      step_transfers(layout_, model_, strategy_, int(dtype_size(dtype_)), micro_B_, world_.size(), dp_.size(), tp_,
-                     pp_.size, {cfg_.link_gbps, cfg_.link_latency_us}, tensor_parallel_link()),
+      step_transfers(layout_, model_, split_.strategy, int(dtype_size(dtype_)), micro_B_, world_.size(), dp_.size(), split_.tp,
+                     split_.pp.size, {cfg_.link_gbps, cfg_.link_latency_us}, tensor_parallel_link()),
       cfg_.timeout_s);
   if (!slow_link.empty()) config_error(slow_link);
 
@@ -174,7 +185,6 @@ device_(world_.device()),
                  std::to_string(header.settings.data_hash) + ", but " + data_.description() + " has hash " +
                  std::to_string(data_.hash()) + "; pass the --data it was trained on");
   }
-  dimensions_ = make_dimensions(dimension_context());
   check_memory();  // before the chapter allocates anything
 
   // Every micro-batch of a step keeps its own tokens: a pipeline (08) has several in flight, and
@@ -185,16 +195,8 @@ device_(world_.device()),
     device_tokens_ = Buffer(2 * int64_t(inputs_.size()), MemCategory::Activations, DType::I32, device_);
   device_info_ = describe_device(device_, dtype_);
 
-  groups_.push_back({"world", &world_, {}});
-  if (&dp_ != &world_) groups_.push_back({"dp", &dp_, {}});
-  if (tp_comm_) groups_.push_back({"tp", tp_comm_, {}});
-  if (pp_comm_) groups_.push_back({"pp", pp_comm_, {}});
-  if (embedding_comm_) groups_.push_back({"embedding", embedding_comm_, {}});
-  if (cp_comm_) groups_.push_back({"cp", cp_comm_, {}});
-  if (ep_comm_) groups_.push_back({"ep", ep_comm_, {}});
-  if (ep_comm_) groups_.push_back({"expert_dp", &grid_.expert_dp(), {}});  // the experts' gradients
   for (Group& g : groups_) g.comm->set_link_model({cfg_.link_gbps, cfg_.link_latency_us});
-  if (tp_comm_) tp_comm_->set_link_model(tensor_parallel_link());
+  if (Communicator* tp_group = group("tp")) tp_group->set_link_model(tensor_parallel_link());
   set_comm_timeout(cfg_.timeout_s);
   set_device_wait_timeout(cfg_.timeout_s);
   enable_tracing(!cfg_.trace.empty());
@@ -225,12 +227,12 @@ device_(world_.device()),
     std::printf("device %s | communicator %s | %s | attention %s | recompute %s\n", device_info_.name.c_str(),
                 world_.name().c_str(),
                 dtype_ == DType::BF16 ? "bf16 mixed precision (fp32 master weights and AdamW state)" : "fp32",
-                flash_ ? "flash" : cp_.on() ? "ring (blockwise, online softmax)" : "materialized (B,NH,T,T)",
+                flash_ ? "flash" : split_.cp.on() ? "ring (blockwise, online softmax)" : "materialized (B,NH,T,T)",
                 recompute_name(model_.recompute));
     if (world_.link_model().on())
       std::printf("emulated link: %s (alpha-beta ring model, docs/communicator.md)\n", link_text(world_.link_model()).c_str());
     const LinkModel tp_link = tensor_parallel_link();
-    if (tp_comm_ && tp_.size > 1 && (tp_link.gbps != cfg_.link_gbps || tp_link.latency_us != cfg_.link_latency_us))
+    if (group("tp") && split_.tp.size > 1 && (tp_link.gbps != cfg_.link_gbps || tp_link.latency_us != cfg_.link_latency_us))
       std::printf("tensor-parallel group's emulated link: %s (a node's faster links)\n", link_text(tp_link).c_str());
     std::fflush(stdout);
     // Written at the first step, after the chapter's own fields (add_to_run_record).
@@ -239,11 +241,11 @@ device_(world_.device()),
                     .add("ranks", N)
                     .add("nodes", nodes_in_job())
                     .add("dp", data_ranks_)
-                    .add("cp", cp_.size)
-                    .add("tp", tp_.size)
-                    .add("sequence_parallel", tp_.sequence_parallel)
-                    .add("pp", pp_.size)
-                    .add("ep", ep_.size)
+                    .add("cp", split_.cp.size)
+                    .add("tp", split_.tp.size)
+                    .add("sequence_parallel", split_.tp.sequence_parallel)
+                    .add("pp", split_.pp.size)
+                    .add("ep", split_.ep.size)
                     .add("preset", model_.preset)
                     .add("L", model_.L).add("C", model_.C).add("NH", model_.NH).add("T", model_.T).add("V", model_.V)
                     .add("params", int64_t(global_layout_.num_params))
@@ -259,7 +261,7 @@ device_(world_.device()),
                     .add("data", data_.description())
                     .add("device", device_info_.name)
                     .add("dtype", dtype_name(dtype_))
-                    .add("attention", flash_ ? "flash" : cp_.on() ? "ring" : "materialized")
+                    .add("attention", flash_ ? "flash" : split_.cp.on() ? "ring" : "materialized")
                     .add("recompute", recompute_name(model_.recompute))
                     .add("communicator", world_.name())
                     .add("collectives", cfg_.collectives)
@@ -299,15 +301,21 @@ JsonObject TrainingRun::moe_run_fields() const {
 // header names the whole grid whichever sizes were chosen.
 std::string TrainingRun::grid_line() const {
   std::string line = std::to_string(data_ranks_) + " data-parallel";
-  if (cfg_.chapter_takes("--cp")) line += " x " + std::to_string(cp_.size) + " context-parallel";
+  if (cfg_.chapter_takes("--cp")) line += " x " + std::to_string(split_.cp.size) + " context-parallel";
   if (cfg_.chapter_takes("--tp"))
-    line += " x " + std::to_string(tp_.size) + " tensor-parallel" + (tp_.sequence_parallel ? " (sequence parallel)" : "");
-  if (cfg_.chapter_takes("--pp")) line += " x " + std::to_string(pp_.size) + " pipeline stage" + (pp_.size > 1 ? "s" : "");
-  if (cp_.on())
-    line += " | each rank holds " + std::to_string(cp_.positions.size()) + " of the " + std::to_string(model_.T) +
+    line += " x " + std::to_string(split_.tp.size) + " tensor-parallel" + (split_.tp.sequence_parallel ? " (sequence parallel)" : "");
+  if (cfg_.chapter_takes("--pp")) line += " x " + std::to_string(split_.pp.size) + " pipeline stage" + (split_.pp.size > 1 ? "s" : "");
+  if (split_.cp.on())
+    line += " | each rank holds " + std::to_string(split_.cp.positions.size()) + " of the " + std::to_string(model_.T) +
             " positions of every sequence";
   return line + " | " + std::to_string(layout_.num_params) + " parameters " +
-         (pp_.parts.empty() ? "a rank" : "on rank 0");
+         (split_.pp.parts.empty() ? "a rank" : "on rank 0");
+}
+
+Communicator* TrainingRun::group(const std::string& name) const {
+  for (const Group& g : groups_)
+    if (g.name == name) return g.comm;
+  return nullptr;
 }
 
 void TrainingRun::add_to_run_record(const JsonObject& fields) {
@@ -321,7 +329,8 @@ void TrainingRun::write_run_record() {
 
 LinkModel TrainingRun::tensor_parallel_link() const {
   return {cfg_.tp_link_gbps >= 0 ? cfg_.tp_link_gbps : cfg_.link_gbps,
-          cfg_.tp_link_latency_us >= 0 ? cfg_.tp_link_latency_us : cfg_.link_latency_us};
+          cfg_.tp_link_latency_us >= 0 ? cfg_.tp_link_latency_us : cfg_.link_latency_us,
+          cfg_.chapter_takes("--tp-link-gbps") ? "--tp-link" : "--link"};
 }
 
 TrainingRun::~TrainingRun() {
@@ -410,7 +419,7 @@ void TrainingRun::resolve_moe_settings(const CheckpointHeader& resumed) {
     if (cfg_.was_given(flag) && *value != was) conflict(flag, number(*value), number(was));
     *value = was;
   };
-  if (ep_comm_) {
+  if (group("ep")) {
     take("--capacity-factor", &model_.capacity_factor, saved.capacity_factor);
     take("--aux-loss-coef", &model_.aux_loss_coef, saved.aux_loss_coef);
   } else if (saved.capacity_factor != model_.capacity_factor || saved.aux_loss_coef != model_.aux_loss_coef) {
@@ -423,8 +432,8 @@ void TrainingRun::resolve_moe_settings(const CheckpointHeader& resumed) {
   // (12 takes the checkpoint's as its default, micro_batches_a_resume_keeps): another is refused.
   const bool per_micro_batch = model_.capacity_factor > 0 || model_.aux_loss_coef > 0;
   if (per_micro_batch && saved.grad_accum != cfg_.grad_accum) {
-    const std::string flag = accumulation_flag();
-    if (cfg_.was_given(flag) || !pp_.actions.empty())
+    const std::string flag = cfg_.accumulation_flag();
+    if (cfg_.was_given(flag) || !split_.pp.actions.empty())
       config_error(flag + " " + std::to_string(cfg_.grad_accum) + " differs from the " +
                    std::to_string(saved.grad_accum) + " that " + file +
                    " was trained with: its capacity and balance loss are per micro-batch (moe.h), so another count "
@@ -443,13 +452,6 @@ void TrainingRun::check_outputs() {
     if (problem.empty()) problem = lock_outputs(paths);  // held by rank 0, which writes them, until finish()
   }
   world_.agree_or_die(problem.empty(), problem);
-}
-
-// Tensor parallelism splits the heads, the MLP's 4C channels and the vocabulary over --tp ranks, and
-// under sequence parallelism the B*T positions too: each must divide (param_layout.h).
-void TrainingRun::check_tensor_parallel() {
-  const std::string problem = tensor_parallel_size_problem(model_, tp_, micro_B_);
-  if (!problem.empty()) config_error(problem);
 }
 
 
@@ -524,7 +526,7 @@ void TrainingRun::end_step(int step, float local_loss, double grad_norm,
   // Every rank of a tensor-parallel group has the same loss, and only a pipeline's last stage has one:
   // the sum over the world, over the ranks that hold a loss, is the average over the data-parallel
   // ranks.
-  const double loss_holders = double(world_.size()) / pp_.size;
+  const double loss_holders = double(world_.size()) / split_.pp.size;
   // A MoE model's stages each add their blocks' share of the balance loss, and the ranks of a
   // tensor-parallel group each their own share (moe.h): every rank counts.
   const bool counts = holds_loss() || model_.moe();

@@ -6,10 +6,10 @@
 // (on the run's device), the learning rate, initial weights or a resumed checkpoint, per-step metrics
 // (step line, JSON lines, memory and communication next to theory, MFU on GPUs), periodic
 // checkpoints, the trace, and an orderly stop of every rank on Ctrl-C or a diverging loss. Each
-// dimension that splits the run (dimension.h) brings its own terms to the forecast and its own rows
-// to the theory table. Also defines Parallelism: how a run is split, which every chapter describes
-// and TrainingRun takes whole, in its one constructor, so that a new dimension is a new field here
-// and a file of its own (dimension.h), never another constructor or a setter for the chapter to call.
+// dimension that splits the run (dimension.h) brings its own refusal, its own terms to the forecast
+// and its own rows to the theory table. TrainingRun takes the chapter's Parallelism (dimension.h:
+// how a run is split) whole, in its one constructor, so that a new dimension is a field there and a
+// file of its own, never another constructor or a setter for the chapter to call.
 #pragma once
 #include <atomic>
 #include <memory>
@@ -34,26 +34,6 @@
 #include "parallel/theory.h"
 
 class MixedPrecision;  // mixed_precision.h: --precision, applied for the chapter
-
-// How a run is split: the data-parallel strategy and this rank's part of every other dimension. A
-// field left at its default does not split the run, so a chapter names only its own dimensions:
-// 01-06 a strategy, 07 the tensor split too, 08 its pipeline, 10 the positions, 11 the experts.
-struct Parallelism {
-  // Over the data-parallel group (grid.dp_cp(): under CP, the DP x CP ranks that hold the same
-  // parameters), which splits the batch (under CP, its DP coordinate alone).
-  Strategy strategy = Strategy::DP;
-  // This rank's part of the model: its tensor-parallel slices, its pipeline stage (ZeRO-2's rule
-  // there too, reduce_every_micro_batch), its positions, its experts. Each size is the grid's. (Each
-  // initialised, {}, so that a chapter may name the first fields alone without a warning.)
-  TensorParallelism tp{};
-  PipelineParallelism pp{};
-  ContextParallelism cp{};
-  ExpertParallelism ep{};
-  // A MoE model trained with a capacity and a balance loss (11, 12; moe.h), read while the run is
-  // built: its experts are spread over the grid's expert-parallel group, and their gradients averaged
-  // over its expert-data-parallel group. Null: a dense model, or a MoE preset on one rank of 01-07.
-  const MoESettings* moe = nullptr;
-};
 
 // The micro-batches of a step that resuming cfg.resume keeps for a mixture of experts: the
 // checkpoint's, when it was trained with a capacity or a balance loss (both are per micro-batch,
@@ -99,14 +79,14 @@ class TrainingRun {
   const GPT2Config& model_config() const { return model_; }
   const ParamLayout& layout() const { return layout_; }  // this rank's (its tensor-parallel slices)
   int global_batch() const { return cfg_.batch; }
-  const PipelineParallelism& pipeline() const { return pp_; }
+  const PipelineParallelism& pipeline() const { return split_.pp; }
   const MemoryForecast& forecast() const { return forecast_; }  // this rank's, as printed at the start
   bool flash_attention() const { return flash_; }
   // Only the pipeline rank holding the LM head computes the loss: the last stage, or in a V (zb-v) the
   // first (every rank without a pipeline).
   bool holds_loss() const {
-    if (pp_.size == 1) return true;
-    for (const ModelPart& part : pp_.parts)
+    if (split_.pp.size == 1) return true;
+    for (const ModelPart& part : split_.pp.parts)
       if (part.last(model_) == model_.L + 1) return true;
     return false;
   }
@@ -120,8 +100,8 @@ class TrainingRun {
   // routing the last end_step() was given, else at the bound; 0 for a dense model.
   double moe_activations() const;
   int micro_batch_size() const { return micro_B_; }  // B / (data-parallel ranks x grad_accum)
-  const ContextParallelism& context_parallelism() const { return cp_; }
-  const TensorParallelism& tensor_parallelism() const { return tp_; }
+  const ContextParallelism& context_parallelism() const { return split_.cp; }
+  const TensorParallelism& tensor_parallelism() const { return split_.tp; }
   Device device() const { return device_; }
   // What parameters, gradients and activations are kept in: fp32, or bf16 (mixed precision: the
   // optimizer then keeps fp32 master weights, see optimizer.h).
@@ -179,7 +159,6 @@ class TrainingRun {
   CommStats all_stats() const;  // summed over the run's communicators
   LinkModel tensor_parallel_link() const;  // --tp-link-*, else --link-*
   JsonObject moe_run_fields() const;       // the run record's for a MoE model (experts, top_k, ...)
-  void check_tensor_parallel();
   // "2 data-parallel x 2 tensor-parallel x 2 pipeline stages | 1234 parameters on rank 0"
   std::string grid_line() const;
   void write_run_record();  // once, on rank 0
@@ -229,18 +208,10 @@ class TrainingRun {
   Communicator& dp_;        // the data-parallel group: DP and ZeRO (under CP: DP x CP), and the data split
   // The data split: how many ways, and this rank's part (dp_'s, but under CP the DP coordinate only).
   int data_ranks_ = 1, data_rank_ = 0;
-  Communicator* cp_comm_ = nullptr;  // the context-parallel ring (10), or null
-  ContextParallelism cp_;
-  Communicator* tp_comm_;   // the tensor-parallel group (07), or null
-  Communicator* pp_comm_;   // the pipeline (08), or null
-  Communicator* embedding_comm_;  // the pipeline's first and last stage (08), or null
-  TensorParallelism tp_;
-  PipelineParallelism pp_;
-  ExpertParallelism ep_;
-  Communicator* ep_comm_;         // the expert-parallel group (11, 12), or null
+  // How the chapter splits the run (its experts' replicas set from the grid): what the dimensions read.
+  Parallelism split_;
   const ProcessGrid& grid_;       // (01-06: data parallelism alone, no group but the world)
   TrainConfig cfg_;
-  Strategy strategy_;
   Device device_;
   DType dtype_;
   DeviceInfo device_info_;  // its name and peak FLOP/s for dtype_, for the header and MFU
@@ -262,13 +233,14 @@ class TrainingRun {
   double step_start_ms_ = 0;
   double matmul_at_step_start_ = 0;  // cpu_matmul_ms() then (ops.h)
   // The run's distinct communicators ("world", and "dp", "tp", ..., "expert_dp" where they are other
-  // groups), with their statistics when the step began.
+  // groups: the grid's, process_grid.h), with their statistics when the step began.
   struct Group {
     std::string name;
     Communicator* comm;
     CommStats at_step_start;
   };
   std::vector<Group> groups_;
+  Communicator* group(const std::string& name) const;  // the run's group of that name, or null
   CommStats comm_at_step_start_;  // summed over groups_
   int64_t launched_before_last_micro_ = 0;  // collectives issued before the last micro-batch began
   struct Totals {

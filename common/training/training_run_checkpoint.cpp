@@ -90,14 +90,14 @@ void upload(Tensor dst, Tensor host_f32, const ShardPlan& plan) {
 // tensors, and a rank's part is its slices of its stage's tensors: every grid starts from the same
 // model and saves the same file.
 Buffer TrainingRun::to_local(Buffer global) const {
-  if (tp_.size == 1 && pp_.size == 1 && ep_.size == 1) return global;
+  if (split_.tp.size == 1 && split_.pp.size == 1 && split_.ep.size == 1) return global;
   Buffer local(layout_.padded_size, MemCategory::Other);
   slice_from_global(global_layout_, global.f32(), layout_, local.f32());
   return local;
 }
 
 Buffer TrainingRun::to_global(Buffer local) const {
-  if (tp_.size == 1 && pp_.size == 1 && ep_.size == 1) return local;
+  if (split_.tp.size == 1 && split_.pp.size == 1 && split_.ep.size == 1) return local;
   // Any grid, one way: every rank places its own slices into the whole model's zeros, then leaves in
   // only what it alone must count, so that a sum over the world holds each element exactly once (a
   // sum of one value and zeros is exact): the first of its copies along every axis (its placement,
@@ -180,7 +180,7 @@ void TrainingRun::save_checkpoint(int next_step, Tensor params, AdamW& optimizer
   const double start = now_ms();
   const ShardPlan& plan = optimizer.plan();
   // The plan's groups: the data-parallel group, and a MoE model's experts' replicas (12's ZeRO-1).
-  const std::vector<Communicator*> groups = {&dp_, ep_comm_ ? &grid_.expert_dp() : nullptr};
+  const std::vector<Communicator*> groups = {&dp_, group("expert_dp")};
   // Under mixed precision the weights are the fp32 master copy, which covers the optimizer's shard.
   Buffer full_params = to_global(gather_full(groups, plan, optimizer.mixed_precision() ? optimizer.master() : params));
   Buffer full_m = to_global(gather_full(groups, plan, optimizer.m()));

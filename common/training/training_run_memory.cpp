@@ -14,9 +14,9 @@ void TrainingRun::check_memory() {
   const DimensionContext ctx = dimension_context();
   // The model's own: the strategy's model state over this rank's layout, the arena of the positions
   // it holds; then each dimension's terms (dimension.h).
-  forecast_ = forecast_memory(strategy_, layout_, global_layout_.padded_size, ctx.held, micro_B_, cfg_.grad_accum, dtype_, device_, ctx.lse_attention,
+  forecast_ = forecast_memory(split_.strategy, layout_, global_layout_.padded_size, ctx.held, micro_B_, cfg_.grad_accum, dtype_, device_, ctx.lse_attention,
                               !cfg_.save.empty() || !cfg_.resume.empty() || !cfg_.init_from.empty(),
-                              double(data_.length()), tp_, pp_);
+                              double(data_.length()), split_.tp, split_.pp);
   for (const std::unique_ptr<Dimension>& d : dimensions_) d->add_memory(ctx, forecast_);
   // Chapter 00's collectives (--collectives) work in scratch buffers of their own: at most twice the
   // largest payload, the whole gradient or a micro-batch's activations, for each group that carries
@@ -65,25 +65,22 @@ double TrainingRun::moe_activations() const { return moe_activations_at(dimensio
 
 DimensionContext TrainingRun::dimension_context() const {
   DimensionContext ctx;
+  static_cast<Parallelism&>(ctx) = split_;
   ctx.model = model_;
   ctx.held = model_;
-  if (cp_.on()) ctx.held.T = int(cp_.positions.size());
+  ctx.held.T = split_.cp.held_positions(model_.T);
   ctx.layout = &layout_;
   ctx.global_layout = &global_layout_;
-  ctx.strategy = strategy_;
   ctx.dtype = dtype_;
   ctx.device = device_;
   ctx.micro_B = micro_B_;
   ctx.micro_batches = cfg_.grad_accum;
-  ctx.lse_attention = flash_ || cp_.on();
+  ctx.micro_batches_flag = cfg_.accumulation_flag();
+  ctx.lse_attention = split_.cp.lse_attention(flash_);
   ctx.world_size = world_.size();
   ctx.dp_size = dp_.size();
   ctx.dp_apart = &dp_ != &world_;
-  ctx.embedding_group = embedding_comm_ != nullptr;
-  ctx.expert_group = ep_comm_ != nullptr;
-  ctx.tp = tp_;
-  ctx.pp = pp_;
-  ctx.cp = cp_;
-  ctx.ep = ep_;
+  ctx.embedding_group = group("embedding") != nullptr;
+  ctx.expert_group = group("ep") != nullptr;
   return ctx;
 }

@@ -22,7 +22,7 @@ void TrainingRun::report_vs_theory(const StepMeasure& step) {
   reported_theory_ = true;
   const DimensionContext ctx = dimension_context();
   ReportTable table;
-  table.strategy = predict(strategy_, layout_, cfg_.grad_accum, dtype_);
+  table.strategy = predict(split_.strategy, layout_, cfg_.grad_accum, dtype_);
   table.activations = forecast_.activations;
   table.transient = forecast_.transient;
   for (const std::unique_ptr<Dimension>& d : dimensions_) d->report_rows(ctx, step, table);
@@ -49,10 +49,10 @@ void TrainingRun::report_vs_theory(const StepMeasure& step) {
   const Recompute now = model_.recompute;
   if (table.recompute_note || now != Recompute::None)
     std::printf("    (recompute none %s | selective %s | full %s%s; docs/theory.md, section 12)\n",
-                format_bytes(activations_by_formula(ctx, tp_.size, tp_.sequence_parallel, Recompute::None)).c_str(),
-                format_bytes(activations_by_formula(ctx, tp_.size, tp_.sequence_parallel, Recompute::Selective)).c_str(),
-                format_bytes(activations_by_formula(ctx, tp_.size, tp_.sequence_parallel, Recompute::Full)).c_str(),
-                std::any_of(pp_.parts.begin(), pp_.parts.end(), [](const ModelPart& x) { return x.split_backward; })
+                format_bytes(activations_by_formula(ctx, split_.tp.size, split_.tp.sequence_parallel, Recompute::None)).c_str(),
+                format_bytes(activations_by_formula(ctx, split_.tp.size, split_.tp.sequence_parallel, Recompute::Selective)).c_str(),
+                format_bytes(activations_by_formula(ctx, split_.tp.size, split_.tp.sequence_parallel, Recompute::Full)).c_str(),
+                std::any_of(split_.pp.parts.begin(), split_.pp.parts.end(), [](const ModelPart& x) { return x.split_backward; })
                     ? " (not with zb-h1 or zb-v)" : "");
   std::printf("  %-22s %12s %12s   (transient; theory: %s)\n", table.transient_label.c_str(),
               format_bytes(double(mem.peak[int(MemCategory::CommBuffers)])).c_str(),
@@ -152,12 +152,12 @@ int TrainingRun::finish() {
       // counts the model's only; docs/theory.md, section 12).
       // An attention that keeps a log-sum-exp per query (FlashAttention, the ring) recomputes its scores
       // in its own backward in every mode: selective has nothing to drop, and adds nothing.
-      const bool lse_attention = flash_ || cp_.on();
+      const bool lse_attention = split_.cp.lse_attention(flash_);
       const double recompute_flops = recompute_flops_per_token(model_, {}, {}, lse_attention);
       if (model_.recompute == Recompute::Selective && lse_attention) {
         std::printf("recompute selective: + 0 FLOPs per token: the %s attention keeps no (B,NH,T,T) scores to drop, "
                     "and its backward recomputes them from the log-sum-exp in every mode (docs/theory.md, section "
-                    "12)\n", cp_.on() ? "ring's" : "FlashAttention");
+                    "12)\n", split_.cp.on() ? "ring's" : "FlashAttention");
         summary.add("recompute_flops_per_token", recompute_flops);
       } else if (recompute_flops > 0) {
         std::printf("recompute %s: + %.3g FLOPs per token (%s) = +%.1f%% of the model's, in the %.1f ms/step above\n",
