@@ -281,7 +281,7 @@ TrainingRun::TrainingRun(ProcessGrid& grid, TrainConfig& cfg, const Parallelism&
     // (slices of the batch; under CP, of the sequences too) and the tensor-parallel group (slices of
     // the weights and of the activations between the two halves of a block).
     std::vector<Communicator*> amax_groups{&dp_};
-    if (tp_comm_ && tp_.size > 1) amax_groups.push_back(tp_comm_);
+    if (Communicator* tp = group("tp"); tp && split_.tp.size > 1) amax_groups.push_back(tp);
     const int wte = layout_.find("wte");
     precision_ = std::make_unique<MixedPrecision>(precision, cfg_.precision, *this, world_, amax_groups,
                                                   wte >= 0 ? layout_.params[size_t(wte)].offset : -1);

@@ -85,7 +85,7 @@ void TrainingRun::report_vs_theory(const StepMeasure& step) {
 int TrainingRun::finish() {
   if (precision_)  // the operands' formula counts the whole model on each rank; the state's, unsharded
     precision_->finish(layout_.padded_size, model_.L, model_.C, model_.V, int64_t(micro_B_) * model_.T * cfg_.grad_accum,
-                       cfg_.grad_accum, tp_.size == 1 && pp_.size == 1 && !cp_.on(), strategy_ == Strategy::DP);
+                       cfg_.grad_accum, split_.tp.size == 1 && split_.pp.size == 1 && !split_.cp.on(), split_.strategy == Strategy::DP);
   wait_for_save("the end of the run");  // a run ends only once its checkpoint is complete
   report_async_saves();
   async_.comm.reset();  // (a group's communicator goes before MPI does)
