@@ -52,6 +52,12 @@ struct Cluster {
   // on one published row and used when --efficiency is not given; 0: the planner's default.
   double efficiency = 0;
   std::string efficiency_source;  // the row it was calibrated on
+  // A published shape's residual factor over the kernel-rate tables (planner_kernel_rates.h), what
+  // --efficiency defaults to for one: the tables price each product and attention by its shape, and
+  // this one factor, calibrated on one published row, is what they leave (launch gaps, stragglers,
+  // the clock under load). 0: the GPU has no tables, `efficiency` stands.
+  double residual = 0;
+  std::string residual_source;
   // The GPU, for the kernel-rate table (planner_kernel_rates.h): "A100", "H100", "H800", "H200";
   // "": none (the CPU clusters), the experts at the dense products' rate.
   std::string gpu;
@@ -106,7 +112,9 @@ struct PlanInputs {
   Cluster cluster;
   int gpus = 1;
   int batch = 1;              // global batch, sequences
-  double efficiency = 0.5;    // the fraction of peak that the dense math reaches (compute time = FLOPs / (peak x this))
+  // The fraction of peak that the dense math reaches (compute time = FLOPs / (peak x this)); for a
+  // published shape on a GPU with kernel-rate tables, the residual factor over the tables' rates.
+  double efficiency = 0.5;
   bool flash_attention = true;  // where the head size allows it (bf16 on a GPU): FlashAttention's memory
   // Chapter 10's blockwise ring attention even at cp 1 (a ring of one, as 10 runs on a CPU); always at cp > 1.
   bool ring_attention = false;
@@ -133,10 +141,12 @@ struct PlanInputs {
   // The caching allocator's reserve over what the tensors hold, a fraction of the activations and
   // buffers (what it reports as reserved, not allocated; 0: exact, as our own arena allocates).
   double allocator_overhead = 0;
-  // The fraction of peak the attention kernel reaches, forward and backward (0: the products'
-  // `efficiency`, as FlashAttention-3 and cuDNN's fused attention come near on H100; FlashAttention-2
-  // reaches 0.35 there: docs/planner.md cites both).
+  // The fraction of peak the attention kernel reaches, forward and backward (0: the kernel-rate
+  // table's, below, times `efficiency`; the products' rate where the GPU has no table).
   double attention_efficiency = 0;
+  // Which attention kernel the table reads (planner_kernel_rates.h: fa2, fa3, cudnn): cuDNN's fused
+  // attention, as Transformer Engine runs it (Megatron-Core); PyTorch's SDPA is FlashAttention-2.
+  std::string attention_kernel = "cudnn";
 };
 
 // A model by name (find_plan_model or find_model_shape) into in->model, in->shape, in->chapters_model.
@@ -175,6 +185,10 @@ struct PlanResult {
   // layer, and their rate as a fraction of the dense products' (planner_kernel_rates.h; 1: no experts
   // or no table for the cluster's GPU).
   double expert_rows = 0, expert_rate_factor = 1;
+  // A published shape's products and attention by the kernel-rate tables (planner_kernel_rates.h),
+  // before the residual `efficiency`: the dense products' share of peak, weighted by their FLOPs over
+  // every pass, and the attention kernel's share on the costliest layer (0: no table for the GPU).
+  double product_share = 0, attention_share = 0;
   // Memory by category of a published shape's worst rank (bytes), beside memory's sum.
   double expert_params_bytes = 0;  // of params_bytes, the routed experts'
   double logits_bytes = 0;         // of memory.activations, the head's fp32 logits
