@@ -210,6 +210,12 @@ PlanResult evaluate_plan(const PlanInputs& in, const PlanConfig& config, bool si
 // The same for a published shape (in.chapters_model false; evaluate_plan calls it): planner_shape.cpp.
 PlanResult evaluate_shape_plan(const PlanInputs& in, const PlanConfig& config, bool simulate_pipeline);
 
+// The share of peak a model's weight products reach on `gpu`'s dense kernel-rate table
+// (planner_kernel_rates.h), weighted by their FLOPs over the three passes (forward at each product's
+// depth K, input gradient at N, weight gradient at `rows`), on a TP rank of `tp`: what the chapters'
+// models' FLOPs are priced at on a GPU cluster. 1 where the GPU has no table.
+double dense_product_share(const ModelShape& s, const std::string& gpu, int tp, double rows);
+
 // What the search may choose. Empty lists mean: every value that makes sense.
 struct SearchSpace {
   std::vector<int> tp, pp;                 // default: powers of 2 (and L's divisors for pp)

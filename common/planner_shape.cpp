@@ -133,6 +133,40 @@ const std::vector<std::vector<int>>& in_flight_counts(Schedule schedule, const P
   return cache.emplace(key.str(), std::vector<std::vector<int>>(seen.begin(), seen.end())).first->second;
 }
 
+// Every weight product one token passes through on layer `l` of a TP rank: n outputs from k inputs
+// (TP splits the outputs of Q, K, V, the up and gate products and the router, the inputs of the
+// output and down products; MLA's down-projections are counted split as their FLOPs are), and
+// whether it is a routed expert's (one of top-k). Their 2 n k add up to layer_product_flops() / t.
+struct WeightProduct {
+  double n = 0, k = 0;
+  bool routed = false;
+};
+template <typename Visit>
+void for_each_product(const ModelShape& s, int l, int t, Visit visit) {
+  const double C = s.C, hd = s.hd(), NH = s.NH, gates = s.gated ? 2 : 1;
+  if (s.mla()) {
+    visit(WeightProduct{s.q_lora / double(t), C});
+    visit(WeightProduct{NH * (hd + s.rope_dim) / t, double(s.q_lora)});
+    visit(WeightProduct{(s.kv_lora + s.rope_dim) / double(t), C});
+    visit(WeightProduct{NH * 2 * hd / t, double(s.kv_lora)});
+  } else {
+    visit(WeightProduct{(NH + 2.0 * s.kv()) * hd / t, C});
+  }
+  visit(WeightProduct{C, NH * hd / t});
+  if (!s.moe_layer(l)) {
+    visit(WeightProduct{gates * s.ffn / t, C});
+    visit(WeightProduct{C, double(s.ffn) / t});
+    return;
+  }
+  visit(WeightProduct{double(s.experts) / t, C});  // the router
+  if (s.shared_experts > 0) {
+    visit(WeightProduct{gates * s.shared_experts * s.expert_ffn / t, C});
+    visit(WeightProduct{C, double(s.shared_experts) * s.expert_ffn / t});
+  }
+  visit(WeightProduct{gates * s.expert_ffn / t, C, true});
+  visit(WeightProduct{C, double(s.expert_ffn) / t, true});
+}
+
 // One virtual stage's work for one micro-batch, and its memory on the rank that runs it.
 struct ChunkCost {
   double product_s = 0, attention_s = 0;  // forward compute
@@ -213,35 +247,14 @@ PlanResult evaluate_shape_plan(const PlanInputs& in, const PlanConfig& c, bool s
       p->table_flops += flops * (dense_product_efficiency(dense_table, kk) + dense_product_efficiency(dense_table, n) +
                                  dense_product_efficiency(dense_table, rows));
   };
-  const double gates = s.gated ? 2 : 1;
   auto layer_products = [&](int l) {
     Passes p;
-    const double C = s.C, hd = s.hd(), NH = s.NH;
-    if (s.mla()) {
-      add_product(&p, s.q_lora / double(t), C, tokens, 1, 1);
-      add_product(&p, NH * (hd + s.rope_dim) / t, s.q_lora, tokens, 1, 1);
-      add_product(&p, (s.kv_lora + s.rope_dim) / double(t), C, tokens, 1, 1);
-      add_product(&p, NH * 2 * hd / t, s.kv_lora, tokens, 1, 1);
-    } else {
-      add_product(&p, (NH + 2.0 * s.kv()) * hd / t, C, tokens, 1, 1);
-    }
-    add_product(&p, C, NH * hd / t, tokens, 1, 1);
-    if (!s.moe_layer(l)) {
-      add_product(&p, gates * s.ffn / t, C, tokens, 1, 1);
-      add_product(&p, C, double(s.ffn) / t, tokens, 1, 1);
-      return p;
-    }
-    add_product(&p, double(s.experts) / t, C, tokens, 1, 1);  // the router
-    if (s.shared_experts > 0) {
-      add_product(&p, gates * s.shared_experts * s.expert_ffn / t, C, tokens, 1, 1);
-      add_product(&p, C, double(s.shared_experts) * s.expert_ffn / t, tokens, 1, 1);
-    }
-    // The routed experts: top-k copies of each token (at most the capacity), at the grouped rate.
-    const double up = expert_rows > 0 ? grouped_expert_factor(grouped, expert_rows, gates * s.expert_ffn / t, C) : 1.0;
-    const double down = expert_rows > 0 ? grouped_expert_factor(grouped, expert_rows, C, double(s.expert_ffn) / t) : 1.0;
-    const double rows = expert_rows > 0 ? expert_rows : tokens;
-    add_product(&p, gates * s.expert_ffn / t, C, rows, s.top_k * routed_share, up);
-    add_product(&p, C, double(s.expert_ffn) / t, rows, s.top_k * routed_share, down);
+    // The routed experts at the grouped rate: each of the rank's experts takes expert_rows rows.
+    for_each_product(s, l, t, [&](const WeightProduct& w) {
+      if (!w.routed) return add_product(&p, w.n, w.k, tokens, 1, 1);
+      const double factor = expert_rows > 0 ? grouped_expert_factor(grouped, expert_rows, w.n, w.k) : 1.0;
+      add_product(&p, w.n, w.k, expert_rows > 0 ? expert_rows : tokens, s.top_k * routed_share, factor);
+    });
     return p;
   };
   double all_flops = 0, all_table_flops = 0, worst_attention_share = 0;
@@ -539,4 +552,20 @@ PlanResult evaluate_shape_plan(const PlanInputs& in, const PlanConfig& c, bool s
   r.flops_per_gpu = r.tokens_per_s * model_flops_per_token(s) / in.gpus;
   r.mfu = r.flops_per_gpu / k.peak_flops;
   return r;
+}
+
+double dense_product_share(const ModelShape& s, const std::string& gpu, int tp, double rows) {
+  DenseRateTable table;
+  if (!find_dense_rate_table(gpu, &table)) return 1;
+  double flops = 0, weighted = 0;
+  auto add = [&](double n, double k, double times) {
+    const double f = 2 * n * k * times;
+    flops += 3 * f;
+    weighted += f * (dense_product_efficiency(table, k) + dense_product_efficiency(table, n) +
+                     dense_product_efficiency(table, rows));
+  };
+  for (int l = 0; l < s.L; l++)
+    for_each_product(s, l, tp, [&](const WeightProduct& w) { add(w.n, w.k, w.routed ? s.top_k : 1); });
+  add(double(s.V) / tp, s.C, 1);
+  return weighted / flops;
 }
