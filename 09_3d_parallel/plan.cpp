@@ -63,9 +63,10 @@ struct Options {
   int calibration_row = 6;
 };
 
-// Calibrated on Megatron-Core's H100 177B row (TP 8, PP 6, DP 48 on 2,304 GPUs: every group of the grid
-// at work): `plan --published` recomputes it and says whether this still agrees. (Table 1 of 2021,
-// `plan --megatron`, calibrates its own on its 145.6B row: the chapters' architecture on A100s.)
+// The efficiency of a cluster with no kernel-rate table and no calibration of its own (the CPU
+// clusters until `make plan-check` calibrates them): Megatron-Core's H100 177B row priced at one
+// efficiency, without the tables. The GPU clusters carry their own residual over the tables
+// (planner_presets.cpp), which `plan --published` and `plan --megatron` recompute.
 constexpr double kCalibratedEfficiency = 0.4892;
 
 // Fits its column whatever the magnitude (--efficiency 1e-300 makes a step last 1e+290 s).
@@ -92,8 +93,9 @@ void print_header(const PlanInputs& in, const std::string& note) {
   std::printf("cluster %s: %s; %d GPUs (%d node%s), %s each\n", in.cluster.name.c_str(),
               describe_cluster(in.cluster).c_str(), in.gpus, nodes, nodes > 1 ? "s" : "",
               format_bytes(in.cluster.memory_bytes).c_str());
-  const bool residual = !in.chapters_model && in.cluster.residual > 0;
-  const std::string& source = residual ? in.cluster.residual_source : in.cluster.efficiency_source;
+  DenseRateTable table;
+  const bool residual = find_dense_rate_table(in.cluster.gpu, &table);
+  const std::string& source = in.cluster.efficiency_source;
   std::printf("global batch %d sequences of %d tokens (%s tokens) | compute efficiency %.4g (%s; --efficiency%s%s) | "
               "attention %s\n",
               in.batch, m.T, format_count(double(in.batch) * m.T).c_str(), in.efficiency,
@@ -364,7 +366,7 @@ int run_heatmap(const Options& opt) {
   if (!out) config_error("--heatmap: cannot write " + opt.heatmap);
   Cluster h100;
   find_cluster("dgx-h100", &h100);
-  const double efficiency = opt.efficiency > 0 ? opt.efficiency : h100.residual;  // published shapes: the residual
+  const double efficiency = opt.efficiency > 0 ? opt.efficiency : h100.efficiency;
   const double tokens = 16.0 * 1024 * 1024;
   std::fprintf(out, "panel,model,params,T,nodes,gpus,batch,efficiency,fits,dp,tp,pp,cp,ep,schedule,v,micro_batch,"
                     "micro_batches,zero,recompute,sp,step_s,mfu,peak_bytes\n");
@@ -517,7 +519,7 @@ int main(int argc, char** argv) {
   if (opt.published) {
     Cluster h100;
     find_cluster("dgx-h100", &h100);
-    return print_published_comparisons(h100.residual);
+    return print_published_comparisons(h100.efficiency);
   }
   if (!opt.heatmap.empty()) return run_heatmap(opt);
 
@@ -616,10 +618,7 @@ int main(int argc, char** argv) {
     in.capacity_factor = opt.capacity_factor;
     in.model.capacity_factor = opt.capacity_factor;
   }
-  // A published shape on a GPU with kernel-rate tables: the residual over them; else the one efficiency.
-  if (given("--efficiency")) in.efficiency = opt.efficiency;
-  else if (!in.chapters_model && k.residual > 0) in.efficiency = k.residual;
-  else in.efficiency = k.efficiency > 0 ? k.efficiency : kCalibratedEfficiency;
+  in.efficiency = given("--efficiency") ? opt.efficiency : k.efficiency > 0 ? k.efficiency : kCalibratedEfficiency;
   if (opt.attention != "flash" && opt.attention != "materialized" && opt.attention != "ring")
     config_error("--attention " + opt.attention + ": choose flash, materialized or ring");
   in.flash_attention = opt.attention == "flash";

@@ -48,16 +48,13 @@ struct Cluster {
   double memory_bandwidth = 0;
   DType dtype = DType::BF16;
   Device device = Device::CUDA;
-  // The one residual factor of this cluster (the fraction of peak the dense math reaches), calibrated
-  // on one published row and used when --efficiency is not given; 0: the planner's default.
+  // The one residual factor of this cluster, calibrated on one published row and used when
+  // --efficiency is not given (0: the planner's default). On a GPU with kernel-rate tables
+  // (planner_kernel_rates.h) it multiplies the tables' rates, which price each product and attention
+  // by its shape: what they leave (launch gaps, stragglers, the clock under load). Without tables (the
+  // CPU clusters) it is the fraction of peak the dense math reaches.
   double efficiency = 0;
   std::string efficiency_source;  // the row it was calibrated on
-  // A published shape's residual factor over the kernel-rate tables (planner_kernel_rates.h), what
-  // --efficiency defaults to for one: the tables price each product and attention by its shape, and
-  // this one factor, calibrated on one published row, is what they leave (launch gaps, stragglers,
-  // the clock under load). 0: the GPU has no tables, `efficiency` stands.
-  double residual = 0;
-  std::string residual_source;
   // The GPU, for the kernel-rate table (planner_kernel_rates.h): "A100", "H100", "H800", "H200";
   // "": none (the CPU clusters), the experts at the dense products' rate.
   std::string gpu;
@@ -112,8 +109,8 @@ struct PlanInputs {
   Cluster cluster;
   int gpus = 1;
   int batch = 1;              // global batch, sequences
-  // The fraction of peak that the dense math reaches (compute time = FLOPs / (peak x this)); for a
-  // published shape on a GPU with kernel-rate tables, the residual factor over the tables' rates.
+  // The fraction of peak that the dense math reaches (compute time = FLOPs / (peak x this)); on a GPU
+  // with kernel-rate tables, the residual factor over the tables' rates (Cluster::efficiency).
   double efficiency = 0.5;
   bool flash_attention = true;  // where the head size allows it (bf16 on a GPU): FlashAttention's memory
   // Chapter 10's blockwise ring attention even at cp 1 (a ring of one, as 10 runs on a CPU); always at cp > 1.

@@ -156,3 +156,24 @@ TEST(KernelRates, APublishedShapesProductsArePricedByTheirDepths) {
   EXPECT_NEAR(r.product_share, weighted / flops, 1e-12);
   EXPECT_LT(r.product_share, t.ceiling());  // C = 2,048 is shallower than the ceiling's 2,816
 }
+
+// The chapters' models on a GPU cluster: their FLOPs at the share of the dense table their products
+// reach (dense_product_share, the FLOP-weighted mean over the three passes' depths), so the compute is
+// exactly the table-less compute over that share; it is 1 where the GPU has no table.
+TEST(KernelRates, AChaptersModelOnAGpuClusterRunsAtItsProductsShare) {
+  PlanInputs in;
+  ASSERT_TRUE(set_plan_model("gpt2", &in));
+  ASSERT_TRUE(find_cluster("dgx-h100", &in.cluster));
+  in.gpus = 2, in.batch = 8, in.efficiency = 0.6;
+  PlanConfig c;
+  c.tp = 2, c.micro_batch = 8, c.micro_batches = 1;
+  const PlanResult with = evaluate_plan(in, c, true);
+  ASSERT_EQ(with.invalid, "");
+  const double share = dense_product_share(shape_of(in.model), "H100", 2, 8.0 * in.model.T);
+  EXPECT_GT(share, 0.3);
+  EXPECT_LT(share, 792.1 / 989);  // GPT-2's C = 768 is far shallower than the ceiling's depth
+  EXPECT_DOUBLE_EQ(dense_product_share(shape_of(in.model), "", 2, 8.0 * in.model.T), 1.0);
+  in.cluster.gpu = "";
+  const PlanResult without = evaluate_plan(in, c, true);
+  EXPECT_NEAR(with.compute_s * share, without.compute_s, 1e-12 * without.compute_s);
+}
