@@ -16,6 +16,7 @@
 //   plan --one --model small --cluster namespaces --inter-gbps 0.1 --gpus 4 --tp 2   on make cluster-up's nodes
 //   plan --megatron docs/data/megatron_table1.csv                              against Megatron-LM's Table 1
 //   plan --published                          against Megatron-Core on H100, Llama 3, GPT-OSS, torchtitan, DeepSeek-V3
+//   plan --kernel-rates                       the published kernel rates every product and attention is priced at
 //   plan --heatmap results/plan_heatmap.csv                                     best per model, node count, sequence
 #include <algorithm>
 #include <cmath>
