@@ -40,21 +40,29 @@ std::vector<std::pair<double, double>> deepgemm_depth_curve() {
 }
 
 // FlashAttention-3's paper (Shah et al., arXiv 2407.08608), its figure of the forward pass's speed on
-// H100 SXM5 in FP16/BF16, one panel per head size, the TFLOP/s labelled on each bar, at sequence
-// lengths 512 to 16K (the batch x sequence at 16K tokens, 2,048 channels of heads).
+// H100 SXM5 in FP16/BF16, the TFLOP/s labelled on each bar, at sequence lengths 512 to 16K (the batch
+// x sequence at 16K tokens, 2,048 channels of heads). Causal panels (head sizes 64 and 128: those where
+// standard attention, masked, runs at 16-35 TFLOP/s; 256: the one panel transcribed, read as both) and
+// unmasked ones (64 and 128: standard attention at 52-139 TFLOP/s).
 AttentionRateTable flash_attention_h100(const std::string& kernel) {
   AttentionRateTable t;
   t.kernel = kernel, t.measured_on = "H100", t.peak_tflops = 989;
   t.source = "FlashAttention-3 (Shah et al., arXiv 2407.08608), the forward-speed figure on H100 SXM5, BF16, "
-             "head dim 64/128/256, the bar labels";
+             "causal and unmasked panels, head dim 64/128/256, the bar labels";
   const double seq[] = {512, 1024, 2048, 4096, 8192, 16384};
-  const double fa2[3][6] = {{180, 229, 262, 284, 295, 299}, {309, 350, 362, 368, 370, 370}, {208, 251, 278, 293, 297, 298}};
-  const double cudnn[3][6] = {{225, 288, 334, 363, 379, 388}, {497, 574, 617, 609, 600, 595}, {308, 391, 450, 483, 497, 509}};
-  const double fa3[3][6] = {{197, 265, 371, 420, 460, 473}, {467, 565, 625, 638, 646, 648}, {286, 427, 537, 612, 628, 642}};
+  const double fa2[3][6] = {{180, 229, 262, 284, 295, 299}, {191, 260, 298, 319, 333, 335}, {208, 251, 278, 293, 297, 298}};
+  const double cudnn[3][6] = {{225, 288, 334, 363, 379, 388}, {315, 410, 484, 518, 529, 539}, {308, 391, 450, 483, 497, 509}};
+  const double fa3[3][6] = {{197, 265, 371, 420, 460, 473}, {292, 423, 521, 579, 602, 616}, {286, 427, 537, 612, 628, 642}};
   const double head_dims[] = {64, 128, 256};
+  const double fa2_full[2][6] = {{282, 306, 318, 321, 322, 324}, {309, 350, 362, 368, 370, 370}};
+  const double cudnn_full[2][6] = {{335, 373, 395, 408, 412, 413}, {497, 574, 617, 609, 600, 595}};
+  const double fa3_full[2][6] = {{333, 392, 460, 476, 496, 497}, {467, 565, 625, 638, 646, 648}};
   const double(*rows)[6] = kernel == "fa2" ? fa2 : kernel == "fa3" ? fa3 : cudnn;
+  const double(*full)[6] = kernel == "fa2" ? fa2_full : kernel == "fa3" ? fa3_full : cudnn_full;
   for (int h = 0; h < 3; h++)
-    for (int i = 0; i < 6; i++) t.points.push_back({head_dims[h], seq[i], rows[h][i]});
+    for (int i = 0; i < 6; i++) t.points.push_back({head_dims[h], seq[i], rows[h][i], true});
+  for (int h = 0; h < 2; h++)
+    for (int i = 0; i < 6; i++) t.points.push_back({head_dims[h], seq[i], full[h][i], false});
   return t;
 }
 
@@ -149,9 +157,12 @@ bool find_attention_rate_table(const std::string& gpu, const std::string& kernel
   return true;
 }
 
-double attention_kernel_efficiency(const AttentionRateTable& table, double head_dim, double seq) {
-  std::map<double, std::vector<std::pair<double, double>>> by_head;
-  for (const AttentionPoint& p : table.points) by_head[p.head_dim].emplace_back(p.seq, p.tflops / table.peak_tflops);
+double attention_kernel_efficiency(const AttentionRateTable& table, double head_dim, double seq, bool causal) {
+  std::map<double, std::vector<std::pair<double, double>>> by_head, other;
+  for (const AttentionPoint& p : table.points)
+    (p.causal == causal ? by_head : other)[p.head_dim].emplace_back(p.seq, p.tflops / table.peak_tflops);
+  for (auto& [h, curve] : other)
+    if (!by_head.count(h)) by_head[h] = curve;  // measured in the other panel only
   std::vector<std::pair<double, double>> across;  // (head size, share at seq)
   for (auto& [h, curve] : by_head) {
     std::sort(curve.begin(), curve.end());

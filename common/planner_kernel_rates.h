@@ -63,6 +63,7 @@ double dense_product_efficiency(const DenseRateTable& table, double depth);
 // length (the keys a query sees), in TFLOP/s of the kernel's own count.
 struct AttentionPoint {
   double head_dim = 0, seq = 0, tflops = 0;
+  bool causal = true;  // the causal mask's panel, or the unmasked one (every key for every query)
 };
 struct AttentionRateTable {
   std::string gpu, kernel, measured_on, source;
@@ -73,6 +74,7 @@ struct AttentionRateTable {
 // none is published for it.
 const char* attention_kernel_names();
 bool find_attention_rate_table(const std::string& gpu, const std::string& kernel, AttentionRateTable* out);
-// The share of peak the kernel reaches at `head_dim` and `seq`: read over the sequence in log space at
-// each measured head size, then between the two head sizes around `head_dim` in log space (clamped).
-double attention_kernel_efficiency(const AttentionRateTable& table, double head_dim, double seq);
+// The share of peak the kernel reaches at `head_dim` and `seq`, causal or unmasked: read over the
+// sequence in log space at each measured head size, then between the two head sizes around `head_dim`
+// in log space (clamped). A head size measured in one panel only reads that panel for both.
+double attention_kernel_efficiency(const AttentionRateTable& table, double head_dim, double seq, bool causal = true);

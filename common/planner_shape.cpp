@@ -207,11 +207,17 @@ PlanResult evaluate_shape_plan(const PlanInputs& in, const PlanConfig& c, bool s
   auto rate_at_depth = [&](double depth) {
     return k.peak_flops * in.efficiency * fp8 * (dense_rates ? dense_product_efficiency(dense_table, depth) : 1.0);
   };
-  // Attention's rate on a layer whose queries see `keys` keys in one kernel call.
+  // Attention's rate on a layer whose queries see `keys` keys in one kernel call. Under CP a rank's
+  // diagonal blocks (1/cp of its work, zigzag-balanced) run the causal kernel, the others the unmasked
+  // one; without CP the whole causal T x T.
   auto attention_rate_for = [&](double keys) {
     if (in.attention_efficiency > 0) return k.peak_flops * in.attention_efficiency;
-    if (attention_rates)
-      return k.peak_flops * in.efficiency * attention_kernel_efficiency(attention_table, s.hd() + s.rope_dim / 2.0, keys);
+    if (attention_rates) {
+      const double hd = s.hd() + s.rope_dim / 2.0;
+      const double causal = attention_kernel_efficiency(attention_table, hd, keys, true);
+      const double unmasked = attention_kernel_efficiency(attention_table, hd, keys, false);
+      return k.peak_flops * in.efficiency / (1.0 / cp / causal + (1 - 1.0 / cp) / unmasked);
+    }
     return k.peak_flops * in.efficiency * (dense_rates ? dense_table.ceiling() : 1.0);
   };
   const double tokens = double(B) * s.T / cp;  // a micro-batch's positions on one rank of the CP group

@@ -112,16 +112,21 @@ TEST(KernelRates, AttentionReadsThePublishedBarsByHeadSizeAndSequence) {
   EXPECT_FALSE(find_attention_rate_table("A100", "fa2", &t)) << "no per-shape A100 figures transcribed";
   EXPECT_FALSE(find_attention_rate_table("H100", "fa4", &t));
   ASSERT_TRUE(find_attention_rate_table("H100", "fa2", &t));
-  EXPECT_NEAR(attention_kernel_efficiency(t, 128, 8192), 370.0 / 989, 1e-12);
-  EXPECT_NEAR(attention_kernel_efficiency(t, 128, 131072), 370.0 / 989, 1e-12);  // past 16K: the last bar
+  // The causal panel (the default) and the unmasked one.
+  EXPECT_NEAR(attention_kernel_efficiency(t, 128, 8192), 333.0 / 989, 1e-12);
+  EXPECT_NEAR(attention_kernel_efficiency(t, 128, 8192, false), 370.0 / 989, 1e-12);
+  EXPECT_NEAR(attention_kernel_efficiency(t, 128, 131072), 335.0 / 989, 1e-12);  // past 16K: the last bar
   EXPECT_NEAR(attention_kernel_efficiency(t, 64, 2048), 262.0 / 989, 1e-12);
-  EXPECT_NEAR(attention_kernel_efficiency(t, 128, std::sqrt(1024.0 * 2048)), std::sqrt(350.0 * 362) / 989, 1e-12);
+  EXPECT_NEAR(attention_kernel_efficiency(t, 64, 2048, false), 318.0 / 989, 1e-12);
+  EXPECT_NEAR(attention_kernel_efficiency(t, 128, std::sqrt(1024.0 * 2048)), std::sqrt(260.0 * 298) / 989, 1e-12);
+  // Head size 256 has one panel: read for both.
+  EXPECT_NEAR(attention_kernel_efficiency(t, 256, 16384, false), 298.0 / 989, 1e-12);
   // Between head sizes, in log space: 192 (DeepSeek-V3's 128 + 64 rotary) between 128 and 256.
   const double w = std::log(192.0 / 128) / std::log(2.0);
   EXPECT_NEAR(attention_kernel_efficiency(t, 192, 4096),
-              std::exp((1 - w) * std::log(368.0 / 989) + w * std::log(293.0 / 989)), 1e-12);
+              std::exp((1 - w) * std::log(319.0 / 989) + w * std::log(293.0 / 989)), 1e-12);
   ASSERT_TRUE(find_attention_rate_table("H800", "cudnn", &t));
-  EXPECT_NEAR(attention_kernel_efficiency(t, 128, 2048), 617.0 / 989, 1e-12);
+  EXPECT_NEAR(attention_kernel_efficiency(t, 128, 2048), 484.0 / 989, 1e-12);
   ASSERT_TRUE(find_attention_rate_table("H200", "fa3", &t));
   EXPECT_NEAR(attention_kernel_efficiency(t, 256, 16384), 642.0 / 989, 1e-12);
 }
@@ -176,4 +181,31 @@ TEST(KernelRates, AChaptersModelOnAGpuClusterRunsAtItsProductsShare) {
   in.cluster.gpu = "";
   const PlanResult without = evaluate_plan(in, c, true);
   EXPECT_NEAR(with.compute_s * share, without.compute_s, 1e-12 * without.compute_s);
+}
+
+// Attention under CP: a rank's diagonal blocks (1/cp of its work) run the causal kernel, the rest the
+// unmasked one, each at the keys one call sees (the ring's T/cp); without CP the causal kernel at T.
+TEST(KernelRates, AttentionUnderCpMixesTheCausalAndUnmaskedPanels) {
+  PlanInputs in;
+  ASSERT_TRUE(set_plan_model("llama3-8b", &in));
+  ASSERT_TRUE(find_cluster("dgx-h100", &in.cluster));
+  in.attention_kernel = "fa2", in.efficiency = 0.6;
+  in.gpus = 8, in.batch = 8;
+  set_sequence_length(&in, 8192);
+  PlanConfig c;
+  c.dp = 8, c.micro_batch = 1, c.micro_batches = 1, c.zero = 3, c.recompute = Recompute::Full;
+  PlanResult r = evaluate_plan(in, c, true);
+  ASSERT_EQ(r.invalid, "");
+  EXPECT_NEAR(r.attention_share, 333.0 / 989, 1e-12);  // causal, 8K keys
+  set_sequence_length(&in, 4 * 16384);
+  in.batch = 4;
+  c.dp = 4, c.cp = 2;
+  r = evaluate_plan(in, c, true);
+  ASSERT_EQ(r.invalid, "");
+  AttentionRateTable t;
+  ASSERT_TRUE(find_attention_rate_table("H100", "fa2", &t));
+  const double causal = attention_kernel_efficiency(t, 128, 32768, true);
+  const double unmasked = attention_kernel_efficiency(t, 128, 32768, false);
+  EXPECT_NEAR(r.attention_share, 1 / (0.5 / causal + 0.5 / unmasked), 1e-12);
+  EXPECT_GT(r.attention_share, causal);
 }
