@@ -184,7 +184,7 @@ struct PlanResult {
   double expert_rows = 0, expert_rate_factor = 1;
   // A published shape's products and attention by the kernel-rate tables (planner_kernel_rates.h),
   // before the residual `efficiency`: the dense products' share of peak, weighted by their FLOPs over
-  // every pass, and the attention kernel's share on the costliest layer (0: no table for the GPU).
+  // every pass, and the attention kernel's share on the layers that see the most keys (0: no table).
   double product_share = 0, attention_share = 0;
   // Memory by category of a published shape's worst rank (bytes), beside memory's sum.
   double expert_params_bytes = 0;  // of params_bytes, the routed experts'

@@ -263,7 +263,7 @@ PlanResult evaluate_shape_plan(const PlanInputs& in, const PlanConfig& c, bool s
     });
     return p;
   };
-  double all_flops = 0, all_table_flops = 0, worst_attention_share = 0;
+  double all_flops = 0, all_table_flops = 0, widest_attention_share = 0;
   r.expert_rows = expert_rows, r.expert_rate_factor = expert_factor;
   const int kv_heads = s.mla() ? s.NH : s.kv();
   const double kv_bytes = tokens * double(kv_heads) / t * (2.0 * s.hd() + s.rope_dim) * kWidth;  // this rank's K and V
@@ -306,8 +306,9 @@ PlanResult evaluate_shape_plan(const PlanInputs& in, const PlanConfig& c, bool s
       double keys = cp > 1 && in.cp_method == ContextMethod::Ring ? double(s.T) / cp : double(s.T);
       if (banded) keys = std::min<double>(keys, s.window);
       const double layer_attention_rate = attention_rate_for(keys);
+      // Reported: the share on the layers that see the most keys (the costliest; a band's is lower).
       if (attention_rates && in.attention_efficiency <= 0)
-        worst_attention_share = std::max(worst_attention_share, layer_attention_rate / (k.peak_flops * in.efficiency));
+        widest_attention_share = std::max(widest_attention_share, layer_attention_rate / (k.peak_flops * in.efficiency));
       const double layer_attention_s = attention_flops / layer_attention_rate;
       attention_s += layer_attention_s;
       const double layer_all_s = layer.forward + layer.input_grad + layer.weight_grad;
@@ -411,7 +412,7 @@ PlanResult evaluate_shape_plan(const PlanInputs& in, const PlanConfig& c, bool s
   }
 
   r.product_share = all_flops > 0 ? all_table_flops / all_flops : 0.0;
-  r.attention_share = worst_attention_share;
+  r.attention_share = widest_attention_share;
 
   // Memory, rank by rank: the rank with the largest peak is the one shown.
   const int dense_group = c.dp * cp, expert_group = dense_group / ep;
