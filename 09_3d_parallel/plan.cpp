@@ -16,6 +16,7 @@
 //   plan --one --model small --cluster namespaces --inter-gbps 0.1 --gpus 4 --tp 2   on make cluster-up's nodes
 //   plan --megatron docs/data/megatron_table1.csv                              against Megatron-LM's Table 1
 //   plan --published                          against Megatron-Core on H100, Llama 3, GPT-OSS, torchtitan, DeepSeek-V3
+//   plan --kernel-rates                       the published kernel rates every product and attention is priced at
 //   plan --heatmap results/plan_heatmap.csv                                     best per model, node count, sequence
 #include <algorithm>
 #include <cmath>
@@ -34,6 +35,7 @@
 #include "planner/plan_record.h"
 #include "planner/plan_report.h"  // the published comparisons' tables
 #include "planner/planner.h"
+#include "planner/planner_kernel_rates.h"  // the attention kernels --attention-kernel names
 
 namespace {
 
@@ -48,13 +50,13 @@ struct Options {
   int seq_len = 0;
   double tokens_per_batch = 0, capacity_factor = -1;
   std::string cp_method = "ring";
-  bool tp_overlap = false, published = false;
+  bool tp_overlap = false, published = false, kernel_rates = false;
   // A published run's implementation (PlanInputs): each names the setting the run used.
   double attention_efficiency = 0;  // 0: the products' efficiency
   double fp8_speedup = 2, loss_bytes = 4, allocator_overhead = 0;
   double storage_tbps = 0;  // the storage's aggregate write bandwidth, for the checkpoint line (0: not given)
   bool fp8 = false, fp8_activations = false, ep_overlap = false, no_dp_overlap = false;
-  std::string schedule, recompute, attention = "flash";
+  std::string schedule, recompute, attention = "flash", attention_kernel = "cudnn";
   bool sequence_parallel = false, no_sequence_parallel = false, runnable_here = false;
   int micro_batches = 0;
   bool one = false;
@@ -62,9 +64,10 @@ struct Options {
   int calibration_row = 6;
 };
 
-// Calibrated on Megatron-Core's H100 177B row (TP 8, PP 6, DP 48 on 2,304 GPUs: every group of the grid
-// at work): `plan --published` recomputes it and says whether this still agrees. (Table 1 of 2021,
-// `plan --megatron`, calibrates its own on its 145.6B row: the chapters' architecture on A100s.)
+// The efficiency of a cluster with no kernel-rate table and no calibration of its own (the CPU
+// clusters until `make plan-check` calibrates them): Megatron-Core's H100 177B row priced at one
+// efficiency, without the tables. The GPU clusters carry their own residual over the tables
+// (planner_presets.cpp), which `plan --published` and `plan --megatron` recompute.
 constexpr double kCalibratedEfficiency = 0.4892;
 
 // Fits its column whatever the magnitude (--efficiency 1e-300 makes a step last 1e+290 s).
@@ -91,11 +94,14 @@ void print_header(const PlanInputs& in, const std::string& note) {
   std::printf("cluster %s: %s; %d GPUs (%d node%s), %s each\n", in.cluster.name.c_str(),
               describe_cluster(in.cluster).c_str(), in.gpus, nodes, nodes > 1 ? "s" : "",
               format_bytes(in.cluster.memory_bytes).c_str());
-  std::printf("global batch %d sequences of %d tokens (%s tokens) | compute efficiency %.4g (fraction of peak the "
-              "dense math reaches; --efficiency%s%s) | attention %s\n",
+  DenseRateTable table;
+  const bool residual = find_dense_rate_table(in.cluster.gpu, &table);
+  const std::string& source = in.cluster.efficiency_source;
+  std::printf("global batch %d sequences of %d tokens (%s tokens) | compute efficiency %.4g (%s; --efficiency%s%s) | "
+              "attention %s\n",
               in.batch, m.T, format_count(double(in.batch) * m.T).c_str(), in.efficiency,
-              in.cluster.efficiency_source.empty() ? "" : ", the cluster's, calibrated on ",
-              in.cluster.efficiency_source.c_str(),
+              residual ? "the residual factor over the kernel-rate tables" : "fraction of peak the dense math reaches",
+              source.empty() ? "" : ", the cluster's, calibrated on ", source.c_str(),
               in.chapters_model ? (in.ring_attention    ? "ring (chapter 10's blockwise kernel)"
                                    : in.flash_attention ? "flash where the head size allows"
                                                         : "materialized")
@@ -111,11 +117,16 @@ void print_header(const PlanInputs& in, const std::string& note) {
     char products[96];
     if (in.fp8) std::snprintf(products, sizeof(products), "in FP8, %g x bf16's rate (--fp8, --fp8-speedup)", in.fp8_speedup);
     else std::snprintf(products, sizeof(products), "in bf16 (--fp8: FP8)");
-    std::printf("matrix products %s | products' inputs kept in %s | attention at %.3g of peak (--attention-efficiency) "
-                "| DP's traffic %s\n",
+    char attention[160];
+    if (in.attention_efficiency > 0)
+      std::snprintf(attention, sizeof(attention), "at %.3g of peak (--attention-efficiency)", in.attention_efficiency);
+    else if (residual)
+      std::snprintf(attention, sizeof(attention), "by %s's table x the residual (--attention-kernel)", in.attention_kernel.c_str());
+    else
+      std::snprintf(attention, sizeof(attention), "at the products' rate (no kernel table for this GPU)");
+    std::printf("matrix products %s | products' inputs kept in %s | attention %s | DP's traffic %s\n",
                 products,
-                in.fp8_activations ? "one byte (--fp8-activations)" : "bf16 (--fp8-activations: one byte)",
-                in.attention_efficiency > 0 ? in.attention_efficiency : in.efficiency,
+                in.fp8_activations ? "one byte (--fp8-activations)" : "bf16 (--fp8-activations: one byte)", attention,
                 in.dp_overlap ? "behind the backward and forward" : "after the backward (--no-dp-overlap)");
   } else if (!in.dp_overlap) {
     std::printf("DP's gradients all-reduced after the backward (--no-dp-overlap)\n");
@@ -226,6 +237,12 @@ int run_one(const PlanInputs& in, const Options& opt, const std::string& note) {
   print_header(in, note);
   print_table({r}, 1, in.chapters_model);
   print_per_gpu(in, r);
+  if (!in.chapters_model && r.product_share > 0)
+    std::printf("kernel rates (%s's tables; docs/planner.md): the products at %.3f of peak (FLOP-weighted over their "
+                "depths and passes), attention (%s) at %.3f, each x the residual %.4g (--efficiency)\n",
+                in.cluster.gpu.c_str(), r.product_share,
+                in.attention_efficiency > 0 ? "--attention-efficiency" : in.attention_kernel.c_str(),
+                in.attention_efficiency > 0 ? in.attention_efficiency : r.attention_share, in.efficiency);
   if (!in.chapters_model && in.shape.moe())
     std::printf("routed experts: %.0f rows each a micro-batch, their grouped products at %.3f of the dense products' "
                 "rate (%s; docs/planner.md, kernel rates)\n",
@@ -348,7 +365,9 @@ void heatmap_cell(std::FILE* out, const char* panel, const std::string& label, c
 int run_heatmap(const Options& opt) {
   std::FILE* out = std::fopen(opt.heatmap.c_str(), "w");
   if (!out) config_error("--heatmap: cannot write " + opt.heatmap);
-  const double efficiency = opt.efficiency > 0 ? opt.efficiency : kCalibratedEfficiency;
+  Cluster h100;
+  find_cluster("dgx-h100", &h100);
+  const double efficiency = opt.efficiency > 0 ? opt.efficiency : h100.efficiency;
   const double tokens = 16.0 * 1024 * 1024;
   std::fprintf(out, "panel,model,params,T,nodes,gpus,batch,efficiency,fits,dp,tp,pp,cp,ep,schedule,v,micro_batch,"
                     "micro_batches,zero,recompute,sp,step_s,mfu,peak_bytes\n");
@@ -426,8 +445,10 @@ int main(int argc, char** argv) {
   flags.add_switch("--tp-overlap", &opt.tp_overlap, "TP's collectives hidden behind the products (Megatron-Core's "
                    "--tp-comm-overlap; a published shape only)");
   flags.add("--attention-efficiency", &opt.attention_efficiency, "a published shape: the fraction of peak the attention "
-            "kernel reaches (default: --efficiency's, as FlashAttention-3 or cuDNN on H100; FlashAttention-2 on H100: "
-            "0.35; docs/planner.md)");
+            "kernel reaches, replacing the kernel-rate table's (docs/planner.md)");
+  flags.add("--attention-kernel", &opt.attention_kernel, "a published shape: the attention kernel whose published "
+            "rates (by head size and sequence) price attention: cudnn (Transformer Engine's, the default), fa3, or fa2 "
+            "(PyTorch's SDPA)", "KERNEL");
   flags.add_switch("--fp8", &opt.fp8, "a published shape: the matrix products in FP8, at twice the bf16 peak "
                    "(DeepSeek-V3, torchtitan's Float8)");
   flags.add("--fp8-speedup", &opt.fp8_speedup, "with --fp8: the products' rate in FP8 against bf16 (default 2, the "
@@ -462,6 +483,8 @@ int main(int argc, char** argv) {
   flags.add("--calibration-row", &opt.calibration_row, "the Table 1 row the efficiency is calibrated on (0-based)");
   flags.add_switch("--published", &opt.published, "compare with Megatron-Core on H100, Llama 3 405B, GPT-OSS 120B, "
                    "torchtitan's CP scaling and DeepSeek-V3 (docs/planner.md)");
+  flags.add_switch("--kernel-rates", &opt.kernel_rates, "print the kernel-rate tables every published shape is priced "
+                   "with, per GPU, and their sources (docs/planner.md)");
   flags.add("--heatmap", &opt.heatmap, "write the best configuration per model size and node count to this CSV", "PATH");
   if (!flags.parse(argc, argv, "usage: plan [flags]   (09_3d_parallel/plan.cpp: the best TP x CP x PP x DP (x EP) configurations, predicted)\n"))
     return 0;
@@ -489,11 +512,16 @@ int main(int argc, char** argv) {
       config_error(std::string(flag) + " " + format_count(value) + " is beyond any cluster or model the planner "
                    "knows (at most " + format_count(most) + ")");
   if (opt.efficiency > 1) config_error("--efficiency " + std::to_string(opt.efficiency) + ": a fraction of peak, at most 1");
-  if (int(!opt.megatron.empty()) + int(!opt.heatmap.empty()) + int(opt.published) > 1)
-    config_error("--megatron, --published and --heatmap: give one (each is a run of its own)");
+  if (int(!opt.megatron.empty()) + int(!opt.heatmap.empty()) + int(opt.published) + int(opt.kernel_rates) > 1)
+    config_error("--megatron, --published, --kernel-rates and --heatmap: give one (each is a run of its own)");
+  if (opt.kernel_rates) return print_kernel_rates();
 
   if (!opt.megatron.empty()) return run_megatron(opt);
-  if (opt.published) return print_published_comparisons(kCalibratedEfficiency);
+  if (opt.published) {
+    Cluster h100;
+    find_cluster("dgx-h100", &h100);
+    return print_published_comparisons(h100.efficiency);
+  }
   if (!opt.heatmap.empty()) return run_heatmap(opt);
 
   PlanInputs in;
@@ -536,7 +564,7 @@ int main(int argc, char** argv) {
   // A published run's implementation settings time a published shape; a chapters' model is timed as
   // the chapters run it, so they are refused there, never dropped.
   if (in.chapters_model)
-    for (const char* flag : {"--tp-overlap", "--fp8", "--fp8-speedup", "--fp8-activations", "--loss-bytes", "--allocator-overhead", "--storage-tbps", "--ep-overlap", "--attention-efficiency", "--cp-method"})
+    for (const char* flag : {"--tp-overlap", "--fp8", "--fp8-speedup", "--fp8-activations", "--loss-bytes", "--allocator-overhead", "--storage-tbps", "--ep-overlap", "--attention-efficiency", "--attention-kernel", "--cp-method"})
       if (given(flag) && !(std::string(flag) == "--cp-method" && opt.cp_method == "ring"))
         config_error(std::string(flag) + ": a published run's implementation setting, for a published shape (" +
                      model_shape_names() + "); --model " + opt.model + " is timed as the chapters run it");
@@ -556,6 +584,17 @@ int main(int argc, char** argv) {
                    " experts of --model " + opt.model);
   }
   if (opt.ep_overlap && !plan_shape(in).moe()) config_error("--ep-overlap: --model " + opt.model + " has no experts");
+  if (given("--attention-kernel")) {
+    AttentionRateTable unused;
+    if (!find_attention_rate_table("H100", opt.attention_kernel, &unused))
+      config_error("--attention-kernel " + opt.attention_kernel + ": choose " + attention_kernel_names());
+    if (given("--attention-efficiency"))
+      config_error("--attention-kernel and --attention-efficiency: give one (a kernel's table, or a rate of your own)");
+    if (!find_attention_rate_table(k.gpu, opt.attention_kernel, &unused))
+      config_error("--attention-kernel " + opt.attention_kernel + ": no published attention rates for --cluster " +
+                   k.name + (k.gpu.empty() ? "" : " (" + k.gpu + ")") + "; --attention-efficiency sets one");
+  }
+  in.attention_kernel = opt.attention_kernel;
   if (given("--attention-efficiency")) {
     if (!(opt.attention_efficiency > 0) || opt.attention_efficiency > 1)
       config_error("--attention-efficiency " + std::to_string(opt.attention_efficiency) + ": a fraction of peak, in (0, 1]");

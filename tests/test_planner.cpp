@@ -426,7 +426,8 @@ TEST(PlanFlags, AZeroANegativeOrTwoRunsAreRefusedNamingTheFlag) {
            {"--peak-flops -1e12", "--peak-flops must be positive"},
            {"--inter-gbps -1", "--inter-gbps must be 0 or more"},
            {"--megatron docs/data/megatron_table1.csv --heatmap " + temp_dir() + "/never.csv",
-            "--megatron, --published and --heatmap: give one"}}) {
+            "--megatron, --published, --kernel-rates and --heatmap: give one"},
+           {"--published --kernel-rates", "--megatron, --published, --kernel-rates and --heatmap: give one"}}) {
     SCOPED_TRACE(args);
     RunResult r = run_command(base + args, 60);
     EXPECT_NE(r.exit_code, 0) << r.output;

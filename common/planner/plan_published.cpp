@@ -62,7 +62,7 @@ std::vector<PublishedRun> llama3_runs() {
     r.gpus = gpus[i], r.tp = 8, r.cp = cps[i], r.pp = 16, r.dp = dps[i];
     r.seq = seqs[i], r.batch = 16 * 1024 * 1024 / seqs[i];
     r.schedules = {Schedule::Interleaved};
-    r.zero = 2, r.cp_method = ContextMethod::AllGather, r.attention_efficiency = kFlashAttention2H100;
+    r.zero = 2, r.cp_method = ContextMethod::AllGather, r.attention_kernel = kPyTorchAttentionKernel;
     r.recompute = i < 2 ? std::vector<Recompute>{Recompute::None} : std::vector<Recompute>{Recompute::None, Recompute::Full};
     r.published = tflops[i];
     ModelShape at = s;
@@ -98,7 +98,7 @@ std::vector<PublishedRun> torchtitan_cp_runs() {
     // FSDP over the whole FSDP x CP mesh (ZeRO-3), full activation checkpointing, Float8 products,
     // PyTorch's SDPA (FlashAttention-2 on H100) for the attention.
     r.zero = 3, r.recompute = {Recompute::Full}, r.fp8 = true, r.fp8_speedup = kTorchtitanFloat8Speedup;
-    r.attention_efficiency = kFlashAttention2H100;
+    r.attention_kernel = kPyTorchAttentionKernel;
     const double tps[] = {3890, 2540, 1071, 548};
     r.published = tps[cp == 1 ? 0 : cp == 2 ? 1 : cp == 4 ? 2 : 3];
     r.note = "Float8 on 500 W parts: compare the ratios to CP 1, not the numbers";
@@ -115,7 +115,7 @@ std::vector<PublishedRun> torchtitan_memory_runs() {
     r.gpus = gpus, r.tp = tp, r.cp = cp, r.dp = gpus / (tp * cp), r.seq = seq, r.batch = batch;
     r.micro_batch = micro_batch, r.virtual_stages = 1, r.schedules = {Schedule::OneFOneB};
     r.zero = 3, r.recompute = {rc}, r.fp8 = fp8, r.fp8_speedup = kTorchtitanFloat8Speedup;
-    r.attention_efficiency = kFlashAttention2H100, r.loss_bytes = 12;
+    r.attention_kernel = kPyTorchAttentionKernel, r.loss_bytes = 12;
     r.published = gib;
     return r;
   };
@@ -148,6 +148,7 @@ PlanInputs published_inputs(const PublishedRun& run, double efficiency) {
   in.gpus = run.gpus, in.batch = run.batch, in.efficiency = efficiency;
   in.tp_overlap = run.tp_overlap, in.dp_overlap = run.dp_overlap, in.ep_overlap = run.ep_overlap;
   in.fp8 = run.fp8, in.fp8_activations = run.fp8_activations, in.cp_method = run.cp_method, in.attention_efficiency = run.attention_efficiency;
+  in.attention_kernel = run.attention_kernel;
   in.fp8_speedup = run.fp8_speedup;
   in.loss_bytes_per_logit = run.loss_bytes, in.allocator_overhead = run.allocator_overhead;
   in.capacity_factor = run.capacity_factor;
@@ -176,6 +177,7 @@ std::string one_command(const PlanInputs& in, const PlanConfig& c) {
     if (in.fp8 && in.fp8_speedup != 2) s << " --fp8-speedup " << in.fp8_speedup;
     if (in.fp8_activations) s << " --fp8-activations";
     if (in.attention_efficiency > 0) s << " --attention-efficiency " << in.attention_efficiency;
+    else if (in.attention_kernel != "cudnn") s << " --attention-kernel " << in.attention_kernel;
     if (in.capacity_factor > 0) s << " --capacity-factor " << in.capacity_factor;
     if (in.loss_bytes_per_logit != 4) s << " --loss-bytes " << in.loss_bytes_per_logit;
     if (in.allocator_overhead > 0) s << " --allocator-overhead " << in.allocator_overhead;

@@ -25,7 +25,8 @@ struct PublishedRun {
   // The implementation, where runs differ (planner.h, PlanInputs).
   bool tp_overlap = false, dp_overlap = true, ep_overlap = false, fp8 = false, fp8_activations = false;
   ContextMethod cp_method = ContextMethod::Ring;
-  double attention_efficiency = 0, capacity_factor = 0;  // 0: the products' efficiency
+  double attention_efficiency = 0, capacity_factor = 0;  // 0: the kernel-rate table's attention
+  std::string attention_kernel = "cudnn";  // PlanInputs::attention_kernel
   double fp8_speedup = 2;
   double loss_bytes = 4, allocator_overhead = 0;  // PlanInputs::loss_bytes_per_logit, allocator_overhead
   // The published number: model TFLOP/s per GPU (by `flops_per_token`, its own count), or tokens/s
@@ -54,9 +55,9 @@ constexpr double GiB_bytes = 1024.0 * 1024.0 * 1024.0;
 PublishedRun deepseek_v3_run();
 // DeepSeek-V3's 180K H800 GPU hours per trillion tokens (section 1).
 constexpr double kDeepSeekGpuHoursPerTrillion = 180e3;
-// FlashAttention-2 on H100 reaches 35% of the bf16 peak (Shah et al. 2024, FlashAttention-3, arXiv
-// 2407.08608, section 1); FlashAttention-3 reaches up to 75%, cuDNN's fused attention about as much.
-constexpr double kFlashAttention2H100 = 0.35;
+// PyTorch's SDPA on H100 is FlashAttention-2 (Shah et al. 2024, FlashAttention-3, arXiv 2407.08608,
+// section 1: "only 35%" of the peak): the kernel-rate table's "fa2" (planner_kernel_rates.h).
+constexpr const char* kPyTorchAttentionKernel = "fa2";
 // torchtitan's Float8 products against bf16: its own table 1 (Llama 3 8B, FSDP 8, T 8,192, LBS 2,
 // compiled) measured 8,532 against 6,667 tokens/s per GPU, 1.28 x end to end; the planner gives that
 // ratio for that run with the products 1.37 x faster (docs/planner.md).

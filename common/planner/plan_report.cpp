@@ -6,10 +6,12 @@
 #include <cmath>
 #include <cstdio>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "base/metrics.h"  // format_bytes, format_count
 #include "planner/plan_published.h"
+#include "planner/planner_kernel_rates.h"
 
 namespace {
 
@@ -56,8 +58,10 @@ int print_published_comparisons(double default_efficiency) {
   const int cal = megatron_h100_calibration();
   const double e = calibrate_published(mcore[size_t(cal)]);
   const double tol = kPublishedTolerance, moe_tol = kPublishedMoeTolerance;
-  std::printf("efficiency calibrated on ONE row, Megatron-Core H100 %s (TP %d, PP %d, DP %d, %d GPUs): %.4f (plan's "
-              "default: %.3f); every other number below is predicted from it; each row's command reproduces it\n\n",
+  std::printf("each product and attention priced at its kernel's published rate by shape (plan --kernel-rates), times "
+              "ONE residual factor calibrated on ONE row, Megatron-Core H100 %s (TP %d, PP %d, DP %d, %d GPUs): %.4f "
+              "(dgx-h100's default: %.4f); every other number below is predicted from it; each row's command reproduces "
+              "it\n\n",
               mcore[size_t(cal)].name.c_str(), mcore[size_t(cal)].tp, mcore[size_t(cal)].pp, mcore[size_t(cal)].dp,
               mcore[size_t(cal)].gpus, e, default_efficiency);
 
@@ -80,8 +84,8 @@ int print_published_comparisons(double default_efficiency) {
   std::printf("%d of %zu rows within %.0f%% (the calibration row aside)\n\n", within, mcore.size() - 1, 100 * tol);
 
   std::printf("2. Llama 3 405B, Table 4 (arXiv 2407.21783): FSDP (ZeRO-2 under the pipeline), interleaved 1F1B, CP by "
-              "all-gather; model TFLOP/s per GPU by 6N + 12 L H T; attention at FlashAttention-2's %.2f of peak on H100 "
-              "(the paper names no kernel; --attention-efficiency)\n", kFlashAttention2H100);
+              "all-gather; model TFLOP/s per GPU by 6N + 12 L H T; attention at FlashAttention-2's published rates on H100 "
+              "(the paper names no kernel; --attention-kernel %s)\n", kPyTorchAttentionKernel);
   std::printf("%-18s %3s %3s %3s %4s | %9s %9s %7s | %-26s %-16s | %s\n", "row", "TP", "CP", "PP", "DP", "published",
               "predicted", "error", "the planner's choice", "fits ours", "the paper's grid in the planner's own search");
   for (const PublishedRun& run : llama3_runs()) {
@@ -120,9 +124,9 @@ int print_published_comparisons(double default_efficiency) {
   }
 
   std::printf("4. torchtitan, Llama 3 8B on 8 H100 (Float8 at %.2f x bf16's rate, its own table 1; full AC; FSDP x CP = "
-              "8; SDPA, FlashAttention-2 at %.2f of peak): tokens/s per GPU, and the ratio to CP 1 (500 W parts: the "
-              "ratios are compared)\n",
-              kTorchtitanFloat8Speedup, kFlashAttention2H100);
+              "8; SDPA, FlashAttention-2's published rates, --attention-kernel %s): tokens/s per GPU, and the ratio to CP 1 "
+              "(500 W parts: the ratios are compared)\n",
+              kTorchtitanFloat8Speedup, kPyTorchAttentionKernel);
   std::printf("%-12s | %9s %7s | %9s %7s | %13s\n", "run", "published", "ratio", "predicted", "ratio", "ratio's error");
   double published_base = 0, predicted_base = 0;
   for (const PublishedRun& run : torchtitan_cp_runs()) {
@@ -190,4 +194,59 @@ int print_published_comparisons(double default_efficiency) {
     std::printf("\n");
   }
   return ok ? 0 : 1;
+}
+
+int print_kernel_rates() {
+  const double depths[] = {512, 1024, 2048, 4096, 8192, 16384};
+  std::printf("Dense bf16 products: share of the data sheet's peak by contraction depth K (the ceiling at its own "
+              "depth and deeper)\n%-5s %-28s", "GPU", "ceiling (rows x n x k)");
+  for (double d : depths) std::printf(" K %-6.0f", d);
+  std::printf("\n");
+  for (const char* gpu : {"A100", "H100", "H800", "H200"}) {
+    DenseRateTable t;
+    if (!find_dense_rate_table(gpu, &t)) continue;
+    char best[64];
+    std::snprintf(best, sizeof(best), "%.1f/%.0f (%.0fx%.0fx%.0f)", t.best.tflops, t.peak_tflops, t.best.rows, t.best.n,
+                  t.best.k);
+    std::printf("%-5s %-28s", gpu, best);
+    for (double d : depths) std::printf(" %8.3f", dense_product_efficiency(t, d));
+    std::printf("\n");
+    if (std::string(gpu) == "H200") std::printf("  sources: %s; depth: %s\n", t.ceiling_source.c_str(), t.depth_source.c_str());
+  }
+  const double seqs[] = {512, 1024, 2048, 4096, 8192, 16384};
+  std::printf("\nFlash attention, forward: share of peak by kernel, head size and keys a query sees (past 16K: the "
+              "16K bar)\n%-5s %-6s %4s", "GPU", "kernel", "hd");
+  for (double q : seqs) std::printf(" T %-6.0f", q);
+  std::printf("\n");
+  for (const char* gpu : {"A100", "H100"}) {
+    for (const char* kernel : {"fa2", "fa3", "cudnn"}) {
+      AttentionRateTable t;
+      if (!find_attention_rate_table(gpu, kernel, &t)) {
+        if (std::string(kernel) == "fa2") std::printf("%-5s none transcribed: attention at the products' ceiling\n", gpu);
+        continue;
+      }
+      for (double hd : {64.0, 128.0, 256.0}) {
+        std::printf("%-5s %-6s %4.0f", gpu, kernel, hd);
+        for (double q : seqs) std::printf(" %8.3f", attention_kernel_efficiency(t, hd, q));
+        std::printf("\n");
+      }
+    }
+  }
+  AttentionRateTable h100;
+  find_attention_rate_table("H100", "fa2", &h100);
+  std::printf("  H800, H200: the H100's (the same chip). source: %s\n", h100.source.c_str());
+  const double rows[] = {128, 256, 512, 1024, 2048, 4096};
+  std::printf("\nGrouped expert products: rate against the dense product of the same (n, k), by rows per expert\n"
+              "%-12s", "n x k");
+  for (double r : rows) std::printf(" rows %-5.0f", r);
+  std::printf("\n");
+  GroupedRateTable g;
+  find_grouped_rate_table("H100", &g);
+  for (const auto& nk : {std::pair<double, double>{4096, 7168}, {7168, 2048}}) {
+    std::printf("%5.0f x %-5.0f", nk.first, nk.second);
+    for (double r : rows) std::printf(" %10.3f", grouped_expert_factor(g, r, nk.first, nk.second));
+    std::printf("\n");
+  }
+  std::printf("  every GPU: %s\n", g.source.c_str());
+  return 0;
 }

@@ -1,6 +1,6 @@
 // plan_report.h: the printed comparisons of `plan --published` (plan_published.h's runs beside the
 // planner's predictions), one table per source, and the verdict of each check. Defines
-// PublishedChecks (what held) and print_published_comparisons().
+// PublishedChecks (what held), print_published_comparisons() and print_kernel_rates().
 #pragma once
 
 // Calibrates the efficiency on Megatron-Core's 177B row, predicts every other run from it and prints
@@ -11,3 +11,8 @@
 // within kPublishedMoeTolerance (and its memory by category). `default_efficiency`: the constant plan
 // uses, to say whether it still agrees. 0 when every check holds, else 1, the misses named last.
 int print_published_comparisons(double default_efficiency);
+
+// `plan --kernel-rates`: the kernel-rate tables (planner_kernel_rates.h) as the planner reads them, per
+// GPU: the dense products' share of peak by contraction depth, flash attention's by kernel, head size
+// and sequence, the grouped experts' factor by rows per expert; each with its source. Returns 0.
+int print_kernel_rates();

@@ -271,7 +271,10 @@ PlanResult evaluate_plan(const PlanInputs& in, const PlanConfig& c, bool simulat
   // rest of the work (attention, its products with it, which the CPU runs fused with the softmax)
   // as the activation bytes the pass writes, as if nothing were recomputed, at the elementwise rate:
   // a third in the forward, two in the backward; recomputation adds the bytes it does not keep.
-  const double rate = k.peak_flops * in.efficiency;
+  // On a GPU cluster with a kernel-rate table (planner_kernel_rates.h) the FLOPs run at the share of
+  // peak the model's products reach at their depths on this TP rank, times the residual efficiency.
+  const double rate = k.peak_flops * in.efficiency *
+                      dense_product_share(shape_of(cfg), k.gpu, c.tp, double(B) * cfg.T / c.cp);
   const bool elementwise_apart = k.elementwise_rate > 0;
   GPT2Config kept_all = cfg;
   kept_all.recompute = Recompute::None;

@@ -48,8 +48,11 @@ struct Cluster {
   double memory_bandwidth = 0;
   DType dtype = DType::BF16;
   Device device = Device::CUDA;
-  // The one residual factor of this cluster (the fraction of peak the dense math reaches), calibrated
-  // on one published row and used when --efficiency is not given; 0: the planner's default.
+  // The one residual factor of this cluster, calibrated on one published row and used when
+  // --efficiency is not given (0: the planner's default). On a GPU with kernel-rate tables
+  // (planner_kernel_rates.h) it multiplies the tables' rates, which price each product and attention
+  // by its shape: what they leave (launch gaps, stragglers, the clock under load). Without tables (the
+  // CPU clusters) it is the fraction of peak the dense math reaches.
   double efficiency = 0;
   std::string efficiency_source;  // the row it was calibrated on
   // The GPU, for the kernel-rate table (planner_kernel_rates.h): "A100", "H100", "H800", "H200";
@@ -106,7 +109,9 @@ struct PlanInputs {
   Cluster cluster;
   int gpus = 1;
   int batch = 1;              // global batch, sequences
-  double efficiency = 0.5;    // the fraction of peak that the dense math reaches (compute time = FLOPs / (peak x this))
+  // The fraction of peak that the dense math reaches (compute time = FLOPs / (peak x this)); on a GPU
+  // with kernel-rate tables, the residual factor over the tables' rates (Cluster::efficiency).
+  double efficiency = 0.5;
   bool flash_attention = true;  // where the head size allows it (bf16 on a GPU): FlashAttention's memory
   // Chapter 10's blockwise ring attention even at cp 1 (a ring of one, as 10 runs on a CPU); always at cp > 1.
   bool ring_attention = false;
@@ -133,10 +138,12 @@ struct PlanInputs {
   // The caching allocator's reserve over what the tensors hold, a fraction of the activations and
   // buffers (what it reports as reserved, not allocated; 0: exact, as our own arena allocates).
   double allocator_overhead = 0;
-  // The fraction of peak the attention kernel reaches, forward and backward (0: the products'
-  // `efficiency`, as FlashAttention-3 and cuDNN's fused attention come near on H100; FlashAttention-2
-  // reaches 0.35 there: docs/planner.md cites both).
+  // The fraction of peak the attention kernel reaches, forward and backward (0: the kernel-rate
+  // table's, below, times `efficiency`; the products' rate where the GPU has no table).
   double attention_efficiency = 0;
+  // Which attention kernel the table reads (planner_kernel_rates.h: fa2, fa3, cudnn): cuDNN's fused
+  // attention, as Transformer Engine runs it (Megatron-Core); PyTorch's SDPA is FlashAttention-2.
+  std::string attention_kernel = "cudnn";
 };
 
 // A model by name (find_plan_model or find_model_shape) into in->model, in->shape, in->chapters_model.
@@ -175,6 +182,10 @@ struct PlanResult {
   // layer, and their rate as a fraction of the dense products' (planner_kernel_rates.h; 1: no experts
   // or no table for the cluster's GPU).
   double expert_rows = 0, expert_rate_factor = 1;
+  // A published shape's products and attention by the kernel-rate tables (planner_kernel_rates.h),
+  // before the residual `efficiency`: the dense products' share of peak, weighted by their FLOPs over
+  // every pass, and the attention kernel's share on the layers that see the most keys (0: no table).
+  double product_share = 0, attention_share = 0;
   // Memory by category of a published shape's worst rank (bytes), beside memory's sum.
   double expert_params_bytes = 0;  // of params_bytes, the routed experts'
   double logits_bytes = 0;         // of memory.activations, the head's fp32 logits
@@ -195,6 +206,12 @@ StageMemory stage_memory(const PlanInputs& in, const PlanConfig& config, int sta
 PlanResult evaluate_plan(const PlanInputs& in, const PlanConfig& config, bool simulate_pipeline = true);
 // The same for a published shape (in.chapters_model false; evaluate_plan calls it): planner_shape.cpp.
 PlanResult evaluate_shape_plan(const PlanInputs& in, const PlanConfig& config, bool simulate_pipeline);
+
+// The share of peak a model's weight products reach on `gpu`'s dense kernel-rate table
+// (planner_kernel_rates.h), weighted by their FLOPs over the three passes (forward at each product's
+// depth K, input gradient at N, weight gradient at `rows`), on a TP rank of `tp`: what the chapters'
+// models' FLOPs are priced at on a GPU cluster. 1 where the GPU has no table.
+double dense_product_share(const ModelShape& s, const std::string& gpu, int tp, double rows);
 
 // What the search may choose. Empty lists mean: every value that makes sense.
 struct SearchSpace {

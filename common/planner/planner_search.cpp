@@ -173,13 +173,25 @@ std::vector<PlanResult> search_plans(const PlanInputs& in, const SearchSpace& sp
 }
 
 std::vector<PlanResult> best_per_grid(const PlanInputs& in, const std::vector<PlanResult>& sorted) {
+  // The estimate (theory_bubble on the slowest stage) can misorder a grid's schedules, so the first
+  // few of each grid by it are simulated and the fastest kept, not the first alone.
+  constexpr int kCandidatesPerGrid = 4;
   std::vector<PlanResult> out;
+  std::vector<int> tried;
   for (const PlanResult& r : sorted) {
-    bool seen = false;
-    for (const PlanResult& o : out)
-      seen = seen || (o.config.tp == r.config.tp && o.config.pp == r.config.pp && o.config.cp == r.config.cp &&
-                      o.config.ep == r.config.ep);
-    if (!seen) out.push_back(r.fits && !r.simulated ? evaluate_plan(in, r.config, true) : r);
+    size_t g = 0;
+    while (g < out.size() && !(out[g].config.tp == r.config.tp && out[g].config.pp == r.config.pp &&
+                               out[g].config.cp == r.config.cp && out[g].config.ep == r.config.ep))
+      g++;
+    if (g < out.size() && tried[g] >= kCandidatesPerGrid) continue;
+    const PlanResult candidate = r.fits && !r.simulated ? evaluate_plan(in, r.config, true) : r;
+    if (g == out.size()) {
+      out.push_back(candidate);
+      tried.push_back(1);
+    } else {
+      tried[g]++;
+      if (candidate.fits == out[g].fits && better(candidate, out[g])) out[g] = candidate;
+    }
   }
   std::stable_sort(out.begin(), out.end(), better);
   return out;

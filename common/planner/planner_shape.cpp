@@ -133,6 +133,40 @@ const std::vector<std::vector<int>>& in_flight_counts(Schedule schedule, const P
   return cache.emplace(key.str(), std::vector<std::vector<int>>(seen.begin(), seen.end())).first->second;
 }
 
+// Every weight product one token passes through on layer `l` of a TP rank: n outputs from k inputs
+// (TP splits the outputs of Q, K, V, the up and gate products and the router, the inputs of the
+// output and down products; MLA's down-projections are counted split as their FLOPs are), and
+// whether it is a routed expert's (one of top-k). Their 2 n k add up to layer_product_flops() / t.
+struct WeightProduct {
+  double n = 0, k = 0;
+  bool routed = false;
+};
+template <typename Visit>
+void for_each_product(const ModelShape& s, int l, int t, Visit visit) {
+  const double C = s.C, hd = s.hd(), NH = s.NH, gates = s.gated ? 2 : 1;
+  if (s.mla()) {
+    visit(WeightProduct{s.q_lora / double(t), C});
+    visit(WeightProduct{NH * (hd + s.rope_dim) / t, double(s.q_lora)});
+    visit(WeightProduct{(s.kv_lora + s.rope_dim) / double(t), C});
+    visit(WeightProduct{NH * 2 * hd / t, double(s.kv_lora)});
+  } else {
+    visit(WeightProduct{(NH + 2.0 * s.kv()) * hd / t, C});
+  }
+  visit(WeightProduct{C, NH * hd / t});
+  if (!s.moe_layer(l)) {
+    visit(WeightProduct{gates * s.ffn / t, C});
+    visit(WeightProduct{C, double(s.ffn) / t});
+    return;
+  }
+  visit(WeightProduct{double(s.experts) / t, C});  // the router
+  if (s.shared_experts > 0) {
+    visit(WeightProduct{gates * s.shared_experts * s.expert_ffn / t, C});
+    visit(WeightProduct{C, double(s.shared_experts) * s.expert_ffn / t});
+  }
+  visit(WeightProduct{gates * s.expert_ffn / t, C, true});
+  visit(WeightProduct{C, double(s.expert_ffn) / t, true});
+}
+
 // One virtual stage's work for one micro-batch, and its memory on the rank that runs it.
 struct ChunkCost {
   double product_s = 0, attention_s = 0;  // forward compute
@@ -162,8 +196,30 @@ PlanResult evaluate_shape_plan(const PlanInputs& in, const PlanConfig& c, bool s
   const int S = p * v;
   const std::vector<StageSpan>& spans = shape_partition(s, S);
 
-  const double product_rate = k.peak_flops * in.efficiency * (in.fp8 ? in.fp8_speedup : 1.0);
-  const double attention_rate = k.peak_flops * (in.attention_efficiency > 0 ? in.attention_efficiency : in.efficiency);
+  // The kernel-rate tables of the cluster's GPU (planner_kernel_rates.h), each read at the shape it
+  // prices, times the residual `efficiency`; without a table, every product at peak x efficiency.
+  DenseRateTable dense_table;
+  AttentionRateTable attention_table;
+  const bool dense_rates = find_dense_rate_table(k.gpu, &dense_table);
+  const bool attention_rates = find_attention_rate_table(k.gpu, in.attention_kernel, &attention_table);
+  const double fp8 = in.fp8 ? in.fp8_speedup : 1.0;
+  const double product_rate = k.peak_flops * in.efficiency * fp8 * (dense_rates ? dense_table.ceiling() : 1.0);
+  auto rate_at_depth = [&](double depth) {
+    return k.peak_flops * in.efficiency * fp8 * (dense_rates ? dense_product_efficiency(dense_table, depth) : 1.0);
+  };
+  // Attention's rate on a layer whose queries see `keys` keys in one kernel call. Under CP a rank's
+  // diagonal blocks (1/cp of its work, zigzag-balanced) run the causal kernel, the others the unmasked
+  // one; without CP the whole causal T x T.
+  auto attention_rate_for = [&](double keys) {
+    if (in.attention_efficiency > 0) return k.peak_flops * in.attention_efficiency;
+    if (attention_rates) {
+      const double hd = s.hd() + s.rope_dim / 2.0;
+      const double causal = attention_kernel_efficiency(attention_table, hd, keys, true);
+      const double unmasked = attention_kernel_efficiency(attention_table, hd, keys, false);
+      return k.peak_flops * in.efficiency / (1.0 / cp / causal + (1 - 1.0 / cp) / unmasked);
+    }
+    return k.peak_flops * in.efficiency * (dense_rates ? dense_table.ceiling() : 1.0);
+  };
   const double tokens = double(B) * s.T / cp;  // a micro-batch's positions on one rank of the CP group
   const double stream = tokens * s.C * kWidth;  // the residual stream of those positions
   const double routed_share = in.capacity_factor > 0 ? std::min(1.0, in.capacity_factor) : 1.0;
@@ -180,6 +236,34 @@ PlanResult evaluate_shape_plan(const PlanInputs& in, const PlanConfig& c, bool s
     const double down = grouped_expert_factor(grouped, expert_rows, s.C, width);
     expert_factor = 1 / (gates / (gates + 1) / up + 1 / (gates + 1) / down);
   }
+  // Every product of a layer, priced pass by pass at the rate of its own contraction depth: the
+  // forward contracts over its k inputs, the input gradient over its n outputs, the weight gradient
+  // over the rows (the micro-batch's tokens; an expert's routed rows). `share` scales the FLOPs (the
+  // routed experts' top-k copies), `factor` the rate (the grouped products').
+  struct Passes {
+    double forward = 0, input_grad = 0, weight_grad = 0, flops = 0, table_flops = 0;
+  };
+  auto add_product = [&](Passes* p, double n, double kk, double rows, double share, double factor) {
+    const double flops = tokens * 2 * n * kk * share;
+    p->forward += flops / (rate_at_depth(kk) * factor);
+    p->input_grad += flops / (rate_at_depth(n) * factor);
+    p->weight_grad += flops / (rate_at_depth(rows) * factor);
+    p->flops += 3 * flops;
+    if (dense_rates)
+      p->table_flops += flops * (dense_product_efficiency(dense_table, kk) + dense_product_efficiency(dense_table, n) +
+                                 dense_product_efficiency(dense_table, rows));
+  };
+  auto layer_products = [&](int l) {
+    Passes p;
+    // The routed experts at the grouped rate: each of the rank's experts takes expert_rows rows.
+    for_each_product(s, l, t, [&](const WeightProduct& w) {
+      if (!w.routed) return add_product(&p, w.n, w.k, tokens, 1, 1);
+      const double factor = expert_rows > 0 ? grouped_expert_factor(grouped, expert_rows, w.n, w.k) : 1.0;
+      add_product(&p, w.n, w.k, expert_rows > 0 ? expert_rows : tokens, s.top_k * routed_share, factor);
+    });
+    return p;
+  };
+  double all_flops = 0, all_table_flops = 0, widest_attention_share = 0;
   r.expert_rows = expert_rows, r.expert_rate_factor = expert_factor;
   const int kv_heads = s.mla() ? s.NH : s.kv();
   const double kv_bytes = tokens * double(kv_heads) / t * (2.0 * s.hd() + s.rope_dim) * kWidth;  // this rank's K and V
@@ -207,19 +291,30 @@ PlanResult evaluate_shape_plan(const PlanInputs& in, const PlanConfig& c, bool s
     ChunkCost& ch = chunks[size_t(vs)];
     const StageSpan& span = spans[size_t(vs)];
     ch.layers = span.last - span.first;
-    double product_s = 0, attention_flops = 0, selective_flops = 0, elementwise_bytes = 0, replayed_bytes = 0;
+    double attention_s = 0, selective_flops = 0, elementwise_bytes = 0, replayed_bytes = 0;
+    double forward_products_flops = 0;
+    Passes products;
     for (int l = span.first; l < span.last; l++) {
       const bool routed = s.moe_layer(l);
-      const double routed_flops = routed ? 2.0 * s.top_k * mlp_params(s, s.expert_ffn) : 0.0;
-      const double dense_products = layer_product_flops(s, l) - routed_flops;
-      attention_flops += tokens * layer_attention_flops(s, l) / t;
-      const double layer_attention_s = tokens * layer_attention_flops(s, l) / t / attention_rate;
-      const double layer_product_s =
-          tokens * (dense_products + routed_flops * routed_share / expert_factor) / t / product_rate;
-      product_s += layer_product_s;
+      const Passes layer = layer_products(l);
+      products.forward += layer.forward, products.input_grad += layer.input_grad, products.weight_grad += layer.weight_grad;
+      forward_products_flops += layer.flops / 3;
+      all_flops += layer.flops, all_table_flops += layer.table_flops;
+      // The keys one kernel call sees: a banded layer's window, a ring's block of T/cp, else T.
+      const double attention_flops = tokens * layer_attention_flops(s, l) / t;
+      const bool banded = layer_attention_flops(s, l) < 2.0 * s.NH * (s.T / 2.0) * (2.0 * s.hd() + s.rope_dim);
+      double keys = cp > 1 && in.cp_method == ContextMethod::Ring ? double(s.T) / cp : double(s.T);
+      if (banded) keys = std::min<double>(keys, s.window);
+      const double layer_attention_rate = attention_rate_for(keys);
+      // Reported: the share on the layers that see the most keys (the costliest; a band's is lower).
+      if (attention_rates && in.attention_efficiency <= 0)
+        widest_attention_share = std::max(widest_attention_share, layer_attention_rate / (k.peak_flops * in.efficiency));
+      const double layer_attention_s = attention_flops / layer_attention_rate;
+      attention_s += layer_attention_s;
+      const double layer_all_s = layer.forward + layer.input_grad + layer.weight_grad;
       // TP, exposed, for this layer's passes.
       const double tp_layer = passes * tp_pair;
-      ch.tp_s += in.tp_overlap ? std::max(0.0, tp_layer - 3 * layer_product_s) : tp_layer;
+      ch.tp_s += in.tp_overlap ? std::max(0.0, tp_layer - layer_all_s) : tp_layer;
       // CP: the ring's cp - 1 hops each hide behind the attention on the block before (the backward's
       // carry the blocks and their gradients); the all-gather is exposed, and so is the reduce-scatter
       // of the keys' and values' gradients.
@@ -241,7 +336,7 @@ PlanResult evaluate_shape_plan(const PlanInputs& in, const PlanConfig& c, bool s
         const double rows = tokens * s.top_k * routed_share / (sp ? t : 1);
         const double a2a = ms(ep_link, CollectiveKind::AllToAll, rows * s.C * kWidth, ep);
         const double exchange = 2 * passes * a2a;
-        ch.ep_s += in.ep_overlap ? std::max(0.0, exchange - 3 * (layer_product_s + layer_attention_s)) : exchange;
+        ch.ep_s += in.ep_overlap ? std::max(0.0, exchange - (layer_all_s + 3.5 * layer_attention_s)) : exchange;
         ch.routed_rows = std::max(ch.routed_rows, tokens * s.top_k * routed_share / t);
       } else if (routed) {
         ch.routed_rows = std::max(ch.routed_rows, tokens * s.top_k * routed_share / t);
@@ -281,22 +376,29 @@ PlanResult evaluate_shape_plan(const PlanInputs& in, const PlanConfig& c, bool s
       if (selective) selective_flops += tokens * selective_recompute_flops(s, l) / t;
     }
     if (span.head) {
-      product_s += tokens * head_flops(s) / t / product_rate;
+      Passes head;
+      add_product(&head, double(s.V) / t, s.C, tokens, 1, 1);
+      products.forward += head.forward, products.input_grad += head.input_grad, products.weight_grad += head.weight_grad;
+      forward_products_flops += head.flops / 3;
+      all_flops += head.flops, all_table_flops += head.table_flops;
       ch.dense_params += ((!s.tied || !ends_together ? double(s.V) * s.C : 0.0) + s.C) / t;  // + the final norm
       ch.logits = tokens * s.V * in.loss_bytes_per_logit / t;  // the loss's copies of the logits, vocabulary-parallel
       elementwise_bytes += tokens * loss_elementwise_bytes(s) / t;
     }
     if (span.embedding) ch.dense_params += embedding_params(s) / t;
-    ch.product_s = product_s;
-    ch.attention_s = attention_flops / attention_rate;
+    ch.product_s = products.forward;
+    ch.attention_s = attention_s;
     const double elementwise_s = k.memory_bandwidth > 0 ? elementwise_bytes / k.memory_bandwidth : 0.0;
     const double replayed_s = k.memory_bandwidth > 0 ? replayed_bytes / k.memory_bandwidth / 3 : 0.0;  // a forward's
     ch.elementwise_s = elementwise_s;
     const double forward = ch.product_s + ch.attention_s + elementwise_s / 3;
     // The backward: twice the products' forward (input and weight gradients), 2.5 times attention's
     // (FlashAttention's backward recomputes the scores: five products to the forward's two).
-    const double input_grad = ch.product_s + 2.5 * ch.attention_s + 2 * elementwise_s / 3, weight_grad = ch.product_s;
-    const double replay = (full ? ch.product_s + ch.attention_s : selective_flops / product_rate) + replayed_s;
+    const double input_grad = products.input_grad + 2.5 * ch.attention_s + 2 * elementwise_s / 3;
+    const double weight_grad = products.weight_grad;
+    // Selective recomputation replays MLA's up-projections at the forward products' mean rate.
+    const double forward_rate = forward_products_flops > 0 ? forward_products_flops / products.forward : product_rate;
+    const double replay = (full ? ch.product_s + ch.attention_s : selective_flops / forward_rate) + replayed_s;
     ch.replay_s = replay;
     const double comm = ch.tp_s + ch.cp_s + ch.ep_s;
     const double work = forward + input_grad + weight_grad + replay;
@@ -308,6 +410,9 @@ PlanResult evaluate_shape_plan(const PlanInputs& in, const PlanConfig& c, bool s
       ch.backward_s = replay + input_grad + weight_grad + comm * (work - forward) / work;
     }
   }
+
+  r.product_share = all_flops > 0 ? all_table_flops / all_flops : 0.0;
+  r.attention_share = widest_attention_share;
 
   // Memory, rank by rank: the rank with the largest peak is the one shown.
   const int dense_group = c.dp * cp, expert_group = dense_group / ep;
@@ -454,4 +559,20 @@ PlanResult evaluate_shape_plan(const PlanInputs& in, const PlanConfig& c, bool s
   r.flops_per_gpu = r.tokens_per_s * model_flops_per_token(s) / in.gpus;
   r.mfu = r.flops_per_gpu / k.peak_flops;
   return r;
+}
+
+double dense_product_share(const ModelShape& s, const std::string& gpu, int tp, double rows) {
+  DenseRateTable table;
+  if (!find_dense_rate_table(gpu, &table)) return 1;
+  double flops = 0, weighted = 0;
+  auto add = [&](double n, double k, double times) {
+    const double f = 2 * n * k * times;
+    flops += 3 * f;
+    weighted += f * (dense_product_efficiency(table, k) + dense_product_efficiency(table, n) +
+                     dense_product_efficiency(table, rows));
+  };
+  for (int l = 0; l < s.L; l++)
+    for_each_product(s, l, tp, [&](const WeightProduct& w) { add(w.n, w.k, w.routed ? s.top_k : 1); });
+  add(double(s.V) / tp, s.C, 1);
+  return weighted / flops;
 }
