@@ -70,6 +70,26 @@ void pack_rows(const float* __restrict src, int ld, int kc, int w, float* __rest
   }
 }
 
+// The same, for a whole kc x width panel whose rows are ld apart (op(A) = A^T, op(B) = B), into W-wide
+// strips one after another, reading the panel row by row. Strip by strip (pack_rows per strip) read W
+// floats from each of kc rows before moving on: a large-stride walk that the hardware prefetcher does
+// not follow, so that nearly every row was a cache miss, and the next strip fetched the same lines
+// again. Row by row, each row is one contiguous read.
+template <int W>
+void pack_rows_panel(const float* __restrict src, int ld, int kc, int width, float* __restrict dst) {
+  const int full = width / W;
+  const std::ptrdiff_t strip = static_cast<std::ptrdiff_t>(kc) * W;
+  for (int k = 0; k < kc; ++k) {
+    const float* __restrict s = src + static_cast<std::ptrdiff_t>(k) * ld;
+    float* __restrict d = dst + k * W;
+    for (int st = 0; st < full; ++st) {
+#pragma GCC unroll 32
+      for (int j = 0; j < W; ++j) d[st * strip + j] = s[st * W + j];
+    }
+  }
+  if (full * W < width) pack_rows<W>(src + full * W, ld, kc, width - full * W, dst + full * strip);
+}
+
 // Each of the W lines is contiguous in depth, lines are ld apart: op(A) = A, or op(B) = B^T.
 // This is a transpose. Going KB depths at a time, with constant trip counts on both inner loops,
 // lets GCC turn each KB x W block into vector loads and shuffles; short edge strips take the
@@ -94,28 +114,26 @@ void pack_cols(const float* __restrict src, int ld, int kc, int w, float* __rest
 
 // Packs op(A)[i0:i0+mc, k0:k0+kc] into MR-row strips, one after another.
 void pack_a(bool trans, const float* A, int lda, int i0, int k0, int mc, int kc, float* dst) {
+  if (trans) {
+    pack_rows_panel<MR>(A + static_cast<std::ptrdiff_t>(k0) * lda + i0, lda, kc, mc, dst);
+    return;
+  }
   for (int is = 0; is < mc; is += MR) {
     const int mr = std::min(MR, mc - is);
-    const int i = i0 + is;
-    if (trans) {
-      pack_rows<MR>(A + static_cast<std::ptrdiff_t>(k0) * lda + i, lda, kc, mr, dst);
-    } else {
-      pack_cols<MR>(A + static_cast<std::ptrdiff_t>(i) * lda + k0, lda, kc, mr, dst);
-    }
+    pack_cols<MR>(A + static_cast<std::ptrdiff_t>(i0 + is) * lda + k0, lda, kc, mr, dst);
     dst += static_cast<std::ptrdiff_t>(kc) * MR;
   }
 }
 
 // Packs op(B)[k0:k0+kc, j0:j0+nc] into NR-column strips, one after another.
 void pack_b(bool trans, const float* B, int ldb, int k0, int j0, int kc, int nc, float* dst) {
+  if (!trans) {
+    pack_rows_panel<NR>(B + static_cast<std::ptrdiff_t>(k0) * ldb + j0, ldb, kc, nc, dst);
+    return;
+  }
   for (int js = 0; js < nc; js += NR) {
     const int nr = std::min(NR, nc - js);
-    const int j = j0 + js;
-    if (trans) {
-      pack_cols<NR>(B + static_cast<std::ptrdiff_t>(j) * ldb + k0, ldb, kc, nr, dst);
-    } else {
-      pack_rows<NR>(B + static_cast<std::ptrdiff_t>(k0) * ldb + j, ldb, kc, nr, dst);
-    }
+    pack_cols<NR>(B + static_cast<std::ptrdiff_t>(j0 + js) * ldb + k0, ldb, kc, nr, dst);
     dst += static_cast<std::ptrdiff_t>(kc) * NR;
   }
 }
