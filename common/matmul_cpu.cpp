@@ -19,7 +19,7 @@
 // Determinism: every C element is a sum over k in increasing order, split at fixed KC boundaries,
 // so the result depends only on the shapes and strides.
 //
-// Defines sgemm_cpu (declared in matmul_cpu.h).
+// Defines sgemm_cpu and sgemm_cpu_bias (declared in matmul_cpu.h).
 #include "matmul_cpu.h"
 
 #include <algorithm>
@@ -139,8 +139,9 @@ void pack_b(bool trans, const float* B, int ldb, int k0, int j0, int kc, int nc,
 }
 
 // One MR x NR block of C (rows ldc apart) from one packed A strip and one packed B strip:
-//   Accumulate = false: C = alpha * Ap @ Bp  (C is not read)
-//   Accumulate = true:  C += Ap @ Bp         (alpha must be 1; the accumulators start from C)
+//   Accumulate = false: C = alpha * Ap @ Bp      (C is not read)
+//   Accumulate = true:  C = Cin + Ap @ Bp        (alpha must be 1; the accumulators start from Cin,
+//                                                 rows ldc_in apart: C itself, or a bias row, ldc_in = 0)
 // Both variants read or write C only before and after the k loop, with constant bounds. A single
 // kernel choosing between them at run time (or computing alpha * acc + beta * C) made GCC spill
 // the accumulators, hence the template and merge_tile for the other cases.
@@ -148,11 +149,11 @@ void pack_b(bool trans, const float* B, int ldb, int k0, int j0, int kc, int nc,
 // strip at Ap + i * lda, contiguous in depth (see sgemm_cpu for why).
 template <bool Accumulate, bool PackedA = true>
 MICRO_KERNEL_ATTR void micro_kernel(int kc, const float* __restrict Ap, const float* __restrict Bp, float alpha,
-                                    float* __restrict C, int ldc, int lda = 0) {
+                                    const float* Cin, int ldc_in, float* C, int ldc, int lda = 0) {
   float acc[MR][NR];
 #pragma GCC unroll 8
   for (int i = 0; i < MR; ++i) {
-    const float* __restrict c = C + static_cast<std::ptrdiff_t>(i) * ldc;
+    const float* c = Cin + static_cast<std::ptrdiff_t>(i) * ldc_in;
 #pragma GCC unroll 32
     for (int j = 0; j < NR; ++j) acc[i][j] = Accumulate ? c[j] : 0.0f;
   }
@@ -167,7 +168,7 @@ MICRO_KERNEL_ATTR void micro_kernel(int kc, const float* __restrict Ap, const fl
   }
 #pragma GCC unroll 8
   for (int i = 0; i < MR; ++i) {
-    float* __restrict c = C + static_cast<std::ptrdiff_t>(i) * ldc;
+    float* c = C + static_cast<std::ptrdiff_t>(i) * ldc;
 #pragma GCC unroll 32
     for (int j = 0; j < NR; ++j) c[j] = Accumulate ? acc[i][j] : alpha * acc[i][j];
   }
@@ -187,6 +188,16 @@ void merge_tile(const float* __restrict tile, float beta, float* __restrict C, i
     } else {
       for (int j = 0; j < nr; ++j) c[j] = t[j] + beta * c[j];
     }
+  }
+}
+
+// C[0:mr, 0:nr] = tile + bias, the same sum as merge_tile with beta = 1 onto rows that hold the bias.
+void merge_tile_bias(const float* __restrict tile, const float* __restrict bias, float* __restrict C, int ldc,
+                     int mr, int nr) {
+  for (int i = 0; i < mr; ++i) {
+    float* __restrict c = C + static_cast<std::ptrdiff_t>(i) * ldc;
+    const float* __restrict t = tile + i * NR;
+    for (int j = 0; j < nr; ++j) c[j] = t[j] + bias[j];
   }
 }
 
@@ -216,15 +227,11 @@ struct AlignedBuffer {
   }
 };
 
-}  // namespace
-
-void sgemm_cpu(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda,
-               const float* B, int ldb, float beta, float* C, int ldc) {
-  if (M <= 0 || N <= 0) return;
-  if (K <= 0 || alpha == 0.0f) {
-    scale_c(M, N, beta, C, ldc);
-    return;
-  }
+// sgemm_cpu and sgemm_cpu_bias. With a bias (alpha = 1, beta ignored), the first K slice starts every
+// tile from the bias instead of from C: the same sums, in the same order, as writing the bias into C
+// and accumulating onto it with beta = 1, without that extra pass over C.
+void sgemm_blocked(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda,
+                   const float* B, int ldb, float beta, const float* bias, float* C, int ldc) {
 
   // Per-thread so concurrent callers (e.g. one thread per rank) never share packing space.
   thread_local AlignedBuffer a_buf, b_buf;
@@ -240,6 +247,7 @@ void sgemm_cpu(bool trans_a, bool trans_b, int M, int N, int K, float alpha, con
       const int kc = std::min(KC, K - k0);
       // The first K slice applies the caller's beta; later slices accumulate onto it.
       const float beta_k = k0 == 0 ? beta : 1.0f;
+      const bool from_bias = bias != nullptr && k0 == 0;
       pack_b(trans_b, B, ldb, k0, j0, kc, nc, Bp);
       alignas(64) float tile[MR * NR];
       for (int i0 = 0; i0 < M; i0 += MC) {
@@ -262,28 +270,48 @@ void sgemm_cpu(bool trans_a, bool trans_b, int M, int N, int K, float alpha, con
             const float* a_strip = Ap + static_cast<std::ptrdiff_t>(is / MR) * kc * MR;
             float* c = C + static_cast<std::ptrdiff_t>(i0 + is) * ldc + j0 + js;
             const bool full = mr == MR && nr == NR;
-            if (is < mc_full) {
+            const float* bias_tile = from_bias ? bias + j0 + js : nullptr;
+            if (from_bias) {
+              // alpha == 1. Full tiles start from the bias row (ldc_in = 0: every row the same); edge
+              // tiles add it when merging, as merge_tile adds C.
+              const float* a = is < mc_full ? A + static_cast<std::ptrdiff_t>(i0 + is) * lda + k0 : a_strip;
+              if (full) {
+                if (is < mc_full) {
+                  micro_kernel<true, false>(kc, a, b_strip, 1.0f, bias_tile, 0, c, ldc, lda);
+                } else {
+                  micro_kernel<true>(kc, a, b_strip, 1.0f, bias_tile, 0, c, ldc);
+                }
+              } else {
+                if (is < mc_full) {
+                  std::fill(tile, tile + MR * NR, 0.0f);
+                  micro_kernel<true, false>(kc, a, b_strip, 1.0f, tile, NR, tile, NR, lda);
+                } else {
+                  micro_kernel<false>(kc, a, b_strip, 1.0f, tile, NR, tile, NR);
+                }
+                merge_tile_bias(tile, bias_tile, c, ldc, mr, nr);
+              }
+            } else if (is < mc_full) {
               // A in place (then mr == MR): the same sums, in the same order, as from a packed strip.
               // Only the accumulating kernel is used (GCC spilled the accumulators of a second
               // instance): other cases accumulate onto a zeroed tile, then scale and merge it.
               const float* a_rows = A + static_cast<std::ptrdiff_t>(i0 + is) * lda + k0;
               if (full && beta_k == 1.0f && alpha == 1.0f) {
-                micro_kernel<true, false>(kc, a_rows, b_strip, alpha, c, ldc, lda);
+                micro_kernel<true, false>(kc, a_rows, b_strip, alpha, c, ldc, c, ldc, lda);
               } else {
                 std::fill(tile, tile + MR * NR, 0.0f);
-                micro_kernel<true, false>(kc, a_rows, b_strip, 1.0f, tile, NR, lda);
+                micro_kernel<true, false>(kc, a_rows, b_strip, 1.0f, tile, NR, tile, NR, lda);
                 if (alpha != 1.0f) {
                   for (float& t : tile) t *= alpha;
                 }
                 merge_tile(tile, beta_k, c, ldc, mr, nr);
               }
             } else if (full && beta_k == 0.0f) {
-              micro_kernel<false>(kc, a_strip, b_strip, alpha, c, ldc);
+              micro_kernel<false>(kc, a_strip, b_strip, alpha, c, ldc, c, ldc);
             } else if (full && beta_k == 1.0f && alpha == 1.0f) {
-              micro_kernel<true>(kc, a_strip, b_strip, alpha, c, ldc);
+              micro_kernel<true>(kc, a_strip, b_strip, alpha, c, ldc, c, ldc);
             } else {
               // Edge tiles and general alpha/beta: compute into scratch, then merge what fits.
-              micro_kernel<false>(kc, a_strip, b_strip, alpha, tile, NR);
+              micro_kernel<false>(kc, a_strip, b_strip, alpha, tile, NR, tile, NR);
               merge_tile(tile, beta_k, c, ldc, mr, nr);
             }
           }
@@ -291,4 +319,26 @@ void sgemm_cpu(bool trans_a, bool trans_b, int M, int N, int K, float alpha, con
       }
     }
   }
+}
+
+}  // namespace
+
+void sgemm_cpu(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda,
+               const float* B, int ldb, float beta, float* C, int ldc) {
+  if (M <= 0 || N <= 0) return;
+  if (K <= 0 || alpha == 0.0f) {
+    scale_c(M, N, beta, C, ldc);
+    return;
+  }
+  sgemm_blocked(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, nullptr, C, ldc);
+}
+
+void sgemm_cpu_bias(bool trans_a, bool trans_b, int M, int N, int K, const float* A, int lda, const float* B,
+                    int ldb, const float* bias, float* C, int ldc) {
+  if (M <= 0 || N <= 0) return;
+  if (K <= 0) {
+    for (int i = 0; i < M; ++i) std::copy(bias, bias + N, C + static_cast<std::ptrdiff_t>(i) * ldc);
+    return;
+  }
+  sgemm_blocked(trans_a, trans_b, M, N, K, 1.0f, A, lda, B, ldb, 0.0f, bias, C, ldc);
 }

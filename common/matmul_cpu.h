@@ -7,3 +7,9 @@
 // A is M x K after op, B is K x N after op, C is M x N. lda/ldb/ldc are row strides in elements.
 void sgemm_cpu(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda,
                const float* B, int ldb, float beta, float* C, int ldc);
+
+// C = op(A) @ op(B) + bias, the bias (N floats) added to every row: the same result, bit for bit, as
+// copying the bias into every row of C and calling sgemm_cpu with alpha = 1 and beta = 1, without
+// that pass over C (a linear layer's forward).
+void sgemm_cpu_bias(bool trans_a, bool trans_b, int M, int N, int K, const float* A, int lda, const float* B,
+                    int ldb, const float* bias, float* C, int ldc);
