@@ -1,7 +1,8 @@
 // matmul_cpu.h: the CPU matrix product, cache-blocked and written so that the compiler vectorizes it.
 // Defines sgemm in the BLAS convention (row-major here): C = alpha * op(A) @ op(B) + beta * C,
 // where op(X) is X or X^T. Single-threaded and deterministic: the summation order depends only on
-// the shapes, never on timing, so every rank computes bit-identical products.
+// the shapes, never on timing, so every rank computes bit-identical products. sgemm_cpu_bias is the
+// same product started from a bias row (a linear layer's forward).
 #pragma once
 
 // A is M x K after op, B is K x N after op, C is M x N. lda/ldb/ldc are row strides in elements.
