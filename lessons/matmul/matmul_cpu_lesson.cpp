@@ -38,10 +38,12 @@
 //   v2 loop order      ok         19.48      13.8      15%
 //   v3 cache blocks    ok         25.30      10.6      12%
 //   v4 micro-kernel    ok          7.40      36.3      40%
-// On the same machine, quieter (load 0.9; v5 later, at load 20-25, within 10% of v4 either way):
-//   v4 micro-kernel    ok          3.50      76.6      78%
-// The CPU time of one core rises when the other core is busy (the two share their execution units
-// under the hypervisor), so compare versions within one run.
+// On the same machine at load 0.9 (peak 98.2), and with v5 at load 20-25 (peak 101.3; over several
+// runs v4 and v5 each came out ahead, by up to 10%):
+//   v4 micro-kernel    ok          3.50      76.6      78%   (load 0.9)
+//   v4 micro-kernel    ok          4.05      66.2      65%   (load 20-25)
+//   v5 intrinsics      ok          3.58      74.9      74%   (load 20-25, the same run)
+// The same product's CPU time grows with the machine's load, so compare versions within one run.
 // (v3 gains nothing over v2 here: at 512 columns B's rows already stay in this CPU's large L2.)
 // make test runs it on a small odd shape (tests/manifest.txt), for the checks. Exits 1 if one fails.
 #include <algorithm>
