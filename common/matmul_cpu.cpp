@@ -13,8 +13,10 @@
 // AVX2 registers) and does one rank-1 update per k. Its loops have compile-time trip counts, so GCC
 // -O3 unrolls them and maps the accumulators to vector registers without intrinsics. Edge tiles
 // go through a scratch tile, so the hot kernel never has a variable bound. The kernel either
-// overwrites C (beta == 0) or, when alpha == 1 and beta == 1 (every backward product and biased
-// forward of the model), starts its accumulators from C; other alpha/beta also use the scratch tile.
+// overwrites C (beta == 0) or, when alpha == 1 and beta == 1 (every backward product of the model),
+// starts its accumulators from C, or from a bias row (sgemm_cpu_bias: a biased forward); other
+// alpha/beta also use the scratch tile. (Intrinsics buy nothing here: GCC emits the same broadcasts
+// and fused multiply-adds; lessons/matmul/matmul_cpu_lesson's v5 shows both.)
 //
 // Determinism: every C element is a sum over k in increasing order, split at fixed KC boundaries,
 // so the result depends only on the shapes and strides.
@@ -232,7 +234,6 @@ struct AlignedBuffer {
 // and accumulating onto it with beta = 1, without that extra pass over C.
 void sgemm_blocked(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda,
                    const float* B, int ldb, float beta, const float* bias, float* C, int ldc) {
-
   // Per-thread so concurrent callers (e.g. one thread per rank) never share packing space.
   thread_local AlignedBuffer a_buf, b_buf;
   const int kc_max = std::min(K, KC);
