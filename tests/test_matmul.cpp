@@ -3,7 +3,7 @@
 // blocking (1x1x1, 7x13x5, 67x33x129, 300x200x100, plus shapes that cross the K and N panel sizes),
 // alpha/beta variants (beta = 0 must ignore a NaN-filled C, beta = 1 must accumulate), leading
 // dimensions larger than the minimum (the padding must stay untouched), K = 0, and bit-identical
-// repeated calls.
+// repeated calls; sgemm_cpu_bias against the bias copied into C first, bit for bit.
 //
 // Tolerance: atol = rtol = 1e-5 * sqrt(K) (times |alpha| for atol). Inputs are uniform in [-1, 1], so
 // each output is a K-term fp32 sum of order sqrt(K); its rounding error grows like sqrt(K) too.
@@ -142,6 +142,28 @@ TEST(SgemmCpu, RepeatedCallsAreBitIdentical) {
             random_vector(size_t(100) * 200, 5003).data(), 200, 0.0f, other.data(), 200);
   sgemm_cpu(false, true, M, N, K, 1.0f, A.data(), K, B.data(), K, 0.0f, second.data(), N);
   EXPECT_EQ(0, std::memcmp(first.data(), second.data(), first.size() * sizeof(float)));
+}
+
+// sgemm_cpu_bias (a linear layer's forward) starts each output from its bias inside the kernel: it must
+// give, bit for bit, what copying the bias into every row and accumulating with beta = 1 gives, on full
+// and edge tiles, both transposes, and K deeper than one packed slice (the bias enters once).
+TEST(SgemmCpu, BiasInsideEqualsBiasCopiedFirst) {
+  struct Shape { bool trans_a, trans_b; int M, N, K; };
+  const Shape shapes[] = {{false, true, 67, 45, 33}, {false, true, 96, 32, 300}, {true, false, 13, 37, 20},
+                          {false, false, 7, 16, 5}, {false, true, 1, 1, 1}};
+  uint64_t seed = 6000;
+  for (const Shape& s : shapes) {
+    SCOPED_TRACE("M=" + std::to_string(s.M) + " N=" + std::to_string(s.N) + " K=" + std::to_string(s.K));
+    const int lda = s.trans_a ? s.M : s.K, ldb = s.trans_b ? s.K : s.N;
+    const std::vector<float> A = random_vector(size_t(s.M) * s.K, seed++), B = random_vector(size_t(s.K) * s.N, seed++);
+    const std::vector<float> bias = random_vector(size_t(s.N), seed++);
+    std::vector<float> copied(size_t(s.M) * s.N);
+    for (int i = 0; i < s.M; ++i) std::copy(bias.begin(), bias.end(), copied.begin() + size_t(i) * s.N);
+    sgemm_cpu(s.trans_a, s.trans_b, s.M, s.N, s.K, 1.0f, A.data(), lda, B.data(), ldb, 1.0f, copied.data(), s.N);
+    std::vector<float> inside(size_t(s.M) * s.N, std::numeric_limits<float>::quiet_NaN());  // never read
+    sgemm_cpu_bias(s.trans_a, s.trans_b, s.M, s.N, s.K, A.data(), lda, B.data(), ldb, bias.data(), inside.data(), s.N);
+    EXPECT_EQ(0, std::memcmp(copied.data(), inside.data(), copied.size() * sizeof(float)));
+  }
 }
 
 }  // namespace

@@ -13,13 +13,15 @@
 // AVX2 registers) and does one rank-1 update per k. Its loops have compile-time trip counts, so GCC
 // -O3 unrolls them and maps the accumulators to vector registers without intrinsics. Edge tiles
 // go through a scratch tile, so the hot kernel never has a variable bound. The kernel either
-// overwrites C (beta == 0) or, when alpha == 1 and beta == 1 (every backward product and biased
-// forward of the model), starts its accumulators from C; other alpha/beta also use the scratch tile.
+// overwrites C (beta == 0) or, when alpha == 1 and beta == 1 (every backward product of the model),
+// starts its accumulators from C, or from a bias row (sgemm_cpu_bias: a biased forward); other
+// alpha/beta also use the scratch tile. (Intrinsics buy nothing here: GCC emits the same broadcasts
+// and fused multiply-adds; lessons/matmul/matmul_cpu_lesson's v5 shows both.)
 //
 // Determinism: every C element is a sum over k in increasing order, split at fixed KC boundaries,
 // so the result depends only on the shapes and strides.
 //
-// Defines sgemm_cpu (declared in matmul_cpu.h).
+// Defines sgemm_cpu and sgemm_cpu_bias (declared in matmul_cpu.h).
 #include "ops/matmul_cpu.h"
 
 #include <algorithm>
@@ -70,6 +72,26 @@ void pack_rows(const float* __restrict src, int ld, int kc, int w, float* __rest
   }
 }
 
+// The same, for a whole kc x width panel whose rows are ld apart (op(A) = A^T, op(B) = B), into W-wide
+// strips one after another, reading the panel row by row. Strip by strip (pack_rows per strip) read W
+// floats from each of kc rows before moving on: a large-stride walk that the hardware prefetcher does
+// not follow, so that nearly every row was a cache miss, and the next strip fetched the same lines
+// again. Row by row, each row is one contiguous read.
+template <int W>
+void pack_rows_panel(const float* __restrict src, int ld, int kc, int width, float* __restrict dst) {
+  const int full = width / W;
+  const std::ptrdiff_t strip = static_cast<std::ptrdiff_t>(kc) * W;
+  for (int k = 0; k < kc; ++k) {
+    const float* __restrict s = src + static_cast<std::ptrdiff_t>(k) * ld;
+    float* __restrict d = dst + k * W;
+    for (int st = 0; st < full; ++st) {
+#pragma GCC unroll 32
+      for (int j = 0; j < W; ++j) d[st * strip + j] = s[st * W + j];
+    }
+  }
+  if (full * W < width) pack_rows<W>(src + full * W, ld, kc, width - full * W, dst + full * strip);
+}
+
 // Each of the W lines is contiguous in depth, lines are ld apart: op(A) = A, or op(B) = B^T.
 // This is a transpose. Going KB depths at a time, with constant trip counts on both inner loops,
 // lets GCC turn each KB x W block into vector loads and shuffles; short edge strips take the
@@ -94,35 +116,34 @@ void pack_cols(const float* __restrict src, int ld, int kc, int w, float* __rest
 
 // Packs op(A)[i0:i0+mc, k0:k0+kc] into MR-row strips, one after another.
 void pack_a(bool trans, const float* A, int lda, int i0, int k0, int mc, int kc, float* dst) {
+  if (trans) {
+    pack_rows_panel<MR>(A + static_cast<std::ptrdiff_t>(k0) * lda + i0, lda, kc, mc, dst);
+    return;
+  }
   for (int is = 0; is < mc; is += MR) {
     const int mr = std::min(MR, mc - is);
-    const int i = i0 + is;
-    if (trans) {
-      pack_rows<MR>(A + static_cast<std::ptrdiff_t>(k0) * lda + i, lda, kc, mr, dst);
-    } else {
-      pack_cols<MR>(A + static_cast<std::ptrdiff_t>(i) * lda + k0, lda, kc, mr, dst);
-    }
+    pack_cols<MR>(A + static_cast<std::ptrdiff_t>(i0 + is) * lda + k0, lda, kc, mr, dst);
     dst += static_cast<std::ptrdiff_t>(kc) * MR;
   }
 }
 
 // Packs op(B)[k0:k0+kc, j0:j0+nc] into NR-column strips, one after another.
 void pack_b(bool trans, const float* B, int ldb, int k0, int j0, int kc, int nc, float* dst) {
+  if (!trans) {
+    pack_rows_panel<NR>(B + static_cast<std::ptrdiff_t>(k0) * ldb + j0, ldb, kc, nc, dst);
+    return;
+  }
   for (int js = 0; js < nc; js += NR) {
     const int nr = std::min(NR, nc - js);
-    const int j = j0 + js;
-    if (trans) {
-      pack_cols<NR>(B + static_cast<std::ptrdiff_t>(j) * ldb + k0, ldb, kc, nr, dst);
-    } else {
-      pack_rows<NR>(B + static_cast<std::ptrdiff_t>(k0) * ldb + j, ldb, kc, nr, dst);
-    }
+    pack_cols<NR>(B + static_cast<std::ptrdiff_t>(j0 + js) * ldb + k0, ldb, kc, nr, dst);
     dst += static_cast<std::ptrdiff_t>(kc) * NR;
   }
 }
 
 // One MR x NR block of C (rows ldc apart) from one packed A strip and one packed B strip:
-//   Accumulate = false: C = alpha * Ap @ Bp  (C is not read)
-//   Accumulate = true:  C += Ap @ Bp         (alpha must be 1; the accumulators start from C)
+//   Accumulate = false: C = alpha * Ap @ Bp      (C is not read)
+//   Accumulate = true:  C = Cin + Ap @ Bp        (alpha must be 1; the accumulators start from Cin,
+//                                                 rows ldc_in apart: C itself, or a bias row, ldc_in = 0)
 // Both variants read or write C only before and after the k loop, with constant bounds. A single
 // kernel choosing between them at run time (or computing alpha * acc + beta * C) made GCC spill
 // the accumulators, hence the template and merge_tile for the other cases.
@@ -130,11 +151,11 @@ void pack_b(bool trans, const float* B, int ldb, int k0, int j0, int kc, int nc,
 // strip at Ap + i * lda, contiguous in depth (see sgemm_cpu for why).
 template <bool Accumulate, bool PackedA = true>
 MICRO_KERNEL_ATTR void micro_kernel(int kc, const float* __restrict Ap, const float* __restrict Bp, float alpha,
-                                    float* __restrict C, int ldc, int lda = 0) {
+                                    const float* Cin, int ldc_in, float* C, int ldc, int lda = 0) {
   float acc[MR][NR];
 #pragma GCC unroll 8
   for (int i = 0; i < MR; ++i) {
-    const float* __restrict c = C + static_cast<std::ptrdiff_t>(i) * ldc;
+    const float* c = Cin + static_cast<std::ptrdiff_t>(i) * ldc_in;
 #pragma GCC unroll 32
     for (int j = 0; j < NR; ++j) acc[i][j] = Accumulate ? c[j] : 0.0f;
   }
@@ -149,7 +170,7 @@ MICRO_KERNEL_ATTR void micro_kernel(int kc, const float* __restrict Ap, const fl
   }
 #pragma GCC unroll 8
   for (int i = 0; i < MR; ++i) {
-    float* __restrict c = C + static_cast<std::ptrdiff_t>(i) * ldc;
+    float* c = C + static_cast<std::ptrdiff_t>(i) * ldc;
 #pragma GCC unroll 32
     for (int j = 0; j < NR; ++j) c[j] = Accumulate ? acc[i][j] : alpha * acc[i][j];
   }
@@ -169,6 +190,16 @@ void merge_tile(const float* __restrict tile, float beta, float* __restrict C, i
     } else {
       for (int j = 0; j < nr; ++j) c[j] = t[j] + beta * c[j];
     }
+  }
+}
+
+// C[0:mr, 0:nr] = tile + bias, the same sum as merge_tile with beta = 1 onto rows that hold the bias.
+void merge_tile_bias(const float* __restrict tile, const float* __restrict bias, float* __restrict C, int ldc,
+                     int mr, int nr) {
+  for (int i = 0; i < mr; ++i) {
+    float* __restrict c = C + static_cast<std::ptrdiff_t>(i) * ldc;
+    const float* __restrict t = tile + i * NR;
+    for (int j = 0; j < nr; ++j) c[j] = t[j] + bias[j];
   }
 }
 
@@ -198,16 +229,11 @@ struct AlignedBuffer {
   }
 };
 
-}  // namespace
-
-void sgemm_cpu(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda,
-               const float* B, int ldb, float beta, float* C, int ldc) {
-  if (M <= 0 || N <= 0) return;
-  if (K <= 0 || alpha == 0.0f) {
-    scale_c(M, N, beta, C, ldc);
-    return;
-  }
-
+// sgemm_cpu and sgemm_cpu_bias. With a bias (alpha = 1, beta ignored), the first K slice starts every
+// tile from the bias instead of from C: the same sums, in the same order, as writing the bias into C
+// and accumulating onto it with beta = 1, without that extra pass over C.
+void sgemm_blocked(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda,
+                   const float* B, int ldb, float beta, const float* bias, float* C, int ldc) {
   // Per-thread so concurrent callers (e.g. one thread per rank) never share packing space.
   thread_local AlignedBuffer a_buf, b_buf;
   const int kc_max = std::min(K, KC);
@@ -222,6 +248,7 @@ void sgemm_cpu(bool trans_a, bool trans_b, int M, int N, int K, float alpha, con
       const int kc = std::min(KC, K - k0);
       // The first K slice applies the caller's beta; later slices accumulate onto it.
       const float beta_k = k0 == 0 ? beta : 1.0f;
+      const bool from_bias = bias != nullptr && k0 == 0;
       pack_b(trans_b, B, ldb, k0, j0, kc, nc, Bp);
       alignas(64) float tile[MR * NR];
       for (int i0 = 0; i0 < M; i0 += MC) {
@@ -244,28 +271,48 @@ void sgemm_cpu(bool trans_a, bool trans_b, int M, int N, int K, float alpha, con
             const float* a_strip = Ap + static_cast<std::ptrdiff_t>(is / MR) * kc * MR;
             float* c = C + static_cast<std::ptrdiff_t>(i0 + is) * ldc + j0 + js;
             const bool full = mr == MR && nr == NR;
-            if (is < mc_full) {
+            const float* bias_tile = from_bias ? bias + j0 + js : nullptr;
+            if (from_bias) {
+              // alpha == 1. Full tiles start from the bias row (ldc_in = 0: every row the same); edge
+              // tiles add it when merging, as merge_tile adds C.
+              const float* a = is < mc_full ? A + static_cast<std::ptrdiff_t>(i0 + is) * lda + k0 : a_strip;
+              if (full) {
+                if (is < mc_full) {
+                  micro_kernel<true, false>(kc, a, b_strip, 1.0f, bias_tile, 0, c, ldc, lda);
+                } else {
+                  micro_kernel<true>(kc, a, b_strip, 1.0f, bias_tile, 0, c, ldc);
+                }
+              } else {
+                if (is < mc_full) {
+                  std::fill(tile, tile + MR * NR, 0.0f);
+                  micro_kernel<true, false>(kc, a, b_strip, 1.0f, tile, NR, tile, NR, lda);
+                } else {
+                  micro_kernel<false>(kc, a, b_strip, 1.0f, tile, NR, tile, NR);
+                }
+                merge_tile_bias(tile, bias_tile, c, ldc, mr, nr);
+              }
+            } else if (is < mc_full) {
               // A in place (then mr == MR): the same sums, in the same order, as from a packed strip.
               // Only the accumulating kernel is used (GCC spilled the accumulators of a second
               // instance): other cases accumulate onto a zeroed tile, then scale and merge it.
               const float* a_rows = A + static_cast<std::ptrdiff_t>(i0 + is) * lda + k0;
               if (full && beta_k == 1.0f && alpha == 1.0f) {
-                micro_kernel<true, false>(kc, a_rows, b_strip, alpha, c, ldc, lda);
+                micro_kernel<true, false>(kc, a_rows, b_strip, alpha, c, ldc, c, ldc, lda);
               } else {
                 std::fill(tile, tile + MR * NR, 0.0f);
-                micro_kernel<true, false>(kc, a_rows, b_strip, 1.0f, tile, NR, lda);
+                micro_kernel<true, false>(kc, a_rows, b_strip, 1.0f, tile, NR, tile, NR, lda);
                 if (alpha != 1.0f) {
                   for (float& t : tile) t *= alpha;
                 }
                 merge_tile(tile, beta_k, c, ldc, mr, nr);
               }
             } else if (full && beta_k == 0.0f) {
-              micro_kernel<false>(kc, a_strip, b_strip, alpha, c, ldc);
+              micro_kernel<false>(kc, a_strip, b_strip, alpha, c, ldc, c, ldc);
             } else if (full && beta_k == 1.0f && alpha == 1.0f) {
-              micro_kernel<true>(kc, a_strip, b_strip, alpha, c, ldc);
+              micro_kernel<true>(kc, a_strip, b_strip, alpha, c, ldc, c, ldc);
             } else {
               // Edge tiles and general alpha/beta: compute into scratch, then merge what fits.
-              micro_kernel<false>(kc, a_strip, b_strip, alpha, tile, NR);
+              micro_kernel<false>(kc, a_strip, b_strip, alpha, tile, NR, tile, NR);
               merge_tile(tile, beta_k, c, ldc, mr, nr);
             }
           }
@@ -273,4 +320,26 @@ void sgemm_cpu(bool trans_a, bool trans_b, int M, int N, int K, float alpha, con
       }
     }
   }
+}
+
+}  // namespace
+
+void sgemm_cpu(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda,
+               const float* B, int ldb, float beta, float* C, int ldc) {
+  if (M <= 0 || N <= 0) return;
+  if (K <= 0 || alpha == 0.0f) {
+    scale_c(M, N, beta, C, ldc);
+    return;
+  }
+  sgemm_blocked(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, nullptr, C, ldc);
+}
+
+void sgemm_cpu_bias(bool trans_a, bool trans_b, int M, int N, int K, const float* A, int lda, const float* B,
+                    int ldb, const float* bias, float* C, int ldc) {
+  if (M <= 0 || N <= 0) return;
+  if (K <= 0) {
+    for (int i = 0; i < M; ++i) std::copy(bias, bias + N, C + static_cast<std::ptrdiff_t>(i) * ldc);
+    return;
+  }
+  sgemm_blocked(trans_a, trans_b, M, N, K, 1.0f, A, lda, B, ldb, 0.0f, bias, C, ldc);
 }

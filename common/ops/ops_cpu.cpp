@@ -15,7 +15,7 @@
 
 #include "base/check.h"       // ENSURE
 #include "ops/fast_math.h"   // fast_exp, fast_tanh
-#include "ops/matmul_cpu.h"  // sgemm_cpu
+#include "ops/matmul_cpu.h"  // sgemm_cpu, sgemm_cpu_bias
 #include "ops/ops_cpu_internal.h"  // kLanes, sum_of_lanes, max_of, exp_shifted
 
 namespace cpu {
@@ -196,18 +196,14 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
 
 void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int N, int C,
                     int OC) {
-  // Start every row from the bias and let sgemm add the product on top (beta = 1); without a bias,
+  // out(N,OC) = inp(N,C) @ weight(OC,C)^T (+ bias): each output starts from its bias and the product
+  // is added on top, inside sgemm (no separate pass writing the bias into `out`); without a bias,
   // beta = 0 tells sgemm to ignore whatever `out` held before.
-  float beta = 0.0f;
   if (bias) {
-    for (int i = 0; i < N; i++) {
-      float* out_row = out + size_t(i) * OC;
-      for (int o = 0; o < OC; o++) out_row[o] = bias[o];
-    }
-    beta = 1.0f;
+    sgemm_cpu_bias(false, true, N, OC, C, inp, C, weight, C, bias, out, OC);
+  } else {
+    sgemm_cpu(false, true, N, OC, C, 1.0f, inp, C, weight, C, 0.0f, out, OC);
   }
-  // out(N,OC) = inp(N,C) @ weight(OC,C)^T
-  sgemm_cpu(false, true, N, OC, C, 1.0f, inp, C, weight, C, beta, out, OC);
 }
 
 // matmul_backward (ops.cpp) is these two, in this order: the same products as one call would make.

@@ -62,6 +62,24 @@ void scaled_dots(float* __restrict out, const float* __restrict x, const float* 
   }
 }
 
+// scaled_dots for two vectors x0 and x1 against the same block, each exactly as scaled_dots computes
+// it (the same products, summed over i in the same order). One vector's four accumulators make chains
+// of dependent multiply-adds that wait on each other's latency; two vectors' eight keep both
+// multiply-add units busy, and each row of the block is loaded once for both.
+void scaled_dots2(float* __restrict out0, float* __restrict out1, const float* __restrict x0,
+                  const float* __restrict x1, const float* __restrict block, int Tp, int hs, int n, float scale) {
+  for (int t0 = 0; t0 < n; t0 += kKeyBlock) {
+    float acc0[kKeyBlock] = {}, acc1[kKeyBlock] = {};
+    for (int i = 0; i < hs; i++) {
+      const float a0 = x0[i], a1 = x1[i];
+      const float* __restrict row = block + size_t(i) * Tp + t0;
+      for (int j = 0; j < kKeyBlock; j++) acc0[j] += a0 * row[j];
+      for (int j = 0; j < kKeyBlock; j++) acc1[j] += a1 * row[j];
+    }
+    for (int j = 0; j < kKeyBlock; j++) out0[t0 + j] = acc0[j] * scale, out1[t0 + j] = acc1[j] * scale;
+  }
+}
+
 // y[i] += sum over r < n, in increasing r, of (coef[r * coef_stride] * coef_scale) * rows[r * row_stride + i],
 // for i < width. The sums of 32 (then 8) columns at a time stay in registers across all n rows,
 // instead of a load and a store of y per row (which made each row wait for the previous row's store).
@@ -128,20 +146,20 @@ void attention_forward(float* out, float* preatt, float* att, const float* qkv, 
   const int hs = C / NH;  // head size
   const float scale = 1.0f / std::sqrt(float(hs));
   const int Tp = round_up(T, kKeyBlock);
-  float* keys_t = attention_scratch(size_t(hs) * Tp + Tp);  // (hs, Tp), then one row of scores
-  float* scores = keys_t + size_t(hs) * Tp;
+  float* keys_t = attention_scratch(size_t(hs) * Tp + 2 * Tp);  // (hs, Tp), then two rows of scores
+  float* scores0 = keys_t + size_t(hs) * Tp;
+  float* scores1 = scores0 + Tp;
 
   for (int b = 0; b < B; b++) {
     const float* qkv_b = qkv + size_t(b) * T * C3;
     for (int h = 0; h < NH; h++) {
       transpose_head(keys_t, qkv_b + C + h * hs, T, Tp, hs, C3);
-      for (int t = 0; t < T; t++) {
+      auto query = [&](int t) { return qkv_b + size_t(t) * C3 + h * hs; };
+      // Row t's softmax from its scores (keys 0..t).
+      auto softmax_row = [&](int t, const float* __restrict scores) {
         const int n = t + 1;  // keys 0..t
-        const float* __restrict query = qkv_b + size_t(t) * C3 + h * hs;
         float* __restrict preatt_row = preatt + ((size_t(b) * NH + h) * T + t) * T;
         float* __restrict att_row = att + ((size_t(b) * NH + h) * T + t) * T;
-
-        scaled_dots(scores, query, keys_t, Tp, hs, n, scale);
         for (int t2 = 0; t2 < n; t2++) preatt_row[t2] = scores[t2];
         for (int t2 = n; t2 < T; t2++) preatt_row[t2] = -INFINITY;
 
@@ -151,6 +169,17 @@ void attention_forward(float* out, float* preatt, float* att, const float* qkv, 
         const float inv_expsum = float(1.0 / expsum);
         for (int t2 = 0; t2 < n; t2++) att_row[t2] *= inv_expsum;
         for (int t2 = n; t2 < T; t2++) att_row[t2] = 0.0f;
+      };
+      // Scores two queries at a time (t and t + 1; t's extra key t + 1 is computed and not used).
+      int t = 0;
+      for (; t + 1 < T; t += 2) {
+        scaled_dots2(scores0, scores1, query(t), query(t + 1), keys_t, Tp, hs, t + 2, scale);
+        softmax_row(t, scores0);
+        softmax_row(t + 1, scores1);
+      }
+      if (t < T) {
+        scaled_dots(scores0, query(t), keys_t, Tp, hs, t + 1, scale);
+        softmax_row(t, scores0);
       }
 
       // out = att @ v, summed over t2 in increasing order: two queries at a time (t and t + 1 share
@@ -158,9 +187,8 @@ void attention_forward(float* out, float* preatt, float* att, const float* qkv, 
       const float* values = qkv_b + 2 * C + h * hs;
       const float* att_head = att + (size_t(b) * NH + h) * T * T;
       auto out_row = [&](int t) { return out + (size_t(b) * T + t) * C + h * hs; };
-      for (int t = 0; t < T; t++) std::fill(out_row(t), out_row(t) + hs, 0.0f);
-      int t = 0;
-      for (; t + 1 < T; t += 2) {
+      for (t = 0; t < T; t++) std::fill(out_row(t), out_row(t) + hs, 0.0f);
+      for (t = 0; t + 1 < T; t += 2) {
         const float* att0 = att_head + size_t(t) * T;
         const float* att1 = att0 + T;
         accumulate_weighted_rows2(out_row(t), out_row(t + 1), att0, att1, 1, 1.0f, values, C3, t + 1, hs);
@@ -177,37 +205,47 @@ void attention_backward(float* dqkv, float* dpreatt, float* datt, const float* d
   const int hs = C / NH;
   const float scale = 1.0f / std::sqrt(float(hs));
   const int Tp = round_up(T, kKeyBlock);
-  float* values_t = attention_scratch(size_t(hs) * Tp + Tp);  // (hs, Tp), then one row of datt
-  float* datt_block = values_t + size_t(hs) * Tp;
+  float* values_t = attention_scratch(size_t(hs) * Tp + 2 * Tp);  // (hs, Tp), then two rows of datt
+  float* datt_block0 = values_t + size_t(hs) * Tp;
+  float* datt_block1 = datt_block0 + Tp;
 
   for (int b = 0; b < B; b++) {
     const float* qkv_b = qkv + size_t(b) * T * C3;
     float* dqkv_b = dqkv + size_t(b) * T * C3;
     for (int h = 0; h < NH; h++) {
       transpose_head(values_t, qkv_b + 2 * C + h * hs, T, Tp, hs, C3);
-      for (int t = 0; t < T; t++) {
+      auto dout_row = [&](int t) { return dout + (size_t(b) * T + t) * C + h * hs; };
+      // Row t of dpreatt from its datt (out = sum_t2 att[t2] * value[t2]: the gradient into att; the
+      // values' comes below).
+      auto softmax_backward_row = [&](int t, const float* __restrict datt_block) {
         const int n = t + 1;
         const float* __restrict att_row = att + ((size_t(b) * NH + h) * T + t) * T;
         float* __restrict datt_row = datt + ((size_t(b) * NH + h) * T + t) * T;
         float* __restrict dpreatt_row = dpreatt + ((size_t(b) * NH + h) * T + t) * T;
-        const float* __restrict dout_bth = dout + (size_t(b) * T + t) * C + h * hs;
-
-        // out = sum_t2 att[t2] * value[t2]: the gradient into att (the values' comes below)
-        scaled_dots(datt_block, dout_bth, values_t, Tp, hs, n, 1.0f);
         for (int t2 = 0; t2 < n; t2++) datt_row[t2] = datt_block[t2];  // scratch: overwritten (ops.h)
 
         // softmax: the Jacobian is diag(att) - att att^T, so its product with datt is
         // att * (datt - <att, datt>): O(T) per row instead of building the T x T Jacobian.
         const float weighted_datt = float(dot_double(att_row, datt_row, n));
         for (int t2 = 0; t2 < n; t2++) dpreatt_row[t2] = att_row[t2] * (datt_row[t2] - weighted_datt);
+      };
+      // Two rows at a time, as in the forward's scores.
+      int t = 0;
+      for (; t + 1 < T; t += 2) {
+        scaled_dots2(datt_block0, datt_block1, dout_row(t), dout_row(t + 1), values_t, Tp, hs, t + 2, 1.0f);
+        softmax_backward_row(t, datt_block0);
+        softmax_backward_row(t + 1, datt_block1);
+      }
+      if (t < T) {
+        scaled_dots(datt_block0, dout_row(t), values_t, Tp, hs, t + 1, 1.0f);
+        softmax_backward_row(t, datt_block0);
       }
       // preatt = scale * <query, key[t2]>: the gradient into the query, two queries at a time as in
       // the forward (t and t + 1 share the keys 0..t; t + 1's last one follows alone).
       const float* keys = qkv_b + C + h * hs;
       const float* dpreatt_head = dpreatt + (size_t(b) * NH + h) * T * T;
       auto dquery_row = [&](int t) { return dqkv_b + size_t(t) * C3 + h * hs; };
-      int t = 0;
-      for (; t + 1 < T; t += 2) {
+      for (t = 0; t + 1 < T; t += 2) {
         const float* coef0 = dpreatt_head + size_t(t) * T;
         const float* coef1 = coef0 + T;
         accumulate_weighted_rows2(dquery_row(t), dquery_row(t + 1), coef0, coef1, 1, scale, keys, C3, t + 1, hs);

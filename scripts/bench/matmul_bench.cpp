@@ -6,8 +6,8 @@
 //   backward dinp(rows, IC) = dout(rows, OC) @ W(OC, IC)    sgemm(no trans)
 //   backward dW(OC, IC)     = dout(rows, OC)^T @ inp        sgemm(trans_a)
 // with the alpha and beta that common/ops/ops_cpu.cpp passes: alpha = 1; beta = 1 (accumulate) for the
-// backward products and the forward of layers with a bias, which is written into out first;
-// beta = 0 for the lm head forward (no bias).
+// backward products; the forward of layers with a bias starts from it (ours: sgemm_cpu_bias; OpenBLAS:
+// beta = 1 onto C, which the layer would first fill with the bias); beta = 0 for the lm head forward.
 // Both implementations run in the same process after a warm-up, in alternating timed samples of a
 // few milliseconds each, so load from other processes hits them alike; each figure is the median
 // over 31 samples. Prints one row
@@ -86,8 +86,14 @@ Result bench(const Shape& s) {
   for (float& x : B) x = dist(rng);
   // With beta = 1, C grows linearly with the calls from zero; it stays far from overflow.
   std::vector<float> C(static_cast<size_t>(s.M) * s.N, 0.0f);
+  const std::vector<float> bias(static_cast<size_t>(s.N), 0.5f);
+  const bool with_bias = !s.trans_a && s.trans_b && s.beta == 1.0f;  // a biased layer's forward
 
   auto run_ours = [&] {
+    if (with_bias) {
+      sgemm_cpu_bias(false, true, s.M, s.N, s.K, A.data(), a_cols, B.data(), b_cols, bias.data(), C.data(), s.N);
+      return;
+    }
     sgemm_cpu(s.trans_a, s.trans_b, s.M, s.N, s.K, 1.0f, A.data(), a_cols, B.data(), b_cols, s.beta,
               C.data(), s.N);
   };

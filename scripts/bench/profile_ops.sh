@@ -2,7 +2,7 @@
 # profile_ops.sh: `make profile`. Where one training step's CPU time goes, per op, at one rank and one
 # thread: chapter 01 runs under `perf record` (a sample of the program counter every 0.25 ms of CPU
 # time), and each sample is booked to the op whose code it was in, by function name:
-#   matmul       sgemm_cpu (its packing is inlined there), its micro-kernels, matmul_*, the biases
+#   matmul       sgemm_* (its packing is inlined there), its micro-kernels, matmul_*, the biases
 #   attention    attention_* and their row helpers, and the exp of the softmax (exp_shifted and max_of
 #                serve the attention's softmax and the cross-entropy's; at these presets the
 #                attention's T x T scores are 8-16x the logits, so they are booked here)
@@ -35,8 +35,8 @@ import json, re, statistics, sys
 out, steps, presets = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
 # (category, pattern on the symbol), first match wins.
 rules = [
-    ("matmul", r"sgemm_cpu|micro_kernel|pack_|merge_tile|matmul_|add_bias|bias_backward"),
-    ("attention", r"attention_|accumulate_weighted_rows|exp_shifted|max_of"),
+    ("matmul", r"sgemm_|micro_kernel|pack_|merge_tile|matmul_|add_bias|bias_backward"),
+    ("attention", r"attention_|accumulate_weighted_rows|scaled_dots|exp_shifted|max_of"),
     ("layernorm", r"layernorm_"),
     ("GELU", r"gelu_"),
     ("softmax + cross-entropy", r"softmax_crossentropy|crossentropy_shard"),
