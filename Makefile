@@ -3,6 +3,8 @@
 # lines that start with "## " follow the list as they are (the options below). A new target gets one too.
 ## Options: V=1 prints whole compiler commands; -j1 builds one file at a time (default: all cores).
 ##   ARCH=-march=x86-64-v2 for programs that must run on older CPUs of a cluster (default: native).
+##   CUDA_ARCH="-gencode arch=compute_90,code=sm_90" for the GPUs of another machine (default: the GPUs
+##   nvidia-smi lists here, each at its compute capability; without a GPU, sm_80 and its PTX, see cuda.mk).
 ##   A change of flags (ARCH, CXXFLAGS, CUDA_ARCH, ...) rebuilds what they compile.
 
 MPICXX   ?= $(shell command -v mpicxx 2>/dev/null)
