@@ -22,6 +22,8 @@ namespace {
 // 1 (the check below asks 0.5), and a difference between the grids has nine updates to grow through.
 constexpr int kSteps = 10;
 constexpr int kHalfway = kSteps / 2;  // where the checkpoint tests save and resume
+// The odd preset (15 wide) learns slower: its loss falls by 0.5 only after more than 10 steps.
+constexpr int kOddSteps = 20;
 constexpr double kLossTolerance = 1e-5;  // fp32, relative, per step
 
 const std::vector<std::string> kChapters = {"01_vanilla_dp", "02_overlap_dp", "03_bucket_dp",
@@ -48,7 +50,7 @@ class RankEquivalence : public testing::TestWithParam<Case> {};
 TEST_P(RankEquivalence, SameLossesAndParametersAsOneRankOf01) {
   const Case c = GetParam();
   expect_trains_like_one_rank_of_01(c.chapter, c.ranks, "--grad-accum " + std::to_string(c.grad_accum) + " " + c.extra,
-                                    c.preset, c.batch, kSteps, kLossTolerance);
+                                    c.preset, c.batch, c.preset == "odd" ? kOddSteps : kSteps, kLossTolerance);
 }
 
 std::vector<Case> equivalence_cases() {
