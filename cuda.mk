@@ -10,7 +10,17 @@
 # Nothing here needs a GPU: the build runs anywhere nvcc does.
 
 CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
-CUDA_ARCH ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90
+# The GPU code nvcc writes. Each architecture costs a pass of nvcc's device compiler and of ptxas over
+# every .cu file, so the build makes only what this machine needs: where a GPU answers nvidia-smi,
+# its own compute capability (every distinct one of its GPUs); where none does (CI, a login node),
+# sm_80 plus its PTX, which proves the code compiles and which the driver of any newer GPU compiles
+# for itself at the first launch. Two architectures cost a third more nvcc time than one.
+# CUDA_ARCH="-gencode arch=compute_90,code=sm_90 ..." builds for the GPUs of another machine.
+ifeq ($(origin CUDA_ARCH),undefined)
+GPU_CAPABILITIES := $(shell nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | tr -d '. ' | grep -x '[0-9][0-9]*' | sort -u)
+CUDA_ARCH := $(strip $(if $(GPU_CAPABILITIES),$(foreach cc,$(GPU_CAPABILITIES),-gencode arch=compute_$(cc),code=sm_$(cc)),\
+               -gencode arch=compute_80,code=sm_80 -gencode arch=compute_80,code=compute_80))
+endif
 NVCCFLAGS ?= -O3 -std=c++17 $(CUDA_ARCH) -Xcompiler -Wall,-Wextra
 
 CPPFLAGS += -DGPT_WITH_CUDA -I$(CUDA_HOME)/include

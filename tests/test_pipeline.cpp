@@ -21,7 +21,9 @@
 
 namespace {
 
-constexpr int kSteps = 20;
+// Ten steps, as 09's equivalence runs on the same preset: the warm-up and the decay both run, and the
+// loss falls by more than the 0.5 the check asks.
+constexpr int kSteps = 10;
 constexpr double kTolerance = 1e-5;  // fp32, relative
 const std::string kPreset = "tall";
 
