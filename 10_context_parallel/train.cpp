@@ -29,6 +29,11 @@
 // On a GPU (--device cuda, fp32) the blocks run as CUDA kernels (common/ops/ring_attention_cuda.cu) on
 // the compute stream while NCCL's stream carries the next block: the same overlap, on two streams.
 //
+// Ulysses (--ulysses U, Jacobs et al. 2023): inside each ring place U ranks split its positions
+// further; around attention an all-to-all trades them for NH/U whole heads over all the place's
+// positions, the ring runs on those heads, and a second all-to-all trades back (ulysses_attention.h).
+// Its bytes per rank stay flat as U grows at a fixed number of positions per rank; the ring's grow.
+//
 // Base chapter: 03_bucket_dp (docs/diffs/10_context_parallel.diff: what this chapter adds to it).
 //
 // Run:
@@ -36,9 +41,11 @@
 //   mpiexec -n 2 ./10_context_parallel/train                                    # CP 2, zigzag
 //   mpiexec -n 4 ./10_context_parallel/train --cp 4 --cp-split contiguous       # the imbalance
 //   mpiexec -n 2 ./10_context_parallel/train --preset long --trace cp.json      # T = 1024
+//   mpiexec -n 4 ./10_context_parallel/train --cp 2 --ulysses 2                 # Ulysses 2 inside a ring of 2
 // Output: as 03, plus, after step 1, per rank: attention FLOPs next to both splits' formulas, the
 // time spent idle in the ring, and the ring's bytes next to 2(cp-1)/cp of K and V; the activations'
 // measured bytes next to their formula on T/cp positions (docs/context_parallel.md reads them).
+// Under --ulysses, every rank's all-to-all bytes next to theirs (docs/ulysses.md).
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -59,28 +66,45 @@
 #include "training/optimizer.h"
 #include "comm/process_grid.h"
 #include "ring_attention_protocol.h"  // RingAttention: the lesson's ring
-#include "training/training_run.h"
+#include "training_run.h"
+#include "ulysses_attention.h"  // UlyssesAttention: positions traded for heads around the ring
+#include "ulysses_report.h"
 
 // The chapter's own flags.
 struct ContextFlags {
-  int cp = 0;  // 0: 2 where the rank count is even, else 1
+  int cp = 0;  // 0: 2 where the rank count (over --ulysses) is even, else 1
+  int ulysses = 1;
   std::string split = "zigzag";
   double bucket_mb = 0;
 };
 
 // The whole run, in a function: the grid's groups must end before MPI does.
 int train(Communicator& world, TrainConfig& cfg, const ContextFlags& opt, int cp, ContextSplit split, int T) {
-  ProcessGrid grid(world, grid_shape(world.size(), 1, 1, cp));
+  // Under --ulysses u the grid's context axis holds u x cp ranks, Ulysses inside the ring: a rank's
+  // coordinate there is its ring place x u + its Ulysses rank.
+  const int u = opt.ulysses;
+  ProcessGrid grid(world, grid_shape(world.size(), 1, 1, cp * u));
+  const int place = grid.coords().cp / u, ulysses_rank = grid.coords().cp % u;
   // Every rank of the ring knows which positions each member holds: its own, and those of the blocks
-  // that come by (their causal mask is by absolute position).
+  // that come by (their causal mask is by absolute position). Under Ulysses those of its ring place,
+  // of which it holds its group's slice.
   std::vector<std::vector<int>> positions;
   for (int r = 0; r < cp; r++) positions.push_back(context_positions(T, cp, r, split));
-  const bool ring_attention = cp > 1 || world.device() == Device::CPU;  // on a GPU, --cp 1 is the model's own
+  const bool ring_attention = cp > 1 || u > 1 || world.device() == Device::CPU;  // on a GPU, --cp 1 is the model's own
   ContextParallelism held;
-  if (ring_attention) held = {cp, grid.coords().cp, positions[size_t(grid.coords().cp)]};
+  if (ring_attention) held = {cp * u, grid.coords().cp, ulysses_positions(positions[size_t(place)], u, ulysses_rank), u};
   Parallelism parallelism;  // data parallelism (DP) over the grid's DP x CP ranks, and this rank's positions
   parallelism.cp = held;
   TrainingRun run(grid, cfg, parallelism);
+  // Ulysses' groups, split from the grid's context axis: the u ranks of a ring place, which trade
+  // positions for heads, and the ring of the cp ranks that share a Ulysses rank.
+  std::unique_ptr<Communicator> ulysses_group, ring_group;
+  if (u > 1) {
+    ulysses_group = grid.cp().split(place, ulysses_rank, "ulysses");
+    ring_group = grid.cp().split(ulysses_rank, place, "ring");
+    run.add_group("ulysses", *ulysses_group);
+    run.add_group("ring", *ring_group);
+  }
   const Device device = run.device();
   const DType dtype = run.dtype();  // fp32, or bf16 mixed precision on GPUs
   const ParamLayout& layout = run.layout();
@@ -106,12 +130,27 @@ int train(Communicator& world, TrainConfig& cfg, const ContextFlags& opt, int cp
   std::unique_ptr<RingAttention> ring;
   if (ring_attention) {
     const GPT2Config& m = run.model_config();
-    ring = std::make_unique<RingAttention>(grid.cp(), positions, run.micro_batch_size(), m.C, m.NH);
+    ring = std::make_unique<RingAttention>(u > 1 ? *ring_group : grid.cp(), positions, run.micro_batch_size(),
+                                           m.C / u, m.NH / u);
     model.cp_hooks.attention_forward = [&](Tensor out, Tensor lse, Tensor qkv, int NH) {
       ring->forward(out, lse, qkv, NH);
     };
     model.cp_hooks.attention_backward = [&](Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor lse, int NH) {
       ring->backward(dqkv, dout, qkv, out, lse, NH);
+    };
+  }
+  // Ulysses around the ring: an all-to-all trades this rank's positions of every head for its NH/u
+  // heads over the ring place's positions, the ring runs on those, and a second all-to-all trades back.
+  std::unique_ptr<UlyssesAttention> ulysses;
+  if (u > 1) {
+    ulysses = std::make_unique<UlyssesAttention>(*ulysses_group, run.micro_batch_size(), int(held.positions.size()),
+                                                 run.model_config().C, model.cp_hooks.attention_forward,
+                                                 model.cp_hooks.attention_backward);
+    model.cp_hooks.attention_forward = [&](Tensor out, Tensor lse, Tensor qkv, int NH) {
+      ulysses->forward(out, lse, qkv, NH);
+    };
+    model.cp_hooks.attention_backward = [&](Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor lse, int NH) {
+      ulysses->backward(dqkv, dout, qkv, out, lse, NH);
     };
   }
 
@@ -126,11 +165,12 @@ int train(Communicator& world, TrainConfig& cfg, const ContextFlags& opt, int cp
   };
 
   // This rank's positions of each micro-batch's sequences.
-  std::vector<int> inputs(size_t(run.micro_batch_size()) * positions[size_t(grid.coords().cp)].size()),
+  std::vector<int> inputs(size_t(run.micro_batch_size()) * held.positions.size()),
       targets(inputs.size());
   for (int step = start; step < cfg.steps; step++) {
     run.begin_step(step);
     if (ring) ring->counters = RingCounters{};
+    if (ulysses) ulysses->counters = UlyssesCounters{};
     fill_zero(grads.view());
     float loss = 0;
     for (int micro = 0; micro < cfg.grad_accum; micro++) {
@@ -157,7 +197,9 @@ int train(Communicator& world, TrainConfig& cfg, const ContextFlags& opt, int cp
     optimizer.update(params.view(), grads.view(), step + 1, run.lr(step), clip_factor(norm, cfg.grad_clip));
     run.end_step(step, loss, norm);
     // After step 1, every rank's ring next to the formulas of docs/theory.md, section 13 (context_report.h).
-    if (ring && step == std::max(start, 1)) report_ring(run, world, cp, ring->counters, split);
+    if (ring && step == std::max(start, 1)) report_ring(run, world, cp, ring->counters, split, u);
+    if (ulysses && step == std::max(start, 1))
+      report_ulysses(run, world, u, run.model_config().L, int(held.positions.size()), run.model_config().C, ulysses->counters);
     if (run.checkpoint_due(step)) run.save_checkpoint(step + 1, params, optimizer);
     if (run.stopping()) break;  // Ctrl-C or a diverging loss: every rank agreed to stop here
   }
@@ -169,8 +211,10 @@ int main(int argc, char** argv) {
   TrainConfig cfg;
   FlagParser flags;
   ContextFlags opt;
-  flags.add("--cp", &opt.cp, "ranks in a context-parallel ring (default: 2 on an even rank count); the rest is "
-                            "data-parallel");
+  flags.add("--cp", &opt.cp, "ranks in a context-parallel ring (default: 2 on an even rank count, over --ulysses); "
+                            "the rest is data-parallel");
+  flags.add("--ulysses", &opt.ulysses, "ranks of a Ulysses group inside each ring place: they split its positions "
+                                      "and trade them for heads around attention (default 1: none)");
   flags.add("--cp-split", &opt.split, "which positions a rank holds: zigzag (chunks i and 2cp-1-i, balanced under "
                                       "the causal mask) or contiguous (default: zigzag)", "SPLIT");
   flags.add("--bucket-mb", &opt.bucket_mb, "target bucket size in MB, a bucket holding whole tensors (default: an "
@@ -188,15 +232,22 @@ int main(int argc, char** argv) {
   ContextSplit split;
   if (!parse_context_split(opt.split, &split))
     config_error("--cp-split: '" + opt.split + "' is neither zigzag nor contiguous");
-  const int cp = opt.cp ? opt.cp : comm->size() % 2 == 0 ? 2 : 1;
+  if (opt.ulysses < 1) config_error("--ulysses must be >= 1");
+  const int cp = opt.cp ? opt.cp : (comm->size() / opt.ulysses) % 2 == 0 ? 2 : 1;
   const std::string grid_problem = grid_shape_problem(comm->size(), 1, 1, cp);
-  if (!grid_problem.empty()) config_error(grid_problem);
+  if (!grid_problem.empty() && opt.ulysses == 1) config_error(grid_problem);  // (else ulysses_problem's)
   GPT2Config preset;
   if (!find_preset(cfg.preset, &preset))
     config_error("--preset: unknown preset '" + cfg.preset + "' (choose from " + preset_names() + ")");
   const std::string split_problem = context_split_problem(preset.T, cp, split, comm->size());
   if (!split_problem.empty()) config_error(split_problem);
+  // Ulysses splits each ring place's positions further, and the heads: both must divide.
+  const std::string ulysses_problem_line = ulysses_problem(opt.ulysses, preset.NH, 1, preset.T, cp, split, comm->size());
+  if (!ulysses_problem_line.empty()) config_error(ulysses_problem_line);
   const Device device = pick_device(cfg.device);
+  if (opt.ulysses > 1 && device == Device::CUDA)
+    config_error("--ulysses " + std::to_string(opt.ulysses) + " runs on the CPU (its exchange has no CUDA kernels "
+                 "yet): pass --device cpu, or --ulysses 1");
   if (cp > 1 && device == Device::CUDA) {  // the ring's kernels on a GPU (ring_attention_cuda.cu) are fp32
     if (cfg.dtype == "bf16")
       config_error("--dtype bf16 with --cp " + std::to_string(cp) + " on a GPU: the ring's CUDA kernels run in fp32; "

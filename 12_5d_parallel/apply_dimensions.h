@@ -29,16 +29,20 @@
 #include "training/routing_log.h"  // RoutingLog: the ep row's theory from the routing
 #include "parallel/theory.h"  // predict_tensor_parallel, ring_sent_bytes, routing_counts_bytes
 #include "training/training_run.h"
+#include "ulysses_attention.h"  // UlyssesAttention: positions traded for heads around the ring
 
 // 10's and 11's flags as 12 takes them: the ring's size and split, the experts' group and routing.
 struct ContextExpertFlags {
   int cp = 1;
+  int ulysses = 1;  // ranks of a Ulysses group inside each ring place
   std::string split = "zigzag";
   int ep = 1;
   double capacity_factor = 0, aux_loss_coef = 0.01;
 
   void add_context_flags(FlagParser& flags) {
     flags.add("--cp", &cp, "ranks in a context-parallel ring, next to TP (default 1)");
+    flags.add("--ulysses", &ulysses, "ranks of a Ulysses group inside each CP ring place: they split its positions "
+                                    "and trade them for heads around attention (default 1)");
     flags.add("--cp-split", &split, "which positions a CP rank holds: zigzag (default) or contiguous", "SPLIT");
   }
   void add_expert_flags(FlagParser& flags) {
@@ -125,12 +129,18 @@ inline PipelinePlan plan_pipeline(Communicator& world, const TrainConfig& cfg, c
   return plan;
 }
 
-// Every flag's refusal before any group exists, in order: an --ep that cannot divide the experts fits
-// no rank count (the expert dimension's refusal), then 08's plan of the pipeline (with the grid's
-// groups), then what only this composition cannot run.
+// Every flag's refusal before any group exists, in order: Ulysses' heads and positions, an --ep that
+// cannot divide the experts (it fits no rank count: the expert dimension's refusal), then 08's plan of
+// the pipeline (with the grid's groups), then what only this composition cannot run.
 inline PipelinePlan plan_composition(Communicator& world, const TrainConfig& cfg, const GPT2Config& model, int batch,
                                      const PipelineFlags& flags, bool sequence_parallel, const ContextExpertFlags& dims) {
   const int ranks_per_stage = flags.pp > 0 && world.size() % flags.pp == 0 ? world.size() / flags.pp : 0;
+  ContextSplit split;
+  parse_context_split(dims.split, &split);  // (checked in main)
+  // Ulysses inside each ring place: its heads (after TP's split) and the place's positions must divide.
+  const std::string ulysses_refusal = ulysses_problem(dims.ulysses, model.NH, flags.tp, model.T, dims.cp, split,
+                                                      ranks_per_stage);
+  if (!ulysses_refusal.empty()) config_error(ulysses_refusal);
   const std::string experts_problem = expert_count_problem(model, dims.ep, ranks_per_stage, flags.pp);
   if (!experts_problem.empty()) config_error(experts_problem);
   const PipelinePlan plan = plan_pipeline(world, cfg, model, batch, flags);
@@ -149,28 +159,54 @@ inline std::vector<std::vector<int>> every_ranks_positions(const ContextExpertFl
 
 // CP: 10's ring, over this rank's heads (NH/t of them, C/t channels a head group): one per lane with
 // pairs at once, each on its lane's communicator, with its own blocks in flight. Also each
-// micro-batch's tokens at this rank's positions, kept until its backward.
+// micro-batch's tokens at this rank's positions, kept until its backward. Under Ulysses (10's
+// --ulysses u, inside the ring) the context axis splits into the u ranks of each ring place, which
+// trade positions for heads around the ring, and the rings of those that share a Ulysses rank, on
+// NH/(t u) heads; `positions` are the ring places'.
 class ContextRings {
  public:
-  ContextRings(TrainingRun& run, Communicator& ring, const std::vector<std::vector<int>>& positions, int micro_B,
+  ContextRings(TrainingRun& run, Communicator& context, const std::vector<std::vector<int>>& positions, int micro_B,
                int micro_batches, int lanes)
-      : run_(run), held_(run.context_parallelism()), T_(run.model_config().T), inputs_(size_t(micro_batches)),
-        targets_(size_t(micro_batches)) {
+      : run_(run), held_(run.context_parallelism()), T_(run.model_config().T), context_(context),
+        inputs_(size_t(micro_batches)), targets_(size_t(micro_batches)) {
     if (!held_.on()) return;
     const TensorParallelism& tp = run.tensor_parallelism();
     const GPT2Config& cfg = run.model_config();
-    for (int lane = 0; lane < lanes; lane++)
-      rings_.push_back(
-          std::make_unique<RingAttention>(lane_of(ring, Lane(lane)), positions, micro_B, cfg.C / tp.size, cfg.NH / tp.size));
+    const int u = held_.ulysses, place = held_.rank / u, slice = held_.rank % u;
+    if (u > 1) {  // (with pairs at once, each group with a copy for the backward lane, as the grid's)
+      ulysses_group_ = context.split(place, slice, "ulysses");
+      ring_group_ = context.split(slice, place, "ring");
+      if (lanes > 1) {
+        ulysses_group_ = std::make_unique<LaneCommunicator>(std::move(ulysses_group_));
+        ring_group_ = std::make_unique<LaneCommunicator>(std::move(ring_group_));
+      }
+      run.add_group("ulysses", *ulysses_group_);
+      run.add_group("ring", *ring_group_);
+    }
+    Communicator& ring = u > 1 ? *ring_group_ : context;
+    for (int lane = 0; lane < lanes; lane++) {
+      rings_.push_back(std::make_unique<RingAttention>(lane_of(ring, Lane(lane)), positions, micro_B,
+                                                       cfg.C / (tp.size * u), cfg.NH / (tp.size * u)));
+      RingAttention& lane_ring = *rings_.back();
+      if (u > 1)
+        ulysses_.push_back(std::make_unique<UlyssesAttention>(
+            lane_of(*ulysses_group_, Lane(lane)), micro_B, int(held_.positions.size()), cfg.C / tp.size,
+            [&lane_ring](Tensor out, Tensor lse, Tensor qkv, int NH) { lane_ring.forward(out, lse, qkv, NH); },
+            [&lane_ring](Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor lse, int NH) {
+              lane_ring.backward(dqkv, dout, qkv, out, lse, NH);
+            }));
+    }
   }
 
   void apply(const std::vector<GPT2*>& chunks) {
     for (GPT2* chunk : chunks) {
       if (!held_.on()) return;
       chunk->cp_hooks.attention_forward = [this](Tensor out, Tensor lse, Tensor qkv, int NH) {
+        if (!ulysses_.empty()) return ulysses_[size_t(lane_index())]->forward(out, lse, qkv, NH);
         rings_[size_t(lane_index())]->forward(out, lse, qkv, NH);
       };
       chunk->cp_hooks.attention_backward = [this](Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor lse, int NH) {
+        if (!ulysses_.empty()) return ulysses_[size_t(lane_index())]->backward(dqkv, dout, qkv, out, lse, NH);
         rings_[size_t(lane_index())]->backward(dqkv, dout, qkv, out, lse, NH);
       };
     }
@@ -179,6 +215,10 @@ class ContextRings {
   void begin_step() {
     for (auto& ring : rings_) ring->counters = RingCounters{};
   }
+
+  // The ring's group (the context axis itself without Ulysses) and the Ulysses group (null without).
+  const Communicator& ring_group() const { return ring_group_ ? *ring_group_ : context_; }
+  const Communicator* ulysses_group() const { return ulysses_group_.get(); }
 
   MicroBatch micro_batch(int step, int micro) {
     MicroBatch batch = run_.micro_batch(step, micro);
@@ -196,7 +236,10 @@ class ContextRings {
   TrainingRun& run_;
   const ContextParallelism& held_;
   int T_;
+  Communicator& context_;
+  std::unique_ptr<Communicator> ulysses_group_, ring_group_;
   std::vector<std::unique_ptr<RingAttention>> rings_;
+  std::vector<std::unique_ptr<UlyssesAttention>> ulysses_;  // one per lane, around that lane's ring
   std::vector<std::vector<int>> inputs_, targets_;
 };
 
@@ -355,8 +398,10 @@ class GridExperts {
 class GroupBytes {
  public:
   GroupBytes(const TrainingRun& run, const ProcessGrid& grid, const std::vector<ModelPart>& parts,
-             const GradientSync& data_parallel, const GridExperts& experts, int micro_batches, bool sharded)
-      : run_(run), grid_(grid), parts_(parts), data_parallel_(data_parallel), experts_(experts), m_(micro_batches),
+             const GradientSync& data_parallel, const GridExperts& experts, const ContextRings& rings,
+             int micro_batches, bool sharded)
+      : run_(run), grid_(grid), parts_(parts), data_parallel_(data_parallel), experts_(experts), rings_(rings),
+        m_(micro_batches),
         sharded_(sharded), zero2_(run.pipeline().reduce_every_micro_batch) {
     const GPT2Config& cfg = run.model_config();
     for (const ModelPart& part : parts)
@@ -374,6 +419,10 @@ class GroupBytes {
                            "Ψ'), Ψ' = padded - experts"
                   : sharded_ ? "reduce-scatter + all-gather over DP x CP: 2(N-1)/N x w x (padded - experts)"
                              : "all-reduce over DP x CP: 2(N-1)/N x w x (padded - experts)"}};
+    if (run_.context_parallelism().ulysses > 1)
+      formulas.push_back({"ulysses", "(4 x passes + 8) (u-1)/u x L' m B T/(cp u) C/t x 4: q, k, v to heads and the "
+                                     "output back, forward; the output's gradient and again q, k, v and the output "
+                                     "to heads, their gradients back, backward"});
     if (run_.model_config().moe()) {
       formulas.push_back({"expert_dp", std::string(zero2_     ? "m reduce-scatters + all-gather: (m+1)(D-1)/D"
                                                    : sharded_ ? "reduce-scatter + all-gather: 2(D-1)/D"
@@ -392,6 +441,7 @@ class GroupBytes {
     const ParamLayout& layout = run_.layout();
     const TensorParallelism& tp = run_.tensor_parallelism();
     const int micro_B = run_.micro_batch_size(), t = tp.size, cp = grid_.shape().cp;
+    const int u = run_.context_parallelism().ulysses, ring = cp / u;  // the ring's ranks, on C/(t u) channels
     const int64_t expert_range = layout.expert_range_size;  // the experts' elements (their tensors and padding)
     const double w = double(dtype_size(run_.dtype()));
     const int N = grid_.dp_cp().size(), D = grid_.expert_dp().size(), P = grid_.ep().size();
@@ -407,8 +457,13 @@ class GroupBytes {
         {"tp", double(now.tp.since(at_start_.tp).training_sent_bytes()),
          t > 1 ? m_ * tp_theory.bytes_per_micro_batch + whole.partial_grad_bytes * (zero2_ ? m_ : 1) : 0.0},
         {"cp", double(now.cp.since(at_start_.cp).training_sent_bytes()),
-         ring_sent_bytes(run_cfg, held_blocks_, m_, micro_B, cp, t) * (cp > 1 ? 1 : 0)},
+         ring_sent_bytes(run_cfg, held_blocks_, m_, micro_B, ring, t * u) * (ring > 1 ? 1 : 0)},
         {"dp_cp", double(now.dp_cp.since(at_start_.dp_cp).training_sent_bytes()), dense_dp}};
+    if (u > 1)  // Ulysses' all-to-alls on this rank's T/(cp u) positions and C/t channels (ulysses_attention.h)
+      rows.push_back({"ulysses", double(now.ulysses.since(at_start_.ulysses).training_sent_bytes()),
+                      ulysses_forward_bytes(u, held_blocks_, m_, micro_B, held_cfg.T, run_cfg.C / t,
+                                            run_cfg.recompute == Recompute::Full ? 2 : 1) +
+                          ulysses_backward_bytes(u, held_blocks_, m_, micro_B, held_cfg.T, run_cfg.C / t)});
     if (run_cfg.moe()) {
       const int64_t record = experts_.record_size();
       double expert_params = 0;
@@ -429,11 +484,11 @@ class GroupBytes {
 
  private:
   struct Stats {
-    CommStats tp, cp, dp_cp, ep, expert_dp;
+    CommStats tp, cp, dp_cp, ep, expert_dp, ulysses;
   };
   Stats stats() const {
-    return Stats{grid_.tp().stats(), grid_.cp().stats(), grid_.dp_cp().stats(), grid_.ep().stats(),
-                 grid_.expert_dp().stats()};
+    return Stats{grid_.tp().stats(), rings_.ring_group().stats(), grid_.dp_cp().stats(), grid_.ep().stats(),
+                 grid_.expert_dp().stats(), rings_.ulysses_group() ? rings_.ulysses_group()->stats() : CommStats{}};
   }
 
   const TrainingRun& run_;
@@ -441,6 +496,7 @@ class GroupBytes {
   std::vector<ModelPart> parts_;
   const GradientSync& data_parallel_;
   const GridExperts& experts_;
+  const ContextRings& rings_;
   int m_;
   bool sharded_, zero2_;
   int held_blocks_ = 0;  // this rank's blocks, every chunk

@@ -25,8 +25,8 @@
 // coordinate. Gradients: 07's sums over TP of the tensors held whole (under SP), 08's sum of wte over
 // the embedding group, then data parallelism over DP x CP (or ZeRO-1), the experts' over expert DP,
 // each by its copies (common/pipeline/gradient_router.h). CP and EP are applied to every chunk in turn, each
-// its chapter's lesson (apply_dimensions.h: 10's ring over this rank's NH/t heads, 11's exchange per
-// micro-batch in flight). Seven groups, seven kinds of traffic, each printed next to its formula.
+// its chapter's lesson (apply_dimensions.h: 10's ring over this rank's NH/t heads, with --ulysses u 10's Ulysses
+// inside it and the ring on NH/(t u) heads; 11's exchange per micro-batch in flight). Seven groups, seven kinds of traffic, each printed next to its formula.
 //
 // Activation recomputation (--recompute, in every chapter: it belongs to the model) trades compute
 // for the activations that a pipeline multiplies by its micro-batches in flight. selective drops the
@@ -48,6 +48,7 @@
 //   mpiexec -n 4 ./12_5d_parallel/train --tp 2 --cp 2                                   # TP 2 x CP 2
 //   mpiexec -n 4 ./12_5d_parallel/train --preset moe-tiny --tp 2 --pp 2 --ep 2 --sequence-parallel
 //   mpiexec -n 4 ./12_5d_parallel/train --preset moe-tiny --ep 2 --zero1   # dense state over DP 4, experts' over 2
+//   mpiexec -n 4 ./12_5d_parallel/train --tp 2 --ulysses 2   # Ulysses (10's --ulysses) on the NH/t heads of TP
 #include <cmath>
 #include <cstdio>
 #include <memory>
@@ -95,24 +96,27 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
   if (!find_preset(cfg.preset, &model_cfg)) config_error("--preset: unknown preset '" + cfg.preset + "'");
   const int batch = cfg.was_given("--batch") ? cfg.batch : cfg.resume.empty() ? model_cfg.default_batch : 0;
   PipelineFlags flags = opt.pipeline;
-  flags.tp = opt.tp, flags.cp = opt.dims.cp, flags.ep = opt.dims.ep, flags.splits_experts = true;
+  flags.tp = opt.tp, flags.cp = opt.dims.cp * opt.dims.ulysses, flags.ep = opt.dims.ep, flags.splits_experts = true;
   if (!flags.pp) flags.pp = 1;
   const PipelinePlan pipe = plan_composition(world, cfg, model_cfg, batch, flags, opt.sequence_parallel, opt.dims);
   const Schedule schedule = pipe.schedule;
   const int t = flags.tp, p = pipe.shape.stages, m = pipe.shape.micro_batches, v = pipe.shape.chunks;
   const std::vector<int>& blocks = pipe.blocks;  // per virtual stage, the head's cost weighed in
   const bool zero1 = flags.zero1, zero2 = flags.zero2;
-  const int cp = opt.dims.cp;
+  const int cp = opt.dims.cp, u = opt.dims.ulysses;
   const bool moe = model_cfg.moe();
   cfg.grad_accum = m;
   // The grid: TP innermost (a node's fast links), PP outermost, data parallelism over the rest.
   // CP between TP and DP; the experts folded over each stage's ranks.
-  ProcessGrid grid(world, grid_shape(world.size(), t, p, cp, opt.dims.ep));
+  // Under --ulysses u the context axis holds u x cp ranks, Ulysses inside: ring place x u + Ulysses rank.
+  ProcessGrid grid(world, grid_shape(world.size(), t, p, cp * u, opt.dims.ep));
   const bool sequence_parallel = opt.sequence_parallel && t > 1;
   const TensorParallelism tp{t, grid.coords().tp, sequence_parallel};
-  const std::vector<std::vector<int>> positions = every_ranks_positions(opt.dims, model_cfg.T);
+  const std::vector<std::vector<int>> positions = every_ranks_positions(opt.dims, model_cfg.T);  // the ring places'
+  std::vector<std::vector<int>> held_by;  // every rank's of the context axis: its place's, or a Ulysses slice
+  for (int c = 0; c < cp * u; c++) held_by.push_back(ulysses_positions(positions[size_t(c / u)], u, c % u));
   ContextParallelism held;
-  if (cp > 1) held = {cp, grid.coords().cp, positions[size_t(grid.coords().cp)]};
+  if (cp * u > 1) held = {cp * u, grid.coords().cp, held_by[size_t(grid.coords().cp)], u};
 
   // How a receive finds its message: MPI matches tags, so every receive can be posted at the start;
   // NCCL has none and matches by call order, which the lists are then built for.
@@ -175,7 +179,7 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
     chunks.push_back(models.back().get());
   }
   const int start = run.init_or_resume(params, optimizer);
-  PipelineExecutor pipeline(grid.pp(), chunks, shape, actions, matching, run.micro_batch_size(), model_cfg.T / cp,
+  PipelineExecutor pipeline(grid.pp(), chunks, shape, actions, matching, run.micro_batch_size(), model_cfg.T / (cp * u),
                             model_cfg.C, device, dtype);
   pipeline.overlap_pairs(fb_overlap);
   PipelineReport report(run, grid, shape, schedule, matching, parts);
@@ -188,7 +192,7 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
   ContextRings rings(run, grid.cp(), positions, run.micro_batch_size(), m, fb_overlap ? kLanes : 1);
   rings.apply(chunks);
   // EP: 11's exchange, one routing per micro-batch in flight, its counts gathered over the stage.
-  GridExperts experts(run, grid, chunks, parts, positions, m);
+  GridExperts experts(run, grid, chunks, parts, held_by, m);
   experts.apply();
 
   // Gradients, on the last micro-batch's backward (or weight pass, under zb-h1), each by its copies
@@ -202,7 +206,7 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
                         embedding);
   router.attach(pipeline, chunks);
   experts.attach(pipeline, router);  // before each pass: what its experts record under, then the router's turn
-  GroupBytes bytes(run, grid, parts, data_parallel, experts, m, sharded);  // each group's, against its formula
+  GroupBytes bytes(run, grid, parts, data_parallel, experts, rings, m, sharded);  // each group's, against its formula
 
   for (int step = start; step < cfg.steps; step++) {
     run.begin_step(step);
@@ -264,6 +268,10 @@ int main(int argc, char** argv) {
   if (cfg.was_given("--bucket-mb") && !(opt.bucket_mb > 0)) config_error("--bucket-mb must be > 0");
   if (cfg.was_given("--tp") && opt.tp < 1) config_error("--tp must be >= 1");
   check_context_and_expert_flags(cfg, comm->size(), opt.dims);
+  if (opt.dims.ulysses < 1) config_error("--ulysses must be >= 1");
+  if (opt.dims.ulysses > 1 && pick_device(cfg.device) == Device::CUDA)
+    config_error("--ulysses " + std::to_string(opt.dims.ulysses) + " runs on the CPU (its exchange has no CUDA kernels "
+                 "yet): pass --device cpu, or --ulysses 1");
   comm = communicator_for(pick_device(cfg.device), std::move(comm), cfg.collectives);  // NCCL on GPUs (comm_factory.h)
   const int status = train(*comm, cfg, opt);
   shutdown_mpi(std::move(comm));

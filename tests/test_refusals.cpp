@@ -387,6 +387,11 @@ std::vector<Refusal> refusals() {
       {"10_context_parallel", 2, "--zero1", "unknown flag '--zero1'"},  // ZeRO over DP x CP: chapter 12
       {"10_context_parallel", 2, "--cp-split diagonal", "--cp-split: 'diagonal' is neither zigzag nor contiguous"},
       {"10_context_parallel", 4, "--cp 2 --batch 3", "--batch 3 is not divisible by data-parallel ranks x grad-accum = 2 x 1"},
+      {"10_context_parallel", 3, "--cp 1 --ulysses 3", "--ulysses 3: the 4 heads do not split into 3 groups of whole heads"},
+      {"10_context_parallel", 3, "--preset odd --cp 1 --cp-split contiguous --ulysses 3",
+       "--ulysses 3: a ring chunk's 17 positions (T = 17 over --cp 1) do not split into 3 equal slices"},
+      {"10_context_parallel", 3, "--ulysses 2", "--ulysses 2: the 3 ranks do not divide into groups of --cp x --ulysses = 2"},
+      {"12_5d_parallel", 4, "--tp 2 --ulysses 4", "--ulysses 4: the 4 heads, 2 per TP rank, do not split into 4 groups"},
   };
 }
 

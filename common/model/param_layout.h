@@ -80,6 +80,8 @@ struct ContextParallelism {
   int size = 1, rank = 0;
   std::vector<int> positions;
   bool on() const { return !positions.empty(); }
+  int ulysses = 1;  // of `size`, the ranks of a Ulysses group inside each ring place (ulysses_attention.h)
+  int ring() const { return size / ulysses; }  // the ring's ranks, over which K and V travel
   // The positions of a sequence of T that a rank's model holds: its T/cp, or all T.
   int held_positions(int T) const { return on() ? int(positions.size()) : T; }
   // Attention keeps only its output and a log-sum-exp per query, never the (B,NH,T,T) matrices:

@@ -16,8 +16,8 @@ const CommStats* StepMeasure::group(const std::string& name) const {
 
 std::vector<std::unique_ptr<Dimension>> make_dimensions(const DimensionContext& ctx) {
   std::vector<std::unique_ptr<Dimension>> dims;
-  for (auto make : {make_data_dimension, make_expert_dimension, make_context_dimension, make_tensor_dimension,
-                    make_pipeline_dimension})
+  for (auto make : {make_data_dimension, make_expert_dimension, make_context_dimension, make_ulysses_dimension,
+                    make_tensor_dimension, make_pipeline_dimension})
     if (std::unique_ptr<Dimension> d = make(ctx)) dims.push_back(std::move(d));
   return dims;
 }

@@ -118,6 +118,9 @@ std::unique_ptr<Dimension> make_tensor_dimension(const DimensionContext& ctx);  
 std::unique_ptr<Dimension> make_pipeline_dimension(const DimensionContext& ctx);    // or null
 std::unique_ptr<Dimension> make_context_dimension(const DimensionContext& ctx);     // or null
 std::unique_ptr<Dimension> make_expert_dimension(const DimensionContext& ctx);      // or null
+std::unique_ptr<Dimension> make_ulysses_dimension(const DimensionContext& ctx);     // or null
+// The Ulysses exchange's buffers on this rank's positions, for a tensor split of t (0 without Ulysses).
+double ulysses_activation_bytes(const DimensionContext& ctx, int t);
 
 // This rank's activations by the formula (docs/theory.md, sections 9, 12, 13) for another way of
 // running its part of the model: a tensor split of t ranks (sp: sequence parallel) and `recompute`,

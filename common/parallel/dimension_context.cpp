@@ -21,7 +21,7 @@ class ContextDimension : public Dimension {
   // The ring's blocks in flight, of NH/t heads, on the positions held (section 13): the one place the
   // forecast and the activations' formula take them from.
   double activations_beside_model(const DimensionContext& ctx, int t) const override {
-    return ctx.pp.scratch_lanes() * ring_buffer_bytes(ctx.cp.size, ctx.micro_B, ctx.held.T, ctx.model.C / t, ctx.model.NH / t);
+    return ctx.pp.scratch_lanes() * ring_buffer_bytes(ctx.cp.ring(), ctx.micro_B, ctx.held.T, ctx.model.C / t, ctx.model.NH / t);
   }
 
   int collective_groups(const DimensionContext&) const override { return 1; }
@@ -43,7 +43,7 @@ class ContextDimension : public Dimension {
         "    (by the formula: CP %d: the arena on T/cp = %d positions %s + the ring's blocks in flight %s | "
         "CP 1 %s | 01's materialized attention %s; docs/theory.md, section 13)",
         ctx.cp.size, ctx.held.T, format_bytes(arena(ctx.held)).c_str(),
-        format_bytes(ring_buffer_bytes(ctx.cp.size, ctx.micro_B, ctx.held.T, ctx.model.C / t, ctx.model.NH / t)).c_str(),
+        format_bytes(ring_buffer_bytes(ctx.cp.ring(), ctx.micro_B, ctx.held.T, ctx.model.C / t, ctx.model.NH / t)).c_str(),
         format_bytes(one_ring).c_str(), format_bytes(activation_bytes(ctx.model, ctx.micro_B, ctx.dtype, false)).c_str()));
   }
 };

@@ -5,10 +5,11 @@
 #include <cstdio>
 #include <string>
 
-#include "base/check.h"
-#include "base/metrics.h"
-#include "ops/ring_attention.h"  // ring_buffer_bytes
-#include "parallel/theory.h"
+#include "check.h"
+#include "metrics.h"
+#include "ring_attention.h"  // ring_buffer_bytes
+#include "ulysses_attention.h"  // ulysses_buffer_bytes
+#include "theory.h"
 
 namespace {
 
@@ -150,7 +151,8 @@ void PipelineReport::finish(bool wte_copies_equal) {
   }
   if (cp.on())  // a ring per lane where F&B pairs run at once (lanes.h)
     act_theory += run_.pipeline().scratch_lanes() *
-                  ring_buffer_bytes(cp.size, run_.micro_batch_size(), held.T, cfg.C / tp.size, cfg.NH / tp.size);
+                  (ring_buffer_bytes(cp.ring(), run_.micro_batch_size(), held.T, cfg.C / tp.size, cfg.NH / tp.size) +
+                   (cp.ulysses > 1 ? ulysses_buffer_bytes(run_.micro_batch_size(), held.T, cfg.C / tp.size) : 0));
   act_theory += run_.moe_activations();  // a MoE model's routers and experts, at the last step's routing
   float* tail = &mine[4 * v];
   tail[0] = float(step_ / n), tail[1] = float(waiting_ / n), tail[2] = float(compute);

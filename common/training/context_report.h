@@ -25,5 +25,7 @@ double thread_cpu_ms();
 
 // Collective over `world` (every rank's counters go to rank 0, counted apart from the training
 // traffic); rank 0 prints the table and writes the record. cp: the ring's size, CP inside DP
-// (process_grid.h), so world rank q is place q % cp of ring q / cp.
-void report_ring(TrainingRun& run, Communicator& world, int cp, const RingCounters& counters, ContextSplit split);
+// (process_grid.h), so world rank q is place q % cp of ring q / cp. Under Ulysses (ulysses > 1, inside
+// the ring) each ring runs on NH/ulysses heads, and world rank q is place (q % (cp u)) / u.
+void report_ring(TrainingRun& run, Communicator& world, int cp, const RingCounters& counters, ContextSplit split,
+                 int ulysses = 1);

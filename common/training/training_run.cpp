@@ -301,7 +301,9 @@ JsonObject TrainingRun::moe_run_fields() const {
 // header names the whole grid whichever sizes were chosen.
 std::string TrainingRun::grid_line() const {
   std::string line = std::to_string(data_ranks_) + " data-parallel";
-  if (cfg_.chapter_takes("--cp")) line += " x " + std::to_string(split_.cp.size) + " context-parallel";
+  if (cfg_.chapter_takes("--cp"))
+    line += " x " + std::to_string(split_.cp.size) + " context-parallel" +
+            (split_.cp.ulysses > 1 ? " (Ulysses " + std::to_string(split_.cp.ulysses) + " x ring " + std::to_string(split_.cp.ring()) + ")" : "");
   if (cfg_.chapter_takes("--tp"))
     line += " x " + std::to_string(split_.tp.size) + " tensor-parallel" + (split_.tp.sequence_parallel ? " (sequence parallel)" : "");
   if (cfg_.chapter_takes("--pp")) line += " x " + std::to_string(split_.pp.size) + " pipeline stage" + (split_.pp.size > 1 ? "s" : "");
@@ -482,6 +484,11 @@ CommStats TrainingRun::all_stats() const {
   CommStats sum;
   for (const Group& g : groups_) sum += g.comm->stats();
   return sum;
+}
+
+void TrainingRun::add_group(const std::string& name, Communicator& comm) {
+  comm.set_link_model({cfg_.link_gbps, cfg_.link_latency_us});
+  groups_.push_back({name, &comm, comm.stats()});
 }
 
 void TrainingRun::begin_step(int step) {

@@ -133,6 +133,10 @@ class TrainingRun {
     save_checkpoint(next_step, params.view(), optimizer);
   }
 
+  // A group a chapter splits off itself (10's and 12's Ulysses groups and rings): it gets the run's
+  // emulated link, and its traffic counts in the step's communication and the theory table's measure.
+  void add_group(const std::string& name, Communicator& comm);
+
   void begin_step(int step);
   // Ends the step: waits for the device to finish its queued work (synchronize, device.h), averages
   // the loss over ranks, records time, exposed and total communication, bytes and memory; prints the

@@ -1,0 +1,61 @@
+// dimension_ulysses.cpp: Ulysses sequence parallelism as a dimension (dimension.h; docs/theory.md,
+// section 13b): the exchange's buffers in the forecast and the table's line that sets them beside the
+// arena on the positions held. Its axis is the inner part of the context-parallel one (a rank's
+// coordinate there is ring place x u + Ulysses rank: the order "tp-ulysses-cp-dp-pp"); its refusals
+// are ulysses_problem(), its bytes ulysses_forward_bytes() and ulysses_backward_bytes()
+// (ulysses_attention.h), which the chapters print beside the measure (ulysses_report.h).
+#include "dimension.h"
+
+#include "ulysses_attention.h"  // ulysses_buffer_bytes
+
+double ulysses_activation_bytes(const DimensionContext& ctx, int t) {
+  if (!ctx.cp.on() || ctx.cp.ulysses == 1) return 0;
+  return ulysses_buffer_bytes(ctx.micro_B, ctx.held.T, ctx.model.C / t);
+}
+
+namespace {
+
+class UlyssesDimension : public Dimension {
+ public:
+  const char* name() const override { return "ulysses"; }
+
+  // One exchange's buffers, reused by every layer (the backward exchanges q, k, v and the output
+  // again rather than keeping them per layer), once per lane where a pipeline's F&B pairs run at once.
+  void add_memory(const DimensionContext& ctx, MemoryForecast& forecast) const override {
+    forecast.activations += activations_beside_model(ctx, ctx.tp.size);
+  }
+  double activations_beside_model(const DimensionContext& ctx, int t) const override {
+    return ctx.pp.scratch_lanes() * ulysses_activation_bytes(ctx, t);
+  }
+
+  int collective_groups(const DimensionContext&) const override { return 1; }
+
+  // The exchange's buffers under the activations; the all-to-alls' bytes, as the Ulysses group's counters
+  // measured them over the step, next to the formula on this rank's positions, channels and blocks.
+  void report_rows(const DimensionContext& ctx, const StepMeasure& step, ReportTable& table) const override {
+    const int u = ctx.cp.ulysses;
+    table.activation_notes.push_back(report_line(
+        "    (Ulysses %d x ring %d: each rank holds T/(u cp) = %d positions of all heads; the exchange's buffers "
+        "14 B T C x 4 = %s, whatever u; docs/theory.md, section 13b)",
+        u, ctx.cp.ring(), ctx.held.T, format_bytes(ulysses_activation_bytes(ctx, ctx.tp.size)).c_str()));
+    int blocks = 0;  // this rank's, every pipeline chunk's
+    for (const ModelPart& part : ctx.pp.parts.empty() ? std::vector<ModelPart>{ModelPart{}} : ctx.pp.parts)
+      for (int unit = 1; unit <= ctx.model.L; unit++) blocks += part.holds(ctx.model, unit);
+    const int C = ctx.model.C / ctx.tp.size, passes = ctx.model.recompute == Recompute::Full ? 2 : 1;
+    const double theory = ulysses_forward_bytes(u, blocks, ctx.micro_batches, ctx.micro_B, ctx.held.T, C, passes) +
+                          ulysses_backward_bytes(u, blocks, ctx.micro_batches, ctx.micro_B, ctx.held.T, C);
+    const CommStats* measured = step.group("ulysses");
+    const double bytes = measured ? double(measured->training_sent_bytes()) : 0;
+    table.comm_rows.push_back(report_row("Ulysses bytes per step", bytes, theory));
+    table.comm_rows.push_back(report_line("  (Ulysses theory: (4 x passes + 8) (u-1)/u x L' K B T C x 4, T = %d "
+                                          "positions held, C = %d channels, L' = %d blocks)", ctx.held.T, C, blocks));
+    table.json.add("measured_ulysses_bytes", bytes).add("theory_ulysses_bytes", theory);
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<Dimension> make_ulysses_dimension(const DimensionContext& ctx) {
+  if (!ctx.cp.on() || ctx.cp.ulysses == 1) return nullptr;
+  return std::make_unique<UlyssesDimension>();
+}
