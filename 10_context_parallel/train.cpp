@@ -66,9 +66,9 @@
 #include "training/optimizer.h"
 #include "comm/process_grid.h"
 #include "ring_attention_protocol.h"  // RingAttention: the lesson's ring
-#include "training_run.h"
-#include "ulysses_attention.h"  // UlyssesAttention: positions traded for heads around the ring
-#include "ulysses_report.h"
+#include "training/training_run.h"
+#include "parallel/ulysses_attention.h"  // UlyssesAttention: positions traded for heads around the ring
+#include "training/ulysses_report.h"
 
 // The chapter's own flags.
 struct ContextFlags {

@@ -29,7 +29,7 @@
 #include "training/routing_log.h"  // RoutingLog: the ep row's theory from the routing
 #include "parallel/theory.h"  // predict_tensor_parallel, ring_sent_bytes, routing_counts_bytes
 #include "training/training_run.h"
-#include "ulysses_attention.h"  // UlyssesAttention: positions traded for heads around the ring
+#include "parallel/ulysses_attention.h"  // UlyssesAttention: positions traded for heads around the ring
 
 // 10's and 11's flags as 12 takes them: the ring's size and split, the experts' group and routing.
 struct ContextExpertFlags {

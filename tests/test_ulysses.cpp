@@ -1,4 +1,4 @@
-// test_ulysses.cpp: Ulysses sequence parallelism (common/ulysses_attention.h) end to end, through the
+// test_ulysses.cpp: Ulysses sequence parallelism (common/parallel/ulysses_attention.h) end to end, through the
 // real trainer binaries. In chapter 10 alone (--cp 1) and inside the ring (--cp 2, USP), on 2 and 4
 // ranks, and in chapter 12 with TP and full recomputation, the ring, PP with ZeRO-1 and dualpipev's
 // pairs at once, and DP with EP, it
@@ -12,7 +12,7 @@
 #include <ostream>
 #include <string>
 
-#include "metrics.h"  // format_bytes: the table's figures
+#include "base/metrics.h"  // format_bytes: the table's figures
 #include "training_harness.h"
 
 namespace {

@@ -4,9 +4,9 @@
 // coordinate there is ring place x u + Ulysses rank: the order "tp-ulysses-cp-dp-pp"); its refusals
 // are ulysses_problem(), its bytes ulysses_forward_bytes() and ulysses_backward_bytes()
 // (ulysses_attention.h), which the chapters print beside the measure (ulysses_report.h).
-#include "dimension.h"
+#include "parallel/dimension.h"
 
-#include "ulysses_attention.h"  // ulysses_buffer_bytes
+#include "parallel/ulysses_attention.h"  // ulysses_buffer_bytes
 
 double ulysses_activation_bytes(const DimensionContext& ctx, int t) {
   if (!ctx.cp.on() || ctx.cp.ulysses == 1) return 0;

@@ -1,10 +1,10 @@
 // ulysses_attention.cpp: see ulysses_attention.h.
-#include "ulysses_attention.h"
+#include "parallel/ulysses_attention.h"
 
 #include <cstring>
 
-#include "check.h"
-#include "ops.h"  // fill_zero
+#include "base/check.h"
+#include "ops/ops.h"  // fill_zero
 
 std::vector<int> ulysses_positions(const std::vector<int>& chunk, int u, int rank) {
   ENSURE(u >= 1 && chunk.size() % size_t(u) == 0 && rank >= 0 && rank < u, "ulysses_positions: bad split");

@@ -27,10 +27,10 @@
 #include <string>
 #include <vector>
 
-#include "comm.h"           // Communicator
-#include "context_split.h"  // ContextSplit
-#include "memory.h"         // Buffer
-#include "tensor.h"
+#include "comm/comm.h"           // Communicator
+#include "parallel/context_split.h"  // ContextSplit
+#include "ops/memory.h"         // Buffer
+#include "ops/tensor.h"
 
 // What a rank's all-to-alls did, summed over a step's layers and micro-batches.
 struct UlyssesCounters {

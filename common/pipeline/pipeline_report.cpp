@@ -5,11 +5,11 @@
 #include <cstdio>
 #include <string>
 
-#include "check.h"
-#include "metrics.h"
-#include "ring_attention.h"  // ring_buffer_bytes
-#include "ulysses_attention.h"  // ulysses_buffer_bytes
-#include "theory.h"
+#include "base/check.h"
+#include "base/metrics.h"
+#include "ops/ring_attention.h"  // ring_buffer_bytes
+#include "parallel/ulysses_attention.h"  // ulysses_buffer_bytes
+#include "parallel/theory.h"
 
 namespace {
 

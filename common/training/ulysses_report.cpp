@@ -1,11 +1,11 @@
 // ulysses_report.cpp: see ulysses_report.h.
-#include "ulysses_report.h"
+#include "training/ulysses_report.h"
 
 #include <cstdio>
 #include <string>
 #include <vector>
 
-#include "metrics.h"  // JsonObject, format_bytes
+#include "base/metrics.h"  // JsonObject, format_bytes
 
 void report_ulysses(TrainingRun& run, Communicator& world, int u, int layers, int T_held, int C_held,
                     const UlyssesCounters& c) {

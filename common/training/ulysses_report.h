@@ -3,9 +3,9 @@
 // beside the formula, its exchanges and its time blocked in them; the same numbers as a JSON record
 // ("ulysses"). Defines report_ulysses().
 #pragma once
-#include "comm.h"               // Communicator
-#include "training_run.h"       // TrainingRun: the model's shape, the JSON records
-#include "ulysses_attention.h"  // UlyssesCounters, the byte formulas
+#include "comm/comm.h"               // Communicator
+#include "training/training_run.h"       // TrainingRun: the model's shape, the JSON records
+#include "parallel/ulysses_attention.h"  // UlyssesCounters, the byte formulas
 
 // Collective over `world` (every rank's counters go to rank 0, counted apart from the training
 // traffic); rank 0 prints the table and writes the record. u: the Ulysses group's size; T_held and
