@@ -23,19 +23,6 @@ namespace {
 
 constexpr int kSteps = 3;
 
-// Every "precision" record's field, by step and rank.
-std::map<std::pair<int, int>, double> precision_field(const std::string& path, const std::string& key) {
-  std::map<std::pair<int, int>, double> values;
-  std::ifstream in(path);
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.find("\"type\":\"precision\"") == std::string::npos) continue;
-    const double value = key == "applied" ? double(line.find("\"applied\":true") != std::string::npos) : number_field(line, key);
-    values[{int(number_field(line, "step")), int(number_field(line, "rank"))}] = value;
-  }
-  return values;
-}
-
 void expect_equal_on_every_rank(const std::string& path, int ranks, int steps) {
   for (const char* key : {"loss_scale", "scales_fingerprint"}) {
     const auto values = precision_field(path, key);

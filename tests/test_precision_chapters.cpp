@@ -24,18 +24,6 @@ namespace {
 
 constexpr int kSteps = 3;
 
-// Every "precision" record's field, by step and rank.
-std::map<std::pair<int, int>, double> precision_field(const std::string& path, const std::string& key) {
-  std::map<std::pair<int, int>, double> values;
-  std::ifstream in(path);
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.find("\"type\":\"precision\"") == std::string::npos) continue;
-    values[{int(number_field(line, "step")), int(number_field(line, "rank"))}] = number_field(line, key);
-  }
-  return values;
-}
-
 // The loss scale is the same on every rank; the delayed scales on every rank of a pipeline stage,
 // which hold parts of the same tensors (PP is the outermost axis of the grid: stage = rank / (ranks/pp)).
 void expect_equal_on_every_rank(const std::string& path, int ranks, int steps, int pp = 1) {

@@ -215,6 +215,18 @@ double number_field(const std::string& record, const std::string& key) {
   return std::strtod(record.c_str() + at + needle.size(), nullptr);
 }
 
+std::map<std::pair<int, int>, double> precision_field(const std::string& path, const std::string& key) {
+  std::map<std::pair<int, int>, double> values;
+  std::ifstream in(path);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.find("\"type\":\"precision\"") == std::string::npos) continue;
+    const double value = key == "applied" ? double(line.find("\"applied\":true") != std::string::npos) : number_field(line, key);
+    values[{int(number_field(line, "step")), int(number_field(line, "rank"))}] = value;
+  }
+  return values;
+}
+
 std::string read_record(const std::string& path, const std::string& type) {
   std::ifstream in(path);
   std::string line;

@@ -5,6 +5,7 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -70,6 +71,8 @@ LossCurve read_losses(const std::string& jsonl_path);
 // The first record of the given "type" as raw text ("" if none); number_field() reads one number.
 std::string read_record(const std::string& jsonl_path, const std::string& type);
 double number_field(const std::string& record, const std::string& key);
+// Every "precision" record's field, by (step, rank); "applied" reads as 1 or 0.
+std::map<std::pair<int, int>, double> precision_field(const std::string& jsonl_path, const std::string& key);
 
 // Parameters stored in a checkpoint, in table order (unpadded).
 std::vector<float> checkpoint_params(const std::string& path);
