@@ -233,7 +233,8 @@ int main(int argc, char** argv) {
   if (!parse_context_split(opt.split, &split))
     config_error("--cp-split: '" + opt.split + "' is neither zigzag nor contiguous");
   if (opt.ulysses < 1) config_error("--ulysses must be >= 1");
-  const int cp = opt.cp ? opt.cp : (comm->size() / opt.ulysses) % 2 == 0 ? 2 : 1;
+  const int places = comm->size() / opt.ulysses;  // the ring places the ranks make (0: fewer ranks than --ulysses)
+  const int cp = opt.cp ? opt.cp : places >= 2 && places % 2 == 0 ? 2 : 1;
   const std::string grid_problem = grid_shape_problem(comm->size(), 1, 1, cp);
   if (!grid_problem.empty() && opt.ulysses == 1) config_error(grid_problem);  // (else ulysses_problem's)
   GPT2Config preset;

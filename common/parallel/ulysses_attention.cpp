@@ -16,33 +16,31 @@ std::string ulysses_problem(int u, int NH, int tp, int T, int cp, ContextSplit s
   if (u < 1) return "--ulysses must be >= 1";
   if (u == 1) return "";
   const std::string U = "--ulysses " + std::to_string(u);
-  auto works = [&](bool (*fits)(int, int, int, int, int, ContextSplit, int)) {
-    std::string list;
-    for (int other = 1; other <= ranks; other++)
-      if (other != u && fits(other, NH, tp, T, cp, split, ranks)) list += (list.empty() ? "" : ", ") + std::to_string(other);
-    return list.empty() ? std::string("--ulysses 1") : "--ulysses " + list;
-  };
-  if (NH % tp != 0 || (NH / tp) % u != 0)
-    return U + ": the " + std::to_string(NH) + " heads" + (tp > 1 ? ", " + std::to_string(NH / tp) + " per TP rank," : "") +
-           " do not split into " + std::to_string(u) + " groups of whole heads (each rank of a Ulysses group computes "
-           "NH/(tp x u) heads): use " + works([](int x, int nh, int t, int, int, ContextSplit, int) {
-             return nh % t == 0 && (nh / t) % x == 0;
-           });
+  // The three rules a Ulysses group size must keep; a refusal suggests only sizes that keep all three.
   // (A slice may cut across zigzag's two chunks: each row's position embedding and causal mask go by
   // its absolute position, wherever it sits.)
   const int parts = split == ContextSplit::Zigzag ? 2 * cp : cp;
-  if (T % parts != 0 || (T / cp) % u != 0)
+  auto heads_fit = [&](int x) { return NH % tp == 0 && (NH / tp) % x == 0; };
+  auto positions_fit = [&](int x) { return T % parts == 0 && (T / cp) % x == 0; };
+  auto ranks_fit = [&](int x) { return ranks % (tp * cp * x) == 0; };
+  auto works = [&]() {
+    std::string list;
+    for (int other = 1; other <= ranks; other++)
+      if (other != u && heads_fit(other) && positions_fit(other) && ranks_fit(other))
+        list += (list.empty() ? "" : ", ") + std::to_string(other);
+    return list.empty() ? std::string("--ulysses 1") : "--ulysses " + list;
+  };
+  if (!heads_fit(u))
+    return U + ": the " + std::to_string(NH) + " heads" + (tp > 1 ? ", " + std::to_string(NH / tp) + " per TP rank," : "") +
+           " do not split into " + std::to_string(u) + " groups of whole heads (each rank of a Ulysses group computes "
+           "NH/(tp x u) heads): use " + works();
+  if (!positions_fit(u))
     return U + ": a ring chunk's " + std::to_string(T / cp) + " positions (T = " + std::to_string(T) + " over --cp " +
-           std::to_string(cp) + ") do not split into " + std::to_string(u) + " equal slices: use " +
-           works([](int x, int, int, int t, int c, ContextSplit s, int) {
-             return t % (s == ContextSplit::Zigzag ? 2 * c : c) == 0 && (t / c) % x == 0;
-           }) + ", or another --preset";
-  if (ranks % (tp * cp * u) != 0)
+           std::to_string(cp) + ") do not split into " + std::to_string(u) + " equal slices: use " + works() +
+           ", or another --preset";
+  if (!ranks_fit(u))
     return U + ": the " + std::to_string(ranks) + " ranks do not divide into groups of " +
-           (tp > 1 ? "--tp x " : "") + "--cp x --ulysses = " +
-           std::to_string(tp * cp * u) + ": use " + works([](int x, int, int t, int, int c, ContextSplit, int r) {
-             return r % (t * c * x) == 0;
-           });
+           (tp > 1 ? "--tp x " : "") + "--cp x --ulysses = " + std::to_string(tp * cp * u) + ": use " + works();
   return "";
 }
 
