@@ -264,7 +264,7 @@ diffs: ## writes docs/diffs/: each chapter's train.cpp against its base chapter 
 
 # Chapter 09's planner (PLAN, defined with the chapters above): a command-line tool over
 # common/planner/planner.*, no MPI job of its own.
-$(PLAN): $(BUILD)/09_3d_parallel/plan.o $(LIBCOMMON)
+$(PLAN): $(patsubst %.cpp,$(BUILD)/%.o,$(wildcard 09_3d_parallel/plan*.cpp)) $(LIBCOMMON)
 	$(call say,LINK,$@)$(MPICXX) $(CXXFLAGS) $^ -o $@ -pthread
 
 plan: $(PLAN) ## 09's planner: best TP x CP x PP x DP (x EP) configurations, Megatron-LM's Table 1, the published runs (--published), results/plan_heatmap.png: PLAN_ARGS="--model llama3-405b --nodes 2048 --seq-len 131072 --tokens-per-batch 16777216"
