@@ -60,7 +60,9 @@ int main(int argc, char** argv) {
   flags.add("--tp", &opt.tp, "only this tensor-parallel degree");
   flags.add("--pp", &opt.pp, "only this pipeline-parallel degree");
   flags.add("--cp", &opt.cp, "only this context-parallel degree (ranks sharing each sequence)");
-  flags.add("--ep", &opt.ep, "only this expert-parallel degree (ranks of DP x CP sharing the experts)");
+  flags.add("--ep", &opt.ep, "only this expert-parallel degree (ranks of DP x CP x U sharing the experts)");
+  flags.add("--ulysses", &opt.ulysses, "only this Ulysses degree u: ranks inside each CP place that trade positions "
+            "for heads around attention (chapters 10 and 12; NH/(t u) whole heads)");
   flags.add("--seq-len", &opt.seq_len, "the sequence length T, replacing the model's");
   flags.add("--tokens-per-batch", &opt.tokens_per_batch, "the global batch in tokens (a multiple of T; or --batch)");
   flags.add("--capacity-factor", &opt.capacity_factor, "a mixture of experts: each expert takes at most this x its "
@@ -118,7 +120,7 @@ int main(int argc, char** argv) {
   for (const auto& [flag, value] : std::vector<std::pair<const char*, double>>{
            {"--gpus", opt.gpus}, {"--nodes", opt.nodes}, {"--gpus-per-node", opt.gpus_per_node}, {"--batch", opt.batch}, {"--top", opt.top},
            {"--efficiency", opt.efficiency}, {"--peak-flops", opt.peak_flops}, {"--memory-gb", opt.memory_gb},
-           {"--cp", opt.cp}, {"--ep", opt.ep}, {"--seq-len", opt.seq_len}, {"--tokens-per-batch", opt.tokens_per_batch},
+           {"--cp", opt.cp}, {"--ep", opt.ep}, {"--ulysses", opt.ulysses}, {"--seq-len", opt.seq_len}, {"--tokens-per-batch", opt.tokens_per_batch},
            {"--tp", opt.tp}, {"--pp", opt.pp}, {"--micro-batch", opt.micro_batch}, {"--micro-batches", opt.micro_batches},
            {"--virtual-stages", opt.virtual_stages}})
     if (given(flag) && !(value > 0)) config_error(std::string(flag) + " must be positive");
@@ -131,7 +133,7 @@ int main(int argc, char** argv) {
   for (const auto& [flag, value, most] : std::vector<std::tuple<const char*, double, double>>{
            {"--gpus", opt.gpus, 1 << 22}, {"--nodes", opt.nodes, 1 << 20}, {"--seq-len", opt.seq_len, 1 << 24},
            {"--batch", opt.batch, 1 << 26}, {"--tokens-per-batch", opt.tokens_per_batch, 1e12},
-           {"--cp", opt.cp, 1 << 16}, {"--ep", opt.ep, 1 << 16}, {"--tp", opt.tp, 1 << 16}, {"--pp", opt.pp, 1 << 16}})
+           {"--cp", opt.cp, 1 << 16}, {"--ep", opt.ep, 1 << 16}, {"--ulysses", opt.ulysses, 1 << 16}, {"--tp", opt.tp, 1 << 16}, {"--pp", opt.pp, 1 << 16}})
     if (given(flag) && value > most)
       config_error(std::string(flag) + " " + format_count(value) + " is beyond any cluster or model the planner "
                    "knows (at most " + format_count(most) + ")");
@@ -256,6 +258,7 @@ int main(int argc, char** argv) {
   if (opt.pp > 0) space.pp = {opt.pp};
   if (opt.cp > 0) space.cp = {opt.cp};
   if (opt.ep > 0) space.ep = {opt.ep};
+  if (opt.ulysses > 0) space.ulysses = {opt.ulysses};
   if (opt.virtual_stages > 0) space.virtual_stages = {opt.virtual_stages};
   if (opt.micro_batch > 0) space.micro_batch = {opt.micro_batch};
   if (opt.zero >= 0) {

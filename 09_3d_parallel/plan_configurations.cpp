@@ -98,7 +98,7 @@ void print_table(const std::vector<PlanResult>& results, int count, bool chapter
 void print_legend() {
   std::printf("(memory: the GPU with the largest peak, by category; peak adds communication buffers; time: one step "
               "on the slowest rank: compute with recomputation, exposed TP collectives, exposed CP traffic (ring "
-              "hops or all-gathers), what the pipeline's messages add to it, exposed DP, exposed EP all-to-alls, "
+              "hops, all-gathers or Ulysses' all-to-alls), what the pipeline's messages add to it, exposed DP, exposed EP all-to-alls, "
               "the pipeline's bubble (idle time with free links; 08's simulator), the tied embedding's all-reduce; "
               "docs/planner.md)\n");
 }
@@ -141,7 +141,7 @@ int run_search(const PlanInputs& in, const Options& opt, const SearchSpace& spac
   std::printf("best configurations:\n");
   print_table(results, std::min(opt.top, fitting), in.chapters_model);
   const std::vector<PlanResult> grids = best_per_grid(in, results);
-  std::printf("\nbest per grid (tp, cp, pp, ep), simulated:\n");
+  std::printf("\nbest per grid (tp, cp, u, pp, ep), simulated:\n");
   print_table(grids, opt.top, in.chapters_model);
   // What does not fit, and why: the fastest-looking of those that overflow.
   std::vector<PlanResult> overflowing;
@@ -162,8 +162,9 @@ int run_one(const PlanInputs& in, const Options& opt, const std::string& note) {
   c.pp = opt.pp > 0 ? opt.pp : 1;
   c.cp = opt.cp > 0 ? opt.cp : 1;
   c.ep = opt.ep > 0 ? opt.ep : 1;
-  if (in.gpus % (c.tp * c.pp * c.cp)) config_error("--tp x --cp x --pp must divide --gpus");
-  c.dp = in.gpus / (c.tp * c.pp * c.cp);
+  c.ulysses = opt.ulysses > 0 ? opt.ulysses : 1;
+  if (in.gpus % (c.tp * c.pp * c.cp * c.ulysses)) config_error("--tp x --cp x --ulysses x --pp must divide --gpus");
+  c.dp = in.gpus / (c.tp * c.pp * c.cp * c.ulysses);
   if (!opt.schedule.empty() && !parse_schedule(opt.schedule, &c.schedule))
     config_error("--schedule " + opt.schedule + ": choose " + schedule_names());
   // zb-v and dualpipev hold two chunks a rank, in a V: their only v.
@@ -171,7 +172,7 @@ int run_one(const PlanInputs& in, const Options& opt, const std::string& note) {
   c.micro_batches = opt.micro_batches > 0 ? opt.micro_batches : 1;
   if (long(c.dp) * c.micro_batches > in.batch || (opt.micro_batch == 0 && in.batch % (long(c.dp) * c.micro_batches)))
     config_error("--batch " + std::to_string(in.batch) + " does not split over dp " + std::to_string(c.dp) +
-                 " (--gpus / (--tp x --cp x --pp)) x --micro-batches " + std::to_string(c.micro_batches) +
+                 " (--gpus / (--tp x --cp x --ulysses x --pp)) x --micro-batches " + std::to_string(c.micro_batches) +
                  ": give a --batch that dp x m divides");
   c.micro_batch = opt.micro_batch > 0 ? opt.micro_batch : in.batch / (c.dp * c.micro_batches);
   if (long(c.dp) * c.micro_batch * c.micro_batches != in.batch)
@@ -186,6 +187,12 @@ int run_one(const PlanInputs& in, const Options& opt, const std::string& note) {
   print_header(in, note);
   print_table({r}, 1, in.chapters_model);
   print_per_gpu(in, r);
+  if (c.ulysses > 1)
+    std::printf("Ulysses %d (x ring %d): each rank holds T/(u cp) = %d positions of every head, attends NH/(t u) = %d "
+                "heads; its all-to-alls send %s a rank a step (stage 0), %s on the critical path, in the CP column "
+                "(docs/theory.md, section 13b)\n",
+                c.ulysses, c.cp, plan_shape(in).T / c.context(), plan_shape(in).NH / (c.tp * c.ulysses),
+                format_bytes(r.ulysses_bytes).c_str(), seconds(r.ulysses_s).c_str());
   if (!in.chapters_model && r.product_share > 0)
     std::printf("kernel rates (%s's tables; docs/planner.md): the products at %.3f of peak (FLOP-weighted over their "
                 "depths and passes), attention (%s) at %.3f, each x the residual %.4g (--efficiency)\n",
@@ -223,9 +230,10 @@ int run_one(const PlanInputs& in, const Options& opt, const std::string& note) {
     std::printf("plan-json {\"stage\": %d, \"params_bytes\": %.0f, \"grads_bytes\": %.0f, \"optim_bytes\": %.0f, "
                 "\"activations_bytes\": %.0f, \"transient_bytes\": %.0f, \"step_s\": %.9g, \"compute_s\": %.9g, "
                 "\"tp_s\": %.9g, \"bubble_s\": %.9g, \"pp_s\": %.9g, \"dp_s\": %.9g, \"embedding_s\": %.9g, \"cp_s\": %.9g, "
-                "\"ep_s\": %.9g}\n",
+                "\"ep_s\": %.9g, \"ulysses_s\": %.9g, \"ulysses_bytes\": %.0f}\n",
                 stage, sm.params_bytes, sm.grads_bytes, sm.optim_bytes, sm.memory.activations, sm.memory.transient,
-                r.step_s, r.compute_s, r.tp_s, r.bubble_s, r.pp_s, r.dp_s, r.embedding_s, r.cp_s, r.ep_s);
+                r.step_s, r.compute_s, r.tp_s, r.bubble_s, r.pp_s, r.dp_s, r.embedding_s, r.cp_s, r.ep_s, r.ulysses_s,
+                stage == 0 ? r.ulysses_bytes : 0.0);
   }
   print_legend();
   return 0;

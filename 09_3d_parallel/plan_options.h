@@ -14,7 +14,7 @@ struct Options {
   double elementwise_rate = -1;  // -1: the cluster's
   double peak_flops = 0, memory_gb = 0, inter_gbps = -1, inter_latency_us = -1, intra_gbps = -1, intra_latency_us = -1;
   // A single configuration (or a restriction of the search) when given.
-  int tp = 0, pp = 0, cp = 0, ep = 0, virtual_stages = 0, micro_batch = 0, zero = -1;
+  int tp = 0, pp = 0, cp = 0, ep = 0, ulysses = 0, virtual_stages = 0, micro_batch = 0, zero = -1;
   int seq_len = 0;
   double tokens_per_batch = 0, capacity_factor = -1;
   std::string cp_method = "ring";

@@ -306,7 +306,7 @@ TEST(PlanFlags, SequenceAndTokensPerBatchAreInputsAndAbsurdInputsAreRefused) {
            {"--seq-len 8192 --tokens-per-batch 10000", "is not a whole number of sequences of 8192 tokens"},
            {"--batch 8 --tokens-per-batch 65536", "--batch and --tokens-per-batch: give one"},
            {"--gpus 100000000", "is beyond any cluster or model"},
-           {"--gpus 8 --cp 3 --one", "--tp x --cp x --pp must divide --gpus"},
+           {"--gpus 8 --cp 3 --one", "--tp x --cp x --ulysses x --pp must divide --gpus"},
            {"--cp-method smoke", "--cp-method smoke: choose ring or all-gather"},
            {"--capacity-factor 1.25", "has no experts"},
            {"--cp -2", "--cp must be positive"},

@@ -160,6 +160,7 @@ std::string one_command(const PlanInputs& in, const PlanConfig& c) {
   s << "09_3d_parallel/plan --one --model " << in.model.preset << " --cluster " << in.cluster.name << " --gpus " << in.gpus
     << " --seq-len " << plan_shape(in).T << " --batch " << in.batch << " --tp " << c.tp << " --pp " << c.pp;
   if (c.cp > 1) s << " --cp " << c.cp;
+  if (c.ulysses > 1) s << " --ulysses " << c.ulysses;
   if (c.ep > 1) s << " --ep " << c.ep;
   if (c.pp > 1) s << " --schedule " << schedule_name(c.schedule);
   if (c.virtual_stages > 1) s << " --virtual-stages " << c.virtual_stages;
@@ -209,7 +210,7 @@ const char* model_flops_count_name(const PlanInputs& in) {
 PlanResult predict_published(const PublishedRun& run, double efficiency) {
   const PlanInputs in = published_inputs(run, efficiency);
   SearchSpace space;
-  space.tp = {run.tp}, space.cp = {run.cp}, space.pp = {run.pp}, space.ep = {run.ep};
+  space.tp = {run.tp}, space.cp = {run.cp}, space.pp = {run.pp}, space.ep = {run.ep}, space.ulysses = {1};
   space.zero = {run.zero}, space.recompute = run.recompute, space.schedules = run.schedules;
   space.sequence_parallel = {run.tp > 1};
   if (run.micro_batch > 0) space.micro_batch = {run.micro_batch};
@@ -241,13 +242,15 @@ std::vector<PlanResult> search_published(const PublishedRun& run, double efficie
   SearchSpace space;
   space.zero = {0, 1, 2, 3};
   space.recompute = {Recompute::None, Recompute::Full};
+  space.ulysses = {1};  // the dimensions the published runs had: none of them ran Ulysses
   return best_per_grid(in, search_plans(in, space));
 }
 
 int grid_rank(const PublishedRun& run, const std::vector<PlanResult>& best) {
   for (size_t i = 0; i < best.size(); i++) {
     const PlanConfig& c = best[i].config;
-    if (best[i].fits && c.tp == run.tp && c.cp == run.cp && c.pp == run.pp && c.dp == run.dp) return int(i);
+    if (best[i].fits && c.tp == run.tp && c.cp == run.cp && c.ulysses == 1 && c.pp == run.pp && c.dp == run.dp)
+      return int(i);
   }
   return -1;
 }

@@ -86,7 +86,8 @@ double published_metric(const PublishedRun& run, const PlanResult& r);
 // printed command carries).
 double calibrate_published(const PublishedRun& run);
 // The planner's free search for the run's model, GPUs, sequence length and tokens per batch, with its
-// implementation: the best configuration of each grid (tp, cp, pp, ep), best first.
+// implementation: the best configuration of each grid (tp, cp, pp, ep), best first. Without Ulysses:
+// none of the published runs used it (`plan`'s own search considers it).
 std::vector<PlanResult> search_published(const PublishedRun& run, double efficiency);
 // The rank of the run's (TP, CP, PP, DP) among them (0 = first; -1: absent).
 int grid_rank(const PublishedRun& run, const std::vector<PlanResult>& best);

@@ -15,6 +15,7 @@
 #include "pipeline/pipeline.h"  // unit_costs, balanced_partition, parts_of_rank
 #include "schedule/pipeline_simulate.h"  // simulated_makespan, theory_bubble, theory_in_flight
 #include "ops/ring_attention.h"  // ring_buffer_bytes
+#include "planner/planner_ulysses.h"  // Ulysses' refusal, bytes and buffers
 
 namespace {
 
@@ -83,7 +84,7 @@ bool flash_applies(const PlanInputs& in) {
 std::string invalid_reason(const PlanInputs& in, const PlanConfig& c) {
   const GPT2Config& m = in.model;
   // Chapter 12 composes CP, EP, TP and PP on one grid; what it refuses, the planner refuses too.
-  if (in.ring_attention && c.cp == 1 && (c.tp > 1 || c.pp > 1 || m.moe()))
+  if (in.ring_attention && c.context() == 1 && (c.tp > 1 || c.pp > 1 || m.moe()))
     return "chapter 10's ring of one (--attention ring at cp 1) runs with data parallelism only, dense";
   if (c.ep > 1 && !m.moe()) return "expert parallelism spreads a mixture of experts: --model " + m.preset + " has none";
   if (m.moe() && c.tp > 1 && !c.sequence_parallel)
@@ -92,22 +93,26 @@ std::string invalid_reason(const PlanInputs& in, const PlanConfig& c) {
   if (m.moe() && c.zero > 1)
     return "a mixture of experts shards with ZeRO-1 only (12's --zero1: the experts' state over their replicas, the "
            "rest over DP x CP): ZeRO " + std::to_string(c.zero) + " is not the chapters'";
-  if (c.cp > 1 && c.zero > 1) return "chapter 12 shards over DP x CP with ZeRO-1 only";
+  if (c.context() > 1 && c.zero > 1) return "chapter 12 shards over DP x CP with ZeRO-1 only";
+  const std::string ulysses_problem = ulysses_split_problem(c.ulysses, m.NH, c.tp, m.T, c.cp);
+  if (!ulysses_problem.empty()) return ulysses_problem;
   if (c.cp > 1 && (m.T % (2 * c.cp))) return "cp " + std::to_string(c.cp) + ": T does not cut into 2cp chunks (zigzag)";
-  if (c.ep > 1 && (m.experts % c.ep || (c.dp * c.cp * c.tp) % c.ep))
-    return "ep " + std::to_string(c.ep) + " must divide the experts and a stage's dp x cp x tp ranks";
-  if (c.gpus() != in.gpus) return "dp x tp x pp = " + std::to_string(c.gpus()) + ", not the " + std::to_string(in.gpus) + " GPUs";
+  if (c.ep > 1 && (m.experts % c.ep || (c.dp * c.context() * c.tp) % c.ep))
+    return "ep " + std::to_string(c.ep) + " must divide the experts and a stage's dp x cp x u x tp ranks";
+  if (c.gpus() != in.gpus)
+    return "dp x tp x pp x cp x u = " + std::to_string(c.gpus()) + ", not the " + std::to_string(in.gpus) + " GPUs";
   if (long(c.dp) * c.micro_batch * c.micro_batches != in.batch)
     return "dp x B x m = " + std::to_string(long(c.dp) * c.micro_batch * c.micro_batches) + ", not the batch " +
            std::to_string(in.batch);
-  GPT2Config held = m;  // under CP, SP splits a rank's T/cp positions
-  held.T = m.T / c.cp;
+  GPT2Config held = m;  // under CP (and Ulysses), SP splits a rank's T/(cp u) positions
+  held.T = m.T / c.context();
   const std::string tp_problem =
       tensor_parallel_size_problem(held, TensorParallelism{c.tp, 0, c.sequence_parallel}, c.micro_batch);
   if (!tp_problem.empty()) return tp_problem;
   if (c.sequence_parallel && c.tp == 1) return "sequence parallelism needs tp > 1";
   if (c.zero < 0 || c.zero > 3) return "ZeRO stage " + std::to_string(c.zero) + " (0..3)";
-  if (c.zero > 0 && c.dp * c.cp == 1) return "ZeRO shards over the data-parallel group (DP x CP): dp x cp = 1";
+  if (c.zero > 0 && c.dp * c.context() == 1)
+    return "ZeRO shards over the data-parallel group (DP x CP x U): dp x cp x u = 1";
   if (c.pp > 1 && c.zero > 1) return "ZeRO-2/3 communicate every micro-batch: not with a pipeline (use ZeRO-1)";
   if (c.pp * c.virtual_stages > m.L) return "more virtual stages than blocks";
   if (c.pp > 1 && splits_backward(c.schedule) && c.recompute == Recompute::Full)
@@ -129,6 +134,7 @@ std::string PlanConfig::describe() const {
   std::ostringstream s;
   s << "dp " << dp << " tp " << tp << " pp " << pp;
   if (cp > 1) s << " cp " << cp;
+  if (ulysses > 1) s << " u " << ulysses;
   if (ep > 1) s << " ep " << ep;
   if (pp > 1) s << ' ' << schedule_name(schedule) << (virtual_stages > 1 ? " v " + std::to_string(virtual_stages) : "");
   s << " B " << micro_batch << " m " << micro_batches;
@@ -154,10 +160,10 @@ std::vector<ModelPart> stage_parts(const GPT2Config& cfg, const PlanConfig& c, i
   return parts;
 }
 
-// The rows a rank routes per micro-batch (TrainingRun::routed_tokens): its T/cp positions of B
+// The rows a rank routes per micro-batch (TrainingRun::routed_tokens): its T/(cp u) positions of B
 // sequences, and under sequence parallelism its TP rank's share of them (12).
 int64_t routed_tokens(const GPT2Config& cfg, const PlanConfig& c) {
-  return int64_t(c.micro_batch) * (cfg.T / c.cp) / (c.sequence_parallel ? c.tp : 1);
+  return int64_t(c.micro_batch) * (cfg.T / c.context()) / (c.sequence_parallel ? c.tp : 1);
 }
 }  // namespace
 
@@ -176,7 +182,7 @@ StageMemory stage_memory(const PlanInputs& in, const PlanConfig& c, int stage) {
   // Chapter 10 averages over DP x CP; chapter 11 holds E/ep experts a rank (ep ranks of the world).
   // (The whole model's length first: a later call may empty the cache under the reference.)
   const int64_t whole_model_size = cached_layout(cfg, 1, 1, {}).padded_size;
-  const ParamLayout& layout = cached_layout(cfg, c.dp * c.cp, c.tp, parts, c.ep);
+  const ParamLayout& layout = cached_layout(cfg, c.dp * c.context(), c.tp, parts, c.ep);
   const Strategy strategy = strategy_of(c.zero);
   const TensorParallelism tp{c.tp, 0, c.sequence_parallel};
   StageMemory sm;
@@ -184,17 +190,22 @@ StageMemory stage_memory(const PlanInputs& in, const PlanConfig& c, int stage) {
   // log-sum-exp per query, and the ring adds its blocks of this rank's NH/t heads (ring_buffer_bytes);
   // a mixture of experts adds the routers' buffers per slot and block and its experts' rows replayed
   // in the schedule's order, at the bound (the routing is not known before the step), and the
-  // exchange's buffers at the same bound (chapter 11 and 12, even at ep 1).
+  // exchange's buffers at the same bound (chapter 11 and 12, even at ep 1). Ulysses (10, 12): the
+  // model on T/(cp u) positions, the ring's blocks as many values as on them, and the exchange's
+  // buffers (docs/theory.md, section 13b).
   GPT2Config held = cfg;
-  const bool ring = c.cp > 1 || in.ring_attention;
-  if (ring) held.T = cfg.T / c.cp;
+  const bool ring = c.context() > 1 || in.ring_attention;
+  if (ring) held.T = cfg.T / c.context();
   const PipelineParallelism pp{c.pp, stage, parts, false, {}};
   sm.memory = forecast_memory(strategy, layout, whole_model_size, held, c.micro_batch, c.micro_batches,
                               in.cluster.dtype, in.cluster.device, flash || ring, false, in.data_bytes, tp, pp);
   if (ring) sm.memory.activations += ring_buffer_bytes(c.cp, c.micro_batch, held.T, cfg.C / c.tp, cfg.NH / c.tp);
+  if (c.ulysses > 1)
+    sm.memory.activations += ulysses_exchange_buffer_bytes(double(c.micro_batch) * held.T, double(cfg.C) / c.tp,
+                                                           double(dtype_size(in.cluster.dtype)));
   if (cfg.moe()) {
     const int64_t tokens = routed_tokens(cfg, c);
-    const int64_t most = moe_expert_rows_at_most_of(cfg, tokens, c.ep, c.dp * c.cp * c.tp);
+    const int64_t most = moe_expert_rows_at_most_of(cfg, tokens, c.ep, c.dp * c.context() * c.tp);
     const std::vector<Action> actions =
         c.pp > 1 ? build_schedule(c.schedule, PipelineShape{c.pp, c.micro_batches, c.virtual_stages, placement_of(c.schedule)}, stage)
                  : std::vector<Action>{};
@@ -274,15 +285,15 @@ PlanResult evaluate_plan(const PlanInputs& in, const PlanConfig& c, bool simulat
   // On a GPU cluster with a kernel-rate table (planner_kernel_rates.h) the FLOPs run at the share of
   // peak the model's products reach at their depths on this TP rank, times the residual efficiency.
   const double rate = k.peak_flops * in.efficiency *
-                      dense_product_share(shape_of(cfg), k.gpu, c.tp, double(B) * cfg.T / c.cp);
+                      dense_product_share(shape_of(cfg), k.gpu, c.tp, double(B) * cfg.T / c.context());
   const bool elementwise_apart = k.elementwise_rate > 0;
   GPT2Config kept_all = cfg;
   kept_all.recompute = Recompute::None;
   const std::vector<double> unit_cost = unit_costs(cfg);
   const LinkModel& tp_link = link_for(k, c.tp);
-  const LinkModel& dp_link = link_for(k, c.tp * c.dp * c.cp);
+  const LinkModel& dp_link = link_for(k, c.tp * c.dp * c.context());
   const LinkModel& pp_link = link_for(k, c.gpus());
-  const double tokens = double(B) * cfg.T / c.cp;  // a rank's positions of a micro-batch (chapter 10: T/cp)
+  const double tokens = double(B) * cfg.T / c.context();  // a rank's positions of a micro-batch (chapter 10: T/(cp u))
   const double stream_bytes = tokens * cfg.C * w;
   // A mixture of experts (chapter 11): each token's MLP is its top_k experts' (at most the capacity's
   // share of them) and the router's product, at balanced routing.
@@ -292,18 +303,34 @@ PlanResult evaluate_plan(const PlanInputs& in, const PlanConfig& c, bool simulat
   // T/cp, and under SP a TP rank's share of them).
   const int64_t routed = cfg.moe() ? routed_tokens(cfg, c) : 0;
   const std::vector<int64_t> balanced_rows(size_t(cfg.L), int64_t(routed_share * double(routed) * cfg.top_k));
-  // Under CP, the model runs on T/cp positions (and TP's collectives carry those: 12).
+  // Under CP, the model runs on T/(cp u) positions (and TP's collectives carry those: 12).
   GPT2Config held = cfg, held_kept = kept_all;
-  const bool ring = c.cp > 1 || in.ring_attention;
-  if (ring) held.T = held_kept.T = cfg.T / c.cp;
-  double cp_per_block = 0, ep_per_block = 0;  // per micro-batch
+  const bool ring = c.context() > 1 || in.ring_attention;
+  if (ring) held.T = held_kept.T = cfg.T / c.context();
+  // per micro-batch and block: the context axis's exposed time, forward and backward apart
+  double cp_forward_per_block = 0, cp_backward_per_block = 0, ep_per_block = 0;
   if (c.cp > 1) {
     // Chapter 10's ring, per block: cp - 1 hops of a K and V block (this rank's NH/t heads under TP,
     // 12) forward, each hidden behind the attention on the block before; backward the blocks again
-    // with their gradients.
-    const double hop = modelled_ms(link_for(k, c.cp), CollectiveKind::SendRecv, int64_t(2 * stream_bytes / c.tp), 2) / 1e3;
+    // with their gradients. Under Ulysses the ring's ranks are u apart, and its blocks of T/cp
+    // positions on C/u channels hold as many values as T/(cp u) positions on C.
+    const double hop =
+        modelled_ms(link_for(k, c.cp * c.ulysses), CollectiveKind::SendRecv, int64_t(2 * stream_bytes / c.tp), 2) / 1e3;
     const double per_block = tokens * attention_flops_per_token(cfg) / 2 / rate / c.cp / c.tp;
-    cp_per_block = (c.cp - 1) * (std::max(0.0, hop - per_block) + std::max(0.0, 2 * hop - 2 * per_block));
+    cp_forward_per_block = (c.cp - 1) * std::max(0.0, hop - per_block);
+    cp_backward_per_block = (c.cp - 1) * std::max(0.0, 2 * hop - 2 * per_block);
+  }
+  // Ulysses, per block: its all-to-alls on the critical path (attention waits for its heads), over
+  // the u innermost ranks of the context axis (docs/theory.md, section 13b).
+  const UlyssesExchange ulysses{c.ulysses, tokens, double(cfg.C) / c.tp, w};
+  const int forward_passes = cfg.recompute == Recompute::Full ? 2 : 1;
+  double ulysses_per_block = 0;
+  if (c.ulysses > 1) {
+    const LinkModel& ulysses_link = link_for(k, c.ulysses);
+    const double forward = ulysses.forward_seconds(ulysses_link, forward_passes);
+    const double backward = ulysses.backward_seconds(ulysses_link, false);
+    cp_forward_per_block += forward, cp_backward_per_block += backward;
+    ulysses_per_block = forward + backward;
   }
   if (cfg.moe() && c.ep > 1) {
     // Chapter 11, per block: the routing counts, then the rows out and back, forward and backward.
@@ -314,10 +341,17 @@ PlanResult evaluate_plan(const PlanInputs& in, const PlanConfig& c, bool simulat
   }
   // A pass's activation bytes (the elementwise work's measure): the arena of its part, on T/cp
   // positions with the ring's blocks under CP, and a mixture of experts' routers and rows.
+  // Under Ulysses its exchanges' copies into and out of the send and receive buffers: per block 8
+  // values a position and channel forward (q, k, v out and in, the output back out and in), 16
+  // backward, a third and two thirds as the rest.
   auto pass_bytes = [&](const GPT2Config& g, const ModelPart& one) {
     double bytes = ring ? activation_bytes(g, B, dtype, true, tp, one) +
                               ring_buffer_bytes(c.cp, B, g.T, cfg.C / c.tp, cfg.NH / c.tp)
                         : activation_bytes(g, B, dtype, cfg.flash_attention, tp, one);
+    if (c.ulysses > 1) {
+      const int blocks = std::min(one.last(cfg), cfg.L) - (std::max(one.first_unit, 1) - 1);
+      bytes += blocks * 24.0 * B * g.T * (double(cfg.C) / c.tp) * w;
+    }
     if (cfg.moe())
       bytes += moe_schedule_activation_bytes(cfg, routed, p == 1 ? std::vector<ModelPart>{} : std::vector<ModelPart>{one},
                                              {}, {balanced_rows});
@@ -325,8 +359,9 @@ PlanResult evaluate_plan(const PlanInputs& in, const PlanConfig& c, bool simulat
   };
   ActionCosts costs;
   // per micro-batch, summed over a rank's chunks
-  double slowest_compute = 0, slowest_tp = 0, slowest_cp = 0, slowest_ep = 0;
-  std::vector<double> rank_compute(p, 0), rank_tp(p, 0), rank_cp(p, 0), rank_ep(p, 0);
+  double slowest_compute = 0, slowest_tp = 0, slowest_cp = 0, slowest_ep = 0, slowest_ulysses = 0;
+  std::vector<double> rank_compute(p, 0), rank_tp(p, 0), rank_cp(p, 0), rank_ep(p, 0), rank_ulysses(p, 0);
+  double first_stage_blocks = 0;  // Ulysses' bytes are reported for a rank of stage 0 (world rank 0)
   // The simulator needs every virtual stage's costs; the estimate only the slowest rank's, which is
   // one of those whose memory was forecast (the most blocks, or the head's): the same ranks.
   const std::vector<int>& timed = ranks;
@@ -352,12 +387,15 @@ PlanResult evaluate_plan(const PlanInputs& in, const PlanConfig& c, bool simulat
       const TensorParallelPrediction tpp =
           predict_tensor_parallel(held, B, tp, dtype, p == 1 ? std::vector<ModelPart>{} : std::vector<ModelPart>{part});
       const double tp_time = tensor_parallel_seconds(tpp, tp_link, stream_bytes, tokens * 4, c.tp);
-      // The ring's and the experts' exchanges of this part's blocks: the ring's hops a third forward,
-      // two backward; the all-to-alls half and half.
-      const double cp_time = blocks * cp_per_block, ep_time = blocks * ep_per_block;
+      // The ring's (and Ulysses') and the experts' exchanges of this part's blocks: the context
+      // axis's each in its pass; the all-to-alls half and half.
+      const double cp_time = blocks * (cp_forward_per_block + cp_backward_per_block), ep_time = blocks * ep_per_block;
       const double work = 3 * forward + recompute;
-      const double f = forward + tp_time * forward / work + cp_time / 3 + ep_time / 2,
-                   b = 2 * forward + recompute + tp_time * (work - forward) / work + 2 * cp_time / 3 + ep_time / 2;
+      const double f = forward + tp_time * forward / work + blocks * cp_forward_per_block + ep_time / 2,
+                   b = 2 * forward + recompute + tp_time * (work - forward) / work + blocks * cp_backward_per_block +
+                       ep_time / 2;
+      rank_ulysses[rank] += blocks * ulysses_per_block;
+      if (rank == 0) first_stage_blocks += blocks;
       if (p > 1) {
         const int s = virtual_stage(shape, rank, int(ch));
         if (costs.forward.empty()) costs.forward.assign(p * v, 0), costs.backward.assign(p * v, 0), costs.weight.assign(p * v, 0);
@@ -371,9 +409,13 @@ PlanResult evaluate_plan(const PlanInputs& in, const PlanConfig& c, bool simulat
     }
     if (rank_compute[rank] + rank_tp[rank] + rank_cp[rank] + rank_ep[rank] >
         slowest_compute + slowest_tp + slowest_cp + slowest_ep)
-      slowest_compute = rank_compute[rank], slowest_tp = rank_tp[rank], slowest_cp = rank_cp[rank], slowest_ep = rank_ep[rank];
+      slowest_compute = rank_compute[rank], slowest_tp = rank_tp[rank], slowest_cp = rank_cp[rank], slowest_ep = rank_ep[rank],
+      slowest_ulysses = rank_ulysses[rank];
   }
   r.compute_s = m * slowest_compute;
+  r.ulysses_s = m * slowest_ulysses;
+  r.ulysses_bytes =
+      m * first_stage_blocks * (ulysses.forward_bytes(forward_passes) + ulysses.backward_bytes(false));
   r.tp_s = m * slowest_tp;
   r.cp_s = m * slowest_cp, r.ep_s = m * slowest_ep;
   // Under sequence parallelism the gradients of the parameters every TP rank holds whole are summed
@@ -414,7 +456,7 @@ PlanResult evaluate_plan(const PlanInputs& in, const PlanConfig& c, bool simulat
   // forward and backward; ZeRO-1's all-gather of the updated parameters is exposed.
   // Chapter 10's gradients average over DP x CP; chapter 11's experts' over the ranks holding the
   // same experts (dp / ep), the rest over every rank.
-  const int group = c.dp * c.cp;
+  const int group = c.dp * c.context();
   // 12: the experts' replicas are a stage's dp x cp x tp ranks over ep (under TP with ep 1, a TP
   // group's ranks hold the same experts and average them, with no dense replica to sum with).
   const int expert_group = cfg.moe() ? group * c.tp / c.ep : 1;

@@ -92,8 +92,13 @@ struct PlanConfig {
   // routed experts spread over ep of the dp x cp ranks that hold the same layers (the published
   // placement: TP inside a node, then CP, then DP; EP over DP x CP; PP outermost).
   int cp = 1, ep = 1;
-  int gpus() const { return dp * tp * pp * cp; }
-  std::string describe() const;  // "tp 8 cp 2 pp 16 dp 8 ep 1 interleaved v 2 B 1 m 16 ZeRO-1 recompute full SP"
+  // Ulysses (chapters 10 and 12's --ulysses): u ranks inside each CP place trade their T/(u cp)
+  // positions of every head for NH/(t u) whole heads around attention (docs/theory.md, section 13b).
+  // The context axis is cp x ulysses ranks, Ulysses innermost: the order tp-ulysses-cp-dp-pp.
+  int ulysses = 1;
+  int context() const { return cp * ulysses; }  // ranks sharing each sequence
+  int gpus() const { return dp * tp * pp * cp * ulysses; }
+  std::string describe() const;  // "dp 8 tp 8 pp 16 cp 2 u 2 interleaved v 2 B 1 m 16 ZeRO-1 recompute full SP"
 };
 
 // How a context-parallel group lets every query meet every key: chapter 10's ring (each rank's keys
@@ -173,7 +178,9 @@ struct PlanResult {
   // bubble (idle time with free links) + its exposed point-to-point messages (what they add to the
   // simulated step) + exposed DP + the embedding group's all-reduce = step.
   double compute_s = 0, tp_s = 0, bubble_s = 0, pp_s = 0, dp_s = 0, embedding_s = 0, step_s = 0;
-  double cp_s = 0, ep_s = 0;  // exposed context-parallel (ring or all-gather) and expert (all-to-all) traffic
+  double cp_s = 0, ep_s = 0;  // exposed context-parallel (ring, all-gather, Ulysses) and expert (all-to-all) traffic
+  // Of cp_s, Ulysses' all-to-alls (on the critical path), and the bytes a rank sends in them a step.
+  double ulysses_s = 0, ulysses_bytes = 0;
   bool simulated = false;     // bubble from simulate() (else from theory_bubble())
   double tokens_per_s = 0;
   double mfu = 0;             // model FLOPs (6N + 12LCT per token, docs/theory.md section 8) / (GPUs x peak)
@@ -217,6 +224,9 @@ double dense_product_share(const ModelShape& s, const std::string& gpu, int tp, 
 struct SearchSpace {
   std::vector<int> tp, pp;                 // default: powers of 2 (and L's divisors for pp)
   std::vector<int> cp, ep;                 // default: 1 for the chapters' dense models; powers of 2
+  // Ulysses' u, default: powers of 2 that split the heads NH/(t u) whole, keep t u inside a node (an
+  // all-to-all needs every pair linked) and leave a rank at least 2048 positions, as CP.
+  std::vector<int> ulysses;
   std::vector<int> micro_batch = {1, 2, 4, 8};
   std::vector<Schedule> schedules = {Schedule::OneFOneB, Schedule::Interleaved, Schedule::ZBH1, Schedule::ZBV,
                                      Schedule::DualPipeV};
@@ -241,6 +251,6 @@ std::vector<PlanResult> search_plans(const PlanInputs& in, const SearchSpace& sp
 // data-parallel degree that divides in.batch, or why the first grid that does is refused.
 std::string why_no_configuration(const PlanInputs& in, const SearchSpace& space);
 
-// The best of each grid (tp, cp, pp, ep): results sorted as search_plans returns them, first of each kept,
+// The best of each grid (tp, cp, u, pp, ep): results sorted as search_plans returns them, first of each kept,
 // each simulated, in the order of the simulation.
 std::vector<PlanResult> best_per_grid(const PlanInputs& in, const std::vector<PlanResult>& sorted);

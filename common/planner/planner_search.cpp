@@ -1,5 +1,5 @@
 // planner_search.cpp: the planner's search (planner.h, search_plans and best_per_grid): every grid of
-// TP x CP x PP x DP (x EP inside DP x CP) with its schedule, micro-batch, ZeRO stage and recomputation,
+// TP x U x CP x PP x DP (x EP inside DP x CP x U) with its schedule, micro-batch, ZeRO stage and recomputation,
 // pruned where memory says a larger micro-batch cannot fit, ranked by predicted step time.
 #include <algorithm>
 #include <cmath>
@@ -25,7 +25,8 @@ bool faster(const PlanResult& a, const PlanResult& b) {
   if (x.zero != y.zero) return x.zero < y.zero;
   if (x.recompute != y.recompute) return int(x.recompute) < int(y.recompute);
   if (x.sequence_parallel != y.sequence_parallel) return !x.sequence_parallel;
-  if (x.tp * x.pp * x.cp != y.tp * y.pp * y.cp) return x.tp * x.pp * x.cp < y.tp * y.pp * y.cp;
+  if (x.tp * x.pp * x.context() != y.tp * y.pp * y.context()) return x.tp * x.pp * x.context() < y.tp * y.pp * y.context();
+  if (x.ulysses != y.ulysses) return x.ulysses < y.ulysses;
   if (x.ep != y.ep) return x.ep < y.ep;
   return a.step_s < b.step_s;
 }
@@ -39,8 +40,20 @@ bool better(const PlanResult& a, const PlanResult& b) {
 
 namespace {
 struct Degrees {
-  std::vector<int> tp, cp, pp, ep;
+  std::vector<int> tp, cp, pp, ep, ulysses;
 };
+
+// Ulysses' u on a grid of tp and cp: the given ones, or powers of two from 1 that split the heads
+// NH/(t u) whole, keep the all-to-all inside a node (t u ranks) and leave a rank at least 2,048
+// positions, as CP does.
+std::vector<int> ulysses_degrees(const PlanInputs& in, const SearchSpace& space, int t, int cp) {
+  if (!space.ulysses.empty()) return space.ulysses;
+  const ModelShape shape = plan_shape(in);
+  std::vector<int> us = {1};
+  for (int u = 2; t * u <= in.cluster.gpus_per_node && shape.T / (cp * u) >= 2048; u *= 2)
+    if ((shape.NH / t) % u == 0 && in.gpus % (t * cp * u) == 0) us.push_back(u);
+  return us;
+}
 
 // The degrees the search tries, each axis apart (a grid is one of each whose product divides the GPUs).
 Degrees search_degrees(const PlanInputs& in, const SearchSpace& space) {
@@ -62,7 +75,7 @@ Degrees search_degrees(const PlanInputs& in, const SearchSpace& space) {
   if (eps.empty())
     for (int ep = 1; ep <= std::max(1, shape.experts); ep *= 2)
       if (shape.experts == 0 ? ep == 1 : shape.experts % ep == 0) eps.push_back(ep);
-  return Degrees{tps, cps, pps, eps};
+  return Degrees{tps, cps, pps, eps, space.ulysses};
 }
 }  // namespace
 
@@ -73,22 +86,24 @@ std::string why_no_configuration(const PlanInputs& in, const SearchSpace& space)
   bool sampled = false;
   for (int t : d.tp)
     for (int cp : d.cp)
-      for (int p : d.pp) {
-        if (in.gpus % (t * cp * p)) continue;
-        const int dp = in.gpus / (t * cp * p);
-        if (std::find(dps.begin(), dps.end(), dp) == dps.end()) dps.push_back(dp);
-        if (in.batch % dp || sampled) continue;
-        sample = PlanConfig{dp, t, p, Schedule::OneFOneB, 1, 1, in.batch / dp, 0, Recompute::None, t > 1, cp,
-                            d.ep.empty() ? 1 : d.ep.front()};
-        sampled = true;
-      }
+      for (int u : ulysses_degrees(in, space, t, cp))
+        for (int p : d.pp) {
+          if (in.gpus % (t * cp * u * p)) continue;
+          const int dp = in.gpus / (t * cp * u * p);
+          if (std::find(dps.begin(), dps.end(), dp) == dps.end()) dps.push_back(dp);
+          if (in.batch % dp || sampled) continue;
+          sample = PlanConfig{dp, t, p, Schedule::OneFOneB, 1, 1, in.batch / dp, 0, Recompute::None, t > 1, cp,
+                              d.ep.empty() ? 1 : d.ep.front(), u};
+          sampled = true;
+        }
   std::sort(dps.begin(), dps.end());
   std::string list;
   for (size_t i = 0; i < dps.size() && i < 8; i++) list += (i ? ", " : "") + std::to_string(dps[i]);
   if (dps.size() > 8) list += ", ...";
   if (d.ep.empty()) return "no configuration: no expert-parallel degree of the ones allowed divides the experts (--ep)";
   if (dps.empty())
-    return "no configuration: no tp x cp x pp of the degrees allowed (--tp, --cp, --pp, or the model's) divides --gpus " +
+    return "no configuration: no tp x cp x u x pp of the degrees allowed (--tp, --cp, --ulysses, --pp, or the model's) "
+           "divides --gpus " +
            std::to_string(in.gpus);
   if (!sampled)
     return "no configuration: --batch " + std::to_string(in.batch) + " does not split over any data-parallel degree " +
@@ -107,12 +122,13 @@ std::vector<PlanResult> search_plans(const PlanInputs& in, const SearchSpace& sp
   std::vector<PlanResult> results;
   for (int t : tps) {
    for (int cp : cps) {
+    for (int u : ulysses_degrees(in, space, t, cp)) {
     for (int p : pps) {
-      if (in.gpus % (t * cp * p)) continue;
-      const int dp = in.gpus / (t * cp * p);
+      if (in.gpus % (t * cp * u * p)) continue;
+      const int dp = in.gpus / (t * cp * u * p);
       if (in.batch % dp) continue;
       for (int ep : eps) {
-      if ((dp * cp) % ep) continue;
+      if ((dp * cp * u) % ep) continue;
       for (bool sp : space.sequence_parallel) {
         if (sp && t == 1) continue;
         // A published shape under TP always splits the sequence too: it only trims memory, the same
@@ -136,7 +152,7 @@ std::vector<PlanResult> search_plans(const PlanInputs& in, const SearchSpace& sp
               bool any = false, overflow_kept = false;
               for (int B : space.micro_batch) {
                 if ((in.batch / dp) % B) continue;
-                PlanConfig c{dp, t, p, schedule, v, B, in.batch / dp / B, zero, rc, sp, cp, ep};
+                PlanConfig c{dp, t, p, schedule, v, B, in.batch / dp / B, zero, rc, sp, cp, ep, u};
                 if (space.runnable_here_only && !not_runnable_here(c).empty()) continue;
                 PlanResult r = evaluate_plan(in, c, false);
                 if (!r.invalid.empty()) continue;
@@ -157,6 +173,7 @@ std::vector<PlanResult> search_plans(const PlanInputs& in, const SearchSpace& sp
         }
       }
       }
+    }
     }
    }
   }
@@ -181,7 +198,8 @@ std::vector<PlanResult> best_per_grid(const PlanInputs& in, const std::vector<Pl
   for (const PlanResult& r : sorted) {
     size_t g = 0;
     while (g < out.size() && !(out[g].config.tp == r.config.tp && out[g].config.pp == r.config.pp &&
-                               out[g].config.cp == r.config.cp && out[g].config.ep == r.config.ep))
+                               out[g].config.cp == r.config.cp && out[g].config.ep == r.config.ep &&
+                               out[g].config.ulysses == r.config.ulysses))
       g++;
     if (g < out.size() && tried[g] >= kCandidatesPerGrid) continue;
     const PlanResult candidate = r.fits && !r.simulated ? evaluate_plan(in, r.config, true) : r;

@@ -1,5 +1,6 @@
 // planner_shape.cpp: the planner's prediction for a published shape (planner.h, evaluate_shape_plan)
-// in all five dimensions: TP inside a node, then CP, then DP, with EP over DP x CP and PP outermost.
+// in all six dimensions: TP inside a node, then Ulysses, CP, DP, with EP over DP x CP x U and PP
+// outermost.
 // Memory by category and the FLOPs are model_shape.h's counts (docs/theory.md, section 16); each
 // group's traffic is timed by the communicator's alpha-beta model (comm.h, modelled_ms) on the link
 // its span reaches; the pipeline's bubble is 08's simulator (pipeline_simulate.h). What overlaps what
@@ -16,6 +17,7 @@
 #include "schedule/pipeline_simulate.h"  // simulated_makespan, theory_bubble, theory_in_flight
 #include "planner/planner.h"
 #include "planner/planner_kernel_rates.h"  // the grouped experts' rate
+#include "planner/planner_ulysses.h"       // ulysses_split_problem
 
 namespace {
 
@@ -77,7 +79,7 @@ std::string shape_invalid_reason(const PlanInputs& in, const PlanConfig& c) {
   const std::string problem = model_shape_problem(s);
   if (!problem.empty()) return "--model " + s.name + ": " + problem;
   if (c.gpus() != in.gpus)
-    return "tp x cp x pp x dp = " + std::to_string(c.gpus()) + ", not the " + std::to_string(in.gpus) + " GPUs";
+    return "tp x cp x u x pp x dp = " + std::to_string(c.gpus()) + ", not the " + std::to_string(in.gpus) + " GPUs";
   if (long(c.dp) * c.micro_batch * c.micro_batches != in.batch)
     return "dp x B x m = " + std::to_string(long(c.dp) * c.micro_batch * c.micro_batches) + ", not the batch " +
            std::to_string(in.batch);
@@ -88,12 +90,19 @@ std::string shape_invalid_reason(const PlanInputs& in, const PlanConfig& c) {
   if ((s.ffn % c.tp) || (s.moe() && s.expert_ffn % c.tp)) return "tp " + std::to_string(c.tp) + " does not divide the MLP's width";
   if (c.sequence_parallel && c.tp == 1) return "sequence parallelism needs tp > 1";
   if (c.cp > 1 && s.T % (2 * c.cp)) return "cp " + std::to_string(c.cp) + ": T = " + std::to_string(s.T) + " does not cut into 2cp chunks";
+  // Ulysses splits the query heads NH/(t u) whole; key/value heads fewer than u a TP rank are sent
+  // whole to each rank whose query heads share them (kv_heads_after_ulysses).
+  const std::string ulysses_problem = ulysses_split_problem(c.ulysses, s.NH, c.tp, s.T, c.cp);
+  if (!ulysses_problem.empty()) return ulysses_problem;
+  if (c.ulysses > 1 && (heads / c.tp) % c.ulysses && c.ulysses % (heads / c.tp))
+    return "--ulysses " + std::to_string(c.ulysses) + ": the " + std::to_string(heads / c.tp) + " key/value heads a TP "
+           "rank holds neither split into u groups nor divide u";
   if (c.ep > 1 && !s.moe()) return "expert parallelism needs experts";
-  if (c.ep > 1 && (s.experts % c.ep || (c.dp * c.cp) % c.ep))
-    return "ep " + std::to_string(c.ep) + " must divide the " + std::to_string(s.experts) + " experts and dp x cp = " +
-           std::to_string(c.dp * c.cp);
+  if (c.ep > 1 && (s.experts % c.ep || (c.dp * c.context()) % c.ep))
+    return "ep " + std::to_string(c.ep) + " must divide the " + std::to_string(s.experts) + " experts and dp x cp x u = " +
+           std::to_string(c.dp * c.context());
   if (c.zero < 0 || c.zero > 3) return "ZeRO stage " + std::to_string(c.zero) + " (0..3)";
-  if (c.zero > 0 && c.dp * c.cp == 1) return "ZeRO shards over the data-parallel group: dp x cp = 1";
+  if (c.zero > 0 && c.dp * c.context() == 1) return "ZeRO shards over the data-parallel group: dp x cp x u = 1";
   if (c.pp > 1 && c.zero > 2) return "ZeRO-3 gathers every micro-batch's parameters: not with a pipeline (use 1 or 2)";
   if (c.pp * c.virtual_stages > s.L) return "more virtual stages than layers";
   if (c.pp > 1 && splits_backward(c.schedule) && c.recompute == Recompute::Full)
@@ -171,6 +180,7 @@ void for_each_product(const ModelShape& s, int l, int t, Visit visit) {
 struct ChunkCost {
   double product_s = 0, attention_s = 0;  // forward compute
   double tp_s = 0, cp_s = 0, ep_s = 0;    // exposed, forward + backward (+ the replay)
+  double ulysses_s = 0, ulysses_bytes = 0;  // of cp_s, Ulysses' all-to-alls; the bytes they send
   double forward_s = 0, backward_s = 0, weight_s = 0;  // for the simulator, communication included
   double dense_params = 0, expert_params = 0;          // held by this rank
   double activations = 0, logits = 0;                  // per micro-batch in flight (logits: once)
@@ -191,6 +201,7 @@ PlanResult evaluate_shape_plan(const PlanInputs& in, const PlanConfig& c, bool s
   const ModelShape& s = in.shape;
   const Cluster& k = in.cluster;
   const int t = c.tp, p = c.pp, v = c.virtual_stages, m = c.micro_batches, B = c.micro_batch, cp = c.cp, ep = c.ep;
+  const int u = c.ulysses;
   const bool sp = c.sequence_parallel;
   PipelineShape shape{p, m, v, placement_of(c.schedule)};
   const int S = p * v;
@@ -220,7 +231,7 @@ PlanResult evaluate_shape_plan(const PlanInputs& in, const PlanConfig& c, bool s
     }
     return k.peak_flops * in.efficiency * (dense_rates ? dense_table.ceiling() : 1.0);
   };
-  const double tokens = double(B) * s.T / cp;  // a micro-batch's positions on one rank of the CP group
+  const double tokens = double(B) * s.T / (cp * u);  // a micro-batch's positions on one rank of the CP x U group
   const double stream = tokens * s.C * kWidth;  // the residual stream of those positions
   const double routed_share = in.capacity_factor > 0 ? std::min(1.0, in.capacity_factor) : 1.0;
   const double inputs = in.fp8_activations ? 1 : kWidth;  // a matrix product's cached input, per element
@@ -266,13 +277,23 @@ PlanResult evaluate_shape_plan(const PlanInputs& in, const PlanConfig& c, bool s
   double all_flops = 0, all_table_flops = 0, widest_attention_share = 0;
   r.expert_rows = expert_rows, r.expert_rate_factor = expert_factor;
   const int kv_heads = s.mla() ? s.NH : s.kv();
-  const double kv_bytes = tokens * double(kv_heads) / t * (2.0 * s.hd() + s.rope_dim) * kWidth;  // this rank's K and V
-  // The grid's spans: TP innermost (t ranks), then CP (t cp), DP (t cp dp), PP the whole grid; EP is
-  // ep consecutive ranks of DP x CP, t apart.
+  // Under Ulysses a rank attends with NH/(t u) query heads over u x tokens positions, and the key/value
+  // heads they share: kv/(t u), or one whole where a TP rank holds fewer than u of them.
+  const double kv_after = u == 1 ? double(kv_heads) / t : std::max(1.0, double(kv_heads) / t / u);
+  const double kv_bytes = tokens * u * kv_after * (2.0 * s.hd() + s.rope_dim) * kWidth;  // this rank's K and V (a ring's block)
+  // Ulysses' two all-to-alls a pass (docs/theory.md, section 13b), each of u chunks: q, k, v to heads
+  // (a chunk: the rank's positions of a peer's NH/(t u) query heads and their key/value heads), the
+  // output back. Its backward sends the output's gradient to heads and q, k, v's gradients back: the
+  // head layout is kept for attention's backward, as DeepSpeed-Ulysses keeps it.
+  const double ulysses_qkv = u * tokens * (double(s.NH) / t / u * (s.hd() + s.rope_dim) + kv_after * (2.0 * s.hd() + s.rope_dim)) * kWidth;
+  const double ulysses_out = tokens * double(s.NH) / t * s.hd() * kWidth;
+  // The grid's spans: TP innermost (t ranks), then Ulysses (t u), CP (t u cp), DP (t u cp dp), PP the
+  // whole grid; EP is ep consecutive ranks of DP x CP x U, t apart.
   const LinkModel& tp_link = link_for(k, t);
-  const LinkModel& cp_link = link_for(k, t * cp);
+  const LinkModel& ulysses_link = link_for(k, t * u);
+  const LinkModel& cp_link = link_for(k, t * u * cp);
   const LinkModel& ep_link = link_for(k, t * ep);
-  const LinkModel& dp_link = link_for(k, t * cp * c.dp);
+  const LinkModel& dp_link = link_for(k, t * u * cp * c.dp);
   const LinkModel& pp_link = link_for(k, c.gpus());
   const bool full = c.recompute == Recompute::Full;
   // The embedding (virtual stage 0) and the head (the last) on one rank: no pipeline, or a V. A tied
@@ -330,6 +351,15 @@ PlanResult evaluate_shape_plan(const PlanInputs& in, const PlanConfig& c, bool s
           const double scatter = ms(cp_link, CollectiveKind::ReduceScatter, kv_bytes * cp, cp);
           ch.cp_s += gather * (full ? 2 : 1) + scatter;
         }
+      }
+      // Ulysses: on the critical path (attention waits for its heads, the next product for its
+      // positions); the forward's pair replayed under full recomputation.
+      if (u > 1) {
+        const double pair = ms(ulysses_link, CollectiveKind::AllToAll, ulysses_qkv, u) +
+                            ms(ulysses_link, CollectiveKind::AllToAll, ulysses_out, u);
+        ch.cp_s += pair * (full ? 3 : 2);
+        ch.ulysses_s += pair * (full ? 3 : 2);
+        ch.ulysses_bytes += (full ? 3 : 2) * (ulysses_qkv + ulysses_out) * (u - 1) / u;
       }
       // EP: a dispatch and a combine each pass, every routed row out of the rank but its own share.
       if (routed && ep > 1) {
@@ -415,16 +445,16 @@ PlanResult evaluate_shape_plan(const PlanInputs& in, const PlanConfig& c, bool s
   r.attention_share = widest_attention_share;
 
   // Memory, rank by rank: the rank with the largest peak is the one shown.
-  const int dense_group = c.dp * cp, expert_group = dense_group / ep;
+  const int dense_group = c.dp * cp * u, expert_group = dense_group / ep;
   double worst = -1, slowest_busy = -1;
-  double slowest_compute = 0, slowest_tp = 0, slowest_cp = 0, slowest_ep = 0;
+  double slowest_compute = 0, slowest_tp = 0, slowest_cp = 0, slowest_ep = 0, slowest_ulysses = 0;
   double worst_dense = 0, worst_expert = 0;  // parameters of the rank with the most (for DP's traffic)
   int worst_layers = 0;
   ActionCosts costs;
   costs.forward.assign(size_t(S), 0), costs.backward.assign(size_t(S), 0), costs.weight.assign(size_t(S), 0);
   for (int rank = 0; rank < p; rank++) {
     double dense = 0, expert = 0, logits = 0, working = 0, rows = 0;
-    double compute = 0, tp = 0, cpt = 0, ept = 0;
+    double compute = 0, tp = 0, cpt = 0, ept = 0, ulysses = 0;
     int layers = 0;
     for (int chunk = 0; chunk < v; chunk++) {
       const int vs = p == 1 ? 0 : virtual_stage(shape, rank, chunk);
@@ -434,7 +464,8 @@ PlanResult evaluate_shape_plan(const PlanInputs& in, const PlanConfig& c, bool s
       working = std::max(working, ch.working_set);
       rows = std::max(rows, ch.routed_rows);
       compute += 3 * ch.product_s + 3.5 * ch.attention_s + ch.elementwise_s + ch.replay_s;
-      tp += ch.tp_s, cpt += ch.cp_s, ept += ch.ep_s;
+      tp += ch.tp_s, cpt += ch.cp_s, ept += ch.ep_s, ulysses += ch.ulysses_s;
+      if (rank == 0) r.ulysses_bytes += m * ch.ulysses_bytes;
       costs.forward[size_t(vs)] = ch.forward_s, costs.backward[size_t(vs)] = ch.backward_s;
       costs.weight[size_t(vs)] = ch.weight_s;
     }
@@ -464,6 +495,7 @@ PlanResult evaluate_shape_plan(const PlanInputs& in, const PlanConfig& c, bool s
     const double message = stream / (sp ? t : 1);
     double buffers = p > 1 ? 2.0 * v * message : 0.0;
     if (cp > 1) buffers += 2 * kv_bytes;
+    if (u > 1) buffers += 2 * ulysses_qkv;  // the all-to-all's send and receive buffers
     if (ep > 1) buffers += 2 * rows * s.C * kWidth;
     if (c.zero >= 3 && layers > 0) buffers += 2 * kWidth * (dense + expert) / layers;
     MemoryForecast f;
@@ -483,7 +515,7 @@ PlanResult evaluate_shape_plan(const PlanInputs& in, const PlanConfig& c, bool s
     if (dense + expert > worst_dense + worst_expert) worst_dense = dense, worst_expert = expert, worst_layers = layers;
     if (compute + tp + cpt + ept > slowest_busy) {
       slowest_busy = compute + tp + cpt + ept;
-      slowest_compute = compute, slowest_tp = tp, slowest_cp = cpt, slowest_ep = ept;
+      slowest_compute = compute, slowest_tp = tp, slowest_cp = cpt, slowest_ep = ept, slowest_ulysses = ulysses;
     }
   }
   r.fits = r.memory.peak() <= k.memory_bytes;
@@ -497,6 +529,7 @@ PlanResult evaluate_shape_plan(const PlanInputs& in, const PlanConfig& c, bool s
   }
 
   r.compute_s = m * slowest_compute, r.tp_s = m * slowest_tp, r.cp_s = m * slowest_cp, r.ep_s = m * slowest_ep;
+  r.ulysses_s = m * slowest_ulysses;
   const double busy = r.compute_s + r.tp_s + r.cp_s + r.ep_s;
   double pipeline_s = busy;
   if (p > 1) {
@@ -516,7 +549,7 @@ PlanResult evaluate_shape_plan(const PlanInputs& in, const PlanConfig& c, bool s
   }
   r.bubble_s = std::max(0.0, pipeline_s - busy - r.pp_s);
 
-  // DP over the dense parameters' group (dp x cp) and the experts' (dp x cp / ep): the gradients go
+  // DP over the dense parameters' group (dp x cp x u) and the experts' (dp x cp x u / ep): the gradients go
   // out behind the last micro-batch's backward and the updated parameters come back behind the first
   // forward (Megatron-Core's --overlap-grad-reduce and --overlap-param-gather; without dp_overlap both
   // are exposed). What overlaps has a floor: the last bucket of the backward (the first stage's
