@@ -87,6 +87,9 @@ int main(int argc, char** argv) {
             "the activations and buffers, a fraction (PyTorch reports reserved memory; 0: exact)");
   flags.add_switch("--fp8-activations", &opt.fp8_activations, "a published shape: the products' cached inputs in one "
                    "byte (DeepSeek-V3's FP8 activations)");
+  flags.add_switch("--sp-gathered-inputs", &opt.sp_gathered_inputs, "a published shape under sequence parallelism: "
+                   "each column-parallel product keeps its all-gathered input, t times the shard (PyTorch's DTensor "
+                   "SP, torchtitan's; Megatron-Core keeps the shard)");
   flags.add_switch("--ep-overlap", &opt.ep_overlap, "a published shape with experts: the all-to-alls hidden behind "
                    "another micro-batch's compute (DualPipe)");
   flags.add_switch("--no-dp-overlap", &opt.no_dp_overlap, "DP's gradients all-reduced after the backward, not during "
@@ -190,7 +193,7 @@ int main(int argc, char** argv) {
   // A published run's implementation settings time a published shape; a chapters' model is timed as
   // the chapters run it, so they are refused there, never dropped.
   if (in.chapters_model)
-    for (const char* flag : {"--tp-overlap", "--fp8", "--fp8-speedup", "--fp8-activations", "--loss-bytes", "--allocator-overhead", "--storage-tbps", "--ep-overlap", "--attention-efficiency", "--attention-kernel", "--cp-method"})
+    for (const char* flag : {"--tp-overlap", "--fp8", "--fp8-speedup", "--fp8-activations", "--loss-bytes", "--allocator-overhead", "--storage-tbps", "--ep-overlap", "--sp-gathered-inputs", "--attention-efficiency", "--attention-kernel", "--cp-method"})
       if (given(flag) && !(std::string(flag) == "--cp-method" && opt.cp_method == "ring"))
         config_error(std::string(flag) + ": a published run's implementation setting, for a published shape (" +
                      model_shape_names() + "); --model " + opt.model + " is timed as the chapters run it");
@@ -239,6 +242,9 @@ int main(int argc, char** argv) {
     config_error("--allocator-overhead " + std::to_string(opt.allocator_overhead) + ": a fraction, from 0 to 1");
   in.loss_bytes_per_logit = opt.loss_bytes, in.allocator_overhead = opt.allocator_overhead;
   in.fp8 = opt.fp8, in.fp8_activations = opt.fp8_activations, in.ep_overlap = opt.ep_overlap;
+  if (opt.sp_gathered_inputs && opt.one && !opt.sequence_parallel)
+    config_error("--sp-gathered-inputs: what sequence parallelism keeps; give --sequence-parallel (and --tp > 1)");
+  in.sp_gathered_inputs = opt.sp_gathered_inputs;
   in.dp_overlap = !opt.no_dp_overlap;
   if (given("--capacity-factor")) {
     if (!plan_shape(in).moe()) config_error("--capacity-factor: --model " + opt.model + " has no experts");

@@ -62,10 +62,13 @@ void print_header(const PlanInputs& in, const std::string& note) {
       std::snprintf(attention, sizeof(attention), "by %s's table x the residual (--attention-kernel)", in.attention_kernel.c_str());
     else
       std::snprintf(attention, sizeof(attention), "at the products' rate (no kernel table for this GPU)");
-    std::printf("matrix products %s | products' inputs kept in %s | attention %s | DP's traffic %s\n",
+    std::printf("matrix products %s | products' inputs kept in %s, under SP %s | attention %s | DP's traffic %s | "
+                "the loss's peak %g bytes a logit (--loss-bytes)\n",
                 products,
-                in.fp8_activations ? "one byte (--fp8-activations)" : "bf16 (--fp8-activations: one byte)", attention,
-                in.dp_overlap ? "behind the backward and forward" : "after the backward (--no-dp-overlap)");
+                in.fp8_activations ? "one byte (--fp8-activations)" : "bf16 (--fp8-activations: one byte)",
+                in.sp_gathered_inputs ? "gathered (--sp-gathered-inputs)" : "as a rank's shard (--sp-gathered-inputs: gathered)",
+                attention, in.dp_overlap ? "behind the backward and forward" : "after the backward (--no-dp-overlap)",
+                in.loss_bytes_per_logit);
   } else if (!in.dp_overlap) {
     std::printf("DP's gradients all-reduced after the backward (--no-dp-overlap)\n");
   }

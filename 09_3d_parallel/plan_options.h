@@ -23,7 +23,7 @@ struct Options {
   double attention_efficiency = 0;  // 0: the products' efficiency
   double fp8_speedup = 2, loss_bytes = 4, allocator_overhead = 0;
   double storage_tbps = 0;  // the storage's aggregate write bandwidth, for the checkpoint line (0: not given)
-  bool fp8 = false, fp8_activations = false, ep_overlap = false, no_dp_overlap = false;
+  bool fp8 = false, fp8_activations = false, ep_overlap = false, no_dp_overlap = false, sp_gathered_inputs = false;
   std::string schedule, recompute, attention = "flash", attention_kernel = "cudnn";
   bool sequence_parallel = false, no_sequence_parallel = false, runnable_here = false;
   int micro_batches = 0;

@@ -209,3 +209,34 @@ TEST(KernelRates, AttentionUnderCpMixesTheCausalAndUnmaskedPanels) {
   EXPECT_NEAR(r.attention_share, 1 / (0.5 / causal + 0.5 / unmasked), 1e-12);
   EXPECT_GT(r.attention_share, causal);
 }
+
+// Attention's backward at the FA3 paper's backward bars: its rate against the forward's unmasked one
+// (the causal forward times that), clamped to the measured head sizes; a published shape's backward
+// is 2.5 x the forward's FLOPs at that rate.
+TEST(KernelRates, AttentionsBackwardReadsThePublishedBackwardBars) {
+  AttentionRateTable t;
+  ASSERT_TRUE(find_attention_rate_table("H100", "fa2", &t));
+  EXPECT_NEAR(attention_backward_factor(t, 128, 8192), 318.0 / 370, 1e-12);
+  EXPECT_NEAR(attention_backward_factor(t, 64, 512), 198.0 / 282, 1e-12);
+  EXPECT_NEAR(attention_backward_factor(t, 256, 16384), 322.0 / 370, 1e-12);  // 256: 128's bars
+  ASSERT_TRUE(find_attention_rate_table("H100", "cudnn", &t));
+  EXPECT_NEAR(attention_backward_factor(t, 128, 131072), 516.0 / 595, 1e-12);  // past 16K: the last bars
+
+  PlanInputs in;
+  ASSERT_TRUE(set_plan_model("llama3-8b", &in));
+  ASSERT_TRUE(find_cluster("dgx-h100", &in.cluster));
+  in.attention_kernel = "fa2", in.efficiency = 0.6;
+  in.gpus = 8, in.batch = 8;
+  set_sequence_length(&in, 8192);
+  PlanConfig c;
+  c.dp = 8, c.micro_batch = 1, c.micro_batches = 1, c.zero = 3;
+  const PlanResult table = evaluate_plan(in, c, true);
+  ASSERT_TRUE(find_attention_rate_table("H100", "fa2", &t));
+  const double forward_rate = 989e12 * 0.6 * attention_kernel_efficiency(t, 128, 8192);
+  in.attention_efficiency = 0.6 * attention_kernel_efficiency(t, 128, 8192);  // the same forward, backward at it
+  const PlanResult flat = evaluate_plan(in, c, true);
+  double flops = 0;
+  for (int l = 0; l < in.shape.L; l++) flops += 8192.0 * layer_attention_flops(in.shape, l);
+  const double factor = attention_backward_factor(t, 128, 8192);
+  EXPECT_NEAR(table.compute_s - flat.compute_s, 2.5 * flops / forward_rate * (1 / factor - 1), 1e-9 * table.compute_s);
+}

@@ -115,7 +115,12 @@ std::vector<PublishedRun> torchtitan_memory_runs() {
     r.gpus = gpus, r.tp = tp, r.cp = cp, r.dp = gpus / (tp * cp), r.seq = seq, r.batch = batch;
     r.micro_batch = micro_batch, r.virtual_stages = 1, r.schedules = {Schedule::OneFOneB};
     r.zero = 3, r.recompute = {rc}, r.fp8 = fp8, r.fp8_speedup = kTorchtitanFloat8Speedup;
-    r.attention_kernel = kPyTorchAttentionKernel, r.loss_bytes = 12;
+    // PyTorch's cross entropy on logits.float(): at its backward's peak 12 bytes a logit through aten's
+    // fused kernels (TP 1); under TP, loss_parallel's handlers (torch/distributed/tensor/parallel/loss.py)
+    // hold 16: the saved log-softmax output, zeros_like(x) for the target's -1, exp(x) and their sum,
+    // each fp32. DTensor's SP keeps each column-parallel product's gathered input.
+    r.attention_kernel = kPyTorchAttentionKernel, r.loss_bytes = tp > 1 ? 16 : 12;
+    r.sp_gathered_inputs = tp > 1;
     r.published = gib;
     return r;
   };
@@ -151,6 +156,7 @@ PlanInputs published_inputs(const PublishedRun& run, double efficiency) {
   in.attention_kernel = run.attention_kernel;
   in.fp8_speedup = run.fp8_speedup;
   in.loss_bytes_per_logit = run.loss_bytes, in.allocator_overhead = run.allocator_overhead;
+  in.sp_gathered_inputs = run.sp_gathered_inputs;
   in.capacity_factor = run.capacity_factor;
   return in;
 }
@@ -182,6 +188,7 @@ std::string one_command(const PlanInputs& in, const PlanConfig& c) {
     if (in.capacity_factor > 0) s << " --capacity-factor " << in.capacity_factor;
     if (in.loss_bytes_per_logit != 4) s << " --loss-bytes " << in.loss_bytes_per_logit;
     if (in.allocator_overhead > 0) s << " --allocator-overhead " << in.allocator_overhead;
+    if (in.sp_gathered_inputs) s << " --sp-gathered-inputs";
   }
   if (!in.dp_overlap) s << " --no-dp-overlap";
   s << " --efficiency " << in.efficiency;

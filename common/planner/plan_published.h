@@ -29,6 +29,7 @@ struct PublishedRun {
   std::string attention_kernel = "cudnn";  // PlanInputs::attention_kernel
   double fp8_speedup = 2;
   double loss_bytes = 4, allocator_overhead = 0;  // PlanInputs::loss_bytes_per_logit, allocator_overhead
+  bool sp_gathered_inputs = false;                // PlanInputs::sp_gathered_inputs (DTensor's SP)
   // The published number: model TFLOP/s per GPU (by `flops_per_token`, its own count), or tokens/s
   // per GPU where flops_per_token is 0.
   double published = 0;

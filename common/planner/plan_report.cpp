@@ -173,7 +173,8 @@ int print_published_comparisons(double default_efficiency) {
   std::printf("   without --ep-overlap (the all-to-alls exposed): %s; without --fp8 (the products at the bf16 peak): %s\n\n",
               format_count(hours(exposed)).c_str(), format_count(hours(bf16)).c_str());
   std::printf("6. Memory against torchtitan's measured peaks (GiB, the largest over the GPUs; its Llama 3 H100 benchmark): "
-              "the activations replayed in the schedule's order, PyTorch's loss at 12 bytes a logit (--loss-bytes)\n");
+              "the activations replayed in the schedule's order, PyTorch's loss at 12 bytes a logit, 16 under TP's "
+              "loss_parallel (--loss-bytes), DTensor's SP keeping the gathered inputs (--sp-gathered-inputs)\n");
   std::printf("%-20s | %9s %9s %7s | %s\n", "run", "measured", "predicted", "error", "predicted: model state + activations (logits) + buffers");
   for (const PublishedRun& run : torchtitan_memory_runs()) {
     const PlanResult r = predict_published(run, e);
@@ -235,6 +236,21 @@ int print_kernel_rates() {
   AttentionRateTable h100;
   find_attention_rate_table("H100", "fa2", &h100);
   std::printf("  H800, H200: the H100's (the same chip). source: %s\n", h100.source.c_str());
+  std::printf("\nFlash attention, backward: its rate against the forward's, by kernel, head size and keys a query "
+              "sees (2.5 x the forward's FLOPs at this x the forward's rate; causal taken as unmasked)\n%-5s %-6s %4s",
+              "GPU", "kernel", "hd");
+  for (double q : seqs) std::printf(" T %-6.0f", q);
+  std::printf("\n");
+  for (const char* kernel : {"fa2", "fa3", "cudnn"}) {
+    AttentionRateTable t;
+    find_attention_rate_table("H100", kernel, &t);
+    for (double hd : {64.0, 128.0}) {
+      std::printf("%-5s %-6s %4.0f", "H100", kernel, hd);
+      for (double q : seqs) std::printf(" %8.3f", attention_backward_factor(t, hd, q));
+      std::printf("\n");
+    }
+  }
+  std::printf("  H800, H200: the H100's. source: %s\n", h100.backward_source.c_str());
   const double rows[] = {128, 256, 512, 1024, 2048, 4096};
   std::printf("\nGrouped expert products: rate against the dense product of the same (n, k), by rows per expert\n"
               "%-12s", "n x k");

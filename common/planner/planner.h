@@ -143,6 +143,12 @@ struct PlanInputs {
   // The caching allocator's reserve over what the tensors hold, a fraction of the activations and
   // buffers (what it reports as reserved, not allocated; 0: exact, as our own arena allocates).
   double allocator_overhead = 0;
+  // Where sequence parallelism's all-gathered input is kept for the weight gradient. Megatron-Core
+  // (and our chapter 07) keeps a TP rank's shard and gathers it again in the backward (false). PyTorch's
+  // DTensor SP, torchtitan's, keeps what it gathered: the full-sequence input of each column-parallel
+  // product (attention's q, k, v and the MLP's up and gate, the norms' outputs, and the head's input),
+  // t times the shard (true). AsyncTP's fused all-gather and product keeps the shard again.
+  bool sp_gathered_inputs = false;
   // The fraction of peak the attention kernel reaches, forward and backward (0: the kernel-rate
   // table's, below, times `efficiency`; the products' rate where the GPU has no table).
   double attention_efficiency = 0;

@@ -63,6 +63,16 @@ AttentionRateTable flash_attention_h100(const std::string& kernel) {
     for (int i = 0; i < 6; i++) t.points.push_back({head_dims[h], seq[i], rows[h][i], true});
   for (int h = 0; h < 2; h++)
     for (int i = 0; i < 6; i++) t.points.push_back({head_dims[h], seq[i], full[h][i], false});
+  // The same paper's backward-speed figure (H100 SXM5, BF16, head dim 64 and 128, no mask), the bar
+  // labels, in TFLOP/s of the backward's count (2.5 x the forward's: five products to its two).
+  const double fa2_backward[2][6] = {{198, 238, 264, 279, 287, 291}, {214, 260, 291, 310, 318, 322}};
+  const double cudnn_backward[2][6] = {{266, 348, 395, 417, 432, 433}, {305, 408, 465, 499, 518, 516}};
+  const double fa3_backward[2][6] = {{272, 363, 422, 453, 472, 474}, {316, 424, 501, 542, 559, 561}};
+  const double(*backward)[6] = kernel == "fa2" ? fa2_backward : kernel == "fa3" ? fa3_backward : cudnn_backward;
+  for (int h = 0; h < 2; h++)
+    for (int i = 0; i < 6; i++) t.backward.push_back({head_dims[h], seq[i], backward[h][i], false});
+  t.backward_source = "FlashAttention-3 (Shah et al., arXiv 2407.08608), the backward-speed figure on H100 SXM5, "
+                      "BF16, head dim 64/128, no mask, the bar labels";
   return t;
 }
 
@@ -169,4 +179,12 @@ double attention_kernel_efficiency(const AttentionRateTable& table, double head_
     across.emplace_back(h, interpolate_log(curve, seq));
   }
   return interpolate_log(across, head_dim);
+}
+
+double attention_backward_factor(const AttentionRateTable& table, double head_dim, double seq) {
+  if (table.backward.empty()) return 1;
+  AttentionRateTable backward = table;
+  backward.points = table.backward;
+  const double hd = std::min(128.0, std::max(64.0, head_dim));
+  return attention_kernel_efficiency(backward, hd, seq, false) / attention_kernel_efficiency(table, hd, seq, false);
 }

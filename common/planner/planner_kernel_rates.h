@@ -69,6 +69,10 @@ struct AttentionRateTable {
   std::string gpu, kernel, measured_on, source;
   double peak_tflops = 0;
   std::vector<AttentionPoint> points;
+  // The backward's rate, where published: the FA3 paper's backward figure (unmasked, head sizes 64 and
+  // 128), in TFLOP/s of the backward's own count (2.5 x the forward's FLOPs).
+  std::vector<AttentionPoint> backward;
+  std::string backward_source;
 };
 // The kernels a table exists for, "fa2, fa3, cudnn"; and the table of `kernel` on `gpu`, false where
 // none is published for it.
@@ -78,3 +82,8 @@ bool find_attention_rate_table(const std::string& gpu, const std::string& kernel
 // sequence in log space at each measured head size, then between the two head sizes around `head_dim`
 // in log space (clamped). A head size measured in one panel only reads that panel for both.
 double attention_kernel_efficiency(const AttentionRateTable& table, double head_dim, double seq, bool causal = true);
+// The backward's rate against the forward's at `head_dim` and `seq`: the published backward bars over
+// the forward's unmasked ones, both read as above at the head size clamped to the measured 64..128
+// (no causal backward panel is published: a causal backward is taken to lose what the unmasked one
+// does). 1 where the table has no backward.
+double attention_backward_factor(const AttentionRateTable& table, double head_dim, double seq);

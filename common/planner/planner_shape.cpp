@@ -179,11 +179,13 @@ void for_each_product(const ModelShape& s, int l, int t, Visit visit) {
 // One virtual stage's work for one micro-batch, and its memory on the rank that runs it.
 struct ChunkCost {
   double product_s = 0, attention_s = 0;  // forward compute
+  double attention_backward_s = 0;         // attention's backward (2.5 x its FLOPs, at the backward's rate)
   double tp_s = 0, cp_s = 0, ep_s = 0;    // exposed, forward + backward (+ the replay)
   double ulysses_s = 0, ulysses_bytes = 0;  // of cp_s, Ulysses' all-to-alls; the bytes they send
   double forward_s = 0, backward_s = 0, weight_s = 0;  // for the simulator, communication included
   double dense_params = 0, expert_params = 0;          // held by this rank
   double activations = 0, logits = 0;                  // per micro-batch in flight (logits: once)
+  double head_input = 0;   // the head's saved input where SP keeps it gathered (once, beside the logits)
   double working_set = 0;  // full recomputation: one layer's whole activations, once
   double routed_rows = 0;  // the largest MoE layer's rows at this rank's experts, per micro-batch
   double replay_s = 0;     // recomputation's forward work
@@ -312,7 +314,7 @@ PlanResult evaluate_shape_plan(const PlanInputs& in, const PlanConfig& c, bool s
     ChunkCost& ch = chunks[size_t(vs)];
     const StageSpan& span = spans[size_t(vs)];
     ch.layers = span.last - span.first;
-    double attention_s = 0, selective_flops = 0, elementwise_bytes = 0, replayed_bytes = 0;
+    double attention_s = 0, attention_backward_s = 0, selective_flops = 0, elementwise_bytes = 0, replayed_bytes = 0;
     double forward_products_flops = 0;
     Passes products;
     for (int l = span.first; l < span.last; l++) {
@@ -331,7 +333,15 @@ PlanResult evaluate_shape_plan(const PlanInputs& in, const PlanConfig& c, bool s
       if (attention_rates && in.attention_efficiency <= 0)
         widest_attention_share = std::max(widest_attention_share, layer_attention_rate / (k.peak_flops * in.efficiency));
       const double layer_attention_s = attention_flops / layer_attention_rate;
+      // The backward: 2.5 x the forward's FLOPs (FlashAttention's backward recomputes the scores: five
+      // products to the forward's two), at the kernel's published backward rate where there is one.
+      const double backward_factor =
+          attention_rates && in.attention_efficiency <= 0
+              ? attention_backward_factor(attention_table, s.hd() + s.rope_dim / 2.0, keys)
+              : 1.0;
+      const double layer_attention_backward_s = 2.5 * layer_attention_s / backward_factor;
       attention_s += layer_attention_s;
+      attention_backward_s += layer_attention_backward_s;
       const double layer_all_s = layer.forward + layer.input_grad + layer.weight_grad;
       // TP, exposed, for this layer's passes.
       const double tp_layer = passes * tp_pair;
@@ -344,7 +354,7 @@ PlanResult evaluate_shape_plan(const PlanInputs& in, const PlanConfig& c, bool s
           const double hop = ms(cp_link, CollectiveKind::SendRecv, kv_bytes, 2);
           const double per_block = layer_attention_s / cp;
           const double forward = (cp - 1) * std::max(0.0, hop - per_block);
-          const double backward = (cp - 1) * std::max(0.0, 2 * hop - 2.5 * per_block);
+          const double backward = (cp - 1) * std::max(0.0, 2 * hop - layer_attention_backward_s / cp);
           ch.cp_s += forward * (full ? 2 : 1) + backward;
         } else {
           const double gather = ms(cp_link, CollectiveKind::AllGather, kv_bytes * cp, cp);
@@ -366,7 +376,8 @@ PlanResult evaluate_shape_plan(const PlanInputs& in, const PlanConfig& c, bool s
         const double rows = tokens * s.top_k * routed_share / (sp ? t : 1);
         const double a2a = ms(ep_link, CollectiveKind::AllToAll, rows * s.C * kWidth, ep);
         const double exchange = 2 * passes * a2a;
-        ch.ep_s += in.ep_overlap ? std::max(0.0, exchange - (layer_all_s + 3.5 * layer_attention_s)) : exchange;
+        ch.ep_s += in.ep_overlap ? std::max(0.0, exchange - (layer_all_s + layer_attention_s + layer_attention_backward_s))
+                                 : exchange;
         ch.routed_rows = std::max(ch.routed_rows, tokens * s.top_k * routed_share / t);
       } else if (routed) {
         ch.routed_rows = std::max(ch.routed_rows, tokens * s.top_k * routed_share / t);
@@ -382,12 +393,16 @@ PlanResult evaluate_shape_plan(const PlanInputs& in, const PlanConfig& c, bool s
       // Selective recomputation drops the norms' outputs, MLA's q, k, v and the MLPs' products.
       const LayerActivations a = layer_activations(s, l);
       const bool selective = c.recompute == Recompute::Selective;
-      const double whole = kWidth * a.residual + (selective ? 0 : inputs * a.norm_out) + inputs * a.latents + 4 * a.router;
+      // The norms' outputs feed the column-parallel products: under DTensor's SP (sp_gathered_inputs)
+      // each product keeps its all-gathered input, t times a rank's shard.
+      const bool gathered = sp && in.sp_gathered_inputs;
+      const double norm_out = selective ? 0 : inputs * a.norm_out;
+      const double whole = kWidth * a.residual + (gathered ? 0 : norm_out) + inputs * a.latents + 4 * a.router;
       const double split = (selective && s.mla() ? 0 : kWidth * a.qkv) + inputs * a.attention_out + 4 * a.lse +
                            kWidth * a.mlp_in + (selective ? 0 : inputs * a.mlp_product);
       const double row = inputs * a.routed_in + (in.fp8_activations ? 1 : kWidth) * a.routed_mlp_in +
                          (selective ? 0 : inputs * a.routed_product) + kWidth * a.routed_out;
-      const double layer_bytes = tokens * (split / t + whole / (sp ? t : 1)) +
+      const double layer_bytes = tokens * (split / t + whole / (sp ? t : 1) + (gathered ? norm_out : 0)) +
                                  (routed ? tokens * s.top_k * routed_share * row / t : 0.0);
       // The elementwise work at the memory's bandwidth (a third in the forward, two in the backward);
       // what recomputation drops it writes once more.
@@ -413,18 +428,19 @@ PlanResult evaluate_shape_plan(const PlanInputs& in, const PlanConfig& c, bool s
       all_flops += head.flops, all_table_flops += head.table_flops;
       ch.dense_params += ((!s.tied || !ends_together ? double(s.V) * s.C : 0.0) + s.C) / t;  // + the final norm
       ch.logits = tokens * s.V * in.loss_bytes_per_logit / t;  // the loss's copies of the logits, vocabulary-parallel
+      if (sp && in.sp_gathered_inputs) ch.head_input = tokens * s.C * kWidth;  // the final norm's output, gathered
       elementwise_bytes += tokens * loss_elementwise_bytes(s) / t;
     }
     if (span.embedding) ch.dense_params += embedding_params(s) / t;
     ch.product_s = products.forward;
     ch.attention_s = attention_s;
+    ch.attention_backward_s = attention_backward_s;
     const double elementwise_s = k.memory_bandwidth > 0 ? elementwise_bytes / k.memory_bandwidth : 0.0;
     const double replayed_s = k.memory_bandwidth > 0 ? replayed_bytes / k.memory_bandwidth / 3 : 0.0;  // a forward's
     ch.elementwise_s = elementwise_s;
     const double forward = ch.product_s + ch.attention_s + elementwise_s / 3;
-    // The backward: twice the products' forward (input and weight gradients), 2.5 times attention's
-    // (FlashAttention's backward recomputes the scores: five products to the forward's two).
-    const double input_grad = products.input_grad + 2.5 * ch.attention_s + 2 * elementwise_s / 3;
+    // The backward: the products' input and weight gradients, attention's backward (above).
+    const double input_grad = products.input_grad + ch.attention_backward_s + 2 * elementwise_s / 3;
     const double weight_grad = products.weight_grad;
     // Selective recomputation replays MLA's up-projections at the forward products' mean rate.
     const double forward_rate = forward_products_flops > 0 ? forward_products_flops / products.forward : product_rate;
@@ -453,7 +469,7 @@ PlanResult evaluate_shape_plan(const PlanInputs& in, const PlanConfig& c, bool s
   ActionCosts costs;
   costs.forward.assign(size_t(S), 0), costs.backward.assign(size_t(S), 0), costs.weight.assign(size_t(S), 0);
   for (int rank = 0; rank < p; rank++) {
-    double dense = 0, expert = 0, logits = 0, working = 0, rows = 0;
+    double dense = 0, expert = 0, logits = 0, working = 0, rows = 0, head_input = 0;
     double compute = 0, tp = 0, cpt = 0, ept = 0, ulysses = 0;
     int layers = 0;
     for (int chunk = 0; chunk < v; chunk++) {
@@ -461,9 +477,10 @@ PlanResult evaluate_shape_plan(const PlanInputs& in, const PlanConfig& c, bool s
       const ChunkCost& ch = chunks[size_t(vs)];
       dense += ch.dense_params, expert += ch.expert_params, layers += ch.layers;
       logits = std::max(logits, ch.logits);
+      head_input = std::max(head_input, ch.head_input);
       working = std::max(working, ch.working_set);
       rows = std::max(rows, ch.routed_rows);
-      compute += 3 * ch.product_s + 3.5 * ch.attention_s + ch.elementwise_s + ch.replay_s;
+      compute += 3 * ch.product_s + ch.attention_s + ch.attention_backward_s + ch.elementwise_s + ch.replay_s;
       tp += ch.tp_s, cpt += ch.cp_s, ept += ch.ep_s, ulysses += ch.ulysses_s;
       if (rank == 0) r.ulysses_bytes += m * ch.ulysses_bytes;
       costs.forward[size_t(vs)] = ch.forward_s, costs.backward[size_t(vs)] = ch.backward_s;
@@ -500,7 +517,7 @@ PlanResult evaluate_shape_plan(const PlanInputs& in, const PlanConfig& c, bool s
     if (c.zero >= 3 && layers > 0) buffers += 2 * kWidth * (dense + expert) / layers;
     MemoryForecast f;
     f.model_state = d[0] + d[1] + d[2] + e[0] + e[1] + e[2];
-    f.activations = activations + logits + working;
+    f.activations = activations + logits + head_input + working;
     f.transient = buffers;
     // The allocator's reserve beside what the tensors hold (PlanInputs::allocator_overhead).
     f.transient += in.allocator_overhead * (f.activations + buffers);

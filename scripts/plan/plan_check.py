@@ -103,12 +103,20 @@ def main(out, preset, plan):
             exact = exact and good
             cells.append("%9.0f%s%-9.0f" % (meas / 1e3, "<" if bound else "/", pred / 1e3) + ("" if good else "!"))
         buf_ok = t["measured_transient_bytes"] <= p["transient_bytes"] + 1
+        # Ulysses' all-to-alls (10, 12): the bytes rank 0 sent in a step, measured against predicted.
+        bytes_note = ""
+        if "measured_ulysses_bytes" in t:
+            sent, planned = t["measured_ulysses_bytes"], p.get("ulysses_bytes", 0)
+            bytes_ok = abs(sent - planned) < 1
+            exact = exact and bytes_ok
+            bytes_note = " | Ulysses bytes %.0f/%.0f kB%s" % (sent / 1e3, planned / 1e3, "" if bytes_ok else "!")
         memory_rows += 1
         memory_ok += exact and buf_ok
         row = "%-20s %5s %-19s %-10s" % (name, ranks, chapter, "%sG/%sus" % (gbps, latency))
         row += "".join(" %19s" % c for c in cells)
         row += " %8.0f<=%-8.0f | %4s-%-4s" % (t["measured_transient_bytes"] / 1e3, p["transient_bytes"] / 1e3,
                                             load_before, load_after)
+        row += bytes_note
         if timed == "1":
             meas_ms, pred_ms = median_step("%s/%s.jsonl" % (out, name))["step_ms"], p["step_s"] * 1e3
             err = (pred_ms - meas_ms) / meas_ms
@@ -121,6 +129,7 @@ def main(out, preset, plan):
     print("(memory in kB, rank 0, by category: measured/planned, '!' where they differ; '<': a mixture of experts' activations "
           "(11, 12), set by the routing, against the planner's bound; buffers: the measured peak of the communication buffers "
           "and the planner's bound; load: the 1-minute load average at the row's start and end)")
+    print("(Ulysses bytes: what rank 0's all-to-alls sent in a step, measured/planned, exact)")
     print("memory exact (and within the bounds) in %d of %d runs; step time within 20%% in %d of %d timed runs "
           "at 2 ranks" % (memory_ok, memory_rows, time_ok, time_rows))
     return 0 if memory_ok == memory_rows else 1

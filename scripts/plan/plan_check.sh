@@ -7,7 +7,8 @@
 #   exact (both include the padding of the flat buffers); communication buffers are an upper bound.
 #   A mixture of experts' activations (11, 12) are set by the routing, which no forecast knows: there
 #   they too are the bound that the chapter itself forecasts (its capacity, or every token at this
-#   rank's experts).
+#   rank's experts). Under Ulysses (10's --ulysses) the bytes its all-to-alls sent (rank 0, a step)
+#   must be exact too.
 #   step time, at 2 ranks: the prediction within 20% of the measured step (the run's median step). The
 #   planner's compute speed comes from calibration runs on 2 ranks without a link, each the row's own
 #   kernels with its new dimension at 1: 01_vanilla_dp for 03-09's rows, 10 at --cp 1 (its blockwise
@@ -76,6 +77,10 @@ runs=(
   "dp2xcp2|4|10_context_parallel|--cp 2|--cp 2|fast|0"
   "cp4|4|10_context_parallel|--cp 4|--cp 4|fast|0"
   "dp2xcp4|8|10_context_parallel|--cp 4|--cp 4|fast|0"
+  # Chapter 10's Ulysses (the sixth dimension): alone on 2 ranks, and inside a ring of 2 (USP) on 4;
+  # its all-to-alls' bytes are checked too, exactly.
+  "ulysses2|2|10_context_parallel|--cp 1 --ulysses 2|--ulysses 2|fast|1||10"
+  "cp2xulysses2|4|10_context_parallel|--cp 2 --ulysses 2|--cp 2 --ulysses 2|fast|0"
   # Chapter 11: DP x EP on the mixture of experts of small's shape (8 experts, top-2).
   "ep2|2|11_expert_parallel|--ep 2|--ep 2|fast|1|moe-small|11"
   "ep2-capacity|2|11_expert_parallel|--ep 2 --capacity-factor 1|--ep 2 --capacity-factor 1|slow|1|moe-small|11"
