@@ -11,6 +11,7 @@
 //   plan --model gpt2 --cluster dgx-h100 --gpus 8 --tp 2 --pp 2 --zero 1 ...    the best of those
 //   plan --one --model small --cluster emulated --gpus 2 --batch 8 --zero 1    one configuration, every stage
 //   plan --one --model small --cluster emulated --gpus 2 --batch 8 --cp 2      chapter 10's grid (--ep: 11's)
+//   plan --one --model small --cluster emulated --gpus 4 --batch 8 --cp 2 --ulysses 2   10's Ulysses inside a ring
 //   plan --one --model moe-tiny --cluster emulated --gpus 8 --batch 8 --cp 2 --tp 2 --pp 2 --ep 4 --sequence-parallel
 //        --micro-batches 4                                                    chapter 12's composed grid
 //   plan --one --model small --cluster namespaces --inter-gbps 0.1 --gpus 4 --tp 2   on make cluster-up's nodes
