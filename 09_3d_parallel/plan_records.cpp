@@ -80,6 +80,7 @@ namespace {
 void heatmap_cell(std::FILE* out, const char* panel, const std::string& label, const PlanInputs& in, int nodes) {
   SearchSpace space;
   space.recompute = {Recompute::None, Recompute::Selective, Recompute::Full};
+  space.ulysses = {1};  // a cell names five degrees (t c p d e): the map is drawn without Ulysses
   const std::vector<PlanResult> results = search_plans(in, space, 8);
   const ModelShape m = plan_shape(in);
   std::fprintf(out, "%s,%s,%g,%d,%d,%d,%d,%g,", panel, label.c_str(), total_params(m), m.T, nodes, in.gpus, in.batch,
