@@ -36,21 +36,13 @@
 #include "training/optimizer.h"
 #include "training/training_run.h"
 
-int main(int argc, char** argv) {
-  auto comm = init_mpi_communicator(&argc, &argv);
-  TrainConfig cfg;
-  FlagParser flags;
+struct Options {
   double bucket_mb = 0;
-  flags.add("--bucket-mb", &bucket_mb, "target bucket size in MB, a bucket holding whole tensors (default: an "
-                                      "eighth of the gradient)");
-  if (!parse_train_flags(argc, argv, "03_bucket_dp",
-                         "Chapter 03: data parallelism with bucketed all-reduces overlapping backward.", flags, &cfg)) {
-    shutdown_mpi(std::move(comm));
-    return 0;
-  }
-  if (cfg.was_given("--bucket-mb") && !(bucket_mb > 0)) config_error("--bucket-mb must be > 0");
-  comm = communicator_for(pick_device(cfg.device), std::move(comm), cfg.collectives);  // NCCL on GPUs (comm_factory.h)
-  ProcessGrid grid(*comm);  // data parallelism alone: every rank a replica, the world its one group
+};
+
+// The whole run, in a function: the grid's groups must end before MPI does.
+int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
+  ProcessGrid grid(world);  // data parallelism alone: every rank a replica, the world its one group
   TrainingRun run(grid, cfg, Parallelism{Strategy::DP});
   const Device device = run.device();
   const DType dtype = run.dtype();  // fp32, or bf16 mixed precision on GPUs
@@ -59,18 +51,14 @@ int main(int argc, char** argv) {
   // Every rank holds all parameters, all gradients and the whole optimizer state.
   Buffer params(layout.padded_size, MemCategory::Params, dtype, device);
   Buffer grads(layout.padded_size, MemCategory::Grads, dtype, device);
+  const double bucket_bytes =
+      cfg.was_given("--bucket-mb") ? opt.bucket_mb * 1e6 : default_bucket_bytes(layout, dtype_size(dtype));
+  GradientBuckets buckets(layout, bucket_bytes, dtype_size(dtype));
   AdamW optimizer(layout, ShardPlan::unsharded(layout), cfg.weight_decay, device, dtype);
   GPT2 model(run.model_config(), layout, run.micro_batch_size(), device, dtype);
   model.bind_all(params.data(), grads.data());
   const int start = run.init_or_resume(params, optimizer);
-
-  const double bucket_bytes = cfg.was_given("--bucket-mb") ? bucket_mb * 1e6 : default_bucket_bytes(layout, dtype_size(dtype));
-  GradientBuckets buckets(layout, bucket_bytes, dtype_size(dtype));
-  if (run.is_root()) {
-    std::printf("%d buckets of about %.3g MB, in the order backward fills them:", buckets.count(), bucket_bytes / 1e6);
-    for (int b = 0; b < buckets.count(); b++) std::printf(" [%lld, %lld)", (long long)buckets.begin(b), (long long)buckets.end(b));
-    std::printf("\n");
-  }
+  if (run.is_root()) std::printf("%s\n", buckets.describe(bucket_bytes).c_str());
 
   // The lesson: when a bucket's last gradient is final, start averaging the whole bucket.
   std::vector<CommHandle> in_flight;
@@ -79,7 +67,7 @@ int main(int argc, char** argv) {
     if (!last_micro_batch) return;  // no_sync: gradients are not final until the last micro-batch
     const int b = buckets.mark_ready(p);
     if (b < 0) return;  // the bucket still waits for other gradients
-    in_flight.push_back(comm->all_reduce_async(grads.view().slice1d(buckets.begin(b), buckets.size(b)), ReduceOp::Avg));
+    in_flight.push_back(world.all_reduce_async(grads.view().slice1d(buckets.begin(b), buckets.size(b)), ReduceOp::Avg));
   };
 
   for (int step = start; step < cfg.steps; step++) {
@@ -105,7 +93,24 @@ int main(int argc, char** argv) {
     if (run.checkpoint_due(step)) run.save_checkpoint(step + 1, params, optimizer);
     if (run.stopping()) break;  // Ctrl-C or a diverging loss: every rank agreed to stop here
   }
-  const int status = run.finish();
+  return run.finish();
+}
+
+int main(int argc, char** argv) {
+  auto comm = init_mpi_communicator(&argc, &argv);
+  TrainConfig cfg;
+  FlagParser flags;
+  Options opt;
+  flags.add("--bucket-mb", &opt.bucket_mb, "target bucket size in MB, a bucket holding whole tensors (default: an "
+                                          "eighth of the gradient)");
+  if (!parse_train_flags(argc, argv, "03_bucket_dp",
+                         "Chapter 03: data parallelism with bucketed all-reduces overlapping backward.", flags, &cfg)) {
+    shutdown_mpi(std::move(comm));
+    return 0;
+  }
+  if (cfg.was_given("--bucket-mb") && !(opt.bucket_mb > 0)) config_error("--bucket-mb must be > 0");
+  comm = communicator_for(pick_device(cfg.device), std::move(comm), cfg.collectives);  // NCCL on GPUs (comm_factory.h)
+  const int status = train(*comm, cfg, opt);
   shutdown_mpi(std::move(comm));
   return status;
 }

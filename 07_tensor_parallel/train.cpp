@@ -48,16 +48,17 @@
 #include "parallel/buckets.h"
 #include "comm/comm.h"
 #include "comm/comm_factory.h"
-#include "parallel/data_parallel.h"
 #include "ops/device.h"
 #include "training/flags.h"
 #include "ops/memory.h"
 #include "model/model.h"
 #include "ops/ops.h"
 #include "training/optimizer.h"
+#include "training/training_run.h"
+
+#include "parallel/data_parallel.h"
 #include "comm/process_grid.h"
 #include "parallel/shards.h"
-#include "training/training_run.h"
 
 struct Options {
   int tp = 0;  // 0: 2 where the rank count is even, else 1
@@ -199,8 +200,7 @@ int main(int argc, char** argv) {
                                                 "= unlimited (default: --link-gbps's)");
   flags.add("--tp-link-latency-us", &cfg.tp_link_latency_us, "its latency, 0 to 1000000 us (default: --link-latency-us's)");
   if (!parse_train_flags(argc, argv, "07_tensor_parallel",
-                         "Chapter 07: Megatron tensor parallelism and sequence parallelism, on a DP x TP grid.", flags,
-                         &cfg)) {
+                         "Chapter 07: Megatron tensor parallelism and sequence parallelism, on a DP x TP grid.", flags, &cfg)) {
     shutdown_mpi(std::move(comm));
     return 0;
   }

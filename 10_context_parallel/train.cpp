@@ -56,17 +56,18 @@
 #include "parallel/buckets.h"
 #include "comm/comm.h"
 #include "comm/comm_factory.h"
-#include "training/context_report.h"  // RingCounters, report_ring
-#include "parallel/context_split.h"
 #include "ops/device.h"
 #include "training/flags.h"
 #include "ops/memory.h"
 #include "model/model.h"
 #include "ops/ops.h"
 #include "training/optimizer.h"
+#include "training/training_run.h"
+
+#include "training/context_report.h"  // RingCounters, report_ring
+#include "parallel/context_split.h"
 #include "comm/process_grid.h"
 #include "ring_attention_protocol.h"  // RingAttention: the lesson's ring
-#include "training/training_run.h"
 #include "parallel/ulysses_attention.h"  // UlyssesAttention: positions traded for heads around the ring
 #include "training/ulysses_report.h"
 
@@ -113,18 +114,14 @@ int train(Communicator& world, TrainConfig& cfg, const ContextFlags& opt, int cp
   // Every rank holds all parameters, all gradients and the whole optimizer state.
   Buffer params(layout.padded_size, MemCategory::Params, dtype, device);
   Buffer grads(layout.padded_size, MemCategory::Grads, dtype, device);
+  const double bucket_bytes =
+      cfg.was_given("--bucket-mb") ? opt.bucket_mb * 1e6 : default_bucket_bytes(layout, dtype_size(dtype));
+  GradientBuckets buckets(layout, bucket_bytes, dtype_size(dtype));
   AdamW optimizer(layout, ShardPlan::unsharded(layout), cfg.weight_decay, device, dtype);
   GPT2 model(run.model_config(), layout, run.micro_batch_size(), device, dtype, {}, {}, held);
   model.bind_all(params.data(), grads.data());
   const int start = run.init_or_resume(params, optimizer);
-
-  const double bucket_bytes = cfg.was_given("--bucket-mb") ? opt.bucket_mb * 1e6 : default_bucket_bytes(layout, dtype_size(dtype));
-  GradientBuckets buckets(layout, bucket_bytes, dtype_size(dtype));
-  if (run.is_root()) {
-    std::printf("%d buckets of about %.3g MB, in the order backward fills them:", buckets.count(), bucket_bytes / 1e6);
-    for (int b = 0; b < buckets.count(); b++) std::printf(" [%lld, %lld)", (long long)buckets.begin(b), (long long)buckets.end(b));
-    std::printf("\n");
-  }
+  if (run.is_root()) std::printf("%s\n", buckets.describe(bucket_bytes).c_str());
 
   // The lesson, wired in: the model's attention runs on the ring of this rank's CP group.
   std::unique_ptr<RingAttention> ring;
@@ -220,8 +217,7 @@ int main(int argc, char** argv) {
   flags.add("--bucket-mb", &opt.bucket_mb, "target bucket size in MB, a bucket holding whole tensors (default: an "
                                       "eighth of the gradient)");
   if (!parse_train_flags(argc, argv, "10_context_parallel",
-                         "Chapter 10: context parallelism, ring attention over the sequence, on a DP x CP grid.", flags,
-                         &cfg)) {
+                         "Chapter 10: context parallelism, ring attention over the sequence, on a DP x CP grid.", flags, &cfg)) {
     shutdown_mpi(std::move(comm));
     return 0;
   }

@@ -43,16 +43,17 @@
 #include "comm/comm.h"
 #include "comm/comm_factory.h"
 #include "ops/device.h"
-#include "expert_exchange.h"  // ExpertExchange: the lesson's all-to-alls
-#include "training/expert_report.h"
 #include "training/flags.h"
 #include "ops/memory.h"
 #include "model/model.h"
-#include "model/moe.h"
 #include "ops/ops.h"
 #include "training/optimizer.h"
-#include "comm/process_grid.h"
 #include "training/training_run.h"
+
+#include "expert_exchange.h"  // ExpertExchange: the lesson's all-to-alls
+#include "training/expert_report.h"
+#include "model/moe.h"
+#include "comm/process_grid.h"
 
 namespace {
 
