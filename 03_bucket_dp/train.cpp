@@ -81,7 +81,7 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
       model.backward(1.0f / cfg.grad_accum);
     }
 
-    // Most buckets finished while backward ran; wait for the rest.
+    // Most of them finished while backward ran; wait for the rest.
     for (CommHandle& handle : in_flight) handle.wait();
     in_flight.clear();
     buckets.reset();

@@ -80,7 +80,7 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
   const TensorParallelism tp{grid.shape().tp, grid.coords().tp, sequence_parallel};
   TrainingRun run(grid, cfg, Parallelism{opt.zero1 ? Strategy::ZeRO1 : Strategy::DP, tp});
   const Device device = run.device();
-  const DType dtype = run.dtype();
+  const DType dtype = run.dtype();  // fp32, or bf16 mixed precision on GPUs
   const ParamLayout& layout = run.layout();  // this rank's slices, plus the tensors held whole
   Communicator& tp_group = grid.tp();
   Communicator& dp_group = grid.dp();
@@ -139,7 +139,7 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
   bool last_micro_batch = false;
   std::vector<std::pair<int, CommHandle>> summing;
   model.hooks.grad_ready = [&](int p) {
-    if (!last_micro_batch) return;  // no_sync
+    if (!last_micro_batch) return;  // no_sync: gradients are not final until the last micro-batch
     const ParamInfo& info = layout.params[p];
     if (sequence_parallel && info.shard.whole()) {
       summing.emplace_back(p, tp_group.all_reduce_async(grads.view().slice1d(info.offset, info.size), ReduceOp::Sum));
@@ -178,7 +178,7 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
 
     run.end_step(step, loss, norm);
     if (run.checkpoint_due(step)) run.save_checkpoint(step + 1, params, optimizer);
-    if (run.stopping()) break;
+    if (run.stopping()) break;  // Ctrl-C or a diverging loss: every rank agreed to stop here
   }
   return run.finish();
 }

@@ -71,8 +71,7 @@
 #include "parallel/ulysses_attention.h"  // UlyssesAttention: positions traded for heads around the ring
 #include "training/ulysses_report.h"
 
-// The chapter's own flags.
-struct ContextFlags {
+struct Options {
   int cp = 0;  // 0: 2 where the rank count (over --ulysses) is even, else 1
   int ulysses = 1;
   std::string split = "zigzag";
@@ -80,7 +79,7 @@ struct ContextFlags {
 };
 
 // The whole run, in a function: the grid's groups must end before MPI does.
-int train(Communicator& world, TrainConfig& cfg, const ContextFlags& opt, int cp, ContextSplit split, int T) {
+int train(Communicator& world, TrainConfig& cfg, const Options& opt, int cp, ContextSplit split, int T) {
   // Under --ulysses u the grid's context axis holds u x cp ranks, Ulysses inside the ring: a rank's
   // coordinate there is its ring place x u + its Ulysses rank.
   const int u = opt.ulysses;
@@ -184,7 +183,7 @@ int train(Communicator& world, TrainConfig& cfg, const ContextFlags& opt, int cp
       model.backward(1.0f / cfg.grad_accum);
     }
 
-    // Most buckets finished while backward ran; wait for the rest.
+    // Most of them finished while backward ran; wait for the rest.
     for (CommHandle& handle : in_flight) handle.wait();
     in_flight.clear();
     buckets.reset();
@@ -207,7 +206,7 @@ int main(int argc, char** argv) {
   auto comm = init_mpi_communicator(&argc, &argv);
   TrainConfig cfg;
   FlagParser flags;
-  ContextFlags opt;
+  Options opt;
   flags.add("--cp", &opt.cp, "ranks in a context-parallel ring (default: 2 on an even rank count, over --ulysses); "
                             "the rest is data-parallel");
   flags.add("--ulysses", &opt.ulysses, "ranks of a Ulysses group inside each ring place: they split its positions "
@@ -215,7 +214,7 @@ int main(int argc, char** argv) {
   flags.add("--cp-split", &opt.split, "which positions a rank holds: zigzag (chunks i and 2cp-1-i, balanced under "
                                       "the causal mask) or contiguous (default: zigzag)", "SPLIT");
   flags.add("--bucket-mb", &opt.bucket_mb, "target bucket size in MB, a bucket holding whole tensors (default: an "
-                                      "eighth of the gradient)");
+                                          "eighth of the gradient)");
   if (!parse_train_flags(argc, argv, "10_context_parallel",
                          "Chapter 10: context parallelism, ring attention over the sequence, on a DP x CP grid.", flags, &cfg)) {
     shutdown_mpi(std::move(comm));

@@ -145,7 +145,7 @@ int train(Communicator* comm, TrainConfig& cfg, const ExpertFlags& flag) {
   std::vector<Segment> expert_segments;
   bool last_micro_batch = false;
   model.hooks.grad_ready = [&](int p) {
-    if (!last_micro_batch) return;  // no_sync (03): gradients are not final until the last micro-batch
+    if (!last_micro_batch) return;  // no_sync: gradients are not final until the last micro-batch
     const int b = buckets.mark_ready(p);
     if (b < 0) return;
     for (const Segment& s : segments_of(layout, buckets.begin(b), buckets.end(b))) {

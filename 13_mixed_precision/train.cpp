@@ -132,7 +132,7 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt, const Preci
       model.backward(scaler.scale / cfg.grad_accum);  // the loss scale enters at the top of backward
     }
 
-    // Most buckets finished while backward ran; wait for the rest.
+    // Most of them finished while backward ran; wait for the rest.
     for (CommHandle& handle : in_flight) handle.wait();
     in_flight.clear();
     buckets.reset();
