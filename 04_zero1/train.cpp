@@ -112,9 +112,9 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
 
     // The lesson, 3: every rank gathers everyone's updated pieces, bucket by bucket, in place.
     for (int i = 0; i < shard.count(); i++) {
-      const FlatRange bucket = shard.range(i);
+      const FlatRange range = shard.range(i);
       in_flight.push_back(world.all_gather_async(shard.piece_of_full(params.view(), i),
-                                                 params.view().slice1d(bucket.begin, bucket.size())));
+                                                 params.view().slice1d(range.begin, range.size())));
     }
     for (CommHandle& handle : in_flight) handle.wait();
     in_flight.clear();

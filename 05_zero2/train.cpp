@@ -72,6 +72,7 @@ int train(Communicator& world, TrainConfig& cfg, const Options&) {
     if (u == head) reducer.open(0);  // the tied head writes wte's gradient, final only after unit 0
   };
   model.hooks.after_backward = [&](int u) { reducer.reduce_scatter(u); };
+  std::vector<CommHandle> in_flight;  // the parameters' all-gathers, after the optimizer
 
   for (int step = start; step < cfg.steps; step++) {
     run.begin_step(step);
@@ -84,17 +85,19 @@ int train(Communicator& world, TrainConfig& cfg, const Options&) {
       reducer.finish();  // this micro-batch's pieces are now in the shard
     }
 
-    // As in 04: the global norm from the shards, AdamW on this rank's pieces, then gather in place,
-    // layer by layer.
+    // As in 04: the global gradient norm from every shard's sum of squares, then AdamW on
+    // this rank's pieces only.
     const double norm = std::sqrt(world.all_reduce_scalar(sum_of_squares(grad_shard.view()), ReduceOp::Sum));
     optimizer.update(params.view(), grad_shard.view(), step + 1, run.lr(step), clip_factor(norm, cfg.grad_clip));
-    std::vector<CommHandle> gathers;
+
+    // As in 04: every rank gathers everyone's updated pieces, layer by layer, in place.
     for (int i = 0; i < shard.count(); i++) {
-      const FlatRange layer = shard.range(i);
-      gathers.push_back(world.all_gather_async(shard.piece_of_full(params.view(), i),
-                                               params.view().slice1d(layer.begin, layer.size())));
+      const FlatRange range = shard.range(i);
+      in_flight.push_back(world.all_gather_async(shard.piece_of_full(params.view(), i),
+                                                 params.view().slice1d(range.begin, range.size())));
     }
-    for (CommHandle& handle : gathers) handle.wait();
+    for (CommHandle& handle : in_flight) handle.wait();
+    in_flight.clear();
 
     run.end_step(step, loss, norm);
     if (run.checkpoint_due(step)) run.save_checkpoint(step + 1, params, optimizer);

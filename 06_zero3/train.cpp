@@ -26,8 +26,8 @@
 //   mpiexec -n 4 ./06_zero3/train
 //   mpiexec -n 2 ./06_zero3/train --link-gbps 0.5 --no-prefetch    # see the gathers exposed
 // Output: as 05, plus the peak of parameter memory: the shard and the gathered layers.
+#include <algorithm>
 #include <cmath>
-#include <cstdio>
 #include <map>
 
 #include "comm/comm.h"
@@ -42,7 +42,7 @@
 
 #include "parallel/shards.h"
 #include "parallel/layer_grads.h"
-#include "base/metrics.h"
+#include "training/zero3_report.h"
 
 struct Options {
   bool no_prefetch = false;
@@ -135,11 +135,11 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
       MicroBatch batch = run.micro_batch(step, micro);
       loss += model.forward(batch.inputs, batch.targets, batch.B) / cfg.grad_accum;
       model.backward(1.0f / cfg.grad_accum);
-      reducer.finish();
+      reducer.finish();  // this micro-batch's pieces are now in the shard
     }
 
-    // The global norm from the shards, then AdamW on the shard. No all-gather: the next forward
-    // gathers each layer when it needs it.
+    // As in 04: the global gradient norm from every shard's sum of squares, then AdamW on
+    // this rank's pieces only. No all-gather: the next forward gathers each layer when it needs it.
     const double norm = std::sqrt(world.all_reduce_scalar(sum_of_squares(grad_shard.view()), ReduceOp::Sum));
     optimizer.update(param_shard.view(), grad_shard.view(), step + 1, run.lr(step), clip_factor(norm, cfg.grad_clip));
 
@@ -147,18 +147,7 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
     if (run.checkpoint_due(step)) run.save_checkpoint(step + 1, param_shard, optimizer);
     if (run.stopping()) break;  // Ctrl-C or a diverging loss: every rank agreed to stop here
   }
-  if (run.is_root()) {
-    int64_t largest = 0, second = 0;
-    for (int u = 1; u < head; u++) {  // the blocks; the embedding is counted apart
-      second = std::max(second, std::min(largest, layout.unit_size(u)));
-      largest = std::max(largest, layout.unit_size(u));
-    }
-    const double w = double(dtype_size(dtype));  // bytes per parameter
-    std::printf("peak parameter memory: shard %s + gathered layers %s (theory: shard + two largest blocks %s + "
-                "the tied embedding, held for the head, %s)\n",
-                format_bytes(w * shard.size()).c_str(), format_bytes(w * gathered_peak).c_str(),
-                format_bytes(w * (largest + second)).c_str(), format_bytes(w * layout.unit_size(0)).c_str());
-  }
+  report_zero3_peak(run, shard, gathered_peak);  // next to its prediction from the layout (zero3_report.h)
   return run.finish();
 }
 
