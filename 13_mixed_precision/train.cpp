@@ -26,9 +26,9 @@
 //   make precision                                                      # every recipe, a table, plots
 // Output: as 03, plus the recipe, each skipped step with its scale, and a summary of the underflows
 // and overflows per tensor kind and the bytes the formats hold.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <string>
 #include <vector>
 
 #include "parallel/buckets.h"
@@ -66,16 +66,16 @@ struct LossScaler {
 struct Options {
   double bucket_mb = 0;
   PrecisionFlags precision;  // --precision, --fp8-scaling, --loss-scale, ...
+  PrecisionRecipe recipe;    // what those flags ask for, checked before the grid
 };
 
 // The whole run, in a function: the grid's groups must end before MPI does.
-int train(Communicator& world, TrainConfig& cfg, const Options& opt, const PrecisionRecipe& recipe) {
+int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
   ProcessGrid grid(world);  // data parallelism alone: every rank a replica, the world its one group
   TrainingRun run(grid, cfg, Parallelism{Strategy::DP});
   const Device device = run.device();
   const DType dtype = run.dtype();  // fp32, or bf16 mixed precision on GPUs
   const ParamLayout& layout = run.layout();
-  const bool low_precision = recipe.precision != Precision::FP32;
 
   // Every rank holds all parameters, all gradients and the whole optimizer state.
   Buffer params(layout.padded_size, MemCategory::Params, dtype, device);
@@ -86,12 +86,14 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt, const Preci
   AdamW optimizer(layout, ShardPlan::unsharded(layout), cfg.weight_decay, device, dtype);
   GPT2 model(run.model_config(), layout, run.micro_batch_size(), device, dtype);
   model.bind_all(params.data(), grads.data());
+  const int start = run.init_or_resume(params, optimizer);
+
   // The fp32 master copy is `params` itself: AdamW updates it in fp32, checkpoints hold it. The cast
   // to the recipe's format happens where the format matters, as each product reads its weight
   // (LowPrecisionMatmuls), as torch.autocast and Transformer Engine do; layernorm's gains and the
   // biases are read in fp32, and the model state stays 4 + 4 + 8 bytes a parameter.
-  const int start = run.init_or_resume(params, optimizer);
-
+  const PrecisionRecipe& recipe = opt.recipe;
+  const bool low_precision = recipe.precision != Precision::FP32;
   // Every product of the model through the recipe; the amax histories are reduced over the data-
   // parallel ranks (every rank's tensors are a slice of the same global batch's), so every rank takes
   // the same scales. A few scalars a step, sent as the loss is (not the gradient traffic of 03's table).
@@ -141,15 +143,14 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt, const Preci
     // scale was too large for fp16. Skip the step; every rank decides alike. Elsewhere a non-finite
     // gradient is a diverging run, stopped by end_step as in every chapter.
     const float loss_scale = scaler.scale;  // what backward multiplied by
-    double norm = std::sqrt(sum_of_squares(grads.view()));
-    const bool apply = recipe.precision != Precision::FP16 || scaler.after_backward(!std::isfinite(norm));
-    if (apply) {
-      if (loss_scale != 1) {  // back to the true gradient (exactly: a power of two) before the clip and AdamW
-        scale_inplace(grads.view(), 1.0f / loss_scale);
-        norm = std::sqrt(sum_of_squares(grads.view()));
-      }
-      optimizer.update(params.view(), grads.view(), step + 1, run.lr(step), clip_factor(norm, cfg.grad_clip));
-    }
+    const bool overflowed = !std::isfinite(sum_of_squares(grads.view()));
+    const bool apply = recipe.precision != Precision::FP16 || scaler.after_backward(overflowed);
+    // Back to the true gradient (exactly: a power of two) before the clip and AdamW.
+    if (apply && loss_scale != 1) scale_inplace(grads.view(), 1.0f / loss_scale);
+
+    // Every rank now holds the same full gradient, so its norm is already global.
+    const double norm = std::sqrt(sum_of_squares(grads.view()));
+    if (apply) optimizer.update(params.view(), grads.view(), step + 1, run.lr(step), clip_factor(norm, cfg.grad_clip));
     products.end_step();  // the amax history: this step's amaxes, reduced over the ranks, join it
     log.after_step(step, apply, scaler.scale, products);
     run.end_step(step, loss, apply ? norm : 0.0);
@@ -177,9 +178,9 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (cfg.was_given("--bucket-mb") && !(opt.bucket_mb > 0)) config_error("--bucket-mb must be > 0");
-  const PrecisionRecipe recipe = precision_recipe_from_flags(opt.precision, cfg);  // refuses what cannot run, naming the flag
+  opt.recipe = precision_recipe_from_flags(opt.precision, cfg);  // refuses what cannot run, naming the flag
   comm = communicator_for(pick_device(cfg.device), std::move(comm), cfg.collectives);  // NCCL on GPUs (comm_factory.h)
-  const int status = train(*comm, cfg, opt, recipe);
+  const int status = train(*comm, cfg, opt);
   shutdown_mpi(std::move(comm));
   return status;
 }
