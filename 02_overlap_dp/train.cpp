@@ -34,6 +34,7 @@
 #include "model/model.h"
 #include "ops/ops.h"
 #include "training/optimizer.h"
+#include "parallel/shards.h"
 #include "training/training_run.h"
 
 struct Options {};  // no flags of its own: every flag is common (flags.h)

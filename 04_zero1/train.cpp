@@ -43,9 +43,8 @@
 #include "model/model.h"
 #include "ops/ops.h"
 #include "training/optimizer.h"
-#include "training/training_run.h"
-
 #include "parallel/shards.h"
+#include "training/training_run.h"
 
 struct Options {
   double bucket_mb = 0;

@@ -38,9 +38,9 @@
 #include "model/model.h"
 #include "ops/ops.h"
 #include "training/optimizer.h"
+#include "parallel/shards.h"
 #include "training/training_run.h"
 
-#include "parallel/shards.h"
 #include "parallel/layer_grads.h"
 
 struct Options {};  // no flags of its own: every flag is common (flags.h)

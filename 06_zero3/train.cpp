@@ -38,9 +38,9 @@
 #include "model/model.h"
 #include "ops/ops.h"
 #include "training/optimizer.h"
+#include "parallel/shards.h"
 #include "training/training_run.h"
 
-#include "parallel/shards.h"
 #include "parallel/layer_grads.h"
 #include "training/zero3_report.h"
 

@@ -54,11 +54,11 @@
 #include "model/model.h"
 #include "ops/ops.h"
 #include "training/optimizer.h"
+#include "parallel/shards.h"
 #include "training/training_run.h"
 
 #include "parallel/data_parallel.h"
 #include "comm/process_grid.h"
-#include "parallel/shards.h"
 
 struct Options {
   int tp = 0;  // 0: 2 where the rank count is even, else 1

@@ -62,6 +62,7 @@
 #include "model/model.h"
 #include "ops/ops.h"
 #include "training/optimizer.h"
+#include "parallel/shards.h"
 #include "training/training_run.h"
 
 #include "training/context_report.h"  // RingCounters, report_ring

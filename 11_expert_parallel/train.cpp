@@ -48,6 +48,7 @@
 #include "model/model.h"
 #include "ops/ops.h"
 #include "training/optimizer.h"
+#include "parallel/shards.h"
 #include "training/training_run.h"
 
 #include "expert_exchange.h"  // ExpertExchange: the lesson's all-to-alls

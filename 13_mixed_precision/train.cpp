@@ -40,6 +40,7 @@
 #include "model/model.h"
 #include "ops/ops.h"
 #include "training/optimizer.h"
+#include "parallel/shards.h"
 #include "training/training_run.h"
 
 #include "training/precision_recipe.h"  // PrecisionRecipe, LowPrecisionMatmuls: the products as the format does them
