@@ -37,7 +37,9 @@
 #include "parallel/shards.h"
 #include "training/training_run.h"
 
-struct Options {};  // no flags of its own: every flag is common (flags.h)
+// The chapter's own flags (the common ones are TrainConfig's, flags.h).
+struct Options {
+};
 
 // The whole run, in a function: the grid's groups must end before MPI does.
 int train(Communicator& world, TrainConfig& cfg, const Options&) {

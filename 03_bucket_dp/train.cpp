@@ -38,6 +38,7 @@
 #include "parallel/shards.h"
 #include "training/training_run.h"
 
+// The chapter's own flags (the common ones are TrainConfig's, flags.h).
 struct Options {
   double bucket_mb = 0;
 };

@@ -44,6 +44,7 @@
 #include "parallel/layer_grads.h"
 #include "training/zero3_report.h"
 
+// The chapter's own flags (the common ones are TrainConfig's, flags.h).
 struct Options {
   bool no_prefetch = false;
 };

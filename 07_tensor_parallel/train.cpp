@@ -60,6 +60,7 @@
 #include "parallel/data_parallel.h"
 #include "comm/process_grid.h"
 
+// The chapter's own flags (the common ones are TrainConfig's, flags.h).
 struct Options {
   int tp = 0;  // 0: 2 where the rank count is even, else 1
   bool sequence_parallel = false, overlap = false, zero1 = false;

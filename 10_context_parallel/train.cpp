@@ -72,6 +72,7 @@
 #include "parallel/ulysses_attention.h"  // UlyssesAttention: positions traded for heads around the ring
 #include "training/ulysses_report.h"
 
+// The chapter's own flags (the common ones are TrainConfig's, flags.h).
 struct Options {
   int cp = 0;  // 0: 2 where the rank count (over --ulysses) is even, else 1
   int ulysses = 1;

@@ -80,17 +80,17 @@ std::vector<Segment> segments_of(const ParamLayout& layout, int64_t begin, int64
 
 }  // namespace
 
-// The chapter's own flags.
-struct ExpertFlags {
+// The chapter's own flags (the common ones are TrainConfig's, flags.h).
+struct Options {
   double bucket_mb = 0, capacity_factor = 0, aux_loss_coef = 0.01;
   int ep = 1;
 };
 
-int train(Communicator* comm, TrainConfig& cfg, const ExpertFlags& flag) {
-  const int ep = flag.ep;
+int train(Communicator* comm, TrainConfig& cfg, const Options& opt) {
+  const int ep = opt.ep;
   ProcessGrid grid(*comm, grid_shape(comm->size(), /*tp*/ 1, /*pp*/ 1, /*cp*/ 1, ep));
   // The capacity factor and balance loss the run trains with: the flags', or a resumed checkpoint's.
-  const MoESettings moe{flag.capacity_factor, flag.aux_loss_coef};
+  const MoESettings moe{opt.capacity_factor, opt.aux_loss_coef};
   Parallelism parallelism;  // data parallelism (DP), each rank holding E/ep experts
   // gather_counts, below, runs over everyone: the data-parallel group carries the routing counts.
   parallelism.ep = {ep, grid.ep().rank(), /*replicas*/ 1, /*routing_counts_over_data_group*/ true};
@@ -121,7 +121,7 @@ int train(Communicator* comm, TrainConfig& cfg, const ExpertFlags& flag) {
     exchange.backward(slot, l, dout, drows);
   };
 
-  const double bucket_bytes = cfg.was_given("--bucket-mb") ? flag.bucket_mb * 1e6 : default_bucket_bytes(layout, 4);
+  const double bucket_bytes = cfg.was_given("--bucket-mb") ? opt.bucket_mb * 1e6 : default_bucket_bytes(layout, 4);
   GradientBuckets buckets(layout, bucket_bytes, 4);
   if (run.is_root()) {
     // The world as the experts see it, expert-DP x EP (the rest of the model is data-parallel over all of it).
@@ -219,7 +219,7 @@ int main(int argc, char** argv) {
   cfg.preset = "moe-tiny";  // a mixture of experts by default
   cfg.device = "cpu";       // the lesson runs on the CPU; --device cuda moves it, in fp32, to a GPU
   FlagParser flags;
-  ExpertFlags opt;
+  Options opt;
   flags.add("--bucket-mb", &opt.bucket_mb, "target bucket size in MB, a bucket holding whole tensors (default: an "
                                       "eighth of the gradient)");
   flags.add("--ep", &opt.ep, "expert-parallel group size: each of its ranks holds E/ep experts of every block; "

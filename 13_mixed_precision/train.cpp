@@ -64,6 +64,7 @@ struct LossScaler {
   }
 };
 
+// The chapter's own flags (the common ones are TrainConfig's, flags.h).
 struct Options {
   double bucket_mb = 0;
   PrecisionFlags precision;  // --precision, --fp8-scaling, --loss-scale, ...
