@@ -82,13 +82,15 @@ std::vector<Segment> segments_of(const ParamLayout& layout, int64_t begin, int64
 
 // The chapter's own flags (the common ones are TrainConfig's, flags.h).
 struct Options {
-  double bucket_mb = 0, capacity_factor = 0, aux_loss_coef = 0.01;
+  double bucket_mb = 0;
+  double capacity_factor = 0, aux_loss_coef = 0.01;
   int ep = 1;
 };
 
-int train(Communicator* comm, TrainConfig& cfg, const Options& opt) {
+// The whole run, in a function: the grid's groups must end before MPI does.
+int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
   const int ep = opt.ep;
-  ProcessGrid grid(*comm, grid_shape(comm->size(), /*tp*/ 1, /*pp*/ 1, /*cp*/ 1, ep));
+  ProcessGrid grid(world, grid_shape(world.size(), /*tp*/ 1, /*pp*/ 1, /*cp*/ 1, ep));
   // The capacity factor and balance loss the run trains with: the flags', or a resumed checkpoint's.
   const MoESettings moe{opt.capacity_factor, opt.aux_loss_coef};
   Parallelism parallelism;  // data parallelism (DP), each rank holding E/ep experts
@@ -137,7 +139,7 @@ int train(Communicator* comm, TrainConfig& cfg, const Options& opt) {
                                 " tokens of a global micro-batch").c_str(),
                 model_cfg.aux_loss_coef, buckets.count());
   }
-  const int W = comm->size();
+  const int W = world.size();
   const ExpertTheory theory = expert_theory(layout, model_cfg, W, ep, run.micro_batch_size(), cfg.grad_accum);
 
   // The lesson, 2: when a bucket is final, average its expert ranges over the ranks that hold the
@@ -177,7 +179,7 @@ int train(Communicator* comm, TrainConfig& cfg, const Options& opt) {
       expert_rows.push_back(exchange.expert_rows());
     }
     exchange.release_buffers();
-    const double balance = comm->all_reduce_scalar(aux, ReduceOp::Sum) / W;
+    const double balance = world.all_reduce_scalar(aux, ReduceOp::Sum) / W;
 
     for (CommHandle& handle : in_flight) handle.wait();
     in_flight.clear();
@@ -221,7 +223,7 @@ int main(int argc, char** argv) {
   FlagParser flags;
   Options opt;
   flags.add("--bucket-mb", &opt.bucket_mb, "target bucket size in MB, a bucket holding whole tensors (default: an "
-                                      "eighth of the gradient)");
+                                          "eighth of the gradient)");
   flags.add("--ep", &opt.ep, "expert-parallel group size: each of its ranks holds E/ep experts of every block; "
                          "the world is expert-DP x EP");
   flags.add("--capacity-factor", &opt.capacity_factor, "an expert takes at most factor x tokens x k / E assignments "
@@ -252,8 +254,8 @@ int main(int argc, char** argv) {
       config_error("--dtype bf16 with a mixture of experts on a GPU: the MoE layer runs in fp32; pass --dtype fp32");
     cfg.dtype = "fp32";
   }
-  comm = communicator_for(device, std::move(comm), cfg.collectives);
-  const int status = train(comm.get(), cfg, opt);  // (every group's communicator is gone after it)
+  comm = communicator_for(pick_device(cfg.device), std::move(comm), cfg.collectives);  // NCCL on GPUs (comm_factory.h)
+  const int status = train(*comm, cfg, opt);
   shutdown_mpi(std::move(comm));
   return status;
 }
