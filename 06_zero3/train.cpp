@@ -63,7 +63,8 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
   Buffer param_shard(shard.size(), MemCategory::Params, dtype, device);
   Buffer grad_shard(shard.size(), MemCategory::Grads, dtype, device);
   AdamW optimizer(layout, shard, cfg.weight_decay, device, dtype);
-  GPT2 model(run.model_config(), layout, run.micro_batch_size(), device, dtype);  // nothing bound: layers come and go
+  // Nothing bound to the model: its layers come and go.
+  GPT2 model(run.model_config(), layout, run.micro_batch_size(), device, dtype);
   const int start = run.init_or_resume(param_shard, optimizer);
 
   // The lesson, 1: gather a layer's parameters into a layer-sized buffer, every rank giving its piece.

@@ -82,10 +82,11 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
   TrainingRun run(grid, cfg, Parallelism{opt.zero1 ? Strategy::ZeRO1 : Strategy::DP, tp});
   const Device device = run.device();
   const DType dtype = run.dtype();  // fp32, or bf16 mixed precision on GPUs
-  const ParamLayout& layout = run.layout();  // this rank's slices, plus the tensors held whole
+  const ParamLayout& layout = run.layout();
   Communicator& tp_group = grid.tp();
   Communicator& dp_group = grid.dp();
 
+  // Every rank holds its slices of the parameters, plus the tensors held whole, and their gradients.
   Buffer params(layout.padded_size, MemCategory::Params, dtype, device);
   Buffer grads(layout.padded_size, MemCategory::Grads, dtype, device);
   const double bucket_bytes =
