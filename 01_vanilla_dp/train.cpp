@@ -35,19 +35,16 @@
 #include "model/model.h"
 #include "ops/ops.h"
 #include "training/optimizer.h"
+#include "parallel/shards.h"
 #include "training/training_run.h"
 
-int main(int argc, char** argv) {
-  auto comm = init_mpi_communicator(&argc, &argv);
-  TrainConfig cfg;
-  FlagParser flags;
-  if (!parse_train_flags(argc, argv, "01_vanilla_dp", "Chapter 01: data parallelism, one all-reduce after backward.",
-                         flags, &cfg)) {
-    shutdown_mpi(std::move(comm));
-    return 0;
-  }
-  comm = communicator_for(pick_device(cfg.device), std::move(comm), cfg.collectives);  // NCCL on GPUs (comm_factory.h)
-  ProcessGrid grid(*comm);  // data parallelism alone: every rank a replica, the world its one group
+// The chapter's own flags (the common ones are TrainConfig's, flags.h).
+struct Options {
+};
+
+// The whole run, in a function: the grid's groups must end before MPI does.
+int train(Communicator& world, TrainConfig& cfg, const Options&) {
+  ProcessGrid grid(world);  // data parallelism alone: every rank a replica, the world its one group
   TrainingRun run(grid, cfg, Parallelism{Strategy::DP});
   const Device device = run.device();
   const DType dtype = run.dtype();  // fp32, or bf16 mixed precision on GPUs
@@ -72,7 +69,7 @@ int main(int argc, char** argv) {
     }
 
     // The lesson: one blocking all-reduce averages every gradient over the ranks, after backward.
-    comm->all_reduce(grads.view(), ReduceOp::Avg);
+    world.all_reduce(grads.view(), ReduceOp::Avg);
 
     // Every rank now holds the same full gradient, so its norm is already global.
     const double norm = std::sqrt(sum_of_squares(grads.view()));
@@ -81,7 +78,21 @@ int main(int argc, char** argv) {
     if (run.checkpoint_due(step)) run.save_checkpoint(step + 1, params, optimizer);
     if (run.stopping()) break;  // Ctrl-C or a diverging loss: every rank agreed to stop here
   }
-  const int status = run.finish();
+  return run.finish();
+}
+
+int main(int argc, char** argv) {
+  auto comm = init_mpi_communicator(&argc, &argv);
+  TrainConfig cfg;
+  FlagParser flags;
+  Options opt;
+  if (!parse_train_flags(argc, argv, "01_vanilla_dp",
+                         "Chapter 01: data parallelism, one all-reduce after backward.", flags, &cfg)) {
+    shutdown_mpi(std::move(comm));
+    return 0;
+  }
+  comm = communicator_for(pick_device(cfg.device), std::move(comm), cfg.collectives);  // NCCL on GPUs (comm_factory.h)
+  const int status = train(*comm, cfg, opt);
   shutdown_mpi(std::move(comm));
   return status;
 }

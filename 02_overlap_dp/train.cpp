@@ -34,20 +34,16 @@
 #include "model/model.h"
 #include "ops/ops.h"
 #include "training/optimizer.h"
+#include "parallel/shards.h"
 #include "training/training_run.h"
 
-int main(int argc, char** argv) {
-  auto comm = init_mpi_communicator(&argc, &argv);
-  TrainConfig cfg;
-  FlagParser flags;
-  if (!parse_train_flags(argc, argv, "02_overlap_dp",
-                         "Chapter 02: data parallelism with each gradient's all-reduce overlapping backward.", flags,
-                         &cfg)) {
-    shutdown_mpi(std::move(comm));
-    return 0;
-  }
-  comm = communicator_for(pick_device(cfg.device), std::move(comm), cfg.collectives);  // NCCL on GPUs (comm_factory.h)
-  ProcessGrid grid(*comm);  // data parallelism alone: every rank a replica, the world its one group
+// The chapter's own flags (the common ones are TrainConfig's, flags.h).
+struct Options {
+};
+
+// The whole run, in a function: the grid's groups must end before MPI does.
+int train(Communicator& world, TrainConfig& cfg, const Options&) {
+  ProcessGrid grid(world);  // data parallelism alone: every rank a replica, the world its one group
   TrainingRun run(grid, cfg, Parallelism{Strategy::DP});
   const Device device = run.device();
   const DType dtype = run.dtype();  // fp32, or bf16 mixed precision on GPUs
@@ -67,7 +63,7 @@ int main(int argc, char** argv) {
   model.hooks.grad_ready = [&](int p) {
     if (!last_micro_batch) return;  // no_sync: gradients are not final until the last micro-batch
     const ParamInfo& info = layout.params[p];
-    in_flight.push_back(comm->all_reduce_async(grads.view().slice1d(info.offset, info.size), ReduceOp::Avg));
+    in_flight.push_back(world.all_reduce_async(grads.view().slice1d(info.offset, info.size), ReduceOp::Avg));
   };
 
   for (int step = start; step < cfg.steps; step++) {
@@ -81,7 +77,7 @@ int main(int argc, char** argv) {
       model.backward(1.0f / cfg.grad_accum);
     }
 
-    // Most all-reduces finished while backward ran; wait for the rest.
+    // Most of them finished while backward ran; wait for the rest.
     for (CommHandle& handle : in_flight) handle.wait();
     in_flight.clear();
 
@@ -92,7 +88,21 @@ int main(int argc, char** argv) {
     if (run.checkpoint_due(step)) run.save_checkpoint(step + 1, params, optimizer);
     if (run.stopping()) break;  // Ctrl-C or a diverging loss: every rank agreed to stop here
   }
-  const int status = run.finish();
+  return run.finish();
+}
+
+int main(int argc, char** argv) {
+  auto comm = init_mpi_communicator(&argc, &argv);
+  TrainConfig cfg;
+  FlagParser flags;
+  Options opt;
+  if (!parse_train_flags(argc, argv, "02_overlap_dp",
+                         "Chapter 02: data parallelism with each gradient's all-reduce overlapping backward.", flags, &cfg)) {
+    shutdown_mpi(std::move(comm));
+    return 0;
+  }
+  comm = communicator_for(pick_device(cfg.device), std::move(comm), cfg.collectives);  // NCCL on GPUs (comm_factory.h)
+  const int status = train(*comm, cfg, opt);
   shutdown_mpi(std::move(comm));
   return status;
 }

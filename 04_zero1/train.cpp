@@ -46,42 +46,32 @@
 #include "parallel/shards.h"
 #include "training/training_run.h"
 
-int main(int argc, char** argv) {
-  auto comm = init_mpi_communicator(&argc, &argv);
-  TrainConfig cfg;
-  FlagParser flags;
+// The chapter's own flags (the common ones are TrainConfig's, flags.h).
+struct Options {
   double bucket_mb = 0;
-  flags.add("--bucket-mb", &bucket_mb, "target bucket size in MB, a bucket holding whole layers (default: an "
-                                      "eighth of the gradient)");
-  if (!parse_train_flags(argc, argv, "04_zero1", "Chapter 04: ZeRO-1, optimizer state sharded over ranks.", flags,
-                         &cfg)) {
-    shutdown_mpi(std::move(comm));
-    return 0;
-  }
-  if (cfg.was_given("--bucket-mb") && !(bucket_mb > 0)) config_error("--bucket-mb must be > 0");
-  comm = communicator_for(pick_device(cfg.device), std::move(comm), cfg.collectives);  // NCCL on GPUs (comm_factory.h)
-  ProcessGrid grid(*comm);  // data parallelism alone: every rank a replica, the world its one group
+};
+
+// The whole run, in a function: the grid's groups must end before MPI does.
+int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
+  ProcessGrid grid(world);  // data parallelism alone: every rank a replica, the world its one group
   TrainingRun run(grid, cfg, Parallelism{Strategy::ZeRO1});
   const Device device = run.device();
   const DType dtype = run.dtype();  // fp32, or bf16 mixed precision on GPUs
   const ParamLayout& layout = run.layout();
-  // Buckets of whole layers; rank r owns piece r of each.
-  const double bucket_bytes = cfg.was_given("--bucket-mb") ? bucket_mb * 1e6 : default_bucket_bytes(layout, dtype_size(dtype));
-  GradientBuckets buckets(layout, bucket_bytes, dtype_size(dtype), BucketCut::AtLayers);
-  const ShardPlan shard(buckets.ranges_in_flat_order(), comm->size(), comm->rank());
 
-  // Every rank holds all parameters and all gradients, but optimizer state for its shard only.
+  // Every rank holds all parameters and all gradients, but optimizer state for its shard only:
+  // buckets of whole layers, rank r owning piece r of each.
   Buffer params(layout.padded_size, MemCategory::Params, dtype, device);
   Buffer grads(layout.padded_size, MemCategory::Grads, dtype, device);
+  const double bucket_bytes =
+      cfg.was_given("--bucket-mb") ? opt.bucket_mb * 1e6 : default_bucket_bytes(layout, dtype_size(dtype));
+  GradientBuckets buckets(layout, bucket_bytes, dtype_size(dtype), BucketCut::AtLayers);
+  const ShardPlan shard(buckets.ranges_in_flat_order(), world.size(), world.rank());
   AdamW optimizer(layout, shard, cfg.weight_decay, device, dtype);
   GPT2 model(run.model_config(), layout, run.micro_batch_size(), device, dtype);
   model.bind_all(params.data(), grads.data());
   const int start = run.init_or_resume(params, optimizer);
-  if (run.is_root()) {
-    std::printf("%d buckets of about %.3g MB, in the order backward fills them:", buckets.count(), bucket_bytes / 1e6);
-    for (int b = 0; b < buckets.count(); b++) std::printf(" [%lld, %lld)", (long long)buckets.begin(b), (long long)buckets.end(b));
-    std::printf("; each cut into %d pieces\n", comm->size());
-  }
+  if (run.is_root()) std::printf("%s; each cut into %d pieces\n", buckets.describe(bucket_bytes).c_str(), world.size());
 
   // This rank's averaged pieces of every bucket, side by side (a separate buffer: MPI may not
   // receive into the buffer it sends from).
@@ -95,7 +85,7 @@ int main(int argc, char** argv) {
     const int b = buckets.mark_ready(p);
     if (b < 0) return;  // the bucket still waits for other gradients
     const int i = shard.range_index(buckets.begin(b));
-    in_flight.push_back(comm->reduce_scatter_async(grads.view().slice1d(buckets.begin(b), buckets.size(b)),
+    in_flight.push_back(world.reduce_scatter_async(grads.view().slice1d(buckets.begin(b), buckets.size(b)),
                                                    shard.piece_of_shard(grad_shard.view(), i), ReduceOp::Avg));
   };
 
@@ -110,21 +100,21 @@ int main(int argc, char** argv) {
       model.backward(1.0f / cfg.grad_accum);
     }
 
-    // Most buckets finished while backward ran; wait for the rest.
+    // Most of them finished while backward ran; wait for the rest.
     for (CommHandle& handle : in_flight) handle.wait();
     in_flight.clear();
     buckets.reset();
 
     // The lesson, 2: the global gradient norm from every shard's sum of squares, then AdamW on
     // this rank's pieces only.
-    const double norm = std::sqrt(comm->all_reduce_scalar(sum_of_squares(grad_shard.view()), ReduceOp::Sum));
+    const double norm = std::sqrt(world.all_reduce_scalar(sum_of_squares(grad_shard.view()), ReduceOp::Sum));
     optimizer.update(params.view(), grad_shard.view(), step + 1, run.lr(step), clip_factor(norm, cfg.grad_clip));
 
     // The lesson, 3: every rank gathers everyone's updated pieces, bucket by bucket, in place.
     for (int i = 0; i < shard.count(); i++) {
-      const FlatRange bucket = shard.range(i);
-      in_flight.push_back(comm->all_gather_async(shard.piece_of_full(params.view(), i),
-                                                 params.view().slice1d(bucket.begin, bucket.size())));
+      const FlatRange range = shard.range(i);
+      in_flight.push_back(world.all_gather_async(shard.piece_of_full(params.view(), i),
+                                                 params.view().slice1d(range.begin, range.size())));
     }
     for (CommHandle& handle : in_flight) handle.wait();
     in_flight.clear();
@@ -133,7 +123,24 @@ int main(int argc, char** argv) {
     if (run.checkpoint_due(step)) run.save_checkpoint(step + 1, params, optimizer);
     if (run.stopping()) break;  // Ctrl-C or a diverging loss: every rank agreed to stop here
   }
-  const int status = run.finish();
+  return run.finish();
+}
+
+int main(int argc, char** argv) {
+  auto comm = init_mpi_communicator(&argc, &argv);
+  TrainConfig cfg;
+  FlagParser flags;
+  Options opt;
+  flags.add("--bucket-mb", &opt.bucket_mb, "target bucket size in MB, a bucket holding whole layers (default: an "
+                                          "eighth of the gradient)");
+  if (!parse_train_flags(argc, argv, "04_zero1",
+                         "Chapter 04: ZeRO-1, optimizer state sharded over ranks.", flags, &cfg)) {
+    shutdown_mpi(std::move(comm));
+    return 0;
+  }
+  if (cfg.was_given("--bucket-mb") && !(opt.bucket_mb > 0)) config_error("--bucket-mb must be > 0");
+  comm = communicator_for(pick_device(cfg.device), std::move(comm), cfg.collectives);  // NCCL on GPUs (comm_factory.h)
+  const int status = train(*comm, cfg, opt);
   shutdown_mpi(std::move(comm));
   return status;
 }

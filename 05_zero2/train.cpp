@@ -34,7 +34,6 @@
 #include "comm/comm_factory.h"
 #include "ops/device.h"
 #include "training/flags.h"
-#include "parallel/layer_grads.h"
 #include "ops/memory.h"
 #include "model/model.h"
 #include "ops/ops.h"
@@ -42,22 +41,20 @@
 #include "parallel/shards.h"
 #include "training/training_run.h"
 
-int main(int argc, char** argv) {
-  auto comm = init_mpi_communicator(&argc, &argv);
-  TrainConfig cfg;
-  FlagParser flags;
-  if (!parse_train_flags(argc, argv, "05_zero2", "Chapter 05: ZeRO-2, optimizer state and gradients sharded.", flags,
-                         &cfg)) {
-    shutdown_mpi(std::move(comm));
-    return 0;
-  }
-  comm = communicator_for(pick_device(cfg.device), std::move(comm), cfg.collectives);  // NCCL on GPUs (comm_factory.h)
-  ProcessGrid grid(*comm);  // data parallelism alone: every rank a replica, the world its one group
+#include "parallel/layer_grads.h"
+
+// The chapter's own flags (the common ones are TrainConfig's, flags.h).
+struct Options {
+};
+
+// The whole run, in a function: the grid's groups must end before MPI does.
+int train(Communicator& world, TrainConfig& cfg, const Options&) {
+  ProcessGrid grid(world);  // data parallelism alone: every rank a replica, the world its one group
   TrainingRun run(grid, cfg, Parallelism{Strategy::ZeRO2});
   const Device device = run.device();
   const DType dtype = run.dtype();  // fp32, or bf16 mixed precision on GPUs
   const ParamLayout& layout = run.layout();
-  const ShardPlan shard = ShardPlan::per_unit(layout, comm->size(), comm->rank());  // piece r of every layer
+  const ShardPlan shard = ShardPlan::per_unit(layout, world.size(), world.rank());  // piece r of every layer
   const int head = layout.num_units() - 1;  // final layernorm + tied LM head
 
   // Every rank holds all parameters, but gradients and optimizer state for its shard only.
@@ -71,12 +68,13 @@ int main(int argc, char** argv) {
   // The lesson: a layer's gradients get a transient buffer when its backward starts, and are
   // reduce-scattered to their owners the moment its backward ends (LayerGradReducer in common/
   // holds the buffers, the in-flight limit, and adds each received piece into grad_shard).
-  LayerGradReducer reducer(*comm, model, shard, grad_shard.view());
+  LayerGradReducer reducer(world, model, shard, grad_shard.view());
   model.hooks.before_backward = [&](int u) {
     reducer.open(u);
     if (u == head) reducer.open(0);  // the tied head writes wte's gradient, final only after unit 0
   };
   model.hooks.after_backward = [&](int u) { reducer.reduce_scatter(u); };
+  std::vector<CommHandle> in_flight;  // the parameters' all-gathers, after the optimizer
 
   for (int step = start; step < cfg.steps; step++) {
     run.begin_step(step);
@@ -89,23 +87,39 @@ int main(int argc, char** argv) {
       reducer.finish();  // this micro-batch's pieces are now in the shard
     }
 
-    // As in 04: the global norm from the shards, AdamW on this rank's pieces, then gather in place,
-    // layer by layer.
-    const double norm = std::sqrt(comm->all_reduce_scalar(sum_of_squares(grad_shard.view()), ReduceOp::Sum));
+    // As in 04: the global gradient norm from every shard's sum of squares, then AdamW on
+    // this rank's pieces only.
+    const double norm = std::sqrt(world.all_reduce_scalar(sum_of_squares(grad_shard.view()), ReduceOp::Sum));
     optimizer.update(params.view(), grad_shard.view(), step + 1, run.lr(step), clip_factor(norm, cfg.grad_clip));
-    std::vector<CommHandle> gathers;
+
+    // As in 04: every rank gathers everyone's updated pieces, layer by layer, in place.
     for (int i = 0; i < shard.count(); i++) {
-      const FlatRange layer = shard.range(i);
-      gathers.push_back(comm->all_gather_async(shard.piece_of_full(params.view(), i),
-                                               params.view().slice1d(layer.begin, layer.size())));
+      const FlatRange range = shard.range(i);
+      in_flight.push_back(world.all_gather_async(shard.piece_of_full(params.view(), i),
+                                                 params.view().slice1d(range.begin, range.size())));
     }
-    for (CommHandle& handle : gathers) handle.wait();
+    for (CommHandle& handle : in_flight) handle.wait();
+    in_flight.clear();
 
     run.end_step(step, loss, norm);
     if (run.checkpoint_due(step)) run.save_checkpoint(step + 1, params, optimizer);
     if (run.stopping()) break;  // Ctrl-C or a diverging loss: every rank agreed to stop here
   }
-  const int status = run.finish();
+  return run.finish();
+}
+
+int main(int argc, char** argv) {
+  auto comm = init_mpi_communicator(&argc, &argv);
+  TrainConfig cfg;
+  FlagParser flags;
+  Options opt;
+  if (!parse_train_flags(argc, argv, "05_zero2",
+                         "Chapter 05: ZeRO-2, optimizer state and gradients sharded.", flags, &cfg)) {
+    shutdown_mpi(std::move(comm));
+    return 0;
+  }
+  comm = communicator_for(pick_device(cfg.device), std::move(comm), cfg.collectives);  // NCCL on GPUs (comm_factory.h)
+  const int status = train(*comm, cfg, opt);
   shutdown_mpi(std::move(comm));
   return status;
 }

@@ -26,48 +26,45 @@
 //   mpiexec -n 4 ./06_zero3/train
 //   mpiexec -n 2 ./06_zero3/train --link-gbps 0.5 --no-prefetch    # see the gathers exposed
 // Output: as 05, plus the peak of parameter memory: the shard and the gathered layers.
+#include <algorithm>
 #include <cmath>
-#include <cstdio>
 #include <map>
 
 #include "comm/comm.h"
 #include "comm/comm_factory.h"
 #include "ops/device.h"
 #include "training/flags.h"
-#include "parallel/layer_grads.h"
 #include "ops/memory.h"
-#include "base/metrics.h"
 #include "model/model.h"
 #include "ops/ops.h"
 #include "training/optimizer.h"
 #include "parallel/shards.h"
 #include "training/training_run.h"
 
-int main(int argc, char** argv) {
-  auto comm = init_mpi_communicator(&argc, &argv);
-  TrainConfig cfg;
-  FlagParser flags;
+#include "parallel/layer_grads.h"
+#include "training/zero3_report.h"
+
+// The chapter's own flags (the common ones are TrainConfig's, flags.h).
+struct Options {
   bool no_prefetch = false;
-  flags.add_switch("--no-prefetch", &no_prefetch, "gather each layer only when it is needed (no overlap)");
-  if (!parse_train_flags(argc, argv, "06_zero3", "Chapter 06: ZeRO-3, parameters, gradients and optimizer state sharded.",
-                         flags, &cfg)) {
-    shutdown_mpi(std::move(comm));
-    return 0;
-  }
-  comm = communicator_for(pick_device(cfg.device), std::move(comm), cfg.collectives);  // NCCL on GPUs (comm_factory.h)
-  ProcessGrid grid(*comm);  // data parallelism alone: every rank a replica, the world its one group
+};
+
+// The whole run, in a function: the grid's groups must end before MPI does.
+int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
+  ProcessGrid grid(world);  // data parallelism alone: every rank a replica, the world its one group
   TrainingRun run(grid, cfg, Parallelism{Strategy::ZeRO3});
   const Device device = run.device();
   const DType dtype = run.dtype();  // fp32, or bf16 mixed precision on GPUs
   const ParamLayout& layout = run.layout();
-  const ShardPlan shard = ShardPlan::per_unit(layout, comm->size(), comm->rank());  // piece r of every layer
+  const ShardPlan shard = ShardPlan::per_unit(layout, world.size(), world.rank());  // piece r of every layer
   const int head = layout.num_units() - 1;  // final layernorm + tied LM head
 
   // Every rank holds only its shard of parameters, gradients and optimizer state.
   Buffer param_shard(shard.size(), MemCategory::Params, dtype, device);
   Buffer grad_shard(shard.size(), MemCategory::Grads, dtype, device);
   AdamW optimizer(layout, shard, cfg.weight_decay, device, dtype);
-  GPT2 model(run.model_config(), layout, run.micro_batch_size(), device, dtype);  // nothing bound: layers come and go
+  // Nothing bound to the model: its layers come and go.
+  GPT2 model(run.model_config(), layout, run.micro_batch_size(), device, dtype);
   const int start = run.init_or_resume(param_shard, optimizer);
 
   // The lesson, 1: gather a layer's parameters into a layer-sized buffer, every rank giving its piece.
@@ -82,7 +79,7 @@ int main(int argc, char** argv) {
     if (u < 0 || u > head || gathered.count(u)) return;
     Gathered& g = gathered[u];
     g.params = Buffer(layout.unit_size(u), MemCategory::CommBuffers, dtype, device);
-    g.handle = comm->all_gather_async(shard.piece_of_shard(param_shard.view(), u), g.params.view());
+    g.handle = world.all_gather_async(shard.piece_of_shard(param_shard.view(), u), g.params.view());
     gathered_now += layout.unit_size(u);
     gathered_peak = std::max(gathered_peak, gathered_now);
   };
@@ -101,7 +98,7 @@ int main(int argc, char** argv) {
     gathered.erase(u);  // frees the buffer
   };
   auto prefetch = [&](int u) {
-    if (!no_prefetch) gather(u);
+    if (!opt.no_prefetch) gather(u);
   };
 
   // The lesson, 2: forward gathers layer u, prefetches u+1, and releases u after its forward.
@@ -117,7 +114,7 @@ int main(int argc, char** argv) {
 
   // The lesson, 3: backward gathers again, walking down, and reduce-scatters each layer's gradients
   // to their owners as 05 does.
-  LayerGradReducer reducer(*comm, model, shard, grad_shard.view());
+  LayerGradReducer reducer(world, model, shard, grad_shard.view());
   model.hooks.before_backward = [&](int u) {
     use(u);
     reducer.open(u);
@@ -140,31 +137,35 @@ int main(int argc, char** argv) {
       MicroBatch batch = run.micro_batch(step, micro);
       loss += model.forward(batch.inputs, batch.targets, batch.B) / cfg.grad_accum;
       model.backward(1.0f / cfg.grad_accum);
-      reducer.finish();
+      reducer.finish();  // this micro-batch's pieces are now in the shard
     }
 
-    // The global norm from the shards, then AdamW on the shard. No all-gather: the next forward
-    // gathers each layer when it needs it.
-    const double norm = std::sqrt(comm->all_reduce_scalar(sum_of_squares(grad_shard.view()), ReduceOp::Sum));
+    // As in 04: the global gradient norm from every shard's sum of squares, then AdamW on
+    // this rank's pieces only. No all-gather: the next forward gathers each layer when it needs it.
+    const double norm = std::sqrt(world.all_reduce_scalar(sum_of_squares(grad_shard.view()), ReduceOp::Sum));
     optimizer.update(param_shard.view(), grad_shard.view(), step + 1, run.lr(step), clip_factor(norm, cfg.grad_clip));
 
     run.end_step(step, loss, norm);
     if (run.checkpoint_due(step)) run.save_checkpoint(step + 1, param_shard, optimizer);
     if (run.stopping()) break;  // Ctrl-C or a diverging loss: every rank agreed to stop here
   }
-  if (run.is_root()) {
-    int64_t largest = 0, second = 0;
-    for (int u = 1; u < head; u++) {  // the blocks; the embedding is counted apart
-      second = std::max(second, std::min(largest, layout.unit_size(u)));
-      largest = std::max(largest, layout.unit_size(u));
-    }
-    const double w = double(dtype_size(dtype));  // bytes per parameter
-    std::printf("peak parameter memory: shard %s + gathered layers %s (theory: shard + two largest blocks %s + "
-                "the tied embedding, held for the head, %s)\n",
-                format_bytes(w * shard.size()).c_str(), format_bytes(w * gathered_peak).c_str(),
-                format_bytes(w * (largest + second)).c_str(), format_bytes(w * layout.unit_size(0)).c_str());
+  report_zero3_peak(run, shard, gathered_peak);  // next to its prediction from the layout (zero3_report.h)
+  return run.finish();
+}
+
+int main(int argc, char** argv) {
+  auto comm = init_mpi_communicator(&argc, &argv);
+  TrainConfig cfg;
+  FlagParser flags;
+  Options opt;
+  flags.add_switch("--no-prefetch", &opt.no_prefetch, "gather each layer only when it is needed (no overlap)");
+  if (!parse_train_flags(argc, argv, "06_zero3",
+                         "Chapter 06: ZeRO-3, parameters, gradients and optimizer state sharded.", flags, &cfg)) {
+    shutdown_mpi(std::move(comm));
+    return 0;
   }
-  const int status = run.finish();
+  comm = communicator_for(pick_device(cfg.device), std::move(comm), cfg.collectives);  // NCCL on GPUs (comm_factory.h)
+  const int status = train(*comm, cfg, opt);
   shutdown_mpi(std::move(comm));
   return status;
 }

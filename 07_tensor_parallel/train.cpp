@@ -48,17 +48,19 @@
 #include "parallel/buckets.h"
 #include "comm/comm.h"
 #include "comm/comm_factory.h"
-#include "parallel/data_parallel.h"
 #include "ops/device.h"
 #include "training/flags.h"
 #include "ops/memory.h"
 #include "model/model.h"
 #include "ops/ops.h"
 #include "training/optimizer.h"
-#include "comm/process_grid.h"
 #include "parallel/shards.h"
 #include "training/training_run.h"
 
+#include "parallel/data_parallel.h"
+#include "comm/process_grid.h"
+
+// The chapter's own flags (the common ones are TrainConfig's, flags.h).
 struct Options {
   int tp = 0;  // 0: 2 where the rank count is even, else 1
   bool sequence_parallel = false, overlap = false, zero1 = false;
@@ -79,11 +81,12 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
   const TensorParallelism tp{grid.shape().tp, grid.coords().tp, sequence_parallel};
   TrainingRun run(grid, cfg, Parallelism{opt.zero1 ? Strategy::ZeRO1 : Strategy::DP, tp});
   const Device device = run.device();
-  const DType dtype = run.dtype();
-  const ParamLayout& layout = run.layout();  // this rank's slices, plus the tensors held whole
+  const DType dtype = run.dtype();  // fp32, or bf16 mixed precision on GPUs
+  const ParamLayout& layout = run.layout();
   Communicator& tp_group = grid.tp();
   Communicator& dp_group = grid.dp();
 
+  // Every rank holds its slices of the parameters, plus the tensors held whole, and their gradients.
   Buffer params(layout.padded_size, MemCategory::Params, dtype, device);
   Buffer grads(layout.padded_size, MemCategory::Grads, dtype, device);
   const double bucket_bytes =
@@ -138,7 +141,7 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
   bool last_micro_batch = false;
   std::vector<std::pair<int, CommHandle>> summing;
   model.hooks.grad_ready = [&](int p) {
-    if (!last_micro_batch) return;  // no_sync
+    if (!last_micro_batch) return;  // no_sync: gradients are not final until the last micro-batch
     const ParamInfo& info = layout.params[p];
     if (sequence_parallel && info.shard.whole()) {
       summing.emplace_back(p, tp_group.all_reduce_async(grads.view().slice1d(info.offset, info.size), ReduceOp::Sum));
@@ -177,7 +180,7 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
 
     run.end_step(step, loss, norm);
     if (run.checkpoint_due(step)) run.save_checkpoint(step + 1, params, optimizer);
-    if (run.stopping()) break;
+    if (run.stopping()) break;  // Ctrl-C or a diverging loss: every rank agreed to stop here
   }
   return run.finish();
 }
@@ -199,8 +202,7 @@ int main(int argc, char** argv) {
                                                 "= unlimited (default: --link-gbps's)");
   flags.add("--tp-link-latency-us", &cfg.tp_link_latency_us, "its latency, 0 to 1000000 us (default: --link-latency-us's)");
   if (!parse_train_flags(argc, argv, "07_tensor_parallel",
-                         "Chapter 07: Megatron tensor parallelism and sequence parallelism, on a DP x TP grid.", flags,
-                         &cfg)) {
+                         "Chapter 07: Megatron tensor parallelism and sequence parallelism, on a DP x TP grid.", flags, &cfg)) {
     shutdown_mpi(std::move(comm));
     return 0;
   }

@@ -188,7 +188,8 @@ int main(int argc, char** argv) {
   flags.add("--pp", &pipe.pp, "pipeline stages (default: every rank); the rest is data-parallel");
   add_schedule_flags(flags, &pipe, &opt.matching);  // --micro-batches, --schedule, ... (pipeline_flags.h)
   flags.add("--bucket-mb", &opt.bucket_mb, "data-parallel bucket size in MB (default: an eighth of the gradient)");
-  if (!parse_train_flags(argc, argv, "08_pipeline", "Chapter 08: pipeline parallelism, six schedules.", flags, &cfg)) {
+  if (!parse_train_flags(argc, argv, "08_pipeline",
+                         "Chapter 08: pipeline parallelism, six schedules.", flags, &cfg)) {
     shutdown_mpi(std::move(comm));
     return 0;
   }

@@ -56,22 +56,24 @@
 #include "parallel/buckets.h"
 #include "comm/comm.h"
 #include "comm/comm_factory.h"
-#include "training/context_report.h"  // RingCounters, report_ring
-#include "parallel/context_split.h"
 #include "ops/device.h"
 #include "training/flags.h"
 #include "ops/memory.h"
 #include "model/model.h"
 #include "ops/ops.h"
 #include "training/optimizer.h"
+#include "parallel/shards.h"
+#include "training/training_run.h"
+
+#include "training/context_report.h"  // RingCounters, report_ring
+#include "parallel/context_split.h"
 #include "comm/process_grid.h"
 #include "ring_attention_protocol.h"  // RingAttention: the lesson's ring
-#include "training/training_run.h"
 #include "parallel/ulysses_attention.h"  // UlyssesAttention: positions traded for heads around the ring
 #include "training/ulysses_report.h"
 
-// The chapter's own flags.
-struct ContextFlags {
+// The chapter's own flags (the common ones are TrainConfig's, flags.h).
+struct Options {
   int cp = 0;  // 0: 2 where the rank count (over --ulysses) is even, else 1
   int ulysses = 1;
   std::string split = "zigzag";
@@ -79,7 +81,7 @@ struct ContextFlags {
 };
 
 // The whole run, in a function: the grid's groups must end before MPI does.
-int train(Communicator& world, TrainConfig& cfg, const ContextFlags& opt, int cp, ContextSplit split, int T) {
+int train(Communicator& world, TrainConfig& cfg, const Options& opt, int cp, ContextSplit split, int T) {
   // Under --ulysses u the grid's context axis holds u x cp ranks, Ulysses inside the ring: a rank's
   // coordinate there is its ring place x u + its Ulysses rank.
   const int u = opt.ulysses;
@@ -113,18 +115,14 @@ int train(Communicator& world, TrainConfig& cfg, const ContextFlags& opt, int cp
   // Every rank holds all parameters, all gradients and the whole optimizer state.
   Buffer params(layout.padded_size, MemCategory::Params, dtype, device);
   Buffer grads(layout.padded_size, MemCategory::Grads, dtype, device);
+  const double bucket_bytes =
+      cfg.was_given("--bucket-mb") ? opt.bucket_mb * 1e6 : default_bucket_bytes(layout, dtype_size(dtype));
+  GradientBuckets buckets(layout, bucket_bytes, dtype_size(dtype));
   AdamW optimizer(layout, ShardPlan::unsharded(layout), cfg.weight_decay, device, dtype);
   GPT2 model(run.model_config(), layout, run.micro_batch_size(), device, dtype, {}, {}, held);
   model.bind_all(params.data(), grads.data());
   const int start = run.init_or_resume(params, optimizer);
-
-  const double bucket_bytes = cfg.was_given("--bucket-mb") ? opt.bucket_mb * 1e6 : default_bucket_bytes(layout, dtype_size(dtype));
-  GradientBuckets buckets(layout, bucket_bytes, dtype_size(dtype));
-  if (run.is_root()) {
-    std::printf("%d buckets of about %.3g MB, in the order backward fills them:", buckets.count(), bucket_bytes / 1e6);
-    for (int b = 0; b < buckets.count(); b++) std::printf(" [%lld, %lld)", (long long)buckets.begin(b), (long long)buckets.end(b));
-    std::printf("\n");
-  }
+  if (run.is_root()) std::printf("%s\n", buckets.describe(bucket_bytes).c_str());
 
   // The lesson, wired in: the model's attention runs on the ring of this rank's CP group.
   std::unique_ptr<RingAttention> ring;
@@ -187,7 +185,7 @@ int train(Communicator& world, TrainConfig& cfg, const ContextFlags& opt, int cp
       model.backward(1.0f / cfg.grad_accum);
     }
 
-    // Most buckets finished while backward ran; wait for the rest.
+    // Most of them finished while backward ran; wait for the rest.
     for (CommHandle& handle : in_flight) handle.wait();
     in_flight.clear();
     buckets.reset();
@@ -210,7 +208,7 @@ int main(int argc, char** argv) {
   auto comm = init_mpi_communicator(&argc, &argv);
   TrainConfig cfg;
   FlagParser flags;
-  ContextFlags opt;
+  Options opt;
   flags.add("--cp", &opt.cp, "ranks in a context-parallel ring (default: 2 on an even rank count, over --ulysses); "
                             "the rest is data-parallel");
   flags.add("--ulysses", &opt.ulysses, "ranks of a Ulysses group inside each ring place: they split its positions "
@@ -218,10 +216,9 @@ int main(int argc, char** argv) {
   flags.add("--cp-split", &opt.split, "which positions a rank holds: zigzag (chunks i and 2cp-1-i, balanced under "
                                       "the causal mask) or contiguous (default: zigzag)", "SPLIT");
   flags.add("--bucket-mb", &opt.bucket_mb, "target bucket size in MB, a bucket holding whole tensors (default: an "
-                                      "eighth of the gradient)");
+                                          "eighth of the gradient)");
   if (!parse_train_flags(argc, argv, "10_context_parallel",
-                         "Chapter 10: context parallelism, ring attention over the sequence, on a DP x CP grid.", flags,
-                         &cfg)) {
+                         "Chapter 10: context parallelism, ring attention over the sequence, on a DP x CP grid.", flags, &cfg)) {
     shutdown_mpi(std::move(comm));
     return 0;
   }

@@ -43,16 +43,18 @@
 #include "comm/comm.h"
 #include "comm/comm_factory.h"
 #include "ops/device.h"
-#include "expert_exchange.h"  // ExpertExchange: the lesson's all-to-alls
-#include "training/expert_report.h"
 #include "training/flags.h"
 #include "ops/memory.h"
 #include "model/model.h"
-#include "model/moe.h"
 #include "ops/ops.h"
 #include "training/optimizer.h"
-#include "comm/process_grid.h"
+#include "parallel/shards.h"
 #include "training/training_run.h"
+
+#include "expert_exchange.h"  // ExpertExchange: the lesson's all-to-alls
+#include "training/expert_report.h"
+#include "model/moe.h"
+#include "comm/process_grid.h"
 
 namespace {
 
@@ -78,17 +80,19 @@ std::vector<Segment> segments_of(const ParamLayout& layout, int64_t begin, int64
 
 }  // namespace
 
-// The chapter's own flags.
-struct ExpertFlags {
-  double bucket_mb = 0, capacity_factor = 0, aux_loss_coef = 0.01;
+// The chapter's own flags (the common ones are TrainConfig's, flags.h).
+struct Options {
+  double bucket_mb = 0;
+  double capacity_factor = 0, aux_loss_coef = 0.01;
   int ep = 1;
 };
 
-int train(Communicator* comm, TrainConfig& cfg, const ExpertFlags& flag) {
-  const int ep = flag.ep;
-  ProcessGrid grid(*comm, grid_shape(comm->size(), /*tp*/ 1, /*pp*/ 1, /*cp*/ 1, ep));
+// The whole run, in a function: the grid's groups must end before MPI does.
+int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
+  const int ep = opt.ep;
+  ProcessGrid grid(world, grid_shape(world.size(), /*tp*/ 1, /*pp*/ 1, /*cp*/ 1, ep));
   // The capacity factor and balance loss the run trains with: the flags', or a resumed checkpoint's.
-  const MoESettings moe{flag.capacity_factor, flag.aux_loss_coef};
+  const MoESettings moe{opt.capacity_factor, opt.aux_loss_coef};
   Parallelism parallelism;  // data parallelism (DP), each rank holding E/ep experts
   // gather_counts, below, runs over everyone: the data-parallel group carries the routing counts.
   parallelism.ep = {ep, grid.ep().rank(), /*replicas*/ 1, /*routing_counts_over_data_group*/ true};
@@ -119,7 +123,7 @@ int train(Communicator* comm, TrainConfig& cfg, const ExpertFlags& flag) {
     exchange.backward(slot, l, dout, drows);
   };
 
-  const double bucket_bytes = cfg.was_given("--bucket-mb") ? flag.bucket_mb * 1e6 : default_bucket_bytes(layout, 4);
+  const double bucket_bytes = cfg.was_given("--bucket-mb") ? opt.bucket_mb * 1e6 : default_bucket_bytes(layout, 4);
   GradientBuckets buckets(layout, bucket_bytes, 4);
   if (run.is_root()) {
     // The world as the experts see it, expert-DP x EP (the rest of the model is data-parallel over all of it).
@@ -135,7 +139,7 @@ int train(Communicator* comm, TrainConfig& cfg, const ExpertFlags& flag) {
                                 " tokens of a global micro-batch").c_str(),
                 model_cfg.aux_loss_coef, buckets.count());
   }
-  const int W = comm->size();
+  const int W = world.size();
   const ExpertTheory theory = expert_theory(layout, model_cfg, W, ep, run.micro_batch_size(), cfg.grad_accum);
 
   // The lesson, 2: when a bucket is final, average its expert ranges over the ranks that hold the
@@ -144,7 +148,7 @@ int train(Communicator* comm, TrainConfig& cfg, const ExpertFlags& flag) {
   std::vector<Segment> expert_segments;
   bool last_micro_batch = false;
   model.hooks.grad_ready = [&](int p) {
-    if (!last_micro_batch) return;  // no_sync (03): gradients are not final until the last micro-batch
+    if (!last_micro_batch) return;  // no_sync: gradients are not final until the last micro-batch
     const int b = buckets.mark_ready(p);
     if (b < 0) return;
     for (const Segment& s : segments_of(layout, buckets.begin(b), buckets.end(b))) {
@@ -175,7 +179,7 @@ int train(Communicator* comm, TrainConfig& cfg, const ExpertFlags& flag) {
       expert_rows.push_back(exchange.expert_rows());
     }
     exchange.release_buffers();
-    const double balance = comm->all_reduce_scalar(aux, ReduceOp::Sum) / W;
+    const double balance = world.all_reduce_scalar(aux, ReduceOp::Sum) / W;
 
     for (CommHandle& handle : in_flight) handle.wait();
     in_flight.clear();
@@ -217,9 +221,9 @@ int main(int argc, char** argv) {
   cfg.preset = "moe-tiny";  // a mixture of experts by default
   cfg.device = "cpu";       // the lesson runs on the CPU; --device cuda moves it, in fp32, to a GPU
   FlagParser flags;
-  ExpertFlags opt;
+  Options opt;
   flags.add("--bucket-mb", &opt.bucket_mb, "target bucket size in MB, a bucket holding whole tensors (default: an "
-                                      "eighth of the gradient)");
+                                          "eighth of the gradient)");
   flags.add("--ep", &opt.ep, "expert-parallel group size: each of its ranks holds E/ep experts of every block; "
                          "the world is expert-DP x EP");
   flags.add("--capacity-factor", &opt.capacity_factor, "an expert takes at most factor x tokens x k / E assignments "
@@ -250,8 +254,8 @@ int main(int argc, char** argv) {
       config_error("--dtype bf16 with a mixture of experts on a GPU: the MoE layer runs in fp32; pass --dtype fp32");
     cfg.dtype = "fp32";
   }
-  comm = communicator_for(device, std::move(comm), cfg.collectives);
-  const int status = train(comm.get(), cfg, opt);  // (every group's communicator is gone after it)
+  comm = communicator_for(pick_device(cfg.device), std::move(comm), cfg.collectives);  // NCCL on GPUs (comm_factory.h)
+  const int status = train(*comm, cfg, opt);
   shutdown_mpi(std::move(comm));
   return status;
 }

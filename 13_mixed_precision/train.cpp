@@ -26,9 +26,9 @@
 //   make precision                                                      # every recipe, a table, plots
 // Output: as 03, plus the recipe, each skipped step with its scale, and a summary of the underflows
 // and overflows per tensor kind and the bytes the formats hold.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <string>
 #include <vector>
 
 #include "parallel/buckets.h"
@@ -40,9 +40,11 @@
 #include "model/model.h"
 #include "ops/ops.h"
 #include "training/optimizer.h"
+#include "parallel/shards.h"
+#include "training/training_run.h"
+
 #include "training/precision_recipe.h"  // PrecisionRecipe, LowPrecisionMatmuls: the products as the format does them
 #include "training/precision_report.h"  // PrecisionFlags, precision_recipe_from_flags, PrecisionLog: flags, records, summary
-#include "training/training_run.h"
 
 // The loss scale of fp16: large enough that small gradients survive the format, halved when a step
 // overflows, doubled after `window` clean steps. A fixed scale (--loss-scale N) never moves.
@@ -62,74 +64,65 @@ struct LossScaler {
   }
 };
 
-int main(int argc, char** argv) {
-  auto comm = init_mpi_communicator(&argc, &argv);
-  TrainConfig cfg;
-  FlagParser flags;
+// The chapter's own flags (the common ones are TrainConfig's, flags.h).
+struct Options {
   double bucket_mb = 0;
-  PrecisionFlags pf;
-  flags.add("--bucket-mb", &bucket_mb, "target bucket size in MB, a bucket holding whole tensors (default: an "
-                                      "eighth of the gradient)");
-  add_precision_flags(flags, &pf);
-  if (!parse_train_flags(argc, argv, "13_mixed_precision",
-                         "Chapter 13: mixed precision (bf16, fp16 with loss scaling, fp8 with scaling) on 03's data parallelism.", flags, &cfg)) {
-    shutdown_mpi(std::move(comm));
-    return 0;
-  }
-  if (cfg.was_given("--bucket-mb") && !(bucket_mb > 0)) config_error("--bucket-mb must be > 0");
-  const PrecisionRecipe recipe = precision_recipe_from_flags(pf, cfg);  // refuses what cannot run, naming the flag
-  comm = communicator_for(pick_device(cfg.device), std::move(comm), cfg.collectives);  // NCCL on GPUs (comm_factory.h)
-  ProcessGrid grid(*comm);  // data parallelism alone: every rank a replica, the world its one group
+  PrecisionFlags precision;  // --precision, --fp8-scaling, --loss-scale, ...
+  PrecisionRecipe recipe;    // what those flags ask for, checked before the grid
+};
+
+// The whole run, in a function: the grid's groups must end before MPI does.
+int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
+  ProcessGrid grid(world);  // data parallelism alone: every rank a replica, the world its one group
   TrainingRun run(grid, cfg, Parallelism{Strategy::DP});
   const Device device = run.device();
-  const DType dtype = run.dtype();
+  const DType dtype = run.dtype();  // fp32, or bf16 mixed precision on GPUs
   const ParamLayout& layout = run.layout();
-  const bool low_precision = recipe.precision != Precision::FP32;
 
   // Every rank holds all parameters, all gradients and the whole optimizer state.
   Buffer params(layout.padded_size, MemCategory::Params, dtype, device);
   Buffer grads(layout.padded_size, MemCategory::Grads, dtype, device);
+  const double bucket_bytes =
+      cfg.was_given("--bucket-mb") ? opt.bucket_mb * 1e6 : default_bucket_bytes(layout, dtype_size(dtype));
+  GradientBuckets buckets(layout, bucket_bytes, dtype_size(dtype));
   AdamW optimizer(layout, ShardPlan::unsharded(layout), cfg.weight_decay, device, dtype);
   GPT2 model(run.model_config(), layout, run.micro_batch_size(), device, dtype);
   model.bind_all(params.data(), grads.data());
+  const int start = run.init_or_resume(params, optimizer);
+
   // The fp32 master copy is `params` itself: AdamW updates it in fp32, checkpoints hold it. The cast
   // to the recipe's format happens where the format matters, as each product reads its weight
   // (LowPrecisionMatmuls), as torch.autocast and Transformer Engine do; layernorm's gains and the
   // biases are read in fp32, and the model state stays 4 + 4 + 8 bytes a parameter.
-  const int start = run.init_or_resume(params, optimizer);
-
+  const PrecisionRecipe& recipe = opt.recipe;
+  const bool low_precision = recipe.precision != Precision::FP32;
   // Every product of the model through the recipe; the amax histories are reduced over the data-
   // parallel ranks (every rank's tensors are a slice of the same global batch's), so every rank takes
   // the same scales. A few scalars a step, sent as the loss is (not the gradient traffic of 03's table).
   LowPrecisionMatmuls products(recipe, params.f32(), grads.f32(), [&](std::vector<float>& amaxes) {
-    for (float& amax : amaxes) amax = float(comm->all_reduce_scalar(amax, ReduceOp::Max));
+    for (float& amax : amaxes) amax = float(world.all_reduce_scalar(amax, ReduceOp::Max));
   });
   products.keep_in_output_format(layout.params[0].offset);  // the LM head (wte, tied) stays in bf16
   if (low_precision) set_cpu_matmul_emulation(&products);
   LossScaler scaler;
   if (recipe.precision == Precision::FP16) {
-    scaler.dynamic = pf.loss_scale == 0;
-    scaler.scale = scaler.dynamic ? float(pf.loss_scale_init) : float(pf.loss_scale);
-    scaler.window = pf.loss_scale_window;
+    scaler.dynamic = opt.precision.loss_scale == 0;
+    scaler.scale = scaler.dynamic ? float(opt.precision.loss_scale_init) : float(opt.precision.loss_scale);
+    scaler.window = opt.precision.loss_scale_window;
   }
-  PrecisionLog log(recipe, run, *comm);
+  PrecisionLog log(recipe, run, world);
   if (run.is_root()) std::printf("precision: %s\n", recipe.describe().c_str());
 
-  const double bucket_bytes = cfg.was_given("--bucket-mb") ? bucket_mb * 1e6 : default_bucket_bytes(layout, dtype_size(dtype));
-  GradientBuckets buckets(layout, bucket_bytes, dtype_size(dtype));
-  if (run.is_root()) {
-    std::printf("%d buckets of about %.3g MB, in the order backward fills them:", buckets.count(), bucket_bytes / 1e6);
-    for (int b = 0; b < buckets.count(); b++) std::printf(" [%lld, %lld)", (long long)buckets.begin(b), (long long)buckets.end(b));
-    std::printf("\n");
-  }
+  if (run.is_root()) std::printf("%s\n", buckets.describe(bucket_bytes).c_str());
 
+  // 03's lesson: when a bucket's last gradient is final, start averaging the whole bucket.
   std::vector<CommHandle> in_flight;
   bool last_micro_batch = false;
   model.hooks.grad_ready = [&](int p) {
     if (!last_micro_batch) return;  // no_sync: gradients are not final until the last micro-batch
     const int b = buckets.mark_ready(p);
     if (b < 0) return;  // the bucket still waits for other gradients
-    in_flight.push_back(comm->all_reduce_async(grads.view().slice1d(buckets.begin(b), buckets.size(b)), ReduceOp::Avg));
+    in_flight.push_back(world.all_reduce_async(grads.view().slice1d(buckets.begin(b), buckets.size(b)), ReduceOp::Avg));
   };
 
   for (int step = start; step < cfg.steps; step++) {
@@ -142,6 +135,8 @@ int main(int argc, char** argv) {
       loss += model.forward(batch.inputs, batch.targets, batch.B) / cfg.grad_accum;
       model.backward(scaler.scale / cfg.grad_accum);  // the loss scale enters at the top of backward
     }
+
+    // Most of them finished while backward ran; wait for the rest.
     for (CommHandle& handle : in_flight) handle.wait();
     in_flight.clear();
     buckets.reset();
@@ -150,15 +145,14 @@ int main(int argc, char** argv) {
     // scale was too large for fp16. Skip the step; every rank decides alike. Elsewhere a non-finite
     // gradient is a diverging run, stopped by end_step as in every chapter.
     const float loss_scale = scaler.scale;  // what backward multiplied by
-    double norm = std::sqrt(sum_of_squares(grads.view()));
-    const bool apply = recipe.precision != Precision::FP16 || scaler.after_backward(!std::isfinite(norm));
-    if (apply) {
-      if (loss_scale != 1) {  // back to the true gradient (exactly: a power of two) before the clip and AdamW
-        scale_inplace(grads.view(), 1.0f / loss_scale);
-        norm = std::sqrt(sum_of_squares(grads.view()));
-      }
-      optimizer.update(params.view(), grads.view(), step + 1, run.lr(step), clip_factor(norm, cfg.grad_clip));
-    }
+    const bool overflowed = !std::isfinite(sum_of_squares(grads.view()));
+    const bool apply = recipe.precision != Precision::FP16 || scaler.after_backward(overflowed);
+    // Back to the true gradient (exactly: a power of two) before the clip and AdamW.
+    if (apply && loss_scale != 1) scale_inplace(grads.view(), 1.0f / loss_scale);
+
+    // Every rank now holds the same full gradient, so its norm is already global.
+    const double norm = std::sqrt(sum_of_squares(grads.view()));
+    if (apply) optimizer.update(params.view(), grads.view(), step + 1, run.lr(step), clip_factor(norm, cfg.grad_clip));
     products.end_step();  // the amax history: this step's amaxes, reduced over the ranks, join it
     log.after_step(step, apply, scaler.scale, products);
     run.end_step(step, loss, apply ? norm : 0.0);
@@ -169,7 +163,26 @@ int main(int argc, char** argv) {
   const GPT2Config& shape = run.model_config();
   log.summary(products, layout.padded_size, shape.L, shape.C, shape.V,
               int64_t(run.micro_batch_size()) * shape.T * cfg.grad_accum, cfg.grad_accum);
-  const int status = run.finish();
+  return run.finish();
+}
+
+int main(int argc, char** argv) {
+  auto comm = init_mpi_communicator(&argc, &argv);
+  TrainConfig cfg;
+  FlagParser flags;
+  Options opt;
+  flags.add("--bucket-mb", &opt.bucket_mb, "target bucket size in MB, a bucket holding whole tensors (default: an "
+                                          "eighth of the gradient)");
+  add_precision_flags(flags, &opt.precision);
+  if (!parse_train_flags(argc, argv, "13_mixed_precision",
+                         "Chapter 13: mixed precision (bf16, fp16 with loss scaling, fp8 with scaling) on 03's data parallelism.", flags, &cfg)) {
+    shutdown_mpi(std::move(comm));
+    return 0;
+  }
+  if (cfg.was_given("--bucket-mb") && !(opt.bucket_mb > 0)) config_error("--bucket-mb must be > 0");
+  opt.recipe = precision_recipe_from_flags(opt.precision, cfg);  // refuses what cannot run, naming the flag
+  comm = communicator_for(pick_device(cfg.device), std::move(comm), cfg.collectives);  // NCCL on GPUs (comm_factory.h)
+  const int status = train(*comm, cfg, opt);
   shutdown_mpi(std::move(comm));
   return status;
 }

@@ -1,6 +1,8 @@
 // buckets.cpp: see buckets.h.
 #include "parallel/buckets.h"
 
+#include <cstdio>
+
 #include "base/check.h"
 
 GradientBuckets::GradientBuckets(const ParamLayout& layout, double bucket_bytes, size_t element_bytes,
@@ -57,4 +59,16 @@ std::vector<FlatRange> GradientBuckets::ranges_in_flat_order() const {
 
 double default_bucket_bytes(const ParamLayout& layout, size_t element_bytes) {
   return double(layout.padded_size) * double(element_bytes) / 8;
+}
+
+std::string GradientBuckets::describe(double bucket_bytes) const {
+  char text[96];
+  std::snprintf(text, sizeof(text), "%d buckets of about %.3g MB, in the order backward fills them:", count(),
+                bucket_bytes / 1e6);
+  std::string out = text;
+  for (int b = 0; b < count(); b++) {
+    std::snprintf(text, sizeof(text), " [%lld, %lld)", (long long)begin(b), (long long)end(b));
+    out += text;
+  }
+  return out;
 }

@@ -10,6 +10,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "model/param_layout.h"
@@ -41,6 +42,9 @@ class GradientBuckets {
   FlatRange range(int b) const { return {begin_[b], end_[b]}; }
   // Every bucket's range in flat order (the reverse of the bucket order), for a ShardPlan.
   std::vector<FlatRange> ranges_in_flat_order() const;
+  // The plan as the chapters print it: "8 buckets of about 1.21 MB, in the order backward fills them:
+  // [2090240, 2420480) ...", bucket_bytes being the target size asked for.
+  std::string describe(double bucket_bytes) const;
 
   // Marks params[param]'s gradient as final. Returns the bucket's index when that completes it
   // (every parameter in it is final), else -1.
