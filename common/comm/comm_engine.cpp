@@ -127,6 +127,7 @@ int ProgressEngine::add_communicator() {
 }
 
 void ProgressEngine::submit(std::unique_ptr<MpiOp> op, double modelled_ms, bool waited_at_once) {
+  bool wake = !waited_at_once;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     const Clock::time_point now = Clock::now();
@@ -140,13 +141,20 @@ void ProgressEngine::submit(std::unique_ptr<MpiOp> op, double modelled_ms, bool 
     op->post_at = std::max(now, lane.free_at) + as_duration(modelled_ms);
     lane.free_at = op->post_at;
     sweeps_[op->lane / 2].op_issued(now);
+    // Whoever drives progress (the thread, or a waiting caller) already wakes by the post time of
+    // every op held before: an op due no earlier than one of those needs no wake-up of its own. In
+    // chapter 02, with a collective per tensor queued on the link, that is most of them, and each
+    // wake-up would take a core from backward.
+    const Clock::time_point due = op->post_at;
+    const bool driven_by_then =
+        std::any_of(held_.begin(), held_.end(), [&](const std::unique_ptr<MpiOp>& h) { return h->post_at <= due; });
     held_.push_back(std::move(op));
-    post_due(now);
+    if (!post_due(now) && driven_by_then) wake = false;
   }
   // The background thread polls what an async op leaves in flight, or posts what the link holds. A
   // blocking call is driven by its own caller from the start: waking the thread would only make it
   // compete with the caller for the core and for MPI.
-  if (!waited_at_once) thread_cv_.notify_one();
+  if (wake) thread_cv_.notify_one();
 }
 
 bool ProgressEngine::post_direct(std::unique_ptr<MpiOp>& op) {
