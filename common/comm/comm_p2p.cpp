@@ -222,11 +222,15 @@ class P2PCollectives : public Communicator {
     trace_hide_waits_of_this_thread(true);
     execute(p, body);
     trace_hide_waits_of_this_thread(waits_hidden);
+    bool queued = false;
     {
       std::lock_guard<std::mutex> lock(mutex_);
       lane_claimed_ = false;
+      queued = !queue_.empty();
     }
-    work_cv_.notify_one();  // a collective queued meanwhile by another thread may run now
+    // A collective queued meanwhile by another thread may run now. Else the worker sleeps on: a
+    // wake-up for nothing would cost more than the collective.
+    if (queued) work_cv_.notify_one();
     return true;
   }
 
