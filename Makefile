@@ -116,7 +116,8 @@ FORCE:
 $(FORMATS_PROGRAM): $(BUILD)/13_mixed_precision/formats.o $(BUILD)/common/ops/float_formats.o
 	$(call say,LINK,$@)$(MPICXX) $(CXXFLAGS) $^ -o $@
 
-$(COLLECTIVES_PROGRAM): $(BUILD)/00_collectives/collectives.o $(LIBCOMMON) $(CHAPTERS_LINKED_FROM)
+$(COLLECTIVES_PROGRAM): $(BUILD)/00_collectives/collectives.o $(BUILD)/00_collectives/communicator_bench.o \
+                        $(LIBCOMMON) $(CHAPTERS_LINKED_FROM)
 	$(call say,LINK,$@)$(MPICXX) $(CXXFLAGS) $(filter-out $(CHAPTERS_LINKED_FROM),$^) -o $@ -pthread
 
 # The CPU kernel lesson: a standalone program (no MPI) whose fastest version is the framework's own
@@ -217,20 +218,18 @@ collectives: ## 00's four algorithms at 2, 4, 8 ranks, 4 B to 64 MB, both links,
 	@$(MAKE) --no-print-directory $(COLLECTIVES_PROGRAM)
 	@scripts/bench/collectives.sh
 
-# The collective benchmark links libcommon.a like a chapter; LINK passes emulated-link flags through.
+# make bench-comm's ranks; LINK passes emulated-link flags through.
 RANKS ?= 2
 LINK  ?=
 # make schedules' ideal panels: each schedule simulated with the same measured pass times.
 $(BUILD)/pipeline_ideal: $(BUILD)/scripts/bench/pipeline_ideal.o $(LIBCOMMON)
 	$(call say,LINK,$@)$(MPICXX) $(CXXFLAGS) $^ -o $@ -pthread
 
-$(BUILD)/comm_bench: $(BUILD)/scripts/bench/comm_bench.o $(LIBCOMMON)
-	$(call say,LINK,$@)$(MPICXX) $(CXXFLAGS) $^ -o $@ -pthread
-
-bench-comm: ## collective benchmark, nccl-tests style: RANKS=2 LINK="--link-gbps 1 --link-latency-us 50"
+# Chapter 00's program with --communicator (00_collectives/communicator_bench.cpp).
+bench-comm: ## our Communicator against raw MPI, nccl-tests style (chapter 00 --communicator): RANKS=2 LINK="--link-gbps 1 --link-latency-us 50"
 	@scripts/setup/ensure_deps.sh
-	@$(MAKE) --no-print-directory $(BUILD)/comm_bench
-	mpiexec -n $(RANKS) $(BUILD)/comm_bench $(LINK)
+	@$(MAKE) --no-print-directory $(COLLECTIVES_PROGRAM)
+	mpiexec -n $(RANKS) ./$(COLLECTIVES_PROGRAM) --communicator --min-bytes 4096 $(LINK)
 
 # A cluster on this machine (docs/cluster.md): network namespaces as nodes, tbf-shaped links, a hostfile.
 NODES ?= 2
@@ -247,7 +246,7 @@ cluster-status: ## the cluster's nodes, addresses, link rates and processes
 cluster-check: all ## every chapter across the nodes (2x1, 2x2) against one host: losses and counters equal (cluster up)
 	@scripts/cluster/cluster_equivalence.sh
 
-cluster-lessons: all $(PLAN) $(BUILD)/comm_bench ## placement (TP inside vs across nodes) and the link model against the shaped link, the planner beside them (cluster up)
+cluster-lessons: all $(PLAN) ## placement (TP inside vs across nodes) and the link model against the shaped link, the planner beside them (cluster up)
 	@scripts/cluster/cluster_lessons.sh
 
 # PyTorch eager next to chapter 01. TORCH_PYTHON: an interpreter that has torch (a venv, say), kept

@@ -54,7 +54,7 @@ $(LIBCOMMON): $(CUDA_OBJ)
 # on the link step (a target-specific variable would otherwise also reach the compiles of the
 # target's prerequisites, where -l flags only draw warnings). A new program that links libcommon.a
 # belongs in this list.
-CUDA_LINKED := $(addsuffix /train,$(CHAPTERS)) $(COLLECTIVES_PROGRAM) $(TEST_BIN) $(BUILD)/matmul_bench $(BUILD)/comm_bench \
+CUDA_LINKED := $(addsuffix /train,$(CHAPTERS)) $(COLLECTIVES_PROGRAM) $(TEST_BIN) $(BUILD)/matmul_bench \
                $(BUILD)/pipeline_ideal $(PLAN) $(BUILD)/kernel_variants $(CONVERT) $(BUILD)/checkpoint_scale
 $(CUDA_LINKED): private CXXFLAGS += $(CUDA_LDFLAGS)
 

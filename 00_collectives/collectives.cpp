@@ -21,6 +21,10 @@
 //   mpiexec -n 4 ./00_collectives/collectives                                 # MPI's shared memory
 //   mpiexec -n 4 ./00_collectives/collectives --link-gbps 10 --link-latency-us 20 # an emulated link
 //   make collectives        # 2, 4 and 8 ranks, both links, then results/collectives.png
+//   mpiexec -n 2 ./00_collectives/collectives --communicator --min-bytes 4096   # make bench-comm
+// With --communicator it times, instead, what every later chapter calls: our Communicator's blocking
+// collectives against raw MPI, and a gradient all-reduced at once, in buckets and per tensor
+// (communicator_bench.cpp).
 // Output: the measured alpha, beta and gamma; per size a row per algorithm: time, algbw, busbw, the
 // model's time and its error, the bytes each rank sent from the counters against the closed forms;
 // then the crossover sizes, measured and predicted.
@@ -42,6 +46,7 @@
 #include "base/output_paths.h"   // run_paths_problem
 #include "comm/p2p_collectives.h"
 #include "comm/trace.h"          // now_ms
+#include "communicator_bench.h"  // --communicator: communicator_tables
 
 namespace {
 
@@ -52,6 +57,7 @@ struct Options {
   std::string json;
   std::string device = "cpu";   // cpu | cuda | auto (device.h, pick_device)
   double budget_mb = 256;       // bytes reduced per size and algorithm, at least 3 calls, at most 50
+  bool communicator = false;    // the Communicator against raw MPI instead (communicator_bench.h)
 };
 
 // The median of a run of timings.
@@ -137,6 +143,8 @@ int main(int argc, char** argv) {
   flags.add("--budget-mb", &opt.budget_mb, "megabytes reduced per size and algorithm: sets the number of calls");
   flags.add("--device", &opt.device, "cpu | cuda | auto: where the buffers live (cuda: NCCL is the library)", "NAME");
   flags.add("--json", &opt.json, "JSON lines output, one record per size and algorithm", "PATH");
+  flags.add_switch("--communicator", &opt.communicator,
+                   "time our Communicator's collectives against raw MPI, and a gradient three ways, instead");
   if (!flags.parse(argc, argv, "Chapter 00: collectives from send and receive, against the alpha-beta model.")) {
     shutdown_mpi(std::move(comm));
     return 0;
@@ -155,6 +163,8 @@ int main(int argc, char** argv) {
     config_error("--link-gbps must be 0 (off) or between 0.001 and 100000");
   if (opt.link_latency_us < 0 || opt.link_latency_us > kMaxLinkLatencyUs)
     config_error("--link-latency-us must be between 0 and 1e6");
+  if (opt.communicator && opt.device != "cpu")
+    config_error("--communicator compares with raw MPI on the CPU: drop --device " + opt.device);
   RunPaths paths;
   paths.json = opt.json;
   const std::string path_problem = run_paths_problem(paths);
@@ -164,6 +174,13 @@ int main(int argc, char** argv) {
   const bool root = comm->rank() == 0;
   JsonLinesWriter json;
   if (root && !opt.json.empty()) json.open(opt.json);
+  if (opt.communicator) {
+    const int64_t wrong = communicator_tables(*comm, opt.min_bytes, opt.max_bytes, json);
+    if (json.is_open()) json.close();
+    comm->set_link_model(LinkModel{});
+    shutdown_mpi(std::move(comm));
+    return wrong == 0 ? 0 : 1;
+  }
 
   // 1. The model's constants, measured on this link.
   const CostModel model = measure_cost_model(*comm);

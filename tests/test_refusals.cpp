@@ -416,6 +416,17 @@ TEST(Refusals, CollectivesOnOneRankHaveNothingToMeasure) {
   EXPECT_EQ(r.output.find("MPI_Abort"), std::string::npos) << r.output;
 }
 
+// Chapter 00's --communicator table compares with raw MPI calls on host memory: on a GPU there is
+// no raw MPI call to compare with, so it is refused before any work, naming the flag.
+TEST(Refusals, TheCommunicatorTableRunsOnTheCpuOnly) {
+  RunResult r = run_command("mpiexec -n 2 ./00_collectives/collectives --communicator --device cuda", 60);
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.exit_code, 124) << r.output;
+  EXPECT_EQ(count(r.output, "error: --communicator compares with raw MPI on the CPU: drop --device cuda"), 1u)
+      << r.output;
+  EXPECT_EQ(r.output.find("Table 1"), std::string::npos) << r.output;
+}
+
 // 08 resumes a checkpoint whose batch its ranks cannot split: the advice names 08's accumulation
 // flag, --micro-batches (08 refuses --grad-accum). The checkpoint is one of a run's middle (after
 // step 0 of 2): a finished run's would be refused first, for having nothing left to resume.

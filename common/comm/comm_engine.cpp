@@ -14,8 +14,12 @@
 //             when nothing changes), so an async collective advances without taking a core.
 //   wait:     the caller drives progress itself: it polls without sleeping, as MPI's own blocking
 //             calls do, while the op could still be moving data at memory speed, then backs off to
-//             sleeping polls (a late peer). The background thread stands aside meanwhile. A small
-//             blocking collective so costs about what raw MPI costs: no thread hand-off on the way.
+//             sleeping polls (a late peer). The background thread stands aside meanwhile.
+//   blocking: an op waited at once (the blocking forms, every step of chapter 00's algorithms) that
+//             the link does not hold skips the engine altogether (post_direct): posted on the
+//             caller's thread, never listed, polled alone by its own wait() without the engine's
+//             mutex. A small message so costs about what raw MPI costs: no hand-off, no list, no
+//             other op's MPI_Test between two of its own. Only its statistics go through the engine.
 // Collectives of one communicator are posted in the order they were issued, the same on every
 // rank, as MPI requires; ops of different communicators are independent.
 //
@@ -123,6 +127,7 @@ int ProgressEngine::add_communicator() {
 }
 
 void ProgressEngine::submit(std::unique_ptr<MpiOp> op, double modelled_ms, bool waited_at_once) {
+  bool wake = !waited_at_once;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     const Clock::time_point now = Clock::now();
@@ -136,16 +141,77 @@ void ProgressEngine::submit(std::unique_ptr<MpiOp> op, double modelled_ms, bool 
     op->post_at = std::max(now, lane.free_at) + as_duration(modelled_ms);
     lane.free_at = op->post_at;
     sweeps_[op->lane / 2].op_issued(now);
+    // Whoever drives progress (the thread, or a waiting caller) already wakes by the post time of
+    // every op held before: an op due no earlier than one of those needs no wake-up of its own. In
+    // chapter 02, with a collective per tensor queued on the link, that is most of them, and each
+    // wake-up would take a core from backward.
+    const Clock::time_point due = op->post_at;
+    const bool driven_by_then =
+        std::any_of(held_.begin(), held_.end(), [&](const std::unique_ptr<MpiOp>& h) { return h->post_at <= due; });
     held_.push_back(std::move(op));
-    post_due(now);
+    if (!post_due(now) && driven_by_then) wake = false;
   }
   // The background thread polls what an async op leaves in flight, or posts what the link holds. A
   // blocking call is driven by its own caller from the start: waking the thread would only make it
   // compete with the caller for the core and for MPI.
-  if (!waited_at_once) thread_cv_.notify_one();
+  if (wake) thread_cv_.notify_one();
+}
+
+bool ProgressEngine::post_direct(std::unique_ptr<MpiOp>& op) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    // A communicator's lanes are a pair (send even, receive odd); only its send lane ever holds.
+    const int send_lane = op->lane & ~1;
+    const auto held_here = [&](const std::unique_ptr<MpiOp>& h) { return (h->lane & ~1) == send_lane; };
+    if (std::any_of(held_.begin(), held_.end(), held_here)) return false;
+    const Clock::time_point now = Clock::now();
+    CommHandle::State& h = *op->handle;
+    op->issued = op->post_at = op->posted = now;
+    h.issued = h.posted_at = now;
+    h.posted = true;
+    h.sweep = op->lane / 2;
+    sweeps_[size_t(h.sweep)].op_issued(now);
+    // Blocking: its caller is blocked from the issue on, as wait_began would say at once.
+    h.blocked = true;
+    blocked_[size_t(h.sweep)].op_issued(now);
+  }
+  op->start(&op->request);
+  CommHandle::State& h = *op->handle;
+  h.direct = std::move(op);
+  return true;
+}
+
+// Polls like wait(): without sleeping while the op could still be moving data, then with sleeps
+// that grow (a late peer), the watchdog watching. Only the bookkeeping at the end takes the mutex.
+void ProgressEngine::wait_direct(CommHandle::State& s) {
+  MpiOp& op = *s.direct;
+  const double timeout_s = g_timeout_s.load();
+  const Clock::duration spin = as_duration(std::max(kSpinMinMs, double(s.payload_bytes) / kSpinBytesPerMs));
+  auto poll = kPollMin;
+  for (int spins = 0;; spins++) {
+    int complete = 0;
+    MPI_CHECK(MPI_Test(&op.request, &complete, MPI_STATUS_IGNORE));
+    if (complete) break;
+    const Clock::time_point now = Clock::now();
+    if (timeout_s > 0 && now - op.posted > as_duration(timeout_s * 1e3)) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      watchdog(op, timeout_s);
+    }
+    if (now - op.posted < spin) {
+      if (spins % kPollsPerYield == kPollsPerYield - 1) std::this_thread::yield();
+      continue;
+    }
+    std::this_thread::sleep_for(poll);
+    poll = std::min(poll + kPollStep, kPollMax);
+  }
+  if (op.finish) op.finish();
+  std::lock_guard<std::mutex> lock(mutex_);
+  complete_op(op);
+  s.direct.reset();  // (it holds a reference to s: the cycle ends here)
 }
 
 void ProgressEngine::wait_began(CommHandle::State& s) {
+  if (s.direct) return;  // blocked since its issue (post_direct)
   std::lock_guard<std::mutex> lock(mutex_);
   if (s.done || s.blocked) return;
   s.blocked = true;
@@ -153,6 +219,7 @@ void ProgressEngine::wait_began(CommHandle::State& s) {
 }
 
 void ProgressEngine::wait(CommHandle::State& s) {
+  if (s.direct) return wait_direct(s);
   std::unique_lock<std::mutex> lock(mutex_);
   if (s.done) return;
   waiters_++;

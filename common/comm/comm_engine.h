@@ -53,6 +53,7 @@ class InFlightSweep {
 };
 
 class ProgressEngine;
+struct MpiOp;
 
 }  // namespace comm_engine
 
@@ -79,6 +80,9 @@ struct CommHandle::State {
   bool blocked = false;     // a caller waits for it (ProgressEngine::wait_began), from before it completed
   double blocked_ms = 0;    // then its share of the union of the link's blocked intervals
   int sweep = 0;            // its link's sweeps (ProgressEngine)
+  // A blocking op posted at once on the caller's thread (ProgressEngine::post_direct): the engine
+  // never lists it, and the caller's wait() polls it alone. Released once it completes.
+  std::unique_ptr<comm_engine::MpiOp> direct;
   // The caller's thread only.
   bool counted = false;  // set by the first wait(), so that waiting twice counts once
 };
@@ -119,6 +123,11 @@ class ProgressEngine {
 
   // Takes `op`, held for `modelled_ms` on its lane; posts it now when it is due now.
   void submit(std::unique_ptr<MpiOp> op, double modelled_ms, bool waited_at_once);
+  // The small-message path: a blocking op that the link would not hold (off, or nothing to hold) is
+  // posted here and now, on the caller's thread, and its wait() polls that one request alone, with
+  // no list, no background thread and no other op's MPI_Test in between. False, and nothing done,
+  // when the link still holds an op of this communicator (posting now would overtake it): submit().
+  bool post_direct(std::unique_ptr<MpiOp>& op);
 
   // The body of CommHandle::wait(): drives progress until the op is done.
   void wait(CommHandle::State& s);
@@ -149,6 +158,7 @@ class ProgressEngine {
   bool post_due(Clock::time_point now);
   Progress progress(Clock::time_point now);
   void complete_op(MpiOp& op);
+  void wait_direct(CommHandle::State& s);
   [[noreturn]] void watchdog(const MpiOp& op, double timeout_s);
   [[noreturn]] void held_watchdog(const MpiOp& op, double timeout_s);
   void thread_main();

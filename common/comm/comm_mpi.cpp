@@ -404,6 +404,8 @@ class MpiCommunicator final : public Communicator {
     // The link model of this moment: link_ belongs to the issuing thread (set_link_model).
     const double link_ms =
         lane == recv_lane_ ? 0.0 : modelled_ms(link_, kind, link_bytes >= 0 ? link_bytes : payload_bytes, size_);
+    // Waited at once and not held by the link: posted here and now (the small-message path).
+    if (issuing_blocking_ && link_ms == 0 && engine_->post_direct(op)) return handle;
     engine_->submit(std::move(op), link_ms, issuing_blocking_);
     return handle;
   }

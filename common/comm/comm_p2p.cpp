@@ -38,6 +38,7 @@ struct Pending {
   int64_t payload_bytes = 0;
   bool on_gpu = false;  // its tensors are CUDA memory: ordered and timed by events (file comment)
   Clock::time_point issued;
+  bool ran_inline = false;  // run on the caller's thread (P2PCollectives::run_inline): blocked from its issue
   // The worker's.
   bool done = false;
   Clock::time_point completed;
@@ -198,8 +199,39 @@ class P2PCollectives : public Communicator {
       CUDA_CHECK(cudaEventRecord(p->ready, cuda::stream()));
     }
 #endif
+    if (!p->on_gpu && issuing_blocking_ && payload_bytes <= kSmallAllReduceBytes && run_inline(*p, body))
+      return CommHandle(std::function<void()>([this, p] { wait_for(p); }));
     post([this, p, body = std::move(body)] { execute(*p, body); });
     return CommHandle(std::function<void()>([this, p] { wait_for(p); }));
+  }
+
+  // The small-message path. A small blocking collective, waited the moment it is issued, runs here
+  // on the caller's thread when the worker is idle with nothing queued: handing it over would cost
+  // two thread wake-ups, more than its messages take. The lane is claimed first, so that the worker
+  // cannot start anything on it meanwhile, and order is kept: nothing issued before is still
+  // pending. False (the worker is busy): it goes the usual way.
+  bool run_inline(Pending& p, const std::function<void()>& body) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (lane_claimed_ || !queue_.empty()) return false;
+      lane_claimed_ = true;
+    }
+    p.ran_inline = true;
+    // Its messages' waits are the caller's wait for the collective (wait_for's span), as on the worker.
+    const bool waits_hidden = trace_waits_hidden_on_this_thread();
+    trace_hide_waits_of_this_thread(true);
+    execute(p, body);
+    trace_hide_waits_of_this_thread(waits_hidden);
+    bool queued = false;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      lane_claimed_ = false;
+      queued = !queue_.empty();
+    }
+    // A collective queued meanwhile by another thread may run now. Else the worker sleeps on: a
+    // wake-up for nothing would cost more than the collective.
+    if (queued) work_cv_.notify_one();
+    return true;
   }
 
   void post(std::function<void()> task) {
@@ -227,12 +259,15 @@ class P2PCollectives : public Communicator {
       std::function<void()> task;
       {
         std::unique_lock<std::mutex> lock(mutex_);
-        work_cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+        work_cv_.wait(lock, [&] { return !lane_claimed_ && (stopping_ || !queue_.empty()); });
         if (queue_.empty()) break;  // stopping, with nothing left
         task = std::move(queue_.front());
         queue_.pop_front();
+        lane_claimed_ = true;
       }
       task();
+      std::lock_guard<std::mutex> lock(mutex_);
+      lane_claimed_ = false;
     }
 #ifdef GPT_WITH_CUDA
     if (stream_) {
@@ -284,7 +319,7 @@ class P2PCollectives : public Communicator {
   // then counts it. The blocked time is exposed communication, as the library's is.
   void wait_for(const std::shared_ptr<Pending>& p) {
     if (p->counted) return;  // waited before: done, and counted
-    const Clock::time_point blocked_from = Clock::now();
+    const Clock::time_point blocked_from = p->ran_inline ? p->issued : Clock::now();
     {
       std::unique_lock<std::mutex> lock(mutex_);
       done_cv_.wait(lock, [&] { return p->done; });
@@ -368,6 +403,7 @@ class P2PCollectives : public Communicator {
   std::condition_variable done_cv_;    // wakes a waiting caller: a collective done
   std::deque<std::function<void()>> queue_;
   bool stopping_ = false;
+  bool lane_claimed_ = false;          // a collective runs on the lane: the worker's, or one run inline
   Clock::time_point last_completed_;  // the worker's: its previous collective's completion
 #ifdef GPT_WITH_CUDA
   int cuda_device_ = -1;               // the caller's device, for the worker; -1 on a CPU communicator

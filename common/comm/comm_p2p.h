@@ -13,7 +13,9 @@
 // queues its collective there and returns at once, and the handle's wait() blocks until the worker
 // has run it. One worker a communicator, first in first out, so that its collectives run in issue
 // order on every rank, as MPI requires; collectives of different groups (DP, TP, the embedding's)
-// run side by side on theirs. While a worker sends and receives on its lane, the caller's thread may
+// run side by side on theirs. A small blocking collective (up to kSmallAllReduceBytes: the norm's
+// and the loss's scalars, a layer's small sums) skips the hand-off: when the worker is idle with
+// nothing queued, the caller runs it on its own thread, claiming the lane so that order holds. While a worker sends and receives on its lane, the caller's thread may
 // exchange its own messages on the inner communicator (a pipeline's activations): MPI is initialised
 // with MPI_THREAD_MULTIPLE (comm.h), the lane is another MPI communicator, and only the worker ever
 // touches it. So the overlap that 02-06 teach holds under these collectives too, and a pipeline's

@@ -109,7 +109,8 @@ namespace {
 thread_local bool t_waits_hidden = false;  // trace_hide_waits_of_this_thread
 }  // namespace
 
-void trace_hide_waits_of_this_thread() { t_waits_hidden = true; }
+void trace_hide_waits_of_this_thread(bool hidden) { t_waits_hidden = hidden; }
+bool trace_waits_hidden_on_this_thread() { return t_waits_hidden; }
 
 void trace_span(Track track, const std::string& name, double start_ms, double end_ms, const std::string& detail,
                 double issued_ms, double link_ms) {

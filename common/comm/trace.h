@@ -27,8 +27,10 @@ void enable_tracing(bool on);
 bool tracing_enabled();
 // For a thread that waits on the caller's behalf (a communicator's worker, comm_p2p.cpp, waiting for
 // the messages of the collective it runs): its waits are not the caller's, so the Wait track leaves
-// them out; the caller's own wait for the collective is recorded where it waits.
-void trace_hide_waits_of_this_thread();
+// them out; the caller's own wait for the collective is recorded where it waits. With false, shown
+// again (a caller that ran a collective in the worker's stead).
+void trace_hide_waits_of_this_thread(bool hidden = true);
+bool trace_waits_hidden_on_this_thread();
 // Records one span [start_ms, end_ms] on `track`. `name` is copied. `detail` (optional) shows in
 // the span's args, e.g. the byte count of a collective; so do, where >= 0, `issued_ms` (when the
 // collective was issued: its span may begin later, the link being busy; on a wait, the issue of the

@@ -77,7 +77,7 @@ Cluster namespaces_cluster(int ranks_per_node) {
   c.gpus_per_node = ranks_per_node;
   c.memory_bytes = memory_per_rank(Device::CPU, ranks_per_node);
   // Inside a node MPICH's shared memory carries the messages (UCX only between nodes). The rate is
-  // measured, not a data sheet's: build/comm_bench, 2 ranks on one host without a link model, our
+  // measured, not a data sheet's: 00_collectives --communicator, 2 ranks on one host without a link model, our
   // all-reduce's busbw from 1 to 16 MiB was 1.7 to 2.8 GB/s on this loaded machine (2 GB/s taken),
   // and its 16 KiB all-reduce, two messages, 11 us (docs/planner.md). --intra-gbps and
   // --intra-latency-us replace it.

@@ -4,7 +4,7 @@
 #  1. Placement, Megatron's rule: at 2 nodes x 2 ranks, 07 (TP 2 x DP 2) and 09 (TP 2 x PP 2) with
 #     the tensor-parallel pairs inside a node (hostfile order, -ppn 2: ranks 0,1 on node0) and across
 #     the nodes (-ppn 1: ranks alternate node0, node1). Average step time and each group's exposed time.
-#  2. The link model against the link: build/comm_bench's all-reduce (the Communicator 03 uses) and
+#  2. The link model against the link: chapter 00's --communicator all-reduce (the Communicator 03 uses) and
 #     08's point-to-point activations at 2 nodes x 1 rank on the shaped link, against the same runs
 #     on one host with --link-gbps GBPS (the model, latency 0), and against the formula.
 #  Beside each measurement, chapter 09's planner's prediction of the same configuration
@@ -105,10 +105,10 @@ if [ -n "$rates4" ]; then
   echo " memory (--inter-gbps ${shm% *}), since its grid always puts TP inside a node.)"
 fi
 
-echo "== 2a. all-reduce (comm_bench, ours), 2 ranks: shaped $gbps Gbit/s link vs --link-gbps $gbps model on one host"
-timeout 600 scripts/cluster/cluster.sh mpiexec -n 2 -ppn 1 build/comm_bench --min-bytes 16384 --max-bytes 16777216 \
+echo "== 2a. all-reduce (00_collectives --communicator, ours), 2 ranks: shaped $gbps Gbit/s link vs --link-gbps $gbps model on one host"
+timeout 600 scripts/cluster/cluster.sh mpiexec -n 2 -ppn 1 ./00_collectives/collectives --communicator --min-bytes 16384 --max-bytes 16777216 \
   --json "$out/allreduce_link.jsonl" >"$out/allreduce_link.log" 2>&1
-timeout 600 mpiexec -n 2 build/comm_bench --min-bytes 16384 --max-bytes 16777216 --link-gbps "$gbps" \
+timeout 600 mpiexec -n 2 ./00_collectives/collectives --communicator --min-bytes 16384 --max-bytes 16777216 --link-gbps "$gbps" \
   --json "$out/allreduce_model.jsonl" >"$out/allreduce_model.log" 2>&1
 python3 - "$out/allreduce_link.jsonl" "$out/allreduce_model.jsonl" "$gbps" <<'EOF'
 import json, sys

@@ -1,15 +1,15 @@
-// comm_bench.cpp: the collective benchmark, in the manner of NVIDIA/nccl-tests, over our Communicator,
-// next to raw MPI.
+// communicator_bench.cpp: chapter 00's second table (--communicator): the communicator every chapter
+// talks to, next to raw MPI, in the manner of NVIDIA/nccl-tests. Defines communicator_tables().
 //
-// Table 1 times all_reduce, reduce_scatter and all_gather for sizes 4 KB to 64 MB, x4 apart, twice:
-// "raw" calls MPI directly (MPI_Allreduce, MPI_Reduce_scatter_block, MPI_Allgather on a copy of
-// MPI_COMM_WORLD), "ours" the blocking forms of common/comm/comm.h, and "x" is ours / raw: what our
-// communicator (its progress engine, counters and checks) costs over MPI itself. Each size runs
-// warm-up iterations, then enough timed iterations to fill about 0.2 s (at least 3, at most 1000).
-// The time is the mean per call, averaged over ranks. One extra call per size, in which rank r
-// contributes r+1, checks ours exactly: "#wrong" counts wrong elements over all ranks (0 expected).
-// With an emulated link (--link-gbps, --link-latency-us) the raw calls sleep out the same modelled
-// time after MPI returns, so that "x" still compares the mechanics.
+// Table 1 times all_reduce, reduce_scatter and all_gather, sizes x4 apart, twice: "raw" calls MPI
+// directly (MPI_Allreduce, MPI_Reduce_scatter_block, MPI_Allgather on a copy of MPI_COMM_WORLD),
+// "ours" the blocking forms of common/comm/comm.h, and "x" is ours / raw: what our communicator (its
+// progress engine, counters and checks) costs over MPI itself. Each size runs warm-up iterations, then
+// enough timed iterations to fill about 0.2 s (at least 3, at most 1000). The time is the mean per
+// call, averaged over ranks. One extra call per size, in which rank r contributes r+1, checks ours
+// exactly: "#wrong" counts wrong elements over all ranks (0 expected). With an emulated link
+// (--link-gbps, --link-latency-us) the raw calls sleep out the same modelled time after MPI returns,
+// so that "x" still compares the mechanics.
 //
 // How to read the columns (as nccl-tests defines them; bytes = the full size, for reduce_scatter
 // the whole input, for all_gather the whole output):
@@ -39,11 +39,8 @@
 // MPI progresses collectives posted together concurrently through shared memory, where a real (or
 // emulated) link carries one at a time. Run it with --link-gbps 0.5 --link-latency-us 50 to see it.
 // All three use ReduceOp::Sum; the chapters use Avg, which adds a scaling pass.
-//
-// Build and run (RANKS defaults to 2; LINK is passed through):
-//   make bench-comm
-//   make bench-comm RANKS=4 LINK="--link-gbps 1 --link-latency-us 50"
-//   mpiexec -n 2 build/comm_bench --link-gbps 0.5 --json results/comm_bench.jsonl
+#include "communicator_bench.h"
+
 #include <mpi.h>  // the raw baselines of tables 1 and 2 only
 
 #include <algorithm>
@@ -54,15 +51,12 @@
 #include <thread>
 #include <vector>
 
-#include "parallel/buckets.h"
 #include "base/check.h"
-#include "comm/comm.h"
-#include "training/flags.h"
-#include "ops/memory.h"
-#include "base/metrics.h"
+#include "comm/trace.h"  // now_ms()
 #include "model/model_config.h"
 #include "model/param_layout.h"
-#include "comm/trace.h"  // now_ms()
+#include "ops/memory.h"
+#include "parallel/buckets.h"
 
 namespace {
 
@@ -72,13 +66,6 @@ constexpr int kMinIters = 3;
 constexpr int kMaxIters = 1000;
 constexpr double kBucketBytes = 0.125e6;  // chapter 03's default --bucket-mb
 
-struct Options {
-  int64_t min_bytes = 4 << 10;
-  int64_t max_bytes = 64 << 20;
-  double link_gbps = 0;
-  double link_latency_us = 0;
-  std::string json;
-};
 
 // Runs `iteration` (one or more collectives, identical on every rank) kWarmupIters times, then times
 // it; returns the mean milliseconds per iteration, averaged over ranks. The number of timed
@@ -110,7 +97,7 @@ void run_collective(Communicator& comm, CollectiveKind kind, const Tensor& send,
       comm.reduce_scatter(send.slice1d(0, count), recv.slice1d(0, chunk), ReduceOp::Sum);
       break;
     case CollectiveKind::AllGather: comm.all_gather(send.slice1d(0, chunk), recv.slice1d(0, count)); break;
-    default: ENSURE(false, "comm_bench times all_reduce, reduce_scatter and all_gather only");
+    default: ENSURE(false, "the --communicator table times all_reduce, reduce_scatter and all_gather only");
   }
 }
 
@@ -131,7 +118,7 @@ void run_raw(MPI_Comm raw, const LinkModel& link, CollectiveKind kind, const Ten
     case CollectiveKind::AllGather:
       MPI_CHECK(MPI_Allgather(send.f32(), chunk, MPI_FLOAT, recv.f32(), chunk, MPI_FLOAT, raw));
       break;
-    default: ENSURE(false, "comm_bench times all_reduce, reduce_scatter and all_gather only");
+    default: ENSURE(false, "the --communicator table times all_reduce, reduce_scatter and all_gather only");
   }
   const double link_ms = modelled_ms(link, kind, count * 4, n);
   if (link_ms > 0)
@@ -175,13 +162,13 @@ std::string centered(const std::string& label, int width) {
 }
 
 // Returns the number of wrong elements found over the whole table.
-int64_t collective_table(Communicator& comm, const Options& opt, JsonLinesWriter& json) {
+int64_t collective_table(Communicator& comm, int64_t min_bytes, int64_t max_bytes, JsonLinesWriter& json) {
   const int n = comm.size();
   const CollectiveKind kinds[] = {CollectiveKind::AllReduce, CollectiveKind::ReduceScatter,
                                   CollectiveKind::AllGather};
   // Allocated once at the largest size; every size uses a prefix of them.
-  Buffer send(opt.max_bytes / 4, MemCategory::CommBuffers);
-  Buffer recv(opt.max_bytes / 4, MemCategory::CommBuffers);
+  Buffer send(max_bytes / 4, MemCategory::CommBuffers);
+  Buffer recv(max_bytes / 4, MemCategory::CommBuffers);
   const bool root = comm.rank() == 0;
   MPI_Comm raw = MPI_COMM_NULL;
   MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &raw));
@@ -201,11 +188,12 @@ int64_t collective_table(Communicator& comm, const Options& opt, JsonLinesWriter
   int64_t total_wrong = 0;
   double busbw_sum = 0;
   int busbw_count = 0;
-  for (int64_t size = opt.min_bytes; size <= opt.max_bytes; size *= 4) {
+  for (int64_t size = min_bytes; size <= max_bytes; size *= 4) {
     // Rounded down to whole floats that divide among the ranks (4 KB is 1024 floats: 3 ranks get
     // 341 each), and the table prints the bytes actually moved.
     const int64_t count = size / 4 / n * n;
     const int64_t bytes = count * 4;
+    if (count == 0) continue;  // less than a float per rank
     if (root) std::printf("  %10lld %12lld", (long long)bytes, (long long)count);
     for (CollectiveKind kind : kinds) {
       const Tensor s = send.view(), r = recv.view();
@@ -340,48 +328,24 @@ void gradient_table(Communicator& comm, JsonLinesWriter& json) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
-  auto comm = init_mpi_communicator(&argc, &argv);
-  Options opt;
-  FlagParser flags;
-  flags.add("--min-bytes", &opt.min_bytes, "smallest size of table 1, in bytes");
-  flags.add("--max-bytes", &opt.max_bytes, "largest size of table 1, in bytes (sizes grow x4)");
-  flags.add("--link-gbps", &opt.link_gbps, "emulate an interconnect of this many Gbit/s; 0 = off");
-  flags.add("--link-latency-us", &opt.link_latency_us, "latency of the emulated link per message, in microseconds");
-  flags.add("--json", &opt.json, "also write every row as JSON lines to PATH (rank 0)", "PATH");
-  if (!flags.parse(argc, argv, "comm_bench: collective benchmark over our Communicator (nccl-tests style).\n")) {
-    shutdown_mpi(std::move(comm));
-    return 0;
-  }
-  if (opt.min_bytes < 4 || opt.min_bytes > opt.max_bytes)
-    config_error("need 4 <= --min-bytes <= --max-bytes (got " + std::to_string(opt.min_bytes) + " and " +
-                 std::to_string(opt.max_bytes) + ")");
-  if (opt.max_bytes / 4 / comm->size() < 1)
-    config_error("--max-bytes must hold at least one float per rank (" + std::to_string(4 * comm->size()) + " bytes)");
-  if (opt.link_gbps < 0) config_error("--link-gbps must be >= 0 (0 = no emulated link)");
-  if (opt.link_latency_us < 0) config_error("--link-latency-us must be >= 0");
-  comm->set_link_model({opt.link_gbps, opt.link_latency_us});
-
-  JsonLinesWriter json;
-  if (comm->rank() == 0) {
-    if (!opt.json.empty()) json.open(opt.json);
+int64_t communicator_tables(Communicator& comm, int64_t min_bytes, int64_t max_bytes, JsonLinesWriter& json) {
+  if (comm.rank() == 0) {
     char version[MPI_MAX_LIBRARY_VERSION_STRING];
     int length = 0;
     MPI_CHECK(MPI_Get_library_version(version, &length));
     std::string library(version, length);
     library = library.substr(0, library.find('\n'));
-    std::printf("# comm_bench: %d ranks, our Communicator (progress engine) over %s\n", comm->size(), library.c_str());
-    if (opt.link_gbps > 0 || opt.link_latency_us > 0)
+    std::printf("# %d ranks, our Communicator (progress engine) over %s\n", comm.size(), library.c_str());
+    const LinkModel link = comm.link_model();
+    if (link.on())
       std::printf("# emulated link: %.3g Gbit/s = %.4g GB/s, %.3g us latency: busbw approaches %.4g GB/s\n",
-                  opt.link_gbps, opt.link_gbps / 8, opt.link_latency_us, opt.link_gbps / 8);
+                  link.gbps, link.gbps / 8, link.latency_us, link.gbps / 8);
     else
       std::printf("# no emulated link: ranks exchange through shared memory (--link-gbps G to emulate one)\n");
     std::printf("# time = mean per call over %d..%d timed calls after %d warm-up calls, averaged over ranks\n",
                 kMinIters, kMaxIters, kWarmupIters);
   }
-  const int64_t wrong = collective_table(*comm, opt, json);
-  gradient_table(*comm, json);
-  json.close();
-  shutdown_mpi(std::move(comm));
-  return wrong == 0 ? 0 : 1;
+  const int64_t wrong = collective_table(comm, min_bytes, max_bytes, json);
+  gradient_table(comm, json);
+  return wrong;
 }
