@@ -42,6 +42,7 @@
 #include "training/optimizer.h"
 #include "training/precision_recipe.h"  // PrecisionRecipe, LowPrecisionMatmuls: the products as the format does them
 #include "training/precision_report.h"  // PrecisionFlags, precision_recipe_from_flags, PrecisionLog: flags, records, summary
+#include "training/precision_state.h"   // save_precision_state, load_precision_state: the scale beside a checkpoint
 #include "training/training_run.h"
 
 // The loss scale of fp16: large enough that small gradients survive the format, halved when a step
@@ -112,6 +113,10 @@ int main(int argc, char** argv) {
     scaler.scale = scaler.dynamic ? float(pf.loss_scale_init) : float(pf.loss_scale);
     scaler.window = pf.loss_scale_window;
   }
+  // A resumed run continues with the loss scale and amax histories the uninterrupted one had: they
+  // live beside the checkpoint (PATH.precision), as the weights live in it.
+  if (low_precision && !cfg.resume.empty())
+    load_precision_state(cfg.resume, recipe, &scaler.scale, &scaler.clean_steps, products, layout, *comm);
   PrecisionLog log(recipe, run, *comm);
   if (run.is_root()) std::printf("precision: %s\n", recipe.describe().c_str());
 
@@ -162,7 +167,12 @@ int main(int argc, char** argv) {
     products.end_step();  // the amax history: this step's amaxes, reduced over the ranks, join it
     log.after_step(step, apply, scaler.scale, products);
     run.end_step(step, loss, apply ? norm : 0.0);
-    if (run.checkpoint_due(step)) run.save_checkpoint(step + 1, params, optimizer);
+    if (run.checkpoint_due(step)) {
+      run.save_checkpoint(step + 1, params, optimizer);
+      if (low_precision)
+        save_precision_state(checkpoint_path(cfg.save, step + 1), recipe, scaler.scale, scaler.clean_steps, products,
+                             layout, *comm);
+    }
     if (run.stopping()) break;  // Ctrl-C or a diverging loss: every rank agreed to stop here
   }
   set_cpu_matmul_emulation(nullptr);

@@ -100,8 +100,8 @@ TEST(PrecisionChapters, AnyGridEqualsOneRankWithinTheFormat) {
 }
 
 TEST(PrecisionChapters, AResumedRunKeepsTheLossScaleAndTheAmaxHistories) {
-  // fp16 from 2^30 with a window of 2 (the scale moves every step), and delayed fp8 on a pipeline
-  // (each stage's histories): the run that saved half-way is the uninterrupted
+  // fp16 from 2^30 with a window of 2 (the scale moves every step), in 03 and in chapter 13's own
+  // lines, and delayed fp8 on a pipeline (each stage's histories): the run that saved half-way is the uninterrupted
   // one, and the resumed run must continue its losses and loss scales exactly. Without the saved
   // state, fp16 would start again from 2^30 and skip steps the uninterrupted run did not.
   struct Case {
@@ -111,7 +111,9 @@ TEST(PrecisionChapters, AResumedRunKeepsTheLossScaleAndTheAmaxHistories) {
   };
   const std::string dir = temp_dir();
   const Case cases[] = {{"03_bucket_dp", 2, "--precision fp16 --loss-scale-init 1073741824 --loss-scale-window 2", "/c{step}.bin"},
-                        {"08_pipeline", 2, "--precision fp8 --fp8-scaling delayed --pp 2", "/d{step}/"}};
+                        {"08_pipeline", 2, "--precision fp8 --fp8-scaling delayed --pp 2", "/d{step}/"},
+                        {"13_mixed_precision", 1, "--precision fp16 --loss-scale-init 1073741824 --loss-scale-window 2",
+                         "/m{step}.bin"}};
   for (const Case& c : cases) {
     const std::string full = dir + "/full_" + c.chapter + ".jsonl", resumed = dir + "/resumed_" + c.chapter + ".jsonl";
     RunResult a = run_trainer(c.chapter, c.ranks,

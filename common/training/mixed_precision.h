@@ -19,11 +19,9 @@
 #include "training/precision_flags.h"
 #include "training/precision_recipe.h"
 #include "training/precision_report.h"  // PrecisionLog
+#include "training/precision_state.h"   // save_precision_state, load_precision_state
 
 class TrainingRun;
-
-// "ckpt.bin" -> "ckpt.bin.precision", a sharded folder "dir/" -> "dir.precision".
-std::string precision_state_path(const std::string& checkpoint);
 
 class MixedPrecision {
  public:
@@ -45,8 +43,8 @@ class MixedPrecision {
   // Checkpoints (collective, every rank): the loss scale, its clean steps and the delayed amax
   // histories go to a small text file beside the checkpoint (precision_state_path), every stage's
   // histories by parameter name, so that a resumed run (on any grid) continues with the scales the
-  // uninterrupted one would have. load() of a file that is absent, or of another recipe, keeps the
-  // fresh state and says so.
+  // uninterrupted one would have (precision_state.h). load() of a file that is absent, or of another
+  // recipe, keeps the fresh state and says so.
   void save(const std::string& checkpoint, const ParamLayout& layout, Communicator& world) const;
   void load(const std::string& checkpoint, const ParamLayout& layout, Communicator& world);
   // Rank 0 prints the underflows and overflows per tensor kind and the operands' bytes against their
