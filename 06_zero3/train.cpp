@@ -35,6 +35,7 @@
 #include "ops/device.h"
 #include "training/flags.h"
 #include "parallel/layer_grads.h"
+#include "parallel/weight_gather.h"  // gather_unit_async: a layer in the recipe's formats (fp32: as it is)
 #include "ops/memory.h"
 #include "base/metrics.h"
 #include "model/model.h"
@@ -82,7 +83,7 @@ int main(int argc, char** argv) {
     if (u < 0 || u > head || gathered.count(u)) return;
     Gathered& g = gathered[u];
     g.params = Buffer(layout.unit_size(u), MemCategory::CommBuffers, dtype, device);
-    g.handle = comm->all_gather_async(shard.piece_of_shard(param_shard.view(), u), g.params.view());
+    g.handle = gather_unit_async(*comm, layout, u, shard.piece_of_shard(param_shard.view(), u), g.params.view());
     gathered_now += layout.unit_size(u);
     gathered_peak = std::max(gathered_peak, gathered_now);
   };

@@ -34,8 +34,10 @@
 #include "parallel/buckets.h"
 #include "comm/comm.h"
 #include "comm/comm_factory.h"
+#include "comm/wire_format.h"  // the gradients travel in the recipe's format
 #include "ops/device.h"
 #include "training/flags.h"
+#include "training/mixed_precision.h"  // collective_formats_of: which format each collective moves
 #include "ops/memory.h"
 #include "model/model.h"
 #include "ops/ops.h"
@@ -107,6 +109,9 @@ int main(int argc, char** argv) {
   });
   products.keep_in_output_format(layout.params[0].offset);  // the LM head (wte, tied) stays in bf16
   if (low_precision) set_cpu_matmul_emulation(&products);
+  // The gradients' all-reduce moves the layer's dtype too (bf16; fp16 under fp16, already multiplied
+  // by the loss scale: backward started from the scaled loss), half of fp32's bytes.
+  set_collective_formats(collective_formats_of(recipe, 1.0f));
   LossScaler scaler;
   if (recipe.precision == Precision::FP16) {
     scaler.dynamic = pf.loss_scale == 0;
@@ -134,7 +139,8 @@ int main(int argc, char** argv) {
     if (!last_micro_batch) return;  // no_sync: gradients are not final until the last micro-batch
     const int b = buckets.mark_ready(p);
     if (b < 0) return;  // the bucket still waits for other gradients
-    in_flight.push_back(comm->all_reduce_async(grads.view().slice1d(buckets.begin(b), buckets.size(b)), ReduceOp::Avg));
+    in_flight.push_back(wire_all_reduce_async(*comm, grads.view().slice1d(buckets.begin(b), buckets.size(b)), ReduceOp::Avg,
+                                              collective_formats().gradients));
   };
 
   for (int step = start; step < cfg.steps; step++) {
@@ -176,6 +182,7 @@ int main(int argc, char** argv) {
     if (run.stopping()) break;  // Ctrl-C or a diverging loss: every rank agreed to stop here
   }
   set_cpu_matmul_emulation(nullptr);
+  set_collective_formats({});
   const GPT2Config& shape = run.model_config();
   log.summary(products, layout.padded_size, shape.L, shape.C, shape.V,
               int64_t(run.micro_batch_size()) * shape.T * cfg.grad_accum, cfg.grad_accum);

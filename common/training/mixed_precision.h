@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "comm/comm.h"
+#include "comm/wire_format.h"  // CollectiveFormats
 #include "model/param_layout.h"
 #include "training/precision_flags.h"
 #include "training/precision_recipe.h"
@@ -22,6 +23,16 @@
 #include "training/precision_state.h"   // save_precision_state, load_precision_state
 
 class TrainingRun;
+
+// The formats the recipe's collectives take (wire_format.h), for gradients whose loss scale, if any,
+// is `gradient_scale` (chapters 01-12 under fp16: the scale sits at the products and the gradient
+// buffer holds unscaled values, so the wire multiplies them by it again; 13 scales the loss itself
+// and passes 1). fp32: fp32 everywhere. Gradients: bf16, fp16 under fp16 (the layer's dtype: fp8
+// reduces in bf16, as DeepSeek-V3 and torchtitan do). Activations: the layer's dtype. ZeRO-3's
+// weights: the products' format, fp8 (E4M3) with a per-tensor scale where the recipe scales per
+// tensor (current, delayed; none: scale 1), bf16 under row and block scaling (a gathered weight
+// quantized with one scale per tensor would be coarser than its rows' or blocks' own).
+CollectiveFormats collective_formats_of(const PrecisionRecipe& recipe, float gradient_scale);
 
 class MixedPrecision {
  public:
