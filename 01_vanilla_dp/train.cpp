@@ -29,6 +29,7 @@
 
 #include "comm/comm.h"
 #include "comm/comm_factory.h"
+#include "comm/wire_format.h"  // the gradients in the recipe's format (fp32: as they are)
 #include "ops/device.h"
 #include "training/flags.h"
 #include "ops/memory.h"
@@ -69,7 +70,7 @@ int train(Communicator& world, TrainConfig& cfg, const Options&) {
     }
 
     // The lesson: one blocking all-reduce averages every gradient over the ranks, after backward.
-    world.all_reduce(grads.view(), ReduceOp::Avg);
+    wire_all_reduce(world, grads.view(), ReduceOp::Avg, collective_formats().gradients);
 
     // Every rank now holds the same full gradient, so its norm is already global.
     const double norm = std::sqrt(sum_of_squares(grads.view()));

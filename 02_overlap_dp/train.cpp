@@ -28,6 +28,7 @@
 
 #include "comm/comm.h"
 #include "comm/comm_factory.h"
+#include "comm/wire_format.h"  // the gradients in the recipe's format (fp32: as they are)
 #include "ops/device.h"
 #include "training/flags.h"
 #include "ops/memory.h"
@@ -63,7 +64,8 @@ int train(Communicator& world, TrainConfig& cfg, const Options&) {
   model.hooks.grad_ready = [&](int p) {
     if (!last_micro_batch) return;  // no_sync: gradients are not final until the last micro-batch
     const ParamInfo& info = layout.params[p];
-    in_flight.push_back(world.all_reduce_async(grads.view().slice1d(info.offset, info.size), ReduceOp::Avg));
+    in_flight.push_back(wire_all_reduce_async(world, grads.view().slice1d(info.offset, info.size), ReduceOp::Avg,
+                                              collective_formats().gradients));
   };
 
   for (int step = start; step < cfg.steps; step++) {

@@ -37,6 +37,7 @@
 #include "parallel/buckets.h"
 #include "comm/comm.h"
 #include "comm/comm_factory.h"
+#include "comm/wire_format.h"  // the gradients in the recipe's format (fp32: as they are)
 #include "ops/device.h"
 #include "training/flags.h"
 #include "ops/memory.h"
@@ -85,8 +86,9 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
     const int b = buckets.mark_ready(p);
     if (b < 0) return;  // the bucket still waits for other gradients
     const int i = shard.range_index(buckets.begin(b));
-    in_flight.push_back(world.reduce_scatter_async(grads.view().slice1d(buckets.begin(b), buckets.size(b)),
-                                                   shard.piece_of_shard(grad_shard.view(), i), ReduceOp::Avg));
+    in_flight.push_back(wire_reduce_scatter_async(world, grads.view().slice1d(buckets.begin(b), buckets.size(b)),
+                                                  shard.piece_of_shard(grad_shard.view(), i), ReduceOp::Avg,
+                                                  collective_formats().gradients));
   };
 
   for (int step = start; step < cfg.steps; step++) {

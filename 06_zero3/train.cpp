@@ -34,6 +34,7 @@
 #include "comm/comm_factory.h"
 #include "ops/device.h"
 #include "training/flags.h"
+#include "parallel/weight_gather.h"  // gather_unit_async: a layer in the recipe's formats (fp32: as it is)
 #include "ops/memory.h"
 #include "model/model.h"
 #include "ops/ops.h"
@@ -79,7 +80,7 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
     if (u < 0 || u > head || gathered.count(u)) return;
     Gathered& g = gathered[u];
     g.params = Buffer(layout.unit_size(u), MemCategory::CommBuffers, dtype, device);
-    g.handle = world.all_gather_async(shard.piece_of_shard(param_shard.view(), u), g.params.view());
+    g.handle = gather_unit_async(world, layout, u, shard.piece_of_shard(param_shard.view(), u), g.params.view());
     gathered_now += layout.unit_size(u);
     gathered_peak = std::max(gathered_peak, gathered_now);
   };

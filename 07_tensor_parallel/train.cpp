@@ -48,6 +48,7 @@
 #include "parallel/buckets.h"
 #include "comm/comm.h"
 #include "comm/comm_factory.h"
+#include "comm/wire_format.h"  // activations and gradients in the recipe's formats (fp32: as they are)
 #include "ops/device.h"
 #include "training/flags.h"
 #include "ops/memory.h"
@@ -113,24 +114,26 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
     // Without sequence parallelism every rank holds all rows: local and full are the same tensor.
     model.tp_hooks.f_forward = [](Tensor, Tensor) { return CommHandle(); };  // identity
     model.tp_hooks.f_backward = [&](Tensor full, Tensor) {                   // sum the input's gradient
-      return started(tp_group.all_reduce_async(full, ReduceOp::Sum));
+      return started(wire_all_reduce_async(tp_group, full, ReduceOp::Sum, collective_formats().gradients));
     };
     model.tp_hooks.g_forward = [&](Tensor partial, Tensor) {  // sum the partial outputs
-      return tp_group.all_reduce_async(partial, ReduceOp::Sum);
+      return wire_all_reduce_async(tp_group, partial, ReduceOp::Sum, collective_formats().activations);
     };
     model.tp_hooks.g_backward = [](Tensor, Tensor) { return CommHandle(); };  // identity
   } else {
     // With it, each all-reduce is split in its two halves, on either side of the row-wise work.
     model.tp_hooks.f_forward = [&](Tensor local, Tensor full) {  // gather all rows
-      return started(tp_group.all_gather_async(local, full));
+      return started(wire_all_gather_async(tp_group, local, full, collective_formats().activations));
     };
     model.tp_hooks.f_backward = [&](Tensor full, Tensor local) {  // sum, keep this rank's rows
-      return started(tp_group.reduce_scatter_async(full, local, ReduceOp::Sum));
+      return started(wire_reduce_scatter_async(tp_group, full, local, ReduceOp::Sum, collective_formats().gradients));
     };
     model.tp_hooks.g_forward = [&](Tensor partial, Tensor local) {
-      return tp_group.reduce_scatter_async(partial, local, ReduceOp::Sum);
+      return wire_reduce_scatter_async(tp_group, partial, local, ReduceOp::Sum, collective_formats().activations);
     };
-    model.tp_hooks.g_backward = [&](Tensor local, Tensor full) { return tp_group.all_gather_async(local, full); };
+    model.tp_hooks.g_backward = [&](Tensor local, Tensor full) {
+      return wire_all_gather_async(tp_group, local, full, collective_formats().gradients);
+    };
   }
   model.tp_hooks.vocab_all_reduce = [&](Tensor values, ReduceOp op) { tp_group.all_reduce(values, op); };
 

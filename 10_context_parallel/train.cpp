@@ -56,6 +56,7 @@
 #include "parallel/buckets.h"
 #include "comm/comm.h"
 #include "comm/comm_factory.h"
+#include "comm/wire_format.h"  // the gradients in the recipe's format (fp32: as they are)
 #include "ops/device.h"
 #include "training/flags.h"
 #include "ops/memory.h"
@@ -159,7 +160,8 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt, int cp, Con
     if (!last_micro_batch) return;  // no_sync: gradients are not final until the last micro-batch
     const int b = buckets.mark_ready(p);
     if (b < 0) return;  // the bucket still waits for other gradients
-    in_flight.push_back(replicas.all_reduce_async(grads.view().slice1d(buckets.begin(b), buckets.size(b)), ReduceOp::Avg));
+    in_flight.push_back(wire_all_reduce_async(replicas, grads.view().slice1d(buckets.begin(b), buckets.size(b)),
+                                              ReduceOp::Avg, collective_formats().gradients));
   };
 
   // This rank's positions of each micro-batch's sequences.

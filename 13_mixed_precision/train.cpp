@@ -34,8 +34,10 @@
 #include "parallel/buckets.h"
 #include "comm/comm.h"
 #include "comm/comm_factory.h"
+#include "comm/wire_format.h"  // the gradients travel in the recipe's format
 #include "ops/device.h"
 #include "training/flags.h"
+#include "training/mixed_precision.h"  // collective_formats_of: which format each collective moves
 #include "ops/memory.h"
 #include "model/model.h"
 #include "ops/ops.h"
@@ -45,6 +47,7 @@
 
 #include "training/precision_recipe.h"  // PrecisionRecipe, LowPrecisionMatmuls: the products as the format does them
 #include "training/precision_report.h"  // PrecisionFlags, precision_recipe_from_flags, PrecisionLog: flags, records, summary
+#include "training/precision_state.h"   // save_precision_state, load_precision_state: the scale beside a checkpoint
 
 // The loss scale of fp16: large enough that small gradients survive the format, halved when a step
 // overflows, doubled after `window` clean steps. A fixed scale (--loss-scale N) never moves.
@@ -104,12 +107,19 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
   });
   products.keep_in_output_format(layout.params[0].offset);  // the LM head (wte, tied) stays in bf16
   if (low_precision) set_cpu_matmul_emulation(&products);
+  // The gradients' all-reduce moves the layer's dtype too (bf16; fp16 under fp16, already multiplied
+  // by the loss scale: backward started from the scaled loss), half of fp32's bytes.
+  set_collective_formats(collective_formats_of(recipe, 1.0f));
   LossScaler scaler;
   if (recipe.precision == Precision::FP16) {
     scaler.dynamic = opt.precision.loss_scale == 0;
     scaler.scale = scaler.dynamic ? float(opt.precision.loss_scale_init) : float(opt.precision.loss_scale);
     scaler.window = opt.precision.loss_scale_window;
   }
+  // A resumed run continues with the loss scale and amax histories the uninterrupted one had: they
+  // live beside the checkpoint (PATH.precision), as the weights live in it.
+  if (low_precision && !cfg.resume.empty())
+    load_precision_state(cfg.resume, recipe, &scaler.scale, &scaler.clean_steps, products, layout, world);
   PrecisionLog log(recipe, run, world);
   if (run.is_root()) std::printf("precision: %s\n", recipe.describe().c_str());
 
@@ -122,7 +132,8 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
     if (!last_micro_batch) return;  // no_sync: gradients are not final until the last micro-batch
     const int b = buckets.mark_ready(p);
     if (b < 0) return;  // the bucket still waits for other gradients
-    in_flight.push_back(world.all_reduce_async(grads.view().slice1d(buckets.begin(b), buckets.size(b)), ReduceOp::Avg));
+    in_flight.push_back(wire_all_reduce_async(world, grads.view().slice1d(buckets.begin(b), buckets.size(b)), ReduceOp::Avg,
+                                              collective_formats().gradients));
   };
 
   for (int step = start; step < cfg.steps; step++) {
@@ -156,10 +167,16 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
     products.end_step();  // the amax history: this step's amaxes, reduced over the ranks, join it
     log.after_step(step, apply, scaler.scale, products);
     run.end_step(step, loss, apply ? norm : 0.0);
-    if (run.checkpoint_due(step)) run.save_checkpoint(step + 1, params, optimizer);
+    if (run.checkpoint_due(step)) {
+      run.save_checkpoint(step + 1, params, optimizer);
+      if (low_precision)
+        save_precision_state(checkpoint_path(cfg.save, step + 1), recipe, scaler.scale, scaler.clean_steps, products,
+                             layout, *comm);
+    }
     if (run.stopping()) break;  // Ctrl-C or a diverging loss: every rank agreed to stop here
   }
   set_cpu_matmul_emulation(nullptr);
+  set_collective_formats({});
   const GPT2Config& shape = run.model_config();
   log.summary(products, layout.padded_size, shape.L, shape.C, shape.V,
               int64_t(run.micro_batch_size()) * shape.T * cfg.grad_accum, cfg.grad_accum);

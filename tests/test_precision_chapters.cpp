@@ -7,6 +7,9 @@
 //     delayed scales at every step.
 //   - the operands each product reads per step equal their formula under ZeRO-3 (the whole model on
 //     every rank), as in chapter 13.
+//   - the collectives move the format's bytes beside their formulas: tensor parallelism's activations
+//     (sequence parallel: all-gathers and reduce-scatters; without: all-reduces) in 2 bytes, ZeRO-3's
+//     fp8 weights in 1 and its bf16 gradients in 2.
 //   - a resumed run continues the uninterrupted one exactly: the loss scale and the amax histories are
 //     saved beside the checkpoint.
 //   - a recipe a chapter cannot run yet (a mixture of experts) is refused in one line naming the flag.
@@ -67,7 +70,7 @@ TEST(PrecisionChapters, AnyGridEqualsOneRankWithinTheFormat) {
     int pp;
   };
   const Case cases[] = {{"06_zero3", "fp8", 4, "", 1},
-                        {"07_tensor_parallel", "fp16", 2, "--tp 2", 1},
+                        {"07_tensor_parallel", "fp16", 2, "--tp 2 --sequence-parallel", 1},
                         {"09_3d_parallel", "bf16", 4, "--tp 2 --pp 2", 2}};  // tensor parallelism and a pipeline
   const std::string dir = temp_dir();
   std::map<std::string, LossCurve> one_rank;
@@ -87,7 +90,24 @@ TEST(PrecisionChapters, AnyGridEqualsOneRankWithinTheFormat) {
     EXPECT_LE(max_relative_difference(read_losses(path), one_rank.at(c.recipe)), recipe.tolerance)
         << c.chapter << " on " << c.ranks << " ranks, " << recipe.flags;
     expect_equal_on_every_rank(path, c.ranks, kSteps, c.pp);
-    if (c.chapter == "06_zero3") {  // every rank runs the whole model: the operands equal their formula
+    // The collectives move the format's bytes (docs/theory.md, section 18, "Communication in the
+    // format"): tensor parallelism's activations and their gradients 2 bytes an element, each row
+    // beside its formula.
+    if (c.chapter != "06_zero3") expect_theory_matches(path, 4);
+    if (c.chapter == "06_zero3") {
+      // ZeRO-3 gathers fp8 matrices (1 byte), the rest of each layer fp32, and reduce-scatters bf16
+      // gradients: K(N-1)/N (2(Ψm + 4(Ψ-Ψm)) + 2Ψ), Ψm = 12LC^2. Rank 0's own pieces hold the blocks'
+      // 13C layernorm and bias elements in their own proportion: within 2K(N-1) x 3 x 13LC of it,
+      // plus the padding's fp32 bytes. bf16 weights would send K(N-1)/N 2Ψm more, far outside.
+      const std::string theory = read_record(path, "theory");
+      const double blocks = 2, width = 64, ranks = 4, psi = number_field(theory, "params");
+      const double padding = number_field(theory, "padded_params") - psi, matrices = 12 * blocks * width * width;
+      const double formula = (ranks - 1) / ranks * (2 * (matrices + 4 * (psi - matrices)) + 2 * psi);
+      const double slack = 2 * (ranks - 1) * 3 * 13 * blocks * width + 10 * padding;
+      EXPECT_NEAR(number_field(theory, "theory_comm_bytes"), formula, 1.0);
+      EXPECT_NEAR(number_field(theory, "measured_comm_bytes"), formula, slack);
+      EXPECT_GT((ranks - 1) / ranks * 2 * matrices, 4 * slack);  // the check tells fp8 weights from bf16
+      // Every rank runs the whole model: the operands equal their formula
       // (theory.md, section 18; tiny: L=2, C=64, V=256, T=64; 8 sequences over 4 ranks: N = 128 tokens)
       const std::string summary = read_record(path, "precision_summary");
       ASSERT_FALSE(summary.empty()) << r.output;
@@ -100,8 +120,8 @@ TEST(PrecisionChapters, AnyGridEqualsOneRankWithinTheFormat) {
 }
 
 TEST(PrecisionChapters, AResumedRunKeepsTheLossScaleAndTheAmaxHistories) {
-  // fp16 from 2^30 with a window of 2 (the scale moves every step), and delayed fp8 on a pipeline
-  // (each stage's histories): the run that saved half-way is the uninterrupted
+  // fp16 from 2^30 with a window of 2 (the scale moves every step), in 03 and in chapter 13's own
+  // lines, and delayed fp8 on a pipeline (each stage's histories): the run that saved half-way is the uninterrupted
   // one, and the resumed run must continue its losses and loss scales exactly. Without the saved
   // state, fp16 would start again from 2^30 and skip steps the uninterrupted run did not.
   struct Case {
@@ -111,7 +131,9 @@ TEST(PrecisionChapters, AResumedRunKeepsTheLossScaleAndTheAmaxHistories) {
   };
   const std::string dir = temp_dir();
   const Case cases[] = {{"03_bucket_dp", 2, "--precision fp16 --loss-scale-init 1073741824 --loss-scale-window 2", "/c{step}.bin"},
-                        {"08_pipeline", 2, "--precision fp8 --fp8-scaling delayed --pp 2", "/d{step}/"}};
+                        {"08_pipeline", 2, "--precision fp8 --fp8-scaling delayed --pp 2", "/d{step}/"},
+                        {"13_mixed_precision", 1, "--precision fp16 --loss-scale-init 1073741824 --loss-scale-window 2",
+                         "/m{step}.bin"}};
   for (const Case& c : cases) {
     const std::string full = dir + "/full_" + c.chapter + ".jsonl", resumed = dir + "/resumed_" + c.chapter + ".jsonl";
     RunResult a = run_trainer(c.chapter, c.ranks,

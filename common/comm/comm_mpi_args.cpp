@@ -1,5 +1,5 @@
 // comm_mpi_args.cpp: what an MPI call takes from an op (comm_mpi_args.h): MPI's types and ops (with
-// bf16's, which MPI lacks), the checks of an op's tensors, the counts of variable-count collectives,
+// bf16's and fp16's, which MPI lacks), the checks of an op's tensors, the counts of variable-count collectives,
 // the Avg scaling, and what each rank sends and receives.
 #include "comm/comm_mpi_args.h"
 
@@ -9,6 +9,7 @@
 #include <string>
 
 #include "ops/bf16.h"
+#include "ops/float_formats.h"  // encode_float, decode_code: fp16 codes
 #include "base/check.h"
 
 namespace mpi_args {
@@ -25,10 +26,20 @@ void bf16_reduce(void* in, void* inout, int* len, MPI_Datatype*) {
   bf16_bits* b = static_cast<bf16_bits*>(inout);
   for (int i = 0; i < *len; i++) b[i] = float_to_bf16(Combine()(bf16_to_float(a[i]), bf16_to_float(b[i])));
 }
+// fp16 codes (a collective in fp16, wire_format.h) the same way, through float_formats.h.
+template <typename Combine>
+void fp16_reduce(void* in, void* inout, int* len, MPI_Datatype*) {
+  const uint16_t* a = static_cast<const uint16_t*>(in);
+  uint16_t* b = static_cast<uint16_t*>(inout);
+  for (int i = 0; i < *len; i++)
+    b[i] = encode_float(NumberFormat::FP16,
+                        Combine()(decode_code(NumberFormat::FP16, a[i]), decode_code(NumberFormat::FP16, b[i])));
+}
 struct Add { float operator()(float a, float b) const { return a + b; } };
 struct Larger { float operator()(float a, float b) const { return std::max(a, b); } };
 struct Smaller { float operator()(float a, float b) const { return std::min(a, b); } };
 MPI_Op g_bf16_sum = MPI_OP_NULL, g_bf16_max = MPI_OP_NULL, g_bf16_min = MPI_OP_NULL;
+MPI_Op g_fp16_sum = MPI_OP_NULL, g_fp16_max = MPI_OP_NULL, g_fp16_min = MPI_OP_NULL;
 
 }  // namespace
 
@@ -37,19 +48,29 @@ void create_bf16_ops() {
   MPI_CHECK(MPI_Op_create(&bf16_reduce<Add>, /*commute=*/1, &g_bf16_sum));
   MPI_CHECK(MPI_Op_create(&bf16_reduce<Larger>, 1, &g_bf16_max));
   MPI_CHECK(MPI_Op_create(&bf16_reduce<Smaller>, 1, &g_bf16_min));
+  MPI_CHECK(MPI_Op_create(&fp16_reduce<Add>, 1, &g_fp16_sum));
+  MPI_CHECK(MPI_Op_create(&fp16_reduce<Larger>, 1, &g_fp16_max));
+  MPI_CHECK(MPI_Op_create(&fp16_reduce<Smaller>, 1, &g_fp16_min));
 }
 
 MPI_Datatype mpi_type(DType dtype) {
-  return dtype == DType::BF16 ? MPI_UINT16_T : dtype == DType::I32 ? MPI_INT32_T : MPI_FLOAT;
+  switch (dtype) {
+    case DType::BF16:
+    case DType::F16: return MPI_UINT16_T;
+    case DType::I32: return MPI_INT32_T;
+    case DType::U8: return MPI_UINT8_T;
+    case DType::F32: break;
+  }
+  return MPI_FLOAT;
 }
 
 MPI_Op mpi_op(ReduceOp op, DType dtype) {
-  const bool bf16 = dtype == DType::BF16;
+  const bool bf16 = dtype == DType::BF16, fp16 = dtype == DType::F16;
   switch (op) {
     case ReduceOp::Sum:
-    case ReduceOp::Avg: return bf16 ? g_bf16_sum : MPI_SUM;  // then scaled by 1/N: MPI has no average
-    case ReduceOp::Max: return bf16 ? g_bf16_max : MPI_MAX;
-    case ReduceOp::Min: return bf16 ? g_bf16_min : MPI_MIN;
+    case ReduceOp::Avg: return bf16 ? g_bf16_sum : fp16 ? g_fp16_sum : MPI_SUM;  // then scaled by 1/N: MPI has no average
+    case ReduceOp::Max: return bf16 ? g_bf16_max : fp16 ? g_fp16_max : MPI_MAX;
+    case ReduceOp::Min: return bf16 ? g_bf16_min : fp16 ? g_fp16_min : MPI_MIN;
   }
   return MPI_SUM;
 }
@@ -66,7 +87,8 @@ void ensure_cpu(const Tensor& t) {
 }
 // int32 (routing counts, moe.h) only travels: gathers, all-to-alls, broadcasts and messages.
 void ensure_reducible(const Tensor& t) {
-  ENSURE(t.dtype == DType::F32 || t.dtype == DType::BF16, "the MPI communicator reduces fp32 and bf16 tensors only");
+  ENSURE(t.dtype == DType::F32 || t.dtype == DType::BF16 || t.dtype == DType::F16,
+         "the MPI communicator reduces fp32, bf16 and fp16 tensors only");
 }
 
 // An empty side (a rank that owns none of a range passes Tensor()) has no dtype to compare.
@@ -124,6 +146,13 @@ std::function<void()> average_if(ReduceOp op, const Tensor& t, int ranks) {
     bf16_bits* data = static_cast<bf16_bits*>(t.data);
     return [=] {
       for (int64_t i = 0; i < n; i++) data[i] = float_to_bf16(bf16_to_float(data[i]) * inv_ranks);
+    };
+  }
+  if (t.dtype == DType::F16) {
+    uint16_t* data = static_cast<uint16_t*>(t.data);
+    return [=] {
+      for (int64_t i = 0; i < n; i++)
+        data[i] = encode_float(NumberFormat::FP16, decode_code(NumberFormat::FP16, data[i]) * inv_ranks);
     };
   }
   float* data = t.f32();

@@ -205,6 +205,8 @@ ncclDataType_t nccl_type(DType dtype) {
     case DType::F32: return ncclFloat;
     case DType::BF16: return ncclBfloat16;
     case DType::I32: return ncclInt32;
+    case DType::F16: return ncclHalf;
+    case DType::U8: return ncclUint8;
   }
   fatal("nccl_type: unknown dtype");
 }

@@ -7,10 +7,21 @@
 #include "base/check.h"
 
 enum class Device { CPU, CUDA };
-enum class DType { F32, BF16, I32 };  // I32: token ids
+// I32: token ids. F16 and U8 only travel: the codes of fp16 and of the 8-bit formats on the wire of
+// a collective in a low-precision format (comm/wire_format.h); no op computes on them.
+enum class DType { F32, BF16, I32, F16, U8 };
 
-inline size_t dtype_size(DType t) { return t == DType::BF16 ? 2 : 4; }
-inline const char* dtype_name(DType t) { return t == DType::F32 ? "fp32" : t == DType::BF16 ? "bf16" : "int32"; }
+inline size_t dtype_size(DType t) { return t == DType::BF16 || t == DType::F16 ? 2 : t == DType::U8 ? 1 : 4; }
+inline const char* dtype_name(DType t) {
+  switch (t) {
+    case DType::F32: return "fp32";
+    case DType::BF16: return "bf16";
+    case DType::I32: return "int32";
+    case DType::F16: return "fp16";
+    case DType::U8: return "uint8";
+  }
+  return "?";
+}
 
 struct Tensor {
   void* data = nullptr;

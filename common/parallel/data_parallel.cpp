@@ -2,6 +2,7 @@
 #include "parallel/data_parallel.h"
 
 #include "base/check.h"
+#include "comm/wire_format.h"  // the gradients in the recipe's format
 #include "ops/ops.h"
 
 GradientSync::GradientSync(Communicator& group, const GradientBuckets& buckets, Tensor grads, const ShardPlan* zero1,
@@ -43,9 +44,10 @@ double GradientSync::every_micro_batch_sent_bytes(int micro_batches, int64_t pad
 }
 
 double GradientSync::every_micro_batch_sent_bytes(int ranks, int micro_batches, int64_t padded, int64_t deferred,
-                                                  double element_bytes) {
+                                                  double element_bytes, double gather_element_bytes) {
   const double ring = double(ranks - 1) / ranks, all = double(padded), once = double(deferred);
-  return ring * element_bytes * (micro_batches * (all - once) + once + all);
+  const double gather = gather_element_bytes > 0 ? gather_element_bytes : element_bytes;
+  return ring * (element_bytes * (micro_batches * (all - once) + once) + gather * all);
 }
 
 void GradientSync::set_expert_group(Communicator& experts, float scale) {
@@ -68,7 +70,7 @@ Communicator& GradientSync::group_of_range(int i) {
 void GradientSync::bucket_ready(int b) {
   const Tensor bucket = grads_.slice1d(buckets_.begin(b), buckets_.size(b));
   if (!zero1_) {
-    in_flight_.push_back(group_of_bucket(b).all_reduce_async(bucket, ReduceOp::Avg));
+    in_flight_.push_back(wire_all_reduce_async(group_of_bucket(b), bucket, ReduceOp::Avg, collective_formats().gradients));
     return;
   }
   const int i = zero1_->range_index(buckets_.begin(b));
@@ -77,7 +79,8 @@ void GradientSync::bucket_ready(int b) {
     pieces_.push_back({b, Buffer(piece.numel(), MemCategory::CommBuffers, piece.dtype, piece.device)});
     piece = pieces_.back().piece.view();
   }
-  in_flight_.push_back(group_of_range(i).reduce_scatter_async(bucket, piece, ReduceOp::Avg));
+  in_flight_.push_back(wire_reduce_scatter_async(group_of_range(i), bucket, piece, ReduceOp::Avg,
+                                                 collective_formats().gradients));  // fp32, or the recipe's format
 }
 
 void GradientSync::absorb() {

@@ -70,9 +70,11 @@ class GradientSync {
   double every_micro_batch_sent_bytes(int micro_batches, int64_t padded, double element_bytes) const;
   // The same from the layout alone, for a group of `ranks` and `deferred` elements held back (a
   // pipeline's tied wte, in a bucket of its own: [0, ParamLayout::tied_wte_end); 0 for none): the
-  // theory table's (dimension_data.cpp), which has the layout but not the buckets.
+  // theory table's (dimension_data.cpp), which has the layout but not the buckets. gather_element_bytes:
+  // the parameters' where the gradients travel in a recipe's format (0: element_bytes).
   static double every_micro_batch_sent_bytes(int ranks, int micro_batches, int64_t padded, int64_t deferred,
-                                             double element_bytes);
+                                             double element_bytes,
+                                             double gather_element_bytes = 0);
   static constexpr const char* kEveryMicroBatchFormula =
       "m reduce-scatters (wte's bucket: 1) + all-gather: (N-1)/N x w(m(Ψ-E) + E + Ψ)";
   // ZeRO-1: every rank gathers everyone's updated pieces of `params` (the full flat buffer), bucket

@@ -41,7 +41,10 @@ class TensorDimension : public Dimension {
 
     // Under CP every TP collective carries T/cp positions; the gradients held whole are the
     // parameters' (wpe has all T rows whatever a rank holds).
-    TensorParallelPrediction tp = predict_tensor_parallel(ctx.held, ctx.micro_B, t, ctx.dtype, ctx.pp.parts);
+    const Wire& wire = collective_formats().activations;  // a recipe's activations travel in its format
+    const int activation_bytes = wire.fp32 ? 0 : int(wire.element_bytes());
+    TensorParallelPrediction tp =
+        predict_tensor_parallel(ctx.held, ctx.micro_B, t, ctx.dtype, ctx.pp.parts, activation_bytes);
     const TensorParallelPrediction held_whole = predict_tensor_parallel(ctx.model, ctx.micro_B, t, ctx.dtype, ctx.pp.parts);
     tp.partial_grad_bytes = held_whole.partial_grad_bytes;
     tp.partial_grad_all_reduces = held_whole.partial_grad_all_reduces;

@@ -1,6 +1,7 @@
 // layer_grads.cpp: see layer_grads.h.
 #include "parallel/layer_grads.h"
 
+#include "comm/wire_format.h"  // the gradients in the recipe's format
 #include "ops/ops.h"
 
 void LayerGradReducer::open(int u) {
@@ -18,7 +19,8 @@ void LayerGradReducer::reduce_scatter(int u) {
   InFlight sending{std::move(open_.at(u)), std::move(piece), range, CommHandle()};
   open_.erase(u);
   model_.bind_unit_grads(u, nullptr);
-  sending.handle = comm_.reduce_scatter_async(sending.layer_grads.view(), sending.piece.view(), ReduceOp::Avg);
+  sending.handle = wire_reduce_scatter_async(comm_, sending.layer_grads.view(), sending.piece.view(), ReduceOp::Avg,
+                                             collective_formats().gradients);  // fp32, or the recipe's format
   in_flight_.push_back(std::move(sending));
 }
 

@@ -1,6 +1,13 @@
 // tensor_parallel_hooks.cpp: see tensor_parallel_hooks.h.
 #include "parallel/tensor_parallel_hooks.h"
 
+#include "comm/wire_format.h"  // activations and their gradients in the recipe's formats (fp32: as they are)
+
+namespace {
+const Wire& activations() { return collective_formats().activations; }
+const Wire& gradients() { return collective_formats().gradients; }
+}  // namespace
+
 TensorParallelHooks tensor_parallel_hooks(Communicator& group, bool sequence_parallel, bool overlap) {
   Communicator* tp = &group;
   auto started = [overlap](CommHandle handle) {
@@ -13,16 +20,22 @@ TensorParallelHooks tensor_parallel_hooks(Communicator& group, bool sequence_par
   TensorParallelHooks hooks;
   if (!sequence_parallel) {
     hooks.f_forward = [](Tensor, Tensor) { return CommHandle(); };
-    hooks.f_backward = [tp, started](Tensor full, Tensor) { return started(tp->all_reduce_async(full, ReduceOp::Sum)); };
-    hooks.g_forward = [tp](Tensor partial, Tensor) { return tp->all_reduce_async(partial, ReduceOp::Sum); };
+    hooks.f_backward = [tp, started](Tensor full, Tensor) {
+      return started(wire_all_reduce_async(*tp, full, ReduceOp::Sum, gradients()));
+    };
+    hooks.g_forward = [tp](Tensor partial, Tensor) { return wire_all_reduce_async(*tp, partial, ReduceOp::Sum, activations()); };
     hooks.g_backward = [](Tensor, Tensor) { return CommHandle(); };
   } else {
-    hooks.f_forward = [tp, started](Tensor local, Tensor full) { return started(tp->all_gather_async(local, full)); };
-    hooks.f_backward = [tp, started](Tensor full, Tensor local) {
-      return started(tp->reduce_scatter_async(full, local, ReduceOp::Sum));
+    hooks.f_forward = [tp, started](Tensor local, Tensor full) {
+      return started(wire_all_gather_async(*tp, local, full, activations()));
     };
-    hooks.g_forward = [tp](Tensor partial, Tensor local) { return tp->reduce_scatter_async(partial, local, ReduceOp::Sum); };
-    hooks.g_backward = [tp](Tensor local, Tensor full) { return tp->all_gather_async(local, full); };
+    hooks.f_backward = [tp, started](Tensor full, Tensor local) {
+      return started(wire_reduce_scatter_async(*tp, full, local, ReduceOp::Sum, gradients()));
+    };
+    hooks.g_forward = [tp](Tensor partial, Tensor local) {
+      return wire_reduce_scatter_async(*tp, partial, local, ReduceOp::Sum, activations());
+    };
+    hooks.g_backward = [tp](Tensor local, Tensor full) { return wire_all_gather_async(*tp, local, full, gradients()); };
   }
   hooks.vocab_all_reduce = [tp](Tensor values, ReduceOp op) { tp->all_reduce(values, op); };
   return hooks;

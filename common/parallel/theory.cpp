@@ -7,7 +7,8 @@
 #include "model/moe.h"             // MoELayer::capacity_of
 #include "ops/ring_attention.h"  // ring_buffer_bytes
 
-Prediction predict(Strategy strategy, const ParamLayout& layout, int grad_accum, DType dtype) {
+Prediction predict(Strategy strategy, const ParamLayout& layout, int grad_accum, DType dtype,
+                   const CollectiveFormats& wire) {
   const double psi = double(layout.num_params), N = layout.ranks;
   const double ring = (N - 1) / N;  // a ring collective sends this share of the payload per rank
   // Bytes per parameter of the parameters (= of the gradients, = of an element on the wire) and of
@@ -31,25 +32,54 @@ Prediction predict(Strategy strategy, const ParamLayout& layout, int grad_accum,
   };
   // A shard's bytes at `bytes` a parameter (the dense model's k Ψ / N, as written).
   auto sharded = [&](double bytes) { return bytes * dense / N + bytes * experts / D; };
-  const std::string wire = W + travels;
+  const std::string wire_text = W + travels;
   Prediction p;
   switch (strategy) {
     case Strategy::DP:
       p = {"DP", full(W) + " + " + full(W) + " + " + full(K), w * psi, w * psi, k * psi,
-           "all-reduce: 2(N-1)/N x " + wire, 2 * ring * w * dense};
+           "all-reduce: 2(N-1)/N x " + wire_text, 2 * ring * w * dense};
       break;
     case Strategy::ZeRO1:
       p = {"ZeRO-1", full(W) + " + " + full(W) + " + " + shard(K), w * psi, w * psi, sharded(k),
-           "reduce-scatter + all-gather: 2(N-1)/N x " + wire, 2 * ring * w * dense};
+           "reduce-scatter + all-gather: 2(N-1)/N x " + wire_text, 2 * ring * w * dense};
       break;
     case Strategy::ZeRO2:
       p = {"ZeRO-2", full(W) + " + " + one_shard(W, K), w * psi, sharded(w), sharded(k),
-           "K reduce-scatters + all-gather: (K+1)(N-1)/N x " + wire, (K_acc + 1) * ring * w * dense};
+           "K reduce-scatters + all-gather: (K+1)(N-1)/N x " + wire_text, (K_acc + 1) * ring * w * dense};
       break;
     case Strategy::ZeRO3:
       p = {"ZeRO-3", moe ? shard(W) + " + " + shard(W) + " + " + shard(K) : "(" + W + "Ψ + " + W + "Ψ + " + K + "Ψ)/N",
-           sharded(w), sharded(w), sharded(k), "K x (2 all-gathers + reduce-scatter): 3K(N-1)/N x " + wire,
+           sharded(w), sharded(w), sharded(k), "K x (2 all-gathers + reduce-scatter): 3K(N-1)/N x " + wire_text,
            3.0 * K_acc * ring * w * dense};
+      break;
+  }
+  if (wire.gradients.fp32 && wire.weights.fp32) return p;
+  // A recipe's formats on the wire (docs/theory.md, "Communication in the format"): gradients in g
+  // bytes an element; ZeRO-1 and 2 gather the fp32 master weights (w); ZeRO-3 gathers each layer's
+  // product weights (Ψm: the blocks' matrices, 12LC^2 for GPT-2) in m bytes and the rest in w.
+  const double g = double(wire.gradients.element_bytes()), m = double(wire.weights.element_bytes());
+  double matrices = 0;
+  for (const ParamInfo& q : layout.params)
+    if (q.ndim == 2 && q.name != "wte" && q.name != "wpe" && q.expert < 0) matrices += double(q.size);
+  const std::string G = std::to_string(int(g)), M = std::to_string(int(m));
+  const std::string formats = " (gradients " + wire.gradients.name() + ", weights " + wire.weights.name() + ")";
+  switch (strategy) {
+    case Strategy::DP:
+      p.comm_formula = "all-reduce: 2(N-1)/N x " + G + travels + formats;
+      p.comm_bytes = 2 * ring * g * dense;
+      break;
+    case Strategy::ZeRO1:
+      p.comm_formula = "reduce-scatter + all-gather: (N-1)/N x (" + G + travels + " + " + W + travels + ")" + formats;
+      p.comm_bytes = ring * (g + w) * dense;
+      break;
+    case Strategy::ZeRO2:
+      p.comm_formula = "K reduce-scatters + all-gather: (N-1)/N x (K " + G + travels + " + " + W + travels + ")" + formats;
+      p.comm_bytes = ring * (K_acc * g + w) * dense;
+      break;
+    case Strategy::ZeRO3:
+      p.comm_formula = "K x (2 all-gathers + reduce-scatter): K(N-1)/N x (2(" + M + "Ψm + " + W + "(Ψ-Ψm)) + " + G +
+                       "Ψ), Ψm = the blocks' matrices" + formats;
+      p.comm_bytes = K_acc * ring * (2 * (m * matrices + w * (dense - matrices)) + g * dense);
       break;
   }
   return p;
@@ -151,7 +181,7 @@ double recompute_flops_per_token(const GPT2Config& cfg, TensorParallelism tp, co
 }
 
 TensorParallelPrediction predict_tensor_parallel(const GPT2Config& cfg, int micro_B, TensorParallelism tp,
-                                                 DType dtype, const std::vector<ModelPart>& parts) {
+                                                 DType dtype, const std::vector<ModelPart>& parts, int activation_bytes) {
   TensorParallelPrediction p;
   if (tp.size <= 1) return p;
   // The units this rank runs: every block, the embedding and the head, unless a pipeline stage's.
@@ -165,7 +195,8 @@ TensorParallelPrediction predict_tensor_parallel(const GPT2Config& cfg, int micr
   if (parts.empty()) blocks = cfg.L;
   const double t = tp.size, L = blocks, E = embedding ? 1 : 0, H = head ? 1 : 0, w = double(dtype_size(dtype));
   const std::string Ls = parts.empty() ? "L" : "L'";  // L': the blocks of this rank's stage
-  const double activations = double(micro_B) * cfg.T * cfg.C * w;  // one B*T*C tensor
+  // One B*T*C tensor, in the recipe's format on the wire where there is one.
+  const double activations = double(micro_B) * cfg.T * cfg.C * (activation_bytes > 0 ? activation_bytes : w);
   const double rows = double(micro_B) * cfg.T * 4;                  // one fp32 value per position
   p.loss_all_reduces = head ? 3 : 0;
   const double loss_bytes = p.loss_all_reduces * 2 * (t - 1) / t * rows;

@@ -12,6 +12,7 @@
 
 #include "model/model_config.h"
 #include "model/param_layout.h"
+#include "comm/wire_format.h"  // CollectiveFormats: the bytes a recipe's collectives move
 #include "ops/tensor.h"  // DType, Device
 
 enum class Strategy { DP, ZeRO1, ZeRO2, ZeRO3 };
@@ -29,7 +30,12 @@ struct Prediction {
 // layout.expert_params) average over their own group (chapters 11, 12), so the data-parallel group
 // carries Ψ-Ψe, and a ZeRO shard holds (Ψ-Ψe)/N of the rest and Ψe/D of the experts (D =
 // layout.ep.replicas, the ranks holding the same experts).
-Prediction predict(Strategy strategy, const ParamLayout& layout, int grad_accum, DType dtype = DType::F32);
+// `wire`: a mixed-precision recipe's formats on the CPU (wire_format.h): the gradients travel in
+// wire.gradients' bytes (2: bf16 or fp16), ZeRO-3's product weights in wire.weights' (2, or 1 for
+// fp8) and the rest of each layer in 4; ZeRO-1's and 2's gathered parameters stay fp32 (the master
+// weights). Default: every element in the parameters' bytes.
+Prediction predict(Strategy strategy, const ParamLayout& layout, int grad_accum, DType dtype = DType::F32,
+                   const CollectiveFormats& wire = {});
 
 // The model state as allocated: parameters, gradients and optimizer state in bytes, each a full
 // padded buffer or a shard of layout.shard_size() elements as `strategy` keeps it. What the memory
@@ -117,9 +123,10 @@ struct TensorParallelPrediction {
   std::string formula;
 };
 // `parts`: a pipeline stage's model parts (chapters 08, 09): only their blocks, and the embedding's
-// and head's collectives where the stage holds them; empty: the whole model.
+// and head's collectives where the stage holds them; empty: the whole model. `activation_bytes`: the
+// bytes of an activation (and its gradient) on the wire under a mixed-precision recipe (2); 0: the dtype's.
 TensorParallelPrediction predict_tensor_parallel(const GPT2Config& cfg, int micro_B, TensorParallelism tp, DType dtype,
-                                                 const std::vector<ModelPart>& parts = {});
+                                                 const std::vector<ModelPart>& parts = {}, int activation_bytes = 0);
 
 // The message buffers a pipeline stage (chapter 08) keeps for one model part of `stages` stages: a
 // (B,T,C) buffer per activation slot (part.slots, the schedule's micro-batches in flight) for each

@@ -15,15 +15,24 @@
 #include <vector>
 
 #include "comm/comm.h"
+#include "comm/wire_format.h"  // CollectiveFormats
 #include "model/param_layout.h"
 #include "training/precision_flags.h"
 #include "training/precision_recipe.h"
 #include "training/precision_report.h"  // PrecisionLog
+#include "training/precision_state.h"   // save_precision_state, load_precision_state
 
 class TrainingRun;
 
-// "ckpt.bin" -> "ckpt.bin.precision", a sharded folder "dir/" -> "dir.precision".
-std::string precision_state_path(const std::string& checkpoint);
+// The formats the recipe's collectives take (wire_format.h), for gradients whose loss scale, if any,
+// is `gradient_scale` (chapters 01-12 under fp16: the scale sits at the products and the gradient
+// buffer holds unscaled values, so the wire multiplies them by it again; 13 scales the loss itself
+// and passes 1). fp32: fp32 everywhere. Gradients: bf16, fp16 under fp16 (the layer's dtype: fp8
+// reduces in bf16, as DeepSeek-V3 and torchtitan do). Activations: the layer's dtype. ZeRO-3's
+// weights: the products' format, fp8 (E4M3) with a per-tensor scale where the recipe scales per
+// tensor (current, delayed; none: scale 1), bf16 under row and block scaling (a gathered weight
+// quantized with one scale per tensor would be coarser than its rows' or blocks' own).
+CollectiveFormats collective_formats_of(const PrecisionRecipe& recipe, float gradient_scale);
 
 class MixedPrecision {
  public:
@@ -45,8 +54,8 @@ class MixedPrecision {
   // Checkpoints (collective, every rank): the loss scale, its clean steps and the delayed amax
   // histories go to a small text file beside the checkpoint (precision_state_path), every stage's
   // histories by parameter name, so that a resumed run (on any grid) continues with the scales the
-  // uninterrupted one would have. load() of a file that is absent, or of another recipe, keeps the
-  // fresh state and says so.
+  // uninterrupted one would have (precision_state.h). load() of a file that is absent, or of another
+  // recipe, keeps the fresh state and says so.
   void save(const std::string& checkpoint, const ParamLayout& layout, Communicator& world) const;
   void load(const std::string& checkpoint, const ParamLayout& layout, Communicator& world);
   // Rank 0 prints the underflows and overflows per tensor kind and the operands' bytes against their
