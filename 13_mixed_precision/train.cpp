@@ -171,7 +171,7 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
       run.save_checkpoint(step + 1, params, optimizer);
       if (low_precision)
         save_precision_state(checkpoint_path(cfg.save, step + 1), recipe, scaler.scale, scaler.clean_steps, products,
-                             layout, *comm);
+                             layout, world);
     }
     if (run.stopping()) break;  // Ctrl-C or a diverging loss: every rank agreed to stop here
   }
