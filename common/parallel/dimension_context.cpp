@@ -67,3 +67,8 @@ double ring_sent_bytes(const GPT2Config& cfg, int blocks, int m, int B, int cp, 
   const double passes = cfg.recompute == Recompute::Full ? 2 : 1;
   return (2 * passes + 4) * double(cp - 1) / cp * blocks * double(m) * B * cfg.T * (double(cfg.C) / tp) * 4;
 }
+
+// Its size in the run record and the header (Ulysses' ranks included: they are the inner part of the axis).
+const DimensionSizes kContextSizes = {
+    "--cp", [](const Parallelism& split, JsonObject& record) { record.add("cp", split.cp.size); },
+    [](const Parallelism& split) { return " x " + std::to_string(split.cp.size) + " context-parallel"; }};

@@ -268,3 +268,9 @@ ExpertTheory expert_theory(const ParamLayout& layout, const GPT2Config& cfg, int
   t.expert_params = 4.0 * L * (E / ep) * (8 * C * C + 5 * C);
   return t;
 }
+
+// Its group's size in the run record (every run's, "ep": 1 without experts); the header's grid line
+// leaves it out, since EP re-splits the ranks the other sizes already count.
+const DimensionSizes kExpertSizes = {
+    "--ep", [](const Parallelism& split, JsonObject& record) { record.add("ep", split.ep.size); },
+    [](const Parallelism&) { return std::string(); }};

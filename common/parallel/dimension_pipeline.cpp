@@ -37,3 +37,10 @@ double pipeline_buffer_bytes(const GPT2Config& cfg, const ModelPart& part, int s
   const double rows_divisor = tp.size > 1 && tp.sequence_parallel ? tp.size : 1;
   return kinds * double(part.slots) * double(micro_B) * cfg.T * cfg.C * double(dtype_size(dtype)) / rows_divisor;
 }
+
+// Its stages in the run record and the header.
+const DimensionSizes kPipelineSizes = {
+    "--pp", [](const Parallelism& split, JsonObject& record) { record.add("pp", split.pp.size); },
+    [](const Parallelism& split) {
+      return " x " + std::to_string(split.pp.size) + " pipeline stage" + (split.pp.size > 1 ? "s" : "");
+    }};

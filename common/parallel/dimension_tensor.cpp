@@ -158,3 +158,14 @@ TensorParallelPrediction predict_tensor_parallel(const GPT2Config& cfg, int micr
                 (head ? " + 2C" : "") + "), L' = " + std::to_string(blocks) + " blocks on this stage";
   return p;
 }
+
+// Its size and whether it splits the positions too, in the run record and the header.
+const DimensionSizes kTensorSizes = {
+    "--tp",
+    [](const Parallelism& split, JsonObject& record) {
+      record.add("tp", split.tp.size).add("sequence_parallel", split.tp.sequence_parallel);
+    },
+    [](const Parallelism& split) {
+      return " x " + std::to_string(split.tp.size) + " tensor-parallel" +
+             (split.tp.sequence_parallel ? " (sequence parallel)" : "");
+    }};
