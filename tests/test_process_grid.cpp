@@ -328,3 +328,25 @@ TEST(GridShapeProblem, ChapterElevenChecksTheExpertsToo) {
 }
 
 }  // namespace
+
+// Each axis is described once (kAxes, grid_axes.h): a bit of its own, a token that names it, the size
+// of its field in a shape and the coordinate of its field, which the rules of the grid read.
+TEST(GridAxes, EachAxisIsDescribedOnceAndItsRowIsWhatTheGridReads) {
+  AxisSet seen = 0;
+  for (const AxisDescriptor& d : kAxes) {
+    EXPECT_EQ(seen & d.axis, 0u) << d.token << " shares a bit";
+    seen |= d.axis;
+    EXPECT_EQ(axes_named(d.token), AxisSet(d.axis)) << d.token;
+  }
+  EXPECT_EQ(seen, kEveryAxis);
+  const GridShape s{2, 2, 2, 2, 4};  // DP 2 x TP 2 x PP 2 x CP 2, EP 4: expert DP 2
+  const int fields[] = {s.dp, s.tp, s.pp, s.cp, s.ep, s.edp()};
+  const GridAxis order[] = {kAxisDP, kAxisTP, kAxisPP, kAxisCP, kAxisEP, kAxisEDP};
+  for (size_t i = 0; i < 6; i++) EXPECT_EQ(s.size(order[i]), fields[i]) << i;
+  for (int r = 0; r < s.world(); r++) {
+    const GridCoords c = grid_coords(s, r);
+    const int coords[] = {c.dp, c.tp, c.pp, c.cp, c.ep, c.edp};
+    for (size_t i = 0; i < 6; i++) EXPECT_EQ(axis_coord(c, order[i]), coords[i]) << "rank " << r << " axis " << i;
+    EXPECT_EQ(grid_rank(s, c), r);
+  }
+}

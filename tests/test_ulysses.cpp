@@ -5,7 +5,8 @@
 // trains to the same losses, gradient norms and final parameters as one rank (of 01; of 11 for the MoE
 // grid); every rank's bytes sent in its all-to-alls equal docs/theory.md's formula (section 13b),
 // computed here from the shapes; the ring beside it carries 1/u of its blocks' channels; the
-// activations, the exchange's buffers included, equal their formula. Its refusals: test_refusals.cpp.
+// activations, the exchange's buffers included, equal their formula; and its checkpoints resume on
+// other grids and chapters. Its refusals: test_refusals.cpp.
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -199,3 +200,13 @@ TEST(UlyssesOfFour, BuffersAndBytesAreTheirFormulas) {
 }
 
 }  // namespace
+
+// Checkpoints hold whole tensors, whatever the grid: saved by 10 under --ulysses 2, the run resumes on
+// one rank of 01, on 10's ring alone (--cp 2) and in 12 with TP beside Ulysses, and continues the
+// uninterrupted losses; 01's checkpoint resumes in 10 under Ulysses inside the ring.
+TEST(UlyssesCheckpoints, ResumeOnOtherGridsAndChapters) {
+  expect_checkpoints_cross_grids({"10_context_parallel", 2, "--ulysses 2"},
+                                 {{"01_vanilla_dp", 1, ""}, {"10_context_parallel", 2, "--cp 2"},
+                                  {"12_5d_parallel", 4, "--tp 2 --ulysses 2"}},
+                                 {"10_context_parallel", 4, "--cp 2 --ulysses 2"}, "--preset tiny", 4, kTolerance);
+}

@@ -2,32 +2,14 @@
 #include "comm/process_grid.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <numeric>
 #include <vector>
 
 #include "base/check.h"
 #include "comm/lanes.h"  // LaneCommunicator: give_each_lane_its_groups
 
-int GridShape::size(GridAxis axis) const {
-  switch (axis) {
-    case kAxisTP: return tp;
-    case kAxisCP: return cp;
-    case kAxisDP: return dp;
-    case kAxisPP: return pp;
-    case kAxisEP: return ep;
-    case kAxisEDP: return edp();
-  }
-  return 1;
-}
-
 namespace {
-
-struct AxisToken {
-  GridAxis axis;
-  const char* token;
-};
-constexpr AxisToken kTokens[] = {{kAxisTP, "tp"}, {kAxisCP, "cp"}, {kAxisDP, "dp"},
-                                 {kAxisPP, "pp"}, {kAxisEP, "ep"}, {kAxisEDP, "edp"}};
 
 std::vector<std::string> tokens_of(const std::string& order) {
   std::vector<std::string> tokens;
@@ -43,9 +25,9 @@ std::vector<std::string> tokens_of(const std::string& order) {
 AxisSet axes_named(const std::string& tokens) {
   AxisSet axes = 0;
   for (const std::string& token : tokens_of(tokens)) {
-    const AxisToken* found = std::find_if(std::begin(kTokens), std::end(kTokens),
-                                          [&](const AxisToken& t) { return token == t.token; });
-    if (found == std::end(kTokens)) return 0;
+    const AxisDescriptor* found = std::find_if(std::begin(kAxes), std::end(kAxes),
+                                               [&](const AxisDescriptor& d) { return token == d.token; });
+    if (found == std::end(kAxes)) return 0;
     axes |= found->axis;
   }
   return axes;
@@ -97,12 +79,7 @@ std::vector<int> RankOrder::group(int rank, AxisSet axes) const {
 GridCoords grid_coords(const GridShape& shape, int rank) {
   const RankOrder grid(shape, kGridOrder), experts(shape, kExpertOrder);
   GridCoords c;
-  c.tp = grid.coord(rank, kAxisTP);
-  c.cp = grid.coord(rank, kAxisCP);
-  c.dp = grid.coord(rank, kAxisDP);
-  c.pp = grid.coord(rank, kAxisPP);
-  c.ep = experts.coord(rank, kAxisEP);
-  c.edp = experts.coord(rank, kAxisEDP);
+  for (const AxisDescriptor& d : kAxes) c.*d.coord = (grid.has(d.axis) ? grid : experts).coord(rank, d.axis);
   return c;
 }
 
@@ -250,8 +227,12 @@ void ProcessGrid::give_each_lane_its_groups() {
 }
 
 std::string ProcessGrid::describe() const {
-  const GridShape& s = shape_;
-  return "DP " + std::to_string(s.dp) + " x TP " + std::to_string(s.tp) + " x PP " + std::to_string(s.pp) +
-         (s.cp > 1 ? " x CP " + std::to_string(s.cp) : "") +
-         (s.ep > 1 ? " x EP " + std::to_string(s.ep) + " (expert DP " + std::to_string(s.edp()) + ")" : "");
+  std::string text;
+  for (const AxisDescriptor& d : kAxes) {
+    if (d.shown_with && shape_.size(GridAxis(d.shown_with)) == 1) continue;
+    char words[64];
+    std::snprintf(words, sizeof(words), d.described_as, d.size(shape_));
+    text += words;
+  }
+  return text;
 }

@@ -1,6 +1,6 @@
 // process_grid.h: the ranks of a job laid out as one DP x CP x TP x PP grid, with expert parallelism
-// (EP) folded inside it, and a communicator per group. Defines GridShape, GridCoords, GridGroup,
-// grid_coords(), grid_rank(), group_ranks() and ProcessGrid.
+// (EP) folded inside it, and a communicator per group. Defines RankOrder, GridGroup, grid_coords(),
+// grid_rank(), group_ranks() and ProcessGrid (GridShape and GridCoords: grid_axes.h).
 //
 // Tensor parallelism (TP) exchanges activations inside every layer, so its groups must be the ranks
 // with the fastest links: consecutive ranks, which launchers place on one node. Pipeline parallelism
@@ -57,20 +57,12 @@
 #include <vector>
 
 #include "comm/comm.h"
-#include "comm/grid_axes.h"  // GridCoords
+#include "comm/grid_axes.h"  // GridCoords, GridShape, kAxes
 
 // The order of the axes that factor the world, innermost first, and the experts' order over the same
 // ranks (grid_axes.h names the tokens).
 constexpr const char* kGridOrder = "tp-cp-dp-pp";
 constexpr const char* kExpertOrder = "ep-edp-pp";
-
-struct GridShape {
-  int dp = 1, tp = 1, pp = 1, cp = 1, ep = 1;
-  int size(GridAxis axis) const;  // an axis's size (EDP: edp())
-  int world() const { return dp * tp * pp * cp; }  // (EP re-splits a stage: it multiplies nothing)
-  int stage_ranks() const { return dp * cp * tp; }
-  int edp() const { return stage_ranks() / ep; }  // the expert-data-parallel degree
-};
 
 // The coordinates of world rank `rank`, and the rank of coordinates (from pp, dp, cp and tp: ep and
 // edp follow from them), in the layout above.

@@ -1,4 +1,5 @@
-// dimension.cpp: what the dimensions share (dimension.h): the list of a run's dimensions, the
+// dimension.cpp: what the dimensions share (dimension.h): the list of a run's dimensions and of their
+// sizes (the run record's fields, the header's words), the
 // activations' formula for another split, the MoE model's rows and activations, and the table's lines.
 #include "parallel/dimension.h"
 
@@ -20,6 +21,22 @@ std::vector<std::unique_ptr<Dimension>> make_dimensions(const DimensionContext& 
                     make_tensor_dimension, make_pipeline_dimension})
     if (std::unique_ptr<Dimension> d = make(ctx)) dims.push_back(std::move(d));
   return dims;
+}
+
+namespace {
+constexpr const DimensionSizes* kSizes[] = {&kContextSizes, &kUlyssesSizes, &kTensorSizes, &kPipelineSizes,
+                                            &kExpertSizes};
+}  // namespace
+
+void add_dimension_sizes(const Parallelism& split, JsonObject& record) {
+  for (const DimensionSizes* d : kSizes) d->record(split, record);
+}
+
+std::string dimension_grid_words(const Parallelism& split, const std::function<bool(const std::string&)>& takes) {
+  std::string words;
+  for (const DimensionSizes* d : kSizes)
+    if (takes(d->flag)) words += d->grid_words(split);
+  return words;
 }
 
 double activations_by_formula(const DimensionContext& ctx, int t, bool sp, Recompute recompute) {

@@ -6,11 +6,13 @@
 // (dimension_data.cpp, dimension_tensor.cpp, ...), so that adding one adds a file and a line in
 // make_dimensions(), not a branch in TrainingRun (docs/five_d_parallel.md, "Adding a dimension").
 // Defines Parallelism (how a chapter splits a run), DimensionContext,
-// StepMeasure, ReportTable, Dimension, make_dimensions(), activations_by_formula(), report_line(),
+// StepMeasure, ReportTable, Dimension, DimensionSizes (each one's run-record fields and header words),
+// make_dimensions(), activations_by_formula(), report_line(),
 // report_row(), the expert dimension's refusal (expert_count_problem()) and the MoE helpers the run
 // reads (moe_routed_tokens(), moe_activations_at()).
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -109,6 +111,20 @@ class Dimension {
   // Its rows of the theory table and fields of the record.
   virtual void report_rows(const DimensionContext&, const StepMeasure&, ReportTable&) const {}
 };
+
+// What a dimension says of every run of a chapter that has it, whatever its size (1 included): its
+// sizes in the run record and its words in the header's grid line. Each dimension's file defines its
+// own; dimension.cpp lists them in the record's order (context, Ulysses, tensor, pipeline, expert).
+struct DimensionSizes {
+  const char* flag;  // the flag that sizes it: the header names it only in a chapter that takes it
+  void (*record)(const Parallelism&, JsonObject&);  // its fields of the run record ("tp": 2, ...)
+  std::string (*grid_words)(const Parallelism&);  // after "N data-parallel": " x 2 tensor-parallel"
+};
+extern const DimensionSizes kContextSizes, kUlyssesSizes, kTensorSizes, kPipelineSizes, kExpertSizes;
+// Every dimension's fields of the run record, in order.
+void add_dimension_sizes(const Parallelism& split, JsonObject& record);
+// The header's grid after "N data-parallel": the words of each dimension whose flag the chapter takes.
+std::string dimension_grid_words(const Parallelism& split, const std::function<bool(const std::string&)>& takes);
 
 // The run's dimensions, in the order the table lists them: data, expert, context, tensor, pipeline
 // (each only where it splits something).

@@ -1,6 +1,7 @@
 // dimension_context.cpp: context parallelism as a dimension (dimension.h; docs/theory.md, section
 // 13): the ring's blocks in flight in the forecast, the ring's scratch buffers, and the table's line
-// that sets the arena on T/cp positions beside one rank's and 01's materialized attention.
+// that sets the arena on T/cp positions beside one rank's and 01's materialized attention; its
+// formulas of theory.h (context_parallel_activation_bytes, ring_sent_bytes).
 #include "parallel/dimension.h"
 
 #include "ops/ring_attention.h"  // ring_buffer_bytes
@@ -54,3 +55,20 @@ std::unique_ptr<Dimension> make_context_dimension(const DimensionContext& ctx) {
   if (!ctx.cp.on()) return nullptr;
   return std::make_unique<ContextDimension>();
 }
+
+// The ring's formulas (theory.h; docs/theory.md, sections 13 and 17).
+
+double context_parallel_activation_bytes(const GPT2Config& cfg, int B, int cp) {
+  GPT2Config held = cfg;
+  held.T = cfg.T / cp;
+  return activation_bytes(held, B, DType::F32, true) + ring_buffer_bytes(cp, B, held.T, cfg.C, cfg.NH);
+}
+double ring_sent_bytes(const GPT2Config& cfg, int blocks, int m, int B, int cp, int tp) {
+  const double passes = cfg.recompute == Recompute::Full ? 2 : 1;
+  return (2 * passes + 4) * double(cp - 1) / cp * blocks * double(m) * B * cfg.T * (double(cfg.C) / tp) * 4;
+}
+
+// Its size in the run record and the header (Ulysses' ranks included: they are the inner part of the axis).
+const DimensionSizes kContextSizes = {
+    "--cp", [](const Parallelism& split, JsonObject& record) { record.add("cp", split.cp.size); },
+    [](const Parallelism& split) { return " x " + std::to_string(split.cp.size) + " context-parallel"; }};

@@ -1,7 +1,10 @@
 // dimension_data.cpp: data parallelism as a dimension (dimension.h): the world's and the
 // data-parallel group's scratch buffers, and the group's bytes per step next to theory: the
 // strategy's, or, where the gradients travel otherwise, the rule they follow (ZeRO-2's every
-// micro-batch; chapter 11's experts averaged apart).
+// micro-batch; chapter 11's experts averaged apart). Its formulas of theory.h: predict(),
+// model_state_bytes() and strategy_transient_bytes().
+#include <algorithm>
+
 #include "parallel/data_parallel.h"  // GradientSync: ZeRO-2's rule
 #include "parallel/dimension.h"
 
@@ -74,3 +77,117 @@ class DataDimension : public Dimension {
 }  // namespace
 
 std::unique_ptr<Dimension> make_data_dimension(const DimensionContext&) { return std::make_unique<DataDimension>(); }
+
+// The strategies' formulas (theory.h; docs/theory.md, sections 1-6): each the data dimension's rule.
+
+Prediction predict(Strategy strategy, const ParamLayout& layout, int grad_accum, DType dtype,
+                   const CollectiveFormats& wire) {
+  const double psi = double(layout.num_params), N = layout.ranks;
+  const double ring = (N - 1) / N;  // a ring collective sends this share of the payload per rank
+  // Bytes per parameter of the parameters (= of the gradients, = of an element on the wire) and of
+  // the optimizer state: 4 and 8 in fp32; 2 and 12 in mixed precision (master weights, m, v).
+  const bool mixed = dtype == DType::BF16;
+  const double w = mixed ? 2 : 4, k = mixed ? 12 : 8;
+  const std::string W = mixed ? "2" : "4", K = mixed ? "12" : "8";
+  const double K_acc = grad_accum;
+  // A mixture of experts (11, 12): its experts (Ψe of this rank's Ψ) average over the ranks that
+  // hold them, D = ep.replicas, never in the data-parallel group, and a shard holds the rest's 1/N
+  // and the experts' 1/D. A dense model: Ψe = 0, and the formulas read as docs/theory.md's table.
+  const double experts = double(layout.expert_params), D = layout.ep.replicas, dense = psi - experts;
+  const bool moe = experts > 0;
+  const std::string all = "Ψ", travels = moe ? "(Ψ-Ψe)" : "Ψ";
+  auto full = [&](const std::string& bytes) { return bytes + all; };
+  auto shard = [&](const std::string& bytes) {
+    return moe ? bytes + "(Ψ-Ψe)/N + " + bytes + "Ψe/D" : bytes + "Ψ/N";
+  };
+  auto one_shard = [&](const std::string& bytes, const std::string& also) {  // "(4Ψ + 8Ψ)/N"
+    return moe ? shard(bytes) + " + " + shard(also) : "(" + bytes + "Ψ + " + also + "Ψ)/N";
+  };
+  // A shard's bytes at `bytes` a parameter (the dense model's k Ψ / N, as written).
+  auto sharded = [&](double bytes) { return bytes * dense / N + bytes * experts / D; };
+  const std::string wire_text = W + travels;
+  Prediction p;
+  switch (strategy) {
+    case Strategy::DP:
+      p = {"DP", full(W) + " + " + full(W) + " + " + full(K), w * psi, w * psi, k * psi,
+           "all-reduce: 2(N-1)/N x " + wire_text, 2 * ring * w * dense};
+      break;
+    case Strategy::ZeRO1:
+      p = {"ZeRO-1", full(W) + " + " + full(W) + " + " + shard(K), w * psi, w * psi, sharded(k),
+           "reduce-scatter + all-gather: 2(N-1)/N x " + wire_text, 2 * ring * w * dense};
+      break;
+    case Strategy::ZeRO2:
+      p = {"ZeRO-2", full(W) + " + " + one_shard(W, K), w * psi, sharded(w), sharded(k),
+           "K reduce-scatters + all-gather: (K+1)(N-1)/N x " + wire_text, (K_acc + 1) * ring * w * dense};
+      break;
+    case Strategy::ZeRO3:
+      p = {"ZeRO-3", moe ? shard(W) + " + " + shard(W) + " + " + shard(K) : "(" + W + "Ψ + " + W + "Ψ + " + K + "Ψ)/N",
+           sharded(w), sharded(w), sharded(k), "K x (2 all-gathers + reduce-scatter): 3K(N-1)/N x " + wire_text,
+           3.0 * K_acc * ring * w * dense};
+      break;
+  }
+  if (wire.gradients.fp32 && wire.weights.fp32) return p;
+  // A recipe's formats on the wire (docs/theory.md, "Communication in the format"): gradients in g
+  // bytes an element; ZeRO-1 and 2 gather the fp32 master weights (w); ZeRO-3 gathers each layer's
+  // product weights (Ψm: the blocks' matrices, 12LC^2 for GPT-2) in m bytes and the rest in w.
+  const double g = double(wire.gradients.element_bytes()), m = double(wire.weights.element_bytes());
+  double matrices = 0;
+  for (const ParamInfo& q : layout.params)
+    if (q.ndim == 2 && q.name != "wte" && q.name != "wpe" && q.expert < 0) matrices += double(q.size);
+  const std::string G = std::to_string(int(g)), M = std::to_string(int(m));
+  const std::string formats = " (gradients " + wire.gradients.name() + ", weights " + wire.weights.name() + ")";
+  switch (strategy) {
+    case Strategy::DP:
+      p.comm_formula = "all-reduce: 2(N-1)/N x " + G + travels + formats;
+      p.comm_bytes = 2 * ring * g * dense;
+      break;
+    case Strategy::ZeRO1:
+      p.comm_formula = "reduce-scatter + all-gather: (N-1)/N x (" + G + travels + " + " + W + travels + ")" + formats;
+      p.comm_bytes = ring * (g + w) * dense;
+      break;
+    case Strategy::ZeRO2:
+      p.comm_formula = "K reduce-scatters + all-gather: (N-1)/N x (K " + G + travels + " + " + W + travels + ")" + formats;
+      p.comm_bytes = ring * (K_acc * g + w) * dense;
+      break;
+    case Strategy::ZeRO3:
+      p.comm_formula = "K x (2 all-gathers + reduce-scatter): K(N-1)/N x (2(" + M + "Ψm + " + W + "(Ψ-Ψm)) + " + G +
+                       "Ψ), Ψm = the blocks' matrices" + formats;
+      p.comm_bytes = K_acc * ring * (2 * (m * matrices + w * (dense - matrices)) + g * dense);
+      break;
+  }
+  return p;
+}
+
+ModelStateBytes model_state_bytes(Strategy strategy, const ParamLayout& layout, DType dtype) {
+  const double w = double(dtype_size(dtype)), k = dtype == DType::BF16 ? 12 : 8;
+  const double full = double(layout.padded_size), shard = double(layout.shard_size());
+  switch (strategy) {
+    case Strategy::DP: return {w * full, w * full, k * full};
+    case Strategy::ZeRO1: return {w * full, w * full, k * shard};
+    case Strategy::ZeRO2: return {w * full, w * shard, k * shard};
+    case Strategy::ZeRO3: return {w * shard, w * shard, k * shard};
+  }
+  return {};
+}
+
+double strategy_transient_bytes(Strategy strategy, const ParamLayout& layout, DType dtype,
+                                bool reduce_every_micro_batch) {
+  const double w = double(dtype_size(dtype)), N = layout.ranks;
+  // Communication buffers, at most (docs/theory.md, "Transient buffers"): the largest block U, the
+  // embedding unit E (which the tied head keeps gathered, and whose gradient stays open from the
+  // head's backward to the embedding's).
+  double U = 0;
+  for (int u = 1; u + 1 < layout.num_units(); u++) U = std::max(U, double(layout.unit_size(u)));
+  const double E = double(layout.unit_size(0)), head = double(layout.unit_size(layout.num_units() - 1));
+  // ZeRO-2/3's layer gradients: two reduce-scatters in flight, each with the piece it receives, one of
+  // which may be the embedding's (reduce-scattered last, it is open from the head's backward on).
+  const double layer_grads = (E + 2 * U) * (1 + 1 / N);
+  switch (strategy) {
+    case Strategy::DP: return 0;
+    case Strategy::ZeRO1:  // the gradient shard; under ZeRO-2's rule also each micro-batch's pieces
+      return w * double(layout.shard_size()) * (reduce_every_micro_batch ? 2 : 1);
+    case Strategy::ZeRO2: return w * layer_grads;
+    case Strategy::ZeRO3: return w * (layer_grads + E + 2 * U + head);  // + gathered layers
+  }
+  return 0;
+}

@@ -3,10 +3,14 @@
 // buffers at the bound in the forecast, then in the table at the step's routing next to balanced
 // routing and the bound; the expert-parallel group's scratch buffers. Also its refusal of an --ep
 // that does not divide the experts (expert_count_problem, chapters 11 and 12) and the MoE helpers
-// the run reads (moe_routed_tokens, moe_activations_at).
+// the run reads (moe_routed_tokens, moe_activations_at), and its formulas of theory.h (moe_*,
+// routing_counts_bytes, expert_theory).
 #include "parallel/dimension.h"
 
 #include <algorithm>
+
+#include "comm/comm.h"  // wire_bytes_for: the counts' all-gather
+#include "model/moe.h"  // MoELayer::capacity_of
 
 namespace {
 
@@ -123,3 +127,150 @@ std::unique_ptr<Dimension> make_expert_dimension(const DimensionContext& ctx) {
   if (!ctx.model.moe() && !ctx.expert_group) return nullptr;
   return std::make_unique<ExpertDimension>();
 }
+
+// A mixture of experts' formulas (theory.h; docs/theory.md, sections 14 and 17).
+
+double moe_activation_bytes(const GPT2Config& cfg, int B, const std::vector<int64_t>& expert_rows) {
+  if (!cfg.moe()) return 0;
+  const double N = double(B) * cfg.T, E = cfg.experts, k = cfg.top_k, C = cfg.C;
+  const double fixed = 4 * (N * E + 2 * N * k + 4 * N * k * C);  // per layer
+  double rows = 0, most = 0;
+  for (int64_t n : expert_rows) rows += double(n), most = std::max(most, double(n));
+  return cfg.L * fixed + 4 * 9 * C * rows + 4 * 8 * C * most;
+}
+
+double moe_exchange_buffer_bytes(const GPT2Config& cfg, const std::vector<int64_t>& expert_rows) {
+  if (!cfg.moe()) return 0;
+  int64_t most = 0;
+  for (int64_t n : expert_rows) most = std::max(most, n);
+  return 4.0 * 4 * cfg.C * double(most);
+}
+
+int64_t moe_expert_rows_balanced(const GPT2Config& cfg, int B) { return int64_t(B) * cfg.T * cfg.top_k; }
+
+int64_t moe_expert_rows_at_most_of(const GPT2Config& cfg, int64_t tokens, int ep, int routers) {
+  const int64_t N = tokens, local = cfg.experts / ep;
+  const int64_t capacity = MoELayer::capacity_of(cfg.capacity_factor, N * routers, cfg.top_k, cfg.experts);
+  const int64_t per_expert = capacity < 0 ? ep * N : std::min(capacity, ep * N);
+  return std::min(ep * N * cfg.top_k, local * per_expert);
+}
+
+double moe_schedule_activation_bytes(const GPT2Config& cfg, int64_t tokens, const std::vector<ModelPart>& parts,
+                                     const std::vector<Action>& actions,
+                                     const std::vector<std::vector<int64_t>>& rows) {
+  if (!cfg.moe()) return 0;
+  const std::vector<ModelPart> run = parts.empty() ? std::vector<ModelPart>{ModelPart{}} : parts;
+  const double N = double(tokens), E = cfg.experts, k = cfg.top_k, C = cfg.C;
+  auto blocks_of = [&](const ModelPart& part) {
+    std::vector<int> blocks;
+    for (int u = std::max(part.first_unit, 1); u <= std::min(part.last(cfg), cfg.L); u++) blocks.push_back(u - 1);
+    return blocks;
+  };
+  double fixed = 0;
+  for (const ModelPart& part : run) fixed += double(part.slots) * double(blocks_of(part).size());
+  fixed *= 4 * (N * E + 2 * N * k + 4 * N * k * C);
+  std::vector<Action> order = actions;
+  if (order.empty())
+    for (int micro = 0; micro < int(rows.size()); micro++) order.push_back({Op::F, micro, 0}), order.push_back({Op::B, micro, 0});
+  // The replay: which slot each micro-batch takes (the executor's: the lowest free first, the last
+  // freed next), what each slot's experts hold, and its scratch. A chunk's slots are its own (chapter
+  // 12 keys the experts by chunk and slot, so that the two passes of an F&B pair never share one):
+  // slot s of chunk c is the replay's c x (the most slots of a chunk) + s.
+  std::vector<std::vector<int>> free_slots(run.size());
+  int most_slots = 0;
+  for (const ModelPart& part : run) most_slots = std::max(most_slots, part.slots);
+  for (size_t c = 0; c < run.size(); c++)
+    for (int s = run[c].slots - 1; s >= 0; s--) free_slots[c].push_back(int(c) * most_slots + s);
+  std::vector<std::vector<int>> slot_of(run.size(), std::vector<int>(rows.size(), -1));
+  const size_t keys = run.size() * size_t(most_slots);
+  std::vector<std::vector<int64_t>> held(keys, std::vector<int64_t>(size_t(cfg.L), -1));  // -1: none
+  std::vector<double> scratch(keys, 0);
+  double now = 0, peak = 0;
+  for (const Action& a : order) {
+    const size_t c = size_t(a.chunk);
+    if (a.op == Op::F) {
+      const int slot = free_slots[c].back();
+      free_slots[c].pop_back();
+      slot_of[c][size_t(a.micro)] = slot;
+      for (int l : blocks_of(run[c])) {
+        const int64_t n = rows[size_t(a.micro)][size_t(l)];
+        held[size_t(slot)][size_t(l)] = n;
+        now += 4 * 9 * C * double(n);
+        peak = std::max(peak, now);
+      }
+    } else if (a.op == Op::B) {
+      const int slot = slot_of[c][size_t(a.micro)];
+      std::vector<int> blocks = blocks_of(run[c]);
+      for (auto l = blocks.rbegin(); l != blocks.rend(); ++l) {
+        int64_t most = 0;
+        for (int64_t n : held[size_t(slot)]) most = std::max(most, n);
+        if (scratch[size_t(slot)] < 4 * 8 * C * double(most)) {  // the old block goes first
+          now += 4 * 8 * C * double(most) - scratch[size_t(slot)];
+          scratch[size_t(slot)] = 4 * 8 * C * double(most);
+          peak = std::max(peak, now);
+        }
+        now -= 4 * 9 * C * double(held[size_t(slot)][size_t(*l)]);
+        held[size_t(slot)][size_t(*l)] = -1;
+        bool any = false;
+        for (int64_t n : held[size_t(slot)]) any = any || n >= 0;
+        if (!any) now -= scratch[size_t(slot)], scratch[size_t(slot)] = 0;
+      }
+      if (!run[c].split_backward) free_slots[c].push_back(slot);
+    } else if (a.op == Op::W) {
+      free_slots[c].push_back(slot_of[c][size_t(a.micro)]);
+    }
+  }
+  return fixed + peak;
+}
+
+int64_t moe_expert_rows_at_most(const GPT2Config& cfg, int B, int ep, int world) {
+  const int64_t N = int64_t(B) * cfg.T, local = cfg.experts / ep;
+  const int64_t capacity = MoELayer::capacity_of(cfg.capacity_factor, N * world, cfg.top_k, cfg.experts);
+  const int64_t per_expert = capacity < 0 ? ep * N : std::min(capacity, ep * N);
+  return std::min(ep * N * cfg.top_k, local * per_expert);
+}
+double routing_counts_bytes(int blocks, int m, int group, int64_t chunk, int64_t record) {
+  return double(blocks) * m * (group - 1) * double(chunk) * double(record) * 4;
+}
+
+namespace {
+// The elements of the ranges whose gradients chapter 11 averages over the expert-data-parallel group:
+// each run of expert tensors (held) and the padding after it, up to the next tensor held or the end.
+int64_t expert_range_elements(const ParamLayout& layout) {
+  int64_t elements = 0, begin = -1;  // begin: where the run of expert tensors being read began
+  bool first = true;
+  for (const ParamInfo& p : layout.params) {
+    if (!p.held()) continue;
+    const bool expert = p.expert >= 0;
+    if (expert && begin < 0) begin = first ? 0 : p.offset;
+    if (!expert && begin >= 0) elements += p.offset - begin, begin = -1;
+    first = false;
+  }
+  if (begin >= 0) elements += layout.padded_size - begin;
+  return elements;
+}
+}  // namespace
+
+ExpertTheory expert_theory(const ParamLayout& layout, const GPT2Config& cfg, int world, int ep, int micro_B,
+                           int micro_batches) {
+  ExpertTheory t;
+  const int W = world, D = world / ep, P = ep, L = cfg.L, E = cfg.experts;
+  const double C = cfg.C;
+  const int64_t expert_range = expert_range_elements(layout);
+  for (const ParamInfo& p : layout.params)
+    if (p.expert >= 0) t.expert_elements += p.size;
+  t.world_all_reduce = W > 1 ? 2.0 * (W - 1) / W * 4.0 * double(layout.padded_size - expert_range) : 0;
+  t.expert_dp_all_reduce = D > 1 ? 2.0 * (D - 1) / D * 4.0 * double(expert_range) : 0;
+  t.counts_all_gather =
+      double(micro_batches) * double(L * wire_bytes_for(CollectiveKind::AllGather, int64_t(W) * E * 4, W));
+  const double rows = double(micro_B) * cfg.T * cfg.top_k;  // n k: a rank's assignments, none dropped
+  t.a2a_balanced = P > 1 ? L * (double(P - 1) / P * 4 * E + 4.0 * (P - 1) / P * rows * C * 4) : 0;
+  t.expert_params = 4.0 * L * (E / ep) * (8 * C * C + 5 * C);
+  return t;
+}
+
+// Its group's size in the run record (every run's, "ep": 1 without experts); the header's grid line
+// leaves it out, since EP re-splits the ranks the other sizes already count.
+const DimensionSizes kExpertSizes = {
+    "--ep", [](const Parallelism& split, JsonObject& record) { record.add("ep", split.ep.size); },
+    [](const Parallelism&) { return std::string(); }};

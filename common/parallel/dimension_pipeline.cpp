@@ -1,7 +1,7 @@
 // dimension_pipeline.cpp: pipeline parallelism as a dimension (dimension.h): the embedding group's
 // scratch buffers (the pipeline's own group only sends and receives), and the recompute line in the
 // table, since a stage keeps the schedule's micro-batches in flight. Its stages' bubble, activations
-// and bytes are 08's report (pipeline_report.h).
+// and bytes are 08's report (pipeline_report.h). Its formula of theory.h: pipeline_buffer_bytes.
 #include "parallel/dimension.h"
 
 namespace {
@@ -23,3 +23,24 @@ std::unique_ptr<Dimension> make_pipeline_dimension(const DimensionContext& ctx) 
   if (ctx.pp.size == 1) return nullptr;
   return std::make_unique<PipelineDimension>();
 }
+
+// A stage's message buffers (theory.h; docs/theory.md, section 3).
+
+double pipeline_buffer_bytes(const GPT2Config& cfg, const ModelPart& part, int stages, int micro_B, DType dtype,
+                             TensorParallelism tp) {
+  // The messages: the input received (unless the part starts with the embedding) and its gradient
+  // sent (with one stage, or from a V's turn, copied straight into the previous chunk's buffer
+  // instead); the output's gradient received (unless it ends with the loss). The output is sent from
+  // the activations.
+  const int kinds = (part.first_unit > 0 ? (stages > 1 && !part.input_is_local ? 2 : 1) : 0) +
+                    (part.holds(cfg, cfg.L + 1) ? 0 : 1);
+  const double rows_divisor = tp.size > 1 && tp.sequence_parallel ? tp.size : 1;
+  return kinds * double(part.slots) * double(micro_B) * cfg.T * cfg.C * double(dtype_size(dtype)) / rows_divisor;
+}
+
+// Its stages in the run record and the header.
+const DimensionSizes kPipelineSizes = {
+    "--pp", [](const Parallelism& split, JsonObject& record) { record.add("pp", split.pp.size); },
+    [](const Parallelism& split) {
+      return " x " + std::to_string(split.pp.size) + " pipeline stage" + (split.pp.size > 1 ? "s" : "");
+    }};

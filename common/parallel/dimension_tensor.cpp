@@ -1,7 +1,7 @@
 // dimension_tensor.cpp: tensor parallelism as a dimension (dimension.h; docs/theory.md, section 9):
 // its refusal of sizes that do not divide, its group's scratch buffers, and in the table how it splits Ψ, its activations by the formula
 // without it, with it and with sequence parallelism, its bytes per step and its collectives of each
-// kind next to theory.
+// kind next to theory; its formula of theory.h (predict_tensor_parallel).
 #include "parallel/dimension.h"
 
 #include "base/check.h"  // ENSURE
@@ -87,3 +87,89 @@ std::unique_ptr<Dimension> make_tensor_dimension(const DimensionContext& ctx) {
   if (ctx.tp.size == 1) return nullptr;
   return std::make_unique<TensorDimension>();
 }
+
+// Tensor parallelism's traffic (theory.h; docs/theory.md, section 9).
+
+TensorParallelPrediction predict_tensor_parallel(const GPT2Config& cfg, int micro_B, TensorParallelism tp,
+                                                 DType dtype, const std::vector<ModelPart>& parts, int activation_bytes) {
+  TensorParallelPrediction p;
+  if (tp.size <= 1) return p;
+  // The units this rank runs: every block, the embedding and the head, unless a pipeline stage's.
+  int blocks = 0;
+  bool embedding = parts.empty(), head = parts.empty();
+  for (const ModelPart& part : parts) {
+    blocks += std::min(part.last(cfg), cfg.L) - (std::max(part.first_unit, 1) - 1);
+    embedding = embedding || part.first_unit == 0;
+    head = head || part.holds(cfg, cfg.L + 1);
+  }
+  if (parts.empty()) blocks = cfg.L;
+  const double t = tp.size, L = blocks, E = embedding ? 1 : 0, H = head ? 1 : 0, w = double(dtype_size(dtype));
+  const std::string Ls = parts.empty() ? "L" : "L'";  // L': the blocks of this rank's stage
+  // One B*T*C tensor, in the recipe's format on the wire where there is one.
+  const double activations = double(micro_B) * cfg.T * cfg.C * (activation_bytes > 0 ? activation_bytes : w);
+  const double rows = double(micro_B) * cfg.T * 4;                  // one fp32 value per position
+  p.loss_all_reduces = head ? 3 : 0;
+  const double loss_bytes = p.loss_all_reduces * 2 * (t - 1) / t * rows;
+  // Full recomputation replays each block's forward up to GELU: its collectives again, but for the
+  // MLP projection's g (docs/theory.md, "Activation recomputation").
+  const bool full = cfg.recompute == Recompute::Full;
+  if (!tp.sequence_parallel) {
+    // Per block 2 all-reduces in forward (after the two row-parallel layers), 2 in backward (the inputs
+    // of the two column-parallel layers); the embedding's in forward, the head's input in backward;
+    // under full recomputation, the attention projection's g once more.
+    p.recomputed = full ? int(L) : 0;
+    p.all_reduces = int(4 * L + E + H) + p.recomputed;
+    p.bytes_per_micro_batch = p.all_reduces * 2 * (t - 1) / t * activations + loss_bytes;
+    p.formula = "(4" + Ls + (full ? " + " + Ls + " replayed" : "") +
+                (parts.empty() ? " + 2" : std::string(embedding ? " + 1 embedding" : "") + (head ? " + 1 head" : "")) +
+                ") all-reduces x 2(t-1)/t x BTC" + (head ? " + 3 x 2(t-1)/t x BT x 4 B" : "") +
+                (parts.empty() ? "" : ", L' = " + std::to_string(blocks) + " blocks on this stage");
+    return p;
+  }
+  // Each all-reduce becomes an all-gather and a reduce-scatter: forward, per block 2 all-gathers
+  // (column inputs) and 2 reduce-scatters (row outputs); backward, 2 all-gathers (row outputs'
+  // gradients), 2 reduce-scatters (column inputs' gradients), and 2 all-gathers of the column inputs
+  // again, for the weights' gradients. The embedding: a reduce-scatter, then an all-gather; the head:
+  // an all-gather, a reduce-scatter, and its input gathered again. Full recomputation replays per
+  // block the two column inputs' all-gathers and the attention projection's reduce-scatter.
+  // A MoE block (chapter 12; SP is then required) splits only its attention: half of those, and its
+  // router, held whole, is summed with the layernorms and the projection's bias (no MLP biases).
+  const double halves = cfg.moe() ? 1 : 2;
+  p.regathers = int(halves * L + H);
+  p.recomputed = full ? int(3 * L) : 0;
+  p.all_gathers = int(2 * halves * L + E + H) + p.regathers + (full ? int(2 * L) : 0);
+  p.reduce_scatters = int(2 * halves * L + E + H) + (full ? int(L) : 0);
+  p.bytes_per_micro_batch = (p.all_gathers + p.reduce_scatters) * (t - 1) / t * activations + loss_bytes;
+  const double per_block = cfg.moe() ? 5.0 * cfg.C + double(cfg.experts) * cfg.C : 6.0 * cfg.C;
+  const double whole_params = L * per_block + H * 2 * cfg.C + E * double(cfg.T) * cfg.C;
+  p.partial_grad_all_reduces = int(6 * L + E + 2 * H);
+  p.partial_grad_bytes = 2 * (t - 1) / t * whole_params * w;
+  if (cfg.moe())
+    p.formula = "(5" + Ls + (embedding ? " + 2 embedding" : "") + (head ? " + 3 head" : "") +
+                ") gathers/scatters x (t-1)/t x BTC (a MoE block splits its attention only)" +
+                (head ? " + 3 x 2(t-1)/t x BT x 4 B" : "") + "; per step 6" + Ls +
+                " all-reduces of the tensors held whole, 2(t-1)/t x (" + Ls + "(5C + EC)" +
+                (embedding ? " + TC" : "") + (head ? " + 2C" : "") + ")";
+  else if (parts.empty())
+    p.formula = std::string(full ? "(13L + 5)" : "(10L + 5)") +
+                " gathers/scatters x (t-1)/t x BTC + 3 x 2(t-1)/t x BT x 4 B; per step (6L + 3) all-reduces, "
+                "2(t-1)/t x (6LC + 2C + TC)";
+  else
+    p.formula = "(" + std::string(full ? "13L'" : "10L'") + (embedding ? " + 2 embedding" : "") +
+                (head ? " + 3 head" : "") + ") gathers/scatters x (t-1)/t x BTC" +
+                (head ? " + 3 x 2(t-1)/t x BT x 4 B" : "") + "; per step (6L'" + (embedding ? " + 1" : "") +
+                (head ? " + 2" : "") + ") all-reduces, 2(t-1)/t x (6L'C" + (embedding ? " + TC" : "") +
+                (head ? " + 2C" : "") + "), L' = " + std::to_string(blocks) + " blocks on this stage";
+  return p;
+}
+
+// Its size and whether it splits the positions too, in the run record and the header.
+const DimensionSizes kTensorSizes = {
+    "--tp",
+    [](const Parallelism& split, JsonObject& record) {
+      record.add("tp", split.tp.size).add("sequence_parallel", split.tp.sequence_parallel);
+    },
+    [](const Parallelism& split) {
+      return " x " + std::to_string(split.tp.size) + " tensor-parallel" +
+             (split.tp.sequence_parallel ? " (sequence parallel)" : "");
+    }};

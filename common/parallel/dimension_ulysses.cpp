@@ -59,3 +59,13 @@ std::unique_ptr<Dimension> make_ulysses_dimension(const DimensionContext& ctx) {
   if (!ctx.cp.on() || ctx.cp.ulysses == 1) return nullptr;
   return std::make_unique<UlyssesDimension>();
 }
+
+// Nothing of its own in the run record (the "cp" record has "ulysses"); in the header, how it splits
+// the context-parallel ranks.
+const DimensionSizes kUlyssesSizes = {
+    "--ulysses", [](const Parallelism&, JsonObject&) {},
+    [](const Parallelism& split) {
+      return split.cp.ulysses > 1 ? " (Ulysses " + std::to_string(split.cp.ulysses) + " x ring " +
+                                        std::to_string(split.cp.ring()) + ")"
+                                  : std::string();
+    }};

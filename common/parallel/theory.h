@@ -1,7 +1,9 @@
 // theory.h: what docs/theory.md predicts for a chapter, so that every measured number can be printed
 // next to its prediction, and a run that cannot fit is refused before it allocates. Defines Strategy,
 // Prediction, predict(), activation_bytes(), MemoryForecast / forecast_memory(), chapter 11's
-// ExpertTheory / expert_theory() and chapter 12's groups' formulas.
+// ExpertTheory / expert_theory() and chapter 12's groups' formulas. Each dimension's formulas are
+// defined in its file (dimension_data.cpp, dimension_tensor.cpp, ...; theory.cpp says which), the
+// rest in theory.cpp.
 // Ψ = parameters (unpadded), N = data-parallel ranks. fp32 training: 4 bytes per parameter and per
 // gradient, 8 bytes of AdamW state (m and v). bf16 mixed precision: 2 bytes per parameter and per
 // gradient, 12 bytes of optimizer state (fp32 master weights, m and v); the collectives then move
@@ -134,6 +136,13 @@ TensorParallelPrediction predict_tensor_parallel(const GPT2Config& cfg, int micr
 // parallelism. Does not grow with the step's micro-batches.
 double pipeline_buffer_bytes(const GPT2Config& cfg, const ModelPart& part, int stages, int micro_B, DType dtype,
                              TensorParallelism tp = {});
+
+// The communication buffers a data-parallel strategy holds at most during a step (docs/theory.md,
+// "Transient buffers"): none for DP; ZeRO-1's gradient shard (twice under ZeRO-2's rule of a
+// pipeline, reduce_every_micro_batch); ZeRO-2's two layers' gradients in flight; ZeRO-3's also the
+// gathered layers.
+double strategy_transient_bytes(Strategy strategy, const ParamLayout& layout, DType dtype,
+                                bool reduce_every_micro_batch);
 
 // The peak memory of one rank, predicted before anything is allocated.
 struct MemoryForecast {

@@ -240,13 +240,9 @@ TrainingRun::TrainingRun(ProcessGrid& grid, TrainConfig& cfg, const Parallelism&
                     .add("chapter", cfg_.chapter)
                     .add("ranks", N)
                     .add("nodes", nodes_in_job())
-                    .add("dp", data_ranks_)
-                    .add("cp", split_.cp.size)
-                    .add("tp", split_.tp.size)
-                    .add("sequence_parallel", split_.tp.sequence_parallel)
-                    .add("pp", split_.pp.size)
-                    .add("ep", split_.ep.size)
-                    .add("preset", model_.preset)
+                    .add("dp", data_ranks_);
+    add_dimension_sizes(split_, run_record_);  // "cp", "tp", "sequence_parallel", "pp", "ep"
+    run_record_.add("preset", model_.preset)
                     .add("L", model_.L).add("C", model_.C).add("NH", model_.NH).add("T", model_.T).add("V", model_.V)
                     .add("params", int64_t(global_layout_.num_params))
                     .add("rank_params", int64_t(layout_.num_params))
@@ -297,16 +293,11 @@ JsonObject TrainingRun::moe_run_fields() const {
       .add("capacity_factor", model_.capacity_factor).add("aux_loss_coef", model_.aux_loss_coef);
 }
 
-// Every dimension the chapter has (its grid flags: --tp, --cp, --pp), sizes of 1 included, so that a
-// header names the whole grid whichever sizes were chosen.
+// Every dimension the chapter has (its grid flags: --cp, --ulysses, --tp, --pp), sizes of 1 included, so
+// that a header names the whole grid whichever sizes were chosen; each dimension says its own words.
 std::string TrainingRun::grid_line() const {
   std::string line = std::to_string(data_ranks_) + " data-parallel";
-  if (cfg_.chapter_takes("--cp"))
-    line += " x " + std::to_string(split_.cp.size) + " context-parallel" +
-            (split_.cp.ulysses > 1 ? " (Ulysses " + std::to_string(split_.cp.ulysses) + " x ring " + std::to_string(split_.cp.ring()) + ")" : "");
-  if (cfg_.chapter_takes("--tp"))
-    line += " x " + std::to_string(split_.tp.size) + " tensor-parallel" + (split_.tp.sequence_parallel ? " (sequence parallel)" : "");
-  if (cfg_.chapter_takes("--pp")) line += " x " + std::to_string(split_.pp.size) + " pipeline stage" + (split_.pp.size > 1 ? "s" : "");
+  line += dimension_grid_words(split_, [&](const std::string& flag) { return cfg_.chapter_takes(flag); });
   if (split_.cp.on())
     line += " | each rank holds " + std::to_string(split_.cp.positions.size()) + " of the " + std::to_string(model_.T) +
             " positions of every sequence";
