@@ -7,7 +7,7 @@
 // Linked as libraries, cuBLAS and cuBLASLt (half a gigabyte, thousands of static constructors) were
 // loaded and initialised by every process at its start: about 0.15 s of CPU time per rank, spent
 // by each rank of each run on the CPU too (4 ranks of 04 for one step on 2 cores: 1.4 s of CPU time
-// with them, 0.8 s without). A run on the GPU pays the same once, at its first matrix product.
+// with them, 0.7 s without). A run on the GPU pays the same once, at its first matrix product.
 //
 // A call this file does not define fails to link ("undefined reference to cublas..."): add it below
 // with its declaration's parameters (the compiler checks them against the library's header).
