@@ -137,6 +137,20 @@ $(BUILD)/tests/%: $(BUILD)/tests/%.o $(LIBCOMMON) $(BUILD)/tests/mpi_gtest_main.
 TEST_OPT ?= -O1
 $(BUILD)/tests/%.o: CXXFLAGS += $(TEST_OPT)
 
+# GoogleTest's header, parsed once for all the tests' files: a precompiled header (GCC's .gch, used
+# where a file's -include names the header beside it), compiled with the very flags of the tests'
+# objects, since GCC uses it only then (-Winvalid-pch says so if not). It saves about a second of
+# CPU per test file, about 1.2 s of the 2 s that <gtest/gtest.h> alone costs to compile at TEST_OPT.
+TEST_PCH := $(BUILD)/tests/pch/gtest.h
+$(TEST_PCH).gch: CXXFLAGS += $(TEST_OPT)
+$(TEST_PCH).gch: $(FLAGS_STAMP)
+	$(need_mpicxx)
+	@mkdir -p $(dir $@)
+	@echo '#include <gtest/gtest.h>  // the tests precompiled header, written by the Makefile' > $(TEST_PCH)
+	$(call say,PCH,<gtest/gtest.h>)$(MPICXX) $(CPPFLAGS) $(CXXFLAGS) -c -x c++-header $(TEST_PCH) -o $@
+$(BUILD)/tests/%.o: CPPFLAGS += -include $(TEST_PCH) -Winvalid-pch
+$(TEST_SRC:tests/%.cpp=$(BUILD)/tests/%.o) $(TEST_SUPPORT) $(BUILD)/tests/mpi_gtest_main.o: $(TEST_PCH).gch
+
 # Objects that pattern rules make on the way to a program (a chapter's train.o, the tests' objects)
 # are intermediate files to make, which it deletes after the build: kept, so that the next build
 # does not compile them again.

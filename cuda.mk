@@ -3,7 +3,8 @@
 #   - defines GPT_WITH_CUDA (and GPT_WITH_NCCL where nccl.h exists) for every host object, so ops.cpp
 #     dispatches CUDA tensors to ops_cuda.cu and memory.cpp allocates them with cudaMalloc;
 #   - compiles common/*/*.cu with nvcc into libcommon.a, next to the common/*/*.cpp objects;
-#   - links the CUDA libraries into every program that links libcommon.a (CUDA_LINKED below);
+#   - links the CUDA libraries into every program that links libcommon.a (CUDA_LINKED below; cuBLAS
+#     is opened at its first call instead, common/ops/cublas_on_demand.cpp);
 #   - builds the kernel lessons (lessons/matmul/matmul_lesson) and, with the tests, the kernel
 #     variants' benchmark (build/kernel_variants); test_cuda_ops comes with the other tests
 #     (tests/test_*.cpp) and skips its tests where no GPU is present.
@@ -32,8 +33,10 @@ endif
 # Link flags. They reach the link lines through CXXFLAGS, which those lines place before the objects,
 # so --no-as-needed keeps the libraries even where the linker defaults to --as-needed (Ubuntu's gcc),
 # which would otherwise drop a library named before the objects that use it. The rpath lets the
-# programs find the libraries at run time without LD_LIBRARY_PATH.
-CUDA_LDFLAGS := -Wl,--no-as-needed -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart -lcublas -lcublasLt $(CUDA_NCCL)
+# programs find the libraries at run time without LD_LIBRARY_PATH. cuBLAS and cuBLASLt are not linked:
+# common/ops/cublas_on_demand.cpp opens them (through the same rpath) at their first call, so that a
+# rank that trains on the CPU does not spend 0.15 s of CPU time loading them.
+CUDA_LDFLAGS := -Wl,--no-as-needed -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart $(CUDA_NCCL) -ldl
 
 CUDA_SRC := $(wildcard common/*/*.cu)
 CUDA_OBJ := $(CUDA_SRC:%.cu=$(BUILD)/%.o)

@@ -22,13 +22,25 @@ failed=0
 skipped=0
 failures=()
 
+# CPU seconds (user + system) of every child this shell has waited for, ranks under mpiexec
+# included: a binary's share is the difference around it. On a busy machine the wall time says how
+# loaded the machine was; the CPU time says what the test itself cost.
+# (`times` runs in this shell, not in a $(...) subshell, whose children would be none.)
+children_cpu() {  # variable to set
+  times >"$scratch/.times"
+  printf -v "$1" '%s' "$(awk 'NR == 2 { for (i = 1; i <= 2; i++) { split($i, p, /[ms]/); t += p[1] * 60 + p[2] }
+                              printf "%.2f", t }' "$scratch/.times")"
+}
+
 run_one() {  # label, command...
   local label=$1; shift
   local log; log=$(mktemp)
   echo "=== $label"
-  local start=$SECONDS
+  local start=$SECONDS cpu_before cpu_after; children_cpu cpu_before
   "$@" </dev/null >"$log" 2>&1
   local rc=$?
+  children_cpu cpu_after
+  local cpu; cpu=$(awk -v a="$cpu_before" -v b="$cpu_after" 'BEGIN { printf "%.1f", b - a }')
   local p f
   p=$(sed -n 's/^\[  PASSED  \] \([0-9]*\) test.*/\1/p' "$log" | tail -n 1)
   f=$(sed -n 's/^\[  FAILED  \] \([0-9]*\) test.*/\1/p' "$log" | tail -n 1)
@@ -46,7 +58,7 @@ run_one() {  # label, command...
     # A skip must say why (no GPU, ...): show the reasons.
     awk 'skip { print "  skipped because: " $0; skip = 0 } /: Skipped$/ { skip = 1 }' "$log" | sort -u | head -n 3
   fi
-  echo "--- $label: $p passed, $f failed, $k skipped ($((SECONDS - start)) s)"
+  echo "--- $label: $p passed, $f failed, $k skipped ($((SECONDS - start)) s, CPU $cpu s)"
   rm -f "$log"
 }
 
@@ -56,8 +68,11 @@ while read -r name mode ranks; do
   if [ -n "${TESTS:-}" ] && [[ " $TESTS " != *" $name "* ]]; then continue; fi
   if [ "$mode" = "script" ]; then
     echo "=== $name"
-    if $ranks </dev/null; then passed=$((passed + 1)); echo "--- $name: passed"
-    else failed=$((failed + 1)); failures+=("$name"); echo "--- $name: FAILED"; fi
+    start=$SECONDS; children_cpu cpu_before
+    if $ranks </dev/null; then passed=$((passed + 1)); result=passed
+    else failed=$((failed + 1)); failures+=("$name"); result=FAILED; fi
+    children_cpu cpu_after
+    echo "--- $name: $result ($((SECONDS - start)) s, CPU $(awk -v a="$cpu_before" -v b="$cpu_after" 'BEGIN { printf "%.1f", b - a }') s)"
     continue
   fi
   bin=build/tests/$name
@@ -78,5 +93,6 @@ done < tests/manifest.txt
 if [ ${#failures[@]} -gt 0 ]; then
   echo "failed: ${failures[*]}"
 fi
-echo "$passed passed, $failed failed, $skipped skipped"
+children_cpu cpu_after
+echo "$passed passed, $failed failed, $skipped skipped ($SECONDS s, CPU $(awk -v b="$cpu_after" 'BEGIN { printf "%.0f", b }') s)"
 [ "$failed" -eq 0 ]

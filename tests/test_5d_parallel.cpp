@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <cctype>
 #include <fstream>
+#include <map>
 #include <ostream>
 #include <regex>
 #include <string>
@@ -216,6 +217,15 @@ Trained train(const std::string& chapter, int ranks, const std::string& flags) {
   return run;
 }
 
+// The one-rank reference of 11 with these flags, trained once per binary: most MoE grids share one
+// (the preset, the micro-batches and the capacity are all they pass it), and each is read, never written.
+const Trained& one_rank_of_11(const std::string& flags) {
+  static std::map<std::string, Trained> trained;
+  auto found = trained.find(flags);
+  if (found == trained.end()) found = trained.emplace(flags, train("11_expert_parallel", 1, flags)).first;
+  return found->second;
+}
+
 TEST_P(MoEGrid, TrainsLikeOneRankOf11WithTheSameTokensDropped) {
   const FiveDCase c = GetParam();
   std::string moe_flags;  // the capacity and the balance loss, for both runs
@@ -226,7 +236,7 @@ TEST_P(MoEGrid, TrainsLikeOneRankOf11WithTheSameTokensDropped) {
     moe_flags += " " + c.flags.substr(at, value_end == std::string::npos ? std::string::npos : value_end - at);
   }
   const std::string preset = "--preset " + c.preset + " ";
-  const Trained one = train("11_expert_parallel", 1, preset + "--grad-accum " + std::to_string(c.micro_batches) + moe_flags);
+  const Trained& one = one_rank_of_11(preset + "--grad-accum " + std::to_string(c.micro_batches) + moe_flags);
   const Trained grid =
       train("12_5d_parallel", c.ranks, preset + c.flags + " --micro-batches " + std::to_string(c.micro_batches));
   const LossCurve reference = read_losses(one.jsonl), got = read_losses(grid.jsonl);

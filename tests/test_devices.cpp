@@ -6,11 +6,13 @@
 // column, a bf16 checkpoint resumes exactly, and the memory counters agree with what the driver
 // reports; freed GPU memory is reused, zeroed; chapter 10's ring and 11's experts on CUDA buffers match.
 // With two GPUs: NCCL between ranks, a pipeline's grouped messages matched by call order, and the
-// emulated link on NCCL. Each test that needs the other situation skips and says why. Everywhere: the watchdog of the host's waits on a GPU.
+// emulated link on NCCL. Each test that needs the other situation skips and says why. Everywhere: the watchdog of the host's waits on a GPU,
+// and cuBLAS loaded at its first call, not at the start.
 #include <gtest/gtest.h>
 
 #include <chrono>
 #include <cstdio>
+#include <fstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -20,6 +22,7 @@
 #include "training_harness.h"
 #include "base/watchdog.h"
 #ifdef GPT_WITH_CUDA
+#include <cublas_v2.h>  // cublasGetStatusName, the on-demand loading's test
 #include <cuda_runtime_api.h>
 #endif
 
@@ -60,6 +63,29 @@ LossCurve train(const std::string& chapter, int ranks, const std::string& args, 
   EXPECT_EQ(r.exit_code, 0) << r.output;
   if (output) *output = r.output;
   return read_losses(dir + "/run.jsonl");
+}
+
+// cuBLAS is opened at its first call (common/ops/cublas_on_demand.cpp), not when a program starts:
+// a rank on the CPU never pays for loading it. First in this file, before any test that could call
+// it in this process.
+TEST(CublasOnDemand, LoadedAtTheFirstCallAndNotBefore) {
+#ifndef GPT_WITH_CUDA
+  GTEST_SKIP() << "a build without CUDA";
+#else
+  auto mapped = [](const std::string& library) {
+    std::ifstream maps("/proc/self/maps");
+    std::string line;
+    while (std::getline(maps, line))
+      if (line.find(library) != std::string::npos) return true;
+    return false;
+  };
+  EXPECT_FALSE(mapped("libcublasLt.so")) << "cuBLASLt was loaded at the start";
+  EXPECT_FALSE(mapped("libcublas.so")) << "cuBLAS was loaded at the start";
+  // A call that needs no GPU, answered by the library itself.
+  EXPECT_STREQ(cublasGetStatusName(CUBLAS_STATUS_NOT_SUPPORTED), "CUBLAS_STATUS_NOT_SUPPORTED");
+  EXPECT_TRUE(mapped("libcublasLt.so"));
+  EXPECT_TRUE(mapped("libcublas.so"));
+#endif
 }
 
 TEST(DeviceChoice, CudaWithoutGpuEndsEveryRankWithTheReason) {

@@ -114,7 +114,10 @@ struct MpiOp {
 // The one progress engine of the process (comm_engine.cpp's opening comment says how it moves ops).
 class ProgressEngine {
  public:
-  ProgressEngine();
+  // may_spin: a waiting caller may poll without sleeping while its op could still be moving data
+  // (comm_engine.cpp). False where this node's ranks outnumber its cores: there the peer a rank
+  // waits for needs the very core a spin would take.
+  explicit ProgressEngine(bool may_spin = true);
   ~ProgressEngine();
 
   // A communicator's two lanes of the emulated link (comm_engine.cpp), sends then receives, and its
@@ -173,6 +176,7 @@ class ProgressEngine {
   std::vector<InFlightSweep> blocked_;  // and its callers' union of blocked intervals
   int waiters_ = 0;
   bool stopping_ = false;
+  const bool may_spin_;
   std::thread thread_;  // last: starts once everything above exists
 };
 

@@ -10,6 +10,7 @@
 #include "comm/comm.h"
 
 #include <mpi.h>
+#include <sched.h>  // sched_getaffinity
 #include <unistd.h>
 
 #include <algorithm>
@@ -44,6 +45,14 @@ int world_size() {
   int size = 0;
   MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &size));
   return size;
+}
+
+// The cores this process may run on (its affinity mask: a container or a scheduler's cgroup may
+// give it fewer than the machine has).
+int cores_available() {
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof set, &set) == 0) return std::max(1, CPU_COUNT(&set));
+  return std::max(1, int(std::thread::hardware_concurrency()));
 }
 
 }  // namespace
@@ -490,7 +499,7 @@ std::unique_ptr<Communicator> init_mpi_communicator(int* argc, char*** argv) {
   MPI_CHECK(MPI_Allgather(&pid, 1, MPI_INT, world_pids.data(), 1, MPI_INT, MPI_COMM_WORLD));
   MPI_CHECK(MPI_Allgather(&node_id, 1, MPI_INT, world_nodes.data(), 1, MPI_INT, MPI_COMM_WORLD));
   set_world_processes(world_pids, world_nodes, rank);  // for the watchdogs' messages
-  auto engine = std::make_shared<ProgressEngine>();
+  auto engine = std::make_shared<ProgressEngine>(/*may_spin=*/g_ranks_on_node <= cores_available());
   g_engine = engine;
   // A private copy of MPI_COMM_WORLD: our collectives and messages cannot be confused with MPI calls
   // made elsewhere in the process (the test harness, a library) on MPI_COMM_WORLD.
