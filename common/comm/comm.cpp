@@ -38,35 +38,21 @@ void CollectiveCounters::count_op(int64_t payload, int64_t sent, int64_t receive
   }
 }
 
-int64_t CommStats::total_calls() const {
-  int64_t n = 0;
-  for (const CollectiveCounters& c : kind) n += c.calls;
-  return n;
+namespace {
+// One field of the counters, added over every collective kind.
+template <typename T>
+T sum_over_kinds(const CommStats& stats, T CollectiveCounters::*field) {
+  T total = 0;
+  for (const CollectiveCounters& c : stats.kind) total += c.*field;
+  return total;
 }
+}  // namespace
 
-int64_t CommStats::total_launched() const {
-  int64_t n = 0;
-  for (const CollectiveCounters& c : kind) n += c.launched;
-  return n;
-}
-
-int64_t CommStats::total_sent_bytes() const {
-  int64_t n = 0;
-  for (const CollectiveCounters& c : kind) n += c.sent_bytes;
-  return n;
-}
-
-int64_t CommStats::total_received_bytes() const {
-  int64_t n = 0;
-  for (const CollectiveCounters& c : kind) n += c.received_bytes;
-  return n;
-}
-
-double CommStats::total_busy_ms() const {
-  double ms = 0;
-  for (const CollectiveCounters& c : kind) ms += c.busy_ms;
-  return ms;
-}
+int64_t CommStats::total_calls() const { return sum_over_kinds(*this, &CollectiveCounters::calls); }
+int64_t CommStats::total_launched() const { return sum_over_kinds(*this, &CollectiveCounters::launched); }
+int64_t CommStats::total_sent_bytes() const { return sum_over_kinds(*this, &CollectiveCounters::sent_bytes); }
+int64_t CommStats::total_received_bytes() const { return sum_over_kinds(*this, &CollectiveCounters::received_bytes); }
+double CommStats::total_busy_ms() const { return sum_over_kinds(*this, &CollectiveCounters::busy_ms); }
 
 CommStats CommStats::since(const CommStats& before) const {
   CommStats d;
