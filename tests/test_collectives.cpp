@@ -440,8 +440,8 @@ TEST(P2PCommunicator, AsyncAllReduceHiddenBehindComputeOnEmulatedLink) {
   Communicator& world = test_comm();
   const int N = world.size(), r = world.rank();
   if (N == 1) GTEST_SKIP() << "one rank has no link to emulate";
-  const int cores = int(std::thread::hardware_concurrency());
-  if (cores > 0 && N > 2 * cores) GTEST_SKIP() << N << " computing ranks on " << cores << " cores";
+  const int cores = cores_for_this_job();
+  if (N > 2 * cores) GTEST_SKIP() << N << " computing ranks on " << cores << " cores";
   CollectivesChoice choice;
   ASSERT_TRUE(parse_collectives("ring", &choice));
   auto comm = with_collectives(choice, world.split(0, r, "p2p"));

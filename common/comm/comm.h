@@ -296,6 +296,9 @@ void shutdown_mpi(std::unique_ptr<Communicator> comm);
 // nodes the job spans (1 on one host; `mpiexec -f hostfile` across hosts, docs/cluster.md).
 int ranks_on_this_node();
 int nodes_in_job();
+// The cores this process may count on: its affinity mask, or fewer where GPT_CORES_PER_JOB says so
+// (tests/run_tests.sh runs several jobs at once and gives each its share of the machine).
+int cores_for_this_job();
 
 // The watchdog: an op that has been in flight (posted to MPI) for longer than `seconds` ends the job
 // with a message naming the rank, the op, its group with the group's world ranks, the peer of a send

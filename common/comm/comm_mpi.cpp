@@ -47,19 +47,24 @@ int world_size() {
   return size;
 }
 
-// The cores this process may run on (its affinity mask: a container or a scheduler's cgroup may
-// give it fewer than the machine has).
-int cores_available() {
-  cpu_set_t set;
-  if (sched_getaffinity(0, sizeof set, &set) == 0) return std::max(1, CPU_COUNT(&set));
-  return std::max(1, int(std::thread::hardware_concurrency()));
-}
-
 }  // namespace
 
 int ranks_on_this_node() { return g_ranks_on_node; }
 
 int nodes_in_job() { return g_nodes; }
+
+// The affinity mask first (a container or a scheduler's cgroup may give a process fewer cores than
+// the machine has), then the test runner's share, when it runs jobs side by side.
+int cores_for_this_job() {
+  int cores = int(std::thread::hardware_concurrency());
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof set, &set) == 0) cores = CPU_COUNT(&set);
+  if (const char* share = std::getenv("GPT_CORES_PER_JOB")) {
+    const int n = std::atoi(share);
+    if (n >= 1) cores = std::min(cores, n);
+  }
+  return std::max(1, cores);
+}
 
 // ---------------------------------------------------------------------------------------------
 // The MPI communicator
@@ -499,7 +504,7 @@ std::unique_ptr<Communicator> init_mpi_communicator(int* argc, char*** argv) {
   MPI_CHECK(MPI_Allgather(&pid, 1, MPI_INT, world_pids.data(), 1, MPI_INT, MPI_COMM_WORLD));
   MPI_CHECK(MPI_Allgather(&node_id, 1, MPI_INT, world_nodes.data(), 1, MPI_INT, MPI_COMM_WORLD));
   set_world_processes(world_pids, world_nodes, rank);  // for the watchdogs' messages
-  auto engine = std::make_shared<ProgressEngine>(/*may_spin=*/g_ranks_on_node <= cores_available());
+  auto engine = std::make_shared<ProgressEngine>(/*may_spin=*/g_ranks_on_node <= cores_for_this_job());
   g_engine = engine;
   // A private copy of MPI_COMM_WORLD: our collectives and messages cannot be confused with MPI calls
   // made elsewhere in the process (the test harness, a library) on MPI_COMM_WORLD.
