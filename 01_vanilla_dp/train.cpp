@@ -28,9 +28,9 @@
 #include <cmath>
 
 #include "comm/comm.h"
-#include "comm/comm_factory.h"
 #include "comm/wire_format.h"  // the gradients in the recipe's format (fp32: as they are)
 #include "ops/device.h"
+#include "training/chapter_main.h"  // run_chapter: main(), flags and checks
 #include "training/flags.h"
 #include "ops/memory.h"
 #include "model/model.h"
@@ -39,8 +39,10 @@
 #include "parallel/shards.h"
 #include "training/training_run.h"
 
-// The chapter's own flags (the common ones are TrainConfig's, flags.h).
+// The chapter's own flags (the common ones are TrainConfig's, flags.h): declared, then checked.
 struct Options {
+  void declare(FlagParser&, TrainConfig&) {}
+  void check(TrainConfig&, int /*ranks*/) {}
 };
 
 // The whole run, in a function: the grid's groups must end before MPI does.
@@ -82,18 +84,8 @@ int train(Communicator& world, TrainConfig& cfg, const Options&) {
   return run.finish();
 }
 
+// Where training starts: run_chapter (chapter_main.h) parses the flags, checks them, then calls train().
 int main(int argc, char** argv) {
-  auto comm = init_mpi_communicator(&argc, &argv);
-  TrainConfig cfg;
-  FlagParser flags;
-  Options opt;
-  if (!parse_train_flags(argc, argv, "01_vanilla_dp",
-                         "Chapter 01: data parallelism, one all-reduce after backward.", flags, &cfg)) {
-    shutdown_mpi(std::move(comm));
-    return 0;
-  }
-  comm = communicator_for(pick_device(cfg.device), std::move(comm), cfg.collectives);  // NCCL on GPUs (comm_factory.h)
-  const int status = train(*comm, cfg, opt);
-  shutdown_mpi(std::move(comm));
-  return status;
+  return run_chapter(argc, argv, "01_vanilla_dp",
+                     "Chapter 01: data parallelism, one all-reduce after backward.", train);
 }

@@ -31,8 +31,8 @@
 #include <vector>
 
 #include "comm/comm.h"
-#include "comm/comm_factory.h"
 #include "ops/device.h"
+#include "training/chapter_main.h"  // run_chapter: main(), flags and checks
 #include "training/flags.h"
 #include "ops/memory.h"
 #include "model/model.h"
@@ -43,8 +43,10 @@
 
 #include "parallel/layer_grads.h"
 
-// The chapter's own flags (the common ones are TrainConfig's, flags.h).
+// The chapter's own flags (the common ones are TrainConfig's, flags.h): declared, then checked.
 struct Options {
+  void declare(FlagParser&, TrainConfig&) {}
+  void check(TrainConfig&, int /*ranks*/) {}
 };
 
 // The whole run, in a function: the grid's groups must end before MPI does.
@@ -108,18 +110,8 @@ int train(Communicator& world, TrainConfig& cfg, const Options&) {
   return run.finish();
 }
 
+// Where training starts: run_chapter (chapter_main.h) parses the flags, checks them, then calls train().
 int main(int argc, char** argv) {
-  auto comm = init_mpi_communicator(&argc, &argv);
-  TrainConfig cfg;
-  FlagParser flags;
-  Options opt;
-  if (!parse_train_flags(argc, argv, "05_zero2",
-                         "Chapter 05: ZeRO-2, optimizer state and gradients sharded.", flags, &cfg)) {
-    shutdown_mpi(std::move(comm));
-    return 0;
-  }
-  comm = communicator_for(pick_device(cfg.device), std::move(comm), cfg.collectives);  // NCCL on GPUs (comm_factory.h)
-  const int status = train(*comm, cfg, opt);
-  shutdown_mpi(std::move(comm));
-  return status;
+  return run_chapter(argc, argv, "05_zero2",
+                     "Chapter 05: ZeRO-2, optimizer state and gradients sharded.", train);
 }

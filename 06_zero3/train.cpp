@@ -31,8 +31,8 @@
 #include <map>
 
 #include "comm/comm.h"
-#include "comm/comm_factory.h"
 #include "ops/device.h"
+#include "training/chapter_main.h"  // run_chapter: main(), flags and checks
 #include "training/flags.h"
 #include "parallel/weight_gather.h"  // gather_unit_async: a layer in the recipe's formats (fp32: as it is)
 #include "ops/memory.h"
@@ -45,9 +45,14 @@
 #include "parallel/layer_grads.h"
 #include "training/zero3_report.h"
 
-// The chapter's own flags (the common ones are TrainConfig's, flags.h).
+// The chapter's own flags (the common ones are TrainConfig's, flags.h): declared, then checked.
 struct Options {
   bool no_prefetch = false;
+
+  void declare(FlagParser& flags, TrainConfig&) {
+    flags.add_switch("--no-prefetch", &no_prefetch, "gather each layer only when it is needed (no overlap)");
+  }
+  void check(TrainConfig&, int /*ranks*/) {}
 };
 
 // The whole run, in a function: the grid's groups must end before MPI does.
@@ -154,19 +159,8 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
   return run.finish();
 }
 
+// Where training starts: run_chapter (chapter_main.h) parses the flags, checks them, then calls train().
 int main(int argc, char** argv) {
-  auto comm = init_mpi_communicator(&argc, &argv);
-  TrainConfig cfg;
-  FlagParser flags;
-  Options opt;
-  flags.add_switch("--no-prefetch", &opt.no_prefetch, "gather each layer only when it is needed (no overlap)");
-  if (!parse_train_flags(argc, argv, "06_zero3",
-                         "Chapter 06: ZeRO-3, parameters, gradients and optimizer state sharded.", flags, &cfg)) {
-    shutdown_mpi(std::move(comm));
-    return 0;
-  }
-  comm = communicator_for(pick_device(cfg.device), std::move(comm), cfg.collectives);  // NCCL on GPUs (comm_factory.h)
-  const int status = train(*comm, cfg, opt);
-  shutdown_mpi(std::move(comm));
-  return status;
+  return run_chapter(argc, argv, "06_zero3",
+                     "Chapter 06: ZeRO-3, parameters, gradients and optimizer state sharded.", train);
 }

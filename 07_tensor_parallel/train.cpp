@@ -47,9 +47,9 @@
 
 #include "parallel/buckets.h"
 #include "comm/comm.h"
-#include "comm/comm_factory.h"
 #include "comm/wire_format.h"  // activations and gradients in the recipe's formats (fp32: as they are)
 #include "ops/device.h"
+#include "training/chapter_main.h"  // run_chapter: main(), flags and checks
 #include "training/flags.h"
 #include "ops/memory.h"
 #include "model/model.h"
@@ -61,11 +61,29 @@
 #include "parallel/data_parallel.h"
 #include "comm/process_grid.h"
 
-// The chapter's own flags (the common ones are TrainConfig's, flags.h).
+// The chapter's own flags (the common ones are TrainConfig's, flags.h): declared, then checked.
 struct Options {
   int tp = 0;  // 0: 2 where the rank count is even, else 1
   bool sequence_parallel = false, overlap = false, zero1 = false;
   double bucket_mb = 0;
+
+  void declare(FlagParser& flags, TrainConfig& cfg) {
+    flags.add("--tp", &tp, "ranks in a tensor-parallel group (default: 2 on an even rank count); the rest is "
+                           "data-parallel");
+    flags.add_switch("--sequence-parallel", &sequence_parallel,
+                     "split the rows between the parallel products too (gathers and scatters for all-reduces)");
+    flags.add_switch("--tp-overlap", &overlap,
+                     "in backward, sum the input's gradient while the weight's gradient is computed");
+    flags.add_switch("--zero1", &zero1, "shard the optimizer state over the data-parallel group (chapter 04)");
+    flags.add("--bucket-mb", &bucket_mb, "data-parallel bucket size in MB (default: an eighth of the gradient)");
+    flags.add("--tp-link-gbps", &cfg.tp_link_gbps, "the tensor-parallel group's emulated link, 0.001 to 100000 Gbit/s, 0 "
+                                                   "= unlimited (default: --link-gbps's)");
+    flags.add("--tp-link-latency-us", &cfg.tp_link_latency_us, "its latency, 0 to 1000000 us (default: --link-latency-us's)");
+  }
+  void check(TrainConfig& cfg, int /*ranks*/) {
+    if (cfg.was_given("--bucket-mb") && !(bucket_mb > 0)) config_error("--bucket-mb must be > 0");
+    if (cfg.was_given("--tp") && tp < 1) config_error("--tp must be >= 1");
+  }
 };
 
 // The whole run, in a function: the grid's groups must end before MPI does.
@@ -188,31 +206,8 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
   return run.finish();
 }
 
+// Where training starts: run_chapter (chapter_main.h) parses the flags, checks them, then calls train().
 int main(int argc, char** argv) {
-  auto comm = init_mpi_communicator(&argc, &argv);
-  TrainConfig cfg;
-  FlagParser flags;
-  Options opt;
-  flags.add("--tp", &opt.tp, "ranks in a tensor-parallel group (default: 2 on an even rank count); the rest is "
-                            "data-parallel");
-  flags.add_switch("--sequence-parallel", &opt.sequence_parallel,
-                   "split the rows between the parallel products too (gathers and scatters for all-reduces)");
-  flags.add_switch("--tp-overlap", &opt.overlap,
-                   "in backward, sum the input's gradient while the weight's gradient is computed");
-  flags.add_switch("--zero1", &opt.zero1, "shard the optimizer state over the data-parallel group (chapter 04)");
-  flags.add("--bucket-mb", &opt.bucket_mb, "data-parallel bucket size in MB (default: an eighth of the gradient)");
-  flags.add("--tp-link-gbps", &cfg.tp_link_gbps, "the tensor-parallel group's emulated link, 0.001 to 100000 Gbit/s, 0 "
-                                                "= unlimited (default: --link-gbps's)");
-  flags.add("--tp-link-latency-us", &cfg.tp_link_latency_us, "its latency, 0 to 1000000 us (default: --link-latency-us's)");
-  if (!parse_train_flags(argc, argv, "07_tensor_parallel",
-                         "Chapter 07: Megatron tensor parallelism and sequence parallelism, on a DP x TP grid.", flags, &cfg)) {
-    shutdown_mpi(std::move(comm));
-    return 0;
-  }
-  if (cfg.was_given("--bucket-mb") && !(opt.bucket_mb > 0)) config_error("--bucket-mb must be > 0");
-  if (cfg.was_given("--tp") && opt.tp < 1) config_error("--tp must be >= 1");
-  comm = communicator_for(pick_device(cfg.device), std::move(comm), cfg.collectives);  // NCCL on GPUs (comm_factory.h)
-  const int status = train(*comm, cfg, opt);
-  shutdown_mpi(std::move(comm));
-  return status;
+  return run_chapter(argc, argv, "07_tensor_parallel",
+                     "Chapter 07: Megatron tensor parallelism and sequence parallelism, on a DP x TP grid.", train);
 }

@@ -49,9 +49,9 @@
 
 #include "parallel/buckets.h"
 #include "comm/comm.h"
-#include "comm/comm_factory.h"
 #include "parallel/data_parallel.h"
 #include "ops/device.h"
+#include "training/chapter_main.h"  // run_chapter: main(), flags and checks
 #include "training/flags.h"
 #include "pipeline/gradient_router.h"  // each gradient to its group, by its copies
 #include "ops/memory.h"
@@ -67,6 +67,7 @@
 #include "parallel/tensor_parallel_hooks.h"  // 07's collectives, for every chunk
 #include "training/training_run.h"
 
+// The chapter's own flags (the common ones are TrainConfig's, flags.h): declared, then checked.
 struct Options {
   int tp = 0;  // 0: 2 where the rank count is even, else 1
   // --pp (0: 2 where the ranks left are even, else 1), --micro-batches, --schedule, --virtual-stages,
@@ -75,6 +76,25 @@ struct Options {
   bool sequence_parallel = false, overlap = false;
   std::string matching = "auto";  // auto: by tag where the communicator has tags (MPI), else call order
   double bucket_mb = 0;
+
+  void declare(FlagParser& flags, TrainConfig& cfg) {
+    flags.add("--tp", &tp, "ranks in a tensor-parallel group, innermost (default: 2 on an even rank count)");
+    flags.add("--pp", &pipeline.pp, "pipeline stages, outermost (default: 2 where the ranks left are even); the rest is "
+                                    "data-parallel");
+    flags.add_switch("--sequence-parallel", &sequence_parallel,
+                     "split the rows between the parallel products too (gathers and scatters for all-reduces)");
+    flags.add_switch("--tp-overlap", &overlap,
+                     "in backward, sum the input's gradient while the weight's gradient is computed");
+    add_schedule_flags(flags, &pipeline, &matching);  // --micro-batches, --schedule, ... (pipeline_flags.h)
+    flags.add("--bucket-mb", &bucket_mb, "data-parallel bucket size in MB (default: an eighth of the gradient)");
+    flags.add("--tp-link-gbps", &cfg.tp_link_gbps, "the tensor-parallel group's emulated link (default: --link-gbps's)");
+    flags.add("--tp-link-latency-us", &cfg.tp_link_latency_us, "its latency (default: --link-latency-us's)");
+  }
+  void check(TrainConfig& cfg, int /*ranks*/) {
+    check_schedule_flags(cfg, pipeline);
+    if (cfg.was_given("--bucket-mb") && !(bucket_mb > 0)) config_error("--bucket-mb must be > 0");
+    if (cfg.was_given("--tp") && tp < 1) config_error("--tp must be >= 1");
+  }
 };
 
 // The whole run, in a function: the grid's groups must end before MPI does.
@@ -200,34 +220,8 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
   return run.finish();
 }
 
+// Where training starts: run_chapter (chapter_main.h) parses the flags, checks them, then calls train().
 int main(int argc, char** argv) {
-  auto comm = init_mpi_communicator(&argc, &argv);
-  TrainConfig cfg;
-  FlagParser flags;
-  Options opt;
-  PipelineFlags& pipe = opt.pipeline;
-  flags.add("--tp", &opt.tp, "ranks in a tensor-parallel group, innermost (default: 2 on an even rank count)");
-  flags.add("--pp", &pipe.pp, "pipeline stages, outermost (default: 2 where the ranks left are even); the rest is "
-                             "data-parallel");
-  flags.add_switch("--sequence-parallel", &opt.sequence_parallel,
-                   "split the rows between the parallel products too (gathers and scatters for all-reduces)");
-  flags.add_switch("--tp-overlap", &opt.overlap,
-                   "in backward, sum the input's gradient while the weight's gradient is computed");
-  add_schedule_flags(flags, &pipe, &opt.matching);  // --micro-batches, --schedule, ... (pipeline_flags.h)
-  flags.add("--bucket-mb", &opt.bucket_mb, "data-parallel bucket size in MB (default: an eighth of the gradient)");
-  flags.add("--tp-link-gbps", &cfg.tp_link_gbps, "the tensor-parallel group's emulated link (default: --link-gbps's)");
-  flags.add("--tp-link-latency-us", &cfg.tp_link_latency_us, "its latency (default: --link-latency-us's)");
-  if (!parse_train_flags(argc, argv, "09_3d_parallel",
-                         "Chapter 09: data x tensor x pipeline parallelism, and activation recomputation.", flags,
-                         &cfg)) {
-    shutdown_mpi(std::move(comm));
-    return 0;
-  }
-  check_schedule_flags(cfg, pipe);
-  if (cfg.was_given("--bucket-mb") && !(opt.bucket_mb > 0)) config_error("--bucket-mb must be > 0");
-  if (cfg.was_given("--tp") && opt.tp < 1) config_error("--tp must be >= 1");
-  comm = communicator_for(pick_device(cfg.device), std::move(comm), cfg.collectives);  // NCCL on GPUs (comm_factory.h)
-  const int status = train(*comm, cfg, opt);
-  shutdown_mpi(std::move(comm));
-  return status;
+  return run_chapter(argc, argv, "09_3d_parallel",
+                     "Chapter 09: data x tensor x pipeline parallelism, and activation recomputation.", train);
 }

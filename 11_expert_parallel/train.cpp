@@ -41,8 +41,8 @@
 
 #include "parallel/buckets.h"
 #include "comm/comm.h"
-#include "comm/comm_factory.h"
 #include "ops/device.h"
+#include "training/chapter_main.h"  // run_chapter: main(), flags and checks
 #include "training/flags.h"
 #include "ops/memory.h"
 #include "model/model.h"
@@ -80,11 +80,45 @@ std::vector<Segment> segments_of(const ParamLayout& layout, int64_t begin, int64
 
 }  // namespace
 
-// The chapter's own flags (the common ones are TrainConfig's, flags.h).
+// The chapter's own flags (the common ones are TrainConfig's, flags.h): declared, then checked.
 struct Options {
   double bucket_mb = 0;
   double capacity_factor = 0, aux_loss_coef = 0.01;
   int ep = 1;
+
+  void declare(FlagParser& flags, TrainConfig& cfg) {
+    cfg.preset = "moe-tiny";  // a mixture of experts by default
+    cfg.device = "cpu";       // the lesson runs on the CPU; --device cuda moves it, in fp32, to a GPU
+    flags.add("--bucket-mb", &bucket_mb, "target bucket size in MB, a bucket holding whole tensors (default: an "
+                                         "eighth of the gradient)");
+    flags.add("--ep", &ep, "expert-parallel group size: each of its ranks holds E/ep experts of every block; "
+                           "the world is expert-DP x EP");
+    flags.add("--capacity-factor", &capacity_factor, "an expert takes at most factor x tokens x k / E assignments "
+                                                     "of a global micro-batch, the rest are dropped (0: unlimited)");
+    flags.add("--aux-loss-coef", &aux_loss_coef, "coefficient of the load-balancing loss E x sum_e f_e P_e");
+  }
+  void check(TrainConfig& cfg, int ranks) {
+    if (cfg.was_given("--bucket-mb") && !(bucket_mb > 0)) config_error("--bucket-mb must be > 0");
+    if (!(capacity_factor >= 0)) config_error("--capacity-factor must be >= 0 (0: unlimited)");
+    if (!(aux_loss_coef >= 0)) config_error("--aux-loss-coef must be >= 0");
+    // Every check before the first collective, the same on every rank.
+    GPT2Config preset;
+    if (!find_preset(cfg.preset, &preset))
+      config_error("--preset: unknown preset '" + cfg.preset + "' (choose from " + preset_names() + ")");
+    // The experts first (the expert dimension's refusal, 12's too), then the ranks.
+    std::string grid_problem = expert_count_problem(preset, ep, ranks);
+    if (grid_problem.empty()) grid_problem = expert_grid_problem(ranks, ep, preset.experts, cfg.preset);
+    if (!grid_problem.empty()) config_error(grid_problem);
+    const std::string moe_problem = moe_run_problem(cfg.preset, "11_expert_parallel", pick_device(cfg.device), true,
+                                                    ranks, 1, 1, cfg.recompute);
+    if (!moe_problem.empty()) config_error(moe_problem);
+    const Device device = pick_device(cfg.device);
+    if (device == Device::CUDA) {  // the MoE layer runs in fp32 on a GPU too (moe.h)
+      if (cfg.dtype == "bf16")
+        config_error("--dtype bf16 with a mixture of experts on a GPU: the MoE layer runs in fp32; pass --dtype fp32");
+      cfg.dtype = "fp32";
+    }
+  }
 };
 
 // The whole run, in a function: the grid's groups must end before MPI does.
@@ -215,47 +249,8 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
   return run.finish();
 }
 
+// Where training starts: run_chapter (chapter_main.h) parses the flags, checks them, then calls train().
 int main(int argc, char** argv) {
-  auto comm = init_mpi_communicator(&argc, &argv);
-  TrainConfig cfg;
-  cfg.preset = "moe-tiny";  // a mixture of experts by default
-  cfg.device = "cpu";       // the lesson runs on the CPU; --device cuda moves it, in fp32, to a GPU
-  FlagParser flags;
-  Options opt;
-  flags.add("--bucket-mb", &opt.bucket_mb, "target bucket size in MB, a bucket holding whole tensors (default: an "
-                                          "eighth of the gradient)");
-  flags.add("--ep", &opt.ep, "expert-parallel group size: each of its ranks holds E/ep experts of every block; "
-                         "the world is expert-DP x EP");
-  flags.add("--capacity-factor", &opt.capacity_factor, "an expert takes at most factor x tokens x k / E assignments "
-                                                   "of a global micro-batch, the rest are dropped (0: unlimited)");
-  flags.add("--aux-loss-coef", &opt.aux_loss_coef, "coefficient of the load-balancing loss E x sum_e f_e P_e");
-  if (!parse_train_flags(argc, argv, "11_expert_parallel",
-                         "Chapter 11: expert parallelism, a mixture of experts over ranks by all-to-all.", flags, &cfg)) {
-    shutdown_mpi(std::move(comm));
-    return 0;
-  }
-  if (cfg.was_given("--bucket-mb") && !(opt.bucket_mb > 0)) config_error("--bucket-mb must be > 0");
-  if (!(opt.capacity_factor >= 0)) config_error("--capacity-factor must be >= 0 (0: unlimited)");
-  if (!(opt.aux_loss_coef >= 0)) config_error("--aux-loss-coef must be >= 0");
-  // Every check before the first collective, the same on every rank.
-  GPT2Config preset;
-  if (!find_preset(cfg.preset, &preset))
-    config_error("--preset: unknown preset '" + cfg.preset + "' (choose from " + preset_names() + ")");
-  // The experts first (the expert dimension's refusal, 12's too), then the ranks.
-  std::string grid_problem = expert_count_problem(preset, opt.ep, comm->size());
-  if (grid_problem.empty()) grid_problem = expert_grid_problem(comm->size(), opt.ep, preset.experts, cfg.preset);
-  if (!grid_problem.empty()) config_error(grid_problem);
-  const std::string moe_problem = moe_run_problem(cfg.preset, "11_expert_parallel", pick_device(cfg.device), true,
-                                                  comm->size(), 1, 1, cfg.recompute);
-  if (!moe_problem.empty()) config_error(moe_problem);
-  const Device device = pick_device(cfg.device);
-  if (device == Device::CUDA) {  // the MoE layer runs in fp32 on a GPU too (moe.h)
-    if (cfg.dtype == "bf16")
-      config_error("--dtype bf16 with a mixture of experts on a GPU: the MoE layer runs in fp32; pass --dtype fp32");
-    cfg.dtype = "fp32";
-  }
-  comm = communicator_for(pick_device(cfg.device), std::move(comm), cfg.collectives);  // NCCL on GPUs (comm_factory.h)
-  const int status = train(*comm, cfg, opt);
-  shutdown_mpi(std::move(comm));
-  return status;
+  return run_chapter(argc, argv, "11_expert_parallel",
+                     "Chapter 11: expert parallelism, a mixture of experts over ranks by all-to-all.", train);
 }

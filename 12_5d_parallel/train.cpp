@@ -58,9 +58,9 @@
 #include "apply_dimensions.h"  // 10's and 11's lessons on the grid, each group's bytes
 #include "parallel/buckets.h"
 #include "comm/comm.h"
-#include "comm/comm_factory.h"
 #include "parallel/data_parallel.h"
 #include "ops/device.h"
+#include "training/chapter_main.h"  // run_chapter: main(), flags and checks
 #include "training/flags.h"
 #include "pipeline/gradient_router.h"  // each gradient to its group, by its copies
 #include "ops/memory.h"
@@ -76,6 +76,7 @@
 #include "parallel/tensor_parallel_hooks.h"  // 07's collectives, for every chunk
 #include "training/training_run.h"
 
+// The chapter's own flags (the common ones are TrainConfig's, flags.h): declared, then checked.
 struct Options {
   int tp = 1;
   // --pp (default 1), --micro-batches, --schedule, --virtual-stages,
@@ -85,6 +86,31 @@ struct Options {
   std::string matching = "auto";  // auto: by tag where the communicator has tags (MPI), else call order
   double bucket_mb = 0;
   ContextExpertFlags dims;  // --cp, --cp-split, --ep, --capacity-factor, --aux-loss-coef: 10's and 11's
+
+  void declare(FlagParser& flags, TrainConfig& cfg) {
+    flags.add("--tp", &tp, "ranks in a tensor-parallel group, innermost (default 1)");
+    dims.add_context_flags(flags);  // --cp, --cp-split
+    flags.add("--pp", &pipeline.pp, "pipeline stages, outermost (default 1); the rest is data-parallel");
+    dims.add_expert_flags(flags);  // --ep, --capacity-factor, --aux-loss-coef
+    flags.add_switch("--sequence-parallel", &sequence_parallel,
+                     "split the rows between the parallel products too (a MoE preset with --tp needs it)");
+    flags.add_switch("--tp-overlap", &overlap,
+                     "in backward, sum the input's gradient while the weight's gradient is computed");
+    add_schedule_flags(flags, &pipeline, &matching);  // --micro-batches, --schedule, ... (pipeline_flags.h)
+    flags.add("--bucket-mb", &bucket_mb, "data-parallel bucket size in MB (default: an eighth of the gradient)");
+    flags.add("--tp-link-gbps", &cfg.tp_link_gbps, "the tensor-parallel group's emulated link (default: --link-gbps's)");
+    flags.add("--tp-link-latency-us", &cfg.tp_link_latency_us, "its latency (default: --link-latency-us's)");
+  }
+  void check(TrainConfig& cfg, int ranks) {
+    check_schedule_flags(cfg, pipeline);
+    if (cfg.was_given("--bucket-mb") && !(bucket_mb > 0)) config_error("--bucket-mb must be > 0");
+    if (cfg.was_given("--tp") && tp < 1) config_error("--tp must be >= 1");
+    check_context_and_expert_flags(cfg, ranks, dims);
+    if (dims.ulysses < 1) config_error("--ulysses must be >= 1");
+    if (dims.ulysses > 1 && pick_device(cfg.device) == Device::CUDA)
+      config_error("--ulysses " + std::to_string(dims.ulysses) + " runs on the CPU (its exchange has no CUDA kernels "
+                   "yet): pass --device cpu, or --ulysses 1");
+  }
 };
 
 // The whole run, in a function: the grid's groups must end before MPI does.
@@ -240,40 +266,8 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
   return run.finish();
 }
 
+// Where training starts: run_chapter (chapter_main.h) parses the flags, checks them, then calls train().
 int main(int argc, char** argv) {
-  auto comm = init_mpi_communicator(&argc, &argv);
-  TrainConfig cfg;
-  FlagParser flags;
-  Options opt;
-  PipelineFlags& pipe = opt.pipeline;
-  flags.add("--tp", &opt.tp, "ranks in a tensor-parallel group, innermost (default 1)");
-  opt.dims.add_context_flags(flags);  // --cp, --cp-split
-  flags.add("--pp", &pipe.pp, "pipeline stages, outermost (default 1); the rest is data-parallel");
-  opt.dims.add_expert_flags(flags);  // --ep, --capacity-factor, --aux-loss-coef
-  flags.add_switch("--sequence-parallel", &opt.sequence_parallel,
-                   "split the rows between the parallel products too (a MoE preset with --tp needs it)");
-  flags.add_switch("--tp-overlap", &opt.overlap,
-                   "in backward, sum the input's gradient while the weight's gradient is computed");
-  add_schedule_flags(flags, &pipe, &opt.matching);  // --micro-batches, --schedule, ... (pipeline_flags.h)
-  flags.add("--bucket-mb", &opt.bucket_mb, "data-parallel bucket size in MB (default: an eighth of the gradient)");
-  flags.add("--tp-link-gbps", &cfg.tp_link_gbps, "the tensor-parallel group's emulated link (default: --link-gbps's)");
-  flags.add("--tp-link-latency-us", &cfg.tp_link_latency_us, "its latency (default: --link-latency-us's)");
-  if (!parse_train_flags(argc, argv, "12_5d_parallel",
-                         "Chapter 12: data x context x tensor x pipeline x expert parallelism on one grid.", flags,
-                         &cfg)) {
-    shutdown_mpi(std::move(comm));
-    return 0;
-  }
-  check_schedule_flags(cfg, pipe);
-  if (cfg.was_given("--bucket-mb") && !(opt.bucket_mb > 0)) config_error("--bucket-mb must be > 0");
-  if (cfg.was_given("--tp") && opt.tp < 1) config_error("--tp must be >= 1");
-  check_context_and_expert_flags(cfg, comm->size(), opt.dims);
-  if (opt.dims.ulysses < 1) config_error("--ulysses must be >= 1");
-  if (opt.dims.ulysses > 1 && pick_device(cfg.device) == Device::CUDA)
-    config_error("--ulysses " + std::to_string(opt.dims.ulysses) + " runs on the CPU (its exchange has no CUDA kernels "
-                 "yet): pass --device cpu, or --ulysses 1");
-  comm = communicator_for(pick_device(cfg.device), std::move(comm), cfg.collectives);  // NCCL on GPUs (comm_factory.h)
-  const int status = train(*comm, cfg, opt);
-  shutdown_mpi(std::move(comm));
-  return status;
+  return run_chapter(argc, argv, "12_5d_parallel",
+                     "Chapter 12: data x context x tensor x pipeline x expert parallelism on one grid.", train);
 }

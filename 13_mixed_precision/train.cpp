@@ -33,9 +33,9 @@
 
 #include "parallel/buckets.h"
 #include "comm/comm.h"
-#include "comm/comm_factory.h"
 #include "comm/wire_format.h"  // the gradients travel in the recipe's format
 #include "ops/device.h"
+#include "training/chapter_main.h"  // run_chapter: main(), flags and checks
 #include "training/flags.h"
 #include "training/mixed_precision.h"  // collective_formats_of: which format each collective moves
 #include "ops/memory.h"
@@ -67,11 +67,21 @@ struct LossScaler {
   }
 };
 
-// The chapter's own flags (the common ones are TrainConfig's, flags.h).
+// The chapter's own flags (the common ones are TrainConfig's, flags.h): declared, then checked.
 struct Options {
   double bucket_mb = 0;
   PrecisionFlags precision;  // --precision, --fp8-scaling, --loss-scale, ...
   PrecisionRecipe recipe;    // what those flags ask for, checked before the grid
+
+  void declare(FlagParser& flags, TrainConfig&) {
+    flags.add("--bucket-mb", &bucket_mb, "target bucket size in MB, a bucket holding whole tensors (default: an "
+                                         "eighth of the gradient)");
+    add_precision_flags(flags, &precision);
+  }
+  void check(TrainConfig& cfg, int /*ranks*/) {
+    if (cfg.was_given("--bucket-mb") && !(bucket_mb > 0)) config_error("--bucket-mb must be > 0");
+    recipe = precision_recipe_from_flags(precision, cfg);  // refuses what cannot run, naming the flag
+  }
 };
 
 // The whole run, in a function: the grid's groups must end before MPI does.
@@ -183,23 +193,8 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
   return run.finish();
 }
 
+// Where training starts: run_chapter (chapter_main.h) parses the flags, checks them, then calls train().
 int main(int argc, char** argv) {
-  auto comm = init_mpi_communicator(&argc, &argv);
-  TrainConfig cfg;
-  FlagParser flags;
-  Options opt;
-  flags.add("--bucket-mb", &opt.bucket_mb, "target bucket size in MB, a bucket holding whole tensors (default: an "
-                                          "eighth of the gradient)");
-  add_precision_flags(flags, &opt.precision);
-  if (!parse_train_flags(argc, argv, "13_mixed_precision",
-                         "Chapter 13: mixed precision (bf16, fp16 with loss scaling, fp8 with scaling) on 03's data parallelism.", flags, &cfg)) {
-    shutdown_mpi(std::move(comm));
-    return 0;
-  }
-  if (cfg.was_given("--bucket-mb") && !(opt.bucket_mb > 0)) config_error("--bucket-mb must be > 0");
-  opt.recipe = precision_recipe_from_flags(opt.precision, cfg);  // refuses what cannot run, naming the flag
-  comm = communicator_for(pick_device(cfg.device), std::move(comm), cfg.collectives);  // NCCL on GPUs (comm_factory.h)
-  const int status = train(*comm, cfg, opt);
-  shutdown_mpi(std::move(comm));
-  return status;
+  return run_chapter(argc, argv, "13_mixed_precision",
+                     "Chapter 13: mixed precision (bf16, fp16 with loss scaling, fp8 with scaling) on 03's data parallelism.", train);
 }
