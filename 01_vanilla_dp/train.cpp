@@ -1,30 +1,19 @@
 // Chapter 01: vanilla data parallelism: all-reduce the gradients after backward.
 //
-// The idea. Every rank holds a full copy of the model and of the optimizer. Each step, the global
-// batch of B sequences is split evenly: rank r of N trains on samples [r*B/N, (r+1)*B/N). After
-// backward, every rank holds the gradient of ITS samples only; one all-reduce that averages every
-// gradient over the ranks gives each rank the gradient of the whole batch. Every rank then takes
-// the same AdamW step from the same weights, so the copies never drift apart, and the losses are
-// those of one rank training on the whole batch (the tests check it to 1e-5).
-//
-// What changed: this is the first chapter; everything it does not teach lives in common/ (the
-// model, ops, flat buffers, AdamW, data, checkpoints, the MPI and NCCL communicators, metrics).
-// --device (auto by default) picks the CPU or a GPU; the lesson is the same on both. On a GPU the
-// default --dtype is bf16 mixed precision: the buffers below then hold bf16, and AdamW keeps fp32
-// master weights (optimizer.h), so the all-reduce moves half the bytes.
-// What to notice: communication starts only once backward has finished, so every millisecond of it
-// is exposed: "exposed comm" in the step line equals the all-reduce's whole time.
-// With --grad-accum K, each rank runs K micro-batches and accumulates before the single all-reduce.
+// The idea. Every rank holds a full copy of the model and of the optimizer, and trains on its B/N
+// of the global batch of B sequences. After backward, every rank holds the gradient of ITS samples
+// only: one all-reduce that averages every gradient over the ranks gives each rank the gradient of
+// the whole batch, so every rank takes the same AdamW step and the losses are one rank's (to 1e-5).
+// What changed: this is the first chapter; everything it does not teach lives in common/.
+// What to notice: communication starts only once backward has finished, so all of it is exposed.
+// The whole lesson, with the why of each choice: README.md beside this file.
 //
 // Run:
 //   make 01_vanilla_dp
 //   mpiexec -n 2 ./01_vanilla_dp/train                    # tiny preset, 20 steps, 2 ranks
 //   mpiexec -n 4 ./01_vanilla_dp/train --grad-accum 2 --json results/run.jsonl --trace results/trace.json
-//   mpiexec -n 8 ./01_vanilla_dp/train --preset gpt2 --device cuda   # one GPU per rank, over NCCL
 // Output: a run header, one line per step, then measured memory and bytes next to theory:
 //   step 5/20 | loss 4.3105 | lr 2.7e-3 | grad norm 1.52 | 12.3 ms | 41.7k tok/s | exposed comm 0.9 ms | mem 7.7 MB
-//   (2 ranks; lr and grad norm: this step's learning rate and gradient norm, before clipping)
-// Loss falls from about 5.5 (= ln 256, uniform over bytes) as the model learns the text.
 #include <cmath>
 
 #include "comm/comm.h"

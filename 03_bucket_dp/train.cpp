@@ -1,27 +1,21 @@
 // Chapter 03: bucket the gradients, then overlap each bucket's all-reduce with backward.
 //
-// The idea. Chapter 02 launches one all-reduce per parameter tensor: 28 for the tiny model, 148 for
-// GPT-2. Each pays the link's latency, and small tensors (biases, layernorm gains) are all latency.
-// Group gradients into buckets of about --bucket-mb instead: a bucket is a contiguous range of the
-// flat gradient buffer (parameters are stored in forward order and backward finishes them from the
-// end, so backward fills the buffer from its end toward its start), and its all-reduce starts the
-// moment its last gradient is final. Nothing is copied: the bucket IS a slice of the gradient
-// buffer. Few collectives, each big enough to use the bandwidth, most still hidden under backward.
+// The idea. 02 launches one all-reduce per parameter tensor (28 for tiny, 148 for GPT-2), each
+// paying the link's latency. Group the gradients into buckets of about --bucket-mb instead: a bucket
+// is a contiguous range of the flat gradient buffer (backward fills it from its end), and its
+// all-reduce starts the moment its last gradient is final. Few collectives, each big enough to use
+// the bandwidth, most still hidden under backward; nothing is copied.
+// What changed since 02: grad_ready marks the parameter's bucket and launches the bucket's
+// all-reduce once it is complete. What stayed: no_sync under --grad-accum; the losses equal 01's.
+// What to notice: one collective per bucket (8 here, 28 in 02); any bucket size gives 01's losses.
 //
-// What changed since 02: the grad_ready hook marks the parameter's bucket and launches the
-// bucket's all-reduce when the bucket is complete. no_sync under --grad-accum is unchanged. The
-// default bucket is an eighth of the gradient (buckets.h): the first leaves while backward still
-// runs, the latency is paid a few times only (PyTorch DDP's 25 MB suits models of hundreds of MB).
-// What stayed: the model, the data split, AdamW; the losses equal 01's (the tests check it).
-// What to notice: "exposed comm" falls below the total communication time, and the number of
-// collectives per step falls to one per bucket: 8 here, 28 in 02 (tiny). Any size gives 01's losses.
+// The whole lesson, with the why of each choice: README.md beside this file.
 //
 // Run:
 //   make 03_bucket_dp
 //   mpiexec -n 2 ./03_bucket_dp/train --preset deep --link-gbps 2 --link-latency-us 50
 //   mpiexec -n 2 ./03_bucket_dp/train --bucket-mb 0.01 --trace trace.json   # ~a matrix per bucket: 10
-// Output: as 01; the summary line counts collectives per step and splits exposed from total comm:
-//   as 02's; before the first step, the bucket plan: each bucket's range of the gradient buffer.
+// Output: as 02's; before the first step, the bucket plan: each bucket's range of the gradient buffer.
 #include <cmath>
 #include <cstdio>
 #include <vector>

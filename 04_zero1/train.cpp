@@ -1,35 +1,21 @@
 // Chapter 04: ZeRO-1: shard the optimizer state.
 //
-// The idea. In chapters 01-03 every rank keeps the whole AdamW state (m and v: 8 bytes per
-// parameter, twice the parameters themselves) and every rank computes the same update. That is N
-// copies of the same work and of the largest memory category. ZeRO-1 splits it: each bucket of
-// gradients is cut into N equal pieces and rank r owns piece r of every bucket (ShardPlan, common/
-// shards.h), keeping m and v for its pieces only. Each step:
-//   1. when a bucket's gradients are final, reduce-scatter it (during backward, as 03 all-reduced
-//      it): rank r receives piece r, averaged over ranks, into its gradient shard;
-//   2. AdamW updates only this rank's pieces of the parameters;
-//   3. all-gather every bucket's updated pieces, so every rank again holds all parameters.
-// A reduce-scatter plus an all-gather moves exactly what one all-reduce moves (an all-reduce IS a
-// reduce-scatter followed by an all-gather), so the memory is saved for free in bytes. Every rank
-// owns a piece of every bucket, so each collective is balanced: every rank sends and receives
-// (N-1)/N of the bucket, as Megatron-LM's distributed optimizer does. (Owning one contiguous slice
-// of the whole buffer would turn a bucket's reduce-scatter into a reduce to its one or two owners.)
-// Buckets are cut between layers, where the layout pads to a multiple of N: each splits evenly.
-//
-// What changed since 03: the bucket's all-reduce became a reduce-scatter into a shard-sized buffer,
-// the optimizer runs on the shard, and an all-gather of parameters follows it. Gradient clipping
-// needs the global norm, but each rank now sees only its shard: one scalar all-reduce of the sums of
-// squares gives it. What stayed: full parameters and full gradients on every rank (05 shards those).
-// What to notice: "optimizer state" in the theory table drops to 8Ψ/N; bytes per step equal 01's;
-// the reduce-scatters still hide under backward, but the all-gather after the optimizer is exposed:
-// the price of the memory, paid in time on a slow link.
+// The idea. In 01-03 every rank keeps the whole AdamW state (8 bytes a parameter) and computes the
+// same update. ZeRO-1 cuts each bucket into N pieces, rank r owning piece r of every bucket: when a
+// bucket is final it is reduce-scattered (piece r, averaged, to rank r), AdamW updates this rank's
+// pieces only, and an all-gather gives every rank all parameters again. Reduce-scatter plus
+// all-gather move what one all-reduce moves: the memory is free in bytes.
+// What changed since 03: the all-reduce became a reduce-scatter into a shard, the optimizer runs on
+// the shard, an all-gather follows it, and the norm needs one scalar all-reduce.
+// What to notice: optimizer state at 8Ψ/N in the theory table, bytes per step 01's; the all-gather
+// after the optimizer is exposed.
+// The whole lesson, with the why of each choice: README.md beside this file.
 //
 // Run:
 //   make 04_zero1
 //   mpiexec -n 4 ./04_zero1/train                  # optimizer state: a quarter per rank
 //   mpiexec -n 2 ./04_zero1/train --bucket-mb 0.05 --link-gbps 0.5
-// Output: as 01; in the theory table optimizer state is 8Ψ/N and comm bytes equal the DP row:
-//   optimizer state            241.2 KB     241.2 KB      (4 ranks, tiny)
+// Output: as 01; in the theory table optimizer state is 8Ψ/N and comm bytes equal the DP row.
 #include <cmath>
 #include <cstdio>
 #include <vector>

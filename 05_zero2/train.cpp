@@ -1,27 +1,14 @@
 // Chapter 05: ZeRO-2: shard the gradients too.
 //
-// The idea. After ZeRO-1, every rank still holds a full gradient buffer (4 bytes per parameter),
-// although after the reduce-scatter it needs only its own slice. ZeRO-2 never builds the full
-// buffer: each layer's gradients go into a transient buffer that exists only while that layer's
-// backward runs and its reduce-scatter travels. The moment a layer's gradients are final, they are
-// reduce-scattered (during backward, overlapping it): rank r owns piece r of every layer, as in 04
-// it owned piece r of every bucket, adds the piece it receives into its gradient shard, and the
-// buffer is freed. The only persistent gradient memory is the shard: 4Ψ/N.
+// The idea. After ZeRO-1 every rank still holds a full gradient buffer, although it needs only its
+// piece after the reduce-scatter. ZeRO-2 never builds it: a layer's gradients live in a transient
+// buffer while its backward runs, and the moment they are final they are reduce-scattered under
+// backward: rank r adds piece r of every layer into its gradient shard, 4Ψ/N in all.
+// What changed since 04: the full gradient buffer and the buckets are gone; the reduce-scatter moved
+// to each layer's after_backward hook; under --grad-accum every micro-batch reduce-scatters.
+// What to notice: gradients at 4Ψ/N in the theory table; bytes per step still DP's (with K = 1).
 //
-// What changed since 04: the full gradient buffer is gone; gradients are bound per layer to
-// transient buffers (model.bind_unit_grads), and the reduce-scatter moved from the bucket's
-// gradient-ready hook to the layer's after_backward hook (common/parallel/layer_grads.h), so the shard is cut
-// by layers, not buckets. At most two layers' reduce-scatters are in flight: that bounds the
-// transient memory. The tied embedding: the
-// LM head writes wte's gradient first and the embedding writes it last, so unit 0's buffer opens
-// with the head's backward and closes after the embedding's.
-// Gradient accumulation: a micro-batch's gradients cannot wait in a full buffer for the next one
-// (there is none), so EVERY micro-batch reduce-scatters and the pieces accumulate into the shard:
-// K reduce-scatters per step instead of one. This is why pipeline-parallel frameworks, which run
-// many micro-batches per step, stop at ZeRO-1.
-// What stayed: the optimizer on a shard, the global norm from one scalar all-reduce, the in-place
-// all-gather of parameters. What to notice: gradients at 4Ψ/N in the theory table; bytes per step
-// still equal DP's (with K = 1); time and exposed communication about 04's.
+// The whole lesson, with the why of each choice: README.md beside this file.
 //
 // Run:
 //   make 05_zero2

@@ -1,25 +1,14 @@
 // Chapter 06: ZeRO-3: shard the parameters too, and gather each layer just in time.
 //
-// The idea. After ZeRO-2 every rank still holds all parameters, yet at any moment the model
-// computes with one layer only. ZeRO-3 (FSDP in PyTorch) keeps just this rank's slice of the
-// parameters, gradients and optimizer state: (4Ψ + 4Ψ + 8Ψ)/N in all: rank r owns piece r of every
-// layer, as FSDP shards each flat parameter. Before a layer's forward, the ranks all-gather it into a
-// layer-sized buffer, each contributing its piece; after the forward, the buffer is released.
-// Backward gathers each layer again, then reduce-scatters its gradients as 05 did. To hide the
-// gathers, the NEXT layer's gather is launched (prefetched) before the current layer computes, in
-// forward and in backward. Peak parameter memory: one shard plus about two blocks, plus the
-// embedding, which the tied head needs at the end of forward and the start of backward.
-//
-// What changed since 05: parameters are sharded (param_shard); hooks gather, bind, prefetch and
-// release layers; the optimizer updates the shard and no all-gather follows it: the next forward
-// gathers on demand. The tied embedding: wte serves unit 0 (embedding) and the LM head (last
-// unit), so unit 0 stays gathered from the embedding's forward to the head's, and from the head's
-// backward to the embedding's. Each layer is then gathered exactly once in forward and once in
-// backward: with the reduce-scatter, 1.5x the bytes of data parallelism (K times with --grad-accum).
-// The price of that exactness: the head and the embedding are released at the end of forward and
-// gathered again, unprefetched, at the start of backward (FSDP keeps the last unit instead).
-// What to notice: parameters in the theory table at 4Ψ/N; the gathered layers appear as transient
-// communication buffers; with --no-prefetch, exposed communication grows (compare with --trace).
+// The idea. After ZeRO-2 every rank still holds all parameters, yet the model computes with one
+// layer at a time. ZeRO-3 (FSDP) keeps only this rank's piece of every layer: before a layer's
+// forward and again before its backward, the ranks all-gather it into a layer-sized buffer, released
+// after use; the next layer's gather is launched first (prefetched) to hide it.
+// What changed since 05: the parameters are sharded; hooks gather, prefetch and release layers; no
+// all-gather follows the optimizer. The tied wte keeps unit 0 gathered from the embedding to the head.
+// What to notice: parameters at 4Ψ/N; the gathered layers as transient buffers; 1.5x DP's bytes;
+// --no-prefetch exposes the gathers.
+// The whole lesson, with the why of each choice: README.md beside this file.
 //
 // Run:
 //   make 06_zero3

@@ -1,37 +1,16 @@
 // Chapter 07: tensor parallelism (Megatron-LM), with sequence parallelism.
 //
-// The idea. Chapters 01-06 split the batch; every rank still runs every matrix product of the whole
-// model. Tensor parallelism (TP) splits the products themselves over a group of t ranks. In each
-// block two matrix products are paired so that only one collective separates them:
-//   column-parallel first (attn.qkv by heads: rank r holds the q, k and v rows of its NH/t heads;
-//     mlp.fc by channels): each rank computes its slice of the output from the whole input, and
-//     attention and GELU act on slices alone;
-//   row-parallel second (attn.proj, mlp.proj): rank r holds the matching columns, so its product is
-//     a partial sum of the whole output; "g" sums the partials, then the bias is added, once.
-// "f", before each column-parallel product, is its mirror: nothing in forward, the sum of the
-// input's gradient in backward. The embedding and the tied LM head split the vocabulary: V/t rows a
-// rank, and the cross-entropy combines each row's maximum, sum of exponentials and target logit over
-// the group, never the (B,T,V) logits. Each rank keeps 1/t of the matrices, their gradients and
-// AdamW state, and does 1/t of their FLOPs. The price: per block two all-reduces of a (B,T,C)
-// activation in forward and two in backward, on the critical path: TP lives inside a node.
-// wpe, the layernorms and the row-parallel biases stay whole on every rank. Their gradients agree
-// across the group with no communication: they act on the stream between the products, which every
-// rank holds whole and alike (g's sum made it so), and the stream's gradient is alike too (f's sum).
-//
-// Sequence parallelism (--sequence-parallel, Korthikanti et al. 2022) stops repeating that work t
-// times: rank r keeps rows [r BT/t, (r+1) BT/t) of the stream, flattened to (B*T, C) rows. Any split
-// of rows is as good as a split along T, with no transpose, because everything between the products
-// (layernorms, residual adds, biases) is computed row by row. g becomes a reduce-scatter of rows, f
-// an all-gather: the same bytes, and the activations between the products shrink t-fold. The
-// tensors held whole now get, on each rank, its rows' share of their gradient: summed over the
-// group before the optimizer, the final layernorm's and wpe's included (wpe is added after the
-// split, to this rank's rows, so its gradient is summed like the others).
-//
-// --tp-overlap: in backward, the input's gradient is summed while the weight's gradient is computed
-// (Megatron's asynchronous all-reduce): the "02" of tensor parallelism. With --tp below the rank
-// count, the rest is data parallelism over the grid's DP groups, as 03 (or, --zero1, 04) teaches it.
-// What to notice: parameters per rank about 1/t; "TP bytes per step" is (4L+2) all-reduces of
-// B*T*C (with SP, as gathers and scatters); "activations" fall t-fold with SP; the losses are 01's.
+// The idea. Split the matrix products themselves over t ranks. In each block a column-parallel
+// product (attn.qkv by heads, mlp.fc by channels) is paired with a row-parallel one (attn.proj,
+// mlp.proj) so that one collective separates them: "g" sums the partial outputs, "f" is its mirror
+// in backward; the embedding and LM head split the vocabulary. Each rank keeps and computes 1/t of
+// the matrices, for two all-reduces of a (B,T,C) activation per block and direction.
+// --sequence-parallel splits the rows between the products too: g a reduce-scatter, f an all-gather.
+// What changed since 03: a DP x TP grid, the model's f and g hooks below, the shares of the tensors
+// held whole summed under SP; data parallelism is 03's (or 04's) as GradientSync.
+// What to notice: parameters per rank about 1/t; TP bytes (4L+2) x B*T*C; activations t-fold fewer
+// with SP; the losses are 01's.
+// The whole lesson, with the why of each choice: README.md beside this file.
 //
 // Base chapter: 03_bucket_dp (docs/diffs/07_tensor_parallel.diff: what this chapter adds to it).
 //

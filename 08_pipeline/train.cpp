@@ -1,34 +1,15 @@
 // Chapter 08: pipeline parallelism: stages, micro-batches, and six schedules.
 //
-// The idea. Split the model by depth: p ranks hold consecutive runs of blocks (the first also the
-// embedding, the last the final layernorm, the LM head and the loss), and each step's batch is cut
-// into m micro-batches that flow through them: activations forward to the next stage, their
-// gradients back. Each rank keeps 1/p of the model and exchanges one (B,T,C) tensor per micro-batch
-// and boundary, point to point. The price is idle time, the bubble: stage r cannot start before
-// r micro-batches' forwards reached it, and the last backward takes as long to come back. The
-// schedule decides how long the bubble is and how many micro-batches' activations a stage holds:
-//   afab         all forwards, then all backwards (GPipe): bubble (p-1)/(m+p-1), m in flight;
-//   1f1b         after p-1-r warm-up forwards, one forward, one backward: the same bubble, at most
-//                p-r micro-batches in flight;
-//   interleaved  v chunks a rank, virtual stage c x p + r (Megatron-LM): bubble (p-1)/(v m+p-1), v
-//                times the messages;
-//   zb-h1        backward split into B (the inputs' gradients, on the critical path) and W (the
-//                weights', which can wait): W passes fill the cool-down's bubbles (Qi et al. 2024);
-//   zb-v         two chunks a rank in a V (rank r: virtual stages r and 2p-1-r), B and W split: no
-//                bubble in the steady state, the embedding and the loss both on rank 0;
-//   dualpipev    DeepSeek's DualPipe cut in half: the same V, its steady state pairing one chunk's
-//                forward with the other's backward (m >= 2p), the two passes of a pair run at once
-//                on two threads (--fb-overlap off: one after the other).
-// Each schedule is a plain list of actions per rank (common/schedule/pipeline_schedule.cpp: read it with the
-// diagram of `make schedules`); one executor runs any list (common/pipeline/pipeline.h).
-//
-// The tied wte lives on the first stage (the embedding) and the last (the LM head), a copy each,
-// equal at the start: their gradients are summed over the two (Megatron's embedding group) before
-// the data-parallel reduction, so the copies stay equal, bit for bit; in a V both are rank 0's, one
-// copy. The loss exists on the rank of the last virtual stage only; each backward there starts from 1/m of it, once. With --pp below the rank count, the
-// rest is data parallelism over each stage's DP group, as 03 (or, --zero1, 04) teaches it.
-// What to notice: the bubble next to its theory and to a simulation of the schedule with the
-// measured times; activations per stage next to the schedule's count of micro-batches in flight.
+// The idea. Split the model by depth over p ranks and cut each step's batch into m micro-batches
+// that flow through the stages: activations forward, their gradients back, one (B,T,C) tensor per
+// micro-batch and boundary. The price is the bubble, idle time while the pipeline fills and drains;
+// the schedule (afab, 1f1b, interleaved, zb-h1, zb-v, dualpipev) sets it and the micro-batches in
+// flight. A schedule is a plain list of actions per rank, one executor runs any list.
+// What changed since 03: the flags' plan, the schedule and the executor; a chunk of the model per
+// virtual stage; gradients routed by their copies (wte summed over its two stages first).
+// What to notice: the bubble next to theory and a simulation; activations next to the micro-batches
+// in flight.
+// The whole lesson, with the why of each choice: README.md beside this file.
 //
 // Base chapter: 03_bucket_dp (docs/diffs/08_pipeline.diff: what this chapter adds to it).
 //

@@ -1,38 +1,15 @@
 // Chapter 09: 3D parallelism: data x tensor x pipeline parallelism in one trainer, and activation
 // recomputation.
 //
-// The idea. Each parallelism so far removes one limit and adds one cost. Data parallelism (01-06)
-// multiplies throughput, but every rank holds the whole model (or gathers it: ZeRO-3). Tensor
-// parallelism (07) splits every product over t ranks, at the price of collectives on the critical
-// path of every layer: it needs a node's fast links, and stops at the node. Pipeline parallelism (08)
-// splits the model by depth over p stages for one message per micro-batch and boundary, at the price
-// of the bubble. Large models are trained with all three at once (Megatron-LM: t = 8 inside a node,
-// p across nodes, d over the rest): each rank holds 1/(t p) of the model, runs its stage's blocks on
-// its 1/t of every product, and the d replicas of that grid average their gradients.
-//
-// Composition is mostly placement. The process grid puts TP innermost (consecutive ranks: one node)
-// and PP outermost: world rank = (pp x DP + dp) x TP + tp (common/comm/process_grid.h). Nothing in a stage
-// knows about the pipeline's other stages but its neighbours, and nothing in a tensor-parallel group
-// knows about the pipeline: a chunk (08's model part) is simply built as this rank's slice (07's
-// layout), with 07's f and g collectives over the TP group; the messages between stages are the
-// stream between blocks, which under sequence parallelism a rank holds only B*T/t rows of: each TP
-// rank sends its own rows to the same TP rank of the next stage, t messages of 1/t each. The tied
-// wte's two copies are vocabulary slices now, summed in the embedding group of each (dp, tp)
-// coordinate. Gradients: 07's sums over TP of the tensors held whole (under SP), 08's sum of wte over
-// the embedding group, then data parallelism over the DP group (or ZeRO-1). Four groups, four kinds
-// of traffic, each printed next to its formula.
-//
-// Activation recomputation (--recompute, in every chapter: it belongs to the model) trades compute
-// for the activations that a pipeline multiplies by its micro-batches in flight. selective drops the
-// attention's (B,NH,T,T) scores and recomputes them before their backward (a few percent of the
-// FLOPs, the term that grows with T^2); full keeps only each block's input and replays the block in
-// its backward (about 2/3 of a forward more; under TP, the replay's collectives too). The arena holds
-// what each keeps, no more (docs/theory.md, section 12).
-//
-// What to notice: per rank, the model state is 1/(t p) of 01's (with ZeRO-1 the optimizer's 1/d
-// again); activations per stage are the schedule's micro-batches in flight x the per-layer formula
-// under TP, SP and recomputation; "TP bytes", "p2p bytes", "DP bytes" and the embedding group's are
-// each their formula; the bubble is 08's; the losses are 01's.
+// The idea. Large models use all three at once (Megatron-LM: t = 8 inside a node, p across nodes,
+// d over the rest): each rank holds 1/(t p) of the model. Composition is mostly placement: the grid
+// puts TP innermost and PP outermost; a chunk (08's) is built as this rank's TP slice (07's), with
+// 07's f and g over the TP group; gradients are summed over TP (under SP), wte over the embedding
+// group, then averaged over DP. --recompute (every chapter) trades compute for activations.
+// What changed since 08: --tp and its hooks on every chunk, the TP sums in the router, the norm over
+// the grid. What to notice: model state 1/(t p) of 01's; each group's bytes next to its formula; the
+// bubble 08's; the losses 01's.
+// The whole lesson, with the why of each choice: README.md beside this file.
 //
 // Base chapter: 08_pipeline (docs/diffs/09_3d_parallel.diff: what composing 07 into it adds).
 //

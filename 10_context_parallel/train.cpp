@@ -1,38 +1,16 @@
 // Chapter 10: context parallelism: ring attention over the sequence, balanced for the causal mask.
 //
-// The idea. Every chapter so far keeps all T positions of a sequence on each rank that runs it, and
-// activations grow with T (the materialized attention with T^2). Context parallelism (CP) splits the
-// sequence itself through the whole model: each of the cp ranks of a ring keeps T/cp positions of
-// every sequence in every layer. Layernorms, products, GELU, the residual adds and the loss act
-// position by position and run unchanged on the rank's positions. Attention is the one op that mixes
-// positions: each rank keeps its queries, and the blocks of keys and values travel the ring, cp - 1
-// steps, each rank folding every block that passes into an online softmax (a running maximum and sum
-// per query, the FlashAttention way: no T x T matrix ever exists). The send of the next block is
-// started before the current block is computed, so the ring's traffic hides behind the work (the
-// trace shows "ring block" spans on the compute track while the sends fly). The backward sends the
-// blocks around again, with the accumulators of their keys' and values' gradients, which every rank
-// adds to on the way and which arrive home after the last step.
-//
-// The balance (--cp-split). Under the causal mask a query at position p sees p + 1 keys. Split
-// contiguously, the first rank's queries see almost nothing and the last rank's almost everything:
-// it computes 2cp - 1 times the first's scores, and everyone waits for it. Zig-zag cuts the sequence
-// into 2cp chunks and gives rank r chunks r and 2cp-1-r, an early one and a late one: every rank
-// computes exactly T(T+1)/(2cp) scores. The position embeddings follow the positions a rank holds.
-//
-// What changed since 03: a DP x CP grid; each rank keeps its positions of the micro-batch's tokens
-// and targets; the model's attention runs on the ring (its ContextParallelHooks; the ring itself is
-// RingAttention, in ring_attention_protocol.h beside this file); the buckets' all-reduces average
-// over DP x CP instead of DP (the ranks of a ring hold the same parameters and saw different
-// positions: averaging their means over equal token counts gives the mean over whole sequences).
-// What stayed: 03's buckets overlapping backward, and the losses equal 01's.
-// At --cp 1 the attention is the same blockwise kernel, a ring of one (on a GPU: the model's own).
-// On a GPU (--device cuda, fp32) the blocks run as CUDA kernels (common/ops/ring_attention_cuda.cu) on
-// the compute stream while NCCL's stream carries the next block: the same overlap, on two streams.
-//
-// Ulysses (--ulysses U, Jacobs et al. 2023): inside each ring place U ranks split its positions
-// further; around attention an all-to-all trades them for NH/U whole heads over all the place's
-// positions, the ring runs on those heads, and a second all-to-all trades back (ulysses_attention.h).
-// Its bytes per rank stay flat as U grows at a fixed number of positions per rank; the ring's grow.
+// The idea. Split the sequence itself through the whole model: each of the cp ranks of a ring keeps
+// T/cp positions of every sequence. Everything but attention acts position by position; attention
+// keeps each rank's queries while the blocks of keys and values travel the ring, each send
+// overlapping a block's compute, with an online softmax. Zig-zag gives rank r chunks r and 2cp-1-r
+// so that every rank computes the same scores under the causal mask. --ulysses U trades positions
+// for heads by all-to-all around attention, inside the ring (docs/ulysses.md).
+// What changed since 03: a DP x CP grid, this rank's positions of each micro-batch, the attention
+// hooks on the ring (ring_attention_protocol.h beside this file), the buckets averaged over DP x CP.
+// What to notice: after step 1, each rank's attention FLOPs, idle time and ring bytes next to their
+// formulas.
+// The whole lesson, with the why of each choice: README.md beside this file.
 //
 // Base chapter: 03_bucket_dp (docs/diffs/10_context_parallel.diff: what this chapter adds to it).
 //
@@ -42,10 +20,6 @@
 //   mpiexec -n 4 ./10_context_parallel/train --cp 4 --cp-split contiguous       # the imbalance
 //   mpiexec -n 2 ./10_context_parallel/train --preset long --trace cp.json      # T = 1024
 //   mpiexec -n 4 ./10_context_parallel/train --cp 2 --ulysses 2                 # Ulysses 2 inside a ring of 2
-// Output: as 03, plus, after step 1, per rank: attention FLOPs next to both splits' formulas, the
-// time spent idle in the ring, and the ring's bytes next to 2(cp-1)/cp of K and V; the activations'
-// measured bytes next to their formula on T/cp positions (docs/context_parallel.md reads them).
-// Under --ulysses, every rank's all-to-all bytes next to theirs (docs/ulysses.md).
 #include <algorithm>
 #include <cmath>
 #include <cstdio>

@@ -1,27 +1,16 @@
 // Chapter 11: expert parallelism. A mixture-of-experts GPT-2 whose experts are spread over ranks,
 // tokens travelling to their experts and back by all-to-all.
 //
-// The idea. In a MoE block (common/model/moe.h) the MLP is E expert MLPs and a router that sends each
-// token to its top-k experts. Experts are independent, so a group of ep ranks can hold E/ep of them
-// each (expert weights fall as 1/ep), and each layer moves the tokens instead of the weights:
-//   dispatch: each rank sorts its tokens by expert (they are, already: moe.cpp groups them), sends
-//             every peer how many rows go to each of its experts (an all-to-all of E counts), then
-//             the rows themselves (an all-to-all with variable counts);
-//   experts:  each rank runs its own experts on what it received, grouped by expert;
-//   combine:  an all-to-all sends the outputs back, where each is weighted by the router's
-//             probability and added to its token's stream;
-//   backward: the same two all-to-alls carry the outputs' gradients to the experts and the inputs'
-//             gradients back.
-// The ranks form the process grid of 07-10 (process_grid.h) with TP, PP and CP 1, its ranks re-split
-// as expert-DP x EP, EP innermost: world rank = edp_rank x EP + ep_rank. Everything but the experts
-// is replicated and data-parallel over all ranks (averaged over the world); an expert's gradient is
-// averaged only over the ranks that hold that expert (the expert-data-parallel group, grid.expert_dp()).
-//
-// What changed since 03: the --ep flag and its grid, the dispatch/combine hooks below, and the
-// buckets' all-reduces split into expert and non-expert ranges on their two groups. What stayed:
-// buckets overlap backward, and the run equals one rank's with the same global batch and
-// --grad-accum, with or without a capacity (moe.h: tokens claim an expert's capacity in the global
-// token order; capacity and balance loss are per micro-batch, the same sequences on any grid).
+// The idea. A MoE block's MLP is E expert MLPs and a router that sends each token to its top-k. The
+// ep ranks of a group hold E/ep experts each, and each layer moves the tokens instead of the
+// weights: dispatch (an all-to-all of counts, then of rows), each rank's experts on what it got,
+// combine (an all-to-all back); backward, the same two. The rest of the model is data-parallel over
+// all ranks; an expert's gradient is averaged over the ranks that hold it (expert DP).
+// What changed since 03: --ep and its grid, the exchange's hooks (expert_exchange.h beside this
+// file), the buckets' all-reduces split into expert and non-expert ranges on their two groups.
+// What to notice: per step and layer, each expert's tokens and drops, the balance loss, the
+// all-to-all bytes next to theory.
+// The whole lesson, with the why of each choice: README.md beside this file.
 //
 // Base chapter: 03_bucket_dp (docs/diffs/11_expert_parallel.diff: what this chapter adds to it).
 //
@@ -29,10 +18,6 @@
 //   make 11_expert_parallel
 //   mpiexec -n 4 ./11_expert_parallel/train --ep 2                  # DP 2 x EP 2, moe-tiny
 //   mpiexec -n 4 ./11_expert_parallel/train --ep 4 --capacity-factor 1.0 --aux-loss-coef 0.01
-// Output: as 03, plus per step a line per layer with each expert's tokens routed and dropped, the
-// balance loss, the all-to-all bytes against their prediction and time against the link model; after
-// step 1 the memory per rank by category (expert parameters at 1/ep) and each group's gradient bytes
-// next to theory.
 #include <cmath>
 #include <cstdio>
 #include <cstring>

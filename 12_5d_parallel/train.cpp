@@ -1,45 +1,18 @@
 // Chapter 12: five-dimensional parallelism: data x context x tensor x pipeline x expert, composed on
 // one process grid, and activation recomputation.
 //
-// The idea. Each parallelism so far removes one limit and adds one cost. Data parallelism (01-06)
-// multiplies throughput, but every rank holds the whole model (or gathers it: ZeRO-3). Tensor
-// parallelism (07) splits every product over t ranks, at the price of collectives on the critical
-// path of every layer: it needs a node's fast links, and stops at the node. Pipeline parallelism (08)
-// splits the model by depth over p stages for one message per micro-batch and boundary, at the price
-// of the bubble. Large models are trained with all three at once (Megatron-LM: t = 8 inside a node,
-// p across nodes, d over the rest): each rank holds 1/(t p) of the model, runs its stage's blocks on
-// its 1/t of every product, and the d replicas of that grid average their gradients.
-// Context parallelism (10) splits the sequence too, for a ring in every attention, and expert
-// parallelism (11) spreads a mixture of experts, for two all-to-alls in every MoE layer: the largest
-// runs use all five (Llama 3 405B: TP 8 x CP 16 x PP 16 x DP 8; DeepSeek-V3: PP 16 x EP 64 x DP).
-//
-// Composition is mostly placement. The process grid puts TP innermost (consecutive ranks: one node)
-// and PP outermost, from the order "tp-cp-dp-pp" and the sizes (common/comm/process_grid.h; the experts
-// folded over each stage's ranks as EDP x EP). Nothing in a stage
-// knows about the pipeline's other stages but its neighbours, and nothing in a tensor-parallel group
-// knows about the pipeline: a chunk (08's model part) is simply built as this rank's slice (07's
-// layout), with 07's f and g collectives over the TP group; the messages between stages are the
-// stream between blocks, which under sequence parallelism a rank holds only B*T/t rows of: each TP
-// rank sends its own rows to the same TP rank of the next stage, t messages of 1/t each. The tied
-// wte's two copies are vocabulary slices now, summed in the embedding group of each (dp, tp)
-// coordinate. Gradients: 07's sums over TP of the tensors held whole (under SP), 08's sum of wte over
-// the embedding group, then data parallelism over DP x CP (or ZeRO-1), the experts' over expert DP,
-// each by its copies (common/pipeline/gradient_router.h). CP and EP are applied to every chunk in turn, each
-// its chapter's lesson (apply_dimensions.h: 10's ring over this rank's NH/t heads, with --ulysses u 10's Ulysses
-// inside it and the ring on NH/(t u) heads; 11's exchange per micro-batch in flight). Seven groups, seven kinds of traffic, each printed next to its formula.
-//
-// Activation recomputation (--recompute, in every chapter: it belongs to the model) trades compute
-// for the activations that a pipeline multiplies by its micro-batches in flight. selective drops the
-// attention's (B,NH,T,T) scores and recomputes them before their backward (a few percent of the
-// FLOPs, the term that grows with T^2); full keeps only each block's input and replays the block in
-// its backward (about 2/3 of a forward more; under TP, the replay's collectives too). The arena holds
-// what each keeps, no more (docs/theory.md, section 12).
-//
-// What to notice: per rank, the model state is 1/(t p) of 01's (with ZeRO-1 the optimizer's 1/d
-// again); activations per stage are the schedule's micro-batches in flight x the per-layer formula
-// under TP, SP and recomputation; "TP bytes", "p2p bytes", "DP bytes" and the embedding group's are
-// each their formula; the bubble is 08's; the losses are 01's. So are CP's and EP's (after step 1,
-// every group's bytes next to its formula: docs/five_d_parallel.md).
+// The idea. The largest runs use all five (Llama 3 405B: TP 8 x CP 16 x PP 16 x DP 8; DeepSeek-V3:
+// PP 16 x EP 64 x DP). Composition is mostly placement, as in 09: the grid comes from the order
+// "tp-cp-dp-pp" and the sizes (the experts folded over each stage's ranks as EDP x EP); each chunk is
+// this rank's TP slice of its pipeline part, with 07's f and g; CP and EP are applied to every chunk
+// in turn, each its chapter's lesson (apply_dimensions.h beside this file: 10's ring over this
+// rank's NH/t heads, with --ulysses 10's Ulysses inside it; 11's exchange per micro-batch in flight).
+// Gradients go each by its copies (gradient_router.h): TP sums, wte over the embedding group, then
+// DP x CP (or ZeRO-1), the experts' over expert DP.
+// What changed since 09: --cp, --ulysses, --ep and their flags; the dimensions applied to the chunks;
+// every group's bytes next to its formula. What to notice: the model state 1/(t p) of 01's; the
+// bubble 08's; the losses 01's.
+// The whole lesson, with the why of each choice: README.md beside this file.
 //
 // Base chapter: 09_3d_parallel (docs/diffs/12_5d_parallel.diff: what composing 10 and 11 into it adds).
 //

@@ -1,22 +1,16 @@
+// The whole lesson, with the why of each choice: README.md beside this file.
 // Chapter 13: mixed precision. Products in bf16, fp16 or fp8; master weights and AdamW in fp32.
 // Base chapter: 03_bucket_dp
 //
-// The idea. A matrix product in bf16 moves half the bytes of fp32 and runs on tensor cores at many
-// times the rate; fp8 halves it again. What a low-precision format cannot hold is the training state:
-// an update of lr * 1e-3 on a weight of 1 vanishes in bf16's 8 bits. So AdamW updates fp32 master
-// weights, and each product casts them to its format as it reads them. bf16 has fp32's exponent range;
-// fp16 (5 exponent bits) does not: small gradients fall below 6e-8 and become zero, so the loss is
-// multiplied by a scale before backward and the gradients divided after it; a step whose gradients
-// overflowed is skipped and the scale halved, and after --loss-scale-window clean steps it doubles.
-// fp8 needs a scale on every tensor: E4M3 (forward) spans 2^-9 .. 448, E5M2 (gradients) 2^-16 .. 57344.
-// The scale comes from the tensor's amax: now (current), from an amax history (delayed, as
-// Transformer Engine), per row, or per 1 x 128 tile and 128 x 128 block (DeepSeek-V3).
-// Every product is emulated on the CPU as the hardware does it (common/training/precision_recipe.h):
-// inputs rounded to the format, products summed in fp32, the output rounded to the layer's dtype.
-//
+// The idea. A product in bf16 moves half of fp32's bytes and runs on tensor cores many times faster;
+// fp8 halves it again. The training state cannot be held so coarsely, so AdamW updates fp32 master
+// weights and each product casts them as it reads them. fp16 lacks fp32's range: the loss is scaled
+// before backward and the gradients unscaled after it, a step that overflowed skipped. fp8 needs a
+// scale per tensor, row or block, from its amax. Every product is emulated on the CPU as the
+// hardware does it (common/training/precision_recipe.h).
 // What changed since 03: --precision; the products' casts; the loss scaler; the amax history reduced
-// over the ranks after each step. What stayed: --precision fp32 (the default) is
-// chapter 03 exactly; the buckets and their overlap are 03's.
+// over the ranks after each step. What stayed: --precision fp32 (the default) is chapter 03 exactly.
+//
 //
 // Run:
 //   make 13_mixed_precision
