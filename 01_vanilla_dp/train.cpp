@@ -1,18 +1,13 @@
 // Chapter 01: vanilla data parallelism: all-reduce the gradients after backward.
 //
-// The idea. Every rank holds a full copy of the model and of the optimizer, and trains on its B/N
-// of the global batch of B sequences. After backward, every rank holds the gradient of ITS samples
-// only: one all-reduce that averages every gradient over the ranks gives each rank the gradient of
-// the whole batch, so every rank takes the same AdamW step and the losses are one rank's (to 1e-5).
-// What changed: this is the first chapter; everything it does not teach lives in common/.
-// What to notice: communication starts only once backward has finished, so all of it is exposed.
+// The idea. Every rank holds the whole model and optimizer and trains on its B/N sequences of the
+// global batch; one all-reduce averages every gradient over the ranks after backward, so every rank
+// takes the same AdamW step and the losses are one rank's on the whole batch (to 1e-5).
+// What to notice: the all-reduce starts once backward has finished, so all of it is exposed.
 // The whole lesson, with the why of each choice: README.md beside this file.
 //
 // Run:
-//   make 01_vanilla_dp
-//   mpiexec -n 2 ./01_vanilla_dp/train                    # tiny preset, 20 steps, 2 ranks
-//   mpiexec -n 4 ./01_vanilla_dp/train --grad-accum 2 --json results/run.jsonl --trace results/trace.json
-// Output: a run header, one line per step, then measured memory and bytes next to theory:
+//   make 01_vanilla_dp && mpiexec -n 2 ./01_vanilla_dp/train
 //   step 5/20 | loss 4.3105 | lr 2.7e-3 | grad norm 1.52 | 12.3 ms | 41.7k tok/s | exposed comm 0.9 ms | mem 7.7 MB
 #include <cmath>
 

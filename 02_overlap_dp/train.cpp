@@ -1,19 +1,13 @@
 // Chapter 02: overlap gradient communication with backward.
 //
-// The idea. Backward finishes the gradients one parameter at a time, from the last layer to the
-// first, and a finished gradient never changes again. So the moment a parameter's gradient is
-// final, start averaging it asynchronously, and keep computing the rest of backward while it
-// travels; before the optimizer step, wait for every handle.
-// What changed since 01: a grad_ready hook launches one async all-reduce per parameter; with
-// --grad-accum K only the last micro-batch communicates ("no_sync"). The losses equal 01's.
+// The idea. Backward finishes the gradients one parameter at a time, and a finished gradient never
+// changes again: the moment it is final, start averaging it asynchronously, and wait for every
+// handle only before the optimizer step. With --grad-accum K only the last micro-batch communicates.
 // What to notice: "exposed comm" below the total communication; one collective per tensor.
 // The whole lesson, with the why of each choice: README.md beside this file.
 //
 // Run:
-//   make 02_overlap_dp
-//   mpiexec -n 2 ./02_overlap_dp/train --link-gbps 0.25      # emulated slow link: overlap shows
-//   mpiexec -n 2 ./02_overlap_dp/train --trace trace.json    # all-reduces under backward spans
-// Output: as 01; the summary line counts collectives per step and splits exposed from total comm.
+//   make 02_overlap_dp && mpiexec -n 2 ./02_overlap_dp/train --link-gbps 0.25   # overlap shows
 #include <cmath>
 #include <vector>
 

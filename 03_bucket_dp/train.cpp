@@ -1,21 +1,11 @@
 // Chapter 03: bucket the gradients, then overlap each bucket's all-reduce with backward.
 //
-// The idea. 02 launches one all-reduce per parameter tensor (28 for tiny, 148 for GPT-2), each
-// paying the link's latency. Group the gradients into buckets of about --bucket-mb instead: a bucket
-// is a contiguous range of the flat gradient buffer (backward fills it from its end), and its
-// all-reduce starts the moment its last gradient is final. Few collectives, each big enough to use
-// the bandwidth, most still hidden under backward; nothing is copied.
-// What changed since 02: grad_ready marks the parameter's bucket and launches the bucket's
-// all-reduce once it is complete. What stayed: no_sync under --grad-accum; the losses equal 01's.
-// What to notice: one collective per bucket (8 here, 28 in 02); any bucket size gives 01's losses.
-//
+// The idea. All-reduce buckets of about --bucket-mb (ranges of the gradient buffer), each the moment
+// its last gradient is final: 8 collectives per step here, not one per tensor (02: 28), each a latency.
 // The whole lesson, with the why of each choice: README.md beside this file.
 //
 // Run:
-//   make 03_bucket_dp
-//   mpiexec -n 2 ./03_bucket_dp/train --preset deep --link-gbps 2 --link-latency-us 50
-//   mpiexec -n 2 ./03_bucket_dp/train --bucket-mb 0.01 --trace trace.json   # ~a matrix per bucket: 10
-// Output: as 02's; before the first step, the bucket plan: each bucket's range of the gradient buffer.
+//   make 03_bucket_dp && mpiexec -n 2 ./03_bucket_dp/train --preset deep --link-gbps 2 --link-latency-us 50
 #include <cmath>
 #include <cstdio>
 #include <vector>

@@ -1,21 +1,13 @@
 // Chapter 04: ZeRO-1: shard the optimizer state.
 //
-// The idea. In 01-03 every rank keeps the whole AdamW state (8 bytes a parameter) and computes the
-// same update. ZeRO-1 cuts each bucket into N pieces, rank r owning piece r of every bucket: when a
-// bucket is final it is reduce-scattered (piece r, averaged, to rank r), AdamW updates this rank's
-// pieces only, and an all-gather gives every rank all parameters again. Reduce-scatter plus
-// all-gather move what one all-reduce moves: the memory is free in bytes.
-// What changed since 03: the all-reduce became a reduce-scatter into a shard, the optimizer runs on
-// the shard, an all-gather follows it, and the norm needs one scalar all-reduce.
-// What to notice: optimizer state at 8Ψ/N in the theory table, bytes per step 01's; the all-gather
-// after the optimizer is exposed.
+// The idea. Rank r keeps AdamW's state for piece r of every bucket only: a final bucket is
+// reduce-scattered (piece r, averaged, to rank r), AdamW updates this rank's pieces, and an
+// all-gather gives every rank all parameters again: the bytes of one all-reduce, 8Ψ/N of state.
+// What to notice: optimizer state at 8Ψ/N in the theory table; the all-gather after it is exposed.
 // The whole lesson, with the why of each choice: README.md beside this file.
 //
 // Run:
-//   make 04_zero1
-//   mpiexec -n 4 ./04_zero1/train                  # optimizer state: a quarter per rank
-//   mpiexec -n 2 ./04_zero1/train --bucket-mb 0.05 --link-gbps 0.5
-// Output: as 01; in the theory table optimizer state is 8Ψ/N and comm bytes equal the DP row.
+//   make 04_zero1 && mpiexec -n 4 ./04_zero1/train                  # optimizer state: a quarter per rank
 #include <cmath>
 #include <cstdio>
 #include <vector>
@@ -54,23 +46,20 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
   const DType dtype = run.dtype();  // fp32, or bf16 mixed precision on GPUs
   const ParamLayout& layout = run.layout();
 
-  // Every rank holds all parameters and all gradients, but optimizer state for its shard only:
-  // buckets of whole layers, rank r owning piece r of each.
+  // Every rank holds all parameters and all gradients, but optimizer state for its shard only.
   Buffer params(layout.padded_size, MemCategory::Params, dtype, device);
   Buffer grads(layout.padded_size, MemCategory::Grads, dtype, device);
   const double bucket_bytes =
       cfg.was_given("--bucket-mb") ? opt.bucket_mb * 1e6 : default_bucket_bytes(layout, dtype_size(dtype));
   GradientBuckets buckets(layout, bucket_bytes, dtype_size(dtype), BucketCut::AtLayers);
-  const ShardPlan shard(buckets.ranges_in_flat_order(), world.size(), world.rank());
+  const ShardPlan shard(buckets.ranges_in_flat_order(), world.size(), world.rank());  // piece r of every bucket
+  // This rank's averaged pieces, side by side (a separate buffer: MPI may not receive where it sends from).
+  Buffer grad_shard(shard.size(), MemCategory::CommBuffers, dtype, device);
   AdamW optimizer(layout, shard, cfg.weight_decay, device, dtype);
   GPT2 model(run.model_config(), layout, run.micro_batch_size(), device, dtype);
   model.bind_all(params.data(), grads.data());
   const int start = run.init_or_resume(params, optimizer);
   if (run.is_root()) std::printf("%s; each cut into %d pieces\n", buckets.describe(bucket_bytes).c_str(), world.size());
-
-  // This rank's averaged pieces of every bucket, side by side (a separate buffer: MPI may not
-  // receive into the buffer it sends from).
-  Buffer grad_shard(shard.size(), MemCategory::CommBuffers, dtype, device);
 
   // The lesson, 1: when a bucket's last gradient is final, reduce-scatter it; piece r to rank r.
   std::vector<CommHandle> in_flight;

@@ -1,19 +1,13 @@
 // Chapter 05: ZeRO-2: shard the gradients too.
 //
-// The idea. After ZeRO-1 every rank still holds a full gradient buffer, although it needs only its
-// piece after the reduce-scatter. ZeRO-2 never builds it: a layer's gradients live in a transient
-// buffer while its backward runs, and the moment they are final they are reduce-scattered under
-// backward: rank r adds piece r of every layer into its gradient shard, 4Ψ/N in all.
-// What changed since 04: the full gradient buffer and the buckets are gone; the reduce-scatter moved
-// to each layer's after_backward hook; under --grad-accum every micro-batch reduce-scatters.
+// The idea. ZeRO-1 still holds a full gradient buffer. ZeRO-2 never builds it: a layer's gradients
+// live in a transient buffer while its backward runs and are reduce-scattered the moment they are
+// final, rank r adding piece r of every layer into its gradient shard (under --grad-accum, each time).
 // What to notice: gradients at 4Ψ/N in the theory table; bytes per step still DP's (with K = 1).
-//
 // The whole lesson, with the why of each choice: README.md beside this file.
 //
 // Run:
-//   make 05_zero2
-//   mpiexec -n 4 ./05_zero2/train --grad-accum 2     # gradients and optimizer state: 1/4 per rank
-// Output: as 04; the theory table shows gradients at 4Ψ/N, and the layer buffers as transient.
+//   make 05_zero2 && mpiexec -n 4 ./05_zero2/train --grad-accum 2   # gradients and state: 1/4 per rank
 #include <cmath>
 #include <vector>
 
@@ -43,27 +37,27 @@ int train(Communicator& world, TrainConfig& cfg, const Options&) {
   const Device device = run.device();
   const DType dtype = run.dtype();  // fp32, or bf16 mixed precision on GPUs
   const ParamLayout& layout = run.layout();
-  const ShardPlan shard = ShardPlan::per_unit(layout, world.size(), world.rank());  // piece r of every layer
-  const int head = layout.num_units() - 1;  // final layernorm + tied LM head
 
   // Every rank holds all parameters, but gradients and optimizer state for its shard only.
   Buffer params(layout.padded_size, MemCategory::Params, dtype, device);
+  const ShardPlan shard = ShardPlan::per_unit(layout, world.size(), world.rank());  // piece r of every layer
   Buffer grad_shard(shard.size(), MemCategory::Grads, dtype, device);
   AdamW optimizer(layout, shard, cfg.weight_decay, device, dtype);
   GPT2 model(run.model_config(), layout, run.micro_batch_size(), device, dtype);
   model.bind_params(0, layout.padded_size, params.data());  // gradients are bound layer by layer below
   const int start = run.init_or_resume(params, optimizer);
+  const int head = layout.num_units() - 1;  // final layernorm + tied LM head
 
   // The lesson: a layer's gradients get a transient buffer when its backward starts, and are
   // reduce-scattered to their owners the moment its backward ends (LayerGradReducer in common/
   // holds the buffers, the in-flight limit, and adds each received piece into grad_shard).
+  std::vector<CommHandle> in_flight;
   LayerGradReducer reducer(world, model, shard, grad_shard.view());
   model.hooks.before_backward = [&](int u) {
     reducer.open(u);
     if (u == head) reducer.open(0);  // the tied head writes wte's gradient, final only after unit 0
   };
   model.hooks.after_backward = [&](int u) { reducer.reduce_scatter(u); };
-  std::vector<CommHandle> in_flight;  // the parameters' all-gathers, after the optimizer
 
   for (int step = start; step < cfg.steps; step++) {
     run.begin_step(step);

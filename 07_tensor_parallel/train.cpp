@@ -1,24 +1,16 @@
 // Chapter 07: tensor parallelism (Megatron-LM), with sequence parallelism.
 //
-// The idea. Split the matrix products themselves over t ranks. In each block a column-parallel
-// product (attn.qkv by heads, mlp.fc by channels) is paired with a row-parallel one (attn.proj,
-// mlp.proj) so that one collective separates them: "g" sums the partial outputs, "f" is its mirror
-// in backward; the embedding and LM head split the vocabulary. Each rank keeps and computes 1/t of
-// the matrices, for two all-reduces of a (B,T,C) activation per block and direction.
-// --sequence-parallel splits the rows between the products too: g a reduce-scatter, f an all-gather.
-// What changed since 03: a DP x TP grid, the model's f and g hooks below, the shares of the tensors
-// held whole summed under SP; data parallelism is 03's (or 04's) as GradientSync.
-// What to notice: parameters per rank about 1/t; TP bytes (4L+2) x B*T*C; activations t-fold fewer
-// with SP; the losses are 01's.
+// The idea. Split the matrix products over t ranks: a column-parallel product (qkv by heads, fc by
+// channels) then a row-parallel one (the projections), so that one collective separates them: "g"
+// sums the partial outputs, "f" is its mirror in backward. --sequence-parallel splits the rows
+// between the products too (g a reduce-scatter, f an all-gather). The rest is 03's (or 04's) DP.
+// What to notice: parameters per rank about 1/t; TP bytes (4L+2) x B*T*C; the losses 01's.
 // The whole lesson, with the why of each choice: README.md beside this file.
 //
 // Base chapter: 03_bucket_dp (docs/diffs/07_tensor_parallel.diff: what this chapter adds to it).
 //
 // Run:
-//   make 07_tensor_parallel
-//   mpiexec -n 2 ./07_tensor_parallel/train                                  # TP 2
-//   mpiexec -n 4 ./07_tensor_parallel/train --sequence-parallel --tp-overlap # DP 2 x TP 2
-//   mpiexec -n 4 ./07_tensor_parallel/train --tp 4 --preset small --trace tp.json
+//   make 07_tensor_parallel && mpiexec -n 4 ./07_tensor_parallel/train --sequence-parallel --tp-overlap
 #include <cmath>
 #include <cstdio>
 #include <utility>

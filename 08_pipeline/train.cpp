@@ -1,24 +1,16 @@
 // Chapter 08: pipeline parallelism: stages, micro-batches, and six schedules.
 //
-// The idea. Split the model by depth over p ranks and cut each step's batch into m micro-batches
-// that flow through the stages: activations forward, their gradients back, one (B,T,C) tensor per
-// micro-batch and boundary. The price is the bubble, idle time while the pipeline fills and drains;
-// the schedule (afab, 1f1b, interleaved, zb-h1, zb-v, dualpipev) sets it and the micro-batches in
-// flight. A schedule is a plain list of actions per rank, one executor runs any list.
-// What changed since 03: the flags' plan, the schedule and the executor; a chunk of the model per
-// virtual stage; gradients routed by their copies (wte summed over its two stages first).
-// What to notice: the bubble next to theory and a simulation; activations next to the micro-batches
-// in flight.
+// The idea. Split the model by depth over p ranks, and each step's batch into m micro-batches that
+// flow through the stages, activations forward and their gradients back. The bubble (the idle time
+// while the pipeline fills and drains) depends on the schedule: afab, 1f1b, interleaved, zb-h1,
+// zb-v, dualpipev, each a plain list of actions per rank that one executor runs.
+// What to notice: the bubble next to its theory and a simulation; activations per micro-batch in flight.
 // The whole lesson, with the why of each choice: README.md beside this file.
 //
 // Base chapter: 03_bucket_dp (docs/diffs/08_pipeline.diff: what this chapter adds to it).
 //
 // Run:
-//   make 08_pipeline
-//   mpiexec -n 2 ./08_pipeline/train --preset deep                            # 1f1b, p 2, m 4
-//   mpiexec -n 4 ./08_pipeline/train --preset deep --schedule interleaved --micro-batches 8
-//   mpiexec -n 4 ./08_pipeline/train --preset deep --pp 2 --zero1              # DP 2 x PP 2
-//   mpiexec -n 4 ./08_pipeline/train --preset tall --schedule zb-v             # a V on 4 ranks
+//   make 08_pipeline && mpiexec -n 4 ./08_pipeline/train --preset deep --schedule interleaved --micro-batches 8
 #include <cmath>
 #include <cstdio>
 #include <memory>

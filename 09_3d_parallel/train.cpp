@@ -1,23 +1,16 @@
 // Chapter 09: 3D parallelism: data x tensor x pipeline parallelism in one trainer, and activation
 // recomputation.
 //
-// The idea. Large models use all three at once (Megatron-LM: t = 8 inside a node, p across nodes,
-// d over the rest): each rank holds 1/(t p) of the model. Composition is mostly placement: the grid
-// puts TP innermost and PP outermost; a chunk (08's) is built as this rank's TP slice (07's), with
-// 07's f and g over the TP group; gradients are summed over TP (under SP), wte over the embedding
-// group, then averaged over DP. --recompute (every chapter) trades compute for activations.
-// What changed since 08: --tp and its hooks on every chunk, the TP sums in the router, the norm over
-// the grid. What to notice: model state 1/(t p) of 01's; each group's bytes next to its formula; the
-// bubble 08's; the losses 01's.
+// The idea. Large models use all three at once: TP innermost (a node's links), PP outermost, DP over
+// the rest. Composition is mostly placement: each chunk (08's) is this rank's TP slice (07's), with
+// 07's f and g over the TP group. --recompute trades compute for activations.
+// What to notice: model state 1/(t p) of 01's; each group's bytes next to its formula; the losses 01's.
 // The whole lesson, with the why of each choice: README.md beside this file.
 //
 // Base chapter: 08_pipeline (docs/diffs/09_3d_parallel.diff: what composing 07 into it adds).
 //
 // Run:
-//   make 09_3d_parallel
-//   mpiexec -n 4 ./09_3d_parallel/train --preset deep                               # TP 2 x PP 2
-//   mpiexec -n 8 ./09_3d_parallel/train --preset deep --sequence-parallel --zero1   # DP 2 x TP 2 x PP 2
-//   mpiexec -n 4 ./09_3d_parallel/train --preset deep --schedule interleaved --recompute selective
+//   make 09_3d_parallel && mpiexec -n 8 ./09_3d_parallel/train --preset deep --sequence-parallel --zero1
 #include <cmath>
 #include <cstdio>
 #include <memory>

@@ -1,25 +1,16 @@
 // Chapter 10: context parallelism: ring attention over the sequence, balanced for the causal mask.
 //
-// The idea. Split the sequence itself through the whole model: each of the cp ranks of a ring keeps
-// T/cp positions of every sequence. Everything but attention acts position by position; attention
-// keeps each rank's queries while the blocks of keys and values travel the ring, each send
-// overlapping a block's compute, with an online softmax. Zig-zag gives rank r chunks r and 2cp-1-r
-// so that every rank computes the same scores under the causal mask. --ulysses U trades positions
-// for heads by all-to-all around attention, inside the ring (docs/ulysses.md).
-// What changed since 03: a DP x CP grid, this rank's positions of each micro-batch, the attention
-// hooks on the ring (ring_attention_protocol.h beside this file), the buckets averaged over DP x CP.
-// What to notice: after step 1, each rank's attention FLOPs, idle time and ring bytes next to their
-// formulas.
+// The idea. Each of the cp ranks of a ring keeps T/cp positions of every sequence through the whole
+// model. Only attention mixes positions: each rank keeps its queries while the blocks of keys and
+// values travel the ring (ring_attention_protocol.h), an online softmax combining them. Zig-zag
+// balances the causal mask. --ulysses U trades positions for heads around attention, inside the ring.
+// What to notice: after step 1, the ring's FLOPs, idle time and bytes next to their formulas.
 // The whole lesson, with the why of each choice: README.md beside this file.
 //
 // Base chapter: 03_bucket_dp (docs/diffs/10_context_parallel.diff: what this chapter adds to it).
 //
 // Run:
-//   make 10_context_parallel
-//   mpiexec -n 2 ./10_context_parallel/train                                    # CP 2, zigzag
-//   mpiexec -n 4 ./10_context_parallel/train --cp 4 --cp-split contiguous       # the imbalance
-//   mpiexec -n 2 ./10_context_parallel/train --preset long --trace cp.json      # T = 1024
-//   mpiexec -n 4 ./10_context_parallel/train --cp 2 --ulysses 2                 # Ulysses 2 inside a ring of 2
+//   make 10_context_parallel && mpiexec -n 4 ./10_context_parallel/train --cp 4 --cp-split contiguous
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -183,8 +174,8 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
     if (!last_micro_batch) return;  // no_sync: gradients are not final until the last micro-batch
     const int b = buckets.mark_ready(p);
     if (b < 0) return;  // the bucket still waits for other gradients
-    in_flight.push_back(wire_all_reduce_async(replicas, grads.view().slice1d(buckets.begin(b), buckets.size(b)),
-                                              ReduceOp::Avg, collective_formats().gradients));
+    in_flight.push_back(wire_all_reduce_async(replicas, grads.view().slice1d(buckets.begin(b), buckets.size(b)), ReduceOp::Avg,
+                                              collective_formats().gradients));
   };
 
   // This rank's positions of each micro-batch's sequences.

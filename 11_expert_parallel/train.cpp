@@ -1,23 +1,16 @@
 // Chapter 11: expert parallelism. A mixture-of-experts GPT-2 whose experts are spread over ranks,
 // tokens travelling to their experts and back by all-to-all.
 //
-// The idea. A MoE block's MLP is E expert MLPs and a router that sends each token to its top-k. The
-// ep ranks of a group hold E/ep experts each, and each layer moves the tokens instead of the
-// weights: dispatch (an all-to-all of counts, then of rows), each rank's experts on what it got,
-// combine (an all-to-all back); backward, the same two. The rest of the model is data-parallel over
-// all ranks; an expert's gradient is averaged over the ranks that hold it (expert DP).
-// What changed since 03: --ep and its grid, the exchange's hooks (expert_exchange.h beside this
-// file), the buckets' all-reduces split into expert and non-expert ranges on their two groups.
-// What to notice: per step and layer, each expert's tokens and drops, the balance loss, the
-// all-to-all bytes next to theory.
+// The idea. The ep ranks of a group hold E/ep experts each, and each MoE layer moves the tokens, not
+// the weights: an all-to-all dispatches each token's rows to its experts' ranks, another combines
+// the outputs back (expert_exchange.h). An expert's gradient is averaged over its holders only.
+// What to notice: per step, each expert's tokens and drops, and the all-to-all bytes next to theory.
 // The whole lesson, with the why of each choice: README.md beside this file.
 //
 // Base chapter: 03_bucket_dp (docs/diffs/11_expert_parallel.diff: what this chapter adds to it).
 //
 // Run:
-//   make 11_expert_parallel
-//   mpiexec -n 4 ./11_expert_parallel/train --ep 2                  # DP 2 x EP 2, moe-tiny
-//   mpiexec -n 4 ./11_expert_parallel/train --ep 4 --capacity-factor 1.0 --aux-loss-coef 0.01
+//   make 11_expert_parallel && mpiexec -n 4 ./11_expert_parallel/train --ep 2   # DP 2 x EP 2, moe-tiny
 #include <cmath>
 #include <cstdio>
 #include <cstring>

@@ -1,27 +1,17 @@
 // Chapter 12: five-dimensional parallelism: data x context x tensor x pipeline x expert, composed on
 // one process grid, and activation recomputation.
 //
-// The idea. The largest runs use all five (Llama 3 405B: TP 8 x CP 16 x PP 16 x DP 8; DeepSeek-V3:
-// PP 16 x EP 64 x DP). Composition is mostly placement, as in 09: the grid comes from the order
-// "tp-cp-dp-pp" and the sizes (the experts folded over each stage's ranks as EDP x EP); each chunk is
-// this rank's TP slice of its pipeline part, with 07's f and g; CP and EP are applied to every chunk
-// in turn, each its chapter's lesson (apply_dimensions.h beside this file: 10's ring over this
-// rank's NH/t heads, with --ulysses 10's Ulysses inside it; 11's exchange per micro-batch in flight).
-// Gradients go each by its copies (gradient_router.h): TP sums, wte over the embedding group, then
-// DP x CP (or ZeRO-1), the experts' over expert DP.
-// What changed since 09: --cp, --ulysses, --ep and their flags; the dimensions applied to the chunks;
-// every group's bytes next to its formula. What to notice: the model state 1/(t p) of 01's; the
-// bubble 08's; the losses 01's.
+// The idea. Large models use all three at once: TP innermost (a node's links), PP outermost, DP over
+// the rest. Composition is mostly placement: each chunk (08's) is this rank's TP slice (07's), with
+// 07's f and g over the TP group. --recompute trades compute for activations. The largest runs add
+// 10's context and 11's experts, applied to every chunk in turn (apply_dimensions.h).
+// What to notice: model state 1/(t p) of 01's; each group's bytes next to its formula; the losses 01's.
 // The whole lesson, with the why of each choice: README.md beside this file.
 //
 // Base chapter: 09_3d_parallel (docs/diffs/12_5d_parallel.diff: what composing 10 and 11 into it adds).
 //
 // Run:
-//   make 12_5d_parallel
-//   mpiexec -n 4 ./12_5d_parallel/train --tp 2 --cp 2                                   # TP 2 x CP 2
-//   mpiexec -n 4 ./12_5d_parallel/train --preset moe-tiny --tp 2 --pp 2 --ep 2 --sequence-parallel
-//   mpiexec -n 4 ./12_5d_parallel/train --preset moe-tiny --ep 2 --zero1   # dense state over DP 4, experts' over 2
-//   mpiexec -n 4 ./12_5d_parallel/train --tp 2 --ulysses 2   # Ulysses (10's --ulysses) on the NH/t heads of TP
+//   make 12_5d_parallel && mpiexec -n 4 ./12_5d_parallel/train --preset moe-tiny --tp 2 --pp 2 --ep 2 --sequence-parallel
 #include <cmath>
 #include <cstdio>
 #include <memory>

@@ -1,25 +1,14 @@
-// The whole lesson, with the why of each choice: README.md beside this file.
 // Chapter 13: mixed precision. Products in bf16, fp16 or fp8; master weights and AdamW in fp32.
 // Base chapter: 03_bucket_dp
 //
-// The idea. A product in bf16 moves half of fp32's bytes and runs on tensor cores many times faster;
-// fp8 halves it again. The training state cannot be held so coarsely, so AdamW updates fp32 master
-// weights and each product casts them as it reads them. fp16 lacks fp32's range: the loss is scaled
-// before backward and the gradients unscaled after it, a step that overflowed skipped. fp8 needs a
-// scale per tensor, row or block, from its amax. Every product is emulated on the CPU as the
-// hardware does it (common/training/precision_recipe.h).
-// What changed since 03: --precision; the products' casts; the loss scaler; the amax history reduced
-// over the ranks after each step. What stayed: --precision fp32 (the default) is chapter 03 exactly.
-//
+// The idea. Products in a low-precision format move fewer bytes and run faster; the training state
+// stays fp32 (AdamW updates fp32 master weights, each product casts them as it reads them). fp16
+// scales the loss, fp8 every tensor, row or block by its amax; every product is emulated on the CPU.
+// What to notice: the recipe, each skipped step with its scale, the underflows and overflows.
+// The whole lesson, with the why of each choice: README.md beside this file.
 //
 // Run:
-//   make 13_mixed_precision
-//   ./13_mixed_precision/train --precision fp16 --steps 100             # watch the loss scale
-//   mpiexec -n 2 ./13_mixed_precision/train --precision fp8 --fp8-scaling blocks
-//   ./13_mixed_precision/train --precision fp8 --fp8-scaling none       # what fp8 does without scales
-//   make precision                                                      # every recipe, a table, plots
-// Output: as 03, plus the recipe, each skipped step with its scale, and a summary of the underflows
-// and overflows per tensor kind and the bytes the formats hold.
+//   make 13_mixed_precision && mpiexec -n 2 ./13_mixed_precision/train --precision fp8 --fp8-scaling blocks
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
