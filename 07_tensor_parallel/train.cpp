@@ -47,9 +47,10 @@ struct Options {
                      "in backward, sum the input's gradient while the weight's gradient is computed");
     flags.add_switch("--zero1", &zero1, "shard the optimizer state over the data-parallel group (chapter 04)");
     flags.add("--bucket-mb", &bucket_mb, "data-parallel bucket size in MB (default: an eighth of the gradient)");
-    flags.add("--tp-link-gbps", &cfg.tp_link_gbps, "the tensor-parallel group's emulated link, 0.001 to 100000 Gbit/s, 0 "
-                                                   "= unlimited (default: --link-gbps's)");
-    flags.add("--tp-link-latency-us", &cfg.tp_link_latency_us, "its latency, 0 to 1000000 us (default: --link-latency-us's)");
+    flags.add("--tp-link-gbps", &cfg.tp_link_gbps,
+              "the tensor-parallel group's emulated link, 0.001 to 100000 Gbit/s, 0 = unlimited (default: --link-gbps's)");
+    flags.add("--tp-link-latency-us", &cfg.tp_link_latency_us,
+              "its latency, 0 to 1000000 us (default: --link-latency-us's)");
   }
   void check(TrainConfig& cfg, int /*ranks*/) {
     if (cfg.was_given("--bucket-mb") && !(bucket_mb > 0)) config_error("--bucket-mb must be > 0");

@@ -11,7 +11,7 @@
 // Base chapter: 09_3d_parallel (docs/diffs/12_5d_parallel.diff: what composing 10 and 11 into it adds).
 //
 // Run:
-//   make 12_5d_parallel && mpiexec -n 4 ./12_5d_parallel/train --preset moe-tiny --tp 2 --pp 2 --ep 2 --sequence-parallel
+//   make 12_5d_parallel && mpiexec -n 4 ./12_5d_parallel/train --preset moe-tiny --tp 2 --ep 2 --sequence-parallel
 #include <cmath>
 #include <cstdio>
 #include <memory>

@@ -179,5 +179,6 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
 // Where training starts: run_chapter (chapter_main.h) parses the flags, checks them, then calls train().
 int main(int argc, char** argv) {
   return run_chapter(argc, argv, "13_mixed_precision",
-                     "Chapter 13: mixed precision (bf16, fp16 with loss scaling, fp8 with scaling) on 03's data parallelism.", train);
+                     "Chapter 13: mixed precision (bf16, fp16 with loss scaling, fp8 with scaling) on 03's data parallelism.",
+                     train);
 }

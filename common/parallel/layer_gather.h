@@ -17,7 +17,8 @@ class GatheredLayers {
  public:
   // param_shard: this rank's parameter shard (shard.size() elements); the buffers are allocated in
   // its dtype, on `device`.
-  GatheredLayers(Communicator& comm, GPT2& model, const ShardPlan& shard, Tensor param_shard, DType dtype, Device device)
+  GatheredLayers(Communicator& comm, GPT2& model, const ShardPlan& shard, Tensor param_shard, DType dtype,
+                 Device device)
       : comm_(comm), model_(model), layout_(model.layout()), shard_(shard), param_shard_(param_shard), dtype_(dtype),
         device_(device) {}
 
