@@ -1,36 +1,20 @@
 // Chapter 01: vanilla data parallelism: all-reduce the gradients after backward.
 //
-// The idea. Every rank holds a full copy of the model and of the optimizer. Each step, the global
-// batch of B sequences is split evenly: rank r of N trains on samples [r*B/N, (r+1)*B/N). After
-// backward, every rank holds the gradient of ITS samples only; one all-reduce that averages every
-// gradient over the ranks gives each rank the gradient of the whole batch. Every rank then takes
-// the same AdamW step from the same weights, so the copies never drift apart, and the losses are
-// those of one rank training on the whole batch (the tests check it to 1e-5).
-//
-// What changed: this is the first chapter; everything it does not teach lives in common/ (the
-// model, ops, flat buffers, AdamW, data, checkpoints, the MPI and NCCL communicators, metrics).
-// --device (auto by default) picks the CPU or a GPU; the lesson is the same on both. On a GPU the
-// default --dtype is bf16 mixed precision: the buffers below then hold bf16, and AdamW keeps fp32
-// master weights (optimizer.h), so the all-reduce moves half the bytes.
-// What to notice: communication starts only once backward has finished, so every millisecond of it
-// is exposed: "exposed comm" in the step line equals the all-reduce's whole time.
-// With --grad-accum K, each rank runs K micro-batches and accumulates before the single all-reduce.
+// The idea. Every rank holds the whole model and optimizer and trains on its B/N sequences of the
+// global batch; one all-reduce averages every gradient over the ranks after backward, so every rank
+// takes the same AdamW step and the losses are one rank's on the whole batch (to 1e-5).
+// What to notice: the all-reduce starts once backward has finished, so all of it is exposed.
+// The whole lesson, with the why of each choice: README.md beside this file.
 //
 // Run:
-//   make 01_vanilla_dp
-//   mpiexec -n 2 ./01_vanilla_dp/train                    # tiny preset, 20 steps, 2 ranks
-//   mpiexec -n 4 ./01_vanilla_dp/train --grad-accum 2 --json results/run.jsonl --trace results/trace.json
-//   mpiexec -n 8 ./01_vanilla_dp/train --preset gpt2 --device cuda   # one GPU per rank, over NCCL
-// Output: a run header, one line per step, then measured memory and bytes next to theory:
+//   make 01_vanilla_dp && mpiexec -n 2 ./01_vanilla_dp/train
 //   step 5/20 | loss 4.3105 | lr 2.7e-3 | grad norm 1.52 | 12.3 ms | 41.7k tok/s | exposed comm 0.9 ms | mem 7.7 MB
-//   (2 ranks; lr and grad norm: this step's learning rate and gradient norm, before clipping)
-// Loss falls from about 5.5 (= ln 256, uniform over bytes) as the model learns the text.
 #include <cmath>
 
 #include "comm/comm.h"
-#include "comm/comm_factory.h"
 #include "comm/wire_format.h"  // the gradients in the recipe's format (fp32: as they are)
 #include "ops/device.h"
+#include "training/chapter_main.h"  // run_chapter: main(), flags and checks
 #include "training/flags.h"
 #include "ops/memory.h"
 #include "model/model.h"
@@ -39,8 +23,10 @@
 #include "parallel/shards.h"
 #include "training/training_run.h"
 
-// The chapter's own flags (the common ones are TrainConfig's, flags.h).
+// The chapter's own flags (the common ones are TrainConfig's, flags.h): declared, then checked.
 struct Options {
+  void declare(FlagParser&, TrainConfig&) {}
+  void check(TrainConfig&, int /*ranks*/) {}
 };
 
 // The whole run, in a function: the grid's groups must end before MPI does.
@@ -82,18 +68,8 @@ int train(Communicator& world, TrainConfig& cfg, const Options&) {
   return run.finish();
 }
 
+// Where training starts: run_chapter (chapter_main.h) parses the flags, checks them, then calls train().
 int main(int argc, char** argv) {
-  auto comm = init_mpi_communicator(&argc, &argv);
-  TrainConfig cfg;
-  FlagParser flags;
-  Options opt;
-  if (!parse_train_flags(argc, argv, "01_vanilla_dp",
-                         "Chapter 01: data parallelism, one all-reduce after backward.", flags, &cfg)) {
-    shutdown_mpi(std::move(comm));
-    return 0;
-  }
-  comm = communicator_for(pick_device(cfg.device), std::move(comm), cfg.collectives);  // NCCL on GPUs (comm_factory.h)
-  const int status = train(*comm, cfg, opt);
-  shutdown_mpi(std::move(comm));
-  return status;
+  return run_chapter(argc, argv, "01_vanilla_dp",
+                     "Chapter 01: data parallelism, one all-reduce after backward.", train);
 }

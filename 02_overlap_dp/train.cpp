@@ -1,35 +1,20 @@
 // Chapter 02: overlap gradient communication with backward.
 //
-// The idea. In chapter 01 the all-reduce starts only once backward has finished, so the network
-// idles during backward and the cores idle during the all-reduce. But backward finishes the
-// gradients one parameter at a time, from the last layer to the first, and a finished gradient
-// never changes again. So: the moment a parameter's gradient is final, start averaging it
-// asynchronously, and keep computing the rest of backward while it travels. Before the optimizer
-// step, wait for every handle. The communication thread of common/comm/comm_engine.cpp makes the async
-// all-reduce progress while this thread computes.
-//
-// What changed since 01: a grad_ready hook launches one async all-reduce per parameter; the
-// blocking all-reduce after backward became a wait on all handles. With --grad-accum K, the first
-// K-1 micro-batches only accumulate locally and launch nothing ("no_sync"): only the last one
-// communicates, once the accumulated gradient is final.
-// What stayed: the model, the data split, AdamW; the losses equal 01's (the tests check it).
-// What to notice: "exposed comm" falls below the total communication time, and the number of
-// collectives per step rises from 1 to one per parameter tensor (2 + 12L + 2), each paying latency.
+// The idea. Backward finishes the gradients one parameter at a time, and a finished gradient never
+// changes again: the moment it is final, start averaging it asynchronously, and wait for every
+// handle only before the optimizer step. With --grad-accum K only the last micro-batch communicates.
+// What to notice: "exposed comm" below the total communication; one collective per tensor.
+// The whole lesson, with the why of each choice: README.md beside this file.
 //
 // Run:
-//   make 02_overlap_dp
-//   mpiexec -n 2 ./02_overlap_dp/train --link-gbps 0.25      # emulated slow link: overlap shows
-//   mpiexec -n 2 ./02_overlap_dp/train --trace trace.json    # all-reduces under backward spans
-// Output: as 01; the summary line counts collectives per step and splits exposed from total comm:
-//   average over 19 measured steps: 24.8 ms/step | ... | exposed comm 11.09 ms | comm 17.70 ms | 28 collectives/step
-//   (2 ranks, --link-gbps 0.25: the link is slower than backward, so part stays exposed)
+//   make 02_overlap_dp && mpiexec -n 2 ./02_overlap_dp/train --link-gbps 0.25   # overlap shows
 #include <cmath>
 #include <vector>
 
 #include "comm/comm.h"
-#include "comm/comm_factory.h"
 #include "comm/wire_format.h"  // the gradients in the recipe's format (fp32: as they are)
 #include "ops/device.h"
+#include "training/chapter_main.h"  // run_chapter: main(), flags and checks
 #include "training/flags.h"
 #include "ops/memory.h"
 #include "model/model.h"
@@ -38,8 +23,10 @@
 #include "parallel/shards.h"
 #include "training/training_run.h"
 
-// The chapter's own flags (the common ones are TrainConfig's, flags.h).
+// The chapter's own flags (the common ones are TrainConfig's, flags.h): declared, then checked.
 struct Options {
+  void declare(FlagParser&, TrainConfig&) {}
+  void check(TrainConfig&, int /*ranks*/) {}
 };
 
 // The whole run, in a function: the grid's groups must end before MPI does.
@@ -93,18 +80,8 @@ int train(Communicator& world, TrainConfig& cfg, const Options&) {
   return run.finish();
 }
 
+// Where training starts: run_chapter (chapter_main.h) parses the flags, checks them, then calls train().
 int main(int argc, char** argv) {
-  auto comm = init_mpi_communicator(&argc, &argv);
-  TrainConfig cfg;
-  FlagParser flags;
-  Options opt;
-  if (!parse_train_flags(argc, argv, "02_overlap_dp",
-                         "Chapter 02: data parallelism with each gradient's all-reduce overlapping backward.", flags, &cfg)) {
-    shutdown_mpi(std::move(comm));
-    return 0;
-  }
-  comm = communicator_for(pick_device(cfg.device), std::move(comm), cfg.collectives);  // NCCL on GPUs (comm_factory.h)
-  const int status = train(*comm, cfg, opt);
-  shutdown_mpi(std::move(comm));
-  return status;
+  return run_chapter(argc, argv, "02_overlap_dp",
+                     "Chapter 02: data parallelism with each gradient's all-reduce overlapping backward.", train);
 }

@@ -1,36 +1,20 @@
 // Chapter 03: bucket the gradients, then overlap each bucket's all-reduce with backward.
 //
-// The idea. Chapter 02 launches one all-reduce per parameter tensor: 28 for the tiny model, 148 for
-// GPT-2. Each pays the link's latency, and small tensors (biases, layernorm gains) are all latency.
-// Group gradients into buckets of about --bucket-mb instead: a bucket is a contiguous range of the
-// flat gradient buffer (parameters are stored in forward order and backward finishes them from the
-// end, so backward fills the buffer from its end toward its start), and its all-reduce starts the
-// moment its last gradient is final. Nothing is copied: the bucket IS a slice of the gradient
-// buffer. Few collectives, each big enough to use the bandwidth, most still hidden under backward.
-//
-// What changed since 02: the grad_ready hook marks the parameter's bucket and launches the
-// bucket's all-reduce when the bucket is complete. no_sync under --grad-accum is unchanged. The
-// default bucket is an eighth of the gradient (buckets.h): the first leaves while backward still
-// runs, the latency is paid a few times only (PyTorch DDP's 25 MB suits models of hundreds of MB).
-// What stayed: the model, the data split, AdamW; the losses equal 01's (the tests check it).
-// What to notice: "exposed comm" falls below the total communication time, and the number of
-// collectives per step falls to one per bucket: 8 here, 28 in 02 (tiny). Any size gives 01's losses.
+// The idea. All-reduce buckets of about --bucket-mb (ranges of the gradient buffer), each the moment
+// its last gradient is final: 8 collectives per step here, not one per tensor (02: 28), each a latency.
+// The whole lesson, with the why of each choice: README.md beside this file.
 //
 // Run:
-//   make 03_bucket_dp
-//   mpiexec -n 2 ./03_bucket_dp/train --preset deep --link-gbps 2 --link-latency-us 50
-//   mpiexec -n 2 ./03_bucket_dp/train --bucket-mb 0.01 --trace trace.json   # ~a matrix per bucket: 10
-// Output: as 01; the summary line counts collectives per step and splits exposed from total comm:
-//   as 02's; before the first step, the bucket plan: each bucket's range of the gradient buffer.
+//   make 03_bucket_dp && mpiexec -n 2 ./03_bucket_dp/train --preset deep --link-gbps 2 --link-latency-us 50
 #include <cmath>
 #include <cstdio>
 #include <vector>
 
 #include "parallel/buckets.h"
 #include "comm/comm.h"
-#include "comm/comm_factory.h"
 #include "comm/wire_format.h"  // the gradients in the recipe's format (fp32: as they are)
 #include "ops/device.h"
+#include "training/chapter_main.h"  // run_chapter: main(), flags and checks
 #include "training/flags.h"
 #include "ops/memory.h"
 #include "model/model.h"
@@ -39,9 +23,17 @@
 #include "parallel/shards.h"
 #include "training/training_run.h"
 
-// The chapter's own flags (the common ones are TrainConfig's, flags.h).
+// The chapter's own flags (the common ones are TrainConfig's, flags.h): declared, then checked.
 struct Options {
   double bucket_mb = 0;
+
+  void declare(FlagParser& flags, TrainConfig&) {
+    flags.add("--bucket-mb", &bucket_mb, "target bucket size in MB, a bucket holding whole tensors (default: an "
+                                         "eighth of the gradient)");
+  }
+  void check(TrainConfig& cfg, int /*ranks*/) {
+    if (cfg.was_given("--bucket-mb") && !(bucket_mb > 0)) config_error("--bucket-mb must be > 0");
+  }
 };
 
 // The whole run, in a function: the grid's groups must end before MPI does.
@@ -101,21 +93,8 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
   return run.finish();
 }
 
+// Where training starts: run_chapter (chapter_main.h) parses the flags, checks them, then calls train().
 int main(int argc, char** argv) {
-  auto comm = init_mpi_communicator(&argc, &argv);
-  TrainConfig cfg;
-  FlagParser flags;
-  Options opt;
-  flags.add("--bucket-mb", &opt.bucket_mb, "target bucket size in MB, a bucket holding whole tensors (default: an "
-                                          "eighth of the gradient)");
-  if (!parse_train_flags(argc, argv, "03_bucket_dp",
-                         "Chapter 03: data parallelism with bucketed all-reduces overlapping backward.", flags, &cfg)) {
-    shutdown_mpi(std::move(comm));
-    return 0;
-  }
-  if (cfg.was_given("--bucket-mb") && !(opt.bucket_mb > 0)) config_error("--bucket-mb must be > 0");
-  comm = communicator_for(pick_device(cfg.device), std::move(comm), cfg.collectives);  // NCCL on GPUs (comm_factory.h)
-  const int status = train(*comm, cfg, opt);
-  shutdown_mpi(std::move(comm));
-  return status;
+  return run_chapter(argc, argv, "03_bucket_dp",
+                     "Chapter 03: data parallelism with bucketed all-reduces overlapping backward.", train);
 }

@@ -1,44 +1,22 @@
 // Chapter 04: ZeRO-1: shard the optimizer state.
 //
-// The idea. In chapters 01-03 every rank keeps the whole AdamW state (m and v: 8 bytes per
-// parameter, twice the parameters themselves) and every rank computes the same update. That is N
-// copies of the same work and of the largest memory category. ZeRO-1 splits it: each bucket of
-// gradients is cut into N equal pieces and rank r owns piece r of every bucket (ShardPlan, common/
-// shards.h), keeping m and v for its pieces only. Each step:
-//   1. when a bucket's gradients are final, reduce-scatter it (during backward, as 03 all-reduced
-//      it): rank r receives piece r, averaged over ranks, into its gradient shard;
-//   2. AdamW updates only this rank's pieces of the parameters;
-//   3. all-gather every bucket's updated pieces, so every rank again holds all parameters.
-// A reduce-scatter plus an all-gather moves exactly what one all-reduce moves (an all-reduce IS a
-// reduce-scatter followed by an all-gather), so the memory is saved for free in bytes. Every rank
-// owns a piece of every bucket, so each collective is balanced: every rank sends and receives
-// (N-1)/N of the bucket, as Megatron-LM's distributed optimizer does. (Owning one contiguous slice
-// of the whole buffer would turn a bucket's reduce-scatter into a reduce to its one or two owners.)
-// Buckets are cut between layers, where the layout pads to a multiple of N: each splits evenly.
-//
-// What changed since 03: the bucket's all-reduce became a reduce-scatter into a shard-sized buffer,
-// the optimizer runs on the shard, and an all-gather of parameters follows it. Gradient clipping
-// needs the global norm, but each rank now sees only its shard: one scalar all-reduce of the sums of
-// squares gives it. What stayed: full parameters and full gradients on every rank (05 shards those).
-// What to notice: "optimizer state" in the theory table drops to 8Ψ/N; bytes per step equal 01's;
-// the reduce-scatters still hide under backward, but the all-gather after the optimizer is exposed:
-// the price of the memory, paid in time on a slow link.
+// The idea. Rank r keeps AdamW's state for piece r of every bucket only: a final bucket is
+// reduce-scattered (piece r, averaged, to rank r), AdamW updates this rank's pieces, and an
+// all-gather gives every rank all parameters again: the bytes of one all-reduce, 8Ψ/N of state.
+// What to notice: optimizer state at 8Ψ/N in the theory table; the all-gather after it is exposed.
+// The whole lesson, with the why of each choice: README.md beside this file.
 //
 // Run:
-//   make 04_zero1
-//   mpiexec -n 4 ./04_zero1/train                  # optimizer state: a quarter per rank
-//   mpiexec -n 2 ./04_zero1/train --bucket-mb 0.05 --link-gbps 0.5
-// Output: as 01; in the theory table optimizer state is 8Ψ/N and comm bytes equal the DP row:
-//   optimizer state            241.2 KB     241.2 KB      (4 ranks, tiny)
+//   make 04_zero1 && mpiexec -n 4 ./04_zero1/train                  # optimizer state: a quarter per rank
 #include <cmath>
 #include <cstdio>
 #include <vector>
 
 #include "parallel/buckets.h"
 #include "comm/comm.h"
-#include "comm/comm_factory.h"
 #include "comm/wire_format.h"  // the gradients in the recipe's format (fp32: as they are)
 #include "ops/device.h"
+#include "training/chapter_main.h"  // run_chapter: main(), flags and checks
 #include "training/flags.h"
 #include "ops/memory.h"
 #include "model/model.h"
@@ -47,9 +25,17 @@
 #include "parallel/shards.h"
 #include "training/training_run.h"
 
-// The chapter's own flags (the common ones are TrainConfig's, flags.h).
+// The chapter's own flags (the common ones are TrainConfig's, flags.h): declared, then checked.
 struct Options {
   double bucket_mb = 0;
+
+  void declare(FlagParser& flags, TrainConfig&) {
+    flags.add("--bucket-mb", &bucket_mb, "target bucket size in MB, a bucket holding whole layers (default: an "
+                                         "eighth of the gradient)");
+  }
+  void check(TrainConfig& cfg, int /*ranks*/) {
+    if (cfg.was_given("--bucket-mb") && !(bucket_mb > 0)) config_error("--bucket-mb must be > 0");
+  }
 };
 
 // The whole run, in a function: the grid's groups must end before MPI does.
@@ -60,23 +46,20 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
   const DType dtype = run.dtype();  // fp32, or bf16 mixed precision on GPUs
   const ParamLayout& layout = run.layout();
 
-  // Every rank holds all parameters and all gradients, but optimizer state for its shard only:
-  // buckets of whole layers, rank r owning piece r of each.
+  // Every rank holds all parameters and all gradients, but optimizer state for its shard only.
   Buffer params(layout.padded_size, MemCategory::Params, dtype, device);
   Buffer grads(layout.padded_size, MemCategory::Grads, dtype, device);
   const double bucket_bytes =
       cfg.was_given("--bucket-mb") ? opt.bucket_mb * 1e6 : default_bucket_bytes(layout, dtype_size(dtype));
   GradientBuckets buckets(layout, bucket_bytes, dtype_size(dtype), BucketCut::AtLayers);
-  const ShardPlan shard(buckets.ranges_in_flat_order(), world.size(), world.rank());
+  const ShardPlan shard(buckets.ranges_in_flat_order(), world.size(), world.rank());  // piece r of every bucket
+  // This rank's averaged pieces, side by side (a separate buffer: MPI may not receive where it sends from).
+  Buffer grad_shard(shard.size(), MemCategory::CommBuffers, dtype, device);
   AdamW optimizer(layout, shard, cfg.weight_decay, device, dtype);
   GPT2 model(run.model_config(), layout, run.micro_batch_size(), device, dtype);
   model.bind_all(params.data(), grads.data());
   const int start = run.init_or_resume(params, optimizer);
   if (run.is_root()) std::printf("%s; each cut into %d pieces\n", buckets.describe(bucket_bytes).c_str(), world.size());
-
-  // This rank's averaged pieces of every bucket, side by side (a separate buffer: MPI may not
-  // receive into the buffer it sends from).
-  Buffer grad_shard(shard.size(), MemCategory::CommBuffers, dtype, device);
 
   // The lesson, 1: when a bucket's last gradient is final, reduce-scatter it; piece r to rank r.
   std::vector<CommHandle> in_flight;
@@ -128,21 +111,8 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
   return run.finish();
 }
 
+// Where training starts: run_chapter (chapter_main.h) parses the flags, checks them, then calls train().
 int main(int argc, char** argv) {
-  auto comm = init_mpi_communicator(&argc, &argv);
-  TrainConfig cfg;
-  FlagParser flags;
-  Options opt;
-  flags.add("--bucket-mb", &opt.bucket_mb, "target bucket size in MB, a bucket holding whole layers (default: an "
-                                          "eighth of the gradient)");
-  if (!parse_train_flags(argc, argv, "04_zero1",
-                         "Chapter 04: ZeRO-1, optimizer state sharded over ranks.", flags, &cfg)) {
-    shutdown_mpi(std::move(comm));
-    return 0;
-  }
-  if (cfg.was_given("--bucket-mb") && !(opt.bucket_mb > 0)) config_error("--bucket-mb must be > 0");
-  comm = communicator_for(pick_device(cfg.device), std::move(comm), cfg.collectives);  // NCCL on GPUs (comm_factory.h)
-  const int status = train(*comm, cfg, opt);
-  shutdown_mpi(std::move(comm));
-  return status;
+  return run_chapter(argc, argv, "04_zero1",
+                     "Chapter 04: ZeRO-1, optimizer state sharded over ranks.", train);
 }

@@ -1,40 +1,19 @@
 // Chapter 06: ZeRO-3: shard the parameters too, and gather each layer just in time.
 //
-// The idea. After ZeRO-2 every rank still holds all parameters, yet at any moment the model
-// computes with one layer only. ZeRO-3 (FSDP in PyTorch) keeps just this rank's slice of the
-// parameters, gradients and optimizer state: (4Ψ + 4Ψ + 8Ψ)/N in all: rank r owns piece r of every
-// layer, as FSDP shards each flat parameter. Before a layer's forward, the ranks all-gather it into a
-// layer-sized buffer, each contributing its piece; after the forward, the buffer is released.
-// Backward gathers each layer again, then reduce-scatters its gradients as 05 did. To hide the
-// gathers, the NEXT layer's gather is launched (prefetched) before the current layer computes, in
-// forward and in backward. Peak parameter memory: one shard plus about two blocks, plus the
-// embedding, which the tied head needs at the end of forward and the start of backward.
-//
-// What changed since 05: parameters are sharded (param_shard); hooks gather, bind, prefetch and
-// release layers; the optimizer updates the shard and no all-gather follows it: the next forward
-// gathers on demand. The tied embedding: wte serves unit 0 (embedding) and the LM head (last
-// unit), so unit 0 stays gathered from the embedding's forward to the head's, and from the head's
-// backward to the embedding's. Each layer is then gathered exactly once in forward and once in
-// backward: with the reduce-scatter, 1.5x the bytes of data parallelism (K times with --grad-accum).
-// The price of that exactness: the head and the embedding are released at the end of forward and
-// gathered again, unprefetched, at the start of backward (FSDP keeps the last unit instead).
-// What to notice: parameters in the theory table at 4Ψ/N; the gathered layers appear as transient
-// communication buffers; with --no-prefetch, exposed communication grows (compare with --trace).
+// The idea. Rank r keeps only piece r of every layer's parameters. Before a layer's forward, and
+// again before its backward, the ranks all-gather it into a layer-sized buffer, released after use;
+// the next layer's gather is launched first (prefetched) to hide it.
+// What to notice: parameters at 4Ψ/N; 1.5x DP's bytes; --no-prefetch exposes the gathers.
+// The whole lesson, with the why of each choice: README.md beside this file.
 //
 // Run:
-//   make 06_zero3
-//   mpiexec -n 4 ./06_zero3/train
-//   mpiexec -n 2 ./06_zero3/train --link-gbps 0.5 --no-prefetch    # see the gathers exposed
-// Output: as 05, plus the peak of parameter memory: the shard and the gathered layers.
-#include <algorithm>
+//   make 06_zero3 && mpiexec -n 2 ./06_zero3/train --link-gbps 0.5 --no-prefetch   # the gathers exposed
 #include <cmath>
-#include <map>
 
 #include "comm/comm.h"
-#include "comm/comm_factory.h"
 #include "ops/device.h"
+#include "training/chapter_main.h"  // run_chapter: main(), flags and checks
 #include "training/flags.h"
-#include "parallel/weight_gather.h"  // gather_unit_async: a layer in the recipe's formats (fp32: as it is)
 #include "ops/memory.h"
 #include "model/model.h"
 #include "ops/ops.h"
@@ -42,12 +21,18 @@
 #include "parallel/shards.h"
 #include "training/training_run.h"
 
+#include "parallel/layer_gather.h"
 #include "parallel/layer_grads.h"
 #include "training/zero3_report.h"
 
-// The chapter's own flags (the common ones are TrainConfig's, flags.h).
+// The chapter's own flags (the common ones are TrainConfig's, flags.h): declared, then checked.
 struct Options {
   bool no_prefetch = false;
+
+  void declare(FlagParser& flags, TrainConfig&) {
+    flags.add_switch("--no-prefetch", &no_prefetch, "gather each layer only when it is needed (no overlap)");
+  }
+  void check(TrainConfig&, int /*ranks*/) {}
 };
 
 // The whole run, in a function: the grid's groups must end before MPI does.
@@ -57,77 +42,50 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
   const Device device = run.device();
   const DType dtype = run.dtype();  // fp32, or bf16 mixed precision on GPUs
   const ParamLayout& layout = run.layout();
-  const ShardPlan shard = ShardPlan::per_unit(layout, world.size(), world.rank());  // piece r of every layer
-  const int head = layout.num_units() - 1;  // final layernorm + tied LM head
 
   // Every rank holds only its shard of parameters, gradients and optimizer state.
+  const ShardPlan shard = ShardPlan::per_unit(layout, world.size(), world.rank());  // piece r of every layer
   Buffer param_shard(shard.size(), MemCategory::Params, dtype, device);
   Buffer grad_shard(shard.size(), MemCategory::Grads, dtype, device);
   AdamW optimizer(layout, shard, cfg.weight_decay, device, dtype);
-  // Nothing bound to the model: its layers come and go.
   GPT2 model(run.model_config(), layout, run.micro_batch_size(), device, dtype);
+  // Nothing bound to the model: its layers come and go.
   const int start = run.init_or_resume(param_shard, optimizer);
+  const int head = layout.num_units() - 1;  // final layernorm + tied LM head
 
-  // The lesson, 1: gather a layer's parameters into a layer-sized buffer, every rank giving its piece.
-  struct Gathered {
-    Buffer params;
-    CommHandle handle;
-    bool bound = false;
-  };
-  std::map<int, Gathered> gathered;
-  int64_t gathered_now = 0, gathered_peak = 0;  // elements, for the report at the end
-  auto gather = [&](int u) {  // launches the all-gather; returns at once
-    if (u < 0 || u > head || gathered.count(u)) return;
-    Gathered& g = gathered[u];
-    g.params = Buffer(layout.unit_size(u), MemCategory::CommBuffers, dtype, device);
-    g.handle = gather_unit_async(world, layout, u, shard.piece_of_shard(param_shard.view(), u), g.params.view());
-    gathered_now += layout.unit_size(u);
-    gathered_peak = std::max(gathered_peak, gathered_now);
-  };
-  auto use = [&](int u) {  // the layer is about to compute: its gather must be complete
-    gather(u);
-    Gathered& g = gathered[u];
-    if (!g.bound) {
-      g.handle.wait();
-      model.bind_unit_params(u, g.params.data());
-      g.bound = true;
-    }
-  };
-  auto release = [&](int u) {
-    model.bind_unit_params(u, nullptr);
-    gathered_now -= layout.unit_size(u);
-    gathered.erase(u);  // frees the buffer
-  };
+  // The lesson, 1: a layer is gathered into a layer-sized buffer, every rank giving its piece
+  // (GatheredLayers in common/ holds the buffers, binds each to the model and counts the peak).
+  GatheredLayers layers(world, model, shard, param_shard.view(), dtype, device);
   auto prefetch = [&](int u) {
-    if (!opt.no_prefetch) gather(u);
+    if (!opt.no_prefetch) layers.gather(u);
   };
 
   // The lesson, 2: forward gathers layer u, prefetches u+1, and releases u after its forward.
   model.hooks.before_forward = [&](int u) {
-    use(u);
+    layers.use(u);
     prefetch(u + 1);
   };
   model.hooks.after_forward = [&](int u) {
     if (u == 0) return;  // wte is needed again by the tied head
-    release(u);
-    if (u == head) release(0);
+    layers.release(u);
+    if (u == head) layers.release(0);
   };
 
   // The lesson, 3: backward gathers again, walking down, and reduce-scatters each layer's gradients
   // to their owners as 05 does.
   LayerGradReducer reducer(world, model, shard, grad_shard.view());
   model.hooks.before_backward = [&](int u) {
-    use(u);
+    layers.use(u);
     reducer.open(u);
     if (u == head) {  // the tied head reads wte and writes its gradient
-      use(0);
+      layers.use(0);
       reducer.open(0);
     }
     prefetch(u - 1);  // unit 0 is already there when u - 1 == 0
   };
   model.hooks.after_backward = [&](int u) {
     reducer.reduce_scatter(u);
-    release(u);  // unit 0 (wte) goes only after its own backward, the last
+    layers.release(u);  // unit 0 (wte) goes only after its own backward, the last
   };
 
   for (int step = start; step < cfg.steps; step++) {
@@ -150,23 +108,12 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
     if (run.checkpoint_due(step)) run.save_checkpoint(step + 1, param_shard, optimizer);
     if (run.stopping()) break;  // Ctrl-C or a diverging loss: every rank agreed to stop here
   }
-  report_zero3_peak(run, shard, gathered_peak);  // next to its prediction from the layout (zero3_report.h)
+  report_zero3_peak(run, shard, layers.peak());  // next to its prediction from the layout (zero3_report.h)
   return run.finish();
 }
 
+// Where training starts: run_chapter (chapter_main.h) parses the flags, checks them, then calls train().
 int main(int argc, char** argv) {
-  auto comm = init_mpi_communicator(&argc, &argv);
-  TrainConfig cfg;
-  FlagParser flags;
-  Options opt;
-  flags.add_switch("--no-prefetch", &opt.no_prefetch, "gather each layer only when it is needed (no overlap)");
-  if (!parse_train_flags(argc, argv, "06_zero3",
-                         "Chapter 06: ZeRO-3, parameters, gradients and optimizer state sharded.", flags, &cfg)) {
-    shutdown_mpi(std::move(comm));
-    return 0;
-  }
-  comm = communicator_for(pick_device(cfg.device), std::move(comm), cfg.collectives);  // NCCL on GPUs (comm_factory.h)
-  const int status = train(*comm, cfg, opt);
-  shutdown_mpi(std::move(comm));
-  return status;
+  return run_chapter(argc, argv, "06_zero3",
+                     "Chapter 06: ZeRO-3, parameters, gradients and optimizer state sharded.", train);
 }

@@ -1,45 +1,16 @@
 // Chapter 07: tensor parallelism (Megatron-LM), with sequence parallelism.
 //
-// The idea. Chapters 01-06 split the batch; every rank still runs every matrix product of the whole
-// model. Tensor parallelism (TP) splits the products themselves over a group of t ranks. In each
-// block two matrix products are paired so that only one collective separates them:
-//   column-parallel first (attn.qkv by heads: rank r holds the q, k and v rows of its NH/t heads;
-//     mlp.fc by channels): each rank computes its slice of the output from the whole input, and
-//     attention and GELU act on slices alone;
-//   row-parallel second (attn.proj, mlp.proj): rank r holds the matching columns, so its product is
-//     a partial sum of the whole output; "g" sums the partials, then the bias is added, once.
-// "f", before each column-parallel product, is its mirror: nothing in forward, the sum of the
-// input's gradient in backward. The embedding and the tied LM head split the vocabulary: V/t rows a
-// rank, and the cross-entropy combines each row's maximum, sum of exponentials and target logit over
-// the group, never the (B,T,V) logits. Each rank keeps 1/t of the matrices, their gradients and
-// AdamW state, and does 1/t of their FLOPs. The price: per block two all-reduces of a (B,T,C)
-// activation in forward and two in backward, on the critical path: TP lives inside a node.
-// wpe, the layernorms and the row-parallel biases stay whole on every rank. Their gradients agree
-// across the group with no communication: they act on the stream between the products, which every
-// rank holds whole and alike (g's sum made it so), and the stream's gradient is alike too (f's sum).
-//
-// Sequence parallelism (--sequence-parallel, Korthikanti et al. 2022) stops repeating that work t
-// times: rank r keeps rows [r BT/t, (r+1) BT/t) of the stream, flattened to (B*T, C) rows. Any split
-// of rows is as good as a split along T, with no transpose, because everything between the products
-// (layernorms, residual adds, biases) is computed row by row. g becomes a reduce-scatter of rows, f
-// an all-gather: the same bytes, and the activations between the products shrink t-fold. The
-// tensors held whole now get, on each rank, its rows' share of their gradient: summed over the
-// group before the optimizer, the final layernorm's and wpe's included (wpe is added after the
-// split, to this rank's rows, so its gradient is summed like the others).
-//
-// --tp-overlap: in backward, the input's gradient is summed while the weight's gradient is computed
-// (Megatron's asynchronous all-reduce): the "02" of tensor parallelism. With --tp below the rank
-// count, the rest is data parallelism over the grid's DP groups, as 03 (or, --zero1, 04) teaches it.
-// What to notice: parameters per rank about 1/t; "TP bytes per step" is (4L+2) all-reduces of
-// B*T*C (with SP, as gathers and scatters); "activations" fall t-fold with SP; the losses are 01's.
+// The idea. Split the matrix products over t ranks: a column-parallel product (qkv by heads, fc by
+// channels) then a row-parallel one (the projections), so that one collective separates them: "g"
+// sums the partial outputs, "f" is its mirror in backward. --sequence-parallel splits the rows
+// between the products too (g a reduce-scatter, f an all-gather). The rest is 03's (or 04's) DP.
+// What to notice: parameters per rank about 1/t; TP bytes (4L+2) x B*T*C; the losses 01's.
+// The whole lesson, with the why of each choice: README.md beside this file.
 //
 // Base chapter: 03_bucket_dp (docs/diffs/07_tensor_parallel.diff: what this chapter adds to it).
 //
 // Run:
-//   make 07_tensor_parallel
-//   mpiexec -n 2 ./07_tensor_parallel/train                                  # TP 2
-//   mpiexec -n 4 ./07_tensor_parallel/train --sequence-parallel --tp-overlap # DP 2 x TP 2
-//   mpiexec -n 4 ./07_tensor_parallel/train --tp 4 --preset small --trace tp.json
+//   make 07_tensor_parallel && mpiexec -n 4 ./07_tensor_parallel/train --sequence-parallel --tp-overlap
 #include <cmath>
 #include <cstdio>
 #include <utility>
@@ -47,9 +18,9 @@
 
 #include "parallel/buckets.h"
 #include "comm/comm.h"
-#include "comm/comm_factory.h"
 #include "comm/wire_format.h"  // activations and gradients in the recipe's formats (fp32: as they are)
 #include "ops/device.h"
+#include "training/chapter_main.h"  // run_chapter: main(), flags and checks
 #include "training/flags.h"
 #include "ops/memory.h"
 #include "model/model.h"
@@ -61,11 +32,30 @@
 #include "parallel/data_parallel.h"
 #include "comm/process_grid.h"
 
-// The chapter's own flags (the common ones are TrainConfig's, flags.h).
+// The chapter's own flags (the common ones are TrainConfig's, flags.h): declared, then checked.
 struct Options {
   int tp = 0;  // 0: 2 where the rank count is even, else 1
   bool sequence_parallel = false, overlap = false, zero1 = false;
   double bucket_mb = 0;
+
+  void declare(FlagParser& flags, TrainConfig& cfg) {
+    flags.add("--tp", &tp, "ranks in a tensor-parallel group (default: 2 on an even rank count); the rest is "
+                           "data-parallel");
+    flags.add_switch("--sequence-parallel", &sequence_parallel,
+                     "split the rows between the parallel products too (gathers and scatters for all-reduces)");
+    flags.add_switch("--tp-overlap", &overlap,
+                     "in backward, sum the input's gradient while the weight's gradient is computed");
+    flags.add_switch("--zero1", &zero1, "shard the optimizer state over the data-parallel group (chapter 04)");
+    flags.add("--bucket-mb", &bucket_mb, "data-parallel bucket size in MB (default: an eighth of the gradient)");
+    flags.add("--tp-link-gbps", &cfg.tp_link_gbps,
+              "the tensor-parallel group's emulated link, 0.001 to 100000 Gbit/s, 0 = unlimited (default: --link-gbps's)");
+    flags.add("--tp-link-latency-us", &cfg.tp_link_latency_us,
+              "its latency, 0 to 1000000 us (default: --link-latency-us's)");
+  }
+  void check(TrainConfig& cfg, int /*ranks*/) {
+    if (cfg.was_given("--bucket-mb") && !(bucket_mb > 0)) config_error("--bucket-mb must be > 0");
+    if (cfg.was_given("--tp") && tp < 1) config_error("--tp must be >= 1");
+  }
 };
 
 // The whole run, in a function: the grid's groups must end before MPI does.
@@ -188,31 +178,8 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
   return run.finish();
 }
 
+// Where training starts: run_chapter (chapter_main.h) parses the flags, checks them, then calls train().
 int main(int argc, char** argv) {
-  auto comm = init_mpi_communicator(&argc, &argv);
-  TrainConfig cfg;
-  FlagParser flags;
-  Options opt;
-  flags.add("--tp", &opt.tp, "ranks in a tensor-parallel group (default: 2 on an even rank count); the rest is "
-                            "data-parallel");
-  flags.add_switch("--sequence-parallel", &opt.sequence_parallel,
-                   "split the rows between the parallel products too (gathers and scatters for all-reduces)");
-  flags.add_switch("--tp-overlap", &opt.overlap,
-                   "in backward, sum the input's gradient while the weight's gradient is computed");
-  flags.add_switch("--zero1", &opt.zero1, "shard the optimizer state over the data-parallel group (chapter 04)");
-  flags.add("--bucket-mb", &opt.bucket_mb, "data-parallel bucket size in MB (default: an eighth of the gradient)");
-  flags.add("--tp-link-gbps", &cfg.tp_link_gbps, "the tensor-parallel group's emulated link, 0.001 to 100000 Gbit/s, 0 "
-                                                "= unlimited (default: --link-gbps's)");
-  flags.add("--tp-link-latency-us", &cfg.tp_link_latency_us, "its latency, 0 to 1000000 us (default: --link-latency-us's)");
-  if (!parse_train_flags(argc, argv, "07_tensor_parallel",
-                         "Chapter 07: Megatron tensor parallelism and sequence parallelism, on a DP x TP grid.", flags, &cfg)) {
-    shutdown_mpi(std::move(comm));
-    return 0;
-  }
-  if (cfg.was_given("--bucket-mb") && !(opt.bucket_mb > 0)) config_error("--bucket-mb must be > 0");
-  if (cfg.was_given("--tp") && opt.tp < 1) config_error("--tp must be >= 1");
-  comm = communicator_for(pick_device(cfg.device), std::move(comm), cfg.collectives);  // NCCL on GPUs (comm_factory.h)
-  const int status = train(*comm, cfg, opt);
-  shutdown_mpi(std::move(comm));
-  return status;
+  return run_chapter(argc, argv, "07_tensor_parallel",
+                     "Chapter 07: Megatron tensor parallelism and sequence parallelism, on a DP x TP grid.", train);
 }

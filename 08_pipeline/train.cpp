@@ -1,43 +1,16 @@
 // Chapter 08: pipeline parallelism: stages, micro-batches, and six schedules.
 //
-// The idea. Split the model by depth: p ranks hold consecutive runs of blocks (the first also the
-// embedding, the last the final layernorm, the LM head and the loss), and each step's batch is cut
-// into m micro-batches that flow through them: activations forward to the next stage, their
-// gradients back. Each rank keeps 1/p of the model and exchanges one (B,T,C) tensor per micro-batch
-// and boundary, point to point. The price is idle time, the bubble: stage r cannot start before
-// r micro-batches' forwards reached it, and the last backward takes as long to come back. The
-// schedule decides how long the bubble is and how many micro-batches' activations a stage holds:
-//   afab         all forwards, then all backwards (GPipe): bubble (p-1)/(m+p-1), m in flight;
-//   1f1b         after p-1-r warm-up forwards, one forward, one backward: the same bubble, at most
-//                p-r micro-batches in flight;
-//   interleaved  v chunks a rank, virtual stage c x p + r (Megatron-LM): bubble (p-1)/(v m+p-1), v
-//                times the messages;
-//   zb-h1        backward split into B (the inputs' gradients, on the critical path) and W (the
-//                weights', which can wait): W passes fill the cool-down's bubbles (Qi et al. 2024);
-//   zb-v         two chunks a rank in a V (rank r: virtual stages r and 2p-1-r), B and W split: no
-//                bubble in the steady state, the embedding and the loss both on rank 0;
-//   dualpipev    DeepSeek's DualPipe cut in half: the same V, its steady state pairing one chunk's
-//                forward with the other's backward (m >= 2p), the two passes of a pair run at once
-//                on two threads (--fb-overlap off: one after the other).
-// Each schedule is a plain list of actions per rank (common/schedule/pipeline_schedule.cpp: read it with the
-// diagram of `make schedules`); one executor runs any list (common/pipeline/pipeline.h).
-//
-// The tied wte lives on the first stage (the embedding) and the last (the LM head), a copy each,
-// equal at the start: their gradients are summed over the two (Megatron's embedding group) before
-// the data-parallel reduction, so the copies stay equal, bit for bit; in a V both are rank 0's, one
-// copy. The loss exists on the rank of the last virtual stage only; each backward there starts from 1/m of it, once. With --pp below the rank count, the
-// rest is data parallelism over each stage's DP group, as 03 (or, --zero1, 04) teaches it.
-// What to notice: the bubble next to its theory and to a simulation of the schedule with the
-// measured times; activations per stage next to the schedule's count of micro-batches in flight.
+// The idea. Split the model by depth over p ranks, and each step's batch into m micro-batches that
+// flow through the stages, activations forward and their gradients back. The bubble (the idle time
+// while the pipeline fills and drains) depends on the schedule: afab, 1f1b, interleaved, zb-h1,
+// zb-v, dualpipev, each a plain list of actions per rank that one executor runs.
+// What to notice: the bubble next to its theory and a simulation; activations per micro-batch in flight.
+// The whole lesson, with the why of each choice: README.md beside this file.
 //
 // Base chapter: 03_bucket_dp (docs/diffs/08_pipeline.diff: what this chapter adds to it).
 //
 // Run:
-//   make 08_pipeline
-//   mpiexec -n 2 ./08_pipeline/train --preset deep                            # 1f1b, p 2, m 4
-//   mpiexec -n 4 ./08_pipeline/train --preset deep --schedule interleaved --micro-batches 8
-//   mpiexec -n 4 ./08_pipeline/train --preset deep --pp 2 --zero1              # DP 2 x PP 2
-//   mpiexec -n 4 ./08_pipeline/train --preset tall --schedule zb-v             # a V on 4 ranks
+//   make 08_pipeline && mpiexec -n 4 ./08_pipeline/train --preset deep --schedule interleaved --micro-batches 8
 #include <cmath>
 #include <cstdio>
 #include <memory>
@@ -47,9 +20,9 @@
 
 #include "parallel/buckets.h"
 #include "comm/comm.h"
-#include "comm/comm_factory.h"
 #include "parallel/data_parallel.h"
 #include "ops/device.h"
+#include "training/chapter_main.h"  // run_chapter: main(), flags and checks
 #include "training/flags.h"
 #include "pipeline/gradient_router.h"  // each gradient to its group, by its copies
 #include "ops/memory.h"
@@ -64,10 +37,21 @@
 #include "parallel/shards.h"
 #include "training/training_run.h"
 
+// The chapter's own flags (the common ones are TrainConfig's, flags.h): declared, then checked.
 struct Options {
   PipelineFlags pipeline;  // --pp, --micro-batches, --schedule, --virtual-stages, --partition, --zero1, --zero2
   std::string matching = "auto";  // auto: by tag where the communicator has tags (MPI), else call order
   double bucket_mb = 0;
+
+  void declare(FlagParser& flags, TrainConfig&) {
+    flags.add("--pp", &pipeline.pp, "pipeline stages (default: every rank); the rest is data-parallel");
+    add_schedule_flags(flags, &pipeline, &matching);  // --micro-batches, --schedule, ... (pipeline_flags.h)
+    flags.add("--bucket-mb", &bucket_mb, "data-parallel bucket size in MB (default: an eighth of the gradient)");
+  }
+  void check(TrainConfig& cfg, int /*ranks*/) {
+    check_schedule_flags(cfg, pipeline);
+    if (cfg.was_given("--bucket-mb") && !(bucket_mb > 0)) config_error("--bucket-mb must be > 0");
+  }
 };
 
 // The whole run, in a function: the grid's groups must end before MPI does.
@@ -179,24 +163,8 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
   return run.finish();
 }
 
+// Where training starts: run_chapter (chapter_main.h) parses the flags, checks them, then calls train().
 int main(int argc, char** argv) {
-  auto comm = init_mpi_communicator(&argc, &argv);
-  TrainConfig cfg;
-  FlagParser flags;
-  Options opt;
-  PipelineFlags& pipe = opt.pipeline;
-  flags.add("--pp", &pipe.pp, "pipeline stages (default: every rank); the rest is data-parallel");
-  add_schedule_flags(flags, &pipe, &opt.matching);  // --micro-batches, --schedule, ... (pipeline_flags.h)
-  flags.add("--bucket-mb", &opt.bucket_mb, "data-parallel bucket size in MB (default: an eighth of the gradient)");
-  if (!parse_train_flags(argc, argv, "08_pipeline",
-                         "Chapter 08: pipeline parallelism, six schedules.", flags, &cfg)) {
-    shutdown_mpi(std::move(comm));
-    return 0;
-  }
-  check_schedule_flags(cfg, pipe);
-  if (cfg.was_given("--bucket-mb") && !(opt.bucket_mb > 0)) config_error("--bucket-mb must be > 0");
-  comm = communicator_for(pick_device(cfg.device), std::move(comm), cfg.collectives);  // NCCL on GPUs (comm_factory.h)
-  const int status = train(*comm, cfg, opt);
-  shutdown_mpi(std::move(comm));
-  return status;
+  return run_chapter(argc, argv, "08_pipeline",
+                     "Chapter 08: pipeline parallelism, six schedules.", train);
 }

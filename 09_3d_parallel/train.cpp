@@ -1,46 +1,16 @@
 // Chapter 09: 3D parallelism: data x tensor x pipeline parallelism in one trainer, and activation
 // recomputation.
 //
-// The idea. Each parallelism so far removes one limit and adds one cost. Data parallelism (01-06)
-// multiplies throughput, but every rank holds the whole model (or gathers it: ZeRO-3). Tensor
-// parallelism (07) splits every product over t ranks, at the price of collectives on the critical
-// path of every layer: it needs a node's fast links, and stops at the node. Pipeline parallelism (08)
-// splits the model by depth over p stages for one message per micro-batch and boundary, at the price
-// of the bubble. Large models are trained with all three at once (Megatron-LM: t = 8 inside a node,
-// p across nodes, d over the rest): each rank holds 1/(t p) of the model, runs its stage's blocks on
-// its 1/t of every product, and the d replicas of that grid average their gradients.
-//
-// Composition is mostly placement. The process grid puts TP innermost (consecutive ranks: one node)
-// and PP outermost: world rank = (pp x DP + dp) x TP + tp (common/comm/process_grid.h). Nothing in a stage
-// knows about the pipeline's other stages but its neighbours, and nothing in a tensor-parallel group
-// knows about the pipeline: a chunk (08's model part) is simply built as this rank's slice (07's
-// layout), with 07's f and g collectives over the TP group; the messages between stages are the
-// stream between blocks, which under sequence parallelism a rank holds only B*T/t rows of: each TP
-// rank sends its own rows to the same TP rank of the next stage, t messages of 1/t each. The tied
-// wte's two copies are vocabulary slices now, summed in the embedding group of each (dp, tp)
-// coordinate. Gradients: 07's sums over TP of the tensors held whole (under SP), 08's sum of wte over
-// the embedding group, then data parallelism over the DP group (or ZeRO-1). Four groups, four kinds
-// of traffic, each printed next to its formula.
-//
-// Activation recomputation (--recompute, in every chapter: it belongs to the model) trades compute
-// for the activations that a pipeline multiplies by its micro-batches in flight. selective drops the
-// attention's (B,NH,T,T) scores and recomputes them before their backward (a few percent of the
-// FLOPs, the term that grows with T^2); full keeps only each block's input and replays the block in
-// its backward (about 2/3 of a forward more; under TP, the replay's collectives too). The arena holds
-// what each keeps, no more (docs/theory.md, section 12).
-//
-// What to notice: per rank, the model state is 1/(t p) of 01's (with ZeRO-1 the optimizer's 1/d
-// again); activations per stage are the schedule's micro-batches in flight x the per-layer formula
-// under TP, SP and recomputation; "TP bytes", "p2p bytes", "DP bytes" and the embedding group's are
-// each their formula; the bubble is 08's; the losses are 01's.
+// The idea. Large models use all three at once: TP innermost (a node's links), PP outermost, DP over
+// the rest. Composition is mostly placement: each chunk (08's) is this rank's TP slice (07's), with
+// 07's f and g over the TP group. --recompute trades compute for activations.
+// What to notice: model state 1/(t p) of 01's; each group's bytes next to its formula; the losses 01's.
+// The whole lesson, with the why of each choice: README.md beside this file.
 //
 // Base chapter: 08_pipeline (docs/diffs/09_3d_parallel.diff: what composing 07 into it adds).
 //
 // Run:
-//   make 09_3d_parallel
-//   mpiexec -n 4 ./09_3d_parallel/train --preset deep                               # TP 2 x PP 2
-//   mpiexec -n 8 ./09_3d_parallel/train --preset deep --sequence-parallel --zero1   # DP 2 x TP 2 x PP 2
-//   mpiexec -n 4 ./09_3d_parallel/train --preset deep --schedule interleaved --recompute selective
+//   make 09_3d_parallel && mpiexec -n 8 ./09_3d_parallel/train --preset deep --sequence-parallel --zero1
 #include <cmath>
 #include <cstdio>
 #include <memory>
@@ -49,9 +19,9 @@
 
 #include "parallel/buckets.h"
 #include "comm/comm.h"
-#include "comm/comm_factory.h"
 #include "parallel/data_parallel.h"
 #include "ops/device.h"
+#include "training/chapter_main.h"  // run_chapter: main(), flags and checks
 #include "training/flags.h"
 #include "pipeline/gradient_router.h"  // each gradient to its group, by its copies
 #include "ops/memory.h"
@@ -67,6 +37,7 @@
 #include "parallel/tensor_parallel_hooks.h"  // 07's collectives, for every chunk
 #include "training/training_run.h"
 
+// The chapter's own flags (the common ones are TrainConfig's, flags.h): declared, then checked.
 struct Options {
   int tp = 0;  // 0: 2 where the rank count is even, else 1
   // --pp (0: 2 where the ranks left are even, else 1), --micro-batches, --schedule, --virtual-stages,
@@ -75,6 +46,25 @@ struct Options {
   bool sequence_parallel = false, overlap = false;
   std::string matching = "auto";  // auto: by tag where the communicator has tags (MPI), else call order
   double bucket_mb = 0;
+
+  void declare(FlagParser& flags, TrainConfig& cfg) {
+    flags.add("--tp", &tp, "ranks in a tensor-parallel group, innermost (default: 2 on an even rank count)");
+    flags.add("--pp", &pipeline.pp, "pipeline stages, outermost (default: 2 where the ranks left are even); the rest is "
+                                    "data-parallel");
+    flags.add_switch("--sequence-parallel", &sequence_parallel,
+                     "split the rows between the parallel products too (gathers and scatters for all-reduces)");
+    flags.add_switch("--tp-overlap", &overlap,
+                     "in backward, sum the input's gradient while the weight's gradient is computed");
+    add_schedule_flags(flags, &pipeline, &matching);  // --micro-batches, --schedule, ... (pipeline_flags.h)
+    flags.add("--bucket-mb", &bucket_mb, "data-parallel bucket size in MB (default: an eighth of the gradient)");
+    flags.add("--tp-link-gbps", &cfg.tp_link_gbps, "the tensor-parallel group's emulated link (default: --link-gbps's)");
+    flags.add("--tp-link-latency-us", &cfg.tp_link_latency_us, "its latency (default: --link-latency-us's)");
+  }
+  void check(TrainConfig& cfg, int /*ranks*/) {
+    check_schedule_flags(cfg, pipeline);
+    if (cfg.was_given("--bucket-mb") && !(bucket_mb > 0)) config_error("--bucket-mb must be > 0");
+    if (cfg.was_given("--tp") && tp < 1) config_error("--tp must be >= 1");
+  }
 };
 
 // The whole run, in a function: the grid's groups must end before MPI does.
@@ -200,34 +190,8 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
   return run.finish();
 }
 
+// Where training starts: run_chapter (chapter_main.h) parses the flags, checks them, then calls train().
 int main(int argc, char** argv) {
-  auto comm = init_mpi_communicator(&argc, &argv);
-  TrainConfig cfg;
-  FlagParser flags;
-  Options opt;
-  PipelineFlags& pipe = opt.pipeline;
-  flags.add("--tp", &opt.tp, "ranks in a tensor-parallel group, innermost (default: 2 on an even rank count)");
-  flags.add("--pp", &pipe.pp, "pipeline stages, outermost (default: 2 where the ranks left are even); the rest is "
-                             "data-parallel");
-  flags.add_switch("--sequence-parallel", &opt.sequence_parallel,
-                   "split the rows between the parallel products too (gathers and scatters for all-reduces)");
-  flags.add_switch("--tp-overlap", &opt.overlap,
-                   "in backward, sum the input's gradient while the weight's gradient is computed");
-  add_schedule_flags(flags, &pipe, &opt.matching);  // --micro-batches, --schedule, ... (pipeline_flags.h)
-  flags.add("--bucket-mb", &opt.bucket_mb, "data-parallel bucket size in MB (default: an eighth of the gradient)");
-  flags.add("--tp-link-gbps", &cfg.tp_link_gbps, "the tensor-parallel group's emulated link (default: --link-gbps's)");
-  flags.add("--tp-link-latency-us", &cfg.tp_link_latency_us, "its latency (default: --link-latency-us's)");
-  if (!parse_train_flags(argc, argv, "09_3d_parallel",
-                         "Chapter 09: data x tensor x pipeline parallelism, and activation recomputation.", flags,
-                         &cfg)) {
-    shutdown_mpi(std::move(comm));
-    return 0;
-  }
-  check_schedule_flags(cfg, pipe);
-  if (cfg.was_given("--bucket-mb") && !(opt.bucket_mb > 0)) config_error("--bucket-mb must be > 0");
-  if (cfg.was_given("--tp") && opt.tp < 1) config_error("--tp must be >= 1");
-  comm = communicator_for(pick_device(cfg.device), std::move(comm), cfg.collectives);  // NCCL on GPUs (comm_factory.h)
-  const int status = train(*comm, cfg, opt);
-  shutdown_mpi(std::move(comm));
-  return status;
+  return run_chapter(argc, argv, "09_3d_parallel",
+                     "Chapter 09: data x tensor x pipeline parallelism, and activation recomputation.", train);
 }

@@ -1,51 +1,16 @@
 // Chapter 10: context parallelism: ring attention over the sequence, balanced for the causal mask.
 //
-// The idea. Every chapter so far keeps all T positions of a sequence on each rank that runs it, and
-// activations grow with T (the materialized attention with T^2). Context parallelism (CP) splits the
-// sequence itself through the whole model: each of the cp ranks of a ring keeps T/cp positions of
-// every sequence in every layer. Layernorms, products, GELU, the residual adds and the loss act
-// position by position and run unchanged on the rank's positions. Attention is the one op that mixes
-// positions: each rank keeps its queries, and the blocks of keys and values travel the ring, cp - 1
-// steps, each rank folding every block that passes into an online softmax (a running maximum and sum
-// per query, the FlashAttention way: no T x T matrix ever exists). The send of the next block is
-// started before the current block is computed, so the ring's traffic hides behind the work (the
-// trace shows "ring block" spans on the compute track while the sends fly). The backward sends the
-// blocks around again, with the accumulators of their keys' and values' gradients, which every rank
-// adds to on the way and which arrive home after the last step.
-//
-// The balance (--cp-split). Under the causal mask a query at position p sees p + 1 keys. Split
-// contiguously, the first rank's queries see almost nothing and the last rank's almost everything:
-// it computes 2cp - 1 times the first's scores, and everyone waits for it. Zig-zag cuts the sequence
-// into 2cp chunks and gives rank r chunks r and 2cp-1-r, an early one and a late one: every rank
-// computes exactly T(T+1)/(2cp) scores. The position embeddings follow the positions a rank holds.
-//
-// What changed since 03: a DP x CP grid; each rank keeps its positions of the micro-batch's tokens
-// and targets; the model's attention runs on the ring (its ContextParallelHooks; the ring itself is
-// RingAttention, in ring_attention_protocol.h beside this file); the buckets' all-reduces average
-// over DP x CP instead of DP (the ranks of a ring hold the same parameters and saw different
-// positions: averaging their means over equal token counts gives the mean over whole sequences).
-// What stayed: 03's buckets overlapping backward, and the losses equal 01's.
-// At --cp 1 the attention is the same blockwise kernel, a ring of one (on a GPU: the model's own).
-// On a GPU (--device cuda, fp32) the blocks run as CUDA kernels (common/ops/ring_attention_cuda.cu) on
-// the compute stream while NCCL's stream carries the next block: the same overlap, on two streams.
-//
-// Ulysses (--ulysses U, Jacobs et al. 2023): inside each ring place U ranks split its positions
-// further; around attention an all-to-all trades them for NH/U whole heads over all the place's
-// positions, the ring runs on those heads, and a second all-to-all trades back (ulysses_attention.h).
-// Its bytes per rank stay flat as U grows at a fixed number of positions per rank; the ring's grow.
+// The idea. Each of the cp ranks of a ring keeps T/cp positions of every sequence through the whole
+// model. Only attention mixes positions: each rank keeps its queries while the blocks of keys and
+// values travel the ring (ring_attention_protocol.h), an online softmax combining them. Zig-zag
+// balances the causal mask. --ulysses U trades positions for heads around attention, inside the ring.
+// What to notice: after step 1, the ring's FLOPs, idle time and bytes next to their formulas.
+// The whole lesson, with the why of each choice: README.md beside this file.
 //
 // Base chapter: 03_bucket_dp (docs/diffs/10_context_parallel.diff: what this chapter adds to it).
 //
 // Run:
-//   make 10_context_parallel
-//   mpiexec -n 2 ./10_context_parallel/train                                    # CP 2, zigzag
-//   mpiexec -n 4 ./10_context_parallel/train --cp 4 --cp-split contiguous       # the imbalance
-//   mpiexec -n 2 ./10_context_parallel/train --preset long --trace cp.json      # T = 1024
-//   mpiexec -n 4 ./10_context_parallel/train --cp 2 --ulysses 2                 # Ulysses 2 inside a ring of 2
-// Output: as 03, plus, after step 1, per rank: attention FLOPs next to both splits' formulas, the
-// time spent idle in the ring, and the ring's bytes next to 2(cp-1)/cp of K and V; the activations'
-// measured bytes next to their formula on T/cp positions (docs/context_parallel.md reads them).
-// Under --ulysses, every rank's all-to-all bytes next to theirs (docs/ulysses.md).
+//   make 10_context_parallel && mpiexec -n 4 ./10_context_parallel/train --cp 4 --cp-split contiguous
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -55,9 +20,9 @@
 
 #include "parallel/buckets.h"
 #include "comm/comm.h"
-#include "comm/comm_factory.h"
 #include "comm/wire_format.h"  // the gradients in the recipe's format (fp32: as they are)
 #include "ops/device.h"
+#include "training/chapter_main.h"  // run_chapter: main(), flags and checks
 #include "training/flags.h"
 #include "ops/memory.h"
 #include "model/model.h"
@@ -73,16 +38,65 @@
 #include "parallel/ulysses_attention.h"  // UlyssesAttention: positions traded for heads around the ring
 #include "training/ulysses_report.h"
 
-// The chapter's own flags (the common ones are TrainConfig's, flags.h).
+// The chapter's own flags (the common ones are TrainConfig's, flags.h): declared, then checked.
 struct Options {
-  int cp = 0;  // 0: 2 where the rank count (over --ulysses) is even, else 1
+  int cp = 0;  // 0: 2 where the rank count (over --ulysses) is even, else 1; check() sets the ring's size
   int ulysses = 1;
   std::string split = "zigzag";
   double bucket_mb = 0;
+  ContextSplit context_split = ContextSplit::Zigzag;  // --cp-split, parsed by check()
+  int T = 0;  // the preset's sequence length, whose positions the ring splits
+
+  void declare(FlagParser& flags, TrainConfig&) {
+    flags.add("--cp", &cp, "ranks in a context-parallel ring (default: 2 on an even rank count, over --ulysses); "
+                           "the rest is data-parallel");
+    flags.add("--ulysses", &ulysses, "ranks of a Ulysses group inside each ring place: they split its positions "
+                                     "and trade them for heads around attention (default 1: none)");
+    flags.add("--cp-split", &split, "which positions a rank holds: zigzag (chunks i and 2cp-1-i, balanced under "
+                                    "the causal mask) or contiguous (default: zigzag)", "SPLIT");
+    flags.add("--bucket-mb", &bucket_mb, "target bucket size in MB, a bucket holding whole tensors (default: an "
+                                         "eighth of the gradient)");
+  }
+  // Every check before the first collective, the same on every rank: the ranks into rings of --cp,
+  // each sequence into --cp parts (2 --cp chunks for zigzag), the ring's kernels in fp32 on a GPU.
+  void check(TrainConfig& cfg, int ranks) {
+    if (cfg.was_given("--bucket-mb") && !(bucket_mb > 0)) config_error("--bucket-mb must be > 0");
+    if (cfg.was_given("--cp") && cp < 1) config_error("--cp must be >= 1");
+    if (!parse_context_split(split, &context_split))
+      config_error("--cp-split: '" + split + "' is neither zigzag nor contiguous");
+    if (ulysses < 1) config_error("--ulysses must be >= 1");
+    const int places = ranks / ulysses;  // the ring places the ranks make (0: fewer ranks than --ulysses)
+    if (!cp) cp = places >= 2 && places % 2 == 0 ? 2 : 1;
+    const std::string grid_problem = grid_shape_problem(ranks, 1, 1, cp);
+    if (!grid_problem.empty() && ulysses == 1) config_error(grid_problem);  // (else ulysses_problem's)
+    GPT2Config preset;
+    if (!find_preset(cfg.preset, &preset))
+      config_error("--preset: unknown preset '" + cfg.preset + "' (choose from " + preset_names() + ")");
+    T = preset.T;
+    const std::string split_problem = context_split_problem(T, cp, context_split, ranks);
+    if (!split_problem.empty()) config_error(split_problem);
+    // Ulysses splits each ring place's positions further, and the heads: both must divide.
+    const std::string ulysses_problem_line = ulysses_problem(ulysses, preset.NH, 1, T, cp, context_split, ranks);
+    if (!ulysses_problem_line.empty()) config_error(ulysses_problem_line);
+    const Device device = pick_device(cfg.device);
+    if (ulysses > 1 && device == Device::CUDA)
+      config_error("--ulysses " + std::to_string(ulysses) + " runs on the CPU (its exchange has no CUDA kernels "
+                   "yet): pass --device cpu, or --ulysses 1");
+    if (cp > 1 && device == Device::CUDA) {  // the ring's kernels on a GPU (ring_attention_cuda.cu) are fp32
+      if (cfg.dtype == "bf16")
+        config_error("--dtype bf16 with --cp " + std::to_string(cp) + " on a GPU: the ring's CUDA kernels run in fp32; "
+                     "pass --dtype fp32, or --cp 1 (the model's own attention takes bf16)");
+      cfg.dtype = "fp32";
+      const std::string ring_problem = ring_attention_problem(device, preset.C, preset.NH);
+      if (!ring_problem.empty()) config_error(ring_problem + "; pass --device cpu");
+    }
+  }
 };
 
 // The whole run, in a function: the grid's groups must end before MPI does.
-int train(Communicator& world, TrainConfig& cfg, const Options& opt, int cp, ContextSplit split, int T) {
+int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
+  const int cp = opt.cp, T = opt.T;
+  const ContextSplit split = opt.context_split;
   // Under --ulysses u the grid's context axis holds u x cp ranks, Ulysses inside the ring: a rank's
   // coordinate there is its ring place x u + its Ulysses rank.
   const int u = opt.ulysses;
@@ -160,8 +174,8 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt, int cp, Con
     if (!last_micro_batch) return;  // no_sync: gradients are not final until the last micro-batch
     const int b = buckets.mark_ready(p);
     if (b < 0) return;  // the bucket still waits for other gradients
-    in_flight.push_back(wire_all_reduce_async(replicas, grads.view().slice1d(buckets.begin(b), buckets.size(b)),
-                                              ReduceOp::Avg, collective_formats().gradients));
+    in_flight.push_back(wire_all_reduce_async(replicas, grads.view().slice1d(buckets.begin(b), buckets.size(b)), ReduceOp::Avg,
+                                              collective_formats().gradients));
   };
 
   // This rank's positions of each micro-batch's sequences.
@@ -206,58 +220,8 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt, int cp, Con
   return run.finish();
 }
 
+// Where training starts: run_chapter (chapter_main.h) parses the flags, checks them, then calls train().
 int main(int argc, char** argv) {
-  auto comm = init_mpi_communicator(&argc, &argv);
-  TrainConfig cfg;
-  FlagParser flags;
-  Options opt;
-  flags.add("--cp", &opt.cp, "ranks in a context-parallel ring (default: 2 on an even rank count, over --ulysses); "
-                            "the rest is data-parallel");
-  flags.add("--ulysses", &opt.ulysses, "ranks of a Ulysses group inside each ring place: they split its positions "
-                                      "and trade them for heads around attention (default 1: none)");
-  flags.add("--cp-split", &opt.split, "which positions a rank holds: zigzag (chunks i and 2cp-1-i, balanced under "
-                                      "the causal mask) or contiguous (default: zigzag)", "SPLIT");
-  flags.add("--bucket-mb", &opt.bucket_mb, "target bucket size in MB, a bucket holding whole tensors (default: an "
-                                          "eighth of the gradient)");
-  if (!parse_train_flags(argc, argv, "10_context_parallel",
-                         "Chapter 10: context parallelism, ring attention over the sequence, on a DP x CP grid.", flags, &cfg)) {
-    shutdown_mpi(std::move(comm));
-    return 0;
-  }
-  if (cfg.was_given("--bucket-mb") && !(opt.bucket_mb > 0)) config_error("--bucket-mb must be > 0");
-  // Every check before the first collective, the same on every rank: the ranks into rings of --cp,
-  // each sequence into --cp parts (2 --cp chunks for zigzag), the ring's kernels in fp32 on a GPU.
-  if (cfg.was_given("--cp") && opt.cp < 1) config_error("--cp must be >= 1");
-  ContextSplit split;
-  if (!parse_context_split(opt.split, &split))
-    config_error("--cp-split: '" + opt.split + "' is neither zigzag nor contiguous");
-  if (opt.ulysses < 1) config_error("--ulysses must be >= 1");
-  const int places = comm->size() / opt.ulysses;  // the ring places the ranks make (0: fewer ranks than --ulysses)
-  const int cp = opt.cp ? opt.cp : places >= 2 && places % 2 == 0 ? 2 : 1;
-  const std::string grid_problem = grid_shape_problem(comm->size(), 1, 1, cp);
-  if (!grid_problem.empty() && opt.ulysses == 1) config_error(grid_problem);  // (else ulysses_problem's)
-  GPT2Config preset;
-  if (!find_preset(cfg.preset, &preset))
-    config_error("--preset: unknown preset '" + cfg.preset + "' (choose from " + preset_names() + ")");
-  const std::string split_problem = context_split_problem(preset.T, cp, split, comm->size());
-  if (!split_problem.empty()) config_error(split_problem);
-  // Ulysses splits each ring place's positions further, and the heads: both must divide.
-  const std::string ulysses_problem_line = ulysses_problem(opt.ulysses, preset.NH, 1, preset.T, cp, split, comm->size());
-  if (!ulysses_problem_line.empty()) config_error(ulysses_problem_line);
-  const Device device = pick_device(cfg.device);
-  if (opt.ulysses > 1 && device == Device::CUDA)
-    config_error("--ulysses " + std::to_string(opt.ulysses) + " runs on the CPU (its exchange has no CUDA kernels "
-                 "yet): pass --device cpu, or --ulysses 1");
-  if (cp > 1 && device == Device::CUDA) {  // the ring's kernels on a GPU (ring_attention_cuda.cu) are fp32
-    if (cfg.dtype == "bf16")
-      config_error("--dtype bf16 with --cp " + std::to_string(cp) + " on a GPU: the ring's CUDA kernels run in fp32; "
-                   "pass --dtype fp32, or --cp 1 (the model's own attention takes bf16)");
-    cfg.dtype = "fp32";
-    const std::string ring_problem = ring_attention_problem(device, preset.C, preset.NH);
-    if (!ring_problem.empty()) config_error(ring_problem + "; pass --device cpu");
-  }
-  comm = communicator_for(device, std::move(comm), cfg.collectives);  // NCCL on GPUs (comm_factory.h)
-  const int status = train(*comm, cfg, opt, cp, split, preset.T);  // (every group's communicator is gone after it)
-  shutdown_mpi(std::move(comm));
-  return status;
+  return run_chapter(argc, argv, "10_context_parallel",
+                     "Chapter 10: context parallelism, ring attention over the sequence, on a DP x CP grid.", train);
 }

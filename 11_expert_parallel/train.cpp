@@ -1,38 +1,16 @@
 // Chapter 11: expert parallelism. A mixture-of-experts GPT-2 whose experts are spread over ranks,
 // tokens travelling to their experts and back by all-to-all.
 //
-// The idea. In a MoE block (common/model/moe.h) the MLP is E expert MLPs and a router that sends each
-// token to its top-k experts. Experts are independent, so a group of ep ranks can hold E/ep of them
-// each (expert weights fall as 1/ep), and each layer moves the tokens instead of the weights:
-//   dispatch: each rank sorts its tokens by expert (they are, already: moe.cpp groups them), sends
-//             every peer how many rows go to each of its experts (an all-to-all of E counts), then
-//             the rows themselves (an all-to-all with variable counts);
-//   experts:  each rank runs its own experts on what it received, grouped by expert;
-//   combine:  an all-to-all sends the outputs back, where each is weighted by the router's
-//             probability and added to its token's stream;
-//   backward: the same two all-to-alls carry the outputs' gradients to the experts and the inputs'
-//             gradients back.
-// The ranks form the process grid of 07-10 (process_grid.h) with TP, PP and CP 1, its ranks re-split
-// as expert-DP x EP, EP innermost: world rank = edp_rank x EP + ep_rank. Everything but the experts
-// is replicated and data-parallel over all ranks (averaged over the world); an expert's gradient is
-// averaged only over the ranks that hold that expert (the expert-data-parallel group, grid.expert_dp()).
-//
-// What changed since 03: the --ep flag and its grid, the dispatch/combine hooks below, and the
-// buckets' all-reduces split into expert and non-expert ranges on their two groups. What stayed:
-// buckets overlap backward, and the run equals one rank's with the same global batch and
-// --grad-accum, with or without a capacity (moe.h: tokens claim an expert's capacity in the global
-// token order; capacity and balance loss are per micro-batch, the same sequences on any grid).
+// The idea. The ep ranks of a group hold E/ep experts each, and each MoE layer moves the tokens, not
+// the weights: an all-to-all dispatches each token's rows to its experts' ranks, another combines
+// the outputs back (expert_exchange.h). An expert's gradient is averaged over its holders only.
+// What to notice: per step, each expert's tokens and drops, and the all-to-all bytes next to theory.
+// The whole lesson, with the why of each choice: README.md beside this file.
 //
 // Base chapter: 03_bucket_dp (docs/diffs/11_expert_parallel.diff: what this chapter adds to it).
 //
 // Run:
-//   make 11_expert_parallel
-//   mpiexec -n 4 ./11_expert_parallel/train --ep 2                  # DP 2 x EP 2, moe-tiny
-//   mpiexec -n 4 ./11_expert_parallel/train --ep 4 --capacity-factor 1.0 --aux-loss-coef 0.01
-// Output: as 03, plus per step a line per layer with each expert's tokens routed and dropped, the
-// balance loss, the all-to-all bytes against their prediction and time against the link model; after
-// step 1 the memory per rank by category (expert parameters at 1/ep) and each group's gradient bytes
-// next to theory.
+//   make 11_expert_parallel && mpiexec -n 4 ./11_expert_parallel/train --ep 2   # DP 2 x EP 2, moe-tiny
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -41,8 +19,8 @@
 
 #include "parallel/buckets.h"
 #include "comm/comm.h"
-#include "comm/comm_factory.h"
 #include "ops/device.h"
+#include "training/chapter_main.h"  // run_chapter: main(), flags and checks
 #include "training/flags.h"
 #include "ops/memory.h"
 #include "model/model.h"
@@ -80,11 +58,45 @@ std::vector<Segment> segments_of(const ParamLayout& layout, int64_t begin, int64
 
 }  // namespace
 
-// The chapter's own flags (the common ones are TrainConfig's, flags.h).
+// The chapter's own flags (the common ones are TrainConfig's, flags.h): declared, then checked.
 struct Options {
   double bucket_mb = 0;
   double capacity_factor = 0, aux_loss_coef = 0.01;
   int ep = 1;
+
+  void declare(FlagParser& flags, TrainConfig& cfg) {
+    cfg.preset = "moe-tiny";  // a mixture of experts by default
+    cfg.device = "cpu";       // the lesson runs on the CPU; --device cuda moves it, in fp32, to a GPU
+    flags.add("--bucket-mb", &bucket_mb, "target bucket size in MB, a bucket holding whole tensors (default: an "
+                                         "eighth of the gradient)");
+    flags.add("--ep", &ep, "expert-parallel group size: each of its ranks holds E/ep experts of every block; "
+                           "the world is expert-DP x EP");
+    flags.add("--capacity-factor", &capacity_factor, "an expert takes at most factor x tokens x k / E assignments "
+                                                     "of a global micro-batch, the rest are dropped (0: unlimited)");
+    flags.add("--aux-loss-coef", &aux_loss_coef, "coefficient of the load-balancing loss E x sum_e f_e P_e");
+  }
+  void check(TrainConfig& cfg, int ranks) {
+    if (cfg.was_given("--bucket-mb") && !(bucket_mb > 0)) config_error("--bucket-mb must be > 0");
+    if (!(capacity_factor >= 0)) config_error("--capacity-factor must be >= 0 (0: unlimited)");
+    if (!(aux_loss_coef >= 0)) config_error("--aux-loss-coef must be >= 0");
+    // Every check before the first collective, the same on every rank.
+    GPT2Config preset;
+    if (!find_preset(cfg.preset, &preset))
+      config_error("--preset: unknown preset '" + cfg.preset + "' (choose from " + preset_names() + ")");
+    // The experts first (the expert dimension's refusal, 12's too), then the ranks.
+    std::string grid_problem = expert_count_problem(preset, ep, ranks);
+    if (grid_problem.empty()) grid_problem = expert_grid_problem(ranks, ep, preset.experts, cfg.preset);
+    if (!grid_problem.empty()) config_error(grid_problem);
+    const std::string moe_problem = moe_run_problem(cfg.preset, "11_expert_parallel", pick_device(cfg.device), true,
+                                                    ranks, 1, 1, cfg.recompute);
+    if (!moe_problem.empty()) config_error(moe_problem);
+    const Device device = pick_device(cfg.device);
+    if (device == Device::CUDA) {  // the MoE layer runs in fp32 on a GPU too (moe.h)
+      if (cfg.dtype == "bf16")
+        config_error("--dtype bf16 with a mixture of experts on a GPU: the MoE layer runs in fp32; pass --dtype fp32");
+      cfg.dtype = "fp32";
+    }
+  }
 };
 
 // The whole run, in a function: the grid's groups must end before MPI does.
@@ -215,47 +227,8 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
   return run.finish();
 }
 
+// Where training starts: run_chapter (chapter_main.h) parses the flags, checks them, then calls train().
 int main(int argc, char** argv) {
-  auto comm = init_mpi_communicator(&argc, &argv);
-  TrainConfig cfg;
-  cfg.preset = "moe-tiny";  // a mixture of experts by default
-  cfg.device = "cpu";       // the lesson runs on the CPU; --device cuda moves it, in fp32, to a GPU
-  FlagParser flags;
-  Options opt;
-  flags.add("--bucket-mb", &opt.bucket_mb, "target bucket size in MB, a bucket holding whole tensors (default: an "
-                                          "eighth of the gradient)");
-  flags.add("--ep", &opt.ep, "expert-parallel group size: each of its ranks holds E/ep experts of every block; "
-                         "the world is expert-DP x EP");
-  flags.add("--capacity-factor", &opt.capacity_factor, "an expert takes at most factor x tokens x k / E assignments "
-                                                   "of a global micro-batch, the rest are dropped (0: unlimited)");
-  flags.add("--aux-loss-coef", &opt.aux_loss_coef, "coefficient of the load-balancing loss E x sum_e f_e P_e");
-  if (!parse_train_flags(argc, argv, "11_expert_parallel",
-                         "Chapter 11: expert parallelism, a mixture of experts over ranks by all-to-all.", flags, &cfg)) {
-    shutdown_mpi(std::move(comm));
-    return 0;
-  }
-  if (cfg.was_given("--bucket-mb") && !(opt.bucket_mb > 0)) config_error("--bucket-mb must be > 0");
-  if (!(opt.capacity_factor >= 0)) config_error("--capacity-factor must be >= 0 (0: unlimited)");
-  if (!(opt.aux_loss_coef >= 0)) config_error("--aux-loss-coef must be >= 0");
-  // Every check before the first collective, the same on every rank.
-  GPT2Config preset;
-  if (!find_preset(cfg.preset, &preset))
-    config_error("--preset: unknown preset '" + cfg.preset + "' (choose from " + preset_names() + ")");
-  // The experts first (the expert dimension's refusal, 12's too), then the ranks.
-  std::string grid_problem = expert_count_problem(preset, opt.ep, comm->size());
-  if (grid_problem.empty()) grid_problem = expert_grid_problem(comm->size(), opt.ep, preset.experts, cfg.preset);
-  if (!grid_problem.empty()) config_error(grid_problem);
-  const std::string moe_problem = moe_run_problem(cfg.preset, "11_expert_parallel", pick_device(cfg.device), true,
-                                                  comm->size(), 1, 1, cfg.recompute);
-  if (!moe_problem.empty()) config_error(moe_problem);
-  const Device device = pick_device(cfg.device);
-  if (device == Device::CUDA) {  // the MoE layer runs in fp32 on a GPU too (moe.h)
-    if (cfg.dtype == "bf16")
-      config_error("--dtype bf16 with a mixture of experts on a GPU: the MoE layer runs in fp32; pass --dtype fp32");
-    cfg.dtype = "fp32";
-  }
-  comm = communicator_for(pick_device(cfg.device), std::move(comm), cfg.collectives);  // NCCL on GPUs (comm_factory.h)
-  const int status = train(*comm, cfg, opt);
-  shutdown_mpi(std::move(comm));
-  return status;
+  return run_chapter(argc, argv, "11_expert_parallel",
+                     "Chapter 11: expert parallelism, a mixture of experts over ranks by all-to-all.", train);
 }

@@ -1,54 +1,17 @@
 // Chapter 12: five-dimensional parallelism: data x context x tensor x pipeline x expert, composed on
 // one process grid, and activation recomputation.
 //
-// The idea. Each parallelism so far removes one limit and adds one cost. Data parallelism (01-06)
-// multiplies throughput, but every rank holds the whole model (or gathers it: ZeRO-3). Tensor
-// parallelism (07) splits every product over t ranks, at the price of collectives on the critical
-// path of every layer: it needs a node's fast links, and stops at the node. Pipeline parallelism (08)
-// splits the model by depth over p stages for one message per micro-batch and boundary, at the price
-// of the bubble. Large models are trained with all three at once (Megatron-LM: t = 8 inside a node,
-// p across nodes, d over the rest): each rank holds 1/(t p) of the model, runs its stage's blocks on
-// its 1/t of every product, and the d replicas of that grid average their gradients.
-// Context parallelism (10) splits the sequence too, for a ring in every attention, and expert
-// parallelism (11) spreads a mixture of experts, for two all-to-alls in every MoE layer: the largest
-// runs use all five (Llama 3 405B: TP 8 x CP 16 x PP 16 x DP 8; DeepSeek-V3: PP 16 x EP 64 x DP).
-//
-// Composition is mostly placement. The process grid puts TP innermost (consecutive ranks: one node)
-// and PP outermost, from the order "tp-cp-dp-pp" and the sizes (common/comm/process_grid.h; the experts
-// folded over each stage's ranks as EDP x EP). Nothing in a stage
-// knows about the pipeline's other stages but its neighbours, and nothing in a tensor-parallel group
-// knows about the pipeline: a chunk (08's model part) is simply built as this rank's slice (07's
-// layout), with 07's f and g collectives over the TP group; the messages between stages are the
-// stream between blocks, which under sequence parallelism a rank holds only B*T/t rows of: each TP
-// rank sends its own rows to the same TP rank of the next stage, t messages of 1/t each. The tied
-// wte's two copies are vocabulary slices now, summed in the embedding group of each (dp, tp)
-// coordinate. Gradients: 07's sums over TP of the tensors held whole (under SP), 08's sum of wte over
-// the embedding group, then data parallelism over DP x CP (or ZeRO-1), the experts' over expert DP,
-// each by its copies (common/pipeline/gradient_router.h). CP and EP are applied to every chunk in turn, each
-// its chapter's lesson (apply_dimensions.h: 10's ring over this rank's NH/t heads, with --ulysses u 10's Ulysses
-// inside it and the ring on NH/(t u) heads; 11's exchange per micro-batch in flight). Seven groups, seven kinds of traffic, each printed next to its formula.
-//
-// Activation recomputation (--recompute, in every chapter: it belongs to the model) trades compute
-// for the activations that a pipeline multiplies by its micro-batches in flight. selective drops the
-// attention's (B,NH,T,T) scores and recomputes them before their backward (a few percent of the
-// FLOPs, the term that grows with T^2); full keeps only each block's input and replays the block in
-// its backward (about 2/3 of a forward more; under TP, the replay's collectives too). The arena holds
-// what each keeps, no more (docs/theory.md, section 12).
-//
-// What to notice: per rank, the model state is 1/(t p) of 01's (with ZeRO-1 the optimizer's 1/d
-// again); activations per stage are the schedule's micro-batches in flight x the per-layer formula
-// under TP, SP and recomputation; "TP bytes", "p2p bytes", "DP bytes" and the embedding group's are
-// each their formula; the bubble is 08's; the losses are 01's. So are CP's and EP's (after step 1,
-// every group's bytes next to its formula: docs/five_d_parallel.md).
+// The idea. Large models use all three at once: TP innermost (a node's links), PP outermost, DP over
+// the rest. Composition is mostly placement: each chunk (08's) is this rank's TP slice (07's), with
+// 07's f and g over the TP group. --recompute trades compute for activations. The largest runs add
+// 10's context and 11's experts, applied to every chunk in turn (apply_dimensions.h).
+// What to notice: model state 1/(t p) of 01's; each group's bytes next to its formula; the losses 01's.
+// The whole lesson, with the why of each choice: README.md beside this file.
 //
 // Base chapter: 09_3d_parallel (docs/diffs/12_5d_parallel.diff: what composing 10 and 11 into it adds).
 //
 // Run:
-//   make 12_5d_parallel
-//   mpiexec -n 4 ./12_5d_parallel/train --tp 2 --cp 2                                   # TP 2 x CP 2
-//   mpiexec -n 4 ./12_5d_parallel/train --preset moe-tiny --tp 2 --pp 2 --ep 2 --sequence-parallel
-//   mpiexec -n 4 ./12_5d_parallel/train --preset moe-tiny --ep 2 --zero1   # dense state over DP 4, experts' over 2
-//   mpiexec -n 4 ./12_5d_parallel/train --tp 2 --ulysses 2   # Ulysses (10's --ulysses) on the NH/t heads of TP
+//   make 12_5d_parallel && mpiexec -n 4 ./12_5d_parallel/train --preset moe-tiny --tp 2 --ep 2 --sequence-parallel
 #include <cmath>
 #include <cstdio>
 #include <memory>
@@ -58,9 +21,9 @@
 #include "apply_dimensions.h"  // 10's and 11's lessons on the grid, each group's bytes
 #include "parallel/buckets.h"
 #include "comm/comm.h"
-#include "comm/comm_factory.h"
 #include "parallel/data_parallel.h"
 #include "ops/device.h"
+#include "training/chapter_main.h"  // run_chapter: main(), flags and checks
 #include "training/flags.h"
 #include "pipeline/gradient_router.h"  // each gradient to its group, by its copies
 #include "ops/memory.h"
@@ -76,6 +39,7 @@
 #include "parallel/tensor_parallel_hooks.h"  // 07's collectives, for every chunk
 #include "training/training_run.h"
 
+// The chapter's own flags (the common ones are TrainConfig's, flags.h): declared, then checked.
 struct Options {
   int tp = 1;
   // --pp (default 1), --micro-batches, --schedule, --virtual-stages,
@@ -85,6 +49,31 @@ struct Options {
   std::string matching = "auto";  // auto: by tag where the communicator has tags (MPI), else call order
   double bucket_mb = 0;
   ContextExpertFlags dims;  // --cp, --cp-split, --ep, --capacity-factor, --aux-loss-coef: 10's and 11's
+
+  void declare(FlagParser& flags, TrainConfig& cfg) {
+    flags.add("--tp", &tp, "ranks in a tensor-parallel group, innermost (default 1)");
+    dims.add_context_flags(flags);  // --cp, --cp-split
+    flags.add("--pp", &pipeline.pp, "pipeline stages, outermost (default 1); the rest is data-parallel");
+    dims.add_expert_flags(flags);  // --ep, --capacity-factor, --aux-loss-coef
+    flags.add_switch("--sequence-parallel", &sequence_parallel,
+                     "split the rows between the parallel products too (a MoE preset with --tp needs it)");
+    flags.add_switch("--tp-overlap", &overlap,
+                     "in backward, sum the input's gradient while the weight's gradient is computed");
+    add_schedule_flags(flags, &pipeline, &matching);  // --micro-batches, --schedule, ... (pipeline_flags.h)
+    flags.add("--bucket-mb", &bucket_mb, "data-parallel bucket size in MB (default: an eighth of the gradient)");
+    flags.add("--tp-link-gbps", &cfg.tp_link_gbps, "the tensor-parallel group's emulated link (default: --link-gbps's)");
+    flags.add("--tp-link-latency-us", &cfg.tp_link_latency_us, "its latency (default: --link-latency-us's)");
+  }
+  void check(TrainConfig& cfg, int ranks) {
+    check_schedule_flags(cfg, pipeline);
+    if (cfg.was_given("--bucket-mb") && !(bucket_mb > 0)) config_error("--bucket-mb must be > 0");
+    if (cfg.was_given("--tp") && tp < 1) config_error("--tp must be >= 1");
+    check_context_and_expert_flags(cfg, ranks, dims);
+    if (dims.ulysses < 1) config_error("--ulysses must be >= 1");
+    if (dims.ulysses > 1 && pick_device(cfg.device) == Device::CUDA)
+      config_error("--ulysses " + std::to_string(dims.ulysses) + " runs on the CPU (its exchange has no CUDA kernels "
+                   "yet): pass --device cpu, or --ulysses 1");
+  }
 };
 
 // The whole run, in a function: the grid's groups must end before MPI does.
@@ -240,40 +229,8 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
   return run.finish();
 }
 
+// Where training starts: run_chapter (chapter_main.h) parses the flags, checks them, then calls train().
 int main(int argc, char** argv) {
-  auto comm = init_mpi_communicator(&argc, &argv);
-  TrainConfig cfg;
-  FlagParser flags;
-  Options opt;
-  PipelineFlags& pipe = opt.pipeline;
-  flags.add("--tp", &opt.tp, "ranks in a tensor-parallel group, innermost (default 1)");
-  opt.dims.add_context_flags(flags);  // --cp, --cp-split
-  flags.add("--pp", &pipe.pp, "pipeline stages, outermost (default 1); the rest is data-parallel");
-  opt.dims.add_expert_flags(flags);  // --ep, --capacity-factor, --aux-loss-coef
-  flags.add_switch("--sequence-parallel", &opt.sequence_parallel,
-                   "split the rows between the parallel products too (a MoE preset with --tp needs it)");
-  flags.add_switch("--tp-overlap", &opt.overlap,
-                   "in backward, sum the input's gradient while the weight's gradient is computed");
-  add_schedule_flags(flags, &pipe, &opt.matching);  // --micro-batches, --schedule, ... (pipeline_flags.h)
-  flags.add("--bucket-mb", &opt.bucket_mb, "data-parallel bucket size in MB (default: an eighth of the gradient)");
-  flags.add("--tp-link-gbps", &cfg.tp_link_gbps, "the tensor-parallel group's emulated link (default: --link-gbps's)");
-  flags.add("--tp-link-latency-us", &cfg.tp_link_latency_us, "its latency (default: --link-latency-us's)");
-  if (!parse_train_flags(argc, argv, "12_5d_parallel",
-                         "Chapter 12: data x context x tensor x pipeline x expert parallelism on one grid.", flags,
-                         &cfg)) {
-    shutdown_mpi(std::move(comm));
-    return 0;
-  }
-  check_schedule_flags(cfg, pipe);
-  if (cfg.was_given("--bucket-mb") && !(opt.bucket_mb > 0)) config_error("--bucket-mb must be > 0");
-  if (cfg.was_given("--tp") && opt.tp < 1) config_error("--tp must be >= 1");
-  check_context_and_expert_flags(cfg, comm->size(), opt.dims);
-  if (opt.dims.ulysses < 1) config_error("--ulysses must be >= 1");
-  if (opt.dims.ulysses > 1 && pick_device(cfg.device) == Device::CUDA)
-    config_error("--ulysses " + std::to_string(opt.dims.ulysses) + " runs on the CPU (its exchange has no CUDA kernels "
-                 "yet): pass --device cpu, or --ulysses 1");
-  comm = communicator_for(pick_device(cfg.device), std::move(comm), cfg.collectives);  // NCCL on GPUs (comm_factory.h)
-  const int status = train(*comm, cfg, opt);
-  shutdown_mpi(std::move(comm));
-  return status;
+  return run_chapter(argc, argv, "12_5d_parallel",
+                     "Chapter 12: data x context x tensor x pipeline x expert parallelism on one grid.", train);
 }

@@ -1,31 +1,14 @@
 // Chapter 13: mixed precision. Products in bf16, fp16 or fp8; master weights and AdamW in fp32.
 // Base chapter: 03_bucket_dp
 //
-// The idea. A matrix product in bf16 moves half the bytes of fp32 and runs on tensor cores at many
-// times the rate; fp8 halves it again. What a low-precision format cannot hold is the training state:
-// an update of lr * 1e-3 on a weight of 1 vanishes in bf16's 8 bits. So AdamW updates fp32 master
-// weights, and each product casts them to its format as it reads them. bf16 has fp32's exponent range;
-// fp16 (5 exponent bits) does not: small gradients fall below 6e-8 and become zero, so the loss is
-// multiplied by a scale before backward and the gradients divided after it; a step whose gradients
-// overflowed is skipped and the scale halved, and after --loss-scale-window clean steps it doubles.
-// fp8 needs a scale on every tensor: E4M3 (forward) spans 2^-9 .. 448, E5M2 (gradients) 2^-16 .. 57344.
-// The scale comes from the tensor's amax: now (current), from an amax history (delayed, as
-// Transformer Engine), per row, or per 1 x 128 tile and 128 x 128 block (DeepSeek-V3).
-// Every product is emulated on the CPU as the hardware does it (common/training/precision_recipe.h):
-// inputs rounded to the format, products summed in fp32, the output rounded to the layer's dtype.
-//
-// What changed since 03: --precision; the products' casts; the loss scaler; the amax history reduced
-// over the ranks after each step. What stayed: --precision fp32 (the default) is
-// chapter 03 exactly; the buckets and their overlap are 03's.
+// The idea. Products in a low-precision format move fewer bytes and run faster; the training state
+// stays fp32 (AdamW updates fp32 master weights, each product casts them as it reads them). fp16
+// scales the loss, fp8 every tensor, row or block by its amax; every product is emulated on the CPU.
+// What to notice: the recipe, each skipped step with its scale, the underflows and overflows.
+// The whole lesson, with the why of each choice: README.md beside this file.
 //
 // Run:
-//   make 13_mixed_precision
-//   ./13_mixed_precision/train --precision fp16 --steps 100             # watch the loss scale
-//   mpiexec -n 2 ./13_mixed_precision/train --precision fp8 --fp8-scaling blocks
-//   ./13_mixed_precision/train --precision fp8 --fp8-scaling none       # what fp8 does without scales
-//   make precision                                                      # every recipe, a table, plots
-// Output: as 03, plus the recipe, each skipped step with its scale, and a summary of the underflows
-// and overflows per tensor kind and the bytes the formats hold.
+//   make 13_mixed_precision && mpiexec -n 2 ./13_mixed_precision/train --precision fp8 --fp8-scaling blocks
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -33,9 +16,9 @@
 
 #include "parallel/buckets.h"
 #include "comm/comm.h"
-#include "comm/comm_factory.h"
 #include "comm/wire_format.h"  // the gradients travel in the recipe's format
 #include "ops/device.h"
+#include "training/chapter_main.h"  // run_chapter: main(), flags and checks
 #include "training/flags.h"
 #include "training/mixed_precision.h"  // collective_formats_of: which format each collective moves
 #include "ops/memory.h"
@@ -67,11 +50,21 @@ struct LossScaler {
   }
 };
 
-// The chapter's own flags (the common ones are TrainConfig's, flags.h).
+// The chapter's own flags (the common ones are TrainConfig's, flags.h): declared, then checked.
 struct Options {
   double bucket_mb = 0;
   PrecisionFlags precision;  // --precision, --fp8-scaling, --loss-scale, ...
   PrecisionRecipe recipe;    // what those flags ask for, checked before the grid
+
+  void declare(FlagParser& flags, TrainConfig&) {
+    flags.add("--bucket-mb", &bucket_mb, "target bucket size in MB, a bucket holding whole tensors (default: an "
+                                         "eighth of the gradient)");
+    add_precision_flags(flags, &precision);
+  }
+  void check(TrainConfig& cfg, int /*ranks*/) {
+    if (cfg.was_given("--bucket-mb") && !(bucket_mb > 0)) config_error("--bucket-mb must be > 0");
+    recipe = precision_recipe_from_flags(precision, cfg);  // refuses what cannot run, naming the flag
+  }
 };
 
 // The whole run, in a function: the grid's groups must end before MPI does.
@@ -183,23 +176,9 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
   return run.finish();
 }
 
+// Where training starts: run_chapter (chapter_main.h) parses the flags, checks them, then calls train().
 int main(int argc, char** argv) {
-  auto comm = init_mpi_communicator(&argc, &argv);
-  TrainConfig cfg;
-  FlagParser flags;
-  Options opt;
-  flags.add("--bucket-mb", &opt.bucket_mb, "target bucket size in MB, a bucket holding whole tensors (default: an "
-                                          "eighth of the gradient)");
-  add_precision_flags(flags, &opt.precision);
-  if (!parse_train_flags(argc, argv, "13_mixed_precision",
-                         "Chapter 13: mixed precision (bf16, fp16 with loss scaling, fp8 with scaling) on 03's data parallelism.", flags, &cfg)) {
-    shutdown_mpi(std::move(comm));
-    return 0;
-  }
-  if (cfg.was_given("--bucket-mb") && !(opt.bucket_mb > 0)) config_error("--bucket-mb must be > 0");
-  opt.recipe = precision_recipe_from_flags(opt.precision, cfg);  // refuses what cannot run, naming the flag
-  comm = communicator_for(pick_device(cfg.device), std::move(comm), cfg.collectives);  // NCCL on GPUs (comm_factory.h)
-  const int status = train(*comm, cfg, opt);
-  shutdown_mpi(std::move(comm));
-  return status;
+  return run_chapter(argc, argv, "13_mixed_precision",
+                     "Chapter 13: mixed precision (bf16, fp16 with loss scaling, fp8 with scaling) on 03's data parallelism.",
+                     train);
 }
