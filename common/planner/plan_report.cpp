@@ -114,6 +114,16 @@ int print_published_comparisons(double default_efficiency) {
     std::printf("%-18s %3d %3d %3d %4d | %9.0f %9.1f %+6.1f%% | %-26s %-16s | %s%s\n", run.name.c_str(), run.tp, run.cp,
                 run.pp, run.dp, run.published, p, 100 * err, choice(r).c_str(), fits(r).c_str(), where, verdict(good, run.source + " " + run.name, run.exception));
     print_command(run, r, e);
+    // The search tries Ulysses (no published run used it): where its best grid stands.
+    for (size_t i = 0; i < best.size(); i++) {
+      if (best[i].config.ulysses == 1) continue;
+      const double slower = 100 * (best[i].step_s / best.front().step_s - 1);
+      char behind[64] = "level with #1 (a tie goes to the simpler grid)";
+      if (slower >= 0.05) std::snprintf(behind, sizeof(behind), "%.1f%% slower than #1", slower);
+      std::printf("    the search's best grid with Ulysses: #%zu, %s (%s)\n", i + 1, behind,
+                  best[i].config.describe().c_str());
+      break;
+    }
   }
   std::printf("\n");
 
