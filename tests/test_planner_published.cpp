@@ -3,8 +3,9 @@
 // model cards publish; a published shape's memory adds up over its grid and its step is the sum of
 // its parts, its activations replayed in the schedule's order; one constant calibrated on Megatron-Core's
 // 177B row predicts the other Megatron-Core rows, Llama 3's Table 4, torchtitan's CP 2 ratio and its
-// 8B memory peaks within 15%, GPT-OSS 120B and DeepSeek-V3's GPU hours within 25% (the documented
-// misses are held to their direction); each row's printed command gives its number; chapters 10's and
+// 8B memory peaks within 15%, GPT-OSS 120B and DeepSeek-V3's GPU hours within 25% (the three stated
+// exceptions are held to their direction and to their reasons, and `plan --published` lists them and
+// exits 0, run once for the whole file); each row's printed command gives its number; chapters 10's and
 // 11's grids are forecast as their trainers forecast them; the plan binary refuses what makes no sense,
 // in a sentence naming the flag.
 #include <gtest/gtest.h>
@@ -37,7 +38,27 @@ PlanConfig grid(int dp, int tp, int pp, int cp, int ep, Schedule s, int v, int B
   return c;
 }
 
-double efficiency() { return calibrate_published(megatron_h100_runs()[size_t(megatron_h100_calibration())]); }
+// Calibrated once per binary: every test predicts from the same residual.
+double efficiency() {
+  static const double e = calibrate_published(megatron_h100_runs()[size_t(megatron_h100_calibration())]);
+  return e;
+}
+
+// `plan --published`, run once per binary (its searches are most of this file's time): the tests read
+// its rows, their commands and its verdict.
+const RunResult& published_output() {
+  static const RunResult all = run_command("./09_3d_parallel/plan --published", 300);
+  return all;
+}
+
+// The line of `text` that starts with `start` ("" if none).
+std::string line_starting(const std::string& text, const std::string& start) {
+  std::istringstream lines(text);
+  std::string line;
+  while (std::getline(lines, line))
+    if (line.rfind(start, 0) == 0) return line;
+  return "";
+}
 
 }  // namespace
 
@@ -146,20 +167,32 @@ TEST(PlanPublished, MegatronCoreOnH100WithinFifteenPercentFromTheCalibrationRow)
 
 TEST(PlanPublished, Llama3Table4WithinFifteenPercentAndItsGridInTheSearch) {
   const double e = efficiency();
+  const std::string& all = published_output().output;
   for (const PublishedRun& run : llama3_runs()) {
     const PlanResult r = predict_published(run, e);
-    // 131K: the documented miss under FlashAttention-2's published backward (docs/planner.md): the
-    // paper names no kernel, and its attention is most of that step.
-    if (run.cp > 1) EXPECT_LT(published_metric(run, r), (1 - kPublishedTolerance) * run.published) << run.name;
-    else EXPECT_NEAR(published_metric(run, r), run.published, kPublishedTolerance * run.published) << run.name << " " << r.config.describe();
-    // The paper's (TP, CP, PP, DP), given only the model, GPUs, sequence and tokens a batch: found,
-    // fitting, and within a third of the planner's best (docs/planner.md says why it is not first: the
-    // V schedules at 8K, no pipeline and its bubble at 131K).
-    const std::vector<PlanResult> best = search_published(run, e);
-    const int rank = grid_rank(run, best);
+    // 131K: a stated exception (docs/planner.md): the paper names no kernel, and its attention, most
+    // of that step, at FlashAttention-2's published rates comes out slow; cuDNN's would be fast.
+    if (run.cp > 1) {
+      EXPECT_NE(run.exception, "") << run.name;
+      EXPECT_LT(published_metric(run, r), (1 - kPublishedTolerance) * run.published) << run.name;
+      PublishedRun cudnn = run;
+      cudnn.attention_kernel = "cudnn";
+      EXPECT_GT(published_metric(cudnn, evaluate_plan(published_inputs(cudnn, e), r.config, true)), run.published)
+          << run.name;
+    } else {
+      EXPECT_EQ(run.exception, "") << run.name;
+      EXPECT_NEAR(published_metric(run, r), run.published, kPublishedTolerance * run.published) << run.name << " " << r.config.describe();
+    }
+    // The paper's (TP, CP, PP, DP), given only the model, GPUs, sequence and tokens a batch (the search
+    // tries Ulysses too): found, fitting, and within a third of the planner's best (docs/planner.md
+    // says why it is not first: the V schedules at 8K, no pipeline and its bubble at 131K). Read from
+    // `plan --published`'s row: "#12 of 264 grids, 23.7% slower than #1 (...)".
+    const std::string row = line_starting(all, run.name);
+    ASSERT_NE(row, "") << all;
     if (run.gpus == 8192) continue;  // its interleaved first stage does not fit our forecast at 8K (docs/planner.md)
-    ASSERT_GE(rank, 0) << run.name;
-    EXPECT_LT(best[size_t(rank)].step_s, 1.35 * best.front().step_s) << run.name;
+    const size_t at = row.find(" grids, ");
+    ASSERT_NE(at, std::string::npos) << row;
+    EXPECT_LT(std::atof(row.c_str() + at + 8), 35.0) << row;  // % slower than #1
   }
 }
 
@@ -173,15 +206,49 @@ TEST(PlanPublished, GptOss120bWithinTwentyFivePercentAndTorchtitansCpScalingAsRa
 
   const std::vector<PublishedRun> runs = torchtitan_cp_runs();
   ASSERT_EQ(runs.size(), 4u);
-  const double base = published_metric(runs[0], predict_published(runs[0], e));
-  for (const PublishedRun& run : runs) {
-    const double ratio = published_metric(run, predict_published(run, e)) / base;
-    const double published = run.published / runs[0].published;
-    // CP 2 within the threshold; CP 4 and 8 the documented misses (docs/planner.md): torchtitan's step
-    // from CP 2 to CP 4 costs more than twice a token's time, which no rate moving with T gives.
-    if (run.cp <= 2) EXPECT_NEAR(ratio, published, kPublishedTolerance * published) << run.name;
-    else EXPECT_GT(ratio, (1 + kPublishedTolerance) * published) << run.name;
+  std::vector<double> predicted;
+  for (const PublishedRun& run : runs) predicted.push_back(published_metric(run, predict_published(run, e)));
+  for (size_t i = 0; i < runs.size(); i++) {
+    const PublishedRun& run = runs[i];
+    const double ratio = predicted[i] / predicted[0], published = run.published / runs[0].published;
+    // CP 2 within the threshold; CP 4 and 8 stated exceptions (docs/planner.md): torchtitan's step
+    // from CP 2 to CP 4 costs more than twice a token's time, which doubling every cost that grows
+    // with T cannot give; CP 8 carries it, its own doubling from CP 4 within the threshold.
+    if (run.cp <= 2) {
+      EXPECT_EQ(run.exception, "") << run.name;
+      EXPECT_NEAR(ratio, published, kPublishedTolerance * published) << run.name;
+      continue;
+    }
+    EXPECT_NE(run.exception, "") << run.name;
+    EXPECT_GT(ratio, (1 + kPublishedTolerance) * published) << run.name;
+    const double published_doubling = runs[i - 1].published / run.published;  // a token's time, x
+    const double predicted_doubling = predicted[i - 1] / predicted[i];
+    if (run.cp == 4) {
+      EXPECT_GT(published_doubling, 2.0) << "more than doubling the whole step";
+    } else {
+      EXPECT_NEAR(predicted_doubling, published_doubling, kPublishedTolerance * published_doubling) << run.name;
+    }
   }
+}
+
+// Only the rows named as stated exceptions may miss, and `plan --published` exits 0 with them listed
+// last, each with its reason; every other row holds (the tests above check each).
+TEST(PlanPublished, ExceptionsAreStatedAndTheVerdictNamesThem) {
+  std::vector<PublishedRun> runs = megatron_h100_runs();
+  for (const auto& more : {llama3_runs(), torchtitan_cp_runs(), torchtitan_memory_runs()})
+    runs.insert(runs.end(), more.begin(), more.end());
+  runs.push_back(gpt_oss_run()), runs.push_back(deepseek_v3_run());
+  const RunResult& all = published_output();
+  EXPECT_EQ(all.exit_code, 0) << all.output;
+  int stated = 0;
+  for (const PublishedRun& run : runs) {
+    if (run.exception.empty()) continue;
+    stated++;
+    EXPECT_NE(all.output.find("  " + run.source + " " + run.name + ": " + run.exception), std::string::npos) << run.name;
+  }
+  EXPECT_EQ(stated, 3);  // Llama 3's 131K, torchtitan's CP 4 and CP 8
+  EXPECT_NE(all.output.find("\nevery other check holds\n"), std::string::npos) << all.output;
+  EXPECT_EQ(all.output.find("without a stated reason"), std::string::npos) << all.output;
 }
 
 // DeepSeek-V3 is checked on what it published, GPU hours per trillion tokens, with its own settings
@@ -218,7 +285,7 @@ double number_after(const std::string& text, const std::string& key) {
 // Every row of `plan --published` prints the `plan --one` command that reproduces it; a few of them,
 // one per source, are run as printed and give the row's number.
 TEST(PlanPublished, EachRowsPrintedCommandGivesItsNumber) {
-  const RunResult all = run_command("./09_3d_parallel/plan --published", 120);
+  const RunResult& all = published_output();
   ASSERT_NE(all.output.find("calibrated on ONE row, Megatron-Core H100 177B"), std::string::npos) << all.output;
   std::istringstream lines(all.output);
   std::string line, row;

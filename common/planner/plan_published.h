@@ -35,6 +35,10 @@ struct PublishedRun {
   double published = 0;
   double flops_per_token = 0;
   std::string note;             // what is assumed where the publication is silent
+  // Why this row may stay outside its threshold, where nothing documented explains the gap
+  // (docs/planner.md says what was looked for); empty: the row must hold. `plan --published` still
+  // checks it: a stated exception that holds is stale, and fails.
+  std::string exception;
 };
 
 // Megatron-LM README, "Training speed and scalability" (Megatron-Core r0.8.0, July 2024): 1.7B ... 462B.
@@ -88,8 +92,8 @@ double published_metric(const PublishedRun& run, const PlanResult& r);
 // printed command carries).
 double calibrate_published(const PublishedRun& run);
 // The planner's free search for the run's model, GPUs, sequence length and tokens per batch, with its
-// implementation: the best configuration of each grid (tp, cp, pp, ep), best first. Without Ulysses:
-// none of the published runs used it (`plan`'s own search considers it).
+// implementation: the best configuration of each grid (tp, cp, u, pp, ep), best first. With Ulysses, as
+// `plan`'s own search: none of the published runs used it, but the search may prefer it.
 std::vector<PlanResult> search_published(const PublishedRun& run, double efficiency);
-// The rank of the run's (TP, CP, PP, DP) among them (0 = first; -1: absent).
+// The rank of the run's (TP, CP, PP, DP), at u = 1, among them (0 = first; -1: absent).
 int grid_rank(const PublishedRun& run, const std::vector<PlanResult>& best);

@@ -9,7 +9,9 @@
 // planner's own search), torchtitan's CP scaling (ratios to CP 1) and measured memory peaks, all
 // within kPublishedTolerance; GPT-OSS 120B's tokens/s and DeepSeek-V3's GPU hours per trillion tokens
 // within kPublishedMoeTolerance (and its memory by category). `default_efficiency`: the constant plan
-// uses, to say whether it still agrees. 0 when every check holds, else 1, the misses named last.
+// uses, to say whether it still agrees. 0 when every check holds or misses with its stated reason
+// (PublishedRun::exception, each printed last with its reason), else 1, the misses named last; a stated
+// exception that holds is stale and fails too.
 int print_published_comparisons(double default_efficiency);
 
 // `plan --kernel-rates`: the kernel-rate tables (planner_kernel_rates.h) as the planner reads them, per

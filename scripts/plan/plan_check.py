@@ -4,7 +4,8 @@ and the calibrations and lists them in OUT/rows.tsv). For every row, the planner
 same configuration (PLAN --one on the emulated cluster) beside the run's records: memory per rank by
 category, exact (a mixture of experts' activations, 11's and 12's, set by the routing, within the
 planner's bound), the communication buffers within the bound, and at 2 ranks the median step within 20%, predicted with the
-calibrations run just before and just after the row (their mean rates). Exit 1 when memory is not
+calibrations run just before and just after the row (their mean rates; with ROUNDS, the row's rounds' steps
+together and the mean of every calibration between and around them). Exit 1 when memory is not
 exact; the times are printed, with the machine's load beside them."""
 import json
 import subprocess
@@ -68,7 +69,8 @@ def main(out, preset, plan):
         peak, elementwise, ms, load, kind = cals[index]
         print("  #%-2d %-21s %6.1f ms a step (median) -> %6.2f GFLOP/s in the products, %6.3f GB/s of activations; "
               "load %s" % (index, names[kind], ms, peak / 1e9, elementwise / 1e9, load))
-    print("(a timed row is predicted with the mean rates of the calibrations just before and after it)\n")
+    print("(a timed row is predicted with the mean rates of the calibrations just before and after it, or around "
+          "and between its rounds)\n")
     cats = [("params", "params_bytes", "measured_params_bytes"), ("grads", "grads_bytes", "measured_grads_bytes"),
             ("optim", "optim_bytes", "measured_optim_bytes"), ("activ", "activations_bytes", "measured_activations_bytes")]
     head = "%-20s %5s %-19s %-10s" % ("run", "ranks", "chapter", "link")
@@ -82,17 +84,19 @@ def main(out, preset, plan):
         if f[1] != "ran":
             print("%-20s %s: %s" % (f[0], f[1], f[2]))
             continue
-        name, _, ranks, chapter, gbps, latency, timed, flags, model, cal, load_before, load_after = f
+        name, _, ranks, chapter, gbps, latency, timed, flags, model, cal, load_before, load_after = f[:12]
+        rounds = int(f[12]) if len(f) > 12 else 1  # a timed row's rounds, each followed by a calibration
         theory = [r for r in records("%s/%s.jsonl" % (out, name)) if r.get("type") == "theory"]
         if not theory:
             print("%-20s no theory record" % name)
             continue
         t = theory[0]
-        if int(cal) in cals:
-            before, after = cals[int(cal)], cals.get(int(cal) + 1, cals[int(cal)])
-        else:  # no calibration ran (only untimed rows chosen): memory does not depend on the rates
-            before = after = (1e10, 0.6e9, 0.0)
-        peak, elementwise = (before[0] + after[0]) / 2, (before[1] + after[1]) / 2
+        around = [cals[i] for i in range(int(cal), int(cal) + rounds + 1) if i in cals]
+        if not around:  # no calibration ran (only untimed rows chosen): memory does not depend on the rates
+            around = [(1e10, 0.6e9, 0.0)]
+        if timed != "1":
+            around = around[:1]
+        peak, elementwise = sum(c[0] for c in around) / len(around), sum(c[1] for c in around) / len(around)
         p = predict(plan, model, int(ranks), gbps, latency, flags, peak, elementwise)[0]  # stage 0: world rank 0's
         routed = model.startswith("moe")  # 11, 12: the activations are the routing's, the plan their bound
         cells, exact = [], True
@@ -122,8 +126,8 @@ def main(out, preset, plan):
             err = (pred_ms - meas_ms) / meas_ms
             time_rows += 1
             time_ok += abs(err) <= 0.20
-            row += " | %7.1f / %7.1f (%+5.1f%%) #%s,#%d compute %.1f TP %.1f CP %.1f PP %.1f DP %.1f EP %.1f bubble %.1f" % (
-                meas_ms, pred_ms, 100 * err, cal, int(cal) + 1, p["compute_s"] * 1e3, p["tp_s"] * 1e3,
+            row += " | %7.1f / %7.1f (%+5.1f%%) #%s-#%d compute %.1f TP %.1f CP %.1f PP %.1f DP %.1f EP %.1f bubble %.1f" % (
+                meas_ms, pred_ms, 100 * err, cal, int(cal) + rounds, p["compute_s"] * 1e3, p["tp_s"] * 1e3,
                 p.get("cp_s", 0) * 1e3, p["pp_s"] * 1e3, p["dp_s"] * 1e3, p.get("ep_s", 0) * 1e3, p["bubble_s"] * 1e3)
         print(row)
     print("(memory in kB, rank 0, by category: measured/planned, '!' where they differ; '<': a mixture of experts' activations "

@@ -23,7 +23,9 @@
 #   is printed beside it.
 #   Communication is the emulated link's alpha-beta model; the bubble is 08's simulator.
 # Settings: PRESET=small, STEPS=8 (step 0 is warm-up), CAL_STEPS=12 per calibration, RUNS="name name ..."
-# to run only some rows. (The fastest step on each side was tried first: the fastest of a long
+# to run only some rows, ROUNDS=1: a timed row runs ROUNDS times, each round followed by a calibration
+# (calibration, row, calibration, row, ...), its median step taken over every round's steps and its
+# rates the mean of the ROUNDS + 1 calibrations around them, for a load that swings faster than a row. (The fastest step on each side was tried first: the fastest of a long
 # calibration is systematically faster than the fastest of a row's 7, so every prediction came out too
 # fast; then ONE calibration at the start: rows run later under another load fell outside.)
 # The machine's cores are shared: timings are noisy; memory is not.
@@ -32,6 +34,8 @@ cd "$(dirname "$0")/../.."
 preset=${PRESET:-small}
 steps=${STEPS:-8}
 cal_steps=${CAL_STEPS:-12}
+rounds=${ROUNDS:-1}
+[[ "$rounds" =~ ^[1-9][0-9]*$ ]] || { echo "ROUNDS=$rounds: give a whole number of rounds, 1 or more"; exit 2; }
 out=results/plan_check
 mkdir -p "$out"
 plan=09_3d_parallel/plan
@@ -135,21 +139,33 @@ for row in "${runs[@]}"; do
     printf '%s\tskipped\t%s is not built\n' "$name" "$chapter" >>"$out/rows.tsv"
     continue
   fi
-  if [ "$timed" = 1 ] && [ "$last" != "$kind" ]; then calibrate "$kind"; fi
   read -r gbps latency <<<"${!link}"
   log="$out/$name"
-  before=$(load)
-  if ! timeout 600 mpiexec "${mpirun_flags[@]}" -n "$ranks" "./$chapter/train" --preset "$row_preset" --batch 8 \
-      --steps "$steps" --quiet --link-gbps "$gbps" --link-latency-us "$latency" $chapter_flags \
-      --json "$log.jsonl" </dev/null >"$log.log" 2>&1; then
-    printf '%s\tfailed\t%s\n' "$name" "$(tail -n 1 "$log.log")" >>"$out/rows.tsv"
+  row_rounds=1
+  if [ "$timed" = 1 ]; then row_rounds=$rounds; fi
+  failed=""
+  first_cal=""
+  rm -f "$log".round*.jsonl
+  for ((round = 1; round <= row_rounds; round++)); do
+    if [ "$timed" = 1 ] && [ "$last" != "$kind" ]; then calibrate "$kind"; fi
+    if [ -z "$first_cal" ]; then first_cal=$((calibrations - 1)) before=$(load); fi
+    if ! timeout 600 mpiexec "${mpirun_flags[@]}" -n "$ranks" "./$chapter/train" --preset "$row_preset" --batch 8 \
+        --steps "$steps" --quiet --link-gbps "$gbps" --link-latency-us "$latency" $chapter_flags \
+        --json "$log.round$round.jsonl" </dev/null >"$log.log" 2>&1; then
+      failed=$(tail -n 1 "$log.log")
+      last=""
+      break
+    fi
     last=""
+    if [ "$timed" = 1 ]; then calibrate "$kind"; fi
+  done
+  if [ -n "$failed" ]; then
+    printf '%s\tfailed\t%s\n' "$name" "$failed" >>"$out/rows.tsv"
     continue
   fi
-  printf '%s\tran\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$name" "$ranks" "$chapter" "$gbps" "$latency" "$timed" \
-    "$plan_flags" "$row_preset" "$((calibrations - 1))" "$before" "$(load)" >>"$out/rows.tsv"
-  last=""
-  if [ "$timed" = 1 ]; then calibrate "$kind"; fi
+  cat "$log".round*.jsonl >"$log.jsonl"
+  printf '%s\tran\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$name" "$ranks" "$chapter" "$gbps" "$latency" "$timed" \
+    "$plan_flags" "$row_preset" "$first_cal" "$before" "$(load)" "$row_rounds" >>"$out/rows.tsv"
 done
 
 python3 scripts/plan/plan_check.py "$out" "$preset" "$plan"
