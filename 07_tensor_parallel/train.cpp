@@ -114,25 +114,25 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
     // Without sequence parallelism every rank holds all rows: local and full are the same tensor.
     model.tp_hooks.f_forward = [](Tensor, Tensor) { return CommHandle(); };  // identity
     model.tp_hooks.f_backward = [&](Tensor full, Tensor) {                   // sum the input's gradient
-      return started(wire_all_reduce_async(tp_group, full, ReduceOp::Sum, collective_formats().gradients));
+      return started(wire_all_reduce_async(tp_group, full, ReduceOp::Sum, collective_formats(tp_group).gradients));
     };
     model.tp_hooks.g_forward = [&](Tensor partial, Tensor) {  // sum the partial outputs
-      return wire_all_reduce_async(tp_group, partial, ReduceOp::Sum, collective_formats().activations);
+      return wire_all_reduce_async(tp_group, partial, ReduceOp::Sum, collective_formats(tp_group).activations);
     };
     model.tp_hooks.g_backward = [](Tensor, Tensor) { return CommHandle(); };  // identity
   } else {
     // With it, each all-reduce is split in its two halves, on either side of the row-wise work.
     model.tp_hooks.f_forward = [&](Tensor local, Tensor full) {  // gather all rows
-      return started(wire_all_gather_async(tp_group, local, full, collective_formats().activations));
+      return started(wire_all_gather_async(tp_group, local, full, collective_formats(tp_group).activations));
     };
     model.tp_hooks.f_backward = [&](Tensor full, Tensor local) {  // sum, keep this rank's rows
-      return started(wire_reduce_scatter_async(tp_group, full, local, ReduceOp::Sum, collective_formats().gradients));
+      return started(wire_reduce_scatter_async(tp_group, full, local, ReduceOp::Sum, collective_formats(tp_group).gradients));
     };
     model.tp_hooks.g_forward = [&](Tensor partial, Tensor local) {
-      return wire_reduce_scatter_async(tp_group, partial, local, ReduceOp::Sum, collective_formats().activations);
+      return wire_reduce_scatter_async(tp_group, partial, local, ReduceOp::Sum, collective_formats(tp_group).activations);
     };
     model.tp_hooks.g_backward = [&](Tensor local, Tensor full) {
-      return wire_all_gather_async(tp_group, local, full, collective_formats().gradients);
+      return wire_all_gather_async(tp_group, local, full, collective_formats(tp_group).gradients);
     };
   }
   model.tp_hooks.vocab_all_reduce = [&](Tensor values, ReduceOp op) { tp_group.all_reduce(values, op); };

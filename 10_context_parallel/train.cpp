@@ -161,7 +161,7 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt, int cp, Con
     const int b = buckets.mark_ready(p);
     if (b < 0) return;  // the bucket still waits for other gradients
     in_flight.push_back(wire_all_reduce_async(replicas, grads.view().slice1d(buckets.begin(b), buckets.size(b)),
-                                              ReduceOp::Avg, collective_formats().gradients));
+                                              ReduceOp::Avg, collective_formats(replicas).gradients));
   };
 
   // This rank's positions of each micro-batch's sequences.

@@ -41,7 +41,7 @@ class TensorDimension : public Dimension {
 
     // Under CP every TP collective carries T/cp positions; the gradients held whole are the
     // parameters' (wpe has all T rows whatever a rank holds).
-    const Wire& wire = collective_formats().activations;  // a recipe's activations travel in its format
+    const Wire& wire = ctx.formats.activations;  // a recipe's activations travel in its format
     const int activation_bytes = wire.fp32 ? 0 : int(wire.element_bytes());
     TensorParallelPrediction tp =
         predict_tensor_parallel(ctx.held, ctx.micro_B, t, ctx.dtype, ctx.pp.parts, activation_bytes);
