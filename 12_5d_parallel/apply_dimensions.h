@@ -201,11 +201,11 @@ class ContextRings {
   void apply(const std::vector<GPT2*>& chunks) {
     for (GPT2* chunk : chunks) {
       if (!held_.on()) return;
-      chunk->cp_hooks.attention_forward = [this](Tensor out, Tensor lse, Tensor qkv, int NH) {
+      chunk->attention_hooks.attention_forward = [this](Tensor out, Tensor lse, Tensor qkv, int NH) {
         if (!ulysses_.empty()) return ulysses_[size_t(lane_index())]->forward(out, lse, qkv, NH);
         rings_[size_t(lane_index())]->forward(out, lse, qkv, NH);
       };
-      chunk->cp_hooks.attention_backward = [this](Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor lse, int NH) {
+      chunk->attention_hooks.attention_backward = [this](Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor lse, int NH) {
         if (!ulysses_.empty()) return ulysses_[size_t(lane_index())]->backward(dqkv, dout, qkv, out, lse, NH);
         rings_[size_t(lane_index())]->backward(dqkv, dout, qkv, out, lse, NH);
       };

@@ -186,7 +186,7 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
 
   // The lesson: 07's collectives, over this rank's TP group, in every chunk. "f" precedes a
   // column-parallel product, "g" follows a row-parallel one; each is the other's mirror in backward.
-  for (GPT2* chunk : chunks) chunk->tp_hooks = tensor_parallel_hooks(tp_group, sequence_parallel, opt.overlap);
+  for (GPT2* chunk : chunks) chunk->product_hooks = tensor_parallel_hooks(tp_group, sequence_parallel, opt.overlap);
   // Then the other dimensions, each applied to every chunk in turn (apply_dimensions.h). CP: 10's ring,
   // over this rank's NH/t heads, one per lane.
   ContextRings rings(run, grid.cp(), positions, run.micro_batch_size(), m, fb_overlap ? kLanes : 1);

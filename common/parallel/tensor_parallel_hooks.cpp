@@ -8,7 +8,7 @@ const Wire& activations(const Communicator& tp) { return collective_formats(tp).
 const Wire& gradients(const Communicator& tp) { return collective_formats(tp).gradients; }
 }  // namespace
 
-TensorParallelHooks tensor_parallel_hooks(Communicator& group, bool sequence_parallel, bool overlap) {
+ProductHooks tensor_parallel_hooks(Communicator& group, bool sequence_parallel, bool overlap) {
   Communicator* tp = &group;
   auto started = [overlap](CommHandle handle) {
     if (!overlap) {
@@ -17,7 +17,7 @@ TensorParallelHooks tensor_parallel_hooks(Communicator& group, bool sequence_par
     }
     return handle;
   };
-  TensorParallelHooks hooks;
+  ProductHooks hooks;
   if (!sequence_parallel) {
     hooks.f_forward = [](Tensor, Tensor) { return CommHandle(); };
     hooks.f_backward = [tp, started](Tensor full, Tensor) {
