@@ -56,7 +56,7 @@ int train(Communicator& world, TrainConfig& cfg, const Options&) {
     }
 
     // The lesson: one blocking all-reduce averages every gradient over the ranks, after backward.
-    wire_all_reduce(world, grads.view(), ReduceOp::Avg, collective_formats().gradients);
+    wire_all_reduce(world, grads.view(), ReduceOp::Avg, collective_formats(world).gradients);
 
     // Every rank now holds the same full gradient, so its norm is already global.
     const double norm = std::sqrt(sum_of_squares(grads.view()));

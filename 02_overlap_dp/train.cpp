@@ -52,7 +52,7 @@ int train(Communicator& world, TrainConfig& cfg, const Options&) {
     if (!last_micro_batch) return;  // no_sync: gradients are not final until the last micro-batch
     const ParamInfo& info = layout.params[p];
     in_flight.push_back(wire_all_reduce_async(world, grads.view().slice1d(info.offset, info.size), ReduceOp::Avg,
-                                              collective_formats().gradients));
+                                              collective_formats(world).gradients));
   };
 
   for (int step = start; step < cfg.steps; step++) {

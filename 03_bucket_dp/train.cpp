@@ -64,7 +64,7 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
     const int b = buckets.mark_ready(p);
     if (b < 0) return;  // the bucket still waits for other gradients
     in_flight.push_back(wire_all_reduce_async(world, grads.view().slice1d(buckets.begin(b), buckets.size(b)), ReduceOp::Avg,
-                                              collective_formats().gradients));
+                                              collective_formats(world).gradients));
   };
 
   for (int step = start; step < cfg.steps; step++) {

@@ -71,7 +71,7 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
     const int i = shard.range_index(buckets.begin(b));
     in_flight.push_back(wire_reduce_scatter_async(world, grads.view().slice1d(buckets.begin(b), buckets.size(b)),
                                                   shard.piece_of_shard(grad_shard.view(), i), ReduceOp::Avg,
-                                                  collective_formats().gradients));
+                                                  collective_formats(world).gradients));
   };
 
   for (int step = start; step < cfg.steps; step++) {

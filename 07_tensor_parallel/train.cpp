@@ -30,6 +30,7 @@
 #include "training/training_run.h"
 
 #include "parallel/data_parallel.h"
+#include "parallel/parallelize.h"  // apply_tensor_parallel: the collectives installed on the model
 #include "comm/process_grid.h"
 
 // The chapter's own flags (the common ones are TrainConfig's, flags.h): declared, then checked.
@@ -92,7 +93,9 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
   const int start = run.init_or_resume(params, optimizer);
 
   // The lesson: the four collectives of tensor parallelism. "f" precedes a column-parallel product,
-  // "g" follows a row-parallel one; each is the other's mirror in backward.
+  // "g" follows a row-parallel one; each is the other's mirror in backward. The dimension installs
+  // them around the model's split products (apply_tensor_parallel, parallelize.h).
+  ProductHooks collectives;
   auto started = [&](CommHandle handle) {  // without --tp-overlap, nothing runs behind the computation
     if (!opt.overlap) {
       handle.wait();
@@ -102,30 +105,31 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
   };
   if (!sequence_parallel) {
     // Without sequence parallelism every rank holds all rows: local and full are the same tensor.
-    model.tp_hooks.f_forward = [](Tensor, Tensor) { return CommHandle(); };  // identity
-    model.tp_hooks.f_backward = [&](Tensor full, Tensor) {                   // sum the input's gradient
-      return started(wire_all_reduce_async(tp_group, full, ReduceOp::Sum, collective_formats().gradients));
+    collectives.f_forward = [](Tensor, Tensor) { return CommHandle(); };  // identity
+    collectives.f_backward = [&](Tensor full, Tensor) {                   // sum the input's gradient
+      return started(wire_all_reduce_async(tp_group, full, ReduceOp::Sum, collective_formats(tp_group).gradients));
     };
-    model.tp_hooks.g_forward = [&](Tensor partial, Tensor) {  // sum the partial outputs
-      return wire_all_reduce_async(tp_group, partial, ReduceOp::Sum, collective_formats().activations);
+    collectives.g_forward = [&](Tensor partial, Tensor) {  // sum the partial outputs
+      return wire_all_reduce_async(tp_group, partial, ReduceOp::Sum, collective_formats(tp_group).activations);
     };
-    model.tp_hooks.g_backward = [](Tensor, Tensor) { return CommHandle(); };  // identity
+    collectives.g_backward = [](Tensor, Tensor) { return CommHandle(); };  // identity
   } else {
     // With it, each all-reduce is split in its two halves, on either side of the row-wise work.
-    model.tp_hooks.f_forward = [&](Tensor local, Tensor full) {  // gather all rows
-      return started(wire_all_gather_async(tp_group, local, full, collective_formats().activations));
+    collectives.f_forward = [&](Tensor local, Tensor full) {  // gather all rows
+      return started(wire_all_gather_async(tp_group, local, full, collective_formats(tp_group).activations));
     };
-    model.tp_hooks.f_backward = [&](Tensor full, Tensor local) {  // sum, keep this rank's rows
-      return started(wire_reduce_scatter_async(tp_group, full, local, ReduceOp::Sum, collective_formats().gradients));
+    collectives.f_backward = [&](Tensor full, Tensor local) {  // sum, keep this rank's rows
+      return started(wire_reduce_scatter_async(tp_group, full, local, ReduceOp::Sum, collective_formats(tp_group).gradients));
     };
-    model.tp_hooks.g_forward = [&](Tensor partial, Tensor local) {
-      return wire_reduce_scatter_async(tp_group, partial, local, ReduceOp::Sum, collective_formats().activations);
+    collectives.g_forward = [&](Tensor partial, Tensor local) {
+      return wire_reduce_scatter_async(tp_group, partial, local, ReduceOp::Sum, collective_formats(tp_group).activations);
     };
-    model.tp_hooks.g_backward = [&](Tensor local, Tensor full) {
-      return wire_all_gather_async(tp_group, local, full, collective_formats().gradients);
+    collectives.g_backward = [&](Tensor local, Tensor full) {
+      return wire_all_gather_async(tp_group, local, full, collective_formats(tp_group).gradients);
     };
   }
-  model.tp_hooks.vocab_all_reduce = [&](Tensor values, ReduceOp op) { tp_group.all_reduce(values, op); };
+  collectives.vocab_all_reduce = [&](Tensor values, ReduceOp op) { tp_group.all_reduce(values, op); };
+  parallelize({&model}, {apply_tensor_parallel(collectives)});
 
   // Data parallelism over the DP group, on the last micro-batch (03/04). Under sequence parallelism a
   // parameter held whole has only this rank's rows' share of its gradient: the shares are summed

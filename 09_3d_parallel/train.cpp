@@ -34,7 +34,7 @@
 #include "schedule/pipeline_schedule.h"
 #include "comm/process_grid.h"
 #include "parallel/shards.h"
-#include "parallel/tensor_parallel_hooks.h"  // 07's collectives, for every chunk
+#include "parallel/parallelize.h"  // apply_tensor_parallel: 07's collectives, for every chunk
 #include "training/training_run.h"
 
 // The chapter's own flags (the common ones are TrainConfig's, flags.h): declared, then checked.
@@ -152,7 +152,7 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
 
   // The lesson: 07's collectives, over this rank's TP group, in every chunk. "f" precedes a
   // column-parallel product, "g" follows a row-parallel one; each is the other's mirror in backward.
-  for (GPT2* chunk : chunks) chunk->tp_hooks = tensor_parallel_hooks(tp_group, sequence_parallel, opt.overlap);
+  parallelize(chunks, {apply_tensor_parallel(tp_group, sequence_parallel, opt.overlap)});
 
   // Gradients, on the last micro-batch's backward (or weight pass, under zb-h1), each by its copies
   // (gradient_router.h): under sequence parallelism the tensors held whole are summed over the TP

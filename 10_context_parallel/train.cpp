@@ -35,6 +35,7 @@
 #include "parallel/context_split.h"
 #include "comm/process_grid.h"
 #include "ring_attention_protocol.h"  // RingAttention: the lesson's ring
+#include "parallel/parallelize.h"  // apply_context_parallel, apply_ulysses: the attention installed
 #include "parallel/ulysses_attention.h"  // UlyssesAttention: positions traded for heads around the ring
 #include "training/ulysses_report.h"
 
@@ -141,30 +142,29 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
 
   // The lesson, wired in: the model's attention runs on the ring of this rank's CP group.
   std::unique_ptr<RingAttention> ring;
+  std::unique_ptr<UlyssesAttention> ulysses;
   if (ring_attention) {
     const GPT2Config& m = run.model_config();
     ring = std::make_unique<RingAttention>(u > 1 ? *ring_group : grid.cp(), positions, run.micro_batch_size(),
                                            m.C / u, m.NH / u);
-    model.cp_hooks.attention_forward = [&](Tensor out, Tensor lse, Tensor qkv, int NH) {
+    AttentionHooks around_the_ring;
+    around_the_ring.attention_forward = [&](Tensor out, Tensor lse, Tensor qkv, int NH) {
       ring->forward(out, lse, qkv, NH);
     };
-    model.cp_hooks.attention_backward = [&](Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor lse, int NH) {
+    around_the_ring.attention_backward = [&](Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor lse, int NH) {
       ring->backward(dqkv, dout, qkv, out, lse, NH);
     };
-  }
-  // Ulysses around the ring: an all-to-all trades this rank's positions of every head for its NH/u
-  // heads over the ring place's positions, the ring runs on those, and a second all-to-all trades back.
-  std::unique_ptr<UlyssesAttention> ulysses;
-  if (u > 1) {
-    ulysses = std::make_unique<UlyssesAttention>(*ulysses_group, run.micro_batch_size(), int(held.positions.size()),
-                                                 run.model_config().C, model.cp_hooks.attention_forward,
-                                                 model.cp_hooks.attention_backward);
-    model.cp_hooks.attention_forward = [&](Tensor out, Tensor lse, Tensor qkv, int NH) {
-      ulysses->forward(out, lse, qkv, NH);
-    };
-    model.cp_hooks.attention_backward = [&](Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor lse, int NH) {
-      ulysses->backward(dqkv, dout, qkv, out, lse, NH);
-    };
+    // Ulysses around the ring: an all-to-all trades this rank's positions of every head for its NH/u
+    // heads over the ring place's positions, the ring runs on those, and a second all-to-all trades back.
+    std::vector<UlyssesAttention*> exchange;
+    if (u > 1) {
+      ulysses = std::make_unique<UlyssesAttention>(*ulysses_group, run.micro_batch_size(), int(held.positions.size()),
+                                                   m.C, around_the_ring.attention_forward,
+                                                   around_the_ring.attention_backward);
+      exchange.push_back(ulysses.get());
+    }
+    // Each dimension installs its attention on the model: the ring, then Ulysses around it (parallelize.h).
+    parallelize({&model}, {apply_context_parallel(around_the_ring), apply_ulysses(exchange)});
   }
 
   // 03's buckets: when a bucket's last gradient is final, start averaging it, over DP x CP.
@@ -174,8 +174,8 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
     if (!last_micro_batch) return;  // no_sync: gradients are not final until the last micro-batch
     const int b = buckets.mark_ready(p);
     if (b < 0) return;  // the bucket still waits for other gradients
-    in_flight.push_back(wire_all_reduce_async(replicas, grads.view().slice1d(buckets.begin(b), buckets.size(b)), ReduceOp::Avg,
-                                              collective_formats().gradients));
+    in_flight.push_back(wire_all_reduce_async(replicas, grads.view().slice1d(buckets.begin(b), buckets.size(b)),
+                                              ReduceOp::Avg, collective_formats(replicas).gradients));
   };
 
   // This rank's positions of each micro-batch's sequences.

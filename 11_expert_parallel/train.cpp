@@ -26,6 +26,7 @@
 #include "model/model.h"
 #include "ops/ops.h"
 #include "training/optimizer.h"
+#include "parallel/parallelize.h"  // apply_expert_parallel: the exchange installed on the model
 #include "parallel/shards.h"
 #include "training/training_run.h"
 
@@ -125,15 +126,17 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
 
   // The lesson, 1: the model's MoE layers hand their tokens to the exchange.
   ExpertExchange exchange(grid.ep(), model, L, E, model_cfg.C);
-  model.expert_hooks.rank = everyone.rank();  // the data order: rank 0's sequences first (data.h)
-  model.expert_hooks.ranks = everyone.size();
-  model.expert_hooks.gather_counts = [&](Tensor mine, Tensor all) { everyone.all_gather(mine, all); };
-  model.expert_hooks.experts_forward = [&](int slot, int l, Tensor rows, const std::vector<int64_t>& counts, Tensor out) {
+  ExpertHooks expert_hooks;
+  expert_hooks.rank = everyone.rank();  // the data order: rank 0's sequences first (data.h)
+  expert_hooks.ranks = everyone.size();
+  expert_hooks.gather_counts = [&](Tensor mine, Tensor all) { everyone.all_gather(mine, all); };
+  expert_hooks.experts_forward = [&](int slot, int l, Tensor rows, const std::vector<int64_t>& counts, Tensor out) {
     exchange.forward(slot, l, rows, counts, out);
   };
-  model.expert_hooks.experts_backward = [&](int slot, int l, Tensor dout, Tensor drows) {
+  expert_hooks.experts_backward = [&](int slot, int l, Tensor dout, Tensor drows) {
     exchange.backward(slot, l, dout, drows);
   };
+  parallelize({&model}, {apply_expert_parallel({expert_hooks})});  // installed on the model (parallelize.h)
 
   const double bucket_bytes = cfg.was_given("--bucket-mb") ? opt.bucket_mb * 1e6 : default_bucket_bytes(layout, 4);
   GradientBuckets buckets(layout, bucket_bytes, 4);

@@ -1,11 +1,13 @@
 // apply_dimensions.h: chapter 12's dimensions applied to a pipeline stage's model chunks, each a step
 // of its own, as torchtitan's parallelize_llama applies one after another: 10's ring (CP), 11's
-// exchange (EP) on the grid, and what each group sends in a step next to its formula; before them, the
-// flags of CP and EP and every refusal of the composition, with 08's plan of the pipeline. (TP is
-// 07's hooks, one line in train.cpp; the gradients' groups are every pipeline chapter's router,
-// common/pipeline/gradient_router.h.) Defines ContextExpertFlags, check_context_and_expert_flags,
-// refuse_what_this_composition_cannot_run, plan_pipeline, plan_composition, every_ranks_positions,
-// ContextRings, GridExperts and GroupBytes.
+// exchange (EP) on the grid, each handing its pieces to its dimension's apply function
+// (common/parallel/parallelize.h), and what each group sends in a step next to its formula; before
+// them, the flags of CP and EP and every refusal of the composition, with 08's plan of the pipeline.
+// (TP is 07's collectives, apply_tensor_parallel in train.cpp; the gradients' groups are every
+// pipeline chapter's router, common/pipeline/gradient_router.h.) Defines ContextExpertFlags,
+// check_context_and_expert_flags, refuse_what_this_composition_cannot_run, plan_pipeline,
+// plan_composition, every_ranks_positions, context_axis_positions, context_of, ContextRings,
+// GridExperts and GroupBytes.
 #pragma once
 #include <algorithm>
 #include <cstdio>
@@ -24,6 +26,7 @@
 #include "training/grid_report.h"     // GroupRow
 #include "comm/lanes.h"           // lane_of, lane_index, kLanes: dualpipev's F&B pairs at once
 #include "model/model.h"
+#include "parallel/parallelize.h"  // ChunkTransform, apply_context_parallel, apply_ulysses, apply_expert_parallel
 #include "pipeline/pipeline_flags.h"  // PipelineFlags, pipeline_flags_problem: 08's plan
 #include "comm/process_grid.h"
 #include "training/routing_log.h"  // RoutingLog: the ep row's theory from the routing
@@ -54,8 +57,9 @@ struct ContextExpertFlags {
   }
 };
 
-// The flags of CP and EP, each alone (main, before the device is chosen): on a GPU the ring and the
-// experts run in fp32 (docs/context_parallel.md, moe.h), so `--dtype` auto becomes fp32 there.
+// The flags of CP, Ulysses and EP, each alone (main, before the device is chosen): on a GPU the ring
+// and the experts run in fp32 (docs/context_parallel.md, moe.h), so `--dtype` auto becomes fp32 there;
+// Ulysses' exchange runs on the CPU only.
 inline void check_context_and_expert_flags(TrainConfig& cfg, int world, const ContextExpertFlags& dims) {
   const int cp = dims.cp, ep = dims.ep;
   const std::string& split_flag = dims.split;
@@ -81,6 +85,10 @@ inline void check_context_and_expert_flags(TrainConfig& cfg, int world, const Co
     const std::string ring_problem = cp > 1 ? ring_attention_problem(Device::CUDA, preset.C, preset.NH) : "";
     if (!ring_problem.empty()) config_error(ring_problem + "; pass --device cpu");
   }
+  if (dims.ulysses < 1) config_error("--ulysses must be >= 1");
+  if (dims.ulysses > 1 && pick_device(cfg.device) == Device::CUDA)
+    config_error("--ulysses " + std::to_string(dims.ulysses) + " runs on the CPU (its exchange has no CUDA kernels "
+                 "yet): pass --device cpu, or --ulysses 1");
 }
 
 // The refusals only this composition has, before any group exists: a MoE model under TP needs SP
@@ -157,6 +165,23 @@ inline std::vector<std::vector<int>> every_ranks_positions(const ContextExpertFl
   return positions;
 }
 
+// Every rank's positions along the context axis (cp x u ranks, ring place x u + Ulysses rank): its
+// ring place's, or under Ulysses its slice of them.
+inline std::vector<std::vector<int>> context_axis_positions(const ContextExpertFlags& dims, int T) {
+  const std::vector<std::vector<int>> places = every_ranks_positions(dims, T);
+  std::vector<std::vector<int>> held_by;
+  for (int c = 0; c < dims.cp * dims.ulysses; c++)
+    held_by.push_back(ulysses_positions(places[size_t(c / dims.ulysses)], dims.ulysses, c % dims.ulysses));
+  return held_by;
+}
+
+// The context split of the rank at coordinate `c` of that axis: none on an axis of one rank.
+inline ContextParallelism context_of(const ContextExpertFlags& dims, int T, int c) {
+  const int ranks = dims.cp * dims.ulysses;
+  if (ranks == 1) return ContextParallelism{};
+  return ContextParallelism{ranks, c, context_axis_positions(dims, T)[size_t(c)], dims.ulysses};
+}
+
 // CP: 10's ring, over this rank's heads (NH/t of them, C/t channels a head group): one per lane with
 // pairs at once, each on its lane's communicator, with its own blocks in flight. Also each
 // micro-batch's tokens at this rank's positions, kept until its backward. Under Ulysses (10's
@@ -165,11 +190,12 @@ inline std::vector<std::vector<int>> every_ranks_positions(const ContextExpertFl
 // NH/(t u) heads; `positions` are the ring places'.
 class ContextRings {
  public:
-  ContextRings(TrainingRun& run, Communicator& context, const std::vector<std::vector<int>>& positions, int micro_B,
-               int micro_batches, int lanes)
+  ContextRings(TrainingRun& run, Communicator& context, const ContextExpertFlags& dims, int micro_batches, int lanes)
       : run_(run), held_(run.context_parallelism()), T_(run.model_config().T), context_(context),
         inputs_(size_t(micro_batches)), targets_(size_t(micro_batches)) {
     if (!held_.on()) return;
+    const std::vector<std::vector<int>> positions = every_ranks_positions(dims, T_);  // the ring places'
+    const int micro_B = run.micro_batch_size();
     const TensorParallelism& tp = run.tensor_parallelism();
     const GPT2Config& cfg = run.model_config();
     const int u = held_.ulysses, place = held_.rank / u, slice = held_.rank % u;
@@ -198,18 +224,23 @@ class ContextRings {
     }
   }
 
-  void apply(const std::vector<GPT2*>& chunks) {
-    for (GPT2* chunk : chunks) {
-      if (!held_.on()) return;
-      chunk->cp_hooks.attention_forward = [this](Tensor out, Tensor lse, Tensor qkv, int NH) {
-        if (!ulysses_.empty()) return ulysses_[size_t(lane_index())]->forward(out, lse, qkv, NH);
-        rings_[size_t(lane_index())]->forward(out, lse, qkv, NH);
-      };
-      chunk->cp_hooks.attention_backward = [this](Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor lse, int NH) {
-        if (!ulysses_.empty()) return ulysses_[size_t(lane_index())]->backward(dqkv, dout, qkv, out, lse, NH);
-        rings_[size_t(lane_index())]->backward(dqkv, dout, qkv, out, lse, NH);
-      };
-    }
+  // What CP installs on a chunk (parallelize.h): attention around the calling lane's ring. Then
+  // Ulysses': its exchanges, each around its lane's ring (none without Ulysses).
+  ChunkTransform context_parallel() {
+    if (!held_.on()) return ChunkTransform();
+    AttentionHooks ring;
+    ring.attention_forward = [this](Tensor out, Tensor lse, Tensor qkv, int NH) {
+      rings_[size_t(lane_index())]->forward(out, lse, qkv, NH);
+    };
+    ring.attention_backward = [this](Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor lse, int NH) {
+      rings_[size_t(lane_index())]->backward(dqkv, dout, qkv, out, lse, NH);
+    };
+    return apply_context_parallel(ring);
+  }
+  ChunkTransform ulysses() const {
+    std::vector<UlyssesAttention*> exchange_of_lane;
+    for (const auto& exchange : ulysses_) exchange_of_lane.push_back(exchange.get());
+    return apply_ulysses(exchange_of_lane);
   }
 
   void begin_step() {
@@ -250,10 +281,11 @@ class ContextRings {
 class GridExperts {
  public:
   GridExperts(TrainingRun& run, const ProcessGrid& grid, const std::vector<GPT2*>& chunks,
-              const std::vector<ModelPart>& parts, const std::vector<std::vector<int>>& positions, int micro_batches)
+              const std::vector<ModelPart>& parts, const ContextExpertFlags& dims, int micro_batches)
       : run_(run), grid_(grid), chunks_(chunks), parts_(parts), cfg_(run.model_config()),
         expert_rows_(size_t(micro_batches), std::vector<int64_t>(size_t(cfg_.L), 0)) {
     if (!cfg_.moe()) return;
+    const std::vector<std::vector<int>> positions = context_axis_positions(dims, cfg_.T);  // every CP rank's
     for (const ModelPart& part : parts) slots_ = std::max(slots_, part.slots);
     const int micro_B = run.micro_batch_size(), t = grid.shape().tp, cp = grid.shape().cp;
     const bool sp = run.tensor_parallelism().sequence_parallel;
@@ -270,18 +302,12 @@ class GridExperts {
                                             grid.ep().size() * grid.expert_dp().size(),
                                             1 + int64_t(max_runs) * (2 + cfg_.experts));
     for (size_t c = 0; c < chunks.size(); c++) {
-      ExpertHooks& hooks = chunks[c]->expert_hooks;
+      hooks_.emplace_back();
+      ExpertHooks& hooks = hooks_.back();
       hooks.rank = at.edp * grid.shape().ep + at.ep;
       hooks.ranks = grid.ep().size() * grid.expert_dp().size();
       hooks.token_index = token_index_of(at.dp, micro_B, cfg_.T, run.context_parallelism().positions, at.tp, t, sp);
       hooks.max_runs = max_runs;
-    }
-  }
-
-  void apply() {
-    if (!exchange_) return;
-    for (size_t c = 0; c < chunks_.size(); c++) {
-      ExpertHooks& hooks = chunks_[c]->expert_hooks;
       const int first_slot = int(c) * slots_;  // chunk c's slot s is the exchange's c x slots + s
       hooks.gather_counts = [this](Tensor mine, Tensor all) {  // (int32 records on the host, as moe.cpp keeps them)
         gathered_in_ep_.resize(size_t(mine.numel() * grid_.ep().size()));  // (the forward's alone: routing)
@@ -301,6 +327,9 @@ class GridExperts {
       };
     }
   }
+
+  // What EP installs on each chunk (parallelize.h): its experts through the exchange, in its own slots.
+  ChunkTransform expert_parallel() const { return exchange_ ? apply_expert_parallel(hooks_) : ChunkTransform(); }
 
   // The executor's passes: a forward sets what its experts record under (a pair's backward runs beside it).
   void before_compute(const Action& a) {
@@ -326,7 +355,7 @@ class GridExperts {
     const GridCoords& at = grid_.coords();
     return routing_->a2a_sent_bytes(at.edp * grid_.shape().ep + at.ep, grid_.shape().ep, cfg_.C);
   }
-  int64_t record_size() const { return chunks_.front()->expert_hooks.record_size(cfg_.experts); }
+  int64_t record_size() const { return hooks_.front().record_size(cfg_.experts); }
 
   // The step's routing, summed over its micro-batches, each stage its own blocks: one record of every
   // layer and expert, as 11 writes it.
@@ -387,6 +416,7 @@ class GridExperts {
   GPT2Config cfg_;
   int slots_ = 1;  // per chunk
   std::unique_ptr<ExpertExchange> exchange_;
+  std::vector<ExpertHooks> hooks_;  // per chunk (a MoE model's)
   std::vector<std::vector<int64_t>> expert_rows_;  // (micro-batches) x (L)
   int running_micro_ = 0;
   std::vector<int32_t> gathered_in_ep_, gathered_in_stage_;
@@ -409,6 +439,11 @@ class GroupBytes {
   }
 
   void begin_step() { at_start_ = stats(); }
+  // After step 1 (or the only step), every rank's groups next to their formulas.
+  void report(TrainingRun& run, Communicator& world, int step, int start, int steps) const {
+    if (step == std::max(start, 1) || (start + 1 >= steps && step == start))
+      report_groups(run, world, rows(), formulas());
+  }
 
   std::vector<std::pair<std::string, std::string>> formulas() const {
     std::vector<std::pair<std::string, std::string>> formulas = {

@@ -36,7 +36,7 @@
 #include "schedule/pipeline_schedule.h"
 #include "comm/process_grid.h"
 #include "parallel/shards.h"
-#include "parallel/tensor_parallel_hooks.h"  // 07's collectives, for every chunk
+#include "parallel/parallelize.h"  // apply_tensor_parallel: 07's collectives, for every chunk
 #include "training/training_run.h"
 
 // The chapter's own flags (the common ones are TrainConfig's, flags.h): declared, then checked.
@@ -68,11 +68,7 @@ struct Options {
     check_schedule_flags(cfg, pipeline);
     if (cfg.was_given("--bucket-mb") && !(bucket_mb > 0)) config_error("--bucket-mb must be > 0");
     if (cfg.was_given("--tp") && tp < 1) config_error("--tp must be >= 1");
-    check_context_and_expert_flags(cfg, ranks, dims);
-    if (dims.ulysses < 1) config_error("--ulysses must be >= 1");
-    if (dims.ulysses > 1 && pick_device(cfg.device) == Device::CUDA)
-      config_error("--ulysses " + std::to_string(dims.ulysses) + " runs on the CPU (its exchange has no CUDA kernels "
-                   "yet): pass --device cpu, or --ulysses 1");
+    check_context_and_expert_flags(cfg, ranks, dims);  // and --ulysses'
   }
 };
 
@@ -80,7 +76,6 @@ struct Options {
 int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
   // Every flag checked against the others, the ranks, the model and the batch, as 08 checks them
   // (with --tp's groups), before any schedule, model or buffer exists.
-  // With --cp's and --ep's too: the experts' count first, this composition's refusals last (apply_dimensions.h).
   GPT2Config model_cfg;
   if (!find_preset(cfg.preset, &model_cfg)) config_error("--preset: unknown preset '" + cfg.preset + "'");
   const int batch = cfg.was_given("--batch") ? cfg.batch : cfg.resume.empty() ? model_cfg.default_batch : 0;
@@ -92,20 +87,14 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
   const int t = flags.tp, p = pipe.shape.stages, m = pipe.shape.micro_batches, v = pipe.shape.chunks;
   const std::vector<int>& blocks = pipe.blocks;  // per virtual stage, the head's cost weighed in
   const bool zero1 = flags.zero1, zero2 = flags.zero2;
-  const int cp = opt.dims.cp, u = opt.dims.ulysses;
   const bool moe = model_cfg.moe();
   cfg.grad_accum = m;
   // The grid: TP innermost (a node's fast links), PP outermost, data parallelism over the rest.
-  // CP between TP and DP; the experts folded over each stage's ranks.
-  // Under --ulysses u the context axis holds u x cp ranks, Ulysses inside: ring place x u + Ulysses rank.
-  ProcessGrid grid(world, grid_shape(world.size(), t, p, cp * u, opt.dims.ep));
+  // CP (u x cp ranks under --ulysses u, Ulysses inside) between TP and DP; EP folded over each stage.
+  ProcessGrid grid(world, grid_shape(world.size(), t, p, flags.cp, opt.dims.ep));
   const bool sequence_parallel = opt.sequence_parallel && t > 1;
   const TensorParallelism tp{t, grid.coords().tp, sequence_parallel};
-  const std::vector<std::vector<int>> positions = every_ranks_positions(opt.dims, model_cfg.T);  // the ring places'
-  std::vector<std::vector<int>> held_by;  // every rank's of the context axis: its place's, or a Ulysses slice
-  for (int c = 0; c < cp * u; c++) held_by.push_back(ulysses_positions(positions[size_t(c / u)], u, c % u));
-  ContextParallelism held;
-  if (cp * u > 1) held = {cp * u, grid.coords().cp, held_by[size_t(grid.coords().cp)], u};
+  const ContextParallelism held = context_of(opt.dims, model_cfg.T, grid.coords().cp);  // this rank's positions
 
   // How a receive finds its message: MPI matches tags, so every receive can be posted at the start;
   // NCCL has none and matches by call order, which the lists are then built for.
@@ -130,8 +119,7 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
   }
 
   // Each chunk is this rank's tensor-parallel slice of its pipeline part. ZeRO-1's memory and plan
-  // under either ZeRO flag, as in 08.
-  // Under CP, on its positions; under EP, with its experts.
+  // under either ZeRO flag, as in 08. Under CP, on its positions; under EP, with its experts.
   const bool sharded = zero1 || zero2;
   const MoESettings moe_settings{opt.dims.capacity_factor, opt.dims.aux_loss_coef};
   TrainingRun run(grid, cfg, Parallelism{sharded ? Strategy::ZeRO1 : Strategy::DP, tp,
@@ -155,8 +143,7 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
                                  : ShardPlan::unsharded(layout);
   Buffer grad_shard(sharded ? plan.size() : 0, MemCategory::CommBuffers, dtype, device);
   GradientSync data_parallel(dp_group, buckets, grads.view(), sharded ? &plan : nullptr, grad_shard.view());
-  // An expert's gradient sums the tokens of its whole EP group; averaged over its EDP replicas it must
-  // come out as the mean over the DP x CP data replicas: EDP / (DP x CP) = TP / EP.
+  // An expert's gradient sums its EP group's tokens; its EDP mean must be the DP x CP one: x EDP/(DP x CP) = TP/EP.
   if (moe) data_parallel.set_expert_group(grid.expert_dp(), float(t) / float(opt.dims.ep));
   AdamW optimizer(layout, plan, cfg.weight_decay, device, dtype);
   std::vector<std::unique_ptr<GPT2>> models;  // one per chunk, over the same flat buffers
@@ -168,27 +155,22 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
     chunks.push_back(models.back().get());
   }
   const int start = run.init_or_resume(params, optimizer);
-  PipelineExecutor pipeline(grid.pp(), chunks, shape, actions, matching, run.micro_batch_size(), model_cfg.T / (cp * u),
-                            model_cfg.C, device, dtype);
+  PipelineExecutor pipeline(grid.pp(), chunks, shape, actions, matching, run.micro_batch_size(),
+                            held.held_positions(model_cfg.T), model_cfg.C, device, dtype);
   pipeline.overlap_pairs(fb_overlap);
   PipelineReport report(run, grid, shape, schedule, matching, parts);
 
-  // The lesson: 07's collectives, over this rank's TP group, in every chunk. "f" precedes a
-  // column-parallel product, "g" follows a row-parallel one; each is the other's mirror in backward.
-  for (GPT2* chunk : chunks) chunk->tp_hooks = tensor_parallel_hooks(tp_group, sequence_parallel, opt.overlap);
-  // Then the other dimensions, each applied to every chunk in turn (apply_dimensions.h). CP: 10's ring,
-  // over this rank's NH/t heads, one per lane.
-  ContextRings rings(run, grid.cp(), positions, run.micro_batch_size(), m, fb_overlap ? kLanes : 1);
-  rings.apply(chunks);
-  // EP: 11's exchange, one routing per micro-batch in flight, its counts gathered over the stage.
-  GridExperts experts(run, grid, chunks, parts, held_by, m);
-  experts.apply();
+  // The lesson: each dimension applied to every chunk in turn (parallelize.h). TP: 07's collectives;
+  // CP: 10's ring on NH/t heads, one per lane, Ulysses around it; EP: 11's exchange per micro-batch.
+  ContextRings rings(run, grid.cp(), opt.dims, m, fb_overlap ? kLanes : 1);
+  GridExperts experts(run, grid, chunks, parts, opt.dims, m);
+  parallelize(chunks, {apply_tensor_parallel(tp_group, sequence_parallel, opt.overlap), rings.context_parallel(),
+                       rings.ulysses(), experts.expert_parallel()});
 
   // Gradients, on the last micro-batch's backward (or weight pass, under zb-h1), each by its copies
   // (gradient_router.h): under sequence parallelism the tensors held whole are summed over the TP
   // group (07); wte's two copies (vocabulary slices) over the embedding group (08); then data
   // parallelism over this stage's DP group (03, or ZeRO-1: 04; --zero2: every micro-batch, as in 08).
-  // (Here DP x CP; the experts' over their expert-data-parallel group: set_expert_group above.)
   // In a V (zb-v, dualpipev) the embedding and the head are both on pipeline rank 0: one wte slice.
   Communicator* embedding = shape.placement == Placement::V ? nullptr : grid.embedding();
   GradientRouter router(layout, grads.view(), data_parallel, m, zero2, sequence_parallel ? &tp_group : nullptr,
@@ -208,7 +190,6 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
     // The global norm: every stage's own gradients, wte counted once (on the first stage), the
     // tensors held whole once per TP group; summed over the grid, from one DP replica (under ZeRO-1
     // each DP rank holds its own piece: all of them).
-    // Under CP a DP x CP replica; an expert, its first EDP replica: each copy's rule, counts_here.
     const Tensor my_grads = sharded ? grad_shard.view() : grads.view();
     const double squares =
         gradient_squares(layout, plan, my_grads, grid.coords(), counted_along(kEveryAxis, sharded));
@@ -219,9 +200,7 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
     experts.write_routing(step);  // MoE: the step's routing, a record of every layer and expert, as 11's
     report.add_step(step, pipeline.times());
     run.end_step(step, loss, norm, experts.expert_rows());
-    // After step 1 (or the only step), every rank's groups next to their formulas.
-    if (step == std::max(start, 1) || (start + 1 >= cfg.steps && step == start))
-      report_groups(run, world, bytes.rows(), bytes.formulas());
+    bytes.report(run, world, step, start, cfg.steps);  // after step 1, every rank's groups next to their formulas
     if (run.checkpoint_due(step)) run.save_checkpoint(step + 1, params, optimizer);
     if (run.stopping()) break;
   }

@@ -102,7 +102,7 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
   if (low_precision) set_cpu_matmul_emulation(&products);
   // The gradients' all-reduce moves the layer's dtype too (bf16; fp16 under fp16, already multiplied
   // by the loss scale: backward started from the scaled loss), half of fp32's bytes.
-  set_collective_formats(collective_formats_of(recipe, 1.0f));
+  set_collective_formats(world, collective_formats_of(recipe, 1.0f));
   LossScaler scaler;
   if (recipe.precision == Precision::FP16) {
     scaler.dynamic = opt.precision.loss_scale == 0;
@@ -126,7 +126,7 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
     const int b = buckets.mark_ready(p);
     if (b < 0) return;  // the bucket still waits for other gradients
     in_flight.push_back(wire_all_reduce_async(world, grads.view().slice1d(buckets.begin(b), buckets.size(b)), ReduceOp::Avg,
-                                              collective_formats().gradients));
+                                              collective_formats(world).gradients));
   };
 
   for (int step = start; step < cfg.steps; step++) {
@@ -169,7 +169,7 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
     if (run.stopping()) break;  // Ctrl-C or a diverging loss: every rank agreed to stop here
   }
   set_cpu_matmul_emulation(nullptr);
-  set_collective_formats({});
+  set_collective_formats(world, {});
   const GPT2Config& shape = run.model_config();
   log.summary(products, layout.padded_size, shape.L, shape.C, shape.V,
               int64_t(run.micro_batch_size()) * shape.T * cfg.grad_accum, cfg.grad_accum);

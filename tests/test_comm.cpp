@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <chrono>
 #include <functional>
+#include <memory>
 #include <string>
 #include <thread>
 #include <utility>
@@ -25,6 +26,7 @@
 #include "ops/memory.h"        // Buffer on the GPU
 #include "mpi_test_env.h"
 #include "comm/trace.h"
+#include "comm/wire_format.h"  // CollectiveFormats: a recipe's formats on a communicator
 
 namespace {
 
@@ -1016,6 +1018,33 @@ TEST_F(CommTest, SplitGroupsReduceWithinThemselves) {
     EXPECT_TRUE(exactly(got_a, [](int64_t) { return 1.0f; }));
     EXPECT_TRUE(exactly(got_b, [](int64_t) { return 2.0f; }));
   }
+}
+
+// A mixed-precision recipe's formats belong to the run's communicators, not to the process
+// (Communicator::formats): installed on one, they hold for every group split from it, before or after,
+// for its copy and for a LaneCommunicator around a group; cleared, every one of them is fp32 again.
+TEST_F(CommTest, CollectiveFormatsHoldForEveryGroupOfTheCommunicator) {
+  std::unique_ptr<Communicator> before = comm.split(rank % 2, rank, "split before");
+  CollectiveFormats recipe;
+  recipe.gradients = Wire::in(NumberFormat::FP16, 64);
+  recipe.activations = Wire::in(NumberFormat::BF16);
+  set_collective_formats(comm, recipe);
+  std::unique_ptr<Communicator> after = comm.split(0, rank, "split after");
+  std::unique_ptr<Communicator> copy = comm.duplicate("copy");
+  LaneCommunicator lanes(*before);
+  const std::vector<const Communicator*> every = {&comm, before.get(), after.get(), copy.get(), &lanes,
+                                                  &lanes.of(Lane::Backward)};
+  for (const Communicator* c : every) {
+    const CollectiveFormats& f = collective_formats(*c);
+    EXPECT_FALSE(f.gradients.fp32) << c->group();
+    EXPECT_EQ(f.gradients.format, NumberFormat::FP16) << c->group();
+    EXPECT_EQ(f.gradients.scale, 64.0f) << c->group();
+    EXPECT_EQ(f.activations.format, NumberFormat::BF16) << c->group();
+    EXPECT_TRUE(f.weights.fp32) << c->group();
+  }
+  set_collective_formats(comm, {});
+  for (const Communicator* c : every)
+    EXPECT_TRUE(collective_formats(*c).gradients.fp32 && collective_formats(*c).activations.fp32) << c->group();
 }
 
 // The two lanes of dualpipev's F&B pairs (lanes.h): two threads issue collectives on one group at

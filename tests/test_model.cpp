@@ -16,6 +16,7 @@
 #include "ops/ops.h"
 #include "model/param_layout.h"
 #include "pipeline/pipeline.h"
+#include "parallel/parallelize.h"  // parallelize, the dimensions' apply functions
 #include "parallel/theory.h"
 #include "test_util.h"
 
@@ -356,3 +357,35 @@ TEST(Partition, BalancedByCostIsTheBestContiguousCut) {
 }
 
 }  // namespace
+
+// Dimensions compose as a list (parallelize.h): each is applied to every chunk in the order given, a
+// later one wrapping what an earlier one installed (Ulysses around the ring), chunk c getting its own
+// hooks, and an empty transform (a dimension that splits nothing here) is skipped.
+TEST(Parallelize, AppliesEachDimensionToEveryChunkInTheOrderGiven) {
+  const GPT2Config cfg = tiny_config();
+  const ParamLayout layout = build_gpt2_layout(cfg, 1);
+  GPT2 first(cfg, layout, 1), second(cfg, layout, 1);
+  std::vector<std::string> calls;
+  AttentionHooks ring;
+  ring.attention_forward = [&calls](Tensor, Tensor, Tensor, int NH) { calls.push_back("ring " + std::to_string(NH)); };
+  const ChunkTransform around = [&calls](GPT2& chunk, int index) {
+    auto inner = chunk.attention_hooks.attention_forward;
+    chunk.attention_hooks.attention_forward = [&calls, inner, index](Tensor out, Tensor lse, Tensor qkv, int NH) {
+      calls.push_back("around " + std::to_string(index));
+      inner(out, lse, qkv, NH);
+    };
+  };
+  std::vector<ExpertHooks> experts(2);
+  experts[0].rank = 3, experts[1].rank = 5;
+  ProductHooks collectives;
+  collectives.vocab_all_reduce = [&calls](Tensor, ReduceOp) { calls.push_back("vocab"); };
+  EXPECT_FALSE(apply_ulysses({}));  // no exchange: nothing to install
+  parallelize({&first, &second}, {apply_tensor_parallel(collectives), apply_context_parallel(ring), ChunkTransform(),
+                                  around, apply_expert_parallel(experts), apply_ulysses({})});
+  first.attention_hooks.attention_forward(Tensor(), Tensor(), Tensor(), 2);
+  second.attention_hooks.attention_forward(Tensor(), Tensor(), Tensor(), 4);
+  second.product_hooks.vocab_all_reduce(Tensor(), ReduceOp::Max);
+  EXPECT_EQ(calls, (std::vector<std::string>{"around 0", "ring 2", "around 1", "ring 4", "vocab"}));
+  EXPECT_EQ(first.expert_hooks.rank, 3);
+  EXPECT_EQ(second.expert_hooks.rank, 5);
+}

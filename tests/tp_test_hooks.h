@@ -11,19 +11,19 @@
 // outlive the model's use of the hooks.
 inline void set_tensor_parallel_hooks(GPT2& model, Communicator& group, bool sequence_parallel) {
   if (!sequence_parallel) {
-    model.tp_hooks.f_forward = [](Tensor, Tensor) { return CommHandle(); };
-    model.tp_hooks.f_backward = [&](Tensor full, Tensor) { return group.all_reduce_async(full, ReduceOp::Sum); };
-    model.tp_hooks.g_forward = [&](Tensor partial, Tensor) { return group.all_reduce_async(partial, ReduceOp::Sum); };
-    model.tp_hooks.g_backward = [](Tensor, Tensor) { return CommHandle(); };
+    model.product_hooks.f_forward = [](Tensor, Tensor) { return CommHandle(); };
+    model.product_hooks.f_backward = [&](Tensor full, Tensor) { return group.all_reduce_async(full, ReduceOp::Sum); };
+    model.product_hooks.g_forward = [&](Tensor partial, Tensor) { return group.all_reduce_async(partial, ReduceOp::Sum); };
+    model.product_hooks.g_backward = [](Tensor, Tensor) { return CommHandle(); };
   } else {
-    model.tp_hooks.f_forward = [&](Tensor local, Tensor full) { return group.all_gather_async(local, full); };
-    model.tp_hooks.f_backward = [&](Tensor full, Tensor local) {
+    model.product_hooks.f_forward = [&](Tensor local, Tensor full) { return group.all_gather_async(local, full); };
+    model.product_hooks.f_backward = [&](Tensor full, Tensor local) {
       return group.reduce_scatter_async(full, local, ReduceOp::Sum);
     };
-    model.tp_hooks.g_forward = [&](Tensor partial, Tensor local) {
+    model.product_hooks.g_forward = [&](Tensor partial, Tensor local) {
       return group.reduce_scatter_async(partial, local, ReduceOp::Sum);
     };
-    model.tp_hooks.g_backward = [&](Tensor local, Tensor full) { return group.all_gather_async(local, full); };
+    model.product_hooks.g_backward = [&](Tensor local, Tensor full) { return group.all_gather_async(local, full); };
   }
-  model.tp_hooks.vocab_all_reduce = [&](Tensor values, ReduceOp op) { group.all_reduce(values, op); };
+  model.product_hooks.vocab_all_reduce = [&](Tensor values, ReduceOp op) { group.all_reduce(values, op); };
 }

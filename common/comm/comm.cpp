@@ -4,6 +4,8 @@
 // communicator and start-up: comm_mpi.cpp; its progress engine and CommHandle::wait: comm_engine.cpp.
 #include "comm/comm.h"
 
+#include "comm/wire_format.h"  // CollectiveFormats: what formats() holds
+
 #include <algorithm>
 #include <vector>
 
@@ -26,6 +28,21 @@ const char* collective_name(CollectiveKind k) {
 }
 
 thread_local bool Communicator::issuing_blocking_ = false;
+
+Communicator::Communicator() : formats_(std::make_shared<CollectiveFormats>()) {}
+Communicator::~Communicator() = default;
+
+std::unique_ptr<Communicator> Communicator::split(int color, int key, const std::string& group) {
+  std::unique_ptr<Communicator> made = split_group(color, key, group);
+  made->formats_ = formats_;
+  return made;
+}
+
+std::unique_ptr<Communicator> Communicator::duplicate(const std::string& group) {
+  std::unique_ptr<Communicator> made = duplicate_group(group);
+  made->formats_ = formats_;
+  return made;
+}
 
 void CollectiveCounters::count_op(int64_t payload, int64_t sent, int64_t received) {
   calls += 1;

@@ -108,9 +108,12 @@ class CommHandle {
   std::shared_ptr<std::function<void()>> device_wait_;  // shared by copies, like state_
 };
 
+struct CollectiveFormats;  // wire_format.h: the formats a mixed-precision recipe's collectives move
+
 class Communicator {
  public:
-  virtual ~Communicator() = default;
+  Communicator();
+  virtual ~Communicator();
   int rank() const { return rank_; }   // within this communicator's group
   int size() const { return size_; }
   // Where the tensors of its collectives live: CPU for MPI, CUDA for the NCCL and host-staged ones.
@@ -122,15 +125,21 @@ class Communicator {
   // (ties by their rank here), named `group`. Collective: every rank of this communicator calls it,
   // after the same ops (async ones may still be in flight). Of the same kind as this one (MPI, NCCL or
   // host-staged); groups share the one progress engine. Wait every handle of a communicator before
-  // destroying it.
-  virtual std::unique_ptr<Communicator> split(int color, int key, const std::string& group) = 0;
+  // destroying it. The group shares this one's collective formats (formats()).
+  std::unique_ptr<Communicator> split(int color, int key, const std::string& group);
   // A second communicator over the same ranks, in the same order, named `group`, for a second thread
   // that issues collectives beside this one's (lanes.h: the backward lane of DualPipe's F&B pairs):
   // MPI lets two threads issue collectives at once only on different communicators. Collective, like
   // split(). Over MPI it shares this one's emulated link (LinkModel): a second stream over the same
   // network card, not a second card, so that two lanes' messages queue for it as on a machine.
   // Elsewhere it is split(0, rank(), group).
-  virtual std::unique_ptr<Communicator> duplicate(const std::string& group) { return split(0, rank(), group); }
+  std::unique_ptr<Communicator> duplicate(const std::string& group);
+
+  // The formats its collectives travel in under a mixed-precision recipe (wire_format.h,
+  // collective_formats): one object, shared by this communicator and every group split from it (or
+  // wrapping it), so that a recipe installed on the run's world reaches every group of its grid, and
+  // two runs in one process (tests) never see each other's.
+  CollectiveFormats& formats() const { return *formats_; }
 
   // MPI forbids a send buffer that overlaps the receive buffer of the same call, and does not check:
   // it would reduce or copy from input it has half overwritten. So the collectives below with both
@@ -263,6 +272,14 @@ class Communicator {
   const LinkModel& link_model() const { return link_; }
 
  protected:
+  // What split() and duplicate() make, before they hand the new group this one's formats.
+  virtual std::unique_ptr<Communicator> split_group(int color, int key, const std::string& group) = 0;
+  virtual std::unique_ptr<Communicator> duplicate_group(const std::string& group) {
+    return split_group(0, rank(), group);
+  }
+  // A communicator that wraps another (lanes.h, the device backends) takes the wrapped one's formats.
+  void share_formats_of(const Communicator& wrapped) { formats_ = wrapped.formats_; }
+
   template <typename Issue>
   void blocking(Issue issue) {
     issuing_blocking_ = true;
@@ -282,6 +299,9 @@ class Communicator {
   std::string group_ = "world";
   CommStats stats_;
   LinkModel link_;
+
+ private:
+  std::shared_ptr<CollectiveFormats> formats_;
 };
 
 // MPI_Init_thread (MPI_THREAD_MULTIPLE) and the communicator over MPI_COMM_WORLD. Call once, first

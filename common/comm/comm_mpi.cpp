@@ -106,7 +106,7 @@ class MpiCommunicator final : public Communicator {
     MPI_CHECK(MPI_Comm_free(&comm_));
   }
 
-  std::unique_ptr<Communicator> split(int color, int key, const std::string& group) override {
+  std::unique_ptr<Communicator> split_group(int color, int key, const std::string& group) override {
     // MPI_Comm_split is a blocking collective on comm_: it must come after every op issued here
     // before it, on every rank alike, so what the emulated link still holds is posted first.
     engine_->post_held(send_lane_);
@@ -120,7 +120,7 @@ class MpiCommunicator final : public Communicator {
   // The copy takes this communicator's two lanes and in-flight sweep: its ops queue on the same
   // emulated link, and the busy and in-flight times of the two add up to the link's. (Its destructor
   // drains the shared lanes: by then every op of both is waited, comm.h.)
-  std::unique_ptr<Communicator> duplicate(const std::string& group) override {
+  std::unique_ptr<Communicator> duplicate_group(const std::string& group) override {
     engine_->post_held(send_lane_);  // MPI_Comm_dup is a blocking collective on comm_, as split's
     MPI_Comm copy = MPI_COMM_NULL;
     MPI_CHECK(MPI_Comm_dup(comm_, &copy));

@@ -117,6 +117,7 @@ class CudaCommunicatorBase : public Communicator {
     name_ = name;
     group_ = mpi_->group();
     link_ = mpi_->link_model();
+    share_formats_of(*mpi_);
   }
 
   // Ours, and the MPI communicator's: what travels over MPI is delayed as in a CPU run.
@@ -270,7 +271,7 @@ class NcclCommunicator final : public CudaCommunicatorBase {
     device_free(barrier_value_);
   }
 
-  std::unique_ptr<Communicator> split(int color, int key, const std::string& group) override {
+  std::unique_ptr<Communicator> split_group(int color, int key, const std::string& group) override {
     return std::make_unique<NcclCommunicator>(mpi_->split(color, key, group));
   }
 
@@ -695,7 +696,7 @@ class HostStagedCommunicator final : public CudaCommunicatorBase {
   explicit HostStagedCommunicator(std::unique_ptr<Communicator> mpi)
       : CudaCommunicatorBase(std::move(mpi), "mpi (host-staged)") {}
 
-  std::unique_ptr<Communicator> split(int color, int key, const std::string& group) override {
+  std::unique_ptr<Communicator> split_group(int color, int key, const std::string& group) override {
     return std::make_unique<HostStagedCommunicator>(mpi_->split(color, key, group));
   }
 

@@ -66,6 +66,7 @@ class P2PCollectives : public Communicator {
     name_ = inner_->name() + ", collectives from send/recv";
     group_ = inner_->group();
     link_ = inner_->link_model();
+    share_formats_of(*inner_);
     // The algorithms' own group: every rank of inner_ builds it here, in the same order.
     lane_ = inner_->split(0, inner_->rank(), inner_->group() + " (send/recv collectives)");
     lane_->set_link_model(link_);
@@ -91,10 +92,10 @@ class P2PCollectives : public Communicator {
     inner_.reset();
   }
 
-  std::unique_ptr<Communicator> split(int color, int key, const std::string& group) override {
+  std::unique_ptr<Communicator> split_group(int color, int key, const std::string& group) override {
     return std::make_unique<P2PCollectives>(choice_, inner_->split(color, key, group));
   }
-  std::unique_ptr<Communicator> duplicate(const std::string& group) override {
+  std::unique_ptr<Communicator> duplicate_group(const std::string& group) override {
     return std::make_unique<P2PCollectives>(choice_, inner_->duplicate(group));
   }
 

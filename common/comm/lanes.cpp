@@ -66,6 +66,7 @@ LaneCommunicator::LaneCommunicator(Communicator& group)
   name_ = group.name();
   group_ = group.group();
   link_ = group.link_model();
+  share_formats_of(group);
 }
 
 LaneCommunicator::LaneCommunicator(std::unique_ptr<Communicator> group) : LaneCommunicator(*group) {

@@ -92,7 +92,7 @@ class LaneCommunicator final : public Communicator {
   Communicator& of(Lane lane) { return lane == Lane::Forward ? group_comm_ : *copy_; }
   Communicator& mine() { return of(current_lane()); }
 
-  std::unique_ptr<Communicator> split(int color, int key, const std::string& group) override {
+  std::unique_ptr<Communicator> split_group(int color, int key, const std::string& group) override {
     return mine().split(color, key, group);
   }
   CommHandle all_reduce_async(Tensor buf, ReduceOp op) override { return mine().all_reduce_async(buf, op); }

@@ -106,8 +106,6 @@ int64_t get(const Wire& w, const unsigned char* in, float* x) {
   return w.element_bytes();
 }
 
-CollectiveFormats g_formats;
-
 }  // namespace
 
 Wire Wire::in(NumberFormat format, float scale) {
@@ -190,5 +188,5 @@ CommHandle wire_all_gather_segments_async(Communicator& comm, Tensor send, Tenso
   });
 }
 
-const CollectiveFormats& collective_formats() { return g_formats; }
-void set_collective_formats(const CollectiveFormats& formats) { g_formats = formats; }
+const CollectiveFormats& collective_formats(const Communicator& comm) { return comm.formats(); }
+void set_collective_formats(Communicator& comm, const CollectiveFormats& formats) { comm.formats() = formats; }

@@ -1,8 +1,8 @@
 // wire_format.h: collectives whose payload travels in a low-precision format, a layer around the
 // communicator's calls. Defines Wire (a format and a power-of-two scale), WireSegment, the collectives
 // in a format (wire_all_reduce_async, wire_reduce_scatter_async, wire_all_gather_async,
-// wire_all_gather_segments_async) and CollectiveFormats, the formats of the installed mixed-precision
-// recipe (set by MixedPrecision, fp32 everywhere when none is).
+// wire_all_gather_segments_async) and CollectiveFormats, the formats of the mixed-precision recipe
+// installed on a run's communicators (set by MixedPrecision, fp32 everywhere when none is).
 //
 // What happens to the values (docs/mixed_precision.md, "Communication in the format"):
 //   before the send   each fp32 value x becomes the code of x * scale (x * scale / N for an Avg, as
@@ -59,6 +59,8 @@ CommHandle wire_all_gather_segments_async(Communicator& comm, Tensor send, Tenso
 int64_t wire_bytes_of_range(const std::vector<WireSegment>& segments, int64_t begin, int64_t count);
 
 // The formats the installed recipe's collectives take, by what they carry. fp32 everywhere by default.
+// They belong to a communicator and every group split from it (Communicator::formats): a recipe set on
+// the run's world holds for its whole grid.
 struct CollectiveFormats {
   Wire gradients;    // data parallelism's gradient reductions; tensor parallelism's backward activation gradients
   Wire activations;  // tensor parallelism's forward activations
@@ -67,5 +69,5 @@ struct CollectiveFormats {
   // gives (as the products' per-tensor scale), set at each gather; else `weights.scale`.
   bool weight_scale_per_tensor = false;
 };
-const CollectiveFormats& collective_formats();
-void set_collective_formats(const CollectiveFormats& formats);
+const CollectiveFormats& collective_formats(const Communicator& comm);
+void set_collective_formats(Communicator& comm, const CollectiveFormats& formats);

@@ -104,11 +104,11 @@ float GPT2::forward(const int* inputs, const int* targets, int B) { return forwa
 float GPT2::forward(int slot, const int* inputs, const int* targets, int B) {
   ENSURE(B >= 1 && B <= max_B_, "micro-batch larger than the activations were sized for");
   ENSURE(slot >= 0 && slot < part_.slots, "GPT2::forward: no such activation slot");
-  ENSURE(tp_.size == 1 || (tp_hooks.f_forward && tp_hooks.f_backward && tp_hooks.g_forward && tp_hooks.g_backward &&
-                           tp_hooks.vocab_all_reduce),
-         "a tensor-parallel model needs all of its TensorParallelHooks");
-  ENSURE(!cp_.on() || (cp_hooks.attention_forward && cp_hooks.attention_backward),
-         "a context-parallel model needs its ContextParallelHooks");
+  ENSURE(tp_.size == 1 || (product_hooks.f_forward && product_hooks.f_backward && product_hooks.g_forward &&
+                           product_hooks.g_backward && product_hooks.vocab_all_reduce),
+         "a tensor-parallel model needs all of its ProductHooks (apply_tensor_parallel)");
+  ENSURE(!cp_.on() || (attention_hooks.attention_forward && attention_hooks.attention_backward),
+         "a context-parallel model needs its AttentionHooks (apply_context_parallel)");
   Slot& s = acts_->slots[slot];
   ENSURE(s.weight_gradients.empty(), "GPT2::forward: the slot's weight gradients were never computed");
   s.inputs = inputs;

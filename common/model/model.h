@@ -1,7 +1,13 @@
 // model.h: GPT-2, exactly: token + learned position embeddings, L pre-LayerNorm blocks (causal
 // multi-head self-attention, 4x MLP with tanh GELU, residual connections), a final LayerNorm and the
-// LM head tied to the token embedding, then cross-entropy. Defines ModelHooks, TensorParallelHooks
-// and GPT2.
+// LM head tied to the token embedding, then cross-entropy. Defines ModelHooks, the seams a dimension
+// changes (ProductHooks, AttentionHooks; ExpertHooks: moe.h) and GPT2.
+//
+// A dimension that splits the work changes what the model does at a seam: the collectives around its
+// split products, its attention, its experts. The model names the seams by where they sit, never by
+// the dimension that fills them: each dimension installs its hooks on a model chunk through its own
+// apply function (parallel/parallelize.h, as torchtitan's parallelize_llama applies apply_tp, then
+// apply_cp, ...), and the model only checks that a split it was built with has its seam filled.
 //
 // The model owns only its activations. Parameters and gradients live in flat buffers the chapter
 // owns; the model is told where each unit's parameters and gradients are (bind_unit), so a chapter
@@ -10,7 +16,7 @@
 // Tensor parallelism (chapter 07): the model can run as one rank's part of a tensor-parallel group
 // of t ranks, with this rank's slices of the parameters (param_layout.h): its NH/t heads, 4C/t MLP
 // channels and V/t vocabulary rows. It then does no communication itself: at each point where
-// Megatron-LM places a collective, it calls the chapter's TensorParallelHooks.
+// Megatron-LM places a collective, it calls the ProductHooks tensor parallelism installed.
 //
 // Pipeline parallelism (chapter 08): a GPT2 object can run a part of the model only (ModelPart,
 // param_layout.h: a run of units), for several micro-batches in flight, each in its own activation
@@ -23,7 +29,7 @@
 // Context parallelism (chapter 10): the model can run on a rank's T/cp positions of each sequence
 // (ContextParallelism, param_layout.h). Everything but attention acts position by position and runs
 // as it is; the position embeddings are looked up at the rank's absolute positions; attention, the one
-// op that mixes positions, goes through the chapter's ContextParallelHooks (a ring), and keeps, as
+// op that mixes positions, goes through the AttentionHooks context parallelism installed (a ring), and keeps, as
 // FlashAttention does, only its output and a log-sum-exp per query, never (B,NH,T,T) matrices.
 // Mixture of experts (chapter 11): with GPT2Config::experts > 0 each block's MLP is a MoE layer
 // (moe.h), in fp32 (CPU, or GPU in 11 and 12); expert parallelism hands its experts' work to the chapter through
@@ -52,11 +58,11 @@ struct ModelHooks {
                                                   // chapter decides which micro-batch communicates)
 };
 
-// The collectives of tensor parallelism, which the chapter supplies. "Local" tensors have the rows a
+// The seam around the split products: tensor parallelism's collectives (apply_tensor_parallel). "Local" tensors have the rows a
 // rank holds between the parallel layers (all B*T, or its B*T/t under sequence parallelism), "full"
 // ones all B*T rows. Each returns the handle of what it started, or an empty CommHandle; the model
 // waits on it (CommHandle::valid) before it reads the result, as late as it can.
-struct TensorParallelHooks {
+struct ProductHooks {
   // "f", the input of a column-parallel layer (qkv, mlp.fc, the LM head):
   //   forward:  local -> full: nothing (the same tensor), or an all-gather of the rows;
   //   backward: full -> local: the input's gradient summed over the ranks (each computed its part
@@ -74,9 +80,10 @@ struct TensorParallelHooks {
   std::function<void(Tensor values, ReduceOp op)> vocab_all_reduce;
 };
 
-// Attention under context parallelism, which the chapter supplies. Shapes as FlashAttention's (ops.h),
+// The seam of attention over positions other ranks hold: context parallelism's ring, with Ulysses'
+// exchange around it (apply_context_parallel, apply_ulysses). Shapes as FlashAttention's (ops.h),
 // on this rank's T/cp positions: qkv (B,T/cp,3C), out (B,T/cp,C), lse (B,NH,T/cp) fp32.
-struct ContextParallelHooks {
+struct AttentionHooks {
   std::function<void(Tensor out, Tensor lse, Tensor qkv, int NH)> attention_forward;
   // dqkv += the gradient, from dout and the forward's qkv, out and lse.
   std::function<void(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor lse, int NH)> attention_backward;
@@ -131,10 +138,12 @@ class GPT2 {
   bool has_head() const { return part_.last_unit == cfg_.L + 1; }
 
   ModelHooks hooks;
-  TensorParallelHooks tp_hooks;  // needed when tp.size > 1
-  ContextParallelHooks cp_hooks;  // needed under context parallelism
-  // A MoE model (GPT2Config::moe(), moe.h): what its layers ask of the program (expert parallelism,
-  // chapter 11); empty on one rank. forward() returns the cross-entropy plus the balance loss.
+  // The seams, each filled by the dimension that splits it (parallel/parallelize.h): the products'
+  // collectives (needed when tp.size > 1), attention over positions held elsewhere (needed under
+  // context parallelism), and a MoE model's experts (GPT2Config::moe(), moe.h: empty on one rank;
+  // forward() returns the cross-entropy plus the balance loss).
+  ProductHooks product_hooks;
+  AttentionHooks attention_hooks;
   ExpertHooks expert_hooks;
   double aux_loss() const { return aux_loss_; }  // this rank's share of the last forward's balance loss
   // Block l's routing in the last forward of activation slot `slot` (a pipeline's micro-batch in flight).

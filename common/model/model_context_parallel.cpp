@@ -1,7 +1,7 @@
 // model_context_parallel.cpp: the two places where GPT2 depends on positions, and so on context
 // parallelism (chapter 10), under which a rank holds T/cp positions of each sequence. Attention, the
 // one op that mixes positions: on one rank the op itself (FlashAttention, or the (B,NH,T,T) scores
-// and softmax), under context parallelism the chapter's ring (ContextParallelHooks), which keeps, as
+// and softmax), under context parallelism the chapter's ring (AttentionHooks), which keeps, as
 // FlashAttention does, only the output and a log-sum-exp per query. And the position embeddings, at
 // each row's absolute position.
 #include "model/model_internal.h"
@@ -12,7 +12,7 @@ using namespace model_internal;
 void GPT2::self_attention_forward(Slot& s, const Layer& x) {
   const Views v{dims_for(cfg_, s.B, tp_), dtype_, device_};
   if (cp_.on()) {  // the ring: this rank's queries meet every rank's keys and values
-    cp_hooks.attention_forward(v.btc(x.atty, v.d.Cl), v.lse(x.lse), v.btc(x.qkv, 3 * v.d.Cl), int(v.d.NHl));
+    attention_hooks.attention_forward(v.btc(x.atty, v.d.Cl), v.lse(x.lse), v.btc(x.qkv, 3 * v.d.Cl), int(v.d.NHl));
   } else if (flash_) {
     attention_forward_flash(v.btc(x.atty, v.d.Cl), v.lse(x.lse), v.btc(x.qkv, 3 * v.d.Cl), int(v.d.NHl));
   } else {
@@ -25,7 +25,7 @@ void GPT2::self_attention_backward(Slot& s, const Layer& x, void* dqkv, void* at
   const Views v{dims_for(cfg_, s.B, tp_), dtype_, device_};
   fill_zero(v.full(dqkv, 3 * v.d.Cl));
   if (cp_.on()) {
-    cp_hooks.attention_backward(v.btc(dqkv, 3 * v.d.Cl), v.btc(a.datty, v.d.Cl), v.btc(x.qkv, 3 * v.d.Cl),
+    attention_hooks.attention_backward(v.btc(dqkv, 3 * v.d.Cl), v.btc(a.datty, v.d.Cl), v.btc(x.qkv, 3 * v.d.Cl),
                                 v.btc(x.atty, v.d.Cl), v.lse(x.lse), int(v.d.NHl));
   } else if (flash_) {
     attention_backward_flash(v.btc(dqkv, 3 * v.d.Cl), v.btc(a.datty, v.d.Cl), v.btc(x.qkv, 3 * v.d.Cl),

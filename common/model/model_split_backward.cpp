@@ -30,7 +30,7 @@ void GPT2::backward_weights(int slot) {
   TraceScope span("weights");
   for (const Slot::WeightGradient& w : s.weight_gradients) {
     if (w.inp_local.data) {  // sequence parallelism: this rank's rows of the input, gathered again now
-      CommHandle gathered = tp_hooks.f_forward(w.inp_local, w.inp);
+      CommHandle gathered = product_hooks.f_forward(w.inp_local, w.inp);
       wait(gathered);
     }
     matmul_backward_weight(grad(w.weight), w.bias >= 0 ? grad(w.bias) : Tensor(), w.dout, w.inp);

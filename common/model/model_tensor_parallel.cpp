@@ -13,7 +13,7 @@ void GPT2::column_parallel_forward(Slot& s, Tensor out, void* inp_local, int wei
   const Views v{dims_for(cfg_, s.B, tp_), dtype_, device_};
   const Tensor inp = v.full_of(inp_local, acts_->gathered);
   if (tp_.size > 1) {
-    CommHandle gathered = tp_hooks.f_forward(v.local(inp_local), inp);
+    CommHandle gathered = product_hooks.f_forward(v.local(inp_local), inp);
     wait(gathered);
   }
   matmul_forward(out, inp, param(weight), param(bias));
@@ -28,7 +28,7 @@ void GPT2::row_parallel_forward(Slot& s, void* out_local, Tensor inp, int weight
   }
   // The bias is added once, after the reduction (added before it on every rank, it would count t times).
   matmul_forward(partial, inp, param(weight), Tensor());
-  CommHandle reduced = tp_hooks.g_forward(partial, v.local(out_local));
+  CommHandle reduced = product_hooks.g_forward(partial, v.local(out_local));
   wait(reduced);
   add_bias(v.local(out_local), param(bias));
 }
@@ -52,11 +52,11 @@ void GPT2::column_parallel_backward(Slot& s, Tensor dinp_local, int weight, int 
   // Under split_backward the weight's gradient waits for backward_weights(), and so does the
   // re-gathering of its input (the gathered buffer is scratch, reused before then).
   const bool later = part_.split_backward && v.d.sp;
-  CommHandle regathered = later ? CommHandle() : tp_hooks.f_forward(inp_local, inp_full);
+  CommHandle regathered = later ? CommHandle() : product_hooks.f_forward(inp_local, inp_full);
   if (v.d.sp) fill_zero(dinp_full);  // (f overwrites dinp_local)
   const Tensor dinp_partial = v.d.sp ? dinp_full : dinp_local;
   matmul_backward_input(dinp_partial, dout, param(weight));
-  CommHandle summed = tp_hooks.f_backward(dinp_partial, dinp_local);
+  CommHandle summed = product_hooks.f_backward(dinp_partial, dinp_local);
   wait(regathered);
   weight_gradient(s, weight, bias, dout, inp_full, kept, later ? inp_local : Tensor());
   wait(summed);
@@ -74,7 +74,7 @@ void GPT2::row_parallel_backward(Slot& s, Tensor dinp_full, int weight, int bias
     bias_backward(grad(bias), dout_local);
     call(hooks.grad_ready, bias);
     dout_full = v.full_of(a.dresidual, a.dfull);
-    CommHandle gathered = tp_hooks.g_backward(dout_local, dout_full);
+    CommHandle gathered = product_hooks.g_backward(dout_local, dout_full);
     wait(gathered);
   }
   matmul_backward_input(dinp_full, dout_full, param(weight));
@@ -87,7 +87,7 @@ void GPT2::vocab_parallel_embedding_forward(Slot& s) {
   const Views v{dims_for(cfg_, s.B, tp_), dtype_, device_};
   const Tensor partial = v.full_of(s.encoded, acts_->partial);
   embedding_forward(partial, s.inputs, param(kWte), tp_.rank * int(v.d.Vl), cfg_.V);
-  CommHandle summed = tp_hooks.g_forward(partial, v.local(s.encoded));
+  CommHandle summed = product_hooks.g_forward(partial, v.local(s.encoded));
   wait(summed);
 }
 
@@ -95,7 +95,7 @@ void GPT2::vocab_parallel_embedding_backward(Slot& s) {
   Activations& a = *acts_;
   const Views v{dims_for(cfg_, s.B, tp_), dtype_, device_};
   const Tensor dfull = v.full_of(a.dresidual, a.dfull);
-  CommHandle gathered = tp_hooks.g_backward(v.local(a.dresidual), dfull);
+  CommHandle gathered = product_hooks.g_backward(v.local(a.dresidual), dfull);
   wait(gathered);
   embedding_backward(grad(kWte), dfull, s.inputs, tp_.rank * int(v.d.Vl), cfg_.V);
 }
@@ -107,16 +107,16 @@ float GPT2::vocab_parallel_head(Slot& s) {
   const Tensor logits = v.btc(s.logits, v.d.Vl), probs = v.btc(s.probs, v.d.Vl);
   const Tensor losses = make_view(s.losses, {v.d.B, v.d.T}, DType::F32, device_);
   const Tensor lnf_full = v.full_of(s.lnf, acts_->gathered);
-  CommHandle gathered = tp_hooks.f_forward(v.local(s.lnf), lnf_full);
+  CommHandle gathered = product_hooks.f_forward(v.local(s.lnf), lnf_full);
   wait(gathered);
   matmul_forward(logits, lnf_full, param(kWte), Tensor());
   const Tensor row_max = v.stat(s.row_max, v.d.R), row_sum = v.stat(s.row_sum, v.d.R);
   const Tensor target_logit = v.stat(s.target_logit, v.d.R);
   crossentropy_shard_max(row_max, target_logit, logits, s.targets, tp_.rank * int(v.d.Vl));
-  tp_hooks.vocab_all_reduce(row_max, ReduceOp::Max);
-  tp_hooks.vocab_all_reduce(target_logit, ReduceOp::Sum);
+  product_hooks.vocab_all_reduce(row_max, ReduceOp::Max);
+  product_hooks.vocab_all_reduce(target_logit, ReduceOp::Sum);
   crossentropy_shard_exp(probs, row_sum, logits, row_max);
-  tp_hooks.vocab_all_reduce(row_sum, ReduceOp::Sum);
+  product_hooks.vocab_all_reduce(row_sum, ReduceOp::Sum);
   crossentropy_shard_finish(losses, probs, row_max, row_sum, target_logit);
   return float(mean_of(losses));
 }

@@ -74,7 +74,7 @@ struct TensorParallelism {
 // How the model is split over a context-parallel group (chapter 10): every rank keeps, in every layer,
 // the T/size positions `positions` of each sequence (absolute, in the order the rank keeps them: see
 // context_split.h), and attention meets the other positions' keys and values through the chapter's
-// hooks (model.h, ContextParallelHooks). It changes no parameter, only the activations' length: T/size.
+// hooks (model.h, AttentionHooks). It changes no parameter, only the activations' length: T/size.
 // The default (no positions): not at all, every rank holds all T positions.
 struct ContextParallelism {
   int size = 1, rank = 0;

@@ -70,7 +70,8 @@ Communicator& GradientSync::group_of_range(int i) {
 void GradientSync::bucket_ready(int b) {
   const Tensor bucket = grads_.slice1d(buckets_.begin(b), buckets_.size(b));
   if (!zero1_) {
-    in_flight_.push_back(wire_all_reduce_async(group_of_bucket(b), bucket, ReduceOp::Avg, collective_formats().gradients));
+    Communicator& group = group_of_bucket(b);
+    in_flight_.push_back(wire_all_reduce_async(group, bucket, ReduceOp::Avg, collective_formats(group).gradients));
     return;
   }
   const int i = zero1_->range_index(buckets_.begin(b));
@@ -79,8 +80,9 @@ void GradientSync::bucket_ready(int b) {
     pieces_.push_back({b, Buffer(piece.numel(), MemCategory::CommBuffers, piece.dtype, piece.device)});
     piece = pieces_.back().piece.view();
   }
-  in_flight_.push_back(wire_reduce_scatter_async(group_of_range(i), bucket, piece, ReduceOp::Avg,
-                                                 collective_formats().gradients));  // fp32, or the recipe's format
+  Communicator& group = group_of_range(i);
+  in_flight_.push_back(wire_reduce_scatter_async(group, bucket, piece, ReduceOp::Avg,
+                                                 collective_formats(group).gradients));  // fp32, or the recipe's format
 }
 
 void GradientSync::absorb() {

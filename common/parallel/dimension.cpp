@@ -1,7 +1,8 @@
-// dimension.cpp: what the dimensions share (dimension.h): the list of a run's dimensions and of their
+// dimension.cpp: what the dimensions share (dimension.h): parallelize() (parallelize.h), the list of a run's dimensions and of their
 // sizes (the run record's fields, the header's words), the
 // activations' formula for another split, the MoE model's rows and activations, and the table's lines.
 #include "parallel/dimension.h"
+#include "parallel/parallelize.h"
 
 #include <cstdarg>
 #include <cstdio>
@@ -64,4 +65,9 @@ std::string report_line(const char* format, ...) {
 
 std::string report_row(const char* what, double measured, double theory) {
   return report_line("  %-22s %12s %12s", what, format_bytes(measured).c_str(), format_bytes(theory).c_str());
+}
+
+void parallelize(const std::vector<GPT2*>& chunks, const std::vector<ChunkTransform>& dimensions) {
+  for (const ChunkTransform& apply : dimensions)
+    for (size_t c = 0; c < chunks.size() && apply; c++) apply(*chunks[c], int(c));
 }

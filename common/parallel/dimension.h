@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "comm/comm.h"          // CommStats
+#include "comm/wire_format.h"   // CollectiveFormats: the recipe's bytes on the wire
 #include "base/metrics.h"       // JsonObject
 #include "model/model_config.h"  // GPT2Config, Recompute
 #include "model/param_layout.h"  // ParamLayout, TensorParallelism, PipelineParallelism, ...
@@ -64,6 +65,7 @@ struct DimensionContext : Parallelism {
   bool dp_apart = false;             // that group is a communicator apart from the world's
   bool embedding_group = false;      // this rank sums the tied wte with another stage (08)
   bool expert_group = false;         // the experts are spread over an expert-parallel group (11, 12)
+  CollectiveFormats formats;         // what the collectives move (a mixed-precision recipe's formats)
 };
 
 // What one step measured, for the theory table.

@@ -1,8 +1,10 @@
 // dimension_context.cpp: context parallelism as a dimension (dimension.h; docs/theory.md, section
 // 13): the ring's blocks in flight in the forecast, the ring's scratch buffers, and the table's line
 // that sets the arena on T/cp positions beside one rank's and 01's materialized attention; its
-// formulas of theory.h (context_parallel_activation_bytes, ring_sent_bytes).
+// formulas of theory.h (context_parallel_activation_bytes, ring_sent_bytes); and what it installs on a
+// model chunk, attention around the chapter's ring (apply_context_parallel, parallelize.h).
 #include "parallel/dimension.h"
+#include "parallel/parallelize.h"
 
 #include "ops/ring_attention.h"  // ring_buffer_bytes
 
@@ -72,3 +74,7 @@ double ring_sent_bytes(const GPT2Config& cfg, int blocks, int m, int B, int cp, 
 const DimensionSizes kContextSizes = {
     "--cp", [](const Parallelism& split, JsonObject& record) { record.add("cp", split.cp.size); },
     [](const Parallelism& split) { return " x " + std::to_string(split.cp.size) + " context-parallel"; }};
+
+ChunkTransform apply_context_parallel(AttentionHooks ring) {
+  return [ring](GPT2& chunk, int) { chunk.attention_hooks = ring; };
+}

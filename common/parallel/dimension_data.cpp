@@ -32,7 +32,7 @@ void own_rule(const DimensionContext& ctx, Prediction& p) {
     // A MoE model's experts travel over their own group (12), not this one.
     const int64_t held_back = wte_summed_over_stages(ctx) ? ctx.layout->tied_wte_end : 0;
     const int64_t dense = ctx.layout->padded_size - ctx.layout->expert_range_size;
-    const Wire& wire = collective_formats().gradients;  // a recipe's gradients travel in its format
+    const Wire& wire = ctx.formats.gradients;  // a recipe's gradients travel in its format
     p.comm_bytes = GradientSync::every_micro_batch_sent_bytes(ctx.dp_size, ctx.micro_batches, dense, held_back,
                                                               wire.fp32 ? double(dtype_size(ctx.dtype)) : double(wire.element_bytes()),
                                                               double(dtype_size(ctx.dtype)));

@@ -4,8 +4,10 @@
 // routing and the bound; the expert-parallel group's scratch buffers. Also its refusal of an --ep
 // that does not divide the experts (expert_count_problem, chapters 11 and 12) and the MoE helpers
 // the run reads (moe_routed_tokens, moe_activations_at), and its formulas of theory.h (moe_*,
-// routing_counts_bytes, expert_theory).
+// routing_counts_bytes, expert_theory); and what it installs on a model chunk, its experts through the
+// chapter's exchange (apply_expert_parallel, parallelize.h).
 #include "parallel/dimension.h"
+#include "parallel/parallelize.h"
 
 #include <algorithm>
 
@@ -274,3 +276,7 @@ ExpertTheory expert_theory(const ParamLayout& layout, const GPT2Config& cfg, int
 const DimensionSizes kExpertSizes = {
     "--ep", [](const Parallelism& split, JsonObject& record) { record.add("ep", split.ep.size); },
     [](const Parallelism&) { return std::string(); }};
+
+ChunkTransform apply_expert_parallel(std::vector<ExpertHooks> of_chunk) {
+  return [of_chunk](GPT2& chunk, int index) { chunk.expert_hooks = of_chunk.at(size_t(index)); };
+}

@@ -1,8 +1,11 @@
 // dimension_tensor.cpp: tensor parallelism as a dimension (dimension.h; docs/theory.md, section 9):
 // its refusal of sizes that do not divide, its group's scratch buffers, and in the table how it splits Ψ, its activations by the formula
 // without it, with it and with sequence parallelism, its bytes per step and its collectives of each
-// kind next to theory; its formula of theory.h (predict_tensor_parallel).
+// kind next to theory; its formula of theory.h (predict_tensor_parallel); and what it installs on a
+// model chunk, its collectives around the split products (apply_tensor_parallel, parallelize.h).
 #include "parallel/dimension.h"
+#include "parallel/parallelize.h"
+#include "parallel/tensor_parallel_hooks.h"  // 07's collectives over a group
 
 #include "base/check.h"  // ENSURE
 
@@ -41,7 +44,7 @@ class TensorDimension : public Dimension {
 
     // Under CP every TP collective carries T/cp positions; the gradients held whole are the
     // parameters' (wpe has all T rows whatever a rank holds).
-    const Wire& wire = collective_formats().activations;  // a recipe's activations travel in its format
+    const Wire& wire = ctx.formats.activations;  // a recipe's activations travel in its format
     const int activation_bytes = wire.fp32 ? 0 : int(wire.element_bytes());
     TensorParallelPrediction tp =
         predict_tensor_parallel(ctx.held, ctx.micro_B, t, ctx.dtype, ctx.pp.parts, activation_bytes);
@@ -173,3 +176,11 @@ const DimensionSizes kTensorSizes = {
       return " x " + std::to_string(split.tp.size) + " tensor-parallel" +
              (split.tp.sequence_parallel ? " (sequence parallel)" : "");
     }};
+
+ChunkTransform apply_tensor_parallel(ProductHooks collectives) {
+  return [collectives](GPT2& chunk, int) { chunk.product_hooks = collectives; };
+}
+
+ChunkTransform apply_tensor_parallel(Communicator& group, bool sequence_parallel, bool overlap) {
+  return apply_tensor_parallel(tensor_parallel_hooks(group, sequence_parallel, overlap));
+}

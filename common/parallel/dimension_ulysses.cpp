@@ -3,8 +3,12 @@
 // arena on the positions held. Its axis is the inner part of the context-parallel one (a rank's
 // coordinate there is ring place x u + Ulysses rank: the order "tp-ulysses-cp-dp-pp"); its refusals
 // are ulysses_problem(), its bytes ulysses_forward_bytes() and ulysses_backward_bytes()
-// (ulysses_attention.h), which the chapters print beside the measure (ulysses_report.h).
+// (ulysses_attention.h), which the chapters print beside the measure (ulysses_report.h). What it
+// installs on a model chunk: attention through its exchanges (apply_ulysses, parallelize.h).
 #include "parallel/dimension.h"
+#include "parallel/parallelize.h"
+
+#include "comm/lanes.h"  // lane_index: the calling thread's lane
 
 #include "parallel/ulysses_attention.h"  // ulysses_buffer_bytes
 
@@ -69,3 +73,15 @@ const DimensionSizes kUlyssesSizes = {
                                         std::to_string(split.cp.ring()) + ")"
                                   : std::string();
     }};
+
+ChunkTransform apply_ulysses(const std::vector<UlyssesAttention*>& exchange_of_lane) {
+  if (exchange_of_lane.empty()) return ChunkTransform();
+  return [exchange_of_lane](GPT2& chunk, int) {
+    auto mine = [exchange_of_lane] { return exchange_of_lane[exchange_of_lane.size() > 1 ? size_t(lane_index()) : 0]; };
+    chunk.attention_hooks.attention_forward = [mine](Tensor out, Tensor lse, Tensor qkv, int NH) {
+      mine()->forward(out, lse, qkv, NH);
+    };
+    chunk.attention_hooks.attention_backward = [mine](Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor lse,
+                                                      int NH) { mine()->backward(dqkv, dout, qkv, out, lse, NH); };
+  };
+}

@@ -20,7 +20,7 @@ void LayerGradReducer::reduce_scatter(int u) {
   open_.erase(u);
   model_.bind_unit_grads(u, nullptr);
   sending.handle = wire_reduce_scatter_async(comm_, sending.layer_grads.view(), sending.piece.view(), ReduceOp::Avg,
-                                             collective_formats().gradients);  // fp32, or the recipe's format
+                                             collective_formats(comm_).gradients);  // fp32, or the recipe's format
   in_flight_.push_back(std::move(sending));
 }
 

@@ -53,7 +53,7 @@ std::string ulysses_problem(int u, int NH, int tp, int T, int cp, ContextSplit s
 class UlyssesAttention {
  public:
   // The attention that runs in the head layout (a ring of one or more ranks, chapter 10's lesson):
-  // the model's hook signatures (model.h, ContextParallelHooks).
+  // the model's hook signatures (model.h, AttentionHooks).
   using Forward = std::function<void(Tensor out, Tensor lse, Tensor qkv, int NH)>;
   using Backward = std::function<void(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor lse, int NH)>;
 

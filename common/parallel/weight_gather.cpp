@@ -32,7 +32,7 @@ std::vector<WireSegment> weight_segments(const ParamLayout& layout, int u, const
 }
 
 CommHandle gather_unit_async(Communicator& group, const ParamLayout& layout, int u, Tensor piece, Tensor full) {
-  const CollectiveFormats& formats = collective_formats();
+  const CollectiveFormats& formats = collective_formats(group);
   if (formats.weights.fp32 || group.size() == 1) return group.all_gather_async(piece, full);
   return wire_all_gather_segments_async(group, piece, full, weight_segments(layout, u, formats, piece, group));
 }

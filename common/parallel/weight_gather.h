@@ -24,5 +24,5 @@ std::vector<WireSegment> weight_segments(const ParamLayout& layout, int u, const
                                          Tensor piece, Communicator& group);
 
 // The all-gather of unit u's parameters from every rank's piece into `full` (the unit's size),
-// in the installed recipe's formats (collective_formats()); under fp32 the communicator's own.
+// in the installed recipe's formats (collective_formats(group)); under fp32 the communicator's own.
 CommHandle gather_unit_async(Communicator& group, const ParamLayout& layout, int u, Tensor piece, Tensor full);

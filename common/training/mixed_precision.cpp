@@ -36,6 +36,7 @@ CollectiveFormats collective_formats_of(const PrecisionRecipe& recipe, float gra
 MixedPrecision::MixedPrecision(const PrecisionRecipe& recipe, const PrecisionFlags& flags, TrainingRun& run,
                                Communicator& world, std::vector<Communicator*> amax_groups, int64_t lm_head_offset)
     : recipe_(recipe),
+      world_(world),
       products_(recipe, nullptr, nullptr,
                 [groups = std::move(amax_groups)](std::vector<float>& amaxes) {
                   for (Communicator* group : groups)
@@ -50,13 +51,13 @@ MixedPrecision::MixedPrecision(const PrecisionRecipe& recipe, const PrecisionFla
   }
   products_.set_gradient_scale(loss_scale_);
   set_cpu_matmul_emulation(&products_);
-  set_collective_formats(collective_formats_of(recipe_, loss_scale_));  // the collectives move the format's bytes
+  set_collective_formats(world_, collective_formats_of(recipe_, loss_scale_));  // the collectives move the format's bytes
   installed_ = true;
   if (run.is_root()) std::printf("precision: %s\n", recipe_.describe().c_str());
 }
 
 MixedPrecision::~MixedPrecision() {
-  if (installed_) set_cpu_matmul_emulation(nullptr), set_collective_formats({});
+  if (installed_) set_cpu_matmul_emulation(nullptr), set_collective_formats(world_, {});
 }
 
 double MixedPrecision::after_step(int step, double grad_norm) {
@@ -70,7 +71,7 @@ double MixedPrecision::after_step(int step, double grad_norm) {
       loss_scale_ *= 2, clean_steps_ = 0;
     }
     products_.set_gradient_scale(loss_scale_);
-    set_collective_formats(collective_formats_of(recipe_, loss_scale_));
+    set_collective_formats(world_, collective_formats_of(recipe_, loss_scale_));
   }
   products_.end_step();  // the amax histories (delayed fp8), reduced over the groups
   log_.after_step(step, applied, loss_scale_, products_);
@@ -79,7 +80,7 @@ double MixedPrecision::after_step(int step, double grad_norm) {
 
 void MixedPrecision::finish(int64_t params, int L, int C, int V, int64_t tokens_per_step, int micro_batches,
                             bool operands_formula, bool model_state_formula) {
-  if (installed_) set_cpu_matmul_emulation(nullptr), set_collective_formats({}), installed_ = false;
+  if (installed_) set_cpu_matmul_emulation(nullptr), set_collective_formats(world_, {}), installed_ = false;
   log_.summary(products_, params, L, C, V, tokens_per_step, micro_batches, operands_formula,
                operands_formula && model_state_formula);
 }
@@ -91,6 +92,6 @@ void MixedPrecision::save(const std::string& checkpoint, const ParamLayout& layo
 void MixedPrecision::load(const std::string& checkpoint, const ParamLayout& layout, Communicator& world) {
   if (load_precision_state(checkpoint, recipe_, &loss_scale_, &clean_steps_, products_, layout, world)) {
     products_.set_gradient_scale(loss_scale_);
-    set_collective_formats(collective_formats_of(recipe_, loss_scale_));
+    set_collective_formats(world_, collective_formats_of(recipe_, loss_scale_));
   }
 }

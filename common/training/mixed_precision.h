@@ -36,7 +36,8 @@ CollectiveFormats collective_formats_of(const PrecisionRecipe& recipe, float gra
 
 class MixedPrecision {
  public:
-  // Installs the recipe's products. amax_groups: the communicators over which a tensor's amax is
+  // Installs the recipe's products, and its collective formats on `world` and every group split from
+  // it (Communicator::formats). amax_groups: the communicators over which a tensor's amax is
   // reduced (the data-parallel group, the tensor-parallel group: the ranks whose tensors are parts
   // of the same one-rank tensor); lm_head_offset: wte's flat offset, whose product stays in the
   // output format (-1: this rank has none).
@@ -67,6 +68,7 @@ class MixedPrecision {
 
  private:
   PrecisionRecipe recipe_;
+  Communicator& world_;  // where the formats are installed (and, at the end, fp32 again)
   LowPrecisionMatmuls products_;
   PrecisionLog log_;
   // fp16's loss scale: halved (not below 1) after an overflow, doubled after `window_` clean steps

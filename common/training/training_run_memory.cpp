@@ -82,5 +82,6 @@ DimensionContext TrainingRun::dimension_context() const {
   ctx.dp_apart = &dp_ != &world_;
   ctx.embedding_group = group("embedding") != nullptr;
   ctx.expert_group = group("ep") != nullptr;
+  ctx.formats = collective_formats(world_);
   return ctx;
 }

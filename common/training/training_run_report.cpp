@@ -22,7 +22,7 @@ void TrainingRun::report_vs_theory(const StepMeasure& step) {
   reported_theory_ = true;
   const DimensionContext ctx = dimension_context();
   ReportTable table;
-  table.strategy = predict(split_.strategy, layout_, cfg_.grad_accum, dtype_, collective_formats());  // a recipe's bytes
+  table.strategy = predict(split_.strategy, layout_, cfg_.grad_accum, dtype_, ctx.formats);  // a recipe's bytes
   table.activations = forecast_.activations;
   table.transient = forecast_.transient;
   for (const std::unique_ptr<Dimension>& d : dimensions_) d->report_rows(ctx, step, table);
