@@ -36,10 +36,11 @@ export GPT_CORES_PER_JOB=$(( cores / lanes > 0 ? cores / lanes : 1 ))
 # loaded the machine was; the CPU time says what the test itself cost.
 # (`times` runs in this shell, not in a $(...) subshell, whose children would be none.)
 children_cpu() {  # variable to set
-  times >"$scratch/.times.$BASHPID"
+  local file=$scratch/.times.$BASHPID  # (this lane's: $BASHPID inside the $(...) below would be another)
+  times >"$file"
   printf -v "$1" '%s' "$(awk 'NR == 2 { for (i = 1; i <= 2; i++) { split($i, p, /[ms]/); t += p[1] * 60 + p[2] }
-                              printf "%.2f", t }' "$scratch/.times.$BASHPID")"
-  rm -f "$scratch/.times.$BASHPID"
+                              printf "%.2f", t }' "$file")"
+  rm -f "$file"
 }
 
 # One job, run in its own lane (a background subshell). It writes its report to $job.out and its
