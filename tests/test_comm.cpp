@@ -1143,18 +1143,6 @@ TEST_F(CommTest, DISABLED_WatchdogEndsAReceiveThatNoOneSends) {
   // waits for rank 3 until the watchdog ends the job.
 }
 
-// The same for a small blocking all-reduce that a peer never joins: where it is MPI's own blocking
-// call, its caller sits inside MPI and cannot watch it; the engine's thread does (watch_calls).
-// DISABLED_ for the same reason; tests/test_run_guards.cpp
-// (Stops.TheWatchdogEndsABlockingCallThatAPeerNeverJoins) runs it on 2 ranks. Rank 1 all-reduces 4
-// KB, rank 0 goes on to the harness's agreement, on another communicator.
-TEST_F(CommTest, DISABLED_WatchdogEndsABlockingCallThatAPeerNeverJoins) {
-  if (N != 2) GTEST_SKIP() << "runs on 2 ranks";
-  set_comm_timeout(1);
-  std::vector<float> x(1024, 1.0f);
-  if (rank == 1) comm.all_reduce(view(x), ReduceOp::Sum);
-}
-
 // Waits for `pending` while another thread interrupts the emulated link 100 ms in, as the run's
 // signal handler would.
 void wait_through_an_interrupt(CommHandle& pending) {

@@ -577,19 +577,6 @@ TEST(Stops, TheWatchdogNamesThePeerOfAStuckReceiveAndItsGroup) {
   EXPECT_NE(r.output.find("world rank 1 is stopped, dead or stuck"), std::string::npos) << r.output;
 }
 
-// A small blocking all-reduce made as MPI's own blocking call (comm_engine.cpp, "blocking") is
-// watched too, by the engine's thread: test_comm's DISABLED_WatchdogEndsABlockingCallThatAPeerNeverJoins
-// on 2 ranks, where rank 1 all-reduces 4 KB alone.
-TEST(Stops, TheWatchdogEndsABlockingCallThatAPeerNeverJoins) {
-  RunResult r = run_command("mpiexec -n 2 build/tests/test_comm --gtest_also_run_disabled_tests "
-                            "--gtest_filter=CommTest.DISABLED_WatchdogEndsABlockingCallThatAPeerNeverJoins", 60);
-  EXPECT_NE(r.exit_code, 0) << r.output;
-  EXPECT_NE(r.exit_code, 124) << "the job hung";
-  EXPECT_NE(r.output.find("[rank 1@"), std::string::npos) << r.output;
-  EXPECT_NE(r.output.find("watchdog: all_reduce of 4.1 KB over the world group (world ranks 0, 1)"), std::string::npos)
-      << r.output;
-}
-
 // The GPU watchdog (a host blocked in a CUDA synchronize that NCCL's collective holds) names the
 // stopped or ended rank as the MPI one does; it once always said "a peer rank". Its message comes from
 // the same look at /proc: here world rank 1 is a stopped child process, then an ended one.

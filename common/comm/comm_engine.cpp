@@ -20,12 +20,6 @@
 //             caller's thread, never listed, polled alone by its own wait() without the engine's
 //             mutex. A small message so costs about what raw MPI costs: no hand-off, no list, no
 //             other op's MPI_Test between two of its own. Only its statistics go through the engine.
-//             A small one (up to kBlockingCallMaxBytes) that has a blocking MPI call of its own
-//             (all-reduce, all-gather, broadcast, barrier, the scalars) goes further still when
-//             nothing else is in flight: its wait() makes that call (MPI_Allreduce, ...), as raw
-//             MPI would, since MPICH's non-blocking schedule costs a fifth more at 4 KB. No other
-//             thread of ours is inside MPI on that communicator then, and the background thread,
-//             asleep, watches the call for the watchdog (watch_calls).
 //             Where a node's ranks outnumber its cores (8 ranks on 2 cores, as the tests run), a
 //             waiting caller never spins: the peer it waits for is waiting for a core, and a spin
 //             would take one from it (measured on 2 cores: 8 ranks of 04 spent most of their CPU
@@ -92,9 +86,6 @@ constexpr std::chrono::microseconds kPollMax{200};
 constexpr double kSpinMinMs = 1.0;
 constexpr double kSpinBytesPerMs = 1e6;  // 1 GB/s
 constexpr int kPollsPerYield = 64;
-// How often the background thread looks at the blocking calls that callers make inside MPI
-// (watch_calls): twice a second is no load, and late enough for a watchdog counted in seconds.
-constexpr double kCallWatchMs = 500;
 
 Clock::duration as_duration(double ms) {
   return std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double, std::milli>(ms));
@@ -187,13 +178,8 @@ bool ProgressEngine::post_direct(std::unique_ptr<MpiOp>& op) {
     // Blocking: its caller is blocked from the issue on, as wait_began would say at once.
     h.blocked = true;
     blocked_[size_t(h.sweep)].op_issued(now);
-    // Nothing else in flight: the background thread sleeps, and no MPI call of ours runs beside
-    // this one (another thread's direct op aside, on another communicator). Not where the waiting
-    // caller must not spin: MPI's blocking call spins to the end.
-    op->calling = op->call && may_spin_ && held_.empty() && posted_.empty();
-    if (op->calling) calling_.push_back(op.get());
   }
-  if (!op->calling) op->start(&op->request);
+  op->start(&op->request);
   CommHandle::State& h = *op->handle;
   h.direct = std::move(op);
   return true;
@@ -201,15 +187,12 @@ bool ProgressEngine::post_direct(std::unique_ptr<MpiOp>& op) {
 
 // Polls like wait(): without sleeping while the op could still be moving data, then with sleeps
 // that grow (a late peer), the watchdog watching. Only the bookkeeping at the end takes the mutex.
-// One that makes its blocking call (MpiOp::calling) waits inside MPI, watched by the background
-// thread.
 void ProgressEngine::wait_direct(CommHandle::State& s) {
   MpiOp& op = *s.direct;
   const double timeout_s = g_timeout_s.load();
   const Clock::duration spin = as_duration(std::max(kSpinMinMs, double(s.payload_bytes) / kSpinBytesPerMs));
   auto poll = kPollMin;
-  if (op.calling) op.call();
-  for (int spins = 0; !op.calling; spins++) {
+  for (int spins = 0;; spins++) {
     int complete = 0;
     MPI_CHECK(MPI_Test(&op.request, &complete, MPI_STATUS_IGNORE));
     if (complete) break;
@@ -227,7 +210,6 @@ void ProgressEngine::wait_direct(CommHandle::State& s) {
   }
   if (op.finish) op.finish();
   std::lock_guard<std::mutex> lock(mutex_);
-  if (op.calling) calling_.erase(std::find(calling_.begin(), calling_.end(), &op));
   complete_op(op);
   s.direct.reset();  // (it holds a reference to s: the cycle ends here)
 }
@@ -410,39 +392,26 @@ void ProgressEngine::held_watchdog(const MpiOp& op, double timeout_s) {
         ") is that slow; no rank is dead. Raise the bandwidth, lower the latency, or raise --timeout.");
 }
 
-// The watchdog of the blocking calls that callers make inside MPI (calling_): ends the job if one has
-// lasted longer than the timeout. Returns when to look again. A call begins without waking this
-// thread (that wake-up is what the call saves), so the thread looks every kCallWatchMs while any
-// watchdog is on: a stuck call ends the job at most that much after its timeout.
-Clock::time_point ProgressEngine::watch_calls(Clock::time_point now) {
-  const double timeout_s = g_timeout_s.load();
-  if (timeout_s <= 0) return now + as_duration(kCallWatchMs);  // (a later set_comm_timeout is seen)
-  for (const MpiOp* op : calling_)
-    if (now - op->posted > as_duration(timeout_s * 1e3)) watchdog(*op, timeout_s);
-  return now + as_duration(kCallWatchMs);
-}
-
 // The background thread: polls while nobody waits, sleeps while nothing is posted.
 void ProgressEngine::thread_main() {
   std::unique_lock<std::mutex> lock(mutex_);
   auto poll = kPollMin;
   for (;;) {
     if (stopping_ && held_.empty() && posted_.empty()) return;
-    const Clock::time_point now = Clock::now();
-    const Clock::time_point watch = watch_calls(now);
     if (waiters_ > 0) {  // a waiting caller drives progress
-      thread_cv_.wait_until(lock, watch);
+      thread_cv_.wait(lock);
       continue;
     }
+    const Clock::time_point now = Clock::now();
     const Progress p = progress(now);
     if (held_.empty() && posted_.empty()) {
       poll = kPollMin;
-      thread_cv_.wait_until(lock, watch);
+      thread_cv_.wait(lock);
       continue;
     }
     poll = p.changed ? kPollMin : std::min(poll + kPollStep, kPollMax);
     const Clock::time_point wake = p.mpi_pending ? std::min(now + poll, p.next_post) : p.next_post;
-    thread_cv_.wait_until(lock, std::min({wake, held_check(now), watch}));
+    thread_cv_.wait_until(lock, std::min(wake, held_check(now)));
   }
 }
 

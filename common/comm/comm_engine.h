@@ -105,20 +105,11 @@ struct MpiOp {
   const char* link_flags = "--link";        // the flags of the link that holds it (LinkModel::flags)
   std::function<void(MPI_Request*)> start;  // posts the non-blocking MPI call
   std::function<void()> finish;             // after MPI completes (the Avg scaling); may be empty
-  // The same op as one blocking MPI call (MPI_Allreduce for MPI_Iallreduce, ...), where the issuer
-  // gives one: what post_direct may run on the caller's thread instead (comm_engine.cpp, "blocking").
-  std::function<void()> call;
-  bool calling = false;  // post_direct chose `call`: the caller's wait() makes it
   int lane = 0;
   Clock::time_point issued, post_at, posted;
   double modelled_ms = 0;  // its own hold; it begins at post_at - modelled_ms, after the lane's previous op
   MPI_Request request = MPI_REQUEST_NULL;
 };
-
-// The largest payload for which an op carries its blocking MPI call (MpiOp::call): the small
-// messages, where MPICH 4.0's non-blocking call costs a fifth more than its blocking one (4 KB
-// all-reduce, docs/benchmarks.md) and that fifth is most of the op's time.
-constexpr int64_t kBlockingCallMaxBytes = 64 * 1024;
 
 // The one progress engine of the process (comm_engine.cpp's opening comment says how it moves ops).
 class ProgressEngine {
@@ -139,8 +130,6 @@ class ProgressEngine {
   // posted here and now, on the caller's thread, and its wait() polls that one request alone, with
   // no list, no background thread and no other op's MPI_Test in between. False, and nothing done,
   // when the link still holds an op of this communicator (posting now would overtake it): submit().
-  // An op that carries its blocking MPI call (MpiOp::call) is not posted at all when nothing else is
-  // in flight and a waiting caller may spin: its wait() makes that one call, as raw MPI would.
   bool post_direct(std::unique_ptr<MpiOp>& op);
 
   // The body of CommHandle::wait(): drives progress until the op is done.
@@ -173,7 +162,6 @@ class ProgressEngine {
   Progress progress(Clock::time_point now);
   void complete_op(MpiOp& op);
   void wait_direct(CommHandle::State& s);
-  Clock::time_point watch_calls(Clock::time_point now);
   [[noreturn]] void watchdog(const MpiOp& op, double timeout_s);
   [[noreturn]] void held_watchdog(const MpiOp& op, double timeout_s);
   void thread_main();
@@ -184,9 +172,6 @@ class ProgressEngine {
   std::vector<Lane> lanes_;
   std::list<std::unique_ptr<MpiOp>> held_;    // submitted, not yet posted (the emulated link)
   std::list<std::unique_ptr<MpiOp>> posted_;  // posted to MPI, not yet complete
-  // Inside their blocking MPI call on a caller's thread (MpiOp::calling), which cannot watch itself:
-  // the background thread's watchdog looks at them (watch_calls).
-  std::vector<const MpiOp*> calling_;  // (a vector: once it has held one, a call allocates nothing here)
   std::vector<InFlightSweep> sweeps_;  // one per communicator: its ops' union of in-flight intervals
   std::vector<InFlightSweep> blocked_;  // and its callers' union of blocked intervals
   int waiters_ = 0;

@@ -137,8 +137,7 @@ class MpiCommunicator final : public Communicator {
     return submit(
         CollectiveKind::AllReduce, "all_reduce", bytes, {wire, wire}, send_lane_,
         [=](MPI_Request* r) { MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, data, n, type, reduce, comm_, r)); },
-        average_if(op, buf, size_), -1, -1,
-        [=] { MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, data, n, type, reduce, comm_)); });
+        average_if(op, buf, size_));
   }
 
   CommHandle reduce_scatter_async(Tensor send, Tensor recv, ReduceOp op) override {
@@ -177,8 +176,7 @@ class MpiCommunicator final : public Communicator {
     return submit(
         CollectiveKind::AllGather, "all_gather", bytes,
         split_traffic(CollectiveKind::AllGather, even_counts(recv.numel(), size_), rank_, dtype_size(recv.dtype)),
-        send_lane_, [=](MPI_Request* r) { MPI_CHECK(MPI_Iallgather(in, n, type, out, n, type, comm_, r)); }, {}, -1,
-        -1, [=] { MPI_CHECK(MPI_Allgather(in, n, type, out, n, type, comm_)); });
+        send_lane_, [=](MPI_Request* r) { MPI_CHECK(MPI_Iallgather(in, n, type, out, n, type, comm_, r)); });
   }
 
   CommHandle reduce_scatter_v_async(Tensor send, Tensor recv, const std::vector<int64_t>& counts,
@@ -285,8 +283,7 @@ class MpiCommunicator final : public Communicator {
     const MPI_Datatype type = mpi_type(buf.dtype);
     // Pipelined along a chain: every rank but the last passes the payload on; all but the root receive it.
     return submit(CollectiveKind::Broadcast, "broadcast", bytes, {bytes, rank_ == root ? 0 : bytes}, send_lane_,
-                  [=](MPI_Request* r) { MPI_CHECK(MPI_Ibcast(data, n, type, root, comm_, r)); }, {}, -1, -1,
-                  [=] { MPI_CHECK(MPI_Bcast(data, n, type, root, comm_)); });
+                  [=](MPI_Request* r) { MPI_CHECK(MPI_Ibcast(data, n, type, root, comm_, r)); });
   }
 
   CommHandle send_async(Tensor buf, int peer, int tag) override {
@@ -319,13 +316,11 @@ class MpiCommunicator final : public Communicator {
   CommHandle barrier_async() override {
     if (size_ == 1) return done(CollectiveKind::Barrier, 0);
     return submit(CollectiveKind::Barrier, "barrier", 0, {0, 0}, send_lane_,
-                  [=](MPI_Request* r) { MPI_CHECK(MPI_Ibarrier(comm_, r)); }, {}, -1, -1,
-                  [=] { MPI_CHECK(MPI_Barrier(comm_)); });
+                  [=](MPI_Request* r) { MPI_CHECK(MPI_Ibarrier(comm_, r)); });
   }
 
-  // Through the engine like everything else: an MPI_Allreduce called here directly could be posted
-  // before or after a held collective, and the ranks would disagree on the order. (The engine makes
-  // that call itself when nothing is held: post_direct.)
+  // Through the engine like everything else: an MPI_Allreduce called directly could be posted
+  // before or after a held collective, and the ranks would disagree on the order.
   double all_reduce_scalar(double value, ReduceOp op) override {
     if (size_ == 1) {
       done(CollectiveKind::Scalar, sizeof(double)).wait();
@@ -343,8 +338,7 @@ class MpiCommunicator final : public Communicator {
         },
         [=] {
           if (op == ReduceOp::Avg) *v /= ranks;
-        },
-        -1, -1, [=] { MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, v.get(), 1, MPI_DOUBLE, mpi_op(op, DType::F32), comm_)); });
+        });
     issuing_blocking_ = false;
     handle.wait();
     return *v;  // written by the engine before it completed the op, which wait() synchronised with
@@ -402,12 +396,9 @@ class MpiCommunicator final : public Communicator {
 
   // `peer`: a send's or receive's other rank in the group; -1 for a collective. `link_bytes`: the
   // payload the emulated link holds the op for (-1: payload_bytes; all_to_all_v's own, comm.h).
-  // `call`: the same op as MPI's blocking call, which a small op waited at once may make instead
-  // (MpiOp::call). Only where the result is the same on every rank whichever call makes it: data
-  // moved, or a sum that MPICH's blocking all-reduce forms alike on every rank (docs/communicator.md).
   CommHandle submit(CollectiveKind kind, const char* name, int64_t payload_bytes, Traffic traffic, int lane,
                     std::function<void(MPI_Request*)> start, std::function<void()> finish = {}, int peer = -1,
-                    int64_t link_bytes = -1, std::function<void()> call = {}) {
+                    int64_t link_bytes = -1) {
     auto op = std::make_unique<MpiOp>();
     op->handle = new_state(kind, payload_bytes, traffic);
     op->handle->name = name;
@@ -417,7 +408,6 @@ class MpiCommunicator final : public Communicator {
     op->link_flags = link_.flags;
     op->start = std::move(start);
     op->finish = std::move(finish);
-    if (payload_bytes <= kBlockingCallMaxBytes) op->call = std::move(call);
     op->lane = lane;
     CommHandle handle(op->handle);
     // The link model of this moment: link_ belongs to the issuing thread (set_link_model).
