@@ -451,28 +451,37 @@ TEST_F(CommTest, AllReduceScalarIsExact) {
   EXPECT_EQ(comm.all_reduce_scalar(-0.5 * (rank + 1), ReduceOp::Sum), -0.5 * S1);
 }
 
-// A small blocking all-reduce may be MPI's own blocking call instead of the non-blocking one
-// (comm_engine.cpp, "blocking"), which may add in another order: on data whose sums round, its result
-// must still be the same on every rank, the same from one call to the next, and the sum within fp32's
-// rounding. At 4 B, 4 KB and 64 KB (that path) and just past 64 KB (the non-blocking call).
-TEST_F(CommTest, SmallBlockingAllReduceIsTheSameOnEveryRankAndEveryCall) {
-  for (int n : {1, 1024, 16384, 16385}) {
-    SCOPED_TRACE(n);
-    std::vector<float> mine(n);
-    for (int i = 0; i < n; i++) mine[i] = 1.0f / float(rank + 3) + float(i % 97) * 1e-3f / float(rank + 1);
-    std::vector<float> first = mine, second = mine;
-    comm.all_reduce(view(first), ReduceOp::Sum);
-    comm.all_reduce(view(second), ReduceOp::Sum);
-    EXPECT_EQ(0, std::memcmp(first.data(), second.data(), first.size() * sizeof(float))) << "two calls differ";
-    std::vector<float> every(size_t(N) * n);
-    comm.all_gather(view(first), view(every));
-    for (int r = 0; r < N; r++)
-      EXPECT_EQ(0, std::memcmp(every.data() + size_t(r) * n, first.data(), first.size() * sizeof(float)))
-          << "rank " << r << " holds another result than rank " << rank;
-    for (int i = 0; i < n; i++) {
-      double sum = 0;
-      for (int r = 0; r < N; r++) sum += double(1.0f / float(r + 3) + float(i % 97) * 1e-3f / float(r + 1));
-      ASSERT_NEAR(first[i], sum, 1e-6 * N * std::abs(sum)) << "element " << i;
+// On two ranks a small all-reduce is one exchange, each rank adding the other's values to its own
+// (comm_mpi.cpp, submit_exchange), larger ones MPI's: on data whose sums round, the result must be the
+// same on every rank and from one call to the next, blocking or not, and the sum within fp32's
+// rounding. At 4 B, 4 KB and 8 KB (the exchange on two ranks), and past it.
+TEST_F(CommTest, SmallAllReduceIsTheSameOnEveryRankAndEveryCall) {
+  for (int n : {1, 1024, 2048, 2049, 16384}) {
+    for (bool async : {false, true}) {
+      SCOPED_TRACE(std::to_string(n) + (async ? " floats, async" : " floats, blocking"));
+      std::vector<float> mine(n);
+      for (int i = 0; i < n; i++) mine[i] = 1.0f / float(rank + 3) + float(i % 97) * 1e-3f / float(rank + 1);
+      std::vector<float> first = mine, second = mine;
+      if (async) {
+        CommHandle a = comm.all_reduce_async(view(first), ReduceOp::Sum);
+        CommHandle b = comm.all_reduce_async(view(second), ReduceOp::Sum);
+        b.wait();
+        a.wait();
+      } else {
+        comm.all_reduce(view(first), ReduceOp::Sum);
+        comm.all_reduce(view(second), ReduceOp::Sum);
+      }
+      EXPECT_EQ(0, std::memcmp(first.data(), second.data(), first.size() * sizeof(float))) << "two calls differ";
+      std::vector<float> every(size_t(N) * n);
+      comm.all_gather(view(first), view(every));
+      for (int r = 0; r < N; r++)
+        EXPECT_EQ(0, std::memcmp(every.data() + size_t(r) * n, first.data(), first.size() * sizeof(float)))
+            << "rank " << r << " holds another result than rank " << rank;
+      for (int i = 0; i < n; i++) {
+        double sum = 0;
+        for (int r = 0; r < N; r++) sum += double(1.0f / float(r + 3) + float(i % 97) * 1e-3f / float(r + 1));
+        ASSERT_NEAR(first[i], sum, 1e-6 * N * std::abs(sum)) << "element " << i;
+      }
     }
   }
 }

@@ -179,7 +179,7 @@ bool ProgressEngine::post_direct(std::unique_ptr<MpiOp>& op) {
     h.blocked = true;
     blocked_[size_t(h.sweep)].op_issued(now);
   }
-  op->start(&op->request);
+  op->start(op->request);
   CommHandle::State& h = *op->handle;
   h.direct = std::move(op);
   return true;
@@ -194,7 +194,7 @@ void ProgressEngine::wait_direct(CommHandle::State& s) {
   auto poll = kPollMin;
   for (int spins = 0;; spins++) {
     int complete = 0;
-    MPI_CHECK(MPI_Test(&op.request, &complete, MPI_STATUS_IGNORE));
+    MPI_CHECK(MPI_Testall(op.requests, op.request, &complete, MPI_STATUSES_IGNORE));
     if (complete) break;
     const Clock::time_point now = Clock::now();
     if (timeout_s > 0 && now - op.posted > as_duration(timeout_s * 1e3)) {
@@ -299,7 +299,7 @@ bool ProgressEngine::post_due(Clock::time_point now) {
     op.posted = now;
     op.handle->posted = true;
     op.handle->posted_at = now;
-    op.start(&op.request);
+    op.start(op.request);
     posted_.push_back(std::move(*it));
     it = held_.erase(it);
     posted = true;
@@ -316,7 +316,7 @@ ProgressEngine::Progress ProgressEngine::progress(Clock::time_point now) {
   for (auto it = posted_.begin(); it != posted_.end();) {
     MpiOp& op = **it;
     int complete = 0;
-    MPI_CHECK(MPI_Test(&op.request, &complete, MPI_STATUS_IGNORE));
+    MPI_CHECK(MPI_Testall(op.requests, op.request, &complete, MPI_STATUSES_IGNORE));
     if (!complete) {
       if (timeout_s > 0 && now - op.posted > as_duration(timeout_s * 1e3)) watchdog(op, timeout_s);
       p.mpi_pending = true;
