@@ -40,11 +40,10 @@ using namespace mpi_args;
 namespace {
 
 std::weak_ptr<ProgressEngine> g_engine;
-// The largest all-reduce that a group of two ranks makes as one exchange (submit_exchange): up to
-// MPICH's eager size over shared memory (8 KB with UCX here), where one message is one copy. Measured
-// against MPI_Allreduce (2 ranks, the median of 2000 calls): the exchange 0.7-0.9x from 4 B to 8 KB,
-// 1.4-1.5x at 12 and 16 KB, where MPICH's own call still sends two eager halves; MPI_Iallreduce
-// 1.1-1.2x throughout.
+// The largest all-reduce that a group of two ranks makes as one exchange (submit_exchange). Measured
+// against MPI_Allreduce (2 ranks over shared memory, the median of 2000 calls): the exchange
+// 0.7-0.9x from 4 B to 8 KB, 1.4-1.5x at 12 and 16 KB, 0.76-0.81x at 32 and 48 KB; MPI_Iallreduce
+// 1.0-1.2x throughout. The limit stays below the slow sizes.
 constexpr int64_t kExchangeMaxBytes = 8 * 1024;  // the process's engine, while some communicator holds it
 int g_ranks_on_node = 1;
 int g_nodes = 1;
@@ -61,23 +60,6 @@ int cores_available() {
   cpu_set_t set;
   if (sched_getaffinity(0, sizeof set, &set) == 0) return std::max(1, CPU_COUNT(&set));
   return std::max(1, int(std::thread::hardware_concurrency()));
-}
-
-// mine = theirs op mine, elementwise, as MPI_Reduce_local(theirs, mine, ...) does. A sum of floats or
-// doubles is our own loop, which the compiler vectorizes: MPICH's takes about 8 instructions an
-// element (1 us for 4 KB, most of a small all-reduce's time).
-void reduce_into(void* mine, const void* theirs, int n, MPI_Datatype type, MPI_Op op) {
-  if (op == MPI_SUM && type == MPI_FLOAT) {
-    float* a = static_cast<float*>(mine);
-    const float* b = static_cast<const float*>(theirs);
-    for (int i = 0; i < n; i++) a[i] = b[i] + a[i];
-  } else if (op == MPI_SUM && type == MPI_DOUBLE) {
-    double* a = static_cast<double*>(mine);
-    const double* b = static_cast<const double*>(theirs);
-    for (int i = 0; i < n; i++) a[i] = b[i] + a[i];
-  } else {
-    MPI_CHECK(MPI_Reduce_local(theirs, mine, n, type, op));
-  }
 }
 
 }  // namespace
