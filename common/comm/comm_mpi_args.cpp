@@ -177,7 +177,7 @@ std::vector<int64_t> even_counts(int64_t total, int n) { return std::vector<int6
 
 // mine = theirs op mine, elementwise, as MPI_Reduce_local(theirs, mine, ...) does. A sum of floats or
 // doubles is our own loop, which the compiler vectorizes: MPICH's takes about 8 instructions an
-// element (1 us for 4 KB, most of a small all-reduce's time).
+// element (callgrind: 8,700 for 4 KB, more than the rest of a small all-reduce's path on our side).
 void reduce_into(void* mine, const void* theirs, int n, MPI_Datatype type, MPI_Op op) {
   if (op == MPI_SUM && type == MPI_FLOAT) {
     float* a = static_cast<float*>(mine);
