@@ -39,12 +39,12 @@ using namespace mpi_args;
 
 namespace {
 
-std::weak_ptr<ProgressEngine> g_engine;
+std::weak_ptr<ProgressEngine> g_engine;  // the process's engine, while some communicator holds it
 // The largest all-reduce that a group of two ranks makes as one exchange (submit_exchange). Measured
 // against MPI_Allreduce (2 ranks over shared memory, the median of 2000 calls): the exchange
 // 0.7-0.9x from 4 B to 8 KB, 1.4-1.5x at 12 and 16 KB, 0.76-0.81x at 32 and 48 KB; MPI_Iallreduce
 // 1.0-1.2x throughout. The limit stays below the slow sizes.
-constexpr int64_t kExchangeMaxBytes = 8 * 1024;  // the process's engine, while some communicator holds it
+constexpr int64_t kExchangeMaxBytes = 8 * 1024;
 int g_ranks_on_node = 1;
 int g_nodes = 1;
 
