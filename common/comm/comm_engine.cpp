@@ -179,7 +179,7 @@ bool ProgressEngine::post_direct(std::unique_ptr<MpiOp>& op) {
     h.blocked = true;
     blocked_[size_t(h.sweep)].op_issued(now);
   }
-  op->start(&op->request);
+  op->start(op->request);
   CommHandle::State& h = *op->handle;
   h.direct = std::move(op);
   return true;
@@ -194,7 +194,7 @@ void ProgressEngine::wait_direct(CommHandle::State& s) {
   auto poll = kPollMin;
   for (int spins = 0;; spins++) {
     int complete = 0;
-    MPI_CHECK(MPI_Test(&op.request, &complete, MPI_STATUS_IGNORE));
+    MPI_CHECK(MPI_Testall(op.requests, op.request, &complete, MPI_STATUSES_IGNORE));
     if (complete) break;
     const Clock::time_point now = Clock::now();
     if (timeout_s > 0 && now - op.posted > as_duration(timeout_s * 1e3)) {
@@ -299,7 +299,7 @@ bool ProgressEngine::post_due(Clock::time_point now) {
     op.posted = now;
     op.handle->posted = true;
     op.handle->posted_at = now;
-    op.start(&op.request);
+    op.start(op.request);
     posted_.push_back(std::move(*it));
     it = held_.erase(it);
     posted = true;
@@ -316,7 +316,7 @@ ProgressEngine::Progress ProgressEngine::progress(Clock::time_point now) {
   for (auto it = posted_.begin(); it != posted_.end();) {
     MpiOp& op = **it;
     int complete = 0;
-    MPI_CHECK(MPI_Test(&op.request, &complete, MPI_STATUS_IGNORE));
+    MPI_CHECK(MPI_Testall(op.requests, op.request, &complete, MPI_STATUSES_IGNORE));
     if (!complete) {
       if (timeout_s > 0 && now - op.posted > as_duration(timeout_s * 1e3)) watchdog(op, timeout_s);
       p.mpi_pending = true;
@@ -436,16 +436,16 @@ void CommHandle::wait() {
   const Clock::time_point from = std::max(blocked_from, s.issued);
   // stats belong to the thread that issues and waits (see the file comment): no lock needed.
   CommStats& stats = *s.stats;
-  const std::string waited = std::string("wait ") + (*s.name ? s.name : collective_name(s.kind));
   if (s.completed > from) {
     stats.exposed_ms += s.blocked_ms;
     stats.kind[int(s.kind)].exposed_ms += s.blocked_ms;
-    trace_span(Track::Wait, waited, trace_ms(from), trace_ms(s.completed), "", trace_ms(s.issued));
-  } else {
-    // Done before it was waited for: a span of no length still says where the caller would have
-    // waited, for the step-time model (trace.h).
-    trace_span(Track::Wait, waited, trace_ms(from), trace_ms(from), "", trace_ms(s.issued));
   }
+  // Done before it was waited for, a span of no length still says where the caller would have
+  // waited, for the step-time model (trace.h). (Named only when traced: a small op's wait is a
+  // couple of microseconds, and building its name is a measurable part of it.)
+  if (tracing_enabled())
+    trace_span(Track::Wait, std::string("wait ") + (*s.name ? s.name : collective_name(s.kind)), trace_ms(from),
+               trace_ms(std::max(from, s.completed)), "", trace_ms(s.issued));
   if (!s.counted) {
     s.counted = true;
     CollectiveCounters& c = stats.kind[int(s.kind)];

@@ -103,12 +103,15 @@ struct MpiOp {
   const GroupInfo* group = nullptr;         // the communicator's group (it outlives its ops)
   int peer = -1;                            // send and recv: the other rank, in the group
   const char* link_flags = "--link";        // the flags of the link that holds it (LinkModel::flags)
-  std::function<void(MPI_Request*)> start;  // posts the non-blocking MPI call
+  std::function<void(MPI_Request*)> start;  // posts the non-blocking MPI call(s) into `request`
   std::function<void()> finish;             // after MPI completes (the Avg scaling); may be empty
   int lane = 0;
   Clock::time_point issued, post_at, posted;
   double modelled_ms = 0;  // its own hold; it begins at post_at - modelled_ms, after the lane's previous op
-  MPI_Request request = MPI_REQUEST_NULL;
+  // What start() posts, tested together: one request, or two for an exchange (a receive and a send,
+  // comm_mpi.cpp's two-rank all-reduce).
+  int requests = 1;
+  MPI_Request request[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
 };
 
 // The one progress engine of the process (comm_engine.cpp's opening comment says how it moves ops).

@@ -1,6 +1,6 @@
 // comm_mpi_args.cpp: what an MPI call takes from an op (comm_mpi_args.h): MPI's types and ops (with
 // bf16's and fp16's, which MPI lacks), the checks of an op's tensors, the counts of variable-count collectives,
-// the Avg scaling, and what each rank sends and receives.
+// the Avg scaling, a local reduction, and what each rank sends and receives.
 #include "comm/comm_mpi_args.h"
 
 #include <algorithm>
@@ -174,5 +174,22 @@ Traffic split_traffic(CollectiveKind kind, const std::vector<int64_t>& counts, i
   return {own_from_peers, others};  // all-gather
 }
 std::vector<int64_t> even_counts(int64_t total, int n) { return std::vector<int64_t>(n, total / n); }
+
+// mine = theirs op mine, elementwise, as MPI_Reduce_local(theirs, mine, ...) does. A sum of floats or
+// doubles is our own loop, which the compiler vectorizes: MPICH's takes about 8 instructions an
+// element (callgrind: 8,700 for 4 KB, more than the rest of a small all-reduce's path on our side).
+void reduce_into(void* mine, const void* theirs, int n, MPI_Datatype type, MPI_Op op) {
+  if (op == MPI_SUM && type == MPI_FLOAT) {
+    float* a = static_cast<float*>(mine);
+    const float* b = static_cast<const float*>(theirs);
+    for (int i = 0; i < n; i++) a[i] = b[i] + a[i];
+  } else if (op == MPI_SUM && type == MPI_DOUBLE) {
+    double* a = static_cast<double*>(mine);
+    const double* b = static_cast<const double*>(theirs);
+    for (int i = 0; i < n; i++) a[i] = b[i] + a[i];
+  } else {
+    MPI_CHECK(MPI_Reduce_local(theirs, mine, n, type, op));
+  }
+}
 
 }  // namespace mpi_args

@@ -1,7 +1,8 @@
 // comm_mpi_args.h: what the MPI communicator (comm_mpi.cpp) hands an MPI call, apart from the
 // communicator itself: the datatype and reduction of a tensor's dtype (bf16 included, through ops
 // of our own), the checks of an op's tensors, the int counts and displacements MPI wants, the scaling
-// that turns a sum into Avg, and the bytes each rank sends and receives in a collective. Defined in
+// that turns a sum into Avg, a local reduction (reduce_into), and the bytes each rank sends and
+// receives in a collective. Defined in
 // comm_mpi_args.cpp.
 #pragma once
 #include <mpi.h>
@@ -38,6 +39,10 @@ struct VarCounts {
   int64_t total = 0;
 };
 VarCounts var_counts(const std::vector<int64_t>& counts, int ranks, const char* what);
+
+// mine = theirs op mine, elementwise, as MPI_Reduce_local(theirs, mine, ...) does: where two ranks
+// exchange their values (comm_mpi.cpp's submit_exchange). Sums of floats and doubles are our own.
+void reduce_into(void* mine, const void* theirs, int n, MPI_Datatype type, MPI_Op op);
 
 // Nothing, or for Avg the scaling of the sum by 1/N that the engine runs after the MPI call.
 std::function<void()> average_if(ReduceOp op, const Tensor& t, int ranks);
