@@ -7,6 +7,7 @@
 
 #include "parallel/data_parallel.h"  // GradientSync: ZeRO-2's rule
 #include "parallel/dimension.h"
+#include "parallel/weight_gather.h"  // is_product_weight: what a recipe's gathers move in its format
 
 namespace {
 
@@ -24,6 +25,15 @@ bool wte_summed_over_stages(const DimensionContext& ctx) {
   return !(embedding && head);
 }
 
+// Ψm: the elements of the product weights this rank holds (the blocks' matrices), which a recipe's
+// gathers move in its weights' format.
+double matrix_elements(const ParamLayout& layout) {
+  double matrices = 0;
+  for (const ParamInfo& q : layout.params)
+    if (q.held() && is_product_weight(q)) matrices += double(q.size);
+  return matrices;
+}
+
 // This group's bytes per step where the gradients do not follow the strategy's rule.
 void own_rule(const DimensionContext& ctx, Prediction& p) {
   if (ctx.pp.reduce_every_micro_batch) {
@@ -33,10 +43,15 @@ void own_rule(const DimensionContext& ctx, Prediction& p) {
     const int64_t held_back = wte_summed_over_stages(ctx) ? ctx.layout->tied_wte_end : 0;
     const int64_t dense = ctx.layout->padded_size - ctx.layout->expert_range_size;
     const Wire& wire = collective_formats().gradients;  // a recipe's gradients travel in its format
+    // The gather: the blocks' matrices in the recipe's weights format, the rest as they are; per
+    // element of the flat buffer on average.
+    const Wire& weights = collective_formats().weights;
+    const double w = double(dtype_size(ctx.dtype)), matrices = matrix_elements(*ctx.layout);
+    const double gathered = weights.fp32 ? w : (double(weights.element_bytes()) * matrices + w * (double(dense) - matrices)) / double(dense);
     p.comm_bytes = GradientSync::every_micro_batch_sent_bytes(ctx.dp_size, ctx.micro_batches, dense, held_back,
-                                                              wire.fp32 ? double(dtype_size(ctx.dtype)) : double(wire.element_bytes()),
-                                                              double(dtype_size(ctx.dtype)));
+                                                              wire.fp32 ? w : double(wire.element_bytes()), gathered);
     p.comm_formula = GradientSync::kEveryMicroBatchFormula;
+    if (!weights.fp32) p.comm_formula += " (the gather's Ψm matrices in " + weights.name() + ")";
   } else if (ctx.ep.routing_counts_over_data_group) {
     // 11: the experts' gradients go over their expert-data-parallel group; this one carries the rest
     // of the model's and every layer's routing counts (docs/theory.md, 14).
@@ -128,12 +143,10 @@ Prediction predict(Strategy strategy, const ParamLayout& layout, int grad_accum,
   }
   if (wire.gradients.fp32 && wire.weights.fp32) return p;
   // A recipe's formats on the wire (docs/theory.md, "Communication in the format"): gradients in g
-  // bytes an element; ZeRO-1 and 2 gather the fp32 master weights (w); ZeRO-3 gathers each layer's
-  // product weights (Ψm: the blocks' matrices, 12LC^2 for GPT-2) in m bytes and the rest in w.
+  // bytes an element; every ZeRO gathers the product weights (Ψm: the blocks' matrices, 12LC^2 for
+  // GPT-2) in m bytes and the rest in w (ZeRO-1 and 2 the updated parameters, ZeRO-3 each layer).
   const double g = double(wire.gradients.element_bytes()), m = double(wire.weights.element_bytes());
-  double matrices = 0;
-  for (const ParamInfo& q : layout.params)
-    if (q.ndim == 2 && q.name != "wte" && q.name != "wpe" && q.expert < 0) matrices += double(q.size);
+  const double matrices = matrix_elements(layout);
   const std::string G = std::to_string(int(g)), M = std::to_string(int(m));
   const std::string formats = " (gradients " + wire.gradients.name() + ", weights " + wire.weights.name() + ")";
   switch (strategy) {
@@ -142,12 +155,14 @@ Prediction predict(Strategy strategy, const ParamLayout& layout, int grad_accum,
       p.comm_bytes = 2 * ring * g * dense;
       break;
     case Strategy::ZeRO1:
-      p.comm_formula = "reduce-scatter + all-gather: (N-1)/N x (" + G + travels + " + " + W + travels + ")" + formats;
-      p.comm_bytes = ring * (g + w) * dense;
+      p.comm_formula = "reduce-scatter + all-gather: (N-1)/N x (" + G + travels + " + " + M + "Ψm + " + W + "(" +
+                       travels + "-Ψm)), Ψm = the blocks' matrices" + formats;
+      p.comm_bytes = ring * (g * dense + m * matrices + w * (dense - matrices));
       break;
     case Strategy::ZeRO2:
-      p.comm_formula = "K reduce-scatters + all-gather: (N-1)/N x (K " + G + travels + " + " + W + travels + ")" + formats;
-      p.comm_bytes = ring * (K_acc * g + w) * dense;
+      p.comm_formula = "K reduce-scatters + all-gather: (N-1)/N x (K " + G + travels + " + " + M + "Ψm + " + W + "(" +
+                       travels + "-Ψm)), Ψm = the blocks' matrices" + formats;
+      p.comm_bytes = ring * (K_acc * g * dense + m * matrices + w * (dense - matrices));
       break;
     case Strategy::ZeRO3:
       p.comm_formula = "K x (2 all-gathers + reduce-scatter): K(N-1)/N x (2(" + M + "Ψm + " + W + "(Ψ-Ψm)) + " + G +
