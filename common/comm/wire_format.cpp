@@ -3,6 +3,7 @@
 // codes, and the decoding when the caller waits.
 #include "comm/wire_format.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <map>
@@ -33,7 +34,7 @@ DType code_dtype(NumberFormat f) {
 // A communicator's staging (Communicator::wire_staging): one block of bytes in which every call in
 // flight stages its codes, each region at the lowest offset free for it (first fit), given back when
 // the caller waits. A region past the block's end spills into a buffer of its own, freed when given
-// back; the next time nothing is in flight the block grows, once, to the furthest end a region took.
+// back; once nothing is in flight the block grows, once, to the furthest end a region took.
 // So a run allocates in its first step only (its calls come in the same order every step), and from
 // then on the block holds what the communicator's calls in flight at once stage (docs/theory.md,
 // section 3). Its bytes count as communication buffers.
@@ -41,7 +42,6 @@ class Staging {
  public:
   unsigned char* take(int64_t bytes) {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (regions_.empty()) grow();
     bytes = std::max<int64_t>(2, bytes + bytes % 2);  // 16-bit codes stay aligned; no two regions share an offset
     int64_t at = 0;
     for (const auto& [begin, size] : regions_) {  // in offset order: the first gap that fits
@@ -59,14 +59,15 @@ class Staging {
     std::lock_guard<std::mutex> lock(mutex_);
     const auto* p = static_cast<const unsigned char*>(region);
     const auto* base = static_cast<const unsigned char*>(block_.data());
-    for (auto it = spills_.begin(); it != spills_.end(); ++it)
-      if (it->second.data() == region) {
-        regions_.erase(it->first);
-        spills_.erase(it);
-        return;
-      }
-    ENSURE(base && p >= base && p < base + block_.count(), "wire staging: a region given back twice");
-    regions_.erase(p - base);
+    auto spill = std::find_if(spills_.begin(), spills_.end(), [&](const auto& s) { return s.second.data() == region; });
+    if (spill != spills_.end()) {
+      regions_.erase(spill->first);
+      spills_.erase(spill);
+    } else {
+      ENSURE(base && p >= base && p < base + block_.count(), "wire staging: a region given back twice");
+      regions_.erase(p - base);
+    }
+    if (regions_.empty()) grow();
   }
   int64_t bytes() {
     std::lock_guard<std::mutex> lock(mutex_);

@@ -71,6 +71,10 @@ class DataDimension : public Dimension {
     return 1 + ctx.dp_apart;
   }
 
+  double wire_staging_at_most(const DimensionContext& ctx, const CollectiveFormats& formats) const override {
+    return strategy_staging_bytes(ctx.strategy, *ctx.layout, formats);
+  }
+
   void report_rows(const DimensionContext& ctx, const StepMeasure& step, ReportTable& table) const override {
     Prediction& p = table.strategy;
     own_rule(ctx, p);
@@ -203,6 +207,41 @@ double strategy_transient_bytes(Strategy strategy, const ParamLayout& layout, DT
       return w * double(layout.shard_size()) * (reduce_every_micro_batch ? 2 : 1);
     case Strategy::ZeRO2: return w * layer_grads;
     case Strategy::ZeRO3: return w * (layer_grads + E + 2 * U + head);  // + gathered layers
+  }
+  return 0;
+}
+
+double strategy_staging_bytes(Strategy strategy, const ParamLayout& layout, const CollectiveFormats& formats) {
+  if ((formats.gradients.fp32 && formats.weights.fp32) || layout.ranks == 1) return 0;
+  const double N = layout.ranks, psi = double(layout.padded_size);
+  const double g = formats.gradients.fp32 ? 4 : double(formats.gradients.element_bytes());
+  const double m = formats.weights.fp32 ? 4 : double(formats.weights.element_bytes());
+  // The bytes of flat range [begin, end) in the gather's formats: its matrices m bytes, the rest 4.
+  auto in_formats = [&](int64_t begin, int64_t end) {
+    double matrices = 0;
+    for (const ParamInfo& q : layout.params)
+      if (q.held() && is_product_weight(q) && q.offset >= begin && q.offset + q.size <= end) matrices += double(q.size);
+    return m * matrices + 4 * (double(end - begin) - matrices);
+  };
+  // Each region is rounded up to an even byte (an fp8 chunk of odd length): 2 regions a range.
+  const double rounding = 2.0 * 2 * (layout.num_units() + 1);
+  switch (strategy) {
+    case Strategy::DP: return g * psi;  // every bucket's all-reduce in flight at once
+    case Strategy::ZeRO1:
+    case Strategy::ZeRO2:  // the reduce-scatters of a step (04) or of a micro-batch (05), then the gather
+      return std::max(g * psi * (1 + 1 / N), in_formats(0, layout.padded_size) + 4 * psi / N) + rounding;
+    case Strategy::ZeRO3: {  // the layers in flight: E, two blocks, the head (strategy_transient_bytes)
+      const int head = layout.num_units() - 1;
+      double U = 0, block = 0;
+      for (int u = 1; u < head; u++) {
+        U = std::max(U, double(layout.unit_size(u)));
+        block = std::max(block, in_formats(layout.unit_begin[size_t(u)], layout.unit_begin[size_t(u) + 1]));
+      }
+      const double E = double(layout.unit_size(0));
+      const double gathered = in_formats(layout.unit_begin[0], layout.unit_begin[1]) + 2 * block +
+                              in_formats(layout.unit_begin[size_t(head)], layout.unit_begin[size_t(head) + 1]);
+      return (1 + 1 / N) * (gathered + g * (E + 2 * U)) + rounding;
+    }
   }
   return 0;
 }
