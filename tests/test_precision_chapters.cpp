@@ -12,9 +12,9 @@
 //     fp8 weights in 1 and its bf16 gradients in 2.
 //   - ZeRO-1's and ZeRO-2's gathers of the updated parameters move the matrices in the recipe's
 //     weights format (bf16 2 bytes, fp8 1) and the rest in fp32, beside their formula, and tensor
-//     parallelism without sequence parallelism all-reduces its activations in bf16, on 2 ranks; each
-//     run equals one rank within the format's tolerance, and its staged codes stay within the
-//     communication buffers' bound.
+//     parallelism without sequence parallelism all-reduces its activations in bf16, and a pipeline's
+//     messages travel in bf16, on 2 ranks; each run equals one rank within the format's tolerance,
+//     and its staged codes stay within the communication buffers' bound.
 //   - a resumed run continues the uninterrupted one exactly: the loss scale and the amax histories are
 //     saved beside the checkpoint.
 //   - a recipe a chapter cannot run yet (a mixture of experts) is refused in one line naming the flag.
@@ -139,10 +139,10 @@ TEST(PrecisionChapters, ZeroGathersAndTensorParallelAllReducesMoveTheFormatsByte
     const std::string one = dir + "/one" + std::to_string(i) + ".jsonl";
     RunResult base = run_trainer("01_vanilla_dp", 1, recipe.flags + steps + one);
     ASSERT_EQ(base.exit_code, 0) << base.output;
-    for (const std::string chapter : {"04_zero1", "05_zero2", "07_tensor_parallel"}) {
+    for (const std::string chapter : {"04_zero1", "05_zero2", "07_tensor_parallel", "08_pipeline"}) {
       const std::string path = dir + "/" + chapter + std::to_string(i) + ".jsonl";
-      const bool tp = chapter == "07_tensor_parallel";
-      RunResult r = run_trainer(chapter, 2, recipe.flags + (tp ? " --tp 2" : "") + steps + path);
+      const bool tp = chapter == "07_tensor_parallel", pp = chapter == "08_pipeline";
+      RunResult r = run_trainer(chapter, 2, recipe.flags + (tp ? " --tp 2" : pp ? " --pp 2" : "") + steps + path);
       ASSERT_EQ(r.exit_code, 0) << chapter << ": " << r.output;
       EXPECT_LE(max_relative_difference(read_losses(path), read_losses(one)), recipe.tolerance)
           << chapter << ", " << recipe.flags;
@@ -151,6 +151,14 @@ TEST(PrecisionChapters, ZeroGathersAndTensorParallelAllReducesMoveTheFormatsByte
           << chapter << ": the staged codes beyond the communication buffers' bound";
       if (tp) {  // the all-reduces of whole (B, T, C) activations, 2 bytes an element, and every other row
         expect_theory_matches(path, 4);
+        continue;
+      }
+      if (pp) {  // each stage sends one message per micro-batch, the (B/m, T, C) stream, in bf16: BTC x 2
+        const std::string stage = read_record(path, "pipeline_stage");  // stage 0: rank 0
+        ASSERT_FALSE(stage.empty()) << r.output;
+        const double B = 8, T = 64;
+        EXPECT_EQ(number_field(stage, "theory_p2p_bytes"), B * T * C * 2);
+        EXPECT_EQ(number_field(stage, "measured_p2p_bytes"), B * T * C * 2);
         continue;
       }
       // A bf16 reduce-scatter of the gradients, then the gather: (N-1)/N (2Ψ + b Ψm + 4(Ψ - Ψm)).

@@ -2,6 +2,7 @@
 // tensors in the communicator's reused staging buffer, the communicator's own collective over the
 // codes, and the decoding when the caller waits.
 #include "comm/wire_format.h"
+#include "comm/wire_p2p.h"
 
 #include <algorithm>
 #include <cmath>
@@ -277,6 +278,52 @@ CommHandle wire_all_gather_segments_async(Communicator& comm, Tensor send, Tenso
     staging->give_back(sent);
     staging->give_back(received);
   });
+}
+
+CommHandle wire_send_recv_async(Communicator& comm, const std::vector<Communicator::PointToPoint>& ops,
+                                const std::vector<Wire>& wires) {
+  ENSURE(ops.size() == wires.size(), "wire_send_recv_async: one wire per message");
+  bool plain = true;
+  for (const Wire& w : wires) plain = plain && w.fp32;
+  if (plain) return comm.send_recv_async(ops);
+  const std::shared_ptr<Staging> staging = staging_of(comm);
+  std::vector<Communicator::PointToPoint> coded = ops;
+  struct Arrival {
+    uint16_t* codes;
+    Tensor into;
+    Wire wire;
+  };
+  std::vector<uint16_t*> regions;
+  std::vector<Arrival> arrivals;
+  for (size_t i = 0; i < ops.size(); i++) {
+    const Wire& w = wires[i];
+    if (w.fp32) continue;
+    check_wire(w);
+    const int64_t n = ops[i].buf.numel();
+    uint16_t* codes = staging->take16(n);
+    regions.push_back(codes);
+    if (ops[i].send) {
+      encode16(ops[i].buf.f32(), n, codes, w.format, w.scale);
+    } else {
+      arrivals.push_back({codes, ops[i].buf, w});
+    }
+    coded[i].buf = view_of(codes, n, w.format);
+  }
+  CommHandle inner = comm.send_recv_async(coded);
+  return then(inner, [staging, regions, arrivals] {
+    for (const Arrival& a : arrivals) decode16(a.codes, a.into.numel(), a.into.f32(), a.wire.format, a.wire.scale);
+    for (uint16_t* r : regions) staging->give_back(r);
+  });
+}
+
+CommHandle wire_send_async(Communicator& comm, Tensor buf, int peer, int tag, const Wire& w) {
+  if (w.fp32) return comm.send_async(buf, peer, tag);
+  return wire_send_recv_async(comm, {{true, buf, peer, tag}}, {w});
+}
+
+CommHandle wire_recv_async(Communicator& comm, Tensor buf, int peer, int tag, const Wire& w) {
+  if (w.fp32) return comm.recv_async(buf, peer, tag);
+  return wire_send_recv_async(comm, {{false, buf, peer, tag}}, {w});
 }
 
 int64_t wire_staging_bytes(Communicator& comm) { return comm.wire_staging() ? staging_of(comm)->bytes() : 0; }
