@@ -23,6 +23,7 @@
 #include "ops/ops.h"
 #include "training/optimizer.h"
 #include "parallel/shards.h"
+#include "parallel/weight_gather.h"  // gather_updated_async: the parameters in the recipe's format
 #include "training/training_run.h"
 
 // The chapter's own flags (the common ones are TrainConfig's, flags.h): declared, then checked.
@@ -98,8 +99,7 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
     // The lesson, 3: every rank gathers everyone's updated pieces, bucket by bucket, in place.
     for (int i = 0; i < shard.count(); i++) {
       const FlatRange range = shard.range(i);
-      in_flight.push_back(world.all_gather_async(shard.piece_of_full(params.view(), i),
-                                                 params.view().slice1d(range.begin, range.size())));
+      in_flight.push_back(gather_updated_async(world, layout, range, shard.piece_of_full(params.view(), i), params.view()));
     }
     for (CommHandle& handle : in_flight) handle.wait();
     in_flight.clear();

@@ -20,6 +20,7 @@
 #include "ops/ops.h"
 #include "training/optimizer.h"
 #include "parallel/shards.h"
+#include "parallel/weight_gather.h"  // gather_updated_async: the parameters in the recipe's format
 #include "training/training_run.h"
 
 #include "parallel/layer_grads.h"
@@ -78,8 +79,7 @@ int train(Communicator& world, TrainConfig& cfg, const Options&) {
     // As in 04: every rank gathers everyone's updated pieces, layer by layer, in place.
     for (int i = 0; i < shard.count(); i++) {
       const FlatRange range = shard.range(i);
-      in_flight.push_back(world.all_gather_async(shard.piece_of_full(params.view(), i),
-                                                 params.view().slice1d(range.begin, range.size())));
+      in_flight.push_back(gather_updated_async(world, layout, range, shard.piece_of_full(params.view(), i), params.view()));
     }
     for (CommHandle& handle : in_flight) handle.wait();
     in_flight.clear();

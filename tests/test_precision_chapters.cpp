@@ -10,6 +10,11 @@
 //   - the collectives move the format's bytes beside their formulas: tensor parallelism's activations
 //     (sequence parallel: all-gathers and reduce-scatters; without: all-reduces) in 2 bytes, ZeRO-3's
 //     fp8 weights in 1 and its bf16 gradients in 2.
+//   - ZeRO-1's and ZeRO-2's gathers of the updated parameters move the matrices in the recipe's
+//     weights format (bf16 2 bytes, fp8 1) and the rest in fp32, beside their formula, and tensor
+//     parallelism without sequence parallelism all-reduces its activations in bf16, and a pipeline's
+//     messages travel in bf16, on 2 ranks; each run equals one rank within the format's tolerance,
+//     and its staged codes stay within the communication buffers' bound.
 //   - a resumed run continues the uninterrupted one exactly: the loss scale and the amax histories are
 //     saved beside the checkpoint.
 //   - a recipe a chapter cannot run yet (a mixture of experts) is refused in one line naming the flag.
@@ -116,6 +121,58 @@ TEST(PrecisionChapters, AnyGridEqualsOneRankWithinTheFormat) {
       EXPECT_EQ(number_field(summary, "weights_values_per_step"), 2 * (12 * L * C * C + V * C));
       EXPECT_EQ(number_field(summary, "gradients_values_per_step"), 2 * N * (9 * L * C + V));
     }
+  }
+}
+
+TEST(PrecisionChapters, ZeroGathersAndTensorParallelAllReducesMoveTheFormatsBytes) {
+  struct Recipe {
+    std::string flags;
+    double weight_bytes, tolerance;  // the gathered matrices' bytes; relative loss, per step (docs/mixed_precision.md)
+  };
+  const Recipe recipes[] = {{"--precision bf16", 2, std::ldexp(1.0, -10)},
+                            {"--precision fp8 --fp8-scaling delayed", 1, std::ldexp(1.0, -6)}};
+  const std::string dir = temp_dir();
+  const double L = 2, C = 64, N = 2, matrices = 12 * L * C * C;  // tiny: Ψm = 12LC^2
+  int i = 0;
+  for (const Recipe& recipe : recipes) {
+    const std::string steps = " --steps " + std::to_string(kSteps) + " --json ";
+    const std::string one = dir + "/one" + std::to_string(i) + ".jsonl";
+    RunResult base = run_trainer("01_vanilla_dp", 1, recipe.flags + steps + one);
+    ASSERT_EQ(base.exit_code, 0) << base.output;
+    for (const std::string chapter : {"04_zero1", "05_zero2", "07_tensor_parallel", "08_pipeline"}) {
+      const std::string path = dir + "/" + chapter + std::to_string(i) + ".jsonl";
+      const bool tp = chapter == "07_tensor_parallel", pp = chapter == "08_pipeline";
+      RunResult r = run_trainer(chapter, 2, recipe.flags + (tp ? " --tp 2" : pp ? " --pp 2" : "") + steps + path);
+      ASSERT_EQ(r.exit_code, 0) << chapter << ": " << r.output;
+      EXPECT_LE(max_relative_difference(read_losses(path), read_losses(one)), recipe.tolerance)
+          << chapter << ", " << recipe.flags;
+      const std::string theory = read_record(path, "theory");
+      EXPECT_LE(number_field(theory, "measured_transient_bytes"), number_field(theory, "theory_transient_bytes_at_most"))
+          << chapter << ": the staged codes beyond the communication buffers' bound";
+      if (tp) {  // the all-reduces of whole (B, T, C) activations, 2 bytes an element, and every other row
+        expect_theory_matches(path, 4);
+        continue;
+      }
+      if (pp) {  // each stage sends one message per micro-batch, the (B/m, T, C) stream, in bf16: BTC x 2
+        const std::string stage = read_record(path, "pipeline_stage");  // stage 0: rank 0
+        ASSERT_FALSE(stage.empty()) << r.output;
+        const double B = 8, T = 64;
+        EXPECT_EQ(number_field(stage, "theory_p2p_bytes"), B * T * C * 2);
+        EXPECT_EQ(number_field(stage, "measured_p2p_bytes"), B * T * C * 2);
+        continue;
+      }
+      // A bf16 reduce-scatter of the gradients, then the gather: (N-1)/N (2Ψ + b Ψm + 4(Ψ - Ψm)).
+      // Rank 0 sends its own pieces, whose share of the blocks' 13C layernorm and bias elements is
+      // its own: within (N-1)(4 - b) 13LC of the mean, plus the padding's fp32 bytes; an fp32 gather
+      // would send (N-1)/N (4 - b) Ψm more, far outside.
+      const double psi = number_field(theory, "params"), padding = number_field(theory, "padded_params") - psi;
+      const double formula = (N - 1) / N * (2 * psi + recipe.weight_bytes * matrices + 4 * (psi - matrices));
+      const double slack = (N - 1) * (4 - recipe.weight_bytes) * 13 * L * C + 4 * padding + 64;
+      EXPECT_NEAR(number_field(theory, "theory_comm_bytes"), formula, 1.0) << chapter << ", " << recipe.flags;
+      EXPECT_NEAR(number_field(theory, "measured_comm_bytes"), formula, slack) << chapter << ", " << recipe.flags;
+      EXPECT_GT((N - 1) / N * (4 - recipe.weight_bytes) * matrices, 4 * slack);  // the check tells the formats apart
+    }
+    i++;
   }
 }
 

@@ -6,16 +6,21 @@
 //   - a gather moves the codes: E4M3 one byte an element, with its scale; a gather of mixed segments
 //     keeps its fp32 elements bit for bit;
 //   - the counters count the format's bytes: 2(N-1)/N x 2 bytes an element for a bf16 all-reduce, and so on;
-//   - on one rank nothing travels and nothing is rounded: the values come back as they were.
+//   - on one rank nothing travels and nothing is rounded: the values come back as they were;
+//   - ZeRO-1's in-place gather keeps the rank's own chunk (its fp32 master) and takes the others' codes;
+//   - the codes are staged in one buffer per communicator: as large as the calls in flight at once
+//     stage, allocated in the first round of calls and reused, not grown, by the same round again.
 // Values are chosen so that every sum is exact in the format whatever order the ranks add in.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstring>
+#include <memory>
 #include <vector>
 
 #include "comm/comm.h"
 #include "comm/wire_format.h"
+#include "ops/memory.h"  // memory_stats: the staging counted
 #include "mpi_test_env.h"
 
 namespace {
@@ -150,6 +155,50 @@ TEST(WireFormat, AGatherOfSegmentsKeepsItsFp32ElementsExactly) {
   for (int64_t i = r * n; i < (r + 1) * n; i++) mine += wire_of(i) == 0 ? 4 : wire_of(i);
   EXPECT_EQ(wire_bytes_of_range(segments, r * n, n), mine);
   EXPECT_EQ(counters(comm, CollectiveKind::AllGather).sent_bytes - before.sent_bytes, (N - 1) * mine);  // 0 on one rank
+}
+
+TEST(WireFormat, AGatherInPlaceKeepsTheOwnChunkAsItIs) {
+  Communicator& comm = test_comm();
+  const int N = comm.size(), r = comm.rank();
+  const int64_t n = 40;
+  auto value = [](int64_t g) { return 1.0f / float(g + 3); };  // none of them a bf16 value
+  std::vector<float> full(size_t(n * N), -1.0f);
+  for (int64_t i = 0; i < n; i++) full[size_t(r * n + i)] = value(r * n + i);
+  const std::vector<WireSegment> all_bf16 = {{0, n * N, Wire::in(NumberFormat::BF16)}};
+  wire_all_gather_segments_async(comm, view(full).slice1d(r * n, n), view(full), all_bf16, /*keep_own=*/true).wait();
+  for (int64_t g = 0; g < n * N; g++) {
+    const bool own = g / n == r;
+    EXPECT_EQ(full[size_t(g)], own || N == 1 ? value(g) : in_format(NumberFormat::BF16, value(g))) << g;
+  }
+}
+
+TEST(WireFormat, TheStagingBufferIsReusedNotGrown) {
+  // A fresh group, so that its staging holds only this test's calls.
+  Communicator& world = test_comm();
+  std::unique_ptr<Communicator> comm = world.split(0, world.rank(), "staging");
+  const int N = comm->size();
+  const int64_t n = 64;  // elements of each rank's piece
+  std::vector<float> a(size_t(n * N), 0.5f), b(size_t(n * N), 0.25f), piece(static_cast<size_t>(n));
+  const Wire bf16 = Wire::in(NumberFormat::BF16);
+  auto one_round = [&] {  // an all-reduce and a reduce-scatter in flight at once, then waited
+    CommHandle x = wire_all_reduce_async(*comm, view(a), ReduceOp::Sum, bf16);
+    CommHandle y = wire_reduce_scatter_async(*comm, view(b), view(piece), ReduceOp::Sum, bf16);
+    x.wait();
+    y.wait();
+  };
+  EXPECT_EQ(wire_staging_bytes(*comm), 0);
+  one_round();
+  // Their codes side by side: nN (all-reduce) + nN + n (the reduce-scatter's send and its piece), 2
+  // bytes each; nothing on one rank, where no byte travels.
+  const int64_t codes = N == 1 ? 0 : 2 * (n * N + n * N + n);
+  EXPECT_EQ(wire_staging_bytes(*comm), codes);
+  const int64_t counted = memory_stats().current[int(MemCategory::CommBuffers)];
+  for (int i = 0; i < 3; i++) one_round();
+  EXPECT_EQ(wire_staging_bytes(*comm), codes);  // the block the first round grew, reused
+  EXPECT_EQ(memory_stats().current[int(MemCategory::CommBuffers)], counted);
+  if (N > 1) {
+    EXPECT_GE(counted, codes);  // counted as communication buffers
+  }
 }
 
 }  // namespace

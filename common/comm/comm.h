@@ -270,6 +270,9 @@ class Communicator {
   virtual void collect_stats() {}
   virtual void set_link_model(LinkModel link) { link_ = link; }
   const LinkModel& link_model() const { return link_; }
+  // The buffer wire_format.cpp stages a low-precision collective's codes in, one per communicator,
+  // reused call after call; opaque here: the communicator knows nothing of the formats around it.
+  std::shared_ptr<void>& wire_staging() { return wire_staging_; }
 
  protected:
   // What split() and duplicate() make, before they hand the new group this one's formats.
@@ -302,6 +305,7 @@ class Communicator {
 
  private:
   std::shared_ptr<CollectiveFormats> formats_;
+  std::shared_ptr<void> wire_staging_;
 };
 
 // MPI_Init_thread (MPI_THREAD_MULTIPLE) and the communicator over MPI_COMM_WORLD. Call once, first

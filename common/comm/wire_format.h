@@ -15,7 +15,8 @@
 //                     so that every rank holds the same values.
 // A Wire of fp32 calls the communicator as it is: nothing converted, bit for bit the fp32 run. So
 // does a group of one rank, which moves nothing: where no byte travels, nothing is rounded.
-// The counters then count what travelled: 2 bytes an element for bf16 and fp16, 1 for fp8.
+// The counters then count what travelled: 2 bytes an element for bf16 and fp16, 1 for fp8. The codes
+// are staged in one buffer per communicator, reused call after call (wire_staging_bytes).
 #pragma once
 #include <cstdint>
 #include <string>
@@ -53,10 +54,18 @@ struct WireSegment {
   int64_t begin = 0, count = 0;
   Wire wire;
 };
+// keep_own: the rank's own chunk of recv is left as it is (ZeRO-1's and ZeRO-2's gather in place:
+// that chunk is the rank's fp32 master, which its optimizer updates; the others' chunks arrive as
+// their codes' values).
 CommHandle wire_all_gather_segments_async(Communicator& comm, Tensor send, Tensor recv,
-                                          const std::vector<WireSegment>& segments);
+                                          const std::vector<WireSegment>& segments, bool keep_own = false);
 // The bytes of elements [begin, begin + count) of such a range: what a rank's chunk weighs on the wire.
 int64_t wire_bytes_of_range(const std::vector<WireSegment>& segments, int64_t begin, int64_t count);
+
+// The bytes of comm's staging buffer, which its calls in a format stage their codes in, side by side:
+// allocated in the first step (its largest burst of calls in flight at once), then reused, never
+// grown again while the bursts repeat. Counted as communication buffers. 0 before any such call.
+int64_t wire_staging_bytes(Communicator& comm);
 
 // The formats the installed recipe's collectives take, by what they carry. fp32 everywhere by default.
 // They belong to a communicator and every group split from it (Communicator::formats): a recipe set on

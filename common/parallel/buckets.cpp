@@ -6,7 +6,8 @@
 #include "base/check.h"
 
 GradientBuckets::GradientBuckets(const ParamLayout& layout, double bucket_bytes, size_t element_bytes,
-                                 BucketCut cut, bool experts_apart) {
+                                 BucketCut cut, bool experts_apart)
+    : layout_(&layout) {
   const int n = int(layout.params.size());
   bucket_of_.assign(n, -1);
   int first_held = 0;  // parameters of other pipeline stages (size 0) belong to no bucket

@@ -33,6 +33,8 @@ class GradientBuckets {
   GradientBuckets(const ParamLayout& layout, double bucket_bytes, size_t element_bytes = 4,
                   BucketCut cut = BucketCut::AtTensors, bool experts_apart = false);
 
+  // The layout the buckets cut (it must outlive them): which of a bucket's tensors are matrices.
+  const ParamLayout& layout() const { return *layout_; }
   int count() const { return int(begin_.size()); }
   int64_t begin(int b) const { return begin_[b]; }  // bucket 0 is the first backward fills
   int64_t end(int b) const { return end_[b]; }
@@ -53,6 +55,7 @@ class GradientBuckets {
   void reset();
 
  private:
+  const ParamLayout* layout_;
   std::vector<int64_t> begin_, end_;
   std::vector<int> bucket_of_;
   std::vector<int> params_in_;  // per bucket

@@ -3,6 +3,7 @@
 
 #include "base/check.h"
 #include "comm/wire_format.h"  // the gradients in the recipe's format
+#include "parallel/weight_gather.h"  // gather_updated_async: the parameters in the recipe's format
 #include "ops/ops.h"
 
 GradientSync::GradientSync(Communicator& group, const GradientBuckets& buckets, Tensor grads, const ShardPlan* zero1,
@@ -120,8 +121,8 @@ void GradientSync::gather_parameters(Tensor params) {
   ENSURE(zero1_, "gather_parameters: only under ZeRO-1");
   for (int i = 0; i < zero1_->count(); i++) {
     const FlatRange bucket = zero1_->range(i);
-    in_flight_.push_back(group_of_range(i).all_gather_async(zero1_->piece_of_full(params, i),
-                                                            params.slice1d(bucket.begin, bucket.size())));
+    in_flight_.push_back(gather_updated_async(group_of_range(i), buckets_.layout(), bucket,
+                                              zero1_->piece_of_full(params, i), params));  // the recipe's format
   }
   for (CommHandle& handle : in_flight_) handle.wait();
   in_flight_.clear();

@@ -108,6 +108,9 @@ class Dimension {
   // What it keeps beside the model's arena, in bytes, were the model's tensors split over t ranks
   // (activations_by_formula; add_memory counts the same at t = the run's TP).
   virtual double activations_beside_model(const DimensionContext&, int /*t*/) const { return 0; }
+  // What its groups' staging buffers hold at most where a recipe's collectives move codes
+  // (wire_format.h; docs/theory.md, section 3), under `formats`; 0 under fp32.
+  virtual double wire_staging_at_most(const DimensionContext&, const CollectiveFormats&) const { return 0; }
   // Its groups that carry collectives: each gets --collectives' scratch buffers.
   virtual int collective_groups(const DimensionContext&) const { return 0; }
   // Its rows of the theory table and fields of the record.

@@ -7,6 +7,7 @@
 
 #include "parallel/data_parallel.h"  // GradientSync: ZeRO-2's rule
 #include "parallel/dimension.h"
+#include "parallel/weight_gather.h"  // is_product_weight: what a recipe's gathers move in its format
 
 namespace {
 
@@ -24,6 +25,15 @@ bool wte_summed_over_stages(const DimensionContext& ctx) {
   return !(embedding && head);
 }
 
+// Ψm: the elements of the product weights this rank holds (the blocks' matrices), which a recipe's
+// gathers move in its weights' format.
+double matrix_elements(const ParamLayout& layout) {
+  double matrices = 0;
+  for (const ParamInfo& q : layout.params)
+    if (q.held() && is_product_weight(q)) matrices += double(q.size);
+  return matrices;
+}
+
 // This group's bytes per step where the gradients do not follow the strategy's rule.
 void own_rule(const DimensionContext& ctx, Prediction& p) {
   if (ctx.pp.reduce_every_micro_batch) {
@@ -33,10 +43,15 @@ void own_rule(const DimensionContext& ctx, Prediction& p) {
     const int64_t held_back = wte_summed_over_stages(ctx) ? ctx.layout->tied_wte_end : 0;
     const int64_t dense = ctx.layout->padded_size - ctx.layout->expert_range_size;
     const Wire& wire = ctx.formats.gradients;  // a recipe's gradients travel in its format
+    // The gather: the blocks' matrices in the recipe's weights format, the rest as they are; per
+    // element of the flat buffer on average.
+    const Wire& weights = ctx.formats.weights;
+    const double w = double(dtype_size(ctx.dtype)), matrices = matrix_elements(*ctx.layout);
+    const double gathered = weights.fp32 ? w : (double(weights.element_bytes()) * matrices + w * (double(dense) - matrices)) / double(dense);
     p.comm_bytes = GradientSync::every_micro_batch_sent_bytes(ctx.dp_size, ctx.micro_batches, dense, held_back,
-                                                              wire.fp32 ? double(dtype_size(ctx.dtype)) : double(wire.element_bytes()),
-                                                              double(dtype_size(ctx.dtype)));
+                                                              wire.fp32 ? w : double(wire.element_bytes()), gathered);
     p.comm_formula = GradientSync::kEveryMicroBatchFormula;
+    if (!weights.fp32) p.comm_formula += " (the gather's Ψm matrices in " + weights.name() + ")";
   } else if (ctx.ep.routing_counts_over_data_group) {
     // 11: the experts' gradients go over their expert-data-parallel group; this one carries the rest
     // of the model's and every layer's routing counts (docs/theory.md, 14).
@@ -54,6 +69,10 @@ class DataDimension : public Dimension {
   // The world (the loss, the agreement to stop), and the data-parallel group where it is another.
   int collective_groups(const DimensionContext& ctx) const override {
     return 1 + ctx.dp_apart;
+  }
+
+  double wire_staging_at_most(const DimensionContext& ctx, const CollectiveFormats& formats) const override {
+    return strategy_staging_bytes(ctx.strategy, *ctx.layout, formats);
   }
 
   void report_rows(const DimensionContext& ctx, const StepMeasure& step, ReportTable& table) const override {
@@ -128,12 +147,10 @@ Prediction predict(Strategy strategy, const ParamLayout& layout, int grad_accum,
   }
   if (wire.gradients.fp32 && wire.weights.fp32) return p;
   // A recipe's formats on the wire (docs/theory.md, "Communication in the format"): gradients in g
-  // bytes an element; ZeRO-1 and 2 gather the fp32 master weights (w); ZeRO-3 gathers each layer's
-  // product weights (Ψm: the blocks' matrices, 12LC^2 for GPT-2) in m bytes and the rest in w.
+  // bytes an element; every ZeRO gathers the product weights (Ψm: the blocks' matrices, 12LC^2 for
+  // GPT-2) in m bytes and the rest in w (ZeRO-1 and 2 the updated parameters, ZeRO-3 each layer).
   const double g = double(wire.gradients.element_bytes()), m = double(wire.weights.element_bytes());
-  double matrices = 0;
-  for (const ParamInfo& q : layout.params)
-    if (q.ndim == 2 && q.name != "wte" && q.name != "wpe" && q.expert < 0) matrices += double(q.size);
+  const double matrices = matrix_elements(layout);
   const std::string G = std::to_string(int(g)), M = std::to_string(int(m));
   const std::string formats = " (gradients " + wire.gradients.name() + ", weights " + wire.weights.name() + ")";
   switch (strategy) {
@@ -142,12 +159,14 @@ Prediction predict(Strategy strategy, const ParamLayout& layout, int grad_accum,
       p.comm_bytes = 2 * ring * g * dense;
       break;
     case Strategy::ZeRO1:
-      p.comm_formula = "reduce-scatter + all-gather: (N-1)/N x (" + G + travels + " + " + W + travels + ")" + formats;
-      p.comm_bytes = ring * (g + w) * dense;
+      p.comm_formula = "reduce-scatter + all-gather: (N-1)/N x (" + G + travels + " + " + M + "Ψm + " + W + "(" +
+                       travels + "-Ψm)), Ψm = the blocks' matrices" + formats;
+      p.comm_bytes = ring * (g * dense + m * matrices + w * (dense - matrices));
       break;
     case Strategy::ZeRO2:
-      p.comm_formula = "K reduce-scatters + all-gather: (N-1)/N x (K " + G + travels + " + " + W + travels + ")" + formats;
-      p.comm_bytes = ring * (K_acc * g + w) * dense;
+      p.comm_formula = "K reduce-scatters + all-gather: (N-1)/N x (K " + G + travels + " + " + M + "Ψm + " + W + "(" +
+                       travels + "-Ψm)), Ψm = the blocks' matrices" + formats;
+      p.comm_bytes = ring * (K_acc * g * dense + m * matrices + w * (dense - matrices));
       break;
     case Strategy::ZeRO3:
       p.comm_formula = "K x (2 all-gathers + reduce-scatter): K(N-1)/N x (2(" + M + "Ψm + " + W + "(Ψ-Ψm)) + " + G +
@@ -188,6 +207,41 @@ double strategy_transient_bytes(Strategy strategy, const ParamLayout& layout, DT
       return w * double(layout.shard_size()) * (reduce_every_micro_batch ? 2 : 1);
     case Strategy::ZeRO2: return w * layer_grads;
     case Strategy::ZeRO3: return w * (layer_grads + E + 2 * U + head);  // + gathered layers
+  }
+  return 0;
+}
+
+double strategy_staging_bytes(Strategy strategy, const ParamLayout& layout, const CollectiveFormats& formats) {
+  if ((formats.gradients.fp32 && formats.weights.fp32) || layout.ranks == 1) return 0;
+  const double N = layout.ranks, psi = double(layout.padded_size);
+  const double g = formats.gradients.fp32 ? 4 : double(formats.gradients.element_bytes());
+  const double m = formats.weights.fp32 ? 4 : double(formats.weights.element_bytes());
+  // The bytes of flat range [begin, end) in the gather's formats: its matrices m bytes, the rest 4.
+  auto in_formats = [&](int64_t begin, int64_t end) {
+    double matrices = 0;
+    for (const ParamInfo& q : layout.params)
+      if (q.held() && is_product_weight(q) && q.offset >= begin && q.offset + q.size <= end) matrices += double(q.size);
+    return m * matrices + 4 * (double(end - begin) - matrices);
+  };
+  // Each region is rounded up to an even byte (an fp8 chunk of odd length): 2 regions a range.
+  const double rounding = 2.0 * 2 * (layout.num_units() + 1);
+  switch (strategy) {
+    case Strategy::DP: return g * psi;  // every bucket's all-reduce in flight at once
+    case Strategy::ZeRO1:
+    case Strategy::ZeRO2:  // the reduce-scatters of a step (04) or of a micro-batch (05), then the gather
+      return std::max(g * psi * (1 + 1 / N), in_formats(0, layout.padded_size) + 4 * psi / N) + rounding;
+    case Strategy::ZeRO3: {  // the layers in flight: E, two blocks, the head (strategy_transient_bytes)
+      const int head = layout.num_units() - 1;
+      double U = 0, block = 0;
+      for (int u = 1; u < head; u++) {
+        U = std::max(U, double(layout.unit_size(u)));
+        block = std::max(block, in_formats(layout.unit_begin[size_t(u)], layout.unit_begin[size_t(u) + 1]));
+      }
+      const double E = double(layout.unit_size(0));
+      const double gathered = in_formats(layout.unit_begin[0], layout.unit_begin[1]) + 2 * block +
+                              in_formats(layout.unit_begin[size_t(head)], layout.unit_begin[size_t(head) + 1]);
+      return (1 + 1 / N) * (gathered + g * (E + 2 * U)) + rounding;
+    }
   }
   return 0;
 }

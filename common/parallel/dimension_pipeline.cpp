@@ -4,6 +4,8 @@
 // and bytes are 08's report (pipeline_report.h). Its formula of theory.h: pipeline_buffer_bytes.
 #include "parallel/dimension.h"
 
+#include <algorithm>
+
 namespace {
 
 class PipelineDimension : public Dimension {
@@ -14,6 +16,22 @@ class PipelineDimension : public Dimension {
 
   void report_rows(const DimensionContext&, const StepMeasure&, ReportTable& table) const override {
     table.recompute_note = true;
+  }
+
+  // A recipe's messages stage their codes (wire_p2p.h): every message buffer's, a receive posted into
+  // each, and a sent output's from each activation slot of a chunk whose output leaves it, b_a
+  // bytes an element where the buffers hold 4 (docs/theory.md, section 3).
+  double wire_staging_at_most(const DimensionContext& ctx, const CollectiveFormats& formats) const override {
+    const Wire& wire = formats.activations;
+    if (wire.fp32) return 0;
+    const double rows_divisor = ctx.tp.size > 1 && ctx.tp.sequence_parallel ? ctx.tp.size : 1;
+    const double message = double(ctx.micro_B) * ctx.held.T * ctx.model.C / rows_divisor;  // elements
+    double elements = 0;
+    for (const ModelPart& part : ctx.pp.parts) {
+      elements += pipeline_buffer_bytes(ctx.held, part, ctx.pp.size, ctx.micro_B, DType::F32, ctx.tp) / 4;
+      if (!part.holds(ctx.model, ctx.model.L + 1)) elements += double(part.slots) * message;
+    }
+    return double(std::max(wire.element_bytes(), formats.gradients.element_bytes())) * elements;
   }
 };
 

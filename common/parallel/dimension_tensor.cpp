@@ -23,6 +23,17 @@ class TensorDimension : public Dimension {
 
   int collective_groups(const DimensionContext&) const override { return 1; }
 
+  // A recipe's activations and their gradients stage their codes (wire_format.h): an all-reduce
+  // those of its (B, T, C) tensor, an all-gather or reduce-scatter also its 1/t piece; a forward's and
+  // a backward's call may be in flight at once (--tp-overlap), in each lane (docs/theory.md, section 3).
+  double wire_staging_at_most(const DimensionContext& ctx, const CollectiveFormats& formats) const override {
+    const Wire& wire = formats.activations;
+    if (wire.fp32 || ctx.tp.size == 1) return 0;
+    const double t = ctx.tp.size, stream = double(ctx.micro_B) * ctx.held.T * ctx.model.C;
+    const double call = double(wire.element_bytes()) * stream * (ctx.tp.sequence_parallel ? 1 + 1 / t : 1);
+    return 2 * call * ctx.pp.scratch_lanes();
+  }
+
   void report_rows(const DimensionContext& ctx, const StepMeasure& step, ReportTable& table) const override {
     const TensorParallelism& t = ctx.tp;
     // Ψ = its slices of the split tensors + the tensors held whole.

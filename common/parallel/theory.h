@@ -33,9 +33,8 @@ struct Prediction {
 // carries Ψ-Ψe, and a ZeRO shard holds (Ψ-Ψe)/N of the rest and Ψe/D of the experts (D =
 // layout.ep.replicas, the ranks holding the same experts).
 // `wire`: a mixed-precision recipe's formats on the CPU (wire_format.h): the gradients travel in
-// wire.gradients' bytes (2: bf16 or fp16), ZeRO-3's product weights in wire.weights' (2, or 1 for
-// fp8) and the rest of each layer in 4; ZeRO-1's and 2's gathered parameters stay fp32 (the master
-// weights). Default: every element in the parameters' bytes.
+// wire.gradients' bytes (2: bf16 or fp16), every ZeRO's gathered product weights in wire.weights' (2,
+// or 1 for fp8) and the rest of the parameters in 4. Default: every element in the parameters' bytes.
 Prediction predict(Strategy strategy, const ParamLayout& layout, int grad_accum, DType dtype = DType::F32,
                    const CollectiveFormats& wire = {});
 
@@ -143,6 +142,13 @@ double pipeline_buffer_bytes(const GPT2Config& cfg, const ModelPart& part, int s
 // gathered layers.
 double strategy_transient_bytes(Strategy strategy, const ParamLayout& layout, DType dtype,
                                 bool reduce_every_micro_batch);
+// The staging buffer of the data-parallel group's collectives under a recipe's formats (wire_format.h:
+// the codes of the calls in flight at once; docs/theory.md, section 3), at most; 0 under fp32 or on
+// one rank. g the gradients' bytes, b(X) the bytes of X's elements in the gather's formats (the
+// matrices in the weights' format, the rest 4), Ψ padded: DP g Ψ; ZeRO-1 and 2 the larger of the
+// reduce-scatters' g Ψ(1 + 1/N) and the gather's b(Ψ) + 4Ψ/N; ZeRO-3 the layers in flight,
+// (1 + 1/N)(b(E + 2U + head) + g(E + 2U)).
+double strategy_staging_bytes(Strategy strategy, const ParamLayout& layout, const CollectiveFormats& formats);
 
 // The peak memory of one rank, predicted before anything is allocated.
 struct MemoryForecast {

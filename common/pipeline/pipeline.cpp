@@ -10,6 +10,7 @@
 #include "ops/device.h"
 #include "ops/ops.h"
 #include "comm/trace.h"
+#include "comm/wire_p2p.h"  // the messages in the recipe's format (fp32: as they are)
 
 double attention_flops_per_token(const GPT2Config& cfg) { return 4.0 * cfg.T * cfg.C; }
 
@@ -235,21 +236,28 @@ float PipelineExecutor::run(const std::function<MicroBatch(int micro)>& micro_ba
   };
   // Sends and receives: posted at once by tag; under call order collected into the run between two
   // passes and started as one group, whose handle then stands for each of them.
+  // Under a recipe a message travels in its format (wire_p2p.h): an activation in the layer's dtype,
+  // a gradient as the gradients' collectives (fp16: times the loss scale); fp32: as it is.
   std::vector<Communicator::PointToPoint> group;
+  std::vector<Wire> group_wires;
   std::vector<CommHandle*> group_handles;
-  auto post = [&](const Communicator::PointToPoint& op, CommHandle* handle) {
+  auto post = [&](const Communicator::PointToPoint& op, bool gradient, CommHandle* handle) {
+    const Wire& wire = gradient ? collective_formats(pipeline_).gradients : collective_formats(pipeline_).activations;
     if (matching_ == Matching::ByTag) {
-      *handle = op.send ? pipeline_.send_async(op.buf, op.peer, op.tag) : pipeline_.recv_async(op.buf, op.peer, op.tag);
+      *handle = op.send ? wire_send_async(pipeline_, op.buf, op.peer, op.tag, wire)
+                        : wire_recv_async(pipeline_, op.buf, op.peer, op.tag, wire);
       return;
     }
     group.push_back(op);
+    group_wires.push_back(wire);
     group_handles.push_back(handle);
   };
   auto start_group = [&] {
     if (group.empty()) return;
-    const CommHandle handle = pipeline_.send_recv_async(group);
+    const CommHandle handle = wire_send_recv_async(pipeline_, group, group_wires);
     for (CommHandle* h : group_handles) *h = handle;
     group.clear();
+    group_wires.clear();
     group_handles.clear();
   };
   // A receive goes out once its micro-batch holds one of the chunk's buffers for that kind of
@@ -258,7 +266,8 @@ float PipelineExecutor::run(const std::function<MicroBatch(int micro)>& micro_ba
     MessageBuffers& into = gradient ? gradient_in_[c] : activation_in_[c];
     CommHandle& handle = gradient ? gradient_recv_[c][micro] : activation_recv_[c][micro];
     const int s = virtual_stage(shape_, rank_, c);
-    post({false, buffer_of(into, micro, micro_B_), rank_of(gradient ? s + 1 : s - 1), tag(gradient, s, micro)}, &handle);
+    post({false, buffer_of(into, micro, micro_B_), rank_of(gradient ? s + 1 : s - 1), tag(gradient, s, micro)}, gradient,
+         &handle);
   };
   auto receive = [&](bool gradient, int c, int micro) {
     MessageBuffers& into = gradient ? gradient_in_[c] : activation_in_[c];
@@ -391,7 +400,8 @@ float PipelineExecutor::run(const std::function<MicroBatch(int micro)>& micro_ba
           copy_into(activation_in_[chunk_of(s + 1)], micro, model.output(slot_of_[c][micro]));
           break;
         }
-        post({true, model.output(slot_of_[c][micro]), rank_of(s + 1), tag(false, s + 1, micro)}, &activation_sent[c][micro]);
+        post({true, model.output(slot_of_[c][micro]), rank_of(s + 1), tag(false, s + 1, micro)}, false,
+             &activation_sent[c][micro]);
         break;
       case Op::B:
         compute_backward(a, start_backward(a));
@@ -414,7 +424,7 @@ float PipelineExecutor::run(const std::function<MicroBatch(int micro)>& micro_ba
         ENSURE(out.lend(micro), "PipelineExecutor: no buffer for the gradient of " + describe(a));
         const Tensor copy = buffer_of(out, micro, micro_B_);
         copy_tensor(copy, model.input_grad());
-        post({true, copy, rank_of(s - 1), tag(true, s - 1, micro)}, &out.sent[size_t(out.of_micro[micro])]);
+        post({true, copy, rank_of(s - 1), tag(true, s - 1, micro)}, true, &out.sent[size_t(out.of_micro[micro])]);
         break;
       }
       case Op::W:

@@ -32,6 +32,8 @@
 // through the lane's own communicator (LaneCommunicator). Measured per pair: its wall time beside its
 // passes' own; the difference is the time the two lanes ran at once, which the pair would take longer
 // in sequence (the step gains it where nothing else then waits: the next stage, busy cores, the link).
+// Under a mixed-precision recipe a message travels in the layer's format (wire_p2p.h), decoded into
+// the receiving buffer when its receive is waited.
 // Messages carry a tag, (activation or gradient, the receiving virtual stage, micro-batch), which MPI
 // matches them by; NCCL matches by call order, which the lists are built for. Between two chunks of
 // one rank (one stage; the point of a V) a message is a copy.

@@ -134,6 +134,10 @@ void PipelineReport::finish(bool wte_copies_equal) {
   GPT2Config held = cfg;
   if (cp.on()) held.T = int(cp.positions.size());
   const double message = double(run_.micro_batch_size()) * held.T * cfg.C * dtype_size(run_.dtype()) / rows_divisor;
+  // Under a recipe a message travels in its format (wire_p2p.h): its bytes' share of the dtype's.
+  auto share = [&](const Wire& w) { return w.fp32 ? 1.0 : double(w.element_bytes()) / dtype_size(run_.dtype()); };
+  const double activation_share = share(collective_formats(pipeline_).activations);
+  const double gradient_share = share(collective_formats(pipeline_).gradients);
   int in_flight = 0;  // micro-batches held at once by the schedule's formula, summed over the chunks
   for (int c = 0; c < v; c++) {
     ModelPart by_theory = parts_[c];  // (its slots are the list's count: the formula's must agree)
@@ -147,7 +151,7 @@ void PipelineReport::finish(bool wte_copies_equal) {
     // they are copies, not messages.
     const bool output_leaves = s < p * v - 1 && rank_of_stage(shape_, s + 1) != rank;
     const bool input_grad_leaves = s > 0 && rank_of_stage(shape_, s - 1) != rank;
-    p2p_theory += m * message * ((output_leaves ? 1 : 0) + (input_grad_leaves ? 1 : 0));
+    p2p_theory += m * message * ((output_leaves ? activation_share : 0) + (input_grad_leaves ? gradient_share : 0));
   }
   if (cp.on())  // a ring per lane where F&B pairs run at once (lanes.h)
     act_theory += run_.pipeline().scratch_lanes() *
