@@ -219,8 +219,9 @@ TEST(P2PCollectives, TreeReduceAndBroadcastFromAnyRoot) {
 TEST(P2PCollectives, SixtyFourMegabytes) {
   Communicator& comm = test_comm();
   const int64_t n = 16 * 1024 * 1024;
+  const Data start = filled(DType::F32, n, comm.rank());  // filled once: copies are memcpy's
   for (Algorithm a : {Algorithm::Ring, Algorithm::HalvingDoubling}) {
-    Data ours = filled(DType::F32, n, comm.rank()), theirs = filled(DType::F32, n, comm.rank());
+    Data ours = start, theirs = start;
     p2p_all_reduce(comm, ours.view(), ReduceOp::Sum, a);
     comm.all_reduce(theirs.view(), ReduceOp::Sum);
     EXPECT_TRUE(identical(ours, theirs)) << label(a, DType::F32, n);
