@@ -4,9 +4,10 @@
 # A binary that crashes or exits non-zero without a GoogleTest failure counts as one failed test,
 # so nothing fails silently.
 #
-# The jobs (one per binary and rank count, one per script) run in lanes: as many at once as the
-# machine has cores (TEST_LANES=1 runs them one after another). Most jobs wait on messages between
-# ranks part of the time, so one job alone leaves cores idle; two at once fill them. Each job's
+# The jobs (one per binary and rank count, one per script) run in lanes: one more at once than the
+# machine has cores (TEST_LANES=1 runs them one after another). Most jobs wait part of the time (on
+# messages between ranks, on a process they started), so one job a core still leaves cores idle
+# (docs/build_and_tests.md has the measurements). Each job's
 # output is printed whole when it ends, so the lines of two jobs never mix. The manifest lists the
 # heaviest jobs first, so that no lane is left with a long one at the end.
 set -u
@@ -24,7 +25,7 @@ fi
 trap 'exit 130' INT TERM  # (through the EXIT trap)
 export TMPDIR=$scratch
 cores=$(nproc 2>/dev/null || echo 1)
-lanes=${TEST_LANES:-$cores}
+lanes=${TEST_LANES:-$((cores + 1))}
 [ "$lanes" -ge 1 ] 2>/dev/null || { echo "TEST_LANES must be a whole number of at least 1 (got '$lanes')"; exit 1; }
 # A job shares the machine with the other lanes: it may count on its share of the cores only. The
 # communicator reads this (common/comm/comm_mpi.cpp) so that its waits do not spin for a message

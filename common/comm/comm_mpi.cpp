@@ -596,28 +596,35 @@ std::unique_ptr<Communicator> init_mpi_communicator(int* argc, char*** argv) {
                  std::to_string(provided) + "); the communication thread needs it. Use an MPI built with "
                  "thread support (MPICH: --enable-threads=multiple, the default of distribution packages)");
   create_bf16_ops();
-  // MPI_COMM_TYPE_SHARED groups the ranks that can share memory: those of one node.
-  MPI_Comm node = MPI_COMM_NULL;
-  MPI_CHECK(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node));
-  MPI_CHECK(MPI_Comm_size(node, &g_ranks_on_node));
-  int node_id = rank;
+  // The ranks of one node: those whose host has the same name (MPI_Get_processor_name, the host name
+  // under MPICH, whose process manager groups a node's ranks by it, as MPI_COMM_TYPE_SHARED does; the
+  // emulated cluster gives each node a name of its own). Each rank's name and process id travel in one
+  // gather, waited resting: MPI_Comm_split_type and the counts after it were four spinning calls.
+  struct Card {
+    int pid;
+    char host[MPI_MAX_PROCESSOR_NAME];
+  };
+  Card mine{};
+  mine.pid = int(getpid());
+  int length = 0;
+  MPI_CHECK(MPI_Get_processor_name(mine.host, &length));
+  std::vector<Card> cards(static_cast<size_t>(size));
   MPI_Request request = MPI_REQUEST_NULL;
-  MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, &node_id, 1, MPI_INT, MPI_MIN, node, &request));
+  MPI_CHECK(MPI_Iallgather(&mine, int(sizeof(Card)), MPI_BYTE, cards.data(), int(sizeof(Card)), MPI_BYTE,
+                           MPI_COMM_WORLD, &request));
   wait_resting(&request);
-  // The nodes, counted as a real cluster's are: one node-local rank 0 on each.
-  int node_rank = 0;
-  MPI_CHECK(MPI_Comm_rank(node, &node_rank));
-  int leader = node_rank == 0 ? 1 : 0;
-  MPI_CHECK(MPI_Iallreduce(&leader, &g_nodes, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD, &request));
-  wait_resting(&request);
-  MPI_CHECK(MPI_Comm_free(&node));
-  // Every rank's process id and node, in one gather: pairs (pid, node).
-  const int mine[2] = {int(getpid()), node_id};
-  std::vector<int> pairs(size_t(2 * size), 0);
-  MPI_CHECK(MPI_Iallgather(mine, 2, MPI_INT, pairs.data(), 2, MPI_INT, MPI_COMM_WORLD, &request));
-  wait_resting(&request);
+  auto same_host = [&](const Card& a, const Card& b) { return std::strncmp(a.host, b.host, sizeof a.host) == 0; };
+  // A node is named by its lowest world rank; the nodes are counted as a real cluster's are.
   std::vector<int> world_pids(size_t(size), 0), world_nodes(size_t(size), 0);
-  for (size_t r = 0; r < size_t(size); r++) world_pids[r] = pairs[2 * r], world_nodes[r] = pairs[2 * r + 1];
+  g_ranks_on_node = 0, g_nodes = 0;
+  for (size_t r = 0; r < size_t(size); r++) {
+    world_pids[r] = cards[r].pid;
+    size_t first = 0;
+    while (!same_host(cards[first], cards[r])) first++;
+    world_nodes[r] = int(first);
+    if (first == r) g_nodes++;
+    if (same_host(cards[r], mine)) g_ranks_on_node++;
+  }
   set_world_processes(world_pids, world_nodes, rank);  // for the watchdogs' messages
   auto engine = std::make_shared<ProgressEngine>(/*may_spin=*/g_ranks_on_node <= cores_for_this_job());
   g_engine = engine;
