@@ -46,14 +46,21 @@ children_cpu() {  # variable to set
 
 # One job, run in its own lane (a background subshell). It writes its report to $job.out and its
 # counts ("passed failed skipped label") to $job.res, which the main loop reads when the job ends.
+# Both kinds run their command through run_timed, which sets the caller's rc, wall and cpu.
+run_timed() {  # log command...
+  local log=$1; shift
+  local start=$SECONDS before after; children_cpu before
+  "$@" </dev/null >"$log" 2>&1
+  rc=$?
+  children_cpu after
+  wall=$((SECONDS - start))
+  cpu=$(awk -v a="$before" -v b="$after" 'BEGIN { printf "%.1f", b - a }')
+}
+
 run_gtest() {  # job label command...
   local job=$1 label=$2; shift 2
-  local log=$job.log
-  local start=$SECONDS cpu_before cpu_after; children_cpu cpu_before
-  "$@" </dev/null >"$log" 2>&1
-  local rc=$?
-  children_cpu cpu_after
-  local cpu; cpu=$(awk -v a="$cpu_before" -v b="$cpu_after" 'BEGIN { printf "%.1f", b - a }')
+  local log=$job.log rc wall cpu
+  run_timed "$log" "$@"
   local p f k
   p=$(sed -n 's/^\[  PASSED  \] \([0-9]*\) test.*/\1/p' "$log" | tail -n 1)
   f=$(sed -n 's/^\[  FAILED  \] \([0-9]*\) test.*/\1/p' "$log" | tail -n 1)
@@ -69,20 +76,20 @@ run_gtest() {  # job label command...
       # A skip must say why (no GPU, ...): show the reasons.
       awk 'skip { print "  skipped because: " $0; skip = 0 } /: Skipped$/ { skip = 1 }' "$log" | sort -u | head -n 3
     fi
-    echo "--- $label: $p passed, $f failed, $k skipped ($((SECONDS - start)) s, CPU $cpu s)"
+    echo "--- $label: $p passed, $f failed, $k skipped ($wall s, CPU $cpu s)"
   } >"$job.out"
   echo "$p $f $k $label" >"$job.res"
 }
 
 run_script() {  # job label command...
   local job=$1 label=$2; shift 2
-  local start=$SECONDS cpu_before cpu_after result p=0 f=0; children_cpu cpu_before
-  if "$@" </dev/null >"$job.log" 2>&1; then p=1; result=passed; else f=1; result=FAILED; fi
-  children_cpu cpu_after
+  local rc wall cpu result p=0 f=0
+  run_timed "$job.log" "$@"
+  if [ "$rc" -eq 0 ]; then p=1; result=passed; else f=1; result=FAILED; fi
   {
     echo "=== $label"
     cat "$job.log"
-    echo "--- $label: $result ($((SECONDS - start)) s, CPU $(awk -v a="$cpu_before" -v b="$cpu_after" 'BEGIN { printf "%.1f", b - a }') s)"
+    echo "--- $label: $result ($wall s, CPU $cpu s)"
   } >"$job.out"
   echo "$p $f 0 $label" >"$job.res"
 }
