@@ -14,7 +14,6 @@
 #include <cmath>
 #include <cstdio>
 #include <memory>
-#include <sstream>
 #include <utility>
 #include <vector>
 
@@ -30,6 +29,7 @@
 #include "ops/ops.h"
 #include "training/optimizer.h"
 #include "pipeline/pipeline.h"
+#include "pipeline/grid_flags.h"  // GridFlags: the flags 08, 09 and 12 share
 #include "pipeline/pipeline_flags.h"
 #include "pipeline/pipeline_report.h"
 #include "schedule/pipeline_schedule.h"
@@ -37,21 +37,17 @@
 #include "parallel/shards.h"
 #include "training/training_run.h"
 
-// The chapter's own flags (the common ones are TrainConfig's, flags.h): declared, then checked.
-struct Options {
-  PipelineFlags pipeline;  // --pp, --micro-batches, --schedule, --virtual-stages, --partition, --zero1, --zero2
-  std::string matching = "auto";  // auto: by tag where the communicator has tags (MPI), else call order
-  double bucket_mb = 0;
+// The chapter's own flags (the common ones are TrainConfig's, flags.h): declared, then checked. The
+// pipeline's, the schedule's and --bucket-mb are the block 09 and 12 share (grid_flags.h).
+struct Options : GridFlags {
+  Options() : GridFlags(1) {}  // no --tp: a tensor-parallel group of one rank
 
-  void declare(FlagParser& flags, TrainConfig&) {
-    flags.add("--pp", &pipeline.pp, "pipeline stages (default: every rank); the rest is data-parallel");
-    add_schedule_flags(flags, &pipeline, &matching);  // --micro-batches, --schedule, ... (pipeline_flags.h)
-    flags.add("--bucket-mb", &bucket_mb, "data-parallel bucket size in MB (default: an eighth of the gradient)");
+  void declare(FlagParser& flags, TrainConfig& cfg) {
+    GridFlagHelp help;
+    help.pp = "pipeline stages (default: every rank); the rest is data-parallel";
+    declare_grid(flags, cfg, help);
   }
-  void check(TrainConfig& cfg, int /*ranks*/) {
-    check_schedule_flags(cfg, pipeline);
-    if (cfg.was_given("--bucket-mb") && !(bucket_mb > 0)) config_error("--bucket-mb must be > 0");
-  }
+  void check(TrainConfig& cfg, int /*ranks*/) { check_grid(cfg); }
 };
 
 // The whole run, in a function: the grid's groups must end before MPI does.
@@ -61,20 +57,20 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
   GPT2Config model_cfg;
   if (!find_preset(cfg.preset, &model_cfg)) config_error("--preset: unknown preset '" + cfg.preset + "'");
   const int batch = cfg.was_given("--batch") ? cfg.batch : cfg.resume.empty() ? model_cfg.default_batch : 0;
+  const PipelineFlags& flags = opt.pipeline;  // tp 1: no tensor parallelism here
   PipelinePlan pipe;
-  const std::string flags_problem = pipeline_flags_problem(opt.pipeline, world.size(), model_cfg, batch, &pipe);
+  const std::string flags_problem = pipeline_flags_problem(flags, world.size(), model_cfg, batch, &pipe);
   if (!flags_problem.empty()) config_error(flags_problem);
   const Schedule schedule = pipe.schedule;
-  const int p = pipe.shape.stages, m = pipe.shape.micro_batches, v = pipe.shape.chunks;
+  const int t = flags.tp, p = pipe.shape.stages, m = pipe.shape.micro_batches, v = pipe.shape.chunks;
   const std::vector<int>& blocks = pipe.blocks;  // per virtual stage, the head's cost weighed in
-  const std::string& schedule_flag = opt.pipeline.schedule;
-  const bool zero1 = opt.pipeline.zero1, zero2 = opt.pipeline.zero2;
+  const bool zero1 = flags.zero1, zero2 = flags.zero2;
   cfg.grad_accum = m;
-  ProcessGrid grid(world, grid_shape(world.size(), 1, p));
+  ProcessGrid grid(world, grid_shape(world.size(), t, p));
 
   // How a receive finds its message: MPI matches tags, so every receive can be posted at the start;
   // NCCL has none and matches by call order, which the lists are then built for.
-  const PipelineShape& shape = pipe.shape;  // with the schedule's placement of the virtual stages
+  const PipelineShape& shape = pipe.shape;  // with the schedule's placement (zb-v, dualpipev: a V)
   const Matching matching = pipeline_matching(opt.matching, grid.pp(), shape);
 
   // The schedule: this rank's actions, and every rank's, checked before any work.
@@ -82,7 +78,7 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
   std::vector<std::vector<Action>> every_rank;
   for (int r = 0; r < p; r++) every_rank.push_back(build_schedule(schedule, shape, r, matching));
   const std::string problem = check_pipeline(schedule, shape, every_rank, matching);
-  if (!problem.empty()) config_error("the " + schedule_flag + " schedule is unsound: " + problem);
+  if (!problem.empty()) config_error("the " + flags.schedule + " schedule is unsound: " + problem);
   const std::vector<Action>& actions = every_rank[rank];
   std::vector<ModelPart> parts = parts_of_rank(model_cfg, blocks, p, rank, shape.placement);
   for (int c = 0; c < v; c++) {
@@ -93,7 +89,8 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
   // ZeRO-1's memory and plan under either flag: --zero2 keeps the full gradient buffer (it shows
   // ZeRO-2's communication, not its memory).
   const bool sharded = zero1 || zero2;
-  TrainingRun run(grid, cfg, Parallelism{sharded ? Strategy::ZeRO1 : Strategy::DP, {},
+  const TensorParallelism tp;  // none: each rank holds its stage's layers whole (09 splits them)
+  TrainingRun run(grid, cfg, Parallelism{sharded ? Strategy::ZeRO1 : Strategy::DP, tp,
                                          PipelineParallelism{p, rank, parts, zero2, {}}});
   const Device device = run.device();
   const DType dtype = run.dtype();
@@ -113,8 +110,8 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
   std::vector<std::unique_ptr<GPT2>> models;  // one per chunk, over the same flat buffers
   std::vector<GPT2*> chunks;
   for (const ModelPart& part : parts) {
-    models.push_back(std::make_unique<GPT2>(run.model_config(), layout, run.micro_batch_size(), device, dtype,
-                                            TensorParallelism{}, part));
+    models.push_back(std::make_unique<GPT2>(run.model_config(), layout, run.micro_batch_size(), device, dtype, tp,
+                                            part));
     models.back()->bind_all(params.data(), grads.data());
     chunks.push_back(models.back().get());
   }

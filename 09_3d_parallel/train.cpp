@@ -29,6 +29,7 @@
 #include "ops/ops.h"
 #include "training/optimizer.h"
 #include "pipeline/pipeline.h"
+#include "pipeline/grid_flags.h"  // GridFlags: the flags 08, 09 and 12 share
 #include "pipeline/pipeline_flags.h"
 #include "pipeline/pipeline_report.h"
 #include "schedule/pipeline_schedule.h"
@@ -37,40 +38,25 @@
 #include "parallel/parallelize.h"  // apply_tensor_parallel: 07's collectives, for every chunk
 #include "training/training_run.h"
 
-// The chapter's own flags (the common ones are TrainConfig's, flags.h): declared, then checked.
-struct Options {
-  int tp = 0;  // 0: 2 where the rank count is even, else 1
-  // --pp (0: 2 where the ranks left are even, else 1), --micro-batches, --schedule, --virtual-stages,
-  // --partition, --zero1, --zero2: 08's, checked by the same code (pipeline_flags.h)
-  PipelineFlags pipeline;
-  bool sequence_parallel = false, overlap = false;
-  std::string matching = "auto";  // auto: by tag where the communicator has tags (MPI), else call order
-  double bucket_mb = 0;
+// The chapter's own flags (the common ones are TrainConfig's, flags.h): declared, then checked. The
+// pipeline's, the schedule's and --bucket-mb are the block 09 and 12 share (grid_flags.h).
+struct Options : GridFlags {
+  Options() : GridFlags(0) {}  // --tp 0: 2 where the rank count is even, else 1
 
   void declare(FlagParser& flags, TrainConfig& cfg) {
-    flags.add("--tp", &tp, "ranks in a tensor-parallel group, innermost (default: 2 on an even rank count)");
-    flags.add("--pp", &pipeline.pp, "pipeline stages, outermost (default: 2 where the ranks left are even); the rest is "
-                                    "data-parallel");
-    flags.add_switch("--sequence-parallel", &sequence_parallel,
-                     "split the rows between the parallel products too (gathers and scatters for all-reduces)");
-    flags.add_switch("--tp-overlap", &overlap,
-                     "in backward, sum the input's gradient while the weight's gradient is computed");
-    add_schedule_flags(flags, &pipeline, &matching);  // --micro-batches, --schedule, ... (pipeline_flags.h)
-    flags.add("--bucket-mb", &bucket_mb, "data-parallel bucket size in MB (default: an eighth of the gradient)");
-    flags.add("--tp-link-gbps", &cfg.tp_link_gbps, "the tensor-parallel group's emulated link (default: --link-gbps's)");
-    flags.add("--tp-link-latency-us", &cfg.tp_link_latency_us, "its latency (default: --link-latency-us's)");
+    GridFlagHelp help;
+    help.tp = "ranks in a tensor-parallel group, innermost (default: 2 on an even rank count)";
+    help.pp = "pipeline stages, outermost (default: 2 where the ranks left are even); the rest is data-parallel";
+    help.sequence_parallel = "split the rows between the parallel products too (gathers and scatters for all-reduces)";
+    declare_grid(flags, cfg, help);
   }
-  void check(TrainConfig& cfg, int /*ranks*/) {
-    check_schedule_flags(cfg, pipeline);
-    if (cfg.was_given("--bucket-mb") && !(bucket_mb > 0)) config_error("--bucket-mb must be > 0");
-    if (cfg.was_given("--tp") && tp < 1) config_error("--tp must be >= 1");
-  }
+  void check(TrainConfig& cfg, int /*ranks*/) { check_grid(cfg); }
 };
 
 // The whole run, in a function: the grid's groups must end before MPI does.
 int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
-  // Every flag checked against the others, the ranks, the model and the batch, as 08 checks them
-  // (with --tp's groups), before any schedule, model or buffer exists.
+  // Every flag checked against the others, the ranks, the model and the batch (a resumed run's is the
+  // checkpoint's, checked by the run), before any schedule, model or buffer exists.
   GPT2Config model_cfg;
   if (!find_preset(cfg.preset, &model_cfg)) config_error("--preset: unknown preset '" + cfg.preset + "'");
   const int batch = cfg.was_given("--batch") ? cfg.batch : cfg.resume.empty() ? model_cfg.default_batch : 0;

@@ -31,6 +31,7 @@
 #include "ops/ops.h"
 #include "training/optimizer.h"
 #include "pipeline/pipeline.h"
+#include "pipeline/grid_flags.h"  // GridFlags: the flags 08, 09 and 12 share
 #include "pipeline/pipeline_flags.h"
 #include "pipeline/pipeline_report.h"
 #include "schedule/pipeline_schedule.h"
@@ -39,43 +40,29 @@
 #include "parallel/parallelize.h"  // apply_tensor_parallel: 07's collectives, for every chunk
 #include "training/training_run.h"
 
-// The chapter's own flags (the common ones are TrainConfig's, flags.h): declared, then checked.
-struct Options {
-  int tp = 1;
-  // --pp (default 1), --micro-batches, --schedule, --virtual-stages,
-  // --partition, --zero1, --zero2: 08's, checked by the same code (pipeline_flags.h)
-  PipelineFlags pipeline;
-  bool sequence_parallel = false, overlap = false;
-  std::string matching = "auto";  // auto: by tag where the communicator has tags (MPI), else call order
-  double bucket_mb = 0;
+// The chapter's own flags (the common ones are TrainConfig's, flags.h): declared, then checked. The
+// pipeline's, the schedule's and --bucket-mb are the block 09 and 12 share (grid_flags.h).
+struct Options : GridFlags {
+  Options() : GridFlags(1) {}
   ContextExpertFlags dims;  // --cp, --cp-split, --ep, --capacity-factor, --aux-loss-coef: 10's and 11's
 
   void declare(FlagParser& flags, TrainConfig& cfg) {
-    flags.add("--tp", &tp, "ranks in a tensor-parallel group, innermost (default 1)");
-    dims.add_context_flags(flags);  // --cp, --cp-split
-    flags.add("--pp", &pipeline.pp, "pipeline stages, outermost (default 1); the rest is data-parallel");
-    dims.add_expert_flags(flags);  // --ep, --capacity-factor, --aux-loss-coef
-    flags.add_switch("--sequence-parallel", &sequence_parallel,
-                     "split the rows between the parallel products too (a MoE preset with --tp needs it)");
-    flags.add_switch("--tp-overlap", &overlap,
-                     "in backward, sum the input's gradient while the weight's gradient is computed");
-    add_schedule_flags(flags, &pipeline, &matching);  // --micro-batches, --schedule, ... (pipeline_flags.h)
-    flags.add("--bucket-mb", &bucket_mb, "data-parallel bucket size in MB (default: an eighth of the gradient)");
-    flags.add("--tp-link-gbps", &cfg.tp_link_gbps, "the tensor-parallel group's emulated link (default: --link-gbps's)");
-    flags.add("--tp-link-latency-us", &cfg.tp_link_latency_us, "its latency (default: --link-latency-us's)");
+    GridFlagHelp help;
+    help.tp = "ranks in a tensor-parallel group, innermost (default 1)";
+    help.pp = "pipeline stages, outermost (default 1); the rest is data-parallel";
+    help.sequence_parallel = "split the rows between the parallel products too (a MoE preset with --tp needs it)";
+    declare_grid(flags, cfg, help, [&] { dims.add_context_flags(flags); }, [&] { dims.add_expert_flags(flags); });
   }
   void check(TrainConfig& cfg, int ranks) {
-    check_schedule_flags(cfg, pipeline);
-    if (cfg.was_given("--bucket-mb") && !(bucket_mb > 0)) config_error("--bucket-mb must be > 0");
-    if (cfg.was_given("--tp") && tp < 1) config_error("--tp must be >= 1");
+    check_grid(cfg);
     check_context_and_expert_flags(cfg, ranks, dims);  // and --ulysses'
   }
 };
 
 // The whole run, in a function: the grid's groups must end before MPI does.
 int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
-  // Every flag checked against the others, the ranks, the model and the batch, as 08 checks them
-  // (with --tp's groups), before any schedule, model or buffer exists.
+  // Every flag checked against the others, the ranks, the model and the batch (a resumed run's is the
+  // checkpoint's, checked by the run), before any schedule, model or buffer exists.
   GPT2Config model_cfg;
   if (!find_preset(cfg.preset, &model_cfg)) config_error("--preset: unknown preset '" + cfg.preset + "'");
   const int batch = cfg.was_given("--batch") ? cfg.batch : cfg.resume.empty() ? model_cfg.default_batch : 0;
