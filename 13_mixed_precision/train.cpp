@@ -74,6 +74,7 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
   const Device device = run.device();
   const DType dtype = run.dtype();  // fp32, or bf16 mixed precision on GPUs
   const ParamLayout& layout = run.layout();
+  Communicator& replicas = grid.dp();  // every rank that holds the same parameters
 
   // Every rank holds all parameters, all gradients and the whole optimizer state.
   Buffer params(layout.padded_size, MemCategory::Params, dtype, device);
@@ -125,8 +126,8 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
     if (!last_micro_batch) return;  // no_sync: gradients are not final until the last micro-batch
     const int b = buckets.mark_ready(p);
     if (b < 0) return;  // the bucket still waits for other gradients
-    in_flight.push_back(wire_all_reduce_async(world, grads.view().slice1d(buckets.begin(b), buckets.size(b)), ReduceOp::Avg,
-                                              collective_formats(world).gradients));
+    in_flight.push_back(wire_all_reduce_async(replicas, grads.view().slice1d(buckets.begin(b), buckets.size(b)),
+                                              ReduceOp::Avg, collective_formats(replicas).gradients));
   };
 
   for (int step = start; step < cfg.steps; step++) {
