@@ -75,8 +75,8 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
   const Device device = run.device();
   const DType dtype = run.dtype();  // fp32, or bf16 mixed precision on GPUs
   const ParamLayout& layout = run.layout();
+  Communicator& replicas = grid.dp();  // every rank that holds the same parameters
   Communicator& tp_group = grid.tp();
-  Communicator& dp_group = grid.dp();
 
   // Every rank holds its slices of the parameters, plus the tensors held whole, and their gradients.
   Buffer params(layout.padded_size, MemCategory::Params, dtype, device);
@@ -84,9 +84,9 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
   const double bucket_bytes =
       cfg.was_given("--bucket-mb") ? opt.bucket_mb * 1e6 : default_bucket_bytes(layout, dtype_size(dtype));
   GradientBuckets buckets(layout, bucket_bytes, dtype_size(dtype), opt.zero1 ? BucketCut::AtLayers : BucketCut::AtTensors);
-  const ShardPlan plan = opt.zero1 ? GradientSync::zero1_plan(buckets, dp_group) : ShardPlan::unsharded(layout);
+  const ShardPlan plan = opt.zero1 ? GradientSync::zero1_plan(buckets, replicas) : ShardPlan::unsharded(layout);
   Buffer grad_shard(opt.zero1 ? plan.size() : 0, MemCategory::CommBuffers, dtype, device);
-  GradientSync data_parallel(dp_group, buckets, grads.view(), opt.zero1 ? &plan : nullptr, grad_shard.view());
+  GradientSync data_parallel(replicas, buckets, grads.view(), opt.zero1 ? &plan : nullptr, grad_shard.view());
   AdamW optimizer(layout, plan, cfg.weight_decay, device, dtype);
   GPT2 model(run.model_config(), layout, run.micro_batch_size(), device, dtype, tp);
   model.bind_all(params.data(), grads.data());
@@ -164,6 +164,8 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
       loss += model.forward(batch.inputs, batch.targets, batch.B) / cfg.grad_accum;
       model.backward(1.0f / cfg.grad_accum);
     }
+
+    // Most of them finished while backward ran; wait for the rest.
     data_parallel.finish();
 
     // The global norm: each TP rank's slices, plus the tensors held whole counted by one rank of the
