@@ -1,5 +1,6 @@
 // test_flags.cpp: the shared command line of flags.h: values, both spellings, defaults, --help, and
-// that every mistake stops the program with a message naming the flag.
+// that every mistake stops the program with a message naming the flag; and the pipeline chapters'
+// shared block (grid_flags.h).
 // config_error() ends the process (exit code 1 here, where MPI is not initialised), so error paths
 // are death tests: each runs in a child process and the test checks its exit code and stderr.
 #include <gtest/gtest.h>
@@ -9,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "pipeline/grid_flags.h"  // GridFlags: the block 08, 09 and 12 share
 #include "training/flags.h"
 
 namespace {
@@ -305,6 +307,71 @@ TEST(TrainFlags, RecordsWhichFlagsWereGiven) {
   EXPECT_FALSE(cfg.was_given("--batch"));
   EXPECT_FALSE(cfg.was_given("--warmup"));
   EXPECT_FLOAT_EQ(parse_train({"--lr", "1e-30"}).lr, 1e-30f);  // small, but a float
+}
+
+// ---- The pipeline chapters' shared block (grid_flags.h): 09's and 12's --help list it in one order. ----
+
+// The block declared as 12 declares it (a chapter's own flags after --tp and after --pp), or as 08
+// does (no tp text: no tensor-parallel flags), then parsed; `usage` gets --help's list.
+GridFlags parse_grid(std::initializer_list<const char*> arguments, bool tensor_parallel, std::string* usage) {
+  Argv args(arguments);
+  FlagParser parser;
+  TrainConfig cfg;
+  GridFlags grid(1);
+  int cp = 1, ep = 1;
+  GridFlagHelp help;
+  help.tp = tensor_parallel ? "tensor-parallel ranks (default 1)" : nullptr;
+  help.pp = "pipeline stages (default 1)";
+  help.sequence_parallel = "split the rows too";
+  grid.declare_grid(parser, cfg, help, [&] { parser.add("--cp", &cp, "ring ranks (default 1)"); },
+                    [&] { parser.add("--ep", &ep, "expert ranks (default 1)"); });
+  EXPECT_TRUE(parse_train_flags(args.argc(), args.argv(), "00_test", "a test", parser, &cfg));
+  grid.check_grid(cfg);
+  *usage = parser.usage();
+  return grid;
+}
+
+TEST(GridFlags, OneBlockInOneOrderWithTheChaptersOwnBetween) {
+  std::string usage;
+  const GridFlags grid = parse_grid({"--tp", "2", "--pp", "4", "--sequence-parallel", "--bucket-mb", "0.5",
+                                     "--schedule", "zb-h1", "--zero1"},
+                                    true, &usage);
+  EXPECT_EQ(grid.tp, 2);
+  EXPECT_EQ(grid.pipeline.pp, 4);
+  EXPECT_TRUE(grid.sequence_parallel);
+  EXPECT_FALSE(grid.overlap);
+  EXPECT_EQ(grid.bucket_mb, 0.5);
+  EXPECT_EQ(grid.pipeline.schedule, "zb-h1");
+  EXPECT_TRUE(grid.pipeline.zero1);
+  EXPECT_EQ(grid.matching, "auto");
+  long previous = -1;  // usage() opens with the chapter's own flags: --tp at 0
+  for (const char* flag : {"--tp N", "--cp N", "--pp N", "--ep N", "--sequence-parallel", "--tp-overlap",
+                           "--micro-batches N", "--schedule", "--bucket-mb X", "--tp-link-gbps X",
+                           "--tp-link-latency-us X"}) {
+    const size_t at = usage.find(std::string("  ") + flag);
+    ASSERT_NE(at, std::string::npos) << flag << " missing in\n" << usage;
+    EXPECT_GT(long(at), previous) << flag << " out of order in\n" << usage;
+    previous = long(at);
+  }
+}
+
+TEST(GridFlags, WithoutTensorParallelismNoneOfItsFlags) {
+  std::string usage;
+  const GridFlags grid = parse_grid({"--pp", "2"}, false, &usage);
+  EXPECT_EQ(grid.tp, 1);
+  EXPECT_EQ(grid.pipeline.pp, 2);
+  for (const char* flag : {"--tp ", "--sequence-parallel", "--tp-overlap", "--tp-link-gbps", "--tp-link-latency-us"})
+    EXPECT_EQ(usage.find(flag), std::string::npos) << flag << " listed in\n" << usage;
+  EXPECT_NE(usage.find("--bucket-mb X"), std::string::npos) << usage;
+}
+
+TEST(GridFlagsDeathTest, EachRefusalNamesItsFlag) {
+  std::string usage;
+  EXPECT_EXIT(parse_grid({"--tp", "0"}, true, &usage), ::testing::ExitedWithCode(1), "--tp must be >= 1");
+  EXPECT_EXIT(parse_grid({"--bucket-mb", "-1"}, true, &usage), ::testing::ExitedWithCode(1),
+              "--bucket-mb must be > 0");
+  EXPECT_EXIT(parse_grid({"--pp", "0"}, false, &usage), ::testing::ExitedWithCode(1), "--pp must be >= 1");
+  EXPECT_EXIT(parse_grid({"--tp", "2"}, false, &usage), ::testing::ExitedWithCode(1), "unknown flag '--tp'");
 }
 
 }  // namespace
