@@ -39,7 +39,7 @@
 #include "training/training_run.h"
 
 // The chapter's own flags (the common ones are TrainConfig's, flags.h): declared, then checked. The
-// pipeline's, the schedule's and --bucket-mb are the block 09 and 12 share (grid_flags.h).
+// pipeline's, the schedule's and --bucket-mb are the block 08, 09 and 12 share (grid_flags.h).
 struct Options : GridFlags {
   Options() : GridFlags(0) {}  // --tp 0: 2 where the rank count is even, else 1
 

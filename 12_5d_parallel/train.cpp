@@ -41,7 +41,7 @@
 #include "training/training_run.h"
 
 // The chapter's own flags (the common ones are TrainConfig's, flags.h): declared, then checked. The
-// pipeline's, the schedule's and --bucket-mb are the block 09 and 12 share (grid_flags.h).
+// pipeline's, the schedule's and --bucket-mb are the block 08, 09 and 12 share (grid_flags.h).
 struct Options : GridFlags {
   Options() : GridFlags(1) {}  // --tp 1 unless given: 12 composes only the dimensions asked for
   ContextExpertFlags dims;  // --cp, --cp-split, --ep, --capacity-factor, --aux-loss-coef: 10's and 11's
