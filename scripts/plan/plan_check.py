@@ -135,20 +135,28 @@ def main(out, preset, plan):
                                             load_before, load_after)
         row += bytes_note
         if timed == "1":
-            meas_ms, pred_ms = median_step("%s/%s.jsonl" % (out, name))["step_ms"], p["step_s"] * 1e3
+            step = median_step("%s/%s.jsonl" % (out, name))
+            meas_ms, pred_ms = step["step_ms"], p["step_s"] * 1e3
+            # The row's own matrix products (its matmul_ms) against their FLOPs at the calibrated rate: where
+            # the two part as far as the step does, the miss is the compute's (the load swung between the
+            # calibrations and the row), not the synchronizations'.
+            flops = predict(plan, model, int(ranks), "0", "0", flags, 1.0, 1e30)[0]["compute_s"]
             err = (pred_ms - meas_ms) / meas_ms
             time_rows += 1
             time_ok += abs(err) <= 0.20
             row += (" | %7.1f / %7.1f (%+5.1f%%) #%s-#%d compute %.1f TP %.1f CP %.1f PP %.1f DP %.1f EP %.1f bubble %.1f"
-                    " | sync %.0f us: +%.1f" % (
+                    " | sync %.0f us: +%.1f | products %.0f / %.0f" % (
                         meas_ms, pred_ms, 100 * err, cal, int(cal) + rounds, p["compute_s"] * 1e3, p["tp_s"] * 1e3,
                         p.get("cp_s", 0) * 1e3, p["pp_s"] * 1e3, p["dp_s"] * 1e3, p.get("ep_s", 0) * 1e3,
-                        p["bubble_s"] * 1e3, sync_us, p.get("sync_s", 0) * 1e3))
+                        p["bubble_s"] * 1e3, sync_us, p.get("sync_s", 0) * 1e3, step["matmul_ms"], flops / peak * 1e3))
         print(row)
     print("(memory in kB, rank 0, by category: measured/planned, '!' where they differ; '<': a mixture of experts' activations "
           "(11, 12), set by the routing, against the planner's bound; buffers: the measured peak of the communication buffers "
           "and the planner's bound; load: the 1-minute load average at the row's start and end)")
     print("(Ulysses bytes: what rank 0's all-to-alls sent in a step, measured/planned, exact)")
+    print("(sync: the mean cost of one synchronization measured beside the calibrations around the row, and what it "
+          "adds to the step; products: ms in the matrix products, the row's own median step / their FLOPs at the "
+          "calibrated rate)")
     print("memory exact (and within the bounds) in %d of %d runs; step time within 20%% in %d of %d timed runs "
           "at 2 ranks" % (memory_ok, memory_rows, time_ok, time_rows))
     return 0 if memory_ok == memory_rows else 1
