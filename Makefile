@@ -284,7 +284,7 @@ $(PLAN): $(patsubst %.cpp,$(BUILD)/%.o,$(wildcard 09_3d_parallel/plan*.cpp)) $(L
 plan: $(PLAN) ## 09's planner: best TP x CP x PP x DP (x EP) configurations, Megatron-LM's Table 1, the published runs (--published), results/plan_heatmap.png: PLAN_ARGS="--model llama3-405b --nodes 2048 --seq-len 131072 --tokens-per-batch 16777216"
 	@scripts/plan/plan.sh $(PLAN_ARGS)
 
-plan-check: $(PLAN) $(BUILD)/sync_probe ## 09's planner against runs of 03-12 on this machine, calibrations between the timed rows, the load beside each, about 2 min on 2 cores: RUNS="dp2 tp2 ..." to pick
+plan-check: $(PLAN) $(BUILD)/sync_probe ## 09's planner against runs of 03-12 on this machine, calibrations (each with a sync probe) between the timed rows, the load beside each, about 2 min on 2 cores: RUNS="dp2 tp2 ..." to pick
 	@$(MAKE) --no-print-directory all
 	@scripts/plan/plan_check.sh
 
