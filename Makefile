@@ -157,7 +157,7 @@ $(TEST_SRC:tests/%.cpp=$(BUILD)/tests/%.o) $(TEST_SUPPORT) $(BUILD)/tests/mpi_gt
 # does not compile them again.
 .SECONDARY:
 
-tests: $(TEST_BIN) $(COLLECTIVES_PROGRAM) $(FORMATS_PROGRAM) $(addsuffix /train,$(CHAPTERS)) $(BUILD)/pipeline_ideal $(PLAN) $(CPU_LESSONS) $(CONVERT) ## builds every test and chapter, runs nothing
+tests: $(TEST_BIN) $(COLLECTIVES_PROGRAM) $(FORMATS_PROGRAM) $(addsuffix /train,$(CHAPTERS)) $(BUILD)/pipeline_ideal $(BUILD)/sync_probe $(PLAN) $(CPU_LESSONS) $(CONVERT) ## builds every test and chapter, runs nothing
 
 deps: ## only installs missing packages (MPICH, GoogleTest, matplotlib)
 	@scripts/setup/ensure_deps.sh
@@ -284,9 +284,13 @@ $(PLAN): $(patsubst %.cpp,$(BUILD)/%.o,$(wildcard 09_3d_parallel/plan*.cpp)) $(L
 plan: $(PLAN) ## 09's planner: best TP x CP x PP x DP (x EP) configurations, Megatron-LM's Table 1, the published runs (--published), results/plan_heatmap.png: PLAN_ARGS="--model llama3-405b --nodes 2048 --seq-len 131072 --tokens-per-batch 16777216"
 	@scripts/plan/plan.sh $(PLAN_ARGS)
 
-plan-check: $(PLAN) ## 09's planner against runs of 03-12 on this machine, calibrations between the timed rows, the load beside each, about 2 min on 2 cores: RUNS="dp2 tp2 ..." to pick
+plan-check: $(PLAN) $(BUILD)/sync_probe ## 09's planner against runs of 03-12 on this machine, calibrations (each with a sync probe) between the timed rows, the load beside each, about 2 min on 2 cores: RUNS="dp2 tp2 ..." to pick
 	@$(MAKE) --no-print-directory all
 	@scripts/plan/plan_check.sh
+
+# What one synchronization between 2 ranks costs now, which plan-check measures beside each calibration.
+$(BUILD)/sync_probe: $(BUILD)/scripts/plan/sync_probe.o $(LIBCOMMON)
+	$(call say,LINK,$@)$(MPICXX) $(CXXFLAGS) $^ -o $@ -pthread
 
 # The checkpoint converter: a single file to a sharded folder and back, one process (scripts/checkpoint/convert.cpp).
 $(CONVERT): $(BUILD)/scripts/checkpoint/convert.o $(LIBCOMMON)

@@ -58,7 +58,8 @@ $(LIBCOMMON): $(CUDA_OBJ)
 # target's prerequisites, where -l flags only draw warnings). A new program that links libcommon.a
 # belongs in this list.
 CUDA_LINKED := $(addsuffix /train,$(CHAPTERS)) $(COLLECTIVES_PROGRAM) $(TEST_BIN) $(BUILD)/matmul_bench \
-               $(BUILD)/pipeline_ideal $(PLAN) $(BUILD)/kernel_variants $(CONVERT) $(BUILD)/checkpoint_scale
+               $(BUILD)/pipeline_ideal $(PLAN) $(BUILD)/kernel_variants $(CONVERT) $(BUILD)/checkpoint_scale \
+               $(BUILD)/sync_probe
 $(CUDA_LINKED): private CXXFLAGS += $(CUDA_LDFLAGS)
 
 # Kernel lessons: standalone programs (no libcommon, no MPI), built with the chapters.

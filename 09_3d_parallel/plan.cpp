@@ -53,6 +53,9 @@ int main(int argc, char** argv) {
   flags.add("--elementwise-rate", &opt.elementwise_rate,
             "activation bytes a second at which the work that is not a matrix product runs (0: counted in the "
             "dense FLOPs; default: the cluster's)");
+  flags.add("--sync-us", &opt.sync_us,
+            "microseconds one synchronization between ranks costs besides the link (the wait for the peer to get a "
+            "shared core; make plan-check measures it), once for each blocking collective and message");
   flags.add("--memory-gb", &opt.memory_gb, "memory per GPU in GB (10^9 bytes), replacing the preset's");
   flags.add("--intra-gbps", &opt.intra_gbps, "link inside a node, Gb/s per GPU (replaces the preset's)");
   flags.add("--intra-latency-us", &opt.intra_latency_us, "its latency per message");
@@ -131,7 +134,7 @@ int main(int argc, char** argv) {
   for (const auto& [flag, value] : std::vector<std::pair<const char*, double>>{
            {"--intra-gbps", opt.intra_gbps}, {"--intra-latency-us", opt.intra_latency_us},
            {"--inter-gbps", opt.inter_gbps}, {"--inter-latency-us", opt.inter_latency_us},
-           {"--elementwise-rate", opt.elementwise_rate}, {"--capacity-factor", opt.capacity_factor}})
+           {"--elementwise-rate", opt.elementwise_rate}, {"--capacity-factor", opt.capacity_factor}, {"--sync-us", opt.sync_us}})
     if (given(flag) && !(value >= 0)) config_error(std::string(flag) + " must be 0 or more");
   // Sizes no cluster or model has: a typo, not a plan (and arithmetic that would overflow an int).
   for (const auto& [flag, value, most] : std::vector<std::tuple<const char*, double, double>>{
@@ -170,6 +173,7 @@ int main(int argc, char** argv) {
   }
   if (given("--peak-flops")) k.peak_flops = opt.peak_flops;
   if (given("--elementwise-rate")) k.elementwise_rate = opt.elementwise_rate;
+  if (given("--sync-us")) k.sync_s = opt.sync_us * 1e-6;
   if (given("--memory-gb")) k.memory_bytes = opt.memory_gb * 1e9;
   if (given("--intra-gbps")) k.intra_node.gbps = opt.intra_gbps;
   if (given("--intra-latency-us")) k.intra_node.latency_us = opt.intra_latency_us;
@@ -205,6 +209,9 @@ int main(int argc, char** argv) {
     if (given("--elementwise-rate"))
       config_error("--elementwise-rate: the chapters' CPU models' rate; a published shape's elementwise work runs at "
                    "the cluster's memory bandwidth");
+    if (given("--sync-us"))
+      config_error("--sync-us: the wait of CPU ranks on shared cores, for the chapters' models; a published shape's "
+                   "GPUs each have their own");
   }
   if (given("--ep")) {
     const ModelShape m = plan_shape(in);

@@ -75,6 +75,9 @@ void print_header(const PlanInputs& in, const std::string& note) {
   if (in.cluster.elementwise_rate > 0)
     std::printf("the rest of the compute (not matrix products): activation bytes at %.3g GB/s (--elementwise-rate)\n",
                 in.cluster.elementwise_rate / 1e9);
+  if (in.cluster.sync_s > 0)
+    std::printf("a synchronization between ranks: %.1f us, once for each blocking collective and message (--sync-us)\n",
+                in.cluster.sync_s * 1e6);
 }
 
 // `chapters`: the model is one the chapters build, and what they cannot run yet is said.
@@ -233,10 +236,10 @@ int run_one(const PlanInputs& in, const Options& opt, const std::string& note) {
     std::printf("plan-json {\"stage\": %d, \"params_bytes\": %.0f, \"grads_bytes\": %.0f, \"optim_bytes\": %.0f, "
                 "\"activations_bytes\": %.0f, \"transient_bytes\": %.0f, \"step_s\": %.9g, \"compute_s\": %.9g, "
                 "\"tp_s\": %.9g, \"bubble_s\": %.9g, \"pp_s\": %.9g, \"dp_s\": %.9g, \"embedding_s\": %.9g, \"cp_s\": %.9g, "
-                "\"ep_s\": %.9g, \"ulysses_s\": %.9g, \"ulysses_bytes\": %.0f}\n",
+                "\"ep_s\": %.9g, \"ulysses_s\": %.9g, \"ulysses_bytes\": %.0f, \"sync_s\": %.9g}\n",
                 stage, sm.params_bytes, sm.grads_bytes, sm.optim_bytes, sm.memory.activations, sm.memory.transient,
                 r.step_s, r.compute_s, r.tp_s, r.bubble_s, r.pp_s, r.dp_s, r.embedding_s, r.cp_s, r.ep_s, r.ulysses_s,
-                stage == 0 ? r.ulysses_bytes : 0.0);
+                stage == 0 ? r.ulysses_bytes : 0.0, r.sync_added_s);
   }
   print_legend();
   return 0;

@@ -195,6 +195,53 @@ TEST(Planner, CpuComputeCountsTheWorkBesidesTheMatrixProducts) {
               1e-9);
 }
 
+// A synchronization's cost (Cluster::sync_s, plan --sync-us: what make plan-check measures beside each
+// calibration) is paid once for each blocking collective and message: TP's collectives of every
+// micro-batch (predict_tensor_parallel's counts), under SP one wait a block and one for the rest for
+// the sums of the gradients held whole, the ring's hops (cp - 1 a block forward, twice that backward)
+// and the experts' 5 all-to-alls a block; sync_added_s is their sum on the step.
+TEST(Planner, ASynchronizationIsPaidOnceForEachBlockingCollective) {
+  const double sync = 1e-3;
+  auto both = [&](PlanInputs in, const PlanConfig& c) {
+    const PlanResult without = evaluate_plan(in, c);
+    in.cluster.sync_s = sync;
+    const PlanResult with = evaluate_plan(in, c);
+    EXPECT_EQ(without.sync_added_s, 0.0);
+    EXPECT_NEAR(with.sync_added_s, with.step_s - without.step_s, 1e-12);
+    return std::make_pair(without, with);
+  };
+  PlanInputs in = cpu_inputs("small", 2, 8);
+  in.cluster.peak_flops = 2e10, in.cluster.elementwise_rate = 1e9;
+  const GPT2Config& cfg = in.model;
+  for (bool sp : {false, true})
+    for (int m : {1, 2}) {
+      SCOPED_TRACE(std::string(sp ? "SP" : "TP") + " m " + std::to_string(m));
+      const TensorParallelPrediction tpp = predict_tensor_parallel(cfg, 8 / m, TensorParallelism{2, 0, sp}, DType::F32);
+      const int per_micro = tpp.all_reduces + tpp.all_gathers + tpp.reduce_scatters + tpp.loss_all_reduces;
+      EXPECT_GE(per_micro, 4 * cfg.L) << "two collectives a block each pass";
+      const auto [without, with] = both(in, config(1, 2, 1, Schedule::OneFOneB, 1, 8 / m, m, 0, Recompute::None, sp));
+      const double syncs = m * per_micro + (sp ? cfg.L + 1 : 0);
+      EXPECT_NEAR(with.tp_s - without.tp_s, syncs * sync, 1e-12);
+      EXPECT_NEAR(with.sync_added_s, syncs * sync, 1e-12) << "nothing hides TP's collectives";
+    }
+  // With the compute free nothing hides the ring's hops or the all-to-alls either.
+  in.cluster.peak_flops = in.cluster.elementwise_rate = 1e30;
+  for (int cp : {2, 4}) {
+    PlanConfig c = config(1, 1, 1, Schedule::OneFOneB, 1, 8, 1, 0, Recompute::None, false);
+    c.cp = cp;
+    PlanInputs x = in;
+    x.gpus = cp;
+    const auto [without, with] = both(x, c);
+    EXPECT_NEAR(with.cp_s - without.cp_s, cfg.L * 3.0 * (cp - 1) * sync, 1e-12) << "cp " << cp;
+  }
+  PlanInputs moe = cpu_inputs("moe-small", 2, 8);
+  moe.cluster.peak_flops = moe.cluster.elementwise_rate = 1e30;
+  PlanConfig c = config(2, 1, 1, Schedule::OneFOneB, 1, 2, 2, 0, Recompute::None, false);
+  c.ep = 2;
+  const auto [without, with] = both(moe, c);
+  EXPECT_NEAR(with.ep_s - without.ep_s, 2 * moe.model.L * 5.0 * sync, 1e-12);
+}
+
 // The cluster of docs/cluster.md (make cluster-up): 2 CPU ranks a node, MPI's shared memory inside
 // it, the tbf-shaped link between nodes. Its memory per rank is the trainers' own check, and the
 // inter-node rate (--inter-gbps, the cluster's GBPS) moves exactly the groups the grid puts across

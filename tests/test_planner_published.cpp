@@ -384,6 +384,8 @@ TEST(PlanFlags, SequenceAndTokensPerBatchAreInputsAndAbsurdInputsAreRefused) {
            {"--gpus 3 --batch 512", "--batch 512 does not split over any data-parallel degree that --gpus 3 leaves"},
            {"--attention materialized", "a published shape is timed with flash attention"},
            {"--elementwise-rate 1e9", "--elementwise-rate: the chapters' CPU models' rate"},
+           {"--sync-us 2000", "--sync-us: the wait of CPU ranks on shared cores"},
+           {"--sync-us -5", "--sync-us must be 0 or more"},
            {"--ep 2", "--ep 2: --model llama3-8b has no experts"},
            {"--fp8-speedup 1.5", "--fp8-speedup: the products run in FP8 only with --fp8"},
            {"--attention-efficiency 2", "--attention-efficiency 2.000000: a fraction of peak"}}) {

@@ -293,6 +293,10 @@ PlanResult evaluate_plan(const PlanInputs& in, const PlanConfig& c, bool simulat
   const LinkModel& tp_link = link_for(k, c.tp);
   const LinkModel& dp_link = link_for(k, c.tp * c.dp * c.context());
   const LinkModel& pp_link = link_for(k, c.gpus());
+  // What a rendezvous with the peer costs (Cluster::sync_s), once for each blocking collective or
+  // message on a rank's path, besides the link's alpha-beta time: 0 but on CPU ranks whose cores other
+  // processes share, where each waits for the peer to be scheduled again (docs/planner.md, plan-check).
+  const double sync = k.sync_s;
   const double tokens = double(B) * cfg.T / c.context();  // a rank's positions of a micro-batch (chapter 10: T/(cp u))
   const double stream_bytes = tokens * cfg.C * w;
   // A mixture of experts (chapter 11): each token's MLP is its top_k experts' (at most the capacity's
@@ -315,7 +319,8 @@ PlanResult evaluate_plan(const PlanInputs& in, const PlanConfig& c, bool simulat
     // with their gradients. Under Ulysses the ring's ranks are u apart, and its blocks of T/cp
     // positions on C/u channels hold as many values as T/(cp u) positions on C.
     const double hop =
-        modelled_ms(link_for(k, c.cp * c.ulysses), CollectiveKind::SendRecv, int64_t(2 * stream_bytes / c.tp), 2) / 1e3;
+        modelled_ms(link_for(k, c.cp * c.ulysses), CollectiveKind::SendRecv, int64_t(2 * stream_bytes / c.tp), 2) / 1e3 +
+        sync;
     const double per_block = tokens * attention_flops_per_token(cfg) / 2 / rate / c.cp / c.tp;
     cp_forward_per_block = (c.cp - 1) * std::max(0.0, hop - per_block);
     cp_backward_per_block = (c.cp - 1) * std::max(0.0, 2 * hop - 2 * per_block);
@@ -327,8 +332,9 @@ PlanResult evaluate_plan(const PlanInputs& in, const PlanConfig& c, bool simulat
   double ulysses_per_block = 0;
   if (c.ulysses > 1) {
     const LinkModel& ulysses_link = link_for(k, c.ulysses);
-    const double forward = ulysses.forward_seconds(ulysses_link, forward_passes);
-    const double backward = ulysses.backward_seconds(ulysses_link, false);
+    // (2 all-to-alls a forward pass, 4 a backward: {3, 1} and {3, 1, 1, 3} parts, planner_ulysses.h)
+    const double forward = ulysses.forward_seconds(ulysses_link, forward_passes) + 2 * forward_passes * sync;
+    const double backward = ulysses.backward_seconds(ulysses_link, false) + 4 * sync;
     cp_forward_per_block += forward, cp_backward_per_block += backward;
     ulysses_per_block = forward + backward;
   }
@@ -337,7 +343,8 @@ PlanResult evaluate_plan(const PlanInputs& in, const PlanConfig& c, bool simulat
     const LinkModel& ep_link = link_for(k, c.ep);
     const double rows = double(balanced_rows[0]) * cfg.C * w;
     ep_per_block = (4 * modelled_ms(ep_link, CollectiveKind::AllToAll, int64_t(rows), c.ep) +
-                    modelled_ms(ep_link, CollectiveKind::AllToAll, int64_t(4 * cfg.experts), c.ep)) / 1e3;
+                    modelled_ms(ep_link, CollectiveKind::AllToAll, int64_t(4 * cfg.experts), c.ep)) / 1e3 +
+                   5 * sync;
   }
   // A pass's activation bytes (the elementwise work's measure): the arena of its part, on T/cp
   // positions with the ring's blocks under CP, and a mixture of experts' routers and rows.
@@ -386,7 +393,9 @@ PlanResult evaluate_plan(const PlanInputs& in, const PlanConfig& c, bool simulat
       const double recompute = tokens * recompute_flops / rate + recompute_elementwise;
       const TensorParallelPrediction tpp =
           predict_tensor_parallel(held, B, tp, dtype, p == 1 ? std::vector<ModelPart>{} : std::vector<ModelPart>{part});
-      const double tp_time = tensor_parallel_seconds(tpp, tp_link, stream_bytes, tokens * 4, c.tp);
+      const int tp_collectives = tpp.all_reduces + tpp.all_gathers + tpp.reduce_scatters + tpp.loss_all_reduces;
+      const double tp_time =
+          tensor_parallel_seconds(tpp, tp_link, stream_bytes, tokens * 4, c.tp) + (c.tp > 1 ? tp_collectives * sync : 0);
       // The ring's (and Ulysses') and the experts' exchanges of this part's blocks: the context
       // axis's each in its pass; the all-to-alls half and half.
       const double cp_time = blocks * (cp_forward_per_block + cp_backward_per_block), ep_time = blocks * ep_per_block;
@@ -425,13 +434,18 @@ PlanResult evaluate_plan(const PlanInputs& in, const PlanConfig& c, bool simulat
     const double payload = tpp.partial_grad_bytes * c.tp / (2.0 * (c.tp - 1));  // bytes sent -> payload
     r.tp_s += (modelled_ms(tp_link, CollectiveKind::AllReduce, int64_t(payload), c.tp) +
                (tpp.partial_grad_all_reduces - 1) * modelled_ms(tp_link, CollectiveKind::AllReduce, 0, c.tp)) / 1e3;
+    // Those sums travel while the backward goes on and are waited for once a block (07, 09), and once
+    // for what the embedding and the final layernorm hold: a rendezvous each wait, not each sum.
+    int waits = worst_parts.empty() ? cfg.L : 0;  // (no parts: the whole model)
+    for (const ModelPart& part : worst_parts) waits += std::min(part.last(cfg), cfg.L) - (std::max(part.first_unit, 1) - 1);
+    r.tp_s += (waits + 1) * sync;
   }
   const double busy = r.compute_s + r.tp_s + r.cp_s + r.ep_s;
   double pipeline_s = busy;
   if (p > 1) {
     // One micro-batch's stream between stages: under sequence parallelism a TP rank's rows only (09).
     const double message = stream_bytes / (c.sequence_parallel ? c.tp : 1);
-    costs.p2p = modelled_ms(pp_link, CollectiveKind::SendRecv, int64_t(message), 2) / 1e3;
+    costs.p2p = modelled_ms(pp_link, CollectiveKind::SendRecv, int64_t(message), 2) / 1e3 + sync;
     double without_p2p = 0;
     if (simulate_pipeline) {
       pipeline_s = simulated_makespan(c.schedule, shape, costs, &without_p2p);
@@ -471,8 +485,9 @@ PlanResult evaluate_plan(const PlanInputs& in, const PlanConfig& c, bool simulat
     auto ring = [&](CollectiveKind kind) {
       double ms = 0;
       if (group > 1)
-        ms += modelled_ms(dp_link, kind, int64_t(shard_all), group) + (collectives - 1) * modelled_ms(dp_link, kind, 0, group);
-      if (experts > 0 && expert_group > 1) ms += modelled_ms(dp_link, kind, int64_t(w * experts), expert_group);
+        ms += modelled_ms(dp_link, kind, int64_t(shard_all), group) + (collectives - 1) * modelled_ms(dp_link, kind, 0, group) +
+              collectives * sync * 1e3;
+      if (experts > 0 && expert_group > 1) ms += modelled_ms(dp_link, kind, int64_t(w * experts), expert_group) + sync * 1e3;
       return ms / 1e3;
     };
     const double hidden = in.dp_overlap ? 1 : 0;
@@ -495,8 +510,14 @@ PlanResult evaluate_plan(const PlanInputs& in, const PlanConfig& c, bool simulat
   // The tied wte's two copies (first and last stage) summed once a step, on the pipeline's link; a
   // V puts both ends on rank 0, one copy.
   if (p > 1 && rank_of_stage(shape, 0) != rank_of_stage(shape, p * v - 1))
-    r.embedding_s = modelled_ms(pp_link, CollectiveKind::AllReduce, int64_t(w * double(cfg.V) / c.tp * cfg.C), 2) / 1e3;
+    r.embedding_s = modelled_ms(pp_link, CollectiveKind::AllReduce, int64_t(w * double(cfg.V) / c.tp * cfg.C), 2) / 1e3 + sync;
   r.step_s = pipeline_s + r.dp_s + r.embedding_s;
+  if (sync > 0) {
+    // What the rendezvous add to the step, against the same configuration without them.
+    PlanInputs without = in;
+    without.cluster.sync_s = 0;
+    r.sync_added_s = r.step_s - evaluate_plan(without, c, simulate_pipeline).step_s;
+  }
 
   const double step_tokens = double(in.batch) * cfg.T;
   r.tokens_per_s = step_tokens / r.step_s;

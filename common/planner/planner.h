@@ -42,6 +42,11 @@ struct Cluster {
   // attention's products included) stand for everything, as on a GPU, where that work is a few
   // percent; on this machine's CPU it is a third of a step (docs/planner.md).
   double elementwise_rate = 0;
+  // What one synchronization between ranks costs besides the link's alpha-beta time, in seconds: the
+  // wait for the peer to be scheduled when the cores are shared with more runnable processes than
+  // cores. Added once for each blocking collective and message on a rank's path (a chapters' model;
+  // `make plan-check` measures it beside each calibration, scripts/plan/sync_probe.cpp). 0: none.
+  double sync_s = 0;
   // The device memory's bandwidth (bytes/s, the data sheet's). A published shape's elementwise work
   // (norms, activations, residual adds, the experts' permutation, the loss) is timed as its activations'
   // bytes at this rate (planner_shape.cpp); 0: not counted. The chapters' models keep elementwise_rate.
@@ -184,6 +189,8 @@ struct PlanResult {
   // bubble (idle time with free links) + its exposed point-to-point messages (what they add to the
   // simulated step) + exposed DP + the embedding group's all-reduce = step.
   double compute_s = 0, tp_s = 0, bubble_s = 0, pp_s = 0, dp_s = 0, embedding_s = 0, step_s = 0;
+  // Of step_s, what the synchronizations add (Cluster::sync_s; 0 without).
+  double sync_added_s = 0;
   double cp_s = 0, ep_s = 0;  // exposed context-parallel (ring, all-gather, Ulysses) and expert (all-to-all) traffic
   // Of cp_s, Ulysses' all-to-alls (on the critical path), and the bytes a rank sends in them a step.
   double ulysses_s = 0, ulysses_bytes = 0;

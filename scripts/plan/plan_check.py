@@ -30,10 +30,10 @@ def median_step(path):
     return steps[(len(steps) - 1) // 2]
 
 
-def predict(plan, model, ranks, gbps, latency, flags, peak, elementwise):
+def predict(plan, model, ranks, gbps, latency, flags, peak, elementwise, sync_us=0.0):
     cmd = [plan, "--one", "--model", model, "--cluster", "emulated", "--gpus", str(ranks), "--batch", "8",
            "--inter-gbps", gbps, "--inter-latency-us", latency, "--efficiency", "1", "--peak-flops", repr(peak),
-           "--elementwise-rate", repr(elementwise)]
+           "--elementwise-rate", repr(elementwise), "--sync-us", repr(sync_us)]
     cmd += flags.split()
     text = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     return [json.loads(l[len("plan-json "):]) for l in text.splitlines() if l.startswith("plan-json ")]
@@ -55,6 +55,16 @@ def rates(out, plan, preset, index, kind):
     return flops / (cal["matmul_ms"] / 1e3), act_bytes / ((cal["step_ms"] - cal["matmul_ms"]) / 1e3), cal["step_ms"]
 
 
+def sync_cost(out, index):
+    """What one synchronization between the 2 ranks cost beside calibration `index` (build/sync_probe's
+    mean over its blocking all-reduces, microseconds), and its median."""
+    for line in open("%s/calibration%d.sync" % (out, index)):
+        if line.startswith("sync-json "):
+            probe = json.loads(line[len("sync-json "):])
+            return probe["mean_us"], probe["median_us"]
+    sys.exit("plan_check: %s/calibration%d.sync has no sync-json line" % (out, index))
+
+
 def main(out, preset, plan):
     lines = [l.rstrip("\n").split("\t") for l in open(out + "/rows.tsv")]
     cals = {}
@@ -62,15 +72,17 @@ def main(out, preset, plan):
         if f[0] == "calibration":
             index = int(f[1])
             peak, elementwise, ms = rates(out, plan, preset, index, f[3])
-            cals[index] = (peak, elementwise, ms, f[2], f[3])
+            sync_us, sync_median_us = sync_cost(out, index)
+            cals[index] = (peak, elementwise, ms, f[2], f[3], sync_us, sync_median_us)
     names = {"01": "01_vanilla_dp", "10": "10 --cp 1", "11": "11 --ep 1, moe-small"}
     print("calibrations (2 ranks, no link, --preset %s --batch 8 unless said), in the order they ran:" % preset)
     for index in sorted(cals):
-        peak, elementwise, ms, load, kind = cals[index]
+        peak, elementwise, ms, load, kind, sync_us, sync_median_us = cals[index]
         print("  #%-2d %-21s %6.1f ms a step (median) -> %6.2f GFLOP/s in the products, %6.3f GB/s of activations; "
-              "load %s" % (index, names[kind], ms, peak / 1e9, elementwise / 1e9, load))
-    print("(a timed row is predicted with the mean rates of the calibrations just before and after it, or around "
-          "and between its rounds)\n")
+              "sync cost measured now: %7.1f us (median %6.1f); load %s"
+              % (index, names[kind], ms, peak / 1e9, elementwise / 1e9, sync_us, sync_median_us, load))
+    print("(a timed row is predicted with the mean rates and sync cost of the calibrations just before and after it, "
+          "or around and between its rounds; the sync cost, --sync-us, once for each blocking collective and message)\n")
     cats = [("params", "params_bytes", "measured_params_bytes"), ("grads", "grads_bytes", "measured_grads_bytes"),
             ("optim", "optim_bytes", "measured_optim_bytes"), ("activ", "activations_bytes", "measured_activations_bytes")]
     head = "%-20s %5s %-19s %-10s" % ("run", "ranks", "chapter", "link")
@@ -93,11 +105,12 @@ def main(out, preset, plan):
         t = theory[0]
         around = [cals[i] for i in range(int(cal), int(cal) + rounds + 1) if i in cals]
         if not around:  # no calibration ran (only untimed rows chosen): memory does not depend on the rates
-            around = [(1e10, 0.6e9, 0.0)]
+            around = [(1e10, 0.6e9, 0.0, "", "", 0.0, 0.0)]
         if timed != "1":
             around = around[:1]
         peak, elementwise = sum(c[0] for c in around) / len(around), sum(c[1] for c in around) / len(around)
-        p = predict(plan, model, int(ranks), gbps, latency, flags, peak, elementwise)[0]  # stage 0: world rank 0's
+        sync_us = sum(c[5] for c in around) / len(around)
+        p = predict(plan, model, int(ranks), gbps, latency, flags, peak, elementwise, sync_us)[0]  # stage 0: world rank 0's
         routed = model.startswith("moe")  # 11, 12: the activations are the routing's, the plan their bound
         cells, exact = [], True
         for cat, pk, mk in cats:
@@ -122,18 +135,28 @@ def main(out, preset, plan):
                                             load_before, load_after)
         row += bytes_note
         if timed == "1":
-            meas_ms, pred_ms = median_step("%s/%s.jsonl" % (out, name))["step_ms"], p["step_s"] * 1e3
+            step = median_step("%s/%s.jsonl" % (out, name))
+            meas_ms, pred_ms = step["step_ms"], p["step_s"] * 1e3
+            # The row's own matrix products (its matmul_ms) against their FLOPs at the calibrated rate: where
+            # the two part as far as the step does, the miss is the compute's (the load swung between the
+            # calibrations and the row), not the synchronizations'.
+            flops = predict(plan, model, int(ranks), "0", "0", flags, 1.0, 1e30)[0]["compute_s"]
             err = (pred_ms - meas_ms) / meas_ms
             time_rows += 1
             time_ok += abs(err) <= 0.20
-            row += " | %7.1f / %7.1f (%+5.1f%%) #%s-#%d compute %.1f TP %.1f CP %.1f PP %.1f DP %.1f EP %.1f bubble %.1f" % (
-                meas_ms, pred_ms, 100 * err, cal, int(cal) + rounds, p["compute_s"] * 1e3, p["tp_s"] * 1e3,
-                p.get("cp_s", 0) * 1e3, p["pp_s"] * 1e3, p["dp_s"] * 1e3, p.get("ep_s", 0) * 1e3, p["bubble_s"] * 1e3)
+            row += (" | %7.1f / %7.1f (%+5.1f%%) #%s-#%d compute %.1f TP %.1f CP %.1f PP %.1f DP %.1f EP %.1f bubble %.1f"
+                    " | sync %.0f us: +%.1f | products %.0f / %.0f" % (
+                        meas_ms, pred_ms, 100 * err, cal, int(cal) + rounds, p["compute_s"] * 1e3, p["tp_s"] * 1e3,
+                        p.get("cp_s", 0) * 1e3, p["pp_s"] * 1e3, p["dp_s"] * 1e3, p.get("ep_s", 0) * 1e3,
+                        p["bubble_s"] * 1e3, sync_us, p.get("sync_s", 0) * 1e3, step["matmul_ms"], flops / peak * 1e3))
         print(row)
     print("(memory in kB, rank 0, by category: measured/planned, '!' where they differ; '<': a mixture of experts' activations "
           "(11, 12), set by the routing, against the planner's bound; buffers: the measured peak of the communication buffers "
           "and the planner's bound; load: the 1-minute load average at the row's start and end)")
     print("(Ulysses bytes: what rank 0's all-to-alls sent in a step, measured/planned, exact)")
+    print("(sync: the mean cost of one synchronization measured beside the calibrations around the row, and what it "
+          "adds to the step; products: ms in the matrix products, the row's own median step / their FLOPs at the "
+          "calibrated rate)")
     print("memory exact (and within the bounds) in %d of %d runs; step time within 20%% in %d of %d timed runs "
           "at 2 ranks" % (memory_ok, memory_rows, time_ok, time_rows))
     return 0 if memory_ok == memory_rows else 1

@@ -16,7 +16,11 @@
 #   EP rows and 12's MoE rows. A calibration gives two rates: the matrix products' FLOPs over the time
 #   the run spent in them (its step records' matmul_ms), with efficiency 1; and the activation bytes
 #   of a step over the rest of the step (layernorms, GELU, attention, the loss, the optimizer), the
-#   planner's --elementwise-rate. The calibrations alternate with the timed rows, as `make compare` alternates its
+#   planner's --elementwise-rate. Beside each calibration build/sync_probe (scripts/plan/sync_probe.cpp)
+#   times blocking all-reduces of one float on the same 2 ranks for half a second: their mean is what one
+#   synchronization costs under the load of that moment (a few microseconds on idle cores, a
+#   scheduler's time slice when more processes than cores want them), the planner's --sync-us, which
+#   it adds once for each blocking collective and message of the row. The calibrations alternate with the timed rows, as `make compare` alternates its
 #   chapters: one runs before a timed row (unless the one just run is of its kind) and one after it,
 #   and the row is predicted with the mean of the two around it, so that both sides see the same
 #   machine when the load beside them changes. The load average (1 minute) at each row's start and end
@@ -39,6 +43,8 @@ rounds=${ROUNDS:-1}
 out=results/plan_check
 mkdir -p "$out"
 plan=09_3d_parallel/plan
+sync_probe=${BUILD:-build}/sync_probe
+[ -x "$sync_probe" ] || { echo "$sync_probe is not built: make $sync_probe (make plan-check builds it)"; exit 2; }
 
 # Two emulated links (bench-tp's "in a node" and "across nodes").
 fast="5 5"
@@ -121,13 +127,16 @@ calibrate() {
   esac
   mpiexec "${mpirun_flags[@]}" -n 2 "${cmd[@]}" --batch 8 --steps "$cal_steps" --quiet --json "$cal.jsonl" \
     </dev/null >"$cal.log" 2>&1 || { echo "calibration failed: ${cmd[*]}"; tail -n 5 "$cal.log"; exit 1; }
+  # Beside it, what one synchronization between the 2 ranks costs now (the planner's --sync-us).
+  timeout 60 mpiexec "${mpirun_flags[@]}" -n 2 "$sync_probe" --ms 500 </dev/null >"$cal.sync" 2>&1 ||
+    { echo "sync probe failed: $sync_probe"; tail -n 5 "$cal.sync"; exit 1; }
   printf 'calibration\t%s\t%s\t%s\n' "$calibrations" "$(load)" "$kind" >>"$out/rows.tsv"
   calibrations=$((calibrations + 1))
   last=$kind
 }
 
 selected=" ${RUNS:-} "
-rm -f "$out"/calibration*.jsonl
+rm -f "$out"/calibration*.jsonl "$out"/calibration*.sync
 : >"$out/rows.tsv"
 echo "calibration runs on 2 ranks without a link, before and after each timed row: 01_vanilla_dp, 10 --cp 1, 11 --ep 1 (scripts/plan/plan_check.sh)"
 for row in "${runs[@]}"; do
