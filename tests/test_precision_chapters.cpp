@@ -1,7 +1,7 @@
 // test_precision_chapters.cpp: --precision in chapters 01-12 (common/training/mixed_precision.h), run as a user runs them.
 //   - chapter 03 under fp16 (its loss scale applied at the products) equals chapter 13 (which scales
 //     the loss) bit for bit: the same recipe, skipped steps and loss scales on the same grid.
-//   - ZeRO-3, tensor parallelism, and TP with a pipeline, on 2 and 4 ranks, under bf16,
+//   - ZeRO-3, tensor parallelism, TP with a pipeline, and 12 (TP with SP beside DP), on 2 and 4 ranks, under bf16,
 //     fp16 and fp8 (delayed), equal one rank of 01 under the same recipe within the format's
 //     tolerance (docs/mixed_precision.md derives it), and every rank records the same loss scale and
 //     delayed scales at every step.
@@ -90,7 +90,8 @@ TEST(PrecisionChapters, AnyGridEqualsOneRankWithinTheFormat) {
   };
   const Case cases[] = {{"06_zero3", "fp8", 4, "", 1},
                         {"07_tensor_parallel", "fp16", 2, "--tp 2 --sequence-parallel", 1},
-                        {"09_3d_parallel", "bf16", 4, "--tp 2 --pp 2", 2}};  // tensor parallelism and a pipeline
+                        {"09_3d_parallel", "bf16", 4, "--tp 2 --pp 2", 2},  // tensor parallelism and a pipeline
+                        {"12_5d_parallel", "bf16", 4, "--tp 2 --sequence-parallel", 1}};
   const std::string dir = temp_dir();
   std::map<std::string, LossCurve> one_rank;
   for (const auto& [name, recipe] : recipes) {
@@ -113,6 +114,14 @@ TEST(PrecisionChapters, AnyGridEqualsOneRankWithinTheFormat) {
     // format"): tensor parallelism's activations and their gradients 2 bytes an element, each row
     // beside its formula.
     if (c.chapter != "06_zero3") expect_theory_matches(path, 4);
+    if (c.chapter == "12_5d_parallel") {
+      // 12's own table of every rank's groups: TP's collectives with the sums of the gradients held
+      // whole, and DP's all-reduce, in bf16, each beside its formula (rounded to whole bytes per call).
+      const std::string groups = read_record(path, "groups");
+      ASSERT_FALSE(groups.empty()) << r.output;
+      for (const std::string group : {"rank0_tp", "rank3_tp", "rank0_dp_cp", "rank3_dp_cp"})
+        EXPECT_NEAR(number_field(groups, group), number_field(groups, group + "_theory"), 200) << group;
+    }
     if (c.chapter == "07_tensor_parallel") {
       // Sequence parallelism: per micro-batch (10L + 5) gathers and scatters of BTC in fp16 (2 bytes)
       // and the loss's 3 fp32 all-reduces of BT; per step the (6L + 3) sums of the gradients held
