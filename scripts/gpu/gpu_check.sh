@@ -113,7 +113,8 @@ if wants tests || wants precision; then
     timeout 120 "build/tests/$test" --gtest_filter="$filter" >"$out/${test}_gpu.log" 2>&1
     rc=$?
     summary=$(grep -E '^\[  (PASSED|FAILED|SKIPPED) *\] [0-9]+ test' "$out/${test}_gpu.log" | cut -c1-40 | tr '\n' ' ')
-    record precision "$test $filter" "$([ $rc -eq 0 ] && echo pass || echo FAIL)" $((SECONDS - t0)) \
+    verdict=$([ $rc -ne 0 ] && echo FAIL || { grep -q '^\[  SKIPPED \]' "$out/${test}_gpu.log" && echo skipped || echo pass; })
+    record precision "$test $filter" "$verdict" $((SECONDS - t0)) \
       "rc $rc; $summary$(grep -m1 'fp8 skipped' "$out/${test}_gpu.log")"
   done
   if [ -x build/fp8_products ]; then
