@@ -6,7 +6,8 @@
 #   - links the CUDA libraries into every program that links libcommon.a (CUDA_LINKED below; cuBLAS
 #     is opened at its first call instead, common/ops/cublas_on_demand.cpp);
 #   - builds the kernel lessons (lessons/matmul/matmul_lesson) and, with the tests, the kernel
-#     variants' benchmark (build/kernel_variants); test_cuda_ops comes with the other tests
+#     variants' benchmark (build/kernel_variants) and fp8's products against bf16's
+#     (build/fp8_products); test_cuda_ops comes with the other tests
 #     (tests/test_*.cpp) and skips its tests where no GPU is present.
 # Nothing here needs a GPU: the build runs anywhere nvcc does.
 
@@ -59,7 +60,7 @@ $(LIBCOMMON): $(CUDA_OBJ)
 # belongs in this list.
 CUDA_LINKED := $(addsuffix /train,$(CHAPTERS)) $(COLLECTIVES_PROGRAM) $(TEST_BIN) $(BUILD)/matmul_bench \
                $(BUILD)/pipeline_ideal $(PLAN) $(BUILD)/kernel_variants $(CONVERT) $(BUILD)/checkpoint_scale \
-               $(BUILD)/sync_probe
+              $(BUILD)/sync_probe $(BUILD)/fp8_products
 $(CUDA_LINKED): private CXXFLAGS += $(CUDA_LDFLAGS)
 
 # Kernel lessons: standalone programs (no libcommon, no MPI), built with the chapters.
@@ -74,8 +75,13 @@ lessons/matmul/matmul_lesson: lessons/matmul/matmul_lesson.cu
 $(BUILD)/kernel_variants: scripts/bench/kernel_variants.cpp $(LIBCOMMON)
 	$(call say,LINK,$@)$(MPICXX) $(CPPFLAGS) $(CXXFLAGS) $< $(LIBCOMMON) -o $@
 
+# fp8 against bf16 products through cuBLASLt, timed on a GPU (it says why and stops without one):
+# scripts/gpu/gpu_check.sh runs it too.
+$(BUILD)/fp8_products: scripts/bench/fp8_products.cpp $(LIBCOMMON)
+	$(call say,LINK,$@)$(MPICXX) $(CPPFLAGS) $(CXXFLAGS) $< $(LIBCOMMON) -o $@
+
 all tests: $(CUDA_LESSONS)
-tests: $(BUILD)/kernel_variants
+tests: $(BUILD)/kernel_variants $(BUILD)/fp8_products
 
 .PHONY: clean-cuda
 clean: clean-cuda

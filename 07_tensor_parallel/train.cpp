@@ -133,15 +133,17 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
 
   // Data parallelism over the DP group, on the last micro-batch (03/04). Under sequence parallelism a
   // parameter held whole has only this rank's rows' share of its gradient: the shares are summed
-  // over the TP group first, and its bucket is told once the sum has arrived (at the end of the
-  // parameter's layer, so that the sum travels while the layer's backward goes on).
+  // over the TP group first (in the recipe's gradient format, as DP's buckets travel), and its bucket
+  // is told once the sum has arrived (at the end of the parameter's layer, so that the sum travels
+  // while the layer's backward goes on).
   bool last_micro_batch = false;
   std::vector<std::pair<int, CommHandle>> summing;
   model.hooks.grad_ready = [&](int p) {
     if (!last_micro_batch) return;  // no_sync: gradients are not final until the last micro-batch
     const ParamInfo& info = layout.params[p];
     if (sequence_parallel && info.shard.whole()) {
-      summing.emplace_back(p, tp_group.all_reduce_async(grads.view().slice1d(info.offset, info.size), ReduceOp::Sum));
+      summing.emplace_back(p, wire_all_reduce_async(tp_group, grads.view().slice1d(info.offset, info.size), ReduceOp::Sum,
+                                                    collective_formats(tp_group).gradients));
       return;
     }
     data_parallel.gradient_ready(p);

@@ -453,7 +453,7 @@ class GroupBytes {
         {"dp_cp", zero2_ ? "m reduce-scatters (wte's bucket: 1) + all-gather over DP x CP: (N-1)/N x w(m(Ψ'-E) + E + "
                            "Ψ'), Ψ' = padded - experts"
                   : sharded_ ? "reduce-scatter + all-gather over DP x CP: 2(N-1)/N x w x (padded - experts)"
-                             : "all-reduce over DP x CP: 2(N-1)/N x w x (padded - experts)"}};
+                             : "all-reduce over DP x CP: 2(N-1)/N x w x (padded - experts), w a recipe's gradient bytes"}};
     if (run_.context_parallelism().ulysses > 1)
       formulas.push_back({"ulysses", "(4 x passes + 8) (u-1)/u x L' m B T/(cp u) C/t x 4: q, k, v to heads and the "
                                      "output back, forward; the output's gradient and again q, k, v and the output "
@@ -482,10 +482,19 @@ class GroupBytes {
     const int N = grid_.dp_cp().size(), D = grid_.expert_dp().size(), P = grid_.ep().size();
     GPT2Config held_cfg = run_cfg;  // every TP collective carries this rank's T/cp positions
     held_cfg.T = cp > 1 ? run_cfg.T / cp : run_cfg.T;
-    const TensorParallelPrediction tp_theory = predict_tensor_parallel(held_cfg, micro_B, tp, run_.dtype(), parts_);
-    const TensorParallelPrediction whole = predict_tensor_parallel(run_cfg, micro_B, tp, run_.dtype(), parts_);
+    // A recipe's activations, and the sums of the gradients held whole, travel in its formats.
+    const CollectiveFormats& formats = collective_formats(grid_.world());
+    const int activation_bytes = formats.activations.fp32 ? 0 : int(formats.activations.element_bytes());
+    const int gradient_bytes = formats.gradients.fp32 ? 0 : int(formats.gradients.element_bytes());
+    const TensorParallelPrediction tp_theory =
+        predict_tensor_parallel(held_cfg, micro_B, tp, run_.dtype(), parts_, activation_bytes);
+    const TensorParallelPrediction whole =
+        predict_tensor_parallel(run_cfg, micro_B, tp, run_.dtype(), parts_, 0, gradient_bytes);
+    // (A recipe's all-reduce moves its gradient format; its sharded rules are the DP row's of the
+    // table above, not repeated here.)
+    const double g = formats.gradients.fp32 ? w : double(formats.gradients.element_bytes());
     const double dense_dp = zero2_ ? data_parallel_.every_micro_batch_sent_bytes(m_, layout.padded_size - expert_range, w)
-                                   : 2.0 * (N - 1) / N * w * double(layout.padded_size - expert_range);
+                                   : 2.0 * (N - 1) / N * (sharded_ ? w : g) * double(layout.padded_size - expert_range);
     // The experts' buckets: all-reduced, or reduce-scattered (every micro-batch under --zero2) and gathered.
     const double expert_passes = zero2_ ? m_ + 1 : 2;
     std::vector<GroupRow> rows = {

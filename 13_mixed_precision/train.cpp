@@ -70,6 +70,10 @@ struct Options {
 // The whole run, in a function: the grid's groups must end before MPI does.
 int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
   ProcessGrid grid(world);  // data parallelism alone: every rank a replica, the world its one group
+  // The gradients' all-reduce moves the layer's dtype (bf16; fp16 under fp16, already multiplied by
+  // the loss scale: backward starts from the scaled loss), half of fp32's bytes. Installed before
+  // the run, whose memory forecast counts the codes the collectives stage on their way.
+  set_collective_formats(world, collective_formats_of(opt.recipe, 1.0f));
   TrainingRun run(grid, cfg, Parallelism{Strategy::DP});
   const Device device = run.device();
   const DType dtype = run.dtype();  // fp32, or bf16 mixed precision on GPUs
@@ -101,9 +105,6 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
   });
   products.keep_in_output_format(layout.params[0].offset);  // the LM head (wte, tied) stays in bf16
   if (low_precision) set_cpu_matmul_emulation(&products);
-  // The gradients' all-reduce moves the layer's dtype too (bf16; fp16 under fp16, already multiplied
-  // by the loss scale: backward started from the scaled loss), half of fp32's bytes.
-  set_collective_formats(world, collective_formats_of(recipe, 1.0f));
   LossScaler scaler;
   if (recipe.precision == Precision::FP16) {
     scaler.dynamic = opt.precision.loss_scale == 0;

@@ -4,7 +4,8 @@
 // fp32, NCCL works at one rank, every chapter at 2 ranks on one GPU (the host-staged fallback)
 // matches one rank in fp32 and in bf16, bf16 memory and bytes match docs/theory.md's mixed-precision
 // column, a bf16 checkpoint resumes exactly, and the memory counters agree with what the driver
-// reports; freed GPU memory is reused, zeroed; chapter 10's ring and 11's experts on CUDA buffers match.
+// reports; freed GPU memory is reused, zeroed; chapter 10's ring and 11's experts on CUDA buffers match;
+// a mixed-precision recipe is refused naming --precision.
 // With two GPUs: NCCL between ranks, a pipeline's grouped messages matched by call order, and the
 // emulated link on NCCL. Each test that needs the other situation skips and says why. Everywhere: the watchdog of the host's waits on a GPU,
 // and cuBLAS loaded at its first call, not at the start.
@@ -23,6 +24,7 @@
 #include "base/watchdog.h"
 #ifdef GPT_WITH_CUDA
 #include <cublas_v2.h>  // cublasGetStatusName, the on-demand loading's test
+#include "ops/matmul_cublaslt.h"  // gpu_has_fp8_tensor_cores: which refusal fp8 gets
 #include <cuda_runtime_api.h>
 #endif
 
@@ -238,6 +240,28 @@ TEST(OnGpu, ExpertParallelMatchesTheCpu) {
   EXPECT_NE(refused.exit_code, 0) << refused.output;
   EXPECT_NE(refused.output.find("--dtype bf16 with a mixture of experts on a GPU"), std::string::npos)
       << refused.output;
+}
+
+// A mixed-precision recipe on the GPU (docs/mixed_precision.md, "On a GPU"): the layers' products
+// take a recipe only on the CPU, so every chapter refuses it in one line naming --precision, before
+// the work, in 13's own flags as in 01's; fp8 on a GPU without fp8 tensor cores says that first.
+TEST(OnGpu, PrecisionRecipesAreRefusedNamingTheFlag) {
+  SKIP_WITHOUT_GPU();
+  std::string why;
+#ifdef GPT_WITH_CUDA
+  const bool fp8_cores = gpu_has_fp8_tensor_cores(&why);
+#else
+  const bool fp8_cores = false;  // (never reached: no build without CUDA sees a GPU)
+#endif
+  for (const char* chapter : {"01_vanilla_dp", "13_mixed_precision"})
+    for (const std::string recipe : {"bf16", "fp8"}) {
+      RunResult r = run_trainer(chapter, 1, "--device cuda --steps 2 --precision " + recipe, 60);
+      EXPECT_NE(r.exit_code, 0) << chapter << " " << recipe << ": " << r.output;
+      EXPECT_NE(r.output.find("--precision " + recipe), std::string::npos) << r.output;
+      EXPECT_EQ(r.output.find("step 0"), std::string::npos) << r.output;
+      const bool names_the_cores = r.output.find("fp8 tensor cores") != std::string::npos;
+      EXPECT_EQ(names_the_cores, recipe == "fp8" && !fp8_cores) << why << ": " << r.output;
+    }
 }
 
 #define SKIP_WITHOUT_TWO_GPUS()                                                                        \

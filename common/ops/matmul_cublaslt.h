@@ -1,7 +1,8 @@
 // matmul_cublaslt.h: the low-precision product on a GPU's tensor cores, through cuBLASLt: bf16, fp16
 // and fp8 (E4M3 or E5M2 inputs, H100/H200 and Ada), fp32 accumulation, per-tensor scales. The GPU
 // counterpart of emulated_product (matmul_emulation.h), with the same shapes, so a test can set the
-// two side by side. Needs a CUDA build (GPT_WITH_CUDA) and, to run, a GPU (fp8: compute capability 8.9+).
+// two side by side, and its time with the operands on the GPU (cublaslt_product_ms). Needs a CUDA
+// build (GPT_WITH_CUDA) and, to run, a GPU (fp8: compute capability 8.9+).
 #pragma once
 #include <string>
 
@@ -15,6 +16,10 @@
 // multiples of 16 (cuBLASLt's rule for fp8); the function says so and stops otherwise.
 void cublaslt_product(float* C, const float* A, const float* B, int M, int N, int K, NumberFormat a_format,
                       NumberFormat b_format, float a_scale, float b_scale);
+// The milliseconds one such product takes on the GPU with its operands already there (codes of
+// values in [-1, 1), scales 1): the median of `repeats` runs after a warm-up, each timed with CUDA
+// events; the same cuBLASLt plan as cublaslt_product. For scripts/bench/fp8_products.cpp.
+double cublaslt_product_ms(int M, int N, int K, NumberFormat a_format, NumberFormat b_format, int repeats);
 // True where the GPU has fp8 tensor cores (compute capability 8.9 or above); `why` says what it found.
 bool gpu_has_fp8_tensor_cores(std::string* why);
 #endif

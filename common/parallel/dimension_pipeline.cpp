@@ -20,7 +20,7 @@ class PipelineDimension : public Dimension {
 
   // A recipe's messages stage their codes (wire_p2p.h): every message buffer's, a receive posted into
   // each, and a sent output's from each activation slot of a chunk whose output leaves it, b_a
-  // bytes an element where the buffers hold 4 (docs/theory.md, section 3).
+  // bytes an element where the buffers hold 4; and the tied wte's sum (docs/theory.md, section 3).
   double wire_staging_at_most(const DimensionContext& ctx, const CollectiveFormats& formats) const override {
     const Wire& wire = formats.activations;
     if (wire.fp32) return 0;
@@ -31,7 +31,13 @@ class PipelineDimension : public Dimension {
       elements += pipeline_buffer_bytes(ctx.held, part, ctx.pp.size, ctx.micro_B, DType::F32, ctx.tp) / 4;
       if (!part.holds(ctx.model, ctx.model.L + 1)) elements += double(part.slots) * message;
     }
-    return double(std::max(wire.element_bytes(), formats.gradients.element_bytes())) * elements;
+    // The tied wte's gradient, summed over the first and last stage in the gradients' format, stages
+    // its codes in the embedding group's own buffer: b_g x this rank's wte.
+    const int wte = ctx.layout->find("wte");
+    const bool sums_wte = ctx.embedding_group && wte >= 0 && ctx.layout->params[size_t(wte)].held();
+    const double wte_sum =
+        sums_wte ? double(formats.gradients.element_bytes()) * double(ctx.layout->params[size_t(wte)].size) : 0;
+    return double(std::max(wire.element_bytes(), formats.gradients.element_bytes())) * elements + wte_sum;
   }
 };
 

@@ -3,6 +3,8 @@
 // without it, with it and with sequence parallelism, its bytes per step and its collectives of each
 // kind next to theory; its formula of theory.h (predict_tensor_parallel); and what it installs on a
 // model chunk, its collectives around the split products (apply_tensor_parallel, parallelize.h).
+#include <algorithm>
+
 #include "parallel/dimension.h"
 #include "parallel/parallelize.h"
 #include "parallel/tensor_parallel_hooks.h"  // 07's collectives over a group
@@ -26,12 +28,19 @@ class TensorDimension : public Dimension {
   // A recipe's activations and their gradients stage their codes (wire_format.h): an all-reduce
   // those of its (B, T, C) tensor, an all-gather or reduce-scatter also its 1/t piece; a forward's and
   // a backward's call may be in flight at once (--tp-overlap), in each lane (docs/theory.md, section 3).
+  // Under sequence parallelism the sums of a layer's gradients held whole travel beside them, until
+  // the layer's backward ends: a block's 6C (a MoE block's 5C + EC), the head's 2C, or wpe's TC.
   double wire_staging_at_most(const DimensionContext& ctx, const CollectiveFormats& formats) const override {
     const Wire& wire = formats.activations;
     if (wire.fp32 || ctx.tp.size == 1) return 0;
     const double t = ctx.tp.size, stream = double(ctx.micro_B) * ctx.held.T * ctx.model.C;
     const double call = double(wire.element_bytes()) * stream * (ctx.tp.sequence_parallel ? 1 + 1 / t : 1);
-    return 2 * call * ctx.pp.scratch_lanes();
+    const GPT2Config& m = ctx.model;
+    const double block = m.moe() ? 5.0 * m.C + double(m.experts) * m.C : 6.0 * m.C;
+    const double sums = ctx.tp.sequence_parallel && !formats.gradients.fp32
+                            ? double(formats.gradients.element_bytes()) * std::max(block, double(m.T) * m.C)
+                            : 0;
+    return (2 * call + sums) * ctx.pp.scratch_lanes();
   }
 
   void report_rows(const DimensionContext& ctx, const StepMeasure& step, ReportTable& table) const override {
@@ -55,11 +64,15 @@ class TensorDimension : public Dimension {
 
     // Under CP every TP collective carries T/cp positions; the gradients held whole are the
     // parameters' (wpe has all T rows whatever a rank holds).
-    const Wire& wire = ctx.formats.activations;  // a recipe's activations travel in its format
+    // A recipe's activations travel in its format, the sums of the gradients held whole in its
+    // gradient format (as DP's buckets).
+    const Wire &wire = ctx.formats.activations, &gradients = ctx.formats.gradients;
     const int activation_bytes = wire.fp32 ? 0 : int(wire.element_bytes());
+    const int gradient_bytes = gradients.fp32 ? 0 : int(gradients.element_bytes());
     TensorParallelPrediction tp =
         predict_tensor_parallel(ctx.held, ctx.micro_B, t, ctx.dtype, ctx.pp.parts, activation_bytes);
-    const TensorParallelPrediction held_whole = predict_tensor_parallel(ctx.model, ctx.micro_B, t, ctx.dtype, ctx.pp.parts);
+    const TensorParallelPrediction held_whole =
+        predict_tensor_parallel(ctx.model, ctx.micro_B, t, ctx.dtype, ctx.pp.parts, 0, gradient_bytes);
     tp.partial_grad_bytes = held_whole.partial_grad_bytes;
     tp.partial_grad_all_reduces = held_whole.partial_grad_all_reduces;
     if (ctx.pp.reduce_every_micro_batch) {  // (09's --zero2: the gradients held whole summed before each reduce-scatter)
@@ -72,7 +85,11 @@ class TensorDimension : public Dimension {
     ENSURE(measured, "the tensor-parallel dimension without its group's counters");
     const int64_t bytes = measured->training_sent_bytes();
     table.comm_rows.push_back(report_row("TP bytes per step", double(bytes), theory));
-    table.comm_rows.push_back(report_line("  (TP theory, per micro-batch: %s)", tp.formula.c_str()));
+    table.comm_rows.push_back(report_line("  (TP theory, per micro-batch: %s%s)", tp.formula.c_str(),
+                                          wire.fp32 ? ""
+                                                    : ("; BTC in " + wire.name() + ", the tensors held whole in " +
+                                                       gradients.name())
+                                                          .c_str()));
     for (CollectiveKind k : {CollectiveKind::AllReduce, CollectiveKind::AllGather, CollectiveKind::ReduceScatter}) {
       const int per_micro_batch = k == CollectiveKind::AllReduce ? tp.all_reduces + tp.loss_all_reduces
                                   : k == CollectiveKind::AllGather ? tp.all_gathers : tp.reduce_scatters;
@@ -105,7 +122,8 @@ std::unique_ptr<Dimension> make_tensor_dimension(const DimensionContext& ctx) {
 // Tensor parallelism's traffic (theory.h; docs/theory.md, section 9).
 
 TensorParallelPrediction predict_tensor_parallel(const GPT2Config& cfg, int micro_B, TensorParallelism tp,
-                                                 DType dtype, const std::vector<ModelPart>& parts, int activation_bytes) {
+                                                 DType dtype, const std::vector<ModelPart>& parts, int activation_bytes,
+                                                 int gradient_bytes) {
   TensorParallelPrediction p;
   if (tp.size <= 1) return p;
   // The units this rank runs: every block, the embedding and the head, unless a pipeline stage's.
@@ -157,7 +175,7 @@ TensorParallelPrediction predict_tensor_parallel(const GPT2Config& cfg, int micr
   const double per_block = cfg.moe() ? 5.0 * cfg.C + double(cfg.experts) * cfg.C : 6.0 * cfg.C;
   const double whole_params = L * per_block + H * 2 * cfg.C + E * double(cfg.T) * cfg.C;
   p.partial_grad_all_reduces = int(6 * L + E + 2 * H);
-  p.partial_grad_bytes = 2 * (t - 1) / t * whole_params * w;
+  p.partial_grad_bytes = 2 * (t - 1) / t * whole_params * (gradient_bytes > 0 ? gradient_bytes : w);
   if (cfg.moe())
     p.formula = "(5" + Ls + (embedding ? " + 2 embedding" : "") + (head ? " + 3 head" : "") +
                 ") gathers/scatters x (t-1)/t x BTC (a MoE block splits its attention only)" +

@@ -126,8 +126,11 @@ struct TensorParallelPrediction {
 // `parts`: a pipeline stage's model parts (chapters 08, 09): only their blocks, and the embedding's
 // and head's collectives where the stage holds them; empty: the whole model. `activation_bytes`: the
 // bytes of an activation (and its gradient) on the wire under a mixed-precision recipe (2); 0: the dtype's.
+// `gradient_bytes`: those of an element of the sums of the gradients held whole under such a recipe
+// (its gradient format: 2, as DP's buckets); 0: the dtype's.
 TensorParallelPrediction predict_tensor_parallel(const GPT2Config& cfg, int micro_B, TensorParallelism tp, DType dtype,
-                                                 const std::vector<ModelPart>& parts = {}, int activation_bytes = 0);
+                                                 const std::vector<ModelPart>& parts = {}, int activation_bytes = 0,
+                                                 int gradient_bytes = 0);
 
 // The message buffers a pipeline stage (chapter 08) keeps for one model part of `stages` stages: a
 // (B,T,C) buffer per activation slot (part.slots, the schedule's micro-batches in flight) for each

@@ -1,6 +1,8 @@
 // gradient_router.cpp: see gradient_router.h.
 #include "pipeline/gradient_router.h"
 
+#include "comm/wire_format.h"  // the TP sums and the tied wte's, in the recipe's gradient format
+
 GradientRouter::GradientRouter(const ParamLayout& layout, Tensor grads, GradientSync& data_parallel,
                                int micro_batches, bool every_micro_batch, Communicator* tp_sums,
                                Communicator* embedding)
@@ -33,12 +35,16 @@ void GradientRouter::ready(int param, bool wte_not_final_here) {
   if (!last_micro_batch_ && !every_micro_batch_) return;  // no_sync (unless ZeRO-2's rule)
   const ParamInfo& info = layout_.params[size_t(param)];
   if (tp_sums_ && (info.copies & kAxisTP)) {
-    summing_.emplace_back(param, tp_sums_->all_reduce_async(grads_.slice1d(info.offset, info.size), ReduceOp::Sum));
+    // In the recipe's gradient format, as the data-parallel buckets they then join travel (wte's
+    // sum over the stages too).
+    summing_.emplace_back(param, wire_all_reduce_async(*tp_sums_, grads_.slice1d(info.offset, info.size), ReduceOp::Sum,
+                                                       collective_formats(*tp_sums_).gradients));
     return;
   }
   if (embedding_ && (info.copies & kAxisPP)) {
     if (!last_micro_batch_) return;
-    wte_sum_ = embedding_->all_reduce_async(grads_.slice1d(info.offset, info.size), ReduceOp::Sum);
+    wte_sum_ = wire_all_reduce_async(*embedding_, grads_.slice1d(info.offset, info.size), ReduceOp::Sum,
+                                     collective_formats(*embedding_).gradients);
     return;
   }
   data_parallel_.gradient_ready(param);

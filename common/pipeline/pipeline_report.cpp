@@ -10,6 +10,7 @@
 #include "ops/ring_attention.h"  // ring_buffer_bytes
 #include "parallel/ulysses_attention.h"  // ulysses_buffer_bytes
 #include "parallel/theory.h"
+#include "comm/wire_format.h"  // collective_formats: the tied wte's sum in a recipe's format
 
 namespace {
 
@@ -286,11 +287,14 @@ void PipelineReport::finish(bool wte_copies_equal) {
       .add("simulated_step_ms", sim.makespan)
       .add("wte_copies_equal", wte_copies_equal);
   // Root is the first stage: a member of the embedding group whenever there is one. Its all-reduce
-  // of wte's gradient over the two stages: 2(2-1)/2 = 1 copy of wte sent per step.
+  // of wte's gradient over the two stages: 2(2-1)/2 = 1 copy of wte sent per step, in a recipe's
+  // gradient format where there is one (b_g bytes an element).
   const ParamInfo& wte = run_.layout().params[run_.layout().find("wte")];
   const double embedding_measured = embedding_bytes_ / n;
+  const Wire& gradients = collective_formats(world_).gradients;
+  const int element_bytes = int(gradients.fp32 ? dtype_size(run_.dtype()) : gradients.element_bytes());
   const double embedding_theory =
-      embedding_ ? double(wire_bytes_for(CollectiveKind::AllReduce, wte.size * int64_t(dtype_size(run_.dtype())), 2)) : 0;
+      embedding_ ? double(wire_bytes_for(CollectiveKind::AllReduce, wte.size * int64_t(element_bytes), 2)) : 0;
   pipeline.add("measured_embedding_bytes", embedding_measured).add("theory_embedding_bytes", embedding_theory);
   run_.write_record(pipeline);
   if (p > 1 && shape_.placement == Placement::V) {
@@ -299,7 +303,7 @@ void PipelineReport::finish(bool wte_copies_equal) {
   } else if (p > 1) {
     std::printf("  embedding group (stage 0 and stage %d sum wte's gradient): %s per step, theory "
                 "2(2-1)/2 x V C x %d bytes = %s\n",
-                p - 1, format_bytes(embedding_measured).c_str(), int(dtype_size(run_.dtype())),
+                p - 1, format_bytes(embedding_measured).c_str(), element_bytes,
                 format_bytes(embedding_theory).c_str());
     std::printf("  the tied wte's two copies (first and last stage) after the run: %s\n",
                 wte_copies_equal ? "equal, bit for bit" : "DIFFERENT (their gradients were not summed alike)");

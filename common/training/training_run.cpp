@@ -185,6 +185,9 @@ TrainingRun::TrainingRun(ProcessGrid& grid, TrainConfig& cfg, const Parallelism&
                  std::to_string(header.settings.data_hash) + ", but " + data_.description() + " has hash " +
                  std::to_string(data_.hash()) + "; pass the --data it was trained on");
   }
+  // The recipe's collective formats, installed before the forecast, which counts the codes they
+  // stage (MixedPrecision installs them again below, with fp16's loss scale: the bytes are the same).
+  if (precision.precision != Precision::FP32) set_collective_formats(world_, collective_formats_of(precision, 1.0f));
   check_memory();  // before the chapter allocates anything
 
   // Every micro-batch of a step keeps its own tokens: a pipeline (08) has several in flight, and

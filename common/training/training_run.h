@@ -231,6 +231,7 @@ class TrainingRun {
   // its rows of the theory table.
   std::vector<std::unique_ptr<Dimension>> dimensions_;
   MemoryForecast forecast_;
+  double staging_at_most_ = 0;  // of forecast_.transient, a recipe's staged codes (wire_format.h)
   JsonLinesWriter json_;
   JsonObject run_record_;  // the "run" record until it is written
   std::atomic<bool> run_record_written_{false};

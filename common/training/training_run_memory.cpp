@@ -18,6 +18,13 @@ void TrainingRun::check_memory() {
                               !cfg_.save.empty() || !cfg_.resume.empty() || !cfg_.init_from.empty(),
                               double(data_.length()), split_.tp, split_.pp);
   for (const std::unique_ptr<Dimension>& d : dimensions_) d->add_memory(ctx, forecast_);
+  // A recipe's collectives stage their codes in a buffer per communicator (wire_format.h), counted
+  // with the communication buffers: each dimension's bound of its groups' joins the transient
+  // buffers here, so that a recipe that will not fit is refused before the work. The formats are
+  // installed before this check (by the constructor for 01-12, by chapter 13 before its run).
+  staging_at_most_ = 0;
+  for (const std::unique_ptr<Dimension>& d : dimensions_) staging_at_most_ += d->wire_staging_at_most(ctx, ctx.formats);
+  forecast_.transient += staging_at_most_;
   // Chapter 00's collectives (--collectives) work in scratch buffers of their own: at most twice the
   // largest payload, the whole gradient or a micro-batch's activations, for each group that carries
   // collectives. Each group's worker runs one at a time, but the groups' workers run side by side

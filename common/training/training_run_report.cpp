@@ -23,15 +23,10 @@ void TrainingRun::report_vs_theory(const StepMeasure& step) {
   const DimensionContext ctx = dimension_context();
   ReportTable table;
   table.strategy = predict(split_.strategy, layout_, cfg_.grad_accum, dtype_, ctx.formats);  // a recipe's bytes
-  // A recipe's collectives stage their codes in a buffer per communicator (wire_format.h), counted
-  // with the communication buffers: each dimension's bound of its groups' joins the forecast's, here,
-  // where every chapter's formats are installed (13 installs its own after the forecast is made).
-  double staging = 0;
-  for (const std::unique_ptr<Dimension>& d : dimensions_) staging += d->wire_staging_at_most(ctx, ctx.formats);
-  forecast_.transient += staging;
   table.activations = forecast_.activations;
-  table.transient = forecast_.transient;
-  if (staging > 0) table.transient_theory = "at most, " + format_bytes(staging) + " of it the codes staged, section 3";
+  table.transient = forecast_.transient;  // a recipe's staged codes included (check_memory)
+  if (staging_at_most_ > 0)
+    table.transient_theory = "at most, " + format_bytes(staging_at_most_) + " of it the codes staged, section 3";
   for (const std::unique_ptr<Dimension>& d : dimensions_) d->report_rows(ctx, step, table);
 
   const Prediction& p = table.strategy;

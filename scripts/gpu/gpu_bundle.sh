@@ -40,6 +40,10 @@ if [ -x "$build/kernel_variants" ]; then
   cp "$build/kernel_variants" "$out/tree/build/"
   programs+=("$out/tree/build/kernel_variants")
 fi
+if [ -x "$build/fp8_products" ]; then
+  cp "$build/fp8_products" "$out/tree/build/"
+  programs+=("$out/tree/build/fp8_products")
+fi
 if [ -x "$build/pipeline_ideal" ]; then
   cp "$build/pipeline_ideal" "$out/tree/build/"
   programs+=("$out/tree/build/pipeline_ideal")

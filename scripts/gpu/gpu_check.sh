@@ -5,6 +5,11 @@
 # still leaves the cases that have never run on a GPU measured:
 #   1. the GPU tests: test_cuda_ring_attention, test_cuda_moe_rows, test_cuda_ops, test_flash_attention,
 #      test_devices (they skip without a GPU);
+#   1b. precision (chapter 13's formats on the GPU, never run on one yet): the CUDA conversions
+#      against the host's codes (test_float_formats), cuBLASLt's bf16, fp16 and fp8 products against
+#      the CPU emulation (test_matmul_emulation, CublasLt.*), then build/fp8_products: tokens/s of a
+#      step's products in fp8 against bf16 at GPT-2 124M's width and at 4096, beside torchtitan's
+#      published Float8 gain (docs/mixed_precision.md, "On a GPU"); about a minute;
 #   2. kernels: version 1 against version 2 of each kernel that has both (build/kernel_variants:
 #      the classifier, AdamW), each checked, then timed, the winner named; the matmul lesson's
 #      versions, each validated against its CPU reference, then timed against cuBLAS
@@ -26,7 +31,7 @@
 # Environment: GPU_BUNDLE=dir or dir.tar.gz: programs and MPI runtime packed by scripts/gpu/gpu_bundle.sh (for a GPU
 #              machine without a compiler or MPICH); BUDGET_S=480 seconds for all of it (a chapter
 #              case starts only with 20 s left, stage 5 gets what is left); STAGES="tests kernels
-#              chapters speed suite" (the default: all five); LLMC_BENCH=path/to/llmc-gpu-bench.sh;
+#              chapters speed suite" (the default: all five; "precision" runs with "tests"); LLMC_BENCH=path/to/llmc-gpu-bench.sh;
 #              STEPS=10; CHAPTERS="01_vanilla_dp ..." (stage 3's 1/2/4-rank sweep; default 01-09);
 #              SPEED_BATCHES="16 32 64"
 # Output: OUT_DIR/summary.txt (the tables, printed last), cases.tsv, and one log per case.
@@ -98,6 +103,28 @@ wants tests && for test in test_cuda_ring_attention test_cuda_moe_rows test_cuda
   failed=$(grep '^\[  FAILED  \] [A-Z]' "$out/$test.log" | sed 's/^\[  FAILED  \] //' | tr '\n' ' ')
   record tests "$test" "$([ $rc -eq 0 ] && echo pass || echo FAIL)" $((SECONDS - t0)) "rc $rc; $summary${failed:+; failed: $failed}"
 done
+
+# 1b. Precision: the formats' kernels and cuBLASLt's products against the host's, then fp8's
+#     products against bf16's, timed (scripts/bench/fp8_products.cpp).
+if wants tests || wants precision; then
+  for filtered in "test_float_formats FloatFormatsCuda.*" "test_matmul_emulation CublasLt.*"; do
+    read -r test filter <<<"$filtered"
+    t0=$SECONDS
+    timeout 120 "build/tests/$test" --gtest_filter="$filter" >"$out/${test}_gpu.log" 2>&1
+    rc=$?
+    summary=$(grep -E '^\[  (PASSED|FAILED|SKIPPED) *\] [0-9]+ test' "$out/${test}_gpu.log" | cut -c1-40 | tr '\n' ' ')
+    verdict=$([ $rc -ne 0 ] && echo FAIL || { grep -q '^\[  SKIPPED \]' "$out/${test}_gpu.log" && echo skipped || echo pass; })
+    record precision "$test $filter" "$verdict" $((SECONDS - t0)) \
+      "rc $rc; $summary$(grep -m1 'fp8 skipped' "$out/${test}_gpu.log")"
+  done
+  if [ -x build/fp8_products ]; then
+    t0=$SECONDS
+    timeout 180 ./build/fp8_products --batch 8 --repeats 20 >"$out/fp8_products.log" 2>&1
+    rc=$?
+    record precision fp8_products "$([ $rc -eq 0 ] && echo ran || echo FAIL)" $((SECONDS - t0)) \
+      "rc $rc; $(grep -E 'x   1.28x|nothing to time' "$out/fp8_products.log" | tr -s ' ' | tr '\n' ';' | cut -c1-300)"
+  fi
+fi
 
 # 2. Kernels: version 1 against version 2 of each kernel that has both (the classifier, AdamW),
 #    checked then timed, the winner named (scripts/bench/kernel_variants.cpp); then each version of
@@ -305,6 +332,7 @@ fi
   [ -f "$out/llmc.log" ] && { echo; tail -n 12 "$out/llmc.log"; }
   [ -f "$out/pytorch.log" ] && { echo; tail -n 6 "$out/pytorch.log"; }
   [ -f "$out/kernel_variants.log" ] && { echo; cat "$out/kernel_variants.log"; }
+  [ -f "$out/fp8_products.log" ] && { echo; grep -v '^{' "$out/fp8_products.log"; }
   grep -E '^--- |failed$' "$out/suite.log" 2>/dev/null | grep -v ' 0 failed' | tail -n 20
 } >"$out/summary.txt"
 echo "=================================================="
