@@ -163,8 +163,9 @@ class ProcessGrid {
   // same experts, ranked by edp (at EP = 1 the whole stage).
   Communicator& ep() const { return lent(ep_, GridGroup::EP); }
   Communicator& expert_dp() const { return lent(expert_dp_, GridGroup::ExpertDP); }
-  // "DP 2 x TP 2 x PP 1", then " x CP 2" with CP > 1 and " x EP 4 (expert DP 2)" with EP > 1: EP re-splits
-  // a stage's DP x CP x TP ranks, so the expert-DP degree says what is left of them.
+  // "DP 2 x TP 2 x PP 1", then " x CP 2" with CP > 1, " x Ulysses 2" with U > 1 and " x EP 4 (expert DP
+  // 2)" with EP > 1: EP re-splits a stage's DP x CP x U x TP ranks, so the expert-DP degree says what is
+  // left of them.
   std::string describe() const;
   // DualPipe's F&B pairs at once (lanes.h): a pair's forward and backward run side by side, and both
   // talk to tp, cp (ring and ulysses), ep and expert_dp from inside their layers. Each of those groups becomes a
