@@ -134,7 +134,7 @@ class RingAttention {
   static int checked_positions(const Communicator& ring, const std::vector<std::vector<int>>& positions) {
     ENSURE(int(positions.size()) == ring.size(),
            "RingAttention: the ring has " + std::to_string(ring.size()) + " ranks but positions for " +
-               std::to_string(positions.size()) + ": pass the context-parallel group (ProcessGrid::cp())");
+               std::to_string(positions.size()) + ": pass the context-parallel ring (ProcessGrid::ring())");
     for (const std::vector<int>& p : positions)
       ENSURE(!p.empty() && p.size() == positions[0].size(), "RingAttention: every rank holds T/cp positions");
     return int(positions[0].size());

@@ -98,11 +98,11 @@ struct Options {
 int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
   const int cp = opt.cp, T = opt.T;
   const ContextSplit split = opt.context_split;
-  // Under --ulysses u the grid's context axis holds u x cp ranks, Ulysses inside the ring: a rank's
-  // coordinate there is its ring place x u + its Ulysses rank.
+  // Under --ulysses u the grid has a Ulysses axis of u ranks inside the ring: a rank's coordinates
+  // are its ring place (cp) and its Ulysses rank (u).
   const int u = opt.ulysses;
-  ProcessGrid grid(world, grid_shape(world.size(), 1, 1, cp * u));
-  const int place = grid.coords().cp / u, ulysses_rank = grid.coords().cp % u;
+  ProcessGrid grid(world, grid_shape(world.size(), 1, 1, cp, 1, u));
+  const int place = grid.coords().cp, ulysses_rank = grid.coords().u;
   // Every rank of the ring knows which positions each member holds: its own, and those of the blocks
   // that come by (their causal mask is by absolute position). Under Ulysses those of its ring place,
   // of which it holds its group's slice.
@@ -110,18 +110,17 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
   for (int r = 0; r < cp; r++) positions.push_back(context_positions(T, cp, r, split));
   const bool ring_attention = cp > 1 || u > 1 || world.device() == Device::CPU;  // on a GPU, --cp 1 is the model's own
   ContextParallelism held;
-  if (ring_attention) held = {cp * u, grid.coords().cp, ulysses_positions(positions[size_t(place)], u, ulysses_rank), u};
+  if (ring_attention)
+    held = {cp * u, context_rank(grid.shape(), grid.coords()), ulysses_positions(positions[size_t(place)], u, ulysses_rank),
+            u};
   Parallelism parallelism;  // data parallelism (DP) over the grid's DP x CP ranks, and this rank's positions
   parallelism.cp = held;
   TrainingRun run(grid, cfg, parallelism);
-  // Ulysses' groups, split from the grid's context axis: the u ranks of a ring place, which trade
-  // positions for heads, and the ring of the cp ranks that share a Ulysses rank.
-  std::unique_ptr<Communicator> ulysses_group, ring_group;
-  if (u > 1) {
-    ulysses_group = grid.cp().split(place, ulysses_rank, "ulysses");
-    ring_group = grid.cp().split(ulysses_rank, place, "ring");
+  // Ulysses' groups, the grid's: the u ranks of a ring place, which trade positions for heads, and
+  // the ring of the cp ranks that share a Ulysses rank (at u = 1, the grid's cp group).
+  if (Communicator* ulysses_group = grid.ulysses()) {
     run.add_group("ulysses", *ulysses_group);
-    run.add_group("ring", *ring_group);
+    run.add_group("ring", grid.ring());
   }
   const Device device = run.device();
   const DType dtype = run.dtype();  // fp32, or bf16 mixed precision on GPUs
@@ -145,8 +144,7 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
   std::unique_ptr<UlyssesAttention> ulysses;
   if (ring_attention) {
     const GPT2Config& m = run.model_config();
-    ring = std::make_unique<RingAttention>(u > 1 ? *ring_group : grid.cp(), positions, run.micro_batch_size(),
-                                           m.C / u, m.NH / u);
+    ring = std::make_unique<RingAttention>(grid.ring(), positions, run.micro_batch_size(), m.C / u, m.NH / u);
     AttentionHooks around_the_ring;
     around_the_ring.attention_forward = [&](Tensor out, Tensor lse, Tensor qkv, int NH) {
       ring->forward(out, lse, qkv, NH);
@@ -158,7 +156,7 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
     // heads over the ring place's positions, the ring runs on those, and a second all-to-all trades back.
     std::vector<UlyssesAttention*> exchange;
     if (u > 1) {
-      ulysses = std::make_unique<UlyssesAttention>(*ulysses_group, run.micro_batch_size(), int(held.positions.size()),
+      ulysses = std::make_unique<UlyssesAttention>(*grid.ulysses(), run.micro_batch_size(), int(held.positions.size()),
                                                    m.C, around_the_ring.attention_forward,
                                                    around_the_ring.attention_backward);
       exchange.push_back(ulysses.get());

@@ -175,7 +175,8 @@ inline std::vector<std::vector<int>> context_axis_positions(const ContextExpertF
   return held_by;
 }
 
-// The context split of the rank at coordinate `c` of that axis: none on an axis of one rank.
+// The context split of the rank at place `c` of that axis (context_rank, grid_axes.h): none on an
+// axis of one rank.
 inline ContextParallelism context_of(const ContextExpertFlags& dims, int T, int c) {
   const int ranks = dims.cp * dims.ulysses;
   if (ranks == 1) return ContextParallelism{};
@@ -185,31 +186,25 @@ inline ContextParallelism context_of(const ContextExpertFlags& dims, int T, int 
 // CP: 10's ring, over this rank's heads (NH/t of them, C/t channels a head group): one per lane with
 // pairs at once, each on its lane's communicator, with its own blocks in flight. Also each
 // micro-batch's tokens at this rank's positions, kept until its backward. Under Ulysses (10's
-// --ulysses u, inside the ring) the context axis splits into the u ranks of each ring place, which
-// trade positions for heads around the ring, and the rings of those that share a Ulysses rank, on
-// NH/(t u) heads; `positions` are the ring places'.
+// --ulysses u, inside the ring) the grid's Ulysses groups, the u ranks of each ring place, trade
+// positions for heads around the rings of those that share a Ulysses rank, on NH/(t u) heads;
+// `positions` are the ring places'.
 class ContextRings {
  public:
-  ContextRings(TrainingRun& run, Communicator& context, const ContextExpertFlags& dims, int micro_batches, int lanes)
-      : run_(run), held_(run.context_parallelism()), T_(run.model_config().T), context_(context),
-        inputs_(size_t(micro_batches)), targets_(size_t(micro_batches)) {
+  ContextRings(TrainingRun& run, const ProcessGrid& grid, const ContextExpertFlags& dims, int micro_batches, int lanes)
+      : run_(run), held_(run.context_parallelism()), T_(run.model_config().T), ring_group_(grid.ring()),
+        ulysses_group_(grid.ulysses()), inputs_(size_t(micro_batches)), targets_(size_t(micro_batches)) {
     if (!held_.on()) return;
     const std::vector<std::vector<int>> positions = every_ranks_positions(dims, T_);  // the ring places'
     const int micro_B = run.micro_batch_size();
     const TensorParallelism& tp = run.tensor_parallelism();
     const GPT2Config& cfg = run.model_config();
-    const int u = held_.ulysses, place = held_.rank / u, slice = held_.rank % u;
-    if (u > 1) {  // (with pairs at once, each group with a copy for the backward lane, as the grid's)
-      ulysses_group_ = context.split(place, slice, "ulysses");
-      ring_group_ = context.split(slice, place, "ring");
-      if (lanes > 1) {
-        ulysses_group_ = std::make_unique<LaneCommunicator>(std::move(ulysses_group_));
-        ring_group_ = std::make_unique<LaneCommunicator>(std::move(ring_group_));
-      }
+    const int u = held_.ulysses;
+    if (ulysses_group_) {  // (with pairs at once, the grid gave each lane its copy of both)
       run.add_group("ulysses", *ulysses_group_);
-      run.add_group("ring", *ring_group_);
+      run.add_group("ring", ring_group_);
     }
-    Communicator& ring = u > 1 ? *ring_group_ : context;
+    Communicator& ring = ring_group_;
     for (int lane = 0; lane < lanes; lane++) {
       rings_.push_back(std::make_unique<RingAttention>(lane_of(ring, Lane(lane)), positions, micro_B,
                                                        cfg.C / (tp.size * u), cfg.NH / (tp.size * u)));
@@ -248,8 +243,8 @@ class ContextRings {
   }
 
   // The ring's group (the context axis itself without Ulysses) and the Ulysses group (null without).
-  const Communicator& ring_group() const { return ring_group_ ? *ring_group_ : context_; }
-  const Communicator* ulysses_group() const { return ulysses_group_.get(); }
+  const Communicator& ring_group() const { return ring_group_; }
+  const Communicator* ulysses_group() const { return ulysses_group_; }
 
   MicroBatch micro_batch(int step, int micro) {
     MicroBatch batch = run_.micro_batch(step, micro);
@@ -267,8 +262,8 @@ class ContextRings {
   TrainingRun& run_;
   const ContextParallelism& held_;
   int T_;
-  Communicator& context_;
-  std::unique_ptr<Communicator> ulysses_group_, ring_group_;
+  Communicator& ring_group_;     // the grid's
+  Communicator* ulysses_group_;  // the grid's (null without Ulysses)
   std::vector<std::unique_ptr<RingAttention>> rings_;
   std::vector<std::unique_ptr<UlyssesAttention>> ulysses_;  // one per lane, around that lane's ring
   std::vector<std::vector<int>> inputs_, targets_;
@@ -287,7 +282,7 @@ class GridExperts {
     if (!cfg_.moe()) return;
     const std::vector<std::vector<int>> positions = context_axis_positions(dims, cfg_.T);  // every CP rank's
     for (const ModelPart& part : parts) slots_ = std::max(slots_, part.slots);
-    const int micro_B = run.micro_batch_size(), t = grid.shape().tp, cp = grid.shape().cp;
+    const int micro_B = run.micro_batch_size(), t = grid.shape().tp, cp = grid.shape().cp * grid.shape().u;
     const bool sp = run.tensor_parallelism().sequence_parallel;
     const GridCoords& at = grid.coords();
     exchange_ = std::make_unique<ExpertExchange>(grid.ep(), *chunks.front(), cfg_.L, cfg_.experts, cfg_.C,
@@ -364,7 +359,7 @@ class GridExperts {
     const int L = cfg_.L, E = cfg_.experts;
     Buffer counts(2 * int64_t(L) * E, MemCategory::Other);  // routed, then dropped (exact in fp32 below 2^24)
     const GridCoords& at = grid_.coords();
-    const bool speaks = at.dp == 0 && at.cp == 0 && at.tp == 0;  // one rank per stage
+    const bool speaks = at.dp == 0 && at.cp == 0 && at.u == 0 && at.tp == 0;  // one rank per stage
     for (size_t c = 0; c < chunks_.size() && speaks; c++)
       for (int l = 0; l < L; l++) {
         if (!parts_[c].holds(cfg_, l + 1)) continue;
@@ -475,7 +470,7 @@ class GroupBytes {
     const GPT2Config& run_cfg = run_.model_config();
     const ParamLayout& layout = run_.layout();
     const TensorParallelism& tp = run_.tensor_parallelism();
-    const int micro_B = run_.micro_batch_size(), t = tp.size, cp = grid_.shape().cp;
+    const int micro_B = run_.micro_batch_size(), t = tp.size, cp = grid_.shape().cp * grid_.shape().u;
     const int u = run_.context_parallelism().ulysses, ring = cp / u;  // the ring's ranks, on C/(t u) channels
     const int64_t expert_range = layout.expert_range_size;  // the experts' elements (their tensors and padding)
     const double w = double(dtype_size(run_.dtype()));

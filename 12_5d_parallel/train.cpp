@@ -77,11 +77,11 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
   const bool moe = model_cfg.moe();
   cfg.grad_accum = m;
   // The grid: TP innermost (a node's fast links), PP outermost, data parallelism over the rest.
-  // CP (u x cp ranks under --ulysses u, Ulysses inside) between TP and DP; EP folded over each stage.
-  ProcessGrid grid(world, grid_shape(world.size(), t, p, flags.cp, opt.dims.ep));
+  // CP between TP and DP, with Ulysses' axis inside it (--ulysses); EP folded over each stage.
+  ProcessGrid grid(world, grid_shape(world.size(), t, p, opt.dims.cp, opt.dims.ep, opt.dims.ulysses));
   const bool sequence_parallel = opt.sequence_parallel && t > 1;
   const TensorParallelism tp{t, grid.coords().tp, sequence_parallel};
-  const ContextParallelism held = context_of(opt.dims, model_cfg.T, grid.coords().cp);  // this rank's positions
+  const ContextParallelism held = context_of(opt.dims, model_cfg.T, context_rank(grid.shape(), grid.coords()));
 
   // How a receive finds its message: MPI matches tags, so every receive can be posted at the start;
   // NCCL has none and matches by call order, which the lists are then built for.
@@ -149,7 +149,7 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
 
   // The lesson: each dimension applied to every chunk in turn (parallelize.h). TP: 07's collectives;
   // CP: 10's ring on NH/t heads, one per lane, Ulysses around it; EP: 11's exchange per micro-batch.
-  ContextRings rings(run, grid.cp(), opt.dims, m, fb_overlap ? kLanes : 1);
+  ContextRings rings(run, grid, opt.dims, m, fb_overlap ? kLanes : 1);
   GridExperts experts(run, grid, chunks, parts, opt.dims, m);
   parallelize(chunks, {apply_tensor_parallel(tp_group, sequence_parallel, opt.overlap), rings.context_parallel(),
                        rings.ulysses(), experts.expert_parallel()});

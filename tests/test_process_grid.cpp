@@ -1,10 +1,12 @@
 // test_process_grid.cpp: the one process grid (process_grid.h) as data, without MPI. Over every shape of
-// up to 16 ranks (DP 2 x CP 2 x TP 2 x PP 2 with EP 1, 2, 4 and 8, DP 3 x TP 2 with EP 3, ...):
+// up to 16 ranks (DP 2 x CP 2 x TP 2 x PP 2 with EP 1, 2, 4 and 8, DP 3 x TP 2 with EP 3, ...), and
+// with Ulysses of up to 8 (CP 2 x Ulysses 2 x TP 2, ...):
 // coordinates and ranks are inverse; every group's member list (group_ranks, from which ProcessGrid
 // builds its communicators) has its size, holds the rank at the place of its coordinate, is the same
 // list from every member, and the groups of one kind partition the world; TP groups are consecutive
 // ranks; an EP group stays inside one pipeline stage and meets its expert-DP group in one rank; with
-// TP = CP = PP = 1, EP is chapter 11's layout. Then the refusals of shapes that do not divide, whose
+// TP = CP = PP = 1, EP is chapter 11's layout; Ulysses inside the ring lays the ranks out as the one
+// context axis of CP x U ranks did. Then the refusals of shapes that do not divide, whose
 // suggestions must fit. The communicators themselves: test_tensor_parallel.cpp, under mpiexec.
 #include <gtest/gtest.h>
 
@@ -20,29 +22,33 @@
 namespace {
 
 // Every kind but the embedding group, which pairs the ends of a pipeline only (tested on its own).
-const GridGroup kPartitions[] = {GridGroup::TP, GridGroup::CP, GridGroup::DP,      GridGroup::DPxCP,
-                                 GridGroup::PP, GridGroup::EP, GridGroup::ExpertDP};
+const GridGroup kPartitions[] = {GridGroup::TP, GridGroup::CP,       GridGroup::DP,      GridGroup::DPxCP,
+                                 GridGroup::PP, GridGroup::EP,       GridGroup::ExpertDP, GridGroup::Ulysses,
+                                 GridGroup::Ring};
 
 std::string name_of(const GridShape& s) {
-  return "DP " + std::to_string(s.dp) + " x CP " + std::to_string(s.cp) + " x TP " + std::to_string(s.tp) + " x PP " +
-         std::to_string(s.pp) + ", EP " + std::to_string(s.ep);
+  return "DP " + std::to_string(s.dp) + " x CP " + std::to_string(s.cp) + " x U " + std::to_string(s.u) + " x TP " +
+         std::to_string(s.tp) + " x PP " + std::to_string(s.pp) + ", EP " + std::to_string(s.ep);
 }
 
-// Every shape of 1 to 16 ranks, with every EP that divides a stage's DP x CP x TP ranks.
+// Every shape of 1 to 16 ranks, and with Ulysses 2 or 4 of up to 8 (the suite's time), with every EP
+// that divides a stage's DP x CP x U x TP ranks.
 std::vector<GridShape> all_shapes() {
   std::vector<GridShape> shapes;
-  for (int dp = 1; dp <= 16; dp++)
-    for (int cp = 1; dp * cp <= 16; cp++)
-      for (int tp = 1; dp * cp * tp <= 16; tp++)
-        for (int pp = 1; dp * cp * tp * pp <= 16; pp++)
-          for (int ep = 1; ep <= dp * cp * tp; ep++)
-            if ((dp * cp * tp) % ep == 0) shapes.push_back({dp, tp, pp, cp, ep});
+  for (int u : {1, 2, 4})
+    for (int dp = 1, most = u == 1 ? 16 : 8; dp * u <= most; dp++)
+      for (int cp = 1; dp * cp * u <= most; cp++)
+        for (int tp = 1; dp * cp * u * tp <= most; tp++)
+          for (int pp = 1; dp * cp * u * tp * pp <= most; pp++)
+            for (int ep = 1; ep <= dp * cp * u * tp; ep++)
+              if ((dp * cp * u * tp) % ep == 0) shapes.push_back({dp, tp, pp, cp, ep, u});
   return shapes;
 }
 
 bool has_shape(const std::vector<GridShape>& shapes, GridShape want) {
   return std::any_of(shapes.begin(), shapes.end(), [&](const GridShape& s) {
-    return s.dp == want.dp && s.tp == want.tp && s.pp == want.pp && s.cp == want.cp && s.ep == want.ep;
+    return s.dp == want.dp && s.tp == want.tp && s.pp == want.pp && s.cp == want.cp && s.ep == want.ep &&
+           s.u == want.u;
   });
 }
 
@@ -50,13 +56,15 @@ bool has_shape(const std::vector<GridShape>& shapes, GridShape want) {
 int expected_size(const GridShape& s, GridGroup which) {
   switch (which) {
     case GridGroup::TP: return s.tp;
-    case GridGroup::CP: return s.cp;
+    case GridGroup::CP: return s.cp * s.u;
     case GridGroup::DP: return s.dp;
-    case GridGroup::DPxCP: return s.dp * s.cp;
+    case GridGroup::DPxCP: return s.dp * s.cp * s.u;
     case GridGroup::PP: return s.pp;
     case GridGroup::Embedding: return 2;
     case GridGroup::EP: return s.ep;
     case GridGroup::ExpertDP: return s.edp();
+    case GridGroup::Ulysses: return s.u;
+    case GridGroup::Ring: return s.cp;
   }
   return -1;
 }
@@ -64,13 +72,15 @@ int expected_size(const GridShape& s, GridGroup which) {
 int expected_place(const GridShape& s, const GridCoords& c, GridGroup which) {
   switch (which) {
     case GridGroup::TP: return c.tp;
-    case GridGroup::CP: return c.cp;
+    case GridGroup::CP: return c.cp * s.u + c.u;  // context_rank
     case GridGroup::DP: return c.dp;
-    case GridGroup::DPxCP: return c.dp * s.cp + c.cp;
+    case GridGroup::DPxCP: return (c.dp * s.cp + c.cp) * s.u + c.u;
     case GridGroup::PP: return c.pp;
     case GridGroup::Embedding: return c.pp == 0 ? 0 : 1;
     case GridGroup::EP: return c.ep;
     case GridGroup::ExpertDP: return c.edp;
+    case GridGroup::Ulysses: return c.u;
+    case GridGroup::Ring: return c.cp;
   }
   return -1;
 }
@@ -80,6 +90,8 @@ TEST(GridShapes, CoverTheShapesOfTheLesson) {
   for (int ep : {1, 2, 4, 8}) EXPECT_TRUE(has_shape(shapes, {2, 2, 2, 2, ep})) << ep;
   EXPECT_TRUE(has_shape(shapes, {3, 2, 1, 1, 3}));
   EXPECT_TRUE(has_shape(shapes, {4, 1, 1, 1, 2}));  // chapter 11's DP 2 x EP 2
+  EXPECT_TRUE(has_shape(shapes, {1, 2, 1, 2, 1, 2}));  // 12's CP 2 x Ulysses 2 x TP 2
+  EXPECT_TRUE(has_shape(shapes, {2, 1, 2, 1, 4, 2}));  // 12's Ulysses 2 x PP 2 x EP 4
 }
 
 TEST(GridLayout, CoordinatesAndRanksAreInverse) {
@@ -88,11 +100,12 @@ TEST(GridLayout, CoordinatesAndRanksAreInverse) {
     for (int r = 0; r < s.world(); r++) {
       const GridCoords c = grid_coords(s, r);
       ASSERT_TRUE(c.dp >= 0 && c.dp < s.dp && c.tp >= 0 && c.tp < s.tp && c.pp >= 0 && c.pp < s.pp && c.cp >= 0 &&
-                  c.cp < s.cp && c.ep >= 0 && c.ep < s.ep && c.edp >= 0 && c.edp < s.edp())
+                  c.cp < s.cp && c.ep >= 0 && c.ep < s.ep && c.edp >= 0 && c.edp < s.edp() && c.u >= 0 &&
+                  c.u < s.u)
           << "rank " << r;
       EXPECT_EQ(grid_rank(s, c), r);
       // The header's two numberings of a rank inside its stage are one number.
-      const int inside = (c.dp * s.cp + c.cp) * s.tp + c.tp;
+      const int inside = ((c.dp * s.cp + c.cp) * s.u + c.u) * s.tp + c.tp;
       EXPECT_EQ(c.pp * s.stage_ranks() + inside, r);
       EXPECT_EQ(c.edp * s.ep + c.ep, inside) << "rank " << r;
     }
@@ -134,11 +147,18 @@ TEST(GridGroups, MembersShareEveryOtherCoordinate) {
         for (int m : group_ranks(s, r, which)) out.push_back(grid_coords(s, m));
         return out;
       };
-      for (const GridCoords& m : coords_of(GridGroup::TP)) EXPECT_TRUE(m.pp == c.pp && m.dp == c.dp && m.cp == c.cp);
+      for (const GridCoords& m : coords_of(GridGroup::TP))
+        EXPECT_TRUE(m.pp == c.pp && m.dp == c.dp && m.cp == c.cp && m.u == c.u);
       for (const GridCoords& m : coords_of(GridGroup::CP)) EXPECT_TRUE(m.pp == c.pp && m.dp == c.dp && m.tp == c.tp);
-      for (const GridCoords& m : coords_of(GridGroup::DP)) EXPECT_TRUE(m.pp == c.pp && m.cp == c.cp && m.tp == c.tp);
+      for (const GridCoords& m : coords_of(GridGroup::Ulysses))
+        EXPECT_TRUE(m.pp == c.pp && m.dp == c.dp && m.cp == c.cp && m.tp == c.tp);
+      for (const GridCoords& m : coords_of(GridGroup::Ring))
+        EXPECT_TRUE(m.pp == c.pp && m.dp == c.dp && m.u == c.u && m.tp == c.tp);
+      for (const GridCoords& m : coords_of(GridGroup::DP))
+        EXPECT_TRUE(m.pp == c.pp && m.cp == c.cp && m.u == c.u && m.tp == c.tp);
       for (const GridCoords& m : coords_of(GridGroup::DPxCP)) EXPECT_TRUE(m.pp == c.pp && m.tp == c.tp);
-      for (const GridCoords& m : coords_of(GridGroup::PP)) EXPECT_TRUE(m.dp == c.dp && m.cp == c.cp && m.tp == c.tp);
+      for (const GridCoords& m : coords_of(GridGroup::PP))
+        EXPECT_TRUE(m.dp == c.dp && m.cp == c.cp && m.u == c.u && m.tp == c.tp);
       for (const GridCoords& m : coords_of(GridGroup::EP)) EXPECT_TRUE(m.pp == c.pp && m.edp == c.edp);
       for (const GridCoords& m : coords_of(GridGroup::ExpertDP)) EXPECT_TRUE(m.pp == c.pp && m.ep == c.ep);
     }
@@ -188,9 +208,9 @@ TEST(GridGroups, WithoutTensorContextOrPipelineExpertsKeepChapter11sLayout) {
 
 // The grid is its order and sizes (RankOrder): the group of any set of axes holds the ranks that share
 // every other coordinate, as many as the product of its axes' sizes, ranked by their coordinates with
-// the order's first token fastest; and the formula of the lesson is the order "tp-cp-dp-pp".
+// the order's first token fastest; and the formula of the lesson is the order "tp-ulysses-cp-dp-pp".
 TEST(GridOrder, TheGroupOfAnySetOfAxesSharesEveryOtherCoordinate) {
-  const GridAxis axes[] = {kAxisTP, kAxisCP, kAxisDP, kAxisPP};
+  const GridAxis axes[] = {kAxisTP, kAxisU, kAxisCP, kAxisDP, kAxisPP};  // the order's
   for (const GridShape& s : all_shapes()) {
     if (s.ep > 1) continue;  // (EP re-splits a stage: the dense axes are the same for every EP)
     SCOPED_TRACE(name_of(s));
@@ -198,9 +218,12 @@ TEST(GridOrder, TheGroupOfAnySetOfAxesSharesEveryOtherCoordinate) {
     for (int r = 0; r < s.world(); r++) {
       at.push_back(grid_coords(s, r));
       const GridCoords& c = at.back();
-      ASSERT_EQ(r, ((c.pp * s.dp + c.dp) * s.cp + c.cp) * s.tp + c.tp);
+      ASSERT_EQ(r, (((c.pp * s.dp + c.dp) * s.cp + c.cp) * s.u + c.u) * s.tp + c.tp);
     }
-    for (AxisSet mask = 0; mask < 16; mask++) {
+    for (unsigned subset = 0; subset < 32; subset++) {  // every subset of the five axes
+      AxisSet mask = 0;
+      for (size_t i = 0; i < 5; i++)
+        if (subset & (1u << i)) mask |= axes[i];
       int size = 1;
       for (GridAxis a : axes) size *= (mask & a) ? s.size(a) : 1;
       for (int r = 0; r < s.world(); r++) {
@@ -224,7 +247,49 @@ TEST(GridOrder, TheGroupOfAnySetOfAxesSharesEveryOtherCoordinate) {
   EXPECT_EQ(dp_first.group(0, kAxisDP), (std::vector<int>{0, 1}));
   EXPECT_EQ(dp_first.group(0, kAxisTP), (std::vector<int>{0, 2}));
   EXPECT_EQ(axes_named("dp-cp"), AxisSet(kAxisDP | kAxisCP));
+  EXPECT_EQ(axes_named("cp-ulysses"), kContextAxes);
   EXPECT_EQ(axes_named("dp-xx"), 0u);
+}
+
+// Ulysses is an axis of its own inside the ring, and the layout is the one a single context axis of
+// CP x U ranks gave (the chapters' before it was an axis): the same world ranks, the cp group ranked
+// by ring place x U + Ulysses rank (context_rank), so every rank holds the same positions as before.
+// The ulysses group is U consecutive places of the cp group, the ring every U-th.
+TEST(GridOrder, UlyssesInsideTheRingIsTheContextAxisOfCpTimesU) {
+  for (const GridShape& s : all_shapes()) {
+    if (s.u == 1) continue;
+    SCOPED_TRACE(name_of(s));
+    GridShape folded = s;  // one context axis of CP x U ranks
+    folded.cp = s.cp * s.u, folded.u = 1;
+    const RankOrder old_order(folded, "tp-cp-dp-pp");
+    for (int r = 0; r < s.world(); r++) {
+      const GridCoords c = grid_coords(s, r);
+      EXPECT_EQ(old_order.coord(r, kAxisCP), context_rank(s, c)) << "rank " << r;
+      EXPECT_EQ(group_ranks(s, r, GridGroup::CP), group_ranks(folded, r, GridGroup::CP)) << "rank " << r;
+      EXPECT_EQ(group_ranks(s, r, GridGroup::DPxCP), group_ranks(folded, r, GridGroup::DPxCP)) << "rank " << r;
+      const std::vector<int> context = group_ranks(s, r, GridGroup::CP);
+      const int place = c.cp;
+      for (int i = 0; i < s.u; i++)
+        EXPECT_EQ(group_ranks(s, r, GridGroup::Ulysses)[size_t(i)], context[size_t(place * s.u + i)]);
+      for (int i = 0; i < s.cp; i++)
+        EXPECT_EQ(group_ranks(s, r, GridGroup::Ring)[size_t(i)], context[size_t(i * s.u + c.u)]);
+    }
+  }
+}
+
+// A dense parameter's copies lie along DP, CP and U (and TP where it is whole): of the ranks that
+// hold one, exactly one counts it (the norm, the checkpoint), whatever the shape.
+TEST(GridAxes, OneCopyOfADenseParameterCountsAmongTheDataAndContextRanks) {
+  for (const GridShape& s : all_shapes()) {
+    if (s.ep > 1) continue;
+    SCOPED_TRACE(name_of(s));
+    for (int r = 0; r < s.world(); r++) {
+      int counted = 0;
+      for (int m : group_ranks(s, r, GridGroup::DPxCP))
+        counted += first_copy(kAxisDP | kContextAxes, grid_coords(s, m), kEveryAxis);
+      EXPECT_EQ(counted, 1) << "rank " << r;
+    }
+  }
 }
 
 // The ends of every pipeline pair up; the stages between, and a pipeline of one stage, have none.
@@ -279,22 +344,24 @@ TEST(GridShapeProblem, ExpertGroupsMustDivideAStageAndTheSuggestionFits) {
     for (int tp : {1, 2, 3})
       for (int pp : {1, 2, 3})
         for (int cp : {1, 2})
-          for (int ep : {1, 2, 3, 4, 6, 8}) {
-            const std::string problem = grid_shape_problem(world, tp, pp, cp, ep);
-            SCOPED_TRACE(std::to_string(world) + " ranks, tp " + std::to_string(tp) + " pp " + std::to_string(pp) +
-                         " cp " + std::to_string(cp) + " ep " + std::to_string(ep) + ": " + problem);
-            if (problem.empty()) {
-              const GridShape s = grid_shape(world, tp, pp, cp, ep);
-              EXPECT_EQ(s.world(), world);
-              EXPECT_TRUE(s.tp == tp && s.pp == pp && s.cp == cp && s.ep == ep);
-              EXPECT_EQ(s.stage_ranks() % ep, 0);
-              continue;
+          for (int ep : {1, 2, 3, 4, 6, 8})
+            for (int u : {1, 2}) {
+              const std::string problem = grid_shape_problem(world, tp, pp, cp, ep, u);
+              SCOPED_TRACE(std::to_string(world) + " ranks, tp " + std::to_string(tp) + " pp " + std::to_string(pp) +
+                           " cp " + std::to_string(cp) + " ep " + std::to_string(ep) + " u " + std::to_string(u) +
+                           ": " + problem);
+              if (problem.empty()) {
+                const GridShape s = grid_shape(world, tp, pp, cp, ep, u);
+                EXPECT_EQ(s.world(), world);
+                EXPECT_TRUE(s.tp == tp && s.pp == pp && s.cp == cp && s.ep == ep && s.u == u);
+                EXPECT_EQ(s.stage_ranks() % ep, 0);
+                continue;
+              }
+              const int fits = suggested_world(problem);
+              ASSERT_GT(fits, 0);
+              EXPECT_EQ(grid_shape_problem(fits, tp, pp, cp, ep, u), "");
+              EXPECT_EQ(grid_shape_problem(2 * fits, tp, pp, cp, ep, u), "");
             }
-            const int fits = suggested_world(problem);
-            ASSERT_GT(fits, 0);
-            EXPECT_EQ(grid_shape_problem(fits, tp, pp, cp, ep), "");
-            EXPECT_EQ(grid_shape_problem(2 * fits, tp, pp, cp, ep), "");
-          }
 }
 
 // Whether --ep divides the experts is the expert dimension's refusal, asked first by 11 and 12: it
@@ -339,14 +406,14 @@ TEST(GridAxes, EachAxisIsDescribedOnceAndItsRowIsWhatTheGridReads) {
     EXPECT_EQ(axes_named(d.token), AxisSet(d.axis)) << d.token;
   }
   EXPECT_EQ(seen, kEveryAxis);
-  const GridShape s{2, 2, 2, 2, 4};  // DP 2 x TP 2 x PP 2 x CP 2, EP 4: expert DP 2
-  const int fields[] = {s.dp, s.tp, s.pp, s.cp, s.ep, s.edp()};
-  const GridAxis order[] = {kAxisDP, kAxisTP, kAxisPP, kAxisCP, kAxisEP, kAxisEDP};
-  for (size_t i = 0; i < 6; i++) EXPECT_EQ(s.size(order[i]), fields[i]) << i;
+  const GridShape s{2, 2, 2, 2, 4, 2};  // DP 2 x TP 2 x PP 2 x CP 2 x U 2, EP 4: expert DP 4
+  const int fields[] = {s.dp, s.tp, s.pp, s.cp, s.ep, s.edp(), s.u};
+  const GridAxis order[] = {kAxisDP, kAxisTP, kAxisPP, kAxisCP, kAxisEP, kAxisEDP, kAxisU};
+  for (size_t i = 0; i < 7; i++) EXPECT_EQ(s.size(order[i]), fields[i]) << i;
   for (int r = 0; r < s.world(); r++) {
     const GridCoords c = grid_coords(s, r);
-    const int coords[] = {c.dp, c.tp, c.pp, c.cp, c.ep, c.edp};
-    for (size_t i = 0; i < 6; i++) EXPECT_EQ(axis_coord(c, order[i]), coords[i]) << "rank " << r << " axis " << i;
+    const int coords[] = {c.dp, c.tp, c.pp, c.cp, c.ep, c.edp, c.u};
+    for (size_t i = 0; i < 7; i++) EXPECT_EQ(axis_coord(c, order[i]), coords[i]) << "rank " << r << " axis " << i;
     EXPECT_EQ(grid_rank(s, c), r);
   }
 }

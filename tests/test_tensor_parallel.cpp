@@ -168,49 +168,58 @@ TEST(ProcessGrid, DataParallelAloneIsTheWorld) {
   EXPECT_FALSE(ProcessGrid(world, grid_shape(world.size(), 1, 1)).data_parallel_only());
 }
 
-// Every communicator of the grid, with expert parallelism folded in (every TP, PP, CP and EP that
-// divide the world), holds the ranks group_ranks lists, in its order: the plain function
-// test_process_grid.cpp checks is the one the communicators are built from.
+// Every communicator of the grid, with expert parallelism folded in (every TP, PP, CP, Ulysses and EP
+// that divide the world), holds the ranks group_ranks lists, in its order: the plain function
+// test_process_grid.cpp checks is the one the communicators are built from. (At U = 1 there is no
+// Ulysses group, and the ring is the cp group.)
 TEST(ProcessGrid, EveryCommunicatorHoldsTheRanksOfGroupRanks) {
   Communicator& world = test_comm();
   const int W = world.size();
   for (int tp = 1; tp <= W; tp++)
     for (int pp = 1; pp <= W; pp++)
-      for (int cp = 1; cp <= W; cp++) {
-        if (W % (tp * pp * cp) != 0) continue;
-        for (int ep = 1; ep <= W / pp; ep++) {
-          if ((W / pp) % ep != 0) continue;
-          const GridShape s = grid_shape(W, tp, pp, cp, ep);
-          ProcessGrid grid(world, s);
-          SCOPED_TRACE(grid.describe());
-          const std::pair<GridGroup, Communicator*> groups[] = {
-              {GridGroup::TP, &grid.tp()},        {GridGroup::CP, &grid.cp()},
-              {GridGroup::DP, &grid.dp()},        {GridGroup::DPxCP, &grid.dp_cp()},
-              {GridGroup::PP, &grid.pp()},        {GridGroup::Embedding, grid.embedding()},
-              {GridGroup::EP, &grid.ep()},        {GridGroup::ExpertDP, &grid.expert_dp()}};
-          for (const auto& [which, comm] : groups) {
-            const std::vector<int> want = group_ranks(s, world.rank(), which);
-            if (want.empty()) {
-              EXPECT_EQ(comm, nullptr) << group_name(which);
-              continue;
+      for (int cp = 1; cp <= W; cp++)
+        for (int u = 1; u <= W; u++) {
+          if (W % (tp * pp * cp * u) != 0) continue;
+          for (int ep = 1; ep <= W / pp; ep++) {
+            if ((W / pp) % ep != 0) continue;
+            const GridShape s = grid_shape(W, tp, pp, cp, ep, u);
+            ProcessGrid grid(world, s);
+            SCOPED_TRACE(grid.describe());
+            const std::pair<GridGroup, Communicator*> groups[] = {
+                {GridGroup::TP, &grid.tp()},        {GridGroup::CP, &grid.cp()},
+                {GridGroup::DP, &grid.dp()},        {GridGroup::DPxCP, &grid.dp_cp()},
+                {GridGroup::PP, &grid.pp()},        {GridGroup::Embedding, grid.embedding()},
+                {GridGroup::EP, &grid.ep()},        {GridGroup::ExpertDP, &grid.expert_dp()},
+                {GridGroup::Ulysses, grid.ulysses()}, {GridGroup::Ring, &grid.ring()}};
+            for (const auto& [which, comm] : groups) {
+              std::vector<int> want = group_ranks(s, world.rank(), which);
+              if (which == GridGroup::Ulysses && u == 1) want.clear();
+              if (want.empty()) {
+                EXPECT_EQ(comm, nullptr) << group_name(which);
+                continue;
+              }
+              ASSERT_NE(comm, nullptr) << group_name(which);
+              // Gathered before any check, so that a rank that fails leaves none of its peers waiting.
+              const std::vector<float> got = world_ranks_in(world, *comm);
+              EXPECT_EQ(got.size(), want.size()) << group_name(which);
+              for (size_t i = 0; i < std::min(got.size(), want.size()); i++)
+                EXPECT_EQ(got[i], float(want[i])) << group_name(which) << " member " << i;
+              EXPECT_EQ(comm->rank() < int(want.size()) ? want[comm->rank()] : -1, world.rank()) << group_name(which);
             }
-            ASSERT_NE(comm, nullptr) << group_name(which);
-            // Gathered before any check, so that a rank that fails leaves none of its peers waiting.
-            const std::vector<float> got = world_ranks_in(world, *comm);
-            EXPECT_EQ(got.size(), want.size()) << group_name(which);
-            for (size_t i = 0; i < std::min(got.size(), want.size()); i++)
-              EXPECT_EQ(got[i], float(want[i])) << group_name(which) << " member " << i;
-            EXPECT_EQ(comm->rank() < int(want.size()) ? want[comm->rank()] : -1, world.rank()) << group_name(which);
+            EXPECT_EQ(grid.ep().rank(), grid.coords().ep);
+            EXPECT_EQ(grid.expert_dp().rank(), grid.coords().edp);
+            if (u == 1) {
+              EXPECT_EQ(&grid.ring(), &grid.cp());
+            }
           }
-          EXPECT_EQ(grid.ep().rank(), grid.coords().ep);
-          EXPECT_EQ(grid.expert_dp().rank(), grid.coords().edp);
         }
-      }
   if (W == 4) {  // EP is named only when it is above 1, so that 07-10 keep their strings
     ProcessGrid experts(world, grid_shape(4, 1, 1, 1, 2));
     EXPECT_EQ(experts.describe(), "DP 4 x TP 1 x PP 1 x EP 2 (expert DP 2)");
     ProcessGrid dense(world, grid_shape(4, 2, 1, 2));
     EXPECT_EQ(dense.describe(), "DP 1 x TP 2 x PP 1 x CP 2");
+    ProcessGrid ulysses(world, grid_shape(4, 1, 1, 1, 1, 2));
+    EXPECT_EQ(ulysses.describe(), "DP 2 x TP 1 x PP 1 x Ulysses 2");
   }
 }
 

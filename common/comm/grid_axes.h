@@ -9,21 +9,23 @@
 // chapters, the norm and the checkpoint call it, each naming the axes its sum runs over.
 #pragma once
 
-// One bit per axis. DP, CP, TP and PP factor the world; EP and EDP (expert data parallelism) re-split
-// the ranks of a pipeline stage (process_grid.h).
-enum GridAxis : unsigned { kAxisTP = 1, kAxisCP = 2, kAxisDP = 4, kAxisPP = 8, kAxisEP = 16, kAxisEDP = 32 };
+// One bit per axis. DP, CP, TP, PP and U (Ulysses, inside the context-parallel ring) factor the world;
+// EP and EDP (expert data parallelism) re-split the ranks of a pipeline stage (process_grid.h).
+enum GridAxis : unsigned {
+  kAxisTP = 1, kAxisCP = 2, kAxisDP = 4, kAxisPP = 8, kAxisEP = 16, kAxisEDP = 32, kAxisU = 64
+};
 using AxisSet = unsigned;  // a union of GridAxis bits
 
 struct GridCoords {
-  int dp = 0, tp = 0, pp = 0, cp = 0, ep = 0, edp = 0;
+  int dp = 0, tp = 0, pp = 0, cp = 0, ep = 0, edp = 0, u = 0;
 };
 
 // The grid's sizes (process_grid.h lays the ranks out from them).
 struct GridShape {
-  int dp = 1, tp = 1, pp = 1, cp = 1, ep = 1;
+  int dp = 1, tp = 1, pp = 1, cp = 1, ep = 1, u = 1;
   int size(GridAxis axis) const;  // an axis's size (EDP: edp())
-  int world() const { return dp * tp * pp * cp; }  // (EP re-splits a stage: it multiplies nothing)
-  int stage_ranks() const { return dp * cp * tp; }
+  int world() const { return dp * tp * pp * cp * u; }  // (EP re-splits a stage: it multiplies nothing)
+  int stage_ranks() const { return dp * cp * u * tp; }
   int edp() const { return stage_ranks() / ep; }  // the expert-data-parallel degree
 };
 
@@ -46,6 +48,7 @@ inline constexpr AxisDescriptor kAxes[] = {
     {kAxisTP, "tp", &GridCoords::tp, [](const GridShape& s) { return s.tp; }, " x TP %d", 0},
     {kAxisPP, "pp", &GridCoords::pp, [](const GridShape& s) { return s.pp; }, " x PP %d", 0},
     {kAxisCP, "cp", &GridCoords::cp, [](const GridShape& s) { return s.cp; }, " x CP %d", kAxisCP},
+    {kAxisU, "ulysses", &GridCoords::u, [](const GridShape& s) { return s.u; }, " x Ulysses %d", kAxisU},
     {kAxisEP, "ep", &GridCoords::ep, [](const GridShape& s) { return s.ep; }, " x EP %d", kAxisEP},
     {kAxisEDP, "edp", &GridCoords::edp, [](const GridShape& s) { return s.edp(); }, " (expert DP %d)", kAxisEP}};
 
@@ -62,7 +65,12 @@ constexpr AxisSet every_axis() {
 }
 constexpr AxisSet kEveryAxis = every_axis();
 // The axes a ZeRO shard is cut along: a sharded gradient has no copies there, each rank its own piece.
-constexpr AxisSet kDataAxes = kAxisDP | kAxisCP | kAxisEDP;
+constexpr AxisSet kDataAxes = kAxisDP | kAxisCP | kAxisU | kAxisEDP;
+// The axes that split a sequence: the ring's places (CP) and, inside each, the Ulysses ranks (U).
+constexpr AxisSet kContextAxes = kAxisCP | kAxisU;
+// A rank's place among the ranks that split its sequences (the cp group, process_grid.h): ring place x
+// U + Ulysses rank, Ulysses inside.
+inline int context_rank(const GridShape& s, const GridCoords& at) { return at.cp * s.u + at.u; }
 
 // The axes along which a sum over `summed_over` meets copies of a tensor: all of them, less the data
 // axes where the gradients are sharded (ZeRO: each rank holds a piece of its own there).

@@ -84,7 +84,7 @@ GridCoords grid_coords(const GridShape& shape, int rank) {
 }
 
 int grid_rank(const GridShape& shape, const GridCoords& c) {
-  return RankOrder(shape, kGridOrder).rank(c);  // ((pp x DP + dp) x CP + cp) x TP + tp
+  return RankOrder(shape, kGridOrder).rank(c);  // (((pp x DP + dp) x CP + cp) x U + u) x TP + tp
 }
 
 std::vector<int> axis_group_ranks(const GridShape& shape, int rank, AxisSet axes) {
@@ -100,10 +100,11 @@ struct GroupAxes {
   AxisSet axes;
 };
 constexpr GroupAxes kGroups[] = {
-    {GridGroup::TP, "tp", kAxisTP},          {GridGroup::CP, "cp", kAxisCP},
-    {GridGroup::DP, "dp", kAxisDP},          {GridGroup::DPxCP, "dp_cp", kAxisDP | kAxisCP},
+    {GridGroup::TP, "tp", kAxisTP},          {GridGroup::CP, "cp", kContextAxes},
+    {GridGroup::DP, "dp", kAxisDP},          {GridGroup::DPxCP, "dp_cp", kAxisDP | kContextAxes},
     {GridGroup::PP, "pp", kAxisPP},          {GridGroup::Embedding, "embedding", kAxisPP},
-    {GridGroup::EP, "ep", kAxisEP},          {GridGroup::ExpertDP, "expert_dp", kAxisEDP}};
+    {GridGroup::EP, "ep", kAxisEP},          {GridGroup::ExpertDP, "expert_dp", kAxisEDP},
+    {GridGroup::Ulysses, "ulysses", kAxisU}, {GridGroup::Ring, "ring", kAxisCP}};
 
 const GroupAxes& group_of(GridGroup which) {
   return *std::find_if(std::begin(kGroups), std::end(kGroups), [&](const GroupAxes& g) { return g.which == which; });
@@ -123,20 +124,22 @@ std::vector<int> group_ranks(const GridShape& s, int rank, GridGroup which) {
   return {members.front(), members.back()};
 }
 
-std::string grid_shape_problem(int world, int tp, int pp, int cp, int ep) {
+std::string grid_shape_problem(int world, int tp, int pp, int cp, int ep, int u) {
   if (tp < 1) return "--tp must be >= 1";
   if (pp < 1) return "--pp must be >= 1";
   if (cp < 1) return "--cp must be >= 1";
   if (ep < 1) return "--ep must be >= 1";
-  // EP re-splits a stage's DP x CP x TP ranks; a stage that holds a multiple of TP x CP and of EP
-  // ranks fits, so the world must be PP times a multiple of their least common multiple.
-  const int fits = pp * std::lcm(tp * cp, ep);
-  if (world % (tp * pp * cp) != 0) {
+  if (u < 1) return "--ulysses must be >= 1";
+  // EP re-splits a stage's DP x CP x U x TP ranks; a stage that holds a multiple of TP x CP x U and of
+  // EP ranks fits, so the world must be PP times a multiple of their least common multiple.
+  const int fits = pp * std::lcm(tp * cp * u, ep);
+  if (world % (tp * pp * cp * u) != 0) {
     // Only the sizes above 1 are named: a chapter without --tp (08) passes 1 for it, as does one
     // without --pp (07), so the message names the chapter's own flags.
     std::vector<std::string> groups, flags;
     if (tp > 1) groups.push_back("tensor-parallel groups of --tp " + std::to_string(tp)), flags.push_back("--tp");
     if (cp > 1) groups.push_back("context-parallel rings of --cp " + std::to_string(cp)), flags.push_back("--cp");
+    if (u > 1) groups.push_back("Ulysses groups of --ulysses " + std::to_string(u)), flags.push_back("--ulysses");
     if (pp > 1) groups.push_back("pipelines of --pp " + std::to_string(pp) + " stages"), flags.push_back("--pp");
     std::string group_text, flag_text;
     for (size_t i = 0; i < groups.size(); i++) {
@@ -154,15 +157,16 @@ std::string grid_shape_problem(int world, int tp, int pp, int cp, int ep) {
          ": run on a multiple of " + std::to_string(fits) + " ranks, or change --ep";
 }
 
-GridShape grid_shape(int world, int tp, int pp, int cp, int ep) {
-  const std::string problem = grid_shape_problem(world, tp, pp, cp, ep);
+GridShape grid_shape(int world, int tp, int pp, int cp, int ep, int u) {
+  const std::string problem = grid_shape_problem(world, tp, pp, cp, ep, u);
   if (!problem.empty()) config_error(problem);
   GridShape shape;
   shape.tp = tp;
   shape.pp = pp;
   shape.cp = cp;
   shape.ep = ep;
-  shape.dp = world / (tp * pp * cp);
+  shape.u = u;
+  shape.dp = world / (tp * pp * cp * u);
   return shape;
 }
 
@@ -176,7 +180,7 @@ std::string expert_grid_problem(int world, int ep, int experts, const std::strin
 
 ProcessGrid::ProcessGrid(Communicator& world, const GridShape& shape) : world_(world), shape_(shape) {
   ENSURE(shape.world() == world.size(), "ProcessGrid: the shape does not cover the world");
-  ENSURE(shape.ep >= 1 && shape.stage_ranks() % shape.ep == 0, "ProcessGrid: EP must divide DP x CP x TP");
+  ENSURE(shape.ep >= 1 && shape.stage_ranks() % shape.ep == 0, "ProcessGrid: EP must divide DP x CP x U x TP");
   coords_ = grid_coords(shape, world.rank());
   tp_ = split(GridGroup::TP);
   dp_ = split(GridGroup::DP);
@@ -184,7 +188,8 @@ ProcessGrid::ProcessGrid(Communicator& world, const GridShape& shape) : world_(w
   // The ring exists at CP = 1 too, a group of one per rank: a ring of one, which never sends (chapter 10
   // runs its attention on it whatever --cp).
   cp_ = split(GridGroup::CP);
-  if (shape.cp > 1) dp_cp_ = split(GridGroup::DPxCP);
+  if (shape.cp * shape.u > 1) dp_cp_ = split(GridGroup::DPxCP);
+  if (shape.u > 1) ulysses_ = split(GridGroup::Ulysses), ring_ = split(GridGroup::Ring);
   if (shape.pp > 1) embedding_ = split(GridGroup::Embedding);  // null on the stages between
   // Both exist at EP = 1 too (chapter 11 runs --ep 1 on them): this rank alone, and the whole stage.
   ep_ = split(GridGroup::EP);
@@ -222,8 +227,8 @@ std::unique_ptr<Communicator> ProcessGrid::split(GridGroup which) {
 void ProcessGrid::give_each_lane_its_groups() {
   if (data_parallel_only_) return;
   ENSURE(!handed_out_, "ProcessGrid: give_each_lane_its_groups() after a lane's group was handed out");
-  for (std::unique_ptr<Communicator>* group : {&tp_, &cp_, &ep_, &expert_dp_})
-    *group = std::make_unique<LaneCommunicator>(std::move(*group));
+  for (std::unique_ptr<Communicator>* group : {&tp_, &cp_, &ep_, &expert_dp_, &ulysses_, &ring_})
+    if (*group) *group = std::make_unique<LaneCommunicator>(std::move(*group));
 }
 
 std::string ProcessGrid::describe() const {

@@ -9,7 +9,11 @@
 //     world rank = ((pp_rank x DP + dp_rank) x CP + cp_rank) x TP + tp_rank
 // Context parallelism (CP, chapter 10) passes keys and values around a ring inside every attention:
 // next to TP, inside DP, as Megatron-LM orders them. Without CP (CP = 1) the layout is the
-// DP x TP x PP one of 07-09.
+// DP x TP x PP one of 07-09. Ulysses (U, --ulysses) splits each ring place's positions once more and
+// trades them for heads around attention (USP: Ulysses inside, the ring outside): its U ranks sit
+// between TP and CP, so that its all-to-alls take the faster links:
+//     world rank = (((pp_rank x DP + dp_rank) x CP + cp_rank) x U + u_rank) x TP + tp_rank
+// CP and U together are the ranks that split a sequence (at U = 1, CP alone).
 //
 // Expert parallelism (EP, chapter 11) is not a fifth factor of the world: it re-splits the ranks of
 // each pipeline stage, as Megatron-Core folds it. A stage holds DP x CP x TP consecutive world ranks,
@@ -25,10 +29,14 @@
 //
 // The groups, each the ranks that share the coordinates named, ranked by the ones they do not share:
 //   tp:        the same pp, dp and cp: TP consecutive ranks, which split every layer's matrices.
-//   cp:        the same pp, dp and tp: the ring of CP ranks (every TP-th rank) that splits a sequence.
+//   cp:        the same pp, dp and tp: the CP x U ranks that split a sequence, ranked by cp_rank x U +
+//              u_rank (at U = 1 the ring of CP ranks, every TP-th rank).
+//   ulysses:   the same pp, dp, cp and tp: the U ranks of a ring place, which trade positions for heads.
+//   ring:      the same pp, dp, u and tp: the ring of CP ranks that pass keys and values (at U = 1 the cp
+//              group itself).
 //   dp:        the same pp, cp and tp: DP replicas of the same parameters, fed different batches.
-//   dp_cp:     the same pp and tp: DP x CP ranks, ranked by dp_rank x CP + cp_rank. They all hold the
-//              same parameters, so gradients are averaged over this group.
+//   dp_cp:     the same pp and tp: DP x CP x U ranks, ranked by (dp_rank x CP + cp_rank) x U + u_rank.
+//              They all hold the same parameters, so gradients are averaged over this group.
 //   pp:        the same dp, cp and tp: the PP stages of one pipeline, one in each stage.
 //   embedding: the first and last ranks of a pipeline (pp_rank 0 and PP-1), which both hold the tied
 //              wte and sum its gradient (Megatron-LM's embedding group). None with one stage, and
@@ -42,7 +50,7 @@
 // groups {0,2,4,6} {1,3,5,7}, EP groups {0,1,2,3} {4,5,6,7} (two TP groups each), expert-DP groups
 // {0,4} {1,5} {2,6} {3,7}.
 // The layout is an order and the sizes, as Megatron-Core's RankGenerator makes it: the order string
-// "tp-cp-dp-pp" lists the axes innermost first, a rank's coordinate on each is a digit of the world
+// "tp-ulysses-cp-dp-pp" lists the axes innermost first, a rank's coordinate on each is a digit of the world
 // rank in that mixed radix, and the group of any set of axes (a mask, AxisSet) is the ranks that share
 // this rank's coordinates on the others, ranked by theirs in the same order. The experts' order is
 // "ep-edp-pp" over the same ranks. A new axis is a token in the order, not a case in a switch.
@@ -61,11 +69,11 @@
 
 // The order of the axes that factor the world, innermost first, and the experts' order over the same
 // ranks (grid_axes.h names the tokens).
-constexpr const char* kGridOrder = "tp-cp-dp-pp";
+constexpr const char* kGridOrder = "tp-ulysses-cp-dp-pp";
 constexpr const char* kExpertOrder = "ep-edp-pp";
 
-// The coordinates of world rank `rank`, and the rank of coordinates (from pp, dp, cp and tp: ep and
-// edp follow from them), in the layout above.
+// The coordinates of world rank `rank`, and the rank of coordinates (from pp, dp, cp, u and tp: ep
+// and edp follow from them), in the layout above.
 GridCoords grid_coords(const GridShape& shape, int rank);
 int grid_rank(const GridShape& shape, const GridCoords& coords);
 
@@ -89,7 +97,7 @@ class RankOrder {
   std::vector<Digit> digits_;  // innermost first
 };
 
-// The axes named by a token ("tp", "cp", "dp", "pp", "ep", "edp"), joined by '-' ("dp-cp"); 0 for a token
+// The axes named by a token ("tp", "cp", "ulysses", "dp", "pp", "ep", "edp"), joined by '-' ("dp-cp"); 0 for a token
 // no axis has.
 AxisSet axes_named(const std::string& tokens);
 
@@ -98,19 +106,20 @@ AxisSet axes_named(const std::string& tokens);
 std::vector<int> axis_group_ranks(const GridShape& shape, int rank, AxisSet axes);
 
 // The groups a run uses: each a set of axes (the embedding group: the two ends of the PP axis).
-enum class GridGroup { TP, CP, DP, DPxCP, PP, Embedding, EP, ExpertDP };
-const char* group_name(GridGroup which);  // "tp", "cp", "dp", "dp_cp", "pp", "embedding", "ep", "expert_dp"
-AxisSet group_axes(GridGroup which);      // kAxisTP, ..., kAxisDP | kAxisCP, ... (Embedding: kAxisPP)
+enum class GridGroup { TP, CP, DP, DPxCP, PP, Embedding, EP, ExpertDP, Ulysses, Ring };
+// "tp", "cp", "dp", "dp_cp", "pp", "embedding", "ep", "expert_dp", "ulysses", "ring"
+const char* group_name(GridGroup which);
+AxisSet group_axes(GridGroup which);  // kAxisTP, kAxisCP | kAxisU, ... (Embedding: kAxisPP)
 
 // The world ranks of the `which` group that holds `rank`, in the order of their rank within it: the
 // list above. Every member gets the same list. Empty for the embedding group of a rank that has none.
 std::vector<int> group_ranks(const GridShape& shape, int rank, GridGroup which);
 
-// The shape for `world` ranks with `tp`, `pp`, `cp` and `ep` given: dp = world / (tp x pp x cp). A
-// world that does not divide stops every rank with a message naming the flags (config_error):
-// grid_shape_problem's, "" when the shape is sound.
-GridShape grid_shape(int world, int tp, int pp, int cp = 1, int ep = 1);
-std::string grid_shape_problem(int world, int tp, int pp, int cp = 1, int ep = 1);
+// The shape for `world` ranks with `tp`, `pp`, `cp`, `ep` and `u` (Ulysses) given: dp = world /
+// (tp x pp x cp x u). A world that does not divide stops every rank with a message naming the flags
+// (config_error): grid_shape_problem's, "" when the shape is sound.
+GridShape grid_shape(int world, int tp, int pp, int cp = 1, int ep = 1, int u = 1);
+std::string grid_shape_problem(int world, int tp, int pp, int cp = 1, int ep = 1, int u = 1);
 
 // Chapter 11's checks of --ep (TP, PP and CP 1) against the world and the preset (it has experts):
 // "" when sound. Whether --ep divides the experts is the expert dimension's (dimension.h,
@@ -120,7 +129,8 @@ std::string expert_grid_problem(int world, int ep, int experts, const std::strin
 class ProcessGrid {
  public:
   // Collective over `world`: splits it into every group above (comm.h, split) but the DP x CP group
-  // when CP = 1 (it is then the DP group), each a communicator of the same kind as `world`.
+  // when CP x U = 1 (it is then the DP group) and the ulysses and ring groups when U = 1 (none, and
+  // the cp group), each a communicator of the same kind as `world`.
   ProcessGrid(Communicator& world, const GridShape& shape);
   // Data parallelism alone (chapters 01-06): every rank a replica, the world the data-parallel group.
   // Splits nothing: a group split off is a communicator of its own (over NCCL one more NCCL
@@ -136,10 +146,16 @@ class ProcessGrid {
   Communicator& dp() const { return dp_ ? *dp_ : world_; }
   Communicator& tp() const { return lent(tp_, GridGroup::TP); }
   Communicator& pp() const { return group(pp_, GridGroup::PP); }
-  // The context-parallel ring, ranked by cp (at CP = 1 this rank alone: a ring of one); and the ranks
-  // that hold the same parameters, DP x CP, ranked by dp x CP + cp: the DP group itself when CP = 1.
+  // The ranks that split a sequence, CP x U, ranked by cp x U + u (at CP = U = 1 this rank alone: a
+  // ring of one); and the ranks that hold the same parameters, DP x CP x U, ranked by dp x CP x U +
+  // cp x U + u: the DP group itself when CP x U = 1.
   Communicator& cp() const { return lent(cp_, GridGroup::CP); }
   Communicator& dp_cp() const { return dp_cp_ ? *dp_cp_ : dp(); }
+  // Under Ulysses (U > 1): the ring of CP ranks that share this rank's Ulysses rank, over which keys
+  // and values travel (the cp group itself at U = 1); and the U ranks of this rank's ring place,
+  // which trade positions for heads (null at U = 1).
+  Communicator& ring() const { return ring_ ? lent(ring_, GridGroup::Ring) : cp(); }
+  Communicator* ulysses() const { return ulysses_ ? &lent(ulysses_, GridGroup::Ulysses) : nullptr; }
   // The two ends of this rank's pipeline, which sum the tied wte's gradient. Null with one stage, and
   // on the stages between, which hold no wte.
   Communicator* embedding() const { return embedding_.get(); }
@@ -147,11 +163,12 @@ class ProcessGrid {
   // same experts, ranked by edp (at EP = 1 the whole stage).
   Communicator& ep() const { return lent(ep_, GridGroup::EP); }
   Communicator& expert_dp() const { return lent(expert_dp_, GridGroup::ExpertDP); }
-  // "DP 2 x TP 2 x PP 1", then " x CP 2" with CP > 1 and " x EP 4 (expert DP 2)" with EP > 1: EP re-splits
-  // a stage's DP x CP x TP ranks, so the expert-DP degree says what is left of them.
+  // "DP 2 x TP 2 x PP 1", then " x CP 2" with CP > 1, " x Ulysses 2" with U > 1 and " x EP 4 (expert DP
+  // 2)" with EP > 1: EP re-splits a stage's DP x CP x U x TP ranks, so the expert-DP degree says what is
+  // left of them.
   std::string describe() const;
   // DualPipe's F&B pairs at once (lanes.h): a pair's forward and backward run side by side, and both
-  // talk to tp, cp, ep and expert_dp from inside their layers. Each of those groups becomes a
+  // talk to tp, cp (ring and ulysses), ep and expert_dp from inside their layers. Each of those groups becomes a
   // LaneCommunicator: the group itself for the forward lane, a copy of it for the backward lane, their
   // statistics together. Everything that reaches the groups through the grid (the run's counters, the
   // chapter's hooks) then reaches both lanes, by the calling thread's lane. Collective over the world;
@@ -178,5 +195,5 @@ class ProcessGrid {
   GridCoords coords_;
   bool data_parallel_only_ = false;
   mutable bool handed_out_ = false;  // a lane's group was handed out (lent)
-  std::unique_ptr<Communicator> dp_, tp_, pp_, embedding_, cp_, dp_cp_, ep_, expert_dp_;
+  std::unique_ptr<Communicator> dp_, tp_, pp_, embedding_, cp_, dp_cp_, ep_, expert_dp_, ulysses_, ring_;
 };

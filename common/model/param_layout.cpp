@@ -69,7 +69,7 @@ class LayoutBuilder {
     p.expert = expert_;
     p.weight_decay = p.ndim == 2;
     p.copies = p.expert >= 0 ? kAxisEDP
-                             : kAxisDP | kAxisCP | (p.shard.whole() ? kAxisTP : 0u) | (name == "wte" ? kAxisPP : 0u);
+                             : kAxisDP | kContextAxes | (p.shard.whole() ? kAxisTP : 0u) | (name == "wte" ? kAxisPP : 0u);
     next_offset_ += p.size;
     layout_.num_params += p.size;
     layout_.params.push_back(p);

@@ -52,7 +52,7 @@ struct ParamInfo {
   int expert = -1;         // a MoE expert's tensor: its expert (sharded by expert parallelism); -1: not
   bool weight_decay = false;  // AdamW decays matrices (ndim 2), not biases or layernorm gains
   // Its placement (grid_axes.h): the axes along which every rank holds this same tensor. An expert:
-  // its replicas (EDP). Any other: the data replicas (DP, CP); TP too where it is whole; PP too for
+  // its replicas (EDP). Any other: the data replicas (DP, CP, U); TP too where it is whole; PP too for
   // the tied wte, on the first and the last stage.
   AxisSet copies = 0;
   bool held() const { return size > 0; }  // false: on another pipeline stage (shape and size 0)

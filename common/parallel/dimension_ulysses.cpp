@@ -1,8 +1,9 @@
 // dimension_ulysses.cpp: Ulysses sequence parallelism as a dimension (dimension.h; docs/theory.md,
 // section 13b): the exchange's buffers in the forecast and the table's line that sets them beside the
-// arena on the positions held. Its axis is the inner part of the context-parallel one (a rank's
-// coordinate there is ring place x u + Ulysses rank: the order "tp-ulysses-cp-dp-pp"); its refusals
-// are ulysses_problem(), its bytes ulysses_forward_bytes() and ulysses_backward_bytes()
+// arena on the positions held. Its axis is the grid's U (grid_axes.h: the token "ulysses" in the
+// order "tp-ulysses-cp-dp-pp", inside the ring; its groups ProcessGrid::ulysses() and ring()), a data
+// axis along which the parameters have copies, as DP and CP (kDataAxes). Its refusals are
+// ulysses_problem(), its bytes ulysses_forward_bytes() and ulysses_backward_bytes()
 // (ulysses_attention.h), which the chapters print beside the measure (ulysses_report.h). What it
 // installs on a model chunk: attention through its exchanges (apply_ulysses, parallelize.h).
 #include "parallel/dimension.h"

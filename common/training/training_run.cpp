@@ -97,10 +97,10 @@ TrainingRun::TrainingRun(ProcessGrid& grid, TrainConfig& cfg, const Parallelism&
   if (!grid.data_parallel_only()) groups_.push_back({"tp", &grid.tp(), {}});
   if (pp.size > 1) groups_.push_back({"pp", &grid.pp(), {}});
   if (grid.embedding()) groups_.push_back({"embedding", grid.embedding(), {}});
-  if (grid.shape().cp > 1) groups_.push_back({"cp", &grid.cp(), {}});
+  if (grid.shape().cp * grid.shape().u > 1) groups_.push_back({"cp", &grid.cp(), {}});
   if (split.moe) groups_.push_back({"ep", &grid.ep(), {}});
   if (split.moe) groups_.push_back({"expert_dp", &grid.expert_dp(), {}});  // the experts' gradients
-  ENSURE(cp.size == grid.shape().cp && (cp.size == 1 || cp.on()),
+  ENSURE(cp.size == grid.shape().cp * grid.shape().u && cp.ulysses == grid.shape().u && (cp.size == 1 || cp.on()),
          "TrainingRun: the context-parallel split is not the grid's");
   if (!find_preset(cfg.preset, &model_))
     config_error("--preset: unknown preset '" + cfg.preset + "' (choose from " + preset_names() + ")");
