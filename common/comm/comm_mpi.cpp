@@ -432,6 +432,36 @@ class MpiCommunicator final : public Communicator {
         [=](MPI_Request* r) { MPI_CHECK(MPI_Irecv(data, n, type, peer, tag, comm_, r)); }, {}, peer);
   }
 
+  // A send and a receive waited at once with no emulated link to hold the send (each step of
+  // chapter 00's algorithms): one op of two requests, as the two-rank exchange is, posted and
+  // polled by the caller, instead of two ops and a handle over both; the same counters (one call
+  // for the pair), half the bookkeeping. Anything else, each message on its own (comm.cpp).
+  CommHandle send_recv_async(const std::vector<PointToPoint>& ops) override {
+    if (!issuing_blocking_ || link_.on() || ops.size() != 2 || ops[0].send == ops[1].send)
+      return Communicator::send_recv_async(ops);
+    const PointToPoint& out = ops[0].send ? ops[0] : ops[1];
+    const PointToPoint& in = ops[0].send ? ops[1] : ops[0];
+    for (const PointToPoint* m : {&out, &in}) {
+      ensure_cpu(m->buf);
+      ENSURE(m->peer >= 0 && m->peer < size_, "send_recv: peer out of range");
+      ENSURE(m->tag >= 0, "send_recv: tags are non-negative");
+    }
+    const void* sent = out.buf.data;
+    void* received = in.buf.data;
+    const int n_out = mpi_count(out.buf.numel()), n_in = mpi_count(in.buf.numel());
+    const MPI_Datatype type_out = mpi_type(out.buf.dtype), type_in = mpi_type(in.buf.dtype);
+    const int to = out.peer, from = in.peer, tag_out = out.tag, tag_in = in.tag;
+    const int64_t bytes_out = int64_t(out.buf.bytes()), bytes_in = int64_t(in.buf.bytes());
+    return submit(
+        CollectiveKind::SendRecv, "send_recv", bytes_out + bytes_in,
+        {to == rank_ ? 0 : bytes_out, from == rank_ ? 0 : bytes_in}, send_lane_,
+        [=](MPI_Request* r) {
+          MPI_CHECK(MPI_Irecv(received, n_in, type_in, from, tag_in, comm_, &r[0]));
+          MPI_CHECK(MPI_Isend(sent, n_out, type_out, to, tag_out, comm_, &r[1]));
+        },
+        {}, from, -1, /*requests=*/2);
+  }
+
   CommHandle barrier_async() override {
     if (size_ == 1) return done(CollectiveKind::Barrier, 0);
     return submit(CollectiveKind::Barrier, "barrier", 0, {0, 0}, send_lane_,
