@@ -91,9 +91,12 @@ void exchange(Communicator& comm, Tensor out, int to, Tensor in, int from) {
 void send_to(Communicator& comm, Tensor out, int to) { exchange(comm, out, to, Tensor(), -1); }
 void receive_from(Communicator& comm, Tensor in, int from) { exchange(comm, Tensor(), -1, in, from); }
 
-// The largest piece of a reducing step (exchange_reducing): a quarter of a core's L2 here, so that
-// the piece that arrived is still in the cache when it is added, and the scratch is one piece.
-constexpr int64_t kPieceBytes = 256 * 1024;
+// The largest piece of a reducing step (exchange_reducing): small enough that the piece that arrived
+// and the one it is added into are still in the last-level cache (32 MB here) when it is added, and
+// the scratch is one piece; large enough that a piece's rendezvous, both ranks meeting once per piece,
+// costs little where the ranks wait for a core (at 256 KB, 4 and 16 MB took 1.5-1.7x MPICH's time on
+// the busy 2-core machine; at 2 MB 0.68-0.95x; docs/collectives.md).
+constexpr int64_t kPieceBytes = 2 * 1024 * 1024;
 constexpr int64_t kSmallPieceBytes = 4096;  // at most this, a piece arrives on the stack
 
 // The reducing step of every algorithm: send `out` to `to` while the partner `from` sends its copy
@@ -102,7 +105,7 @@ constexpr int64_t kSmallPieceBytes = 4096;  // at most this, a piece arrives on 
 // would write it to memory and read it back (on 2 ranks, 64 MB: a 32 MB scratch, allocated, filled
 // and read once more per call), where a piece stays in the cache. The partner cuts `out` at the
 // same places, since its `out` is as long as this rank's `acc`; the bytes sent are the same, in
-// more messages (one alpha each; over shared memory a few microseconds against a piece's 100-odd).
+// more messages (one alpha each; over shared memory a few microseconds against a piece's milliseconds).
 // Only there: a GPU's buffers are not the CPU's cache, and on the emulated link each message is
 // held for its modelled alpha, which is the cost the model counts (section 15 of docs/theory.md),
 // so there a step stays one message. A rank that only sends to a reducing partner (the tree,
