@@ -31,6 +31,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -66,8 +67,26 @@ double median(std::vector<double> v) {
   return v.empty() ? 0 : v[v.size() / 2];
 }
 
-// Seconds for one call of `op`, as nccl-tests reports it: every call starts together (a barrier),
-// the slowest rank's time counts (a collective ends when its last rank does), median over calls.
+// Seconds for one call of each of `ops` (each warmed up already), as nccl-tests reports it: every
+// call starts together (a barrier), the slowest rank's time counts (a collective ends when its last
+// rank does), the median over calls. The ops take turns, call by call, so that a load that comes and
+// goes on a shared machine falls on all of them alike: their ratios hold where their times move.
+std::vector<double> time_calls(Communicator& comm, int calls, const std::vector<std::function<void()>>& ops) {
+  std::vector<std::vector<double>> took(ops.size());
+  for (int i = 0; i < calls; i++)
+    for (size_t k = 0; k < ops.size(); k++) {
+      comm.barrier();
+      const double start = now_ms();
+      ops[k]();
+      synchronize(comm.device());
+      took[k].push_back(comm.all_reduce_scalar((now_ms() - start) / 1e3, ReduceOp::Max));
+    }
+  std::vector<double> medians;
+  for (const std::vector<double>& t : took) medians.push_back(median(t));
+  return medians;
+}
+
+// Seconds for one call of `op`, timed as above (the cost model's ping-pong).
 // On a GPU a collective returns before its kernels end: the clock stops once the device is done.
 template <typename Op>
 double time_call(Communicator& comm, int calls, Op op) {
@@ -202,7 +221,7 @@ int main(int argc, char** argv) {
                 "busbw", "modelled us", "error", "sent/rank", "closed form");
   }
 
-  // 2. Every algorithm, and the library's own, at every size.
+  // 2. Every algorithm, and the library's own, at every size, their calls interleaved (time_calls).
   struct Best { int64_t bytes; std::string measured, modelled; double measured_s, library_s; };
   std::vector<Best> winners;
   std::vector<std::vector<Row>> all_rows;  // per size: the algorithms', then the library's
@@ -212,11 +231,14 @@ int main(int argc, char** argv) {
     fill_zero(buf.view());  // calls sum in place: zeros stay zeros, where anything else would grow every call
     const int calls = int(std::clamp(opt.budget_mb * 1e6 / double(bytes), 3.0, 50.0));
     std::vector<Row> rows;
+    std::vector<std::function<void()>> ops;
     for (Algorithm a : kAllAlgorithms) {
       Row row{algorithm_name(a)};
+      ops.push_back([&comm, &buf, a] { p2p_all_reduce(*comm, buf.view(), ReduceOp::Sum, a); });
       const CommStats before = comm->stats();
-      row.seconds = time_call(*comm, calls, [&] { p2p_all_reduce(*comm, buf.view(), ReduceOp::Sum, a); });
-      const int64_t mine = comm->stats().since(before).kind[int(CollectiveKind::SendRecv)].sent_bytes / (calls + 1);
+      ops.back()();  // the warm-up call, counted
+      synchronize(comm->device());
+      const int64_t mine = comm->stats().since(before).kind[int(CollectiveKind::SendRecv)].sent_bytes;
       row.sent = int64_t(comm->all_reduce_scalar(double(mine), ReduceOp::Max));
       int64_t closed = 0;
       for (int r = 0; r < N; r++) closed = std::max(closed, predicted_sent_bytes(a, CollectiveKind::AllReduce, bytes, 4, N, r));
@@ -224,9 +246,12 @@ int main(int argc, char** argv) {
       row.predicted = predicted_seconds(model, a, CollectiveKind::AllReduce, bytes, N);
       rows.push_back(row);
     }
-    Row library{"library (" + comm->name() + ")"};
-    library.seconds = time_call(*comm, calls, [&] { comm->all_reduce(buf.view(), ReduceOp::Sum); });
-    rows.push_back(library);
+    rows.push_back(Row{"library (" + comm->name() + ")"});
+    ops.push_back([&comm, &buf] { comm->all_reduce(buf.view(), ReduceOp::Sum); });
+    ops.back()();  // its warm-up
+    const std::vector<double> seconds = time_calls(*comm, calls, ops);
+    for (size_t i = 0; i < rows.size(); i++) rows[i].seconds = seconds[i];
+    const Row& library = rows.back();
 
     all_rows.push_back(rows);
     Best best{bytes, rows[0].algorithm, rows[0].algorithm, 0, library.seconds};

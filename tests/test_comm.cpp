@@ -488,6 +488,26 @@ TEST_F(CommTest, SmallAllReduceIsTheSameOnEveryRankAndEveryCall) {
   }
 }
 
+// More small all-reduces in flight at once than a group of two has receive buffers for its
+// exchanges (comm_mpi.cpp, ExchangeSlots: 8), waited in an order that is neither issue's nor its
+// reverse, twice: the calls past the slots take buffers of their own, the slots are given back
+// and taken again, and no two calls in flight ever share one (each sum would then hold another
+// call's values). At other sizes the same calls go to MPI, and must agree all the same.
+TEST_F(CommTest, SmallAllReducesInFlightPastTheExchangeSlotsStayExact) {
+  const int calls = 12, m = 2048;  // 8 KB each: the largest exchange
+  for (int round = 0; round < 2; round++) {
+    std::vector<std::vector<float>> bufs(calls, std::vector<float>(m));
+    for (int c = 0; c < calls; c++)
+      for (int i = 0; i < m; i++) bufs[c][i] = float((rank + 1) * (c + 1) + i % 7);
+    std::vector<CommHandle> handles;
+    for (int c = 0; c < calls; c++) handles.push_back(comm.all_reduce_async(view(bufs[c]), ReduceOp::Sum));
+    for (int w = 0; w < calls; w++) handles[(w * 5 + round) % calls].wait();
+    for (int c = 0; c < calls; c++)
+      EXPECT_TRUE(exactly(bufs[c], [&](int64_t i) { return S1 * float(c + 1) + float(N * (i % 7)); }))
+          << "call " << c << ", round " << round;
+  }
+}
+
 // The failing path ends the job, so only the agreeing path can be tested in-process.
 TEST_F(CommTest, AgreeOrDieReturnsWhenEveryRankSucceeded) {
   comm.agree_or_die(true, "not printed");

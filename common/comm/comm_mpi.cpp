@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <climits>
 #include <cstdio>   // fflush
@@ -45,6 +46,10 @@ std::weak_ptr<ProgressEngine> g_engine;  // the process's engine, while some com
 // 0.7-0.9x from 4 B to 8 KB, 1.4-1.5x at 12 and 16 KB, 0.76-0.81x at 32 and 48 KB; MPI_Iallreduce
 // 1.0-1.2x throughout. The limit stays below the slow sizes.
 constexpr int64_t kExchangeMaxBytes = 8 * 1024;
+// How many exchanges of one communicator may be in flight at once, each with its receive buffer
+// taken from the communicator's own (ExchangeSlots). A step has few small all-reduces in flight
+// together (the loss, the norm, a small bucket); one beyond the slots gets a buffer of its own.
+constexpr int kExchangeSlots = 8;
 int g_ranks_on_node = 1;
 int g_nodes = 1;
 
@@ -131,6 +136,39 @@ int cores_for_this_job() {
 
 namespace {
 
+// The receive buffers of a group of two's exchanges (submit_exchange): kExchangeSlots buffers of
+// kExchangeMaxBytes, allocated once with the communicator, so that a step's small all-reduces
+// allocate nothing. A slot is taken at issue (by whichever lane's thread issues) and given back by
+// the engine's thread once the op has added the peer's values into the caller's: a bit per slot,
+// claimed and released atomically. When every slot is in flight, take() says so (nullptr) and the
+// call allocates its own buffer, as it would without slots: slower, never wrong. Their 64 KB are a
+// constant of the communicator, as MPI's own buffers are, not a buffer of the model's: the memory
+// table leaves them out (docs/theory.md, section 3).
+class ExchangeSlots {
+ public:
+  ExchangeSlots() : memory_(new char[size_t(kExchangeSlots * kExchangeMaxBytes)]) {}
+  char* take() {
+    uint32_t busy = busy_.load();
+    for (;;) {
+      int free_slot = 0;
+      while (free_slot < kExchangeSlots && (busy >> free_slot) & 1u) free_slot++;
+      if (free_slot == kExchangeSlots) return nullptr;
+      if (busy_.compare_exchange_weak(busy, busy | (1u << free_slot)))
+        return memory_.get() + int64_t(free_slot) * kExchangeMaxBytes;
+    }
+  }
+  void give_back(const char* slot) {
+    const int64_t index = (slot - memory_.get()) / kExchangeMaxBytes;
+    ENSURE(index >= 0 && index < kExchangeSlots && (busy_.load() >> index) & 1u, "exchange slot given back twice");
+    busy_.fetch_and(~(1u << index));
+  }
+
+ private:
+  std::unique_ptr<char[]> memory_;
+  std::atomic<uint32_t> busy_{0};  // bit i: slot i is in flight
+};
+static_assert(kExchangeSlots <= 32, "one bit per slot in a 32-bit word");
+
 class MpiCommunicator final : public Communicator {
  public:
   // Over `comm`, which this object then owns (and frees), with the process's engine.
@@ -149,6 +187,7 @@ class MpiCommunicator final : public Communicator {
     if (size_ == 2) {  // (collective, as every constructor call is: split, duplicate, start-up)
       exchange_ = duplicate_resting(comm_);
       MPI_CHECK(MPI_Comm_set_errhandler(exchange_, MPI_ERRORS_RETURN));
+      slots_ = std::make_shared<ExchangeSlots>();
     }
   }
 
@@ -203,9 +242,14 @@ class MpiCommunicator final : public Communicator {
     const MPI_Op reduce = mpi_op(op, buf.dtype);
     const int64_t wire = wire_bytes_for(CollectiveKind::AllReduce, bytes, size_);
     if (exchanges(bytes)) {
-      std::shared_ptr<char[]> theirs(new char[size_t(bytes)]);
-      return submit_exchange(CollectiveKind::AllReduce, "all_reduce", bytes, data, theirs.get(), n, type, reduce,
-                             [theirs, average = average_if(op, buf, size_)] {
+      // A slot of the communicator's; past the slots in flight, a buffer of this call's own.
+      std::shared_ptr<ExchangeSlots> slots = slots_;
+      char* slot = slots->take();
+      std::shared_ptr<char[]> own(slot ? nullptr : new char[size_t(bytes)]);
+      char* theirs = slot ? slot : own.get();
+      return submit_exchange(CollectiveKind::AllReduce, "all_reduce", bytes, data, theirs, n, type, reduce,
+                             [slots, slot, own, average = average_if(op, buf, size_)] {
+                               if (slot) slots->give_back(slot);
                                if (average) average();
                              });
     }
@@ -388,6 +432,36 @@ class MpiCommunicator final : public Communicator {
         [=](MPI_Request* r) { MPI_CHECK(MPI_Irecv(data, n, type, peer, tag, comm_, r)); }, {}, peer);
   }
 
+  // A send and a receive waited at once with no emulated link to hold the send (each step of
+  // chapter 00's algorithms): one op of two requests, as the two-rank exchange is, posted and
+  // polled by the caller, instead of two ops and a handle over both; the same counters (one call
+  // for the pair), half the bookkeeping. Anything else, each message on its own (comm.cpp).
+  CommHandle send_recv_async(const std::vector<PointToPoint>& ops) override {
+    if (!issuing_blocking_ || link_.on() || ops.size() != 2 || ops[0].send == ops[1].send)
+      return Communicator::send_recv_async(ops);
+    const PointToPoint& out = ops[0].send ? ops[0] : ops[1];
+    const PointToPoint& in = ops[0].send ? ops[1] : ops[0];
+    for (const PointToPoint* m : {&out, &in}) {
+      ensure_cpu(m->buf);
+      ENSURE(m->peer >= 0 && m->peer < size_, "send_recv: peer out of range");
+      ENSURE(m->tag >= 0, "send_recv: tags are non-negative");
+    }
+    const void* sent = out.buf.data;
+    void* received = in.buf.data;
+    const int n_out = mpi_count(out.buf.numel()), n_in = mpi_count(in.buf.numel());
+    const MPI_Datatype type_out = mpi_type(out.buf.dtype), type_in = mpi_type(in.buf.dtype);
+    const int to = out.peer, from = in.peer, tag_out = out.tag, tag_in = in.tag;
+    const int64_t bytes_out = int64_t(out.buf.bytes()), bytes_in = int64_t(in.buf.bytes());
+    return submit(
+        CollectiveKind::SendRecv, "send_recv", bytes_out + bytes_in,
+        {to == rank_ ? 0 : bytes_out, from == rank_ ? 0 : bytes_in}, send_lane_,
+        [=](MPI_Request* r) {
+          MPI_CHECK(MPI_Irecv(received, n_in, type_in, from, tag_in, comm_, &r[0]));
+          MPI_CHECK(MPI_Isend(sent, n_out, type_out, to, tag_out, comm_, &r[1]));
+        },
+        {}, from, -1, /*requests=*/2);
+  }
+
   CommHandle barrier_async() override {
     if (size_ == 1) return done(CollectiveKind::Barrier, 0);
     return submit(CollectiveKind::Barrier, "barrier", 0, {0, 0}, send_lane_,
@@ -513,8 +587,8 @@ class MpiCommunicator final : public Communicator {
   // takes 1.2x its own blocking MPI_Allreduce at 4 KB and 1.8x at 4 B; the exchange 0.7-0.9x of it
   // (docs/benchmarks.md). Both ranks hold the same result to the bit: each adds the other's value
   // to its own, and a + b == b + a in floating point (a max or min of +0 and -0 aside, which compare
-  // equal). The bytes are an all-reduce's at N = 2, S each way. `then` also keeps `theirs` alive
-  // until the op is done.
+  // equal). The bytes are an all-reduce's at N = 2, S each way. `then` also gives `theirs` back (or
+  // keeps it alive) once the op is done.
   CommHandle submit_exchange(CollectiveKind kind, const char* name, int64_t bytes, void* data, void* theirs, int n,
                              MPI_Datatype type, MPI_Op reduce, std::function<void()> then) {
     const int peer = 1 - rank_;
@@ -560,6 +634,7 @@ class MpiCommunicator final : public Communicator {
 
   MPI_Comm comm_ = MPI_COMM_NULL;
   MPI_Comm exchange_ = MPI_COMM_NULL;  // a group of 2: a copy of comm_ for the exchanges alone
+  std::shared_ptr<ExchangeSlots> slots_;  // a group of 2: the exchanges' receive buffers
   std::shared_ptr<ProgressEngine> engine_;
   GroupInfo info_;  // the ops' group (MpiOp::group)
   int send_lane_ = 0, recv_lane_ = 0;

@@ -91,6 +91,51 @@ void exchange(Communicator& comm, Tensor out, int to, Tensor in, int from) {
 void send_to(Communicator& comm, Tensor out, int to) { exchange(comm, out, to, Tensor(), -1); }
 void receive_from(Communicator& comm, Tensor in, int from) { exchange(comm, Tensor(), -1, in, from); }
 
+// The largest piece of a reducing step (exchange_reducing): small enough that the piece that arrived
+// and the one it is added into are still in the last-level cache (32 MB here) when it is added, and
+// the scratch is one piece; large enough that a piece's rendezvous, both ranks meeting once per piece,
+// costs little where the ranks wait for a core (at 256 KB, 4 and 16 MB took 1.5-1.7x MPICH's time on
+// the busy 2-core machine; at 2 MB 0.68-0.95x; docs/collectives.md).
+constexpr int64_t kPieceBytes = 2 * 1024 * 1024;
+constexpr int64_t kSmallPieceBytes = 4096;  // at most this, a piece arrives on the stack
+
+// The reducing step of every algorithm: send `out` to `to` while the partner `from` sends its copy
+// of `acc`'s elements, and add them into `acc` (acc = arriving op acc). Both travel in pieces of at
+// most kPieceBytes, each added as soon as it has arrived: a whole segment received and then added
+// would write it to memory and read it back (on 2 ranks, 64 MB: a 32 MB scratch, allocated, filled
+// and read once more per call), where a piece stays in the cache. The partner cuts `out` at the
+// same places, since its `out` is as long as this rank's `acc`; the bytes sent are the same, in
+// more messages (one alpha each; over shared memory a few microseconds against a piece's milliseconds).
+// Only there: a GPU's buffers are not the CPU's cache, and on the emulated link each message is
+// held for its modelled alpha, which is the cost the model counts (section 15 of docs/theory.md),
+// so there a step stays one message. A rank that only sends to a reducing partner (the tree,
+// folding in) calls it with `acc` empty, so that its pieces are the receiver's.
+void exchange_reducing(Communicator& comm, Tensor out, int to, Tensor acc, int from, ReduceOp op) {
+  const Tensor& any = acc.numel() > 0 ? acc : out;
+  const bool in_pieces = any.device == Device::CPU && !comm.link_model().on();
+  const int64_t whole = std::max<int64_t>({1, out.numel(), acc.numel()});
+  const int64_t piece = in_pieces ? kPieceBytes / int64_t(dtype_size(any.dtype)) : whole;
+  // Where the pieces arrive: a latency-bound step's few bytes on the stack, allocating nothing
+  // (MPICH's own all-reduce allocates nothing for them either); a larger piece in a scratch.
+  alignas(64) unsigned char small[kSmallPieceBytes];
+  Buffer incoming_owner;
+  const int64_t arriving_at_most = std::min(acc.numel(), piece);
+  const Tensor incoming =
+      acc.numel() == 0 ? Tensor()
+      : acc.device == Device::CPU && arriving_at_most * int64_t(dtype_size(acc.dtype)) <= kSmallPieceBytes
+          ? make_view(small, {arriving_at_most}, acc.dtype)
+          : scratch(incoming_owner, acc, arriving_at_most);
+  const auto part = [piece](const Tensor& t, int64_t at) {
+    return at < t.numel() ? t.slice1d(at, std::min(piece, t.numel() - at)) : Tensor();
+  };
+  for (int64_t at = 0; at < std::max(out.numel(), acc.numel()); at += piece) {
+    const Tensor mine = part(acc, at);
+    const Tensor arriving = mine.numel() > 0 ? incoming.slice1d(0, mine.numel()) : Tensor();
+    exchange(comm, part(out, at), to, arriving, from);
+    if (mine.numel() > 0) reduce_into(mine, arriving, op);
+  }
+}
+
 // Where each segment starts: offsets[r] = counts[0] + ... + counts[r-1]; offsets[N] = the total.
 std::vector<int64_t> offsets_of(const std::vector<int64_t>& counts) {
   std::vector<int64_t> at(counts.size() + 1, 0);
@@ -121,13 +166,10 @@ std::vector<int64_t> counts_of(const std::vector<int64_t>& segments, int64_t n, 
 void ring_reduce_scatter(Communicator& comm, Tensor work, const std::vector<int64_t>& counts, ReduceOp op) {
   const int N = comm.size(), r = comm.rank();
   const std::vector<int64_t> at = offsets_of(counts);
-  Buffer incoming_owner;
-  const Tensor incoming = scratch(incoming_owner, work, *std::max_element(counts.begin(), counts.end()));
   for (int s = 0; s < N - 1; s++) {
     const int out = mod(r - s - 1, N), in = mod(r - s - 2, N);
-    const Tensor arriving = incoming.slice1d(0, counts[size_t(in)]);
-    exchange(comm, work.slice1d(at[size_t(out)], counts[size_t(out)]), mod(r + 1, N), arriving, mod(r - 1, N));
-    reduce_into(work.slice1d(at[size_t(in)], counts[size_t(in)]), arriving, op);
+    exchange_reducing(comm, work.slice1d(at[size_t(out)], counts[size_t(out)]), mod(r + 1, N),
+                      work.slice1d(at[size_t(in)], counts[size_t(in)]), mod(r - 1, N), op);
   }
 }
 
@@ -178,8 +220,6 @@ std::vector<int64_t> folded_counts(const Fold& f, const std::vector<int64_t>& co
 void halving_reduce_scatter(Communicator& comm, const Fold& f, Tensor work, const std::vector<int64_t>& counts,
                             ReduceOp op) {
   const std::vector<int64_t> at = offsets_of(counts);
-  Buffer incoming_owner;
-  const Tensor incoming = scratch(incoming_owner, work, work.numel());
   int lo = 0, hi = f.p;  // the window, in folded ranks (= segments)
   for (int half = f.p / 2; half >= 1; half /= 2) {
     const int partner = f.folded ^ half, mid = lo + half;
@@ -187,10 +227,8 @@ void halving_reduce_scatter(Communicator& comm, const Fold& f, Tensor work, cons
     const int keep_lo = lower ? lo : mid, keep_hi = lower ? mid : hi;
     const int give_lo = lower ? mid : lo, give_hi = lower ? hi : mid;
     const Tensor keep = work.slice1d(at[size_t(keep_lo)], at[size_t(keep_hi)] - at[size_t(keep_lo)]);
-    const Tensor arriving = incoming.slice1d(0, keep.numel());
-    exchange(comm, work.slice1d(at[size_t(give_lo)], at[size_t(give_hi)] - at[size_t(give_lo)]),
-             f.rank_of(partner), arriving, f.rank_of(partner));
-    reduce_into(keep, arriving, op);
+    exchange_reducing(comm, work.slice1d(at[size_t(give_lo)], at[size_t(give_hi)] - at[size_t(give_lo)]),
+                      f.rank_of(partner), keep, f.rank_of(partner), op);
     lo = keep_lo, hi = keep_hi;
   }
 }
@@ -212,11 +250,8 @@ void doubling_all_gather(Communicator& comm, const Fold& f, Tensor whole, const 
 void fold_in(Communicator& comm, const Fold& f, Tensor work, ReduceOp op) {
   const int r = comm.rank();
   if (r >= 2 * f.extra) return;
-  if (r % 2 == 0) return send_to(comm, work, r + 1);
-  Buffer incoming_owner;
-  const Tensor incoming = scratch(incoming_owner, work, work.numel());
-  receive_from(comm, incoming, r - 1);
-  reduce_into(work, incoming, op);
+  if (r % 2 == 0) return exchange_reducing(comm, work, r + 1, Tensor(), -1, op);
+  exchange_reducing(comm, Tensor(), -1, work, r - 1, op);
 }
 // Folding out: each odd rank among the first 2(N - p) hands the even rank before it its result.
 void fold_out(Communicator& comm, const Fold& f, Tensor from_odd, Tensor into_even) {
@@ -228,12 +263,9 @@ void fold_out(Communicator& comm, const Fold& f, Tensor from_odd, Tensor into_ev
 
 // The whole vector to the partner at distance 2^k and back, lg p times: few messages, each of it all.
 void doubling_all_reduce(Communicator& comm, const Fold& f, Tensor buf, ReduceOp op) {
-  Buffer incoming_owner;
-  const Tensor incoming = scratch(incoming_owner, buf, buf.numel());
   for (int distance = 1; distance < f.p; distance *= 2) {
     const int partner = f.rank_of(f.folded ^ distance);
-    exchange(comm, buf, partner, incoming, partner);
-    reduce_into(buf, incoming, op);
+    exchange_reducing(comm, buf, partner, buf, partner, op);
   }
 }
 
@@ -246,17 +278,12 @@ void doubling_all_reduce(Communicator& comm, const Fold& f, Tensor buf, ReduceOp
 
 void p2p_reduce(Communicator& comm, Tensor buf, ReduceOp op, int root) {
   const int N = comm.size(), r = mod(comm.rank() - root, N);
-  Buffer incoming_owner;
-  const Tensor incoming = N > 1 ? scratch(incoming_owner, buf, buf.numel()) : Tensor();
   for (int mask = 1; mask < N; mask *= 2) {
     if (r & mask) {
-      send_to(comm, buf, mod(r - mask + root, N));
+      exchange_reducing(comm, buf, mod(r - mask + root, N), Tensor(), -1, op);
       break;
     }
-    if (r + mask < N) {
-      receive_from(comm, incoming, mod(r + mask + root, N));
-      reduce_into(buf, incoming, op);
-    }
+    if (r + mask < N) exchange_reducing(comm, Tensor(), -1, buf, mod(r + mask + root, N), op);
   }
   if (comm.rank() == root) finish_average(buf, op, N);
 }

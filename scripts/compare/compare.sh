@@ -10,13 +10,17 @@
 #
 # The defaults, and why:
 #   PRESET=deep   12 blocks: ZeRO-3 holds only a few gathered at a time, so its memory saving is real.
-#   LINK="--link-gbps 0.5 --link-latency-us 100"   an emulated link on which the gradient's all-reduce
-#                 (155 ms for deep's 9.7 MB) takes longer than backward on a quiet machine (and each
-#                 collective pays a latency), so that overlap, buckets and prefetch change the step time,
-#                 and still do when other work slows the computation down (the link is a wait, not work
-#                 for the cores). LINK=none switches it off.
+#   LINK="--link-gbps 0.75 --link-latency-us 50"   an emulated link on which the gradient's all-reduce
+#                 (104 ms for deep's 9.7 MB) takes longer than 01's forward and backward together on a
+#                 quiet machine, and each collective pays a latency (02's 148 a step 15 ms, 03's 8 one),
+#                 so that overlap, buckets and prefetch change the step time, and still do when other
+#                 work slows the computation down (the link is a wait, not work for the cores). A
+#                 slower link (0.5 Gbit/s, 100 us, the default until the kernels got faster) no longer
+#                 lets backward hide enough of it for 02 to show its overlap on a quiet machine; a
+#                 faster one hides too little of the step under load (docs/benchmarks.md). LINK=none
+#                 switches it off.
 #   TP_LINK="--tp-link-gbps 20 --tp-link-latency-us 10"   07's tensor-parallel group gets a node's
-#                 faster link (forty times the bandwidth of LINK's): tensor parallelism exchanges
+#                 faster link (about twenty-five times the bandwidth of LINK's): tensor parallelism exchanges
 #                 activations inside every layer, so it runs where the links are fastest. TP_LINK=none:
 #                 07 uses LINK too.
 #   RANKS="1 2"   two ranks, one per core of a small machine; at one rank only 01 runs (ONE_RANK=all: every
@@ -41,7 +45,7 @@ rounds=${ROUNDS:-4}
 steps=${STEPS:-10}
 one_rank=${ONE_RANK:-01}
 preset=${PRESET:-deep}
-link=${LINK:-"--link-gbps 0.5 --link-latency-us 100"}
+link=${LINK:-"--link-gbps 0.75 --link-latency-us 50"}
 [ "$link" = none ] && link=""
 tp_link=${TP_LINK:-"--tp-link-gbps 20 --tp-link-latency-us 10"}
 { [ "$tp_link" = none ] || [ -z "$link" ]; } && tp_link=""
