@@ -1,5 +1,6 @@
-// comm_nccl.cpp: the communicators for CUDA tensors, and create_cuda_communicator, the CUDA half of
-// communicator_for (comm_factory.h).
+// comm_nccl.cpp: the communicator for CUDA tensors over NCCL, and create_cuda_communicator, the CUDA
+// half of communicator_for (comm_factory.h), which chooses it, or the host-staged one
+// (comm_host_staged.cpp) where ranks share a GPU. What the two share: comm_cuda_internal.h.
 // Compiled only in the CUDA build (GPT_WITH_CUDA); in the CPU build this file is empty.
 //
 // NcclCommunicator, the normal case: one GPU per rank, collectives by NCCL.
@@ -50,11 +51,6 @@
 //   MPI communicator this one keeps; its statistics are added to ours after each of its ops, and our
 //   link model is passed on to it, so those ops are delayed as they would be in a CPU run.
 //
-// HostStagedCommunicator, the fallback when ranks share a GPU (NCCL refuses two ranks on one GPU):
-//   every collective of a CUDA tensor waits for the compute stream, copies the tensor to host memory,
-//   runs the MPI collective, and wait() copies the result back. Correct, slow, no overlap; the host
-//   time spent copying counts as exposed communication. The MPI collectives carry the link model and
-//   the trace spans, as in a CPU run. The host copies are host RAM, left out of the GPU's memory table.
 #ifdef GPT_WITH_CUDA
 
 #include <cuda_runtime_api.h>
@@ -72,6 +68,7 @@
 #include <utility>
 #include <vector>
 
+#include "comm/comm_cuda_internal.h"
 #include "comm/comm_factory.h"
 #include "comm/comm_mpi_args.h"  // overlap
 #include "base/cuda_check.h"  // CUDA_CHECK, NCCL_CHECK
@@ -81,119 +78,9 @@
 #include "ops/ops.h"         // copy_tensor: a one-rank collective's copy
 #include "ops/ops_cuda.h"    // cuda::stream(), the compute stream
 #include "comm/trace.h"       // now_ms, trace_span
-
 namespace {
 
-bool is_device_memory(const void* ptr) {
-  cudaPointerAttributes attributes;
-  CUDA_CHECK(cudaPointerGetAttributes(&attributes, ptr));
-  return attributes.type == cudaMemoryTypeDevice || attributes.type == cudaMemoryTypeManaged;
-}
-
-double elapsed_ms(std::chrono::steady_clock::time_point since) {
-  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - since).count();
-}
-
-// What both CUDA communicators share: the MPI communicator they keep for host data, and the
-// bookkeeping that adds its statistics to ours.
-class CudaCommunicatorBase : public Communicator {
- public:
-  double all_reduce_scalar(double value, ReduceOp op) override {
-    const double result = mpi_->all_reduce_scalar(value, op);
-    absorb_mpi_stats();
-    return result;
-  }
-
-  void agree_or_die(bool ok, const std::string& msg) override {
-    mpi_->agree_or_die(ok, msg);
-    absorb_mpi_stats();
-  }
-
- protected:
-  CudaCommunicatorBase(std::unique_ptr<Communicator> mpi, const char* name) : mpi_(std::move(mpi)) {
-    rank_ = mpi_->rank();
-    size_ = mpi_->size();
-    device_ = Device::CUDA;
-    name_ = name;
-    group_ = mpi_->group();
-    link_ = mpi_->link_model();
-    share_formats_of(*mpi_);
-  }
-
-  // Ours, and the MPI communicator's: what travels over MPI is delayed as in a CPU run.
-  void set_link_model(LinkModel link) override {
-    Communicator::set_link_model(link);
-    mpi_->set_link_model(link);
-  }
-
-  // Adds what the MPI communicator counted since the last call to our own statistics. Both are
-  // written only by the thread that issues and waits, so a difference of snapshots is exact.
-  void absorb_mpi_stats() {
-    const CommStats& now = mpi_->stats();
-    for (int k = 0; k < kCollectiveKinds; k++) {
-      CollectiveCounters& ours = stats_.kind[k];
-      ours.calls += now.kind[k].calls - mpi_seen_.kind[k].calls;
-      ours.launched += now.kind[k].launched - mpi_seen_.kind[k].launched;
-      ours.payload_bytes += now.kind[k].payload_bytes - mpi_seen_.kind[k].payload_bytes;
-      ours.sent_bytes += now.kind[k].sent_bytes - mpi_seen_.kind[k].sent_bytes;
-      ours.received_bytes += now.kind[k].received_bytes - mpi_seen_.kind[k].received_bytes;
-      ours.max_sent_share = std::max(ours.max_sent_share, now.kind[k].max_sent_share);
-      ours.max_received_share = std::max(ours.max_received_share, now.kind[k].max_received_share);
-      ours.busy_ms += now.kind[k].busy_ms - mpi_seen_.kind[k].busy_ms;
-      ours.exposed_ms += now.kind[k].exposed_ms - mpi_seen_.kind[k].exposed_ms;
-    }
-    stats_.exposed_ms += now.exposed_ms - mpi_seen_.exposed_ms;
-    stats_.in_flight_ms += now.in_flight_ms - mpi_seen_.in_flight_ms;
-    mpi_seen_ = now;
-  }
-
-  // A handle for an op just issued on the MPI communicator: its `launched` count comes over now,
-  // the rest when it is waited.
-  CommHandle over_mpi(CommHandle inner) {
-    absorb_mpi_stats();
-    return CommHandle([this, inner]() mutable {
-      inner.wait();
-      absorb_mpi_stats();
-    });
-  }
-
-  std::unique_ptr<Communicator> mpi_;
-  CommStats mpi_seen_;  // the MPI communicator's statistics when we last absorbed them
-};
-
-// The device of a collective with a send and a recv tensor. Either may be an empty Tensor (a rank
-// that owns no segment of a variable-count collective), which says nothing about the device.
-Device device_of(const Tensor& send, const Tensor& recv, const char* what) {
-  ENSURE(send.empty() || recv.empty() || (send.device == recv.device && send.dtype == recv.dtype),
-         std::string(what) + ": send and recv must have the same device and dtype");
-  return send.empty() ? recv.device : send.device;
-}
-
-using mpi_args::overlap;  // whether two tensors share a byte (comm_mpi_args.h)
-
-// The same rules as the MPI communicator (comm.h), so that a program runs on either: send and recv
-// share no byte, except an all-gather in place, whose send is exactly this rank's segment of recv.
-void ensure_disjoint(const Tensor& send, const Tensor& recv, const char* what) {
-  ENSURE(!overlap(send, recv), std::string(what) + ": send and recv overlap; use a separate recv (comm.h)");
-}
-void ensure_gather_buffers(const Tensor& send, const Tensor& recv, int64_t own_offset, const char* what) {
-  if (send.numel() == 0 || send.data == recv.slice1d(own_offset, send.numel()).data) return;  // in place
-  ENSURE(!overlap(send, recv), std::string(what) + ": send overlaps recv without being this rank's own segment "
-                               "of it (in place, send must be exactly that segment)");
-}
-
-// Checks the counts of a variable-count collective and returns where each segment begins.
-std::vector<int64_t> displacements(const std::vector<int64_t>& counts, int ranks, const char* what) {
-  ENSURE(int(counts.size()) == ranks, std::string(what) + ": counts must have one entry per rank");
-  std::vector<int64_t> displs;
-  int64_t total = 0;
-  for (int64_t c : counts) {
-    ENSURE(c >= 0, std::string(what) + ": negative count");
-    displs.push_back(total);
-    total += c;
-  }
-  return displs;
-}
+using namespace cuda_comm;
 
 // ---------------------------------------------------------------------------------------------
 // NCCL (where the build found it: GPT_WITH_NCCL, set by cuda.mk)
@@ -688,184 +575,6 @@ class NcclCommunicator final : public CudaCommunicatorBase {
 
 #endif  // GPT_WITH_NCCL
 
-// ---------------------------------------------------------------------------------------------
-// Host staging over MPI (ranks share a GPU)
-
-class HostStagedCommunicator final : public CudaCommunicatorBase {
- public:
-  explicit HostStagedCommunicator(std::unique_ptr<Communicator> mpi)
-      : CudaCommunicatorBase(std::move(mpi), "mpi (host-staged)") {}
-
-  std::unique_ptr<Communicator> split_group(int color, int key, const std::string& group) override {
-    return std::make_unique<HostStagedCommunicator>(mpi_->split(color, key, group));
-  }
-
-  CommHandle all_reduce_async(Tensor buf, ReduceOp op) override {
-    if (buf.device == Device::CPU) return over_mpi(mpi_->all_reduce_async(buf, op));
-    auto host = to_host(buf);
-    return staged(mpi_->all_reduce_async(host->view(), op), nullptr, host, buf);
-  }
-
-  CommHandle reduce_scatter_async(Tensor send, Tensor recv, ReduceOp op) override {
-    if (device_of(send, recv, "reduce_scatter") == Device::CPU)
-      return over_mpi(mpi_->reduce_scatter_async(send, recv, op));
-    ensure_disjoint(send, recv, "reduce_scatter");
-    auto host_send = to_host(send);
-    auto host_recv = host_buffer(recv);
-    return staged(mpi_->reduce_scatter_async(host_send->view(), host_recv->view(), op), host_send, host_recv, recv);
-  }
-
-  // (In place on the device becomes two separate host buffers: MPI then simply gathers all segments.)
-  CommHandle all_gather_async(Tensor send, Tensor recv) override {
-    if (device_of(send, recv, "all_gather") == Device::CPU) return over_mpi(mpi_->all_gather_async(send, recv));
-    ensure_gather_buffers(send, recv, int64_t(rank_) * send.numel(), "all_gather");
-    auto host_send = to_host(send);
-    auto host_recv = host_buffer(recv);
-    return staged(mpi_->all_gather_async(host_send->view(), host_recv->view()), host_send, host_recv, recv);
-  }
-
-  CommHandle reduce_scatter_v_async(Tensor send, Tensor recv, const std::vector<int64_t>& counts,
-                                    ReduceOp op) override {
-    if (device_of(send, recv, "reduce_scatter_v") == Device::CPU)
-      return over_mpi(mpi_->reduce_scatter_v_async(send, recv, counts, op));
-    ensure_disjoint(send, recv, "reduce_scatter_v");
-    auto host_send = to_host(send);
-    auto host_recv = host_buffer(recv);
-    return staged(mpi_->reduce_scatter_v_async(host_send->view(), host_recv->view(), counts, op), host_send,
-                  host_recv, recv);
-  }
-
-  CommHandle all_gather_v_async(Tensor send, Tensor recv, const std::vector<int64_t>& counts) override {
-    if (device_of(send, recv, "all_gather_v") == Device::CPU)
-      return over_mpi(mpi_->all_gather_v_async(send, recv, counts));
-    const std::vector<int64_t> displs = displacements(counts, size_, "all_gather_v");
-    ensure_gather_buffers(send, recv, displs[rank_], "all_gather_v");
-    auto host_send = to_host(send);
-    auto host_recv = host_buffer(recv);
-    return staged(mpi_->all_gather_v_async(host_send->view(), host_recv->view(), counts), host_send, host_recv,
-                  recv);
-  }
-
-  CommHandle all_to_all_async(Tensor send, Tensor recv) override {
-    if (device_of(send, recv, "all_to_all") == Device::CPU) return over_mpi(mpi_->all_to_all_async(send, recv));
-    ensure_disjoint(send, recv, "all_to_all");
-    auto host_send = to_host(send);
-    auto host_recv = host_buffer(recv);
-    return staged(mpi_->all_to_all_async(host_send->view(), host_recv->view()), host_send, host_recv, recv);
-  }
-
-  CommHandle all_to_all_v_async(Tensor send, const std::vector<int64_t>& send_counts, Tensor recv,
-                                const std::vector<int64_t>& recv_counts) override {
-    if (device_of(send, recv, "all_to_all_v") == Device::CPU)
-      return over_mpi(mpi_->all_to_all_v_async(send, send_counts, recv, recv_counts));
-    ensure_disjoint(send, recv, "all_to_all_v");
-    auto host_send = to_host(send);
-    auto host_recv = host_buffer(recv);
-    return staged(mpi_->all_to_all_v_async(host_send->view(), send_counts, host_recv->view(), recv_counts), host_send,
-                  host_recv, recv);
-  }
-
-  CommHandle broadcast_async(Tensor buf, int root) override {
-    if (buf.device == Device::CPU) return over_mpi(mpi_->broadcast_async(buf, root));
-    auto host = to_host(buf);
-    return staged(mpi_->broadcast_async(host->view(), root), nullptr, host, buf);
-  }
-
-  CommHandle send_async(Tensor buf, int peer, int tag) override {
-    if (buf.device == Device::CPU) return over_mpi(mpi_->send_async(buf, peer, tag));
-    auto host = to_host(buf);
-    return staged(mpi_->send_async(host->view(), peer, tag), host, nullptr, Tensor{});
-  }
-
-  CommHandle recv_async(Tensor buf, int peer, int tag) override {
-    if (buf.device == Device::CPU) return over_mpi(mpi_->recv_async(buf, peer, tag));
-    auto host = host_buffer(buf);
-    return staged(mpi_->recv_async(host->view(), peer, tag), nullptr, host, buf);
-  }
-
-  CommHandle barrier_async() override { return over_mpi(mpi_->barrier_async()); }
-
-  void broadcast_bytes(void* data, size_t bytes, int root) override {
-    if (bytes == 0 || !is_device_memory(data)) {
-      mpi_->broadcast_bytes(data, bytes, root);
-    } else {
-      cuda::synchronize();  // the compute stream has written the bytes
-      std::vector<char> host(bytes);
-      CUDA_CHECK(cudaMemcpy(host.data(), data, bytes, cudaMemcpyDeviceToHost));
-      mpi_->broadcast_bytes(host.data(), bytes, root);
-      CUDA_CHECK(cudaMemcpy(data, host.data(), bytes, cudaMemcpyHostToDevice));
-    }
-    absorb_mpi_stats();
-  }
-
- private:
-  // A staging copy lives in host memory. A GPU run's memory table is the GPU's (what docs/theory.md
-  // predicts and the driver counts), so these copies are plain host allocations, outside the
-  // framework's counters: counting them would report as GPU memory bytes that only this fallback
-  // for ranks sharing a GPU needs, and that sit in the host's RAM.
-  class HostCopy {
-   public:
-    explicit HostCopy(const Tensor& like) : bytes_(std::max<size_t>(like.bytes(), 1)) {
-      view_.data = bytes_.data();
-      view_.dtype = like.dtype;
-      view_.device = Device::CPU;
-      view_.ndim = 1;
-      view_.shape[0] = like.numel();
-    }
-    Tensor view() const { return view_; }
-    void* data() { return bytes_.data(); }
-
-   private:
-    std::vector<char> bytes_;
-    Tensor view_;
-  };
-  using HostBuffer = std::shared_ptr<HostCopy>;
-
-  // A staging copy is communication the caller waits for: exposed, and in flight (so that exposed
-  // time never exceeds the time communication was in flight).
-  void count_copy(double ms) {
-    stats_.exposed_ms += ms;
-    stats_.in_flight_ms += ms;
-  }
-
-  // In the tensor's own dtype: bf16 travels as bf16 (the MPI communicator reduces it in fp32).
-  static HostBuffer host_buffer(const Tensor& t) { return std::make_shared<HostCopy>(t); }
-
-  // A host copy of t, taken once the compute stream has finished writing it. The host blocks for
-  // both; only the copy counts as exposed communication (the wait before it is compute time).
-  HostBuffer to_host(const Tensor& t) {
-    cuda::synchronize();
-    const auto start = std::chrono::steady_clock::now();
-    HostBuffer host = host_buffer(t);
-    if (t.bytes() > 0) CUDA_CHECK(cudaMemcpy(host->data(), t.data, t.bytes(), cudaMemcpyDeviceToHost));
-    count_copy(elapsed_ms(start));
-    return host;
-  }
-
-  // The handle of a staged collective: wait() waits for MPI, then copies `result` (if any) back into
-  // `device`. The copy runs on the legacy default stream, with which the compute stream is ordered
-  // (ops_cuda.h), so ops queued after wait() see the result. The handle keeps the host buffers alive
-  // until then; `input` is the one MPI reads from, when it is not `result` itself.
-  CommHandle staged(CommHandle inner, HostBuffer input, HostBuffer result, Tensor device) {
-    absorb_mpi_stats();  // the op's `launched` count
-    return CommHandle([this, inner, input, result, device, done = false]() mutable {
-      if (done) return;
-      done = true;
-      inner.wait();
-      absorb_mpi_stats();
-      if (result && device.bytes() > 0) {
-        // A copy from pageable memory waits for the queued compute first: that wait is not communication.
-        cuda::synchronize();
-        const auto start = std::chrono::steady_clock::now();
-        CUDA_CHECK(cudaMemcpy(device.data, result->data(), device.bytes(), cudaMemcpyHostToDevice));
-        count_copy(elapsed_ms(start));
-      }
-      input.reset();
-      result.reset();
-    });
-  }
-};
-
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
@@ -911,7 +620,7 @@ std::unique_ptr<Communicator> create_cuda_communicator(std::unique_ptr<Communica
                 "MPI (device->host copy, MPI, host->device copy): correct, but slow and without overlap.\n");
     std::fflush(stdout);
   }
-  return std::make_unique<HostStagedCommunicator>(std::move(mpi));
+  return cuda_comm::make_host_staged_communicator(std::move(mpi));
 #else
   if (ranks_per_gpu > 1) {
     if (rank == 0) {
@@ -921,7 +630,7 @@ std::unique_ptr<Communicator> create_cuda_communicator(std::unique_ptr<Communica
                   ranks_per_gpu, local_size, devices, devices == 1 ? "" : "s");
       std::fflush(stdout);
     }
-    return std::make_unique<HostStagedCommunicator>(std::move(mpi));
+    return cuda_comm::make_host_staged_communicator(std::move(mpi));
   }
   return std::make_unique<NcclCommunicator>(std::move(mpi));
 #endif
