@@ -268,6 +268,15 @@ void sgemm_blocked(bool trans_a, bool trans_b, int M, int N, int K, float alpha,
           const float* b_strip = Bp + static_cast<std::ptrdiff_t>(js / NR) * kc * NR;
           for (int is = 0; is < mc; is += MR) {
             const int mr = std::min(MR, mc - is);
+            // The next tile's rows of C, fetched while this tile computes: the kernel reads C (or
+            // writes it) only before and after its loop, and a cold row stalls it there.
+            if (is + MR < mc) {
+              const float* next = C + static_cast<std::ptrdiff_t>(i0 + is + MR) * ldc + j0 + js;
+              for (int i = 0; i < std::min(MR, mc - is - MR); ++i) {
+                __builtin_prefetch(next + static_cast<std::ptrdiff_t>(i) * ldc);
+                __builtin_prefetch(next + static_cast<std::ptrdiff_t>(i) * ldc + NR - 1);
+              }
+            }
             const float* a_strip = Ap + static_cast<std::ptrdiff_t>(is / MR) * kc * MR;
             float* c = C + static_cast<std::ptrdiff_t>(i0 + is) * ldc + j0 + js;
             const bool full = mr == MR && nr == NR;

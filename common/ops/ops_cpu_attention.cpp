@@ -52,8 +52,11 @@ void transpose_head(float* __restrict dst, const float* __restrict src, int T, i
 void scaled_dots(float* __restrict out, const float* __restrict x, const float* __restrict block, int Tp, int hs,
                  int n, float scale) {
   for (int t0 = 0; t0 < n; t0 += kKeyBlock) {
-    float acc[kKeyBlock] = {};
-    for (int i = 0; i < hs; i++) {
+    // The first channel's products added to zero (the sum's first step, as written), not an array
+    // zeroed first: GCC zeroed it on the stack with `rep stos`, tens of cycles per block.
+    float acc[kKeyBlock];
+    for (int j = 0; j < kKeyBlock; j++) acc[j] = 0.0f + x[0] * block[t0 + j];
+    for (int i = 1; i < hs; i++) {
       const float xi = x[i];
       const float* __restrict row = block + size_t(i) * Tp + t0;
       for (int j = 0; j < kKeyBlock; j++) acc[j] += xi * row[j];
@@ -69,8 +72,10 @@ void scaled_dots(float* __restrict out, const float* __restrict x, const float* 
 void scaled_dots2(float* __restrict out0, float* __restrict out1, const float* __restrict x0,
                   const float* __restrict x1, const float* __restrict block, int Tp, int hs, int n, float scale) {
   for (int t0 = 0; t0 < n; t0 += kKeyBlock) {
-    float acc0[kKeyBlock] = {}, acc1[kKeyBlock] = {};
-    for (int i = 0; i < hs; i++) {
+    float acc0[kKeyBlock], acc1[kKeyBlock];  // from the first channel, as in scaled_dots
+    for (int j = 0; j < kKeyBlock; j++) acc0[j] = 0.0f + x0[0] * block[t0 + j];
+    for (int j = 0; j < kKeyBlock; j++) acc1[j] = 0.0f + x1[0] * block[t0 + j];
+    for (int i = 1; i < hs; i++) {
       const float a0 = x0[i], a1 = x1[i];
       const float* __restrict row = block + size_t(i) * Tp + t0;
       for (int j = 0; j < kKeyBlock; j++) acc0[j] += a0 * row[j];

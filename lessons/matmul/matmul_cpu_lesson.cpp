@@ -12,7 +12,8 @@
 //   v4 micro-kernel   the framework's sgemm_cpu: op(B) packed into 16-wide panels that fit L1, op(A)
 //                     into 6-tall blocks that fit L2, and a 6 x 16 block of C held in 12 vector
 //                     registers through the whole depth: per k, 6 broadcasts and 2 vector loads feed
-//                     12 multiply-adds, so the core computes instead of waiting for loads and stores.
+//                     12 multiply-adds, so the core computes instead of waiting for loads and stores;
+//                     the rows of C the next tile reads or writes are fetched while a tile computes.
 //   v5 intrinsics     v4's kernel with the instructions named (_mm256_broadcast_ss, _mm256_fmadd_ps),
 //                     as BLAS libraries write theirs; v4's plain loops where the build lacks AVX2 and FMA.
 //                     It is no faster: GCC already emits these instructions from v4's loops (compare
