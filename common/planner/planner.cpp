@@ -302,11 +302,13 @@ PlanResult evaluate_plan(const PlanInputs& in, const PlanConfig& c, bool simulat
   // A mixture of experts (chapter 11): each token's MLP is its top_k experts' (at most the capacity's
   // share of them) and the router's product, at balanced routing.
   const double routed_share = cfg.capacity_factor > 0 ? std::min(1.0, cfg.capacity_factor) : 1.0;
-  const double moe_extra = cfg.moe() ? (routed_share * cfg.top_k - 1) * 16.0 * cfg.C * cfg.C + 2.0 * cfg.C * cfg.experts : 0.0;
+  // The experts' rows are timed at the measured load (PlanInputs::expert_load; memory keeps the bound).
+  const double timed_share = routed_share * in.expert_load;
+  const double moe_extra = cfg.moe() ? (timed_share * cfg.top_k - 1) * 16.0 * cfg.C * cfg.C + 2.0 * cfg.C * cfg.experts : 0.0;
   // The rows a rank's experts run per block at balanced routing: the rows it routes, k each (12: B
   // T/cp, and under SP a TP rank's share of them).
   const int64_t routed = cfg.moe() ? routed_tokens(cfg, c) : 0;
-  const std::vector<int64_t> balanced_rows(size_t(cfg.L), int64_t(routed_share * double(routed) * cfg.top_k));
+  const std::vector<int64_t> balanced_rows(size_t(cfg.L), int64_t(timed_share * double(routed) * cfg.top_k));
   // Under CP, the model runs on T/(cp u) positions (and TP's collectives carry those: 12).
   GPT2Config held = cfg, held_kept = kept_all;
   const bool ring = c.context() > 1 || in.ring_attention;
