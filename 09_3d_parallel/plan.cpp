@@ -56,6 +56,9 @@ int main(int argc, char** argv) {
   flags.add("--sync-us", &opt.sync_us,
             "microseconds one synchronization between ranks costs besides the link (the wait for the peer to get a "
             "shared core; make plan-check measures it), once for each blocking collective and message");
+  flags.add("--expert-load", &opt.expert_load,
+            "a chapters' mixture of experts: the rows the slowest EP rank's experts run over the balanced share, from "
+            "a routing measured beforehand (make plan-check: its calibration's, capped at the capacity; default 1)");
   flags.add("--memory-gb", &opt.memory_gb, "memory per GPU in GB (10^9 bytes), replacing the preset's");
   flags.add("--intra-gbps", &opt.intra_gbps, "link inside a node, Gb/s per GPU (replaces the preset's)");
   flags.add("--intra-latency-us", &opt.intra_latency_us, "its latency per message");
@@ -258,6 +261,13 @@ int main(int argc, char** argv) {
     if (!plan_shape(in).moe()) config_error("--capacity-factor: --model " + opt.model + " has no experts");
     in.capacity_factor = opt.capacity_factor;
     in.model.capacity_factor = opt.capacity_factor;
+  }
+  if (given("--expert-load")) {
+    if (!in.chapters_model || !plan_shape(in).moe())
+      config_error("--expert-load: a chapters' model with experts (moe-tiny, moe-small); --model " + opt.model + " has none");
+    if (!(opt.expert_load > 0 && opt.expert_load <= 64))
+      config_error("--expert-load " + std::to_string(opt.expert_load) + ": a ratio of rows, above 0 (1: balanced)");
+    in.expert_load = opt.expert_load;
   }
   in.efficiency = given("--efficiency") ? opt.efficiency : k.efficiency > 0 ? k.efficiency : kCalibratedEfficiency;
   if (opt.attention != "flash" && opt.attention != "materialized" && opt.attention != "ring")

@@ -592,3 +592,21 @@ TEST(PlanRecord, ARowsCommandReproducesItsPrediction) {
   ASSERT_NE(at, std::string::npos) << r.output;
   EXPECT_NEAR(std::atof(r.output.c_str() + at + 14), predicted_tflops(*row, paper.step_s), 0.051) << r.output;
 }
+
+// A chapters' mixture of experts timed at a measured routing's load (--expert-load, PlanInputs): the
+// slowest EP rank's experts run load x their balanced rows, each a forward of 16 C^2 FLOPs a row (two
+// products of C x 4C) and a backward of twice that; memory keeps the bound whatever the load.
+TEST(Planner, TheExpertsAreTimedAtTheMeasuredLoad) {
+  PlanInputs in = cpu_inputs("moe-small", 2, 8);
+  in.cluster.peak_flops = 1e10, in.cluster.elementwise_rate = 0;
+  PlanConfig c = config(2, 1, 1, Schedule::OneFOneB, 1, 4, 1, 0, Recompute::None, false);
+  c.ep = 2;
+  const PlanResult balanced = evaluate_plan(in, c);
+  in.expert_load = 1.38;
+  const PlanResult loaded = evaluate_plan(in, c);
+  ASSERT_EQ(loaded.invalid, "");
+  const GPT2Config& m = in.model;
+  const double rows = 4.0 * m.T * m.top_k;  // a rank's routed rows a block at balanced routing
+  EXPECT_NEAR(loaded.compute_s - balanced.compute_s, m.L * 0.38 * rows * 3 * 16.0 * m.C * m.C / 1e10, 1e-9);
+  EXPECT_EQ(loaded.memory.activations, balanced.memory.activations);
+}

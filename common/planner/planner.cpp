@@ -302,11 +302,13 @@ PlanResult evaluate_plan(const PlanInputs& in, const PlanConfig& c, bool simulat
   // A mixture of experts (chapter 11): each token's MLP is its top_k experts' (at most the capacity's
   // share of them) and the router's product, at balanced routing.
   const double routed_share = cfg.capacity_factor > 0 ? std::min(1.0, cfg.capacity_factor) : 1.0;
-  const double moe_extra = cfg.moe() ? (routed_share * cfg.top_k - 1) * 16.0 * cfg.C * cfg.C + 2.0 * cfg.C * cfg.experts : 0.0;
+  // The experts' rows are timed at the measured load (PlanInputs::expert_load; memory keeps the bound).
+  const double timed_share = routed_share * in.expert_load;
+  const double moe_extra = cfg.moe() ? (timed_share * cfg.top_k - 1) * 16.0 * cfg.C * cfg.C + 2.0 * cfg.C * cfg.experts : 0.0;
   // The rows a rank's experts run per block at balanced routing: the rows it routes, k each (12: B
   // T/cp, and under SP a TP rank's share of them).
   const int64_t routed = cfg.moe() ? routed_tokens(cfg, c) : 0;
-  const std::vector<int64_t> balanced_rows(size_t(cfg.L), int64_t(routed_share * double(routed) * cfg.top_k));
+  const std::vector<int64_t> balanced_rows(size_t(cfg.L), int64_t(timed_share * double(routed) * cfg.top_k));
   // Under CP, the model runs on T/(cp u) positions (and TP's collectives carry those: 12).
   GPT2Config held = cfg, held_kept = kept_all;
   const bool ring = c.context() > 1 || in.ring_attention;
@@ -348,17 +350,10 @@ PlanResult evaluate_plan(const PlanInputs& in, const PlanConfig& c, bool simulat
   }
   // A pass's activation bytes (the elementwise work's measure): the arena of its part, on T/cp
   // positions with the ring's blocks under CP, and a mixture of experts' routers and rows.
-  // Under Ulysses its exchanges' copies into and out of the send and receive buffers: per block 8
-  // values a position and channel forward (q, k, v out and in, the output back out and in), 16
-  // backward, a third and two thirds as the rest.
   auto pass_bytes = [&](const GPT2Config& g, const ModelPart& one) {
     double bytes = ring ? activation_bytes(g, B, dtype, true, tp, one) +
                               ring_buffer_bytes(c.cp, B, g.T, cfg.C / c.tp, cfg.NH / c.tp)
                         : activation_bytes(g, B, dtype, cfg.flash_attention, tp, one);
-    if (c.ulysses > 1) {
-      const int blocks = std::min(one.last(cfg), cfg.L) - (std::max(one.first_unit, 1) - 1);
-      bytes += blocks * 24.0 * B * g.T * (double(cfg.C) / c.tp) * w;
-    }
     if (cfg.moe())
       bytes += moe_schedule_activation_bytes(cfg, routed, p == 1 ? std::vector<ModelPart>{} : std::vector<ModelPart>{one},
                                              {}, {balanced_rows});
@@ -389,7 +384,15 @@ PlanResult evaluate_plan(const PlanInputs& in, const PlanConfig& c, bool simulat
         elementwise = bytes / k.elementwise_rate;
         recompute_elementwise = (bytes - pass_bytes(held, one)) / k.elementwise_rate / 3;
       }
-      const double forward = tokens * forward_flops / c.tp / rate + elementwise / 3;
+      // Under Ulysses the exchanges' packing and unpacking, per block: memcpy at the memory's bandwidth
+      // (planner_ulysses.h). They were once priced as activation bytes at the elementwise rate, which
+      // on this machine's CPU is about 60 times slower a byte than a copy: ulysses2 came out +27% to
+      // +123% in every plan-check run. The CPU clusters give no bandwidth: a few ms a step, left out.
+      double copies = 0;
+      if (c.ulysses > 1 && k.memory_bandwidth > 0)
+        copies = blocks * (forward_passes * ulysses.forward_copy_bytes() + ulysses.backward_copy_bytes(false)) /
+                 k.memory_bandwidth / 3;
+      const double forward = tokens * forward_flops / c.tp / rate + elementwise / 3 + copies;
       const double recompute = tokens * recompute_flops / rate + recompute_elementwise;
       const TensorParallelPrediction tpp =
           predict_tensor_parallel(held, B, tp, dtype, p == 1 ? std::vector<ModelPart>{} : std::vector<ModelPart>{part});

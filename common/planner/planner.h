@@ -135,6 +135,11 @@ struct PlanInputs {
   ContextMethod cp_method = ContextMethod::Ring;
   bool ep_overlap = false;     // EP's all-to-alls hidden behind another micro-batch's compute (DualPipe)
   double capacity_factor = 0;  // 0: dropless; else each expert takes at most f x its balanced share
+  // A chapters' mixture of experts, its time only: the rows the slowest EP rank's experts run (and
+  // send) over the balanced share, from a routing measured beforehand. 1: balanced, the bound a capacity
+  // sets; a router that starves some experts and overfills others runs fewer under a capacity (the
+  // overflow is dropped) and more without one (docs/planner.md, plan-check).
+  double expert_load = 1;
   bool fp8 = false;            // the matrix products in FP8 (attention stays bf16), `fp8_speedup` x faster
   // FP8's gain on the products' rate: 2, the peak's ratio, for DeepSeek-V3's own FP8 GEMMs; less where
   // the casts and scales cost (torchtitan's Float8 measures its own: docs/planner.md).

@@ -34,6 +34,16 @@ struct UlyssesExchange {
   // attention waits for its heads, the next product for its positions.
   double forward_seconds(const LinkModel& link, int passes) const;
   double backward_seconds(const LinkModel& link, bool keeps_heads) const;
+  // The bytes a pass's packing and unpacking move through memory (read and written): each exchanged
+  // value is copied into the send buffer and out of the receive buffer, and the buffers the results
+  // land in are zero-filled first (the output forward, q, k, v's gradients in the head layout
+  // backward): forward 2 x 4 copies + 1 fill, backward 2 x 8 + 3 a position and channel. Plain
+  // memcpy of whole heads' rows: it runs at the memory's bandwidth, not at the rate of the arithmetic
+  // around it (layernorms, softmaxes), which the elementwise rate measures.
+  double forward_copy_bytes() const { return rows * width * element * (2 * 2 * forward_parts() + 1); }
+  double backward_copy_bytes(bool keeps_heads) const {
+    return rows * width * element * (2 * 2 * backward_parts(keeps_heads) + (keeps_heads ? 0 : 3));
+  }
 };
 
 // The exchange's buffers a rank holds (reused by every layer): q, k, v and their gradients in the head

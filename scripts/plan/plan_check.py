@@ -55,6 +55,32 @@ def rates(out, plan, preset, index, kind):
     return flops / (cal["matmul_ms"] / 1e3), act_bytes / ((cal["step_ms"] - cal["matmul_ms"]) / 1e3), cal["step_ms"]
 
 
+def expert_load(out, index, flags):
+    """Chapter 11's rows: the rows the slowest EP rank's experts run over the balanced share (the
+    planner's --expert-load), from the routing calibration `index` (11 at --ep 1, the same model, seed
+    and data) measured: per layer and expert the rows its router chose in a step (its routing records,
+    step 0 left out), each expert capped at the row's capacity (f x the layer's rows / E), rank r of
+    ep holding experts [r E/ep, (r+1) E/ep); per layer the rank with the most, summed over layers, over
+    the layers' rows / ep. None when the calibration has no routing records."""
+    words = flags.split()
+    ep = int(words[words.index("--ep") + 1]) if "--ep" in words else 1
+    factor = float(words[words.index("--capacity-factor") + 1]) if "--capacity-factor" in words else 0.0
+    steps = [r for r in records("%s/calibration%d.jsonl" % (out, index)) if "routed_L0_E0" in r][1:]
+    if not steps:
+        return None
+    E = sum(1 for k in steps[0] if k.startswith("routed_L0_E"))
+    L = sum(1 for k in steps[0] if k.startswith("routed_L") and k.endswith("_E0"))
+    slowest = balanced = 0.0
+    for r in steps:
+        for layer in range(L):
+            counts = [r["routed_L%d_E%d" % (layer, e)] for e in range(E)]
+            cap = factor * sum(counts) / E if factor > 0 else float("inf")
+            ran = [min(c, cap) for c in counts]
+            slowest += max(sum(ran[q * E // ep:(q + 1) * E // ep]) for q in range(ep))
+            balanced += sum(counts) / ep
+    return slowest / balanced
+
+
 def sync_cost(out, index):
     """What one synchronization between the 2 ranks cost beside calibration `index` (build/sync_probe's
     mean over its blocking all-reduces, microseconds), and its median."""
@@ -110,6 +136,11 @@ def main(out, preset, plan):
             around = around[:1]
         peak, elementwise = sum(c[0] for c in around) / len(around), sum(c[1] for c in around) / len(around)
         sync_us = sum(c[5] for c in around) / len(around)
+        if chapter.startswith("11") and timed == "1":  # the routing's load, from the calibrations around the row
+            loads = [expert_load(out, i, flags) for i in range(int(cal), int(cal) + rounds + 1) if i in cals]
+            loads = [x for x in loads if x is not None]
+            if loads:
+                flags += " --expert-load %r" % (sum(loads) / len(loads))
         p = predict(plan, model, int(ranks), gbps, latency, flags, peak, elementwise, sync_us)[0]  # stage 0: world rank 0's
         routed = model.startswith("moe")  # 11, 12: the activations are the routing's, the plan their bound
         cells, exact = [], True

@@ -13,7 +13,9 @@
 #   planner's compute speed comes from calibration runs on 2 ranks without a link, each the row's own
 #   kernels with its new dimension at 1: 01_vanilla_dp for 03-09's rows, 10 at --cp 1 (its blockwise
 #   ring kernel, a ring of one) for the CP rows, 11 at --ep 1 (its experts, routed on one rank) for the
-#   EP rows and 12's MoE rows. A calibration gives two rates: the matrix products' FLOPs over the time
+#   EP rows and 12's MoE rows. 11's calibration also records its router's choices: from them
+#   plan_check.py counts the rows the slowest EP rank of a chapter-11 row runs (capped at its capacity),
+#   the planner's --expert-load. A calibration gives two rates: the matrix products' FLOPs over the time
 #   the run spent in them (its step records' matmul_ms), with efficiency 1; and the activation bytes
 #   of a step over the rest of the step (layernorms, GELU, attention, the loss, the optimizer), the
 #   planner's --elementwise-rate. Beside each calibration build/sync_probe (scripts/plan/sync_probe.cpp)
