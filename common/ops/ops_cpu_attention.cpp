@@ -151,9 +151,11 @@ void attention_forward(float* out, float* preatt, float* att, const float* qkv, 
   const int hs = C / NH;  // head size
   const float scale = 1.0f / std::sqrt(float(hs));
   const int Tp = round_up(T, kKeyBlock);
-  float* keys_t = attention_scratch(size_t(hs) * Tp + 2 * Tp);  // (hs, Tp), then two rows of scores
+  // (hs, Tp), then two rows of scores and one of their exponentials
+  float* keys_t = attention_scratch(size_t(hs) * Tp + 3 * Tp);
   float* scores0 = keys_t + size_t(hs) * Tp;
   float* scores1 = scores0 + Tp;
+  float* exps = scores1 + Tp;
 
   for (int b = 0; b < B; b++) {
     const float* qkv_b = qkv + size_t(b) * T * C3;
@@ -168,11 +170,13 @@ void attention_forward(float* out, float* preatt, float* att, const float* qkv, 
         for (int t2 = 0; t2 < n; t2++) preatt_row[t2] = scores[t2];
         for (int t2 = n; t2 < T; t2++) preatt_row[t2] = -INFINITY;
 
-        // softmax over the causal part, shifted by the maximum so that exp() never overflows
+        // softmax over the causal part, shifted by the maximum so that exp() never overflows. The
+        // exponentials wait in a scratch row in L1, so that att's row is written once, not written,
+        // read back and written again.
         const float maxval = max_of(scores, n);
-        const double expsum = exp_shifted(att_row, scores, maxval, n);
+        const double expsum = exp_shifted(exps, scores, maxval, n);
         const float inv_expsum = float(1.0 / expsum);
-        for (int t2 = 0; t2 < n; t2++) att_row[t2] *= inv_expsum;
+        for (int t2 = 0; t2 < n; t2++) att_row[t2] = exps[t2] * inv_expsum;
         for (int t2 = n; t2 < T; t2++) att_row[t2] = 0.0f;
       };
       // Scores two queries at a time (t and t + 1; t's extra key t + 1 is computed and not used).
@@ -204,8 +208,8 @@ void attention_forward(float* out, float* preatt, float* att, const float* qkv, 
   }
 }
 
-void attention_backward(float* dqkv, float* dpreatt, float* datt, const float* dout, const float* qkv,
-                        const float* att, int B, int T, int C, int NH) {
+void attention_backward(float* dqkv, float* dpreatt, float* /*datt: not written, below*/, const float* dout,
+                        const float* qkv, const float* att, int B, int T, int C, int NH) {
   const int C3 = 3 * C;
   const int hs = C / NH;
   const float scale = 1.0f / std::sqrt(float(hs));
@@ -221,13 +225,12 @@ void attention_backward(float* dqkv, float* dpreatt, float* datt, const float* d
       transpose_head(values_t, qkv_b + 2 * C + h * hs, T, Tp, hs, C3);
       auto dout_row = [&](int t) { return dout + (size_t(b) * T + t) * C + h * hs; };
       // Row t of dpreatt from its datt (out = sum_t2 att[t2] * value[t2]: the gradient into att; the
-      // values' comes below).
-      auto softmax_backward_row = [&](int t, const float* __restrict datt_block) {
+      // values' comes below). The row of datt stays in the small scratch block, in L1: the (B,NH,T,T)
+      // datt is scratch whose contents no caller reads (ops.h), so it is not written at all.
+      auto softmax_backward_row = [&](int t, const float* __restrict datt_row) {
         const int n = t + 1;
         const float* __restrict att_row = att + ((size_t(b) * NH + h) * T + t) * T;
-        float* __restrict datt_row = datt + ((size_t(b) * NH + h) * T + t) * T;
         float* __restrict dpreatt_row = dpreatt + ((size_t(b) * NH + h) * T + t) * T;
-        for (int t2 = 0; t2 < n; t2++) datt_row[t2] = datt_block[t2];  // scratch: overwritten (ops.h)
 
         // softmax: the Jacobian is diag(att) - att att^T, so its product with datt is
         // att * (datt - <att, datt>): O(T) per row instead of building the T x T Jacobian.
