@@ -30,7 +30,7 @@ void GPT2::self_attention_backward(Slot& s, const Layer& x, void* dqkv, void* at
   } else if (flash_) {
     attention_backward_flash(v.btc(dqkv, 3 * v.d.Cl), v.btc(a.datty, v.d.Cl), v.btc(x.qkv, 3 * v.d.Cl),
                              v.btc(x.atty, v.d.Cl), v.lse(x.lse), int(v.d.NHl));
-  } else {  // (dpreatt and datt are scratch the op overwrites)
+  } else {  // (dpreatt and datt are the op's scratch, their contents meaningless on exit)
     attention_backward(v.btc(dqkv, 3 * v.d.Cl), v.bhtt(a.dpreatt), v.bhtt(a.datt), v.btc(a.datty, v.d.Cl),
                        v.btc(x.qkv, 3 * v.d.Cl), v.bhtt(att), int(v.d.NHl));
   }
