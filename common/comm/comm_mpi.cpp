@@ -52,14 +52,8 @@ int world_size() {
   return size;
 }
 
-
-}  // namespace
-
-
 // ---------------------------------------------------------------------------------------------
 // The MPI communicator
-
-namespace {
 
 // The receive buffers of a group of two's exchanges (submit_exchange): kExchangeSlots buffers of
 // kExchangeMaxBytes, allocated once with the communicator, so that a step's small all-reduces
