@@ -73,8 +73,12 @@ void finish_average(Tensor t, ReduceOp op, int ranks) {
 }
 
 // A scratch tensor like `like`, n elements, freed with the Buffer (counted as a communication buffer).
+// An owner that already holds at least n of that dtype on that device is reused, so that the steps of
+// one collective (each a call of exchange_reducing) allocate once, at their largest.
 Tensor scratch(Buffer& owner, const Tensor& like, int64_t n) {
-  owner = Buffer(std::max<int64_t>(n, 1), MemCategory::CommBuffers, like.dtype, like.device);
+  const Tensor held = owner.view();
+  if (held.data == nullptr || held.numel() < n || held.dtype != like.dtype || held.device != like.device)
+    owner = Buffer(std::max<int64_t>(n, 1), MemCategory::CommBuffers, like.dtype, like.device);
   return owner.view().slice1d(0, n);
 }
 
@@ -109,8 +113,10 @@ constexpr int64_t kSmallPieceBytes = 4096;  // at most this, a piece arrives on 
 // Only there: a GPU's buffers are not the CPU's cache, and on the emulated link each message is
 // held for its modelled alpha, which is the cost the model counts (section 15 of docs/theory.md),
 // so there a step stays one message. A rank that only sends to a reducing partner (the tree,
-// folding in) calls it with `acc` empty, so that its pieces are the receiver's.
-void exchange_reducing(Communicator& comm, Tensor out, int to, Tensor acc, int from, ReduceOp op) {
+// folding in) calls it with `acc` empty, so that its pieces are the receiver's. `incoming_owner` holds
+// the scratch, kept by the caller across a collective's steps.
+void exchange_reducing(Communicator& comm, Tensor out, int to, Tensor acc, int from, ReduceOp op,
+                       Buffer& incoming_owner) {
   const Tensor& any = acc.numel() > 0 ? acc : out;
   const bool in_pieces = any.device == Device::CPU && !comm.link_model().on();
   const int64_t whole = std::max<int64_t>({1, out.numel(), acc.numel()});
@@ -118,7 +124,6 @@ void exchange_reducing(Communicator& comm, Tensor out, int to, Tensor acc, int f
   // Where the pieces arrive: a latency-bound step's few bytes on the stack, allocating nothing
   // (MPICH's own all-reduce allocates nothing for them either); a larger piece in a scratch.
   alignas(64) unsigned char small[kSmallPieceBytes];
-  Buffer incoming_owner;
   const int64_t arriving_at_most = std::min(acc.numel(), piece);
   const Tensor incoming =
       acc.numel() == 0 ? Tensor()
@@ -166,10 +171,11 @@ std::vector<int64_t> counts_of(const std::vector<int64_t>& segments, int64_t n, 
 void ring_reduce_scatter(Communicator& comm, Tensor work, const std::vector<int64_t>& counts, ReduceOp op) {
   const int N = comm.size(), r = comm.rank();
   const std::vector<int64_t> at = offsets_of(counts);
+  Buffer incoming;
   for (int s = 0; s < N - 1; s++) {
     const int out = mod(r - s - 1, N), in = mod(r - s - 2, N);
     exchange_reducing(comm, work.slice1d(at[size_t(out)], counts[size_t(out)]), mod(r + 1, N),
-                      work.slice1d(at[size_t(in)], counts[size_t(in)]), mod(r - 1, N), op);
+                      work.slice1d(at[size_t(in)], counts[size_t(in)]), mod(r - 1, N), op, incoming);
   }
 }
 
@@ -221,6 +227,7 @@ void halving_reduce_scatter(Communicator& comm, const Fold& f, Tensor work, cons
                             ReduceOp op) {
   const std::vector<int64_t> at = offsets_of(counts);
   int lo = 0, hi = f.p;  // the window, in folded ranks (= segments)
+  Buffer incoming;
   for (int half = f.p / 2; half >= 1; half /= 2) {
     const int partner = f.folded ^ half, mid = lo + half;
     const bool lower = f.folded < partner;
@@ -228,7 +235,7 @@ void halving_reduce_scatter(Communicator& comm, const Fold& f, Tensor work, cons
     const int give_lo = lower ? mid : lo, give_hi = lower ? hi : mid;
     const Tensor keep = work.slice1d(at[size_t(keep_lo)], at[size_t(keep_hi)] - at[size_t(keep_lo)]);
     exchange_reducing(comm, work.slice1d(at[size_t(give_lo)], at[size_t(give_hi)] - at[size_t(give_lo)]),
-                      f.rank_of(partner), keep, f.rank_of(partner), op);
+                      f.rank_of(partner), keep, f.rank_of(partner), op, incoming);
     lo = keep_lo, hi = keep_hi;
   }
 }
@@ -250,8 +257,9 @@ void doubling_all_gather(Communicator& comm, const Fold& f, Tensor whole, const 
 void fold_in(Communicator& comm, const Fold& f, Tensor work, ReduceOp op) {
   const int r = comm.rank();
   if (r >= 2 * f.extra) return;
-  if (r % 2 == 0) return exchange_reducing(comm, work, r + 1, Tensor(), -1, op);
-  exchange_reducing(comm, Tensor(), -1, work, r - 1, op);
+  Buffer incoming;
+  if (r % 2 == 0) return exchange_reducing(comm, work, r + 1, Tensor(), -1, op, incoming);
+  exchange_reducing(comm, Tensor(), -1, work, r - 1, op, incoming);
 }
 // Folding out: each odd rank among the first 2(N - p) hands the even rank before it its result.
 void fold_out(Communicator& comm, const Fold& f, Tensor from_odd, Tensor into_even) {
@@ -263,9 +271,10 @@ void fold_out(Communicator& comm, const Fold& f, Tensor from_odd, Tensor into_ev
 
 // The whole vector to the partner at distance 2^k and back, lg p times: few messages, each of it all.
 void doubling_all_reduce(Communicator& comm, const Fold& f, Tensor buf, ReduceOp op) {
+  Buffer incoming;
   for (int distance = 1; distance < f.p; distance *= 2) {
     const int partner = f.rank_of(f.folded ^ distance);
-    exchange_reducing(comm, buf, partner, buf, partner, op);
+    exchange_reducing(comm, buf, partner, buf, partner, op, incoming);
   }
 }
 
@@ -278,12 +287,13 @@ void doubling_all_reduce(Communicator& comm, const Fold& f, Tensor buf, ReduceOp
 
 void p2p_reduce(Communicator& comm, Tensor buf, ReduceOp op, int root) {
   const int N = comm.size(), r = mod(comm.rank() - root, N);
+  Buffer incoming;
   for (int mask = 1; mask < N; mask *= 2) {
     if (r & mask) {
-      exchange_reducing(comm, buf, mod(r - mask + root, N), Tensor(), -1, op);
+      exchange_reducing(comm, buf, mod(r - mask + root, N), Tensor(), -1, op, incoming);
       break;
     }
-    if (r + mask < N) exchange_reducing(comm, Tensor(), -1, buf, mod(r + mask + root, N), op);
+    if (r + mask < N) exchange_reducing(comm, Tensor(), -1, buf, mod(r + mask + root, N), op, incoming);
   }
   if (comm.rank() == root) finish_average(buf, op, N);
 }
