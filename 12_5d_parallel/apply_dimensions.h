@@ -20,6 +20,7 @@
 #include "../11_expert_parallel/expert_exchange.h"           // ExpertExchange: 11's lesson
 #include "parallel/context_split.h"   // gather_positions, parse_context_split, context_split_problem
 #include "parallel/data_parallel.h"   // GradientSync
+#include "parallel/weight_gather.h"   // is_product_weight: what a recipe's gathers move in its format
 #include "ops/device.h"          // pick_device
 #include "training/flags.h"           // TrainConfig, config_error
 #include "pipeline/gradient_router.h"  // GradientRouter: the passes' turn, beside the experts'
@@ -445,10 +446,12 @@ class GroupBytes {
         {"tp", "per micro-batch 09's TP collectives on T/cp positions, + the tensors held whole, once (every "
                "micro-batch under --zero2; theory.h, predict_tensor_parallel)"},
         {"cp", "(2 x passes + 4) (cp-1)/cp x L' m B T C/t x 4: K and V forward, again with their gradients backward"},
-        {"dp_cp", zero2_ ? "m reduce-scatters (wte's bucket: 1) + all-gather over DP x CP: (N-1)/N x w(m(Ψ'-E) + E + "
-                           "Ψ'), Ψ' = padded - experts"
-                  : sharded_ ? "reduce-scatter + all-gather over DP x CP: 2(N-1)/N x w x (padded - experts)"
-                             : "all-reduce over DP x CP: 2(N-1)/N x w x (padded - experts), w a recipe's gradient bytes"}};
+        {"dp_cp", zero2_ ? "m reduce-scatters (wte's bucket: 1) + all-gather over DP x CP: (N-1)/N x (g(m(Ψ'-E) + E) + "
+                           "b Ψm + w(Ψ'-Ψm)), Ψ' = padded - experts"
+                  : sharded_ ? "reduce-scatter + all-gather over DP x CP: (N-1)/N x (g Ψ' + b Ψm + w(Ψ'-Ψm)), "
+                               "Ψ' = padded - experts"
+                             : "all-reduce over DP x CP: 2(N-1)/N x g x (padded - experts)"}};
+    formulas.push_back({"", "g, b: a recipe's gradient and gathered-weight bytes (else w); Ψm: the blocks' matrices"});
     if (run_.context_parallelism().ulysses > 1)
       formulas.push_back({"ulysses", "(4 x passes + 8) (u-1)/u x L' m B T/(cp u) C/t x 4: q, k, v to heads and the "
                                      "output back, forward; the output's gradient and again q, k, v and the output "
@@ -485,11 +488,20 @@ class GroupBytes {
         predict_tensor_parallel(held_cfg, micro_B, tp, run_.dtype(), parts_, activation_bytes);
     const TensorParallelPrediction whole =
         predict_tensor_parallel(run_cfg, micro_B, tp, run_.dtype(), parts_, 0, gradient_bytes);
-    // (A recipe's all-reduce moves its gradient format; its sharded rules are the DP row's of the
-    // table above, not repeated here.)
+    // A recipe's reductions move its gradient format (g bytes); ZeRO's gather of the updated
+    // parameters moves the blocks' matrices (Ψm) in its weights format (b bytes) and the rest in w
+    // (docs/theory.md, section 18), here on the padded flat length less the experts' ranges.
     const double g = formats.gradients.fp32 ? w : double(formats.gradients.element_bytes());
-    const double dense_dp = zero2_ ? data_parallel_.every_micro_batch_sent_bytes(m_, layout.padded_size - expert_range, w)
-                                   : 2.0 * (N - 1) / N * (sharded_ ? w : g) * double(layout.padded_size - expert_range);
+    const double b = formats.weights.fp32 ? w : double(formats.weights.element_bytes());
+    const double dense = double(layout.padded_size - expert_range);
+    double matrices = 0;
+    for (const ParamInfo& p : layout.params)
+      if (p.held() && is_product_weight(p)) matrices += double(p.size);
+    const double gathered = b * matrices + w * (dense - matrices);
+    const double dense_dp = zero2_     ? data_parallel_.every_micro_batch_sent_bytes(m_, layout.padded_size - expert_range, g,
+                                                                                   gathered / dense)
+                            : sharded_ ? double(N - 1) / N * (g * dense + gathered)
+                                       : 2.0 * (N - 1) / N * g * dense;
     // The experts' buckets: all-reduced, or reduce-scattered (every micro-batch under --zero2) and gathered.
     const double expert_passes = zero2_ ? m_ + 1 : 2;
     std::vector<GroupRow> rows = {

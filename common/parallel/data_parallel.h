@@ -67,7 +67,9 @@ class GradientSync {
   // all-gather: (N-1)/N x w x (m(padded - E) + E + padded), E the deferred bucket's elements and
   // `padded` the elements of the group's buckets (the flat length, less any experts' ranges, which go
   // to their own group: (D-1)/D x w x (m + 1) x their elements).
-  double every_micro_batch_sent_bytes(int micro_batches, int64_t padded, double element_bytes) const;
+  // gather_element_bytes: the parameters' where they travel otherwise (a recipe's; 0: element_bytes).
+  double every_micro_batch_sent_bytes(int micro_batches, int64_t padded, double element_bytes,
+                                      double gather_element_bytes = 0) const;
   // The same from the layout alone, for a group of `ranks` and `deferred` elements held back (a
   // pipeline's tied wte, in a bucket of its own: [0, ParamLayout::tied_wte_end); 0 for none): the
   // theory table's (dimension_data.cpp), which has the layout but not the buckets. gather_element_bytes:
