@@ -1,7 +1,8 @@
 // test_precision_chapters.cpp: --precision in chapters 01-12 (common/training/mixed_precision.h), run as a user runs them.
 //   - chapter 03 under fp16 (its loss scale applied at the products) equals chapter 13 (which scales
 //     the loss) bit for bit: the same recipe, skipped steps and loss scales on the same grid.
-//   - ZeRO-3, tensor parallelism, TP with a pipeline, and 12 (TP with SP beside DP), on 2 and 4 ranks, under bf16,
+//   - ZeRO-3, tensor parallelism, TP with a pipeline, and 12 (TP with SP beside DP; ZeRO-1 and
+//     ZeRO-2 over DP, its per-group table beside the formula), on 2 and 4 ranks, under bf16,
 //     fp16 and fp8 (delayed), equal one rank of 01 under the same recipe within the format's
 //     tolerance (docs/mixed_precision.md derives it), and every rank records the same loss scale and
 //     delayed scales at every step.
@@ -91,7 +92,10 @@ TEST(PrecisionChapters, AnyGridEqualsOneRankWithinTheFormat) {
   const Case cases[] = {{"06_zero3", "fp8", 4, "", 1},
                         {"07_tensor_parallel", "fp16", 2, "--tp 2 --sequence-parallel", 1},
                         {"09_3d_parallel", "bf16", 4, "--tp 2 --pp 2", 2},  // tensor parallelism and a pipeline
-                        {"12_5d_parallel", "bf16", 4, "--tp 2 --sequence-parallel", 1}};
+                        {"12_5d_parallel", "bf16", 4, "--tp 2 --sequence-parallel", 1},
+                        {"12_5d_parallel", "bf16", 4, "--zero1", 1},  // ZeRO over DP x CP: 12's own groups table
+                        {"12_5d_parallel", "bf16", 4, "--zero2", 1},
+                        {"12_5d_parallel", "fp8", 4, "--zero2", 1}};
   const std::string dir = temp_dir();
   std::map<std::string, LossCurve> one_rank;
   for (const auto& [name, recipe] : recipes) {
@@ -113,8 +117,31 @@ TEST(PrecisionChapters, AnyGridEqualsOneRankWithinTheFormat) {
     // The collectives move the format's bytes (docs/theory.md, section 18, "Communication in the
     // format"): tensor parallelism's activations and their gradients 2 bytes an element, each row
     // beside its formula.
-    if (c.chapter != "06_zero3") expect_theory_matches(path, 4);
-    if (c.chapter == "12_5d_parallel") {
+    const bool zero = c.grid.find("--zero") != std::string::npos;
+    if (c.chapter != "06_zero3" && !zero) expect_theory_matches(path, 4);
+    if (zero) {
+      // 12's own table of every rank's groups under ZeRO-1 and ZeRO-2 (docs/theory.md, sections 17
+      // and 18): m bf16 reduce-scatters of the gradients (one under ZeRO-1), then the gather of the
+      // updated parameters, the blocks' matrices Ψm = 12LC^2 in the weights' b bytes (bf16 2, fp8
+      // 1), the rest in fp32: (N-1)/N (2 m Ψ + b Ψm + 4(Ψ - Ψm)), Ψ the padded flat length. A rank
+      // sends its own pieces, whose share of the blocks' 13C layernorm and bias elements is its own:
+      // within (N-1)(4 - b) 13LC of the mean. fp32 bytes anywhere would be far outside.
+      const std::string groups = read_record(path, "groups"), theory = read_record(path, "theory");
+      ASSERT_FALSE(groups.empty() || theory.empty()) << r.output;
+      const double L = 2, C = 64, N = c.ranks, matrices = 12 * L * C * C, b = c.recipe == "fp8" ? 1 : 2;
+      const double psi = number_field(theory, "padded_params");
+      const double m = c.grid == "--zero2" ? number_field(read_record(path, "run"), "grad_accum") : 1;
+      const double formula = (N - 1) / N * (2 * m * psi + b * matrices + 4 * (psi - matrices));
+      const double slack = (N - 1) * (4 - b) * 13 * L * C + 64;
+      EXPECT_NEAR(number_field(theory, "theory_comm_bytes"), formula, 1.0) << c.grid << ", " << recipe.flags;
+      for (int q = 0; q < c.ranks; q++) {
+        const std::string group = "rank" + std::to_string(q) + "_dp_cp";
+        EXPECT_NEAR(number_field(groups, group + "_theory"), formula, 1.0) << group << " " << c.grid << ", " << recipe.flags;
+        EXPECT_NEAR(number_field(groups, group), formula, slack) << group << " " << c.grid << ", " << recipe.flags;
+      }
+      EXPECT_GT((N - 1) / N * (4 - b) * matrices, 4 * slack);  // the check tells the weights' format from fp32
+      EXPECT_GT((N - 1) / N * 2 * psi, 4 * slack);             // and the gradients' from fp32
+    } else if (c.chapter == "12_5d_parallel") {
       // 12's own table of every rank's groups: TP's collectives with the sums of the gradients held
       // whole, and DP's all-reduce, in bf16, each beside its formula (rounded to whole bytes per call).
       const std::string groups = read_record(path, "groups");
