@@ -6,8 +6,9 @@
 //     same loss scale and the same scales at every step.
 //   - fp16's dynamic loss scale: a scale too large for fp16 overflows, the step is skipped (applied
 //     false), the scale halves; after --loss-scale-window clean steps it doubles.
-//   - the operands each product reads per step, and the model state (4 + 4 + 8 bytes a parameter: the
-//     master is the model's own fp32 copy), equal their formulas; so does 03's table (theory record).
+//   - the operands each product reads per step, their bytes (fp8's LM head in bf16), and the model
+//     state (4 + 4 + 8 bytes a parameter: the master is the model's own fp32 copy), equal their
+//     formulas; so does 03's table (theory record).
 //   - a recipe that cannot run, or a flag of another recipe, is refused with one line naming the flag.
 #include <gtest/gtest.h>
 
@@ -108,6 +109,15 @@ TEST(MixedPrecision, OperandsAndModelStateEqualTheirFormulas) {
   EXPECT_EQ(number_field(summary, "activations_values_per_step"), 2 * N * (7 * L * C + C));
   EXPECT_EQ(number_field(summary, "weights_values_per_step"), 2 * micro * (12 * L * C * C + V * C));
   EXPECT_EQ(number_field(summary, "gradients_values_per_step"), 2 * N * (9 * L * C + V));
+  // Their bytes as the products read them: E4M3 activations and weights, E5M2 gradients, 1 byte
+  // each, but the LM head's operands (2NC, 2VC a micro-batch, 2NV) in bf16, 2 bytes.
+  EXPECT_EQ(number_field(summary, "activations_bytes_per_step"), 2 * N * 7 * L * C + 2 * 2 * N * C);
+  EXPECT_EQ(number_field(summary, "weights_bytes_per_step"), 2 * micro * 12 * L * C * C + 2 * 2 * micro * V * C);
+  EXPECT_EQ(number_field(summary, "gradients_bytes_per_step"), 2 * N * 9 * L * C + 2 * 2 * N * V);
+  for (const char* kind : {"activations", "weights", "gradients"})
+    EXPECT_EQ(number_field(summary, std::string(kind) + "_bytes_per_step"),
+              number_field(summary, std::string(kind) + "_bytes_formula"))
+        << kind;
   EXPECT_EQ(number_field(summary, "params_bytes"), 4 * P);  // the fp32 master; the casts live in the products
   EXPECT_EQ(number_field(summary, "grads_bytes"), 4 * P);
   EXPECT_EQ(number_field(summary, "optim_bytes"), 8 * P);

@@ -102,9 +102,11 @@ const float* LowPrecisionMatmuls::quantize(const float* values, int rows, int co
   if (!fp8) {  // bf16 and fp16 (and the kept products): no scale; IEEE overflow, so fp16's infinities show
     const NumberFormat format = recipe_.precision == Precision::FP8 ? recipe_.output_format() : recipe_.format_of(kind);
     quantize_matrix(scratch.data(), values, rows, cols, false, Tiling{}, format, Overflow::Ieee, 1.0f, counts);
+    bytes_[int(kind)] += int64_t(rows) * cols * (format_bits(format) / 8);
     return scratch.data();
   }
   const NumberFormat format = recipe_.format_of(kind);
+  bytes_[int(kind)] += int64_t(rows) * cols * (format_bits(format) / 8);
   Tiling tiling;  // per tensor
   float scale = 0;  // 0: each group's own current amax
   switch (recipe_.scaling) {

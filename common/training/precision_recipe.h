@@ -88,6 +88,9 @@ class LowPrecisionMatmuls : public MatmulEmulation {
   // trajectory per kind for the plots. 0 before the first end_step() or under other scalings.
   float first_delayed_scale(TensorKind kind) const;
   const QuantCounts& counts(TensorKind kind) const { return counts_[int(kind)]; }
+  // The bytes of the codes this kind's operands were rounded to, each in the format it took (under
+  // fp8 the LM head's in bf16): what the products read, counted as they read it.
+  int64_t operand_bytes(TensorKind kind) const { return bytes_[int(kind)]; }
 
   // The delayed histories, for checkpoints (mixed_precision.h): one per operand of a product, by the
   // weight's offset and the operand's role, with its amaxes, oldest first.
@@ -127,6 +130,7 @@ class LowPrecisionMatmuls : public MatmulEmulation {
   std::vector<int64_t> kept_;
   std::map<std::pair<int64_t, int>, History> histories_;  // by (weight offset, role)
   QuantCounts counts_[kTensorKinds];
+  int64_t bytes_[kTensorKinds] = {};
   float gradient_scale_ = 1;
   std::vector<float> a_, b_, transposed_, product_, scaled_;  // scratch, grown on demand
 };

@@ -68,6 +68,21 @@ OperandValues operand_values_per_step(int L, int C, int V, int64_t tokens, int m
   return {2 * N * (7 * l * c + c), 2 * micro_batches * (12 * l * c * c + v * c), 2 * N * (9 * l * c + v)};
 }
 
+OperandValues operand_bytes_per_step(const PrecisionRecipe& recipe, int L, int C, int V, int64_t tokens,
+                                     int micro_batches) {
+  const OperandValues all = operand_values_per_step(L, C, V, tokens, micro_batches);
+  const double N = double(tokens), c = C, v = V;
+  const OperandValues head = {2 * N * c, 2 * micro_batches * v * c, 2 * N * v};  // the LM head's share
+  auto bytes = [&](TensorKind kind) { return double(recipe.bytes_per_value(kind)); };
+  const double b_head = recipe.precision == Precision::FP8 ? format_bits(recipe.output_format()) / 8 : 0;
+  auto in_formats = [&](double values, double head_values, TensorKind kind) {
+    return b_head > 0 ? (values - head_values) * bytes(kind) + head_values * b_head : values * bytes(kind);
+  };
+  return {in_formats(all.activations, head.activations, TensorKind::Activations),
+          in_formats(all.weights, head.weights, TensorKind::Weights),
+          in_formats(all.gradients, head.gradients, TensorKind::Gradients)};
+}
+
 PrecisionLog::PrecisionLog(const PrecisionRecipe& recipe, TrainingRun& run, Communicator& comm)
     : recipe_(recipe), run_(run), comm_(comm) {
   run_.add_to_run_record(JsonObject()
@@ -119,24 +134,34 @@ void PrecisionLog::summary(const LowPrecisionMatmuls& products, int64_t params, 
   const int steps = steps_;
   std::printf("precision summary: %s, %d steps, %d skipped for overflow\n", recipe_.describe().c_str(), steps, skipped_);
   const OperandValues formula = operand_values_per_step(L, C, V, tokens_per_step, micro_batches);
+  const OperandValues bytes_formula = operand_bytes_per_step(recipe_, L, C, V, tokens_per_step, micro_batches);
   const double per_kind[] = {formula.weights, formula.activations, formula.gradients};
-  std::printf("  %-12s %6s %14s %14s %12s %12s %10s %10s\n", "operands", "format", "values/step", "formula",
-              "bytes/step", "fp32 bytes", "underflow", "overflow");
+  const double bytes_per_kind[] = {bytes_formula.weights, bytes_formula.activations, bytes_formula.gradients};
+  std::printf("  %-12s %6s %14s %14s %12s %12s %12s %10s %10s\n", "operands", "format", "values/step", "formula",
+              "bytes/step", "formula", "fp32 bytes", "underflow", "overflow");
   for (TensorKind kind : {TensorKind::Weights, TensorKind::Activations, TensorKind::Gradients}) {
     const QuantCounts& q = products.counts(kind);
     const double per_step = steps ? double(q.values) / steps : 0;
-    const int bytes = recipe_.bytes_per_value(kind);
+    const double bytes = steps ? double(products.operand_bytes(kind)) / steps : 0;
     const std::string formula_text = operands_formula ? std::to_string(int64_t(per_kind[int(kind)])) : "-";
-    std::printf("  %-12s %6s %14.0f %14s %12.3g %12.3g %9.3g%% %9.3g%%\n", tensor_kind_name(kind),
-                format_name(recipe_.format_of(kind)), per_step, formula_text.c_str(), per_step * bytes, per_step * 4,
-                q.nonzero ? 100.0 * q.underflow / q.nonzero : 0.0, q.nonzero ? 100.0 * q.overflow / q.nonzero : 0.0);
+    const std::string bytes_text = operands_formula ? std::to_string(int64_t(bytes_per_kind[int(kind)])) : "-";
+    std::printf("  %-12s %6s %14.0f %14s %12.0f %12s %12.3g %9.3g%% %9.3g%%\n", tensor_kind_name(kind),
+                format_name(recipe_.format_of(kind)), per_step, formula_text.c_str(), bytes, bytes_text.c_str(),
+                per_step * 4, q.nonzero ? 100.0 * q.underflow / q.nonzero : 0.0,
+                q.nonzero ? 100.0 * q.overflow / q.nonzero : 0.0);
   }
+  if (recipe_.precision == Precision::FP8)
+    std::printf("  (the LM head's operands in %s: 2NC activations, 2VC weights a micro-batch, 2NV gradients; "
+                "docs/theory.md, section 18)\n", format_name(recipe_.output_format()));
   JsonObject counts;
   for (TensorKind kind : {TensorKind::Weights, TensorKind::Activations, TensorKind::Gradients}) {
     const std::string name = tensor_kind_name(kind);
     counts.add(name + "_values_per_step", steps ? double(products.counts(kind).values) / steps : 0)
+        .add(name + "_bytes_per_step", steps ? double(products.operand_bytes(kind)) / steps : 0)
         .add(name + "_underflow", products.counts(kind).underflow)
         .add(name + "_overflow", products.counts(kind).overflow);
+    if (operands_formula)
+      counts.add(name + "_values_formula", per_kind[int(kind)]).add(name + "_bytes_formula", bytes_per_kind[int(kind)]);
   }
   if (!operands_formula || !model_state_formula) {  // a split model (TP, PP, CP) or a sharded state (ZeRO)
     std::printf("  %s; the model state per rank: the theory table above\n",
@@ -144,10 +169,6 @@ void PrecisionLog::summary(const LowPrecisionMatmuls& products, int64_t params, 
                                  : "no operand formula: this rank runs a part of the model (TP, PP or CP)");
     JsonObject record;
     record.add("type", "precision_summary").add("skipped", skipped_).add(counts);
-    if (operands_formula)
-      record.add("weights_values_formula", formula.weights)
-          .add("activations_values_formula", formula.activations)
-          .add("gradients_values_formula", formula.gradients);
     run_.write_record(record);
     return;
   }
@@ -164,17 +185,8 @@ void PrecisionLog::summary(const LowPrecisionMatmuls& products, int64_t params, 
                         .add("params_bytes", m.current[int(MemCategory::Params)])
                         .add("params_formula", 4 * psi)
                         .add("grads_bytes", m.current[int(MemCategory::Grads)])
+                        .add("grads_formula", 4 * psi)
                         .add("optim_bytes", m.current[int(MemCategory::OptState)])
-                        .add("weights_values_per_step", steps ? double(products.counts(TensorKind::Weights).values) / steps : 0)
-                        .add("weights_values_formula", formula.weights)
-                        .add("activations_values_per_step", steps ? double(products.counts(TensorKind::Activations).values) / steps : 0)
-                        .add("activations_values_formula", formula.activations)
-                        .add("gradients_values_per_step", steps ? double(products.counts(TensorKind::Gradients).values) / steps : 0)
-                        .add("gradients_values_formula", formula.gradients)
-                        .add("weights_underflow", products.counts(TensorKind::Weights).underflow)
-                        .add("activations_underflow", products.counts(TensorKind::Activations).underflow)
-                        .add("gradients_underflow", products.counts(TensorKind::Gradients).underflow)
-                        .add("weights_overflow", products.counts(TensorKind::Weights).overflow)
-                        .add("activations_overflow", products.counts(TensorKind::Activations).overflow)
-                        .add("gradients_overflow", products.counts(TensorKind::Gradients).overflow));
+                        .add("optim_formula", 8 * psi)
+                        .add(counts));
 }

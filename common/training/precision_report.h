@@ -29,6 +29,11 @@ struct OperandValues {
   double activations, weights, gradients;
 };
 OperandValues operand_values_per_step(int L, int C, int V, int64_t tokens, int micro_batches);
+// Their bytes in the recipe's formats: each kind's values in format_of(kind), but the LM head's (2VC
+// weight values per micro-batch, 2NC activations, 2NV gradients) in the output format (bf16) under
+// fp8, which keeps that product out of fp8.
+OperandValues operand_bytes_per_step(const PrecisionRecipe& recipe, int L, int C, int V, int64_t tokens,
+                                     int micro_batches);
 
 class PrecisionLog {
  public:
@@ -37,7 +42,8 @@ class PrecisionLog {
   // scales (a collective of scalars) and writes one "precision" record per rank.
   void after_step(int step, bool applied, float loss_scale, const LowPrecisionMatmuls& products);
   // Rank 0: the underflow and overflow counts per tensor kind; the values the products read per
-  // step against their formula (operand_values_per_step), and their bytes in the recipe's formats;
+  // step and their bytes in the recipe's formats, each against its formula (operand_values_per_step,
+  // operand_bytes_per_step);
   // the model state per category, as allocated and by formula.
   // Chapters 01-12 under --precision (mixed_precision.h) pass false for a formula that is not their
   // grid's: operands_formula where the model is split (TP, PP, CP), model_state_formula where the
