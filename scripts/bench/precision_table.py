@@ -6,9 +6,10 @@ Usage: precision_table.py RESULTS_DIR OUT.png
 The table: each recipe's final loss (the mean of the last 10 steps, which smooths the batch's noise)
 and its gap to fp32; the steps skipped for overflow; per tensor kind the share of non-zero values
 that underflowed to zero and that overflowed; the operand values each product read per step against
-their formula, and the bytes of those operands in the recipe's formats (underflow: a non-zero value that became zero,
-as a share of all the kind's operand values); the model state per rank
-against 4 + 4 + 8 bytes a parameter. The plot: loss curves, fp16's loss scale, delayed fp8's scales.
+their formula, and the bytes of those operands as the products read them (fp8's LM head in bf16) against
+theirs (underflow: a non-zero value that became zero, as a share of all the kind's operand values); the
+model state per rank, each category against its formula: parameters 4P, gradients 4P, AdamW 8P bytes
+(P padded parameters). The plot: loss curves, fp16's loss scale, delayed fp8's scales.
 """
 import glob
 import json
@@ -36,9 +37,9 @@ def main():
 
     base, _ = final_loss(runs["fp32"])
     print()
-    print("%-26s %9s %9s %5s %7s | %-23s | %-23s | %-23s | %-14s | %s" % (
+    print("%-26s %9s %9s %5s %7s | %-23s | %-23s | %-23s | %-23s | %s" % (
         "recipe", "loss", "vs fp32", "steps", "skipped", "underflow w / a / g %", "overflow w / a / g %",
-        "operand values = formula", "operand bytes", "model state = 16P"))
+        "operand values = formula", "operand bytes = formula", "params, grads, optim = 4P, 4P, 8P"))
     runs = dict(sorted(runs.items(), key=lambda item: (item[0] != "fp32", item[0])))
     for name, recs in runs.items():
         loss, steps = final_loss(recs)
@@ -48,8 +49,8 @@ def main():
         P = run["padded_params"]
         ended = "" if end.get("ended", "completed") == "completed" else "  (" + end.get("ended", "?") + ")"
         if summary is None:  # fp32: no emulation
-            print("%-26s %9.4f %+9.4f %5d %7s | %-23s | %-23s | %-23s | %-14s | %s%s" % (
-                name, loss, loss - base, steps, "-", "-", "-", "-", "4 B each", "-", ended))
+            print("%-26s %9.4f %+9.4f %5d %7s | %-23s | %-23s | %-23s | %-23s | %s%s" % (
+                name, loss, loss - base, steps, "-", "-", "-", "-", "4 B a value", "-", ended))
             continue
         kinds = ("weights", "activations", "gradients")
         counted = {k: summary[k + "_values_per_step"] for k in kinds}
@@ -59,18 +60,19 @@ def main():
         over = " / ".join("%.2g" % (100.0 * summary[k + "_overflow"] / nonzero[k]) for k in kinds)
         values_ok = all(counted[k] == formula[k] for k in kinds)
         total_values = sum(counted.values())
-        fmt = run["precision"]
-        bytes_per = {"bf16": 2, "fp16": 2, "fp8": 1}[fmt]
-        grad_bytes = 1 if fmt == "fp8" else 2
-        operand_bytes = (counted["weights"] + counted["activations"]) * bytes_per + counted["gradients"] * grad_bytes
+        operand_bytes = sum(summary[k + "_bytes_per_step"] for k in kinds)
+        bytes_ok = all(summary[k + "_bytes_per_step"] == summary[k + "_bytes_formula"] for k in kinds)
+        # Each category against its formula, computed here from P (not read from the record).
+        state_ok = (summary["params_bytes"], summary["grads_bytes"], summary["optim_bytes"]) == (4 * P, 4 * P, 8 * P)
         state = summary["params_bytes"] + summary["grads_bytes"] + summary["optim_bytes"]
-        print("%-26s %9.4f %+9.4f %5d %7d | %-23s | %-23s | %-23s | %-14s | %s%s" % (
+        print("%-26s %9.4f %+9.4f %5d %7d | %-23s | %-23s | %-23s | %-23s | %s%s" % (
             name, loss, loss - base, steps, summary["skipped"], under, over,
             "%.3g %s" % (total_values, "yes" if values_ok else "NO"),
-            "%.3g B (%.2gx)" % (operand_bytes, operand_bytes / (4 * total_values)),
-            "%d B %s" % (state, "yes" if state == 16 * P else "NO"), ended))
+            "%.3g B (%.2gx) %s" % (operand_bytes, operand_bytes / (4 * total_values), "yes" if bytes_ok else "NO"),
+            "%d B %s" % (state, "yes" if state_ok else "NO"), ended))
     print("underflow and overflow: share of all operand values, over all steps (w weights, a activations,")
-    print("g gradients); operand bytes: of one step's operands in the recipe's formats, against fp32's")
+    print("g gradients); operand bytes: of one step's operands as the products read them, against fp32's,")
+    print("and = the formula (docs/theory.md, section 18); model state: 16P in all, each category its formula")
 
     try:
         import matplotlib
