@@ -51,7 +51,9 @@ void own_rule(const DimensionContext& ctx, Prediction& p) {
     p.comm_bytes = GradientSync::every_micro_batch_sent_bytes(ctx.dp_size, ctx.micro_batches, dense, held_back,
                                                               wire.fp32 ? w : double(wire.element_bytes()), gathered);
     p.comm_formula = GradientSync::kEveryMicroBatchFormula;
-    if (!weights.fp32) p.comm_formula += " (the gather's Ψm matrices in " + weights.name() + ")";
+    if (!weights.fp32)  // w: the reduce-scatters' bytes (the gradients' format), the gather's but its matrices
+      p.comm_formula += " (reduce-scatters in " + wire.name() + "; the gather's Ψm matrices in " + weights.name() +
+                        ", the rest fp32)";
   } else if (ctx.ep.routing_counts_over_data_group) {
     // 11: the experts' gradients go over their expert-data-parallel group; this one carries the rest
     // of the model's and every layer's routing counts (docs/theory.md, 14).
