@@ -25,7 +25,7 @@ namespace {
 constexpr int kSteps = 3;
 
 void expect_equal_on_every_rank(const std::string& path, int ranks, int steps) {
-  for (const char* key : {"loss_scale", "scales_fingerprint"}) {
+  for (const char* key : {"loss_scale", "scales_fingerprint", "scale_weights", "scale_activations", "scale_gradients"}) {
     const auto values = precision_field(path, key);
     ASSERT_EQ(values.size(), size_t(ranks * steps)) << key;
     for (int s = 0; s < steps; s++)

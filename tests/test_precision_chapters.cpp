@@ -38,7 +38,7 @@ constexpr int kSteps = 3;
 // The loss scale is the same on every rank; the delayed scales on every rank of a pipeline stage,
 // which hold parts of the same tensors (PP is the outermost axis of the grid: stage = rank / (ranks/pp)).
 void expect_equal_on_every_rank(const std::string& path, int ranks, int steps, int pp = 1) {
-  for (const char* key : {"loss_scale", "scales_fingerprint"}) {
+  for (const char* key : {"loss_scale", "scales_fingerprint", "scale_weights", "scale_activations", "scale_gradients"}) {
     const auto values = precision_field(path, key);
     ASSERT_EQ(values.size(), size_t(ranks * steps)) << key;
     const int stage_ranks = std::string(key) == "loss_scale" ? ranks : ranks / pp;

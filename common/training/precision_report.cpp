@@ -106,12 +106,14 @@ void PrecisionLog::after_step(int step, bool applied, float loss_scale, const Lo
   const std::vector<float> scales = products.delayed_scales();
   double fingerprint = 0;
   for (size_t i = 0; i < scales.size(); i++) fingerprint += double(i + 1) * (scales[i] > 0 ? std::log2(scales[i]) : 0);
-  // Every rank's values, gathered by scalar reductions (metrics, not training traffic).
+  // Every rank's values, gathered by scalar reductions (metrics, not training traffic): its loss
+  // scale, the fingerprint of all its scales, and the scales themselves of its first product's
+  // operands, one per kind (rank 0's are the plots').
   const int ranks = comm_.size();
   for (int r = 0; r < ranks; r++) {
     const bool me = comm_.rank() == r;
-    const double their_scale = comm_.all_reduce_scalar(me ? loss_scale : -HUGE_VAL, ReduceOp::Max);
-    const double their_fingerprint = comm_.all_reduce_scalar(me ? fingerprint : -HUGE_VAL, ReduceOp::Max);
+    auto theirs = [&](double mine) { return comm_.all_reduce_scalar(me ? mine : -HUGE_VAL, ReduceOp::Max); };
+    const double their_scale = theirs(loss_scale), their_fingerprint = theirs(fingerprint);
     JsonObject record;
     record.add("type", "precision")
         .add("step", step)
@@ -120,10 +122,8 @@ void PrecisionLog::after_step(int step, bool applied, float loss_scale, const Lo
         .add("loss_scale", their_scale)
         .add("scales", int64_t(scales.size()))
         .add("scales_fingerprint", their_fingerprint);
-    if (r == 0)  // rank 0's own scales, one per kind, for the plots (the fingerprint says the others hold the same)
-      record.add("scale_weights", double(products.first_delayed_scale(TensorKind::Weights)))
-          .add("scale_activations", double(products.first_delayed_scale(TensorKind::Activations)))
-          .add("scale_gradients", double(products.first_delayed_scale(TensorKind::Gradients)));
+    for (TensorKind kind : {TensorKind::Weights, TensorKind::Activations, TensorKind::Gradients})
+      record.add(std::string("scale_") + tensor_kind_name(kind), theirs(double(products.first_delayed_scale(kind))));
     run_.write_record(record);
   }
 }
