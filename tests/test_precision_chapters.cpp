@@ -1,7 +1,7 @@
 // test_precision_chapters.cpp: --precision in chapters 01-12 (common/training/mixed_precision.h), run as a user runs them.
 //   - chapter 03 under fp16 (its loss scale applied at the products) equals chapter 13 (which scales
 //     the loss) bit for bit: the same recipe, skipped steps and loss scales on the same grid.
-//   - ZeRO-3, tensor parallelism, TP with a pipeline, DP x CP, and 12 (TP with SP beside DP; ZeRO-1 and
+//   - DP (02), ZeRO-3, tensor parallelism, TP with a pipeline, DP x CP, and 12 (TP with SP beside DP; ZeRO-1 and
 //     ZeRO-2 over DP, its per-group table beside the formula), on 2 and 4 ranks, under bf16,
 //     fp16 and fp8 (delayed), equal one rank of 01 under the same recipe within the format's
 //     tolerance (docs/mixed_precision.md derives it), and every rank records the same loss scale and
@@ -89,7 +89,8 @@ TEST(PrecisionChapters, AnyGridEqualsOneRankWithinTheFormat) {
     std::string grid;
     int pp;
   };
-  const Case cases[] = {{"06_zero3", "fp8", 4, "", 1},
+  const Case cases[] = {{"02_overlap_dp", "fp16", 4, "", 1},  // fp16 on 4 ranks: the gradients' fp16 sums at the loss scale
+                        {"06_zero3", "fp8", 4, "", 1},
                         {"07_tensor_parallel", "fp16", 2, "--tp 2 --sequence-parallel", 1},
                         {"09_3d_parallel", "bf16", 4, "--tp 2 --pp 2", 2},  // tensor parallelism and a pipeline
                         {"10_context_parallel", "fp8", 4, "--cp 2", 1},  // DP 2 x CP 2: the amaxes over both
