@@ -19,12 +19,18 @@
 
 int main(int argc, char** argv) {
   Overflow overflow = Overflow::Ieee;
+  const char* usage = "usage: %s [--saturate] < fp32 bit patterns (0x hex, one a line)\n"
+                      "  prints each pattern's bf16, fp16, E4M3 and E5M2 codes, one line per input;\n"
+                      "  --saturate: +-max where a value overflows (else infinity, or E4M3's NaN)\n";
   for (int i = 1; i < argc; i++) {
     if (std::strcmp(argv[i], "--saturate") == 0) {
       overflow = Overflow::Saturate;
+    } else if (std::strcmp(argv[i], "--help") == 0 || std::strcmp(argv[i], "-h") == 0) {
+      std::printf(usage, argv[0]);
+      return 0;
     } else {
-      std::fprintf(stderr, "usage: %s [--saturate] < fp32 bit patterns (0x hex, one a line)\n"
-                           "unknown argument %s\n", argv[0], argv[i]);
+      std::fprintf(stderr, usage, argv[0]);
+      std::fprintf(stderr, "unknown argument %s\n", argv[i]);
       return 2;
     }
   }

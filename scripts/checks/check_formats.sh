@@ -26,4 +26,6 @@ if printf '0x3f800000\n12\n' | "$program" >/dev/null 2>"${TMPDIR:-/tmp}/formats_
 fi
 grep -q "line 2" "${TMPDIR:-/tmp}/formats_err.$$" || { echo "formats did not name the bad line"; exit 1; }
 rm -f "${TMPDIR:-/tmp}/formats_err.$$"
-echo "formats: 8 patterns as expected, a bad line refused"
+help=$("$program" --help) || { echo "formats --help: a non-zero exit"; exit 1; }
+[[ "$help" == usage:* ]] || { echo "formats --help: no usage"; exit 1; }
+echo "formats: 8 patterns as expected, a bad line refused, --help"
