@@ -93,6 +93,7 @@ TEST(MixedPrecision, Fp16SkipsAnOverflowedStepAndHalvesTheScale) {
   EXPECT_GE(skipped, 3);
   EXPECT_LT(skipped, 10) << "the scale must come down to where fp16 holds the gradients";
   EXPECT_NE(r.output.find("step skipped"), std::string::npos);
+  EXPECT_NE(r.output.find("a window of clean steps: loss scale now"), std::string::npos) << "the growth is said too";
 }
 
 TEST(MixedPrecision, OperandsAndModelStateEqualTheirFormulas) {

@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <string>
 #include <vector>
 
 #include "base/check.h"   // config_error
@@ -11,6 +12,22 @@
 #include "ops/memory.h"  // memory_stats
 #include "base/metrics.h" // JsonObject
 #include "training/training_run.h"
+
+namespace {
+
+// A loss scale as a reader compares it with fp16's range: "1048576 = 2^20" (a power of two, as the
+// dynamic scale always is), else the number.
+std::string loss_scale_text(double scale) {
+  char text[64];
+  int exponent = 0;
+  if (scale > 0 && std::frexp(scale, &exponent) == 0.5)
+    std::snprintf(text, sizeof text, "%.0f = 2^%d", scale, exponent - 1);
+  else
+    std::snprintf(text, sizeof text, "%g", scale);
+  return text;
+}
+
+}  // namespace
 
 void add_precision_flags(FlagParser& flags, PrecisionFlags* pf) {
   pf->registered = true;
@@ -98,8 +115,12 @@ void PrecisionLog::after_step(int step, bool applied, float loss_scale, const Lo
   if (!applied) {
     skipped_++;
     if (run_.is_root())
-      std::printf("step %d: inf/NaN in the gradients: step skipped, loss scale now %g\n", step, double(loss_scale));
+      std::printf("step %d: inf/NaN in the gradients: step skipped, loss scale now %s\n", step,
+                  loss_scale_text(loss_scale).c_str());
+  } else if (last_loss_scale_ > 0 && loss_scale > last_loss_scale_ && run_.is_root()) {
+    std::printf("step %d: a window of clean steps: loss scale now %s\n", step, loss_scale_text(loss_scale).c_str());
   }
+  last_loss_scale_ = loss_scale;
   if (recipe_.precision == Precision::FP32) return;
   // A fingerprint of every scale the next step will use: powers of two, so sum_i (i+1) log2(scale_i)
   // is an exact integer; two ranks with the same scales have the same fingerprint.
@@ -132,7 +153,9 @@ void PrecisionLog::summary(const LowPrecisionMatmuls& products, int64_t params, 
                            int64_t tokens_per_step, int micro_batches, bool operands_formula, bool model_state_formula) {
   if (!run_.is_root() || recipe_.precision == Precision::FP32) return;
   const int steps = steps_;
-  std::printf("precision summary: %s, %d steps, %d skipped for overflow\n", recipe_.describe().c_str(), steps, skipped_);
+  std::printf("precision summary: %s, %d steps, %d skipped for overflow", recipe_.describe().c_str(), steps, skipped_);
+  if (recipe_.precision == Precision::FP16) std::printf(", loss scale at the end %s", loss_scale_text(last_loss_scale_).c_str());
+  std::printf("\n");
   const OperandValues formula = operand_values_per_step(L, C, V, tokens_per_step, micro_batches);
   const OperandValues bytes_formula = operand_bytes_per_step(recipe_, L, C, V, tokens_per_step, micro_batches);
   const double per_kind[] = {formula.weights, formula.activations, formula.gradients};

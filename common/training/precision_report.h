@@ -38,7 +38,8 @@ OperandValues operand_bytes_per_step(const PrecisionRecipe& recipe, int L, int C
 class PrecisionLog {
  public:
   PrecisionLog(const PrecisionRecipe& recipe, TrainingRun& run, Communicator& comm);
-  // After each step, on every rank: prints a skipped step (rank 0), gathers every rank's loss scale and
+  // After each step, on every rank: prints a skipped step and the dynamic loss scale's growth after
+  // a window of clean steps (rank 0), gathers every rank's loss scale and
   // scales (a collective of scalars) and writes one "precision" record per rank.
   void after_step(int step, bool applied, float loss_scale, const LowPrecisionMatmuls& products);
   // Rank 0: the underflow and overflow counts per tensor kind; the values the products read per
@@ -57,4 +58,5 @@ class PrecisionLog {
   TrainingRun& run_;
   Communicator& comm_;
   int skipped_ = 0, steps_ = 0;
+  double last_loss_scale_ = 0;  // the scale after the previous step (0: none yet)
 };
