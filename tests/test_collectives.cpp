@@ -1,6 +1,7 @@
 // test_collectives.cpp: the collectives built from send and receive (p2p_collectives.h) against the
 // communicator's own (MPI's), run under mpiexec at every rank count from 1 to 8, so that powers of two
-// and the folded ranks of the others are both covered. With small integers as data every order of
+// and the folded ranks of the others are both covered, in fp32, bf16 and fp16 (the codes a recipe's
+// gradients travel in, wire_format.h). With small integers as data every order of
 // summation gives the same bits, so the comparison is exact; with random data the two may add in
 // another order, and they must agree within that rounding. The bytes each rank sends, read from the
 // communicator's counters, must equal the closed forms, rank by rank. The communicator of
@@ -18,6 +19,7 @@
 #include <vector>
 
 #include "ops/bf16.h"
+#include "ops/float_formats.h"  // fp16 codes
 #include "comm/comm.h"
 #include "comm/comm_factory.h"
 #include "ops/device.h"
@@ -32,24 +34,27 @@ namespace {
 // Lengths: nothing, one element, fewer elements than ranks, lengths N does not divide, a larger one.
 const int64_t kLengths[] = {0, 1, 3, 7, 1000, 4099, 65536 + 5};
 
-// Element i of rank r: small integers whose sums are exact in fp32 and in bf16 (at most 8 ranks:
+// Element i of rank r: small integers whose sums are exact in fp32, bf16 and fp16 (at most 8 ranks:
 // 8 x 8 x 4 = 256, the last integer bf16 holds exactly).
 float exact_value(int r, int64_t i) { return float((r + 1) * (i % 4 + 1)); }
 
 struct Data {
   DType dtype;
-  std::vector<uint16_t> bf16;
+  std::vector<uint16_t> bf16;  // bf16's or fp16's codes (a recipe's collectives in fp16, wire_format.h)
   std::vector<float> f32;
-  Data(DType d, int64_t n) : dtype(d), bf16(d == DType::BF16 ? size_t(n) : 0), f32(d == DType::F32 ? size_t(n) : 0) {}
+  Data(DType d, int64_t n) : dtype(d), bf16(d != DType::F32 ? size_t(n) : 0), f32(d == DType::F32 ? size_t(n) : 0) {}
   Tensor view() {
     const int64_t n = int64_t(dtype == DType::F32 ? f32.size() : bf16.size());
     return make_view(dtype == DType::F32 ? static_cast<void*>(f32.data()) : bf16.data(), {n}, dtype);
   }
   int64_t size() const { return int64_t(dtype == DType::F32 ? f32.size() : bf16.size()); }
-  float at(int64_t i) const { return dtype == DType::F32 ? f32[size_t(i)] : bf16_to_float(bf16[size_t(i)]); }
+  float at(int64_t i) const {
+    if (dtype == DType::F32) return f32[size_t(i)];
+    return dtype == DType::F16 ? decode_code(NumberFormat::FP16, bf16[size_t(i)]) : bf16_to_float(bf16[size_t(i)]);
+  }
   void set(int64_t i, float v) {
     if (dtype == DType::F32) f32[size_t(i)] = v;
-    else bf16[size_t(i)] = float_to_bf16(v);
+    else bf16[size_t(i)] = dtype == DType::F16 ? uint16_t(encode_float(NumberFormat::FP16, v)) : float_to_bf16(v);
   }
   bool same_bits(const Data& o) const {
     return dtype == DType::F32 ? std::memcmp(f32.data(), o.f32.data(), f32.size() * 4) == 0
@@ -82,9 +87,11 @@ std::string label(Algorithm a, DType d, int64_t n) {
 TEST(P2PCollectives, AllReduceEqualsTheCommunicatorsOwnBitForBit) {
   Communicator& comm = test_comm();
   for (Algorithm a : kAllAlgorithms)
-    for (DType d : {DType::F32, DType::BF16})
+    for (DType d : {DType::F32, DType::BF16, DType::F16})
       for (int64_t n : kLengths)
         for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max, ReduceOp::Min}) {
+          // fp16 (a recipe's gradients: sums and averages) at the lengths short of the longest, for time.
+          if (d == DType::F16 && (op == ReduceOp::Max || op == ReduceOp::Min || n > 5000)) continue;
           Data ours = filled(d, n, comm.rank()), theirs = filled(d, n, comm.rank());
           p2p_all_reduce(comm, ours.view(), op, a);
           comm.all_reduce(theirs.view(), op);
@@ -96,7 +103,7 @@ TEST(P2PCollectives, ReduceScatterAndAllGatherEqualTheCommunicatorsOwn) {
   Communicator& comm = test_comm();
   const int N = comm.size(), r = comm.rank();
   for (Algorithm a : kAllAlgorithms)
-    for (DType d : {DType::F32, DType::BF16})
+    for (DType d : {DType::F32, DType::BF16, DType::F16})
       for (int64_t per_rank : {int64_t(0), int64_t(1), int64_t(5), int64_t(1031)}) {
         const int64_t n = per_rank * N;
         if (algorithm_has(a, CollectiveKind::ReduceScatter)) {

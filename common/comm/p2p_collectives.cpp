@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "ops/bf16.h"
+#include "ops/float_formats.h"  // encode_float, decode_code: fp16 codes
 #include "ops/memory.h"
 #include "ops/ops.h"
 
@@ -33,7 +34,13 @@ void combine_cpu(Tensor acc, Tensor incoming, Combine f) {
     float* a = acc.f32();
     const float* b = incoming.f32();
     for (int64_t i = 0; i < n; i++) a[i] = f(b[i], a[i]);
+  } else if (acc.dtype == DType::F16) {  // fp16 codes (a recipe's collectives, wire_format.h)
+    uint16_t* a = static_cast<uint16_t*>(acc.data);
+    const uint16_t* b = static_cast<const uint16_t*>(incoming.data);
+    for (int64_t i = 0; i < n; i++)
+      a[i] = encode_float(NumberFormat::FP16, f(decode_code(NumberFormat::FP16, b[i]), decode_code(NumberFormat::FP16, a[i])));
   } else {
+    ENSURE(acc.dtype == DType::BF16, "collectives built from send and receive reduce fp32, bf16 and fp16 only");
     bf16_bits* a = static_cast<bf16_bits*>(acc.data);
     const bf16_bits* b = static_cast<const bf16_bits*>(incoming.data);
     // As NCCL and comm_mpi.cpp's bf16 ops do: widen the pair, combine in fp32, round once.
@@ -66,6 +73,10 @@ void finish_average(Tensor t, ReduceOp op, int ranks) {
   if (t.dtype == DType::F32) {
     float* p = t.f32();
     for (int64_t i = 0; i < t.numel(); i++) p[i] *= factor;
+  } else if (t.dtype == DType::F16) {
+    uint16_t* p = static_cast<uint16_t*>(t.data);
+    for (int64_t i = 0; i < t.numel(); i++)
+      p[i] = encode_float(NumberFormat::FP16, decode_code(NumberFormat::FP16, p[i]) * factor);
   } else {
     bf16_bits* p = static_cast<bf16_bits*>(t.data);
     for (int64_t i = 0; i < t.numel(); i++) p[i] = float_to_bf16(bf16_to_float(p[i]) * factor);
