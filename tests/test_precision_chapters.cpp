@@ -94,6 +94,9 @@ TEST(PrecisionChapters, AnyGridEqualsOneRankWithinTheFormat) {
   const Case cases[] = {{"02_overlap_dp", "fp16", 4, "--collectives ring", 1},
                         {"06_zero3", "fp8", 4, "", 1},
                         {"07_tensor_parallel", "fp16", 2, "--tp 2 --sequence-parallel", 1},
+                        // DP 2 x TP 2 under delayed fp8: each history's amax over both groups, the
+                        // same scales on every rank though each holds a slice of the tensors.
+                        {"07_tensor_parallel", "fp8", 4, "--tp 2 --sequence-parallel", 1},
                         {"09_3d_parallel", "bf16", 4, "--tp 2 --pp 2", 2},  // tensor parallelism and a pipeline
                         {"10_context_parallel", "fp8", 4, "--cp 2", 1},  // DP 2 x CP 2: the amaxes over both
                         {"12_5d_parallel", "bf16", 4, "--tp 2 --sequence-parallel", 1},
