@@ -247,7 +247,7 @@ TEST(OnGpu, ExpertParallelMatchesTheCpu) {
 
 // A mixed-precision recipe on the GPU (docs/mixed_precision.md, "On a GPU"): the layers' products
 // go through cuBLASLt (precision_recipe_cuda.cpp) and train like the same recipe's CPU emulation, in
-// 13's own lines and in 01's. The tolerance is the format's (the table beside --precision: the same
+// 13's own lines (bf16, fp16, fp8 delayed and current) and in 01's (fp16, fp8 delayed). The tolerance is the format's (the table beside --precision: the same
 // flips of a rounding that a change in the order of fp32 sums causes between ranks), or the GPU's
 // fp32 spread from the CPU, whichever is larger.
 TEST(OnGpu, PrecisionRecipesTrainLikeTheCpuEmulation) {
@@ -269,6 +269,10 @@ TEST(OnGpu, PrecisionRecipesTrainLikeTheCpuEmulation) {
   const std::string dir = temp_dir();
   for (const char* chapter : {"13_mixed_precision", "01_vanilla_dp"})
     for (const Case& c : cases) {
+      // 01 takes the recipe through TrainingRun's MixedPrecision: its loss scale at the products
+      // (fp16) and the delayed histories are the cases 13 does not share; the others are 13's.
+      const bool in_01 = c.recipe == "--precision fp16" || c.recipe.find("delayed") != std::string::npos;
+      if (std::string(chapter) == "01_vanilla_dp" && !in_01) continue;
       if (c.recipe.find("fp8") != std::string::npos && !fp8_cores) {
         std::printf("%s skipped: no fp8 tensor cores (%s)\n", c.recipe.c_str(), why.c_str());
         continue;
