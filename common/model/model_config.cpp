@@ -59,7 +59,7 @@ bool find_preset(const std::string& name, GPT2Config* cfg) {
   return true;
 }
 
-const char* preset_names() { return "tiny, small, deep, gpt2, gpt2-wide, odd, wide, tall, long, moe-tiny, moe-small"; }
+const char* preset_names() { return "tiny, small, deep, gpt2, odd, wide, tall, long, moe-tiny, moe-small, gpt2-wide"; }
 
 bool parse_recompute(const std::string& text, Recompute* out) {
   if (text == "none") *out = Recompute::None;
