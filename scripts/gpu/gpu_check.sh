@@ -174,6 +174,13 @@ if wants tests || wants precision; then
         ratio=$([ -n "${tok:-}" ] && [ -n "$base" ] && python3 -c "print(f'{$tok / $base:.2f}x')" || echo -)
         printf '%-10s %-26s %9s %9s %8s\n' "$preset" "$recipe" "${ms:--}" "${tok:--}" "$ratio"
       done
+      # For scale: 01's own bf16 mixed precision (bf16 activations, no casts), not a recipe.
+      label=recipe_speed_${preset}_dtype_bf16
+      timeout 120 ./01_vanilla_dp/train --preset "$preset" --device cuda --steps 8 --dtype bf16 \
+        --json "$out/$label.jsonl" >"$out/$label.log" 2>&1
+      read -r ms tok <<<"$(recipe_tokens "$out/$label.jsonl")"
+      ratio=$([ -n "${tok:-}" ] && [ -n "$base" ] && python3 -c "print(f'{$tok / $base:.2f}x')" || echo -)
+      printf '%-10s %-26s %9s %9s %8s\n' "$preset" "(01 --dtype bf16)" "${ms:--}" "${tok:--}" "$ratio"
     done
     echo "torchtitan's Float8 (Llama 3 8B, 8 H100, FSDP 8, torch.compile): 8,532 against 6,667 tokens/s per GPU, 1.28x"
     echo "(benchmarks/llama3_h100_202412_torchtitan.md). Ours: B = 8 x 1024 tokens on one GPU; the products' casts,"
