@@ -70,7 +70,8 @@ void LowPrecisionMatmuls::forward_on_device(Tensor out, Tensor inp, Tensor weigh
   const DeviceOperand b = cast_on_device(weight.f32(), OC, C, false, 1.0f, site, FwdWeight, TensorKind::Weights, 1);
   const float* product = recipe_cuda::product(a.codes, a.format, b.codes, b.format, N, OC, C, a.unscale * b.unscale,
                                               recipe_.accumulate == Accumulate::TensorCore);
-  recipe_cuda::forward_epilogue(out.f32(), product, bias.empty() ? nullptr : bias.f32(), N, OC, recipe_.output_format());
+  const float* bias_values = bias.empty() ? nullptr : bias.f32();
+  recipe_cuda::forward_epilogue(out.f32(), product, bias_values, N, OC, recipe_.output_format());
 }
 
 void LowPrecisionMatmuls::backward_input_on_device(Tensor dinp, Tensor dout, Tensor weight) {
@@ -92,7 +93,8 @@ void LowPrecisionMatmuls::backward_weight_on_device(Tensor dweight, Tensor dbias
   const DeviceOperand b = cast_on_device(inp.f32(), N, C, true, 1.0f, site, WgradInput, TensorKind::Activations, 1);
   const float* product = recipe_cuda::product(a.codes, a.format, b.codes, b.format, OC, C, N, a.unscale * b.unscale,
                                               recipe_.accumulate == Accumulate::TensorCore);
-  recipe_cuda::accumulate(dweight.f32(), product, int64_t(OC) * C, false, recipe_.output_format(), 1.0f / gradient_scale_);
+  recipe_cuda::accumulate(dweight.f32(), product, int64_t(OC) * C, false, recipe_.output_format(),
+                          1.0f / gradient_scale_);
   if (!dbias.empty()) bias_backward(dbias, dout);
 }
 
