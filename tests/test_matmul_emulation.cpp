@@ -306,14 +306,15 @@ TEST(OnGpu, RecipeLayersOnTheDeviceEqualTheCpuEmulation) {
     const char* name;
     Precision precision;
     Fp8Scaling scaling;
-    Accumulate accumulate;
     float gradient_scale;
   };
-  for (const Case c : {Case{"bf16", Precision::BF16, Fp8Scaling::Delayed, Accumulate::Fp32, 1},
-                       Case{"fp16, gradient scale 2^10", Precision::FP16, Fp8Scaling::Delayed, Accumulate::Fp32, 1024},
-                       Case{"fp8 current", Precision::FP8, Fp8Scaling::Current, Accumulate::Fp32, 1},
-                       Case{"fp8 delayed", Precision::FP8, Fp8Scaling::Delayed, Accumulate::Fp32, 1},
-                       Case{"fp8 none", Precision::FP8, Fp8Scaling::None, Accumulate::Fp32, 1}}) {
+  // (Not --fp8-accumulate tensor-core: the emulation's 14-bit accumulator models what DeepSeek-V3
+  // measured, cuBLASLt's fast accumulation is Hopper's own; they need not agree within an ulp.)
+  for (const Case c : {Case{"bf16", Precision::BF16, Fp8Scaling::Delayed, 1},
+                       Case{"fp16, gradient scale 2^10", Precision::FP16, Fp8Scaling::Delayed, 1024},
+                       Case{"fp8 current", Precision::FP8, Fp8Scaling::Current, 1},
+                       Case{"fp8 delayed", Precision::FP8, Fp8Scaling::Delayed, 1},
+                       Case{"fp8 none", Precision::FP8, Fp8Scaling::None, 1}}) {
     if (c.precision == Precision::FP8 && !gpu_has_fp8_tensor_cores(&why)) {
       std::printf("%s skipped: %s\n", c.name, why.c_str());
       continue;
@@ -321,7 +322,6 @@ TEST(OnGpu, RecipeLayersOnTheDeviceEqualTheCpuEmulation) {
     PrecisionRecipe recipe;
     recipe.precision = c.precision;
     recipe.scaling = c.scaling;
-    recipe.accumulate = c.accumulate;
     // Runs two steps of the layer's three products on `device`; returns out, dx, dw, dbias (on the host).
     auto run = [&](Device device, LowPrecisionMatmuls** kept) {
       std::vector<std::vector<float>> host = {std::vector<float>(size_t(N) * OC), std::vector<float>(x.size(), 0.5f),
