@@ -3,7 +3,8 @@
 //
 // The idea. Products in a low-precision format move fewer bytes and run faster; the training state
 // stays fp32 (AdamW updates fp32 master weights, each product casts them as it reads them). fp16
-// scales the loss, fp8 every tensor, row or block by its amax; every product is emulated on the CPU.
+// scales the loss, fp8 every tensor, row or block by its amax; on the CPU every product is emulated
+// with the hardware's semantics, on one GPU the products run in cuBLASLt.
 // What to notice: the recipe, each skipped step with its scale, the underflows and overflows.
 // The whole lesson, with the why of each choice: README.md beside this file.
 //

@@ -12,13 +12,17 @@
 //     gradient is rounded to the layer's dtype, the weight gradient is not; delayed scaling takes its
 //     scale from the reduced amax history.
 //   - on a GPU (skipped without one): cuBLASLt's bf16, fp16 and fp8 products of the same codes equal
-//     the emulation's within the fp32 summation bound (fp8 where the GPU has fp8 tensor cores).
+//     the emulation's within the fp32 summation bound (fp8 where the GPU has fp8 tensor cores); a
+//     recipe's layer on the device (bf16, fp16 with a gradient scale, fp8 current, delayed and none)
+//     equals the same recipe's CPU emulation: the same counts and scales,
+//     the outputs within one ulp of the layer's dtype.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <vector>
 
-#include "ops/device.h"  // cuda_device_count
+#include "ops/device.h"  // cuda_device_count, transfer
+#include "ops/memory.h"  // Buffer: the device copies of the GPU test
 #include "ops/float_formats.h"
 #include "ops/matmul_cublaslt.h"
 #include "ops/matmul_emulation.h"
@@ -283,6 +287,93 @@ TEST(CublasLt, ProductsEqualTheEmulation) {
       for (int k = 0; k < K; k++) magnitude += std::fabs(double(qa[(i / N) * K + k]) * qb[(i % N) * K + k]);
       ASSERT_NEAR(gpu[i], emulated[i], 2 * K * std::ldexp(magnitude, -24)) << format_name(c.a) << " x " << format_name(c.b) << " at " << i;
     }
+  }
+}
+
+// The recipe's layers on the device (precision_recipe_cuda.cpp) against the same recipe's CPU
+// emulation, on the same inputs: every operand gets the same scale (an amax does not depend on the
+// order it is taken in) and so the same codes, and the counts agree exactly; the products differ by
+// the order of their fp32 sums alone, so an output rounded to the layer's dtype is within one ulp of
+// it (2^-7 relative for bf16, 2^-10 for fp16) and the fp32 weight gradient within the fp32 summation
+// bound (taken loosely as 1e-4 relative). Two steps, so that delayed scaling uses its history.
+TEST(OnGpu, RecipeLayersOnTheDeviceEqualTheCpuEmulation) {
+  std::string why;
+  if (cuda_device_count(&why) == 0) GTEST_SKIP() << "no CUDA device: " << why;
+  const int N = 64, C = 96, OC = 48;  // multiples of 16, as cuBLASLt's fp8 requires
+  const std::vector<float> x = random_vector(size_t(N) * C, 41), w = random_vector(size_t(OC) * C, 42, -0.05f, 0.05f),
+                           bias = random_vector(OC, 43), dout = random_vector(size_t(N) * OC, 44, -1e-3f, 1e-3f);
+  struct Case {
+    const char* name;
+    Precision precision;
+    Fp8Scaling scaling;
+    float gradient_scale;
+  };
+  // (Not --fp8-accumulate tensor-core: the emulation's 14-bit accumulator models what DeepSeek-V3
+  // measured, cuBLASLt's fast accumulation is Hopper's own; they need not agree within an ulp.)
+  for (const Case c : {Case{"bf16", Precision::BF16, Fp8Scaling::Delayed, 1},
+                       Case{"fp16, gradient scale 2^10", Precision::FP16, Fp8Scaling::Delayed, 1024},
+                       Case{"fp8 current", Precision::FP8, Fp8Scaling::Current, 1},
+                       Case{"fp8 delayed", Precision::FP8, Fp8Scaling::Delayed, 1},
+                       Case{"fp8 none", Precision::FP8, Fp8Scaling::None, 1}}) {
+    if (c.precision == Precision::FP8 && !gpu_has_fp8_tensor_cores(&why)) {
+      std::printf("%s skipped: %s\n", c.name, why.c_str());
+      continue;
+    }
+    PrecisionRecipe recipe;
+    recipe.precision = c.precision;
+    recipe.scaling = c.scaling;
+    // Runs two steps of the layer's three products on `device`; returns out, dx, dw, dbias (on the host).
+    auto run = [&](Device device, LowPrecisionMatmuls** kept) {
+      std::vector<std::vector<float>> host = {std::vector<float>(size_t(N) * OC), std::vector<float>(x.size(), 0.5f),
+                                              std::vector<float>(w.size(), 0.25f), std::vector<float>(OC, 0)};
+      std::vector<float> inputs[] = {x, w, bias, dout};
+      std::vector<Buffer> buffers;
+      std::vector<void*> at;
+      for (std::vector<float>* v : {&host[0], &host[1], &host[2], &host[3], &inputs[0], &inputs[1], &inputs[2], &inputs[3]}) {
+        if (device == Device::CPU) {
+          at.push_back(v->data());
+          continue;
+        }
+        buffers.emplace_back(int64_t(v->size()), MemCategory::Other, DType::F32, Device::CUDA);
+        transfer(buffers.back().view(), make_view(v->data(), {int64_t(v->size())}));
+        at.push_back(buffers.back().data());
+      }
+      auto view = [&](int i, std::initializer_list<int64_t> shape) { return make_view(at[size_t(i)], shape, DType::F32, device); };
+      *kept = new LowPrecisionMatmuls(recipe, static_cast<float*>(at[5]), static_cast<float*>(at[2]),
+                                      [](std::vector<float>&) {});
+      (*kept)->set_gradient_scale(c.gradient_scale);
+      set_cpu_matmul_emulation(*kept);
+      for (int step = 0; step < 2; step++) {
+        matmul_forward(view(0, {N, OC}), view(4, {N, C}), view(5, {OC, C}), view(6, {OC}));
+        matmul_backward(view(1, {N, C}), view(2, {OC, C}), view(3, {OC}), view(7, {N, OC}), view(4, {N, C}),
+                        view(5, {OC, C}));
+        (*kept)->end_step();
+      }
+      set_cpu_matmul_emulation(nullptr);
+      if (device == Device::CUDA)
+        for (int i = 0; i < 4; i++) transfer(make_view(host[size_t(i)].data(), {int64_t(host[size_t(i)].size())}), buffers[size_t(i)].view());
+      return host;
+    };
+    LowPrecisionMatmuls *cpu_products = nullptr, *gpu_products = nullptr;
+    const auto cpu = run(Device::CPU, &cpu_products);
+    const auto gpu = run(Device::CUDA, &gpu_products);
+    const double output_ulp = c.precision == Precision::FP16 ? std::ldexp(1.0, -10) : std::ldexp(1.0, -7);
+    const char* names[] = {"out", "dx", "dw", "dbias"};
+    for (int t = 0; t < 4; t++) {
+      const double relative = t == 0 || t == 1 ? output_ulp : 1e-4;
+      for (size_t i = 0; i < cpu[size_t(t)].size(); i++)
+        ASSERT_NEAR(gpu[size_t(t)][i], cpu[size_t(t)][i], relative * std::fabs(cpu[size_t(t)][i]) + 1e-6)
+            << c.name << ": " << names[t] << "[" << i << "]";
+    }
+    for (TensorKind kind : {TensorKind::Weights, TensorKind::Activations, TensorKind::Gradients}) {
+      EXPECT_EQ(gpu_products->counts(kind).values, cpu_products->counts(kind).values) << c.name;
+      EXPECT_EQ(gpu_products->counts(kind).nonzero, cpu_products->counts(kind).nonzero) << c.name;
+      EXPECT_EQ(gpu_products->counts(kind).underflow, cpu_products->counts(kind).underflow) << c.name;
+      EXPECT_EQ(gpu_products->counts(kind).overflow, cpu_products->counts(kind).overflow) << c.name;
+    }
+    EXPECT_EQ(gpu_products->delayed_scales(), cpu_products->delayed_scales()) << c.name;
+    delete cpu_products;
+    delete gpu_products;
   }
 }
 #endif

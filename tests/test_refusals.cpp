@@ -179,7 +179,7 @@ TEST(PipelineFlags, SuggestionsCanHelp) {
   ASSERT_TRUE(find_preset("tiny", &tiny));
   EXPECT_EQ(pipeline_flags_problem(zbv4, 4, tiny, 8, &plan),
             "--pp 4 x --virtual-stages 2 = 8 virtual stages, but --preset tiny has 2 blocks: every stage needs one "
-            "(try --preset deep, gpt2 or tall, or --pp 1)");
+            "(try --preset deep, gpt2, tall or gpt2-wide, or --pp 1)");
   for (const char* schedule : {"zb-v", "dualpipev", "interleaved"}) {
     PipelineFlags moe;
     moe.schedule = schedule, moe.pp = 2, moe.micro_batches = 4, moe.splits_experts = true;

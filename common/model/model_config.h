@@ -47,4 +47,4 @@ struct GPT2Config {
 //   moe-tiny:  tiny's shape, each MLP 4 experts, top-2       (chapter 11, moe.h)
 //   moe-small: small's shape, each MLP 8 experts, top-2
 bool find_preset(const std::string& name, GPT2Config* cfg);
-const char* preset_names();  // "tiny, small, deep, gpt2, odd, wide, tall, long, moe-tiny, moe-small", for error messages
+const char* preset_names();  // "tiny, small, deep, gpt2, odd, wide, tall, long, moe-tiny, moe-small, gpt2-wide", for error messages

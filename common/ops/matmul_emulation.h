@@ -1,7 +1,8 @@
 // matmul_emulation.h: matrix products as low-precision hardware computes them, emulated on the CPU
 // with the same semantics, and the switch that routes the model's CPU products through them.
 // Defines Accumulate, emulated_product() (C = A B^T from operands already in their format),
-// MatmulEmulation, the interface ops.cpp's three CPU matmul calls consult (set_cpu_matmul_emulation),
+// MatmulEmulation, the interface ops.cpp's three CPU matmul calls consult (set_cpu_matmul_emulation;
+// fp32 GPU products too, where the emulation says it runs there),
 // and the map from a bound weight's (or gradient's) address to its flat offset (note_bound_memory).
 //
 // What the hardware does, and so what we do: each input is rounded to its format (after its scale,
@@ -42,11 +43,14 @@ class MatmulEmulation {
   virtual void forward(Tensor out, Tensor inp, Tensor weight, Tensor bias) = 0;   // out = inp @ weight^T + bias
   virtual void backward_input(Tensor dinp, Tensor dout, Tensor weight) = 0;       // dinp += dout @ weight
   virtual void backward_weight(Tensor dweight, Tensor dbias, Tensor dout, Tensor inp) = 0;  // dweight += dout^T @ inp
+  // Whether it also takes fp32 tensors on a GPU (LowPrecisionMatmuls in a CUDA build); else only the
+  // CPU's products reach it.
+  virtual bool runs_on_gpu() const { return false; }
 };
 
-// While set, ops.cpp sends every CPU matmul (fp32 tensors) to `emulation` instead of the fp32 path;
-// nullptr restores the fp32 path. One per process: set it before the first forward, from the thread
-// that runs the model.
+// While set, ops.cpp sends every CPU matmul (fp32 tensors) to `emulation` instead of the fp32 path,
+// and every fp32 matmul on a GPU too where emulation->runs_on_gpu(); nullptr restores the fp32 path.
+// One per process: set it before the first forward, from the thread that runs the model.
 void set_cpu_matmul_emulation(MatmulEmulation* emulation);
 MatmulEmulation* cpu_matmul_emulation();
 

@@ -103,6 +103,15 @@ size_t count(const Tensor& t) { return size_t(t.numel()); }
 // The data of an optional operand, or nullptr where it is absent (an empty Tensor).
 float* optional_f32(const Tensor& t) { return t.empty() ? nullptr : t.f32(); }
 
+// The recipe's products (matmul_emulation.h) for fp32 tensors on a GPU, where the installed emulation
+// runs there (LowPrecisionMatmuls in a CUDA build); else nullptr. The CPU's products consult the
+// emulation after ON_CUDA, inside their clock.
+MatmulEmulation* gpu_emulation_for(const Operands& ops) {
+  MatmulEmulation* emulation = cpu_matmul_emulation();
+  const bool takes = emulation && ops.device == Device::CUDA && ops.dtype == DType::F32 && emulation->runs_on_gpu();
+  return takes ? emulation : nullptr;
+}
+
 }  // namespace
 
 // ----------------------------------------------------------------------------------------------------------
@@ -238,6 +247,7 @@ void matmul_forward(Tensor out, Tensor inp, Tensor weight, Tensor bias) {
   ENSURE(cols(weight) == C, "matmul_forward: inner dimensions differ (inp is (N,C), weight must be (OC,C))");
   ENSURE(rows(out) == N && cols(out) == OC, "matmul_forward: out must be (N,OC)");
   ENSURE(bias.empty() || bias.numel() == OC, "matmul_forward: bias must be (OC)");
+  if (MatmulEmulation* emulation = gpu_emulation_for(ops)) return emulation->forward(out, inp, weight, bias);
   ON_CUDA(ops, matmul_forward(ops.dtype, out.data, inp.data, weight.data, bias.data, N, C, OC));
   const MatmulClock clock;
   if (MatmulEmulation* emulation = cpu_matmul_emulation()) return emulation->forward(out, inp, weight, bias);
@@ -262,6 +272,7 @@ void matmul_backward_input(Tensor dinp, Tensor dout, Tensor weight) {
   const int N = rows(dout), OC = cols(dout), C = cols(weight);
   ENSURE(rows(weight) == OC, "matmul_backward_input: dout is (N,OC), weight must be (OC,C)");
   ENSURE(dinp.numel() == int64_t(N) * C, "matmul_backward_input: dinp must be (N,C)");
+  if (MatmulEmulation* emulation = gpu_emulation_for(ops)) return emulation->backward_input(dinp, dout, weight);
   ON_CUDA(ops, matmul_backward_input(ops.dtype, dinp.data, dout.data, weight.data, N, C, OC));
   const MatmulClock clock;
   if (MatmulEmulation* emulation = cpu_matmul_emulation()) return emulation->backward_input(dinp, dout, weight);
@@ -274,6 +285,7 @@ void matmul_backward_weight(Tensor dweight, Tensor dbias, Tensor dout, Tensor in
   ENSURE(rows(dout) == N, "matmul_backward_weight: dout and inp differ in rows (N)");
   ENSURE(dweight.numel() == int64_t(OC) * C, "matmul_backward_weight: dweight must be (OC,C)");
   ENSURE(dbias.empty() || dbias.numel() == OC, "matmul_backward_weight: dbias must be (OC)");
+  if (MatmulEmulation* emulation = gpu_emulation_for(ops)) return emulation->backward_weight(dweight, dbias, dout, inp);
   ON_CUDA(ops, matmul_backward_weight(ops.dtype, dweight.data, dbias.data, dout.data, inp.data, N, C, OC));
   const MatmulClock clock;
   if (MatmulEmulation* emulation = cpu_matmul_emulation()) return emulation->backward_weight(dweight, dbias, dout, inp);

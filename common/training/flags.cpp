@@ -324,7 +324,8 @@ bool parse_train_flags(int argc, char** argv, const std::string& chapter, const 
   parser.add("--device", &cfg->device, "auto | cpu | cuda; auto = cuda when a GPU is visible", "NAME");
   parser.add("--dtype", &cfg->dtype,
              "auto | fp32 | bf16; bf16 = mixed precision (bf16 parameters, gradients and activations, fp32 "
-             "master weights and AdamW state), GPU only; auto = bf16 on a GPU, fp32 on the CPU",
+             "master weights and AdamW state), GPU only; auto = bf16 on a GPU (fp32 under a --precision "
+             "recipe), fp32 on the CPU",
              "NAME");
 
   parser.add("--attention", &cfg->attention,

@@ -94,39 +94,45 @@ int last_dim(const Tensor& t) { return int(t.shape[t.ndim - 1]); }
 
 }  // namespace
 
-const float* LowPrecisionMatmuls::quantize(const float* values, int rows, int cols, int64_t site, Role role,
-                                           TensorKind kind, std::vector<float>& scratch) {
-  scratch.resize(size_t(rows) * cols);
-  QuantCounts* counts = &counts_[int(kind)];
+LowPrecisionMatmuls::OperandPlan LowPrecisionMatmuls::plan_operand(int64_t site, Role role, TensorKind kind,
+                                                                   int64_t elements,
+                                                                   const std::function<float()>& amax) {
   const bool fp8 = recipe_.precision == Precision::FP8 && !kept(site);
   if (!fp8) {  // bf16 and fp16 (and the kept products): no scale; IEEE overflow, so fp16's infinities show
     const NumberFormat format = recipe_.precision == Precision::FP8 ? recipe_.output_format() : recipe_.format_of(kind);
-    quantize_matrix(scratch.data(), values, rows, cols, false, Tiling{}, format, Overflow::Ieee, 1.0f, counts);
-    bytes_[int(kind)] += int64_t(rows) * cols * (format_bits(format) / 8);
-    return scratch.data();
+    bytes_[int(kind)] += elements * (format_bits(format) / 8);
+    return {format, Overflow::Ieee, Tiling{}, 1.0f};
   }
-  const NumberFormat format = recipe_.format_of(kind);
-  bytes_[int(kind)] += int64_t(rows) * cols * (format_bits(format) / 8);
-  Tiling tiling;  // per tensor
-  float scale = 0;  // 0: each group's own current amax
+  OperandPlan plan{recipe_.format_of(kind), Overflow::Saturate, Tiling{}, 0.0f};  // per tensor, current amax
+  bytes_[int(kind)] += elements * (format_bits(plan.format) / 8);
   switch (recipe_.scaling) {
-    case Fp8Scaling::None: scale = 1.0f; break;
+    case Fp8Scaling::None: plan.scale = 1.0f; break;
     case Fp8Scaling::Current: break;
-    case Fp8Scaling::Row: tiling = Tiling{1, 0}; break;
-    case Fp8Scaling::Blocks: tiling = kind == TensorKind::Weights ? Tiling{128, 128} : Tiling{1, 128}; break;
+    case Fp8Scaling::Row: plan.tiling = Tiling{1, 0}; break;
+    case Fp8Scaling::Blocks: plan.tiling = kind == TensorKind::Weights ? Tiling{128, 128} : Tiling{1, 128}; break;
     case Fp8Scaling::Delayed: {
       History& h = histories_[{site, int(role)}];
       h.kind = kind;
-      h.step_amax = std::max(h.step_amax, matrix_amax(values, rows, cols));
-      scale = h.scale;  // 0 on the first step, which has no history yet: current scaling then
+      h.step_amax = std::max(h.step_amax, amax());
+      plan.scale = h.scale;  // 0 on the first step, which has no history yet: current scaling then
       break;
     }
   }
-  quantize_matrix(scratch.data(), values, rows, cols, false, tiling, format, Overflow::Saturate, scale, counts);
+  return plan;
+}
+
+const float* LowPrecisionMatmuls::quantize(const float* values, int rows, int cols, int64_t site, Role role,
+                                           TensorKind kind, std::vector<float>& scratch) {
+  scratch.resize(size_t(rows) * cols);
+  const OperandPlan plan =
+      plan_operand(site, role, kind, int64_t(rows) * cols, [&] { return matrix_amax(values, rows, cols); });
+  quantize_matrix(scratch.data(), values, rows, cols, false, plan.tiling, plan.format, plan.overflow, plan.scale,
+                  &counts_[int(kind)]);
   return scratch.data();
 }
 
 void LowPrecisionMatmuls::forward(Tensor out, Tensor inp, Tensor weight, Tensor bias) {
+  if (out.device == Device::CUDA) return forward_on_device(out, inp, weight, bias);
   const int C = last_dim(weight), OC = int(weight.numel() / C), N = int(inp.numel() / C);
   const int64_t site = site_of(weight.f32(), false);
   const float* a = quantize(inp.f32(), N, C, site, FwdInput, TensorKind::Activations, a_);
@@ -144,6 +150,7 @@ void LowPrecisionMatmuls::forward(Tensor out, Tensor inp, Tensor weight, Tensor 
 }
 
 void LowPrecisionMatmuls::backward_input(Tensor dinp, Tensor dout, Tensor weight) {
+  if (dinp.device == Device::CUDA) return backward_input_on_device(dinp, dout, weight);
   const int C = last_dim(weight), OC = int(weight.numel() / C), N = int(dout.numel() / OC);
   const int64_t site = site_of(weight.f32(), false);
   const float* a = quantize(scaled_gradient(dout.f32(), int64_t(N) * OC), N, OC, site, DgradOut, TensorKind::Gradients, a_);
@@ -159,6 +166,7 @@ void LowPrecisionMatmuls::backward_input(Tensor dinp, Tensor dout, Tensor weight
 }
 
 void LowPrecisionMatmuls::backward_weight(Tensor dweight, Tensor dbias, Tensor dout, Tensor inp) {
+  if (dweight.device == Device::CUDA) return backward_weight_on_device(dweight, dbias, dout, inp);
   const int C = last_dim(inp), N = int(inp.numel() / C), OC = int(dout.numel() / N);
   const int64_t site = site_of(dweight.f32(), true);
   transposed_.resize(size_t(OC) * N);
@@ -176,6 +184,7 @@ void LowPrecisionMatmuls::backward_weight(Tensor dweight, Tensor dbias, Tensor d
 }
 
 void LowPrecisionMatmuls::end_step() {
+  if (used_device_) drain_device_counts();  // the step's underflows and overflows, counted on the GPU
   if (recipe_.precision != Precision::FP8 || recipe_.scaling != Fp8Scaling::Delayed) return;
   std::vector<float> amaxes;
   for (auto& [key, h] : histories_) amaxes.push_back(h.step_amax);

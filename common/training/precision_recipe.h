@@ -12,6 +12,12 @@
 //         DeepSeek-V3 and Transformer Engine keep the first and last layers out of fp8.
 // Every product: the fp32 results of the weight gradient go straight into the fp32 gradient buffer
 // (Megatron's main_grad), the input gradient is rounded to the layer's dtype before it is added.
+//
+// On a GPU (the model's fp32 tensors on the device, a CUDA build) the same object carries the recipe
+// out: it decides each operand's format and scale as on the CPU (plan_operand: one implementation of
+// the scaling, the histories and their reduction), and the device does the cast, the amax and the
+// product (ops/matmul_recipe_cuda.h: cuBLASLt, fp32 accumulation). Per-row and block scales have no
+// place in cuBLASLt's per-tensor scales on Hopper: the flags refuse them on a GPU.
 #pragma once
 #include <cstdint>
 #include <deque>
@@ -77,6 +83,7 @@ class LowPrecisionMatmuls : public MatmulEmulation {
   void forward(Tensor out, Tensor inp, Tensor weight, Tensor bias) override;
   void backward_input(Tensor dinp, Tensor dout, Tensor weight) override;
   void backward_weight(Tensor dweight, Tensor dbias, Tensor dout, Tensor inp) override;
+  bool runs_on_gpu() const override;  // true in a CUDA build: the device path below
 
   // Delayed scaling: this step's amaxes, reduced (Max) over the group, join every tensor's history;
   // the next step's scales come from the histories. Call on every rank after each step (also a skipped one).
@@ -113,10 +120,39 @@ class LowPrecisionMatmuls : public MatmulEmulation {
     float step_amax = 0;       // this step's largest so far (over micro-batches)
     float scale = 0;           // from the history; 0 until it has one
     TensorKind kind = TensorKind::Activations;
+    int device_slot = -1;      // on a GPU: where the device gathers this step's amax (matmul_recipe_cuda.h)
   };
+  // What the recipe makes of one operand, on either device: its format, what overflow does, which
+  // values share a scale (Tiling) and the scale (0: each group's own current amax).
+  struct OperandPlan {
+    NumberFormat format;
+    Overflow overflow;
+    Tiling tiling;
+    float scale;
+  };
+  // `amax` gives the operand's amax where the plan needs it now (delayed scaling's history), computed
+  // on whichever device holds the values.
+  OperandPlan plan_operand(int64_t site, Role role, TensorKind kind, int64_t elements,
+                           const std::function<float()>& amax);  // counts the operand's bytes in its format
   // values (rows x cols, the product's contraction along cols), rounded into `scratch` as the recipe says.
   const float* quantize(const float* values, int rows, int cols, int64_t site, Role role, TensorKind kind,
                         std::vector<float>& scratch);
+  // The device path (precision_recipe_cuda.cpp): the three products with CUDA tensors.
+  struct DeviceOperand {
+    const void* codes;    // on the device, with the contraction along their rows
+    NumberFormat format;
+    float unscale;        // 1 / the operand's scale: the product's factor
+  };
+  // values (rows x cols on the device; `transposed`: their transpose is the operand), times `pre` (the
+  // gradient scale), cast into operand slot `slot` (0: A, 1: B) as the plan says.
+  DeviceOperand cast_on_device(const float* values, int rows, int cols, bool transposed, float pre, int64_t site,
+                               Role role, TensorKind kind, int slot);
+  void forward_on_device(Tensor out, Tensor inp, Tensor weight, Tensor bias);
+  void backward_input_on_device(Tensor dinp, Tensor dout, Tensor weight);
+  void backward_weight_on_device(Tensor dweight, Tensor dbias, Tensor dout, Tensor inp);
+  void drain_device_counts();  // the device's underflow and overflow counts (and delayed amaxes) into counts_
+  bool used_device_ = false;
+  int device_slots_ = 0;  // the amax slots handed to histories so far
   bool kept(int64_t site) const;
   void take_scale_from_history(History& h) const;  // the largest amax of the history, or 0 for none
   int64_t site_of(const float* address, bool grads) const;  // the flat offset of a weight (or its gradient)

@@ -11,6 +11,7 @@
 #include "ops/matmul_cublaslt.h"
 #include "ops/memory.h"  // memory_stats
 #include "base/metrics.h" // JsonObject
+#include "model/model_config.h"  // find_preset: the sizes fp8 products need on a GPU
 #include "training/training_run.h"
 
 namespace {
@@ -43,7 +44,37 @@ void add_precision_flags(FlagParser& flags, PrecisionFlags* pf) {
   flags.add("--loss-scale-window", &pf->loss_scale_window, "fp16: clean steps before the dynamic scale doubles (default 50)");
 }
 
-PrecisionRecipe precision_recipe_from_flags(const PrecisionFlags& pf, const TrainConfig& cfg) {
+namespace {
+
+// The recipes the GPU path (precision_recipe_cuda.cpp) cannot run, each refused in one line naming
+// the flag: fp8 without fp8 tensor cores; per-row and block scales, which cuBLASLt's per-tensor fp8
+// scales cannot express on Hopper; fp8 products whose sizes cuBLASLt's fp8 kernels do not take.
+void refuse_what_the_gpu_cannot_run(const PrecisionRecipe& r, const PrecisionFlags& pf, const TrainConfig& cfg) {
+  if (r.precision != Precision::FP8) return;
+#ifdef GPT_WITH_CUDA
+  std::string why;
+  if (!gpu_has_fp8_tensor_cores(&why))
+    config_error("--precision fp8 needs fp8 tensor cores (compute capability 8.9+: Ada, Hopper); this GPU has " + why);
+#endif
+  if (r.scaling == Fp8Scaling::Row || r.scaling == Fp8Scaling::Blocks)
+    config_error("--fp8-scaling " + pf.fp8_scaling + " runs on the CPU only: cuBLASLt's fp8 products on Hopper take "
+                 "one scale per tensor (per-row and 1x128/128x128 block scales need their own kernels); use "
+                 "--fp8-scaling current or delayed on a GPU, or --device cpu");
+  // cuBLASLt's fp8 needs every size of a product in multiples of 16: C, 3C, 4C and the tokens of a
+  // micro-batch (the LM head stays in bf16, so V may be anything). One rank on a GPU (TrainingRun).
+  GPT2Config model;
+  if (!find_preset(cfg.preset, &model)) return;  // TrainingRun names the unknown preset
+  const int batch = cfg.batch > 0 ? cfg.batch : model.default_batch;
+  const int64_t tokens = cfg.grad_accum > 0 ? int64_t(batch / cfg.grad_accum) * model.T : 0;
+  if (model.C % 16 != 0 || tokens % 16 != 0)
+    config_error("--precision fp8 on a GPU needs the model's width C (" + std::to_string(model.C) +
+                 ") and the tokens of a micro-batch (" + std::to_string(tokens) + ") in multiples of 16, which "
+                 "cuBLASLt's fp8 products require; use another --preset or --batch, or --device cpu");
+}
+
+}  // namespace
+
+PrecisionRecipe precision_recipe_from_flags(const PrecisionFlags& pf, TrainConfig& cfg) {
   PrecisionRecipe r;
   if (!parse_precision(pf.precision, &r.precision))
     config_error("--precision " + pf.precision + ": expected fp32, bf16, fp16 or fp8");
@@ -69,13 +100,8 @@ PrecisionRecipe precision_recipe_from_flags(const PrecisionFlags& pf, const Trai
     config_error("--dtype " + cfg.dtype + " with --precision " + pf.precision +
                  ": the recipe sets the products' formats; leave --dtype at fp32");
   if (pick_device(cfg.device) == Device::CUDA) {
-#ifdef GPT_WITH_CUDA
-    std::string why;
-    if (fp8 && !gpu_has_fp8_tensor_cores(&why))
-      config_error("--precision fp8 needs fp8 tensor cores (compute capability 8.9+: Ada, Hopper); this GPU has " + why);
-#endif
-    config_error("--precision " + pf.precision + " is emulated on the CPU: add --device cpu (on a GPU, "
-                 "chapters 01-12 train in bf16 with --dtype bf16)");
+    refuse_what_the_gpu_cannot_run(r, pf, cfg);
+    cfg.dtype = "fp32";  // not auto's bf16: the model's tensors stay fp32, and the products cast (precision_recipe.h)
   }
   return r;
 }

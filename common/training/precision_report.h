@@ -16,9 +16,10 @@ class TrainingRun;
 
 // The recipe the flags ask for. Refuses (config_error, naming the flag) a value it does not know, a
 // flag of another precision (--fp8-scaling without --precision fp8), and a recipe that cannot run:
-// anything but fp32 on a GPU (the emulation runs on the CPU; the GPU's bf16 is --dtype bf16 of
-// chapters 01-12), fp8 on a GPU without fp8 tensor cores, a --dtype other than fp32.
-PrecisionRecipe precision_recipe_from_flags(const PrecisionFlags& pf, const TrainConfig& cfg);
+// a --dtype other than fp32; on a GPU, fp8 without fp8 tensor cores, per-row or block fp8 scaling
+// (cuBLASLt's fp8 scales are per tensor), fp8 with a width or micro-batch not in multiples of 16.
+// Under a recipe, --dtype auto becomes fp32 in cfg: the model's tensors stay fp32 on either device.
+PrecisionRecipe precision_recipe_from_flags(const PrecisionFlags& pf, TrainConfig& cfg);
 
 // The values one rank's products read in a step, by kind, from the shapes: every linear layer of
 // GPT-2 (per block qkv C->3C, attention projection C->C, fc C->4C, fc projection 4C->C; the LM head

@@ -107,6 +107,13 @@ TrainingRun::TrainingRun(ProcessGrid& grid, TrainConfig& cfg, const Parallelism&
   if (model_.C % model_.NH != 0) config_error("the model's C must divide by NH");
   PrecisionRecipe precision;  // fp32 unless --precision asks otherwise (13 registers and applies its own)
   if (cfg.precision.registered) precision = precision_recipe_from_flags(cfg.precision, cfg);
+  dtype_ = pick_dtype(cfg.dtype, device_);  // fp32 under a recipe on a GPU (precision_recipe_from_flags)
+  // A recipe's collectives move codes encoded on the host (wire_format.cpp), so on a GPU a recipe
+  // trains on one rank, where no collective moves a byte. 13 installs its formats before the run.
+  const bool recipe = precision.precision != Precision::FP32 || !collective_formats(world_).gradients.fp32;
+  if (recipe && device_ == Device::CUDA && world_.size() > 1)
+    config_error("--precision other than fp32 on a GPU trains on one rank for now: the collectives in the recipe's "
+                 "formats are encoded on the host; run 1 rank, or --device cpu");
   if (precision.precision != Precision::FP32 && model_.moe())
     config_error("--precision " + cfg.precision.precision + " does not take a mixture of experts yet (its router and "
                  "expert products keep fp32): use --precision fp32 with --preset " + model_.preset);

@@ -10,6 +10,9 @@
 #      the CPU emulation (test_matmul_emulation, CublasLt.*), then build/fp8_products: tokens/s of a
 #      step's products in fp8 against bf16 at GPT-2 124M's width and at 4096, beside torchtitan's
 #      published Float8 gain (docs/mixed_precision.md, "On a GPU"); about a minute;
+#   1c. the recipes' layers on cuBLASLt: the device path against the CPU emulation, chapters 13 and 01
+#      for 5 steps per recipe, and tokens/s of the fp8 recipe against bf16's on GPT-2 124M and
+#      gpt2-wide, beside torchtitan's Float8 gain; about two minutes;
 #   2. kernels: version 1 against version 2 of each kernel that has both (build/kernel_variants:
 #      the classifier, AdamW), each checked, then timed, the winner named; the matmul lesson's
 #      versions, each validated against its CPU reference, then timed against cuBLAS
@@ -124,6 +127,66 @@ if wants tests || wants precision; then
     record precision fp8_products "$([ $rc -eq 0 ] && echo ran || echo FAIL)" $((SECONDS - t0)) \
       "rc $rc; $(grep -E 'x   1.28x|nothing to time' "$out/fp8_products.log" | tr -s ' ' | tr '\n' ';' | cut -c1-300)"
   fi
+fi
+
+# 1c. Recipes on the GPU: the layers' products through cuBLASLt (common/training/precision_recipe_cuda.cpp).
+#     The device path against the CPU emulation product by product (test_matmul_emulation OnGpu.*;
+#     test_devices' OnGpu.Precision* ran in stage 1), chapters 13 and 01 for 5 steps per recipe, then
+#     tokens/s of fp8 against bf16 (both recipes: fp32 master weights and activations, the products
+#     cast on the device) on GPT-2 124M and gpt2-wide, beside torchtitan's published Float8 gain.
+#     About 2 minutes.
+recipe_tokens() {  # jsonl: "ms/step tok/s", the medians of steps 2 on
+  python3 - "$1" <<'PY'
+import json, os, statistics, sys
+if not os.path.exists(sys.argv[1]): sys.exit(0)
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+rows = [r for r in rows if r.get("type") == "step" and r.get("step", 0) >= 2]
+if rows: print(f"{statistics.median(r['step_ms'] for r in rows):.1f} {statistics.median(r['tokens_per_s'] for r in rows):.0f}")
+PY
+}
+if wants tests || wants precision; then
+  t0=$SECONDS
+  timeout 120 build/tests/test_matmul_emulation --gtest_filter='OnGpu.*' >"$out/recipe_layers_gpu.log" 2>&1
+  rc=$?
+  record precision "test_matmul_emulation OnGpu.*" "$([ $rc -eq 0 ] && echo pass || echo FAIL)" $((SECONDS - t0)) \
+    "rc $rc; $(grep -E '^\[  (PASSED|FAILED|SKIPPED) *\] [0-9]+ test' "$out/recipe_layers_gpu.log" | cut -c1-40 | tr '\n' ' ')"
+  for chapter in 13_mixed_precision 01_vanilla_dp; do
+    for recipe in "bf16" "fp16" "fp8 --fp8-scaling delayed" "fp8 --fp8-scaling current"; do
+      label=recipe_${chapter%%_*}_$(echo "$recipe" | sed 's/ --fp8-scaling /_/')
+      t0=$SECONDS
+      timeout 60 "./$chapter/train" --device cuda --steps 5 --precision $recipe --json "$out/$label.jsonl" \
+        >"$out/$label.log" 2>&1
+      rc=$?
+      record precision "$label" "$([ $rc -eq 0 ] && echo pass || echo FAIL)" $((SECONDS - t0)) \
+        "rc $rc; $(grep '^step' "$out/$label.log" | tail -n 1 | cut -d'|' -f1-2)$(grep -m1 -E 'error|refused|needs' "$out/$label.log" | cut -c1-160)"
+    done
+  done
+  {
+    printf '%-10s %-26s %9s %9s %8s\n' preset "--precision" "ms/step" "tok/s" "vs bf16"
+    for preset in gpt2 gpt2-wide; do
+      base=""
+      for recipe in "bf16" "fp8 --fp8-scaling delayed" "fp8 --fp8-scaling current"; do
+        label=recipe_speed_${preset}_$(echo "$recipe" | sed 's/ --fp8-scaling /_/')
+        timeout 120 ./13_mixed_precision/train --preset "$preset" --device cuda --steps 8 --precision $recipe \
+          --json "$out/$label.jsonl" >"$out/$label.log" 2>&1
+        read -r ms tok <<<"$(recipe_tokens "$out/$label.jsonl")"
+        [ "$recipe" = bf16 ] && base=${tok:-}
+        ratio=$([ -n "${tok:-}" ] && [ -n "$base" ] && python3 -c "print(f'{$tok / $base:.2f}x')" || echo -)
+        printf '%-10s %-26s %9s %9s %8s\n' "$preset" "$recipe" "${ms:--}" "${tok:--}" "$ratio"
+      done
+      # For scale: 01's own bf16 mixed precision (bf16 activations, no casts), not a recipe.
+      label=recipe_speed_${preset}_dtype_bf16
+      timeout 120 ./01_vanilla_dp/train --preset "$preset" --device cuda --steps 8 --dtype bf16 \
+        --json "$out/$label.jsonl" >"$out/$label.log" 2>&1
+      read -r ms tok <<<"$(recipe_tokens "$out/$label.jsonl")"
+      ratio=$([ -n "${tok:-}" ] && [ -n "$base" ] && python3 -c "print(f'{$tok / $base:.2f}x')" || echo -)
+      printf '%-10s %-26s %9s %9s %8s\n' "$preset" "(01 --dtype bf16)" "${ms:--}" "${tok:--}" "$ratio"
+    done
+    echo "torchtitan's Float8 (Llama 3 8B, 8 H100, FSDP 8, torch.compile): 8,532 against 6,667 tokens/s per GPU, 1.28x"
+    echo "(benchmarks/llama3_h100_202412_torchtitan.md). Ours: B = 8 x 1024 tokens on one GPU; the products' casts,"
+    echo "amaxes and fp32 epilogues are separate kernels, and every other op runs in fp32 (the recipe's master copy)."
+  } >"$out/recipes_speed.txt" 2>&1
+  record precision recipes_speed ran 0 "$(grep -E '^gpt2' "$out/recipes_speed.txt" | tr -s ' ' | tr '\n' ';' | cut -c1-300)"
 fi
 
 # 2. Kernels: version 1 against version 2 of each kernel that has both (the classifier, AdamW),
@@ -333,6 +396,7 @@ fi
   [ -f "$out/pytorch.log" ] && { echo; tail -n 6 "$out/pytorch.log"; }
   [ -f "$out/kernel_variants.log" ] && { echo; cat "$out/kernel_variants.log"; }
   [ -f "$out/fp8_products.log" ] && { echo; grep -v '^{' "$out/fp8_products.log"; }
+  [ -f "$out/recipes_speed.txt" ] && { echo; cat "$out/recipes_speed.txt"; }
   grep -E '^--- |failed$' "$out/suite.log" 2>/dev/null | grep -v ' 0 failed' | tail -n 20
 } >"$out/summary.txt"
 echo "=================================================="
