@@ -280,6 +280,12 @@ TEST(PrecisionChapters, AResumedRunKeepsTheLossScaleAndTheAmaxHistories) {
     RunResult b = run_trainer(c.chapter, c.ranks, c.args + " --steps 6 --resume " + half + " --json " + resumed);
     ASSERT_EQ(b.exit_code, 0) << b.output;
     EXPECT_NE(b.output.find("precision: resumed"), std::string::npos) << b.output;
+    if (c.args.find("fp16") != std::string::npos) {  // the scale as the other scale lines print it
+      const size_t at = b.output.find("precision: resumed the loss scale (");
+      ASSERT_NE(at, std::string::npos) << b.output;
+      const std::string line = b.output.substr(at, b.output.find('\n', at) - at);
+      EXPECT_NE(line.find(" = 2^"), std::string::npos) << line;
+    }
     const LossCurve whole = read_losses(full), rest = read_losses(resumed);
     ASSERT_EQ(whole.losses.size(), 6u);
     ASSERT_EQ(rest.losses.size(), 3u);
