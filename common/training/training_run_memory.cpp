@@ -90,5 +90,7 @@ DimensionContext TrainingRun::dimension_context() const {
   ctx.embedding_group = group("embedding") != nullptr;
   ctx.expert_group = group("ep") != nullptr;
   ctx.formats = collective_formats(world_);
+  parse_collectives(cfg_.collectives, &ctx.collectives);  // (flags.cpp refused any other)
+  ctx.dp_rank = dp_.rank();
   return ctx;
 }
