@@ -71,11 +71,13 @@ void own_rule(const DimensionContext& ctx, Prediction& p) {
 // never a run), the algorithm picked by comm_p2p.h's rule for its kind and size: `ours` runs the
 // all-reduces up to 64 KB by recursive doubling (lg N times the vector), so 02's all-reduces of one
 // tensor each, and 03's small buckets, send more than the ring's formula says. The strategies'
-// reduce-scatters and all-gathers keep their terms, each sent by its own algorithm.
-void chosen_algorithms(const DimensionContext& ctx, Prediction& p) {
+// reduce-scatters and all-gathers keep their terms, each sent by its own algorithm. True where the
+// bytes are the calls' own, element for element (01's whole padded buffer, 02's tensors, 03's
+// buckets), rather than a formula over Ψ that the padding stretches.
+bool chosen_algorithms(const DimensionContext& ctx, Prediction& p) {
   const CollectivesChoice& choice = ctx.collectives;
   const int N = ctx.dp_size, r = ctx.dp_rank;
-  if (choice.library || N == 1) return;
+  if (choice.library || N == 1) return false;
   const double w = double(dtype_size(ctx.dtype));
   const int64_t g = ctx.formats.gradients.fp32 ? int64_t(w) : int64_t(ctx.formats.gradients.element_bytes());
   const int64_t dense = ctx.layout->num_params - ctx.layout->expert_params;
