@@ -23,6 +23,7 @@
 
 #include "ops/float_formats.h"
 #include "ops/matmul_emulation.h"
+#include "ops/memory.h"  // Buffer: the products' scratch, counted
 #include "ops/quantize.h"
 
 enum class Precision { FP32, BF16, FP16, FP8 };
@@ -91,6 +92,10 @@ class LowPrecisionMatmuls : public MatmulEmulation {
   // The bytes of the codes this kind's operands were rounded to, each in the format it took (under
   // fp8 the LM head's in bf16): what the products read, counted as they read it.
   int64_t operand_bytes(TensorKind kind) const { return bytes_[int(kind)]; }
+  // The bytes its scratch holds: each product's operands rounded (and transposed, scaled, its
+  // result before rounding), five fp32 buffers, each grown to the largest product's and then kept,
+  // allocated through the framework's allocator ("other"). Theory: precision_scratch_bytes (theory.h).
+  int64_t scratch_bytes() const;
 
   // The delayed histories, for checkpoints (mixed_precision.h): one per operand of a product, by the
   // weight's offset and the operand's role, with its amaxes, oldest first.
@@ -116,7 +121,7 @@ class LowPrecisionMatmuls : public MatmulEmulation {
   };
   // values (rows x cols, the product's contraction along cols), rounded into `scratch` as the recipe says.
   const float* quantize(const float* values, int rows, int cols, int64_t site, Role role, TensorKind kind,
-                        std::vector<float>& scratch);
+                        Buffer& scratch);
   bool kept(int64_t site) const;
   void take_scale_from_history(History& h) const;  // the largest amax of the history, or 0 for none
   int64_t site_of(const float* address, bool grads) const;  // the flat offset of a weight (or its gradient)
@@ -132,5 +137,5 @@ class LowPrecisionMatmuls : public MatmulEmulation {
   QuantCounts counts_[kTensorKinds];
   int64_t bytes_[kTensorKinds] = {};
   float gradient_scale_ = 1;
-  std::vector<float> a_, b_, transposed_, product_, scaled_;  // scratch, grown on demand
+  Buffer a_, b_, transposed_, product_, scaled_;  // scratch, grown on demand (counted, never per call)
 };

@@ -236,6 +236,7 @@ class TrainingRun {
   std::vector<std::unique_ptr<Dimension>> dimensions_;
   MemoryForecast forecast_;
   double staging_at_most_ = 0;  // of forecast_.transient, a recipe's staged codes (wire_format.h)
+  double precision_scratch_ = 0;  // a recipe's emulated products' scratch, forecast (precision_scratch_bytes)
   JsonLinesWriter json_;
   JsonObject run_record_;  // the "run" record until it is written
   std::atomic<bool> run_record_written_{false};
