@@ -255,6 +255,7 @@ TEST(Theory, MeasuredMemoryAndBytesMatchTheFormulas) {
   runs.push_back({"05_zero2", "tiny", 3, " --collectives recursive-doubling --batch 9"});
   runs.push_back({"06_zero3", "tiny", 4, " --collectives ours"});
   runs.push_back({"06_zero3", "tiny", 3, " --collectives halving-doubling --batch 9"});
+  runs.push_back({"07_tensor_parallel", "tiny", 4, " --tp 2 --collectives ours --bucket-mb 0.05"});  // DP's buckets
   runs.push_back({"07_tensor_parallel", "tiny", 2, " --tp 2 --collectives ring"});
   for (const Run& run : runs) {
     SCOPED_TRACE(run.chapter + " on " + std::to_string(run.ranks) + " ranks, preset " + run.preset + run.flags);

@@ -86,7 +86,7 @@ bool chosen_algorithms(const DimensionContext& ctx, Prediction& p) {
   };
   const auto name = [&](CollectiveKind kind, int64_t bytes) { return algorithm_name(algorithm_for(choice, kind, bytes)); };
   if (ctx.strategy == Strategy::DP) {
-    const std::vector<int64_t> whole{dense};
+    const std::vector<int64_t> whole{ctx.layout->padded_size};  // 01: the whole buffer, padding included
     const std::vector<int64_t>& messages = ctx.gradient_all_reduces.empty() ? whole : ctx.gradient_all_reduces;
     double bytes = 0;
     std::map<std::string, int> by_algorithm;
@@ -101,7 +101,7 @@ bool chosen_algorithms(const DimensionContext& ctx, Prediction& p) {
       calls += (calls.empty() ? "" : ", ") + std::to_string(count) + " by " + algorithm;
     p.comm_formula = "each all-reduce of n bytes, its algorithm's bytes from rank " + std::to_string(r) +
                      " (section 15): " + calls + " (--collectives " + (choice.by_size ? "ours" : algorithm_name(choice.forced)) + ")";
-    return;
+    return true;
   }
   // ZeRO: the gradients' reduce-scatters (g bytes an element) and the parameters' gathers, their
   // bytes a step as the strategy's formula counts them before its (N-1)/N; each kind's algorithm's
@@ -115,12 +115,13 @@ bool chosen_algorithms(const DimensionContext& ctx, Prediction& p) {
     case Strategy::ZeRO1: scattered = double(g) * psi, gathers = gathered; break;
     case Strategy::ZeRO2: scattered = K * double(g) * psi, gathers = gathered; break;
     case Strategy::ZeRO3: scattered = K * double(g) * psi, gathers = 2 * K * gathered; break;
-    default: return;
+    default: return false;
   }
   p.comm_bytes = sent(CollectiveKind::ReduceScatter, int64_t(scattered), 1) + sent(CollectiveKind::AllGather, int64_t(gathers), 1);
   p.comm_formula += std::string(" (reduce-scatters by ") + name(CollectiveKind::ReduceScatter, 1 << 30) +
                     ", all-gathers by " + name(CollectiveKind::AllGather, 1 << 30) + ": their bytes from rank " +
                     std::to_string(r) + ", section 15)";
+  return false;
 }
 
 class DataDimension : public Dimension {
@@ -139,7 +140,8 @@ class DataDimension : public Dimension {
   void report_rows(const DimensionContext& ctx, const StepMeasure& step, ReportTable& table) const override {
     Prediction& p = table.strategy;
     own_rule(ctx, p);
-    if (!ctx.pp.reduce_every_micro_batch && !ctx.ep.routing_counts_over_data_group) chosen_algorithms(ctx, p);
+    const bool per_call =
+        !ctx.pp.reduce_every_micro_batch && !ctx.ep.routing_counts_over_data_group && chosen_algorithms(ctx, p);
     const double padding =
         double(dtype_size(ctx.dtype)) * double(ctx.layout->padded_size - ctx.layout->num_params);
     // Named apart where other groups have rows of their own (TP, PP, CP); the strategy runs over
@@ -152,6 +154,7 @@ class DataDimension : public Dimension {
     table.comm_rows.push_back(report_line("  (%scomm theory: %s; padding adds up to %s per full copy)", alone ? "" : "DP ",
                                           p.comm_formula.c_str(), format_bytes(padding).c_str()));
     table.json.add("measured_comm_bytes", bytes).add("theory_comm_bytes", p.comm_bytes);
+    if (per_call) table.json.add("theory_comm_per_call", int64_t(1));  // (no padding to stretch it by)
   }
 };
 
