@@ -36,6 +36,9 @@ int train(Communicator& world, TrainConfig& cfg, const Options&) {
   const Device device = run.device();
   const DType dtype = run.dtype();  // fp32, or bf16 mixed precision on GPUs
   const ParamLayout& layout = run.layout();
+  std::vector<int64_t> per_tensor;  // the theory table's: one all-reduce a tensor (chapter 00's pick by size)
+  for (const ParamInfo& info : layout.params) per_tensor.push_back(info.size);
+  run.set_gradient_all_reduces(per_tensor);
 
   // Every rank holds all parameters, all gradients and the whole optimizer state.
   Buffer params(layout.padded_size, MemCategory::Params, dtype, device);

@@ -84,6 +84,7 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
   const double bucket_bytes =
       cfg.was_given("--bucket-mb") ? opt.bucket_mb * 1e6 : default_bucket_bytes(layout, dtype_size(dtype));
   GradientBuckets buckets(layout, bucket_bytes, dtype_size(dtype), opt.zero1 ? BucketCut::AtLayers : BucketCut::AtTensors);
+  if (!opt.zero1) run.set_gradient_all_reduces(buckets.sizes());  // the theory table's: one all-reduce a bucket
   const ShardPlan plan = opt.zero1 ? GradientSync::zero1_plan(buckets, replicas) : ShardPlan::unsharded(layout);
   Buffer grad_shard(opt.zero1 ? plan.size() : 0, MemCategory::CommBuffers, dtype, device);
   GradientSync data_parallel(replicas, buckets, grads.view(), opt.zero1 ? &plan : nullptr, grad_shard.view());

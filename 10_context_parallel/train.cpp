@@ -133,6 +133,7 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
   const double bucket_bytes =
       cfg.was_given("--bucket-mb") ? opt.bucket_mb * 1e6 : default_bucket_bytes(layout, dtype_size(dtype));
   GradientBuckets buckets(layout, bucket_bytes, dtype_size(dtype));
+  run.set_gradient_all_reduces(buckets.sizes());  // the theory table's: one all-reduce a bucket
   AdamW optimizer(layout, ShardPlan::unsharded(layout), cfg.weight_decay, device, dtype);
   GPT2 model(run.model_config(), layout, run.micro_batch_size(), device, dtype, {}, {}, held);
   model.bind_all(params.data(), grads.data());

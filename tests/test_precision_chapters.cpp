@@ -75,6 +75,26 @@ TEST(PrecisionChapters, Chapter03UnderFp16IsChapter13) {
   }
 }
 
+// The emulated products' scratch beside its formula (docs/theory.md, section 18, "The emulation's
+// scratch"), for tiny (C 64, V 256) with N = B x T tokens a micro-batch; the widest products are fc's
+// projection (4C -> C) and the head (C -> V): rounded operands N max(4C, V) and
+// max(4C max(C, N), C max(V, N)), the transposed copy max(4C C, C V, N max(4C, V)), the result as
+// large as the second operand, and under fp16 the scaled gradient N max(4C, V). Exact where every rank
+// runs the whole model; where the grid splits it, what the buffers hold stays within it.
+void expect_precision_scratch_matches(const std::string& path, bool fp16) {
+  const std::string run = read_record(path, "run"), theory = read_record(path, "theory");
+  ASSERT_FALSE(run.empty() || theory.empty()) << path;
+  const double C = 64, V = 256, N = number_field(run, "micro_batch") * 64;
+  const double first = N * std::max(4 * C, V), second = std::max(4 * C * std::max(C, N), C * std::max(V, N));
+  const double transposed = std::max({4 * C * C, C * V, N * std::max(4 * C, V)});
+  const double formula = 4 * (first + second + transposed + second + (fp16 ? first : 0));
+  EXPECT_EQ(number_field(theory, "theory_precision_scratch_bytes"), formula) << path;
+  const double measured = number_field(theory, "measured_precision_scratch_bytes");
+  if (number_field(theory, "theory_precision_scratch_exact") != 0) EXPECT_EQ(measured, formula) << path;
+  else EXPECT_LE(measured, formula) << path;
+  EXPECT_GT(measured, 0) << path;
+}
+
 TEST(PrecisionChapters, AnyGridEqualsOneRankWithinTheFormat) {
   struct Recipe {
     std::string flags;
@@ -121,6 +141,7 @@ TEST(PrecisionChapters, AnyGridEqualsOneRankWithinTheFormat) {
     EXPECT_LE(max_relative_difference(read_losses(path), one_rank.at(c.recipe)), recipe.tolerance)
         << c.chapter << " on " << c.ranks << " ranks, " << recipe.flags;
     expect_equal_on_every_rank(path, c.ranks, kSteps, c.pp);
+    expect_precision_scratch_matches(path, c.recipe == "fp16");
     // The collectives move the format's bytes (docs/theory.md, section 18, "Communication in the
     // format"): tensor parallelism's activations and their gradients 2 bytes an element, each row
     // beside its formula.
@@ -280,6 +301,12 @@ TEST(PrecisionChapters, AResumedRunKeepsTheLossScaleAndTheAmaxHistories) {
     RunResult b = run_trainer(c.chapter, c.ranks, c.args + " --steps 6 --resume " + half + " --json " + resumed);
     ASSERT_EQ(b.exit_code, 0) << b.output;
     EXPECT_NE(b.output.find("precision: resumed"), std::string::npos) << b.output;
+    if (c.args.find("fp16") != std::string::npos) {  // the scale as the other scale lines print it
+      const size_t at = b.output.find("precision: resumed the loss scale (");
+      ASSERT_NE(at, std::string::npos) << b.output;
+      const std::string line = b.output.substr(at, b.output.find('\n', at) - at);
+      EXPECT_NE(line.find(" = 2^"), std::string::npos) << line;
+    }
     const LossCurve whole = read_losses(full), rest = read_losses(resumed);
     ASSERT_EQ(whole.losses.size(), 6u);
     ASSERT_EQ(rest.losses.size(), 3u);

@@ -239,6 +239,23 @@ TEST(Theory, MeasuredMemoryAndBytesMatchTheFormulas) {
   // and their scratch stays within its bound.
   runs.push_back({"01_vanilla_dp", "tiny", 2, " --collectives ours"});
   runs.push_back({"04_zero1", "tiny", 4, " --collectives ours"});
+  // Each algorithm's own bytes, call by call, on rank 0 (docs/theory.md, section 15, "Which one
+  // runs"): ours sends 02's tensors and 03's small buckets by doubling (4/3 of the ring's at 4
+  // ranks), the tree's rank 0 sends to each child, and at 3 ranks the folded pair's even rank sends
+  // its whole vector in (halving-doubling's all-reduce and reduce-scatter) and only its segment in
+  // doubling's all-gather.
+  runs.push_back({"02_overlap_dp", "tiny", 4, " --collectives ours"});
+  runs.push_back({"02_overlap_dp", "tiny", 4, " --collectives binomial-tree"});
+  runs.push_back({"02_overlap_dp", "tiny", 3, " --collectives halving-doubling --batch 9"});
+  runs.push_back({"02_overlap_dp", "tiny", 2, " --collectives recursive-doubling"});
+  runs.push_back({"02_overlap_dp", "tiny", 3, " --collectives ring --batch 9"});
+  runs.push_back({"03_bucket_dp", "tiny", 4, " --collectives ours --bucket-mb 0.01"});  // 6 of 10 by doubling
+  runs.push_back({"01_vanilla_dp", "tiny", 3, " --collectives binomial-tree --batch 9"});
+  runs.push_back({"04_zero1", "tiny", 3, " --collectives halving-doubling --batch 9"});
+  runs.push_back({"05_zero2", "tiny", 3, " --collectives recursive-doubling --batch 9"});
+  runs.push_back({"06_zero3", "tiny", 4, " --collectives ours"});
+  runs.push_back({"06_zero3", "tiny", 3, " --collectives halving-doubling --batch 9"});
+  runs.push_back({"07_tensor_parallel", "tiny", 4, " --tp 2 --collectives ours --bucket-mb 0.05"});  // DP's buckets
   runs.push_back({"07_tensor_parallel", "tiny", 2, " --tp 2 --collectives ring"});
   for (const Run& run : runs) {
     SCOPED_TRACE(run.chapter + " on " + std::to_string(run.ranks) + " ranks, preset " + run.preset + run.flags);

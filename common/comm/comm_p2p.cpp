@@ -103,34 +103,32 @@ class P2PCollectives : public Communicator {
   // runs it after the call has returned.
   CommHandle all_reduce_async(Tensor buf, ReduceOp op) override {
     if (!ours(buf, op)) return inner_->all_reduce_async(buf, op);
-    const Algorithm a = choice_.by_size ? (int64_t(buf.bytes()) <= kSmallAllReduceBytes ? Algorithm::RecursiveDoubling
-                                                                                       : Algorithm::Ring)
-                                        : choice_.forced;
+    const Algorithm a = algorithm_for(choice_, CollectiveKind::AllReduce, int64_t(buf.bytes()));
     return issue(CollectiveKind::AllReduce, int64_t(buf.bytes()), buf.device,
                  [this, buf, op, a] { p2p_all_reduce(*lane_, buf, op, a); });
   }
   CommHandle reduce_scatter_async(Tensor send, Tensor recv, ReduceOp op) override {
     if (!ours(send, op)) return inner_->reduce_scatter_async(send, recv, op);
-    const Algorithm a = pick(CollectiveKind::ReduceScatter);
+    const Algorithm a = algorithm_for(choice_, CollectiveKind::ReduceScatter, int64_t(send.bytes()));
     return issue(CollectiveKind::ReduceScatter, int64_t(send.bytes()), send.device,
                  [this, send, recv, op, a] { p2p_reduce_scatter(*lane_, send, recv, op, a); });
   }
   CommHandle all_gather_async(Tensor send, Tensor recv) override {
     if (!ours(recv, ReduceOp::Sum)) return inner_->all_gather_async(send, recv);
-    const Algorithm a = pick(CollectiveKind::AllGather);
+    const Algorithm a = algorithm_for(choice_, CollectiveKind::AllGather, int64_t(recv.bytes()));
     return issue(CollectiveKind::AllGather, int64_t(recv.bytes()), recv.device,
                  [this, send, recv, a] { p2p_all_gather(*lane_, send, recv, a); });
   }
   CommHandle reduce_scatter_v_async(Tensor send, Tensor recv, const std::vector<int64_t>& counts,
                                     ReduceOp op) override {
     if (!ours(send, op)) return inner_->reduce_scatter_v_async(send, recv, counts, op);
-    const Algorithm a = pick(CollectiveKind::ReduceScatter);
+    const Algorithm a = algorithm_for(choice_, CollectiveKind::ReduceScatter, int64_t(send.bytes()));
     return issue(CollectiveKind::ReduceScatter, int64_t(send.bytes()), send.device,
                  [this, send, recv, counts, op, a] { p2p_reduce_scatter(*lane_, send, recv, op, a, counts); });
   }
   CommHandle all_gather_v_async(Tensor send, Tensor recv, const std::vector<int64_t>& counts) override {
     if (!ours(recv, ReduceOp::Sum)) return inner_->all_gather_v_async(send, recv, counts);
-    const Algorithm a = pick(CollectiveKind::AllGather);
+    const Algorithm a = algorithm_for(choice_, CollectiveKind::AllGather, int64_t(recv.bytes()));
     return issue(CollectiveKind::AllGather, int64_t(recv.bytes()), recv.device,
                  [this, send, recv, counts, a] { p2p_all_gather(*lane_, send, recv, a, counts); });
   }
@@ -178,9 +176,6 @@ class P2PCollectives : public Communicator {
   bool ours(const Tensor& t, ReduceOp op) const {
     if (choice_.library) return false;
     return t.device == Device::CPU || op == ReduceOp::Sum || op == ReduceOp::Avg;
-  }
-  Algorithm pick(CollectiveKind kind) const {
-    return !choice_.by_size && algorithm_has(choice_.forced, kind) ? choice_.forced : Algorithm::Ring;
   }
 
   // Hands one collective to the worker and returns its handle. Counted as the library's would be
@@ -423,6 +418,12 @@ bool parse_collectives(const std::string& text, CollectivesChoice* out) {
   if (text == "ours") return c.by_size = true, *out = c, true;
   if (!parse_algorithm(text, &c.forced)) return false;
   return *out = c, true;
+}
+
+Algorithm algorithm_for(const CollectivesChoice& choice, CollectiveKind kind, int64_t bytes) {
+  if (choice.by_size)
+    return kind == CollectiveKind::AllReduce && bytes <= kSmallAllReduceBytes ? Algorithm::RecursiveDoubling : Algorithm::Ring;
+  return algorithm_has(choice.forced, kind) ? choice.forced : Algorithm::Ring;
 }
 
 std::unique_ptr<Communicator> with_collectives(const CollectivesChoice& choice, std::unique_ptr<Communicator> inner) {

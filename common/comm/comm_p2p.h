@@ -51,6 +51,10 @@ struct CollectivesChoice {
 bool parse_collectives(const std::string& text, CollectivesChoice* out);
 // MPICH's default threshold between its latency- and bandwidth-bound all-reduces is of this order.
 constexpr int64_t kSmallAllReduceBytes = 64 * 1024;
+// The algorithm `choice` runs for a collective of `kind` moving `bytes` (its payload on the wire):
+// the rule above, which the communicator follows and the theory table predicts by (docs/theory.md,
+// section 15). Not for the library.
+Algorithm algorithm_for(const CollectivesChoice& choice, CollectiveKind kind, int64_t bytes);
 
 // `inner` itself for the library; else a communicator over it (and over every group split from it)
 // that runs the collectives from send and receive.

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "comm/comm.h"          // CommStats
+#include "comm/comm_p2p.h"      // CollectivesChoice: which algorithms --collectives runs
 #include "comm/wire_format.h"   // CollectiveFormats: the recipe's bytes on the wire
 #include "base/metrics.h"       // JsonObject
 #include "model/model_config.h"  // GPT2Config, Recompute
@@ -45,6 +46,10 @@ struct Parallelism {
   // built: its experts are spread over the grid's expert-parallel group, and their gradients averaged
   // over its expert-data-parallel group. Null: a dense model, or a MoE preset on one rank of 01-07.
   const MoESettings* moe = nullptr;
+  // The element counts of the gradient all-reduces a step issues over the data-parallel group, where
+  // they are not one of the whole buffer (02: one a tensor; 03: one a bucket): under chapter 00's
+  // collectives each one's algorithm follows its size (TrainingRun::set_gradient_all_reduces).
+  std::vector<int64_t> gradient_all_reduces{};
 };
 
 // Everything a dimension reads of the run, as TrainingRun resolved it: the chapter's split whole (a
@@ -66,6 +71,8 @@ struct DimensionContext : Parallelism {
   bool embedding_group = false;      // this rank sums the tied wte with another stage (08)
   bool expert_group = false;         // the experts are spread over an expert-parallel group (11, 12)
   CollectiveFormats formats;         // what the collectives move (a mixed-precision recipe's formats)
+  CollectivesChoice collectives;     // --collectives: the library's, or chapter 00's (comm_p2p.h)
+  int dp_rank = 0;                   // this rank's place in the data-parallel group
 };
 
 // What one step measured, for the theory table.

@@ -4,7 +4,9 @@
 // micro-batch; chapter 11's experts averaged apart). Its formulas of theory.h: predict(),
 // model_state_bytes() and strategy_transient_bytes().
 #include <algorithm>
+#include <map>
 
+#include "comm/comm_p2p.h"            // algorithm_for, predicted_sent_bytes: --collectives
 #include "parallel/data_parallel.h"  // GradientSync: ZeRO-2's rule
 #include "parallel/dimension.h"
 #include "parallel/weight_gather.h"  // is_product_weight: what a recipe's gathers move in its format
@@ -64,6 +66,64 @@ void own_rule(const DimensionContext& ctx, Prediction& p) {
   }
 }
 
+// Under chapter 00's collectives (--collectives ours, or one algorithm) each collective sends what
+// its algorithm sends from this rank (docs/theory.md, section 15: p2p_collectives.h's closed forms,
+// never a run), the algorithm picked by comm_p2p.h's rule for its kind and size: `ours` runs the
+// all-reduces up to 64 KB by recursive doubling (lg N times the vector), so 02's all-reduces of one
+// tensor each, and 03's small buckets, send more than the ring's formula says. The strategies'
+// reduce-scatters and all-gathers keep their terms, each sent by its own algorithm. True where the
+// bytes are the calls' own, element for element (01's whole padded buffer, 02's tensors, 03's
+// buckets), rather than a formula over Ψ that the padding stretches.
+bool chosen_algorithms(const DimensionContext& ctx, Prediction& p) {
+  const CollectivesChoice& choice = ctx.collectives;
+  const int N = ctx.dp_size, r = ctx.dp_rank;
+  if (choice.library || N == 1) return false;
+  const double w = double(dtype_size(ctx.dtype));
+  const int64_t g = ctx.formats.gradients.fp32 ? int64_t(w) : int64_t(ctx.formats.gradients.element_bytes());
+  const int64_t dense = ctx.layout->num_params - ctx.layout->expert_params;
+  const auto sent = [&](CollectiveKind kind, int64_t bytes, int64_t element) {
+    return double(predicted_sent_bytes(algorithm_for(choice, kind, bytes), kind, bytes, int(element), N, r));
+  };
+  const auto name = [&](CollectiveKind kind, int64_t bytes) { return algorithm_name(algorithm_for(choice, kind, bytes)); };
+  if (ctx.strategy == Strategy::DP) {
+    const std::vector<int64_t> whole{ctx.layout->padded_size};  // 01: the whole buffer, padding included
+    const std::vector<int64_t>& messages = ctx.gradient_all_reduces.empty() ? whole : ctx.gradient_all_reduces;
+    double bytes = 0;
+    std::map<std::string, int> by_algorithm;
+    for (int64_t n : messages) {
+      if (n == 0) continue;
+      bytes += sent(CollectiveKind::AllReduce, n * g, g);
+      by_algorithm[name(CollectiveKind::AllReduce, n * g)]++;
+    }
+    p.comm_bytes = bytes;
+    std::string calls;
+    for (const auto& [algorithm, count] : by_algorithm)
+      calls += (calls.empty() ? "" : ", ") + std::to_string(count) + " by " + algorithm;
+    p.comm_formula = "each all-reduce of n bytes, its algorithm's bytes from rank " + std::to_string(r) +
+                     " (section 15): " + calls + " (--collectives " + (choice.by_size ? "ours" : algorithm_name(choice.forced)) + ")";
+    return true;
+  }
+  // ZeRO: the gradients' reduce-scatters (g bytes an element) and the parameters' gathers, their
+  // bytes a step as the strategy's formula counts them before its (N-1)/N; each kind's algorithm's
+  // share of them from this rank (linear in the payload, so the step's calls add up as one).
+  const double K = ctx.micro_batches, psi = double(dense);
+  const Wire& weights = ctx.formats.weights;
+  const double m = weights.fp32 ? w : double(weights.element_bytes()), matrices = matrix_elements(*ctx.layout);
+  const double gathered = m * matrices + w * (psi - matrices);  // one gather of every parameter
+  double scattered = 0, gathers = 0;
+  switch (ctx.strategy) {
+    case Strategy::ZeRO1: scattered = double(g) * psi, gathers = gathered; break;
+    case Strategy::ZeRO2: scattered = K * double(g) * psi, gathers = gathered; break;
+    case Strategy::ZeRO3: scattered = K * double(g) * psi, gathers = 2 * K * gathered; break;
+    default: return false;
+  }
+  p.comm_bytes = sent(CollectiveKind::ReduceScatter, int64_t(scattered), 1) + sent(CollectiveKind::AllGather, int64_t(gathers), 1);
+  p.comm_formula += std::string(" (reduce-scatters by ") + name(CollectiveKind::ReduceScatter, 1 << 30) +
+                    ", all-gathers by " + name(CollectiveKind::AllGather, 1 << 30) + ": their bytes from rank " +
+                    std::to_string(r) + ", section 15)";
+  return false;
+}
+
 class DataDimension : public Dimension {
  public:
   const char* name() const override { return "data"; }
@@ -80,6 +140,8 @@ class DataDimension : public Dimension {
   void report_rows(const DimensionContext& ctx, const StepMeasure& step, ReportTable& table) const override {
     Prediction& p = table.strategy;
     own_rule(ctx, p);
+    const bool per_call =
+        !ctx.pp.reduce_every_micro_batch && !ctx.ep.routing_counts_over_data_group && chosen_algorithms(ctx, p);
     const double padding =
         double(dtype_size(ctx.dtype)) * double(ctx.layout->padded_size - ctx.layout->num_params);
     // Named apart where other groups have rows of their own (TP, PP, CP); the strategy runs over
@@ -92,6 +154,7 @@ class DataDimension : public Dimension {
     table.comm_rows.push_back(report_line("  (%scomm theory: %s; padding adds up to %s per full copy)", alone ? "" : "DP ",
                                           p.comm_formula.c_str(), format_bytes(padding).c_str()));
     table.json.add("measured_comm_bytes", bytes).add("theory_comm_bytes", p.comm_bytes);
+    if (per_call) table.json.add("theory_comm_per_call", int64_t(1));  // (no padding to stretch it by)
   }
 };
 

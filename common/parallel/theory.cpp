@@ -86,7 +86,21 @@ double recompute_flops_per_token(const GPT2Config& cfg, TensorParallelism tp, co
 }
 
 double MemoryForecast::peak() const {
-  return model_state + activations + data + staged_save + std::max(transient, checkpoint);
+  return model_state + activations + data + staged_save + precision_scratch + std::max(transient, checkpoint);
+}
+
+double precision_scratch_bytes(int C, int V, int64_t tokens, bool gradient_scaled) {
+  const double N = double(tokens), c = C;
+  const double products[][2] = {{c, 3 * c}, {c, c}, {c, 4 * c}, {4 * c, c}, {c, double(V)}};  // {I, O}
+  double rounded_a = 0, rounded_b = 0, transposed = 0, result = 0, scaled = 0;
+  for (const auto& [I, O] : products) {
+    rounded_a = std::max(rounded_a, N * std::max(I, O));
+    rounded_b = std::max(rounded_b, I * std::max(O, N));
+    transposed = std::max(transposed, std::max(I * O, N * std::max(I, O)));
+    result = std::max(result, I * std::max(N, O));
+    if (gradient_scaled) scaled = std::max(scaled, N * O);
+  }
+  return 4 * (rounded_a + rounded_b + transposed + result + scaled);
 }
 
 MemoryForecast forecast_memory(Strategy strategy, const ParamLayout& layout, int64_t whole_model_size,

@@ -163,8 +163,19 @@ struct MemoryForecast {
   // An asynchronous save's staged copy (--async-save): this rank's slices of the parameters and both
   // moments, 12 bytes an element, kept while the next steps run.
   double staged_save = 0;
-  double peak() const;      // model state + activations + data + staged save + the larger of transient and checkpoint
+  // A recipe's emulated products on the CPU (--precision): their operands' rounded copies,
+  // precision_scratch_bytes; 0 in fp32, which installs nothing.
+  double precision_scratch = 0;
+  double peak() const;      // model state + activations + data + staged save + precision scratch + the larger of transient and checkpoint
 };
+// The scratch of a recipe's emulated products (LowPrecisionMatmuls, docs/theory.md "The emulation's
+// scratch"): for a product of I inputs to O outputs over N tokens it holds the operands it rounds,
+// a (N max(I, O)) and b (I max(O, N)); a transposed copy, max(I O, N max(I, O)); the fp32 result
+// before it is rounded, I max(N, O); under fp16's loss scale the scaled output gradient, N O. Each
+// buffer keeps the largest of GPT-2's products (C -> 3C, C -> C, C -> 4C, 4C -> C and the head
+// C -> V), in fp32 bytes. N = B x T, a micro-batch's tokens. Exact for the whole model on one rank;
+// a bound where TP slices the products, a pipeline stage runs some of them or CP holds fewer tokens.
+double precision_scratch_bytes(int C, int V, int64_t tokens, bool gradient_scaled);
 // whole_model_size: the whole model's flat length (build_gpt2_layout(cfg, 1)'s padded_size), of
 // which `layout` is this rank's part where tensor, pipeline or expert parallelism splits the model:
 // the host copies that initialise, save and resume it are the whole model's. micro_batches: those

@@ -52,6 +52,8 @@ class MixedPrecision {
   // a step skipped for overflow (so the run goes on), else grad_norm.
   double after_step(int step, double grad_norm);
   float loss_scale() const { return loss_scale_; }
+  // What the emulated products' scratch holds now (LowPrecisionMatmuls::scratch_bytes).
+  int64_t scratch_bytes() const { return products_.scratch_bytes(); }
   // Checkpoints (collective, every rank): the loss scale, its clean steps and the delayed amax
   // histories go to a small text file beside the checkpoint (precision_state_path), every stage's
   // histories by parameter name, so that a resumed run (on any grid) continues with the scales the

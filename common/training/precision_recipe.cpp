@@ -75,14 +75,14 @@ int64_t LowPrecisionMatmuls::site_of(const float* address, bool grads) const {
   return site;
 }
 
-const float* LowPrecisionMatmuls::scaled_gradient(const float* values, int64_t n) {
-  if (gradient_scale_ == 1) return values;
-  scaled_.resize(size_t(n));
-  for (int64_t i = 0; i < n; i++) scaled_[size_t(i)] = values[i] * gradient_scale_;
-  return scaled_.data();
-}
-
 namespace {
+
+// `scratch`, at least n floats long: grown only when a product needs more than any before it, so the
+// buffers reach the largest product's sizes in the first step and are never allocated again.
+float* at_least(Buffer& scratch, int64_t n) {
+  if (scratch.count() < n) scratch = Buffer(n, MemCategory::Other);
+  return scratch.f32();
+}
 
 // dst(cols x rows) = src(rows x cols)^T.
 void transpose(float* dst, const float* src, int rows, int cols) {
@@ -93,6 +93,17 @@ void transpose(float* dst, const float* src, int rows, int cols) {
 int last_dim(const Tensor& t) { return int(t.shape[t.ndim - 1]); }
 
 }  // namespace
+
+int64_t LowPrecisionMatmuls::scratch_bytes() const {
+  return 4 * (a_.count() + b_.count() + transposed_.count() + product_.count() + scaled_.count());
+}
+
+const float* LowPrecisionMatmuls::scaled_gradient(const float* values, int64_t n) {
+  if (gradient_scale_ == 1) return values;
+  float* scaled = at_least(scaled_, n);
+  for (int64_t i = 0; i < n; i++) scaled[i] = values[i] * gradient_scale_;
+  return scaled;
+}
 
 LowPrecisionMatmuls::OperandPlan LowPrecisionMatmuls::plan_operand(int64_t site, Role role, TensorKind kind,
                                                                    int64_t elements,
@@ -122,13 +133,13 @@ LowPrecisionMatmuls::OperandPlan LowPrecisionMatmuls::plan_operand(int64_t site,
 }
 
 const float* LowPrecisionMatmuls::quantize(const float* values, int rows, int cols, int64_t site, Role role,
-                                           TensorKind kind, std::vector<float>& scratch) {
-  scratch.resize(size_t(rows) * cols);
+                                           TensorKind kind, Buffer& scratch_owner) {
+  float* scratch = at_least(scratch_owner, int64_t(rows) * cols);
   const OperandPlan plan =
       plan_operand(site, role, kind, int64_t(rows) * cols, [&] { return matrix_amax(values, rows, cols); });
-  quantize_matrix(scratch.data(), values, rows, cols, false, plan.tiling, plan.format, plan.overflow, plan.scale,
+  quantize_matrix(scratch, values, rows, cols, false, plan.tiling, plan.format, plan.overflow, plan.scale,
                   &counts_[int(kind)]);
-  return scratch.data();
+  return scratch;
 }
 
 void LowPrecisionMatmuls::forward(Tensor out, Tensor inp, Tensor weight, Tensor bias) {
@@ -154,32 +165,31 @@ void LowPrecisionMatmuls::backward_input(Tensor dinp, Tensor dout, Tensor weight
   const int C = last_dim(weight), OC = int(weight.numel() / C), N = int(dout.numel() / OC);
   const int64_t site = site_of(weight.f32(), false);
   const float* a = quantize(scaled_gradient(dout.f32(), int64_t(N) * OC), N, OC, site, DgradOut, TensorKind::Gradients, a_);
-  transposed_.resize(size_t(C) * OC);
-  transpose(transposed_.data(), weight.f32(), OC, C);  // the sum runs over OC now
-  const float* b = quantize(transposed_.data(), C, OC, site, DgradWeight, TensorKind::Weights, b_);
-  product_.resize(size_t(N) * C);
-  emulated_product(product_.data(), a, b, N, C, OC, recipe_.accumulate);
+  float* transposed = at_least(transposed_, int64_t(C) * OC);
+  transpose(transposed, weight.f32(), OC, C);  // the sum runs over OC now
+  const float* b = quantize(transposed, C, OC, site, DgradWeight, TensorKind::Weights, b_);
+  float* product = at_least(product_, int64_t(N) * C);
+  emulated_product(product, a, b, N, C, OC, recipe_.accumulate);
   const NumberFormat output = recipe_.output_format();
   float* d = dinp.f32();
   const float unscale = 1.0f / gradient_scale_;  // exact: a power of two
-  for (int64_t i = 0; i < int64_t(N) * C; i++) d[i] += round_to_format(output, product_[i]) * unscale;
+  for (int64_t i = 0; i < int64_t(N) * C; i++) d[i] += round_to_format(output, product[i]) * unscale;
 }
 
 void LowPrecisionMatmuls::backward_weight(Tensor dweight, Tensor dbias, Tensor dout, Tensor inp) {
   if (dweight.device == Device::CUDA) return backward_weight_on_device(dweight, dbias, dout, inp);
   const int C = last_dim(inp), N = int(inp.numel() / C), OC = int(dout.numel() / N);
   const int64_t site = site_of(dweight.f32(), true);
-  transposed_.resize(size_t(OC) * N);
-  transpose(transposed_.data(), scaled_gradient(dout.f32(), int64_t(N) * OC), N, OC);  // the sum runs over the N tokens
-  const float* a = quantize(transposed_.data(), OC, N, site, WgradOut, TensorKind::Gradients, a_);
-  transposed_.resize(size_t(C) * N);
-  transpose(transposed_.data(), inp.f32(), N, C);
-  const float* b = quantize(transposed_.data(), C, N, site, WgradInput, TensorKind::Activations, b_);
-  product_.resize(size_t(OC) * C);
-  emulated_product(product_.data(), a, b, OC, C, N, recipe_.accumulate);
+  float* transposed = at_least(transposed_, int64_t(std::max(OC, C)) * N);  // dout's, then inp's
+  transpose(transposed, scaled_gradient(dout.f32(), int64_t(N) * OC), N, OC);  // the sum runs over the N tokens
+  const float* a = quantize(transposed, OC, N, site, WgradOut, TensorKind::Gradients, a_);
+  transpose(transposed, inp.f32(), N, C);
+  const float* b = quantize(transposed, C, N, site, WgradInput, TensorKind::Activations, b_);
+  float* product = at_least(product_, int64_t(OC) * C);
+  emulated_product(product, a, b, OC, C, N, recipe_.accumulate);
   float* d = dweight.f32();
   const float unscale = 1.0f / gradient_scale_;
-  for (int64_t i = 0; i < int64_t(OC) * C; i++) d[i] += product_[i] * unscale;
+  for (int64_t i = 0; i < int64_t(OC) * C; i++) d[i] += product[i] * unscale;
   if (!dbias.empty()) bias_backward(dbias, dout);
 }
 

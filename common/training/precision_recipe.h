@@ -29,6 +29,7 @@
 
 #include "ops/float_formats.h"
 #include "ops/matmul_emulation.h"
+#include "ops/memory.h"  // Buffer: the products' scratch, counted
 #include "ops/quantize.h"
 
 enum class Precision { FP32, BF16, FP16, FP8 };
@@ -98,6 +99,10 @@ class LowPrecisionMatmuls : public MatmulEmulation {
   // The bytes of the codes this kind's operands were rounded to, each in the format it took (under
   // fp8 the LM head's in bf16): what the products read, counted as they read it.
   int64_t operand_bytes(TensorKind kind) const { return bytes_[int(kind)]; }
+  // The bytes its scratch holds: each product's operands rounded (and transposed, scaled, its
+  // result before rounding), five fp32 buffers, each grown to the largest product's and then kept,
+  // allocated through the framework's allocator ("other"). Theory: precision_scratch_bytes (theory.h).
+  int64_t scratch_bytes() const;
 
   // The delayed histories, for checkpoints (mixed_precision.h): one per operand of a product, by the
   // weight's offset and the operand's role, with its amaxes, oldest first.
@@ -136,7 +141,7 @@ class LowPrecisionMatmuls : public MatmulEmulation {
                            const std::function<float()>& amax);  // counts the operand's bytes in its format
   // values (rows x cols, the product's contraction along cols), rounded into `scratch` as the recipe says.
   const float* quantize(const float* values, int rows, int cols, int64_t site, Role role, TensorKind kind,
-                        std::vector<float>& scratch);
+                        Buffer& scratch);
   // The device path (precision_recipe_cuda.cpp): the three products with CUDA tensors.
   struct DeviceOperand {
     const void* codes;    // on the device, with the contraction along their rows
@@ -168,5 +173,5 @@ class LowPrecisionMatmuls : public MatmulEmulation {
   QuantCounts counts_[kTensorKinds];
   int64_t bytes_[kTensorKinds] = {};
   float gradient_scale_ = 1;
-  std::vector<float> a_, b_, transposed_, product_, scaled_;  // scratch, grown on demand
+  Buffer a_, b_, transposed_, product_, scaled_;  // scratch, grown on demand (counted, never per call)
 };

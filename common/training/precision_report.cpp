@@ -12,23 +12,8 @@
 #include "ops/memory.h"  // memory_stats
 #include "base/metrics.h" // JsonObject
 #include "model/model_config.h"  // find_preset: the sizes fp8 products need on a GPU
+#include "training/precision_state.h"  // loss_scale_text
 #include "training/training_run.h"
-
-namespace {
-
-// A loss scale as a reader compares it with fp16's range: "1048576 = 2^20" (a power of two, as the
-// dynamic scale always is), else the number.
-std::string loss_scale_text(double scale) {
-  char text[64];
-  int exponent = 0;
-  if (scale > 0 && std::frexp(scale, &exponent) == 0.5)
-    std::snprintf(text, sizeof text, "%.0f = 2^%d", scale, exponent - 1);
-  else
-    std::snprintf(text, sizeof text, "%g", scale);
-  return text;
-}
-
-}  // namespace
 
 void add_precision_flags(FlagParser& flags, PrecisionFlags* pf) {
   pf->registered = true;

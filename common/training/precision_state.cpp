@@ -3,6 +3,7 @@
 // one per delayed amax history.
 #include "training/precision_state.h"
 
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <map>
@@ -10,6 +11,16 @@
 #include <vector>
 
 #include "base/fileio.h"  // write_file_atomically, read_whole_file
+
+std::string loss_scale_text(double scale) {
+  char text[64];
+  int exponent = 0;
+  if (scale > 0 && std::frexp(scale, &exponent) == 0.5)
+    std::snprintf(text, sizeof text, "%.0f = 2^%d", scale, exponent - 1);
+  else
+    std::snprintf(text, sizeof text, "%g", scale);
+  return text;
+}
 
 std::string precision_state_path(const std::string& checkpoint) {
   std::string base = checkpoint;
@@ -125,7 +136,7 @@ bool load_precision_state(const std::string& checkpoint, const PrecisionRecipe& 
   }
   products.restore_histories(histories);
   if (world.rank() == 0)
-    std::printf("precision: resumed the loss scale (%g) and %zu amax histories from %s\n", double(*loss_scale),
-                histories.size(), path.c_str());
+    std::printf("precision: resumed the loss scale (%s) and %zu amax histories from %s\n",
+                loss_scale_text(*loss_scale).c_str(), histories.size(), path.c_str());
   return true;
 }

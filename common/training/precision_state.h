@@ -1,13 +1,17 @@
 // precision_state.h: the state of a mixed-precision recipe that outlives a step (fp16's loss scale with
 // its count of clean steps, delayed fp8's amax histories), saved beside a checkpoint and read back on
 // resume. Shared by MixedPrecision (chapters 01-12) and chapter 13's own loop. Defines
-// precision_state_path, save_precision_state and load_precision_state.
+// precision_state_path, save_precision_state, load_precision_state and loss_scale_text.
 #pragma once
 #include <string>
 
 #include "comm/comm.h"
 #include "model/param_layout.h"
 #include "training/precision_recipe.h"  // PrecisionRecipe, LowPrecisionMatmuls
+
+// A loss scale as a reader compares it with fp16's range: "1048576 = 2^20" (a power of two, as the
+// dynamic scale always is), else the number.
+std::string loss_scale_text(double scale);
 
 // "ckpt.bin" -> "ckpt.bin.precision", a sharded folder "dir/" -> "dir.precision".
 std::string precision_state_path(const std::string& checkpoint);

@@ -195,6 +195,10 @@ TrainingRun::TrainingRun(ProcessGrid& grid, TrainConfig& cfg, const Parallelism&
   // The recipe's collective formats, installed before the forecast, which counts the codes they
   // stage (MixedPrecision installs them again below, with fp16's loss scale: the bytes are the same).
   if (precision.precision != Precision::FP32) set_collective_formats(world_, collective_formats_of(precision, 1.0f));
+  // The recipe's products on the CPU keep their rounded operands in scratch of their own (fp32: none).
+  if (precision.precision != Precision::FP32 && device_ == Device::CPU)
+    precision_scratch_ = precision_scratch_bytes(model_.C, model_.V, int64_t(micro_B_) * model_.T,
+                                                 precision.precision == Precision::FP16);
   check_memory();  // before the chapter allocates anything
 
   // Every micro-batch of a step keeps its own tokens: a pipeline (08) has several in flight, and

@@ -78,6 +78,10 @@ class TrainingRun {
   const TrainConfig& cfg() const { return cfg_; }
   const GPT2Config& model_config() const { return model_; }
   const ParamLayout& layout() const { return layout_; }  // this rank's (its tensor-parallel slices)
+  // The chapter's gradient all-reduces of a step, by element count, where they are not one of the
+  // whole buffer: the theory table then predicts each one's bytes under the algorithm that
+  // --collectives picks for its size (Parallelism::gradient_all_reduces).
+  void set_gradient_all_reduces(std::vector<int64_t> elements) { split_.gradient_all_reduces = std::move(elements); }
   int global_batch() const { return cfg_.batch; }
   const PipelineParallelism& pipeline() const { return split_.pp; }
   const MemoryForecast& forecast() const { return forecast_; }  // this rank's, as printed at the start
@@ -232,6 +236,7 @@ class TrainingRun {
   std::vector<std::unique_ptr<Dimension>> dimensions_;
   MemoryForecast forecast_;
   double staging_at_most_ = 0;  // of forecast_.transient, a recipe's staged codes (wire_format.h)
+  double precision_scratch_ = 0;  // a recipe's emulated products' scratch, forecast (precision_scratch_bytes)
   JsonLinesWriter json_;
   JsonObject run_record_;  // the "run" record until it is written
   std::atomic<bool> run_record_written_{false};

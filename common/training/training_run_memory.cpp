@@ -25,6 +25,7 @@ void TrainingRun::check_memory() {
   staging_at_most_ = 0;
   for (const std::unique_ptr<Dimension>& d : dimensions_) staging_at_most_ += d->wire_staging_at_most(ctx, ctx.formats);
   forecast_.transient += staging_at_most_;
+  forecast_.precision_scratch = precision_scratch_;
   // Chapter 00's collectives (--collectives) work in scratch buffers of their own: at most twice the
   // largest payload, the whole gradient or a micro-batch's activations, for each group that carries
   // collectives. Each group's worker runs one at a time, but the groups' workers run side by side
@@ -47,7 +48,7 @@ void TrainingRun::check_memory() {
   const double available = memory_per_rank(device_, ranks_on_this_node(), &how);
   const double peak = forecast_.peak();
   if (is_root()) {
-    std::printf("memory forecast per rank: %s peak = model state %s + activations %s + transient %s (%s)%s%s | "
+    std::printf("memory forecast per rank: %s peak = model state %s + activations %s + transient %s (%s)%s%s%s | "
                 "available %s (%s)\n",
                 format_bytes(peak).c_str(), format_bytes(forecast_.model_state).c_str(),
                 format_bytes(forecast_.activations).c_str(),
@@ -55,6 +56,8 @@ void TrainingRun::check_memory() {
                 forecast_.checkpoint > forecast_.transient ? "checkpoint copies" : "communication buffers",
                 forecast_.data > 0 ? (" + data " + format_bytes(forecast_.data)).c_str() : "",
                 forecast_.staged_save > 0 ? (" + staged save " + format_bytes(forecast_.staged_save)).c_str() : "",
+                forecast_.precision_scratch > 0
+                    ? (" + precision scratch " + format_bytes(forecast_.precision_scratch)).c_str() : "",
                 format_bytes(available).c_str(), how.c_str());
     std::fflush(stdout);
   }
@@ -90,5 +93,7 @@ DimensionContext TrainingRun::dimension_context() const {
   ctx.embedding_group = group("embedding") != nullptr;
   ctx.expert_group = group("ep") != nullptr;
   ctx.formats = collective_formats(world_);
+  parse_collectives(cfg_.collectives, &ctx.collectives);  // (flags.cpp refused any other)
+  ctx.dp_rank = dp_.rank();
   return ctx;
 }

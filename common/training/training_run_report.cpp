@@ -59,6 +59,13 @@ void TrainingRun::report_vs_theory(const StepMeasure& step) {
   std::printf("  %-22s %12s %12s   (transient; theory: %s)\n", table.transient_label.c_str(),
               format_bytes(double(mem.peak[int(MemCategory::CommBuffers)])).c_str(),
               format_bytes(table.transient).c_str(), table.transient_theory.c_str());
+  // A recipe's products on the CPU: their operands' rounded copies, beside the formula of the whole
+  // model's products (a bound where the grid splits the model: TP's slices, a stage's, CP's tokens).
+  const bool whole_model = split_.tp.size == 1 && split_.pp.size == 1 && !split_.cp.on();
+  const double scratch = precision_ ? double(precision_->scratch_bytes()) : 0;
+  if (precision_scratch_ > 0)
+    std::printf("%s   (theory%s: the products' operands, docs/theory.md, section 18)\n",
+                report_row("precision scratch", scratch, precision_scratch_).c_str(), whole_model ? "" : " at most");
   for (const std::string& line : table.comm_rows) std::printf("%s\n", line.c_str());
   std::fflush(stdout);
   JsonObject record;
@@ -81,6 +88,10 @@ void TrainingRun::report_vs_theory(const StepMeasure& step) {
       .add("theory_transient_bytes_at_most", forecast_.transient)
       .add("theory_transient_bytes", table.transient)
       .add(table.json);
+  if (precision_scratch_ > 0)  // (fp32 installs no recipe: its record is as it was)
+    record.add("measured_precision_scratch_bytes", scratch)
+        .add("theory_precision_scratch_bytes", precision_scratch_)
+        .add("theory_precision_scratch_exact", int64_t(whole_model ? 1 : 0));
   json_.write(record);
 }
 
