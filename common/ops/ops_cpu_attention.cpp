@@ -57,10 +57,13 @@ float* attention_scratch(size_t n) {
 #define ATTENTION_TILE_ATTR
 #endif
 
-// c[i][j] = scale * sum over k < depth, in increasing k, of a[i * lda + k] * b[k * ldb + j], for
-// i < kRows, j < NR; rows of c are ldc apart. Constant trip counts but depth, so that the
-// accumulators live in registers for the whole sum.
-template <int NR>
+// c[i][j] = scale * sum over k < depth, in increasing k, of A[i][k] * b[k * ldb + j], for i < kRows,
+// j < NR; rows of c are ldc apart. A is read where it lies: along its rows, A[i][k] = a[i * lda + k],
+// or, Transposed, down its columns, A[i][k] = a[k * lda + i] (the transpose of a row-major matrix,
+// without copying it). Constant trip counts but depth, so that the accumulators live in registers
+// for the whole sum; the layout of A is a template parameter, as a stride known at compile time
+// (a run-time one made the forward's tiles 1.5x slower).
+template <int NR, bool Transposed>
 ATTENTION_TILE_ATTR void tile_product(float* __restrict c, size_t ldc, const float* __restrict a, size_t lda,
                                       const float* __restrict b, size_t ldb, int depth, float scale) {
   float acc[kRows][NR];
@@ -73,7 +76,7 @@ ATTENTION_TILE_ATTR void tile_product(float* __restrict c, size_t ldc, const flo
     const float* __restrict b_row = b + size_t(k) * ldb;
 #pragma GCC unroll 8
     for (int i = 0; i < kRows; i++) {
-      const float ai = a[size_t(i) * lda + k];
+      const float ai = Transposed ? a[size_t(k) * lda + i] : a[size_t(i) * lda + k];
 #pragma GCC unroll 16
       for (int j = 0; j < NR; j++) acc[i][j] += ai * b_row[j];
     }
@@ -88,11 +91,13 @@ ATTENTION_TILE_ATTR void tile_product(float* __restrict c, size_t ldc, const flo
 // Columns [0, width) of the kRows rows of c, in wide tiles and then, where 8 columns or fewer are
 // left, one narrow one; b has at least round_up(width, 8) columns (zero-padded ones contribute zeros
 // to columns of c that the caller does not read).
+template <bool Transposed = false>
 void tile_row(float* c, size_t ldc, const float* a, size_t lda, const float* b, size_t ldb, int depth, int width,
               float scale) {
   int j0 = 0;
-  for (; width - j0 > 8; j0 += kCols) tile_product<kCols>(c + j0, ldc, a, lda, b + j0, ldb, depth, scale);
-  if (j0 < width) tile_product<8>(c + j0, ldc, a, lda, b + j0, ldb, depth, scale);
+  for (; width - j0 > 8; j0 += kCols)
+    tile_product<kCols, Transposed>(c + j0, ldc, a, lda, b + j0, ldb, depth, scale);
+  if (j0 < width) tile_product<8, Transposed>(c + j0, ldc, a, lda, b + j0, ldb, depth, scale);
 }
 
 // d[0..n) = s[0..n), 8 floats at a time: a plain loop over a head's few channels became a call to
@@ -122,28 +127,6 @@ void pack_transposed(float* __restrict dst, int width, const float* __restrict s
     float* __restrict d = dst + size_t(i) * width;
     for (int t = 0; t < n; t++) d[t] = src[size_t(t) * ld + i];
     for (int t = n; t < width; t++) d[t] = 0.0f;
-  }
-}
-
-// The transpose of the causal part of the (T, T) matrix src (rows ld apart): dst[t2 * width + t] =
-// src[t * ld + t2] for t2 <= t < T, zero for t < t2 down to where a tile's sum of row t2 can start
-// (t2 - kRows + 1), and rows T.. (the last tile's padding) zero over [0, T). In 8 x 8 blocks, so that
-// both sides are read and written a cache line at a time.
-void transpose_causal(float* __restrict dst, int rows, int width, const float* __restrict src, size_t ld, int T) {
-  constexpr int kBlock = 8;
-  for (int t2 = 0; t2 < T; t2++) {
-    for (int t = std::max(0, t2 - kRows + 1); t < t2; t++) dst[size_t(t2) * width + t] = 0.0f;
-  }
-  for (int t2 = T; t2 < rows; t2++) std::fill(dst + size_t(t2) * width, dst + size_t(t2) * width + T, 0.0f);
-  for (int t0 = 0; t0 < T; t0 += kBlock) {
-    const int t_end = std::min(t0 + kBlock, T);
-    for (int u0 = 0; u0 <= t0; u0 += kBlock) {  // u: the column t2 of src, the row of dst
-      const int u_end = std::min(u0 + kBlock, T);
-      for (int u = u0; u < u_end; u++) {
-        float* __restrict d = dst + size_t(u) * width;
-        for (int t = t0; t < t_end; t++) d[t] = u <= t ? src[size_t(t) * ld + u] : 0.0f;
-      }
-    }
   }
 }
 
@@ -228,14 +211,13 @@ void attention_backward(float* dqkv, float* dpreatt, float* /*datt: not written,
   const float scale = 1.0f / std::sqrt(float(hs));
   const HeadBlocks blk(T, hs);
   const int Tr = blk.Tr, Tc = blk.Tc, hsp = blk.hsp;
-  float* queries = attention_scratch(5 * blk.rows_block() + blk.transposed_block(hs) + 3 * blk.square_block());
-  float* keys = queries + blk.rows_block();           // (Tr, hsp)
-  float* douts = keys + blk.rows_block();             // (Tr, hsp)
-  float* grads = douts + blk.rows_block();            // (Tr, hsp): one of dQ, dK, dV at a time
-  float* values_t = grads + blk.rows_block();         // (hs, Tc)
+  float* queries = attention_scratch(4 * blk.rows_block() + blk.transposed_block(hs) + 2 * blk.square_block());
+  float* keys = queries + blk.rows_block();              // (Tr, hsp)
+  float* douts = keys + blk.rows_block();                // (Tr, hsp)
+  float* grads = douts + blk.rows_block();               // (Tr, hsp): one of dQ, dK, dV at a time
+  float* values_t = grads + blk.rows_block();            // (hs, Tc)
   float* dscores = values_t + blk.transposed_block(hs);  // (Tr, Tc): dP, then scale * dS
-  float* dscores_t = dscores + blk.square_block();    // (Tr, Tc): (scale * dS)^T
-  float* probs_t = dscores_t + blk.square_block();    // (Tr, Tc): P^T
+  float* probs = dscores + blk.square_block();           // (Tr, Tc): att's causal part, zero-padded
 
   for (int b = 0; b < B; b++) {
     const float* qkv_b = qkv + size_t(b) * T * C3;
@@ -254,35 +236,41 @@ void attention_backward(float* dqkv, float* dpreatt, float* /*datt: not written,
         // (B,NH,T,T) datt is scratch whose contents no caller reads (ops.h): it is not written.
         tile_row(dscores + size_t(t0) * Tc, Tc, douts + size_t(t0) * hsp, hsp, values_t, Tc, hs, keys_seen, 1.0f);
         // softmax: the Jacobian is diag(att) - att att^T, so its product with datt is
-        // att * (datt - <att, datt>): O(T) per row instead of building the T x T Jacobian.
+        // att * (datt - <att, datt>): O(T) per row instead of building the T x T Jacobian. Each row
+        // of dS and of att is zero past the diagonal as far as a tile's sum reads it: to the end of
+        // this tile's keys, and in the last tile's rows to Tr, where dK's and dV's last tile reads
+        // them down their columns.
+        const int zero_to = keys_seen == T ? Tr : keys_seen;
         for (int t = t0; t < std::min(t0 + kRows, T); t++) {
           const int n = t + 1;
           const float* __restrict att_row = att_head + size_t(t) * T;
           float* __restrict ds_row = dscores + size_t(t) * Tc;
+          float* __restrict probs_row = probs + size_t(t) * Tc;
           float* __restrict dpreatt_row = dpreatt_head + size_t(t) * T;
           const float weighted_datt = float(dot_double(att_row, ds_row, n));
           for (int t2 = 0; t2 < n; t2++) {
-            const float d = att_row[t2] * (ds_row[t2] - weighted_datt);
+            const float p = att_row[t2];
+            const float d = p * (ds_row[t2] - weighted_datt);
             dpreatt_row[t2] = d;
             ds_row[t2] = d * scale;  // preatt = scale * <query, key>
+            probs_row[t2] = p;
           }
-          for (int t2 = n; t2 < keys_seen; t2++) ds_row[t2] = 0.0f;
+          for (int t2 = n; t2 < zero_to; t2++) ds_row[t2] = probs_row[t2] = 0.0f;
         }
         // dQ = scale dS K, over the keys this tile's rows see
         tile_row(grads + size_t(t0) * hsp, hsp, dscores + size_t(t0) * Tc, Tc, keys, hsp, keys_seen, hs, 1.0f);
       }
       add_rows(dqkv_b + h * hs, C3, grads, hsp, T, hs);
 
-      // dK = (scale dS)^T Q and dV = P^T dO: row t2 gathers the rows t >= t2 that attended to key t2.
-      transpose_causal(dscores_t, Tr, Tc, dscores, Tc, T);
-      transpose_causal(probs_t, Tr, Tc, att_head, T, T);
+      // dK = (scale dS)^T Q and dV = P^T dO: row t2 gathers the rows t >= t2 that attended to key t2,
+      // dS and P read down their columns t2..t2 + kRows - 1 from row t0 on (zero above the diagonal).
       for (int t0 = 0; t0 < Tr; t0 += kRows) {
-        tile_row(grads + size_t(t0) * hsp, hsp, dscores_t + size_t(t0) * Tc + t0, Tc, queries + size_t(t0) * hsp, hsp,
-                 T - t0, hs, 1.0f);
+        tile_row<true>(grads + size_t(t0) * hsp, hsp, dscores + size_t(t0) * Tc + t0, Tc, queries + size_t(t0) * hsp,
+                 hsp, T - t0, hs, 1.0f);
       }
       add_rows(dqkv_b + C + h * hs, C3, grads, hsp, T, hs);
       for (int t0 = 0; t0 < Tr; t0 += kRows) {
-        tile_row(grads + size_t(t0) * hsp, hsp, probs_t + size_t(t0) * Tc + t0, Tc, douts + size_t(t0) * hsp, hsp,
+        tile_row<true>(grads + size_t(t0) * hsp, hsp, probs + size_t(t0) * Tc + t0, Tc, douts + size_t(t0) * hsp, hsp,
                  T - t0, hs, 1.0f);
       }
       add_rows(dqkv_b + 2 * C + h * hs, C3, grads, hsp, T, hs);
