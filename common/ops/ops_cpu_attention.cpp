@@ -29,10 +29,12 @@ using internal::max_of;
 //   backward   dP = dO V^T                 dS = P * (dP - <P, dP>)          dQ = scale dS K
 //              dK = scale dS^T Q           dV = P^T dO
 // The causal mask skips every tile right of the diagonal; the tiles on it are computed whole, and
-// the entries above the diagonal that a tile's sum runs over are zeros in P and dS (and below it in
-// their transposes), so they add nothing. Every element is one sum in a fixed order (over the depth,
-// increasing), which depends only on T and the head size: results do not depend on B, NH or which
-// rank computes a head, and the same shapes give the same bits.
+// the entries above the diagonal that a tile's sum runs over are zeros in P and dS (which dK and dV
+// read down their columns, without a transposed copy), so they add nothing. Every element is one sum
+// in a fixed order (over the depth, increasing), which depends only on T and the head size: results
+// do not depend on B, NH or which rank computes a head, and the same shapes give the same bits.
+// The scratch, per thread, holds one head's blocks: four of (T, hs) and two of (T, T), rounded up to
+// whole tiles (at T = 1024, 8 MB: an eighth of one of the (B,NH,T,T) arrays the op is given).
 
 // The helpers' namespace has a name so that a profile books them to the attention (make profile).
 namespace {
@@ -141,11 +143,12 @@ void add_rows(float* __restrict dst, size_t ld, const float* __restrict src, siz
   }
 }
 
-// The sizes of one head's blocks: Tr rows (whole tiles), Tc columns of keys (whole wide tiles), hsp
-// columns of head channels (whole narrow tiles).
+// The sizes of one head's blocks: Tr rows (whole tiles), Tc columns of keys (whole wide tiles, and at
+// least Tr: dK's and dV's last tile reads a (Tr, Tc) block down its columns as far as row Tr - 1),
+// hsp columns of head channels (whole narrow tiles).
 struct HeadBlocks {
   int Tr, Tc, hsp;
-  HeadBlocks(int T, int hs) : Tr(round_up(T, kRows)), Tc(round_up(T, kCols)), hsp(round_up(hs, 8)) {}
+  HeadBlocks(int T, int hs) : Tr(round_up(T, kRows)), Tc(round_up(Tr, kCols)), hsp(round_up(hs, 8)) {}
   size_t rows_block() const { return size_t(Tr) * hsp; }   // (Tr, hsp): queries, keys, values, gradients
   size_t square_block() const { return size_t(Tr) * Tc; }  // (Tr, Tc): scores, probabilities, transposes
   size_t transposed_block(int hs) const { return size_t(hs) * Tc; }
