@@ -115,6 +115,27 @@ inline void copy_row(float* __restrict d, const float* __restrict s, int n) {
   for (; i < n; i++) d[i] = s[i];
 }
 
+// Asks the caches for rows [t_begin, min(t_end, T)) of a head's cols channels (row t at src + t * ld),
+// for reading or for writing. A head's channels are short pieces of long rows (qkv's are 3C floats),
+// too far apart for the hardware's prefetchers to follow, and in a training step they come from
+// memory. So each head's loop over its tiles asks for the rows the next head will read (and this
+// head's rows of the output it will write), a tile's rows at a time.
+void prefetch_rows(const float* src, size_t ld, int t_begin, int t_end, int T, int cols, bool for_write) {
+  for (int t = t_begin; t < std::min(t_end, T); t++) {
+    const float* row = src + size_t(t) * ld;
+    for (int i = 0; i < cols; i += 16) {
+      if (for_write)
+        __builtin_prefetch(row + i, 1);
+      else
+        __builtin_prefetch(row + i, 0);
+    }
+    if (for_write)
+      __builtin_prefetch(row + cols - 1, 1);
+    else
+      __builtin_prefetch(row + cols - 1, 0);
+  }
+}
+
 // dst(rows, width) = src's rows 0..n-1 (stride ld), columns 0..cols-1; zeros everywhere else.
 void gather_rows(float* __restrict dst, int rows, int width, const float* __restrict src, size_t ld, int n, int cols) {
   for (int r = 0; r < rows; r++) {
@@ -179,9 +200,17 @@ void attention_forward(float* out, float* preatt, float* att, const float* qkv, 
       gather_rows(values, Tr, hsp, qkv_b + 2 * C + h * hs, C3, T, hs);
       float* preatt_head = preatt + (size_t(b) * NH + h) * T * T;
       float* att_head = att + (size_t(b) * NH + h) * T * T;
+      float* out_head = out + size_t(b) * T * C + h * hs;
+      const bool last_head = b == B - 1 && h == NH - 1;
+      const size_t next_head = h + 1 < NH ? size_t(b) * T * C3 + (h + 1) * hs : size_t(b + 1) * T * C3;
 
       for (int t0 = 0; t0 < Tr; t0 += kRows) {
         const int keys = std::min(t0 + kRows, T);  // the tile's rows see keys 0..keys-1
+        if (!last_head) {
+          for (int part = 0; part < 3; part++)
+            prefetch_rows(qkv + next_head + part * C, C3, t0, t0 + kRows, T, hs, false);
+        }
+        prefetch_rows(out_head, C, t0, t0 + kRows, T, hs, true);
         float* tile = probs + size_t(t0) * Tc;
         tile_row(tile, Tc, queries + size_t(t0) * hsp, hsp, keys_t, Tc, hs, keys, scale);
 
@@ -204,7 +233,6 @@ void attention_forward(float* out, float* preatt, float* att, const float* qkv, 
         }
         tile_row(outputs + size_t(t0) * hsp, hsp, tile, Tc, values, hsp, keys, hs, 1.0f);
       }
-      float* out_head = out + size_t(b) * T * C + h * hs;
       for (int t = 0; t < T; t++) {
         copy_row(out_head + size_t(t) * C, outputs + size_t(t) * hsp, hs);
       }
@@ -237,9 +265,19 @@ void attention_backward(float* dqkv, float* dpreatt, float* /*datt: not written,
       gather_transposed(values_t, Tc, qkv_b + 2 * C + h * hs, C3, T, hs);
       const float* att_head = att + (size_t(b) * NH + h) * T * T;
       float* dpreatt_head = dpreatt + (size_t(b) * NH + h) * T * T;
+      const bool last_head = b == B - 1 && h == NH - 1;
+      const size_t next_head = h + 1 < NH ? size_t(b) * T * C3 + (h + 1) * hs : size_t(b + 1) * T * C3;
+      const size_t next_head_dout = h + 1 < NH ? size_t(b) * T * C + (h + 1) * hs : size_t(b + 1) * T * C;
 
       for (int t0 = 0; t0 < Tr; t0 += kRows) {
         const int keys_seen = std::min(t0 + kRows, T);
+        if (!last_head) {
+          for (int part = 0; part < 3; part++)
+            prefetch_rows(qkv + next_head + part * C, C3, t0, t0 + kRows, T, hs, false);
+          prefetch_rows(dout + next_head_dout, C, t0, t0 + kRows, T, hs, false);
+        }
+        for (int part = 0; part < 3; part++)
+          prefetch_rows(dqkv_b + part * C + h * hs, C3, t0, t0 + kRows, T, hs, true);
         // dP = dO V^T: out = sum_t2 att[t2] * value[t2], so this is the gradient into att. The
         // (B,NH,T,T) datt is scratch whose contents no caller reads (ops.h): it is not written.
         tile_row(dscores + size_t(t0) * Tc, Tc, douts + size_t(t0) * hsp, hsp, values_t, Tc, hs, keys_seen, 1.0f);
