@@ -33,7 +33,7 @@ using internal::max_of;
 // read down their columns, without a transposed copy), so they add nothing. Every element is one sum
 // in a fixed order (over the depth, increasing), which depends only on T and the head size: results
 // do not depend on B, NH or which rank computes a head, and the same shapes give the same bits.
-// The scratch, per thread, holds one head's blocks: four of (T, hs) and two of (T, T), rounded up to
+// The scratch, per thread, holds one head's blocks: five of (T, hs) and two of (T, T), rounded up to
 // whole tiles (at T = 1024, 8 MB: an eighth of one of the (B,NH,T,T) arrays the op is given).
 
 // The helpers' namespace has a name so that a profile books them to the attention (make profile).
@@ -165,13 +165,13 @@ void add_rows(float* __restrict dst, size_t ld, const float* __restrict src, siz
 }
 
 // The sizes of one head's blocks: Tr rows (whole tiles), Tc columns of keys (whole wide tiles, and at
-// least Tr: dK's and dV's last tile reads a (Tr, Tc) block down its columns as far as row Tr - 1),
-// hsp columns of head channels (whole narrow tiles).
+// least Tr: dK's and dV's last tile reads dS and P down their columns as far as column Tr - 1), hsp
+// columns of head channels (whole narrow tiles).
 struct HeadBlocks {
   int Tr, Tc, hsp;
   HeadBlocks(int T, int hs) : Tr(round_up(T, kRows)), Tc(round_up(Tr, kCols)), hsp(round_up(hs, 8)) {}
   size_t rows_block() const { return size_t(Tr) * hsp; }   // (Tr, hsp): queries, keys, values, gradients
-  size_t square_block() const { return size_t(Tr) * Tc; }  // (Tr, Tc): scores, probabilities, transposes
+  size_t square_block() const { return size_t(Tr) * Tc; }  // (Tr, Tc): scores, probabilities, their gradients
   size_t transposed_block(int hs) const { return size_t(hs) * Tc; }
 };
 }  // namespace attention_tiles
