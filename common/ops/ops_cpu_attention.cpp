@@ -36,7 +36,8 @@ using internal::max_of;
 // The scratch, per thread, holds one head's blocks: five of (T, hs) and two of (T, T), rounded up to
 // whole tiles (at T = 1024, 8 MB: an eighth of one of the (B,NH,T,T) arrays the op is given).
 
-// The helpers' namespace has a name so that a profile books them to the attention (make profile).
+// The kernel's own functions live in a named namespace, so that a profile books them to the attention
+// (make profile).
 namespace {
 namespace attention_tiles {
 constexpr int kRows = 6;   // rows of a register tile: 6 x 16 floats are 12 of the 16 AVX2 registers
