@@ -66,7 +66,7 @@ GoogleTest=$(or $(HAVE_GTEST),MISSING) matplotlib=$(or $(HAVE_MATPLOTLIB),MISSIN
 $(info building chapters: $(CHAPTERS))
 endif
 
-.PHONY: all deps test tests test-busy checkpoint-convert bench-checkpoint elastic compare bench profile bench-comm bench-tp bench-pp schedules cp-balance bench-torch diffs plan plan-check clean \
+.PHONY: all deps test tests test-busy checkpoint-convert bench-checkpoint elastic compare bench profile bench-attention bench-comm bench-tp bench-pp schedules cp-balance bench-torch diffs plan plan-check clean \
   cluster-up cluster-down cluster-status cluster-check cluster-lessons \
   help $(CHAPTERS) 00_collectives collectives precision
 all: 00_collectives $(CHAPTERS) $(FORMATS_PROGRAM) $(CPU_LESSONS) ## every chapter's program (00_collectives/collectives, NN_name/train); the default
@@ -198,6 +198,12 @@ bench: ## one rank, one thread: ours vs PyTorch eager at tiny, small, deep, alte
 
 profile: 01_vanilla_dp ## where a step's CPU time goes, per op (matmul, attention, layernorm, ...), at small and deep, 1 rank, 1 thread (needs perf)
 	@scripts/bench/profile_ops.sh
+
+# The CPU attention alone (scripts/bench/attention_bench.cpp): forward and backward at the presets' shapes.
+$(BUILD)/attention_bench: $(BUILD)/scripts/bench/attention_bench.o $(LIBCOMMON)
+	$(call say,LINK,$@)$(MPICXX) $(CXXFLAGS) $^ -o $@ -pthread
+bench-attention: $(BUILD)/attention_bench ## the CPU attention alone at tiny, small and deep: ms and GFLOP/s, forward and backward
+	@$(BUILD)/attention_bench
 
 # make bench in seconds, what make test runs (tests/manifest.txt), so that a change that breaks the
 # benchmark cannot land: the same script and targets, one round of 3 steps at tiny, without PyTorch,

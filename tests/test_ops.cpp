@@ -19,6 +19,7 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
+#include <utility>
 #include <vector>
 
 #include "ops/fast_math.h"
@@ -866,8 +867,17 @@ TEST(FastMath, TanhWithinEightUlpsOfLibm) {
   EXPECT_TRUE(std::isnan(cpu::fast_tanh(NAN)));
 }
 
-TEST(Attention, BlockedLoopsMatchReferenceAtALargerShape) {
-  constexpr int Bq = 2, Tq = 37, NHq = 2, hs = 43, Cq = NHq * hs;  // 37 keys: two blocks; 43 = 32 + 8 + 3
+// The CPU attention works in tiles of 6 queries x 16 (or 8) keys or channels: shapes whose edges cut
+// through tiles. (T, head size): 37 keys, 43 = 16 + 16 + 8 + 3 channels; T = 32, where the queries'
+// tiles (36 rows) reach past the keys' (32 columns); the odd preset's 17 and 5 (narrower than a
+// vector); tiny's 64 and 16.
+class AttentionShapes : public ::testing::TestWithParam<std::pair<int, int>> {};
+INSTANTIATE_TEST_SUITE_P(Attention, AttentionShapes,
+                         ::testing::Values(std::make_pair(37, 43), std::make_pair(32, 5), std::make_pair(17, 5),
+                                           std::make_pair(64, 16)));
+
+TEST_P(AttentionShapes, TiledLoopsMatchTheFloat64Reference) {
+  const int Bq = 2, Tq = GetParam().first, NHq = 2, hs = GetParam().second, Cq = NHq * hs;
   const double scale = 1.0 / std::sqrt(double(hs));
   auto qkv = random_vector(size_t(Bq) * Tq * 3 * Cq, 90, -1.0f, 1.0f);
   auto dout = random_vector(size_t(Bq) * Tq * Cq, 91);
@@ -928,6 +938,53 @@ TEST(Attention, BlockedLoopsMatchReferenceAtALargerShape) {
     SCOPED_TRACE("after backward call " + std::to_string(call));
     EXPECT_TRUE(allclose(dqkv, scaled(dqkv_ref, call), kGradAtol, kGradRtol));
   }
+}
+
+// What the multi-rank equivalence rests on: a head's results, forward and backward, are the same bits
+// whether it is computed in a batch beside other sequences and heads (one rank) or alone (a rank of
+// data, tensor or Ulysses parallelism holding a share of them). Odd sizes: T = 13 (the last tile of
+// queries partly past the sequence), head size 5 (narrower than a vector).
+TEST(Attention, AHeadGetsTheSameBitsAloneAsInABatch) {
+  constexpr int Bq = 3, Tq = 13, NHq = 3, hs = 5, Cq = NHq * hs;
+  auto qkv = random_vector(size_t(Bq) * Tq * 3 * Cq, 92, -2.0f, 2.0f);
+  auto dout = random_vector(size_t(Bq) * Tq * Cq, 93);
+  auto out = zeros(size_t(Bq) * Tq * Cq), preatt = zeros(size_t(Bq) * NHq * Tq * Tq), att = zeros(preatt.size());
+  auto dqkv = zeros(qkv.size()), dpreatt = zeros(att.size()), datt = zeros(att.size());
+  attention_forward(view(out, {Bq, Tq, Cq}), view(preatt, {Bq, NHq, Tq, Tq}), view(att, {Bq, NHq, Tq, Tq}),
+                    view(qkv, {Bq, Tq, 3 * Cq}), NHq);
+  attention_backward(view(dqkv, {Bq, Tq, 3 * Cq}), view(dpreatt, {Bq, NHq, Tq, Tq}), view(datt, {Bq, NHq, Tq, Tq}),
+                     view(dout, {Bq, Tq, Cq}), view(qkv, {Bq, Tq, 3 * Cq}), view(att, {Bq, NHq, Tq, Tq}), NHq);
+
+  for (int b = 0; b < Bq; b++)
+    for (int h = 0; h < NHq; h++) {
+      // sequence b's head h alone: its (Tq, 3 hs) part of qkv, its (Tq, hs) part of dout
+      std::vector<float> qkv1(size_t(Tq) * 3 * hs), dout1(size_t(Tq) * hs);
+      for (int t = 0; t < Tq; t++)
+        for (int i = 0; i < hs; i++) {
+          for (int part = 0; part < 3; part++)
+            qkv1[(size_t(t) * 3 + part) * hs + i] = qkv[(size_t(b) * Tq + t) * 3 * Cq + part * Cq + h * hs + i];
+          dout1[size_t(t) * hs + i] = dout[(size_t(b) * Tq + t) * Cq + h * hs + i];
+        }
+      auto out1 = zeros(size_t(Tq) * hs), preatt1 = zeros(size_t(Tq) * Tq), att1 = zeros(preatt1.size());
+      auto dqkv1 = zeros(qkv1.size()), dpreatt1 = zeros(att1.size()), datt1 = zeros(att1.size());
+      attention_forward(view(out1, {1, Tq, hs}), view(preatt1, {1, 1, Tq, Tq}), view(att1, {1, 1, Tq, Tq}),
+                        view(qkv1, {1, Tq, 3 * hs}), 1);
+      attention_backward(view(dqkv1, {1, Tq, 3 * hs}), view(dpreatt1, {1, 1, Tq, Tq}), view(datt1, {1, 1, Tq, Tq}),
+                         view(dout1, {1, Tq, hs}), view(qkv1, {1, Tq, 3 * hs}), view(att1, {1, 1, Tq, Tq}), 1);
+
+      SCOPED_TRACE("sequence " + std::to_string(b) + ", head " + std::to_string(h));
+      const size_t square = (size_t(b) * NHq + h) * Tq * Tq;
+      EXPECT_TRUE(allclose(&att1[0], &att[square], att1.size(), 0.0, 0.0));
+      std::vector<float> out_bh(out1.size()), dqkv_bh(dqkv1.size());
+      for (int t = 0; t < Tq; t++)
+        for (int i = 0; i < hs; i++) {
+          out_bh[size_t(t) * hs + i] = out[(size_t(b) * Tq + t) * Cq + h * hs + i];
+          for (int part = 0; part < 3; part++)
+            dqkv_bh[(size_t(t) * 3 + part) * hs + i] = dqkv[(size_t(b) * Tq + t) * 3 * Cq + part * Cq + h * hs + i];
+        }
+      EXPECT_TRUE(allclose(out1, out_bh, 0.0, 0.0));
+      EXPECT_TRUE(allclose(dqkv1, dqkv_bh, 0.0, 0.0));
+    }
 }
 
 }  // namespace

@@ -66,7 +66,7 @@ void bias_backward(Tensor dbias, Tensor dout);
 // 1/sqrt(C/NH)). out(B,T,C) = att @ v, heads concatenated.
 void attention_forward(Tensor out, Tensor preatt, Tensor att, Tensor qkv, int NH);
 // dqkv(B,T,3C) += gradient. dpreatt and datt (B,NH,T,T) are scratch: their contents on entry do not
-// matter, nor on exit (the CPU keeps each row of datt in a small buffer and leaves datt unwritten).
+// matter, nor on exit (the CPU keeps each head's datt in a scratch block and leaves datt unwritten).
 void attention_backward(Tensor dqkv, Tensor dpreatt, Tensor datt, Tensor dout, Tensor qkv, Tensor att,
                         int NH);
 

@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
+#include <cstdint>
 #include <vector>
 
 #include "ops/ops_cpu_internal.h"  // max_of, exp_shifted, dot_double
@@ -19,191 +21,222 @@ using internal::max_of;
 // sum of values. Entries t2 > t are masked: preatt holds -inf there and att holds 0, which is what the
 // softmax of -inf gives; only the causal part t2 <= t is meaningful (a CUDA version may compute the rest).
 //
-// The loops run head by head (b, h, then t), so that one head's keys and values can be copied once,
-// transposed, into a scratch (hs, Tp) block: a row of scores is then a sum over the hs channels of
-// contiguous rows of that block, vectorized across the keys t2, with each score still summed over its
-// channels in increasing order, as a plain dot product would be. (A dot product of its own cannot be
-// vectorized without reordering its sum.) Every per-element sum keeps one fixed order, so results do not
-// depend on B, NH or which rank computes a head.
+// One head at a time, as CPU flash-style kernels do it: the head's queries, keys and values are copied
+// once into small zero-padded blocks (in L1 and L2), and every product of the head, forward and
+// backward, is a product of such blocks, computed in register tiles of kRows rows x 16 (or 8) columns
+// by one micro-kernel in the manner of matmul_cpu.cpp's (the head size, or the keys, as its depth):
+//   forward    S = scale Q K^T             P = softmax(S) row by row        O = P V
+//   backward   dP = dO V^T                 dS = P * (dP - <P, dP>)          dQ = scale dS K
+//              dK = scale dS^T Q           dV = P^T dO
+// The causal mask skips every tile right of the diagonal; the tiles on it are computed whole, and
+// the entries above the diagonal that a tile's sum runs over are zeros in P and dS (which dK and dV
+// read down their columns, without a transposed copy), so they add nothing. Every element is one sum
+// in a fixed order (over the depth, increasing), which depends only on T and the head size: results
+// do not depend on B, NH or which rank computes a head, and the same shapes give the same bits.
+// The scratch, per thread, holds one head's blocks: five of (T, hs) and two of (T, T), rounded up to
+// whole tiles (at T = 1024, 8 MB: an eighth of one of the (B,NH,T,T) arrays the op is given).
 
+// The kernel's own functions live in a named namespace, so that a profile books them to the attention
+// (make profile).
 namespace {
-constexpr int kKeyBlock = 32;  // scores computed together: four AVX2 vectors of accumulators
+namespace attention_tiles {
+constexpr int kRows = 6;   // rows of a register tile: 6 x 16 floats are 12 of the 16 AVX2 registers
+constexpr int kCols = 16;  // columns of the wide tile (two AVX2 vectors); the narrow one has 8
 
 int round_up(int n, int multiple) { return (n + multiple - 1) / multiple * multiple; }
 
-// One scratch buffer per thread (ranks may be threads), grown on demand and kept.
+// One scratch buffer per thread (ranks may be threads), grown on demand and kept, 64-byte aligned.
 float* attention_scratch(size_t n) {
   thread_local std::vector<float> scratch;
-  if (scratch.size() < n) scratch.resize(n);
-  return scratch.data();
+  if (scratch.size() < n + 16) scratch.resize(n + 16);
+  const uintptr_t at = reinterpret_cast<uintptr_t>(scratch.data());
+  return scratch.data() + ((64 - at % 64) % 64) / sizeof(float);
 }
 
-// dst(hs, Tp)[i][t2] = src[t2 * stride + i] for t2 < T, zero for T <= t2 < Tp.
-void transpose_head(float* __restrict dst, const float* __restrict src, int T, int Tp, int hs, int stride) {
-  for (int i = 0; i < hs; i++) {
-    float* __restrict row = dst + size_t(i) * Tp;
-    for (int t2 = 0; t2 < T; t2++) row[t2] = src[size_t(t2) * stride + i];
-    for (int t2 = T; t2 < Tp; t2++) row[t2] = 0.0f;
+// As matmul_cpu.cpp's micro-kernel, and for its reasons: without the loop vectorizer GCC's SLP
+// vectorizer gives broadcasts and fused multiply-adds on accumulators kept in registers, and
+// pressure-aware scheduling keeps the A values from spilling them.
+#if defined(__GNUC__) && !defined(__clang__)
+#define ATTENTION_TILE_ATTR __attribute__((optimize("no-tree-loop-vectorize", "schedule-insns", "sched-pressure")))
+#else
+#define ATTENTION_TILE_ATTR
+#endif
+
+// c[i][j] = scale * sum over k < depth, in increasing k, of A[i][k] * b[k * ldb + j], for i < kRows,
+// j < NR; rows of c are ldc apart. A is read where it lies: along its rows, A[i][k] = a[i * lda + k],
+// or, Transposed, down its columns, A[i][k] = a[k * lda + i] (the transpose of a row-major matrix,
+// without copying it). Constant trip counts but depth, so that the accumulators live in registers
+// for the whole sum; the layout of A is a template parameter, as a stride known at compile time
+// (a run-time one made the forward's tiles 1.5x slower).
+template <int NR, bool Transposed>
+ATTENTION_TILE_ATTR void tile_product(float* __restrict c, size_t ldc, const float* __restrict a, size_t lda,
+                                      const float* __restrict b, size_t ldb, int depth, float scale) {
+  float acc[kRows][NR];
+#pragma GCC unroll 8
+  for (int i = 0; i < kRows; i++) {
+#pragma GCC unroll 16
+    for (int j = 0; j < NR; j++) acc[i][j] = 0.0f;
   }
-}
-
-// out[t2] = scale * sum_i x[i] * block[i][t2] for t2 < round_up(n, kKeyBlock): block is (hs, Tp), Tp a
-// multiple of kKeyBlock. Each sum runs over i in increasing order, from 0.
-void scaled_dots(float* __restrict out, const float* __restrict x, const float* __restrict block, int Tp, int hs,
-                 int n, float scale) {
-  for (int t0 = 0; t0 < n; t0 += kKeyBlock) {
-    // The first channel's products added to zero (the sum's first step, as written), not an array
-    // zeroed first: GCC zeroed it on the stack with `rep stos`, tens of cycles per block.
-    float acc[kKeyBlock];
-    for (int j = 0; j < kKeyBlock; j++) acc[j] = 0.0f + x[0] * block[t0 + j];
-    for (int i = 1; i < hs; i++) {
-      const float xi = x[i];
-      const float* __restrict row = block + size_t(i) * Tp + t0;
-      for (int j = 0; j < kKeyBlock; j++) acc[j] += xi * row[j];
+  for (int k = 0; k < depth; k++) {
+    const float* __restrict b_row = b + size_t(k) * ldb;
+#pragma GCC unroll 8
+    for (int i = 0; i < kRows; i++) {
+      const float ai = Transposed ? a[size_t(k) * lda + i] : a[size_t(i) * lda + k];
+#pragma GCC unroll 16
+      for (int j = 0; j < NR; j++) acc[i][j] += ai * b_row[j];
     }
-    for (int j = 0; j < kKeyBlock; j++) out[t0 + j] = acc[j] * scale;
   }
-}
-
-// scaled_dots for two vectors x0 and x1 against the same block, each exactly as scaled_dots computes
-// it (the same products, summed over i in the same order). One vector's four accumulators make chains
-// of dependent multiply-adds that wait on each other's latency; two vectors' eight keep both
-// multiply-add units busy, and each row of the block is loaded once for both.
-void scaled_dots2(float* __restrict out0, float* __restrict out1, const float* __restrict x0,
-                  const float* __restrict x1, const float* __restrict block, int Tp, int hs, int n, float scale) {
-  for (int t0 = 0; t0 < n; t0 += kKeyBlock) {
-    float acc0[kKeyBlock], acc1[kKeyBlock];  // from the first channel, as in scaled_dots
-    for (int j = 0; j < kKeyBlock; j++) acc0[j] = 0.0f + x0[0] * block[t0 + j];
-    for (int j = 0; j < kKeyBlock; j++) acc1[j] = 0.0f + x1[0] * block[t0 + j];
-    for (int i = 1; i < hs; i++) {
-      const float a0 = x0[i], a1 = x1[i];
-      const float* __restrict row = block + size_t(i) * Tp + t0;
-      for (int j = 0; j < kKeyBlock; j++) acc0[j] += a0 * row[j];
-      for (int j = 0; j < kKeyBlock; j++) acc1[j] += a1 * row[j];
-    }
-    for (int j = 0; j < kKeyBlock; j++) out0[t0 + j] = acc0[j] * scale, out1[t0 + j] = acc1[j] * scale;
+#pragma GCC unroll 8
+  for (int i = 0; i < kRows; i++) {
+#pragma GCC unroll 16
+    for (int j = 0; j < NR; j++) c[size_t(i) * ldc + j] = acc[i][j] * scale;
   }
 }
 
-// y[i] += sum over r < n, in increasing r, of (coef[r * coef_stride] * coef_scale) * rows[r * row_stride + i],
-// for i < width. The sums of 32 (then 8) columns at a time stay in registers across all n rows,
-// instead of a load and a store of y per row (which made each row wait for the previous row's store).
-void accumulate_weighted_rows(float* __restrict y, const float* __restrict coef, size_t coef_stride, float coef_scale,
-                              const float* __restrict rows, size_t row_stride, int n, int width) {
-  int i0 = 0;
-  for (; i0 + 32 <= width; i0 += 32) {
-    float acc[32];
-    for (int j = 0; j < 32; j++) acc[j] = y[i0 + j];
-    for (int r = 0; r < n; r++) {
-      const float g = coef[r * coef_stride] * coef_scale;
-      const float* __restrict row = rows + r * row_stride + i0;
-      for (int j = 0; j < 32; j++) acc[j] += g * row[j];
-    }
-    for (int j = 0; j < 32; j++) y[i0 + j] = acc[j];
+// Columns [0, width) of the kRows rows of c, in wide tiles and then, where 8 columns or fewer are
+// left, one narrow one; b has at least round_up(width, 8) columns (zero-padded ones contribute zeros
+// to columns of c that the caller does not read).
+template <bool Transposed = false>
+void tile_row(float* c, size_t ldc, const float* a, size_t lda, const float* b, size_t ldb, int depth, int width,
+              float scale) {
+  int j0 = 0;
+  for (; width - j0 > 8; j0 += kCols)
+    tile_product<kCols, Transposed>(c + j0, ldc, a, lda, b + j0, ldb, depth, scale);
+  if (j0 < width) tile_product<8, Transposed>(c + j0, ldc, a, lda, b + j0, ldb, depth, scale);
+}
+
+// d[0..n) = s[0..n), 8 floats at a time: a plain loop over a head's few channels became a call to
+// memcpy per row, whose overhead was a tenth of the forward's time.
+inline void copy_row(float* __restrict d, const float* __restrict s, int n) {
+  int i = 0;
+  for (; i + 8 <= n; i += 8) {
+#pragma GCC unroll 8
+    for (int j = 0; j < 8; j++) d[i + j] = s[i + j];
   }
-  for (; i0 + 8 <= width; i0 += 8) {
-    float acc[8];
-    for (int j = 0; j < 8; j++) acc[j] = y[i0 + j];
-    for (int r = 0; r < n; r++) {
-      const float g = coef[r * coef_stride] * coef_scale;
-      const float* __restrict row = rows + r * row_stride + i0;
-      for (int j = 0; j < 8; j++) acc[j] += g * row[j];
+  for (; i < n; i++) d[i] = s[i];
+}
+
+// Asks the caches for rows [t_begin, min(t_end, T)) of a head's cols channels (row t at src + t * ld),
+// for reading or for writing. A head's channels are short pieces of long rows (qkv's are 3C floats),
+// too far apart for the hardware's prefetchers to follow, and in a training step they come from
+// memory. So each head's loop over its tiles asks for the rows the next head will read (and this
+// head's rows of the output it will write), a tile's rows at a time.
+void prefetch_rows(const float* src, size_t ld, int t_begin, int t_end, int T, int cols, bool for_write) {
+  for (int t = t_begin; t < std::min(t_end, T); t++) {
+    const float* row = src + size_t(t) * ld;
+    for (int i = 0; i < cols; i += 16) {
+      if (for_write)
+        __builtin_prefetch(row + i, 1);
+      else
+        __builtin_prefetch(row + i, 0);
     }
-    for (int j = 0; j < 8; j++) y[i0 + j] = acc[j];
-  }
-  for (; i0 < width; i0++) {
-    float acc = y[i0];
-    for (int r = 0; r < n; r++) acc += (coef[r * coef_stride] * coef_scale) * rows[r * row_stride + i0];
-    y[i0] = acc;
+    if (for_write)
+      __builtin_prefetch(row + cols - 1, 1);
+    else
+      __builtin_prefetch(row + cols - 1, 0);
   }
 }
 
-// Two outputs from the same n rows at once: y0 with coef0, y1 with coef1, each exactly as
-// accumulate_weighted_rows computes it (the same products, summed over r in the same order). One
-// output's 4 vector accumulators make a chain of dependent multiply-adds per row, which waits on the
-// latency of the previous one; two outputs' 8 keep both multiply-add units busy, and each row is
-// loaded once for both.
-void accumulate_weighted_rows2(float* __restrict y0, float* __restrict y1, const float* __restrict coef0,
-                               const float* __restrict coef1, size_t coef_stride, float coef_scale,
-                               const float* __restrict rows, size_t row_stride, int n, int width) {
-  int i0 = 0;
-  for (; i0 + 32 <= width; i0 += 32) {
-    float acc0[32], acc1[32];
-    for (int j = 0; j < 32; j++) acc0[j] = y0[i0 + j], acc1[j] = y1[i0 + j];
-    for (int r = 0; r < n; r++) {
-      const float g0 = coef0[r * coef_stride] * coef_scale, g1 = coef1[r * coef_stride] * coef_scale;
-      const float* __restrict row = rows + r * row_stride + i0;
-      for (int j = 0; j < 32; j++) acc0[j] += g0 * row[j];
-      for (int j = 0; j < 32; j++) acc1[j] += g1 * row[j];
-    }
-    for (int j = 0; j < 32; j++) y0[i0 + j] = acc0[j], y1[i0 + j] = acc1[j];
-  }
-  if (i0 < width) {
-    const int rest = width - i0;
-    accumulate_weighted_rows(y0 + i0, coef0, coef_stride, coef_scale, rows + i0, row_stride, n, rest);
-    accumulate_weighted_rows(y1 + i0, coef1, coef_stride, coef_scale, rows + i0, row_stride, n, rest);
+// dst(rows, width) = src's rows 0..n-1 (stride ld), columns 0..cols-1; zeros everywhere else.
+void gather_rows(float* __restrict dst, int rows, int width, const float* __restrict src, size_t ld, int n, int cols) {
+  for (int r = 0; r < rows; r++) {
+    float* __restrict d = dst + size_t(r) * width;
+    const int copied = r < n ? cols : 0;
+    copy_row(d, src + (r < n ? size_t(r) * ld : 0), copied);
+    for (int i = copied; i < width; i++) d[i] = 0.0f;
   }
 }
+
+// dst(cols, width)[i][t] = src[t * ld + i] for t < n; zero for n <= t < width.
+void gather_transposed(float* __restrict dst, int width, const float* __restrict src, size_t ld, int n, int cols) {
+  for (int i = 0; i < cols; i++) {
+    float* __restrict d = dst + size_t(i) * width;
+    for (int t = 0; t < n; t++) d[t] = src[size_t(t) * ld + i];
+    for (int t = n; t < width; t++) d[t] = 0.0f;
+  }
+}
+
+// dst (rows ld apart, n columns) += src (rows ldsrc apart), rows 0..T-1.
+void add_rows(float* __restrict dst, size_t ld, const float* __restrict src, size_t ldsrc, int T, int n) {
+  for (int t = 0; t < T; t++) {
+    float* __restrict d = dst + size_t(t) * ld;
+    const float* __restrict s = src + size_t(t) * ldsrc;
+    for (int i = 0; i < n; i++) d[i] += s[i];
+  }
+}
+
+// The sizes of one head's blocks: Tr rows (whole tiles), Tc columns of keys (whole wide tiles, and at
+// least Tr: dK's and dV's last tile reads dS and P down their columns as far as column Tr - 1), hsp
+// columns of head channels (whole narrow tiles).
+struct HeadBlocks {
+  int Tr, Tc, hsp;
+  HeadBlocks(int T, int hs) : Tr(round_up(T, kRows)), Tc(round_up(Tr, kCols)), hsp(round_up(hs, 8)) {}
+  size_t rows_block() const { return size_t(Tr) * hsp; }   // (Tr, hsp): queries, keys, values, gradients
+  size_t square_block() const { return size_t(Tr) * Tc; }  // (Tr, Tc): scores, probabilities, their gradients
+  size_t transposed_block(int hs) const { return size_t(hs) * Tc; }
+};
+}  // namespace attention_tiles
 }  // namespace
+
+using namespace attention_tiles;
 
 void attention_forward(float* out, float* preatt, float* att, const float* qkv, int B, int T, int C, int NH) {
   const int C3 = 3 * C;
   const int hs = C / NH;  // head size
   const float scale = 1.0f / std::sqrt(float(hs));
-  const int Tp = round_up(T, kKeyBlock);
-  // (hs, Tp), then two rows of scores and one of their exponentials
-  float* keys_t = attention_scratch(size_t(hs) * Tp + 3 * Tp);
-  float* scores0 = keys_t + size_t(hs) * Tp;
-  float* scores1 = scores0 + Tp;
-  float* exps = scores1 + Tp;
+  const HeadBlocks blk(T, hs);
+  const int Tr = blk.Tr, Tc = blk.Tc, hsp = blk.hsp;
+  float* queries = attention_scratch(3 * blk.rows_block() + blk.transposed_block(hs) + blk.square_block() + Tc);
+  float* values = queries + blk.rows_block();        // (Tr, hsp)
+  float* outputs = values + blk.rows_block();        // (Tr, hsp)
+  float* keys_t = outputs + blk.rows_block();        // (hs, Tc)
+  float* probs = keys_t + blk.transposed_block(hs);  // (Tr, Tc): scores, then probabilities
+  float* exps = probs + blk.square_block();          // one row
 
   for (int b = 0; b < B; b++) {
     const float* qkv_b = qkv + size_t(b) * T * C3;
     for (int h = 0; h < NH; h++) {
-      transpose_head(keys_t, qkv_b + C + h * hs, T, Tp, hs, C3);
-      auto query = [&](int t) { return qkv_b + size_t(t) * C3 + h * hs; };
-      // Row t's softmax from its scores (keys 0..t).
-      auto softmax_row = [&](int t, const float* __restrict scores) {
-        const int n = t + 1;  // keys 0..t
-        float* __restrict preatt_row = preatt + ((size_t(b) * NH + h) * T + t) * T;
-        float* __restrict att_row = att + ((size_t(b) * NH + h) * T + t) * T;
-        for (int t2 = 0; t2 < n; t2++) preatt_row[t2] = scores[t2];
-        for (int t2 = n; t2 < T; t2++) preatt_row[t2] = -INFINITY;
+      gather_rows(queries, Tr, hsp, qkv_b + h * hs, C3, T, hs);
+      gather_transposed(keys_t, Tc, qkv_b + C + h * hs, C3, T, hs);
+      gather_rows(values, Tr, hsp, qkv_b + 2 * C + h * hs, C3, T, hs);
+      float* preatt_head = preatt + (size_t(b) * NH + h) * T * T;
+      float* att_head = att + (size_t(b) * NH + h) * T * T;
+      float* out_head = out + size_t(b) * T * C + h * hs;
+      const bool last_head = b == B - 1 && h == NH - 1;
+      const size_t next_head = h + 1 < NH ? size_t(b) * T * C3 + (h + 1) * hs : size_t(b + 1) * T * C3;
 
-        // softmax over the causal part, shifted by the maximum so that exp() never overflows. The
-        // exponentials wait in a scratch row in L1, so that att's row is written once, not written,
-        // read back and written again.
-        const float maxval = max_of(scores, n);
-        const double expsum = exp_shifted(exps, scores, maxval, n);
-        const float inv_expsum = float(1.0 / expsum);
-        for (int t2 = 0; t2 < n; t2++) att_row[t2] = exps[t2] * inv_expsum;
-        for (int t2 = n; t2 < T; t2++) att_row[t2] = 0.0f;
-      };
-      // Scores two queries at a time (t and t + 1; t's extra key t + 1 is computed and not used).
-      int t = 0;
-      for (; t + 1 < T; t += 2) {
-        scaled_dots2(scores0, scores1, query(t), query(t + 1), keys_t, Tp, hs, t + 2, scale);
-        softmax_row(t, scores0);
-        softmax_row(t + 1, scores1);
-      }
-      if (t < T) {
-        scaled_dots(scores0, query(t), keys_t, Tp, hs, t + 1, scale);
-        softmax_row(t, scores0);
-      }
+      for (int t0 = 0; t0 < Tr; t0 += kRows) {
+        const int keys = std::min(t0 + kRows, T);  // the tile's rows see keys 0..keys-1
+        if (!last_head) {
+          for (int part = 0; part < 3; part++)
+            prefetch_rows(qkv + next_head + part * C, C3, t0, t0 + kRows, T, hs, false);
+        }
+        prefetch_rows(out_head, C, t0, t0 + kRows, T, hs, true);
+        float* tile = probs + size_t(t0) * Tc;
+        tile_row(tile, Tc, queries + size_t(t0) * hsp, hsp, keys_t, Tc, hs, keys, scale);
 
-      // out = att @ v, summed over t2 in increasing order: two queries at a time (t and t + 1 share
-      // the values 0..t; t + 1's last one follows alone).
-      const float* values = qkv_b + 2 * C + h * hs;
-      const float* att_head = att + (size_t(b) * NH + h) * T * T;
-      auto out_row = [&](int t) { return out + (size_t(b) * T + t) * C + h * hs; };
-      for (t = 0; t < T; t++) std::fill(out_row(t), out_row(t) + hs, 0.0f);
-      for (t = 0; t + 1 < T; t += 2) {
-        const float* att0 = att_head + size_t(t) * T;
-        const float* att1 = att0 + T;
-        accumulate_weighted_rows2(out_row(t), out_row(t + 1), att0, att1, 1, 1.0f, values, C3, t + 1, hs);
-        accumulate_weighted_rows(out_row(t + 1), att1 + t + 1, 1, 1.0f, values + size_t(t + 1) * C3, C3, 1, hs);
+        // softmax over each row's causal part, shifted by its maximum so that exp() never overflows.
+        // The row's probabilities go to att and stay in probs for O = P V, with zeros where the
+        // tile's sum runs past the diagonal.
+        for (int t = t0; t < std::min(t0 + kRows, T); t++) {
+          const int n = t + 1;  // keys 0..t
+          float* __restrict scores = probs + size_t(t) * Tc;
+          float* __restrict preatt_row = preatt_head + size_t(t) * T;
+          float* __restrict att_row = att_head + size_t(t) * T;
+          for (int t2 = 0; t2 < n; t2++) preatt_row[t2] = scores[t2];
+          for (int t2 = n; t2 < T; t2++) preatt_row[t2] = -INFINITY;
+          const float maxval = max_of(scores, n);
+          const double expsum = exp_shifted(exps, scores, maxval, n);
+          const float inv_expsum = float(1.0 / expsum);
+          for (int t2 = 0; t2 < n; t2++) scores[t2] = att_row[t2] = exps[t2] * inv_expsum;
+          for (int t2 = n; t2 < T; t2++) att_row[t2] = 0.0f;
+          for (int t2 = n; t2 < keys; t2++) scores[t2] = 0.0f;
+        }
+        tile_row(outputs + size_t(t0) * hsp, hsp, tile, Tc, values, hsp, keys, hs, 1.0f);
       }
-      if (t < T) accumulate_weighted_rows(out_row(t), att_head + size_t(t) * T, 1, 1.0f, values, C3, t + 1, hs);
+      for (int t = 0; t < T; t++) {
+        copy_row(out_head + size_t(t) * C, outputs + size_t(t) * hsp, hs);
+      }
     }
   }
 }
@@ -213,77 +246,81 @@ void attention_backward(float* dqkv, float* dpreatt, float* /*datt: not written,
   const int C3 = 3 * C;
   const int hs = C / NH;
   const float scale = 1.0f / std::sqrt(float(hs));
-  const int Tp = round_up(T, kKeyBlock);
-  float* values_t = attention_scratch(size_t(hs) * Tp + 2 * Tp);  // (hs, Tp), then two rows of datt
-  float* datt_block0 = values_t + size_t(hs) * Tp;
-  float* datt_block1 = datt_block0 + Tp;
+  const HeadBlocks blk(T, hs);
+  const int Tr = blk.Tr, Tc = blk.Tc, hsp = blk.hsp;
+  float* queries = attention_scratch(4 * blk.rows_block() + blk.transposed_block(hs) + 2 * blk.square_block());
+  float* keys = queries + blk.rows_block();              // (Tr, hsp)
+  float* douts = keys + blk.rows_block();                // (Tr, hsp)
+  float* grads = douts + blk.rows_block();               // (Tr, hsp): one of dQ, dK, dV at a time
+  float* values_t = grads + blk.rows_block();            // (hs, Tc)
+  float* dscores = values_t + blk.transposed_block(hs);  // (Tr, Tc): dP, then scale * dS
+  float* probs = dscores + blk.square_block();           // (Tr, Tc): att's causal part, zero-padded
 
   for (int b = 0; b < B; b++) {
     const float* qkv_b = qkv + size_t(b) * T * C3;
     float* dqkv_b = dqkv + size_t(b) * T * C3;
     for (int h = 0; h < NH; h++) {
-      transpose_head(values_t, qkv_b + 2 * C + h * hs, T, Tp, hs, C3);
-      auto dout_row = [&](int t) { return dout + (size_t(b) * T + t) * C + h * hs; };
-      // Row t of dpreatt from its datt (out = sum_t2 att[t2] * value[t2]: the gradient into att; the
-      // values' comes below). The row of datt stays in the small scratch block, in L1: the (B,NH,T,T)
-      // datt is scratch whose contents no caller reads (ops.h), so it is not written at all.
-      auto softmax_backward_row = [&](int t, const float* __restrict datt_row) {
-        const int n = t + 1;
-        const float* __restrict att_row = att + ((size_t(b) * NH + h) * T + t) * T;
-        float* __restrict dpreatt_row = dpreatt + ((size_t(b) * NH + h) * T + t) * T;
+      gather_rows(queries, Tr, hsp, qkv_b + h * hs, C3, T, hs);
+      gather_rows(keys, Tr, hsp, qkv_b + C + h * hs, C3, T, hs);
+      gather_rows(douts, Tr, hsp, dout + size_t(b) * T * C + h * hs, C, T, hs);
+      gather_transposed(values_t, Tc, qkv_b + 2 * C + h * hs, C3, T, hs);
+      const float* att_head = att + (size_t(b) * NH + h) * T * T;
+      float* dpreatt_head = dpreatt + (size_t(b) * NH + h) * T * T;
+      const bool last_head = b == B - 1 && h == NH - 1;
+      const size_t next_head = h + 1 < NH ? size_t(b) * T * C3 + (h + 1) * hs : size_t(b + 1) * T * C3;
+      const size_t next_head_dout = h + 1 < NH ? size_t(b) * T * C + (h + 1) * hs : size_t(b + 1) * T * C;
 
+      for (int t0 = 0; t0 < Tr; t0 += kRows) {
+        const int keys_seen = std::min(t0 + kRows, T);
+        if (!last_head) {
+          for (int part = 0; part < 3; part++)
+            prefetch_rows(qkv + next_head + part * C, C3, t0, t0 + kRows, T, hs, false);
+          prefetch_rows(dout + next_head_dout, C, t0, t0 + kRows, T, hs, false);
+        }
+        for (int part = 0; part < 3; part++)
+          prefetch_rows(dqkv_b + part * C + h * hs, C3, t0, t0 + kRows, T, hs, true);
+        // dP = dO V^T: out = sum_t2 att[t2] * value[t2], so this is the gradient into att. The
+        // (B,NH,T,T) datt is scratch whose contents no caller reads (ops.h): it is not written.
+        tile_row(dscores + size_t(t0) * Tc, Tc, douts + size_t(t0) * hsp, hsp, values_t, Tc, hs, keys_seen, 1.0f);
         // softmax: the Jacobian is diag(att) - att att^T, so its product with datt is
-        // att * (datt - <att, datt>): O(T) per row instead of building the T x T Jacobian.
-        const float weighted_datt = float(dot_double(att_row, datt_row, n));
-        for (int t2 = 0; t2 < n; t2++) dpreatt_row[t2] = att_row[t2] * (datt_row[t2] - weighted_datt);
-      };
-      // Two rows at a time, as in the forward's scores.
-      int t = 0;
-      for (; t + 1 < T; t += 2) {
-        scaled_dots2(datt_block0, datt_block1, dout_row(t), dout_row(t + 1), values_t, Tp, hs, t + 2, 1.0f);
-        softmax_backward_row(t, datt_block0);
-        softmax_backward_row(t + 1, datt_block1);
+        // att * (datt - <att, datt>): O(T) per row instead of building the T x T Jacobian. Each row
+        // of dS and of att is zero past the diagonal as far as a tile's sum reads it: to the end of
+        // this tile's keys, and in the last tile's rows to Tr, where dK's and dV's last tile reads
+        // them down their columns.
+        const int zero_to = keys_seen == T ? Tr : keys_seen;
+        for (int t = t0; t < std::min(t0 + kRows, T); t++) {
+          const int n = t + 1;
+          const float* __restrict att_row = att_head + size_t(t) * T;
+          float* __restrict ds_row = dscores + size_t(t) * Tc;
+          float* __restrict probs_row = probs + size_t(t) * Tc;
+          float* __restrict dpreatt_row = dpreatt_head + size_t(t) * T;
+          const float weighted_datt = float(dot_double(att_row, ds_row, n));
+          for (int t2 = 0; t2 < n; t2++) {
+            const float p = att_row[t2];
+            const float d = p * (ds_row[t2] - weighted_datt);
+            dpreatt_row[t2] = d;
+            ds_row[t2] = d * scale;  // preatt = scale * <query, key>
+            probs_row[t2] = p;
+          }
+          for (int t2 = n; t2 < zero_to; t2++) ds_row[t2] = probs_row[t2] = 0.0f;
+        }
+        // dQ = scale dS K, over the keys this tile's rows see
+        tile_row(grads + size_t(t0) * hsp, hsp, dscores + size_t(t0) * Tc, Tc, keys, hsp, keys_seen, hs, 1.0f);
       }
-      if (t < T) {
-        scaled_dots(datt_block0, dout_row(t), values_t, Tp, hs, t + 1, 1.0f);
-        softmax_backward_row(t, datt_block0);
-      }
-      // preatt = scale * <query, key[t2]>: the gradient into the query, two queries at a time as in
-      // the forward (t and t + 1 share the keys 0..t; t + 1's last one follows alone).
-      const float* keys = qkv_b + C + h * hs;
-      const float* dpreatt_head = dpreatt + (size_t(b) * NH + h) * T * T;
-      auto dquery_row = [&](int t) { return dqkv_b + size_t(t) * C3 + h * hs; };
-      for (t = 0; t + 1 < T; t += 2) {
-        const float* coef0 = dpreatt_head + size_t(t) * T;
-        const float* coef1 = coef0 + T;
-        accumulate_weighted_rows2(dquery_row(t), dquery_row(t + 1), coef0, coef1, 1, scale, keys, C3, t + 1, hs);
-        accumulate_weighted_rows(dquery_row(t + 1), coef1 + t + 1, 1, scale, keys + size_t(t + 1) * C3, C3, 1, hs);
-      }
-      if (t < T) accumulate_weighted_rows(dquery_row(t), dpreatt_head + size_t(t) * T, 1, scale, keys, C3, t + 1, hs);
+      add_rows(dqkv_b + h * hs, C3, grads, hsp, T, hs);
 
-      // The gradients into key t2 and value t2 gather the rows t >= t2 that attended to it: a column of
-      // dpreatt and of att. Each is summed over t in increasing order. Two keys at a time: key t2's
-      // own row t2 first, alone, then rows t2 + 1.. for keys t2 and t2 + 1 together.
-      auto key_and_value = [&](int t2, int rows_from, int rows) {
-        const size_t first = ((size_t(b) * NH + h) * T + rows_from) * T + t2;  // element (rows_from, t2)
-        accumulate_weighted_rows(dqkv_b + size_t(t2) * C3 + C + h * hs, dpreatt + first, T, scale,
-                                 qkv_b + size_t(rows_from) * C3 + h * hs, C3, rows, hs);
-        accumulate_weighted_rows(dqkv_b + size_t(t2) * C3 + 2 * C + h * hs, att + first, T, 1.0f,
-                                 dout + (size_t(b) * T + rows_from) * C + h * hs, C, rows, hs);
-      };
-      int t2 = 0;
-      for (; t2 + 1 < T; t2 += 2) {
-        key_and_value(t2, t2, 1);
-        const size_t below = ((size_t(b) * NH + h) * T + t2 + 1) * T + t2;  // element (t2 + 1, t2)
-        const int rows = T - t2 - 1;
-        accumulate_weighted_rows2(dqkv_b + size_t(t2) * C3 + C + h * hs, dqkv_b + size_t(t2 + 1) * C3 + C + h * hs,
-                                  dpreatt + below, dpreatt + below + 1, T, scale,
-                                  qkv_b + size_t(t2 + 1) * C3 + h * hs, C3, rows, hs);
-        accumulate_weighted_rows2(dqkv_b + size_t(t2) * C3 + 2 * C + h * hs,
-                                  dqkv_b + size_t(t2 + 1) * C3 + 2 * C + h * hs, att + below, att + below + 1, T,
-                                  1.0f, dout + (size_t(b) * T + t2 + 1) * C + h * hs, C, rows, hs);
+      // dK = (scale dS)^T Q and dV = P^T dO: row t2 gathers the rows t >= t2 that attended to key t2,
+      // dS and P read down their columns t2..t2 + kRows - 1 from row t0 on (zero above the diagonal).
+      for (int t0 = 0; t0 < Tr; t0 += kRows) {
+        tile_row<true>(grads + size_t(t0) * hsp, hsp, dscores + size_t(t0) * Tc + t0, Tc, queries + size_t(t0) * hsp,
+                 hsp, T - t0, hs, 1.0f);
       }
-      if (t2 < T) key_and_value(t2, t2, T - t2);
+      add_rows(dqkv_b + C + h * hs, C3, grads, hsp, T, hs);
+      for (int t0 = 0; t0 < Tr; t0 += kRows) {
+        tile_row<true>(grads + size_t(t0) * hsp, hsp, probs + size_t(t0) * Tc + t0, Tc, douts + size_t(t0) * hsp, hsp,
+                 T - t0, hs, 1.0f);
+      }
+      add_rows(dqkv_b + 2 * C + h * hs, C3, grads, hsp, T, hs);
     }
   }
 }
