@@ -13,8 +13,9 @@
 // AVX2 registers) and does one rank-1 update per k. Its loops have compile-time trip counts, so GCC
 // -O3 unrolls them and maps the accumulators to vector registers without intrinsics. Edge tiles
 // go through a scratch tile, so the hot kernel never has a variable bound. The kernel either
-// overwrites C (beta == 0) or, when alpha == 1 and beta == 1 (every backward product of the model),
-// starts its accumulators from C, or from a bias row (sgemm_cpu_bias: a biased forward); other
+// overwrites C (beta == 0) or starts its accumulators from C (alpha == 1 and beta == 1: a backward
+// product that accumulates), from a bias row (sgemm_cpu_bias: a biased forward) or from a row of
+// zeros (alpha == 1 and beta == 0 with A read in place: a backward product that overwrites); other
 // alpha/beta also use the scratch tile. (Intrinsics buy nothing here: GCC emits the same broadcasts
 // and fused multiply-adds; lessons/matmul/matmul_cpu_lesson's v5 shows both.)
 //
