@@ -468,6 +468,12 @@ void check_gelu(DType dt) {
   gelu_backward(cpu_view(dinp, {n}), cpu_view(inp, {n}), cpu_view(dout, {n}));
   gelu_backward(d_dinp.view({n}), d_inp.view({n}), d_dout.view({n}));
   EXPECT_TRUE(close(d_dinp.download(), dinp, tol));
+  // Overwrite, as the block's backward calls it: written over NaN, which any read would carry.
+  auto written = zeros(n);
+  DeviceValues d_written(nans(n), dt);
+  gelu_backward(cpu_view(written, {n}), cpu_view(inp, {n}), cpu_view(dout, {n}), GradWrite::Overwrite);
+  gelu_backward(d_written.view({n}), d_inp.view({n}), d_dout.view({n}), GradWrite::Overwrite);
+  EXPECT_TRUE(close(d_written.download(), written, tol)) << "overwritten";
 }
 
 // Exact in both dtypes: one addition per element on both sides (bf16: then rounded once).
@@ -666,6 +672,14 @@ void check_matmul_halves(DType dt) {
     EXPECT_TRUE(close(cuda_dweight, whole_dweight.download(), kExact)) << "dweight of matmul_backward";
     EXPECT_TRUE(close(cuda_dbias, whole_dbias.download(), kExact)) << "dbias of matmul_backward";
   }
+  // The input's gradient overwritten, as the model's backward asks for it: over NaN on the GPU.
+  auto written = zeros(size_t(MN) * MC);
+  DeviceValues d_written(nans(written.size()), dt);
+  matmul_backward_input(cpu_view(written, {MN, MC}), cpu_view(dout, {MN, MOC}), cpu_view(weight, {MOC, MC}),
+                        GradWrite::Overwrite);
+  matmul_backward_input(d_written.view({MN, MC}), d_dout.view({MN, MOC}), d_weight.view({MOC, MC}),
+                        GradWrite::Overwrite);
+  EXPECT_TRUE(close(d_written.download(), written, pick(dt, kReduction, kBf16Once))) << "dinp overwritten";
 }
 
 TEST_F(CudaOps, MatmulBackwardHalvesMatchCpuAndTheWholeBackward) {

@@ -481,6 +481,30 @@ TEST(Matmul, BackwardHalvesAreTheWholeBackwardBitForBit) {
   }
 }
 
+// GradWrite::Overwrite, which the block's backward uses where the product (or GELU) is the first to
+// write an input gradient: bit for bit what zeroing the buffer and accumulating gives, whatever the
+// buffer held before (NaN here, which any read of it would carry into the result).
+TEST(Matmul, OverwritingBackwardInputIsZeroThenAccumulateBitForBit) {
+  const int N = 37, C_ = 300, OC_ = 45;  // beyond sgemm's register tiles and row blocks, odd edges
+  auto weight = random_vector(OC_ * C_, 120), dout = random_vector(N * OC_, 121);
+  auto accumulated = zeros(size_t(N) * C_);
+  matmul_backward_input(view(accumulated, {N, C_}), view(dout, {N, OC_}), view(weight, {OC_, C_}));
+  std::vector<float> overwritten(size_t(N) * C_, std::nanf(""));
+  matmul_backward_input(view(overwritten, {N, C_}), view(dout, {N, OC_}), view(weight, {OC_, C_}),
+                        GradWrite::Overwrite);
+  EXPECT_TRUE(allclose(overwritten, accumulated, 0.0, 0.0));
+}
+
+TEST(Gelu, OverwritingBackwardIsZeroThenAccumulateBitForBit) {
+  auto inp = random_vector(B * T * 4 * C, 122, -4.0f, 4.0f), dout = random_vector(inp.size(), 123);
+  auto accumulated = zeros(inp.size());
+  gelu_backward(view(accumulated, {B, T, 4 * C}), view(inp, {B, T, 4 * C}), view(dout, {B, T, 4 * C}));
+  std::vector<float> overwritten(inp.size(), std::nanf(""));
+  gelu_backward(view(overwritten, {B, T, 4 * C}), view(inp, {B, T, 4 * C}), view(dout, {B, T, 4 * C}),
+                GradWrite::Overwrite);
+  EXPECT_TRUE(allclose(overwritten, accumulated, 0.0, 0.0));
+}
+
 // add_bias: one addition per element, exact; bias_backward: column sums against float64, accumulating.
 TEST(Bias, AddBiasAndItsBackwardMatchLoops) {
   const int N = B * T;

@@ -69,8 +69,7 @@ void GPT2::block_backward(Slot& s, int l) {
   } else {
     row_parallel_backward(s, v.full(a.dfch_gelu, v.d.Fl), P(FCPROJ_W), P(FCPROJ_B), v.full(x.fch_gelu, v.d.Fl),
                           x.dfcproj);
-    fill_zero(v.full(dfch, v.d.Fl));
-    gelu_backward(v.full(dfch, v.d.Fl), v.full(x.fch, v.d.Fl), v.full(a.dfch_gelu, v.d.Fl));
+    gelu_backward(v.full(dfch, v.d.Fl), v.full(x.fch, v.d.Fl), v.full(a.dfch_gelu, v.d.Fl), GradWrite::Overwrite);
     column_parallel_backward(s, v.local(a.dln), P(FC_W), P(FC_B), v.full(dfch, v.d.Fl), v.local(x.ln2), dfch);
   }
   layernorm_back(x.residual2, x.ln2_mean, x.ln2_rstd, LN2_W, LN2_B);

@@ -37,9 +37,10 @@ void GPT2::column_parallel_backward(Slot& s, Tensor dinp_local, int weight, int 
                                     Tensor inp_local, void* kept) {
   const Views v{dims_for(cfg_, s.B, tp_), dtype_, device_};
   Activations& a = *acts_;
-  fill_zero(dinp_local);
+  // The product is the first to write the input's gradient (Overwrite: no zeroing before it); under
+  // sequence parallelism "f" writes dinp_local from the full-length partial sums.
   if (tp_.size == 1) {
-    matmul_backward_input(dinp_local, dout, param(weight));
+    matmul_backward_input(dinp_local, dout, param(weight), GradWrite::Overwrite);
     return weight_gradient(s, weight, bias, dout, inp_local, kept);
   }
   // The input's gradient first: each rank's part comes from its own slice of the weight, so "f"
@@ -53,9 +54,8 @@ void GPT2::column_parallel_backward(Slot& s, Tensor dinp_local, int weight, int 
   // re-gathering of its input (the gathered buffer is scratch, reused before then).
   const bool later = part_.split_backward && v.d.sp;
   CommHandle regathered = later ? CommHandle() : product_hooks.f_forward(inp_local, inp_full);
-  if (v.d.sp) fill_zero(dinp_full);  // (f overwrites dinp_local)
   const Tensor dinp_partial = v.d.sp ? dinp_full : dinp_local;
-  matmul_backward_input(dinp_partial, dout, param(weight));
+  matmul_backward_input(dinp_partial, dout, param(weight), GradWrite::Overwrite);
   CommHandle summed = product_hooks.f_backward(dinp_partial, dinp_local);
   wait(regathered);
   weight_gradient(s, weight, bias, dout, inp_full, kept, later ? inp_local : Tensor());
@@ -65,7 +65,6 @@ void GPT2::column_parallel_backward(Slot& s, Tensor dinp_local, int weight, int 
 void GPT2::row_parallel_backward(Slot& s, Tensor dinp_full, int weight, int bias, Tensor inp_full, void* kept) {
   const Views v{dims_for(cfg_, s.B, tp_), dtype_, device_};
   Activations& a = *acts_;
-  fill_zero(dinp_full);
   const Tensor dout_local = v.local(a.dresidual);
   Tensor dout_full = dout_local;
   if (tp_.size > 1) {
@@ -77,7 +76,7 @@ void GPT2::row_parallel_backward(Slot& s, Tensor dinp_full, int weight, int bias
     CommHandle gathered = product_hooks.g_backward(dout_local, dout_full);
     wait(gathered);
   }
-  matmul_backward_input(dinp_full, dout_full, param(weight));
+  matmul_backward_input(dinp_full, dout_full, param(weight), GradWrite::Overwrite);  // its first writer
   weight_gradient(s, weight, tp_.size > 1 ? -1 : bias, dout_full, inp_full, kept);
 }
 

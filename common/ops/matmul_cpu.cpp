@@ -13,8 +13,9 @@
 // AVX2 registers) and does one rank-1 update per k. Its loops have compile-time trip counts, so GCC
 // -O3 unrolls them and maps the accumulators to vector registers without intrinsics. Edge tiles
 // go through a scratch tile, so the hot kernel never has a variable bound. The kernel either
-// overwrites C (beta == 0) or, when alpha == 1 and beta == 1 (every backward product of the model),
-// starts its accumulators from C, or from a bias row (sgemm_cpu_bias: a biased forward); other
+// overwrites C (beta == 0) or starts its accumulators from C (alpha == 1 and beta == 1: a backward
+// product that accumulates), from a bias row (sgemm_cpu_bias: a biased forward) or from a row of
+// zeros (alpha == 1 and beta == 0 with A read in place: a backward product that overwrites); other
 // alpha/beta also use the scratch tile. (Intrinsics buy nothing here: GCC emits the same broadcasts
 // and fused multiply-adds; lessons/matmul/matmul_cpu_lesson's v5 shows both.)
 //
@@ -215,6 +216,9 @@ void scale_c(int M, int N, float beta, float* C, int ldc) {
   }
 }
 
+// Where an overwriting kernel that reads its start from memory starts: zeros, one row for all rows.
+alignas(64) constexpr float kZeroRow[NR] = {};
+
 // 64-byte alignment keeps every packed row on whole cache lines and lets loads be aligned.
 struct AlignedBuffer {
   std::vector<float> storage;
@@ -307,6 +311,10 @@ void sgemm_blocked(bool trans_a, bool trans_b, int M, int N, int K, float alpha,
               const float* a_rows = A + static_cast<std::ptrdiff_t>(i0 + is) * lda + k0;
               if (full && beta_k == 1.0f && alpha == 1.0f) {
                 micro_kernel<true, false>(kc, a_rows, b_strip, alpha, c, ldc, c, ldc, lda);
+              } else if (full && beta_k == 0.0f && alpha == 1.0f) {
+                // Overwriting C: the accumulators start from a row of zeros (ldc_in = 0), the same
+                // sums as from a zeroed tile, without the tile's extra pass through memory.
+                micro_kernel<true, false>(kc, a_rows, b_strip, alpha, kZeroRow, 0, c, ldc, lda);
               } else {
                 std::fill(tile, tile + MR * NR, 0.0f);
                 micro_kernel<true, false>(kc, a_rows, b_strip, 1.0f, tile, NR, tile, NR, lda);

@@ -267,16 +267,23 @@ void matmul_backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, Ten
   matmul_backward_weight(dweight, dbias, dout, inp);
 }
 
-void matmul_backward_input(Tensor dinp, Tensor dout, Tensor weight) {
+void matmul_backward_input(Tensor dinp, Tensor dout, Tensor weight, GradWrite write) {
   const Operands ops = operands(__func__, dinp, dout, weight);
   const int N = rows(dout), OC = cols(dout), C = cols(weight);
   ENSURE(rows(weight) == OC, "matmul_backward_input: dout is (N,OC), weight must be (OC,C)");
   ENSURE(dinp.numel() == int64_t(N) * C, "matmul_backward_input: dinp must be (N,C)");
-  if (MatmulEmulation* emulation = gpu_emulation_for(ops)) return emulation->backward_input(dinp, dout, weight);
-  ON_CUDA(ops, matmul_backward_input(ops.dtype, dinp.data, dout.data, weight.data, N, C, OC));
+  const bool accumulate = write == GradWrite::Accumulate;
+  if (MatmulEmulation* emulation = gpu_emulation_for(ops)) {
+    if (!accumulate) fill_zero(dinp);  // an emulation always accumulates
+    return emulation->backward_input(dinp, dout, weight);
+  }
+  ON_CUDA(ops, matmul_backward_input(ops.dtype, dinp.data, dout.data, weight.data, N, C, OC, accumulate));
   const MatmulClock clock;
-  if (MatmulEmulation* emulation = cpu_matmul_emulation()) return emulation->backward_input(dinp, dout, weight);
-  cpu::matmul_backward_input(dinp.f32(), dout.f32(), weight.f32(), N, C, OC);
+  if (MatmulEmulation* emulation = cpu_matmul_emulation()) {
+    if (!accumulate) fill_zero(dinp);  // an emulation always accumulates
+    return emulation->backward_input(dinp, dout, weight);
+  }
+  cpu::matmul_backward_input(dinp.f32(), dout.f32(), weight.f32(), N, C, OC, accumulate);
 }
 
 void matmul_backward_weight(Tensor dweight, Tensor dbias, Tensor dout, Tensor inp) {
@@ -398,11 +405,12 @@ void gelu_forward(Tensor out, Tensor inp) {
   cpu::gelu_forward(out.f32(), inp.f32(), count(inp));
 }
 
-void gelu_backward(Tensor dinp, Tensor inp, Tensor dout) {
+void gelu_backward(Tensor dinp, Tensor inp, Tensor dout, GradWrite write) {
   const Operands ops = operands(__func__, dinp, inp, dout);
   ENSURE(dinp.numel() == inp.numel() && dout.numel() == inp.numel(), "gelu_backward: sizes differ");
-  ON_CUDA(ops, gelu_backward(ops.dtype, dinp.data, inp.data, dout.data, count(inp)));
-  cpu::gelu_backward(dinp.f32(), inp.f32(), dout.f32(), count(inp));
+  const bool accumulate = write == GradWrite::Accumulate;
+  ON_CUDA(ops, gelu_backward(ops.dtype, dinp.data, inp.data, dout.data, count(inp), accumulate));
+  cpu::gelu_backward(dinp.f32(), inp.f32(), dout.f32(), count(inp), accumulate);
 }
 
 void residual_forward(Tensor out, Tensor a, Tensor b) {

@@ -7,13 +7,19 @@
 // Convention (as in llm.c): every backward ACCUMULATES (+=) into the gradients it writes, both
 // parameter gradients and input gradients. Callers zero what must start at zero. Two exceptions,
 // named where they are declared, overwrite pure scratch, so the model need not zero hundreds of MB
-// per step: attention's dpreatt and datt, and the cross-entropy's dlogits.
+// per step: attention's dpreatt and datt, and the cross-entropy's dlogits. And two backwards whose
+// input gradient is often the first thing written into its buffer (a product's and GELU's) take a
+// GradWrite: Overwrite writes the gradient instead of adding it, where the caller would otherwise
+// zero the buffer first: the same values without that pass over memory, nor the read of the zeros.
 //
 // dtypes: on the CPU every tensor is fp32. On CUDA the model's tensors (activations, parameters,
 // gradients) are fp32 or bf16, one dtype per call (bf16 mixed precision: see ops_cuda.h); layernorm's
 // mean and rstd, the losses and AdamW's m, v and master weights are fp32 always.
 #pragma once
 #include "ops/tensor.h"
+
+// How an input gradient meets what its buffer holds (see the convention above).
+enum class GradWrite { Accumulate, Overwrite };
 
 // The wall time, in ms, that this process has spent in the CPU's matrix products (matmul_forward,
 // matmul_backward_input, matmul_backward_weight) since it started; a step's share is the difference.
@@ -54,7 +60,8 @@ void matmul_backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, Ten
 // Its two halves, for a backward that computes the input's gradient first and the weight's later (so
 // that a collective of the first can travel while the second computes: tensor parallelism's overlap;
 // a zero-bubble pipeline's B and W). Calling both gives matmul_backward's result bit for bit.
-void matmul_backward_input(Tensor dinp, Tensor dout, Tensor weight);                 // dinp += dout @ weight
+// dinp += dout @ weight (GradWrite::Overwrite: dinp = dout @ weight).
+void matmul_backward_input(Tensor dinp, Tensor dout, Tensor weight, GradWrite write = GradWrite::Accumulate);
 void matmul_backward_weight(Tensor dweight, Tensor dbias, Tensor dout, Tensor inp);  // dweight, dbias
 // out(N,C) += bias(C) in every row; dbias(C) += column sums of dout(N,C). For a row-parallel layer,
 // whose bias is added once, after its partial outputs are summed over the ranks.
@@ -81,7 +88,8 @@ void attention_backward_flash(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, 
 
 // GELU, tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
 void gelu_forward(Tensor out, Tensor inp);
-void gelu_backward(Tensor dinp, Tensor inp, Tensor dout);  // dinp += gelu'(inp) * dout
+// dinp += gelu'(inp) * dout (GradWrite::Overwrite: dinp = gelu'(inp) * dout).
+void gelu_backward(Tensor dinp, Tensor inp, Tensor dout, GradWrite write = GradWrite::Accumulate);
 
 void residual_forward(Tensor out, Tensor a, Tensor b);     // out = a + b
 void residual_backward(Tensor da, Tensor db, Tensor dout); // da += dout; db += dout

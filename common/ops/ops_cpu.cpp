@@ -207,9 +207,10 @@ void matmul_forward(float* out, const float* inp, const float* weight, const flo
 }
 
 // matmul_backward (ops.cpp) is these two, in this order: the same products as one call would make.
-void matmul_backward_input(float* dinp, const float* dout, const float* weight, int N, int C, int OC) {
-  // dinp(N,C) += dout(N,OC) @ weight(OC,C); beta = 1: backward accumulates
-  sgemm_cpu(false, false, N, C, OC, 1.0f, dout, OC, weight, C, 1.0f, dinp, C);
+void matmul_backward_input(float* dinp, const float* dout, const float* weight, int N, int C, int OC,
+                           bool accumulate) {
+  // dinp(N,C) += dout(N,OC) @ weight(OC,C); beta = 1: backward accumulates, beta = 0: overwrites
+  sgemm_cpu(false, false, N, C, OC, 1.0f, dout, OC, weight, C, accumulate ? 1.0f : 0.0f, dinp, C);
 }
 
 void matmul_backward_weight(float* dweight, float* dbias, const float* dout, const float* inp, int N, int C,
@@ -244,15 +245,21 @@ void gelu_forward(float* out, const float* inp, size_t n) {
   }
 }
 
-void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n) {
-  for (size_t i = 0; i < n; i++) {
-    float x = inp[i];
-    float tanh_out = fast_tanh(kGeluScale * (x + kGeluCubic * x * x * x));
-    // d tanh(u)/du = 1 - tanh(u)^2 (= sech^2), reusing the tanh already computed
-    float sech2 = 1.0f - tanh_out * tanh_out;
-    float local_grad =
-        0.5f * (1.0f + tanh_out) + 0.5f * x * sech2 * kGeluScale * (1.0f + 3.0f * kGeluCubic * x * x);
-    dinp[i] += local_grad * dout[i];
+namespace {
+inline float gelu_derivative(float x) {
+  float tanh_out = fast_tanh(kGeluScale * (x + kGeluCubic * x * x * x));
+  // d tanh(u)/du = 1 - tanh(u)^2 (= sech^2), reusing the tanh already computed
+  float sech2 = 1.0f - tanh_out * tanh_out;
+  return 0.5f * (1.0f + tanh_out) + 0.5f * x * sech2 * kGeluScale * (1.0f + 3.0f * kGeluCubic * x * x);
+}
+}  // namespace
+
+void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n, bool accumulate) {
+  // Two loops rather than a test per element, so that each vectorizes.
+  if (accumulate) {
+    for (size_t i = 0; i < n; i++) dinp[i] += gelu_derivative(inp[i]) * dout[i];
+  } else {
+    for (size_t i = 0; i < n; i++) dinp[i] = gelu_derivative(inp[i]) * dout[i];
   }
 }
 

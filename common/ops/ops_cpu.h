@@ -29,8 +29,10 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
 // out(N,OC) = inp(N,C) @ weight(OC,C)^T + bias(OC); bias and dbias may be nullptr.
 void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int N, int C,
                     int OC);
-// The backward in its two halves (ops.cpp's matmul_backward calls both, input first).
-void matmul_backward_input(float* dinp, const float* dout, const float* weight, int N, int C, int OC);
+// The backward in its two halves (ops.cpp's matmul_backward calls both, input first). accumulate =
+// false overwrites dinp instead of adding to it (ops.h's GradWrite::Overwrite).
+void matmul_backward_input(float* dinp, const float* dout, const float* weight, int N, int C, int OC,
+                           bool accumulate = true);
 void matmul_backward_weight(float* dweight, float* dbias, const float* dout, const float* inp, int N, int C,
                             int OC);
 // out(N,C) += bias(C) in every row; dbias(C) += column sums of dout(N,C), row by row.
@@ -43,7 +45,7 @@ void attention_backward(float* dqkv, float* dpreatt, float* datt, const float* d
                         const float* att, int B, int T, int C, int NH);
 
 void gelu_forward(float* out, const float* inp, size_t n);
-void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n);
+void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n, bool accumulate = true);
 
 void residual_forward(float* out, const float* a, const float* b, size_t n);
 void residual_backward(float* da, float* db, const float* dout, size_t n);

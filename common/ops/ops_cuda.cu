@@ -614,15 +614,16 @@ __global__ void gelu_forward_bf16x8_kernel(uint4* out, const uint4* inp, size_t 
   }
 }
 
-__global__ void gelu_backward_bf16x8_kernel(uint4* dinp, const uint4* inp, const uint4* dout, size_t vectors) {
+__global__ void gelu_backward_bf16x8_kernel(uint4* dinp, const uint4* inp, const uint4* dout, size_t vectors,
+                                            bool accumulate) {
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < vectors; i += size_t(gridDim.x) * blockDim.x) {
     Bf16x8 x, d, g;
     x.bits = inp[i];
     d.bits = dout[i];
-    g.bits = dinp[i];
+    if (accumulate) g.bits = dinp[i];
 #pragma unroll
     for (int k = 0; k < 8; k++)
-      g.e[k] = __float2bfloat16(__bfloat162float(g.e[k]) +
+      g.e[k] = __float2bfloat16((accumulate ? __bfloat162float(g.e[k]) : 0.0f) +
                                 gelu_derivative(__bfloat162float(x.e[k])) * __bfloat162float(d.e[k]));
     dinp[i] = g.bits;
   }
@@ -654,9 +655,10 @@ __global__ void gelu_forward_kernel(Elem* out, const Elem* inp, size_t n) {
 }
 
 template <typename Elem>
-__global__ void gelu_backward_kernel(Elem* dinp, const Elem* inp, const Elem* dout, size_t n) {
+__global__ void gelu_backward_kernel(Elem* dinp, const Elem* inp, const Elem* dout, size_t n, bool accumulate) {
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
-    dinp[i] = from_float<Elem>(to_float(dinp[i]) + gelu_derivative(to_float(inp[i])) * to_float(dout[i]));
+    const float before = accumulate ? to_float(dinp[i]) : 0.0f;
+    dinp[i] = from_float<Elem>(before + gelu_derivative(to_float(inp[i])) * to_float(dout[i]));
   }
 }
 
@@ -1232,10 +1234,12 @@ void matmul_forward(DType dt, void* out, const void* inp, const void* weight, co
 }
 
 // matmul_backward (ops.cpp) is these two, in this order: the same GEMMs as one call would make.
-void matmul_backward_input(DType dt, void* dinp, const void* dout, const void* weight, int N, int C, int OC) {
-  if (N == 0 || C == 0 || OC == 0) return;
-  // alpha = 1, and beta = 1 because backward accumulates
-  gemm(dt, CUBLAS_OP_N, CUBLAS_OP_N, C, N, OC, 1.0f, weight, C, dout, OC, 1.0f, dinp, C);
+void matmul_backward_input(DType dt, void* dinp, const void* dout, const void* weight, int N, int C, int OC,
+                           bool accumulate) {
+  if (N == 0 || C == 0) return;
+  if (OC == 0) return accumulate ? void() : fill_zero(dt, dinp, size_t(N) * C);  // an empty sum
+  // alpha = 1, and beta = 1 because backward accumulates (0 where the caller asked to overwrite)
+  gemm(dt, CUBLAS_OP_N, CUBLAS_OP_N, C, N, OC, 1.0f, weight, C, dout, OC, accumulate ? 1.0f : 0.0f, dinp, C);
 }
 
 void matmul_backward_weight(DType dt, void* dweight, void* dbias, const void* dout, const void* inp, int N, int C,
@@ -1382,17 +1386,18 @@ void gelu_forward(DType dt, void* out, const void* inp, size_t n) {
   check_launch();
 }
 
-void gelu_backward(DType dt, void* dinp, const void* inp, const void* dout, size_t n) {
+void gelu_backward(DType dt, void* dinp, const void* inp, const void* dout, size_t n, bool accumulate) {
   if (n == 0) return;
   if (vectorizable(dt, n, {dinp, inp, dout})) {
     gelu_backward_bf16x8_kernel<<<grid_for(n / 8), kBlock, 0, stream()>>>(
-        static_cast<uint4*>(dinp), static_cast<const uint4*>(inp), static_cast<const uint4*>(dout), n / 8);
+        static_cast<uint4*>(dinp), static_cast<const uint4*>(inp), static_cast<const uint4*>(dout), n / 8,
+        accumulate);
     return check_launch();
   }
   with_type(dt, [&](auto tag) {
     using Elem = typename decltype(tag)::type;
     gelu_backward_kernel<Elem><<<grid_for(n), kBlock, 0, stream()>>>(
-        static_cast<Elem*>(dinp), static_cast<const Elem*>(inp), static_cast<const Elem*>(dout), n);
+        static_cast<Elem*>(dinp), static_cast<const Elem*>(inp), static_cast<const Elem*>(dout), n, accumulate);
   });
   check_launch();
 }

@@ -67,7 +67,9 @@ void layernorm_backward(DType dt, void* dinp, void* dweight, void* dbias, const 
 void matmul_forward(DType dt, void* out, const void* inp, const void* weight, const void* bias, int N, int C,
                     int OC);
 // The backward in its two halves (ops.cpp's matmul_backward calls both, input first).
-void matmul_backward_input(DType dt, void* dinp, const void* dout, const void* weight, int N, int C, int OC);
+// accumulate = false overwrites dinp (ops.h's GradWrite::Overwrite), in the product and in GELU's backward.
+void matmul_backward_input(DType dt, void* dinp, const void* dout, const void* weight, int N, int C, int OC,
+                           bool accumulate);
 void matmul_backward_weight(DType dt, void* dweight, void* dbias, const void* dout, const void* inp, int N, int C,
                             int OC);
 // out(N,C) += bias(C) in every row; dbias(C) += column sums of dout(N,C).
@@ -90,7 +92,7 @@ void attention_backward_flash(void* dqkv, const void* dout, const void* qkv, con
                               int T, int C, int NH);
 
 void gelu_forward(DType dt, void* out, const void* inp, size_t n);
-void gelu_backward(DType dt, void* dinp, const void* inp, const void* dout, size_t n);
+void gelu_backward(DType dt, void* dinp, const void* inp, const void* dout, size_t n, bool accumulate);
 
 void residual_forward(DType dt, void* out, const void* a, const void* b, size_t n);
 void residual_backward(DType dt, void* da, void* db, const void* dout, size_t n);
