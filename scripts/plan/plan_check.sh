@@ -46,6 +46,7 @@ out=results/plan_check
 mkdir -p "$out"
 plan=09_3d_parallel/plan
 sync_probe=${BUILD:-build}/sync_probe
+share_probe=scripts/plan/cpu_share.py
 [ -x "$sync_probe" ] || { echo "$sync_probe is not built: make $sync_probe (make plan-check builds it)"; exit 2; }
 
 # Two emulated links (bench-tp's "in a node" and "across nodes").
@@ -127,7 +128,8 @@ calibrate() {
     10) cmd=(./10_context_parallel/train --preset "$preset" --cp 1) ;;
     11) cmd=(./11_expert_parallel/train --preset moe-small --ep 1) ;;
   esac
-  mpiexec "${mpirun_flags[@]}" -n 2 "${cmd[@]}" --batch 8 --steps "$cal_steps" --quiet --json "$cal.jsonl" \
+  python3 "$share_probe" --ranks 2 --steps-of "$cal.jsonl" "$cal.share" \
+    mpiexec "${mpirun_flags[@]}" -n 2 "${cmd[@]}" --batch 8 --steps "$cal_steps" --quiet --json "$cal.jsonl" \
     </dev/null >"$cal.log" 2>&1 || { echo "calibration failed: ${cmd[*]}"; tail -n 5 "$cal.log"; exit 1; }
   # Beside it, what one synchronization between the 2 ranks costs now (the planner's --sync-us).
   timeout 60 mpiexec "${mpirun_flags[@]}" -n 2 "$sync_probe" --ms 500 </dev/null >"$cal.sync" 2>&1 ||
@@ -138,7 +140,7 @@ calibrate() {
 }
 
 selected=" ${RUNS:-} "
-rm -f "$out"/calibration*.jsonl "$out"/calibration*.sync
+rm -f "$out"/calibration*.jsonl "$out"/calibration*.sync "$out"/calibration*.share
 : >"$out/rows.tsv"
 echo "calibration runs on 2 ranks without a link, before and after each timed row: 01_vanilla_dp, 10 --cp 1, 11 --ep 1 (scripts/plan/plan_check.sh)"
 for row in "${runs[@]}"; do
@@ -156,11 +158,12 @@ for row in "${runs[@]}"; do
   if [ "$timed" = 1 ]; then row_rounds=$rounds; fi
   failed=""
   first_cal=""
-  rm -f "$log".round*.jsonl
+  rm -f "$log".round*.jsonl "$log".round*.share
   for ((round = 1; round <= row_rounds; round++)); do
     if [ "$timed" = 1 ] && [ "$last" != "$kind" ]; then calibrate "$kind"; fi
     if [ -z "$first_cal" ]; then first_cal=$((calibrations - 1)) before=$(load); fi
-    if ! timeout 600 mpiexec "${mpirun_flags[@]}" -n "$ranks" "./$chapter/train" --preset "$row_preset" --batch 8 \
+    if ! python3 "$share_probe" --ranks "$ranks" --steps-of "$log.round$round.jsonl" "$log.round$round.share" \
+        timeout 600 mpiexec "${mpirun_flags[@]}" -n "$ranks" "./$chapter/train" --preset "$row_preset" --batch 8 \
         --steps "$steps" --quiet --link-gbps "$gbps" --link-latency-us "$latency" $chapter_flags \
         --json "$log.round$round.jsonl" </dev/null >"$log.log" 2>&1; then
       failed=$(tail -n 1 "$log.log")
