@@ -26,7 +26,13 @@
 #   chapters: one runs before a timed row (unless the one just run is of its kind) and one after it,
 #   and the row is predicted with the mean of the two around it, so that both sides see the same
 #   machine when the load beside them changes. The load average (1 minute) at each row's start and end
-#   is printed beside it.
+#   is printed beside it. Each calibration and each row runs under scripts/plan/cpu_share.py, which
+#   measures, step by step, the share of a core the ranks' main threads got while they wanted one
+#   (the kernel's run and run-queue wait times of those threads): a calibration's rates are brought to a
+#   core of their own (each step's times times its share, then the median), and a timed row is
+#   predicted at those rates times the share its own steps got, since the other jobs' bursts are
+#   shorter than a row. The share counts how fast the machine let the ranks compute, never how long
+#   they took (docs/planner.md, plan-check).
 #   Communication is the emulated link's alpha-beta model; the bubble is 08's simulator.
 # Settings: PRESET=small, STEPS=8 (step 0 is warm-up), CAL_STEPS=12 per calibration, RUNS="name name ..."
 # to run only some rows, ROUNDS=1: a timed row runs ROUNDS times, each round followed by a calibration
