@@ -8,6 +8,7 @@ calibrations run just before and just after the row (their mean rates; with ROUN
 together and the mean of every calibration between and around them). Exit 1 when memory is not
 exact; the times are printed, with the machine's load beside them."""
 import json
+import os
 import subprocess
 import sys
 
@@ -128,6 +129,26 @@ def sync_cost(out, index):
     sys.exit("plan_check: %s/calibration%d.sync has no sync-json line" % (out, index))
 
 
+# How far apart the calibrations around a row may lie, on a core of their own (AGREE=0.3: 30%).
+AGREE = float(os.environ.get("AGREE", "0.30"))
+
+
+def own_core_step_ms(out, index):
+    """Calibration `index`'s median step brought to a core of its own (each step's time times the share
+    of a core its ranks got during it)."""
+    share = share_record("%s/calibration%d.share" % (out, index))["step_share"]
+    steps = sorted(r["step_ms"] * share[r["step"]] for r in records("%s/calibration%d.jsonl" % (out, index))
+                   if r.get("type") == "step" and 0 < r["step"] < len(share) and share[r["step"]] is not None)
+    return steps[(len(steps) - 1) // 2]
+
+
+def calibrations_agree(out, first, last):
+    """Whether calibrations first..last (those around a row and between its rounds), each on a core of its
+    own, lie within AGREE of each other: the slowest at most 1 + AGREE times the fastest."""
+    times = [own_core_step_ms(out, i) for i in range(first, last + 1)]
+    return max(times) <= (1 + AGREE) * min(times)
+
+
 def main(out, preset, plan):
     lines = [l.rstrip("\n").split("\t") for l in open(out + "/rows.tsv")]
     cals = {}
@@ -156,7 +177,7 @@ def main(out, preset, plan):
     head += "".join(" %19s" % ("%s meas/plan" % c[0]) for c in cats)
     head += " %17s | %-9s | %s" % ("buffers meas<=plan", "load", "step ms meas / plan (error), cal #")
     print(head)
-    memory_ok = time_ok = memory_rows = time_rows = unshared_ok = 0
+    memory_ok = time_ok = memory_rows = time_rows = unshared_ok = unsettled = 0
     for f in lines:
         if f[0] == "calibration":
             continue
@@ -165,6 +186,7 @@ def main(out, preset, plan):
             continue
         name, _, ranks, chapter, gbps, latency, timed, flags, model, cal, load_before, load_after = f[:12]
         rounds = int(f[12]) if len(f) > 12 else 1  # a timed row's rounds, each followed by a calibration
+        tries, settled = (int(f[13]), f[14] == "1") if len(f) > 14 else (1, True)
         theory = [r for r in records("%s/%s.jsonl" % (out, name)) if r.get("type") == "theory"]
         if not theory:
             print("%-20s no theory record" % name)
@@ -221,6 +243,7 @@ def main(out, preset, plan):
             err = (pred_ms - meas_ms) / meas_ms
             time_rows += 1
             time_ok += abs(err) <= 0.20
+            unsettled += not settled
             # Beside it, the prediction as it was before the share: the calibrations' rates as they ran.
             unshared_ms = predict(plan, model, int(ranks), gbps, latency, flags, measured_peak, measured_elementwise,
                                   sync_us)[0]["step_s"] * 1e3
@@ -231,6 +254,8 @@ def main(out, preset, plan):
                         meas_ms, pred_ms, 100 * err, share, 100 * unshared_err, cal, int(cal) + rounds, p["compute_s"] * 1e3, p["tp_s"] * 1e3,
                         p.get("cp_s", 0) * 1e3, p["pp_s"] * 1e3, p["dp_s"] * 1e3, p.get("ep_s", 0) * 1e3,
                         p["bubble_s"] * 1e3, sync_us, p.get("sync_s", 0) * 1e3, step["matmul_ms"], flops / peak * 1e3))
+            if tries > 1:
+                row += " | %d tries%s" % (tries, "" if settled else ": the load changed during every try")
         print(row)
     print("(memory in kB, rank 0, by category: measured/planned, '!' where they differ; '<': a mixture of experts' activations "
           "(11, 12), set by the routing, against the planner's bound; buffers: the measured peak of the communication buffers "
@@ -242,12 +267,18 @@ def main(out, preset, plan):
     print("(share: the share of a core the row's ranks got while they wanted one during its steps, which scales the "
           "calibrations' rates on a core of its own; without: the error of the prediction from the calibrations' rates "
           "as they ran, with no share)")
+    print("(tries: a timed row runs again, between the last calibration and a new one, while the calibrations around "
+          "it, each on a core of its own, lie more than %d%% apart: the machine changed under it as the share does not "
+          "follow; TRIES in all, then it is marked)" % round(AGREE * 100))
     print("memory exact (and within the bounds) in %d of %d runs; step time within 20%% in %d of %d timed runs "
-          "at 2 ranks (%d without the share)" % (memory_ok, memory_rows, time_ok, time_rows, unshared_ok))
+          "at 2 ranks (%d without the share); the load changed during every try of %d of them"
+          % (memory_ok, memory_rows, time_ok, time_rows, unshared_ok, unsettled))
     return 0 if memory_ok == memory_rows else 1
 
 
 if __name__ == "__main__":
+    if len(sys.argv) == 5 and sys.argv[1] == "--agree":  # plan_check.sh, after a row: exit 0 when they agree
+        sys.exit(0 if calibrations_agree(sys.argv[2], int(sys.argv[3]), int(sys.argv[4])) else 1)
     if len(sys.argv) != 4:
         sys.exit("usage: plan_check.py OUT PRESET PLAN")
     sys.exit(main(*sys.argv[1:4]))
