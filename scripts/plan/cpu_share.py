@@ -8,9 +8,9 @@ On idle cores it is 1; with R runnable processes on N cores, about N / R. It cou
 spent waiting for its peer or sleeping out the emulated link (then it is not runnable), so it says how
 fast the machine let the ranks compute, not how long they took: a calibration's rates divided by its
 share are the rates of a rank on a core of its own, and a row is predicted at those rates times its
-share. Every 10 ms it reads the counters, and, with --steps-of, how many step records the run has
+share. Every 20 ms it reads the counters, and, with --steps-of, how many step records the run has
 written (each is written as its step ends), so each step gets its own share. Also the machine's whole
-run queue (/proc/stat's procs_running), for the record. Writes one line, `share-json {...}`, to OUT;
+run queue (procs_running), for the record. Writes one line, `share-json {...}`, to OUT;
 exits with CMD's status."""
 import glob
 import json
@@ -19,15 +19,14 @@ import subprocess
 import sys
 import time
 
-PERIOD_S = 0.01
+PERIOD_S = 0.02
 
 
 def runnable():
-    with open("/proc/stat") as f:
-        for line in f:
-            if line.startswith("procs_running "):
-                return int(line.split()[1])
-    return 1
+    # /proc/loadavg's "running/total" is the count /proc/stat calls procs_running, without the cost of
+    # generating /proc/stat's long interrupt lines at every sample.
+    with open("/proc/loadavg") as f:
+        return int(f.read().split()[3].split("/")[0])
 
 
 class StepCounter:
@@ -36,20 +35,23 @@ class StepCounter:
     while k are written falls in step k."""
 
     def __init__(self, path):
-        self.path, self.size, self.count = path, -1, 0
+        self.path, self.name, self.size, self.count = path, None, -1, 0
 
     def __call__(self):
         if not self.path:
             return 0
-        names = glob.glob(glob.escape(self.path) + ".tmp.*") or [self.path]
-        try:
-            size = os.path.getsize(names[0])
+        for retry in (False, True):
+            if self.name is None or retry:  # found once; looked for again when it is renamed into place
+                self.name = (glob.glob(glob.escape(self.path) + ".tmp.*") or [self.path])[0]
+            try:
+                size = os.path.getsize(self.name)
+            except OSError:
+                continue
             if size != self.size:
-                with open(names[0], "rb") as f:
+                with open(self.name, "rb") as f:
                     self.count = f.read().count(b'"type":"step"')
                 self.size = size
-        except OSError:
-            pass
+            break
         return self.count
 
 
@@ -143,7 +145,8 @@ def main():
         total = [end[0] - first[0], end[1] - first[1]]
     record = {"share": total[0] / sum(total) if sum(total) > 0 else None, "step_share": step_share,
               "step_ran_ms": step_ran_ms, "step_waited_ms": step_waited_ms, "ranks_found": len(own.pids),
-              "runnable_mean": sum(queue) / len(queue) if queue else 0.0, "samples": len(queue), "wall_s": wall}
+              "runnable_mean": sum(queue) / len(queue) if queue else 0.0, "samples": len(queue), "wall_s": wall,
+              "probe_cpu_s": os.times().user + os.times().system}  # what the sampling itself cost
     with open(out, "w") as f:
         f.write("share-json %s\n" % json.dumps(record))
     return child.returncode if child.returncode >= 0 else 128 - child.returncode

@@ -49,7 +49,11 @@ def share_record(path):
     one, per step (step_share; step_ran_ms and step_waited_ms, the ranks' main threads summed)."""
     for line in open(path):
         if line.startswith("share-json "):
-            return json.loads(line[len("share-json "):])
+            record = json.loads(line[len("share-json "):])
+            if record["share"] is None:
+                sys.exit("plan_check: %s: scripts/plan/cpu_share.py found no rank of the run to measure (are the ranks "
+                         "the leaves of mpiexec's process tree?)" % path)
+            return record
     sys.exit("plan_check: %s has no share-json line" % path)
 
 
