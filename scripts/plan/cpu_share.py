@@ -41,7 +41,9 @@ class StepCounter:
         if not self.path:
             return 0
         for retry in (False, True):
-            if self.name is None or retry:  # found once; looked for again when it is renamed into place
+            # The temporary, once found, until it is renamed into place; never a file left at PATH by an
+            # earlier run while this one writes its temporary.
+            if self.name is None or self.name == self.path or retry:
                 self.name = (glob.glob(glob.escape(self.path) + ".tmp.*") or [self.path])[0]
             try:
                 size = os.path.getsize(self.name)
