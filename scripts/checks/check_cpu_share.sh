@@ -44,7 +44,7 @@ if len(r["step_share"]) != 4 or None in r["step_share"]:
     sys.exit("FAIL: a run of four steps got the shares %s" % r["step_share"])
 PY
 
-python3 - "$dir" <<'PY' || exit 1
+python3 -B - "$dir" <<'PY' || exit 1  # -B: no __pycache__ left beside plan_check.py
 import json, os, sys
 sys.path.insert(0, "scripts/plan")
 import plan_check
