@@ -4,10 +4,14 @@ and the calibrations and lists them in OUT/rows.tsv). For every row, the planner
 same configuration (PLAN --one on the emulated cluster) beside the run's records: memory per rank by
 category, exact (a mixture of experts' activations, 11's and 12's, set by the routing, within the
 planner's bound), the communication buffers within the bound, and at 2 ranks the median step within 20%, predicted with the
-calibrations run just before and just after the row (their mean rates; with ROUNDS, the row's rounds' steps
-together and the mean of every calibration between and around them). Exit 1 when memory is not
-exact; the times are printed, with the machine's load beside them."""
+calibrations run just before and just after the row (their mean rates on a core of their own, times the
+share of a core the row's ranks got during its steps, scripts/plan/cpu_share.py; with ROUNDS, the row's
+rounds' steps together and the mean of every calibration between and around them). Exit 1 when memory
+is not exact; the times are printed, with the machine's load beside them.
+plan_check.py --agree OUT FIRST LAST: exit 0 when calibrations FIRST..LAST agree on a core of their own
+(plan_check.sh asks after each timed row whether to run it again)."""
 import json
+import os
 import subprocess
 import sys
 
@@ -43,16 +47,57 @@ def predict(plan, model, ranks, gbps, latency, flags, peak, elementwise, sync_us
 CALIBRATIONS = {"01": (None, ""), "10": (None, "--attention ring"), "11": ("moe-small", "--ep 1")}
 
 
+def share_record(path):
+    """scripts/plan/cpu_share.py's record of a run: the share of a core its ranks got while they wanted
+    one, per step (step_share; step_ran_ms and step_waited_ms, the ranks' main threads summed)."""
+    for line in open(path):
+        if line.startswith("share-json "):
+            record = json.loads(line[len("share-json "):])
+            if record["share"] is None:
+                sys.exit("plan_check: %s: scripts/plan/cpu_share.py found no rank of the run to measure (are the ranks "
+                         "the leaves of mpiexec's process tree?)" % path)
+            return record
+    sys.exit("plan_check: %s has no share-json line" % path)
+
+
+def run_share(paths):
+    """The share of a core a row's ranks got while they wanted one during its measured steps (step 0,
+    the warm-up, left out), over all its rounds: the time they ran over the time they ran or waited
+    for a core."""
+    ran = waited = 0.0
+    for path in paths:
+        r = share_record(path)
+        ran += sum(r["step_ran_ms"][1:])
+        waited += sum(r["step_waited_ms"][1:])
+    return ran / (ran + waited) if ran + waited > 0 else 1.0
+
+
 def rates(out, plan, preset, index, kind):
     """The two rates of calibration `index`: the planner's own prediction of the 2-rank run with one rate
-    at 1 a second and the other free gives its matrix-product FLOPs and its activation bytes; the median
-    measured step, split into its time in the matrix products and the rest, gives the rates."""
-    cal = median_step("%s/calibration%d.jsonl" % (out, index))
+    at 1 a second and the other free gives its matrix-product FLOPs and its activation bytes; the
+    measured steps, each split into its time in the matrix products and the rest, give the rates. Each
+    step's two times are first brought to a core of its own (times the share of a core its ranks got
+    while they wanted one during that step, cpu_share.py), then the median of each is taken: the rates of
+    one rank on a core of its own, what a row's share scales back down. Also the rates as measured (the
+    median step as it ran), for the comparison, and the calibration's share."""
+    path = "%s/calibration%d.jsonl" % (out, index)
+    cal = median_step(path)
+    share = share_record("%s/calibration%d.share" % (out, index))
+    own_core_products, own_core_rest = [], []
+    for r in records(path):
+        if r.get("type") == "step" and r.get("step", 0) > 0 and r["step"] < len(share["step_share"]):
+            s = share["step_share"][r["step"]]
+            if s is not None:
+                own_core_products.append(r["matmul_ms"] * s)
+                own_core_rest.append((r["step_ms"] - r["matmul_ms"]) * s)
+    middle = lambda values: sorted(values)[(len(values) - 1) // 2]
     model, flags = CALIBRATIONS[kind]
     model = model or preset
     flops = predict(plan, model, 2, "0", "0", flags, 1.0, 1e30)[0]["compute_s"]
     act_bytes = predict(plan, model, 2, "0", "0", flags, 1e30, 1.0)[0]["compute_s"]
-    return flops / (cal["matmul_ms"] / 1e3), act_bytes / ((cal["step_ms"] - cal["matmul_ms"]) / 1e3), cal["step_ms"]
+    measured = (flops / (cal["matmul_ms"] / 1e3), act_bytes / ((cal["step_ms"] - cal["matmul_ms"]) / 1e3))
+    own_core = (flops / (middle(own_core_products) / 1e3), act_bytes / (middle(own_core_rest) / 1e3))
+    return own_core, measured, cal["step_ms"], run_share(["%s/calibration%d.share" % (out, index)])
 
 
 def expert_load(out, index, flags):
@@ -91,31 +136,55 @@ def sync_cost(out, index):
     sys.exit("plan_check: %s/calibration%d.sync has no sync-json line" % (out, index))
 
 
+# How far apart the calibrations around a row may lie, on a core of their own (AGREE=0.3: 30%).
+AGREE = float(os.environ.get("AGREE", "0.30"))
+
+
+def own_core_step_ms(out, index):
+    """Calibration `index`'s median step brought to a core of its own (each step's time times the share
+    of a core its ranks got during it)."""
+    share = share_record("%s/calibration%d.share" % (out, index))["step_share"]
+    steps = sorted(r["step_ms"] * share[r["step"]] for r in records("%s/calibration%d.jsonl" % (out, index))
+                   if r.get("type") == "step" and 0 < r["step"] < len(share) and share[r["step"]] is not None)
+    return steps[(len(steps) - 1) // 2]
+
+
+def calibrations_agree(out, first, last):
+    """Whether calibrations first..last (those around a row and between its rounds), each on a core of its
+    own, lie within AGREE of each other: the slowest at most 1 + AGREE times the fastest."""
+    times = [own_core_step_ms(out, i) for i in range(first, last + 1)]
+    return max(times) <= (1 + AGREE) * min(times)
+
+
 def main(out, preset, plan):
     lines = [l.rstrip("\n").split("\t") for l in open(out + "/rows.tsv")]
     cals = {}
     for f in lines:
         if f[0] == "calibration":
             index = int(f[1])
-            peak, elementwise, ms = rates(out, plan, preset, index, f[3])
+            own_core, measured, ms, share = rates(out, plan, preset, index, f[3])
             sync_us, sync_median_us = sync_cost(out, index)
-            cals[index] = (peak, elementwise, ms, f[2], f[3], sync_us, sync_median_us)
+            cals[index] = (own_core[0], own_core[1], ms, f[2], f[3], sync_us, sync_median_us, measured, share)
     names = {"01": "01_vanilla_dp", "10": "10 --cp 1", "11": "11 --ep 1, moe-small"}
     print("calibrations (2 ranks, no link, --preset %s --batch 8 unless said), in the order they ran:" % preset)
     for index in sorted(cals):
-        peak, elementwise, ms, load, kind, sync_us, sync_median_us = cals[index]
+        peak, elementwise, ms, load, kind, sync_us, sync_median_us, measured, share = cals[index]
         print("  #%-2d %-21s %6.1f ms a step (median) -> %6.2f GFLOP/s in the products, %6.3f GB/s of activations; "
+              "at a share of %.2f core: %6.2f GFLOP/s and %6.3f GB/s on a core of its own; "
               "sync cost measured now: %7.1f us (median %6.1f); load %s"
-              % (index, names[kind], ms, peak / 1e9, elementwise / 1e9, sync_us, sync_median_us, load))
-    print("(a timed row is predicted with the mean rates and sync cost of the calibrations just before and after it, "
-          "or around and between its rounds; the sync cost, --sync-us, once for each blocking collective and message)\n")
+              % (index, names[kind], ms, measured[0] / 1e9, measured[1] / 1e9, share, peak / 1e9, elementwise / 1e9,
+                 sync_us, sync_median_us, load))
+    print("(a timed row is predicted with the mean rates on a core of its own and the mean sync cost of the "
+          "calibrations just before and after it, or around and between its rounds, the rates times the share of a "
+          "core the row's ranks got while they wanted one during its steps; the sync cost, --sync-us, once for each blocking "
+          "collective and message)\n")
     cats = [("params", "params_bytes", "measured_params_bytes"), ("grads", "grads_bytes", "measured_grads_bytes"),
             ("optim", "optim_bytes", "measured_optim_bytes"), ("activ", "activations_bytes", "measured_activations_bytes")]
     head = "%-20s %5s %-19s %-10s" % ("run", "ranks", "chapter", "link")
     head += "".join(" %19s" % ("%s meas/plan" % c[0]) for c in cats)
     head += " %17s | %-9s | %s" % ("buffers meas<=plan", "load", "step ms meas / plan (error), cal #")
     print(head)
-    memory_ok = time_ok = memory_rows = time_rows = 0
+    memory_ok = time_ok = memory_rows = time_rows = unshared_ok = unsettled = 0
     for f in lines:
         if f[0] == "calibration":
             continue
@@ -124,6 +193,7 @@ def main(out, preset, plan):
             continue
         name, _, ranks, chapter, gbps, latency, timed, flags, model, cal, load_before, load_after = f[:12]
         rounds = int(f[12]) if len(f) > 12 else 1  # a timed row's rounds, each followed by a calibration
+        tries, settled = (int(f[13]), f[14] == "1") if len(f) > 14 else (1, True)
         theory = [r for r in records("%s/%s.jsonl" % (out, name)) if r.get("type") == "theory"]
         if not theory:
             print("%-20s no theory record" % name)
@@ -131,11 +201,16 @@ def main(out, preset, plan):
         t = theory[0]
         around = [cals[i] for i in range(int(cal), int(cal) + rounds + 1) if i in cals]
         if not around:  # no calibration ran (only untimed rows chosen): memory does not depend on the rates
-            around = [(1e10, 0.6e9, 0.0, "", "", 0.0, 0.0)]
+            around = [(1e10, 0.6e9, 0.0, "", "", 0.0, 0.0, (1e10, 0.6e9), 1.0)]
         if timed != "1":
             around = around[:1]
-        peak, elementwise = sum(c[0] for c in around) / len(around), sum(c[1] for c in around) / len(around)
-        sync_us = sum(c[5] for c in around) / len(around)
+        mean = lambda values: sum(values) / len(values)
+        share = 1.0
+        if timed == "1":  # the share of a core the row's ranks got during its steps (cpu_share.py)
+            share = run_share(["%s/%s.round%d.share" % (out, name, k) for k in range(1, rounds + 1)])
+        peak, elementwise = mean([c[0] for c in around]) * share, mean([c[1] for c in around]) * share
+        measured_peak, measured_elementwise = mean([c[7][0] for c in around]), mean([c[7][1] for c in around])
+        sync_us = mean([c[5] for c in around])
         if chapter.startswith("11") and timed == "1":  # the routing's load, from the calibrations around the row
             loads = [expert_load(out, i, flags) for i in range(int(cal), int(cal) + rounds + 1) if i in cals]
             loads = [x for x in loads if x is not None]
@@ -175,11 +250,19 @@ def main(out, preset, plan):
             err = (pred_ms - meas_ms) / meas_ms
             time_rows += 1
             time_ok += abs(err) <= 0.20
-            row += (" | %7.1f / %7.1f (%+5.1f%%) #%s-#%d compute %.1f TP %.1f CP %.1f PP %.1f DP %.1f EP %.1f bubble %.1f"
+            unsettled += not settled
+            # Beside it, the prediction as it was before the share: the calibrations' rates as they ran.
+            unshared_ms = predict(plan, model, int(ranks), gbps, latency, flags, measured_peak, measured_elementwise,
+                                  sync_us)[0]["step_s"] * 1e3
+            unshared_err = (unshared_ms - meas_ms) / meas_ms
+            unshared_ok += abs(unshared_err) <= 0.20
+            row += (" | %7.1f / %7.1f (%+5.1f%%) share %.2f (without: %+5.1f%%) #%s-#%d compute %.1f TP %.1f CP %.1f PP %.1f DP %.1f EP %.1f bubble %.1f"
                     " | sync %.0f us: +%.1f | products %.0f / %.0f" % (
-                        meas_ms, pred_ms, 100 * err, cal, int(cal) + rounds, p["compute_s"] * 1e3, p["tp_s"] * 1e3,
+                        meas_ms, pred_ms, 100 * err, share, 100 * unshared_err, cal, int(cal) + rounds, p["compute_s"] * 1e3, p["tp_s"] * 1e3,
                         p.get("cp_s", 0) * 1e3, p["pp_s"] * 1e3, p["dp_s"] * 1e3, p.get("ep_s", 0) * 1e3,
                         p["bubble_s"] * 1e3, sync_us, p.get("sync_s", 0) * 1e3, step["matmul_ms"], flops / peak * 1e3))
+            if tries > 1:
+                row += " | %d tries%s" % (tries, "" if settled else ": the load changed during every try")
         print(row)
     print("(memory in kB, rank 0, by category: measured/planned, '!' where they differ; '<': a mixture of experts' activations "
           "(11, 12), set by the routing, against the planner's bound; buffers: the measured peak of the communication buffers "
@@ -188,12 +271,21 @@ def main(out, preset, plan):
     print("(sync: the mean cost of one synchronization measured beside the calibrations around the row, and what it "
           "adds to the step; products: ms in the matrix products, the row's own median step / their FLOPs at the "
           "calibrated rate)")
+    print("(share: the share of a core the row's ranks got while they wanted one during its steps, which scales the "
+          "calibrations' rates on a core of its own; without: the error of the prediction from the calibrations' rates "
+          "as they ran, with no share)")
+    print("(tries: a timed row runs again, between the last calibration and a new one, while the calibrations around "
+          "it, each on a core of its own, lie more than %d%% apart: the machine changed under it as the share does not "
+          "follow; TRIES in all, then it is marked)" % round(AGREE * 100))
     print("memory exact (and within the bounds) in %d of %d runs; step time within 20%% in %d of %d timed runs "
-          "at 2 ranks" % (memory_ok, memory_rows, time_ok, time_rows))
+          "at 2 ranks (%d without the share); the load changed during every try of %d of them"
+          % (memory_ok, memory_rows, time_ok, time_rows, unshared_ok, unsettled))
     return 0 if memory_ok == memory_rows else 1
 
 
 if __name__ == "__main__":
+    if len(sys.argv) == 5 and sys.argv[1] == "--agree":  # plan_check.sh, after a row: exit 0 when they agree
+        sys.exit(0 if calibrations_agree(sys.argv[2], int(sys.argv[3]), int(sys.argv[4])) else 1)
     if len(sys.argv) != 4:
         sys.exit("usage: plan_check.py OUT PRESET PLAN")
     sys.exit(main(*sys.argv[1:4]))

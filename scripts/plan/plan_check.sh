@@ -26,7 +26,13 @@
 #   chapters: one runs before a timed row (unless the one just run is of its kind) and one after it,
 #   and the row is predicted with the mean of the two around it, so that both sides see the same
 #   machine when the load beside them changes. The load average (1 minute) at each row's start and end
-#   is printed beside it.
+#   is printed beside it. Each calibration and each row runs under scripts/plan/cpu_share.py, which
+#   measures, step by step, the share of a core the ranks' main threads got while they wanted one
+#   (the kernel's run and run-queue wait times of those threads): a calibration's rates are brought to a
+#   core of their own (each step's times times its share, then the median), and a timed row is
+#   predicted at those rates times the share its own steps got, since the other jobs' bursts are
+#   shorter than a row. The share counts how fast the machine let the ranks compute, never how long
+#   they took (docs/planner.md, plan-check).
 #   Communication is the emulated link's alpha-beta model; the bubble is 08's simulator.
 # Settings: PRESET=small, STEPS=8 (step 0 is warm-up), CAL_STEPS=12 per calibration, RUNS="name name ..."
 # to run only some rows, ROUNDS=1: a timed row runs ROUNDS times, each round followed by a calibration
@@ -34,6 +40,9 @@
 # rates the mean of the ROUNDS + 1 calibrations around them, for a load that swings faster than a row. (The fastest step on each side was tried first: the fastest of a long
 # calibration is systematically faster than the fastest of a row's 7, so every prediction came out too
 # fast; then ONE calibration at the start: rows run later under another load fell outside.)
+# TRIES=3: a timed row runs again (between the last calibration and a new one) while the calibrations
+# around it, each brought to a core of its own, lie more than AGREE (0.3: 30%) apart, TRIES in all; a row
+# that never settles is marked "the load changed during every try" and counted in the summary.
 # The machine's cores are shared: timings are noisy; memory is not.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -42,10 +51,13 @@ steps=${STEPS:-8}
 cal_steps=${CAL_STEPS:-12}
 rounds=${ROUNDS:-1}
 [[ "$rounds" =~ ^[1-9][0-9]*$ ]] || { echo "ROUNDS=$rounds: give a whole number of rounds, 1 or more"; exit 2; }
+max_tries=${TRIES:-3}
+[[ "$max_tries" =~ ^[1-9][0-9]*$ ]] || { echo "TRIES=$max_tries: give a whole number of tries, 1 or more"; exit 2; }
 out=results/plan_check
 mkdir -p "$out"
 plan=09_3d_parallel/plan
 sync_probe=${BUILD:-build}/sync_probe
+share_probe=scripts/plan/cpu_share.py
 [ -x "$sync_probe" ] || { echo "$sync_probe is not built: make $sync_probe (make plan-check builds it)"; exit 2; }
 
 # Two emulated links (bench-tp's "in a node" and "across nodes").
@@ -127,7 +139,8 @@ calibrate() {
     10) cmd=(./10_context_parallel/train --preset "$preset" --cp 1) ;;
     11) cmd=(./11_expert_parallel/train --preset moe-small --ep 1) ;;
   esac
-  mpiexec "${mpirun_flags[@]}" -n 2 "${cmd[@]}" --batch 8 --steps "$cal_steps" --quiet --json "$cal.jsonl" \
+  python3 "$share_probe" --ranks 2 --steps-of "$cal.jsonl" "$cal.share" \
+    mpiexec "${mpirun_flags[@]}" -n 2 "${cmd[@]}" --batch 8 --steps "$cal_steps" --quiet --json "$cal.jsonl" \
     </dev/null >"$cal.log" 2>&1 || { echo "calibration failed: ${cmd[*]}"; tail -n 5 "$cal.log"; exit 1; }
   # Beside it, what one synchronization between the 2 ranks costs now (the planner's --sync-us).
   timeout 60 mpiexec "${mpirun_flags[@]}" -n 2 "$sync_probe" --ms 500 </dev/null >"$cal.sync" 2>&1 ||
@@ -138,7 +151,7 @@ calibrate() {
 }
 
 selected=" ${RUNS:-} "
-rm -f "$out"/calibration*.jsonl "$out"/calibration*.sync
+rm -f "$out"/calibration*.jsonl "$out"/calibration*.sync "$out"/calibration*.share
 : >"$out/rows.tsv"
 echo "calibration runs on 2 ranks without a link, before and after each timed row: 01_vanilla_dp, 10 --cp 1, 11 --ep 1 (scripts/plan/plan_check.sh)"
 for row in "${runs[@]}"; do
@@ -154,13 +167,18 @@ for row in "${runs[@]}"; do
   log="$out/$name"
   row_rounds=1
   if [ "$timed" = 1 ]; then row_rounds=$rounds; fi
+  tries=0
+  settled=1
+  while :; do
+  tries=$((tries + 1))
   failed=""
   first_cal=""
-  rm -f "$log".round*.jsonl
+  rm -f "$log".round*.jsonl "$log".round*.share
   for ((round = 1; round <= row_rounds; round++)); do
     if [ "$timed" = 1 ] && [ "$last" != "$kind" ]; then calibrate "$kind"; fi
     if [ -z "$first_cal" ]; then first_cal=$((calibrations - 1)) before=$(load); fi
-    if ! timeout 600 mpiexec "${mpirun_flags[@]}" -n "$ranks" "./$chapter/train" --preset "$row_preset" --batch 8 \
+    if ! python3 "$share_probe" --ranks "$ranks" --steps-of "$log.round$round.jsonl" "$log.round$round.share" \
+        timeout 600 mpiexec "${mpirun_flags[@]}" -n "$ranks" "./$chapter/train" --preset "$row_preset" --batch 8 \
         --steps "$steps" --quiet --link-gbps "$gbps" --link-latency-us "$latency" $chapter_flags \
         --json "$log.round$round.jsonl" </dev/null >"$log.log" 2>&1; then
       failed=$(tail -n 1 "$log.log")
@@ -170,13 +188,24 @@ for row in "${runs[@]}"; do
     last=""
     if [ "$timed" = 1 ]; then calibrate "$kind"; fi
   done
+  # The calibrations around the row, brought to a core of their own, must agree: if not, the machine
+  # changed under the row in a way the share did not follow (caches, memory bandwidth), and the row runs
+  # again, between the last calibration and a new one, up to TRIES times in all.
+  if [ -n "$failed" ] || [ "$timed" != 1 ] ||
+    python3 scripts/plan/plan_check.py --agree "$out" "$first_cal" $((calibrations - 1)); then
+    settled=1
+    break
+  fi
+  settled=0
+  if [ "$tries" -ge "$max_tries" ]; then break; fi
+  done
   if [ -n "$failed" ]; then
     printf '%s\tfailed\t%s\n' "$name" "$failed" >>"$out/rows.tsv"
     continue
   fi
   cat "$log".round*.jsonl >"$log.jsonl"
-  printf '%s\tran\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$name" "$ranks" "$chapter" "$gbps" "$latency" "$timed" \
-    "$plan_flags" "$row_preset" "$first_cal" "$before" "$(load)" "$row_rounds" >>"$out/rows.tsv"
+  printf '%s\tran\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$name" "$ranks" "$chapter" "$gbps" "$latency" "$timed" \
+    "$plan_flags" "$row_preset" "$first_cal" "$before" "$(load)" "$row_rounds" "$tries" "$settled" >>"$out/rows.tsv"
 done
 
 python3 scripts/plan/plan_check.py "$out" "$preset" "$plan"

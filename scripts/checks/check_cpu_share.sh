@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# check_cpu_share.sh (a test, tests/manifest.txt): scripts/plan/cpu_share.py, the share of a core that
+# make plan-check scales its calibrations' rates by. Two spinning "ranks" pinned to one core can get
+# at most half of it each, whatever else the machine runs, so their share must come out at most about
+# 1/2 (the bound holds on a busy machine too: other jobs on that core only lower it); a run that
+# writes four step records to its temporary, as the trainers do (common/base/metrics.h), gets a share
+# for each of its four steps; and plan_check.py's agreement of two calibrations reads their steps at
+# those shares (made-up records: 100 and 200 ms steps at shares 0.5 and 0.25 are the same 50 ms on a
+# core of their own, 100 ms at 0.5 against 400 ms at 0.25 are not).
+set -u
+cd "$(dirname "$0")/../.."
+dir=$(mktemp -d)
+trap 'rm -rf "$dir"' EXIT
+fail() { echo "FAIL: $*"; exit 1; }
+
+spin="timeout 2 bash -c 'while :; do :; done'"
+python3 scripts/plan/cpu_share.py --ranks 2 "$dir/pinned.share" \
+  taskset -c 0 bash -c "$spin & $spin; wait" || fail "cpu_share.py around two spinners failed"
+python3 - "$dir/pinned.share" <<'PY' || exit 1
+import json, sys
+r = json.loads(open(sys.argv[1]).read().split(" ", 1)[1])
+print("two spinners on one core: share %.3f (ranks found %d)" % (r["share"] or 0, r["ranks_found"]))
+if r["ranks_found"] != 2 or r["share"] is None or not 0 < r["share"] <= 0.6:
+    sys.exit("FAIL: two spinners on one core got a share of %s, not at most 1/2" % r["share"])
+PY
+
+# Four steps, each written as the trainers write theirs: to PATH.tmp.<host>.<pid>, renamed at the end.
+writer='import os, time
+path = os.environ["RUN"]; tmp = "%s.tmp.%s.%d" % (path, os.uname()[1], os.getpid())
+with open(tmp, "w") as f:
+    for k in range(4):
+        end = time.monotonic() + 0.25
+        while time.monotonic() < end: pass
+        f.write("{\"type\":\"step\",\"step\":%d}\n" % k); f.flush()
+os.rename(tmp, path)'
+echo '{"type":"step","step":0}' >"$dir/run.jsonl"  # an earlier run's file, left where this one will go
+RUN="$dir/run.jsonl" python3 scripts/plan/cpu_share.py --ranks 1 --steps-of "$dir/run.jsonl" "$dir/steps.share" \
+  bash -c "python3 -c '$writer'; true" || fail "cpu_share.py around the writer failed"
+python3 - "$dir/steps.share" <<'PY' || exit 1
+import json, sys
+r = json.loads(open(sys.argv[1]).read().split(" ", 1)[1])
+print("four steps: shares %s" % r["step_share"])
+if len(r["step_share"]) != 4 or None in r["step_share"]:
+    sys.exit("FAIL: a run of four steps got the shares %s" % r["step_share"])
+PY
+
+python3 -B - "$dir" <<'PY' || exit 1  # -B: no __pycache__ left beside plan_check.py
+import json, os, sys
+sys.path.insert(0, "scripts/plan")
+import plan_check
+out = sys.argv[1]
+def calibration(index, step_ms, share):
+    with open("%s/calibration%d.jsonl" % (out, index), "w") as f:
+        for k in range(4):
+            f.write(json.dumps({"type": "step", "step": k, "step_ms": step_ms, "matmul_ms": step_ms / 2}) + "\n")
+    with open("%s/calibration%d.share" % (out, index), "w") as f:
+        f.write("share-json " + json.dumps({"share": share, "step_share": [share] * 4}) + "\n")
+calibration(0, 100.0, 0.5)
+calibration(1, 200.0, 0.25)
+calibration(2, 400.0, 0.25)
+if plan_check.own_core_step_ms(out, 1) != 50.0:
+    sys.exit("FAIL: 200 ms at a share of 0.25 is %s ms on a core of its own, not 50" % plan_check.own_core_step_ms(out, 1))
+if not plan_check.calibrations_agree(out, 0, 1) or plan_check.calibrations_agree(out, 1, 2):
+    sys.exit("FAIL: 50 and 50 ms on a core of their own must agree, 50 and 100 must not")
+print("calibrations on a core of their own: 50 and 50 ms agree, 50 and 100 do not")
+PY
+echo "cpu_share.py and the calibrations' agreement: ok"
