@@ -2,7 +2,8 @@
 // Defines sgemm in the BLAS convention (row-major here): C = alpha * op(A) @ op(B) + beta * C,
 // where op(X) is X or X^T. Single-threaded and deterministic: the summation order depends only on
 // the shapes, never on timing, so every rank computes bit-identical products. sgemm_cpu_bias is the
-// same product started from a bias row (a linear layer's forward).
+// same product started from a bias row (a linear layer's forward); sgemm_cpu_sum_a adds op(A)'s row
+// sums on the way (a linear layer's bias gradient).
 #pragma once
 
 // A is M x K after op, B is K x N after op, C is M x N. lda/ldb/ldc are row strides in elements.
@@ -14,3 +15,10 @@ void sgemm_cpu(bool trans_a, bool trans_b, int M, int N, int K, float alpha, con
 // that pass over C (a linear layer's forward).
 void sgemm_cpu_bias(bool trans_a, bool trans_b, int M, int N, int K, const float* A, int lda, const float* B,
                     int ldb, const float* bias, float* C, int ldc);
+
+// sgemm_cpu with op(A) = A^T, which also adds the row sums of op(A) (the column sums of the stored
+// A, K x M) into a_sums (M floats): a_sums[i] += A[0][i] + A[1][i] + ..., in that order, the same
+// bits as a separate pass row by row. Taken as the product packs A, so A is read once: a linear
+// layer's weight gradient (A = dout) with its bias's gradient.
+void sgemm_cpu_sum_a(bool trans_b, int M, int N, int K, float alpha, const float* A, int lda, const float* B,
+                     int ldb, float beta, float* C, int ldc, float* a_sums);

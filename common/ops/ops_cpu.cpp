@@ -15,7 +15,7 @@
 
 #include "base/check.h"       // ENSURE
 #include "ops/fast_math.h"   // fast_exp, fast_tanh
-#include "ops/matmul_cpu.h"  // sgemm_cpu, sgemm_cpu_bias
+#include "ops/matmul_cpu.h"  // sgemm_cpu, sgemm_cpu_bias, sgemm_cpu_sum_a
 #include "ops/ops_cpu_internal.h"  // kLanes, sum_of_lanes, max_of, exp_shifted
 
 namespace cpu {
@@ -215,9 +215,13 @@ void matmul_backward_input(float* dinp, const float* dout, const float* weight, 
 
 void matmul_backward_weight(float* dweight, float* dbias, const float* dout, const float* inp, int N, int C,
                             int OC) {
-  // dweight(OC,C) += dout(N,OC)^T @ inp(N,C); beta = 1: backward accumulates
-  sgemm_cpu(true, false, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f, dweight, C);
-  if (dbias) bias_backward(dbias, dout, N, OC);
+  // dweight(OC,C) += dout(N,OC)^T @ inp(N,C); beta = 1: backward accumulates. dbias += dout's column
+  // sums, taken as the product packs dout: bias_backward's sums, without its pass over dout.
+  if (dbias) {
+    sgemm_cpu_sum_a(false, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f, dweight, C, dbias);
+  } else {
+    sgemm_cpu(true, false, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f, dweight, C);
+  }
 }
 
 void add_bias(float* out, const float* bias, int N, int C) {
