@@ -22,7 +22,7 @@
 // Determinism: every C element is a sum over k in increasing order, split at fixed KC boundaries,
 // so the result depends only on the shapes and strides.
 //
-// Defines sgemm_cpu, sgemm_cpu_bias and sgemm_cpu_sum_a (declared in matmul_cpu.h).
+// Defines sgemm_cpu, sgemm_cpu_bias, sgemm_cpu_sum_a and sgemm_cpu_epilogue (declared in matmul_cpu.h).
 #include "ops/matmul_cpu.h"
 
 #include <algorithm>
@@ -246,11 +246,11 @@ struct AlignedBuffer {
 // sgemm_cpu and sgemm_cpu_bias. With a bias (alpha = 1, beta ignored), the first K slice starts every
 // tile from the bias instead of from C: the same sums, in the same order, as writing the bias into C
 // and accumulating onto it with beta = 1, without that extra pass over C.
-// a_sums (op(A) = A^T only, else null): a_sums[i] += sum over k of op(A)[i, k], in increasing k, taken
+// epilogue (or null): applied to each MC-row panel of C after the last K slice. a_sums (op(A) = A^T only, else null): a_sums[i] += sum over k of op(A)[i, k], in increasing k, taken
 // while the first column panel packs A.
 void sgemm_blocked(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda,
                    const float* B, int ldb, float beta, const float* bias, float* C, int ldc,
-                   float* a_sums = nullptr) {
+                   float* a_sums = nullptr, const SgemmEpilogue* epilogue = nullptr) {
   // Per-thread so concurrent callers (e.g. one thread per rank) never share packing space.
   thread_local AlignedBuffer a_buf, b_buf;
   const int kc_max = std::min(K, KC);
@@ -266,6 +266,7 @@ void sgemm_blocked(bool trans_a, bool trans_b, int M, int N, int K, float alpha,
       // The first K slice applies the caller's beta; later slices accumulate onto it.
       const float beta_k = k0 == 0 ? beta : 1.0f;
       const bool from_bias = bias != nullptr && k0 == 0;
+      const bool last_slice = k0 + kc == K;
       pack_b(trans_b, B, ldb, k0, j0, kc, nc, Bp);
       alignas(64) float tile[MR * NR];
       for (int i0 = 0; i0 < M; i0 += MC) {
@@ -347,6 +348,11 @@ void sgemm_blocked(bool trans_a, bool trans_b, int M, int N, int K, float alpha,
             }
           }
         }
+        // The row panel's block of C is final: the epilogue walks it row by row while it is in L2 (tile
+        // by tile, its reads of x and writes of y were cold, strided misses that doubled the product).
+        if (epilogue && last_slice) {
+          epilogue->apply(*epilogue, C + static_cast<std::ptrdiff_t>(i0) * ldc + j0, ldc, i0, j0, mc, nc);
+        }
       }
     }
   }
@@ -387,4 +393,20 @@ void sgemm_cpu_sum_a(bool trans_b, int M, int N, int K, float alpha, const float
     return;
   }
   sgemm_blocked(true, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, nullptr, C, ldc, a_sums);
+}
+
+void sgemm_cpu_epilogue(bool trans_a, bool trans_b, int M, int N, int K, const float* A, int lda, const float* B,
+                        int ldb, float beta, const float* bias, float* C, int ldc, const SgemmEpilogue& epilogue) {
+  if (M <= 0 || N <= 0) return;
+  if (K <= 0) {
+    if (bias) {
+      for (int i = 0; i < M; ++i) std::copy(bias, bias + N, C + static_cast<std::ptrdiff_t>(i) * ldc);
+    } else {
+      scale_c(M, N, beta, C, ldc);
+    }
+    epilogue.apply(epilogue, C, ldc, 0, 0, M, N);
+    return;
+  }
+  sgemm_blocked(trans_a, trans_b, M, N, K, 1.0f, A, lda, B, ldb, bias ? 0.0f : beta, bias, C, ldc, nullptr,
+                &epilogue);
 }
