@@ -11,6 +11,7 @@
 // input gradient is often the first thing written into its buffer (a product's and GELU's) take a
 // GradWrite: Overwrite writes the gradient instead of adding it, where the caller would otherwise
 // zero the buffer first: the same values without that pass over memory, nor the read of the zeros.
+// matmul_backward_input_gelu, the two in one call, overwrites too.
 //
 // dtypes: on the CPU every tensor is fp32. On CUDA the model's tensors (activations, parameters,
 // gradients) are fp32 or bf16, one dtype per call (bf16 mixed precision: see ops_cuda.h); layernorm's
