@@ -3,7 +3,8 @@
 // blocking (1x1x1, 7x13x5, 67x33x129, 300x200x100, plus shapes that cross the K and N panel sizes),
 // alpha/beta variants (beta = 0 must ignore a NaN-filled C, beta = 1 must accumulate), leading
 // dimensions larger than the minimum (the padding must stay untouched), K = 0, and bit-identical
-// repeated calls; sgemm_cpu_bias against the bias copied into C first, bit for bit.
+// repeated calls; sgemm_cpu_bias against the bias copied into C first, and sgemm_cpu_sum_a against
+// sgemm_cpu and a separate pass of sums, bit for bit.
 //
 // Tolerance: atol = rtol = 1e-5 * sqrt(K) (times |alpha| for atol). Inputs are uniform in [-1, 1], so
 // each output is a K-term fp32 sum of order sqrt(K); its rounding error grows like sqrt(K) too.
@@ -163,6 +164,35 @@ TEST(SgemmCpu, BiasInsideEqualsBiasCopiedFirst) {
     std::vector<float> inside(size_t(s.M) * s.N, std::numeric_limits<float>::quiet_NaN());  // never read
     sgemm_cpu_bias(s.trans_a, s.trans_b, s.M, s.N, s.K, A.data(), lda, B.data(), ldb, bias.data(), inside.data(), s.N);
     EXPECT_EQ(0, std::memcmp(copied.data(), inside.data(), copied.size() * sizeof(float)));
+  }
+}
+
+// sgemm_cpu_sum_a (a linear layer's weight gradient with its bias's) adds op(A)'s row sums while it packs
+// A: the product must equal sgemm_cpu's and the sums a separate pass over A's rows, both bit for bit,
+// onto sums that already hold values (a bias gradient accumulates), with A's rows wider than M (lda >
+// M), on shapes past one row panel (MC = 96), one depth slice (KC = 256) and one column panel (NC =
+// 2048, where A is packed again and must not be summed twice), and with nothing to multiply (N = 0).
+TEST(SgemmCpu, SumsOfAWhilePackingEqualASeparatePass) {
+  struct Shape { bool trans_b; int M, N, K, lda_pad; };
+  const Shape shapes[] = {{false, 13, 37, 20, 0}, {false, 100, 40, 300, 3}, {true, 7, 2100, 9, 0},
+                          {false, 1, 1, 1, 0},    {false, 5, 0, 6, 0}};
+  uint64_t seed = 7000;
+  for (const Shape& s : shapes) {
+    SCOPED_TRACE("M=" + std::to_string(s.M) + " N=" + std::to_string(s.N) + " K=" + std::to_string(s.K));
+    const int lda = s.M + s.lda_pad, ldb = s.trans_b ? s.K : s.N;
+    const std::vector<float> A = random_vector(size_t(s.K) * lda, seed++);
+    const std::vector<float> B = random_vector(size_t(s.K) * std::max(s.N, 1), seed++);
+    const std::vector<float> C0 = random_vector(size_t(s.M) * std::max(s.N, 1), seed++);
+    const std::vector<float> sums0 = random_vector(size_t(s.M), seed++);
+    std::vector<float> C_apart = C0, sums_apart = sums0;
+    sgemm_cpu(true, s.trans_b, s.M, s.N, s.K, 1.0f, A.data(), lda, B.data(), ldb, 1.0f, C_apart.data(), s.N);
+    for (int k = 0; k < s.K; ++k)
+      for (int i = 0; i < s.M; ++i) sums_apart[i] += A[size_t(k) * lda + i];
+    std::vector<float> C_packed = C0, sums_packed = sums0;
+    sgemm_cpu_sum_a(s.trans_b, s.M, s.N, s.K, 1.0f, A.data(), lda, B.data(), ldb, 1.0f, C_packed.data(), s.N,
+                    sums_packed.data());
+    EXPECT_EQ(0, std::memcmp(C_apart.data(), C_packed.data(), C_apart.size() * sizeof(float)));
+    EXPECT_EQ(0, std::memcmp(sums_apart.data(), sums_packed.data(), sums_apart.size() * sizeof(float)));
   }
 }
 

@@ -505,6 +505,31 @@ TEST(Gelu, OverwritingBackwardIsZeroThenAccumulateBitForBit) {
   EXPECT_TRUE(allclose(overwritten, accumulated, 0.0, 0.0));
 }
 
+// The MLP's products with GELU inside them (matmul_forward_gelu, matmul_backward_input_gelu): bit for
+// bit the ops apart, as the block called them before, at shapes with edge tiles, more than one depth
+// slice and more than one column panel of sgemm (2100 > 2048 columns); the backward over NaN.
+TEST(Matmul, GeluInsideTheProductsIsTheOpsApartBitForBit) {
+  const int N = 37, C_ = 300, F = 2100;
+  auto inp = random_vector(N * C_, 130), weight = random_vector(F * C_, 131), bias = random_vector(F, 132);
+  auto apart = zeros(size_t(N) * F), apart_gelu = zeros(size_t(N) * F);
+  matmul_forward(view(apart, {N, F}), view(inp, {N, C_}), view(weight, {F, C_}), view(bias, {F}));
+  gelu_forward(view(apart_gelu, {N, F}), view(apart, {N, F}));
+  std::vector<float> inside(size_t(N) * F, std::nanf("")), inside_gelu(size_t(N) * F, std::nanf(""));
+  matmul_forward_gelu(view(inside, {N, F}), view(inside_gelu, {N, F}), view(inp, {N, C_}), view(weight, {F, C_}),
+                      view(bias, {F}));
+  EXPECT_TRUE(allclose(inside, apart, 0.0, 0.0)) << "forward: the product";
+  EXPECT_TRUE(allclose(inside_gelu, apart_gelu, 0.0, 0.0)) << "forward: its GELU";
+
+  // Backward through the projection (F -> C_): its input's gradient, then GELU's, from the forward's fch.
+  auto proj = random_vector(C_ * F, 133), dout = random_vector(N * C_, 134);
+  std::vector<float> dgelu(size_t(N) * F, std::nanf("")), dfch(size_t(N) * F, std::nanf(""));
+  matmul_backward_input(view(dgelu, {N, F}), view(dout, {N, C_}), view(proj, {C_, F}), GradWrite::Overwrite);
+  gelu_backward(view(dfch, {N, F}), view(apart, {N, F}), view(dgelu, {N, F}), GradWrite::Overwrite);
+  std::vector<float> fused(size_t(N) * F, std::nanf(""));
+  matmul_backward_input_gelu(view(fused, {N, F}), view(dout, {N, C_}), view(proj, {C_, F}), view(apart, {N, F}));
+  EXPECT_TRUE(allclose(fused, dfch, 0.0, 0.0)) << "backward";
+}
+
 // add_bias: one addition per element, exact; bias_backward: column sums against float64, accumulating.
 TEST(Bias, AddBiasAndItsBackwardMatchLoops) {
   const int N = B * T;

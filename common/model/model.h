@@ -196,7 +196,9 @@ class GPT2 {
   // model_tensor_parallel.cpp: the products, with the collectives f and g of tensor parallelism
   // around them (none on one rank), and the vocabulary-parallel embedding and loss.
   // out = f(inp_local) W + b: under sequence parallelism the input is gathered to all rows first.
-  void column_parallel_forward(Slot& s, Tensor out, void* inp_local, int weight, int bias);
+  // With gelu_out (the MLP's first layer): also gelu_out = GELU(out), inside the product.
+  void column_parallel_forward(Slot& s, Tensor out, void* inp_local, int weight, int bias,
+                               Tensor gelu_out = Tensor());
   // out_local = g(inp W) + b: the partial sums reduced over the group, then the bias added once.
   void row_parallel_forward(Slot& s, void* out_local, Tensor inp, int weight, int bias);
   // A column-parallel layer's backward: the input's gradient (summed over the group by f), then the
@@ -205,8 +207,10 @@ class GPT2 {
   void column_parallel_backward(Slot& s, Tensor dinp_local, int weight, int bias, Tensor dout, Tensor inp_local,
                                 void* kept);
   // A row-parallel layer's backward, from its output's gradient, the residual stream's (dresidual).
-  // Overwrites dinp_full with its input's gradient.
-  void row_parallel_backward(Slot& s, Tensor dinp_full, int weight, int bias, Tensor inp_full, void* kept);
+  // Overwrites dinp_full with its input's gradient; with gelu_inp (the MLP's projection, whose input is
+  // GELU(gelu_inp)), with the gradient of GELU's input instead, GELU's backward inside the product.
+  void row_parallel_backward(Slot& s, Tensor dinp_full, int weight, int bias, Tensor inp_full, void* kept,
+                             Tensor gelu_inp = Tensor());
   void vocab_parallel_embedding_forward(Slot& s);   // this rank's V/t rows of wte, summed by g
   void vocab_parallel_embedding_backward(Slot& s);
   float vocab_parallel_head(Slot& s);               // logits of V/t tokens a rank; the mean loss

@@ -33,8 +33,7 @@ void GPT2::block_forward(Slot& s, int l, const Layer& x, bool replay) {
   if (cfg_.moe()) {
     moe_mlp_forward(s, l, x);
   } else {
-    column_parallel_forward(s, v.full(x.fch, v.d.Fl), x.ln2, P(FC_W), P(FC_B));
-    gelu_forward(v.full(x.fch_gelu, v.d.Fl), v.full(x.fch, v.d.Fl));
+    column_parallel_forward(s, v.full(x.fch, v.d.Fl), x.ln2, P(FC_W), P(FC_B), v.full(x.fch_gelu, v.d.Fl));
     // A replay stops here: the MLP's projection and the residual add make only the block's output,
     // which the backward does not read, and which full recomputation keeps.
     if (replay) return;
@@ -67,9 +66,9 @@ void GPT2::block_backward(Slot& s, int l) {
   if (cfg_.moe()) {
     moe_mlp_backward(s, l, x);
   } else {
-    row_parallel_backward(s, v.full(a.dfch_gelu, v.d.Fl), P(FCPROJ_W), P(FCPROJ_B), v.full(x.fch_gelu, v.d.Fl),
-                          x.dfcproj);
-    gelu_backward(v.full(dfch, v.d.Fl), v.full(x.fch, v.d.Fl), v.full(a.dfch_gelu, v.d.Fl), GradWrite::Overwrite);
+    // GELU's backward inside the projection's: dfch directly, from fch.
+    row_parallel_backward(s, v.full(dfch, v.d.Fl), P(FCPROJ_W), P(FCPROJ_B), v.full(x.fch_gelu, v.d.Fl), x.dfcproj,
+                          v.full(x.fch, v.d.Fl));
     column_parallel_backward(s, v.local(a.dln), P(FC_W), P(FC_B), v.full(dfch, v.d.Fl), v.local(x.ln2), dfch);
   }
   layernorm_back(x.residual2, x.ln2_mean, x.ln2_rstd, LN2_W, LN2_B);

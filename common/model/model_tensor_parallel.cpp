@@ -9,14 +9,18 @@
 
 using namespace model_internal;
 
-void GPT2::column_parallel_forward(Slot& s, Tensor out, void* inp_local, int weight, int bias) {
+void GPT2::column_parallel_forward(Slot& s, Tensor out, void* inp_local, int weight, int bias, Tensor gelu_out) {
   const Views v{dims_for(cfg_, s.B, tp_), dtype_, device_};
   const Tensor inp = v.full_of(inp_local, acts_->gathered);
   if (tp_.size > 1) {
     CommHandle gathered = product_hooks.f_forward(v.local(inp_local), inp);
     wait(gathered);
   }
-  matmul_forward(out, inp, param(weight), param(bias));
+  if (gelu_out.empty()) {
+    matmul_forward(out, inp, param(weight), param(bias));
+  } else {
+    matmul_forward_gelu(out, gelu_out, inp, param(weight), param(bias));
+  }
 }
 
 void GPT2::row_parallel_forward(Slot& s, void* out_local, Tensor inp, int weight, int bias) {
@@ -62,7 +66,8 @@ void GPT2::column_parallel_backward(Slot& s, Tensor dinp_local, int weight, int 
   wait(summed);
 }
 
-void GPT2::row_parallel_backward(Slot& s, Tensor dinp_full, int weight, int bias, Tensor inp_full, void* kept) {
+void GPT2::row_parallel_backward(Slot& s, Tensor dinp_full, int weight, int bias, Tensor inp_full, void* kept,
+                                 Tensor gelu_inp) {
   const Views v{dims_for(cfg_, s.B, tp_), dtype_, device_};
   Activations& a = *acts_;
   const Tensor dout_local = v.local(a.dresidual);
@@ -76,7 +81,11 @@ void GPT2::row_parallel_backward(Slot& s, Tensor dinp_full, int weight, int bias
     CommHandle gathered = product_hooks.g_backward(dout_local, dout_full);
     wait(gathered);
   }
-  matmul_backward_input(dinp_full, dout_full, param(weight), GradWrite::Overwrite);  // its first writer
+  if (gelu_inp.empty()) {
+    matmul_backward_input(dinp_full, dout_full, param(weight), GradWrite::Overwrite);  // its first writer
+  } else {
+    matmul_backward_input_gelu(dinp_full, dout_full, param(weight), gelu_inp);
+  }
   weight_gradient(s, weight, tp_.size > 1 ? -1 : bias, dout_full, inp_full, kept);
 }
 

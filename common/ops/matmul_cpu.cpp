@@ -22,7 +22,7 @@
 // Determinism: every C element is a sum over k in increasing order, split at fixed KC boundaries,
 // so the result depends only on the shapes and strides.
 //
-// Defines sgemm_cpu and sgemm_cpu_bias (declared in matmul_cpu.h).
+// Defines sgemm_cpu, sgemm_cpu_bias, sgemm_cpu_sum_a and sgemm_cpu_epilogue (declared in matmul_cpu.h).
 #include "ops/matmul_cpu.h"
 
 #include <algorithm>
@@ -78,8 +78,12 @@ void pack_rows(const float* __restrict src, int ld, int kc, int w, float* __rest
 // floats from each of kc rows before moving on: a large-stride walk that the hardware prefetcher does
 // not follow, so that nearly every row was a cache miss, and the next strip fetched the same lines
 // again. Row by row, each row is one contiguous read.
+// sums (width floats, or null): each row of the panel is also added into it, while the row is in L1.
+// Over the depth slices in order, that is a column sum of the source in row order (a bias's
+// gradient), without a second pass over the source.
 template <int W>
-void pack_rows_panel(const float* __restrict src, int ld, int kc, int width, float* __restrict dst) {
+void pack_rows_panel(const float* __restrict src, int ld, int kc, int width, float* __restrict dst,
+                     float* __restrict sums = nullptr) {
   const int full = width / W;
   const std::ptrdiff_t strip = static_cast<std::ptrdiff_t>(kc) * W;
   for (int k = 0; k < kc; ++k) {
@@ -88,6 +92,9 @@ void pack_rows_panel(const float* __restrict src, int ld, int kc, int width, flo
     for (int st = 0; st < full; ++st) {
 #pragma GCC unroll 32
       for (int j = 0; j < W; ++j) d[st * strip + j] = s[st * W + j];
+    }
+    if (sums) {
+      for (int j = 0; j < width; ++j) sums[j] += s[j];
     }
   }
   if (full * W < width) pack_rows<W>(src + full * W, ld, kc, width - full * W, dst + full * strip);
@@ -115,10 +122,13 @@ void pack_cols(const float* __restrict src, int ld, int kc, int w, float* __rest
   }
 }
 
-// Packs op(A)[i0:i0+mc, k0:k0+kc] into MR-row strips, one after another.
-void pack_a(bool trans, const float* A, int lda, int i0, int k0, int mc, int kc, float* dst) {
+// Packs op(A)[i0:i0+mc, k0:k0+kc] into MR-row strips, one after another. a_sums (op(A) = A^T only):
+// a_sums[i0 + i] += op(A)[i0 + i, k0:k0+kc], k increasing.
+void pack_a(bool trans, const float* A, int lda, int i0, int k0, int mc, int kc, float* dst,
+            float* a_sums = nullptr) {
   if (trans) {
-    pack_rows_panel<MR>(A + static_cast<std::ptrdiff_t>(k0) * lda + i0, lda, kc, mc, dst);
+    pack_rows_panel<MR>(A + static_cast<std::ptrdiff_t>(k0) * lda + i0, lda, kc, mc, dst,
+                        a_sums ? a_sums + i0 : nullptr);
     return;
   }
   for (int is = 0; is < mc; is += MR) {
@@ -236,8 +246,11 @@ struct AlignedBuffer {
 // sgemm_cpu and sgemm_cpu_bias. With a bias (alpha = 1, beta ignored), the first K slice starts every
 // tile from the bias instead of from C: the same sums, in the same order, as writing the bias into C
 // and accumulating onto it with beta = 1, without that extra pass over C.
+// epilogue (or null): applied to each MC-row panel of C after the last K slice. a_sums (op(A) = A^T only, else null): a_sums[i] += sum over k of op(A)[i, k], in increasing k, taken
+// while the first column panel packs A.
 void sgemm_blocked(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda,
-                   const float* B, int ldb, float beta, const float* bias, float* C, int ldc) {
+                   const float* B, int ldb, float beta, const float* bias, float* C, int ldc,
+                   float* a_sums = nullptr, const SgemmEpilogue* epilogue = nullptr) {
   // Per-thread so concurrent callers (e.g. one thread per rank) never share packing space.
   thread_local AlignedBuffer a_buf, b_buf;
   const int kc_max = std::min(K, KC);
@@ -253,6 +266,7 @@ void sgemm_blocked(bool trans_a, bool trans_b, int M, int N, int K, float alpha,
       // The first K slice applies the caller's beta; later slices accumulate onto it.
       const float beta_k = k0 == 0 ? beta : 1.0f;
       const bool from_bias = bias != nullptr && k0 == 0;
+      const bool last_slice = k0 + kc == K;
       pack_b(trans_b, B, ldb, k0, j0, kc, nc, Bp);
       alignas(64) float tile[MR * NR];
       for (int i0 = 0; i0 < M; i0 += MC) {
@@ -265,7 +279,7 @@ void sgemm_blocked(bool trans_a, bool trans_b, int M, int N, int K, float alpha,
         const int mc_full = a_in_place ? mc - mc % MR : 0;
         if (mc_full < mc) {
           float* edge_strips = Ap + static_cast<std::ptrdiff_t>(mc_full / MR) * kc * MR;
-          pack_a(trans_a, A, lda, i0 + mc_full, k0, mc - mc_full, kc, edge_strips);
+          pack_a(trans_a, A, lda, i0 + mc_full, k0, mc - mc_full, kc, edge_strips, j0 == 0 ? a_sums : nullptr);
         }
         for (int js = 0; js < nc; js += NR) {
           const int nr = std::min(NR, nc - js);
@@ -334,6 +348,11 @@ void sgemm_blocked(bool trans_a, bool trans_b, int M, int N, int K, float alpha,
             }
           }
         }
+        // The row panel's block of C is final: the epilogue walks it row by row while it is in L2 (tile
+        // by tile, its reads of x and writes of y were cold, strided misses that doubled the product).
+        if (epilogue && last_slice) {
+          epilogue->apply(*epilogue, C + static_cast<std::ptrdiff_t>(i0) * ldc + j0, ldc, i0, j0, mc, nc);
+        }
       }
     }
   }
@@ -359,4 +378,35 @@ void sgemm_cpu_bias(bool trans_a, bool trans_b, int M, int N, int K, const float
     return;
   }
   sgemm_blocked(trans_a, trans_b, M, N, K, 1.0f, A, lda, B, ldb, 0.0f, bias, C, ldc);
+}
+
+void sgemm_cpu_sum_a(bool trans_b, int M, int N, int K, float alpha, const float* A, int lda, const float* B,
+                     int ldb, float beta, float* C, int ldc, float* a_sums) {
+  if (M <= 0) return;
+  if (N <= 0 || K <= 0 || alpha == 0.0f) {
+    // Nothing packs A: the same sums, row by row of A.
+    for (int k = 0; k < K; ++k) {
+      const float* a = A + static_cast<std::ptrdiff_t>(k) * lda;
+      for (int i = 0; i < M; ++i) a_sums[i] += a[i];
+    }
+    if (N > 0) scale_c(M, N, beta, C, ldc);
+    return;
+  }
+  sgemm_blocked(true, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, nullptr, C, ldc, a_sums);
+}
+
+void sgemm_cpu_epilogue(bool trans_a, bool trans_b, int M, int N, int K, const float* A, int lda, const float* B,
+                        int ldb, float beta, const float* bias, float* C, int ldc, const SgemmEpilogue& epilogue) {
+  if (M <= 0 || N <= 0) return;
+  if (K <= 0) {
+    if (bias) {
+      for (int i = 0; i < M; ++i) std::copy(bias, bias + N, C + static_cast<std::ptrdiff_t>(i) * ldc);
+    } else {
+      scale_c(M, N, beta, C, ldc);
+    }
+    epilogue.apply(epilogue, C, ldc, 0, 0, M, N);
+    return;
+  }
+  sgemm_blocked(trans_a, trans_b, M, N, K, 1.0f, A, lda, B, ldb, bias ? 0.0f : beta, bias, C, ldc, nullptr,
+                &epilogue);
 }

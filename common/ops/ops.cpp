@@ -413,6 +413,36 @@ void gelu_backward(Tensor dinp, Tensor inp, Tensor dout, GradWrite write) {
   cpu::gelu_backward(dinp.f32(), inp.f32(), dout.f32(), count(inp), accumulate);
 }
 
+void matmul_forward_gelu(Tensor out, Tensor out_gelu, Tensor inp, Tensor weight, Tensor bias) {
+  const Operands ops = operands(__func__, out, out_gelu, inp, weight, bias);
+  if (ops.device != Device::CPU || cpu_matmul_emulation()) {
+    matmul_forward(out, inp, weight, bias);
+    return gelu_forward(out_gelu, out);
+  }
+  const int N = rows(inp), C = cols(inp), OC = rows(weight);
+  ENSURE(cols(weight) == C, "matmul_forward_gelu: inner dimensions differ (inp is (N,C), weight must be (OC,C))");
+  ENSURE(rows(out) == N && cols(out) == OC, "matmul_forward_gelu: out must be (N,OC)");
+  ENSURE(out_gelu.numel() == out.numel(), "matmul_forward_gelu: out_gelu and out differ in size");
+  ENSURE(bias.empty() || bias.numel() == OC, "matmul_forward_gelu: bias must be (OC)");
+  const MatmulClock clock;
+  cpu::matmul_forward_gelu(out.f32(), out_gelu.f32(), inp.f32(), weight.f32(), optional_f32(bias), N, C, OC);
+}
+
+void matmul_backward_input_gelu(Tensor dinp, Tensor dout, Tensor weight, Tensor gelu_inp) {
+  const Operands ops = operands(__func__, dinp, dout, weight, gelu_inp);
+  if (ops.device != Device::CPU || cpu_matmul_emulation()) {
+    // dinp holds dout @ weight, then its GELU backward in place (each element read, then written).
+    matmul_backward_input(dinp, dout, weight, GradWrite::Overwrite);
+    return gelu_backward(dinp, gelu_inp, dinp, GradWrite::Overwrite);
+  }
+  const int N = rows(dout), OC = cols(dout), C = cols(weight);
+  ENSURE(rows(weight) == OC, "matmul_backward_input_gelu: dout is (N,OC), weight must be (OC,C)");
+  ENSURE(dinp.numel() == int64_t(N) * C, "matmul_backward_input_gelu: dinp must be (N,C)");
+  ENSURE(gelu_inp.numel() == dinp.numel(), "matmul_backward_input_gelu: gelu_inp and dinp differ in size");
+  const MatmulClock clock;
+  cpu::matmul_backward_input_gelu(dinp.f32(), dout.f32(), weight.f32(), gelu_inp.f32(), N, C, OC);
+}
+
 void residual_forward(Tensor out, Tensor a, Tensor b) {
   const Operands ops = operands(__func__, out, a, b);
   ENSURE(a.numel() == out.numel() && b.numel() == out.numel(), "residual_forward: sizes differ");

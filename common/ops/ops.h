@@ -11,6 +11,7 @@
 // input gradient is often the first thing written into its buffer (a product's and GELU's) take a
 // GradWrite: Overwrite writes the gradient instead of adding it, where the caller would otherwise
 // zero the buffer first: the same values without that pass over memory, nor the read of the zeros.
+// matmul_backward_input_gelu, the two in one call, overwrites too.
 //
 // dtypes: on the CPU every tensor is fp32. On CUDA the model's tensors (activations, parameters,
 // gradients) are fp32 or bf16, one dtype per call (bf16 mixed precision: see ops_cuda.h); layernorm's
@@ -90,6 +91,16 @@ void attention_backward_flash(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, 
 void gelu_forward(Tensor out, Tensor inp);
 // dinp += gelu'(inp) * dout (GradWrite::Overwrite: dinp = gelu'(inp) * dout).
 void gelu_backward(Tensor dinp, Tensor inp, Tensor dout, GradWrite write = GradWrite::Accumulate);
+
+// The MLP's first product and GELU, and the second's input gradient and GELU's backward, each in one
+// call: the results of the two ops called apart, bit for bit. On the CPU GELU runs inside the product,
+// on each block of its output as it is finished, which saves GELU's pass over memory; elsewhere (CUDA,
+// chapter 13's emulated products) the call is the two ops.
+// out(N,OC) = inp @ weight^T + bias, out_gelu = GELU(out) (gelu_forward).
+void matmul_forward_gelu(Tensor out, Tensor out_gelu, Tensor inp, Tensor weight, Tensor bias);
+// dinp(N,C) = GELU'(gelu_inp) * (dout @ weight): matmul_backward_input with GradWrite::Overwrite into a
+// buffer, then gelu_backward with GradWrite::Overwrite from it. gelu_inp is (N,C), GELU's input.
+void matmul_backward_input_gelu(Tensor dinp, Tensor dout, Tensor weight, Tensor gelu_inp);
 
 void residual_forward(Tensor out, Tensor a, Tensor b);     // out = a + b
 void residual_backward(Tensor da, Tensor db, Tensor dout); // da += dout; db += dout

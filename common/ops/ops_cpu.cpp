@@ -15,7 +15,7 @@
 
 #include "base/check.h"       // ENSURE
 #include "ops/fast_math.h"   // fast_exp, fast_tanh
-#include "ops/matmul_cpu.h"  // sgemm_cpu, sgemm_cpu_bias
+#include "ops/matmul_cpu.h"  // sgemm_cpu, sgemm_cpu_bias, sgemm_cpu_sum_a, sgemm_cpu_epilogue
 #include "ops/ops_cpu_internal.h"  // kLanes, sum_of_lanes, max_of, exp_shifted
 
 namespace cpu {
@@ -215,9 +215,13 @@ void matmul_backward_input(float* dinp, const float* dout, const float* weight, 
 
 void matmul_backward_weight(float* dweight, float* dbias, const float* dout, const float* inp, int N, int C,
                             int OC) {
-  // dweight(OC,C) += dout(N,OC)^T @ inp(N,C); beta = 1: backward accumulates
-  sgemm_cpu(true, false, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f, dweight, C);
-  if (dbias) bias_backward(dbias, dout, N, OC);
+  // dweight(OC,C) += dout(N,OC)^T @ inp(N,C); beta = 1: backward accumulates. dbias += dout's column
+  // sums, taken as the product packs dout: bias_backward's sums, without its pass over dout.
+  if (dbias) {
+    sgemm_cpu_sum_a(false, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f, dweight, C, dbias);
+  } else {
+    sgemm_cpu(true, false, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f, dweight, C);
+  }
 }
 
 void add_bias(float* out, const float* bias, int N, int C) {
@@ -238,11 +242,12 @@ void bias_backward(float* dbias, const float* dout, int N, int C) {
 // ----------------------------------------------------------------------------------------------------------
 // GELU (tanh approximation) and the residual connection
 
+namespace {
+inline float gelu(float x) { return 0.5f * x * (1.0f + fast_tanh(kGeluScale * (x + kGeluCubic * x * x * x))); }
+}  // namespace
+
 void gelu_forward(float* out, const float* inp, size_t n) {
-  for (size_t i = 0; i < n; i++) {
-    float x = inp[i];
-    out[i] = 0.5f * x * (1.0f + fast_tanh(kGeluScale * (x + kGeluCubic * x * x * x)));
-  }
+  for (size_t i = 0; i < n; i++) out[i] = gelu(inp[i]);
 }
 
 namespace {
@@ -261,6 +266,40 @@ void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n, b
   } else {
     for (size_t i = 0; i < n; i++) dinp[i] = gelu_derivative(inp[i]) * dout[i];
   }
+}
+
+// GELU inside the MLP's two products, applied by sgemm to each row panel of the product as it is finished
+// (SgemmEpilogue): the same functions of the same values as the separate ops, so the same bits, without
+// their pass over the product's output (forward: reading fch back; backward: writing and reading the
+// gradient of GELU's output).
+namespace {
+void gelu_of_block(const SgemmEpilogue& e, float* c, int ldc, int i, int j, int mr, int nr) {
+  for (int r = 0; r < mr; r++) {
+    const float* __restrict c_row = c + size_t(r) * ldc;
+    float* __restrict y_row = e.y + size_t(i + r) * e.ld + j;
+    for (int k = 0; k < nr; k++) y_row[k] = gelu(c_row[k]);
+  }
+}
+
+void gelu_derivative_times_block(const SgemmEpilogue& e, float* c, int ldc, int i, int j, int mr, int nr) {
+  for (int r = 0; r < mr; r++) {
+    float* __restrict c_row = c + size_t(r) * ldc;
+    const float* __restrict x_row = e.x + size_t(i + r) * e.ld + j;
+    for (int k = 0; k < nr; k++) c_row[k] = gelu_derivative(x_row[k]) * c_row[k];
+  }
+}
+}  // namespace
+
+void matmul_forward_gelu(float* out, float* out_gelu, const float* inp, const float* weight, const float* bias,
+                         int N, int C, int OC) {
+  const SgemmEpilogue then{gelu_of_block, nullptr, out_gelu, OC};
+  sgemm_cpu_epilogue(false, true, N, OC, C, inp, C, weight, C, 0.0f, bias, out, OC, then);
+}
+
+void matmul_backward_input_gelu(float* dinp, const float* dout, const float* weight, const float* gelu_inp, int N,
+                                int C, int OC) {
+  const SgemmEpilogue then{gelu_derivative_times_block, gelu_inp, nullptr, C};
+  sgemm_cpu_epilogue(false, false, N, C, OC, dout, OC, weight, C, 0.0f, nullptr, dinp, C, then);
 }
 
 void residual_forward(float* out, const float* a, const float* b, size_t n) {

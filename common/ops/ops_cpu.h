@@ -46,6 +46,12 @@ void attention_backward(float* dqkv, float* dpreatt, float* datt, const float* d
 
 void gelu_forward(float* out, const float* inp, size_t n);
 void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n, bool accumulate = true);
+// The MLP's products with GELU applied inside them (bit for bit the separate ops): out = inp @ weight^T
+// + bias and out_gelu = GELU(out); dinp = GELU'(gelu_inp) * (dout @ weight), overwritten.
+void matmul_forward_gelu(float* out, float* out_gelu, const float* inp, const float* weight, const float* bias,
+                         int N, int C, int OC);
+void matmul_backward_input_gelu(float* dinp, const float* dout, const float* weight, const float* gelu_inp, int N,
+                                int C, int OC);
 
 void residual_forward(float* out, const float* a, const float* b, size_t n);
 void residual_backward(float* da, float* db, const float* dout, size_t n);
