@@ -20,15 +20,6 @@
 
 namespace {
 
-cudaDataType_t cuda_type(NumberFormat f) {
-  switch (f) {
-    case NumberFormat::BF16: return CUDA_R_16BF;
-    case NumberFormat::FP16: return CUDA_R_16F;
-    case NumberFormat::E4M3: return CUDA_R_8F_E4M3;
-    default: return CUDA_R_8F_E5M2;
-  }
-}
-
 // The codes of values * scale in the format, packed as the GPU reads them (1 or 2 bytes each).
 std::vector<uint8_t> encode_scaled(const float* values, size_t n, NumberFormat f, float scale) {
   const int bytes = format_bits(f) / 8;
@@ -192,4 +183,13 @@ double cublaslt_product_ms(int M, int N, int K, NumberFormat a_format, NumberFor
   for (void* p : {(void*)a, (void*)b, (void*)factors, (void*)c}) CUDA_CHECK(cudaFree(p));
   std::nth_element(times.begin(), times.begin() + times.size() / 2, times.end());
   return times.empty() ? 0.0 : double(times[times.size() / 2]);
+}
+
+cudaDataType_t cuda_type(NumberFormat f) {
+  switch (f) {
+    case NumberFormat::BF16: return CUDA_R_16BF;
+    case NumberFormat::FP16: return CUDA_R_16F;
+    case NumberFormat::E4M3: return CUDA_R_8F_E4M3;
+    default: return CUDA_R_8F_E5M2;
+  }
 }

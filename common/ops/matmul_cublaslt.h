@@ -9,6 +9,10 @@
 #include "ops/float_formats.h"
 
 #ifdef GPT_WITH_CUDA
+#include <library_types.h>  // cudaDataType_t
+
+// A format's cuBLASLt data type (CUDA_R_16BF, CUDA_R_16F, CUDA_R_8F_E4M3, CUDA_R_8F_E5M2).
+cudaDataType_t cuda_type(NumberFormat f);
 // C(M,N) = (A(M,K) @ B(N,K)^T) / (a_scale * b_scale), row-major, every operand on the host in fp32.
 // A and B are multiplied as the codes of A * a_scale and B * b_scale in a_format and b_format (both
 // bf16, both fp16, or fp8 with at least one E4M3); the scales go to cuBLASLt as the dequantizing

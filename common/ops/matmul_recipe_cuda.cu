@@ -23,6 +23,7 @@
 #include "base/check.h"       // fatal
 #include "base/cuda_check.h"  // CUDA_CHECK, CUBLAS_CHECK
 #include "base/watchdog.h"    // BlockedOnDevice: the waits for the amax and the counters
+#include "ops/matmul_cublaslt.h"  // cuda_type
 #include "ops/memory.h"       // Scratch: the buffers, grown at the first steps, then reused
 #include "ops/ops_cuda.h"     // cuda::stream
 
@@ -178,15 +179,6 @@ void check_launch() { CUDA_CHECK(cudaGetLastError()); }
 // cuBLASLt: one plan (descriptor, layouts, the heuristic's algorithm) per distinct product, made at
 // its first call and kept, so that a product of a run always runs the same algorithm (the same
 // roundings) and later steps ask cuBLASLt nothing.
-
-cudaDataType_t cuda_type(NumberFormat f) {
-  switch (f) {
-    case NumberFormat::BF16: return CUDA_R_16BF;
-    case NumberFormat::FP16: return CUDA_R_16F;
-    case NumberFormat::E4M3: return CUDA_R_8F_E4M3;
-    default: return CUDA_R_8F_E5M2;
-  }
-}
 
 cublasLtHandle_t handle() {
   static cublasLtHandle_t lt = [] {
