@@ -118,8 +118,8 @@ bool chosen_algorithms(const DimensionContext& ctx, Prediction& p) {
     default: return false;
   }
   p.comm_bytes = sent(CollectiveKind::ReduceScatter, int64_t(scattered), 1) + sent(CollectiveKind::AllGather, int64_t(gathers), 1);
-  p.comm_formula += std::string(" (reduce-scatters by ") + name(CollectiveKind::ReduceScatter, 1 << 30) +
-                    ", all-gathers by " + name(CollectiveKind::AllGather, 1 << 30) + ": their bytes from rank " +
+  p.comm_formula += std::string(" (reduce-scatters by ") + name(CollectiveKind::ReduceScatter, int64_t(scattered)) +
+                    ", all-gathers by " + name(CollectiveKind::AllGather, int64_t(gathers)) + ": their bytes from rank " +
                     std::to_string(r) + ", section 15)";
   return false;
 }
