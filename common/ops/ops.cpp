@@ -112,6 +112,12 @@ MatmulEmulation* gpu_emulation_for(const Operands& ops) {
   return takes ? emulation : nullptr;
 }
 
+// An emulation's backward always accumulates into dinp: overwriting is accumulating into zeros.
+void emulated_backward_input(MatmulEmulation& emulation, Tensor dinp, Tensor dout, Tensor weight, GradWrite write) {
+  if (write == GradWrite::Overwrite) fill_zero(dinp);
+  emulation.backward_input(dinp, dout, weight);
+}
+
 }  // namespace
 
 // ----------------------------------------------------------------------------------------------------------
@@ -273,16 +279,10 @@ void matmul_backward_input(Tensor dinp, Tensor dout, Tensor weight, GradWrite wr
   ENSURE(rows(weight) == OC, "matmul_backward_input: dout is (N,OC), weight must be (OC,C)");
   ENSURE(dinp.numel() == int64_t(N) * C, "matmul_backward_input: dinp must be (N,C)");
   const bool accumulate = write == GradWrite::Accumulate;
-  if (MatmulEmulation* emulation = gpu_emulation_for(ops)) {
-    if (!accumulate) fill_zero(dinp);  // an emulation always accumulates
-    return emulation->backward_input(dinp, dout, weight);
-  }
+  if (MatmulEmulation* emulation = gpu_emulation_for(ops)) return emulated_backward_input(*emulation, dinp, dout, weight, write);
   ON_CUDA(ops, matmul_backward_input(ops.dtype, dinp.data, dout.data, weight.data, N, C, OC, accumulate));
   const MatmulClock clock;
-  if (MatmulEmulation* emulation = cpu_matmul_emulation()) {
-    if (!accumulate) fill_zero(dinp);  // an emulation always accumulates
-    return emulation->backward_input(dinp, dout, weight);
-  }
+  if (MatmulEmulation* emulation = cpu_matmul_emulation()) return emulated_backward_input(*emulation, dinp, dout, weight, write);
   cpu::matmul_backward_input(dinp.f32(), dout.f32(), weight.f32(), N, C, OC, accumulate);
 }
 
