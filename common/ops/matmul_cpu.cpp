@@ -246,8 +246,9 @@ struct AlignedBuffer {
 // sgemm_cpu and sgemm_cpu_bias. With a bias (alpha = 1, beta ignored), the first K slice starts every
 // tile from the bias instead of from C: the same sums, in the same order, as writing the bias into C
 // and accumulating onto it with beta = 1, without that extra pass over C.
-// epilogue (or null): applied to each MC-row panel of C after the last K slice. a_sums (op(A) = A^T only, else null): a_sums[i] += sum over k of op(A)[i, k], in increasing k, taken
-// while the first column panel packs A.
+// epilogue (or null): applied to each MC-row panel of C after the last K slice. a_sums (op(A) = A^T
+// only, else null): a_sums[i] += sum over k of op(A)[i, k], in increasing k, taken while the first
+// column panel packs A.
 void sgemm_blocked(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda,
                    const float* B, int ldb, float beta, const float* bias, float* C, int ldc,
                    float* a_sums = nullptr, const SgemmEpilogue* epilogue = nullptr) {
