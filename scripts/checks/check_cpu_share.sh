@@ -64,4 +64,10 @@ if not plan_check.calibrations_agree(out, 0, 1) or plan_check.calibrations_agree
     sys.exit("FAIL: 50 and 50 ms on a core of their own must agree, 50 and 100 must not")
 print("calibrations on a core of their own: 50 and 50 ms agree, 50 and 100 do not")
 PY
+# The retry rule's settings are refused in one line, before any run, when they are not numbers.
+for setting in "TRIES=0" "TRIES=two" "AGREE=abc" "AGREE=-1"; do
+  said=$(env "$setting" scripts/plan/plan_check.sh 2>&1) && fail "plan_check.sh ran with $setting"
+  [ "$(printf '%s\n' "$said" | wc -l)" = 1 ] && [[ "$said" == "${setting}:"* ]] ||
+    fail "plan_check.sh with $setting said: $said"
+done
 echo "cpu_share.py and the calibrations' agreement: ok"

@@ -53,6 +53,8 @@ rounds=${ROUNDS:-1}
 [[ "$rounds" =~ ^[1-9][0-9]*$ ]] || { echo "ROUNDS=$rounds: give a whole number of rounds, 1 or more"; exit 2; }
 max_tries=${TRIES:-3}
 [[ "$max_tries" =~ ^[1-9][0-9]*$ ]] || { echo "TRIES=$max_tries: give a whole number of tries, 1 or more"; exit 2; }
+[[ "${AGREE:-0.3}" =~ ^([0-9]+\.?[0-9]*|\.[0-9]+)$ ]] ||
+  { echo "AGREE=$AGREE: give how far apart calibrations may lie as a fraction, 0 or more (0.3: 30%)"; exit 2; }
 out=results/plan_check
 mkdir -p "$out"
 plan=09_3d_parallel/plan
