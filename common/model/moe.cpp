@@ -10,6 +10,7 @@
 
 #include "base/check.h"
 #include "ops/device.h"  // transfer: the router's logits down, the routing's index arrays up
+#include "ops/matmul_emulation.h"  // Fp32Products: the router in fp32 under any recipe
 #include "comm/lanes.h"  // free_when_pair_ends
 #include "ops/moe_rows.h"  // the rows' trips around the experts, on the tensors' device
 #include "ops/ops.h"
@@ -248,14 +249,21 @@ float MoELayer::forward(int layer, Tensor x, Tensor router, Tensor out, const Ex
   float* probs = gpu ? host_probs_.data() : probs_.f32();
   int* chosen = gpu ? host_chosen_.data() : static_cast<int*>(chosen_.data());
   int* row = gpu ? host_row_.data() : static_cast<int*>(row_.data());
-  // Router: logits (N,E), then the softmax of each row, kept for backward.
+  // Router: logits (N,E), then the softmax of each row, kept for backward. Its products stay in fp32
+  // under a mixed-precision recipe (as DeepSeek-V3 keeps its gating, docs/mixed_precision.md): the
+  // top-k and the capacity's claims are decisions, which a logit rounded to bf16 (3 significant
+  // digits) would flip between near ties, and the router is E x C, a sliver of the products.
   std::fill(probs, probs + N * E_, 0.0f);
   const Tensor logits = make_view(probs, {N, int64_t(E_)});
   if (gpu) {
     const Tensor on_gpu = make_view(probs_.data(), {N, int64_t(E_)}, DType::F32, device_);
-    matmul_forward(on_gpu, x, router, Tensor());
+    {
+      const Fp32Products router_in_fp32;
+      matmul_forward(on_gpu, x, router, Tensor());
+    }
     transfer(logits, on_gpu);  // waits for the product: the routing needs its values
   } else {
+    const Fp32Products router_in_fp32;
     matmul_forward(logits, x, router, Tensor());
   }
   for (int64_t t = 0; t < N; t++) {
@@ -358,6 +366,7 @@ void MoELayer::backward(Tensor dout, Tensor x, Tensor router, Tensor dx, Tensor 
     transfer(on_gpu, dlogits_rows);
     dlogits_rows = on_gpu;
   }
+  const Fp32Products router_in_fp32;  // as its forward
   matmul_backward(dx, drouter, Tensor(), dlogits_rows, x, router);
 }
 

@@ -60,8 +60,15 @@ void emulated_product(float* C, const float* A, const float* B, int M, int N, in
   }
 }
 
+namespace {
+thread_local int t_fp32_products = 0;  // the Fp32Products alive on this thread
+}  // namespace
+
 void set_cpu_matmul_emulation(MatmulEmulation* emulation) { g_emulation = emulation; }
-MatmulEmulation* cpu_matmul_emulation() { return g_emulation; }
+MatmulEmulation* cpu_matmul_emulation() { return t_fp32_products > 0 ? nullptr : g_emulation; }
+
+Fp32Products::Fp32Products() { t_fp32_products++; }
+Fp32Products::~Fp32Products() { t_fp32_products--; }
 
 void note_bound_memory(bool grads, int64_t begin, int64_t end, const void* base, size_t element_bytes) {
   const char* at = static_cast<const char*>(base);

@@ -2,7 +2,7 @@
 // with the same semantics, and the switch that routes the model's CPU products through them.
 // Defines Accumulate, emulated_product() (C = A B^T from operands already in their format),
 // MatmulEmulation, the interface ops.cpp's three CPU matmul calls consult (set_cpu_matmul_emulation;
-// fp32 GPU products too, where the emulation says it runs there),
+// fp32 GPU products too, where the emulation says it runs there), Fp32Products (a scope that skips it),
 // and the map from a bound weight's (or gradient's) address to its flat offset (note_bound_memory).
 //
 // What the hardware does, and so what we do: each input is rounded to its format (after its scale,
@@ -52,7 +52,18 @@ class MatmulEmulation {
 // and every fp32 matmul on a GPU too where emulation->runs_on_gpu(); nullptr restores the fp32 path.
 // One per process: set it before the first forward, from the thread that runs the model.
 void set_cpu_matmul_emulation(MatmulEmulation* emulation);
-MatmulEmulation* cpu_matmul_emulation();
+MatmulEmulation* cpu_matmul_emulation();  // nullptr while an Fp32Products lives on the calling thread
+
+// While one lives, the products its thread runs skip the installed emulation: fp32, as in chapters
+// 01-12 without a recipe. For what a recipe keeps in full precision on purpose (a mixture of
+// experts' router, moe.cpp). Per thread, so that a pipeline's other lane (lanes.h) keeps its recipe.
+class Fp32Products {
+ public:
+  Fp32Products();
+  ~Fp32Products();
+  Fp32Products(const Fp32Products&) = delete;
+  Fp32Products& operator=(const Fp32Products&) = delete;
+};
 
 // Where the model's flat parameters and gradients live now: GPT2's bind calls (model.h) report each
 // range [begin, end) of the flat layout bound at `base` (nullptr: released), so that an emulation
