@@ -16,6 +16,7 @@
 
 #include "comm/comm.h"
 #include "comm/lanes.h"  // lane_index, kLanes
+#include "comm/wire_format.h"  // the rows in a recipe's formats (fp32: as they are)
 #include "ops/memory.h"
 #include "model/model.h"
 #include "model/moe.h"
@@ -52,19 +53,24 @@ class ExpertExchange {
       }
     count_predicted(wire_bytes_for(CollectiveKind::AllToAll, int64_t(E_) * 4, P), int64_t(E_) * 4);
     // Dispatch, 2: the rows, to the rank of their expert (grouped by expert is grouped by rank).
-    Tensor received = exchange(rows, d.send_rows, d.recv_rows, lane().received);
+    // Under a mixed-precision recipe they travel in the layer's dtype, as tensor parallelism's
+    // activations do: what the experts' products round them to anyway (fp8: a bf16 row, then E4M3).
+    const Wire& activations = collective_formats(ep_).activations;
+    Tensor received = exchange(rows, d.send_rows, d.recv_rows, lane().received, activations);
     // Experts: this rank's, on their rows from every peer (regrouped by expert), and back.
     Tensor outputs = run_experts(slot, layer, received, d, /*forward=*/true);
-    // Combine: the outputs return to their tokens' ranks (moe.cpp weights and adds them).
-    exchange_into(outputs, d.recv_rows, d.send_rows, out);
+    // Combine: the outputs return to their tokens' ranks (moe.cpp weights and adds them), in the
+    // same format: the experts' outputs are in it already.
+    exchange_into(outputs, d.recv_rows, d.send_rows, out, activations);
   }
 
   // dout (n,C): the gradients of the last forward's outputs -> drows (n,C), their inputs'.
   void backward(int slot, int layer, Tensor dout, Tensor drows) {
     Layer& d = layers_[size_t(slot * L_ + layer)];
-    Tensor received = exchange(dout, d.send_rows, d.recv_rows, lane().received);
+    const Wire& gradients = collective_formats(ep_).gradients;  // (a recipe's: bf16, fp16 at the loss scale)
+    Tensor received = exchange(dout, d.send_rows, d.recv_rows, lane().received, gradients);
     Tensor grads = run_experts(slot, layer, received, d, /*forward=*/false);
-    exchange_into(grads, d.recv_rows, d.send_rows, drows);
+    exchange_into(grads, d.recv_rows, d.send_rows, drows, gradients);
   }
 
   // What the communicator should count, from the counts alone: the bytes this rank sends in its
@@ -97,25 +103,27 @@ class ExpertExchange {
   };
   LaneScratch& lane() { return lanes_[size_t(lane_index())]; }
 
-  // `from` travels by rows: send_rows[q] rows to rank q, recv_rows[s] from rank s, into `to`.
+  // `from` travels by rows: send_rows[q] rows to rank q, recv_rows[s] from rank s, into `to`, in
+  // `wire`'s format (fp32: as they are).
   void exchange_into(Tensor from, const std::vector<int64_t>& send_rows, const std::vector<int64_t>& recv_rows,
-                     Tensor to) {
+                     Tensor to, const Wire& wire) {
     std::vector<int64_t> send(send_rows.size()), recv(recv_rows.size());
     int64_t sent = 0, received = 0;
+    const int64_t bytes = wire.element_bytes();  // 4 in fp32, 2 in bf16 and fp16
     for (size_t q = 0; q < send.size(); q++) {
       send[q] = send_rows[q] * C_, recv[q] = recv_rows[q] * C_;
-      if (int(q) != ep_.rank()) sent += 4 * send[q], received += 4 * recv[q];
+      if (int(q) != ep_.rank()) sent += bytes * send[q], received += bytes * recv[q];
     }
-    ep_.all_to_all_v(from, send, to, recv);
+    wire_all_to_all_v(ep_, from, send, to, recv, wire);
     count_predicted(ep_.size() > 1 ? sent : 0, all_to_all_v_link_bytes(sent, received, ep_.size()));
   }
   Tensor exchange(Tensor from, const std::vector<int64_t>& send_rows, const std::vector<int64_t>& recv_rows,
-                  Buffer& into) {
+                  Buffer& into, const Wire& wire) {
     int64_t rows = 0;
     for (int64_t r : recv_rows) rows += r;
     grow(into, rows * C_);
     Tensor to = rows_at(into, 0, rows);
-    exchange_into(from, send_rows, recv_rows, to);
+    exchange_into(from, send_rows, recv_rows, to, wire);
     return to;
   }
 

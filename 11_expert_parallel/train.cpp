@@ -19,6 +19,7 @@
 
 #include "parallel/buckets.h"
 #include "comm/comm.h"
+#include "comm/wire_format.h"  // the gradients in the recipe's format (fp32: as they are)
 #include "ops/device.h"
 #include "training/chapter_main.h"  // run_chapter: main(), flags and checks
 #include "training/flags.h"
@@ -155,7 +156,8 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
                 model_cfg.aux_loss_coef, buckets.count());
   }
   const int W = world.size();
-  const ExpertTheory theory = expert_theory(layout, model_cfg, W, ep, run.micro_batch_size(), cfg.grad_accum);
+  const ExpertTheory theory =
+      expert_theory(layout, model_cfg, W, ep, run.micro_batch_size(), cfg.grad_accum, collective_formats(world));
 
   // The lesson, 2: when a bucket is final, average its expert ranges over the ranks that hold the
   // same experts, and the rest over everyone.
@@ -168,7 +170,8 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
     if (b < 0) return;
     for (const Segment& s : segments_of(layout, buckets.begin(b), buckets.end(b))) {
       Communicator& group = s.experts ? grid.expert_dp() : everyone;
-      in_flight.push_back(group.all_reduce_async(grads.view().slice1d(s.begin, s.end - s.begin), ReduceOp::Avg));
+      in_flight.push_back(wire_all_reduce_async(group, grads.view().slice1d(s.begin, s.end - s.begin), ReduceOp::Avg,
+                                                collective_formats(group).gradients));
       if (s.experts) expert_segments.push_back(s);
     }
   };

@@ -349,7 +349,9 @@ class GridExperts {
   // and the formula (routing_log.h), not from the counts the exchange handed to the calls.
   double predicted_a2a_bytes() const {
     const GridCoords& at = grid_.coords();
-    return routing_->a2a_sent_bytes(at.edp * grid_.shape().ep + at.ep, grid_.shape().ep, cfg_.C);
+    const CollectiveFormats& formats = collective_formats(grid_.world());  // a recipe's rows: its formats' bytes
+    return routing_->a2a_sent_bytes(at.edp * grid_.shape().ep + at.ep, grid_.shape().ep, cfg_.C,
+                                    double(formats.activations.element_bytes()), double(formats.gradients.element_bytes()));
   }
   int64_t record_size() const { return hooks_.front().record_size(cfg_.experts); }
 
@@ -457,10 +459,11 @@ class GroupBytes {
                                      "output back, forward; the output's gradient and again q, k, v and the output "
                                      "to heads, their gradients back, backward"});
     if (run_.model_config().moe()) {
-      formulas.push_back({"expert_dp", std::string(zero2_     ? "m reduce-scatters + all-gather: (m+1)(D-1)/D"
-                                                   : sharded_ ? "reduce-scatter + all-gather: 2(D-1)/D"
-                                                              : "all-reduce: 2(D-1)/D") +
-                                           " x 4 x experts' ranges + the counts' second gather: L' m (D-1) ep rec x 4"});
+      formulas.push_back({"expert_dp", std::string(zero2_     ? "m reduce-scatters + all-gather: (D-1)/D x (m g + w)"
+                                                   : sharded_ ? "reduce-scatter + all-gather: (D-1)/D x (g + w)"
+                                                              : "all-reduce: 2(D-1)/D x g") +
+                                           " x experts' ranges (gathered in w: fp32) + the counts' second gather: L' m "
+                                           "(D-1) ep rec x 4"});
       formulas.push_back(
           {"ep", "the all-to-alls at this step's routing (11) + the counts' first gather: L' m (ep-1) rec x 4"});
       formulas.push_back({"expert_params", "L' x E/ep x (8C^2 + 5C) x 4"});
@@ -502,8 +505,9 @@ class GroupBytes {
                                                                                    gathered / dense)
                             : sharded_ ? double(N - 1) / N * (g * dense + gathered)
                                        : 2.0 * (N - 1) / N * g * dense;
-    // The experts' buckets: all-reduced, or reduce-scattered (every micro-batch under --zero2) and gathered.
-    const double expert_passes = zero2_ ? m_ + 1 : 2;
+    // The experts' buckets: all-reduced, or reduce-scattered (every micro-batch under --zero2) and
+    // gathered, the gradients in g bytes, the gather in w (an expert is no Ψm matrix: fp32).
+    const double expert_bytes = zero2_ ? m_ * g + w : sharded_ ? g + w : 2 * g;
     std::vector<GroupRow> rows = {
         {"tp", double(now.tp.since(at_start_.tp).training_sent_bytes()),
          t > 1 ? m_ * tp_theory.bytes_per_micro_batch + whole.partial_grad_bytes * (zero2_ ? m_ : 1) : 0.0},
@@ -522,7 +526,7 @@ class GroupBytes {
         if (p.expert >= 0) expert_params += 4.0 * double(p.size);
       const double C = run_cfg.C;
       rows.push_back({"expert_dp", double(now.expert_dp.since(at_start_.expert_dp).training_sent_bytes()),
-                      expert_passes * (D - 1) / D * 4 * double(expert_range) +
+                      expert_bytes * (D - 1) / D * double(expert_range) +
                           routing_counts_bytes(held_blocks_, m_, D, P, record)});
       rows.push_back({"ep", double(now.ep.since(at_start_.ep).training_sent_bytes()),
                       experts_.predicted_a2a_bytes() +

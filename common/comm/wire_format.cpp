@@ -227,6 +227,30 @@ CommHandle wire_reduce_scatter_async(Communicator& comm, Tensor send, Tensor rec
   });
 }
 
+CommHandle wire_all_to_all_v_async(Communicator& comm, Tensor send, const std::vector<int64_t>& send_counts, Tensor recv,
+                                   const std::vector<int64_t>& recv_counts, const Wire& w) {
+  if (w.fp32 || comm.size() == 1) return comm.all_to_all_v_async(send, send_counts, recv, recv_counts);
+  check_wire(w);
+  const std::shared_ptr<Staging> staging = staging_of(comm);
+  const int64_t sent_n = send.numel(), received_n = recv.numel();
+  uint16_t* sent = staging->take16(sent_n);
+  uint16_t* received = staging->take16(received_n);
+  encode16(send.f32(), sent_n, sent, w.format, w.scale);
+  CommHandle inner = comm.all_to_all_v_async(view_of(sent, sent_n, w.format), send_counts,
+                                             view_of(received, received_n, w.format), recv_counts);
+  return then(inner, [staging, sent, received, received_n, recv, w] {
+    decode16(received, received_n, recv.f32(), w.format, w.scale);
+    staging->give_back(sent);
+    staging->give_back(received);
+  });
+}
+
+void wire_all_to_all_v(Communicator& comm, Tensor send, const std::vector<int64_t>& send_counts, Tensor recv,
+                       const std::vector<int64_t>& recv_counts, const Wire& w) {
+  if (w.fp32 || comm.size() == 1) return comm.all_to_all_v(send, send_counts, recv, recv_counts);
+  wire_all_to_all_v_async(comm, send, send_counts, recv, recv_counts, w).wait();
+}
+
 CommHandle wire_all_gather_async(Communicator& comm, Tensor send, Tensor recv, const Wire& w) {
   if (w.fp32 || comm.size() == 1) return comm.all_gather_async(send, recv);
   return wire_all_gather_segments_async(comm, send, recv, {WireSegment{0, recv.numel(), w}});

@@ -45,6 +45,14 @@ CommHandle wire_all_gather_async(Communicator& comm, Tensor send, Tensor recv, c
 // Blocking, as the communicator's blocking forms (fp32: exactly comm.all_reduce).
 void wire_all_reduce(Communicator& comm, Tensor buf, ReduceOp op, const Wire& wire);
 
+// Expert parallelism's exchange (Communicator::all_to_all_v_async, the same counts) in bf16 or fp16:
+// every segment becomes codes, the rank's own included (where the group has more than one rank), so
+// that the rows a rank's experts receive are in one format whichever rank routed them.
+CommHandle wire_all_to_all_v_async(Communicator& comm, Tensor send, const std::vector<int64_t>& send_counts, Tensor recv,
+                                   const std::vector<int64_t>& recv_counts, const Wire& wire);
+void wire_all_to_all_v(Communicator& comm, Tensor send, const std::vector<int64_t>& send_counts, Tensor recv,
+                       const std::vector<int64_t>& recv_counts, const Wire& wire);
+
 // A gather whose range holds tensors of different formats (ZeRO-3's layer: its product weights in
 // the recipe's format, its layernorms and biases in fp32). Segment [begin, begin + count) of recv
 // travels in `wire`; elements outside every segment travel in fp32. Rank r's chunk (recv.numel() / N

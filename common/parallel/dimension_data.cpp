@@ -59,10 +59,12 @@ void own_rule(const DimensionContext& ctx, Prediction& p) {
   } else if (ctx.ep.routing_counts_over_data_group) {
     // 11: the experts' gradients go over their expert-data-parallel group; this one carries the rest
     // of the model's and every layer's routing counts (docs/theory.md, 14).
-    const ExpertTheory theory =
-        expert_theory(*ctx.layout, ctx.model, ctx.world_size, ctx.ep.size, ctx.micro_B, ctx.micro_batches);
+    // A recipe's gradients travel in its format (g bytes an element; fp32 4).
+    const ExpertTheory theory = expert_theory(*ctx.layout, ctx.model, ctx.world_size, ctx.ep.size, ctx.micro_B,
+                                              ctx.micro_batches, ctx.formats);
     p.comm_bytes = theory.world_all_reduce + theory.counts_all_gather;
-    p.comm_formula = "2(W-1)/W x 4 x non-expert elements (padding included) + K x L x (W-1) x 4E counts";
+    p.comm_formula = "2(W-1)/W x " + std::to_string(ctx.formats.gradients.element_bytes()) +
+                     " x non-expert elements (padding included) + K x L x (W-1) x 4E counts";
   }
 }
 

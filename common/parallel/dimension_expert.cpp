@@ -52,6 +52,18 @@ class ExpertDimension : public Dimension {
 
   int collective_groups(const DimensionContext& ctx) const override { return ctx.expert_group ? 1 : 0; }
 
+  // Under a recipe the exchange stages its rows' codes (wire_format.h, wire_all_to_all_v_async): one
+  // call at a time per lane, its rows out (at most a rank's n k assignments) beside its rows in (at
+  // most what its experts can take), in the larger of the two formats the rows travel in. Twice
+  // that: the staging keeps the block of the largest call so far, and a later step's larger call
+  // (another routing) spills beside it until the block grows.
+  double wire_staging_at_most(const DimensionContext& ctx, const CollectiveFormats& formats) const override {
+    if (!ctx.expert_group || ctx.ep.size == 1 || (formats.activations.fp32 && formats.gradients.fp32)) return 0;
+    const double bytes = double(std::max(formats.activations.element_bytes(), formats.gradients.element_bytes()));
+    const double rows = double(moe_routed_tokens(ctx)) * ctx.model.top_k + double(rows_at_most(ctx));
+    return 2 * ctx.pp.scratch_lanes() * bytes * ctx.model.C * rows;
+  }
+
   // The MoE layers at this step's routing (end_step's), next to balanced routing and the bound;
   // the exchange buffers at the same routing.
   void report_rows(const DimensionContext& ctx, const StepMeasure& step, ReportTable& table) const override {
@@ -84,8 +96,10 @@ class ExpertDimension : public Dimension {
                     counts.c_str(), format_bytes(balanced).c_str(), format_bytes(at_most).c_str(), ctx.ep.size,
                     ctx.model.capacity_factor));
     if (ctx.expert_group && !rows.empty()) {
-      table.transient_theory = "the expert exchange at these routing counts, docs/theory.md 14; at most " +
-                               format_bytes(table.transient);
+      // (A recipe's staged codes stay at their bound: the staging keeps its largest call's.)
+      table.transient_theory = "the expert exchange at these routing counts, docs/theory.md 14" +
+                               std::string(wire_staging_at_most(ctx, ctx.formats) > 0 ? ", its staged codes at most" : "") +
+                               "; at most " + format_bytes(table.transient);
       table.transient = table.transient - exchange_at_most(ctx) +
                         ctx.pp.scratch_lanes() * moe_exchange_buffer_bytes(ctx.model, most_rows_each);
       table.transient_label = "comm buffers (routing)";
@@ -254,19 +268,20 @@ int64_t expert_range_elements(const ParamLayout& layout) {
 }  // namespace
 
 ExpertTheory expert_theory(const ParamLayout& layout, const GPT2Config& cfg, int world, int ep, int micro_B,
-                           int micro_batches) {
+                           int micro_batches, const CollectiveFormats& formats) {
   ExpertTheory t;
   const int W = world, D = world / ep, P = ep, L = cfg.L, E = cfg.experts;
   const double C = cfg.C;
   const int64_t expert_range = expert_range_elements(layout);
   for (const ParamInfo& p : layout.params)
     if (p.expert >= 0) t.expert_elements += p.size;
-  t.world_all_reduce = W > 1 ? 2.0 * (W - 1) / W * 4.0 * double(layout.padded_size - expert_range) : 0;
-  t.expert_dp_all_reduce = D > 1 ? 2.0 * (D - 1) / D * 4.0 * double(expert_range) : 0;
+  const double g = double(formats.gradients.element_bytes()), a = double(formats.activations.element_bytes());
+  t.world_all_reduce = W > 1 ? 2.0 * (W - 1) / W * g * double(layout.padded_size - expert_range) : 0;
+  t.expert_dp_all_reduce = D > 1 ? 2.0 * (D - 1) / D * g * double(expert_range) : 0;
   t.counts_all_gather =
       double(micro_batches) * double(L * wire_bytes_for(CollectiveKind::AllGather, int64_t(W) * E * 4, W));
   const double rows = double(micro_B) * cfg.T * cfg.top_k;  // n k: a rank's assignments, none dropped
-  t.a2a_balanced = P > 1 ? L * (double(P - 1) / P * 4 * E + 4.0 * (P - 1) / P * rows * C * 4) : 0;
+  t.a2a_balanced = P > 1 ? L * (double(P - 1) / P * 4 * E + 2.0 * (P - 1) / P * rows * C * (a + g)) : 0;
   t.expert_params = 4.0 * L * (E / ep) * (8 * C * C + 5 * C);
   return t;
 }

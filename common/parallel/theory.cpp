@@ -89,11 +89,13 @@ double MemoryForecast::peak() const {
   return model_state + activations + data + staged_save + precision_scratch + std::max(transient, checkpoint);
 }
 
-double precision_scratch_bytes(int C, int V, int64_t tokens, bool gradient_scaled) {
-  const double N = double(tokens), c = C;
-  const double products[][2] = {{c, 3 * c}, {c, c}, {c, 4 * c}, {4 * c, c}, {c, double(V)}};  // {I, O}
+double precision_scratch_bytes(int C, int V, int64_t tokens, bool gradient_scaled, int64_t expert_rows) {
+  const double c = C, M = double(expert_rows);
+  const double products[][3] = {{c, 3 * c, double(tokens)}, {c, c, double(tokens)},      {c, 4 * c, double(tokens)},
+                                {4 * c, c, double(tokens)}, {c, double(V), double(tokens)}, {c, 4 * c, M},
+                                {4 * c, c, M}};  // {I, O, N}: the experts' last, over their rows
   double rounded_a = 0, rounded_b = 0, transposed = 0, result = 0, scaled = 0;
-  for (const auto& [I, O] : products) {
+  for (const auto& [I, O, N] : products) {
     rounded_a = std::max(rounded_a, N * std::max(I, O));
     rounded_b = std::max(rounded_b, I * std::max(O, N));
     transposed = std::max(transposed, std::max(I * O, N * std::max(I, O)));

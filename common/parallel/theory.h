@@ -175,7 +175,11 @@ struct MemoryForecast {
 // buffer keeps the largest of GPT-2's products (C -> 3C, C -> C, C -> 4C, 4C -> C and the head
 // C -> V), in fp32 bytes. N = B x T, a micro-batch's tokens. Exact for the whole model on one rank;
 // a bound where TP slices the products, a pipeline stage runs some of them or CP holds fewer tokens.
-double precision_scratch_bytes(int C, int V, int64_t tokens, bool gradient_scaled);
+// A mixture of experts adds its experts' two products (C -> 4C, 4C -> C; the router stays in fp32)
+// over M = `expert_rows` rows, the most one expert can take: the rows of every rank of its
+// expert-parallel group, at most the capacity. M <= N on one rank, where the dense MLP's bound holds
+// it; past one expert-parallel rank M is a bound the routing decides (0: a dense model).
+double precision_scratch_bytes(int C, int V, int64_t tokens, bool gradient_scaled, int64_t expert_rows = 0);
 // whole_model_size: the whole model's flat length (build_gpt2_layout(cfg, 1)'s padded_size), of
 // which `layout` is this rank's part where tensor, pipeline or expert parallelism splits the model:
 // the host copies that initialise, save and resume it are the whole model's. micro_batches: those
@@ -201,14 +205,16 @@ double routing_counts_bytes(int blocks, int m, int group, int64_t chunk, int64_t
 // Its expert ranges are the flat ranges whose gradients it averages over the expert-data-parallel
 // group, as it cuts them: each run of expert tensors and the padding after it, up to the next tensor.
 struct ExpertTheory {
-  double world_all_reduce = 0;      // 2(W-1)/W x 4 x the non-expert ranges (padding included)
-  double expert_dp_all_reduce = 0;  // 2(D-1)/D x 4 x the expert ranges held (padding included), D = W/ep
+  double world_all_reduce = 0;      // 2(W-1)/W x g x the non-expert ranges (padding included)
+  double expert_dp_all_reduce = 0;  // 2(D-1)/D x g x the expert ranges held (padding included), D = W/ep
   double counts_all_gather = 0;     // K x L x (W-1) x 4E: every layer's routing counts, over the world
-  double a2a_balanced = 0;          // L x [(P-1)/P x 4E + 4 x (P-1)/P x n k C x 4], P = ep, n = tokens a rank
+  double a2a_balanced = 0;          // L x [(P-1)/P x 4E + 2 x (P-1)/P x n k C x (a + g)], P = ep, n = tokens a rank
   double expert_params = 0;         // L x E/ep x (8C^2 + 5C) x 4: a rank's expert parameters
   int64_t expert_elements = 0;      // the expert tensors this rank holds
 };
 // `micro_B`: the sequences a rank computes per micro-batch; K = `micro_batches` of them a step (each
-// routed on its own: moe.h).
+// routed on its own: moe.h). g and a: the bytes of an element of the gradients and of the activations
+// on the wire, 4 in fp32, a recipe's formats' under --precision (`formats`, wire_format.h: bf16 and
+// fp16 2): the rows' dispatch and combine travel as activations, their two trips backward as gradients.
 ExpertTheory expert_theory(const ParamLayout& layout, const GPT2Config& cfg, int world, int ep, int micro_B,
-                           int micro_batches);
+                           int micro_batches, const CollectiveFormats& formats = CollectiveFormats());

@@ -56,6 +56,12 @@ MixedPrecision::MixedPrecision(const PrecisionRecipe& recipe, const PrecisionFla
   if (run.is_root()) std::printf("precision: %s\n", recipe_.describe().c_str());
 }
 
+void MixedPrecision::reduce_experts_over(const std::vector<int64_t>& expert_weights, Communicator& holders) {
+  products_.reduce_apart(expert_weights, [&holders](std::vector<float>& amaxes) {
+    for (float& amax : amaxes) amax = float(holders.all_reduce_scalar(amax, ReduceOp::Max));
+  });
+}
+
 MixedPrecision::~MixedPrecision() {
   if (installed_) set_cpu_matmul_emulation(nullptr), set_collective_formats(world_, {});
 }

@@ -45,6 +45,10 @@ class MixedPrecision {
                  std::vector<Communicator*> amax_groups, int64_t lm_head_offset);
   ~MixedPrecision();
   const PrecisionRecipe& recipe() const { return recipe_; }
+  // A mixture of experts' experts (the weights at these flat offsets): their amaxes are reduced over
+  // `holders`, the ranks that hold copies of the same experts (the expert-data-parallel group), not
+  // over amax_groups (LowPrecisionMatmuls::reduce_apart). Call before the first step.
+  void reduce_experts_over(const std::vector<int64_t>& expert_weights, Communicator& holders);
 
   // After the chapter's optimizer step, on every rank (collective): fp16's scaler learns whether the
   // gradients overflowed (a non-finite norm, equal on every rank), the amax histories take this
@@ -63,8 +67,8 @@ class MixedPrecision {
   void load(const std::string& checkpoint, const ParamLayout& layout, Communicator& world);
   // Rank 0 prints the underflows and overflows per tensor kind and the operands' bytes against their
   // formula (precision_report.h); then the plain fp32 products are restored.
-  // operands_formula: the whole model's products on every rank (no TP, PP or CP); model_state_formula:
-  // an unsharded state too (01-03).
+  // operands_formula: the whole model's products on every rank (no TP, PP or CP), a dense model's;
+  // model_state_formula: an unsharded state too (01-03).
   void finish(int64_t params, int L, int C, int V, int64_t tokens_per_step, int micro_batches, bool operands_formula,
               bool model_state_formula);
 

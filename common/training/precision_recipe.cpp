@@ -68,6 +68,23 @@ bool LowPrecisionMatmuls::kept(int64_t site) const {
   return std::find(kept_.begin(), kept_.end(), site) != kept_.end();
 }
 
+void LowPrecisionMatmuls::reduce_apart(const std::vector<int64_t>& weight_offsets,
+                                       std::function<void(std::vector<float>&)> reduce_max) {
+  apart_ = weight_offsets;
+  std::sort(apart_.begin(), apart_.end());
+  reduce_apart_ = std::move(reduce_max);
+  if (recipe_.precision != Precision::FP8 || recipe_.scaling != Fp8Scaling::Delayed) return;
+  const std::pair<Role, TensorKind> operands[] = {{FwdInput, TensorKind::Activations}, {FwdWeight, TensorKind::Weights},
+                                                  {DgradOut, TensorKind::Gradients},  {DgradWeight, TensorKind::Weights},
+                                                  {WgradOut, TensorKind::Gradients},  {WgradInput, TensorKind::Activations}};
+  for (int64_t site : apart_)
+    for (const auto& [role, kind] : operands) histories_[{site, int(role)}].kind = kind;
+}
+
+bool LowPrecisionMatmuls::is_apart(int64_t site) const {
+  return std::binary_search(apart_.begin(), apart_.end(), site);
+}
+
 int64_t LowPrecisionMatmuls::site_of(const float* address, bool grads) const {
   const float* base = grads ? grads_ : params_;
   const int64_t site = base ? address - base : bound_flat_offset(grads, address);
@@ -196,12 +213,14 @@ void LowPrecisionMatmuls::backward_weight(Tensor dweight, Tensor dbias, Tensor d
 void LowPrecisionMatmuls::end_step() {
   if (used_device_) drain_device_counts();  // the step's underflows and overflows, counted on the GPU
   if (recipe_.precision != Precision::FP8 || recipe_.scaling != Fp8Scaling::Delayed) return;
-  std::vector<float> amaxes;
-  for (auto& [key, h] : histories_) amaxes.push_back(h.step_amax);
+  // Two lists, each reduced over its own group: the ranks holding the same experts reduce theirs apart.
+  std::vector<float> amaxes, apart;
+  for (auto& [key, h] : histories_) (is_apart(key.first) ? apart : amaxes).push_back(h.step_amax);
   reduce_max_(amaxes);
-  size_t i = 0;
+  if (reduce_apart_) reduce_apart_(apart);
+  size_t i = 0, j = 0;
   for (auto& [key, h] : histories_) {
-    const float amax = amaxes[i++];
+    const float amax = is_apart(key.first) ? apart[j++] : amaxes[i++];
     if (std::isfinite(amax)) h.amaxes.push_back(amax);  // an overflowed step teaches nothing about the range
     while (int(h.amaxes.size()) > recipe_.amax_history) h.amaxes.pop_front();
     take_scale_from_history(h);

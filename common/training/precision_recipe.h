@@ -75,6 +75,12 @@ class LowPrecisionMatmuls : public MatmulEmulation {
                       std::function<void(std::vector<float>&)> reduce_max);
   // The product whose weight starts at this offset of params stays in the output format (bf16).
   void keep_in_output_format(int64_t weight_offset) { kept_.push_back(weight_offset); }
+  // The products whose weights start at these offsets reduce their amaxes with `reduce_max` instead
+  // of the constructor's: a mixture of experts' experts, whose copies live on the ranks of their
+  // expert-data-parallel group, not on every data-parallel rank. Under delayed scaling their
+  // histories exist from this call on, whether or not a step runs them (an expert may receive rows
+  // on one rank of its group and none on another): every rank of the group reduces the same list.
+  void reduce_apart(const std::vector<int64_t>& weight_offsets, std::function<void(std::vector<float>&)> reduce_max);
   // The loss scale as the products see it (chapters 01-12 under fp16, mixed_precision.h): each
   // gradient operand is multiplied by `scale` before it is rounded to the format, each gradient
   // product divided by it after. Everything else computes in fp32, where a power of two scales
@@ -169,6 +175,9 @@ class LowPrecisionMatmuls : public MatmulEmulation {
   const float* grads_;
   std::function<void(std::vector<float>&)> reduce_max_;
   std::vector<int64_t> kept_;
+  std::vector<int64_t> apart_;  // reduce_apart's weight offsets, sorted
+  std::function<void(std::vector<float>&)> reduce_apart_;
+  bool is_apart(int64_t site) const;
   std::map<std::pair<int64_t, int>, History> histories_;  // by (weight offset, role)
   QuantCounts counts_[kTensorKinds];
   int64_t bytes_[kTensorKinds] = {};

@@ -197,10 +197,11 @@ void PrecisionLog::summary(const LowPrecisionMatmuls& products, int64_t params, 
     if (operands_formula)
       counts.add(name + "_values_formula", per_kind[int(kind)]).add(name + "_bytes_formula", bytes_per_kind[int(kind)]);
   }
-  if (!operands_formula || !model_state_formula) {  // a split model (TP, PP, CP) or a sharded state (ZeRO)
+  if (!operands_formula || !model_state_formula) {  // a split model (TP, PP, CP, MoE) or a sharded state (ZeRO)
     std::printf("  %s; the model state per rank: the theory table above\n",
                 operands_formula ? "operand formulas: every rank runs the whole model"
-                                 : "no operand formula: this rank runs a part of the model (TP, PP or CP)");
+                                 : "no operand formula: this rank runs a part of the model (TP, PP or CP), or experts on the "
+                                   "rows its routing sends them");
     JsonObject record;
     record.add("type", "precision_summary").add("skipped", skipped_).add(counts);
     run_.write_record(record);

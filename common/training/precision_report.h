@@ -48,7 +48,7 @@ class PrecisionLog {
   // operand_bytes_per_step);
   // the model state per category, as allocated and by formula.
   // Chapters 01-12 under --precision (mixed_precision.h) pass false for a formula that is not their
-  // grid's: operands_formula where the model is split (TP, PP, CP), model_state_formula where the
+  // grid's: operands_formula where the model is split (TP, PP, CP) or has experts, model_state_formula where the
   // state is sharded (ZeRO); the counts are printed and recorded all the same.
   void summary(const LowPrecisionMatmuls& products, int64_t params, int L, int C, int V, int64_t tokens_per_step,
                int micro_batches, bool operands_formula = true, bool model_state_formula = true);

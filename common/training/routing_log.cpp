@@ -49,7 +49,7 @@ std::vector<int64_t> RoutingLog::kept(const int32_t* gathered) const {
   return kept;
 }
 
-double RoutingLog::a2a_sent_bytes(int rank, int ep, int C) const {
+double RoutingLog::a2a_sent_bytes(int rank, int ep, int C, double activation_bytes, double gradient_bytes) const {
   if (ep == 1) return 0;
   const int local = E_ / ep, first = rank - rank % ep, mine = rank % ep;
   double bytes = 0;
@@ -64,7 +64,7 @@ double RoutingLog::a2a_sent_bytes(int rank, int ep, int C) const {
         if (q == rank) continue;  // its own rows stay
         for (int e = mine * local; e < (mine + 1) * local; e++) received += double(k[size_t(q * E_ + e)]);
       }
-      bytes += 4.0 * E_ * (ep - 1) / ep + 4.0 * C * 2 * (sent + received);
+      bytes += 4.0 * E_ * (ep - 1) / ep + C * (activation_bytes + gradient_bytes) * (sent + received);
     }
   return bytes;
 }

@@ -20,9 +20,10 @@ class RoutingLog {
   // What routing rank `rank` sends over its EP group (the `ep` consecutive routing ranks around it)
   // in the step's all-to-alls, per block and micro-batch kept: the counts' (ep-1)/ep x 4E, and the
   // rows it keeps for the others' experts plus the rows it receives for its own, each twice (dispatch
-  // and combine), forward and backward: 4C x 2 x (sent + received). Each run claims the capacity
-  // after every run that starts before it in the global order.
-  double a2a_sent_bytes(int rank, int ep, int C) const;
+  // and combine), forward and backward: C x (a + g) x (sent + received), a and g the bytes of an
+  // activation and of a gradient on the wire (4 in fp32; a recipe's bf16 or fp16: 2). Each run claims
+  // the capacity after every run that starts before it in the global order.
+  double a2a_sent_bytes(int rank, int ep, int C, double activation_bytes = 4, double gradient_bytes = 4) const;
   // On the world's rank 0, one "routing" record per micro-batch and block of every stage, as the
   // stage's first rank (`speaks`) kept them: collective over the world.
   void write_records(TrainingRun& run, Communicator& world, int step, int stage, bool speaks) const;

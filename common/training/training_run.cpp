@@ -114,9 +114,11 @@ TrainingRun::TrainingRun(ProcessGrid& grid, TrainConfig& cfg, const Parallelism&
   if (recipe && device_ == Device::CUDA && world_.size() > 1)
     config_error("--precision other than fp32 on a GPU trains on one rank for now: the collectives in the recipe's "
                  "formats are encoded on the host; run 1 rank, or --device cpu");
-  if (precision.precision != Precision::FP32 && model_.moe())
-    config_error("--precision " + cfg.precision.precision + " does not take a mixture of experts yet (its router and "
-                 "expert products keep fp32): use --precision fp32 with --preset " + model_.preset);
+  // A mixture of experts under a recipe: its experts' products emulated on the CPU, its router in
+  // fp32 (moe.cpp); its layer's rows on a GPU have no recipe path yet.
+  if (precision.precision != Precision::FP32 && model_.moe() && device_ != Device::CPU)
+    config_error("--precision " + cfg.precision.precision + " with a mixture of experts (--preset " + model_.preset +
+                 ") runs on the CPU for now: pass --device cpu, or --precision fp32");
   // A mixture of experts: neither a pipeline stage's layout nor ring attention takes its blocks (08-10).
   if (model_.moe() && !group("ep") && (!pp.parts.empty() || cp.on()))
     config_error("--preset " + model_.preset + " is a mixture of experts, whose blocks " + cfg.chapter + " cannot " +
@@ -196,9 +198,19 @@ TrainingRun::TrainingRun(ProcessGrid& grid, TrainConfig& cfg, const Parallelism&
   // stage (MixedPrecision installs them again below, with fp16's loss scale: the bytes are the same).
   if (precision.precision != Precision::FP32) set_collective_formats(world_, collective_formats_of(precision, 1.0f));
   // The recipe's products on the CPU keep their rounded operands in scratch of their own (fp32: none).
-  if (precision.precision != Precision::FP32 && device_ == Device::CPU)
+  // A mixture of experts' expert takes at most the rows its expert-parallel group routes, and at
+  // most the capacity of the global micro-batch (moe.h).
+  if (precision.precision != Precision::FP32 && device_ == Device::CPU) {
+    int64_t expert_rows = 0;
+    if (model_.moe()) {
+      const int64_t routed = int64_t(micro_B_) * model_.T / cp.size / (tp.sequence_parallel ? tp.size : 1);
+      const int64_t capacity = MoELayer::capacity_of(model_.capacity_factor, int64_t(cfg_.batch / cfg_.grad_accum) * model_.T,
+                                                     model_.top_k, model_.experts);
+      expert_rows = capacity < 0 ? split_.ep.size * routed : std::min<int64_t>(capacity, split_.ep.size * routed);
+    }
     precision_scratch_ = precision_scratch_bytes(model_.C, model_.V, int64_t(micro_B_) * model_.T,
-                                                 precision.precision == Precision::FP16);
+                                                 precision.precision == Precision::FP16, expert_rows);
+  }
   check_memory();  // before the chapter allocates anything
 
   // Every micro-batch of a step keeps its own tokens: a pipeline (08) has several in flight, and
@@ -295,6 +307,14 @@ TrainingRun::TrainingRun(ProcessGrid& grid, TrainConfig& cfg, const Parallelism&
     const int wte = layout_.find("wte");
     precision_ = std::make_unique<MixedPrecision>(precision, cfg_.precision, *this, world_, amax_groups,
                                                   wte >= 0 ? layout_.params[size_t(wte)].offset : -1);
+    // An expert's copies live on its expert-data-parallel group only (11, 12): its amaxes are the
+    // largest over that group, whose ranks see between them every row routed to the expert.
+    if (Communicator* holders = group("expert_dp")) {
+      std::vector<int64_t> experts;
+      for (const ParamInfo& p : layout_.params)
+        if (p.expert >= 0 && p.held() && p.ndim == 2) experts.push_back(p.offset);
+      precision_->reduce_experts_over(experts, *holders);
+    }
   }
 }
 

@@ -61,7 +61,8 @@ void TrainingRun::report_vs_theory(const StepMeasure& step) {
               format_bytes(table.transient).c_str(), table.transient_theory.c_str());
   // A recipe's products on the CPU: their operands' rounded copies, beside the formula of the whole
   // model's products (a bound where the grid splits the model: TP's slices, a stage's, CP's tokens).
-  const bool whole_model = split_.tp.size == 1 && split_.pp.size == 1 && !split_.cp.on();
+  // (and, past one expert-parallel rank, an expert's rows: the routing decides them)
+  const bool whole_model = split_.tp.size == 1 && split_.pp.size == 1 && !split_.cp.on() && split_.ep.size == 1;
   const double scratch = precision_ ? double(precision_->scratch_bytes()) : 0;
   if (precision_scratch_ > 0)
     std::printf("%s   (theory%s: the products' operands, docs/theory.md, section 18)\n",
@@ -96,9 +97,10 @@ void TrainingRun::report_vs_theory(const StepMeasure& step) {
 }
 
 int TrainingRun::finish() {
-  if (precision_)  // the operands' formula counts the whole model on each rank; the state's, unsharded
+  if (precision_)  // the operands' formula counts the whole dense model on each rank; the state's, unsharded
     precision_->finish(layout_.padded_size, model_.L, model_.C, model_.V, int64_t(micro_B_) * model_.T * cfg_.grad_accum,
-                       cfg_.grad_accum, split_.tp.size == 1 && split_.pp.size == 1 && !split_.cp.on(), split_.strategy == Strategy::DP);
+                       cfg_.grad_accum, split_.tp.size == 1 && split_.pp.size == 1 && !split_.cp.on() && !model_.moe(),
+                       split_.strategy == Strategy::DP);
   wait_for_save("the end of the run");  // a run ends only once its checkpoint is complete
   report_async_saves();
   async_.comm.reset();  // (a group's communicator goes before MPI does)
