@@ -476,7 +476,8 @@ std::vector<RoutedRun> routed_runs(const std::string& record) {
 
 // Each run keeps, of expert e, what the capacity leaves after the runs that start before it (the
 // capacity claims places in the global token order, docs/theory.md); without one, all it routed.
-double a2a_bytes_from_routing(const std::string& jsonl, int step, int rank, int ep, int E, int C, int stage) {
+double a2a_bytes_from_routing(const std::string& jsonl, int step, int rank, int ep, int E, int C, int stage,
+                              double element_bytes) {
   double bytes = 0;
   for (const std::string& record : read_records(jsonl, "routing")) {
     if (number_field(record, "step") != step) continue;
@@ -504,7 +505,7 @@ double a2a_bytes_from_routing(const std::string& jsonl, int step, int rank, int 
     for (int q = first; q < first + ep; q++)
       for (int e = j * local; e < (j + 1) * local; e++)
         if (q != rank) received_rows += kept[size_t(q * E + e)];
-    bytes += 4.0 * E * (ep - 1) / ep + 4.0 * C * 2 * (sent_rows + received_rows);
+    bytes += 4.0 * E * (ep - 1) / ep + element_bytes * C * 2 * (sent_rows + received_rows);
   }
   return bytes;
 }

@@ -103,8 +103,10 @@ std::vector<RoutedRun> routed_runs(const std::string& routing_record);
 // records alone (of pipeline stage `stage`'s layers; -1: every record), by docs/theory.md's formula
 // (section 14): per micro-batch and layer, the E int32 counts ((ep-1)/ep of them sent), its kept rows
 // for the other ranks' experts (dispatch forward, and their gradients backward) and the outputs of
-// the rows it received for its own (and their gradients), C fp32 each.
-double a2a_bytes_from_routing(const std::string& jsonl, int step, int rank, int ep, int E, int C, int stage = -1);
+// the rows it received for its own (and their gradients), C fp32 each (`element_bytes`: under a
+// recipe, the rows' format's, 2 for bf16 and fp16; the counts stay int32).
+double a2a_bytes_from_routing(const std::string& jsonl, int step, int rank, int ep, int E, int C, int stage = -1,
+                              double element_bytes = 4);
 
 // ||a - b|| / ||b|| over whole vectors (L2 norms), accumulated in double.
 double relative_l2_difference(const std::vector<float>& a, const std::vector<float>& b);
