@@ -394,6 +394,32 @@ TEST(PrecisionChapters, MixtureOfExpertsOnAnyGridEqualsOneRankWithinTheFormat) {
     expect_precision_scratch_matches(path, c.recipe == "fp16", P * n);
     EXPECT_LE(number_field(theory, "measured_transient_bytes"), number_field(theory, "theory_transient_bytes_at_most"));
   }
+  // 12: the experts at --ep 2 beside TP 2 with sequence parallelism, under fp8, against 12 on one rank
+  // (the same two micro-batches a step); every rank's groups beside their formulas, the all-to-alls
+  // in 2 bytes (12 predicts them from the routing records at the format's bytes).
+  const std::string fp8 = "--precision fp8 --fp8-scaling delayed --preset moe-tiny" + steps;
+  RunResult one = run_trainer("12_5d_parallel", 1, fp8 + dir + "/12_one.jsonl");
+  ASSERT_EQ(one.exit_code, 0) << one.output;
+  RunResult grid = run_trainer("12_5d_parallel", 4, "--ep 2 --tp 2 --sequence-parallel " + fp8 + dir + "/12.jsonl");
+  ASSERT_EQ(grid.exit_code, 0) << grid.output;
+  EXPECT_LE(max_relative_difference(read_losses(dir + "/12.jsonl"), read_losses(dir + "/12_one.jsonl")), std::ldexp(1.0, -6));
+  for (const char* key : {"loss_scale", "scale_weights", "scale_activations", "scale_gradients"})
+    for (const auto& [step_rank, value] : precision_field(dir + "/12.jsonl", key))
+      EXPECT_EQ(value, precision_field(dir + "/12.jsonl", key).at({step_rank.first, 0})) << key;
+  const std::string groups = read_record(dir + "/12.jsonl", "groups");
+  ASSERT_FALSE(groups.empty()) << grid.output;
+  for (int q = 0; q < 4; q++)
+    for (const std::string group : {"_ep", "_expert_dp", "_tp", "_dp_cp"}) {
+      const std::string name = "rank" + std::to_string(q) + group;
+      EXPECT_EQ(number_field(groups, name), number_field(groups, name + "_theory")) << name;
+    }
+  // The rows alone, from the routing records at 2 bytes an element: the ep row beyond them is the
+  // counts' gathers, a few hundred bytes; at fp32's 4 it would be twice the rows.
+  for (int q = 0; q < 4; q++) {
+    const double rows = a2a_bytes_from_routing(dir + "/12.jsonl", 1, q, 2, 4, 64, 0, 2);
+    EXPECT_NEAR(number_field(groups, "rank" + std::to_string(q) + "_ep"), rows, 1024) << "rank " << q;
+    EXPECT_GT(rows, 4 * 1024);
+  }
 }
 
 TEST(PrecisionChapters, RefusesWhatCannotComposeNamingTheFlag) {
