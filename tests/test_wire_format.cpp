@@ -4,7 +4,8 @@
 //     each sum to the format; an average is premultiplied by 1/N; a scale (a power of two) keeps small
 //     values out of fp16's underflow, and the result is divided by it again;
 //   - a gather moves the codes: E4M3 one byte an element, with its scale; a gather of mixed segments
-//     keeps its fp32 elements bit for bit;
+//     keeps its fp32 elements bit for bit; an all-to-all (expert parallelism's) moves every segment's
+//     codes, the rank's own included;
 //   - the counters count the format's bytes: 2(N-1)/N x 2 bytes an element for a bf16 all-reduce, and so on;
 //   - on one rank nothing travels and nothing is rounded: the values come back as they were;
 //   - ZeRO-1's in-place gather keeps the rank's own chunk (its fp32 master) and takes the others' codes;
@@ -109,6 +110,35 @@ TEST(WireFormat, AReduceScatterMovesCodes) {
     EXPECT_EQ(recv[size_t(i)], N == 1 ? sum + std::ldexp(1.0f, -12) : sum) << i;
   }
   EXPECT_EQ(counters(comm, CollectiveKind::ReduceScatter).sent_bytes - before.sent_bytes, (N - 1) * n * 2);
+}
+
+TEST(WireFormat, AnAllToAllMovesCodesOfEverySegment) {
+  // Expert parallelism's exchange (wire_all_to_all_v_async): rank r sends q + 1 elements to rank q,
+  // each the value r + 1 + q/8 + 2^-12 (the last part below half of fp16's ulp at a scale of 4:
+  // rounded away), its own segment included; fp16 at the loss scale 4, as a gradient travels.
+  Communicator& comm = test_comm();
+  const int N = comm.size(), r = comm.rank();
+  std::vector<int64_t> send_counts(static_cast<size_t>(N), 0), recv_counts(static_cast<size_t>(N), int64_t(r + 1));
+  std::vector<float> send;
+  for (int q = 0; q < N; q++) {
+    send_counts[size_t(q)] = q + 1;
+    for (int i = 0; i <= q; i++) send.push_back(float(r + 1) + float(q) / 8 + std::ldexp(1.0f, -12));
+  }
+  std::vector<float> recv(size_t(N * (r + 1)), -1.0f);
+  const CollectiveCounters before = counters(comm, CollectiveKind::AllToAll);
+  wire_all_to_all_v_async(comm, view(send), send_counts, view(recv), recv_counts, Wire::in(NumberFormat::FP16, 4)).wait();
+  for (int s = 0; s < N; s++) {
+    for (int i = 0; i <= r; i++) {
+      const float exact = float(s + 1) + float(r) / 8, got = recv[size_t(s * (r + 1) + i)];
+      EXPECT_EQ(got, N == 1 ? exact + std::ldexp(1.0f, -12) : exact) << "from " << s;
+      if (N > 1) {
+        EXPECT_EQ(got, in_format(NumberFormat::FP16, exact + std::ldexp(1.0f, -12), 4)) << "from " << s;
+      }
+    }
+  }
+  // 2 bytes an element to every other rank: (sum of q + 1 over q != r) x 2.
+  EXPECT_EQ(counters(comm, CollectiveKind::AllToAll).sent_bytes - before.sent_bytes,
+            N > 1 ? 2 * (N * (N + 1) / 2 - (r + 1)) : 0);
 }
 
 TEST(WireFormat, AnFp8GatherMovesOneByteAnElementWithItsScale) {
