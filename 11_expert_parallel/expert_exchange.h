@@ -1,8 +1,10 @@
 // expert_exchange.h: chapter 11's lesson, the exchange itself. The tokens of a MoE layer travel to
 // the ranks that hold their experts and back, by all-to-all over the expert-parallel group: the
 // counts first, then the rows (dispatch), the experts run, the outputs return (combine); backward
-// the same two trips for the gradients. Defines ExpertExchange, which 11's train.cpp wires into the
-// model's ExpertHooks, and 12_5d_parallel composes with the other four dimensions.
+// the same two trips for the gradients. Under --precision the rows travel in the recipe's formats
+// (wire_format.h): activations forward, gradients backward. Defines ExpertExchange, which 11's
+// train.cpp wires into the model's ExpertHooks, and 12_5d_parallel composes with the other four
+// dimensions.
 //
 // Under a pipeline whose F&B pairs run at once (12 with dualpipev; common/comm/lanes.h), one micro-batch's
 // forward and another's backward exchange at the same time: the exchange then takes the EP group
