@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <mutex>
 
 #include "base/check.h"  // ENSURE
 #include "ops/ops.h"    // bias_backward: the bias gradient stays in fp32
@@ -94,6 +95,12 @@ int64_t LowPrecisionMatmuls::site_of(const float* address, bool grads) const {
 
 namespace {
 
+// One product at a time: dualpipev's F&B pairs run two passes on two threads (comm/lanes.h), and both
+// would round their operands into the same scratch (and grow the same histories). Each product is
+// whole either way, its amaxes taken by a max and its counts by a sum, so the order the two lanes
+// take changes no value. (Process-wide: a process installs one recipe's products.)
+std::mutex g_one_product;
+
 // `scratch`, at least n floats long: grown only when a product needs more than any before it, so the
 // buffers reach the largest product's sizes in the first step and are never allocated again.
 float* at_least(Buffer& scratch, int64_t n) {
@@ -160,6 +167,7 @@ const float* LowPrecisionMatmuls::quantize(const float* values, int rows, int co
 }
 
 void LowPrecisionMatmuls::forward(Tensor out, Tensor inp, Tensor weight, Tensor bias) {
+  const std::lock_guard<std::mutex> one_at_a_time(g_one_product);
   if (out.device == Device::CUDA) return forward_on_device(out, inp, weight, bias);
   const int C = last_dim(weight), OC = int(weight.numel() / C), N = int(inp.numel() / C);
   const int64_t site = site_of(weight.f32(), false);
@@ -178,6 +186,7 @@ void LowPrecisionMatmuls::forward(Tensor out, Tensor inp, Tensor weight, Tensor 
 }
 
 void LowPrecisionMatmuls::backward_input(Tensor dinp, Tensor dout, Tensor weight) {
+  const std::lock_guard<std::mutex> one_at_a_time(g_one_product);
   if (dinp.device == Device::CUDA) return backward_input_on_device(dinp, dout, weight);
   const int C = last_dim(weight), OC = int(weight.numel() / C), N = int(dout.numel() / OC);
   const int64_t site = site_of(weight.f32(), false);
@@ -194,6 +203,7 @@ void LowPrecisionMatmuls::backward_input(Tensor dinp, Tensor dout, Tensor weight
 }
 
 void LowPrecisionMatmuls::backward_weight(Tensor dweight, Tensor dbias, Tensor dout, Tensor inp) {
+  const std::lock_guard<std::mutex> one_at_a_time(g_one_product);
   if (dweight.device == Device::CUDA) return backward_weight_on_device(dweight, dbias, dout, inp);
   const int C = last_dim(inp), N = int(inp.numel() / C), OC = int(dout.numel() / N);
   const int64_t site = site_of(dweight.f32(), true);
