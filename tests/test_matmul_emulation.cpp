@@ -10,7 +10,9 @@
 //   - the model's three products through ops.h with a recipe installed: the forward is each output
 //     rounded once to bf16 from the float64 sum of the rounded inputs (plus the bias); the input
 //     gradient is rounded to the layer's dtype, the weight gradient is not; delayed scaling takes its
-//     scale from the reduced amax history.
+//     scale from the reduced amax history, an expert's from its own group's reduction; a scope of
+//     fp32 products (a MoE router's) skips the recipe on its thread; two threads' products at once
+//     (dualpipev's pairs) equal one thread's.
 //   - on a GPU (skipped without one): cuBLASLt's bf16, fp16 and fp8 products of the same codes equal
 //     the emulation's within the fp32 summation bound (fp8 where the GPU has fp8 tensor cores); a
 //     recipe's layer on the device (bf16, fp16 with a gradient scale, fp8 current, delayed and none)
@@ -18,7 +20,9 @@
 //     the outputs within one ulp of the layer's dtype.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <thread>
 #include <vector>
 
 #include "ops/device.h"  // cuda_device_count, transfer
@@ -259,6 +263,83 @@ TEST(LowPrecisionMatmuls, DelayedScalingUsesTheReducedAmaxHistory) {
   forward();
   installed.emulation.end_step();
   EXPECT_EQ(installed.emulation.delayed_scales()[0], power_of_two_scale(NumberFormat::E4M3, 4 * 1e-3f));
+}
+
+// A mixture of experts' expert (reduce_apart): its histories exist before any product runs it, and
+// its amaxes are reduced by its own group's reduction, the others' by the run's.
+TEST(LowPrecisionMatmuls, AnExpertsAmaxesAreReducedApart) {
+  const int N = 4, C = 8, OC = 3;
+  std::vector<float> x = random_vector(size_t(N) * C, 31), params = random_vector(size_t(2 * OC) * C, 32);
+  std::vector<float> grads(params.size()), out(size_t(N) * OC);
+  PrecisionRecipe recipe;
+  recipe.precision = Precision::FP8;
+  recipe.scaling = Fp8Scaling::Delayed;
+  Installed installed(recipe, params.data(), grads.data(), [](std::vector<float>& amaxes) {
+    for (float& a : amaxes) a *= 4;  // the data-parallel group: another rank saw 4 times larger
+  });
+  installed.emulation.reduce_apart({OC * C}, [](std::vector<float>& amaxes) {
+    for (float& a : amaxes) a *= 2;  // the expert's holders: 2 times larger
+  });
+  EXPECT_EQ(installed.emulation.delayed_scales().size(), 6u);  // the expert's six operands, before any product
+  const Tensor dense = make_view(params.data(), {OC, C}), expert = make_view(params.data() + OC * C, {OC, C});
+  matmul_forward(make_view(out.data(), {N, OC}), make_view(x.data(), {N, C}), dense, Tensor{});
+  matmul_forward(make_view(out.data(), {N, OC}), make_view(x.data(), {N, C}), expert, Tensor{});
+  installed.emulation.end_step();
+  // In the order of the weights' offsets: the dense product's input and weight, then the expert's six
+  // operands (forward input and weight first), the backward's four without an amax this step.
+  const float amax_x = matrix_amax(x.data(), N, C);
+  const std::vector<float> scales = installed.emulation.delayed_scales();
+  ASSERT_EQ(scales.size(), 8u);
+  EXPECT_EQ(scales[0], power_of_two_scale(NumberFormat::E4M3, 4 * amax_x));
+  EXPECT_EQ(scales[1], power_of_two_scale(NumberFormat::E4M3, 4 * matrix_amax(params.data(), OC, C)));
+  EXPECT_EQ(scales[2], power_of_two_scale(NumberFormat::E4M3, 2 * amax_x));
+  EXPECT_EQ(scales[3], power_of_two_scale(NumberFormat::E4M3, 2 * matrix_amax(params.data() + OC * C, OC, C)));
+  for (size_t i = 4; i < scales.size(); i++) EXPECT_EQ(scales[i], 0.0f) << i;  // no amax yet: current scaling next
+}
+
+// A scope of fp32 products (a MoE router's) skips the recipe on its own thread only; and two threads'
+// products at once (dualpipev's F&B pairs) give what one thread gives, each product whole.
+TEST(LowPrecisionMatmuls, Fp32ScopesAndTwoThreadsAtOnce) {
+  const int N = 48, C = 64, OC = 80;
+  std::vector<float> x = random_vector(size_t(N) * C, 41), w = random_vector(size_t(OC) * C, 42), dw(w.size(), 0);
+  std::vector<float> plain(size_t(N) * OC), scoped(plain.size());
+  // out (n, OC) = in (n, C) W^T, then the input gradient of dout = out into dx: the products of a layer.
+  auto layer = [&](std::vector<float>& out, std::vector<float>& dx, const std::vector<float>& in, int n) {
+    matmul_forward(make_view(out.data(), {n, OC}), make_view(const_cast<float*>(in.data()), {n, C}),
+                   make_view(w.data(), {OC, C}), Tensor{});
+    std::fill(dx.begin(), dx.end(), 0.0f);
+    matmul_backward_input(make_view(dx.data(), {n, C}), make_view(out.data(), {n, OC}), make_view(w.data(), {OC, C}));
+  };
+  std::vector<float> dx(x.size());
+  layer(plain, dx, x, N);  // no recipe installed: fp32
+  PrecisionRecipe recipe;
+  recipe.precision = Precision::BF16;
+  Installed installed(recipe, w.data(), dw.data());
+  {
+    const Fp32Products router;
+    layer(scoped, dx, x, N);
+  }
+  EXPECT_EQ(scoped, plain);
+  // Two layers of different sizes (so that each may grow the scratch), each alone on one thread, then
+  // both again and again on two threads at once.
+  const int M = 3 * N;
+  const std::vector<float> y = random_vector(size_t(M) * C, 43);
+  std::vector<float> alone_x(plain.size()), alone_y(size_t(M) * OC), dx_alone(x.size()), dy_alone(y.size());
+  layer(alone_x, dx_alone, x, N);
+  layer(alone_y, dy_alone, y, M);
+  EXPECT_NE(alone_x, plain);  // the recipe applies outside the scope
+  for (int round = 0; round < 20; round++) {
+    std::vector<float> at_once_x(alone_x.size()), at_once_y(alone_y.size()), dx_once(x.size()), dy_once(y.size());
+    std::thread other([&] {
+      for (int i = 0; i < 5; i++) layer(at_once_y, dy_once, y, M);
+    });
+    for (int i = 0; i < 15; i++) layer(at_once_x, dx_once, x, N);
+    other.join();
+    ASSERT_EQ(at_once_x, alone_x) << "round " << round;
+    ASSERT_EQ(dx_once, dx_alone) << "round " << round;
+    ASSERT_EQ(at_once_y, alone_y) << "round " << round;
+    ASSERT_EQ(dy_once, dy_alone) << "round " << round;
+  }
 }
 
 #ifdef GPT_WITH_CUDA
