@@ -482,12 +482,9 @@ class GroupBytes {
     held_cfg.T = cp > 1 ? run_cfg.T / cp : run_cfg.T;
     // A recipe's activations, and the sums of the gradients held whole, travel in its formats.
     const CollectiveFormats& formats = collective_formats(grid_.world());
-    const int activation_bytes = formats.activations.fp32 ? 0 : int(formats.activations.element_bytes());
-    const int gradient_bytes = formats.gradients.fp32 ? 0 : int(formats.gradients.element_bytes());
-    const TensorParallelPrediction tp_theory =
-        predict_tensor_parallel(held_cfg, micro_B, tp, run_.dtype(), parts_, activation_bytes);
-    const TensorParallelPrediction whole =
-        predict_tensor_parallel(run_cfg, micro_B, tp, run_.dtype(), parts_, 0, gradient_bytes);
+    // TP's and the all-reduced gradients' rows are the table's (dimension.h): under chapter 00's
+    // collectives, each call's algorithm's bytes.
+    const DimensionContext ctx = run_.dimension_context();
     // A recipe's reductions move its gradient format (g bytes); ZeRO's gather of the updated
     // parameters moves the blocks' matrices (Ψm) in its weights format (b bytes) and the rest in w
     // (docs/theory.md, section 18), here on the padded flat length less the experts' ranges.
@@ -501,12 +498,12 @@ class GroupBytes {
     const double dense_dp = zero2_     ? data_parallel_.every_micro_batch_sent_bytes(m_, layout.padded_size - expert_range, g,
                                                                                    gathered / dense)
                             : sharded_ ? double(N - 1) / N * (g * dense + gathered)
-                                       : 2.0 * (N - 1) / N * g * dense;
+                            : ctx.collectives.library ? 2.0 * (N - 1) / N * g * dense
+                                                      : all_reduces_sent_bytes(ctx);
     // The experts' buckets: all-reduced, or reduce-scattered (every micro-batch under --zero2) and gathered.
     const double expert_passes = zero2_ ? m_ + 1 : 2;
     std::vector<GroupRow> rows = {
-        {"tp", double(now.tp.since(at_start_.tp).training_sent_bytes()),
-         t > 1 ? m_ * tp_theory.bytes_per_micro_batch + whole.partial_grad_bytes * (zero2_ ? m_ : 1) : 0.0},
+        {"tp", double(now.tp.since(at_start_.tp).training_sent_bytes()), tensor_parallel_step_bytes(ctx)},
         {"cp", double(now.cp.since(at_start_.cp).training_sent_bytes()),
          ring_sent_bytes(run_cfg, held_blocks_, m_, micro_B, ring, t * u) * (ring > 1 ? 1 : 0)},
         {"dp_cp", double(now.dp_cp.since(at_start_.dp_cp).training_sent_bytes()), dense_dp}};

@@ -66,6 +66,14 @@ void own_rule(const DimensionContext& ctx, Prediction& p) {
   }
 }
 
+// The gradients' all-reduces of a step over the data-parallel group, in elements: one a tensor (02),
+// one a bucket (03, 07-12: TrainingRun::set_gradient_all_reduces), else the whole buffer (01),
+// padding included.
+std::vector<int64_t> gradient_all_reduces(const DimensionContext& ctx) {
+  if (!ctx.gradient_all_reduces.empty()) return ctx.gradient_all_reduces;
+  return {ctx.layout->padded_size};
+}
+
 // Under chapter 00's collectives (--collectives ours, or one algorithm) each collective sends what
 // its algorithm sends from this rank (docs/theory.md, section 15: p2p_collectives.h's closed forms,
 // never a run), the algorithm picked by comm_p2p.h's rule for its kind and size: `ours` runs the
@@ -86,16 +94,10 @@ bool chosen_algorithms(const DimensionContext& ctx, Prediction& p) {
   };
   const auto name = [&](CollectiveKind kind, int64_t bytes) { return algorithm_name(algorithm_for(choice, kind, bytes)); };
   if (ctx.strategy == Strategy::DP) {
-    const std::vector<int64_t> whole{ctx.layout->padded_size};  // 01: the whole buffer, padding included
-    const std::vector<int64_t>& messages = ctx.gradient_all_reduces.empty() ? whole : ctx.gradient_all_reduces;
-    double bytes = 0;
     std::map<std::string, int> by_algorithm;
-    for (int64_t n : messages) {
-      if (n == 0) continue;
-      bytes += sent(CollectiveKind::AllReduce, n * g, g);
-      by_algorithm[name(CollectiveKind::AllReduce, n * g)]++;
-    }
-    p.comm_bytes = bytes;
+    for (int64_t n : gradient_all_reduces(ctx))
+      if (n > 0) by_algorithm[name(CollectiveKind::AllReduce, n * g)]++;
+    p.comm_bytes = all_reduces_sent_bytes(ctx);
     std::string calls;
     for (const auto& [algorithm, count] : by_algorithm)
       calls += (calls.empty() ? "" : ", ") + std::to_string(count) + " by " + algorithm;
@@ -159,6 +161,15 @@ class DataDimension : public Dimension {
 };
 
 }  // namespace
+
+double all_reduces_sent_bytes(const DimensionContext& ctx) {
+  const Wire& wire = ctx.formats.gradients;  // a recipe's gradients travel in its format
+  const int g = wire.fp32 ? int(dtype_size(ctx.dtype)) : int(wire.element_bytes());
+  double bytes = 0;
+  for (int64_t n : gradient_all_reduces(ctx))
+    bytes += double(collective_sent_bytes(ctx.collectives, CollectiveKind::AllReduce, n * g, g, ctx.dp_size, ctx.dp_rank));
+  return bytes;
+}
 
 std::unique_ptr<Dimension> make_data_dimension(const DimensionContext&) { return std::make_unique<DataDimension>(); }
 
