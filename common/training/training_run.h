@@ -222,7 +222,7 @@ class TrainingRun {
   const ProcessGrid& grid_;       // (01-06: data parallelism alone, no group but the world)
   TrainConfig cfg_;
   Device device_;
-  DType dtype_;
+  DType dtype_ = DType::F32;  // pick_dtype's, once the recipe is known
   DeviceInfo device_info_;  // its name and peak FLOP/s for dtype_, for the header and MFU
   GPT2Config model_;
   bool flash_ = false;
