@@ -424,9 +424,8 @@ class GridExperts {
 class GroupBytes {
  public:
   GroupBytes(const TrainingRun& run, const ProcessGrid& grid, const std::vector<ModelPart>& parts,
-             const GradientSync& data_parallel, const GridExperts& experts, const ContextRings& rings,
-             int micro_batches, bool sharded)
-      : run_(run), grid_(grid), parts_(parts), data_parallel_(data_parallel), experts_(experts), rings_(rings),
+             const GridExperts& experts, const ContextRings& rings, int micro_batches, bool sharded)
+      : run_(run), grid_(grid), parts_(parts), experts_(experts), rings_(rings),
         m_(micro_batches),
         sharded_(sharded), zero2_(run.pipeline().reduce_every_micro_batch) {
     const GPT2Config& cfg = run.model_config();
@@ -495,11 +494,12 @@ class GroupBytes {
     for (const ParamInfo& p : layout.params)
       if (p.held() && is_product_weight(p)) matrices += double(p.size);
     const double gathered = b * matrices + w * (dense - matrices);
-    const double dense_dp = zero2_     ? data_parallel_.every_micro_batch_sent_bytes(m_, layout.padded_size - expert_range, g,
-                                                                                   gathered / dense)
-                            : sharded_ ? double(N - 1) / N * (g * dense + gathered)
-                            : ctx.collectives.library ? 2.0 * (N - 1) / N * g * dense
-                                                      : all_reduces_sent_bytes(ctx);
+    const bool library = ctx.collectives.library;
+    const double dense_dp = zero2_     ? every_micro_batch_bytes(ctx)  // the DP row's (dimension_data.cpp)
+                            : sharded_ ? (library ? double(N - 1) / N * (g * dense + gathered)
+                                                  : zero_sent_bytes(ctx, g * dense, gathered))
+                            : library  ? 2.0 * (N - 1) / N * g * dense
+                                       : all_reduces_sent_bytes(ctx);
     // The experts' buckets: all-reduced, or reduce-scattered (every micro-batch under --zero2) and gathered.
     const double expert_passes = zero2_ ? m_ + 1 : 2;
     std::vector<GroupRow> rows = {
@@ -542,7 +542,6 @@ class GroupBytes {
   const TrainingRun& run_;
   const ProcessGrid& grid_;
   std::vector<ModelPart> parts_;
-  const GradientSync& data_parallel_;
   const GridExperts& experts_;
   const ContextRings& rings_;
   int m_;

@@ -165,7 +165,7 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
                         embedding);
   router.attach(pipeline, chunks);
   experts.attach(pipeline, router);  // before each pass: what its experts record under, then the router's turn
-  GroupBytes bytes(run, grid, parts, data_parallel, experts, rings, m, sharded);  // each group's, against its formula
+  GroupBytes bytes(run, grid, parts, experts, rings, m, sharded);  // each group's, against its formula
 
   for (int step = start; step < cfg.steps; step++) {
     run.begin_step(step);

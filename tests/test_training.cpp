@@ -266,6 +266,10 @@ TEST(Theory, MeasuredMemoryAndBytesMatchTheFormulas) {
   runs.push_back({"08_pipeline", "tall", 6, " --pp 2 --batch 12 --collectives ours"});
   runs.push_back({"12_5d_parallel", "tall", 4, " --cp 2 --collectives ours"});
   runs.push_back({"12_5d_parallel", "tall", 4, " --tp 4 --collectives ours"});
+  // ZeRO's reduce-scatters and gathers by a named algorithm over a DP group of 3, where a folded rank
+  // sends its own share: 12's ZeRO-1 rows, and ZeRO-2's rule down a pipeline (08's table, 12's groups).
+  runs.push_back({"12_5d_parallel", "tall", 6, " --pp 2 --batch 12 --zero1 --collectives halving-doubling"});
+  runs.push_back({"12_5d_parallel", "tall", 6, " --pp 2 --batch 12 --zero2 --micro-batches 2 --collectives recursive-doubling"});
   for (const Run& run : runs) {
     SCOPED_TRACE(run.chapter + " on " + std::to_string(run.ranks) + " ranks, preset " + run.preset + run.flags);
     const ThreeStepRun& r = three_step_run(run.chapter, run.ranks, run.preset, run.flags);
