@@ -451,6 +451,9 @@ class GroupBytes {
                                "Ψ' = padded - experts"
                              : "all-reduce over DP x CP: 2(N-1)/N x g x (padded - experts)"}};
     formulas.push_back({"", "g, b: a recipe's gradient and gathered-weight bytes (else w); Ψm: the blocks' matrices"});
+    if (run_.cfg().collectives != "library")  // (the same rule as the table's rows: dimension.h)
+      formulas.push_back({"", "under --collectives " + run_.cfg().collectives + ", tp's and dp_cp's calls each send what "
+                              "the algorithm their kind and size pick sends from this rank (docs/theory.md, section 15)"});
     if (run_.context_parallelism().ulysses > 1)
       formulas.push_back({"ulysses", "(4 x passes + 8) (u-1)/u x L' m B T/(cp u) C/t x 4: q, k, v to heads and the "
                                      "output back, forward; the output's gradient and again q, k, v and the output "
