@@ -118,6 +118,7 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
   const double bucket_bytes =
       cfg.was_given("--bucket-mb") ? opt.bucket_mb * 1e6 : default_bucket_bytes(layout, dtype_size(dtype));
   GradientBuckets buckets(layout, bucket_bytes, dtype_size(dtype), sharded ? BucketCut::AtLayers : BucketCut::AtTensors);
+  if (!sharded) run.set_gradient_all_reduces(buckets.sizes());  // the theory table's: one all-reduce a bucket
   const ShardPlan plan = sharded ? GradientSync::zero1_plan(buckets, dp_group) : ShardPlan::unsharded(layout);
   Buffer grad_shard(sharded ? plan.size() : 0, MemCategory::CommBuffers, dtype, device);
   GradientSync data_parallel(dp_group, buckets, grads.view(), sharded ? &plan : nullptr, grad_shard.view());

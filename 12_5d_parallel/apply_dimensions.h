@@ -426,9 +426,8 @@ class GridExperts {
 class GroupBytes {
  public:
   GroupBytes(const TrainingRun& run, const ProcessGrid& grid, const std::vector<ModelPart>& parts,
-             const GradientSync& data_parallel, const GridExperts& experts, const ContextRings& rings,
-             int micro_batches, bool sharded)
-      : run_(run), grid_(grid), parts_(parts), data_parallel_(data_parallel), experts_(experts), rings_(rings),
+             const GridExperts& experts, const ContextRings& rings, int micro_batches, bool sharded)
+      : run_(run), grid_(grid), parts_(parts), experts_(experts), rings_(rings),
         m_(micro_batches),
         sharded_(sharded), zero2_(run.pipeline().reduce_every_micro_batch) {
     const GPT2Config& cfg = run.model_config();
@@ -454,6 +453,9 @@ class GroupBytes {
                                "Ψ' = padded - experts"
                              : "all-reduce over DP x CP: 2(N-1)/N x g x (padded - experts)"}};
     formulas.push_back({"", "g, b: a recipe's gradient and gathered-weight bytes (else w); Ψm: the blocks' matrices"});
+    if (run_.cfg().collectives != "library")  // (the same rule as the table's rows: dimension.h)
+      formulas.push_back({"", "under --collectives " + run_.cfg().collectives + ", tp's and dp_cp's calls each send what "
+                              "the algorithm their kind and size pick sends from this rank (docs/theory.md, section 15)"});
     if (run_.context_parallelism().ulysses > 1)
       formulas.push_back({"ulysses", "(4 x passes + 8) (u-1)/u x L' m B T/(cp u) C/t x 4: q, k, v to heads and the "
                                      "output back, forward; the output's gradient and again q, k, v and the output "
@@ -485,12 +487,9 @@ class GroupBytes {
     held_cfg.T = cp > 1 ? run_cfg.T / cp : run_cfg.T;
     // A recipe's activations, and the sums of the gradients held whole, travel in its formats.
     const CollectiveFormats& formats = collective_formats(grid_.world());
-    const int activation_bytes = formats.activations.fp32 ? 0 : int(formats.activations.element_bytes());
-    const int gradient_bytes = formats.gradients.fp32 ? 0 : int(formats.gradients.element_bytes());
-    const TensorParallelPrediction tp_theory =
-        predict_tensor_parallel(held_cfg, micro_B, tp, run_.dtype(), parts_, activation_bytes);
-    const TensorParallelPrediction whole =
-        predict_tensor_parallel(run_cfg, micro_B, tp, run_.dtype(), parts_, 0, gradient_bytes);
+    // TP's and the all-reduced gradients' rows are the table's (dimension.h): under chapter 00's
+    // collectives, each call's algorithm's bytes.
+    const DimensionContext ctx = run_.dimension_context();
     // A recipe's reductions move its gradient format (g bytes); ZeRO's gather of the updated
     // parameters moves the blocks' matrices (Ψm) in its weights format (b bytes) and the rest in w
     // (docs/theory.md, section 18), here on the padded flat length less the experts' ranges.
@@ -501,16 +500,17 @@ class GroupBytes {
     for (const ParamInfo& p : layout.params)
       if (p.held() && is_product_weight(p)) matrices += double(p.size);
     const double gathered = b * matrices + w * (dense - matrices);
-    const double dense_dp = zero2_     ? data_parallel_.every_micro_batch_sent_bytes(m_, layout.padded_size - expert_range, g,
-                                                                                   gathered / dense)
-                            : sharded_ ? double(N - 1) / N * (g * dense + gathered)
-                                       : 2.0 * (N - 1) / N * g * dense;
+    const bool library = ctx.collectives.library;
+    const double dense_dp = zero2_     ? every_micro_batch_bytes(ctx)  // the DP row's (dimension_data.cpp)
+                            : sharded_ ? (library ? double(N - 1) / N * (g * dense + gathered)
+                                                  : zero_sent_bytes(ctx, g * dense, gathered))
+                            : library  ? 2.0 * (N - 1) / N * g * dense
+                                       : all_reduces_sent_bytes(ctx);
     // The experts' buckets: all-reduced, or reduce-scattered (every micro-batch under --zero2) and
     // gathered, the gradients in g bytes, the gather in w (an expert is no Ψm matrix: fp32).
     const double expert_bytes = zero2_ ? m_ * g + w : sharded_ ? g + w : 2 * g;
     std::vector<GroupRow> rows = {
-        {"tp", double(now.tp.since(at_start_.tp).training_sent_bytes()),
-         t > 1 ? m_ * tp_theory.bytes_per_micro_batch + whole.partial_grad_bytes * (zero2_ ? m_ : 1) : 0.0},
+        {"tp", double(now.tp.since(at_start_.tp).training_sent_bytes()), tensor_parallel_step_bytes(ctx)},
         {"cp", double(now.cp.since(at_start_.cp).training_sent_bytes()),
          ring_sent_bytes(run_cfg, held_blocks_, m_, micro_B, ring, t * u) * (ring > 1 ? 1 : 0)},
         {"dp_cp", double(now.dp_cp.since(at_start_.dp_cp).training_sent_bytes()), dense_dp}};
@@ -549,7 +549,6 @@ class GroupBytes {
   const TrainingRun& run_;
   const ProcessGrid& grid_;
   std::vector<ModelPart> parts_;
-  const GradientSync& data_parallel_;
   const GridExperts& experts_;
   const ContextRings& rings_;
   int m_;

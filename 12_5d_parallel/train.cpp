@@ -125,6 +125,7 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
       cfg.was_given("--bucket-mb") ? opt.bucket_mb * 1e6 : default_bucket_bytes(layout, dtype_size(dtype));
   GradientBuckets buckets(layout, bucket_bytes, dtype_size(dtype), sharded ? BucketCut::AtLayers : BucketCut::AtTensors,
                           /*experts_apart=*/moe);
+  if (!sharded) run.set_gradient_all_reduces(buckets.sizes(/*without_experts=*/true));  // the theory's: one a bucket
   // ZeRO-1: the dense buckets sharded over DP x CP, a MoE model's expert buckets over their replicas.
   const ShardPlan plan = sharded ? GradientSync::zero1_plan(buckets, dp_group, moe ? &grid.expert_dp() : nullptr)
                                  : ShardPlan::unsharded(layout);
@@ -164,7 +165,7 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
                         embedding);
   router.attach(pipeline, chunks);
   experts.attach(pipeline, router);  // before each pass: what its experts record under, then the router's turn
-  GroupBytes bytes(run, grid, parts, data_parallel, experts, rings, m, sharded);  // each group's, against its formula
+  GroupBytes bytes(run, grid, parts, experts, rings, m, sharded);  // each group's, against its formula
 
   for (int step = start; step < cfg.steps; step++) {
     run.begin_step(step);

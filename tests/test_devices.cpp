@@ -112,6 +112,15 @@ TEST(DeviceChoice, AutoPicksCudaExactlyWhenAGpuIsVisible) {
   EXPECT_NE(on_gpu, on_cpu) << output;
 }
 
+// The dtype rule knows the recipe: under one the model's tensors stay fp32 on either device, so
+// --dtype auto means fp32 there (bf16 on a GPU without one), and the flag itself is never rewritten.
+TEST(DeviceChoice, DtypeAutoIsFp32UnderARecipe) {
+  EXPECT_EQ(pick_dtype("auto", Device::CUDA), DType::BF16);
+  EXPECT_EQ(pick_dtype("auto", Device::CUDA, /*recipe=*/true), DType::F32);
+  EXPECT_EQ(pick_dtype("auto", Device::CPU, /*recipe=*/true), DType::F32);
+  EXPECT_EQ(pick_dtype("fp32", Device::CUDA, /*recipe=*/true), DType::F32);
+}
+
 TEST(OnGpu, Fp32LossesMatchTheCpu) {
   SKIP_WITHOUT_GPU();
   const LossCurve cpu = train("01_vanilla_dp", 1, "--device cpu");
@@ -307,7 +316,8 @@ TEST(OnGpu, PrecisionRecipesTheGpuCannotRunAreRefusedNamingTheFlag) {
     int ranks;
     std::string args, names;
   };
-  std::vector<Case> cases = {{2, "--precision bf16", "--precision other than fp32 on a GPU trains on one rank"}};
+  std::vector<Case> cases = {{2, "--precision bf16", "--precision other than fp32 on a GPU trains on one rank"},
+                             {1, "--dtype bf16 --precision bf16", "--dtype bf16 with --precision bf16"}};
   if (!fp8_cores) {
     cases.push_back({1, "--precision fp8", "--precision fp8 needs fp8 tensor cores"});
   } else {

@@ -24,7 +24,9 @@
 //     and fp8 equals one rank of 11 under the same recipe within the format's tolerance, each expert's
 //     scales the same on the ranks that hold it, its all-to-alls and gradient all-reduces in 2 bytes
 //     beside their formulas.
-//   - a flag that cannot compose with a recipe is refused in one line naming it.
+//   - every recipe trains at a head size FlashAttention does not take (attention stays fp32).
+//   - a flag that cannot compose with a recipe, or a --dtype beside it, is refused in one line naming
+//     the flags.
 // (fp32 stays each chapter's own test: no line of it changed.)
 #include <gtest/gtest.h>
 
@@ -422,12 +424,30 @@ TEST(PrecisionChapters, MixtureOfExpertsOnAnyGridEqualsOneRankWithinTheFormat) {
   }
 }
 
+// No recipe constrains the head size (docs/mixed_precision.md, "Head size: no rule"): a recipe casts
+// the linear layers' operands only, and attention stays in the model's fp32. The odd preset's heads
+// of 5 channels (C = 15, NH = 3), which FlashAttention does not take, train under every recipe, and
+// under fp8 with products whose sizes are not multiples of 16 (the CPU's emulation has no such rule).
+TEST(PrecisionChapters, EveryRecipeTrainsAtAnyHeadSize) {
+  for (const char* recipe : {"--precision bf16", "--precision fp16", "--precision fp8",
+                             "--precision fp8 --fp8-scaling blocks"}) {
+    const std::string dir = temp_dir();
+    RunResult r = run_trainer("01_vanilla_dp", 1, std::string(recipe) + " --preset odd --steps 2 --json " + dir + "/run.jsonl");
+    ASSERT_EQ(r.exit_code, 0) << recipe << ": " << r.output;
+    const LossCurve curve = read_losses(dir + "/run.jsonl");
+    ASSERT_EQ(curve.losses.size(), 2u) << recipe;
+    for (double loss : curve.losses) EXPECT_TRUE(std::isfinite(loss) && loss > 0) << recipe << ": " << loss;
+  }
+}
+
 TEST(PrecisionChapters, RefusesWhatCannotComposeNamingTheFlag) {
   struct Case {
     std::string chapter, args, flag;
   };
   const Case cases[] = {{"05_zero2", "--precision bf16 --fp8-scaling row", "--fp8-scaling"},
-                        {"02_overlap_dp", "--precision fp16 --dtype bf16", "--dtype"}};
+                        {"02_overlap_dp", "--precision fp16 --dtype bf16", "--dtype"},
+                        // The contradiction itself, before bf16's own refusal on the CPU: both flags named.
+                        {"02_overlap_dp", "--dtype bf16 --precision bf16", "--dtype bf16 with --precision bf16"}};
   for (const Case& c : cases) {
     RunResult r = run_trainer(c.chapter, 1, c.args + " --steps 2");
     EXPECT_NE(r.exit_code, 0) << c.chapter << " " << c.args;

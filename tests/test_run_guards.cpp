@@ -514,12 +514,14 @@ int mpi_rank_of(int pid) {
   return at == std::string::npos ? -1 : std::atoi(environ.c_str() + at + 9);
 }
 
-// Starts `chapter` on 2 ranks in the background (100000 steps, --timeout 3, JSON into `dir`) and
-// returns the process id of its rank 1 once both ranks run and 3 steps are done; -1 if that does not
-// happen within kStartSeconds (the test then fails).
-int rank_one_of_a_running_job(const std::string& chapter, const std::string& flags, const std::string& dir,
-                              BackgroundRun* run) {
-  *run = start_trainer(chapter, 2, "--steps 100000 --timeout 3 --json " + dir + "/run.jsonl " + flags);
+// Starts `chapter` on 2 ranks in the background (100000 steps, --timeout 3, JSON into `dir`).
+BackgroundRun start_a_long_job(const std::string& chapter, const std::string& flags, const std::string& dir) {
+  return start_trainer(chapter, 2, "--steps 100000 --timeout 3 --json " + dir + "/run.jsonl " + flags);
+}
+
+// The process id of the rank 1 of the job writing into `dir`, once both ranks run and 3 steps are
+// done; -1 if that does not happen within kStartSeconds (the test then fails).
+int rank_one_once_running(const std::string& dir) {
   std::vector<int> ranks;
   wait_until([&] {
     ranks = rank_pids(dir);
@@ -533,31 +535,44 @@ int rank_one_of_a_running_job(const std::string& chapter, const std::string& fla
 // A rank stopped with SIGSTOP: the others would wait forever in the next collective. The watchdog
 // (--timeout) ends the job, naming the collective, the step and the rank that is stopped (which MPI
 // cannot say: the node can), and rank 0 closes its JSON. In 01 the collective is an all-reduce; in 11,
-// an all-to-all of the experts' group, where the waiting ranks used to say only "a peer rank".
+// an all-to-all of the experts' group, where the waiting ranks used to say only "a peer rank". The two
+// jobs start, run and wait out their watchdogs' 3 s at once.
 TEST(Stops, TheWatchdogEndsAJobWithAStoppedRank) {
-  for (const auto& [chapter, collective] : {std::pair<std::string, std::string>{"01_vanilla_dp", "watchdog: all_reduce"},
-                                            {"11_expert_parallel", "watchdog: "}}) {
-    SCOPED_TRACE(chapter);
-    const std::string dir = temp_dir();
-    BackgroundRun run;
-    const int victim = rank_one_of_a_running_job(chapter, "", dir, &run);  // rank 0 writes the JSON
-    ASSERT_GT(victim, 0) << wait_for(run, 1).output;
-    kill(victim, SIGSTOP);
-    const auto stopped = std::chrono::steady_clock::now();
-    RunResult r = wait_for(run, 120);
+  struct Job {
+    std::string chapter, collective, dir{};
+    BackgroundRun run{};
+    int victim = -1;
+  };
+  std::vector<Job> jobs = {{"01_vanilla_dp", "watchdog: all_reduce"}, {"11_expert_parallel", "watchdog: "}};
+  for (Job& job : jobs) {
+    job.dir = temp_dir();
+    job.run = start_a_long_job(job.chapter, "", job.dir);  // rank 0 writes the JSON
+  }
+  for (Job& job : jobs) job.victim = rank_one_once_running(job.dir);
+  for (const Job& job : jobs)
+    if (job.victim <= 0) {
+      std::string outputs;
+      for (Job& other : jobs) outputs += wait_for(other.run, 1).output;  // (ends both)
+      FAIL() << job.chapter << " did not start: " << outputs;
+    }
+  const auto stopped = std::chrono::steady_clock::now();
+  for (Job& job : jobs) kill(job.victim, SIGSTOP);
+  for (Job& job : jobs) {
+    SCOPED_TRACE(job.chapter);
+    RunResult r = wait_for(job.run, 120);
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - stopped).count();
     EXPECT_NE(r.exit_code, 0) << r.output;
     EXPECT_NE(r.exit_code, 124) << "the job hung";
     EXPECT_LT(seconds, 3 + kEndSeconds) << "the watchdog should end it a little after its 3 s";
-    EXPECT_NE(r.output.find(collective), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find(job.collective), std::string::npos) << r.output;
     EXPECT_NE(r.output.find("group (world ranks 0, 1)"), std::string::npos) << r.output;
     EXPECT_NE(r.output.find("in step"), std::string::npos) << r.output;
-    EXPECT_NE(r.output.find("world rank 1 (pid " + std::to_string(victim) + ") is stopped"), std::string::npos)
+    EXPECT_NE(r.output.find("world rank 1 (pid " + std::to_string(job.victim) + ") is stopped"), std::string::npos)
         << r.output;
     // mpiexec may return before the kernel has ended the stopped rank that it killed.
-    EXPECT_TRUE(wait_until_ranks_gone(dir, kEndSeconds)) << "a rank was left behind";
-    for (int pid : rank_pids(dir)) kill(pid, SIGKILL);
-    EXPECT_NE(read_record(dir + "/run.jsonl", "summary").find("\"ended\":\"aborted\""), std::string::npos);
+    EXPECT_TRUE(wait_until_ranks_gone(job.dir, kEndSeconds)) << "a rank was left behind";
+    for (int pid : rank_pids(job.dir)) kill(pid, SIGKILL);
+    EXPECT_NE(read_record(job.dir + "/run.jsonl", "summary").find("\"ended\":\"aborted\""), std::string::npos);
   }
 }
 
@@ -610,22 +625,37 @@ TEST(Stops, TheGpuWatchdogNamesTheStoppedRankAsTheMpiOneDoes) {
 
 // A pipeline stage that dies mid-step (SIGKILL: no handler runs) or stops (SIGSTOP) while its
 // neighbours wait in a receive for its activations or gradients: the whole job ends within seconds,
-// with a non-zero exit, and no rank is left blocked.
+// with a non-zero exit, and no rank is left blocked. The two jobs start and run at once, and are
+// signalled together.
 TEST(Stops, AStageThatDiesOrStopsEndsThePipeline) {
-  for (int signal : {SIGKILL, SIGSTOP}) {
-    SCOPED_TRACE(signal == SIGKILL ? "killed" : "stopped");
-    const std::string dir = temp_dir();
-    BackgroundRun run;
-    const int victim = rank_one_of_a_running_job("08_pipeline", "--preset tall", dir, &run);  // the last stage
-    ASSERT_GT(victim, 0) << wait_for(run, 1).output;
-    kill(victim, signal);
-    const auto signalled = std::chrono::steady_clock::now();
-    RunResult r = wait_for(run, 120);
+  struct Job {
+    int signal;
+    std::string dir{};
+    BackgroundRun run{};
+    int victim = -1;
+  };
+  std::vector<Job> jobs = {{SIGKILL}, {SIGSTOP}};
+  for (Job& job : jobs) {
+    job.dir = temp_dir();
+    job.run = start_a_long_job("08_pipeline", "--preset tall", job.dir);
+  }
+  for (Job& job : jobs) job.victim = rank_one_once_running(job.dir);  // the last stage
+  for (const Job& job : jobs)
+    if (job.victim <= 0) {
+      std::string outputs;
+      for (Job& other : jobs) outputs += wait_for(other.run, 1).output;  // (ends both)
+      FAIL() << "a pipeline did not start: " << outputs;
+    }
+  const auto signalled = std::chrono::steady_clock::now();
+  for (Job& job : jobs) kill(job.victim, job.signal);
+  for (Job& job : jobs) {
+    SCOPED_TRACE(job.signal == SIGKILL ? "killed" : "stopped");
+    RunResult r = wait_for(job.run, 120);
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - signalled).count();
     EXPECT_NE(r.exit_code, 0) << r.output;
     EXPECT_NE(r.exit_code, 124) << "the job hung";
     EXPECT_LT(seconds, 3 + kEndSeconds) << r.output;
-    if (signal == SIGSTOP) {
+    if (job.signal == SIGSTOP) {
       // Rank 0 waits in a receive from the stopped stage, or in a collective of the step's end.
       EXPECT_NE(r.output.find("watchdog:"), std::string::npos) << r.output;
       EXPECT_NE(r.output.find("group (world ranks 0, 1)"), std::string::npos) << r.output;
@@ -633,8 +663,8 @@ TEST(Stops, AStageThatDiesOrStopsEndsThePipeline) {
         EXPECT_NE(r.output.find("from world rank 1 over the pipeline group"), std::string::npos) << r.output;
       }
     }
-    EXPECT_TRUE(wait_until_ranks_gone(dir, kEndSeconds)) << "a rank was left behind";
-    for (int pid : rank_pids(dir)) kill(pid, SIGKILL);
+    EXPECT_TRUE(wait_until_ranks_gone(job.dir, kEndSeconds)) << "a rank was left behind";
+    for (int pid : rank_pids(job.dir)) kill(pid, SIGKILL);
   }
 }
 

@@ -316,7 +316,7 @@ void expect_theory_matches(const std::string& jsonl_path, double param_bytes) {
   }
   // The counters round each collective's share down to whole bytes, hence the small slack. A theory
   // over Ψ is stretched by the padding the collectives carry; one counted call by call (under
-  // --collectives, 01-03: docs/theory.md, section 15) is the calls' own bytes.
+  // --collectives: docs/theory.md, section 15; ZeRO-2's rule down a pipeline) is the calls' own bytes.
   const double measured_comm = number_field(t, "measured_comm_bytes");
   const bool per_call = t.find("\"theory_comm_per_call\"") != std::string::npos;
   EXPECT_NEAR(measured_comm, number_field(t, "theory_comm_bytes") * (per_call ? 1 : padded / psi), 64.0);

@@ -426,6 +426,12 @@ Algorithm algorithm_for(const CollectivesChoice& choice, CollectiveKind kind, in
   return algorithm_has(choice.forced, kind) ? choice.forced : Algorithm::Ring;
 }
 
+int64_t collective_sent_bytes(const CollectivesChoice& choice, CollectiveKind kind, int64_t bytes, int element_bytes,
+                              int ranks, int rank) {
+  if (choice.library) return wire_bytes_for(kind, bytes, ranks);
+  return predicted_sent_bytes(algorithm_for(choice, kind, bytes), kind, bytes, element_bytes, ranks, rank);
+}
+
 std::unique_ptr<Communicator> with_collectives(const CollectivesChoice& choice, std::unique_ptr<Communicator> inner) {
   if (choice.library) return inner;
   return std::make_unique<P2PCollectives>(choice, std::move(inner));

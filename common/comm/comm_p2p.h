@@ -55,6 +55,12 @@ constexpr int64_t kSmallAllReduceBytes = 64 * 1024;
 // the rule above, which the communicator follows and the theory table predicts by (docs/theory.md,
 // section 15). Not for the library.
 Algorithm algorithm_for(const CollectivesChoice& choice, CollectiveKind kind, int64_t bytes);
+// What rank `rank` of `ranks` sends in one collective of `kind` moving `bytes` (elements of
+// `element_bytes`) under `choice`: the library's count (comm.h, wire_bytes_for), else the bytes of
+// the algorithm algorithm_for picks (p2p_collectives.h, predicted_sent_bytes). Every byte row of the
+// theory table that counts its calls one by one predicts by this (docs/theory.md, section 15).
+int64_t collective_sent_bytes(const CollectivesChoice& choice, CollectiveKind kind, int64_t bytes, int element_bytes,
+                              int ranks, int rank);
 
 // `inner` itself for the library; else a communicator over it (and over every group split from it)
 // that runs the collectives from send and receive.

@@ -59,9 +59,9 @@ Device pick_device(const std::string& flag) {
 
 const char* device_name(Device device) { return device == Device::CUDA ? "cuda" : "cpu"; }
 
-DType pick_dtype(const std::string& flag, Device device) {
+DType pick_dtype(const std::string& flag, Device device, bool recipe) {
   if (flag == "fp32") return DType::F32;
-  if (flag == "auto") return device == Device::CUDA ? DType::BF16 : DType::F32;
+  if (flag == "auto") return device == Device::CUDA && !recipe ? DType::BF16 : DType::F32;
   if (flag == "bf16") {
     if (device == Device::CUDA) return DType::BF16;
     config_error("--dtype bf16 needs a GPU (--device cuda): the CPU ops compute in fp32; use --dtype fp32");

@@ -22,8 +22,11 @@ const char* device_name(Device device);  // "cpu" or "cuda"
 
 // The meaning of a --dtype flag on `device`: "fp32"; "bf16" (mixed precision, CUDA only: the CPU ops
 // compute in fp32, so bf16 there is a config_error that says so); "auto" = bf16 on CUDA, fp32 on
-// the CPU. Anything else: a config_error naming the three choices.
-DType pick_dtype(const std::string& flag, Device device);
+// the CPU. Anything else: a config_error naming the three choices. Under a mixed-precision recipe
+// (`recipe`: --precision other than fp32) the model's tensors stay fp32 on either device, the
+// products casting their operands (precision_recipe.h): "auto" is then fp32, and the recipe's flags
+// refused any other value beside it (precision_recipe_from_flags).
+DType pick_dtype(const std::string& flag, Device device, bool recipe = false);
 
 // Copies src into dst, which may live on different devices (host <-> GPU), byte for byte: same dtype
 // and numel. On return, host memory on either side may be reused or read; a copy to the GPU may

@@ -74,8 +74,9 @@ std::string GradientBuckets::describe(double bucket_bytes) const {
   return out;
 }
 
-std::vector<int64_t> GradientBuckets::sizes() const {
+std::vector<int64_t> GradientBuckets::sizes(bool without_experts) const {
   std::vector<int64_t> sizes;
-  for (int b = 0; b < count(); b++) sizes.push_back(size(b));
+  for (int b = 0; b < count(); b++)
+    if (!(without_experts && holds_experts(b))) sizes.push_back(size(b));
   return sizes;
 }

@@ -42,7 +42,9 @@ class GradientBuckets {
   int bucket_of(int param) const { return bucket_of_[param]; }
   bool holds_experts(int b) const { return experts_[size_t(b)]; }  // (experts_apart: wholly)
   FlatRange range(int b) const { return {begin_[b], end_[b]}; }
-  std::vector<int64_t> sizes() const;  // every bucket's, in bucket order
+  // Every bucket's, in bucket order; without_experts: but those of MoE experts, which average over
+  // their own group (the data-parallel group's calls).
+  std::vector<int64_t> sizes(bool without_experts = false) const;
   // Every bucket's range in flat order (the reverse of the bucket order), for a ShardPlan.
   std::vector<FlatRange> ranges_in_flat_order() const;
   // The plan as the chapters print it: "8 buckets of about 1.21 MB, in the order backward fills them:

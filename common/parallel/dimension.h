@@ -150,6 +150,26 @@ std::unique_ptr<Dimension> make_ulysses_dimension(const DimensionContext& ctx); 
 // The Ulysses exchange's buffers on this rank's positions, for a tensor split of t (0 without Ulysses).
 double ulysses_activation_bytes(const DimensionContext& ctx, int t);
 
+// Where the data-parallel group all-reduces the gradients (no ZeRO), this rank's bytes a step in it:
+// the calls TrainingRun::set_gradient_all_reduces lists (else the whole buffer), each by
+// collective_sent_bytes (docs/theory.md, section 15). The DP row under chapter 00's collectives, and
+// 12's dp_cp group there.
+double all_reduces_sent_bytes(const DimensionContext& ctx);
+
+// ZeRO's reduce-scatters of `scattered` bytes a step in all and its gathers of `gathered` (the
+// payloads, before any (N-1)/N) over the data-parallel group: this rank's bytes, each kind's by
+// collective_sent_bytes, the step's calls added up as one (each algorithm's bytes are linear in the
+// payload, but for the rounding of its segments).
+double zero_sent_bytes(const DimensionContext& ctx, double scattered, double gathered);
+// ZeRO-2's rule over a pipeline (08, 09, 12 --zero2; data_parallel.h, set_every_micro_batch): this
+// rank's bytes a step over the data-parallel group, as the DP row predicts them.
+double every_micro_batch_bytes(const DimensionContext& ctx);
+
+// This rank's bytes a step in its tensor-parallel group (docs/theory.md, sections 9 and 15): the
+// formula of predict_tensor_parallel under the library; under chapter 00's collectives each call's
+// algorithm's bytes (collective_sent_bytes). 07's and 09's TP row, and 12's tp group.
+double tensor_parallel_step_bytes(const DimensionContext& ctx);
+
 // This rank's activations by the formula (docs/theory.md, sections 9, 12, 13) for another way of
 // running its part of the model: a tensor split of t ranks (sp: sequence parallel) and `recompute`,
 // on the positions held: each pipeline part's arena, and what each dimension keeps beside it

@@ -50,9 +50,17 @@ void own_rule(const DimensionContext& ctx, Prediction& p) {
     const Wire& weights = ctx.formats.weights;
     const double w = double(dtype_size(ctx.dtype)), matrices = matrix_elements(*ctx.layout);
     const double gathered = weights.fp32 ? w : (double(weights.element_bytes()) * matrices + w * (double(dense) - matrices)) / double(dense);
-    p.comm_bytes = GradientSync::every_micro_batch_sent_bytes(ctx.dp_size, ctx.micro_batches, dense, held_back,
-                                                              wire.fp32 ? w : double(wire.element_bytes()), gathered);
+    const double g = wire.fp32 ? w : double(wire.element_bytes());
+    p.comm_bytes = GradientSync::every_micro_batch_sent_bytes(ctx.dp_size, ctx.micro_batches, dense, held_back, g, gathered);
     p.comm_formula = GradientSync::kEveryMicroBatchFormula;
+    if (!ctx.collectives.library) {  // the step's reduce-scatters and its gather, each by its algorithm
+      const double m = ctx.micro_batches, E = double(held_back);
+      p.comm_bytes = zero_sent_bytes(ctx, g * (m * (double(dense) - E) + E), gathered * double(dense));
+      p.comm_formula += std::string(" (reduce-scatters by ") +
+                        algorithm_name(algorithm_for(ctx.collectives, CollectiveKind::ReduceScatter, 0)) +
+                        ", the gather by " + algorithm_name(algorithm_for(ctx.collectives, CollectiveKind::AllGather, 0)) +
+                        ": their bytes from rank " + std::to_string(ctx.dp_rank) + ", section 15)";
+    }
     if (!weights.fp32)  // w: the reduce-scatters' bytes (the gradients' format), the gather's but its matrices
       p.comm_formula += " (reduce-scatters in " + wire.name() + "; the gather's Ψm matrices in " + weights.name() +
                         ", the rest fp32)";
@@ -66,6 +74,14 @@ void own_rule(const DimensionContext& ctx, Prediction& p) {
     p.comm_formula = "2(W-1)/W x " + std::to_string(ctx.formats.gradients.element_bytes()) +
                      " x non-expert elements (padding included) + K x L x (W-1) x 4E counts";
   }
+}
+
+// The gradients' all-reduces of a step over the data-parallel group, in elements: one a tensor (02),
+// one a bucket (03, 07-12: TrainingRun::set_gradient_all_reduces), else the whole buffer (01),
+// padding included.
+std::vector<int64_t> gradient_all_reduces(const DimensionContext& ctx) {
+  if (!ctx.gradient_all_reduces.empty()) return ctx.gradient_all_reduces;
+  return {ctx.layout->padded_size};
 }
 
 // Under chapter 00's collectives (--collectives ours, or one algorithm) each collective sends what
@@ -83,21 +99,12 @@ bool chosen_algorithms(const DimensionContext& ctx, Prediction& p) {
   const double w = double(dtype_size(ctx.dtype));
   const int64_t g = ctx.formats.gradients.fp32 ? int64_t(w) : int64_t(ctx.formats.gradients.element_bytes());
   const int64_t dense = ctx.layout->num_params - ctx.layout->expert_params;
-  const auto sent = [&](CollectiveKind kind, int64_t bytes, int64_t element) {
-    return double(predicted_sent_bytes(algorithm_for(choice, kind, bytes), kind, bytes, int(element), N, r));
-  };
   const auto name = [&](CollectiveKind kind, int64_t bytes) { return algorithm_name(algorithm_for(choice, kind, bytes)); };
   if (ctx.strategy == Strategy::DP) {
-    const std::vector<int64_t> whole{ctx.layout->padded_size};  // 01: the whole buffer, padding included
-    const std::vector<int64_t>& messages = ctx.gradient_all_reduces.empty() ? whole : ctx.gradient_all_reduces;
-    double bytes = 0;
     std::map<std::string, int> by_algorithm;
-    for (int64_t n : messages) {
-      if (n == 0) continue;
-      bytes += sent(CollectiveKind::AllReduce, n * g, g);
-      by_algorithm[name(CollectiveKind::AllReduce, n * g)]++;
-    }
-    p.comm_bytes = bytes;
+    for (int64_t n : gradient_all_reduces(ctx))
+      if (n > 0) by_algorithm[name(CollectiveKind::AllReduce, n * g)]++;
+    p.comm_bytes = all_reduces_sent_bytes(ctx);
     std::string calls;
     for (const auto& [algorithm, count] : by_algorithm)
       calls += (calls.empty() ? "" : ", ") + std::to_string(count) + " by " + algorithm;
@@ -119,7 +126,7 @@ bool chosen_algorithms(const DimensionContext& ctx, Prediction& p) {
     case Strategy::ZeRO3: scattered = K * double(g) * psi, gathers = 2 * K * gathered; break;
     default: return false;
   }
-  p.comm_bytes = sent(CollectiveKind::ReduceScatter, int64_t(scattered), 1) + sent(CollectiveKind::AllGather, int64_t(gathers), 1);
+  p.comm_bytes = zero_sent_bytes(ctx, scattered, gathers);
   p.comm_formula += std::string(" (reduce-scatters by ") + name(CollectiveKind::ReduceScatter, int64_t(scattered)) +
                     ", all-gathers by " + name(CollectiveKind::AllGather, int64_t(gathers)) + ": their bytes from rank " +
                     std::to_string(r) + ", section 15)";
@@ -142,8 +149,9 @@ class DataDimension : public Dimension {
   void report_rows(const DimensionContext& ctx, const StepMeasure& step, ReportTable& table) const override {
     Prediction& p = table.strategy;
     own_rule(ctx, p);
-    const bool per_call =
-        !ctx.pp.reduce_every_micro_batch && !ctx.ep.routing_counts_over_data_group && chosen_algorithms(ctx, p);
+    // ZeRO-2's rule counts the padded buffer, as the calls carry it, whichever algorithm runs.
+    const bool per_call = ctx.pp.reduce_every_micro_batch ||
+                          (!ctx.ep.routing_counts_over_data_group && chosen_algorithms(ctx, p));
     const double padding =
         double(dtype_size(ctx.dtype)) * double(ctx.layout->padded_size - ctx.layout->num_params);
     // Named apart where other groups have rows of their own (TP, PP, CP); the strategy runs over
@@ -161,6 +169,28 @@ class DataDimension : public Dimension {
 };
 
 }  // namespace
+
+double every_micro_batch_bytes(const DimensionContext& ctx) {
+  Prediction p;
+  own_rule(ctx, p);
+  return p.comm_bytes;
+}
+
+double zero_sent_bytes(const DimensionContext& ctx, double scattered, double gathered) {
+  const auto sent = [&](CollectiveKind kind, double bytes) {
+    return double(collective_sent_bytes(ctx.collectives, kind, int64_t(bytes), 1, ctx.dp_size, ctx.dp_rank));
+  };
+  return sent(CollectiveKind::ReduceScatter, scattered) + sent(CollectiveKind::AllGather, gathered);
+}
+
+double all_reduces_sent_bytes(const DimensionContext& ctx) {
+  const Wire& wire = ctx.formats.gradients;  // a recipe's gradients travel in its format
+  const int g = wire.fp32 ? int(dtype_size(ctx.dtype)) : int(wire.element_bytes());
+  double bytes = 0;
+  for (int64_t n : gradient_all_reduces(ctx))
+    bytes += double(collective_sent_bytes(ctx.collectives, CollectiveKind::AllReduce, n * g, g, ctx.dp_size, ctx.dp_rank));
+  return bytes;
+}
 
 std::unique_ptr<Dimension> make_data_dimension(const DimensionContext&) { return std::make_unique<DataDimension>(); }
 

@@ -13,6 +13,28 @@
 
 namespace {
 
+// The TP group's collectives of a step, as predict_tensor_parallel counts them: under CP every TP
+// collective carries T/cp positions, while the gradients held whole are the parameters' (wpe has all
+// T rows whatever a rank holds). A recipe's activations travel in its format, the sums of the
+// gradients held whole in its gradient format (as DP's buckets); 09's --zero2 sums those before each
+// micro-batch's reduce-scatter.
+TensorParallelPrediction step_prediction(const DimensionContext& ctx) {
+  const Wire &wire = ctx.formats.activations, &gradients = ctx.formats.gradients;
+  const int activation_bytes = wire.fp32 ? 0 : int(wire.element_bytes());
+  const int gradient_bytes = gradients.fp32 ? 0 : int(gradients.element_bytes());
+  TensorParallelPrediction tp =
+      predict_tensor_parallel(ctx.held, ctx.micro_B, ctx.tp, ctx.dtype, ctx.pp.parts, activation_bytes);
+  const TensorParallelPrediction held_whole =
+      predict_tensor_parallel(ctx.model, ctx.micro_B, ctx.tp, ctx.dtype, ctx.pp.parts, 0, gradient_bytes);
+  tp.partial_grad_bytes = held_whole.partial_grad_bytes;
+  tp.partial_grad_all_reduces = held_whole.partial_grad_all_reduces;
+  if (ctx.pp.reduce_every_micro_batch) {
+    tp.partial_grad_all_reduces *= ctx.micro_batches;
+    tp.partial_grad_bytes *= ctx.micro_batches;
+  }
+  return tp;
+}
+
 class TensorDimension : public Dimension {
  public:
   const char* name() const override { return "tensor"; }
@@ -62,34 +84,25 @@ class TensorDimension : public Dimension {
         format_bytes(activations_by_formula(ctx, t.size, true, now)).c_str()));
     table.recompute_note = true;
 
-    // Under CP every TP collective carries T/cp positions; the gradients held whole are the
-    // parameters' (wpe has all T rows whatever a rank holds).
-    // A recipe's activations travel in its format, the sums of the gradients held whole in its
-    // gradient format (as DP's buckets).
     const Wire &wire = ctx.formats.activations, &gradients = ctx.formats.gradients;
-    const int activation_bytes = wire.fp32 ? 0 : int(wire.element_bytes());
-    const int gradient_bytes = gradients.fp32 ? 0 : int(gradients.element_bytes());
-    TensorParallelPrediction tp =
-        predict_tensor_parallel(ctx.held, ctx.micro_B, t, ctx.dtype, ctx.pp.parts, activation_bytes);
-    const TensorParallelPrediction held_whole =
-        predict_tensor_parallel(ctx.model, ctx.micro_B, t, ctx.dtype, ctx.pp.parts, 0, gradient_bytes);
-    tp.partial_grad_bytes = held_whole.partial_grad_bytes;
-    tp.partial_grad_all_reduces = held_whole.partial_grad_all_reduces;
-    if (ctx.pp.reduce_every_micro_batch) {  // (09's --zero2: the gradients held whole summed before each reduce-scatter)
-      tp.partial_grad_all_reduces *= ctx.micro_batches;
-      tp.partial_grad_bytes *= ctx.micro_batches;
-    }
+    const TensorParallelPrediction tp = step_prediction(ctx);
     const int m = ctx.micro_batches;
-    const double theory = m * tp.bytes_per_micro_batch + tp.partial_grad_bytes;
+    const double theory = tensor_parallel_step_bytes(ctx);
     const CommStats* measured = step.group("tp");
     ENSURE(measured, "the tensor-parallel dimension without its group's counters");
     const int64_t bytes = measured->training_sent_bytes();
     table.comm_rows.push_back(report_row("TP bytes per step", double(bytes), theory));
-    table.comm_rows.push_back(report_line("  (TP theory, per micro-batch: %s%s)", tp.formula.c_str(),
+    const std::string by_algorithm =
+        ctx.collectives.library ? ""
+                                : "; each call by the algorithm its kind and size pick (--collectives " +
+                                      std::string(ctx.collectives.by_size ? "ours" : algorithm_name(ctx.collectives.forced)) +
+                                      "), its bytes from TP rank " + std::to_string(t.rank) + ", section 15";
+    table.comm_rows.push_back(report_line("  (TP theory, per micro-batch: %s%s%s)", tp.formula.c_str(),
                                           wire.fp32 ? ""
                                                     : ("; BTC in " + wire.name() + ", the tensors held whole in " +
                                                        gradients.name())
-                                                          .c_str()));
+                                                          .c_str(),
+                                          by_algorithm.c_str()));
     for (CollectiveKind k : {CollectiveKind::AllReduce, CollectiveKind::AllGather, CollectiveKind::ReduceScatter}) {
       const int per_micro_batch = k == CollectiveKind::AllReduce ? tp.all_reduces + tp.loss_all_reduces
                                   : k == CollectiveKind::AllGather ? tp.all_gathers : tp.reduce_scatters;
@@ -113,6 +126,35 @@ class TensorDimension : public Dimension {
 };
 
 }  // namespace
+
+double tensor_parallel_step_bytes(const DimensionContext& ctx) {
+  const TensorParallelism& t = ctx.tp;
+  if (t.size == 1) return 0;
+  const TensorParallelPrediction tp = step_prediction(ctx);
+  const int m = ctx.micro_batches;
+  if (ctx.collectives.library) return m * tp.bytes_per_micro_batch + tp.partial_grad_bytes;
+  // Chapter 00's collectives: each call's algorithm by its kind and size (docs/theory.md, section
+  // 15), so that at 4 ranks under `ours` the small all-reduces (the loss's rows, the tensors held
+  // whole, a tiny model's activations) go by doubling, lg t of their vector each.
+  const auto sent = [&](CollectiveKind kind, int64_t elements, int element_bytes) {
+    return double(collective_sent_bytes(ctx.collectives, kind, elements * element_bytes, element_bytes, t.size, t.rank));
+  };
+  const Wire &wire = ctx.formats.activations, &gradients = ctx.formats.gradients;
+  const int a = wire.fp32 ? int(dtype_size(ctx.dtype)) : int(wire.element_bytes());
+  const int g = gradients.fp32 ? int(dtype_size(ctx.dtype)) : int(gradients.element_bytes());
+  const int64_t stream = int64_t(ctx.micro_B) * ctx.held.T * ctx.model.C, rows = int64_t(ctx.micro_B) * ctx.held.T;
+  const double per_micro_batch = tp.all_reduces * sent(CollectiveKind::AllReduce, stream, a) +
+                                 tp.all_gathers * sent(CollectiveKind::AllGather, stream, a) +
+                                 tp.reduce_scatters * sent(CollectiveKind::ReduceScatter, stream, a) +
+                                 tp.loss_all_reduces * sent(CollectiveKind::AllReduce, rows, 4);
+  // Under sequence parallelism each tensor held whole is summed by an all-reduce of its own
+  // (gradient_router.cpp), once a step, or once a micro-batch under --zero2.
+  double held_whole = 0;
+  if (t.sequence_parallel)
+    for (const ParamInfo& q : ctx.layout->params)
+      if (q.held() && (q.copies & kAxisTP)) held_whole += sent(CollectiveKind::AllReduce, q.size, g);
+  return m * per_micro_batch + held_whole * (ctx.pp.reduce_every_micro_batch ? m : 1);
+}
 
 std::unique_ptr<Dimension> make_tensor_dimension(const DimensionContext& ctx) {
   if (ctx.tp.size == 1) return nullptr;

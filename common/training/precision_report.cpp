@@ -59,7 +59,7 @@ void refuse_what_the_gpu_cannot_run(const PrecisionRecipe& r, const PrecisionFla
 
 }  // namespace
 
-PrecisionRecipe precision_recipe_from_flags(const PrecisionFlags& pf, TrainConfig& cfg) {
+PrecisionRecipe precision_recipe_from_flags(const PrecisionFlags& pf, const TrainConfig& cfg) {
   PrecisionRecipe r;
   if (!parse_precision(pf.precision, &r.precision))
     config_error("--precision " + pf.precision + ": expected fp32, bf16, fp16 or fp8");
@@ -84,10 +84,8 @@ PrecisionRecipe precision_recipe_from_flags(const PrecisionFlags& pf, TrainConfi
   if (cfg.dtype != "auto" && cfg.dtype != "fp32")
     config_error("--dtype " + cfg.dtype + " with --precision " + pf.precision +
                  ": the recipe sets the products' formats; leave --dtype at fp32");
-  if (pick_device(cfg.device) == Device::CUDA) {
-    refuse_what_the_gpu_cannot_run(r, pf, cfg);
-    cfg.dtype = "fp32";  // not auto's bf16: the model's tensors stay fp32, and the products cast (precision_recipe.h)
-  }
+  // (--dtype auto then means fp32 on either device: pick_dtype, told of the recipe.)
+  if (pick_device(cfg.device) == Device::CUDA) refuse_what_the_gpu_cannot_run(r, pf, cfg);
   return r;
 }
 

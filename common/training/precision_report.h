@@ -18,8 +18,9 @@ class TrainingRun;
 // flag of another precision (--fp8-scaling without --precision fp8), and a recipe that cannot run:
 // a --dtype other than fp32; on a GPU, fp8 without fp8 tensor cores, per-row or block fp8 scaling
 // (cuBLASLt's fp8 scales are per tensor), fp8 with a width or micro-batch not in multiples of 16.
-// Under a recipe, --dtype auto becomes fp32 in cfg: the model's tensors stay fp32 on either device.
-PrecisionRecipe precision_recipe_from_flags(const PrecisionFlags& pf, TrainConfig& cfg);
+// cfg is left as given: under a recipe the model's tensors stay fp32 on either device, which the
+// run's dtype rule knows (pick_dtype with `recipe`), so --dtype auto means fp32 there.
+PrecisionRecipe precision_recipe_from_flags(const PrecisionFlags& pf, const TrainConfig& cfg);
 
 // The values one rank's products read in a step, by kind, from the shapes: every linear layer of
 // GPT-2 (per block qkv C->3C, attention projection C->C, fc C->4C, fc projection 4C->C; the LM head

@@ -79,7 +79,7 @@ std::string divisors_text(int batch) {
 
 TrainingRun::TrainingRun(ProcessGrid& grid, TrainConfig& cfg, const Parallelism& split)
     : world_(grid.world()), dp_(grid.dp_cp()), data_ranks_(grid.shape().dp), data_rank_(grid.coords().dp),
-      split_(split), grid_(grid), device_(world_.device()), dtype_(pick_dtype(cfg.dtype, device_)) {
+      split_(split), grid_(grid), device_(world_.device()) {
   const TensorParallelism& tp = split.tp;
   const PipelineParallelism& pp = split.pp;
   const ContextParallelism& cp = split.cp;
@@ -107,10 +107,12 @@ TrainingRun::TrainingRun(ProcessGrid& grid, TrainConfig& cfg, const Parallelism&
   if (model_.C % model_.NH != 0) config_error("the model's C must divide by NH");
   PrecisionRecipe precision;  // fp32 unless --precision asks otherwise (13 registers and applies its own)
   if (cfg.precision.registered) precision = precision_recipe_from_flags(cfg.precision, cfg);
-  dtype_ = pick_dtype(cfg.dtype, device_);  // fp32 under a recipe on a GPU (precision_recipe_from_flags)
-  // A recipe's collectives move codes encoded on the host (wire_format.cpp), so on a GPU a recipe
-  // trains on one rank, where no collective moves a byte. 13 installs its formats before the run.
+  // A recipe: this chapter's --precision, or 13's, which installs its formats before the run (every
+  // recipe's gradients travel in 2 bytes). Its model's tensors stay fp32 (--dtype auto: fp32).
   const bool recipe = precision.precision != Precision::FP32 || !collective_formats(world_).gradients.fp32;
+  dtype_ = pick_dtype(cfg.dtype, device_, recipe);
+  // A recipe's collectives move codes encoded on the host (wire_format.cpp), so on a GPU a recipe
+  // trains on one rank, where no collective moves a byte.
   if (recipe && device_ == Device::CUDA && world_.size() > 1)
     config_error("--precision other than fp32 on a GPU trains on one rank for now: the collectives in the recipe's "
                  "formats are encoded on the host; run 1 rank, or --device cpu");

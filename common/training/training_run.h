@@ -82,6 +82,9 @@ class TrainingRun {
   // whole buffer: the theory table then predicts each one's bytes under the algorithm that
   // --collectives picks for its size (Parallelism::gradient_all_reduces).
   void set_gradient_all_reduces(std::vector<int64_t> elements) { split_.gradient_all_reduces = std::move(elements); }
+  // What the dimensions read of the run (dimension.h), as it stands: also 12's group rows' (their
+  // formulas shared with the table's).
+  DimensionContext dimension_context() const;
   int global_batch() const { return cfg_.batch; }
   const PipelineParallelism& pipeline() const { return split_.pp; }
   const MemoryForecast& forecast() const { return forecast_; }  // this rank's, as printed at the start
@@ -203,8 +206,6 @@ class TrainingRun {
     int saving_steps = 0, other_steps = 0;
     double saving_ms = 0, other_ms = 0, waited_ms = 0;
   } async_;
-  // What the dimensions read of the run (dimension.h), as it stands.
-  DimensionContext dimension_context() const;
   void resolve_settings(const CheckpointHeader* resumed);
   void resolve_moe_settings(const CheckpointHeader& resumed);
   void check_outputs();
@@ -221,7 +222,7 @@ class TrainingRun {
   const ProcessGrid& grid_;       // (01-06: data parallelism alone, no group but the world)
   TrainConfig cfg_;
   Device device_;
-  DType dtype_;
+  DType dtype_ = DType::F32;  // pick_dtype's, once the recipe is known
   DeviceInfo device_info_;  // its name and peak FLOP/s for dtype_, for the header and MFU
   GPT2Config model_;
   bool flash_ = false;
