@@ -5,7 +5,8 @@
 // routed rows. The ring's hops are laid on chapter 10's steps as RingAttention sends them: forward each
 // beside the attention on the block it sends; backward the block and the accumulator sent at the end
 // of the step before share the rank's sending lane during a step; the last accumulator meets no
-// compute. Expected values are computed here from those descriptions, not with the planner's code.
+// compute. And the work besides the products counts the backward's scratch once a block. Expected values
+// are computed here from those descriptions, not with the planner's code.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -15,6 +16,7 @@
 
 #include "comm/comm.h"  // modelled_ms's alpha-beta, written out below
 #include "ops/ops.h"
+#include "pipeline/pipeline.h"  // balanced_partition, parts_of_rank
 #include "planner/planner.h"
 #include "planner/planner_cpu_rates.h"
 
@@ -172,4 +174,44 @@ TEST(RingOverlap, ThePlannersContextTermHidesTheHopsBehindTheAttentionAtItsRate)
   const double at_peak = evaluate_plan(in, c).cp_s;
   in.attention_rate = 1e10;
   EXPECT_DOUBLE_EQ(at_peak, evaluate_plan(in, c).cp_s);
+}
+
+// The work besides the products, on a CPU cluster: activation bytes at the elementwise rate, with the
+// backward's scratch (the arena with no slot) counted once for every block, since each block's backward
+// writes it. A pipeline's rank runs its blocks in m passes (v chunks each): counted once a pass, it
+// was charged m v scratches for data parallelism's one, 1.22 times the bytes for the same blocks and
+// sequences at pp 2 and m 4. Here a rank of pp 2 (m 4, B 2) is charged what its chunks hold, and about
+// what a rank of dp 2 (B 4, every block) is: both run L/2 blocks' worth of 8 sequences.
+TEST(ElementwiseWork, TheBackwardsScratchIsWorkOnceABlock) {
+  PlanInputs in = emulated("small", 2);
+  in.cluster.peak_flops = 1e30, in.cluster.elementwise_rate = 1;  // compute_s is the bytes
+  const GPT2Config& m = in.model;
+  auto work = [&](int B, const ModelPart& part) {
+    ModelPart none = part;
+    none.slots = 0;
+    const int blocks = std::min(part.last(m), m.L) - (std::max(part.first_unit, 1) - 1);
+    return activation_bytes(m, B, DType::F32, false, {}, part) +
+           (blocks - 1) * activation_bytes(m, B, DType::F32, false, {}, none);
+  };
+  const double dp = evaluate_plan(in, one_config(2, 1, 4, 1)).compute_s;
+  EXPECT_NEAR(dp, work(4, ModelPart{}), 1e-9 * dp);
+  for (Schedule s : {Schedule::OneFOneB, Schedule::Interleaved}) {
+    const int v = s == Schedule::Interleaved ? 2 : 1;
+    PlanConfig c = one_config(1, 2, 2, 4);
+    c.schedule = s, c.virtual_stages = v;
+    double slowest = 0;
+    for (int rank = 0; rank < 2; rank++) {
+      double rank_work = 0;
+      for (ModelPart part : parts_of_rank(m, balanced_partition(m, 2 * v), 2, rank)) {
+        part.slots = 1;
+        rank_work += 4 * work(2, part);
+      }
+      slowest = std::max(slowest, rank_work);
+    }
+    const PlanResult r = evaluate_plan(in, c);
+    ASSERT_EQ(r.invalid, "");
+    EXPECT_NEAR(r.compute_s, slowest, 1e-9 * slowest) << schedule_name(s);
+    EXPECT_LT(r.compute_s / dp, 1.12) << schedule_name(s) << ": the same blocks and sequences as a rank of dp 2";
+    EXPECT_GT(r.compute_s / dp, 0.9) << schedule_name(s);
+  }
 }

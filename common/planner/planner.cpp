@@ -392,7 +392,16 @@ PlanResult evaluate_plan(const PlanInputs& in, const PlanConfig& c, bool simulat
         ModelPart one = part;
         one.slots = 1;
         const double bytes = pass_bytes(held_kept, one);
-        elementwise = bytes / k.elementwise_rate;
+        // The backward's scratch (activation_bytes with no slot: nothing is recomputed here) is held once
+        // a rank but written by every block's backward: as work it counts once a block. Counted once a
+        // pass, as memory counts it, a pipeline's stage, which runs its blocks in m passes (and v chunks
+        // each), was charged m v times the scratch for the calibration's once: 1.22 times the bytes of the
+        // same work at pp 2 and m 4, 1.57 interleaved, and its rest came out 1.6 to 2.6 times what its
+        // ranks spent besides the products (plan-check's pipelines, +12% to +34%).
+        ModelPart none = one;
+        none.slots = 0;
+        const double scratch = activation_bytes(held_kept, B, dtype, ring || cfg.flash_attention, tp, none);
+        elementwise = (bytes + std::max(0, blocks - 1) * scratch) / k.elementwise_rate;
         recompute_elementwise = (bytes - pass_bytes(held, one)) / k.elementwise_rate / 3;
       }
       // Under Ulysses the exchanges' packing and unpacking, per block: memcpy at the memory's bandwidth
