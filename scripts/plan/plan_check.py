@@ -6,7 +6,9 @@ category, exact (a mixture of experts' activations, 11's and 12's, set by the ro
 planner's bound), the communication buffers within the bound, and at 2 ranks the median step within 20%, predicted with the
 calibrations run just before and just after the row (their mean rates on a core of their own, times the
 share of a core the row's ranks got during its steps, scripts/plan/cpu_share.py; with ROUNDS, the row's
-rounds' steps together and the mean of every calibration between and around them). Exit 1 when memory
+rounds' steps together and the mean of every calibration between and around them); the products at the
+rate of their class of rows (--product-rates) and, under CP, the ring's attention at the rate of 10's
+kernel (--attention-rate), the prediction with one rate beside it ("before"). Exit 1 when memory
 is not exact; the times are printed, with the machine's load beside them.
 plan_check.py --agree OUT FIRST LAST: exit 0 when calibrations FIRST..LAST agree on a core of their own
 (plan_check.sh asks after each timed row whether to run it again)."""
