@@ -59,6 +59,13 @@ int main(int argc, char** argv) {
   flags.add("--expert-load", &opt.expert_load,
             "a chapters' mixture of experts: the rows the slowest EP rank's experts run over the balanced share, from "
             "a routing measured beforehand (make plan-check: its calibration's, capped at the capacity; default 1)");
+  flags.add("--product-rates", &opt.product_rates,
+            "a chapters' model: the matrix products' FLOP/s by the rows of their activations, ROWS:FLOPS,... (a class "
+            "a power of two; a product takes its class's rate, or the nearest measured; make plan-check measures them; "
+            "replaces --peak-flops x --efficiency for the products)", "LIST");
+  flags.add("--attention-rate", &opt.attention_rate,
+            "a chapters' model: FLOP/s of the attention on a ring's block, which hides the ring's hop (make plan-check "
+            "measures chapter 10's kernel; default: the products' rate)");
   flags.add("--memory-gb", &opt.memory_gb, "memory per GPU in GB (10^9 bytes), replacing the preset's");
   flags.add("--intra-gbps", &opt.intra_gbps, "link inside a node, Gb/s per GPU (replaces the preset's)");
   flags.add("--intra-latency-us", &opt.intra_latency_us, "its latency per message");
@@ -132,7 +139,7 @@ int main(int argc, char** argv) {
            {"--efficiency", opt.efficiency}, {"--peak-flops", opt.peak_flops}, {"--memory-gb", opt.memory_gb},
            {"--cp", opt.cp}, {"--ep", opt.ep}, {"--ulysses", opt.ulysses}, {"--seq-len", opt.seq_len}, {"--tokens-per-batch", opt.tokens_per_batch},
            {"--tp", opt.tp}, {"--pp", opt.pp}, {"--micro-batch", opt.micro_batch}, {"--micro-batches", opt.micro_batches},
-           {"--virtual-stages", opt.virtual_stages}})
+           {"--virtual-stages", opt.virtual_stages}, {"--attention-rate", opt.attention_rate}})
     if (given(flag) && !(value > 0)) config_error(std::string(flag) + " must be positive");
   for (const auto& [flag, value] : std::vector<std::pair<const char*, double>>{
            {"--intra-gbps", opt.intra_gbps}, {"--intra-latency-us", opt.intra_latency_us},
@@ -269,6 +276,16 @@ int main(int argc, char** argv) {
       config_error("--expert-load " + std::to_string(opt.expert_load) + ": a ratio of rows, above 0 (1: balanced)");
     in.expert_load = opt.expert_load;
   }
+  for (const char* flag : {"--product-rates", "--attention-rate"})
+    if (given(flag) && !in.chapters_model)
+      config_error(std::string(flag) + ": rates measured for a chapters' model on CPU ranks (make plan-check); --model " +
+                   opt.model + " is a published shape, priced by the kernel-rate tables");
+  if (given("--product-rates")) {
+    std::string why;
+    if (!parse_product_rates(opt.product_rates, &in.product_rates, &why))
+      config_error("--product-rates " + opt.product_rates + ": " + why);
+  }
+  if (given("--attention-rate")) in.attention_rate = opt.attention_rate;
   in.efficiency = given("--efficiency") ? opt.efficiency : k.efficiency > 0 ? k.efficiency : kCalibratedEfficiency;
   if (opt.attention != "flash" && opt.attention != "materialized" && opt.attention != "ring")
     config_error("--attention " + opt.attention + ": choose flash, materialized or ring");

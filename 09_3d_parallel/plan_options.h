@@ -14,6 +14,8 @@ struct Options {
   double elementwise_rate = -1;  // -1: the cluster's
   double sync_us = 0;            // a synchronization's cost on shared cores (Cluster::sync_s), microseconds
   double expert_load = 1;        // the slowest EP rank's expert rows over the balanced share (PlanInputs)
+  std::string product_rates;     // ROWS:FLOPS,... the products' rates by their rows (PlanInputs)
+  double attention_rate = 0;     // the attention kernel's FLOP/s (PlanInputs); 0: the products'
   double peak_flops = 0, memory_gb = 0, inter_gbps = -1, inter_latency_us = -1, intra_gbps = -1, intra_latency_us = -1;
   // A single configuration (or a restriction of the search) when given.
   int tp = 0, pp = 0, cp = 0, ep = 0, ulysses = 0, virtual_stages = 0, micro_batch = 0, zero = -1;

@@ -233,19 +233,42 @@ void layernorm_backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, 
 namespace {
 // Atomic: the two lanes of a pipeline's F&B pair (lanes.h) compute on two threads at once.
 std::atomic<double> g_cpu_matmul_ms{0};
-// Adds the time from its construction to its end to g_cpu_matmul_ms.
+std::atomic<double> g_cpu_matmul_class_ms[kMatmulRowClasses];
+std::atomic<double> g_cpu_matmul_class_flops[kMatmulRowClasses];
+void atomic_add(std::atomic<double>& total, double x) {
+  double before = total.load();
+  while (!total.compare_exchange_weak(before, before + x)) {
+  }
+}
+// Adds the time from its construction to its end to g_cpu_matmul_ms, and with its FLOPs to the class
+// of its rows.
 struct MatmulClock {
+  MatmulClock(int64_t rows, int64_t in, int64_t out) : row_class(matmul_row_class(rows)), flops(2.0 * rows * in * out) {}
+  int row_class;
+  double flops;
   std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
   ~MatmulClock() {
     const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
-    double before = g_cpu_matmul_ms.load();
-    while (!g_cpu_matmul_ms.compare_exchange_weak(before, before + ms)) {
-    }
+    atomic_add(g_cpu_matmul_ms, ms);
+    atomic_add(g_cpu_matmul_class_ms[row_class], ms);
+    atomic_add(g_cpu_matmul_class_flops[row_class], flops);
   }
 };
 }  // namespace
 
 double cpu_matmul_ms() { return g_cpu_matmul_ms.load(); }
+
+int matmul_row_class(int64_t rows) {
+  int b = 0;
+  while (b + 1 < kMatmulRowClasses && (int64_t(1) << (b + 1)) <= rows) b++;
+  return b;
+}
+
+MatmulByRows cpu_matmul_by_rows() {
+  MatmulByRows by;
+  for (int b = 0; b < kMatmulRowClasses; b++) by.ms[b] = g_cpu_matmul_class_ms[b].load(), by.flops[b] = g_cpu_matmul_class_flops[b].load();
+  return by;
+}
 
 void matmul_forward(Tensor out, Tensor inp, Tensor weight, Tensor bias) {
   const Operands ops = operands(__func__, out, inp, weight, bias);
@@ -255,7 +278,7 @@ void matmul_forward(Tensor out, Tensor inp, Tensor weight, Tensor bias) {
   ENSURE(bias.empty() || bias.numel() == OC, "matmul_forward: bias must be (OC)");
   if (MatmulEmulation* emulation = gpu_emulation_for(ops)) return emulation->forward(out, inp, weight, bias);
   ON_CUDA(ops, matmul_forward(ops.dtype, out.data, inp.data, weight.data, bias.data, N, C, OC));
-  const MatmulClock clock;
+  const MatmulClock clock(N, C, OC);
   if (MatmulEmulation* emulation = cpu_matmul_emulation()) return emulation->forward(out, inp, weight, bias);
   cpu::matmul_forward(out.f32(), inp.f32(), weight.f32(), optional_f32(bias), N, C, OC);
 }
@@ -281,7 +304,7 @@ void matmul_backward_input(Tensor dinp, Tensor dout, Tensor weight, GradWrite wr
   const bool accumulate = write == GradWrite::Accumulate;
   if (MatmulEmulation* emulation = gpu_emulation_for(ops)) return emulated_backward_input(*emulation, dinp, dout, weight, write);
   ON_CUDA(ops, matmul_backward_input(ops.dtype, dinp.data, dout.data, weight.data, N, C, OC, accumulate));
-  const MatmulClock clock;
+  const MatmulClock clock(N, C, OC);
   if (MatmulEmulation* emulation = cpu_matmul_emulation()) return emulated_backward_input(*emulation, dinp, dout, weight, write);
   cpu::matmul_backward_input(dinp.f32(), dout.f32(), weight.f32(), N, C, OC, accumulate);
 }
@@ -294,7 +317,7 @@ void matmul_backward_weight(Tensor dweight, Tensor dbias, Tensor dout, Tensor in
   ENSURE(dbias.empty() || dbias.numel() == OC, "matmul_backward_weight: dbias must be (OC)");
   if (MatmulEmulation* emulation = gpu_emulation_for(ops)) return emulation->backward_weight(dweight, dbias, dout, inp);
   ON_CUDA(ops, matmul_backward_weight(ops.dtype, dweight.data, dbias.data, dout.data, inp.data, N, C, OC));
-  const MatmulClock clock;
+  const MatmulClock clock(N, C, OC);
   if (MatmulEmulation* emulation = cpu_matmul_emulation()) return emulation->backward_weight(dweight, dbias, dout, inp);
   cpu::matmul_backward_weight(dweight.f32(), optional_f32(dbias), dout.f32(), inp.f32(), N, C, OC);
 }
@@ -424,7 +447,7 @@ void matmul_forward_gelu(Tensor out, Tensor out_gelu, Tensor inp, Tensor weight,
   ENSURE(rows(out) == N && cols(out) == OC, "matmul_forward_gelu: out must be (N,OC)");
   ENSURE(out_gelu.numel() == out.numel(), "matmul_forward_gelu: out_gelu and out differ in size");
   ENSURE(bias.empty() || bias.numel() == OC, "matmul_forward_gelu: bias must be (OC)");
-  const MatmulClock clock;
+  const MatmulClock clock(N, C, OC);
   cpu::matmul_forward_gelu(out.f32(), out_gelu.f32(), inp.f32(), weight.f32(), optional_f32(bias), N, C, OC);
 }
 
@@ -439,7 +462,7 @@ void matmul_backward_input_gelu(Tensor dinp, Tensor dout, Tensor weight, Tensor 
   ENSURE(rows(weight) == OC, "matmul_backward_input_gelu: dout is (N,OC), weight must be (OC,C)");
   ENSURE(dinp.numel() == int64_t(N) * C, "matmul_backward_input_gelu: dinp must be (N,C)");
   ENSURE(gelu_inp.numel() == dinp.numel(), "matmul_backward_input_gelu: gelu_inp and dinp differ in size");
-  const MatmulClock clock;
+  const MatmulClock clock(N, C, OC);
   cpu::matmul_backward_input_gelu(dinp.f32(), dout.f32(), weight.f32(), gelu_inp.f32(), N, C, OC);
 }
 

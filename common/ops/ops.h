@@ -27,6 +27,17 @@ enum class GradWrite { Accumulate, Overwrite };
 // The planner calibrates its two rates on it (docs/planner.md): FLOPs of the products per second,
 // and the rest of the compute per activation byte. Not counted on a GPU, whose kernels are async.
 double cpu_matmul_ms();
+// The same time and the products' FLOPs (2 N C OC a call), split by the rows N of the product's
+// activations into classes of powers of two: class b holds N in [2^b, 2^(b+1)). Our CPU product runs
+// faster a FLOP on taller matrices (an expert's rows under expert parallelism, a pipeline's
+// micro-batch), so the planner prices each product at its class's rate (docs/planner.md, plan-check).
+constexpr int kMatmulRowClasses = 32;
+struct MatmulByRows {
+  double ms[kMatmulRowClasses] = {};
+  double flops[kMatmulRowClasses] = {};
+};
+MatmulByRows cpu_matmul_by_rows();
+int matmul_row_class(int64_t rows);  // floor(log2(rows)), 0 for rows <= 1
 
 // out(B,T,C) = wte[tokens[b,t]] + wpe[t].  tokens: int32 (B,T) viewed as F32-sized ints.
 void encoder_forward(Tensor out, const int* tokens, Tensor wte, Tensor wpe, int B, int T);

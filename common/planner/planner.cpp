@@ -309,6 +309,10 @@ PlanResult evaluate_plan(const PlanInputs& in, const PlanConfig& c, bool simulat
   // T/cp, and under SP a TP rank's share of them).
   const int64_t routed = cfg.moe() ? routed_tokens(cfg, c) : 0;
   const std::vector<int64_t> balanced_rows(size_t(cfg.L), int64_t(timed_share * double(routed) * cfg.top_k));
+  // The products' rates (PlanInputs::product_rates): by their rows where measured, else `rate`.
+  const double dense_rate = in.product_rates.empty() ? rate : in.product_rates.at(tokens);
+  const double expert_rate =
+      in.product_rates.empty() || !cfg.moe() ? rate : in.product_rates.at(double(balanced_rows[0]) * c.ep / cfg.experts);
   // Under CP, the model runs on T/(cp u) positions (and TP's collectives carry those: 12).
   GPT2Config held = cfg, held_kept = kept_all;
   const bool ring = c.context() > 1 || in.ring_attention;
@@ -317,15 +321,22 @@ PlanResult evaluate_plan(const PlanInputs& in, const PlanConfig& c, bool simulat
   double cp_forward_per_block = 0, cp_backward_per_block = 0, ep_per_block = 0;
   if (c.cp > 1) {
     // Chapter 10's ring, per block: cp - 1 hops of a K and V block (this rank's NH/t heads under TP,
-    // 12) forward, each hidden behind the attention on the block before; backward the blocks again
-    // with their gradients. Under Ulysses the ring's ranks are u apart, and its blocks of T/cp
-    // positions on C/u channels hold as many values as T/(cp u) positions on C.
+    // 12) forward, each hidden behind the attention on the block it sends; backward the blocks again
+    // and their gradients' accumulators, as ring_exposed() (planner_cpu_rates.h) lays them on the
+    // steps. Under Ulysses the ring's ranks are u apart, and its blocks of T/cp positions on C/u
+    // channels hold as many values as T/(cp u) positions on C. A step's attention is 1/cp of the
+    // rank's causal pairs, 4 hs FLOPs a pair and head forward, 10 backward (docs/theory.md, section
+    // 13), at the attention kernel's rate where one was measured, else the products'. (Timed once at
+    // the products' rate on a CPU, where attention runs some 10 times slower a FLOP, the hops came out
+    // all exposed, while the loaded rows hid most of them: cp2-slow +1% to +42%.)
     const double hop =
         modelled_ms(link_for(k, c.cp * c.ulysses), CollectiveKind::SendRecv, int64_t(2 * stream_bytes / c.tp), 2) / 1e3 +
         sync;
-    const double per_block = tokens * attention_flops_per_token(cfg) / 2 / rate / c.cp / c.tp;
-    cp_forward_per_block = (c.cp - 1) * std::max(0.0, hop - per_block);
-    cp_backward_per_block = (c.cp - 1) * std::max(0.0, 2 * hop - 2 * per_block);
+    const double attention_rate = in.attention_rate > 0 ? in.attention_rate : rate;
+    const double forward_step = tokens * attention_flops_per_token(cfg) / 2 / attention_rate / c.cp / c.tp;
+    const RingExposure exposed = ring_exposed(c.cp, hop, forward_step, forward_step * 10 / 4);
+    cp_forward_per_block = exposed.forward;
+    cp_backward_per_block = exposed.backward;
   }
   // Ulysses, per block: its all-to-alls on the critical path (attention waits for its heads), over
   // the u innermost ranks of the context axis (docs/theory.md, section 13b).
@@ -381,7 +392,16 @@ PlanResult evaluate_plan(const PlanInputs& in, const PlanConfig& c, bool simulat
         ModelPart one = part;
         one.slots = 1;
         const double bytes = pass_bytes(held_kept, one);
-        elementwise = bytes / k.elementwise_rate;
+        // The backward's scratch (activation_bytes with no slot: nothing is recomputed here) is held once
+        // a rank but written by every block's backward: as work it counts once a block. Counted once a
+        // pass, as memory counts it, a pipeline's stage, which runs its blocks in m passes (and v chunks
+        // each), was charged m v times the scratch for the calibration's once: 1.22 times the bytes of the
+        // same work at pp 2 and m 4, 1.57 interleaved, and its rest came out 1.6 to 2.6 times what its
+        // ranks spent besides the products (plan-check's pipelines, +12% to +34%).
+        ModelPart none = one;
+        none.slots = 0;
+        const double scratch = activation_bytes(held_kept, B, dtype, ring || cfg.flash_attention, tp, none);
+        elementwise = (bytes + std::max(0, blocks - 1) * scratch) / k.elementwise_rate;
         recompute_elementwise = (bytes - pass_bytes(held, one)) / k.elementwise_rate / 3;
       }
       // Under Ulysses the exchanges' packing and unpacking, per block: memcpy at the memory's bandwidth
@@ -392,8 +412,12 @@ PlanResult evaluate_plan(const PlanInputs& in, const PlanConfig& c, bool simulat
       if (c.ulysses > 1 && k.memory_bandwidth > 0)
         copies = blocks * (forward_passes * ulysses.forward_copy_bytes() + ulysses.backward_copy_bytes(false)) /
                  k.memory_bandwidth / 3;
-      const double forward = tokens * forward_flops / c.tp / rate + elementwise / 3 + copies;
-      const double recompute = tokens * recompute_flops / rate + recompute_elementwise;
+      // The products, each at its rows' rate where rates by rows were measured: the dense ones on the
+      // micro-batch's B T/cp rows, an expert's on its share of the slowest EP rank's routed rows.
+      const double expert_flops = cfg.moe() ? blocks * timed_share * cfg.top_k * 16.0 * cfg.C * cfg.C : 0.0;
+      const double product_s = (forward_flops - expert_flops) / dense_rate + expert_flops / expert_rate;
+      const double forward = tokens * product_s / c.tp + elementwise / 3 + copies;
+      const double recompute = tokens * recompute_flops / dense_rate + recompute_elementwise;
       const TensorParallelPrediction tpp =
           predict_tensor_parallel(held, B, tp, dtype, p == 1 ? std::vector<ModelPart>{} : std::vector<ModelPart>{part});
       const int tp_collectives = tpp.all_reduces + tpp.all_gathers + tpp.reduce_scatters + tpp.loss_all_reduces;

@@ -23,6 +23,7 @@
 #include "comm/comm.h"  // LinkModel
 #include "model/model_config.h"
 #include "planner/model_shape.h"
+#include "planner/planner_cpu_rates.h"  // ProductRates
 #include "schedule/pipeline_schedule.h"
 #include "ops/tensor.h"  // DType, Device
 #include "parallel/theory.h"  // MemoryForecast
@@ -140,6 +141,13 @@ struct PlanInputs {
   // sets; a router that starves some experts and overfills others runs fewer under a capacity (the
   // overflow is dropped) and more without one (docs/planner.md, plan-check).
   double expert_load = 1;
+  // A chapters' model on CPU ranks, rates measured beforehand (make plan-check's calibrations): the
+  // matrix products' FLOP/s by the rows of their activations, replacing peak x efficiency for them (a
+  // dense product runs B T/cp rows, an expert its share of the routed rows; planner_cpu_rates.h); and
+  // the attention kernel's FLOP/s, for the attention on a ring's block that hides its hop (0: the
+  // products' rate). Empty and 0: one rate for every product, the attention at it.
+  ProductRates product_rates;
+  double attention_rate = 0;
   bool fp8 = false;            // the matrix products in FP8 (attention stays bf16), `fp8_speedup` x faster
   // FP8's gain on the products' rate: 2, the peak's ratio, for DeepSeek-V3's own FP8 GEMMs; less where
   // the casts and scales cost (torchtitan's Float8 measures its own: docs/planner.md).

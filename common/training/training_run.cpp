@@ -527,6 +527,7 @@ void TrainingRun::begin_step(int step) {
   comm_at_step_start_ = all_stats();
   step_start_ms_ = now_ms();
   matmul_at_step_start_ = cpu_matmul_ms();
+  matmul_by_rows_at_step_start_ = cpu_matmul_by_rows();
 }
 
 void TrainingRun::end_step(int step, float local_loss, double grad_norm,
@@ -617,6 +618,16 @@ void TrainingRun::end_step(int step, float local_loss, double grad_norm,
       .add("comm_received_bytes", step_comm.total_received_bytes() - step_comm.kind[int(CollectiveKind::Scalar)].received_bytes)
       .add("collectives", training_calls(step_comm))
       .add("launched_before_last_micro", launched_before_last_micro_);
+  // The products by the rows of their activations (ops.h): matmul_ms_rows<N> and matmul_flops_rows<N>
+  // for the class of rows [N, 2N), where the step ran any; the planner's rate per class.
+  const MatmulByRows by_rows = cpu_matmul_by_rows();
+  for (int b = 0; b < kMatmulRowClasses; b++) {
+    const double flops = by_rows.flops[b] - matmul_by_rows_at_step_start_.flops[b];
+    if (flops <= 0) continue;
+    const std::string rows = std::to_string(int64_t(1) << b);
+    record.add("matmul_ms_rows" + rows, by_rows.ms[b] - matmul_by_rows_at_step_start_.ms[b])
+        .add("matmul_flops_rows" + rows, flops);
+  }
   for (int k = 0; k < kCollectiveKinds; k++) {
     const CollectiveCounters& c = step_comm.kind[k];
     if (!c.calls) continue;

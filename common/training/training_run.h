@@ -24,6 +24,7 @@
 #include "parallel/dimension.h"
 #include "training/flags.h"
 #include "ops/memory.h"
+#include "ops/ops.h"  // MatmulByRows
 #include "base/metrics.h"
 #include "model/model_config.h"
 #include "training/optimizer.h"
@@ -243,6 +244,7 @@ class TrainingRun {
   std::atomic<bool> run_record_written_{false};
   double step_start_ms_ = 0;
   double matmul_at_step_start_ = 0;  // cpu_matmul_ms() then (ops.h)
+  MatmulByRows matmul_by_rows_at_step_start_;  // cpu_matmul_by_rows() then
   // The run's distinct communicators ("world", and "dp", "tp", ..., "expert_dp" where they are other
   // groups: the grid's, process_grid.h), with their statistics when the step began.
   struct Group {

@@ -6,7 +6,8 @@
 # writes four step records to its temporary, as the trainers do (common/base/metrics.h), gets a share
 # for each of its four steps; and plan_check.py's agreement of two calibrations reads their steps at
 # those shares (made-up records: 100 and 200 ms steps at shares 0.5 and 0.25 are the same 50 ms on a
-# core of their own, 100 ms at 0.5 against 400 ms at 0.25 are not).
+# core of their own, 100 ms at 0.5 against 400 ms at 0.25 are not); and its rates by class of rows and
+# of the attention kernel are the formulas' on made-up records (docs/theory.md, section 20).
 set -u
 cd "$(dirname "$0")/../.."
 dir=$(mktemp -d)
@@ -63,6 +64,28 @@ if plan_check.own_core_step_ms(out, 1) != 50.0:
 if not plan_check.calibrations_agree(out, 0, 1) or plan_check.calibrations_agree(out, 1, 2):
     sys.exit("FAIL: 50 and 50 ms on a core of their own must agree, 50 and 100 must not")
 print("calibrations on a core of their own: 50 and 50 ms agree, 50 and 100 do not")
+# The products' rate by class of rows: a class's FLOPs over its time (each step's times its share),
+# relative to all the products' together, times the calibration's rate. Two steps at shares 0.5 and
+# 0.25: 256 rows, 3e9 FLOPs in 40 + 80 ms (20 + 20 ms on a core of their own); 512 rows, 2e9 in 40 + 40 ms
+# (20 + 10 ms); 64 rows, 1e6 FLOPs in 1 ms a step (under 5% of the time: left out).
+with open("%s/calibration3.jsonl" % out, "w") as f:
+    for k, ms256, ms512 in ((1, 40.0, 40.0), (2, 80.0, 40.0)):
+        f.write(json.dumps({"type": "step", "step": k, "step_ms": 200.0, "matmul_ms": ms256 + ms512 + 1,
+                            "matmul_ms_rows256": ms256, "matmul_flops_rows256": 1.5e9,
+                            "matmul_ms_rows512": ms512, "matmul_flops_rows512": 1e9,
+                            "matmul_ms_rows64": 1.0, "matmul_flops_rows64": 5e5}) + "\n")
+    f.write(json.dumps({"type": "ring", "rank0_flops": 2e8, "rank0_compute_cpu_ms": 50.0}) + "\n")
+classes = plan_check.product_classes("%s/calibration3.jsonl" % out, [None, 0.5, 0.25])
+rates = plan_check.class_rates(classes, 1e10)
+all_products = (3e9 + 2e9 + 1e6) / (40 + 30 + 0.75)  # FLOPs a ms over every class, on a core of its own
+want = {256: 1e10 * (3e9 / 40) / all_products, 512: 1e10 * (2e9 / 30) / all_products}
+if sorted(rates) != [256, 512] or any(abs(rates[c] - want[c]) > 1e-6 * want[c] for c in want):
+    sys.exit("FAIL: rates by rows %s, not %s" % (rates, want))
+if abs(plan_check.attention_rate("%s/calibration3.jsonl" % out) - 4e9) > 1:
+    sys.exit("FAIL: 2e8 attention FLOPs in 50 ms of CPU time is 4 GFLOP/s, not %s" % plan_check.attention_rate(
+        "%s/calibration3.jsonl" % out))
+print("products by rows: 256 rows at %.3g, 512 at %.3g FLOP/s (64's 1 ms left out); attention 4 GFLOP/s" %
+      (rates[256], rates[512]))
 PY
 # The retry rule's settings are refused in one line, before any run, when they are not numbers.
 for setting in "TRIES=0" "TRIES=two" "AGREE=abc" "AGREE=-1"; do

@@ -6,7 +6,9 @@ category, exact (a mixture of experts' activations, 11's and 12's, set by the ro
 planner's bound), the communication buffers within the bound, and at 2 ranks the median step within 20%, predicted with the
 calibrations run just before and just after the row (their mean rates on a core of their own, times the
 share of a core the row's ranks got during its steps, scripts/plan/cpu_share.py; with ROUNDS, the row's
-rounds' steps together and the mean of every calibration between and around them). Exit 1 when memory
+rounds' steps together and the mean of every calibration between and around them); the products at the
+rate of their class of rows (--product-rates) and, under CP, the ring's attention at the rate of 10's
+kernel (--attention-rate), the prediction with one rate beside it ("before"). Exit 1 when memory
 is not exact; the times are printed, with the machine's load beside them.
 plan_check.py --agree OUT FIRST LAST: exit 0 when calibrations FIRST..LAST agree on a core of their own
 (plan_check.sh asks after each timed row whether to run it again)."""
@@ -72,6 +74,50 @@ def run_share(paths):
     return ran / (ran + waited) if ran + waited > 0 else 1.0
 
 
+# A class of rows whose products took less than this fraction of a calibration's time in the products is
+# too little to time: its products take the nearest class's rate (planner_cpu_rates.h).
+MIN_CLASS_SHARE = 0.05
+
+
+def product_classes(path, step_share):
+    """A calibration's products by class of rows (the step records' matmul_ms_rows<N> and
+    matmul_flops_rows<N>, ops.h: rows in [N, 2N)), over its measured steps, each step's time brought to
+    a core of its own: {N: (FLOPs, ms)}."""
+    classes = {}
+    for r in records(path):
+        if r.get("type") != "step" or not 0 < r.get("step", 0) < len(step_share) or step_share[r["step"]] is None:
+            continue
+        for key, value in r.items():
+            if key.startswith("matmul_flops_rows"):
+                rows = int(key[len("matmul_flops_rows"):])
+                flops, ms = classes.get(rows, (0.0, 0.0))
+                classes[rows] = (flops + value, ms + r["matmul_ms_rows%d" % rows] * step_share[r["step"]])
+    return classes
+
+
+def class_rates(classes, products_rate):
+    """The products' rate of each class of rows, on a core of its own: the calibration's rate over all its
+    products (products_rate) times how much faster a FLOP the class ran than all of them together,
+    both from the same steps' records; only the classes that held MIN_CLASS_SHARE of the time. With one
+    class, its rate is products_rate."""
+    flops = sum(f for f, _ in classes.values())
+    ms = sum(t for _, t in classes.values())
+    if flops <= 0 or ms <= 0:
+        return {}
+    return {rows: products_rate * (f / t) / (flops / ms) for rows, (f, t) in classes.items()
+            if t >= MIN_CLASS_SHARE * ms and f > 0}
+
+
+def attention_rate(path):
+    """Chapter 10's blockwise attention kernel's FLOP/s on a core of its own, from the ring record of a
+    calibration at --cp 1 (rank 0's attention FLOPs, 4 hs a pair and head forward and 10 backward, over
+    the CPU time its thread spent in the kernel: CPU time is time on a core). None without one."""
+    for r in records(path):
+        if r.get("type") == "ring" and r.get("rank0_compute_cpu_ms", 0) > 0 and r.get("rank0_flops", 0) > 0:
+            return r["rank0_flops"] / (r["rank0_compute_cpu_ms"] / 1e3)
+    return None
+
+
 def rates(out, plan, preset, index, kind):
     """The two rates of calibration `index`: the planner's own prediction of the 2-rank run with one rate
     at 1 a second and the other free gives its matrix-product FLOPs and its activation bytes; the
@@ -97,7 +143,9 @@ def rates(out, plan, preset, index, kind):
     act_bytes = predict(plan, model, 2, "0", "0", flags, 1e30, 1.0)[0]["compute_s"]
     measured = (flops / (cal["matmul_ms"] / 1e3), act_bytes / ((cal["step_ms"] - cal["matmul_ms"]) / 1e3))
     own_core = (flops / (middle(own_core_products) / 1e3), act_bytes / (middle(own_core_rest) / 1e3))
-    return own_core, measured, cal["step_ms"], run_share(["%s/calibration%d.share" % (out, index)])
+    by_rows = class_rates(product_classes(path, share["step_share"]), own_core[0])
+    return (own_core, measured, cal["step_ms"], run_share(["%s/calibration%d.share" % (out, index)]), by_rows,
+            attention_rate(path))
 
 
 def expert_load(out, index, flags):
@@ -162,18 +210,20 @@ def main(out, preset, plan):
     for f in lines:
         if f[0] == "calibration":
             index = int(f[1])
-            own_core, measured, ms, share = rates(out, plan, preset, index, f[3])
+            own_core, measured, ms, share, by_rows, attention = rates(out, plan, preset, index, f[3])
             sync_us, sync_median_us = sync_cost(out, index)
-            cals[index] = (own_core[0], own_core[1], ms, f[2], f[3], sync_us, sync_median_us, measured, share)
+            cals[index] = (own_core[0], own_core[1], ms, f[2], f[3], sync_us, sync_median_us, measured, share, by_rows,
+                           attention)
     names = {"01": "01_vanilla_dp", "10": "10 --cp 1", "11": "11 --ep 1, moe-small"}
     print("calibrations (2 ranks, no link, --preset %s --batch 8 unless said), in the order they ran:" % preset)
     for index in sorted(cals):
-        peak, elementwise, ms, load, kind, sync_us, sync_median_us, measured, share = cals[index]
+        peak, elementwise, ms, load, kind, sync_us, sync_median_us, measured, share, by_rows, attention = cals[index]
         print("  #%-2d %-21s %6.1f ms a step (median) -> %6.2f GFLOP/s in the products, %6.3f GB/s of activations; "
-              "at a share of %.2f core: %6.2f GFLOP/s and %6.3f GB/s on a core of its own; "
-              "sync cost measured now: %7.1f us (median %6.1f); load %s"
+              "at a share of %.2f core: %6.2f GFLOP/s and %6.3f GB/s on a core of its own "
+              "(products by rows: %s%s); sync cost measured now: %7.1f us (median %6.1f); load %s"
               % (index, names[kind], ms, measured[0] / 1e9, measured[1] / 1e9, share, peak / 1e9, elementwise / 1e9,
-                 sync_us, sync_median_us, load))
+                 ", ".join("%d: %.2f" % (rows, rate / 1e9) for rows, rate in sorted(by_rows.items())),
+                 "; attention %.2f GFLOP/s" % (attention / 1e9) if attention else "", sync_us, sync_median_us, load))
     print("(a timed row is predicted with the mean rates on a core of its own and the mean sync cost of the "
           "calibrations just before and after it, or around and between its rounds, the rates times the share of a "
           "core the row's ranks got while they wanted one during its steps; the sync cost, --sync-us, once for each blocking "
@@ -184,7 +234,7 @@ def main(out, preset, plan):
     head += "".join(" %19s" % ("%s meas/plan" % c[0]) for c in cats)
     head += " %17s | %-9s | %s" % ("buffers meas<=plan", "load", "step ms meas / plan (error), cal #")
     print(head)
-    memory_ok = time_ok = memory_rows = time_rows = unshared_ok = unsettled = 0
+    memory_ok = time_ok = memory_rows = time_rows = unshared_ok = unsettled = before_ok = 0
     for f in lines:
         if f[0] == "calibration":
             continue
@@ -201,7 +251,7 @@ def main(out, preset, plan):
         t = theory[0]
         around = [cals[i] for i in range(int(cal), int(cal) + rounds + 1) if i in cals]
         if not around:  # no calibration ran (only untimed rows chosen): memory does not depend on the rates
-            around = [(1e10, 0.6e9, 0.0, "", "", 0.0, 0.0, (1e10, 0.6e9), 1.0)]
+            around = [(1e10, 0.6e9, 0.0, "", "", 0.0, 0.0, (1e10, 0.6e9), 1.0, {}, None)]
         if timed != "1":
             around = around[:1]
         mean = lambda values: sum(values) / len(values)
@@ -216,7 +266,21 @@ def main(out, preset, plan):
             loads = [x for x in loads if x is not None]
             if loads:
                 flags += " --expert-load %r" % (sum(loads) / len(loads))
-        p = predict(plan, model, int(ranks), gbps, latency, flags, peak, elementwise, sync_us)[0]  # stage 0: world rank 0's
+        # The products' rates by class of rows and the attention kernel's (the calibrations' mean on a core
+        # of their own, times the row's share), what the planner prices each product and the ring's
+        # overlap at; the prediction with one rate for every product and the attention at it is printed
+        # beside ("before").
+        by_rows = {}
+        for c in around:
+            for rows, rate in c[9].items():
+                by_rows.setdefault(rows, []).append(rate)
+        attention = [c[10] for c in around if c[10]]
+        new_flags = flags
+        if timed == "1" and by_rows:
+            new_flags += " --product-rates " + ",".join("%d:%r" % (rows, mean(rs) * share) for rows, rs in sorted(by_rows.items()))
+        if timed == "1" and attention and "--cp" in flags.split():
+            new_flags += " --attention-rate %r" % (mean(attention) * share)
+        p = predict(plan, model, int(ranks), gbps, latency, new_flags, peak, elementwise, sync_us)[0]  # stage 0: world rank 0's
         routed = model.startswith("moe")  # 11, 12: the activations are the routing's, the plan their bound
         cells, exact = [], True
         for cat, pk, mk in cats:
@@ -250,17 +314,25 @@ def main(out, preset, plan):
             err = (pred_ms - meas_ms) / meas_ms
             time_rows += 1
             time_ok += abs(err) <= 0.20
+            before = predict(plan, model, int(ranks), gbps, latency, flags, peak, elementwise, sync_us)[0]
+            before_err = (before["step_s"] * 1e3 - meas_ms) / meas_ms
+            before_ok += abs(before_err) <= 0.20
+            # The products' planned time as the planner now prices them (their classes' rates), from its
+            # prediction with the elementwise work and the links free.
+            product_ms = predict(plan, model, int(ranks), "0", "0", new_flags, peak, 1e30)[0]["compute_s"] * 1e3
             unsettled += not settled
             # Beside it, the prediction as it was before the share: the calibrations' rates as they ran.
             unshared_ms = predict(plan, model, int(ranks), gbps, latency, flags, measured_peak, measured_elementwise,
                                   sync_us)[0]["step_s"] * 1e3
             unshared_err = (unshared_ms - meas_ms) / meas_ms
             unshared_ok += abs(unshared_err) <= 0.20
-            row += (" | %7.1f / %7.1f (%+5.1f%%) share %.2f (without: %+5.1f%%) #%s-#%d compute %.1f TP %.1f CP %.1f PP %.1f DP %.1f EP %.1f bubble %.1f"
-                    " | sync %.0f us: +%.1f | products %.0f / %.0f" % (
-                        meas_ms, pred_ms, 100 * err, share, 100 * unshared_err, cal, int(cal) + rounds, p["compute_s"] * 1e3, p["tp_s"] * 1e3,
-                        p.get("cp_s", 0) * 1e3, p["pp_s"] * 1e3, p["dp_s"] * 1e3, p.get("ep_s", 0) * 1e3,
-                        p["bubble_s"] * 1e3, sync_us, p.get("sync_s", 0) * 1e3, step["matmul_ms"], flops / peak * 1e3))
+            row += (" | %7.1f / %7.1f (%+5.1f%%) before: %7.1f (%+5.1f%%) share %.2f (without: %+5.1f%%) #%s-#%d compute %.1f TP %.1f "
+                    "CP %.1f (before %.1f) PP %.1f DP %.1f EP %.1f bubble %.1f"
+                    " | sync %.0f us: +%.1f | products %.0f / %.0f (before %.0f)" % (
+                        meas_ms, pred_ms, 100 * err, before["step_s"] * 1e3, 100 * before_err, share, 100 * unshared_err, cal,
+                        int(cal) + rounds, p["compute_s"] * 1e3, p["tp_s"] * 1e3, p.get("cp_s", 0) * 1e3,
+                        before.get("cp_s", 0) * 1e3, p["pp_s"] * 1e3, p["dp_s"] * 1e3, p.get("ep_s", 0) * 1e3,
+                        p["bubble_s"] * 1e3, sync_us, p.get("sync_s", 0) * 1e3, step["matmul_ms"], product_ms, flops / peak * 1e3))
             if tries > 1:
                 row += " | %d tries%s" % (tries, "" if settled else ": the load changed during every try")
         print(row)
@@ -277,9 +349,11 @@ def main(out, preset, plan):
     print("(tries: a timed row runs again, between the last calibration and a new one, while the calibrations around "
           "it, each on a core of its own, lie more than %d%% apart: the machine changed under it as the share does not "
           "follow; TRIES in all, then it is marked)" % round(AGREE * 100))
+    print("(before: the prediction with one rate for every product and the ring's attention at it, as the check was "
+          "before the rates by rows and the attention's rate; CP: the ring's exposed time, now and before)")
     print("memory exact (and within the bounds) in %d of %d runs; step time within 20%% in %d of %d timed runs "
-          "at 2 ranks (%d without the share); the load changed during every try of %d of them"
-          % (memory_ok, memory_rows, time_ok, time_rows, unshared_ok, unsettled))
+          "at 2 ranks (%d before, with one products' rate; %d without the share); the load changed during every try of "
+          "%d of them" % (memory_ok, memory_rows, time_ok, time_rows, before_ok, unshared_ok, unsettled))
     return 0 if memory_ok == memory_rows else 1
 
 

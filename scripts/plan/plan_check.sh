@@ -18,7 +18,11 @@
 #   the planner's --expert-load. A calibration gives two rates: the matrix products' FLOPs over the time
 #   the run spent in them (its step records' matmul_ms), with efficiency 1; and the activation bytes
 #   of a step over the rest of the step (layernorms, GELU, attention, the loss, the optimizer), the
-#   planner's --elementwise-rate. Beside each calibration build/sync_probe (scripts/plan/sync_probe.cpp)
+#   planner's --elementwise-rate. The products' rate is also split by class of rows (the step records'
+#   matmul_ms_rows<N>, matmul_flops_rows<N>), and each of a row's products is priced at its class's
+#   (--product-rates: an expert at --ep 2 runs twice the rows of --ep 1, faster a FLOP); 10's calibration
+#   also gives its attention kernel's rate (its ring record), at which the ring's attention hides the
+#   ring's hops (--attention-rate). Beside each calibration build/sync_probe (scripts/plan/sync_probe.cpp)
 #   times blocking all-reduces of one float on the same 2 ranks for half a second: their mean is what one
 #   synchronization costs under the load of that moment (a few microseconds on idle cores, a
 #   scheduler's time slice when more processes than cores want them), the planner's --sync-us, which
