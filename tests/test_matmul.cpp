@@ -84,10 +84,11 @@ void check_case(const Case& c, uint64_t seed) {
 struct Shape { int M, N, K; };
 
 // Odd sizes on purpose: none is a multiple of the micro-kernel's tile, and 67x33x129 / 300x200x100
-// span several register tiles and (for 300) more than one row block. The last three cross the K
-// slice (256) and the N panel (2048) of the blocking.
+// span several register tiles and (for 300) more than one row block. The next three cross the K
+// slice (256) and the N panel (2048) of the blocking; the last the rows of op(A) = A^T packed at once
+// (384) and the K slice.
 const Shape kShapes[] = {{1, 1, 1}, {7, 13, 5}, {67, 33, 129}, {300, 200, 100},
-                         {18, 32, 600}, {5, 2100, 3}, {13, 17, 257}};
+                         {18, 32, 600}, {5, 2100, 3}, {13, 17, 257}, {401, 19, 270}};
 
 TEST(SgemmCpu, AllTransposesAndShapesBetaZeroIgnoresNaN) {
   uint64_t seed = 1;
@@ -170,12 +171,13 @@ TEST(SgemmCpu, BiasInsideEqualsBiasCopiedFirst) {
 // sgemm_cpu_sum_a (a linear layer's weight gradient with its bias's) adds op(A)'s row sums while it packs
 // A: the product must equal sgemm_cpu's and the sums a separate pass over A's rows, both bit for bit,
 // onto sums that already hold values (a bias gradient accumulates), with A's rows wider than M (lda >
-// M), on shapes past one row panel (MC = 96), one depth slice (KC = 256) and one column panel (NC =
-// 2048, where A is packed again and must not be summed twice), and with nothing to multiply (N = 0).
+// M), on shapes past one row panel (MC = 96), one depth slice (KC = 256), one column panel (NC =
+// 2048, where A is packed again and must not be summed twice) and the rows of A packed at once (384),
+// and with nothing to multiply (N = 0).
 TEST(SgemmCpu, SumsOfAWhilePackingEqualASeparatePass) {
   struct Shape { bool trans_b; int M, N, K, lda_pad; };
   const Shape shapes[] = {{false, 13, 37, 20, 0}, {false, 100, 40, 300, 3}, {true, 7, 2100, 9, 0},
-                          {false, 1, 1, 1, 0},    {false, 5, 0, 6, 0}};
+                          {false, 1, 1, 1, 0},    {false, 5, 0, 6, 0},    {false, 400, 24, 260, 2}};
   uint64_t seed = 7000;
   for (const Shape& s : shapes) {
     SCOPED_TRACE("M=" + std::to_string(s.M) + " N=" + std::to_string(s.N) + " K=" + std::to_string(s.K));

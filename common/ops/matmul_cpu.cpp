@@ -2,8 +2,9 @@
 //
 // Blocking scheme (GotoBLAS / BLIS): C is walked in NC-wide column panels, K in KC-deep slices and
 // M in MC-tall row panels. For each (NC, KC) pair a KC x NC slice of op(B) is copied into NR-wide
-// strips, and for each MC panel an MC x KC block of op(A) into MR-tall strips (when op(A) = A^T;
-// when op(A) = A its rows are already contiguous in depth and are read in place, see sgemm_cpu). Packing is what
+// strips, and for each MC panel an MC x KC block of op(A) into MR-tall strips (when op(A) = A^T, MA
+// rows at a time; when op(A) = A its rows are already contiguous in depth and are read in place, see
+// sgemm_blocked). Packed strips are one cache line apart (strip_offset). Packing is what
 // makes the kernel fast: the micro-kernel then reads both operands with unit stride from buffers
 // that stay in L1 (B strip) and L2 (A block), whatever the transposes and leading dimensions were,
 // and the transposes cost one copy instead of strided loads in the inner loop. Short edge strips are
@@ -49,6 +50,17 @@ constexpr int NR = 16;    // columns of the register block: two 8-float AVX2 vec
 constexpr int KC = 256;   // depth of a packed slice: one NR x KC strip of B is 16 KiB, fits L1
 constexpr int MC = 96;    // rows of packed A per block: MC x KC = 96 KiB, fits L2
 constexpr int NC = 2048;  // columns of packed B per panel: KC x NC = 2 MiB, meant for L3
+constexpr int MA = 4 * MC; // rows of op(A) = A^T packed in one go: KC x MA = 384 KiB, see sgemm_blocked
+
+// Where packed strip s of depth kc and width W starts: strips follow one another with one cache line
+// between them. Without it a strip was kc x W floats, 6 or 16 KiB for kc = 256: the same address modulo
+// 4 KiB every strip or two, so the packing's writes (one piece of each strip per row it reads) all fell
+// in one or two of L1's 64 sets and evicted each other, 8 ways for 16 to 64 strips.
+constexpr int kStripPad = 16;
+template <int W>
+std::ptrdiff_t strip_offset(int s, int kc) {
+  return static_cast<std::ptrdiff_t>(s) * (static_cast<std::ptrdiff_t>(kc) * W + kStripPad);
+}
 
 // Packing copies a W-wide strip (W = MR rows of op(A), or NR columns of op(B)) of depth kc into
 // dst, k-major: dst[k * W + w] is element w of the strip at depth k. Strips narrower than W (matrix
@@ -85,7 +97,7 @@ template <int W>
 void pack_rows_panel(const float* __restrict src, int ld, int kc, int width, float* __restrict dst,
                      float* __restrict sums = nullptr) {
   const int full = width / W;
-  const std::ptrdiff_t strip = static_cast<std::ptrdiff_t>(kc) * W;
+  const std::ptrdiff_t strip = strip_offset<W>(1, kc);
   for (int k = 0; k < kc; ++k) {
     const float* __restrict s = src + static_cast<std::ptrdiff_t>(k) * ld;
     float* __restrict d = dst + k * W;
@@ -134,7 +146,7 @@ void pack_a(bool trans, const float* A, int lda, int i0, int k0, int mc, int kc,
   for (int is = 0; is < mc; is += MR) {
     const int mr = std::min(MR, mc - is);
     pack_cols<MR>(A + static_cast<std::ptrdiff_t>(i0 + is) * lda + k0, lda, kc, mr, dst);
-    dst += static_cast<std::ptrdiff_t>(kc) * MR;
+    dst += strip_offset<MR>(1, kc);
   }
 }
 
@@ -147,7 +159,7 @@ void pack_b(bool trans, const float* B, int ldb, int k0, int j0, int kc, int nc,
   for (int js = 0; js < nc; js += NR) {
     const int nr = std::min(NR, nc - js);
     pack_cols<NR>(B + static_cast<std::ptrdiff_t>(j0 + js) * ldb + k0, ldb, kc, nr, dst);
-    dst += static_cast<std::ptrdiff_t>(kc) * NR;
+    dst += strip_offset<NR>(1, kc);
   }
 }
 
@@ -256,9 +268,10 @@ void sgemm_blocked(bool trans_a, bool trans_b, int M, int N, int K, float alpha,
   thread_local AlignedBuffer a_buf, b_buf;
   const int kc_max = std::min(K, KC);
   const int nc_max = std::min(N, NC);
-  const int mc_max = std::min(M, MC);
-  float* Bp = b_buf.get(static_cast<std::size_t>(kc_max) * ((nc_max + NR - 1) / NR) * NR);
-  float* Ap = a_buf.get(static_cast<std::size_t>(kc_max) * ((mc_max + MR - 1) / MR) * MR);
+  // op(A) = A^T is packed MA rows at a time (below); op(A) = A only its short edge strips, per MC panel.
+  const int mc_max = std::min(M, trans_a ? MA : MC);
+  float* Bp = b_buf.get(strip_offset<NR>((nc_max + NR - 1) / NR, kc_max));
+  float* Ap = a_buf.get(strip_offset<MR>((mc_max + MR - 1) / MR, kc_max));
 
   for (int j0 = 0; j0 < N; j0 += NC) {
     const int nc = std::min(NC, N - j0);
@@ -278,13 +291,23 @@ void sgemm_blocked(bool trans_a, bool trans_b, int M, int N, int K, float alpha,
         // 128; read in place, A costs one broadcast load per row and depth, as from a packed strip.
         const bool a_in_place = !trans_a;
         const int mc_full = a_in_place ? mc - mc % MR : 0;
-        if (mc_full < mc) {
-          float* edge_strips = Ap + static_cast<std::ptrdiff_t>(mc_full / MR) * kc * MR;
-          pack_a(trans_a, A, lda, i0 + mc_full, k0, mc - mc_full, kc, edge_strips, j0 == 0 ? a_sums : nullptr);
+        // op(A) = A^T: the rows of the stored A are contiguous along M, and MC of them (384 bytes of
+        // a dout row) at a time made every row of the slice a cold miss that nothing fetched ahead:
+        // packing took a quarter of a weight gradient's time. MA rows at a time (several MC panels,
+        // or all of M) read longer pieces of each row, which the hardware prefetcher streams.
+        float* a_block = Ap;
+        if (trans_a) {
+          if (i0 % MA == 0) {
+            pack_a(true, A, lda, i0, k0, std::min(MA, M - i0), kc, Ap, j0 == 0 ? a_sums : nullptr);
+          }
+          a_block = Ap + strip_offset<MR>((i0 % MA) / MR, kc);
+        } else if (mc_full < mc) {
+          float* edge_strips = Ap + strip_offset<MR>(mc_full / MR, kc);
+          pack_a(false, A, lda, i0 + mc_full, k0, mc - mc_full, kc, edge_strips);
         }
         for (int js = 0; js < nc; js += NR) {
           const int nr = std::min(NR, nc - js);
-          const float* b_strip = Bp + static_cast<std::ptrdiff_t>(js / NR) * kc * NR;
+          const float* b_strip = Bp + strip_offset<NR>(js / NR, kc);
           for (int is = 0; is < mc; is += MR) {
             const int mr = std::min(MR, mc - is);
             // The next tile's rows of C, fetched while this tile computes: the kernel reads C (or
@@ -296,7 +319,7 @@ void sgemm_blocked(bool trans_a, bool trans_b, int M, int N, int K, float alpha,
                 __builtin_prefetch(next + static_cast<std::ptrdiff_t>(i) * ldc + NR - 1);
               }
             }
-            const float* a_strip = Ap + static_cast<std::ptrdiff_t>(is / MR) * kc * MR;
+            const float* a_strip = a_block + strip_offset<MR>(is / MR, kc);
             float* c = C + static_cast<std::ptrdiff_t>(i0 + is) * ldc + j0 + js;
             const bool full = mr == MR && nr == NR;
             const float* bias_tile = from_bias ? bias + j0 + js : nullptr;
