@@ -327,15 +327,24 @@ void sgemm_blocked(bool trans_a, bool trans_b, int M, int N, int K, float alpha,
             const float* a_strip = a_block + strip_offset<MR>(is / MR, kc);
             float* c = C + static_cast<std::ptrdiff_t>(i0 + is) * ldc + j0 + js;
             const bool full = mr == MR && nr == NR;
-            // A slice deeper than KC (op(A) = A, see kc_block): a tile whose sums are one chain of
-            // multiply-adds from where it starts (C, the bias or zeros) runs the whole slice; a tile that
-            // sums apart and merges (an edge, alpha != 1) does so per KC-deep part, as it did when every
-            // slice was KC deep, so that its bits are what they were.
+            // A slice may be deeper than KC (op(A) = A, see kc_block). A tile whose sums are one chain
+            // of multiply-adds from where it starts runs the whole slice; a tile that sums apart and
+            // merges (an edge, alpha != 1) does so per KC-deep part, as it did when every slice was KC
+            // deep, so that its bits are what they were.
             const bool one_chain = full && alpha == 1.0f && is < mc_full &&
                                    (from_bias || beta_k == 0.0f || beta_k == 1.0f);
-            const int part = one_chain ? kc : KC;
-            for (int kk = 0; kk < kc; kk += part) {
-              const int kp = std::min(part, kc - kk);
+            if (one_chain) {
+              // The common tile (A in place, full): its accumulators start from the bias row, from C
+              // (a backward product that accumulates) or from a row of zeros (one that overwrites:
+              // the same sums as from a zeroed tile, without the tile's pass through memory).
+              const float* start = from_bias ? bias + j0 + js : beta_k == 1.0f ? c : kZeroRow;
+              const int ld_start = from_bias || beta_k == 0.0f ? 0 : ldc;
+              const float* a_rows = A + static_cast<std::ptrdiff_t>(i0 + is) * lda + k0;
+              micro_kernel<true, false>(kc, a_rows, b_strip, 1.0f, start, ld_start, c, ldc, lda);
+              continue;
+            }
+            for (int kk = 0; kk < kc; kk += KC) {
+              const int kp = std::min(KC, kc - kk);
               const float beta_p = kk == 0 ? beta_k : 1.0f;
               const bool bias_p = from_bias && kk == 0;
               const float* bias_tile = bias_p ? bias + j0 + js : nullptr;
