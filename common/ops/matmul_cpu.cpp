@@ -1,14 +1,15 @@
 // matmul_cpu.cpp: the CPU sgemm behind every linear layer when no GPU library is used.
 //
 // Blocking scheme (GotoBLAS / BLIS): C is walked in NC-wide column panels, K in KC-deep slices (one
-// slice up to 2 KC deep when op(A) = A is read in place) and M in MC-tall row panels. For each (NC, KC) pair a KC x NC slice of op(B) is copied into NR-wide
-// strips, and for each MC panel an MC x KC block of op(A) into MR-tall strips (when op(A) = A^T, MA
-// rows at a time; when op(A) = A its rows are already contiguous in depth and are read in place, see
-// sgemm_blocked). Packed strips are one cache line apart (strip_offset). Packing is what
-// makes the kernel fast: the micro-kernel then reads both operands with unit stride from buffers
-// that stay in L1 (B strip) and L2 (A block), whatever the transposes and leading dimensions were,
-// and the transposes cost one copy instead of strided loads in the inner loop. Short edge strips are
-// zero-padded so the micro-kernel always runs its full fixed-size loop.
+// slice up to 2 KC deep when op(A) = A is read in place) and M in MC-tall row panels. For each (NC,
+// KC) pair a KC x NC slice of op(B) is copied into NR-wide strips, and for each MC panel an MC x KC
+// block of op(A) into MR-tall strips (when op(A) = A^T, MA rows at a time; when op(A) = A its rows
+// are already contiguous in depth and are read in place, see sgemm_blocked). Packed strips are one
+// cache line apart (strip_offset). Packing is what makes the kernel fast: the micro-kernel then
+// reads both operands with unit stride from buffers that stay in L1 (B strip) and L2 (A block),
+// whatever the transposes and leading dimensions were, and the transposes cost one copy instead of
+// strided loads in the inner loop. Short edge strips are zero-padded so the micro-kernel always runs
+// its full fixed-size loop.
 //
 // The micro-kernel keeps an MR x NR block of C in local accumulators (6 x 16 floats: 12 of the 16
 // AVX2 registers) and does one rank-1 update per k. Its loops have compile-time trip counts, so GCC
@@ -272,7 +273,7 @@ void sgemm_blocked(bool trans_a, bool trans_b, int M, int N, int K, float alpha,
   // With op(A) = A read in place and K up to 2 KC (the input gradients of qkv and fc, K = 384 and 512;
   // the fc projection's forward), the whole depth is one slice: C is written once instead of written,
   // read back and written again, and B packed once. Its B strips are then up to 32 KiB, but every
-  // tile reads its strip from start to end, which the caches follow (5-10% faster on those shapes).
+  // tile reads its strip from start to end, which the caches follow (about 5% faster on those shapes).
   const int kc_block = !trans_a && K <= 2 * KC ? K : KC;
   const int kc_max = std::min(K, kc_block);
   const int nc_max = std::min(N, NC);
