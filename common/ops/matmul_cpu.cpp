@@ -19,7 +19,7 @@
 // product that accumulates), from a bias row (sgemm_cpu_bias: a biased forward) or from a row of
 // zeros (alpha == 1 and beta == 0 with A read in place: a backward product that overwrites); other
 // alpha/beta also use the scratch tile. (Intrinsics buy nothing here: GCC emits the same broadcasts
-// and fused multiply-adds, the same bits, and its loop alone runs at 97-99% of the core's peak;
+// and fused multiply-adds, the same bits, and its loop alone runs at the core's measured peak rate;
 // lessons/matmul/matmul_cpu_lesson's v5 shows both. Where a product loses is around the loop:
 // packing, and operands that come from L3 or memory. docs/benchmarks.md has the measurements.)
 //
