@@ -84,10 +84,11 @@ void check_case(const Case& c, uint64_t seed) {
 struct Shape { int M, N, K; };
 
 // Odd sizes on purpose: none is a multiple of the micro-kernel's tile, and 67x33x129 / 300x200x100
-// span several register tiles and (for 300) more than one row block. The last three cross the K
-// slice (256) and the N panel (2048) of the blocking.
+// span several register tiles and (for 300) more than one row block. The next three cross the K
+// slice (256) and the N panel (2048) of the blocking; the last the rows of op(A) = A^T packed at once
+// (384) and the K slice.
 const Shape kShapes[] = {{1, 1, 1}, {7, 13, 5}, {67, 33, 129}, {300, 200, 100},
-                         {18, 32, 600}, {5, 2100, 3}, {13, 17, 257}};
+                         {18, 32, 600}, {5, 2100, 3}, {13, 17, 257}, {389, 7, 260}};
 
 TEST(SgemmCpu, AllTransposesAndShapesBetaZeroIgnoresNaN) {
   uint64_t seed = 1;
@@ -111,7 +112,46 @@ TEST(SgemmCpu, AlphaAndBetaScale) {
       check_case({ta, tb, 67, 33, 129, -1.5f, 0.25f}, seed += 10);
       check_case({ta, tb, 7, 13, 5, 2.0f, -1.0f}, seed += 10);
       check_case({ta, tb, 18, 32, 600, 0.75f, 0.5f}, seed += 10);
+      check_case({ta, tb, 19, 35, 400, 0.75f, 0.5f}, seed += 10);
     }
+}
+
+// The summation order is fixed by the shapes: each element is summed over k in increasing order, split
+// at every 256 (KC) depths into parts that are merged, even where a product runs a deeper slice at once
+// (op(A) = A with K up to 512). So a product of depth 400 equals, bit for bit, one of depth 256 followed
+// by one of the other 144 accumulated onto it, for every transpose, alpha and beta, and with a bias.
+TEST(SgemmCpu, DepthPastKCEqualsTwoProductsBitForBit) {
+  struct Shape { int M, N, K; };
+  const Shape shapes[] = {{19, 35, 400}, {13, 17, 300}, {96, 32, 512}};
+  const float alpha_beta[][2] = {{1.0f, 0.0f}, {1.0f, 1.0f}, {0.75f, 0.5f}};
+  uint64_t seed = 5000;
+  for (bool ta : {false, true})
+    for (bool tb : {false, true})
+      for (const Shape& s : shapes) {
+        SCOPED_TRACE("trans_a=" + std::to_string(ta) + " trans_b=" + std::to_string(tb) + " M=" + std::to_string(s.M) +
+                     " N=" + std::to_string(s.N) + " K=" + std::to_string(s.K));
+        const int lda = ta ? s.M : s.K, ldb = tb ? s.K : s.N, k1 = 256;
+        const std::vector<float> A = random_vector(size_t(s.M) * s.K, seed++);
+        const std::vector<float> B = random_vector(size_t(s.N) * s.K, seed++);
+        const std::vector<float> C0 = random_vector(size_t(s.M) * s.N, seed++);
+        const std::vector<float> bias = random_vector(size_t(s.N), seed++);
+        // The second part of the depth: columns k1.. of op(A), rows k1.. of op(B).
+        const float* A2 = ta ? A.data() + size_t(k1) * lda : A.data() + k1;
+        const float* B2 = tb ? B.data() + k1 : B.data() + size_t(k1) * ldb;
+        for (const auto& ab : alpha_beta) {
+          std::vector<float> whole = C0, parts = C0;
+          sgemm_cpu(ta, tb, s.M, s.N, s.K, ab[0], A.data(), lda, B.data(), ldb, ab[1], whole.data(), s.N);
+          sgemm_cpu(ta, tb, s.M, s.N, k1, ab[0], A.data(), lda, B.data(), ldb, ab[1], parts.data(), s.N);
+          sgemm_cpu(ta, tb, s.M, s.N, s.K - k1, ab[0], A2, lda, B2, ldb, 1.0f, parts.data(), s.N);
+          EXPECT_EQ(0, std::memcmp(whole.data(), parts.data(), whole.size() * sizeof(float)))
+              << "alpha=" << ab[0] << " beta=" << ab[1];
+        }
+        std::vector<float> whole(size_t(s.M) * s.N), parts(size_t(s.M) * s.N);
+        sgemm_cpu_bias(ta, tb, s.M, s.N, s.K, A.data(), lda, B.data(), ldb, bias.data(), whole.data(), s.N);
+        sgemm_cpu_bias(ta, tb, s.M, s.N, k1, A.data(), lda, B.data(), ldb, bias.data(), parts.data(), s.N);
+        sgemm_cpu(ta, tb, s.M, s.N, s.K - k1, 1.0f, A2, lda, B2, ldb, 1.0f, parts.data(), s.N);
+        EXPECT_EQ(0, std::memcmp(whole.data(), parts.data(), whole.size() * sizeof(float))) << "with a bias";
+      }
 }
 
 TEST(SgemmCpu, LeadingDimensionsLargerThanRows) {
@@ -170,12 +210,13 @@ TEST(SgemmCpu, BiasInsideEqualsBiasCopiedFirst) {
 // sgemm_cpu_sum_a (a linear layer's weight gradient with its bias's) adds op(A)'s row sums while it packs
 // A: the product must equal sgemm_cpu's and the sums a separate pass over A's rows, both bit for bit,
 // onto sums that already hold values (a bias gradient accumulates), with A's rows wider than M (lda >
-// M), on shapes past one row panel (MC = 96), one depth slice (KC = 256) and one column panel (NC =
-// 2048, where A is packed again and must not be summed twice), and with nothing to multiply (N = 0).
+// M), on shapes past one row panel (MC = 96), one depth slice (KC = 256), one column panel (NC =
+// 2048, where A is packed again and must not be summed twice) and the rows of A packed at once (384),
+// and with nothing to multiply (N = 0).
 TEST(SgemmCpu, SumsOfAWhilePackingEqualASeparatePass) {
   struct Shape { bool trans_b; int M, N, K, lda_pad; };
   const Shape shapes[] = {{false, 13, 37, 20, 0}, {false, 100, 40, 300, 3}, {true, 7, 2100, 9, 0},
-                          {false, 1, 1, 1, 0},    {false, 5, 0, 6, 0}};
+                          {false, 1, 1, 1, 0},    {false, 5, 0, 6, 0},    {false, 400, 24, 260, 2}};
   uint64_t seed = 7000;
   for (const Shape& s : shapes) {
     SCOPED_TRACE("M=" + std::to_string(s.M) + " N=" + std::to_string(s.N) + " K=" + std::to_string(s.K));

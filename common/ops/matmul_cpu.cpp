@@ -1,13 +1,15 @@
 // matmul_cpu.cpp: the CPU sgemm behind every linear layer when no GPU library is used.
 //
-// Blocking scheme (GotoBLAS / BLIS): C is walked in NC-wide column panels, K in KC-deep slices and
-// M in MC-tall row panels. For each (NC, KC) pair a KC x NC slice of op(B) is copied into NR-wide
-// strips, and for each MC panel an MC x KC block of op(A) into MR-tall strips (when op(A) = A^T;
-// when op(A) = A its rows are already contiguous in depth and are read in place, see sgemm_cpu). Packing is what
-// makes the kernel fast: the micro-kernel then reads both operands with unit stride from buffers
-// that stay in L1 (B strip) and L2 (A block), whatever the transposes and leading dimensions were,
-// and the transposes cost one copy instead of strided loads in the inner loop. Short edge strips are
-// zero-padded so the micro-kernel always runs its full fixed-size loop.
+// Blocking scheme (GotoBLAS / BLIS): C is walked in NC-wide column panels, K in KC-deep slices (one
+// slice up to 2 KC deep when op(A) = A is read in place) and M in MC-tall row panels. For each (NC,
+// KC) pair a KC x NC slice of op(B) is copied into NR-wide strips, and for each MC panel an MC x KC
+// block of op(A) into MR-tall strips (when op(A) = A^T, MA rows at a time; when op(A) = A its rows
+// are already contiguous in depth and are read in place, see sgemm_blocked). Packed strips are one
+// cache line apart (strip_offset). Packing is what makes the kernel fast: the micro-kernel then
+// reads both operands with unit stride from buffers that stay in L1 (B strip) and L2 (A block),
+// whatever the transposes and leading dimensions were, and the transposes cost one copy instead of
+// strided loads in the inner loop. Short edge strips are zero-padded so the micro-kernel always runs
+// its full fixed-size loop.
 //
 // The micro-kernel keeps an MR x NR block of C in local accumulators (6 x 16 floats: 12 of the 16
 // AVX2 registers) and does one rank-1 update per k. Its loops have compile-time trip counts, so GCC
@@ -17,10 +19,13 @@
 // product that accumulates), from a bias row (sgemm_cpu_bias: a biased forward) or from a row of
 // zeros (alpha == 1 and beta == 0 with A read in place: a backward product that overwrites); other
 // alpha/beta also use the scratch tile. (Intrinsics buy nothing here: GCC emits the same broadcasts
-// and fused multiply-adds; lessons/matmul/matmul_cpu_lesson's v5 shows both.)
+// and fused multiply-adds, the same bits, and its loop alone runs at the core's measured peak rate;
+// lessons/matmul/matmul_cpu_lesson's v5 shows both. Where a product loses is around the loop:
+// packing, and operands that come from L3 or memory. docs/benchmarks.md has the measurements.)
 //
-// Determinism: every C element is a sum over k in increasing order, split at fixed KC boundaries,
-// so the result depends only on the shapes and strides.
+// Determinism: every C element is a sum over k in increasing order, split at fixed KC boundaries
+// (a deeper slice keeps the split where it merges, see sgemm_blocked), so the result depends only on
+// the shapes and strides.
 //
 // Defines sgemm_cpu, sgemm_cpu_bias, sgemm_cpu_sum_a and sgemm_cpu_epilogue (declared in matmul_cpu.h).
 #include "ops/matmul_cpu.h"
@@ -49,6 +54,17 @@ constexpr int NR = 16;    // columns of the register block: two 8-float AVX2 vec
 constexpr int KC = 256;   // depth of a packed slice: one NR x KC strip of B is 16 KiB, fits L1
 constexpr int MC = 96;    // rows of packed A per block: MC x KC = 96 KiB, fits L2
 constexpr int NC = 2048;  // columns of packed B per panel: KC x NC = 2 MiB, meant for L3
+constexpr int MA = 4 * MC; // rows of op(A) = A^T packed in one go: KC x MA = 384 KiB, see sgemm_blocked
+
+// Where packed strip s of depth kc and width W starts: strips follow one another with one cache line
+// between them. Without it a strip was kc x W floats, 6 or 16 KiB for kc = 256: the same address modulo
+// 4 KiB every strip or two, so the packing's writes (one piece of each strip per row it reads) all fell
+// in one or two of L1's 64 sets and evicted each other, 8 ways for 16 to 64 strips.
+constexpr int kStripPad = 16;
+template <int W>
+std::ptrdiff_t strip_offset(int s, int kc) {
+  return static_cast<std::ptrdiff_t>(s) * (static_cast<std::ptrdiff_t>(kc) * W + kStripPad);
+}
 
 // Packing copies a W-wide strip (W = MR rows of op(A), or NR columns of op(B)) of depth kc into
 // dst, k-major: dst[k * W + w] is element w of the strip at depth k. Strips narrower than W (matrix
@@ -85,7 +101,7 @@ template <int W>
 void pack_rows_panel(const float* __restrict src, int ld, int kc, int width, float* __restrict dst,
                      float* __restrict sums = nullptr) {
   const int full = width / W;
-  const std::ptrdiff_t strip = static_cast<std::ptrdiff_t>(kc) * W;
+  const std::ptrdiff_t strip = strip_offset<W>(1, kc);
   for (int k = 0; k < kc; ++k) {
     const float* __restrict s = src + static_cast<std::ptrdiff_t>(k) * ld;
     float* __restrict d = dst + k * W;
@@ -134,7 +150,7 @@ void pack_a(bool trans, const float* A, int lda, int i0, int k0, int mc, int kc,
   for (int is = 0; is < mc; is += MR) {
     const int mr = std::min(MR, mc - is);
     pack_cols<MR>(A + static_cast<std::ptrdiff_t>(i0 + is) * lda + k0, lda, kc, mr, dst);
-    dst += static_cast<std::ptrdiff_t>(kc) * MR;
+    dst += strip_offset<MR>(1, kc);
   }
 }
 
@@ -147,7 +163,7 @@ void pack_b(bool trans, const float* B, int ldb, int k0, int j0, int kc, int nc,
   for (int js = 0; js < nc; js += NR) {
     const int nr = std::min(NR, nc - js);
     pack_cols<NR>(B + static_cast<std::ptrdiff_t>(j0 + js) * ldb + k0, ldb, kc, nr, dst);
-    dst += static_cast<std::ptrdiff_t>(kc) * NR;
+    dst += strip_offset<NR>(1, kc);
   }
 }
 
@@ -254,16 +270,22 @@ void sgemm_blocked(bool trans_a, bool trans_b, int M, int N, int K, float alpha,
                    float* a_sums = nullptr, const SgemmEpilogue* epilogue = nullptr) {
   // Per-thread so concurrent callers (e.g. one thread per rank) never share packing space.
   thread_local AlignedBuffer a_buf, b_buf;
-  const int kc_max = std::min(K, KC);
+  // With op(A) = A read in place and K up to 2 KC (the input gradients of qkv and fc, K = 384 and 512;
+  // the fc projection's forward), the whole depth is one slice: C is written once instead of written,
+  // read back and written again, and B packed once. Its B strips are then up to 32 KiB, but every
+  // tile reads its strip from start to end, which the caches follow (about 5% faster on those shapes).
+  const int kc_block = !trans_a && K <= 2 * KC ? K : KC;
+  const int kc_max = std::min(K, kc_block);
   const int nc_max = std::min(N, NC);
-  const int mc_max = std::min(M, MC);
-  float* Bp = b_buf.get(static_cast<std::size_t>(kc_max) * ((nc_max + NR - 1) / NR) * NR);
-  float* Ap = a_buf.get(static_cast<std::size_t>(kc_max) * ((mc_max + MR - 1) / MR) * MR);
+  // op(A) = A^T is packed MA rows at a time (below); op(A) = A only its short edge strips, per MC panel.
+  const int mc_max = std::min(M, trans_a ? MA : MC);
+  float* Bp = b_buf.get(strip_offset<NR>((nc_max + NR - 1) / NR, kc_max));
+  float* Ap = a_buf.get(strip_offset<MR>((mc_max + MR - 1) / MR, kc_max));
 
   for (int j0 = 0; j0 < N; j0 += NC) {
     const int nc = std::min(NC, N - j0);
-    for (int k0 = 0; k0 < K; k0 += KC) {
-      const int kc = std::min(KC, K - k0);
+    for (int k0 = 0; k0 < K; k0 += kc_block) {
+      const int kc = std::min(kc_block, K - k0);
       // The first K slice applies the caller's beta; later slices accumulate onto it.
       const float beta_k = k0 == 0 ? beta : 1.0f;
       const bool from_bias = bias != nullptr && k0 == 0;
@@ -278,13 +300,23 @@ void sgemm_blocked(bool trans_a, bool trans_b, int M, int N, int K, float alpha,
         // 128; read in place, A costs one broadcast load per row and depth, as from a packed strip.
         const bool a_in_place = !trans_a;
         const int mc_full = a_in_place ? mc - mc % MR : 0;
-        if (mc_full < mc) {
-          float* edge_strips = Ap + static_cast<std::ptrdiff_t>(mc_full / MR) * kc * MR;
-          pack_a(trans_a, A, lda, i0 + mc_full, k0, mc - mc_full, kc, edge_strips, j0 == 0 ? a_sums : nullptr);
+        // op(A) = A^T: the rows of the stored A are contiguous along M, and MC of them (384 bytes of
+        // a dout row) at a time made every row of the slice a cold miss that nothing fetched ahead:
+        // packing took a quarter of a weight gradient's time. MA rows at a time (several MC panels,
+        // or all of M) read longer pieces of each row, which the hardware prefetcher streams.
+        float* a_block = Ap;
+        if (trans_a) {
+          if (i0 % MA == 0) {
+            pack_a(true, A, lda, i0, k0, std::min(MA, M - i0), kc, Ap, j0 == 0 ? a_sums : nullptr);
+          }
+          a_block = Ap + strip_offset<MR>((i0 % MA) / MR, kc);
+        } else if (mc_full < mc) {
+          float* edge_strips = Ap + strip_offset<MR>(mc_full / MR, kc);
+          pack_a(false, A, lda, i0 + mc_full, k0, mc - mc_full, kc, edge_strips);
         }
         for (int js = 0; js < nc; js += NR) {
           const int nr = std::min(NR, nc - js);
-          const float* b_strip = Bp + static_cast<std::ptrdiff_t>(js / NR) * kc * NR;
+          const float* b_strip = Bp + strip_offset<NR>(js / NR, kc);
           for (int is = 0; is < mc; is += MR) {
             const int mr = std::min(MR, mc - is);
             // The next tile's rows of C, fetched while this tile computes: the kernel reads C (or
@@ -296,56 +328,79 @@ void sgemm_blocked(bool trans_a, bool trans_b, int M, int N, int K, float alpha,
                 __builtin_prefetch(next + static_cast<std::ptrdiff_t>(i) * ldc + NR - 1);
               }
             }
-            const float* a_strip = Ap + static_cast<std::ptrdiff_t>(is / MR) * kc * MR;
+            const float* a_strip = a_block + strip_offset<MR>(is / MR, kc);
             float* c = C + static_cast<std::ptrdiff_t>(i0 + is) * ldc + j0 + js;
             const bool full = mr == MR && nr == NR;
-            const float* bias_tile = from_bias ? bias + j0 + js : nullptr;
-            if (from_bias) {
-              // alpha == 1. Full tiles start from the bias row (ldc_in = 0: every row the same); edge
-              // tiles add it when merging, as merge_tile adds C.
-              const float* a = is < mc_full ? A + static_cast<std::ptrdiff_t>(i0 + is) * lda + k0 : a_strip;
-              if (full) {
-                if (is < mc_full) {
-                  micro_kernel<true, false>(kc, a, b_strip, 1.0f, bias_tile, 0, c, ldc, lda);
-                } else {
-                  micro_kernel<true>(kc, a, b_strip, 1.0f, bias_tile, 0, c, ldc);
-                }
-              } else {
-                if (is < mc_full) {
-                  std::fill(tile, tile + MR * NR, 0.0f);
-                  micro_kernel<true, false>(kc, a, b_strip, 1.0f, tile, NR, tile, NR, lda);
-                } else {
-                  micro_kernel<false>(kc, a, b_strip, 1.0f, tile, NR, tile, NR);
-                }
-                merge_tile_bias(tile, bias_tile, c, ldc, mr, nr);
-              }
-            } else if (is < mc_full) {
-              // A in place (then mr == MR): the same sums, in the same order, as from a packed strip.
-              // Only the accumulating kernel is used (GCC spilled the accumulators of a second
-              // instance): other cases accumulate onto a zeroed tile, then scale and merge it.
+            // A slice may be deeper than KC (op(A) = A, see kc_block). A tile whose sums are one chain
+            // of multiply-adds from where it starts runs the whole slice; a tile that sums apart and
+            // merges (an edge, alpha != 1) does so per KC-deep part, as it did when every slice was KC
+            // deep, so that its bits are what they were.
+            const bool one_chain = full && alpha == 1.0f && is < mc_full &&
+                                   (from_bias || beta_k == 0.0f || beta_k == 1.0f);
+            if (one_chain) {
+              // The common tile (A in place, full): its accumulators start from the bias row, from C
+              // (a backward product that accumulates) or from a row of zeros (one that overwrites:
+              // the same sums as from a zeroed tile, without the tile's pass through memory).
+              const float* start = from_bias ? bias + j0 + js : beta_k == 1.0f ? c : kZeroRow;
+              const int ld_start = from_bias || beta_k == 0.0f ? 0 : ldc;
               const float* a_rows = A + static_cast<std::ptrdiff_t>(i0 + is) * lda + k0;
-              if (full && beta_k == 1.0f && alpha == 1.0f) {
-                micro_kernel<true, false>(kc, a_rows, b_strip, alpha, c, ldc, c, ldc, lda);
-              } else if (full && beta_k == 0.0f && alpha == 1.0f) {
-                // Overwriting C: the accumulators start from a row of zeros (ldc_in = 0), the same
-                // sums as from a zeroed tile, without the tile's extra pass through memory.
-                micro_kernel<true, false>(kc, a_rows, b_strip, alpha, kZeroRow, 0, c, ldc, lda);
-              } else {
-                std::fill(tile, tile + MR * NR, 0.0f);
-                micro_kernel<true, false>(kc, a_rows, b_strip, 1.0f, tile, NR, tile, NR, lda);
-                if (alpha != 1.0f) {
-                  for (float& t : tile) t *= alpha;
+              micro_kernel<true, false>(kc, a_rows, b_strip, 1.0f, start, ld_start, c, ldc, lda);
+              continue;
+            }
+            for (int kk = 0; kk < kc; kk += KC) {
+              const int kp = std::min(KC, kc - kk);
+              const float beta_p = kk == 0 ? beta_k : 1.0f;
+              const bool bias_p = from_bias && kk == 0;
+              const float* bias_tile = bias_p ? bias + j0 + js : nullptr;
+              const float* a_part = a_strip + static_cast<std::ptrdiff_t>(kk) * MR;
+              const float* b_part = b_strip + static_cast<std::ptrdiff_t>(kk) * NR;
+              if (bias_p) {
+                // alpha == 1. Full tiles start from the bias row (ldc_in = 0: every row the same); edge
+                // tiles add it when merging, as merge_tile adds C.
+                const float* a = is < mc_full ? A + static_cast<std::ptrdiff_t>(i0 + is) * lda + k0 + kk : a_part;
+                if (full) {
+                  if (is < mc_full) {
+                    micro_kernel<true, false>(kp, a, b_part, 1.0f, bias_tile, 0, c, ldc, lda);
+                  } else {
+                    micro_kernel<true>(kp, a, b_part, 1.0f, bias_tile, 0, c, ldc);
+                  }
+                } else {
+                  if (is < mc_full) {
+                    std::fill(tile, tile + MR * NR, 0.0f);
+                    micro_kernel<true, false>(kp, a, b_part, 1.0f, tile, NR, tile, NR, lda);
+                  } else {
+                    micro_kernel<false>(kp, a, b_part, 1.0f, tile, NR, tile, NR);
+                  }
+                  merge_tile_bias(tile, bias_tile, c, ldc, mr, nr);
                 }
-                merge_tile(tile, beta_k, c, ldc, mr, nr);
+              } else if (is < mc_full) {
+                // A in place (then mr == MR): the same sums, in the same order, as from a packed strip.
+                // Only the accumulating kernel is used (GCC spilled the accumulators of a second
+                // instance): other cases accumulate onto a zeroed tile, then scale and merge it.
+                const float* a_rows = A + static_cast<std::ptrdiff_t>(i0 + is) * lda + k0 + kk;
+                if (full && beta_p == 1.0f && alpha == 1.0f) {
+                  micro_kernel<true, false>(kp, a_rows, b_part, alpha, c, ldc, c, ldc, lda);
+                } else if (full && beta_p == 0.0f && alpha == 1.0f) {
+                  // Overwriting C: the accumulators start from a row of zeros (ldc_in = 0), the same
+                  // sums as from a zeroed tile, without the tile's extra pass through memory.
+                  micro_kernel<true, false>(kp, a_rows, b_part, alpha, kZeroRow, 0, c, ldc, lda);
+                } else {
+                  std::fill(tile, tile + MR * NR, 0.0f);
+                  micro_kernel<true, false>(kp, a_rows, b_part, 1.0f, tile, NR, tile, NR, lda);
+                  if (alpha != 1.0f) {
+                    for (float& t : tile) t *= alpha;
+                  }
+                  merge_tile(tile, beta_p, c, ldc, mr, nr);
+                }
+              } else if (full && beta_p == 0.0f) {
+                micro_kernel<false>(kp, a_part, b_part, alpha, c, ldc, c, ldc);
+              } else if (full && beta_p == 1.0f && alpha == 1.0f) {
+                micro_kernel<true>(kp, a_part, b_part, alpha, c, ldc, c, ldc);
+              } else {
+                // Edge tiles and general alpha/beta: compute into scratch, then merge what fits.
+                micro_kernel<false>(kp, a_part, b_part, alpha, tile, NR, tile, NR);
+                merge_tile(tile, beta_p, c, ldc, mr, nr);
               }
-            } else if (full && beta_k == 0.0f) {
-              micro_kernel<false>(kc, a_strip, b_strip, alpha, c, ldc, c, ldc);
-            } else if (full && beta_k == 1.0f && alpha == 1.0f) {
-              micro_kernel<true>(kc, a_strip, b_strip, alpha, c, ldc, c, ldc);
-            } else {
-              // Edge tiles and general alpha/beta: compute into scratch, then merge what fits.
-              micro_kernel<false>(kc, a_strip, b_strip, alpha, tile, NR, tile, NR);
-              merge_tile(tile, beta_k, c, ldc, mr, nr);
             }
           }
         }

@@ -17,7 +17,9 @@
 # Environment: ROUNDS=3 STEPS=12 PRESETS="tiny small deep"; TORCH_PYTHON, an interpreter that has torch
 # (default: python3 if it has torch, else the virtual environment TORCH_VENV, made on first use with
 # 'pip install torch': a download of several GB, once); BENCH_TORCH=0 skips PyTorch; BENCH_MATMUL=0
-# skips part 2. PyTorch runs with one thread (torch.set_num_threads(1), OMP_NUM_THREADS=1); ours is
+# skips part 2; OURS_BEFORE=path/to/train (chapter 01 built from another commit) adds that binary to
+# every round, timed as ours is, and its CPU time per step beside ours: a change measured against its
+# start in one run, with PyTorch's time in the same rounds. PyTorch runs with one thread (torch.set_num_threads(1), OMP_NUM_THREADS=1); ours is
 # single-threaded. Results land in results/bench/ (BENCH_OUT=... elsewhere): every run's JSON lines and
 # table.txt. The one-step runs, timed for their CPU only, write their records to /dev/null.
 set -euo pipefail
@@ -31,6 +33,8 @@ rm -f "$out"/*.jsonl
 
 ours=./01_vanilla_dp/train
 [ -x "$ours" ] || { echo "bench.sh: $ours not found: build it with 'make 01_vanilla_dp'"; exit 1; }
+before=${OURS_BEFORE:-}
+[ -z "$before" ] || [ -x "$before" ] || { echo "bench.sh: OURS_BEFORE=$before is not an executable"; exit 1; }
 
 # PyTorch, found or installed on demand into a virtual environment outside the repository.
 torch_python=""
@@ -64,9 +68,11 @@ sys.exit(status)' "$@"
 # run_one FRAMEWORK PRESET ROUND STEPS [JSON]: one run; appends its CPU seconds to cpu_times.txt.
 run_one() {
   local framework=$1 preset=$2 round=$3 n=$4 json=${5:-/dev/null} log="$out/$1_$2.log" seconds
-  if [ "$framework" = ours ]; then
-    seconds=$(OMP_NUM_THREADS=1 cpu_seconds "$log" mpiexec -n 1 "$ours" --preset "$preset" --steps "$n" --json "$json") \
-      || { echo "bench.sh: ours failed at $preset: see $log"; tail -n 5 "$log"; exit 1; }
+  if [ "$framework" = ours ] || [ "$framework" = before ]; then
+    local binary=$ours
+    [ "$framework" = ours ] || binary=$before
+    seconds=$(OMP_NUM_THREADS=1 cpu_seconds "$log" mpiexec -n 1 "$binary" --preset "$preset" --steps "$n" --json "$json") \
+      || { echo "bench.sh: $framework failed at $preset: see $log"; tail -n 5 "$log"; exit 1; }
   else
     seconds=$(OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 cpu_seconds "$log" "$torch_python" scripts/pytorch/pytorch_gpt2.py \
       --preset "$preset" --steps "$n" --device cpu --threads 1 --quiet --json "$json") \
@@ -84,6 +90,10 @@ for round in $(seq 1 "$rounds"); do
     echo "   round $round/$rounds: $preset"
     run_one ours "$preset" "$round" "$steps" "$out/ours_${preset}_$round.jsonl"
     run_one ours "$preset" "$round" 1
+    if [ -n "$before" ]; then
+      run_one before "$preset" "$round" "$steps"
+      run_one before "$preset" "$round" 1
+    fi
     if [ -n "$torch_python" ]; then
       run_one torch "$preset" "$round" "$steps" "$out/torch_${preset}_$round.jsonl"
     fi
@@ -153,13 +163,18 @@ for preset in presets:
     cpu_row = f"{preset:<7} {count(tokens / (ours_cpu / 1e3)):>12} {ours_cpu:>12.1f}"
     if torch_cpu:
         cpu_row += f" {count(tokens / (torch_cpu / 1e3)):>13} {torch_cpu:>12.1f} {torch_cpu / ours_cpu:>9.2f}x"
+    before_cpu = cpu_ms_per_step("before", preset)
+    if before_cpu and not torch_cpu:
+        cpu_row += " " * 39  # under PyTorch's three columns
+    if before_cpu:
+        cpu_row += f" {before_cpu:>14.1f} {ours_cpu / before_cpu:>12.3f}x"
     cpu_rows.append(cpu_row)
 print("wall clock: tokens/s = batch x T / median step time over all rounds (p10-p90 of the steps' tokens/s)")
 print(header)
 print("\n".join(rows))
 print("CPU time: tokens per CPU-second = batch x T / median CPU time per step (the load-independent figure)")
 print(f"{'preset':<7} {'ours tok/cpu-s':>12} {'ours ms/step':>12} {'torch tok/cpu-s':>13} {'torch ms/step':>12} "
-      f"{'ours/torch':>10}")
+      f"{'ours/torch':>10}" + (f" {'before ms/step':>14} {'ours/before':>13}" if cpu_ms_per_step("before", presets[0]) else ""))
 print("\n".join(cpu_rows))
 if torch_run:
     print(f"PyTorch {torch_run['torch']} eager, fp32, {torch_run['threads']} thread, attention "
