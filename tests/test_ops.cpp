@@ -615,6 +615,27 @@ TEST(Attention, BackwardMatchesFiniteDifferencesAndAccumulates) {
   }
 }
 
+// The block's backward overwrites qkv's gradient with the attention's (GradWrite::Overwrite) instead of
+// zeroing it first: bit for bit the same, whatever dqkv held (NaN here), at T = 37, whose last tile
+// is cut by the sequence's end.
+TEST(Attention, OverwritingBackwardIsZeroThenAccumulateBitForBit) {
+  const int T_ = 37;
+  auto qkv = random_vector(B * T_ * 3 * C, 34, -2.0f, 2.0f), dout = random_vector(B * T_ * C, 35);
+  auto out = zeros(B * T_ * C), preatt = zeros(B * NH * T_ * T_), att = zeros(B * NH * T_ * T_);
+  attention_forward(view(out, {B, T_, C}), view(preatt, {B, NH, T_, T_}), view(att, {B, NH, T_, T_}),
+                    view(qkv, {B, T_, 3 * C}), NH);
+  auto dpreatt = zeros(preatt.size()), datt = zeros(att.size());
+  auto backward = [&](std::vector<float>& dqkv, GradWrite write) {
+    attention_backward(view(dqkv, {B, T_, 3 * C}), view(dpreatt, {B, NH, T_, T_}), view(datt, {B, NH, T_, T_}),
+                       view(dout, {B, T_, C}), view(qkv, {B, T_, 3 * C}), view(att, {B, NH, T_, T_}), NH, write);
+  };
+  auto accumulated = zeros(qkv.size());
+  backward(accumulated, GradWrite::Accumulate);
+  std::vector<float> overwritten(qkv.size(), std::nanf(""));
+  backward(overwritten, GradWrite::Overwrite);
+  EXPECT_TRUE(allclose(overwritten, accumulated, 0.0, 0.0));
+}
+
 // ---------------------------------------------------------------------------------------------------------
 // GELU and residual
 

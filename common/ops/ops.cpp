@@ -328,7 +328,7 @@ void attention_forward(Tensor out, Tensor preatt, Tensor att, Tensor qkv, int NH
 }
 
 void attention_backward(Tensor dqkv, Tensor dpreatt, Tensor datt, Tensor dout, Tensor qkv, Tensor att,
-                        int NH) {
+                        int NH, GradWrite write) {
   const Operands ops = operands(__func__, dqkv, dpreatt, datt, dout, qkv, att);
   ENSURE(qkv.ndim == 3 && qkv.shape[2] % 3 == 0, "attention_backward: qkv must be (B,T,3C)");
   const int B = int(qkv.shape[0]), T = int(qkv.shape[1]), C = int(qkv.shape[2] / 3);
@@ -338,9 +338,12 @@ void attention_backward(Tensor dqkv, Tensor dpreatt, Tensor datt, Tensor dout, T
   const int64_t scores = int64_t(B) * NH * T * T;
   ENSURE(att.numel() == scores && datt.numel() == scores && dpreatt.numel() == scores,
          "attention_backward: att, datt and dpreatt must be (B,NH,T,T)");
+  const bool accumulate = write == GradWrite::Accumulate;
+  if (!accumulate && ops.device == Device::CUDA) fill_zero(dqkv);  // the CUDA kernels accumulate
   ON_CUDA(ops, attention_backward(ops.dtype, dqkv.data, dpreatt.data, datt.data, dout.data, qkv.data, att.data, B,
                                   T, C, NH));
-  cpu::attention_backward(dqkv.f32(), dpreatt.f32(), datt.f32(), dout.f32(), qkv.f32(), att.f32(), B, T, C, NH);
+  cpu::attention_backward(dqkv.f32(), dpreatt.f32(), datt.f32(), dout.f32(), qkv.f32(), att.f32(), B, T, C, NH,
+                          accumulate);
 }
 
 bool flash_attention_available(DType dtype, Device device, int C, int NH) {

@@ -8,8 +8,8 @@
 // parameter gradients and input gradients. Callers zero what must start at zero. Two exceptions,
 // named where they are declared, overwrite pure scratch, so the model need not zero hundreds of MB
 // per step: attention's dpreatt and datt, and the cross-entropy's dlogits. And two backwards whose
-// input gradient is often the first thing written into its buffer (a product's and GELU's) take a
-// GradWrite: Overwrite writes the gradient instead of adding it, where the caller would otherwise
+// input gradient is often the first thing written into its buffer (a product's, GELU's and the
+// attention's) take a GradWrite: Overwrite writes the gradient instead of adding it, where the caller would otherwise
 // zero the buffer first: the same values without that pass over memory, nor the read of the zeros.
 // matmul_backward_input_gelu, the two in one call, overwrites too.
 //
@@ -73,10 +73,11 @@ void bias_backward(Tensor dbias, Tensor dout);
 // channels. preatt and att are (B,NH,T,T) (scores before and after the causal softmax, scaled by
 // 1/sqrt(C/NH)). out(B,T,C) = att @ v, heads concatenated.
 void attention_forward(Tensor out, Tensor preatt, Tensor att, Tensor qkv, int NH);
-// dqkv(B,T,3C) += gradient. dpreatt and datt (B,NH,T,T) are scratch: their contents on entry do not
-// matter, nor on exit (the CPU keeps each head's datt in a scratch block and leaves datt unwritten).
+// dqkv(B,T,3C) += gradient (GradWrite::Overwrite: dqkv = gradient). dpreatt and datt (B,NH,T,T) are
+// scratch: their contents on entry do not matter, nor on exit (the CPU keeps each head's datt in a
+// scratch block and leaves datt unwritten).
 void attention_backward(Tensor dqkv, Tensor dpreatt, Tensor datt, Tensor dout, Tensor qkv, Tensor att,
-                        int NH);
+                        int NH, GradWrite write = GradWrite::Accumulate);
 
 // FlashAttention (GPU, bf16; attention_flash.cu): what attention_forward computes, without the
 // (B,NH,T,T) matrices. lse(B,NH,T), fp32, is saved for the backward: the log of each row's softmax

@@ -41,8 +41,9 @@ void bias_backward(float* dbias, const float* dout, int N, int C);
 
 // qkv(B,T,3C), out(B,T,C), preatt/att and their gradients (B,NH,T,T).
 void attention_forward(float* out, float* preatt, float* att, const float* qkv, int B, int T, int C, int NH);
+// accumulate = false overwrites dqkv instead of adding to it (ops.h's GradWrite::Overwrite).
 void attention_backward(float* dqkv, float* dpreatt, float* datt, const float* dout, const float* qkv,
-                        const float* att, int B, int T, int C, int NH);
+                        const float* att, int B, int T, int C, int NH, bool accumulate = true);
 
 void gelu_forward(float* out, const float* inp, size_t n);
 void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n, bool accumulate = true);

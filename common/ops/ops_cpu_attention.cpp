@@ -156,12 +156,18 @@ void gather_transposed(float* __restrict dst, int width, const float* __restrict
   }
 }
 
-// dst (rows ld apart, n columns) += src (rows ldsrc apart), rows 0..T-1.
-void add_rows(float* __restrict dst, size_t ld, const float* __restrict src, size_t ldsrc, int T, int n) {
+// dst (rows ld apart, n columns) += src (rows ldsrc apart), rows 0..T-1; or, not accumulating,
+// dst = src (the gradient's first and only contribution: no pass zeroing dst before, nor its read).
+void add_rows(float* __restrict dst, size_t ld, const float* __restrict src, size_t ldsrc, int T, int n,
+              bool accumulate) {
   for (int t = 0; t < T; t++) {
     float* __restrict d = dst + size_t(t) * ld;
     const float* __restrict s = src + size_t(t) * ldsrc;
-    for (int i = 0; i < n; i++) d[i] += s[i];
+    if (accumulate) {
+      for (int i = 0; i < n; i++) d[i] += s[i];
+    } else {
+      copy_row(d, s, n);
+    }
   }
 }
 
@@ -242,7 +248,7 @@ void attention_forward(float* out, float* preatt, float* att, const float* qkv, 
 }
 
 void attention_backward(float* dqkv, float* dpreatt, float* /*datt: not written, below*/, const float* dout,
-                        const float* qkv, const float* att, int B, int T, int C, int NH) {
+                        const float* qkv, const float* att, int B, int T, int C, int NH, bool accumulate) {
   const int C3 = 3 * C;
   const int hs = C / NH;
   const float scale = 1.0f / std::sqrt(float(hs));
@@ -307,7 +313,7 @@ void attention_backward(float* dqkv, float* dpreatt, float* /*datt: not written,
         // dQ = scale dS K, over the keys this tile's rows see
         tile_row(grads + size_t(t0) * hsp, hsp, dscores + size_t(t0) * Tc, Tc, keys, hsp, keys_seen, hs, 1.0f);
       }
-      add_rows(dqkv_b + h * hs, C3, grads, hsp, T, hs);
+      add_rows(dqkv_b + h * hs, C3, grads, hsp, T, hs, accumulate);
 
       // dK = (scale dS)^T Q and dV = P^T dO: row t2 gathers the rows t >= t2 that attended to key t2,
       // dS and P read down their columns t2..t2 + kRows - 1 from row t0 on (zero above the diagonal).
@@ -315,12 +321,12 @@ void attention_backward(float* dqkv, float* dpreatt, float* /*datt: not written,
         tile_row<true>(grads + size_t(t0) * hsp, hsp, dscores + size_t(t0) * Tc + t0, Tc, queries + size_t(t0) * hsp,
                  hsp, T - t0, hs, 1.0f);
       }
-      add_rows(dqkv_b + C + h * hs, C3, grads, hsp, T, hs);
+      add_rows(dqkv_b + C + h * hs, C3, grads, hsp, T, hs, accumulate);
       for (int t0 = 0; t0 < Tr; t0 += kRows) {
         tile_row<true>(grads + size_t(t0) * hsp, hsp, probs + size_t(t0) * Tc + t0, Tc, douts + size_t(t0) * hsp, hsp,
                  T - t0, hs, 1.0f);
       }
-      add_rows(dqkv_b + 2 * C + h * hs, C3, grads, hsp, T, hs);
+      add_rows(dqkv_b + 2 * C + h * hs, C3, grads, hsp, T, hs, accumulate);
     }
   }
 }
