@@ -67,7 +67,7 @@ struct GPT2::Activations {
   void* datty;                               // (R,C')
   void* dqkv;                                // (R,3C')  (split_backward: the layer's, kept)
   void *dpreatt, *datt;                      // (B,NH',T,T); not allocated with FlashAttention
-  void *dfch, *dfch_gelu;                    // (R,F')   (split_backward: dfch is the layer's)
+  void* dfch;                                // (R,F')   (split_backward: the layer's, kept)
   void* dlogits;                             // (R,V')
   // Sequence parallelism only (else these are the local tensors themselves): a full-rows input of a
   // column-parallel layer (gathered, in forward and again in backward), a row-parallel layer's full
