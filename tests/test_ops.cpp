@@ -380,6 +380,30 @@ TEST(Layernorm, BackwardMatchesFiniteDifferencesAndAccumulates) {
   }
 }
 
+// The block's residual add and second layernorm in one call: bit for bit the two ops, at both widths.
+TEST(Layernorm, WithTheResidualAddIsTheTwoOpsBitForBit) {
+  for (const int width : kLayernormWidths) {
+    SCOPED_TRACE("row width " + std::to_string(width));
+    const int LC = width;  // this test's row width, in place of the file's
+    const int N = B * T;
+    auto a = random_vector(N * LC, 17, 1.0f, 3.0f), b = random_vector(N * LC, 18);
+    auto weight = random_vector(LC, 19, 0.5f, 1.5f), bias = random_vector(LC, 20);
+    auto sum = zeros(N * LC), out = zeros(N * LC), mean = zeros(N), rstd = zeros(N);
+    residual_forward(view(sum, {N, LC}), view(a, {N, LC}), view(b, {N, LC}));
+    layernorm_forward(view(out, {N, LC}), view(mean, {N}), view(rstd, {N}), view(sum, {N, LC}), view(weight, {LC}),
+                      view(bias, {LC}));
+    std::vector<float> fused_sum(sum.size(), std::nanf("")), fused_out(out.size(), std::nanf(""));
+    std::vector<float> fused_mean(N, std::nanf("")), fused_rstd(N, std::nanf(""));
+    residual_layernorm_forward(view(fused_sum, {N, LC}), view(fused_out, {N, LC}), view(fused_mean, {N}),
+                               view(fused_rstd, {N}), view(a, {N, LC}), view(b, {N, LC}), view(weight, {LC}),
+                               view(bias, {LC}));
+    EXPECT_TRUE(allclose(fused_sum, sum, 0.0, 0.0)) << "the sum";
+    EXPECT_TRUE(allclose(fused_out, out, 0.0, 0.0)) << "the layernorm";
+    EXPECT_TRUE(allclose(fused_mean, mean, 0.0, 0.0)) << "mean";
+    EXPECT_TRUE(allclose(fused_rstd, rstd, 0.0, 0.0)) << "rstd";
+  }
+}
+
 // ---------------------------------------------------------------------------------------------------------
 // matmul: inp (B,T,LC) -> out (B,T,OC), odd LC and OC
 

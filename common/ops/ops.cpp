@@ -453,6 +453,24 @@ void residual_forward(Tensor out, Tensor a, Tensor b) {
   cpu::residual_forward(out.f32(), a.f32(), b.f32(), count(out));
 }
 
+void residual_layernorm_forward(Tensor out, Tensor ln, Tensor mean, Tensor rstd, Tensor a, Tensor b, Tensor weight,
+                                Tensor bias) {
+  const Operands ops = operands(__func__, out, ln, a, b, weight, bias);
+  if (ops.device != Device::CPU) {
+    residual_forward(out, a, b);
+    return layernorm_forward(ln, mean, rstd, out, weight, bias);
+  }
+  fp32_operands(__func__, ops.device, mean, rstd);
+  const int N = rows(out), C = cols(out);
+  ENSURE(a.numel() == out.numel() && b.numel() == out.numel() && ln.numel() == out.numel(),
+         "residual_layernorm_forward: out, ln, a and b differ in size");
+  ENSURE(mean.numel() == N && rstd.numel() == N,
+         "residual_layernorm_forward: mean and rstd must hold one value per row");
+  ENSURE(weight.numel() == C && bias.numel() == C, "residual_layernorm_forward: weight and bias must be (C)");
+  cpu::residual_layernorm_forward(out.f32(), ln.f32(), mean.f32(), rstd.f32(), a.f32(), b.f32(), weight.f32(),
+                                  bias.f32(), N, C);
+}
+
 void residual_backward(Tensor da, Tensor db, Tensor dout) {
   const Operands ops = operands(__func__, da, db, dout);
   ENSURE(da.numel() == dout.numel() && db.numel() == dout.numel(), "residual_backward: sizes differ");

@@ -105,6 +105,12 @@ void matmul_backward_input_gelu(Tensor dinp, Tensor dout, Tensor weight, Tensor 
 
 void residual_forward(Tensor out, Tensor a, Tensor b);     // out = a + b
 void residual_backward(Tensor da, Tensor db, Tensor dout); // da += dout; db += dout
+// A residual add and the layernorm of its sum in one call: out = a + b (N,C), then ln(N,C), mean(N) and
+// rstd(N) = layernorm_forward of out: the two ops' results, bit for bit. On the CPU each row is
+// normalised right after it is summed, while it is in L1 (the layernorm's reads of out from L2 or
+// memory go); elsewhere the call is the two ops.
+void residual_layernorm_forward(Tensor out, Tensor ln, Tensor mean, Tensor rstd, Tensor a, Tensor b, Tensor weight,
+                                Tensor bias);
 
 // Fused softmax + cross-entropy over the last dimension. logits, probs: (B,T,V); losses: (B,T);
 // targets: int32 (B,T). losses[b,t] = -log probs[b,t,targets[b,t]].

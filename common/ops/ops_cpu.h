@@ -55,6 +55,9 @@ void matmul_backward_input_gelu(float* dinp, const float* dout, const float* wei
                                 int C, int OC);
 
 void residual_forward(float* out, const float* a, const float* b, size_t n);
+// out = a + b, then ln = layernorm_forward(out), row by row; N rows of C channels.
+void residual_layernorm_forward(float* out, float* ln, float* mean, float* rstd, const float* a, const float* b,
+                                const float* weight, const float* bias, int N, int C);
 void residual_backward(float* da, float* db, const float* dout, size_t n);
 
 // N rows of V logits, one target per row.
