@@ -639,6 +639,21 @@ TEST(Attention, BackwardMatchesFiniteDifferencesAndAccumulates) {
   }
 }
 
+// The model's CPU forward does not store the scores before the softmax (an empty preatt): the same
+// output and softmax, bit for bit.
+TEST(Attention, ForwardWithoutTheScoresIsTheSameBitForBit) {
+  const int T_ = 37;
+  auto qkv = random_vector(B * T_ * 3 * C, 36, -2.0f, 2.0f);
+  auto out = zeros(B * T_ * C), preatt = zeros(B * NH * T_ * T_), att = zeros(B * NH * T_ * T_);
+  attention_forward(view(out, {B, T_, C}), view(preatt, {B, NH, T_, T_}), view(att, {B, NH, T_, T_}),
+                    view(qkv, {B, T_, 3 * C}), NH);
+  std::vector<float> out_alone(out.size(), std::nanf("")), att_alone(att.size(), std::nanf(""));
+  attention_forward(view(out_alone, {B, T_, C}), Tensor(), view(att_alone, {B, NH, T_, T_}), view(qkv, {B, T_, 3 * C}),
+                    NH);
+  EXPECT_TRUE(allclose(out_alone, out, 0.0, 0.0)) << "out";
+  EXPECT_TRUE(allclose(att_alone, att, 0.0, 0.0)) << "att";
+}
+
 // The block's backward overwrites qkv's gradient with the attention's (GradWrite::Overwrite) instead of
 // zeroing it first: bit for bit the same, whatever dqkv held (NaN here), at T = 37, whose last tile
 // is cut by the sequence's end.

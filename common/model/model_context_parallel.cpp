@@ -16,7 +16,7 @@ void GPT2::self_attention_forward(Slot& s, const Layer& x) {
   } else if (flash_) {
     attention_forward_flash(v.btc(x.atty, v.d.Cl), v.lse(x.lse), v.btc(x.qkv, 3 * v.d.Cl), int(v.d.NHl));
   } else {
-    attention_forward(v.btc(x.atty, v.d.Cl), v.bhtt(x.preatt), v.bhtt(x.att), v.btc(x.qkv, 3 * v.d.Cl), int(v.d.NHl));
+    attention_forward(v.btc(x.atty, v.d.Cl), v.scores(x.preatt), v.bhtt(x.att), v.btc(x.qkv, 3 * v.d.Cl), int(v.d.NHl));
   }
 }
 

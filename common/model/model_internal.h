@@ -141,6 +141,10 @@ struct Views {
   Tensor lse(float* p) const { return make_view(p, {d.B, d.NHl, d.T}, DType::F32, device); }
   // The full-rows form of a local tensor: its own rows without sequence parallelism, else `spare`.
   Tensor full_of(void* local_data, void* spare) const { return full(d.sp ? spare : local_data, d.C); }
+  // Where attention_forward writes the scores before the softmax: nowhere on the CPU, whose backward
+  // reads only the softmax (ops.h); the GPU's softmax reads them back. (The arena holds them either
+  // way: its size, and docs/theory.md's count, do not depend on the device.)
+  Tensor scores(void* preatt) const { return device == Device::CPU ? Tensor() : bhtt(preatt); }
 };
 
 }  // namespace model_internal

@@ -321,10 +321,11 @@ void attention_forward(Tensor out, Tensor preatt, Tensor att, Tensor qkv, int NH
   const int B = int(qkv.shape[0]), T = int(qkv.shape[1]), C = int(qkv.shape[2] / 3);
   ENSURE(NH > 0 && C % NH == 0, "attention_forward: C must divide into NH heads");
   ENSURE(out.numel() == int64_t(B) * T * C, "attention_forward: out must be (B,T,C)");
-  ENSURE(preatt.numel() == int64_t(B) * NH * T * T && att.numel() == preatt.numel(),
+  ENSURE(att.numel() == int64_t(B) * NH * T * T && (preatt.empty() || preatt.numel() == att.numel()),
          "attention_forward: preatt and att must be (B,NH,T,T)");
+  ENSURE(!preatt.empty() || ops.device == Device::CPU, "attention_forward: preatt may be empty only on the CPU");
   ON_CUDA(ops, attention_forward(ops.dtype, out.data, preatt.data, att.data, qkv.data, B, T, C, NH));
-  cpu::attention_forward(out.f32(), preatt.f32(), att.f32(), qkv.f32(), B, T, C, NH);
+  cpu::attention_forward(out.f32(), optional_f32(preatt), att.f32(), qkv.f32(), B, T, C, NH);
 }
 
 void attention_backward(Tensor dqkv, Tensor dpreatt, Tensor datt, Tensor dout, Tensor qkv, Tensor att,

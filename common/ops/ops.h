@@ -71,7 +71,9 @@ void bias_backward(Tensor dbias, Tensor dout);
 
 // Causal multi-head self-attention. qkv(B,T,3C) holds q, k, v side by side; each head has C/NH
 // channels. preatt and att are (B,NH,T,T) (scores before and after the causal softmax, scaled by
-// 1/sqrt(C/NH)). out(B,T,C) = att @ v, heads concatenated.
+// 1/sqrt(C/NH)). out(B,T,C) = att @ v, heads concatenated. On the CPU preatt may be empty: the scores
+// are then not stored, a pass of B NH T^2 writes fewer (the backward reads only att; the GPU's
+// softmax reads the scores back from preatt, which it needs there).
 void attention_forward(Tensor out, Tensor preatt, Tensor att, Tensor qkv, int NH);
 // dqkv(B,T,3C) += gradient (GradWrite::Overwrite: dqkv = gradient). dpreatt and datt (B,NH,T,T) are
 // scratch: their contents on entry do not matter, nor on exit (the CPU keeps each head's datt in a

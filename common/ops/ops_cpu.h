@@ -39,7 +39,7 @@ void matmul_backward_weight(float* dweight, float* dbias, const float* dout, con
 void add_bias(float* out, const float* bias, int N, int C);
 void bias_backward(float* dbias, const float* dout, int N, int C);
 
-// qkv(B,T,3C), out(B,T,C), preatt/att and their gradients (B,NH,T,T).
+// qkv(B,T,3C), out(B,T,C), preatt/att and their gradients (B,NH,T,T); preatt nullptr: not stored.
 void attention_forward(float* out, float* preatt, float* att, const float* qkv, int B, int T, int C, int NH);
 // accumulate = false overwrites dqkv instead of adding to it (ops.h's GradWrite::Overwrite).
 void attention_backward(float* dqkv, float* dpreatt, float* datt, const float* dout, const float* qkv,

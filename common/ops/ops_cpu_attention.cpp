@@ -205,7 +205,7 @@ void attention_forward(float* out, float* preatt, float* att, const float* qkv, 
       gather_rows(queries, Tr, hsp, qkv_b + h * hs, C3, T, hs);
       gather_transposed(keys_t, Tc, qkv_b + C + h * hs, C3, T, hs);
       gather_rows(values, Tr, hsp, qkv_b + 2 * C + h * hs, C3, T, hs);
-      float* preatt_head = preatt + (size_t(b) * NH + h) * T * T;
+      float* preatt_head = preatt ? preatt + (size_t(b) * NH + h) * T * T : nullptr;
       float* att_head = att + (size_t(b) * NH + h) * T * T;
       float* out_head = out + size_t(b) * T * C + h * hs;
       const bool last_head = b == B - 1 && h == NH - 1;
@@ -227,10 +227,12 @@ void attention_forward(float* out, float* preatt, float* att, const float* qkv, 
         for (int t = t0; t < std::min(t0 + kRows, T); t++) {
           const int n = t + 1;  // keys 0..t
           float* __restrict scores = probs + size_t(t) * Tc;
-          float* __restrict preatt_row = preatt_head + size_t(t) * T;
           float* __restrict att_row = att_head + size_t(t) * T;
-          for (int t2 = 0; t2 < n; t2++) preatt_row[t2] = scores[t2];
-          for (int t2 = n; t2 < T; t2++) preatt_row[t2] = -INFINITY;
+          if (preatt_head) {
+            float* __restrict preatt_row = preatt_head + size_t(t) * T;
+            for (int t2 = 0; t2 < n; t2++) preatt_row[t2] = scores[t2];
+            for (int t2 = n; t2 < T; t2++) preatt_row[t2] = -INFINITY;
+          }
           const float maxval = max_of(scores, n);
           const double expsum = exp_shifted(exps, scores, maxval, n);
           const float inv_expsum = float(1.0 / expsum);
