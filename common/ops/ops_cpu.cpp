@@ -159,36 +159,6 @@ void residual_layernorm_forward(float* out, float* ln, float* mean, float* rstd,
   }
 }
 
-namespace {
-// The layernorm backward's two sums over a row, in kLanes lanes (sum_of_lanes): sums[0] of dnorm =
-// weight * dout, sums[1] of dnorm * norm, norm = (x - m) * s. A function of its own, not inlined:
-// inside the loop over rows GCC left these sums scalar (a third of the backward's time), alone it
-// vectorizes them (the float products, widened to double, in four-lane vectors). The same sums.
-[[gnu::noinline]] void layernorm_backward_sums(double* __restrict sums, const float* __restrict x,
-                                               const float* __restrict weight, const float* __restrict dout,
-                                               float m, float s, int C) {
-  double sum_lanes[kLanes] = {}, dot_lanes[kLanes] = {};
-  for (int c = 0; c + kLanes <= C; c += kLanes) {
-    for (int j = 0; j < kLanes; j++) {
-      const float norm = (x[c + j] - m) * s;
-      const float dnorm = weight[c + j] * dout[c + j];
-      const double dnorm_wide = dnorm;
-      sum_lanes[j] += dnorm_wide;
-      dot_lanes[j] += dnorm_wide * double(norm);
-    }
-  }
-  double dnorm_sum = sum_of_lanes(sum_lanes), dnorm_dot_norm = sum_of_lanes(dot_lanes);
-  for (int c = C / kLanes * kLanes; c < C; c++) {
-    const float norm = (x[c] - m) * s;
-    const float dnorm = weight[c] * dout[c];
-    dnorm_sum += dnorm;
-    dnorm_dot_norm += double(dnorm) * norm;
-  }
-  sums[0] = dnorm_sum;
-  sums[1] = dnorm_dot_norm;
-}
-}  // namespace
-
 void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                         const float* weight, const float* mean, const float* rstd, int N, int C) {
   for (int i = 0; i < N; i++) {
@@ -200,10 +170,25 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
 
     // norm = (x - mean) * rstd depends on every x of the row through mean and rstd. Its input gradient
     // is dnorm with its mean removed and its component along norm removed, hence these two averages.
-    double sums[2];
-    layernorm_backward_sums(sums, x, weight, dout_row, m, s, C);
-    const float dnorm_mean = float(sums[0] / C);
-    const float dnorm_norm_mean = float(sums[1] / C);
+    double sum_lanes[kLanes] = {}, dot_lanes[kLanes] = {};
+    int c = 0;
+    for (; c + kLanes <= C; c += kLanes) {
+      for (int j = 0; j < kLanes; j++) {
+        const float norm = (x[c + j] - m) * s;
+        const float dnorm = weight[c + j] * dout_row[c + j];
+        sum_lanes[j] += dnorm;
+        dot_lanes[j] += double(dnorm) * norm;
+      }
+    }
+    double dnorm_sum = sum_of_lanes(sum_lanes), dnorm_dot_norm = sum_of_lanes(dot_lanes);
+    for (; c < C; c++) {
+      const float norm = (x[c] - m) * s;
+      const float dnorm = weight[c] * dout_row[c];
+      dnorm_sum += dnorm;
+      dnorm_dot_norm += double(dnorm) * norm;
+    }
+    const float dnorm_mean = float(dnorm_sum / C);
+    const float dnorm_norm_mean = float(dnorm_dot_norm / C);
 
     // Two loops rather than one: with three outputs that might overlap the inputs, GCC would need more
     // run-time overlap checks than it is willing to emit, and would leave a single loop unvectorized.
