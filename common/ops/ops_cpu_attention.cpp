@@ -195,7 +195,6 @@ int heads_per_group(size_t floats_per_head, int NH) {
   return std::max(1, std::min(NH, int(kGroupBytes / (floats_per_head * sizeof(float)))));
 }
 
-
 // The sizes of one head's blocks: Tr rows (whole tiles), Tc columns of keys (whole wide tiles, and at
 // least Tr: dK's and dV's last tile reads dS and P down their columns as far as column Tr - 1), hsp
 // columns of head channels (whole narrow tiles).
