@@ -2,10 +2,13 @@
 // hooks later chapters build on, gradient accumulation, unit binding, and the parameter layout; and
 // the model in parts, as pipeline stages run it (chapter 08): stages chained by hand give the whole
 // model's loss and gradients, micro-batches in several slots at once, and the backward split into
-// the inputs' gradients and, later, the weights'.
+// the inputs' gradients and, later, the weights'. And that a step after the first allocates nothing.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cmath>
+#include <cstdlib>
+#include <new>
 #include <functional>
 #include <cstring>
 #include <string>
@@ -18,7 +21,22 @@
 #include "pipeline/pipeline.h"
 #include "parallel/parallelize.h"  // parallelize, the dimensions' apply functions
 #include "parallel/theory.h"
+#include "parallel/shards.h"
+#include "training/optimizer.h"
 #include "test_util.h"
+
+// Every operator new of this program, counted: what a training step allocates (std::vector's growth,
+// a scratch buffer sized on demand), for Model.AStepAfterTheFirstAllocatesNothing.
+namespace {
+std::atomic<long> allocations{0};
+}  // namespace
+void* operator new(std::size_t bytes) {
+  allocations.fetch_add(1, std::memory_order_relaxed);
+  if (void* p = std::malloc(bytes ? bytes : 1)) return p;
+  throw std::bad_alloc();
+}
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t) noexcept { std::free(p); }
 
 namespace {
 
@@ -79,6 +97,36 @@ TEST(Model, GradientMatchesFiniteDifferences) {
     }
   }
   EXPECT_EQ(checked, 3 * int(f.layout.params.size()));
+}
+
+// A training step after the first allocates nothing: the forward, the backward, the gradient's norm
+// and AdamW run in memory that the model, the optimizer and the first step sized (the attention's
+// scratch, the products' packing buffers). At 37 positions and 48 channels, so that the attention's
+// and the products' edge tiles run too.
+TEST(Model, AStepAfterTheFirstAllocatesNothing) {
+  GPT2Config cfg = tiny_config();
+  cfg.T = 37, cfg.C = 48, cfg.NH = 4;
+  const ParamLayout layout = build_gpt2_layout(cfg, 1);
+  const int B = 2;
+  Buffer params{layout.padded_size, MemCategory::Params}, grads{layout.padded_size, MemCategory::Grads};
+  GPT2::init_weights(layout, 7, params.f32());
+  GPT2 model{cfg, layout, B};
+  model.bind_all(params.f32(), grads.f32());
+  AdamW adamw(layout, ShardPlan::unsharded(layout), 0.1f);
+  std::vector<int> inputs, targets;
+  for (int i = 0; i < B * cfg.T; i++) inputs.push_back((i * 7 + 3) % cfg.V), targets.push_back((i * 5 + 1) % cfg.V);
+  auto step = [&](int s) {
+    fill_zero(grads.view());
+    model.forward(inputs.data(), targets.data(), B);
+    model.backward(1.0f);
+    const double norm = std::sqrt(sum_of_squares(grads.view()));
+    adamw.update(params.view(), grads.view(), s, 1e-3f, norm > 1.0 ? float(1.0 / norm) : 1.0f);
+  };
+  step(1);
+  const long before = allocations.load();
+  step(2);
+  step(3);
+  EXPECT_EQ(allocations.load() - before, 0) << "allocations in two steps after the first";
 }
 
 TEST(Model, BackwardAccumulatesWithLossWeight) {

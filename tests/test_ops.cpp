@@ -380,6 +380,30 @@ TEST(Layernorm, BackwardMatchesFiniteDifferencesAndAccumulates) {
   }
 }
 
+// The block's residual add and second layernorm in one call: bit for bit the two ops, at both widths.
+TEST(Layernorm, WithTheResidualAddIsTheTwoOpsBitForBit) {
+  for (const int width : kLayernormWidths) {
+    SCOPED_TRACE("row width " + std::to_string(width));
+    const int LC = width;  // this test's row width, in place of the file's
+    const int N = B * T;
+    auto a = random_vector(N * LC, 17, 1.0f, 3.0f), b = random_vector(N * LC, 18);
+    auto weight = random_vector(LC, 19, 0.5f, 1.5f), bias = random_vector(LC, 20);
+    auto sum = zeros(N * LC), out = zeros(N * LC), mean = zeros(N), rstd = zeros(N);
+    residual_forward(view(sum, {N, LC}), view(a, {N, LC}), view(b, {N, LC}));
+    layernorm_forward(view(out, {N, LC}), view(mean, {N}), view(rstd, {N}), view(sum, {N, LC}), view(weight, {LC}),
+                      view(bias, {LC}));
+    std::vector<float> fused_sum(sum.size(), std::nanf("")), fused_out(out.size(), std::nanf(""));
+    std::vector<float> fused_mean(N, std::nanf("")), fused_rstd(N, std::nanf(""));
+    residual_layernorm_forward(view(fused_sum, {N, LC}), view(fused_out, {N, LC}), view(fused_mean, {N}),
+                               view(fused_rstd, {N}), view(a, {N, LC}), view(b, {N, LC}), view(weight, {LC}),
+                               view(bias, {LC}));
+    EXPECT_TRUE(allclose(fused_sum, sum, 0.0, 0.0)) << "the sum";
+    EXPECT_TRUE(allclose(fused_out, out, 0.0, 0.0)) << "the layernorm";
+    EXPECT_TRUE(allclose(fused_mean, mean, 0.0, 0.0)) << "mean";
+    EXPECT_TRUE(allclose(fused_rstd, rstd, 0.0, 0.0)) << "rstd";
+  }
+}
+
 // ---------------------------------------------------------------------------------------------------------
 // matmul: inp (B,T,LC) -> out (B,T,OC), odd LC and OC
 
@@ -613,6 +637,42 @@ TEST(Attention, BackwardMatchesFiniteDifferencesAndAccumulates) {
     SCOPED_TRACE("after backward call " + std::to_string(call));
     EXPECT_TRUE(allclose(dqkv, scaled(dqkv_ref, call), kGradAtol, kGradRtol));
   }
+}
+
+// The model's CPU forward does not store the scores before the softmax (an empty preatt): the same
+// output and softmax, bit for bit.
+TEST(Attention, ForwardWithoutTheScoresIsTheSameBitForBit) {
+  const int T_ = 37;
+  auto qkv = random_vector(B * T_ * 3 * C, 36, -2.0f, 2.0f);
+  auto out = zeros(B * T_ * C), preatt = zeros(B * NH * T_ * T_), att = zeros(B * NH * T_ * T_);
+  attention_forward(view(out, {B, T_, C}), view(preatt, {B, NH, T_, T_}), view(att, {B, NH, T_, T_}),
+                    view(qkv, {B, T_, 3 * C}), NH);
+  std::vector<float> out_alone(out.size(), std::nanf("")), att_alone(att.size(), std::nanf(""));
+  attention_forward(view(out_alone, {B, T_, C}), Tensor(), view(att_alone, {B, NH, T_, T_}), view(qkv, {B, T_, 3 * C}),
+                    NH);
+  EXPECT_TRUE(allclose(out_alone, out, 0.0, 0.0)) << "out";
+  EXPECT_TRUE(allclose(att_alone, att, 0.0, 0.0)) << "att";
+}
+
+// The block's backward overwrites qkv's gradient with the attention's (GradWrite::Overwrite) instead of
+// zeroing it first: bit for bit the same, whatever dqkv held (NaN here), at T = 37, whose last tile
+// is cut by the sequence's end.
+TEST(Attention, OverwritingBackwardIsZeroThenAccumulateBitForBit) {
+  const int T_ = 37;
+  auto qkv = random_vector(B * T_ * 3 * C, 34, -2.0f, 2.0f), dout = random_vector(B * T_ * C, 35);
+  auto out = zeros(B * T_ * C), preatt = zeros(B * NH * T_ * T_), att = zeros(B * NH * T_ * T_);
+  attention_forward(view(out, {B, T_, C}), view(preatt, {B, NH, T_, T_}), view(att, {B, NH, T_, T_}),
+                    view(qkv, {B, T_, 3 * C}), NH);
+  auto dpreatt = zeros(preatt.size()), datt = zeros(att.size());
+  auto backward = [&](std::vector<float>& dqkv, GradWrite write) {
+    attention_backward(view(dqkv, {B, T_, 3 * C}), view(dpreatt, {B, NH, T_, T_}), view(datt, {B, NH, T_, T_}),
+                       view(dout, {B, T_, C}), view(qkv, {B, T_, 3 * C}), view(att, {B, NH, T_, T_}), NH, write);
+  };
+  auto accumulated = zeros(qkv.size());
+  backward(accumulated, GradWrite::Accumulate);
+  std::vector<float> overwritten(qkv.size(), std::nanf(""));
+  backward(overwritten, GradWrite::Overwrite);
+  EXPECT_TRUE(allclose(overwritten, accumulated, 0.0, 0.0));
 }
 
 // ---------------------------------------------------------------------------------------------------------

@@ -86,7 +86,7 @@ void carve(GPT2::Activations& a, Carver& c, const GPT2Config& cfg, int B, bool f
   a.datty = c.take(R * d.Cl);
   a.dqkv = c.take((1 - kept) * R * 3 * d.Cl);
   a.dpreatt = c.take(att); a.datt = c.take(att);
-  a.dfch = c.take((1 - kept) * R * d.Fl); a.dfch_gelu = c.take(R * d.Fl);
+  a.dfch = c.take((1 - kept) * R * d.Fl);
   a.dlogits = c.take((head ? 1 - kept : 0) * R * d.Vl);
   a.gathered = c.take(d.sp ? R * C : 0);
   a.partial = c.take(d.sp ? R * C : 0);

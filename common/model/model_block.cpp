@@ -25,11 +25,12 @@ void GPT2::block_forward(Slot& s, int l, const Layer& x, bool replay) {
   column_parallel_forward(s, v.btc(x.qkv, 3 * v.d.Cl), x.ln1, P(QKV_W), P(QKV_B));
   self_attention_forward(s, x);
   row_parallel_forward(s, x.attproj, v.full(x.atty, v.d.Cl), P(PROJ_W), P(PROJ_B));
-  residual_forward(v.local(x.residual2), v.local(residual), v.local(x.attproj));
 
-  // MLP: residual3 = residual2 + fcproj(gelu(fc(ln2(residual2)))), or the experts instead.
-  layernorm_forward(v.local(x.ln2), v.stat(x.ln2_mean, v.d.r), v.stat(x.ln2_rstd, v.d.r), v.local(x.residual2),
-                    param(P(LN2_W)), param(P(LN2_B)));
+  // MLP: residual3 = residual2 + fcproj(gelu(fc(ln2(residual2)))), or the experts instead. The
+  // residual add and layernorm 2 are one call: each row is normalised as soon as it is summed.
+  residual_layernorm_forward(v.local(x.residual2), v.local(x.ln2), v.stat(x.ln2_mean, v.d.r),
+                             v.stat(x.ln2_rstd, v.d.r), v.local(residual), v.local(x.attproj), param(P(LN2_W)),
+                             param(P(LN2_B)));
   if (cfg_.moe()) {
     moe_mlp_forward(s, l, x);
   } else {

@@ -16,23 +16,24 @@ void GPT2::self_attention_forward(Slot& s, const Layer& x) {
   } else if (flash_) {
     attention_forward_flash(v.btc(x.atty, v.d.Cl), v.lse(x.lse), v.btc(x.qkv, 3 * v.d.Cl), int(v.d.NHl));
   } else {
-    attention_forward(v.btc(x.atty, v.d.Cl), v.bhtt(x.preatt), v.bhtt(x.att), v.btc(x.qkv, 3 * v.d.Cl), int(v.d.NHl));
+    attention_forward(v.btc(x.atty, v.d.Cl), v.scores(x.preatt), v.bhtt(x.att), v.btc(x.qkv, 3 * v.d.Cl), int(v.d.NHl));
   }
 }
 
 void GPT2::self_attention_backward(Slot& s, const Layer& x, void* dqkv, void* att) {
   Activations& a = *acts_;
   const Views v{dims_for(cfg_, s.B, tp_), dtype_, device_};
-  fill_zero(v.full(dqkv, 3 * v.d.Cl));
   if (cp_.on()) {
+    fill_zero(v.full(dqkv, 3 * v.d.Cl));
     attention_hooks.attention_backward(v.btc(dqkv, 3 * v.d.Cl), v.btc(a.datty, v.d.Cl), v.btc(x.qkv, 3 * v.d.Cl),
                                 v.btc(x.atty, v.d.Cl), v.lse(x.lse), int(v.d.NHl));
   } else if (flash_) {
+    fill_zero(v.full(dqkv, 3 * v.d.Cl));
     attention_backward_flash(v.btc(dqkv, 3 * v.d.Cl), v.btc(a.datty, v.d.Cl), v.btc(x.qkv, 3 * v.d.Cl),
                              v.btc(x.atty, v.d.Cl), v.lse(x.lse), int(v.d.NHl));
   } else {  // (dpreatt and datt are the op's scratch, their contents meaningless on exit)
     attention_backward(v.btc(dqkv, 3 * v.d.Cl), v.bhtt(a.dpreatt), v.bhtt(a.datt), v.btc(a.datty, v.d.Cl),
-                       v.btc(x.qkv, 3 * v.d.Cl), v.bhtt(att), int(v.d.NHl));
+                       v.btc(x.qkv, 3 * v.d.Cl), v.bhtt(att), int(v.d.NHl), GradWrite::Overwrite);
   }
 }
 

@@ -67,7 +67,7 @@ struct GPT2::Activations {
   void* datty;                               // (R,C')
   void* dqkv;                                // (R,3C')  (split_backward: the layer's, kept)
   void *dpreatt, *datt;                      // (B,NH',T,T); not allocated with FlashAttention
-  void *dfch, *dfch_gelu;                    // (R,F')   (split_backward: dfch is the layer's)
+  void* dfch;                                // (R,F')   (split_backward: the layer's, kept)
   void* dlogits;                             // (R,V')
   // Sequence parallelism only (else these are the local tensors themselves): a full-rows input of a
   // column-parallel layer (gathered, in forward and again in backward), a row-parallel layer's full
@@ -141,6 +141,10 @@ struct Views {
   Tensor lse(float* p) const { return make_view(p, {d.B, d.NHl, d.T}, DType::F32, device); }
   // The full-rows form of a local tensor: its own rows without sequence parallelism, else `spare`.
   Tensor full_of(void* local_data, void* spare) const { return full(d.sp ? spare : local_data, d.C); }
+  // Where attention_forward writes the scores before the softmax: nowhere on the CPU, whose backward
+  // reads only the softmax (ops.h); the GPU's softmax reads them back. (The arena holds them either
+  // way: its size, and docs/theory.md's count, do not depend on the device.)
+  Tensor scores(void* preatt) const { return device == Device::CPU ? Tensor() : bhtt(preatt); }
 };
 
 }  // namespace model_internal

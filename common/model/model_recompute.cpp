@@ -31,11 +31,11 @@ void* GPT2::recompute_attention(Slot& s, int l, const Layer& x) {
   if (cfg_.recompute != Recompute::Selective || cp_.lse_attention(flash_)) return x.att;
   // The softmax of the scores again, from the kept q, k and v. Its other outputs land in scratch the
   // backward overwrites: the attention output (already kept) in datty, the scores before the softmax
-  // in dpreatt.
+  // (on the GPU; the CPU does not store them) in dpreatt.
   TraceScope recompute("recompute attention L" + std::to_string(l));
   Activations& a = *acts_;
   const Views v{dims_for(cfg_, s.B, tp_), dtype_, device_};
-  attention_forward(v.btc(a.datty, v.d.Cl), v.bhtt(a.dpreatt), v.bhtt(a.recomputed_att), v.btc(x.qkv, 3 * v.d.Cl),
+  attention_forward(v.btc(a.datty, v.d.Cl), v.scores(a.dpreatt), v.bhtt(a.recomputed_att), v.btc(x.qkv, 3 * v.d.Cl),
                     int(v.d.NHl));
   return a.recomputed_att;
 }

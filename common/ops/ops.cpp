@@ -344,14 +344,15 @@ void attention_forward(Tensor out, Tensor preatt, Tensor att, Tensor qkv, int NH
   const int B = int(qkv.shape[0]), T = int(qkv.shape[1]), C = int(qkv.shape[2] / 3);
   ENSURE(NH > 0 && C % NH == 0, "attention_forward: C must divide into NH heads");
   ENSURE(out.numel() == int64_t(B) * T * C, "attention_forward: out must be (B,T,C)");
-  ENSURE(preatt.numel() == int64_t(B) * NH * T * T && att.numel() == preatt.numel(),
+  ENSURE(att.numel() == int64_t(B) * NH * T * T && (preatt.empty() || preatt.numel() == att.numel()),
          "attention_forward: preatt and att must be (B,NH,T,T)");
+  ENSURE(!preatt.empty() || ops.device == Device::CPU, "attention_forward: preatt may be empty only on the CPU");
   ON_CUDA(ops, attention_forward(ops.dtype, out.data, preatt.data, att.data, qkv.data, B, T, C, NH));
-  cpu::attention_forward(out.f32(), preatt.f32(), att.f32(), qkv.f32(), B, T, C, NH);
+  cpu::attention_forward(out.f32(), optional_f32(preatt), att.f32(), qkv.f32(), B, T, C, NH);
 }
 
 void attention_backward(Tensor dqkv, Tensor dpreatt, Tensor datt, Tensor dout, Tensor qkv, Tensor att,
-                        int NH) {
+                        int NH, GradWrite write) {
   const Operands ops = operands(__func__, dqkv, dpreatt, datt, dout, qkv, att);
   ENSURE(qkv.ndim == 3 && qkv.shape[2] % 3 == 0, "attention_backward: qkv must be (B,T,3C)");
   const int B = int(qkv.shape[0]), T = int(qkv.shape[1]), C = int(qkv.shape[2] / 3);
@@ -361,9 +362,12 @@ void attention_backward(Tensor dqkv, Tensor dpreatt, Tensor datt, Tensor dout, T
   const int64_t scores = int64_t(B) * NH * T * T;
   ENSURE(att.numel() == scores && datt.numel() == scores && dpreatt.numel() == scores,
          "attention_backward: att, datt and dpreatt must be (B,NH,T,T)");
+  const bool accumulate = write == GradWrite::Accumulate;
+  if (!accumulate && ops.device == Device::CUDA) fill_zero(dqkv);  // the CUDA kernels accumulate
   ON_CUDA(ops, attention_backward(ops.dtype, dqkv.data, dpreatt.data, datt.data, dout.data, qkv.data, att.data, B,
                                   T, C, NH));
-  cpu::attention_backward(dqkv.f32(), dpreatt.f32(), datt.f32(), dout.f32(), qkv.f32(), att.f32(), B, T, C, NH);
+  cpu::attention_backward(dqkv.f32(), dpreatt.f32(), datt.f32(), dout.f32(), qkv.f32(), att.f32(), B, T, C, NH,
+                          accumulate);
 }
 
 bool flash_attention_available(DType dtype, Device device, int C, int NH) {
@@ -471,6 +475,24 @@ void residual_forward(Tensor out, Tensor a, Tensor b) {
   ENSURE(a.numel() == out.numel() && b.numel() == out.numel(), "residual_forward: sizes differ");
   ON_CUDA(ops, residual_forward(ops.dtype, out.data, a.data, b.data, count(out)));
   cpu::residual_forward(out.f32(), a.f32(), b.f32(), count(out));
+}
+
+void residual_layernorm_forward(Tensor out, Tensor ln, Tensor mean, Tensor rstd, Tensor a, Tensor b, Tensor weight,
+                                Tensor bias) {
+  const Operands ops = operands(__func__, out, ln, a, b, weight, bias);
+  if (ops.device != Device::CPU) {
+    residual_forward(out, a, b);
+    return layernorm_forward(ln, mean, rstd, out, weight, bias);
+  }
+  fp32_operands(__func__, ops.device, mean, rstd);
+  const int N = rows(out), C = cols(out);
+  ENSURE(a.numel() == out.numel() && b.numel() == out.numel() && ln.numel() == out.numel(),
+         "residual_layernorm_forward: out, ln, a and b differ in size");
+  ENSURE(mean.numel() == N && rstd.numel() == N,
+         "residual_layernorm_forward: mean and rstd must hold one value per row");
+  ENSURE(weight.numel() == C && bias.numel() == C, "residual_layernorm_forward: weight and bias must be (C)");
+  cpu::residual_layernorm_forward(out.f32(), ln.f32(), mean.f32(), rstd.f32(), a.f32(), b.f32(), weight.f32(),
+                                  bias.f32(), N, C);
 }
 
 void residual_backward(Tensor da, Tensor db, Tensor dout) {

@@ -8,8 +8,8 @@
 // parameter gradients and input gradients. Callers zero what must start at zero. Two exceptions,
 // named where they are declared, overwrite pure scratch, so the model need not zero hundreds of MB
 // per step: attention's dpreatt and datt, and the cross-entropy's dlogits. And two backwards whose
-// input gradient is often the first thing written into its buffer (a product's and GELU's) take a
-// GradWrite: Overwrite writes the gradient instead of adding it, where the caller would otherwise
+// input gradient is often the first thing written into its buffer (a product's, GELU's and the
+// attention's) take a GradWrite: Overwrite writes the gradient instead of adding it, where the caller would otherwise
 // zero the buffer first: the same values without that pass over memory, nor the read of the zeros.
 // matmul_backward_input_gelu, the two in one call, overwrites too.
 //
@@ -82,12 +82,15 @@ void bias_backward(Tensor dbias, Tensor dout);
 
 // Causal multi-head self-attention. qkv(B,T,3C) holds q, k, v side by side; each head has C/NH
 // channels. preatt and att are (B,NH,T,T) (scores before and after the causal softmax, scaled by
-// 1/sqrt(C/NH)). out(B,T,C) = att @ v, heads concatenated.
+// 1/sqrt(C/NH)). out(B,T,C) = att @ v, heads concatenated. On the CPU preatt may be empty: the scores
+// are then not stored, a pass of B NH T^2 writes fewer (the backward reads only att; the GPU's
+// softmax reads the scores back from preatt, which it needs there).
 void attention_forward(Tensor out, Tensor preatt, Tensor att, Tensor qkv, int NH);
-// dqkv(B,T,3C) += gradient. dpreatt and datt (B,NH,T,T) are scratch: their contents on entry do not
-// matter, nor on exit (the CPU keeps each head's datt in a scratch block and leaves datt unwritten).
+// dqkv(B,T,3C) += gradient (GradWrite::Overwrite: dqkv = gradient). dpreatt and datt (B,NH,T,T) are
+// scratch: their contents on entry do not matter, nor on exit (the CPU keeps each head's datt in a
+// scratch block and leaves datt unwritten).
 void attention_backward(Tensor dqkv, Tensor dpreatt, Tensor datt, Tensor dout, Tensor qkv, Tensor att,
-                        int NH);
+                        int NH, GradWrite write = GradWrite::Accumulate);
 
 // FlashAttention (GPU, bf16; attention_flash.cu): what attention_forward computes, without the
 // (B,NH,T,T) matrices. lse(B,NH,T), fp32, is saved for the backward: the log of each row's softmax
@@ -115,6 +118,12 @@ void matmul_backward_input_gelu(Tensor dinp, Tensor dout, Tensor weight, Tensor 
 
 void residual_forward(Tensor out, Tensor a, Tensor b);     // out = a + b
 void residual_backward(Tensor da, Tensor db, Tensor dout); // da += dout; db += dout
+// A residual add and the layernorm of its sum in one call: out = a + b (N,C), then ln(N,C), mean(N) and
+// rstd(N) = layernorm_forward of out: the two ops' results, bit for bit. On the CPU each row is
+// normalised right after it is summed, while it is in L1 (the layernorm's reads of out from L2 or
+// memory go); elsewhere the call is the two ops.
+void residual_layernorm_forward(Tensor out, Tensor ln, Tensor mean, Tensor rstd, Tensor a, Tensor b, Tensor weight,
+                                Tensor bias);
 
 // Fused softmax + cross-entropy over the last dimension. logits, probs: (B,T,V); losses: (B,T);
 // targets: int32 (B,T). losses[b,t] = -log probs[b,t,targets[b,t]].

@@ -39,10 +39,11 @@ void matmul_backward_weight(float* dweight, float* dbias, const float* dout, con
 void add_bias(float* out, const float* bias, int N, int C);
 void bias_backward(float* dbias, const float* dout, int N, int C);
 
-// qkv(B,T,3C), out(B,T,C), preatt/att and their gradients (B,NH,T,T).
+// qkv(B,T,3C), out(B,T,C), preatt/att and their gradients (B,NH,T,T); preatt nullptr: not stored.
 void attention_forward(float* out, float* preatt, float* att, const float* qkv, int B, int T, int C, int NH);
+// accumulate = false overwrites dqkv instead of adding to it (ops.h's GradWrite::Overwrite).
 void attention_backward(float* dqkv, float* dpreatt, float* datt, const float* dout, const float* qkv,
-                        const float* att, int B, int T, int C, int NH);
+                        const float* att, int B, int T, int C, int NH, bool accumulate = true);
 
 void gelu_forward(float* out, const float* inp, size_t n);
 void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n, bool accumulate = true);
@@ -54,6 +55,9 @@ void matmul_backward_input_gelu(float* dinp, const float* dout, const float* wei
                                 int C, int OC);
 
 void residual_forward(float* out, const float* a, const float* b, size_t n);
+// out = a + b, then ln = layernorm_forward(out), row by row; N rows of C channels.
+void residual_layernorm_forward(float* out, float* ln, float* mean, float* rstd, const float* a, const float* b,
+                                const float* weight, const float* bias, int N, int C);
 void residual_backward(float* da, float* db, const float* dout, size_t n);
 
 // N rows of V logits, one target per row.

@@ -33,8 +33,12 @@ using internal::max_of;
 // read down their columns, without a transposed copy), so they add nothing. Every element is one sum
 // in a fixed order (over the depth, increasing), which depends only on T and the head size: results
 // do not depend on B, NH or which rank computes a head, and the same shapes give the same bits.
-// The scratch, per thread, holds one head's blocks: five of (T, hs) and two of (T, T), rounded up to
-// whole tiles (at T = 1024, 8 MB: an eighth of one of the (B,NH,T,T) arrays the op is given).
+// The heads' rows are copied into their blocks, and the results out of them, for a group of heads at a
+// time (gather_heads, scatter_heads): every head of a sequence at the presets, whose rows of qkv,
+// dout, out and dqkv are then read and written straight through. The scratch, per thread, holds a
+// group's blocks (in the backward six of (T, hs) a head) and two of (T, T), rounded up to whole tiles
+// (at T = 1024, head size 64, a group of one head: about 10 MB, an eighth of one of the (B,NH,T,T)
+// arrays the op is given).
 
 // The kernel's own functions live in a named namespace, so that a profile books them to the attention
 // (make profile).
@@ -116,53 +120,79 @@ inline void copy_row(float* __restrict d, const float* __restrict s, int n) {
   for (; i < n; i++) d[i] = s[i];
 }
 
-// Asks the caches for rows [t_begin, min(t_end, T)) of a head's cols channels (row t at src + t * ld),
-// for reading or for writing. A head's channels are short pieces of long rows (qkv's are 3C floats),
-// too far apart for the hardware's prefetchers to follow, and in a training step they come from
-// memory. So each head's loop over its tiles asks for the rows the next head will read (and this
-// head's rows of the output it will write), a tile's rows at a time.
-void prefetch_rows(const float* src, size_t ld, int t_begin, int t_end, int T, int cols, bool for_write) {
-  for (int t = t_begin; t < std::min(t_end, T); t++) {
-    const float* row = src + size_t(t) * ld;
-    for (int i = 0; i < cols; i += 16) {
-      if (for_write)
-        __builtin_prefetch(row + i, 1);
-      else
-        __builtin_prefetch(row + i, 0);
-    }
-    if (for_write)
-      __builtin_prefetch(row + cols - 1, 1);
-    else
-      __builtin_prefetch(row + cols - 1, 0);
-  }
-}
+// Where one part of a group of heads (their queries, keys, values or output gradients) is copied:
+// head j of the group into blocks + j * stride, a (Tr, hsp) block of rows, or, transposed, a (hs, Tc)
+// block whose column t is row t; zero-padded either way.
+struct PartBlocks {
+  float* blocks;
+  size_t stride;
+  bool transposed;
+};
 
-// dst(rows, width) = src's rows 0..n-1 (stride ld), columns 0..cols-1; zeros everywhere else.
-void gather_rows(float* __restrict dst, int rows, int width, const float* __restrict src, size_t ld, int n, int cols) {
-  for (int r = 0; r < rows; r++) {
-    float* __restrict d = dst + size_t(r) * width;
-    const int copied = r < n ? cols : 0;
-    copy_row(d, src + (r < n ? size_t(r) * ld : 0), copied);
-    for (int i = copied; i < width; i++) d[i] = 0.0f;
-  }
-}
-
-// dst(cols, width)[i][t] = src[t * ld + i] for t < n; zero for n <= t < width.
-void gather_transposed(float* __restrict dst, int width, const float* __restrict src, size_t ld, int n, int cols) {
-  for (int i = 0; i < cols; i++) {
-    float* __restrict d = dst + size_t(i) * width;
-    for (int t = 0; t < n; t++) d[t] = src[size_t(t) * ld + i];
-    for (int t = n; t < width; t++) d[t] = 0.0f;
-  }
-}
-
-// dst (rows ld apart, n columns) += src (rows ldsrc apart), rows 0..T-1.
-void add_rows(float* __restrict dst, size_t ld, const float* __restrict src, size_t ldsrc, int T, int n) {
+// Heads [h0, h0 + gh) of the first `parts` parts of rows 0..T-1 of src (rows ld apart; part p of head
+// h at channels p * C + h * hs) into their blocks. Row after row of src, every head of the group from
+// each: one head's channels are short pieces of long rows (qkv's are 3C floats), which copied one
+// head at a time came from memory piece by piece, with misses the hardware's prefetchers do not
+// follow; a group's pieces of a row lie side by side, and at these sizes a group is every head, so
+// src is read straight through.
+void gather_heads(const PartBlocks* part, int parts, const float* src, size_t ld, int C, int T, int h0, int gh,
+                  int hs, int hsp, int Tr, int Tc) {
   for (int t = 0; t < T; t++) {
-    float* __restrict d = dst + size_t(t) * ld;
-    const float* __restrict s = src + size_t(t) * ldsrc;
-    for (int i = 0; i < n; i++) d[i] += s[i];
+    const float* row = src + size_t(t) * ld;
+    for (int p = 0; p < parts; p++) {
+      for (int j = 0; j < gh; j++) {
+        const float* __restrict s = row + size_t(p) * C + size_t(h0 + j) * hs;
+        float* __restrict block = part[p].blocks + size_t(j) * part[p].stride;
+        if (part[p].transposed) {
+          for (int i = 0; i < hs; i++) block[size_t(i) * Tc + t] = s[i];
+        } else {
+          float* __restrict d = block + size_t(t) * hsp;
+          copy_row(d, s, hs);
+          for (int i = hs; i < hsp; i++) d[i] = 0.0f;
+        }
+      }
+    }
   }
+  for (int p = 0; p < parts; p++) {  // the padding: rows T..Tr-1, or columns T..Tc-1 transposed
+    for (int j = 0; j < gh; j++) {
+      float* __restrict block = part[p].blocks + size_t(j) * part[p].stride;
+      if (part[p].transposed) {
+        for (int i = 0; i < hs; i++)
+          for (int t = T; t < Tc; t++) block[size_t(i) * Tc + t] = 0.0f;
+      } else {
+        for (size_t k = size_t(T) * hsp; k < size_t(Tr) * hsp; k++) block[k] = 0.0f;
+      }
+    }
+  }
+}
+
+// gather_heads' reverse, for blocks of rows: rows 0..T-1 of parts' blocks (part p of head j of the
+// group at blocks + (p * g + j) * stride) into rows 0..T-1 of dst, row after row. Added, or, not
+// accumulating, copied (a gradient's first and only contribution: no pass zeroing dst before, nor
+// its read).
+void scatter_heads(float* dst, size_t ld, int C, int parts, const float* blocks, size_t stride, int g, int T,
+                   int h0, int gh, int hs, int hsp, bool accumulate) {
+  for (int t = 0; t < T; t++) {
+    float* row = dst + size_t(t) * ld;
+    for (int p = 0; p < parts; p++) {
+      for (int j = 0; j < gh; j++) {
+        float* __restrict d = row + size_t(p) * C + size_t(h0 + j) * hs;
+        const float* __restrict s = blocks + (size_t(p) * g + j) * stride + size_t(t) * hsp;
+        if (accumulate) {
+          for (int i = 0; i < hs; i++) d[i] += s[i];
+        } else {
+          copy_row(d, s, hs);
+        }
+      }
+    }
+  }
+}
+
+// Heads gathered at once: as many as keep their blocks within kGroupBytes (about an L2), at least one.
+// (Every head at the presets; at GPT-2's T = 1024 and head size 64, one.)
+constexpr size_t kGroupBytes = size_t(512) << 10;
+int heads_per_group(size_t floats_per_head, int NH) {
+  return std::max(1, std::min(NH, int(kGroupBytes / (floats_per_head * sizeof(float)))));
 }
 
 // The sizes of one head's blocks: Tr rows (whole tiles), Tc columns of keys (whole wide tiles, and at
@@ -186,32 +216,30 @@ void attention_forward(float* out, float* preatt, float* att, const float* qkv, 
   const float scale = 1.0f / std::sqrt(float(hs));
   const HeadBlocks blk(T, hs);
   const int Tr = blk.Tr, Tc = blk.Tc, hsp = blk.hsp;
-  float* queries = attention_scratch(3 * blk.rows_block() + blk.transposed_block(hs) + blk.square_block() + Tc);
-  float* values = queries + blk.rows_block();        // (Tr, hsp)
-  float* outputs = values + blk.rows_block();        // (Tr, hsp)
-  float* keys_t = outputs + blk.rows_block();        // (hs, Tc)
-  float* probs = keys_t + blk.transposed_block(hs);  // (Tr, Tc): scores, then probabilities
-  float* exps = probs + blk.square_block();          // one row
+  const size_t rows = blk.rows_block(), transposed = blk.transposed_block(hs);
+  const int g = heads_per_group(3 * rows + transposed, NH);
+  float* queries_g = attention_scratch(g * (3 * rows + transposed) + blk.square_block() + Tc);
+  float* values_g = queries_g + g * rows;       // (Tr, hsp) a head
+  float* keys_t_g = values_g + g * rows;        // (hs, Tc) a head
+  float* outputs_g = keys_t_g + g * transposed; // (Tr, hsp) a head
+  float* probs = outputs_g + g * rows;          // (Tr, Tc): scores, then probabilities
+  float* exps = probs + blk.square_block();     // one row
+  const PartBlocks parts[3] = {{queries_g, rows, false}, {keys_t_g, transposed, true}, {values_g, rows, false}};
 
   for (int b = 0; b < B; b++) {
     const float* qkv_b = qkv + size_t(b) * T * C3;
     for (int h = 0; h < NH; h++) {
-      gather_rows(queries, Tr, hsp, qkv_b + h * hs, C3, T, hs);
-      gather_transposed(keys_t, Tc, qkv_b + C + h * hs, C3, T, hs);
-      gather_rows(values, Tr, hsp, qkv_b + 2 * C + h * hs, C3, T, hs);
-      float* preatt_head = preatt + (size_t(b) * NH + h) * T * T;
+      const int j = h % g;  // the head's place in its group, gathered with the group's first
+      if (j == 0) gather_heads(parts, 3, qkv_b, C3, C, T, h, std::min(g, NH - h), hs, hsp, Tr, Tc);
+      const float* queries = queries_g + j * rows;
+      const float* keys_t = keys_t_g + j * transposed;
+      const float* values = values_g + j * rows;
+      float* outputs = outputs_g + j * rows;
+      float* preatt_head = preatt ? preatt + (size_t(b) * NH + h) * T * T : nullptr;
       float* att_head = att + (size_t(b) * NH + h) * T * T;
-      float* out_head = out + size_t(b) * T * C + h * hs;
-      const bool last_head = b == B - 1 && h == NH - 1;
-      const size_t next_head = h + 1 < NH ? size_t(b) * T * C3 + (h + 1) * hs : size_t(b + 1) * T * C3;
 
       for (int t0 = 0; t0 < Tr; t0 += kRows) {
         const int keys = std::min(t0 + kRows, T);  // the tile's rows see keys 0..keys-1
-        if (!last_head) {
-          for (int part = 0; part < 3; part++)
-            prefetch_rows(qkv + next_head + part * C, C3, t0, t0 + kRows, T, hs, false);
-        }
-        prefetch_rows(out_head, C, t0, t0 + kRows, T, hs, true);
         float* tile = probs + size_t(t0) * Tc;
         tile_row(tile, Tc, queries + size_t(t0) * hsp, hsp, keys_t, Tc, hs, keys, scale);
 
@@ -221,10 +249,12 @@ void attention_forward(float* out, float* preatt, float* att, const float* qkv, 
         for (int t = t0; t < std::min(t0 + kRows, T); t++) {
           const int n = t + 1;  // keys 0..t
           float* __restrict scores = probs + size_t(t) * Tc;
-          float* __restrict preatt_row = preatt_head + size_t(t) * T;
           float* __restrict att_row = att_head + size_t(t) * T;
-          for (int t2 = 0; t2 < n; t2++) preatt_row[t2] = scores[t2];
-          for (int t2 = n; t2 < T; t2++) preatt_row[t2] = -INFINITY;
+          if (preatt_head) {
+            float* __restrict preatt_row = preatt_head + size_t(t) * T;
+            for (int t2 = 0; t2 < n; t2++) preatt_row[t2] = scores[t2];
+            for (int t2 = n; t2 < T; t2++) preatt_row[t2] = -INFINITY;
+          }
           const float maxval = max_of(scores, n);
           const double expsum = exp_shifted(exps, scores, maxval, n);
           const float inv_expsum = float(1.0 / expsum);
@@ -234,51 +264,53 @@ void attention_forward(float* out, float* preatt, float* att, const float* qkv, 
         }
         tile_row(outputs + size_t(t0) * hsp, hsp, tile, Tc, values, hsp, keys, hs, 1.0f);
       }
-      for (int t = 0; t < T; t++) {
-        copy_row(out_head + size_t(t) * C, outputs + size_t(t) * hsp, hs);
-      }
+      // After the group's last head, the group's outputs into out, row after row.
+      const int h0 = h - j, gh = std::min(g, NH - h0);
+      if (j == gh - 1) scatter_heads(out + size_t(b) * T * C, C, C, 1, outputs_g, rows, g, T, h0, gh, hs, hsp, false);
     }
   }
 }
 
 void attention_backward(float* dqkv, float* dpreatt, float* /*datt: not written, below*/, const float* dout,
-                        const float* qkv, const float* att, int B, int T, int C, int NH) {
+                        const float* qkv, const float* att, int B, int T, int C, int NH, bool accumulate) {
   const int C3 = 3 * C;
   const int hs = C / NH;
   const float scale = 1.0f / std::sqrt(float(hs));
   const HeadBlocks blk(T, hs);
   const int Tr = blk.Tr, Tc = blk.Tc, hsp = blk.hsp;
-  float* queries = attention_scratch(4 * blk.rows_block() + blk.transposed_block(hs) + 2 * blk.square_block());
-  float* keys = queries + blk.rows_block();              // (Tr, hsp)
-  float* douts = keys + blk.rows_block();                // (Tr, hsp)
-  float* grads = douts + blk.rows_block();               // (Tr, hsp): one of dQ, dK, dV at a time
-  float* values_t = grads + blk.rows_block();            // (hs, Tc)
-  float* dscores = values_t + blk.transposed_block(hs);  // (Tr, Tc): dP, then scale * dS
-  float* probs = dscores + blk.square_block();           // (Tr, Tc): att's causal part, zero-padded
+  const size_t rows = blk.rows_block(), transposed = blk.transposed_block(hs);
+  const int g = heads_per_group(6 * rows + transposed, NH);
+  float* queries_g = attention_scratch(g * (6 * rows + transposed) + 2 * blk.square_block());
+  float* keys_g = queries_g + g * rows;        // (Tr, hsp) a head
+  float* douts_g = keys_g + g * rows;          // (Tr, hsp) a head
+  float* values_t_g = douts_g + g * rows;      // (hs, Tc) a head
+  float* grads_g = values_t_g + g * transposed;  // (Tr, hsp) a head: its dQ, then the group's dKs, then dVs
+  float* dscores = grads_g + 3 * g * rows;     // (Tr, Tc): dP, then scale * dS
+  float* probs = dscores + blk.square_block(); // (Tr, Tc): att's causal part, zero-padded
+  const PartBlocks parts[3] = {{queries_g, rows, false}, {keys_g, rows, false}, {values_t_g, transposed, true}};
+  const PartBlocks dout_part = {douts_g, rows, false};
 
   for (int b = 0; b < B; b++) {
     const float* qkv_b = qkv + size_t(b) * T * C3;
     float* dqkv_b = dqkv + size_t(b) * T * C3;
     for (int h = 0; h < NH; h++) {
-      gather_rows(queries, Tr, hsp, qkv_b + h * hs, C3, T, hs);
-      gather_rows(keys, Tr, hsp, qkv_b + C + h * hs, C3, T, hs);
-      gather_rows(douts, Tr, hsp, dout + size_t(b) * T * C + h * hs, C, T, hs);
-      gather_transposed(values_t, Tc, qkv_b + 2 * C + h * hs, C3, T, hs);
+      const int j = h % g;  // the head's place in its group, gathered with the group's first
+      if (j == 0) {
+        gather_heads(parts, 3, qkv_b, C3, C, T, h, std::min(g, NH - h), hs, hsp, Tr, Tc);
+        gather_heads(&dout_part, 1, dout + size_t(b) * T * C, C, C, T, h, std::min(g, NH - h), hs, hsp, Tr, Tc);
+      }
+      const float* queries = queries_g + j * rows;
+      const float* keys = keys_g + j * rows;
+      const float* douts = douts_g + j * rows;
+      const float* values_t = values_t_g + j * transposed;
+      float* dq = grads_g + j * rows;
+      float* dk = grads_g + (g + j) * rows;
+      float* dv = grads_g + (2 * g + j) * rows;
       const float* att_head = att + (size_t(b) * NH + h) * T * T;
       float* dpreatt_head = dpreatt + (size_t(b) * NH + h) * T * T;
-      const bool last_head = b == B - 1 && h == NH - 1;
-      const size_t next_head = h + 1 < NH ? size_t(b) * T * C3 + (h + 1) * hs : size_t(b + 1) * T * C3;
-      const size_t next_head_dout = h + 1 < NH ? size_t(b) * T * C + (h + 1) * hs : size_t(b + 1) * T * C;
 
       for (int t0 = 0; t0 < Tr; t0 += kRows) {
         const int keys_seen = std::min(t0 + kRows, T);
-        if (!last_head) {
-          for (int part = 0; part < 3; part++)
-            prefetch_rows(qkv + next_head + part * C, C3, t0, t0 + kRows, T, hs, false);
-          prefetch_rows(dout + next_head_dout, C, t0, t0 + kRows, T, hs, false);
-        }
-        for (int part = 0; part < 3; part++)
-          prefetch_rows(dqkv_b + part * C + h * hs, C3, t0, t0 + kRows, T, hs, true);
         // dP = dO V^T: out = sum_t2 att[t2] * value[t2], so this is the gradient into att. The
         // (B,NH,T,T) datt is scratch whose contents no caller reads (ops.h): it is not written.
         tile_row(dscores + size_t(t0) * Tc, Tc, douts + size_t(t0) * hsp, hsp, values_t, Tc, hs, keys_seen, 1.0f);
@@ -305,22 +337,22 @@ void attention_backward(float* dqkv, float* dpreatt, float* /*datt: not written,
           for (int t2 = n; t2 < zero_to; t2++) ds_row[t2] = probs_row[t2] = 0.0f;
         }
         // dQ = scale dS K, over the keys this tile's rows see
-        tile_row(grads + size_t(t0) * hsp, hsp, dscores + size_t(t0) * Tc, Tc, keys, hsp, keys_seen, hs, 1.0f);
+        tile_row(dq + size_t(t0) * hsp, hsp, dscores + size_t(t0) * Tc, Tc, keys, hsp, keys_seen, hs, 1.0f);
       }
-      add_rows(dqkv_b + h * hs, C3, grads, hsp, T, hs);
 
       // dK = (scale dS)^T Q and dV = P^T dO: row t2 gathers the rows t >= t2 that attended to key t2,
       // dS and P read down their columns t2..t2 + kRows - 1 from row t0 on (zero above the diagonal).
       for (int t0 = 0; t0 < Tr; t0 += kRows) {
-        tile_row<true>(grads + size_t(t0) * hsp, hsp, dscores + size_t(t0) * Tc + t0, Tc, queries + size_t(t0) * hsp,
-                 hsp, T - t0, hs, 1.0f);
+        tile_row<true>(dk + size_t(t0) * hsp, hsp, dscores + size_t(t0) * Tc + t0, Tc, queries + size_t(t0) * hsp,
+                       hsp, T - t0, hs, 1.0f);
       }
-      add_rows(dqkv_b + C + h * hs, C3, grads, hsp, T, hs);
       for (int t0 = 0; t0 < Tr; t0 += kRows) {
-        tile_row<true>(grads + size_t(t0) * hsp, hsp, probs + size_t(t0) * Tc + t0, Tc, douts + size_t(t0) * hsp, hsp,
-                 T - t0, hs, 1.0f);
+        tile_row<true>(dv + size_t(t0) * hsp, hsp, probs + size_t(t0) * Tc + t0, Tc, douts + size_t(t0) * hsp, hsp,
+                       T - t0, hs, 1.0f);
       }
-      add_rows(dqkv_b + 2 * C + h * hs, C3, grads, hsp, T, hs);
+      // After the group's last head, the group's dQ, dK and dV into dqkv, row after row.
+      const int h0 = h - j, gh = std::min(g, NH - h0);
+      if (j == gh - 1) scatter_heads(dqkv_b, C3, C, 3, grads_g, rows, g, T, h0, gh, hs, hsp, accumulate);
     }
   }
 }

@@ -56,12 +56,13 @@ double activation_bytes(const GPT2Config& cfg, int B, DType dtype, bool flash, T
                                                  carved(R, f32) + cross_entropy + kept * carved(R * Vl, w));
   // The backward's scratch, reused by every block and micro-batch: gradients of the stream and of a
   // layernorm's output (rC each), of the attention output (RC'), of qkv (3RC', unless kept), of the
-  // scores (2 B NH' T^2), of fc before and after GELU (RF' each; before, unless kept) and of the
-  // logits (RV', the loss's part, unless kept). Under sequence parallelism, three full-rows buffers
-  // (RC each): a gathered input, a row-parallel partial output, a full gradient.
+  // scores (2 B NH' T^2), of fc's output (RF', unless kept; GELU's backward runs on the MLP
+  // projection's input gradient where it is written, so the gradient of GELU's output has no buffer)
+  // and of the logits (RV', the loss's part, unless kept). Under sequence parallelism, three
+  // full-rows buffers (RC each): a gathered input, a row-parallel partial output, a full gradient.
   const double full_rows = tp.size > 1 && tp.sequence_parallel ? 3 * carved(R * C, w) : 0;
   const double scratch = 2 * carved(r * C, w) + carved(R * Cl, w) + (1 - kept) * carved(3 * R * Cl, w) +
-                         2 * carved(att, w) + (2 - kept) * carved(R * Fl, w) + head * (1 - kept) * carved(R * Vl, w) +
+                         2 * carved(att, w) + (1 - kept) * carved(R * Fl, w) + head * (1 - kept) * carved(R * Vl, w) +
                          full_rows;
   // Recomputation's workspace, one for every block and micro-batch: the recomputed softmax
   // (B NH' T^2; the scores before it go where their gradient will be written, which the attention's

@@ -6,8 +6,9 @@
 // (dP = dO V^T, dQ = dS K, dK = dS^T Q, dV = P^T dO), so 4 hs P FLOPs forward and 8 hs P backward
 // (the softmax and the masked halves of the diagonal tiles not counted). Each sample is one call,
 // timed by the thread's CPU time, after 32 MB of other data went through the caches (as in a step,
-// where the layer's inputs come from memory); a figure is the median of the samples. A benchmark, not
-// a test: tests/test_ops.cpp checks the op.
+// where the layer's inputs come from memory); a figure is the median of the samples. The op is called
+// as the model calls it on the CPU: the scores before the softmax not stored (preatt nullptr), dqkv
+// overwritten. A benchmark, not a test: tests/test_ops.cpp checks the op.
 //
 // Build and run: make build/attention_bench && build/attention_bench [samples [warm]] (warm: without
 // the 32 MB between calls)
@@ -61,20 +62,19 @@ int main(int argc, char** argv) {
     const size_t btc = size_t(s.B) * s.T * s.C, bhtt = size_t(s.B) * s.NH * s.T * s.T;
     std::mt19937 rng(1);
     std::uniform_real_distribution<float> uni(-1.0f, 1.0f);
-    std::vector<float> qkv(3 * btc), dout(btc), out(btc), preatt(bhtt), att(bhtt), dqkv(3 * btc), dpreatt(bhtt),
-        datt(bhtt);
+    std::vector<float> qkv(3 * btc), dout(btc), out(btc), att(bhtt), dqkv(3 * btc), dpreatt(bhtt), datt(bhtt);
     for (float& x : qkv) x = uni(rng);
     for (float& x : dout) x = uni(rng);
     std::vector<double> fwd, bwd;
     for (int i = 0; i < samples + 1; i++) {  // the first call warms up
       if (evict) evict_caches();
       double t0 = thread_cpu_ms();
-      cpu::attention_forward(out.data(), preatt.data(), att.data(), qkv.data(), s.B, s.T, s.C, s.NH);
+      cpu::attention_forward(out.data(), nullptr, att.data(), qkv.data(), s.B, s.T, s.C, s.NH);
       const double f = thread_cpu_ms() - t0;
       if (evict) evict_caches();
       t0 = thread_cpu_ms();
       cpu::attention_backward(dqkv.data(), dpreatt.data(), datt.data(), dout.data(), qkv.data(), att.data(), s.B,
-                              s.T, s.C, s.NH);
+                              s.T, s.C, s.NH, /*accumulate=*/false);
       const double g = thread_cpu_ms() - t0;
       if (i > 0) fwd.push_back(f), bwd.push_back(g);
     }
