@@ -156,8 +156,15 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
                 model_cfg.aux_loss_coef, buckets.count());
   }
   const int W = world.size();
-  const ExpertTheory theory =
-      expert_theory(layout, model_cfg, W, ep, run.micro_batch_size(), cfg.grad_accum, collective_formats(world));
+  // The theory's calls, as the lesson below issues them: each bucket's runs, the experts' over their
+  // group, the rest over everyone (under --collectives each call's algorithm follows its size).
+  ExpertGradientCalls calls{run.dimension_context().collectives, {}, {}, everyone.rank(), grid.expert_dp().rank()};
+  for (int b = 0; b < buckets.count(); b++)
+    for (const Segment& s : segments_of(layout, buckets.begin(b), buckets.end(b)))
+      (s.experts ? calls.expert_dp : calls.world).push_back(s.end - s.begin);
+  run.set_gradient_all_reduces(calls.world, calls.expert_dp);
+  const ExpertTheory theory = expert_theory(layout, model_cfg, W, ep, run.micro_batch_size(), cfg.grad_accum,
+                                            collective_formats(world), calls);
 
   // The lesson, 2: when a bucket is final, average its expert ranges over the ranks that hold the
   // same experts, and the rest over everyone.

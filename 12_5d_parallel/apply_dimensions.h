@@ -454,8 +454,9 @@ class GroupBytes {
                              : "all-reduce over DP x CP: 2(N-1)/N x g x (padded - experts)"}};
     formulas.push_back({"", "g, b: a recipe's gradient and gathered-weight bytes (else w); Ψm: the blocks' matrices"});
     if (run_.cfg().collectives != "library")  // (the same rule as the table's rows: dimension.h)
-      formulas.push_back({"", "under --collectives " + run_.cfg().collectives + ", tp's and dp_cp's calls each send what "
-                              "the algorithm their kind and size pick sends from this rank (docs/theory.md, section 15)"});
+      formulas.push_back({"", "under --collectives " + run_.cfg().collectives + ", tp's, dp_cp's and expert_dp's calls and "
+                              "the counts' gathers each send what the algorithm their kind and size pick sends from "
+                              "this rank (docs/theory.md, section 15); the all-to-alls stay the library's"});
     if (run_.context_parallelism().ulysses > 1)
       formulas.push_back({"ulysses", "(4 x passes + 8) (u-1)/u x L' m B T/(cp u) C/t x 4: q, k, v to heads and the "
                                      "output back, forward; the output's gradient and again q, k, v and the output "
@@ -507,8 +508,23 @@ class GroupBytes {
                             : library  ? 2.0 * (N - 1) / N * g * dense
                                        : all_reduces_sent_bytes(ctx);
     // The experts' buckets: all-reduced, or reduce-scattered (every micro-batch under --zero2) and
-    // gathered, the gradients in g bytes, the gather in w (an expert is no Ψm matrix: fp32).
+    // gathered, the gradients in g bytes, the gather in w (an expert is no Ψm matrix: fp32). Under
+    // chapter 00's collectives each call's algorithm's bytes from this rank of expert DP, as dp_cp's.
     const double expert_bytes = zero2_ ? m_ * g + w : sharded_ ? g + w : 2 * g;
+    const int edp_rank = grid_.expert_dp().rank(), ep_rank = grid_.ep().rank();
+    const auto expert_sent = [&](CollectiveKind kind, double bytes, int element) {
+      return double(collective_sent_bytes(ctx.collectives, kind, int64_t(bytes), element, D, edp_rank));
+    };
+    // The all-reduces go call by call (the chapter lists them) under the library too: its count
+    // rounds each call's share down to whole bytes.
+    double expert_grads = expert_bytes * (D - 1) / D * double(expert_range);
+    if (!library && sharded_)
+      expert_grads = expert_sent(CollectiveKind::ReduceScatter, (zero2_ ? m_ * g : g) * double(expert_range), 1) +
+                     expert_sent(CollectiveKind::AllGather, w * double(expert_range), 1);
+    else if (!sharded_ && !ctx.expert_all_reduces.empty()) {
+      expert_grads = 0;
+      for (int64_t n : ctx.expert_all_reduces) expert_grads += expert_sent(CollectiveKind::AllReduce, double(n) * g, int(g));
+    }
     std::vector<GroupRow> rows = {
         {"tp", double(now.tp.since(at_start_.tp).training_sent_bytes()), tensor_parallel_step_bytes(ctx)},
         {"cp", double(now.cp.since(at_start_.cp).training_sent_bytes()),
@@ -525,12 +541,12 @@ class GroupBytes {
       for (const ParamInfo& p : layout.params)
         if (p.expert >= 0) expert_params += 4.0 * double(p.size);
       const double C = run_cfg.C;
+      // The counts' two gathers go by chapter 00's algorithms too; the all-to-alls stay the library's.
       rows.push_back({"expert_dp", double(now.expert_dp.since(at_start_.expert_dp).training_sent_bytes()),
-                      expert_bytes * (D - 1) / D * double(expert_range) +
-                          routing_counts_bytes(held_blocks_, m_, D, P, record)});
+                      expert_grads + routing_counts_bytes(ctx.collectives, held_blocks_, m_, D, edp_rank, P, record)});
       rows.push_back({"ep", double(now.ep.since(at_start_.ep).training_sent_bytes()),
                       experts_.predicted_a2a_bytes() +
-                          routing_counts_bytes(held_blocks_, m_, P, 1, record)});
+                          routing_counts_bytes(ctx.collectives, held_blocks_, m_, P, ep_rank, 1, record)});
       rows.push_back({"expert_params", expert_params,
                       double(held_blocks_) * (run_cfg.experts / grid_.shape().ep) * (8 * C * C + 5 * C) * 4});
     }

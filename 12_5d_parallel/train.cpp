@@ -125,7 +125,8 @@ int train(Communicator& world, TrainConfig& cfg, const Options& opt) {
       cfg.was_given("--bucket-mb") ? opt.bucket_mb * 1e6 : default_bucket_bytes(layout, dtype_size(dtype));
   GradientBuckets buckets(layout, bucket_bytes, dtype_size(dtype), sharded ? BucketCut::AtLayers : BucketCut::AtTensors,
                           /*experts_apart=*/moe);
-  if (!sharded) run.set_gradient_all_reduces(buckets.sizes(/*without_experts=*/true));  // the theory's: one a bucket
+  if (!sharded)  // the theory's: one all-reduce a bucket, the experts' over their own group
+    run.set_gradient_all_reduces(buckets.sizes(/*without_experts=*/true), buckets.expert_sizes());
   // ZeRO-1: the dense buckets sharded over DP x CP, a MoE model's expert buckets over their replicas.
   const ShardPlan plan = sharded ? GradientSync::zero1_plan(buckets, dp_group, moe ? &grid.expert_dp() : nullptr)
                                  : ShardPlan::unsharded(layout);

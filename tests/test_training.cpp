@@ -270,18 +270,38 @@ TEST(Theory, MeasuredMemoryAndBytesMatchTheFormulas) {
   // sends its own share: 12's ZeRO-1 rows, and ZeRO-2's rule down a pipeline (08's table, 12's groups).
   runs.push_back({"12_5d_parallel", "tall", 6, " --pp 2 --batch 12 --zero1 --collectives halving-doubling"});
   runs.push_back({"12_5d_parallel", "tall", 6, " --pp 2 --batch 12 --zero2 --micro-batches 2 --collectives recursive-doubling"});
+  // A mixture of experts' gradient all-reduces and routing counts' gathers go by chapter 00's
+  // algorithms too (the all-to-alls stay the library's). 11's world all-reduces, bucket run by bucket
+  // run: under ours its small runs go by doubling (256 B over the ring's formula on rank 0), under
+  // doubling all of them (a third over). 12 at EP 2: groups of 2, where every algorithm sends the
+  // ring's bytes; its experts' all-reduces over 4 replicas by doubling (a third over), and over 3,
+  // where rank 0 folds in and ranks 2 and 3 send more, with the counts' gathers by doubling.
+  runs.push_back({"11_expert_parallel", "moe-tiny", 4, " --ep 2 --collectives ours"});
+  runs.push_back({"11_expert_parallel", "moe-tiny", 4, " --ep 2 --collectives recursive-doubling"});
+  runs.push_back({"12_5d_parallel", "moe-tiny", 4, " --ep 2 --collectives ours"});
+  runs.push_back({"12_5d_parallel", "moe-tiny", 4, " --ep 1 --collectives recursive-doubling"});
+  runs.push_back({"12_5d_parallel", "moe-tiny", 6, " --ep 2 --batch 12 --collectives recursive-doubling"});
   for (const Run& run : runs) {
     SCOPED_TRACE(run.chapter + " on " + std::to_string(run.ranks) + " ranks, preset " + run.preset + run.flags);
     const ThreeStepRun& r = three_step_run(run.chapter, run.ranks, run.preset, run.flags);
     ASSERT_EQ(r.result.exit_code, 0) << r.result.output;
     expect_theory_matches(r.jsonl, /*param_bytes=*/4);
-    // 12's rows of every rank and group ("rank1_tp" beside "rank1_tp_theory").
+    // 12's rows of every rank and group ("rank1_tp" beside "rank1_tp_theory"), a MoE model's two too.
     const std::string groups = read_record(r.jsonl, "groups");
     for (int q = 0; q < run.ranks && !groups.empty(); q++)
-      for (const char* name : {"tp", "cp", "dp_cp"}) {
+      for (const char* name : {"tp", "cp", "dp_cp", "expert_dp", "ep"}) {
         const std::string key = "rank" + std::to_string(q) + "_" + name;
+        const bool expert_group = std::string(name) == "expert_dp" || std::string(name) == "ep";
+        if (expert_group && groups.find("\"" + key + "\"") == std::string::npos) continue;  // a dense model's
         EXPECT_NEAR(number_field(groups, key), number_field(groups, key + "_theory"), 0.5) << key << " in " << groups;
       }
+    // 11's two gradient rows, every step: the world's all-reduces and the experts' over their group.
+    for (const std::string& experts : read_records(r.jsonl, "experts")) {
+      if (experts.find("\"world_all_reduce_bytes\"") == std::string::npos) continue;  // 12's: routing alone
+      for (const char* row : {"world_all_reduce", "expert_dp_all_reduce"})
+        EXPECT_EQ(number_field(experts, std::string(row) + "_bytes"), number_field(experts, std::string(row) + "_theory"))
+            << row << " in " << experts;
+    }
   }
 }
 

@@ -10,8 +10,6 @@
 // made it, instead of as garbage numbers many layers later.
 #include "ops/ops.h"
 
-#include <atomic>
-#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -228,46 +226,6 @@ void layernorm_backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, 
                                   mean.f32(), rstd.f32(), N, C));
   cpu::layernorm_backward(dinp.f32(), dweight.f32(), dbias.f32(), dout.f32(), inp.f32(), weight.f32(), mean.f32(),
                           rstd.f32(), N, C);
-}
-
-namespace {
-// Atomic: the two lanes of a pipeline's F&B pair (lanes.h) compute on two threads at once.
-std::atomic<double> g_cpu_matmul_ms{0};
-std::atomic<double> g_cpu_matmul_class_ms[kMatmulRowClasses];
-std::atomic<double> g_cpu_matmul_class_flops[kMatmulRowClasses];
-void atomic_add(std::atomic<double>& total, double x) {
-  double before = total.load();
-  while (!total.compare_exchange_weak(before, before + x)) {
-  }
-}
-// Adds the time from its construction to its end to g_cpu_matmul_ms, and with its FLOPs to the class
-// of its rows.
-struct MatmulClock {
-  MatmulClock(int64_t rows, int64_t in, int64_t out) : row_class(matmul_row_class(rows)), flops(2.0 * rows * in * out) {}
-  int row_class;
-  double flops;
-  std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
-  ~MatmulClock() {
-    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
-    atomic_add(g_cpu_matmul_ms, ms);
-    atomic_add(g_cpu_matmul_class_ms[row_class], ms);
-    atomic_add(g_cpu_matmul_class_flops[row_class], flops);
-  }
-};
-}  // namespace
-
-double cpu_matmul_ms() { return g_cpu_matmul_ms.load(); }
-
-int matmul_row_class(int64_t rows) {
-  int b = 0;
-  while (b + 1 < kMatmulRowClasses && (int64_t(1) << (b + 1)) <= rows) b++;
-  return b;
-}
-
-MatmulByRows cpu_matmul_by_rows() {
-  MatmulByRows by;
-  for (int b = 0; b < kMatmulRowClasses; b++) by.ms[b] = g_cpu_matmul_class_ms[b].load(), by.flops[b] = g_cpu_matmul_class_flops[b].load();
-  return by;
 }
 
 void matmul_forward(Tensor out, Tensor inp, Tensor weight, Tensor bias) {

@@ -17,27 +17,11 @@
 // gradients) are fp32 or bf16, one dtype per call (bf16 mixed precision: see ops_cuda.h); layernorm's
 // mean and rstd, the losses and AdamW's m, v and master weights are fp32 always.
 #pragma once
+#include "ops/matmul_timing.h"  // cpu_matmul_ms, cpu_matmul_by_rows: the products' time, which callers read here
 #include "ops/tensor.h"
 
 // How an input gradient meets what its buffer holds (see the convention above).
 enum class GradWrite { Accumulate, Overwrite };
-
-// The wall time, in ms, that this process has spent in the CPU's matrix products (matmul_forward,
-// matmul_backward_input, matmul_backward_weight) since it started; a step's share is the difference.
-// The planner calibrates its two rates on it (docs/planner.md): FLOPs of the products per second,
-// and the rest of the compute per activation byte. Not counted on a GPU, whose kernels are async.
-double cpu_matmul_ms();
-// The same time and the products' FLOPs (2 N C OC a call), split by the rows N of the product's
-// activations into classes of powers of two: class b holds N in [2^b, 2^(b+1)). Our CPU product runs
-// faster a FLOP on taller matrices (an expert's rows under expert parallelism, a pipeline's
-// micro-batch), so the planner prices each product at its class's rate (docs/planner.md, plan-check).
-constexpr int kMatmulRowClasses = 32;
-struct MatmulByRows {
-  double ms[kMatmulRowClasses] = {};
-  double flops[kMatmulRowClasses] = {};
-};
-MatmulByRows cpu_matmul_by_rows();
-int matmul_row_class(int64_t rows);  // floor(log2(rows)), 0 for rows <= 1
 
 // out(B,T,C) = wte[tokens[b,t]] + wpe[t].  tokens: int32 (B,T) viewed as F32-sized ints.
 void encoder_forward(Tensor out, const int* tokens, Tensor wte, Tensor wpe, int B, int T);

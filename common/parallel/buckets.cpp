@@ -74,6 +74,13 @@ std::string GradientBuckets::describe(double bucket_bytes) const {
   return out;
 }
 
+std::vector<int64_t> GradientBuckets::expert_sizes() const {
+  std::vector<int64_t> sizes;
+  for (int b = 0; b < count(); b++)
+    if (holds_experts(b)) sizes.push_back(size(b));
+  return sizes;
+}
+
 std::vector<int64_t> GradientBuckets::sizes(bool without_experts) const {
   std::vector<int64_t> sizes;
   for (int b = 0; b < count(); b++)

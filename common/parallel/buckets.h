@@ -45,6 +45,7 @@ class GradientBuckets {
   // Every bucket's, in bucket order; without_experts: but those of MoE experts, which average over
   // their own group (the data-parallel group's calls).
   std::vector<int64_t> sizes(bool without_experts = false) const;
+  std::vector<int64_t> expert_sizes() const;  // those of MoE experts alone (experts_apart), in bucket order
   // Every bucket's range in flat order (the reverse of the bucket order), for a ShardPlan.
   std::vector<FlatRange> ranges_in_flat_order() const;
   // The plan as the chapters print it: "8 buckets of about 1.21 MB, in the order backward fills them:

@@ -39,13 +39,6 @@ void GradientSync::set_every_micro_batch(int deferred_param) {
   deferred_bucket_ = deferred_param >= 0 ? buckets_.bucket_of(deferred_param) : -1;
 }
 
-double GradientSync::every_micro_batch_sent_bytes(int micro_batches, int64_t padded, double element_bytes,
-                                                  double gather_element_bytes) const {
-  return every_micro_batch_sent_bytes(group_.size(), micro_batches, padded,
-                                      deferred_bucket_ >= 0 ? buckets_.size(deferred_bucket_) : 0, element_bytes,
-                                      gather_element_bytes);
-}
-
 double GradientSync::every_micro_batch_sent_bytes(int ranks, int micro_batches, int64_t padded, int64_t deferred,
                                                   double element_bytes, double gather_element_bytes) {
   const double ring = double(ranks - 1) / ranks, all = double(padded), once = double(deferred);

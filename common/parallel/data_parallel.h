@@ -62,18 +62,15 @@ class GradientSync {
   // accumulating over the micro-batches and is reduce-scattered once, by finish().
   void set_every_micro_batch(int deferred_param = -1);
   void micro_batch_done();
-  // What a rank sends a step under that rule in the data-parallel group (docs/theory.md, section 10):
-  // m reduce-scatters of every bucket but the deferred one, which goes once, then the parameters'
-  // all-gather: (N-1)/N x w x (m(padded - E) + E + padded), E the deferred bucket's elements and
-  // `padded` the elements of the group's buckets (the flat length, less any experts' ranges, which go
-  // to their own group: (D-1)/D x w x (m + 1) x their elements).
-  // gather_element_bytes: the parameters' where they travel otherwise (a recipe's; 0: element_bytes).
-  double every_micro_batch_sent_bytes(int micro_batches, int64_t padded, double element_bytes,
-                                      double gather_element_bytes = 0) const;
-  // The same from the layout alone, for a group of `ranks` and `deferred` elements held back (a
-  // pipeline's tied wte, in a bucket of its own: [0, ParamLayout::tied_wte_end); 0 for none): the
-  // theory table's (dimension_data.cpp), which has the layout but not the buckets. gather_element_bytes:
-  // the parameters' where the gradients travel in a recipe's format (0: element_bytes).
+  // What a rank sends a step under that rule in the data-parallel group (docs/theory.md, section 10),
+  // from the layout alone, for a group of `ranks` and `deferred` elements held back (a pipeline's tied
+  // wte, in a bucket of its own: [0, ParamLayout::tied_wte_end); 0 for none): m reduce-scatters of
+  // every bucket but the deferred one, which goes once, then the parameters' all-gather:
+  // (N-1)/N x w x (m(padded - E) + E + padded), E the deferred elements and `padded` the elements of
+  // the group's buckets (the flat length, less any experts' ranges, which go to their own group:
+  // (D-1)/D x w x (m + 1) x their elements). The theory table's (dimension_data.cpp), which has the
+  // layout but not the buckets. gather_element_bytes: the parameters' where they travel otherwise (a
+  // recipe's; 0: element_bytes).
   static double every_micro_batch_sent_bytes(int ranks, int micro_batches, int64_t padded, int64_t deferred,
                                              double element_bytes,
                                              double gather_element_bytes = 0);

@@ -50,6 +50,9 @@ struct Parallelism {
   // they are not one of the whole buffer (02: one a tensor; 03: one a bucket): under chapter 00's
   // collectives each one's algorithm follows its size (TrainingRun::set_gradient_all_reduces).
   std::vector<int64_t> gradient_all_reduces{};
+  // Likewise a MoE model's all-reduces of its experts' gradients over their expert-data-parallel
+  // group (11's runs of expert tensors, 12's expert buckets).
+  std::vector<int64_t> expert_all_reduces{};
 };
 
 // Everything a dimension reads of the run, as TrainingRun resolved it: the chapter's split whole (a

@@ -6,7 +6,7 @@
 #include <algorithm>
 #include <map>
 
-#include "comm/comm_p2p.h"            // algorithm_for, predicted_sent_bytes: --collectives
+#include "comm/comm_p2p.h"            // algorithm_for, collective_sent_bytes: --collectives
 #include "parallel/data_parallel.h"  // GradientSync: ZeRO-2's rule
 #include "parallel/dimension.h"
 #include "parallel/weight_gather.h"  // is_product_weight: what a recipe's gathers move in its format
@@ -68,11 +68,21 @@ void own_rule(const DimensionContext& ctx, Prediction& p) {
     // 11: the experts' gradients go over their expert-data-parallel group; this one carries the rest
     // of the model's and every layer's routing counts (docs/theory.md, 14).
     // A recipe's gradients travel in its format (g bytes an element; fp32 4).
+    // Under chapter 00's collectives each all-reduce (the chapter's list) and each counts' gather
+    // sends what its algorithm sends from this rank (section 15).
+    ExpertGradientCalls calls;
+    calls.collectives = ctx.collectives;
+    calls.world = ctx.gradient_all_reduces;
+    calls.world_rank = ctx.dp_rank;
     const ExpertTheory theory = expert_theory(*ctx.layout, ctx.model, ctx.world_size, ctx.ep.size, ctx.micro_B,
-                                              ctx.micro_batches, ctx.formats);
+                                              ctx.micro_batches, ctx.formats, calls);
     p.comm_bytes = theory.world_all_reduce + theory.counts_all_gather;
     p.comm_formula = "2(W-1)/W x " + std::to_string(ctx.formats.gradients.element_bytes()) +
                      " x non-expert elements (padding included) + K x L x (W-1) x 4E counts";
+    if (!ctx.collectives.library)
+      p.comm_formula += std::string(" (each all-reduce and gather by its algorithm: ") +
+                        algorithm_name(algorithm_for(ctx.collectives, CollectiveKind::AllGather, 0)) +
+                        " for the gathers; their bytes from rank " + std::to_string(ctx.dp_rank) + ", section 15)";
   }
 }
 
@@ -150,8 +160,9 @@ class DataDimension : public Dimension {
     Prediction& p = table.strategy;
     own_rule(ctx, p);
     // ZeRO-2's rule counts the padded buffer, as the calls carry it, whichever algorithm runs.
-    const bool per_call = ctx.pp.reduce_every_micro_batch ||
-                          (!ctx.ep.routing_counts_over_data_group && chosen_algorithms(ctx, p));
+    // So does 11's, whose calls the chapter lists (the padding of its ranges included).
+    const bool per_call = ctx.pp.reduce_every_micro_batch || ctx.ep.routing_counts_over_data_group ||
+                          chosen_algorithms(ctx, p);
     const double padding =
         double(dtype_size(ctx.dtype)) * double(ctx.layout->padded_size - ctx.layout->num_params);
     // Named apart where other groups have rows of their own (TP, PP, CP); the strategy runs over

@@ -11,7 +11,7 @@
 
 #include <algorithm>
 
-#include "comm/comm.h"  // wire_bytes_for: the counts' all-gather
+#include "comm/comm_p2p.h"  // collective_sent_bytes: the counts' gathers, 11's all-reduces
 #include "model/moe.h"  // MoELayer::capacity_of
 
 namespace {
@@ -245,8 +245,10 @@ int64_t moe_expert_rows_at_most(const GPT2Config& cfg, int B, int ep, int world)
   const int64_t per_expert = capacity < 0 ? ep * N : std::min(capacity, ep * N);
   return std::min(ep * N * cfg.top_k, local * per_expert);
 }
-double routing_counts_bytes(int blocks, int m, int group, int64_t chunk, int64_t record) {
-  return double(blocks) * m * (group - 1) * double(chunk) * double(record) * 4;
+double routing_counts_bytes(const CollectivesChoice& collectives, int blocks, int m, int group, int rank, int64_t chunk,
+                            int64_t record) {
+  const int64_t gathered = int64_t(group) * chunk * record * 4;  // int32 records
+  return double(blocks) * m * double(collective_sent_bytes(collectives, CollectiveKind::AllGather, gathered, 4, group, rank));
 }
 
 namespace {
@@ -268,7 +270,7 @@ int64_t expert_range_elements(const ParamLayout& layout) {
 }  // namespace
 
 ExpertTheory expert_theory(const ParamLayout& layout, const GPT2Config& cfg, int world, int ep, int micro_B,
-                           int micro_batches, const CollectiveFormats& formats) {
+                           int micro_batches, const CollectiveFormats& formats, const ExpertGradientCalls& calls) {
   ExpertTheory t;
   const int W = world, D = world / ep, P = ep, L = cfg.L, E = cfg.experts;
   const double C = cfg.C;
@@ -278,8 +280,16 @@ ExpertTheory expert_theory(const ParamLayout& layout, const GPT2Config& cfg, int
   const double g = double(formats.gradients.element_bytes()), a = double(formats.activations.element_bytes());
   t.world_all_reduce = W > 1 ? 2.0 * (W - 1) / W * g * double(layout.padded_size - expert_range) : 0;
   t.expert_dp_all_reduce = D > 1 ? 2.0 * (D - 1) / D * g * double(expert_range) : 0;
-  t.counts_all_gather =
-      double(micro_batches) * double(L * wire_bytes_for(CollectiveKind::AllGather, int64_t(W) * E * 4, W));
+  // Call by call where the chapter listed them: each call's algorithm's bytes from this rank.
+  const auto sent = [&](const std::vector<int64_t>& elements, int ranks, int rank) {
+    double bytes = 0;
+    for (int64_t n : elements)
+      bytes += double(collective_sent_bytes(calls.collectives, CollectiveKind::AllReduce, n * int64_t(g), int(g), ranks, rank));
+    return bytes;
+  };
+  if (!calls.world.empty()) t.world_all_reduce = sent(calls.world, W, calls.world_rank);
+  if (!calls.expert_dp.empty()) t.expert_dp_all_reduce = sent(calls.expert_dp, D, calls.expert_dp_rank);
+  t.counts_all_gather = routing_counts_bytes(calls.collectives, L, micro_batches, W, calls.world_rank, 1, E);
   const double rows = double(micro_B) * cfg.T * cfg.top_k;  // n k: a rank's assignments, none dropped
   t.a2a_balanced = P > 1 ? L * (double(P - 1) / P * 4 * E + 2.0 * (P - 1) / P * rows * C * (a + g)) : 0;
   t.expert_params = 4.0 * L * (E / ep) * (8 * C * C + 5 * C);

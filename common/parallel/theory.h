@@ -14,6 +14,7 @@
 
 #include "model/model_config.h"
 #include "model/param_layout.h"
+#include "comm/comm_p2p.h"     // CollectivesChoice: --collectives, for the per-call rows
 #include "comm/wire_format.h"  // CollectiveFormats: the bytes a recipe's collectives move
 #include "ops/tensor.h"  // DType, Device
 
@@ -196,14 +197,19 @@ MemoryForecast forecast_memory(Strategy strategy, const ParamLayout& layout, int
 // backward the blocks again and their gradients, of this rank's C/t channels (its heads):
 //   (2 x passes + 4) (cp-1)/cp x blocks m B T C/t x 4.
 double ring_sent_bytes(const GPT2Config& cfg, int blocks, int m, int B, int cp, int tp);
-// The routing counts' all-gather over a stage of S ranks, one record of `record` int32s a rank, per
-// block and micro-batch, in two steps (EP, then expert DP): the group of `group` ranks receiving
-// `chunk` records from each of the others:  blocks m (group-1) chunk record x 4.
-double routing_counts_bytes(int blocks, int m, int group, int64_t chunk, int64_t record);
+// The routing counts' all-gathers, one a block and micro-batch, each over a group of `group` ranks
+// gathering `chunk` records of `record` int32s from every rank (12: EP, then expert DP over the
+// stage; 11: one over the world): what rank `rank` sends in them under `collectives`
+// (collective_sent_bytes; docs/theory.md, section 15), under the library and the ring
+// blocks m (group-1) chunk record x 4.
+double routing_counts_bytes(const CollectivesChoice& collectives, int blocks, int m, int group, int rank, int64_t chunk,
+                            int64_t record);
 
 // The bytes and sizes theory predicts for a run of chapter 11 (4-byte elements; docs/theory.md, 14).
 // Its expert ranges are the flat ranges whose gradients it averages over the expert-data-parallel
 // group, as it cuts them: each run of expert tensors and the padding after it, up to the next tensor.
+// Under chapter 00's collectives each gradient all-reduce sends what the algorithm picked for its
+// size sends (docs/theory.md, section 15): the first two are then the calls' own, one by one.
 struct ExpertTheory {
   double world_all_reduce = 0;      // 2(W-1)/W x g x the non-expert ranges (padding included)
   double expert_dp_all_reduce = 0;  // 2(D-1)/D x g x the expert ranges held (padding included), D = W/ep
@@ -216,5 +222,15 @@ struct ExpertTheory {
 // routed on its own: moe.h). g and a: the bytes of an element of the gradients and of the activations
 // on the wire, 4 in fp32, a recipe's formats' under --precision (`formats`, wire_format.h: bf16 and
 // fp16 2): the rows' dispatch and combine travel as activations, their two trips backward as gradients.
+// The step's gradient all-reduces as chapter 11 issues them (each bucket's runs of expert tensors over
+// the expert-data-parallel group, the rest over the world), in elements, and where this rank stands
+// in each group: under --collectives each call's algorithm follows its size. Empty lists: the
+// formulas over the ranges (the same bytes under the library).
+struct ExpertGradientCalls {
+  CollectivesChoice collectives;
+  std::vector<int64_t> world, expert_dp;
+  int world_rank = 0, expert_dp_rank = 0;
+};
 ExpertTheory expert_theory(const ParamLayout& layout, const GPT2Config& cfg, int world, int ep, int micro_B,
-                           int micro_batches, const CollectiveFormats& formats = CollectiveFormats());
+                           int micro_batches, const CollectiveFormats& formats = CollectiveFormats(),
+                           const ExpertGradientCalls& calls = ExpertGradientCalls());

@@ -10,7 +10,7 @@
 #include <vector>
 
 // FLOP/s by class of rows: class b holds the products whose activations have N rows, 2^b <= N <
-// 2^(b+1) (ops.h's matmul_row_class, which the step records' matmul_ms_rows<2^b> use).
+// 2^(b+1) (matmul_timing.h's matmul_row_class, which the step records' matmul_ms_rows<2^b> use).
 struct ProductRates {
   std::vector<std::pair<int, double>> by_class;  // (b, FLOP/s), b increasing
   bool empty() const { return by_class.empty(); }

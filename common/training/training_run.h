@@ -81,8 +81,12 @@ class TrainingRun {
   const ParamLayout& layout() const { return layout_; }  // this rank's (its tensor-parallel slices)
   // The chapter's gradient all-reduces of a step, by element count, where they are not one of the
   // whole buffer: the theory table then predicts each one's bytes under the algorithm that
-  // --collectives picks for its size (Parallelism::gradient_all_reduces).
-  void set_gradient_all_reduces(std::vector<int64_t> elements) { split_.gradient_all_reduces = std::move(elements); }
+  // --collectives picks for its size (Parallelism::gradient_all_reduces); a MoE model's experts' own
+  // over their group beside them (Parallelism::expert_all_reduces).
+  void set_gradient_all_reduces(std::vector<int64_t> elements, std::vector<int64_t> experts = {}) {
+    split_.gradient_all_reduces = std::move(elements);
+    split_.expert_all_reduces = std::move(experts);
+  }
   // What the dimensions read of the run (dimension.h), as it stands: also 12's group rows' (their
   // formulas shared with the table's).
   DimensionContext dimension_context() const;
