@@ -210,38 +210,39 @@ void wire_all_reduce(Communicator& comm, Tensor buf, ReduceOp op, const Wire& w)
   wire_all_reduce_async(comm, buf, op, w).wait();
 }
 
-CommHandle wire_reduce_scatter_async(Communicator& comm, Tensor send, Tensor recv, ReduceOp op, const Wire& w) {
-  if (w.fp32 || comm.size() == 1) return comm.reduce_scatter_async(send, recv, op);
-  check_wire(w);
-  const std::shared_ptr<Staging> staging = staging_of(comm);
-  const int64_t n = recv.numel();
-  uint16_t* sent = staging->take16(send.numel());
-  uint16_t* received = staging->take16(n);
-  encode16(send.f32(), send.numel(), sent, w.format, premultiplier(comm, op, w));
-  CommHandle inner = comm.reduce_scatter_async(view_of(sent, send.numel(), w.format), view_of(received, n, w.format),
-                                               on_codes(op));
-  return then(inner, [staging, sent, received, n, recv, w] {
-    decode16(received, n, recv.f32(), w.format, w.scale);
-    staging->give_back(sent);
-    staging->give_back(received);
-  });
-}
+namespace {
 
-CommHandle wire_all_to_all_v_async(Communicator& comm, Tensor send, const std::vector<int64_t>& send_counts, Tensor recv,
-                                   const std::vector<int64_t>& recv_counts, const Wire& w) {
-  if (w.fp32 || comm.size() == 1) return comm.all_to_all_v_async(send, send_counts, recv, recv_counts);
+// A collective that sends one buffer and receives another, through staged codes: send encoded (times
+// `multiplier`), `call` started on the two codes' views, recv decoded when it ends.
+template <class Call>
+CommHandle through_codes(Communicator& comm, Tensor send, Tensor recv, const Wire& w, float multiplier, Call call) {
   check_wire(w);
   const std::shared_ptr<Staging> staging = staging_of(comm);
   const int64_t sent_n = send.numel(), received_n = recv.numel();
   uint16_t* sent = staging->take16(sent_n);
   uint16_t* received = staging->take16(received_n);
-  encode16(send.f32(), sent_n, sent, w.format, w.scale);
-  CommHandle inner = comm.all_to_all_v_async(view_of(sent, sent_n, w.format), send_counts,
-                                             view_of(received, received_n, w.format), recv_counts);
+  encode16(send.f32(), sent_n, sent, w.format, multiplier);
+  CommHandle inner = call(view_of(sent, sent_n, w.format), view_of(received, received_n, w.format));
   return then(inner, [staging, sent, received, received_n, recv, w] {
     decode16(received, received_n, recv.f32(), w.format, w.scale);
     staging->give_back(sent);
     staging->give_back(received);
+  });
+}
+
+}  // namespace
+
+CommHandle wire_reduce_scatter_async(Communicator& comm, Tensor send, Tensor recv, ReduceOp op, const Wire& w) {
+  if (w.fp32 || comm.size() == 1) return comm.reduce_scatter_async(send, recv, op);
+  return through_codes(comm, send, recv, w, premultiplier(comm, op, w),
+                       [&](Tensor sent, Tensor received) { return comm.reduce_scatter_async(sent, received, on_codes(op)); });
+}
+
+CommHandle wire_all_to_all_v_async(Communicator& comm, Tensor send, const std::vector<int64_t>& send_counts, Tensor recv,
+                                   const std::vector<int64_t>& recv_counts, const Wire& w) {
+  if (w.fp32 || comm.size() == 1) return comm.all_to_all_v_async(send, send_counts, recv, recv_counts);
+  return through_codes(comm, send, recv, w, w.scale, [&](Tensor sent, Tensor received) {
+    return comm.all_to_all_v_async(sent, send_counts, received, recv_counts);
   });
 }
 
