@@ -180,21 +180,6 @@ void check_launch() { CUDA_CHECK(cudaGetLastError()); }
 // its first call and kept, so that a product of a run always runs the same algorithm (the same
 // roundings) and later steps ask cuBLASLt nothing.
 
-cublasLtHandle_t handle() {
-  static cublasLtHandle_t lt = [] {
-    cublasLtHandle_t h;
-    CUBLAS_CHECK(cublasLtCreate(&h));
-    return h;
-  }();
-  return lt;
-}
-
-constexpr size_t kWorkspaceBytes = size_t(32) << 20;
-void* workspace() {
-  static void* bytes = device_alloc(kWorkspaceBytes, MemCategory::Other, Device::CUDA);
-  return bytes;
-}
-
 struct Plan {
   cublasLtMatmulDesc_t op = nullptr;
   cublasLtMatrixLayout_t layout_a = nullptr, layout_b = nullptr, layout_c = nullptr;
@@ -221,12 +206,12 @@ const Plan& plan_for(NumberFormat a_format, NumberFormat b_format, int M, int N,
   CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.layout_c, CUDA_R_32F, N, M, N));
   cublasLtMatmulPreference_t preference;
   CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&preference));
-  const size_t workspace_bytes = kWorkspaceBytes;
+  const size_t workspace_bytes = cuda::kCublasLtWorkspaceBytes;
   CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                                     &workspace_bytes, sizeof workspace_bytes));
   cublasLtMatmulHeuristicResult_t choice{};
   int count = 0;
-  CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(handle(), p.op, p.layout_a, p.layout_b, p.layout_c, p.layout_c,
+  CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(cuda::cublaslt(), p.op, p.layout_a, p.layout_b, p.layout_c, p.layout_c,
                                               preference, 1, &choice, &count));
   CUBLAS_CHECK(cublasLtMatmulPreferenceDestroy(preference));
   if (count == 0)
@@ -316,8 +301,9 @@ const float* product(const void* a, NumberFormat a_format, const void* b, Number
   }
   const Plan& p = plan_for(a_format, b_format, M, N, K, fast_accumulation);
   const float beta = 0.0f;  // c is written, never read
-  CUBLAS_CHECK(cublasLtMatmul(handle(), p.op, &factor, b, p.layout_a, a, p.layout_b, &beta, c, p.layout_c, c,
-                              p.layout_c, &p.algo, workspace(), kWorkspaceBytes, cuda::stream()));
+  CUBLAS_CHECK(cublasLtMatmul(cuda::cublaslt(), p.op, &factor, b, p.layout_a, a, p.layout_b, &beta, c, p.layout_c, c,
+                              p.layout_c, &p.algo, cuda::cublaslt_workspace(), cuda::kCublasLtWorkspaceBytes,
+                              cuda::stream()));
   return c;
 }
 

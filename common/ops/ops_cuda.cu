@@ -146,8 +146,11 @@ cublasHandle_t cublas() {
   return handle;
 }
 
-// cuBLASLt, the lower-level interface behind cuBLAS, used by matmul_forward for its bias epilogue.
-// Created and kept like the cuBLAS handle; the stream is given to each call.
+}  // namespace
+
+// cuBLASLt, the lower-level interface behind cuBLAS: matmul_forward's bias epilogue here, and the
+// recipes' products (matmul_recipe_cuda.cu). Created and kept like the cuBLAS handle; the stream is
+// given to each call.
 cublasLtHandle_t cublaslt() {
   static cublasLtHandle_t handle = [] {
     cublasLtHandle_t h;
@@ -157,14 +160,14 @@ cublasLtHandle_t cublaslt() {
   return handle;
 }
 
-// The workspace cuBLASLt may use (for split-k partial products, say). Allocated once, at a fixed
-// size: the algorithm the heuristic picks for a shape, and with it the rounding, then never changes.
-// 32 MiB is what NVIDIA recommends for Hopper.
-constexpr size_t kLtWorkspaceBytes = size_t(32) << 20;
-void* lt_workspace() {
-  static void* workspace = device_alloc(kLtWorkspaceBytes, MemCategory::Other, Device::CUDA);
+// Allocated once, at a fixed size: the algorithm the heuristic picks for a shape, and with it the
+// rounding, then never changes. 32 MiB is what NVIDIA recommends for Hopper.
+void* cublaslt_workspace() {
+  static void* workspace = device_alloc(kCublasLtWorkspaceBytes, MemCategory::Other, Device::CUDA);
   return workspace;
 }
+
+namespace {
 
 // Scratch buffers (memory.h) of the ops below.
 Scratch g_ids(Device::CUDA);       // token ids or targets copied from the host
@@ -1003,7 +1006,7 @@ void lt_matmul_tn(DType dt, int m, int n, int k, const void* A, const void* B, c
 
   cublasLtMatmulPreference_t preference;
   CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&preference));
-  const size_t workspace_bytes = kLtWorkspaceBytes;
+  const size_t workspace_bytes = kCublasLtWorkspaceBytes;
   CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                                     &workspace_bytes, sizeof workspace_bytes));
   const uint32_t a_alignment = alignment_of(A), b_alignment = alignment_of(B), d_alignment = alignment_of(D);
@@ -1035,7 +1038,7 @@ void lt_matmul_tn(DType dt, int m, int n, int k, const void* A, const void* B, c
   }
   const float alpha = 1.0f;
   CUBLAS_CHECK(cublasLtMatmul(cublaslt(), desc, &alpha, A, a_layout, B, b_layout, &beta, D, d_layout, D, d_layout,
-                              &at->second, lt_workspace(), kLtWorkspaceBytes, stream()));
+                              &at->second, cublaslt_workspace(), kCublasLtWorkspaceBytes, stream()));
 
   CUBLAS_CHECK(cublasLtMatmulPreferenceDestroy(preference));
   CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(d_layout));

@@ -20,6 +20,7 @@
 // Select the GPU (cudaSetDevice, done by communicator_for in comm_factory.h) before the first op:
 // the stream and the cuBLAS handle are created on first use, on the current device.
 #pragma once
+#include <cublasLt.h>         // cublasLtHandle_t
 #include <cuda_runtime_api.h>  // cudaStream_t
 
 #include <cstddef>
@@ -46,6 +47,12 @@ void synchronize();
 // The most shared memory one block of the current GPU may ask for (227 KB on an H100, 163 KB on an
 // A100, 99 KB on sm_86/sm_89 parts), or 0 where no GPU answers.
 size_t shared_memory_per_block();
+// cuBLASLt's handle and workspace, one of each for every product through cuBLASLt (fp32 with a bias
+// epilogue here, a recipe's bf16/fp16/fp8 in matmul_recipe_cuda.cu). Its calls queue on stream(), so
+// the workspace is used by one product at a time. The size: what NVIDIA recommends for Hopper.
+cublasLtHandle_t cublaslt();
+void* cublaslt_workspace();
+constexpr size_t kCublasLtWorkspaceBytes = size_t(32) << 20;
 
 // N rows of C channels; wte(Vl,C) holds rows [vocab_begin, vocab_begin + Vl) of the (vocab_size, C)
 // table, and wpe's row for row n is (first_row + n) % T. (ops.cpp builds encoder_forward and
