@@ -3,15 +3,17 @@
 and the calibrations and lists them in OUT/rows.tsv). For every row, the planner's prediction of the
 same configuration (PLAN --one on the emulated cluster) beside the run's records: memory per rank by
 category, exact (a mixture of experts' activations, 11's and 12's, set by the routing, within the
-planner's bound), the communication buffers within the bound, and at 2 ranks the median step within 20%, predicted with the
-calibrations run just before and just after the row (their mean rates on a core of their own, times the
-share of a core the row's ranks got during its steps, scripts/plan/cpu_share.py; with ROUNDS, the row's
-rounds' steps together and the mean of every calibration between and around them); the products at the
-rate of their class of rows (--product-rates) and, under CP, the ring's attention at the rate of 10's
-kernel (--attention-rate), the prediction with one rate beside it ("before"). Exit 1 when memory
-is not exact; the times are printed, with the machine's load beside them.
-plan_check.py --agree OUT FIRST LAST: exit 0 when calibrations FIRST..LAST agree on a core of their own
-(plan_check.sh asks after each timed row whether to run it again)."""
+planner's bound), the communication buffers within the bound, and at 2 ranks the step within 20%: a
+timed row runs in ROUNDS rounds, a calibration on each side of each, and each round is predicted with the
+two calibrations around it (their mean rates on a core of their own, times the share of a core the
+round's ranks got during its steps, scripts/plan/cpu_share.py) and set against its own median step; the
+row's error is the median of its rounds' errors. The products at the rate of their class of rows
+(--product-rates) and, under CP, the ring's attention at the rate of 10's kernel (--attention-rate), the
+prediction with one rate beside it ("before"). Exit 1 when memory is not exact; the times are printed,
+with the machine's load beside them.
+plan_check.py --agree OUT FIRST LAST: exit 0 when some round settled, its two calibrations (two
+neighbours in FIRST..LAST) agreeing on a core of their own (plan_check.sh asks after each timed row
+whether to run it again)."""
 import json
 import os
 import subprocess
@@ -204,6 +206,63 @@ def calibrations_agree(out, first, last):
     return max(times) <= (1 + AGREE) * min(times)
 
 
+def median(values):
+    """The middle of the values, the mean of the two middle ones when there is an even count."""
+    values = sorted(values)
+    n = len(values)
+    return values[n // 2] if n % 2 else (values[n // 2 - 1] + values[n // 2]) / 2
+
+
+# What an untimed row is predicted with when no calibration ran (only untimed rows chosen): its memory,
+# all it is checked on, does not depend on the rates.
+NO_CALIBRATION = (1e10, 0.6e9, 0.0, "", "", 0.0, 0.0, (1e10, 0.6e9), 1.0, {}, None)
+
+
+def predict_round(out, plan, cals, name, k, first, model, ranks, chapter, gbps, latency, flags):
+    """Round k of a timed row against the calibrations on its two sides (first, first + 1): their mean rates
+    on a core of their own times the share of a core the round's ranks got during its steps, their mean
+    sync cost, routing and rates by rows. Returns the round's measured median step, its prediction, its
+    error, and the same round predicted as the check did before the rates by rows ("before") and before
+    the share ("unshared"); settled: the two calibrations agree (AGREE)."""
+    around = [cals[i] for i in (first, first + 1) if i in cals]
+    mean = lambda values: sum(values) / len(values)
+    share = run_share(["%s/%s.round%d.share" % (out, name, k)])
+    peak, elementwise = mean([c[0] for c in around]) * share, mean([c[1] for c in around]) * share
+    measured_peak, measured_elementwise = mean([c[7][0] for c in around]), mean([c[7][1] for c in around])
+    sync_us = mean([c[5] for c in around])
+    if chapter.startswith("11"):  # the routing's load, from the calibrations around the round
+        loads = [x for x in (expert_load(out, i, flags) for i in (first, first + 1) if i in cals) if x is not None]
+        if loads:
+            flags += " --expert-load %r" % mean(loads)
+    # The products' rates by class of rows and the attention kernel's (the calibrations' mean on a core of
+    # their own, times the round's share), what the planner prices each product and the ring's overlap at.
+    by_rows = {}
+    for c in around:
+        for rows, rate in c[9].items():
+            by_rows.setdefault(rows, []).append(rate)
+    attention = [c[10] for c in around if c[10]]
+    new_flags = flags
+    if by_rows:
+        new_flags += " --product-rates " + ",".join("%d:%r" % (rows, mean(rs) * share) for rows, rs in sorted(by_rows.items()))
+    if attention and "--cp" in flags.split():
+        new_flags += " --attention-rate %r" % (mean(attention) * share)
+    p = predict(plan, model, int(ranks), gbps, latency, new_flags, peak, elementwise, sync_us)[0]  # stage 0: world rank 0's
+    step = median_step("%s/%s.round%d.jsonl" % (out, name, k))
+    meas_ms, pred_ms = step["step_ms"], p["step_s"] * 1e3
+    before = predict(plan, model, int(ranks), gbps, latency, flags, peak, elementwise, sync_us)[0]
+    unshared_ms = predict(plan, model, int(ranks), gbps, latency, flags, measured_peak, measured_elementwise,
+                          sync_us)[0]["step_s"] * 1e3
+    # The round's own matrix products (its matmul_ms) against their FLOPs at the calibrated rates: where the
+    # two part as far as the step does, the miss is the compute's, not the synchronizations'.
+    flops = predict(plan, model, int(ranks), "0", "0", flags, 1.0, 1e30)[0]["compute_s"]
+    product_ms = predict(plan, model, int(ranks), "0", "0", new_flags, peak, 1e30)[0]["compute_s"] * 1e3
+    return {"p": p, "before": before, "meas_ms": meas_ms, "pred_ms": pred_ms, "err": (pred_ms - meas_ms) / meas_ms,
+            "before_err": (before["step_s"] * 1e3 - meas_ms) / meas_ms, "unshared_err": (unshared_ms - meas_ms) / meas_ms,
+            "share": share, "sync_us": sync_us, "products_ms": step["matmul_ms"], "product_ms": product_ms,
+            "one_rate_product_ms": flops / peak * 1e3,
+            "settled": len(around) < 2 or calibrations_agree(out, first, first + 1)}
+
+
 def main(out, preset, plan):
     lines = [l.rstrip("\n").split("\t") for l in open(out + "/rows.tsv")]
     cals = {}
@@ -224,10 +283,10 @@ def main(out, preset, plan):
               % (index, names[kind], ms, measured[0] / 1e9, measured[1] / 1e9, share, peak / 1e9, elementwise / 1e9,
                  ", ".join("%d: %.2f" % (rows, rate / 1e9) for rows, rate in sorted(by_rows.items())),
                  "; attention %.2f GFLOP/s" % (attention / 1e9) if attention else "", sync_us, sync_median_us, load))
-    print("(a timed row is predicted with the mean rates on a core of its own and the mean sync cost of the "
-          "calibrations just before and after it, or around and between its rounds, the rates times the share of a "
-          "core the row's ranks got while they wanted one during its steps; the sync cost, --sync-us, once for each blocking "
-          "collective and message)\n")
+    print("(each round of a timed row is predicted with the mean rates on a core of their own and the mean sync cost "
+          "of the calibrations just before and after it, the rates times the share of a core the round's ranks got while "
+          "they wanted one during its steps; the sync cost, --sync-us, once for each blocking collective and message; "
+          "the row's error is the median of its rounds')\n")
     cats = [("params", "params_bytes", "measured_params_bytes"), ("grads", "grads_bytes", "measured_grads_bytes"),
             ("optim", "optim_bytes", "measured_optim_bytes"), ("activ", "activations_bytes", "measured_activations_bytes")]
     head = "%-20s %5s %-19s %-10s" % ("run", "ranks", "chapter", "link")
@@ -249,38 +308,17 @@ def main(out, preset, plan):
             print("%-20s no theory record" % name)
             continue
         t = theory[0]
-        around = [cals[i] for i in range(int(cal), int(cal) + rounds + 1) if i in cals]
-        if not around:  # no calibration ran (only untimed rows chosen): memory does not depend on the rates
-            around = [(1e10, 0.6e9, 0.0, "", "", 0.0, 0.0, (1e10, 0.6e9), 1.0, {}, None)]
-        if timed != "1":
-            around = around[:1]
-        mean = lambda values: sum(values) / len(values)
-        share = 1.0
-        if timed == "1":  # the share of a core the row's ranks got during its steps (cpu_share.py)
-            share = run_share(["%s/%s.round%d.share" % (out, name, k) for k in range(1, rounds + 1)])
-        peak, elementwise = mean([c[0] for c in around]) * share, mean([c[1] for c in around]) * share
-        measured_peak, measured_elementwise = mean([c[7][0] for c in around]), mean([c[7][1] for c in around])
-        sync_us = mean([c[5] for c in around])
-        if chapter.startswith("11") and timed == "1":  # the routing's load, from the calibrations around the row
-            loads = [expert_load(out, i, flags) for i in range(int(cal), int(cal) + rounds + 1) if i in cals]
-            loads = [x for x in loads if x is not None]
-            if loads:
-                flags += " --expert-load %r" % (sum(loads) / len(loads))
-        # The products' rates by class of rows and the attention kernel's (the calibrations' mean on a core
-        # of their own, times the row's share), what the planner prices each product and the ring's
-        # overlap at; the prediction with one rate for every product and the attention at it is printed
-        # beside ("before").
-        by_rows = {}
-        for c in around:
-            for rows, rate in c[9].items():
-                by_rows.setdefault(rows, []).append(rate)
-        attention = [c[10] for c in around if c[10]]
-        new_flags = flags
-        if timed == "1" and by_rows:
-            new_flags += " --product-rates " + ",".join("%d:%r" % (rows, mean(rs) * share) for rows, rs in sorted(by_rows.items()))
-        if timed == "1" and attention and "--cp" in flags.split():
-            new_flags += " --attention-rate %r" % (mean(attention) * share)
-        p = predict(plan, model, int(ranks), gbps, latency, new_flags, peak, elementwise, sync_us)[0]  # stage 0: world rank 0's
+        if timed == "1":
+            # Each round against the calibrations on its two sides; the row's error is the median of its
+            # settled rounds' (every round's, when none settled).
+            done = [predict_round(out, plan, cals, name, k, int(cal) + k - 1, model, ranks, chapter, gbps, latency,
+                                  flags) for k in range(1, rounds + 1)]
+            used = [d for d in done if d["settled"]] or done
+            err = median([d["err"] for d in used])
+            p = sorted(used, key=lambda d: d["err"])[(len(used) - 1) // 2]["p"]
+        else:
+            around = [cals[int(cal)]] if int(cal) in cals else [NO_CALIBRATION]
+            p = predict(plan, model, int(ranks), gbps, latency, flags, around[0][0], around[0][1], around[0][5])[0]
         routed = model.startswith("moe")  # 11, 12: the activations are the routing's, the plan their bound
         cells, exact = [], True
         for cat, pk, mk in cats:
@@ -305,34 +343,27 @@ def main(out, preset, plan):
                                             load_before, load_after)
         row += bytes_note
         if timed == "1":
-            step = median_step("%s/%s.jsonl" % (out, name))
-            meas_ms, pred_ms = step["step_ms"], p["step_s"] * 1e3
-            # The row's own matrix products (its matmul_ms) against their FLOPs at the calibrated rate: where
-            # the two part as far as the step does, the miss is the compute's (the load swung between the
-            # calibrations and the row), not the synchronizations'.
-            flops = predict(plan, model, int(ranks), "0", "0", flags, 1.0, 1e30)[0]["compute_s"]
-            err = (pred_ms - meas_ms) / meas_ms
             time_rows += 1
             time_ok += abs(err) <= 0.20
-            before = predict(plan, model, int(ranks), gbps, latency, flags, peak, elementwise, sync_us)[0]
-            before_err = (before["step_s"] * 1e3 - meas_ms) / meas_ms
+            before_err = median([d["before_err"] for d in used])
             before_ok += abs(before_err) <= 0.20
-            # The products' planned time as the planner now prices them (their classes' rates), from its
-            # prediction with the elementwise work and the links free.
-            product_ms = predict(plan, model, int(ranks), "0", "0", new_flags, peak, 1e30)[0]["compute_s"] * 1e3
-            unsettled += not settled
-            # Beside it, the prediction as it was before the share: the calibrations' rates as they ran.
-            unshared_ms = predict(plan, model, int(ranks), gbps, latency, flags, measured_peak, measured_elementwise,
-                                  sync_us)[0]["step_s"] * 1e3
-            unshared_err = (unshared_ms - meas_ms) / meas_ms
+            unshared_err = median([d["unshared_err"] for d in used])
             unshared_ok += abs(unshared_err) <= 0.20
-            row += (" | %7.1f / %7.1f (%+5.1f%%) before: %7.1f (%+5.1f%%) share %.2f (without: %+5.1f%%) #%s-#%d compute %.1f TP %.1f "
+            unsettled += not settled
+            middle = sorted(used, key=lambda d: d["err"])[(len(used) - 1) // 2]
+            before = middle["before"]
+            row += (" | %7.1f / %7.1f (%+5.1f%%) before: %+5.1f%% share %.2f (without: %+5.1f%%) #%s-#%d compute %.1f TP %.1f "
                     "CP %.1f (before %.1f) PP %.1f DP %.1f EP %.1f bubble %.1f"
                     " | sync %.0f us: +%.1f | products %.0f / %.0f (before %.0f)" % (
-                        meas_ms, pred_ms, 100 * err, before["step_s"] * 1e3, 100 * before_err, share, 100 * unshared_err, cal,
-                        int(cal) + rounds, p["compute_s"] * 1e3, p["tp_s"] * 1e3, p.get("cp_s", 0) * 1e3,
-                        before.get("cp_s", 0) * 1e3, p["pp_s"] * 1e3, p["dp_s"] * 1e3, p.get("ep_s", 0) * 1e3,
-                        p["bubble_s"] * 1e3, sync_us, p.get("sync_s", 0) * 1e3, step["matmul_ms"], product_ms, flops / peak * 1e3))
+                        median([d["meas_ms"] for d in used]), median([d["pred_ms"] for d in used]), 100 * err,
+                        100 * before_err, middle["share"], 100 * unshared_err, cal, int(cal) + rounds,
+                        p["compute_s"] * 1e3, p["tp_s"] * 1e3, p.get("cp_s", 0) * 1e3, before.get("cp_s", 0) * 1e3,
+                        p["pp_s"] * 1e3, p["dp_s"] * 1e3, p.get("ep_s", 0) * 1e3, p["bubble_s"] * 1e3,
+                        middle["sync_us"], p.get("sync_s", 0) * 1e3, middle["products_ms"], middle["product_ms"],
+                        middle["one_rate_product_ms"]))
+            if rounds > 1:
+                row += " | rounds %s" % " ".join("%+.1f%%%s" % (100 * d["err"], "" if d["settled"] else "~")
+                                                  for d in done)
             if tries > 1:
                 row += " | %d tries%s" % (tries, "" if settled else ": the load changed during every try")
         print(row)
@@ -346,9 +377,10 @@ def main(out, preset, plan):
     print("(share: the share of a core the row's ranks got while they wanted one during its steps, which scales the "
           "calibrations' rates on a core of its own; without: the error of the prediction from the calibrations' rates "
           "as they ran, with no share)")
-    print("(tries: a timed row runs again, between the last calibration and a new one, while the calibrations around "
-          "it, each on a core of its own, lie more than %d%% apart: the machine changed under it as the share does not "
-          "follow; TRIES in all, then it is marked)" % round(AGREE * 100))
+    print("(rounds: each round's error, '~' where the calibrations on its two sides, each on a core of its own, lie "
+          "more than %d%% apart: the machine changed under it as the share does not follow, and the median leaves it "
+          "out; tries: a row none of whose rounds settled runs again, between the last calibration and a new one, "
+          "TRIES in all, then it is marked)" % round(AGREE * 100))
     print("(before: the prediction with one rate for every product and the ring's attention at it, as the check was "
           "before the rates by rows and the attention's rate; CP: the ring's exposed time, now and before)")
     print("memory exact (and within the bounds) in %d of %d runs; step time within 20%% in %d of %d timed runs "
@@ -358,8 +390,9 @@ def main(out, preset, plan):
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 5 and sys.argv[1] == "--agree":  # plan_check.sh, after a row: exit 0 when they agree
-        sys.exit(0 if calibrations_agree(sys.argv[2], int(sys.argv[3]), int(sys.argv[4])) else 1)
+    if len(sys.argv) == 5 and sys.argv[1] == "--agree":  # plan_check.sh, after a row: exit 0 when a round settled
+        first, last = int(sys.argv[3]), int(sys.argv[4])
+        sys.exit(0 if any(calibrations_agree(sys.argv[2], i, i + 1) for i in range(first, last)) else 1)
     if len(sys.argv) != 4:
         sys.exit("usage: plan_check.py OUT PRESET PLAN")
     sys.exit(main(*sys.argv[1:4]))

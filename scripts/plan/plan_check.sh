@@ -26,26 +26,31 @@
 #   times blocking all-reduces of one float on the same 2 ranks for half a second: their mean is what one
 #   synchronization costs under the load of that moment (a few microseconds on idle cores, a
 #   scheduler's time slice when more processes than cores want them), the planner's --sync-us, which
-#   it adds once for each blocking collective and message of the row. The calibrations alternate with the timed rows, as `make compare` alternates its
-#   chapters: one runs before a timed row (unless the one just run is of its kind) and one after it,
-#   and the row is predicted with the mean of the two around it, so that both sides see the same
-#   machine when the load beside them changes. The load average (1 minute) at each row's start and end
-#   is printed beside it. Each calibration and each row runs under scripts/plan/cpu_share.py, which
+#   it adds once for each blocking collective and message of the row. The calibrations alternate with
+#   the timed rows' rounds, as `make compare` alternates its chapters: a timed row runs ROUNDS times,
+#   a calibration before its first round (unless the one just run is of its kind) and one after each
+#   (calibration, round, calibration, round, ..., calibration), and each round is predicted with the
+#   mean of the two calibrations on its sides, so that both see the machine the round saw; the row's
+#   error is the median of its rounds' errors. Rounds, not one long run: on these virtual cores a
+#   CPU second of our products computes at one of two speeds, one half the other (a loop on registers
+#   alone keeps its speed: the host's other tenants take the core's caches), and each core flips between
+#   them every 0.1 to 1 s, out of sight of the guest's counters; only more time, in independent rounds, averages that out. The load
+#   average (1 minute) at each row's start and end is printed beside it. Each calibration and each round
+#   runs under scripts/plan/cpu_share.py, which
 #   measures, step by step, the share of a core the ranks' main threads got while they wanted one
 #   (the kernel's run and run-queue wait times of those threads): a calibration's rates are brought to a
-#   core of their own (each step's times times its share, then the median), and a timed row is
+#   core of their own (each step's times times its share, then the median), and a round is
 #   predicted at those rates times the share its own steps got, since the other jobs' bursts are
 #   shorter than a row. The share counts how fast the machine let the ranks compute, never how long
 #   they took (docs/planner.md, plan-check).
 #   Communication is the emulated link's alpha-beta model; the bubble is 08's simulator.
-# Settings: PRESET=small, STEPS=8 (step 0 is warm-up), CAL_STEPS=12 per calibration, RUNS="name name ..."
-# to run only some rows, ROUNDS=1: a timed row runs ROUNDS times, each round followed by a calibration
-# (calibration, row, calibration, row, ...), its median step taken over every round's steps and its
-# rates the mean of the ROUNDS + 1 calibrations around them, for a load that swings faster than a row. (The fastest step on each side was tried first: the fastest of a long
-# calibration is systematically faster than the fastest of a row's 7, so every prediction came out too
-# fast; then ONE calibration at the start: rows run later under another load fell outside.)
-# TRIES=3: a timed row runs again (between the last calibration and a new one) while the calibrations
-# around it, each brought to a core of its own, lie more than AGREE (0.3: 30%) apart, TRIES in all; a row
+# Settings: PRESET=small, STEPS=8 a round (step 0 is warm-up), CAL_STEPS=12 per calibration, RUNS="name
+# name ..." to run only some rows, ROUNDS=3 rounds a timed row (1: one run between two calibrations, as
+# the check was before; the fastest step on each side was tried first, then ONE calibration at the start:
+# both came out too fast or fell outside when the load moved).
+# TRIES=3: a round is settled when the calibrations on its two sides, each brought to a core of its own,
+# lie within AGREE (0.3: 30%) of each other; the median leaves the others out, and a row none of whose
+# rounds settled runs again (its rounds between the last calibration and new ones), TRIES in all; a row
 # that never settles is marked "the load changed during every try" and counted in the summary.
 # The machine's cores are shared: timings are noisy; memory is not.
 set -euo pipefail
@@ -53,7 +58,7 @@ cd "$(dirname "$0")/../.."
 preset=${PRESET:-small}
 steps=${STEPS:-8}
 cal_steps=${CAL_STEPS:-12}
-rounds=${ROUNDS:-1}
+rounds=${ROUNDS:-3}
 [[ "$rounds" =~ ^[1-9][0-9]*$ ]] || { echo "ROUNDS=$rounds: give a whole number of rounds, 1 or more"; exit 2; }
 max_tries=${TRIES:-3}
 [[ "$max_tries" =~ ^[1-9][0-9]*$ ]] || { echo "TRIES=$max_tries: give a whole number of tries, 1 or more"; exit 2; }
@@ -194,9 +199,9 @@ for row in "${runs[@]}"; do
     last=""
     if [ "$timed" = 1 ]; then calibrate "$kind"; fi
   done
-  # The calibrations around the row, brought to a core of their own, must agree: if not, the machine
-  # changed under the row in a way the share did not follow (caches, memory bandwidth), and the row runs
-  # again, between the last calibration and a new one, up to TRIES times in all.
+  # A round is settled when the calibrations on its two sides, brought to a core of their own, agree: if
+  # not, the machine changed under it in a way the share did not follow (caches, memory bandwidth). A row
+  # none of whose rounds settled runs again, between the last calibration and new ones, TRIES in all.
   if [ -n "$failed" ] || [ "$timed" != 1 ] ||
     python3 scripts/plan/plan_check.py --agree "$out" "$first_cal" $((calibrations - 1)); then
     settled=1
