@@ -66,7 +66,7 @@ GoogleTest=$(or $(HAVE_GTEST),MISSING) matplotlib=$(or $(HAVE_MATPLOTLIB),MISSIN
 $(info building chapters: $(CHAPTERS))
 endif
 
-.PHONY: all deps test tests test-busy checkpoint-convert bench-checkpoint elastic compare bench profile bench-attention bench-comm bench-tp bench-pp schedules cp-balance bench-torch diffs plan plan-check clean \
+.PHONY: all deps test tests test-busy checkpoint-convert bench-checkpoint elastic compare bench profile bench-attention bench-comm bench-tp bench-pp schedules cp-balance bench-torch diffs plan plan-check core-speed clean \
   cluster-up cluster-down cluster-status cluster-check cluster-lessons \
   help $(CHAPTERS) 00_collectives collectives precision
 all: 00_collectives $(CHAPTERS) $(FORMATS_PROGRAM) $(CPU_LESSONS) ## every chapter's program (00_collectives/collectives, NN_name/train); the default
@@ -293,6 +293,13 @@ plan: $(PLAN) ## 09's planner: best TP x CP x PP x DP (x EP) configurations, Meg
 plan-check: $(PLAN) $(BUILD)/sync_probe ## 09's planner against runs of 03-12 on this machine, calibrations (each with a sync probe) between the timed rows, the load beside each, about 2 min on 2 cores: RUNS="dp2 tp2 ..." to pick
 	@$(MAKE) --no-print-directory all
 	@scripts/plan/plan_check.sh
+
+# How fast each core computes now, sample by sample: why plan-check runs a timed row in rounds.
+core-speed: $(BUILD)/core_speed ## each core's product rate and a register loop's speed every 100 ms for 6 s, then the range on each core (docs/planner.md, plan-check)
+	@$(BUILD)/core_speed $(CORE_SPEED_ARGS)
+
+$(BUILD)/core_speed: $(BUILD)/scripts/plan/core_speed.o $(LIBCOMMON)
+	$(call say,LINK,$@)$(MPICXX) $(CXXFLAGS) $^ -o $@ -pthread
 
 # What one synchronization between 2 ranks costs now, which plan-check measures beside each calibration.
 $(BUILD)/sync_probe: $(BUILD)/scripts/plan/sync_probe.o $(LIBCOMMON)

@@ -60,7 +60,7 @@ $(LIBCOMMON): $(CUDA_OBJ)
 # belongs in this list.
 CUDA_LINKED := $(addsuffix /train,$(CHAPTERS)) $(COLLECTIVES_PROGRAM) $(TEST_BIN) $(BUILD)/matmul_bench \
                $(BUILD)/pipeline_ideal $(PLAN) $(BUILD)/kernel_variants $(CONVERT) $(BUILD)/checkpoint_scale \
-               $(BUILD)/sync_probe $(BUILD)/fp8_products
+               $(BUILD)/sync_probe $(BUILD)/core_speed $(BUILD)/fp8_products
 $(CUDA_LINKED): private CXXFLAGS += $(CUDA_LDFLAGS)
 
 # Kernel lessons: standalone programs (no libcommon, no MPI), built with the chapters.

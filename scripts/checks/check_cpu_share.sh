@@ -64,6 +64,22 @@ if plan_check.own_core_step_ms(out, 1) != 50.0:
 if not plan_check.calibrations_agree(out, 0, 1) or plan_check.calibrations_agree(out, 1, 2):
     sys.exit("FAIL: 50 and 50 ms on a core of their own must agree, 50 and 100 must not")
 print("calibrations on a core of their own: 50 and 50 ms agree, 50 and 100 do not")
+# A row's rounds: some round settled when any two neighbouring calibrations agree (plan_check.sh's
+# --agree), and the row's error is its settled rounds' mean prediction against their mean step.
+import subprocess
+agree = lambda first, last: subprocess.run([sys.executable, "-B", "scripts/plan/plan_check.py", "--agree", out,
+                                            str(first), str(last)]).returncode == 0
+if not agree(0, 2) or agree(1, 2):
+    sys.exit("FAIL: rounds between calibrations 0..2 (50, 50, 100 ms) have one settled, between 1..2 none")
+# Two settled rounds, 100 and 200 ms predicted 110 and 180, and one unsettled (left out): 145 against 150.
+rounds = [{"meas_ms": 100.0, "pred_ms": 110.0, "settled": True}, {"meas_ms": 200.0, "pred_ms": 180.0, "settled": True},
+          {"meas_ms": 100.0, "pred_ms": 300.0, "settled": False}]
+err, meas, pred, used = plan_check.row_error(rounds)
+if abs(err - (145.0 - 150.0) / 150.0) > 1e-12 or len(used) != 2:
+    sys.exit("FAIL: the row's error over its settled rounds is %s, not 145 / 150 - 1" % err)
+if abs(plan_check.row_error([dict(r, settled=False) for r in rounds])[0] - (590.0 / 3 - 400.0 / 3) / (400.0 / 3)) > 1e-12:
+    sys.exit("FAIL: with no round settled, every round counts")
+print("rounds: one of two settled between 50, 50 and 100 ms; a row's error over its settled rounds")
 # The products' rate by class of rows: a class's FLOPs over its time (each step's times its share),
 # relative to all the products' together, times the calibration's rate. Two steps at shares 0.5 and
 # 0.25: 256 rows, 3e9 FLOPs in 40 + 80 ms (20 + 20 ms on a core of their own); 512 rows, 2e9 in 40 + 40 ms

@@ -7,7 +7,7 @@ planner's bound), the communication buffers within the bound, and at 2 ranks the
 timed row runs in ROUNDS rounds, a calibration on each side of each, and each round is predicted with the
 two calibrations around it (their mean rates on a core of their own, times the share of a core the
 round's ranks got during its steps, scripts/plan/cpu_share.py) and set against its own median step; the
-row's error is the median of its rounds' errors. The products at the rate of their class of rows
+row's error is the mean of its rounds' predictions against the mean of their steps. The products at the rate of their class of rows
 (--product-rates) and, under CP, the ring's attention at the rate of 10's kernel (--attention-rate), the
 prediction with one rate beside it ("before"). Exit 1 when memory is not exact; the times are printed,
 with the machine's load beside them.
@@ -206,11 +206,18 @@ def calibrations_agree(out, first, last):
     return max(times) <= (1 + AGREE) * min(times)
 
 
-def median(values):
-    """The middle of the values, the mean of the two middle ones when there is an even count."""
-    values = sorted(values)
-    n = len(values)
-    return values[n // 2] if n % 2 else (values[n // 2 - 1] + values[n // 2]) / 2
+def mean(values):
+    return sum(values) / len(values)
+
+
+def row_error(rounds):
+    """A timed row's step against its prediction over its rounds (predict_round's): the mean of the
+    settled rounds' median steps and the mean of their predictions (every round's, when none settled),
+    so that each round weighs as the time it ran. Returns (error, measured ms, predicted ms, the rounds
+    used)."""
+    used = [d for d in rounds if d["settled"]] or rounds
+    meas_ms, pred_ms = mean([d["meas_ms"] for d in used]), mean([d["pred_ms"] for d in used])
+    return (pred_ms - meas_ms) / meas_ms, meas_ms, pred_ms, used
 
 
 # What an untimed row is predicted with when no calibration ran (only untimed rows chosen): its memory,
@@ -225,7 +232,6 @@ def predict_round(out, plan, cals, name, k, first, model, ranks, chapter, gbps, 
     error, and the same round predicted as the check did before the rates by rows ("before") and before
     the share ("unshared"); settled: the two calibrations agree (AGREE)."""
     around = [cals[i] for i in (first, first + 1) if i in cals]
-    mean = lambda values: sum(values) / len(values)
     share = run_share(["%s/%s.round%d.share" % (out, name, k)])
     peak, elementwise = mean([c[0] for c in around]) * share, mean([c[1] for c in around]) * share
     measured_peak, measured_elementwise = mean([c[7][0] for c in around]), mean([c[7][1] for c in around])
@@ -257,7 +263,7 @@ def predict_round(out, plan, cals, name, k, first, model, ranks, chapter, gbps, 
     flops = predict(plan, model, int(ranks), "0", "0", flags, 1.0, 1e30)[0]["compute_s"]
     product_ms = predict(plan, model, int(ranks), "0", "0", new_flags, peak, 1e30)[0]["compute_s"] * 1e3
     return {"p": p, "before": before, "meas_ms": meas_ms, "pred_ms": pred_ms, "err": (pred_ms - meas_ms) / meas_ms,
-            "before_err": (before["step_s"] * 1e3 - meas_ms) / meas_ms, "unshared_err": (unshared_ms - meas_ms) / meas_ms,
+            "before_ms": before["step_s"] * 1e3, "unshared_ms": unshared_ms,
             "share": share, "sync_us": sync_us, "products_ms": step["matmul_ms"], "product_ms": product_ms,
             "one_rate_product_ms": flops / peak * 1e3,
             "settled": len(around) < 2 or calibrations_agree(out, first, first + 1)}
@@ -286,7 +292,7 @@ def main(out, preset, plan):
     print("(each round of a timed row is predicted with the mean rates on a core of their own and the mean sync cost "
           "of the calibrations just before and after it, the rates times the share of a core the round's ranks got while "
           "they wanted one during its steps; the sync cost, --sync-us, once for each blocking collective and message; "
-          "the row's error is the median of its rounds')\n")
+          "the row's error: the mean of its settled rounds' predictions against the mean of their median steps)\n")
     cats = [("params", "params_bytes", "measured_params_bytes"), ("grads", "grads_bytes", "measured_grads_bytes"),
             ("optim", "optim_bytes", "measured_optim_bytes"), ("activ", "activations_bytes", "measured_activations_bytes")]
     head = "%-20s %5s %-19s %-10s" % ("run", "ranks", "chapter", "link")
@@ -309,13 +315,12 @@ def main(out, preset, plan):
             continue
         t = theory[0]
         if timed == "1":
-            # Each round against the calibrations on its two sides; the row's error is the median of its
-            # settled rounds' (every round's, when none settled).
+            # Each round against the calibrations on its two sides; the row's error over its settled rounds.
             done = [predict_round(out, plan, cals, name, k, int(cal) + k - 1, model, ranks, chapter, gbps, latency,
                                   flags) for k in range(1, rounds + 1)]
-            used = [d for d in done if d["settled"]] or done
-            err = median([d["err"] for d in used])
-            p = sorted(used, key=lambda d: d["err"])[(len(used) - 1) // 2]["p"]
+            err, meas_ms, pred_ms, used = row_error(done)
+            middle = min(used, key=lambda d: abs(d["err"] - err))  # the round nearest the row, for the details
+            p = middle["p"]
         else:
             around = [cals[int(cal)]] if int(cal) in cals else [NO_CALIBRATION]
             p = predict(plan, model, int(ranks), gbps, latency, flags, around[0][0], around[0][1], around[0][5])[0]
@@ -345,17 +350,16 @@ def main(out, preset, plan):
         if timed == "1":
             time_rows += 1
             time_ok += abs(err) <= 0.20
-            before_err = median([d["before_err"] for d in used])
+            before_err = mean([d["before_ms"] for d in used]) / meas_ms - 1
             before_ok += abs(before_err) <= 0.20
-            unshared_err = median([d["unshared_err"] for d in used])
+            unshared_err = mean([d["unshared_ms"] for d in used]) / meas_ms - 1
             unshared_ok += abs(unshared_err) <= 0.20
             unsettled += not settled
-            middle = sorted(used, key=lambda d: d["err"])[(len(used) - 1) // 2]
             before = middle["before"]
             row += (" | %7.1f / %7.1f (%+5.1f%%) before: %+5.1f%% share %.2f (without: %+5.1f%%) #%s-#%d compute %.1f TP %.1f "
                     "CP %.1f (before %.1f) PP %.1f DP %.1f EP %.1f bubble %.1f"
                     " | sync %.0f us: +%.1f | products %.0f / %.0f (before %.0f)" % (
-                        median([d["meas_ms"] for d in used]), median([d["pred_ms"] for d in used]), 100 * err,
+                        meas_ms, pred_ms, 100 * err,
                         100 * before_err, middle["share"], 100 * unshared_err, cal, int(cal) + rounds,
                         p["compute_s"] * 1e3, p["tp_s"] * 1e3, p.get("cp_s", 0) * 1e3, before.get("cp_s", 0) * 1e3,
                         p["pp_s"] * 1e3, p["dp_s"] * 1e3, p.get("ep_s", 0) * 1e3, p["bubble_s"] * 1e3,
@@ -378,7 +382,7 @@ def main(out, preset, plan):
           "calibrations' rates on a core of its own; without: the error of the prediction from the calibrations' rates "
           "as they ran, with no share)")
     print("(rounds: each round's error, '~' where the calibrations on its two sides, each on a core of its own, lie "
-          "more than %d%% apart: the machine changed under it as the share does not follow, and the median leaves it "
+          "more than %d%% apart: the machine changed under it as the share does not follow, and the row leaves it "
           "out; tries: a row none of whose rounds settled runs again, between the last calibration and a new one, "
           "TRIES in all, then it is marked)" % round(AGREE * 100))
     print("(before: the prediction with one rate for every product and the ring's attention at it, as the check was "

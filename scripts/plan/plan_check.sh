@@ -164,7 +164,7 @@ calibrate() {
 selected=" ${RUNS:-} "
 rm -f "$out"/calibration*.jsonl "$out"/calibration*.sync "$out"/calibration*.share
 : >"$out/rows.tsv"
-echo "calibration runs on 2 ranks without a link, before and after each timed row: 01_vanilla_dp, 10 --cp 1, 11 --ep 1 (scripts/plan/plan_check.sh)"
+echo "calibration runs on 2 ranks without a link, before and after each round of a timed row (ROUNDS=$rounds): 01_vanilla_dp, 10 --cp 1, 11 --ep 1 (scripts/plan/plan_check.sh)"
 for row in "${runs[@]}"; do
   IFS='|' read -r name ranks chapter chapter_flags plan_flags link timed row_preset kind <<<"$row"
   row_preset=${row_preset:-$preset}
