@@ -51,6 +51,31 @@ def predict(plan, model, ranks, gbps, latency, flags, peak, elementwise, sync_us
 CALIBRATIONS = {"01": (None, ""), "10": (None, "--attention ring"), "11": ("moe-small", "--ep 1")}
 
 
+# Whose share scales the rates: "mean", the ranks' main threads together; "slowest", each step's rank
+# that got the least (PLAN_CHECK_SHARE; the ranks of a row that meet often go at that one's pace).
+SHARE_OF = os.environ.get("PLAN_CHECK_SHARE", "mean")
+
+
+def rank_shares(record, k):
+    """Step k's share of each rank that ran in it (cpu_share.py's step_rank_ran_ms, step_rank_waited_ms)."""
+    ran, waited = record.get("step_rank_ran_ms", []), record.get("step_rank_waited_ms", [])
+    if k >= len(ran) or len(ran[k]) != len(waited[k]):
+        return []
+    return [(r, w) for r, w in zip(ran[k], waited[k]) if r + w > 0]
+
+
+def step_shares(record):
+    """Each step's share of a core (None where unmeasured): the ranks' together, or with SHARE_OF
+    "slowest" the least any rank got in it."""
+    shares = list(record["step_share"])
+    if SHARE_OF == "slowest":
+        for k in range(len(shares)):
+            each = rank_shares(record, k)
+            if each and shares[k] is not None:
+                shares[k] = min(r / (r + w) for r, w in each)
+    return shares
+
+
 def share_record(path):
     """scripts/plan/cpu_share.py's record of a run: the share of a core its ranks got while they wanted
     one, per step (step_share; step_ran_ms and step_waited_ms, the ranks' main threads summed)."""
@@ -71,8 +96,11 @@ def run_share(paths):
     ran = waited = 0.0
     for path in paths:
         r = share_record(path)
-        ran += sum(r["step_ran_ms"][1:])
-        waited += sum(r["step_waited_ms"][1:])
+        for k in range(1, len(r["step_ran_ms"])):
+            each = rank_shares(r, k) if SHARE_OF == "slowest" else []
+            slowest = min(each, key=lambda rw: rw[0] / (rw[0] + rw[1])) if each else None
+            ran += slowest[0] if slowest else r["step_ran_ms"][k]
+            waited += slowest[1] if slowest else r["step_waited_ms"][k]
     return ran / (ran + waited) if ran + waited > 0 else 1.0
 
 
@@ -134,7 +162,7 @@ def rates(out, plan, preset, index, kind):
     own_core_products, own_core_rest = [], []
     for r in records(path):
         if r.get("type") == "step" and r.get("step", 0) > 0 and r["step"] < len(share["step_share"]):
-            s = share["step_share"][r["step"]]
+            s = step_shares(share)[r["step"]]
             if s is not None:
                 own_core_products.append(r["matmul_ms"] * s)
                 own_core_rest.append((r["step_ms"] - r["matmul_ms"]) * s)
@@ -145,7 +173,7 @@ def rates(out, plan, preset, index, kind):
     act_bytes = predict(plan, model, 2, "0", "0", flags, 1e30, 1.0)[0]["compute_s"]
     measured = (flops / (cal["matmul_ms"] / 1e3), act_bytes / ((cal["step_ms"] - cal["matmul_ms"]) / 1e3))
     own_core = (flops / (middle(own_core_products) / 1e3), act_bytes / (middle(own_core_rest) / 1e3))
-    by_rows = class_rates(product_classes(path, share["step_share"]), own_core[0])
+    by_rows = class_rates(product_classes(path, step_shares(share)), own_core[0])
     return (own_core, measured, cal["step_ms"], run_share(["%s/calibration%d.share" % (out, index)]), by_rows,
             attention_rate(path))
 
@@ -193,7 +221,7 @@ AGREE = float(os.environ.get("AGREE", "0.30"))
 def own_core_step_ms(out, index):
     """Calibration `index`'s median step brought to a core of its own (each step's time times the share
     of a core its ranks got during it)."""
-    share = share_record("%s/calibration%d.share" % (out, index))["step_share"]
+    share = step_shares(share_record("%s/calibration%d.share" % (out, index)))
     steps = sorted(r["step_ms"] * share[r["step"]] for r in records("%s/calibration%d.jsonl" % (out, index))
                    if r.get("type") == "step" and 0 < r["step"] < len(share) and share[r["step"]] is not None)
     return steps[(len(steps) - 1) // 2]
