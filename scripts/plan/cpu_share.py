@@ -86,14 +86,12 @@ class Ranks:
             self.pids = leaves
 
     def times(self):
-        """(ran, waited) summed over the ranks' main threads, then each rank's own (in pid order)."""
         if not self.pids:
             self.looks += 1
             if self.looks % 10 == 1:  # a look at every process is dearer than a sample
                 self.find()
         ran = waited = 0
-        each = []
-        for pid in sorted(self.pids):
+        for pid in self.pids:
             try:
                 # The main thread, which computes. A rank's communication thread wakes for every message
                 # and queues for a core each time for a few microseconds of work: its waits would count
@@ -102,10 +100,9 @@ class Ranks:
                     fields = f.read().split()
                 ran += int(fields[0])
                 waited += int(fields[1])
-                each.append((int(fields[0]), int(fields[1])))
             except (OSError, IndexError, ValueError):
-                each.append((0, 0))  # a rank that just ended
-        return ran, waited, tuple(each)
+                pass  # a rank that just ended
+        return ran, waited
 
 
 def main():
@@ -131,33 +128,26 @@ def main():
         queue.append(max(0, runnable() - 1))  # this sampler is running while it reads
         now = own.times()
         k = steps()
-        if now[:2] != (0, 0):
+        if now != (0, 0):
             begin.setdefault(k, last.get(k - 1, now))
             last[k] = now
         time.sleep(PERIOD_S)
     wall = time.monotonic() - start
     written = steps()
-    step_share, step_ran_ms, step_waited_ms, step_rank_ran_ms, step_rank_waited_ms = [], [], [], [], []
+    step_share, step_ran_ms, step_waited_ms = [], [], []
     for k in range(written):
         ran = waited = 0
-        each = []
         if k in begin and k in last:
             ran, waited = last[k][0] - begin[k][0], last[k][1] - begin[k][1]
-            if len(last[k][2]) == len(begin[k][2]):
-                each = [(e[0] - b[0], e[1] - b[1]) for b, e in zip(begin[k][2], last[k][2])]
         step_share.append(ran / (ran + waited) if ran + waited > 0 else None)
         step_ran_ms.append(ran / 1e6)
         step_waited_ms.append(waited / 1e6)
-        # Each rank's own: a row whose ranks meet often goes at the pace of the one that got less.
-        step_rank_ran_ms.append([r / 1e6 for r, _ in each])
-        step_rank_waited_ms.append([w / 1e6 for _, w in each])
     total = [0, 0]
     if last:
         first, end = begin[min(begin)], last[max(last)]
         total = [end[0] - first[0], end[1] - first[1]]
     record = {"share": total[0] / sum(total) if sum(total) > 0 else None, "step_share": step_share,
-              "step_ran_ms": step_ran_ms, "step_waited_ms": step_waited_ms, "step_rank_ran_ms": step_rank_ran_ms,
-              "step_rank_waited_ms": step_rank_waited_ms, "ranks_found": len(own.pids),
+              "step_ran_ms": step_ran_ms, "step_waited_ms": step_waited_ms, "ranks_found": len(own.pids),
               "runnable_mean": sum(queue) / len(queue) if queue else 0.0, "samples": len(queue), "wall_s": wall,
               "probe_cpu_s": os.times().user + os.times().system}  # what the sampling itself cost
     with open(out, "w") as f:

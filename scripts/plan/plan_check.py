@@ -51,31 +51,6 @@ def predict(plan, model, ranks, gbps, latency, flags, peak, elementwise, sync_us
 CALIBRATIONS = {"01": (None, ""), "10": (None, "--attention ring"), "11": ("moe-small", "--ep 1")}
 
 
-# Whose share scales the rates: "mean", the ranks' main threads together; "slowest", each step's rank
-# that got the least (PLAN_CHECK_SHARE; the ranks of a row that meet often go at that one's pace).
-SHARE_OF = os.environ.get("PLAN_CHECK_SHARE", "mean")
-
-
-def rank_shares(record, k):
-    """Step k's share of each rank that ran in it (cpu_share.py's step_rank_ran_ms, step_rank_waited_ms)."""
-    ran, waited = record.get("step_rank_ran_ms", []), record.get("step_rank_waited_ms", [])
-    if k >= len(ran) or len(ran[k]) != len(waited[k]):
-        return []
-    return [(r, w) for r, w in zip(ran[k], waited[k]) if r + w > 0]
-
-
-def step_shares(record):
-    """Each step's share of a core (None where unmeasured): the ranks' together, or with SHARE_OF
-    "slowest" the least any rank got in it."""
-    shares = list(record["step_share"])
-    if SHARE_OF == "slowest":
-        for k in range(len(shares)):
-            each = rank_shares(record, k)
-            if each and shares[k] is not None:
-                shares[k] = min(r / (r + w) for r, w in each)
-    return shares
-
-
 def share_record(path):
     """scripts/plan/cpu_share.py's record of a run: the share of a core its ranks got while they wanted
     one, per step (step_share; step_ran_ms and step_waited_ms, the ranks' main threads summed)."""
@@ -96,11 +71,8 @@ def run_share(paths):
     ran = waited = 0.0
     for path in paths:
         r = share_record(path)
-        for k in range(1, len(r["step_ran_ms"])):
-            each = rank_shares(r, k) if SHARE_OF == "slowest" else []
-            slowest = min(each, key=lambda rw: rw[0] / (rw[0] + rw[1])) if each else None
-            ran += slowest[0] if slowest else r["step_ran_ms"][k]
-            waited += slowest[1] if slowest else r["step_waited_ms"][k]
+        ran += sum(r["step_ran_ms"][1:])
+        waited += sum(r["step_waited_ms"][1:])
     return ran / (ran + waited) if ran + waited > 0 else 1.0
 
 
@@ -162,7 +134,7 @@ def rates(out, plan, preset, index, kind):
     own_core_products, own_core_rest = [], []
     for r in records(path):
         if r.get("type") == "step" and r.get("step", 0) > 0 and r["step"] < len(share["step_share"]):
-            s = step_shares(share)[r["step"]]
+            s = share["step_share"][r["step"]]
             if s is not None:
                 own_core_products.append(r["matmul_ms"] * s)
                 own_core_rest.append((r["step_ms"] - r["matmul_ms"]) * s)
@@ -173,7 +145,7 @@ def rates(out, plan, preset, index, kind):
     act_bytes = predict(plan, model, 2, "0", "0", flags, 1e30, 1.0)[0]["compute_s"]
     measured = (flops / (cal["matmul_ms"] / 1e3), act_bytes / ((cal["step_ms"] - cal["matmul_ms"]) / 1e3))
     own_core = (flops / (middle(own_core_products) / 1e3), act_bytes / (middle(own_core_rest) / 1e3))
-    by_rows = class_rates(product_classes(path, step_shares(share)), own_core[0])
+    by_rows = class_rates(product_classes(path, share["step_share"]), own_core[0])
     return (own_core, measured, cal["step_ms"], run_share(["%s/calibration%d.share" % (out, index)]), by_rows,
             attention_rate(path))
 
@@ -221,7 +193,7 @@ AGREE = float(os.environ.get("AGREE", "0.30"))
 def own_core_step_ms(out, index):
     """Calibration `index`'s median step brought to a core of its own (each step's time times the share
     of a core its ranks got during it)."""
-    share = step_shares(share_record("%s/calibration%d.share" % (out, index)))
+    share = share_record("%s/calibration%d.share" % (out, index))["step_share"]
     steps = sorted(r["step_ms"] * share[r["step"]] for r in records("%s/calibration%d.jsonl" % (out, index))
                    if r.get("type") == "step" and 0 < r["step"] < len(share) and share[r["step"]] is not None)
     return steps[(len(steps) - 1) // 2]
@@ -327,7 +299,7 @@ def main(out, preset, plan):
     head += "".join(" %19s" % ("%s meas/plan" % c[0]) for c in cats)
     head += " %17s | %-9s | %s" % ("buffers meas<=plan", "load", "step ms meas / plan (error), cal #")
     print(head)
-    memory_ok = time_ok = memory_rows = time_rows = unshared_ok = unsettled = before_ok = 0
+    memory_ok = time_ok = memory_rows = time_rows = unshared_ok = unsettled = before_ok = rounds_ok = rounds_run = 0
     for f in lines:
         if f[0] == "calibration":
             continue
@@ -378,6 +350,8 @@ def main(out, preset, plan):
         if timed == "1":
             time_rows += 1
             time_ok += abs(err) <= 0.20
+            rounds_run += len(done)
+            rounds_ok += sum(abs(d["err"]) <= 0.20 for d in done)
             before_err = mean([d["before_ms"] for d in used]) / meas_ms - 1
             before_ok += abs(before_err) <= 0.20
             unshared_err = mean([d["unshared_ms"] for d in used]) / meas_ms - 1
@@ -416,8 +390,9 @@ def main(out, preset, plan):
     print("(before: the prediction with one rate for every product and the ring's attention at it, as the check was "
           "before the rates by rows and the attention's rate; CP: the ring's exposed time, now and before)")
     print("memory exact (and within the bounds) in %d of %d runs; step time within 20%% in %d of %d timed runs "
-          "at 2 ranks (%d before, with one products' rate; %d without the share); the load changed during every try of "
-          "%d of them" % (memory_ok, memory_rows, time_ok, time_rows, before_ok, unshared_ok, unsettled))
+          "at 2 ranks (%d before, with one products' rate; %d without the share; %d of %d rounds alone); the load "
+          "changed during every try of %d of them" % (memory_ok, memory_rows, time_ok, time_rows, before_ok, unshared_ok,
+                                                       rounds_ok, rounds_run, unsettled))
     return 0 if memory_ok == memory_rows else 1
 
 

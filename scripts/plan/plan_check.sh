@@ -34,10 +34,10 @@
 #   error is the median of its rounds' errors. Rounds, not one long run: on these virtual cores a
 #   CPU second of our products computes at one of two speeds, one half the other (a loop on registers
 #   alone keeps its speed: the host's other tenants take the core's caches), and each core flips between
-#   them every 0.1 to 1 s, out of sight of the guest's counters; only more time, in independent rounds, averages that out. The load
-#   average (1 minute) at each row's start and end is printed beside it. Each calibration and each round
-#   runs under scripts/plan/cpu_share.py, which
-#   measures, step by step, the share of a core the ranks' main threads got while they wanted one
+#   them every 0.1 to 1 s, out of sight of the guest's counters (`make core-speed` shows it); only more
+#   time, in independent rounds, averages that out. The load average (1 minute) at each row's start and
+#   end is printed beside it. Each calibration and each round runs under scripts/plan/cpu_share.py,
+#   which measures, step by step, the share of a core the ranks' main threads got while they wanted one
 #   (the kernel's run and run-queue wait times of those threads): a calibration's rates are brought to a
 #   core of their own (each step's times times its share, then the median), and a round is
 #   predicted at those rates times the share its own steps got, since the other jobs' bursts are
