@@ -157,7 +157,7 @@ $(TEST_SRC:tests/%.cpp=$(BUILD)/tests/%.o) $(TEST_SUPPORT) $(BUILD)/tests/mpi_gt
 # does not compile them again.
 .SECONDARY:
 
-tests: $(TEST_BIN) $(COLLECTIVES_PROGRAM) $(FORMATS_PROGRAM) $(addsuffix /train,$(CHAPTERS)) $(BUILD)/pipeline_ideal $(BUILD)/sync_probe $(PLAN) $(CPU_LESSONS) $(CONVERT) ## builds every test and chapter, runs nothing
+tests: $(TEST_BIN) $(COLLECTIVES_PROGRAM) $(FORMATS_PROGRAM) $(addsuffix /train,$(CHAPTERS)) $(BUILD)/pipeline_ideal $(BUILD)/sync_probe $(BUILD)/core_speed $(PLAN) $(CPU_LESSONS) $(CONVERT) ## builds every test and chapter, runs nothing
 
 deps: ## only installs missing packages (MPICH, GoogleTest, matplotlib)
 	@scripts/setup/ensure_deps.sh
@@ -290,12 +290,12 @@ $(PLAN): $(patsubst %.cpp,$(BUILD)/%.o,$(wildcard 09_3d_parallel/plan*.cpp)) $(L
 plan: $(PLAN) ## 09's planner: best TP x CP x PP x DP (x EP) configurations, Megatron-LM's Table 1, the published runs (--published), results/plan_heatmap.png: PLAN_ARGS="--model llama3-405b --nodes 2048 --seq-len 131072 --tokens-per-batch 16777216"
 	@scripts/plan/plan.sh $(PLAN_ARGS)
 
-plan-check: $(PLAN) $(BUILD)/sync_probe ## 09's planner against runs of 03-12 on this machine, calibrations (each with a sync probe) between the timed rows, the load beside each, about 2 min on 2 cores: RUNS="dp2 tp2 ..." to pick
+plan-check: $(PLAN) $(BUILD)/sync_probe ## 09's planner against runs of 03-12 on this machine, each timed row in 3 rounds between calibrations (each with a sync probe), the load beside each, about 6 min on 2 quiet cores, 13 under load: RUNS="dp2 tp2 ..." ROUNDS=N to pick
 	@$(MAKE) --no-print-directory all
 	@scripts/plan/plan_check.sh
 
 # How fast each core computes now, sample by sample: why plan-check runs a timed row in rounds.
-core-speed: $(BUILD)/core_speed ## each core's product rate and a register loop's speed every 100 ms for 6 s, then the range on each core (docs/planner.md, plan-check)
+core-speed: $(BUILD)/core_speed ## what a second of each core computes every 100 ms for 6 s (our product, a register loop, a cache-sized loop): why plan-check runs rounds
 	@$(BUILD)/core_speed $(CORE_SPEED_ARGS)
 
 $(BUILD)/core_speed: $(BUILD)/scripts/plan/core_speed.o $(LIBCOMMON)

@@ -10,9 +10,8 @@
 // timed on the thread's own CPU clock. CPU time, not wall time: a thread that waits for a
 // core is not counted, so what moves is what a second of the core computes. Prints one line a sample:
 // each core's product rate (GFLOP/s) and each loop's speed against its fastest sample on that core;
-// then a summary per core. On a virtual machine whose host lets other tenants share a core's caches,
-// the cache loop and our products swing from one sample to the next while the register loop keeps
-// its speed, and the guest's own counters (run time, wait time, steal time) see none of it.
+// then a summary per core. On a virtual machine all three can move from one sample to the next, the
+// cache loop most, while the guest's own counters (run time, wait time, steal time) see none of it.
 #include <pthread.h>
 #include <sched.h>
 #include <unistd.h>

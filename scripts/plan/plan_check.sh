@@ -31,11 +31,11 @@
 #   a calibration before its first round (unless the one just run is of its kind) and one after each
 #   (calibration, round, calibration, round, ..., calibration), and each round is predicted with the
 #   mean of the two calibrations on its sides, so that both see the machine the round saw; the row's
-#   error is the median of its rounds' errors. Rounds, not one long run: on these virtual cores a
-#   CPU second of our products computes at one of two speeds, one half the other (a loop on registers
-#   alone keeps its speed: the host's other tenants take the core's caches), and each core flips between
-#   them every 0.1 to 1 s, out of sight of the guest's counters (`make core-speed` shows it); only more
-#   time, in independent rounds, averages that out. The load average (1 minute) at each row's start and
+#   error is its settled rounds' mean prediction against their mean step. Rounds, not one long run: on
+#   these virtual cores what a CPU second computes moves from one tenth of a second to the next (our
+#   products by up to 1.8 times, a cache-sized loop between two speeds, one half the other), out of
+#   sight of the guest's counters (`make core-speed` shows it); only more time, in independent rounds,
+#   averages that out. The load average (1 minute) at each row's start and
 #   end is printed beside it. Each calibration and each round runs under scripts/plan/cpu_share.py,
 #   which measures, step by step, the share of a core the ranks' main threads got while they wanted one
 #   (the kernel's run and run-queue wait times of those threads): a calibration's rates are brought to a
