@@ -16,7 +16,7 @@
 #include "base/check.h"       // ENSURE
 #include "ops/fast_math.h"   // fast_exp, fast_tanh
 #include "ops/matmul_cpu.h"  // sgemm_cpu, sgemm_cpu_bias, sgemm_cpu_sum_a, sgemm_cpu_epilogue
-#include "ops/ops_cpu_internal.h"  // kLanes, sum_of_lanes, max_of, exp_shifted
+#include "ops/ops_cpu_internal.h"  // kLanes, sum_of_lanes, max_of, exp_shifted, dot_double
 
 namespace cpu {
 
@@ -421,18 +421,9 @@ void scale_inplace(float* x, float factor, size_t n) {
   for (size_t i = 0; i < n; i++) x[i] *= factor;
 }
 
-// In kLanes lanes (sum_of_lanes), as the layernorm's sums: one running sum would be a chain of
+// x . x in kLanes lanes (dot_double), as the layernorm's sums: one running sum would be a chain of
 // dependent additions, one every four cycles, which made the gradient's norm 2% of a step at deep.
-double sum_of_squares(const float* x, size_t n) {
-  double lanes[kLanes] = {};
-  size_t i = 0;
-  for (; i + kLanes <= n; i += kLanes) {
-    for (int j = 0; j < kLanes; j++) lanes[j] += double(x[i + j]) * x[i + j];
-  }
-  double sum = sum_of_lanes(lanes);
-  for (; i < n; i++) sum += double(x[i]) * x[i];
-  return sum;
-}
+double sum_of_squares(const float* x, size_t n) { return internal::dot_double(x, x, n); }
 
 double mean_of(const float* x, size_t n) {
   ENSURE(n > 0, "mean of an empty tensor");

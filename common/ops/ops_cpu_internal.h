@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cmath>
+#include <cstddef>
 
 #include "ops/fast_math.h"  // fast_exp
 
@@ -56,10 +57,10 @@ inline double exp_shifted(float* __restrict out, const float* __restrict x, floa
 }
 
 // sum_i a[i] * b[i] in double, in lanes (sum_of_lanes).
-inline double dot_double(const float* __restrict a, const float* __restrict b, int n) {
+inline double dot_double(const float* __restrict a, const float* __restrict b, size_t n) {
   constexpr int W = kLanes;
   double lanes[W] = {};
-  int i = 0;
+  size_t i = 0;
   for (; i + W <= n; i += W) {
     for (int j = 0; j < W; j++) lanes[j] += double(a[i + j]) * b[i + j];
   }
