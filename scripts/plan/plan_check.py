@@ -64,15 +64,11 @@ def share_record(path):
     sys.exit("plan_check: %s has no share-json line" % path)
 
 
-def run_share(paths):
-    """The share of a core a row's ranks got while they wanted one during its measured steps (step 0,
-    the warm-up, left out), over all its rounds: the time they ran over the time they ran or waited
+def run_share(r):
+    """The share of a core a run's ranks got while they wanted one during its measured steps (step 0,
+    the warm-up, left out), from its share_record: the time they ran over the time they ran or waited
     for a core."""
-    ran = waited = 0.0
-    for path in paths:
-        r = share_record(path)
-        ran += sum(r["step_ran_ms"][1:])
-        waited += sum(r["step_waited_ms"][1:])
+    ran, waited = sum(r["step_ran_ms"][1:]), sum(r["step_waited_ms"][1:])
     return ran / (ran + waited) if ran + waited > 0 else 1.0
 
 
@@ -146,7 +142,7 @@ def rates(out, plan, preset, index, kind):
     measured = (flops / (cal["matmul_ms"] / 1e3), act_bytes / ((cal["step_ms"] - cal["matmul_ms"]) / 1e3))
     own_core = (flops / (middle(own_core_products) / 1e3), act_bytes / (middle(own_core_rest) / 1e3))
     by_rows = class_rates(product_classes(path, share["step_share"]), own_core[0])
-    return (own_core, measured, cal["step_ms"], run_share(["%s/calibration%d.share" % (out, index)]), by_rows,
+    return (own_core, measured, cal["step_ms"], run_share(share), by_rows,
             attention_rate(path))
 
 
@@ -232,7 +228,7 @@ def predict_round(out, plan, cals, name, k, first, model, ranks, chapter, gbps, 
     error, and the same round predicted as the check did before the rates by rows ("before") and before
     the share ("unshared"); settled: the two calibrations agree (AGREE)."""
     around = [cals[i] for i in (first, first + 1) if i in cals]
-    share = run_share(["%s/%s.round%d.share" % (out, name, k)])
+    share = run_share(share_record("%s/%s.round%d.share" % (out, name, k)))
     peak, elementwise = mean([c[0] for c in around]) * share, mean([c[1] for c in around]) * share
     measured_peak, measured_elementwise = mean([c[7][0] for c in around]), mean([c[7][1] for c in around])
     sync_us = mean([c[5] for c in around])

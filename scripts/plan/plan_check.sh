@@ -49,7 +49,7 @@
 # the check was before; the fastest step on each side was tried first, then ONE calibration at the start:
 # both came out too fast or fell outside when the load moved).
 # TRIES=3: a round is settled when the calibrations on its two sides, each brought to a core of its own,
-# lie within AGREE (0.3: 30%) of each other; the median leaves the others out, and a row none of whose
+# lie within AGREE (0.3: 30%) of each other; the row's error leaves the others out, and a row none of whose
 # rounds settled runs again (its rounds between the last calibration and new ones), TRIES in all; a row
 # that never settles is marked "the load changed during every try" and counted in the summary.
 # The machine's cores are shared: timings are noisy; memory is not.
