@@ -25,6 +25,32 @@ if r["ranks_found"] != 2 or r["share"] is None or not 0 < r["share"] <= 0.6:
     sys.exit("FAIL: two spinners on one core got a share of %s, not at most 1/2" % r["share"])
 PY
 
+# The share along the step's path: two "ranks" on one core, one computing all along, the other half the
+# time (0.2 s on, 0.2 s off). While both compute each gets half the core, while one does it gets all
+# of it: along the path (each stretch weighed by the longest any rank wanted) the share is about
+# (1/2 + 1)/2 = 0.75, while the ranks' wanted times summed give about 2/3. Other jobs on that core lower
+# both; the stretches alone still count more along the path.
+half='import time
+end = time.monotonic() + 2
+while time.monotonic() < end:
+    on = time.monotonic() + 0.2
+    while time.monotonic() < on: pass
+    time.sleep(0.2)'
+python3 scripts/plan/cpu_share.py --ranks 2 "$dir/half.share" \
+  taskset -c 0 bash -c "$spin & python3 -c '$half'; wait" || fail "cpu_share.py around a spinner and a half-spinner failed"
+python3 -B - "$dir/half.share" <<'PY' || exit 1
+import json, sys
+sys.path.insert(0, "scripts/plan")
+from plan_check import run_share
+r = json.loads(open(sys.argv[1]).read().split(" ", 1)[1])
+r = dict(r, step_path_ran_ms=[0] + r["step_path_ran_ms"], step_path_wanted_ms=[0] + r["step_path_wanted_ms"],
+         step_ran_ms=[0] + r["step_ran_ms"], step_waited_ms=[0] + r["step_waited_ms"])  # run_share leaves step 0 out
+path, summed = run_share(r), run_share(r, along_path=False)
+print("one rank computing all along, one half the time, on one core: share %.3f along the path, %.3f summed" % (path, summed))
+if not path > 1.02 * summed:
+    sys.exit("FAIL: the share along the path (%.3f) is not above the ranks' summed (%.3f)" % (path, summed))
+PY
+
 # Four steps, each written as the trainers write theirs: to PATH.tmp.<host>.<pid>, renamed at the end.
 writer='import os, time
 path = os.environ["RUN"]; tmp = "%s.tmp.%s.%d" % (path, os.uname()[1], os.getpid())
@@ -56,6 +82,16 @@ def calibration(index, step_ms, share):
             f.write(json.dumps({"type": "step", "step": k, "step_ms": step_ms, "matmul_ms": step_ms / 2}) + "\n")
     with open("%s/calibration%d.share" % (out, index), "w") as f:
         f.write("share-json " + json.dumps({"share": share, "step_share": [share] * 4}) + "\n")
+# Made-up samples of two ranks (ran, waited) ns: 20 ms both wanting at half a core each, then 20 ms
+# where one ran alone on a whole core. Along the path: (20 x 0.5 + 20 x 1) / 40; summed: 40 / 60.
+from cpu_share import step_shares
+ms = 1000000
+samples = [(0, ((0, 0), (0, 0))), (0, ((10 * ms, 10 * ms), (10 * ms, 10 * ms))), (0, ((30 * ms, 10 * ms), (10 * ms, 10 * ms)))]
+ran, waited, path_ran, path_wanted = step_shares(samples, 1)
+if (ran, waited) != ([40.0], [20.0]) or abs(path_ran[0] / path_wanted[0] - 0.75) > 1e-12:
+    sys.exit("FAIL: step_shares gave ran %s waited %s, along the path %s / %s, not 40, 20 and 0.75" % (
+        ran, waited, path_ran, path_wanted))
+print("made-up samples: share 0.75 along the path, 40 / 60 summed")
 calibration(0, 100.0, 0.5)
 calibration(1, 200.0, 0.25)
 calibration(2, 400.0, 0.25)
