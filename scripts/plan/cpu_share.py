@@ -8,15 +8,10 @@ On idle cores it is 1; with R runnable processes on N cores, about N / R. It cou
 spent waiting for its peer or sleeping out the emulated link (then it is not runnable), so it says how
 fast the machine let the ranks compute, not how long they took: a calibration's rates divided by its
 share are the rates of a rank on a core of its own, and a row is predicted at those rates times its
-share. Every 20 ms it reads each rank's counters, and, with --steps-of, how many step records the run
-has written (each is written as its step ends), so each step gets its own share. A step's share weighs
-each 20 ms by the time some rank wanted a core in it (the longest any rank wanted), not by the ranks'
-wanted times summed: while one rank idles (a pipeline's bubble, a peer with fewer experts' rows) the
-other computes alone, on the step's path, and gets more of a core, since one process fewer competes;
-summed, those stretches would weigh half as much as those where both compute (docs/theory.md, section
-20, "The share along the step's path"). Both are kept: step_share, and step_ran_ms and
-step_waited_ms summed over the ranks. Also the machine's whole run queue (procs_running), for the
-record. Writes one line, `share-json {...}`, to OUT; exits with CMD's status."""
+share. Every 20 ms it reads the counters, and, with --steps-of, how many step records the run has
+written (each is written as its step ends), so each step gets its own share. Also the machine's whole
+run queue (procs_running), for the record. Writes one line, `share-json {...}`, to OUT;
+exits with CMD's status."""
 import glob
 import json
 import os
@@ -91,12 +86,11 @@ class Ranks:
             self.pids = leaves
 
     def times(self):
-        """Each rank's main thread's (ran, waited) so far, ns; () before the ranks are found."""
         if not self.pids:
             self.looks += 1
             if self.looks % 10 == 1:  # a look at every process is dearer than a sample
                 self.find()
-        counters = []
+        ran = waited = 0
         for pid in self.pids:
             try:
                 # The main thread, which computes. A rank's communication thread wakes for every message
@@ -104,31 +98,11 @@ class Ranks:
                 # against a share that its compute never felt.
                 with open("/proc/%d/task/%d/schedstat" % (pid, pid)) as f:
                     fields = f.read().split()
-                counters.append((int(fields[0]), int(fields[1])))
+                ran += int(fields[0])
+                waited += int(fields[1])
             except (OSError, IndexError, ValueError):
-                return ()  # a rank that just ended: this sample is not whole
-        return tuple(counters)
-
-
-def step_shares(samples, steps):
-    """Per step k < steps, from the samples (k, each rank's counters) in order: the ranks' ran and waited
-    time summed (ms), and the share along the step's path. Each interval between two samples falls in
-    the step of its later sample; its share is the ranks' ran over their wanted (ran + waited) time in
-    it, weighed by the longest any one rank wanted: the time the step's path wanted a core."""
-    ran, waited = [0.0] * steps, [0.0] * steps
-    path_ran, path_wanted = [0.0] * steps, [0.0] * steps
-    for (_, before), (k, after) in zip(samples, samples[1:]):
-        if k >= steps or len(before) != len(after) or not after:
-            continue
-        r = [b[0] - a[0] for a, b in zip(before, after)]
-        q = [b[0] + b[1] - a[0] - a[1] for a, b in zip(before, after)]
-        if sum(q) <= 0:
-            continue
-        ran[k] += sum(r) / 1e6
-        waited[k] += (sum(q) - sum(r)) / 1e6
-        path_ran[k] += max(q) * sum(r) / sum(q) / 1e6
-        path_wanted[k] += max(q) / 1e6
-    return ran, waited, path_ran, path_wanted
+                pass  # a rank that just ended
+        return ran, waited
 
 
 def main():
@@ -147,22 +121,33 @@ def main():
     start = time.monotonic()
     child = subprocess.Popen(cmd)
     own = Ranks(child.pid, ranks)
-    samples, queue = [], []  # (k, each rank's counters) while k step records are written
+    # Per step k (the samples while k step records are written): the ranks' counters where it began,
+    # and where the last sample inside it saw them.
+    begin, last, queue = {}, {}, []
     while child.poll() is None:
         queue.append(max(0, runnable() - 1))  # this sampler is running while it reads
         now = own.times()
         k = steps()
-        if now:
-            samples.append((k, now))
+        if now != (0, 0):
+            begin.setdefault(k, last.get(k - 1, now))
+            last[k] = now
         time.sleep(PERIOD_S)
     wall = time.monotonic() - start
-    written = steps() if watch else 1  # without step records, the whole run is one step
-    ran, waited, path_ran, path_wanted = step_shares(samples, written)
-    share = lambda r, w: r / w if w > 0 else None
-    record = {"share": share(sum(path_ran), sum(path_wanted)),
-              "step_share": [share(r, w) for r, w in zip(path_ran, path_wanted)],
-              "step_path_ran_ms": path_ran, "step_path_wanted_ms": path_wanted,
-              "step_ran_ms": ran, "step_waited_ms": waited, "ranks_found": len(own.pids),
+    written = steps()
+    step_share, step_ran_ms, step_waited_ms = [], [], []
+    for k in range(written):
+        ran = waited = 0
+        if k in begin and k in last:
+            ran, waited = last[k][0] - begin[k][0], last[k][1] - begin[k][1]
+        step_share.append(ran / (ran + waited) if ran + waited > 0 else None)
+        step_ran_ms.append(ran / 1e6)
+        step_waited_ms.append(waited / 1e6)
+    total = [0, 0]
+    if last:
+        first, end = begin[min(begin)], last[max(last)]
+        total = [end[0] - first[0], end[1] - first[1]]
+    record = {"share": total[0] / sum(total) if sum(total) > 0 else None, "step_share": step_share,
+              "step_ran_ms": step_ran_ms, "step_waited_ms": step_waited_ms, "ranks_found": len(own.pids),
               "runnable_mean": sum(queue) / len(queue) if queue else 0.0, "samples": len(queue), "wall_s": wall,
               "probe_cpu_s": os.times().user + os.times().system}  # what the sampling itself cost
     with open(out, "w") as f:

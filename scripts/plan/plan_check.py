@@ -6,9 +6,8 @@ category, exact (a mixture of experts' activations, 11's and 12's, set by the ro
 planner's bound), the communication buffers within the bound, and at 2 ranks the step within 20%: a
 timed row runs in ROUNDS rounds or more, a calibration on each side of each, and each round is predicted
 with the two calibrations around it (their mean rates on a core of their own, times the share of a core
-the round's ranks got during its steps along the step's path, scripts/plan/cpu_share.py) and set
-against its own median step; the row's error is the mean of its rounds' predictions against the mean of
-their steps. The products at the rate of their class of rows (--product-rates) and, under CP, the
+the round's ranks got during its steps, scripts/plan/cpu_share.py) and set against its own median step;
+the row's error is the mean of its rounds' predictions against the mean of their steps. The products at the rate of their class of rows (--product-rates) and, under CP, the
 ring's attention at the rate of 10's kernel (--attention-rate), the prediction with one rate beside it
 ("before"). Exit 1 when memory is not exact; the times are printed, with the machine's load beside them.
 plan_check.py --agree OUT FIRST LAST: exit 0 when some round settled, its two calibrations (two
@@ -56,8 +55,7 @@ CALIBRATIONS = {"01": (None, ""), "10": (None, "--attention ring"), "11": ("moe-
 
 def share_record(path):
     """scripts/plan/cpu_share.py's record of a run: the share of a core its ranks got while they wanted
-    one, per step (step_share, along the step's path: step_path_ran_ms over step_path_wanted_ms; and
-    step_ran_ms and step_waited_ms, the ranks' main threads summed)."""
+    one, per step (step_share; step_ran_ms and step_waited_ms, the ranks' main threads summed)."""
     for line in open(path):
         if line.startswith("share-json "):
             record = json.loads(line[len("share-json "):])
@@ -68,14 +66,12 @@ def share_record(path):
     sys.exit("plan_check: %s has no share-json line" % path)
 
 
-def run_share(r, along_path=True):
+def run_share(r):
     """The share of a core a run's ranks got while they wanted one during its measured steps (step 0,
     the warm-up, left out), from its share_record: the time they ran over the time they ran or waited
-    for a core, each stretch weighed by the time the step's path wanted one (the longest any rank
-    wanted); with along_path False, by the ranks' wanted times summed, as the check did before."""
-    ran, wanted = (r["step_path_ran_ms"][1:], r["step_path_wanted_ms"][1:]) if along_path else (
-        r["step_ran_ms"][1:], [a + b for a, b in zip(r["step_ran_ms"][1:], r["step_waited_ms"][1:])])
-    return sum(ran) / sum(wanted) if sum(wanted) > 0 else 1.0
+    for a core."""
+    ran, waited = sum(r["step_ran_ms"][1:]), sum(r["step_waited_ms"][1:])
+    return ran / (ran + waited) if ran + waited > 0 else 1.0
 
 
 # A class of rows whose products took less than this fraction of a calibration's time in the products is
@@ -229,14 +225,13 @@ NO_CALIBRATION = (1e10, 0.6e9, 0.0, "", "", 0.0, 0.0, (1e10, 0.6e9), 1.0, {}, No
 
 def predict_round(out, plan, cals, name, k, first, model, ranks, chapter, gbps, latency, flags):
     """Round k of a timed row against the calibrations on its two sides (first, first + 1): their mean rates
-    on a core of their own times the share of a core the round's ranks got during its steps (along the
-    step's path), their mean sync cost, routing and rates by rows. Returns the round's measured median
-    step, its prediction, its error, and the same round predicted as the check did before the rates by
-    rows ("before"), before the share ("unshared") and with the ranks' shares summed instead of along
-    the path ("summed"); settled: the two calibrations agree (AGREE)."""
+    on a core of their own times the share of a core the round's ranks got during its steps, their mean
+    sync cost, routing and rates by rows. Returns the round's measured median step, its prediction, its
+    error, and the same round predicted as the check did before the rates by rows ("before") and before
+    the share ("unshared"); settled: the two calibrations agree (AGREE)."""
     around = [cals[i] for i in (first, first + 1) if i in cals]
-    record = share_record("%s/%s.round%d.share" % (out, name, k))
-    share, summed_share = run_share(record), run_share(record, along_path=False)
+    share = run_share(share_record("%s/%s.round%d.share" % (out, name, k)))
+    peak, elementwise = mean([c[0] for c in around]) * share, mean([c[1] for c in around]) * share
     measured_peak, measured_elementwise = mean([c[7][0] for c in around]), mean([c[7][1] for c in around])
     sync_us = mean([c[5] for c in around])
     if chapter.startswith("11"):  # the routing's load, from the calibrations around the round
@@ -250,32 +245,25 @@ def predict_round(out, plan, cals, name, k, first, model, ranks, chapter, gbps, 
         for rows, rate in c[9].items():
             by_rows.setdefault(rows, []).append(rate)
     attention = [c[10] for c in around if c[10]]
-
-    def at_share(s):
-        """The flags with the rates by rows and the attention's at share s, and the two rates at s."""
-        with_rates = flags
-        if by_rows:
-            with_rates += " --product-rates " + ",".join("%d:%r" % (rows, mean(rs) * s) for rows, rs in sorted(by_rows.items()))
-        if attention and "--cp" in flags.split():
-            with_rates += " --attention-rate %r" % (mean(attention) * s)
-        return with_rates, mean([c[0] for c in around]) * s, mean([c[1] for c in around]) * s
-
-    new_flags, peak, elementwise = at_share(share)
+    new_flags = flags
+    if by_rows:
+        new_flags += " --product-rates " + ",".join("%d:%r" % (rows, mean(rs) * share) for rows, rs in sorted(by_rows.items()))
+    if attention and "--cp" in flags.split():
+        new_flags += " --attention-rate %r" % (mean(attention) * share)
     p = predict(plan, model, int(ranks), gbps, latency, new_flags, peak, elementwise, sync_us)[0]  # stage 0: world rank 0's
     step = median_step("%s/%s.round%d.jsonl" % (out, name, k))
     meas_ms, pred_ms = step["step_ms"], p["step_s"] * 1e3
     before = predict(plan, model, int(ranks), gbps, latency, flags, peak, elementwise, sync_us)[0]
     unshared_ms = predict(plan, model, int(ranks), gbps, latency, flags, measured_peak, measured_elementwise,
                           sync_us)[0]["step_s"] * 1e3
-    summed_ms = predict(plan, model, int(ranks), gbps, latency, *at_share(summed_share), sync_us)[0]["step_s"] * 1e3
     # The round's own matrix products (its matmul_ms) against their FLOPs at the calibrated rates: where the
     # two part as far as the step does, the miss is the compute's, not the synchronizations'.
     flops = predict(plan, model, int(ranks), "0", "0", flags, 1.0, 1e30)[0]["compute_s"]
     product_ms = predict(plan, model, int(ranks), "0", "0", new_flags, peak, 1e30)[0]["compute_s"] * 1e3
     return {"p": p, "before": before, "meas_ms": meas_ms, "pred_ms": pred_ms, "err": (pred_ms - meas_ms) / meas_ms,
-            "before_ms": before["step_s"] * 1e3, "unshared_ms": unshared_ms, "summed_ms": summed_ms,
-            "share": share, "summed_share": summed_share, "sync_us": sync_us, "products_ms": step["matmul_ms"],
-            "product_ms": product_ms, "one_rate_product_ms": flops / peak * 1e3,
+            "before_ms": before["step_s"] * 1e3, "unshared_ms": unshared_ms,
+            "share": share, "sync_us": sync_us, "products_ms": step["matmul_ms"], "product_ms": product_ms,
+            "one_rate_product_ms": flops / peak * 1e3,
             "settled": len(around) < 2 or calibrations_agree(out, first, first + 1)}
 
 
@@ -344,7 +332,6 @@ def main(out, preset, plan):
     head += " %17s | %-9s | %s" % ("buffers meas<=plan", "load", "step ms meas / plan (error), cal #")
     print(head)
     memory_ok = time_ok = memory_rows = time_rows = unshared_ok = unsettled = before_ok = rounds_ok = rounds_run = 0
-    summed_ok = 0
     for f in lines:
         if f[0] == "calibration":
             continue
@@ -401,16 +388,13 @@ def main(out, preset, plan):
             before_ok += abs(before_err) <= 0.20
             unshared_err = mean([d["unshared_ms"] for d in used]) / meas_ms - 1
             unshared_ok += abs(unshared_err) <= 0.20
-            summed_err = mean([d["summed_ms"] for d in used]) / meas_ms - 1
-            summed_ok += abs(summed_err) <= 0.20
             unsettled += not settled
             before = middle["before"]
-            row += (" | %7.1f / %7.1f (%+5.1f%%) before: %+5.1f%% share %.2f (without: %+5.1f%%; summed %.2f: %+5.1f%%) #%s-#%d compute %.1f TP %.1f "
+            row += (" | %7.1f / %7.1f (%+5.1f%%) before: %+5.1f%% share %.2f (without: %+5.1f%%) #%s-#%d compute %.1f TP %.1f "
                     "CP %.1f (before %.1f) PP %.1f DP %.1f EP %.1f bubble %.1f"
                     " | sync %.0f us: +%.1f | products %.0f / %.0f (before %.0f)" % (
                         meas_ms, pred_ms, 100 * err,
-                        100 * before_err, middle["share"], 100 * unshared_err, middle["summed_share"], 100 * summed_err,
-                        cal, int(cal) + rounds,
+                        100 * before_err, middle["share"], 100 * unshared_err, cal, int(cal) + rounds,
                         p["compute_s"] * 1e3, p["tp_s"] * 1e3, p.get("cp_s", 0) * 1e3, before.get("cp_s", 0) * 1e3,
                         p["pp_s"] * 1e3, p["dp_s"] * 1e3, p.get("ep_s", 0) * 1e3, p["bubble_s"] * 1e3,
                         middle["sync_us"], p.get("sync_s", 0) * 1e3, middle["products_ms"], middle["product_ms"],
@@ -429,9 +413,8 @@ def main(out, preset, plan):
           "adds to the step; products: ms in the matrix products, the row's own median step / their FLOPs at the "
           "calibrated rate)")
     print("(share: the share of a core the row's ranks got while they wanted one during its steps, which scales the "
-          "calibrations' rates on a core of its own, each stretch weighed by the time the step's path wanted a core (the "
-          "longest any rank wanted); without: the error of the prediction from the calibrations' rates as they ran, with "
-          "no share; summed: the share with the ranks' wanted times summed instead, and the error at it)")
+          "calibrations' rates on a core of its own; without: the error of the prediction from the calibrations' rates "
+          "as they ran, with no share)")
     print("(rounds: each round's error, '~' where the calibrations on its two sides, each on a core of its own, lie "
           "more than %d%% apart: the machine changed under it as the share does not follow, and the row leaves it "
           "out; tries: a row none of whose rounds settled runs again, between the last calibration and a new one, "
@@ -439,10 +422,9 @@ def main(out, preset, plan):
     print("(before: the prediction with one rate for every product and the ring's attention at it, as the check was "
           "before the rates by rows and the attention's rate; CP: the ring's exposed time, now and before)")
     print("memory exact (and within the bounds) in %d of %d runs; step time within 20%% in %d of %d timed runs "
-          "at 2 ranks (%d before, with one products' rate; %d without the share; %d with the ranks' shares summed; %d of "
-          "%d rounds alone); the load changed during every try of %d of them" % (
-              memory_ok, memory_rows, time_ok, time_rows, before_ok, unshared_ok, summed_ok, rounds_ok, rounds_run,
-              unsettled))
+          "at 2 ranks (%d before, with one products' rate; %d without the share; %d of %d rounds alone); the load "
+          "changed during every try of %d of them" % (memory_ok, memory_rows, time_ok, time_rows, before_ok, unshared_ok,
+                                                       rounds_ok, rounds_run, unsettled))
     return 0 if memory_ok == memory_rows else 1
 
 

@@ -48,6 +48,8 @@
 # name ..." to run only some rows, ROUNDS=3 rounds a timed row (1: one run between two calibrations, as
 # the check was before; the fastest step on each side was tried first, then ONE calibration at the start:
 # both came out too fast or fell outside when the load moved).
+# MAX_ROUNDS=6: a timed row whose error lies within two standard errors of 20% after its rounds (their
+# spread over the square root of their number: the verdict in doubt) runs more rounds, up to this many.
 # TRIES=3: a round is settled when the calibrations on its two sides, each brought to a core of its own,
 # lie within AGREE (0.3: 30%) of each other; the row's error leaves the others out, and a row none of whose
 # rounds settled runs again (its rounds between the last calibration and new ones), TRIES in all; a row
