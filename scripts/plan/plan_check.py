@@ -6,7 +6,7 @@ category, exact (a mixture of experts' activations, 11's and 12's, set by the ro
 planner's bound), the communication buffers within the bound, and at 2 ranks the step within 20%: a
 timed row runs in ROUNDS rounds or more, a calibration on each side of each, and each round is predicted
 with the two calibrations around it (their mean rates on a core of their own, times the share of a core
-the round's ranks got during its steps, scripts/plan/cpu_share.py) and set against its own median step;
+the round's ranks got during its steps, scripts/plan/cpu_share.py) and set against its own mean step;
 the row's error is the mean of its rounds' predictions against the mean of their steps. The products at the rate of their class of rows (--product-rates) and, under CP, the
 ring's attention at the rate of 10's kernel (--attention-rate), the prediction with one rate beside it
 ("before"). Exit 1 when memory is not exact; the times are printed, with the machine's load beside them.
@@ -33,11 +33,21 @@ def records(path):
 
 
 def median_step(path):
-    # The measured step of median time (its own matmul_ms with it), for the calibration and every row
-    # alike: a minimum would depend on how many steps a run has.
+    # A calibration's measured step of median time (its own matmul_ms with it): a minimum would depend on
+    # how many steps a run has.
     steps = sorted((r for r in records(path) if r.get("type") == "step" and r.get("step", 0) > 0),
                    key=lambda r: r["step_ms"])
     return steps[(len(steps) - 1) // 2]
+
+
+def mean_step(path):
+    """A round's measured steps (step 0, the warm-up, left out), their mean: step_ms and matmul_ms. The
+    mean, not the median, is what the round's share predicts: the share is the ranks' time run over
+    their time wanted, summed over the steps, and each step wants its work over its own share, so the
+    share over the steps prices the mean step (docs/theory.md, section 20); the median step is the
+    one step that ran at its own share."""
+    steps = [r for r in records(path) if r.get("type") == "step" and r.get("step", 0) > 0]
+    return {key: mean([r[key] for r in steps]) for key in ("step_ms", "matmul_ms")}
 
 
 def predict(plan, model, ranks, gbps, latency, flags, peak, elementwise, sync_us=0.0):
@@ -210,7 +220,7 @@ def mean(values):
 
 def row_error(rounds):
     """A timed row's step against its prediction over its rounds (predict_round's): the mean of the
-    settled rounds' median steps and the mean of their predictions (every round's, when none settled),
+    settled rounds' mean steps and the mean of their predictions (every round's, when none settled),
     so that each round weighs as the time it ran. Returns (error, measured ms, predicted ms, the rounds
     used)."""
     used = [d for d in rounds if d["settled"]] or rounds
@@ -226,7 +236,7 @@ NO_CALIBRATION = (1e10, 0.6e9, 0.0, "", "", 0.0, 0.0, (1e10, 0.6e9), 1.0, {}, No
 def predict_round(out, plan, cals, name, k, first, model, ranks, chapter, gbps, latency, flags):
     """Round k of a timed row against the calibrations on its two sides (first, first + 1): their mean rates
     on a core of their own times the share of a core the round's ranks got during its steps, their mean
-    sync cost, routing and rates by rows. Returns the round's measured median step, its prediction, its
+    sync cost, routing and rates by rows. Returns the round's measured mean step, its prediction, its
     error, and the same round predicted as the check did before the rates by rows ("before") and before
     the share ("unshared"); settled: the two calibrations agree (AGREE)."""
     around = [cals[i] for i in (first, first + 1) if i in cals]
@@ -251,7 +261,7 @@ def predict_round(out, plan, cals, name, k, first, model, ranks, chapter, gbps, 
     if attention and "--cp" in flags.split():
         new_flags += " --attention-rate %r" % (mean(attention) * share)
     p = predict(plan, model, int(ranks), gbps, latency, new_flags, peak, elementwise, sync_us)[0]  # stage 0: world rank 0's
-    step = median_step("%s/%s.round%d.jsonl" % (out, name, k))
+    step = mean_step("%s/%s.round%d.jsonl" % (out, name, k))
     meas_ms, pred_ms = step["step_ms"], p["step_s"] * 1e3
     before = predict(plan, model, int(ranks), gbps, latency, flags, peak, elementwise, sync_us)[0]
     unshared_ms = predict(plan, model, int(ranks), gbps, latency, flags, measured_peak, measured_elementwise,
@@ -282,8 +292,9 @@ def calibrations(out, plan, preset, lines, wanted=None):
 
 
 # A timed row's verdict is in doubt while its error lies within DOUBT standard errors of the 20% bound: it
-# runs more rounds then, up to MAX_ROUNDS (plan_check.sh).
+# runs more rounds then, up to MAX_ROUNDS (plan_check.sh), after its ROUNDS.
 DOUBT = 2.0
+BASE_ROUNDS = int(os.environ.get("ROUNDS", "3"))
 
 
 def in_doubt(done):
@@ -324,7 +335,7 @@ def main(out, preset, plan):
     print("(each round of a timed row is predicted with the mean rates on a core of their own and the mean sync cost "
           "of the calibrations just before and after it, the rates times the share of a core the round's ranks got while "
           "they wanted one during its steps; the sync cost, --sync-us, once for each blocking collective and message; "
-          "the row's error: the mean of its settled rounds' predictions against the mean of their median steps)\n")
+          "the row's error: the mean of its settled rounds' predictions against the mean of their mean steps)\n")
     cats = [("params", "params_bytes", "measured_params_bytes"), ("grads", "grads_bytes", "measured_grads_bytes"),
             ("optim", "optim_bytes", "measured_optim_bytes"), ("activ", "activations_bytes", "measured_activations_bytes")]
     head = "%-20s %5s %-19s %-10s" % ("run", "ranks", "chapter", "link")
@@ -332,6 +343,7 @@ def main(out, preset, plan):
     head += " %17s | %-9s | %s" % ("buffers meas<=plan", "load", "step ms meas / plan (error), cal #")
     print(head)
     memory_ok = time_ok = memory_rows = time_rows = unshared_ok = unsettled = before_ok = rounds_ok = rounds_run = 0
+    first_ok = more_rows = 0
     for f in lines:
         if f[0] == "calibration":
             continue
@@ -382,6 +394,8 @@ def main(out, preset, plan):
         if timed == "1":
             time_rows += 1
             time_ok += abs(err) <= 0.20
+            first_ok += abs(row_error(done[:BASE_ROUNDS])[0]) <= 0.20
+            more_rows += len(done) > BASE_ROUNDS
             rounds_run += len(done)
             rounds_ok += sum(abs(d["err"]) <= 0.20 for d in done)
             before_err = mean([d["before_ms"] for d in used]) / meas_ms - 1
@@ -410,7 +424,7 @@ def main(out, preset, plan):
           "and the planner's bound; load: the 1-minute load average at the row's start and end)")
     print("(Ulysses bytes: what rank 0's all-to-alls sent in a step, measured/planned, exact)")
     print("(sync: the mean cost of one synchronization measured beside the calibrations around the row, and what it "
-          "adds to the step; products: ms in the matrix products, the row's own median step / their FLOPs at the "
+          "adds to the step; products: ms in the matrix products, the row's own mean step / their FLOPs at the "
           "calibrated rate)")
     print("(share: the share of a core the row's ranks got while they wanted one during its steps, which scales the "
           "calibrations' rates on a core of its own; without: the error of the prediction from the calibrations' rates "
@@ -422,9 +436,10 @@ def main(out, preset, plan):
     print("(before: the prediction with one rate for every product and the ring's attention at it, as the check was "
           "before the rates by rows and the attention's rate; CP: the ring's exposed time, now and before)")
     print("memory exact (and within the bounds) in %d of %d runs; step time within 20%% in %d of %d timed runs "
-          "at 2 ranks (%d before, with one products' rate; %d without the share; %d of %d rounds alone); the load "
-          "changed during every try of %d of them" % (memory_ok, memory_rows, time_ok, time_rows, before_ok, unshared_ok,
-                                                       rounds_ok, rounds_run, unsettled))
+          "at 2 ranks (%d before, with one products' rate; %d without the share; %d with the first %d rounds alone, %d "
+          "rows having run more; %d of %d rounds alone); the load changed during every try of %d of them" % (
+              memory_ok, memory_rows, time_ok, time_rows, before_ok, unshared_ok, first_ok, BASE_ROUNDS, more_rows,
+              rounds_ok, rounds_run, unsettled))
     return 0 if memory_ok == memory_rows else 1
 
 

@@ -9,7 +9,7 @@
 #   they too are the bound that the chapter itself forecasts (its capacity, or every token at this
 #   rank's experts). Under Ulysses (10's --ulysses) the bytes its all-to-alls sent (rank 0, a step)
 #   must be exact too.
-#   step time, at 2 ranks: the prediction within 20% of the measured step (the run's median step). The
+#   step time, at 2 ranks: the prediction within 20% of the measured step (the mean of a round's steps). The
 #   planner's compute speed comes from calibration runs on 2 ranks without a link, each the row's own
 #   kernels with its new dimension at 1: 01_vanilla_dp for 03-09's rows, 10 at --cp 1 (its blockwise
 #   ring kernel, a ring of one) for the CP rows, 11 at --ep 1 (its experts, routed on one rank) for the
