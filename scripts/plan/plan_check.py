@@ -133,9 +133,10 @@ def rates(out, plan, preset, index, kind):
     at 1 a second and the other free gives its matrix-product FLOPs and its activation bytes; the
     measured steps, each split into its time in the matrix products and the rest, give the rates. Each
     step's two times are first brought to a core of its own (times the share of a core its ranks got
-    while they wanted one during that step, cpu_share.py), then the median of each is taken: the rates of
-    one rank on a core of its own, what a row's share scales back down. Also the rates as measured (the
-    median step as it ran), for the comparison, and the calibration's share."""
+    while they wanted one during that step, cpu_share.py), then the mean of each is taken (a row is set
+    against its mean step, mean_step): the rates of one rank on a core of its own, what a row's share
+    scales back down. Also the rates as measured (the median step as it ran), for the comparison, and
+    the calibration's share."""
     path = "%s/calibration%d.jsonl" % (out, index)
     cal = median_step(path)
     share = share_record("%s/calibration%d.share" % (out, index))
@@ -146,13 +147,12 @@ def rates(out, plan, preset, index, kind):
             if s is not None:
                 own_core_products.append(r["matmul_ms"] * s)
                 own_core_rest.append((r["step_ms"] - r["matmul_ms"]) * s)
-    middle = lambda values: sorted(values)[(len(values) - 1) // 2]
     model, flags = CALIBRATIONS[kind]
     model = model or preset
     flops = predict(plan, model, 2, "0", "0", flags, 1.0, 1e30)[0]["compute_s"]
     act_bytes = predict(plan, model, 2, "0", "0", flags, 1e30, 1.0)[0]["compute_s"]
     measured = (flops / (cal["matmul_ms"] / 1e3), act_bytes / ((cal["step_ms"] - cal["matmul_ms"]) / 1e3))
-    own_core = (flops / (middle(own_core_products) / 1e3), act_bytes / (middle(own_core_rest) / 1e3))
+    own_core = (flops / (mean(own_core_products) / 1e3), act_bytes / (mean(own_core_rest) / 1e3))
     by_rows = class_rates(product_classes(path, share["step_share"]), own_core[0])
     return (own_core, measured, cal["step_ms"], run_share(share), by_rows,
             attention_rate(path))

@@ -39,7 +39,7 @@
 #   end is printed beside it. Each calibration and each round runs under scripts/plan/cpu_share.py,
 #   which measures, step by step, the share of a core the ranks' main threads got while they wanted one
 #   (the kernel's run and run-queue wait times of those threads): a calibration's rates are brought to a
-#   core of their own (each step's times times its share, then the median), and a round is
+#   core of their own (each step's times times its share, then the mean), and a round is
 #   predicted at those rates times the share its own steps got, since the other jobs' bursts are
 #   shorter than a row. The share counts how fast the machine let the ranks compute, never how long
 #   they took (docs/planner.md, plan-check).
