@@ -290,7 +290,7 @@ $(PLAN): $(patsubst %.cpp,$(BUILD)/%.o,$(wildcard 09_3d_parallel/plan*.cpp)) $(L
 plan: $(PLAN) ## 09's planner: best TP x CP x PP x DP (x EP) configurations, Megatron-LM's Table 1, the published runs (--published), results/plan_heatmap.png: PLAN_ARGS="--model llama3-405b --nodes 2048 --seq-len 131072 --tokens-per-batch 16777216"
 	@scripts/plan/plan.sh $(PLAN_ARGS)
 
-plan-check: $(PLAN) $(BUILD)/sync_probe ## 09's planner against runs of 03-12 on this machine, each timed row in 3 rounds between calibrations (each with a sync probe; more, up to MAX_ROUNDS=6, while its verdict is in doubt), the load beside each, about 6 min on 2 quiet cores, 13 under load: RUNS="dp2 tp2 ..." ROUNDS=N to pick
+plan-check: $(PLAN) $(BUILD)/sync_probe ## 09's planner against runs of 03-12 on this machine, each timed row in 3 rounds between calibrations (each with a sync probe; more, up to MAX_ROUNDS=6, while its verdict is in doubt), the load beside each, about 6.5 min on 2 quiet cores, 13 to 20 under load: RUNS="dp2 tp2 ..." ROUNDS=N to pick
 	@$(MAKE) --no-print-directory all
 	@scripts/plan/plan_check.sh
 
