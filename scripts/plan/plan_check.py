@@ -7,9 +7,9 @@ planner's bound), the communication buffers within the bound, and at 2 ranks the
 timed row runs in ROUNDS rounds or more, a calibration on each side of each, and each round is predicted
 with the two calibrations around it (their mean rates on a core of their own, times the share of a core
 the round's ranks got during its steps, scripts/plan/cpu_share.py) and set against its own mean step;
-the row's error is the mean of its rounds' predictions against the mean of their steps. The products at the rate of their class of rows (--product-rates) and, under CP, the
-ring's attention at the rate of 10's kernel (--attention-rate), the prediction with one rate beside it
-("before"). Exit 1 when memory is not exact; the times are printed, with the machine's load beside them.
+the row's error is the mean of its rounds' predictions against the mean of their steps. The products
+at the rate of their class of rows (--product-rates) and, under CP, the ring's attention at the rate
+of 10's kernel (--attention-rate), the prediction with one rate beside it ("before"). Exit 1 when memory is not exact; the times are printed, with the machine's load beside them.
 plan_check.py --agree OUT FIRST LAST: exit 0 when some round settled, its two calibrations (two
 neighbours in FIRST..LAST) agreeing on a core of their own (plan_check.sh asks after each timed row
 whether to run it again).

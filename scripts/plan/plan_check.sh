@@ -35,9 +35,8 @@
 #   these virtual cores what a CPU second computes moves from one tenth of a second to the next (our
 #   products by up to 1.8 times, a cache-sized loop between two speeds, one half the other), out of
 #   sight of the guest's counters (`make core-speed` shows it); only more time, in independent rounds,
-#   averages that out. The load average (1 minute) at each row's start and
-#   end is printed beside it. Each calibration and each round runs under scripts/plan/cpu_share.py,
-#   which measures, step by step, the share of a core the ranks' main threads got while they wanted one
+#   averages that out. The load average (1 minute) at each row's start and end is printed beside it.
+#   Each calibration and each round runs under scripts/plan/cpu_share.py, which measures, step by step, the share of a core the ranks' main threads got while they wanted one
 #   (the kernel's run and run-queue wait times of those threads): a calibration's rates are brought to a
 #   core of their own (each step's times times its share, then the mean), and a round is
 #   predicted at those rates times the share its own steps got, since the other jobs' bursts are
